@@ -1,0 +1,34 @@
+"""The one place FutureQ reads the operating system's clocks.
+
+Cores never read a clock; adapters are handed a :class:`Clock`, so tests can pass a
+fake one and simulations a virtual one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Source of wall-clock and monotonic time."""
+
+    def wall_ms(self) -> int:
+        """Wall-clock time in integer milliseconds since the Unix epoch (floored)."""
+        ...
+
+    def monotonic_s(self) -> float:
+        """Monotonic time in float seconds, for timeouts and durations."""
+        ...
+
+
+class SystemClock:
+    """The operating system's clocks: ``time.time_ns`` and ``time.monotonic``."""
+
+    def wall_ms(self) -> int:
+        """Wall-clock time in integer milliseconds since the Unix epoch (floored)."""
+        return time.time_ns() // 1_000_000
+
+    def monotonic_s(self) -> float:
+        """Monotonic time in float seconds."""
+        return time.monotonic()

@@ -1,0 +1,173 @@
+"""The FutureQ exception tree and the stable error codes shared by server and client.
+
+Every ``ErrorCode`` number is part of the wire protocol (``docs/protocol.md``,
+"Error codes"): a number never changes meaning once released. The client rebuilds the
+same exception class from an ERROR frame with :func:`error_from_code`, so both ends
+speak one vocabulary.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.IntEnum):
+    """Stable error codes carried by ERROR frames.
+
+    1xx: the peer broke the protocol; the connection is closed after the ERROR frame.
+    2xx: a well-formed request was refused; only that request fails.
+    3xx: the server cannot serve the request now; retrying (elsewhere or later) may work.
+    """
+
+    # 1xx protocol errors (connection closed)
+    FRAME_TOO_LARGE = 100
+    MALFORMED_FRAME = 101
+    UNKNOWN_FRAME_TYPE = 102
+    INVALID_FRAME = 103
+    UNSUPPORTED_VERSION = 104
+    HELLO_REQUIRED = 105
+    TRUNCATED_FRAME = 106
+    AUTH_FAILED = 107
+
+    # 2xx request errors (request fails alone)
+    INVALID_FIELD = 200
+    INVALID_TOPIC = 201
+    RESERVED_TOPIC = 202
+    PAYLOAD_TOO_LARGE = 203
+    INVALID_DELAY = 204
+    DELAY_TOO_LARGE = 205
+    INVALID_TTL = 206
+    DUE_TIME_OVERFLOW = 207
+    BATCH_TOO_LARGE = 208
+    EMPTY_BATCH = 209
+    UNKNOWN_DELIVERY_TAG = 210
+    FOREIGN_DELIVERY_TAG = 211
+    UNKNOWN_SUBSCRIPTION = 212
+    INVALID_GROUP = 213
+    UNKNOWN_GROUP = 214
+    INVALID_ARGUMENT = 215
+    UNKNOWN_TOPIC = 216
+
+    # 3xx availability errors (retry may succeed)
+    NOT_LEADER = 300
+    UNAVAILABLE = 301
+    STORAGE_FAILURE = 302
+    TIMEOUT = 303
+    INTERNAL_ERROR = 304
+
+    @property
+    def closes_connection(self) -> bool:
+        """True for protocol errors (1xx), after which the server closes the connection."""
+        return 100 <= self.value < 200
+
+    @property
+    def retryable(self) -> bool:
+        """True for availability errors (3xx): the same request may succeed later."""
+        return 300 <= self.value < 400
+
+
+class FutureQError(Exception):
+    """Base class of every error FutureQ raises on purpose."""
+
+
+class ProtocolError(FutureQError):
+    """A wire-level error: the bytes on a connection broke ``docs/protocol.md``.
+
+    Attributes:
+        code: The :class:`ErrorCode` sent in the ERROR frame.
+    """
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class LocalProtocolError(ProtocolError):
+    """We tried to build or send an invalid frame: a bug on our side."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent bytes that break the protocol; answer with ERROR, then close."""
+
+
+class RequestError(FutureQError):
+    """A well-formed request that the server refuses.
+
+    Attributes:
+        code: Stable :class:`ErrorCode`.
+        message: A sentence telling the user what to fix.
+        item_index: Index of the first bad item in a batch, or None.
+    """
+
+    def __init__(self, code: ErrorCode, message: str, item_index: int | None = None) -> None:
+        super().__init__(message if item_index is None else f"item {item_index}: {message}")
+        self.code = code
+        self.message = message
+        self.item_index = item_index
+
+
+class NotLeaderError(RequestError):
+    """This node is not the leader.
+
+    Attributes:
+        leader_address: ``"host:port"`` of the client listener of the leader, or None
+            while no leader is known.
+    """
+
+    def __init__(self, leader_address: str | None, message: str | None = None) -> None:
+        super().__init__(
+            ErrorCode.NOT_LEADER,
+            message
+            or (
+                f"this node is not the leader; send requests to {leader_address}"
+                if leader_address
+                else "this node is not the leader and no leader is known yet; retry shortly"
+            ),
+        )
+        self.leader_address = leader_address
+
+
+class ConnectionLostError(FutureQError):
+    """The other side or the network broke the connection."""
+
+
+class ClientClosedError(FutureQError):
+    """The client was closed by its owner and then used."""
+
+
+class StorageError(FutureQError):
+    """RocksDB failed or the data on disk is corrupt; the node stops."""
+
+
+class ConfigError(FutureQError):
+    """Bad configuration, reported at start with the key, the value and what is allowed."""
+
+
+def error_from_code(
+    code: int,
+    message: str,
+    item_index: int | None = None,
+    leader_address: str | None = None,
+) -> FutureQError:
+    """Rebuild the exception an ERROR frame stands for.
+
+    Args:
+        code: The ERROR frame's code; an unknown number maps to INTERNAL_ERROR.
+        message: The ERROR frame's sentence.
+        item_index: First bad item of a batch, if the server named one.
+        leader_address: The leader's client address, for NOT_LEADER.
+
+    Returns:
+        A :class:`RemoteProtocolError` for 1xx codes, :class:`NotLeaderError` for
+        NOT_LEADER, else a :class:`RequestError`.
+    """
+    try:
+        error_code = ErrorCode(code)
+    except ValueError:
+        error_code = ErrorCode.INTERNAL_ERROR
+    if error_code is ErrorCode.NOT_LEADER:
+        return NotLeaderError(leader_address, message)
+    if error_code.closes_connection:
+        return RemoteProtocolError(error_code, message)
+    return RequestError(error_code, message, item_index)
