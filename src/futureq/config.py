@@ -1,0 +1,168 @@
+"""Server configuration: attrs classes, structured from TOML and ``FUTUREQ_*`` variables.
+
+Units end every name (``_ms``, ``_bytes``, ``_mb``). Every field has a default, so a
+broker starts with no config at all: one node, client port 7450 and HTTP port 7452 on
+127.0.0.1, data in ``./data``.
+
+Loading (TOML file, environment overrides, command-line flags, validation) lives in
+:mod:`futureq.config_loader`; this module only declares the shape.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from futureq.wire.validation import Limits
+
+DEFAULT_CLIENT_PORT = 7450
+DEFAULT_RAFT_PORT = 7451
+DEFAULT_HTTP_PORT = 7452
+
+
+@attrs.frozen
+class TlsConfig:
+    """TLS for the client listener. Both files set turns TLS on.
+
+    Attributes:
+        cert_file: PEM certificate chain of this server.
+        key_file: PEM private key of ``cert_file``.
+        ca_file: PEM CA bundle to verify client certificates, or None.
+        require_client_cert: Refuse clients without a certificate signed by ``ca_file``.
+    """
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    ca_file: str | None = None
+    require_client_cert: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        """True when a certificate and key are configured."""
+        return self.cert_file is not None and self.key_file is not None
+
+
+@attrs.frozen
+class ServerSection:
+    """Where the node listens and keeps its data.
+
+    Attributes:
+        node_id: This node's id in the cluster (>= 1).
+        data_dir: Directory of the embedded RocksDB (created if missing).
+        listen: ``HOST:PORT`` of the client listener.
+        http: ``HOST:PORT`` of ``/metrics``, ``/healthz``, ``/readyz`` and the dashboard.
+        advertise: Client address other nodes hand to clients as ours; defaults to ``listen``.
+        auth_token: If set, HELLO must carry this token.
+        shutdown_grace_ms: Longest a graceful shutdown may take before it is forced (ms).
+        log_level: ``debug``, ``info``, ``warning`` or ``error``.
+    """
+
+    node_id: int = 1
+    data_dir: str = "./data"
+    listen: str = f"127.0.0.1:{DEFAULT_CLIENT_PORT}"
+    http: str = f"127.0.0.1:{DEFAULT_HTTP_PORT}"
+    advertise: str | None = None
+    auth_token: str | None = None
+    shutdown_grace_ms: int = 10_000
+    log_level: str = "info"
+
+
+@attrs.frozen
+class LimitsSection:
+    """Request limits (``docs/protocol.md``, "Limits").
+
+    Attributes:
+        max_frame_bytes: Largest frame body a client may send (bytes).
+        max_payload_bytes: Largest message payload (bytes).
+        max_delay_ms: Largest delay or distance of ``deliver_at_ms`` from now (ms); 10 years.
+        max_ttl_ms: Largest time-to-live (ms).
+        max_batch_items: Most items in one PUBLISH, ACK or NACK.
+        max_prefetch: Largest credit one subscription may hold (items).
+        max_connections: Most concurrent client connections.
+    """
+
+    max_frame_bytes: int = 4 * 1024 * 1024
+    max_payload_bytes: int = 1024 * 1024
+    max_delay_ms: int = 10 * 366 * 24 * 3600 * 1000
+    max_ttl_ms: int = 10 * 366 * 24 * 3600 * 1000
+    max_batch_items: int = 10_000
+    max_prefetch: int = 10_000
+    max_connections: int = 10_000
+
+    def request_limits(self) -> Limits:
+        """The subset the wire validation uses."""
+        return Limits(
+            max_payload_bytes=self.max_payload_bytes,
+            max_delay_ms=self.max_delay_ms,
+            max_ttl_ms=self.max_ttl_ms,
+            max_batch_items=self.max_batch_items,
+        )
+
+
+@attrs.frozen
+class QueueSection:
+    """Queue semantics.
+
+    Attributes:
+        visibility_timeout_ms: Default time a delivery may stay unacked before it is
+            delivered again (ms), for groups created without their own.
+        max_deliveries: Default attempts before a message goes to ``<topic>.dlq``.
+        horizon_ms: How far ahead of now the in-memory due-index reaches (ms).
+        horizon_max_items: Most schedule entries one group keeps in memory (items).
+        dispatch_batch_items: Most deliveries put in one DELIVER frame (items).
+    """
+
+    visibility_timeout_ms: int = 30_000
+    max_deliveries: int = 16
+    horizon_ms: int = 300_000
+    horizon_max_items: int = 100_000
+    dispatch_batch_items: int = 256
+
+
+@attrs.frozen
+class StorageSection:
+    """RocksDB tuning.
+
+    Attributes:
+        fsync: Sync the log on every group commit. Turning it off risks acknowledged
+            messages on power loss (never on a process crash).
+        group_commit_max_items: Most commands written in one synced batch (items).
+        write_buffer_mb: Memtable size per column family (MiB).
+        block_cache_mb: Shared block cache (MiB).
+    """
+
+    fsync: bool = True
+    group_commit_max_items: int = 4096
+    write_buffer_mb: int = 16
+    block_cache_mb: int = 32
+
+
+@attrs.frozen
+class Config:
+    """The whole server configuration; TOML tables ``[server]``, ``[limits]``,
+    ``[queue]``, ``[storage]``, ``[tls]`` map to its sections."""
+
+    server: ServerSection = attrs.Factory(ServerSection)
+    limits: LimitsSection = attrs.Factory(LimitsSection)
+    queue: QueueSection = attrs.Factory(QueueSection)
+    storage: StorageSection = attrs.Factory(StorageSection)
+    tls: TlsConfig = attrs.Factory(TlsConfig)
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[v6]:PORT`` for IPv6) into its parts.
+
+    Raises:
+        ValueError: when there is no port or it is not an integer in 0..65535.
+    """
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{address!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{address!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{address!r}: port {port} is outside 0..65535")
+    return host, port

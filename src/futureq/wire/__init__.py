@@ -1,0 +1,1 @@
+"""Sans-IO wire protocol: bytes <-> frames. No sockets, no trio (``docs/protocol.md``)."""

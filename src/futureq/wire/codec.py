@@ -1,0 +1,183 @@
+"""Frame codec: a 4-byte big-endian length, then one msgpack value (``docs/protocol.md``).
+
+Sans-IO in the manner of h11: :meth:`FrameDecoder.receive_data` only buffers,
+:meth:`FrameDecoder.next_frame` returns a frame, :data:`NEED_DATA` or :data:`CLOSED`.
+The decoder never buffers more than one maximal frame plus its header.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+import msgpack
+
+from futureq.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from futureq.wire import frames
+
+HEADER_BYTES: Final = 4
+DEFAULT_MAX_FRAME_BYTES: Final = 4 * 1024 * 1024
+"""Largest msgpack body accepted by default (bytes); 1 MiB payload plus room for fields."""
+
+
+class _Sentinel(enum.Enum):
+    NEED_DATA = "NEED_DATA"
+    CLOSED = "CLOSED"
+
+
+NEED_DATA: Final = _Sentinel.NEED_DATA
+"""More bytes are needed before the next frame is complete."""
+CLOSED: Final = _Sentinel.CLOSED
+"""The peer closed the stream cleanly at a frame boundary."""
+
+
+def _packer() -> msgpack.Packer:
+    return msgpack.Packer(use_bin_type=True, autoreset=True)
+
+
+_PACK = _packer().pack
+
+
+def encode_frame(frame: frames.Frame, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
+    """Serialize a frame to bytes ready to write.
+
+    Args:
+        frame: Any frame object from :mod:`futureq.wire.frames`.
+        max_frame_bytes: Largest body the peer accepts (bytes).
+
+    Returns:
+        ``len(body).to_bytes(4, "big") + body``.
+
+    Raises:
+        LocalProtocolError: FRAME_TOO_LARGE when the body exceeds ``max_frame_bytes``,
+            INVALID_FRAME when a field cannot be packed.
+    """
+    return encode_value(frame.to_wire(), max_frame_bytes)
+
+
+def encode_value(value: object, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
+    """Serialize one msgpack value as a frame (used for raw and raft frames).
+
+    Raises:
+        LocalProtocolError: as :func:`encode_frame`.
+    """
+    try:
+        body: bytes = _PACK(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise LocalProtocolError(ErrorCode.INVALID_FRAME, f"cannot encode frame: {exc}") from exc
+    if len(body) > max_frame_bytes:
+        raise LocalProtocolError(
+            ErrorCode.FRAME_TOO_LARGE,
+            f"frame of {len(body)} bytes exceeds the limit of {max_frame_bytes} bytes",
+        )
+    return len(body).to_bytes(HEADER_BYTES, "big") + body
+
+
+class FrameDecoder:
+    """Incremental decoder of a byte stream into frames.
+
+    Args:
+        max_frame_bytes: Largest frame body accepted (bytes). A header announcing more
+            raises FRAME_TOO_LARGE before the body is buffered.
+        parse: If True (default) bodies become frame objects; if False,
+            :meth:`next_frame` returns the raw decoded msgpack value (raft links).
+    """
+
+    def __init__(
+        self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *, parse: bool = True
+    ) -> None:
+        if max_frame_bytes < 1:
+            raise ValueError("max_frame_bytes must be >= 1")
+        self.max_frame_bytes = max_frame_bytes
+        self._parse = parse
+        self._buffer = bytearray()
+        self._offset = 0
+        self._eof = False
+        self._failed = False
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received and not yet consumed by a returned frame."""
+        return len(self._buffer) - self._offset
+
+    def receive_data(self, data: bytes) -> None:
+        """Add bytes from the stream; ``b""`` means the peer closed its side (EOF).
+
+        Raises:
+            RuntimeError: data after EOF, or use after an error.
+        """
+        if self._failed:
+            raise RuntimeError("decoder already failed; the connection must be closed")
+        if self._eof:
+            if data:
+                raise RuntimeError("data received after EOF")
+            return
+        if not data:
+            self._eof = True
+            return
+        self._buffer += data
+
+    def next_frame(self) -> frames.Frame | object:
+        """Return the next complete frame, :data:`NEED_DATA` or :data:`CLOSED`.
+
+        Raises:
+            RemoteProtocolError: FRAME_TOO_LARGE, MALFORMED_FRAME (not msgpack or
+                trailing bytes inside the frame), TRUNCATED_FRAME (EOF mid-frame),
+                INVALID_FRAME or UNKNOWN_FRAME_TYPE (see
+                :func:`futureq.wire.frames.frame_from_wire`). After it, the decoder
+                refuses further use.
+        """
+        if self._failed:
+            raise RuntimeError("decoder already failed; the connection must be closed")
+        try:
+            return self._next()
+        except RemoteProtocolError:
+            self._failed = True
+            raise
+
+    def _next(self) -> frames.Frame | object:
+        available = len(self._buffer) - self._offset
+        if available < HEADER_BYTES:
+            return self._need_more(available)
+        start = self._offset
+        length = int.from_bytes(self._buffer[start : start + HEADER_BYTES], "big")
+        if length > self.max_frame_bytes:
+            raise RemoteProtocolError(
+                ErrorCode.FRAME_TOO_LARGE,
+                f"frame of {length} bytes exceeds the limit of {self.max_frame_bytes} bytes; "
+                "send smaller batches or payloads",
+            )
+        if length == 0:
+            raise RemoteProtocolError(ErrorCode.MALFORMED_FRAME, "empty frame body (length 0)")
+        if available < HEADER_BYTES + length:
+            return self._need_more(available)
+        body = bytes(self._buffer[start + HEADER_BYTES : start + HEADER_BYTES + length])
+        self._offset = start + HEADER_BYTES + length
+        if self._offset > 65536 and self._offset * 2 > len(self._buffer):
+            del self._buffer[: self._offset]
+            self._offset = 0
+        try:
+            value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+        except msgpack.ExtraData:
+            raise RemoteProtocolError(
+                ErrorCode.MALFORMED_FRAME, "frame body holds more than one msgpack value"
+            ) from None
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            # ValueError covers msgpack's FormatError/StackError and bad UTF-8.
+            raise RemoteProtocolError(
+                ErrorCode.MALFORMED_FRAME, f"frame body is not valid msgpack: {exc}"
+            ) from None
+        if not self._parse:
+            raw: object = value
+            return raw
+        return frames.frame_from_wire(value)
+
+    def _need_more(self, available: int) -> object:
+        if self._eof:
+            if available == 0:
+                return CLOSED
+            raise RemoteProtocolError(
+                ErrorCode.TRUNCATED_FRAME,
+                f"connection closed in the middle of a frame ({available} bytes of it received)",
+            )
+        return NEED_DATA

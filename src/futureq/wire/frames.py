@@ -1,0 +1,651 @@
+"""One frozen class per frame type of the FutureQ wire protocol.
+
+A frame travels as one msgpack array, ``[frame_type, request_id, field, ...]`` (list
+form, not maps: it packs about three times faster). Every class has ``to_wire()``,
+the list it is sent as, and ``from_wire(fields)``, which checks the shape and types
+of a received frame and raises :class:`~futureq.errors.RemoteProtocolError` with
+``INVALID_FRAME`` when they are wrong. Items inside a PUBLISH batch are checked
+later, by :func:`futureq.wire.validation.validate_publish_items`, so that a bad item
+fails its request alone instead of closing the connection.
+
+Source: ``docs/protocol.md``, "Frames".
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, ClassVar
+
+import attrs
+
+from futureq.errors import ErrorCode, RemoteProtocolError
+
+PROTOCOL_VERSION = 1
+"""The protocol version this code speaks (``docs/protocol.md``, "Versions")."""
+
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1})
+
+
+class FrameType(enum.IntEnum):
+    """The first element of every frame. Numbers are stable protocol constants."""
+
+    HELLO = 1
+    HELLO_OK = 2
+    PUBLISH = 3
+    PUBLISH_OK = 4
+    SUBSCRIBE = 5
+    SUBSCRIBE_OK = 6
+    DELIVER = 7
+    ACK = 8
+    NACK = 9
+    CREDIT = 10
+    STATUS = 11
+    STATUS_OK = 12
+    ERROR = 13
+    OK = 14
+    UNSUBSCRIBE = 15
+    PING = 16
+    PONG = 17
+    GROUP_CREATE = 18
+    GROUP_DELETE = 19
+
+
+class AckLevel(enum.IntEnum):
+    """When the server answers a PUBLISH (``docs/protocol.md``, "PUBLISH").
+
+    NONE: right after validation, before the batch is durable (ids unknown).
+    LEADER: once the batch is durable on the leader.
+    QUORUM: once the batch is committed by a quorum (single node: same as LEADER).
+    """
+
+    NONE = 0
+    LEADER = 1
+    QUORUM = 2
+
+
+def _bad(frame: str, message: str) -> RemoteProtocolError:
+    return RemoteProtocolError(ErrorCode.INVALID_FRAME, f"{frame} frame: {message}")
+
+
+def _int(frame: str, name: str, value: Any, *, minimum: int | None = None) -> int:
+    # bool is an int subclass in Python; msgpack true/false are never integers here.
+    if type(value) is not int:
+        raise _bad(frame, f"field {name!r} must be an integer, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise _bad(frame, f"field {name!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def _opt_int(frame: str, name: str, value: Any, *, minimum: int | None = None) -> int | None:
+    return None if value is None else _int(frame, name, value, minimum=minimum)
+
+
+def _str(frame: str, name: str, value: Any) -> str:
+    if type(value) is not str:
+        raise _bad(frame, f"field {name!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _opt_str(frame: str, name: str, value: Any) -> str | None:
+    return None if value is None else _str(frame, name, value)
+
+
+def _list(frame: str, name: str, value: Any) -> list[Any]:
+    if type(value) is not list:
+        raise _bad(frame, f"field {name!r} must be an array, got {type(value).__name__}")
+    return value
+
+
+def _bytes_list(frame: str, name: str, value: Any) -> list[bytes]:
+    items = _list(frame, name, value)
+    for i, item in enumerate(items):
+        if type(item) is not bytes:
+            raise _bad(frame, f"{name}[{i}] must be binary, got {type(item).__name__}")
+    return items
+
+
+MAX_REQUEST_ID = 2**63 - 1
+
+
+@attrs.frozen
+class Hello:
+    """First frame from a client: the versions it speaks and an optional auth token."""
+
+    TYPE: ClassVar[FrameType] = FrameType.HELLO
+    request_id: int
+    versions: tuple[int, ...]
+    client_name: str = ""
+    token: str | None = None
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, list(self.versions), self.client_name, self.token]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Hello:
+        _arity("HELLO", f, 3)
+        versions = _list("HELLO", "versions", f[0])
+        for v in versions:
+            _int("HELLO", "versions[]", v, minimum=0)
+        return cls(
+            rid,
+            tuple(versions),
+            _str("HELLO", "client_name", f[1]),
+            _opt_str("HELLO", "token", f[2]),
+        )
+
+
+@attrs.frozen
+class HelloOk:
+    """Server's answer to HELLO: the chosen version, node id and leader's client address."""
+
+    TYPE: ClassVar[FrameType] = FrameType.HELLO_OK
+    request_id: int
+    version: int
+    node_id: int
+    leader_address: str | None
+    max_frame_bytes: int
+    server_version: str
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.request_id,
+            self.version,
+            self.node_id,
+            self.leader_address,
+            self.max_frame_bytes,
+            self.server_version,
+        ]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> HelloOk:
+        _arity("HELLO_OK", f, 5)
+        return cls(
+            rid,
+            _int("HELLO_OK", "version", f[0]),
+            _int("HELLO_OK", "node_id", f[1]),
+            _opt_str("HELLO_OK", "leader_address", f[2]),
+            _int("HELLO_OK", "max_frame_bytes", f[3], minimum=1),
+            _str("HELLO_OK", "server_version", f[4]),
+        )
+
+
+@attrs.frozen
+class Publish:
+    """A batch of messages to publish.
+
+    ``items`` holds raw wire items, each ``[topic: str, payload: bytes, delay_ms: int |
+    None, deliver_at_ms: int | None, ttl_ms: int | None]``; they are validated by
+    :func:`futureq.wire.validation.validate_publish_items`.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.PUBLISH
+    request_id: int
+    ack_level: AckLevel
+    items: list[Any]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, int(self.ack_level), self.items]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Publish:
+        _arity("PUBLISH", f, 2)
+        level = _int("PUBLISH", "ack_level", f[0])
+        try:
+            ack_level = AckLevel(level)
+        except ValueError:
+            raise _bad(
+                "PUBLISH", f"ack_level must be 0 (none), 1 (leader) or 2 (quorum), got {level}"
+            ) from None
+        return cls(rid, ack_level, _list("PUBLISH", "items", f[1]))
+
+
+@attrs.frozen
+class PublishOk:
+    """Answer to PUBLISH: the ids of the batch are ``first_id + i`` for item ``i``.
+
+    ``first_id`` is None when the publish used ack level NONE.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.PUBLISH_OK
+    request_id: int
+    first_id: int | None
+    count: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.first_id, self.count]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> PublishOk:
+        _arity("PUBLISH_OK", f, 2)
+        return cls(
+            rid,
+            _opt_int("PUBLISH_OK", "first_id", f[0], minimum=0),
+            _int("PUBLISH_OK", "count", f[1], minimum=0),
+        )
+
+
+@attrs.frozen
+class Subscribe:
+    """Start receiving a topic's messages as a member of a consumer group.
+
+    ``prefetch`` is the initial credit: the most unacked deliveries the server may
+    push to this subscription (items, >= 1).
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.SUBSCRIBE
+    request_id: int
+    topic: str
+    group: str
+    prefetch: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.topic, self.group, self.prefetch]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Subscribe:
+        _arity("SUBSCRIBE", f, 3)
+        return cls(
+            rid,
+            _str("SUBSCRIBE", "topic", f[0]),
+            _str("SUBSCRIBE", "group", f[1]),
+            _int("SUBSCRIBE", "prefetch", f[2]),
+        )
+
+
+@attrs.frozen
+class SubscribeOk:
+    """Answer to SUBSCRIBE: the id that DELIVER, CREDIT and UNSUBSCRIBE frames name."""
+
+    TYPE: ClassVar[FrameType] = FrameType.SUBSCRIBE_OK
+    request_id: int
+    subscription_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.subscription_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> SubscribeOk:
+        _arity("SUBSCRIBE_OK", f, 1)
+        return cls(rid, _int("SUBSCRIBE_OK", "subscription_id", f[0], minimum=0))
+
+
+@attrs.frozen
+class Deliver:
+    """Server push of due messages to one subscription (request id 0).
+
+    ``deliveries`` holds ``[tag: bytes, id: int, payload: bytes, due_ms: int,
+    publish_ms: int, attempt: int]`` lists; ``delivered_ms`` is the server's wall clock
+    when it sent the frame (ms since the Unix epoch).
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.DELIVER
+    request_id: int
+    subscription_id: int
+    delivered_ms: int
+    deliveries: list[list[Any]]
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.request_id,
+            self.subscription_id,
+            self.delivered_ms,
+            self.deliveries,
+        ]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Deliver:
+        _arity("DELIVER", f, 3)
+        deliveries = _list("DELIVER", "deliveries", f[2])
+        for d in deliveries:
+            if (
+                type(d) is not list
+                or len(d) != 6
+                or type(d[0]) is not bytes
+                or type(d[2]) is not bytes
+                or not all(type(x) is int for x in (d[1], d[3], d[4], d[5]))
+            ):
+                raise _bad(
+                    "DELIVER",
+                    "each delivery must be [tag, id, payload, due_ms, publish_ms, attempt]",
+                )
+        return cls(
+            rid,
+            _int("DELIVER", "subscription_id", f[0]),
+            _int("DELIVER", "delivered_ms", f[1]),
+            deliveries,
+        )
+
+
+@attrs.frozen
+class Ack:
+    """Acknowledge deliveries by their tags; answered with OK once durable."""
+
+    TYPE: ClassVar[FrameType] = FrameType.ACK
+    request_id: int
+    tags: list[bytes]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.tags]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Ack:
+        _arity("ACK", f, 1)
+        return cls(rid, _bytes_list("ACK", "tags", f[0]))
+
+
+@attrs.frozen
+class Nack:
+    """Refuse deliveries; each is delivered again after ``requeue_delay_ms`` (>= 0)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.NACK
+    request_id: int
+    tags: list[bytes]
+    requeue_delay_ms: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.tags, self.requeue_delay_ms]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Nack:
+        _arity("NACK", f, 2)
+        return cls(rid, _bytes_list("NACK", "tags", f[0]), _int("NACK", "requeue_delay_ms", f[1]))
+
+
+@attrs.frozen
+class Credit:
+    """Grant a subscription ``credit`` more deliveries (items, >= 1); no answer."""
+
+    TYPE: ClassVar[FrameType] = FrameType.CREDIT
+    request_id: int
+    subscription_id: int
+    credit: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.subscription_id, self.credit]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Credit:
+        _arity("CREDIT", f, 2)
+        return cls(rid, _int("CREDIT", "subscription_id", f[0]), _int("CREDIT", "credit", f[1]))
+
+
+@attrs.frozen
+class Status:
+    """Ask for the node's status (topics, groups, counts); answered with STATUS_OK."""
+
+    TYPE: ClassVar[FrameType] = FrameType.STATUS
+    request_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Status:
+        _arity("STATUS", f, 0)
+        return cls(rid)
+
+
+@attrs.frozen
+class StatusOk:
+    """The node's status as a msgpack map (shape in ``docs/protocol.md``, "STATUS")."""
+
+    TYPE: ClassVar[FrameType] = FrameType.STATUS_OK
+    request_id: int
+    status: dict[str, Any]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.status]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> StatusOk:
+        _arity("STATUS_OK", f, 1)
+        if type(f[0]) is not dict:
+            raise _bad("STATUS_OK", "field 'status' must be a map")
+        return cls(rid, f[0])
+
+
+@attrs.frozen
+class Error:
+    """A refused request (2xx, 3xx codes) or a protocol error (1xx, then the server closes)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.ERROR
+    request_id: int
+    code: int
+    message: str
+    item_index: int | None = None
+    leader_address: str | None = None
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.request_id,
+            self.code,
+            self.message,
+            self.item_index,
+            self.leader_address,
+        ]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Error:
+        _arity("ERROR", f, 4)
+        return cls(
+            rid,
+            _int("ERROR", "code", f[0]),
+            _str("ERROR", "message", f[1]),
+            _opt_int("ERROR", "item_index", f[2], minimum=0),
+            _opt_str("ERROR", "leader_address", f[3]),
+        )
+
+
+@attrs.frozen
+class Ok:
+    """Success answer to ACK, NACK, UNSUBSCRIBE, GROUP_CREATE and GROUP_DELETE.
+
+    ``result`` is request specific: the number of tags acked or nacked, else None.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.OK
+    request_id: int
+    result: int | None = None
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.result]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Ok:
+        _arity("OK", f, 1)
+        return cls(rid, _opt_int("OK", "result", f[0]))
+
+
+@attrs.frozen
+class Unsubscribe:
+    """End a subscription; its unacked deliveries go back to the group."""
+
+    TYPE: ClassVar[FrameType] = FrameType.UNSUBSCRIBE
+    request_id: int
+    subscription_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.subscription_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Unsubscribe:
+        _arity("UNSUBSCRIBE", f, 1)
+        return cls(rid, _int("UNSUBSCRIBE", "subscription_id", f[0]))
+
+
+@attrs.frozen
+class Ping:
+    """Liveness probe; answered with PONG."""
+
+    TYPE: ClassVar[FrameType] = FrameType.PING
+    request_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Ping:
+        _arity("PING", f, 0)
+        return cls(rid)
+
+
+@attrs.frozen
+class Pong:
+    """Answer to PING."""
+
+    TYPE: ClassVar[FrameType] = FrameType.PONG
+    request_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Pong:
+        _arity("PONG", f, 0)
+        return cls(rid)
+
+
+@attrs.frozen
+class GroupCreate:
+    """Create a consumer group (idempotent); None fields take the server's defaults.
+
+    ``visibility_timeout_ms``: how long a delivery may stay unacked before it is
+    delivered again (ms, >= 1). ``max_deliveries``: attempts before dead-lettering (>= 1).
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.GROUP_CREATE
+    request_id: int
+    topic: str
+    group: str
+    visibility_timeout_ms: int | None = None
+    max_deliveries: int | None = None
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.request_id,
+            self.topic,
+            self.group,
+            self.visibility_timeout_ms,
+            self.max_deliveries,
+        ]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> GroupCreate:
+        _arity("GROUP_CREATE", f, 4)
+        return cls(
+            rid,
+            _str("GROUP_CREATE", "topic", f[0]),
+            _str("GROUP_CREATE", "group", f[1]),
+            _opt_int("GROUP_CREATE", "visibility_timeout_ms", f[2]),
+            _opt_int("GROUP_CREATE", "max_deliveries", f[3]),
+        )
+
+
+@attrs.frozen
+class GroupDelete:
+    """Delete a consumer group and every pending delivery it still holds."""
+
+    TYPE: ClassVar[FrameType] = FrameType.GROUP_DELETE
+    request_id: int
+    topic: str
+    group: str
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.topic, self.group]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> GroupDelete:
+        _arity("GROUP_DELETE", f, 2)
+        return cls(rid, _str("GROUP_DELETE", "topic", f[0]), _str("GROUP_DELETE", "group", f[1]))
+
+
+Frame = (
+    Hello
+    | HelloOk
+    | Publish
+    | PublishOk
+    | Subscribe
+    | SubscribeOk
+    | Deliver
+    | Ack
+    | Nack
+    | Credit
+    | Status
+    | StatusOk
+    | Error
+    | Ok
+    | Unsubscribe
+    | Ping
+    | Pong
+    | GroupCreate
+    | GroupDelete
+)
+
+FRAME_CLASSES: dict[int, Any] = {
+    cls.TYPE: cls
+    for cls in (
+        Hello,
+        HelloOk,
+        Publish,
+        PublishOk,
+        Subscribe,
+        SubscribeOk,
+        Deliver,
+        Ack,
+        Nack,
+        Credit,
+        Status,
+        StatusOk,
+        Error,
+        Ok,
+        Unsubscribe,
+        Ping,
+        Pong,
+        GroupCreate,
+        GroupDelete,
+    )
+}
+
+
+def _arity(frame: str, fields: list[Any], expected: int) -> None:
+    if len(fields) != expected:
+        raise _bad(frame, f"expected {expected} fields after the request id, got {len(fields)}")
+
+
+def frame_from_wire(value: Any) -> Frame:
+    """Build a frame from one decoded msgpack value.
+
+    Args:
+        value: What msgpack decoded: must be ``[frame_type, request_id, *fields]``.
+
+    Returns:
+        The frame object.
+
+    Raises:
+        RemoteProtocolError: INVALID_FRAME for a wrong shape or field type,
+            UNKNOWN_FRAME_TYPE for an unknown type number.
+    """
+    if type(value) is not list or len(value) < 2:
+        raise RemoteProtocolError(
+            ErrorCode.INVALID_FRAME,
+            "a frame must be a msgpack array [frame_type, request_id, ...]",
+        )
+    frame_type, rid = value[0], value[1]
+    if type(frame_type) is not int:
+        raise RemoteProtocolError(ErrorCode.INVALID_FRAME, "frame_type must be an integer")
+    cls = FRAME_CLASSES.get(frame_type)
+    if cls is None:
+        raise RemoteProtocolError(
+            ErrorCode.UNKNOWN_FRAME_TYPE,
+            f"unknown frame type {frame_type}; this server knows {sorted(int(t) for t in FRAME_CLASSES)}",
+        )
+    if type(rid) is not int or not 0 <= rid <= MAX_REQUEST_ID:
+        raise RemoteProtocolError(
+            ErrorCode.INVALID_FRAME, f"request_id must be an integer in [0, 2**63-1], got {rid!r}"
+        )
+    frame: Frame = cls.from_wire(rid, value[2:])
+    return frame

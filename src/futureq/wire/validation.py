@@ -1,0 +1,209 @@
+"""Checks on request contents that fail one request, not the connection.
+
+Source: ``docs/protocol.md``, "PUBLISH" and "Error codes"; the limits come from the
+server's config (``max_payload_bytes``, ``max_delay_ms``, ``max_batch_items``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from futureq.errors import ErrorCode, RequestError
+
+MAX_TOPIC_BYTES = 255
+MAX_GROUP_BYTES = 255
+INT64_MAX = 2**63 - 1
+DLQ_SUFFIX = ".dlq"
+
+
+@attrs.frozen
+class Limits:
+    """Request limits, all from the server's config.
+
+    Attributes:
+        max_payload_bytes: Largest payload (bytes).
+        max_delay_ms: Largest delay, and largest ``deliver_at_ms - now`` (ms).
+        max_ttl_ms: Largest time-to-live (ms).
+        max_batch_items: Largest number of items in one PUBLISH, ACK or NACK.
+    """
+
+    max_payload_bytes: int = 1024 * 1024
+    max_delay_ms: int = 10 * 366 * 24 * 3600 * 1000
+    max_ttl_ms: int = 10 * 366 * 24 * 3600 * 1000
+    max_batch_items: int = 10_000
+
+
+def check_name(kind: str, value: str, item_index: int | None = None) -> None:
+    """Check a topic or group name: 1..255 UTF-8 bytes, no control characters.
+
+    Raises:
+        RequestError: INVALID_TOPIC or INVALID_GROUP naming the rule broken.
+    """
+    code = ErrorCode.INVALID_TOPIC if kind == "topic" else ErrorCode.INVALID_GROUP
+    if not value:
+        raise RequestError(code, f"{kind} name is empty; give a name of 1 to 255 bytes", item_index)
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_TOPIC_BYTES:
+        raise RequestError(
+            code, f"{kind} name is {size} bytes; the limit is {MAX_TOPIC_BYTES} bytes", item_index
+        )
+    if not value.isprintable():
+        raise RequestError(
+            code, f"{kind} name {value!r} contains control or non-printable characters", item_index
+        )
+
+
+def validate_publish_items(
+    items: list[Any], limits: Limits, now_ms: int
+) -> list[tuple[str, bytes, int, int | None]]:
+    """Validate a PUBLISH batch and resolve each item's delay against ``now_ms``.
+
+    Args:
+        items: Raw wire items ``[topic, payload, delay_ms, deliver_at_ms, ttl_ms]``.
+        limits: The server's request limits.
+        now_ms: The publish time the leader stamps (ms since the Unix epoch).
+
+    Returns:
+        One ``(topic, payload, due_ms, ttl_ms)`` tuple per item, in order. ``due_ms`` is
+        ``now_ms + delay_ms``, or ``max(deliver_at_ms, now_ms)`` for an absolute time
+        in the past (due at once; never earlier than publish).
+
+    Raises:
+        RequestError: for the first bad item, with ``item_index`` set; codes
+            EMPTY_BATCH, BATCH_TOO_LARGE, INVALID_FIELD, INVALID_TOPIC, RESERVED_TOPIC,
+            PAYLOAD_TOO_LARGE, INVALID_DELAY, DELAY_TOO_LARGE, DUE_TIME_OVERFLOW,
+            INVALID_TTL. Nothing of a refused batch is written.
+    """
+    if not items:
+        raise RequestError(ErrorCode.EMPTY_BATCH, "PUBLISH holds no items; send at least one")
+    if len(items) > limits.max_batch_items:
+        raise RequestError(
+            ErrorCode.BATCH_TOO_LARGE,
+            f"PUBLISH holds {len(items)} items; the limit is {limits.max_batch_items} per batch",
+        )
+    out: list[tuple[str, bytes, int, int | None]] = []
+    max_payload = limits.max_payload_bytes
+    max_delay = limits.max_delay_ms
+    for i, item in enumerate(items):
+        if type(item) is not list or len(item) != 5:
+            raise RequestError(
+                ErrorCode.INVALID_FIELD,
+                "each item must be an array [topic, payload, delay_ms, deliver_at_ms, ttl_ms]",
+                i,
+            )
+        topic, payload, delay_ms, deliver_at_ms, ttl_ms = item
+        if type(topic) is not str:
+            raise RequestError(
+                ErrorCode.INVALID_FIELD, f"topic must be a string, got {type(topic).__name__}", i
+            )
+        check_name("topic", topic, i)
+        if topic.endswith(DLQ_SUFFIX):
+            raise RequestError(
+                ErrorCode.RESERVED_TOPIC,
+                f"topic {topic!r} ends in {DLQ_SUFFIX!r}, which is reserved for dead letters; "
+                "pick another name",
+                i,
+            )
+        if type(payload) is not bytes:
+            raise RequestError(
+                ErrorCode.INVALID_FIELD, f"payload must be binary, got {type(payload).__name__}", i
+            )
+        if len(payload) > max_payload:
+            raise RequestError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"payload is {len(payload)} bytes; the limit is {max_payload} bytes",
+                i,
+            )
+        if delay_ms is not None and deliver_at_ms is not None:
+            raise RequestError(
+                ErrorCode.INVALID_DELAY, "give delay_ms or deliver_at_ms, not both", i
+            )
+        if deliver_at_ms is None:
+            delay = 0 if delay_ms is None else delay_ms
+            if type(delay) is not int:
+                raise RequestError(
+                    ErrorCode.INVALID_FIELD,
+                    f"delay_ms must be an integer number of milliseconds, got {type(delay).__name__}",
+                    i,
+                )
+            if delay < 0:
+                raise RequestError(
+                    ErrorCode.INVALID_DELAY, f"delay_ms is {delay}; it must be >= 0", i
+                )
+            if delay > INT64_MAX - now_ms:
+                raise RequestError(
+                    ErrorCode.DUE_TIME_OVERFLOW,
+                    f"delay_ms {delay} puts the due time past the largest 64-bit millisecond time",
+                    i,
+                )
+            if delay > max_delay:
+                raise RequestError(
+                    ErrorCode.DELAY_TOO_LARGE,
+                    f"delay_ms is {delay}; the limit is {max_delay} ms",
+                    i,
+                )
+            due_ms = now_ms + delay
+        else:
+            if type(deliver_at_ms) is not int:
+                raise RequestError(
+                    ErrorCode.INVALID_FIELD,
+                    f"deliver_at_ms must be an integer (ms since the Unix epoch), got {type(deliver_at_ms).__name__}",
+                    i,
+                )
+            if deliver_at_ms < 0:
+                raise RequestError(
+                    ErrorCode.INVALID_DELAY, f"deliver_at_ms is {deliver_at_ms}; it must be >= 0", i
+                )
+            if deliver_at_ms > INT64_MAX:
+                raise RequestError(
+                    ErrorCode.DUE_TIME_OVERFLOW,
+                    f"deliver_at_ms {deliver_at_ms} does not fit in 64 bits",
+                    i,
+                )
+            if deliver_at_ms - now_ms > max_delay:
+                raise RequestError(
+                    ErrorCode.DELAY_TOO_LARGE,
+                    f"deliver_at_ms is {deliver_at_ms - now_ms} ms from now; the limit is {max_delay} ms",
+                    i,
+                )
+            due_ms = max(deliver_at_ms, now_ms)
+        if ttl_ms is not None:
+            if type(ttl_ms) is not int:
+                raise RequestError(
+                    ErrorCode.INVALID_FIELD,
+                    f"ttl_ms must be an integer, got {type(ttl_ms).__name__}",
+                    i,
+                )
+            if ttl_ms <= 0:
+                raise RequestError(
+                    ErrorCode.INVALID_TTL, f"ttl_ms is {ttl_ms}; it must be > 0 (or absent)", i
+                )
+            if ttl_ms > limits.max_ttl_ms:
+                raise RequestError(
+                    ErrorCode.INVALID_TTL,
+                    f"ttl_ms is {ttl_ms}; the limit is {limits.max_ttl_ms} ms",
+                    i,
+                )
+            if ttl_ms > INT64_MAX - due_ms:
+                raise RequestError(
+                    ErrorCode.DUE_TIME_OVERFLOW, "due time plus ttl_ms does not fit in 64 bits", i
+                )
+        out.append((topic, payload, due_ms, ttl_ms))
+    return out
+
+
+def check_tags(tags: list[bytes], limits: Limits) -> None:
+    """Check an ACK/NACK tag batch's size.
+
+    Raises:
+        RequestError: EMPTY_BATCH or BATCH_TOO_LARGE.
+    """
+    if not tags:
+        raise RequestError(ErrorCode.EMPTY_BATCH, "no delivery tags given")
+    if len(tags) > limits.max_batch_items:
+        raise RequestError(
+            ErrorCode.BATCH_TOO_LARGE,
+            f"{len(tags)} delivery tags; the limit is {limits.max_batch_items} per request",
+        )
