@@ -1,0 +1,57 @@
+"""futureq.cli.durations: the duration spellings every CLI time flag accepts."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from futureq.cli.durations import MAX_DURATION_MS, duration_ms_arg, parse_duration_ms
+
+
+@pytest.mark.parametrize(
+    ("text", "expected_ms"),
+    [
+        ("250ms", 250),
+        ("5s", 5_000),
+        ("10m", 600_000),
+        ("2h", 7_200_000),
+        ("3d", 259_200_000),
+        ("1500", 1_500),
+        ("0", 0),
+        ("0s", 0),
+        ("1.5s", 1_500),
+        ("0.1s", 100),
+        (" 7S ", 7_000),
+        ("2 h", 7_200_000),
+    ],
+)
+def test_parses_every_unit(text: str, expected_ms: int) -> None:
+    assert parse_duration_ms(text) == expected_ms
+
+
+@pytest.mark.parametrize("text", ["", "s", "5x", "-5s", "5 s s", "1e3", "five", "1.0005s", "5.ms"])
+def test_rejects_bad_text_with_a_sentence(text: str) -> None:
+    with pytest.raises(ValueError, match="duration|milliseconds"):
+        parse_duration_ms(text)
+
+
+def test_rejects_overflow() -> None:
+    with pytest.raises(ValueError, match="largest duration"):
+        parse_duration_ms(f"{MAX_DURATION_MS + 1}")
+
+
+def test_argparse_adapter_reports_usage_error() -> None:
+    parser = argparse.ArgumentParser(prog="t", exit_on_error=False)
+    parser.add_argument("--delay", type=duration_ms_arg)
+    assert parser.parse_args(["--delay", "5s"]).delay == 5_000
+    with pytest.raises(argparse.ArgumentError, match="is not a duration"):
+        parser.parse_args(["--delay", "5x"])
+
+
+@given(st.integers(min_value=0, max_value=10**9), st.sampled_from(["ms", "s", "m", "h", "d"]))
+def test_round_trips_whole_numbers(number: int, unit: str) -> None:
+    factor = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}[unit]
+    assert parse_duration_ms(f"{number}{unit}") == number * factor
