@@ -1,0 +1,527 @@
+"""Load and check the server configuration: defaults < TOML file < environment < flags.
+
+The shape lives in :mod:`futureq.config`; this module fills it in from four layers, each
+overriding the one before:
+
+1. the attrs defaults (a single node on 127.0.0.1, data in ``./data``);
+2. a TOML file with the tables ``[server]``, ``[limits]``, ``[queue]``, ``[storage]``,
+   ``[tls]``;
+3. environment variables ``FUTUREQ_<SECTION>_<KEY>`` (``FUTUREQ_SERVER_DATA_DIR``,
+   ``FUTUREQ_STORAGE_FSYNC=false``), whose text is converted to the field's type;
+4. command-line overrides, already typed, as ``{section: {key: value}}``.
+
+The merged tables are structured with a strict :mod:`cattrs` converter (no extra keys,
+no silent ``"12"`` -> 12 or ``true`` -> 1 coercions in TOML), then checked for meaning
+(ports parse, sizes are positive, the payload fits in a frame, TLS files exist). Every
+problem found is reported at once in one :class:`~futureq.errors.ConfigError`, one line
+per problem naming the dotted key, the bad value, where it came from and what is allowed.
+
+Durations are integer milliseconds (keys ending ``_ms``); for convenience a string with
+a unit (``"250ms"``, ``"30s"``, ``"5m"``, ``"2h"``, ``"1d"``) is accepted too.
+
+Source: DESIGN.md, "Processes and ports"; STYLE.md §4 (ConfigError names key, value and
+what is allowed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+
+from futureq.config import (
+    Config,
+    LimitsSection,
+    QueueSection,
+    ServerSection,
+    StorageSection,
+    TlsConfig,
+    split_host_port,
+)
+from futureq.errors import ConfigError
+
+ENV_PREFIX = "FUTUREQ_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+SECTIONS: dict[str, type[Any]] = {
+    "server": ServerSection,
+    "limits": LimitsSection,
+    "queue": QueueSection,
+    "storage": StorageSection,
+    "tls": TlsConfig,
+}
+
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+_TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
+_FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+
+
+@attrs.frozen
+class Problem:
+    """One thing wrong with the configuration.
+
+    Attributes:
+        keys: The dotted keys the problem concerns (``("limits.max_payload_bytes",)``).
+        message: A full sentence naming the key, the value and what is allowed.
+    """
+
+    keys: tuple[str, ...]
+    message: str
+
+
+def env_var_name(section: str, key: str) -> str:
+    """The environment variable that sets ``section.key``: ``FUTUREQ_SECTION_KEY``."""
+    return f"{ENV_PREFIX}{section}_{key}".upper()
+
+
+def field_types(section: str) -> dict[str, Any]:
+    """Resolved type of every field of a config section, by field name."""
+    return typing.get_type_hints(SECTIONS[section])
+
+
+def parse_duration_ms(text: str) -> int | None:
+    """Parse ``"250ms"``, ``"30s"``, ``"5m"``, ``"2h"`` or ``"1d"`` into milliseconds.
+
+    Returns:
+        The duration in integer milliseconds, or None when ``text`` is not of that form
+        (a plain number without a unit is not a duration string).
+    """
+    match = _DURATION_RE.match(text)
+    if match is None:
+        return None
+    return int(match.group(1)) * _DURATION_UNITS_MS[match.group(2)]
+
+
+def load_config(
+    path: str | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, object]] | None = None,
+) -> Config:
+    """Build the server configuration from defaults, a TOML file, environment and flags.
+
+    Args:
+        path: TOML file to read, or None for none.
+        env: Environment to read ``FUTUREQ_<SECTION>_<KEY>`` variables from; None means
+            ``os.environ``. Variables whose ``<SECTION>`` is not a config section
+            (``FUTUREQ_CONFIG``, variables of other tools) are ignored; an unknown key in
+            a known section is an error.
+        overrides: Typed values from the command line, ``{"server": {"node_id": 2}}``;
+            a None value means "not given" and is skipped.
+
+    Returns:
+        The frozen, checked :class:`~futureq.config.Config`.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, or any key is unknown, of the
+            wrong type or out of range. The message lists every problem, one per line.
+    """
+    loader = _Loader()
+    if path is not None:
+        loader.add_file(path)
+    loader.add_env(os.environ if env is None else env)
+    if overrides is not None:
+        loader.add_overrides(overrides)
+    return loader.finish()
+
+
+class _Loader:
+    """Merges the layers into one raw table, remembering where each value came from."""
+
+    def __init__(self) -> None:
+        self.raw: dict[str, Any] = {}
+        self.origins: dict[str, str] = {}
+        self.problems: list[Problem] = []
+
+    def _set(self, section: str, key: str, value: object, origin: str) -> None:
+        table = self.raw.setdefault(section, {})
+        if not isinstance(table, dict):
+            return  # reported as "must be a table" by add_file
+        table[key] = value
+        self.origins[f"{section}.{key}"] = origin
+
+    def add_file(self, path: str) -> None:
+        try:
+            with open(path, "rb") as file:
+                document = tomllib.load(file)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path!r} does not exist") from None
+        except OSError as error:
+            raise ConfigError(f"config file {path!r} cannot be read: {error.strerror}") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"config file {path!r} is not valid TOML: {error}") from None
+        for section, table in document.items():
+            if not isinstance(table, dict):
+                self.problems.append(
+                    Problem(
+                        (section,),
+                        f"{section} = {table!r} (from {path}): must be a table "
+                        f"[{section}] with keys, not a single value",
+                    )
+                )
+                continue
+            if section not in SECTIONS:
+                # cattrs reports the unknown section; keep it so it does.
+                self.raw[section] = table
+                self.origins[section] = path
+                continue
+            for key, value in table.items():
+                self._set(section, key, value, path)
+
+    def add_env(self, env: Mapping[str, str]) -> None:
+        for name, text in sorted(env.items()):
+            if not name.startswith(ENV_PREFIX):
+                continue
+            section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
+            if section not in SECTIONS:
+                continue
+            types_by_key = field_types(section)
+            value: object = text
+            if key in types_by_key:
+                value = _convert_text(text, types_by_key[key], key)
+            self._set(section, key, value, f"environment variable {name}")
+
+    def add_overrides(self, overrides: Mapping[str, Mapping[str, object]]) -> None:
+        for section, table in overrides.items():
+            for key, value in table.items():
+                if value is not None:
+                    self._set(section, key, value, "command line")
+
+    def finish(self) -> Config:
+        raw = self.raw
+        for section_name, table in raw.items():
+            if section_name not in SECTIONS or not isinstance(table, dict):
+                continue
+            for key, value in table.items():
+                if key.endswith("_ms") and isinstance(value, str):
+                    duration = parse_duration_ms(value)
+                    if duration is not None:
+                        table[key] = duration
+
+        problems = list(self.problems)
+        bad_keys: set[str] = {key for problem in problems for key in problem.keys}
+        config: Config | None = None
+        try:
+            config = _CONVERTER.structure(raw, Config)
+        except ClassValidationError as error:
+            structural = list(_problems_from_cattrs(error, raw, self.origins, ()))
+            problems.extend(structural)
+            bad_keys.update(key for problem in structural for key in problem.keys)
+
+        # Check meaning section by section, on what structured, so one run reports
+        # every problem; a check touching a key that failed to structure is skipped.
+        for section_name, section_cls in SECTIONS.items():
+            table = raw.get(section_name, {})
+            if not isinstance(table, dict):
+                continue
+            good = {
+                key: value
+                for key, value in table.items()
+                if f"{section_name}.{key}" not in bad_keys
+                and f"{section_name}.{key}" in _KNOWN_KEYS
+            }
+            try:
+                section = _CONVERTER.structure(good, section_cls)
+            except ClassValidationError:  # pragma: no cover - bad keys were removed
+                continue
+            for bad in _SEMANTIC_CHECKS[section_name](section):
+                if bad_keys.isdisjoint(bad.keys):
+                    problems.append(self._sentence(bad))
+
+        if problems:
+            order = list(SECTIONS)
+            problems.sort(key=lambda problem: _section_rank(problem.keys[0], order))
+            count = len(problems)
+            lines = "\n".join(f"  - {problem.message}" for problem in problems)
+            noun = "problem" if count == 1 else "problems"
+            raise ConfigError(f"invalid configuration ({count} {noun}):\n{lines}")
+        assert config is not None
+        return config
+
+    def _sentence(self, bad: _Bad) -> Problem:
+        origin = self.origins.get(bad.keys[0])
+        where = f" (from {origin})" if origin else ""
+        return Problem(bad.keys, f"{bad.keys[0]} = {bad.value!r}{where}: {bad.rule}")
+
+
+def _section_rank(dotted: str, order: list[str]) -> int:
+    section = dotted.partition(".")[0]
+    return order.index(section) if section in order else len(order)
+
+
+_KNOWN_KEYS = {
+    f"{section}.{name}" for section, cls in SECTIONS.items() for name in attrs.fields_dict(cls)
+}
+
+
+# --- type conversion --------------------------------------------------------------
+
+
+def _convert_text(text: str, field_type: Any, key: str) -> object:
+    """Convert an environment variable's text to ``field_type``; on failure return the
+    text unchanged so the strict structuring reports it with its origin."""
+    optional = _is_optional(field_type)
+    base = _base_type(field_type)
+    stripped = text.strip()
+    if optional and stripped == "":
+        return None
+    if base is bool:
+        word = stripped.lower()
+        if word in _TRUE_WORDS:
+            return True
+        if word in _FALSE_WORDS:
+            return False
+        return text
+    if base is int:
+        if key.endswith("_ms"):
+            duration = parse_duration_ms(stripped)
+            if duration is not None:
+                return duration
+        try:
+            return int(stripped, 10)
+        except ValueError:
+            return text
+    return text
+
+
+def _is_optional(field_type: Any) -> bool:
+    return isinstance(field_type, types.UnionType) and type(None) in typing.get_args(field_type)
+
+
+def _base_type(field_type: Any) -> Any:
+    if isinstance(field_type, types.UnionType):
+        args = [arg for arg in typing.get_args(field_type) if arg is not type(None)]
+        return args[0] if len(args) == 1 else field_type
+    return field_type
+
+
+def _describe_type(field_type: Any, key: str) -> str:
+    base = _base_type(field_type)
+    optional = _is_optional(field_type)
+    if base is bool:
+        text = "true or false"
+    elif base is int:
+        text = "an integer"
+        if key.endswith("_ms"):
+            text = 'an integer number of milliseconds (or a duration such as "30s")'
+        elif key.endswith("_bytes"):
+            text = "an integer number of bytes"
+        elif key.endswith("_mb"):
+            text = "an integer number of MiB"
+        elif key.endswith("_items"):
+            text = "an integer number of items"
+    elif base is str:
+        text = "a string"
+    else:  # pragma: no cover - every field is one of the above
+        text = str(base)
+    return f"{text} (or unset)" if optional else text
+
+
+class _StrictTypeError(TypeError):
+    """A TOML or flag value of the wrong type (no silent coercion)."""
+
+
+def _strict(kind: type[Any]) -> Callable[[Any, type[Any]], Any]:
+    def structure(value: Any, _: type[Any]) -> Any:
+        if type(value) is not kind:  # bool is a subclass of int: compare exactly
+            raise _StrictTypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    return structure
+
+
+_CONVERTER = cattrs.Converter(forbid_extra_keys=True)
+for _kind in (int, bool, str):
+    _CONVERTER.register_structure_hook(_kind, _strict(_kind))
+
+
+def _problems_from_cattrs(
+    error: ClassValidationError,
+    raw: Mapping[str, Any],
+    origins: Mapping[str, str],
+    path: tuple[str, ...],
+) -> Iterable[Problem]:
+    """Turn cattrs' exception tree into one sentence per bad key."""
+    with_notes, without_notes = error.group_exceptions()
+    for exception, note in with_notes:
+        name = note.name
+        if isinstance(exception, ClassValidationError):
+            yield from _problems_from_cattrs(exception, raw, origins, (*path, name))
+            continue
+        dotted = ".".join((*path, name))
+        section = path[0] if path else name
+        value = _lookup(raw, (*path, name))
+        origin = origins.get(dotted)
+        where = f" (from {origin})" if origin else ""
+        if section in SECTIONS and path:
+            expected = _describe_type(field_types(section)[name], name)
+            yield Problem((dotted,), f"{dotted} = {value!r}{where}: must be {expected}")
+        else:
+            yield Problem((dotted,), f"{dotted} = {value!r}{where}: must be a table of keys")
+    for exception in without_notes:
+        if isinstance(exception, ForbiddenExtraKeysError):
+            for extra in sorted(exception.extra_fields):
+                dotted = ".".join((*path, extra))
+                origin = origins.get(dotted)
+                where = f" (from {origin})" if origin else ""
+                if path:
+                    allowed = ", ".join(attrs.fields_dict(SECTIONS[path[0]]))
+                    yield Problem(
+                        (dotted,),
+                        f"{dotted}{where} is not a known key; the keys of "
+                        f"[{path[0]}] are: {allowed}",
+                    )
+                else:
+                    yield Problem(
+                        (dotted,),
+                        f"[{extra}]{where} is not a known section; the sections are: "
+                        f"{', '.join(SECTIONS)}",
+                    )
+        else:  # pragma: no cover - cattrs gives notes for every attribute failure
+            yield Problem((".".join(path),), f"{'.'.join(path) or 'config'}: {exception}")
+
+
+def _lookup(raw: Mapping[str, Any], path: tuple[str, ...]) -> object:
+    value: Any = raw
+    for part in path:
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+# --- meaning ----------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Bad:
+    """A value that structured but makes no sense: ``keys[0]`` holds ``value``."""
+
+    keys: tuple[str, ...]
+    value: object
+    rule: str
+
+
+def _minimum(section: str, obj: object, key: str, least: int, unit: str) -> Iterable[_Bad]:
+    value = getattr(obj, key)
+    if value < least:
+        yield _Bad((f"{section}.{key}",), value, f"must be at least {least}{unit}")
+
+
+def _address(section: str, key: str, value: str | None, *, port_zero: bool) -> Iterable[_Bad]:
+    if value is None:
+        return
+    dotted = f"{section}.{key}"
+    try:
+        _, port = split_host_port(value)
+    except ValueError as error:
+        yield _Bad(
+            (dotted,),
+            value,
+            f"must be HOST:PORT ([v6addr]:PORT for IPv6) with a port in 0..65535 ({error})",
+        )
+        return
+    if port == 0 and not port_zero:
+        yield _Bad((dotted,), value, "must name a real port in 1..65535, not 0")
+
+
+def _check_server(server: ServerSection) -> Iterable[_Bad]:
+    yield from _minimum("server", server, "node_id", 1, "")
+    if not server.data_dir.strip():
+        yield _Bad(("server.data_dir",), server.data_dir, "must name a directory")
+    yield from _address("server", "listen", server.listen, port_zero=True)
+    yield from _address("server", "http", server.http, port_zero=True)
+    yield from _address("server", "advertise", server.advertise, port_zero=False)
+    try:
+        listen_address = split_host_port(server.listen)
+        http_address = split_host_port(server.http)
+    except ValueError:
+        pass
+    else:
+        if listen_address == http_address and listen_address[1] != 0:
+            yield _Bad(
+                ("server.http", "server.listen"),
+                server.http,
+                "must differ from server.listen (the client listener)",
+            )
+    if server.auth_token is not None and not server.auth_token:
+        yield _Bad(("server.auth_token",), "", "must be a non-empty string, or unset for no token")
+    yield from _minimum("server", server, "shutdown_grace_ms", 0, " ms")
+    if server.log_level not in LOG_LEVELS:
+        yield _Bad(
+            ("server.log_level",), server.log_level, f"must be one of {', '.join(LOG_LEVELS)}"
+        )
+
+
+def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
+    yield from _minimum("limits", limits, "max_frame_bytes", 1, " bytes")
+    yield from _minimum("limits", limits, "max_payload_bytes", 1, " bytes")
+    yield from _minimum("limits", limits, "max_delay_ms", 0, " ms")
+    yield from _minimum("limits", limits, "max_ttl_ms", 0, " ms")
+    yield from _minimum("limits", limits, "max_batch_items", 1, " items")
+    yield from _minimum("limits", limits, "max_prefetch", 1, " items")
+    yield from _minimum("limits", limits, "max_connections", 1, " connections")
+    if limits.max_payload_bytes >= limits.max_frame_bytes:
+        yield _Bad(
+            ("limits.max_payload_bytes", "limits.max_frame_bytes"),
+            limits.max_payload_bytes,
+            f"must be smaller than limits.max_frame_bytes ({limits.max_frame_bytes}) "
+            "so a payload fits in a frame",
+        )
+
+
+def _check_queue(queue: QueueSection) -> Iterable[_Bad]:
+    yield from _minimum("queue", queue, "visibility_timeout_ms", 1, " ms")
+    yield from _minimum("queue", queue, "max_deliveries", 1, " attempts")
+    yield from _minimum("queue", queue, "horizon_ms", 1, " ms")
+    yield from _minimum("queue", queue, "horizon_max_items", 1, " items")
+    yield from _minimum("queue", queue, "dispatch_batch_items", 1, " items")
+
+
+def _check_storage(storage: StorageSection) -> Iterable[_Bad]:
+    yield from _minimum("storage", storage, "group_commit_max_items", 1, " items")
+    yield from _minimum("storage", storage, "write_buffer_mb", 1, " MiB")
+    yield from _minimum("storage", storage, "block_cache_mb", 1, " MiB")
+
+
+def _check_tls(tls: TlsConfig) -> Iterable[_Bad]:
+    if (tls.cert_file is None) != (tls.key_file is None):
+        given, missing = (
+            ("cert_file", "key_file") if tls.key_file is None else ("key_file", "cert_file")
+        )
+        yield _Bad(
+            (f"tls.{given}", f"tls.{missing}"),
+            getattr(tls, given),
+            f"tls.{missing} must be set too (set both to turn TLS on, or neither)",
+        )
+    for key in ("cert_file", "key_file", "ca_file"):
+        value = getattr(tls, key)
+        if value is not None and not os.path.isfile(value):
+            yield _Bad((f"tls.{key}",), value, "must be an existing PEM file")
+    if tls.ca_file is not None and not tls.enabled:
+        yield _Bad(
+            ("tls.ca_file",),
+            tls.ca_file,
+            "is only used with TLS on; set tls.cert_file and tls.key_file too, or unset it",
+        )
+    if tls.require_client_cert and tls.ca_file is None:
+        yield _Bad(
+            ("tls.require_client_cert",),
+            True,
+            "needs tls.ca_file to verify client certificates",
+        )
+
+
+_SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
+    "server": _check_server,
+    "limits": _check_limits,
+    "queue": _check_queue,
+    "storage": _check_storage,
+    "tls": _check_tls,
+}
