@@ -1,0 +1,1 @@
+"""Deterministic replicated queue state: commands, QueueState, DueIndex. No I/O, no clock."""

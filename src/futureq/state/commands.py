@@ -1,0 +1,139 @@
+"""The commands that go in the log, and their msgpack form (list form, first the kind).
+
+Every state change of the queue is one of these, proposed by the leader and applied by
+:meth:`futureq.state.queue_state.QueueState.apply` on every replica in log order. The
+leader stamps wall-clock times into the command; apply never reads a clock.
+
+Layouts (``DESIGN.md``, "Data flow"):
+
+* ``[NOOP]``
+* ``[PUBLISH, publish_ms, [[topic, payload, due_ms, ttl_ms | None], ...]]``
+* ``[ACK, [schedule_key, ...]]``
+* ``[NACK, now_ms, requeue_delay_ms, [[schedule_key, attempt], ...]]``
+* ``[EXPIRE, [schedule_key, ...]]``
+* ``[DEAD_LETTER, publish_ms, [[schedule_key, attempt], ...]]``
+* ``[CREATE_GROUP, topic, group, visibility_timeout_ms | None, max_deliveries | None]``
+* ``[DELETE_GROUP, topic, group]``
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Any, Final
+
+import msgpack
+
+
+class CommandKind(enum.IntEnum):
+    """First element of every command; numbers are stored in logs and never change."""
+
+    NOOP = 0
+    PUBLISH = 1
+    ACK = 2
+    NACK = 3
+    EXPIRE = 4
+    DEAD_LETTER = 5
+    CREATE_GROUP = 6
+    DELETE_GROUP = 7
+
+
+_SCHEDULE = struct.Struct(">IQQ")
+_TAG = struct.Struct(">IQQI")
+SCHEDULE_KEY_BYTES: Final = _SCHEDULE.size  # 20
+DELIVERY_TAG_BYTES: Final = _TAG.size  # 24
+ID_BATCH_BITS: Final = 16
+"""Message id = (log index << 16) | position in the batch (``DESIGN.md``)."""
+MAX_BATCH_POSITIONS: Final = 1 << ID_BATCH_BITS
+
+
+def message_id(index: int, position: int) -> int:
+    """The id of the message at ``position`` of the batch applied at log ``index``."""
+    assert 0 <= position < MAX_BATCH_POSITIONS
+    return (index << ID_BATCH_BITS) | position
+
+
+def schedule_key(group_id: int, due_ms: int, mid: int) -> bytes:
+    """``schedule`` family key: group id (4 bytes), due time (8), message id (8), big-endian.
+
+    Keys of one group sort by due time, then by id (publish order).
+    """
+    return _SCHEDULE.pack(group_id, due_ms, mid)
+
+
+def parse_schedule_key(key: bytes) -> tuple[int, int, int]:
+    """``(group_id, due_ms, message_id)`` of a schedule key.
+
+    Raises:
+        struct.error: the key is not 20 bytes.
+    """
+    result: tuple[int, int, int] = _SCHEDULE.unpack(key)
+    return result
+
+
+def delivery_tag(key: bytes, attempt: int) -> bytes:
+    """The 24-byte delivery tag: the schedule key, then the attempt number (4 bytes)."""
+    return key + attempt.to_bytes(4, "big")
+
+
+def parse_delivery_tag(tag: bytes) -> tuple[bytes, int] | None:
+    """``(schedule_key, attempt)`` of a tag, or None when it is not a well-formed tag."""
+    if type(tag) is not bytes or len(tag) != DELIVERY_TAG_BYTES:
+        return None
+    return tag[:SCHEDULE_KEY_BYTES], int.from_bytes(tag[SCHEDULE_KEY_BYTES:], "big")
+
+
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def encode(command: list[Any]) -> bytes:
+    """msgpack bytes of a command list."""
+    data: bytes = _packb(command)
+    return data
+
+
+def decode(data: bytes) -> list[Any]:
+    """The command list of msgpack bytes written by :func:`encode`."""
+    value = msgpack.unpackb(data, raw=False, use_list=True)
+    assert type(value) is list and value, "log entry is not a command"
+    return value
+
+
+def publish(publish_ms: int, items: list[tuple[str, bytes, int, int | None]]) -> bytes:
+    """Encode a PUBLISH of validated ``(topic, payload, due_ms, ttl_ms)`` items."""
+    return encode([CommandKind.PUBLISH, publish_ms, items])
+
+
+def ack(keys: list[bytes]) -> bytes:
+    """Encode an ACK of schedule keys."""
+    return encode([CommandKind.ACK, keys])
+
+
+def nack(now_ms: int, requeue_delay_ms: int, entries: list[tuple[bytes, int]]) -> bytes:
+    """Encode a NACK of ``(schedule_key, attempt)`` pairs, due again at now + delay."""
+    return encode([CommandKind.NACK, now_ms, requeue_delay_ms, entries])
+
+
+def expire(keys: list[bytes]) -> bytes:
+    """Encode an EXPIRE of schedule keys."""
+    return encode([CommandKind.EXPIRE, keys])
+
+
+def dead_letter(publish_ms: int, entries: list[tuple[bytes, int]]) -> bytes:
+    """Encode a DEAD_LETTER of ``(schedule_key, attempt)`` pairs."""
+    return encode([CommandKind.DEAD_LETTER, publish_ms, entries])
+
+
+def create_group(
+    topic: str, group: str, visibility_timeout_ms: int | None, max_deliveries: int | None
+) -> bytes:
+    """Encode a CREATE_GROUP (idempotent)."""
+    return encode([CommandKind.CREATE_GROUP, topic, group, visibility_timeout_ms, max_deliveries])
+
+
+def delete_group(topic: str, group: str) -> bytes:
+    """Encode a DELETE_GROUP."""
+    return encode([CommandKind.DELETE_GROUP, topic, group])
+
+
+NOOP: Final = encode([CommandKind.NOOP])

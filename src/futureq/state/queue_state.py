@@ -1,0 +1,492 @@
+"""QueueState: the deterministic state machine of FutureQ.
+
+``apply(index, command)`` is called on every replica with the same commands in the same
+order and leaves every replica in the same state. It never reads a clock, never draws
+random numbers, and touches storage only through :class:`~futureq.state.store.StateStore`.
+
+Families written (``DESIGN.md``, "Storage layout"):
+
+* ``messages``: message id (8 bytes BE) -> ``[topic, payload, publish_ms, due_ms, open]``
+  where ``open`` counts the group entries still scheduled;
+* ``schedule``: ``group_id | due_ms | message_id`` (20 bytes BE) -> ``[attempt, expire_ms]``.
+  Keyed by group first so each group reads its own due order with one range scan
+  (a group with no consumer keeps its backlog on disk, not in memory);
+* ``groups``: ``topic \\x00 group`` (UTF-8) -> ``[group_id, visibility_timeout_ms,
+  max_deliveries, implicit]``;
+* ``meta``: applied index, next group id, largest publish stamp, pending count per group.
+
+Every apply writes its changes and the new applied index in one batch, so a restart
+replays exactly the log entries after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final, Protocol
+
+import attrs
+import msgpack
+
+from futureq.state import commands
+from futureq.state.commands import CommandKind
+from futureq.state.store import Changes, StateStore
+
+DEFAULT_GROUP: Final = "default"
+DLQ_SUFFIX: Final = ".dlq"
+
+_APPLIED: Final = b"applied_index"
+_NEXT_GROUP: Final = b"next_group_id"
+_LAST_PUBLISH: Final = b"last_publish_ms"
+_PENDING: Final = b"pending:"
+
+_pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, use_list=True)
+
+
+def _u64(value: int) -> bytes:
+    return value.to_bytes(8, "big")
+
+
+@attrs.define
+class GroupInfo:
+    """A consumer group of a topic.
+
+    Attributes:
+        group_id: Assigned through the log, unique per cluster, never reused.
+        topic: The topic it consumes.
+        name: The group's name.
+        visibility_timeout_ms: How long a delivery may stay unacked (ms).
+        max_deliveries: Attempts before a message is dead-lettered.
+        implicit: Created for a topic that had no group; the first group that
+            subscribes adopts it (renames it), so earlier messages are not lost.
+        pending: Schedule entries the group still holds (items).
+    """
+
+    group_id: int
+    topic: str
+    name: str
+    visibility_timeout_ms: int
+    max_deliveries: int
+    implicit: bool
+    pending: int = 0
+
+    @property
+    def dead_letter_topic(self) -> str | None:
+        """``<topic>.dlq``, or None for a topic that is itself a dead-letter topic."""
+        return None if self.topic.endswith(DLQ_SUFFIX) else self.topic + DLQ_SUFFIX
+
+
+class ScheduleObserver(Protocol):
+    """Told of schedule changes after they are written (the dispatcher's due-index)."""
+
+    def on_scheduled(
+        self, group_id: int, due_ms: int, mid: int, expire_ms: int | None, attempt: int
+    ) -> None:
+        """A schedule entry was added."""
+        ...
+
+    def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
+        """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER or DELETE_GROUP."""
+        ...
+
+    def on_groups_changed(self) -> None:
+        """A group was created, adopted or deleted."""
+        ...
+
+
+class _Txn:
+    """Changes of one apply, with read-your-writes over the store."""
+
+    __slots__ = ("changes", "store")
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self.changes: Changes = {"messages": {}, "schedule": {}, "groups": {}, "meta": {}}
+
+    def get(self, family: str, key: bytes) -> bytes | None:
+        pending = self.changes[family]
+        if key in pending:
+            return pending[key]
+        return self.store.get(family, key)
+
+    def put(self, family: str, key: bytes, value: bytes | None) -> None:
+        self.changes[family][key] = value
+
+
+@attrs.frozen
+class Defaults:
+    """Group settings used when a CREATE_GROUP leaves them out (from config)."""
+
+    visibility_timeout_ms: int = 30_000
+    max_deliveries: int = 16
+
+
+class QueueState:
+    """The replicated queue state over a :class:`StateStore`.
+
+    Args:
+        store: Where the state lives (RocksDB, or memory in simulations).
+        defaults: Group settings for groups created without their own.
+
+    Source: ``DESIGN.md``, "Message semantics" and "Storage layout".
+    """
+
+    def __init__(self, store: StateStore, defaults: Defaults | None = None) -> None:
+        self.store = store
+        self.defaults = defaults or Defaults()
+        self.observer: ScheduleObserver | None = None
+        self.groups: dict[int, GroupInfo] = {}
+        self._by_topic: dict[str, dict[str, int]] = {}
+        meta = store.get("meta", _APPLIED)
+        self.applied_index = 0 if meta is None else int.from_bytes(meta, "big")
+        found = store.get("meta", _NEXT_GROUP)
+        self._next_group_id = 1 if found is None else int.from_bytes(found, "big")
+        found = store.get("meta", _LAST_PUBLISH)
+        self.last_publish_ms = 0 if found is None else int.from_bytes(found, "big")
+        for key, value in store.scan("groups", b""):
+            topic, _, name = key.decode("utf-8").partition("\x00")
+            gid, visibility, max_deliveries, implicit = _unpack(value)
+            pending = store.get("meta", _PENDING + gid.to_bytes(4, "big"))
+            info = GroupInfo(gid, topic, name, visibility, max_deliveries, implicit)
+            info.pending = 0 if pending is None else int.from_bytes(pending, "big")
+            self.groups[gid] = info
+            self._by_topic.setdefault(topic, {})[name] = gid
+
+    # ------------------------------------------------------------------ reads
+
+    def topic_groups(self, topic: str) -> list[GroupInfo]:
+        """The groups of a topic, in creation order."""
+        return [self.groups[gid] for gid in sorted(self._by_topic.get(topic, {}).values())]
+
+    def find_group(self, topic: str, name: str) -> GroupInfo | None:
+        """The group ``name`` of ``topic``, or None."""
+        gid = self._by_topic.get(topic, {}).get(name)
+        return None if gid is None else self.groups[gid]
+
+    def topics(self) -> list[str]:
+        """Every topic that has a group, sorted."""
+        return sorted(self._by_topic)
+
+    def get_message(self, mid: int) -> tuple[str, bytes, int, int, int] | None:
+        """``(topic, payload, publish_ms, due_ms, open)`` of a stored message, or None."""
+        data = self.store.get("messages", _u64(mid))
+        if data is None:
+            return None
+        topic, payload, publish_ms, due_ms, open_entries = _unpack(data)
+        return topic, payload, publish_ms, due_ms, open_entries
+
+    def get_schedule(self, key: bytes) -> tuple[int, int | None] | None:
+        """``(attempt, expire_ms)`` of a schedule entry, or None when it is gone."""
+        data = self.store.get("schedule", key)
+        if data is None:
+            return None
+        attempt, expire_ms = _unpack(data)
+        return attempt, expire_ms
+
+    def scan_schedule(
+        self, group_id: int, start_due_ms: int, start_mid: int, limit: int
+    ) -> Iterator[tuple[int, int, int, int | None]]:
+        """Up to ``limit`` entries of one group from ``(start_due_ms, start_mid)`` on.
+
+        Yields:
+            ``(due_ms, message_id, attempt, expire_ms)`` in due order.
+        """
+        start = commands.schedule_key(group_id, start_due_ms, start_mid)
+        stop = (group_id + 1).to_bytes(4, "big")
+        for count, (key, value) in enumerate(self.store.scan("schedule", start, stop)):
+            if count >= limit:
+                return
+            _, due_ms, mid = commands.parse_schedule_key(key)
+            attempt, expire_ms = _unpack(value)
+            yield due_ms, mid, attempt, expire_ms
+
+    # ------------------------------------------------------------------ apply
+
+    def apply(self, index: int, data: bytes) -> Any:
+        """Apply the command at log ``index``.
+
+        Args:
+            index: Log index; must be exactly ``applied_index + 1``.
+            data: The command's msgpack bytes (:mod:`futureq.state.commands`).
+
+        Returns:
+            PUBLISH and DEAD_LETTER: the first message id; ACK, NACK, EXPIRE: how many
+            entries were still scheduled and are now handled; CREATE_GROUP: the group
+            id; DELETE_GROUP: True if it existed; NOOP: None.
+
+        Raises:
+            StorageError: from the store; the node must stop.
+        """
+        assert index == self.applied_index + 1, (index, self.applied_index)
+        command = commands.decode(data)
+        kind = command[0]
+        txn = _Txn(self.store)
+        effects: list[tuple[Any, ...]] = []
+        touched: set[int] = set()
+        result: Any = None
+        if kind == CommandKind.PUBLISH:
+            result = self._publish(txn, index, command[1], command[2], effects, touched)
+        elif kind == CommandKind.ACK:
+            result = self._remove(txn, command[1], CommandKind.ACK, effects, touched)
+        elif kind == CommandKind.EXPIRE:
+            result = self._remove(txn, command[1], CommandKind.EXPIRE, effects, touched)
+        elif kind == CommandKind.NACK:
+            result = self._nack(txn, command[1], command[2], command[3], effects, touched)
+        elif kind == CommandKind.DEAD_LETTER:
+            result = self._dead_letter(txn, index, command[1], command[2], effects, touched)
+        elif kind == CommandKind.CREATE_GROUP:
+            result = self._create_group(
+                txn, command[1], command[2], command[3], command[4], effects
+            )
+        elif kind == CommandKind.DELETE_GROUP:
+            result = self._delete_group(txn, command[1], command[2], effects, touched)
+        else:
+            assert kind == CommandKind.NOOP, f"unknown command kind {kind}"
+        meta = txn.changes["meta"]
+        for gid in touched:
+            info = self.groups.get(gid)
+            if info is not None:
+                meta[_PENDING + gid.to_bytes(4, "big")] = _u64(info.pending)
+        meta[_APPLIED] = _u64(index)
+        self.store.write(txn.changes)
+        self.applied_index = index
+        observer = self.observer
+        if observer is not None:
+            for effect in effects:
+                if effect[0] == "s":
+                    observer.on_scheduled(*effect[1:])
+                elif effect[0] == "u":
+                    observer.on_unscheduled(*effect[1:])
+                else:
+                    observer.on_groups_changed()
+        return result
+
+    def _publish(
+        self,
+        txn: _Txn,
+        index: int,
+        publish_ms: int,
+        items: list[list[Any]],
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> int:
+        assert len(items) <= commands.MAX_BATCH_POSITIONS
+        if publish_ms > self.last_publish_ms:
+            self.last_publish_ms = publish_ms
+            txn.put("meta", _LAST_PUBLISH, _u64(publish_ms))
+        messages = txn.changes["messages"]
+        schedule = txn.changes["schedule"]
+        first_id = commands.message_id(index, 0)
+        targets: dict[str, list[GroupInfo]] = {}
+        for position, (topic, payload, due_ms, ttl_ms) in enumerate(items):
+            groups = targets.get(topic)
+            if groups is None:
+                groups = targets[topic] = self._targets(txn, topic, effects)
+            mid = first_id + position
+            expire_ms = None if ttl_ms is None else due_ms + ttl_ms
+            messages[_u64(mid)] = _pack([topic, payload, publish_ms, due_ms, len(groups)])
+            value = _pack([0, expire_ms])
+            for info in groups:
+                gid = info.group_id
+                schedule[commands.schedule_key(gid, due_ms, mid)] = value
+                info.pending += 1
+                touched.add(gid)
+                effects.append(("s", gid, due_ms, mid, expire_ms, 0))
+        return first_id
+
+    def _targets(self, txn: _Txn, topic: str, effects: list[tuple[Any, ...]]) -> list[GroupInfo]:
+        groups = self.topic_groups(topic)
+        if not groups:
+            groups = [self._new_group(txn, topic, DEFAULT_GROUP, None, None, True, effects)]
+        return groups
+
+    def _new_group(
+        self,
+        txn: _Txn,
+        topic: str,
+        name: str,
+        visibility_timeout_ms: int | None,
+        max_deliveries: int | None,
+        implicit: bool,
+        effects: list[tuple[Any, ...]],
+    ) -> GroupInfo:
+        gid = self._next_group_id
+        self._next_group_id += 1
+        txn.put("meta", _NEXT_GROUP, self._next_group_id.to_bytes(8, "big"))
+        info = GroupInfo(
+            gid,
+            topic,
+            name,
+            visibility_timeout_ms or self.defaults.visibility_timeout_ms,
+            max_deliveries or self.defaults.max_deliveries,
+            implicit,
+        )
+        self._store_group(txn, info)
+        self.groups[gid] = info
+        self._by_topic.setdefault(topic, {})[name] = gid
+        effects.append(("g",))
+        return info
+
+    @staticmethod
+    def _group_key(topic: str, name: str) -> bytes:
+        return f"{topic}\x00{name}".encode()
+
+    def _store_group(self, txn: _Txn, info: GroupInfo) -> None:
+        txn.put(
+            "groups",
+            self._group_key(info.topic, info.name),
+            _pack([info.group_id, info.visibility_timeout_ms, info.max_deliveries, info.implicit]),
+        )
+
+    def _drop_entry(
+        self,
+        txn: _Txn,
+        key: bytes,
+        reason: CommandKind,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> tuple[int, int, int, int | None] | None:
+        """Delete one schedule entry and release its message; None if already gone."""
+        value = txn.get("schedule", key)
+        if value is None:
+            return None
+        gid, due_ms, mid = commands.parse_schedule_key(key)
+        attempt, expire_ms = _unpack(value)
+        txn.put("schedule", key, None)
+        info = self.groups.get(gid)
+        if info is not None:
+            info.pending -= 1
+            touched.add(gid)
+        self._release_message(txn, mid)
+        effects.append(("u", gid, due_ms, mid, reason))
+        return gid, mid, attempt, expire_ms
+
+    def _release_message(self, txn: _Txn, mid: int) -> None:
+        mkey = _u64(mid)
+        data = txn.get("messages", mkey)
+        assert data is not None, f"schedule entry without message {mid}"
+        record = _unpack(data)
+        record[4] -= 1
+        txn.put("messages", mkey, None if record[4] <= 0 else _pack(record))
+
+    def _remove(
+        self,
+        txn: _Txn,
+        keys: list[bytes],
+        reason: CommandKind,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> int:
+        done = 0
+        for key in keys:
+            if self._drop_entry(txn, key, reason, effects, touched) is not None:
+                done += 1
+        return done
+
+    def _nack(
+        self,
+        txn: _Txn,
+        now_ms: int,
+        requeue_delay_ms: int,
+        entries: list[list[Any]],
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> int:
+        done = 0
+        for key, attempt in entries:
+            value = txn.get("schedule", key)
+            if value is None:
+                continue
+            gid, due_ms, mid = commands.parse_schedule_key(key)
+            _, expire_ms = _unpack(value)
+            new_due = max(now_ms + requeue_delay_ms, due_ms)
+            new_key = commands.schedule_key(gid, new_due, mid)
+            txn.put("schedule", key, None)
+            txn.put("schedule", new_key, _pack([attempt, expire_ms]))
+            effects.append(("u", gid, due_ms, mid, CommandKind.NACK))
+            effects.append(("s", gid, new_due, mid, expire_ms, attempt))
+            done += 1
+        return done
+
+    def _dead_letter(
+        self,
+        txn: _Txn,
+        index: int,
+        publish_ms: int,
+        entries: list[list[Any]],
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> int:
+        items: list[list[Any]] = []
+        for key, _attempt in entries:
+            gid, _, mid = commands.parse_schedule_key(key)
+            data = txn.get("messages", _u64(mid))
+            info = self.groups.get(gid)
+            if data is None or info is None or info.dead_letter_topic is None:
+                continue
+            if self._drop_entry(txn, key, CommandKind.DEAD_LETTER, effects, touched) is None:
+                continue
+            topic, payload = _unpack(data)[:2]
+            items.append([info.dead_letter_topic, payload, publish_ms, None])
+        if not items:
+            return commands.message_id(index, 0)
+        return self._publish(txn, index, publish_ms, items, effects, touched)
+
+    def _create_group(
+        self,
+        txn: _Txn,
+        topic: str,
+        name: str,
+        visibility_timeout_ms: int | None,
+        max_deliveries: int | None,
+        effects: list[tuple[Any, ...]],
+    ) -> int:
+        existing = self.find_group(topic, name)
+        if existing is None:
+            groups = self.topic_groups(topic)
+            if len(groups) == 1 and groups[0].implicit:
+                # Adopt the implicit group: it holds what was published before any
+                # consumer existed (DESIGN.md, "a message published before any
+                # consumer ever connected is not lost").
+                existing = groups[0]
+                txn.put("groups", self._group_key(topic, existing.name), None)
+                del self._by_topic[topic][existing.name]
+                existing.name = name
+                self._by_topic[topic][name] = existing.group_id
+            else:
+                info = self._new_group(
+                    txn, topic, name, visibility_timeout_ms, max_deliveries, False, effects
+                )
+                return info.group_id
+        existing.implicit = False
+        if visibility_timeout_ms is not None:
+            existing.visibility_timeout_ms = visibility_timeout_ms
+        if max_deliveries is not None:
+            existing.max_deliveries = max_deliveries
+        self._store_group(txn, existing)
+        effects.append(("g",))
+        return existing.group_id
+
+    def _delete_group(
+        self, txn: _Txn, topic: str, name: str, effects: list[tuple[Any, ...]], touched: set[int]
+    ) -> bool:
+        info = self.find_group(topic, name)
+        if info is None:
+            return False
+        gid = info.group_id
+        start = gid.to_bytes(4, "big")
+        stop = (gid + 1).to_bytes(4, "big")
+        for key in list(self.store.scan_keys("schedule", start, stop)):
+            self._drop_entry(txn, key, CommandKind.DELETE_GROUP, effects, touched)
+        txn.put("groups", self._group_key(topic, name), None)
+        txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
+        touched.discard(gid)
+        del self.groups[gid]
+        del self._by_topic[topic][name]
+        if not self._by_topic[topic]:
+            del self._by_topic[topic]
+        effects.append(("g",))
+        return True

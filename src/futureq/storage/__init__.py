@@ -1,0 +1,1 @@
+"""RocksDB storage through rocksdict: column families, write batches, synced writes."""
