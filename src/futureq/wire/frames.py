@@ -644,8 +644,10 @@ def frame_from_wire(value: Any) -> Frame:
             f"unknown frame type {frame_type}; this server knows {sorted(int(t) for t in FRAME_CLASSES)}",
         )
     if type(rid) is not int or not 0 <= rid <= MAX_REQUEST_ID:
+        # Name the type, not the value: a peer's value may be megabytes long.
+        got = str(rid) if type(rid) is int else type(rid).__name__
         raise RemoteProtocolError(
-            ErrorCode.INVALID_FRAME, f"request_id must be an integer in [0, 2**63-1], got {rid!r}"
+            ErrorCode.INVALID_FRAME, f"request_id must be an integer in [0, 2**63-1], got {got}"
         )
     frame: Frame = cls.from_wire(rid, value[2:])
     return frame
