@@ -1,0 +1,444 @@
+"""Every Prometheus metric FutureQ exports, declared once: name, help, labels, unit.
+
+Each :class:`Metrics` owns its own ``CollectorRegistry``, so several brokers can run in
+one test process without their counters mixing. Components receive the ``Metrics`` of
+their broker and update the attributes named after the metric without the
+``futureq_`` prefix and the ``_total`` suffix kept, e.g.::
+
+    metrics.published_messages_total.labels(topic=topic).inc(len(items))
+    metrics.fsync_seconds.observe(elapsed_s)
+    metrics.due_to_delivery_seconds.observe(max(0, delivered_ms - due_ms) / 1000)
+
+Per-group queue state (pending, due, in-flight, consumers) is not pushed: it is read at
+scrape time from a provider registered with :meth:`Metrics.set_group_counts_provider`.
+
+The reference table in ``docs/operations.md`` ("Metrics") lists the same metrics; a test
+keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, TypeVar
+
+import attrs
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    disable_created_metrics,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from futureq.errors import ErrorCode
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+# The ``*_created`` timestamp series double the output and no dashboard reads them.
+# (A process-wide switch of prometheus-client; FutureQ owns its process.)
+disable_created_metrics()
+
+PREFIX = "futureq_"
+
+#: Latency buckets in seconds, 0.1 ms .. 10 s, roughly 1-2.5-5 per decade.
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+#: Commands per synced write: powers of two, 1 .. 4096 (``storage.group_commit_max_items``).
+GROUP_COMMIT_BUCKETS: tuple[float, ...] = tuple(float(2**power) for power in range(13))
+
+
+@attrs.frozen
+class MetricSpec:
+    """The declaration of one metric.
+
+    Attributes:
+        name: Full exported name, e.g. ``futureq_published_messages_total``.
+        kind: ``counter``, ``gauge`` or ``histogram``.
+        help: One sentence for ``# HELP``.
+        labels: Label names, in order.
+        unit: What one unit of the value is (``messages``, ``seconds``, ...), for the docs;
+            passed to prometheus-client only when the name ends with it (OpenMetrics rule).
+        buckets: Histogram bucket upper bounds, else empty.
+    """
+
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...] = ()
+    unit: str = ""
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def attribute(self) -> str:
+        """The :class:`Metrics` attribute holding this metric: the name minus ``futureq_``."""
+        return self.name.removeprefix(PREFIX)
+
+
+_TG = ("topic", "group")
+
+#: Every metric FutureQ exports. The order is the order of ``docs/operations.md``.
+METRIC_SPECS: tuple[MetricSpec, ...] = (
+    # counters
+    MetricSpec(
+        "futureq_published_messages_total",
+        "counter",
+        "Messages accepted by PUBLISH and committed, by topic.",
+        ("topic",),
+        "messages",
+    ),
+    MetricSpec(
+        "futureq_delivered_messages_total",
+        "counter",
+        "Deliveries pushed to consumers, first attempts and redeliveries.",
+        _TG,
+        "messages",
+    ),
+    MetricSpec(
+        "futureq_redelivered_messages_total",
+        "counter",
+        "Deliveries that were a second or later attempt (visibility timeout, nack, failover).",
+        _TG,
+        "messages",
+    ),
+    MetricSpec(
+        "futureq_acked_messages_total",
+        "counter",
+        "Deliveries acknowledged by consumers and committed.",
+        _TG,
+        "messages",
+    ),
+    MetricSpec(
+        "futureq_nacked_messages_total",
+        "counter",
+        "Deliveries negatively acknowledged by consumers.",
+        _TG,
+        "messages",
+    ),
+    MetricSpec(
+        "futureq_expired_messages_total",
+        "counter",
+        "Group copies removed undelivered because their TTL ran out after the due time.",
+        _TG,
+        "messages",
+    ),
+    MetricSpec(
+        "futureq_dead_lettered_messages_total",
+        "counter",
+        "Group copies moved to the dead-letter topic after max_deliveries attempts.",
+        _TG,
+        "messages",
+    ),
+    MetricSpec(
+        "futureq_request_errors_total",
+        "counter",
+        "Requests answered with an ERROR frame, by error code name.",
+        ("code",),
+        "errors",
+    ),
+    MetricSpec(
+        "futureq_connections_accepted_total",
+        "counter",
+        "Client connections accepted since start.",
+        (),
+        "connections",
+    ),
+    # gauges
+    MetricSpec(
+        "futureq_client_connections",
+        "gauge",
+        "Client connections open now.",
+        (),
+        "connections",
+    ),
+    MetricSpec(
+        "futureq_subscriptions",
+        "gauge",
+        "Consumer subscriptions open now on this node.",
+        (),
+        "subscriptions",
+    ),
+    MetricSpec(
+        "futureq_applied_index",
+        "gauge",
+        "Raft index of the last command applied to the queue state.",
+        (),
+        "index",
+    ),
+    MetricSpec(
+        "futureq_is_leader",
+        "gauge",
+        "1 while this node is the Raft leader, else 0.",
+        (),
+        "",
+    ),
+    # state gauges, read at scrape time from the group counts provider
+    MetricSpec(
+        "futureq_pending_messages",
+        "gauge",
+        "Group copies stored and not yet acked, expired or dead-lettered (due or not).",
+        _TG,
+        "messages",
+    ),
+    MetricSpec(
+        "futureq_due_messages",
+        "gauge",
+        "Group copies due now and waiting for a consumer (not in flight).",
+        _TG,
+        "messages",
+    ),
+    MetricSpec(
+        "futureq_in_flight_deliveries",
+        "gauge",
+        "Deliveries pushed and not yet acked, nacked or timed out (leader only).",
+        _TG,
+        "deliveries",
+    ),
+    MetricSpec(
+        "futureq_group_consumers",
+        "gauge",
+        "Consumers subscribed to the group on this node.",
+        _TG,
+        "consumers",
+    ),
+    # histograms
+    MetricSpec(
+        "futureq_publish_commit_seconds",
+        "histogram",
+        "Time from receiving a PUBLISH to its batch being durable and applied.",
+        (),
+        "seconds",
+        LATENCY_BUCKETS_S,
+    ),
+    MetricSpec(
+        "futureq_due_to_delivery_seconds",
+        "histogram",
+        "Lateness of deliveries: delivered time minus due time (wall clock).",
+        (),
+        "seconds",
+        LATENCY_BUCKETS_S,
+    ),
+    MetricSpec(
+        "futureq_fsync_seconds",
+        "histogram",
+        "Duration of one synced log write (one group commit).",
+        (),
+        "seconds",
+        LATENCY_BUCKETS_S,
+    ),
+    MetricSpec(
+        "futureq_group_commit_items",
+        "histogram",
+        "Commands written per synced log write.",
+        (),
+        "items",
+        GROUP_COMMIT_BUCKETS,
+    ),
+    MetricSpec(
+        "futureq_apply_seconds",
+        "histogram",
+        "Time to apply one committed command batch to the queue state.",
+        (),
+        "seconds",
+        LATENCY_BUCKETS_S,
+    ),
+)
+
+#: The state gauges served by the scrape-time collector, by GroupCounts field.
+_GROUP_COUNT_GAUGES: dict[str, str] = {
+    "pending": "futureq_pending_messages",
+    "due": "futureq_due_messages",
+    "in_flight": "futureq_in_flight_deliveries",
+    "consumers": "futureq_group_consumers",
+}
+
+
+@attrs.frozen
+class GroupCounts:
+    """The current size of one consumer group's queue, for the state gauges.
+
+    Attributes:
+        topic: Topic name.
+        group: Consumer group name.
+        pending: Group copies stored and not yet acked, expired or dead-lettered.
+        due: Of those, the ones due now and not in flight.
+        in_flight: Deliveries pushed and not yet settled (leader only; 0 elsewhere).
+        consumers: Consumers subscribed on this node.
+    """
+
+    topic: str
+    group: str
+    pending: int
+    due: int
+    in_flight: int
+    consumers: int
+
+
+GroupCountsProvider = Callable[[], Iterable[GroupCounts]]
+
+
+def _spec(name: str) -> MetricSpec:
+    return next(spec for spec in METRIC_SPECS if spec.name == name)
+
+
+def _prometheus_unit(spec: MetricSpec) -> str:
+    base = spec.name.removesuffix("_total")
+    return spec.unit if spec.unit and base.endswith("_" + spec.unit) else ""
+
+
+class _GroupCountsCollector(Collector):
+    """Reads the per-group state gauges from the provider on every scrape."""
+
+    def __init__(self) -> None:
+        self.provider: GroupCountsProvider | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families().values())
+
+    def collect(self) -> Iterable[Metric]:
+        families = self._families()
+        provider = self.provider
+        if provider is not None:
+            try:
+                rows = list(provider())
+            except Exception:
+                # A broken provider must not break /metrics: the other metrics still
+                # matter most when something is wrong.
+                logger.exception("group counts provider failed; state gauges omitted")
+                rows = []
+            for row in rows:
+                for field, name in _GROUP_COUNT_GAUGES.items():
+                    families[name].add_metric([row.topic, row.group], getattr(row, field))
+        return list(families.values())
+
+    @staticmethod
+    def _families() -> dict[str, GaugeMetricFamily]:
+        families = {}
+        for name in _GROUP_COUNT_GAUGES.values():
+            spec = _spec(name)
+            families[name] = GaugeMetricFamily(
+                name, spec.help, labels=list(spec.labels), unit=_prometheus_unit(spec)
+            )
+        return families
+
+
+class Metrics:
+    """The metrics of one broker, in a registry of its own.
+
+    Attributes are named after :data:`METRIC_SPECS` without the ``futureq_`` prefix
+    (``published_messages_total``, ``client_connections``, ``fsync_seconds``...), each a
+    prometheus-client ``Counter``, ``Gauge`` or ``Histogram``. Label values are strings:
+    topic and group names, or an :class:`~futureq.errors.ErrorCode` name for ``code``.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        made: dict[str, Counter | Gauge | Histogram] = {}
+        for spec in METRIC_SPECS:
+            if spec.name in _GROUP_COUNT_GAUGES.values():
+                continue
+            unit = _prometheus_unit(spec)
+            labels = list(spec.labels)
+            if spec.kind == "counter":
+                made[spec.attribute] = Counter(
+                    spec.name, spec.help, labels, unit=unit, registry=self.registry
+                )
+            elif spec.kind == "gauge":
+                made[spec.attribute] = Gauge(
+                    spec.name, spec.help, labels, unit=unit, registry=self.registry
+                )
+            else:
+                made[spec.attribute] = Histogram(
+                    spec.name,
+                    spec.help,
+                    labels,
+                    unit=unit,
+                    buckets=spec.buckets,
+                    registry=self.registry,
+                )
+
+        # Spelled out so type checkers and readers see every attribute.
+        self.published_messages_total: Counter = _as(made["published_messages_total"], Counter)
+        self.delivered_messages_total: Counter = _as(made["delivered_messages_total"], Counter)
+        self.redelivered_messages_total: Counter = _as(made["redelivered_messages_total"], Counter)
+        self.acked_messages_total: Counter = _as(made["acked_messages_total"], Counter)
+        self.nacked_messages_total: Counter = _as(made["nacked_messages_total"], Counter)
+        self.expired_messages_total: Counter = _as(made["expired_messages_total"], Counter)
+        self.dead_lettered_messages_total: Counter = _as(
+            made["dead_lettered_messages_total"], Counter
+        )
+        self.request_errors_total: Counter = _as(made["request_errors_total"], Counter)
+        self.connections_accepted_total: Counter = _as(made["connections_accepted_total"], Counter)
+        self.client_connections: Gauge = _as(made["client_connections"], Gauge)
+        self.subscriptions: Gauge = _as(made["subscriptions"], Gauge)
+        self.applied_index: Gauge = _as(made["applied_index"], Gauge)
+        self.is_leader: Gauge = _as(made["is_leader"], Gauge)
+        self.publish_commit_seconds: Histogram = _as(made["publish_commit_seconds"], Histogram)
+        self.due_to_delivery_seconds: Histogram = _as(made["due_to_delivery_seconds"], Histogram)
+        self.fsync_seconds: Histogram = _as(made["fsync_seconds"], Histogram)
+        self.group_commit_items: Histogram = _as(made["group_commit_items"], Histogram)
+        self.apply_seconds: Histogram = _as(made["apply_seconds"], Histogram)
+
+        self._group_counts = _GroupCountsCollector()
+        self.registry.register(self._group_counts)
+
+    def set_group_counts_provider(self, provider: GroupCountsProvider | None) -> None:
+        """Read the per-group state gauges from ``provider`` on every scrape.
+
+        Args:
+            provider: Called on the event loop thread during ``render()``; returns one
+                :class:`GroupCounts` per (topic, group). It must be quick and must not
+                block. None removes the provider (the gauges then have no samples). If
+                it raises, the error is logged and the state gauges are left out of that
+                scrape.
+        """
+        self._group_counts.provider = provider
+
+    def count_request_error(self, code: ErrorCode) -> None:
+        """Count one request answered with an ERROR frame carrying ``code``."""
+        self.request_errors_total.labels(code=code.name).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """Render every metric in the Prometheus text format.
+
+        Returns:
+            ``(body, content_type)``: the exposition text (UTF-8) and its
+            ``Content-Type`` header value (text format 0.0.4).
+        """
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _as(metric: object, kind: type[_T]) -> _T:
+    assert isinstance(metric, kind), (metric, kind)
+    return metric
+
+
+def spec_names() -> Iterator[str]:
+    """Every exported metric name, in declaration order."""
+    return (spec.name for spec in METRIC_SPECS)
