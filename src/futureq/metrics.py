@@ -27,9 +27,9 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
-    disable_created_metrics,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
@@ -46,7 +46,7 @@ _T = TypeVar("_T")
 
 # The ``*_created`` timestamp series double the output and no dashboard reads them.
 # (A process-wide switch of prometheus-client; FutureQ owns its process.)
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 PREFIX = "futureq_"
 
