@@ -1,0 +1,246 @@
+"""The node's HTTP listener: ``/metrics``, ``/healthz``, ``/readyz``, ``/api/status``, ``/``.
+
+A small ASGI application served by hypercorn on trio. It reads the broker only through
+two seams: the broker's :class:`~futureq.metrics.Metrics` and a :class:`StatusProvider`.
+
+Endpoints (all ``GET``; ``HEAD`` too):
+
+=================  ===========================================================
+``/metrics``       Prometheus text exposition of every FutureQ metric.
+``/healthz``       200 ``ok`` while the process serves; 503 once ``is_healthy()``
+                   turns false (storage failure, shutting down).
+``/readyz``        200 ``{"ready": true}`` when ``is_ready()``; else 503
+                   ``{"ready": false, "reason": ...}``.
+``/api/status``    JSON of ``status()`` (shape in :class:`StatusProvider`).
+``/``              The dashboard: one static HTML page that polls ``/api/status``.
+=================  ===========================================================
+
+Source: DESIGN.md, "Processes and ports"; docs/operations.md, "Health endpoints".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import pathlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.logging import Logger as HypercornLogger
+from hypercorn.trio import serve
+
+if TYPE_CHECKING:
+    from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+
+    from futureq.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+#: How long a graceful HTTP shutdown (``shutdown_trigger``) waits for open requests (s).
+GRACEFUL_TIMEOUT_S = 1.0
+
+_TEXT = b"text/plain; charset=utf-8"
+_JSON = b"application/json"
+_HTML = b"text/html; charset=utf-8"
+
+
+class StatusProvider(Protocol):
+    """What the HTTP listener asks the broker. Every method is called on the event loop
+    and must return quickly without blocking.
+
+    ``status()`` returns a JSON-able dict of this shape (times in ms unless named)::
+
+        {
+          "node_id": 1, "role": "leader", "leader_address": "127.0.0.1:7450",
+          "server_version": "0.1.0", "applied_index": 42, "uptime_s": 12.5,
+          "topics": [
+            {"topic": "orders", "groups": [
+              {"group": "billing", "pending": 10, "due": 2, "in_flight": 1,
+               "consumers": 3, "visibility_timeout_ms": 30000, "max_deliveries": 16}
+            ]}
+          ]
+        }
+
+    ``role`` is ``leader``, ``follower`` or ``candidate``; ``leader_address`` is the
+    leader's client address or null while none is known.
+    """
+
+    def status(self) -> dict[str, Any]:
+        """The node's status, in the shape above."""
+        ...
+
+    def is_ready(self) -> bool:
+        """True when the node serves clients: state loaded and a leader known."""
+        ...
+
+    def is_healthy(self) -> bool:
+        """True while the process works (false after a storage failure or on shutdown)."""
+        ...
+
+
+class _QuietHypercornLogger(HypercornLogger):
+    """Hypercorn's logger, with its INFO lines ("Running on ...") demoted to DEBUG:
+    we log our own "HTTP listening on" line with the real address."""
+
+    async def info(self, message: str, *args: Any, **kwargs: Any) -> None:
+        await self.debug(message, *args, **kwargs)
+
+
+@functools.cache
+def dashboard_html() -> bytes:
+    """The dashboard page (``broker/static/dashboard.html``), read once."""
+    return (pathlib.Path(__file__).parent / "static" / "dashboard.html").read_bytes()
+
+
+class HttpApp:
+    """The ASGI application behind :func:`serve_http`.
+
+    Args:
+        metrics: Rendered on ``/metrics``.
+        provider: Answers ``/healthz``, ``/readyz``, ``/api/status``.
+    """
+
+    def __init__(self, metrics: Metrics, provider: StatusProvider) -> None:
+        self._metrics = metrics
+        self._provider = provider
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        """ASGI entry point: ``lifespan`` and ``http`` scopes."""
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":  # websocket: not served here
+            return
+        method = scope["method"]
+        if method not in ("GET", "HEAD"):
+            await _respond(
+                send,
+                405,
+                b"only GET and HEAD are served\n",
+                _TEXT,
+                head=False,
+                extra=[(b"allow", b"GET, HEAD")],
+            )
+            return
+        head = method == "HEAD"
+        try:
+            status, body, content_type = self._route(scope["path"])
+        except Exception:
+            logger.exception("HTTP %s %s failed", method, scope["path"])
+            status, body, content_type = 500, b"internal error; see the server log\n", _TEXT
+        await _respond(send, status, body, content_type, head=head)
+
+    def _route(self, path: str) -> tuple[int, bytes, bytes]:
+        if path == "/metrics":
+            body, content_type = self._metrics.render()
+            return 200, body, content_type.encode("ascii")
+        if path == "/healthz":
+            if self._provider.is_healthy():
+                return 200, b"ok\n", _TEXT
+            return 503, b"unhealthy\n", _TEXT
+        if path == "/readyz":
+            if self._provider.is_ready():
+                return 200, _json({"ready": True}), _JSON
+            return 503, _json({"ready": False, "reason": self._not_ready_reason()}), _JSON
+        if path == "/api/status":
+            return 200, _json(self._provider.status()), _JSON
+        if path in ("/", "/index.html"):
+            return 200, dashboard_html(), _HTML
+        return 404, f"no such page: {path}; try /metrics, /healthz, /readyz, /\n".encode(), _TEXT
+
+    def _not_ready_reason(self) -> str:
+        if not self._provider.is_healthy():
+            return "the node is not healthy (storage failure or shutting down)"
+        try:
+            status = self._provider.status()
+        except Exception:
+            return "the node is starting"
+        if status.get("leader_address") is None:
+            return f"no leader is known yet (this node is {status.get('role', 'starting')})"
+        return f"the node is not serving yet (role {status.get('role')})"
+
+    @staticmethod
+    async def _lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+async def _respond(
+    send: ASGISendCallable,
+    status: int,
+    body: bytes,
+    content_type: bytes,
+    *,
+    head: bool,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode("ascii")),
+        (b"cache-control", b"no-store"),
+        *(extra or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if head else body, "more_body": False})
+
+
+def _host_port(bind: str) -> str:
+    """``http://127.0.0.1:54321`` (hypercorn's form) -> ``127.0.0.1:54321``."""
+    return bind.split("://", 1)[-1]
+
+
+async def serve_http(
+    address: str,
+    metrics: Metrics,
+    provider: StatusProvider,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the HTTP endpoints on ``address`` until cancelled (or ``shutdown_trigger``).
+
+    Start it with ``await nursery.start(serve_http, ...)``: it binds, then reports the
+    bound address, so port 0 works.
+
+    Args:
+        address: ``HOST:PORT`` to bind (``[v6]:PORT`` for IPv6; port 0 picks a free port).
+        metrics: The broker's metrics, rendered on ``/metrics``.
+        provider: The broker's status seam.
+        shutdown_trigger: Optional; when this returns, stop accepting and let open
+            requests finish for up to :data:`GRACEFUL_TIMEOUT_S`, then return. Without
+            it, cancel the enclosing scope to stop (open requests are cut).
+        task_status: Receives the bound ``"host:port"`` (``"[::1]:port"`` for IPv6)
+            once the socket listens.
+
+    Raises:
+        OSError: the address cannot be bound (in use, not local).
+    """
+    config = HypercornConfig()
+    config.bind = [address]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("futureq.broker.http.server")
+    config.logger_class = _QuietHypercornLogger
+    config.graceful_timeout = GRACEFUL_TIMEOUT_S
+    config.include_server_header = False
+    app = HttpApp(metrics, provider)
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(
+            functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger)
+        )
+        bound = _host_port(binds[0])
+        logger.info("HTTP listening on %s (/metrics, /healthz, /readyz, dashboard)", bound)
+        task_status.started(bound)
