@@ -1,0 +1,412 @@
+"""Frames: every type round-trips; bad shapes and field types give INVALID_FRAME.
+
+Also the h11 ``test_io`` check: a stream of frames fed whole, one byte at a time and in
+random splits decodes to the same frames. Source: ``docs/protocol.md``, "Frames".
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from futureq.errors import ErrorCode, RemoteProtocolError
+from futureq.wire import codec, frames
+
+FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=300)
+
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+UINT63 = st.integers(min_value=0, max_value=2**63 - 1)
+RID = st.integers(min_value=0, max_value=frames.MAX_REQUEST_ID)
+TEXT = st.text(max_size=20)
+OPT_TEXT = st.none() | TEXT
+TAG = st.binary(min_size=24, max_size=24)
+PUBLISH_ITEM = st.tuples(
+    TEXT, st.binary(max_size=20), st.none() | INT64, st.none() | INT64, st.none() | INT64
+).map(list)
+DELIVERY = st.tuples(TAG, UINT63, st.binary(max_size=20), UINT63, UINT63, UINT63).map(list)
+STATUS_VALUE = st.recursive(
+    st.none() | st.booleans() | INT64 | st.floats(allow_nan=False) | TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=10,
+)
+
+FRAME_STRATEGY: st.SearchStrategy[frames.Frame] = st.one_of(
+    st.builds(frames.Hello, RID, st.lists(UINT63, max_size=4).map(tuple), TEXT, OPT_TEXT),
+    st.builds(frames.HelloOk, RID, INT64, INT64, OPT_TEXT, st.integers(1, 2**32), TEXT),
+    st.builds(
+        frames.Publish, RID, st.sampled_from(frames.AckLevel), st.lists(PUBLISH_ITEM, max_size=4)
+    ),
+    st.builds(frames.PublishOk, RID, st.none() | UINT63, UINT63),
+    st.builds(frames.Subscribe, RID, TEXT, TEXT, INT64),
+    st.builds(frames.SubscribeOk, RID, UINT63),
+    st.builds(frames.Deliver, RID, INT64, INT64, st.lists(DELIVERY, max_size=4)),
+    st.builds(frames.Ack, RID, st.lists(TAG, max_size=4)),
+    st.builds(frames.Nack, RID, st.lists(TAG, max_size=4), INT64),
+    st.builds(frames.Credit, RID, INT64, INT64),
+    st.builds(frames.Status, RID),
+    st.builds(frames.StatusOk, RID, st.dictionaries(TEXT, STATUS_VALUE, max_size=4)),
+    st.builds(frames.Error, RID, INT64, TEXT, st.none() | UINT63, OPT_TEXT),
+    st.builds(frames.Ok, RID, st.none() | INT64),
+    st.builds(frames.Unsubscribe, RID, INT64),
+    st.builds(frames.Ping, RID),
+    st.builds(frames.Pong, RID),
+    st.builds(frames.GroupCreate, RID, TEXT, TEXT, st.none() | INT64, st.none() | INT64),
+    st.builds(frames.GroupDelete, RID, TEXT, TEXT),
+)
+
+TAG_A = bytes(range(24))
+TAG_B = bytes(range(24, 48))
+
+# One hand-written example of every frame type, with realistic values.
+EXAMPLES: list[frames.Frame] = [
+    frames.Hello(1, (1,), "orders-service", "s3cret"),
+    frames.Hello(1, (2, 1), "", None),
+    frames.HelloOk(1, 1, 3, "10.0.0.3:7450", 4 * 1024 * 1024, "0.1.0"),
+    frames.HelloOk(1, 1, 3, None, 1024, "0.1.0"),
+    frames.Publish(
+        2,
+        frames.AckLevel.QUORUM,
+        [
+            ["orders", b"\x00payload", 60_000, None, 3_600_000],
+            ["orders", b"", None, 1_767_225_600_000, None],
+            ["audit", b"x", None, None, None],
+        ],
+    ),
+    frames.Publish(3, frames.AckLevel.NONE, [["t", b"p", 0, None, None]]),
+    frames.PublishOk(2, 1 << 16, 3),
+    frames.PublishOk(3, None, 1),
+    frames.Subscribe(4, "orders", "billing", 100),
+    frames.SubscribeOk(4, 7),
+    frames.Deliver(
+        0,
+        7,
+        1_767_225_600_123,
+        [[TAG_A, 65536, b"payload", 1_767_225_600_000, 1_767_225_540_000, 1]],
+    ),
+    frames.Ack(5, [TAG_A, TAG_B]),
+    frames.Nack(6, [TAG_A], 5_000),
+    frames.Credit(0, 7, 50),
+    frames.Status(8),
+    frames.StatusOk(
+        8,
+        {
+            "node_id": 1,
+            "role": "leader",
+            "leader_address": "127.0.0.1:7450",
+            "server_version": "0.1.0",
+            "applied_index": 42,
+            "uptime_s": 12.5,
+            "topics": [
+                {
+                    "topic": "orders",
+                    "groups": [
+                        {
+                            "group": "billing",
+                            "pending": 3,
+                            "due": 1,
+                            "in_flight": 2,
+                            "consumers": 1,
+                            "visibility_timeout_ms": 30_000,
+                            "max_deliveries": 16,
+                        }
+                    ],
+                }
+            ],
+        },
+    ),
+    frames.Error(2, int(ErrorCode.PAYLOAD_TOO_LARGE), "payload is too large", 1, None),
+    frames.Error(2, int(ErrorCode.NOT_LEADER), "not the leader", None, "10.0.0.2:7450"),
+    frames.Ok(5, 2),
+    frames.Ok(9, None),
+    frames.Unsubscribe(9, 7),
+    frames.Ping(10),
+    frames.Pong(10),
+    frames.GroupCreate(11, "orders", "billing", 30_000, 16),
+    frames.GroupCreate(11, "orders", "billing"),
+    frames.GroupDelete(12, "orders", "billing"),
+]
+
+
+def test_examples_cover_every_frame_type() -> None:
+    assert {f.TYPE for f in EXAMPLES} == set(frames.FrameType)
+    assert set(frames.FRAME_CLASSES) == set(frames.FrameType)
+
+
+def decode_all(data: bytes, chunks: list[bytes] | None = None) -> list[frames.Frame]:
+    """Feed ``chunks`` (or ``data`` whole), then EOF; return the frames up to CLOSED."""
+    decoder = codec.FrameDecoder()
+    out: list[frames.Frame] = []
+    for chunk in [data] if chunks is None else chunks:
+        decoder.receive_data(chunk)
+        while (event := decoder.next_frame()) is not codec.NEED_DATA:
+            assert event is not codec.CLOSED
+            assert isinstance(event, tuple(frames.FRAME_CLASSES.values()))
+            out.append(event)
+    decoder.receive_data(b"")
+    assert decoder.next_frame() is codec.CLOSED
+    assert decoder.buffered_bytes == 0
+    return out
+
+
+@pytest.mark.parametrize("frame", EXAMPLES, ids=lambda f: type(f).__name__)
+def test_example_round_trips(frame: frames.Frame) -> None:
+    data = codec.encode_frame(frame)
+    assert int.from_bytes(data[:4], "big") == len(data) - 4
+    assert decode_all(data) == [frame]
+    assert frames.frame_from_wire(msgpack.unpackb(data[4:])) == frame
+
+
+@FUZZ
+@given(FRAME_STRATEGY)
+def test_any_frame_round_trips(frame: frames.Frame) -> None:
+    assert decode_all(codec.encode_frame(frame)) == [frame]
+
+
+def test_wire_form_is_a_list_type_then_request_id() -> None:
+    body = codec.encode_frame(frames.Subscribe(4, "orders", "billing", 100))[4:]
+    assert msgpack.unpackb(body) == [int(frames.FrameType.SUBSCRIBE), 4, "orders", "billing", 100]
+
+
+def random_splits(data: bytes, rng: random.Random) -> list[bytes]:
+    cuts = sorted(rng.sample(range(1, len(data)), k=min(len(data) - 1, rng.randrange(1, 20))))
+    bounds = [0, *cuts, len(data)]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def test_whole_byte_at_a_time_and_random_splits_agree() -> None:
+    stream = b"".join(codec.encode_frame(f) for f in EXAMPLES)
+    whole = decode_all(stream)
+    assert whole == EXAMPLES
+    assert decode_all(stream, [stream[i : i + 1] for i in range(len(stream))]) == whole
+    rng = random.Random(20260101)
+    for _ in range(50):
+        assert decode_all(stream, random_splits(stream, rng)) == whole
+
+
+@FUZZ
+@given(st.lists(FRAME_STRATEGY, min_size=1, max_size=6), st.randoms(use_true_random=False))
+def test_any_stream_decodes_the_same_however_split(
+    stream_frames: list[frames.Frame], rng: random.Random
+) -> None:
+    stream = b"".join(codec.encode_frame(f) for f in stream_frames)
+    assert decode_all(stream) == stream_frames
+    assert decode_all(stream, random_splits(stream, rng)) == stream_frames
+
+
+def test_frames_then_trailing_partial_frame_then_need_data() -> None:
+    # A complete frame followed by the first bytes of the next: the first comes out,
+    # then NEED_DATA, and nothing is lost once the rest arrives.
+    first = codec.encode_frame(frames.Ping(1))
+    second = codec.encode_frame(frames.Status(2))
+    decoder = codec.FrameDecoder()
+    decoder.receive_data(first + second[:3])
+    assert decoder.next_frame() == frames.Ping(1)
+    assert decoder.next_frame() is codec.NEED_DATA
+    assert decoder.buffered_bytes == 3
+    decoder.receive_data(second[3:])
+    assert decoder.next_frame() == frames.Status(2)
+    assert decoder.next_frame() is codec.NEED_DATA
+
+
+# --- frame_from_wire: shape and field types --------------------------------------------
+
+
+def assert_code(value: Any, code: ErrorCode) -> RemoteProtocolError:
+    with pytest.raises(RemoteProtocolError) as info:
+        frames.frame_from_wire(value)
+    assert info.value.code is code
+    assert info.value.message
+    return info.value
+
+
+def wire(frame: frames.Frame) -> list[Any]:
+    """The frame as msgpack decodes it (to_wire() leaves the type as a FrameType)."""
+    value: list[Any] = msgpack.unpackb(codec.encode_frame(frame)[4:])
+    return value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, 16, "PING", b"\x10", {"type": 16}, [], [16], (16, 1)],
+    ids=["nil", "int", "str", "bin", "map", "empty", "no-request-id", "tuple"],
+)
+def test_not_an_array_of_type_and_request_id(value: Any) -> None:
+    assert_code(value, ErrorCode.INVALID_FRAME)
+
+
+@pytest.mark.parametrize("frame_type", [0, 20, 99, -1, 2**64 - 1])
+def test_unknown_frame_type(frame_type: int) -> None:
+    error = assert_code([frame_type, 1], ErrorCode.UNKNOWN_FRAME_TYPE)
+    assert str(frame_type) in error.message
+
+
+@pytest.mark.parametrize("frame_type", [16.0, "16", True, None, b"\x10"])
+def test_frame_type_must_be_an_integer(frame_type: Any) -> None:
+    assert_code([frame_type, 1], ErrorCode.INVALID_FRAME)
+
+
+@pytest.mark.parametrize("rid", [-1, 2**63, 1.0, "1", True, None, [1]])
+def test_request_id_must_be_an_int64_at_least_zero(rid: Any) -> None:
+    assert_code([int(frames.FrameType.PING), rid], ErrorCode.INVALID_FRAME)
+
+
+def test_bad_request_id_value_is_not_echoed() -> None:
+    huge = b"x" * 100_000
+    error = assert_code([int(frames.FrameType.PING), huge], ErrorCode.INVALID_FRAME)
+    assert len(error.message) < 200
+
+
+@pytest.mark.parametrize("frame", EXAMPLES, ids=lambda f: type(f).__name__)
+def test_missing_field(frame: frames.Frame) -> None:
+    value = wire(frame)
+    assert_code(value[:-1] if len(value) > 2 else value + [None], ErrorCode.INVALID_FRAME)
+
+
+@pytest.mark.parametrize("frame", EXAMPLES, ids=lambda f: type(f).__name__)
+def test_extra_field(frame: frames.Frame) -> None:
+    assert_code([*wire(frame), 0], ErrorCode.INVALID_FRAME)
+
+
+# (frame, index in the wire list, bad value): a float, string or bool where an
+# integer belongs, or another wrong type, each alone in an otherwise valid frame.
+WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
+    (frames.Subscribe(4, "orders", "billing", 100), 4, 100.0),
+    (frames.Subscribe(4, "orders", "billing", 100), 4, "100"),
+    (frames.Subscribe(4, "orders", "billing", 100), 4, True),
+    (frames.Subscribe(4, "orders", "billing", 100), 4, None),
+    (frames.Subscribe(4, "orders", "billing", 100), 2, b"orders"),
+    (frames.Subscribe(4, "orders", "billing", 100), 3, 7),
+    (frames.Credit(0, 7, 50), 3, 50.5),
+    (frames.Credit(0, 7, 50), 3, "50"),
+    (frames.Credit(0, 7, 50), 2, False),
+    (frames.Nack(6, [TAG_A], 5_000), 3, 5.0),
+    (frames.Nack(6, [TAG_A], 5_000), 3, True),
+    (frames.Nack(6, [TAG_A], 5_000), 2, [TAG_A, "tag"]),
+    (frames.Nack(6, [TAG_A], 5_000), 2, TAG_A),
+    (frames.Ack(5, [TAG_A]), 2, [TAG_A, 1]),
+    (frames.Ack(5, [TAG_A]), 2, None),
+    (frames.Ack(5, [TAG_A]), 2, {"t": TAG_A}),
+    (frames.Unsubscribe(9, 7), 2, "7"),
+    (frames.Unsubscribe(9, 7), 2, 7.0),
+    (frames.Hello(1, (1,), "", None), 2, 1),
+    (frames.Hello(1, (1,), "", None), 2, [1.0]),
+    (frames.Hello(1, (1,), "", None), 2, [True]),
+    (frames.Hello(1, (1,), "", None), 2, [-1]),
+    (frames.Hello(1, (1,), "", None), 3, None),
+    (frames.Hello(1, (1,), "", None), 4, b"token"),
+    (frames.Publish(2, frames.AckLevel.LEADER, []), 2, 3),
+    (frames.Publish(2, frames.AckLevel.LEADER, []), 2, 1.0),
+    (frames.Publish(2, frames.AckLevel.LEADER, []), 2, True),
+    (frames.Publish(2, frames.AckLevel.LEADER, []), 2, -1),
+    (frames.Publish(2, frames.AckLevel.LEADER, []), 3, {"items": []}),
+    (frames.Publish(2, frames.AckLevel.LEADER, []), 3, None),
+    (frames.GroupCreate(11, "orders", "billing"), 4, 1.5),
+    (frames.GroupCreate(11, "orders", "billing"), 5, "16"),
+    (frames.GroupDelete(12, "orders", "billing"), 3, None),
+    (frames.HelloOk(1, 1, 3, None, 1024, "0.1.0"), 5, 0),
+    (frames.HelloOk(1, 1, 3, None, 1024, "0.1.0"), 4, 7450),
+    (frames.PublishOk(2, 65536, 3), 2, -1),
+    (frames.PublishOk(2, 65536, 3), 3, 3.0),
+    (frames.SubscribeOk(4, 7), 2, -7),
+    (frames.Deliver(0, 7, 1, []), 4, [[TAG_A, 1, b"p", 1, 1]]),
+    (frames.Deliver(0, 7, 1, []), 4, [[TAG_A, 1.0, b"p", 1, 1, 1]]),
+    (frames.Deliver(0, 7, 1, []), 4, [["tag", 1, b"p", 1, 1, 1]]),
+    (frames.Deliver(0, 7, 1, []), 4, [[TAG_A, 1, "p", 1, 1, 1]]),
+    (frames.Deliver(0, 7, 1, []), 4, [[TAG_A, 1, b"p", 1, 1, True]]),
+    (frames.Deliver(0, 7, 1, []), 4, [(TAG_A, 1, b"p", 1, 1, 1)]),
+    (frames.Deliver(0, 7, 1, []), 3, 1.5),
+    (frames.StatusOk(8, {}), 2, [["node_id", 1]]),
+    (frames.Error(2, 200, "m"), 2, "200"),
+    (frames.Error(2, 200, "m"), 3, None),
+    (frames.Error(2, 200, "m"), 4, -1),
+    (frames.Error(2, 200, "m"), 5, 7450),
+    (frames.Ok(5, 2), 2, 2.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("frame", "index", "bad"),
+    WRONG_FIELDS,
+    ids=[f"{type(f).__name__}[{i}]={bad!r}"[:60] for f, i, bad in WRONG_FIELDS],
+)
+def test_wrong_field_type(frame: frames.Frame, index: int, bad: Any) -> None:
+    value = wire(frame)
+    frames.frame_from_wire(list(value))  # the untouched frame is fine
+    value[index] = bad
+    assert_code(value, ErrorCode.INVALID_FRAME)
+
+
+def test_publish_items_are_not_checked_by_the_frame() -> None:
+    # Bad items fail their request alone (validation.py), not the connection.
+    value = [int(frames.FrameType.PUBLISH), 2, 1, [1.5, None, ["x"]]]
+    frame = frames.frame_from_wire(value)
+    assert isinstance(frame, frames.Publish)
+    assert frame.items == [1.5, None, ["x"]]
+
+
+# --- fuzz: arbitrary msgpack values never crash frame_from_wire -------------------------
+
+MSGPACK_SCALAR = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats()
+    | st.text(max_size=10)
+    | st.binary(max_size=30)
+)
+MSGPACK_VALUE = st.recursive(
+    MSGPACK_SCALAR,
+    lambda inner: (
+        st.lists(inner, max_size=6)
+        | st.dictionaries(st.text(max_size=5) | st.binary(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+FRAME_TYPE_NUMBER = st.sampled_from([int(t) for t in frames.FrameType]) | st.integers(-2, 25)
+# Plausible frames: a known type, a valid request id, then random fields.
+FRAME_LIKE = st.tuples(FRAME_TYPE_NUMBER, RID, st.lists(MSGPACK_VALUE, max_size=6)).map(
+    lambda t: [t[0], t[1], *t[2]]
+)
+
+
+@st.composite
+def mutated_frames(draw: st.DrawFn) -> list[Any]:
+    """A valid frame with one field (or one element of a list field) replaced."""
+    value = wire(draw(FRAME_STRATEGY))
+    index = draw(st.integers(0, len(value) - 1))
+    target = value[index]
+    if type(target) is list and target and draw(st.booleans()):
+        target[draw(st.integers(0, len(target) - 1))] = draw(MSGPACK_VALUE)
+    else:
+        value[index] = draw(MSGPACK_VALUE)
+    return value
+
+
+def accepts_or_refuses(value: Any) -> None:
+    try:
+        frame = frames.frame_from_wire(value)
+    except RemoteProtocolError as exc:
+        assert exc.code in (ErrorCode.INVALID_FRAME, ErrorCode.UNKNOWN_FRAME_TYPE)
+    else:
+        assert frame.TYPE in frames.FrameType
+        # Whatever is accepted can be sent back out unchanged (compared as bytes: NaN).
+        body = msgpack.packb(frame.to_wire())
+        again = frames.frame_from_wire(msgpack.unpackb(body))
+        assert msgpack.packb(again.to_wire()) == body
+
+
+@FUZZ
+@given(MSGPACK_VALUE | FRAME_LIKE)
+def test_any_msgpack_value_is_a_frame_or_a_remote_protocol_error(value: Any) -> None:
+    accepts_or_refuses(value)
+
+
+@FUZZ
+@given(mutated_frames())
+def test_any_mutated_frame_is_a_frame_or_a_remote_protocol_error(value: list[Any]) -> None:
+    accepts_or_refuses(value)
