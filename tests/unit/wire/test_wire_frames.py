@@ -7,7 +7,7 @@ random splits decodes to the same frames. Source: ``docs/protocol.md``, "Frames"
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import pytest
@@ -146,7 +146,7 @@ def decode_all(data: bytes, chunks: list[bytes] | None = None) -> list[frames.Fr
         while (event := decoder.next_frame()) is not codec.NEED_DATA:
             assert event is not codec.CLOSED
             assert isinstance(event, tuple(frames.FRAME_CLASSES.values()))
-            out.append(event)
+            out.append(cast(frames.Frame, event))
     decoder.receive_data(b"")
     assert decoder.next_frame() is codec.CLOSED
     assert decoder.buffered_bytes == 0
