@@ -229,7 +229,15 @@ def _start(args: argparse.Namespace) -> int:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(config.server.log_level)
-    # Imported here so this module (and --help, check-config) loads without the broker.
+    return run_server(config)
+
+
+def run_server(config: Config) -> int:
+    """Run ``futureq.broker.server.run(config)`` and return its exit code.
+
+    Imported here, not at the top, so this module (``--help``, ``check-config``) loads
+    without the broker and its native dependencies.
+    """
     server = importlib.import_module("futureq.broker.server")
     exit_code: int = server.run(config)
     return exit_code

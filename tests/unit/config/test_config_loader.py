@@ -1,0 +1,278 @@
+"""Config loading: precedence of the layers, type conversion, and error reporting."""
+
+from __future__ import annotations
+
+import pathlib
+
+import attrs
+import pytest
+
+from futureq.config import Config
+from futureq.config_loader import SECTIONS, env_var_name, load_config, parse_duration_ms
+from futureq.errors import ConfigError
+
+
+def write(tmp_path: pathlib.Path, text: str) -> str:
+    path = tmp_path / "futureq.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def problems_of(error: pytest.ExceptionInfo[ConfigError]) -> list[str]:
+    return [
+        line.removeprefix("  - ")
+        for line in str(error.value).splitlines()
+        if line.startswith("  - ")
+    ]
+
+
+# --- precedence ---------------------------------------------------------------------
+
+
+def test_no_file_no_env_gives_the_defaults() -> None:
+    assert load_config(env={}) == Config()
+
+
+def test_file_overrides_defaults(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, '[server]\nnode_id = 2\ndata_dir = "/from/file"\n')
+    config = load_config(path, env={})
+    assert config.server.node_id == 2
+    assert config.server.data_dir == "/from/file"
+    assert config.server.listen == Config().server.listen
+
+
+def test_env_overrides_file(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, '[server]\nnode_id = 2\ndata_dir = "/from/file"\n')
+    config = load_config(path, env={"FUTUREQ_SERVER_DATA_DIR": "/from/env"})
+    assert config.server.data_dir == "/from/env"
+    assert config.server.node_id == 2
+
+
+def test_flags_override_env_and_file(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, '[server]\nnode_id = 2\ndata_dir = "/from/file"\n')
+    config = load_config(
+        path,
+        env={"FUTUREQ_SERVER_DATA_DIR": "/from/env", "FUTUREQ_SERVER_NODE_ID": "3"},
+        overrides={"server": {"data_dir": "/from/flag", "node_id": None}},
+    )
+    assert config.server.data_dir == "/from/flag"
+    assert config.server.node_id == 3  # a None override means "flag not given"
+
+
+def test_env_text_is_converted_to_the_field_type() -> None:
+    config = load_config(
+        env={
+            "FUTUREQ_LIMITS_MAX_PAYLOAD_BYTES": "1000",
+            "FUTUREQ_STORAGE_FSYNC": "false",
+            "FUTUREQ_TLS_REQUIRE_CLIENT_CERT": "no",
+            "FUTUREQ_QUEUE_VISIBILITY_TIMEOUT_MS": "45s",
+            "FUTUREQ_SERVER_ADVERTISE": "",
+        }
+    )
+    assert config.limits.max_payload_bytes == 1000
+    assert config.storage.fsync is False
+    assert config.tls.require_client_cert is False
+    assert config.queue.visibility_timeout_ms == 45_000
+    assert config.server.advertise is None
+
+
+def test_unrelated_futureq_variables_are_ignored() -> None:
+    assert load_config(env={"FUTUREQ_CONFIG": "x.toml", "FUTUREQ_SEED": "7", "PATH": "/bin"}) == (
+        Config()
+    )
+
+
+def test_duration_strings_are_accepted_in_toml(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, '[queue]\nhorizon_ms = "5m"\nvisibility_timeout_ms = 250\n')
+    config = load_config(path, env={})
+    assert config.queue.horizon_ms == 300_000
+    assert config.queue.visibility_timeout_ms == 250
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("250ms", 250), ("30s", 30_000), ("5m", 300_000), ("2h", 7_200_000), ("1d", 86_400_000)],
+)
+def test_parse_duration_ms(text: str, expected: int) -> None:
+    assert parse_duration_ms(text) == expected
+
+
+@pytest.mark.parametrize("text", ["30", "s", "1.5s", "-1s", "10 years"])
+def test_parse_duration_ms_refuses_other_text(text: str) -> None:
+    assert parse_duration_ms(text) is None
+
+
+def test_every_field_has_an_env_variable() -> None:
+    env = {}
+    for section, cls in SECTIONS.items():
+        for name, field in attrs.fields_dict(cls).items():
+            default = field.default
+            if isinstance(default, bool):
+                env[env_var_name(section, name)] = "true" if default else "false"
+            elif isinstance(default, int | str):
+                env[env_var_name(section, name)] = str(default)
+    assert load_config(env=env) == Config()
+
+
+# --- errors ---------------------------------------------------------------------------
+
+
+def test_unknown_key_in_file_names_the_dotted_key_and_lists_the_known_ones(
+    tmp_path: pathlib.Path,
+) -> None:
+    path = write(tmp_path, "[limits]\nmax_payload = 10\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path, env={})
+    [problem] = problems_of(error)
+    assert "limits.max_payload" in problem
+    assert path in problem
+    assert "max_payload_bytes" in problem  # what is allowed
+
+
+def test_unknown_section_is_an_error(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, "[raft_stuff]\nx = 1\n")
+    with pytest.raises(ConfigError, match=r"\[raft_stuff\].*not a known section"):
+        load_config(path, env={})
+
+
+def test_section_that_is_not_a_table_is_an_error(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, "server = 5\n")
+    with pytest.raises(ConfigError, match=r"server = 5 .*must be a table"):
+        load_config(path, env={})
+
+
+def test_unknown_key_in_env_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(env={"FUTUREQ_STORAGE_FSYNC_ALWAYS": "1"})
+    [problem] = problems_of(error)
+    assert "storage.fsync_always" in problem
+    assert "FUTUREQ_STORAGE_FSYNC_ALWAYS" in problem
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "value_text", "allowed"),
+    [
+        ('[limits]\nmax_payload_bytes = "big"', "limits.max_payload_bytes", "'big'", "integer"),
+        ("[limits]\nmax_payload_bytes = 1.5", "limits.max_payload_bytes", "1.5", "integer"),
+        ("[queue]\nmax_deliveries = true", "queue.max_deliveries", "True", "integer"),
+        ("[storage]\nfsync = 1", "storage.fsync", "1", "true or false"),
+        ("[server]\ndata_dir = 7", "server.data_dir", "7", "string"),
+        ("[server]\nnode_id = 0", "server.node_id", "0", "at least 1"),
+        ('[server]\nlisten = "nohost"', "server.listen", "'nohost'", "HOST:PORT"),
+        ('[server]\nhttp = "h:70000"', "server.http", "'h:70000'", "0..65535"),
+        ('[server]\nadvertise = "h:0"', "server.advertise", "'h:0'", "1..65535"),
+        ('[server]\nlog_level = "loud"', "server.log_level", "'loud'", "debug, info"),
+        ('[server]\nauth_token = ""', "server.auth_token", "''", "non-empty"),
+        ("[server]\nshutdown_grace_ms = -1", "server.shutdown_grace_ms", "-1", "at least 0"),
+        ("[limits]\nmax_frame_bytes = 0", "limits.max_frame_bytes", "0", "at least 1"),
+        ("[limits]\nmax_payload_bytes = 4194304", "limits.max_payload_bytes", "4194304", "smaller"),
+        ("[queue]\nvisibility_timeout_ms = 0", "queue.visibility_timeout_ms", "0", "at least 1"),
+        ('[queue]\nhorizon_ms = "soon"', "queue.horizon_ms", "'soon'", "milliseconds"),
+        ("[storage]\nwrite_buffer_mb = 0", "storage.write_buffer_mb", "0", "at least 1"),
+        ('[tls]\ncert_file = "/no/such.pem"', "tls.cert_file", "'/no/such.pem'", "key_file"),
+        ('[tls]\nca_file = "/no/ca.pem"', "tls.ca_file", "'/no/ca.pem'", "existing PEM file"),
+        ("[tls]\nrequire_client_cert = true", "tls.require_client_cert", "True", "ca_file"),
+    ],
+)
+def test_bad_value_names_key_value_and_what_is_allowed(
+    tmp_path: pathlib.Path, toml: str, key: str, value_text: str, allowed: str
+) -> None:
+    path = write(tmp_path, toml + "\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path, env={})
+    matching = [problem for problem in problems_of(error) if problem.startswith(key + " ")]
+    assert matching, str(error.value)
+    assert any(f"= {value_text} " in problem and allowed in problem for problem in matching), (
+        matching
+    )
+
+
+def test_bad_env_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(env={"FUTUREQ_LIMITS_MAX_PAYLOAD_BYTES": "lots"})
+    [problem] = problems_of(error)
+    assert problem.startswith("limits.max_payload_bytes = 'lots'")
+    assert "FUTUREQ_LIMITS_MAX_PAYLOAD_BYTES" in problem
+
+
+def test_bad_flag_value_says_command_line() -> None:
+    with pytest.raises(ConfigError, match=r"server.node_id = -4 \(from command line\)"):
+        load_config(env={}, overrides={"server": {"node_id": -4}})
+
+
+def test_every_problem_is_reported_at_once(tmp_path: pathlib.Path) -> None:
+    path = write(
+        tmp_path,
+        "[server]\nnode_id = 0\nbogus = 1\n"
+        '[limits]\nmax_frame_bytes = "x"\nmax_batch_items = 0\n'
+        '[tls]\nkey_file = "/no/key.pem"\n'
+        "[extra]\n",
+    )
+    with pytest.raises(ConfigError) as error:
+        load_config(path, env={"FUTUREQ_STORAGE_FSYNC": "perhaps"})
+    problems = problems_of(error)
+    message = str(error.value)
+    assert message.startswith(f"invalid configuration ({len(problems)} problems):")
+    for needle in (
+        "server.node_id = 0",
+        "server.bogus",
+        "limits.max_frame_bytes = 'x'",
+        "limits.max_batch_items = 0",
+        "tls.key_file = '/no/key.pem'",
+        "[extra]",
+        "storage.fsync = 'perhaps'",
+    ):
+        assert any(needle in problem for problem in problems), (needle, problems)
+
+
+def test_a_check_on_a_key_of_the_wrong_type_is_not_reported_twice(
+    tmp_path: pathlib.Path,
+) -> None:
+    # max_frame_bytes fails to structure, so "payload < frame" is not checked against a
+    # default the user never wrote.
+    path = write(tmp_path, '[limits]\nmax_frame_bytes = "x"\nmax_payload_bytes = 99999999\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(path, env={})
+    [problem] = problems_of(error)
+    assert problem.startswith("limits.max_frame_bytes")
+
+
+def test_tls_with_existing_files_is_accepted(tmp_path: pathlib.Path) -> None:
+    cert, key, ca = (tmp_path / name for name in ("cert.pem", "key.pem", "ca.pem"))
+    for path in (cert, key, ca):
+        path.write_text("pem")
+    config = load_config(
+        env={},
+        overrides={
+            "tls": {
+                "cert_file": str(cert),
+                "key_file": str(key),
+                "ca_file": str(ca),
+                "require_client_cert": True,
+            }
+        },
+    )
+    assert config.tls.enabled
+
+
+def test_missing_file_is_a_config_error(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "nope.toml"), env={})
+
+
+def test_invalid_toml_is_a_config_error(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, "[server\nnode_id = 1\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path, env={})
+
+
+def test_listen_and_http_on_the_same_port_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="must differ from server.listen"):
+        load_config(env={"FUTUREQ_SERVER_HTTP": "127.0.0.1:7450"})
+
+
+def test_port_zero_is_allowed_for_listeners() -> None:
+    config = load_config(
+        env={"FUTUREQ_SERVER_LISTEN": "127.0.0.1:0", "FUTUREQ_SERVER_HTTP": "[::1]:0"}
+    )
+    assert config.server.http == "[::1]:0"
