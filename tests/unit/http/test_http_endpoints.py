@@ -1,0 +1,208 @@
+"""The HTTP listener over a real loopback socket: every endpoint, port 0, shutdown."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import trio
+
+from futureq.broker.http import serve_http
+from futureq.metrics import GroupCounts, Metrics
+
+STATUS: dict[str, Any] = {
+    "node_id": 1,
+    "role": "leader",
+    "leader_address": "127.0.0.1:7450",
+    "server_version": "0.1.0",
+    "applied_index": 42,
+    "uptime_s": 12.5,
+    "topics": [
+        {
+            "topic": "orders",
+            "groups": [
+                {
+                    "group": "billing",
+                    "pending": 10,
+                    "due": 2,
+                    "in_flight": 1,
+                    "consumers": 3,
+                    "visibility_timeout_ms": 30000,
+                    "max_deliveries": 16,
+                }
+            ],
+        }
+    ],
+}
+
+
+class FakeProvider:
+    """Implements the StatusProvider protocol with switchable answers."""
+
+    def __init__(self) -> None:
+        self.ready = True
+        self.healthy = True
+
+    def status(self) -> dict[str, Any]:
+        return STATUS
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+    def is_healthy(self) -> bool:
+        return self.healthy
+
+
+class Response:
+    def __init__(self, raw: bytes) -> None:
+        head, _, self.body = raw.partition(b"\r\n\r\n")
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        self.status = int(status_line.split()[1])
+        self.headers = {
+            name.strip().lower(): value.strip()
+            for name, _, value in (line.partition(":") for line in header_lines)
+        }
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def request(address: str, path: str, method: str = "GET") -> Response:
+    """One HTTP/1.1 request over a fresh connection, read to EOF."""
+    host, _, port = address.rpartition(":")
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(
+                f"{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".encode()
+            )
+            chunks = []
+            while chunk := await stream.receive_some():
+                chunks.append(chunk)
+    return Response(b"".join(chunks))
+
+
+async def test_port_zero_reports_the_real_port_and_every_endpoint_answers() -> None:
+    metrics = Metrics()
+    metrics.published_messages_total.labels(topic="orders").inc(5)
+    metrics.set_group_counts_provider(
+        lambda: [GroupCounts("orders", "billing", pending=10, due=2, in_flight=1, consumers=3)]
+    )
+    provider = FakeProvider()
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(serve_http, "127.0.0.1:0", metrics, provider)
+        host, _, port = address.rpartition(":")
+        assert host == "127.0.0.1"
+        assert int(port) > 0
+
+        response = await request(address, "/metrics")
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("text/plain")
+        assert b'futureq_published_messages_total{topic="orders"} 5.0' in response.body
+        assert b'futureq_pending_messages{group="billing",topic="orders"} 10.0' in response.body
+
+        response = await request(address, "/healthz")
+        assert (response.status, response.body) == (200, b"ok\n")
+
+        response = await request(address, "/readyz")
+        assert response.status == 200
+        assert response.json() == {"ready": True}
+
+        response = await request(address, "/api/status")
+        assert response.status == 200
+        assert response.headers["content-type"] == "application/json"
+        assert response.json() == STATUS
+
+        response = await request(address, "/")
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("text/html")
+        assert b"/api/status" in response.body
+        assert b"<script" in response.body
+        assert b"http://" not in response.body and b"https://" not in response.body  # no CDN
+
+        nursery.cancel_scope.cancel()
+
+
+async def test_readyz_and_healthz_report_503_when_the_provider_says_so() -> None:
+    provider = FakeProvider()
+    provider.ready = False
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(serve_http, "127.0.0.1:0", Metrics(), provider)
+
+        response = await request(address, "/readyz")
+        assert response.status == 503
+        body = response.json()
+        assert body["ready"] is False
+        assert isinstance(body["reason"], str) and body["reason"]
+
+        provider.healthy = False
+        response = await request(address, "/healthz")
+        assert response.status == 503
+        response = await request(address, "/readyz")
+        assert response.status == 503
+        assert "not healthy" in response.json()["reason"]
+
+        provider.ready = provider.healthy = True
+        assert (await request(address, "/readyz")).status == 200
+        assert (await request(address, "/healthz")).status == 200
+        nursery.cancel_scope.cancel()
+
+
+async def test_unknown_path_method_and_head() -> None:
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(serve_http, "127.0.0.1:0", Metrics(), FakeProvider())
+        assert (await request(address, "/nope")).status == 404
+        response = await request(address, "/healthz", method="POST")
+        assert response.status == 405
+        assert response.headers["allow"] == "GET, HEAD"
+        response = await request(address, "/api/status", method="HEAD")
+        assert response.status == 200
+        assert response.body == b""
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failing_provider_gives_500_not_a_crash() -> None:
+    class Broken(FakeProvider):
+        def status(self) -> dict[str, Any]:
+            raise RuntimeError("boom")
+
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(serve_http, "127.0.0.1:0", Metrics(), Broken())
+        assert (await request(address, "/api/status")).status == 500
+        assert (await request(address, "/healthz")).status == 200
+        nursery.cancel_scope.cancel()
+
+
+async def test_two_listeners_on_port_zero_get_different_ports() -> None:
+    async with trio.open_nursery() as nursery:
+        first = await nursery.start(serve_http, "127.0.0.1:0", Metrics(), FakeProvider())
+        second = await nursery.start(serve_http, "127.0.0.1:0", Metrics(), FakeProvider())
+        assert first != second
+        assert (await request(second, "/healthz")).status == 200
+        nursery.cancel_scope.cancel()
+
+
+async def test_shutdown_trigger_stops_the_listener() -> None:
+    stop = trio.Event()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(
+                lambda task_status: serve_http(
+                    "127.0.0.1:0",
+                    Metrics(),
+                    FakeProvider(),
+                    shutdown_trigger=stop.wait,
+                    task_status=task_status,
+                )
+            )
+            assert (await request(address, "/healthz")).status == 200
+            stop.set()
+        # serve_http returned by itself: the nursery closed without a cancel.
+    host, _, port = address.rpartition(":")
+    try:
+        stream = await trio.open_tcp_stream(host, int(port))
+    except OSError:
+        pass
+    else:  # pragma: no cover - the port was closed
+        await stream.aclose()
+        raise AssertionError("the listener still accepts connections after shutdown")
