@@ -214,6 +214,9 @@ class ServerSession(_Session):
         """
         if self._pending_hello is not None:
             raise RuntimeError("answer the HELLO with accept_hello() before reading on")
+        # Set again by _check_incoming once a frame is decoded; bytes that never formed
+        # a frame are answered on request id 0.
+        self._error_request_id = 0
         return super().next_event()
 
     def _check_incoming(self, frame: frames.Frame) -> frames.Frame:
@@ -320,9 +323,9 @@ class ServerSession(_Session):
         Args:
             exc: A protocol error (1xx), a refused request (2xx) or an availability
                 error (3xx, e.g. :class:`NotLeaderError` with its leader address).
-            request_id: The request being answered. None means: the request id of the
-                last frame the session decoded (0 if none, or if the error came from
-                bytes that never formed a frame).
+            request_id: The request being answered. None means: for a protocol error,
+                the request id of the frame :meth:`next_event` just returned or refused
+                (0 when the error came from bytes that never formed a frame); else 0.
 
         Returns:
             The ERROR frame to write.
