@@ -1,0 +1,1 @@
+"""trio adapters around the cores: command log, dispatcher, hub, gateway, HTTP, server."""

@@ -1,0 +1,336 @@
+"""Broker: what a client request turns into — proposals, subscriptions, acks, status.
+
+The gateway calls these methods for one connection's requests. Publishing stamps the
+leader's wall clock (made monotonic: never below the largest stamp committed), validates
+the batch, and proposes one PUBLISH command; ack levels decide when it answers.
+
+Source: ``DESIGN.md``, "Data flow" and "Message semantics"; ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Tally
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from futureq import __version__
+from futureq.errors import ErrorCode, FutureQError, NotLeaderError, RequestError
+from futureq.metrics import GroupCounts
+from futureq.state import commands
+from futureq.wire import frames, validation
+
+from .hub import Consumer, Hub, Outbox
+
+if TYPE_CHECKING:
+    from futureq.clock import Clock
+    from futureq.config import Config
+    from futureq.metrics import Metrics
+    from futureq.state.queue_state import GroupInfo, QueueState
+
+    from .command_log import CommandLog
+    from .dispatcher import Dispatcher
+
+log = logging.getLogger(__name__)
+
+
+class Broker:
+    """The request-level API of one node.
+
+    Args:
+        config: Server configuration (limits, queue defaults).
+        state: The replicated state machine (read for status and validation).
+        command_log: Where every change is proposed.
+        hub: Consumers and in-flight deliveries.
+        dispatcher: Wakes on credit and new consumers.
+        clock: Wall clock for publish stamps.
+        metrics: Where counters go.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        state: QueueState,
+        command_log: CommandLog,
+        hub: Hub,
+        dispatcher: Dispatcher,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self.config = config
+        self.state = state
+        self.log = command_log
+        self.hub = hub
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.metrics = metrics
+        self.limits = config.limits.request_limits()
+        self.node_id = config.server.node_id
+        self.started_s = clock.monotonic_s()
+        self.ready = False
+        self.stopping = False
+        self._last_stamp_ms = state.last_publish_ms
+        self._background_send, self._background_receive = trio.open_memory_channel[bytes](1024)
+        metrics.set_group_counts_provider(self.group_counts)
+
+    # ------------------------------------------------------------ publish
+
+    def _stamp(self) -> int:
+        """The publish time: the wall clock, never below an earlier stamp (ms)."""
+        now_ms = max(self.clock.wall_ms(), self._last_stamp_ms, self.state.last_publish_ms)
+        self._last_stamp_ms = now_ms
+        return now_ms
+
+    def _require_leader(self) -> None:
+        if not self.log.is_leader():
+            raise NotLeaderError(self.log.leader_address())
+
+    async def publish(self, items: list[Any], ack_level: frames.AckLevel) -> tuple[int | None, int]:
+        """Validate and publish a batch.
+
+        Args:
+            items: Raw PUBLISH items (see :func:`futureq.wire.validation.validate_publish_items`).
+            ack_level: When to answer (NONE: after validation; LEADER/QUORUM: after commit).
+
+        Returns:
+            ``(first_id, count)``; ``first_id`` is None for ack level NONE.
+
+        Raises:
+            RequestError: a bad item (with its index) or UNAVAILABLE; nothing is written.
+            NotLeaderError: this node is not the leader.
+        """
+        self._require_leader()
+        started = trio.current_time()
+        publish_ms = self._stamp()
+        validated = validation.validate_publish_items(items, self.limits, publish_ms)
+        command = commands.publish(publish_ms, validated)
+        if ack_level == frames.AckLevel.NONE:
+            try:
+                self._background_send.send_nowait(command)
+            except trio.WouldBlock:
+                raise RequestError(
+                    ErrorCode.UNAVAILABLE,
+                    "too many unacknowledged publishes are queued; use ack level leader or quorum, or retry",
+                ) from None
+            self._count_published(validated)
+            return None, len(validated)
+        first_id = await self.log.propose(command)
+        self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
+        self._count_published(validated)
+        return int(first_id), len(validated)
+
+    def _count_published(self, validated: list[tuple[str, bytes, int, int | None]]) -> None:
+        if len(validated) == 1 or all(item[0] == validated[0][0] for item in validated):
+            self.metrics.published_messages_total.labels(validated[0][0]).inc(len(validated))
+            return
+        for topic, count in Tally(item[0] for item in validated).items():
+            self.metrics.published_messages_total.labels(topic).inc(count)
+
+    async def run_background_publisher(self) -> None:
+        """Commit ack-level-NONE publishes in the background, in arrival order."""
+        async with self._background_receive:
+            async for command in self._background_receive:
+                try:
+                    await self.log.propose(command)
+                except FutureQError as exc:
+                    log.warning("an unacknowledged publish (ack level none) was lost: %s", exc)
+
+    # ------------------------------------------------------------ groups
+
+    def _check_names(self, topic: str, group: str) -> None:
+        validation.check_name("topic", topic)
+        validation.check_name("group", group)
+
+    async def ensure_group(
+        self,
+        topic: str,
+        group: str,
+        visibility_timeout_ms: int | None = None,
+        max_deliveries: int | None = None,
+    ) -> GroupInfo:
+        """Create (or adopt, or update) a consumer group through the log.
+
+        Raises:
+            RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT.
+        """
+        self._require_leader()
+        self._check_names(topic, group)
+        if visibility_timeout_ms is not None and not 1 <= visibility_timeout_ms <= 12 * 3600 * 1000:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"visibility_timeout_ms must be between 1 and 43200000 (12 h), got {visibility_timeout_ms}",
+            )
+        if max_deliveries is not None and not 1 <= max_deliveries <= 1_000_000:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"max_deliveries must be between 1 and 1000000, got {max_deliveries}",
+            )
+        info = self.state.find_group(topic, group)
+        if (
+            info is None
+            or info.implicit
+            or (
+                visibility_timeout_ms is not None
+                and visibility_timeout_ms != info.visibility_timeout_ms
+            )
+            or (max_deliveries is not None and max_deliveries != info.max_deliveries)
+        ):
+            await self.log.propose(
+                commands.create_group(topic, group, visibility_timeout_ms, max_deliveries)
+            )
+            info = self.state.find_group(topic, group)
+        assert info is not None
+        return info
+
+    async def delete_group(self, topic: str, group: str) -> None:
+        """Delete a group and its pending entries.
+
+        Raises:
+            RequestError: UNKNOWN_GROUP.
+        """
+        self._require_leader()
+        self._check_names(topic, group)
+        if self.state.find_group(topic, group) is None:
+            raise RequestError(ErrorCode.UNKNOWN_GROUP, f"topic {topic!r} has no group {group!r}")
+        await self.log.propose(commands.delete_group(topic, group))
+
+    # ------------------------------------------------------------ consumers
+
+    async def subscribe(
+        self, connection_id: int, outbox: Outbox, topic: str, group: str, prefetch: int
+    ) -> Consumer:
+        """Join ``group`` of ``topic`` (creating the group if new) with ``prefetch`` credit.
+
+        Raises:
+            RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT (prefetch).
+        """
+        max_prefetch = self.config.limits.max_prefetch
+        if not 1 <= prefetch <= max_prefetch:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"prefetch must be between 1 and {max_prefetch}, got {prefetch}",
+            )
+        info = await self.ensure_group(topic, group)
+        consumer = Consumer(
+            self.hub.new_subscription_id(),
+            info.group_id,
+            topic,
+            group,
+            connection_id,
+            outbox,
+            prefetch,
+        )
+        self.hub.add_consumer(consumer)
+        self.metrics.subscriptions.inc()
+        self.dispatcher.kick()
+        return consumer
+
+    def unsubscribe(self, consumer: Consumer) -> None:
+        """Leave; unacked deliveries go back to the group (each counts as an attempt)."""
+        if consumer.closed and consumer.subscription_id not in self.hub.consumers:
+            return
+        self.hub.remove_consumer(consumer, self.clock.wall_ms())
+        self.metrics.subscriptions.dec()
+        self.dispatcher.kick()
+
+    def grant_credit(self, connection_id: int, subscription_id: int, credit: int) -> None:
+        """Add credit to a subscription and wake the dispatcher.
+
+        Raises:
+            RequestError: UNKNOWN_SUBSCRIPTION or INVALID_ARGUMENT.
+        """
+        self.hub.grant_credit(
+            subscription_id, connection_id, credit, self.config.limits.max_prefetch
+        )
+        self.dispatcher.kick()
+
+    async def ack(self, connection_id: int, tags: list[bytes]) -> int:
+        """Acknowledge deliveries; returns how many were removed. Durable on return.
+
+        Raises:
+            RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index).
+        """
+        self._require_leader()
+        validation.check_tags(tags, self.limits)
+        flights = self.hub.claim_tags(tags, connection_id)
+        try:
+            done = await self.log.propose(commands.ack([flight.key for flight in flights]))
+        except BaseException:
+            self.hub.unclaim(flights, self.clock.wall_ms())
+            raise
+        return int(done)
+
+    async def nack(self, connection_id: int, tags: list[bytes], requeue_delay_ms: int) -> int:
+        """Refuse deliveries; each is due again after ``requeue_delay_ms`` (>= 0).
+
+        Raises:
+            RequestError: INVALID_DELAY, UNKNOWN_DELIVERY_TAG, FOREIGN_DELIVERY_TAG.
+        """
+        self._require_leader()
+        validation.check_tags(tags, self.limits)
+        if not 0 <= requeue_delay_ms <= self.limits.max_delay_ms:
+            raise RequestError(
+                ErrorCode.INVALID_DELAY,
+                f"requeue_delay_ms must be between 0 and {self.limits.max_delay_ms}, got {requeue_delay_ms}",
+            )
+        flights = self.hub.claim_tags(tags, connection_id)
+        entries = [(flight.key, flight.attempt) for flight in flights]
+        try:
+            done = await self.log.propose(commands.nack(self._stamp(), requeue_delay_ms, entries))
+        except BaseException:
+            self.hub.unclaim(flights, self.clock.wall_ms())
+            raise
+        return int(done)
+
+    # ------------------------------------------------------------ status
+
+    def group_counts(self) -> list[GroupCounts]:
+        """Per-group pending / due / in-flight / consumers, for metrics and status."""
+        now_ms = self.clock.wall_ms()
+        out: list[GroupCounts] = []
+        for gid, info in sorted(self.state.groups.items()):
+            runtime = self.hub.groups.get(gid)
+            in_flight = runtime.in_flight_count if runtime else 0
+            due = self.dispatcher.due_count(runtime, now_ms) if runtime else 0
+            consumers = len(runtime.consumers) if runtime else 0
+            out.append(GroupCounts(info.topic, info.name, info.pending, due, in_flight, consumers))
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """The STATUS_OK map (``docs/protocol.md``, "STATUS")."""
+        counts = {(c.topic, c.group): c for c in self.group_counts()}
+        topics: list[dict[str, Any]] = []
+        for topic in self.state.topics():
+            groups = []
+            for info in self.state.topic_groups(topic):
+                c = counts[(topic, info.name)]
+                groups.append(
+                    {
+                        "group": info.name,
+                        "pending": c.pending,
+                        "due": c.due,
+                        "in_flight": c.in_flight,
+                        "consumers": c.consumers,
+                        "visibility_timeout_ms": info.visibility_timeout_ms,
+                        "max_deliveries": info.max_deliveries,
+                    }
+                )
+            topics.append({"topic": topic, "groups": groups})
+        return {
+            "node_id": self.node_id,
+            "role": "leader" if self.log.is_leader() else "follower",
+            "leader_address": self.log.leader_address(),
+            "server_version": __version__,
+            "applied_index": self.log.applied_index,
+            "uptime_s": round(self.clock.monotonic_s() - self.started_s, 3),
+            "topics": topics,
+        }
+
+    def is_ready(self) -> bool:
+        """Serving: state recovered, listeners up, a leader known, not shutting down."""
+        return self.ready and not self.stopping and self.log.leader_address() is not None
+
+    def is_healthy(self) -> bool:
+        """The process is up and serving (false once shutdown begins)."""
+        return not self.stopping

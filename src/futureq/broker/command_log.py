@@ -1,0 +1,256 @@
+"""The CommandLog seam, and the single-node durable log that implements it.
+
+Every state change is proposed as a command (``futureq.state.commands``); the log
+makes it durable, then applies it to :class:`~futureq.state.queue_state.QueueState`
+in log order and hands the result back to the proposer. Raft implements the same seam
+(``DESIGN.md``, "Data flow"); this module is the one-node version: append plus fsync
+with group commit (one synced RocksDB batch for many proposals), then apply.
+
+Two tasks form a pipeline: the writer syncs batch N+1 while the applier applies
+batch N, so the disk and the CPU work at the same time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgpack
+import trio
+
+from futureq.errors import ErrorCode, RequestError, StorageError
+
+if TYPE_CHECKING:
+    from futureq.metrics import Metrics
+    from futureq.state.queue_state import QueueState
+    from futureq.storage.db import Database
+
+log = logging.getLogger(__name__)
+
+ENTRY_NORMAL = 0
+TRUNCATE_EVERY_ENTRIES = 10_000
+"""Delete applied log entries once this many have accumulated."""
+
+
+class CommandLog(Protocol):
+    """What the broker needs from a replicated (or single-node) log."""
+
+    def is_leader(self) -> bool:
+        """True when this node may accept proposals and dispatch."""
+        ...
+
+    def leader_address(self) -> str | None:
+        """Client address of the current leader, or None while unknown."""
+        ...
+
+    @property
+    def applied_index(self) -> int:
+        """Index of the last entry applied to the state machine."""
+        ...
+
+    async def propose(self, command: bytes) -> Any:
+        """Make ``command`` durable, apply it, and return the apply result.
+
+        Raises:
+            NotLeaderError: this node is not the leader.
+            RequestError: UNAVAILABLE while the log is shutting down.
+            StorageError: the disk failed; the node stops.
+        """
+        ...
+
+
+class _Proposal:
+    __slots__ = ("data", "done", "error", "index", "result")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.index = 0
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = trio.Event()
+
+
+def log_key(index: int) -> bytes:
+    """``raft_log`` key of an index: 8 bytes, big-endian."""
+    return index.to_bytes(8, "big")
+
+
+class SingleNodeLog:
+    """A durable command log for a cluster of one node.
+
+    Args:
+        db: The node's database (``raft_log`` family holds the entries).
+        state: The state machine entries are applied to.
+        address: This node's client address (it is always the leader).
+        fsync: Sync every group commit (off only for tests of non-durable setups).
+        max_batch_items: Most proposals written in one synced batch.
+        metrics: Where fsync latency and batch sizes are observed, or None.
+        on_applied: Called after each group of entries is applied (wakes the dispatcher).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        state: QueueState,
+        *,
+        address: str | None,
+        fsync: bool = True,
+        max_batch_items: int = 4096,
+        metrics: Metrics | None = None,
+        on_applied: Callable[[], None] | None = None,
+    ) -> None:
+        self._db = db
+        self._state = state
+        self._address = address
+        self._fsync = fsync
+        self._max_batch_items = max_batch_items
+        self._metrics = metrics
+        self._on_applied = on_applied
+        self._send, self._receive = trio.open_memory_channel[_Proposal](max_batch_items)
+        self._closing = False
+        self._in_progress = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        last = db.last_key("raft_log")
+        self.last_index = max(
+            state.applied_index, 0 if last is None else int.from_bytes(last, "big")
+        )
+        self._truncated_below = state.applied_index
+        self._pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+    def is_leader(self) -> bool:
+        """Always true: a single node leads itself (proposals fail with UNAVAILABLE while it stops)."""
+        return True
+
+    def leader_address(self) -> str | None:
+        """This node's own client address."""
+        return self._address
+
+    @property
+    def applied_index(self) -> int:
+        """Index of the last entry applied."""
+        return self._state.applied_index
+
+    def recover(self) -> int:
+        """Apply log entries written but not yet applied before a crash.
+
+        Returns:
+            How many entries were replayed.
+
+        Raises:
+            StorageError: a gap in the log (an entry missing after the applied index).
+        """
+        replayed = 0
+        index = self._state.applied_index + 1
+        while index <= self.last_index:
+            raw = self._db.get("raft_log", log_key(index))
+            if raw is None:
+                raise StorageError(
+                    f"log entry {index} is missing (applied index {self._state.applied_index}, "
+                    f"last index {self.last_index}); the data directory is damaged"
+                )
+            _term, _kind, data = msgpack.unpackb(raw, raw=False)
+            self._state.apply(index, data)
+            replayed += 1
+            index += 1
+        return replayed
+
+    async def propose(self, command: bytes) -> Any:
+        """Make ``command`` durable (synced), apply it, return the apply result.
+
+        Raises:
+            RequestError: UNAVAILABLE once shutdown has begun.
+            StorageError: the write failed; the node is stopping.
+        """
+        if self._closing:
+            raise RequestError(
+                ErrorCode.UNAVAILABLE, "the server is shutting down; retry on another node or later"
+            )
+        proposal = _Proposal(command)
+        self._in_progress += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        try:
+            await self._send.send(proposal)
+            await proposal.done.wait()
+        finally:
+            self._in_progress -= 1
+            if self._in_progress == 0:
+                self._idle.set()
+        if proposal.error is not None:
+            raise proposal.error
+        return proposal.result
+
+    def begin_shutdown(self) -> None:
+        """Refuse new proposals; those already queued are still written and applied."""
+        self._closing = True
+
+    async def wait_idle(self) -> None:
+        """Block until every proposal made so far has been answered."""
+        await self._idle.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the writer and the applier until cancelled."""
+        to_apply_send, to_apply_receive = trio.open_memory_channel[list[_Proposal]](2)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer, to_apply_send)
+            nursery.start_soon(self._applier, to_apply_receive)
+            task_status.started()
+
+    async def _writer(self, to_apply: trio.MemorySendChannel[list[_Proposal]]) -> None:
+        handle = self._db.handle("raft_log")
+        async with to_apply:
+            while True:
+                batch = [await self._receive.receive()]
+                while len(batch) < self._max_batch_items:
+                    try:
+                        batch.append(self._receive.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                write_batch = self._db.new_batch()
+                pack = self._pack
+                for proposal in batch:
+                    self.last_index += 1
+                    proposal.index = self.last_index
+                    write_batch.put(
+                        log_key(proposal.index), pack([0, ENTRY_NORMAL, proposal.data]), handle
+                    )
+                started = trio.current_time()
+                try:
+                    # Not cancellable: a half-done synced write must finish before we go on.
+                    await trio.to_thread.run_sync(self._db.write_batch, write_batch, self._fsync)
+                except StorageError as exc:
+                    for proposal in batch:
+                        proposal.error = exc
+                        proposal.done.set()
+                    raise
+                if self._metrics is not None:
+                    self._metrics.fsync_seconds.observe(trio.current_time() - started)
+                    self._metrics.group_commit_items.observe(len(batch))
+                await to_apply.send(batch)
+
+    async def _applier(self, to_apply: trio.MemoryReceiveChannel[list[_Proposal]]) -> None:
+        state = self._state
+        async with to_apply:
+            async for batch in to_apply:
+                started = trio.current_time()
+                for proposal in batch:
+                    try:
+                        proposal.result = state.apply(proposal.index, proposal.data)
+                    except RequestError as exc:  # pragma: no cover - apply never refuses
+                        proposal.error = exc
+                    proposal.done.set()
+                if self._metrics is not None:
+                    self._metrics.apply_seconds.observe(trio.current_time() - started)
+                if self._on_applied is not None:
+                    self._on_applied()
+                applied = state.applied_index
+                if applied - self._truncated_below >= TRUNCATE_EVERY_ENTRIES:
+                    # The state writes before this point reach disk with the next synced
+                    # log write (one WAL), so entries up to ``applied`` are not needed.
+                    self._db.delete_range("raft_log", log_key(0), log_key(applied + 1))
+                    self._truncated_below = applied
+                await trio.lowlevel.checkpoint()
+
+
+__all__ = ["CommandLog", "SingleNodeLog", "log_key"]

@@ -1,0 +1,372 @@
+"""The dispatcher: sleeps until the next due time, then hands due messages to consumers.
+
+Leader only. It keeps each group's :class:`~futureq.state.due_index.DueIndex` filled
+with a horizon of the group's earliest schedule entries (a range scan of the
+``schedule`` family as time moves on), pops what is due when a consumer has credit,
+drops what expired, dead-letters what ran out of attempts, and releases deliveries
+whose visibility timeout ran out. It never polls: it waits on an event that is set
+when something earlier than its next wake-up arrives, or until that wake-up.
+
+Source: ``DESIGN.md``, "Message semantics" (nothing early, nothing expired, fan-out
+across groups, round-robin within a group, credit-based flow control).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from futureq.errors import FutureQError
+from futureq.state import commands
+from futureq.state.commands import CommandKind
+from futureq.state.due_index import pack, unpack
+from futureq.wire import frames
+from futureq.wire.codec import encode_frame
+
+from .hub import Consumer, GroupRuntime, Hub, InFlight
+
+if TYPE_CHECKING:
+    from futureq.clock import Clock
+    from futureq.config import QueueSection
+    from futureq.metrics import Metrics
+    from futureq.state.queue_state import QueueState
+
+    from .command_log import CommandLog
+
+log = logging.getLogger(__name__)
+
+_MAX_MID = (1 << 64) - 1
+REFILL_CHUNK_ITEMS = 10_000
+"""Most schedule entries read from disk in one refill step (keeps the loop responsive)."""
+EXPIRE_BATCH_ITEMS = 1000
+
+
+class Dispatcher:
+    """Leader-local dispatch of due messages; the state machine's schedule observer.
+
+    Args:
+        state: The replicated state (read only here; changes go through ``log``).
+        log: Where expiry and dead-letter commands are proposed.
+        hub: Consumers and in-flight deliveries.
+        clock: Wall clock for due times; the only clock this module reads.
+        queue: Horizon size, batch sizes.
+        metrics: Counters and the lateness histogram, or None.
+        max_deliver_bytes: Payload bytes after which a DELIVER frame is closed (the
+            rest goes in the next frame), so frames stay under the client's limit.
+    """
+
+    def __init__(
+        self,
+        state: QueueState,
+        log: CommandLog,
+        hub: Hub,
+        clock: Clock,
+        queue: QueueSection,
+        metrics: Metrics | None = None,
+        max_deliver_bytes: int = 1024 * 1024,
+    ) -> None:
+        self.state = state
+        self.max_deliver_bytes = max_deliver_bytes
+        self.log = log
+        self.hub = hub
+        self.clock = clock
+        self.horizon_ms = queue.horizon_ms
+        self.horizon_max_items = queue.horizon_max_items
+        self.batch_items = queue.dispatch_batch_items
+        self.metrics = metrics
+        self._wake = trio.Event()
+        self._next_wake_ms: float = math.inf
+        self._proposals_send, self._proposals_receive = trio.open_memory_channel[
+            tuple[bytes, list[Any]]
+        ](64)
+        self._sync_groups()
+
+    # ------------------------------------------------------------ observer
+
+    def on_scheduled(
+        self, group_id: int, due_ms: int, mid: int, expire_ms: int | None, attempt: int
+    ) -> None:
+        """A schedule entry was committed: index it if it falls inside the horizon."""
+        runtime = self.hub.groups.get(group_id)
+        if runtime is None or pack(due_ms, mid) >= runtime.loaded_until:
+            return
+        runtime.index.add(due_ms, mid, expire_ms, attempt)
+        if len(runtime.index) > self.horizon_max_items:
+            last_due, last_mid = runtime.index.pop_last()
+            runtime.loaded_until = pack(last_due, last_mid)
+        if due_ms < self._next_wake_ms or (
+            expire_ms is not None and expire_ms < self._next_wake_ms
+        ):
+            self.kick()
+
+    def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
+        """A schedule entry was removed: forget it in the index and in flight."""
+        runtime = self.hub.groups.get(group_id)
+        if runtime is None:
+            return
+        runtime.index.discard(due_ms, mid)
+        runtime.extra_attempts.pop(mid, None)
+        key = commands.schedule_key(group_id, due_ms, mid)
+        self.hub.forget(key)
+        metrics = self.metrics
+        if metrics is not None:
+            info = runtime.info
+            if reason == CommandKind.ACK:
+                metrics.acked_messages_total.labels(info.topic, info.name).inc()
+            elif reason == CommandKind.NACK:
+                metrics.nacked_messages_total.labels(info.topic, info.name).inc()
+            elif reason == CommandKind.EXPIRE:
+                metrics.expired_messages_total.labels(info.topic, info.name).inc()
+            elif reason == CommandKind.DEAD_LETTER:
+                metrics.dead_lettered_messages_total.labels(info.topic, info.name).inc()
+
+    def on_groups_changed(self) -> None:
+        """Groups were created, adopted or deleted: match runtimes to them."""
+        self._sync_groups()
+        self.kick()
+
+    def _sync_groups(self) -> None:
+        groups = self.state.groups
+        for gid in list(self.hub.groups):
+            if gid not in groups:
+                runtime = self.hub.groups[gid]
+                for consumer in list(runtime.consumers):
+                    self.hub.remove_consumer(consumer, self.clock.wall_ms())
+                for key in [k for k, f in self.hub.in_flight.items() if f.group_id == gid]:
+                    self.hub.forget(key)
+                del self.hub.groups[gid]
+        for gid, info in groups.items():
+            existing = self.hub.groups.get(gid)
+            if existing is None:
+                self.hub.groups[gid] = GroupRuntime(info)
+            else:
+                existing.info = info
+
+    # ------------------------------------------------------------ control
+
+    def kick(self) -> None:
+        """Wake the dispatch loop now (new credit, new consumer, earlier due time)."""
+        self._wake.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Dispatch until cancelled; a proposer task commits expiries and dead letters."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._proposer)
+            task_status.started()
+            while True:
+                self._wake = trio.Event()
+                next_ms = self.dispatch_once()
+                self._next_wake_ms = next_ms
+                if next_ms == math.inf:
+                    await self._wake.wait()
+                else:
+                    delay_s = max(0.0, (next_ms - self.clock.wall_ms()) / 1000)
+                    with trio.move_on_after(delay_s):
+                        await self._wake.wait()
+
+    async def _proposer(self) -> None:
+        async with self._proposals_receive:
+            async for command, restore in self._proposals_receive:
+                try:
+                    await self.log.propose(command)
+                except FutureQError as exc:
+                    log.warning("could not commit a dispatcher command: %s", exc)
+                    for owner, due_ms, mid, expire_ms, attempt in restore:
+                        current = self.hub.groups.get(owner.info.group_id)
+                        if current is not None and current is owner:
+                            current.index.add(due_ms, mid, expire_ms, attempt)
+                    self.kick()
+
+    def _submit(self, command: bytes, restore: list[Any]) -> None:
+        try:
+            self._proposals_send.send_nowait((command, restore))
+        except trio.WouldBlock:
+            # The log is backed up; put the entries back and try on a later pass.
+            for runtime, due_ms, mid, expire_ms, attempt in restore:
+                runtime.index.add(due_ms, mid, expire_ms, attempt)
+
+    # ------------------------------------------------------------ one pass
+
+    def dispatch_once(self) -> float:
+        """Do everything that is due now; return the next wake-up time (ms, or inf)."""
+        now_ms = self.clock.wall_ms()
+        self.hub.expire_visibility(now_ms)
+        next_ms: float = math.inf
+        expired: list[bytes] = []
+        expired_restore: list[Any] = []
+        dead: list[tuple[bytes, int]] = []
+        dead_restore: list[Any] = []
+        for runtime in list(self.hub.groups.values()):
+            refill_at = self._refill(runtime, now_ms)
+            next_ms = min(next_ms, refill_at)
+            gid = runtime.info.group_id
+            for due_ms, mid in runtime.index.pop_expired(now_ms, EXPIRE_BATCH_ITEMS):
+                expired.append(commands.schedule_key(gid, due_ms, mid))
+                expired_restore.append((runtime, due_ms, mid, None, 0))
+            self._deliver(runtime, now_ms, expired, expired_restore, dead, dead_restore)
+            next_expire = runtime.index.next_expire_ms()
+            if next_expire is not None:
+                next_ms = min(next_ms, next_expire)
+            if runtime.has_credit():
+                next_due = runtime.index.next_due_ms()
+                if next_due is not None:
+                    next_ms = min(next_ms, next_due)
+        if expired:
+            self._submit(commands.expire(expired), expired_restore)
+        if dead:
+            self._submit(commands.dead_letter(now_ms, dead), dead_restore)
+        deadline = self.hub.next_deadline_ms()
+        if deadline is not None:
+            next_ms = min(next_ms, deadline)
+        if next_ms <= now_ms:
+            next_ms = now_ms  # more work right away (a full batch, a refill step)
+        return next_ms
+
+    def _refill(self, runtime: GroupRuntime, now_ms: int) -> float:
+        """Load the group's next schedule entries from disk; return when to look again."""
+        horizon_end = pack(now_ms + self.horizon_ms, 0)
+        index = runtime.index
+        if runtime.loaded_until >= horizon_end or len(index) >= self.horizon_max_items // 2:
+            # Look again when the horizon needs to move (half a window later).
+            if runtime.loaded_until >= horizon_end:
+                due_bound, _ = unpack(runtime.loaded_until)
+                return float(due_bound - self.horizon_ms // 2)
+            return math.inf
+        gid = runtime.info.group_id
+        start_due, start_mid = unpack(runtime.loaded_until)
+        limit = min(REFILL_CHUNK_ITEMS, self.horizon_max_items - len(index))
+        count = 0
+        last = runtime.loaded_until
+        in_flight = self.hub.in_flight
+        for due_ms, mid, attempt, expire_ms in self.state.scan_schedule(
+            gid, start_due, start_mid, limit
+        ):
+            packed = pack(due_ms, mid)
+            if packed >= horizon_end:
+                runtime.loaded_until = horizon_end
+                return float(now_ms)
+            count += 1
+            last = packed
+            if commands.schedule_key(gid, due_ms, mid) not in in_flight and packed not in index:
+                index.add(due_ms, mid, expire_ms, attempt)
+        if count >= limit:
+            runtime.loaded_until = last + 1
+            return float(now_ms)  # more to read: continue on the next pass
+        runtime.loaded_until = horizon_end
+        return float(now_ms + self.horizon_ms // 2)
+
+    def _deliver(
+        self,
+        runtime: GroupRuntime,
+        now_ms: int,
+        expired: list[bytes],
+        expired_restore: list[Any],
+        dead: list[tuple[bytes, int]],
+        dead_restore: list[Any],
+    ) -> None:
+        info = runtime.info
+        gid = info.group_id
+        index = runtime.index
+        next_due = index.next_due_ms()
+        if not runtime.consumers or next_due is None or next_due > now_ms:
+            return
+        dead_letter_topic = info.dead_letter_topic
+        max_deliveries = info.max_deliveries
+        visibility_ms = info.visibility_timeout_ms
+        metrics = self.metrics
+        for consumer in runtime.consumers_with_credit():
+            while consumer.credit > 0:
+                entries = index.pop_due(now_ms, min(consumer.credit, self.batch_items))
+                if not entries:
+                    return
+                deliveries: list[list[Any]] = []
+                flights: list[InFlight] = []
+                frame_bytes = 0
+                for position, (due_ms, mid, expire_ms, stored_attempt) in enumerate(entries):
+                    if frame_bytes >= self.max_deliver_bytes:
+                        # Keep DELIVER frames under the frame limit: the rest waits.
+                        for due_later, mid_later, expire_later, attempt_later in entries[position:]:
+                            index.add(due_later, mid_later, expire_later, attempt_later)
+                        break
+                    key = commands.schedule_key(gid, due_ms, mid)
+                    if expire_ms is not None and expire_ms <= now_ms:
+                        expired.append(key)
+                        expired_restore.append((runtime, due_ms, mid, expire_ms, stored_attempt))
+                        continue
+                    attempt = stored_attempt + runtime.extra_attempts.get(mid, 0) + 1
+                    if dead_letter_topic is not None and attempt > max_deliveries:
+                        dead.append((key, attempt - 1))
+                        dead_restore.append((runtime, due_ms, mid, expire_ms, stored_attempt))
+                        continue
+                    message = self.state.get_message(mid)
+                    if message is None:  # removed by a command applied meanwhile
+                        continue
+                    _topic, payload, publish_ms, _due, _open = message
+                    frame_bytes += len(payload) + 64
+                    deliveries.append(
+                        [
+                            commands.delivery_tag(key, attempt),
+                            mid,
+                            payload,
+                            due_ms,
+                            publish_ms,
+                            attempt,
+                        ]
+                    )
+                    flights.append(
+                        InFlight(
+                            key,
+                            gid,
+                            due_ms,
+                            mid,
+                            expire_ms,
+                            attempt,
+                            stored_attempt,
+                            consumer,
+                            now_ms + visibility_ms,
+                        )
+                    )
+                if not deliveries:
+                    continue
+                frame = frames.Deliver(0, consumer.subscription_id, now_ms, deliveries)
+                if not consumer.outbox.send_nowait(encode_frame(frame, 2**31)):
+                    # The connection cannot take more: give the entries back.
+                    for flight in flights:
+                        index.add(
+                            flight.due_ms, flight.mid, flight.expire_ms, flight.stored_attempt
+                        )
+                    consumer.closed = True
+                    break
+                consumer.credit -= len(deliveries)
+                for flight in flights:
+                    self.hub.track(flight)
+                if metrics is not None:
+                    metrics.delivered_messages_total.labels(info.topic, info.name).inc(
+                        len(deliveries)
+                    )
+                    redelivered = sum(1 for f in flights if f.attempt > 1)
+                    if redelivered:
+                        metrics.redelivered_messages_total.labels(info.topic, info.name).inc(
+                            redelivered
+                        )
+                    for flight in flights:
+                        metrics.due_to_delivery_seconds.observe((now_ms - flight.due_ms) / 1000)
+
+    # ------------------------------------------------------------ status
+
+    def due_count(self, runtime: GroupRuntime, now_ms: int) -> int:
+        """Entries of a group due now and not in flight (memory, plus disk past the horizon)."""
+        count = runtime.index.count_due(now_ms)
+        due_bound, _ = unpack(runtime.loaded_until)
+        if runtime.loaded_until and due_bound <= now_ms:
+            start = commands.schedule_key(runtime.info.group_id, *unpack(runtime.loaded_until))
+            stop = commands.schedule_key(runtime.info.group_id, now_ms + 1, 0)
+            for _ in self.state.store.scan_keys("schedule", start, stop):
+                count += 1
+        return count
+
+
+__all__ = ["Consumer", "Dispatcher"]
