@@ -1,0 +1,13 @@
+"""FutureQ client library: the async :class:`Client` (trio) and a small sync wrapper.
+
+``open_client`` and the classes it hands out are the public API; see
+``docs/client.md``. The synchronous wrapper lives in :mod:`futureq.client.sync`.
+"""
+
+from __future__ import annotations
+
+from futureq.client._batching import PublishItem
+from futureq.client.client import Client, open_client, parse_servers
+from futureq.client.subscription import Delivery, Subscription
+
+__all__ = ["Client", "Delivery", "PublishItem", "Subscription", "open_client", "parse_servers"]

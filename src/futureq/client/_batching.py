@@ -1,0 +1,157 @@
+"""Pure pieces of the client: publish items, batch results, request ids (sans-IO).
+
+Nothing here touches trio or sockets, so the bookkeeping the client relies on is
+tested without an event loop (``tests/unit/client/test_client_batching.py``).
+Source: ``docs/protocol.md``, "PUBLISH" (ids are ``first_id + i``) and "Requests".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Generic, TypeVar
+
+import attrs
+
+from futureq.errors import ErrorCode, RemoteProtocolError, RequestError
+
+T = TypeVar("T")
+W = TypeVar("W")
+
+
+def _payload_bytes(value: bytes | bytearray | memoryview) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError(
+            f"payload must be bytes, got {type(value).__name__}; encode text with .encode()"
+        )
+    return bytes(value)
+
+
+@attrs.frozen
+class PublishItem:
+    """One message to publish.
+
+    Attributes:
+        topic: Topic name, 1..255 UTF-8 bytes; names ending ``.dlq`` are reserved.
+        payload: Message body (bytes; ``bytearray``/``memoryview`` are copied to bytes).
+        delay_ms: Deliver this many milliseconds after the leader stores it (>= 0).
+        deliver_at_ms: Deliver at this wall-clock time (ms since the Unix epoch); a
+            time in the past means "now". Give ``delay_ms`` or this, not both;
+            neither means "due at once".
+        ttl_ms: How long after it falls due the message may still be delivered (ms,
+            > 0); None keeps it until consumed.
+
+    Raises:
+        TypeError: payload is not bytes-like.
+        RequestError: INVALID_DELAY when both ``delay_ms`` and ``deliver_at_ms`` are given.
+    """
+
+    topic: str
+    payload: bytes = attrs.field(converter=_payload_bytes)
+    delay_ms: int | None = None
+    deliver_at_ms: int | None = None
+    ttl_ms: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.delay_ms is not None and self.deliver_at_ms is not None:
+            raise RequestError(ErrorCode.INVALID_DELAY, "give delay_ms or deliver_at_ms, not both")
+
+    def to_wire(self) -> list[Any]:
+        """The PUBLISH item array ``[topic, payload, delay_ms, deliver_at_ms, ttl_ms]``."""
+        return [self.topic, self.payload, self.delay_ms, self.deliver_at_ms, self.ttl_ms]
+
+
+def ids_from_publish_ok(first_id: int | None, count: int, sent: int) -> list[int]:
+    """Message ids of a PUBLISH batch from its PUBLISH_OK.
+
+    Args:
+        first_id: PUBLISH_OK's ``first_id``.
+        count: PUBLISH_OK's ``count``.
+        sent: How many items the PUBLISH held.
+
+    Returns:
+        ``[first_id, first_id + 1, ..., first_id + sent - 1]``.
+
+    Raises:
+        RemoteProtocolError: INVALID_FRAME when the server's answer does not match
+            the batch (count differs, or no id at ack level leader/quorum).
+    """
+    if count != sent:
+        raise RemoteProtocolError(
+            ErrorCode.INVALID_FRAME,
+            f"PUBLISH_OK reports {count} messages for a batch of {sent}",
+        )
+    if first_id is None:
+        raise RemoteProtocolError(
+            ErrorCode.INVALID_FRAME, "PUBLISH_OK carries no first_id at ack level leader/quorum"
+        )
+    return list(range(first_id, first_id + sent))
+
+
+def refused_item(error: RequestError, sent: int) -> int | None:
+    """Which item of a refused batch is to blame, if the server named a valid one.
+
+    Args:
+        error: The batch's error.
+        sent: How many items the batch held.
+
+    Returns:
+        ``error.item_index`` when it is within ``0..sent-1``, else None (the error
+        concerns the whole batch).
+    """
+    index = error.item_index
+    if index is None or not 0 <= index < sent:
+        return None
+    return index
+
+
+def without_item(error: RequestError) -> RequestError:
+    """The same refusal for a single caller: code and message, no batch position."""
+    return RequestError(error.code, error.message)
+
+
+def chunked(items: Sequence[T], size: int) -> Iterator[tuple[int, Sequence[T]]]:
+    """Split ``items`` into consecutive slices of at most ``size``.
+
+    Yields:
+        ``(offset, slice)`` pairs; ``offset`` is the index of the slice's first item.
+
+    Raises:
+        ValueError: ``size`` < 1.
+    """
+    if size < 1:
+        raise ValueError(f"chunk size must be >= 1, got {size}")
+    for offset in range(0, len(items), size):
+        yield offset, items[offset : offset + size]
+
+
+class RequestTable(Generic[W]):
+    """Outstanding requests of one connection, keyed by request id.
+
+    Request ids start at 1 and only grow (0 is reserved for server pushes such as
+    DELIVER), so a late answer to a request that timed out is recognised and dropped
+    instead of being matched to a newer request.
+    """
+
+    def __init__(self) -> None:
+        self._next_id = 1
+        self._waiters: dict[int, W] = {}
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    def add(self, waiter: W) -> int:
+        """Register ``waiter`` under a fresh request id and return the id."""
+        request_id = self._next_id
+        self._next_id += 1
+        self._waiters[request_id] = waiter
+        return request_id
+
+    def pop(self, request_id: int) -> W | None:
+        """Remove and return the waiter of ``request_id``; None if unknown or gone."""
+        return self._waiters.pop(request_id, None)
+
+    def drain(self) -> list[W]:
+        """Remove and return every outstanding waiter (the connection is gone)."""
+        waiters = list(self._waiters.values())
+        self._waiters.clear()
+        return waiters

@@ -1,0 +1,403 @@
+"""One client connection: TCP (optionally TLS), HELLO, a reader task and a writer task.
+
+Requests pipeline: each gets a fresh request id (:class:`RequestTable`) and a waiter;
+the reader matches answers by id and hands DELIVER pushes (request id 0) to a
+callback. The connection never reconnects by itself — :class:`futureq.client.Client`
+owns the lifetime and opens a new :class:`Connection` (a new *epoch*) when this one
+is lost. Source: ``docs/protocol.md``, "Connection lifecycle" and "Requests".
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+import trio
+
+from futureq import __version__
+from futureq.client._batching import RequestTable
+from futureq.config import split_host_port
+from futureq.errors import (
+    ConnectionLostError,
+    ErrorCode,
+    FutureQError,
+    RemoteProtocolError,
+    RequestError,
+    error_from_code,
+)
+from futureq.wire import codec, frames
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+RECEIVE_BYTES: Final = 65_536
+"""Most bytes read from the socket at once."""
+WRITE_QUEUE_FRAMES: Final = 256
+"""Encoded frames waiting for the writer task; senders block when it is full."""
+WRITE_COALESCE_BYTES: Final = 256 * 1024
+"""The writer joins queued frames into one ``send_all`` up to this size (bytes)."""
+CLOSE_GRACE_S: Final = 1.0
+"""Longest a closing connection waits for its socket to close (seconds)."""
+
+CLIENT_NAME: Final = f"futureq-client/{__version__}"
+
+
+class NotSentError(ConnectionLostError):
+    """The connection was lost before the request reached the socket: safe to retry."""
+
+
+class _Waiter:
+    """The answer slot of one request: a frame or an error, and an event."""
+
+    __slots__ = ("event", "frame", "error", "on_answer")
+
+    def __init__(self, on_answer: Callable[[frames.Frame], None] | None) -> None:
+        self.event = trio.Event()
+        self.frame: frames.Frame | None = None
+        self.error: FutureQError | None = None
+        self.on_answer = on_answer
+
+    def set_frame(self, frame: frames.Frame) -> None:
+        self.frame = frame
+        self.event.set()
+
+    def set_error(self, error: FutureQError) -> None:
+        self.error = error
+        self.event.set()
+
+
+DeliverCallback = Callable[["Connection", frames.Deliver], None]
+
+
+class Connection:
+    """An open, greeted connection to one server.
+
+    Build it with :func:`connect`; run it with :meth:`run` inside a nursery-owning
+    task; it is *lost* once :meth:`run` returns, and every request still waiting
+    fails with :class:`ConnectionLostError`.
+
+    Attributes:
+        address: ``host:port`` this connection reached.
+        epoch: Sequence number of this connection within its client (1, 2, ...).
+            Deliveries remember the epoch they came on; acking them is only possible
+            on the same epoch.
+        node_id: The server's node id from HELLO_OK.
+        leader_address: The leader's client address as HELLO_OK reported it.
+        max_frame_bytes: Largest frame body the server accepts (bytes).
+        server_version: The server's software version.
+    """
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        decoder: codec.FrameDecoder,
+        address: str,
+        epoch: int,
+        hello: frames.HelloOk,
+        on_deliver: DeliverCallback,
+    ) -> None:
+        self._stream = stream
+        self._decoder = decoder
+        self.address = address
+        self.epoch = epoch
+        self.node_id = hello.node_id
+        self.leader_address = hello.leader_address
+        self.max_frame_bytes = hello.max_frame_bytes
+        self.server_version = hello.server_version
+        self._on_deliver = on_deliver
+        self._requests: RequestTable[_Waiter] = RequestTable()
+        self._write_send, self._write_receive = trio.open_memory_channel[bytes](WRITE_QUEUE_FRAMES)
+        self._cancel_scope = trio.CancelScope()
+        self._lost = trio.Event()
+        self.lost_reason: ConnectionLostError | None = None
+
+    @property
+    def is_lost(self) -> bool:
+        """True once the connection failed or was closed; it never comes back."""
+        return self.lost_reason is not None
+
+    async def wait_lost(self) -> None:
+        """Block until the connection is lost."""
+        await self._lost.wait()
+
+    def close(self, reason: str) -> None:
+        """Close the connection (idempotent); waiting requests fail with ``reason``."""
+        self._fail(ConnectionLostError(reason))
+
+    def _fail(self, reason: ConnectionLostError) -> None:
+        if self.lost_reason is None:
+            self.lost_reason = reason
+        self._cancel_scope.cancel()
+
+    async def run(self) -> None:
+        """Read and write until the connection breaks or :meth:`close` is called.
+
+        Never raises for network or protocol trouble: the reason lands in
+        :attr:`lost_reason`, waiting requests fail with it, and the socket is closed.
+        """
+        try:
+            with self._cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._read_loop)
+                    nursery.start_soon(self._write_loop)
+        finally:
+            if self.lost_reason is None:
+                self.lost_reason = ConnectionLostError(f"connection to {self.address} closed")
+            for waiter in self._requests.drain():
+                waiter.set_error(self.lost_reason)
+            self._write_send.close()
+            self._lost.set()
+            with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+                await self._stream.aclose()
+
+    async def _read_loop(self) -> None:
+        decoder = self._decoder
+        try:
+            while True:
+                frame = decoder.next_frame()
+                if frame is codec.NEED_DATA:
+                    data = await self._stream.receive_some(RECEIVE_BYTES)
+                    decoder.receive_data(bytes(data))
+                    continue
+                if frame is codec.CLOSED:
+                    self._fail(ConnectionLostError(f"server {self.address} closed the connection"))
+                    return
+                self._dispatch(frame)  # type: ignore[arg-type]
+        except RemoteProtocolError as exc:
+            self._fail(
+                ConnectionLostError(f"server {self.address} sent a bad frame: {exc.message}")
+            )
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._fail(ConnectionLostError(f"connection to {self.address} broke: {exc}"))
+
+    def _dispatch(self, frame: frames.Frame) -> None:
+        if isinstance(frame, frames.Deliver):
+            self._on_deliver(self, frame)
+            return
+        if isinstance(frame, frames.Error):
+            error = error_from_code(
+                frame.code, frame.message, frame.item_index, frame.leader_address
+            )
+            waiter = self._requests.pop(frame.request_id) if frame.request_id else None
+            if waiter is not None:
+                waiter.set_error(error)
+            if isinstance(error, RemoteProtocolError) or waiter is None:
+                # 1xx: the server closes after this frame; so do we.
+                self._fail(
+                    ConnectionLostError(
+                        f"server {self.address} closed the connection: "
+                        f"[{_code_name(frame.code)}] {frame.message}"
+                    )
+                )
+            return
+        waiter = self._requests.pop(frame.request_id)
+        if waiter is None:
+            return  # a late answer to a request that timed out
+        if waiter.on_answer is not None:
+            # Runs before any other frame is read, so DELIVER frames that follow a
+            # SUBSCRIBE_OK always find their subscription registered.
+            waiter.on_answer(frame)
+        waiter.set_frame(frame)
+
+    async def _write_loop(self) -> None:
+        try:
+            async for data in self._write_receive:
+                chunks = [data]
+                size = len(data)
+                while size < WRITE_COALESCE_BYTES:
+                    try:
+                        more = self._write_receive.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    chunks.append(more)
+                    size += len(more)
+                await self._stream.send_all(b"".join(chunks) if len(chunks) > 1 else data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._fail(ConnectionLostError(f"connection to {self.address} broke: {exc}"))
+
+    async def send(self, *frames_to_send: frames.Frame) -> None:
+        """Queue frames that have no answer (CREDIT).
+
+        Raises:
+            NotSentError: the connection is lost.
+            LocalProtocolError: a frame cannot be encoded or is too large.
+        """
+        data = b"".join(codec.encode_frame(f, self.max_frame_bytes) for f in frames_to_send)
+        await self._queue(data)
+
+    async def _queue(self, data: bytes) -> None:
+        if self.lost_reason is not None:
+            raise NotSentError(str(self.lost_reason))
+        try:
+            await self._write_send.send(data)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise NotSentError(str(self.lost_reason or "connection closed")) from None
+
+    async def request(
+        self,
+        make_frame: Callable[[int], frames.Frame],
+        *,
+        deadline: float,
+        on_answer: Callable[[frames.Frame], None] | None = None,
+        then_send: Sequence[frames.Frame] = (),
+    ) -> frames.Frame:
+        """Send one request and wait for its answer.
+
+        Args:
+            make_frame: Builds the request from its request id.
+            deadline: ``trio.current_time()`` value after which to give up.
+            on_answer: Called synchronously by the reader with the answer before any
+                later frame is processed (used to register subscriptions).
+            then_send: Frames without an answer written right after the request
+                (CREDIT after ACK), in the same write.
+
+        Returns:
+            The answer frame (never an ERROR frame).
+
+        Raises:
+            NotSentError: lost before the request was queued (nothing reached the server).
+            ConnectionLostError: lost after it was queued: the outcome is unknown.
+            RequestError: the server refused it (an ERROR frame), or TIMEOUT when no
+                answer came before ``deadline`` (outcome unknown).
+            RemoteProtocolError: the server refused it with a 1xx code.
+            LocalProtocolError: the frame cannot be encoded or exceeds the server's
+                ``max_frame_bytes``.
+        """
+        if self.lost_reason is not None:
+            raise NotSentError(str(self.lost_reason))
+        waiter = _Waiter(on_answer)
+        request_id = self._requests.add(waiter)
+        try:
+            frame = make_frame(request_id)
+            data = codec.encode_frame(frame, self.max_frame_bytes)
+            if then_send:
+                data += b"".join(codec.encode_frame(f, self.max_frame_bytes) for f in then_send)
+            queued = False
+            with trio.move_on_at(deadline):
+                await self._queue(data)
+                queued = True
+            if not queued:
+                raise NotSentError(
+                    f"no room to send to {self.address} before the deadline; nothing was sent"
+                )
+            with trio.move_on_at(deadline):
+                await waiter.event.wait()
+        finally:
+            self._requests.pop(request_id)
+        if waiter.error is not None:
+            raise waiter.error
+        if waiter.frame is None:
+            raise RequestError(
+                ErrorCode.TIMEOUT,
+                f"no answer from {self.address} to {type(frame).__name__.upper()} "
+                "before the deadline; its outcome is unknown",
+            )
+        return waiter.frame
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
+
+async def connect(
+    address: str,
+    *,
+    epoch: int,
+    on_deliver: DeliverCallback,
+    ssl_context: ssl.SSLContext | None,
+    server_hostname: str | None,
+    token: str | None,
+    timeout_s: float,
+) -> Connection:
+    """Open a connection to ``address`` and exchange HELLO / HELLO_OK.
+
+    Args:
+        address: ``host:port`` of a server's client listener.
+        epoch: Number given to this connection (see :attr:`Connection.epoch`).
+        on_deliver: Called by the reader for every DELIVER frame.
+        ssl_context: Wrap the TCP stream in TLS with this context when given.
+        server_hostname: Name to verify the certificate against (default: the host).
+        token: Auth token sent in HELLO.
+        timeout_s: Deadline for connect, TLS handshake and HELLO together (seconds).
+
+    Returns:
+        A greeted connection; call :meth:`Connection.run` next.
+
+    Raises:
+        ConnectionLostError: the address is unreachable, refused, timed out or
+            closed during the handshake (the message names the address).
+        RemoteProtocolError: the server refused HELLO (AUTH_FAILED,
+            UNSUPPORTED_VERSION, ...): retrying will not help.
+    """
+    try:
+        host, port = split_host_port(address)
+    except ValueError as exc:
+        raise ConnectionLostError(f"bad server address: {exc}") from None
+    stream: trio.abc.Stream | None = None
+    try:
+        with trio.fail_after(timeout_s):
+            stream = await trio.open_tcp_stream(host, port)
+            if ssl_context is not None:
+                tls = trio.SSLStream(stream, ssl_context, server_hostname=server_hostname or host)
+                stream = tls
+                await tls.do_handshake()
+            hello = frames.Hello(1, tuple(sorted(frames.SUPPORTED_VERSIONS)), CLIENT_NAME, token)
+            await stream.send_all(codec.encode_frame(hello))
+            decoder = codec.FrameDecoder()
+            answer = await _read_one(stream, decoder, address)
+    except trio.TooSlowError:
+        await _abort(stream)
+        raise ConnectionLostError(
+            f"could not connect to {address}: no answer within {timeout_s:g} s"
+        ) from None
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        await _abort(stream)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConnectionLostError(f"could not connect to {address}: {reason}") from None
+    except BaseException:
+        await _abort(stream)
+        raise
+    if isinstance(answer, frames.Error):
+        await _abort(stream)
+        error = error_from_code(answer.code, answer.message)
+        if isinstance(error, RemoteProtocolError):
+            raise error
+        raise ConnectionLostError(f"{address} refused the connection: {answer.message}")
+    if not isinstance(answer, frames.HelloOk):
+        await _abort(stream)
+        raise ConnectionLostError(
+            f"{address} answered HELLO with {type(answer).__name__}; is it a FutureQ server?"
+        )
+    decoder.max_frame_bytes = max(decoder.max_frame_bytes, answer.max_frame_bytes)
+    return Connection(stream, decoder, address, epoch, answer, on_deliver)
+
+
+async def _read_one(
+    stream: trio.abc.Stream, decoder: codec.FrameDecoder, address: str
+) -> frames.Frame:
+    while True:
+        try:
+            frame = decoder.next_frame()
+        except RemoteProtocolError as exc:
+            raise ConnectionLostError(
+                f"{address} answered HELLO with a bad frame ({exc.message}); "
+                "is it a FutureQ server?"
+            ) from None
+        if frame is codec.CLOSED:
+            raise ConnectionLostError(f"{address} closed the connection during HELLO")
+        if frame is not codec.NEED_DATA:
+            return frame  # type: ignore[return-value]
+        decoder.receive_data(bytes(await stream.receive_some(RECEIVE_BYTES)))
+
+
+async def _abort(stream: trio.abc.Stream | None) -> None:
+    if stream is not None:
+        with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+            await trio.aclose_forcefully(stream)
+
+
+__all__ = ["Connection", "NotSentError", "connect"]

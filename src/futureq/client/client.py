@@ -1,0 +1,845 @@
+"""The asynchronous FutureQ client (trio): batching, pipelining, reconnect, leader follow.
+
+Usage::
+
+    async with open_client("127.0.0.1:7450") as client:
+        message_id = await client.publish("emails", b'{"to": "a@b.c"}', delay_ms=5_000)
+        async with client.subscribe("emails", "senders") as sub:
+            async for delivery in sub:
+                handle(delivery.payload)
+                await delivery.ack()
+
+Delivery is **at-least-once** end to end: a publish whose connection broke after it
+was sent is sent again on the next connection (it may then be stored twice), and a
+delivery that is not acked (or whose ack was lost with its connection) is delivered
+again. Make consumers idempotent. See ``docs/client.md``.
+
+Lifetimes: :func:`open_client` owns one nursery holding the connection manager (and
+through it the current connection's reader and writer tasks) and the publish
+batcher; nothing the client starts outlives the ``async with`` block.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import ssl
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final, Literal, TypeVar
+
+import trio
+
+from futureq.client._backoff import Backoff
+from futureq.client._batching import (
+    PublishItem,
+    chunked,
+    ids_from_publish_ok,
+    refused_item,
+    without_item,
+)
+from futureq.client._connection import Connection, NotSentError, connect
+from futureq.client.subscription import Delivery, Subscription
+from futureq.errors import (
+    ClientClosedError,
+    ConnectionLostError,
+    ErrorCode,
+    FutureQError,
+    LocalProtocolError,
+    NotLeaderError,
+    RemoteProtocolError,
+    RequestError,
+)
+from futureq.wire import frames
+
+DEFAULT_SERVER: Final = "127.0.0.1:7450"
+MAX_BATCHES_IN_FLIGHT: Final = 4
+"""PUBLISH frames the batcher keeps outstanding at once."""
+UNSUBSCRIBE_GRACE_S: Final = 2.0
+"""Longest leaving a ``subscribe`` block waits for UNSUBSCRIBE's answer (seconds)."""
+
+AckLevelName = Literal["leader", "quorum"]
+_ACK_LEVELS: Final[dict[str, frames.AckLevel]] = {
+    "leader": frames.AckLevel.LEADER,
+    "quorum": frames.AckLevel.QUORUM,
+}
+
+F = TypeVar("F", bound=frames.Frame)
+
+
+class _PendingPublish:
+    """One ``publish()`` call waiting in the batcher: item, deadline, outcome."""
+
+    __slots__ = ("item", "deadline", "event", "message_id", "error")
+
+    def __init__(self, item: PublishItem, deadline: float) -> None:
+        self.item = item
+        self.deadline = deadline
+        self.event = trio.Event()
+        self.message_id: int | None = None
+        self.error: FutureQError | None = None
+
+    def resolve(self, message_id: int) -> None:
+        if not self.event.is_set():
+            self.message_id = message_id
+            self.event.set()
+
+    def fail(self, error: FutureQError) -> None:
+        if not self.event.is_set():
+            self.error = error
+            self.event.set()
+
+
+def parse_servers(servers: str | Sequence[str]) -> list[str]:
+    """Normalise a server list: ``"a:1,b:2"`` or ``["a:1", "b:2"]`` to ``["a:1", "b:2"]``.
+
+    Raises:
+        ValueError: the list is empty.
+    """
+    parts = servers.split(",") if isinstance(servers, str) else list(servers)
+    result = [part.strip() for part in parts if part.strip()]
+    if not result:
+        raise ValueError("give at least one server address HOST:PORT")
+    return result
+
+
+def _expect(frame: frames.Frame, kind: type[F]) -> F:
+    if not isinstance(frame, kind):
+        raise RemoteProtocolError(
+            ErrorCode.INVALID_FRAME,
+            f"expected {kind.__name__} but the server answered {type(frame).__name__}",
+        )
+    return frame
+
+
+class Client:
+    """A connection to a FutureQ cluster. Create it with :func:`open_client`.
+
+    Every method may be called from many tasks at once: requests pipeline on the one
+    connection, and concurrent :meth:`publish` calls are coalesced into PUBLISH
+    batches.
+
+    Attributes:
+        servers: The addresses tried, in order, when (re)connecting.
+        request_timeout_s: Deadline of each call, retries included (seconds).
+    """
+
+    def __init__(
+        self,
+        servers: list[str],
+        *,
+        ssl_context: ssl.SSLContext | None,
+        server_hostname: str | None,
+        token: str | None,
+        connect_timeout_s: float,
+        request_timeout_s: float,
+        max_batch_items: int,
+        linger_ms: float,
+        ack_level: AckLevelName,
+        retry_unknown_outcome: bool,
+        rng: random.Random,
+    ) -> None:
+        if max_batch_items < 1:
+            raise ValueError(f"max_batch_items must be >= 1, got {max_batch_items}")
+        if linger_ms < 0:
+            raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        if ack_level not in _ACK_LEVELS:
+            raise ValueError(f"ack_level must be 'leader' or 'quorum', got {ack_level!r}")
+        self.servers = servers
+        self.request_timeout_s = request_timeout_s
+        self._ssl_context = ssl_context
+        self._server_hostname = server_hostname
+        self._token = token
+        self._connect_timeout_s = connect_timeout_s
+        self._max_batch_items = max_batch_items
+        self._linger_s = linger_ms / 1000
+        self._ack_level = _ACK_LEVELS[ack_level]
+        self._retry_unknown_outcome = retry_unknown_outcome
+        self._rng = rng
+        self._conn: Connection | None = None
+        self._epoch = 0
+        self._conn_changed = trio.Event()
+        self._closed = False
+        self._fatal: FutureQError | None = None
+        self._last_connect_error: ConnectionLostError | None = None
+        self._leader_hint: str | None = None
+        self._next_server = 0
+        self._subscriptions: dict[int, Subscription] = {}  # by id(), for reconnects
+        self._publish_send, self._publish_receive = trio.open_memory_channel[_PendingPublish](
+            max_batch_items * MAX_BATCHES_IN_FLIGHT
+        )
+
+    # -- connection state ------------------------------------------------------------
+
+    @property
+    def connected_address(self) -> str | None:
+        """``host:port`` of the live connection, or None while reconnecting."""
+        conn = self._conn
+        return conn.address if conn is not None and not conn.is_lost else None
+
+    @property
+    def max_batch_items(self) -> int:
+        """Most items put in one PUBLISH, ACK or NACK frame."""
+        return self._max_batch_items
+
+    def _live_epoch(self) -> int:
+        conn = self._conn
+        return conn.epoch if conn is not None and not conn.is_lost else -1
+
+    def _signal_change(self) -> None:
+        self._conn_changed.set()
+        self._conn_changed = trio.Event()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("the client was closed; open a new one with open_client()")
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def _wait_connection(self, deadline: float) -> Connection:
+        while True:
+            self._check_open()
+            conn = self._conn
+            if conn is not None and not conn.is_lost:
+                return conn
+            changed = self._conn_changed
+            with trio.move_on_at(deadline):
+                await changed.wait()
+                continue
+            detail = f": {self._last_connect_error}" if self._last_connect_error else ""
+            raise ConnectionLostError(
+                f"no connection to any of {', '.join(self.servers)} before the deadline{detail}"
+            )
+
+    def _on_deliver(self, conn: Connection, frame: frames.Deliver) -> None:
+        for sub in self._subscriptions.values():
+            if sub.epoch == conn.epoch and sub.subscription_id == frame.subscription_id:
+                try:
+                    sub._receive(conn.epoch, frame)
+                except RemoteProtocolError as exc:
+                    conn.close(f"server {conn.address} broke flow control: {exc.message}")
+                return
+        # A delivery for a subscription we just left: the server requeues it when the
+        # UNSUBSCRIBE lands or the visibility timeout passes.
+
+    def _connect_order(self) -> list[str]:
+        count = len(self.servers)
+        order = [self.servers[(self._next_server + i) % count] for i in range(count)]
+        if self._leader_hint is not None:
+            hint = self._leader_hint
+            order = [hint] + [address for address in order if address != hint]
+        return order
+
+    async def _connect_any(self) -> Connection:
+        errors: list[str] = []
+        for address in self._connect_order():
+            try:
+                conn = await connect(
+                    address,
+                    epoch=self._epoch + 1,
+                    on_deliver=self._on_deliver,
+                    ssl_context=self._ssl_context,
+                    server_hostname=self._server_hostname,
+                    token=self._token,
+                    timeout_s=self._connect_timeout_s,
+                )
+            except ConnectionLostError as exc:
+                errors.append(str(exc))
+                if address == self._leader_hint:
+                    self._leader_hint = None
+                continue
+            if address in self.servers:
+                self._next_server = self.servers.index(address)
+            self._leader_hint = None
+            self._epoch += 1
+            return conn
+        raise ConnectionLostError("; ".join(errors))
+
+    async def _maintain_connection(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep one connection open: connect, run it, reconnect with backoff.
+
+        Before ``task_status.started()`` (the first connection) errors are raised to
+        :func:`open_client` once ``connect_timeout_s`` has passed; afterwards the loop
+        retries for ever, except after a refused HELLO (AUTH_FAILED, ...), which is
+        stored and raised by every later call.
+        """
+        backoff = Backoff(self._rng)
+        started = False
+        first_deadline = trio.current_time() + self._connect_timeout_s
+        while True:
+            try:
+                conn = await self._connect_any()
+            except RemoteProtocolError as exc:
+                if not started:
+                    raise
+                self._fatal = exc
+                self._signal_change()
+                return
+            except ConnectionLostError as exc:
+                self._last_connect_error = exc
+                delay = backoff.next_delay_s()
+                if not started and trio.current_time() + delay > first_deadline:
+                    raise
+                await trio.sleep(delay)
+                continue
+            backoff.reset()
+            self._conn = conn
+            self._signal_change()
+            if not started:
+                started = True
+                task_status.started()
+            await conn.run()
+            self._conn = None
+            for sub in self._subscriptions.values():
+                sub._connection_lost(conn.epoch)
+            self._signal_change()
+
+    def _close(self) -> None:
+        self._closed = True
+        conn = self._conn
+        if conn is not None:
+            conn.close("the client was closed")
+        for sub in self._subscriptions.values():
+            sub._close()
+        self._publish_send.close()
+        self._signal_change()
+
+    # -- requests ----------------------------------------------------------------------
+
+    async def _call(
+        self,
+        make_frame: Callable[[int], frames.Frame],
+        *,
+        retry_unknown: bool,
+        deadline: float | None = None,
+        on_answer: Callable[[Connection, frames.Frame], None] | None = None,
+    ) -> frames.Frame:
+        """Send a request, following NOT_LEADER and retrying 3xx errors with backoff.
+
+        Args:
+            make_frame: Builds the request from a request id.
+            retry_unknown: Resend after a connection broke with the request in flight
+                (only for idempotent requests or at-least-once publishing).
+            deadline: ``trio.current_time()`` value ending all attempts; default now
+                plus ``request_timeout_s``.
+            on_answer: Called by the reader with the connection and the answer.
+
+        Raises:
+            RequestError: a 2xx refusal, or the last 3xx / TIMEOUT error at the deadline.
+            ConnectionLostError: no connection before the deadline, or lost with the
+                request in flight and ``retry_unknown`` False.
+            ClientClosedError: the client was closed.
+        """
+        if deadline is None:
+            deadline = trio.current_time() + self.request_timeout_s
+        backoff = Backoff(self._rng)
+        while True:
+            conn = await self._wait_connection(deadline)
+            answer_hook = None if on_answer is None else functools.partial(on_answer, conn)
+            try:
+                return await conn.request(make_frame, deadline=deadline, on_answer=answer_hook)
+            except NotLeaderError as exc:
+                last_error: FutureQError = exc
+                self._follow_leader(conn, exc.leader_address)
+            except NotSentError as exc:
+                last_error = exc
+            except ConnectionLostError as exc:
+                if not retry_unknown:
+                    raise
+                last_error = exc
+            except RequestError as exc:
+                if not exc.code.retryable or trio.current_time() >= deadline:
+                    raise
+                last_error = exc
+            self._check_open()
+            delay = backoff.next_delay_s()
+            if trio.current_time() + delay >= deadline:
+                raise last_error
+            await trio.sleep(delay)
+
+    def _follow_leader(self, conn: Connection, leader_address: str | None) -> None:
+        """Reconnect to ``leader_address`` (NOT_LEADER redirect); None: just wait."""
+        if leader_address is None or leader_address == conn.address:
+            return
+        self._leader_hint = leader_address
+        conn.close(f"{conn.address} is not the leader; reconnecting to {leader_address}")
+
+    # -- publishing --------------------------------------------------------------------
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+        ttl_ms: int | None = None,
+    ) -> int:
+        """Publish one message; concurrent calls share PUBLISH frames.
+
+        Args:
+            topic: Topic name (1..255 UTF-8 bytes, not ending in ``.dlq``).
+            payload: Message body (bytes).
+            delay_ms: Deliver this many ms after it is stored (>= 0).
+            deliver_at_ms: Deliver at this time (ms since the Unix epoch); not with
+                ``delay_ms``. Neither: due at once.
+            ttl_ms: How long after falling due it may still be delivered (ms, > 0).
+
+        Returns:
+            The message id.
+
+        Raises:
+            RequestError: the server refused this message (its code says why), or
+                a 3xx error / TIMEOUT persisted until ``request_timeout_s``.
+            ConnectionLostError: no server reachable before the deadline, or (with
+                ``retry_unknown_outcome=False``) the connection broke with the
+                message in flight: it may or may not be stored.
+            ClientClosedError: the client was closed.
+            TypeError: payload is not bytes.
+        """
+        self._check_open()
+        item = PublishItem(topic, payload, delay_ms, deliver_at_ms, ttl_ms)
+        deadline = trio.current_time() + self.request_timeout_s
+        pending = _PendingPublish(item, deadline)
+        with trio.move_on_at(deadline) as scope:
+            try:
+                await self._publish_send.send(pending)
+            except trio.ClosedResourceError:
+                raise ClientClosedError("the client was closed") from None
+            # The batcher resolves every item by its deadline; the extra second only
+            # guards against a bug leaving a caller waiting for ever.
+            scope.deadline = deadline + 1.0
+            await pending.event.wait()
+        if pending.error is not None:
+            raise pending.error
+        if pending.message_id is None:
+            raise RequestError(
+                ErrorCode.TIMEOUT,
+                f"publish to {topic!r} got no answer within {self.request_timeout_s:g} s; "
+                "its outcome is unknown",
+            )
+        return pending.message_id
+
+    async def publish_batch(self, items: Sequence[PublishItem]) -> list[int]:
+        """Publish many messages in PUBLISH frames of at most ``max_batch_items``.
+
+        Each frame is atomic: the server stores all of its items or none. A list
+        longer than ``max_batch_items`` is sent as several frames, in order; if one is
+        refused, the frames before it are stored and the ones after it are not sent.
+
+        Args:
+            items: The messages, in order.
+
+        Returns:
+            Their message ids, in the same order.
+
+        Raises:
+            RequestError: a frame was refused; ``item_index`` is the index **in
+                ``items``** of the first bad item when the server named one.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        ids: list[int] = []
+        for offset, chunk in chunked(items, self._max_batch_items):
+            wire_items = [item.to_wire() for item in chunk]
+            level = self._ack_level
+            try:
+                answer = await self._call(
+                    _publish_frame(level, wire_items),
+                    retry_unknown=self._retry_unknown_outcome,
+                )
+            except RequestError as exc:
+                index = refused_item(exc, len(chunk))
+                if index is None or isinstance(exc, NotLeaderError):
+                    raise
+                raise RequestError(exc.code, exc.message, offset + index) from None
+            ok = _expect(answer, frames.PublishOk)
+            ids.extend(ids_from_publish_ok(ok.first_id, ok.count, len(chunk)))
+        return ids
+
+    async def _run_batcher(self) -> None:
+        """Coalesce :meth:`publish` calls into PUBLISH frames until the client closes.
+
+        Takes everything already queued (up to ``max_batch_items``), waits up to
+        ``linger_ms`` for more, and keeps up to ``MAX_BATCHES_IN_FLIGHT`` frames
+        outstanding; while they are in flight new calls pile up into the next batch,
+        so batches grow with load by themselves.
+        """
+        in_flight = trio.Semaphore(MAX_BATCHES_IN_FLIGHT)
+        async with trio.open_nursery() as nursery:
+            async for first in self._publish_receive:
+                batch = [first]
+                self._take_queued(batch)
+                if self._linger_s > 0 and len(batch) < self._max_batch_items:
+                    with trio.move_on_after(self._linger_s):
+                        while len(batch) < self._max_batch_items:
+                            try:
+                                batch.append(await self._publish_receive.receive())
+                            except trio.EndOfChannel:
+                                break
+                await in_flight.acquire()
+                nursery.start_soon(self._send_batch, batch, in_flight)
+
+    def _take_queued(self, batch: list[_PendingPublish]) -> None:
+        while len(batch) < self._max_batch_items:
+            try:
+                batch.append(self._publish_receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return
+
+    async def _send_batch(self, batch: list[_PendingPublish], in_flight: trio.Semaphore) -> None:
+        try:
+            await self._publish_pending(batch)
+        finally:
+            in_flight.release()
+
+    async def _publish_pending(self, batch: list[_PendingPublish]) -> None:
+        """Send ``batch``; on a refusal naming an item, fail it and resend the rest.
+
+        Other callers' messages never fail because one item of a shared batch is bad:
+        the server stores nothing of a refused batch, so the rest is simply resent.
+        """
+        while batch:
+            now = trio.current_time()
+            for pending in batch:
+                if pending.deadline <= now:
+                    pending.fail(
+                        RequestError(ErrorCode.TIMEOUT, "publish was not answered in time")
+                    )
+            batch = [pending for pending in batch if not pending.event.is_set()]
+            if not batch:
+                return
+            wire_items = [pending.item.to_wire() for pending in batch]
+            level = self._ack_level
+            try:
+                answer = await self._call(
+                    _publish_frame(level, wire_items),
+                    retry_unknown=self._retry_unknown_outcome,
+                    deadline=min(pending.deadline for pending in batch),
+                )
+                ok = _expect(answer, frames.PublishOk)
+                for pending, message_id in zip(
+                    batch, ids_from_publish_ok(ok.first_id, ok.count, len(batch)), strict=True
+                ):
+                    pending.resolve(message_id)
+                return
+            except RequestError as exc:
+                index = refused_item(exc, len(batch))
+                if index is not None and not isinstance(exc, NotLeaderError):
+                    batch[index].fail(without_item(exc))
+                    batch = batch[:index] + batch[index + 1 :]
+                    continue
+                if exc.code is ErrorCode.BATCH_TOO_LARGE and len(batch) > 1:
+                    await self._publish_halves(batch)
+                    return
+                error: FutureQError = exc
+            except LocalProtocolError as exc:
+                if exc.code is ErrorCode.FRAME_TOO_LARGE and len(batch) > 1:
+                    await self._publish_halves(batch)
+                    return
+                error = (
+                    RequestError(ErrorCode.PAYLOAD_TOO_LARGE, exc.message)
+                    if exc.code is ErrorCode.FRAME_TOO_LARGE
+                    else exc
+                )
+            except FutureQError as exc:
+                error = exc
+            for pending in batch:
+                pending.fail(error)
+            return
+
+    async def _publish_halves(self, batch: list[_PendingPublish]) -> None:
+        middle = len(batch) // 2
+        await self._publish_pending(batch[:middle])
+        await self._publish_pending(batch[middle:])
+
+    # -- consuming ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(
+        self, topic: str, group: str, prefetch: int = 100
+    ) -> AsyncIterator[Subscription]:
+        """Join consumer group ``group`` of ``topic`` (created if new) and receive.
+
+        Args:
+            topic: Topic name.
+            group: Consumer group name. Every group gets its own copy of each message;
+                within a group each message goes to one consumer.
+            prefetch: Most unsettled deliveries the server may push to this
+                subscription (items, >= 1).
+
+        Yields:
+            The :class:`Subscription`; iterate it for :class:`Delivery` objects.
+
+        Raises:
+            RequestError: SUBSCRIBE refused (INVALID_TOPIC, INVALID_GROUP, ...).
+            ConnectionLostError: no server reachable within ``request_timeout_s``.
+            ClientClosedError: the client was closed.
+
+        Leaving the block sends UNSUBSCRIBE; deliveries not acked by then go back to
+        the group and are delivered again.
+        """
+        self._check_open()
+        sub = Subscription(self, topic, group, prefetch)
+        self._subscriptions[id(sub)] = sub
+        try:
+            await self._subscribe_on_live(sub, trio.current_time() + self.request_timeout_s)
+            yield sub
+        finally:
+            del self._subscriptions[id(sub)]
+            subscription_id, epoch = sub.subscription_id, sub.epoch
+            sub._close()
+            conn = self._conn
+            if subscription_id is not None and conn is not None and conn.epoch == epoch:
+                with trio.move_on_after(UNSUBSCRIBE_GRACE_S, shield=True):
+                    try:
+                        await conn.request(
+                            lambda rid: frames.Unsubscribe(rid, subscription_id),
+                            deadline=trio.current_time() + UNSUBSCRIBE_GRACE_S,
+                        )
+                    except FutureQError:
+                        pass  # the connection is going away; the server requeues anyway
+
+    async def _subscribe_on_live(self, sub: Subscription, deadline: float | None) -> None:
+        async with sub._lock:
+            if sub.epoch == self._live_epoch() and sub.subscription_id is not None:
+                return
+
+            def bind(conn: Connection, frame: frames.Frame) -> None:
+                if isinstance(frame, frames.SubscribeOk):
+                    sub._bind(conn.epoch, frame.subscription_id)
+
+            answer = await self._call(
+                lambda rid: frames.Subscribe(rid, sub.topic, sub.group, sub.prefetch),
+                retry_unknown=True,
+                deadline=deadline,
+                on_answer=bind,
+            )
+            _expect(answer, frames.SubscribeOk)
+
+    async def _resubscribe(self, sub: Subscription) -> None:
+        """Subscribe ``sub`` on the live connection, waiting as long as reconnecting takes.
+
+        Raises:
+            RequestError: a 2xx refusal (retrying would not help).
+            ClientClosedError: the client was closed.
+        """
+        while True:
+            try:
+                await self._subscribe_on_live(sub, None)
+                return
+            except ConnectionLostError:
+                continue  # _call already backed off; keep waiting for a server
+            except RequestError as exc:
+                if not exc.code.retryable:
+                    raise
+
+    async def _settle(
+        self, sub: Subscription, deliveries: list[Delivery], requeue_delay_ms: int | None
+    ) -> None:
+        """ACK (``requeue_delay_ms`` None) or NACK deliveries, then grant credit back."""
+        self._check_open()
+        conn = self._conn
+        live = conn.epoch if conn is not None and not conn.is_lost else -1
+        current = [d for d in deliveries if d._epoch == live]
+        void = [d for d in deliveries if d._epoch != live]
+        if current and conn is not None:
+            for _, chunk in chunked(current, self._max_batch_items):
+                fresh = [d for d in chunk if not d._settled]
+                for delivery in chunk:
+                    delivery._settled = True
+                tags = [delivery.tag for delivery in chunk]
+                then_send: list[frames.Frame] = []
+                if fresh and sub.epoch == live and sub.subscription_id is not None:
+                    # Credit goes out with the ACK so the window stays at prefetch.
+                    credit = sub._grant(len(fresh))
+                    then_send.append(frames.Credit(0, sub.subscription_id, credit))
+                request = (
+                    _ack_frame(tags)
+                    if requeue_delay_ms is None
+                    else _nack_frame(tags, requeue_delay_ms)
+                )
+                await conn.request(
+                    request,
+                    deadline=trio.current_time() + self.request_timeout_s,
+                    then_send=then_send,
+                )
+        if void:
+            for delivery in void:
+                delivery._settled = True
+            ids = ", ".join(str(delivery.id) for delivery in void[:10])
+            more = "" if len(void) <= 10 else f" and {len(void) - 10} more"
+            raise ConnectionLostError(
+                f"deliveries {ids}{more} came on a connection that has since been lost; "
+                "the broker will deliver them again"
+            )
+
+    # -- administration ------------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        """The node's status (``docs/protocol.md``, "STATUS").
+
+        Returns:
+            ``{"node_id", "role", "leader_address", "server_version", "applied_index",
+            "uptime_s", "topics": [{"topic", "groups": [{"group", "pending", "due",
+            "in_flight", "consumers", "visibility_timeout_ms", "max_deliveries"}]}]}``
+
+        Raises:
+            RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(lambda rid: frames.Status(rid), retry_unknown=True)
+        return _expect(answer, frames.StatusOk).status
+
+    async def create_group(
+        self,
+        topic: str,
+        group: str,
+        *,
+        visibility_timeout_ms: int | None = None,
+        max_deliveries: int | None = None,
+    ) -> None:
+        """Create a consumer group (idempotent). None takes the server's default.
+
+        Args:
+            topic: Topic name.
+            group: Group name.
+            visibility_timeout_ms: How long a delivery may stay unacked before it is
+                delivered again (ms, >= 1).
+            max_deliveries: Attempts before a message goes to ``<topic>.dlq`` (>= 1).
+
+        Raises:
+            RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(
+            lambda rid: frames.GroupCreate(
+                rid, topic, group, visibility_timeout_ms, max_deliveries
+            ),
+            retry_unknown=True,
+        )
+        _expect(answer, frames.Ok)
+
+    async def delete_group(self, topic: str, group: str) -> None:
+        """Delete a consumer group and every delivery it still holds.
+
+        Raises:
+            RequestError: UNKNOWN_GROUP if there is no such group (also possible when
+                a retry after a lost connection finds it already deleted).
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(
+            lambda rid: frames.GroupDelete(rid, topic, group), retry_unknown=True
+        )
+        _expect(answer, frames.Ok)
+
+    async def ping(self) -> float:
+        """Round trip a PING.
+
+        Returns:
+            The round-trip time in seconds (one attempt's, not counting retries).
+
+        Raises:
+            RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        started = trio.current_time()
+        answer = await self._call(lambda rid: frames.Ping(rid), retry_unknown=True)
+        _expect(answer, frames.Pong)
+        return trio.current_time() - started
+
+
+def _publish_frame(level: frames.AckLevel, wire_items: list[Any]) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Publish(rid, level, wire_items)
+
+
+def _ack_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Ack(rid, tags)
+
+
+def _nack_frame(tags: list[bytes], requeue_delay_ms: int) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Nack(rid, tags, requeue_delay_ms)
+
+
+def _single_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one leaf of a group nested only one-deep at each level, else None."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        if len(error.exceptions) != 1:
+            return None
+        error = error.exceptions[0]
+    return error
+
+
+@asynccontextmanager
+async def open_client(
+    servers: str | Sequence[str] = DEFAULT_SERVER,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
+    token: str | None = None,
+    connect_timeout_s: float = 5.0,
+    request_timeout_s: float = 30.0,
+    max_batch_items: int = 1000,
+    linger_ms: float = 1.0,
+    ack_level: AckLevelName = "quorum",
+    retry_unknown_outcome: bool = True,
+    rng: random.Random | None = None,
+) -> AsyncIterator[Client]:
+    """Connect to a FutureQ cluster and yield a :class:`Client`.
+
+    Args:
+        servers: ``"host:port"``, ``"h1:p1,h2:p2"`` or a sequence of addresses; tried
+            in order, and NOT_LEADER redirects are followed beyond this list.
+        ssl_context: Use TLS with this context (e.g. ``ssl.create_default_context(
+            cafile="ca.pem")``).
+        server_hostname: Name the server certificate must carry (default: the host).
+        token: Auth token sent in HELLO.
+        connect_timeout_s: Deadline of one connection attempt, and of the first
+            connection overall (seconds).
+        request_timeout_s: Deadline of every call, retries included (seconds).
+        max_batch_items: Most items per PUBLISH / ACK / NACK frame.
+        linger_ms: How long the publish batcher waits for more calls before sending
+            a batch (ms); 0 sends at once (batches still form under load).
+        ack_level: ``"quorum"`` (committed by a majority) or ``"leader"`` (durable on
+            the leader) before a publish returns.
+        retry_unknown_outcome: Resend a publish whose connection broke after it was
+            sent (default; at-least-once, may store it twice). False raises
+            :class:`ConnectionLostError` instead and leaves the choice to you.
+        rng: Source of backoff jitter (seed it in tests).
+
+    Yields:
+        The connected client. Leaving the block closes it and cancels its tasks.
+
+    Raises:
+        ConnectionLostError: no server could be reached within ``connect_timeout_s``;
+            the message names every address tried and why it failed.
+        RemoteProtocolError: a server refused HELLO (AUTH_FAILED, UNSUPPORTED_VERSION).
+        ValueError: a bad argument.
+    """
+    client = Client(
+        parse_servers(servers),
+        ssl_context=ssl_context,
+        server_hostname=server_hostname,
+        token=token,
+        connect_timeout_s=connect_timeout_s,
+        request_timeout_s=request_timeout_s,
+        max_batch_items=max_batch_items,
+        linger_ms=linger_ms,
+        ack_level=ack_level,
+        retry_unknown_outcome=retry_unknown_outcome,
+        rng=rng if rng is not None else random.Random(),
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client._maintain_connection)
+            nursery.start_soon(client._run_batcher)
+            try:
+                yield client
+            finally:
+                client._close()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # Callers should see `except RequestError`, not a one-element group.
+        single = _single_exception(group)
+        if single is None:
+            raise
+        raise single from None

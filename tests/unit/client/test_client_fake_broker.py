@@ -1,0 +1,383 @@
+"""The async client against a small in-process fake broker on 127.0.0.1.
+
+The fake speaks the real wire protocol (``futureq.wire``) but keeps messages in
+memory and delivers them at once, which is enough to pin the client's own logic:
+batching, refusal splitting, credit, NOT_LEADER redirects, reconnects, HELLO errors.
+The real broker is exercised in ``tests/integration/test_client_*.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import trio
+
+from futureq.client import PublishItem, open_client
+from futureq.errors import (
+    ConnectionLostError,
+    ErrorCode,
+    RemoteProtocolError,
+    RequestError,
+)
+from futureq.wire import codec, frames
+from futureq.wire.validation import Limits, validate_publish_items
+
+
+class FakeConnection:
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.lock = trio.Lock()
+        self.subs: dict[int, dict[str, Any]] = {}
+
+    async def send(self, frame: frames.Frame) -> None:
+        async with self.lock:
+            await self.stream.send_all(codec.encode_frame(frame))
+
+
+class FakeBroker:
+    """One fake node. ``redirect_to`` makes it a follower answering NOT_LEADER."""
+
+    def __init__(
+        self, *, redirect_to: str | None = None, token: str | None = None, max_batch: int = 10_000
+    ) -> None:
+        self.redirect_to = redirect_to
+        self.token = token
+        self.limits = Limits(max_batch_items=max_batch)
+        self.address = ""
+        self.next_id = 1
+        self.next_sub = 1
+        self.publish_sizes: list[int] = []
+        self.queues: dict[tuple[str, str], collections.deque[tuple[int, bytes, int]]] = {}
+        self.in_flight: dict[bytes, tuple[tuple[str, str], int, bytes, int, FakeConnection]] = {}
+        self.max_outstanding = 0
+        self.acked: list[int] = []
+        self.connections: list[FakeConnection] = []
+        self.topic_groups: dict[str, list[str]] = collections.defaultdict(list)
+
+    async def serve(self, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        self.address = f"127.0.0.1:{port}"
+        task_status.started(self.address)
+        await trio.serve_listeners(self.handle, listeners)
+
+    async def drop_connections(self) -> None:
+        for conn in list(self.connections):
+            await trio.aclose_forcefully(conn.stream)
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        conn = FakeConnection(stream)
+        self.connections.append(conn)
+        decoder = codec.FrameDecoder()
+        try:
+            while True:
+                frame = decoder.next_frame()
+                if frame is codec.NEED_DATA:
+                    decoder.receive_data(bytes(await stream.receive_some(65536)))
+                    continue
+                if frame is codec.CLOSED:
+                    return
+                await self.on_frame(conn, frame)  # type: ignore[arg-type]
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        finally:
+            self.connections.remove(conn)
+            for tag, entry in list(self.in_flight.items()):
+                if entry[4] is conn:
+                    del self.in_flight[tag]
+                    self.queues[entry[0]].appendleft((entry[1], entry[2], entry[3] + 1))
+            await trio.aclose_forcefully(stream)
+            await self.dispatch()
+
+    async def on_frame(self, conn: FakeConnection, frame: frames.Frame) -> None:
+        rid = frame.request_id
+        if isinstance(frame, frames.Hello):
+            if self.token is not None and frame.token != self.token:
+                await conn.send(frames.Error(rid, ErrorCode.AUTH_FAILED, "bad token"))
+                await conn.stream.aclose()
+                return
+            await conn.send(frames.HelloOk(rid, 1, 1, self.redirect_to, 4 * 1024 * 1024, "fake"))
+            return
+        if self.redirect_to is not None and not isinstance(frame, frames.Ping):
+            await conn.send(
+                frames.Error(rid, ErrorCode.NOT_LEADER, "not leader", None, self.redirect_to)
+            )
+            return
+        if isinstance(frame, frames.Publish):
+            try:
+                valid = validate_publish_items(frame.items, self.limits, 0)
+            except RequestError as exc:
+                await conn.send(frames.Error(rid, exc.code, exc.message, exc.item_index))
+                return
+            self.publish_sizes.append(len(valid))
+            first = self.next_id
+            for topic, payload, _due, _ttl in valid:
+                groups = self.topic_groups[topic] or ["default"]
+                for group in groups:
+                    self.queues.setdefault((topic, group), collections.deque()).append(
+                        (self.next_id, payload, 1)
+                    )
+                self.next_id += 1
+            await conn.send(frames.PublishOk(rid, first, len(valid)))
+            await self.dispatch()
+        elif isinstance(frame, frames.Subscribe):
+            sub_id = self.next_sub
+            self.next_sub += 1
+            if frame.group not in self.topic_groups[frame.topic]:
+                self.topic_groups[frame.topic].append(frame.group)
+                default = self.queues.pop((frame.topic, "default"), None)
+                self.queues.setdefault((frame.topic, frame.group), default or collections.deque())
+            conn.subs[sub_id] = {
+                "key": (frame.topic, frame.group),
+                "credit": frame.prefetch,
+                "outstanding": 0,
+            }
+            await conn.send(frames.SubscribeOk(rid, sub_id))
+            await self.dispatch()
+        elif isinstance(frame, frames.Credit):
+            conn.subs[frame.subscription_id]["credit"] += frame.credit
+            await self.dispatch()
+        elif isinstance(frame, frames.Ack | frames.Nack):
+            count = 0
+            for tag in frame.tags:
+                entry = self.in_flight.pop(tag, None)
+                if entry is None:
+                    await conn.send(
+                        frames.Error(rid, ErrorCode.UNKNOWN_DELIVERY_TAG, "unknown tag")
+                    )
+                    return
+                count += 1
+                for sub in entry[4].subs.values():
+                    if sub["key"] == entry[0]:
+                        sub["outstanding"] -= 1
+                        break
+                if isinstance(frame, frames.Nack):
+                    self.queues[entry[0]].append((entry[1], entry[2], entry[3] + 1))
+                else:
+                    self.acked.append(entry[1])
+            await conn.send(frames.Ok(rid, count))
+            await self.dispatch()
+        elif isinstance(frame, frames.Unsubscribe):
+            conn.subs.pop(frame.subscription_id, None)
+            await conn.send(frames.Ok(rid, None))
+        elif isinstance(frame, frames.Status):
+            await conn.send(frames.StatusOk(rid, {"node_id": 1, "role": "leader", "topics": []}))
+        elif isinstance(frame, frames.Ping):
+            await conn.send(frames.Pong(rid))
+        elif isinstance(frame, frames.GroupCreate | frames.GroupDelete):
+            await conn.send(frames.Ok(rid, None))
+
+    async def dispatch(self) -> None:
+        for conn in list(self.connections):
+            for sub_id, sub in list(conn.subs.items()):
+                queue = self.queues.get(sub["key"])
+                batch = []
+                while queue and sub["credit"] > 0:
+                    message_id, payload, attempt = queue.popleft()
+                    tag = f"{message_id}:{attempt}:{sub_id}".encode()
+                    self.in_flight[tag] = (sub["key"], message_id, payload, attempt, conn)
+                    sub["credit"] -= 1
+                    sub["outstanding"] += 1
+                    self.max_outstanding = max(self.max_outstanding, sub["outstanding"])
+                    batch.append([tag, message_id, payload, 5, 1, attempt])
+                if batch:
+                    try:
+                        await conn.send(frames.Deliver(0, sub_id, 7, batch))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+
+
+@pytest.fixture
+async def broker(nursery: trio.Nursery) -> AsyncIterator[FakeBroker]:
+    fake = FakeBroker()
+    await nursery.start(fake.serve)
+    yield fake
+
+
+def _client(*servers: str, **kwargs: Any) -> Any:
+    kwargs.setdefault("rng", random.Random(7))
+    kwargs.setdefault("request_timeout_s", 10.0)
+    return open_client(list(servers), **kwargs)
+
+
+async def test_publish_then_consume_and_ack(broker: FakeBroker) -> None:
+    async with _client(broker.address) as client:
+        ids = [await client.publish("jobs", f"m{i}".encode()) for i in range(3)]
+        assert ids == [1, 2, 3]
+        async with client.subscribe("jobs", "workers", prefetch=10) as sub:
+            got = []
+            async for delivery in sub:
+                got.append(delivery)
+                await delivery.ack()
+                if len(got) == 3:
+                    break
+        assert [d.payload for d in got] == [b"m0", b"m1", b"m2"]
+        assert [d.id for d in got] == ids
+        assert got[0].topic == "jobs" and got[0].group == "workers" and got[0].attempt == 1
+        assert got[0].delivered_ms == 7 and got[0].due_ms == 5
+        assert sorted(broker.acked) == ids
+
+
+async def test_concurrent_publishes_are_batched(broker: FakeBroker) -> None:
+    results: list[int] = []
+    async with _client(broker.address, linger_ms=5) as client:
+
+        async def one(i: int) -> None:
+            results.append(await client.publish("t", str(i).encode()))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(300):
+                nursery.start_soon(one, i)
+    assert sorted(results) == list(range(1, 301))
+    assert sum(broker.publish_sizes) == 300
+    assert len(broker.publish_sizes) < 300
+    assert max(broker.publish_sizes) <= 1000
+
+
+async def test_max_batch_items_caps_frames(broker: FakeBroker) -> None:
+    async with _client(broker.address, max_batch_items=7, linger_ms=5) as client:
+        async with trio.open_nursery() as nursery:
+            for i in range(50):
+                nursery.start_soon(client.publish, "t", str(i).encode())
+    assert sum(broker.publish_sizes) == 50
+    assert max(broker.publish_sizes) <= 7
+
+
+async def test_bad_item_fails_alone_in_a_shared_batch(broker: FakeBroker) -> None:
+    outcomes: dict[str, Any] = {}
+    async with _client(broker.address, linger_ms=20) as client:
+
+        async def one(topic: str) -> None:
+            try:
+                outcomes[topic] = await client.publish(topic, b"x")
+            except RequestError as exc:
+                outcomes[topic] = exc
+
+        async with trio.open_nursery() as nursery:
+            for topic in ["a", "b", "bad.dlq", "c", "d"]:
+                nursery.start_soon(one, topic)
+    error = outcomes.pop("bad.dlq")
+    assert isinstance(error, RequestError)
+    assert error.code is ErrorCode.RESERVED_TOPIC
+    assert error.item_index is None
+    assert all(isinstance(v, int) for v in outcomes.values())
+    assert sorted(outcomes.values()) == [1, 2, 3, 4]
+
+
+async def test_publish_batch_reports_index_in_the_whole_list(broker: FakeBroker) -> None:
+    items = [PublishItem("t", b"x") for _ in range(5)] + [PublishItem("", b"x")]
+    async with _client(broker.address, max_batch_items=4) as client:
+        with pytest.raises(RequestError) as info:
+            await client.publish_batch(items)
+        assert info.value.code is ErrorCode.INVALID_TOPIC
+        assert info.value.item_index == 5
+        assert await client.publish_batch(items[:5]) == [5, 6, 7, 8, 9]
+
+
+async def test_server_batch_limit_is_split(nursery: trio.Nursery) -> None:
+    fake = FakeBroker(max_batch=3)
+    await nursery.start(fake.serve)
+    async with _client(fake.address, linger_ms=20) as client:
+        async with trio.open_nursery() as inner:
+            for i in range(10):
+                inner.start_soon(client.publish, "t", str(i).encode())
+    assert sum(fake.publish_sizes) == 10
+    assert max(fake.publish_sizes) <= 3
+
+
+async def test_credit_keeps_window_at_prefetch(broker: FakeBroker) -> None:
+    async with _client(broker.address) as client:
+        await client.publish_batch([PublishItem("t", str(i).encode()) for i in range(20)])
+        async with client.subscribe("t", "g", prefetch=3) as sub:
+            seen = []
+            async for delivery in sub:
+                seen.append(delivery.id)
+                await delivery.ack()
+                if len(seen) == 20:
+                    break
+    assert sorted(seen) == list(range(1, 21))
+    assert broker.max_outstanding <= 3
+
+
+async def test_batch_ack_and_nack_redelivers_with_next_attempt(broker: FakeBroker) -> None:
+    async with _client(broker.address) as client:
+        await client.publish_batch([PublishItem("t", b"a"), PublishItem("t", b"b")])
+        async with client.subscribe("t", "g", prefetch=5) as sub:
+            first = [await sub.__anext__(), await sub.__anext__()]
+            await sub.nack(first, requeue_delay_ms=0)
+            again = [await sub.__anext__(), await sub.__anext__()]
+            assert sorted(d.id for d in again) == [1, 2]
+            assert {d.attempt for d in again} == {2}
+            await sub.ack(again)
+    assert sorted(broker.acked) == [1, 2]
+
+
+async def test_not_leader_redirect_is_followed(nursery: trio.Nursery) -> None:
+    leader = FakeBroker()
+    await nursery.start(leader.serve)
+    follower = FakeBroker(redirect_to=leader.address)
+    await nursery.start(follower.serve)
+    async with _client(follower.address) as client:
+        assert client.connected_address == follower.address
+        assert await client.publish("t", b"x") == 1
+        assert client.connected_address == leader.address
+    assert leader.publish_sizes == [1]
+    assert follower.publish_sizes == []
+
+
+async def test_reconnect_resubscribes_and_voids_old_deliveries(broker: FakeBroker) -> None:
+    async with _client(broker.address) as client:
+        await client.publish("t", b"one")
+        async with client.subscribe("t", "g", prefetch=5) as sub:
+            old = await sub.__anext__()
+            await broker.drop_connections()
+            # The fake requeues the unacked message; the client reconnects and
+            # re-subscribes when iterated, and gets it again.
+            again = await sub.__anext__()
+            assert again.id == old.id and again.attempt == 2
+            with pytest.raises(ConnectionLostError, match="deliver them again"):
+                await old.ack()
+            await again.ack()
+            assert await client.publish("t", b"two") == 2
+            assert (await sub.__anext__()).payload == b"two"
+
+
+async def test_publish_survives_a_dropped_connection(broker: FakeBroker) -> None:
+    async with _client(broker.address) as client:
+        assert await client.publish("t", b"1") == 1
+        await broker.drop_connections()
+        assert await client.publish("t", b"2") == 2
+        assert await client.status() == {"node_id": 1, "role": "leader", "topics": []}
+        assert await client.ping() >= 0
+
+
+async def test_connection_refused_names_the_address() -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    with pytest.raises(ConnectionLostError, match=f"127.0.0.1:{port}"):
+        async with _client(f"127.0.0.1:{port}", connect_timeout_s=0.3):
+            pass  # pragma: no cover
+
+
+async def test_auth_failure_is_not_retried(nursery: trio.Nursery) -> None:
+    fake = FakeBroker(token="secret")
+    await nursery.start(fake.serve)
+    with pytest.raises(RemoteProtocolError) as info:
+        async with _client(fake.address, token="wrong"):
+            pass  # pragma: no cover
+    assert info.value.code is ErrorCode.AUTH_FAILED
+    async with _client(fake.address, token="secret") as client:
+        assert await client.publish("t", b"x") == 1
+
+
+async def test_errors_in_the_body_are_not_wrapped(broker: FakeBroker) -> None:
+    with pytest.raises(KeyError):
+        async with _client(broker.address):
+            raise KeyError("mine")
