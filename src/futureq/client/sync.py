@@ -1,0 +1,350 @@
+"""A small synchronous FutureQ client for scripts, running trio in a background thread.
+
+Usage::
+
+    from futureq.client.sync import SyncClient
+
+    with SyncClient("127.0.0.1:7450") as client:
+        message_id = client.publish("emails", b"hello", delay_ms=5_000)
+        for delivery in client.consume("emails", "senders", count=10, timeout_s=2.0):
+            print(delivery.payload)
+            delivery.ack()
+
+Every call blocks the calling thread until the async :class:`~futureq.client.Client`
+in the background thread has finished it (``trio.from_thread.run``), so the errors,
+units and at-least-once notes of ``docs/client.md`` apply unchanged. One
+:class:`SyncClient` may be used from several threads. Leaving the ``with`` block
+unsubscribes, closes the connection and joins the thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, TypeVar
+
+import attrs
+import trio
+
+from futureq.client._batching import PublishItem
+from futureq.client.client import DEFAULT_SERVER, Client, open_client
+from futureq.client.subscription import Delivery, Subscription
+from futureq.errors import ClientClosedError, FutureQError
+
+T = TypeVar("T")
+
+STARTUP_EXTRA_S: Final = 5.0
+"""Slack on top of ``connect_timeout_s`` when waiting for the thread to connect (s)."""
+JOIN_TIMEOUT_S: Final = 10.0
+"""Longest :meth:`SyncClient.close` waits for the background thread to end (s)."""
+
+
+@attrs.frozen(repr=False)
+class SyncDelivery:
+    """A :class:`~futureq.client.Delivery` whose ``ack``/``nack`` block.
+
+    Attributes are those of :class:`~futureq.client.Delivery`: ``id``, ``topic``,
+    ``group``, ``payload`` (bytes), ``due_ms``, ``publish_ms``, ``attempt``,
+    ``delivered_ms`` (ms since the Unix epoch), ``tag``.
+    """
+
+    delivery: Delivery
+    _client: SyncClient
+
+    def __repr__(self) -> str:
+        return f"Sync{self.delivery!r}"
+
+    @property
+    def id(self) -> int:
+        return self.delivery.id
+
+    @property
+    def topic(self) -> str:
+        return self.delivery.topic
+
+    @property
+    def group(self) -> str:
+        return self.delivery.group
+
+    @property
+    def payload(self) -> bytes:
+        return self.delivery.payload
+
+    @property
+    def due_ms(self) -> int:
+        return self.delivery.due_ms
+
+    @property
+    def publish_ms(self) -> int:
+        return self.delivery.publish_ms
+
+    @property
+    def attempt(self) -> int:
+        return self.delivery.attempt
+
+    @property
+    def delivered_ms(self) -> int:
+        return self.delivery.delivered_ms
+
+    @property
+    def tag(self) -> bytes:
+        return self.delivery.tag
+
+    def ack(self) -> None:
+        """Acknowledge (blocks until durable). Raises as ``Delivery.ack``."""
+        self._client._run(self.delivery.ack)
+
+    def nack(self, requeue_delay_ms: int = 0) -> None:
+        """Refuse; delivered again after ``requeue_delay_ms`` (ms). Raises as ``Delivery.nack``."""
+        self._client._run(self.delivery.nack, requeue_delay_ms)
+
+
+class _OpenRequest:
+    """A consume() call asking the background thread to hold a subscription open."""
+
+    def __init__(self, topic: str, group: str, prefetch: int) -> None:
+        self.topic = topic
+        self.group = group
+        self.prefetch = prefetch
+        self.done = trio.Event()
+        self.subscription: Subscription | None = None
+        self.error: BaseException | None = None
+
+
+class SyncClient:
+    """Blocking FutureQ client; a context manager.
+
+    Args:
+        servers: As :func:`~futureq.client.open_client`.
+        **options: Any keyword argument of :func:`~futureq.client.open_client`
+            (``token``, ``ssl_context``, ``request_timeout_s``, ...).
+
+    Raises:
+        ConnectionLostError, RemoteProtocolError: from ``__enter__`` when no server
+            can be reached or HELLO is refused.
+    """
+
+    def __init__(self, servers: str | Sequence[str] = DEFAULT_SERVER, **options: Any) -> None:
+        self._servers = servers
+        self._options = options
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._client: Client | None = None
+        self._open_send: trio.MemorySendChannel[_OpenRequest] | None = None
+        self._subscriptions: dict[tuple[str, str], Subscription] = {}
+        self._closed = False
+
+    def __enter__(self) -> SyncClient:
+        self.open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Start the background thread and connect (``__enter__`` does this).
+
+        Raises:
+            RuntimeError: already opened.
+            ConnectionLostError, RemoteProtocolError: as the class.
+        """
+        if self._thread is not None:
+            raise RuntimeError("SyncClient is already open")
+        self._thread = threading.Thread(target=self._thread_main, name="futureq-sync", daemon=True)
+        self._thread.start()
+        wait_s = float(self._options.get("connect_timeout_s", 5.0)) + STARTUP_EXTRA_S
+        if not self._ready.wait(wait_s):
+            raise TimeoutError(f"the client thread did not start within {wait_s:g} s")
+        if self._startup_error is not None:
+            self._thread.join(JOIN_TIMEOUT_S)
+            self._closed = True
+            raise self._startup_error
+
+    def close(self) -> None:
+        """Unsubscribe, disconnect and join the background thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._token is not None and self._open_send is not None:
+            try:
+                trio.from_thread.run_sync(self._open_send.close, trio_token=self._token)
+            except trio.RunFinishedError:
+                pass
+        if self._thread is not None:
+            self._thread.join(JOIN_TIMEOUT_S)
+
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self._trio_main)
+        except BaseException as exc:
+            if self._ready.is_set():
+                raise  # a crash after start-up: let the thread report it
+            self._startup_error = exc  # re-raised by open() in the caller's thread
+        finally:
+            self._ready.set()
+
+    async def _trio_main(self) -> None:
+        open_send, open_receive = trio.open_memory_channel[_OpenRequest](16)
+        async with open_client(self._servers, **self._options) as client:
+            self._client = client
+            self._open_send = open_send
+            self._token = trio.lowlevel.current_trio_token()
+            async with trio.open_nursery() as nursery:
+                self._ready.set()
+                async with open_receive:
+                    async for request in open_receive:
+                        nursery.start_soon(self._hold_subscription, client, request)
+                # close() closed the channel: end the held subscriptions.
+                nursery.cancel_scope.cancel()
+
+    async def _hold_subscription(self, client: Client, request: _OpenRequest) -> None:
+        """Keep one subscription open until the client closes (so acks stay valid)."""
+        try:
+            async with client.subscribe(request.topic, request.group, request.prefetch) as sub:
+                request.subscription = sub
+                request.done.set()
+                await trio.sleep_forever()
+        except FutureQError as exc:
+            request.error = exc
+        finally:
+            request.done.set()
+
+    def _run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        if self._closed or self._token is None:
+            raise ClientClosedError("the SyncClient is closed (or was never opened)")
+        try:
+            return trio.from_thread.run(fn, *args, trio_token=self._token)
+        except trio.RunFinishedError:
+            raise ClientClosedError("the SyncClient's background thread has stopped") from None
+
+    def _require_client(self) -> Client:
+        if self._client is None:
+            raise ClientClosedError("the SyncClient was never opened")
+        return self._client
+
+    # -- API ---------------------------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+        ttl_ms: int | None = None,
+    ) -> int:
+        """Publish one message and return its id (see ``Client.publish``)."""
+        client = self._require_client()
+
+        async def call() -> int:
+            return await client.publish(
+                topic, payload, delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, ttl_ms=ttl_ms
+            )
+
+        return self._run(call)
+
+    def publish_batch(self, items: Sequence[PublishItem]) -> list[int]:
+        """Publish many messages; ids in order (see ``Client.publish_batch``)."""
+        return self._run(self._require_client().publish_batch, items)
+
+    def consume(
+        self,
+        topic: str,
+        group: str,
+        count: int = 1,
+        timeout_s: float = 5.0,
+        *,
+        prefetch: int | None = None,
+    ) -> list[SyncDelivery]:
+        """Receive up to ``count`` deliveries of ``topic`` for consumer group ``group``.
+
+        The first call for a (topic, group) subscribes and keeps the subscription open
+        until the client closes, so the returned deliveries can be acked later.
+
+        Args:
+            topic: Topic name.
+            group: Consumer group name (created if new).
+            count: Most deliveries to return (>= 1).
+            timeout_s: Stop early once no delivery arrived for this long (seconds).
+            prefetch: The subscription's window (items) when this call creates it;
+                default ``count``. Deliveries received beyond ``count`` wait for the
+                next ``consume`` of the same (topic, group).
+
+        Returns:
+            0 to ``count`` deliveries; unacked ones come back after the group's
+            visibility timeout, or when the client closes.
+
+        Raises:
+            ValueError: ``count`` < 1.
+            RequestError, ConnectionLostError, ClientClosedError: as ``Client.subscribe``.
+        """
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        deliveries = self._run(self._consume, topic, group, count, timeout_s, prefetch or count)
+        return [SyncDelivery(delivery, self) for delivery in deliveries]
+
+    async def _consume(
+        self, topic: str, group: str, count: int, timeout_s: float, prefetch: int
+    ) -> list[Delivery]:
+        client = self._require_client()
+        sub = self._subscriptions.get((topic, group))
+        if sub is None or sub.closed:
+            if self._open_send is None:
+                raise ClientClosedError("the SyncClient is closed")
+            request = _OpenRequest(topic, group, prefetch)
+            try:
+                await self._open_send.send(request)
+            except trio.ClosedResourceError:
+                raise ClientClosedError("the SyncClient is closed") from None
+            with trio.fail_after(client.request_timeout_s + STARTUP_EXTRA_S):
+                await request.done.wait()
+            if request.error is not None:
+                raise request.error
+            if request.subscription is None:
+                raise ClientClosedError("the SyncClient is closed")
+            sub = self._subscriptions[(topic, group)] = request.subscription
+        deliveries: list[Delivery] = []
+        while len(deliveries) < count:
+            delivery = await sub.receive(timeout_s)
+            if delivery is None:
+                break
+            deliveries.append(delivery)
+        return deliveries
+
+    def status(self) -> dict[str, Any]:
+        """The node's status map (see ``Client.status``)."""
+        return self._run(self._require_client().status)
+
+    def create_group(
+        self,
+        topic: str,
+        group: str,
+        *,
+        visibility_timeout_ms: int | None = None,
+        max_deliveries: int | None = None,
+    ) -> None:
+        """Create a consumer group (see ``Client.create_group``)."""
+        client = self._require_client()
+
+        async def call() -> None:
+            await client.create_group(
+                topic,
+                group,
+                visibility_timeout_ms=visibility_timeout_ms,
+                max_deliveries=max_deliveries,
+            )
+
+        self._run(call)
+
+    def delete_group(self, topic: str, group: str) -> None:
+        """Delete a consumer group (see ``Client.delete_group``)."""
+        self._run(self._require_client().delete_group, topic, group)
+
+    def ping(self) -> float:
+        """Round-trip a PING; seconds (see ``Client.ping``)."""
+        return self._run(self._require_client().ping)
+
+
+__all__ = ["SyncClient", "SyncDelivery"]
