@@ -1,0 +1,1113 @@
+"""RaftCore: the whole consensus algorithm as a sans-IO state machine.
+
+Inputs are method calls (:meth:`RaftCore.tick`, :meth:`RaftCore.step`,
+:meth:`RaftCore.propose`, ...); outputs are collected into a
+:class:`~futureq.raft.messages.Ready` that the adapter persists, sends and applies
+before calling :meth:`RaftCore.advance` (etcd-io/raft's Ready/Advance contract; see
+``docs/raft.md``). The core never blocks, reads a clock or draws global randomness:
+timeouts are counted in ticks and randomness comes from the ``random.Random`` passed in.
+
+Implemented, with the rule each part follows:
+
+* leader election with randomized timeouts and the up-to-date check (paper §5.2,
+  §5.4.1), PreVote (thesis §9.6), CheckQuorum and leader stickiness (thesis §6.2, §4.2.3);
+* log replication with the consistency check, fast conflict back-off (paper §5.3,
+  thesis §5.3) and pipelining (thesis §10.2.2);
+* commitment of current-term entries only (paper §5.4.2, Figure 8) and a no-op entry at
+  the start of each term (thesis §6.4);
+* InstallSnapshot in chunks (paper §7, thesis §5);
+* single-server membership changes with learners (thesis §4.1, §4.2), including
+  removal of the leader (thesis §4.2.2);
+* leadership transfer (thesis §3.10) and ReadIndex reads (thesis §6.4).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from typing import TYPE_CHECKING
+
+import attrs
+
+from futureq.errors import (
+    ConfigError,
+    ErrorCode,
+    NotLeaderError,
+    RemoteProtocolError,
+    RequestError,
+)
+from futureq.raft.log import RaftLog
+from futureq.raft.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    ConfChange,
+    Entry,
+    EntryKind,
+    HardState,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    InstallSnapshotResponse,
+    LogIndex,
+    Membership,
+    Message,
+    NodeId,
+    ReadIndex,
+    ReadIndexResponse,
+    ReadState,
+    Ready,
+    RequestVote,
+    RequestVoteResponse,
+    Snapshot,
+    SnapshotMetadata,
+    Term,
+    TimeoutNow,
+    decode_config_change,
+    encode_config_change,
+)
+from futureq.raft.progress import Progress, ProgressState, SnapshotReceiver
+from futureq.raft.quorum import (
+    MembershipHistory,
+    VoteResult,
+    apply_conf_change,
+    committed_index,
+    has_quorum,
+    validate_conf_change,
+    vote_result,
+)
+from futureq.raft.storage import CompactedError
+
+if TYPE_CHECKING:
+    import random
+
+    from futureq.raft.storage import Storage
+
+
+class RaftNotLeaderError(NotLeaderError):
+    """Raised by the core when a request needs the leader and this node is not it.
+
+    Attributes:
+        leader_id: The leader this node knows of, or None. The adapter maps it to
+            ``leader_address`` for clients.
+    """
+
+    def __init__(self, leader_id: NodeId | None) -> None:
+        super().__init__(
+            None,
+            f"this node is not the leader; the leader is node {leader_id}"
+            if leader_id is not None
+            else "this node is not the leader and no leader is known yet; retry shortly",
+        )
+        self.leader_id = leader_id
+
+
+class ProposalDroppedError(RequestError):
+    """The leader refuses a proposal for now (transfer or membership change under way).
+
+    Retrying later may succeed (``ErrorCode.UNAVAILABLE``).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.UNAVAILABLE, message)
+
+
+@attrs.frozen
+class RaftConfig:
+    """Tuning of one :class:`RaftCore`; durations in ticks, sizes in bytes.
+
+    Attributes:
+        node_id: This server's id (>= 1).
+        election_timeout_ticks: Base election timeout T; followers time out after a
+            random number of ticks in ``[T, 2T)`` (paper §5.2). Also the CheckQuorum
+            window and the leader-transfer deadline.
+        heartbeat_interval_ticks: Ticks between leader heartbeats; must be < T.
+        max_append_bytes: Cap on entry bytes per AppendEntries.
+        max_inflight_messages: Unanswered AppendEntries per follower in REPLICATE.
+        snapshot_chunk_bytes: Snapshot data bytes per InstallSnapshot chunk.
+        max_committed_bytes_per_ready: Cap on committed entry bytes per Ready.
+        pre_vote: Run a PreVote round before a real election (thesis §9.6).
+        check_quorum: Leader steps down without a live quorum, and followers in
+            touch with a leader ignore vote requests (thesis §6.2, §4.2.3).
+    """
+
+    node_id: NodeId
+    election_timeout_ticks: int = 10
+    heartbeat_interval_ticks: int = 1
+    max_append_bytes: int = 1 << 20
+    max_inflight_messages: int = 256
+    snapshot_chunk_bytes: int = 1 << 20
+    max_committed_bytes_per_ready: int = 8 << 20
+    pre_vote: bool = True
+    check_quorum: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        checks = [
+            ("node_id", self.node_id, self.node_id >= 1, ">= 1"),
+            ("heartbeat_interval_ticks", self.heartbeat_interval_ticks,
+             self.heartbeat_interval_ticks >= 1, ">= 1"),
+            ("election_timeout_ticks", self.election_timeout_ticks,
+             self.election_timeout_ticks > self.heartbeat_interval_ticks,
+             "> heartbeat_interval_ticks"),
+            ("max_append_bytes", self.max_append_bytes, self.max_append_bytes >= 1, ">= 1"),
+            ("max_inflight_messages", self.max_inflight_messages,
+             self.max_inflight_messages >= 1, ">= 1"),
+            ("snapshot_chunk_bytes", self.snapshot_chunk_bytes,
+             self.snapshot_chunk_bytes >= 1, ">= 1"),
+            ("max_committed_bytes_per_ready", self.max_committed_bytes_per_ready,
+             self.max_committed_bytes_per_ready >= 1, ">= 1"),
+        ]  # fmt: skip
+        for key, value, ok, allowed in checks:
+            if not ok:
+                raise ConfigError(f"raft config {key}={value} is invalid; it must be {allowed}")
+
+
+class Role(enum.Enum):
+    """A server's role (paper §5.1, plus the PreVote pre-candidate of thesis §9.6)."""
+
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+class _Campaign(enum.Enum):
+    PRE_VOTE = "pre_vote"
+    ELECTION = "election"
+    TRANSFER = "transfer"
+
+
+@attrs.frozen
+class _PendingRead:
+    request_ctx: bytes
+    origin: NodeId
+    index: LogIndex
+    seq: int
+
+
+class RaftCore:
+    """One Raft server, driven step by step.
+
+    Args:
+        config: Tuning and identity.
+        storage: Persisted state to start from (read only; the adapter writes it).
+        rng: The only source of randomness (election timeouts).
+        applied: Index the state machine already applied; defaults to the stored
+            snapshot's index, so entries after it are handed out again.
+
+    Attributes:
+        id: This server's id.
+        role: Current :class:`Role`.
+        term: ``currentTerm``.
+        vote: ``votedFor`` in ``term``, or None.
+        leader_id: The leader of ``term`` as far as this node knows, or None.
+        log: The :class:`RaftLog` (commit and applied indexes live there).
+        progress: Leader only: per-member replication progress.
+    """
+
+    def __init__(
+        self,
+        config: RaftConfig,
+        storage: Storage,
+        rng: random.Random,
+        applied: LogIndex | None = None,
+    ) -> None:
+        self.config = config
+        self.id = config.node_id
+        self._rng = rng
+        self.log = RaftLog(storage, applied)
+        hard_state, base_membership = storage.initial_state()
+        snapshot_index = storage.snapshot().metadata.index
+        assert self.log.applied >= snapshot_index, "applied index is behind the snapshot"
+        self._memberships = MembershipHistory(snapshot_index, base_membership)
+        self._scan_config_entries(storage)
+        self.term: Term = hard_state.term
+        self.vote: NodeId | None = hard_state.vote
+        self.log.commit_to(LogIndex(max(hard_state.commit, snapshot_index)))
+        assert self.log.applied <= self.log.committed, "applied index past the commit index"
+        self._persisted_hard_state = hard_state
+        self.role = Role.FOLLOWER
+        self.leader_id: NodeId | None = None
+        self.progress: dict[NodeId, Progress] = {}
+        self._votes: dict[NodeId, bool] = {}
+        self._outbox: list[Message] = []
+        self._read_states: list[ReadState] = []
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._randomized_election_timeout = config.election_timeout_ticks
+        self.lead_transferee: NodeId | None = None
+        self._term_start_index = LogIndex(0)
+        self._snapshot_receiver = SnapshotReceiver()
+        self._read_seq = 0
+        self._pending_reads: deque[_PendingRead] = deque()
+        self._reads_awaiting_commit: list[tuple[bytes, NodeId]] = []
+        self._outstanding_ready: Ready | None = None
+        self._become_follower(self.term, None)
+
+    def _scan_config_entries(self, storage: Storage) -> None:
+        index = storage.first_index()
+        last = storage.last_index()
+        while index <= last:
+            batch = storage.entries(index, LogIndex(last + 1), 1 << 20)
+            self._record_config_entries(batch)
+            index = LogIndex(batch[-1].index + 1)
+
+    # --- read-only views -----------------------------------------------------------------
+
+    @property
+    def membership(self) -> Membership:
+        """The latest membership in the log (in effect as soon as appended, thesis §4.1)."""
+        return self._memberships.current()
+
+    def membership_at(self, index: LogIndex) -> Membership:
+        """The membership in effect at log ``index``."""
+        return self._memberships.at(index)
+
+    def hard_state(self) -> HardState:
+        """The current hard state (not necessarily persisted yet)."""
+        return HardState(self.term, self.vote, self.log.committed)
+
+    def _promotable(self) -> bool:
+        return self.id in self.membership.voters
+
+    # --- inputs ------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Advance logical time by one tick (election or heartbeat timer by role)."""
+        self._check_no_outstanding_ready()
+        if self.role is Role.LEADER:
+            self._tick_heartbeat()
+        else:
+            self._tick_election()
+
+    def propose(self, data: bytes) -> LogIndex:
+        """Append a NORMAL entry carrying ``data`` to the leader's log.
+
+        Returns:
+            The entry's index. It is committed once it appears in
+            ``Ready.committed_entries`` with this index and the proposing term.
+
+        Raises:
+            RaftNotLeaderError: if this node is not the leader (with the leader hint).
+            ProposalDroppedError: during a leadership transfer (thesis §3.10) or while
+                this leader is being removed.
+        """
+        self._check_no_outstanding_ready()
+        return self._propose_entry(EntryKind.NORMAL, data)
+
+    def propose_conf_change(self, change: ConfChange) -> LogIndex:
+        """Propose a single-server membership change (thesis §4.1).
+
+        The change takes effect on each server when its entry is appended. Only one
+        change may be uncommitted at a time, and not before the leader committed an
+        entry of its own term (the fix to single-server changes in thesis §4.1's
+        errata, raft-dev 2015).
+
+        Returns:
+            The config entry's index.
+
+        Raises:
+            RaftNotLeaderError: if this node is not the leader.
+            ProposalDroppedError: if a change is still uncommitted, the leader has not
+                committed in its term yet, or a transfer is under way.
+            RequestError: ``INVALID_ARGUMENT`` if the change does not fit the
+                current membership (e.g. promoting a node that is not a learner).
+        """
+        self._check_no_outstanding_ready()
+        if self.role is not Role.LEADER:
+            raise RaftNotLeaderError(self.leader_id)
+        if not self._committed_in_current_term():
+            raise ProposalDroppedError(
+                "the leader has not yet committed an entry of its term; retry shortly"
+            )
+        if self._memberships.last_change_index() > self.log.committed:
+            raise ProposalDroppedError(
+                "a membership change is still uncommitted; retry when it is committed"
+            )
+        reason = validate_conf_change(self.membership, change)
+        if reason is not None:
+            raise RequestError(ErrorCode.INVALID_ARGUMENT, reason)
+        data = encode_config_change(change, apply_conf_change(self.membership, change))
+        return self._propose_entry(EntryKind.CONFIG_CHANGE, data)
+
+    def transfer_leadership(self, target: NodeId) -> None:
+        """Hand leadership to voter ``target`` (thesis §3.10).
+
+        The leader stops accepting proposals, brings ``target`` up to date, then sends
+        it TimeoutNow; ``target`` campaigns at once. If no new leader appears within an
+        election timeout the transfer is aborted and proposals resume.
+
+        Raises:
+            RaftNotLeaderError: if this node is not the leader.
+            RequestError: ``INVALID_ARGUMENT`` if ``target`` is not a voter.
+        """
+        self._check_no_outstanding_ready()
+        if self.role is not Role.LEADER:
+            raise RaftNotLeaderError(self.leader_id)
+        if target == self.id:
+            return
+        if target not in self.membership.voters or target not in self.progress:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT, f"node {target} is not a voter; cannot transfer to it"
+            )
+        self.lead_transferee = target
+        self._election_elapsed = 0  # the transfer deadline counts from now
+        if self.progress[target].match == self.log.last_index():
+            self._send(TimeoutNow(self.term, self.id, target))
+        else:
+            self._send_append(target)
+
+    def read_index(self, request_ctx: bytes) -> None:
+        """Start a linearizable read (thesis §6.4).
+
+        The answer arrives as ``ReadState(index, request_ctx)`` in a later
+        ``Ready.read_states``: serve the read once the state machine applied ``index``.
+        A follower forwards the request to its leader; requests are lost if leadership
+        changes, so the caller retries after a timeout with a fresh context.
+
+        Args:
+            request_ctx: Caller-chosen bytes identifying the request (unique).
+
+        Raises:
+            RaftNotLeaderError: if this node is not the leader and knows no leader.
+        """
+        self._check_no_outstanding_ready()
+        if self.role is Role.LEADER:
+            self._handle_read_request(request_ctx, self.id)
+        elif self.leader_id is not None:
+            self._send(ReadIndex(self.term, self.id, self.leader_id, request_ctx))
+        else:
+            raise RaftNotLeaderError(None)
+
+    def compact(self, index: LogIndex, data: bytes) -> Snapshot:
+        """Build the snapshot that lets the log be compacted through ``index`` (paper §7).
+
+        The adapter stores it with ``storage.compact(snapshot)``; afterwards the leader
+        sends it to followers whose next entry was compacted away.
+
+        Args:
+            index: Last index covered; at most the applied index.
+            data: The state machine's serialized state as of ``index``.
+
+        Returns:
+            The snapshot, with the term at ``index`` and the membership in effect there.
+
+        Raises:
+            ValueError: if ``index`` is past the applied index or not after the
+                current first index.
+        """
+        if index > self.log.applied:
+            raise ValueError(f"cannot snapshot at {index}: only {self.log.applied} is applied")
+        term = self.log.term(index)
+        if term is None or index < self.log.first_index():
+            raise ValueError(f"cannot snapshot at {index}: first index is {self.log.first_index()}")
+        return Snapshot(SnapshotMetadata(index, term, self.membership_at(index)), data)
+
+    def step(self, message: Message) -> None:
+        """Process a message from a peer (paper Figure 2, "Rules for Servers").
+
+        Raises:
+            ValueError: if the message is addressed to another node.
+        """
+        self._check_no_outstanding_ready()
+        if message.to_id != self.id:
+            raise ValueError(f"message for node {message.to_id} stepped into node {self.id}")
+        if message.term > self.term:
+            if isinstance(message, RequestVote):
+                # Leader stickiness (thesis §4.2.3): ignore a vote request while we
+                # hear from a leader, unless the leader itself asked for it (§3.10).
+                in_lease = (
+                    self.config.check_quorum
+                    and self.leader_id is not None
+                    and self._election_elapsed < self.config.election_timeout_ticks
+                )
+                if in_lease and not message.leadership_transfer:
+                    return
+            if isinstance(message, RequestVote) and message.pre_vote:
+                pass  # a PreVote changes no state (thesis §9.6)
+            elif isinstance(message, RequestVoteResponse) and message.pre_vote and message.granted:
+                pass  # granted pre-votes carry the term we are about to campaign in
+            else:
+                # Paper §5.1: a higher term makes us a follower of that term.
+                leader = (
+                    message.from_id
+                    if isinstance(message, AppendEntries | Heartbeat | InstallSnapshot)
+                    else None
+                )
+                self._become_follower(message.term, leader)
+        elif message.term < self.term:
+            if (self.config.check_quorum or self.config.pre_vote) and isinstance(
+                message, AppendEntries | Heartbeat
+            ):
+                # A stale leader whose term we passed (e.g. after a failed election it
+                # never saw) would otherwise never learn it is deposed (etcd §raft.go).
+                self._send(
+                    AppendEntriesResponse(self.term, self.id, message.from_id, False, LogIndex(0))
+                )
+            elif isinstance(message, RequestVote) and message.pre_vote:
+                self._send(RequestVoteResponse(self.term, self.id, message.from_id, False, True))
+            return  # paper §5.1: stale-term requests are rejected
+        if isinstance(message, RequestVote):
+            self._handle_request_vote(message)
+        elif self.role is Role.LEADER:
+            self._step_leader(message)
+        elif self.role is Role.FOLLOWER:
+            self._step_follower(message)
+        else:
+            self._step_candidate(message)
+
+    # --- Ready / advance ---------------------------------------------------------------
+
+    def has_ready(self) -> bool:
+        """Whether :meth:`ready` would return anything to do."""
+        return bool(
+            self._outbox
+            or self._read_states
+            or self.log.unstable_snapshot is not None
+            or self.log.persisted_index() != self.log.last_index()
+            or self.hard_state() != self._persisted_hard_state
+            or self.log.has_next_committed_entries()
+        )
+
+    def ready(self) -> Ready:
+        """Collect the pending work; call :meth:`advance` with it when done.
+
+        No other method may be called between ``ready()`` and ``advance()``.
+        """
+        self._check_no_outstanding_ready()
+        hard_state = self.hard_state()
+        persisted = self._persisted_hard_state
+        hard_state_changed = hard_state != persisted
+        entries = tuple(self.log.unstable_entries())
+        snapshot = self.log.unstable_snapshot
+        ready = Ready(
+            entries=entries,
+            hard_state=hard_state if hard_state_changed else None,
+            snapshot=snapshot,
+            committed_entries=tuple(
+                self.log.next_committed_entries(self.config.max_committed_bytes_per_ready)
+            ),
+            messages=tuple(self._outbox),
+            read_states=tuple(self._read_states),
+            # term and vote must be durable before any answer (paper Figure 2);
+            # commit alone is recoverable and needs no fsync.
+            must_sync=bool(entries)
+            or snapshot is not None
+            or (hard_state.term, hard_state.vote) != (persisted.term, persisted.vote),
+        )
+        self._outbox.clear()
+        self._read_states.clear()
+        self._outstanding_ready = ready
+        return ready
+
+    def advance(self, ready: Ready) -> None:
+        """Acknowledge that ``ready`` was persisted, sent and applied.
+
+        Raises:
+            RuntimeError: if ``ready`` is not the one last returned by :meth:`ready`.
+        """
+        if ready is not self._outstanding_ready:
+            raise RuntimeError("advance() must get the Ready returned by the last ready()")
+        self._outstanding_ready = None
+        if ready.snapshot is not None:
+            index = ready.snapshot.metadata.index
+            self.log.stable_snapshot_to(index)
+            assert self.log.applied <= index <= self.log.committed
+            self.log.applied = index
+        if ready.entries:
+            last = ready.entries[-1]
+            self.log.stable_to(last.index, last.term)
+        if ready.hard_state is not None:
+            self._persisted_hard_state = ready.hard_state
+        if ready.committed_entries:
+            first = ready.committed_entries[0].index
+            assert first == self.log.applied + 1, (
+                f"apply out of order: {first} after {self.log.applied}"
+            )
+            self.log.applied_to(ready.committed_entries[-1].index)
+        if self.role is Role.LEADER and self.id in self.progress:
+            # The leader counts itself only for entries on its own stable storage.
+            if self.progress[self.id].maybe_update(self.log.persisted_index()):
+                if self._maybe_commit():
+                    self._broadcast_append()
+
+    def _check_no_outstanding_ready(self) -> None:
+        if self._outstanding_ready is not None:
+            raise RuntimeError("call advance() for the outstanding Ready first")
+
+    # --- role changes --------------------------------------------------------------------
+
+    def _reset(self, term: Term) -> None:
+        assert term >= self.term, f"term would go back from {self.term} to {term}"
+        if term != self.term:
+            self.term = term
+            self.vote = None
+        self.leader_id = None
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._reset_randomized_election_timeout()
+        self._votes = {}
+        self.lead_transferee = None
+        self.progress = {}
+        self._read_seq = 0
+        self._pending_reads.clear()
+        self._reads_awaiting_commit.clear()
+
+    def _reset_randomized_election_timeout(self) -> None:
+        # Paper §5.2: randomized election timeouts make split votes rare.
+        timeout = self.config.election_timeout_ticks
+        self._randomized_election_timeout = timeout + self._rng.randrange(timeout)
+
+    def _become_follower(self, term: Term, leader_id: NodeId | None) -> None:
+        self._reset(term)
+        self.role = Role.FOLLOWER
+        self.leader_id = leader_id
+
+    def _become_pre_candidate(self) -> None:
+        # Thesis §9.6: a pre-candidate changes neither its term nor its vote.
+        assert self.role is not Role.LEADER
+        self._votes = {}
+        self.role = Role.PRE_CANDIDATE
+        self.leader_id = None
+        self._reset_randomized_election_timeout()
+
+    def _become_candidate(self) -> None:
+        # Paper §5.2: increment the term and vote for ourselves.
+        assert self.role is not Role.LEADER
+        self._reset(Term(self.term + 1))
+        self.vote = self.id
+        self.role = Role.CANDIDATE
+
+    def _become_leader(self) -> None:
+        assert self.role is Role.CANDIDATE
+        self._reset(self.term)
+        self.role = Role.LEADER
+        self.leader_id = self.id
+        self._sync_progress()
+        # Thesis §6.4: a no-op entry commits the leader's term, which tells it which
+        # earlier entries are committed (needed before serving reads).
+        noop = Entry(self.term, LogIndex(self.log.last_index() + 1), EntryKind.NOOP)
+        self._term_start_index = noop.index
+        self._append_leader_entries([noop])
+        self._broadcast_append()
+
+    def _sync_progress(self) -> None:
+        """Leader: one Progress per member of the latest membership."""
+        membership = self.membership
+        members = membership.members()
+        next_index = LogIndex(self.log.last_index() + 1)
+        for node_id in sorted(self.progress):
+            if node_id not in members:
+                del self.progress[node_id]
+                if node_id == self.lead_transferee:
+                    self.lead_transferee = None
+        for node_id in members:
+            pr = self.progress.get(node_id)
+            if pr is None:
+                pr = Progress(
+                    next_index,
+                    self.config.max_inflight_messages,
+                    is_learner=node_id in membership.learners,
+                )
+                self.progress[node_id] = pr
+                if node_id == self.id:
+                    pr.match = self.log.persisted_index()
+                    pr.become_replicate()
+                    pr.recent_active = True
+            pr.is_learner = node_id in membership.learners
+
+    # --- elections (paper §5.2, thesis §9.6) ----------------------------------------------
+
+    def _tick_election(self) -> None:
+        self._election_elapsed += 1
+        if self._promotable() and self._election_elapsed >= self._randomized_election_timeout:
+            self._election_elapsed = 0
+            self._campaign(_Campaign.PRE_VOTE if self.config.pre_vote else _Campaign.ELECTION)
+
+    def _campaign(self, kind: _Campaign) -> None:
+        if not self._promotable():
+            return
+        if kind is _Campaign.PRE_VOTE:
+            self._become_pre_candidate()
+            vote_term = Term(self.term + 1)
+        else:
+            self._become_candidate()
+            vote_term = self.term
+        self._votes[self.id] = True
+        if self._poll() is VoteResult.WON:  # a single-voter cluster
+            if kind is _Campaign.PRE_VOTE:
+                self._campaign(_Campaign.ELECTION)
+            else:
+                self._become_leader()
+            return
+        last_index = self.log.last_index()
+        last_term = self.log.last_term()
+        for voter in sorted(self.membership.voters):
+            if voter != self.id:
+                self._send(
+                    RequestVote(
+                        vote_term,
+                        self.id,
+                        voter,
+                        last_index,
+                        last_term,
+                        pre_vote=kind is _Campaign.PRE_VOTE,
+                        leadership_transfer=kind is _Campaign.TRANSFER,
+                    )
+                )
+
+    def _poll(self) -> VoteResult:
+        return vote_result(self.membership.voters, self._votes)
+
+    def _handle_request_vote(self, message: RequestVote) -> None:
+        # Paper §5.2: at most one vote per term, first come first served; thesis §9.6:
+        # a pre-vote is granted to any up-to-date candidate of a higher term.
+        can_vote = (
+            self.vote == message.from_id
+            or (self.vote is None and self.leader_id is None)
+            or (message.pre_vote and message.term > self.term)
+        )
+        # Paper §5.4.1: only for a candidate whose log is at least as up-to-date.
+        if can_vote and self.log.is_up_to_date(message.last_log_index, message.last_log_term):
+            self._send(
+                RequestVoteResponse(message.term, self.id, message.from_id, True, message.pre_vote)
+            )
+            if not message.pre_vote:
+                self._election_elapsed = 0
+                self.vote = message.from_id
+        else:
+            self._send(
+                RequestVoteResponse(self.term, self.id, message.from_id, False, message.pre_vote)
+            )
+
+    def _step_candidate(self, message: Message) -> None:
+        if isinstance(message, AppendEntries | Heartbeat | InstallSnapshot):
+            # Paper §5.2: a leader of our term exists; return to follower.
+            self._become_follower(self.term, message.from_id)
+            self._step_follower(message)
+        elif isinstance(message, RequestVoteResponse):
+            if message.pre_vote != (self.role is Role.PRE_CANDIDATE):
+                return
+            self._votes.setdefault(message.from_id, message.granted)
+            result = self._poll()
+            if result is VoteResult.WON:
+                if self.role is Role.PRE_CANDIDATE:
+                    self._campaign(_Campaign.ELECTION)
+                else:
+                    self._become_leader()
+            elif result is VoteResult.LOST:
+                self._become_follower(self.term, None)
+
+    # --- follower ------------------------------------------------------------------------
+
+    def _step_follower(self, message: Message) -> None:
+        if isinstance(message, AppendEntries | Heartbeat | InstallSnapshot):
+            self._election_elapsed = 0
+            self.leader_id = message.from_id
+            if isinstance(message, AppendEntries):
+                self._handle_append_entries(message)
+            elif isinstance(message, Heartbeat):
+                self._handle_heartbeat(message)
+            else:
+                self._handle_install_snapshot(message)
+        elif isinstance(message, TimeoutNow):
+            # Thesis §3.10: campaign at once, skipping PreVote and stickiness.
+            if self._promotable():
+                self._campaign(_Campaign.TRANSFER)
+        elif isinstance(message, ReadIndexResponse):
+            self._read_states.append(ReadState(message.index, message.request_ctx))
+
+    def _handle_append_entries(self, message: AppendEntries) -> None:
+        """AppendEntries receiver (paper Figure 2 and §5.3)."""
+        if not self._entries_well_formed(message):
+            return
+        if message.prev_log_index < self.log.committed:
+            # Everything up to our commit index already matches the leader.
+            self._send(
+                AppendEntriesResponse(self.term, self.id, message.from_id, True, self.log.committed)
+            )
+            return
+        result = self.log.maybe_append(
+            message.prev_log_index, message.prev_log_term, message.leader_commit, message.entries
+        )
+        if result is not None:
+            last_new, appended = result
+            if appended:
+                self._memberships.truncate_from(appended[0].index)
+                self._record_config_entries(appended)
+            self._send(AppendEntriesResponse(self.term, self.id, message.from_id, True, last_new))
+            return
+        # Thesis §5.3: tell the leader where our log might match so it can skip a
+        # whole term of entries per round trip instead of one entry.
+        hint_index = LogIndex(min(message.prev_log_index, self.log.last_index()))
+        hint_index, hint_term = self.log.find_conflict_by_term(hint_index, message.prev_log_term)
+        self._send(
+            AppendEntriesResponse(
+                self.term,
+                self.id,
+                message.from_id,
+                False,
+                message.prev_log_index,
+                reject_hint=hint_index,
+                log_term=hint_term,
+            )
+        )
+
+    @staticmethod
+    def _entries_well_formed(message: AppendEntries) -> bool:
+        expected = message.prev_log_index + 1
+        for entry in message.entries:
+            if entry.index != expected or entry.term > message.term:
+                return False
+            if entry.kind is EntryKind.CONFIG_CHANGE:
+                try:
+                    decode_config_change(entry.data)
+                except RemoteProtocolError:
+                    return False
+            expected += 1
+        return True
+
+    def _record_config_entries(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
+        for entry in entries:
+            if entry.kind is EntryKind.CONFIG_CHANGE:
+                _change, membership = decode_config_change(entry.data)
+                self._memberships.record(entry.index, membership)
+
+    def _handle_heartbeat(self, message: Heartbeat) -> None:
+        # The leader sends min(commit, our match), which our log is known to match.
+        self.log.commit_to(message.commit)
+        self._send(HeartbeatResponse(self.term, self.id, message.from_id, message.read_seq))
+
+    def _handle_install_snapshot(self, message: InstallSnapshot) -> None:
+        """InstallSnapshot receiver (paper §7, Figure 13), chunk by chunk."""
+        next_offset, snapshot = self._snapshot_receiver.receive(
+            message.term,
+            message.snapshot_index,
+            message.snapshot_term,
+            message.membership,
+            message.offset,
+            message.data,
+            message.done,
+        )
+        if snapshot is None:
+            self._send(
+                InstallSnapshotResponse(
+                    self.term,
+                    self.id,
+                    message.from_id,
+                    message.snapshot_index,
+                    message.offset,
+                    next_offset,
+                )
+            )
+            return
+        match_index = self._restore(snapshot)
+        self._send(
+            InstallSnapshotResponse(
+                self.term,
+                self.id,
+                message.from_id,
+                message.snapshot_index,
+                message.offset,
+                next_offset,
+                done=True,
+                match_index=match_index,
+            )
+        )
+
+    def _restore(self, snapshot: Snapshot) -> LogIndex:
+        metadata = snapshot.metadata
+        if metadata.index <= self.log.committed:
+            return self.log.committed  # we already have (and may have applied) it all
+        if self.log.match_term(metadata.index, metadata.term):
+            # Paper §7: our log already contains the snapshot's last entry; keep the
+            # entries after it and just learn that everything up to it is committed.
+            self.log.commit_to(metadata.index)
+            return metadata.index
+        self.log.restore(snapshot)
+        self._memberships.reset(metadata.index, metadata.membership)
+        return metadata.index
+
+    # --- leader --------------------------------------------------------------------------
+
+    def _tick_heartbeat(self) -> None:
+        self._heartbeat_elapsed += 1
+        self._election_elapsed += 1
+        if self._election_elapsed >= self.config.election_timeout_ticks:
+            self._election_elapsed = 0
+            if self.config.check_quorum and not self._quorum_recently_active():
+                # Thesis §6.2: without a live quorum we may be deposed; step down so
+                # clients look for the real leader.
+                self._become_follower(self.term, None)
+                return
+            if self.lead_transferee is not None:
+                self.lead_transferee = None  # thesis §3.10: abort after a timeout
+        if self._heartbeat_elapsed >= self.config.heartbeat_interval_ticks:
+            self._heartbeat_elapsed = 0
+            self._broadcast_heartbeat()
+
+    def _quorum_recently_active(self) -> bool:
+        active = [
+            node_id
+            for node_id, pr in self.progress.items()
+            if node_id == self.id or pr.recent_active
+        ]
+        for node_id, pr in self.progress.items():
+            if node_id != self.id:
+                pr.recent_active = False
+        return has_quorum(self.membership.voters, active)
+
+    def _propose_entry(self, kind: EntryKind, data: bytes) -> LogIndex:
+        if self.role is not Role.LEADER:
+            raise RaftNotLeaderError(self.leader_id)
+        if self.lead_transferee is not None:
+            raise ProposalDroppedError(
+                f"leadership is being transferred to node {self.lead_transferee}; retry shortly"
+            )
+        if self.id not in self.progress:
+            raise ProposalDroppedError("this leader is being removed from the cluster")
+        entry = Entry(self.term, LogIndex(self.log.last_index() + 1), kind, data)
+        self._append_leader_entries([entry])
+        self._broadcast_append()
+        return entry.index
+
+    def _append_leader_entries(self, entries: list[Entry]) -> None:
+        self.log.append(entries)
+        if any(e.kind is EntryKind.CONFIG_CHANGE for e in entries):
+            self._record_config_entries(entries)
+            # Thesis §4.1: the new configuration is used as soon as it is appended.
+            self._sync_progress()
+            if self._maybe_commit():
+                self._broadcast_append()
+
+    def _step_leader(self, message: Message) -> None:
+        if isinstance(message, ReadIndex):
+            self._handle_read_request(message.request_ctx, message.from_id)
+            return
+        assert not isinstance(message, AppendEntries | Heartbeat | InstallSnapshot), (
+            f"two leaders in term {self.term}: {self.id} and {message.from_id}"
+        )
+        pr = self.progress.get(message.from_id)
+        if pr is None:
+            return
+        pr.recent_active = True
+        if isinstance(message, AppendEntriesResponse):
+            self._handle_append_response(message, pr)
+        elif isinstance(message, HeartbeatResponse):
+            self._handle_heartbeat_response(message, pr)
+        elif isinstance(message, InstallSnapshotResponse):
+            self._handle_snapshot_response(message, pr)
+
+    def _handle_append_response(self, message: AppendEntriesResponse, pr: Progress) -> None:
+        peer = message.from_id
+        if not message.success:
+            # Thesis §5.3 fast back-off: jump to where the logs may match.
+            match_hint = message.reject_hint
+            if message.log_term > 0:
+                match_hint, _ = self.log.find_conflict_by_term(
+                    message.reject_hint, message.log_term
+                )
+            if pr.maybe_decrease_to(message.index, match_hint):
+                if pr.state is ProgressState.REPLICATE:
+                    pr.become_probe()
+                self._send_append(peer)
+            return
+        was_paused = pr.is_paused()
+        if not pr.maybe_update(message.index):
+            return
+        if pr.state is ProgressState.PROBE:
+            pr.become_replicate()
+        elif pr.state is ProgressState.SNAPSHOT and pr.match + 1 >= self.log.first_index():
+            pr.become_probe()
+            pr.become_replicate()
+        if self._maybe_commit():
+            self._broadcast_append()
+        elif was_paused:
+            self._send_append(peer)
+        if self.role is not Role.LEADER:
+            return  # committing removed us (thesis §4.2.2)
+        while self._send_append(peer, send_if_empty=False):
+            pass
+        if peer == self.lead_transferee and pr.match == self.log.last_index():
+            # Thesis §3.10: the target is up to date; let it start an election now.
+            self._send(TimeoutNow(self.term, self.id, peer))
+
+    def _handle_heartbeat_response(self, message: HeartbeatResponse, pr: Progress) -> None:
+        peer = message.from_id
+        pr.probe_sent = False
+        if pr.state is ProgressState.REPLICATE and pr.is_paused():
+            pr.inflight.popleft()  # one may have been lost; let the pipeline move
+        if pr.state is ProgressState.SNAPSHOT:
+            self._send_snapshot_chunk(peer, pr)  # the last chunk may have been lost
+        elif pr.match < self.log.last_index() or pr.state is ProgressState.PROBE:
+            self._send_append(peer)
+        if message.read_seq > pr.read_seq_acked:
+            pr.read_seq_acked = message.read_seq
+            self._release_reads()
+
+    def _handle_snapshot_response(self, message: InstallSnapshotResponse, pr: Progress) -> None:
+        peer = message.from_id
+        snapshot = pr.snapshot
+        if pr.state is not ProgressState.SNAPSHOT or snapshot is None:
+            return
+        if snapshot.metadata.index != message.snapshot_index:
+            return
+        if message.done:
+            pr.maybe_update(message.match_index)
+            pr.become_probe()
+            if pr.match + 1 >= self.log.first_index():
+                pr.become_replicate()
+            if self._maybe_commit():
+                self._broadcast_append()
+            elif self.role is Role.LEADER:
+                self._send_append(peer)
+            return
+        # The answer to the chunk at our current offset is authoritative (it also
+        # tells us if the follower lost its buffer); later offsets always are.
+        if message.next_offset > pr.snapshot_offset or (
+            message.chunk_offset == pr.snapshot_offset and message.next_offset != pr.snapshot_offset
+        ):
+            pr.snapshot_offset = min(message.next_offset, len(snapshot.data))
+            self._send_snapshot_chunk(peer, pr)
+
+    def _maybe_commit(self) -> bool:
+        """Advance the commit index by counting replicas (paper §5.3, §5.4.2)."""
+        match = {node_id: pr.match for node_id, pr in self.progress.items() if not pr.is_learner}
+        index = LogIndex(committed_index(self.membership.voters, match))
+        # Paper §5.4.2 / Figure 8: only an entry of the current term is committed by
+        # counting; earlier ones are committed with it by the log matching property.
+        if not self.log.maybe_commit(index, self.term):
+            return False
+        if self._reads_awaiting_commit and self._committed_in_current_term():
+            waiting, self._reads_awaiting_commit = self._reads_awaiting_commit, []
+            for request_ctx, origin in waiting:
+                self._handle_read_request(request_ctx, origin)
+        if not self._promotable() and self.log.committed >= self._memberships.last_change_index():
+            self._step_down_after_removal()
+        return True
+
+    def _step_down_after_removal(self) -> None:
+        # Thesis §4.2.2: a leader removed from the configuration steps down once the
+        # change is committed. Hand over to the most up-to-date voter at once (§3.10)
+        # instead of leaving the cluster without a leader for an election timeout.
+        best: NodeId | None = None
+        for node_id in sorted(self.membership.voters):
+            pr = self.progress.get(node_id)
+            if pr is not None and pr.match == self.log.last_index():
+                best = node_id
+                break
+        if best is not None:
+            self._send(TimeoutNow(self.term, self.id, best))
+        self._become_follower(self.term, None)
+
+    def _committed_in_current_term(self) -> bool:
+        return self.log.committed >= self._term_start_index and self.role is Role.LEADER
+
+    def _broadcast_append(self) -> None:
+        for node_id in sorted(self.progress):
+            if node_id != self.id:
+                self._send_append(node_id)
+
+    def _broadcast_heartbeat(self) -> None:
+        for node_id in sorted(self.progress):
+            if node_id != self.id:
+                pr = self.progress[node_id]
+                commit = LogIndex(min(pr.match, self.log.committed))
+                self._send(Heartbeat(self.term, self.id, node_id, commit, self._read_seq))
+
+    def _send_append(self, peer: NodeId, *, send_if_empty: bool = True) -> bool:
+        """Send AppendEntries from ``next`` (or a snapshot if compacted away).
+
+        Returns:
+            True if a message was sent.
+        """
+        pr = self.progress[peer]
+        if pr.is_paused():
+            return False
+        prev_index = LogIndex(pr.next - 1)
+        prev_term = self.log.term(prev_index)
+        try:
+            entries = self.log.entries(pr.next, self.config.max_append_bytes)
+        except CompactedError:
+            prev_term = None
+        if prev_term is None:
+            return self._send_snapshot(peer, pr)
+        if not entries and not send_if_empty:
+            return False
+        self._send(
+            AppendEntries(
+                self.term,
+                self.id,
+                peer,
+                prev_index,
+                prev_term,
+                tuple(entries),
+                self.log.committed,
+            )
+        )
+        if entries:
+            pr.sent_entries(entries[-1].index)
+        elif pr.state is ProgressState.PROBE:
+            pr.probe_sent = True
+        return True
+
+    def _send_snapshot(self, peer: NodeId, pr: Progress) -> bool:
+        if not pr.recent_active:
+            return False  # it may be down; wait until it answers a probe or heartbeat
+        pr.become_snapshot(self.log.snapshot())
+        self._send_snapshot_chunk(peer, pr)
+        return True
+
+    def _send_snapshot_chunk(self, peer: NodeId, pr: Progress) -> None:
+        snapshot = pr.snapshot
+        assert snapshot is not None
+        offset = pr.snapshot_offset
+        chunk = snapshot.data[offset : offset + self.config.snapshot_chunk_bytes]
+        metadata = snapshot.metadata
+        self._send(
+            InstallSnapshot(
+                self.term,
+                self.id,
+                peer,
+                metadata.index,
+                metadata.term,
+                metadata.membership,
+                offset,
+                chunk,
+                offset + len(chunk) >= len(snapshot.data),
+            )
+        )
+
+    # --- ReadIndex (thesis §6.4) ---------------------------------------------------------
+
+    def _handle_read_request(self, request_ctx: bytes, origin: NodeId) -> None:
+        if not self._committed_in_current_term():
+            # Until its no-op commits, the leader's commit index may be behind entries
+            # committed by earlier leaders (thesis §6.4 step 1).
+            self._reads_awaiting_commit.append((request_ctx, origin))
+            return
+        self._read_seq += 1
+        self._pending_reads.append(
+            _PendingRead(request_ctx, origin, self.log.committed, self._read_seq)
+        )
+        # Thesis §6.4 step 3: confirm we are still leader with a heartbeat round.
+        self._broadcast_heartbeat()
+        self._release_reads()
+
+    def _release_reads(self) -> None:
+        acked = {
+            node_id: (self._read_seq if node_id == self.id else pr.read_seq_acked)
+            for node_id, pr in self.progress.items()
+            if not pr.is_learner
+        }
+        confirmed = committed_index(self.membership.voters, acked)
+        while self._pending_reads and self._pending_reads[0].seq <= confirmed:
+            read = self._pending_reads.popleft()
+            if read.origin == self.id:
+                self._read_states.append(ReadState(read.index, read.request_ctx))
+            else:
+                self._send(
+                    ReadIndexResponse(self.term, self.id, read.origin, read.request_ctx, read.index)
+                )
+
+    def _send(self, message: Message) -> None:
+        self._outbox.append(message)

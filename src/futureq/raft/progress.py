@@ -1,0 +1,214 @@
+"""Per-peer replication progress (leader side) and snapshot reassembly (follower side).
+
+The leader keeps one :class:`Progress` per member (paper Figure 2, ``nextIndex[]`` and
+``matchIndex[]``), extended as in etcd-io/raft's ``tracker/progress.go`` with a state:
+
+* PROBE — we do not know where the follower's log matches; send one AppendEntries at a
+  time and back off on rejection (paper §5.3, with the thesis §5.3 fast back-off).
+* REPLICATE — the follower is known to match; stream entries optimistically, advancing
+  ``next`` before the answer arrives, with at most ``max_inflight`` unanswered
+  AppendEntries (pipelining, thesis §10.2.2).
+* SNAPSHOT — ``next`` was compacted away; an InstallSnapshot transfer is in progress
+  (paper §7), one chunk in flight at a time.
+
+:class:`SnapshotReceiver` is the follower's buffer that reassembles chunks.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+
+import attrs
+
+from futureq.raft.messages import LogIndex, Membership, Snapshot, SnapshotMetadata, Term
+
+
+class ProgressState(enum.Enum):
+    """How the leader currently replicates to a peer."""
+
+    PROBE = "probe"
+    REPLICATE = "replicate"
+    SNAPSHOT = "snapshot"
+
+
+class Progress:
+    """The leader's view of one member's log.
+
+    Args:
+        next_index: First index to send (``nextIndex``).
+        max_inflight: Largest number of unanswered AppendEntries in REPLICATE state.
+        is_learner: Whether the member is a non-voting learner.
+    """
+
+    def __init__(self, next_index: LogIndex, max_inflight: int, *, is_learner: bool) -> None:
+        assert max_inflight >= 1
+        self.match: LogIndex = LogIndex(0)
+        self.next: LogIndex = next_index
+        self.state = ProgressState.PROBE
+        self.is_learner = is_learner
+        # PROBE: an AppendEntries is outstanding; wait for its answer or a heartbeat.
+        self.probe_sent = False
+        # REPLICATE: last index of each unanswered AppendEntries, oldest first.
+        self.inflight: deque[LogIndex] = deque()
+        self.max_inflight = max_inflight
+        # SNAPSHOT: the snapshot being sent and how much the follower acknowledged.
+        self.snapshot: Snapshot | None = None
+        self.snapshot_offset = 0
+        # CheckQuorum (thesis §6.2): heard from this peer in the current window.
+        self.recent_active = False
+        # ReadIndex (thesis §6.4): highest heartbeat round this peer answered.
+        self.read_seq_acked = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Progress(state={self.state.value}, match={self.match}, next={self.next}, "
+            f"inflight={len(self.inflight)}, learner={self.is_learner})"
+        )
+
+    # --- state transitions -------------------------------------------------------------
+
+    def become_probe(self) -> None:
+        """Fall back to probing from ``match + 1`` (or after a just-sent snapshot)."""
+        if self.state is ProgressState.SNAPSHOT and self.snapshot is not None:
+            self.next = LogIndex(max(self.match + 1, self.snapshot.metadata.index + 1))
+        else:
+            self.next = LogIndex(self.match + 1)
+        self._reset(ProgressState.PROBE)
+
+    def become_replicate(self) -> None:
+        """Start pipelining from ``match + 1``."""
+        self.next = LogIndex(self.match + 1)
+        self._reset(ProgressState.REPLICATE)
+
+    def become_snapshot(self, snapshot: Snapshot) -> None:
+        """Start sending ``snapshot`` from byte 0."""
+        self._reset(ProgressState.SNAPSHOT)
+        self.snapshot = snapshot
+        self.snapshot_offset = 0
+
+    def _reset(self, state: ProgressState) -> None:
+        self.state = state
+        self.probe_sent = False
+        self.inflight.clear()
+        if state is not ProgressState.SNAPSHOT:
+            self.snapshot = None
+            self.snapshot_offset = 0
+
+    # --- acknowledgements -------------------------------------------------------------
+
+    def maybe_update(self, index: LogIndex) -> bool:
+        """A successful AppendEntries answer says the log matches through ``index``.
+
+        Returns:
+            True if ``match`` advanced.
+        """
+        updated = False
+        if index > self.match:
+            self.match = index
+            self.probe_sent = False
+            updated = True
+        self.next = LogIndex(max(self.next, index + 1))
+        while self.inflight and self.inflight[0] <= index:
+            self.inflight.popleft()
+        return updated
+
+    def sent_entries(self, last_index: LogIndex) -> None:
+        """Record an AppendEntries carrying entries up to ``last_index`` was sent."""
+        if self.state is ProgressState.REPLICATE:
+            self.next = LogIndex(last_index + 1)
+            self.inflight.append(last_index)
+        elif self.state is ProgressState.PROBE:
+            self.probe_sent = True
+
+    def maybe_decrease_to(self, rejected: LogIndex, match_hint: LogIndex) -> bool:
+        """A rejection of the AppendEntries with ``prev_log_index == rejected``.
+
+        Args:
+            rejected: The rejected ``prev_log_index``.
+            match_hint: The leader's best guess of the last matching index, from the
+                follower's hint (thesis §5.3 fast back-off).
+
+        Returns:
+            False if the rejection is stale (answers an older message), else True
+            after moving ``next`` back.
+        """
+        if self.state is ProgressState.REPLICATE:
+            if rejected <= self.match:
+                return False
+            self.next = LogIndex(self.match + 1)
+            return True
+        if self.next - 1 != rejected:
+            return False
+        self.next = LogIndex(max(min(rejected, match_hint + 1), self.match + 1, 1))
+        self.probe_sent = False
+        return True
+
+    def is_paused(self) -> bool:
+        """Whether the leader must hold off sending AppendEntries to this peer."""
+        if self.state is ProgressState.PROBE:
+            return self.probe_sent
+        if self.state is ProgressState.REPLICATE:
+            return len(self.inflight) >= self.max_inflight
+        return True
+
+
+@attrs.frozen
+class _TransferKey:
+    leader_term: Term
+    index: LogIndex
+    term: Term
+
+
+class SnapshotReceiver:
+    """Follower-side reassembly of InstallSnapshot chunks (paper §7, Figure 13).
+
+    Chunks must arrive in offset order; a chunk at the current length is appended, any
+    other is ignored and answered with the current length, so the leader resends from
+    there. A chunk at offset 0 of a different snapshot (or from another term's leader)
+    starts over. The buffer lives in memory only: after a crash the leader restarts the
+    transfer (it learns the follower's length from the answer).
+    """
+
+    def __init__(self) -> None:
+        self._key: _TransferKey | None = None
+        self._chunks: list[bytes] = []
+        self._length = 0
+
+    def _clear(self) -> None:
+        self._key = None
+        self._chunks = []
+        self._length = 0
+
+    def receive(
+        self,
+        leader_term: Term,
+        index: LogIndex,
+        term: Term,
+        membership: Membership,
+        offset: int,
+        data: bytes,
+        done: bool,
+    ) -> tuple[int, Snapshot | None]:
+        """Take one chunk.
+
+        Returns:
+            ``(next_offset, snapshot)``: the number of contiguous bytes held, and the
+            assembled snapshot when this chunk completed it (the buffer is then reset).
+        """
+        key = _TransferKey(leader_term, index, term)
+        if key != self._key:
+            if offset != 0:
+                return 0, None
+            self._clear()
+            self._key = key
+        if offset != self._length:
+            return self._length, None
+        self._chunks.append(data)
+        self._length += len(data)
+        if not done:
+            return self._length, None
+        snapshot = Snapshot(SnapshotMetadata(index, term, membership), b"".join(self._chunks))
+        length = self._length
+        self._clear()
+        return length, snapshot

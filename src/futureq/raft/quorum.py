@@ -1,0 +1,157 @@
+"""Pure quorum arithmetic and membership bookkeeping.
+
+* :func:`committed_index` — the largest index replicated on a majority of voters
+  (paper §5.3; the leader still checks the entry's term, §5.4.2).
+* :func:`vote_result` — election outcome from the votes received so far (paper §5.2).
+* :func:`has_quorum` — whether a set of nodes contains a majority (CheckQuorum,
+  thesis §6.2).
+* :func:`apply_conf_change` / :func:`validate_conf_change` — single-server membership
+  changes (thesis §4.1).
+* :class:`MembershipHistory` — the membership in effect at every log index: the latest
+  CONFIG_CHANGE entry at or before it, else the snapshot's (thesis §4.1: a server uses
+  the latest configuration in its log, whether or not it is committed).
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Iterable, Mapping
+
+from futureq.raft.messages import ConfChange, ConfChangeOp, LogIndex, Membership, NodeId
+
+
+class VoteResult(enum.Enum):
+    """Outcome of an election so far."""
+
+    PENDING = "pending"
+    WON = "won"
+    LOST = "lost"
+
+
+def majority(voter_count: int) -> int:
+    """Smallest number of voters that forms a majority of ``voter_count`` (paper §5.2)."""
+    return voter_count // 2 + 1
+
+
+def committed_index(voters: Iterable[NodeId], match: Mapping[NodeId, int]) -> int:
+    """Largest value that a majority of ``voters`` have reached in ``match``.
+
+    Args:
+        voters: The voting members.
+        match: Per node, its match index (or any monotone acknowledgement counter);
+            a voter missing from ``match`` counts as 0.
+
+    Returns:
+        The majority-replicated value; 0 when there are no voters.
+    """
+    values = sorted((match.get(v, 0) for v in voters), reverse=True)
+    if not values:
+        return 0
+    return values[majority(len(values)) - 1]
+
+
+def vote_result(voters: Iterable[NodeId], votes: Mapping[NodeId, bool]) -> VoteResult:
+    """Election outcome: WON on a majority of grants, LOST once a majority is impossible.
+
+    Votes from non-voters are ignored.
+    """
+    voter_list = list(voters)
+    needed = majority(len(voter_list))
+    granted = sum(1 for v in voter_list if votes.get(v) is True)
+    rejected = sum(1 for v in voter_list if votes.get(v) is False)
+    if granted >= needed:
+        return VoteResult.WON
+    if len(voter_list) - rejected < needed:
+        return VoteResult.LOST
+    return VoteResult.PENDING
+
+
+def has_quorum(voters: Iterable[NodeId], active: Iterable[NodeId]) -> bool:
+    """Whether ``active`` contains a majority of ``voters``."""
+    voter_set = frozenset(voters)
+    return len(voter_set & frozenset(active)) >= majority(len(voter_set))
+
+
+def validate_conf_change(membership: Membership, change: ConfChange) -> str | None:
+    """Check a single-server change against ``membership`` (thesis §4.1, §4.2.1).
+
+    Returns:
+        None if the change is allowed, else a sentence saying why not.
+    """
+    node = change.node_id
+    if change.op is ConfChangeOp.ADD_LEARNER:
+        if node in membership.voters or node in membership.learners:
+            return f"node {node} is already a member"
+    elif change.op is ConfChangeOp.PROMOTE_VOTER:
+        if node not in membership.learners:
+            return f"node {node} is not a learner; add it as a learner first"
+    elif change.op is ConfChangeOp.REMOVE_NODE:
+        if node not in membership.voters and node not in membership.learners:
+            return f"node {node} is not a member"
+        if membership.voters == frozenset({node}):
+            return f"node {node} is the last voter and cannot be removed"
+    return None
+
+
+def apply_conf_change(membership: Membership, change: ConfChange) -> Membership:
+    """The membership after ``change``; an inapplicable change leaves it unchanged."""
+    voters = set(membership.voters)
+    learners = set(membership.learners)
+    node = change.node_id
+    if change.op is ConfChangeOp.ADD_LEARNER and node not in voters:
+        learners.add(node)
+    elif change.op is ConfChangeOp.PROMOTE_VOTER and node in learners:
+        learners.discard(node)
+        voters.add(node)
+    elif change.op is ConfChangeOp.REMOVE_NODE and voters - {node}:
+        voters.discard(node)
+        learners.discard(node)
+    return Membership(frozenset(voters), frozenset(learners))
+
+
+class MembershipHistory:
+    """Membership at each log index: a base (from the snapshot) plus config entries.
+
+    Args:
+        base_index: Index of the snapshot the base membership comes from.
+        base: The snapshot's membership.
+    """
+
+    def __init__(self, base_index: LogIndex, base: Membership) -> None:
+        self._base_index = base_index
+        self._base = base
+        self._indexes: list[LogIndex] = []
+        self._memberships: list[Membership] = []
+
+    def reset(self, base_index: LogIndex, base: Membership) -> None:
+        """Forget everything and start again from a snapshot's membership."""
+        self._base_index = base_index
+        self._base = base
+        self._indexes.clear()
+        self._memberships.clear()
+
+    def truncate_from(self, index: LogIndex) -> None:
+        """Forget config entries at ``index`` and later (they were overwritten)."""
+        cut = bisect.bisect_left(self._indexes, index)
+        del self._indexes[cut:]
+        del self._memberships[cut:]
+
+    def record(self, index: LogIndex, membership: Membership) -> None:
+        """Record that the config entry at ``index`` sets ``membership``."""
+        assert not self._indexes or index > self._indexes[-1], "config entries in order"
+        self._indexes.append(index)
+        self._memberships.append(membership)
+
+    def current(self) -> Membership:
+        """The latest membership in the log."""
+        return self._memberships[-1] if self._memberships else self._base
+
+    def last_change_index(self) -> LogIndex:
+        """Index of the latest config entry, or of the base snapshot if none follows it."""
+        return self._indexes[-1] if self._indexes else self._base_index
+
+    def at(self, index: LogIndex) -> Membership:
+        """Membership in effect at ``index`` (the latest change at or before it)."""
+        position = bisect.bisect_right(self._indexes, index)
+        return self._memberships[position - 1] if position else self._base
