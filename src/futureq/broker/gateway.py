@@ -23,7 +23,6 @@ from futureq import __version__
 from futureq.errors import (
     ErrorCode,
     LocalProtocolError,
-    NotLeaderError,
     RemoteProtocolError,
     RequestError,
     StorageError,
@@ -107,7 +106,7 @@ class Connection:
                 while len(chunks) < 64:
                     try:
                         chunks.append(self._outbox_receive.receive_nowait())
-                    except trio.WouldBlock:
+                    except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 with trio.fail_after(WRITE_TIMEOUT_S):
                     await self.stream.send_all(b"".join(chunks) if len(chunks) > 1 else data)
@@ -261,8 +260,11 @@ async def serve_clients(
             broker.metrics.client_connections.inc()
             try:
                 await Connection(broker, stream).serve()
-            except* NotLeaderError:
-                pass
+            except* StorageError:
+                raise  # the node cannot go on without its disk
+            except* Exception as group:
+                # A bug in one connection's handling must not take the server down.
+                log.error("connection handler failed; connection closed", exc_info=group)
             finally:
                 broker.metrics.client_connections.dec()
 

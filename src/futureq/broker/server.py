@@ -122,7 +122,8 @@ async def serve(
         metrics.is_leader.set(1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
-        shutdown = shutdown or trio.Event()
+        if shutdown is None:
+            shutdown = trio.Event()
         async with trio.open_nursery() as root:
             await root.start(command_log.run)
             await root.start(dispatcher.run)

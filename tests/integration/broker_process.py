@@ -1,0 +1,120 @@
+"""A ``futureq start`` subprocess on 127.0.0.1 with its own RocksDB directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 15.0
+
+
+class BrokerProcess:
+    """A ``futureq start`` subprocess and its addresses.
+
+    Attributes:
+        data_dir: The node's RocksDB directory (kept across restarts).
+        client_address: ``127.0.0.1:PORT`` of the client listener.
+        http_address: ``127.0.0.1:PORT`` of the HTTP endpoints.
+        process: The running ``subprocess.Popen``.
+    """
+
+    def __init__(
+        self, data_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        self.data_dir = data_dir
+        self.extra_args = list(extra_args or [])
+        self.env = env
+        self.client_address = ""
+        self.http_address = ""
+        self.process: subprocess.Popen[str] | None = None
+        self.stderr_path = data_dir.parent / f"{data_dir.name}.stderr.log"
+        self._port_args: list[str] = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"]
+
+    def start(self) -> None:
+        """Start the node and wait for its READY line.
+
+        Raises:
+            RuntimeError: it exited or did not get ready within START_TIMEOUT_S.
+        """
+        args = [
+            sys.executable,
+            "-m",
+            "futureq.cli.server_main",
+            "start",
+            "--data-dir",
+            str(self.data_dir),
+        ]
+        args += self._port_args + self.extra_args
+        env = dict(os.environ)
+        env.update(self.env or {})
+        stderr = open(self.stderr_path, "a")  # noqa: SIM115 - kept open for the process lifetime
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
+        )
+        stderr.close()
+        line: list[str] = []
+
+        def read_ready() -> None:
+            assert self.process is not None and self.process.stdout is not None
+            line.append(self.process.stdout.readline())
+
+        reader = threading.Thread(target=read_ready, daemon=True)
+        reader.start()
+        reader.join(START_TIMEOUT_S)
+        if not line or not line[0].startswith("READY "):
+            self.kill()
+            raise RuntimeError(
+                f"broker did not start; stderr:\n{self.stderr_path.read_text()[-4000:]}"
+            )
+        fields = dict(part.split("=", 1) for part in line[0].split()[1:])
+        self.client_address = fields["client"]
+        self.http_address = fields["http"]
+        # Reuse the same ports on restart so clients can reconnect to the same address.
+        self._port_args = ["--listen", self.client_address, "--http", self.http_address]
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL the node (a crash) and reap it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(STOP_TIMEOUT_S)
+        self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        if self.process is not None and self.process.stdout is not None:
+            self.process.stdout.close()
+
+    def terminate(self) -> int:
+        """SIGTERM (graceful shutdown); SIGKILL if it is still running after the deadline.
+
+        Returns:
+            The exit code.
+        """
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(STOP_TIMEOUT_S)
+        self._close_pipe()
+        return self.process.returncode
+
+    def restart(self) -> None:
+        """Stop (SIGKILL if running) and start again on the same ports and data."""
+        self.kill()
+        self.start()
+
+    def stderr_text(self) -> str:
+        """Everything the node logged so far."""
+        return self.stderr_path.read_text()

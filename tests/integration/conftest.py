@@ -1,0 +1,48 @@
+"""Real ``futureq start`` processes on 127.0.0.1 with a real RocksDB in a temp dir.
+
+The ``broker`` fixture starts one node on free ports (``--listen 127.0.0.1:0``) and
+reads the ``READY client=... http=...`` line it prints once serving. It stops the node
+(SIGTERM, then SIGKILL after a deadline) when the test ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from broker_process import BrokerProcess
+from wire_client import OPEN_CLIENTS
+
+
+@pytest.fixture(autouse=True)
+def _close_wire_clients() -> Iterator[None]:
+    yield
+    for client in list(OPEN_CLIENTS):
+        client.close()
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[type[BrokerProcess] | object]:
+    """Make brokers: ``broker_factory(extra_args=[...], env={...})``; all stopped at the end."""
+    made: list[BrokerProcess] = []
+
+    def make(
+        extra_args: list[str] | None = None, env: dict[str, str] | None = None, name: str = "data"
+    ) -> BrokerProcess:
+        broker = BrokerProcess(tmp_path / f"{name}{len(made)}", extra_args, env)
+        made.append(broker)
+        broker.start()
+        return broker
+
+    yield make
+    for broker in made:
+        if broker.process is not None and broker.process.poll() is None:
+            broker.terminate()
+
+
+@pytest.fixture
+def broker(broker_factory: object) -> BrokerProcess:
+    """One running node with default settings."""
+    made: BrokerProcess = broker_factory()  # type: ignore[operator]
+    return made
