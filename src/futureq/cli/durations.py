@@ -50,7 +50,7 @@ def parse_duration_ms(text: str) -> int:
             f"{text!r} is not a duration; use a number with an optional unit "
             "ms, s, m, h or d (e.g. 250ms, 5s, 10m, 2h, 3d; a bare number is ms)"
         )
-    number = match["number"]
+    number: str = match["number"]
     unit_ms = _UNIT_MS[match["unit"] or "ms"]
     if "." in number:
         whole, fraction = number.split(".")
@@ -62,7 +62,7 @@ def parse_duration_ms(text: str) -> int:
                 f"{text!r} is not a whole number of milliseconds; "
                 "use a smaller unit (e.g. 1500ms instead of 1.5005s)"
             )
-        value = numerator // scale
+        value: int = numerator // scale
     else:
         value = int(number) * unit_ms
     if value > MAX_DURATION_MS:

@@ -296,6 +296,18 @@ class Connection:
         return waiter.frame
 
 
+def _os_reason(exc: BaseException) -> str:
+    """The most specific reason inside trio's "all attempts failed" OSError."""
+    cause = exc.__cause__
+    if isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
+        exc = cause.exceptions[0]
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower() if exc.strerror[:1].isupper() else exc.strerror
+    return str(exc)
+
+
 def _code_name(code: int) -> str:
     try:
         return ErrorCode(code).name
@@ -356,8 +368,7 @@ async def connect(
         ) from None
     except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
         await _abort(stream)
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConnectionLostError(f"could not connect to {address}: {reason}") from None
+        raise ConnectionLostError(f"could not connect to {address}: {_os_reason(exc)}") from None
     except BaseException:
         await _abort(stream)
         raise

@@ -1,0 +1,806 @@
+"""``futureq-cli``: publish, consume and inspect a FutureQ cluster from the shell.
+
+::
+
+    futureq-cli [--server HOST:PORT[,...]] [--tls-ca FILE] [--token T] [--timeout D] COMMAND
+
+    publish TOPIC PAYLOAD [--delay D | --at TIME] [--ttl D]     print the message id
+    publish TOPIC --payload-file F [...]                         binary payload
+    publish --file batch.jsonl [--batch-size N]                  JSON lines, with a summary
+    consume TOPIC --group G [--count N] [--json] [--no-ack | --nack [--requeue-delay D]]
+                  [--prefetch N] [--timeout D]
+    status [--json]          node, role, leader, topics and groups
+    group create TOPIC GROUP [--visibility-timeout D] [--max-deliveries N]
+    group delete TOPIC GROUP
+    group list [--json]
+    topic list [--json]
+    cluster status [--json]
+
+Durations are ``250ms``, ``5s``, ``10m``, ``2h``, ``3d`` or bare milliseconds
+(:mod:`futureq.cli.durations`). Exit status: 0 success (also when ``consume`` stops
+at ``--count`` or ``--timeout``), 1 any error or any failed line, 2 usage error,
+130 interrupted. Errors are one line on stderr: ``error: [CODE_NAME] sentence``.
+Every command and flag is described in ``docs/cli.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import datetime
+import json
+import os
+import ssl
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import IO, Any, Final
+
+import attrs
+import trio
+
+from futureq.cli.durations import duration_ms_arg
+from futureq.client import Client, Delivery, PublishItem, open_client
+from futureq.errors import (
+    ClientClosedError,
+    ConnectionLostError,
+    FutureQError,
+    ProtocolError,
+    RequestError,
+)
+
+EXIT_OK: Final = 0
+EXIT_ERROR: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_INTERRUPTED: Final = 130
+
+SERVER_ENV: Final = "FUTUREQ_SERVER"
+TOKEN_ENV: Final = "FUTUREQ_TOKEN"
+DEFAULT_SERVER: Final = "127.0.0.1:7450"
+DEFAULT_BATCH_SIZE: Final = 500
+MAX_FAILURES_SHOWN: Final = 50
+
+
+# ---------------------------------------------------------------------------------
+# Pure helpers (unit-tested in tests/unit/client/test_client_cli_helpers.py)
+# ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class JsonlItem:
+    """One good line of a ``publish --file`` input.
+
+    Attributes:
+        line_number: 1-based line number in the file.
+        item: The message it describes.
+    """
+
+    line_number: int
+    item: PublishItem
+
+
+@attrs.frozen
+class LineFailure:
+    """A line that was not published, and why (printed as ``line N: reason``)."""
+
+    line_number: int
+    reason: str
+
+
+def payload_from_json(value: Any) -> bytes:
+    """The bytes a JSONL ``payload`` value is sent as.
+
+    A JSON string is sent as its UTF-8 text (``"hi"`` -> ``b"hi"``); any other JSON
+    value as compact JSON (``{"a": 1}`` -> ``b'{"a":1}'``), so JSON stays JSON.
+    """
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _optional_ms(obj: dict[str, Any], key: str) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{key} must be a non-negative integer of milliseconds, got {value!r}")
+    return value
+
+
+def parse_jsonl_line(text: str) -> PublishItem | None:
+    """Parse one JSONL line into a message; None for a blank line.
+
+    The line is an object with ``topic`` (string), ``payload`` (any JSON value), and
+    optionally ``delay_ms`` or ``deliver_at_ms`` (not both) and ``ttl_ms`` (integers).
+
+    Raises:
+        ValueError: with a sentence saying what is wrong with the line.
+    """
+    if not text.strip():
+        return None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    topic = obj.get("topic")
+    if not isinstance(topic, str):
+        raise ValueError('"topic" must be a string')
+    if "payload" not in obj:
+        raise ValueError('"payload" is missing')
+    unknown = sorted(set(obj) - {"topic", "payload", "delay_ms", "deliver_at_ms", "ttl_ms"})
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(unknown)}")
+    delay_ms = _optional_ms(obj, "delay_ms")
+    deliver_at_ms = _optional_ms(obj, "deliver_at_ms")
+    ttl_ms = _optional_ms(obj, "ttl_ms")
+    if delay_ms is not None and deliver_at_ms is not None:
+        raise ValueError("give delay_ms or deliver_at_ms, not both")
+    return PublishItem(topic, payload_from_json(obj["payload"]), delay_ms, deliver_at_ms, ttl_ms)
+
+
+def parse_jsonl(lines: Iterable[str]) -> tuple[list[JsonlItem], list[LineFailure]]:
+    """Parse a JSONL file: the good lines as messages, the bad ones as failures.
+
+    Args:
+        lines: The file's lines (with or without newlines); numbered from 1.
+
+    Returns:
+        ``(items, failures)``, both in line order. Blank lines are skipped.
+    """
+    items: list[JsonlItem] = []
+    failures: list[LineFailure] = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            item = parse_jsonl_line(line)
+        except ValueError as exc:
+            failures.append(LineFailure(number, str(exc)))
+            continue
+        if item is not None:
+            items.append(JsonlItem(number, item))
+    return items, failures
+
+
+def render_payload(payload: bytes) -> tuple[Any, str]:
+    """How ``consume --json`` shows a payload.
+
+    Returns:
+        ``(value, encoding)``: the parsed JSON value and ``"json"`` if the payload is
+        JSON; else the text and ``"text"`` if it is UTF-8; else base64 text and
+        ``"base64"``.
+    """
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return base64.b64encode(payload).decode("ascii"), "base64"
+    try:
+        return json.loads(text), "json"
+    except ValueError:
+        return text, "text"
+
+
+def delivery_record(delivery: Delivery) -> dict[str, Any]:
+    """The JSON object ``consume --json`` prints for one delivery.
+
+    Shape: ``{"id", "topic", "group", "payload", "payload_encoding" ("json" |
+    "text" | "base64"), "due_ms", "delivered_ms", "attempt"}``; times in ms since the
+    Unix epoch.
+    """
+    value, encoding = render_payload(delivery.payload)
+    return {
+        "id": delivery.id,
+        "topic": delivery.topic,
+        "group": delivery.group,
+        "payload": value,
+        "payload_encoding": encoding,
+        "due_ms": delivery.due_ms,
+        "delivered_ms": delivery.delivered_ms,
+        "attempt": delivery.attempt,
+    }
+
+
+def format_ms(ms: int) -> str:
+    """``2026-01-02T03:04:05.678Z`` for a wall-clock time in ms since the Unix epoch."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def delivery_line(delivery: Delivery) -> str:
+    """The readable one-line form ``consume`` prints without ``--json``."""
+    value, encoding = render_payload(delivery.payload)
+    if encoding == "json":
+        shown = json.dumps(value, ensure_ascii=False)
+    elif encoding == "text":
+        shown = str(value).replace("\n", "\\n")
+    else:
+        shown = f"base64:{value}"
+    return (
+        f"#{delivery.id} {delivery.topic}/{delivery.group} attempt={delivery.attempt} "
+        f"due={format_ms(delivery.due_ms)}: {shown}"
+    )
+
+
+def parse_at_ms(text: str) -> int:
+    """``--at``: integer ms since the Unix epoch, or an ISO 8601 time.
+
+    An ISO time without a zone is taken as UTC (``2026-05-01T12:00:00``);
+    ``2026-05-01T12:00:00+02:00`` and a trailing ``Z`` are understood.
+
+    Raises:
+        argparse.ArgumentTypeError: neither form.
+    """
+    stripped = text.strip()
+    if stripped.isdigit():
+        return int(stripped)
+    try:
+        moment = datetime.datetime.fromisoformat(stripped.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither milliseconds since the Unix epoch nor an ISO 8601 time "
+            "(e.g. 2026-05-01T12:00:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def error_line(exc: BaseException, servers: str) -> str:
+    """The one line printed on stderr for an error: ``error: [CODE_NAME] sentence``."""
+    if isinstance(exc, RequestError | ProtocolError):
+        return f"error: [{exc.code.name}] {exc.message}"
+    if isinstance(exc, ConnectionLostError):
+        hint = ""
+        if "could not connect" in str(exc) or "no connection to any" in str(exc):
+            hint = (
+                f"; is a FutureQ server running at {servers}? "
+                "(start one with `make run`, or pass --server / set FUTUREQ_SERVER)"
+            )
+        return f"error: [CONNECTION_LOST] {exc}{hint}"
+    if isinstance(exc, ClientClosedError):
+        return f"error: [CLIENT_CLOSED] {exc}"
+    if isinstance(exc, OSError):
+        return f"error: [OS_ERROR] {exc.strerror or exc}" + (
+            f": {exc.filename}" if exc.filename else ""
+        )
+    return f"error: [{type(exc).__name__}] {exc}"
+
+
+# ---------------------------------------------------------------------------------
+# Argument parsing
+# ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``futureq-cli`` argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(
+        prog="futureq-cli",
+        description="Publish, consume and inspect a FutureQ delayed-message queue.",
+        epilog="Durations: 250ms, 5s, 10m, 2h, 3d, or bare milliseconds. See docs/cli.md.",
+    )
+    parser.add_argument(
+        "--server",
+        default=os.environ.get(SERVER_ENV, DEFAULT_SERVER),
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help=f"server address(es) to try (default ${SERVER_ENV} or {DEFAULT_SERVER})",
+    )
+    parser.add_argument(
+        "--tls-ca", metavar="FILE", help="use TLS, trusting the CA certificates in FILE (PEM)"
+    )
+    parser.add_argument("--tls", action="store_true", help="use TLS with the system's trusted CAs")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"auth token sent in HELLO (default ${TOKEN_ENV})",
+    )
+    parser.add_argument(
+        "--timeout",
+        dest="request_timeout_ms",
+        type=duration_ms_arg,
+        default=30_000,
+        metavar="D",
+        help="deadline of each request, retries included (default 30s)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    publish = commands.add_parser(
+        "publish",
+        help="publish one message, or a JSONL file of messages",
+        description="Publish one message (TOPIC PAYLOAD) or, with --file, many.",
+    )
+    publish.add_argument("topic", nargs="?", help="topic to publish to")
+    publish.add_argument("payload", nargs="?", help="payload text (sent as UTF-8 bytes)")
+    publish.add_argument("--payload-file", metavar="F", help="read the payload bytes from F")
+    when = publish.add_mutually_exclusive_group()
+    when.add_argument(
+        "--delay", type=duration_ms_arg, metavar="D", help="deliver D after publishing"
+    )
+    when.add_argument(
+        "--at",
+        type=parse_at_ms,
+        metavar="TIME",
+        help="deliver at TIME: ISO 8601 (UTC if no zone) or ms since the Unix epoch",
+    )
+    publish.add_argument(
+        "--ttl", type=duration_ms_arg, metavar="D", help="drop it if not delivered D after due"
+    )
+    publish.add_argument("--file", metavar="F", help="publish every line of a JSONL file")
+    publish.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help=f"messages per PUBLISH with --file (default {DEFAULT_BATCH_SIZE})",
+    )
+
+    consume = commands.add_parser(
+        "consume",
+        help="receive messages as a member of a consumer group",
+        description="Print each delivered message, then ack it (unless --no-ack/--nack).",
+    )
+    consume.add_argument("topic")
+    consume.add_argument("--group", required=True, help="consumer group (created if new)")
+    consume.add_argument("--count", type=_positive_int, metavar="N", help="stop after N messages")
+    consume.add_argument("--json", action="store_true", help="one JSON object per line")
+    settle = consume.add_mutually_exclusive_group()
+    settle.add_argument(
+        "--no-ack", action="store_true", help="do not ack: messages come back later"
+    )
+    settle.add_argument("--nack", action="store_true", help="nack every message after printing")
+    consume.add_argument(
+        "--requeue-delay",
+        type=duration_ms_arg,
+        default=0,
+        metavar="D",
+        help="with --nack: deliver again after D (default 0)",
+    )
+    consume.add_argument(
+        "--prefetch",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help="most unacked deliveries in flight (default 100)",
+    )
+    consume.add_argument(
+        "--timeout",
+        dest="idle_timeout_ms",
+        type=duration_ms_arg,
+        metavar="D",
+        help="stop when no message arrives for D (default: wait for ever)",
+    )
+
+    status = commands.add_parser("status", help="node, role, leader, topics and groups")
+    status.add_argument("--json", action="store_true", help="print the raw status as JSON")
+
+    group = commands.add_parser("group", help="create, delete and list consumer groups")
+    group_commands = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
+    create = group_commands.add_parser("create", help="create a consumer group (idempotent)")
+    create.add_argument("topic")
+    create.add_argument("group")
+    create.add_argument(
+        "--visibility-timeout",
+        type=duration_ms_arg,
+        metavar="D",
+        help="redeliver a delivery not acked within D (default: the server's)",
+    )
+    create.add_argument(
+        "--max-deliveries",
+        type=_positive_int,
+        metavar="N",
+        help="attempts before a message goes to TOPIC.dlq (default: the server's)",
+    )
+    delete = group_commands.add_parser("delete", help="delete a group and its pending deliveries")
+    delete.add_argument("topic")
+    delete.add_argument("group")
+    group_list = group_commands.add_parser("list", help="every group with its counts")
+    group_list.add_argument("--json", action="store_true")
+
+    topic = commands.add_parser("topic", help="list topics")
+    topic_commands = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+    topic_list = topic_commands.add_parser("list", help="every topic with its totals")
+    topic_list.add_argument("--json", action="store_true")
+
+    cluster = commands.add_parser("cluster", help="cluster information")
+    cluster_commands = cluster.add_subparsers(
+        dest="cluster_command", required=True, metavar="ACTION"
+    )
+    cluster_status = cluster_commands.add_parser("status", help="this node's view of the cluster")
+    cluster_status.add_argument("--json", action="store_true")
+    return parser
+
+
+def _check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.file is not None:
+        extra = [
+            flag
+            for flag, value in (
+                ("TOPIC", args.topic),
+                ("PAYLOAD", args.payload),
+                ("--payload-file", args.payload_file),
+                ("--delay", args.delay),
+                ("--at", args.at),
+                ("--ttl", args.ttl),
+            )
+            if value is not None
+        ]
+        if extra:
+            parser.error(
+                f"publish --file takes topic, payload and times from each line; "
+                f"drop {', '.join(extra)}"
+            )
+        return
+    if args.topic is None:
+        parser.error("publish needs TOPIC and PAYLOAD (or --payload-file F), or --file F")
+    if (args.payload is None) == (args.payload_file is None):
+        parser.error("publish needs exactly one of PAYLOAD or --payload-file F")
+
+
+# ---------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------
+
+
+@attrs.define
+class Output:
+    """Where a command writes: ``stdout`` for results, ``stderr`` for errors."""
+
+    stdout: IO[str]
+    stderr: IO[str]
+
+    def out(self, text: str) -> None:
+        self.stdout.write(text + "\n")
+        self.stdout.flush()
+
+    def err(self, text: str) -> None:
+        self.stderr.write(text + "\n")
+        self.stderr.flush()
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.stdout.isatty()
+
+
+async def _publish_one(client: Client, args: argparse.Namespace, io: Output) -> int:
+    if args.payload_file is not None:
+        with open(args.payload_file, "rb") as handle:  # noqa: ASYNC230 - one small read
+            payload = handle.read()
+    else:
+        payload = args.payload.encode("utf-8")
+    message_id = await client.publish(
+        args.topic, payload, delay_ms=args.delay, deliver_at_ms=args.at, ttl_ms=args.ttl
+    )
+    io.out(str(message_id))
+    return EXIT_OK
+
+
+@attrs.define
+class PublishSummary:
+    """Outcome of ``publish --file``."""
+
+    published: int = 0
+    failures: list[LineFailure] = attrs.Factory(list)
+
+
+async def publish_items(
+    client: Client,
+    items: Sequence[JsonlItem],
+    batch_size: int,
+    on_progress: Callable[[int], None] = lambda n: None,
+) -> PublishSummary:
+    """Publish JSONL items in batches; a refused item is reported and the rest resent.
+
+    The server stores nothing of a refused PUBLISH and names its first bad item, so
+    that line becomes a failure and the batch is sent again without it. Errors not
+    naming an item (connection lost, 3xx after retries) fail every line of the batch.
+
+    Args:
+        client: A connected client.
+        items: The good lines, in order.
+        batch_size: Messages per PUBLISH (capped at the client's ``max_batch_items``).
+        on_progress: Called with the number of lines settled (published or failed).
+
+    Returns:
+        The count published and the failed lines, in line order.
+    """
+    summary = PublishSummary()
+    size = max(1, min(batch_size, client.max_batch_items))
+    for start in range(0, len(items), size):
+        batch = list(items[start : start + size])
+        while batch:
+            try:
+                await client.publish_batch([entry.item for entry in batch])
+            except RequestError as exc:
+                index = exc.item_index
+                if index is not None and 0 <= index < len(batch):
+                    bad = batch.pop(index)
+                    summary.failures.append(
+                        LineFailure(bad.line_number, f"[{exc.code.name}] {exc.message}")
+                    )
+                    on_progress(1)
+                    continue
+                reason = f"[{exc.code.name}] {exc.message}"
+            except (ConnectionLostError, ProtocolError) as exc:
+                reason = error_line(exc, "").removeprefix("error: ")
+            else:
+                summary.published += len(batch)
+                on_progress(len(batch))
+                break
+            summary.failures.extend(LineFailure(entry.line_number, reason) for entry in batch)
+            on_progress(len(batch))
+            break
+    summary.failures.sort(key=lambda failure: failure.line_number)
+    return summary
+
+
+async def _publish_file(client: Client, args: argparse.Namespace, io: Output) -> int:
+    with open(args.file, encoding="utf-8", errors="surrogateescape") as handle:  # noqa: ASYNC230
+        items, failures = parse_jsonl(handle)
+    started = time.monotonic()
+    if io.is_terminal and items:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as progress:
+            task = progress.add_task("publishing", total=len(items))
+            summary = await publish_items(
+                client, items, args.batch_size, lambda n: progress.advance(task, n)
+            )
+    else:
+        summary = await publish_items(client, items, args.batch_size)
+    elapsed_s = max(time.monotonic() - started, 1e-9)
+    summary.failures = sorted(failures + summary.failures, key=lambda f: f.line_number)
+    rate = summary.published / elapsed_s
+    io.out(
+        f"published {summary.published} message(s) in {elapsed_s:.2f} s "
+        f"({rate:.0f} msgs/s); {len(summary.failures)} failed line(s)"
+    )
+    for failure in summary.failures[:MAX_FAILURES_SHOWN]:
+        io.err(f"line {failure.line_number}: {failure.reason}")
+    if len(summary.failures) > MAX_FAILURES_SHOWN:
+        io.err(f"... and {len(summary.failures) - MAX_FAILURES_SHOWN} more failed line(s)")
+    return EXIT_ERROR if summary.failures else EXIT_OK
+
+
+async def _consume(client: Client, args: argparse.Namespace, io: Output) -> int:
+    prefetch = args.prefetch
+    if args.count is not None:
+        # Never take more than we will print: a delivery received but not printed
+        # would go back to the group with its attempt count raised. With --no-ack the
+        # unacked deliveries hold their credit, so the window must fit all of them.
+        prefetch = args.count if args.no_ack else min(prefetch, args.count)
+    received = 0
+    async with client.subscribe(args.topic, args.group, prefetch) as sub:
+        while args.count is None or received < args.count:
+            if args.idle_timeout_ms is None:
+                delivery = await sub.__anext__()
+            else:
+                maybe = await sub.receive(args.idle_timeout_ms / 1000)
+                if maybe is None:
+                    break
+                delivery = maybe
+            if args.json:
+                io.out(json.dumps(delivery_record(delivery), ensure_ascii=False))
+            else:
+                io.out(delivery_line(delivery))
+            received += 1
+            # Settle only after the line is printed and flushed (io.out flushes).
+            if args.nack:
+                await delivery.nack(args.requeue_delay)
+            elif not args.no_ack:
+                await delivery.ack()
+    return EXIT_OK
+
+
+def _groups(status: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for topic in status.get("topics", []):
+        for group in topic.get("groups", []):
+            rows.append({"topic": topic.get("topic"), **group})
+    return rows
+
+
+def _topics(status: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for topic in status.get("topics", []):
+        groups = topic.get("groups", [])
+        rows.append(
+            {
+                "topic": topic.get("topic"),
+                "groups": len(groups),
+                "pending": sum(g.get("pending", 0) for g in groups),
+                "due": sum(g.get("due", 0) for g in groups),
+                "in_flight": sum(g.get("in_flight", 0) for g in groups),
+                "consumers": sum(g.get("consumers", 0) for g in groups),
+            }
+        )
+    return rows
+
+
+_NODE_KEYS: Final = (
+    "node_id",
+    "role",
+    "leader_address",
+    "server_version",
+    "applied_index",
+    "uptime_s",
+)
+_GROUP_COLUMNS: Final = (
+    "topic",
+    "group",
+    "pending",
+    "due",
+    "in_flight",
+    "consumers",
+    "visibility_timeout_ms",
+    "max_deliveries",
+)
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], io: Output) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        numeric = column not in ("topic", "group")
+        table.add_column(column.replace("_", " "), justify="right" if numeric else "left")
+    for row in rows:
+        table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
+    Console(file=io.stdout, width=None if io.is_terminal else 160).print(table)
+
+
+def _print_node(status: dict[str, Any], io: Output) -> None:
+    io.out(
+        f"node {status.get('node_id')} role={status.get('role')} "
+        f"leader={status.get('leader_address') or '(none known)'} "
+        f"version={status.get('server_version')} applied_index={status.get('applied_index')} "
+        f"uptime={status.get('uptime_s')}s"
+    )
+
+
+async def _status(client: Client, args: argparse.Namespace, io: Output) -> int:
+    status = await client.status()
+    if args.json:
+        io.out(json.dumps(status, ensure_ascii=False))
+        return EXIT_OK
+    _print_node(status, io)
+    rows = _groups(status)
+    if rows:
+        _table("consumer groups", _GROUP_COLUMNS, rows, io)
+    else:
+        io.out("no topics yet")
+    return EXIT_OK
+
+
+async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
+    if args.group_command == "create":
+        await client.create_group(
+            args.topic,
+            args.group,
+            visibility_timeout_ms=args.visibility_timeout,
+            max_deliveries=args.max_deliveries,
+        )
+        io.out(f"group {args.group!r} of topic {args.topic!r} exists")
+    elif args.group_command == "delete":
+        await client.delete_group(args.topic, args.group)
+        io.out(f"group {args.group!r} of topic {args.topic!r} deleted")
+    else:
+        rows = _groups(await client.status())
+        if args.json:
+            io.out(json.dumps(rows, ensure_ascii=False))
+        elif rows:
+            _table("consumer groups", _GROUP_COLUMNS, rows, io)
+        else:
+            io.out("no consumer groups yet")
+    return EXIT_OK
+
+
+async def _topic(client: Client, args: argparse.Namespace, io: Output) -> int:
+    rows = _topics(await client.status())
+    if args.json:
+        io.out(json.dumps(rows, ensure_ascii=False))
+    elif rows:
+        _table("topics", ("topic", "groups", "pending", "due", "in_flight", "consumers"), rows, io)
+    else:
+        io.out("no topics yet")
+    return EXIT_OK
+
+
+async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
+    status = await client.status()
+    node = {key: status.get(key) for key in _NODE_KEYS}
+    if args.json:
+        io.out(json.dumps(node, ensure_ascii=False))
+    else:
+        _print_node(status, io)
+    return EXIT_OK
+
+
+def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    if args.tls_ca is not None:
+        return ssl.create_default_context(cafile=args.tls_ca)
+    if args.tls:
+        return ssl.create_default_context()
+    return None
+
+
+async def run_command(args: argparse.Namespace, io: Output) -> int:
+    """Connect and run the parsed command.
+
+    Returns:
+        The exit status.
+
+    Raises:
+        FutureQError, OSError: reported by :func:`main` as one ``error:`` line.
+    """
+    handlers: dict[str, Callable[[Client, argparse.Namespace, Output], Any]] = {
+        "publish": _publish_file if args.command == "publish" and args.file else _publish_one,
+        "consume": _consume,
+        "status": _status,
+        "group": _group,
+        "topic": _topic,
+        "cluster": _cluster,
+    }
+    timeout_s = args.request_timeout_ms / 1000
+    async with open_client(
+        args.server,
+        ssl_context=_ssl_context(args),
+        token=args.token,
+        connect_timeout_s=min(5.0, timeout_s),
+        request_timeout_s=timeout_s,
+    ) as client:
+        result: int = await handlers[args.command](client, args, io)
+        return result
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> int:
+    """Entry point of ``futureq-cli``.
+
+    Args:
+        argv: Arguments without the program name (default ``sys.argv[1:]``).
+        stdout: Where results go (default ``sys.stdout``).
+        stderr: Where errors go (default ``sys.stderr``).
+
+    Returns:
+        The exit status (also used by ``sys.exit`` when run as a script): 0 ok,
+        1 error, 2 usage error, 130 interrupted.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command == "publish":
+        try:
+            _check_publish_args(parser, args)
+        except SystemExit as exc:
+            return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    io = Output(stdout or sys.stdout, stderr or sys.stderr)
+    try:
+        return trio.run(run_command, args, io)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # pragma: no cover - stdout closed early, e.g. by `| head`
+        return EXIT_OK
+    except (FutureQError, OSError, ssl.SSLError, binascii.Error) as exc:
+        io.err(error_line(exc, args.server))
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
