@@ -277,9 +277,16 @@ class Dispatcher:
         max_deliveries = info.max_deliveries
         visibility_ms = info.visibility_timeout_ms
         metrics = self.metrics
-        for consumer in runtime.consumers_with_credit():
-            while consumer.credit > 0:
-                entries = index.pop_due(now_ms, min(consumer.credit, self.batch_items))
+        # Round-robin: each round gives every consumer with credit an equal share of
+        # what is due (one DELIVER frame each), so a group's consumers split the work.
+        consumers = runtime.consumers_with_credit()
+        while consumers:
+            due_now = index.count_due(now_ms)
+            if due_now == 0:
+                return
+            share = max(1, min(self.batch_items, -(-due_now // len(consumers))))
+            for consumer in consumers:
+                entries = index.pop_due(now_ms, min(consumer.credit, share))
                 if not entries:
                     return
                 deliveries: list[list[Any]] = []
@@ -353,7 +360,10 @@ class Dispatcher:
                             redelivered
                         )
                     for flight in flights:
-                        metrics.due_to_delivery_seconds.observe((now_ms - flight.due_ms) / 1000)
+                        metrics.due_to_delivery_seconds.observe(
+                            max(0, now_ms - flight.due_ms) / 1000
+                        )
+            consumers = [c for c in consumers if c.credit > 0 and not c.closed]
 
     # ------------------------------------------------------------ status
 
