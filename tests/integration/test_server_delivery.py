@@ -29,7 +29,7 @@ def test_delayed_message_is_never_delivered_early(broker: BrokerProcess) -> None
     first, second = consumer.deliveries(2)
     assert first[2] == b"now" and second[2] == b"later"
     for delivery in (first, second):
-        due_ms, publish_ms, attempt, delivered_ms = (
+        due_ms, _publish_ms, attempt, delivered_ms = (
             delivery[3],
             delivery[4],
             delivery[5],
