@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import Final
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import ColumnFamily, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from futureq.errors import StorageError
 
@@ -104,17 +104,17 @@ class Database:
                     batch.delete(key, handle)
                 else:
                     batch.put(key, value, handle)
-        self.write_batch(batch, sync=sync)
+        self.write_batch(batch, sync)
 
     def new_batch(self) -> WriteBatch:
         """An empty raw-mode write batch for :meth:`write_batch`."""
         return WriteBatch(raw_mode=True)
 
-    def handle(self, family: str) -> object:
+    def handle(self, family: str) -> ColumnFamily:
         """The column family handle to pass to ``WriteBatch.put``/``delete``."""
         return self._handles[family]
 
-    def write_batch(self, batch: WriteBatch, *, sync: bool) -> None:
+    def write_batch(self, batch: WriteBatch, sync: bool) -> None:
         """Write a prepared batch; ``sync`` fsyncs the WAL first.
 
         Raises:
@@ -129,7 +129,7 @@ class Database:
         """Delete keys in ``[start, stop)`` of one family (unsynced)."""
         batch = WriteBatch(raw_mode=True)
         batch.delete_range(start, stop, self._handles[family])
-        self.write_batch(batch, sync=False)
+        self.write_batch(batch, False)
 
     def scan(
         self, family: str, start: bytes, stop: bytes | None = None
