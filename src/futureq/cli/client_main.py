@@ -593,6 +593,8 @@ async def _consume(client: Client, args: argparse.Namespace, io: Output) -> int:
             else:
                 io.out(delivery_line(delivery))
             received += 1
+            if received == args.count:
+                sub.pause()  # the last one: settling it must not invite another push
             # Settle only after the line is printed and flushed (io.out flushes).
             if args.nack:
                 await delivery.nack(args.requeue_delay)

@@ -654,7 +654,8 @@ class Client:
                 if fresh and sub.epoch == live and sub.subscription_id is not None:
                     # Credit goes out with the ACK so the window stays at prefetch.
                     credit = sub._grant(len(fresh))
-                    then_send.append(frames.Credit(0, sub.subscription_id, credit))
+                    if credit:
+                        then_send.append(frames.Credit(0, sub.subscription_id, credit))
                 request = (
                     _ack_frame(tags)
                     if requeue_delay_ms is None

@@ -118,6 +118,7 @@ class Subscription:
         self.subscription_id: int | None = None
         self._credit = 0
         self._closed = False
+        self._paused = False
 
     def __repr__(self) -> str:
         return (
@@ -182,10 +183,22 @@ class Subscription:
 
     def _grant(self, settled: int) -> int:
         """Count ``settled`` deliveries of the live epoch; return the credit to send."""
+        if self._paused:
+            return 0
         self._credit += settled
         return settled
 
     # -- public API ----------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop asking for more deliveries: later acks and nacks grant no credit.
+
+        Call it before settling the last deliveries when you are about to leave the
+        ``subscribe`` block, so the server does not push messages you will not read
+        (they would go back to the group, counted as an attempt). Deliveries already
+        pushed still arrive. A reconnect subscribes again with a full window.
+        """
+        self._paused = True
 
     @property
     def closed(self) -> bool:
