@@ -381,3 +381,40 @@ async def test_errors_in_the_body_are_not_wrapped(broker: FakeBroker) -> None:
     with pytest.raises(KeyError):
         async with _client(broker.address):
             raise KeyError("mine")
+
+
+async def test_publish_items_reports_refused_lines_and_keeps_good_ones(
+    broker: FakeBroker,
+) -> None:
+    from futureq.cli.client_main import parse_jsonl, publish_items
+
+    lines = [
+        '{"topic": "t", "payload": 1}',
+        '{"topic": "t.dlq", "payload": 2}',
+        '{"topic": "t", "payload": 3}',
+        '{"topic": "", "payload": 4}',
+        '{"topic": "t", "payload": 5}',
+    ]
+    items, failures = parse_jsonl(lines)
+    assert failures == []
+    progress: list[int] = []
+    async with _client(broker.address) as client:
+        summary = await publish_items(client, items, batch_size=10, on_progress=progress.append)
+    assert summary.published == 3
+    assert [(f.line_number, f.reason.split("]")[0]) for f in summary.failures] == [
+        (2, "[RESERVED_TOPIC"),
+        (4, "[INVALID_TOPIC"),
+    ]
+    assert sum(progress) == 5
+    assert sum(broker.publish_sizes) == 3
+
+
+async def test_pause_stops_granting_credit(broker: FakeBroker) -> None:
+    async with _client(broker.address) as client:
+        await client.publish_batch([PublishItem("t", str(i).encode()) for i in range(3)])
+        async with client.subscribe("t", "g", prefetch=1) as sub:
+            first = await sub.__anext__()
+            sub.pause()
+            await first.ack()
+            assert await sub.receive(0.2) is None  # no credit: nothing more is pushed
+    assert broker.acked == [1]
