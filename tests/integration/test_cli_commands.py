@@ -7,10 +7,14 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from conftest import BrokerProcess
+
+class BrokerProcess(Protocol):
+    """What these tests use of the ``broker`` fixture (tests/integration/conftest.py)."""
+
+    client_address: str
+
 
 CLI_TIMEOUT_S = 60.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pytest
 import trio
@@ -14,8 +14,13 @@ from futureq.client import Client, PublishItem, open_client
 from futureq.client.sync import SyncClient
 from futureq.errors import ConnectionLostError, ErrorCode, RequestError
 
-if TYPE_CHECKING:
-    from conftest import BrokerProcess
+
+class BrokerProcess(Protocol):
+    """What these tests use of the ``broker`` fixture (tests/integration/conftest.py)."""
+
+    client_address: str
+
+    def restart(self) -> None: ...
 
 
 @asynccontextmanager
