@@ -130,7 +130,7 @@ async def serve(
             root.start_soon(broker.run_background_publisher)
             http_address: str = await root.start(serve_http, config.server.http, metrics, broker)
             if handle_signals:
-                root.start_soon(_watch_signals, shutdown)
+                root.start_soon(_watch_signals, shutdown, root.cancel_scope)
             async with trio.open_nursery() as connections:
                 accepting = trio.CancelScope()
 
@@ -176,12 +176,18 @@ async def serve(
         log.info("stopped; RocksDB closed")
 
 
-async def _watch_signals(shutdown: trio.Event) -> None:
+async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
+    """First SIGTERM/SIGINT: graceful shutdown. A second one: stop at once."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
-            log.info("received %s", signal.Signals(signum).name)
-            shutdown.set()
-            return
+            name = signal.Signals(signum).name
+            if not shutdown.is_set():
+                log.info("received %s: shutting down gracefully (send it again to force)", name)
+                shutdown.set()
+            else:
+                log.warning("received %s again: stopping now", name)
+                root.cancel()
+                return
 
 
 def run(config: Config) -> int:
