@@ -57,11 +57,14 @@ class MemoryStore:
     def scan(
         self, family: str, start: bytes, stop: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
-        """``(key, value)`` pairs in key order within ``[start, stop)`` (a snapshot)."""
+        """``(key, value)`` pairs in key order within ``[start, stop)`` (a snapshot).
+
+        Like a RocksDB iterator, the scan sees the family as it was when iteration
+        started: writes made while it runs (deletes included) do not show.
+        """
         data = self._family(family)
-        keys = list(data.irange(start, stop, inclusive=(True, False)))
-        for key in keys:
-            yield key, data[key]
+        items = [(key, data[key]) for key in data.irange(start, stop, inclusive=(True, False))]
+        yield from items
 
     def scan_keys(self, family: str, start: bytes, stop: bytes | None = None) -> Iterator[bytes]:
         """Keys in order within ``[start, stop)`` (a snapshot)."""
