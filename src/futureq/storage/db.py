@@ -66,11 +66,18 @@ class Database:
         self._synced.sync = True
         self._unsynced = WriteOptions()
         self._closed = False
-        self._check_schema()
+        try:
+            self._check_schema()
+        except BaseException:
+            # Release the LOCK now: the half-built object may live on in the
+            # traceback, and RocksDB would refuse any later open in this process.
+            self.close()
+            raise
 
     def _check_schema(self) -> None:
-        meta = self._families["meta"]
-        found = meta.get(_SCHEMA_KEY)
+        # No column family object in a local: it would live on in the traceback of the
+        # error below and keep the database (and its LOCK) open.
+        found = self.get("meta", _SCHEMA_KEY)
         if found is None:
             self.write({"meta": {_SCHEMA_KEY: SCHEMA_VERSION.to_bytes(4, "big")}}, sync=True)
             return

@@ -1,0 +1,131 @@
+"""The RocksDB Database: families, schema version, atomic batches, ranges, lock, reopen.
+
+Real RocksDB in ``tmp_path``. Source: ``DESIGN.md``, "Storage layout".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from futureq.errors import StorageError
+from futureq.storage.db import FAMILIES, SCHEMA_VERSION, Database
+
+
+def test_new_directory_gets_every_family_and_the_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "fresh" / "nested"
+    db = Database(str(path))
+    try:
+        assert path.is_dir()
+        assert set(FAMILIES) == {
+            "raft_log",
+            "raft_state",
+            "messages",
+            "schedule",
+            "groups",
+            "meta",
+        }
+        db.write({family: {b"k": family.encode()} for family in FAMILIES})
+        assert [db.get(family, b"k") for family in FAMILIES] == [f.encode() for f in FAMILIES]
+        assert db.get("meta", b"schema_version") == SCHEMA_VERSION.to_bytes(4, "big")
+    finally:
+        db.close()
+    db = Database(str(path))
+    try:
+        assert [db.get(family, b"k") for family in FAMILIES] == [f.encode() for f in FAMILIES]
+    finally:
+        db.close()
+
+
+def test_other_schema_version_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    db = Database(path)
+    db.write({"meta": {b"schema_version": (SCHEMA_VERSION + 1).to_bytes(4, "big")}}, sync=True)
+    db.close()
+    with pytest.raises(StorageError) as first:
+        Database(path)
+    message = str(first.value)
+    assert path in message
+    assert f"schema version {SCHEMA_VERSION + 1}" in message
+    assert f"reads version {SCHEMA_VERSION}" in message
+    # The refused database is closed: while the first error is still alive, a second
+    # attempt reports the schema again, not "lock hold by current process".
+    with pytest.raises(StorageError, match="schema version"):
+        Database(path)
+
+
+def test_write_is_all_or_nothing_when_a_family_is_unknown(db: Database) -> None:
+    db.write({"messages": {b"keep": b"1"}})
+    with pytest.raises(KeyError):
+        db.write({"messages": {b"keep": None, b"new": b"2"}, "no_such_family": {b"k": b"v"}})
+    assert db.get("messages", b"keep") == b"1"
+    assert db.get("messages", b"new") is None
+
+
+def test_synced_and_unsynced_writes_both_land(db: Database) -> None:
+    db.write({"raft_log": {b"\x00" * 7 + b"\x01": b"entry"}}, sync=True)
+    db.write({"messages": {b"m": b"x"}}, sync=False)
+    batch = db.new_batch()
+    batch.put(b"k", b"v", db.handle("raft_state"))
+    batch.delete(b"m", db.handle("messages"))
+    db.write_batch(batch, True)
+    assert db.get("raft_log", b"\x00" * 7 + b"\x01") == b"entry"
+    assert db.get("raft_state", b"k") == b"v"
+    assert db.get("messages", b"m") is None
+
+
+def test_last_key(db: Database) -> None:
+    assert db.last_key("raft_log") is None
+    keys = [i.to_bytes(8, "big") for i in (1, 2, 300, 7)]
+    db.write({"raft_log": dict.fromkeys(keys, b"e")})
+    db.write({"messages": {b"\xff" * 9: b"other family"}})
+    assert db.last_key("raft_log") == (300).to_bytes(8, "big")
+    db.write({"raft_log": {(300).to_bytes(8, "big"): None}})
+    assert db.last_key("raft_log") == (7).to_bytes(8, "big")
+
+
+def test_delete_range_is_start_inclusive_stop_exclusive_and_one_family(db: Database) -> None:
+    keys = [i.to_bytes(8, "big") for i in range(1, 11)]
+    db.write({"raft_log": dict.fromkeys(keys, b"e"), "messages": dict.fromkeys(keys, b"m")})
+    db.delete_range("raft_log", (0).to_bytes(8, "big"), (4).to_bytes(8, "big"))
+    db.delete_range("raft_log", (8).to_bytes(8, "big"), (9).to_bytes(8, "big"))
+    remaining = [int.from_bytes(k, "big") for k in db.scan_keys("raft_log", b"")]
+    assert remaining == [4, 5, 6, 7, 9, 10]
+    assert len(list(db.scan_keys("messages", b""))) == 10
+
+
+def test_scan_stops_early_without_reading_past_stop(db: Database) -> None:
+    db.write({"schedule": {bytes([i]): bytes([i]) for i in range(10)}})
+    scan = db.scan("schedule", b"\x02", b"\x05")
+    assert next(scan) == (b"\x02", b"\x02")
+    assert list(scan) == [(b"\x03", b"\x03"), (b"\x04", b"\x04")]
+
+
+def test_close_releases_the_lock_so_the_same_process_can_reopen(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    db = Database(path)
+    db.write({"messages": {b"k": b"v"}})
+    scan = db.scan("messages", b"")
+    assert next(scan) == (b"k", b"v")
+    del scan  # an abandoned scan must not keep the database open
+    db.close()
+    db.close()  # twice is fine
+    again = Database(path)
+    try:
+        assert again.get("messages", b"k") == b"v"
+    finally:
+        again.close()
+
+
+def test_second_open_of_a_locked_directory_raises_storage_error(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    db = Database(path)
+    try:
+        with pytest.raises(StorageError, match="cannot open RocksDB") as info:
+            Database(path)
+        assert path in str(info.value)
+        db.write({"messages": {b"still": b"works"}})
+        assert db.get("messages", b"still") == b"works"
+    finally:
+        db.close()
