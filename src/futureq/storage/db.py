@@ -48,7 +48,10 @@ class Database:
 
     def __init__(self, path: str, *, write_buffer_mb: int = 16, block_cache_mb: int = 32) -> None:
         self.path = path
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create the data directory {path!r}: {exc}") from exc
         families = {
             name: _options(write_buffer_mb, block_cache_mb, for_family=True) for name in FAMILIES
         }

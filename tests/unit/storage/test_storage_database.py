@@ -129,3 +129,10 @@ def test_second_open_of_a_locked_directory_raises_storage_error(tmp_path: Path) 
         assert db.get("messages", b"still") == b"works"
     finally:
         db.close()
+
+
+def test_data_directory_that_cannot_be_created_raises_storage_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"not a directory")
+    with pytest.raises(StorageError, match="cannot create the data directory"):
+        Database(str(blocker / "db"))
