@@ -1,0 +1,713 @@
+"""Deterministic simulation of a cluster of RaftCores (TigerBeetle VOPR / etcd style).
+
+* :class:`SimNetwork` — a seeded network: loss, duplication, reordering (random delay),
+  symmetric/asymmetric/bridge partitions, heal.
+* :class:`SimNode` — a RaftCore over a MemoryStorage with a trivial replicated state
+  machine (a hash chain of applied entries). A crash throws away the core and the
+  state machine and rolls storage back to its last synced write; a restart rebuilds
+  both from storage, exactly as a real node would.
+* :class:`Checker` — safety invariants, checked after every step: at most one leader
+  per term (paper §5.2 Election Safety), log matching (§5.3), leader completeness
+  (§5.4), state machine safety (§5.4.3: the same entry digest at each applied index
+  everywhere), acknowledged proposals never lost, reads never stale (thesis §6.4).
+* :class:`SimCluster` — drives a :class:`Scenario` for one seed, then heals everything
+  and checks liveness: a leader is elected and a proposal commits on every member.
+
+Everything random comes from one ``random.Random(seed)``; nothing reads a clock or
+iterates a set of non-integers, so a seed replays exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+from collections.abc import Iterable
+
+import attrs
+import msgpack
+
+from futureq.raft.core import (
+    ProposalDroppedError,
+    RaftConfig,
+    RaftCore,
+    RaftNotLeaderError,
+    Role,
+)
+from futureq.raft.messages import (
+    ConfChange,
+    ConfChangeOp,
+    Entry,
+    EntryKind,
+    LogIndex,
+    Membership,
+    Message,
+    NodeId,
+    Ready,
+    Snapshot,
+    Term,
+    decode_message,
+    encode_message,
+)
+from futureq.raft.storage import MemoryStorage
+
+
+class InvariantViolation(AssertionError):
+    """A safety or liveness property failed."""
+
+
+@attrs.frozen
+class Scenario:
+    """The knobs of one simulated run; durations in ticks, rates in [0, 1)."""
+
+    name: str
+    voters: int = 3
+    spares: int = 0
+    steps: int = 250
+    drop_rate: float = 0.0
+    duplicate_rate: float = 0.0
+    max_delay_ticks: int = 2
+    partitions: bool = False
+    crashes: bool = False
+    max_crashed: int = 1
+    membership_changes: bool = False
+    compaction_every: int = 0
+    snapshot_chunk_bytes: int = 16
+    transfers: bool = False
+    reads: bool = False
+    propose_rate: float = 0.3
+    fault_rate: float = 0.07
+    election_timeout_ticks: int = 10
+    heartbeat_interval_ticks: int = 2
+    max_inflight: int = 4
+    max_append_bytes: int = 64
+    leader_faults: bool = False
+    wire_roundtrip: bool = False
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("lossy3", drop_rate=0.08, duplicate_rate=0.05, max_delay_ticks=4, crashes=True,
+             fault_rate=0.03),
+    Scenario("partition3", partitions=True, crashes=True, drop_rate=0.02),
+    Scenario("partition5", voters=5, partitions=True, crashes=True, max_crashed=2),
+    Scenario("crash5", voters=5, crashes=True, max_crashed=2, drop_rate=0.03, fault_rate=0.1),
+    Scenario("snapshot3", compaction_every=6, crashes=True, partitions=True, drop_rate=0.03,
+             wire_roundtrip=True),
+    Scenario("membership", voters=3, spares=3, membership_changes=True, crashes=True,
+             partitions=True, compaction_every=10, fault_rate=0.1),
+    Scenario("transfer_read5", voters=5, transfers=True, reads=True, partitions=True,
+             crashes=True, drop_rate=0.02),
+    Scenario("chaos5", voters=5, spares=2, partitions=True, crashes=True, max_crashed=2,
+             membership_changes=True, compaction_every=8, transfers=True, reads=True,
+             drop_rate=0.04, duplicate_rate=0.03, max_delay_ticks=4, fault_rate=0.1),
+    Scenario("figure8_5", voters=5, crashes=True, max_crashed=2, leader_faults=True,
+             max_append_bytes=1, max_inflight=2, drop_rate=0.05, max_delay_ticks=5,
+             fault_rate=0.15, propose_rate=0.5),
+)  # fmt: skip
+
+
+def scenario_for_seed(seed: int) -> Scenario:
+    """The scenario a seed runs: seeds cycle through :data:`SCENARIOS`."""
+    return SCENARIOS[seed % len(SCENARIOS)]
+
+
+class SimNetwork:
+    """A seeded message network over logical time (ticks).
+
+    Args:
+        rng: The simulation's random source.
+        drop_rate: Probability that a message is lost.
+        duplicate_rate: Probability that a message is delivered twice.
+        max_delay_ticks: Messages arrive after 1..max_delay_ticks ticks, so they reorder.
+    """
+
+    def __init__(
+        self, rng: random.Random, drop_rate: float, duplicate_rate: float, max_delay_ticks: int
+    ) -> None:
+        self._rng = rng
+        self.drop_rate = drop_rate
+        self.duplicate_rate = duplicate_rate
+        self.max_delay_ticks = max_delay_ticks
+        self._queue: list[tuple[int, int, Message]] = []
+        self._seq = 0
+        self.blocked: set[tuple[NodeId, NodeId]] = set()
+
+    def send(self, message: Message, now: int) -> None:
+        if self._rng.random() < self.drop_rate:
+            return
+        copies = 2 if self._rng.random() < self.duplicate_rate else 1
+        for _ in range(copies):
+            self._seq += 1
+            delay = self._rng.randint(1, self.max_delay_ticks)
+            heapq.heappush(self._queue, (now + delay, self._seq, message))
+
+    def due(self, now: int) -> list[Message]:
+        """Pop the messages due by ``now`` whose link is not cut, in arrival order."""
+        out: list[Message] = []
+        while self._queue and self._queue[0][0] <= now:
+            _, _, message = heapq.heappop(self._queue)
+            if (message.from_id, message.to_id) not in self.blocked:
+                out.append(message)
+        return out
+
+    def partition(self, groups: Iterable[Iterable[NodeId]]) -> None:
+        """Cut every link between different groups (symmetric partition)."""
+        group_of: dict[NodeId, int] = {}
+        for number, group in enumerate(groups):
+            for node in group:
+                group_of[node] = number
+        for a in sorted(group_of):
+            for b in sorted(group_of):
+                if group_of[a] != group_of[b]:
+                    self.blocked.add((a, b))
+
+    def cut_one_way(self, a: NodeId, b: NodeId) -> None:
+        """Asymmetric partition: messages from ``a`` to ``b`` are lost."""
+        self.blocked.add((a, b))
+
+    def heal(self) -> None:
+        self.blocked.clear()
+
+
+class StateMachine:
+    """The replicated state: a hash chain over every applied entry."""
+
+    def __init__(self) -> None:
+        self.applied_index = LogIndex(0)
+        self.digest = b""
+        self.normal_count = 0
+
+    def apply(self, entry: Entry) -> None:
+        assert entry.index == self.applied_index + 1, "applied out of order"
+        h = hashlib.blake2b(self.digest, digest_size=16)
+        h.update(b"%d/%d/%d/" % (entry.index, entry.term, entry.kind))
+        h.update(entry.data)
+        self.digest = h.digest()
+        self.applied_index = entry.index
+        if entry.kind is EntryKind.NORMAL:
+            self.normal_count += 1
+
+    def snapshot_data(self) -> bytes:
+        packed: bytes = msgpack.packb([self.applied_index, self.digest, self.normal_count])
+        return packed
+
+    def restore(self, data: bytes) -> None:
+        if not data:
+            self.__init__()  # type: ignore[misc]
+            return
+        index, digest, count = msgpack.unpackb(data)
+        self.applied_index, self.digest, self.normal_count = LogIndex(index), digest, count
+
+
+class SimNode:
+    """One server: storage survives crashes (up to its last sync), the rest does not."""
+
+    def __init__(self, node_id: NodeId, config: RaftConfig, membership: Membership) -> None:
+        self.id = node_id
+        self.config = config
+        self.storage = MemoryStorage(membership)
+        self.synced_hard_state = self.storage.hard_state()
+        self.core: RaftCore | None = None
+        self.sm = StateMachine()
+        self.crash_after_persist = False
+        self.last_committed_seen = LogIndex(0)
+
+    @property
+    def up(self) -> bool:
+        return self.core is not None
+
+    def start(self, rng: random.Random) -> None:
+        assert self.core is None
+        self.sm = StateMachine()
+        self.sm.restore(self.storage.snapshot().data)
+        self.core = RaftCore(self.config, self.storage, rng)
+        assert self.core.log.applied == self.sm.applied_index
+        self.last_committed_seen = self.core.log.committed
+
+    def crash(self) -> None:
+        """Lose the process: core and state machine gone, unsynced writes rolled back."""
+        self.core = None
+        self.crash_after_persist = False
+        self.storage.set_hard_state(self.synced_hard_state)
+
+    def persist(self, ready: Ready) -> None:
+        if ready.snapshot is not None:
+            self.storage.apply_snapshot(ready.snapshot)
+        self.storage.append(ready.entries)
+        if ready.hard_state is not None:
+            self.storage.set_hard_state(ready.hard_state)
+        if ready.must_sync:
+            self.synced_hard_state = self.storage.hard_state()
+
+
+class Checker:
+    """Cluster-wide safety invariants, fed by the cluster as things happen."""
+
+    def __init__(self) -> None:
+        self.leader_of_term: dict[Term, NodeId] = {}
+        # (index, term) -> (kind, data, term of the previous entry): log matching.
+        self.entry_by_key: dict[tuple[LogIndex, Term], tuple[EntryKind, bytes, Term]] = {}
+        # index -> state machine digest after applying it: state machine safety.
+        self.digest_at: dict[LogIndex, bytes] = {}
+        # index -> (entry term, lowest term at which any node saw it committed).
+        self.committed: dict[LogIndex, tuple[Term, Term]] = {}
+        self.max_committed = LogIndex(0)
+        self.acked: dict[bytes, LogIndex] = {}
+
+    def leader_seen(self, node: SimNode, core: RaftCore, nodes: dict[NodeId, SimNode]) -> None:
+        """Election Safety (§5.2) and Leader Completeness (§5.4) for a leader."""
+        known = self.leader_of_term.get(core.term)
+        if known is None:
+            self.leader_of_term[core.term] = node.id
+            for index, (term, seen_term) in self.committed.items():
+                if seen_term <= core.term:
+                    self._check_has_entry(core, index, term, "new leader")
+        elif known != node.id:
+            raise InvariantViolation(f"two leaders in term {core.term}: {known} and {node.id}")
+
+    def _check_has_entry(self, core: RaftCore, index: LogIndex, term: Term, why: str) -> None:
+        if index < core.log.first_index():
+            return  # covered by its snapshot, which only holds committed state
+        if core.log.term(index) != term:
+            raise InvariantViolation(
+                f"leader completeness: {why} {core.id} (term {core.term}) lacks committed "
+                f"entry {index} of term {term}; it has term {core.log.term(index)}"
+            )
+
+    def persisted(self, storage: MemoryStorage, entries: tuple[Entry, ...]) -> None:
+        """Log Matching (§5.3): an (index, term) names one entry and one predecessor term."""
+        for entry in entries:
+            prev_term = storage.term(LogIndex(entry.index - 1))
+            key = (entry.index, entry.term)
+            value = (entry.kind, entry.data, prev_term)
+            known = self.entry_by_key.setdefault(key, value)
+            if known != value:
+                raise InvariantViolation(
+                    f"log matching: two different entries at index {entry.index} term "
+                    f"{entry.term}: {known} vs {value}"
+                )
+
+    def commit_seen(self, core: RaftCore, upto: LogIndex, nodes: dict[NodeId, SimNode]) -> None:
+        for index in range(core.log.committed, upto, -1):
+            term = core.log.term(LogIndex(index))
+            if term is None:
+                break
+            known = self.committed.get(LogIndex(index))
+            if known is not None:
+                if known[0] != term:
+                    raise InvariantViolation(
+                        f"committed entry {index} has term {known[0]} and {term} on {core.id}"
+                    )
+                if known[1] <= core.term:
+                    continue
+            self.committed[LogIndex(index)] = (term, core.term)
+            for other in nodes.values():
+                leader = other.core
+                if leader is not None and leader.role is Role.LEADER and leader.term > core.term:
+                    self._check_has_entry(leader, LogIndex(index), term, "leader")
+        self.max_committed = LogIndex(max(self.max_committed, core.log.committed))
+
+    def applied(self, node_id: NodeId, index: LogIndex, digest: bytes) -> None:
+        """State Machine Safety (§5.4.3): the same state at the same applied index."""
+        known = self.digest_at.setdefault(index, digest)
+        if known != digest:
+            raise InvariantViolation(
+                f"state machine safety: node {node_id} has a different state at index {index}"
+            )
+
+
+class SimCluster:
+    """A cluster under a scenario, advanced one tick at a time."""
+
+    def __init__(self, seed: int, scenario: Scenario) -> None:
+        self.seed = seed
+        self.scenario = scenario
+        self.rng = random.Random(seed)
+        self.now = 0
+        self.network = SimNetwork(
+            self.rng, scenario.drop_rate, scenario.duplicate_rate, scenario.max_delay_ticks
+        )
+        self.checker = Checker()
+        voter_ids = [NodeId(i) for i in range(1, scenario.voters + 1)]
+        self.spare_ids = [
+            NodeId(i) for i in range(scenario.voters + 1, scenario.voters + scenario.spares + 1)
+        ]
+        initial = Membership(frozenset(voter_ids))
+        self.nodes: dict[NodeId, SimNode] = {}
+        for node_id in voter_ids:
+            self._add_node(node_id, initial)
+        self.pending_proposals: dict[tuple[NodeId, LogIndex], bytes] = {}
+        self.read_floor: dict[bytes, LogIndex] = {}
+        self.reads_served = 0
+        self._proposal_counter = 0
+        self._read_counter = 0
+        self.crash_count = 0
+        self.trace: list[str] = []
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _config(self, node_id: NodeId) -> RaftConfig:
+        s = self.scenario
+        return RaftConfig(
+            node_id=node_id,
+            election_timeout_ticks=s.election_timeout_ticks,
+            heartbeat_interval_ticks=s.heartbeat_interval_ticks,
+            max_append_bytes=s.max_append_bytes,
+            max_inflight_messages=s.max_inflight,
+            snapshot_chunk_bytes=s.snapshot_chunk_bytes,
+            max_committed_bytes_per_ready=256,
+        )
+
+    def _add_node(self, node_id: NodeId, membership: Membership) -> SimNode:
+        node = SimNode(node_id, self._config(node_id), membership)
+        self.nodes[node_id] = node
+        node.start(random.Random(self.rng.getrandbits(64)))
+        return node
+
+    def _log(self, text: str) -> None:
+        self.trace.append(f"t={self.now} {text}")
+
+    def process(self, node: SimNode) -> None:
+        """Run the adapter loop for ``node``: persist, send, apply, advance."""
+        core = node.core
+        while core is not None and core.has_ready():
+            ready = core.ready()
+            node.persist(ready)
+            self.checker.persisted(node.storage, ready.entries)
+            if node.crash_after_persist:
+                self._log(f"crash {node.id} after persisting")
+                node.crash()
+                return
+            for message in ready.messages:
+                if self.scenario.wire_roundtrip:
+                    message = decode_message(encode_message(message))
+                self.network.send(message, self.now)
+            if ready.snapshot is not None:
+                node.sm.restore(ready.snapshot.data)
+                self.checker.applied(node.id, node.sm.applied_index, node.sm.digest)
+            for entry in ready.committed_entries:
+                node.sm.apply(entry)
+                self.checker.applied(node.id, entry.index, node.sm.digest)
+                payload = self.pending_proposals.pop((node.id, entry.index), None)
+                if payload is not None and payload == entry.data:
+                    self.checker.acked[payload] = entry.index
+            for read in ready.read_states:
+                floor = self.read_floor.pop(read.request_ctx, None)
+                if floor is not None and read.index < floor:
+                    raise InvariantViolation(
+                        f"stale read on {node.id}: read index {read.index} < {floor} committed "
+                        "when the read started"
+                    )
+                self.reads_served += 1
+            core.advance(ready)
+            if core.log.committed > node.last_committed_seen:
+                self.checker.commit_seen(core, node.last_committed_seen, self.nodes)
+                node.last_committed_seen = core.log.committed
+        if core is not None and core.role is Role.LEADER:
+            self.checker.leader_seen(node, core, self.nodes)
+
+    def step(self) -> None:
+        """One tick: every live node ticks, then due messages are delivered."""
+        self.now += 1
+        for node_id in sorted(self.nodes):
+            node = self.nodes[node_id]
+            if node.core is not None:
+                node.core.tick()
+                self.process(node)
+        for message in self.network.due(self.now):
+            node = self.nodes.get(message.to_id)
+            if node is None or node.core is None:
+                continue
+            node.core.step(message)
+            self.process(node)
+
+    def live_leaders(self) -> list[SimNode]:
+        return [
+            n
+            for _, n in sorted(self.nodes.items())
+            if n.core is not None and n.core.role is Role.LEADER
+        ]
+
+    def leader(self) -> SimNode | None:
+        """The live leader with the highest term, if any."""
+        leaders = self.live_leaders()
+        if not leaders:
+            return None
+        return max(leaders, key=lambda n: n.core.term if n.core else 0)
+
+    # --- workload and faults -------------------------------------------------------------
+
+    def propose(self) -> None:
+        live = [n for _, n in sorted(self.nodes.items()) if n.core is not None]
+        if not live:
+            return
+        leaders = [n for n in live if n.core is not None and n.core.role is Role.LEADER]
+        node = self.rng.choice(leaders or live)
+        assert node.core is not None
+        self._proposal_counter += 1
+        payload = b"p%d" % self._proposal_counter
+        try:
+            index = node.core.propose(payload)
+        except (RaftNotLeaderError, ProposalDroppedError):
+            return
+        self.pending_proposals[(node.id, index)] = payload
+        self.process(node)
+
+    def read(self) -> None:
+        live = [n for _, n in sorted(self.nodes.items()) if n.core is not None]
+        node = self.rng.choice(live) if live else None
+        if node is None or node.core is None:
+            return
+        self._read_counter += 1
+        ctx = b"r%d" % self._read_counter
+        self.read_floor[ctx] = self.checker.max_committed
+        try:
+            node.core.read_index(ctx)
+        except RaftNotLeaderError:
+            del self.read_floor[ctx]
+            return
+        self.process(node)
+
+    def inject_fault(self) -> None:
+        s = self.scenario
+        choices: list[str] = []
+        if s.partitions:
+            choices += ["partition", "one_way", "bridge", "isolate_leader", "heal", "heal"]
+        if s.crashes:
+            choices += ["crash", "crash_after_persist", "restart", "restart"]
+        if s.membership_changes:
+            choices += ["add_learner", "add_learner", "promote", "promote", "remove"]
+        if s.transfers:
+            choices += ["transfer"]
+        if s.leader_faults:
+            choices += ["crash_leader", "crash_leader", "isolate_leader", "heal"]
+        if not choices:
+            return
+        kind = self.rng.choice(choices)
+        getattr(self, f"_fault_{kind}")()
+
+    def _members(self) -> list[NodeId]:
+        return sorted(self.nodes)
+
+    def _fault_partition(self) -> None:
+        ids = self._members()
+        self.rng.shuffle(ids)
+        cut = self.rng.randint(1, len(ids) - 1)
+        self.network.heal()
+        self.network.partition([ids[:cut], ids[cut:]])
+        self._log(f"partition {sorted(ids[:cut])} | {sorted(ids[cut:])}")
+
+    def _fault_one_way(self) -> None:
+        ids = self._members()
+        a, b = self.rng.sample(ids, 2)
+        self.network.cut_one_way(a, b)
+        self._log(f"cut {a} -> {b}")
+
+    def _fault_bridge(self) -> None:
+        ids = self._members()
+        if len(ids) < 3:
+            return
+        self.rng.shuffle(ids)
+        bridge = ids[0]
+        rest = ids[1:]
+        cut = self.rng.randint(1, len(rest) - 1)
+        self.network.heal()
+        self.network.partition([rest[:cut], rest[cut:]])
+        for other in ids:
+            self.network.blocked.discard((bridge, other))
+            self.network.blocked.discard((other, bridge))
+        self._log(f"bridge {bridge} between {sorted(rest[:cut])} and {sorted(rest[cut:])}")
+
+    def _fault_isolate_leader(self) -> None:
+        leader = self.leader()
+        if leader is None:
+            return
+        others = [i for i in self._members() if i != leader.id]
+        self.network.partition([[leader.id], others])
+        self._log(f"isolate leader {leader.id}")
+
+    def _fault_heal(self) -> None:
+        self.network.heal()
+        self._log("heal")
+
+    def _fault_crash(self, after_persist: bool = False) -> None:
+        live = [n for _, n in sorted(self.nodes.items()) if n.core is not None]
+        down = len(self.nodes) - len(live)
+        if not live or down >= self.scenario.max_crashed:
+            return
+        node = self.rng.choice(live)
+        self.crash_count += 1
+        if after_persist:
+            node.crash_after_persist = True
+            self._log(f"crash {node.id} at its next write")
+        else:
+            node.crash()
+            self._log(f"crash {node.id}")
+
+    def _fault_crash_leader(self) -> None:
+        leader = self.leader()
+        down = sum(1 for n in self.nodes.values() if n.core is None)
+        if leader is None or down >= self.scenario.max_crashed:
+            return
+        self.crash_count += 1
+        leader.crash()
+        self._log(f"crash leader {leader.id}")
+
+    def _fault_crash_after_persist(self) -> None:
+        self._fault_crash(after_persist=True)
+
+    def _fault_restart(self) -> None:
+        down = [n for _, n in sorted(self.nodes.items()) if n.core is None]
+        if not down:
+            return
+        node = self.rng.choice(down)
+        node.start(random.Random(self.rng.getrandbits(64)))
+        self._log(f"restart {node.id}")
+        self.process(node)
+
+    def _conf_change(self, change: ConfChange) -> bool:
+        leader = self.leader()
+        if leader is None or leader.core is None:
+            return False
+        try:
+            leader.core.propose_conf_change(change)
+        except (RaftNotLeaderError, ProposalDroppedError):
+            return False
+        except Exception as exc:  # INVALID_ARGUMENT: the change does not fit; skip it
+            if type(exc).__name__ != "RequestError":
+                raise
+            return False
+        self._log(f"conf change {change.op.name} {change.node_id} via {leader.id}")
+        self.process(leader)
+        return True
+
+    def _fault_add_learner(self) -> None:
+        if not self.spare_ids:
+            return
+        node_id = self.spare_ids[0]
+        if node_id not in self.nodes:
+            self._add_node(node_id, Membership())  # joins knowing nothing
+        if self._conf_change(ConfChange(ConfChangeOp.ADD_LEARNER, node_id)):
+            self.spare_ids.pop(0)
+
+    def _fault_promote(self) -> None:
+        leader = self.leader()
+        if leader is None or leader.core is None or not leader.core.membership.learners:
+            return
+        learner = self.rng.choice(sorted(leader.core.membership.learners))
+        self._conf_change(ConfChange(ConfChangeOp.PROMOTE_VOTER, learner))
+
+    def _fault_remove(self) -> None:
+        leader = self.leader()
+        if leader is None or leader.core is None:
+            return
+        membership = leader.core.membership
+        # Keep at least 3 voters so a single crash does not stop the cluster.
+        candidates = sorted(membership.learners)
+        if len(membership.voters) > 3:
+            candidates += sorted(membership.voters)
+        if candidates:
+            self._conf_change(ConfChange(ConfChangeOp.REMOVE_NODE, self.rng.choice(candidates)))
+
+    def _fault_transfer(self) -> None:
+        leader = self.leader()
+        if leader is None or leader.core is None:
+            return
+        voters = [v for v in sorted(leader.core.membership.voters) if v != leader.id]
+        if not voters:
+            return
+        target = self.rng.choice(voters)
+        leader.core.transfer_leadership(target)
+        self._log(f"transfer {leader.id} -> {target}")
+        self.process(leader)
+
+    def compact(self) -> None:
+        """Each live node snapshots its state machine once enough is applied (paper §7)."""
+        every = self.scenario.compaction_every
+        for node_id in sorted(self.nodes):
+            node = self.nodes[node_id]
+            core = node.core
+            if core is None:
+                continue
+            applied = core.log.applied
+            if applied - node.storage.snapshot().metadata.index < every:
+                continue
+            if self.rng.random() < 0.5:
+                continue
+            assert node.sm.applied_index == applied
+            snapshot: Snapshot = core.compact(applied, node.sm.snapshot_data())
+            node.storage.compact(snapshot)
+
+    # --- the run --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run the scenario, then heal and check liveness."""
+        s = self.scenario
+        for _ in range(s.steps):
+            if self.rng.random() < s.fault_rate:
+                self.inject_fault()
+            if self.rng.random() < s.propose_rate:
+                self.propose()
+            if s.reads and self.rng.random() < 0.1:
+                self.read()
+            if s.compaction_every:
+                self.compact()
+            self.step()
+        self.check_liveness()
+
+    def check_liveness(self, budget_ticks: int = 300) -> None:
+        """Heal the network, restart every node, and require progress (paper §5.2)."""
+        self.network.heal()
+        self.network.drop_rate = 0.0
+        self.network.duplicate_rate = 0.0
+        for node_id in sorted(self.nodes):
+            node = self.nodes[node_id]
+            node.crash_after_persist = False
+            if node.core is None:
+                node.start(random.Random(self.rng.getrandbits(64)))
+                self.process(node)
+        self._log("liveness phase: healed, all nodes up")
+        marker = b"liveness-marker"
+        proposed_at: tuple[NodeId, LogIndex, Term] | None = None
+        for _ in range(budget_ticks):
+            self.step()
+            leader = self.leader()
+            if leader is None or leader.core is None:
+                continue
+            core = leader.core
+            if proposed_at is None or proposed_at[2] != core.term:
+                try:
+                    index = core.propose(marker)
+                except (RaftNotLeaderError, ProposalDroppedError):
+                    continue
+                proposed_at = (leader.id, index, core.term)
+                self.process(leader)
+                continue
+            index = proposed_at[1]
+            members = core.membership.members()
+            done = all(
+                self.nodes[m].core is not None and self.nodes[m].sm.applied_index >= index
+                for m in members
+                if m in self.nodes
+            )
+            if done and core.log.term(index) == proposed_at[2]:
+                return
+        states = {
+            node_id: (
+                (n.core.role.value, n.core.term, n.core.log.committed, n.sm.applied_index)
+                if n.core
+                else "down"
+            )
+            for node_id, n in sorted(self.nodes.items())
+        }
+        raise InvariantViolation(
+            f"liveness: no leader committed a proposal on all members within {budget_ticks} "
+            f"ticks after healing; nodes (role, term, commit, applied): {states}"
+        )
+
+
+def run_seed(seed: int) -> SimCluster:
+    """Run one seed's scenario end to end; raises :class:`InvariantViolation` on failure."""
+    cluster = SimCluster(seed, scenario_for_seed(seed))
+    cluster.run()
+    return cluster
