@@ -1,0 +1,92 @@
+"""Test doubles for the broker unit tests: a fake clock, a synchronous log, an outbox."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from futureq.config import QueueSection
+from futureq.state.queue_state import QueueState
+from futureq.state.store import MemoryStore
+from futureq.wire import frames
+from futureq.wire.codec import NEED_DATA, FrameDecoder
+
+
+class FakeClock:
+    """A Clock whose time moves only when the test says so."""
+
+    def __init__(self, now_ms: int = 1_000_000) -> None:
+        self.now_ms = now_ms
+
+    def wall_ms(self) -> int:
+        return self.now_ms
+
+    def monotonic_s(self) -> float:
+        return self.now_ms / 1000
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+
+class SyncLog:
+    """A CommandLog that applies each proposal at once (the seam the broker sees)."""
+
+    def __init__(self, state: QueueState) -> None:
+        self.state = state
+        self.proposed: list[bytes] = []
+        self.fail_with: Exception | None = None
+
+    def is_leader(self) -> bool:
+        return True
+
+    def leader_address(self) -> str | None:
+        return None
+
+    @property
+    def applied_index(self) -> int:
+        return self.state.applied_index
+
+    def apply(self, command: bytes) -> Any:
+        """Apply a command the test proposes itself (publish, ack, ...)."""
+        return self.state.apply(self.state.applied_index + 1, command)
+
+    async def propose(self, command: bytes) -> Any:
+        self.proposed.append(command)
+        if self.fail_with is not None:
+            raise self.fail_with
+        return self.apply(command)
+
+
+class RecordingOutbox:
+    """An Outbox that decodes what it is given; ``accept=False`` refuses like a full queue."""
+
+    def __init__(self, accept: bool = True) -> None:
+        self.accept = accept
+        self.frames: list[frames.Deliver] = []
+
+    def send_nowait(self, data: bytes) -> bool:
+        if not self.accept:
+            return False
+        decoder = FrameDecoder(len(data))
+        decoder.receive_data(data)
+        frame = decoder.next_frame()
+        assert isinstance(frame, frames.Deliver)
+        assert decoder.next_frame() is NEED_DATA
+        self.frames.append(frame)
+        return True
+
+    def deliveries(self) -> list[list[Any]]:
+        """Every ``[tag, id, payload, due_ms, publish_ms, attempt]`` sent, in order."""
+        return [d for frame in self.frames for d in frame.deliveries]
+
+    def take(self) -> list[list[Any]]:
+        out = self.deliveries()
+        self.frames = []
+        return out
+
+
+def queue_section(**overrides: int) -> QueueSection:
+    return QueueSection(**overrides)
+
+
+def memory_state() -> QueueState:
+    return QueueState(MemoryStore())
