@@ -1,0 +1,138 @@
+"""The msgpack form of raft messages: round trip, and the fuzz invariant that any
+bytes either decode or raise RemoteProtocolError (STYLE.md §8, h11's fuzz rule)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from futureq.errors import ErrorCode, RemoteProtocolError
+from futureq.raft.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    ConfChange,
+    ConfChangeOp,
+    Entry,
+    EntryKind,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    InstallSnapshotResponse,
+    LogIndex,
+    Membership,
+    Message,
+    NodeId,
+    ReadIndex,
+    ReadIndexResponse,
+    RequestVote,
+    RequestVoteResponse,
+    Term,
+    TimeoutNow,
+    decode_config_change,
+    decode_message,
+    encode_config_change,
+    encode_message,
+)
+
+counts = st.integers(min_value=0, max_value=2**63 - 1)
+terms = counts.map(Term)
+indexes = counts.map(LogIndex)
+node_ids = st.integers(min_value=1, max_value=2**32).map(NodeId)
+entries = st.builds(Entry, terms, indexes, st.sampled_from(EntryKind), st.binary(max_size=64))
+
+
+@st.composite
+def memberships(draw: st.DrawFn) -> Membership:
+    voters = draw(st.frozensets(node_ids, max_size=5))
+    learners = draw(st.frozensets(node_ids, max_size=3)) - voters
+    return Membership(voters, learners)
+
+
+messages: st.SearchStrategy[Message] = st.one_of(
+    st.builds(RequestVote, terms, node_ids, node_ids, indexes, terms, st.booleans(), st.booleans()),
+    st.builds(RequestVoteResponse, terms, node_ids, node_ids, st.booleans(), st.booleans()),
+    st.builds(
+        AppendEntries, terms, node_ids, node_ids, indexes, terms,
+        st.lists(entries, max_size=4).map(tuple), indexes,
+    ),
+    st.builds(
+        AppendEntriesResponse, terms, node_ids, node_ids, st.booleans(), indexes, indexes, terms
+    ),
+    st.builds(Heartbeat, terms, node_ids, node_ids, indexes, counts),
+    st.builds(HeartbeatResponse, terms, node_ids, node_ids, counts),
+    st.builds(
+        InstallSnapshot, terms, node_ids, node_ids, indexes, terms, memberships(), counts,
+        st.binary(max_size=64), st.booleans(),
+    ),
+    st.builds(
+        InstallSnapshotResponse, terms, node_ids, node_ids, indexes, counts, counts,
+        st.booleans(), indexes,
+    ),
+    st.builds(TimeoutNow, terms, node_ids, node_ids),
+    st.builds(ReadIndex, terms, node_ids, node_ids, st.binary(max_size=16)),
+    st.builds(ReadIndexResponse, terms, node_ids, node_ids, st.binary(max_size=16), indexes),
+)  # fmt: skip
+
+
+@given(messages)
+def test_every_message_round_trips(message: Message) -> None:
+    assert decode_message(encode_message(message)) == message
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_or_raise_remote_protocol_error(data: bytes) -> None:
+    try:
+        decode_message(data)
+    except RemoteProtocolError as exc:
+        assert exc.code in (ErrorCode.MALFORMED_FRAME, ErrorCode.INVALID_FRAME)
+
+
+@given(messages, st.data())
+def test_mutated_fields_decode_or_raise_remote_protocol_error(
+    message: Message, data: st.DataObject
+) -> None:
+    fields = msgpack.unpackb(encode_message(message))
+    position = data.draw(st.integers(0, len(fields) - 1))
+    fields[position] = data.draw(
+        st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=3),
+                  st.binary(max_size=3), st.lists(st.integers(0, 3), max_size=4))
+    )  # fmt: skip
+    try:
+        decode_message(msgpack.packb(fields))
+    except RemoteProtocolError:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("value", "code"),
+    [
+        (b"\xc1", ErrorCode.MALFORMED_FRAME),  # never-used msgpack byte
+        (msgpack.packb([1, 2]) + b"x", ErrorCode.MALFORMED_FRAME),  # trailing bytes
+        (msgpack.packb({"a": 1}), ErrorCode.INVALID_FRAME),
+        (msgpack.packb([99, 1, 1, 1]), ErrorCode.INVALID_FRAME),  # unknown tag
+        (msgpack.packb([9, 1, 1]), ErrorCode.INVALID_FRAME),  # too few fields
+        (msgpack.packb([9, 1, 0, 1]), ErrorCode.INVALID_FRAME),  # node id 0
+        (msgpack.packb([9, -1, 1, 1]), ErrorCode.INVALID_FRAME),  # negative term
+        (msgpack.packb([2, 1, 1, 2, 1, False]), ErrorCode.INVALID_FRAME),  # int as bool
+        (msgpack.packb([10, 1, 1, 2, "ctx"]), ErrorCode.INVALID_FRAME),  # str as bytes
+    ],
+)
+def test_bad_input_raises_with_stable_code(value: bytes, code: ErrorCode) -> None:
+    with pytest.raises(RemoteProtocolError) as info:
+        decode_message(value)
+    assert info.value.code is code
+
+
+def test_encoding_is_a_positional_array_with_type_tag() -> None:
+    message = TimeoutNow(Term(3), NodeId(1), NodeId(2))
+    assert msgpack.unpackb(encode_message(message)) == [9, 3, 1, 2]
+
+
+@given(st.sampled_from(ConfChangeOp), node_ids, memberships())
+def test_config_change_payload_round_trips(
+    op: ConfChangeOp, node_id: NodeId, membership: Membership
+) -> None:
+    change = ConfChange(op, node_id)
+    assert decode_config_change(encode_config_change(change, membership)) == (change, membership)
