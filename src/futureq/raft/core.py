@@ -24,7 +24,6 @@ Implemented, with the rule each part follows:
 from __future__ import annotations
 
 import enum
-from collections import deque
 from typing import TYPE_CHECKING
 
 import attrs
@@ -68,6 +67,7 @@ from futureq.raft.messages import (
 from futureq.raft.progress import Progress, ProgressState, SnapshotReceiver
 from futureq.raft.quorum import (
     MembershipHistory,
+    ReadIndexQueue,
     VoteResult,
     apply_conf_change,
     committed_index,
@@ -176,14 +176,6 @@ class _Campaign(enum.Enum):
     TRANSFER = "transfer"
 
 
-@attrs.frozen
-class _PendingRead:
-    request_ctx: bytes
-    origin: NodeId
-    index: LogIndex
-    seq: int
-
-
 class RaftCore:
     """One Raft server, driven step by step.
 
@@ -219,7 +211,7 @@ class RaftCore:
         snapshot_index = storage.snapshot().metadata.index
         assert self.log.applied >= snapshot_index, "applied index is behind the snapshot"
         self._memberships = MembershipHistory(snapshot_index, base_membership)
-        self._scan_config_entries(storage)
+        self._memberships.scan(storage)
         self.term: Term = hard_state.term
         self.vote: NodeId | None = hard_state.vote
         self.log.commit_to(LogIndex(max(hard_state.commit, snapshot_index)))
@@ -237,19 +229,10 @@ class RaftCore:
         self.lead_transferee: NodeId | None = None
         self._term_start_index = LogIndex(0)
         self._snapshot_receiver = SnapshotReceiver()
-        self._read_seq = 0
-        self._pending_reads: deque[_PendingRead] = deque()
+        self._reads = ReadIndexQueue()
         self._reads_awaiting_commit: list[tuple[bytes, NodeId]] = []
         self._outstanding_ready: Ready | None = None
         self._become_follower(self.term, None)
-
-    def _scan_config_entries(self, storage: Storage) -> None:
-        index = storage.first_index()
-        last = storage.last_index()
-        while index <= last:
-            batch = storage.entries(index, LogIndex(last + 1), 1 << 20)
-            self._record_config_entries(batch)
-            index = LogIndex(batch[-1].index + 1)
 
     # --- read-only views -----------------------------------------------------------------
 
@@ -548,8 +531,7 @@ class RaftCore:
         self._votes = {}
         self.lead_transferee = None
         self.progress = {}
-        self._read_seq = 0
-        self._pending_reads.clear()
+        self._reads.clear()
         self._reads_awaiting_commit.clear()
 
     def _reset_randomized_election_timeout(self) -> None:
@@ -733,7 +715,7 @@ class RaftCore:
             last_new, appended = result
             if appended:
                 self._memberships.truncate_from(appended[0].index)
-                self._record_config_entries(appended)
+                self._memberships.record_entries(appended)
             self._send(AppendEntriesResponse(self.term, self.id, message.from_id, True, last_new))
             return
         # Thesis §5.3: tell the leader where our log might match so it can skip a
@@ -765,12 +747,6 @@ class RaftCore:
                     return False
             expected += 1
         return True
-
-    def _record_config_entries(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
-        for entry in entries:
-            if entry.kind is EntryKind.CONFIG_CHANGE:
-                _change, membership = decode_config_change(entry.data)
-                self._memberships.record(entry.index, membership)
 
     def _handle_heartbeat(self, message: Heartbeat) -> None:
         # The leader sends min(commit, our match), which our log is known to match.
@@ -873,7 +849,7 @@ class RaftCore:
     def _append_leader_entries(self, entries: list[Entry]) -> None:
         self.log.append(entries)
         if any(e.kind is EntryKind.CONFIG_CHANGE for e in entries):
-            self._record_config_entries(entries)
+            self._memberships.record_entries(entries)
             # Thesis §4.1: the new configuration is used as soon as it is appended.
             self._sync_progress()
             if self._maybe_commit():
@@ -937,7 +913,8 @@ class RaftCore:
         if pr.state is ProgressState.REPLICATE and pr.is_paused():
             pr.inflight.popleft()  # one may have been lost; let the pipeline move
         if pr.state is ProgressState.SNAPSHOT:
-            self._send_snapshot_chunk(peer, pr)  # the last chunk may have been lost
+            if pr.snapshot_stalled():
+                self._send_snapshot_chunk(peer, pr)  # the chunk in flight was lost
         elif pr.match < self.log.last_index() or pr.state is ProgressState.PROBE:
             self._send_append(peer)
         if message.read_seq > pr.read_seq_acked:
@@ -961,12 +938,7 @@ class RaftCore:
             elif self.role is Role.LEADER:
                 self._send_append(peer)
             return
-        # The answer to the chunk at our current offset is authoritative (it also
-        # tells us if the follower lost its buffer); later offsets always are.
-        if message.next_offset > pr.snapshot_offset or (
-            message.chunk_offset == pr.snapshot_offset and message.next_offset != pr.snapshot_offset
-        ):
-            pr.snapshot_offset = min(message.next_offset, len(snapshot.data))
+        if pr.snapshot_chunk_answered(message.chunk_offset, message.next_offset):
             self._send_snapshot_chunk(peer, pr)
 
     def _maybe_commit(self) -> bool:
@@ -1012,7 +984,7 @@ class RaftCore:
             if node_id != self.id:
                 pr = self.progress[node_id]
                 commit = LogIndex(min(pr.match, self.log.committed))
-                self._send(Heartbeat(self.term, self.id, node_id, commit, self._read_seq))
+                self._send(Heartbeat(self.term, self.id, node_id, commit, self._reads.seq))
 
     def _send_append(self, peer: NodeId, *, send_if_empty: bool = True) -> bool:
         """Send AppendEntries from ``next`` (or a snapshot if compacted away).
@@ -1058,24 +1030,15 @@ class RaftCore:
         return True
 
     def _send_snapshot_chunk(self, peer: NodeId, pr: Progress) -> None:
-        snapshot = pr.snapshot
-        assert snapshot is not None
-        offset = pr.snapshot_offset
-        chunk = snapshot.data[offset : offset + self.config.snapshot_chunk_bytes]
-        metadata = snapshot.metadata
+        assert pr.snapshot is not None
+        metadata = pr.snapshot.metadata
+        offset, data, done = pr.next_snapshot_chunk(self.config.snapshot_chunk_bytes)
         self._send(
             InstallSnapshot(
-                self.term,
-                self.id,
-                peer,
-                metadata.index,
-                metadata.term,
-                metadata.membership,
-                offset,
-                chunk,
-                offset + len(chunk) >= len(snapshot.data),
+                self.term, self.id, peer, metadata.index, metadata.term, metadata.membership,
+                offset, data, done,
             )
-        )
+        )  # fmt: skip
 
     # --- ReadIndex (thesis §6.4) ---------------------------------------------------------
 
@@ -1085,23 +1048,17 @@ class RaftCore:
             # committed by earlier leaders (thesis §6.4 step 1).
             self._reads_awaiting_commit.append((request_ctx, origin))
             return
-        self._read_seq += 1
-        self._pending_reads.append(
-            _PendingRead(request_ctx, origin, self.log.committed, self._read_seq)
-        )
+        self._reads.add(request_ctx, origin, self.log.committed)
         # Thesis §6.4 step 3: confirm we are still leader with a heartbeat round.
         self._broadcast_heartbeat()
         self._release_reads()
 
     def _release_reads(self) -> None:
         acked = {
-            node_id: (self._read_seq if node_id == self.id else pr.read_seq_acked)
+            node_id: (self._reads.seq if node_id == self.id else pr.read_seq_acked)
             for node_id, pr in self.progress.items()
-            if not pr.is_learner
         }
-        confirmed = committed_index(self.membership.voters, acked)
-        while self._pending_reads and self._pending_reads[0].seq <= confirmed:
-            read = self._pending_reads.popleft()
+        for read in self._reads.confirmed(self.membership.voters, acked):
             if read.origin == self.id:
                 self._read_states.append(ReadState(read.index, read.request_ctx))
             else:

@@ -55,6 +55,7 @@ class Progress:
         # SNAPSHOT: the snapshot being sent and how much the follower acknowledged.
         self.snapshot: Snapshot | None = None
         self.snapshot_offset = 0
+        self._snapshot_offset_at_heartbeat = -1
         # CheckQuorum (thesis §6.2): heard from this peer in the current window.
         self.recent_active = False
         # ReadIndex (thesis §6.4): highest heartbeat round this peer answered.
@@ -86,6 +87,7 @@ class Progress:
         self._reset(ProgressState.SNAPSHOT)
         self.snapshot = snapshot
         self.snapshot_offset = 0
+        self._snapshot_offset_at_heartbeat = -1
 
     def _reset(self, state: ProgressState) -> None:
         self.state = state
@@ -143,6 +145,36 @@ class Progress:
         self.next = LogIndex(max(min(rejected, match_hint + 1), self.match + 1, 1))
         self.probe_sent = False
         return True
+
+    def next_snapshot_chunk(self, chunk_bytes: int) -> tuple[int, bytes, bool]:
+        """The chunk to send now: ``(offset, data, done)``, from the acknowledged offset."""
+        assert self.snapshot is not None
+        offset = self.snapshot_offset
+        data = self.snapshot.data[offset : offset + chunk_bytes]
+        return offset, data, offset + len(data) >= len(self.snapshot.data)
+
+    def snapshot_chunk_answered(self, chunk_offset: int, next_offset: int) -> bool:
+        """Take a follower's answer to a chunk; True if the next chunk should go out.
+
+        A larger ``next_offset`` is progress. The answer to the chunk at our current
+        offset is authoritative even when smaller: the follower lost its buffer
+        (restarted) and the transfer resumes from what it holds. Anything else is a
+        stale or duplicate answer.
+        """
+        assert self.snapshot is not None
+        if next_offset > self.snapshot_offset or (
+            chunk_offset == self.snapshot_offset and next_offset != self.snapshot_offset
+        ):
+            self.snapshot_offset = min(next_offset, len(self.snapshot.data))
+            return True
+        return False
+
+    def snapshot_stalled(self) -> bool:
+        """Called on each heartbeat answer: True if no chunk was acknowledged since the
+        previous one, so the chunk in flight was probably lost and should be resent."""
+        stalled = self.snapshot_offset == self._snapshot_offset_at_heartbeat
+        self._snapshot_offset_at_heartbeat = self.snapshot_offset
+        return stalled
 
     def is_paused(self) -> bool:
         """Whether the leader must hold off sending AppendEntries to this peer."""

@@ -10,15 +10,32 @@
 * :class:`MembershipHistory` — the membership in effect at every log index: the latest
   CONFIG_CHANGE entry at or before it, else the snapshot's (thesis §4.1: a server uses
   the latest configuration in its log, whether or not it is committed).
+* :class:`ReadIndexQueue` — reads waiting for a heartbeat quorum (thesis §6.4).
 """
 
 from __future__ import annotations
 
 import bisect
 import enum
+from collections import deque
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from futureq.raft.messages import ConfChange, ConfChangeOp, LogIndex, Membership, NodeId
+import attrs
+
+from futureq.raft.messages import (
+    ConfChange,
+    ConfChangeOp,
+    Entry,
+    EntryKind,
+    LogIndex,
+    Membership,
+    NodeId,
+    decode_config_change,
+)
+
+if TYPE_CHECKING:
+    from futureq.raft.storage import Storage
 
 
 class VoteResult(enum.Enum):
@@ -137,6 +154,22 @@ class MembershipHistory:
         del self._indexes[cut:]
         del self._memberships[cut:]
 
+    def record_entries(self, entries: Iterable[Entry]) -> None:
+        """Record the CONFIG_CHANGE entries among ``entries`` (in index order)."""
+        for entry in entries:
+            if entry.kind is EntryKind.CONFIG_CHANGE:
+                _change, membership = decode_config_change(entry.data)
+                self.record(entry.index, membership)
+
+    def scan(self, storage: Storage) -> None:
+        """Record the config entries of the whole stored log (at start-up)."""
+        index = storage.first_index()
+        last = storage.last_index()
+        while index <= last:
+            batch = storage.entries(index, LogIndex(last + 1), 1 << 20)
+            self.record_entries(batch)
+            index = LogIndex(batch[-1].index + 1)
+
     def record(self, index: LogIndex, membership: Membership) -> None:
         """Record that the config entry at ``index`` sets ``membership``."""
         assert not self._indexes or index > self._indexes[-1], "config entries in order"
@@ -155,3 +188,44 @@ class MembershipHistory:
         """Membership in effect at ``index`` (the latest change at or before it)."""
         position = bisect.bisect_right(self._indexes, index)
         return self._memberships[position - 1] if position else self._base
+
+
+@attrs.frozen
+class PendingRead:
+    """A read waiting for confirmation: who asked, and the commit index when it did."""
+
+    request_ctx: bytes
+    origin: NodeId
+    index: LogIndex
+    seq: int
+
+
+class ReadIndexQueue:
+    """Leader-side ReadIndex bookkeeping (thesis §6.4; etcd's ``read_only.go``).
+
+    Each read gets the next heartbeat round number (``seq``); heartbeats carry the
+    latest round and followers echo it. A read is confirmed once a majority of voters
+    answered a round ``>= seq``: the leader was still leader after the read arrived.
+    """
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self._pending: deque[PendingRead] = deque()
+
+    def clear(self) -> None:
+        """Drop every pending read (leadership lost; callers retry)."""
+        self.seq = 0
+        self._pending.clear()
+
+    def add(self, request_ctx: bytes, origin: NodeId, commit_index: LogIndex) -> None:
+        """Queue a read at ``commit_index``; it needs a new heartbeat round."""
+        self.seq += 1
+        self._pending.append(PendingRead(request_ctx, origin, commit_index, self.seq))
+
+    def confirmed(self, voters: Iterable[NodeId], acked: Mapping[NodeId, int]) -> list[PendingRead]:
+        """Pop the reads whose round a majority of ``voters`` acknowledged."""
+        quorum_seq = committed_index(voters, acked)
+        out: list[PendingRead] = []
+        while self._pending and self._pending[0].seq <= quorum_seq:
+            out.append(self._pending.popleft())
+        return out
