@@ -415,11 +415,11 @@ class SimCluster:
                 node.core.tick()
                 self.process(node)
         for message in self.network.due(self.now):
-            node = self.nodes.get(message.to_id)
-            if node is None or node.core is None:
+            target = self.nodes.get(message.to_id)
+            if target is None or target.core is None:
                 continue
-            node.core.step(message)
-            self.process(node)
+            target.core.step(message)
+            self.process(target)
 
     def live_leaders(self) -> list[SimNode]:
         return [
@@ -657,9 +657,12 @@ class SimCluster:
 
     def check_liveness(self, budget_ticks: int = 300) -> None:
         """Heal the network, restart every node, and require progress (paper §5.2)."""
+        # Liveness needs an eventually well-behaved network (paper §5.6): after healing,
+        # no loss, no duplicates, and in-order delivery one tick later.
         self.network.heal()
         self.network.drop_rate = 0.0
         self.network.duplicate_rate = 0.0
+        self.network.max_delay_ticks = 1
         for node_id in sorted(self.nodes):
             node = self.nodes[node_id]
             node.crash_after_persist = False

@@ -755,6 +755,16 @@ class RaftCore:
 
     def _handle_install_snapshot(self, message: InstallSnapshot) -> None:
         """InstallSnapshot receiver (paper §7, Figure 13), chunk by chunk."""
+        if message.snapshot_index <= self.log.committed:
+            # Already covered (e.g. our earlier "done" answer was lost): say so at once
+            # instead of receiving the whole snapshot again.
+            self._send(
+                InstallSnapshotResponse(
+                    self.term, self.id, message.from_id, message.snapshot_index,
+                    message.offset, message.offset, done=True, match_index=self.log.committed,
+                )
+            )  # fmt: skip
+            return
         next_offset, snapshot = self._snapshot_receiver.receive(
             message.term,
             message.snapshot_index,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from futureq.raft.core import RaftConfig, RaftCore, Role
 from futureq.raft.messages import (
@@ -33,15 +34,15 @@ def ids(*numbers: int) -> frozenset[NodeId]:
     return frozenset(NodeId(n) for n in numbers)
 
 
-def make_config(node_id: int, **overrides: object) -> RaftConfig:
+def make_config(node_id: int, **overrides: Any) -> RaftConfig:
     """A RaftConfig with test-friendly defaults (T=10 ticks, heartbeat 1 tick)."""
-    fields: dict[str, object] = {
+    fields: dict[str, Any] = {
         "node_id": NodeId(node_id),
         "election_timeout_ticks": ELECTION_TICKS,
         "heartbeat_interval_ticks": 1,
     }
     fields.update(overrides)
-    return RaftConfig(**fields)  # type: ignore[arg-type]
+    return RaftConfig(**fields)
 
 
 class TestNode:
@@ -89,7 +90,7 @@ def make_node(
     *,
     seed: int = 0,
     storage: MemoryStorage | None = None,
-    **config: object,
+    **config: Any,
 ) -> TestNode:
     """A fresh node whose storage holds the bootstrap membership."""
     if storage is None:
@@ -108,10 +109,14 @@ class Network:
         self.delivered: list[Message] = []
 
     @classmethod
-    def of(cls, count: int, **config: object) -> Network:
+    def of(cls, count: int, **config: Any) -> Network:
         """``count`` voters with ids 1..count."""
         voters = range(1, count + 1)
         return cls(make_node(i, voters, **config) for i in voters)
+
+    def role(self, node_id: int) -> Role:
+        """Current role of ``node_id`` (a call, so type checkers do not narrow it)."""
+        return self.core(node_id).role
 
     def core(self, node_id: int) -> RaftCore:
         return self.nodes[NodeId(node_id)].core

@@ -85,9 +85,10 @@ def test_candidate_loses_when_majority_rejects() -> None:
     node.handle_ready()
     term = node.core.term
     node.core.step(RequestVoteResponse(term, NodeId(2), NodeId(1), False))
-    assert node.core.role is Role.CANDIDATE  # 1 grant, 1 reject, 1 pending
+    roles = [node.core.role]  # 1 grant, 1 reject, 1 pending
     node.core.step(RequestVoteResponse(term, NodeId(3), NodeId(1), False))
-    assert node.core.role is Role.FOLLOWER and node.core.term == term
+    roles.append(node.core.role)
+    assert roles == [Role.CANDIDATE, Role.FOLLOWER] and node.core.term == term
 
 
 def test_candidate_returns_to_follower_on_append_from_leader_of_same_term() -> None:

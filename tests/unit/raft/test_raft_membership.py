@@ -142,11 +142,11 @@ def test_removed_leader_steps_down_after_committing_its_removal() -> None:
     network.elect(1)
     leader = network.core(1)
     leader.propose_conf_change(_change(ConfChangeOp.REMOVE_NODE, 1))
-    assert leader.role is Role.LEADER  # not yet committed
+    assert network.role(1) is Role.LEADER  # not yet committed
     with pytest.raises(ProposalDroppedError):
         leader.propose(b"from a leaving leader")
     network.stabilize()
-    assert leader.role is Role.FOLLOWER
+    assert network.role(1) is Role.FOLLOWER
     assert any(isinstance(m, TimeoutNow) for m in network.delivered)
     new_leaders = network.leaders()
     assert len(new_leaders) == 1 and new_leaders[0] in (2, 3)

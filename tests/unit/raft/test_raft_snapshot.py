@@ -80,7 +80,7 @@ def test_lost_snapshot_chunk_is_resent() -> None:
             return True
         return False
 
-    network.drop = drop_first_offset_8  # type: ignore[assignment]
+    network.drop = drop_first_offset_8
     network.tick_all(1)
     assert dropped
     network.tick_all(3)
