@@ -42,6 +42,8 @@ _MAX_MID = (1 << 64) - 1
 REFILL_CHUNK_ITEMS = 10_000
 """Most schedule entries read from disk in one refill step (keeps the loop responsive)."""
 EXPIRE_BATCH_ITEMS = 1000
+PROPOSE_RETRY_MS = 200
+"""Wait before retrying an EXPIRE or DEAD_LETTER the log refused (ms)."""
 
 
 class Dispatcher:
@@ -79,6 +81,8 @@ class Dispatcher:
         self.metrics = metrics
         self._wake = trio.Event()
         self._next_wake_ms: float = math.inf
+        self._parked: list[Any] = []
+        self._retry_after_ms = 0
         self._proposals_send, self._proposals_receive = trio.open_memory_channel[
             tuple[bytes, list[Any]]
         ](64)
@@ -173,20 +177,40 @@ class Dispatcher:
                 try:
                     await self.log.propose(command)
                 except FutureQError as exc:
-                    log.warning("could not commit a dispatcher command: %s", exc)
-                    for owner, due_ms, mid, expire_ms, attempt in restore:
-                        current = self.hub.groups.get(owner.info.group_id)
-                        if current is not None and current is owner:
-                            current.index.add(due_ms, mid, expire_ms, attempt)
-                    self.kick()
+                    log.warning("could not commit a dispatcher command (retrying): %s", exc)
+                    self._park(restore)
 
     def _submit(self, command: bytes, restore: list[Any]) -> None:
+        if self.clock.wall_ms() < self._retry_after_ms:
+            self._park(restore)
+            return
         try:
             self._proposals_send.send_nowait((command, restore))
         except trio.WouldBlock:
-            # The log is backed up; put the entries back and try on a later pass.
-            for runtime, due_ms, mid, expire_ms, attempt in restore:
-                runtime.index.add(due_ms, mid, expire_ms, attempt)
+            self._park(restore)  # the log is backed up
+
+    def _park(self, restore: list[Any]) -> None:
+        """Hold entries whose EXPIRE/DEAD_LETTER could not be committed, and retry later.
+
+        They stay out of the index meanwhile, so they are never delivered (they are
+        expired or out of attempts) and the loop does not spin on them.
+        """
+        self._parked.extend(restore)
+        self._retry_after_ms = self.clock.wall_ms() + PROPOSE_RETRY_MS
+        self.kick()
+
+    def _unpark(self, now_ms: int) -> float:
+        """Put parked entries back once the retry delay passed; return when to look again."""
+        if not self._parked:
+            return math.inf
+        if now_ms < self._retry_after_ms:
+            return float(self._retry_after_ms)
+        parked, self._parked = self._parked, []
+        for owner, due_ms, mid, expire_ms, attempt in parked:
+            current = self.hub.groups.get(owner.info.group_id)
+            if current is not None and current is owner:
+                current.index.add(due_ms, mid, expire_ms, attempt)
+        return math.inf
 
     # ------------------------------------------------------------ one pass
 
@@ -194,7 +218,7 @@ class Dispatcher:
         """Do everything that is due now; return the next wake-up time (ms, or inf)."""
         now_ms = self.clock.wall_ms()
         self.hub.expire_visibility(now_ms)
-        next_ms: float = math.inf
+        next_ms: float = self._unpark(now_ms)
         expired: list[bytes] = []
         expired_restore: list[Any] = []
         dead: list[tuple[bytes, int]] = []
@@ -203,9 +227,11 @@ class Dispatcher:
             refill_at = self._refill(runtime, now_ms)
             next_ms = min(next_ms, refill_at)
             gid = runtime.info.group_id
-            for due_ms, mid in runtime.index.pop_expired(now_ms, EXPIRE_BATCH_ITEMS):
+            for due_ms, mid, expire_ms, attempt in runtime.index.pop_expired(
+                now_ms, EXPIRE_BATCH_ITEMS
+            ):
                 expired.append(commands.schedule_key(gid, due_ms, mid))
-                expired_restore.append((runtime, due_ms, mid, None, 0))
+                expired_restore.append((runtime, due_ms, mid, expire_ms, attempt))
             self._deliver(runtime, now_ms, expired, expired_restore, dead, dead_restore)
             next_expire = runtime.index.next_expire_ms()
             if next_expire is not None:
@@ -229,7 +255,8 @@ class Dispatcher:
         """Load the group's next schedule entries from disk; return when to look again."""
         horizon_end = pack(now_ms + self.horizon_ms, 0)
         index = runtime.index
-        if runtime.loaded_until >= horizon_end or len(index) >= self.horizon_max_items // 2:
+        half_full = max(1, (self.horizon_max_items + 1) // 2)
+        if runtime.loaded_until >= horizon_end or len(index) >= half_full:
             # Look again when the horizon needs to move (half a window later).
             if runtime.loaded_until >= horizon_end:
                 due_bound, _ = unpack(runtime.loaded_until)

@@ -125,19 +125,21 @@ class DueIndex:
             out.append((packed >> _SHIFT, mid, expire_ms, attempt))
         return out
 
-    def pop_expired(self, now_ms: int, limit: int) -> list[tuple[int, int]]:
+    def pop_expired(self, now_ms: int, limit: int) -> list[tuple[int, int, int, int]]:
         """Remove and return up to ``limit`` entries whose expiry is at or before ``now_ms``.
 
         Returns:
-            ``(due_ms, mid)`` pairs, earliest expiry first.
+            ``(due_ms, mid, expire_ms, attempt)`` tuples, earliest expiry first, so a
+            caller that must put one back restores it exactly.
         """
-        out: list[tuple[int, int]] = []
+        out: list[tuple[int, int, int, int]] = []
         expiry = self._expiry
         while expiry and len(out) < limit and (expiry[0] >> _SHIFT) <= now_ms:
             mid = expiry[0] & _MASK
-            due_ms = self._extra[mid][0]
+            due_ms, expire_ms, attempt = self._extra[mid]
+            assert expire_ms is not None
             self.discard(due_ms, mid)
-            out.append((due_ms, mid))
+            out.append((due_ms, mid, expire_ms, attempt))
         return out
 
     def count_due(self, now_ms: int) -> int:

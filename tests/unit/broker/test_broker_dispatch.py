@@ -530,15 +530,9 @@ def test_entries_beyond_horizon_ms_load_as_time_advances() -> None:
     assert env.now == 1_000_000 + 5000  # delivered exactly when due, not before
 
 
-# ---------------------------------------------------------------- known bugs
+# ---------------------------------------------------------------- regressions
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dispatcher.py dispatch_once: entries from pop_expired are restored with "
-    "expire_ms=None and attempt=0 when the EXPIRE proposal fails or the proposal channel "
-    "is full, so the expired message is later delivered",
-)
 async def test_expired_entry_restored_after_failed_expire_is_still_never_delivered() -> None:
     env = Env()
     gid = env.group("t", "g")
@@ -554,11 +548,6 @@ async def test_expired_entry_restored_after_failed_expire_is_still_never_deliver
         assert mid not in ids(out(consumer).deliveries())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dispatcher.py _refill: with horizon_max_items=1 (the configured minimum) "
-    "len(index) >= 1 // 2 == 0 always holds, so the horizon never loads",
-)
 def test_horizon_of_one_item_still_delivers() -> None:
     env = Env(horizon_max_items=1)
     gid = env.group("t", "g")

@@ -72,8 +72,9 @@ class DueIndexMachine(RuleBasedStateMachine):
         expired = sorted(
             (e[2], e[1], e[0]) for e in self.model if e[2] is not None and e[2] <= now
         )[:limit]
-        assert got == [(due, mid) for _, mid, due in expired]
-        for due, mid in got:
+        attempts = {(e[0], e[1]): e[3] for e in self.model}
+        assert got == [(due, mid, expire, attempts[(due, mid)]) for expire, mid, due in expired]
+        for due, mid, _, _ in got:
             self._remove(due, mid)
 
     @precondition(lambda self: bool(self.model))
