@@ -67,6 +67,8 @@ class Scenario:
     drop_rate: float = 0.0
     duplicate_rate: float = 0.0
     max_delay_ticks: int = 2
+    straggler_rate: float = 0.0
+    tick_skip_rate: float = 0.0
     partitions: bool = False
     crashes: bool = False
     max_crashed: int = 1
@@ -87,19 +89,20 @@ class Scenario:
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("lossy3", drop_rate=0.08, duplicate_rate=0.05, max_delay_ticks=4, crashes=True,
-             fault_rate=0.03),
+             fault_rate=0.03, straggler_rate=0.01, tick_skip_rate=0.1),
     Scenario("partition3", partitions=True, crashes=True, drop_rate=0.02),
     Scenario("partition5", voters=5, partitions=True, crashes=True, max_crashed=2),
     Scenario("crash5", voters=5, crashes=True, max_crashed=2, drop_rate=0.03, fault_rate=0.1),
     Scenario("snapshot3", compaction_every=6, crashes=True, partitions=True, drop_rate=0.03,
-             wire_roundtrip=True),
+             wire_roundtrip=True, straggler_rate=0.01),
     Scenario("membership", voters=3, spares=3, membership_changes=True, crashes=True,
              partitions=True, compaction_every=10, fault_rate=0.1),
     Scenario("transfer_read5", voters=5, transfers=True, reads=True, partitions=True,
-             crashes=True, drop_rate=0.02),
+             crashes=True, drop_rate=0.02, straggler_rate=0.01, tick_skip_rate=0.05),
     Scenario("chaos5", voters=5, spares=2, partitions=True, crashes=True, max_crashed=2,
              membership_changes=True, compaction_every=8, transfers=True, reads=True,
-             drop_rate=0.04, duplicate_rate=0.03, max_delay_ticks=4, fault_rate=0.1),
+             drop_rate=0.04, duplicate_rate=0.03, max_delay_ticks=4, fault_rate=0.1,
+             straggler_rate=0.005, tick_skip_rate=0.05),
     Scenario("figure8_5", voters=5, crashes=True, max_crashed=2, leader_faults=True,
              max_append_bytes=1, max_inflight=2, drop_rate=0.05, max_delay_ticks=5,
              fault_rate=0.15, propose_rate=0.5),
@@ -119,26 +122,37 @@ class SimNetwork:
         drop_rate: Probability that a message is lost.
         duplicate_rate: Probability that a message is delivered twice.
         max_delay_ticks: Messages arrive after 1..max_delay_ticks ticks, so they reorder.
+        straggler_rate: Probability that a message is instead held for up to 60 ticks,
+            arriving long after its term or round ended.
     """
 
     def __init__(
-        self, rng: random.Random, drop_rate: float, duplicate_rate: float, max_delay_ticks: int
+        self,
+        rng: random.Random,
+        drop_rate: float,
+        duplicate_rate: float,
+        max_delay_ticks: int,
+        straggler_rate: float = 0.0,
     ) -> None:
         self._rng = rng
         self.drop_rate = drop_rate
         self.duplicate_rate = duplicate_rate
         self.max_delay_ticks = max_delay_ticks
+        self.straggler_rate = straggler_rate
         self._queue: list[tuple[int, int, Message]] = []
         self._seq = 0
         self.blocked: set[tuple[NodeId, NodeId]] = set()
 
     def send(self, message: Message, now: int) -> None:
+        """Queue ``message`` sent at tick ``now``: maybe lost, maybe duplicated, delayed."""
         if self._rng.random() < self.drop_rate:
             return
         copies = 2 if self._rng.random() < self.duplicate_rate else 1
         for _ in range(copies):
             self._seq += 1
             delay = self._rng.randint(1, self.max_delay_ticks)
+            if self.straggler_rate and self._rng.random() < self.straggler_rate:
+                delay = self._rng.randint(self.max_delay_ticks, 60)
             heapq.heappush(self._queue, (now + delay, self._seq, message))
 
     def due(self, now: int) -> list[Message]:
@@ -166,6 +180,7 @@ class SimNetwork:
         self.blocked.add((a, b))
 
     def heal(self) -> None:
+        """Reconnect every link."""
         self.blocked.clear()
 
 
@@ -178,6 +193,7 @@ class StateMachine:
         self.normal_count = 0
 
     def apply(self, entry: Entry) -> None:
+        """Fold ``entry`` (the next index) into the hash chain."""
         assert entry.index == self.applied_index + 1, "applied out of order"
         h = hashlib.blake2b(self.digest, digest_size=16)
         h.update(b"%d/%d/%d/" % (entry.index, entry.term, entry.kind))
@@ -188,12 +204,14 @@ class StateMachine:
             self.normal_count += 1
 
     def snapshot_data(self) -> bytes:
+        """Serialized state: msgpack ``[applied_index, digest, normal_count]``."""
         packed: bytes = msgpack.packb([self.applied_index, self.digest, self.normal_count])
         return packed
 
     def restore(self, data: bytes) -> None:
+        """Replace the state with :meth:`snapshot_data` output (empty: initial state)."""
         if not data:
-            self.__init__()  # type: ignore[misc]
+            self.applied_index, self.digest, self.normal_count = LogIndex(0), b"", 0
             return
         index, digest, count = msgpack.unpackb(data)
         self.applied_index, self.digest, self.normal_count = LogIndex(index), digest, count
@@ -214,9 +232,11 @@ class SimNode:
 
     @property
     def up(self) -> bool:
+        """Whether the process is running."""
         return self.core is not None
 
     def start(self, rng: random.Random) -> None:
+        """Boot from storage: state machine from the snapshot, core from the log."""
         assert self.core is None
         self.sm = StateMachine()
         self.sm.restore(self.storage.snapshot().data)
@@ -231,6 +251,7 @@ class SimNode:
         self.storage.set_hard_state(self.synced_hard_state)
 
     def persist(self, ready: Ready) -> None:
+        """Adapter step 1: write the Ready; a synced write makes everything durable."""
         if ready.snapshot is not None:
             self.storage.apply_snapshot(ready.snapshot)
         self.storage.append(ready.entries)
@@ -254,7 +275,7 @@ class Checker:
         self.max_committed = LogIndex(0)
         self.acked: dict[bytes, LogIndex] = {}
 
-    def leader_seen(self, node: SimNode, core: RaftCore, nodes: dict[NodeId, SimNode]) -> None:
+    def leader_seen(self, node: SimNode, core: RaftCore) -> None:
         """Election Safety (§5.2) and Leader Completeness (§5.4) for a leader."""
         known = self.leader_of_term.get(core.term)
         if known is None:
@@ -288,6 +309,7 @@ class Checker:
                 )
 
     def commit_seen(self, core: RaftCore, upto: LogIndex, nodes: dict[NodeId, SimNode]) -> None:
+        """``core`` committed past ``upto``: record the entries, check live leaders have them."""
         for index in range(core.log.committed, upto, -1):
             term = core.log.term(LogIndex(index))
             if term is None:
@@ -325,7 +347,11 @@ class SimCluster:
         self.rng = random.Random(seed)
         self.now = 0
         self.network = SimNetwork(
-            self.rng, scenario.drop_rate, scenario.duplicate_rate, scenario.max_delay_ticks
+            self.rng,
+            scenario.drop_rate,
+            scenario.duplicate_rate,
+            scenario.max_delay_ticks,
+            scenario.straggler_rate,
         )
         self.checker = Checker()
         voter_ids = [NodeId(i) for i in range(1, scenario.voters + 1)]
@@ -404,7 +430,7 @@ class SimCluster:
                 self.checker.commit_seen(core, node.last_committed_seen, self.nodes)
                 node.last_committed_seen = core.log.committed
         if core is not None and core.role is Role.LEADER:
-            self.checker.leader_seen(node, core, self.nodes)
+            self.checker.leader_seen(node, core)
 
     def step(self) -> None:
         """One tick: every live node ticks, then due messages are delivered."""
@@ -412,6 +438,10 @@ class SimCluster:
         for node_id in sorted(self.nodes):
             node = self.nodes[node_id]
             if node.core is not None:
+                # Clocks drift: a node sometimes misses a tick.
+                skew = self.scenario.tick_skip_rate
+                if skew and self.rng.random() < skew:
+                    continue
                 node.core.tick()
                 self.process(node)
         for message in self.network.due(self.now):
@@ -422,6 +452,7 @@ class SimCluster:
             self.process(target)
 
     def live_leaders(self) -> list[SimNode]:
+        """Running nodes that believe they lead, by id."""
         return [
             n
             for _, n in sorted(self.nodes.items())
@@ -438,6 +469,7 @@ class SimCluster:
     # --- workload and faults -------------------------------------------------------------
 
     def propose(self) -> None:
+        """A client proposes a unique payload to a leader (or, misdirected, anyone)."""
         live = [n for _, n in sorted(self.nodes.items()) if n.core is not None]
         if not live:
             return
@@ -454,6 +486,7 @@ class SimCluster:
         self.process(node)
 
     def read(self) -> None:
+        """A client starts a ReadIndex read at a random node (thesis §6.4)."""
         live = [n for _, n in sorted(self.nodes.items()) if n.core is not None]
         node = self.rng.choice(live) if live else None
         if node is None or node.core is None:
@@ -469,6 +502,7 @@ class SimCluster:
         self.process(node)
 
     def inject_fault(self) -> None:
+        """Apply one random fault allowed by the scenario."""
         s = self.scenario
         choices: list[str] = []
         if s.partitions:
@@ -663,6 +697,7 @@ class SimCluster:
         self.network.drop_rate = 0.0
         self.network.duplicate_rate = 0.0
         self.network.max_delay_ticks = 1
+        self.network.straggler_rate = 0.0
         for node_id in sorted(self.nodes):
             node = self.nodes[node_id]
             node.crash_after_persist = False
