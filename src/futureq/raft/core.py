@@ -422,7 +422,7 @@ class RaftCore:
                 message, AppendEntries | Heartbeat
             ):
                 # A stale leader whose term we passed (e.g. after a failed election it
-                # never saw) would otherwise never learn it is deposed (etcd §raft.go).
+                # never saw) would otherwise never learn it is deposed (as in etcd raft.go).
                 self._send(
                     AppendEntriesResponse(self.term, self.id, message.from_id, False, LogIndex(0))
                 )
