@@ -14,6 +14,7 @@ Layouts (``DESIGN.md``, "Data flow"):
 * ``[DEAD_LETTER, publish_ms, [[schedule_key, attempt], ...]]``
 * ``[CREATE_GROUP, topic, group, visibility_timeout_ms | None, max_deliveries | None]``
 * ``[DELETE_GROUP, topic, group]``
+* ``[NODE_ADDRESS, node_id, raft_address | None, client_address | None]`` (None: forget)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class CommandKind(enum.IntEnum):
     DEAD_LETTER = 5
     CREATE_GROUP = 6
     DELETE_GROUP = 7
+    NODE_ADDRESS = 8
 
 
 _SCHEDULE = struct.Struct(">IQQ")
@@ -134,6 +136,11 @@ def create_group(
 def delete_group(topic: str, group: str) -> bytes:
     """Encode a DELETE_GROUP."""
     return encode([CommandKind.DELETE_GROUP, topic, group])
+
+
+def node_address(node_id: int, raft_address: str | None, client_address: str | None) -> bytes:
+    """Encode a NODE_ADDRESS: where a cluster member listens (None forgets the node)."""
+    return encode([CommandKind.NODE_ADDRESS, node_id, raft_address, client_address])
 
 
 NOOP: Final = encode([CommandKind.NOOP])

@@ -21,7 +21,7 @@ replays exactly the log entries after it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final, Protocol
 
 import attrs
@@ -38,6 +38,7 @@ _APPLIED: Final = b"applied_index"
 _NEXT_GROUP: Final = b"next_group_id"
 _LAST_PUBLISH: Final = b"last_publish_ms"
 _PENDING: Final = b"pending:"
+_NODE: Final = b"node:"
 
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
@@ -138,14 +139,34 @@ class QueueState:
         self.store = store
         self.defaults = defaults or Defaults()
         self.observer: ScheduleObserver | None = None
+        self.on_nodes_changed: Callable[[], None] | None = None
+        self.node_addresses: dict[int, tuple[str, str]] = {}
+        """node id -> (raft address, client address), replicated through NODE_ADDRESS."""
         self.groups: dict[int, GroupInfo] = {}
         self._by_topic: dict[str, dict[str, int]] = {}
+        self.applied_index = 0
+        self._next_group_id = 1
+        self.last_publish_ms = 0
+        self._load()
+
+    def _load(self) -> None:
+        """Read the in-memory indexes (groups, pending counts, node addresses) from the store."""
+        store = self.store
+        self.groups.clear()
+        self._by_topic.clear()
+        self.node_addresses.clear()
         meta = store.get("meta", _APPLIED)
         self.applied_index = 0 if meta is None else int.from_bytes(meta, "big")
         found = store.get("meta", _NEXT_GROUP)
         self._next_group_id = 1 if found is None else int.from_bytes(found, "big")
         found = store.get("meta", _LAST_PUBLISH)
         self.last_publish_ms = 0 if found is None else int.from_bytes(found, "big")
+        for key, value in store.scan("meta", _NODE, _NODE + b"\xff"):
+            raft_address, client_address = _unpack(value)
+            self.node_addresses[int.from_bytes(key[len(_NODE) :], "big")] = (
+                raft_address,
+                client_address,
+            )
         for key, value in store.scan("groups", b""):
             topic, _, name = key.decode("utf-8").partition("\x00")
             gid, visibility, max_deliveries, implicit = _unpack(value)
@@ -243,6 +264,8 @@ class QueueState:
             )
         elif kind == CommandKind.DELETE_GROUP:
             result = self._delete_group(txn, command[1], command[2], effects, touched)
+        elif kind == CommandKind.NODE_ADDRESS:
+            self._node_address(txn, command[1], command[2], command[3], effects)
         else:
             assert kind == CommandKind.NOOP, f"unknown command kind {kind}"
         meta = txn.changes["meta"]
@@ -260,9 +283,28 @@ class QueueState:
                     observer.on_scheduled(*effect[1:])
                 elif effect[0] == "u":
                     observer.on_unscheduled(*effect[1:])
-                else:
+                elif effect[0] == "g":
                     observer.on_groups_changed()
+        if self.on_nodes_changed is not None and any(effect[0] == "n" for effect in effects):
+            self.on_nodes_changed()
         return result
+
+    def _node_address(
+        self,
+        txn: _Txn,
+        node_id: int,
+        raft_address: str | None,
+        client_address: str | None,
+        effects: list[tuple[Any, ...]],
+    ) -> None:
+        key = _NODE + node_id.to_bytes(4, "big")
+        if raft_address is None or client_address is None:
+            self.node_addresses.pop(node_id, None)
+            txn.put("meta", key, None)
+        else:
+            self.node_addresses[node_id] = (raft_address, client_address)
+            txn.put("meta", key, _pack([raft_address, client_address]))
+        effects.append(("n",))
 
     def _publish(
         self,
