@@ -137,15 +137,62 @@ class StorageSection:
 
 
 @attrs.frozen
+class ClusterSection:
+    """Raft replication. With no ``peers`` and no ``join`` the node runs alone.
+
+    Attributes:
+        raft_listen: ``HOST:PORT`` where peers connect for Raft traffic.
+        peers: The initial voters, ``"1=HOST:RAFTPORT,2=HOST:RAFTPORT,3=HOST:RAFTPORT"``,
+            this node included; empty for a single node or a node that joins.
+        join: Client address (``HOST:PORT``) of a cluster member to ask to add this
+            node (it joins as a learner, catches up, and is promoted to voter).
+        cluster_id: Name every node of one cluster shares; peers with another are refused.
+        tick_ms: Length of one Raft tick (ms).
+        election_timeout_ticks: Election timeout in ticks (randomised in [T, 2T)).
+        heartbeat_ticks: Leader heartbeat interval in ticks.
+        snapshot_chunk_bytes: Size of one InstallSnapshot chunk (bytes).
+        compact_every_entries: Applied entries after which the log is compacted
+            behind a snapshot (entries).
+        transfer_leadership_on_shutdown: On SIGTERM, hand leadership to another node
+            first, so clients do not wait for an election timeout.
+    """
+
+    raft_listen: str = f"127.0.0.1:{DEFAULT_RAFT_PORT}"
+    peers: str = ""
+    join: str | None = None
+    cluster_id: str = "futureq"
+    tick_ms: int = 50
+    election_timeout_ticks: int = 10
+    heartbeat_ticks: int = 1
+    snapshot_chunk_bytes: int = 1024 * 1024
+    compact_every_entries: int = 50_000
+    transfer_leadership_on_shutdown: bool = True
+
+    @property
+    def clustered(self) -> bool:
+        """True when this node runs Raft with peers (static ``peers`` or ``join``)."""
+        return bool(self.peers.strip()) or self.join is not None
+
+    def peer_map(self) -> dict[int, str]:
+        """``peers`` parsed: node id -> raft address.
+
+        Raises:
+            ValueError: an entry is not ``ID=HOST:PORT`` with ID >= 1, or an id repeats.
+        """
+        return parse_peers(self.peers)
+
+
+@attrs.frozen
 class Config:
     """The whole server configuration; TOML tables ``[server]``, ``[limits]``,
-    ``[queue]``, ``[storage]``, ``[tls]`` map to its sections."""
+    ``[queue]``, ``[storage]``, ``[tls]``, ``[cluster]`` map to its sections."""
 
     server: ServerSection = attrs.Factory(ServerSection)
     limits: LimitsSection = attrs.Factory(LimitsSection)
     queue: QueueSection = attrs.Factory(QueueSection)
     storage: StorageSection = attrs.Factory(StorageSection)
     tls: TlsConfig = attrs.Factory(TlsConfig)
+    cluster: ClusterSection = attrs.Factory(ClusterSection)
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -166,3 +213,30 @@ def split_host_port(address: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"{address!r}: port {port} is outside 0..65535")
     return host, port
+
+
+def parse_peers(text: str) -> dict[int, str]:
+    """Parse ``"1=HOST:PORT,2=HOST:PORT"`` into ``{1: "HOST:PORT", 2: ...}``.
+
+    Raises:
+        ValueError: with a sentence naming the bad entry.
+    """
+    peers: dict[int, str] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        node_text, sep, address = part.partition("=")
+        if not sep:
+            raise ValueError(f"peer {part!r} is not ID=HOST:PORT")
+        try:
+            node_id = int(node_text)
+        except ValueError:
+            raise ValueError(f"peer {part!r}: node id {node_text!r} is not a number") from None
+        if node_id < 1:
+            raise ValueError(f"peer {part!r}: node ids start at 1")
+        if node_id in peers:
+            raise ValueError(f"peer id {node_id} is listed twice")
+        split_host_port(address)
+        peers[node_id] = address.strip()
+    return peers

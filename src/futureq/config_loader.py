@@ -38,12 +38,14 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
 from futureq.config import (
+    ClusterSection,
     Config,
     LimitsSection,
     QueueSection,
     ServerSection,
     StorageSection,
     TlsConfig,
+    parse_peers,
     split_host_port,
 )
 from futureq.errors import ConfigError
@@ -57,6 +59,7 @@ SECTIONS: dict[str, type[Any]] = {
     "queue": QueueSection,
     "storage": StorageSection,
     "tls": TlsConfig,
+    "cluster": ClusterSection,
 }
 
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -518,10 +521,41 @@ def _check_tls(tls: TlsConfig) -> Iterable[_Bad]:
         )
 
 
+def _check_cluster(cluster: ClusterSection) -> Iterable[_Bad]:
+    yield from _address("cluster", "raft_listen", cluster.raft_listen, port_zero=True)
+    yield from _address("cluster", "join", cluster.join, port_zero=False)
+    try:
+        parse_peers(cluster.peers)
+    except ValueError as error:
+        yield _Bad(
+            ("cluster.peers",), cluster.peers, f"must be ID=HOST:PORT,ID=HOST:PORT,... ({error})"
+        )
+    if cluster.peers.strip() and cluster.join is not None:
+        yield _Bad(
+            ("cluster.join", "cluster.peers"),
+            cluster.join,
+            "give peers (a new cluster) or join (an existing one), not both",
+        )
+    if not cluster.cluster_id:
+        yield _Bad(("cluster.cluster_id",), cluster.cluster_id, "must be a non-empty name")
+    yield from _minimum("cluster", cluster, "tick_ms", 1, " ms")
+    yield from _minimum("cluster", cluster, "election_timeout_ticks", 2, " ticks")
+    yield from _minimum("cluster", cluster, "heartbeat_ticks", 1, " ticks")
+    if cluster.heartbeat_ticks >= cluster.election_timeout_ticks:
+        yield _Bad(
+            ("cluster.heartbeat_ticks",),
+            cluster.heartbeat_ticks,
+            "must be smaller than cluster.election_timeout_ticks",
+        )
+    yield from _minimum("cluster", cluster, "snapshot_chunk_bytes", 1024, " bytes")
+    yield from _minimum("cluster", cluster, "compact_every_entries", 1, " entries")
+
+
 _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
     "server": _check_server,
     "limits": _check_limits,
     "queue": _check_queue,
     "storage": _check_storage,
     "tls": _check_tls,
+    "cluster": _check_cluster,
 }
