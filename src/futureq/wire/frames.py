@@ -48,6 +48,11 @@ class FrameType(enum.IntEnum):
     PONG = 17
     GROUP_CREATE = 18
     GROUP_DELETE = 19
+    CLUSTER_STATUS = 20
+    CLUSTER_STATUS_OK = 21
+    CLUSTER_ADD_NODE = 22
+    CLUSTER_REMOVE_NODE = 23
+    CLUSTER_TRANSFER_LEADER = 24
 
 
 class AckLevel(enum.IntEnum):
@@ -563,6 +568,99 @@ class GroupDelete:
         return cls(rid, _str("GROUP_DELETE", "topic", f[0]), _str("GROUP_DELETE", "group", f[1]))
 
 
+@attrs.frozen
+class ClusterStatus:
+    """Ask for the cluster's membership, term, leader and replication progress."""
+
+    TYPE: ClassVar[FrameType] = FrameType.CLUSTER_STATUS
+    request_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> ClusterStatus:
+        _arity("CLUSTER_STATUS", f, 0)
+        return cls(rid)
+
+
+@attrs.frozen
+class ClusterStatusOk:
+    """The cluster view of the answering node (shape in ``docs/protocol.md``)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.CLUSTER_STATUS_OK
+    request_id: int
+    status: dict[str, Any]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.status]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> ClusterStatusOk:
+        _arity("CLUSTER_STATUS_OK", f, 1)
+        if type(f[0]) is not dict:
+            raise _bad("CLUSTER_STATUS_OK", "field 'status' must be a map")
+        return cls(rid, f[0])
+
+
+@attrs.frozen
+class ClusterAddNode:
+    """Add a node: it joins as a learner, catches up, then is promoted to voter."""
+
+    TYPE: ClassVar[FrameType] = FrameType.CLUSTER_ADD_NODE
+    request_id: int
+    node_id: int
+    raft_address: str
+    client_address: str
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.node_id, self.raft_address, self.client_address]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> ClusterAddNode:
+        _arity("CLUSTER_ADD_NODE", f, 3)
+        return cls(
+            rid,
+            _int("CLUSTER_ADD_NODE", "node_id", f[0], minimum=1),
+            _str("CLUSTER_ADD_NODE", "raft_address", f[1]),
+            _str("CLUSTER_ADD_NODE", "client_address", f[2]),
+        )
+
+
+@attrs.frozen
+class ClusterRemoveNode:
+    """Remove a node from the cluster (the leader too: it hands over first)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.CLUSTER_REMOVE_NODE
+    request_id: int
+    node_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.node_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> ClusterRemoveNode:
+        _arity("CLUSTER_REMOVE_NODE", f, 1)
+        return cls(rid, _int("CLUSTER_REMOVE_NODE", "node_id", f[0], minimum=1))
+
+
+@attrs.frozen
+class ClusterTransferLeader:
+    """Hand leadership to ``node_id`` (None: the most up-to-date voter)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.CLUSTER_TRANSFER_LEADER
+    request_id: int
+    node_id: int | None = None
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.node_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> ClusterTransferLeader:
+        _arity("CLUSTER_TRANSFER_LEADER", f, 1)
+        return cls(rid, _opt_int("CLUSTER_TRANSFER_LEADER", "node_id", f[0], minimum=1))
+
+
 Frame = (
     Hello
     | HelloOk
@@ -583,6 +681,11 @@ Frame = (
     | Pong
     | GroupCreate
     | GroupDelete
+    | ClusterStatus
+    | ClusterStatusOk
+    | ClusterAddNode
+    | ClusterRemoveNode
+    | ClusterTransferLeader
 )
 
 FRAME_CLASSES: dict[int, Any] = {
@@ -607,6 +710,11 @@ FRAME_CLASSES: dict[int, Any] = {
         Pong,
         GroupCreate,
         GroupDelete,
+        ClusterStatus,
+        ClusterStatusOk,
+        ClusterAddNode,
+        ClusterRemoveNode,
+        ClusterTransferLeader,
     )
 }
 

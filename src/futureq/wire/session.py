@@ -53,6 +53,7 @@ SERVER_FRAME_TYPES: Final = frozenset(
         frames.FrameType.ERROR,
         frames.FrameType.OK,
         frames.FrameType.PONG,
+        frames.FrameType.CLUSTER_STATUS_OK,
     }
 )
 """Frame types only a server may send."""

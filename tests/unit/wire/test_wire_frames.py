@@ -57,6 +57,11 @@ FRAME_STRATEGY: st.SearchStrategy[frames.Frame] = st.one_of(
     st.builds(frames.Pong, RID),
     st.builds(frames.GroupCreate, RID, TEXT, TEXT, st.none() | INT64, st.none() | INT64),
     st.builds(frames.GroupDelete, RID, TEXT, TEXT),
+    st.builds(frames.ClusterStatus, RID),
+    st.builds(frames.ClusterStatusOk, RID, st.dictionaries(TEXT, INT64, max_size=3)),
+    st.builds(frames.ClusterAddNode, RID, st.integers(1, 2**31), TEXT, TEXT),
+    st.builds(frames.ClusterRemoveNode, RID, st.integers(1, 2**31)),
+    st.builds(frames.ClusterTransferLeader, RID, st.none() | st.integers(1, 2**31)),
 )
 
 TAG_A = bytes(range(24))
@@ -129,6 +134,11 @@ EXAMPLES: list[frames.Frame] = [
     frames.GroupCreate(11, "orders", "billing", 30_000, 16),
     frames.GroupCreate(11, "orders", "billing"),
     frames.GroupDelete(12, "orders", "billing"),
+    frames.ClusterStatus(13),
+    frames.ClusterStatusOk(13, {"leader_id": 2, "term": 7}),
+    frames.ClusterAddNode(14, 4, "127.0.0.1:7481", "127.0.0.1:7480"),
+    frames.ClusterRemoveNode(15, 4),
+    frames.ClusterTransferLeader(16, None),
 ]
 
 
@@ -239,7 +249,7 @@ def test_not_an_array_of_type_and_request_id(value: Any) -> None:
     assert_code(value, ErrorCode.INVALID_FRAME)
 
 
-@pytest.mark.parametrize("frame_type", [0, 20, 99, -1, 2**64 - 1])
+@pytest.mark.parametrize("frame_type", [0, 25, 99, -1, 2**64 - 1])
 def test_unknown_frame_type(frame_type: int) -> None:
     error = assert_code([frame_type, 1], ErrorCode.UNKNOWN_FRAME_TYPE)
     assert str(frame_type) in error.message
@@ -308,6 +318,10 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.GroupCreate(11, "orders", "billing"), 4, 1.5),
     (frames.GroupCreate(11, "orders", "billing"), 5, "16"),
     (frames.GroupDelete(12, "orders", "billing"), 3, None),
+    (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 2, 0),
+    (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 3, 7481),
+    (frames.ClusterRemoveNode(15, 4), 2, "4"),
+    (frames.ClusterTransferLeader(16, 2), 2, 2.0),
     (frames.HelloOk(1, 1, 3, None, 1024, "0.1.0"), 5, 0),
     (frames.HelloOk(1, 1, 3, None, 1024, "0.1.0"), 4, 7450),
     (frames.PublishOk(2, 65536, 3), 2, -1),

@@ -201,6 +201,7 @@ SERVER_ONLY: list[frames.Frame] = [
     frames.Error(2, 200, "m"),
     frames.Ok(2),
     frames.Pong(2),
+    frames.ClusterStatusOk(2, {}),
 ]
 
 
