@@ -1,0 +1,449 @@
+"""The checker: verdicts on a recorded history (``history.py`` describes the events).
+
+Only the history is consulted, never the cluster, so a saved ``history.jsonl`` can be
+checked again offline (``python -m tests.jepsen_like check DIR``).
+
+Time bounds. The harness does not know the leader's ``publish_ms`` when it invokes a
+publish, but it knows two instants around it: the leader stamps the message after the
+invocation and before the acknowledgement. So, on the harness clock and allowing
+``allowed_offset_ms`` for the nodes' clock offset and rounding:
+
+* ``due_lower = invoke + delay_ms`` (or ``max(deliver_at_ms, invoke)``),
+* ``due_upper = ok + delay_ms`` (or ``max(deliver_at_ms, ok)``), known only for ``ok``,
+* the expiry is ``due + ttl_ms``: TTL counts from the due time (DESIGN.md, "Message
+  semantics").
+
+Verdicts (the first five must be zero):
+
+``lost``
+    An acknowledged publish that is required — it fell due before the drain ended
+    (``due_upper <= drain_end``) and could not have expired by then (no TTL, or
+    ``due_lower + ttl_ms > drain_end``) — never delivered to one of its target groups.
+``early``
+    A delivery received before ``due_lower - allowed_offset_ms``, or pushed before the
+    server's own ``due_ms`` (``delivered_ms < due_ms``).
+``expired_delivered``
+    A delivery pushed after the expiry: ``delivered_ms > due_ms + ttl_ms`` by the
+    server's own stamps, or ``delivered_ms > due_upper + ttl_ms + allowed_offset_ms``.
+``unexpected``
+    A delivery whose payload names no publish, of a publish that definitely failed, on
+    another topic, or to a group the publish did not target.
+``multiple_leaders_per_term``
+    Two different leaders observed for the same term.
+
+Reported, not failing: ``acked_then_redelivered`` (a delivery pushed after an ack of the
+same message and group was acknowledged, with time windows and whether a leader change
+or fault happened near each), ``duplicates`` and their ratio, ``lateness_ms``
+(first delivery per message and group, received minus ``due_ms``), unavailability
+windows (publishes that failed, were left unknown, or took longer than ``stall_ms``),
+``leader_changes``, ``unsettled`` (required, delivered, never acked).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+from tests.jepsen_like.history import Event
+
+MUST_BE_ZERO = ("lost", "early", "expired_delivered", "unexpected", "multiple_leaders_per_term")
+MAX_EXAMPLES = 20
+
+
+@attrs.frozen
+class CheckConfig:
+    """Tolerances of the checker.
+
+    Attributes:
+        allowed_offset_ms: Clock offset between the harness and the nodes plus rounding
+            (ms); raise it by the skew when the clock-skew fault runs.
+        stall_ms: A publish slower than this counts towards unavailability (ms).
+        window_gap_ms: Redeliveries further apart than this start a new window (ms).
+        near_ms: A redelivery window is "near" a leader change or fault within this (ms).
+    """
+
+    allowed_offset_ms: float = 5.0
+    stall_ms: float = 2_000.0
+    window_gap_ms: float = 2_000.0
+    near_ms: float = 10_000.0
+
+
+@attrs.define
+class _Publish:
+    op: int
+    key: str
+    topic: str
+    groups: list[str]
+    delay_ms: int | None
+    deliver_at_ms: int | None
+    ttl_ms: int | None
+    invoke_t: float
+    outcome: str = "pending"  # ok | fail | info | pending (never completed)
+    complete_t: float | None = None
+    ids: list[int] = attrs.Factory(list)
+
+    def due_bound(self, t: float) -> float:
+        if self.deliver_at_ms is not None:
+            return max(float(self.deliver_at_ms), t)
+        return t + (self.delay_ms or 0)
+
+    @property
+    def due_lower(self) -> float:
+        return self.due_bound(self.invoke_t)
+
+    @property
+    def due_upper(self) -> float | None:
+        if self.outcome != "ok" or self.complete_t is None:
+            return None
+        return self.due_bound(self.complete_t)
+
+
+@attrs.define
+class CheckResult:
+    """Counts and examples; :meth:`summary` is the ``summary.json`` shape."""
+
+    counts: dict[str, int] = attrs.Factory(dict)
+    examples: dict[str, list[dict[str, Any]]] = attrs.Factory(dict)
+    lateness_ms: dict[str, float | None] = attrs.Factory(dict)
+    duplicates_ratio: float = 0.0
+    redelivery_windows: list[dict[str, Any]] = attrs.Factory(list)
+    unavailability_windows: list[dict[str, float]] = attrs.Factory(list)
+
+    @property
+    def failures(self) -> dict[str, int]:
+        """The must-be-zero counts that are not zero."""
+        return {name: self.counts[name] for name in MUST_BE_ZERO if self.counts.get(name, 0)}
+
+    @property
+    def ok(self) -> bool:
+        """True when every must-be-zero count is zero."""
+        return not self.failures
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able dict: every count, ratios, lateness, windows, examples."""
+        unavailable_ms = sum(w["end"] - w["start"] for w in self.unavailability_windows)
+        return {
+            **self.counts,
+            "ok": self.ok,
+            "failures": self.failures,
+            "duplicates_ratio": self.duplicates_ratio,
+            "lateness_ms": self.lateness_ms,
+            "acked_then_redelivered_windows": self.redelivery_windows,
+            "unavailability_windows": self.unavailability_windows,
+            "unavailable_ms": unavailable_ms,
+            "examples": self.examples,
+        }
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float | None:
+    """Nearest-rank percentile of an ascending list; None when it is empty."""
+    if not sorted_values:
+        return None
+    rank = max(1, min(len(sorted_values), round(fraction * len(sorted_values) + 0.5)))
+    return sorted_values[rank - 1]
+
+
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Union of closed intervals, ascending and disjoint."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+class _Checker:
+    def __init__(self, events: list[Event], config: CheckConfig) -> None:
+        self.events = sorted(events, key=lambda e: float(e["t"]))
+        self.config = config
+        self.result = CheckResult()
+        self.publishes: dict[int, _Publish] = {}
+        self.by_key: dict[str, _Publish] = {}
+        self.deliveries: list[Event] = []
+        self.ack_ok: dict[tuple[int, str], float] = {}
+        self.topics: dict[str, list[str]] = {}
+        self.end_t = self.events[-1]["t"] if self.events else 0.0
+        self.drain_end: float | None = None
+        self.leaders: list[Event] = []
+        self.faults: list[Event] = []
+
+    def example(self, kind: str, **fields: Any) -> None:
+        found = self.result.examples.setdefault(kind, [])
+        if len(found) < MAX_EXAMPLES:
+            found.append(fields)
+
+    def count(self, kind: str, amount: int = 1) -> None:
+        self.result.counts[kind] = self.result.counts.get(kind, 0) + amount
+
+    def read(self) -> None:
+        for event in self.events:
+            kind = event["type"]
+            if kind == "publish":
+                self.read_publish(event)
+            elif kind == "deliver":
+                self.deliveries.append(event)
+            elif kind == "ack" and event.get("phase") == "ok":
+                key = (int(event["id"]), str(event["group"]))
+                self.ack_ok.setdefault(key, float(event["t"]))
+            elif kind == "run":
+                if event.get("phase") == "start":
+                    self.topics = {k: list(v) for k, v in (event.get("topics") or {}).items()}
+                elif event.get("phase") == "drain_end":
+                    self.drain_end = float(event["t"])
+            elif kind == "leader":
+                self.leaders.append(event)
+            elif kind in ("nemesis", "node"):
+                self.faults.append(event)
+
+    def read_publish(self, event: Event) -> None:
+        op = int(event["op"])
+        phase = event["phase"]
+        if phase == "invoke":
+            topic = str(event["topic"])
+            groups = event.get("groups")
+            publish = _Publish(
+                op=op,
+                key=str(event["key"]),
+                topic=topic,
+                groups=list(groups if groups is not None else self.topics.get(topic, [])),
+                delay_ms=event.get("delay_ms"),
+                deliver_at_ms=event.get("deliver_at_ms"),
+                ttl_ms=event.get("ttl_ms"),
+                invoke_t=float(event["t"]),
+            )
+            self.publishes[op] = publish
+            self.by_key[publish.key] = publish
+            return
+        invoked = self.publishes.get(op)
+        if invoked is None:
+            self.example("malformed", reason="completion without invoke", event=event)
+            return
+        invoked.outcome = str(phase)
+        invoked.complete_t = float(event["t"])
+        if phase == "ok" and event.get("id") is not None:
+            invoked.ids.append(int(event["id"]))
+
+    def run(self) -> CheckResult:
+        self.read()
+        counts = self.result.counts
+        for name in (
+            *MUST_BE_ZERO,
+            "acked_then_redelivered",
+            "duplicates",
+            "deliveries",
+            "acked_publishes",
+            "publishes",
+            "failed_publishes",
+            "unknown_publishes",
+            "required_publishes",
+            "lost_group_entries",
+            "unsettled",
+            "publish_duplicates",
+            "leader_changes",
+        ):
+            counts.setdefault(name, 0)
+        counts["publishes"] = len(self.publishes)
+        for publish in self.publishes.values():
+            if publish.outcome == "ok":
+                counts["acked_publishes"] += 1
+            elif publish.outcome == "fail":
+                counts["failed_publishes"] += 1
+            else:
+                counts["unknown_publishes"] += 1
+        counts["deliveries"] = len(self.deliveries)
+        self.check_deliveries()
+        self.check_lost()
+        self.check_leaders()
+        self.check_unavailability()
+        return self.result
+
+    def check_deliveries(self) -> None:
+        offset = self.config.allowed_offset_ms
+        seen: dict[tuple[str, str], list[Event]] = defaultdict(list)
+        ids_by_key: dict[str, set[int]] = defaultdict(set)
+        redelivered_at: list[tuple[float, Event]] = []
+        for d in self.deliveries:
+            t = float(d["t"])
+            key = d.get("key")
+            group = str(d["group"])
+            publish = self.by_key.get(key) if key is not None else None
+            where = {"id": d["id"], "key": key, "group": group, "attempt": d.get("attempt"), "t": t}
+            if publish is None:
+                self.count("unexpected")
+                self.example("unexpected", reason="never published", **where)
+                continue
+            if publish.outcome == "fail":
+                self.count("unexpected")
+                self.example("unexpected", reason="publish failed definitely", **where)
+                continue
+            if d.get("topic") != publish.topic or group not in publish.groups:
+                self.count("unexpected")
+                self.example(
+                    "unexpected",
+                    reason="wrong topic or group",
+                    topic=d.get("topic"),
+                    targets=publish.groups,
+                    **where,
+                )
+                continue
+            seen[(publish.key, group)].append(d)
+            ids_by_key[publish.key].add(int(d["id"]))
+            delivered_ms = float(d["delivered_ms"])
+            due_ms = float(d["due_ms"])
+            if t < publish.due_lower - offset or delivered_ms < due_ms:
+                self.count("early")
+                self.example(
+                    "early",
+                    due_lower=publish.due_lower,
+                    due_ms=due_ms,
+                    delivered_ms=delivered_ms,
+                    early_by_ms=max(publish.due_lower - t, due_ms - delivered_ms),
+                    **where,
+                )
+            if publish.ttl_ms is not None:
+                expiry = due_ms + publish.ttl_ms
+                due_upper = publish.due_upper
+                late_bound = None if due_upper is None else due_upper + publish.ttl_ms + offset
+                if delivered_ms > expiry or (late_bound is not None and delivered_ms > late_bound):
+                    self.count("expired_delivered")
+                    self.example(
+                        "expired_delivered",
+                        expiry_ms=expiry,
+                        delivered_ms=delivered_ms,
+                        ttl_ms=publish.ttl_ms,
+                        **where,
+                    )
+            acked = self.ack_ok.get((int(d["id"]), group))
+            if acked is not None and delivered_ms > acked + offset:
+                self.count("acked_then_redelivered")
+                self.example("acked_then_redelivered", acked_t=acked, **where)
+                redelivered_at.append((delivered_ms, d))
+        distinct = len(seen)
+        self.count("duplicates", len(self.deliveries) - self.result.counts["unexpected"] - distinct)
+        self.result.duplicates_ratio = (
+            self.result.counts["duplicates"] / distinct if distinct else 0.0
+        )
+        self.count("publish_duplicates", sum(len(ids) - 1 for ids in ids_by_key.values()))
+        lateness = sorted(
+            float(min(ds, key=lambda e: float(e["t"]))["t"])
+            - float(min(ds, key=lambda e: float(e["t"]))["due_ms"])
+            for ds in seen.values()
+        )
+        self.result.lateness_ms = {
+            "p50": percentile(lateness, 0.50),
+            "p99": percentile(lateness, 0.99),
+            "max": lateness[-1] if lateness else None,
+        }
+        self.seen = seen
+        self.result.redelivery_windows = self.windows(redelivered_at)
+
+    def windows(self, times: list[tuple[float, Event]]) -> list[dict[str, Any]]:
+        windows: list[dict[str, Any]] = []
+        for t, _event in sorted(times, key=lambda pair: pair[0]):
+            if windows and t - windows[-1]["end"] <= self.config.window_gap_ms:
+                windows[-1]["end"] = t
+                windows[-1]["count"] += 1
+            else:
+                windows.append({"start": t, "end": t, "count": 1})
+        changes = self.leader_change_times()
+        fault_times = [float(e["t"]) for e in self.faults]
+        near = self.config.near_ms
+        for window in windows:
+            window["near_leader_change"] = any(
+                window["start"] - near <= c <= window["end"] + near for c in changes
+            )
+            window["near_fault"] = any(
+                window["start"] - near <= c <= window["end"] + near for c in fault_times
+            )
+        return windows
+
+    def check_lost(self) -> None:
+        end = self.drain_end if self.drain_end is not None else self.end_t
+        for publish in self.publishes.values():
+            due_upper = publish.due_upper
+            if due_upper is None or due_upper > end:
+                continue
+            if publish.ttl_ms is not None and publish.due_lower + publish.ttl_ms <= end:
+                continue  # may have expired legitimately before anyone could take it
+            self.count("required_publishes")
+            missing = [g for g in publish.groups if (publish.key, g) not in self.seen]
+            if missing:
+                self.count("lost")
+                self.count("lost_group_entries", len(missing))
+                self.example(
+                    "lost",
+                    key=publish.key,
+                    ids=publish.ids,
+                    missing_groups=missing,
+                    due_upper=due_upper,
+                    ok_t=publish.complete_t,
+                )
+            for group in publish.groups:
+                deliveries = self.seen.get((publish.key, group), [])
+                if deliveries and not any((int(d["id"]), group) in self.ack_ok for d in deliveries):
+                    self.count("unsettled")
+                    self.example("unsettled", key=publish.key, group=group)
+
+    def leader_change_times(self) -> list[float]:
+        """When the observed leader changed: another node, or a higher term.
+
+        Observations of an older term than the last one seen (a lagging node) are
+        ignored; observations without a leader are gaps, not changes.
+        """
+        times: list[float] = []
+        node_before: int | None = None
+        term_before: int | None = None
+        for event in self.leaders:
+            node, term = event.get("node_id"), event.get("term")
+            if node is None or (
+                term is not None and term_before is not None and term < term_before
+            ):
+                continue
+            newer_term = term is not None and term_before is not None and term > term_before
+            if node_before is not None and (node != node_before or newer_term):
+                times.append(float(event["t"]))
+            node_before = int(node)
+            term_before = term if term is not None else term_before
+        return times
+
+    def check_leaders(self) -> None:
+        self.result.counts["leader_changes"] = len(self.leader_change_times())
+        by_term: dict[int, set[int]] = defaultdict(set)
+        for event in self.leaders:
+            if event.get("term") is not None and event.get("node_id") is not None:
+                by_term[int(event["term"])].add(int(event["node_id"]))
+        for term, nodes in sorted(by_term.items()):
+            if len(nodes) > 1:
+                self.count("multiple_leaders_per_term")
+                self.example("multiple_leaders_per_term", term=term, leaders=sorted(nodes))
+
+    def check_unavailability(self) -> None:
+        bad: list[tuple[float, float]] = []
+        for publish in self.publishes.values():
+            end = publish.complete_t if publish.complete_t is not None else self.end_t
+            if publish.outcome != "ok" or end - publish.invoke_t > self.config.stall_ms:
+                bad.append((publish.invoke_t, end))
+        self.result.unavailability_windows = [
+            {"start": start, "end": end} for start, end in merge_intervals(bad)
+        ]
+
+
+def check(events: Iterable[Event], config: CheckConfig | None = None) -> CheckResult:
+    """Check a history and return the verdicts.
+
+    Args:
+        events: History events (any order; they are sorted by ``t``).
+        config: Tolerances; defaults to :class:`CheckConfig`.
+
+    Returns:
+        The counts (``MUST_BE_ZERO`` among them), examples of each violation (up to
+        ``MAX_EXAMPLES``), lateness percentiles and windows.
+
+    Raises:
+        KeyError, ValueError: an event lacks a required field or has a bad value.
+    """
+    return _Checker(list(events), config or CheckConfig()).run()

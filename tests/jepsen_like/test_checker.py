@@ -1,0 +1,326 @@
+"""The checker catches each kind of violation in small hand-made histories.
+
+Each test builds a clean history, breaks it in one way, and asserts that exactly that
+verdict moves. No cluster, no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.jepsen_like.checker import MUST_BE_ZERO, CheckConfig, check, merge_intervals, percentile
+from tests.jepsen_like.history import Event, History, read_history
+
+T0 = 1_700_000_000_000.0
+TOPICS = {"jobs": ["a", "b"]}
+
+
+class Builder:
+    """Writes events of a small run: topic ``jobs`` with groups ``a`` and ``b``."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = [
+            {"t": T0, "type": "run", "phase": "start", "topics": TOPICS, "seed": 1}
+        ]
+        self.op = 0
+
+    def add(self, t: float, type_: str, **fields: Any) -> None:
+        self.events.append({"t": T0 + t, "type": type_, **fields})
+
+    def publish(
+        self,
+        t: float,
+        *,
+        message_id: int,
+        delay_ms: int = 0,
+        ttl_ms: int | None = None,
+        outcome: str = "ok",
+        took_ms: float = 5.0,
+        groups: list[str] | None = None,
+    ) -> str:
+        self.op += 1
+        key = f"p0-{self.op}"
+        self.add(
+            t,
+            "publish",
+            phase="invoke",
+            op=self.op,
+            key=key,
+            producer=0,
+            topic="jobs",
+            groups=groups if groups is not None else TOPICS["jobs"],
+            delay_ms=delay_ms,
+            deliver_at_ms=None,
+            ttl_ms=ttl_ms,
+        )
+        fields: dict[str, Any] = {"id": message_id} if outcome == "ok" else {"error": "x"}
+        self.add(t + took_ms, "publish", phase=outcome, op=self.op, key=key, **fields)
+        return key
+
+    def deliver(
+        self,
+        t: float,
+        key: str | None,
+        *,
+        message_id: int,
+        group: str,
+        due: float,
+        attempt: int = 1,
+        delivered: float | None = None,
+        ack: bool = True,
+        topic: str = "jobs",
+    ) -> None:
+        delivered_t = t - 1 if delivered is None else delivered
+        self.add(
+            t,
+            "deliver",
+            id=message_id,
+            key=key,
+            topic=topic,
+            group=group,
+            consumer=f"{group}-0",
+            attempt=attempt,
+            delivered_ms=T0 + delivered_t,
+            due_ms=T0 + due,
+            publish_ms=T0,
+        )
+        if ack:
+            self.add(t + 1, "ack", phase="invoke", id=message_id, group=group, attempt=attempt)
+            self.add(t + 3, "ack", phase="ok", id=message_id, group=group, attempt=attempt)
+
+    def both(self, t: float, key: str, *, message_id: int, due: float, **kw: Any) -> None:
+        for group in TOPICS["jobs"]:
+            self.deliver(t, key, message_id=message_id, group=group, due=due, **kw)
+
+    def finish(self, t: float) -> list[Event]:
+        self.add(t, "run", phase="drain_end")
+        return self.events
+
+
+def clean() -> Builder:
+    """Three messages: at once, delayed 1 s, short TTL expired unseen; one far future."""
+    b = Builder()
+    k1 = b.publish(0, message_id=1)
+    b.both(20, k1, message_id=1, due=2)
+    k2 = b.publish(100, message_id=2, delay_ms=1000)
+    b.both(1110, k2, message_id=2, due=1102)
+    b.publish(200, message_id=3, delay_ms=100, ttl_ms=50)  # expires before anyone takes it
+    b.publish(300, message_id=4, delay_ms=3_600_000)  # far future: never due in the run
+    return b
+
+
+def assert_only(counts: dict[str, int], **expected: int) -> None:
+    for name in MUST_BE_ZERO:
+        assert counts[name] == expected.get(name, 0), (name, counts)
+
+
+def test_clean_history_passes() -> None:
+    result = check(clean().finish(5_000))
+    assert result.ok
+    assert_only(result.counts)
+    assert result.counts["acked_publishes"] == 4
+    assert result.counts["required_publishes"] == 2
+    assert result.counts["deliveries"] == 4
+    assert result.counts["duplicates"] == 0
+    assert result.counts["acked_then_redelivered"] == 0
+    assert result.counts["unsettled"] == 0
+    assert result.lateness_ms == {"p50": 8.0, "p99": 18.0, "max": 18.0}
+    assert result.summary()["ok"] is True
+
+
+def test_lost_message_is_caught_per_group() -> None:
+    b = clean()
+    k = b.publish(400, message_id=5, delay_ms=100)
+    b.deliver(520, k, message_id=5, group="a", due=502)  # never reaches group b
+    result = check(b.finish(5_000))
+    assert_only(result.counts, lost=1)
+    assert result.counts["lost_group_entries"] == 1
+    assert result.examples["lost"][0]["missing_groups"] == ["b"]
+    assert not result.ok and result.failures == {"lost": 1}
+
+
+def test_unacknowledged_or_not_yet_due_publish_is_not_lost() -> None:
+    b = clean()
+    b.publish(400, message_id=5, outcome="info")  # unknown outcome, never delivered
+    b.publish(400, message_id=6, outcome="fail")
+    b.publish(4_900, message_id=7, delay_ms=500)  # due after the drain ended
+    result = check(b.finish(5_000))
+    assert_only(result.counts)
+    assert result.counts["unknown_publishes"] == 1
+    assert result.counts["failed_publishes"] == 1
+
+
+def test_long_ttl_message_not_delivered_is_lost() -> None:
+    b = clean()
+    b.publish(400, message_id=5, ttl_ms=60_000)  # could not have expired by the end
+    assert_only(check(b.finish(5_000)).counts, lost=1)
+
+
+def test_early_delivery_by_harness_clock() -> None:
+    b = clean()
+    k = b.publish(400, message_id=5, delay_ms=1000)
+    # The server claims due 410 and delivers at 420: 980 ms before invoke + delay.
+    b.both(421, k, message_id=5, due=410)
+    result = check(b.finish(5_000))
+    assert_only(result.counts, early=2)
+    assert result.examples["early"][0]["early_by_ms"] == pytest.approx(979.0)
+
+
+def test_early_delivery_by_server_own_stamps() -> None:
+    b = clean()
+    k = b.publish(400, message_id=5)
+    b.both(450, k, message_id=5, due=440, delivered=430)
+    assert_only(check(b.finish(5_000)).counts, early=2)
+
+
+def test_delivery_within_allowed_offset_is_not_early() -> None:
+    b = clean()
+    k = b.publish(400, message_id=5, delay_ms=1000)
+    b.both(1397, k, message_id=5, due=1396, delivered=1396)
+    assert check(b.finish(5_000), CheckConfig(allowed_offset_ms=5)).ok
+    assert_only(check(b.finish(5_000), CheckConfig(allowed_offset_ms=1)).counts, early=2)
+
+
+def test_expired_delivery_is_caught() -> None:
+    b = clean()
+    k = b.publish(400, message_id=5, delay_ms=100, ttl_ms=200)
+    b.deliver(560, k, message_id=5, group="a", due=502)  # within the TTL
+    b.deliver(760, k, message_id=5, group="b", due=502)  # 258 ms after due: expired
+    result = check(b.finish(5_000))
+    assert_only(result.counts, expired_delivered=1)
+    assert result.examples["expired_delivered"][0]["group"] == "b"
+
+
+def test_expired_delivery_caught_by_harness_bound_when_server_due_is_wrong() -> None:
+    b = clean()
+    k = b.publish(400, message_id=5, delay_ms=100, ttl_ms=200, took_ms=5)
+    # The server says due 3000 (wrong); the harness knows due <= 505, expiry <= 705.
+    b.deliver(3010, k, message_id=5, group="a", due=3000)
+    b.deliver(560, k, message_id=5, group="b", due=502)
+    assert_only(check(b.finish(5_000)).counts, expired_delivered=1)
+
+
+def test_unexpected_deliveries() -> None:
+    b = clean()
+    b.deliver(500, "p9-999", message_id=77, group="a", due=400)  # never published
+    b.deliver(500, None, message_id=78, group="a", due=400)  # not our payload
+    k = b.publish(400, message_id=5, groups=["a"])  # published before group b existed
+    b.deliver(450, k, message_id=5, group="a", due=402)
+    b.deliver(450, k, message_id=5, group="b", due=402)
+    kf = b.publish(600, message_id=6, outcome="fail")
+    b.deliver(650, kf, message_id=6, group="a", due=602)
+    ko = b.publish(700, message_id=7, groups=["a"])
+    b.deliver(750, ko, message_id=7, group="a", due=702, topic="other")
+    result = check(b.finish(5_000))
+    assert_only(result.counts, unexpected=5, lost=1)  # message 7 never reached "a" on "jobs"
+    reasons = sorted(e["reason"] for e in result.examples["unexpected"])
+    assert reasons == [
+        "never published",
+        "never published",
+        "publish failed definitely",
+        "wrong topic or group",
+        "wrong topic or group",
+    ]
+
+
+def test_acked_then_redelivered_is_counted_with_windows() -> None:
+    b = clean()
+    k = b.publish(400, message_id=5)
+    b.both(450, k, message_id=5, due=402)  # acked ok at 453
+    b.deliver(3000, k, message_id=5, group="a", due=402, attempt=2)
+    b.deliver(3500, k, message_id=5, group="b", due=402, attempt=2)
+    b.deliver(30_000, k, message_id=5, group="a", due=402, attempt=3)
+    b.add(2_900, "leader", node_id=2, term=3, observer=1)
+    b.add(1_000, "leader", node_id=1, term=2, observer=1)
+    result = check(b.finish(40_000))
+    assert result.ok  # reported, not failing
+    assert result.counts["acked_then_redelivered"] == 3
+    assert result.counts["duplicates"] == 3
+    assert result.duplicates_ratio == pytest.approx(3 / 6)
+    windows = result.redelivery_windows
+    assert [(w["count"], w["near_leader_change"]) for w in windows] == [(2, True), (1, False)]
+
+
+def test_redelivery_of_unacked_message_is_a_duplicate_only() -> None:
+    b = clean()
+    k = b.publish(400, message_id=5)
+    b.deliver(450, k, message_id=5, group="a", due=402, ack=False)  # consumer crashed
+    b.deliver(1450, k, message_id=5, group="a", due=402, attempt=2)
+    b.deliver(450, k, message_id=5, group="b", due=402)
+    result = check(b.finish(5_000))
+    assert result.ok
+    assert result.counts["acked_then_redelivered"] == 0
+    assert result.counts["duplicates"] == 1
+
+
+def test_delivered_but_never_acked_is_unsettled() -> None:
+    b = clean()
+    k = b.publish(400, message_id=5)
+    b.both(450, k, message_id=5, due=402, ack=False)
+    result = check(b.finish(5_000))
+    assert result.ok
+    assert result.counts["unsettled"] == 2
+
+
+def test_publish_stored_twice_is_counted() -> None:
+    b = clean()
+    k = b.publish(400, message_id=5)
+    b.both(450, k, message_id=5, due=402)
+    b.deliver(460, k, message_id=6, group="a", due=402)  # the same key under another id
+    result = check(b.finish(5_000))
+    assert result.ok
+    assert result.counts["publish_duplicates"] == 1
+
+
+def test_leader_changes_and_two_leaders_in_one_term() -> None:
+    b = clean()
+    for t, node, term in [(10, 1, 1), (20, 1, 1), (30, None, None), (40, 2, 2), (50, 1, 1)]:
+        b.add(t, "leader", node_id=node, term=term, observer=1)
+    b.add(60, "leader", node_id=3, term=2, observer=3)
+    result = check(b.finish(5_000))
+    assert result.counts["leader_changes"] == 2  # 1 -> 2 (term 2) -> 3 (same term!)
+    assert_only(result.counts, multiple_leaders_per_term=1)
+    assert result.examples["multiple_leaders_per_term"] == [{"term": 2, "leaders": [2, 3]}]
+
+
+def test_leader_changes_without_terms_count_node_switches() -> None:
+    b = clean()
+    for t, node in [(10, 1), (20, None), (30, 1), (40, 2), (50, 2), (60, 1)]:
+        b.add(t, "leader", node_id=node, term=None, observer=1)
+    assert check(b.finish(5_000)).counts["leader_changes"] == 2
+
+
+def test_unavailability_windows_merge_failed_and_slow_publishes() -> None:
+    b = clean()
+    b.publish(1_000, message_id=5, outcome="info", took_ms=500, delay_ms=3_600_000)
+    b.publish(1_200, message_id=6, outcome="fail", took_ms=600)
+    b.publish(3_000, message_id=7, took_ms=2_500, delay_ms=3_600_000)  # slow but ok
+    result = check(b.finish(10_000), CheckConfig(stall_ms=2_000))
+    assert result.ok
+    windows = [(w["start"] - T0, w["end"] - T0) for w in result.unavailability_windows]
+    assert windows == [(1_000, 1_800), (3_000, 5_500)]
+    assert result.summary()["unavailable_ms"] == pytest.approx(3_300)
+
+
+def test_summary_is_json_and_history_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    history = History(path)
+    for event in clean().finish(5_000):
+        history.record(event.pop("type"), **event)
+    history.close()
+    with open(path, "a") as file:
+        file.write('{"t": 1, "type": "deliv')  # a run killed mid-line
+    events = list(read_history(path))
+    assert len(events) == len(history.events)
+    summary = check(events).summary()
+    assert json.loads(json.dumps(summary))["lost"] == 0
+
+
+def test_helpers() -> None:
+    assert percentile([], 0.5) is None
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.99) == 4.0
+    assert merge_intervals([(5, 6), (1, 3), (2, 4)]) == [(1, 4), (5, 6)]
