@@ -322,17 +322,15 @@ async def publish_many(
         conn = await RawConnection.open(address)
         slots = trio.Semaphore(window)
         outstanding: dict[int, int] = {}
-        done_sending = trio.Event()
+        done_sending = False
+        drained = trio.Event()
 
         async def sender() -> None:
             nonlocal next_index
             while next_index < total:
                 await slots.acquire()
                 chunks = []
-                while True:
-                    if next_index >= total:
-                        slots.release()
-                        break
+                while next_index < total:
                     count = min(batch, total - next_index)
                     first = next_index
                     next_index += count
@@ -354,11 +352,10 @@ async def publish_many(
                         break
                 if chunks:
                     await conn.send(b"".join(chunks))
-            done_sending.set()
 
         async def receiver() -> None:
             nonlocal acked
-            while not (done_sending.is_set() and not outstanding):
+            while True:
                 answer = await conn.receive()
                 if answer[0] != frames.FrameType.PUBLISH_OK:
                     raise RuntimeError(f"PUBLISH refused: {answer}")
@@ -366,16 +363,43 @@ async def publish_many(
                 slots.release()
                 if progress is not None:
                     progress(acked)
+                if done_sending and not outstanding:
+                    drained.set()
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(sender)
             nursery.start_soon(receiver)
+            await sender()
+            done_sending = True
+            if outstanding:
+                await drained.wait()
+            nursery.cancel_scope.cancel()
         await conn.aclose()
 
     async with trio.open_nursery() as nursery:
         for _ in range(connections):
             nursery.start_soon(run_connection)
     return time.monotonic() - started
+
+
+def start_py_spy(pid: int, seconds: float, label: str) -> subprocess.Popen[bytes] | None:
+    """Start ``py-spy record`` on ``pid`` for ``seconds``; raw stacks go to
+    ``bench/results/profile_<label>.txt`` (summarize with ``python -m bench.profile_stacks``).
+
+    Returns:
+        The py-spy process (wait for it), or None when py-spy is not installed.
+    """
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        print("py-spy not installed (pip install py-spy); skipping the profile")
+        return None
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    out = RESULTS_DIR / f"profile_{label}.txt"
+    return subprocess.Popen(
+        [py_spy, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "200"]
+        + ["-f", "raw", "-o", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 # --------------------------------------------------------------------------- stats
@@ -401,8 +425,18 @@ def median(values: list[float]) -> float:
 # --------------------------------------------------------------------------- results
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so ``finally`` blocks stop the server and remove temp dirs."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def add_common_args(parser: argparse.ArgumentParser) -> None:
-    """``--quick``, ``--compare`` and ``--no-save``."""
+    """``--quick``, ``--compare`` and ``--no-save``; also installs :func:`exit_on_sigterm`."""
+    exit_on_sigterm()
     parser.add_argument("--quick", action="store_true", help="smaller, faster variant")
     parser.add_argument(
         "--compare", action="store_true", help="print the change against the previous results"
@@ -440,11 +474,16 @@ def load_previous(name: str) -> dict[str, Any] | None:
     return loaded
 
 
+_SETUP_KEYS = frozenset(
+    {"env", "command", "batch", "connections", "window_per_connection", "seconds", "readings_mb"}
+)
+
+
 def _flatten(value: Any, prefix: str = "") -> dict[str, float]:
     out: dict[str, float] = {}
     if isinstance(value, dict):
         for key, inner in value.items():
-            if key in {"env", "command"}:
+            if key in _SETUP_KEYS:
                 continue
             out.update(_flatten(inner, f"{prefix}{key}."))
     elif isinstance(value, bool):
@@ -468,6 +507,8 @@ def print_compare(name: str, current: dict[str, Any], previous: dict[str, Any] |
         if key not in before:
             continue
         old, new = before[key], after[key]
+        if old == new:
+            continue
         change = "" if old == 0 else f"{(new - old) / abs(old) * 100:+.1f}%"
         print(f"  {key:<50} {old:>14.3f} -> {new:>14.3f} {change}")
 

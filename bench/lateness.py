@@ -36,6 +36,7 @@ from bench._common import (
     now_ms,
     percentile,
     publish_many,
+    start_py_spy,
 )
 from futureq.wire import frames
 
@@ -55,9 +56,10 @@ async def _consume(
     duplicates = 0
     seen: set[int] = set()
     done = trio.Event()
+    last_receive = 0.0
 
     async def consumer(index: int) -> None:
-        nonlocal duplicates
+        nonlocal duplicates, last_receive
         conn = await RawConnection.open(address, f"lateness-{index}")
         rid = conn.next_id()
         await conn.send(frame_bytes([frames.FrameType.SUBSCRIBE, rid, TOPIC, GROUP, prefetch]))
@@ -83,6 +85,7 @@ async def _consume(
                 seen.add(mid)
                 pending_tags.append(tag)
             per_consumer[index] += len(frame[4])
+            last_receive = received
             if len(pending_tags) >= ACK_EVERY or len(seen) >= total:
                 ack = frame_bytes([frames.FrameType.ACK, conn.next_id(), pending_tags])
                 credit = frame_bytes(
@@ -115,6 +118,7 @@ async def _consume(
 
     return {
         "received": len(seen),
+        "last_receive_ms": last_receive,
         "duplicates": duplicates,
         "per_consumer": per_consumer,
         "consumer": stats(consumer_late),
@@ -155,12 +159,22 @@ async def _run(args: argparse.Namespace, server: Server) -> dict[str, Any]:
     )
     if gap_s < args.gap_s:
         print(f"warning: only {gap_s:.2f} s between publishing and the first due time")
+    spy = None
+    if args.profile:
+        spy = start_py_spy(
+            server.pid, max(1.0, (first_due - now_ms()) / 1000 + args.spread_s + 1), "dispatch"
+        )
     result = await _consume(
         server.client_address,
         total,
         args.consumers,
         args.prefetch,
         first_due + spread + args.timeout_s * 1000,
+    )
+    if spy is not None:
+        await trio.to_thread.run_sync(spy.wait, 120)
+    result["delivery_msgs_per_s"] = round(
+        result["received"] / max(0.001, (result.pop("last_receive_ms") - first_due) / 1000), 1
     )
     result.update(
         {
@@ -188,6 +202,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gap-s", type=float, default=3.0, help="wanted gap after publishing")
     parser.add_argument("--consumers", type=int, default=4)
     parser.add_argument("--prefetch", type=int, default=1000)
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy record the server while it dispatches"
+    )
     parser.add_argument("--timeout-s", type=float, default=30.0, help="wait after the last due")
     args = parser.parse_args(argv)
     if args.messages is None:
@@ -200,7 +217,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result = trio.run(_run, args, server)
         result["wall_s"] = round(time.monotonic() - started, 1)
     c, s = result["consumer"], result["server"]
-    print(f"received {result['received']}/{result['messages']} (duplicates {result['duplicates']})")
+    print(
+        f"received {result['received']}/{result['messages']} (duplicates "
+        f"{result['duplicates']}), {result['delivery_msgs_per_s']:.0f} msgs/s from first due"
+    )
     print(
         f"{'lateness ms':<12} {'p50':>7} {'p90':>7} {'p99':>7} {'p99.9':>7} {'max':>8} {'early':>6}"
     )

@@ -20,11 +20,7 @@ size), PUBLISH_OK latency p50/p99 (pipelined, so it includes queueing), server C
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
@@ -32,7 +28,6 @@ import trio
 
 from bench._common import (
     PAYLOAD_BYTES,
-    RESULTS_DIR,
     RawConnection,
     Server,
     add_common_args,
@@ -41,6 +36,7 @@ from bench._common import (
     percentile,
     publish_frame,
     publish_items_bytes,
+    start_py_spy,
 )
 from futureq.wire import frames
 
@@ -165,22 +161,6 @@ async def _load(
     }
 
 
-def _profile(pid: int, seconds: float, batch: int) -> subprocess.Popen[bytes] | None:
-    """Start ``py-spy record`` on the server for ``seconds`` (raw collapsed stacks)."""
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not Path(py_spy).exists():
-        print("py-spy not installed (pip install py-spy); skipping the profile")
-        return None
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    out = RESULTS_DIR / f"profile_publish_batch{batch}.txt"
-    return subprocess.Popen(
-        [py_spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200"]
-        + ["-f", "raw", "-o", str(out), "--nonblocking"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
 def run_batch(
     batch: int,
     connections: int,
@@ -192,7 +172,11 @@ def run_batch(
     """One fresh server, one batch size: the figures of :func:`_load`."""
     with Server() as server:
         server.start()
-        spy = _profile(server.pid, warmup_s + seconds, batch) if profile else None
+        spy = (
+            start_py_spy(server.pid, warmup_s + seconds, f"publish_batch{batch}")
+            if profile
+            else None
+        )
         result = trio.run(_load, server, batch, connections, warmup_s, seconds, window)
         if spy is not None:
             spy.wait(60)
