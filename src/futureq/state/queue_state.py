@@ -27,9 +27,10 @@ from typing import Any, Final, Protocol
 import attrs
 import msgpack
 
-from futureq.state import commands
+from futureq.state import commands, snapshot
 from futureq.state.commands import CommandKind
-from futureq.state.store import Changes, StateStore
+from futureq.state.snapshot import SnapshotSource
+from futureq.state.store import Changes, SnapshotStore, StateStore
 
 DEFAULT_GROUP: Final = "default"
 DLQ_SUFFIX: Final = ".dlq"
@@ -152,6 +153,7 @@ class QueueState:
     def _load(self) -> None:
         """Read the in-memory indexes (groups, pending counts, node addresses) from the store."""
         store = self.store
+        snapshot.check_not_restoring(store)
         self.groups.clear()
         self._by_topic.clear()
         self.node_addresses.clear()
@@ -288,6 +290,72 @@ class QueueState:
         if self.on_nodes_changed is not None and any(effect[0] == "n" for effect in effects):
             self.on_nodes_changed()
         return result
+
+    def apply_other(self, index: int) -> None:
+        """Apply a log entry that is not a command (a Raft NOOP or CONFIG_CHANGE entry).
+
+        Only advances the applied index, written in its own batch like :meth:`apply`,
+        so a restart does not replay the entry.
+
+        Args:
+            index: Log index; must be exactly ``applied_index + 1``.
+
+        Raises:
+            StorageError: from the store; the node must stop.
+        """
+        assert index == self.applied_index + 1, (index, self.applied_index)
+        self.store.write({"meta": {_APPLIED: _u64(index)}})
+        self.applied_index = index
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _snapshot_store(self) -> SnapshotStore:
+        store = self.store
+        if not isinstance(store, SnapshotStore):
+            raise TypeError(f"{type(store).__name__} cannot take or restore snapshots")
+        return store
+
+    def snapshot_source(self) -> SnapshotSource:
+        """A point-in-time view of the state at :attr:`applied_index`, to serialize.
+
+        Cheap and synchronous: call it on the event loop, between applies. The
+        source's ``serialize()`` reads only that view (it may run in a worker thread
+        while applies go on); ``close()`` it when done.
+
+        Raises:
+            TypeError: the store cannot take snapshots.
+            StorageError: the store is closed.
+
+        Source: Raft paper §7 (log compaction); format in :mod:`futureq.state.snapshot`.
+        """
+        view = self._snapshot_store().snapshot_view(snapshot.FAMILIES)
+        return SnapshotSource(view, self.applied_index)
+
+    def restore(self, data: bytes, index: int) -> None:
+        """Replace the whole state with a snapshot's and set the applied index to ``index``.
+
+        The snapshot is checked before anything is written; then the four families
+        are replaced (crash-safe: :func:`futureq.state.snapshot.restore_into`), the
+        in-memory indexes are rebuilt, and the observer is told the groups changed
+        (the dispatcher reloads from disk) and ``on_nodes_changed`` is called.
+
+        Args:
+            data: Bytes from :meth:`SnapshotSource.serialize`.
+            index: The log index the snapshot covers (its recorded index).
+
+        Raises:
+            CorruptSnapshotError: (a StorageError) ``data`` is not a valid snapshot;
+                the state is unchanged.
+            StorageError: the store failed mid-way; the node must stop.
+            TypeError: the store cannot restore snapshots.
+        """
+        snapshot.restore_into(self._snapshot_store(), data, index)
+        self._load()
+        assert self.applied_index == index, (self.applied_index, index)
+        if self.observer is not None:
+            self.observer.on_groups_changed()
+        if self.on_nodes_changed is not None:
+            self.on_nodes_changed()
 
     def _node_address(
         self,

@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
 from sortedcontainers import SortedDict
 
@@ -34,6 +34,40 @@ class StateStore(Protocol):
 
     def write(self, changes: Changes, *, sync: bool = False) -> None:
         """Apply puts and deletes atomically."""
+        ...
+
+
+class StoreView(Protocol):
+    """A read-only, point-in-time view of some families (for state snapshots).
+
+    It sees the families as they were when the view was taken, whatever is written
+    afterwards, and may be read from another thread while the store is written.
+    """
+
+    def scan(
+        self, family: str, start: bytes, stop: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs in key order within ``[start, stop)``, as of the view."""
+        ...
+
+    def close(self) -> None:
+        """Release the view (RocksDB keeps the data it pins until then); idempotent."""
+        ...
+
+
+@runtime_checkable
+class SnapshotStore(StateStore, Protocol):
+    """A :class:`StateStore` that can also take point-in-time views and clear families.
+
+    What :mod:`futureq.state.snapshot` needs to serialize and restore a state.
+    """
+
+    def snapshot_view(self, families: Sequence[str]) -> StoreView:
+        """A point-in-time view of ``families``; cheap, call it on the event loop."""
+        ...
+
+    def clear(self, family: str) -> None:
+        """Delete every key of ``family`` (one write, as durable as ``write``)."""
         ...
 
 
@@ -79,3 +113,37 @@ class MemoryStore:
                     data.pop(key, None)
                 else:
                     data[key] = value
+
+    def snapshot_view(self, families: Sequence[str]) -> MemoryStoreView:
+        """A copy of ``families`` (O(keys) time and memory: for simulations and tests)."""
+        return MemoryStoreView({family: self._family(family).copy() for family in families})
+
+    def clear(self, family: str) -> None:
+        """Delete every key of ``family``."""
+        self._family(family).clear()
+
+
+class MemoryStoreView:
+    """A :class:`StoreView` over copied families of a :class:`MemoryStore`."""
+
+    def __init__(self, families: dict[str, SortedDict]) -> None:
+        self._families: dict[str, SortedDict] | None = families
+
+    def scan(
+        self, family: str, start: bytes, stop: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs in key order within ``[start, stop)``, as copied.
+
+        Raises:
+            ValueError: the view is closed.
+            KeyError: ``family`` was not part of the view.
+        """
+        if self._families is None:
+            raise ValueError("the store view is closed")
+        data = self._families[family]
+        for key in data.irange(start, stop, inclusive=(True, False)):
+            yield key, data[key]
+
+    def close(self) -> None:
+        """Drop the copy; idempotent."""
+        self._families = None

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Final
 
-from rocksdict import ColumnFamily, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import (
+    ColumnFamily,
+    Options,
+    Rdict,
+    RdictIter,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
 
 from futureq.errors import StorageError
 
@@ -68,6 +76,7 @@ class Database:
         self._synced = WriteOptions()
         self._synced.sync = True
         self._unsynced = WriteOptions()
+        self._views: set[DatabaseView] = set()
         self._closed = False
         try:
             self._check_schema()
@@ -174,11 +183,53 @@ class Database:
         key: bytes = it.key()
         return key
 
+    def snapshot_view(self, families: Sequence[str]) -> DatabaseView:
+        """A point-in-time, read-only view of ``families`` (for state snapshots).
+
+        One RocksDB iterator per family is created here, back to back; a RocksDB
+        iterator reads the implicit snapshot taken when it is created, however long it
+        lives, so the view never sees later writes. (rocksdict 0.3.29's
+        ``Rdict.snapshot()`` cannot serve: its ``iter()`` drops the snapshot and reads
+        live data; only its point gets honour it.) The families are consistent with
+        each other as long as no write to them runs between the iterators' creation:
+        call this on the thread that applies (the event loop), without yielding.
+
+        Args:
+            families: Family names, e.g. the four state families.
+
+        Returns:
+            A view whose ``scan`` matches :meth:`scan`; it may be read from a worker
+            thread. Close it (or close the database, which closes open views).
+
+        Raises:
+            KeyError: an unknown family.
+            StorageError: the database is closed.
+        """
+        if self._closed:
+            raise StorageError(f"RocksDB at {self.path!r} is closed")
+        iterators = {name: self._families[name].iter(ReadOptions()) for name in families}
+        view = DatabaseView(self, iterators)
+        self._views.add(view)
+        return view
+
+    def clear(self, family: str) -> None:
+        """Delete every key of one family with a range delete (unsynced).
+
+        Raises:
+            StorageError: RocksDB refused the write.
+        """
+        last = self.last_key(family)
+        if last is None:
+            return
+        self.delete_range(family, b"", last + b"\x00")
+
     def close(self) -> None:
-        """Flush memtables and close; safe to call twice."""
+        """Flush memtables and close; safe to call twice. Open views are closed first."""
         if self._closed:
             return
         self._closed = True
+        for view in list(self._views):
+            view.close()
         # rocksdict keeps the DB (and its LOCK file) alive while any column family
         # object or handle refers to it, so drop them all before closing.
         self._families.clear()
@@ -189,3 +240,46 @@ class Database:
             self._db.close()
             del self._db
             gc.collect()
+
+
+class DatabaseView:
+    """A point-in-time view of some families of a :class:`Database`.
+
+    Made by :meth:`Database.snapshot_view`. Each family has one iterator, so scan one
+    family at a time (a second scan of the same family restarts the shared iterator);
+    different families may be scanned in any order, on any single thread.
+    """
+
+    def __init__(self, db: Database, iterators: dict[str, RdictIter]) -> None:
+        self._db: Database | None = db
+        self._iterators = iterators
+
+    def scan(
+        self, family: str, start: bytes, stop: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` in key order from ``start`` up to ``stop`` (exclusive), as of
+        the view.
+
+        Raises:
+            StorageError: the view is closed.
+            KeyError: ``family`` is not part of the view.
+        """
+        if self._db is None:
+            raise StorageError("the RocksDB snapshot view is closed")
+        it = self._iterators[family]
+        it.seek(start)
+        while it.valid():
+            key: bytes = it.key()
+            if stop is not None and key >= stop:
+                return
+            yield key, it.value()
+            it.next()
+
+    def close(self) -> None:
+        """Release the iterators (and the memtables and files they pin); idempotent."""
+        db = self._db
+        if db is None:
+            return
+        self._db = None
+        self._iterators.clear()
+        db._views.discard(self)
