@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from test_raft_rocks_storage import rocks_storage_factory
 
 from futureq.raft.messages import (
     Entry,
@@ -35,6 +36,7 @@ MEMBERSHIP = Membership(frozenset({NodeId(1), NodeId(2), NodeId(3)}))
 
 STORAGE_FACTORIES: dict[str, Callable[[Membership], Any]] = {
     "memory": MemoryStorage,
+    "rocksdb": rocks_storage_factory,
 }
 
 
