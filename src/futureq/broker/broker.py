@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from futureq import __version__
+from futureq.config import split_host_port
 from futureq.errors import ErrorCode, FutureQError, NotLeaderError, RequestError
 from futureq.metrics import GroupCounts
 from futureq.state import commands
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
+
+PROMOTE_TIMEOUT_S = 600
+PROMOTE_LAG_ENTRIES = 64
+"""A learner this close to the commit index is promoted to voter (entries)."""
 
 
 class Broker:
@@ -72,7 +77,29 @@ class Broker:
         self.stopping = False
         self._last_stamp_ms = state.last_publish_ms
         self._background_send, self._background_receive = trio.open_memory_channel[bytes](1024)
+        self._promote_send, self._promote_receive = trio.open_memory_channel[int](16)
+        self.leader_epoch = 0
+        self._epoch_changed = trio.Event()
         metrics.set_group_counts_provider(self.group_counts)
+
+    # ------------------------------------------------------------ leadership
+
+    def leadership_changed(self, is_leader: bool) -> None:
+        """Start or stop dispatching; every client connection is closed so that clients
+        reconnect and follow the new leader (``DESIGN.md``, "Followers redirect")."""
+        if is_leader:
+            self.dispatcher.activate()
+        else:
+            self.dispatcher.deactivate()
+        self.metrics.is_leader.set(1 if is_leader else 0)
+        self.leader_epoch += 1
+        self._epoch_changed.set()
+        self._epoch_changed = trio.Event()
+
+    async def wait_leadership_change(self, epoch: int) -> None:
+        """Return once leadership changed after ``epoch`` (a ``leader_epoch`` value)."""
+        while self.leader_epoch == epoch:
+            await self._epoch_changed.wait()
 
     # ------------------------------------------------------------ publish
 
@@ -105,6 +132,11 @@ class Broker:
         publish_ms = self._stamp()
         validated = validation.validate_publish_items(items, self.limits, publish_ms)
         command = commands.publish(publish_ms, validated)
+        if ack_level == frames.AckLevel.LEADER:
+            index = await self.log.propose_durable(command)
+            self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
+            self._count_published(validated)
+            return commands.message_id(index, 0), len(validated)
         if ack_level == frames.AckLevel.NONE:
             try:
                 self._background_send.send_nowait(command)
@@ -126,6 +158,118 @@ class Broker:
             return
         for topic, count in Tally(item[0] for item in validated).items():
             self.metrics.published_messages_total.labels(topic).inc(count)
+
+    # ------------------------------------------------------------ cluster
+
+    def _cluster(self) -> Any:
+        if not hasattr(self.log, "add_learner"):
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                "this node runs alone (no --peers or --join); start nodes as a cluster to change membership",
+            )
+        return self.log
+
+    def cluster_status(self) -> dict[str, Any]:
+        """The CLUSTER_STATUS_OK map: this node's view of membership, term and progress."""
+        view: dict[str, Any] = dict(self.log.cluster_status())  # type: ignore[attr-defined]
+        view["node_id"] = self.node_id
+        addresses = self.state.node_addresses
+        for node in view.get("nodes", []):
+            known = addresses.get(node["node_id"])
+            if known is not None:
+                node.setdefault("raft_address", known[0])
+                node.setdefault("client_address", known[1])
+        return view
+
+    async def add_node(self, node_id: int, raft_address: str, client_address: str) -> None:
+        """Record the node's addresses, add it as a learner, promote it once caught up.
+
+        Raises:
+            RequestError: INVALID_ARGUMENT (single node, bad address, id in use).
+            NotLeaderError: this node is not the leader.
+        """
+        cluster = self._cluster()
+        self._require_leader()
+        for name, address in (("raft_address", raft_address), ("client_address", client_address)):
+            try:
+                split_host_port(address)
+            except ValueError as exc:
+                raise RequestError(ErrorCode.INVALID_ARGUMENT, f"{name}: {exc}") from None
+        voters, learners = cluster.membership()
+        if node_id in voters:
+            raise RequestError(ErrorCode.INVALID_ARGUMENT, f"node {node_id} is already a voter")
+        await self.log.propose(commands.node_address(node_id, raft_address, client_address))
+        if node_id not in learners:
+            await cluster.add_learner(node_id)
+        try:
+            self._promote_send.send_nowait(node_id)
+        except trio.WouldBlock:
+            raise RequestError(
+                ErrorCode.UNAVAILABLE, "too many nodes waiting for promotion; retry"
+            ) from None
+
+    async def remove_node(self, node_id: int) -> None:
+        """Remove a node (the leader steps down after the change commits).
+
+        Raises:
+            RequestError: INVALID_ARGUMENT (single node, unknown node).
+            NotLeaderError: this node is not the leader.
+        """
+        cluster = self._cluster()
+        self._require_leader()
+        voters, learners = cluster.membership()
+        if node_id not in voters and node_id not in learners:
+            raise RequestError(ErrorCode.INVALID_ARGUMENT, f"node {node_id} is not a member")
+        await cluster.remove_node(node_id)
+        try:
+            await self.log.propose(commands.node_address(node_id, None, None))
+        except NotLeaderError:
+            pass  # we removed ourselves; the next leader keeps the stale address harmlessly
+
+    async def transfer_leadership(self, node_id: int | None) -> None:
+        """Hand leadership to ``node_id`` (None: the most up-to-date voter).
+
+        Raises:
+            RequestError: INVALID_ARGUMENT, TIMEOUT.
+            NotLeaderError: this node is not the leader.
+        """
+        cluster = self._cluster()
+        self._require_leader()
+        await cluster.transfer_leadership(node_id)
+
+    async def run_promoter(self) -> None:
+        """Promote learners to voters once they have caught up (thesis §4.2.1)."""
+        async with self._promote_receive:
+            async for node_id in self._promote_receive:
+                cluster = self.log
+                with trio.move_on_after(PROMOTE_TIMEOUT_S) as waited:
+                    while True:
+                        if not self.log.is_leader():
+                            break
+                        voters, learners = cluster.membership()  # type: ignore[attr-defined]
+                        if node_id not in learners:
+                            break
+                        progress = cluster.progress().get(node_id)  # type: ignore[attr-defined]
+                        commit = cluster.commit_index  # type: ignore[attr-defined]
+                        if (
+                            progress is not None
+                            and progress["match"] + PROMOTE_LAG_ENTRIES >= commit
+                        ):
+                            try:
+                                await cluster.promote(node_id)  # type: ignore[attr-defined]
+                                log.info("node %d caught up and is now a voter", node_id)
+                            except FutureQError as exc:
+                                log.warning("could not promote node %d: %s", node_id, exc)
+                                await trio.sleep(0.5)
+                                continue
+                            break
+                        await trio.sleep(0.1)
+                if waited.cancelled_caught:
+                    log.warning(
+                        "node %d did not catch up within %d s; it stays a learner",
+                        node_id,
+                        PROMOTE_TIMEOUT_S,
+                    )
 
     async def run_background_publisher(self) -> None:
         """Commit ack-level-NONE publishes in the background, in arrival order."""
@@ -319,7 +463,7 @@ class Broker:
             topics.append({"topic": topic, "groups": groups})
         return {
             "node_id": self.node_id,
-            "role": "leader" if self.log.is_leader() else "follower",
+            "role": self.cluster_status()["role"],
             "leader_address": self.log.leader_address(),
             "server_version": __version__,
             "applied_index": self.log.applied_index,
@@ -328,8 +472,8 @@ class Broker:
         }
 
     def is_ready(self) -> bool:
-        """Serving: state recovered, listeners up, a leader known, not shutting down."""
-        return self.ready and not self.stopping and self.log.leader_address() is not None
+        """Serving: listeners up, a leader known and applied up to, not shutting down."""
+        return self.ready and not self.stopping and self.log.ready_for_clients()
 
     def is_healthy(self) -> bool:
         """The process is up and serving (false once shutdown begins)."""

@@ -59,6 +59,27 @@ class CommandLog(Protocol):
         """
         ...
 
+    async def propose_durable(self, command: bytes) -> int:
+        """Make ``command`` durable on the leader; return its log index (ack level LEADER).
+
+        Raises:
+            as :meth:`propose`.
+        """
+        ...
+
+    async def read_barrier(self) -> None:
+        """Return once this node's state reflects every write acknowledged before the call
+        (linearizable reads: Raft thesis §6.4, ReadIndex).
+
+        Raises:
+            NotLeaderError: this node is not the leader.
+        """
+        ...
+
+    def ready_for_clients(self) -> bool:
+        """A leader is known and this node has applied what it knows to be committed."""
+        ...
+
 
 class _Proposal:
     __slots__ = ("data", "done", "error", "index", "result")
@@ -163,6 +184,36 @@ class SingleNodeLog:
             RequestError: UNAVAILABLE once shutdown has begun.
             StorageError: the write failed; the node is stopping.
         """
+        return (await self._propose(command)).result
+
+    async def propose_durable(self, command: bytes) -> int:
+        """Like :meth:`propose` (one node: durable on the leader is committed); the index."""
+        return (await self._propose(command)).index
+
+    async def read_barrier(self) -> None:
+        """Nothing to wait for: one node applies every write before acknowledging it."""
+        await trio.lowlevel.checkpoint()
+
+    def ready_for_clients(self) -> bool:
+        """Always: a single node is its own leader once it serves."""
+        return True
+
+    def cluster_status(self) -> dict[str, Any]:
+        """The CLUSTER_STATUS_OK map of a node that runs alone."""
+        return {
+            "role": "leader",
+            "mode": "single",
+            "term": 0,
+            "leader_id": None,
+            "leader_address": self._address,
+            "commit_index": self._state.applied_index,
+            "applied_index": self._state.applied_index,
+            "voters": [],
+            "learners": [],
+            "nodes": [],
+        }
+
+    async def _propose(self, command: bytes) -> _Proposal:
         if self._closing:
             raise RequestError(
                 ErrorCode.UNAVAILABLE, "the server is shutting down; retry on another node or later"
@@ -179,7 +230,7 @@ class SingleNodeLog:
                 self._idle.set()
         if proposal.error is not None:
             raise proposal.error
-        return proposal.result
+        return proposal
 
     def begin_shutdown(self) -> None:
         """Refuse new proposals; those already queued are still written and applied."""

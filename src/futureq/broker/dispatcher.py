@@ -58,6 +58,8 @@ class Dispatcher:
         metrics: Counters and the lateness histogram, or None.
         max_deliver_bytes: Payload bytes after which a DELIVER frame is closed (the
             rest goes in the next frame), so frames stay under the client's limit.
+        active: Dispatch from the start (a single node); a Raft node starts inactive
+            and is activated when it becomes leader.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class Dispatcher:
         queue: QueueSection,
         metrics: Metrics | None = None,
         max_deliver_bytes: int = 1024 * 1024,
+        active: bool = True,
     ) -> None:
         self.state = state
         self.max_deliver_bytes = max_deliver_bytes
@@ -86,7 +89,9 @@ class Dispatcher:
         self._proposals_send, self._proposals_receive = trio.open_memory_channel[
             tuple[bytes, list[Any]]
         ](64)
-        self._sync_groups()
+        self.active = active
+        if active:
+            self._sync_groups()
 
     # ------------------------------------------------------------ observer
 
@@ -129,7 +134,27 @@ class Dispatcher:
 
     def on_groups_changed(self) -> None:
         """Groups were created, adopted or deleted: match runtimes to them."""
+        if self.active:
+            self._sync_groups()
+            self.kick()
+
+    def activate(self) -> None:
+        """Start dispatching (this node became leader and applied everything committed).
+
+        Every group's horizon is loaded afresh from disk: what the previous leader had
+        in flight and did not see acked is due again (the at-least-once window).
+        """
+        self.active = True
+        self.hub.clear()
+        self._parked.clear()
         self._sync_groups()
+        self.kick()
+
+    def deactivate(self) -> None:
+        """Stop dispatching (leadership lost): forget in-flight state and consumers."""
+        self.active = False
+        self.hub.clear()
+        self._parked.clear()
         self.kick()
 
     def _sync_groups(self) -> None:
@@ -216,6 +241,8 @@ class Dispatcher:
 
     def dispatch_once(self) -> float:
         """Do everything that is due now; return the next wake-up time (ms, or inf)."""
+        if not self.active:
+            return math.inf
         now_ms = self.clock.wall_ms()
         self.hub.expire_visibility(now_ms)
         next_ms: float = self._unpark(now_ms)

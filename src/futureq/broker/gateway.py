@@ -84,12 +84,18 @@ class Connection:
     async def serve(self) -> None:
         """Serve until the client closes, breaks the protocol, or the server stops."""
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer)
-                try:
-                    await self._reader(nursery)
-                finally:
-                    self._outbox_send.close()
+            async with trio.open_nursery() as connection:
+                connection.start_soon(self._close_on_leadership_change, connection.cancel_scope)
+                async with trio.open_nursery() as io:
+                    io.start_soon(self._writer)
+                    try:
+                        # Requests run in their own nursery: at EOF (a client may
+                        # half-close) every answer is queued before the outbox closes.
+                        async with trio.open_nursery() as requests:
+                            await self._reader(requests)
+                    finally:
+                        self._outbox_send.close()
+                connection.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
             pass
         finally:
@@ -98,6 +104,12 @@ class Connection:
             self.subscriptions.clear()
             with trio.move_on_after(1, shield=True):
                 await self.stream.aclose()
+
+    async def _close_on_leadership_change(self, scope: trio.CancelScope) -> None:
+        """Leadership moved: close, so the client reconnects and follows the new leader."""
+        await self.broker.wait_leadership_change(self.broker.leader_epoch)
+        log.info("connection %d: leadership changed; closing it", self.id)
+        scope.cancel()
 
     async def _writer(self) -> None:
         async with self._outbox_receive:
@@ -230,6 +242,17 @@ class Connection:
                 return frames.Ok(frame.request_id, None)
             case frames.GroupDelete():
                 await broker.delete_group(frame.topic, frame.group)
+                return frames.Ok(frame.request_id, None)
+            case frames.ClusterStatus():
+                return frames.ClusterStatusOk(frame.request_id, broker.cluster_status())
+            case frames.ClusterAddNode():
+                await broker.add_node(frame.node_id, frame.raft_address, frame.client_address)
+                return frames.Ok(frame.request_id, None)
+            case frames.ClusterRemoveNode():
+                await broker.remove_node(frame.node_id)
+                return frames.Ok(frame.request_id, None)
+            case frames.ClusterTransferLeader():
+                await broker.transfer_leadership(frame.node_id)
                 return frames.Ok(frame.request_id, None)
         raise RemoteProtocolError(ErrorCode.INVALID_FRAME, f"{frame.TYPE.name} is not a request")
 
