@@ -15,6 +15,9 @@
     group list [--json]
     topic list [--json]
     cluster status [--json]
+    cluster add-node NODE_ID RAFT_HOST:PORT CLIENT_HOST:PORT
+    cluster remove-node NODE_ID
+    cluster transfer-leader [NODE_ID]
 
 Durations are ``250ms``, ``5s``, ``10m``, ``2h``, ``3d`` or bare milliseconds
 (:mod:`futureq.cli.durations`). Exit status: 0 success (also when ``consume`` stops
@@ -411,12 +414,26 @@ def build_parser() -> argparse.ArgumentParser:
     topic_list = topic_commands.add_parser("list", help="every topic with its totals")
     topic_list.add_argument("--json", action="store_true")
 
-    cluster = commands.add_parser("cluster", help="cluster information")
+    cluster = commands.add_parser("cluster", help="cluster membership and leadership")
     cluster_commands = cluster.add_subparsers(
         dest="cluster_command", required=True, metavar="ACTION"
     )
-    cluster_status = cluster_commands.add_parser("status", help="this node's view of the cluster")
+    cluster_status = cluster_commands.add_parser(
+        "status", help="membership, term, leader and replication progress"
+    )
     cluster_status.add_argument("--json", action="store_true")
+    add_node = cluster_commands.add_parser(
+        "add-node", help="add a node (learner, promoted to voter once caught up)"
+    )
+    add_node.add_argument("node_id", type=int, metavar="NODE_ID")
+    add_node.add_argument("raft_address", metavar="RAFT_HOST:PORT")
+    add_node.add_argument("client_address", metavar="CLIENT_HOST:PORT")
+    remove_node = cluster_commands.add_parser("remove-node", help="remove a node")
+    remove_node.add_argument("node_id", type=int, metavar="NODE_ID")
+    transfer = cluster_commands.add_parser(
+        "transfer-leader", help="hand leadership to a node (default: the most up-to-date)"
+    )
+    transfer.add_argument("node_id", type=int, nargs="?", default=None, metavar="NODE_ID")
     return parser
 
 
@@ -719,12 +736,45 @@ async def _topic(client: Client, args: argparse.Namespace, io: Output) -> int:
 
 
 async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
-    status = await client.status()
-    node = {key: status.get(key) for key in _NODE_KEYS}
+    if args.cluster_command == "add-node":
+        await client.add_node(args.node_id, args.raft_address, args.client_address)
+        io.out(f"node {args.node_id} added as a learner; it becomes a voter once caught up")
+        return EXIT_OK
+    if args.cluster_command == "remove-node":
+        await client.remove_node(args.node_id)
+        io.out(f"node {args.node_id} removed")
+        return EXIT_OK
+    if args.cluster_command == "transfer-leader":
+        await client.transfer_leader(args.node_id)
+        io.out("leadership transferred")
+        return EXIT_OK
+    view = await client.cluster_status()
     if args.json:
-        io.out(json.dumps(node, ensure_ascii=False))
-    else:
-        _print_node(status, io)
+        io.out(json.dumps(view, ensure_ascii=False))
+        return EXIT_OK
+    io.out(
+        f"node {view.get('node_id')}: {view.get('role')}, term {view.get('term')}, "
+        f"leader {view.get('leader_id')} at {view.get('leader_address')}, "
+        f"commit {view.get('commit_index')}, applied {view.get('applied_index')}"
+    )
+    nodes = [
+        {
+            "node": node.get("node_id"),
+            "role": node.get("role", ""),
+            "raft_address": node.get("raft_address", ""),
+            "client_address": node.get("client_address", ""),
+            "match_index": node.get("match_index", ""),
+            "lag": node.get("lag", ""),
+        }
+        for node in view.get("nodes", [])
+    ]
+    if nodes:
+        _table(
+            "members",
+            ("node", "role", "raft_address", "client_address", "match_index", "lag"),
+            nodes,
+            io,
+        )
     return EXIT_OK
 
 

@@ -733,6 +733,61 @@ class Client:
         )
         _expect(answer, frames.Ok)
 
+    async def cluster_status(self) -> dict[str, Any]:
+        """The answering node's view of the cluster (``docs/protocol.md``, "CLUSTER_STATUS_OK").
+
+        Returns:
+            ``{"node_id", "role", "term", "leader_id", "leader_address", "commit_index",
+            "applied_index", "voters", "learners", "nodes": [...]}``.
+
+        Raises:
+            RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(lambda rid: frames.ClusterStatus(rid), retry_unknown=True)
+        return _expect(answer, frames.ClusterStatusOk).status
+
+    async def add_node(self, node_id: int, raft_address: str, client_address: str) -> None:
+        """Add a node: a learner first, promoted to voter by the leader once caught up.
+
+        Args:
+            node_id: The new node's id (>= 1, not in use).
+            raft_address: ``HOST:PORT`` where it listens for Raft traffic.
+            client_address: ``HOST:PORT`` of its client listener.
+
+        Raises:
+            RequestError: INVALID_ARGUMENT (id in use, single-node server, bad address).
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(
+            lambda rid: frames.ClusterAddNode(rid, node_id, raft_address, client_address),
+            retry_unknown=True,
+        )
+        _expect(answer, frames.Ok)
+
+    async def remove_node(self, node_id: int) -> None:
+        """Remove a node from the cluster (the leader hands over first).
+
+        Raises:
+            RequestError: INVALID_ARGUMENT (not a member, single-node server).
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(
+            lambda rid: frames.ClusterRemoveNode(rid, node_id), retry_unknown=True
+        )
+        _expect(answer, frames.Ok)
+
+    async def transfer_leader(self, node_id: int | None = None) -> None:
+        """Hand leadership to ``node_id`` (None: the most up-to-date voter).
+
+        Raises:
+            RequestError: INVALID_ARGUMENT, TIMEOUT.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(
+            lambda rid: frames.ClusterTransferLeader(rid, node_id), retry_unknown=False
+        )
+        _expect(answer, frames.Ok)
+
     async def ping(self) -> float:
         """Round trip a PING.
 
