@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENTRY_NORMAL = 0
+APPLY_SLICE_ENTRIES = 8
+"""Entries applied between two yields to the event loop."""
 TRUNCATE_EVERY_ENTRIES = 10_000
 """Delete applied log entries once this many have accumulated."""
 
@@ -285,12 +287,16 @@ class SingleNodeLog:
         async with to_apply:
             async for batch in to_apply:
                 started = trio.current_time()
-                for proposal in batch:
+                for position, proposal in enumerate(batch):
                     try:
                         proposal.result = state.apply(proposal.index, proposal.data)
                     except RequestError as exc:  # pragma: no cover - apply never refuses
                         proposal.error = exc
                     proposal.done.set()
+                    if position % APPLY_SLICE_ENTRIES == APPLY_SLICE_ENTRIES - 1:
+                        # A big group commit must not hold the loop: let the dispatcher
+                        # deliver what fell due meanwhile (lateness, DESIGN.md).
+                        await trio.lowlevel.checkpoint()
                 if self._metrics is not None:
                     self._metrics.apply_seconds.observe(trio.current_time() - started)
                 if self._on_applied is not None:

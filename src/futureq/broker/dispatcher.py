@@ -42,6 +42,12 @@ _MAX_MID = (1 << 64) - 1
 REFILL_CHUNK_ITEMS = 10_000
 """Most schedule entries read from disk in one refill step (keeps the loop responsive)."""
 EXPIRE_BATCH_ITEMS = 1000
+_REASON_COUNTERS: dict[CommandKind, str] = {
+    CommandKind.ACK: "acked_messages_total",
+    CommandKind.NACK: "nacked_messages_total",
+    CommandKind.EXPIRE: "expired_messages_total",
+    CommandKind.DEAD_LETTER: "dead_lettered_messages_total",
+}
 PROPOSE_RETRY_MS = 200
 """Wait before retrying an EXPIRE or DEAD_LETTER the log refused (ms)."""
 
@@ -120,17 +126,19 @@ class Dispatcher:
         runtime.extra_attempts.pop(mid, None)
         key = commands.schedule_key(group_id, due_ms, mid)
         self.hub.forget(key)
-        metrics = self.metrics
-        if metrics is not None:
-            info = runtime.info
-            if reason == CommandKind.ACK:
-                metrics.acked_messages_total.labels(info.topic, info.name).inc()
-            elif reason == CommandKind.NACK:
-                metrics.nacked_messages_total.labels(info.topic, info.name).inc()
-            elif reason == CommandKind.EXPIRE:
-                metrics.expired_messages_total.labels(info.topic, info.name).inc()
-            elif reason == CommandKind.DEAD_LETTER:
-                metrics.dead_lettered_messages_total.labels(info.topic, info.name).inc()
+        if self.metrics is not None:
+            name = _REASON_COUNTERS.get(reason)
+            if name is not None:
+                self._counter(runtime, name).inc()
+
+    def _counter(self, runtime: GroupRuntime, name: str) -> Any:
+        """The (topic, group) child of a per-group counter, cached: labels() is slow."""
+        key = (name, runtime.info.name)
+        child = runtime.counters.get(key)
+        if child is None:
+            child = getattr(self.metrics, name).labels(runtime.info.topic, runtime.info.name)
+            runtime.counters[key] = child
+        return child
 
     def on_groups_changed(self) -> None:
         """Groups were created, adopted or deleted: match runtimes to them."""
@@ -405,14 +413,10 @@ class Dispatcher:
                 for flight in flights:
                     self.hub.track(flight)
                 if metrics is not None:
-                    metrics.delivered_messages_total.labels(info.topic, info.name).inc(
-                        len(deliveries)
-                    )
+                    self._counter(runtime, "delivered_messages_total").inc(len(deliveries))
                     redelivered = sum(1 for f in flights if f.attempt > 1)
                     if redelivered:
-                        metrics.redelivered_messages_total.labels(info.topic, info.name).inc(
-                            redelivered
-                        )
+                        self._counter(runtime, "redelivered_messages_total").inc(redelivered)
                     for flight in flights:
                         metrics.due_to_delivery_seconds.observe(
                             max(0, now_ms - flight.due_ms) / 1000

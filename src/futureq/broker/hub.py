@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
@@ -101,6 +101,8 @@ class GroupRuntime:
     next_consumer: int = 0
     extra_attempts: dict[int, int] = attrs.Factory(dict)
     in_flight_count: int = 0
+    counters: dict[tuple[str, str], Any] = attrs.Factory(dict)
+    """Cached prometheus children of this group's counters, by (metric, group name)."""
 
     def has_credit(self) -> bool:
         """True when some consumer of the group may receive now."""

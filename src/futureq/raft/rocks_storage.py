@@ -335,6 +335,34 @@ class RocksStorage:
 
     # --- writes -------------------------------------------------------------------------
 
+    def bootstrap(self, membership: Membership) -> bool:
+        """Set the initial configuration if the storage is pristine (never written to).
+
+        A node started with ``bootstrap_voters`` calls this; a node that joins later
+        keeps the empty membership and learns the real one from the leader.
+
+        Returns:
+            True if the membership was stored, False if the storage already had state.
+        """
+        pristine = (
+            self._snapshot_meta.index == 0
+            and not self._terms
+            and self._hard_state == HardState()
+            and not self._snapshot_meta.membership.voters
+            and not self._snapshot_meta.membership.learners
+        )
+        if not pristine:
+            return False
+        self._snapshot_meta = SnapshotMetadata(LogIndex(0), Term(0), membership)
+        batch = self._db.new_batch()
+        self._put_snapshot_meta(batch)
+        self._db.write_batch(batch, True)
+        return True
+
+    def remove_snapshot_file(self, index: int) -> None:
+        """Delete the data file written for a snapshot at ``index`` unless it is in use."""
+        self._remove_snapshot_file(f"snapshot-{index:020d}.bin")
+
     def persist(self, ready: Ready) -> None:
         """Write a Ready's snapshot (if any), entries and hard state in one batch.
 

@@ -86,6 +86,7 @@ def validate_publish_items(
     out: list[tuple[str, bytes, int, int | None]] = []
     max_payload = limits.max_payload_bytes
     max_delay = limits.max_delay_ms
+    good_topics: set[str] = set()
     for i, item in enumerate(items):
         if type(item) is not list or len(item) != 5:
             raise RequestError(
@@ -98,7 +99,9 @@ def validate_publish_items(
             raise RequestError(
                 ErrorCode.INVALID_FIELD, f"topic must be a string, got {type(topic).__name__}", i
             )
-        check_name("topic", topic, i)
+        if topic not in good_topics:  # one check per distinct topic of the batch
+            check_name("topic", topic, i)
+            good_topics.add(topic)
         if topic.endswith(DLQ_SUFFIX):
             raise RequestError(
                 ErrorCode.RESERVED_TOPIC,
