@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck install bench clean
+.PHONY: run test lint typecheck install bench clean cluster
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ install: $(STAMP)
 ## Start a single-node broker: client 127.0.0.1:7450, HTTP 127.0.0.1:7452, data in ./data.
 run: $(STAMP)
 	$(BIN)/futureq start
+
+## Start a local 3-node cluster (clients on 7450, 7460, 7470; data in ./data-cluster).
+cluster: $(STAMP)
+	$(BIN)/python -m futureq.cli.local_cluster --nodes $(or $(NODES),3)
 
 ## Install test dependencies and run the whole test suite.
 test: $(STAMP)

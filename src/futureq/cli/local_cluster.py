@@ -1,0 +1,94 @@
+"""``make cluster``: run a local cluster of 3 (or 5) ``futureq start`` processes.
+
+Node ``n`` (1-based) listens for clients on ``7440 + 10 n``, for Raft on ``7441 + 10 n``
+and for HTTP on ``7442 + 10 n`` (node 1: 7450, 7451, 7452; node 2: 7460, 7461, 7462...),
+with its data in ``<data-dir>/node<n>``. Ctrl-C (or SIGTERM) stops every node
+gracefully; a second one kills them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+BASE_PORT = 7440
+
+
+def ports(node_id: int) -> tuple[int, int, int]:
+    """``(client, raft, http)`` ports of node ``node_id``."""
+    base = BASE_PORT + 10 * node_id
+    return base, base + 1, base + 2
+
+
+def node_command(node_id: int, nodes: int, data_dir: str, host: str) -> list[str]:
+    """The ``futureq start`` command line of one node of the local cluster."""
+    client, raft, http = ports(node_id)
+    peers = ",".join(f"{n}={host}:{ports(n)[1]}" for n in range(1, nodes + 1))
+    return [
+        sys.executable, "-m", "futureq.cli.server_main", "start",
+        "--node-id", str(node_id),
+        "--data-dir", os.path.join(data_dir, f"node{node_id}"),
+        "--listen", f"{host}:{client}",
+        "--http", f"{host}:{http}",
+        "--raft-listen", f"{host}:{raft}",
+        "--peers", peers,
+    ]  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Start the nodes, wait for a signal, stop them; return the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m futureq.cli.local_cluster", description=__doc__
+    )
+    parser.add_argument(
+        "--nodes", type=int, default=3, choices=(3, 5), help="cluster size (default 3)"
+    )
+    parser.add_argument(
+        "--data-dir", default="./data-cluster", help="parent of node<N> directories"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address every node binds")
+    args = parser.parse_args(argv)
+    processes: list[subprocess.Popen[bytes]] = []
+    for node_id in range(1, args.nodes + 1):
+        processes.append(
+            subprocess.Popen(node_command(node_id, args.nodes, args.data_dir, args.host))
+        )
+    servers = ",".join(f"{args.host}:{ports(n)[0]}" for n in range(1, args.nodes + 1))
+    print(
+        f"started {args.nodes} nodes (PIDs {', '.join(str(p.pid) for p in processes)}); "
+        f"clients: futureq-cli --server {servers} status; dashboards: "
+        + ", ".join(f"http://{args.host}:{ports(n)[2]}/" for n in range(1, args.nodes + 1)),
+        flush=True,
+    )
+    stopping = False
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        how = signal.SIGTERM if not stopping else signal.SIGKILL
+        stopping = True
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(how)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    reported: set[int] = set()
+    while any(process.poll() is None for process in processes):
+        time.sleep(0.2)
+        for number, process in enumerate(processes, start=1):
+            if process.poll() is not None and number not in reported and not stopping:
+                reported.add(number)
+                print(
+                    f"node {number} exited ({process.returncode}); the others keep running",
+                    flush=True,
+                )
+    return max((process.returncode or 0) for process in processes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
