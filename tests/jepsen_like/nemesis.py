@@ -1,0 +1,384 @@
+"""The nemesis: faults by name, injected on a schedule drawn from the run's seed.
+
+Each fault applies itself, holds for a drawn duration, then heals itself; the schedule
+alternates quiet gaps and faults until the workload ends, and :meth:`Nemesis.heal_all`
+undoes whatever is still in place (restart dead nodes, SIGCONT paused ones, clear link
+faults, drop file-size limits and fake clocks). Every fault records ``nemesis`` start and
+stop events (and the cluster records ``node`` events), so the checker and the timeline
+can place leader changes and redeliveries next to the faults.
+
+A fault that cannot run in this setting (too few nodes, libfaketime missing, no
+``cluster remove-node`` command) is skipped with a ``nemesis skip`` event.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import attrs
+import trio
+from tests.jepsen_like.cluster import Cluster
+from tests.jepsen_like.history import History
+
+#: Where Debian's libfaketime puts its preload library.
+FAKETIME_LIBS = (
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+)
+#: RLIMIT_FSIZE of the disk-full fault (bytes): RocksDB's next log/SST file growth fails.
+DISK_FULL_BYTES = 256 * 1024
+#: Largest clock skew of the clock-skew fault (ms); the checker's offset allowance.
+MAX_SKEW_MS = 300
+
+
+class Skip(Exception):
+    """This fault cannot run here; the message says why."""
+
+
+def faketime_library() -> str | None:
+    """Path of libfaketime's preload library, or None when it is not installed."""
+    return next((path for path in FAKETIME_LIBS if Path(path).exists()), None)
+
+
+@attrs.frozen
+class Fault:
+    """One named fault.
+
+    Attributes:
+        name: What ``--nemesis`` calls it.
+        text: One line for ``--nemesis list`` and the docs.
+        min_nodes: Smallest cluster it makes sense on.
+        apply: ``apply(nemesis, hold_s)`` injects it, holds ``hold_s`` seconds, heals;
+            returns a detail string for the history.
+    """
+
+    name: str
+    text: str
+    min_nodes: int
+    apply: Callable[[Nemesis, float], Awaitable[str]]
+
+
+class Nemesis:
+    """Injects faults into one cluster.
+
+    Args:
+        cluster: The cluster to hurt.
+        history: Receives ``nemesis`` events.
+        rng: The schedule's randomness (seeded by the run).
+        names: Faults to draw from (see :data:`FAULTS`).
+    """
+
+    def __init__(
+        self, cluster: Cluster, history: History, rng: random.Random, names: list[str]
+    ) -> None:
+        unknown = [name for name in names if name not in FAULTS]
+        if unknown:
+            raise ValueError(f"unknown nemesis {unknown}; known: {sorted(FAULTS)}")
+        self.cluster = cluster
+        self.history = history
+        self.rng = rng
+        self.names = names
+        self.skew_ms = 0
+
+    # ------------------------------------------------------------------ helpers
+
+    async def leader(self) -> int | None:
+        """The current leader, waiting up to 10 s for one."""
+        with trio.move_on_after(10):
+            while True:
+                leader = await self.cluster.leader()
+                if leader is not None:
+                    return leader
+                await trio.sleep(0.2)
+        return None
+
+    async def leader_or_skip(self) -> int:
+        leader = await self.leader()
+        if leader is None:
+            raise Skip("no leader to aim at")
+        return leader
+
+    def others(self, node_id: int) -> list[int]:
+        return [n for n in self.cluster.nodes if n != node_id]
+
+    async def restart_quietly(self, node_id: int) -> None:
+        """Start a node; a node that fails to start is recorded, not fatal."""
+        try:
+            await self.cluster.start_node(node_id)
+        except RuntimeError as error:
+            self.history.record("nemesis", phase="error", name="start", detail=str(error)[-500:])
+
+    # ----------------------------------------------------------------- schedule
+
+    async def run(self, *, quiet_s: tuple[float, float], hold_s: tuple[float, float]) -> None:
+        """Alternate quiet gaps and faults (drawn in order from the seed) until cancelled.
+
+        Args:
+            quiet_s: Range of the gap before each fault (s).
+            hold_s: Range of how long each fault lasts (s).
+        """
+        while True:
+            await trio.sleep(self.rng.uniform(*quiet_s))
+            name = self.rng.choice(self.names)
+            await self.inject(name, self.rng.uniform(*hold_s))
+
+    async def inject(self, name: str, hold_s: float) -> None:
+        """Run one fault by name, recording start/stop (or skip) events."""
+        fault = FAULTS[name]
+        if self.cluster.size < fault.min_nodes:
+            self.history.record(
+                "nemesis", phase="skip", name=name, detail=f"needs {fault.min_nodes} nodes"
+            )
+            return
+        self.history.record("nemesis", phase="start", name=name, detail=f"hold {hold_s:.1f}s")
+        try:
+            detail = await fault.apply(self, hold_s)
+        except Skip as why:
+            self.history.record("nemesis", phase="skip", name=name, detail=str(why))
+            return
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(60):
+                await self.heal_all()
+        self.history.record("nemesis", phase="stop", name=name, detail=detail)
+
+    async def heal_all(self) -> None:
+        """Undo every fault: heal links, SIGCONT, drop limits and fake clocks, restart."""
+        self.cluster.links.heal()
+        for node in self.cluster.nodes.values():
+            node.resume()
+            needs_restart = bool(node.env) or node.max_file_bytes is not None
+            node.env = {}
+            node.max_file_bytes = None
+            if needs_restart and node.alive:
+                self.cluster.kill(node.node_id)
+            if not node.alive:
+                await self.restart_quietly(node.node_id)
+        self.skew_ms = 0
+
+
+# ---------------------------------------------------------------------- faults
+
+
+async def kill_leader(nemesis: Nemesis, hold_s: float) -> str:
+    leader = await nemesis.leader_or_skip()
+    nemesis.cluster.kill(leader)
+    await trio.sleep(hold_s)
+    await nemesis.restart_quietly(leader)
+    return f"killed leader {leader}"
+
+
+async def kill_follower(nemesis: Nemesis, hold_s: float) -> str:
+    leader = await nemesis.leader_or_skip()
+    victim = nemesis.rng.choice(nemesis.others(leader))
+    nemesis.cluster.kill(victim)
+    await trio.sleep(hold_s)
+    await nemesis.restart_quietly(victim)
+    return f"killed follower {victim}"
+
+
+async def kill_majority(nemesis: Nemesis, hold_s: float) -> str:
+    nodes = list(nemesis.cluster.nodes)
+    victims = sorted(nemesis.rng.sample(nodes, len(nodes) // 2 + 1))
+    for victim in victims:
+        nemesis.cluster.kill(victim)
+    await trio.sleep(hold_s)
+    async with trio.open_nursery() as nursery:
+        for victim in victims:
+            nursery.start_soon(nemesis.restart_quietly, victim)
+    return f"killed {victims}"
+
+
+async def pause(nemesis: Nemesis, hold_s: float) -> str:
+    leader = await nemesis.leader()
+    nodes = list(nemesis.cluster.nodes)
+    victim = (
+        leader if leader is not None and nemesis.rng.random() < 0.6 else nemesis.rng.choice(nodes)
+    )
+    hold_s = max(hold_s, 3.0)  # longer than the election timeout (at most ~1 s)
+    nemesis.cluster.pause(victim)
+    await trio.sleep(hold_s)
+    nemesis.cluster.resume(victim)
+    role = "leader" if victim == leader else "node"
+    return f"paused {role} {victim} for {hold_s:.1f}s"
+
+
+async def partition_majority(nemesis: Nemesis, hold_s: float) -> str:
+    nodes = list(nemesis.cluster.nodes)
+    nemesis.rng.shuffle(nodes)
+    minority, majority = sorted(nodes[: len(nodes) // 2]), sorted(nodes[len(nodes) // 2 :])
+    nemesis.cluster.links.isolate(minority, majority)
+    await trio.sleep(hold_s)
+    return f"{minority} | {majority}"
+
+
+async def partition_leader(nemesis: Nemesis, hold_s: float) -> str:
+    leader = await nemesis.leader_or_skip()
+    nemesis.cluster.links.isolate([leader], nemesis.others(leader))
+    await trio.sleep(hold_s)
+    return f"isolated leader {leader}"
+
+
+async def partition_bridge(nemesis: Nemesis, hold_s: float) -> str:
+    nodes = list(nemesis.cluster.nodes)
+    nemesis.rng.shuffle(nodes)
+    bridge, rest = nodes[0], nodes[1:]
+    side_a, side_b = sorted(rest[: len(rest) // 2]), sorted(rest[len(rest) // 2 :])
+    nemesis.cluster.links.isolate(side_a, side_b)
+    await trio.sleep(hold_s)
+    return f"{side_a} | {side_b}, bridge {bridge}"
+
+
+async def partition_asymmetric(nemesis: Nemesis, hold_s: float) -> str:
+    leader = await nemesis.leader_or_skip()
+    for other in nemesis.others(leader):
+        nemesis.cluster.links.cut(leader, other)  # the leader hears them; they don't hear it
+    await trio.sleep(hold_s)
+    return f"leader {leader} cannot send"
+
+
+async def link_delay(nemesis: Nemesis, hold_s: float) -> str:
+    delay_ms = nemesis.rng.uniform(50, 300)
+    nemesis.cluster.links.set_all(delay_ms=delay_ms)
+    await trio.sleep(hold_s)
+    return f"{delay_ms:.0f} ms on every link"
+
+
+async def link_loss(nemesis: Nemesis, hold_s: float) -> str:
+    loss = nemesis.rng.uniform(0.1, 0.4)
+    nemesis.cluster.links.set_all(loss=loss)
+    await trio.sleep(hold_s)
+    return f"{loss:.0%} frame loss on every link"
+
+
+async def clock_skew(nemesis: Nemesis, hold_s: float) -> str:
+    library = faketime_library()
+    if library is None:
+        raise Skip("libfaketime is not installed (apt-get install libfaketime)")
+    victim = nemesis.rng.choice(list(nemesis.cluster.nodes))
+    skew_ms = nemesis.rng.choice([-1, 1]) * nemesis.rng.randint(50, MAX_SKEW_MS)
+    node = nemesis.cluster.nodes[victim]
+    node.env = {
+        "LD_PRELOAD": library,
+        "FAKETIME": f"{skew_ms / 1000:+.3f}",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_NO_CACHE": "1",
+    }
+    nemesis.skew_ms = skew_ms
+    await nemesis.cluster.restart(victim)
+    await trio.sleep(hold_s)
+    return f"node {victim} clock {skew_ms:+d} ms"
+
+
+async def rolling_restart(nemesis: Nemesis, hold_s: float) -> str:
+    for node_id in list(nemesis.cluster.nodes):
+        await nemesis.cluster.restart(node_id, graceful=True)
+        await nemesis.cluster.wait_ready(timeout_s=20)
+    return "every node restarted (SIGTERM)"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "futureq.cli.client_main", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=dict(os.environ),
+    )
+
+
+async def remove_readd_node(nemesis: Nemesis, hold_s: float) -> str:
+    leader = await nemesis.leader_or_skip()
+    victim = nemesis.rng.choice(nemesis.others(leader))
+    servers = ",".join(nemesis.cluster.servers)
+    removed = await trio.to_thread.run_sync(
+        _cli, "--server", servers, "cluster", "remove-node", str(victim)
+    )
+    if removed.returncode != 0:
+        raise Skip(f"cluster remove-node failed: {removed.stderr.strip()[-300:]}")
+    await trio.sleep(hold_s)
+    node = nemesis.cluster.nodes[victim]
+    raft_address = f"127.0.0.1:{node.raft_port}"
+    added = await trio.to_thread.run_sync(
+        _cli,
+        "--server",
+        servers,
+        "cluster",
+        "add-node",
+        str(victim),
+        raft_address,
+        node.client_address,
+    )
+    return f"removed {victim}; add-node exit {added.returncode} {added.stderr.strip()[-200:]}"
+
+
+async def disk_full(nemesis: Nemesis, hold_s: float) -> str:
+    leader = await nemesis.leader()
+    candidates = nemesis.others(leader) if leader is not None else list(nemesis.cluster.nodes)
+    victim = nemesis.rng.choice(candidates or list(nemesis.cluster.nodes))
+    nemesis.cluster.nodes[victim].max_file_bytes = DISK_FULL_BYTES
+    nemesis.cluster.kill(victim)
+    await nemesis.restart_quietly(victim)
+    await trio.sleep(hold_s)
+    return f"node {victim} with RLIMIT_FSIZE {DISK_FULL_BYTES} B"
+
+
+FAULTS: dict[str, Fault] = {
+    fault.name: fault
+    for fault in [
+        Fault("kill-leader", "SIGKILL the leader, restart it after the hold", 1, kill_leader),
+        Fault("kill-follower", "SIGKILL one follower, restart it after the hold", 2, kill_follower),
+        Fault("kill-majority", "SIGKILL a majority, restart them after the hold", 1, kill_majority),
+        Fault("pause", "SIGSTOP a node (often the leader) >= 3 s, then SIGCONT", 1, pause),
+        Fault("partition-majority", "split into a minority and a majority", 3, partition_majority),
+        Fault("partition-leader", "isolate the leader from every other node", 2, partition_leader),
+        Fault("partition-bridge", "two halves that only a bridge node sees", 3, partition_bridge),
+        Fault(
+            "partition-asymmetric",
+            "the leader can receive but not send",
+            2,
+            partition_asymmetric,
+        ),
+        Fault("link-delay", "50-300 ms delay on every Raft link", 2, link_delay),
+        Fault("link-loss", "10-40 % frame loss on every Raft link", 2, link_loss),
+        Fault(
+            "clock-skew",
+            f"restart a node with its clock off by 50-{MAX_SKEW_MS} ms (libfaketime)",
+            1,
+            clock_skew,
+        ),
+        Fault("rolling-restart", "SIGTERM and restart every node in turn", 1, rolling_restart),
+        Fault(
+            "remove-readd-node",
+            "futureq-cli cluster remove-node a follower, then add-node it back",
+            3,
+            remove_readd_node,
+        ),
+        Fault(
+            "disk-full",
+            f"restart a follower with a {DISK_FULL_BYTES // 1024} KiB file-size limit",
+            1,
+            disk_full,
+        ),
+    ]
+}
+
+#: The standard mixed run (``make jepsen``).
+MIXED = [
+    "kill-leader",
+    "kill-follower",
+    "kill-majority",
+    "pause",
+    "partition-majority",
+    "partition-leader",
+    "partition-bridge",
+    "partition-asymmetric",
+    "link-delay",
+    "link-loss",
+    "rolling-restart",
+]

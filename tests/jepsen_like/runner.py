@@ -1,0 +1,231 @@
+"""One run: start a cluster, drive the workload under the nemesis, heal, drain, check.
+
+Phases (each marked by a ``run`` event in the history):
+
+1. ``start``: the cluster is up with a leader; every group is created.
+2. workload + nemesis for ``time_s`` seconds; leader observations every 250 ms.
+3. ``workload_end``: producers stop; every fault is healed (``healed``) and the cluster
+   is ready again.
+4. drain: consumers (now all acking) run until every required message has reached
+   every target group and been acked, at least ``max_delay_ms`` + 1 s after the
+   workload ended and at most ``drain_timeout_s``; then ``drain_end``.
+5. Raft-level checks from every node's ``/api/status`` (applied index, and the
+   ``applied_digest`` / ``term`` fields when the nodes expose them).
+6. The checker's verdicts go to ``summary.json``, a table, and ``timeline.html``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+from tests.jepsen_like import report
+from tests.jepsen_like.checker import CheckConfig, CheckResult, check
+from tests.jepsen_like.cluster import Cluster, open_cluster
+from tests.jepsen_like.history import History
+from tests.jepsen_like.nemesis import MAX_SKEW_MS, Nemesis
+from tests.jepsen_like.workload import TOPICS, Workload, WorkloadConfig
+
+LEADER_POLL_S = 0.25
+DRAIN_POLL_S = 1.0
+
+
+@attrs.frozen
+class RunOptions:
+    """Everything that defines a run; with the same seed the schedule is the same.
+
+    Attributes:
+        out: Output directory (history.jsonl, summary.json, timeline.html, cluster/).
+        nodes: Cluster size.
+        time_s: Workload duration (s).
+        nemesis: Fault names (empty: no faults).
+        seed: Seed of every random choice of the harness.
+        rate: Publish operations per second.
+        ack_level: ``quorum`` (default), ``leader`` or ``none`` (unsafe).
+        quiet_s, hold_s: Ranges of the nemesis gaps and fault durations (s).
+        drain_timeout_s: Longest drain (s).
+        log_level: Nodes' ``--log-level``.
+    """
+
+    out: Path
+    nodes: int = 3
+    time_s: float = 60.0
+    nemesis: tuple[str, ...] = ()
+    seed: int = 1
+    rate: float = 20.0
+    ack_level: str = "quorum"
+    quiet_s: tuple[float, float] = (2.0, 5.0)
+    hold_s: tuple[float, float] = (3.0, 8.0)
+    drain_timeout_s: float = 60.0
+    log_level: str = "info"
+
+    def command(self) -> str:
+        """The shell command that reproduces this run."""
+        args = [
+            sys.executable,
+            "-m",
+            "tests.jepsen_like",
+            "run",
+            "--nodes",
+            str(self.nodes),
+            "--time",
+            f"{self.time_s:g}",
+            "--nemesis",
+            ",".join(self.nemesis) or "none",
+            "--seed",
+            str(self.seed),
+            "--rate",
+            f"{self.rate:g}",
+            "--out",
+            str(self.out),
+        ]
+        if self.ack_level != "quorum":
+            args += ["--ack-level", self.ack_level]
+        return shlex.join(args)
+
+
+@attrs.define
+class RunOutcome:
+    """What a run produced."""
+
+    result: CheckResult
+    summary: dict[str, Any]
+    out: Path
+
+
+async def _poll_leaders(cluster: Cluster) -> None:
+    while True:
+        await cluster.leader()
+        await trio.sleep(LEADER_POLL_S)
+
+
+async def _raft_checks(cluster: Cluster) -> dict[str, Any]:
+    """Compare what the nodes report about their own state once everything settled."""
+    with trio.move_on_after(20):
+        while True:
+            statuses = await cluster.statuses()
+            applied = {n: s.get("applied_index") for n, s in statuses.items()}
+            if len(statuses) == cluster.size and len(set(applied.values())) == 1:
+                break
+            await trio.sleep(0.5)
+    statuses = await cluster.statuses()
+    checks: dict[str, Any] = {
+        "answered": sorted(statuses),
+        "applied_index": {str(n): s.get("applied_index") for n, s in statuses.items()},
+        "applied_index_equal": len({s.get("applied_index") for s in statuses.values()}) <= 1,
+    }
+    digests = {str(n): s["applied_digest"] for n, s in statuses.items() if "applied_digest" in s}
+    if digests:
+        checks["applied_digest"] = digests
+        checks["applied_digest_equal"] = len(set(digests.values())) == 1
+    else:
+        checks["applied_digest"] = "not exposed by /api/status (skipped)"
+    return checks
+
+
+async def _drain(workload: Workload, history: History, options: RunOptions, start: float) -> None:
+    """Wait until the checker sees nothing lost or unsettled, within the bounds."""
+    workload.draining = True
+    earliest = trio.current_time() + WorkloadConfig().max_delay_ms / 1000 + 1.0
+    with trio.move_on_after(options.drain_timeout_s):
+        while True:
+            await trio.sleep(DRAIN_POLL_S)
+            if trio.current_time() < earliest:
+                continue
+            provisional = [
+                *history.events,
+                {"t": history.events[-1]["t"], "type": "run", "phase": "drain_end"},
+            ]
+            counts = check(provisional).counts
+            if counts["lost"] == 0 and counts["unsettled"] == 0:
+                return
+
+
+async def run(options: RunOptions) -> RunOutcome:
+    """Do one run (see the module docstring) and write its files under ``options.out``.
+
+    Returns:
+        The checker's result, the summary dict (also in ``summary.json``) and the
+        output directory.
+
+    Raises:
+        RuntimeError: the cluster did not start.
+    """
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    history = History(out / "history.jsonl")
+    rng = random.Random(options.seed)
+    config = WorkloadConfig(rate=options.rate, ack_level=options.ack_level)
+    raft: dict[str, Any] = {}
+    started = trio.current_time()
+    try:
+        async with open_cluster(
+            out / "cluster",
+            options.nodes,
+            rng=random.Random(rng.random()),
+            history=history,
+            log_level=options.log_level,
+        ) as cluster:
+            nemesis = Nemesis(cluster, history, random.Random(rng.random()), list(options.nemesis))
+            workload = Workload(cluster.servers, history, random.Random(rng.random()), config)
+            await workload.setup()
+            history.record(
+                "run",
+                phase="start",
+                topics=TOPICS,
+                seed=options.seed,
+                nodes=options.nodes,
+                nemesis=list(options.nemesis),
+                rate=options.rate,
+                ack_level=options.ack_level,
+                command=options.command(),
+            )
+            async with trio.open_nursery() as background:
+                background.start_soon(_poll_leaders, cluster)
+                background.start_soon(workload.run_consumers)
+                with trio.move_on_after(options.time_s):
+                    async with trio.open_nursery() as phase:
+                        phase.start_soon(workload.run_producers)
+                        if options.nemesis:
+                            phase.start_soon(
+                                partial(nemesis.run, quiet_s=options.quiet_s, hold_s=options.hold_s)
+                            )
+                history.record("run", phase="workload_end")
+                await nemesis.heal_all()
+                await cluster.wait_ready(timeout_s=30)
+                history.record("run", phase="healed")
+                await _drain(workload, history, options, started)
+                history.record("run", phase="drain_end")
+                workload.stop()
+                history.flush()
+                raft = await _raft_checks(cluster)
+                background.cancel_scope.cancel()
+    finally:
+        history.close()
+    allowed = 5.0 + (MAX_SKEW_MS if "clock-skew" in options.nemesis else 0)
+    result = check(history.events, CheckConfig(allowed_offset_ms=allowed))
+    summary = result.summary()
+    summary.update(
+        seed=options.seed,
+        nodes=options.nodes,
+        time_s=options.time_s,
+        nemesis=list(options.nemesis),
+        rate=options.rate,
+        ack_level=options.ack_level,
+        raft=raft,
+        reproduce=options.command(),
+        wall_s=round(trio.current_time() - started, 1),
+    )
+    if raft.get("applied_digest_equal") is False:
+        summary["failures"]["applied_digest_differs"] = 1
+        summary["ok"] = False
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    report.write_timeline(history.events, summary, out / "timeline.html")
+    return RunOutcome(result=result, summary=summary, out=out)

@@ -1,0 +1,314 @@
+"""The workload: producers and competing consumers through the real ``futureq.client``.
+
+Every operation goes into the :class:`~tests.jepsen_like.history.History` with its
+invocation and completion time (see ``history.py`` for the event shapes).
+
+Topics and groups are fixed (:data:`TOPICS`) and every group is created **before** the
+first publish, so every message targets all the groups of its topic. The groups of
+``jobs`` have a short visibility timeout so the slow consumers let it expire.
+
+Producers (``producers`` of them, ``rate`` publishes per second in all) draw each
+operation from the seeded rng:
+
+* ``soon`` (45 %): delay 0..``max_delay_ms``;
+* ``ttl-long`` (10 %): delay 0..``max_delay_ms``, TTL 10 min (must be delivered);
+* ``ttl-short`` (10 %): delay 0..500 ms, TTL 1..20 ms (may expire undelivered, must
+  never be delivered after it expired);
+* ``far`` (10 %): delay 1 h (must not fire during the run);
+* ``batch`` (25 %): ``publish_batch`` of 2..8 ``soon`` items.
+
+Consumers, per group, each with its own connection: ``ack`` (acks everything), ``nack``
+(nacks 30 % with a requeue delay of 0..500 ms, acks the rest), ``crash`` (after a few
+deliveries drops its connection without settling them, then comes back), ``slow``
+(holds a delivery past the visibility timeout, then acks it). While draining every
+consumer only acks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import attrs
+import trio
+from tests.jepsen_like.history import History
+
+from futureq.client import PublishItem, open_client
+from futureq.errors import FutureQError, RequestError
+from futureq.wire import frames
+
+#: topic -> groups (created up front); the visibility timeout of each group (ms).
+TOPICS: dict[str, list[str]] = {"jobs": ["workers", "audit"], "events": ["sink"]}
+VISIBILITY_MS: dict[str, int] = {"workers": 2_000, "audit": 2_000, "sink": 5_000}
+MAX_DELIVERIES = 1_000
+FAR_DELAY_MS = 3_600_000
+LONG_TTL_MS = 600_000
+#: Consumer behaviours of each group, one consumer each.
+BEHAVIOURS: dict[str, list[str]] = {
+    "workers": ["ack", "nack", "crash", "slow"],
+    "audit": ["ack", "crash"],
+    "sink": ["ack", "nack"],
+}
+
+
+@attrs.frozen
+class WorkloadConfig:
+    """Knobs of the workload.
+
+    Attributes:
+        rate: Publish operations per second, all producers together (a batch counts once).
+        producers: Concurrent producer clients.
+        max_delay_ms: Largest delay of ordinary messages (ms).
+        ack_level: ``quorum``, ``leader`` or ``none`` (unsafe: answered before durable).
+        request_timeout_s: Client deadline per call; a publish still unanswered then
+            is recorded with outcome unknown.
+    """
+
+    rate: float = 20.0
+    producers: int = 3
+    max_delay_ms: int = 3_000
+    ack_level: str = "quorum"
+    request_timeout_s: float = 10.0
+
+
+def payload_for(key: str) -> bytes:
+    """The payload that carries a publish's key."""
+    return json.dumps({"k": key}).encode()
+
+
+def key_of(payload: bytes) -> str | None:
+    """The key in a payload written by :func:`payload_for`; None if it is not ours."""
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return None
+    key = value.get("k") if isinstance(value, dict) else None
+    return key if isinstance(key, str) else None
+
+
+def outcome_of(error: FutureQError) -> str:
+    """``fail`` when the server definitely refused (a 2xx code), else ``info`` (unknown)."""
+    if isinstance(error, RequestError) and 200 <= int(error.code) < 300:
+        return "fail"
+    return "info"
+
+
+class Workload:
+    """Producers and consumers of one run.
+
+    Args:
+        servers: Client addresses of every node.
+        history: Where events go.
+        rng: Seeded randomness (each client gets its own ``Random`` drawn from it).
+        config: Knobs.
+    """
+
+    def __init__(
+        self, servers: list[str], history: History, rng: random.Random, config: WorkloadConfig
+    ) -> None:
+        self.servers = servers
+        self.history = history
+        self.rng = rng
+        self.config = config
+        self.next_op = 0
+        self.next_batch = 0
+        self.draining = False
+        self.stopped = trio.Event()
+
+    def client(self, rng: random.Random) -> Any:
+        """An ``open_client`` context for this run."""
+        level = "quorum" if self.config.ack_level == "none" else self.config.ack_level
+        return open_client(
+            self.servers,
+            request_timeout_s=self.config.request_timeout_s,
+            connect_timeout_s=self.config.request_timeout_s,
+            ack_level=level,  # type: ignore[arg-type]
+            rng=rng,
+        )
+
+    async def setup(self) -> None:
+        """Create every group (before any publish, so every message targets them all)."""
+        async with self.client(random.Random(self.rng.random())) as client:
+            for topic, groups in TOPICS.items():
+                for group in groups:
+                    await client.create_group(
+                        topic,
+                        group,
+                        visibility_timeout_ms=VISIBILITY_MS[group],
+                        max_deliveries=MAX_DELIVERIES,
+                    )
+
+    # ----------------------------------------------------------------- producers
+
+    async def run_producers(self) -> None:
+        """Run every producer until cancelled."""
+        async with trio.open_nursery() as nursery:
+            for producer in range(self.config.producers):
+                nursery.start_soon(self.run_producer, producer, random.Random(self.rng.random()))
+
+    def _item(self, rng: random.Random, kind: str) -> tuple[str, int, int | None]:
+        """(topic, delay_ms, ttl_ms) of one message of ``kind``."""
+        topic = rng.choice(list(TOPICS))
+        if kind == "far":
+            return topic, FAR_DELAY_MS, None
+        if kind == "ttl-short":
+            return topic, rng.randint(0, 500), rng.randint(1, 20)
+        ttl = LONG_TTL_MS if kind == "ttl-long" else None
+        return topic, rng.randint(0, self.config.max_delay_ms), ttl
+
+    def _invoke(self, producer: int, key: str, topic: str, delay: int, ttl: int | None) -> int:
+        self.next_op += 1
+        self.history.record(
+            "publish",
+            phase="invoke",
+            op=self.next_op,
+            key=key,
+            producer=producer,
+            topic=topic,
+            groups=TOPICS[topic],
+            delay_ms=delay,
+            deliver_at_ms=None,
+            ttl_ms=ttl,
+        )
+        return self.next_op
+
+    async def run_producer(self, producer: int, rng: random.Random) -> None:
+        """Publish at ``rate / producers`` operations per second until cancelled."""
+        period_s = self.config.producers / max(self.config.rate, 0.001)
+        seq = 0
+        async with self.client(random.Random(rng.random())) as client:
+            if self.config.ack_level == "none":
+                client._ack_level = frames.AckLevel.NONE  # the deliberately unsafe setting
+            async with trio.open_nursery() as nursery:
+                while True:
+                    kind = rng.choices(
+                        ["soon", "ttl-long", "ttl-short", "far", "batch"], [45, 10, 10, 10, 25]
+                    )[0]
+                    count = rng.randint(2, 8) if kind == "batch" else 1
+                    ops: list[tuple[int, str, str, int, int | None]] = []
+                    for _ in range(count):
+                        seq += 1
+                        key = f"p{producer}-{seq}"
+                        topic, delay, ttl = self._item(rng, "soon" if kind == "batch" else kind)
+                        op = self._invoke(producer, key, topic, delay, ttl)
+                        ops.append((op, key, topic, delay, ttl))
+                    # Each call runs in its own task so a stalled cluster piles calls up
+                    # (as real producers would) instead of silently lowering the rate.
+                    nursery.start_soon(self._publish, client, ops, kind == "batch")
+                    await trio.sleep(rng.expovariate(1.0 / period_s))
+
+    async def _publish(
+        self, client: Any, ops: list[tuple[int, str, str, int, int | None]], batch: bool
+    ) -> None:
+        batch_id = None
+        if batch:
+            self.next_batch += 1
+            batch_id = self.next_batch
+        items = [
+            PublishItem(topic, payload_for(key), delay, None, ttl)
+            for _, key, topic, delay, ttl in ops
+        ]
+        try:
+            if batch:
+                ids: list[int | None] = list(await client.publish_batch(items))
+            else:
+                item = items[0]
+                ids = [
+                    await client.publish(
+                        item.topic, item.payload, delay_ms=item.delay_ms, ttl_ms=item.ttl_ms
+                    )
+                ]
+        except FutureQError as error:
+            outcome = outcome_of(error)
+            for op, key, *_ in ops:
+                self.history.record(
+                    "publish", phase=outcome, op=op, key=key, error=repr(error), batch=batch_id
+                )
+            return
+        for (op, key, *_), message_id in zip(ops, ids, strict=False):
+            self.history.record(
+                "publish", phase="ok", op=op, key=key, id=message_id, batch=batch_id
+            )
+
+    # ----------------------------------------------------------------- consumers
+
+    async def run_consumers(self) -> None:
+        """Run every consumer until :meth:`stop`."""
+        async with trio.open_nursery() as nursery:
+            for topic, groups in TOPICS.items():
+                for group in groups:
+                    for number, behaviour in enumerate(BEHAVIOURS[group]):
+                        name = f"{group}-{number}-{behaviour}"
+                        rng = random.Random(self.rng.random())
+                        nursery.start_soon(self.run_consumer, topic, group, name, behaviour, rng)
+
+    def stop(self) -> None:
+        """Ask every consumer to leave."""
+        self.stopped.set()
+
+    async def run_consumer(
+        self, topic: str, group: str, name: str, behaviour: str, rng: random.Random
+    ) -> None:
+        """One consumer: (re)connects until stopped; crashes reconnect after a pause."""
+        while not self.stopped.is_set():
+            try:
+                async with self.client(random.Random(rng.random())) as client:
+                    prefetch = 1 if behaviour == "slow" else 10
+                    async with client.subscribe(topic, group, prefetch=prefetch) as sub:
+                        await self._consume(sub, group, name, behaviour, rng)
+            except FutureQError as error:
+                self.history.record("consumer", phase="error", consumer=name, error=repr(error))
+            if not self.stopped.is_set():
+                await trio.sleep(rng.uniform(0.2, 1.0))
+
+    async def _consume(
+        self, sub: Any, group: str, name: str, behaviour: str, rng: random.Random
+    ) -> None:
+        crash_after = rng.randint(3, 30)
+        received = 0
+        while not self.stopped.is_set():
+            delivery = await sub.receive(timeout_s=0.5)
+            if delivery is None:
+                continue
+            received += 1
+            self.history.record(
+                "deliver",
+                id=delivery.id,
+                key=key_of(delivery.payload),
+                topic=delivery.topic,
+                group=delivery.group,
+                consumer=name,
+                attempt=delivery.attempt,
+                delivered_ms=delivery.delivered_ms,
+                due_ms=delivery.due_ms,
+                publish_ms=delivery.publish_ms,
+            )
+            if not self.draining:
+                if behaviour == "crash" and received >= crash_after:
+                    self.history.record("consumer", phase="crash", consumer=name)
+                    return  # leaves the client block: the connection closes unsettled
+                if behaviour == "slow" and rng.random() < 0.3:
+                    await trio.sleep(VISIBILITY_MS[group] / 1000 * 1.5)
+                if behaviour == "nack" and rng.random() < 0.3:
+                    await self._settle(delivery, name, "nack", rng.randint(0, 500))
+                    continue
+            await self._settle(delivery, name, "ack", 0)
+
+    async def _settle(self, delivery: Any, name: str, how: str, requeue_delay_ms: int) -> None:
+        fields = {
+            "id": delivery.id,
+            "group": delivery.group,
+            "consumer": name,
+            "attempt": delivery.attempt,
+        }
+        self.history.record(how, phase="invoke", **fields)
+        try:
+            if how == "ack":
+                await delivery.ack()
+            else:
+                await delivery.nack(requeue_delay_ms=requeue_delay_ms)
+        except FutureQError as error:
+            self.history.record(how, phase="fail", error=repr(error), **fields)
+            return
+        self.history.record(how, phase="ok", **fields)
