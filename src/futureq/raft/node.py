@@ -1,0 +1,828 @@
+"""RaftNode: the trio driver of :class:`~futureq.raft.core.RaftCore`, and a CommandLog.
+
+One task (the driver) owns the core. Every ``tick_ms`` a ticker asks for a tick;
+inbound peer messages, proposals, reads, membership changes and transfers are queued
+and fed to the core at the top of each round. While the core has a Ready the driver:
+
+1. persists it (snapshot metadata, entries, hard state) with one RocksDB batch in a
+   worker thread, synced when ``must_sync`` — not cancellable half way;
+2. then sends ``ready.messages`` (they may promise what step 1 stored);
+3. then installs a received snapshot and applies ``committed_entries`` in order,
+   resolving the proposers waiting for them;
+4. then calls ``advance``.
+
+Group commit is natural: proposals accumulate while the previous write is in flight
+and go into the next Ready together. Compaction runs beside the driver: a point-in-time
+:class:`SnapshotSource` is taken on the loop, serialized and written in worker threads,
+then the driver calls ``core.compact`` and stores it, keeping a catch-up tail of log.
+
+Leadership as the broker sees it (:meth:`RaftNode.is_leader`) begins once the no-op
+entry of the leader's term is *applied* here (so everything committed before is applied)
+and ends when the core leaves the LEADER role. :meth:`RaftNode.wait_role_change`
+reports every change of ``(is_leader(), leader_id())``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import trio
+
+from futureq.errors import ConfigError, ErrorCode, NotLeaderError, RequestError, StorageError
+from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError, Role
+from futureq.raft.messages import (
+    AppendEntries,
+    ConfChange,
+    ConfChangeOp,
+    EntryKind,
+    Heartbeat,
+    LogIndex,
+    Membership,
+    Message,
+    NodeId,
+    Ready,
+)
+from futureq.raft.storage import SnapshotOutOfDateError
+
+if TYPE_CHECKING:
+    from futureq.metrics import Metrics
+    from futureq.raft.rocks_storage import RocksStorage
+    from futureq.raft.transport import Transport
+
+log = logging.getLogger(__name__)
+
+
+class SnapshotSource(Protocol):
+    """A point-in-time view of the state machine at :attr:`index`."""
+
+    @property
+    def index(self) -> int:
+        """Applied index the view reflects."""
+        ...
+
+    def serialize(self) -> bytes:
+        """The state as bytes; runs in a worker thread and must not touch live state."""
+        ...
+
+    def close(self) -> None:
+        """Release the view (e.g. a RocksDB snapshot)."""
+        ...
+
+
+class StateMachine(Protocol):
+    """What the node applies committed entries to (e.g. ``QueueState``)."""
+
+    @property
+    def applied_index(self) -> int:
+        """Index of the last entry applied (or restored from a snapshot)."""
+        ...
+
+    def apply(self, index: int, data: bytes) -> Any:
+        """Apply a NORMAL entry; the result is handed to its proposer."""
+        ...
+
+    def apply_other(self, index: int) -> None:
+        """A NOOP or CONFIG_CHANGE entry: just advance the applied index."""
+        ...
+
+    def snapshot_source(self) -> SnapshotSource:
+        """A cheap point-in-time view at ``applied_index`` (taken on the event loop)."""
+        ...
+
+    def restore(self, data: bytes, index: int) -> None:
+        """Replace the whole state with a snapshot's data taken at ``index``."""
+        ...
+
+
+@attrs.frozen
+class RaftNodeConfig:
+    """Identity and tuning of a :class:`RaftNode`.
+
+    Attributes:
+        node_id: This server's id (>= 1).
+        tick_ms: Milliseconds per logical tick.
+        election_timeout_ticks: Base election timeout (10 ticks = 500 ms by default).
+        heartbeat_ticks: Ticks between leader heartbeats.
+        max_inflight_messages: Unanswered AppendEntries per follower.
+        max_entries_bytes: Entry bytes per AppendEntries.
+        snapshot_chunk_bytes: Snapshot bytes per InstallSnapshot chunk.
+        compact_every_entries: Applied entries beyond the last snapshot before a new
+            snapshot is taken and the log compacted.
+        keep_entries_after_compaction: Log entries kept at and before the snapshot index
+            so slightly lagging followers catch up without a snapshot.
+        bootstrap_voters: The initial voters when the storage is new; empty for a node
+            that will be added to an existing cluster.
+        client_address: Our client listener ``HOST:PORT`` (for NOT_LEADER redirects).
+        pre_vote: Run PreVote before elections (thesis §9.6).
+        check_quorum: CheckQuorum and leader stickiness (thesis §6.2, §4.2.3).
+        max_pending_proposals: Proposals queued for the next round before new ones
+            are refused with UNAVAILABLE.
+        outcome_unknown_ticks: After losing leadership, pending proposals whose fate is
+            still unknown after this many ticks fail with UNAVAILABLE ("outcome
+            unknown"); default 2 election timeouts.
+    """
+
+    node_id: int
+    tick_ms: int = 50
+    election_timeout_ticks: int = 10
+    heartbeat_ticks: int = 1
+    max_inflight_messages: int = 256
+    max_entries_bytes: int = 1 << 20
+    snapshot_chunk_bytes: int = 1 << 20
+    compact_every_entries: int = 50_000
+    keep_entries_after_compaction: int = 10_000
+    bootstrap_voters: frozenset[int] = frozenset()
+    client_address: str | None = None
+    pre_vote: bool = True
+    check_quorum: bool = True
+    max_pending_proposals: int = 65_536
+    outcome_unknown_ticks: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for key, value in (
+            ("tick_ms", self.tick_ms),
+            ("compact_every_entries", self.compact_every_entries),
+            ("max_pending_proposals", self.max_pending_proposals),
+        ):
+            if value < 1:
+                raise ConfigError(f"raft node {key}={value} is invalid; it must be >= 1")
+        if self.keep_entries_after_compaction < 0:
+            raise ConfigError(
+                f"raft node keep_entries_after_compaction={self.keep_entries_after_compaction} "
+                "is invalid; it must be >= 0"
+            )
+        self.raft_config()  # validates the rest
+
+    def raft_config(self) -> RaftConfig:
+        """The core's configuration."""
+        return RaftConfig(
+            node_id=NodeId(self.node_id),
+            election_timeout_ticks=self.election_timeout_ticks,
+            heartbeat_interval_ticks=self.heartbeat_ticks,
+            max_append_bytes=self.max_entries_bytes,
+            max_inflight_messages=self.max_inflight_messages,
+            snapshot_chunk_bytes=self.snapshot_chunk_bytes,
+            pre_vote=self.pre_vote,
+            check_quorum=self.check_quorum,
+        )
+
+
+class _Waiter:
+    __slots__ = ("done", "error", "index", "result", "term")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.index = 0
+        self.term = 0
+
+    def resolve(self, result: Any) -> None:
+        if not self.done.is_set():
+            self.result = result
+            self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done.is_set():
+            self.error = error
+            self.done.set()
+
+    async def wait(self) -> Any:
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@attrs.frozen
+class _Op:
+    kind: str  # "propose", "durable", "conf", "read", "transfer"
+    waiter: _Waiter
+    data: bytes = b""
+    change: ConfChange | None = None
+    target: int = 0
+
+
+def _outcome_unknown(index: int, why: str) -> RequestError:
+    return RequestError(
+        ErrorCode.UNAVAILABLE,
+        f"outcome unknown: {why} before log entry {index} was known to be committed; "
+        "it may or may not have been applied",
+    )
+
+
+class RaftNode:
+    """A Raft server: the trio driver around :class:`RaftCore`, and a ``CommandLog``.
+
+    Args:
+        config: Identity and tuning.
+        storage: Durable raft state (opened on the node's RocksDB).
+        transport: Peer links; its ``run`` must be started by the caller (before or
+            beside :meth:`run`).
+        state_machine: Where committed entries are applied.
+        rng: Randomness for election timeouts (seed it in tests).
+        metrics: fsync/apply timings and group-commit sizes are observed here.
+    """
+
+    def __init__(
+        self,
+        config: RaftNodeConfig,
+        storage: RocksStorage,
+        transport: Transport,
+        state_machine: StateMachine,
+        *,
+        rng: random.Random,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.id = NodeId(config.node_id)
+        self._storage = storage
+        self._transport = transport
+        self._sm = state_machine
+        self._rng = rng
+        self._metrics = metrics
+        self._core: RaftCore | None = None
+        self._running = False
+        self._stopped = False
+        self._wake = trio.Event()
+        self._ticks_due = 0
+        self._inbox: deque[Message] = deque()
+        self._inbox_drained = trio.Event()
+        self._ops: list[_Op] = []
+        self._apply_waiters: dict[int, _Waiter] = {}
+        self._durable_waiters: dict[int, _Waiter] = {}
+        self._read_waiters: dict[bytes, _Waiter] = {}
+        self._reads_after_apply: list[tuple[int, _Waiter]] = []
+        self._read_seq = 0
+        self._leader_ready_term = -1
+        self._ticks_since_leading = 0
+        self._leader_commit_seen = 0
+        self._role_epoch = 0
+        self._role_event = trio.Event()
+        self._last_role: tuple[bool, int | None] = (False, None)
+        self._conf_lock = trio.Lock()
+        self._compacting = False
+        self._compaction_done: tuple[int, bytes] | None = None
+        self.elections_won = 0
+
+    # --- views --------------------------------------------------------------------------
+
+    @property
+    def core(self) -> RaftCore:
+        """The core (for tests and diagnostics; only the driver may call its inputs)."""
+        assert self._core is not None, "RaftNode.run() has not loaded the storage yet"
+        return self._core
+
+    def is_leader(self) -> bool:
+        """True when this node leads and has applied the no-op of its term."""
+        core = self._core
+        return (
+            core is not None
+            and not self._stopped
+            and core.role is Role.LEADER
+            and self._leader_ready_term == core.term
+        )
+
+    def leader_id(self) -> int | None:
+        """The leader of the current term as far as this node knows, or None."""
+        core = self._core
+        if core is None or self._stopped:
+            return None
+        return core.leader_id
+
+    def leader_address(self) -> str | None:
+        """The leader's CLIENT address (from the handshake or address book), or None."""
+        leader = self.leader_id()
+        if leader is None:
+            return None
+        if leader == self.id:
+            return self.config.client_address
+        return self._transport.peer_client_address(leader)
+
+    @property
+    def applied_index(self) -> int:
+        """Index of the last entry applied to the state machine."""
+        return self._sm.applied_index
+
+    @property
+    def commit_index(self) -> int:
+        """Commit index known to this node."""
+        return 0 if self._core is None else int(self._core.log.committed)
+
+    @property
+    def term(self) -> int:
+        """Current term."""
+        return 0 if self._core is None else int(self._core.term)
+
+    @property
+    def role(self) -> Role:
+        """Current role of the core (FOLLOWER before the storage is loaded)."""
+        return Role.FOLLOWER if self._core is None else self._core.role
+
+    @property
+    def role_epoch(self) -> int:
+        """Bumped on every change of ``(is_leader(), leader_id())``."""
+        return self._role_epoch
+
+    def membership(self) -> tuple[frozenset[int], frozenset[int]]:
+        """``(voters, learners)`` of the latest configuration in the log."""
+        membership = self.core.membership if self._core is not None else Membership()
+        return frozenset(membership.voters), frozenset(membership.learners)
+
+    def progress(self) -> dict[int, dict[str, Any]]:
+        """Leader only: ``{node_id: {"match", "next", "state"}}``; ``{}`` on others."""
+        core = self._core
+        if core is None or core.role is not Role.LEADER:
+            return {}
+        return {
+            int(node_id): {
+                "match": int(pr.match),
+                "next": int(pr.next),
+                "state": pr.state.value,
+                "learner": pr.is_learner,
+            }
+            for node_id, pr in sorted(core.progress.items())
+        }
+
+    def ready_for_clients(self) -> bool:
+        """A leader is known and we applied what it told us is committed (``/readyz``)."""
+        core = self._core
+        if core is None or self._stopped or core.leader_id is None:
+            return False
+        if core.role is Role.LEADER:
+            return self.is_leader()
+        return self._sm.applied_index >= max(int(core.log.committed), self._leader_commit_seen)
+
+    async def wait_role_change(self, since_epoch: int) -> int:
+        """Block until :attr:`role_epoch` differs from ``since_epoch``; return it.
+
+        Use: ``epoch = node.role_epoch`` then loop ``epoch = await
+        node.wait_role_change(epoch)`` and read :meth:`is_leader`/:meth:`leader_id`.
+        """
+        while self._role_epoch == since_epoch:
+            await self._role_event.wait()
+        return self._role_epoch
+
+    # --- CommandLog and client operations ----------------------------------------------
+
+    def _not_leader(self) -> NotLeaderError:
+        return NotLeaderError(self.leader_address())
+
+    def _check_can_lead(self) -> None:
+        if self._stopped or not self._running:
+            raise RequestError(
+                ErrorCode.UNAVAILABLE, "the raft node is not running; retry on another node"
+            )
+        if self._core is None or self._core.role is not Role.LEADER:
+            raise self._not_leader()
+
+    def _enqueue(self, op: _Op) -> None:
+        if len(self._ops) >= self.config.max_pending_proposals:
+            raise RequestError(
+                ErrorCode.UNAVAILABLE,
+                f"{len(self._ops)} proposals are already queued (max_pending_proposals); "
+                "retry shortly",
+            )
+        self._ops.append(op)
+        self._wake.set()
+
+    async def propose(self, command: bytes) -> Any:
+        """Replicate ``command``; return ``state_machine.apply``'s result once applied here.
+
+        Raises:
+            NotLeaderError: this node is not the leader (with the leader's client
+                address), or the entry was overwritten by another leader's entry at
+                its index (definitely not applied: safe to retry at the leader).
+            RequestError: UNAVAILABLE with "outcome unknown" when leadership was lost
+                and the entry's fate stayed unknown for ``outcome_unknown_ticks``, or
+                the node stopped; UNAVAILABLE during a leadership transfer or when too
+                many proposals are queued (not appended: safe to retry).
+        """
+        self._check_can_lead()
+        waiter = _Waiter()
+        self._enqueue(_Op("propose", waiter, data=command))
+        return await waiter.wait()
+
+    async def propose_durable(self, command: bytes) -> int:
+        """Append ``command`` and return its log index once persisted on this leader.
+
+        The entry is not yet committed: it may still be lost if leadership changes.
+
+        Raises:
+            NotLeaderError, RequestError: as :meth:`propose`.
+        """
+        self._check_can_lead()
+        waiter = _Waiter()
+        self._enqueue(_Op("durable", waiter, data=command))
+        index: int = await waiter.wait()
+        return index
+
+    async def read_barrier(self, timeout_s: float | None = None) -> None:
+        """Return once a linearizable read may be served here (thesis §6.4, ReadIndex).
+
+        The leader confirms with a heartbeat round that it still leads, then waits
+        until ``applied_index`` reaches the commit index at the time of the request.
+
+        Args:
+            timeout_s: Give up after this long; default two election timeouts.
+
+        Raises:
+            NotLeaderError: on a follower, or if leadership is lost meanwhile.
+            RequestError: TIMEOUT when no quorum confirmed in time.
+        """
+        self._check_can_lead()
+        if timeout_s is None:
+            timeout_s = 2 * self.config.election_timeout_ticks * self.config.tick_ms / 1000
+        self._read_seq += 1
+        waiter = _Waiter()
+        self._enqueue(_Op("read", waiter, data=self._read_seq.to_bytes(8, "big")))
+        with trio.move_on_after(timeout_s):
+            await waiter.wait()
+            return
+        raise RequestError(
+            ErrorCode.TIMEOUT, f"read barrier not confirmed by a quorum within {timeout_s:.1f} s"
+        )
+
+    async def add_learner(self, node_id: int) -> None:
+        """Add ``node_id`` as a learner; returns once the change is applied here.
+
+        Raises:
+            NotLeaderError: not the leader.
+            RequestError: INVALID_ARGUMENT if it is already a member; UNAVAILABLE if
+                another change is still uncommitted or the leader is new.
+        """
+        await self._conf_change(ConfChangeOp.ADD_LEARNER, node_id)
+
+    async def promote(self, node_id: int) -> None:
+        """Make learner ``node_id`` a voter; returns once applied here. Errors as above."""
+        await self._conf_change(ConfChangeOp.PROMOTE_VOTER, node_id)
+
+    async def remove_node(self, node_id: int) -> None:
+        """Remove ``node_id`` (may be this leader, which then hands over leadership).
+
+        Errors as :meth:`add_learner`.
+        """
+        await self._conf_change(ConfChangeOp.REMOVE_NODE, node_id)
+
+    async def _conf_change(self, op: ConfChangeOp, node_id: int) -> None:
+        if node_id < 1:
+            raise RequestError(ErrorCode.INVALID_ARGUMENT, f"node id {node_id} must be >= 1")
+        async with self._conf_lock:
+            self._check_can_lead()
+            waiter = _Waiter()
+            self._enqueue(_Op("conf", waiter, change=ConfChange(op, NodeId(node_id))))
+            await waiter.wait()
+
+    async def transfer_leadership(
+        self, target: int | None = None, timeout_s: float | None = None
+    ) -> int:
+        """Hand leadership to ``target`` (None: the most up-to-date other voter).
+
+        Returns:
+            The new leader's id, once this node learned of it.
+
+        Raises:
+            NotLeaderError: not the leader.
+            RequestError: INVALID_ARGUMENT if there is no such voter; TIMEOUT if no
+                other node became leader within ``timeout_s`` (default: two election
+                timeouts; the core aborts the transfer after one).
+        """
+        self._check_can_lead()
+        core = self.core
+        if target is None:
+            candidates = [
+                (-int(pr.match), int(node_id))
+                for node_id, pr in core.progress.items()
+                if node_id != self.id and node_id in core.membership.voters
+            ]
+            if not candidates:
+                raise RequestError(
+                    ErrorCode.INVALID_ARGUMENT, "there is no other voter to transfer leadership to"
+                )
+            target = min(candidates)[1]
+        if timeout_s is None:
+            timeout_s = 2 * self.config.election_timeout_ticks * self.config.tick_ms / 1000
+        epoch = self._role_epoch
+        waiter = _Waiter()
+        self._enqueue(_Op("transfer", waiter, target=target))
+        await waiter.wait()
+        with trio.move_on_after(timeout_s):
+            while True:
+                leader = self.leader_id()
+                if leader is not None and leader != self.id:
+                    return leader
+                epoch = await self.wait_role_change(epoch)
+        raise RequestError(
+            ErrorCode.TIMEOUT,
+            f"leadership transfer to node {target} did not complete within {timeout_s:.1f} s",
+        )
+
+    # --- the driver ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Load the storage, then tick, step, persist, send and apply until cancelled.
+
+        ``task_status.started()`` is called once the storage is loaded and the state
+        machine restored. On exit every waiting caller fails with UNAVAILABLE.
+
+        Raises:
+            StorageError: the raft state on disk is unusable, or a write failed.
+        """
+        if self._running or self._stopped:
+            raise RuntimeError("a RaftNode runs once; build a new one to restart")
+        self._load()
+        self._running = True
+        compact_send, compact_receive = trio.open_memory_channel[Any](1)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._ticker)
+                nursery.start_soon(self._receiver)
+                nursery.start_soon(self._compactor, compact_receive)
+                task_status.started()
+                await self._drive(compact_send)
+        finally:
+            self._stopped = True
+            self._fail_all(
+                RequestError(
+                    ErrorCode.UNAVAILABLE,
+                    "the raft node stopped; the outcome of this request is unknown",
+                )
+            )
+            self._note_role()
+
+    def _load(self) -> None:
+        storage = self._storage
+        if self.config.bootstrap_voters:
+            storage.bootstrap(
+                Membership(frozenset(NodeId(v) for v in self.config.bootstrap_voters))
+            )
+        metadata = storage.snapshot_metadata()
+        if self._sm.applied_index < metadata.index:
+            self._sm.restore(storage.snapshot().data, metadata.index)
+        applied = self._sm.applied_index
+        if applied > storage.last_index():
+            raise StorageError(
+                f"the state machine applied index {applied} is past the raft log's last index "
+                f"{storage.last_index()}; the data directory is damaged"
+            )
+        hard_state = storage.hard_state()
+        if applied > hard_state.commit:
+            # Entries are applied only once committed; the commit index (unsynced) was lost.
+            storage.set_hard_state(attrs.evolve(hard_state, commit=LogIndex(applied)))
+        self._core = RaftCore(
+            self.config.raft_config(), storage, self._rng, applied=LogIndex(applied)
+        )
+
+    async def _ticker(self) -> None:
+        tick_s = self.config.tick_ms / 1000
+        deadline = trio.current_time()
+        while True:
+            deadline += tick_s
+            now = trio.current_time()
+            if deadline < now - 5 * tick_s:
+                deadline = now  # after a stall, do not fire a burst of ticks
+            await trio.sleep_until(deadline)
+            self._ticks_due += 1
+            self._wake.set()
+
+    async def _receiver(self) -> None:
+        limit = 4096
+        async for message in self._transport.receive_channel:
+            self._inbox.append(message)
+            self._wake.set()
+            if len(self._inbox) >= limit:
+                self._inbox_drained = trio.Event()
+                await self._inbox_drained.wait()
+
+    async def _compactor(self, sources: trio.MemoryReceiveChannel[Any]) -> None:
+        async for source in sources:
+            try:
+                data = await trio.to_thread.run_sync(source.serialize)
+                await trio.to_thread.run_sync(self._storage.write_snapshot_file, source.index, data)
+            finally:
+                source.close()
+            self._compaction_done = (int(source.index), data)
+            self._wake.set()
+
+    async def _drive(self, compact_send: trio.MemorySendChannel[Any]) -> None:
+        core = self.core
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            self._feed(core)
+            while core.has_ready():
+                ready = core.ready()
+                await self._handle_ready(ready)
+                core.advance(ready)
+            self._note_role()
+            self._maybe_start_compaction(compact_send)
+
+    def _feed(self, core: RaftCore) -> None:
+        ticks, self._ticks_due = self._ticks_due, 0
+        for _ in range(ticks):
+            core.tick()
+            if core.role is Role.LEADER:
+                self._ticks_since_leading = 0
+            else:
+                self._ticks_since_leading += 1
+        if (
+            self._apply_waiters
+            and core.role is not Role.LEADER
+            and self._ticks_since_leading >= self._outcome_unknown_ticks()
+        ):
+            waiters, self._apply_waiters = self._apply_waiters, {}
+            for index, waiter in waiters.items():
+                waiter.fail(_outcome_unknown(index, "leadership was lost"))
+        inbox = self._inbox
+        while inbox:
+            message = inbox.popleft()
+            if isinstance(message, AppendEntries):
+                self._leader_commit_seen = max(self._leader_commit_seen, message.leader_commit)
+            elif isinstance(message, Heartbeat):
+                self._leader_commit_seen = max(self._leader_commit_seen, message.commit)
+            core.step(message)
+        self._inbox_drained.set()
+        if self._compaction_done is not None:
+            index, data = self._compaction_done
+            self._compaction_done = None
+            self._compacting = False
+            try:
+                snapshot = core.compact(LogIndex(index), data)
+                self._storage.compact(
+                    snapshot, keep_entries=self.config.keep_entries_after_compaction
+                )
+            except (ValueError, SnapshotOutOfDateError) as exc:
+                log.info("raft snapshot at %d discarded: %s", index, exc)
+                self._storage.remove_snapshot_file(index)
+        ops, self._ops = self._ops, []
+        for op in ops:
+            self._start_op(core, op)
+
+    def _outcome_unknown_ticks(self) -> int:
+        configured = self.config.outcome_unknown_ticks
+        return 2 * self.config.election_timeout_ticks if configured is None else configured
+
+    def _start_op(self, core: RaftCore, op: _Op) -> None:
+        waiter = op.waiter
+        try:
+            if op.kind in ("propose", "durable"):
+                index = core.propose(op.data)
+                waiter.index, waiter.term = index, core.term
+                waiters = self._durable_waiters if op.kind == "durable" else self._apply_waiters
+                waiters[index] = waiter
+            elif op.kind == "conf":
+                assert op.change is not None
+                index = core.propose_conf_change(op.change)
+                waiter.index, waiter.term = index, core.term
+                self._apply_waiters[index] = waiter
+            elif op.kind == "read":
+                if core.role is not Role.LEADER:
+                    raise RaftNotLeaderError(core.leader_id)
+                self._read_waiters[op.data] = waiter
+                core.read_index(op.data)
+            else:
+                core.transfer_leadership(NodeId(op.target))
+                waiter.resolve(None)
+        except RaftNotLeaderError:
+            waiter.fail(self._not_leader())
+        except (ProposalDroppedError, RequestError) as exc:
+            waiter.fail(exc)
+
+    async def _handle_ready(self, ready: Ready) -> None:
+        if ready.snapshot is not None or ready.entries or ready.hard_state is not None:
+            started = trio.current_time()
+            # Not cancellable (abandon_on_cancel=False): a synced write must finish.
+            await trio.to_thread.run_sync(self._storage.persist, ready)
+            if self._metrics is not None and ready.must_sync:
+                self._metrics.fsync_seconds.observe(trio.current_time() - started)
+                self._metrics.group_commit_items.observe(len(ready.entries))
+        for entry in ready.entries:
+            durable = self._durable_waiters.pop(entry.index, None)
+            if durable is not None:
+                if durable.term == entry.term:
+                    durable.resolve(int(entry.index))
+                else:
+                    durable.fail(self._not_leader())
+        send = self._transport.send
+        for message in ready.messages:
+            send(message)
+        if ready.snapshot is not None:
+            index = int(ready.snapshot.metadata.index)
+            self._sm.restore(ready.snapshot.data, index)
+            for waiter_index in [i for i in self._apply_waiters if i <= index]:
+                self._apply_waiters.pop(waiter_index).fail(
+                    _outcome_unknown(waiter_index, "a snapshot from the new leader replaced it")
+                )
+        if ready.committed_entries:
+            self._apply(ready)
+        for read in ready.read_states:
+            waiter = self._read_waiters.pop(read.request_ctx, None)
+            if waiter is not None:
+                self._reads_after_apply.append((int(read.index), waiter))
+        if self._reads_after_apply:
+            applied = self._sm.applied_index
+            remaining = []
+            for index, waiter in self._reads_after_apply:
+                if applied >= index:
+                    waiter.resolve(None)
+                else:
+                    remaining.append((index, waiter))
+            self._reads_after_apply = remaining
+
+    def _apply(self, ready: Ready) -> None:
+        core = self.core
+        sm = self._sm
+        started = trio.current_time()
+        waiters = self._apply_waiters
+        for entry in ready.committed_entries:
+            index = int(entry.index)
+            if entry.kind is EntryKind.NORMAL:
+                error: RequestError | None = None
+                result: Any = None
+                try:
+                    result = sm.apply(index, entry.data)
+                except RequestError as exc:  # pragma: no cover - apply should not refuse
+                    error = exc
+            else:
+                sm.apply_other(index)
+                result, error = None, None
+                if (
+                    entry.kind is EntryKind.NOOP
+                    and entry.term == core.term
+                    and core.role is Role.LEADER
+                ):
+                    self._leader_ready_term = int(entry.term)
+                    self.elections_won += 1
+            waiter = waiters.pop(index, None) if waiters else None
+            if waiter is not None:
+                if waiter.term != entry.term:
+                    # Another leader's entry won this index: ours was never applied.
+                    waiter.fail(self._not_leader())
+                elif error is not None:
+                    waiter.fail(error)
+                else:
+                    waiter.resolve(result)
+        if self._metrics is not None:
+            self._metrics.apply_seconds.observe(trio.current_time() - started)
+
+    def _note_role(self) -> None:
+        core = self._core
+        now = (self.is_leader(), self.leader_id())
+        if now == self._last_role:
+            return
+        was_leading = self._last_role[0] or bool(self._read_waiters)
+        self._last_role = now
+        self._role_epoch += 1
+        self._role_event.set()
+        self._role_event = trio.Event()
+        if core is not None and core.role is not Role.LEADER and was_leading:
+            # ReadIndex requests are dropped by the core when leadership changes.
+            error = self._not_leader()
+            for waiter in self._read_waiters.values():
+                waiter.fail(error)
+            self._read_waiters.clear()
+            for _index, waiter in self._reads_after_apply:
+                waiter.fail(error)
+            self._reads_after_apply.clear()
+            for waiter in self._durable_waiters.values():
+                waiter.fail(_outcome_unknown(waiter.index, "leadership was lost"))
+            self._durable_waiters.clear()
+
+    def _maybe_start_compaction(self, compact_send: trio.MemorySendChannel[Any]) -> None:
+        if self._compacting or self._compaction_done is not None:
+            return
+        applied = self._sm.applied_index
+        last_snapshot = int(self._storage.snapshot_metadata().index)
+        if applied - last_snapshot < self.config.compact_every_entries:
+            return
+        source = self._sm.snapshot_source()
+        try:
+            compact_send.send_nowait(source)
+        except trio.WouldBlock:  # pragma: no cover - _compacting guards the single slot
+            source.close()
+            return
+        self._compacting = True
+
+    def _fail_all(self, error: RequestError) -> None:
+        for op in self._ops:
+            op.waiter.fail(error)
+        self._ops.clear()
+        for waiters in (self._apply_waiters, self._durable_waiters, self._read_waiters):
+            for waiter in waiters.values():
+                waiter.fail(error)
+            waiters.clear()
+        for _index, waiter in self._reads_after_apply:
+            waiter.fail(error)
+        self._reads_after_apply.clear()
+
+
+__all__ = [
+    "RaftNode",
+    "RaftNodeConfig",
+    "SnapshotSource",
+    "StateMachine",
+]

@@ -1,0 +1,423 @@
+"""RaftNode clusters in one process over real TCP on 127.0.0.1 (STYLE.md §8).
+
+Each member has its own RocksDB in ``tmp_path``, a :class:`Transport` on port 0 and a
+:class:`ListMachine` (the applied commands, in order, with snapshots). All members
+share one :class:`AddressBook`; a restarted member gets a new port and updates it.
+Ticks are 10 ms and the election timeout 15 ticks so elections take ~0.2 s.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import msgpack
+import pytest
+import trio
+
+from futureq.errors import NotLeaderError, RequestError
+from futureq.raft.core import Role
+from futureq.raft.messages import Heartbeat, LogIndex, NodeId, Term, encode_message
+from futureq.raft.node import RaftNode, RaftNodeConfig
+from futureq.raft.rocks_storage import RocksStorage
+from futureq.raft.transport import AddressBook, Transport
+from futureq.storage.db import Database
+from futureq.wire.codec import encode_value
+
+WAIT_S = 10.0
+
+
+class ListSource:
+    """Point-in-time copy of a :class:`ListMachine`."""
+
+    def __init__(self, index: int, items: list[bytes]) -> None:
+        self.index = index
+        self._items = items
+
+    def serialize(self) -> bytes:
+        packed: bytes = msgpack.packb(self._items)
+        return packed
+
+    def close(self) -> None:
+        self._items = []
+
+
+class ListMachine:
+    """The applied commands, in order; ``apply`` returns the list's new length."""
+
+    def __init__(self) -> None:
+        self.items: list[bytes] = []
+        self._applied = 0
+        self.restored_from: list[int] = []
+
+    @property
+    def applied_index(self) -> int:
+        return self._applied
+
+    def apply(self, index: int, data: bytes) -> Any:
+        assert index == self._applied + 1, (index, self._applied)
+        self.items.append(data)
+        self._applied = index
+        return len(self.items)
+
+    def apply_other(self, index: int) -> None:
+        assert index == self._applied + 1, (index, self._applied)
+        self._applied = index
+
+    def snapshot_source(self) -> ListSource:
+        return ListSource(self._applied, list(self.items))
+
+    def restore(self, data: bytes, index: int) -> None:
+        self.items = list(msgpack.unpackb(data))
+        self._applied = index
+        self.restored_from.append(index)
+
+
+@attrs.define
+class Member:
+    node_id: int
+    path: Path
+    node: RaftNode
+    transport: Transport
+    sm: ListMachine
+    db: Database
+    scope: trio.CancelScope
+    stopped: trio.Event
+
+
+class Cluster:
+    """Start, crash and restart members inside the test's nursery."""
+
+    def __init__(self, tmp_path: Path, nursery: trio.Nursery, **config: Any) -> None:
+        self.tmp_path = tmp_path
+        self.nursery = nursery
+        self.book = AddressBook()
+        self.config = {"tick_ms": 10, "election_timeout_ticks": 15, **config}
+        self.members: dict[int, Member] = {}
+
+    async def start(
+        self, node_id: int, voters: frozenset[int] = frozenset(), **config: Any
+    ) -> Member:
+        path = self.tmp_path / f"n{node_id}"
+        db = Database(str(path / "db"))
+        storage = RocksStorage(db, str(path / "snapshots"))
+        client_address = f"client-{node_id}:1"
+        transport = Transport(
+            node_id,
+            "127.0.0.1:0",
+            self.book,
+            cluster_id="test",
+            client_address=client_address,
+            rng=random.Random(node_id),
+            backoff_max_s=0.2,
+        )
+        sm = ListMachine()
+        node_config = RaftNodeConfig(
+            node_id=node_id,
+            bootstrap_voters=voters,
+            client_address=client_address,
+            **{**self.config, **config},
+        )
+        node = RaftNode(node_config, storage, transport, sm, rng=random.Random(100 + node_id))
+        member = Member(node_id, path, node, transport, sm, db, trio.CancelScope(), trio.Event())
+        self.members[node_id] = member
+        await self.nursery.start(self._run_member, member, client_address)
+        return member
+
+    async def _run_member(
+        self, member: Member, client_address: str, *, task_status: trio.TaskStatus[None]
+    ) -> None:
+        try:
+            with member.scope:
+                async with trio.open_nursery() as nursery:
+                    address = await nursery.start(member.transport.run)
+                    self.book.update({member.node_id: (address, client_address)})
+                    await nursery.start(member.node.run)
+                    task_status.started()
+        finally:
+            member.db.close()
+            member.stopped.set()
+
+    async def crash(self, node_id: int) -> Member:
+        member = self.members.pop(node_id)
+        member.scope.cancel()
+        await member.stopped.wait()
+        return member
+
+    async def stop_all(self) -> None:
+        for node_id in list(self.members):
+            await self.crash(node_id)
+
+    def running(self) -> list[Member]:
+        return list(self.members.values())
+
+    async def wait_for(
+        self, condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S
+    ) -> None:
+        with trio.move_on_after(timeout_s):
+            while not condition():  # noqa: ASYNC110 - polls state of several nodes, under a deadline
+                await trio.sleep(0.005)
+            return
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+    async def wait_leader(self, among: list[int] | None = None) -> Member:
+        ids = among if among is not None else list(self.members)
+
+        def one_leader() -> bool:
+            leaders = [i for i in ids if i in self.members and self.members[i].node.is_leader()]
+            return len(leaders) == 1
+
+        await self.wait_for(one_leader, "a single ready leader")
+        return next(self.members[i] for i in ids if self.members[i].node.is_leader())
+
+    async def wait_converged(self, count: int | None = None) -> list[bytes]:
+        def same() -> bool:
+            lists = [m.sm.items for m in self.members.values()]
+            if count is not None and len(lists[0]) < count:
+                return False
+            return all(items == lists[0] for items in lists)
+
+        await self.wait_for(same, "all members to apply the same commands")
+        return next(iter(self.members.values())).sm.items
+
+
+VOTERS3 = frozenset({1, 2, 3})
+
+
+async def _start(cluster: Cluster, voters: frozenset[int], **config: Any) -> None:
+    for node_id in sorted(voters):
+        await cluster.start(node_id, voters, **config)
+
+
+async def _propose_all(member: Member, commands: list[bytes]) -> list[Any]:
+    results: dict[int, Any] = {}
+
+    async def one(i: int, command: bytes) -> None:
+        results[i] = await member.node.propose(command)
+
+    async with trio.open_nursery() as nursery:
+        for i, command in enumerate(commands):
+            nursery.start_soon(one, i, command)
+    return [results[i] for i in range(len(commands))]
+
+
+@pytest.mark.timeout(30)
+async def test_elect_replicate_crash_leader_and_restart(tmp_path: Path) -> None:
+    """Raft §5.2-5.4: one leader; commands apply everywhere in one order; after the
+    leader crashes a new one keeps every acknowledged command; a restarted node
+    recovers term, vote and log from RocksDB and catches up."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        first = [b"a%d" % i for i in range(30)]
+        results = await _propose_all(leader, first)
+        assert sorted(results) == list(range(1, 31))  # each applied once, in some order
+        items = await cluster.wait_converged(30)
+        assert sorted(items) == sorted(first)
+        old_term = leader.node.term
+
+        crashed = await cluster.crash(leader.node_id)
+        new_leader = await cluster.wait_leader()
+        assert new_leader.node_id != crashed.node_id and new_leader.node.term > old_term
+        await _propose_all(new_leader, [b"b%d" % i for i in range(10)])
+        items = await cluster.wait_converged(40)
+        assert items[:30] == crashed.sm.items[:30]
+
+        restarted = await cluster.start(crashed.node_id)
+        core = restarted.node.core
+        assert core.term >= old_term and core.log.last_index() >= 31
+        await cluster.wait_converged(40)
+        assert restarted.node.leader_address() == new_leader.node.config.client_address
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_lagging_node_catches_up_through_install_snapshot(tmp_path: Path) -> None:
+    """Paper §7: a follower whose next entry was compacted away receives the snapshot
+    in chunks, installs it, and continues from the log."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(
+            tmp_path,
+            nursery,
+            compact_every_entries=20,
+            keep_entries_after_compaction=5,
+            snapshot_chunk_bytes=64,
+        )
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        lagging = next(i for i in VOTERS3 if i != leader.node_id)
+        await cluster.crash(lagging)
+        for batch in range(4):
+            await _propose_all(leader, [b"c%d-%d" % (batch, i) for i in range(25)])
+        await cluster.wait_for(
+            lambda: leader.node.core.log.first_index() > 30, "the leader to compact its log"
+        )
+        member = await cluster.start(lagging)
+        items = await cluster.wait_converged(100)
+        assert len(items) == 100
+        assert member.sm.restored_from, "the lagging node should have installed a snapshot"
+        await _propose_all(leader, [b"after"])
+        assert (await cluster.wait_converged(101))[-1] == b"after"
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_restart_restores_state_machine_from_local_snapshot(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(
+            tmp_path, nursery, compact_every_entries=10, keep_entries_after_compaction=2
+        )
+        await _start(cluster, frozenset({1}))
+        leader = await cluster.wait_leader()
+        await _propose_all(leader, [b"s%d" % i for i in range(25)])
+        await cluster.wait_for(
+            lambda: leader.node._storage.snapshot_metadata().index > 0, "a local snapshot"
+        )
+        before = list(leader.sm.items)
+        await cluster.crash(1)
+        member = await cluster.start(1)
+        await cluster.wait_leader()
+        assert member.sm.restored_from and member.sm.items == before
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_membership_learner_promote_remove_and_remove_leader(tmp_path: Path) -> None:
+    """Thesis §4.1-4.2: a learner catches up, is promoted; removing a follower and then
+    the leader itself leaves a working cluster."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        await _propose_all(leader, [b"m%d" % i for i in range(20)])
+        learner = await cluster.start(4)  # joins with an empty configuration
+        await leader.node.add_learner(4)
+        assert leader.node.membership() == (VOTERS3, frozenset({4}))
+        await cluster.wait_converged(20)
+        assert learner.node.membership() == (VOTERS3, frozenset({4}))
+        assert leader.node.progress()[4]["learner"] is True
+        with pytest.raises(NotLeaderError):
+            await learner.node.add_learner(5)
+        await leader.node.promote(4)
+        assert leader.node.membership()[0] == frozenset({1, 2, 3, 4})
+        with pytest.raises(RequestError):
+            await leader.node.promote(4)  # already a voter
+        follower = next(i for i in VOTERS3 if i != leader.node_id)
+        await leader.node.remove_node(follower)
+        await cluster.crash(follower)
+        await leader.node.remove_node(leader.node_id)  # thesis §4.2.2
+        remaining = sorted({1, 2, 3, 4} - {follower, leader.node_id})
+        await cluster.crash(leader.node_id)
+        new_leader = await cluster.wait_leader(remaining)
+        assert new_leader.node.membership()[0] == frozenset(remaining)
+        await _propose_all(new_leader, [b"after"])
+        assert (await cluster.wait_converged(21))[-1] == b"after"
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_transfer_read_barrier_and_role_changes(tmp_path: Path) -> None:
+    """Thesis §3.10 transfer to a chosen node; §6.4 ReadIndex on the leader;
+    followers refuse with the leader's client address; role epochs report changes."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        await _propose_all(leader, [b"r%d" % i for i in range(5)])
+        await leader.node.read_barrier()
+        assert leader.node.applied_index >= 6
+        target = next(i for i in VOTERS3 if i != leader.node_id)
+        follower = cluster.members[target]
+        await cluster.wait_for(follower.node.ready_for_clients, "the follower to be ready")
+        with pytest.raises(NotLeaderError) as caught:
+            await follower.node.read_barrier()
+        assert caught.value.leader_address == leader.node.config.client_address
+        with pytest.raises(NotLeaderError):
+            await follower.node.propose(b"x")
+
+        epoch = follower.node.role_epoch
+        new_id = await leader.node.transfer_leadership(target)
+        assert new_id == target
+        with trio.fail_after(WAIT_S):
+            while not follower.node.is_leader():
+                epoch = await follower.node.wait_role_change(epoch)
+        assert leader.node.role is Role.FOLLOWER and not leader.node.is_leader()
+        assert (await follower.node.propose(b"on-new-leader")) == 6
+        await follower.node.read_barrier()
+        # None picks the most up-to-date other voter.
+        assert await follower.node.transfer_leadership() != target
+        await cluster.wait_leader()
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_propose_durable_returns_the_index(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        index = await leader.node.propose_durable(b"d")
+        assert index == leader.node.core.log.last_index()
+        await cluster.wait_converged(1)
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_garbage_on_the_raft_port_hurts_only_that_link(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        address = leader.transport.bound_address
+        assert address is not None
+        host, port = address.rsplit(":", 1)
+        attacks = [
+            b"\x00\x00\x00\x05hello",  # not msgpack
+            b"GET / HTTP/1.1\r\n\r\n",  # a huge length header
+            encode_value(["futureq-raft", 1, "other-cluster", 9, "127.0.0.1:1", None]),
+            encode_value(["futureq-raft", 1, "test", 9, "127.0.0.1:1", None])
+            + encode_value([1, 2]),
+            encode_value(["futureq-raft", 1, "test", 9, "127.0.0.1:1", None])
+            + encode_value(
+                encode_message(Heartbeat(Term(1), NodeId(2), NodeId(leader.node_id), LogIndex(0)))
+            ),
+        ]
+        for attack in attacks:
+            with trio.fail_after(WAIT_S):
+                stream = await trio.open_tcp_stream(host, int(port))
+                async with stream:
+                    await stream.send_all(attack)
+                    with trio.move_on_after(1):
+                        while await stream.receive_some(1024):
+                            pass
+        await cluster.wait_for(
+            lambda: leader.transport.stats.inbound_protocol_errors >= len(attacks),
+            "the bad connections to be refused",
+        )
+        assert leader.node.is_leader()
+        await _propose_all(leader, [b"still-fine"])
+        await cluster.wait_converged(1)
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(40)
+async def test_five_nodes_survive_two_crashes(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        voters = frozenset({1, 2, 3, 4, 5})
+        await _start(cluster, voters)
+        leader = await cluster.wait_leader()
+        await _propose_all(leader, [b"f%d" % i for i in range(20)])
+        await cluster.wait_converged(20)
+        other = next(i for i in voters if i != leader.node_id)
+        await cluster.crash(leader.node_id)
+        await cluster.crash(other)
+        new_leader = await cluster.wait_leader()
+        await _propose_all(new_leader, [b"g%d" % i for i in range(20)])
+        items = await cluster.wait_converged(40)
+        assert sorted(items[:20]) == sorted(b"f%d" % i for i in range(20))
+        await cluster.stop_all()
