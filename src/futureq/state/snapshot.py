@@ -29,6 +29,12 @@ marker. RocksDB recovers a prefix of unsynced writes after a crash, so a node th
 dies mid-restore comes back with the marker, and
 :class:`~futureq.state.queue_state.QueueState` refuses to start on it rather than run
 on a half-replaced state (:func:`check_not_restoring`).
+
+Figures (RocksDB, 1,000,000 messages with 100-byte payloads in one group, published
+as 1,000 PUBLISH commands of 1,000 through ``QueueState.apply``; one core):
+``snapshot_source()`` 0.2 ms; ``serialize()`` 2.3 s, 152.9 MB (153 bytes a message);
+checking a snapshot alone 1.1 s; ``restore`` into an empty RocksDB 3.0 s, over a state
+of the same size 2.2 s (both include the check); peak RSS of the whole run 694 MiB.
 """
 
 from __future__ import annotations
@@ -87,11 +93,12 @@ class SnapshotSource:
         """The snapshot bytes (format in the module docstring).
 
         Reads only the view, never the live state, so it may run in a worker thread
-        while the event loop keeps applying. For 1,000,000 messages of 100 bytes in
-        one group it returns about 150 MB (figures in the snapshot tests' module).
+        while the event loop keeps applying. Size and time: module docstring,
+        "Figures"; it briefly holds the snapshot twice in memory (parts, then joined).
 
         Raises:
-            StorageError: the view is closed or RocksDB failed.
+            StorageError: RocksDB failed, or the RocksDB view is closed.
+            ValueError: the memory view is closed.
         """
         pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
         crc = 0
