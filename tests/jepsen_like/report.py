@@ -187,7 +187,9 @@ def timeline_svg(events: list[Event], summary: dict[str, Any]) -> str:
     for event, following in zip(leaders, [*leaders[1:], None], strict=True):
         end = float(following["t"]) if following is not None else t1
         leader_id = event.get("node_id")
-        color = "#ccc" if leader_id is None else NODE_COLORS[(int(leader_id) - 1) % len(NODE_COLORS)]
+        color = (
+            "#ccc" if leader_id is None else NODE_COLORS[(int(leader_id) - 1) % len(NODE_COLORS)]
+        )
         svg.bar(float(event["t"]), end, y, color, f"leader {leader_id} term {event.get('term')}")
     y += ROW + 20
     # publish latency

@@ -35,7 +35,8 @@ import trio
 from tests.jepsen_like.history import History
 
 from futureq.client import PublishItem, open_client
-from futureq.errors import FutureQError, RequestError
+from futureq.client.client import _publish_frame
+from futureq.errors import ErrorCode, FutureQError, RequestError
 from futureq.wire import frames
 
 #: topic -> groups (created up front); the visibility timeout of each group (ms).
@@ -178,8 +179,6 @@ class Workload:
         period_s = self.config.producers / max(self.config.rate, 0.001)
         seq = 0
         async with self.client(random.Random(rng.random())) as client:
-            if self.config.ack_level == "none":
-                client._ack_level = frames.AckLevel.NONE  # the deliberately unsafe setting
             async with trio.open_nursery() as nursery:
                 while True:
                     kind = rng.choices(
@@ -198,6 +197,18 @@ class Workload:
                     nursery.start_soon(self._publish, client, ops, kind == "batch")
                     await trio.sleep(rng.expovariate(1.0 / period_s))
 
+    async def _publish_unsafe(self, client: Any, items: list[PublishItem]) -> list[int | None]:
+        """PUBLISH at ack level NONE: answered before the batch is durable, without ids.
+
+        The public client offers only ``leader`` and ``quorum``; this deliberately unsafe
+        mode (for showing that the checker sees losses) sends the frame itself.
+        """
+        frame = _publish_frame(frames.AckLevel.NONE, [item.to_wire() for item in items])
+        answer = await client._call(frame, retry_unknown=False)
+        if not isinstance(answer, frames.PublishOk):
+            raise RequestError(ErrorCode.INTERNAL_ERROR, f"unexpected answer {answer!r}")
+        return [None] * len(items)
+
     async def _publish(
         self, client: Any, ops: list[tuple[int, str, str, int, int | None]], batch: bool
     ) -> None:
@@ -210,8 +221,10 @@ class Workload:
             for _, key, topic, delay, ttl in ops
         ]
         try:
-            if batch:
-                ids: list[int | None] = list(await client.publish_batch(items))
+            if self.config.ack_level == "none":
+                ids: list[int | None] = await self._publish_unsafe(client, items)
+            elif batch:
+                ids = list(await client.publish_batch(items))
             else:
                 item = items[0]
                 ids = [
