@@ -9,6 +9,7 @@ Ticks are 10 ms and the election timeout 15 ticks so elections take ~0.2 s.
 from __future__ import annotations
 
 import random
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import attrs
 import msgpack
 import pytest
 import trio
+import trustme
 
 from futureq.errors import NotLeaderError, RequestError
 from futureq.raft.core import Role
@@ -91,7 +93,15 @@ class Member:
 class Cluster:
     """Start, crash and restart members inside the test's nursery."""
 
-    def __init__(self, tmp_path: Path, nursery: trio.Nursery, **config: Any) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        nursery: trio.Nursery,
+        *,
+        tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None,
+        **config: Any,
+    ) -> None:
+        self.tls = tls
         self.tmp_path = tmp_path
         self.nursery = nursery
         self.book = AddressBook()
@@ -113,6 +123,8 @@ class Cluster:
             client_address=client_address,
             rng=random.Random(node_id),
             backoff_max_s=0.2,
+            ssl_server=None if self.tls is None else self.tls[0],
+            ssl_client=None if self.tls is None else self.tls[1],
         )
         sm = ListMachine()
         node_config = RaftNodeConfig(
@@ -420,4 +432,20 @@ async def test_five_nodes_survive_two_crashes(tmp_path: Path) -> None:
         await _propose_all(new_leader, [b"g%d" % i for i in range(20)])
         items = await cluster.wait_converged(40)
         assert sorted(items[:20]) == sorted(b"f%d" % i for i in range(20))
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_cluster_over_tls(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery, tls=(server, client))
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        await _propose_all(leader, [b"t%d" % i for i in range(10)])
+        await cluster.wait_converged(10)
         await cluster.stop_all()

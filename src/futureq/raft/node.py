@@ -695,8 +695,13 @@ class RaftNode:
     async def _handle_ready(self, ready: Ready) -> None:
         if ready.snapshot is not None or ready.entries or ready.hard_state is not None:
             started = trio.current_time()
-            # Not cancellable (abandon_on_cancel=False): a synced write must finish.
-            await trio.to_thread.run_sync(self._storage.persist, ready)
+            if ready.must_sync:
+                # Not cancellable (abandon_on_cancel=False): a synced write must finish.
+                await trio.to_thread.run_sync(self._storage.persist, ready)
+            else:
+                # Commit-index-only writes are unsynced and take microseconds: a thread
+                # hop would cost more than the write.
+                self._storage.persist(ready)
             if self._metrics is not None and ready.must_sync:
                 self._metrics.fsync_seconds.observe(trio.current_time() - started)
                 self._metrics.group_commit_items.observe(len(ready.entries))
