@@ -36,3 +36,9 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+## Fault-injection run: 3 nodes, mixed faults, 5 minutes (JEPSEN_ARGS to change it).
+.PHONY: jepsen
+JEPSEN_ARGS ?= --nodes 3 --time 300 --nemesis mixed --rate 20 --out $${TMPDIR:-/tmp}/futureq-jepsen
+jepsen: $(STAMP)
+	$(BIN)/python -m tests.jepsen_like run $(JEPSEN_ARGS)

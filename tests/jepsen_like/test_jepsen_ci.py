@@ -1,0 +1,118 @@
+"""The CI selection: short seeded runs against real clusters (marked ``jepsen`` and ``slow``).
+
+Run with ``pytest tests/jepsen_like -m jepsen --run-slow`` (about 3 minutes on 2 cores);
+plain ``make test`` skips them. Against a 3-node cluster when the nodes form one (Raft
+clustering is in ``futureq start``), otherwise against a single node with the faults
+that make sense there. ``JEPSEN_NODES=N`` forces the size.
+
+A failing run prints its seed and reproduce command, and leaves its history,
+``summary.json`` and ``timeline.html`` in pytest's ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import pytest
+import trio
+from tests.jepsen_like.cluster import open_cluster
+from tests.jepsen_like.runner import RunOptions, RunOutcome, run
+
+pytestmark = [pytest.mark.jepsen, pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+_SIZE: list[int] = []
+
+
+async def cluster_size() -> int:
+    """3 when three nodes agree on a single leader, else 1 (clustering not there yet).
+
+    Probed once per session (a few seconds); ``JEPSEN_NODES`` overrides it.
+    """
+    if "JEPSEN_NODES" in os.environ:
+        return int(os.environ["JEPSEN_NODES"])
+    if not _SIZE:
+        with tempfile.TemporaryDirectory() as root:
+            try:
+                async with open_cluster(Path(root), 3, rng=random.Random(0)) as cluster:
+                    await trio.sleep(1.0)  # let a single-node "cluster" show itself
+                    statuses = await cluster.statuses()
+                leaders = [s for s in statuses.values() if s.get("role") == "leader"]
+                _SIZE.append(3 if len(statuses) == 3 and len(leaders) == 1 else 1)
+            except RuntimeError:
+                _SIZE.append(1)
+    return _SIZE[0]
+
+
+def _check(outcome: RunOutcome) -> None:
+    summary = outcome.summary
+    assert summary["ok"], (
+        f"violations {summary['failures']}; examples {summary['examples']}; "
+        f"files in {outcome.out}; reproduce: {summary['reproduce']}"
+    )
+    assert summary["acked_publishes"] > 0 and summary["deliveries"] > 0, summary
+
+
+async def _options(tmp_path: Path, seed: int, nemesis: tuple[str, ...], **kw: object) -> RunOptions:
+    return RunOptions(
+        out=tmp_path / f"run-{seed}",
+        nodes=await cluster_size(),
+        seed=seed,
+        nemesis=nemesis,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def test_kill_leader_and_pause(tmp_path: Path) -> None:
+    options = await _options(
+        tmp_path, 11, ("kill-leader", "pause"), time_s=25, rate=30, quiet_s=(1, 3), hold_s=(3, 5)
+    )
+    _check(await run(options))
+
+
+async def test_partitions_or_kill_majority(tmp_path: Path) -> None:
+    faults = (
+        ("partition-leader", "partition-majority", "partition-asymmetric")
+        if await cluster_size() >= 3
+        else ("kill-majority", "rolling-restart")
+    )
+    options = await _options(
+        tmp_path, 12, faults, time_s=25, rate=30, quiet_s=(1, 3), hold_s=(3, 5)
+    )
+    _check(await run(options))
+
+
+async def test_mixed(tmp_path: Path) -> None:
+    options = await _options(
+        tmp_path,
+        13,
+        ("kill-leader", "kill-follower", "pause", "partition-bridge", "link-loss", "link-delay"),
+        time_s=30,
+        rate=30,
+        quiet_s=(1, 2),
+        hold_s=(2, 4),
+    )
+    _check(await run(options))
+
+
+async def test_unsafe_ack_level_none_losses_are_detected(tmp_path: Path) -> None:
+    """Publishes answered before they are durable, and the node killed: the checker
+    must report lost messages (this is the checker's own end-to-end test)."""
+    options = RunOptions(
+        out=tmp_path / "unsafe",
+        nodes=1,
+        seed=3,
+        nemesis=("kill-leader",),
+        time_s=20,
+        rate=400,
+        ack_level="none",
+        quiet_s=(2, 3),
+        hold_s=(2, 3),
+        drain_timeout_s=10,
+    )
+    outcome = await run(options)
+    assert outcome.summary["lost"] > 0, outcome.summary
+    assert outcome.summary["failures"].get("lost") == outcome.summary["lost"]
