@@ -171,7 +171,37 @@ class Broker:
 
     def cluster_status(self) -> dict[str, Any]:
         """The CLUSTER_STATUS_OK map: this node's view of membership, term and progress."""
-        view: dict[str, Any] = dict(self.log.cluster_status())  # type: ignore[attr-defined]
+        node = self.log
+        if not hasattr(node, "membership"):
+            view: dict[str, Any] = dict(node.cluster_status())  # type: ignore[attr-defined]
+        else:
+            voters, learners = node.membership()
+            progress = node.progress()  # type: ignore[attr-defined]  # leader only
+            commit_index = int(node.commit_index)  # type: ignore[attr-defined]
+            role = node.role.value  # type: ignore[attr-defined]
+            if self.node_id in learners:
+                role = "learner"
+            members = []
+            for member in sorted(voters | learners):
+                entry: dict[str, Any] = {
+                    "node_id": member,
+                    "role": "learner" if member in learners else "voter",
+                }
+                if member in progress:
+                    entry["match_index"] = progress[member]["match"]
+                    entry["lag"] = max(0, commit_index - progress[member]["match"])
+                members.append(entry)
+            view = {
+                "role": role,
+                "term": int(node.term),  # type: ignore[attr-defined]
+                "leader_id": node.leader_id(),  # type: ignore[attr-defined]
+                "leader_address": node.leader_address(),
+                "commit_index": commit_index,
+                "applied_index": node.applied_index,
+                "voters": sorted(voters),
+                "learners": sorted(learners),
+                "nodes": members,
+            }
         view["node_id"] = self.node_id
         addresses = self.state.node_addresses
         for node in view.get("nodes", []):

@@ -22,12 +22,15 @@ import trio
 from futureq import __version__
 from futureq.clock import Clock, SystemClock
 from futureq.config import Config, split_host_port
-from futureq.errors import StorageError
+from futureq.errors import ConfigError, FutureQError, StorageError
 from futureq.metrics import Metrics
+from futureq.raft.node import RaftNode
+from futureq.raft.transport import Transport
 from futureq.state.queue_state import Defaults, QueueState
 from futureq.storage.db import Database
 
 from .broker import Broker
+from .cluster import build_raft_log, follow_leadership, join_cluster
 from .command_log import SingleNodeLog
 from .dispatcher import Dispatcher
 from .gateway import serve_clients
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_STORAGE = 3
 EXIT_BIND = 4
+EXIT_CONFIG = 2
 
 
 def make_ssl_context(config: Config) -> ssl.SSLContext | None:
@@ -98,16 +102,23 @@ async def serve(
         listeners = await trio.open_tcp_listeners(port, host=host)
         client_address = config.server.advertise or _bound_address(listeners[0])
         hub = Hub()
-        command_log = SingleNodeLog(
-            db,
-            state,
-            address=client_address,
-            fsync=config.storage.fsync,
-            max_batch_items=config.storage.group_commit_max_items,
-            metrics=metrics,
-            on_applied=lambda: metrics.applied_index.set(state.applied_index),
-        )
-        replayed = command_log.recover()
+        clustered = config.cluster.clustered
+        command_log: SingleNodeLog | RaftNode
+        transport: Transport | None = None
+        replayed = 0
+        if clustered:
+            command_log, transport = build_raft_log(config, db, state, client_address, metrics)
+        else:
+            command_log = SingleNodeLog(
+                db,
+                state,
+                address=client_address,
+                fsync=config.storage.fsync,
+                max_batch_items=config.storage.group_commit_max_items,
+                metrics=metrics,
+                on_applied=lambda: metrics.applied_index.set(state.applied_index),
+            )
+            replayed = command_log.recover()
         dispatcher = Dispatcher(
             state,
             command_log,
@@ -116,16 +127,27 @@ async def serve(
             config.queue,
             metrics,
             max_deliver_bytes=max(64 * 1024, config.limits.max_frame_bytes // 2),
+            active=not clustered,
         )
         state.observer = dispatcher
         broker = Broker(config, state, command_log, hub, dispatcher, clock, metrics)
-        metrics.is_leader.set(1)
+        metrics.is_leader.set(0 if clustered else 1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
         if shutdown is None:
             shutdown = trio.Event()
         async with trio.open_nursery() as root:
-            await root.start(command_log.run)
+            raft_address = ""
+            if isinstance(command_log, RaftNode):
+                assert transport is not None
+                raft_address = await root.start(transport.run)
+                await root.start(command_log.run)
+                root.start_soon(follow_leadership, command_log, broker)
+                root.start_soon(broker.run_promoter)
+                if config.cluster.join is not None:
+                    root.start_soon(join_cluster, config, command_log, client_address, raft_address)
+            else:
+                await root.start(command_log.run)
             await root.start(dispatcher.run)
             root.start_soon(broker.run_background_publisher)
             http_address: str = await root.start(serve_http, config.server.http, metrics, broker)
@@ -143,19 +165,22 @@ async def serve(
                 connections.start_soon(accept)
                 broker.ready = True
                 log.info(
-                    "node %d serving clients on %s%s, HTTP on %s, data in %s (%d log entries replayed, "
-                    "%d groups, started in %.2f s)",
+                    "node %d serving clients on %s%s, HTTP on %s, %s, data in %s (%d log entries "
+                    "replayed, %d groups, started in %.2f s)",
                     config.server.node_id,
                     client_address,
                     " (TLS)" if ssl_context else "",
                     http_address,
+                    f"raft on {raft_address}" if clustered else "single node",
                     config.server.data_dir,
                     replayed,
                     len(state.groups),
                     clock.monotonic_s() - started_s,
                 )
+                raft_field = f" raft={raft_address}" if clustered else ""
                 print(
-                    f"READY client={client_address} http={http_address} node_id={config.server.node_id}",
+                    f"READY client={client_address} http={http_address}{raft_field} "
+                    f"node_id={config.server.node_id}",
                     flush=True,
                 )
                 task_status.started((client_address, http_address))
@@ -163,9 +188,13 @@ async def serve(
                 log.info("shutting down: no new connections, finishing proposals in progress")
                 broker.stopping = True
                 accepting.cancel()
-                command_log.begin_shutdown()
-                with trio.move_on_after(config.server.shutdown_grace_ms / 1000) as grace:
-                    await command_log.wait_idle()
+                grace_s = config.server.shutdown_grace_ms / 1000
+                with trio.move_on_after(grace_s) as grace:
+                    if isinstance(command_log, RaftNode):
+                        await _hand_over_leadership(config, command_log)
+                    else:
+                        command_log.begin_shutdown()
+                        await command_log.wait_idle()
                     await trio.sleep(0.05)  # let the last answers reach their sockets
                 if grace.cancelled_caught:
                     log.warning("shutdown grace period ran out with proposals still in progress")
@@ -174,6 +203,23 @@ async def serve(
     finally:
         db.close()
         log.info("stopped; RocksDB closed")
+
+
+async def _hand_over_leadership(config: Config, node: RaftNode) -> None:
+    """Graceful shutdown of a leader: transfer leadership so clients need not wait for
+    an election timeout (thesis §3.10)."""
+    voters, _ = node.membership()
+    if (
+        not node.is_leader()
+        or not config.cluster.transfer_leadership_on_shutdown
+        or len(voters) < 2
+    ):
+        return
+    try:
+        new_leader = await node.transfer_leadership(None)
+        log.info("leadership handed to node %s before shutting down", new_leader)
+    except FutureQError as exc:
+        log.warning("could not hand over leadership before shutting down: %s", exc)
 
 
 async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
@@ -190,22 +236,43 @@ async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
                 return
 
 
+def _first(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` exception in ``error`` or, for a group, among its leaves."""
+    if isinstance(error, kind):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = _first(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
 def run(config: Config) -> int:
     """Run a node in this process until it is stopped; return the exit code.
 
     Returns:
-        0 after a graceful shutdown, 3 on a storage failure, 4 when a listener cannot
-        be bound.
+        0 after a graceful shutdown, 2 for a configuration the node cannot run with,
+        3 on a storage failure, 4 when a listener cannot be bound.
     """
     try:
         trio.run(serve, config)
-    except StorageError as exc:
-        log.error("storage failure: %s", exc)
-        return EXIT_STORAGE
-    except OSError as exc:
-        log.error("cannot listen: %s", exc)
-        print(f"futureq: cannot listen: {exc}", file=sys.stderr)
-        return EXIT_BIND
+    except BaseException as error:  # sorted below; anything else propagates unchanged
+        storage = _first(error, StorageError)
+        if storage is not None:
+            log.error("storage failure: %s", storage)
+            print(f"futureq: storage failure: {storage}", file=sys.stderr)
+            return EXIT_STORAGE
+        bad_config = _first(error, ConfigError)
+        if bad_config is not None:
+            print(f"futureq: {bad_config}", file=sys.stderr)
+            return EXIT_CONFIG
+        bind = _first(error, OSError)
+        if bind is not None and not isinstance(error, KeyboardInterrupt):
+            log.error("cannot listen: %s", bind)
+            print(f"futureq: cannot listen: {bind}", file=sys.stderr)
+            return EXIT_BIND
+        raise
     return EXIT_OK
 
 

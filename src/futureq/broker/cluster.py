@@ -1,0 +1,147 @@
+"""Building and running the Raft side of a clustered node (``[cluster]`` config).
+
+``build_raft_log`` turns the config into a :class:`~futureq.raft.node.RaftNode` over the
+node's RocksDB, with a :class:`~futureq.raft.transport.Transport` whose address book
+holds the static ``peers`` and, for nodes added later, the addresses replicated through
+NODE_ADDRESS commands. ``follow_leadership`` tells the broker when this node starts or
+stops leading; ``join_cluster`` asks an existing member to add this node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from typing import TYPE_CHECKING
+
+import trio
+
+from futureq.errors import ConfigError, FutureQError
+from futureq.raft.node import RaftNode, RaftNodeConfig
+from futureq.raft.rocks_storage import RocksStorage
+from futureq.raft.transport import AddressBook, Transport
+
+if TYPE_CHECKING:
+    from futureq.config import Config
+    from futureq.metrics import Metrics
+    from futureq.state.queue_state import QueueState
+    from futureq.storage.db import Database
+
+    from .broker import Broker
+
+log = logging.getLogger(__name__)
+
+JOIN_RETRY_MAX_S = 5.0
+
+
+def build_raft_log(
+    config: Config,
+    db: Database,
+    state: QueueState,
+    client_address: str,
+    metrics: Metrics,
+) -> tuple[RaftNode, Transport]:
+    """The Raft node and its transport for this node (not started).
+
+    Raises:
+        ConfigError: this node's id is missing from a non-empty ``cluster.peers``.
+    """
+    cluster = config.cluster
+    node_id = config.server.node_id
+    peers = cluster.peer_map()
+    if peers and node_id not in peers:
+        raise ConfigError(
+            f"cluster.peers lists nodes {sorted(peers)} but not this node's id {node_id}; "
+            "every node lists all initial voters, itself included"
+        )
+    book = AddressBook(
+        {peer: (address, None) for peer, address in peers.items() if peer != node_id}
+    )
+
+    def replicated_addresses_changed() -> None:
+        # Static peers win: a test harness may route them through proxies.
+        for peer, (raft_address, peer_client) in state.node_addresses.items():
+            if peer != node_id and peer not in peers:
+                book.update({peer: (raft_address, peer_client)})
+
+    state.on_nodes_changed = replicated_addresses_changed
+    replicated_addresses_changed()
+    transport = Transport(
+        node_id,
+        cluster.raft_listen,
+        book,
+        cluster_id=cluster.cluster_id,
+        client_address=client_address,
+        rng=random.Random(),
+    )
+    storage = RocksStorage(db, os.path.join(config.server.data_dir, "snapshots"))
+    node = RaftNode(
+        RaftNodeConfig(
+            node_id=node_id,
+            tick_ms=cluster.tick_ms,
+            election_timeout_ticks=cluster.election_timeout_ticks,
+            heartbeat_ticks=cluster.heartbeat_ticks,
+            snapshot_chunk_bytes=cluster.snapshot_chunk_bytes,
+            compact_every_entries=cluster.compact_every_entries,
+            bootstrap_voters=frozenset(peers),
+            client_address=client_address,
+        ),
+        storage,
+        transport,
+        state,
+        rng=random.Random(),
+        metrics=metrics,
+    )
+    return node, transport
+
+
+async def follow_leadership(node: RaftNode, broker: Broker) -> None:
+    """Start or stop the broker's dispatching whenever this node gains or loses leadership."""
+    leading = False
+    epoch = node.role_epoch
+    while True:
+        now_leading = node.is_leader()
+        if now_leading != leading:
+            leading = now_leading
+            log.info(
+                "node %d %s (term %d)",
+                broker.node_id,
+                "is now the leader" if leading else "is no longer the leader",
+                node.term,
+            )
+            broker.leadership_changed(leading)
+        broker.metrics.applied_index.set(node.applied_index)
+        epoch = await node.wait_role_change(epoch)
+
+
+async def join_cluster(
+    config: Config, node: RaftNode, client_address: str, raft_address: str
+) -> None:
+    """Ask the member at ``cluster.join`` to add this node, retrying until it is a member.
+
+    Done when this node appears in the membership (as learner, then voter); the
+    leader promotes it once it has caught up.
+    """
+    from futureq.client import open_client  # the client library is only needed here
+
+    assert config.cluster.join is not None
+    node_id = config.server.node_id
+    delay_s = 0.2
+    while True:
+        voters, learners = node.membership()
+        if node_id in voters or node_id in learners:
+            log.info("node %d is a member of the cluster", node_id)
+            return
+        try:
+            async with open_client(
+                config.cluster.join, connect_timeout_s=5.0, request_timeout_s=30.0
+            ) as client:
+                await client.add_node(node_id, raft_address, client_address)
+            log.info(
+                "asked %s to add node %d (raft %s)", config.cluster.join, node_id, raft_address
+            )
+        except (FutureQError, OSError) as exc:
+            log.warning("joining through %s failed: %s; retrying", config.cluster.join, exc)
+        with trio.move_on_after(delay_s):
+            await node.wait_role_change(node.role_epoch)
+        delay_s = min(delay_s * 2, JOIN_RETRY_MAX_S)
