@@ -383,16 +383,21 @@ class QueueSimNode(SimNode):
         """Rebuild QueueState from the store; install the stored snapshot if behind it."""
         assert self.core is None
         stored = self.storage.snapshot()
-        try:
-            state = QueueState(self.store)
-        except StorageError as exc:
-            if "restoring" not in str(exc):
-                raise
-            # An install was interrupted: finish it from the stored snapshot, which is
-            # at least as new as the one being installed (it was stored first).
+        marker = self.store.get("meta", snapshot.RESTORING_KEY)
+        if marker is not None:
+            # An install was interrupted: QueueState must refuse the half-replaced
+            # state; finish it from the stored snapshot, which is at least as new as the
+            # one being installed (Raft storage took it before the state restore began).
+            try:
+                QueueState(self.store)
+            except StorageError:
+                pass
+            else:
+                raise InvariantViolation(f"node {self.id} started on a half-restored state")
+            assert int.from_bytes(marker, "big") <= stored.metadata.index
             self.interrupted_restores += 1
             snapshot.restore_into(self.store, stored.data, stored.metadata.index)
-            state = QueueState(self.store)
+        state = QueueState(self.store)
         if state.applied_index < stored.metadata.index:
             self.restored_on_start += 1
             state.restore(stored.data, stored.metadata.index)
