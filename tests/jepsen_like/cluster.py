@@ -345,7 +345,10 @@ class Cluster:
         leader = max(leaders)[1] if leaders else None
         if record and self.history is not None:
             term = statuses[leader].get("term") if leader is not None else None
-            self.history.record("leader", node_id=leader, term=term, observer=leader)
+            claimants = sorted(node_id for _, node_id in leaders)
+            self.history.record(
+                "leader", node_id=leader, term=term, observer=leader, claimants=claimants
+            )
             # Every self-declared leader also goes in, so two leaders in one term show.
             for term_seen, node_id in leaders:
                 if node_id != leader and statuses[node_id].get("term") is not None:

@@ -24,7 +24,9 @@ Unix epoch on the harness host, taken when the event happened). Types and their 
     ``phase``: ``start`` | ``stop``; ``name``, ``detail`` (free text).
 ``leader``
     A leader observation: ``node_id`` (int or null), ``term`` (int or null),
-    ``observer`` (node asked).
+    ``observer`` (node asked), ``claimants`` (every node whose ``/api/status`` said
+    ``role: leader`` at that moment; two at once is normal for a deposed leader that
+    has not heard of the new term yet, a violation only within one term).
 ``node``
     ``phase``: ``kill`` | ``start`` | ``pause`` | ``resume``; ``node_id``.
 """
