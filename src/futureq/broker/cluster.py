@@ -73,6 +73,9 @@ def build_raft_log(
         cluster_id=cluster.cluster_id,
         client_address=client_address,
         rng=random.Random(),
+        # Reconnect to a restarted peer well within one election timeout, or a leader
+        # whose quorum needs that peer steps down (CheckQuorum) while it backs off.
+        backoff_max_s=max(0.05, cluster.tick_ms * cluster.election_timeout_ticks / 2000),
     )
     storage = RocksStorage(db, os.path.join(config.server.data_dir, "snapshots"))
     node = RaftNode(
@@ -83,6 +86,9 @@ def build_raft_log(
             heartbeat_ticks=cluster.heartbeat_ticks,
             snapshot_chunk_bytes=cluster.snapshot_chunk_bytes,
             compact_every_entries=cluster.compact_every_entries,
+            # Keep a tail behind each snapshot so a briefly lagging follower catches up
+            # from the log; a fifth of the compaction interval (10,000 by default).
+            keep_entries_after_compaction=max(1, cluster.compact_every_entries // 5),
             bootstrap_voters=frozenset(peers),
             client_address=client_address,
         ),

@@ -41,6 +41,8 @@ MAX_REQUESTS_IN_PROGRESS = 256
 OUTBOX_FRAMES = 4096
 """Frames queued for one connection's writer before it counts as stuck."""
 HANDSHAKE_TIMEOUT_S = 10.0
+LEADERSHIP_CLOSE_GRACE_S = 2.0
+"""After a leadership change, how long in-progress requests may finish before closing."""
 WRITE_TIMEOUT_S = 30.0
 RECEIVE_BYTES = 256 * 1024
 
@@ -109,6 +111,14 @@ class Connection:
         """Leadership moved: close, so the client reconnects and follows the new leader."""
         await self.broker.wait_leadership_change(self.broker.leader_epoch)
         log.info("connection %d: leadership changed; closing it", self.id)
+        with trio.move_on_after(LEADERSHIP_CLOSE_GRACE_S):
+            # Answer what is in progress (a TRANSFER_LEADER's own OK, NOT_LEADER errors)
+            # and let the writer drain, then close.
+            while self._limit.value < MAX_REQUESTS_IN_PROGRESS:
+                await trio.sleep(0.005)
+            while self._outbox_receive.statistics().current_buffer_used:
+                await trio.sleep(0.005)
+            await trio.sleep(0.02)
         scope.cancel()
 
     async def _writer(self) -> None:

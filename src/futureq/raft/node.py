@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -655,6 +656,9 @@ class RaftNode:
                 self._storage.compact(
                     snapshot, keep_entries=self.config.keep_entries_after_compaction
                 )
+                log.info(
+                    "raft snapshot taken at index %d (%d bytes); log compacted", index, len(data)
+                )
             except (ValueError, SnapshotOutOfDateError) as exc:
                 log.info("raft snapshot at %d discarded: %s", index, exc)
                 self._storage.remove_snapshot_file(index)
@@ -717,7 +721,14 @@ class RaftNode:
             send(message)
         if ready.snapshot is not None:
             index = int(ready.snapshot.metadata.index)
+            started = time.monotonic()
             self._sm.restore(ready.snapshot.data, index)
+            log.info(
+                "installed a snapshot from the leader at index %d (%d bytes) in %.2f s",
+                index,
+                len(ready.snapshot.data),
+                time.monotonic() - started,
+            )
             for waiter_index in [i for i in self._apply_waiters if i <= index]:
                 self._apply_waiters.pop(waiter_index).fail(
                     _outcome_unknown(waiter_index, "a snapshot from the new leader replaced it")

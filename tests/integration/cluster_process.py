@@ -1,0 +1,121 @@
+"""Real clusters of ``futureq start`` processes on 127.0.0.1 for integration tests."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from broker_process import BrokerProcess
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that were free a moment ago on 127.0.0.1."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class ClusterNode(BrokerProcess):
+    """One node of a test cluster, on fixed ports (so peers can name it)."""
+
+    def __init__(
+        self,
+        node_id: int,
+        data_dir: Path,
+        ports: tuple[int, int, int],
+        cluster_args: list[str],
+        env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(data_dir, ["--node-id", str(node_id), *cluster_args], env)
+        self.node_id = node_id
+        client, raft, http = ports
+        self.raft_address = f"127.0.0.1:{raft}"
+        self._port_args = [
+            "--listen",
+            f"127.0.0.1:{client}",
+            "--http",
+            f"127.0.0.1:{http}",
+            "--raft-listen",
+            self.raft_address,
+        ]
+
+    def start(self) -> None:
+        super().start()
+        # BrokerProcess pins --listen/--http for restarts; keep the raft port too.
+        self._port_args = [*self._port_args, "--raft-listen", self.raft_address]
+
+    def http_json(self, path: str) -> Any:
+        with urllib.request.urlopen(f"http://{self.http_address}{path}", timeout=5) as response:
+            return json.loads(response.read())
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class Cluster:
+    """``size`` nodes started with ``--peers`` naming all of them.
+
+    Args:
+        root: Parent directory of the nodes' data directories.
+        size: 3 or 5 voters.
+        env: Extra environment for every node (e.g. FUTUREQ_CLUSTER_* tuning).
+    """
+
+    def __init__(self, root: Path, size: int, env: dict[str, str] | None = None) -> None:
+        ports = free_ports(3 * size)
+        self.ports = {
+            n: (ports[3 * (n - 1)], ports[3 * (n - 1) + 1], ports[3 * (n - 1) + 2])
+            for n in range(1, size + 1)
+        }
+        peers = ",".join(f"{n}=127.0.0.1:{self.ports[n][1]}" for n in self.ports)
+        self.root = root
+        self.env = env
+        self.nodes = {
+            n: ClusterNode(n, root / f"node{n}", self.ports[n], ["--peers", peers], env)
+            for n in self.ports
+        }
+
+    def start(self) -> None:
+        for node in self.nodes.values():
+            node.start()
+
+    @property
+    def servers(self) -> list[str]:
+        """Every node's client address."""
+        return [f"127.0.0.1:{ports[0]}" for ports in self.ports.values()]
+
+    def leader(self, timeout_s: float = 20.0, exclude: set[int] | None = None) -> ClusterNode:
+        """The node that says it leads and is ready, once one does."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for node in self.nodes.values():
+                if not node.alive() or (exclude and node.node_id in exclude):
+                    continue
+                try:
+                    status = node.http_json("/api/status")
+                except OSError:
+                    continue
+                if status.get("role") == "leader":
+                    try:
+                        node.http_json("/readyz")
+                    except OSError:
+                        continue
+                    return node
+            time.sleep(0.05)
+        raise TimeoutError("no leader within the deadline")
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            if node.alive():
+                node.terminate()
+            else:
+                node.kill()

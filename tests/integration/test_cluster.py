@@ -1,0 +1,254 @@
+"""Real 3- and 5-node clusters of ``futureq start`` processes on 127.0.0.1: redirects,
+leader failure under a publish stream, snapshot catch-up, membership changes while
+publishing, graceful leadership hand-over."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster_process import Cluster, ClusterNode, free_ports
+from wire_client import WireClient
+
+from futureq.errors import ErrorCode
+from futureq.wire import codec, frames
+
+
+@pytest.fixture
+def cluster3(tmp_path: Path) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path, 3)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+class Producer(threading.Thread):
+    """Publishes batches to whichever node leads, recording every acknowledged id."""
+
+    def __init__(self, cluster: Cluster, topic: str, batch: int = 20) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.topic = topic
+        self.batch = batch
+        self.acked: list[int] = []
+        self.stop_event = threading.Event()
+        self.errors = 0
+
+    def run(self) -> None:
+        client: WireClient | None = None
+        number = 0
+        while not self.stop_event.is_set():
+            try:
+                if client is None:
+                    client = WireClient(self.cluster.leader(timeout_s=10).client_address)
+                number += 1
+                answer = client.publish(
+                    [
+                        [self.topic, f"{number}:{i}".encode(), 0, None, None]
+                        for i in range(self.batch)
+                    ]
+                )
+                if isinstance(answer, frames.PublishOk):
+                    self.acked.extend(answer.first_id + i for i in range(answer.count))
+                    continue
+                self.errors += 1
+                if answer is codec.CLOSED or (
+                    isinstance(answer, frames.Error) and answer.code == ErrorCode.NOT_LEADER
+                ):
+                    client.close()
+                    client = None
+                    continue
+                if isinstance(answer, frames.Error) and ErrorCode(answer.code).retryable:
+                    continue
+                raise AssertionError(f"unexpected answer {answer}")
+            except (OSError, TimeoutError, ConnectionError):
+                self.errors += 1
+                if client is not None:
+                    client.close()
+                client = None
+        if client is not None:
+            client.close()
+
+    def wait_for(self, count: int, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.acked) < count:
+            assert time.monotonic() < deadline, (
+                f"only {len(self.acked)} of {count} publishes acknowledged"
+            )
+            assert self.is_alive(), "producer died"
+            time.sleep(0.01)
+
+    def finish(self) -> None:
+        self.stop_event.set()
+        self.join(30)
+
+
+def consume_all(
+    node: ClusterNode, topic: str, group: str, want: set[int], timeout_s: float = 30.0
+) -> set[int]:
+    """Consume (and ack) from ``node`` until every id in ``want`` was seen."""
+    client = WireClient(node.client_address)
+    client.subscribe(topic, group, prefetch=1000)
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while not want <= seen and time.monotonic() < deadline:
+        try:
+            batch = client.deliveries(1, timeout_s=1.0)
+        except TimeoutError:
+            continue
+        for delivery in batch:
+            assert delivery[6] >= delivery[3], "delivered before due"
+            seen.add(delivery[1])
+        answer = client.request(frames.Ack(client.next_id(), [d[0] for d in batch]))
+        assert isinstance(answer, frames.Ok), answer
+        client.send(frames.Credit(0, 1, len(batch)))
+    client.close()
+    return seen
+
+
+def test_followers_redirect_and_the_leader_serves(cluster3: Cluster) -> None:
+    leader = cluster3.leader()
+    follower = next(n for n in cluster3.nodes.values() if n is not leader)
+    client = WireClient(follower.client_address)
+    answer = client.publish([["redirect", b"x", 0, None, None]])
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.NOT_LEADER
+    assert answer.leader_address == leader.client_address
+    status = client.status()
+    assert status["role"] == "follower" and status["leader_address"] == leader.client_address
+    answer = WireClient(leader.client_address).publish([["redirect", b"x", 0, None, None]])
+    assert isinstance(answer, frames.PublishOk)
+    assert consume_all(leader, "redirect", "g", {answer.first_id}) == {answer.first_id}
+    # Every node applied the same publish.
+    deadline = time.monotonic() + 10
+    while {n.http_json("/api/status")["applied_index"] for n in cluster3.nodes.values()} != {
+        leader.http_json("/api/status")["applied_index"]
+    }:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_kill_leader_during_publish_stream_loses_nothing_acknowledged(cluster3: Cluster) -> None:
+    producer = Producer(cluster3, "failover")
+    producer.start()
+    producer.wait_for(400)
+    old_leader = cluster3.leader()
+    old_leader.kill()
+    acked_before = len(producer.acked)
+    new_leader = cluster3.leader(exclude={old_leader.node_id})
+    producer.wait_for(acked_before + 400)
+    producer.finish()
+    old_leader.start()  # back as a follower; its log catches up
+    acked = set(producer.acked)
+    seen = consume_all(cluster3.leader(), "failover", "g", acked, timeout_s=60)
+    missing = acked - seen
+    assert not missing, f"{len(missing)} acknowledged messages lost after the leader was killed"
+    assert new_leader.node_id != old_leader.node_id
+
+
+def test_follower_far_behind_catches_up_from_a_snapshot(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, 3, env={"FUTUREQ_CLUSTER_COMPACT_EVERY_ENTRIES": "20"})
+    try:
+        cluster.start()
+        leader = cluster.leader()
+        lagging = next(n for n in cluster.nodes.values() if n is not leader)
+        lagging.kill()
+        producer = Producer(cluster, "snap", batch=1)
+        producer.start()
+        producer.wait_for(120)
+        producer.finish()
+        ids = set(producer.acked)
+        leader = cluster.leader()
+        client = WireClient(leader.client_address)
+        lagging.start()
+        deadline = time.monotonic() + 30
+        target = leader.http_json("/api/status")["applied_index"]
+        while lagging.http_json("/api/status")["applied_index"] < target:
+            assert time.monotonic() < deadline, "the restarted follower did not catch up"
+            time.sleep(0.05)
+        assert (
+            "snapshot" in lagging.stderr_text().lower()
+            or "snapshot" in leader.stderr_text().lower()
+        )
+        # Make the caught-up node the leader and read everything from it.
+        answer = client.request(frames.ClusterTransferLeader(client.next_id(), lagging.node_id))
+        assert isinstance(answer, frames.Ok), answer
+        assert cluster.leader().node_id == lagging.node_id
+        assert consume_all(lagging, "snap", "g", ids) == ids
+    finally:
+        cluster.stop()
+
+
+def test_add_and_remove_nodes_while_publishing(cluster3: Cluster, tmp_path: Path) -> None:
+    producer = Producer(cluster3, "membership")
+    producer.start()
+    producer.wait_for(200)
+    client_port, raft_port, http_port = free_ports(3)
+    joiner = ClusterNode(
+        4,
+        tmp_path / "node4",
+        (client_port, raft_port, http_port),
+        ["--join", cluster3.nodes[1].client_address],
+    )
+    cluster3.nodes[4] = joiner
+    joiner.start()
+    deadline = time.monotonic() + 30
+    while (
+        4 not in cluster3.leader().http_json("/api/status").get("voters", [])
+        and time.monotonic() < deadline
+    ):
+        leader = cluster3.leader()
+        view = WireClient(leader.client_address).request(frames.ClusterStatus(1))
+        if 4 in view.status["voters"]:
+            break
+        time.sleep(0.1)
+    leader = cluster3.leader()
+    view = WireClient(leader.client_address).request(frames.ClusterStatus(1)).status
+    assert 4 in view["voters"], view
+    producer.wait_for(len(producer.acked) + 200)
+    # Remove the current leader itself; the cluster keeps going with 1 of {2, 3, 4} leading.
+    admin = WireClient(leader.client_address)
+    answer = admin.request(frames.ClusterRemoveNode(admin.next_id(), leader.node_id))
+    assert isinstance(answer, frames.Ok), answer
+    new_leader = cluster3.leader(exclude={leader.node_id})
+    producer.wait_for(len(producer.acked) + 200)
+    producer.finish()
+    view = WireClient(new_leader.client_address).request(frames.ClusterStatus(1)).status
+    assert leader.node_id not in view["voters"] and 4 in view["voters"]
+    acked = set(producer.acked)
+    assert consume_all(new_leader, "membership", "g", acked, timeout_s=60) >= acked
+
+
+def test_graceful_shutdown_hands_leadership_over(cluster3: Cluster) -> None:
+    leader = cluster3.leader()
+    assert leader.terminate() == 0
+    assert "leadership handed to node" in leader.stderr_text()
+    successor = cluster3.leader(timeout_s=5, exclude={leader.node_id})
+    answer = WireClient(successor.client_address).publish([["handover", b"x", 0, None, None]])
+    assert isinstance(answer, frames.PublishOk)
+
+
+def test_five_nodes_survive_losing_two_including_the_leader(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, 5)
+    try:
+        cluster.start()
+        leader = cluster.leader()
+        client = WireClient(leader.client_address)
+        first = client.publish([["five", b"before", 0, None, None]])
+        assert isinstance(first, frames.PublishOk)
+        follower = next(n for n in cluster.nodes.values() if n is not leader)
+        leader.kill()
+        follower.kill()
+        survivor_leader = cluster.leader(exclude={leader.node_id, follower.node_id})
+        answer = WireClient(survivor_leader.client_address).publish(
+            [["five", b"after", 0, None, None]]
+        )
+        assert isinstance(answer, frames.PublishOk)
+        ids = {first.first_id, answer.first_id}
+        assert consume_all(survivor_leader, "five", "g", ids) == ids
+    finally:
+        cluster.stop()
