@@ -78,6 +78,7 @@ class Connection:
         self.outbox = _Outbox(self._outbox_send)
         self.subscriptions: dict[int, Consumer] = {}
         self._limit = trio.Semaphore(MAX_REQUESTS_IN_PROGRESS)
+        self._reading = trio.CancelScope()
 
     def _queue(self, data: bytes) -> None:
         if not self.outbox.send_nowait(data):
@@ -94,7 +95,8 @@ class Connection:
                         # Requests run in their own nursery: at EOF (a client may
                         # half-close) every answer is queued before the outbox closes.
                         async with trio.open_nursery() as requests:
-                            await self._reader(requests)
+                            with self._reading:
+                                await self._reader(requests)
                     finally:
                         self._outbox_send.close()
                 connection.cancel_scope.cancel()
@@ -111,14 +113,11 @@ class Connection:
         """Leadership moved: close, so the client reconnects and follows the new leader."""
         await self.broker.wait_leadership_change(self.broker.leader_epoch)
         log.info("connection %d: leadership changed; closing it", self.id)
-        with trio.move_on_after(LEADERSHIP_CLOSE_GRACE_S):
-            # Answer what is in progress (a TRANSFER_LEADER's own OK, NOT_LEADER errors)
-            # and let the writer drain, then close.
-            while self._limit.value < MAX_REQUESTS_IN_PROGRESS:
-                await trio.sleep(0.005)
-            while self._outbox_receive.statistics().current_buffer_used:
-                await trio.sleep(0.005)
-            await trio.sleep(0.02)
+        # Stop reading; requests in progress (a TRANSFER_LEADER's own OK, NOT_LEADER
+        # errors) are answered and the outbox drains as at EOF. Past the grace period,
+        # close regardless.
+        self._reading.cancel()
+        await trio.sleep(LEADERSHIP_CLOSE_GRACE_S)
         scope.cancel()
 
     async def _writer(self) -> None:
