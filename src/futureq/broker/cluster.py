@@ -20,6 +20,7 @@ from futureq.errors import ConfigError, FutureQError
 from futureq.raft.node import RaftNode, RaftNodeConfig
 from futureq.raft.rocks_storage import RocksStorage
 from futureq.raft.transport import AddressBook, Transport
+from futureq.state import snapshot
 
 if TYPE_CHECKING:
     from futureq.config import Config
@@ -32,6 +33,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOIN_RETRY_MAX_S = 5.0
+
+
+def finish_interrupted_restore(config: Config, db: Database) -> bool:
+    """If the node died while installing a snapshot, install it again from the raft store.
+
+    RaftNode persists a received snapshot before it restores the state from it, so the
+    stored snapshot is the one the interrupted restore was writing.
+
+    Returns:
+        True when a restore was finished.
+    """
+    if db.get("meta", snapshot.RESTORING_KEY) is None:
+        return False
+    storage = RocksStorage(db, os.path.join(config.server.data_dir, "snapshots"))
+    metadata = storage.snapshot_metadata()
+    log.warning("finishing a snapshot install interrupted by a crash (index %d)", metadata.index)
+    snapshot.restore_into(db, storage.snapshot().data, int(metadata.index))
+    return True
 
 
 def build_raft_log(

@@ -30,7 +30,7 @@ from futureq.state.queue_state import Defaults, QueueState
 from futureq.storage.db import Database
 
 from .broker import Broker
-from .cluster import build_raft_log, follow_leadership, join_cluster
+from .cluster import build_raft_log, finish_interrupted_restore, follow_leadership, join_cluster
 from .command_log import SingleNodeLog
 from .dispatcher import Dispatcher
 from .gateway import serve_clients
@@ -95,6 +95,8 @@ async def serve(
         block_cache_mb=config.storage.block_cache_mb,
     )
     try:
+        if config.cluster.clustered:
+            finish_interrupted_restore(config, db)
         state = QueueState(
             db, Defaults(config.queue.visibility_timeout_ms, config.queue.max_deliveries)
         )
