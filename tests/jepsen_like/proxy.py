@@ -139,8 +139,8 @@ class LinkProxy:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, receive, sink)
                 await self._reader(source, send, direction)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # either end went away: the connection is over
         finally:
             connection.cancel()
 
