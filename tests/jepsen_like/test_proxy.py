@@ -76,3 +76,23 @@ def test_link_table_cut_covers_both_connections_of_a_pair() -> None:
     assert all(d.cut for link in table for d in link.faults.values())
     table.heal()
     assert not any(d.cut for link in table for d in link.faults.values())
+
+
+async def test_proxy_survives_a_target_that_hangs_up() -> None:
+    async def hang_up(stream: trio.SocketStream) -> None:
+        async with stream:
+            await stream.receive_some(10)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, hang_up, 0, host="127.0.0.1"))
+        proxy = LinkProxy(1, 2, listeners[0].socket.getsockname()[1], random.Random(0))
+        port = await nursery.start(proxy.run)
+        for _ in range(2):  # the second connection shows the proxy still serves
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                await stream.send_all(frame(b"hello"))
+                with trio.fail_after(5):
+                    while await stream.receive_some(100):
+                        pass
+        assert proxy.stats.connections == 2
+        nursery.cancel_scope.cancel()
