@@ -198,6 +198,41 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         (),
         "",
     ),
+    MetricSpec(
+        "futureq_raft_term",
+        "gauge",
+        "This node's current Raft term (0 on a node that runs alone).",
+        (),
+        "term",
+    ),
+    MetricSpec(
+        "futureq_raft_commit_index",
+        "gauge",
+        "Highest Raft log index this node knows to be committed.",
+        (),
+        "index",
+    ),
+    MetricSpec(
+        "futureq_raft_role",
+        "gauge",
+        "1 for this node's current Raft role (follower, pre_candidate, candidate, leader), else 0.",
+        ("role",),
+        "",
+    ),
+    MetricSpec(
+        "futureq_raft_replication_lag_entries",
+        "gauge",
+        "Leader only: committed entries a peer has not yet acknowledged.",
+        ("peer",),
+        "entries",
+    ),
+    MetricSpec(
+        "futureq_raft_elections_won_total",
+        "counter",
+        "Elections this node won (leader changes it caused).",
+        (),
+        "elections",
+    ),
     # state gauges, read at scrape time from the group counts provider
     MetricSpec(
         "futureq_pending_messages",
@@ -399,6 +434,11 @@ class Metrics:
         self.subscriptions: Gauge = _as(made["subscriptions"], Gauge)
         self.applied_index: Gauge = _as(made["applied_index"], Gauge)
         self.is_leader: Gauge = _as(made["is_leader"], Gauge)
+        self.raft_term: Gauge = _as(made["raft_term"], Gauge)
+        self.raft_commit_index: Gauge = _as(made["raft_commit_index"], Gauge)
+        self.raft_role: Gauge = _as(made["raft_role"], Gauge)
+        self.raft_replication_lag_entries: Gauge = _as(made["raft_replication_lag_entries"], Gauge)
+        self.raft_elections_won_total: Counter = _as(made["raft_elections_won_total"], Counter)
         self.publish_commit_seconds: Histogram = _as(made["publish_commit_seconds"], Histogram)
         self.due_to_delivery_seconds: Histogram = _as(made["due_to_delivery_seconds"], Histogram)
         self.fsync_seconds: Histogram = _as(made["fsync_seconds"], Histogram)

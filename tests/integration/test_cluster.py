@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,6 +124,16 @@ def test_followers_redirect_and_the_leader_serves(cluster3: Cluster) -> None:
     answer = WireClient(leader.client_address).publish([["redirect", b"x", 0, None, None]])
     assert isinstance(answer, frames.PublishOk)
     assert consume_all(leader, "redirect", "g", {answer.first_id}) == {answer.first_id}
+    # Raft figures are exported.
+    deadline = time.monotonic() + 10
+    while True:
+        with urllib.request.urlopen(f"http://{leader.http_address}/metrics", timeout=5) as response:
+            body = response.read().decode()
+        if 'futureq_raft_role{role="leader"} 1.0' in body and "futureq_raft_replication_lag_entries{" in body:
+            break
+        assert time.monotonic() < deadline, body[-2000:]
+        time.sleep(0.1)
+    assert "futureq_raft_term 1.0" in body or "futureq_raft_term " in body
     # Every node applied the same publish.
     deadline = time.monotonic() + 10
     while {n.http_json("/api/status")["applied_index"] for n in cluster3.nodes.values()} != {

@@ -139,6 +139,35 @@ async def follow_leadership(node: RaftNode, broker: Broker) -> None:
         epoch = await node.wait_role_change(epoch)
 
 
+RAFT_METRICS_INTERVAL_S = 1.0
+
+
+async def export_raft_metrics(node: RaftNode, metrics: Metrics) -> None:
+    """Copy the node's Raft figures into the gauges once a second."""
+    roles = ("follower", "pre_candidate", "candidate", "leader")
+    peers_seen: set[int] = set()
+    elections = 0
+    while True:
+        metrics.raft_term.set(node.term)
+        metrics.raft_commit_index.set(node.commit_index)
+        metrics.applied_index.set(node.applied_index)
+        current = node.role.value
+        for role in roles:
+            metrics.raft_role.labels(role).set(1 if role == current else 0)
+        if node.elections_won > elections:
+            metrics.raft_elections_won_total.inc(node.elections_won - elections)
+            elections = node.elections_won
+        progress = node.progress()
+        for peer in peers_seen - set(progress):
+            metrics.raft_replication_lag_entries.remove(str(peer))
+        for peer, view in progress.items():
+            metrics.raft_replication_lag_entries.labels(str(peer)).set(
+                max(0, node.commit_index - view["match"])
+            )
+        peers_seen = set(progress)
+        await trio.sleep(RAFT_METRICS_INTERVAL_S)
+
+
 async def join_cluster(
     config: Config, node: RaftNode, client_address: str, raft_address: str
 ) -> None:

@@ -30,7 +30,13 @@ from futureq.state.queue_state import Defaults, QueueState
 from futureq.storage.db import Database
 
 from .broker import Broker
-from .cluster import build_raft_log, finish_interrupted_restore, follow_leadership, join_cluster
+from .cluster import (
+    build_raft_log,
+    export_raft_metrics,
+    finish_interrupted_restore,
+    follow_leadership,
+    join_cluster,
+)
 from .command_log import SingleNodeLog
 from .dispatcher import Dispatcher
 from .gateway import serve_clients
@@ -145,6 +151,7 @@ async def serve(
                 raft_address = await root.start(transport.run)
                 await root.start(command_log.run)
                 root.start_soon(follow_leadership, command_log, broker)
+                root.start_soon(export_raft_metrics, command_log, metrics)
                 root.start_soon(broker.run_promoter)
                 if config.cluster.join is not None:
                     root.start_soon(join_cluster, config, command_log, client_address, raft_address)
