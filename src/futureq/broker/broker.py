@@ -497,6 +497,8 @@ class Broker:
             "leader_address": self.log.leader_address(),
             "server_version": __version__,
             "applied_index": self.log.applied_index,
+            "applied_digest": self.state.applied_digest,
+            "term": int(getattr(self.log, "term", 0)),
             "uptime_s": round(self.clock.monotonic_s() - self.started_s, 3),
             "topics": topics,
         }

@@ -360,8 +360,20 @@ class Client:
             await trio.sleep(delay)
 
     def _follow_leader(self, conn: Connection, leader_address: str | None) -> None:
-        """Reconnect to ``leader_address`` (NOT_LEADER redirect); None: just wait."""
-        if leader_address is None or leader_address == conn.address:
+        """Reconnect to ``leader_address`` (NOT_LEADER redirect).
+
+        With no leader named (the node is cut off, or an election is running), move on
+        to the next server of the list: a node on the minority side of a partition
+        cannot learn the new leader, and waiting on it would stall until the partition
+        heals.
+        """
+        if leader_address is None:
+            if len(self.servers) > 1:
+                if conn.address in self.servers:
+                    self._next_server = (self.servers.index(conn.address) + 1) % len(self.servers)
+                conn.close(f"{conn.address} knows no leader; trying the next server")
+            return
+        if leader_address == conn.address:
             return
         self._leader_hint = leader_address
         conn.close(f"{conn.address} is not the leader; reconnecting to {leader_address}")

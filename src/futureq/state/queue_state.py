@@ -21,6 +21,7 @@ replays exactly the log entries after it.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, Final, Protocol
 
@@ -36,6 +37,7 @@ DEFAULT_GROUP: Final = "default"
 DLQ_SUFFIX: Final = ".dlq"
 
 _APPLIED: Final = b"applied_index"
+_DIGEST: Final = b"applied_digest"
 _NEXT_GROUP: Final = b"next_group_id"
 _LAST_PUBLISH: Final = b"last_publish_ms"
 _PENDING: Final = b"pending:"
@@ -146,6 +148,9 @@ class QueueState:
         self.groups: dict[int, GroupInfo] = {}
         self._by_topic: dict[str, dict[str, int]] = {}
         self.applied_index = 0
+        self.applied_digest = 0
+        """CRC-32 chained over every applied entry's index and data: replicas at the same
+        applied index have the same digest (a state machine safety check)."""
         self._next_group_id = 1
         self.last_publish_ms = 0
         self._load()
@@ -159,6 +164,8 @@ class QueueState:
         self.node_addresses.clear()
         meta = store.get("meta", _APPLIED)
         self.applied_index = 0 if meta is None else int.from_bytes(meta, "big")
+        found = store.get("meta", _DIGEST)
+        self.applied_digest = 0 if found is None else int.from_bytes(found, "big")
         found = store.get("meta", _NEXT_GROUP)
         self._next_group_id = 1 if found is None else int.from_bytes(found, "big")
         found = store.get("meta", _LAST_PUBLISH)
@@ -276,6 +283,8 @@ class QueueState:
             if info is not None:
                 meta[_PENDING + gid.to_bytes(4, "big")] = _u64(info.pending)
         meta[_APPLIED] = _u64(index)
+        self.applied_digest = zlib.crc32(data, zlib.crc32(_u64(index), self.applied_digest))
+        meta[_DIGEST] = self.applied_digest.to_bytes(4, "big")
         self.store.write(txn.changes)
         self.applied_index = index
         observer = self.observer
@@ -304,8 +313,10 @@ class QueueState:
             StorageError: from the store; the node must stop.
         """
         assert index == self.applied_index + 1, (index, self.applied_index)
-        self.store.write({"meta": {_APPLIED: _u64(index)}})
+        digest = zlib.crc32(_u64(index), self.applied_digest)
+        self.store.write({"meta": {_APPLIED: _u64(index), _DIGEST: digest.to_bytes(4, "big")}})
         self.applied_index = index
+        self.applied_digest = digest
 
     # ------------------------------------------------------------------ snapshots
 

@@ -15,6 +15,7 @@ from state_helpers import Recorder, SpyStore, StoreKit, dump, group_snapshot
 from futureq.state import commands
 from futureq.state.commands import CommandKind, schedule_key
 from futureq.state.queue_state import Defaults, QueueState
+from futureq.state.store import MemoryStore
 
 
 class Runner:
@@ -375,8 +376,29 @@ def test_applied_index_is_written_in_the_same_write_as_the_changes(kit: StoreKit
     first, second = spy.writes
     assert first["meta"][b"applied_index"] == (1).to_bytes(8, "big")
     assert len(first["messages"]) == 1 and len(first["schedule"]) == 1
-    assert second["meta"] == {b"applied_index": (2).to_bytes(8, "big")}
+    assert second["meta"] == {
+        b"applied_index": (2).to_bytes(8, "big"),
+        b"applied_digest": state.applied_digest.to_bytes(4, "big"),
+    }
     assert kit.store.get("meta", b"applied_index") == (2).to_bytes(8, "big")
+
+
+def test_applied_digest_is_equal_for_equal_histories_and_survives_a_reopen(kit: StoreKit) -> None:
+    state = QueueState(kit.store)
+    twin = QueueState(MemoryStore())
+    other = QueueState(MemoryStore())
+    for index, command in enumerate(
+        [commands.publish(1000, [("t", b"a", 1000, None)]), commands.NOOP], start=1
+    ):
+        state.apply(index, command)
+        twin.apply(index, command)
+    other.apply(1, commands.publish(1000, [("t", b"b", 1000, None)]))
+    other.apply(2, commands.NOOP)
+    state.apply_other(3)
+    twin.apply_other(3)
+    assert state.applied_digest == twin.applied_digest != 0
+    assert other.applied_digest != state.applied_digest
+    assert QueueState(kit.reopen()).applied_digest == twin.applied_digest
 
 
 def test_apply_requires_the_next_index(kit: StoreKit) -> None:
