@@ -38,6 +38,11 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
 ## Fault-injection run: 3 nodes, mixed faults, 5 minutes (JEPSEN_ARGS to change it).
+## The CI selection of fault-injection runs (a few minutes, seeded).
+.PHONY: jepsen-ci
+jepsen-ci: $(STAMP)
+	$(BIN)/python -m pytest tests/jepsen_like -m jepsen --run-slow -p no:cacheprovider
+
 .PHONY: jepsen
 JEPSEN_ARGS ?= --nodes 3 --time 300 --nemesis mixed --rate 20 --out $${TMPDIR:-/tmp}/futureq-jepsen
 jepsen: $(STAMP)
