@@ -81,8 +81,10 @@ async def _publish(address: str, total: int, connections: int = 2, window: int =
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(receiver)
-            while remaining > 0:
+            while True:
                 await slots.acquire()
+                if remaining <= 0:  # shared by the connections: checked after the wait
+                    break
                 remaining -= 1
                 outstanding += 1
                 await conn.send(publish_frame(conn.next_id(), frames.AckLevel.QUORUM, items))

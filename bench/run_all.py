@@ -3,8 +3,10 @@
 Usage::
 
     python -m bench.run_all [--quick] [--compare] [--only publish_throughput,lateness,...]
+    python -m bench.run_all --cluster [--quick]   # the 3-node cluster benchmarks instead
+    python -m bench.run_all --all [--quick]       # both sets
 
-Each benchmark starts and stops its own broker subprocess and writes
+Each benchmark starts and stops its own broker subprocess(es) and writes
 ``bench/results/<name>.json`` (the previous file kept as ``<name>.prev.json``).
 A benchmark that fails is reported and the others still run; the exit code is 1 then.
 """
@@ -18,13 +20,29 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from bench import lateness, memory, publish_throughput, restart
+from bench import (
+    cluster_failover,
+    cluster_latency,
+    cluster_snapshot,
+    cluster_throughput,
+    lateness,
+    memory,
+    publish_throughput,
+    restart,
+)
 
 BENCHMARKS: dict[str, Callable[[list[str] | None], dict[str, Any]]] = {
     "publish_throughput": publish_throughput.main,
     "lateness": lateness.main,
     "restart": restart.main,
     "memory": memory.main,
+}
+
+CLUSTER_BENCHMARKS: dict[str, Callable[[list[str] | None], dict[str, Any]]] = {
+    "cluster_throughput": cluster_throughput.main,
+    "cluster_latency": cluster_latency.main,
+    "cluster_failover": cluster_failover.main,
+    "cluster_snapshot": cluster_snapshot.main,
 }
 
 
@@ -89,6 +107,67 @@ def _summary(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             )
         )
         rows.append((name, "to /readyz, empty directory s", f"{r['empty']['to_readyz_s']:.2f}", ""))
+    else:
+        rows.extend(_cluster_summary(name, r, ok))
+    return rows
+
+
+def _cluster_summary(name: str, r: dict[str, Any], ok: str) -> list[tuple[str, str, str, str]]:
+    """Summary rows of the cluster benchmarks."""
+    rows: list[tuple[str, str, str, str]] = []
+    if name == "cluster_throughput":
+        for batch, row in r["by_batch"].items():
+            rows.append((name, f"3 nodes, batch {batch}: msgs/s", f"{row['msgs_per_s']:.0f}", ""))
+        if "ratio_batch_100" in r:
+            single = r["single_node_batch_100"]["msgs_per_s"]
+            rows.append(
+                (
+                    name,
+                    "batch 100: 3 nodes / 1 node (same run)",
+                    f"{r['ratio_batch_100']:.2f} (1 node {single:.0f} msgs/s)",
+                    f">= 0.5 ({ok})",
+                )
+            )
+    elif name == "cluster_latency":
+        for workload, row in r["cluster"].items():
+            rows.append(
+                (
+                    name,
+                    f"3 nodes, {row['msgs_per_s']:.0f} msgs/s ({workload}) p50/p99 ms",
+                    f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f}",
+                    "",
+                )
+            )
+    elif name == "cluster_failover":
+        rows.append(
+            (
+                name,
+                f"leader SIGKILL -> publishes succeed, p50/p99 s ({r['trials']} trials)",
+                f"{r['failover_s_p50']:.2f} / {r['failover_s_p99']:.2f}",
+                f"p99 < 2 ({ok})",
+            )
+        )
+        rows.append(
+            (name, "acknowledged messages lost", f"{r['lost_messages']} of {r['acked_total']}", "0")
+        )
+    elif name == "cluster_snapshot":
+        rows.append(
+            (
+                name,
+                f"follower {r['messages']:,} behind: restart -> caught up s",
+                f"{r['spawn_to_caught_up_s']:.2f}",
+                "",
+            )
+        )
+        if r.get("installed_bytes") is not None:
+            rows.append(
+                (
+                    name,
+                    "snapshot MB, restore s (follower log)",
+                    f"{r['installed_bytes'] / 1e6:.1f}, {r['installed_restore_s']:.2f}",
+                    "",
+                )
+            )
     return rows
 
 
@@ -98,8 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller, faster variants")
     parser.add_argument("--compare", action="store_true", help="compare with previous results")
     parser.add_argument("--only", default=None, help="comma-separated benchmark names")
+    parser.add_argument(
+        "--cluster", action="store_true", help="run the 3-node cluster benchmarks instead"
+    )
+    parser.add_argument("--all", action="store_true", help="single-node and cluster benchmarks")
     args = parser.parse_args(argv)
-    names = list(BENCHMARKS) if args.only is None else args.only.split(",")
+    every = {**BENCHMARKS, **CLUSTER_BENCHMARKS}
+    if args.only is not None:
+        names = args.only.split(",")
+    elif args.all:
+        names = list(every)
+    elif args.cluster:
+        names = list(CLUSTER_BENCHMARKS)
+    else:
+        names = list(BENCHMARKS)
     passed = [a for a in ("--quick", "--compare") if getattr(args, a[2:])]
     results: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
@@ -107,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         print(f"\n=== {name} {' '.join(passed)}", flush=True)
         try:
-            results[name] = BENCHMARKS[name](passed)
+            results[name] = every[name](passed)
         except Exception:
             traceback.print_exc()
             failed.append(name)
