@@ -8,8 +8,9 @@ info``; create group ``g`` on topic ``snap`` (so every message is pending state 
 snapshot must carry); SIGTERM one follower; publish N messages (100-byte payloads, due in
 1 h) to the leader in batches of 1000 at ack level quorum (2 connections x 4 requests in
 flight); wait until the leader logs a snapshot taken at an index far enough past the
-stopped follower's that the follower cannot catch up from the log; then restart the
-follower and time:
+stopped follower's that the follower cannot catch up from the log, and close enough to
+its applied index that no further compaction is due (a newer snapshot would replace the
+install in progress); then restart the follower and time:
 
 * spawn -> READY line, spawn -> ``/readyz`` 200;
 * spawn -> caught up: its ``/api/status`` ``applied_index`` >= the leader's
@@ -136,7 +137,13 @@ def run(messages: int, compact_every: int) -> dict[str, Any]:
         deadline = waited + COMPACTION_WAIT_S
         while True:
             taken = _snapshots_taken(leader)
-            if taken and taken[-1][0] > behind_from + keep + 1:
+            # Past the follower's reach from the log, and no further compaction due
+            # (else the install in progress would be replaced by a newer snapshot).
+            if (
+                taken
+                and taken[-1][0] > behind_from + keep + 1
+                and leader_applied - taken[-1][0] < compact_every
+            ):
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the leader took no snapshot past {behind_from + keep + 1}")
