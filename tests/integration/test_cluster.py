@@ -129,7 +129,10 @@ def test_followers_redirect_and_the_leader_serves(cluster3: Cluster) -> None:
     while True:
         with urllib.request.urlopen(f"http://{leader.http_address}/metrics", timeout=5) as response:
             body = response.read().decode()
-        if 'futureq_raft_role{role="leader"} 1.0' in body and "futureq_raft_replication_lag_entries{" in body:
+        if (
+            'futureq_raft_role{role="leader"} 1.0' in body
+            and "futureq_raft_replication_lag_entries{" in body
+        ):
             break
         assert time.monotonic() < deadline, body[-2000:]
         time.sleep(0.1)
@@ -175,9 +178,18 @@ def test_follower_far_behind_catches_up_from_a_snapshot(tmp_path: Path) -> None:
         ids = set(producer.acked)
         leader = cluster.leader()
         client = WireClient(leader.client_address)
-        lagging.start()
-        deadline = time.monotonic() + 30
         target = leader.http_json("/api/status")["applied_index"]
+        lagging.start()
+        # /readyz turns OK only once the node applied up to the leader's commit index.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                lagging.http_json("/readyz")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the restarted follower never became ready"
+                time.sleep(0.02)
+        assert lagging.http_json("/api/status")["applied_index"] >= target, "ready before caught up"
         while lagging.http_json("/api/status")["applied_index"] < target:
             assert time.monotonic() < deadline, "the restarted follower did not catch up"
             time.sleep(0.05)

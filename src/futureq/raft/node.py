@@ -24,6 +24,7 @@ reports every change of ``(is_leader(), leader_id())``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -201,11 +202,15 @@ class _Waiter:
 
 @attrs.frozen
 class _Op:
-    kind: str  # "propose", "durable", "conf", "read", "transfer"
+    kind: str  # "propose", "durable", "conf", "read", "probe", "transfer"
     waiter: _Waiter
     data: bytes = b""
     change: ConfChange | None = None
     target: int = 0
+
+
+_PROBE_PREFIX = b"probe:"
+"""Request context of the follower's commit-index probes (never a read waiter's)."""
 
 
 def _outcome_unknown(index: int, why: str) -> RequestError:
@@ -262,6 +267,7 @@ class RaftNode:
         self._leader_ready_term = -1
         self._ticks_since_leading = 0
         self._leader_commit_seen = 0
+        self._probe_answered = False
         self._role_epoch = 0
         self._role_event = trio.Event()
         self._last_role: tuple[bool, int | None] = (False, None)
@@ -356,7 +362,9 @@ class RaftNode:
             return False
         if core.role is Role.LEADER:
             return self.is_leader()
-        return self._sm.applied_index >= max(int(core.log.committed), self._leader_commit_seen)
+        return self._probe_answered and self._sm.applied_index >= max(
+            int(core.log.committed), self._leader_commit_seen
+        )
 
     async def wait_role_change(self, since_epoch: int) -> int:
         """Block until :attr:`role_epoch` differs from ``since_epoch``; return it.
@@ -543,6 +551,7 @@ class RaftNode:
                 nursery.start_soon(self._ticker)
                 nursery.start_soon(self._receiver)
                 nursery.start_soon(self._compactor, compact_receive)
+                nursery.start_soon(self._readiness_prober)
                 task_status.started()
                 await self._drive(compact_send)
         finally:
@@ -589,6 +598,21 @@ class RaftNode:
             await trio.sleep_until(deadline)
             self._ticks_due += 1
             self._wake.set()
+
+    async def _readiness_prober(self) -> None:
+        """On a follower, ask the leader for its commit index every half election
+        timeout (``ready_for_clients``: applied up to the leader's commit)."""
+        interval_s = self.config.election_timeout_ticks * self.config.tick_ms / 2000
+        sequence = 0
+        while True:
+            core = self._core
+            if core is not None and core.role is not Role.LEADER and core.leader_id is not None:
+                sequence += 1
+                with contextlib.suppress(RequestError):  # queue full: probe next time
+                    self._enqueue(
+                        _Op("probe", _Waiter(), data=_PROBE_PREFIX + sequence.to_bytes(8, "big"))
+                    )
+            await trio.sleep(interval_s)
 
     async def _receiver(self) -> None:
         limit = 4096
@@ -688,6 +712,12 @@ class RaftNode:
                     raise RaftNotLeaderError(core.leader_id)
                 self._read_waiters[op.data] = waiter
                 core.read_index(op.data)
+            elif op.kind == "probe":
+                # A follower asks the leader for its commit index (a forwarded ReadIndex,
+                # thesis §6.4): /readyz waits until we applied that far.
+                if core.role is not Role.LEADER and core.leader_id is not None:
+                    core.read_index(op.data)
+                waiter.resolve(None)
             else:
                 core.transfer_leadership(NodeId(op.target))
                 waiter.resolve(None)
@@ -736,6 +766,10 @@ class RaftNode:
         if ready.committed_entries:
             self._apply(ready)
         for read in ready.read_states:
+            if read.request_ctx.startswith(_PROBE_PREFIX):
+                self._leader_commit_seen = max(self._leader_commit_seen, int(read.index))
+                self._probe_answered = True
+                continue
             waiter = self._read_waiters.pop(read.request_ctx, None)
             if waiter is not None:
                 self._reads_after_apply.append((int(read.index), waiter))
@@ -791,6 +825,8 @@ class RaftNode:
         if now == self._last_role:
             return
         was_leading = self._last_role[0] or bool(self._read_waiters)
+        if now[1] != self._last_role[1]:
+            self._probe_answered = False  # a new leader: learn its commit index again
         self._last_role = now
         self._role_epoch += 1
         self._role_event.set()
