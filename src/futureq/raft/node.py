@@ -40,6 +40,7 @@ from futureq.raft.messages import (
     AppendEntries,
     ConfChange,
     ConfChangeOp,
+    Entry,
     EntryKind,
     Heartbeat,
     LogIndex,
@@ -209,6 +210,10 @@ class _Op:
     target: int = 0
 
 
+APPLY_QUEUE_BATCHES = 64
+"""Committed batches waiting for the applier before persisting waits for it."""
+APPLY_SLICE_ENTRIES = 8
+"""Entries applied between two yields to the event loop."""
 _PROBE_PREFIX = b"probe:"
 """Request context of the follower's commit-index probes (never a read waiter's)."""
 
@@ -268,6 +273,10 @@ class RaftNode:
         self._ticks_since_leading = 0
         self._leader_commit_seen = 0
         self._probe_answered = False
+        self._apply_send: trio.MemorySendChannel[tuple[Entry, ...]] | None = None
+        self._apply_backlog = 0
+        self._applied_all = trio.Event()
+        self._applied_all.set()
         self._role_epoch = 0
         self._role_event = trio.Event()
         self._last_role: tuple[bool, int | None] = (False, None)
@@ -546,8 +555,11 @@ class RaftNode:
         self._load()
         self._running = True
         compact_send, compact_receive = trio.open_memory_channel[Any](1)
+        apply_send, apply_receive = trio.open_memory_channel[tuple[Entry, ...]](APPLY_QUEUE_BATCHES)
+        self._apply_send = apply_send
         try:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._applier, apply_receive)
                 nursery.start_soon(self._ticker)
                 nursery.start_soon(self._receiver)
                 nursery.start_soon(self._compactor, compact_receive)
@@ -751,6 +763,7 @@ class RaftNode:
             send(message)
         if ready.snapshot is not None:
             index = int(ready.snapshot.metadata.index)
+            await self._wait_applied()  # the snapshot replaces everything applied so far
             started = time.monotonic()
             self._sm.restore(ready.snapshot.data, index)
             log.info(
@@ -764,7 +777,12 @@ class RaftNode:
                     _outcome_unknown(waiter_index, "a snapshot from the new leader replaced it")
                 )
         if ready.committed_entries:
-            self._apply(ready)
+            # Applied by the applier task, so the next persist (an fsync in a worker
+            # thread) overlaps with applying this batch on the loop.
+            self._apply_backlog += 1
+            self._applied_all = trio.Event() if self._applied_all.is_set() else self._applied_all
+            assert self._apply_send is not None
+            await self._apply_send.send(ready.committed_entries)
         for read in ready.read_states:
             if read.request_ctx.startswith(_PROBE_PREFIX):
                 self._leader_commit_seen = max(self._leader_commit_seen, int(read.index))
@@ -773,6 +791,10 @@ class RaftNode:
             waiter = self._read_waiters.pop(read.request_ctx, None)
             if waiter is not None:
                 self._reads_after_apply.append((int(read.index), waiter))
+        self._resolve_reads()
+
+    def _resolve_reads(self) -> None:
+        """Answer the reads whose read index is applied now."""
         if self._reads_after_apply:
             applied = self._sm.applied_index
             remaining = []
@@ -783,12 +805,30 @@ class RaftNode:
                     remaining.append((index, waiter))
             self._reads_after_apply = remaining
 
-    def _apply(self, ready: Ready) -> None:
+    async def _wait_applied(self) -> None:
+        """Block until the applier has applied every batch handed to it."""
+        while self._apply_backlog:
+            await self._applied_all.wait()
+
+    async def _applier(self, batches: trio.MemoryReceiveChannel[tuple[Entry, ...]]) -> None:
+        async with batches:
+            async for entries in batches:
+                await self._apply(entries)
+                self._apply_backlog -= 1
+                if self._apply_backlog == 0:
+                    self._applied_all.set()
+                self._resolve_reads()
+                self._note_role()  # the no-op of our term may just have been applied
+
+    async def _apply(self, entries: tuple[Entry, ...]) -> None:
         core = self.core
         sm = self._sm
         started = trio.current_time()
         waiters = self._apply_waiters
-        for entry in ready.committed_entries:
+        for position, entry in enumerate(entries):
+            if position % APPLY_SLICE_ENTRIES == APPLY_SLICE_ENTRIES - 1:
+                # Let the dispatcher deliver what fell due while a big batch applies.
+                await trio.lowlevel.checkpoint()
             index = int(entry.index)
             if entry.kind is EntryKind.NORMAL:
                 error: RequestError | None = None
