@@ -287,16 +287,21 @@ class Dispatcher:
         return next_ms
 
     def _refill(self, runtime: GroupRuntime, now_ms: int) -> float:
-        """Load the group's next schedule entries from disk; return when to look again."""
-        horizon_end = pack(now_ms + self.horizon_ms, 0)
+        """Load the group's next schedule entries from disk; return when to look again.
+
+        The horizon is extended to ``now + horizon_ms`` once less than half a window
+        of it is left, so a quiet group is read from disk about every half window,
+        never on every pass.
+        """
+        half_window = self.horizon_ms // 2
         index = runtime.index
         half_full = max(1, (self.horizon_max_items + 1) // 2)
-        if runtime.loaded_until >= horizon_end or len(index) >= half_full:
-            # Look again when the horizon needs to move (half a window later).
-            if runtime.loaded_until >= horizon_end:
-                due_bound, _ = unpack(runtime.loaded_until)
-                return float(due_bound - self.horizon_ms // 2)
-            return math.inf
+        if len(index) >= half_full:
+            return math.inf  # deliveries shrink the index; a later pass refills
+        due_bound, _ = unpack(runtime.loaded_until)
+        if due_bound - half_window > now_ms:
+            return float(due_bound - half_window)
+        horizon_end = pack(now_ms + self.horizon_ms, 0)
         gid = runtime.info.group_id
         start_due, start_mid = unpack(runtime.loaded_until)
         limit = min(REFILL_CHUNK_ITEMS, self.horizon_max_items - len(index))
@@ -308,17 +313,17 @@ class Dispatcher:
         ):
             packed = pack(due_ms, mid)
             if packed >= horizon_end:
-                runtime.loaded_until = horizon_end
-                return float(now_ms)
+                break  # the rest is beyond the horizon
             count += 1
             last = packed
             if commands.schedule_key(gid, due_ms, mid) not in in_flight and packed not in index:
                 index.add(due_ms, mid, expire_ms, attempt)
-        if count >= limit:
-            runtime.loaded_until = last + 1
-            return float(now_ms)  # more to read: continue on the next pass
+        else:
+            if count >= limit:
+                runtime.loaded_until = last + 1
+                return float(now_ms)  # a full chunk: read the next one on the next pass
         runtime.loaded_until = horizon_end
-        return float(now_ms + self.horizon_ms // 2)
+        return float(now_ms + half_window)
 
     def _deliver(
         self,

@@ -556,3 +556,18 @@ def test_horizon_of_one_item_still_delivers() -> None:
     env.dispatch()
     env.dispatch()
     assert len(out(consumer).deliveries()) == 1
+
+
+def test_a_far_future_entry_does_not_make_an_idle_dispatcher_spin() -> None:
+    # Regression: the refill found the entry beyond the horizon and asked for another
+    # pass at once, for ever (100 % CPU on an idle broker).
+    env = Env()
+    gid = env.group("t", "g")
+    env.consumer(gid, credit=10)
+    env.publish("t", [b"due"], delay_ms=0)
+    env.publish("t", [b"far"], delay_ms=3650 * 24 * 3600 * 1000)
+    env.dispatch()
+    for _ in range(20):
+        wake = env.dispatch()
+        assert wake > env.now, "the dispatcher asked to run again immediately while idle"
+        env.clock.advance(1)
