@@ -51,6 +51,7 @@ from futureq.config import (
 from futureq.errors import ConfigError
 
 ENV_PREFIX = "FUTUREQ_"
+MAX_NODE_ID = 2**31 - 1
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 SECTIONS: dict[str, type[Any]] = {
@@ -184,7 +185,8 @@ class _Loader:
             if not name.startswith(ENV_PREFIX):
                 continue
             section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
-            if section not in SECTIONS:
+            if section not in SECTIONS or not key:
+                # FUTUREQ_SERVER (no key) is futureq-cli's server list, not server config.
                 continue
             types_by_key = field_types(section)
             value: object = text
@@ -436,6 +438,8 @@ def _address(section: str, key: str, value: str | None, *, port_zero: bool) -> I
 
 def _check_server(server: ServerSection) -> Iterable[_Bad]:
     yield from _minimum("server", server, "node_id", 1, "")
+    if server.node_id > MAX_NODE_ID:
+        yield _Bad(("server.node_id",), server.node_id, f"must be at most {MAX_NODE_ID}")
     if not server.data_dir.strip():
         yield _Bad(("server.data_dir",), server.data_dir, "must name a directory")
     yield from _address("server", "listen", server.listen, port_zero=True)
@@ -469,6 +473,8 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
     yield from _minimum("limits", limits, "max_ttl_ms", 0, " ms")
     yield from _minimum("limits", limits, "max_batch_items", 1, " items")
     yield from _minimum("limits", limits, "max_prefetch", 1, " items")
+    if limits.max_prefetch > 1_000_000:
+        yield _Bad(("limits.max_prefetch",), limits.max_prefetch, "must be at most 1000000 items")
     yield from _minimum("limits", limits, "max_connections", 1, " connections")
     if limits.max_payload_bytes >= limits.max_frame_bytes:
         yield _Bad(

@@ -107,3 +107,27 @@ def test_tls_listener(broker_factory: object, tls_files: dict[str, Path]) -> Non
     assert isinstance(again.publish([["secure", b"still", 0, None, None]]), frames.PublishOk)
     client.sock.close()
     again.sock.close()
+
+
+def test_a_busy_port_is_named_and_exits_4(broker: BrokerProcess, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for flag, address in (("--http", broker.http_address), ("--listen", broker.client_address)):
+        args = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", flag, address]
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "futureq.cli.server_main",
+                "start",
+                "--data-dir",
+                str(tmp_path / flag),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 4, done.stderr
+        assert "cannot listen for" in done.stderr and address in done.stderr and flag in done.stderr

@@ -66,6 +66,14 @@ def make_ssl_context(config: Config) -> ssl.SSLContext | None:
     return context
 
 
+def _cannot_listen(what: str, address: str, flag: str, exc: OSError) -> OSError:
+    """An OSError whose message names the address and the flag that sets it."""
+    reason = exc.strerror or str(exc)
+    return OSError(
+        exc.errno, f"cannot listen for {what} on {address}: {reason} (change it with {flag})"
+    )
+
+
 def _bound_address(listener: trio.SocketListener) -> str:
     host, port = listener.socket.getsockname()[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -107,7 +115,10 @@ async def serve(
             db, Defaults(config.queue.visibility_timeout_ms, config.queue.max_deliveries)
         )
         host, port = split_host_port(config.server.listen)
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise _cannot_listen("clients", config.server.listen, "--listen", exc) from exc
         client_address = config.server.advertise or _bound_address(listeners[0])
         hub = Hub()
         clustered = config.cluster.clustered
@@ -148,7 +159,12 @@ async def serve(
             raft_address = ""
             if isinstance(command_log, RaftNode):
                 assert transport is not None
-                raft_address = await root.start(transport.run)
+                try:
+                    raft_address = await root.start(transport.run)
+                except OSError as exc:
+                    raise _cannot_listen(
+                        "Raft peers", config.cluster.raft_listen, "--raft-listen", exc
+                    ) from exc
                 await root.start(command_log.run)
                 root.start_soon(follow_leadership, command_log, broker)
                 root.start_soon(export_raft_metrics, command_log, metrics)
@@ -159,7 +175,15 @@ async def serve(
                 await root.start(command_log.run)
             await root.start(dispatcher.run)
             root.start_soon(broker.run_background_publisher)
-            http_address: str = await root.start(serve_http, config.server.http, metrics, broker)
+            try:
+                http_address: str = await root.start(
+                    serve_http, config.server.http, metrics, broker
+                )
+            except BaseException as exc:  # hypercorn reports a bind error inside a group
+                found = _first(exc, OSError)
+                if isinstance(found, OSError):
+                    raise _cannot_listen("HTTP", config.server.http, "--http", found) from exc
+                raise
             if handle_signals:
                 root.start_soon(_watch_signals, shutdown, root.cancel_scope)
             async with trio.open_nursery() as connections:
@@ -277,9 +301,9 @@ def run(config: Config) -> int:
             print(f"futureq: {bad_config}", file=sys.stderr)
             return EXIT_CONFIG
         bind = _first(error, OSError)
-        if bind is not None and not isinstance(error, KeyboardInterrupt):
-            log.error("cannot listen: %s", bind)
-            print(f"futureq: cannot listen: {bind}", file=sys.stderr)
+        if isinstance(bind, OSError) and not isinstance(error, KeyboardInterrupt):
+            log.error("%s", bind.strerror or bind)
+            print(f"futureq: {bind.strerror or bind}", file=sys.stderr)
             return EXIT_BIND
         raise
     return EXIT_OK

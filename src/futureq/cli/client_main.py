@@ -48,6 +48,7 @@ from futureq.client import Client, Delivery, PublishItem, open_client
 from futureq.errors import (
     ClientClosedError,
     ConnectionLostError,
+    ErrorCode,
     FutureQError,
     ProtocolError,
     RequestError,
@@ -294,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--server",
-        default=os.environ.get(SERVER_ENV, DEFAULT_SERVER),
+        default=os.environ.get(SERVER_ENV) or DEFAULT_SERVER,
         metavar="HOST:PORT[,HOST:PORT...]",
         help=f"server address(es) to try (default ${SERVER_ENV} or {DEFAULT_SERVER})",
     )
@@ -613,10 +614,20 @@ async def _consume(client: Client, args: argparse.Namespace, io: Output) -> int:
             if received == args.count:
                 sub.pause()  # the last one: settling it must not invite another push
             # Settle only after the line is printed and flushed (io.out flushes).
-            if args.nack:
-                await delivery.nack(args.requeue_delay)
-            elif not args.no_ack:
-                await delivery.ack()
+            try:
+                if args.nack:
+                    await delivery.nack(args.requeue_delay)
+                elif not args.no_ack:
+                    await delivery.ack()
+            except RequestError as exc:
+                if exc.code is not ErrorCode.UNKNOWN_DELIVERY_TAG:
+                    raise
+                # The visibility timeout passed before we settled it: the broker has
+                # already handed it out again (at-least-once). Not fatal for the run.
+                io.err(
+                    f"warning: message {delivery.id} was not settled in time (visibility "
+                    "timeout); it will be delivered again"
+                )
     return EXIT_OK
 
 
@@ -752,10 +763,20 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
     if args.json:
         io.out(json.dumps(view, ensure_ascii=False))
         return EXIT_OK
+    if view.get("mode") == "single":
+        io.out(
+            f"node {view.get('node_id')}: runs alone (no Raft), applied index "
+            f"{view.get('applied_index')}"
+        )
+        return EXIT_OK
+    leader = (
+        f"leader node {view['leader_id']} at {view.get('leader_address') or 'an unknown address'}"
+        if view.get("leader_id") is not None
+        else "no leader known"
+    )
     io.out(
-        f"node {view.get('node_id')}: {view.get('role')}, term {view.get('term')}, "
-        f"leader {view.get('leader_id')} at {view.get('leader_address')}, "
-        f"commit {view.get('commit_index')}, applied {view.get('applied_index')}"
+        f"node {view.get('node_id')}: {view.get('role')}, term {view.get('term')}, {leader}, "
+        f"commit index {view.get('commit_index')}, applied index {view.get('applied_index')}"
     )
     nodes = [
         {

@@ -276,3 +276,16 @@ def test_port_zero_is_allowed_for_listeners() -> None:
         env={"FUTUREQ_SERVER_LISTEN": "127.0.0.1:0", "FUTUREQ_SERVER_HTTP": "[::1]:0"}
     )
     assert config.server.http == "[::1]:0"
+
+
+def test_the_cli_server_variable_is_not_server_config() -> None:
+    # FUTUREQ_SERVER is futureq-cli's server list; exporting it must not stop `futureq start`.
+    config = load_config(env={"FUTUREQ_SERVER": "127.0.0.1:7450", "FUTUREQ_TOKEN": "x"})
+    assert config == Config()
+
+
+def test_node_id_and_prefetch_have_upper_bounds() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(env={"FUTUREQ_SERVER_NODE_ID": str(2**40), "FUTUREQ_LIMITS_MAX_PREFETCH": str(10**9)})
+    text = str(error.value)
+    assert "server.node_id" in text and "limits.max_prefetch" in text
