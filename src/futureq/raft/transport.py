@@ -26,6 +26,7 @@ from typing import Final
 import attrs
 import trio
 
+from futureq.config import split_host_port
 from futureq.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from futureq.raft.messages import Message, NodeId, decode_message, encode_message
 from futureq.wire.codec import CLOSED, NEED_DATA, FrameDecoder, encode_value
@@ -42,12 +43,9 @@ def split_address(address: str) -> tuple[str, int]:
     """Split ``"host:port"`` (``"[v6]:port"`` too) into host and port.
 
     Raises:
-        ValueError: if there is no valid port.
+        ValueError: if there is no valid port (see :func:`futureq.config.split_host_port`).
     """
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address {address!r} must look like HOST:PORT")
-    return host.strip("[]"), int(port)
+    return split_host_port(address)
 
 
 class AddressBook:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Iterator, Sequence
-from typing import Final
+from typing import Any, Final
 
 from rocksdict import (
     ColumnFamily,
@@ -28,6 +28,17 @@ from futureq.errors import StorageError
 FAMILIES: Final = ("raft_log", "raft_state", "messages", "schedule", "groups", "meta")
 SCHEMA_VERSION: Final = 1
 _SCHEMA_KEY: Final = b"schema_version"
+
+
+def _range(it: RdictIter, start: bytes, stop: bytes | None, with_values: bool) -> Iterator[Any]:
+    """Walk ``it`` from ``start`` to ``stop`` (exclusive): keys, or ``(key, value)`` pairs."""
+    it.seek(start)
+    while it.valid():
+        key: bytes = it.key()
+        if stop is not None and key >= stop:
+            return
+        yield (key, it.value()) if with_values else key
+        it.next()
 
 
 def _options(write_buffer_mb: int, block_cache_mb: int, *, for_family: bool) -> Options:
@@ -154,25 +165,11 @@ class Database:
         self, family: str, start: bytes, stop: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
         """Iterate ``(key, value)`` in key order from ``start`` up to ``stop`` (exclusive)."""
-        it = self._families[family].iter(ReadOptions())
-        it.seek(start)
-        while it.valid():
-            key: bytes = it.key()
-            if stop is not None and key >= stop:
-                return
-            yield key, it.value()
-            it.next()
+        yield from _range(self._families[family].iter(ReadOptions()), start, stop, True)
 
     def scan_keys(self, family: str, start: bytes, stop: bytes | None = None) -> Iterator[bytes]:
         """Iterate keys only, in order, from ``start`` up to ``stop`` (exclusive)."""
-        it = self._families[family].iter(ReadOptions())
-        it.seek(start)
-        while it.valid():
-            key: bytes = it.key()
-            if stop is not None and key >= stop:
-                return
-            yield key
-            it.next()
+        yield from _range(self._families[family].iter(ReadOptions()), start, stop, False)
 
     def last_key(self, family: str) -> bytes | None:
         """The largest key of a family, or None when it is empty."""
@@ -266,14 +263,7 @@ class DatabaseView:
         """
         if self._db is None:
             raise StorageError("the RocksDB snapshot view is closed")
-        it = self._iterators[family]
-        it.seek(start)
-        while it.valid():
-            key: bytes = it.key()
-            if stop is not None and key >= stop:
-                return
-            yield key, it.value()
-            it.next()
+        yield from _range(self._iterators[family], start, stop, True)
 
     def close(self) -> None:
         """Release the iterators (and the memtables and files they pin); idempotent."""
