@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-DEFAULT_SIM_RUNS = 1008  # 112 seeds for each of the 9 scenario mixes
+DEFAULT_SIM_RUNS = 2016  # 224 seeds for each of the 9 scenario mixes
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
