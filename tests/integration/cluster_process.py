@@ -68,9 +68,16 @@ class Cluster:
         root: Parent directory of the nodes' data directories.
         size: 3 or 5 voters.
         env: Extra environment for every node (e.g. FUTUREQ_CLUSTER_* tuning).
+        extra_args: Extra ``futureq start`` flags for every node (e.g. TLS).
     """
 
-    def __init__(self, root: Path, size: int, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        size: int,
+        env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
         ports = free_ports(3 * size)
         self.ports = {
             n: (ports[3 * (n - 1)], ports[3 * (n - 1) + 1], ports[3 * (n - 1) + 2])
@@ -80,7 +87,9 @@ class Cluster:
         self.root = root
         self.env = env
         self.nodes = {
-            n: ClusterNode(n, root / f"node{n}", self.ports[n], ["--peers", peers], env)
+            n: ClusterNode(
+                n, root / f"node{n}", self.ports[n], ["--peers", peers, *(extra_args or [])], env
+            )
             for n in self.ports
         }
 

@@ -275,3 +275,43 @@ def test_five_nodes_survive_losing_two_including_the_leader(tmp_path: Path) -> N
         assert consume_all(survivor_leader, "five", "g", ids) == ids
     finally:
         cluster.stop()
+
+
+def test_peers_speak_mutual_tls_when_tls_has_a_ca(tmp_path: Path) -> None:
+    import socket as socket_module
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca_path, cert_path, key_path = tmp_path / "ca.pem", tmp_path / "node.pem", tmp_path / "node.key"
+    ca.cert_pem.write_to_path(str(ca_path))
+    for number, pem in enumerate(cert.cert_chain_pems):
+        pem.write_to_path(str(cert_path), append=number > 0)
+    cert.private_key_pem.write_to_path(str(key_path))
+    tls_args = ["--tls-cert", str(cert_path), "--tls-key", str(key_path), "--tls-ca", str(ca_path)]
+    cluster = Cluster(tmp_path, 3, extra_args=tls_args)
+    try:
+        cluster.start()
+        leader = cluster.leader()  # an election happened over TLS links
+        # A plain-TCP peer cannot join the raft conversation.
+        plain = socket_module.create_connection(("127.0.0.1", cluster.ports[1][1]), timeout=5)
+        plain.sendall(b"\x00\x00\x00\x05hello")
+        plain.close()
+        context = ssl.create_default_context(cafile=str(ca_path))
+        host, port = leader.client_address.rsplit(":", 1)
+        raw = socket_module.create_connection((host, int(port)), timeout=10)
+        client = WireClient.__new__(WireClient)
+        client.sock = context.wrap_socket(raw, server_hostname=host)
+        client.decoder = codec.FrameDecoder(64 * 1024 * 1024)
+        client.pushed = []
+        client._next_id = 100
+        client.send(frames.Hello(1, (1,), "tls", None))
+        assert isinstance(client.receive(), frames.HelloOk)
+        answer = client.publish([["secure.cluster", b"x", 0, None, None]])
+        assert isinstance(answer, frames.PublishOk), answer
+        client.sock.close()
+        assert cluster.leader().node_id == leader.node_id
+    finally:
+        cluster.stop()

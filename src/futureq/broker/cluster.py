@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import ssl
 from typing import TYPE_CHECKING
 
 import trio
@@ -53,6 +54,25 @@ def finish_interrupted_restore(config: Config, db: Database) -> bool:
     return True
 
 
+def raft_tls_contexts(config: Config) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """Mutual TLS between peers when TLS is configured with a CA: each node presents its
+    certificate and accepts only peers whose certificate the CA signed.
+
+    Returns:
+        ``(server_context, client_context)``, or ``(None, None)`` without TLS + CA.
+    """
+    tls = config.tls
+    if not tls.enabled or tls.ca_file is None:
+        return None, None
+    assert tls.cert_file is not None and tls.key_file is not None
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=tls.ca_file)
+    server.load_cert_chain(tls.cert_file, tls.key_file)
+    server.verify_mode = ssl.CERT_REQUIRED
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=tls.ca_file)
+    client.load_cert_chain(tls.cert_file, tls.key_file)
+    return server, client
+
+
 def build_raft_log(
     config: Config,
     db: Database,
@@ -85,10 +105,13 @@ def build_raft_log(
 
     state.on_nodes_changed = replicated_addresses_changed
     replicated_addresses_changed()
+    ssl_server, ssl_client = raft_tls_contexts(config)
     transport = Transport(
         node_id,
         cluster.raft_listen,
         book,
+        ssl_server=ssl_server,
+        ssl_client=ssl_client,
         cluster_id=cluster.cluster_id,
         client_address=client_address,
         rng=random.Random(),
