@@ -9,6 +9,7 @@ they were made (the applied index travels in the same batch as the state it cove
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
@@ -24,6 +25,8 @@ from rocksdict import (
 )
 
 from futureq.errors import StorageError
+
+log = logging.getLogger(__name__)
 
 FAMILIES: Final = ("raft_log", "raft_state", "messages", "schedule", "groups", "meta")
 SCHEMA_VERSION: Final = 1
@@ -233,8 +236,13 @@ class Database:
         self._handles.clear()
         try:
             self._db.flush(True)
-        finally:
             self._db.close()
+        except Exception as exc:
+            # The node is stopping, often because of this very failure (a full disk):
+            # report it, but let the error that stopped the node be the one raised.
+            # What was synced stays durable; the WAL replays the rest on the next start.
+            log.error("RocksDB could not flush and close cleanly in %r: %s", self.path, exc)
+        finally:
             del self._db
             gc.collect()
 
