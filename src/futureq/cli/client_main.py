@@ -549,7 +549,7 @@ async def publish_items(
                     continue
                 reason = f"[{exc.code.name}] {exc.message}"
             except (ConnectionLostError, ProtocolError) as exc:
-                reason = error_line(exc, "").removeprefix("error: ")
+                reason = error_line(exc, ",".join(client.servers)).removeprefix("error: ")
             else:
                 summary.published += len(batch)
                 on_progress(len(batch))
