@@ -121,6 +121,10 @@ def test_followers_redirect_and_the_leader_serves(cluster3: Cluster) -> None:
     assert answer.leader_address == leader.client_address
     status = client.status()
     assert status["role"] == "follower" and status["leader_address"] == leader.client_address
+    view = client.request(frames.ClusterStatus(client.next_id())).status
+    members = {member["node_id"]: member for member in view["nodes"]}
+    assert members[leader.node_id]["client_address"] == leader.client_address
+    assert members[follower.node_id]["raft_address"] == follower.raft_address
     answer = WireClient(leader.client_address).publish([["redirect", b"x", 0, None, None]])
     assert isinstance(answer, frames.PublishOk)
     assert consume_all(leader, "redirect", "g", {answer.first_id}) == {answer.first_id}

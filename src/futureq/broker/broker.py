@@ -183,10 +183,15 @@ class Broker:
                 role = "learner"
             members = []
             for member in sorted(voters | learners):
+                raft_address, client_address = node.member_addresses(member)  # type: ignore[attr-defined]
                 entry: dict[str, Any] = {
                     "node_id": member,
                     "role": "learner" if member in learners else "voter",
                 }
+                if raft_address:
+                    entry["raft_address"] = raft_address
+                if client_address:
+                    entry["client_address"] = client_address
                 if member in progress:
                     entry["match_index"] = progress[member]["match"]
                     entry["lag"] = max(0, commit_index - progress[member]["match"])
