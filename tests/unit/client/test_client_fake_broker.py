@@ -43,9 +43,15 @@ class FakeBroker:
     """One fake node. ``redirect_to`` makes it a follower answering NOT_LEADER."""
 
     def __init__(
-        self, *, redirect_to: str | None = None, token: str | None = None, max_batch: int = 10_000
+        self,
+        *,
+        redirect_to: str | None = None,
+        token: str | None = None,
+        max_batch: int = 10_000,
+        leaderless: bool = False,
     ) -> None:
         self.redirect_to = redirect_to
+        self.leaderless = leaderless
         self.token = token
         self.limits = Limits(max_batch_items=max_batch)
         self.address = ""
@@ -103,7 +109,7 @@ class FakeBroker:
                 return
             await conn.send(frames.HelloOk(rid, 1, 1, self.redirect_to, 4 * 1024 * 1024, "fake"))
             return
-        if self.redirect_to is not None and not isinstance(frame, frames.Ping):
+        if (self.redirect_to is not None or self.leaderless) and not isinstance(frame, frames.Ping):
             await conn.send(
                 frames.Error(rid, ErrorCode.NOT_LEADER, "not leader", None, self.redirect_to)
             )
@@ -328,6 +334,23 @@ async def test_not_leader_redirect_is_followed(nursery: trio.Nursery) -> None:
         assert client.connected_address == leader.address
     assert leader.publish_sizes == [1]
     assert follower.publish_sizes == []
+
+
+async def test_a_node_that_knows_no_leader_sends_the_client_to_the_next_server(
+    nursery: trio.Nursery,
+) -> None:
+    # Regression (jepsen_like partition-leader, seed 22): a node cut off from the
+    # cluster answers NOT_LEADER without an address; waiting on it stalled publishes
+    # for the whole partition.
+    cut_off = FakeBroker(leaderless=True)
+    await nursery.start(cut_off.serve)
+    leader = FakeBroker()
+    await nursery.start(leader.serve)
+    async with open_client([cut_off.address, leader.address], request_timeout_s=10.0) as client:
+        assert client.connected_address == cut_off.address
+        assert await client.publish("t", b"x") == 1
+        assert client.connected_address == leader.address
+    assert leader.publish_sizes == [1]
 
 
 async def test_reconnect_resubscribes_and_voids_old_deliveries(broker: FakeBroker) -> None:
