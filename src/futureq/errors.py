@@ -122,7 +122,8 @@ class NotLeaderError(RequestError):
             or (
                 f"this node is not the leader; send requests to {leader_address}"
                 if leader_address
-                else "this node is not the leader and no leader is known yet; retry shortly"
+                else "this node is not the leader and knows no leader: an election is under way, "
+                "or this node cannot reach a majority of the cluster; retry, or try another node"
             ),
         )
         self.leader_address = leader_address

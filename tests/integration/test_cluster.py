@@ -246,6 +246,10 @@ def test_add_and_remove_nodes_while_publishing(cluster3: Cluster, tmp_path: Path
     producer.finish()
     view = WireClient(new_leader.client_address).request(frames.ClusterStatus(1)).status
     assert leader.node_id not in view["voters"] and 4 in view["voters"]
+    # The removed node learns it was removed and shuts itself down.
+    assert leader.process is not None
+    assert leader.process.wait(20) == 0
+    assert "was removed from the cluster" in leader.stderr_text()
     acked = set(producer.acked)
     assert consume_all(new_leader, "membership", "g", acked, timeout_s=60) >= acked
 
@@ -319,3 +323,27 @@ def test_peers_speak_mutual_tls_when_tls_has_a_ca(tmp_path: Path) -> None:
         assert cluster.leader().node_id == leader.node_id
     finally:
         cluster.stop()
+
+
+def test_joining_with_another_cluster_id_or_a_member_id_is_refused(
+    cluster3: Cluster, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    leader = cluster3.leader()
+    for node_id, extra in ((5, ["--cluster-id", "other"]), (2, [])):
+        client_port, raft_port, http_port = free_ports(3)
+        done = subprocess.run(
+            [sys.executable, "-m", "futureq.cli.server_main", "start", "--node-id", str(node_id),
+             "--data-dir", str(tmp_path / f"join{node_id}"), "--listen", f"127.0.0.1:{client_port}",
+             "--http", f"127.0.0.1:{http_port}", "--raft-listen", f"127.0.0.1:{raft_port}",
+             "--join", leader.client_address, *extra],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert (
+            ("cluster 'futureq'" in done.stderr) if extra else ("already a member" in done.stderr)
+        )
+    view = WireClient(leader.client_address).request(frames.ClusterStatus(1)).status
+    assert view["learners"] == [] and sorted(view["voters"]) == [1, 2, 3]

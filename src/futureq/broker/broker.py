@@ -208,6 +208,7 @@ class Broker:
                 "nodes": members,
             }
         view["node_id"] = self.node_id
+        view["cluster_id"] = self.config.cluster.cluster_id
         addresses = self.state.node_addresses
         for node in view.get("nodes", []):
             known = addresses.get(node["node_id"])
@@ -227,10 +228,24 @@ class Broker:
         self._require_leader()
         for name, address in (("raft_address", raft_address), ("client_address", client_address)):
             try:
-                split_host_port(address)
+                _, port = split_host_port(address)
             except ValueError as exc:
                 raise RequestError(ErrorCode.INVALID_ARGUMENT, f"{name}: {exc}") from None
+            if port == 0:
+                raise RequestError(
+                    ErrorCode.INVALID_ARGUMENT, f"{name} {address!r} must name a real port, not 0"
+                )
         voters, learners = cluster.membership()
+        for member in sorted(voters | learners):
+            if member == node_id:
+                continue
+            known = cluster.member_addresses(member)
+            if raft_address in known or client_address in known:
+                raise RequestError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"node {member} already uses {raft_address if raft_address in known else client_address}; "
+                    "give the new node its own addresses",
+                )
         if node_id in voters:
             raise RequestError(ErrorCode.INVALID_ARGUMENT, f"node {node_id} is already a voter")
         await self.log.propose(commands.node_address(node_id, raft_address, client_address))
@@ -270,6 +285,8 @@ class Broker:
         """
         cluster = self._cluster()
         self._require_leader()
+        if node_id == self.node_id:
+            return  # already the leader
         await cluster.transfer_leadership(node_id)
 
     async def run_promoter(self) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from futureq.errors import ConfigError, FutureQError
+from futureq.errors import ConfigError, ErrorCode, FutureQError, RequestError
 from futureq.raft.node import RaftNode, RaftNodeConfig
 from futureq.raft.rocks_storage import RocksStorage
 from futureq.raft.transport import AddressBook, Transport
@@ -180,7 +180,7 @@ async def export_raft_metrics(node: RaftNode, metrics: Metrics) -> None:
         if node.elections_won > elections:
             metrics.raft_elections_won_total.inc(node.elections_won - elections)
             elections = node.elections_won
-        progress = node.progress()
+        progress = {peer: view for peer, view in node.progress().items() if peer != node.id}
         for peer in peers_seen - set(progress):
             metrics.raft_replication_lag_entries.remove(str(peer))
         for peer, view in progress.items():
@@ -188,6 +188,21 @@ async def export_raft_metrics(node: RaftNode, metrics: Metrics) -> None:
                 max(0, node.commit_index - view["match"])
             )
         peers_seen = set(progress)
+        await trio.sleep(RAFT_METRICS_INTERVAL_S)
+
+
+async def stop_when_removed(node: RaftNode, node_id: int, shutdown: trio.Event) -> None:
+    """Shut this node down once it has applied its own removal from the membership."""
+    was_member = False
+    while True:
+        voters, learners = node.membership()
+        member = node_id in voters or node_id in learners
+        if member:
+            was_member = True
+        elif was_member and (voters or learners):
+            log.warning("node %d was removed from the cluster; shutting down", node_id)
+            shutdown.set()
+            return
         await trio.sleep(RAFT_METRICS_INTERVAL_S)
 
 
@@ -213,10 +228,29 @@ async def join_cluster(
             async with open_client(
                 config.cluster.join, connect_timeout_s=5.0, request_timeout_s=30.0
             ) as client:
+                view = await client.cluster_status()
+                theirs = view.get("cluster_id")
+                if theirs is not None and theirs != config.cluster.cluster_id:
+                    raise ConfigError(
+                        f"{config.cluster.join} belongs to cluster {theirs!r}, this node to "
+                        f"{config.cluster.cluster_id!r}; set --cluster-id to join it"
+                    )
+                if node_id in view.get("voters", []) or node_id in view.get("learners", []):
+                    raise ConfigError(
+                        f"node id {node_id} is already a member of the cluster at "
+                        f"{config.cluster.join}; pick an unused --node-id (or remove the old "
+                        f"node {node_id} first)"
+                    )
                 await client.add_node(node_id, raft_address, client_address)
             log.info(
                 "asked %s to add node %d (raft %s)", config.cluster.join, node_id, raft_address
             )
+        except ConfigError:
+            raise  # this node cannot join that cluster: stop with exit code 2
+        except RequestError as exc:
+            if exc.code is ErrorCode.INVALID_ARGUMENT:
+                raise ConfigError(f"the cluster refused to add this node: {exc.message}") from exc
+            log.warning("joining through %s failed: %s; retrying", config.cluster.join, exc)
         except (FutureQError, OSError) as exc:
             log.warning("joining through %s failed: %s; retrying", config.cluster.join, exc)
         with trio.move_on_after(delay_s):

@@ -36,6 +36,7 @@ from .cluster import (
     finish_interrupted_restore,
     follow_leadership,
     join_cluster,
+    stop_when_removed,
 )
 from .command_log import SingleNodeLog
 from .dispatcher import Dispatcher
@@ -168,6 +169,7 @@ async def serve(
                 await root.start(command_log.run)
                 root.start_soon(follow_leadership, command_log, broker)
                 root.start_soon(export_raft_metrics, command_log, metrics)
+                root.start_soon(stop_when_removed, command_log, config.server.node_id, shutdown)
                 root.start_soon(broker.run_promoter)
                 if config.cluster.join is not None:
                     root.start_soon(join_cluster, config, command_log, client_address, raft_address)

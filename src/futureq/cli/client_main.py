@@ -426,16 +426,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_node = cluster_commands.add_parser(
         "add-node", help="add a node (learner, promoted to voter once caught up)"
     )
-    add_node.add_argument("node_id", type=int, metavar="NODE_ID")
+    add_node.add_argument("node_id", type=_node_id, metavar="NODE_ID")
     add_node.add_argument("raft_address", metavar="RAFT_HOST:PORT")
     add_node.add_argument("client_address", metavar="CLIENT_HOST:PORT")
     remove_node = cluster_commands.add_parser("remove-node", help="remove a node")
-    remove_node.add_argument("node_id", type=int, metavar="NODE_ID")
+    remove_node.add_argument("node_id", type=_node_id, metavar="NODE_ID")
     transfer = cluster_commands.add_parser(
         "transfer-leader", help="hand leadership to a node (default: the most up-to-date)"
     )
-    transfer.add_argument("node_id", type=int, nargs="?", default=None, metavar="NODE_ID")
+    transfer.add_argument("node_id", type=_node_id, nargs="?", default=None, metavar="NODE_ID")
     return parser
+
+
+def _node_id(text: str) -> int:
+    """argparse type: a node id, an integer in 1..2**31-1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a node id (a whole number >= 1)"
+        ) from None
+    if not 1 <= value <= 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"node ids are 1 to 2147483647, got {value}")
+    return value
 
 
 def _check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
