@@ -40,8 +40,7 @@ from bench._common import (
     RawConnection,
     add_common_args,
     finish,
-    publish_frame,
-    publish_items_bytes,
+    publish_many,
 )
 from futureq.wire import frames
 
@@ -55,50 +54,19 @@ CATCH_UP_TIMEOUT_S = 600.0
 _TAKEN = re.compile(r"raft snapshot taken at index (\d+) \((\d+) bytes\)")
 
 
-async def _publish(address: str, total: int, connections: int = 2, window: int = 4) -> float:
-    """Publish ``total`` messages (batches of BATCH, quorum); return seconds."""
-    items = publish_items_bytes(BATCH, topic=TOPIC, payload=b"s" * PAYLOAD_BYTES, delay_ms=DELAY_MS)
-    remaining = total // BATCH
-    started = time.monotonic()
-
-    async def run() -> None:
-        nonlocal remaining
-        conn = await RawConnection.open(address, "snapshot-load")
-        slots = trio.Semaphore(window)
-        outstanding = 0
-        drained = trio.Event()
-        sending_done = False
-
-        async def receiver() -> None:
-            nonlocal outstanding
-            while True:
-                answer = await conn.receive()
-                if answer[0] != frames.FrameType.PUBLISH_OK:
-                    raise RuntimeError(f"PUBLISH refused: {answer}")
-                outstanding -= 1
-                slots.release()
-                if sending_done and outstanding == 0:
-                    drained.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(receiver)
-            while True:
-                await slots.acquire()
-                if remaining <= 0:  # shared by the connections: checked after the wait
-                    break
-                remaining -= 1
-                outstanding += 1
-                await conn.send(publish_frame(conn.next_id(), frames.AckLevel.QUORUM, items))
-            sending_done = True
-            if outstanding:
-                await drained.wait()
-            nursery.cancel_scope.cancel()
-        await conn.aclose()
-
-    async with trio.open_nursery() as nursery:
-        for _ in range(connections):
-            nursery.start_soon(run)
-    return time.monotonic() - started
+async def _publish(address: str, total: int) -> float:
+    """Publish ``total`` messages due in an hour (batches of BATCH, quorum); return seconds."""
+    due_ms = int(time.time() * 1000) + DELAY_MS
+    return await publish_many(
+        address,
+        total,
+        batch=BATCH,
+        topic=TOPIC,
+        due_ms=lambda _index: due_ms,
+        connections=2,
+        window=4,
+        payload=b"s" * PAYLOAD_BYTES,
+    )
 
 
 async def _create_group(address: str) -> None:
