@@ -45,7 +45,12 @@ from futureq.raft.messages import (
     SnapshotMetadata,
     Term,
 )
-from futureq.raft.storage import CompactedError, SnapshotOutOfDateError, UnavailableError
+from futureq.raft.storage import (
+    CompactedError,
+    SnapshotOutOfDateError,
+    UnavailableError,
+    check_appendable,
+)
 
 if TYPE_CHECKING:
     from rocksdict import ColumnFamily, WriteBatch
@@ -528,13 +533,8 @@ class RocksStorage:
     def _stage_append(self, batch: WriteBatch, entries: tuple[Entry, ...] | list[Entry]) -> None:
         if not entries:
             return
-        for before, after in zip(entries, entries[1:], strict=False):
-            if after.index != before.index + 1:
-                raise ValueError(f"entries are not consecutive at index {after.index}")
-        first_new = entries[0].index
         last = self.last_index()
-        if first_new > last + 1:
-            raise ValueError(f"appending at {first_new} would leave a gap after {last}")
+        check_appendable(entries, last)
         start = self._log_start[0]
         kept = [e for e in entries if e.index > start]
         if not kept:

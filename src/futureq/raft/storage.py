@@ -14,6 +14,7 @@ Index ranges: entries ``first_index() .. last_index()`` are stored;
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from futureq.errors import FutureQError
@@ -81,6 +82,20 @@ class Storage(Protocol):
     def snapshot(self) -> Snapshot:
         """The most recent snapshot (the bootstrap snapshot at index 0 if none was taken)."""
         ...
+
+
+def check_appendable(entries: Sequence[Entry], last_index: int) -> None:
+    """Check that ``entries`` are consecutive and start at most at ``last_index + 1``.
+
+    Raises:
+        ValueError: the entries are not consecutive, or would leave a gap in the log.
+    """
+    for before, after in zip(entries, entries[1:], strict=False):
+        if after.index != before.index + 1:
+            raise ValueError(f"entries are not consecutive at index {after.index}")
+    first_new = entries[0].index
+    if first_new > last_index + 1:
+        raise ValueError(f"appending at {first_new} would leave a gap after {last_index}")
 
 
 class MemoryStorage:
@@ -166,14 +181,7 @@ class MemoryStorage:
         """
         if not entries:
             return
-        for before, after in zip(entries, entries[1:], strict=False):
-            if after.index != before.index + 1:
-                raise ValueError(f"entries are not consecutive at index {after.index}")
-        first_new = entries[0].index
-        if first_new > self.last_index() + 1:
-            raise ValueError(
-                f"appending at {first_new} would leave a gap after {self.last_index()}"
-            )
+        check_appendable(entries, self.last_index())
         offset = self._snapshot.metadata.index + 1
         kept = [e for e in entries if e.index >= offset]
         if not kept:
