@@ -114,6 +114,7 @@ def build_raft_log(
         ssl_client=ssl_client,
         cluster_id=cluster.cluster_id,
         client_address=client_address,
+        advertise_address=cluster.advertise_raft,  # None: the bound raft address
         rng=random.Random(),
         # Reconnect to a restarted peer well within one election timeout, or a leader
         # whose quorum needs that peer steps down (CheckQuorum) while it backs off.
@@ -219,6 +220,7 @@ async def join_cluster(
     assert config.cluster.join is not None
     node_id = config.server.node_id
     delay_s = 0.2
+    asked = False  # the leader accepted our ADD_NODE: from then on our id is ours
     while True:
         voters, learners = node.membership()
         if node_id in voters or node_id in learners:
@@ -235,13 +237,21 @@ async def join_cluster(
                         f"{config.cluster.join} belongs to cluster {theirs!r}, this node to "
                         f"{config.cluster.cluster_id!r}; set --cluster-id to join it"
                     )
-                if node_id in view.get("voters", []) or node_id in view.get("learners", []):
+                listed = node_id in view.get("voters", []) or node_id in view.get("learners", [])
+                if listed and asked:
+                    # Added; our own log has not reached the change yet. Wait for it.
+                    log.info("the cluster lists node %d; waiting to apply it", node_id)
+                    with trio.move_on_after(delay_s):
+                        await node.wait_role_change(node.role_epoch)
+                    continue
+                if listed:
                     raise ConfigError(
                         f"node id {node_id} is already a member of the cluster at "
                         f"{config.cluster.join}; pick an unused --node-id (or remove the old "
                         f"node {node_id} first)"
                     )
                 await client.add_node(node_id, raft_address, client_address)
+                asked = True
             log.info(
                 "asked %s to add node %d (raft %s)", config.cluster.join, node_id, raft_address
             )

@@ -172,7 +172,11 @@ async def serve(
                 root.start_soon(stop_when_removed, command_log, config.server.node_id, shutdown)
                 root.start_soon(broker.run_promoter)
                 if config.cluster.join is not None:
-                    root.start_soon(join_cluster, config, command_log, client_address, raft_address)
+                    # Announce the advertised raft address (never the bound wildcard).
+                    announced_raft = transport.advertise_address or raft_address
+                    root.start_soon(
+                        join_cluster, config, command_log, client_address, announced_raft
+                    )
             else:
                 await root.start(command_log.run)
             await root.start(dispatcher.run)

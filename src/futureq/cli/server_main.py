@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ import attrs
 
 from futureq import __version__
 from futureq.config import Config
-from futureq.config_loader import LOG_LEVELS, env_var_name, load_config
+from futureq.config_loader import LOG_LEVELS, config_warnings, env_var_name, load_config
 from futureq.errors import ConfigError
 from futureq.logging_setup import setup_logging
 
@@ -71,11 +72,12 @@ _FLAGS: tuple[_Flag, ...] = (
     ),
     _Flag(("--node-id",), "server", "node_id", "N", "this node's id (>= 1)", type=int),
     _Flag(
-        ("--advertise",),
+        ("--advertise-client", "--advertise"),
         "server",
         "advertise",
         "HOST:PORT",
-        "client address other nodes hand to clients as ours; unset means --listen",
+        "client address this node announces to peers and clients (NOT_LEADER, cluster "
+        "status); never a wildcard; unset means --listen",
     ),
     _Flag(
         ("--log-level",),
@@ -96,6 +98,13 @@ _FLAGS: tuple[_Flag, ...] = (
         "raft_listen",
         "HOST:PORT",
         "where peers connect for Raft traffic",
+    ),
+    _Flag(
+        ("--advertise-raft",),
+        "cluster",
+        "advertise_raft",
+        "HOST:PORT",
+        "Raft address this node announces to peers; never a wildcard; unset means --raft-listen",
     ),
     _Flag(
         ("--peers",),
@@ -243,6 +252,8 @@ def _check_config(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    for warning in config_warnings(config):
+        print(f"futureq: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(config_as_dict(config), indent=2))
     else:
@@ -257,6 +268,8 @@ def _start(args: argparse.Namespace) -> int:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(config.server.log_level)
+    for warning in config_warnings(config):
+        logging.getLogger("futureq").warning("%s", warning)
     return run_server(config)
 
 
