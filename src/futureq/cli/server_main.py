@@ -4,11 +4,13 @@
 
     futureq start [--config FILE] [--data-dir DIR] [--listen HOST:PORT] ...
     futureq check-config [--config FILE] [same flags] [--json]
+    futureq health [--config FILE] [same flags] [--ready]
     futureq --version
 
 Every flag overrides one config key; the order is defaults < TOML file < ``FUTUREQ_*``
 environment < flags (:func:`futureq.config_loader.load_config`). Exit codes: 0 fine,
-2 bad configuration or usage, otherwise what the server returns.
+2 bad configuration or usage, 1 ``health`` found the node unhealthy (or not ready),
+otherwise what the server returns.
 
 Source: DESIGN.md, "Processes and ports"; docs/operations.md, "Configuration".
 """
@@ -21,13 +23,15 @@ import json
 import logging
 import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from futureq import __version__
-from futureq.config import Config
+from futureq.config import WILDCARD_HOSTS, Config, split_host_port
 from futureq.config_loader import LOG_LEVELS, config_warnings, env_var_name, load_config
 from futureq.errors import ConfigError
 from futureq.logging_setup import setup_logging
@@ -200,6 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_flags(check)
     check.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    health = commands.add_parser(
+        "health",
+        help="exit 0 when this node's /healthz (--ready: /readyz) answers 200, else 1",
+        description="Ask the node configured like `start` (same config, environment and "
+        "flags) for /healthz, or /readyz with --ready, on its HTTP listener; exit 0 on 200, "
+        "1 otherwise. Meant for container health checks (Dockerfile HEALTHCHECK).",
+    )
+    _add_config_flags(health)
+    health.add_argument("--ready", action="store_true", help="ask /readyz instead of /healthz")
+    health.add_argument(
+        "--timeout", type=float, default=3.0, metavar="SECONDS", help="deadline (default 3)"
+    )
     return parser
 
 
@@ -261,6 +277,35 @@ def _check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+EXIT_UNHEALTHY = 1
+
+
+def _health(args: argparse.Namespace) -> int:
+    try:
+        config = _load(args)
+    except ConfigError as error:
+        print(f"futureq: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    host, port = split_host_port(config.server.http)
+    if host in WILDCARD_HOSTS:  # listening everywhere: ask over loopback
+        host = "::1" if ":" in host else "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    path = "/readyz" if args.ready else "/healthz"
+    url = f"http://{host}:{port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:
+            body = response.read().decode("utf-8", "replace").strip()
+            print(f"{url}: {response.status} {body}")
+            return EXIT_OK
+    except urllib.error.HTTPError as error:
+        body = error.read().decode("utf-8", "replace").strip()
+        print(f"{url}: {error.code} {body}", file=sys.stderr)
+    except (OSError, ValueError) as error:
+        print(f"{url}: no answer ({error})", file=sys.stderr)
+    return EXIT_UNHEALTHY
+
+
 def _start(args: argparse.Namespace) -> int:
     try:
         config = _load(args)
@@ -304,6 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _start(args)
     if args.command == "check-config":
         return _check_config(args)
+    if args.command == "health":
+        return _health(args)
     parser.print_help(sys.stderr)
     return EXIT_CONFIG
 
