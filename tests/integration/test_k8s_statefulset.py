@@ -47,24 +47,25 @@ def certificates() -> trustme.CA:
     return trustme.CA()
 
 
-def _secrets(ca: trustme.CA, renderer_ips: list[str]) -> dict[str, dict[str, bytes]]:
-    """The Secrets the StatefulSet mounts, as an operator would create them: one
-    certificate for every pod's DNS name (a wildcard under the headless service) and the
-    client service's names; the loopback IPs those names resolve to here are added."""
-    namespace = "futureq"
-    names = [
-        f"*.futureq-headless.{namespace}.svc.cluster.local",
-        f"futureq.{namespace}.svc.cluster.local",
-        f"futureq.{namespace}.svc",
-        *renderer_ips,
-    ]
-    cert = ca.issue_cert(*names)
+def _secrets(ca: trustme.CA, node_ids: range) -> dict[str, dict[str, bytes]]:
+    """The Secrets the StatefulSet mounts, as k8s/README.md says to create them: the CA,
+    and for each node id a certificate naming ``node-N.<cluster_id>.futureq`` (what peers
+    check), the pod's DNS name and the client service's names; the loopback IP the pod's
+    name resolves to here is added."""
+    tls: dict[str, bytes] = {"ca.crt": ca.cert_pem.bytes()}
+    for node_id in node_ids:
+        ordinal = node_id - 1
+        cert = ca.issue_cert(
+            f"node-{node_id}.futureq.futureq",
+            f"futureq-{ordinal}.futureq-headless.futureq.svc.cluster.local",
+            "futureq.futureq.svc.cluster.local",
+            "futureq.futureq.svc",
+            f"127.0.0.{ordinal + 1}",
+        )
+        tls[f"node-{node_id}.crt"] = b"".join(blob.bytes() for blob in cert.cert_chain_pems)
+        tls[f"node-{node_id}.key"] = cert.private_key_pem.bytes()
     return {
-        "futureq-tls": {
-            "tls.crt": b"".join(blob.bytes() for blob in cert.cert_chain_pems),
-            "tls.key": cert.private_key_pem.bytes(),
-            "ca.crt": ca.cert_pem.bytes(),
-        },
+        "futureq-tls": tls,
         "futureq-cluster-secret": {"cluster-secret": secrets.token_hex(32).encode()},
     }
 
@@ -73,9 +74,7 @@ class K8sCluster:
     """The StatefulSet's pods as processes, plus a client's view of them."""
 
     def __init__(self, root: Path, ca: trustme.CA) -> None:
-        ips = [f"127.0.0.{n}" for n in range(1, 7)]
-        self.renderer = StatefulSetRenderer(root / "pods", _secrets(ca, ips), BIN_DIR)
-        self.renderer.secrets = _secrets(ca, ips)
+        self.renderer = StatefulSetRenderer(root / "pods", _secrets(ca, range(1, 6)), BIN_DIR)
         self.client_ssl = ssl.create_default_context(cafile=None)
         ca.configure_trust(self.client_ssl)
         self.ca_file = root / "ca.pem"
