@@ -22,6 +22,7 @@ import trio
 from futureq import __version__
 from futureq.clock import Clock, SystemClock
 from futureq.config import Config, split_host_port
+from futureq.data_tools import check_data_fits_mode
 from futureq.errors import ConfigError, FutureQError, StorageError
 from futureq.metrics import Metrics
 from futureq.raft.node import RaftNode
@@ -110,6 +111,7 @@ async def serve(
         block_cache_mb=config.storage.block_cache_mb,
     )
     try:
+        check_data_fits_mode(db, clustered=config.cluster.clustered)
         if config.cluster.clustered:
             finish_interrupted_restore(config, db)
         state = QueueState(

@@ -5,12 +5,15 @@
     futureq start [--config FILE] [--data-dir DIR] [--listen HOST:PORT] ...
     futureq check-config [--config FILE] [same flags] [--json]
     futureq health [--config FILE] [same flags] [--ready]
+    futureq convert-to-cluster [--config FILE] [same flags]
+    futureq backup [--config FILE] [same flags] --out FILE
+    futureq restore [--config FILE] [same flags] --from FILE [--single-node]
     futureq --version
 
 Every flag overrides one config key; the order is defaults < TOML file < ``FUTUREQ_*``
 environment < flags (:func:`futureq.config_loader.load_config`). Exit codes: 0 fine,
 2 bad configuration or usage, 1 ``health`` found the node unhealthy (or not ready),
-otherwise what the server returns.
+3 a storage failure (data commands), otherwise what the server returns.
 
 Source: DESIGN.md, "Processes and ports"; docs/operations.md, "Configuration".
 """
@@ -216,6 +219,40 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument(
         "--timeout", type=float, default=3.0, metavar="SECONDS", help="deadline (default 3)"
     )
+    convert = commands.add_parser(
+        "convert-to-cluster",
+        help="make a stopped single node's data the first node of a new cluster",
+        description="Turn the single node's data in --data-dir into node --node-id of a new "
+        "cluster, losing nothing: the whole state becomes the cluster's first Raft snapshot "
+        "and the node its only voter. Then start it with --peers naming itself, and add the "
+        "other nodes with --join. The node must be stopped. See docs/operations.md.",
+    )
+    _add_config_flags(convert)
+    backup = commands.add_parser(
+        "backup",
+        help="write a backup of the node's queue state (the node may keep running)",
+        description="Read the queue state in --data-dir at one applied index (through a "
+        "RocksDB secondary instance: a running node keeps serving) and write it to --out. "
+        "Restore it with `futureq restore`. See docs/operations.md.",
+    )
+    _add_config_flags(backup)
+    backup.add_argument(
+        "--out", required=True, metavar="FILE", help="backup file to write; - for stdout"
+    )
+    restore = commands.add_parser(
+        "restore",
+        help="lay a backup into an empty data directory",
+        description="Write the backup into the empty --data-dir as node --node-id, the only "
+        "voter of a new cluster (start it with --peers naming itself, then --join the "
+        "others), or with --single-node as a single node's data. See docs/operations.md.",
+    )
+    _add_config_flags(restore)
+    restore.add_argument(
+        "--from", dest="source", required=True, metavar="FILE", help="backup file; - for stdin"
+    )
+    restore.add_argument(
+        "--single-node", action="store_true", help="restore as a single node, not a cluster"
+    )
     return parser
 
 
@@ -278,6 +315,62 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 EXIT_UNHEALTHY = 1
+EXIT_STORAGE = 3
+
+
+def _data_command(args: argparse.Namespace) -> int:
+    """convert-to-cluster, backup, restore (:mod:`futureq.data_tools`)."""
+    from futureq import data_tools  # RocksDB tooling: not needed by --help
+    from futureq.errors import StorageError
+
+    try:
+        config = _load(args)
+        data_dir = config.server.data_dir
+        if args.command == "convert-to-cluster":
+            index = data_tools.convert_to_cluster(config)
+            node_id = config.server.node_id
+            print(
+                f"{data_dir} is now node {node_id} of a new cluster, holding everything up to "
+                f"index {index}. Start it with --node-id {node_id} --peers "
+                f"{node_id}=<its raft HOST:PORT>, then start the other nodes with --join."
+            )
+        elif args.command == "backup":
+            if args.out == "-":
+                info = data_tools.write_backup(data_dir, sys.stdout.buffer)
+            else:
+                temp = f"{args.out}.partial"
+                with open(temp, "wb") as out:
+                    info = data_tools.write_backup(data_dir, out)
+                    os.fsync(out.fileno())
+                os.replace(temp, args.out)
+            print(
+                f"backup of {data_dir} at index {info.index} ({info.size_bytes} bytes of "
+                f"state) written to {args.out}",
+                file=sys.stderr,
+            )
+        else:
+            if args.source == "-":
+                raw = sys.stdin.buffer.read()
+            else:
+                with open(args.source, "rb") as source:
+                    raw = source.read()
+            info = data_tools.restore_backup(config, raw, single_node=args.single_node)
+            where = (
+                "as a single node"
+                if args.single_node
+                else f"as node {config.server.node_id}, the only voter of a new cluster"
+            )
+            print(f"restored the backup at index {info.index} into {data_dir} {where}")
+    except ConfigError as error:
+        print(f"futureq: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as error:
+        print(f"futureq: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except StorageError as error:
+        print(f"futureq: storage failure: {error}", file=sys.stderr)
+        return EXIT_STORAGE
+    return EXIT_OK
 
 
 def _health(args: argparse.Namespace) -> int:
@@ -351,6 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _check_config(args)
     if args.command == "health":
         return _health(args)
+    if args.command in ("convert-to-cluster", "backup", "restore"):
+        return _data_command(args)
     parser.print_help(sys.stderr)
     return EXIT_CONFIG
 
