@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import ssl
 import subprocess
 import sys
@@ -370,3 +371,54 @@ def test_a_pod_beyond_the_initial_voters_joins_is_promoted_and_scales_down(
     answer = client.publish([[TOPIC, b"after scale-down", 0, None, None]])
     assert isinstance(answer, frames.PublishOk), answer
     client.close()
+
+
+def test_a_pod_whose_volume_was_lost_rejoins_through_the_runbook(k8s: K8sCluster) -> None:
+    ordinals = list(range(k8s.renderer.replicas))
+    k8s.start_all(ordinals)
+    leader = leader_ordinal(k8s, ordinals)
+    client = k8s.connect(leader)
+    for start in range(0, 200, 50):
+        items = [[TOPIC, f"lost-{n}".encode(), 0, None, None] for n in range(start, start + 50)]
+        assert isinstance(client.publish(items), frames.PublishOk)
+    client.close()
+
+    # The volume of a follower is lost; k8s/README.md, "A lost volume": remove the node
+    # id, let the pod come back blank under the same id, add it back as a learner.
+    victim = next(ordinal for ordinal in ordinals if ordinal != leader)
+    node_id = victim + 1
+    pod = k8s.pod(victim)
+    pod.kill()
+    shutil.rmtree(pod.pod.mounts["/var/lib/futureq"])
+    cli = [str(BIN_DIR / "futureq-cli"), "--server", k8s.client_address(leader),
+           "--tls-ca", str(k8s.ca_file), "cluster"]  # fmt: skip
+    done = subprocess.run(
+        [*cli, "remove-node", str(node_id)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    pod.start()
+    pod.wait_probe("startupProbe")
+    add = ["add-node", str(node_id), k8s.dns_address(victim, 7451), k8s.dns_address(victim, 7450)]
+    done = subprocess.run([*cli, *add], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    wait_until(
+        lambda: sorted(k8s.cluster_status(leader)["voters"]) == [1, 2, 3],  # type: ignore[call-overload]
+        30,
+        f"node {node_id} promoted again",
+    )
+    pod.wait_probe("readinessProbe", timeout_s=READY_TIMEOUT_S)
+
+    # It holds the same state as the leader: same applied index, same digest.
+    def same_state() -> bool:
+        mine = k8s.connect(victim)
+        theirs = k8s.connect(leader)
+        try:
+            a, b = mine.status(), theirs.status()
+        finally:
+            mine.close()
+            theirs.close()
+        return (
+            a["applied_index"] == b["applied_index"] and a["applied_digest"] == b["applied_digest"]
+        )
+
+    wait_until(same_state, 30, "the rebuilt node to hold the leader's state")
