@@ -34,7 +34,6 @@ import io
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import IO, Final, Literal
 
@@ -43,6 +42,7 @@ import msgpack
 from rocksdict import AccessType, Options, Rdict, RdictIter, ReadOptions
 
 from futureq import __version__
+from futureq.clock import SystemClock
 from futureq.config import Config
 from futureq.errors import ConfigError, StorageError
 from futureq.raft.messages import (
@@ -299,7 +299,7 @@ def write_backup(data_dir: str, out: IO[bytes], *, now_ms: int | None = None) ->
         view.close()
     info = BackupInfo(
         index=index,
-        created_ms=int(time.time() * 1000) if now_ms is None else now_ms,
+        created_ms=SystemClock().wall_ms() if now_ms is None else now_ms,
         server_version=__version__,
         source=source_kind,
         size_bytes=len(data),

@@ -210,3 +210,20 @@ def test_backup_of_a_running_cluster_restores_as_a_new_cluster_or_a_single_node(
     done = futureq("restore", "--from", str(tmp_path / "damaged"), "--data-dir",
                    str(tmp_path / "never"), "--node-id", "1")  # fmt: skip
     assert done.returncode == 2 and "damaged" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b"", "no header"),
+        (b"\x93\xa3abc\x01\x80", "wrong header"),
+        (b"\x93\xaefutureq-backup\x09\x80", "version 9"),
+        (b"\x93\xaefutureq-backup\x01\x81\xa5index\x01garbage", "damaged"),
+    ],
+)
+def test_a_file_that_is_not_a_good_backup_is_refused(raw: bytes, says: str) -> None:
+    from futureq.data_tools import read_backup
+    from futureq.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        read_backup(raw)

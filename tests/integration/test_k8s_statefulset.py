@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import trustme
-from k8s_render import PodProcess, StatefulSetRenderer, wait_until
+from k8s_render import PodProcess, StatefulSetRenderer, expand, wait_until
 from wire_client import WireClient
 
 from futureq.errors import ErrorCode
@@ -422,3 +422,20 @@ def test_a_pod_whose_volume_was_lost_rejoins_through_the_runbook(k8s: K8sCluster
         )
 
     wait_until(same_state, 30, "the rebuilt node to hold the leader's state")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("$(POD_NAME).svc:7450", "futureq-1.svc:7450"),
+        ("$(UNDEFINED)-x", "$(UNDEFINED)-x"),  # kept as written
+        ("$$(POD_NAME)", "$(POD_NAME)"),  # escaped
+        (
+            'node_id=$((ordinal + 1)) "${POD_NAME##*-}"',
+            'node_id=$((ordinal + 1)) "${POD_NAME##*-}"',
+        ),
+        ("cost $5 and $(", "cost $5 and $("),
+    ],
+)
+def test_the_renderer_expands_variables_as_kubernetes_does(text: str, expected: str) -> None:
+    assert expand(text, {"POD_NAME": "futureq-1"}) == expected
