@@ -85,8 +85,10 @@ def test_redirects_hello_and_cluster_status_carry_the_advertised_addresses(
 
     # A joining node sends its advertised addresses in NODE_ADDRESS.
     ports = (client_port, raft_port, _) = tuple(free_ports(3))
+    # (Cluster.auth_args: the peer credentials, where issue 7's authentication is in.)
+    auth = getattr(cluster, "auth_args", [])
     joiner = ClusterNode(
-        4, tmp_path / "node4", ports, ["--join", leader.client_address, *_advertised(ports)]
+        4, tmp_path / "node4", ports, ["--join", leader.client_address, *_advertised(ports), *auth]
     )
     cluster.nodes[4] = joiner
     joiner.start()

@@ -4,6 +4,7 @@ directory is refused with the command that fixes it."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import time
@@ -16,6 +17,19 @@ from cluster_process import Cluster, ClusterNode, free_ports
 from wire_client import WireClient
 
 from futureq.wire import frames
+
+
+def peer_auth_args(root: Path) -> list[str]:
+    """The flags a node with peers needs to authenticate them: a cluster secret, where
+    issue 7's peer authentication is in (``futureq.peer_credentials``), else none."""
+    if importlib.util.find_spec("futureq.peer_credentials") is None:
+        return []
+    from futureq.peer_credentials import generate_secret_file  # type: ignore[import-not-found,unused-ignore]
+
+    path = root / "cluster.secret"
+    if not path.exists():
+        generate_secret_file(str(path))
+    return ["--cluster-secret-file", str(path)]
 
 
 def futureq(*args: str) -> subprocess.CompletedProcess[str]:
@@ -108,7 +122,9 @@ def test_a_single_node_grows_into_a_three_node_cluster_losing_nothing(
     # Started as a cluster member as it is: refused with the command that fixes it.
     client_port, raft_port, http_port = free_ports(3)
     ports = ["--listen", f"127.0.0.1:{client_port}", "--http", f"127.0.0.1:{http_port}"]
+    auth = peer_auth_args(tmp_path)
     peers = ["--peers", f"1=127.0.0.1:{raft_port}", "--raft-listen", f"127.0.0.1:{raft_port}"]
+    peers += auth
     refused = futureq("start", "--data-dir", str(single.data_dir), *ports, *peers)
     assert refused.returncode == 2, refused.stderr
     assert "convert-to-cluster" in refused.stderr
@@ -122,13 +138,15 @@ def test_a_single_node_grows_into_a_three_node_cluster_losing_nothing(
     alone = futureq("start", "--data-dir", str(single.data_dir), *ports)
     assert alone.returncode == 2 and "fork" in alone.stderr
 
-    first = ClusterNode(1, single.data_dir, (client_port, raft_port, http_port), peers[:2])
+    first = ClusterNode(
+        1, single.data_dir, (client_port, raft_port, http_port), [*peers[:2], *auth]
+    )
     nodes.append(first)
     first.start()
     for node_id in (2, 3):
         joiner = ClusterNode(
             node_id, tmp_path / f"node{node_id}", tuple(free_ports(3)),  # type: ignore[arg-type]
-            ["--join", first.client_address],
+            ["--join", first.client_address, *auth],
         )  # fmt: skip
         nodes.append(joiner)
         joiner.start()
@@ -184,7 +202,10 @@ def test_backup_of_a_running_cluster_restores_as_a_new_cluster_or_a_single_node(
     assert again.returncode == 2 and "empty data directory" in again.stderr
     client_port, raft_port, http_port = free_ports(3)
     node = ClusterNode(
-        1, restored, (client_port, raft_port, http_port), ["--peers", f"1=127.0.0.1:{raft_port}"]
+        1,
+        restored,
+        (client_port, raft_port, http_port),
+        ["--peers", f"1=127.0.0.1:{raft_port}", *peer_auth_args(tmp_path)],
     )
     nodes.append(node)
     node.start()

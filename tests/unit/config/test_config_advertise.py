@@ -3,14 +3,27 @@ cluster that would announce a wildcard is refused (issue 12)."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from futureq.cli import server_main
-from futureq.config import announced_client_address, announced_raft_address, is_wildcard
+from futureq.config import (
+    ClusterSection,
+    announced_client_address,
+    announced_raft_address,
+    is_wildcard,
+)
 from futureq.config_loader import config_warnings, load_config
 from futureq.errors import ConfigError
 
-PEERS = {"cluster": {"peers": "1=n1:7451,2=n2:7451,3=n3:7451"}}
+# These tests are about addresses: where peer authentication (issue 7) is in, they opt
+# out of it, so a node with peers and no credential is not a second problem.
+_NO_AUTH = {"insecure_peers": True} if "insecure_peers" in attrs.fields_dict(ClusterSection) else {}
+PEERS = {"cluster": {"peers": "1=n1:7451,2=n2:7451,3=n3:7451", **_NO_AUTH}}
+
+
+def _wildcard_lines(error: pytest.ExceptionInfo[ConfigError]) -> list[str]:
+    return [line for line in str(error.value).splitlines() if "wildcard" in line]
 
 
 @pytest.fixture(autouse=True)
@@ -83,21 +96,21 @@ def test_a_clustered_node_with_wildcard_listeners_and_advertised_names_is_valid(
 def test_a_clustered_node_that_would_announce_a_wildcard_is_refused(
     overrides: dict[str, dict[str, object]], key: str
 ) -> None:
-    for extra in (PEERS["cluster"], {"join": "n1:7450"}):
+    for extra in (PEERS["cluster"], {"join": "n1:7450", **_NO_AUTH}):
         merged = {**overrides, "cluster": {**overrides.get("cluster", {}), **extra}}
         with pytest.raises(ConfigError) as error:
             load_config(env={}, overrides=merged)
-        text = str(error.value)
-        assert "(1 problem)" in text, text
-        assert f"  - {key} = " in text and "wildcard" in text
+        (line,) = _wildcard_lines(error)
+        assert line.startswith(f"  - {key} = "), line
         flag = "--advertise-client" if key.startswith("server") else "--advertise-raft"
-        assert flag in text
+        assert flag in line
 
 
 def test_a_bad_listen_address_is_reported_once_not_as_a_wildcard() -> None:
     with pytest.raises(ConfigError) as error:
         load_config(env={}, overrides={"server": {"listen": "nowhere"}, **PEERS})
     assert "(1 problem)" in str(error.value)
+    assert _wildcard_lines(error) == []
 
 
 def test_advertise_raft_must_name_a_real_port() -> None:
