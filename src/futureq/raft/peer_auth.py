@@ -579,7 +579,9 @@ class ConnectorHandshake:
                 "check the peer addresses (--peers)",
             )
         if self._require_certificate:
-            check_certificate(self._peer_certificate, self.hello.cluster_id, peer, f"node {peer}")
+            check_certificate(
+                self._peer_certificate, self.hello.cluster_id, peer, "the node at this address"
+            )
         if frame.nonce == self.hello.nonce:
             raise _refuse(RefusalReason.PROTOCOL, f"node {peer} echoed our nonce back")
         transcript = transcript_hash(self.hello, frame)

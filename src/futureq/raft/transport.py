@@ -204,7 +204,8 @@ class Transport:
         nonce_source: ``n -> n`` random bytes for handshake nonces (a CSPRNG).
 
     Raises:
-        ValueError: only one of the TLS contexts given, or a secret that is too short.
+        ValueError: only one of the TLS contexts given, a server context that does not
+            require certificates, or a secret that is too short.
     """
 
     def __init__(
@@ -233,6 +234,8 @@ class Transport:
     ) -> None:
         if (ssl_server is None) != (ssl_client is None):
             raise ValueError("give both TLS contexts (server and client) or neither")
+        if ssl_server is not None and ssl_server.verify_mode != ssl.CERT_REQUIRED:
+            raise ValueError("the server TLS context must require peer certificates")
         if secret is not None and len(secret) < peer_auth.MIN_SECRET_BYTES:
             raise ValueError(
                 f"the cluster secret must be at least {peer_auth.MIN_SECRET_BYTES} bytes"
