@@ -27,7 +27,7 @@ from futureq.raft.core import Role
 from futureq.raft.messages import Heartbeat, LogIndex, NodeId, Term, encode_message
 from futureq.raft.node import RaftNode, RaftNodeConfig
 from futureq.raft.rocks_storage import RocksStorage
-from futureq.raft.transport import AddressBook, Transport
+from futureq.raft.transport import DEFAULT_MAX_PENDING_HANDSHAKES, AddressBook, Transport
 from futureq.storage.db import Database
 from futureq.wire.codec import NEED_DATA, FrameDecoder, encode_value
 
@@ -452,12 +452,12 @@ async def test_garbage_on_the_raft_port_hurts_only_that_link(tmp_path: Path) -> 
             with trio.fail_after(WAIT_S):
                 stream = await trio.open_tcp_stream(host, int(port))
                 async with stream:
-                    sealer = await _authenticate(stream, SECRET, 9, leader.node_id)
+                    sealer = await _authenticate(stream, SECRET, 8, leader.node_id)
                     assert sealer is not None
                     if after_handshake == "garbage":
                         frame = encode_value(sealer.seal(b"\xc1"))
                     elif after_handshake == "other sender":
-                        frame = encode_value(sealer.seal(heartbeat))  # says node 2, not 9
+                        frame = encode_value(sealer.seal(heartbeat))  # says node 2, not 8
                     else:
                         frame = encode_value(heartbeat)
                     await stream.send_all(frame)
@@ -468,8 +468,48 @@ async def test_garbage_on_the_raft_port_hurts_only_that_link(tmp_path: Path) -> 
             lambda: leader.transport.stats.inbound_protocol_errors >= len(attacks) + 3,
             "the bad connections to be refused",
         )
+        # What an unauthenticated peer said about itself was not believed.
+        assert 9 not in leader.transport._learned and 8 in leader.transport._learned
         assert leader.node.is_leader()
         await _propose_all(leader, [b"still-fine"])
+        await cluster.wait_converged(1)
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_unauthenticated_connections_cost_bounded_memory(tmp_path: Path) -> None:
+    """Before the handshake a frame may hold at most 8 KiB, and at most
+    ``max_pending_handshakes`` connections wait in their handshake; beyond that new
+    ones are closed at once. The peers' own links keep working throughout."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        assert leader.transport.bound_address is not None
+        host, port = leader.transport.bound_address.rsplit(":", 1)
+        with trio.fail_after(WAIT_S):
+            big = await trio.open_tcp_stream(host, int(port))
+            async with big:
+                await big.send_all((peer_auth.MAX_HANDSHAKE_FRAME_BYTES + 1).to_bytes(4, "big"))
+                while await big.receive_some(1024):  # refused at the header
+                    pass
+        idle: list[trio.SocketStream] = []
+        try:
+            with trio.fail_after(WAIT_S):
+                for _ in range(DEFAULT_MAX_PENDING_HANDSHAKES):
+                    idle.append(await trio.open_tcp_stream(host, int(port)))
+                await cluster.wait_for(
+                    lambda: leader.transport._handshake_slots.value == 0,
+                    "every handshake slot to be taken by an idle connection",
+                )
+                extra = await trio.open_tcp_stream(host, int(port))
+                async with extra:
+                    assert await extra.receive_some(1024) == b""  # closed at once
+            assert leader.transport.stats.inbound_refused_busy >= 1
+            await _propose_all(leader, [b"during"])
+        finally:
+            for stream in idle:
+                await stream.aclose()
         await cluster.wait_converged(1)
         await cluster.stop_all()
 
