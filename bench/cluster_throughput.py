@@ -13,7 +13,7 @@ Usage::
 
     python -m bench.cluster_throughput [--quick] [--compare] [--batches 1,100,1000]
         [--seconds 5] [--connections 4] [--profile] [--no-single]
-        [--peer-auth secret[,insecure]]
+        [--peer-auth secret[,insecure]] [--no-fsync]
 
 Figures per batch: msgs/s, requests/s, leader fsyncs/s and entries per fsync,
 PUBLISH_OK latency p50/p99 (pipelined, so mostly queueing), CPU % of each node and of
@@ -48,10 +48,12 @@ def run_cluster_batch(
     seconds: float,
     profile: bool,
     peer_auth: str = "secret",
+    fsync: bool = True,
 ) -> dict[str, Any]:
     """A fresh 3-node cluster, one batch size: the figures of ``publish_throughput._load``
     against the leader, plus every node's CPU over warm-up and measurement."""
-    with LocalCluster(3, peer_auth=peer_auth) as cluster:
+    env = {} if fsync else {"FUTUREQ_STORAGE_FSYNC": "false"}
+    with LocalCluster(3, env=env, peer_auth=peer_auth) as cluster:
         cluster.start()
         leader = cluster.leader()
         meter = CpuMeter(
@@ -108,6 +110,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default="secret",
         help="comma-separated peer authentication modes: secret, insecure",
     )
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="nodes do not fsync: measures CPU costs (e.g. --peer-auth) without the disk",
+    )
     args = parser.parse_args(argv)
     modes = args.peer_auth.split(",")
     seconds = args.seconds if args.seconds is not None else (2.0 if args.quick else 5.0)
@@ -120,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for batch in [int(b) for b in args.batches.split(",")]:
         for mode in modes:
             row = run_cluster_batch(
-                batch, args.connections, args.warmup, seconds, args.profile, mode
+                batch, args.connections, args.warmup, seconds, args.profile, mode, not args.no_fsync
             )
             row["peer_auth"] = mode
             by_mode[mode][str(batch)] = row
