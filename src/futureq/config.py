@@ -21,12 +21,14 @@ DEFAULT_HTTP_PORT = 7452
 
 @attrs.frozen
 class TlsConfig:
-    """TLS for the client listener. Both files set turns TLS on.
+    """TLS for the client listener. Both files set turns TLS on; with ``ca_file`` too,
+    Raft peers use mutual TLS (the certificate must then name the node id,
+    docs/security.md).
 
     Attributes:
         cert_file: PEM certificate chain of this server.
         key_file: PEM private key of ``cert_file``.
-        ca_file: PEM CA bundle to verify client certificates, or None.
+        ca_file: PEM CA bundle to verify client and peer certificates, or None.
         require_client_cert: Refuse clients without a certificate signed by ``ca_file``.
     """
 
@@ -154,6 +156,11 @@ class ClusterSection:
         join: Client address (``HOST:PORT``) of a cluster member to ask to add this
             node (it joins as a learner, catches up, and is promoted to voter).
         cluster_id: Name every node of one cluster shares; peers with another are refused.
+        secret_file: File holding the cluster secret every node shares (at least 32
+            bytes; ``futureq generate-secret FILE``); peers prove they hold it in the Raft
+            handshake (docs/security.md). None without one.
+        insecure_peers: Run a node with peers although neither mutual TLS nor a secret
+            authenticates them (anyone who reaches the Raft port can rewrite the log).
         tick_ms: Length of one Raft tick (ms).
         election_timeout_ticks: Election timeout in ticks (randomised in [T, 2T)).
         heartbeat_ticks: Leader heartbeat interval in ticks.
@@ -169,6 +176,8 @@ class ClusterSection:
     peers: str = ""
     join: str | None = None
     cluster_id: str = "futureq"
+    secret_file: str | None = None
+    insecure_peers: bool = False
     tick_ms: int = 50
     election_timeout_ticks: int = 10
     heartbeat_ticks: int = 1

@@ -52,6 +52,12 @@ from futureq.config import (
     split_host_port,
 )
 from futureq.errors import ConfigError
+from futureq.peer_credentials import (
+    CredentialError,
+    check_own_certificate,
+    mutual_tls_configured,
+    read_secret_file,
+)
 
 ENV_PREFIX = "FUTUREQ_"
 MAX_NODE_ID = 2**31 - 1
@@ -249,6 +255,13 @@ class _Loader:
         if config is not None:
             for bad in _check_whole(config):
                 if bad_keys.isdisjoint(bad.keys) and semantic_keys.isdisjoint(bad.keys):
+                    problems.append(self._sentence(bad))
+
+        # Checks across sections, on a config that structured and whose keys are sound.
+        if config is not None:
+            bad_keys.update(key for problem in problems for key in problem.keys)
+            for bad in _check_peer_authentication(config):
+                if bad_keys.isdisjoint(bad.keys):
                     problems.append(self._sentence(bad))
 
         if problems:
@@ -575,6 +588,44 @@ def _check_cluster(cluster: ClusterSection) -> Iterable[_Bad]:
         )
     yield from _minimum("cluster", cluster, "snapshot_chunk_bytes", 1024, " bytes")
     yield from _minimum("cluster", cluster, "compact_every_entries", 1, " entries")
+    if cluster.secret_file is not None:
+        try:
+            read_secret_file(cluster.secret_file)
+        except CredentialError as error:
+            yield _Bad(("cluster.secret_file",), cluster.secret_file, str(error))
+
+
+def _check_peer_authentication(config: Config) -> Iterable[_Bad]:
+    """A node with peers authenticates them, or the operator said not to (docs/security.md)."""
+    cluster = config.cluster
+    if not cluster.clustered:
+        return
+    key, value = (
+        ("cluster.peers", cluster.peers)
+        if cluster.peers.strip()
+        else (
+            "cluster.join",
+            cluster.join,
+        )
+    )
+    if mutual_tls_configured(config):
+        try:
+            check_own_certificate(config)
+        except CredentialError as error:
+            yield _Bad(
+                ("tls.cert_file", "server.node_id", "cluster.cluster_id"),
+                config.tls.cert_file,
+                str(error),
+            )
+    elif cluster.secret_file is None and not cluster.insecure_peers:
+        yield _Bad(
+            (key, "cluster.secret_file", "cluster.insecure_peers"),
+            value,
+            "a node with peers must authenticate them: give every node the same "
+            "--cluster-secret-file (make one with `futureq generate-secret FILE`), or mutual "
+            "TLS with --tls-cert, --tls-key and --tls-ca (certificates naming the node id), "
+            "or pass --insecure-peers to let anyone who reaches the Raft port act as a node",
+        )
 
 
 _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
