@@ -30,12 +30,15 @@ class TlsConfig:
         key_file: PEM private key of ``cert_file``.
         ca_file: PEM CA bundle to verify client and peer certificates, or None.
         require_client_cert: Refuse clients without a certificate signed by ``ca_file``.
+        http: Serve the HTTP port (dashboard, ``/metrics``, ``/ws``) over HTTPS with the
+            same certificate (and the same client-certificate rule).
     """
 
     cert_file: str | None = None
     key_file: str | None = None
     ca_file: str | None = None
     require_client_cert: bool = False
+    http: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -57,6 +60,9 @@ class ServerSection:
             Defaults to ``listen``; must be set when ``listen`` is a wildcard
             (``0.0.0.0``, ``::``) and the node runs in a cluster.
         auth_token: If set, HELLO must carry this token.
+        websocket_origins: Comma-separated browser origins (``https://app.example.com``)
+            allowed to open ``/ws`` besides the dashboard's own, or ``*`` for any; empty
+            means only pages served by this node (``docs/protocol.md``, "WebSocket").
         shutdown_grace_ms: Longest a graceful shutdown may take before it is forced (ms).
         log_level: ``debug``, ``info``, ``warning`` or ``error``.
     """
@@ -67,6 +73,7 @@ class ServerSection:
     http: str = f"127.0.0.1:{DEFAULT_HTTP_PORT}"
     advertise: str | None = None
     auth_token: str | None = None
+    websocket_origins: str = ""
     shutdown_grace_ms: int = 10_000
     log_level: str = "info"
 
@@ -236,6 +243,13 @@ def announced_raft_address(config: Config) -> str:
     """The Raft address this node announces to peers: ``cluster.advertise_raft``, else
     ``cluster.raft_listen`` (port 0 there is replaced by the bound port at start)."""
     return config.cluster.advertise_raft or config.cluster.raft_listen
+
+
+def websocket_origins(config: Config) -> tuple[str, ...]:
+    """``server.websocket_origins`` as a tuple of origins (empty entries dropped)."""
+    return tuple(
+        entry.strip() for entry in config.server.websocket_origins.split(",") if entry.strip()
+    )
 
 
 def split_host_port(address: str) -> tuple[str, int]:

@@ -482,6 +482,15 @@ def _check_server(server: ServerSection) -> Iterable[_Bad]:
             )
     if server.auth_token is not None and not server.auth_token:
         yield _Bad(("server.auth_token",), "", "must be a non-empty string, or unset for no token")
+    for origin in server.websocket_origins.split(","):
+        origin = origin.strip()
+        if origin and origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            yield _Bad(
+                ("server.websocket_origins",),
+                server.websocket_origins,
+                f"{origin!r} is not an origin: give scheme://host[:port] entries like "
+                "https://app.example.com, separated by commas, or *",
+            )
     yield from _minimum("server", server, "shutdown_grace_ms", 0, " ms")
     if server.log_level not in LOG_LEVELS:
         yield _Bad(
@@ -547,6 +556,12 @@ def _check_tls(tls: TlsConfig) -> Iterable[_Bad]:
             ("tls.require_client_cert",),
             True,
             "needs tls.ca_file to verify client certificates",
+        )
+    if tls.http and not tls.enabled:
+        yield _Bad(
+            ("tls.http",),
+            True,
+            "needs tls.cert_file and tls.key_file (the HTTP port uses the same certificate)",
         )
 
 

@@ -28,6 +28,8 @@ class ErrorCode(enum.IntEnum):
     HELLO_REQUIRED = 105
     TRUNCATED_FRAME = 106
     AUTH_FAILED = 107
+    WEBSOCKET_MESSAGE = 120
+    """A WebSocket message that is text, or not exactly one frame (``/ws``)."""
 
     # 2xx request errors (request fails alone)
     INVALID_FIELD = 200

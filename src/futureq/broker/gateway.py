@@ -266,28 +266,56 @@ class Connection:
         raise RemoteProtocolError(ErrorCode.INVALID_FRAME, f"{frame.TYPE.name} is not a request")
 
 
-async def serve_clients(
-    broker: Broker,
-    listeners: list[trio.SocketListener],
-    *,
-    ssl_context: ssl.SSLContext | None = None,
-    handler_nursery: trio.Nursery | None = None,
-) -> None:
-    """Accept connections on ``listeners`` until cancelled; one task per connection."""
-    limit = trio.CapacityLimiter(broker.config.limits.max_connections)
+class ClientGateway:
+    """Serves client connections of every transport through one code path.
 
-    async def handler(stream: trio.abc.Stream) -> None:
-        async with limit:
-            if ssl_context is not None:
-                stream = trio.SSLStream(stream, ssl_context, server_side=True)
-                try:
-                    with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                        await stream.do_handshake()
-                except (trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
-                    log.info("TLS handshake failed: %s", exc)
-                    with trio.move_on_after(1, shield=True):
-                        await stream.aclose()
-                    return
+    TCP and TLS connections (:meth:`serve_tcp`) and WebSocket connections of the HTTP
+    port's ``/ws`` (:meth:`serve_stream`, called by :mod:`futureq.broker.websocket`)
+    all end in :meth:`serve_stream`: one :class:`Connection` over a
+    :class:`trio.abc.Stream`, under one ``limits.max_connections`` limit, counted in
+    the same metrics. So HELLO, authentication, permissions and every per-connection
+    limit apply to each transport alike.
+
+    Args:
+        broker: The node's request API.
+        ssl_context: TLS for the TCP listener, or None for plain TCP.
+    """
+
+    def __init__(self, broker: Broker, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.broker = broker
+        self.ssl_context = ssl_context
+        self._limit = trio.CapacityLimiter(broker.config.limits.max_connections)
+
+    async def serve_tcp(
+        self, listeners: list[trio.SocketListener], *, handler_nursery: trio.Nursery | None = None
+    ) -> None:
+        """Accept connections on ``listeners`` until cancelled; one task per connection."""
+        await trio.serve_listeners(
+            self._serve_tcp_stream, listeners, handler_nursery=handler_nursery
+        )
+
+    async def _serve_tcp_stream(self, stream: trio.abc.Stream) -> None:
+        if self.ssl_context is not None:
+            stream = trio.SSLStream(stream, self.ssl_context, server_side=True)
+            try:
+                with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                    await stream.do_handshake()
+            except (trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
+                log.info("TLS handshake failed: %s", exc)
+                with trio.move_on_after(1, shield=True):
+                    await stream.aclose()
+                return
+        await self.serve_stream(stream, "tcp")
+
+    async def serve_stream(self, stream: trio.abc.Stream, peer: str) -> None:
+        """Serve one client connection until it ends; every transport comes here.
+
+        Args:
+            stream: Whole frames in and out (TCP, TLS, or a WebSocket adapter).
+            peer: The client's address for log lines.
+        """
+        broker = self.broker
+        async with self._limit:
             broker.metrics.connections_accepted_total.inc()
             broker.metrics.client_connections.inc()
             try:
@@ -296,8 +324,20 @@ async def serve_clients(
                 raise  # the node cannot go on without its disk
             except* Exception as group:
                 # A bug in one connection's handling must not take the server down.
-                log.error("connection handler failed; connection closed", exc_info=group)
+                log.error(
+                    "connection from %s: handler failed; connection closed", peer, exc_info=group
+                )
             finally:
                 broker.metrics.client_connections.dec()
 
-    await trio.serve_listeners(handler, listeners, handler_nursery=handler_nursery)
+
+async def serve_clients(
+    broker: Broker,
+    listeners: list[trio.SocketListener],
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    handler_nursery: trio.Nursery | None = None,
+) -> None:
+    """Accept connections on ``listeners`` until cancelled (a :class:`ClientGateway` of its own)."""
+    gateway = ClientGateway(broker, ssl_context=ssl_context)
+    await gateway.serve_tcp(listeners, handler_nursery=handler_nursery)

@@ -13,7 +13,12 @@ Endpoints (all ``GET``; ``HEAD`` too):
                    ``{"ready": false, "reason": ...}``.
 ``/api/status``    JSON of ``status()`` (shape in :class:`StatusProvider`).
 ``/``              The dashboard: one static HTML page that polls ``/api/status``.
+``/ws``            WebSocket: FutureQ frames, one per binary message
+                   (:mod:`futureq.broker.websocket`, ``docs/protocol.md``).
 =================  ===========================================================
+
+With ``tls.http`` the port serves HTTPS (and ``wss://``) with the client listener's
+certificate, and requires client certificates when ``tls.require_client_cert`` does.
 
 Source: DESIGN.md, "Processes and ports"; docs/operations.md, "Health endpoints".
 """
@@ -24,6 +29,7 @@ import functools
 import json
 import logging
 import pathlib
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,9 +38,14 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.logging import Logger as HypercornLogger
 from hypercorn.trio import serve
 
+from futureq.wire import codec
+
+from . import websocket
+
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 
+    from futureq.config import TlsConfig
     from futureq.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -101,11 +112,21 @@ class HttpApp:
     Args:
         metrics: Rendered on ``/metrics``.
         provider: Answers ``/healthz``, ``/readyz``, ``/api/status``.
+        websocket_handler: Serves ``/ws`` connections (the gateway); None refuses them.
+        websocket_origins: Browser origins allowed on ``/ws`` besides the page's own.
     """
 
-    def __init__(self, metrics: Metrics, provider: StatusProvider) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        provider: StatusProvider,
+        websocket_handler: websocket.WebSocketHandler | None = None,
+        websocket_origins: tuple[str, ...] = (),
+    ) -> None:
         self._metrics = metrics
         self._provider = provider
+        self._websocket_handler = websocket_handler
+        self._websocket_origins = websocket_origins
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -114,7 +135,21 @@ class HttpApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if scope["type"] != "http":  # websocket: not served here
+        if scope["type"] == "websocket":
+            if scope["path"] == websocket.PATH and self._websocket_handler is not None:
+                await websocket.serve_websocket(
+                    scope,
+                    receive,
+                    send,
+                    self._websocket_handler,
+                    allowed_origins=self._websocket_origins,
+                    on_refused=self._metrics.count_request_error,
+                )
+            else:
+                await receive()  # websocket.connect
+                await send({"type": "websocket.close", "code": 1008, "reason": ""})
+            return
+        if scope["type"] != "http":
             return
         method = scope["method"]
         if method not in ("GET", "HEAD"):
@@ -208,6 +243,10 @@ async def serve_http(
     metrics: Metrics,
     provider: StatusProvider,
     *,
+    websocket_handler: websocket.WebSocketHandler | None = None,
+    websocket_origins: tuple[str, ...] = (),
+    max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
+    tls: TlsConfig | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -220,6 +259,13 @@ async def serve_http(
         address: ``HOST:PORT`` to bind (``[v6]:PORT`` for IPv6; port 0 picks a free port).
         metrics: The broker's metrics, rendered on ``/metrics``.
         provider: The broker's status seam.
+        websocket_handler: Serves ``/ws`` (the gateway's ``serve_stream``); None: no ``/ws``.
+        websocket_origins: Browser origins allowed on ``/ws`` besides the page's own.
+        max_frame_bytes: ``limits.max_frame_bytes``: a ``/ws`` message may hold one frame
+            of this body size plus its 4-byte header; larger ones are closed with 1009.
+        tls: Serve HTTPS (and ``wss://``) with this certificate and key; client
+            certificates are verified against ``ca_file`` (required with
+            ``require_client_cert``). None or disabled: plain HTTP.
         shutdown_trigger: Optional; when this returns, stop accepting and let open
             requests finish for up to :data:`GRACEFUL_TIMEOUT_S`, then return. Without
             it, cancel the enclosing scope to stop (open requests are cut).
@@ -236,7 +282,17 @@ async def serve_http(
     config.logger_class = _QuietHypercornLogger
     config.graceful_timeout = GRACEFUL_TIMEOUT_S
     config.include_server_header = False
-    app = HttpApp(metrics, provider)
+    # One frame per /ws message: wsproto refuses bigger messages (close 1009) before
+    # they are buffered whole; a small app queue keeps the reader waiting on us.
+    config.websocket_max_message_size = max_frame_bytes + codec.HEADER_BYTES
+    config.max_app_queue_size = 2
+    if tls is not None and tls.enabled:
+        config.certfile = tls.cert_file
+        config.keyfile = tls.key_file
+        if tls.ca_file is not None:
+            config.ca_certs = tls.ca_file
+            config.verify_mode = ssl.CERT_REQUIRED if tls.require_client_cert else ssl.CERT_OPTIONAL
+    app = HttpApp(metrics, provider, websocket_handler, websocket_origins)
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
             functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger)

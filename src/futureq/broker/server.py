@@ -12,6 +12,7 @@ answers go out, stop the dispatcher, close RocksDB — all within
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import ssl
@@ -21,7 +22,7 @@ import trio
 
 from futureq import __version__
 from futureq.clock import Clock, SystemClock
-from futureq.config import Config, split_host_port
+from futureq.config import Config, split_host_port, websocket_origins
 from futureq.data_tools import check_data_fits_mode
 from futureq.errors import ConfigError, FutureQError, StorageError
 from futureq.metrics import Metrics
@@ -42,7 +43,7 @@ from .cluster import (
 )
 from .command_log import SingleNodeLog
 from .dispatcher import Dispatcher
-from .gateway import serve_clients
+from .gateway import ClientGateway
 from .http import serve_http
 from .hub import Hub
 
@@ -89,9 +90,11 @@ def listener_modes(
     modes = [f"client port {client_address}: {client}"]
     if raft_address is not None:
         modes.append(f"raft port {raft_address}: {peer_mode(config)}")
+    http = "HTTPS (same certificate)" if tls.enabled and tls.http else "plain HTTP"
     modes.append(
-        f"HTTP port {http_address}: plain HTTP, no authentication (metrics, status and the "
-        "dashboard are readable by anyone who reaches it)"
+        f"HTTP port {http_address}: {http}, no authentication (metrics, status and the "
+        "dashboard are readable by anyone who reaches it); /ws takes client connections "
+        "with the client port's HELLO token rule"
     )
     return modes
 
@@ -184,6 +187,7 @@ async def serve(
         metrics.is_leader.set(0 if clustered else 1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
+        gateway = ClientGateway(broker, ssl_context=ssl_context)
         if shutdown is None:
             shutdown = trio.Event()
         async with trio.open_nursery() as root:
@@ -213,7 +217,16 @@ async def serve(
             root.start_soon(broker.run_background_publisher)
             try:
                 http_address: str = await root.start(
-                    serve_http, config.server.http, metrics, broker
+                    functools.partial(
+                        serve_http,
+                        config.server.http,
+                        metrics,
+                        broker,
+                        websocket_handler=gateway.serve_stream,
+                        websocket_origins=websocket_origins(config),
+                        max_frame_bytes=config.limits.max_frame_bytes,
+                        tls=config.tls if config.tls.http else None,
+                    )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group
                 found = _first(exc, OSError)
@@ -227,9 +240,7 @@ async def serve(
 
                 async def accept() -> None:
                     with accepting:
-                        await serve_clients(
-                            broker, listeners, ssl_context=ssl_context, handler_nursery=connections
-                        )
+                        await gateway.serve_tcp(listeners, handler_nursery=connections)
 
                 connections.start_soon(accept)
                 broker.ready = True

@@ -103,6 +103,22 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag(("--tls-key",), "tls", "key_file", "FILE", "PEM private key of --tls-cert"),
     _Flag(("--tls-ca",), "tls", "ca_file", "FILE", "PEM CA bundle to verify client certificates"),
     _Flag(
+        ("--http-tls",),
+        "tls",
+        "http",
+        None,
+        "serve the HTTP port (dashboard, /metrics, /ws) over HTTPS with --tls-cert",
+        store_true=True,
+    ),
+    _Flag(
+        ("--websocket-origins",),
+        "server",
+        "websocket_origins",
+        "ORIGINS",
+        "browser origins allowed to open /ws besides the dashboard's own "
+        "(comma-separated https://host[:port], or *)",
+    ),
+    _Flag(
         ("--raft-listen",),
         "cluster",
         "raft_listen",
