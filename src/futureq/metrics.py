@@ -241,6 +241,13 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         ("reason",),
         "refusals",
     ),
+    MetricSpec(
+        "futureq_data_dir_bytes",
+        "gauge",
+        "Bytes of the node's data directory (RocksDB files), measured every 15 s.",
+        (),
+        "bytes",
+    ),
     # state gauges, read at scrape time from the group counts provider
     MetricSpec(
         "futureq_pending_messages",
@@ -448,6 +455,7 @@ class Metrics:
         self.raft_replication_lag_entries: Gauge = _as(made["raft_replication_lag_entries"], Gauge)
         self.raft_elections_won_total: Counter = _as(made["raft_elections_won_total"], Counter)
         self.raft_peer_refusals_total: Counter = _as(made["raft_peer_refusals_total"], Counter)
+        self.data_dir_bytes: Gauge = _as(made["data_dir_bytes"], Gauge)
         self.publish_commit_seconds: Histogram = _as(made["publish_commit_seconds"], Histogram)
         self.due_to_delivery_seconds: Histogram = _as(made["due_to_delivery_seconds"], Histogram)
         self.fsync_seconds: Histogram = _as(made["fsync_seconds"], Histogram)

@@ -23,6 +23,7 @@ from futureq.state import commands
 from futureq.wire import frames, validation
 
 from .hub import Consumer, Hub, Outbox
+from .overview import ActivityHistory, build_overview
 
 if TYPE_CHECKING:
     from futureq.clock import Clock
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 PROMOTE_TIMEOUT_S = 600
 PROMOTE_LAG_ENTRIES = 64
 """A learner this close to the commit index is promoted to voter (entries)."""
+
+
+STATUS_LEADER_ONLY = ("due", "in_flight", "consumers")
+"""STATUS group fields only the leader knows (``docs/protocol.md``, "STATUS_OK")."""
 
 
 class Broker:
@@ -81,6 +86,10 @@ class Broker:
         self.leader_epoch = 0
         self._epoch_changed = trio.Event()
         metrics.set_group_counts_provider(self.group_counts)
+        self.activity = ActivityHistory(metrics)
+        """Per-second activity for the overview; sampled by ``activity.run``."""
+        self.data_dir_bytes: int | None = None
+        """Size of the data directory as last measured (bytes); None before that."""
 
     # ------------------------------------------------------------ leadership
 
@@ -195,6 +204,7 @@ class Broker:
                 if member in progress:
                     entry["match_index"] = progress[member]["match"]
                     entry["lag"] = max(0, commit_index - progress[member]["match"])
+                    entry["last_heard_ms"] = progress[member].get("last_heard_ms")
                 members.append(entry)
             view = {
                 "role": role,
@@ -500,6 +510,16 @@ class Broker:
             out.append(GroupCounts(info.topic, info.name, info.pending, due, in_flight, consumers))
         return out
 
+    def overview(self) -> dict[str, Any]:
+        """The WATCH_UPDATE map and the dashboard's data (``docs/protocol.md``,
+        "WATCH_UPDATE"); see :func:`~futureq.broker.overview.build_overview`."""
+        return build_overview(self, self.activity, data_dir_bytes=self.data_dir_bytes)
+
+    def record_data_dir_bytes(self, size: int) -> None:
+        """A new measurement of the data directory (bytes), for the overview and metrics."""
+        self.data_dir_bytes = size
+        self.metrics.data_dir_bytes.set(size)
+
     def status(self) -> dict[str, Any]:
         """The STATUS_OK map (``docs/protocol.md``, "STATUS")."""
         counts = {(c.topic, c.group): c for c in self.group_counts()}
@@ -520,9 +540,15 @@ class Broker:
                     }
                 )
             topics.append({"topic": topic, "groups": groups})
+        cluster = self.cluster_status()
+        role = cluster["role"]
         return {
             "node_id": self.node_id,
-            "role": self.cluster_status()["role"],
+            "role": role,
+            # On a follower the leader-only numbers are its own, mostly zero: say so.
+            "view": "cluster" if role == "leader" else "local",
+            "leader_only": [] if role == "leader" else list(STATUS_LEADER_ONLY),
+            "leader_id": cluster.get("leader_id"),
             "leader_address": self.log.leader_address(),
             "server_version": __version__,
             "applied_index": self.log.applied_index,

@@ -79,6 +79,9 @@ class Connection:
         self.subscriptions: dict[int, Consumer] = {}
         self._limit = trio.Semaphore(MAX_REQUESTS_IN_PROGRESS)
         self._reading = trio.CancelScope()
+        self._watch: tuple[int, float] | None = None
+        """(request id, interval s) of the connection's WATCH, or None."""
+        self._watch_changed = trio.Event()
 
     def _queue(self, data: bytes) -> None:
         if not self.outbox.send_nowait(data):
@@ -89,6 +92,7 @@ class Connection:
         try:
             async with trio.open_nursery() as connection:
                 connection.start_soon(self._close_on_leadership_change, connection.cancel_scope)
+                connection.start_soon(self._watcher)
                 async with trio.open_nursery() as io:
                     io.start_soon(self._writer)
                     try:
@@ -119,6 +123,31 @@ class Connection:
         self._reading.cancel()
         await trio.sleep(LEADERSHIP_CLOSE_GRACE_S)
         scope.cancel()
+
+    def _set_watch(self, watch: tuple[int, float] | None) -> None:
+        self._watch = watch
+        self._watch_changed.set()
+        self._watch_changed = trio.Event()
+
+    async def _watcher(self) -> None:
+        """Send WATCH_UPDATE frames while the client watches (``docs/protocol.md``, "WATCH")."""
+        while True:
+            watch = self._watch
+            if watch is None:
+                await self._watch_changed.wait()
+                continue
+            request_id, interval_s = watch
+            try:
+                data = self.session.send(frames.WatchUpdate(request_id, self.broker.overview()))
+            except LocalProtocolError as exc:  # larger than a frame: say so and stop
+                self._set_watch(None)
+                data = self.session.error_bytes(
+                    RequestError(ErrorCode.INVALID_ARGUMENT, exc.message), request_id
+                )
+            self._queue(data)
+            changed = self._watch_changed
+            with trio.move_on_after(interval_s):
+                await changed.wait()
 
     async def _writer(self) -> None:
         async with self._outbox_receive:
@@ -244,6 +273,19 @@ class Connection:
                 return frames.StatusOk(frame.request_id, broker.status())
             case frames.Ping():
                 return frames.Pong(frame.request_id)
+            case frames.Watch():
+                interval_ms = frame.interval_ms
+                if not frames.MIN_WATCH_INTERVAL_MS <= interval_ms <= frames.MAX_WATCH_INTERVAL_MS:
+                    raise RequestError(
+                        ErrorCode.INVALID_ARGUMENT,
+                        f"WATCH interval_ms must be {frames.MIN_WATCH_INTERVAL_MS} to "
+                        f"{frames.MAX_WATCH_INTERVAL_MS} ms, got {interval_ms}",
+                    )
+                self._set_watch((frame.request_id, interval_ms / 1000))
+                return None  # the first WATCH_UPDATE is the answer
+            case frames.Unwatch():
+                self._set_watch(None)
+                return frames.Ok(frame.request_id, None)
             case frames.GroupCreate():
                 await broker.ensure_group(
                     frame.topic, frame.group, frame.visibility_timeout_ms, frame.max_deliveries

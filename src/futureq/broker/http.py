@@ -12,7 +12,11 @@ Endpoints (all ``GET``; ``HEAD`` too):
 ``/readyz``        200 ``{"ready": true}`` when ``is_ready()``; else 503
                    ``{"ready": false, "reason": ...}``.
 ``/api/status``    JSON of ``status()`` (shape in :class:`StatusProvider`).
-``/``              The dashboard: one static HTML page that polls ``/api/status``.
+``/api/overview``  JSON of ``overview()``: what the dashboard shows (the map of
+                   WATCH_UPDATE, ``docs/protocol.md``).
+``/``              The dashboard: a static page (``broker/static/``) that opens ``/ws``
+                   and receives WATCH_UPDATE frames; it never polls.
+``/static/NAME``   The dashboard's script and style sheet.
 ``/ws``            WebSocket: FutureQ frames, one per binary message
                    (:mod:`futureq.broker.websocket`, ``docs/protocol.md``).
 =================  ===========================================================
@@ -83,6 +87,10 @@ class StatusProvider(Protocol):
         """The node's status, in the shape above."""
         ...
 
+    def overview(self) -> dict[str, Any]:
+        """The dashboard's data (``docs/protocol.md``, "WATCH_UPDATE")."""
+        ...
+
     def is_ready(self) -> bool:
         """True when the node serves clients: state loaded and a leader known."""
         ...
@@ -100,10 +108,24 @@ class _QuietHypercornLogger(HypercornLogger):
         await self.debug(message, *args, **kwargs)
 
 
+STATIC_FILES: dict[str, bytes] = {
+    "dashboard.html": _HTML,
+    "dashboard.js": b"text/javascript; charset=utf-8",
+    "msgpack.js": b"text/javascript; charset=utf-8",
+    "dashboard.css": b"text/css; charset=utf-8",
+}
+"""The files of ``broker/static/`` served, with their content types (nothing else is)."""
+
+
 @functools.cache
+def static_file(name: str) -> bytes:
+    """A file of ``broker/static/`` (one of :data:`STATIC_FILES`), read once."""
+    return (pathlib.Path(__file__).parent / "static" / name).read_bytes()
+
+
 def dashboard_html() -> bytes:
-    """The dashboard page (``broker/static/dashboard.html``), read once."""
-    return (pathlib.Path(__file__).parent / "static" / "dashboard.html").read_bytes()
+    """The dashboard page (``broker/static/dashboard.html``)."""
+    return static_file("dashboard.html")
 
 
 class HttpApp:
@@ -184,8 +206,13 @@ class HttpApp:
             return 503, _json({"ready": False, "reason": self._not_ready_reason()}), _JSON
         if path == "/api/status":
             return 200, _json(self._provider.status()), _JSON
+        if path == "/api/overview":
+            return 200, _json(self._provider.overview()), _JSON
         if path in ("/", "/index.html"):
             return 200, dashboard_html(), _HTML
+        if path.startswith("/static/") and path[len("/static/") :] in STATIC_FILES:
+            name = path[len("/static/") :]
+            return 200, static_file(name), STATIC_FILES[name]
         return 404, f"no such page: {path}; try /metrics, /healthz, /readyz, /\n".encode(), _TEXT
 
     def _not_ready_reason(self) -> str:

@@ -42,6 +42,7 @@ from .cluster import (
     stop_when_removed,
 )
 from .command_log import SingleNodeLog
+from .data_dir_size import measure_data_dir
 from .dispatcher import Dispatcher
 from .gateway import ClientGateway
 from .http import serve_http
@@ -215,6 +216,10 @@ async def serve(
                 await root.start(command_log.run)
             await root.start(dispatcher.run)
             root.start_soon(broker.run_background_publisher)
+            root.start_soon(broker.activity.run, clock.wall_ms)
+            root.start_soon(
+                measure_data_dir, config.server.data_dir, broker.record_data_dir_bytes
+            )
             try:
                 http_address: str = await root.start(
                     functools.partial(

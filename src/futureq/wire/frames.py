@@ -53,6 +53,10 @@ class FrameType(enum.IntEnum):
     CLUSTER_ADD_NODE = 22
     CLUSTER_REMOVE_NODE = 23
     CLUSTER_TRANSFER_LEADER = 24
+    # 35-39: issue 13 (live overview for dashboards)
+    WATCH = 35
+    WATCH_UPDATE = 36
+    UNWATCH = 37
 
 
 class AckLevel(enum.IntEnum):
@@ -661,6 +665,68 @@ class ClusterTransferLeader:
         return cls(rid, _opt_int("CLUSTER_TRANSFER_LEADER", "node_id", f[0], minimum=1))
 
 
+MIN_WATCH_INTERVAL_MS = 250
+"""Shortest WATCH interval a server accepts (ms)."""
+MAX_WATCH_INTERVAL_MS = 60_000
+"""Longest WATCH interval a server accepts (ms)."""
+
+
+@attrs.frozen
+class Watch:
+    """Ask for the node's overview now and then every ``interval_ms`` (WATCH_UPDATE).
+
+    One watch per connection; a second WATCH replaces the first.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.WATCH
+    request_id: int
+    interval_ms: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.interval_ms]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Watch:
+        _arity("WATCH", f, 1)
+        return cls(rid, _int("WATCH", "interval_ms", f[0]))
+
+
+@attrs.frozen
+class WatchUpdate:
+    """One overview of the node (shape in ``docs/protocol.md``, "WATCH_UPDATE"),
+    echoing the WATCH's request id."""
+
+    TYPE: ClassVar[FrameType] = FrameType.WATCH_UPDATE
+    request_id: int
+    overview: dict[str, Any]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.overview]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> WatchUpdate:
+        _arity("WATCH_UPDATE", f, 1)
+        if type(f[0]) is not dict:
+            raise _bad("WATCH_UPDATE", "field 'overview' must be a map")
+        return cls(rid, f[0])
+
+
+@attrs.frozen
+class Unwatch:
+    """Stop this connection's watch; answered with OK."""
+
+    TYPE: ClassVar[FrameType] = FrameType.UNWATCH
+    request_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Unwatch:
+        _arity("UNWATCH", f, 0)
+        return cls(rid)
+
+
 Frame = (
     Hello
     | HelloOk
@@ -686,6 +752,9 @@ Frame = (
     | ClusterAddNode
     | ClusterRemoveNode
     | ClusterTransferLeader
+    | Watch
+    | WatchUpdate
+    | Unwatch
 )
 
 FRAME_CLASSES: dict[int, Any] = {
@@ -715,6 +784,9 @@ FRAME_CLASSES: dict[int, Any] = {
         ClusterAddNode,
         ClusterRemoveNode,
         ClusterTransferLeader,
+        Watch,
+        WatchUpdate,
+        Unwatch,
     )
 }
 

@@ -54,6 +54,7 @@ SERVER_FRAME_TYPES: Final = frozenset(
         frames.FrameType.OK,
         frames.FrameType.PONG,
         frames.FrameType.CLUSTER_STATUS_OK,
+        frames.FrameType.WATCH_UPDATE,
     }
 )
 """Frame types only a server may send."""

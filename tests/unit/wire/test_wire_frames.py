@@ -62,6 +62,9 @@ FRAME_STRATEGY: st.SearchStrategy[frames.Frame] = st.one_of(
     st.builds(frames.ClusterAddNode, RID, st.integers(1, 2**31), TEXT, TEXT),
     st.builds(frames.ClusterRemoveNode, RID, st.integers(1, 2**31)),
     st.builds(frames.ClusterTransferLeader, RID, st.none() | st.integers(1, 2**31)),
+    st.builds(frames.Watch, RID, INT64),
+    st.builds(frames.WatchUpdate, RID, st.dictionaries(TEXT, INT64, max_size=3)),
+    st.builds(frames.Unwatch, RID),
 )
 
 TAG_A = bytes(range(24))
@@ -139,6 +142,9 @@ EXAMPLES: list[frames.Frame] = [
     frames.ClusterAddNode(14, 4, "127.0.0.1:7481", "127.0.0.1:7480"),
     frames.ClusterRemoveNode(15, 4),
     frames.ClusterTransferLeader(16, None),
+    frames.Watch(17, 1000),
+    frames.WatchUpdate(17, {"node": {"node_id": 1, "role": "leader"}, "groups": []}),
+    frames.Unwatch(18),
 ]
 
 
@@ -340,6 +346,9 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.Error(2, 200, "m"), 4, -1),
     (frames.Error(2, 200, "m"), 5, 7450),
     (frames.Ok(5, 2), 2, 2.0),
+    (frames.Watch(17, 1000), 2, 1.0),
+    (frames.Watch(17, 1000), 2, None),
+    (frames.WatchUpdate(17, {}), 2, [1]),
 ]
 
 

@@ -202,6 +202,7 @@ SERVER_ONLY: list[frames.Frame] = [
     frames.Ok(2),
     frames.Pong(2),
     frames.ClusterStatusOk(2, {}),
+    frames.WatchUpdate(2, {}),
 ]
 
 
