@@ -55,8 +55,8 @@ def test_publish_then_consume_json(broker: BrokerProcess) -> None:
     }
     assert all(r["attempt"] == 1 and r["group"] == "g" for r in records)
 
-    # Acked: nothing is left, so --timeout ends the command with exit 0.
-    empty = cli(address, "consume", "orders", "--group", "g", "--timeout", "300ms")
+    # Acked: nothing is left, so --idle-timeout ends the command with exit 0.
+    empty = cli(address, "consume", "orders", "--group", "g", "--idle-timeout", "300ms")
     assert empty.returncode == 0, empty.stderr
     assert empty.stdout == ""
 
@@ -156,7 +156,7 @@ def test_errors_are_one_line_with_exit_status() -> None:
     probe.bind(("127.0.0.1", 0))
     address = f"127.0.0.1:{probe.getsockname()[1]}"
     probe.close()
-    refused = cli(address, "--timeout", "1s", "status")
+    refused = cli(address, "--request-timeout", "1s", "status")
     assert refused.returncode == 1
     assert refused.stderr.startswith("error: [CONNECTION_LOST]")
     assert address in refused.stderr and "make run" in refused.stderr

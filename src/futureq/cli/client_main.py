@@ -286,6 +286,52 @@ def error_line(exc: BaseException, servers: str) -> str:
 # ---------------------------------------------------------------------------------
 
 
+class DeprecatedFlag(argparse.Action):
+    """An old spelling of a flag: stores its value like the new one and leaves a warning
+    (printed on stderr by :func:`main`) naming the flag to use instead.
+
+    Args:
+        replacement: The flag to use instead.
+        meaning: What the flag means where it was given (``--timeout`` meant two things).
+    """
+
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str,
+        *,
+        replacement: str,
+        meaning: str,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.replacement = replacement
+        self.meaning = meaning
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(
+            namespace,
+            f"{DEPRECATED_PREFIX}{self.dest}",
+            f"warning: {option_string} is deprecated: here it sets {self.meaning}; "
+            f"use {self.replacement}",
+        )
+
+
+DEPRECATED_PREFIX: Final = "deprecation_"
+
+
+def deprecation_warnings(args: argparse.Namespace) -> list[str]:
+    """The warnings :class:`DeprecatedFlag` left on parsed arguments."""
+    return [value for key, value in sorted(vars(args).items()) if key.startswith(DEPRECATED_PREFIX)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``futureq-cli`` argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(
@@ -309,12 +355,23 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"auth token sent in HELLO (default ${TOKEN_ENV})",
     )
     parser.add_argument(
-        "--timeout",
+        "--request-timeout",
         dest="request_timeout_ms",
         type=duration_ms_arg,
         default=30_000,
         metavar="D",
         help="deadline of each request, retries included (default 30s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        dest="request_timeout_ms",
+        type=duration_ms_arg,
+        action=DeprecatedFlag,
+        replacement="--request-timeout",
+        meaning="the request deadline",
+        default=argparse.SUPPRESS,
+        metavar="D",
+        help="deprecated spelling of --request-timeout",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -377,15 +434,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="most unacked deliveries in flight (default 100)",
     )
     consume.add_argument(
-        "--timeout",
+        "--idle-timeout",
         dest="idle_timeout_ms",
         type=duration_ms_arg,
         metavar="D",
         help="stop when no message arrives for D (default: wait for ever)",
     )
+    consume.add_argument(
+        "--timeout",
+        dest="idle_timeout_ms",
+        type=duration_ms_arg,
+        action=DeprecatedFlag,
+        replacement="--idle-timeout",
+        meaning="how long consume waits for a message",
+        default=argparse.SUPPRESS,
+        metavar="D",
+        help="deprecated spelling of --idle-timeout",
+    )
 
-    status = commands.add_parser("status", help="node, role, leader, topics and groups")
+    status = commands.add_parser(
+        "status",
+        help="the cluster's topics and groups (asked of the leader)",
+        description="Topics, groups and their counts. Asked of the leader: a follower knows "
+        "due, in-flight and consumer counts only as its own local view, so the answer of a "
+        "follower that names a leader is asked again of the leader. The first line says "
+        "whose view it is.",
+    )
     status.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    status.add_argument(
+        "--local",
+        action="store_true",
+        help="show the connected node's own view (on a follower: due, in flight and "
+        "consumers are its local view, not the cluster's)",
+    )
 
     group = commands.add_parser("group", help="create, delete and list consumer groups")
     group_commands = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
@@ -423,6 +504,11 @@ def build_parser() -> argparse.ArgumentParser:
         "status", help="membership, term, leader and replication progress"
     )
     cluster_status.add_argument("--json", action="store_true")
+    cluster_status.add_argument(
+        "--local",
+        action="store_true",
+        help="show the connected node's own view (match index and lag are the leader's)",
+    )
     add_node = cluster_commands.add_parser(
         "add-node", help="add a node (learner, promoted to voter once caught up)"
     )
@@ -702,7 +788,27 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], i
     Console(file=io.stdout, width=None if io.is_terminal else 160).print(table)
 
 
+def view_line(status: dict[str, Any]) -> str:
+    """One sentence saying whose numbers a STATUS answer holds (the leader's, or one
+    node's local view and which fields that affects)."""
+    node = f"node {status.get('node_id')}"
+    if status.get("view", "cluster") != "local":
+        return f"cluster view, from the leader ({node})"
+    leader_id, leader = status.get("leader_id"), status.get("leader_address")
+    if leader is None:
+        where = "no leader is known right now"
+    else:
+        named = f"node {leader_id} at {leader}" if leader_id is not None else leader
+        where = f"the leader is {named}, which could not be asked"
+    fields = ", ".join(f.replace("_", " ") for f in status.get("leader_only", []))
+    return (
+        f"LOCAL VIEW of {node} ({status.get('role')}): {fields or 'some numbers'} are known only "
+        f"to the leader and show this node's own values; {where}"
+    )
+
+
 def _print_node(status: dict[str, Any], io: Output) -> None:
+    io.out(view_line(status))
     io.out(
         f"node {status.get('node_id')} role={status.get('role')} "
         f"leader={status.get('leader_address') or '(none known)'} "
@@ -712,7 +818,7 @@ def _print_node(status: dict[str, Any], io: Output) -> None:
 
 
 async def _status(client: Client, args: argparse.Namespace, io: Output) -> int:
-    status = await client.status()
+    status = await client.status(local=args.local)
     if args.json:
         io.out(json.dumps(status, ensure_ascii=False))
         return EXIT_OK
@@ -738,7 +844,10 @@ async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
         await client.delete_group(args.topic, args.group)
         io.out(f"group {args.group!r} of topic {args.topic!r} deleted")
     else:
-        rows = _groups(await client.status())
+        status = await client.status()
+        if status.get("view") == "local":
+            io.err(view_line(status))
+        rows = _groups(status)
         if args.json:
             io.out(json.dumps(rows, ensure_ascii=False))
         elif rows:
@@ -749,7 +858,10 @@ async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
 
 
 async def _topic(client: Client, args: argparse.Namespace, io: Output) -> int:
-    rows = _topics(await client.status())
+    status = await client.status()
+    if status.get("view") == "local":
+        io.err(view_line(status))
+    rows = _topics(status)
     if args.json:
         io.out(json.dumps(rows, ensure_ascii=False))
     elif rows:
@@ -772,7 +884,7 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
         await client.transfer_leader(args.node_id)
         io.out("leadership transferred")
         return EXIT_OK
-    view = await client.cluster_status()
+    view = await client.cluster_status(local=args.local)
     if args.json:
         io.out(json.dumps(view, ensure_ascii=False))
         return EXIT_OK
@@ -791,6 +903,11 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
         f"node {view.get('node_id')}: {view.get('role')}, term {view.get('term')}, {leader}, "
         f"commit index {view.get('commit_index')}, applied index {view.get('applied_index')}"
     )
+    if view.get("role") != "leader":
+        io.out(
+            f"LOCAL VIEW of node {view.get('node_id')}: match index and lag are known only to "
+            "the leader" + (", which could not be asked" if view.get("leader_address") else "")
+        )
     nodes = [
         {
             "node": node.get("node_id"),
@@ -877,6 +994,8 @@ def main(
         except SystemExit as exc:
             return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     io = Output(stdout or sys.stdout, stderr or sys.stderr)
+    for warning in deprecation_warnings(args):
+        io.err(warning)
     try:
         return trio.run(run_command, args, io)
     except KeyboardInterrupt:

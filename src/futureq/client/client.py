@@ -690,19 +690,65 @@ class Client:
 
     # -- administration ------------------------------------------------------------------
 
-    async def status(self) -> dict[str, Any]:
-        """The node's status (``docs/protocol.md``, "STATUS").
+    async def status(self, *, local: bool = False) -> dict[str, Any]:
+        """The cluster's status, asked of the leader (``docs/protocol.md``, "STATUS").
+
+        A follower knows some numbers only as its own local view (due, in flight,
+        consumers): when the node answering says ``"view": "local"`` and names a leader,
+        the client reconnects there and asks again (once). If the leader cannot be
+        reached in time, the follower's answer is returned; it says it is local.
+
+        Args:
+            local: Return the connected node's own view without following the leader.
 
         Returns:
-            ``{"node_id", "role", "leader_address", "server_version", "applied_index",
-            "uptime_s", "topics": [{"topic", "groups": [{"group", "pending", "due",
-            "in_flight", "consumers", "visibility_timeout_ms", "max_deliveries"}]}]}``
+            ``{"node_id", "role", "view", "leader_only", "leader_id", "leader_address",
+            "server_version", "applied_index", "uptime_s", "topics": [{"topic",
+            "groups": [{"group", "pending", "due", "in_flight", "consumers",
+            "visibility_timeout_ms", "max_deliveries"}]}]}``; ``view`` is ``"cluster"``
+            from the leader, ``"local"`` from another node (``leader_only`` lists the
+            fields that are then only that node's).
 
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
-        answer = await self._call(lambda rid: frames.Status(rid), retry_unknown=True)
-        return _expect(answer, frames.StatusOk).status
+        return await self._ask_leader(
+            lambda rid: frames.Status(rid),
+            frames.StatusOk,
+            lambda status: status.get("view", "cluster") == "local",
+            local=local,
+        )
+
+    async def _ask_leader(
+        self,
+        make_frame: Callable[[int], frames.Frame],
+        kind: type[frames.StatusOk] | type[frames.ClusterStatusOk],
+        is_local: Callable[[dict[str, Any]], bool],
+        *,
+        local: bool,
+    ) -> dict[str, Any]:
+        """Ask the connected node; if its answer is a follower's local view and it names
+        the leader, ask the leader once more (an answer from a follower is kept if the
+        leader cannot be asked before the deadline)."""
+        deadline = trio.current_time() + self.request_timeout_s
+        answered: list[Connection] = []
+
+        def note(conn: Connection, frame: frames.Frame) -> None:
+            answered.append(conn)
+
+        answer = await self._call(make_frame, retry_unknown=True, deadline=deadline, on_answer=note)
+        status = _expect(answer, kind).status
+        leader = status.get("leader_address")
+        if local or not is_local(status) or leader is None or not answered:
+            return status
+        if answered[-1].address == leader:
+            return status
+        self._follow_leader(answered[-1], leader)
+        try:
+            again = await self._call(make_frame, retry_unknown=True, deadline=deadline)
+        except (ConnectionLostError, RequestError):
+            return status  # it says it is a local view
+        return _expect(again, kind).status
 
     async def create_group(
         self,
@@ -745,8 +791,15 @@ class Client:
         )
         _expect(answer, frames.Ok)
 
-    async def cluster_status(self) -> dict[str, Any]:
-        """The answering node's view of the cluster (``docs/protocol.md``, "CLUSTER_STATUS_OK").
+    async def cluster_status(self, *, local: bool = False) -> dict[str, Any]:
+        """The cluster's membership and progress, asked of the leader
+        (``docs/protocol.md``, "CLUSTER_STATUS_OK").
+
+        Only the leader knows each member's match index and lag: an answer from another
+        node that names a leader is asked again of the leader (once), as :meth:`status`.
+
+        Args:
+            local: Return the connected node's own view without following the leader.
 
         Returns:
             ``{"node_id", "role", "term", "leader_id", "leader_address", "commit_index",
@@ -755,8 +808,12 @@ class Client:
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
-        answer = await self._call(lambda rid: frames.ClusterStatus(rid), retry_unknown=True)
-        return _expect(answer, frames.ClusterStatusOk).status
+        return await self._ask_leader(
+            lambda rid: frames.ClusterStatus(rid),
+            frames.ClusterStatusOk,
+            lambda view: view.get("role") != "leader",
+            local=local,
+        )
 
     async def add_node(self, node_id: int, raft_address: str, client_address: str) -> None:
         """Add a node: a learner first, promoted to voter by the leader once caught up.

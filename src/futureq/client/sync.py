@@ -19,6 +19,8 @@ unsubscribes, closes the connection and joins the thread.
 
 from __future__ import annotations
 
+import functools
+
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
@@ -313,9 +315,10 @@ class SyncClient:
             deliveries.append(delivery)
         return deliveries
 
-    def status(self) -> dict[str, Any]:
-        """The node's status map (see ``Client.status``)."""
-        return self._run(self._require_client().status)
+    def status(self, *, local: bool = False) -> dict[str, Any]:
+        """The cluster's status map, asked of the leader unless ``local`` (see
+        ``Client.status``)."""
+        return self._run(functools.partial(self._require_client().status, local=local))
 
     def create_group(
         self,

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from futureq.cli.client_main import (
     LineFailure,
     build_parser,
+    deprecation_warnings,
     error_line,
     format_ms,
     main,
@@ -127,13 +128,39 @@ def test_parser_defaults_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FUTUREQ_SERVER", "10.0.0.1:1,10.0.0.2:2")
     monkeypatch.setenv("FUTUREQ_TOKEN", "tok")
     args = build_parser().parse_args(
-        ["--timeout", "2s", "consume", "t", "--group", "g", "--timeout", "500ms"]
+        ["--request-timeout", "2s", "consume", "t", "--group", "g", "--idle-timeout", "500ms"]
     )
     assert args.server == "10.0.0.1:1,10.0.0.2:2"
     assert args.token == "tok"
     assert args.request_timeout_ms == 2_000
     assert args.idle_timeout_ms == 500
     assert args.prefetch == 100 and args.count is None
+    assert deprecation_warnings(args) == []
+    assert build_parser().parse_args(["status"]).request_timeout_ms == 30_000
+
+
+def test_timeout_has_one_meaning_per_name_and_the_old_spelling_warns() -> None:
+    """``--timeout`` was both the request deadline (before the command) and consume's
+    idle time; each meaning has its own name now, the old one still works and warns."""
+    args = build_parser().parse_args(
+        ["--timeout", "2s", "consume", "t", "--group", "g", "--timeout", "500ms"]
+    )
+    assert args.request_timeout_ms == 2_000
+    assert args.idle_timeout_ms == 500
+    assert deprecation_warnings(args) == [
+        "warning: --timeout is deprecated: here it sets how long consume waits for a message; "
+        "use --idle-timeout",
+        "warning: --timeout is deprecated: here it sets the request deadline; "
+        "use --request-timeout",
+    ]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    assert (
+        main(["--timeout", "1s", "--server", "127.0.0.1:1", "status"], stdout=stdout, stderr=stderr)
+        == 1
+    )
+    assert stderr.getvalue().splitlines()[0] == (
+        "warning: --timeout is deprecated: here it sets the request deadline; use --request-timeout"
+    )
 
 
 @pytest.mark.parametrize(
