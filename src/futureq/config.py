@@ -65,6 +65,8 @@ class ServerSection:
             means only pages served by this node (``docs/protocol.md``, "WebSocket").
         shutdown_grace_ms: Longest a graceful shutdown may take before it is forced (ms).
         log_level: ``debug``, ``info``, ``warning`` or ``error``.
+        log_format: ``text`` (one readable line per record) or ``json`` (one JSON object
+            per line); in a cluster every record names the node.
     """
 
     node_id: int = 1
@@ -76,6 +78,7 @@ class ServerSection:
     websocket_origins: str = ""
     shutdown_grace_ms: int = 10_000
     log_level: str = "info"
+    log_format: str = "text"
 
 
 @attrs.frozen

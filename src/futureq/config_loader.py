@@ -52,6 +52,7 @@ from futureq.config import (
     split_host_port,
 )
 from futureq.errors import ConfigError
+from futureq.logging_setup import LOG_FORMATS
 from futureq.peer_credentials import (
     CredentialError,
     check_own_certificate,
@@ -495,6 +496,10 @@ def _check_server(server: ServerSection) -> Iterable[_Bad]:
     if server.log_level not in LOG_LEVELS:
         yield _Bad(
             ("server.log_level",), server.log_level, f"must be one of {', '.join(LOG_LEVELS)}"
+        )
+    if server.log_format not in LOG_FORMATS:
+        yield _Bad(
+            ("server.log_format",), server.log_format, f"must be one of {', '.join(LOG_FORMATS)}"
         )
 
 

@@ -10,7 +10,12 @@ their broker and update the attributes named after the metric without the
     metrics.due_to_delivery_seconds.observe(max(0, delivered_ms - due_ms) / 1000)
 
 Per-group queue state (pending, due, in-flight, consumers) is not pushed: it is read at
-scrape time from a provider registered with :meth:`Metrics.set_group_counts_provider`.
+scrape time from a provider registered with :meth:`Metrics.set_group_counts_provider`;
+so is the oldest-due age per topic (:meth:`Metrics.set_oldest_due_provider`).
+
+Besides the FutureQ metrics, each registry carries prometheus-client's process collector
+(``process_cpu_seconds_total``, ``process_resident_memory_bytes``, ``process_open_fds``...)
+and ``futureq_build_info``.
 
 The reference table in ``docs/operations.md`` ("Metrics") lists the same metrics; a test
 keeps the two in step.
@@ -19,6 +24,7 @@ keeps the two in step.
 from __future__ import annotations
 
 import logging
+import platform
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
@@ -29,11 +35,14 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from futureq import __version__
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -69,6 +78,10 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (
     5.0,
     10.0,
 )
+
+#: Lateness buckets of the per-topic histogram, in seconds: fewer than the node-wide one,
+#: as there is one series per bucket and topic.
+TOPIC_LATENESS_BUCKETS_S: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 
 #: Commands per synced write: powers of two, 1 .. 4096 (``storage.group_commit_max_items``).
 GROUP_COMMIT_BUCKETS: tuple[float, ...] = tuple(float(2**power) for power in range(13))
@@ -242,6 +255,13 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         "refusals",
     ),
     MetricSpec(
+        "futureq_build_info",
+        "gauge",
+        "Always 1; the labels name the FutureQ version and the Python running it.",
+        ("version", "python"),
+        "",
+    ),
+    MetricSpec(
         "futureq_data_dir_bytes",
         "gauge",
         "Bytes of the node's data directory (RocksDB files), measured every 15 s.",
@@ -279,6 +299,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
     ),
     # histograms
     MetricSpec(
+        "futureq_oldest_due_age_seconds",
+        "gauge",
+        "Leader only: how long the earliest due, undelivered copy of any group of the "
+        "topic has waited (absent while nothing is due). Read at scrape time.",
+        ("topic",),
+        "seconds",
+    ),
+    MetricSpec(
         "futureq_publish_commit_seconds",
         "histogram",
         "Time from receiving a PUBLISH to its batch being durable and applied.",
@@ -293,6 +321,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         (),
         "seconds",
         LATENCY_BUCKETS_S,
+    ),
+    MetricSpec(
+        "futureq_topic_lateness_seconds",
+        "histogram",
+        "Lateness of deliveries by topic: delivered time minus due time (wall clock).",
+        ("topic",),
+        "seconds",
+        TOPIC_LATENESS_BUCKETS_S,
     ),
     MetricSpec(
         "futureq_fsync_seconds",
@@ -351,6 +387,8 @@ class GroupCounts:
 
 
 GroupCountsProvider = Callable[[], Iterable[GroupCounts]]
+OldestDueProvider = Callable[[], Iterable[tuple[str, float]]]
+"""Returns ``(topic, age in seconds)`` pairs for topics with something due."""
 
 
 def _spec(name: str) -> MetricSpec:
@@ -398,6 +436,38 @@ class _GroupCountsCollector(Collector):
         return families
 
 
+class _OldestDueCollector(Collector):
+    """Reads ``futureq_oldest_due_age_seconds`` from the provider on every scrape."""
+
+    def __init__(self) -> None:
+        self.provider: OldestDueProvider | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        if self.provider is not None:
+            try:
+                for topic, age_s in self.provider():
+                    family.add_metric([topic], age_s)
+            except Exception:
+                logger.exception(
+                    "oldest-due provider failed; futureq_oldest_due_age_seconds omitted"
+                )
+        return [family]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        spec = _spec("futureq_oldest_due_age_seconds")
+        return GaugeMetricFamily(
+            spec.name, spec.help, labels=list(spec.labels), unit=_prometheus_unit(spec)
+        )
+
+
+_SCRAPE_TIME_GAUGES = frozenset({*_GROUP_COUNT_GAUGES.values(), "futureq_oldest_due_age_seconds"})
+
+
 class Metrics:
     """The metrics of one broker, in a registry of its own.
 
@@ -411,7 +481,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         made: dict[str, Counter | Gauge | Histogram] = {}
         for spec in METRIC_SPECS:
-            if spec.name in _GROUP_COUNT_GAUGES.values():
+            if spec.name in _SCRAPE_TIME_GAUGES:
                 continue
             unit = _prometheus_unit(spec)
             labels = list(spec.labels)
@@ -456,6 +526,8 @@ class Metrics:
         self.raft_elections_won_total: Counter = _as(made["raft_elections_won_total"], Counter)
         self.raft_peer_refusals_total: Counter = _as(made["raft_peer_refusals_total"], Counter)
         self.data_dir_bytes: Gauge = _as(made["data_dir_bytes"], Gauge)
+        self.build_info: Gauge = _as(made["build_info"], Gauge)
+        self.topic_lateness_seconds: Histogram = _as(made["topic_lateness_seconds"], Histogram)
         self.publish_commit_seconds: Histogram = _as(made["publish_commit_seconds"], Histogram)
         self.due_to_delivery_seconds: Histogram = _as(made["due_to_delivery_seconds"], Histogram)
         self.fsync_seconds: Histogram = _as(made["fsync_seconds"], Histogram)
@@ -464,6 +536,10 @@ class Metrics:
 
         self._group_counts = _GroupCountsCollector()
         self.registry.register(self._group_counts)
+        self._oldest_due = _OldestDueCollector()
+        self.registry.register(self._oldest_due)
+        ProcessCollector(registry=self.registry)
+        self.build_info.labels(__version__, platform.python_version()).set(1)
 
     def set_group_counts_provider(self, provider: GroupCountsProvider | None) -> None:
         """Read the per-group state gauges from ``provider`` on every scrape.
@@ -476,6 +552,11 @@ class Metrics:
                 scrape.
         """
         self._group_counts.provider = provider
+
+    def set_oldest_due_provider(self, provider: OldestDueProvider | None) -> None:
+        """Read ``futureq_oldest_due_age_seconds`` from ``provider`` on every scrape
+        (called on the event loop; quick, non-blocking; None removes it)."""
+        self._oldest_due.provider = provider
 
     def count_request_error(self, code: ErrorCode) -> None:
         """Count one request answered with an ERROR frame carrying ``code``."""

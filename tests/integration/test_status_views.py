@@ -102,5 +102,8 @@ def test_status_from_a_follower_is_the_leaders_or_says_it_is_local(tmp_path: Pat
         first = done.stdout.splitlines()[0]
         assert first.startswith(f"LOCAL VIEW of node {follower.node_id}"), first
         assert "no leader is known right now" in first or "could not be asked" in first
+        # In a cluster every log line names its node.
+        logged = follower.stderr_text().splitlines()
+        assert logged and all(f" node={follower.node_id} " in line for line in logged[:20])
     finally:
         cluster.stop()

@@ -86,6 +86,7 @@ class Broker:
         self.leader_epoch = 0
         self._epoch_changed = trio.Event()
         metrics.set_group_counts_provider(self.group_counts)
+        metrics.set_oldest_due_provider(self.oldest_due_ages)
         self.activity = ActivityHistory(metrics)
         """Per-second activity for the overview; sampled by ``activity.run``."""
         self.data_dir_bytes: int | None = None
@@ -519,6 +520,21 @@ class Broker:
         """A new measurement of the data directory (bytes), for the overview and metrics."""
         self.data_dir_bytes = size
         self.metrics.data_dir_bytes.set(size)
+
+    def oldest_due_ages(self) -> list[tuple[str, float]]:
+        """Per topic, how long its earliest due copy not in flight has waited (s).
+
+        Leader only (the dispatcher's horizons): empty elsewhere. Topics with nothing
+        due are left out.
+        """
+        now_ms = self.clock.wall_ms()
+        oldest: dict[str, int] = {}
+        for runtime in self.hub.groups.values():
+            next_due = runtime.index.next_due_ms()
+            if next_due is not None and next_due <= now_ms:
+                topic = runtime.info.topic
+                oldest[topic] = min(oldest.get(topic, next_due), next_due)
+        return [(topic, (now_ms - due_ms) / 1000) for topic, due_ms in sorted(oldest.items())]
 
     def status(self) -> dict[str, Any]:
         """The STATUS_OK map (``docs/protocol.md``, "STATUS")."""

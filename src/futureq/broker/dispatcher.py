@@ -140,6 +140,15 @@ class Dispatcher:
             runtime.counters[key] = child
         return child
 
+    def _topic_lateness(self, runtime: GroupRuntime) -> Any:
+        """The topic's child of ``futureq_topic_lateness_seconds``, cached like counters."""
+        key = ("topic_lateness_seconds", "")
+        child = runtime.counters.get(key)
+        if child is None:
+            child = self.metrics.topic_lateness_seconds.labels(runtime.info.topic)
+            runtime.counters[key] = child
+        return child
+
     def on_groups_changed(self) -> None:
         """Groups were created, adopted or deleted: match runtimes to them."""
         if self.active:
@@ -422,10 +431,11 @@ class Dispatcher:
                     redelivered = sum(1 for f in flights if f.attempt > 1)
                     if redelivered:
                         self._counter(runtime, "redelivered_messages_total").inc(redelivered)
+                    topic_lateness = self._topic_lateness(runtime)
                     for flight in flights:
-                        metrics.due_to_delivery_seconds.observe(
-                            max(0, now_ms - flight.due_ms) / 1000
-                        )
+                        lateness_s = max(0, now_ms - flight.due_ms) / 1000
+                        metrics.due_to_delivery_seconds.observe(lateness_s)
+                        topic_lateness.observe(lateness_s)
             consumers = [c for c in consumers if c.credit > 0 and not c.closed]
 
     # ------------------------------------------------------------ status

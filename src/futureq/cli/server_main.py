@@ -38,7 +38,7 @@ from futureq import __version__
 from futureq.config import WILDCARD_HOSTS, Config, split_host_port
 from futureq.config_loader import LOG_LEVELS, config_warnings, env_var_name, load_config
 from futureq.errors import ConfigError
-from futureq.logging_setup import setup_logging
+from futureq.logging_setup import LOG_FORMATS, setup_logging
 from futureq.peer_credentials import generate_secret_file
 
 if TYPE_CHECKING:
@@ -96,6 +96,14 @@ _FLAGS: tuple[_Flag, ...] = (
         "LEVEL",
         "log level on stderr",
         choices=LOG_LEVELS,
+    ),
+    _Flag(
+        ("--log-format",),
+        "server",
+        "log_format",
+        "FORMAT",
+        "text (readable lines) or json (one object per line); in a cluster lines name the node",
+        choices=LOG_FORMATS,
     ),
     _Flag(
         ("--tls-cert",), "tls", "cert_file", "FILE", "PEM certificate; with --tls-key turns TLS on"
@@ -471,7 +479,11 @@ def _start(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    setup_logging(config.server.log_level)
+    setup_logging(
+        config.server.log_level,
+        node_id=config.server.node_id if config.cluster.clustered else None,
+        log_format=config.server.log_format,
+    )
     for warning in config_warnings(config):
         logging.getLogger("futureq").warning("%s", warning)
     return run_server(config)

@@ -20,7 +20,6 @@ unsubscribes, closes the connection and joins the thread.
 from __future__ import annotations
 
 import functools
-
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
