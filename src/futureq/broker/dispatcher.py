@@ -145,6 +145,7 @@ class Dispatcher:
         key = ("topic_lateness_seconds", "")
         child = runtime.counters.get(key)
         if child is None:
+            assert self.metrics is not None
             child = self.metrics.topic_lateness_seconds.labels(runtime.info.topic)
             runtime.counters[key] = child
         return child
