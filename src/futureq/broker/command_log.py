@@ -83,6 +83,24 @@ class CommandLog(Protocol):
         ...
 
 
+async def apply_in_steps(state: QueueState, index: int, data: bytes) -> Any:
+    """Apply one command with :meth:`QueueState.apply_steps`, yielding between steps.
+
+    A 10,000-item batch is applied in slices of ``APPLY_STEP_ITEMS`` items, so requests
+    on other connections (a PING, a heartbeat) are served meanwhile.
+
+    Returns:
+        :meth:`QueueState.apply`'s result.
+    """
+    steps = state.apply_steps(index, data)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        await trio.lowlevel.checkpoint()
+
+
 class _Proposal:
     __slots__ = ("data", "done", "error", "index", "result")
 
@@ -289,7 +307,7 @@ class SingleNodeLog:
                 started = trio.current_time()
                 for position, proposal in enumerate(batch):
                     try:
-                        proposal.result = state.apply(proposal.index, proposal.data)
+                        proposal.result = await apply_in_steps(state, proposal.index, proposal.data)
                     except RequestError as exc:  # pragma: no cover - apply never refuses
                         proposal.error = exc
                     proposal.done.set()
@@ -310,4 +328,4 @@ class SingleNodeLog:
                 await trio.lowlevel.checkpoint()
 
 
-__all__ = ["CommandLog", "SingleNodeLog", "log_key"]
+__all__ = ["CommandLog", "SingleNodeLog", "apply_in_steps", "log_key"]

@@ -29,6 +29,7 @@ from futureq.raft.transport import Transport
 from futureq.state.queue_state import Defaults, QueueState
 from futureq.storage.db import Database
 
+from .access import AccessControl
 from .broker import Broker
 from .cluster import (
     build_raft_log,
@@ -40,7 +41,8 @@ from .cluster import (
 )
 from .command_log import SingleNodeLog
 from .dispatcher import Dispatcher
-from .gateway import serve_clients
+from .gateway import NodeBuffers, serve_clients
+from .gc_pacing import pace_gc
 from .http import serve_http
 from .hub import Hub
 
@@ -103,7 +105,7 @@ async def serve(
     """
     clock = clock or SystemClock()
     started_s = clock.monotonic_s()
-    metrics = Metrics()
+    metrics = Metrics(config.metrics.max_topic_series, config.metrics.max_group_series)
     db = Database(
         config.server.data_dir,
         write_buffer_mb=config.storage.write_buffer_mb,
@@ -154,6 +156,12 @@ async def serve(
         metrics.is_leader.set(0 if clustered else 1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
+        access = AccessControl(config.server.auth_token, config.server.credentials_file)
+        node_buffers = NodeBuffers(
+            config.limits.max_node_buffer_bytes, on_room=broker.wake_all_consumers
+        )
+        metrics.connection_buffer_bytes.labels("out").set_function(lambda: node_buffers.outbound)
+        metrics.connection_buffer_bytes.labels("in").set_function(lambda: node_buffers.inbound)
         if shutdown is None:
             shutdown = trio.Event()
         async with trio.open_nursery() as root:
@@ -177,6 +185,7 @@ async def serve(
                 await root.start(command_log.run)
             await root.start(dispatcher.run)
             root.start_soon(broker.run_background_publisher)
+            root.start_soon(pace_gc, lambda: len(state.groups))
             try:
                 http_address: str = await root.start(
                     serve_http, config.server.http, metrics, broker
@@ -188,13 +197,19 @@ async def serve(
                 raise
             if handle_signals:
                 root.start_soon(_watch_signals, shutdown, root.cancel_scope)
+                root.start_soon(_reload_on_sighup, access)
             async with trio.open_nursery() as connections:
                 accepting = trio.CancelScope()
 
                 async def accept() -> None:
                     with accepting:
                         await serve_clients(
-                            broker, listeners, ssl_context=ssl_context, handler_nursery=connections
+                            broker,
+                            listeners,
+                            access=access,
+                            node_buffers=node_buffers,
+                            ssl_context=ssl_context,
+                            handler_nursery=connections,
                         )
 
                 connections.start_soon(accept)
@@ -269,6 +284,13 @@ async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
                 log.warning("received %s again: stopping now", name)
                 root.cancel()
                 return
+
+
+async def _reload_on_sighup(access: AccessControl) -> None:
+    """SIGHUP: read the credentials file again; connections that lost access close."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            access.reload()
 
 
 def _first(error: BaseException, kind: type[BaseException]) -> BaseException | None:

@@ -841,7 +841,7 @@ class RaftNode:
                 error: RequestError | None = None
                 result: Any = None
                 try:
-                    result = sm.apply(index, entry.data)
+                    result = await self._apply_one(index, entry.data)
                 except RequestError as exc:  # pragma: no cover - apply should not refuse
                     error = exc
             else:
@@ -865,6 +865,20 @@ class RaftNode:
                     waiter.resolve(result)
         if self._metrics is not None:
             self._metrics.apply_seconds.observe(trio.current_time() - started)
+
+    async def _apply_one(self, index: int, data: bytes) -> Any:
+        """Apply one entry; in bounded steps when the state machine offers
+        ``apply_steps`` (a generator), yielding to the loop between them."""
+        apply_steps = getattr(self._sm, "apply_steps", None)
+        if apply_steps is None:
+            return self._sm.apply(index, data)
+        steps = apply_steps(index, data)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            await trio.lowlevel.checkpoint()
 
     def _note_role(self) -> None:
         core = self._core

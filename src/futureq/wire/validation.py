@@ -6,6 +6,7 @@ server's config (``max_payload_bytes``, ``max_delay_ms``, ``max_batch_items``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -76,6 +77,31 @@ def validate_publish_items(
             PAYLOAD_TOO_LARGE, INVALID_DELAY, DELAY_TOO_LARGE, DUE_TIME_OVERFLOW,
             INVALID_TTL. Nothing of a refused batch is written.
     """
+    out: list[tuple[str, bytes, int, int | None]] = []
+    for _ in validate_publish_items_in_steps(items, limits, now_ms, out):
+        pass
+    return out
+
+
+VALIDATE_STEP_ITEMS = 512
+"""Items checked per step of :func:`validate_publish_items_in_steps`."""
+
+
+def validate_publish_items_in_steps(
+    items: list[Any],
+    limits: Limits,
+    now_ms: int,
+    out: list[tuple[str, bytes, int, int | None]],
+) -> Iterator[None]:
+    """:func:`validate_publish_items` in steps of :data:`VALIDATE_STEP_ITEMS` items.
+
+    A generator: each ``next()`` checks up to that many items and appends them to
+    ``out``, so an async caller can yield to its event loop between steps.
+
+    Raises:
+        RequestError: as :func:`validate_publish_items`, from the step that meets the
+            first bad item.
+    """
     if not items:
         raise RequestError(ErrorCode.EMPTY_BATCH, "PUBLISH holds no items; send at least one")
     if len(items) > limits.max_batch_items:
@@ -83,11 +109,12 @@ def validate_publish_items(
             ErrorCode.BATCH_TOO_LARGE,
             f"PUBLISH holds {len(items)} items; the limit is {limits.max_batch_items} per batch",
         )
-    out: list[tuple[str, bytes, int, int | None]] = []
     max_payload = limits.max_payload_bytes
     max_delay = limits.max_delay_ms
     good_topics: set[str] = set()
     for i, item in enumerate(items):
+        if i % VALIDATE_STEP_ITEMS == VALIDATE_STEP_ITEMS - 1:
+            yield
         if type(item) is not list or len(item) != 5:
             raise RequestError(
                 ErrorCode.INVALID_FIELD,
@@ -194,7 +221,6 @@ def validate_publish_items(
                     ErrorCode.DUE_TIME_OVERFLOW, "due time plus ttl_ms does not fit in 64 bits", i
                 )
         out.append((topic, payload, due_ms, ttl_ms))
-    return out
 
 
 def check_tags(tags: list[bytes], limits: Limits) -> None:

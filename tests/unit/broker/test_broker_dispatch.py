@@ -144,10 +144,10 @@ def test_ack_removes_the_delivery_and_the_message() -> None:
     [mid] = env.publish("t", [b"x"])
     env.dispatch()
     deliveries = out(consumer).take()
-    assert env.hub.groups[gid].in_flight_count == 1
+    assert env.hub.runtime(gid).in_flight_count == 1
     assert env.ack(consumer, deliveries) == 1
     assert env.hub.in_flight == {} and consumer.in_flight == set()
-    assert env.hub.groups[gid].in_flight_count == 0
+    assert env.hub.runtime(gid).in_flight_count == 0
     assert env.state.get_message(mid) is None
     env.clock.advance(60_000)
     env.dispatch()
@@ -296,7 +296,7 @@ def test_removed_consumer_returns_its_deliveries_as_attempts() -> None:
     assert ids(out(leaving).take()) == mids
     env.hub.remove_consumer(leaving, env.now)
     assert leaving.closed and env.hub.in_flight == {}
-    assert env.hub.groups[gid].in_flight_count == 0
+    assert env.hub.runtime(gid).in_flight_count == 0
     staying = env.consumer(gid, credit=10, connection_id=2)
     env.dispatch()
     assert [(d[1], d[5]) for d in out(staying).take()] == [(mids[0], 2), (mids[1], 2)]
@@ -469,7 +469,7 @@ def test_horizon_item_limit_bounds_the_index_and_still_delivers_all_in_order() -
     ]
     assert sorted(expected) == mids
     env.clock.advance(100)
-    runtime = env.hub.groups[gid]
+    runtime = env.hub.runtime(gid)
     consumer = env.consumer(gid, credit=1)
     got: list[list[Any]] = []
     for _ in range(200):
@@ -480,7 +480,7 @@ def test_horizon_item_limit_bounds_the_index_and_still_delivers_all_in_order() -
             break
         got += new
         env.ack(consumer, new)
-        consumer.credit += len(new)
+        env.hub.grant_credit(consumer.subscription_id, consumer.connection_id, len(new), 100)
         # Newly published entries must not grow the index past its limit either.
         assert len(runtime.index) <= 10
     assert ids(got) == expected
@@ -493,7 +493,7 @@ def test_publish_into_a_full_horizon_keeps_the_limit_and_the_order() -> None:
     gid = env.group("t", "g")
     later = env.publish("t", [str(i).encode() for i in range(5)], delay_ms=1000)
     env.dispatch()
-    runtime = env.hub.groups[gid]
+    runtime = env.hub.runtime(gid)
     assert len(runtime.index) == 5
     earlier = env.publish("t", [b"e1", b"e2"], delay_ms=10)
     assert len(runtime.index) == 5
@@ -511,7 +511,7 @@ def test_entries_beyond_horizon_ms_load_as_time_advances() -> None:
     env.dispatch()  # the group's horizon is now [.., now + 1000)
     near = env.publish("t", [b"near"], delay_ms=500)
     far = env.publish("t", [b"far"], delay_ms=5000)
-    runtime = env.hub.groups[gid]
+    runtime = env.hub.runtime(gid)
     env.dispatch()
     assert len(runtime.index) == 1  # "far" stays on disk
     consumer = env.consumer(gid, credit=10)
