@@ -385,7 +385,23 @@ class Broker:
     # ------------------------------------------------------------ groups
 
     def _check_names(self, topic: str, group: str) -> None:
-        validation.check_name("topic", topic)
+        """Names a client consumes from or manages: the grammar for anything new; names
+        stored before the grammar existed stay usable where they exist.
+
+        Raises:
+            RequestError: INVALID_TOPIC, INVALID_GROUP.
+        """
+        state = self.state
+        if state.find_group(topic, group) is not None:
+            validation.check_legacy_name("topic", topic)
+            validation.check_legacy_name("group", group)
+            return
+        if state.topic_groups_count(topic) or state.topic_groups_count(
+            topic.removesuffix(validation.DLQ_SUFFIX)
+        ):
+            validation.check_legacy_name("topic", topic)  # an existing (or its dlq) topic
+        else:
+            validation.check_consumable_topic(topic)
         validation.check_name("group", group)
 
     async def ensure_group(
