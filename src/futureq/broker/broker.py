@@ -23,6 +23,7 @@ from futureq.metrics import OTHER, GroupCounts
 from futureq.state import commands
 from futureq.wire import frames, validation
 
+from .command_log import no_space_error
 from .hub import Consumer, Hub, Outbox
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from futureq.config import Config
     from futureq.metrics import Metrics
     from futureq.state.queue_state import GroupInfo, QueueState
+    from futureq.storage.space import SpaceAlarm
 
     from .command_log import CommandLog
     from .dispatcher import Dispatcher
@@ -52,6 +54,7 @@ class Broker:
         dispatcher: Wakes on credit and new consumers.
         clock: Wall clock for publish stamps.
         metrics: Where counters go.
+        space_alarm: The NO_SPACE alarm: while it is raised, writes are refused.
     """
 
     def __init__(
@@ -63,8 +66,10 @@ class Broker:
         dispatcher: Dispatcher,
         clock: Clock,
         metrics: Metrics,
+        space_alarm: SpaceAlarm | None = None,
     ) -> None:
         self.config = config
+        self.space_alarm = space_alarm
         self.state = state
         self.log = command_log
         self.hub = hub
@@ -114,6 +119,17 @@ class Broker:
         if not self.log.is_leader():
             raise NotLeaderError(self.log.leader_address())
 
+    def _require_space(self) -> None:
+        """Refuse a write that adds data while the disk is full (NO_SPACE)."""
+        if self.space_alarm is not None and self.space_alarm.raised:
+            raise no_space_error()
+
+    def alarms(self) -> list[str]:
+        """Raised alarms: ``["NO_SPACE"]`` while the disk is full, else empty."""
+        if self.space_alarm is not None and self.space_alarm.raised:
+            return ["NO_SPACE"]
+        return []
+
     async def publish(self, items: list[Any], ack_level: frames.AckLevel) -> tuple[int | None, int]:
         """Validate and publish a batch.
 
@@ -129,6 +145,7 @@ class Broker:
             NotLeaderError: this node is not the leader.
         """
         self._require_leader()
+        self._require_space()
         started = trio.current_time()
         publish_ms = self._stamp()
         validated: list[tuple[str, bytes, int, int | None]] = []
@@ -439,6 +456,7 @@ class Broker:
             )
             or (max_deliveries is not None and max_deliveries != info.max_deliveries)
         ):
+            self._require_space()
             await self.log.propose(
                 commands.create_group(topic, group, visibility_timeout_ms, max_deliveries)
             )
@@ -655,6 +673,7 @@ class Broker:
             "topic_count": self.state.topic_count() if visible is None else len(topics),
             "group_count": len(self.state.groups) if visible is None else listed,
             "truncated": truncated,
+            "alarms": self.alarms(),
             "topics": topics,
         }
 

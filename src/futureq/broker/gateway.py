@@ -45,6 +45,7 @@ from futureq import __version__
 from futureq.errors import (
     ErrorCode,
     LocalProtocolError,
+    NoSpaceError,
     RemoteProtocolError,
     RequestError,
     StorageError,
@@ -53,6 +54,7 @@ from futureq.wire import frames
 from futureq.wire.session import CLOSED, NEED_DATA, ServerSession, SessionState
 
 from .access import ANONYMOUS, AccessControl, Principal
+from .command_log import no_space_error
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -593,6 +595,9 @@ class Connection:
             if code.closes_connection:
                 raise _Closing(code, exc.message) from None
             self._queue(self.session.error_bytes(exc, frame.request_id))
+        except NoSpaceError:
+            self.broker.metrics.count_request_error(ErrorCode.NO_SPACE)
+            self._queue(self.session.error_bytes(no_space_error(), frame.request_id))
         except StorageError:
             raise  # the node cannot go on without its disk
         finally:

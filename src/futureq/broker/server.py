@@ -12,6 +12,7 @@ answers go out, stop the dispatcher, close RocksDB — all within
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import ssl
@@ -28,6 +29,7 @@ from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
 from futureq.state.queue_state import Defaults, QueueState
 from futureq.storage.db import Database
+from futureq.storage.space import SpaceAlarm
 
 from .access import AccessControl
 from .broker import Broker
@@ -111,6 +113,7 @@ async def serve(
         write_buffer_mb=config.storage.write_buffer_mb,
         block_cache_mb=config.storage.block_cache_mb,
     )
+    space_alarm = SpaceAlarm(db, metrics)
     try:
         if config.cluster.clustered:
             finish_interrupted_restore(config, db)
@@ -129,7 +132,9 @@ async def serve(
         transport: Transport | None = None
         replayed = 0
         if clustered:
-            command_log, transport = build_raft_log(config, db, state, client_address, metrics)
+            command_log, transport = build_raft_log(
+                config, db, state, client_address, metrics, space_alarm
+            )
         else:
             command_log = SingleNodeLog(
                 db,
@@ -139,6 +144,7 @@ async def serve(
                 max_batch_items=config.storage.group_commit_max_items,
                 metrics=metrics,
                 on_applied=lambda: metrics.applied_index.set(state.applied_index),
+                space_alarm=space_alarm,
             )
             replayed = command_log.recover()
         dispatcher = Dispatcher(
@@ -152,7 +158,7 @@ async def serve(
             active=not clustered,
         )
         state.observer = dispatcher
-        broker = Broker(config, state, command_log, hub, dispatcher, clock, metrics)
+        broker = Broker(config, state, command_log, hub, dispatcher, clock, metrics, space_alarm)
         metrics.is_leader.set(0 if clustered else 1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
@@ -165,6 +171,7 @@ async def serve(
         if shutdown is None:
             shutdown = trio.Event()
         async with trio.open_nursery() as root:
+            root.start_soon(space_alarm.run)
             raft_address = ""
             if isinstance(command_log, RaftNode):
                 assert transport is not None
@@ -188,7 +195,14 @@ async def serve(
             root.start_soon(pace_gc, lambda: len(state.groups))
             try:
                 http_address: str = await root.start(
-                    serve_http, config.server.http, metrics, broker
+                    functools.partial(
+                        serve_http,
+                        config.server.http,
+                        metrics,
+                        broker,
+                        access=access,
+                        metrics_require_auth=config.metrics.require_auth,
+                    )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group
                 found = _first(exc, OSError)

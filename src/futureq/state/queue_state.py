@@ -29,6 +29,7 @@ import attrs
 import msgpack
 from sortedcontainers import SortedDict
 
+from futureq.errors import NoSpaceError
 from futureq.state import commands, snapshot
 from futureq.state.commands import CommandKind
 from futureq.state.snapshot import SnapshotSource
@@ -120,6 +121,18 @@ class ScheduleObserver(Protocol):
         ...
 
 
+@attrs.define
+class _Unwritten:
+    """One applied command whose write is pending (a retry after a full disk)."""
+
+    index: int
+    data: bytes
+    changes: Changes
+    effects: list[tuple[Any, ...]]
+    result: Any
+    digest: int
+
+
 class _Txn:
     """Changes of one apply, with read-your-writes over the store."""
 
@@ -175,11 +188,13 @@ class QueueState:
         applied index have the same digest (a state machine safety check)."""
         self._next_group_id = 1
         self.last_publish_ms = 0
+        self._unwritten: _Unwritten | None = None
         self._load()
 
     def _load(self) -> None:
         """Read the in-memory indexes (groups, pending counts, node addresses) from the store."""
         store = self.store
+        self._unwritten = None
         snapshot.check_not_restoring(store)
         self.groups.clear()
         self._by_topic.clear()
@@ -307,6 +322,11 @@ class QueueState:
         Args and Raises: as :meth:`apply`.
         """
         assert index == self.applied_index + 1, (index, self.applied_index)
+        unwritten = self._unwritten
+        if unwritten is not None:
+            # A retry after a full disk: the changes were made in memory already.
+            assert unwritten.index == index and unwritten.data == data, "retry of another entry"
+            return (yield from self._write_and_notify(unwritten))
         command = commands.decode(data)
         kind = command[0]
         txn = _Txn(self.store)
@@ -343,10 +363,31 @@ class QueueState:
             if info is not None:
                 meta[_PENDING + gid.to_bytes(4, "big")] = _u64(info.pending)
         meta[_APPLIED] = _u64(index)
-        self.applied_digest = zlib.crc32(data, zlib.crc32(_u64(index), self.applied_digest))
-        meta[_DIGEST] = self.applied_digest.to_bytes(4, "big")
-        self.store.write(txn.changes)
-        self.applied_index = index
+        digest = zlib.crc32(data, zlib.crc32(_u64(index), self.applied_digest))
+        meta[_DIGEST] = digest.to_bytes(4, "big")
+        return (
+            yield from self._write_and_notify(
+                _Unwritten(index, data, txn.changes, effects, result, digest)
+            )
+        )
+
+    def _write_and_notify(self, done: _Unwritten) -> Generator[None, None, Any]:
+        """Write one command's changes, then tell the observer.
+
+        When the disk is full the changes are kept (they are already made in memory)
+        and the error raised; the caller retries :meth:`apply_steps` with the same
+        entry once there is room, and only the write is done again.
+        """
+        try:
+            self.store.write(done.changes)
+        except NoSpaceError:
+            self._unwritten = done
+            raise
+        self._unwritten = None
+        self.applied_index = done.index
+        self.applied_digest = done.digest
+        effects = done.effects
+        result = done.result
         observer = self.observer
         if observer is not None:
             # In steps too: observers may see the store ahead of their notifications
