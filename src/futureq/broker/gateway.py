@@ -118,15 +118,27 @@ closed_log = RateLimitedLog(log)
 class NodeBuffers:
     """Bytes held in every client connection's buffers on this node, both directions.
 
+    Each direction is bounded by ``limit_bytes`` on its own: past it no more deliveries
+    are queued (outgoing), or incomplete frames wait for the rest of theirs to be read
+    (incoming; the frame deadline still runs). Separately, so that clients who do not
+    read can never stop the others' requests from being read.
+
     Args:
         limit_bytes: ``limits.max_node_buffer_bytes``.
         on_room: Called once the buffers are below the limit again after it was
             reached (the dispatcher then looks at every group with consumers).
+        on_full: Called each time the limit is reached and deliveries are held back.
     """
 
-    def __init__(self, limit_bytes: int, on_room: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        limit_bytes: int,
+        on_room: Callable[[], None] | None = None,
+        on_full: Callable[[], None] | None = None,
+    ) -> None:
         self.limit_bytes = limit_bytes
         self.on_room = on_room
+        self.on_full = on_full
         self.outbound = 0
         self.inbound = 0
         self._was_full = False
@@ -141,30 +153,34 @@ class NodeBuffers:
 
     def has_room(self) -> bool:
         """True while the node may buffer more deliveries."""
-        if self.total < self.limit_bytes:
+        if self.outbound < self.limit_bytes:
             return True
         if not self._was_full:
             self._was_full = True
             self.full_count += 1
+            if self.on_full is not None:
+                self.on_full()
         return False
 
     def change(self, outbound: int = 0, inbound: int = 0) -> None:
         """Account for bytes added (positive) or released (negative)."""
         self.outbound += outbound
         self.inbound += inbound
-        if self.total < self.limit_bytes * ROOM_AGAIN_FRACTION or (
-            (outbound < 0 or inbound < 0) and self.total < self.limit_bytes
-        ):
+        if inbound < 0 and self.inbound < self.limit_bytes:
             self._room.set()
             self._room = trio.Event()
-            if self._was_full and self.total < self.limit_bytes * ROOM_AGAIN_FRACTION:
-                self._was_full = False
-                if self.on_room is not None:
-                    self.on_room()
+        if (
+            outbound < 0
+            and self._was_full
+            and self.outbound < self.limit_bytes * ROOM_AGAIN_FRACTION
+        ):
+            self._was_full = False
+            if self.on_room is not None:
+                self.on_room()
 
     async def wait_room(self) -> None:
-        """Block until the node holds less than its limit."""
-        while self.total >= self.limit_bytes:
+        """Block until incomplete incoming frames hold less than the limit."""
+        while self.inbound >= self.limit_bytes:
             await self._room.wait()
 
 
@@ -176,14 +192,20 @@ class Outbox:
             size; :attr:`overflowed` at twice this.
         node: The node-wide account.
         on_room: Called when the outbox drained after deliveries were held back.
+        on_full: Called each time the outbox is found full and deliveries are held back.
     """
 
     def __init__(
-        self, limit_bytes: int, node: NodeBuffers, on_room: Callable[[], None] | None = None
+        self,
+        limit_bytes: int,
+        node: NodeBuffers,
+        on_room: Callable[[], None] | None = None,
+        on_full: Callable[[], None] | None = None,
     ) -> None:
         self.limit_bytes = limit_bytes
         self.node = node
         self.on_room = on_room
+        self.on_full = on_full
         self.buffered_bytes = 0
         self.closed = False
         self._frames: deque[bytes] = deque()
@@ -211,6 +233,8 @@ class Outbox:
             if not self._held:
                 self._held = True
                 self.full_count += 1
+                if self.on_full is not None:
+                    self.on_full()
             return False
         if not self.node.has_room():
             self._held = True
@@ -330,8 +354,12 @@ class Connection:
         # The token is checked here (access), not by the session.
         self.session = ServerSession(limits.max_frame_bytes, frames.SUPPORTED_VERSIONS, None)
         self.node_buffers = node_buffers or NodeBuffers(limits.max_node_buffer_bytes)
+        full = broker.metrics.buffer_full_total.labels("connection")
         self.outbox = Outbox(
-            limits.max_connection_buffer_bytes, self.node_buffers, self._deliveries_may_resume
+            limits.max_connection_buffer_bytes,
+            self.node_buffers,
+            self._deliveries_may_resume,
+            full.inc,
         )
         self.subscriptions: dict[int, Consumer] = {}
         self._limit = trio.Semaphore(MAX_REQUESTS_IN_PROGRESS)

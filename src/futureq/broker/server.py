@@ -164,7 +164,9 @@ async def serve(
         ssl_context = make_ssl_context(config)
         access = AccessControl(config.server.auth_token, config.server.credentials_file)
         node_buffers = NodeBuffers(
-            config.limits.max_node_buffer_bytes, on_room=broker.wake_all_consumers
+            config.limits.max_node_buffer_bytes,
+            on_room=broker.wake_all_consumers,
+            on_full=metrics.buffer_full_total.labels("node").inc,
         )
         metrics.connection_buffer_bytes.labels("out").set_function(lambda: node_buffers.outbound)
         metrics.connection_buffer_bytes.labels("in").set_function(lambda: node_buffers.inbound)
