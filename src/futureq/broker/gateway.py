@@ -593,12 +593,9 @@ class Connection:
             generation = access.generation
             current = access.current(self.principal)
             if current is None:
-                self._abort(
-                    _Closing(
-                        ErrorCode.AUTH_FAILED,
-                        f"client {self.principal.name!r} was removed from the credentials or "
-                        "got a new secret; reconnect with a valid token",
-                    )
+                self._revoke(
+                    f"client {self.principal.name!r} was removed from the credentials or got "
+                    "a new secret; reconnect with a valid token"
                 )
                 return
             self.principal = current
@@ -606,8 +603,13 @@ class Connection:
                 try:
                     access.check(current, frames.Subscribe(0, consumer.topic, consumer.group, 1))
                 except RequestError as exc:
-                    self._abort(_Closing(ErrorCode.AUTH_FAILED, exc.message))
+                    self._revoke(f"{exc.message} (credentials reloaded)")
                     return
+
+    def _revoke(self, message: str) -> None:
+        """Close after telling the client why: stop reading, drain, end."""
+        self._close(_Closing(ErrorCode.AUTH_FAILED, message))
+        self._reading.cancel()
 
     # ------------------------------------------------------------ requests
 
