@@ -24,6 +24,7 @@ keeps the two in step.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
@@ -456,21 +457,28 @@ class _GroupCountsCollector(Collector):
 
     def __init__(self) -> None:
         self.provider: GroupCountsProvider | None = None
+        self.rows: list[GroupCounts] | None = None
+        """Rows read beforehand (:meth:`Metrics.group_rows`), used instead of the provider."""
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families().values())
 
+    def read(self) -> list[GroupCounts]:
+        provider = self.provider
+        if provider is None:
+            return []
+        try:
+            return list(provider())
+        except Exception:
+            # A broken provider must not break /metrics: the other metrics still
+            # matter most when something is wrong.
+            logger.exception("group counts provider failed; state gauges omitted")
+            return []
+
     def collect(self) -> Iterable[Metric]:
         families = self._families()
-        provider = self.provider
-        if provider is not None:
-            try:
-                rows = list(provider())
-            except Exception:
-                # A broken provider must not break /metrics: the other metrics still
-                # matter most when something is wrong.
-                logger.exception("group counts provider failed; state gauges omitted")
-                rows = []
+        rows = self.rows if self.rows is not None else self.read()
+        if rows:
             for row in rows:
                 for field, name in _GROUP_COUNT_GAUGES.items():
                     value = getattr(row, field)
@@ -559,6 +567,7 @@ class Metrics:
 
         self._group_counts = _GroupCountsCollector()
         self.registry.register(self._group_counts)
+        self._render_lock = threading.Lock()
 
     def set_group_counts_provider(self, provider: GroupCountsProvider | None) -> None:
         """Read the per-group state gauges from ``provider`` on every scrape.
@@ -596,14 +605,29 @@ class Metrics:
         """Count one request answered with an ERROR frame carrying ``code``."""
         self.request_errors_total.labels(code=code.name).inc()
 
-    def render(self) -> tuple[bytes, str]:
+    def group_rows(self) -> list[GroupCounts]:
+        """Read the per-group state gauges from the provider now (on the event loop)."""
+        return self._group_counts.read()
+
+    def render(self, rows: list[GroupCounts] | None = None) -> tuple[bytes, str]:
         """Render every metric in the Prometheus text format.
+
+        Args:
+            rows: Group counts read beforehand with :meth:`group_rows`; then this may
+                run in a worker thread (prometheus-client's metrics are thread-safe),
+                so formatting thousands of series does not hold the event loop. None:
+                the provider is called here.
 
         Returns:
             ``(body, content_type)``: the exposition text (UTF-8) and its
             ``Content-Type`` header value (text format 0.0.4).
         """
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        with self._render_lock:
+            self._group_counts.rows = rows
+            try:
+                return generate_latest(self.registry), CONTENT_TYPE_LATEST
+            finally:
+                self._group_counts.rows = None
 
 
 def _as(metric: object, kind: type[_T]) -> _T:

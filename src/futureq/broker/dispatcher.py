@@ -44,6 +44,9 @@ REFILL_CHUNK_ITEMS = 10_000
 """Most schedule entries read from disk in one refill step (keeps the loop responsive)."""
 EXPIRE_BATCH_ITEMS = 1000
 GROUPS_PER_PASS = 64
+DUE_COUNT_SCAN_ITEMS = 10_000
+"""Most schedule entries read from disk to count one group's due backlog (a status or a
+scrape stays short); a count that reaches it means "at least"."""
 """Most groups looked at in one dispatch pass; the rest wait for the next (a yield)."""
 DELIVERIES_PER_PASS = 8192
 """Most deliveries pushed in one dispatch pass, so one pass holds the loop briefly."""
@@ -570,7 +573,7 @@ class Dispatcher:
 
     # ------------------------------------------------------------ status
 
-    def due_count(self, group_id: int, now_ms: int, limit: int = 100_000) -> int:
+    def due_count(self, group_id: int, now_ms: int, limit: int = DUE_COUNT_SCAN_ITEMS) -> int:
         """Entries of a group due now and not in flight (memory, plus disk past the horizon).
 
         A group with no runtime (idle, or not loaded yet) is counted from disk. At most
@@ -579,6 +582,9 @@ class Dispatcher:
         """
         runtime = self.hub.groups.get(group_id)
         if runtime is None:
+            if group_id not in self.hub.touched and self._wake_at.get(group_id, math.inf) > now_ms:
+                # Idle and not due for a look: every entry is beyond its horizon.
+                return 0
             start = commands.schedule_key(group_id, 0, 0)
             count = 0
         else:

@@ -28,11 +28,11 @@ import trio
 
 log = logging.getLogger(__name__)
 
-CHECK_INTERVAL_S = 0.5
+CHECK_INTERVAL_S = 0.1
 """How often the growth of the state is checked (s)."""
 GROWTH_FRACTION = 0.05
 """Freeze again once the state grew by this fraction since the last freeze."""
-GROWTH_MIN = 500
+GROWTH_MIN = 200
 """... and by at least this many groups."""
 
 
