@@ -44,6 +44,8 @@ REFILL_CHUNK_ITEMS = 10_000
 """Most schedule entries read from disk in one refill step (keeps the loop responsive)."""
 EXPIRE_BATCH_ITEMS = 1000
 GROUPS_PER_PASS = 64
+PASS_BUDGET_S = 0.005
+"""A pass stops looking at more groups once it has taken this long (s)."""
 DUE_COUNT_SCAN_ITEMS = 10_000
 """Most schedule entries read from disk to count one group's due backlog (a status or a
 scrape stays short); a count that reaches it means "at least"."""
@@ -186,22 +188,26 @@ class Dispatcher:
         return child
 
     def on_group_changed(self, group_id: int) -> None:
-        """One group was created, adopted, updated or deleted: O(1) whatever the count."""
+        """One group was created, adopted, updated or deleted: O(1) whatever the count.
+
+        A new group needs no look of its own: it has no consumer yet, and every entry
+        it holds was scheduled by the same command (:meth:`on_scheduled` takes care of
+        those). A changed group's runtime, if it has one, takes the new settings.
+        """
         if not self.active:
             return
         info = self.state.groups.get(group_id)
+        runtime = self.hub.groups.get(group_id)
         if info is None:
-            runtime = self.hub.groups.get(group_id)
             if runtime is not None and self.metrics is not None:
                 self.metrics.forget_group(runtime.info.topic, runtime.info.name)
             self.hub.drop_group(group_id, self.clock.wall_ms())
             self._wake_at.pop(group_id, None)
             return
-        runtime = self.hub.groups.get(group_id)
         if runtime is not None:
             runtime.info = info
-        self.hub.touched.add(group_id)
-        self.kick()
+            self.hub.touched.add(group_id)  # settings changed: look again
+            self.kick()
 
     def on_groups_changed(self) -> None:
         """Every group may have changed (a snapshot was installed): start afresh."""
@@ -343,7 +349,10 @@ class Dispatcher:
         dead: list[tuple[bytes, int]] = []
         dead_restore: list[Any] = []
         budget = [DELIVERIES_PER_PASS]
-        for _ in range(min(len(touched), GROUPS_PER_PASS)):
+        stop_s = self.clock.monotonic_s() + PASS_BUDGET_S
+        for looked in range(min(len(touched), GROUPS_PER_PASS)):
+            if looked and self.clock.monotonic_s() >= stop_s:
+                break  # a slow disk read or a full batch: the rest after a yield
             gid = touched.pop()
             runtime = hub.runtime(gid)
             if runtime is None:
