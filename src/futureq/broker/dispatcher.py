@@ -227,7 +227,9 @@ class Dispatcher:
         self._parked.clear()
         self._wake_at.clear()
         self._timers.clear()
-        self.hub.touched.update(self.state.groups)
+        # Only groups holding entries have anything to load; the others wait for a
+        # consumer or an entry (either touches them).
+        self.hub.touched.update(gid for gid, info in self.state.groups.items() if info.pending)
         self.kick()
 
     def deactivate(self) -> None:
@@ -369,7 +371,7 @@ class Dispatcher:
                 elif group_next < math.inf:
                     wake_at[gid] = group_next
                     heapq.heappush(timers, (group_next, gid))
-                if runtime.is_idle() and gid not in touched:
+                if runtime.is_idle() and gid not in touched and not self._parked:
                     del hub.groups[gid]  # rebuilt from disk when it has work again
             if budget[0] <= 0:
                 break

@@ -120,12 +120,7 @@ def publish_topic_arg(text: str) -> str:
         argparse.ArgumentTypeError: the server would refuse the name.
     """
     try:
-        if text.endswith(validation.DLQ_SUFFIX):
-            raise RequestError(
-                ErrorCode.RESERVED_TOPIC,
-                f"topic {text!r} ends in {validation.DLQ_SUFFIX!r}, reserved for dead letters",
-            )
-        validation.check_name("topic", text)
+        validation.check_name("topic", text)  # the server also refuses the .dlq suffix
     except RequestError as exc:
         raise argparse.ArgumentTypeError(exc.message) from None
     return text
