@@ -9,9 +9,10 @@ Source: ``DESIGN.md``, "Data flow" and "Message semantics"; ``docs/protocol.md``
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+STATUS_STEP_TOPICS = 500
+"""Topics a status looks at between two yields to the event loop."""
 PROMOTE_TIMEOUT_S = 600
 PROMOTE_LAG_ENTRIES = 64
 """A learner this close to the commit index is promoted to voter (entries)."""
@@ -634,33 +637,67 @@ class Broker:
                 the ``monitor`` permission sees the topics its patterns name); the
                 totals then count only those listed. None: every topic.
         """
-        now_ms = self.clock.wall_ms()
+        steps = self.status_steps(visible)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result: dict[str, Any] = done.value
+                return result
+
+    async def status_async(self, visible: Callable[[str], bool] | None = None) -> dict[str, Any]:
+        """:meth:`status`, yielding to the event loop every :data:`STATUS_STEP_TOPICS`
+        topics looked at (a filtered status may look at every topic)."""
+        steps = self.status_steps(visible)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result: dict[str, Any] = done.value
+                return result
+            await trio.lowlevel.checkpoint()
+
+    def status_steps(
+        self, visible: Callable[[str], bool] | None = None
+    ) -> Generator[None, None, dict[str, Any]]:
+        """:meth:`status` as a generator that yields every few hundred topics looked at."""
         limit = self.config.limits.max_status_groups
         listed = 0
+        looked = 0
         truncated = False
         topics: list[dict[str, Any]] = []
-        for topic in self.state.iter_topics():
-            if visible is not None and not visible(topic):
-                continue
-            if listed >= limit:
-                truncated = True
+        after: str | None = None
+        while not truncated:
+            now_ms = self.clock.wall_ms()
+            batch = list(itertools.islice(self.state.iter_topics(after), STATUS_STEP_TOPICS))
+            if not batch:
                 break
-            groups = []
-            for info in self.state.topic_groups(topic):
-                c = self._group_row(info, now_ms)
-                listed += 1
-                groups.append(
-                    {
-                        "group": info.name,
-                        "pending": c.pending,
-                        "due": c.due,
-                        "in_flight": c.in_flight,
-                        "consumers": c.consumers,
-                        "visibility_timeout_ms": info.visibility_timeout_ms,
-                        "max_deliveries": info.max_deliveries,
-                    }
-                )
-            topics.append({"topic": topic, "groups": groups})
+            after = batch[-1]
+            for topic in batch:
+                looked += 1
+                if visible is not None and not visible(topic):
+                    continue
+                if listed >= limit:
+                    truncated = True
+                    break
+                groups = []
+                for info in self.state.topic_groups(topic):
+                    c = self._group_row(info, now_ms)
+                    listed += 1
+                    groups.append(
+                        {
+                            "group": info.name,
+                            "pending": c.pending,
+                            "due": c.due,
+                            "in_flight": c.in_flight,
+                            "consumers": c.consumers,
+                            "visibility_timeout_ms": info.visibility_timeout_ms,
+                            "max_deliveries": info.max_deliveries,
+                        }
+                    )
+                topics.append({"topic": topic, "groups": groups})
+            if not truncated:
+                yield
         return {
             "node_id": self.node_id,
             "role": self.cluster_status()["role"],

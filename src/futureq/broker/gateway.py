@@ -689,7 +689,7 @@ class Connection:
             case frames.Status():
                 permissions = self.principal.permissions
                 visible = None if permissions.monitor else permissions.may_see
-                return frames.StatusOk(frame.request_id, broker.status(visible))
+                return frames.StatusOk(frame.request_id, await broker.status_async(visible))
             case frames.Ping():
                 return frames.Pong(frame.request_id)
             case frames.GroupCreate():

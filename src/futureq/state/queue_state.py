@@ -243,9 +243,16 @@ class QueueState:
         """Every topic that has a group, sorted."""
         return list(self._by_topic)
 
-    def iter_topics(self) -> Iterator[str]:
-        """Every topic that has a group, in name order, lazily (take what you need)."""
-        return iter(self._by_topic)
+    def iter_topics(self, after: str | None = None) -> Iterator[str]:
+        """Topics that have a group, in name order, lazily (take what you need).
+
+        Args:
+            after: Start after this topic (None: from the first). Do not keep the
+                iterator across applies: take a few, then ask again with ``after``.
+        """
+        if after is None:
+            return iter(self._by_topic)
+        return iter(self._by_topic.irange(minimum=after, inclusive=(False, True)))
 
     def topic_count(self) -> int:
         """How many topics have a group."""
