@@ -297,11 +297,19 @@ class Outbox:
 class _Closing(Exception):
     """The server closes this connection: ``code`` and ``message`` say why."""
 
-    def __init__(self, code: ErrorCode, message: str, *, tell_client: bool = True) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        tell_client: bool = True,
+        request_id: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.tell_client = tell_client
+        self.request_id = request_id
 
 
 def _first_closing(group: BaseException) -> _Closing:
@@ -422,7 +430,7 @@ class Connection:
         self._closing = closing
         if closing.tell_client and not self.outbox.closed:
             error = RemoteProtocolError(closing.code, closing.message)
-            self.outbox.send_nowait(self.session.error_bytes(error))
+            self.outbox.send_nowait(self.session.error_bytes(error, closing.request_id))
         self.outbox.close()
 
     def _abort(self, closing: _Closing) -> None:
@@ -623,7 +631,7 @@ class Connection:
             code = exc.code
             self.broker.metrics.count_request_error(code)
             if code.closes_connection:
-                raise _Closing(code, exc.message) from None
+                raise _Closing(code, exc.message, request_id=frame.request_id) from None
             self._queue(self.session.error_bytes(exc, frame.request_id))
         except NoSpaceError:
             self.broker.metrics.count_request_error(ErrorCode.NO_SPACE)
