@@ -127,3 +127,38 @@ def test_per_group_series_can_be_turned_off(broker_factory: object) -> None:
     ]
     [published] = series(broker, "futureq_published_messages_total")
     assert 'topic="_other"' in published and value(published) == 20
+
+
+def test_the_number_of_groups_is_bounded(broker_factory: object) -> None:
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={"FUTUREQ_LIMITS_MAX_GROUPS": "3", "FUTUREQ_QUEUE_MAX_DELIVERIES": "1"}
+    )
+    client = WireClient(broker.client_address)
+    assert isinstance(client.publish([["g.a", b"x", 0, None, None]]), frames.PublishOk)
+    assert isinstance(client.publish([["g.b", b"x", 0, None, None]]), frames.PublishOk)
+    refused = client.publish(
+        [["g.a", b"x", 0, None, None], ["g.c", b"x", 0, None, None], ["g.d", b"x", 0, None, None]]
+    )
+    assert isinstance(refused, frames.Error), refused
+    assert refused.code == 237 and refused.item_index == 2 and "max_groups" in refused.message
+    assert isinstance(client.publish([["g.c", b"x", 0, None, None]]), frames.PublishOk)
+    # Naming the implicit group adopts it: no new group, allowed.
+    adopted = client.request(frames.GroupCreate(client.next_id(), "g.b", "first", None, None))
+    assert isinstance(adopted, frames.Ok), adopted
+    for frame in (
+        frames.Subscribe(client.next_id(), "g.d", "g", 1),
+        frames.GroupCreate(client.next_id(), "g.b", "second", None, None),
+    ):
+        answer = client.request(frame)
+        assert isinstance(answer, frames.Error) and answer.code == 237, answer
+    # Existing groups are still usable, and derived dead-letter topics are created past it.
+    sub = client.subscribe("g.a", "default")  # adopts nothing new: the implicit group
+    assert sub
+    [first] = client.deliveries(1)
+    assert isinstance(client.request(frames.Nack(client.next_id(), [first[0]], 0)), frames.Ok)
+    dlq = WireClient(broker.client_address)
+    deadline = time.monotonic() + 10
+    while dlq.group_pending("g.a.dlq", "default") != 1:
+        assert time.monotonic() < deadline, dlq.status()
+        time.sleep(0.1)
+    assert dlq.status()["group_count"] == 4
