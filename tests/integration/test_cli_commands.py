@@ -100,7 +100,7 @@ def test_publish_file_reports_bad_lines_and_publishes_the_rest(
     assert result.returncode == 1
     assert "published 3 message(s)" in result.stdout
     assert "2 failed line(s)" in result.stdout
-    assert "line 2: invalid JSON" in result.stderr
+    assert "line 2, column 2: expected a key in double quotes" in result.stderr
     assert "line 4: [RESERVED_TOPIC]" in result.stderr
 
     consumed = cli(address, "consume", "bulk", "--group", "g", "--count", "3", "--json")

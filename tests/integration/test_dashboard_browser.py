@@ -13,16 +13,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from broker_process import BrokerProcess
 from cluster_process import Cluster
-from playwright.sync_api import BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import BrowserContext, Page, Playwright, expect, sync_playwright
+from test_limits_access import write_credentials
 from wire_client import WireClient
 
 from futureq.wire import frames
@@ -50,21 +54,15 @@ def chromium_path() -> str:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[BrowserContext]:
-    with sync_playwright() as playwright:
-        profile = tempfile.mkdtemp(prefix="futureq-chromium-")
-        context = playwright.chromium.launch_persistent_context(
-            profile,
-            executable_path=chromium_path(),
-            headless=True,
-            args=CHROMIUM_FLAGS,
-            viewport={"width": 1400, "height": 1000},
-        )
-        try:
-            yield context
-        finally:
-            context.close()
-            shutil.rmtree(profile, ignore_errors=True)
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as started:  # one per thread: every browser comes from it
+        yield started
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[BrowserContext]:
+    with browser_context(playwright, None) as context:
+        yield context
 
 
 def open_dashboard(browser: BrowserContext, http_address: str) -> tuple[Page, list[str]]:
@@ -215,3 +213,64 @@ def test_dashboard_cluster_view_and_members_going_away(
         follower_page.close()
     finally:
         cluster.stop()
+
+
+def test_dashboard_behind_tokens(playwright: Playwright, tmp_path: Path) -> None:
+    """With client credentials the page needs a monitor token (HTTP Basic, which the
+    browser also sends on the /ws upgrade); when the token stops working (credentials
+    reloaded on SIGHUP) the page asks for one and goes on with what is typed."""
+    credentials = tmp_path / "clients.toml"
+    tokens = write_credentials(credentials, {"mon": {"monitor": True}, "pub": {"publish": [">"]}})
+    broker = BrokerProcess(
+        tmp_path / "data", env={"FUTUREQ_SERVER_CREDENTIALS_FILE": str(credentials)}
+    )
+    broker.start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{broker.http_address}/", timeout=10)
+        assert refused.value.code == 401
+        assert refused.value.headers["WWW-Authenticate"].startswith("Basic")
+        with browser_context(playwright, tokens["pub"]) as context:
+            response = context.new_page().goto(f"http://{broker.http_address}/")
+            assert response is not None and response.status == 403  # no monitor
+        with browser_context(playwright, tokens["mon"]) as context:
+            page, errors = open_dashboard(context, broker.http_address)
+            expect(page.locator("#token-form")).to_be_hidden()
+            # The token stops working: the page says so and asks for another.
+            new = write_credentials(credentials, {"mon": {"monitor": True}})
+            assert broker.process is not None
+            broker.process.send_signal(signal.SIGHUP)
+            expect(page.locator("#token-form")).to_be_visible(timeout=WAIT_MS)
+            expect(page.locator("#connection")).to_have_attribute("data-state", "lost")
+            page.fill("#token-input", new["mon"])
+            page.click("#token-form button")
+            expect(page.locator("#connection")).to_have_attribute(
+                "data-state", "live", timeout=WAIT_MS
+            )
+            expect(page.locator("#token-form")).to_be_hidden()
+            assert errors == []
+    finally:
+        broker.terminate()
+
+
+@contextmanager
+def browser_context(playwright: Playwright, token: str | None) -> Iterator[BrowserContext]:
+    """A browser of its own, answering HTTP Basic challenges with ``token`` (name:secret)."""
+    profile = tempfile.mkdtemp(prefix="futureq-chromium-")
+    credentials = None
+    if token is not None:
+        name, _, secret = token.partition(":")
+        credentials = {"username": name, "password": secret}
+    context = playwright.chromium.launch_persistent_context(
+        profile,
+        executable_path=chromium_path(),
+        headless=True,
+        args=CHROMIUM_FLAGS,
+        http_credentials=credentials,  # type: ignore[arg-type]
+        viewport={"width": 1400, "height": 1000},
+    )
+    try:
+        yield context
+    finally:
+        context.close()
+        shutil.rmtree(profile, ignore_errors=True)

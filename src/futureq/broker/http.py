@@ -21,6 +21,13 @@ Endpoints (all ``GET``; ``HEAD`` too):
                    (:mod:`futureq.broker.websocket`, ``docs/protocol.md``).
 =================  ===========================================================
 
+With a token configured (``server.auth_token`` or ``server.credentials_file``), every
+endpoint but ``/healthz`` and ``/readyz`` needs an ``Authorization`` header of a client
+with the ``monitor`` permission: ``Bearer <token>``, or HTTP Basic with the token as the
+password (so a browser asks for it once and sends it with the dashboard's own requests).
+``/metrics`` is protected too unless ``metrics.require_auth`` is false. Missing or wrong
+token: 401 with ``WWW-Authenticate``; a token without ``monitor``: 403.
+
 With ``tls.http`` the port serves HTTPS (and ``wss://``) with the client listener's
 certificate, and requires client certificates when ``tls.require_client_cert`` does.
 
@@ -29,12 +36,14 @@ Source: DESIGN.md, "Processes and ports"; docs/operations.md, "Health endpoints"
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import json
 import logging
 import pathlib
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -42,6 +51,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.logging import Logger as HypercornLogger
 from hypercorn.trio import serve
 
+from futureq.errors import RemoteProtocolError
 from futureq.wire import codec
 
 from . import websocket
@@ -51,6 +61,8 @@ if TYPE_CHECKING:
 
     from futureq.config import TlsConfig
     from futureq.metrics import Metrics
+
+    from .access import AccessControl
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +111,10 @@ class StatusProvider(Protocol):
         """True while the process works (false after a storage failure or on shutdown)."""
         ...
 
+    def alarms(self) -> list[str]:
+        """Raised alarms (``["NO_SPACE"]`` while the disk is full); empty when all is well."""
+        ...
+
 
 class _QuietHypercornLogger(HypercornLogger):
     """Hypercorn's logger, with its INFO lines ("Running on ...") demoted to DEBUG:
@@ -134,6 +150,9 @@ class HttpApp:
     Args:
         metrics: Rendered on ``/metrics``.
         provider: Answers ``/healthz``, ``/readyz``, ``/api/status``.
+        access: Checks bearer tokens; None (or one with no token configured) leaves
+            every endpoint open.
+        metrics_require_auth: ``/metrics`` needs a token too (when tokens are configured).
         websocket_handler: Serves ``/ws`` connections (the gateway); None refuses them.
         websocket_origins: Browser origins allowed on ``/ws`` besides the page's own.
     """
@@ -142,11 +161,15 @@ class HttpApp:
         self,
         metrics: Metrics,
         provider: StatusProvider,
+        access: AccessControl | None = None,
+        metrics_require_auth: bool = True,
         websocket_handler: websocket.WebSocketHandler | None = None,
         websocket_origins: tuple[str, ...] = (),
     ) -> None:
         self._metrics = metrics
         self._provider = provider
+        self._access = access
+        self._metrics_require_auth = metrics_require_auth
         self._websocket_handler = websocket_handler
         self._websocket_origins = websocket_origins
 
@@ -166,6 +189,7 @@ class HttpApp:
                     self._websocket_handler,
                     allowed_origins=self._websocket_origins,
                     on_refused=self._metrics.count_request_error,
+                    token=await self._valid_token(scope.get("headers", [])),
                 )
             else:
                 await receive()  # websocket.connect
@@ -185,25 +209,82 @@ class HttpApp:
             )
             return
         head = method == "HEAD"
+        refused = await self._refuse(scope["path"], scope.get("headers", []))
+        if refused is not None:
+            status, body, extra = refused
+            await _respond(send, status, body, _TEXT, head=head, extra=extra)
+            return
         try:
-            status, body, content_type = self._route(scope["path"])
+            if scope["path"] == "/metrics":
+                # Read the broker on the loop (bounded), format in a thread: thousands
+                # of series must not hold the event loop.
+                rows = self._metrics.group_rows()
+                body, text_type = await trio.to_thread.run_sync(self._metrics.render, rows)
+                status, content_type = 200, text_type.encode("ascii")
+            else:
+                status, body, content_type = self._route(scope["path"])
         except Exception:
             logger.exception("HTTP %s %s failed", method, scope["path"])
             status, body, content_type = 500, b"internal error; see the server log\n", _TEXT
         await _respond(send, status, body, content_type, head=head)
 
+    async def _refuse(
+        self, path: str, headers: Iterable[tuple[bytes, bytes]]
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
+        """None when the request may be served; else the 401/403 answer."""
+        access = self._access
+        if access is None or not access.enabled or path in ("/healthz", "/readyz"):
+            return None
+        if path == "/metrics" and not self._metrics_require_auth:
+            return None
+        challenge = [(b"www-authenticate", b'Basic realm="FutureQ", charset="UTF-8"')]
+        tokens = _tokens(headers)
+        if not tokens:
+            return 401, b"this endpoint needs a token: Authorization: Bearer <token>\n", challenge
+        for token in tokens:
+            try:
+                principal = await access.authenticate(token)
+            except RemoteProtocolError:
+                continue
+            if principal.permissions.monitor:
+                return None
+            return (
+                403,
+                f"client {principal.name!r} lacks the monitor permission\n".encode(),
+                [],
+            )
+        return 401, b"wrong token\n", challenge
+
+    async def _valid_token(self, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+        """The first token of the ``Authorization`` header that authenticates, or None."""
+        access = self._access
+        if access is None or not access.enabled:
+            return None
+        for token in _tokens(headers):
+            try:
+                await access.authenticate(token)
+            except RemoteProtocolError:
+                continue
+            return token
+        return None
+
     def _route(self, path: str) -> tuple[int, bytes, bytes]:
-        if path == "/metrics":
-            body, content_type = self._metrics.render()
-            return 200, body, content_type.encode("ascii")
         if path == "/healthz":
             if self._provider.is_healthy():
                 return 200, b"ok\n", _TEXT
             return 503, b"unhealthy\n", _TEXT
         if path == "/readyz":
-            if self._provider.is_ready():
+            alarms = self._provider.alarms()
+            if self._provider.is_ready() and not alarms:
                 return 200, _json({"ready": True}), _JSON
-            return 503, _json({"ready": False, "reason": self._not_ready_reason()}), _JSON
+            reason = self._not_ready_reason()
+            if alarms:
+                reason = (
+                    "alarm NO_SPACE: the disk is full; writes are refused until space returns"
+                    if "NO_SPACE" in alarms
+                    else f"alarms raised: {', '.join(alarms)}"
+                )
+            return 503, _json({"ready": False, "reason": reason, "alarms": alarms}), _JSON
         if path == "/api/status":
             return 200, _json(self._provider.status()), _JSON
         if path == "/api/overview":
@@ -235,6 +316,27 @@ class HttpApp:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _tokens(headers: Iterable[tuple[bytes, bytes]]) -> list[str]:
+    """Tokens the request's Authorization header may carry: Bearer, or Basic where the
+    token is the password, or ``user:password`` for a client of the credentials file."""
+    for name, value in headers:
+        if name.lower() != b"authorization":
+            continue
+        text = value.decode("latin-1").strip()
+        kind, _, rest = text.partition(" ")
+        rest = rest.strip()
+        if kind.lower() == "bearer" and rest:
+            return [rest]
+        if kind.lower() == "basic" and rest:
+            try:
+                decoded = base64.b64decode(rest, validate=True).decode("utf-8")
+            except (binascii.Error, UnicodeDecodeError):
+                return []
+            user, _, password = decoded.partition(":")
+            return [password, decoded] if user else [password]
+    return []
 
 
 def _json(value: object) -> bytes:
@@ -270,6 +372,8 @@ async def serve_http(
     metrics: Metrics,
     provider: StatusProvider,
     *,
+    access: AccessControl | None = None,
+    metrics_require_auth: bool = True,
     websocket_handler: websocket.WebSocketHandler | None = None,
     websocket_origins: tuple[str, ...] = (),
     max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
@@ -286,6 +390,8 @@ async def serve_http(
         address: ``HOST:PORT`` to bind (``[v6]:PORT`` for IPv6; port 0 picks a free port).
         metrics: The broker's metrics, rendered on ``/metrics``.
         provider: The broker's status seam.
+        access: Token checks (see the module docstring), or None for open endpoints.
+        metrics_require_auth: Whether ``/metrics`` needs a token when tokens are set.
         websocket_handler: Serves ``/ws`` (the gateway's ``serve_stream``); None: no ``/ws``.
         websocket_origins: Browser origins allowed on ``/ws`` besides the page's own.
         max_frame_bytes: ``limits.max_frame_bytes``: a ``/ws`` message may hold one frame
@@ -319,7 +425,9 @@ async def serve_http(
         if tls.ca_file is not None:
             config.ca_certs = tls.ca_file
             config.verify_mode = ssl.CERT_REQUIRED if tls.require_client_cert else ssl.CERT_OPTIONAL
-    app = HttpApp(metrics, provider, websocket_handler, websocket_origins)
+    app = HttpApp(
+        metrics, provider, access, metrics_require_auth, websocket_handler, websocket_origins
+    )
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
             functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger)

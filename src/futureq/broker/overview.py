@@ -18,6 +18,7 @@ Source: issue 13 ("Dashboard v2"); DESIGN.md, "Data flow" (only the leader dispa
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -226,40 +227,35 @@ def _due_buckets(broker: Broker, now_ms: int) -> list[dict[str, Any]] | None:
 
 
 def _groups(broker: Broker, now_ms: int, max_groups: int) -> tuple[list[dict[str, Any]], int]:
+    """The ``max_groups`` groups with most pending (one pass over the groups' replicated
+    counters; the rest of each row only for those shown), and the number of groups."""
     state = broker.state
-    runtimes = broker.hub.groups
-    rows = broker.group_counts()
-    dead_letters: dict[str, int] = {}
-    for group in state.groups.values():
-        dead_letters[group.topic] = dead_letters.get(group.topic, 0) + group.pending
-    by_name = {(group.topic, group.name): group for group in state.groups.values()}
-    rows.sort(key=lambda row: (-row.pending, row.topic, row.group))
+    top = heapq.nlargest(max_groups, state.groups.values(), key=lambda info: info.pending)
+    top.sort(key=lambda info: (-info.pending, info.topic, info.name))
     out = []
-    for row in rows[:max_groups]:
-        info = by_name.get((row.topic, row.group))
-        runtime = runtimes.get(info.group_id) if info is not None else None
-        oldest_due_age_ms = None
-        if runtime is not None:
-            next_due = runtime.index.next_due_ms()
-            if next_due is not None and next_due <= now_ms:
-                oldest_due_age_ms = now_ms - next_due
-        dead_letter_topic = info.dead_letter_topic if info is not None else None
+    for info in top:
+        row = broker.group_row(info, now_ms)
+        dead_letter_topic = info.dead_letter_topic
+        dead_letters = (
+            sum(group.pending for group in state.topic_groups(dead_letter_topic))
+            if dead_letter_topic is not None
+            else None
+        )
+        oldest_s = row.oldest_due_age_s
         out.append(
             {
-                "topic": row.topic,
-                "group": row.group,
+                "topic": info.topic,
+                "group": info.name,
                 "pending": row.pending,
                 "due": row.due,
                 "in_flight": row.in_flight,
                 "consumers": row.consumers,
-                "oldest_due_age_ms": oldest_due_age_ms,
+                "oldest_due_age_ms": None if oldest_s is None else round(oldest_s * 1000),
                 "dead_letter_topic": dead_letter_topic,
-                "dead_letters": dead_letters.get(dead_letter_topic, 0)
-                if dead_letter_topic
-                else None,
+                "dead_letters": dead_letters,
             }
         )
-    return out, len(rows)
+    return out, len(state.groups)
 
 
 def _members(cluster: dict[str, Any]) -> list[dict[str, Any]]:

@@ -61,8 +61,9 @@ CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_POLICY_VIOLATION = 1008
 """RFC 6455 §7.4.1: a message that is not exactly one frame."""
 
-WebSocketHandler = Callable[[trio.abc.Stream, str], Awaitable[None]]
-"""Serves one accepted WebSocket as a stream of frames: ``handler(stream, peer)``."""
+WebSocketHandler = Callable[[trio.abc.Stream, str, str | None], Awaitable[None]]
+"""Serves one accepted WebSocket as a stream of frames: ``handler(stream, peer, token)``,
+``token`` a valid token the upgrade request carried (or None)."""
 
 
 def origin_allowed(
@@ -267,6 +268,7 @@ async def serve_websocket(
     *,
     allowed_origins: Iterable[str] = (),
     on_refused: Callable[[ErrorCode], None] | None = None,
+    token: str | None = None,
 ) -> None:
     """Accept (or refuse) one ``/ws`` upgrade and serve it with ``handler``.
 
@@ -277,6 +279,9 @@ async def serve_websocket(
         handler: Serves the accepted connection as a frame stream (the gateway).
         allowed_origins: ``server.websocket_origins`` (besides the page's own origin).
         on_refused: Called with an error code for each refused message.
+        token: A valid token of the upgrade's ``Authorization`` header, handed to the
+            gateway for a HELLO that carries none (the Origin check comes first, so
+            only the node's own pages and listed origins get this).
     """
     connect = await receive()
     if connect["type"] != "websocket.connect":
@@ -303,7 +308,7 @@ async def serve_websocket(
     )
     stream = WebSocketStream(receive, send, on_refused)
     try:
-        await handler(stream, peer_of(scope))
+        await handler(stream, peer_of(scope), token)
     finally:
         with trio.move_on_after(1, shield=True):
             await stream.aclose()

@@ -140,7 +140,12 @@ def test_operations_doc_lists_every_metric() -> None:
 def test_process_build_info_topic_lateness_and_oldest_due_age() -> None:
     metrics = Metrics()
     metrics.topic_lateness_seconds.labels("orders").observe(0.02)
-    metrics.set_oldest_due_provider(lambda: [("orders", 12.5)])
+    rows = [
+        GroupCounts("orders", "billing", 3, 2, 0, 0, 12.5),
+        GroupCounts("orders", "audit", 3, 1, 0, 0, 4.0),
+        GroupCounts("idle", "g", 3, 0, 0, 0, None),
+    ]
+    metrics.set_group_counts_provider(lambda: rows)
     samples = scrape(metrics)
     assert samples["process_resident_memory_bytes"][()] > 0
     assert samples["process_open_fds"][()] > 0
@@ -153,6 +158,27 @@ def test_process_build_info_topic_lateness_and_oldest_due_age() -> None:
     assert (
         samples["futureq_topic_lateness_seconds_bucket"][(("le", "0.01"), ("topic", "orders"))] == 0
     )
-    assert samples["futureq_oldest_due_age_seconds"][(("topic", "orders"),)] == 12.5
-    metrics.set_oldest_due_provider(lambda: [])
-    assert "futureq_oldest_due_age_seconds" not in scrape(metrics)
+    # Per topic: the longest wait among its groups; topics with nothing due are absent.
+    assert samples["futureq_oldest_due_age_seconds"] == {(("topic", "orders"),): 12.5}
+def test_series_are_bounded_and_the_rest_is_other() -> None:
+    from futureq.metrics import OTHER, SeriesBudget
+
+    budget = SeriesBudget(max_topics=2, max_groups=2)
+    assert [budget.topic(t) for t in ("a", "b", "c", "a")] == ["a", "b", OTHER, "a"]
+    assert budget.group("a", "g") == ("a", "g")
+    assert budget.group("b", "g") == ("b", "g")
+    assert budget.group("c", "g") == (OTHER, OTHER)
+    assert not budget.has_room()
+    assert budget.forget_group("a", "g") and not budget.forget_group("c", "g")
+    assert budget.group("c", "g") == ("c", "g")  # a freed slot goes to the next one
+    assert SeriesBudget(0, 0).topic("a") == OTHER
+
+
+def test_a_deleted_group_loses_its_counter_series() -> None:
+    metrics = Metrics(max_group_series=1)
+    labels = metrics.group_labels("t", "g")
+    metrics.acked_messages_total.labels(*labels).inc()
+    assert b'group="g"' in metrics.render()[0]
+    metrics.forget_group("t", "g")
+    assert b'group="g"' not in metrics.render()[0]
+    assert metrics.group_labels("u", "h") == ("u", "h")
