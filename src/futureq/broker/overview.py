@@ -204,12 +204,15 @@ class ActivityHistory:
 def _due_buckets(broker: Broker, now_ms: int) -> list[dict[str, Any]] | None:
     """Pending copies by due time over every group (leader only; None elsewhere).
 
-    Exact within each group's loaded horizon; copies beyond it count as "later".
+    Exact within each group's loaded horizon; copies beyond it, and those of groups the
+    dispatcher holds nothing of in memory (idle groups), count as "later".
     """
     if broker.cluster_status()["role"] != "leader":
         return None
     counts = [0] * (len(DUE_BUCKETS_MS) + 1)
+    loaded_pending = 0
     for runtime in broker.hub.groups.values():
+        loaded_pending += runtime.info.pending
         index = runtime.index
         loaded_due_ms = runtime.loaded_until >> 64
         below = 0
@@ -222,6 +225,7 @@ def _due_buckets(broker: Broker, now_ms: int) -> list[dict[str, Any]] | None:
             below = max(below, upto)
         waiting = runtime.info.pending - runtime.in_flight_count
         counts[-1] += max(0, waiting - below)
+    counts[-1] += max(0, broker.state.total_pending - loaded_pending)
     labels = [label for label, _ in DUE_BUCKETS_MS] + ["later"]
     return [{"label": label, "count": count} for label, count in zip(labels, counts, strict=True)]
 

@@ -380,11 +380,13 @@ function lineChart(svg, series, { stepS, unit, height = 220, dots = false }) {
       path += `${path && s.values[i - 1] !== null ? "L" : "M"}${x(offset + i).toFixed(1)},${y(v).toFixed(1)}`;
     });
     if (path) children.push(svgEl("path", { d: path, fill: "none", stroke: s.color, "stroke-width": 1.8 }));
-    if (dots) {
-      s.values.forEach((v, i) => {
-        if (v !== null) children.push(svgEl("circle", { cx: x(offset + i), cy: y(v), r: 2.5, fill: s.color }));
-      });
-    }
+    s.values.forEach((v, i) => {
+      // Every point of a sparse series, and the newest point of any (so that a series
+      // of one point is seen at all).
+      if (v !== null && (dots || i === s.values.length - 1)) {
+        children.push(svgEl("circle", { cx: x(offset + i), cy: y(v), r: 2.5, fill: s.color }));
+      }
+    });
   }
   if (!values.length) {
     children.push(svgEl("text", { class: "empty", x: width / 2, y: height / 2, "text-anchor": "middle" }, "no data yet"));
