@@ -193,7 +193,9 @@ class Dispatcher:
         child = runtime.counters.get(key)
         if child is None:
             assert self.metrics is not None
-            child = self.metrics.topic_lateness_seconds.labels(runtime.info.topic)
+            # Bounded series: past metrics.max_topic_series topics, "_other".
+            label = self.metrics.topic_label(runtime.info.topic)
+            child = self.metrics.topic_lateness_seconds.labels(label)
             runtime.counters[key] = child
         return child
 
