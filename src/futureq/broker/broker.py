@@ -26,7 +26,7 @@ from futureq.wire import frames, validation
 
 from .command_log import no_space_error
 from .hub import Consumer, Hub, Outbox
-from .overview import ActivityHistory, build_overview
+from .overview import ActivityHistory, DueBuckets, build_overview
 
 if TYPE_CHECKING:
     from futureq.clock import Clock
@@ -100,6 +100,8 @@ class Broker:
         metrics.set_group_counts_provider(self.group_counts)
         self.activity = ActivityHistory(metrics)
         """Per-second activity for the overview; sampled by ``activity.run``."""
+        self.due_buckets = DueBuckets()
+        """Pending by due time for the overview; computed by ``due_buckets.run``."""
         self.data_dir_bytes: int | None = None
         """Size of the data directory as last measured (bytes); None before that."""
         self._overview: tuple[float, dict[str, Any]] | None = None

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from futureq.metrics import Metrics
 
     from .broker import Broker
+    from .hub import GroupRuntime
 
 HISTORY_S = 300
 """Seconds of per-second activity kept and shown (five minutes)."""
@@ -47,6 +48,8 @@ UNREACHABLE_AFTER_MS = 3_000
 CLOCK_OFFSET_WARNING_FRACTION = 0.5
 """A member whose clock offset exceeds this fraction of the allowed bound raises an alarm."""
 
+DUE_BUCKET_CHUNK = 500
+"""Groups counted between two checkpoints of :class:`DueBuckets`."""
 DUE_BUCKETS_MS: tuple[tuple[str, int], ...] = (
     ("due now", 0),
     ("in 10 s", 10_000),
@@ -201,33 +204,63 @@ class ActivityHistory:
         return finite[-1]
 
 
-def _due_buckets(broker: Broker, now_ms: int) -> list[dict[str, Any]] | None:
-    """Pending copies by due time over every group (leader only; None elsewhere).
+class DueBuckets:
+    """Pending copies by due time over every group, recomputed every second in chunks.
 
     Exact within each group's loaded horizon; copies beyond it, and those of groups the
-    dispatcher holds nothing of in memory (idle groups), count as "later".
+    dispatcher holds nothing of in memory (idle groups), count as "later". Leader only:
+    :attr:`latest` is None elsewhere. The work grows with the groups the dispatcher holds
+    in memory, so it runs in a task of its own, :data:`DUE_BUCKET_CHUNK` groups at a
+    time between checkpoints, never in one long step on the event loop.
     """
-    if broker.cluster_status()["role"] != "leader":
-        return None
-    counts = [0] * (len(DUE_BUCKETS_MS) + 1)
-    loaded_pending = 0
-    for runtime in broker.hub.groups.values():
-        loaded_pending += runtime.info.pending
-        index = runtime.index
-        loaded_due_ms = runtime.loaded_until >> 64
-        below = 0
-        for position, (_, bound_ms) in enumerate(DUE_BUCKETS_MS):
-            limit_ms = now_ms + bound_ms
-            if runtime.loaded_until and limit_ms > loaded_due_ms:
-                limit_ms = loaded_due_ms - 1  # beyond the horizon: not known here
-            upto = index.count_due(limit_ms)
-            counts[position] += max(0, upto - below)
-            below = max(below, upto)
-        waiting = runtime.info.pending - runtime.in_flight_count
-        counts[-1] += max(0, waiting - below)
-    counts[-1] += max(0, broker.state.total_pending - loaded_pending)
-    labels = [label for label, _ in DUE_BUCKETS_MS] + ["later"]
-    return [{"label": label, "count": count} for label, count in zip(labels, counts, strict=True)]
+
+    def __init__(self) -> None:
+        self.latest: list[dict[str, Any]] | None = None
+        """The last result (the WATCH_UPDATE ``due_buckets`` list), or None."""
+
+    async def run(self, broker: Broker, interval_s: float = 1.0) -> None:
+        """Recompute every ``interval_s`` seconds until cancelled."""
+        while True:
+            self.latest = await self.compute(broker)
+            await trio.sleep(interval_s)
+
+    async def compute(self, broker: Broker) -> list[dict[str, Any]] | None:
+        """One pass over the dispatcher's groups (see the class docstring)."""
+        if not broker.dispatcher.active:
+            return None
+        now_ms = broker.clock.wall_ms()
+        counts = [0] * (len(DUE_BUCKETS_MS) + 1)
+        loaded_pending = 0
+        limits_ms = [now_ms + bound_ms for _, bound_ms in DUE_BUCKETS_MS]
+        runtimes = list(broker.hub.groups.values())
+        for position in range(0, len(runtimes), DUE_BUCKET_CHUNK):
+            for runtime in runtimes[position : position + DUE_BUCKET_CHUNK]:
+                loaded_pending += runtime.info.pending
+                _count_runtime(runtime, limits_ms, counts)
+            await trio.lowlevel.checkpoint()
+        counts[-1] += max(0, broker.state.total_pending - loaded_pending)
+        labels = [label for label, _ in DUE_BUCKETS_MS] + ["later"]
+        return [
+            {"label": label, "count": count} for label, count in zip(labels, counts, strict=True)
+        ]
+
+
+def _count_runtime(runtime: GroupRuntime, limits_ms: list[int], counts: list[int]) -> None:
+    waiting = runtime.info.pending - runtime.in_flight_count
+    index = runtime.index
+    first = index.next_due_ms()
+    if first is None or first > limits_ms[-1]:
+        counts[-1] += max(0, waiting)  # nothing in memory falls in a bucket: one look
+        return
+    loaded_due_ms = runtime.loaded_until >> 64
+    below = 0
+    for position, limit_ms in enumerate(limits_ms):
+        if runtime.loaded_until and limit_ms > loaded_due_ms:
+            limit_ms = loaded_due_ms - 1  # beyond the horizon: not known here
+        upto = index.count_due(limit_ms)
+        counts[position] += max(0, upto - below)
+        below = max(below, upto)
+    counts[-1] += max(0, waiting - below)
 
 
 def _groups(broker: Broker, now_ms: int, max_groups: int) -> tuple[list[dict[str, Any]], int]:
@@ -386,10 +419,10 @@ def build_overview(
         "clock": clock,
         "groups": groups,
         "groups_total": groups_total,
-        "due_buckets": _due_buckets(broker, now_ms),
+        "due_buckets": broker.due_buckets.latest if role == "leader" else None,
         "activity": history.view(),
         "alarms": _alarms(broker, node, members, clock),
     }
 
 
-__all__ = ["ActivityHistory", "LEADER_ONLY", "build_overview"]
+__all__ = ["ActivityHistory", "DueBuckets", "LEADER_ONLY", "build_overview"]

@@ -250,6 +250,7 @@ async def serve(
             root.start_soon(broker.run_background_publisher)
             root.start_soon(pace_gc, lambda: len(state.groups))
             root.start_soon(broker.activity.run, clock.wall_ms)
+            root.start_soon(broker.due_buckets.run, broker)
             root.start_soon(
                 measure_data_dir, config.server.data_dir, broker.record_data_dir_bytes
             )
