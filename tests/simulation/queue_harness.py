@@ -161,6 +161,21 @@ class JournalStore(MemoryStore):
         for family, key, old in reversed(records):
             self._set(family, key, old)
 
+    def durable_copy(self, journal: list[tuple[str, Any]] | None = None) -> JournalStore:
+        """A copy holding only what is durable: every unsynced write undone.
+
+        Args:
+            journal: The journal the copy writes to (a new one if None).
+        """
+        copy = JournalStore([] if journal is None else journal)
+        for family, data in sorted(self._families.items()):
+            for key, value in data.items():
+                copy._set(family, key, value)
+        for kind, record in reversed(self.journal):
+            if kind == "state":
+                copy.undo(record)
+        return copy
+
     def digest(self) -> bytes:
         """A digest of every (family, key, value): equal contents, equal digests."""
         return self._digest.to_bytes(16, "big")
@@ -370,8 +385,9 @@ class QueueSimNode(SimNode):
         membership: Membership,
         oracle: Oracle,
         rng: random.Random,
+        incarnation: int = 1,
     ) -> None:
-        super().__init__(node_id, config, membership)
+        super().__init__(node_id, config, membership, incarnation)
         self.oracle = oracle
         self.crash_rng = rng
         self.journal: list[tuple[str, Any]] = []
@@ -404,7 +420,9 @@ class QueueSimNode(SimNode):
         machine = QueueMachine(state, self.oracle)
         self.sm = machine  # type: ignore[assignment]
         self.oracle.cluster.checker.applied(self.id, machine.applied_index, machine.digest)
-        self.core = RaftCore(self.config, self.storage, rng, applied=machine.applied_index)
+        self.core = RaftCore(
+            self._start_config(rng), self.storage, rng, applied=machine.applied_index
+        )
         self.last_committed_seen = self.core.log.committed
 
     def crash(self) -> None:
@@ -430,6 +448,24 @@ class QueueSimNode(SimNode):
         if ready.must_sync:
             self.journal.clear()
             self.synced_hard_state = self.storage.hard_state()
+
+    def durable_copy(self) -> Any:
+        """Raft storage and QueueState store as a crash now would leave them (no
+        unsynced write kept)."""
+        return (super().durable_copy(), self.store.durable_copy())
+
+    def restore_copy(self, copy: Any) -> None:
+        """Put back an earlier :meth:`durable_copy` of both stores (node down)."""
+        raft_copy, store = copy
+        super().restore_copy(raft_copy)
+        self.journal = []
+        self.store = store.durable_copy(self.journal)
+
+    def wipe(self, incarnation: int) -> None:
+        """An empty data directory: empty Raft storage and an empty store (node down)."""
+        super().wipe(incarnation)
+        self.journal = []
+        self.store = JournalStore(self.journal)
 
     @property
     def queue(self) -> QueueState:
@@ -530,6 +566,7 @@ class QueueSimCluster(SimCluster):
             membership,
             self.oracle,
             random.Random(self.rng.getrandbits(64)),
+            self._new_incarnation(),
         )
         self.nodes[node_id] = node
         node.start(random.Random(self.rng.getrandbits(64)))

@@ -133,6 +133,7 @@ def build_raft_log(
             keep_entries_after_compaction=max(1, cluster.compact_every_entries // 5),
             bootstrap_voters=frozenset(peers),
             client_address=client_address,
+            cluster_id=cluster.cluster_id,
         ),
         storage,
         transport,
@@ -192,9 +193,21 @@ async def export_raft_metrics(node: RaftNode, metrics: Metrics) -> None:
 
 
 async def stop_when_removed(node: RaftNode, node_id: int, shutdown: trio.Event) -> None:
-    """Shut this node down once it has applied its own removal from the membership."""
+    """Shut this node down once it has applied its own removal from the membership, or
+    a member told it that it was removed (it missed the removal while away)."""
     was_member = False
+    epoch = node.role_epoch
     while True:
+        removed_at = node.removed_at()
+        if removed_at is not None:
+            log.warning(
+                "node %d was removed from the cluster at log index %d (a member told it; it "
+                "missed its removal while away); shutting down",
+                node_id,
+                removed_at,
+            )
+            shutdown.set()
+            return
         voters, learners = node.membership()
         member = node_id in voters or node_id in learners
         if member:
@@ -203,7 +216,8 @@ async def stop_when_removed(node: RaftNode, node_id: int, shutdown: trio.Event) 
             log.warning("node %d was removed from the cluster; shutting down", node_id)
             shutdown.set()
             return
-        await trio.sleep(RAFT_METRICS_INTERVAL_S)
+        with trio.move_on_after(RAFT_METRICS_INTERVAL_S):
+            epoch = await node.wait_role_change(epoch)
 
 
 async def join_cluster(
