@@ -155,6 +155,9 @@ class ClusterSection:
             behind a snapshot (entries).
         transfer_leadership_on_shutdown: On SIGTERM, hand leadership to another node
             first, so clients do not wait for an election timeout.
+        member_record_ms: How often (at most) the leader records in the log how far each
+            member acknowledged, so a member whose disk was replaced by an older copy is
+            told so (ms); an incarnation change is recorded at once.
     """
 
     raft_listen: str = f"127.0.0.1:{DEFAULT_RAFT_PORT}"
@@ -167,6 +170,7 @@ class ClusterSection:
     snapshot_chunk_bytes: int = 1024 * 1024
     compact_every_entries: int = 50_000
     transfer_leadership_on_shutdown: bool = True
+    member_record_ms: int = 5000
 
     @property
     def clustered(self) -> bool:

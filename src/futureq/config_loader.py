@@ -555,6 +555,7 @@ def _check_cluster(cluster: ClusterSection) -> Iterable[_Bad]:
         )
     yield from _minimum("cluster", cluster, "snapshot_chunk_bytes", 1024, " bytes")
     yield from _minimum("cluster", cluster, "compact_every_entries", 1, " entries")
+    yield from _minimum("cluster", cluster, "member_record_ms", 1, " ms")
 
 
 _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {

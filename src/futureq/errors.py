@@ -141,6 +141,13 @@ class StorageError(FutureQError):
     """RocksDB failed or the data on disk is corrupt; the node stops."""
 
 
+class DataDirectoryInUseError(StorageError):
+    """Another process holds the data directory's lock: the same node runs twice.
+
+    ``futureq start`` refuses to run with exit code 2 (a configuration mistake).
+    """
+
+
 class ConfigError(FutureQError):
     """Bad configuration, reported at start with the key, the value and what is allowed."""
 

@@ -195,6 +195,7 @@ class Broker:
                 if member in progress:
                     entry["match_index"] = progress[member]["match"]
                     entry["lag"] = max(0, commit_index - progress[member]["match"])
+                    entry["recovering"] = progress[member]["recovering"]
                 members.append(entry)
             view = {
                 "role": role,
@@ -206,6 +207,7 @@ class Broker:
                 "voters": sorted(voters),
                 "learners": sorted(learners),
                 "nodes": members,
+                "recovering": node.recovering(),  # type: ignore[attr-defined]
             }
         view["node_id"] = self.node_id
         view["cluster_id"] = self.config.cluster.cluster_id

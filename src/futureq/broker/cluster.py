@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from futureq.config import split_host_port
 from futureq.errors import ConfigError, ErrorCode, FutureQError, RequestError
 from futureq.raft.node import RaftNode, RaftNodeConfig
 from futureq.raft.rocks_storage import RocksStorage
@@ -34,6 +35,38 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOIN_RETRY_MAX_S = 5.0
+SELF_PROBE_TIMEOUT_S = 1.0
+"""How long the start-up check waits to connect to this node's own peer address."""
+
+
+async def refuse_if_node_already_runs(config: Config) -> None:
+    """Refuse to start when another process already serves this node id.
+
+    The Raft address ``cluster.peers`` gives for this node is where the other members
+    send its messages. Before this node listens, nothing should answer there; if
+    something does, another process runs this node id (with another data directory,
+    or on another machine) and two would compete for one identity (``docs/raft.md``,
+    "Disk faults"; etcd likewise refuses a member id that is already in use).
+
+    Raises:
+        ConfigError: something accepts connections on that address.
+    """
+    node_id = config.server.node_id
+    address = config.cluster.peer_map().get(node_id)
+    if address is None:
+        return  # a joining node: join_cluster refuses an id that is already a member
+    host, port = split_host_port(address)
+    with trio.move_on_after(SELF_PROBE_TIMEOUT_S):
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError:
+            return  # nobody there: the address is ours to take
+        await stream.aclose()
+        raise ConfigError(
+            f"node {node_id}'s Raft address {address} (from --peers) already accepts "
+            f"connections: another process runs node {node_id}; stop it, or give this "
+            "process its own --node-id"
+        )
 
 
 def finish_interrupted_restore(config: Config, db: Database) -> bool:
@@ -134,6 +167,7 @@ def build_raft_log(
             bootstrap_voters=frozenset(peers),
             client_address=client_address,
             cluster_id=cluster.cluster_id,
+            member_record_ticks=max(1, cluster.member_record_ms // cluster.tick_ms),
         ),
         storage,
         transport,

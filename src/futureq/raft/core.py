@@ -87,7 +87,7 @@ from futureq.raft.quorum import (
     validate_conf_change,
     vote_result,
 )
-from futureq.raft.recovery import Position, Recovery
+from futureq.raft.recovery import Configurations, Position, Recovery
 from futureq.raft.registry import RegistryHistory
 from futureq.raft.storage import CompactedError
 
@@ -1323,11 +1323,12 @@ class RaftCore:
         self._recovery_elapsed = 0
         self._send_recovery_requests()
 
-    def _recovery_voters(self) -> frozenset[NodeId]:
-        return self._recovery.voters(self.membership.voters, self._memberships.last_change_index())
+    def _recovery_configs(self) -> Configurations:
+        own = (self._memberships.last_change_index(), self.membership.voters, self.log.committed)
+        return self._recovery.configurations(own, self.id)
 
     def _recovery_required(self) -> frozenset[NodeId] | None:
-        return self._recovery.required(self._recovery_voters(), self.id)
+        return self._recovery_configs().required
 
     def _send_recovery_requests(self) -> None:
         recovery = self._recovery
@@ -1373,6 +1374,7 @@ class RaftCore:
                 self.log.last_term(),
                 self._memberships.last_change_index(),
                 self.membership.voters,
+                self.log.committed,
                 record.incarnation if record is not None else 0,
                 record.acked_term if record is not None else Term(0),
                 record.acked_index if record is not None else LogIndex(0),
@@ -1381,7 +1383,7 @@ class RaftCore:
         )
 
     def _maybe_finish_recovery(self) -> None:
-        result = self._recovery.complete(self._recovery_voters(), self.id)
+        result = self._recovery.complete(self._recovery_configs())
         if result is None:
             return
         own = (self.log.last_term(), self.log.last_index())

@@ -480,6 +480,8 @@ class RecoveryResponse:
         log_term: See ``log_index``.
         config_index: Index of the configuration entry this voter's ``voters`` come from.
         voters: The voters of this voter's latest configuration.
+        commit_index: This voter's commit index (tells whether that configuration is
+            committed).
         known_incarnation: The requester's incarnation in this voter's registry (0: none).
         acked_term: Term of the requester's recorded acknowledgement (0: none).
         acked_index: Index the requester was recorded to have acknowledged (0: none).
@@ -493,6 +495,7 @@ class RecoveryResponse:
     log_term: Term
     config_index: LogIndex
     voters: frozenset[NodeId]
+    commit_index: LogIndex = LogIndex(0)
     known_incarnation: int = 0
     acked_term: Term = Term(0)
     acked_index: LogIndex = LogIndex(0)
@@ -764,6 +767,7 @@ def encode_message(message: Message) -> bytes:
                 message.log_term,
                 message.config_index,
                 sorted(message.voters),
+                message.commit_index,
                 message.known_incarnation,
                 message.acked_term,
                 message.acked_index,
@@ -788,7 +792,7 @@ _BODY_LENGTHS: dict[_Tag, int] = {
     _Tag.READ_INDEX: 1,
     _Tag.READ_INDEX_RESPONSE: 2,
     _Tag.RECOVERY_REQUEST: 3,
-    _Tag.RECOVERY_RESPONSE: 8,
+    _Tag.RECOVERY_RESPONSE: 9,
     _Tag.NOT_MEMBER: 1,
 }
 _HEAD_LENGTH = 7
@@ -954,9 +958,10 @@ def _decode_body(  # noqa: PLR0911, PLR0912 - one branch per message type
             Term(_expect_int(b[2], "log_term")),
             LogIndex(_expect_int(b[3], "config_index")),
             frozenset(_expect_node(v, "voter id") for v in voters),
-            _expect_int(b[5], "known_incarnation"),
-            Term(_expect_int(b[6], "acked_term")),
-            LogIndex(_expect_int(b[7], "acked_index")),
+            LogIndex(_expect_int(b[5], "commit_index")),
+            _expect_int(b[6], "known_incarnation"),
+            Term(_expect_int(b[7], "acked_term")),
+            LogIndex(_expect_int(b[8], "acked_index")),
             sender=sender,
         )
     assert tag is _Tag.NOT_MEMBER

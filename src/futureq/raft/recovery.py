@@ -17,6 +17,11 @@ before it takes part again). From the answers it learns:
   least that up to date, and does not campaign. Taking the k-th log, not the best one,
   keeps one node's uncommitted tail from setting the floor.
 
+"The voters" are those of every configuration that may be in effect: the newest one
+known to be committed (here or by an answer) and any newer, uncommitted one (thesis
+§4.1: a configuration is used as soon as it is appended, so a change in flight may win
+or be discarded). The node waits for all of them and takes the smallest k.
+
 The floor may still name entries that were never committed and are later lost; while a
 floor is set, the node asks again every election timeout and takes the new answers'
 floor (:meth:`Recovery.begin_round`), so a floor cannot block elections for ever.
@@ -38,6 +43,23 @@ _NONCE_MASK = (1 << 63) - 1
 
 Position = tuple[Term, LogIndex]
 """A log position ``(last term, last index)``, compared as in the §5.4.1 up-to-date check."""
+
+
+@attrs.frozen
+class Configurations:
+    """The voters a round must hear from (see the module docstring).
+
+    Attributes:
+        required: Every voter of the configurations that may be in effect, but this
+            node; None when no voter is known yet (a joining node learns the membership
+            from its leader first).
+        k: How many of them at least hold any committed entry, with at most one disk
+            forgetting at a time: the smallest majority among those configurations, less
+            one when this node votes in it.
+    """
+
+    required: frozenset[NodeId] | None
+    k: int
 
 
 @attrs.frozen
@@ -88,26 +110,29 @@ class Recovery:
         self.round_open = True
         return self.nonce
 
-    def voters(self, voters: frozenset[NodeId], config_index: LogIndex) -> frozenset[NodeId]:
-        """The voters of the latest configuration known here (``voters`` from the entry
-        at ``config_index``) or in an answer: a node restored from an older copy may not
-        know the newest one."""
-        for answer in self.answers.values():
-            if answer.config_index > config_index:
-                voters, config_index = answer.voters, answer.config_index
-        return voters
+    def configurations(
+        self, own: tuple[LogIndex, frozenset[NodeId], LogIndex], self_id: NodeId
+    ) -> Configurations:
+        """The configurations that may be in effect, from this node's and the answers'.
 
-    @staticmethod
-    def required(voters: frozenset[NodeId], self_id: NodeId) -> frozenset[NodeId] | None:
-        """The voters whose answer a round waits for: every voter but this node.
-
-        Returns:
-            The voters, or None when no voter is known yet (a joining node learns the
-            membership from its leader first).
+        Args:
+            own: ``(index of the latest configuration entry here, its voters, commit
+                index here)``.
+            self_id: This node.
         """
-        if not voters:
-            return None
-        return frozenset(voters - {self_id})
+        seen = [own] + [(a.config_index, a.voters, a.commit_index) for a in self.answers.values()]
+        committed = [index for index, _voters, commit in seen if index <= commit]
+        base = max(committed, default=LogIndex(0))
+        configs = sorted({(index, voters) for index, voters, _ in seen if index >= base})
+        union: frozenset[NodeId] = frozenset().union(*(voters for _, voters in configs))
+        if not union:
+            return Configurations(None, 0)
+        k = min(
+            majority(len(voters)) - (1 if self_id in voters else 0)
+            for _, voters in configs
+            if voters
+        )
+        return Configurations(frozenset(union - {self_id}), k)
 
     def missing(self, required: Iterable[NodeId]) -> list[NodeId]:
         """The required voters that have not answered this round, by id."""
@@ -121,24 +146,23 @@ class Recovery:
         self._note_findings(answer)
         return True
 
-    def complete(self, voters: frozenset[NodeId], self_id: NodeId) -> RoundResult | None:
-        """Close the round if every voter but this node answered.
+    def complete(self, configs: Configurations) -> RoundResult | None:
+        """Close the round if every required voter answered.
 
         Args:
-            voters: The voters of the latest configuration (:meth:`voters`).
-            self_id: This node.
+            configs: What :meth:`configurations` says now.
 
         Returns:
             The round's result, or None while answers are missing.
         """
-        required = self.required(voters, self_id)
+        required = configs.required
         if not self.round_open or required is None or not required <= self.answers.keys():
             return None
         answers = [self.answers[voter] for voter in sorted(required)]
         self.round_open = False
         self.answers = {}
         highest = max((a.term for a in answers), default=Term(0))
-        k = majority(len(voters)) - (1 if self_id in voters else 0)
+        k = configs.k
         positions = sorted(((a.log_term, a.log_index) for a in answers), reverse=True)
         floor = positions[k - 1] if 0 < k <= len(positions) else (Term(0), LogIndex(0))
         return RoundResult(highest, floor)
@@ -188,4 +212,4 @@ class Recovery:
             self.findings.append(found)
 
 
-__all__ = ["Position", "Recovery", "RoundResult"]
+__all__ = ["Configurations", "Position", "Recovery", "RoundResult"]

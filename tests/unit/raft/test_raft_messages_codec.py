@@ -98,7 +98,7 @@ messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(RecoveryRequest, terms, node_ids, node_ids, counts, indexes, terms, sender=senders),
     st.builds(
         RecoveryResponse, terms, node_ids, node_ids, counts, indexes, terms, indexes,
-        st.frozensets(node_ids, max_size=5), counts, terms, indexes, sender=senders,
+        st.frozensets(node_ids, max_size=5), indexes, counts, terms, indexes, sender=senders,
     ),
     st.builds(NotMember, terms, node_ids, node_ids, indexes, sender=senders),
 )  # fmt: skip
