@@ -40,29 +40,23 @@ from futureq.raft.core import (
     Role,
 )
 from futureq.raft.messages import (
-    AppendEntries,
-    AppendEntriesResponse,
     ConfChange,
     ConfChangeOp,
     Entry,
     EntryKind,
     HardState,
-    Heartbeat,
-    HeartbeatResponse,
-    InstallSnapshot,
-    InstallSnapshotResponse,
     LogIndex,
     Membership,
     Message,
     NodeId,
-    ReadIndex,
-    ReadIndexResponse,
+    NotMember,
     Ready,
+    RecoveryRequest,
+    RecoveryResponse,
     RequestVote,
     RequestVoteResponse,
     Snapshot,
     Term,
-    TimeoutNow,
     decode_message,
     encode_message,
 )
@@ -108,20 +102,21 @@ class Scenario:
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("lossy3", drop_rate=0.08, duplicate_rate=0.05, max_delay_ticks=4, crashes=True,
-             fault_rate=0.03, straggler_rate=0.01, tick_skip_rate=0.1),
-    Scenario("partition3", partitions=True, crashes=True, drop_rate=0.02),
+             fault_rate=0.03, straggler_rate=0.01, tick_skip_rate=0.1, disk_faults=True),
+    Scenario("partition3", partitions=True, crashes=True, drop_rate=0.02, disk_faults=True),
     Scenario("partition5", voters=5, partitions=True, crashes=True, max_crashed=2),
-    Scenario("crash5", voters=5, crashes=True, max_crashed=2, drop_rate=0.03, fault_rate=0.1),
+    Scenario("crash5", voters=5, crashes=True, max_crashed=2, drop_rate=0.03, fault_rate=0.1,
+             disk_faults=True),
     Scenario("snapshot3", compaction_every=6, crashes=True, partitions=True, drop_rate=0.03,
-             wire_roundtrip=True, straggler_rate=0.01),
+             wire_roundtrip=True, straggler_rate=0.01, disk_faults=True),
     Scenario("membership", voters=3, spares=3, membership_changes=True, crashes=True,
-             partitions=True, compaction_every=10, fault_rate=0.1),
+             partitions=True, compaction_every=10, fault_rate=0.1, disk_faults=True),
     Scenario("transfer_read5", voters=5, transfers=True, reads=True, partitions=True,
              crashes=True, drop_rate=0.02, straggler_rate=0.01, tick_skip_rate=0.05),
     Scenario("chaos5", voters=5, spares=2, partitions=True, crashes=True, max_crashed=2,
              membership_changes=True, compaction_every=8, transfers=True, reads=True,
              drop_rate=0.04, duplicate_rate=0.03, max_delay_ticks=4, fault_rate=0.1,
-             straggler_rate=0.005, tick_skip_rate=0.05),
+             straggler_rate=0.005, tick_skip_rate=0.05, disk_faults=True),
     Scenario("figure8_5", voters=5, crashes=True, max_crashed=2, leader_faults=True,
              max_append_bytes=1, max_inflight=2, drop_rate=0.05, max_delay_ticks=5,
              fault_rate=0.15, propose_rate=0.5),
@@ -355,12 +350,9 @@ class Checker:
         Messages of a recovering node (which says so) and of the recovery exchange carry
         its durable state, which a disk fault may have turned back; they are allowed to.
         """
-        if message.sender.recovering or not isinstance(
-            message,
-            RequestVote | RequestVoteResponse | AppendEntries | AppendEntriesResponse
-            | Heartbeat | HeartbeatResponse | InstallSnapshot | InstallSnapshotResponse
-            | TimeoutNow | ReadIndex | ReadIndexResponse,
-        ):  # fmt: skip
+        if message.sender.recovering or isinstance(
+            message, RecoveryRequest | RecoveryResponse | NotMember
+        ):
             return
         node = message.from_id
         if isinstance(message, RequestVoteResponse):
@@ -515,7 +507,7 @@ class SimCluster:
             max_committed_bytes_per_ready=256,
             recovery=True,
             boot_id=1,  # replaced at every start
-            member_record_ticks=15,
+            member_record_ticks=40,
         )
 
     def _add_node(self, node_id: NodeId, membership: Membership) -> SimNode:

@@ -63,16 +63,17 @@ FULL_CHECK_EVERY = 16
 QUEUE_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("q_lossy3", drop_rate=0.08, duplicate_rate=0.05, max_delay_ticks=4, crashes=True,
              fault_rate=0.05, straggler_rate=0.01, compaction_every=12,
-             snapshot_chunk_bytes=700, max_append_bytes=2048, propose_rate=0.4),
+             snapshot_chunk_bytes=700, max_append_bytes=2048, propose_rate=0.4,
+             disk_faults=True),
     Scenario("q_partition5", voters=5, partitions=True, crashes=True, max_crashed=2,
              drop_rate=0.02, compaction_every=16, snapshot_chunk_bytes=1500,
              max_append_bytes=4096, propose_rate=0.4),
     Scenario("q_snapshot3", compaction_every=5, crashes=True, partitions=True, drop_rate=0.03,
              wire_roundtrip=True, snapshot_chunk_bytes=400, max_append_bytes=1024,
-             fault_rate=0.1, propose_rate=0.5),
+             fault_rate=0.1, propose_rate=0.5, disk_faults=True),
     Scenario("q_membership", voters=3, spares=2, membership_changes=True, crashes=True,
              partitions=True, compaction_every=10, fault_rate=0.1, snapshot_chunk_bytes=1000,
-             max_append_bytes=2048, propose_rate=0.4),
+             max_append_bytes=2048, propose_rate=0.4, disk_faults=True),
     Scenario("q_chaos5", voters=5, spares=1, partitions=True, crashes=True, max_crashed=2,
              membership_changes=True, compaction_every=8, transfers=True, drop_rate=0.04,
              duplicate_rate=0.03, max_delay_ticks=4, fault_rate=0.12, straggler_rate=0.005,
@@ -80,7 +81,7 @@ QUEUE_SCENARIOS: tuple[Scenario, ...] = (
              propose_rate=0.4),
     Scenario("q_crashy3", crashes=True, leader_faults=True, fault_rate=0.15, drop_rate=0.05,
              max_delay_ticks=5, compaction_every=6, snapshot_chunk_bytes=900,
-             max_append_bytes=512, propose_rate=0.6),
+             max_append_bytes=512, propose_rate=0.6, disk_faults=True),
 )  # fmt: skip
 
 

@@ -301,6 +301,7 @@ class RaftCore:
         )
         self._recovery_elapsed = 0
         self._records_elapsed = 0
+        self._records_check = False  # leader: look at the registry at the next tick
         self._become_follower(self.term, None)
         if config.recovery:
             self._start_recovery()
@@ -688,6 +689,7 @@ class RaftCore:
         self._reset(self.term)
         self.role = Role.LEADER
         self.leader_id = self.id
+        self._records_check = True
         self._sync_progress()
         # Thesis §6.4: a no-op entry commits the leader's term, which tells it which
         # earlier entries are committed (needed before serving reads).
@@ -739,6 +741,8 @@ class RaftCore:
     def _below_vote_floor(self, last_term: Term, last_index: LogIndex) -> bool:
         """Whether a log ending at ``(last_term, last_index)`` is behind the vote floor
         (the best log the voters held when this node last asked them)."""
+        if self._recovery.vote_floor is None:
+            return False
         own = (self.log.last_term(), self.log.last_index())
         return self._recovery.below_floor((last_term, last_index), own)
 
@@ -1065,7 +1069,10 @@ class RaftCore:
         pr = self.progress.get(message.from_id)
         if pr is None:
             return
-        restarted = pr.observe(message.sender, LogIndex(self.log.last_index() + 1))
+        sender = message.sender
+        if sender.incarnation != pr.peer_incarnation or sender.recovering != pr.peer_recovering:
+            self._records_check = True  # a new incarnation to record, perhaps
+        restarted = pr.observe(sender, LogIndex(self.log.last_index() + 1))
         pr.recent_active = True
         if isinstance(message, AppendEntriesResponse):
             self._handle_append_response(message, pr)
@@ -1313,7 +1320,9 @@ class RaftCore:
             if self._recovery_elapsed >= self.config.election_timeout_ticks:
                 self._begin_recovery_round()
             return
-        if self._recovery_elapsed >= self.config.heartbeat_interval_ticks:
+        # Ask again the voters that did not answer (lost, or down): every half election
+        # timeout, so a node that is down for long costs little.
+        if self._recovery_elapsed >= max(1, self.config.election_timeout_ticks // 2):
             self._recovery_elapsed = 0
             self._maybe_finish_recovery()  # the membership may have changed
             self._send_recovery_requests()
@@ -1436,13 +1445,17 @@ class RaftCore:
         ``member_record_ticks`` when acknowledged positions advanced.
         """
         self._records_elapsed += 1
-        if (
+        due = self._records_elapsed >= self.config.member_record_ticks
+        if not (due or self._records_check) or (
             not self._committed_in_current_term()
             or self.lead_transferee is not None
             or self.id not in self.progress
             or self._registry.last_change_index() > self.log.committed
         ):
             return
+        self._records_check = False
+        if due:
+            self._records_elapsed = 0
         current = self._registry.current()
         records: list[MemberRecord] = []
         new_incarnation = advanced = False
@@ -1463,7 +1476,6 @@ class RaftCore:
             elif (new.acked_term, new.acked_index) > (old.acked_term, old.acked_index):
                 advanced = True
             records.append(new)
-        due = self._records_elapsed >= self.config.member_record_ticks
         if not (new_incarnation or (advanced and due)):
             return
         self._records_elapsed = 0
