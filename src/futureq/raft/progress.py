@@ -94,7 +94,7 @@ class Progress:
         Returns:
             True if the peer restarted since the last message seen from it.
         """
-        restarted = sender.boot != self.peer_boot and self.peer_boot != 0
+        restarted = sender.boot != self.peer_boot
         self.peer_boot = sender.boot
         self.peer_incarnation = sender.incarnation
         self.peer_recovering = sender.recovering
@@ -183,8 +183,8 @@ class Progress:
                 return False
             self.next = LogIndex(self.match + 1)
             return True
-        if self.next - 1 != rejected:
-            return False
+        if self.next - 1 != rejected or rejected <= self.match:
+            return False  # stale: answers an older probe, or one we know matched since
         self.next = LogIndex(max(min(rejected, match_hint + 1), self.match + 1, 1))
         self.probe_sent = False
         return True
