@@ -1417,7 +1417,9 @@ class RaftCore:
         Returns:
             True if it was told (and its message must be ignored).
         """
-        if node_id in self.membership.voters or node_id in self.membership.learners:
+        if their_last_index == 0 or node_id in self.membership.members():
+            # A blank node may be the same id about to be added back (the manual
+            # remove, start blank, add-node procedure): it waits, recovering.
             return False
         removed_at = self.registry_at(self.log.committed).removed_at(node_id)
         if removed_at is None or their_last_index >= removed_at:
