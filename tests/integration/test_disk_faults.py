@@ -179,14 +179,15 @@ def test_a_second_process_for_a_running_node_id_is_refused(tmp_path: Path) -> No
         ]  # fmt: skip
         # Another data directory (another machine, a copied command line).
         other = _start_process(
-            ["--node-id", "2", "--data-dir", str(tmp_path / "other"), "--peers", peers, *ports]
-        )
+            ["--node-id", "2", "--data-dir", str(tmp_path / "other"), "--peers", peers, *ports,
+             *cluster.auth_args]
+        )  # fmt: skip
         assert other.returncode == 2, other.stderr[-2000:]
         assert "another process runs node 2" in other.stderr
         # The same data directory.
         same = _start_process(
             ["--node-id", "2", "--data-dir", str(cluster.nodes[2].data_dir), "--peers", peers,
-             *ports]
+             *ports, *cluster.auth_args]
         )  # fmt: skip
         assert same.returncode == 2, same.stderr[-2000:]
         assert "another process is using this data directory" in same.stderr

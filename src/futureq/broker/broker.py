@@ -314,6 +314,7 @@ class Broker:
                         commit = cluster.commit_index  # type: ignore[attr-defined]
                         if (
                             progress is not None
+                            and not progress.get("recovering", False)
                             and progress["match"] + PROMOTE_LAG_ENTRIES >= commit
                         ):
                             try:

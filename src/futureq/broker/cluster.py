@@ -210,6 +210,7 @@ def build_raft_log(
             client_address=client_address,
             cluster_id=cluster.cluster_id,
             member_record_ticks=max(1, cluster.member_record_ms // cluster.tick_ms),
+            new_cluster=cluster.initial_cluster_state == "new",
         ),
         storage,
         transport,

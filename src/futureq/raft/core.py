@@ -45,6 +45,7 @@ from futureq.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
     ConfChange,
+    ConfChangeOp,
     Entry,
     EntryKind,
     HardState,
@@ -153,6 +154,9 @@ class RaftConfig:
         member_record_ticks: A leader writes the member registry (incarnations and
             acknowledged positions) at most this often when it changed; at once when
             an incarnation changed. 0 turns the registry off.
+        new_cluster: This is the first start of a new data directory and the operator
+            declared a brand-new cluster: recovery may end once a majority of the voters
+            answered with empty logs (``--initial-cluster-state new``).
     """
 
     node_id: NodeId
@@ -168,6 +172,7 @@ class RaftConfig:
     boot_id: int = 0
     recovery: bool = False
     member_record_ticks: int = 0
+    new_cluster: bool = False
 
     def __attrs_post_init__(self) -> None:
         checks = [
@@ -300,6 +305,7 @@ class RaftCore:
             config.incarnation, config.boot_id, (hard_state.term, self.log.last_index())
         )
         self._recovery_elapsed = 0
+        self._recovery_asked = False  # no voter known yet to ask
         self._records_elapsed = 0
         self._records_check = False  # leader: look at the registry at the next tick
         self._become_follower(self.term, None)
@@ -408,6 +414,17 @@ class RaftCore:
         reason = validate_conf_change(self.membership, change)
         if reason is not None:
             raise RequestError(ErrorCode.INVALID_ARGUMENT, reason)
+        target = self.progress.get(change.node_id)
+        if (
+            change.op is ConfChangeOp.PROMOTE_VOTER
+            and target is not None
+            and target.peer_recovering
+        ):
+            # It would count towards quorums at once but cannot yet (docs/raft.md).
+            raise ProposalDroppedError(
+                f"node {change.node_id} is recovering after its start; promote it once it "
+                "has heard from every voter"
+            )
         data = encode_config_change(change, apply_conf_change(self.membership, change))
         return self._propose_entry(EntryKind.CONFIG_CHANGE, data)
 
@@ -1070,9 +1087,15 @@ class RaftCore:
         if pr is None:
             return
         sender = message.sender
-        if sender.incarnation != pr.peer_incarnation or sender.recovering != pr.peer_recovering:
+        was_recovering = pr.peer_recovering
+        if sender.incarnation != pr.peer_incarnation or sender.recovering != was_recovering:
             self._records_check = True  # a new incarnation to record, perhaps
         restarted = pr.observe(sender, LogIndex(self.log.last_index() + 1))
+        if was_recovering and not pr.peer_recovering and self._maybe_commit():
+            # Its acknowledgements count from now on (docs/raft.md, "Disk faults").
+            self._broadcast_append()
+            if self.role is not Role.LEADER:
+                return
         pr.recent_active = True
         if isinstance(message, AppendEntriesResponse):
             self._handle_append_response(message, pr)
@@ -1315,6 +1338,9 @@ class RaftCore:
         recovery = self._recovery
         if not self.recovering and recovery.vote_floor is None:
             return
+        if self.recovering and not self._recovery_asked:
+            self._send_recovery_requests()  # it has just learned who the voters are
+            return
         self._recovery_elapsed += 1
         if not recovery.round_open:
             if self._recovery_elapsed >= self.config.election_timeout_ticks:
@@ -1344,6 +1370,7 @@ class RaftCore:
         required = self._recovery_required()
         if required is None or not recovery.round_open:
             return
+        self._recovery_asked = True
         last_index, last_term = self.log.last_index(), self.log.last_term()
         for voter in recovery.missing(required):
             self._send(
@@ -1392,7 +1419,9 @@ class RaftCore:
         )
 
     def _maybe_finish_recovery(self) -> None:
-        result = self._recovery.complete(self._recovery_configs())
+        result = self._recovery.complete(
+            self._recovery_configs(), new_cluster=self.config.new_cluster
+        )
         if result is None:
             return
         own = (self.log.last_term(), self.log.last_index())

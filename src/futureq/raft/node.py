@@ -139,6 +139,10 @@ class RaftNodeConfig:
             faults"). Off only in tests of the bare algorithm.
         member_record_ticks: How often (at most) a leader records the members'
             acknowledged progress in the log (ticks; 100 = 5 s by default).
+        new_cluster: ``--initial-cluster-state new``: on the first start of a new data
+            directory, recovery may end once a majority of the voters answered with
+            empty logs (``docs/raft.md``, "Disk faults"). Ignored for a directory that
+            was used before.
     """
 
     node_id: int
@@ -159,6 +163,7 @@ class RaftNodeConfig:
     cluster_id: str = "futureq"
     recovery: bool = True
     member_record_ticks: int = 100
+    new_cluster: bool = False
 
     def __attrs_post_init__(self) -> None:
         for key, value in (
@@ -175,9 +180,12 @@ class RaftNodeConfig:
             )
         self.raft_config()  # validates the rest
 
-    def raft_config(self, incarnation: int = 0, boot_id: int = 0) -> RaftConfig:
+    def raft_config(
+        self, incarnation: int = 0, boot_id: int = 0, *, new_directory: bool = False
+    ) -> RaftConfig:
         """The core's configuration, for a data directory stamped with ``incarnation``
-        and a process start identified by ``boot_id``."""
+        (created at this start if ``new_directory``) and a process start identified by
+        ``boot_id``."""
         return RaftConfig(
             node_id=NodeId(self.node_id),
             election_timeout_ticks=self.election_timeout_ticks,
@@ -191,6 +199,7 @@ class RaftNodeConfig:
             boot_id=boot_id,
             recovery=self.recovery and boot_id > 0,
             member_record_ticks=self.member_record_ticks,
+            new_cluster=self.new_cluster and new_directory,
         )
 
 
@@ -610,8 +619,11 @@ class RaftNode:
             )
             self._note_role()
 
-    def _check_identity(self) -> int:
-        """Check (or write) the data directory's stamp; return its incarnation.
+    def _check_identity(self) -> tuple[int, bool]:
+        """Check (or write) the data directory's stamp.
+
+        Returns:
+            ``(incarnation, new)``: ``new`` when the directory was never used before.
 
         Raises:
             ConfigError: the directory belongs to another cluster or another node.
@@ -634,7 +646,7 @@ class RaftNode:
             else:
                 log.info("stamped the existing raft data of node %d: incarnation %x",
                          config.node_id, incarnation)  # fmt: skip
-            return incarnation
+            return incarnation, pristine
         if found.cluster_id != config.cluster_id:
             raise ConfigError(
                 f"the data directory belongs to cluster {found.cluster_id!r}, not "
@@ -646,11 +658,17 @@ class RaftNode:
                 f"the data directory belongs to node {found.node_id}, not node "
                 f"{config.node_id}; pass --node-id {found.node_id} or use another --data-dir"
             )
-        return found.incarnation
+        if config.new_cluster:
+            log.warning(
+                "--initial-cluster-state new ignored: node %d's data directory was used "
+                "before; it recovers as a member of an existing cluster",
+                config.node_id,
+            )
+        return found.incarnation, False
 
     def _load(self) -> None:
         storage = self._storage
-        self.incarnation = self._check_identity()
+        self.incarnation, new_directory = self._check_identity()
         if self.config.bootstrap_voters:
             storage.bootstrap(
                 Membership(frozenset(NodeId(v) for v in self.config.bootstrap_voters))
@@ -670,7 +688,7 @@ class RaftNode:
             storage.set_hard_state(attrs.evolve(hard_state, commit=LogIndex(applied)))
         boot_id = self._rng.getrandbits(63) or 1
         self._core = RaftCore(
-            self.config.raft_config(self.incarnation, boot_id),
+            self.config.raft_config(self.incarnation, boot_id, new_directory=new_directory),
             storage,
             self._rng,
             applied=LogIndex(applied),

@@ -146,19 +146,29 @@ class Recovery:
         self._note_findings(answer)
         return True
 
-    def complete(self, configs: Configurations) -> RoundResult | None:
+    def complete(self, configs: Configurations, *, new_cluster: bool = False) -> RoundResult | None:
         """Close the round if every required voter answered.
 
         Args:
             configs: What :meth:`configurations` says now.
+            new_cluster: The operator declared a brand-new cluster and this node's data
+                directory is new (``--initial-cluster-state new``): a majority of the
+                voters (this node included) is enough, as long as every answer shows an
+                empty log — nothing can have been committed then. One answer with a log
+                and the normal rule applies.
 
         Returns:
             The round's result, or None while answers are missing.
         """
         required = configs.required
-        if not self.round_open or required is None or not required <= self.answers.keys():
+        if not self.round_open or required is None:
             return None
-        answers = [self.answers[voter] for voter in sorted(required)]
+        if not required <= self.answers.keys():
+            empty = all(a.log_index == 0 for a in self.answers.values())
+            enough = len(required & self.answers.keys()) + 1 >= majority(len(required) + 1)
+            if not (new_cluster and empty and enough):
+                return None
+        answers = [self.answers[voter] for voter in sorted(required & self.answers.keys())]
         self.round_open = False
         self.answers = {}
         highest = max((a.term for a in answers), default=Term(0))

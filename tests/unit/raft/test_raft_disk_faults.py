@@ -284,10 +284,23 @@ def test_a_member_tells_a_node_that_missed_its_removal() -> None:
 def test_a_removed_node_is_told_when_it_campaigns() -> None:
     net = _removal_cluster()
     term = net.core(3).term
-    net.core(2).step(vote_request(2, 3, term + 5, 0, 0))
+    net.core(2).step(vote_request(2, 3, term + 5, 1, 1))
     told = [m for m in net.nodes[NodeId(2)].handle_ready() if isinstance(m, NotMember)]
     assert told and told[0].to_id == 3
     assert net.core(2).term < term + 5  # its vote request changed nothing here
+
+
+def test_a_blank_node_under_a_removed_id_is_not_told_it_may_be_added_back() -> None:
+    net = _removal_cluster()
+    blank = make_node(3, VOTERS, recovery=True, boot_id=6, incarnation=66)
+    net.nodes[NodeId(3)] = blank
+    net.tick_all(20)
+    assert blank.core.removed_at is None
+    net.core(1).propose_conf_change(ConfChange(ConfChangeOp.ADD_LEARNER, NodeId(3)))
+    net.stabilize()
+    net.tick_all(5)
+    assert blank.core.log.last_index() == net.core(1).log.last_index()
+    assert net.core(1).registry_at(net.core(1).log.committed).removed_at(NodeId(3)) is None
 
 
 def test_the_leader_records_incarnations_and_acknowledgements_in_the_log() -> None:
@@ -356,3 +369,21 @@ def test_registry_history_follows_removals_and_readds() -> None:
     assert history.at(LogIndex(9)).removed_at(NodeId(3)) is None
     history.truncate_from(LogIndex(9))
     assert history.current().removed_at(NodeId(3)) == 4
+
+
+def test_a_new_cluster_may_form_with_a_majority_of_blank_voters() -> None:
+    """--initial-cluster-state new: a majority that answered with empty logs suffices."""
+    storage = MemoryStorage(Membership(ids(*VOTERS)))
+    node = make_node(1, VOTERS, storage=storage, recovery=True, boot_id=7, new_cluster=True)
+    answer(node, 2, term=0, log_term=0, log_index=0)
+    assert not node.core.recovering
+
+
+def test_a_declared_new_cluster_that_holds_a_log_waits_for_every_voter() -> None:
+    storage = MemoryStorage(Membership(ids(*VOTERS)))
+    node = make_node(1, VOTERS, storage=storage, recovery=True, boot_id=7, new_cluster=True)
+    answer(node, 2, term=2, log_term=2, log_index=5)
+    assert node.core.recovering  # it exists already: node 3 must answer too
+    answer(node, 3, term=2, log_term=0, log_index=0)
+    assert not node.core.recovering
+    assert node.core.recovery_status().vote_floor == (2, 5)
