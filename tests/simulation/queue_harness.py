@@ -452,8 +452,12 @@ class QueueSimNode(SimNode):
 
     def durable_copy(self) -> Any:
         """Raft storage and QueueState store as a crash now would leave them (no
-        unsynced write kept)."""
-        return (super().durable_copy(), self.store.durable_copy())
+        unsynced write kept: the journal of both is undone, as :meth:`crash` does)."""
+        storage = self.storage.clone()
+        for kind, record in reversed(self.journal):
+            if kind == "hard_state":
+                storage.set_hard_state(record)
+        return ((self.incarnation, storage), self.store.durable_copy())
 
     def restore_copy(self, copy: Any) -> None:
         """Put back an earlier :meth:`durable_copy` of both stores (node down)."""
