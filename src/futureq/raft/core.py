@@ -150,7 +150,8 @@ class RaftConfig:
         recovery: Start in the RECOVERING state: no votes, no campaigns, not counted
             in any quorum, until every other voter answered a RecoveryRequest; then
             take the highest term heard (abstaining in it) and vote only for logs at
-            least as up to date as the best one heard (``docs/raft.md``, "Disk faults").
+            least as up to date as the k-th best one heard (``docs/raft.md``, "Disk
+            faults").
         member_record_ticks: A leader writes the member registry (incarnations and
             acknowledged positions) at most this often when it changed; at once when
             an incarnation changed. 0 turns the registry off.
@@ -219,8 +220,9 @@ class RecoveryStatus:
         findings: Sentences about this node's data directory learned from the
             answers (an incarnation the registry does not know, an acknowledgement
             the directory does not hold).
-        vote_floor: ``(term, index)`` of the most up-to-date log heard: until this
-            node's own log reaches it, it votes only for candidates at least that far.
+        vote_floor: ``(term, index)``: the k-th most up-to-date log heard (k: a majority
+            of the voters less this node). Until this node's own log reaches it, it votes
+            only for candidates at least that far and does not campaign.
         removed_at: A member said this node was removed at this index (None: no).
     """
 
@@ -750,14 +752,14 @@ class RaftCore:
 
     def _may_campaign(self) -> bool:
         """A voter that finished recovery, was not told it was removed, and whose own
-        log reached the best log it heard of while recovering (``docs/raft.md``)."""
+        log reached its vote floor (``docs/raft.md``, "Disk faults")."""
         if not self._promotable() or self.recovering or self.removed_at is not None:
             return False
         return not self._below_vote_floor(self.log.last_term(), self.log.last_index())
 
     def _below_vote_floor(self, last_term: Term, last_index: LogIndex) -> bool:
         """Whether a log ending at ``(last_term, last_index)`` is behind the vote floor
-        (the best log the voters held when this node last asked them)."""
+        (the k-th best log the voters held when this node last asked them)."""
         if self._recovery.vote_floor is None:
             return False
         own = (self.log.last_term(), self.log.last_index())
