@@ -281,6 +281,7 @@ class Broker:
                     entry["match_index"] = progress[member]["match"]
                     entry["lag"] = max(0, commit_index - progress[member]["match"])
                     entry["last_heard_ms"] = progress[member].get("last_heard_ms")
+                    entry["recovering"] = progress[member]["recovering"]
                 members.append(entry)
             view = {
                 "role": role,
@@ -292,6 +293,7 @@ class Broker:
                 "voters": sorted(voters),
                 "learners": sorted(learners),
                 "nodes": members,
+                "recovering": node.recovering(),  # type: ignore[attr-defined]
             }
         view["node_id"] = self.node_id
         view["cluster_id"] = self.config.cluster.cluster_id
@@ -398,6 +400,7 @@ class Broker:
                         commit = cluster.commit_index  # type: ignore[attr-defined]
                         if (
                             progress is not None
+                            and not progress.get("recovering", False)
                             and progress["match"] + PROMOTE_LAG_ENTRIES >= commit
                         ):
                             try:
