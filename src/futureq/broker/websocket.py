@@ -21,9 +21,10 @@ independent client.
 Checks at the WebSocket level, before any frame is read:
 
 * the ``Origin`` of a browser must be the page's own origin (scheme, host and port of
-  the request), or one listed in ``server.websocket_origins``: a page on another site
-  must not drive a broker on the visitor's machine (cross-site WebSocket hijacking);
-  clients that send no ``Origin`` (programs, not browsers) are not affected;
+  the request) when the page was loaded by IP address or ``localhost``, or one listed
+  in ``server.websocket_origins``: a page on another site must not drive a broker on
+  the visitor's machine (cross-site WebSocket hijacking, DNS rebinding); clients that
+  send no ``Origin`` (programs, not browsers) are not affected;
 * a message larger than a frame can be (``limits.max_frame_bytes`` + 4) is refused by
   wsproto with close code 1009;
 * a text message, or a binary message that is not exactly one frame, gets an ERROR
@@ -35,6 +36,7 @@ Source: RFC 6455 (close codes, §7.4.1; Origin, §10.2); ASGI WebSocket spec;
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -79,7 +81,10 @@ def origin_allowed(
             ``https://app.example.com``.
 
     Returns:
-        True for no ``Origin``, the request's own origin, or a listed one.
+        True for no ``Origin``, a listed one, or the request's own origin when its
+        ``Host`` is an IP address or ``localhost``. A page served under another name
+        must be listed: a name can be made to point at this node by the page's own
+        site (DNS rebinding), and then ``Origin`` and ``Host`` agree by construction.
 
     Source: RFC 6455 §10.2 (servers that are not meant for every site check Origin).
     """
@@ -89,7 +94,7 @@ def origin_allowed(
     allowed = [entry.strip().lower().rstrip("/") for entry in allowed]
     if "*" in allowed or origin in allowed:
         return True
-    if host is None:
+    if host is None or not _rebinding_proof(host.strip().lower()):
         return False
     parts = urlsplit(origin)
     own_scheme = "https" if scheme == "wss" else "http"
@@ -97,6 +102,18 @@ def origin_allowed(
         return False
     default_port = 443 if own_scheme == "https" else 80
     return _with_port(parts.netloc, default_port) == _with_port(host.strip().lower(), default_port)
+
+
+def _rebinding_proof(host: str) -> bool:
+    """True for a ``Host`` no other site can send a browser to under its own name."""
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host[1 : host.find("]")]
+    if name == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _with_port(netloc: str, default_port: int) -> str:

@@ -21,7 +21,11 @@ from futureq.wire import codec, frames
         ("http://127.0.0.1:7452", "127.0.0.1:7452", "ws", [], True),
         ("HTTP://LOCALHOST:7452", "localhost:7452", "ws", [], True),
         ("http://localhost", "localhost:80", "ws", [], True),  # default port
-        ("https://example.com", "example.com", "wss", [], True),
+        ("https://127.0.0.1", "127.0.0.1", "wss", [], True),
+        # A name the page's own site may point here (DNS rebinding) must be listed.
+        ("https://example.com", "example.com", "wss", [], False),
+        ("http://evil.example:7452", "evil.example:7452", "ws", [], False),
+        ("https://q.example.com", "q.example.com", "wss", ["https://q.example.com"], True),
         ("http://[::1]:7452", "[::1]:7452", "ws", [], True),
         ("https://127.0.0.1:7452", "127.0.0.1:7452", "ws", [], False),  # other scheme
         ("http://127.0.0.1:7453", "127.0.0.1:7452", "ws", [], False),  # other port
