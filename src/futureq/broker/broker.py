@@ -71,6 +71,8 @@ class Broker:
         self.clock = clock
         self.metrics = metrics
         self.limits = config.limits.request_limits()
+        self.group_settings = config.queue.group_settings()
+        """Defaults this node resolves into commands that create groups when it leads."""
         self.node_id = config.server.node_id
         self.started_s = clock.monotonic_s()
         self.ready = False
@@ -131,7 +133,7 @@ class Broker:
         started = trio.current_time()
         publish_ms = self._stamp()
         validated = validation.validate_publish_items(items, self.limits, publish_ms)
-        command = commands.publish(publish_ms, validated)
+        command = commands.publish(publish_ms, validated, self.group_settings)
         if ack_level == frames.AckLevel.LEADER:
             index = await self.log.propose_durable(command)
             self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
@@ -347,6 +349,10 @@ class Broker:
     ) -> GroupInfo:
         """Create (or adopt, or update) a consumer group through the log.
 
+        A None setting keeps an existing group's value; a new group gets this node's
+        configured default (``[queue]``), resolved here, by the leader, into the
+        command (``DESIGN.md``, "Apply reads nothing node-local").
+
         Raises:
             RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT.
         """
@@ -373,7 +379,9 @@ class Broker:
             or (max_deliveries is not None and max_deliveries != info.max_deliveries)
         ):
             await self.log.propose(
-                commands.create_group(topic, group, visibility_timeout_ms, max_deliveries)
+                commands.create_group(
+                    topic, group, visibility_timeout_ms, max_deliveries, self.group_settings
+                )
             )
             info = self.state.find_group(topic, group)
         assert info is not None

@@ -87,6 +87,7 @@ class Dispatcher:
         self.horizon_ms = queue.horizon_ms
         self.horizon_max_items = queue.horizon_max_items
         self.batch_items = queue.dispatch_batch_items
+        self.group_settings = queue.group_settings()
         self.metrics = metrics
         self._wake = trio.Event()
         self._next_wake_ms: float = math.inf
@@ -278,7 +279,7 @@ class Dispatcher:
         if expired:
             self._submit(commands.expire(expired), expired_restore)
         if dead:
-            self._submit(commands.dead_letter(now_ms, dead), dead_restore)
+            self._submit(commands.dead_letter(now_ms, dead, self.group_settings), dead_restore)
         deadline = self.hub.next_deadline_ms()
         if deadline is not None:
             next_ms = min(next_ms, deadline)

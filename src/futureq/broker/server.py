@@ -26,7 +26,7 @@ from futureq.errors import ConfigError, FutureQError, StorageError
 from futureq.metrics import Metrics
 from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
-from futureq.state.queue_state import Defaults, QueueState
+from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
 
 from .broker import Broker
@@ -112,9 +112,7 @@ async def serve(
     try:
         if config.cluster.clustered:
             finish_interrupted_restore(config, db)
-        state = QueueState(
-            db, Defaults(config.queue.visibility_timeout_ms, config.queue.max_deliveries)
-        )
+        state = QueueState(db)
         host, port = split_host_port(config.server.listen)
         try:
             listeners = await trio.open_tcp_listeners(port, host=host)

@@ -2,21 +2,30 @@
 
 ``apply(index, command)`` is called on every replica with the same commands in the same
 order and leaves every replica in the same state. It never reads a clock, never draws
-random numbers, and touches storage only through :class:`~futureq.state.store.StateStore`.
+random numbers, never reads the node's configuration or environment (``DESIGN.md``,
+"Apply reads nothing node-local": group defaults arrive resolved in the command), and
+touches storage only through :class:`~futureq.state.store.StateStore`.
 
 Families written (``DESIGN.md``, "Storage layout"):
 
 * ``messages``: message id (8 bytes BE) -> ``[topic, payload, publish_ms, due_ms, open]``
   where ``open`` counts the group entries still scheduled;
-* ``schedule``: ``group_id | due_ms | message_id`` (20 bytes BE) -> ``[attempt, expire_ms]``.
-  Keyed by group first so each group reads its own due order with one range scan
-  (a group with no consumer keeps its backlog on disk, not in memory);
+* ``schedule``: ``group_id | due_ms | message_id`` (20 bytes BE) -> ``[attempt, expire_ms]``
+  or ``[attempt, expire_ms, released, released_attempt]``. ``attempt`` is the number of
+  the last delivery (recorded by DELIVERED before it is pushed, so it never goes
+  backwards); ``released`` counts deliveries given back unprocessed (RELEASE), which do
+  not count towards ``max_deliveries``, the last of them ``released_attempt``. Keyed by group first so each group reads its own due
+  order with one range scan (a group with no consumer keeps its backlog on disk);
 * ``groups``: ``topic \\x00 group`` (UTF-8) -> ``[group_id, visibility_timeout_ms,
   max_deliveries, implicit]``;
-* ``meta``: applied index, next group id, largest publish stamp, pending count per group.
+* ``meta``: applied index, applied digest, next group id, largest publish stamp,
+  pending count per group, ``deleting:<group id>`` -> ``[topic, group]`` for a deleted
+  group whose schedule entries PURGE_GROUP commands are still removing.
 
 Every apply writes its changes and the new applied index in one batch, so a restart
-replays exactly the log entries after it.
+replays exactly the log entries after it. The applied digest chains a CRC-32 over each
+apply's index and the exact changes it wrote, so replicas whose states diverge (not
+only their logs) show different digests.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ _NEXT_GROUP: Final = b"next_group_id"
 _LAST_PUBLISH: Final = b"last_publish_ms"
 _PENDING: Final = b"pending:"
 _NODE: Final = b"node:"
+_DELETING: Final = b"deleting:"
 
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
@@ -83,17 +93,41 @@ class GroupInfo:
         return None if self.topic.endswith(DLQ_SUFFIX) else self.topic + DLQ_SUFFIX
 
 
+@attrs.define
+class DeletingGroup:
+    """A deleted group whose schedule entries are still being purged, in bounded chunks.
+
+    Attributes:
+        group_id: The deleted group's id (never reused).
+        topic: Its topic.
+        name: Its name (a new group of the same name may exist meanwhile).
+        pending: Schedule entries still to purge (items).
+    """
+
+    group_id: int
+    topic: str
+    name: str
+    pending: int = 0
+
+
 class ScheduleObserver(Protocol):
     """Told of schedule changes after they are written (the dispatcher's due-index)."""
 
     def on_scheduled(
-        self, group_id: int, due_ms: int, mid: int, expire_ms: int | None, attempt: int
+        self,
+        group_id: int,
+        due_ms: int,
+        mid: int,
+        expire_ms: int | None,
+        attempt: int,
+        released: int = 0,
     ) -> None:
-        """A schedule entry was added."""
+        """A schedule entry was added (``attempt``: last delivery number recorded)."""
         ...
 
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
-        """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER or DELETE_GROUP."""
+        """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER, RELEASE,
+        DELETE_GROUP or PURGE_GROUP (NACK and RELEASE schedule it again at once)."""
         ...
 
     def on_groups_changed(self) -> None:
@@ -120,37 +154,51 @@ class _Txn:
         self.changes[family][key] = value
 
 
-@attrs.frozen
-class Defaults:
-    """Group settings used when a CREATE_GROUP leaves them out (from config)."""
+def _schedule_value(
+    attempt: int, expire_ms: int | None, released: int = 0, released_attempt: int = 0
+) -> bytes:
+    if not released:
+        return _pack([attempt, expire_ms])
+    return _pack([attempt, expire_ms, released, released_attempt])
 
-    visibility_timeout_ms: int = 30_000
-    max_deliveries: int = 16
+
+def _parse_schedule_value(data: bytes) -> tuple[int, int | None, int]:
+    """``(attempt, expire_ms, released)`` of a ``schedule`` value."""
+    value = _unpack(data)
+    return value[0], value[1], value[2] if len(value) > 2 else 0
+
+
+def _released_attempt(data: bytes) -> int:
+    """The attempt number last released (0: none) of a ``schedule`` value."""
+    value = _unpack(data)
+    return value[3] if len(value) > 3 else 0
 
 
 class QueueState:
     """The replicated queue state over a :class:`StateStore`.
 
     Args:
-        store: Where the state lives (RocksDB, or memory in simulations).
-        defaults: Group settings for groups created without their own.
+        store: Where the state lives (RocksDB, or memory in simulations). Nothing
+            else: group defaults come resolved in the commands.
 
     Source: ``DESIGN.md``, "Message semantics" and "Storage layout".
     """
 
-    def __init__(self, store: StateStore, defaults: Defaults | None = None) -> None:
+    def __init__(self, store: StateStore) -> None:
         self.store = store
-        self.defaults = defaults or Defaults()
         self.observer: ScheduleObserver | None = None
         self.on_nodes_changed: Callable[[], None] | None = None
         self.node_addresses: dict[int, tuple[str, str]] = {}
         """node id -> (raft address, client address), replicated through NODE_ADDRESS."""
         self.groups: dict[int, GroupInfo] = {}
+        self.deleting: dict[int, DeletingGroup] = {}
+        """Deleted groups whose entries PURGE_GROUP commands are still removing."""
         self._by_topic: dict[str, dict[str, int]] = {}
         self.applied_index = 0
         self.applied_digest = 0
-        """CRC-32 chained over every applied entry's index and data: replicas at the same
-        applied index have the same digest (a state machine safety check)."""
+        """CRC-32 chained over every applied entry's index and the changes its apply
+        wrote: replicas at the same applied index have the same digest unless their
+        states diverged (a state machine safety check)."""
         self._next_group_id = 1
         self.last_publish_ms = 0
         self._load()
@@ -160,6 +208,7 @@ class QueueState:
         store = self.store
         snapshot.check_not_restoring(store)
         self.groups.clear()
+        self.deleting.clear()
         self._by_topic.clear()
         self.node_addresses.clear()
         meta = store.get("meta", _APPLIED)
@@ -184,6 +233,12 @@ class QueueState:
             info.pending = 0 if pending is None else int.from_bytes(pending, "big")
             self.groups[gid] = info
             self._by_topic.setdefault(topic, {})[name] = gid
+        for key, value in store.scan("meta", _DELETING, _DELETING + b"\xff"):
+            gid = int.from_bytes(key[len(_DELETING) :], "big")
+            topic, name = _unpack(value)
+            pending = store.get("meta", _PENDING + gid.to_bytes(4, "big"))
+            count = 0 if pending is None else int.from_bytes(pending, "big")
+            self.deleting[gid] = DeletingGroup(gid, topic, name, count)
 
     # ------------------------------------------------------------------ reads
 
@@ -210,11 +265,13 @@ class QueueState:
 
     def get_schedule(self, key: bytes) -> tuple[int, int | None] | None:
         """``(attempt, expire_ms)`` of a schedule entry, or None when it is gone."""
+        found = self.get_schedule_entry(key)
+        return None if found is None else (found[0], found[1])
+
+    def get_schedule_entry(self, key: bytes) -> tuple[int, int | None, int] | None:
+        """``(attempt, expire_ms, released)`` of a schedule entry, or None when it is gone."""
         data = self.store.get("schedule", key)
-        if data is None:
-            return None
-        attempt, expire_ms = _unpack(data)
-        return attempt, expire_ms
+        return None if data is None else _parse_schedule_value(data)
 
     def scan_schedule(
         self, group_id: int, start_due_ms: int, start_mid: int, limit: int
@@ -224,14 +281,27 @@ class QueueState:
         Yields:
             ``(due_ms, message_id, attempt, expire_ms)`` in due order.
         """
+        for due_ms, mid, attempt, expire_ms, _ in self.scan_schedule_entries(
+            group_id, start_due_ms, start_mid, limit
+        ):
+            yield due_ms, mid, attempt, expire_ms
+
+    def scan_schedule_entries(
+        self, group_id: int, start_due_ms: int, start_mid: int, limit: int
+    ) -> Iterator[tuple[int, int, int, int | None, int]]:
+        """As :meth:`scan_schedule`, with each entry's ``released`` count last.
+
+        Yields:
+            ``(due_ms, message_id, attempt, expire_ms, released)`` in due order.
+        """
         start = commands.schedule_key(group_id, start_due_ms, start_mid)
         stop = (group_id + 1).to_bytes(4, "big")
         for count, (key, value) in enumerate(self.store.scan("schedule", start, stop)):
             if count >= limit:
                 return
             _, due_ms, mid = commands.parse_schedule_key(key)
-            attempt, expire_ms = _unpack(value)
-            yield due_ms, mid, attempt, expire_ms
+            attempt, expire_ms, released = _parse_schedule_value(value)
+            yield due_ms, mid, attempt, expire_ms, released
 
     # ------------------------------------------------------------------ apply
 
@@ -243,9 +313,10 @@ class QueueState:
             data: The command's msgpack bytes (:mod:`futureq.state.commands`).
 
         Returns:
-            PUBLISH and DEAD_LETTER: the first message id; ACK, NACK, EXPIRE: how many
-            entries were still scheduled and are now handled; CREATE_GROUP: the group
-            id; DELETE_GROUP: True if it existed; NOOP: None.
+            PUBLISH and DEAD_LETTER: the first message id; ACK, NACK, EXPIRE,
+            DELIVERED, RELEASE, PURGE_GROUP: how many entries were still scheduled and
+            are now handled; CREATE_GROUP: the group id; DELETE_GROUP: True if it
+            existed; NOOP: None.
 
         Raises:
             StorageError: from the store; the node must stop.
@@ -258,32 +329,53 @@ class QueueState:
         touched: set[int] = set()
         result: Any = None
         if kind == CommandKind.PUBLISH:
-            result = self._publish(txn, index, command[1], command[2], effects, touched)
+            settings = commands.GroupSettings.from_wire(command[3] if len(command) > 3 else None)
+            result = self._publish(
+                txn, index, command[1], command[2], effects, touched, settings
+            )
+        elif kind == CommandKind.DELIVERED:
+            result = self._delivered(txn, command[1])
         elif kind == CommandKind.ACK:
             result = self._remove(txn, command[1], CommandKind.ACK, effects, touched)
         elif kind == CommandKind.EXPIRE:
             result = self._remove(txn, command[1], CommandKind.EXPIRE, effects, touched)
         elif kind == CommandKind.NACK:
             result = self._nack(txn, command[1], command[2], command[3], effects, touched)
+        elif kind == CommandKind.RELEASE:
+            result = self._release(txn, command[1], effects)
         elif kind == CommandKind.DEAD_LETTER:
-            result = self._dead_letter(txn, index, command[1], command[2], effects, touched)
+            settings = commands.GroupSettings.from_wire(command[3] if len(command) > 3 else None)
+            result = self._dead_letter(
+                txn, index, command[1], command[2], effects, touched, settings
+            )
         elif kind == CommandKind.CREATE_GROUP:
+            settings = commands.GroupSettings.from_wire(command[5] if len(command) > 5 else None)
             result = self._create_group(
-                txn, command[1], command[2], command[3], command[4], effects
+                txn, command[1], command[2], command[3], command[4], settings, effects
             )
         elif kind == CommandKind.DELETE_GROUP:
             result = self._delete_group(txn, command[1], command[2], effects, touched)
+        elif kind == CommandKind.PURGE_GROUP:
+            result = self._purge_group(txn, command[1], command[2], effects, touched)
         elif kind == CommandKind.NODE_ADDRESS:
             self._node_address(txn, command[1], command[2], command[3], effects)
         else:
             assert kind == CommandKind.NOOP, f"unknown command kind {kind}"
         meta = txn.changes["meta"]
-        for gid in touched:
+        for gid in sorted(touched):
             info = self.groups.get(gid)
-            if info is not None:
-                meta[_PENDING + gid.to_bytes(4, "big")] = _u64(info.pending)
+            pending = info.pending if info is not None else None
+            if info is None and gid in self.deleting:
+                pending = self.deleting[gid].pending
+            if pending is not None:
+                meta[_PENDING + gid.to_bytes(4, "big")] = _u64(pending)
         meta[_APPLIED] = _u64(index)
-        self.applied_digest = zlib.crc32(data, zlib.crc32(_u64(index), self.applied_digest))
+        # The digest covers what this apply wrote, not only the command: two replicas
+        # that resolve the same command differently (a node-local default, a bug) show
+        # different digests at the same index.
+        self.applied_digest = zlib.crc32(
+            _pack(txn.changes), zlib.crc32(_u64(index), self.applied_digest)
+        )
         meta[_DIGEST] = self.applied_digest.to_bytes(4, "big")
         self.store.write(txn.changes)
         self.applied_index = index
@@ -393,6 +485,7 @@ class QueueState:
         items: list[list[Any]],
         effects: list[tuple[Any, ...]],
         touched: set[int],
+        settings: commands.GroupSettings,
     ) -> int:
         assert len(items) <= commands.MAX_BATCH_POSITIONS
         if publish_ms > self.last_publish_ms:
@@ -405,7 +498,7 @@ class QueueState:
         for position, (topic, payload, due_ms, ttl_ms) in enumerate(items):
             groups = targets.get(topic)
             if groups is None:
-                groups = targets[topic] = self._targets(txn, topic, effects)
+                groups = targets[topic] = self._targets(txn, topic, settings, effects)
             mid = first_id + position
             expire_ms = None if ttl_ms is None else due_ms + ttl_ms
             messages[_u64(mid)] = _pack([topic, payload, publish_ms, due_ms, len(groups)])
@@ -418,10 +511,26 @@ class QueueState:
                 effects.append(("s", gid, due_ms, mid, expire_ms, 0))
         return first_id
 
-    def _targets(self, txn: _Txn, topic: str, effects: list[tuple[Any, ...]]) -> list[GroupInfo]:
+    def _targets(
+        self,
+        txn: _Txn,
+        topic: str,
+        settings: commands.GroupSettings,
+        effects: list[tuple[Any, ...]],
+    ) -> list[GroupInfo]:
         groups = self.topic_groups(topic)
         if not groups:
-            groups = [self._new_group(txn, topic, DEFAULT_GROUP, None, None, True, effects)]
+            groups = [
+                self._new_group(
+                    txn,
+                    topic,
+                    DEFAULT_GROUP,
+                    settings.visibility_timeout_ms,
+                    settings.max_deliveries,
+                    True,
+                    effects,
+                )
+            ]
         return groups
 
     def _new_group(
@@ -429,22 +538,15 @@ class QueueState:
         txn: _Txn,
         topic: str,
         name: str,
-        visibility_timeout_ms: int | None,
-        max_deliveries: int | None,
+        visibility_timeout_ms: int,
+        max_deliveries: int,
         implicit: bool,
         effects: list[tuple[Any, ...]],
     ) -> GroupInfo:
         gid = self._next_group_id
         self._next_group_id += 1
         txn.put("meta", _NEXT_GROUP, self._next_group_id.to_bytes(8, "big"))
-        info = GroupInfo(
-            gid,
-            topic,
-            name,
-            visibility_timeout_ms or self.defaults.visibility_timeout_ms,
-            max_deliveries or self.defaults.max_deliveries,
-            implicit,
-        )
+        info = GroupInfo(gid, topic, name, visibility_timeout_ms, max_deliveries, implicit)
         self._store_group(txn, info)
         self.groups[gid] = info
         self._by_topic.setdefault(topic, {})[name] = gid
@@ -475,11 +577,14 @@ class QueueState:
         if value is None:
             return None
         gid, due_ms, mid = commands.parse_schedule_key(key)
-        attempt, expire_ms = _unpack(value)
+        attempt, expire_ms, _ = _parse_schedule_value(value)
         txn.put("schedule", key, None)
         info = self.groups.get(gid)
         if info is not None:
             info.pending -= 1
+            touched.add(gid)
+        elif gid in self.deleting:
+            self.deleting[gid].pending -= 1
             touched.add(gid)
         self._release_message(txn, mid)
         effects.append(("u", gid, due_ms, mid, reason))
@@ -507,6 +612,46 @@ class QueueState:
                 done += 1
         return done
 
+    def _delivered(self, txn: _Txn, entries: list[list[Any]]) -> int:
+        """Record the attempt number of deliveries about to be pushed (never lowered)."""
+        done = 0
+        for key, attempt in entries:
+            value = txn.get("schedule", key)
+            if value is None:
+                continue  # acked, expired or deleted meanwhile
+            stored, expire_ms, released = _parse_schedule_value(value)
+            if attempt > stored:
+                txn.put(
+                    "schedule",
+                    key,
+                    _schedule_value(attempt, expire_ms, released, _released_attempt(value)),
+                )
+                done += 1
+        return done
+
+    def _release(
+        self, txn: _Txn, entries: list[list[Any]], effects: list[tuple[Any, ...]]
+    ) -> int:
+        """Give deliveries back unprocessed: due again at once, the attempt not counted.
+
+        Only the latest recorded attempt of an entry can be released (an older tag
+        names a delivery that is no longer out).
+        """
+        done = 0
+        for key, attempt in entries:
+            value = txn.get("schedule", key)
+            if value is None:
+                continue
+            stored, expire_ms, released = _parse_schedule_value(value)
+            if attempt != stored or _released_attempt(value) == stored or stored == 0:
+                continue
+            gid, due_ms, mid = commands.parse_schedule_key(key)
+            txn.put("schedule", key, _schedule_value(stored, expire_ms, released + 1, stored))
+            effects.append(("u", gid, due_ms, mid, CommandKind.RELEASE))
+            effects.append(("s", gid, due_ms, mid, expire_ms, stored, released + 1))
+            done += 1
+        return done
+
     def _nack(
         self,
         txn: _Txn,
@@ -522,13 +667,21 @@ class QueueState:
             if value is None:
                 continue
             gid, due_ms, mid = commands.parse_schedule_key(key)
-            _, expire_ms = _unpack(value)
+            stored, expire_ms, released = _parse_schedule_value(value)
+            attempt = max(attempt, stored)
             new_due = max(now_ms + requeue_delay_ms, due_ms)
             new_key = commands.schedule_key(gid, new_due, mid)
             txn.put("schedule", key, None)
-            txn.put("schedule", new_key, _pack([attempt, expire_ms]))
+            txn.put(
+                "schedule",
+                new_key,
+                _schedule_value(attempt, expire_ms, released, _released_attempt(value)),
+            )
             effects.append(("u", gid, due_ms, mid, CommandKind.NACK))
-            effects.append(("s", gid, new_due, mid, expire_ms, attempt))
+            if released:
+                effects.append(("s", gid, new_due, mid, expire_ms, attempt, released))
+            else:
+                effects.append(("s", gid, new_due, mid, expire_ms, attempt))
             done += 1
         return done
 
@@ -540,6 +693,7 @@ class QueueState:
         entries: list[list[Any]],
         effects: list[tuple[Any, ...]],
         touched: set[int],
+        settings: commands.GroupSettings,
     ) -> int:
         items: list[list[Any]] = []
         for key, _attempt in entries:
@@ -554,7 +708,7 @@ class QueueState:
             items.append([info.dead_letter_topic, payload, publish_ms, None])
         if not items:
             return commands.message_id(index, 0)
-        return self._publish(txn, index, publish_ms, items, effects, touched)
+        return self._publish(txn, index, publish_ms, items, effects, touched, settings)
 
     def _create_group(
         self,
@@ -563,8 +717,14 @@ class QueueState:
         name: str,
         visibility_timeout_ms: int | None,
         max_deliveries: int | None,
+        settings: commands.GroupSettings,
         effects: list[tuple[Any, ...]],
     ) -> int:
+        """Create, adopt or update a group.
+
+        A None field keeps the value of an existing (or adopted implicit) group; a
+        new group takes it from ``settings``, the defaults the leader resolved.
+        """
         existing = self.find_group(topic, name)
         if existing is None:
             groups = self.topic_groups(topic)
@@ -579,7 +739,15 @@ class QueueState:
                 self._by_topic[topic][name] = existing.group_id
             else:
                 info = self._new_group(
-                    txn, topic, name, visibility_timeout_ms, max_deliveries, False, effects
+                    txn,
+                    topic,
+                    name,
+                    settings.visibility_timeout_ms
+                    if visibility_timeout_ms is None
+                    else visibility_timeout_ms,
+                    settings.max_deliveries if max_deliveries is None else max_deliveries,
+                    False,
+                    effects,
                 )
                 return info.group_id
         existing.implicit = False
@@ -594,20 +762,60 @@ class QueueState:
     def _delete_group(
         self, txn: _Txn, topic: str, name: str, effects: list[tuple[Any, ...]], touched: set[int]
     ) -> bool:
+        """Delete a group at once; its schedule entries go later, by PURGE_GROUP chunks.
+
+        The group disappears from :attr:`groups` (no delivery, no new entries, its name
+        free for a new group); it waits in :attr:`deleting` until purged, so one
+        command never has to remove an unbounded number of entries.
+        """
         info = self.find_group(topic, name)
         if info is None:
             return False
         gid = info.group_id
-        start = gid.to_bytes(4, "big")
-        stop = (gid + 1).to_bytes(4, "big")
-        for key in list(self.store.scan_keys("schedule", start, stop)):
-            self._drop_entry(txn, key, CommandKind.DELETE_GROUP, effects, touched)
         txn.put("groups", self._group_key(topic, name), None)
-        txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
-        touched.discard(gid)
         del self.groups[gid]
         del self._by_topic[topic][name]
         if not self._by_topic[topic]:
             del self._by_topic[topic]
+        if info.pending > 0:
+            self.deleting[gid] = DeletingGroup(gid, topic, name, info.pending)
+            txn.put("meta", _DELETING + gid.to_bytes(4, "big"), _pack([topic, name]))
+        else:
+            txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
+            touched.discard(gid)
         effects.append(("g",))
         return True
+
+    def _purge_group(
+        self,
+        txn: _Txn,
+        gid: int,
+        max_entries: int,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> int:
+        """Remove up to ``max_entries`` (capped) schedule entries of a deleted group.
+
+        The entries are the group's first in key order, the same on every replica.
+        Once none is left the group is forgotten.
+        """
+        deleting = self.deleting.get(gid)
+        if deleting is None:
+            return 0
+        limit = max(1, min(max_entries, commands.MAX_PURGE_ENTRIES))
+        start = gid.to_bytes(4, "big")
+        stop = (gid + 1).to_bytes(4, "big")
+        done = 0
+        for key in self.store.scan_keys("schedule", start, stop):
+            if done >= limit:
+                break
+            if self._drop_entry(txn, key, CommandKind.PURGE_GROUP, effects, touched) is not None:
+                done += 1
+        if done < limit or deleting.pending <= 0:
+            # Nothing (more) on disk: the group is gone for good.
+            del self.deleting[gid]
+            touched.discard(gid)
+            txn.put("meta", _DELETING + gid.to_bytes(4, "big"), None)
+            txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
+            effects.append(("g",))
+        return done
