@@ -361,6 +361,13 @@ class QueueState:
             self._node_address(txn, command[1], command[2], command[3], effects)
         else:
             assert kind == CommandKind.NOOP, f"unknown command kind {kind}"
+        for gid in sorted(touched):
+            deleting = self.deleting.get(gid)
+            if deleting is not None and deleting.pending <= 0:
+                # Its last entries went by another command (an EXPIRE or ACK that was
+                # proposed before the delete): nothing is left to purge.
+                self._forget_deleted(txn, gid, effects)
+                touched.discard(gid)
         meta = txn.changes["meta"]
         for gid in sorted(touched):
             info = self.groups.get(gid)
@@ -811,11 +818,15 @@ class QueueState:
                 break
             if self._drop_entry(txn, key, CommandKind.PURGE_GROUP, effects, touched) is not None:
                 done += 1
-        if done < limit or deleting.pending <= 0:
-            # Nothing (more) on disk: the group is gone for good.
-            del self.deleting[gid]
-            touched.discard(gid)
-            txn.put("meta", _DELETING + gid.to_bytes(4, "big"), None)
-            txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
-            effects.append(("g",))
+        if done < limit and deleting.pending > 0:
+            # Nothing on disk, whatever the count says: the group is gone for good.
+            deleting.pending = 0
+            touched.add(gid)
         return done
+
+    def _forget_deleted(self, txn: _Txn, gid: int, effects: list[tuple[Any, ...]]) -> None:
+        """A deleted group has no entry left: forget it for good."""
+        del self.deleting[gid]
+        txn.put("meta", _DELETING + gid.to_bytes(4, "big"), None)
+        txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
+        effects.append(("g",))
