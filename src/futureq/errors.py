@@ -47,6 +47,8 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_GROUP = 214
     INVALID_ARGUMENT = 215
     UNKNOWN_TOPIC = 216
+    # 225-234: delivery state (issue 9)
+    GROUP_DELETED = 225
 
     # 3xx availability errors (retry may succeed)
     NOT_LEADER = 300
@@ -131,6 +133,20 @@ class NotLeaderError(RequestError):
 
 class ConnectionLostError(FutureQError):
     """The other side or the network broke the connection."""
+
+
+class SubscriptionEndedError(FutureQError):
+    """The server ended a subscription (a SUBSCRIPTION_END frame), e.g. its group was deleted.
+
+    Attributes:
+        code: The :class:`ErrorCode` the server gave (e.g. ``GROUP_DELETED``).
+        reason: The server's sentence.
+    """
+
+    def __init__(self, code: ErrorCode, reason: str) -> None:
+        super().__init__(f"[{code.name}] {reason}")
+        self.code = code
+        self.reason = reason
 
 
 class ClientClosedError(FutureQError):

@@ -416,6 +416,13 @@ class Broker:
                 f"prefetch must be between 1 and {max_prefetch}, got {prefetch}",
             )
         info = await self.ensure_group(topic, group)
+        if self.hub.groups.get(info.group_id) is None:
+            # Deleted while we waited for the group's creation to commit, or this node
+            # just lost leadership.
+            self._require_leader()
+            raise RequestError(
+                ErrorCode.UNAVAILABLE, f"group {group!r} of topic {topic!r} is changing; retry"
+            )
         consumer = Consumer(
             self.hub.new_subscription_id(),
             info.group_id,
@@ -424,11 +431,19 @@ class Broker:
             connection_id,
             outbox,
             prefetch,
+            prefetch=prefetch,
         )
         self.hub.add_consumer(consumer)
         self.metrics.subscriptions.inc()
         self.dispatcher.kick()
         return consumer
+
+    def announce_settings(self, consumer: Consumer) -> None:
+        """Send a new subscription its group's settings (SUBSCRIPTION_INFO), after
+        SUBSCRIBE_OK and before any DELIVER."""
+        runtime = self.hub.groups.get(consumer.group_id)
+        if runtime is not None:
+            self.hub.send_settings(consumer, runtime.info)
 
     def unsubscribe(self, consumer: Consumer) -> None:
         """Leave; unacked deliveries go back to the group (each counts as an attempt)."""
@@ -448,6 +463,35 @@ class Broker:
             subscription_id, connection_id, credit, self.config.limits.max_prefetch
         )
         self.dispatcher.kick()
+
+    async def release(self, connection_id: int, tags: list[bytes]) -> int:
+        """Give deliveries back unprocessed: due again at once, their attempt not counted
+        towards ``max_deliveries``. Durable on return.
+
+        Raises:
+            RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index).
+        """
+        self._require_leader()
+        validation.check_tags(tags, self.limits)
+        flights = self.hub.claim_tags(tags, connection_id)
+        entries = [(flight.key, flight.attempt) for flight in flights]
+        try:
+            done = await self.log.propose(commands.release(entries))
+        except BaseException:
+            self.hub.unclaim(flights, self.clock.wall_ms())
+            raise
+        return int(done)
+
+    def extend(self, connection_id: int, tags: list[bytes], visibility_ms: int) -> int:
+        """Keep deliveries: each is visible again ``visibility_ms`` after now (leader-local).
+
+        Raises:
+            RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index),
+                INVALID_ARGUMENT (``visibility_ms`` outside 1 .. 12 h).
+        """
+        self._require_leader()
+        validation.check_tags(tags, self.limits)
+        return self.hub.extend(tags, connection_id, visibility_ms, self.clock.wall_ms())
 
     async def ack(self, connection_id: int, tags: list[bytes]) -> int:
         """Acknowledge deliveries; returns how many were removed. Durable on return.
@@ -509,6 +553,7 @@ class Broker:
             groups = []
             for info in self.state.topic_groups(topic):
                 c = counts[(topic, info.name)]
+                runtime = self.hub.groups.get(info.group_id)
                 groups.append(
                     {
                         "group": info.name,
@@ -518,10 +563,24 @@ class Broker:
                         "consumers": c.consumers,
                         "visibility_timeout_ms": info.visibility_timeout_ms,
                         "max_deliveries": info.max_deliveries,
+                        "subscriptions": [
+                            {
+                                "subscription_id": consumer.subscription_id,
+                                "prefetch": consumer.prefetch,
+                                "credit": consumer.credit,
+                                "in_flight": len(consumer.in_flight),
+                            }
+                            for consumer in (runtime.consumers if runtime else [])
+                        ],
                     }
                 )
             topics.append({"topic": topic, "groups": groups})
+        deleting = [
+            {"topic": d.topic, "group": d.name, "pending": d.pending}
+            for _, d in sorted(self.state.deleting.items())
+        ]
         return {
+            "deleting_groups": deleting,
             "node_id": self.node_id,
             "role": self.cluster_status()["role"],
             "leader_address": self.log.leader_address(),

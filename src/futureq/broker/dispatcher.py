@@ -3,9 +3,16 @@
 Leader only. It keeps each group's :class:`~futureq.state.due_index.DueIndex` filled
 with a horizon of the group's earliest schedule entries (a range scan of the
 ``schedule`` family as time moves on), pops what is due when a consumer has credit,
-drops what expired, dead-letters what ran out of attempts, and releases deliveries
+drops what expired, dead-letters what ran out of attempts, and takes back deliveries
 whose visibility timeout ran out. It never polls: it waits on an event that is set
 when something earlier than its next wake-up arrives, or until that wake-up.
+
+Attempt counts are replicated state: a pass hands its deliveries to the recorder
+task, which commits one DELIVERED command for everything handed to it meanwhile and
+only then pushes the DELIVER frames. A new leader therefore reads every attempt that
+any consumer ever saw, and the count never goes backwards (cost: one log entry per
+batch of passes, and one commit latency between due and delivery). A reaper task
+removes the schedule entries of deleted groups in bounded PURGE_GROUP chunks.
 
 Source: ``DESIGN.md``, "Message semantics" (nothing early, nothing expired, fan-out
 across groups, round-robin within a group, credit-based flow control).
@@ -17,14 +24,14 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
-from futureq.errors import FutureQError
+from futureq.errors import ErrorCode, FutureQError
 from futureq.state import commands
 from futureq.state.commands import CommandKind
 from futureq.state.due_index import pack, unpack
 from futureq.wire import frames
-from futureq.wire.codec import encode_frame
 
 from .hub import Consumer, GroupRuntime, Hub, InFlight
 
@@ -50,6 +57,25 @@ _REASON_COUNTERS: dict[CommandKind, str] = {
 }
 PROPOSE_RETRY_MS = 200
 """Wait before retrying an EXPIRE or DEAD_LETTER the log refused (ms)."""
+MAX_DELIVERED_ENTRIES = 8192
+"""Most deliveries one DELIVERED command records (the rest go in the next one)."""
+PURGE_CHUNK_ENTRIES = 1000
+"""Schedule entries of a deleted group one PURGE_GROUP removes: ~10 ms of apply."""
+
+
+@attrs.define(eq=False)
+class Staged:
+    """Deliveries of one pass for one consumer, waiting for their DELIVERED to commit.
+
+    Attributes:
+        consumer: Who gets them.
+        flights: The deliveries (tracked in the hub, not pushed yet).
+        deliveries: Their DELIVER items ``[tag, id, payload, due_ms, publish_ms, attempt]``.
+    """
+
+    consumer: Consumer
+    flights: list[InFlight]
+    deliveries: list[list[Any]]
 
 
 class Dispatcher:
@@ -96,6 +122,9 @@ class Dispatcher:
         self._proposals_send, self._proposals_receive = trio.open_memory_channel[
             tuple[bytes, list[Any]]
         ](64)
+        self._staged: list[Staged] = []
+        self._staged_changed = trio.Event()
+        self._deleting_changed = trio.Event()
         self.active = active
         if active:
             self._sync_groups()
@@ -103,12 +132,20 @@ class Dispatcher:
     # ------------------------------------------------------------ observer
 
     def on_scheduled(
-        self, group_id: int, due_ms: int, mid: int, expire_ms: int | None, attempt: int
+        self,
+        group_id: int,
+        due_ms: int,
+        mid: int,
+        expire_ms: int | None,
+        attempt: int,
+        released: int = 0,
     ) -> None:
         """A schedule entry was committed: index it if it falls inside the horizon."""
         runtime = self.hub.groups.get(group_id)
         if runtime is None or pack(due_ms, mid) >= runtime.loaded_until:
             return
+        if released:
+            runtime.released[mid] = released
         runtime.index.add(due_ms, mid, expire_ms, attempt)
         if len(runtime.index) > self.horizon_max_items:
             last_due, last_mid = runtime.index.pop_last()
@@ -124,7 +161,7 @@ class Dispatcher:
         if runtime is None:
             return
         runtime.index.discard(due_ms, mid)
-        runtime.extra_attempts.pop(mid, None)
+        runtime.released.pop(mid, None)
         key = commands.schedule_key(group_id, due_ms, mid)
         self.hub.forget(key)
         if self.metrics is not None:
@@ -142,10 +179,12 @@ class Dispatcher:
         return child
 
     def on_groups_changed(self) -> None:
-        """Groups were created, adopted or deleted: match runtimes to them."""
+        """Groups were created, adopted, changed or deleted: match runtimes to them."""
         if self.active:
             self._sync_groups()
             self.kick()
+        if self.state.deleting:
+            self._deleting_changed.set()
 
     def activate(self) -> None:
         """Start dispatching (this node became leader and applied everything committed).
@@ -156,25 +195,34 @@ class Dispatcher:
         self.active = True
         self.hub.clear()
         self._parked.clear()
+        self._staged.clear()
         self._sync_groups()
         self.kick()
+        self._deleting_changed.set()
 
     def deactivate(self) -> None:
         """Stop dispatching (leadership lost): forget in-flight state and consumers."""
         self.active = False
         self.hub.clear()
         self._parked.clear()
+        self._staged.clear()
         self.kick()
 
     def _sync_groups(self) -> None:
         groups = self.state.groups
+        now_ms = self.clock.wall_ms()
         for gid in list(self.hub.groups):
             if gid not in groups:
                 runtime = self.hub.groups[gid]
+                info = runtime.info
+                reason = (
+                    ErrorCode.GROUP_DELETED,
+                    f"consumer group {info.name!r} of topic {info.topic!r} was deleted; "
+                    "its deliveries are void (subscribe again to recreate it)",
+                )
+                self.hub.forget_group(gid)
                 for consumer in list(runtime.consumers):
-                    self.hub.remove_consumer(consumer, self.clock.wall_ms())
-                for key in [k for k, f in self.hub.in_flight.items() if f.group_id == gid]:
-                    self.hub.forget(key)
+                    self.hub.remove_consumer(consumer, now_ms, end=reason)
                 del self.hub.groups[gid]
         for gid, info in groups.items():
             existing = self.hub.groups.get(gid)
@@ -182,6 +230,8 @@ class Dispatcher:
                 self.hub.groups[gid] = GroupRuntime(info)
             else:
                 existing.info = info
+                for consumer in existing.consumers:
+                    self.hub.send_settings(consumer, info)
 
     # ------------------------------------------------------------ control
 
@@ -190,9 +240,16 @@ class Dispatcher:
         self._wake.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Dispatch until cancelled; a proposer task commits expiries and dead letters."""
+        """Dispatch until cancelled.
+
+        Helper tasks: a proposer commits expiries and dead letters, the recorder
+        commits DELIVERED records and pushes what they cover, the reaper purges
+        deleted groups.
+        """
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._proposer)
+            nursery.start_soon(self._recorder)
+            nursery.start_soon(self._reaper)
             task_status.started()
             while True:
                 self._wake = trio.Event()
@@ -213,6 +270,132 @@ class Dispatcher:
                 except FutureQError as exc:
                     log.warning("could not commit a dispatcher command (retrying): %s", exc)
                     self._park(restore)
+
+    # ------------------------------------------------------------ recording
+
+    def take_staged(self) -> tuple[bytes | None, list[Staged]]:
+        """Everything staged since the last call, and the DELIVERED that records it.
+
+        Returns:
+            ``(command, batches)``; the command is None when nothing is left to record
+            (every staged delivery was settled elsewhere meanwhile). Pass the batches
+            to :meth:`push_staged` once the command is committed, or to
+            :meth:`drop_staged` if it could not be.
+        """
+        batches: list[Staged] = []
+        entries: list[tuple[bytes, int]] = []
+        while self._staged and len(entries) < MAX_DELIVERED_ENTRIES:
+            batch = self._staged.pop(0)
+            batches.append(batch)
+            entries.extend(
+                (flight.key, flight.attempt)
+                for flight in batch.flights
+                if self.hub.is_current(flight)
+            )
+        if self._staged:
+            self._staged_changed.set()
+        return (commands.delivered(entries) if entries else None), batches
+
+    def push_staged(self, batches: list[Staged]) -> int:
+        """Push deliveries whose DELIVERED committed; return how many went out.
+
+        A delivery removed meanwhile (acked elsewhere, expired, its group deleted) is
+        left out and its credit returned; a consumer that left gets nothing and its
+        deliveries go back to the group with their previous attempt count.
+        """
+        now_ms = self.clock.wall_ms()
+        pushed = 0
+        for batch in batches:
+            consumer = batch.consumer
+            flights: list[InFlight] = []
+            deliveries: list[list[Any]] = []
+            for flight, delivery in zip(batch.flights, batch.deliveries, strict=True):
+                if not self.hub.is_current(flight):
+                    if not consumer.closed:
+                        consumer.credit += 1  # never went out: its credit is the consumer's
+                    continue
+                flights.append(flight)
+                deliveries.append(delivery)
+            if not flights:
+                continue
+            runtime = self.hub.groups.get(flights[0].group_id)
+            sent = runtime is not None and consumer.send(
+                frames.Deliver(0, consumer.subscription_id, now_ms, deliveries)
+            )
+            if not sent:
+                for flight in flights:
+                    self.hub.give_back(flight)
+                continue
+            assert runtime is not None
+            visibility_ms = runtime.info.visibility_timeout_ms
+            for flight in flights:
+                self.hub.mark_pushed(flight, now_ms + visibility_ms)
+            pushed += len(flights)
+            self._count_pushed(runtime, flights, now_ms)
+        if pushed:
+            self.kick()  # the next visibility deadline may be earlier than the wake-up
+        return pushed
+
+    def drop_staged(self, batches: list[Staged]) -> None:
+        """Their DELIVERED could not be committed: give the deliveries back unpushed."""
+        for batch in batches:
+            for flight in batch.flights:
+                if self.hub.is_current(flight):
+                    self.hub.give_back(flight)
+        self.kick()
+
+    def _count_pushed(self, runtime: GroupRuntime, flights: list[InFlight], now_ms: int) -> None:
+        metrics = self.metrics
+        if metrics is None:
+            return
+        self._counter(runtime, "delivered_messages_total").inc(len(flights))
+        redelivered = sum(1 for f in flights if f.attempt > 1)
+        if redelivered:
+            self._counter(runtime, "redelivered_messages_total").inc(redelivered)
+        for flight in flights:
+            metrics.due_to_delivery_seconds.observe(max(0, now_ms - flight.due_ms) / 1000)
+
+    async def _recorder(self) -> None:
+        """Commit DELIVERED records, then push what they cover; one commit at a time,
+        so everything staged while one commits goes into the next (group commit)."""
+        while True:
+            if not self._staged:
+                self._staged_changed = trio.Event()
+                await self._staged_changed.wait()
+                continue
+            command, batches = self.take_staged()
+            if command is None:
+                self.push_staged(batches)
+                continue
+            try:
+                await self.log.propose(command)
+            except FutureQError as exc:
+                log.warning("could not record deliveries (they go back to their groups): %s", exc)
+                self.drop_staged(batches)
+                await trio.sleep(PROPOSE_RETRY_MS / 1000)
+                continue
+            self.push_staged(batches)
+
+    async def _reaper(self) -> None:
+        """Remove the schedule entries of deleted groups, one bounded chunk per command.
+
+        Each PURGE_GROUP applies in a few milliseconds, so the loop, heartbeats and
+        other commands go on between chunks (``DESIGN.md``, "no request holds the
+        event loop").
+        """
+        while True:
+            if not self.active or not self.state.deleting:
+                self._deleting_changed = trio.Event()
+                await self._deleting_changed.wait()
+                continue
+            gid = min(self.state.deleting)
+            try:
+                await self.log.propose(commands.purge_group(gid, PURGE_CHUNK_ENTRIES))
+            except FutureQError as exc:
+                log.warning("could not purge deleted group %d (retrying): %s", gid, exc)
+                await trio.sleep(PROPOSE_RETRY_MS / 1000)
+
+    # ------------------------------------------------------------ proposals
 
     def _submit(self, command: bytes, restore: list[Any]) -> None:
         if self.clock.wall_ms() < self._retry_after_ms:
@@ -309,7 +492,7 @@ class Dispatcher:
         count = 0
         last = runtime.loaded_until
         in_flight = self.hub.in_flight
-        for due_ms, mid, attempt, expire_ms in self.state.scan_schedule(
+        for due_ms, mid, attempt, expire_ms, released in self.state.scan_schedule_entries(
             gid, start_due, start_mid, limit
         ):
             packed = pack(due_ms, mid)
@@ -318,6 +501,8 @@ class Dispatcher:
             count += 1
             last = packed
             if commands.schedule_key(gid, due_ms, mid) not in in_flight and packed not in index:
+                if released:
+                    runtime.released[mid] = released
                 index.add(due_ms, mid, expire_ms, attempt)
         else:
             if count >= limit:
@@ -335,6 +520,7 @@ class Dispatcher:
         dead: list[tuple[bytes, int]],
         dead_restore: list[Any],
     ) -> None:
+        """Hand what is due to consumers with credit; the recorder pushes it."""
         info = runtime.info
         gid = info.group_id
         index = runtime.index
@@ -343,24 +529,24 @@ class Dispatcher:
             return
         dead_letter_topic = info.dead_letter_topic
         max_deliveries = info.max_deliveries
-        visibility_ms = info.visibility_timeout_ms
-        metrics = self.metrics
+        released_counts = runtime.released
+        staged_any = False
         # Round-robin: each round gives every consumer with credit an equal share of
         # what is due (one DELIVER frame each), so a group's consumers split the work.
         consumers = runtime.consumers_with_credit()
         while consumers:
             due_now = index.count_due(now_ms)
             if due_now == 0:
-                return
+                break
             share = max(1, min(self.batch_items, -(-due_now // len(consumers))))
             for consumer in consumers:
                 entries = index.pop_due(now_ms, min(consumer.credit, share))
                 if not entries:
-                    return
+                    break
                 deliveries: list[list[Any]] = []
                 flights: list[InFlight] = []
                 frame_bytes = 0
-                for position, (due_ms, mid, expire_ms, stored_attempt) in enumerate(entries):
+                for position, (due_ms, mid, expire_ms, previous) in enumerate(entries):
                     if frame_bytes >= self.max_deliver_bytes:
                         # Keep DELIVER frames under the frame limit: the rest waits.
                         for due_later, mid_later, expire_later, attempt_later in entries[position:]:
@@ -369,12 +555,13 @@ class Dispatcher:
                     key = commands.schedule_key(gid, due_ms, mid)
                     if expire_ms is not None and expire_ms <= now_ms:
                         expired.append(key)
-                        expired_restore.append((runtime, due_ms, mid, expire_ms, stored_attempt))
+                        expired_restore.append((runtime, due_ms, mid, expire_ms, previous))
                         continue
-                    attempt = stored_attempt + runtime.extra_attempts.get(mid, 0) + 1
-                    if dead_letter_topic is not None and attempt > max_deliveries:
-                        dead.append((key, attempt - 1))
-                        dead_restore.append((runtime, due_ms, mid, expire_ms, stored_attempt))
+                    attempt = previous + 1
+                    released = released_counts.get(mid, 0)
+                    if dead_letter_topic is not None and attempt - released > max_deliveries:
+                        dead.append((key, previous))
+                        dead_restore.append((runtime, due_ms, mid, expire_ms, previous))
                         continue
                     message = self.state.get_message(mid)
                     if message is None:  # removed by a command applied meanwhile
@@ -399,35 +586,21 @@ class Dispatcher:
                             mid,
                             expire_ms,
                             attempt,
-                            stored_attempt,
+                            previous,
+                            released,
                             consumer,
-                            now_ms + visibility_ms,
                         )
                     )
                 if not deliveries:
                     continue
-                frame = frames.Deliver(0, consumer.subscription_id, now_ms, deliveries)
-                if not consumer.outbox.send_nowait(encode_frame(frame, 2**31)):
-                    # The connection cannot take more: give the entries back.
-                    for flight in flights:
-                        index.add(
-                            flight.due_ms, flight.mid, flight.expire_ms, flight.stored_attempt
-                        )
-                    consumer.closed = True
-                    break
                 consumer.credit -= len(deliveries)
                 for flight in flights:
                     self.hub.track(flight)
-                if metrics is not None:
-                    self._counter(runtime, "delivered_messages_total").inc(len(deliveries))
-                    redelivered = sum(1 for f in flights if f.attempt > 1)
-                    if redelivered:
-                        self._counter(runtime, "redelivered_messages_total").inc(redelivered)
-                    for flight in flights:
-                        metrics.due_to_delivery_seconds.observe(
-                            max(0, now_ms - flight.due_ms) / 1000
-                        )
+                self._staged.append(Staged(consumer, flights, deliveries))
+                staged_any = True
             consumers = [c for c in consumers if c.credit > 0 and not c.closed]
+        if staged_any:
+            self._staged_changed.set()
 
     # ------------------------------------------------------------ status
 

@@ -157,9 +157,11 @@ class _Txn:
 def _schedule_value(
     attempt: int, expire_ms: int | None, released: int = 0, released_attempt: int = 0
 ) -> bytes:
-    if not released:
-        return _pack([attempt, expire_ms])
-    return _pack([attempt, expire_ms, released, released_attempt])
+    value: list[Any] = [attempt, expire_ms]
+    if released:
+        value += [released, released_attempt]
+    data: bytes = _pack(value)
+    return data
 
 
 def _parse_schedule_value(data: bytes) -> tuple[int, int | None, int]:

@@ -54,6 +54,9 @@ SERVER_FRAME_TYPES: Final = frozenset(
         frames.FrameType.OK,
         frames.FrameType.PONG,
         frames.FrameType.CLUSTER_STATUS_OK,
+        frames.FrameType.REVOKE,
+        frames.FrameType.SUBSCRIPTION_END,
+        frames.FrameType.SUBSCRIPTION_INFO,
     }
 )
 """Frame types only a server may send."""
