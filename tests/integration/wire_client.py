@@ -22,6 +22,8 @@ class WireClient:
         OPEN_CLIENTS.append(self)
         self.decoder = codec.FrameDecoder(64 * 1024 * 1024)
         self.pushed: list[frames.Deliver] = []
+        self.notices: list[frames.Frame] = []
+        """Pushes other than DELIVER (SUBSCRIPTION_INFO, REVOKE, SUBSCRIPTION_END), in order."""
         self._next_id = 100
         if hello:
             self.send(frames.Hello(1, (1,), "test", None))
@@ -58,14 +60,25 @@ class WireClient:
             self.decoder.receive_data(data)
 
     def request(self, frame: frames.Frame, timeout_s: float = 10.0) -> Any:
-        """Send a request and return its answer; DELIVER pushes meanwhile are kept."""
+        """Send a request and return its answer; pushes meanwhile are kept."""
         self.send(frame)
         while True:
             answer = self.receive(timeout_s)
             if isinstance(answer, frames.Deliver):
                 self.pushed.append(answer)
                 continue
+            if self._is_notice(answer):
+                self.notices.append(answer)
+                continue
             return answer
+
+    @staticmethod
+    def _is_notice(frame: Any) -> bool:
+        return isinstance(frame, frames.SubscriptionInfo | frames.Revoke | frames.SubscriptionEnd)
+
+    def revoked(self) -> list[bytes]:
+        """Tags named by the REVOKE frames received so far."""
+        return [t for f in self.notices if isinstance(f, frames.Revoke) for t in f.tags]
 
     def publish(
         self, items: list[list[Any]], ack_level: frames.AckLevel = frames.AckLevel.QUORUM
@@ -89,18 +102,25 @@ class WireClient:
                 frame = self.receive(max(0.001, deadline - time.monotonic()))
                 if frame is codec.CLOSED:
                     raise ConnectionError("server closed the connection")
+                if self._is_notice(frame):
+                    self.notices.append(frame)
+                    continue
                 assert isinstance(frame, frames.Deliver), frame
             out.extend([*d, frame.delivered_ms] for d in frame.deliveries)
         return out
 
     def expect_nothing(self, within_s: float) -> None:
-        """Assert no DELIVER arrives within ``within_s`` seconds."""
+        """Assert no DELIVER arrives within ``within_s`` seconds (other pushes are kept)."""
         assert not self.pushed, self.pushed
-        try:
-            frame = self.receive(within_s)
-        except TimeoutError:
-            return
-        raise AssertionError(f"unexpected frame {frame}")
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                frame = self.receive(max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return
+            if not self._is_notice(frame):
+                raise AssertionError(f"unexpected frame {frame}")
+            self.notices.append(frame)
 
     def status(self) -> dict[str, Any]:
         answer = self.request(frames.Status(self.next_id()))

@@ -13,8 +13,7 @@ import pytest
 from state_helpers import Recorder, SpyStore, StoreKit, dump, group_snapshot
 
 from futureq.state import commands
-from futureq.state.commands import CommandKind, schedule_key
-from futureq.state.commands import GroupSettings
+from futureq.state.commands import CommandKind, GroupSettings, schedule_key
 from futureq.state.queue_state import QueueState
 from futureq.state.store import MemoryStore
 
