@@ -76,6 +76,22 @@ class WireClient:
     def _is_notice(frame: Any) -> bool:
         return isinstance(frame, frames.SubscriptionInfo | frames.Revoke | frames.SubscriptionEnd)
 
+    def wait_notice(self, kind: type[Any], timeout_s: float = 10.0) -> Any:
+        """The first push of type ``kind`` (SUBSCRIPTION_INFO, REVOKE, ...) not yet taken;
+        reads on (keeping DELIVERs) until one arrives. Raises TimeoutError."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for i, notice in enumerate(self.notices):
+                if isinstance(notice, kind):
+                    return self.notices.pop(i)
+            frame = self.receive(max(0.001, deadline - time.monotonic()))
+            if isinstance(frame, frames.Deliver):
+                self.pushed.append(frame)
+            elif self._is_notice(frame):
+                self.notices.append(frame)
+            else:
+                raise AssertionError(f"unexpected frame {frame}")
+
     def revoked(self) -> list[bytes]:
         """Tags named by the REVOKE frames received so far."""
         return [t for f in self.notices if isinstance(f, frames.Revoke) for t in f.tags]

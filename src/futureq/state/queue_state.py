@@ -102,12 +102,16 @@ class DeletingGroup:
         topic: Its topic.
         name: Its name (a new group of the same name may exist meanwhile).
         pending: Schedule entries still to purge (items).
+        cursor: The last schedule key purged: the next chunk starts after it, so no
+            chunk walks over what earlier ones deleted (RocksDB keeps tombstones a
+            while, and skipping them costs).
     """
 
     group_id: int
     topic: str
     name: str
     pending: int = 0
+    cursor: bytes | None = None
 
 
 class ScheduleObserver(Protocol):
@@ -237,10 +241,10 @@ class QueueState:
             self._by_topic.setdefault(topic, {})[name] = gid
         for key, value in store.scan("meta", _DELETING, _DELETING + b"\xff"):
             gid = int.from_bytes(key[len(_DELETING) :], "big")
-            topic, name = _unpack(value)
+            topic, name, cursor = _unpack(value)
             pending = store.get("meta", _PENDING + gid.to_bytes(4, "big"))
             count = 0 if pending is None else int.from_bytes(pending, "big")
-            self.deleting[gid] = DeletingGroup(gid, topic, name, count)
+            self.deleting[gid] = DeletingGroup(gid, topic, name, count, cursor)
 
     # ------------------------------------------------------------------ reads
 
@@ -580,9 +584,14 @@ class QueueState:
         reason: CommandKind,
         effects: list[tuple[Any, ...]],
         touched: set[int],
+        value: bytes | None = None,
     ) -> tuple[int, int, int, int | None] | None:
-        """Delete one schedule entry and release its message; None if already gone."""
-        value = txn.get("schedule", key)
+        """Delete one schedule entry and release its message; None if already gone.
+
+        ``value``: the entry's stored value when the caller just read it.
+        """
+        if value is None or key in txn.changes["schedule"]:
+            value = txn.get("schedule", key)
         if value is None:
             return None
         gid, due_ms, mid = commands.parse_schedule_key(key)
@@ -788,7 +797,7 @@ class QueueState:
             del self._by_topic[topic]
         if info.pending > 0:
             self.deleting[gid] = DeletingGroup(gid, topic, name, info.pending)
-            txn.put("meta", _DELETING + gid.to_bytes(4, "big"), _pack([topic, name]))
+            txn.put("meta", _DELETING + gid.to_bytes(4, "big"), _pack([topic, name, None]))
         else:
             txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
             touched.discard(gid)
@@ -805,21 +814,34 @@ class QueueState:
     ) -> int:
         """Remove up to ``max_entries`` (capped) schedule entries of a deleted group.
 
-        The entries are the group's first in key order, the same on every replica.
+        The entries are the group's first in key order after the replicated cursor,
+        the same on every replica (a deleted group's entries only ever move later: a
+        NACK applied after the delete reschedules at or after the entry's due time).
         Once none is left the group is forgotten.
         """
         deleting = self.deleting.get(gid)
         if deleting is None:
             return 0
         limit = max(1, min(max_entries, commands.MAX_PURGE_ENTRIES))
-        start = gid.to_bytes(4, "big")
+        cursor = deleting.cursor
+        start = gid.to_bytes(4, "big") if cursor is None else cursor + b"\x00"
         stop = (gid + 1).to_bytes(4, "big")
         done = 0
-        for key in self.store.scan_keys("schedule", start, stop):
+        last: bytes | None = None
+        for key, value in self.store.scan("schedule", start, stop):
             if done >= limit:
                 break
-            if self._drop_entry(txn, key, CommandKind.PURGE_GROUP, effects, touched) is not None:
+            dropped = self._drop_entry(txn, key, CommandKind.PURGE_GROUP, effects, touched, value)
+            if dropped is not None:
                 done += 1
+                last = key
+        if last is not None and deleting.pending > 0:
+            deleting.cursor = last
+            txn.put(
+                "meta",
+                _DELETING + gid.to_bytes(4, "big"),
+                _pack([deleting.topic, deleting.name, last]),
+            )
         if done < limit and deleting.pending > 0:
             # Nothing on disk, whatever the count says: the group is gone for good.
             deleting.pending = 0

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 from broker_helpers import FakeClock, RecordingOutbox, SyncLog, memory_state
 
-from futureq.broker.dispatcher import Dispatcher
+from futureq.broker.dispatcher import PURGE_CHUNK_ENTRIES, Dispatcher
 from futureq.broker.hub import Consumer, Hub
 from futureq.config import QueueSection
 from futureq.errors import ErrorCode, RequestError
@@ -770,6 +770,6 @@ async def test_the_reaper_purges_a_deleted_group_in_chunks() -> None:
         env.log.apply(commands.delete_group("t", "g"))
         await settle(env)
     purges = proposed(env, CommandKind.PURGE_GROUP)
-    assert [c[1:] for c in purges] == [[gid, 1000]] * 3
+    assert [c[1:] for c in purges] == [[gid, PURGE_CHUNK_ENTRIES]] * 5
     assert env.state.deleting == {} and env.state.store.get("messages", b"") is None
     assert list(env.state.store.scan("messages", b"")) == []

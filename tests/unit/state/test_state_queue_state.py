@@ -357,6 +357,8 @@ def test_delete_group_removes_it_at_once_and_purges_its_entries_in_chunks(
     assert state.deleting[g1].pending == 3
     reopened = QueueState(kit.reopen())
     assert reopened.deleting[g1].pending == 3
+    # The next chunk starts after the last key purged (a replicated cursor).
+    assert reopened.deleting[g1].cursor == schedule_key(g1, 1001, shared)
     state, run, recorder = reopened, Runner(reopened), Recorder(reopened)
     assert run(commands.purge_group(g1, 3)) == 3  # the last ones: the group is forgotten
     assert state.deleting == {}
