@@ -689,6 +689,9 @@ class Client:
                 live = sub.epoch == conn.epoch and sub.subscription_id is not None
                 if sub.closed or live or conn.is_lost:
                     orphan = frame.subscription_id
+                    log.debug(
+                        "SUBSCRIBE_OK %d for a subscription given up; unsubscribing it", orphan
+                    )
                     conn.request_nowait(lambda rid: frames.Unsubscribe(rid, orphan))
                     return
                 sub._bind(conn.epoch, frame.subscription_id, credit)
