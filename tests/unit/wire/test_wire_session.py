@@ -202,6 +202,9 @@ SERVER_ONLY: list[frames.Frame] = [
     frames.Ok(2),
     frames.Pong(2),
     frames.ClusterStatusOk(2, {}),
+    frames.Revoke(0, 1, [], 1),
+    frames.SubscriptionEnd(0, 1, 225, "deleted"),
+    frames.SubscriptionInfo(0, 1, 1000, 3),
 ]
 
 
