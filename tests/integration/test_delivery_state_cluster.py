@@ -295,8 +295,8 @@ def test_deleting_a_group_of_100000_entries_runs_in_chunks_without_an_election(
     client = WireClient(leader.client_address)
     answer = client.request(frames.GroupCreate(client.next_id(), "t.big", "g", None, None))
     assert isinstance(answer, frames.Ok)
-    for start in range(0, BIG_DELETE_ENTRIES, 5000):
-        items = [["t.big", b"m", 0, None, None] for _ in range(5000)]
+    for _ in range(0, BIG_DELETE_ENTRIES, 5000):
+        items = [["t.big", b"m", 0, None, None]] * 5000
         assert isinstance(client.publish(items), frames.PublishOk)
     term = leader.http_json("/api/status")["term"]
     pings: list[float] = []

@@ -59,6 +59,8 @@ PROPOSE_RETRY_MS = 200
 """Wait before retrying an EXPIRE or DEAD_LETTER the log refused (ms)."""
 MAX_DELIVERED_ENTRIES = 8192
 """Most deliveries one DELIVERED command records (the rest go in the next one)."""
+MAX_RECORDS_IN_FLIGHT = 4
+"""DELIVERED commands being committed at once."""
 PURGE_CHUNK_ENTRIES = 500
 """Schedule entries of a deleted group one PURGE_GROUP removes: about 3 ms of apply on
 this kind of machine (RocksDB, 100-byte payloads), so a follower applying a slice of
@@ -302,7 +304,9 @@ class Dispatcher:
         """Push deliveries whose DELIVERED committed; return how many went out.
 
         A delivery removed meanwhile (acked elsewhere, expired, its group deleted) is
-        left out and its credit returned; a consumer that left gets nothing and its
+        left out and its credit returned; one whose TTL ran out while its record
+        committed goes back to the index, where the next pass expires it (nothing is
+        ever delivered after its expiry); a consumer that left gets nothing and its
         deliveries go back to the group with their previous attempt count.
         """
         now_ms = self.clock.wall_ms()
@@ -315,6 +319,10 @@ class Dispatcher:
                 if not self.hub.is_current(flight):
                     if not consumer.closed:
                         consumer.credit += 1  # never went out: its credit is the consumer's
+                    continue
+                if flight.expire_ms is not None and flight.expire_ms <= now_ms:
+                    self.hub.give_back(flight)  # unpushed: credit back, expired next pass
+                    self.kick()
                     continue
                 flights.append(flight)
                 deliveries.append(delivery)
@@ -358,25 +366,39 @@ class Dispatcher:
             metrics.due_to_delivery_seconds.observe(max(0, now_ms - flight.due_ms) / 1000)
 
     async def _recorder(self) -> None:
-        """Commit DELIVERED records, then push what they cover; one commit at a time,
-        so everything staged while one commits goes into the next (group commit)."""
-        while True:
-            if not self._staged:
-                self._staged_changed = trio.Event()
-                await self._staged_changed.wait()
-                continue
-            command, batches = self.take_staged()
-            if command is None:
-                self.push_staged(batches)
-                continue
+        """Commit DELIVERED records, then push what they cover.
+
+        Up to :data:`MAX_RECORDS_IN_FLIGHT` commits at a time; what is staged while
+        they are all busy goes into the next one (group commit), so a busy dispatcher
+        makes few, large records and an idle one waits about one commit.
+        """
+        slots = trio.Semaphore(MAX_RECORDS_IN_FLIGHT)
+        async with trio.open_nursery() as nursery:
+            while True:
+                if not self._staged:
+                    self._staged_changed = trio.Event()
+                    await self._staged_changed.wait()
+                    continue
+                await slots.acquire()
+                command, batches = self.take_staged()
+                if command is None:
+                    self.push_staged(batches)
+                    slots.release()
+                    continue
+                nursery.start_soon(self._record, command, batches, slots)
+
+    async def _record(self, command: bytes, batches: list[Staged], slots: trio.Semaphore) -> None:
+        try:
             try:
                 await self.log.propose(command)
             except FutureQError as exc:
                 log.warning("could not record deliveries (they go back to their groups): %s", exc)
                 self.drop_staged(batches)
                 await trio.sleep(PROPOSE_RETRY_MS / 1000)
-                continue
+                return
             self.push_staged(batches)
+        finally:
+            slots.release()
 
     async def _reaper(self) -> None:
         """Remove the schedule entries of deleted groups, one bounded chunk per command.

@@ -773,3 +773,21 @@ async def test_the_reaper_purges_a_deleted_group_in_chunks() -> None:
     assert [c[1:] for c in purges] == [[gid, PURGE_CHUNK_ENTRIES]] * 5
     assert env.state.deleting == {} and env.state.store.get("messages", b"") is None
     assert list(env.state.store.scan("messages", b"")) == []
+
+
+def test_a_delivery_whose_ttl_ran_out_while_its_record_committed_is_never_pushed() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    consumer = env.consumer(gid, credit=3)
+    [short] = env.publish("t", [b"short"], ttl_ms=5)
+    [long] = env.publish("t", [b"long"], ttl_ms=60_000)
+    env.dispatcher.dispatch_once()
+    env.clock.advance(5)  # the DELIVERED commit took as long as the TTL
+    assert env.record() == 1
+    assert ids(out(consumer).take()) == [long]
+    assert consumer.credit == 2
+    env.dispatch()
+    assert out(consumer).take() == []  # the short one goes to expiry, never out
+    command, _restore = env.dispatcher._proposals_receive.receive_nowait()
+    key = commands.schedule_key(gid, env.now - 5, short)
+    assert commands.decode(command) == [CommandKind.EXPIRE, [key]]
