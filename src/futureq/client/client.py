@@ -877,6 +877,7 @@ class Client:
                             next_s = min(next_s, delivery._refresh_s)
                 if unwanted or due:
                     work.append((sub, conn, unwanted, due))
+            failed = False
             for sub, live_conn, unwanted, due in work:
                 try:
                     if unwanted:
@@ -892,8 +893,10 @@ class Client:
                             delivery._refresh_s = renewed
                 except FutureQError as exc:
                     log.debug("lease keeper: %s; trying again shortly", exc)
+                    sub.to_release.extend(d for d in unwanted if d._state is DeliveryState.HELD)
                     next_s = min(next_s, trio.current_time() + LEASE_RETRY_S)
-            if work:
+                    failed = True
+            if work and not failed:
                 continue  # look again at once: time passed while we worked
             with trio.move_on_at(next_s):
                 await self._lease_event.wait()
