@@ -237,6 +237,10 @@ class Subscription:
         self.subscription_id = subscription_id
         self._credit = credit
         self._outstanding = 0
+        if self._pull:
+            # The SUBSCRIBE's credit is what the (first) fetch wants: what it brings
+            # before that fetch starts waiting is kept for it, not released.
+            self._fetching = max(self._fetching, credit)
         self._wake()
 
     def _receive(self, epoch: int, frame: frames.Deliver) -> None:
