@@ -83,6 +83,9 @@ class Broker:
         self.leader_epoch = 0
         self._epoch_changed = trio.Event()
         metrics.set_group_counts_provider(self.group_counts)
+        # Counted where subscriptions live, so one the server ends (group deleted,
+        # leadership lost) never leaves the gauge behind.
+        metrics.subscriptions.set_function(lambda: len(hub.consumers))
 
     # ------------------------------------------------------------ leadership
 
@@ -434,7 +437,6 @@ class Broker:
             prefetch=prefetch,
         )
         self.hub.add_consumer(consumer)
-        self.metrics.subscriptions.inc()
         self.dispatcher.kick()
         return consumer
 
@@ -450,7 +452,6 @@ class Broker:
         if consumer.closed and consumer.subscription_id not in self.hub.consumers:
             return
         self.hub.remove_consumer(consumer, self.clock.wall_ms())
-        self.metrics.subscriptions.dec()
         self.dispatcher.kick()
 
     def grant_credit(self, connection_id: int, subscription_id: int, credit: int) -> None:

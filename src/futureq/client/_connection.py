@@ -128,6 +128,7 @@ class Connection:
         self._requests: RequestTable[_Waiter] = RequestTable()
         self._write_send, self._write_receive = trio.open_memory_channel[bytes](WRITE_QUEUE_FRAMES)
         self._control_backlog: list[bytes] = []
+        self._credit_backlog: dict[int, int] = {}
         self._cancel_scope = trio.CancelScope()
         self._lost = trio.Event()
         self.lost_reason: ConnectionLostError | None = None
@@ -255,8 +256,13 @@ class Connection:
                     chunks.append(more)
                     size += len(more)
                 await self._stream.send_all(b"".join(chunks) if len(chunks) > 1 else data)
-                if self._control_backlog:
+                if self._control_backlog or self._credit_backlog:
                     backlog, self._control_backlog = self._control_backlog, []
+                    credits, self._credit_backlog = self._credit_backlog, {}
+                    backlog += [
+                        codec.encode_frame(frames.Credit(0, sid, n), self.max_frame_bytes)
+                        for sid, n in credits.items()
+                    ]
                     await self._stream.send_all(b"".join(backlog))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._fail(ConnectionLostError(f"connection to {self.address} broke: {exc}"))
@@ -265,8 +271,9 @@ class Connection:
         """Queue a frame that needs no answer (CREDIT) without blocking; for callbacks.
 
         With the write queue full it waits in a backlog the writer sends after its
-        current write. On a lost connection it is dropped (the server forgets the
-        subscription with it).
+        current write (CREDITs of one subscription merged into one, so the backlog
+        stays as small as the number of subscriptions). On a lost connection it is
+        dropped (the server forgets the subscription with it).
         """
         if self.lost_reason is not None:
             return
@@ -274,7 +281,11 @@ class Connection:
         try:
             self._write_send.send_nowait(data)
         except trio.WouldBlock:
-            self._control_backlog.append(data)
+            if isinstance(frame, frames.Credit):
+                owed = self._credit_backlog.get(frame.subscription_id, 0)
+                self._credit_backlog[frame.subscription_id] = owed + frame.credit
+            else:
+                self._control_backlog.append(data)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
 
