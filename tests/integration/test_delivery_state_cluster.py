@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -274,6 +275,9 @@ async def test_deleting_a_group_ends_its_subscriptions_with_a_reason(cluster3: C
         assert ended[name].code is ErrorCode.GROUP_DELETED, ended[name]
         assert "deleted" in ended[name].reason
         assert reconnected[name] is False
+    leader = await trio.to_thread.run_sync(cluster3.leader)
+    with urllib.request.urlopen(f"http://{leader.http_address}/metrics", timeout=5) as response:
+        assert "\nfutureq_subscriptions 0.0\n" in response.read().decode()
 
 
 def _item(topic: str, number: int) -> Any:
