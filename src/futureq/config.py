@@ -22,12 +22,14 @@ DEFAULT_HTTP_PORT = 7452
 
 @attrs.frozen
 class TlsConfig:
-    """TLS for the client listener. Both files set turns TLS on.
+    """TLS for the client listener. Both files set turns TLS on; with ``ca_file`` too,
+    Raft peers use mutual TLS (the certificate must then name the node id,
+    docs/security.md).
 
     Attributes:
         cert_file: PEM certificate chain of this server.
         key_file: PEM private key of ``cert_file``.
-        ca_file: PEM CA bundle to verify client certificates, or None.
+        ca_file: PEM CA bundle to verify client and peer certificates, or None.
         require_client_cert: Refuse clients without a certificate signed by ``ca_file``.
     """
 
@@ -51,7 +53,10 @@ class ServerSection:
         data_dir: Directory of the embedded RocksDB (created if missing).
         listen: ``HOST:PORT`` of the client listener.
         http: ``HOST:PORT`` of ``/metrics``, ``/healthz``, ``/readyz`` and the dashboard.
-        advertise: Client address other nodes hand to clients as ours; defaults to ``listen``.
+        advertise: Client address this node announces (``--advertise-client``): in
+            NOT_LEADER redirects, HELLO answers, cluster status and NODE_ADDRESS.
+            Defaults to ``listen``; must be set when ``listen`` is a wildcard
+            (``0.0.0.0``, ``::``) and the node runs in a cluster.
         auth_token: If set, HELLO must carry this token.
         shutdown_grace_ms: Longest a graceful shutdown may take before it is forced (ms).
         log_level: ``debug``, ``info``, ``warning`` or ``error``.
@@ -154,11 +159,20 @@ class ClusterSection:
 
     Attributes:
         raft_listen: ``HOST:PORT`` where peers connect for Raft traffic.
+        advertise_raft: Raft address this node announces to peers
+            (``--advertise-raft``): in the peer handshake, cluster status and the
+            NODE_ADDRESS a joining node sends. Defaults to ``raft_listen``; must be set
+            when ``raft_listen`` is a wildcard (``0.0.0.0``, ``::``).
         peers: The initial voters, ``"1=HOST:RAFTPORT,2=HOST:RAFTPORT,3=HOST:RAFTPORT"``,
             this node included; empty for a single node or a node that joins.
         join: Client address (``HOST:PORT``) of a cluster member to ask to add this
             node (it joins as a learner, catches up, and is promoted to voter).
         cluster_id: Name every node of one cluster shares; peers with another are refused.
+        secret_file: File holding the cluster secret every node shares (at least 32
+            bytes; ``futureq generate-secret FILE``); peers prove they hold it in the Raft
+            handshake (docs/security.md). None without one.
+        insecure_peers: Run a node with peers although neither mutual TLS nor a secret
+            authenticates them (anyone who reaches the Raft port can rewrite the log).
         tick_ms: Length of one Raft tick (ms).
         election_timeout_ticks: Election timeout in ticks (randomised in [T, 2T)).
         heartbeat_ticks: Leader heartbeat interval in ticks.
@@ -170,9 +184,12 @@ class ClusterSection:
     """
 
     raft_listen: str = f"127.0.0.1:{DEFAULT_RAFT_PORT}"
+    advertise_raft: str | None = None
     peers: str = ""
     join: str | None = None
     cluster_id: str = "futureq"
+    secret_file: str | None = None
+    insecure_peers: bool = False
     tick_ms: int = 50
     election_timeout_ticks: int = 10
     heartbeat_ticks: int = 1
@@ -205,6 +222,32 @@ class Config:
     storage: StorageSection = attrs.Factory(StorageSection)
     tls: TlsConfig = attrs.Factory(TlsConfig)
     cluster: ClusterSection = attrs.Factory(ClusterSection)
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*", ""})
+"""Hosts that mean "every interface" when bound and reach nothing when announced."""
+
+
+def is_wildcard(address: str) -> bool:
+    """True when ``address`` (``HOST:PORT``) names a wildcard host such as ``0.0.0.0``.
+
+    Raises:
+        ValueError: ``address`` is not ``HOST:PORT``.
+    """
+    host, _ = split_host_port(address)
+    return host in WILDCARD_HOSTS
+
+
+def announced_client_address(config: Config) -> str:
+    """The client address this node hands to peers and clients: ``server.advertise``,
+    else ``server.listen`` (port 0 there is replaced by the bound port at start)."""
+    return config.server.advertise or config.server.listen
+
+
+def announced_raft_address(config: Config) -> str:
+    """The Raft address this node announces to peers: ``cluster.advertise_raft``, else
+    ``cluster.raft_listen`` (port 0 there is replaced by the bound port at start)."""
+    return config.cluster.advertise_raft or config.cluster.raft_listen
 
 
 def split_host_port(address: str) -> tuple[str, int]:

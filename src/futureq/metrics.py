@@ -233,6 +233,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         (),
         "elections",
     ),
+    MetricSpec(
+        "futureq_raft_peer_refusals_total",
+        "counter",
+        "Raft connections and frames refused: by this node (a peer failed the handshake or "
+        "sent a frame with a bad MAC) or by a peer (reason refused).",
+        ("reason",),
+        "refusals",
+    ),
     # state gauges, read at scrape time from the group counts provider
     MetricSpec(
         "futureq_pending_messages",
@@ -439,6 +447,7 @@ class Metrics:
         self.raft_role: Gauge = _as(made["raft_role"], Gauge)
         self.raft_replication_lag_entries: Gauge = _as(made["raft_replication_lag_entries"], Gauge)
         self.raft_elections_won_total: Counter = _as(made["raft_elections_won_total"], Counter)
+        self.raft_peer_refusals_total: Counter = _as(made["raft_peer_refusals_total"], Counter)
         self.publish_commit_seconds: Histogram = _as(made["publish_commit_seconds"], Histogram)
         self.due_to_delivery_seconds: Histogram = _as(made["due_to_delivery_seconds"], Histogram)
         self.fsync_seconds: Histogram = _as(made["fsync_seconds"], Histogram)

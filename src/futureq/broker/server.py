@@ -22,8 +22,10 @@ import trio
 from futureq import __version__
 from futureq.clock import Clock, SystemClock
 from futureq.config import Config, split_host_port
+from futureq.data_tools import check_data_fits_mode
 from futureq.errors import ConfigError, FutureQError, StorageError
 from futureq.metrics import Metrics
+from futureq.peer_credentials import peer_mode
 from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
 from futureq.state.queue_state import QueueState
@@ -65,6 +67,33 @@ def make_ssl_context(config: Config) -> ssl.SSLContext | None:
     if tls.require_client_cert:
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def listener_modes(
+    config: Config, client_address: str, raft_address: str | None, http_address: str
+) -> list[str]:
+    """One sentence per listener saying what protects it (logged at every start).
+
+    Source: docs/security.md, "What each port exposes".
+    """
+    tls = config.tls
+    if tls.enabled:
+        client = "TLS" + (
+            ", client certificates required"
+            if tls.require_client_cert
+            else ", no client certificates"
+        )
+    else:
+        client = "plaintext (no TLS)"
+    client += ", auth token required" if config.server.auth_token else ", no auth token"
+    modes = [f"client port {client_address}: {client}"]
+    if raft_address is not None:
+        modes.append(f"raft port {raft_address}: {peer_mode(config)}")
+    modes.append(
+        f"HTTP port {http_address}: plain HTTP, no authentication (metrics, status and the "
+        "dashboard are readable by anyone who reaches it)"
+    )
+    return modes
 
 
 def _cannot_listen(what: str, address: str, flag: str, exc: OSError) -> OSError:
@@ -110,6 +139,7 @@ async def serve(
         block_cache_mb=config.storage.block_cache_mb,
     )
     try:
+        check_data_fits_mode(db, clustered=config.cluster.clustered)
         if config.cluster.clustered:
             finish_interrupted_restore(config, db)
         state = QueueState(db)
@@ -166,11 +196,15 @@ async def serve(
                     ) from exc
                 await root.start(command_log.run)
                 root.start_soon(follow_leadership, command_log, broker)
-                root.start_soon(export_raft_metrics, command_log, metrics)
+                root.start_soon(export_raft_metrics, command_log, transport, metrics)
                 root.start_soon(stop_when_removed, command_log, config.server.node_id, shutdown)
                 root.start_soon(broker.run_promoter)
                 if config.cluster.join is not None:
-                    root.start_soon(join_cluster, config, command_log, client_address, raft_address)
+                    # Announce the advertised raft address (never the bound wildcard).
+                    announced_raft = transport.advertise_address or raft_address
+                    root.start_soon(
+                        join_cluster, config, command_log, transport, client_address, announced_raft
+                    )
             else:
                 await root.start(command_log.run)
             await root.start(dispatcher.run)
@@ -210,6 +244,10 @@ async def serve(
                     len(state.groups),
                     clock.monotonic_s() - started_s,
                 )
+                for mode in listener_modes(
+                    config, client_address, raft_address if clustered else None, http_address
+                ):
+                    log.info("%s", mode)
                 raft_field = f" raft={raft_address}" if clustered else ""
                 print(
                     f"READY client={client_address} http={http_address}{raft_field} "
