@@ -276,8 +276,14 @@ async def test_deleting_a_group_ends_its_subscriptions_with_a_reason(cluster3: C
         assert "deleted" in ended[name].reason
         assert reconnected[name] is False
     leader = await trio.to_thread.run_sync(cluster3.leader)
-    with urllib.request.urlopen(f"http://{leader.http_address}/metrics", timeout=5) as response:
-        assert "\nfutureq_subscriptions 0.0\n" in response.read().decode()
+    metrics = await trio.to_thread.run_sync(_metrics_text, leader)
+    assert "\nfutureq_subscriptions 0.0\n" in metrics
+
+
+def _metrics_text(node: ClusterNode) -> str:
+    with urllib.request.urlopen(f"http://{node.http_address}/metrics", timeout=5) as response:
+        text: str = response.read().decode()
+    return text
 
 
 def _item(topic: str, number: int) -> Any:
