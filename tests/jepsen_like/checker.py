@@ -31,8 +31,11 @@ Verdicts (the first five must be zero):
 ``multiple_leaders_per_term``
     Two different leaders observed for the same term.
 ``attempt_not_increasing``
-    A delivery of a message to a group whose attempt is not above every attempt of it
-    received before: attempts are replicated and never go backwards or repeat.
+    Two deliveries of a message to a group where the one pushed later (by the servers'
+    ``delivered_ms``, beyond the clock allowance) has a lower attempt, or two with the
+    same attempt above 1: a redelivery's attempt is committed before it goes out, so
+    attempts never go backwards. (A first delivery goes out unrecorded, so attempt 1
+    may be seen twice across a leader change: counted as ``first_attempt_repeated``.)
 
 A message is not required of a group (``lost``) once a delete of that group was invoked
 after the message's publish (``group`` events of the churner).
@@ -291,6 +294,7 @@ class _Checker:
             "publish_duplicates",
             "leader_changes",
             "waived_group_entries",
+            "first_attempt_repeated",
         ):
             counts.setdefault(name, 0)
         counts["publishes"] = len(self.publishes)
@@ -410,30 +414,41 @@ class _Checker:
         return windows
 
     def check_attempts_and_causes(self, seen: dict[tuple[str, str], list[Event]]) -> None:
-        """Attempts only increase; each duplicate gets a cause (see the module doc)."""
+        """Attempts only increase in push order; each duplicate gets a cause."""
         causes = dict.fromkeys(DUPLICATE_CAUSES, 0)
         changes = self.leader_change_times()
+        offset = self.config.allowed_offset_ms
         for (key, group), deliveries in seen.items():
             ordered = sorted(deliveries, key=lambda e: float(e["t"]))
-            highest: dict[int, int] = {}
             for previous, current in zip(ordered, ordered[1:], strict=False):
                 causes[self.cause(previous, current, group, changes)] += 1
+            by_id: dict[int, list[Event]] = defaultdict(list)
             for delivery in ordered:
-                mid, attempt = int(delivery["id"]), delivery.get("attempt")
-                if attempt is None:
-                    continue
-                if mid in highest and int(attempt) <= highest[mid]:
-                    self.count("attempt_not_increasing")
-                    self.example(
-                        "attempt_not_increasing",
-                        key=key,
-                        group=group,
-                        id=mid,
-                        attempt=attempt,
-                        before=highest[mid],
-                        t=delivery["t"],
-                    )
-                highest[mid] = max(highest.get(mid, 0), int(attempt))
+                if delivery.get("attempt") is not None:
+                    by_id[int(delivery["id"])].append(delivery)
+            for mid, pushes in by_id.items():
+                for i, one in enumerate(pushes):
+                    for other in pushes[i + 1 :]:
+                        a, b = int(one["attempt"]), int(other["attempt"])
+                        if a == b == 1:
+                            self.count("first_attempt_repeated")
+                            continue
+                        earlier, later = sorted(
+                            (one, other), key=lambda e: float(e["delivered_ms"])
+                        )
+                        gap = float(later["delivered_ms"]) - float(earlier["delivered_ms"])
+                        if a == b or (
+                            gap > offset and int(later["attempt"]) < int(earlier["attempt"])
+                        ):
+                            self.count("attempt_not_increasing")
+                            self.example(
+                                "attempt_not_increasing",
+                                key=key,
+                                group=group,
+                                id=mid,
+                                attempts=[a, b],
+                                delivered_ms=[one["delivered_ms"], other["delivered_ms"]],
+                            )
         self.result.duplicates_by_cause = causes
 
     def cause(self, previous: Event, current: Event, group: str, changes: list[float]) -> str:
@@ -448,7 +463,9 @@ class _Checker:
             return "leader_change"
         losses = self.consumer_losses.get(str(previous.get("consumer")), [])
         later = [
-            e for e in self.deliveries_of.get(str(previous.get("consumer")), []) if start < e[0] < end
+            e
+            for e in self.deliveries_of.get(str(previous.get("consumer")), [])
+            if start < e[0] < end
         ]
         if any(start <= t <= end for t in losses) or any(
             conn != previous.get("conn") for _, conn in later

@@ -385,10 +385,32 @@ def test_attempts_that_repeat_or_go_back_are_caught() -> None:
     b = clean()
     k = b.publish(1000, message_id=30, groups=["a"])
     b.deliver(1010, k, message_id=30, group="a", due=1002, attempt=2, ack=False)
-    b.deliver(4000, k, message_id=30, group="a", due=1002, attempt=2, ack=False)
-    b.deliver(7000, k, message_id=30, group="a", due=1002, attempt=1)
+    b.deliver(4000, k, message_id=30, group="a", due=1002, attempt=2, ack=False)  # repeat
+    b.deliver(7000, k, message_id=30, group="a", due=1002, attempt=1)  # pushed later, lower
     result = check(b.finish(10_000))
-    assert_only(result.counts, attempt_not_increasing=2)
+    assert_only(result.counts, attempt_not_increasing=3)
+
+
+def test_attempts_are_ordered_by_push_time_not_by_receipt() -> None:
+    """A delivery buffered on a deposed leader's connection may be handed out after the
+    new leader's redelivery: its push (``delivered_ms``) was earlier."""
+    b = clean()
+    k = b.publish(1000, message_id=31, groups=["a"])
+    b.deliver(3000, k, message_id=31, group="a", due=1002, attempt=2, delivered=2500)
+    b.deliver(3500, k, message_id=31, group="a", due=1002, attempt=1, delivered=1100, ack=False)
+    assert_only(check(b.finish(10_000)).counts)
+
+
+def test_a_first_attempt_seen_twice_is_reported_not_failed() -> None:
+    b = clean()
+    k = b.publish(1000, message_id=32, groups=["a"])
+    b.deliver(1010, k, message_id=32, group="a", due=1002, ack=False)
+    b.add(1100, "leader", node_id=1, term=1)
+    b.add(1200, "leader", node_id=2, term=2)
+    b.deliver(3000, k, message_id=32, group="a", due=1002)
+    result = check(b.finish(10_000))
+    assert_only(result.counts)
+    assert result.counts["first_attempt_repeated"] == 1
 
 
 def test_a_deleted_group_is_not_required_after_the_delete() -> None:

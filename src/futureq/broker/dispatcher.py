@@ -7,12 +7,20 @@ drops what expired, dead-letters what ran out of attempts, and takes back delive
 whose visibility timeout ran out. It never polls: it waits on an event that is set
 when something earlier than its next wake-up arrives, or until that wake-up.
 
-Attempt counts are replicated state: a pass hands its deliveries to the recorder
-task, which commits one DELIVERED command for everything handed to it meanwhile and
-only then pushes the DELIVER frames. A new leader therefore reads every attempt that
-any consumer ever saw, and the count never goes backwards (cost: one log entry per
-batch of passes, and one commit latency between due and delivery). A reaper task
-removes the schedule entries of deleted groups in bounded PURGE_GROUP chunks.
+Attempt counts are replicated state. A *redelivery* (attempt 2 and up: after a
+visibility timeout, a consumer that left, a nack or a leader change) is handed to the
+recorder task, which commits one DELIVERED command for everything handed to it
+meanwhile and only then pushes the DELIVER frames; a new leader reads every such
+attempt, so counts survive leader changes and restarts and never go backwards. A
+*first* delivery goes out at once, unrecorded: its attempt (1) follows from the entry,
+and the next delivery of it records 2. The one thing lost that way: if leadership
+changes while a message's first delivery is out and before any redelivery of it, the
+new leader delivers attempt 1 again (one delivery uncounted, at most once per leader
+change). Why: recording every delivery before pushing it doubles the log entries of a
+consumer that acks one message at a time and halved its throughput on this machine
+(``docs/architecture.md``), while redeliveries are the rare case and the one that
+needs counting (dead-lettering a poison message). A reaper task removes the schedule
+entries of deleted groups in bounded PURGE_GROUP chunks.
 
 Source: ``DESIGN.md``, "Message semantics" (nothing early, nothing expired, fan-out
 across groups, round-robin within a group, credit-based flow control).
@@ -300,8 +308,10 @@ class Dispatcher:
             self._staged_changed.set()
         return (commands.delivered(entries) if entries else None), batches
 
-    def push_staged(self, batches: list[Staged]) -> int:
-        """Push deliveries whose DELIVERED committed; return how many went out.
+    def push_staged(self, batches: list[Staged], *, from_pass: bool = False) -> int:
+        """Push deliveries whose DELIVERED committed (or first deliveries, straight from
+        a pass: ``from_pass``, which computes its own next wake-up); return how many
+        went out.
 
         A delivery removed meanwhile (acked elsewhere, expired, its group deleted) is
         left out and its credit returned; one whose TTL ran out while its record
@@ -342,7 +352,7 @@ class Dispatcher:
                 self.hub.mark_pushed(flight, now_ms + visibility_ms)
             pushed += len(flights)
             self._count_pushed(runtime, flights, now_ms)
-        if pushed:
+        if pushed and not from_pass:
             self.kick()  # the next visibility deadline may be earlier than the wake-up
         return pushed
 
@@ -620,8 +630,20 @@ class Dispatcher:
                 consumer.credit -= len(deliveries)
                 for flight in flights:
                     self.hub.track(flight)
-                self._staged.append(Staged(consumer, flights, deliveries))
-                staged_any = True
+                # First deliveries go out now; redeliveries once their attempt is
+                # committed (see the module docstring for why, and what it costs).
+                first = [i for i, flight in enumerate(flights) if flight.attempt == 1]
+                if first:
+                    now_batch = Staged(
+                        consumer, [flights[i] for i in first], [deliveries[i] for i in first]
+                    )
+                    self.push_staged([now_batch], from_pass=True)
+                if len(first) < len(flights):
+                    later = [i for i, flight in enumerate(flights) if flight.attempt > 1]
+                    self._staged.append(
+                        Staged(consumer, [flights[i] for i in later], [deliveries[i] for i in later])
+                    )
+                    staged_any = True
             consumers = [c for c in consumers if c.credit > 0 and not c.closed]
         if staged_any:
             self._staged_changed.set()

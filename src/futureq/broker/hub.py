@@ -2,7 +2,7 @@
 
 Leader-local memory (``DESIGN.md``, "Only the leader dispatches"): which consumer holds
 which delivery, until when. Attempt numbers are not kept here: the dispatcher commits
-each delivery's attempt (a DELIVERED command) before pushing it, so a new leader,
+each redelivery's attempt (a DELIVERED command) before pushing it, so a new leader,
 which starts with an empty hub, continues the count where the old one stopped.
 
 Credit is conserved exactly, per subscription (``docs/protocol.md``, "Flow control"):

@@ -12,9 +12,10 @@ Families written (``DESIGN.md``, "Storage layout"):
   where ``open`` counts the group entries still scheduled;
 * ``schedule``: ``group_id | due_ms | message_id`` (20 bytes BE) -> ``[attempt, expire_ms]``
   or ``[attempt, expire_ms, released, released_attempt]``. ``attempt`` is the number of
-  the last delivery (recorded by DELIVERED before it is pushed, so it never goes
-  backwards); ``released`` counts deliveries given back unprocessed (RELEASE), which do
-  not count towards ``max_deliveries``, the last of them ``released_attempt``. Keyed by group first so each group reads its own due
+  the last delivery recorded (a redelivery's by DELIVERED before it is pushed, so it
+  never goes backwards; NACK and RELEASE record theirs); ``released`` counts deliveries
+  given back unprocessed (RELEASE), which do not count towards ``max_deliveries``, the
+  last of them ``released_attempt``. Keyed by group first so each group reads its own due
   order with one range scan (a group with no consumer keeps its backlog on disk);
 * ``groups``: ``topic \\x00 group`` (UTF-8) -> ``[group_id, visibility_timeout_ms,
   max_deliveries, implicit]``;
@@ -652,8 +653,9 @@ class QueueState:
     ) -> int:
         """Give deliveries back unprocessed: due again at once, the attempt not counted.
 
-        Only the latest recorded attempt of an entry can be released (an older tag
-        names a delivery that is no longer out).
+        The release records the attempt (a first delivery is not recorded before it
+        goes out); an attempt older than the one recorded, or released already, names
+        a delivery that is no longer out and changes nothing.
         """
         done = 0
         for key, attempt in entries:
@@ -661,12 +663,12 @@ class QueueState:
             if value is None:
                 continue
             stored, expire_ms, released = _parse_schedule_value(value)
-            if attempt != stored or _released_attempt(value) == stored or stored == 0:
+            if attempt < max(stored, 1) or _released_attempt(value) == attempt:
                 continue
             gid, due_ms, mid = commands.parse_schedule_key(key)
-            txn.put("schedule", key, _schedule_value(stored, expire_ms, released + 1, stored))
+            txn.put("schedule", key, _schedule_value(attempt, expire_ms, released + 1, attempt))
             effects.append(("u", gid, due_ms, mid, CommandKind.RELEASE))
-            effects.append(("s", gid, due_ms, mid, expire_ms, stored, released + 1))
+            effects.append(("s", gid, due_ms, mid, expire_ms, attempt, released + 1))
             done += 1
         return done
 

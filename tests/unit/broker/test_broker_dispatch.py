@@ -468,9 +468,10 @@ async def test_max_deliveries_exceeded_goes_to_dead_letter_topic() -> None:
     assert kinds(env) == [CommandKind.DEAD_LETTER]
     [command] = proposed(env, CommandKind.DEAD_LETTER)
     assert command[2] == [[commands.schedule_key(gid, 1_000_000, mid), 2]]
-    # Each attempt was committed before it went out.
+    # The redelivery's attempt was committed before it went out (the first delivery's
+    # needs no record: it follows from the entry).
     key = commands.schedule_key(gid, 1_000_000, mid)
-    assert [c[1] for c in proposed(env, CommandKind.DELIVERED)] == [[[key, 1]], [[key, 2]]]
+    assert [c[1] for c in proposed(env, CommandKind.DELIVERED)] == [[[key, 2]]]
     assert env.state.get_message(mid) is None
     dlq = env.state.find_group("t.dlq", "default")
     assert dlq is not None and dlq.pending == 1
@@ -643,35 +644,75 @@ def test_a_failed_partial_ack_settles_nothing_and_grants_nothing() -> None:
     assert out(consumer).take() == []
 
 
-def test_attempts_survive_a_leader_change_and_never_go_backwards() -> None:
-    """A new leader (a fresh hub and dispatcher over the same replicated state) goes on
-    counting where the old one stopped: DELIVERED was committed before each push."""
+def _new_leader(env: Env) -> Env:
+    """A fresh hub and dispatcher over the same replicated state: another leader."""
+    leader = Env.__new__(Env)
+    leader.__dict__.update(env.__dict__)
+    leader.hub = Hub()
+    leader.dispatcher = Dispatcher(
+        leader.state, leader.log, leader.hub, leader.clock, QueueSection()
+    )
+    leader.state.observer = leader.dispatcher
+    return leader
+
+
+def test_redelivery_attempts_survive_leader_changes_and_never_go_backwards() -> None:
+    """Each redelivery's attempt is committed before it goes out: every later leader
+    counts on from it."""
     env = Env()
-    gid = env.group("t", "g", visibility_ms=100, max_deliveries=5)
+    gid = env.group("t", "g", visibility_ms=100, max_deliveries=10)
     [mid] = env.publish("t", [b"poison"])
+    consumer = env.consumer(gid, credit=5)
+    env.dispatch()
+    env.clock.advance(100)
+    env.dispatch()  # timed out: attempt 2, recorded before it went out
+    assert [d[5] for d in out(consumer).take()] == [1, 2]
     attempts: list[int] = []
     for _ in range(3):
-        leader = Env.__new__(Env)
-        leader.__dict__.update(env.__dict__)
-        leader.hub = Hub()
-        leader.dispatcher = Dispatcher(leader.state, leader.log, leader.hub, leader.clock, QueueSection())
-        leader.state.observer = leader.dispatcher
-        consumer = leader.consumer(gid, credit=1)
-        leader.dispatch()
+        env = _new_leader(env)
+        # The consumer of the old leader died with its delivery; a new one subscribes.
+        consumer = env.consumer(gid, credit=1)
+        env.dispatch()
         [delivery] = out(consumer).take()
         attempts.append(delivery[5])
-        # The consumer dies with it; the next leader takes over.
-    assert attempts == [1, 2, 3]
-    assert env.state.get_schedule(commands.schedule_key(gid, env.now, mid)) == (3, None)
+    assert attempts == [3, 4, 5]
+    assert env.state.get_schedule(commands.schedule_key(gid, env.now - 100, mid)) == (5, None)
+
+
+def test_a_first_delivery_out_at_a_leader_change_is_delivered_as_attempt_1_again() -> None:
+    """The documented cost of pushing first deliveries unrecorded: one uncounted
+    delivery, at most once per leader change, never an attempt going backwards."""
+    env = Env()
+    gid = env.group("t", "g")
+    [mid] = env.publish("t", [b"m"])
+    consumer = env.consumer(gid, credit=1)
+    env.dispatch()
+    assert [d[5] for d in out(consumer).take()] == [1]
+    assert proposed(env, CommandKind.DELIVERED) == []  # went out at once
+    env = _new_leader(env)
+    consumer = env.consumer(gid, credit=1)
+    env.dispatch()
+    [again] = out(consumer).take()
+    assert (again[1], again[5]) == (mid, 1)
+
+
+def _redeliveries(env: Env, gid: int, count: int, credit: int = 3) -> tuple[Consumer, list[int]]:
+    """``count`` messages delivered once and timed out: their next deliveries are
+    redeliveries (attempt 2), which wait for their DELIVERED record."""
+    mids = env.publish("t", [b"%d" % i for i in range(count)])
+    first = env.consumer(gid, credit=count)
+    env.dispatch()
+    assert len(out(first).take()) == count
+    env.hub.remove_consumer(first, env.now)  # it died with them
+    return env.consumer(gid, credit=credit, connection_id=2), mids
 
 
 def test_a_delivery_removed_before_its_record_commits_is_not_pushed() -> None:
     env = Env()
     gid = env.group("t", "g")
-    consumer = env.consumer(gid, credit=3)
-    mids = env.publish("t", [b"a", b"b"])
+    consumer, mids = _redeliveries(env, gid, 2)
     env.dispatcher.dispatch_once()
-    assert consumer.credit == 1
+    assert consumer.credit == 1 and out(consumer).take() == []  # waiting for the record
     env.log.apply(commands.expire([commands.schedule_key(gid, env.now, mids[0])]))
     assert env.record() == 1
     assert ids(out(consumer).take()) == [mids[1]]
@@ -681,15 +722,14 @@ def test_a_delivery_removed_before_its_record_commits_is_not_pushed() -> None:
 def test_deliveries_whose_record_failed_go_back_with_their_old_attempt() -> None:
     env = Env()
     gid = env.group("t", "g")
-    consumer = env.consumer(gid, credit=3)
-    [mid] = env.publish("t", [b"a"])
+    consumer, [mid] = _redeliveries(env, gid, 1)
     env.dispatcher.dispatch_once()
     _command, batches = env.dispatcher.take_staged()
     env.dispatcher.drop_staged(batches)
     assert consumer.credit == 3 and env.hub.in_flight == {}
     env.dispatch()
     [delivery] = out(consumer).take()
-    assert (delivery[1], delivery[5]) == (mid, 1)
+    assert (delivery[1], delivery[5]) == (mid, 2)
 
 
 def test_extend_moves_the_visibility_deadline() -> None:
@@ -778,9 +818,12 @@ async def test_the_reaper_purges_a_deleted_group_in_chunks() -> None:
 def test_a_delivery_whose_ttl_ran_out_while_its_record_committed_is_never_pushed() -> None:
     env = Env()
     gid = env.group("t", "g")
-    consumer = env.consumer(gid, credit=3)
     [short] = env.publish("t", [b"short"], ttl_ms=5)
     [long] = env.publish("t", [b"long"], ttl_ms=60_000)
+    first = env.consumer(gid, credit=2)
+    env.dispatch()
+    env.hub.remove_consumer(first, env.now)  # their next deliveries are redeliveries
+    consumer = env.consumer(gid, credit=3, connection_id=2)
     env.dispatcher.dispatch_once()
     env.clock.advance(5)  # the DELIVERED commit took as long as the TTL
     assert env.record() == 1

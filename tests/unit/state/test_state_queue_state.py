@@ -525,7 +525,7 @@ def test_release_gives_the_latest_attempt_back_uncounted(kit: StoreKit) -> None:
     key = schedule_key(g1, 1500, mid)
     run(commands.delivered([(key, 2)]))
     recorder = Recorder(state)
-    assert run(commands.release([(key, 1)])) == 0  # not the latest delivery
+    assert run(commands.release([(key, 1)])) == 0  # older than the latest delivery
     assert run(commands.release([(key, 2)])) == 1
     assert state.get_schedule_entry(key) == (2, 1600, 1)  # same place: due again at once
     assert recorder.take() == [
@@ -539,6 +539,15 @@ def test_release_gives_the_latest_attempt_back_uncounted(kit: StoreKit) -> None:
     assert run(commands.nack(2000, 0, [(key, 3)])) == 1
     assert state.get_schedule_entry(schedule_key(g1, 2000, mid)) == (3, 1600, 1)
     assert recorder.take()[-1] == ("s", g1, 2000, mid, 1600, 3, 1)
+
+
+def test_release_of_an_unrecorded_first_delivery_records_it(kit: StoreKit) -> None:
+    state, run, g1, _g2, mid = _two_groups_one_message(kit)
+    key = schedule_key(g1, 1500, mid)
+    assert state.get_schedule(key) == (0, 1600)  # a first delivery is not recorded
+    assert run(commands.release([(key, 1)])) == 1
+    assert state.get_schedule_entry(key) == (1, 1600, 1)
+    assert run(commands.release([(key, 1)])) == 0
 
 
 # ---------------------------------------------------------------- nothing node-local
