@@ -308,10 +308,11 @@ class Dispatcher:
             self._staged_changed.set()
         return (commands.delivered(entries) if entries else None), batches
 
-    def push_staged(self, batches: list[Staged], *, from_pass: bool = False) -> int:
-        """Push deliveries whose DELIVERED committed (or first deliveries, straight from
-        a pass: ``from_pass``, which computes its own next wake-up); return how many
-        went out.
+    def push_staged(self, batches: list[Staged], *, pass_now_ms: int | None = None) -> int:
+        """Push deliveries whose DELIVERED committed, or first deliveries straight from a
+        pass (``pass_now_ms``: the pass's time, so what the pass found unexpired is not
+        expired here, and the pass computes its own next wake-up); return how many went
+        out.
 
         A delivery removed meanwhile (acked elsewhere, expired, its group deleted) is
         left out and its credit returned; one whose TTL ran out while its record
@@ -319,7 +320,7 @@ class Dispatcher:
         ever delivered after its expiry); a consumer that left gets nothing and its
         deliveries go back to the group with their previous attempt count.
         """
-        now_ms = self.clock.wall_ms()
+        now_ms = self.clock.wall_ms() if pass_now_ms is None else pass_now_ms
         pushed = 0
         for batch in batches:
             consumer = batch.consumer
@@ -352,7 +353,7 @@ class Dispatcher:
                 self.hub.mark_pushed(flight, now_ms + visibility_ms)
             pushed += len(flights)
             self._count_pushed(runtime, flights, now_ms)
-        if pushed and not from_pass:
+        if pushed and pass_now_ms is None:
             self.kick()  # the next visibility deadline may be earlier than the wake-up
         return pushed
 
@@ -637,7 +638,7 @@ class Dispatcher:
                     now_batch = Staged(
                         consumer, [flights[i] for i in first], [deliveries[i] for i in first]
                     )
-                    self.push_staged([now_batch], from_pass=True)
+                    self.push_staged([now_batch], pass_now_ms=now_ms)
                 if len(first) < len(flights):
                     later = [i for i, flight in enumerate(flights) if flight.attempt > 1]
                     self._staged.append(

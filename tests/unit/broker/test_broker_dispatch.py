@@ -834,3 +834,27 @@ def test_a_delivery_whose_ttl_ran_out_while_its_record_committed_is_never_pushed
     command, _restore = env.dispatcher._proposals_receive.receive_nowait()
     key = commands.schedule_key(gid, env.now - 5, short)
     assert commands.decode(command) == [CommandKind.EXPIRE, [key]]
+
+
+def test_a_pass_never_spins_on_an_entry_that_expires_while_it_runs() -> None:
+    """The wall clock moves during a pass: an entry the pass found unexpired goes out
+    (it was not expired at the pass's time), it is not given back to be picked again,
+    endlessly (a node froze this way under a 1-20 ms TTL workload)."""
+
+    class MovingClock(FakeClock):
+        reads = 0
+
+        def wall_ms(self) -> int:
+            self.reads += 1
+            assert self.reads < 1000, "the pass spins"
+            self.now_ms += 1  # every read is a millisecond later
+            return self.now_ms
+
+    env = Env()
+    gid = env.group("t", "g")
+    consumer = env.consumer(gid, credit=10)
+    [mid] = env.publish("t", [b"short"], ttl_ms=2)  # expires a millisecond into the pass
+    clock = MovingClock(env.now)
+    env.clock = env.dispatcher.clock = clock
+    env.dispatch()
+    assert ids(out(consumer).take()) == [mid]
