@@ -5,7 +5,7 @@ overriding the one before:
 
 1. the attrs defaults (a single node on 127.0.0.1, data in ``./data``);
 2. a TOML file with the tables ``[server]``, ``[limits]``, ``[queue]``, ``[storage]``,
-   ``[tls]``;
+   ``[tls]``, ``[cluster]``, ``[metrics]``;
 3. environment variables ``FUTUREQ_<SECTION>_<KEY>`` (``FUTUREQ_SERVER_DATA_DIR``,
    ``FUTUREQ_STORAGE_FSYNC=false``), whose text is converted to the field's type;
 4. command-line overrides, already typed, as ``{section: {key: value}}``.
@@ -41,6 +41,7 @@ from futureq.config import (
     ClusterSection,
     Config,
     LimitsSection,
+    MetricsSection,
     QueueSection,
     ServerSection,
     StorageSection,
@@ -70,6 +71,7 @@ SECTIONS: dict[str, type[Any]] = {
     "storage": StorageSection,
     "tls": TlsConfig,
     "cluster": ClusterSection,
+    "metrics": MetricsSection,
 }
 
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -482,6 +484,12 @@ def _check_server(server: ServerSection) -> Iterable[_Bad]:
             )
     if server.auth_token is not None and not server.auth_token:
         yield _Bad(("server.auth_token",), "", "must be a non-empty string, or unset for no token")
+    if server.credentials_file is not None and not os.path.isfile(server.credentials_file):
+        yield _Bad(
+            ("server.credentials_file",),
+            server.credentials_file,
+            "must be an existing TOML file of client credentials (see docs/security.md)",
+        )
     yield from _minimum("server", server, "shutdown_grace_ms", 0, " ms")
     if server.log_level not in LOG_LEVELS:
         yield _Bad(
@@ -499,6 +507,20 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
     if limits.max_prefetch > 1_000_000:
         yield _Bad(("limits.max_prefetch",), limits.max_prefetch, "must be at most 1000000 items")
     yield from _minimum("limits", limits, "max_connections", 1, " connections")
+    yield from _minimum("limits", limits, "max_subscriptions_per_connection", 1, " subscriptions")
+    yield from _minimum("limits", limits, "max_node_buffer_bytes", 1, " bytes")
+    for key in ("frame_deadline_ms", "keepalive_interval_ms", "keepalive_timeout_ms"):
+        yield from _minimum("limits", limits, key, 100, " ms")
+    yield from _minimum("limits", limits, "send_timeout_ms", 100, " ms")
+    yield from _minimum("limits", limits, "max_groups", 1, " groups")
+    yield from _minimum("limits", limits, "max_status_groups", 1, " groups")
+    if limits.max_connection_buffer_bytes < limits.max_frame_bytes:
+        yield _Bad(
+            ("limits.max_connection_buffer_bytes", "limits.max_frame_bytes"),
+            limits.max_connection_buffer_bytes,
+            f"must be at least limits.max_frame_bytes ({limits.max_frame_bytes}) "
+            "so that any one answer fits in a connection's buffer",
+        )
     if limits.max_payload_bytes >= limits.max_frame_bytes:
         yield _Bad(
             ("limits.max_payload_bytes", "limits.max_frame_bytes"),
@@ -628,6 +650,11 @@ def _check_peer_authentication(config: Config) -> Iterable[_Bad]:
         )
 
 
+def _check_metrics(metrics: MetricsSection) -> Iterable[_Bad]:
+    yield from _minimum("metrics", metrics, "max_topic_series", 0, " series")
+    yield from _minimum("metrics", metrics, "max_group_series", 0, " series")
+
+
 _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
     "server": _check_server,
     "limits": _check_limits,
@@ -635,6 +662,7 @@ _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
     "storage": _check_storage,
     "tls": _check_tls,
     "cluster": _check_cluster,
+    "metrics": _check_metrics,
 }
 
 

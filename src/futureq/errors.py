@@ -28,6 +28,10 @@ class ErrorCode(enum.IntEnum):
     HELLO_REQUIRED = 105
     TRUNCATED_FRAME = 106
     AUTH_FAILED = 107
+    # 110-119: issue 10, limits
+    FRAME_TIMEOUT = 110
+    KEEPALIVE_TIMEOUT = 111
+    SLOW_CLIENT = 112
 
     # 2xx request errors (request fails alone)
     INVALID_FIELD = 200
@@ -49,6 +53,10 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_TOPIC = 216
     # 225-234: delivery state (issue 9)
     GROUP_DELETED = 225
+    # 235-249: issue 10, limits and access
+    PERMISSION_DENIED = 235
+    TOO_MANY_SUBSCRIPTIONS = 236
+    TOO_MANY_GROUPS = 237
 
     # 3xx availability errors (retry may succeed)
     NOT_LEADER = 300
@@ -56,6 +64,8 @@ class ErrorCode(enum.IntEnum):
     STORAGE_FAILURE = 302
     TIMEOUT = 303
     INTERNAL_ERROR = 304
+    # 325-329: issue 10, limits
+    NO_SPACE = 325
 
     @property
     def closes_connection(self) -> bool:
@@ -155,6 +165,15 @@ class ClientClosedError(FutureQError):
 
 class StorageError(FutureQError):
     """RocksDB failed or the data on disk is corrupt; the node stops."""
+
+
+class NoSpaceError(StorageError):
+    """A write failed because the disk (or the process's file size limit) is full.
+
+    Unlike other storage errors the node does not stop: it refuses writes with
+    ``NO_SPACE``, keeps serving what needs no new space, and retries until space comes
+    back (``docs/operations.md``, "Full disk").
+    """
 
 
 class ConfigError(FutureQError):

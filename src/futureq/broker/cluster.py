@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from futureq.metrics import Metrics
     from futureq.state.queue_state import QueueState
     from futureq.storage.db import Database
+    from futureq.storage.space import SpaceAlarm
 
     from .broker import Broker
 
@@ -115,6 +116,7 @@ def build_raft_log(
     state: QueueState,
     client_address: str,
     metrics: Metrics,
+    space_alarm: SpaceAlarm | None = None,
 ) -> tuple[RaftNode, Transport]:
     """The Raft node and its transport for this node (not started).
 
@@ -181,6 +183,7 @@ def build_raft_log(
         state,
         rng=random.Random(),
         metrics=metrics,
+        space_alarm=space_alarm,
     )
     return node, transport
 

@@ -12,9 +12,13 @@ reason (its visibility timeout passed, a command removed it) is given back by th
 server itself, and the consumer is told with a REVOKE frame, so both ends count the
 same. A subscription the server ends (its group deleted) gets a SUBSCRIPTION_END.
 
-The hub owns one :class:`GroupRuntime` per consumer group: the group's
+The hub owns one :class:`GroupRuntime` per consumer group that has something to do
+(consumers, deliveries in flight, entries within the horizon): the group's
 :class:`~futureq.state.due_index.DueIndex` horizon, its consumers in round-robin order,
-and the released counts of the entries in the horizon.
+and the released counts of the entries in the horizon. Idle groups have no runtime and
+cost nothing per dispatch pass; every change that may give a group work to do puts its
+id in :attr:`Hub.touched`, which the dispatcher drains (``DESIGN.md``, "Every buffer is
+bounded in bytes; no request holds the event loop").
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -42,10 +47,14 @@ MAX_VISIBILITY_MS = 12 * 3600 * 1000
 
 
 class Outbox(Protocol):
-    """A connection's outgoing frame queue (bounded, never blocks the dispatcher)."""
+    """A connection's outgoing frame queue (bounded in bytes, never blocks the dispatcher)."""
 
     def send_nowait(self, data: bytes) -> bool:
-        """Queue encoded frame bytes; False if the connection cannot take more."""
+        """Queue encoded frame bytes; False if the connection is closed or broken."""
+        ...
+
+    def has_room(self) -> bool:
+        """True while the connection's buffer (and the node's) may take more deliveries."""
         ...
 
 
@@ -156,19 +165,35 @@ class GroupRuntime:
     counters: dict[tuple[str, str], Any] = attrs.Factory(dict)
     """Cached prometheus children of this group's counters, by (metric, group name)."""
 
+    wake_ms: float = float("inf")
+    """When the dispatcher is next due to look at this group (ms), as scheduled."""
+
     def has_credit(self) -> bool:
-        """True when some consumer of the group may receive now."""
-        return any(c.credit > 0 and not c.closed for c in self.consumers)
+        """True when some consumer of the group may receive now (credit, buffer room)."""
+        return any(c.credit > 0 and not c.closed and c.outbox.has_room() for c in self.consumers)
 
     def consumers_with_credit(self) -> list[Consumer]:
-        """Consumers that may receive now, in round-robin order from the next one."""
+        """Consumers that may receive now, in round-robin order from the next one.
+
+        A consumer whose connection buffer is full is skipped: what is due stays with
+        the group's other consumers (issue 10, "bound every per-connection buffer").
+        """
         consumers = self.consumers
         if not consumers:
             return []
         start = self.next_consumer % len(consumers)
         self.next_consumer = start + 1
         ordered = consumers[start:] + consumers[:start]
-        return [c for c in ordered if c.credit > 0 and not c.closed]
+        return [c for c in ordered if c.credit > 0 and not c.closed and c.outbox.has_room()]
+
+    def is_idle(self) -> bool:
+        """Nothing in memory worth keeping: no consumer, nothing in flight or indexed."""
+        return (
+            not self.consumers
+            and self.in_flight_count == 0
+            and len(self.index) == 0
+            and not self.released
+        )
 
 
 class Hub:
@@ -180,17 +205,39 @@ class Hub:
         self._deadlines: list[tuple[int, bytes]] = []
         self._subscription_ids = itertools.count(1)
         self.consumers: dict[int, Consumer] = {}
+        self.touched: set[int] = set()
+        """Ids of groups that may have work now (new consumer, credit, a release)."""
+        self.group_info: Callable[[int], GroupInfo | None] = lambda group_id: None
+        """Looks up a group's replicated record; set by the dispatcher."""
 
     def new_subscription_id(self) -> int:
         """A subscription id unique within this process."""
         return next(self._subscription_ids)
 
+    def runtime(self, group_id: int) -> GroupRuntime | None:
+        """The group's runtime, made on first use; None when the group does not exist."""
+        runtime = self.groups.get(group_id)
+        if runtime is None:
+            info = self.group_info(group_id)
+            if info is None:
+                return None
+            runtime = self.groups[group_id] = GroupRuntime(info)
+        return runtime
+
     # ----------------------------------------------------------- consumers
 
     def add_consumer(self, consumer: Consumer) -> None:
-        """Attach a subscription to its group's runtime (which must exist)."""
+        """Attach a subscription to its group's runtime.
+
+        Raises:
+            KeyError: the group does not exist.
+        """
+        runtime = self.runtime(consumer.group_id)
+        if runtime is None:
+            raise KeyError(consumer.group_id)
         self.consumers[consumer.subscription_id] = consumer
-        self.groups[consumer.group_id].consumers.append(consumer)
+        runtime.consumers.append(consumer)
+        self.touched.add(consumer.group_id)
 
     def send_settings(self, consumer: Consumer, info: GroupInfo) -> None:
         """Tell a consumer its group's settings (SUBSCRIPTION_INFO), if it does not know them."""
@@ -216,6 +263,7 @@ class Hub:
         runtime = self.groups.get(consumer.group_id)
         if runtime is not None and consumer in runtime.consumers:
             runtime.consumers.remove(consumer)
+        self.touched.add(consumer.group_id)
         for key in list(consumer.in_flight):
             flight = self.in_flight.get(key)
             if flight is not None and not flight.acking:
@@ -238,6 +286,7 @@ class Hub:
         if credit < 1:
             raise RequestError(ErrorCode.INVALID_ARGUMENT, f"credit must be >= 1, got {credit}")
         consumer.credit = min(consumer.credit + credit, max_credit)
+        self.touched.add(consumer.group_id)
         return consumer
 
     # ----------------------------------------------------------- deliveries
@@ -294,6 +343,7 @@ class Hub:
         if flight.released:
             runtime.released[flight.mid] = flight.released
         runtime.index.add(flight.due_ms, flight.mid, flight.expire_ms, attempt)
+        self.touched.add(flight.group_id)
 
     def _revoke(self, flights: list[InFlight], reason: frames.RevokeReason) -> None:
         """Return the credit of pushed deliveries taken back, and tell their consumers."""
@@ -303,6 +353,7 @@ class Hub:
             if consumer.closed:
                 continue
             consumer.credit += 1
+            self.touched.add(consumer.group_id)
             by_consumer.setdefault(id(consumer), (consumer, []))[1].append(flight.tag)
         for consumer, tags in by_consumer.values():
             consumer.send(frames.Revoke(0, consumer.subscription_id, tags, int(reason)))
@@ -442,15 +493,33 @@ class Hub:
         """True when ``(due_ms, mid)`` is below the group's loaded bound."""
         return pack(due_ms, mid) < runtime.loaded_until
 
-    def forget_group(self, group_id: int) -> None:
-        """Drop every in-flight delivery of a deleted group, without REVOKE (its
-        consumers got a SUBSCRIPTION_END)."""
+    def drop_group(self, group_id: int, end: tuple[ErrorCode, str] | None = None) -> None:
+        """Forget a deleted group: its consumers leave, its deliveries are dropped.
+
+        With ``end`` each consumer is first told why (SUBSCRIPTION_END); its
+        deliveries are void, so no REVOKE follows.
+        """
+        runtime = self.groups.pop(group_id, None)
+        self.touched.discard(group_id)
+        if runtime is None:
+            return
+        for consumer in list(runtime.consumers):
+            if end is not None:
+                consumer.send(
+                    frames.SubscriptionEnd(0, consumer.subscription_id, int(end[0]), end[1])
+                )
+            consumer.closed = True
+            self.consumers.pop(consumer.subscription_id, None)
+            for key in list(consumer.in_flight):
+                self._drop(key)
+        runtime.consumers.clear()
         for key in [k for k, f in self.in_flight.items() if f.group_id == group_id]:
             self._drop(key)
 
     def clear(self) -> None:
         """Forget everything (leadership lost)."""
         self.groups.clear()
+        self.touched.clear()
         self.in_flight.clear()
         self._deadlines.clear()
         for consumer in self.consumers.values():

@@ -12,6 +12,7 @@ answers go out, stop the dispatcher, close RocksDB — all within
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import ssl
@@ -30,7 +31,9 @@ from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
 from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
+from futureq.storage.space import SpaceAlarm
 
+from .access import AccessControl
 from .broker import Broker
 from .cluster import (
     build_raft_log,
@@ -42,7 +45,8 @@ from .cluster import (
 )
 from .command_log import SingleNodeLog
 from .dispatcher import Dispatcher
-from .gateway import serve_clients
+from .gateway import NodeBuffers, serve_clients
+from .gc_pacing import pace_gc
 from .http import serve_http
 from .hub import Hub
 
@@ -85,14 +89,27 @@ def listener_modes(
         )
     else:
         client = "plaintext (no TLS)"
-    client += ", auth token required" if config.server.auth_token else ", no auth token"
+    token, credentials = config.server.auth_token, config.server.credentials_file
+    if token and credentials:
+        client += ", auth token and per-client credentials required"
+    elif credentials:
+        client += ", per-client credentials required"
+    else:
+        client += ", auth token required" if token else ", no auth token"
     modes = [f"client port {client_address}: {client}"]
     if raft_address is not None:
         modes.append(f"raft port {raft_address}: {peer_mode(config)}")
-    modes.append(
-        f"HTTP port {http_address}: plain HTTP, no authentication (metrics, status and the "
-        "dashboard are readable by anyone who reaches it)"
-    )
+    if token or credentials:
+        opened = "/healthz, /readyz" + ("" if config.metrics.require_auth else " and /metrics")
+        modes.append(
+            f"HTTP port {http_address}: plain HTTP, a token with the monitor permission "
+            f"required ({opened} open)"
+        )
+    else:
+        modes.append(
+            f"HTTP port {http_address}: plain HTTP, no authentication (metrics, status and the "
+            "dashboard are readable by anyone who reaches it)"
+        )
     return modes
 
 
@@ -132,12 +149,13 @@ async def serve(
     """
     clock = clock or SystemClock()
     started_s = clock.monotonic_s()
-    metrics = Metrics()
+    metrics = Metrics(config.metrics.max_topic_series, config.metrics.max_group_series)
     db = Database(
         config.server.data_dir,
         write_buffer_mb=config.storage.write_buffer_mb,
         block_cache_mb=config.storage.block_cache_mb,
     )
+    space_alarm = SpaceAlarm(db, metrics)
     try:
         check_data_fits_mode(db, clustered=config.cluster.clustered)
         if config.cluster.clustered:
@@ -155,7 +173,9 @@ async def serve(
         transport: Transport | None = None
         replayed = 0
         if clustered:
-            command_log, transport = build_raft_log(config, db, state, client_address, metrics)
+            command_log, transport = build_raft_log(
+                config, db, state, client_address, metrics, space_alarm
+            )
         else:
             command_log = SingleNodeLog(
                 db,
@@ -165,6 +185,7 @@ async def serve(
                 max_batch_items=config.storage.group_commit_max_items,
                 metrics=metrics,
                 on_applied=lambda: metrics.applied_index.set(state.applied_index),
+                space_alarm=space_alarm,
             )
             replayed = command_log.recover()
         dispatcher = Dispatcher(
@@ -178,13 +199,22 @@ async def serve(
             active=not clustered,
         )
         state.observer = dispatcher
-        broker = Broker(config, state, command_log, hub, dispatcher, clock, metrics)
+        broker = Broker(config, state, command_log, hub, dispatcher, clock, metrics, space_alarm)
         metrics.is_leader.set(0 if clustered else 1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
+        access = AccessControl(config.server.auth_token, config.server.credentials_file)
+        node_buffers = NodeBuffers(
+            config.limits.max_node_buffer_bytes,
+            on_room=broker.wake_all_consumers,
+            on_full=metrics.buffer_full_total.labels("node").inc,
+        )
+        metrics.connection_buffer_bytes.labels("out").set_function(lambda: node_buffers.outbound)
+        metrics.connection_buffer_bytes.labels("in").set_function(lambda: node_buffers.inbound)
         if shutdown is None:
             shutdown = trio.Event()
         async with trio.open_nursery() as root:
+            root.start_soon(space_alarm.run)
             raft_address = ""
             if isinstance(command_log, RaftNode):
                 assert transport is not None
@@ -209,9 +239,17 @@ async def serve(
                 await root.start(command_log.run)
             await root.start(dispatcher.run)
             root.start_soon(broker.run_background_publisher)
+            root.start_soon(pace_gc, lambda: len(state.groups))
             try:
                 http_address: str = await root.start(
-                    serve_http, config.server.http, metrics, broker
+                    functools.partial(
+                        serve_http,
+                        config.server.http,
+                        metrics,
+                        broker,
+                        access=access,
+                        metrics_require_auth=config.metrics.require_auth,
+                    )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group
                 found = _first(exc, OSError)
@@ -220,13 +258,19 @@ async def serve(
                 raise
             if handle_signals:
                 root.start_soon(_watch_signals, shutdown, root.cancel_scope)
+                root.start_soon(_reload_on_sighup, access)
             async with trio.open_nursery() as connections:
                 accepting = trio.CancelScope()
 
                 async def accept() -> None:
                     with accepting:
                         await serve_clients(
-                            broker, listeners, ssl_context=ssl_context, handler_nursery=connections
+                            broker,
+                            listeners,
+                            access=access,
+                            node_buffers=node_buffers,
+                            ssl_context=ssl_context,
+                            handler_nursery=connections,
                         )
 
                 connections.start_soon(accept)
@@ -305,6 +349,13 @@ async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
                 log.warning("received %s again: stopping now", name)
                 root.cancel()
                 return
+
+
+async def _reload_on_sighup(access: AccessControl) -> None:
+    """SIGHUP: read the credentials file again; connections that lost access close."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            access.reload()
 
 
 def _first(error: BaseException, kind: type[BaseException]) -> BaseException | None:

@@ -9,6 +9,7 @@
     futureq backup [--config FILE] [same flags] --out FILE
     futureq restore [--config FILE] [same flags] --from FILE [--single-node]
     futureq generate-secret FILE
+    futureq hash-token --name NAME [--json]
     futureq --version
 
 Every flag overrides one config key; the order is defaults < TOML file < ``FUTUREQ_*``
@@ -236,6 +237,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_flags(check)
     check.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    token = commands.add_parser(
+        "hash-token",
+        help="make a client token and the [[client]] entry of the credentials file",
+        description="Print a [[client]] entry for server.credentials_file (the secret stored "
+        "as a salted scrypt hash) on stdout, and the client's token, shown once, on stderr. "
+        "Add the permissions to the entry, then reload the server with SIGHUP. "
+        "See docs/security.md, \"Client access\".",
+    )
+    token.add_argument("--name", required=True, help="the client's name (letters, digits, . _ -)")
+    token.add_argument(
+        "--json", action="store_true", help='print {"name", "token", "secret_hash"} instead'
+    )
     health = commands.add_parser(
         "health",
         help="exit 0 when this node's /healthz (--ready: /readyz) answers 200, else 1",
@@ -348,6 +361,33 @@ def _check_config(args: argparse.Namespace) -> int:
         print(json.dumps(config_as_dict(config), indent=2))
     else:
         print(config_as_toml(config), end="")
+    return EXIT_OK
+
+
+def _hash_token(args: argparse.Namespace) -> int:
+    from futureq.broker.access import new_token  # hashlib only; no broker start-up
+
+    try:
+        token, secret_hash = new_token(args.name)
+    except ValueError as error:
+        print(f"futureq: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.json:
+        print(json.dumps({"name": args.name, "token": token, "secret_hash": secret_hash}))
+        return EXIT_OK
+    print("[[client]]")
+    print(f'name = "{args.name}"')
+    print(f'secret_hash = "{secret_hash}"')
+    print('publish = []          # topic patterns, e.g. "orders.>"')
+    print("consume = []")
+    print("manage_groups = []")
+    print("manage_cluster = false")
+    print("monitor = false")
+    print(
+        f"futureq: token of client {args.name!r} (shown once; give it to the client, it is "
+        f"not stored): {token}",
+        file=sys.stderr,
+    )
     return EXIT_OK
 
 
@@ -492,6 +532,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _start(args)
     if args.command == "check-config":
         return _check_config(args)
+    if args.command == "hash-token":
+        return _hash_token(args)
     if args.command == "health":
         return _health(args)
     if args.command in ("convert-to-cluster", "backup", "restore"):

@@ -15,13 +15,13 @@ Families written (``DESIGN.md``, "Storage layout"):
   the last delivery recorded (a redelivery's by DELIVERED before it is pushed, so it
   never goes backwards; NACK and RELEASE record theirs); ``released`` counts deliveries
   given back unprocessed (RELEASE), which do not count towards ``max_deliveries``, the
-  last of them ``released_attempt``. Keyed by group first so each group reads its own due
-  order with one range scan (a group with no consumer keeps its backlog on disk);
+  last of them ``released_attempt``. Keyed by group first so each group reads its own
+  due order with one range scan (a group with no consumer keeps its backlog on disk);
 * ``groups``: ``topic \\x00 group`` (UTF-8) -> ``[group_id, visibility_timeout_ms,
   max_deliveries, implicit]``;
 * ``meta``: applied index, applied digest, next group id, largest publish stamp,
-  pending count per group, ``deleting:<group id>`` -> ``[topic, group]`` for a deleted
-  group whose schedule entries PURGE_GROUP commands are still removing.
+  pending count per group, ``deleting:<group id>`` -> ``[topic, group, cursor]`` for a
+  deleted group whose schedule entries PURGE_GROUP commands are still removing.
 
 Every apply writes its changes and the new applied index in one batch, so a restart
 replays exactly the log entries after it. The applied digest chains a CRC-32 over each
@@ -32,17 +32,23 @@ only their logs) show different digests.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, Final, Protocol
 
 import attrs
 import msgpack
+from sortedcontainers import SortedDict
 
+from futureq.errors import NoSpaceError
 from futureq.state import commands, snapshot
 from futureq.state.commands import CommandKind
 from futureq.state.snapshot import SnapshotSource
 from futureq.state.store import Changes, SnapshotStore, StateStore
 
+APPLY_STEP_ITEMS: Final = 128
+"""Items (messages, tags, entries) handled per step of :meth:`QueueState.apply_steps`."""
+NEW_TOPIC_WORK: Final = 7
+"""A topic first seen in a batch counts as this many items of work (its group lookup)."""
 DEFAULT_GROUP: Final = "default"
 DLQ_SUFFIX: Final = ".dlq"
 
@@ -116,7 +122,13 @@ class DeletingGroup:
 
 
 class ScheduleObserver(Protocol):
-    """Told of schedule changes after they are written (the dispatcher's due-index)."""
+    """Told of schedule changes after they are written (the dispatcher's due-index).
+
+    Notifications of one command may be spread over several steps of
+    :meth:`QueueState.apply_steps`, so an observer that reads the store in between may
+    find an entry before it is told of it: ``on_scheduled`` must ignore an entry it
+    already holds.
+    """
 
     def on_scheduled(
         self,
@@ -131,13 +143,34 @@ class ScheduleObserver(Protocol):
         ...
 
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
-        """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER, RELEASE,
-        DELETE_GROUP or PURGE_GROUP (NACK and RELEASE schedule it again at once)."""
+        """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER, RELEASE or
+        PURGE_GROUP (NACK and RELEASE schedule it again at once)."""
+        ...
+
+    def on_group_changed(self, group_id: int) -> None:
+        """One group was created, adopted, updated, deleted or purged (look it up in
+        ``groups``; a deleted one may still be in ``deleting``).
+
+        Called once per group a command touches, so that work per new group stays
+        O(1) however many groups exist (issue 10, "New topics cost O(log n)").
+        """
         ...
 
     def on_groups_changed(self) -> None:
-        """A group was created, adopted or deleted."""
+        """Every group may have changed (a snapshot replaced the state)."""
         ...
+
+
+@attrs.define
+class _Unwritten:
+    """One applied command whose write is pending (a retry after a full disk)."""
+
+    index: int
+    data: bytes
+    changes: Changes
+    effects: list[tuple[Any, ...]]
+    result: Any
+    digest: int
 
 
 class _Txn:
@@ -200,7 +233,10 @@ class QueueState:
         self.groups: dict[int, GroupInfo] = {}
         self.deleting: dict[int, DeletingGroup] = {}
         """Deleted groups whose entries PURGE_GROUP commands are still removing."""
-        self._by_topic: dict[str, dict[str, int]] = {}
+        self._by_topic: SortedDict = SortedDict()
+        """topic -> {group name -> group id}, in topic name order."""
+        self.total_pending = 0
+        """Sum of ``pending`` over every group (items), kept as groups change."""
         self.applied_index = 0
         self.applied_digest = 0
         """CRC-32 chained over every applied entry's index and the changes its apply
@@ -208,16 +244,19 @@ class QueueState:
         states diverged (a state machine safety check)."""
         self._next_group_id = 1
         self.last_publish_ms = 0
+        self._unwritten: _Unwritten | None = None
         self._load()
 
     def _load(self) -> None:
         """Read the in-memory indexes (groups, pending counts, node addresses) from the store."""
         store = self.store
+        self._unwritten = None
         snapshot.check_not_restoring(store)
         self.groups.clear()
         self.deleting.clear()
         self._by_topic.clear()
         self.node_addresses.clear()
+        self.total_pending = 0
         meta = store.get("meta", _APPLIED)
         self.applied_index = 0 if meta is None else int.from_bytes(meta, "big")
         found = store.get("meta", _DIGEST)
@@ -238,6 +277,7 @@ class QueueState:
             pending = store.get("meta", _PENDING + gid.to_bytes(4, "big"))
             info = GroupInfo(gid, topic, name, visibility, max_deliveries, implicit)
             info.pending = 0 if pending is None else int.from_bytes(pending, "big")
+            self.total_pending += info.pending
             self.groups[gid] = info
             self._by_topic.setdefault(topic, {})[name] = gid
         for key, value in store.scan("meta", _DELETING, _DELETING + b"\xff"):
@@ -253,6 +293,10 @@ class QueueState:
         """The groups of a topic, in creation order."""
         return [self.groups[gid] for gid in sorted(self._by_topic.get(topic, {}).values())]
 
+    def topic_groups_count(self, topic: str) -> int:
+        """How many groups ``topic`` has (0: the topic is unknown). O(log n)."""
+        return len(self._by_topic.get(topic, ()))
+
     def find_group(self, topic: str, name: str) -> GroupInfo | None:
         """The group ``name`` of ``topic``, or None."""
         gid = self._by_topic.get(topic, {}).get(name)
@@ -260,7 +304,22 @@ class QueueState:
 
     def topics(self) -> list[str]:
         """Every topic that has a group, sorted."""
-        return sorted(self._by_topic)
+        return list(self._by_topic)
+
+    def iter_topics(self, after: str | None = None) -> Iterator[str]:
+        """Topics that have a group, in name order, lazily (take what you need).
+
+        Args:
+            after: Start after this topic (None: from the first). Do not keep the
+                iterator across applies: take a few, then ask again with ``after``.
+        """
+        if after is None:
+            return iter(self._by_topic)
+        return iter(self._by_topic.irange(minimum=after, inclusive=(False, True)))
+
+    def topic_count(self) -> int:
+        """How many topics have a group."""
+        return len(self._by_topic)
 
     def get_message(self, mid: int) -> tuple[str, bytes, int, int, int] | None:
         """``(topic, payload, publish_ms, due_ms, open)`` of a stored message, or None."""
@@ -313,7 +372,7 @@ class QueueState:
     # ------------------------------------------------------------------ apply
 
     def apply(self, index: int, data: bytes) -> Any:
-        """Apply the command at log ``index``.
+        """Apply the command at log ``index`` in one go.
 
         Args:
             index: Log index; must be exactly ``applied_index + 1``.
@@ -328,7 +387,32 @@ class QueueState:
         Raises:
             StorageError: from the store; the node must stop.
         """
+        steps = self.apply_steps(index, data)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def apply_steps(self, index: int, data: bytes) -> Generator[None, None, Any]:
+        """Apply the command at log ``index`` in bounded steps (a generator).
+
+        Each ``next()`` does at most about :data:`APPLY_STEP_ITEMS` items of work, so
+        an adapter can yield to its event loop between steps and a 10,000-item batch
+        never holds the loop for long (``DESIGN.md``, "no request holds the event
+        loop"). Nothing is written and no observer is called before the last step; the
+        generator's return value is :meth:`apply`'s result. Between two steps the
+        caller must not apply, restore or snapshot-restore anything else; reads are
+        fine (they may see groups the command is creating).
+
+        Args and Raises: as :meth:`apply`.
+        """
         assert index == self.applied_index + 1, (index, self.applied_index)
+        unwritten = self._unwritten
+        if unwritten is not None:
+            # A retry after a full disk: the changes were made in memory already.
+            assert unwritten.index == index and unwritten.data == data, "retry of another entry"
+            return (yield from self._write_and_notify(unwritten))
         command = commands.decode(data)
         kind = command[0]
         txn = _Txn(self.store)
@@ -337,22 +421,24 @@ class QueueState:
         result: Any = None
         if kind == CommandKind.PUBLISH:
             settings = commands.GroupSettings.from_wire(command[3] if len(command) > 3 else None)
-            result = self._publish(
+            result = yield from self._publish(
                 txn, index, command[1], command[2], effects, touched, settings
             )
         elif kind == CommandKind.DELIVERED:
-            result = self._delivered(txn, command[1])
-        elif kind == CommandKind.ACK:
-            result = self._remove(txn, command[1], CommandKind.ACK, effects, touched)
-        elif kind == CommandKind.EXPIRE:
-            result = self._remove(txn, command[1], CommandKind.EXPIRE, effects, touched)
-        elif kind == CommandKind.NACK:
-            result = self._nack(txn, command[1], command[2], command[3], effects, touched)
+            result = yield from self._delivered(txn, command[1])
         elif kind == CommandKind.RELEASE:
-            result = self._release(txn, command[1], effects)
+            result = yield from self._release(txn, command[1], effects)
+        elif kind == CommandKind.ACK:
+            result = yield from self._remove(txn, command[1], CommandKind.ACK, effects, touched)
+        elif kind == CommandKind.EXPIRE:
+            result = yield from self._remove(txn, command[1], CommandKind.EXPIRE, effects, touched)
+        elif kind == CommandKind.NACK:
+            result = yield from self._nack(
+                txn, command[1], command[2], command[3], effects, touched
+            )
         elif kind == CommandKind.DEAD_LETTER:
             settings = commands.GroupSettings.from_wire(command[3] if len(command) > 3 else None)
-            result = self._dead_letter(
+            result = yield from self._dead_letter(
                 txn, index, command[1], command[2], effects, touched, settings
             )
         elif kind == CommandKind.CREATE_GROUP:
@@ -363,7 +449,7 @@ class QueueState:
         elif kind == CommandKind.DELETE_GROUP:
             result = self._delete_group(txn, command[1], command[2], effects, touched)
         elif kind == CommandKind.PURGE_GROUP:
-            result = self._purge_group(txn, command[1], command[2], effects, touched)
+            result = yield from self._purge_group(txn, command[1], command[2], effects, touched)
         elif kind == CommandKind.NODE_ADDRESS:
             self._node_address(txn, command[1], command[2], command[3], effects)
         else:
@@ -387,21 +473,44 @@ class QueueState:
         # The digest covers what this apply wrote, not only the command: two replicas
         # that resolve the same command differently (a node-local default, a bug) show
         # different digests at the same index.
-        self.applied_digest = zlib.crc32(
-            _pack(txn.changes), zlib.crc32(_u64(index), self.applied_digest)
+        digest = zlib.crc32(_pack(txn.changes), zlib.crc32(_u64(index), self.applied_digest))
+        meta[_DIGEST] = digest.to_bytes(4, "big")
+        return (
+            yield from self._write_and_notify(
+                _Unwritten(index, data, txn.changes, effects, result, digest)
+            )
         )
-        meta[_DIGEST] = self.applied_digest.to_bytes(4, "big")
-        self.store.write(txn.changes)
-        self.applied_index = index
+
+    def _write_and_notify(self, done: _Unwritten) -> Generator[None, None, Any]:
+        """Write one command's changes, then tell the observer.
+
+        When the disk is full the changes are kept (they are already made in memory)
+        and the error raised; the caller retries :meth:`apply_steps` with the same
+        entry once there is room, and only the write is done again.
+        """
+        try:
+            self.store.write(done.changes)
+        except NoSpaceError:
+            self._unwritten = done
+            raise
+        self._unwritten = None
+        self.applied_index = done.index
+        self.applied_digest = done.digest
+        effects = done.effects
+        result = done.result
         observer = self.observer
         if observer is not None:
-            for effect in effects:
+            # In steps too: observers may see the store ahead of their notifications
+            # (ScheduleObserver says they must cope), never behind.
+            for position, effect in enumerate(effects):
+                if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                    yield
                 if effect[0] == "s":
                     observer.on_scheduled(*effect[1:])
                 elif effect[0] == "u":
                     observer.on_unscheduled(*effect[1:])
                 elif effect[0] == "g":
-                    observer.on_groups_changed()
+                    observer.on_group_changed(effect[1])
         if self.on_nodes_changed is not None and any(effect[0] == "n" for effect in effects):
             self.on_nodes_changed()
         return result
@@ -500,7 +609,7 @@ class QueueState:
         effects: list[tuple[Any, ...]],
         touched: set[int],
         settings: commands.GroupSettings,
-    ) -> int:
+    ) -> Generator[None, None, int]:
         assert len(items) <= commands.MAX_BATCH_POSITIONS
         if publish_ms > self.last_publish_ms:
             self.last_publish_ms = publish_ms
@@ -509,10 +618,16 @@ class QueueState:
         schedule = txn.changes["schedule"]
         first_id = commands.message_id(index, 0)
         targets: dict[str, list[GroupInfo]] = {}
+        work = 0
         for position, (topic, payload, due_ms, ttl_ms) in enumerate(items):
+            work += 1
+            if work >= APPLY_STEP_ITEMS:
+                work = 0
+                yield
             groups = targets.get(topic)
             if groups is None:
                 groups = targets[topic] = self._targets(txn, topic, settings, effects)
+                work += NEW_TOPIC_WORK
             mid = first_id + position
             expire_ms = None if ttl_ms is None else due_ms + ttl_ms
             messages[_u64(mid)] = _pack([topic, payload, publish_ms, due_ms, len(groups)])
@@ -521,6 +636,7 @@ class QueueState:
                 gid = info.group_id
                 schedule[commands.schedule_key(gid, due_ms, mid)] = value
                 info.pending += 1
+                self.total_pending += 1
                 touched.add(gid)
                 effects.append(("s", gid, due_ms, mid, expire_ms, 0))
         return first_id
@@ -564,7 +680,7 @@ class QueueState:
         self._store_group(txn, info)
         self.groups[gid] = info
         self._by_topic.setdefault(topic, {})[name] = gid
-        effects.append(("g",))
+        effects.append(("g", gid))
         return info
 
     @staticmethod
@@ -601,6 +717,7 @@ class QueueState:
         info = self.groups.get(gid)
         if info is not None:
             info.pending -= 1
+            self.total_pending -= 1
             touched.add(gid)
         elif gid in self.deleting:
             self.deleting[gid].pending -= 1
@@ -624,17 +741,21 @@ class QueueState:
         reason: CommandKind,
         effects: list[tuple[Any, ...]],
         touched: set[int],
-    ) -> int:
+    ) -> Generator[None, None, int]:
         done = 0
-        for key in keys:
+        for position, key in enumerate(keys):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
             if self._drop_entry(txn, key, reason, effects, touched) is not None:
                 done += 1
         return done
 
-    def _delivered(self, txn: _Txn, entries: list[list[Any]]) -> int:
-        """Record the attempt number of deliveries about to be pushed (never lowered)."""
+    def _delivered(self, txn: _Txn, entries: list[list[Any]]) -> Generator[None, None, int]:
+        """Record the attempt number of redeliveries about to be pushed (never lowered)."""
         done = 0
-        for key, attempt in entries:
+        for position, (key, attempt) in enumerate(entries):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
             value = txn.get("schedule", key)
             if value is None:
                 continue  # acked, expired or deleted meanwhile
@@ -650,7 +771,7 @@ class QueueState:
 
     def _release(
         self, txn: _Txn, entries: list[list[Any]], effects: list[tuple[Any, ...]]
-    ) -> int:
+    ) -> Generator[None, None, int]:
         """Give deliveries back unprocessed: due again at once, the attempt not counted.
 
         The release records the attempt (a first delivery is not recorded before it
@@ -658,7 +779,9 @@ class QueueState:
         a delivery that is no longer out and changes nothing.
         """
         done = 0
-        for key, attempt in entries:
+        for position, (key, attempt) in enumerate(entries):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
             value = txn.get("schedule", key)
             if value is None:
                 continue
@@ -680,9 +803,11 @@ class QueueState:
         entries: list[list[Any]],
         effects: list[tuple[Any, ...]],
         touched: set[int],
-    ) -> int:
+    ) -> Generator[None, None, int]:
         done = 0
-        for key, attempt in entries:
+        for position, (key, attempt) in enumerate(entries):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
             value = txn.get("schedule", key)
             if value is None:
                 continue
@@ -714,9 +839,11 @@ class QueueState:
         effects: list[tuple[Any, ...]],
         touched: set[int],
         settings: commands.GroupSettings,
-    ) -> int:
+    ) -> Generator[None, None, int]:
         items: list[list[Any]] = []
-        for key, _attempt in entries:
+        for position, (key, _attempt) in enumerate(entries):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
             gid, _, mid = commands.parse_schedule_key(key)
             data = txn.get("messages", _u64(mid))
             info = self.groups.get(gid)
@@ -728,7 +855,7 @@ class QueueState:
             items.append([info.dead_letter_topic, payload, publish_ms, None])
         if not items:
             return commands.message_id(index, 0)
-        return self._publish(txn, index, publish_ms, items, effects, touched, settings)
+        return (yield from self._publish(txn, index, publish_ms, items, effects, touched, settings))
 
     def _create_group(
         self,
@@ -776,7 +903,7 @@ class QueueState:
         if max_deliveries is not None:
             existing.max_deliveries = max_deliveries
         self._store_group(txn, existing)
-        effects.append(("g",))
+        effects.append(("g", existing.group_id))
         return existing.group_id
 
     def _delete_group(
@@ -797,13 +924,14 @@ class QueueState:
         del self._by_topic[topic][name]
         if not self._by_topic[topic]:
             del self._by_topic[topic]
+        self.total_pending -= info.pending
         if info.pending > 0:
             self.deleting[gid] = DeletingGroup(gid, topic, name, info.pending)
             txn.put("meta", _DELETING + gid.to_bytes(4, "big"), _pack([topic, name, None]))
         else:
             txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
             touched.discard(gid)
-        effects.append(("g",))
+        effects.append(("g", gid))
         return True
 
     def _purge_group(
@@ -813,7 +941,7 @@ class QueueState:
         max_entries: int,
         effects: list[tuple[Any, ...]],
         touched: set[int],
-    ) -> int:
+    ) -> Generator[None, None, int]:
         """Remove up to ``max_entries`` (capped) schedule entries of a deleted group.
 
         The entries are the group's first in key order after the replicated cursor,
@@ -830,9 +958,11 @@ class QueueState:
         stop = (gid + 1).to_bytes(4, "big")
         done = 0
         last: bytes | None = None
-        for key, value in self.store.scan("schedule", start, stop):
+        for position, (key, value) in enumerate(self.store.scan("schedule", start, stop)):
             if done >= limit:
                 break
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
             dropped = self._drop_entry(txn, key, CommandKind.PURGE_GROUP, effects, touched, value)
             if dropped is not None:
                 done += 1
@@ -855,4 +985,4 @@ class QueueState:
         del self.deleting[gid]
         txn.put("meta", _DELETING + gid.to_bytes(4, "big"), None)
         txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
-        effects.append(("g",))
+        effects.append(("g", gid))

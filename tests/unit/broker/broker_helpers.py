@@ -65,8 +65,12 @@ class RecordingOutbox:
 
     def __init__(self, accept: bool = True) -> None:
         self.accept = accept
+        self.room = True
         self.frames: list[frames.Deliver] = []
         self.pushes: list[frames.Frame] = []
+
+    def has_room(self) -> bool:
+        return self.room
 
     def send_nowait(self, data: bytes) -> bool:
         if not self.accept:
