@@ -69,6 +69,15 @@ class WireClient:
                 data = b""
             self.decoder.receive_data(data)
 
+    def receive_answer(self, timeout_s: float = 10.0) -> Any:
+        """The next frame that is not a notice push (SUBSCRIPTION_INFO, REVOKE,
+        SUBSCRIPTION_END: those are kept in :attr:`notices`), or ``codec.CLOSED``."""
+        while True:
+            frame = self.receive(timeout_s)
+            if not self._is_notice(frame):
+                return frame
+            self.notices.append(frame)
+
     def request(self, frame: frames.Frame, timeout_s: float = 10.0) -> Any:
         """Send a request and return its answer; pushes meanwhile are kept."""
         self.send(frame)
