@@ -37,8 +37,10 @@ Verdicts (the first five must be zero):
     attempts never go backwards. (A first delivery goes out unrecorded, so attempt 1
     may be seen twice across a leader change: counted as ``first_attempt_repeated``.)
 
-A message is not required of a group (``lost``) once a delete of that group was invoked
-after the message's publish (``group`` events of the churner).
+A message is not required of a group (``lost``) when a delete of that group may have
+been applied after the message was stored: a delete that had not completed when the
+publish was invoked (``group`` events of the churner; a delete invoked just before the
+publish may still be ordered after it in the log).
 
 Reported, not failing: ``acked_then_redelivered`` (a delivery pushed after an ack of the
 same message and group was acknowledged, with time windows and whether a leader change
@@ -201,6 +203,8 @@ class _Checker:
         self.settles: dict[tuple[int, str, int], str] = {}
         """(id, group, attempt) -> how it ended: ack, nack, cancelled (last word wins)."""
         self.deleted_groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+        """(topic, group) -> when each delete completed (inf: never answered)."""
+        self._deletes_open: dict[tuple[str, str], list[float]] = defaultdict(list)
         self.consumer_losses: dict[str, list[float]] = defaultdict(list)
         self._deliveries_of: dict[str, list[tuple[float, Any]]] | None = None
         self.topics: dict[str, list[str]] = {}
@@ -233,8 +237,11 @@ class _Checker:
                     settle = (int(event["id"]), str(event["group"]), int(event["attempt"]))
                     self.settles[settle] = kind if phase == "ok" else "cancelled"
             elif kind == "group" and event.get("action") == "delete":
+                where = (str(event["topic"]), str(event["group"]))
                 if event.get("phase") == "invoke":
-                    where = (str(event["topic"]), str(event["group"]))
+                    self._deletes_open[where].append(float(event["t"]))
+                elif self._deletes_open[where]:
+                    self._deletes_open[where].pop(0)
                     self.deleted_groups[where].append(float(event["t"]))
             elif kind == "consumer" and event.get("phase") in ("crash", "error", "ended"):
                 self.consumer_losses[str(event["consumer"])].append(float(event["t"]))
@@ -489,9 +496,12 @@ class _Checker:
         return cached
 
     def waived(self, publish: _Publish, group: str) -> bool:
-        """A delete of the group was invoked after the publish: not required of it."""
-        deletes = self.deleted_groups.get((publish.topic, group), [])
-        return any(t >= publish.invoke_t for t in deletes)
+        """A delete of the group completed after the publish was invoked, or never
+        completed: it may have removed the message, so it is not required of the group."""
+        where = (publish.topic, group)
+        if self._deletes_open.get(where):
+            return True  # a delete that never answered may have happened any time after
+        return any(t >= publish.invoke_t for t in self.deleted_groups.get(where, []))
 
     def check_lost(self) -> None:
         end = self.drain_end if self.drain_end is not None else self.end_t

@@ -424,3 +424,22 @@ def test_a_deleted_group_is_not_required_after_the_delete() -> None:
     assert_only(result.counts, lost=1)
     assert result.examples["lost"][0]["key"] == later
     assert result.counts["waived_group_entries"] == 3  # every group "a" entry published before
+
+
+def test_a_delete_concurrent_with_a_publish_waives_it() -> None:
+    """Invoked just before the publish, answered after: the log may hold the delete
+    after the publish, which then removed the message with the group."""
+    b = clean()
+    b.add(999, "group", phase="invoke", action="delete", topic="jobs", group="a")
+    k = b.publish(1000, message_id=50)  # answered 5 ms later
+    b.add(1100, "group", phase="ok", action="delete", topic="jobs", group="a")
+    b.deliver(1200, k, message_id=50, group="b", due=1002)
+    result = check(b.finish(5000))
+    assert_only(result.counts)
+    # An earlier delete, answered before the publish was invoked, waives nothing.
+    b = clean()
+    b.add(500, "group", phase="invoke", action="delete", topic="jobs", group="a")
+    b.add(600, "group", phase="ok", action="delete", topic="jobs", group="a")
+    k = b.publish(1000, message_id=50)
+    b.deliver(1200, k, message_id=50, group="b", due=1002)
+    assert_only(check(b.finish(5000)).counts, lost=1)
