@@ -29,7 +29,7 @@ from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
 from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
-from futureq.state.queue_state import Defaults, QueueState
+from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
 from futureq.storage.space import SpaceAlarm
 
@@ -161,9 +161,7 @@ async def serve(
         check_data_fits_mode(db, clustered=config.cluster.clustered)
         if config.cluster.clustered:
             finish_interrupted_restore(config, db)
-        state = QueueState(
-            db, Defaults(config.queue.visibility_timeout_ms, config.queue.max_deliveries)
-        )
+        state = QueueState(db)
         host, port = split_host_port(config.server.listen)
         try:
             listeners = await trio.open_tcp_listeners(port, host=host)
