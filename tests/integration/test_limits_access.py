@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import base64
 import os
+import select
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -295,6 +298,61 @@ def test_credentials_are_reloaded_on_sighup(tmp_path: Path) -> None:
         assert "credentials not reloaded" in started.broker.stderr_text()
     finally:
         started.broker.terminate()
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """True once the process has a handler for ``signum`` (Linux: /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def test_a_sighup_while_the_node_starts_does_not_kill_it(tmp_path: Path) -> None:
+    """Found by sending the reload too early: SIGHUP before the node served ended it
+    (exit 129, no log line). Now it is remembered and acted on once the node serves."""
+    credentials = tmp_path / "clients.toml"
+    write_credentials(credentials, CLIENTS)
+    env = {**os.environ, "FUTUREQ_SERVER_CREDENTIALS_FILE": str(credentials)}
+    for attempt in range(3):
+        data = tmp_path / f"data{attempt}"
+        log_path = tmp_path / f"node{attempt}.log"
+        with open(log_path, "w") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "futureq.cli.server_main", "start", "--data-dir",
+                 str(data), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+                stdout=subprocess.PIPE, stderr=log_file, text=True, env=env,
+            )  # fmt: skip
+        try:
+            assert process.stdout is not None
+            deadline = time.monotonic() + 20
+            while not _catches(process.pid, signal.SIGHUP):
+                assert process.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, "SIGHUP never handled"
+                time.sleep(0.002)
+            process.send_signal(signal.SIGSTOP)
+            started = select.select([process.stdout], [], [], 0)[0]
+            process.send_signal(signal.SIGHUP)  # delivered when it runs again
+            process.send_signal(signal.SIGCONT)
+            if started:
+                continue  # this machine was too slow to catch the start; try again
+            line = process.stdout.readline()
+            assert line.startswith("READY "), log_path.read_text()
+            deadline = time.monotonic() + 10
+            while "reloaded 6 client credentials" not in log_path.read_text():
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.05)
+            assert process.poll() is None
+            assert "SIGHUP arrived while the node was starting" in log_path.read_text()
+            return
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(15)
+            if process.stdout is not None:
+                process.stdout.close()
+    pytest.fail("the node was always serving before the test could send SIGHUP")
 
 
 # --- HTTP (input 5) -------------------------------------------------------------------

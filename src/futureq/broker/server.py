@@ -20,7 +20,7 @@ import sys
 
 import trio
 
-from futureq import __version__
+from futureq import __version__, early_signals, fd_budget
 from futureq.clock import Clock, SystemClock
 from futureq.config import Config, split_host_port
 from futureq.data_tools import check_data_fits_mode
@@ -150,10 +150,15 @@ async def serve(
     clock = clock or SystemClock()
     started_s = clock.monotonic_s()
     metrics = Metrics(config.metrics.max_topic_series, config.metrics.max_group_series)
+    descriptors = fd_budget.budget(config.limits.max_connections, fd_budget.open_file_limit())
+    too_few = descriptors.warning()
+    if too_few is not None:
+        log.warning("%s", too_few)
     db = Database(
         config.server.data_dir,
         write_buffer_mb=config.storage.write_buffer_mb,
         block_cache_mb=config.storage.block_cache_mb,
+        max_open_files=descriptors.storage_files,
     )
     space_alarm = SpaceAlarm(db, metrics)
     try:
@@ -272,6 +277,7 @@ async def serve(
                             access=access,
                             node_buffers=node_buffers,
                             ssl_context=ssl_context,
+                            max_connections=descriptors.client_connections,
                             handler_nursery=connections,
                         )
 
@@ -354,8 +360,15 @@ async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
 
 
 async def _reload_on_sighup(access: AccessControl) -> None:
-    """SIGHUP: read the credentials file again; connections that lost access close."""
+    """SIGHUP: read the credentials file again; connections that lost access close.
+
+    A SIGHUP that arrived while the node was starting (remembered by
+    :mod:`futureq.early_signals`) is acted on as soon as this handler is installed.
+    """
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        if early_signals.take_deferred_sighup():
+            log.info("SIGHUP arrived while the node was starting; acting on it now")
+            access.reload()
         async for _ in signals:
             access.reload()
 
