@@ -208,6 +208,37 @@ def test_group_management(node: Node, kind: str) -> None:
     denied(con.request(frame(con, "orders.m")), "orders.m")
 
 
+def test_a_wildcard_does_not_give_away_the_dead_letters_of_a_topic_it_does_not_name(
+    node: Node,
+) -> None:
+    """Found by trying a client allowed ``orders.*``: ``orders.dlq`` matches it, so it could
+    subscribe to, or create a group on, the dead letters of topic ``orders``, a topic it
+    may neither consume nor manage. A dead-letter topic is allowed only with its topic
+    (or by a pattern naming ``dlq`` itself)."""
+    admin = node.client("admin")
+    created = admin.request(frames.GroupCreate(admin.next_id(), "orders", "strict", 200, 1))
+    assert isinstance(created, frames.Ok), created
+    assert isinstance(admin.publish([["orders", b"secret", 0, None, None]]), frames.PublishOk)
+    admin.subscribe("orders", "strict")
+    admin.deliveries(1)  # never acked: after 200 ms it moves to orders.dlq
+    deadline = time.monotonic() + 10
+    while not admin.group_pending("orders.dlq", "default"):
+        assert time.monotonic() < deadline, admin.status()
+        time.sleep(0.1)
+    con = node.client("con")  # consume ["orders.*"]
+    denied(con.request(frames.Subscribe(con.next_id(), "orders.dlq", "spy", 10)), "orders.dlq")
+    assert "orders.dlq" not in {t["topic"] for t in con.status()["topics"]}
+    mgr = node.client("mgr")  # manage_groups ["orders.>"]
+    denied(
+        mgr.request(frames.GroupCreate(mgr.next_id(), "orders.dlq", "spy", None, None)),
+        "orders.dlq",
+    )
+    # ...while the dead letters of a topic the pattern does name stay allowed.
+    ok = mgr.request(frames.GroupCreate(mgr.next_id(), "orders.eu.dlq", "ops", None, None))
+    assert isinstance(ok, frames.Ok), ok
+    assert con.subscribe("orders.eu", "s2") > 0
+
+
 def test_status_lists_only_what_the_client_may_see(node: Node) -> None:
     con_topics = {t["topic"] for t in node.client("con").status()["topics"]}
     assert "orders.eu" in con_topics and "billing.x" not in con_topics

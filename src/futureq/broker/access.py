@@ -60,6 +60,8 @@ VERIFY_THREADS: Final = 2
 """Secrets verified at once (scrypt takes ~50 ms of CPU and 16 MiB each)."""
 VERIFIED_CACHE_ENTRIES: Final = 10_000
 """Tokens remembered as verified, so reconnecting clients skip scrypt."""
+DLQ_SUFFIX: Final = ".dlq"
+DLQ_TOKEN: Final = "dlq"
 _CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PATTERN_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -111,7 +113,30 @@ def pattern_matches(pattern: str, topic: str) -> bool:
 
 
 def _any_match(patterns: Iterable[str], topic: str) -> bool:
-    return any(pattern_matches(pattern, topic) for pattern in patterns)
+    """True when ``patterns`` allow ``topic``; see :func:`allows`."""
+    return allows(tuple(patterns), topic)
+
+
+def allows(patterns: tuple[str, ...], topic: str) -> bool:
+    """True when ``patterns`` allow ``topic``.
+
+    A dead-letter topic ``T.dlq`` holds the messages of ``T``, so a wildcard that only
+    happens to cover it does not give them away: ``T.dlq`` is allowed when a pattern
+    matches it **and** either that pattern names the ``dlq`` token itself
+    (``orders.eu.dlq``, ``*.dlq``) or the patterns allow ``T`` too. So ``billing.>``
+    allows ``billing.retry.dlq`` (it allows ``billing.retry``), ``>`` allows every
+    dead-letter topic, but ``a.*`` does not allow ``a.dlq``, the dead letters of topic
+    ``a``, which ``a.*`` does not name.
+    """
+    matching = [pattern for pattern in patterns if pattern_matches(pattern, topic)]
+    if not matching:
+        return False
+    source = topic.removesuffix(DLQ_SUFFIX)
+    if source == topic or not source:
+        return True
+    if any(pattern.rsplit(".", 1)[-1] == DLQ_TOKEN for pattern in matching):
+        return True
+    return allows(patterns, source)
 
 
 # --- secrets --------------------------------------------------------------------------

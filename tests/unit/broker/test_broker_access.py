@@ -49,6 +49,25 @@ def test_patterns_follow_nats_subjects(pattern: str, topic: str, matches: bool) 
     assert pattern_matches(pattern, topic) is matches
 
 
+@pytest.mark.parametrize(
+    ("patterns", "topic", "allowed"),
+    [
+        (("a.*",), "a.dlq", False),  # the dead letters of topic a, which a.* does not name
+        (("a.>",), "a.dlq", False),
+        (("a.*", "a"), "a.dlq", True),
+        (("billing.>",), "billing.retry.dlq", True),
+        ((">",), "x.dlq", True),
+        (("*.dlq",), "x.dlq", True),
+        (("orders.eu.dlq",), "orders.eu.dlq", True),
+        (("a.*",), "a.b", True),
+    ],
+)
+def test_a_dead_letter_topic_is_allowed_only_with_its_topic(
+    patterns: tuple[str, ...], topic: str, allowed: bool
+) -> None:
+    assert access.allows(patterns, topic) is allowed
+
+
 @pytest.mark.parametrize("pattern", ["", "orders.>.eu", "a..b", "ord ers", "or*ders", ".a"])
 def test_bad_patterns_are_refused(pattern: str) -> None:
     with pytest.raises(ValueError):
