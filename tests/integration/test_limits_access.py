@@ -9,6 +9,7 @@ import base64
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -288,6 +289,35 @@ def test_the_shared_auth_token_may_do_everything(node: Node) -> None:
     assert isinstance(
         admin.request(frames.GroupDelete(admin.next_id(), "anything.at.all", "g")), frames.Ok
     )
+
+
+def test_token_checks_are_shared_fairly_and_a_wrong_token_does_not_cost_the_cpu_again(
+    node: Node,
+) -> None:
+    """Found by sending HELLOs with wrong secrets for a known client name: each cost the
+    node ~50 ms of scrypt, and 50 such connections held up another client's first HELLO
+    for 3.5 s (with enough of them, past its 10 s HELLO deadline). One address may now
+    have one token check under way; more are told UNAVAILABLE (retry) at once."""
+    host, port = node.broker.client_address.rsplit(":", 1)
+    sprayers: list[socket.socket] = []
+    for number in range(20):
+        sprayer = socket.create_connection((host, int(port)), source_address=("127.0.0.2", 0))
+        sprayer.sendall(
+            codec.encode_frame(frames.Hello(1, (1,), "spray", f"pub:wrong-{number}"))
+        )
+        sprayers.append(sprayer)
+    # Meanwhile another address's new token is checked as usual.
+    assert isinstance(connect(node.broker.client_address, node.tokens["mon"]), WireClient)
+    codes = []
+    for sprayer in sprayers:
+        decoder = codec.FrameDecoder()
+        sprayer.settimeout(10)
+        while (answer := decoder.next_frame()) is codec.NEED_DATA:
+            decoder.receive_data(sprayer.recv(65536))
+        codes.append(answer.code)
+        sprayer.close()
+    assert set(codes) == {ErrorCode.AUTH_FAILED, ErrorCode.UNAVAILABLE}, codes
+    assert codes.count(ErrorCode.AUTH_FAILED) < len(codes) / 2, codes
 
 
 # --- SIGHUP reload --------------------------------------------------------------------

@@ -528,7 +528,9 @@ class Connection:
                 return False
             if isinstance(event, frames.Hello):
                 try:
-                    self.principal = await self.access.authenticate(event.token)
+                    self.principal = await self.access.authenticate(
+                        event.token, self.peer.rsplit(":", 1)[0]
+                    )
                 except RemoteProtocolError as exc:
                     self.broker.metrics.count_request_error(exc.code)
                     self._close(_Closing(exc.code, exc.message))
