@@ -350,6 +350,12 @@ def test_credentials_are_reloaded_on_sighup(tmp_path: Path) -> None:
         client.send(frames.Hello(1, (1,), "test", started.tokens.get("ops", "ops:old")))
         assert client.receive().code == ErrorCode.AUTH_FAILED
         assert "reloaded 5 client credentials" in started.broker.stderr_text()
+        # The line names what changed: a file cut short while being written still
+        # parses, and the clients it lost must be visible in the log.
+        assert (
+            "(removed: ops; new secret: con, mgr, mon, none, pub; permissions changed: con, pub)"
+            in started.broker.stderr_text()
+        )
         # A broken file keeps the old credentials.
         started.credentials.write_text("[[client]]\nname = 7\n")
         os.kill(started.broker.pid, signal.SIGHUP)

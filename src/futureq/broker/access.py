@@ -592,12 +592,18 @@ class AccessControl:
         except ConfigError as exc:
             log.error("SIGHUP: credentials not reloaded, the old ones stay: %s", exc)
             return False
+        changes = describe_changes(self._clients, clients)
         self._clients = clients
         self._verified.clear()
         self.generation += 1
         self._changed.set()
         self._changed = trio.Event()
-        log.info("SIGHUP: reloaded %d client credentials from %s", len(clients), self._path)
+        log.info(
+            "SIGHUP: reloaded %d client credentials from %s (%s)",
+            len(clients),
+            self._path,
+            changes,
+        )
         return True
 
     async def wait_changed(self, generation: int) -> None:
@@ -609,6 +615,27 @@ class AccessControl:
     def check(principal: Principal, frame: frames.Frame) -> None:
         """See :func:`check_frame`."""
         check_frame(principal, frame)
+
+
+def describe_changes(old: dict[str, ClientEntry], new: dict[str, ClientEntry]) -> str:
+    """What a reload changed, for its log line: a file cut short while being written
+    still parses, and its missing clients are then named here."""
+    parts = []
+    for label, names in (
+        ("added", sorted(set(new) - set(old))),
+        ("removed", sorted(set(old) - set(new))),
+        (
+            "new secret",
+            sorted(n for n in set(old) & set(new) if old[n].secret_hash != new[n].secret_hash),
+        ),
+        (
+            "permissions changed",
+            sorted(n for n in set(old) & set(new) if old[n].permissions != new[n].permissions),
+        ),
+    ):
+        if names:
+            parts.append(f"{label}: {', '.join(names)}")
+    return "; ".join(parts) or "no change"
 
 
 _FAILED: Final = "failed:"
