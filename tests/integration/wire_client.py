@@ -24,6 +24,7 @@ class WireClient:
         hello: bool = True,
         timeout_s: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
+        token: str | None = None,
     ) -> None:
         host, port = address.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
@@ -34,7 +35,7 @@ class WireClient:
         self.pushed: list[frames.Deliver] = []
         self._next_id = 100
         if hello:
-            self.send(frames.Hello(1, (1,), "test", None))
+            self.send(frames.Hello(1, (1,), "test", token))
             answer = self.receive()
             assert isinstance(answer, frames.HelloOk), answer
 
