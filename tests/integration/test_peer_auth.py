@@ -235,6 +235,30 @@ def test_a_node_without_the_right_secret_cannot_join(
     assert view["learners"] == [] and sorted(view["voters"]) == [1, 2, 3]
 
 
+def test_a_node_with_a_wrong_client_token_cannot_join(tmp_path: Path) -> None:
+    """Found by joining a cluster that requires a token with the wrong one: the node
+    retried for ever, logging the refusal every few seconds, while it looked started.
+    It now stops with exit code 2 naming the setting, as for a wrong secret."""
+    cluster = Cluster(tmp_path / "one", 1, env={"FUTUREQ_SERVER_AUTH_TOKEN": "the-right-token"})
+    cluster.start()
+    try:
+        (member,) = cluster.nodes.values()
+        client_port, raft_port, http_port = free_ports(3)
+        done = subprocess.run(
+            [sys.executable, "-m", "futureq.cli.server_main", "start", "--node-id", "2",
+             "--data-dir", str(tmp_path / "joiner"), "--listen", f"127.0.0.1:{client_port}",
+             "--http", f"127.0.0.1:{http_port}", "--raft-listen", f"127.0.0.1:{raft_port}",
+             "--join", member.client_address, *cluster.auth_args],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "FUTUREQ_SERVER_AUTH_TOKEN": "a-wrong-token"},
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert "futureq: cannot join the cluster at" in done.stderr
+        assert "server.auth_token" in done.stderr
+    finally:
+        cluster.stop()
+
+
 def test_each_port_says_how_it_is_protected(secret_cluster: tuple[Cluster, Relay]) -> None:
     cluster, _ = secret_cluster
     text = cluster.nodes[3].stderr_text()
