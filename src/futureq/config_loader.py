@@ -508,6 +508,7 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
         yield _Bad(("limits.max_prefetch",), limits.max_prefetch, "must be at most 1000000 items")
     yield from _minimum("limits", limits, "max_connections", 1, " connections")
     yield from _minimum("limits", limits, "max_subscriptions_per_connection", 1, " subscriptions")
+    yield from _minimum("limits", limits, "max_subscriptions", 1, " subscriptions")
     yield from _minimum("limits", limits, "max_node_buffer_bytes", 1, " bytes")
     for key in ("frame_deadline_ms", "keepalive_interval_ms", "keepalive_timeout_ms"):
         yield from _minimum("limits", limits, key, 100, " ms")

@@ -121,6 +121,30 @@ def test_subscriptions_per_connection_are_bounded(broker_factory: object) -> Non
     assert isinstance(client.request(frames.Ping(client.next_id())), frames.Pong)
 
 
+def test_subscriptions_of_the_whole_node_are_bounded(broker_factory: object) -> None:
+    """Found by counting what subscriptions cost: ~600 bytes each, and only the count per
+    connection was bounded, so 10,000 connections of 1,024 could take ~6 GiB."""
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={**SMALL_BUFFERS, "FUTUREQ_LIMITS_MAX_SUBSCRIPTIONS": "10"}
+    )
+    first, second = WireClient(broker.client_address), WireClient(broker.client_address)
+    for number in range(8):
+        first.subscribe("subs.node", f"g{number}")
+    second.subscribe("subs.node", "g8")
+    second.subscribe("subs.node", "g9")
+    answer = second.request(frames.Subscribe(second.next_id(), "subs.node", "g10", 10))
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.TOO_MANY_SUBSCRIPTIONS
+    assert "limits.max_subscriptions = 10" in answer.message, answer.message
+    first.close()  # its subscriptions end with it, and make room
+    deadline = time.monotonic() + 10
+    while True:
+        answer = second.request(frames.Subscribe(second.next_id(), "subs.node", "g10", 10))
+        if isinstance(answer, frames.SubscribeOk):
+            break
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.05)
+
+
 # --- input 4: half-sent frames and silent connections ------------------------------------
 
 

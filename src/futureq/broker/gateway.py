@@ -677,6 +677,14 @@ class Connection:
                         f"limit (limits.max_subscriptions_per_connection = {limit}); "
                         "unsubscribe or open another connection",
                     )
+                node_limit = self.limits.max_subscriptions
+                if len(broker.hub.consumers) >= node_limit:
+                    raise RequestError(
+                        ErrorCode.TOO_MANY_SUBSCRIPTIONS,
+                        f"this node holds {len(broker.hub.consumers)} subscriptions, its limit "
+                        f"(limits.max_subscriptions = {node_limit}); unsubscribe unused ones "
+                        "or ask the operator to raise the limit",
+                    )
                 consumer = await broker.subscribe(
                     self.id, self.outbox, frame.topic, frame.group, frame.prefetch
                 )
