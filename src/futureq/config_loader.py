@@ -59,9 +59,10 @@ from futureq.peer_credentials import (
     mutual_tls_configured,
     read_secret_file,
 )
+from futureq.state import commands
 
 ENV_PREFIX = "FUTUREQ_"
-MAX_NODE_ID = 2**31 - 1
+MAX_NODE_ID = commands.MAX_NODE_ID
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 SECTIONS: dict[str, type[Any]] = {
