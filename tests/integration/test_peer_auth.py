@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 import trustme
 from cluster_process import Cluster, ClusterNode, free_ports
@@ -366,6 +367,34 @@ def test_mtls_certificate_of_another_node_is_refused(
         refusal = refusal_in(peer.wait_closed()) or ""
         assert f"claims node {leader.node_id} but its certificate names nodes [{other}]" in refusal
         wait_refused(target, "certificate", before)
+
+
+def test_mtls_certificate_of_the_same_node_id_in_another_cluster_is_refused(
+    tls_cluster: tuple[Cluster, Relay, trustme.CA, dict[int, trustme.LeafCert]],
+) -> None:
+    """Tried as a node of another cluster signed by the same CA (a company CA serving
+    staging and production): the right node id, but named for cluster ``staging``. It is
+    refused whether its HELLO names its own cluster or this one."""
+    cluster, _, ca, _ = tls_cluster
+    with unchanged(cluster):
+        leader, target, message = _forge(cluster)
+        staging = ca.issue_cert(
+            "127.0.0.1", peer_auth.node_dns_name("staging", leader.node_id)
+        )
+        for claimed_cluster, sentence in (
+            ("staging", "peer belongs to cluster 'staging'"),
+            ("futureq", f"claims node {leader.node_id} but its certificate names no node"),
+        ):
+            before = refusals(target)
+            peer = RawPeer(target.raft_address, _client_context(ca, staging))
+            hello = attrs.evolve(_hello(target, leader), cluster_id=claimed_cluster)
+            peer.send(encode_value(hello.to_wire()))
+            peer.send(encode_value(peer_auth.Proof(b"").to_wire()) + encode_value(message))
+            refusal = refusal_in(peer.wait_closed()) or ""
+            assert sentence in refusal, refusal
+            wait_refused(
+                target, "cluster" if claimed_cluster == "staging" else "certificate", before
+            )
 
 
 # --- the control: the same input against an unauthenticated cluster -------------------------
