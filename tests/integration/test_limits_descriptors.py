@@ -83,3 +83,35 @@ def test_connections_past_the_open_file_budget_are_refused_and_the_node_keeps_it
         assert "Too many open files" not in log
     finally:
         broker.terminate()
+
+
+def test_one_address_cannot_hold_every_slot_with_connections_that_never_say_hello(
+    broker: BrokerProcess,
+) -> None:
+    """Found by opening connections that never send HELLO: before it is answered a
+    client has not authenticated, yet each such connection held a slot of
+    limits.max_connections for 10 s, renewable at will, so one host could keep every
+    other client out. One address may now hold 64 of them."""
+    silent = [
+        WireClient(broker.client_address, hello=False, source_host="127.0.0.2")
+        for _ in range(64)
+    ]
+    extra = WireClient(broker.client_address, hello=False, source_host="127.0.0.2")
+    answer = extra.receive(timeout_s=5)  # sent at once, before any HELLO
+    assert isinstance(answer, frames.Error), answer
+    assert answer.code == ErrorCode.TOO_MANY_CONNECTIONS, answer
+    assert "have not sent HELLO" in answer.message, answer.message
+    # Another address is served; and once one of them says HELLO, room is made.
+    assert isinstance(WireClient(broker.client_address).request(frames.Ping(1)), frames.Pong)
+    silent[0].send(frames.Hello(1, (1,), "late", None))
+    assert isinstance(silent[0].receive(), frames.HelloOk)
+    deadline = time.monotonic() + 10
+    while True:
+        late = WireClient(broker.client_address, hello=False, source_host="127.0.0.2")
+        late.send(frames.Hello(1, (1,), "late", None))
+        answer = late.receive()
+        late.close()
+        if isinstance(answer, frames.HelloOk):
+            break
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.05)

@@ -340,6 +340,7 @@ class Connection:
         access: Authentication and the per-frame permission check.
         node_buffers: The node-wide buffer account.
         peer: The client's address for log lines (found from the stream if None).
+        on_hello: Called once the client's HELLO is answered (it authenticated).
     """
 
     def __init__(
@@ -349,8 +350,10 @@ class Connection:
         access: AccessControl | None = None,
         node_buffers: NodeBuffers | None = None,
         peer: str | None = None,
+        on_hello: Callable[[], None] | None = None,
     ) -> None:
         self.id = next(_connection_ids)
+        self._on_hello = on_hello
         self.broker = broker
         self.stream = stream
         self.peer = peer or _peer_name(stream)
@@ -537,6 +540,8 @@ class Connection:
                     return False
                 leader = self.broker.log.leader_address()
                 self._queue(session.accept_hello(self.broker.node_id, leader, __version__))
+                if self._on_hello is not None:
+                    self._on_hello()
                 if handshake:
                     return True
                 continue
@@ -736,12 +741,16 @@ REFUSE_GRACE_S = 1.0
 """How long a refused connection may take to receive its TOO_MANY_CONNECTIONS (s)."""
 MAX_REFUSING = 64
 """Refused connections being told why at once; beyond, they are closed without a word."""
+MAX_UNGREETED_PER_ADDRESS = 64
+"""Connections from one address that may be open without having sent HELLO (and so
+without having authenticated); one more is refused at once. A host that opens
+connections and says nothing cannot take every slot of ``limits.max_connections``."""
 
 
 async def _refuse_connection(
     stream: trio.abc.Stream,
     peer: str,
-    limit: int,
+    message: str,
     metrics_closed: Callable[[], None],
     ssl_context: ssl.SSLContext | None,
 ) -> None:
@@ -752,11 +761,6 @@ async def _refuse_connection(
     retries later (a 3xx code). The whole refusal takes at most 2 x REFUSE_GRACE_S.
     """
     metrics_closed()
-    message = (
-        f"this node serves {limit} client connections at once, its limit "
-        "(limits.max_connections, or what the open-file limit leaves room for); "
-        "retry later or on another node"
-    )
     closed_log.log(
         logging.WARNING,
         "connection from %s refused: %s: %s",
@@ -790,7 +794,8 @@ async def serve_clients(
 
     At most ``max_connections`` (default ``limits.max_connections``; the server passes
     what the open-file limit leaves room for, :mod:`futureq.fd_budget`) are served at
-    once. One more is told ``TOO_MANY_CONNECTIONS`` and closed at once: a connection
+    once, and at most :data:`MAX_UNGREETED_PER_ADDRESS` from one address before their
+    HELLO. One more is told ``TOO_MANY_CONNECTIONS`` and closed at once: a connection
     never waits holding a file descriptor, so clients cannot starve RocksDB of them.
     """
     if max_connections is None:
@@ -805,25 +810,63 @@ async def serve_clients(
         ErrorCode.TOO_MANY_CONNECTIONS.name.lower()
     ).inc
 
+    ungreeted: dict[str, int] = {}
+    """Connections per client address that have not had their HELLO answered."""
+
+    async def refuse(stream: trio.abc.Stream, peer: str, message: str) -> None:
+        try:
+            refusing.acquire_nowait()
+        except trio.WouldBlock:
+            refused()
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await _refuse_connection(stream, peer, message, refused, ssl_context)
+        finally:
+            refusing.release()
+
     async def handler(stream: trio.abc.Stream) -> None:
         peer = _peer_name(stream)
+        host = peer.rsplit(":", 1)[0]
+        if ungreeted.get(host, 0) >= MAX_UNGREETED_PER_ADDRESS:
+            await refuse(
+                stream,
+                peer,
+                f"{MAX_UNGREETED_PER_ADDRESS} connections from this address have not sent "
+                "HELLO yet; send HELLO on each connection at once, then retry",
+            )
+            return
         try:
             limit.acquire_nowait()
         except trio.WouldBlock:
-            try:
-                refusing.acquire_nowait()
-            except trio.WouldBlock:
-                refused()
-                await trio.aclose_forcefully(stream)
-                return
-            try:
-                await _refuse_connection(stream, peer, max_connections, refused, ssl_context)
-            finally:
-                refusing.release()
+            await refuse(
+                stream,
+                peer,
+                f"this node serves {max_connections} client connections at once, its limit "
+                "(limits.max_connections, or what the open-file limit leaves room for); "
+                "retry later or on another node",
+            )
             return
+        ungreeted[host] = ungreeted.get(host, 0) + 1
+        greeted = False
+
+        def hello_answered() -> None:
+            nonlocal greeted
+            if greeted:
+                return
+            greeted = True
+            left = ungreeted[host] - 1
+            if left:
+                ungreeted[host] = left
+            else:
+                del ungreeted[host]
+
         try:
-            await _serve_connection(broker, stream, peer, access, node_buffers, ssl_context)
+            await _serve_connection(
+                broker, stream, peer, access, node_buffers, ssl_context, hello_answered
+            )
         finally:
+            hello_answered()
             limit.release()
 
     await trio.serve_listeners(handler, listeners, handler_nursery=handler_nursery)
@@ -836,6 +879,7 @@ async def _serve_connection(
     access: AccessControl,
     node_buffers: NodeBuffers,
     ssl_context: ssl.SSLContext | None,
+    on_hello: Callable[[], None] | None = None,
 ) -> None:
     if ssl_context is not None:
         stream = trio.SSLStream(stream, ssl_context, server_side=True)
@@ -850,7 +894,7 @@ async def _serve_connection(
     broker.metrics.connections_accepted_total.inc()
     broker.metrics.client_connections.inc()
     try:
-        await Connection(broker, stream, access, node_buffers, peer).serve()
+        await Connection(broker, stream, access, node_buffers, peer, on_hello).serve()
     except* StorageError:
         raise  # the node cannot go on without its disk
     except* Exception as group:
