@@ -202,6 +202,15 @@ class ClusterSection:
             behind a snapshot (entries).
         transfer_leadership_on_shutdown: On SIGTERM, hand leadership to another node
             first, so clients do not wait for an election timeout.
+        member_record_ms: How often (at most) the leader records in the log how far each
+            member acknowledged, so a member whose disk was replaced by an older copy is
+            told so (ms); an incarnation change is recorded at once.
+        initial_cluster_state: ``"existing"`` (default): a node takes part only once every
+            other voter answered it after its start, whether or not the cluster already
+            exists (so a new cluster forms once all its voters run). ``"new"``: the
+            operator declares a brand-new cluster; a node whose data directory is new may
+            help form it once a majority of the voters answered with empty logs. Never
+            use ``new`` to restart a node (docs/raft.md, "Disk faults").
     """
 
     raft_listen: str = f"127.0.0.1:{DEFAULT_RAFT_PORT}"
@@ -217,6 +226,8 @@ class ClusterSection:
     snapshot_chunk_bytes: int = 1024 * 1024
     compact_every_entries: int = 50_000
     transfer_leadership_on_shutdown: bool = True
+    member_record_ms: int = 5000
+    initial_cluster_state: str = "existing"
 
     @property
     def clustered(self) -> bool:

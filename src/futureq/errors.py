@@ -152,6 +152,13 @@ class StorageError(FutureQError):
     """RocksDB failed or the data on disk is corrupt; the node stops."""
 
 
+class DataDirectoryInUseError(StorageError):
+    """Another process holds the data directory's lock: the same node runs twice.
+
+    ``futureq start`` refuses to run with exit code 2 (a configuration mistake).
+    """
+
+
 class NoSpaceError(StorageError):
     """A write failed because the disk (or the process's file size limit) is full.
 

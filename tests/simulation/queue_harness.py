@@ -63,16 +63,17 @@ FULL_CHECK_EVERY = 16
 QUEUE_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("q_lossy3", drop_rate=0.08, duplicate_rate=0.05, max_delay_ticks=4, crashes=True,
              fault_rate=0.05, straggler_rate=0.01, compaction_every=12,
-             snapshot_chunk_bytes=700, max_append_bytes=2048, propose_rate=0.4),
+             snapshot_chunk_bytes=700, max_append_bytes=2048, propose_rate=0.4,
+             disk_faults=True),
     Scenario("q_partition5", voters=5, partitions=True, crashes=True, max_crashed=2,
              drop_rate=0.02, compaction_every=16, snapshot_chunk_bytes=1500,
              max_append_bytes=4096, propose_rate=0.4),
     Scenario("q_snapshot3", compaction_every=5, crashes=True, partitions=True, drop_rate=0.03,
              wire_roundtrip=True, snapshot_chunk_bytes=400, max_append_bytes=1024,
-             fault_rate=0.1, propose_rate=0.5),
+             fault_rate=0.1, propose_rate=0.5, disk_faults=True),
     Scenario("q_membership", voters=3, spares=2, membership_changes=True, crashes=True,
              partitions=True, compaction_every=10, fault_rate=0.1, snapshot_chunk_bytes=1000,
-             max_append_bytes=2048, propose_rate=0.4),
+             max_append_bytes=2048, propose_rate=0.4, disk_faults=True),
     Scenario("q_chaos5", voters=5, spares=1, partitions=True, crashes=True, max_crashed=2,
              membership_changes=True, compaction_every=8, transfers=True, drop_rate=0.04,
              duplicate_rate=0.03, max_delay_ticks=4, fault_rate=0.12, straggler_rate=0.005,
@@ -80,7 +81,7 @@ QUEUE_SCENARIOS: tuple[Scenario, ...] = (
              propose_rate=0.4),
     Scenario("q_crashy3", crashes=True, leader_faults=True, fault_rate=0.15, drop_rate=0.05,
              max_delay_ticks=5, compaction_every=6, snapshot_chunk_bytes=900,
-             max_append_bytes=512, propose_rate=0.6),
+             max_append_bytes=512, propose_rate=0.6, disk_faults=True),
 )  # fmt: skip
 
 
@@ -160,6 +161,21 @@ class JournalStore(MemoryStore):
         """Put back the old values of one journaled write."""
         for family, key, old in reversed(records):
             self._set(family, key, old)
+
+    def durable_copy(self, journal: list[tuple[str, Any]] | None = None) -> JournalStore:
+        """A copy holding only what is durable: every unsynced write undone.
+
+        Args:
+            journal: The journal the copy writes to (a new one if None).
+        """
+        copy = JournalStore([] if journal is None else journal)
+        for family, data in sorted(self._families.items()):
+            for key, value in data.items():
+                copy._set(family, key, value)
+        for kind, record in reversed(self.journal):
+            if kind == "state":
+                copy.undo(record)
+        return copy
 
     def digest(self) -> bytes:
         """A digest of every (family, key, value): equal contents, equal digests."""
@@ -370,8 +386,9 @@ class QueueSimNode(SimNode):
         membership: Membership,
         oracle: Oracle,
         rng: random.Random,
+        incarnation: int = 1,
     ) -> None:
-        super().__init__(node_id, config, membership)
+        super().__init__(node_id, config, membership, incarnation)
         self.oracle = oracle
         self.crash_rng = rng
         self.journal: list[tuple[str, Any]] = []
@@ -404,7 +421,9 @@ class QueueSimNode(SimNode):
         machine = QueueMachine(state, self.oracle)
         self.sm = machine  # type: ignore[assignment]
         self.oracle.cluster.checker.applied(self.id, machine.applied_index, machine.digest)
-        self.core = RaftCore(self.config, self.storage, rng, applied=machine.applied_index)
+        self.core = RaftCore(
+            self._start_config(rng), self.storage, rng, applied=machine.applied_index
+        )
         self.last_committed_seen = self.core.log.committed
 
     def crash(self) -> None:
@@ -430,6 +449,28 @@ class QueueSimNode(SimNode):
         if ready.must_sync:
             self.journal.clear()
             self.synced_hard_state = self.storage.hard_state()
+
+    def durable_copy(self) -> Any:
+        """Raft storage and QueueState store as a crash now would leave them (no
+        unsynced write kept: the journal of both is undone, as :meth:`crash` does)."""
+        storage = self.storage.clone()
+        for kind, record in reversed(self.journal):
+            if kind == "hard_state":
+                storage.set_hard_state(record)
+        return ((self.incarnation, storage), self.store.durable_copy())
+
+    def restore_copy(self, copy: Any) -> None:
+        """Put back an earlier :meth:`durable_copy` of both stores (node down)."""
+        raft_copy, store = copy
+        super().restore_copy(raft_copy)
+        self.journal = []
+        self.store = store.durable_copy(self.journal)
+
+    def wipe(self, incarnation: int) -> None:
+        """An empty data directory: empty Raft storage and an empty store (node down)."""
+        super().wipe(incarnation)
+        self.journal = []
+        self.store = JournalStore(self.journal)
 
     @property
     def queue(self) -> QueueState:
@@ -530,6 +571,7 @@ class QueueSimCluster(SimCluster):
             membership,
             self.oracle,
             random.Random(self.rng.getrandbits(64)),
+            self._new_incarnation(),
         )
         self.nodes[node_id] = node
         node.start(random.Random(self.rng.getrandbits(64)))

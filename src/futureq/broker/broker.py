@@ -265,6 +265,7 @@ class Broker:
                 if member in progress:
                     entry["match_index"] = progress[member]["match"]
                     entry["lag"] = max(0, commit_index - progress[member]["match"])
+                    entry["recovering"] = progress[member]["recovering"]
                 members.append(entry)
             view = {
                 "role": role,
@@ -276,6 +277,7 @@ class Broker:
                 "voters": sorted(voters),
                 "learners": sorted(learners),
                 "nodes": members,
+                "recovering": node.recovering(),  # type: ignore[attr-defined]
             }
         view["node_id"] = self.node_id
         view["cluster_id"] = self.config.cluster.cluster_id
@@ -387,6 +389,7 @@ class Broker:
                         commit = cluster.commit_index  # type: ignore[attr-defined]
                         if (
                             progress is not None
+                            and not progress.get("recovering", False)
                             and progress["match"] + PROMOTE_LAG_ENTRIES >= commit
                         ):
                             try:

@@ -24,7 +24,13 @@ from futureq import __version__, early_signals, fd_budget
 from futureq.clock import Clock, SystemClock
 from futureq.config import Config, split_host_port
 from futureq.data_tools import check_data_fits_mode
-from futureq.errors import ConfigError, FutureQError, NoSpaceError, StorageError
+from futureq.errors import (
+    ConfigError,
+    DataDirectoryInUseError,
+    FutureQError,
+    NoSpaceError,
+    StorageError,
+)
 from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
 from futureq.raft.node import RaftNode
@@ -41,6 +47,7 @@ from .cluster import (
     finish_interrupted_restore,
     follow_leadership,
     join_cluster,
+    refuse_if_node_already_runs,
     stop_when_removed,
 )
 from .command_log import SingleNodeLog
@@ -220,6 +227,7 @@ async def serve(
             raft_address = ""
             if isinstance(command_log, RaftNode):
                 assert transport is not None
+                await refuse_if_node_already_runs(config)
                 try:
                     raft_address = await root.start(transport.run)
                 except OSError as exc:
@@ -428,12 +436,17 @@ def run(config: Config) -> int:
     """Run a node in this process until it is stopped; return the exit code.
 
     Returns:
-        0 after a graceful shutdown, 2 for a configuration the node cannot run with,
-        3 on a storage failure, 4 when a listener cannot be bound.
+        0 after a graceful shutdown, 2 for a configuration the node cannot run with
+        (another process already runs this node id or uses this data directory
+        included), 3 on a storage failure, 4 when a listener cannot be bound.
     """
     try:
         trio.run(serve, config)
     except BaseException as error:  # sorted below; anything else propagates unchanged
+        in_use = _first(error, DataDirectoryInUseError)
+        if in_use is not None:
+            print(f"futureq: {in_use}", file=sys.stderr)
+            return EXIT_CONFIG
         storage = _first(error, StorageError)
         if storage is not None:
             log.error("storage failure: %s", storage)
