@@ -91,6 +91,8 @@ class LimitsSection:
         max_prefetch: Largest credit one subscription may hold (items).
         max_connections: Most concurrent client connections.
         max_subscriptions_per_connection: Most subscriptions one connection may hold.
+        max_subscriptions: Most subscriptions all connections of the node hold together
+            (each costs ~600 bytes; without it 10,000 connections of 1,024 would be ~6 GiB).
         max_connection_buffer_bytes: Bytes queued for one connection beyond which no
             more deliveries are pushed to it and the server stops reading its requests;
             twice this closes the connection (a client that does not read).
@@ -115,6 +117,7 @@ class LimitsSection:
     max_prefetch: int = 10_000
     max_connections: int = 10_000
     max_subscriptions_per_connection: int = 1024
+    max_subscriptions: int = 100_000
     max_connection_buffer_bytes: int = 8 * 1024 * 1024
     max_node_buffer_bytes: int = 256 * 1024 * 1024
     frame_deadline_ms: int = 30_000

@@ -66,6 +66,7 @@ class ErrorCode(enum.IntEnum):
     INTERNAL_ERROR = 304
     # 325-329: issue 10, limits
     NO_SPACE = 325
+    TOO_MANY_CONNECTIONS = 326
 
     @property
     def closes_connection(self) -> bool:

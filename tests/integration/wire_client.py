@@ -24,9 +24,15 @@ class WireClient:
         hello: bool = True,
         timeout_s: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
+        token: str | None = None,
+        source_host: str | None = None,
     ) -> None:
         host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        self.sock = socket.create_connection(
+            (host, int(port)),
+            timeout=timeout_s,
+            source_address=None if source_host is None else (source_host, 0),
+        )
         if ssl_context is not None:
             self.sock = ssl_context.wrap_socket(self.sock, server_hostname=host)
         OPEN_CLIENTS.append(self)
@@ -36,7 +42,7 @@ class WireClient:
         """Pushes other than DELIVER (SUBSCRIPTION_INFO, REVOKE, SUBSCRIPTION_END), in order."""
         self._next_id = 100
         if hello:
-            self.send(frames.Hello(1, (1,), "test", None))
+            self.send(frames.Hello(1, (1,), "test", token))
             answer = self.receive()
             assert isinstance(answer, frames.HelloOk), answer
 

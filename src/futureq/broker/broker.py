@@ -303,6 +303,11 @@ class Broker:
         """
         cluster = self._cluster()
         self._require_leader()
+        if not 1 <= node_id <= commands.MAX_NODE_ID:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"node_id must be between 1 and {commands.MAX_NODE_ID}, got {node_id}",
+            )
         for name, address in (("raft_address", raft_address), ("client_address", client_address)):
             try:
                 host, port = split_host_port(address)

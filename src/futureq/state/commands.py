@@ -219,6 +219,12 @@ def delete_group(topic: str, group: str) -> bytes:
     return encode([CommandKind.DELETE_GROUP, topic, group])
 
 
+MAX_NODE_ID: Final = 2**31 - 1
+"""Largest node id (its NODE_ADDRESS is stored under a 4-byte key). Ids are checked
+against it where they enter (config, CLUSTER_ADD_NODE); apply ignores a NODE_ADDRESS
+beyond it rather than fail on every replica."""
+
+
 def node_address(node_id: int, raft_address: str | None, client_address: str | None) -> bytes:
     """Encode a NODE_ADDRESS: where a cluster member listens (None forgets the node)."""
     return encode([CommandKind.NODE_ADDRESS, node_id, raft_address, client_address])

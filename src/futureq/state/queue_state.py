@@ -591,6 +591,10 @@ class QueueState:
         client_address: str | None,
         effects: list[tuple[Any, ...]],
     ) -> None:
+        if type(node_id) is not int or not 1 <= node_id <= commands.MAX_NODE_ID:
+            # Refused where it entered (CLUSTER_ADD_NODE); a committed one is ignored the
+            # same way on every replica rather than stop them all, on every restart too.
+            return
         key = _NODE + node_id.to_bytes(4, "big")
         if raft_address is None or client_address is None:
             self.node_addresses.pop(node_id, None)
