@@ -60,9 +60,10 @@ from futureq.peer_credentials import (
     mutual_tls_configured,
     read_secret_file,
 )
+from futureq.state import commands
 
 ENV_PREFIX = "FUTUREQ_"
-MAX_NODE_ID = 2**31 - 1
+MAX_NODE_ID = commands.MAX_NODE_ID
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 SECTIONS: dict[str, type[Any]] = {
@@ -522,6 +523,7 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
         yield _Bad(("limits.max_prefetch",), limits.max_prefetch, "must be at most 1000000 items")
     yield from _minimum("limits", limits, "max_connections", 1, " connections")
     yield from _minimum("limits", limits, "max_subscriptions_per_connection", 1, " subscriptions")
+    yield from _minimum("limits", limits, "max_subscriptions", 1, " subscriptions")
     yield from _minimum("limits", limits, "max_node_buffer_bytes", 1, " bytes")
     for key in ("frame_deadline_ms", "keepalive_interval_ms", "keepalive_timeout_ms"):
         yield from _minimum("limits", limits, key, 100, " ms")
@@ -534,6 +536,18 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
             limits.max_connection_buffer_bytes,
             f"must be at least limits.max_frame_bytes ({limits.max_frame_bytes}) "
             "so that any one answer fits in a connection's buffer",
+        )
+    if (
+        limits.max_node_buffer_bytes < limits.max_connection_buffer_bytes
+        or limits.max_node_buffer_bytes <= limits.max_frame_bytes
+    ):
+        yield _Bad(
+            ("limits.max_node_buffer_bytes", "limits.max_connection_buffer_bytes"),
+            limits.max_node_buffer_bytes,
+            "must be at least limits.max_connection_buffer_bytes "
+            f"({limits.max_connection_buffer_bytes}) and more than limits.max_frame_bytes "
+            f"({limits.max_frame_bytes}): the node's buffers hold at least one connection's, "
+            "else no large frame could ever be read whole",
         )
     if limits.max_payload_bytes >= limits.max_frame_bytes:
         yield _Bad(
@@ -699,6 +713,61 @@ _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
 def _check_whole(config: Config) -> Iterable[_Bad]:
     """Checks that need more than one section (run once every section structured)."""
     yield from _check_announced(config)
+    yield from _check_membership(config)
+    yield from _check_ports(config)
+
+
+def _check_membership(config: Config) -> Iterable[_Bad]:
+    """What ``start`` would refuse about ``cluster.peers``, said before it opens anything."""
+    try:
+        peers = parse_peers(config.cluster.peers)
+    except ValueError:
+        return  # reported by the section's own check
+    node_id = config.server.node_id
+    if peers and node_id not in peers:
+        yield _Bad(
+            ("cluster.peers", "server.node_id"),
+            config.cluster.peers,
+            f"lists nodes {sorted(peers)} but not this node's id {node_id}; every node "
+            "lists all initial voters, itself included (a node joining a cluster uses "
+            "cluster.join instead)",
+        )
+    by_address: dict[tuple[str, int], list[int]] = {}
+    for peer, address in peers.items():
+        try:
+            host, port = split_host_port(address)
+        except ValueError:
+            continue
+        by_address.setdefault((host.lower(), port), []).append(peer)
+    for (host, port), ids in by_address.items():
+        if len(ids) > 1:
+            yield _Bad(
+                ("cluster.peers",),
+                config.cluster.peers,
+                f"gives nodes {sorted(ids)} the same address {host}:{port}; each node needs "
+                "its own Raft address",
+            )
+
+
+def _check_ports(config: Config) -> Iterable[_Bad]:
+    """A clustered node's Raft listener cannot share the client or HTTP listener's port."""
+    if not config.cluster.clustered:
+        return
+    try:
+        raft = split_host_port(config.cluster.raft_listen)
+        others = {
+            "server.listen": split_host_port(config.server.listen),
+            "server.http": split_host_port(config.server.http),
+        }
+    except ValueError:
+        return
+    for key, address in others.items():
+        if address == raft and raft[1] != 0:
+            yield _Bad(
+                ("cluster.raft_listen", key),
+                config.cluster.raft_listen,
+                f"must differ from {key} (one port per listener)",
+            )
 
 
 def _check_announced(config: Config) -> Iterable[_Bad]:

@@ -15,8 +15,12 @@ under the seeded network, crashes and snapshots of :mod:`harness`. What changes 
   the stored Raft snapshot (unsynced writes lost, or an interrupted install that left
   the ``restoring`` marker) installs that snapshot again before the core starts.
 * :class:`Workload` — a seeded generator acting as "the leader": publish, ack, nack,
-  expire, dead-letter, create/delete group, node addresses, with times stamped from
-  the simulated clock and targets read from the proposing node's own state.
+  expire, dead-letter, create/delete/purge group, delivered, release, node addresses,
+  with times stamped from the simulated clock, targets read from the proposing node's
+  own state, and group defaults resolved from the proposing node's own *local
+  configuration*: every node runs with different ``[queue]`` defaults
+  (:data:`LOCAL_SETTINGS`), as a misconfigured cluster would, and replicas must still
+  hold identical states (``DESIGN.md``, "Apply reads nothing node-local").
 * :class:`Oracle` — one more QueueState that applies every committed entry exactly
   once, in order, without faults. Its digest at each index anchors state machine
   safety (every replica at that applied index must hold the identical store), and it
@@ -47,7 +51,7 @@ from futureq.raft.core import (
 )
 from futureq.raft.messages import Entry, EntryKind, LogIndex, Membership, NodeId, Ready
 from futureq.state import commands, snapshot
-from futureq.state.commands import CommandKind
+from futureq.state.commands import CommandKind, GroupSettings
 from futureq.state.queue_state import QueueState
 from futureq.state.store import Changes, MemoryStore
 
@@ -59,6 +63,21 @@ TOPICS = ("orders", "mail", "logs")
 GROUP_NAMES = ("default", "billing", "audit")
 FULL_CHECK_EVERY = 16
 """The oracle compares whole families (not just counts) every this many applies."""
+LOCAL_SETTINGS: tuple[GroupSettings, ...] = (
+    GroupSettings(3000, 16),
+    GroupSettings(9000, 3),
+    GroupSettings(3000, 16),
+    GroupSettings(45_000, 7),
+    GroupSettings(1, 1_000_000),
+    GroupSettings(250, 2),
+)
+"""Each node's configured group defaults (node ``n`` takes entry ``n % 6``): they differ,
+and only the node that proposes a command may use its own."""
+
+
+def local_settings(node_id: int) -> GroupSettings:
+    """The ``[queue]`` defaults node ``node_id`` runs with in the simulation."""
+    return LOCAL_SETTINGS[node_id % len(LOCAL_SETTINGS)]
 
 QUEUE_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("q_lossy3", drop_rate=0.08, duplicate_rate=0.05, max_delay_ticks=4, crashes=True,
@@ -215,6 +234,9 @@ class Oracle:
         self.applies = 0
         self.published = 0
         self.installs = 0
+        self.settings_seen: set[tuple[int, int]] = set()
+        """Settings of every group seen, to show the nodes' local defaults all took part."""
+        self.purges = 0
 
     def feed(self, entry: Entry) -> None:
         """Apply ``entry`` if it is the next index; entries already applied are skipped."""
@@ -245,9 +267,19 @@ class Oracle:
             named = {commands.parse_schedule_key(key)[2] for key in command[1]}
         elif kind == CommandKind.DEAD_LETTER:
             named = {commands.parse_schedule_key(key)[2] for key, _ in command[2]}
-        elif kind == CommandKind.DELETE_GROUP:
-            named = {mid for mid, topic in self.live.items() if topic == command[1]}
+        elif kind == CommandKind.PURGE_GROUP:
+            gid = command[1]
+            start, stop = gid.to_bytes(4, "big"), (gid + 1).to_bytes(4, "big")
+            named = {
+                commands.parse_schedule_key(key)[2]
+                for key in self.store.scan_keys("schedule", start, stop)
+            }
         result = self.state.apply(index, entry.data)
+        if kind in (CommandKind.PUBLISH, CommandKind.DEAD_LETTER, CommandKind.CREATE_GROUP):
+            for info in self.state.groups.values():
+                self.settings_seen.add((info.visibility_timeout_ms, info.max_deliveries))
+        if kind == CommandKind.PURGE_GROUP and result:
+            self.purges += 1
         first = commands.message_id(index, 0)
         if kind in (CommandKind.PUBLISH, CommandKind.DEAD_LETTER):
             if result != first:
@@ -309,7 +341,7 @@ def check_consistent(state: QueueState) -> None:
         gid, _, mid = commands.parse_schedule_key(key)
         per_message[mid] = per_message.get(mid, 0) + 1
         per_group[gid] = per_group.get(gid, 0) + 1
-        if gid not in state.groups:
+        if gid not in state.groups and gid not in state.deleting:
             raise InvariantViolation(f"schedule entry of unknown group {gid}")
     for key, value in store.scan("messages", b""):
         mid = int.from_bytes(key, "big")
@@ -318,11 +350,16 @@ def check_consistent(state: QueueState) -> None:
             raise InvariantViolation(f"message {mid} counts {open_entries} open entries")
     if per_message:
         raise InvariantViolation(f"schedule entries without a message: {sorted(per_message)}")
-    for gid, info in sorted(state.groups.items()):
-        if info.pending != per_group.get(gid, 0):
+    pending = {gid: info.pending for gid, info in state.groups.items()}
+    pending.update({gid: deleting.pending for gid, deleting in state.deleting.items()})
+    for gid, count in sorted(pending.items()):
+        if count != per_group.get(gid, 0):
             raise InvariantViolation(
-                f"group {gid} pending {info.pending}, {per_group.get(gid, 0)} entries stored"
+                f"group {gid} pending {count}, {per_group.get(gid, 0)} entries stored"
             )
+    for gid, deleting in sorted(state.deleting.items()):
+        if deleting.pending <= 0 or gid in state.groups:
+            raise InvariantViolation(f"deleted group {gid} lingers: {deleting}")
 
 
 class QueueMachine:
@@ -490,14 +527,27 @@ class Workload:
     rng: random.Random
     counter: int = 0
 
-    def command(self, state: QueueState, now_ms: int) -> bytes:
-        """One encoded command stamped at ``now_ms`` (never below the largest stamp)."""
+    def command(self, state: QueueState, now_ms: int, settings: GroupSettings) -> bytes:
+        """One encoded command stamped at ``now_ms`` (never below the largest stamp).
+
+        ``settings`` are the proposing node's local defaults, resolved into commands
+        that may create groups, as the real leader does.
+        """
         stamp = max(now_ms, state.last_publish_ms)
         entries = self._entries(state)
         roll = self.rng.random()
-        if roll < 0.38 or not entries:
-            return self._publish(stamp)
-        if roll < 0.55:
+        if roll < 0.34 or not entries:
+            return self._publish(stamp, settings)
+        if state.deleting and roll < 0.38:
+            gid = self.rng.choice(sorted(state.deleting))
+            return commands.purge_group(gid, self.rng.choice((1, 2, 5, 100)))
+        if roll < 0.44:
+            picked = self._pick(entries)
+            return commands.delivered([(k, a + self.rng.randint(0, 2)) for k, a, _ in picked])
+        if roll < 0.47:
+            picked = self._pick(entries)
+            return commands.release([(k, a) for k, a, _ in picked])
+        if roll < 0.57:
             return commands.ack([key for key, _, _ in self._pick(entries)])
         if roll < 0.65:
             picked = self._pick(entries)
@@ -513,13 +563,14 @@ class Workload:
             return commands.expire(expired[:4] or [key for key, _, _ in self._pick(entries)])
         if roll < 0.80:
             picked = self._pick(entries)
-            return commands.dead_letter(stamp, [(k, a + 1) for k, a, _ in picked])
+            return commands.dead_letter(stamp, [(k, a + 1) for k, a, _ in picked], settings)
         if roll < 0.90:
             return commands.create_group(
                 self.rng.choice(TOPICS),
                 self.rng.choice(GROUP_NAMES),
-                self.rng.choice((None, 1000, 5000)),
-                self.rng.choice((None, 2, 3)),
+                self.rng.choice((None, None, 1000, 5000)),
+                self.rng.choice((None, None, 2, 3)),
+                settings,
             )
         if roll < 0.95:
             topic = self.rng.choice(TOPICS + ("orders.dlq",))
@@ -531,14 +582,14 @@ class Workload:
             return commands.node_address(node, None, None)
         return commands.node_address(node, f"10.0.0.{node}:7451", f"10.0.0.{node}:{self.counter}")
 
-    def _publish(self, stamp: int) -> bytes:
+    def _publish(self, stamp: int, settings: GroupSettings) -> bytes:
         items: list[tuple[str, bytes, int, int | None]] = []
         for _ in range(self.rng.randint(1, 4)):
             self.counter += 1
             ttl = self.rng.choice((None, None, 0, 300, 3000))
             delay = self.rng.choice((0, 0, 100, 1000, 20_000))
             items.append((self.rng.choice(TOPICS), b"m%d" % self.counter, stamp + delay, ttl))
-        return commands.publish(stamp, items)
+        return commands.publish(stamp, items, settings)
 
     def _entries(self, state: QueueState) -> list[tuple[bytes, int, int | None]]:
         out: list[tuple[bytes, int, int | None]] = []
@@ -633,7 +684,7 @@ class QueueSimCluster(SimCluster):
         leaders = [n for n in live if n.core is not None and n.core.role is Role.LEADER]
         node = self.rng.choice(leaders or live)
         assert node.core is not None and isinstance(node, QueueSimNode)
-        payload = self.workload.command(node.queue, self.now * TICK_MS)
+        payload = self.workload.command(node.queue, self.now * TICK_MS, local_settings(node.id))
         try:
             index = node.core.propose(payload)
         except (RaftNotLeaderError, ProposalDroppedError):
@@ -665,6 +716,8 @@ class QueueSimCluster(SimCluster):
             "restored_on_start": sum(n.restored_on_start for n in nodes),
             "interrupted_restores": sum(n.interrupted_restores for n in nodes),
             "crashes": self.crash_count,
+            "group_settings_seen": len(self.oracle.settings_seen),
+            "purges": self.oracle.purges,
         }
 
 

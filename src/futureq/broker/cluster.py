@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from futureq.config import split_host_port
-from futureq.errors import ConfigError, ErrorCode, FutureQError, RequestError
+from futureq.errors import ConfigError, ErrorCode, FutureQError, RemoteProtocolError, RequestError
 from futureq.peer_credentials import (
     CredentialError,
     check_own_certificate,
@@ -439,9 +439,22 @@ async def join_cluster(
             )
         except ConfigError:
             raise  # this node cannot join that cluster: stop with exit code 2
+        except RemoteProtocolError as exc:
+            if exc.code is ErrorCode.AUTH_FAILED:  # asking again will not change the token
+                raise ConfigError(
+                    f"cannot join the cluster at {config.cluster.join}: it refused this node's "
+                    f"token ({exc.message}); give this node the cluster's server.auth_token "
+                    "(FUTUREQ_SERVER_AUTH_TOKEN)"
+                ) from exc
+            log.warning("joining through %s failed: %s; retrying", config.cluster.join, exc)
         except RequestError as exc:
             if exc.code is ErrorCode.INVALID_ARGUMENT:
                 raise ConfigError(f"the cluster refused to add this node: {exc.message}") from exc
+            if exc.code is ErrorCode.PERMISSION_DENIED:
+                raise ConfigError(
+                    f"cannot join the cluster at {config.cluster.join}: {exc.message}; give "
+                    "this node the cluster's server.auth_token (it needs manage_cluster)"
+                ) from exc
             log.warning("joining through %s failed: %s; retrying", config.cluster.join, exc)
         except (FutureQError, OSError) as exc:
             log.warning("joining through %s failed: %s; retrying", config.cluster.join, exc)

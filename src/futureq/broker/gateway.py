@@ -50,7 +50,7 @@ from futureq.errors import (
     RequestError,
     StorageError,
 )
-from futureq.wire import frames
+from futureq.wire import codec, frames
 from futureq.wire.session import CLOSED, NEED_DATA, ServerSession, SessionState
 
 from .access import ANONYMOUS, AccessControl, Principal
@@ -340,6 +340,7 @@ class Connection:
         access: Authentication and the per-frame permission check.
         node_buffers: The node-wide buffer account.
         peer: The client's address for log lines (found from the stream if None).
+        on_hello: Called once the client's HELLO is answered (it authenticated).
         transport_token: A token the transport already proved (the HTTP ``Authorization``
             of a ``/ws`` upgrade, which a browser sends for the dashboard's own origin);
             a HELLO without a token is authenticated with it.
@@ -352,9 +353,11 @@ class Connection:
         access: AccessControl | None = None,
         node_buffers: NodeBuffers | None = None,
         peer: str | None = None,
+        on_hello: Callable[[], None] | None = None,
         transport_token: str | None = None,
     ) -> None:
         self.id = next(_connection_ids)
+        self._on_hello = on_hello
         self.broker = broker
         self.stream = stream
         self.peer = peer or _peer_name(stream)
@@ -563,13 +566,17 @@ class Connection:
             if isinstance(event, frames.Hello):
                 try:
                     token = event.token if event.token is not None else self.transport_token
-                    self.principal = await self.access.authenticate(token)
+                    self.principal = await self.access.authenticate(
+                        token, self.peer.rsplit(":", 1)[0]
+                    )
                 except RemoteProtocolError as exc:
                     self.broker.metrics.count_request_error(exc.code)
                     self._close(_Closing(exc.code, exc.message))
                     return False
                 leader = self.broker.log.leader_address()
                 self._queue(session.accept_hello(self.broker.node_id, leader, __version__))
+                if self._on_hello is not None:
+                    self._on_hello()
                 if handshake:
                     return True
                 continue
@@ -710,6 +717,14 @@ class Connection:
                         f"limit (limits.max_subscriptions_per_connection = {limit}); "
                         "unsubscribe or open another connection",
                     )
+                node_limit = self.limits.max_subscriptions
+                if len(broker.hub.consumers) >= node_limit:
+                    raise RequestError(
+                        ErrorCode.TOO_MANY_SUBSCRIPTIONS,
+                        f"this node holds {len(broker.hub.consumers)} subscriptions, its limit "
+                        f"(limits.max_subscriptions = {node_limit}); unsubscribe unused ones "
+                        "or ask the operator to raise the limit",
+                    )
                 consumer = await broker.subscribe(
                     self.id, self.outbox, frame.topic, frame.group, frame.prefetch
                 )
@@ -719,7 +734,14 @@ class Connection:
                     frames.SubscribeOk(frame.request_id, consumer.subscription_id),
                     frame.request_id,
                 )
+                broker.announce_settings(consumer)
                 return None
+            case frames.Extend():
+                return frames.Ok(
+                    frame.request_id, broker.extend(self.id, frame.tags, frame.visibility_ms)
+                )
+            case frames.Release():
+                return frames.Ok(frame.request_id, await broker.release(self.id, frame.tags))
             case frames.Unsubscribe():
                 found = self.subscriptions.pop(frame.subscription_id, None)
                 if found is None:
@@ -770,22 +792,70 @@ class Connection:
         raise RemoteProtocolError(ErrorCode.INVALID_FRAME, f"{frame.TYPE.name} is not a request")
 
 
+REFUSE_GRACE_S = 1.0
+"""How long a refused connection may take to receive its TOO_MANY_CONNECTIONS (s)."""
+MAX_REFUSING = 64
+"""Refused connections being told why at once; beyond, they are closed without a word."""
+MAX_UNGREETED_PER_ADDRESS = 64
+"""Connections from one address that may be open without having sent HELLO (and so
+without having authenticated); one more is refused at once. A host that opens
+connections and says nothing cannot take every slot of ``limits.max_connections``."""
+
+
+async def _refuse_connection(
+    stream: trio.abc.Stream,
+    peer: str,
+    message: str,
+    metrics_closed: Callable[[], None],
+    ssl_context: ssl.SSLContext | None,
+) -> None:
+    """Tell a connection over the limit why, then close it (it never holds a slot).
+
+    The ERROR frame is written at once (after the TLS handshake, under TLS), without
+    waiting for the HELLO: the client library reads it as the answer to its HELLO and
+    retries later (a 3xx code). The whole refusal takes at most 2 x REFUSE_GRACE_S.
+    """
+    metrics_closed()
+    closed_log.log(
+        logging.WARNING,
+        "connection from %s refused: %s: %s",
+        peer,
+        ErrorCode.TOO_MANY_CONNECTIONS.name,
+        message,
+    )
+    data = codec.encode_frame(frames.Error(0, ErrorCode.TOO_MANY_CONNECTIONS, message))
+    with trio.move_on_after(REFUSE_GRACE_S):
+        try:
+            if ssl_context is not None:
+                stream = trio.SSLStream(stream, ssl_context, server_side=True)
+            await stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
+            pass
+    with trio.move_on_after(REFUSE_GRACE_S, shield=True):
+        await trio.aclose_forcefully(stream)
+
+
 class ClientGateway:
     """Serves client connections of every transport through one code path.
 
     TCP and TLS connections (:meth:`serve_tcp`) and WebSocket connections of the HTTP
     port's ``/ws`` (:meth:`serve_stream`, called by :mod:`futureq.broker.websocket`)
-    all end in :meth:`serve_stream`: one :class:`Connection` over a
-    :class:`trio.abc.Stream`, under one ``limits.max_connections`` limit, with the same
-    access control and node buffers, counted in the same metrics. So HELLO,
-    authentication, permissions and every per-connection limit apply to each transport
-    alike.
+    all go through :meth:`serve_stream`: the same admission (at most ``max_connections``
+    served at once and :data:`MAX_UNGREETED_PER_ADDRESS` from one address before their
+    HELLO; one more is told ``TOO_MANY_CONNECTIONS`` and closed at once, never left
+    waiting with a file descriptor), then one :class:`Connection` over a
+    :class:`trio.abc.Stream` with the same access control and node buffers, counted in
+    the same metrics. So HELLO, authentication, permissions and every limit apply to
+    each transport alike.
 
     Args:
         broker: The node's request API.
         access: Authentication and permissions (default: ``server.auth_token`` only).
         node_buffers: The node-wide buffer account (default: a new one).
         ssl_context: TLS for the TCP listener, or None for plain TCP.
+        max_connections: Connections served at once (default ``limits.max_connections``;
+            the server passes what the open-file limit leaves room for,
+            :mod:`futureq.fd_budget`).
     """
 
     def __init__(
@@ -795,6 +865,7 @@ class ClientGateway:
         access: AccessControl | None = None,
         node_buffers: NodeBuffers | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.broker = broker
         self.access = access or AccessControl(broker.config.server.auth_token, None)
@@ -802,7 +873,16 @@ class ClientGateway:
             broker.config.limits.max_node_buffer_bytes
         )
         self.ssl_context = ssl_context
-        self._limit = trio.CapacityLimiter(broker.config.limits.max_connections)
+        self.max_connections = (
+            broker.config.limits.max_connections if max_connections is None else max_connections
+        )
+        self._limit = trio.CapacityLimiter(self.max_connections)
+        self._refusing = trio.CapacityLimiter(MAX_REFUSING)
+        self._refused = broker.metrics.connections_closed_total.labels(
+            ErrorCode.TOO_MANY_CONNECTIONS.name.lower()
+        ).inc
+        self._ungreeted: dict[str, int] = {}
+        """Connections per client address that have not had their HELLO answered."""
 
     async def serve_tcp(
         self, listeners: list[trio.SocketListener], *, handler_nursery: trio.Nursery | None = None
@@ -813,50 +893,93 @@ class ClientGateway:
         )
 
     async def _serve_tcp_stream(self, stream: trio.abc.Stream) -> None:
-        peer = _peer_name(stream)
-        if self.ssl_context is not None:
-            stream = trio.SSLStream(stream, self.ssl_context, server_side=True)
-            try:
-                with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                    await stream.do_handshake()
-            except (trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
-                closed_log.log(logging.INFO, "TLS handshake with %s failed: %s", peer, exc)
-                with trio.move_on_after(1, shield=True):
-                    await stream.aclose()
-                return
-        await self.serve_stream(stream, peer)
+        await self.serve_stream(stream, _peer_name(stream), ssl_context=self.ssl_context)
+
+    async def _refuse(
+        self,
+        stream: trio.abc.Stream,
+        peer: str,
+        message: str,
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
+        try:
+            self._refusing.acquire_nowait()
+        except trio.WouldBlock:
+            self._refused()
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await _refuse_connection(stream, peer, message, self._refused, ssl_context)
+        finally:
+            self._refusing.release()
 
     async def serve_stream(
-        self, stream: trio.abc.Stream, peer: str, transport_token: str | None = None
+        self,
+        stream: trio.abc.Stream,
+        peer: str,
+        transport_token: str | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """Serve one client connection until it ends; every transport comes here.
+        """Admit and serve one client connection until it ends; every transport comes here.
 
         Args:
-            stream: Whole frames in and out (TCP, TLS, or a WebSocket adapter).
-            peer: The client's address for log lines.
+            stream: Whole frames in and out (TCP, or a WebSocket adapter).
+            peer: The client's ``host:port`` for limits and log lines.
             transport_token: A token the transport carried (see :class:`Connection`).
+            ssl_context: Wrap ``stream`` in server-side TLS first (the TCP listener's).
         """
-        broker = self.broker
-        async with self._limit:
-            broker.metrics.connections_accepted_total.inc()
-            broker.metrics.client_connections.inc()
-            try:
-                await Connection(
-                    broker, stream, self.access, self.node_buffers, peer, transport_token
-                ).serve()
-            except* StorageError:
-                raise  # the node cannot go on without its disk
-            except* Exception as group:
-                # A bug of ours in one connection's handling must not take the server
-                # down; it is the one case that deserves a traceback.
-                closed_log.log(
-                    logging.ERROR,
-                    "connection from %s: handler failed (a bug); connection closed",
-                    peer,
-                    exc_info=group,
-                )
-            finally:
-                broker.metrics.client_connections.dec()
+        host = peer.rsplit(":", 1)[0]
+        ungreeted = self._ungreeted
+        if ungreeted.get(host, 0) >= MAX_UNGREETED_PER_ADDRESS:
+            await self._refuse(
+                stream,
+                peer,
+                f"{MAX_UNGREETED_PER_ADDRESS} connections from this address have not sent "
+                "HELLO yet; send HELLO on each connection at once, then retry",
+                ssl_context,
+            )
+            return
+        try:
+            self._limit.acquire_nowait()
+        except trio.WouldBlock:
+            await self._refuse(
+                stream,
+                peer,
+                f"this node serves {self.max_connections} client connections at once, its "
+                "limit (limits.max_connections, or what the open-file limit leaves room "
+                "for); retry later or on another node",
+                ssl_context,
+            )
+            return
+        ungreeted[host] = ungreeted.get(host, 0) + 1
+        greeted = False
+
+        def hello_answered() -> None:
+            nonlocal greeted
+            if greeted:
+                return
+            greeted = True
+            left = ungreeted[host] - 1
+            if left:
+                ungreeted[host] = left
+            else:
+                del ungreeted[host]
+
+        try:
+            await _serve_connection(
+                self.broker,
+                stream,
+                peer,
+                self.access,
+                self.node_buffers,
+                ssl_context,
+                hello_answered,
+                transport_token,
+            )
+        finally:
+            hello_answered()
+            self._limit.release()
 
 
 async def serve_clients(
@@ -866,11 +989,57 @@ async def serve_clients(
     access: AccessControl | None = None,
     node_buffers: NodeBuffers | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    max_connections: int | None = None,
     handler_nursery: trio.Nursery | None = None,
 ) -> None:
     """Accept connections on ``listeners`` until cancelled (a :class:`ClientGateway` of
-    its own)."""
+    its own; see it for the limits)."""
     gateway = ClientGateway(
-        broker, access=access, node_buffers=node_buffers, ssl_context=ssl_context
+        broker,
+        access=access,
+        node_buffers=node_buffers,
+        ssl_context=ssl_context,
+        max_connections=max_connections,
     )
     await gateway.serve_tcp(listeners, handler_nursery=handler_nursery)
+
+
+async def _serve_connection(
+    broker: Broker,
+    stream: trio.abc.Stream,
+    peer: str,
+    access: AccessControl,
+    node_buffers: NodeBuffers,
+    ssl_context: ssl.SSLContext | None,
+    on_hello: Callable[[], None] | None = None,
+    transport_token: str | None = None,
+) -> None:
+    if ssl_context is not None:
+        stream = trio.SSLStream(stream, ssl_context, server_side=True)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                await stream.do_handshake()
+        except (trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
+            closed_log.log(logging.INFO, "TLS handshake with %s failed: %s", peer, exc)
+            with trio.move_on_after(1, shield=True):
+                await stream.aclose()
+            return
+    broker.metrics.connections_accepted_total.inc()
+    broker.metrics.client_connections.inc()
+    try:
+        await Connection(
+            broker, stream, access, node_buffers, peer, on_hello, transport_token
+        ).serve()
+    except* StorageError:
+        raise  # the node cannot go on without its disk
+    except* Exception as group:
+        # A bug of ours in one connection's handling must not take the server
+        # down; it is the one case that deserves a traceback.
+        closed_log.log(
+            logging.ERROR,
+            "connection from %s: handler failed (a bug); connection closed",
+            peer,
+            exc_info=group,
+        )
+    finally:
+        broker.metrics.client_connections.dec()

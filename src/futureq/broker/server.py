@@ -20,16 +20,22 @@ import sys
 
 import trio
 
-from futureq import __version__
+from futureq import __version__, early_signals, fd_budget
 from futureq.clock import Clock, SystemClock
 from futureq.config import Config, split_host_port, websocket_origins
 from futureq.data_tools import check_data_fits_mode
-from futureq.errors import ConfigError, DataDirectoryInUseError, FutureQError, StorageError
+from futureq.errors import (
+    ConfigError,
+    DataDirectoryInUseError,
+    FutureQError,
+    NoSpaceError,
+    StorageError,
+)
 from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
 from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
-from futureq.state.queue_state import Defaults, QueueState
+from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
 from futureq.storage.space import SpaceAlarm
 
@@ -155,19 +161,17 @@ async def serve(
     clock = clock or SystemClock()
     started_s = clock.monotonic_s()
     metrics = Metrics(config.metrics.max_topic_series, config.metrics.max_group_series)
-    db = Database(
-        config.server.data_dir,
-        write_buffer_mb=config.storage.write_buffer_mb,
-        block_cache_mb=config.storage.block_cache_mb,
-    )
+    descriptors = fd_budget.budget(config.limits.max_connections, fd_budget.open_file_limit())
+    too_few = descriptors.warning()
+    if too_few is not None:
+        log.warning("%s", too_few)
+    db = await _open_database(config, descriptors.storage_files)
     space_alarm = SpaceAlarm(db, metrics)
     try:
         check_data_fits_mode(db, clustered=config.cluster.clustered)
         if config.cluster.clustered:
             finish_interrupted_restore(config, db)
-        state = QueueState(
-            db, Defaults(config.queue.visibility_timeout_ms, config.queue.max_deliveries)
-        )
+        state = QueueState(db)
         host, port = split_host_port(config.server.listen)
         try:
             listeners = await trio.open_tcp_listeners(port, host=host)
@@ -219,7 +223,11 @@ async def serve(
         metrics.connection_buffer_bytes.labels("out").set_function(lambda: node_buffers.outbound)
         metrics.connection_buffer_bytes.labels("in").set_function(lambda: node_buffers.inbound)
         gateway = ClientGateway(
-            broker, access=access, node_buffers=node_buffers, ssl_context=ssl_context
+            broker,
+            access=access,
+            node_buffers=node_buffers,
+            ssl_context=ssl_context,
+            max_connections=descriptors.client_connections,
         )
         if shutdown is None:
             shutdown = trio.Event()
@@ -333,6 +341,50 @@ async def serve(
         log.info("stopped; RocksDB closed")
 
 
+OPEN_RETRY_S = 1.0
+"""How often a node that found its disk full at start tries to open RocksDB again (s)."""
+
+
+async def _open_database(config: Config, max_open_files: int) -> Database:
+    """Open RocksDB; on a full disk, wait for space instead of exiting.
+
+    Opening may write (a memtable flush of the log being recovered, a new MANIFEST), so a
+    node restarted while its disk is full (a crash, a rescheduled pod) used to stop with
+    "storage failure ... No space left on device" (exit 3) and, under a supervisor,
+    restart in a loop. It now logs the NO_SPACE alarm once and tries again every
+    :data:`OPEN_RETRY_S` until there is room (docs/operations.md, "Full disk").
+
+    Raises:
+        StorageError: any failure other than a full disk.
+    """
+    waiting_since: float | None = None
+    while True:
+        try:
+            db = Database(
+                config.server.data_dir,
+                write_buffer_mb=config.storage.write_buffer_mb,
+                block_cache_mb=config.storage.block_cache_mb,
+                max_open_files=max_open_files,
+            )
+        except NoSpaceError as exc:
+            if waiting_since is None:
+                waiting_since = trio.current_time()
+                log.error(
+                    "NO_SPACE alarm at start: %s. The node waits for space and tries again "
+                    "every %g s (free space or grow the volume; nothing is lost)",
+                    exc,
+                    OPEN_RETRY_S,
+                )
+            await trio.sleep(OPEN_RETRY_S)
+            continue
+        if waiting_since is not None:
+            log.warning(
+                "NO_SPACE alarm cleared: RocksDB opened after %.0f s of waiting for space",
+                trio.current_time() - waiting_since,
+            )
+        return db
+
+
 async def _hand_over_leadership(config: Config, node: RaftNode) -> None:
     """Graceful shutdown of a leader: transfer leadership so clients need not wait for
     an election timeout (thesis §3.10)."""
@@ -365,8 +417,15 @@ async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
 
 
 async def _reload_on_sighup(access: AccessControl) -> None:
-    """SIGHUP: read the credentials file again; connections that lost access close."""
+    """SIGHUP: read the credentials file again; connections that lost access close.
+
+    A SIGHUP that arrived while the node was starting (remembered by
+    :mod:`futureq.early_signals`) is acted on as soon as this handler is installed.
+    """
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        if early_signals.take_deferred_sighup():
+            log.info("SIGHUP arrived while the node was starting; acting on it now")
+            access.reload()
         async for _ in signals:
             access.reload()
 
