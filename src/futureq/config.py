@@ -155,6 +155,10 @@ class ClusterSection:
             behind a snapshot (entries).
         transfer_leadership_on_shutdown: On SIGTERM, hand leadership to another node
             first, so clients do not wait for an election timeout.
+        max_clock_offset_ms: The stated bound of cluster time (``docs/architecture.md``,
+            "Time"): nothing is delivered earlier than its due time minus this; a node
+            whose wall clock is more than half of it from cluster time does not lead or
+            dispatch (ms).
     """
 
     raft_listen: str = f"127.0.0.1:{DEFAULT_RAFT_PORT}"
@@ -167,6 +171,7 @@ class ClusterSection:
     snapshot_chunk_bytes: int = 1024 * 1024
     compact_every_entries: int = 50_000
     transfer_leadership_on_shutdown: bool = True
+    max_clock_offset_ms: int = 500
 
     @property
     def clustered(self) -> bool:

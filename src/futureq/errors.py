@@ -47,6 +47,7 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_GROUP = 214
     INVALID_ARGUMENT = 215
     UNKNOWN_TOPIC = 216
+    IMPLAUSIBLE_TIME = 220
 
     # 3xx availability errors (retry may succeed)
     NOT_LEADER = 300
@@ -54,6 +55,7 @@ class ErrorCode(enum.IntEnum):
     STORAGE_FAILURE = 302
     TIMEOUT = 303
     INTERNAL_ERROR = 304
+    CLOCK_NOT_SYNCHRONIZED = 315
 
     @property
     def closes_connection(self) -> bool:

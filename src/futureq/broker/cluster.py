@@ -23,6 +23,8 @@ from futureq.raft.rocks_storage import RocksStorage
 from futureq.raft.transport import AddressBook, Transport
 from futureq.state import snapshot
 
+from .cluster_time import export_clock_metrics
+
 if TYPE_CHECKING:
     from futureq.config import Config
     from futureq.metrics import Metrics
@@ -133,6 +135,7 @@ def build_raft_log(
             keep_entries_after_compaction=max(1, cluster.compact_every_entries // 5),
             bootstrap_voters=frozenset(peers),
             client_address=client_address,
+            max_clock_offset_ms=cluster.max_clock_offset_ms,
         ),
         storage,
         transport,
@@ -166,11 +169,14 @@ RAFT_METRICS_INTERVAL_S = 1.0
 
 
 async def export_raft_metrics(node: RaftNode, metrics: Metrics) -> None:
-    """Copy the node's Raft figures into the gauges once a second."""
+    """Copy the node's Raft and cluster clock figures into the gauges once a second."""
     roles = ("follower", "pre_candidate", "candidate", "leader")
     peers_seen: set[int] = set()
+    clocks_seen: set[int] = set()
     elections = 0
     while True:
+        clocks_seen = export_clock_metrics(node.timekeeper.clock, metrics, clocks_seen)
+        metrics.leader_lease_remaining_seconds.set(node.lease_remaining_s())
         metrics.raft_term.set(node.term)
         metrics.raft_commit_index.set(node.commit_index)
         metrics.applied_index.set(node.applied_index)

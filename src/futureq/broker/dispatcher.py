@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -50,6 +51,9 @@ _REASON_COUNTERS: dict[CommandKind, str] = {
 }
 PROPOSE_RETRY_MS = 200
 """Wait before retrying an EXPIRE or DEAD_LETTER the log refused (ms)."""
+NOT_ALLOWED_RETRY_MS = 50
+"""While dispatching is not allowed (no lease yet, clock out of bound), look again after
+this long (ms)."""
 
 
 class Dispatcher:
@@ -66,6 +70,9 @@ class Dispatcher:
             rest goes in the next frame), so frames stay under the client's limit.
         active: Dispatch from the start (a single node); a Raft node starts inactive
             and is activated when it becomes leader.
+        dispatch_allowed: Asked before every pass; while it says no, nothing is handed
+            out, released or expired (a Raft leader without its lease or with a clock
+            out of bound: ``RaftNode.can_dispatch``). None: always allowed.
     """
 
     def __init__(
@@ -78,8 +85,10 @@ class Dispatcher:
         metrics: Metrics | None = None,
         max_deliver_bytes: int = 1024 * 1024,
         active: bool = True,
+        dispatch_allowed: Callable[[], bool] | None = None,
     ) -> None:
         self.state = state
+        self.dispatch_allowed = dispatch_allowed
         self.max_deliver_bytes = max_deliver_bytes
         self.log = log
         self.hub = hub
@@ -252,6 +261,8 @@ class Dispatcher:
         if not self.active:
             return math.inf
         now_ms = self.clock.wall_ms()
+        if self.dispatch_allowed is not None and not self.dispatch_allowed():
+            return float(now_ms + NOT_ALLOWED_RETRY_MS)
         self.hub.expire_visibility(now_ms)
         next_ms: float = self._unpark(now_ms)
         expired: list[bytes] = []

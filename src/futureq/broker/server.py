@@ -38,6 +38,7 @@ from .cluster import (
     join_cluster,
     stop_when_removed,
 )
+from .cluster_time import ClusterTime, run_standalone_clock
 from .command_log import SingleNodeLog
 from .dispatcher import Dispatcher
 from .gateway import serve_clients
@@ -92,7 +93,9 @@ async def serve(
 
     Args:
         config: The node's configuration.
-        clock: Wall clock (tests may pass a fake one); the system clock by default.
+        clock: The clock stamps and due times are read from (tests may pass a fake
+            one); by default cluster time (:class:`.cluster_time.ClusterTime`) over the
+            system clocks.
         shutdown: Set it to begin a graceful shutdown (in-process tests).
         handle_signals: Watch SIGTERM and SIGINT (main thread only).
         task_status: Receives ``(client_address, http_address)`` once serving.
@@ -101,8 +104,8 @@ async def serve(
         StorageError: RocksDB cannot be opened or fails while running.
         OSError: a listener address cannot be bound.
     """
-    clock = clock or SystemClock()
-    started_s = clock.monotonic_s()
+    system_clock = SystemClock()
+    started_s = system_clock.monotonic_s()
     metrics = Metrics()
     db = Database(
         config.server.data_dir,
@@ -139,6 +142,15 @@ async def serve(
                 on_applied=lambda: metrics.applied_index.set(state.applied_index),
             )
             replayed = command_log.recover()
+        cluster_time: ClusterTime | None = None
+        if clock is None:
+            if isinstance(command_log, RaftNode):
+                cluster_time = ClusterTime(system_clock, command_log.timekeeper.clock)
+            else:
+                cluster_time = ClusterTime.standalone(
+                    system_clock, config.server.node_id, config.cluster.max_clock_offset_ms
+                )
+            clock = cluster_time
         dispatcher = Dispatcher(
             state,
             command_log,
@@ -148,9 +160,19 @@ async def serve(
             metrics,
             max_deliver_bytes=max(64 * 1024, config.limits.max_frame_bytes // 2),
             active=not clustered,
+            dispatch_allowed=command_log.can_dispatch if isinstance(command_log, RaftNode) else None,
         )
         state.observer = dispatcher
-        broker = Broker(config, state, command_log, hub, dispatcher, clock, metrics)
+        broker = Broker(
+            config,
+            state,
+            command_log,
+            hub,
+            dispatcher,
+            clock,
+            metrics,
+            check_can_stamp=None if cluster_time is None else cluster_time.check_can_stamp,
+        )
         metrics.is_leader.set(0 if clustered else 1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
@@ -175,6 +197,8 @@ async def serve(
                     root.start_soon(join_cluster, config, command_log, client_address, raft_address)
             else:
                 await root.start(command_log.run)
+                if cluster_time is not None:
+                    root.start_soon(run_standalone_clock, cluster_time, metrics)
             await root.start(dispatcher.run)
             root.start_soon(broker.run_background_publisher)
             try:
@@ -210,7 +234,7 @@ async def serve(
                     config.server.data_dir,
                     replayed,
                     len(state.groups),
-                    clock.monotonic_s() - started_s,
+                    system_clock.monotonic_s() - started_s,
                 )
                 raft_field = f" raft={raft_address}" if clustered else ""
                 print(

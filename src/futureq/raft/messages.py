@@ -336,6 +336,43 @@ class ReadIndexResponse:
     index: LogIndex
 
 
+@attrs.frozen
+class ClockPing:
+    """Asks a peer for its wall clock (``docs/architecture.md``, "Time").
+
+    Sent by every node to every other member every few ticks, by the driver, never by
+    the core. ``term`` is the sender's current term, for diagnostics only.
+
+    Attributes:
+        mono_us: The sender's monotonic clock when it sent the ping (µs); echoed.
+    """
+
+    term: Term
+    from_id: NodeId
+    to_id: NodeId
+    mono_us: int
+
+
+@attrs.frozen
+class ClockPong:
+    """Answer to :class:`ClockPing`: one clock sample for the pinger's cluster clock.
+
+    Attributes:
+        ping_mono_us: The ping's ``mono_us``, echoed.
+        wall_us: The answering node's wall clock when it answered (µs since the Unix
+            epoch).
+        in_bound: Whether the answering node may lead (its clock is synchronized and
+            within the bound); the leader picks transfer targets by it.
+    """
+
+    term: Term
+    from_id: NodeId
+    to_id: NodeId
+    ping_mono_us: int
+    wall_us: int
+    in_bound: bool
+
+
 Message = (
     RequestVote
     | RequestVoteResponse
@@ -348,8 +385,17 @@ Message = (
     | TimeoutNow
     | ReadIndex
     | ReadIndexResponse
+    | ClockPing
+    | ClockPong
 )
-"""Any peer message; every one has ``term``, ``from_id`` and ``to_id``."""
+"""Any peer message; every one has ``term``, ``from_id`` and ``to_id``.
+
+:class:`ClockPing` and :class:`ClockPong` are answered and consumed by the driver (the
+cluster clock); they never reach ``RaftCore.step``.
+"""
+
+CLOCK_MESSAGES = (ClockPing, ClockPong)
+"""The message classes of the cluster clock (not for the Raft core)."""
 
 
 @attrs.frozen
@@ -428,6 +474,8 @@ class _Tag(enum.IntEnum):
     TIMEOUT_NOW = 9
     READ_INDEX = 10
     READ_INDEX_RESPONSE = 11
+    CLOCK_PING = 25
+    CLOCK_PONG = 26
 
 
 def _entry_fields(entry: Entry) -> list[object]:
@@ -500,6 +548,12 @@ def encode_message(message: Message) -> bytes:
         case ReadIndexResponse():
             tag = _Tag.READ_INDEX_RESPONSE
             body = [message.request_ctx, message.index]
+        case ClockPing():
+            tag = _Tag.CLOCK_PING
+            body = [message.mono_us]
+        case ClockPong():
+            tag = _Tag.CLOCK_PONG
+            body = [message.ping_mono_us, message.wall_us, message.in_bound]
     packed: bytes = msgpack.packb([int(tag), *head, *body], use_bin_type=True)
     return packed
 
@@ -516,6 +570,8 @@ _BODY_LENGTHS: dict[_Tag, int] = {
     _Tag.TIMEOUT_NOW: 0,
     _Tag.READ_INDEX: 1,
     _Tag.READ_INDEX_RESPONSE: 2,
+    _Tag.CLOCK_PING: 1,
+    _Tag.CLOCK_PONG: 3,
 }
 
 
@@ -615,6 +671,17 @@ def decode_message(data: bytes) -> Message:
         return TimeoutNow(term, from_id, to_id)
     if tag is _Tag.READ_INDEX:
         return ReadIndex(term, from_id, to_id, _expect_bytes(b[0], "request_ctx"))
+    if tag is _Tag.CLOCK_PING:
+        return ClockPing(term, from_id, to_id, _expect_int(b[0], "mono_us"))
+    if tag is _Tag.CLOCK_PONG:
+        return ClockPong(
+            term,
+            from_id,
+            to_id,
+            _expect_int(b[0], "ping_mono_us"),
+            _expect_int(b[1], "wall_us"),
+            _expect_bool(b[2], "in_bound"),
+        )
     assert tag is _Tag.READ_INDEX_RESPONSE
     return ReadIndexResponse(
         term,
