@@ -38,7 +38,9 @@ What a caller gets:
 
 * :meth:`ClusterClock.now_us` never goes backwards and, apart from the bounded slew,
   never runs faster than the monotonic clock: a wall clock stepped forwards or
-  backwards by an hour changes nothing.
+  backwards by an hour changes nothing. (Before its first agreement a clustered node's
+  cluster time is provisional, its own wall clock, and is replaced by the agreement;
+  such a node may not lead, so nothing was stamped or released by it.)
 * :attr:`ClusterClock.in_bound` — this node may lead, stamp and dispatch: it is
   synchronized, its own wall clock is within half of ``max_offset_us`` of cluster time
   (CockroachDB's rule: a node whose clock is too far off stops taking part rather than
@@ -464,7 +466,10 @@ class ClusterClock:
     def _tick_clustered(self, elapsed_us: int, notices: list[ClockNotice]) -> None:
         self._synchronize(notices)
         epoch = self._epoch
-        if epoch is not None and self._mono_us - epoch.synchronized_at_us >= self.config.epoch_max_us:
+        if (
+            epoch is not None
+            and self._mono_us - epoch.synchronized_at_us >= self.config.epoch_max_us
+        ):
             self._epoch = None
             notices.append(
                 ClockNotice(
@@ -486,6 +491,10 @@ class ClusterClock:
                         "cluster's agreement",
                     )
                 )
+            if not self._anchored:
+                # Before its first agreement a node's cluster time was provisional (its
+                # own wall clock) and nothing was stamped or released by it: replace it.
+                self._last_now_us = self._mono_us + target
             self._base_us = target
             self._anchored = True
         else:
@@ -556,9 +565,7 @@ class ClusterClock:
             if abs(offset) <= half:
                 if self._peer_noticed.pop(peer, None) is not None:
                     notices.append(
-                        ClockNotice(
-                            "info", f"node {peer}'s clock is back within half of the bound"
-                        )
+                        ClockNotice("info", f"node {peer}'s clock is back within half of the bound")
                     )
                 continue
             last = self._peer_noticed.get(peer)
