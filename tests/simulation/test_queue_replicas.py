@@ -74,3 +74,5 @@ def test_the_fixed_seeds_exercise_every_fault() -> None:
     assert totals["snapshot_installs"] > 0
     assert totals["restored_on_start"] > 0
     assert totals["crashes"] > 0
+    assert totals["releases"] > 1000  # the dispatcher model released, and was checked
+    assert totals["clock_faults"] > 5
