@@ -48,6 +48,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_ARGUMENT = 215
     UNKNOWN_TOPIC = 216
     IMPLAUSIBLE_TIME = 220
+    NODE_CLOCK_OUT_OF_BOUND = 221
 
     # 3xx availability errors (retry may succeed)
     NOT_LEADER = 300

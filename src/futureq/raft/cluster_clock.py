@@ -24,8 +24,10 @@ the model; see ``docs/architecture.md``, "Time"):
    interval that a quorum (a majority of the voters) agrees on. The tolerance starts at
    a quarter of ``max_offset_us`` and halves while a quorum still agrees, so the
    interval is as tight as the clocks allow. No quorum within a quarter of the bound: no
-   agreement, the window is retried, and after ``epoch_max_us`` without agreement the
-   node is **unsynchronized**.
+   agreement, the window is retried. The last agreement stays in force, carried by the
+   monotonic clock, for ``epoch_max_us`` (long: the monotonic clock drifts little, and
+   this node's own wall clock must keep agreeing with it, step 4); after that without a
+   new agreement the node is **unsynchronized**.
 4. The target offset is this node's own wall clock clamped into the agreed interval
    (a good clock is kept as it is; a wrong one is pulled to the edge of what the others
    agree on). A node that is not leading adopts it at once when it is more than an
@@ -56,6 +58,7 @@ quarter of the bound is not followed (a notice says so); restart the node to ado
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -65,6 +68,8 @@ from futureq.raft.quorum import majority
 
 US_PER_MS = 1000
 PPM = 1_000_000
+RECENT_SAMPLES = 8
+"""Samples per peer kept for its exported offset (the shortest round trip wins)."""
 PEER_NOTICE_EVERY_US = 60_000_000
 """A peer whose offset stays past half the bound is logged again this often (µs)."""
 
@@ -135,7 +140,9 @@ class ClockConfig:
         window_min_us: Samples collected before an agreement is computed.
         window_max_us: A window that reached no agreement by then starts again.
         epoch_max_us: Without a new agreement for this long the node is unsynchronized
-            (it may not lead or stamp).
+            (it may not lead or stamp); until then the last agreement is carried by the
+            monotonic clock (a majority of clocks may be unreachable meanwhile, e.g. one
+            node down and another with a wrong clock).
         slew_up_ppm: Cluster time runs at most this much faster than the monotonic
             clock while it catches up (parts per million; NTP's kernel limit is 500).
         slew_down_ppm: ...and at most this much slower while it falls back.
@@ -269,11 +276,12 @@ class ClusterClock:
         self._window_samples = 0
         self._learned = False
         self._epoch: _Epoch | None = None
-        self._latest: dict[int, _Sample] = {}
+        self._latest: dict[int, deque[_Sample]] = {}
         self._eligible: dict[int, tuple[bool, int]] = {}
         self._peer_noticed: dict[int, int] = {}
-        self._was_in_bound = False
+        self._was_in_bound: bool | None = None
         self._step_noticed = False
+        self._window_failing = False
         self.set_voters(voters)
 
     # --- inputs -----------------------------------------------------------------------
@@ -300,7 +308,8 @@ class ClusterClock:
         self._eligible[peer] = (peer_in_bound, m2_us)
         delay_us = (m2_us - m0_us) // 2
         sample = _Sample(t1_us + delay_us - m2_us, delay_us)
-        self._latest[peer] = sample
+        recent = self._latest.setdefault(peer, deque(maxlen=RECENT_SAMPLES))
+        recent.append(sample)
         if m0_us < self._window_start_us:
             return  # the window was reset between the ping and the pong
         known = self._window.get(peer)
@@ -386,7 +395,7 @@ class ClusterClock:
             )
         own = self._wall_offset_us - self._base_us
         return (
-            f"node {self.id}'s wall clock is {_describe(own)} cluster time, more than half of "
+            f"node {self.id}'s wall clock is {describe_offset(own)} cluster time, more than half of "
             f"max_clock_offset_ms={self.config.max_offset_us // US_PER_MS}; fix its clock "
             "(NTP) before it may lead"
         )
@@ -396,8 +405,13 @@ class ClusterClock:
         return self._wall_offset_us - self._base_us
 
     def offsets_us(self) -> dict[int, int]:
-        """Per peer with a sample: its wall clock minus our cluster time (µs)."""
-        return {peer: s.offset_us - self._base_us for peer, s in sorted(self._latest.items())}
+        """Per peer with a sample: its wall clock minus our cluster time (µs), from the
+        most accurate (shortest round trip) of its last few samples."""
+        return {
+            peer: offset
+            for peer in sorted(self._latest)
+            if (offset := self.peer_offset_us(peer)) is not None
+        }
 
     def peer_in_bound(self, peer: int) -> bool | None:
         """What ``peer`` last said of itself (may it lead?), or None when it has not
@@ -409,8 +423,11 @@ class ClusterClock:
 
     def peer_offset_us(self, peer: int) -> int | None:
         """``peer``'s wall clock minus our cluster time, or None without a sample."""
-        sample = self._latest.get(peer)
-        return None if sample is None else sample.offset_us - self._base_us
+        recent = self._latest.get(peer)
+        if not recent:
+            return None
+        best = min(reversed(recent), key=lambda sample: sample.delay_us)  # newest on ties
+        return best.offset_us - self._base_us
 
     def status(self) -> ClockStatus:
         """A snapshot for status pages and metrics."""
@@ -450,7 +467,7 @@ class ClusterClock:
                 notices.append(
                     ClockNotice(
                         "error",
-                        f"the wall clock jumped: it is {_describe(difference)} cluster time; "
+                        f"the wall clock jumped: it is {describe_offset(difference)} cluster time; "
                         "cluster time keeps running on the monotonic clock and does not follow "
                         "a step of more than a quarter of max_clock_offset_ms="
                         f"{self.config.max_offset_us // US_PER_MS} (restart the node to adopt "
@@ -474,7 +491,7 @@ class ClusterClock:
             notices.append(
                 ClockNotice(
                     "error",
-                    f"no agreement on cluster time for {self.config.epoch_max_us / 1e6:.0f} s "
+                    f"no agreement on cluster time for {self.config.epoch_max_us / 1e6:.1f} s "
                     "(partitioned, or too many clocks disagree); this node will not lead",
                 )
             )
@@ -507,15 +524,23 @@ class ClusterClock:
         if elapsed_us < config.window_min_us:
             return
         if elapsed_us >= config.window_max_us:
-            sampled = 1 + sum(1 for peer in self._window if peer in self._voters)
-            notices.append(
-                ClockNotice(
-                    "warning",
-                    f"clock synchronization failed: {sampled} of {len(self._voters | {self.id})} "
-                    f"clocks sampled in {elapsed_us / 1e6:.1f} s, and no majority agrees within "
-                    f"±{config.tolerance_max_us / 1000:.0f} ms",
+            if not self._window_failing:
+                self._window_failing = True
+                sampled = 1 + sum(1 for peer in self._window if peer in self._voters)
+                carried = (
+                    "; cluster time runs on from the last agreement"
+                    if self._epoch is not None
+                    else ""
                 )
-            )
+                notices.append(
+                    ClockNotice(
+                        "warning",
+                        f"clock synchronization failed: {sampled} of "
+                        f"{len(self._voters | {self.id})} clocks sampled in "
+                        f"{elapsed_us / 1e6:.1f} s, and no majority agrees within "
+                        f"±{config.tolerance_max_us / 1000:.0f} ms{carried}",
+                    )
+                )
             self._reset_window()
             return
         if not self._learned:
@@ -541,7 +566,8 @@ class ClusterClock:
             tolerance //= 2
         if agreed is None:
             return  # wait for better samples, or until the window runs out
-        if self._epoch is None:
+        if self._epoch is None or self._window_failing:
+            self._window_failing = False
             notices.append(
                 ClockNotice(
                     "info",
@@ -574,12 +600,14 @@ class ClusterClock:
                 notices.append(
                     ClockNotice(
                         "warning",
-                        f"node {peer}'s clock is {_describe(offset)} cluster time, more than half "
+                        f"node {peer}'s clock is {describe_offset(offset)} cluster time, more than half "
                         f"of max_clock_offset_ms={self.config.max_offset_us // US_PER_MS}",
                     )
                 )
 
     def _notice_bound(self, notices: list[ClockNotice]) -> None:
+        if not self._anchored:
+            return  # nothing is known yet
         now_in_bound = self.in_bound
         if now_in_bound == self._was_in_bound:
             return
@@ -591,12 +619,12 @@ class ClusterClock:
                 )
             return
         reason = self.refusal()
-        if reason is not None and self._anchored:
+        if reason is not None:
             notices.append(ClockNotice("error", reason + "; it will not lead or dispatch"))
 
 
-def _describe(offset_us: int) -> str:
-    """``"1.5 s ahead of"`` / ``"300.0 ms behind"`` for an offset in µs."""
+def describe_offset(offset_us: int) -> str:
+    """``"12.5 s ahead of"`` / ``"300.0 ms behind"`` for an offset in µs (then a noun)."""
     direction = "ahead of" if offset_us >= 0 else "behind"
     size = abs(offset_us)
     amount = f"{size / 1e6:.1f} s" if size >= 10_000_000 else f"{size / 1000:.1f} ms"
@@ -609,5 +637,6 @@ __all__ = [
     "ClockStatus",
     "ClusterClock",
     "Interval",
+    "describe_offset",
     "smallest_interval",
 ]

@@ -36,6 +36,7 @@ import trio
 
 from futureq.clock import SystemClock
 from futureq.errors import ConfigError, ErrorCode, NotLeaderError, RequestError, StorageError
+from futureq.raft.cluster_clock import describe_offset
 from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError, Role
 from futureq.raft.messages import (
     CLOCK_MESSAGES,
@@ -564,9 +565,10 @@ class RaftNode:
         Raises:
             NotLeaderError: not the leader.
             RequestError: INVALID_ARGUMENT if there is no such voter;
-                CLOCK_NOT_SYNCHRONIZED if the target's clock (or, for None, every other
-                voter's) does not report itself synchronized and in bound within
-                ``timeout_s``; TIMEOUT if no other node became leader within
+                NODE_CLOCK_OUT_OF_BOUND if the target's clock does not report itself
+                synchronized and in bound within ``timeout_s`` (for None:
+                CLOCK_NOT_SYNCHRONIZED when no other voter's does); TIMEOUT if no other
+                node became leader within
                 ``timeout_s`` (default: two election timeouts; the core aborts the
                 transfer after one, and this node then steps down).
         """
@@ -628,10 +630,10 @@ class RaftNode:
         detail = (
             ""
             if offset_us is None
-            else f"; its wall clock is {offset_us / 1000:+.1f} ms from cluster time"
+            else f"; its wall clock is {describe_offset(offset_us)} cluster time"
         )
         raise RequestError(
-            ErrorCode.CLOCK_NOT_SYNCHRONIZED,
+            ErrorCode.NODE_CLOCK_OUT_OF_BOUND,
             f"node {target} may not lead: its clock is not synchronized with the cluster or "
             f"is more than half of max_clock_offset_ms={self.config.max_clock_offset_ms} from "
             f"cluster time{detail}; fix its clock (NTP) first",
@@ -820,7 +822,9 @@ class RaftNode:
         for message in messages:
             self._transport.send(message)
         for notice in notices:
-            log.log(_LOG_LEVELS.get(notice.level, logging.INFO), "node %d: %s", self.id, notice.text)
+            log.log(
+                _LOG_LEVELS.get(notice.level, logging.INFO), "node %d: %s", self.id, notice.text
+            )
 
     def _outcome_unknown_ticks(self) -> int:
         configured = self.config.outcome_unknown_ticks
