@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(K8S_VENV) .pytest_cache .mypy_cache .ruff_cache
 
 ## Fault-injection run: 3 nodes, mixed faults, 5 minutes (JEPSEN_ARGS to change it).
 ## The CI selection of fault-injection runs (a few minutes, seeded).
@@ -47,3 +47,27 @@ jepsen-ci: $(STAMP)
 JEPSEN_ARGS ?= --nodes 3 --time 300 --nemesis mixed --rate 20 --out $${TMPDIR:-/tmp}/futureq-jepsen
 jepsen: $(STAMP)
 	$(BIN)/python -m tests.jepsen_like run $(JEPSEN_ARGS)
+
+## Validate the Kubernetes manifests in k8s/: schemas of a pinned Kubernetes version
+## (strict: unknown fields are errors) and checkov's Kubernetes policies (skips are
+## annotated in the manifests with their reasons). Each tool is also run on a bad file
+## it must refuse, so a check that stopped checking cannot pass.
+K8S_VENV ?= .venv-k8s
+K8S_VERSION ?= 1.32.0
+K8S_STAMP := $(K8S_VENV)/.installed-$(shell cat requirements-k8s.txt | cksum | cut -d' ' -f1)
+
+$(K8S_STAMP): requirements-k8s.txt
+	$(PYTHON) -m venv $(K8S_VENV)
+	$(K8S_VENV)/bin/pip install --quiet -r requirements-k8s.txt
+	rm -f $(K8S_VENV)/.installed-*
+	touch $@
+
+.PHONY: k8s-check
+k8s-check: $(K8S_STAMP)
+	$(K8S_VENV)/bin/kubernetes-validate --strict --kubernetes-version $(K8S_VERSION) --quiet k8s/*.yaml
+	! $(K8S_VENV)/bin/kubernetes-validate --strict --kubernetes-version $(K8S_VERSION) --quiet \
+		tests/k8s_fixtures/bad-unknown-field.yaml > /dev/null
+	$(K8S_VENV)/bin/checkov --directory k8s --framework kubernetes --skip-download --compact --quiet
+	! $(K8S_VENV)/bin/checkov --file tests/k8s_fixtures/bad-privileged.yaml --framework kubernetes \
+		--skip-download --compact --quiet > /dev/null
+	@echo "k8s-check: every manifest in k8s/ is valid for Kubernetes $(K8S_VERSION) and passes checkov"

@@ -50,7 +50,10 @@ class ServerSection:
         data_dir: Directory of the embedded RocksDB (created if missing).
         listen: ``HOST:PORT`` of the client listener.
         http: ``HOST:PORT`` of ``/metrics``, ``/healthz``, ``/readyz`` and the dashboard.
-        advertise: Client address other nodes hand to clients as ours; defaults to ``listen``.
+        advertise: Client address this node announces (``--advertise-client``): in
+            NOT_LEADER redirects, HELLO answers, cluster status and NODE_ADDRESS.
+            Defaults to ``listen``; must be set when ``listen`` is a wildcard
+            (``0.0.0.0``, ``::``) and the node runs in a cluster.
         auth_token: If set, HELLO must carry this token.
         shutdown_grace_ms: Longest a graceful shutdown may take before it is forced (ms).
         log_level: ``debug``, ``info``, ``warning`` or ``error``.
@@ -142,6 +145,10 @@ class ClusterSection:
 
     Attributes:
         raft_listen: ``HOST:PORT`` where peers connect for Raft traffic.
+        advertise_raft: Raft address this node announces to peers
+            (``--advertise-raft``): in the peer handshake, cluster status and the
+            NODE_ADDRESS a joining node sends. Defaults to ``raft_listen``; must be set
+            when ``raft_listen`` is a wildcard (``0.0.0.0``, ``::``).
         peers: The initial voters, ``"1=HOST:RAFTPORT,2=HOST:RAFTPORT,3=HOST:RAFTPORT"``,
             this node included; empty for a single node or a node that joins.
         join: Client address (``HOST:PORT``) of a cluster member to ask to add this
@@ -162,6 +169,7 @@ class ClusterSection:
     """
 
     raft_listen: str = f"127.0.0.1:{DEFAULT_RAFT_PORT}"
+    advertise_raft: str | None = None
     peers: str = ""
     join: str | None = None
     cluster_id: str = "futureq"
@@ -198,6 +206,32 @@ class Config:
     storage: StorageSection = attrs.Factory(StorageSection)
     tls: TlsConfig = attrs.Factory(TlsConfig)
     cluster: ClusterSection = attrs.Factory(ClusterSection)
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*", ""})
+"""Hosts that mean "every interface" when bound and reach nothing when announced."""
+
+
+def is_wildcard(address: str) -> bool:
+    """True when ``address`` (``HOST:PORT``) names a wildcard host such as ``0.0.0.0``.
+
+    Raises:
+        ValueError: ``address`` is not ``HOST:PORT``.
+    """
+    host, _ = split_host_port(address)
+    return host in WILDCARD_HOSTS
+
+
+def announced_client_address(config: Config) -> str:
+    """The client address this node hands to peers and clients: ``server.advertise``,
+    else ``server.listen`` (port 0 there is replaced by the bound port at start)."""
+    return config.server.advertise or config.server.listen
+
+
+def announced_raft_address(config: Config) -> str:
+    """The Raft address this node announces to peers: ``cluster.advertise_raft``, else
+    ``cluster.raft_listen`` (port 0 there is replaced by the bound port at start)."""
+    return config.cluster.advertise_raft or config.cluster.raft_listen
 
 
 def split_host_port(address: str) -> tuple[str, int]:

@@ -45,6 +45,9 @@ from futureq.config import (
     ServerSection,
     StorageSection,
     TlsConfig,
+    announced_client_address,
+    announced_raft_address,
+    is_wildcard,
     parse_peers,
     split_host_port,
 )
@@ -225,6 +228,7 @@ class _Loader:
             problems.extend(structural)
             bad_keys.update(key for problem in structural for key in problem.keys)
 
+        semantic_keys: set[str] = set()
         # Check meaning section by section, on what structured, so one run reports
         # every problem; a check touching a key that failed to structure is skipped.
         for section_name, section_cls in SECTIONS.items():
@@ -243,6 +247,12 @@ class _Loader:
                 continue
             for bad in _SEMANTIC_CHECKS[section_name](section):
                 if bad_keys.isdisjoint(bad.keys):
+                    problems.append(self._sentence(bad))
+                    semantic_keys.update(bad.keys)
+
+        if config is not None:
+            for bad in _check_whole(config):
+                if bad_keys.isdisjoint(bad.keys) and semantic_keys.isdisjoint(bad.keys):
                     problems.append(self._sentence(bad))
 
         if problems:
@@ -539,13 +549,23 @@ def _check_tls(tls: TlsConfig) -> Iterable[_Bad]:
 
 def _check_cluster(cluster: ClusterSection) -> Iterable[_Bad]:
     yield from _address("cluster", "raft_listen", cluster.raft_listen, port_zero=True)
+    yield from _address("cluster", "advertise_raft", cluster.advertise_raft, port_zero=False)
     yield from _address("cluster", "join", cluster.join, port_zero=False)
     try:
-        parse_peers(cluster.peers)
+        peers = parse_peers(cluster.peers)
     except ValueError as error:
         yield _Bad(
             ("cluster.peers",), cluster.peers, f"must be ID=HOST:PORT,ID=HOST:PORT,... ({error})"
         )
+    else:
+        wildcards = [f"{peer}={address}" for peer, address in peers.items() if is_wildcard(address)]
+        if wildcards:
+            yield _Bad(
+                ("cluster.peers",),
+                cluster.peers,
+                f"names wildcard addresses ({', '.join(wildcards)}) that no peer can dial; "
+                "give each node's reachable HOST:PORT (its --advertise-raft)",
+            )
     if cluster.peers.strip() and cluster.join is not None:
         yield _Bad(
             ("cluster.join", "cluster.peers"),
@@ -593,3 +613,72 @@ _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
     "tls": _check_tls,
     "cluster": _check_cluster,
 }
+
+
+# --- checks across sections -------------------------------------------------------
+
+
+def _check_whole(config: Config) -> Iterable[_Bad]:
+    """Checks that need more than one section (run once every section structured)."""
+    yield from _check_announced(config)
+
+
+def _check_announced(config: Config) -> Iterable[_Bad]:
+    """A clustered node never announces a wildcard address (issue 12): peers would dial
+    ``0.0.0.0:7451`` and clients would be redirected to ``0.0.0.0:7450``."""
+    if not config.cluster.clustered:
+        return
+    for announced, key, listen_key, flag in (
+        (
+            announced_client_address(config),
+            "server.advertise",
+            "server.listen",
+            "--advertise-client",
+        ),
+        (
+            announced_raft_address(config),
+            "cluster.advertise_raft",
+            "cluster.raft_listen",
+            "--advertise-raft",
+        ),
+    ):
+        try:
+            wildcard = is_wildcard(announced)
+        except ValueError:
+            continue  # reported by the section's own check
+        if not wildcard:
+            continue
+        explicit = key if _value_of(config, key) is not None else listen_key
+        yield _Bad(
+            (explicit,),
+            announced,
+            f"is a wildcard address, and a node of a cluster announces this address to its "
+            f"peers and clients; set {key} ({flag}) to a HOST:PORT they can reach, such "
+            f"as this node's DNS name",
+        )
+
+
+def _value_of(config: Config, dotted: str) -> object:
+    section, key = dotted.split(".")
+    return getattr(getattr(config, section), key)
+
+
+def config_warnings(config: Config) -> list[str]:
+    """Things in a valid configuration that are probably mistakes, one sentence each.
+
+    ``futureq check-config`` prints them on stderr and ``futureq start`` logs them; they
+    do not stop the node.
+    """
+    warnings: list[str] = []
+    try:
+        client_wildcard = is_wildcard(announced_client_address(config))
+    except ValueError:
+        client_wildcard = False
+    if not config.cluster.clustered and client_wildcard:
+        warnings.append(
+            f"server.listen = {config.server.listen!r} is a wildcard address and "
+            "server.advertise is unset: clients are told this node is at "
+            f"{announced_client_address(config)!r} (in HELLO answers); set server.advertise "
+            "(--advertise-client) to the HOST:PORT clients reach it at"
+        )
+    return warnings

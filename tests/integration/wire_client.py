@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -16,9 +17,18 @@ OPEN_CLIENTS: list[WireClient] = []
 class WireClient:
     """One TCP connection to a broker; ``hello()`` unless told otherwise."""
 
-    def __init__(self, address: str, *, hello: bool = True, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        hello: bool = True,
+        timeout_s: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         host, port = address.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        if ssl_context is not None:
+            self.sock = ssl_context.wrap_socket(self.sock, server_hostname=host)
         OPEN_CLIENTS.append(self)
         self.decoder = codec.FrameDecoder(64 * 1024 * 1024)
         self.pushed: list[frames.Deliver] = []

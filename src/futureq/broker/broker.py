@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from futureq import __version__
-from futureq.config import split_host_port
+from futureq.config import WILDCARD_HOSTS, split_host_port
 from futureq.errors import ErrorCode, FutureQError, NotLeaderError, RequestError
 from futureq.metrics import GroupCounts
 from futureq.state import commands
@@ -251,9 +251,16 @@ class Broker:
         self._require_leader()
         for name, address in (("raft_address", raft_address), ("client_address", client_address)):
             try:
-                _, port = split_host_port(address)
+                host, port = split_host_port(address)
             except ValueError as exc:
                 raise RequestError(ErrorCode.INVALID_ARGUMENT, f"{name}: {exc}") from None
+            if host in WILDCARD_HOSTS:
+                raise RequestError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"{name} {address!r} is a wildcard address that peers and clients cannot "
+                    "reach; give the node's own HOST:PORT (its --advertise-raft or "
+                    "--advertise-client)",
+                )
             if port == 0:
                 raise RequestError(
                     ErrorCode.INVALID_ARGUMENT, f"{name} {address!r} must name a real port, not 0"

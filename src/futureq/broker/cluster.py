@@ -116,6 +116,7 @@ def build_raft_log(
         ssl_client=ssl_client,
         cluster_id=cluster.cluster_id,
         client_address=client_address,
+        advertise_address=cluster.advertise_raft,  # None: the bound raft address
         rng=random.Random(),
         # Reconnect to a restarted peer well within one election timeout, or a leader
         # whose quorum needs that peer steps down (CheckQuorum) while it backs off.
@@ -212,6 +213,32 @@ async def stop_when_removed(node: RaftNode, node_id: int, shutdown: trio.Event) 
         await trio.sleep(RAFT_METRICS_INTERVAL_S)
 
 
+def join_ssl_context(config: Config) -> ssl.SSLContext | None:
+    """The TLS context a joining node uses to reach the member at ``cluster.join``.
+
+    The members' client listeners are configured like ours: with TLS on, verify them with
+    ``tls.ca_file`` (the system's CAs without one) and present our own certificate, which
+    a listener with ``require_client_cert`` asks for.
+
+    Returns:
+        None when this node's client listener has no TLS.
+    """
+    tls = config.tls
+    if not tls.enabled:
+        return None
+    assert tls.cert_file is not None and tls.key_file is not None
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=tls.ca_file)
+    context.load_cert_chain(tls.cert_file, tls.key_file)
+    return context
+
+
+def was_removed(node: RaftNode, node_id: int) -> bool:
+    """True when this node's own data says it was removed from the cluster: the stored
+    membership is non-empty and does not list ``node_id``."""
+    voters, learners = node.membership()
+    return bool(voters or learners) and node_id not in voters and node_id not in learners
+
+
 async def join_cluster(
     config: Config, node: RaftNode, client_address: str, raft_address: str
 ) -> None:
@@ -225,6 +252,18 @@ async def join_cluster(
     assert config.cluster.join is not None
     node_id = config.server.node_id
     delay_s = 0.2
+    asked = False  # the leader accepted our ADD_NODE: from then on our id is ours
+    if was_removed(node, node_id):
+        # A removed node shut itself down; restarted on the same data (a container
+        # restart during a scale-down) it must not add itself back. `add-node` can.
+        log.warning(
+            "node %d was removed from the cluster (its data says so); not asking %s to add "
+            "it again. Finish the scale-down (delete the node and its data), or add it back "
+            "with `futureq-cli cluster add-node`",
+            node_id,
+            config.cluster.join,
+        )
+        return
     while True:
         voters, learners = node.membership()
         if node_id in voters or node_id in learners:
@@ -232,7 +271,11 @@ async def join_cluster(
             return
         try:
             async with open_client(
-                config.cluster.join, connect_timeout_s=5.0, request_timeout_s=30.0
+                config.cluster.join,
+                ssl_context=join_ssl_context(config),
+                token=config.server.auth_token,
+                connect_timeout_s=5.0,
+                request_timeout_s=30.0,
             ) as client:
                 view = await client.cluster_status()
                 theirs = view.get("cluster_id")
@@ -241,13 +284,27 @@ async def join_cluster(
                         f"{config.cluster.join} belongs to cluster {theirs!r}, this node to "
                         f"{config.cluster.cluster_id!r}; set --cluster-id to join it"
                     )
-                if node_id in view.get("voters", []) or node_id in view.get("learners", []):
+                listed = node_id in view.get("voters", []) or node_id in view.get("learners", [])
+                ours = any(
+                    member.get("node_id") == node_id
+                    and member.get("raft_address") == raft_address
+                    for member in view.get("nodes", [])
+                )
+                if listed and (asked or ours):
+                    # Added (by us now, or before a restart that came before our log
+                    # reached the change): wait for the leader to replicate it to us.
+                    log.info("the cluster lists node %d; waiting to apply it", node_id)
+                    with trio.move_on_after(delay_s):
+                        await node.wait_role_change(node.role_epoch)
+                    continue
+                if listed:
                     raise ConfigError(
                         f"node id {node_id} is already a member of the cluster at "
                         f"{config.cluster.join}; pick an unused --node-id (or remove the old "
                         f"node {node_id} first)"
                     )
                 await client.add_node(node_id, raft_address, client_address)
+                asked = True
             log.info(
                 "asked %s to add node %d (raft %s)", config.cluster.join, node_id, raft_address
             )

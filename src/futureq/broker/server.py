@@ -22,6 +22,7 @@ import trio
 from futureq import __version__
 from futureq.clock import Clock, SystemClock
 from futureq.config import Config, split_host_port
+from futureq.data_tools import check_data_fits_mode
 from futureq.errors import ConfigError, FutureQError, StorageError
 from futureq.metrics import Metrics
 from futureq.raft.node import RaftNode
@@ -113,6 +114,7 @@ async def serve(
         block_cache_mb=config.storage.block_cache_mb,
     )
     try:
+        check_data_fits_mode(db, clustered=config.cluster.clustered)
         if config.cluster.clustered:
             finish_interrupted_restore(config, db)
         state = QueueState(
@@ -194,7 +196,11 @@ async def serve(
                 root.start_soon(stop_when_removed, command_log, config.server.node_id, shutdown)
                 root.start_soon(broker.run_promoter)
                 if config.cluster.join is not None:
-                    root.start_soon(join_cluster, config, command_log, client_address, raft_address)
+                    # Announce the advertised raft address (never the bound wildcard).
+                    announced_raft = transport.advertise_address or raft_address
+                    root.start_soon(
+                        join_cluster, config, command_log, client_address, announced_raft
+                    )
             else:
                 await root.start(command_log.run)
                 if cluster_time is not None:

@@ -4,11 +4,16 @@
 
     futureq start [--config FILE] [--data-dir DIR] [--listen HOST:PORT] ...
     futureq check-config [--config FILE] [same flags] [--json]
+    futureq health [--config FILE] [same flags] [--ready]
+    futureq convert-to-cluster [--config FILE] [same flags]
+    futureq backup [--config FILE] [same flags] --out FILE
+    futureq restore [--config FILE] [same flags] --from FILE [--single-node]
     futureq --version
 
 Every flag overrides one config key; the order is defaults < TOML file < ``FUTUREQ_*``
 environment < flags (:func:`futureq.config_loader.load_config`). Exit codes: 0 fine,
-2 bad configuration or usage, otherwise what the server returns.
+2 bad configuration or usage, 1 ``health`` found the node unhealthy (or not ready),
+3 a storage failure (data commands), otherwise what the server returns.
 
 Source: DESIGN.md, "Processes and ports"; docs/operations.md, "Configuration".
 """
@@ -18,16 +23,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from futureq import __version__
-from futureq.config import Config
-from futureq.config_loader import LOG_LEVELS, env_var_name, load_config
+from futureq.config import WILDCARD_HOSTS, Config, split_host_port
+from futureq.config_loader import LOG_LEVELS, config_warnings, env_var_name, load_config
 from futureq.errors import ConfigError
 from futureq.logging_setup import setup_logging
 
@@ -71,11 +79,12 @@ _FLAGS: tuple[_Flag, ...] = (
     ),
     _Flag(("--node-id",), "server", "node_id", "N", "this node's id (>= 1)", type=int),
     _Flag(
-        ("--advertise",),
+        ("--advertise-client", "--advertise"),
         "server",
         "advertise",
         "HOST:PORT",
-        "client address other nodes hand to clients as ours; unset means --listen",
+        "client address this node announces to peers and clients (NOT_LEADER, cluster "
+        "status); never a wildcard; unset means --listen",
     ),
     _Flag(
         ("--log-level",),
@@ -96,6 +105,13 @@ _FLAGS: tuple[_Flag, ...] = (
         "raft_listen",
         "HOST:PORT",
         "where peers connect for Raft traffic",
+    ),
+    _Flag(
+        ("--advertise-raft",),
+        "cluster",
+        "advertise_raft",
+        "HOST:PORT",
+        "Raft address this node announces to peers; never a wildcard; unset means --raft-listen",
     ),
     _Flag(
         ("--peers",),
@@ -191,6 +207,52 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_flags(check)
     check.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    health = commands.add_parser(
+        "health",
+        help="exit 0 when this node's /healthz (--ready: /readyz) answers 200, else 1",
+        description="Ask the node configured like `start` (same config, environment and "
+        "flags) for /healthz, or /readyz with --ready, on its HTTP listener; exit 0 on 200, "
+        "1 otherwise. Meant for container health checks (Dockerfile HEALTHCHECK).",
+    )
+    _add_config_flags(health)
+    health.add_argument("--ready", action="store_true", help="ask /readyz instead of /healthz")
+    health.add_argument(
+        "--timeout", type=float, default=3.0, metavar="SECONDS", help="deadline (default 3)"
+    )
+    convert = commands.add_parser(
+        "convert-to-cluster",
+        help="make a stopped single node's data the first node of a new cluster",
+        description="Turn the single node's data in --data-dir into node --node-id of a new "
+        "cluster, losing nothing: the whole state becomes the cluster's first Raft snapshot "
+        "and the node its only voter. Then start it with --peers naming itself, and add the "
+        "other nodes with --join. The node must be stopped. See docs/operations.md.",
+    )
+    _add_config_flags(convert)
+    backup = commands.add_parser(
+        "backup",
+        help="write a backup of the node's queue state (the node may keep running)",
+        description="Read the queue state in --data-dir at one applied index (through a "
+        "RocksDB secondary instance: a running node keeps serving) and write it to --out. "
+        "Restore it with `futureq restore`. See docs/operations.md.",
+    )
+    _add_config_flags(backup)
+    backup.add_argument(
+        "--out", required=True, metavar="FILE", help="backup file to write; - for stdout"
+    )
+    restore = commands.add_parser(
+        "restore",
+        help="lay a backup into an empty data directory",
+        description="Write the backup into the empty --data-dir as node --node-id, the only "
+        "voter of a new cluster (start it with --peers naming itself, then --join the "
+        "others), or with --single-node as a single node's data. See docs/operations.md.",
+    )
+    _add_config_flags(restore)
+    restore.add_argument(
+        "--from", dest="source", required=True, metavar="FILE", help="backup file; - for stdin"
+    )
+    restore.add_argument(
+        "--single-node", action="store_true", help="restore as a single node, not a cluster"
+    )
     return parser
 
 
@@ -243,11 +305,98 @@ def _check_config(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    for warning in config_warnings(config):
+        print(f"futureq: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(config_as_dict(config), indent=2))
     else:
         print(config_as_toml(config), end="")
     return EXIT_OK
+
+
+EXIT_UNHEALTHY = 1
+EXIT_STORAGE = 3
+
+
+def _data_command(args: argparse.Namespace) -> int:
+    """convert-to-cluster, backup, restore (:mod:`futureq.data_tools`)."""
+    from futureq import data_tools  # RocksDB tooling: not needed by --help
+    from futureq.errors import StorageError
+
+    try:
+        config = _load(args)
+        data_dir = config.server.data_dir
+        if args.command == "convert-to-cluster":
+            index = data_tools.convert_to_cluster(config)
+            node_id = config.server.node_id
+            print(
+                f"{data_dir} is now node {node_id} of a new cluster, holding everything up to "
+                f"index {index}. Start it with --node-id {node_id} --peers "
+                f"{node_id}=<its raft HOST:PORT>, then start the other nodes with --join."
+            )
+        elif args.command == "backup":
+            if args.out == "-":
+                info = data_tools.write_backup(data_dir, sys.stdout.buffer)
+            else:
+                temp = f"{args.out}.partial"
+                with open(temp, "wb") as out:
+                    info = data_tools.write_backup(data_dir, out)
+                    os.fsync(out.fileno())
+                os.replace(temp, args.out)
+            print(
+                f"backup of {data_dir} at index {info.index} ({info.size_bytes} bytes of "
+                f"state) written to {args.out}",
+                file=sys.stderr,
+            )
+        else:
+            if args.source == "-":
+                raw = sys.stdin.buffer.read()
+            else:
+                with open(args.source, "rb") as source:
+                    raw = source.read()
+            info = data_tools.restore_backup(config, raw, single_node=args.single_node)
+            where = (
+                "as a single node"
+                if args.single_node
+                else f"as node {config.server.node_id}, the only voter of a new cluster"
+            )
+            print(f"restored the backup at index {info.index} into {data_dir} {where}")
+    except ConfigError as error:
+        print(f"futureq: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as error:
+        print(f"futureq: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except StorageError as error:
+        print(f"futureq: storage failure: {error}", file=sys.stderr)
+        return EXIT_STORAGE
+    return EXIT_OK
+
+
+def _health(args: argparse.Namespace) -> int:
+    try:
+        config = _load(args)
+    except ConfigError as error:
+        print(f"futureq: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    host, port = split_host_port(config.server.http)
+    if host in WILDCARD_HOSTS:  # listening everywhere: ask over loopback
+        host = "::1" if ":" in host else "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    path = "/readyz" if args.ready else "/healthz"
+    url = f"http://{host}:{port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:
+            body = response.read().decode("utf-8", "replace").strip()
+            print(f"{url}: {response.status} {body}")
+            return EXIT_OK
+    except urllib.error.HTTPError as error:
+        body = error.read().decode("utf-8", "replace").strip()
+        print(f"{url}: {error.code} {body}", file=sys.stderr)
+    except (OSError, ValueError) as error:
+        print(f"{url}: no answer ({error})", file=sys.stderr)
+    return EXIT_UNHEALTHY
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -257,6 +406,8 @@ def _start(args: argparse.Namespace) -> int:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(config.server.log_level)
+    for warning in config_warnings(config):
+        logging.getLogger("futureq").warning("%s", warning)
     return run_server(config)
 
 
@@ -291,6 +442,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _start(args)
     if args.command == "check-config":
         return _check_config(args)
+    if args.command == "health":
+        return _health(args)
+    if args.command in ("convert-to-cluster", "backup", "restore"):
+        return _data_command(args)
     parser.print_help(sys.stderr)
     return EXIT_CONFIG
 

@@ -374,7 +374,7 @@ class RaftNode:
     def member_addresses(self, node_id: int) -> tuple[str | None, str | None]:
         """``(raft address, client address)`` of a member as far as this node knows."""
         if node_id == self.id:
-            return self._transport.bound_address, self.config.client_address
+            return self._transport.advertise_address, self.config.client_address
         entry = self._transport.address_book.get(node_id)
         return (None if entry is None else entry[0]), self._transport.peer_client_address(node_id)
 
