@@ -282,6 +282,7 @@ class ClusterClock:
         self._was_in_bound: bool | None = None
         self._step_noticed = False
         self._window_failing = False
+        self._was_standalone = False
         self.set_voters(voters)
 
     # --- inputs -----------------------------------------------------------------------
@@ -459,7 +460,12 @@ class ClusterClock:
 
     def _tick_standalone(self, elapsed_us: int, notices: list[ClockNotice]) -> None:
         self._epoch = None
-        self._anchored = True
+        # Only a node that is the one voter is the cluster's time; a node that has not
+        # learned the membership yet (a joining one) is nobody's, and its time stays
+        # provisional until its first agreement.
+        sole_voter = self._voters == {self.id}
+        self._anchored = self._anchored or sole_voter
+        self._was_standalone = sole_voter
         difference = self._wall_offset_us - self._base_us
         if abs(difference) > self.config.tolerance_max_us:
             if not self._step_noticed:
@@ -481,6 +487,13 @@ class ClusterClock:
         self._slew(self._wall_offset_us, elapsed_us)
 
     def _tick_clustered(self, elapsed_us: int, notices: list[ClockNotice]) -> None:
+        if self._was_standalone:
+            # A single node grew into a cluster: its own time was the cluster's, so it
+            # stands as the agreement until the new members' samples make a real one
+            # (the leader keeps leading meanwhile).
+            self._was_standalone = False
+            self._epoch = _Epoch(self._base_us, self._base_us, 1, self._mono_us)
+            self._reset_window()
         self._synchronize(notices)
         epoch = self._epoch
         if (

@@ -238,3 +238,27 @@ def test_clock_config_is_checked() -> None:
         ClockConfig(window_min_us=5 * S, window_max_us=S)
     with pytest.raises(ConfigError, match="max_offset_us"):
         ClockConfig(max_offset_us=0)
+
+
+def test_a_single_node_that_grows_into_a_cluster_stays_synchronized() -> None:
+    """convert-to-cluster / add-node: the one voter's time stands as the agreement until
+    the new members' samples make one, so the leader does not step down meanwhile."""
+    clocks = Clocks()
+    clocks.clock.set_voters((1,))
+    clocks.run(0.5)
+    assert clocks.clock.standalone and clocks.clock.in_bound
+    clocks.clock.set_voters((1, 2, 3))
+    clocks.clock.tick(clocks.mono_us, clocks.wall_us())
+    assert clocks.clock.synchronized and clocks.clock.in_bound
+    clocks.run(1.0)
+    assert clocks.clock.status().sources_true == 3 and clocks.clock.in_bound
+
+
+def test_a_joining_node_does_not_take_its_own_clock_for_the_clusters() -> None:
+    clocks = Clocks(own_offset_us=300 * S)
+    clocks.clock.set_voters(())  # it has not learned the membership yet
+    clocks.run(0.2)
+    clocks.clock.set_voters((1, 2, 3))
+    clocks.run(1.0)
+    assert clocks.clock.synchronized and not clocks.clock.in_bound
+    assert abs(clocks.error_us()) <= 2 * clocks.rtt_us  # the others' time, not frozen
