@@ -822,6 +822,13 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
         f"node {view.get('node_id')}: {view.get('role')}, term {view.get('term')}, {leader}, "
         f"commit index {view.get('commit_index')}, applied index {view.get('applied_index')}"
     )
+    clock = view.get("clock")
+    if isinstance(clock, dict):
+        state = "in bound" if clock.get("in_bound") else "OUT OF BOUND: it will not lead"
+        io.out(
+            f"cluster time: {'synchronized' if clock.get('synchronized') else 'NOT synchronized'}"
+            f", {state} (max_clock_offset_ms {clock.get('max_clock_offset_ms')})"
+        )
     nodes = [
         {
             "node": node.get("node_id"),
@@ -830,13 +837,22 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
             "client_address": node.get("client_address", ""),
             "match_index": node.get("match_index", ""),
             "lag": node.get("lag", ""),
+            "clock_offset_ms": node.get("clock_offset_ms", ""),
         }
         for node in view.get("nodes", [])
     ]
     if nodes:
         _table(
             "members",
-            ("node", "role", "raft_address", "client_address", "match_index", "lag"),
+            (
+                "node",
+                "role",
+                "raft_address",
+                "client_address",
+                "match_index",
+                "lag",
+                "clock_offset_ms",
+            ),
             nodes,
             io,
         )
