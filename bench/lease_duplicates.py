@@ -15,7 +15,8 @@ nodes inherit it)::
     .venv/bin/python -m bench.lease_duplicates --fault partition --rounds 5
     .venv/bin/python -m bench.lease_duplicates --fault pause --hold 1.5 --rounds 5
 
-Prints one JSON line per round and a summary.
+Prints one JSON line per round and a summary. A round counts as a leader change when
+the node that leads afterwards (highest term) is not the one hit by the fault.
 """
 
 from __future__ import annotations
@@ -82,13 +83,31 @@ class RawConsumer:
 
 
 async def leader_of(cluster: Cluster, exclude: int | None = None) -> int:
+    """The node that says it leads in the highest term (a deposed leader that has not
+    heard yet may still say it leads, in an older term)."""
     with trio.fail_after(30):
         while True:
             statuses = await cluster.statuses()
-            for node_id, status in sorted(statuses.items()):
-                if status.get("role") == "leader" and node_id != exclude:
-                    return node_id
+            claims = [
+                (int(status.get("term") or 0), node_id)
+                for node_id, status in statuses.items()
+                if status.get("role") == "leader" and node_id != exclude
+            ]
+            if claims:
+                return max(claims)[1]
             await trio.sleep(0.05)
+
+
+async def drain(cluster: Cluster, topic: str, group: str, seconds: float) -> list[int]:
+    """Ids delivered to ``group`` by whoever leads (redirects followed) within ``seconds``."""
+    ids: list[int] = []
+    async with open_client(cluster.servers, request_timeout_s=30) as client:
+        with trio.move_on_after(seconds):
+            async with client.subscribe(topic, group, prefetch=1000) as subscription:
+                async for delivery in subscription:
+                    ids.append(delivery.id)
+                    await delivery.ack()
+    return ids
 
 
 async def one_round(cluster: Cluster, number: int, fault: str, hold_s: float) -> dict[str, Any]:
@@ -110,17 +129,12 @@ async def one_round(cluster: Cluster, number: int, fault: str, hold_s: float) ->
         else:
             cluster.pause(leader)
         await trio.sleep(hold_s)
-        new_leader = await leader_of(cluster, exclude=leader) if fault == "partition" else None
         cluster.links.heal()
         cluster.resume(leader)
-        if new_leader is None:
-            new_leader = await leader_of(cluster)
         await trio.sleep(1.0)
         nursery.cancel_scope.cancel()
-    drain = RawConsumer(cluster.nodes[new_leader].client_address, topic, group)
-    with trio.move_on_after(8):
-        await drain.run()
-    deliveries = on_leader.ids + drain.ids
+    new_leader = await leader_of(cluster)
+    deliveries = on_leader.ids + await drain(cluster, topic, group, 6.0)
     distinct = len(set(deliveries))
     return {
         "round": number,

@@ -411,7 +411,7 @@ class RaftCore:
                 # hear from a leader, unless the leader itself asked for it (§3.10).
                 # A node that just started may have answered a leader's heartbeat
                 # before it crashed, so it keeps the same quiet period: the leader's
-                # lease counts on it (thesis §6.4.1, see lease_ticks).
+                # lease counts on it (thesis §6.4.1, raft/timekeeper.py).
                 in_lease = (
                     self.config.check_quorum
                     and (self.leader_id is not None or self._recently_started())

@@ -568,9 +568,9 @@ class RaftNode:
                 NODE_CLOCK_OUT_OF_BOUND if the target's clock does not report itself
                 synchronized and in bound within ``timeout_s`` (for None:
                 CLOCK_NOT_SYNCHRONIZED when no other voter's does); TIMEOUT if no other
-                node became leader within
-                ``timeout_s`` (default: two election timeouts; the core aborts the
-                transfer after one, and this node then steps down).
+                node became leader within ``timeout_s`` (default: two election
+                timeouts; the core aborts the transfer after one, and this node then
+                steps down).
         """
         self._check_can_lead()
         core = self.core
