@@ -22,6 +22,7 @@ trio driver (:mod:`futureq.raft.node`) and the simulation drive the same code.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 import attrs
@@ -142,16 +143,16 @@ class LeaderLease:
     def __init__(self, duration_us: int) -> None:
         self.duration_us = duration_us
         self._term = -1
-        self._sent: dict[int, int] = {}
+        self._sent: deque[tuple[int, int]] = deque(maxlen=MAX_ROUNDS_KEPT)
+        """``(round, mono_us)`` of the rounds not yet answered by a majority, in order."""
 
     def round_sent(self, term: int, round_number: int, mono_us: int) -> None:
         """Heartbeat round ``round_number`` of ``term`` left at (or after) ``mono_us``."""
         if term != self._term:
             self._term = term
-            self._sent = {}
-        self._sent.setdefault(round_number, mono_us)
-        if len(self._sent) > MAX_ROUNDS_KEPT:
-            del self._sent[min(self._sent)]
+            self._sent.clear()
+        if not self._sent or round_number > self._sent[-1][0]:
+            self._sent.append((round_number, mono_us))  # rounds only grow within a term
 
     def expiry_us(self, term: int, quorum_round: int | None) -> int | None:
         """When the lease runs out (monotonic µs), or None without an answered round.
@@ -162,10 +163,12 @@ class LeaderLease:
         """
         if term != self._term or not quorum_round:
             return None
-        sent = self._sent.get(quorum_round)
-        for stale in [r for r in self._sent if r < quorum_round]:
-            del self._sent[stale]
-        return None if sent is None else sent + self.duration_us
+        sent = self._sent
+        while len(sent) > 1 and sent[1][0] <= quorum_round:
+            sent.popleft()  # answered rounds older than the newest answered one
+        if not sent or sent[0][0] > quorum_round:
+            return None  # forgotten (too many unanswered rounds) or never noted
+        return sent[0][1] + self.duration_us
 
 
 class TimeKeeper:
