@@ -98,15 +98,21 @@ async def leader_of(cluster: Cluster, exclude: int | None = None) -> int:
             await trio.sleep(0.05)
 
 
-async def drain(cluster: Cluster, topic: str, group: str, seconds: float) -> list[int]:
-    """Ids delivered to ``group`` by whoever leads (redirects followed) within ``seconds``."""
+async def drain(
+    cluster: Cluster, topic: str, group: str, seen: set[int], total: int, seconds: float
+) -> list[int]:
+    """Ids delivered to ``group`` by whoever leads (redirects followed), until every one
+    of ``total`` messages was seen once (with those in ``seen``) plus one second for
+    stragglers, or ``seconds`` passed."""
     ids: list[int] = []
     async with open_client(cluster.servers, request_timeout_s=30) as client:
-        with trio.move_on_after(seconds):
+        with trio.move_on_after(seconds) as overall:
             async with client.subscribe(topic, group, prefetch=1000) as subscription:
                 async for delivery in subscription:
                     ids.append(delivery.id)
                     await delivery.ack()
+                    if len(seen | set(ids)) >= total:
+                        overall.deadline = min(overall.deadline, trio.current_time() + 1.0)
     return ids
 
 
@@ -134,7 +140,7 @@ async def one_round(cluster: Cluster, number: int, fault: str, hold_s: float) ->
         await trio.sleep(1.0)
         nursery.cancel_scope.cancel()
     new_leader = await leader_of(cluster)
-    deliveries = on_leader.ids + await drain(cluster, topic, group, 6.0)
+    deliveries = on_leader.ids + await drain(cluster, topic, group, set(on_leader.ids), 250, 20.0)
     distinct = len(set(deliveries))
     return {
         "round": number,
