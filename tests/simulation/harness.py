@@ -198,6 +198,7 @@ def sim_time_config(scenario: Scenario) -> TimeConfig:
         ),
         tick_us=TICK_US,
         election_timeout_ticks=scenario.election_timeout_ticks,
+        ping_every_ticks=2,
     )
 
 

@@ -529,7 +529,6 @@ class ClusterClock:
             self._anchored = True
         else:
             self._slew(target, elapsed_us)
-        self._notice_peers(notices)
 
     def _synchronize(self, notices: list[ClockNotice]) -> None:
         config = self.config
@@ -591,6 +590,7 @@ class ClusterClock:
             )
         self._epoch = _Epoch(agreed.lower_us, agreed.upper_us, agreed.sources_true, self._mono_us)
         self._reset_window()
+        self._notice_peers(notices)
 
     def _reset_window(self) -> None:
         self._window_start_us = self._mono_us

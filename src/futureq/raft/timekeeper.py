@@ -3,7 +3,7 @@
 Sans-IO like the core: every clock reading is passed in (integer microseconds), so the
 trio driver (:mod:`futureq.raft.node`) and the simulation drive the same code.
 
-* **Clock samples.** Every ``ping_every_ticks`` ticks the node pings every other member
+* **Clock samples.** Every ``ping_every_ticks`` ticks (200 ms by default) the node pings every other member
   (:class:`~futureq.raft.messages.ClockPing`); a ping is answered at once with the
   wall clock (:class:`~futureq.raft.messages.ClockPong`), a pong feeds the
   :class:`~futureq.raft.cluster_clock.ClusterClock`.
@@ -63,7 +63,7 @@ class TimeConfig:
     clock: ClockConfig
     tick_us: int
     election_timeout_ticks: int
-    ping_every_ticks: int = 2
+    ping_every_ticks: int = 4
     max_drift_ppm: int = 10_000
 
     def __attrs_post_init__(self) -> None:
