@@ -6,6 +6,8 @@ Every node is its own process (``python -m futureq.cli.server_main start --node-
 ``tests/integration/cluster_process.py``; each keeps its ports across restarts so peers
 and clients can find it again. Processes are stopped by PID (SIGTERM, SIGKILL
 fallback) and the temporary directory is removed by :meth:`LocalCluster.cleanup`.
+Peers authenticate with a cluster secret by default, as ``make cluster`` does
+(``peer_auth="insecure"`` runs without, to measure what the MACs cost).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class ClusterNode(Server):
         peers: str,
         env: dict[str, str] | None = None,
         log_level: str = "warning",
+        auth_args: list[str] | None = None,
     ) -> None:
         client, raft, http = ports
         super().__init__(
@@ -79,6 +82,7 @@ class ClusterNode(Server):
                 "--raft-listen", f"127.0.0.1:{raft}",
                 "--peers", peers,
                 "--log-level", log_level,
+                *(auth_args or []),
             ],
         )  # fmt: skip
         self.node_id = node_id
@@ -140,6 +144,22 @@ class ClusterNode(Server):
         ]
 
 
+PEER_AUTH_MODES = ("secret", "insecure")
+
+
+def _auth_args(root: Path, mode: str, node_ids: list[int]) -> dict[int, list[str]]:
+    """Per node, the flags of peer authentication ``mode`` (files written under ``root``)."""
+    if mode == "insecure":
+        return {n: ["--insecure-peers"] for n in node_ids}
+    if mode == "secret":
+        from futureq.peer_credentials import generate_secret_file
+
+        secret = root / "cluster.secret"
+        generate_secret_file(str(secret))
+        return {n: ["--cluster-secret-file", str(secret)] for n in node_ids}
+    raise ValueError(f"peer_auth must be one of {', '.join(PEER_AUTH_MODES)}")
+
+
 class LocalCluster:
     """``size`` nodes started with ``--peers`` naming all of them, in a temporary dir.
 
@@ -147,10 +167,16 @@ class LocalCluster:
         size: Number of voters (3 or 5).
         env: Extra environment for every node.
         log_level: ``--log-level`` of every node.
+        peer_auth: ``secret`` (a generated cluster secret) or ``insecure``
+            (``--insecure-peers``).
     """
 
     def __init__(
-        self, size: int = 3, env: dict[str, str] | None = None, log_level: str = "warning"
+        self,
+        size: int = 3,
+        env: dict[str, str] | None = None,
+        log_level: str = "warning",
+        peer_auth: str = "secret",
     ) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="futureq-bench-cluster-"))
         ports = free_ports(3 * size)
@@ -159,8 +185,9 @@ class LocalCluster:
             for n in range(1, size + 1)
         }
         peers = ",".join(f"{n}=127.0.0.1:{p[1]}" for n, p in by_node.items())
+        auth = _auth_args(self.root, peer_auth, list(by_node))
         self.nodes = {
-            n: ClusterNode(n, self.root / f"node{n}", p, peers, env, log_level)
+            n: ClusterNode(n, self.root / f"node{n}", p, peers, env, log_level, auth[n])
             for n, p in by_node.items()
         }
 

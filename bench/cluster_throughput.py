@@ -13,10 +13,14 @@ Usage::
 
     python -m bench.cluster_throughput [--quick] [--compare] [--batches 1,100,1000]
         [--seconds 5] [--connections 4] [--profile] [--no-single]
+        [--peer-auth secret[,insecure]] [--no-fsync]
 
 Figures per batch: msgs/s, requests/s, leader fsyncs/s and entries per fsync,
 PUBLISH_OK latency p50/p99 (pipelined, so mostly queueing), CPU % of each node and of
 the load generator; the ratio cluster/single at batch 100 (target >= 0.5).
+``--peer-auth`` picks how peers authenticate (default ``secret``, as ``make cluster``);
+with several modes each batch runs once per mode, back to back, and the ratio of each
+mode to the first is printed (the cost of the per-frame MACs: ``secret,insecure``).
 ``--profile`` records the leader with py-spy at batch 100
 (``bench/results/profile_cluster_leader_batch100.txt``) and prints its top functions.
 """
@@ -38,11 +42,18 @@ PROFILE_LABEL = "cluster_leader_batch100"
 
 
 def run_cluster_batch(
-    batch: int, connections: int, warmup_s: float, seconds: float, profile: bool
+    batch: int,
+    connections: int,
+    warmup_s: float,
+    seconds: float,
+    profile: bool,
+    peer_auth: str = "secret",
+    fsync: bool = True,
 ) -> dict[str, Any]:
     """A fresh 3-node cluster, one batch size: the figures of ``publish_throughput._load``
     against the leader, plus every node's CPU over warm-up and measurement."""
-    with LocalCluster(3) as cluster:
+    env = {} if fsync else {"FUTUREQ_STORAGE_FSYNC": "false"}
+    with LocalCluster(3, env=env, peer_auth=peer_auth) as cluster:
         cluster.start()
         leader = cluster.leader()
         meter = CpuMeter(
@@ -94,18 +105,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--no-single", action="store_true", help="skip the single-node run at batch 100"
     )
+    parser.add_argument(
+        "--peer-auth",
+        default="secret",
+        help="comma-separated peer authentication modes: secret, insecure",
+    )
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="nodes do not fsync: measures CPU costs (e.g. --peer-auth) without the disk",
+    )
     args = parser.parse_args(argv)
+    modes = args.peer_auth.split(",")
     seconds = args.seconds if args.seconds is not None else (2.0 if args.quick else 5.0)
     print(
         f"{'':<9} {'batch':>6} {'msgs/s':>10} {'req/s':>9} {'fsync/s':>8} {'ent/fsync':>9} "
         f"{'p50 ms':>8} {'p99 ms':>8} {'lead%':>7} {'follow%':>9} {'gen%':>7}"
     )
     rows: dict[str, Any] = {}
+    by_mode: dict[str, dict[str, Any]] = {mode: {} for mode in modes}
     for batch in [int(b) for b in args.batches.split(",")]:
-        row = run_cluster_batch(batch, args.connections, args.warmup, seconds, args.profile)
-        rows[str(batch)] = row
-        print(_row("3 nodes", row), flush=True)
-    results: dict[str, Any] = {"by_batch": rows}
+        for mode in modes:
+            row = run_cluster_batch(
+                batch, args.connections, args.warmup, seconds, args.profile, mode, not args.no_fsync
+            )
+            row["peer_auth"] = mode
+            by_mode[mode][str(batch)] = row
+            if mode == modes[0]:
+                rows[str(batch)] = row
+            print(_row("3 nodes" if len(modes) == 1 else mode[:9], row), flush=True)
+        for mode in modes[1:]:
+            first = by_mode[modes[0]][str(batch)]["msgs_per_s"]
+            print(
+                f"batch {batch}: {modes[0]} / {mode} = "
+                f"{first / by_mode[mode][str(batch)]['msgs_per_s']:.3f}",
+                flush=True,
+            )
+    results: dict[str, Any] = {"by_batch": rows, "peer_auth": modes[0]}
+    if len(modes) > 1:
+        results["by_peer_auth"] = by_mode
     if not args.no_single:
         single = publish_throughput.run_batch(100, args.connections, args.warmup, seconds, False)
         results["single_node_batch_100"] = single

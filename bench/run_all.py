@@ -29,6 +29,7 @@ from bench import (
     memory,
     publish_throughput,
     restart,
+    topic_scale,
 )
 
 BENCHMARKS: dict[str, Callable[[list[str] | None], dict[str, Any]]] = {
@@ -36,6 +37,7 @@ BENCHMARKS: dict[str, Callable[[list[str] | None], dict[str, Any]]] = {
     "lateness": lateness.main,
     "restart": restart.main,
     "memory": memory.main,
+    "topic_scale": topic_scale.main,
 }
 
 CLUSTER_BENCHMARKS: dict[str, Callable[[list[str] | None], dict[str, Any]]] = {
@@ -107,6 +109,26 @@ def _summary(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             )
         )
         rows.append((name, "to /readyz, empty directory s", f"{r['empty']['to_readyz_s']:.2f}", ""))
+    elif name == "topic_scale":
+        for idle, row in r["levels"].items():
+            rows.append(
+                (
+                    name,
+                    f"{int(idle):,} idle topics: hot publish / deliver p99 ms, create s",
+                    f"{row['publish']['p99_ms']:.1f} / {row['deliver']['p99_ms']:.1f}, "
+                    f"{row['create_s']:.1f}",
+                    "flat",
+                )
+            )
+            rows.append(
+                (
+                    name,
+                    f"{int(idle):,} idle topics: PING p99 ms while creating / hot",
+                    f"{row['ping_during_create']['p99_ms']:.1f} / "
+                    f"{row['ping_during_hot']['p99_ms']:.1f}",
+                    f"< 50 ({ok})",
+                )
+            )
     else:
         rows.extend(_cluster_summary(name, r, ok))
     return rows

@@ -21,12 +21,14 @@ DEFAULT_HTTP_PORT = 7452
 
 @attrs.frozen
 class TlsConfig:
-    """TLS for the client listener. Both files set turns TLS on.
+    """TLS for the client listener. Both files set turns TLS on; with ``ca_file`` too,
+    Raft peers use mutual TLS (the certificate must then name the node id,
+    docs/security.md).
 
     Attributes:
         cert_file: PEM certificate chain of this server.
         key_file: PEM private key of ``cert_file``.
-        ca_file: PEM CA bundle to verify client certificates, or None.
+        ca_file: PEM CA bundle to verify client and peer certificates, or None.
         require_client_cert: Refuse clients without a certificate signed by ``ca_file``.
     """
 
@@ -54,7 +56,12 @@ class ServerSection:
             NOT_LEADER redirects, HELLO answers, cluster status and NODE_ADDRESS.
             Defaults to ``listen``; must be set when ``listen`` is a wildcard
             (``0.0.0.0``, ``::``) and the node runs in a cluster.
-        auth_token: If set, HELLO must carry this token.
+        auth_token: If set, HELLO must carry this token (or a token of
+            ``credentials_file``); it holds every permission. The HTTP API, the
+            dashboard and (with ``metrics.require_auth``) ``/metrics`` then require a
+            token too.
+        credentials_file: TOML file of per-client tokens (stored hashed) and what each
+            may do (``docs/security.md``, "Client access"); reloaded on SIGHUP.
         shutdown_grace_ms: Longest a graceful shutdown may take before it is forced (ms).
         log_level: ``debug``, ``info``, ``warning`` or ``error``.
     """
@@ -65,6 +72,7 @@ class ServerSection:
     http: str = f"127.0.0.1:{DEFAULT_HTTP_PORT}"
     advertise: str | None = None
     auth_token: str | None = None
+    credentials_file: str | None = None
     shutdown_grace_ms: int = 10_000
     log_level: str = "info"
 
@@ -81,6 +89,21 @@ class LimitsSection:
         max_batch_items: Most items in one PUBLISH, ACK or NACK.
         max_prefetch: Largest credit one subscription may hold (items).
         max_connections: Most concurrent client connections.
+        max_subscriptions_per_connection: Most subscriptions one connection may hold.
+        max_connection_buffer_bytes: Bytes queued for one connection beyond which no
+            more deliveries are pushed to it and the server stops reading its requests;
+            twice this closes the connection (a client that does not read).
+        max_node_buffer_bytes: Bytes queued for all connections together, and bytes of
+            incomplete frames received from them, beyond which no more deliveries are
+            pushed and incomplete frames wait (the node's memory for connection buffers).
+        frame_deadline_ms: Longest a frame may take from its first byte to its last (ms).
+        keepalive_interval_ms: Silence from a client after which the server sends PING (ms).
+        keepalive_timeout_ms: Time after that PING within which the client must send
+            something (a PONG) before the connection is closed (ms).
+        send_timeout_ms: Longest one write to a client may block (ms).
+        max_groups: Most consumer groups (so topics) the cluster holds; dead-letter
+            topics are created past it.
+        max_status_groups: Most groups listed in one STATUS answer or ``/api/status``.
     """
 
     max_frame_bytes: int = 4 * 1024 * 1024
@@ -90,6 +113,15 @@ class LimitsSection:
     max_batch_items: int = 10_000
     max_prefetch: int = 10_000
     max_connections: int = 10_000
+    max_subscriptions_per_connection: int = 1024
+    max_connection_buffer_bytes: int = 8 * 1024 * 1024
+    max_node_buffer_bytes: int = 256 * 1024 * 1024
+    frame_deadline_ms: int = 30_000
+    keepalive_interval_ms: int = 30_000
+    keepalive_timeout_ms: int = 30_000
+    send_timeout_ms: int = 30_000
+    max_groups: int = 1_000_000
+    max_status_groups: int = 1000
 
     def request_limits(self) -> Limits:
         """The subset the wire validation uses."""
@@ -154,6 +186,11 @@ class ClusterSection:
         join: Client address (``HOST:PORT``) of a cluster member to ask to add this
             node (it joins as a learner, catches up, and is promoted to voter).
         cluster_id: Name every node of one cluster shares; peers with another are refused.
+        secret_file: File holding the cluster secret every node shares (at least 32
+            bytes; ``futureq generate-secret FILE``); peers prove they hold it in the Raft
+            handshake (docs/security.md). None without one.
+        insecure_peers: Run a node with peers although neither mutual TLS nor a secret
+            authenticates them (anyone who reaches the Raft port can rewrite the log).
         tick_ms: Length of one Raft tick (ms).
         election_timeout_ticks: Election timeout in ticks (randomised in [T, 2T)).
         heartbeat_ticks: Leader heartbeat interval in ticks.
@@ -173,6 +210,8 @@ class ClusterSection:
     peers: str = ""
     join: str | None = None
     cluster_id: str = "futureq"
+    secret_file: str | None = None
+    insecure_peers: bool = False
     tick_ms: int = 50
     election_timeout_ticks: int = 10
     heartbeat_ticks: int = 1
@@ -196,9 +235,27 @@ class ClusterSection:
 
 
 @attrs.frozen
+class MetricsSection:
+    """What ``/metrics`` exports and who may read it (``docs/operations.md``, "Metrics").
+
+    Attributes:
+        max_topic_series: Distinct ``topic`` label values per metric; further topics
+            are counted under ``topic="_other"``. 0: every topic under ``_other``.
+        max_group_series: Distinct ``(topic, group)`` label pairs per metric; further
+            groups are counted under ``topic="_other", group="_other"``. 0: all there.
+        require_auth: With ``server.auth_token`` or ``server.credentials_file`` set,
+            ``/metrics`` needs a bearer token too (one with the ``monitor`` permission).
+    """
+
+    max_topic_series: int = 1000
+    max_group_series: int = 1000
+    require_auth: bool = True
+
+
+@attrs.frozen
 class Config:
     """The whole server configuration; TOML tables ``[server]``, ``[limits]``,
-    ``[queue]``, ``[storage]``, ``[tls]``, ``[cluster]`` map to its sections."""
+    ``[queue]``, ``[storage]``, ``[tls]``, ``[cluster]``, ``[metrics]`` map to its sections."""
 
     server: ServerSection = attrs.Factory(ServerSection)
     limits: LimitsSection = attrs.Factory(LimitsSection)
@@ -206,6 +263,7 @@ class Config:
     storage: StorageSection = attrs.Factory(StorageSection)
     tls: TlsConfig = attrs.Factory(TlsConfig)
     cluster: ClusterSection = attrs.Factory(ClusterSection)
+    metrics: MetricsSection = attrs.Factory(MetricsSection)
 
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*", ""})

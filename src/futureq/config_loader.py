@@ -5,7 +5,7 @@ overriding the one before:
 
 1. the attrs defaults (a single node on 127.0.0.1, data in ``./data``);
 2. a TOML file with the tables ``[server]``, ``[limits]``, ``[queue]``, ``[storage]``,
-   ``[tls]``;
+   ``[tls]``, ``[cluster]``, ``[metrics]``;
 3. environment variables ``FUTUREQ_<SECTION>_<KEY>`` (``FUTUREQ_SERVER_DATA_DIR``,
    ``FUTUREQ_STORAGE_FSYNC=false``), whose text is converted to the field's type;
 4. command-line overrides, already typed, as ``{section: {key: value}}``.
@@ -41,6 +41,7 @@ from futureq.config import (
     ClusterSection,
     Config,
     LimitsSection,
+    MetricsSection,
     QueueSection,
     ServerSection,
     StorageSection,
@@ -52,6 +53,12 @@ from futureq.config import (
     split_host_port,
 )
 from futureq.errors import ConfigError
+from futureq.peer_credentials import (
+    CredentialError,
+    check_own_certificate,
+    mutual_tls_configured,
+    read_secret_file,
+)
 from futureq.wire.validation import MIN_VISIBILITY_TIMEOUT_MS, visibility_problem
 
 ENV_PREFIX = "FUTUREQ_"
@@ -68,6 +75,7 @@ SECTIONS: dict[str, type[Any]] = {
     "storage": StorageSection,
     "tls": TlsConfig,
     "cluster": ClusterSection,
+    "metrics": MetricsSection,
 }
 
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -253,6 +261,13 @@ class _Loader:
         if config is not None:
             for bad in _check_whole(config):
                 if bad_keys.isdisjoint(bad.keys) and semantic_keys.isdisjoint(bad.keys):
+                    problems.append(self._sentence(bad))
+
+        # Checks across sections, on a config that structured and whose keys are sound.
+        if config is not None:
+            bad_keys.update(key for problem in problems for key in problem.keys)
+            for bad in _check_peer_authentication(config):
+                if bad_keys.isdisjoint(bad.keys):
                     problems.append(self._sentence(bad))
 
         if problems:
@@ -473,6 +488,12 @@ def _check_server(server: ServerSection) -> Iterable[_Bad]:
             )
     if server.auth_token is not None and not server.auth_token:
         yield _Bad(("server.auth_token",), "", "must be a non-empty string, or unset for no token")
+    if server.credentials_file is not None and not os.path.isfile(server.credentials_file):
+        yield _Bad(
+            ("server.credentials_file",),
+            server.credentials_file,
+            "must be an existing TOML file of client credentials (see docs/security.md)",
+        )
     yield from _minimum("server", server, "shutdown_grace_ms", 0, " ms")
     if server.log_level not in LOG_LEVELS:
         yield _Bad(
@@ -490,6 +511,20 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
     if limits.max_prefetch > 1_000_000:
         yield _Bad(("limits.max_prefetch",), limits.max_prefetch, "must be at most 1000000 items")
     yield from _minimum("limits", limits, "max_connections", 1, " connections")
+    yield from _minimum("limits", limits, "max_subscriptions_per_connection", 1, " subscriptions")
+    yield from _minimum("limits", limits, "max_node_buffer_bytes", 1, " bytes")
+    for key in ("frame_deadline_ms", "keepalive_interval_ms", "keepalive_timeout_ms"):
+        yield from _minimum("limits", limits, key, 100, " ms")
+    yield from _minimum("limits", limits, "send_timeout_ms", 100, " ms")
+    yield from _minimum("limits", limits, "max_groups", 1, " groups")
+    yield from _minimum("limits", limits, "max_status_groups", 1, " groups")
+    if limits.max_connection_buffer_bytes < limits.max_frame_bytes:
+        yield _Bad(
+            ("limits.max_connection_buffer_bytes", "limits.max_frame_bytes"),
+            limits.max_connection_buffer_bytes,
+            f"must be at least limits.max_frame_bytes ({limits.max_frame_bytes}) "
+            "so that any one answer fits in a connection's buffer",
+        )
     if limits.max_payload_bytes >= limits.max_frame_bytes:
         yield _Bad(
             ("limits.max_payload_bytes", "limits.max_frame_bytes"),
@@ -603,6 +638,49 @@ def _check_cluster(cluster: ClusterSection) -> Iterable[_Bad]:
         )
     yield from _minimum("cluster", cluster, "snapshot_chunk_bytes", 1024, " bytes")
     yield from _minimum("cluster", cluster, "compact_every_entries", 1, " entries")
+    if cluster.secret_file is not None:
+        try:
+            read_secret_file(cluster.secret_file)
+        except CredentialError as error:
+            yield _Bad(("cluster.secret_file",), cluster.secret_file, str(error))
+
+
+def _check_peer_authentication(config: Config) -> Iterable[_Bad]:
+    """A node with peers authenticates them, or the operator said not to (docs/security.md)."""
+    cluster = config.cluster
+    if not cluster.clustered:
+        return
+    key, value = (
+        ("cluster.peers", cluster.peers)
+        if cluster.peers.strip()
+        else (
+            "cluster.join",
+            cluster.join,
+        )
+    )
+    if mutual_tls_configured(config):
+        try:
+            check_own_certificate(config)
+        except CredentialError as error:
+            yield _Bad(
+                ("tls.cert_file", "server.node_id", "cluster.cluster_id"),
+                config.tls.cert_file,
+                str(error),
+            )
+    elif cluster.secret_file is None and not cluster.insecure_peers:
+        yield _Bad(
+            (key, "cluster.secret_file", "cluster.insecure_peers"),
+            value,
+            "a node with peers must authenticate them: give every node the same "
+            "--cluster-secret-file (make one with `futureq generate-secret FILE`), or mutual "
+            "TLS with --tls-cert, --tls-key and --tls-ca (certificates naming the node id), "
+            "or pass --insecure-peers to let anyone who reaches the Raft port act as a node",
+        )
+
+
+def _check_metrics(metrics: MetricsSection) -> Iterable[_Bad]:
+    yield from _minimum("metrics", metrics, "max_topic_series", 0, " series")
+    yield from _minimum("metrics", metrics, "max_group_series", 0, " series")
 
 
 _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
@@ -612,6 +690,7 @@ _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
     "storage": _check_storage,
     "tls": _check_tls,
     "cluster": _check_cluster,
+    "metrics": _check_metrics,
 }
 
 

@@ -28,6 +28,10 @@ class ErrorCode(enum.IntEnum):
     HELLO_REQUIRED = 105
     TRUNCATED_FRAME = 106
     AUTH_FAILED = 107
+    # 110-119: issue 10, limits
+    FRAME_TIMEOUT = 110
+    KEEPALIVE_TIMEOUT = 111
+    SLOW_CLIENT = 112
 
     # 2xx request errors (request fails alone)
     INVALID_FIELD = 200
@@ -47,8 +51,13 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_GROUP = 214
     INVALID_ARGUMENT = 215
     UNKNOWN_TOPIC = 216
+    # 220-224: issue 8, time
     IMPLAUSIBLE_TIME = 220
     NODE_CLOCK_OUT_OF_BOUND = 221
+    # 235-249: issue 10, limits and access
+    PERMISSION_DENIED = 235
+    TOO_MANY_SUBSCRIPTIONS = 236
+    TOO_MANY_GROUPS = 237
 
     # 3xx availability errors (retry may succeed)
     NOT_LEADER = 300
@@ -56,7 +65,10 @@ class ErrorCode(enum.IntEnum):
     STORAGE_FAILURE = 302
     TIMEOUT = 303
     INTERNAL_ERROR = 304
+    # 315-319: issue 8, time
     CLOCK_NOT_SYNCHRONIZED = 315
+    # 325-329: issue 10, limits
+    NO_SPACE = 325
 
     @property
     def closes_connection(self) -> bool:
@@ -142,6 +154,15 @@ class ClientClosedError(FutureQError):
 
 class StorageError(FutureQError):
     """RocksDB failed or the data on disk is corrupt; the node stops."""
+
+
+class NoSpaceError(StorageError):
+    """A write failed because the disk (or the process's file size limit) is full.
+
+    Unlike other storage errors the node does not stop: it refuses writes with
+    ``NO_SPACE``, keeps serving what needs no new space, and retries until space comes
+    back (``docs/operations.md``, "Full disk").
+    """
 
 
 class ConfigError(FutureQError):

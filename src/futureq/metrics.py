@@ -12,6 +12,11 @@ their broker and update the attributes named after the metric without the
 Per-group queue state (pending, due, in-flight, consumers) is not pushed: it is read at
 scrape time from a provider registered with :meth:`Metrics.set_group_counts_provider`.
 
+Series are bounded (Prometheus practice: label values must not grow without limit). The
+first ``max_topic_series`` topics and ``max_group_series`` (topic, group) pairs seen get
+labels of their own; the rest are counted under ``topic="_other"`` (and
+``group="_other"``), a value no topic or group name can take. See :class:`SeriesBudget`.
+
 The reference table in ``docs/operations.md`` ("Metrics") lists the same metrics; a test
 keeps the two in step.
 """
@@ -19,6 +24,7 @@ keeps the two in step.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
@@ -49,6 +55,9 @@ _T = TypeVar("_T")
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 PREFIX = "futureq_"
+OTHER = "_other"
+"""Label value standing for every topic or group past the series budget (names cannot
+start with ``_``, ``docs/protocol.md``, "Names")."""
 
 #: Latency buckets in seconds, 0.1 ms .. 10 s, roughly 1-2.5-5 per decade.
 LATENCY_BUCKETS_S: tuple[float, ...] = (
@@ -169,6 +178,29 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         (),
         "connections",
     ),
+    MetricSpec(
+        "futureq_connections_closed_total",
+        "counter",
+        "Client connections the server closed, by reason (an error code name in lower "
+        "case: frame_timeout, keepalive_timeout, slow_client, auth_failed, invalid_frame...).",
+        ("reason",),
+        "connections",
+    ),
+    MetricSpec(
+        "futureq_buffer_full_total",
+        "counter",
+        "Times deliveries were held back because a connection's buffer (scope connection) "
+        "or the node's buffers together (scope node) were full.",
+        ("scope",),
+        "events",
+    ),
+    MetricSpec(
+        "futureq_no_space_errors_total",
+        "counter",
+        "Writes that failed for lack of disk space (the node raised its NO_SPACE alarm).",
+        (),
+        "errors",
+    ),
     # gauges
     MetricSpec(
         "futureq_client_connections",
@@ -183,6 +215,21 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         "Consumer subscriptions open now on this node.",
         (),
         "subscriptions",
+    ),
+    MetricSpec(
+        "futureq_connection_buffer_bytes",
+        "gauge",
+        "Bytes held in client connection buffers on this node: answers and deliveries "
+        "not yet written (direction out), incomplete frames received (direction in).",
+        ("direction",),
+        "bytes",
+    ),
+    MetricSpec(
+        "futureq_storage_alarm",
+        "gauge",
+        "1 while the node's NO_SPACE alarm is raised (the disk is full: writes are refused), else 0.",
+        ("alarm",),
+        "",
     ),
     MetricSpec(
         "futureq_applied_index",
@@ -262,6 +309,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         "Leader only: time left on the leader lease; it dispatches only while this is > 0.",
         (),
         "seconds",
+    ),
+    MetricSpec(
+        "futureq_raft_peer_refusals_total",
+        "counter",
+        "Raft connections and frames refused: by this node (a peer failed the handshake or "
+        "sent a frame with a bad MAC) or by a peer (reason refused).",
+        ("reason",),
+        "refusals",
     ),
     # state gauges, read at scrape time from the group counts provider
     MetricSpec(
@@ -355,17 +410,75 @@ class GroupCounts:
         due: Of those, the ones due now and not in flight.
         in_flight: Deliveries pushed and not yet settled (leader only; 0 elsewhere).
         consumers: Consumers subscribed on this node.
+
+    ``due`` is None for the ``_other`` row (groups past the series budget): it is not
+    computed for them, so a scrape costs the same however many groups exist.
     """
 
     topic: str
     group: str
     pending: int
-    due: int
+    due: int | None
     in_flight: int
     consumers: int
 
 
 GroupCountsProvider = Callable[[], Iterable[GroupCounts]]
+
+
+class SeriesBudget:
+    """Which topics and groups get label values of their own, first come first served.
+
+    Args:
+        max_topics: Distinct ``topic`` values (``metrics.max_topic_series``); 0: none.
+        max_groups: Distinct ``(topic, group)`` pairs (``metrics.max_group_series``).
+
+    A topic or group keeps its label until :meth:`forget_group` (a deleted group); then
+    its slot goes to the next newcomer. Lookups are O(1).
+    """
+
+    def __init__(self, max_topics: int = 1000, max_groups: int = 1000) -> None:
+        self.max_topics = max_topics
+        self.max_groups = max_groups
+        self._topics: set[str] = set()
+        self._groups: set[tuple[str, str]] = set()
+
+    def topic(self, topic: str) -> str:
+        """The ``topic`` label value for ``topic``: itself, or :data:`OTHER`."""
+        topics = self._topics
+        if topic in topics:
+            return topic
+        if len(topics) < self.max_topics:
+            topics.add(topic)
+            return topic
+        return OTHER
+
+    def group(self, topic: str, group: str) -> tuple[str, str]:
+        """The ``(topic, group)`` label values: themselves, or ``(OTHER, OTHER)``."""
+        key = (topic, group)
+        groups = self._groups
+        if key in groups:
+            return key
+        if len(groups) < self.max_groups:
+            groups.add(key)
+            return key
+        return (OTHER, OTHER)
+
+    def has_room(self) -> bool:
+        """True while a new (topic, group) pair would still get labels of its own."""
+        return len(self._groups) < self.max_groups
+
+    def tracked_groups(self) -> list[tuple[str, str]]:
+        """The (topic, group) pairs that have labels of their own."""
+        return list(self._groups)
+
+    def forget_group(self, topic: str, group: str) -> bool:
+        """Free a deleted group's slot; True when it had one."""
+        key = (topic, group)
+        if key in self._groups:
+            self._groups.discard(key)
+            return True
+        return False
 
 
 def _spec(name: str) -> MetricSpec:
@@ -382,24 +495,33 @@ class _GroupCountsCollector(Collector):
 
     def __init__(self) -> None:
         self.provider: GroupCountsProvider | None = None
+        self.rows: list[GroupCounts] | None = None
+        """Rows read beforehand (:meth:`Metrics.group_rows`), used instead of the provider."""
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families().values())
 
+    def read(self) -> list[GroupCounts]:
+        provider = self.provider
+        if provider is None:
+            return []
+        try:
+            return list(provider())
+        except Exception:
+            # A broken provider must not break /metrics: the other metrics still
+            # matter most when something is wrong.
+            logger.exception("group counts provider failed; state gauges omitted")
+            return []
+
     def collect(self) -> Iterable[Metric]:
         families = self._families()
-        provider = self.provider
-        if provider is not None:
-            try:
-                rows = list(provider())
-            except Exception:
-                # A broken provider must not break /metrics: the other metrics still
-                # matter most when something is wrong.
-                logger.exception("group counts provider failed; state gauges omitted")
-                rows = []
+        rows = self.rows if self.rows is not None else self.read()
+        if rows:
             for row in rows:
                 for field, name in _GROUP_COUNT_GAUGES.items():
-                    families[name].add_metric([row.topic, row.group], getattr(row, field))
+                    value = getattr(row, field)
+                    if value is not None:
+                        families[name].add_metric([row.topic, row.group], value)
         return list(families.values())
 
     @staticmethod
@@ -422,7 +544,8 @@ class Metrics:
     topic and group names, or an :class:`~futureq.errors.ErrorCode` name for ``code``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_topic_series: int = 1000, max_group_series: int = 1000) -> None:
+        self.series = SeriesBudget(max_topic_series, max_group_series)
         self.registry = CollectorRegistry(auto_describe=True)
         made: dict[str, Counter | Gauge | Histogram] = {}
         for spec in METRIC_SPECS:
@@ -460,6 +583,11 @@ class Metrics:
         )
         self.request_errors_total: Counter = _as(made["request_errors_total"], Counter)
         self.connections_accepted_total: Counter = _as(made["connections_accepted_total"], Counter)
+        self.connections_closed_total: Counter = _as(made["connections_closed_total"], Counter)
+        self.buffer_full_total: Counter = _as(made["buffer_full_total"], Counter)
+        self.no_space_errors_total: Counter = _as(made["no_space_errors_total"], Counter)
+        self.connection_buffer_bytes: Gauge = _as(made["connection_buffer_bytes"], Gauge)
+        self.storage_alarm: Gauge = _as(made["storage_alarm"], Gauge)
         self.client_connections: Gauge = _as(made["client_connections"], Gauge)
         self.subscriptions: Gauge = _as(made["subscriptions"], Gauge)
         self.applied_index: Gauge = _as(made["applied_index"], Gauge)
@@ -475,6 +603,7 @@ class Metrics:
         self.leader_lease_remaining_seconds: Gauge = _as(
             made["leader_lease_remaining_seconds"], Gauge
         )
+        self.raft_peer_refusals_total: Counter = _as(made["raft_peer_refusals_total"], Counter)
         self.publish_commit_seconds: Histogram = _as(made["publish_commit_seconds"], Histogram)
         self.due_to_delivery_seconds: Histogram = _as(made["due_to_delivery_seconds"], Histogram)
         self.fsync_seconds: Histogram = _as(made["fsync_seconds"], Histogram)
@@ -483,6 +612,7 @@ class Metrics:
 
         self._group_counts = _GroupCountsCollector()
         self.registry.register(self._group_counts)
+        self._render_lock = threading.Lock()
 
     def set_group_counts_provider(self, provider: GroupCountsProvider | None) -> None:
         """Read the per-group state gauges from ``provider`` on every scrape.
@@ -496,18 +626,53 @@ class Metrics:
         """
         self._group_counts.provider = provider
 
+    def group_labels(self, topic: str, group: str) -> tuple[str, str]:
+        """Label values of a group's series (bounded, see :class:`SeriesBudget`)."""
+        return self.series.group(topic, group)
+
+    def topic_label(self, topic: str) -> str:
+        """Label value of a topic's series (bounded, see :class:`SeriesBudget`)."""
+        return self.series.topic(topic)
+
+    def forget_group(self, topic: str, group: str) -> None:
+        """A group was deleted: drop its counter series and free its label slot."""
+        if not self.series.forget_group(topic, group):
+            return
+        for spec in METRIC_SPECS:
+            if spec.labels == _TG and spec.name not in _GROUP_COUNT_GAUGES.values():
+                metric = getattr(self, spec.attribute)
+                try:
+                    metric.remove(topic, group)
+                except KeyError:
+                    pass  # never counted
+
     def count_request_error(self, code: ErrorCode) -> None:
         """Count one request answered with an ERROR frame carrying ``code``."""
         self.request_errors_total.labels(code=code.name).inc()
 
-    def render(self) -> tuple[bytes, str]:
+    def group_rows(self) -> list[GroupCounts]:
+        """Read the per-group state gauges from the provider now (on the event loop)."""
+        return self._group_counts.read()
+
+    def render(self, rows: list[GroupCounts] | None = None) -> tuple[bytes, str]:
         """Render every metric in the Prometheus text format.
+
+        Args:
+            rows: Group counts read beforehand with :meth:`group_rows`; then this may
+                run in a worker thread (prometheus-client's metrics are thread-safe),
+                so formatting thousands of series does not hold the event loop. None:
+                the provider is called here.
 
         Returns:
             ``(body, content_type)``: the exposition text (UTF-8) and its
             ``Content-Type`` header value (text format 0.0.4).
         """
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        with self._render_lock:
+            self._group_counts.rows = rows
+            try:
+                return generate_latest(self.registry), CONTENT_TYPE_LATEST
+            finally:
+                self._group_counts.rows = None
 
 
 def _as(metric: object, kind: type[_T]) -> _T:

@@ -11,6 +11,8 @@ from typing import Any
 
 from broker_process import BrokerProcess
 
+from futureq.peer_credentials import generate_secret_file
+
 
 def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports that were free a moment ago on 127.0.0.1."""
@@ -64,11 +66,18 @@ class ClusterNode(BrokerProcess):
 class Cluster:
     """``size`` nodes started with ``--peers`` naming all of them.
 
+    Peers authenticate with a cluster secret generated in ``root`` (as ``make cluster``
+    does) unless ``secret`` is False.
+
     Args:
         root: Parent directory of the nodes' data directories.
         size: 3 or 5 voters.
         env: Extra environment for every node (e.g. FUTUREQ_CLUSTER_* tuning).
         extra_args: Extra ``futureq start`` flags for every node (e.g. TLS).
+        node_args: Extra flags per node id (e.g. each node's own certificate).
+        secret: Generate ``root/cluster.secret`` and pass ``--cluster-secret-file``.
+        peer_addresses: Per node id, raft addresses to put in its ``--peers`` instead of
+            the real ones (``{1: {2: relay}}`` makes node 1 reach node 2 through a relay).
     """
 
     def __init__(
@@ -77,21 +86,35 @@ class Cluster:
         size: int,
         env: dict[str, str] | None = None,
         extra_args: list[str] | None = None,
+        *,
+        node_args: dict[int, list[str]] | None = None,
+        secret: bool = True,
+        peer_addresses: dict[int, dict[int, str]] | None = None,
     ) -> None:
         ports = free_ports(3 * size)
         self.ports = {
             n: (ports[3 * (n - 1)], ports[3 * (n - 1) + 1], ports[3 * (n - 1) + 2])
             for n in range(1, size + 1)
         }
-        peers = ",".join(f"{n}=127.0.0.1:{self.ports[n][1]}" for n in self.ports)
         self.root = root
         self.env = env
-        self.nodes = {
-            n: ClusterNode(
-                n, root / f"node{n}", self.ports[n], ["--peers", peers, *(extra_args or [])], env
+        self.secret_file: Path | None = None
+        self.auth_args: list[str] = []
+        """The flags a node needs to be accepted as a peer (for nodes that join later)."""
+        if secret:
+            root.mkdir(parents=True, exist_ok=True)
+            self.secret_file = root / "cluster.secret"
+            generate_secret_file(str(self.secret_file))
+            self.auth_args = ["--cluster-secret-file", str(self.secret_file)]
+        self.nodes: dict[int, ClusterNode] = {}
+        for n in self.ports:
+            addresses = {m: f"127.0.0.1:{self.ports[m][1]}" for m in self.ports}
+            addresses.update((peer_addresses or {}).get(n, {}))
+            peers = ",".join(f"{m}={address}" for m, address in addresses.items())
+            args = ["--peers", peers, *self.auth_args, *(extra_args or [])]
+            self.nodes[n] = ClusterNode(
+                n, root / f"node{n}", self.ports[n], [*args, *(node_args or {}).get(n, [])], env
             )
-            for n in self.ports
-        }
 
     def start(self) -> None:
         for node in self.nodes.values():
@@ -128,3 +151,14 @@ class Cluster:
                 node.terminate()
             else:
                 node.kill()
+
+    def statuses(self) -> dict[int, Any]:
+        """``/api/status`` of every running node that answers."""
+        found = {}
+        for node in self.nodes.values():
+            if node.alive():
+                try:
+                    found[node.node_id] = node.http_json("/api/status")
+                except OSError:
+                    continue
+        return found

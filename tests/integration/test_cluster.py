@@ -219,7 +219,7 @@ def test_add_and_remove_nodes_while_publishing(cluster3: Cluster, tmp_path: Path
         4,
         tmp_path / "node4",
         (client_port, raft_port, http_port),
-        ["--join", cluster3.nodes[1].client_address],
+        ["--join", cluster3.nodes[1].client_address, *cluster3.auth_args],
     )
     cluster3.nodes[4] = joiner
     joiner.start()
@@ -292,14 +292,19 @@ def test_peers_speak_mutual_tls_when_tls_has_a_ca(tmp_path: Path) -> None:
     import trustme
 
     ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    ca_path, cert_path, key_path = tmp_path / "ca.pem", tmp_path / "node.pem", tmp_path / "node.key"
+    ca_path = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_path))
-    for number, pem in enumerate(cert.cert_chain_pems):
-        pem.write_to_path(str(cert_path), append=number > 0)
-    cert.private_key_pem.write_to_path(str(key_path))
-    tls_args = ["--tls-cert", str(cert_path), "--tls-key", str(key_path), "--tls-ca", str(ca_path)]
-    cluster = Cluster(tmp_path, 3, extra_args=tls_args)
+    node_args: dict[int, list[str]] = {}
+    for node_id in (1, 2, 3):
+        # Each node's certificate names its host and its node id (docs/security.md).
+        cert = ca.issue_cert("127.0.0.1", "localhost", f"node-{node_id}.futureq.futureq")
+        cert_path, key_path = tmp_path / f"node{node_id}.pem", tmp_path / f"node{node_id}.key"
+        for number, pem in enumerate(cert.cert_chain_pems):
+            pem.write_to_path(str(cert_path), append=number > 0)
+        cert.private_key_pem.write_to_path(str(key_path))
+        node_args[node_id] = ["--tls-cert", str(cert_path), "--tls-key", str(key_path)]
+    tls_args = ["--tls-ca", str(ca_path)]
+    cluster = Cluster(tmp_path, 3, extra_args=tls_args, node_args=node_args, secret=False)
     try:
         cluster.start()
         leader = cluster.leader()  # an election happened over TLS links
@@ -338,7 +343,7 @@ def test_joining_with_another_cluster_id_or_a_member_id_is_refused(
             [sys.executable, "-m", "futureq.cli.server_main", "start", "--node-id", str(node_id),
              "--data-dir", str(tmp_path / f"join{node_id}"), "--listen", f"127.0.0.1:{client_port}",
              "--http", f"127.0.0.1:{http_port}", "--raft-listen", f"127.0.0.1:{raft_port}",
-             "--join", leader.client_address, *extra],
+             "--join", leader.client_address, *cluster3.auth_args, *extra],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert done.returncode == 2, done.stderr[-2000:]

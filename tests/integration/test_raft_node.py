@@ -3,7 +3,8 @@
 Each member has its own RocksDB in ``tmp_path``, a :class:`Transport` on port 0 and a
 :class:`ListMachine` (the applied commands, in order, with snapshots). All members
 share one :class:`AddressBook`; a restarted member gets a new port and updates it.
-Ticks are 10 ms and the election timeout 15 ticks so elections take ~0.2 s.
+Ticks are 10 ms and the election timeout 15 ticks so elections take ~0.2 s. Peers
+authenticate with a cluster secret unless a test says otherwise.
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ import trio
 import trustme
 
 from futureq.errors import NotLeaderError, RequestError
+from futureq.raft import peer_auth
 from futureq.raft.core import Role
 from futureq.raft.messages import Heartbeat, LogIndex, NodeId, Term, encode_message
 from futureq.raft.node import RaftNode, RaftNodeConfig
 from futureq.raft.rocks_storage import RocksStorage
-from futureq.raft.transport import AddressBook, Transport
+from futureq.raft.transport import DEFAULT_MAX_PENDING_HANDSHAKES, AddressBook, Transport
 from futureq.storage.db import Database
-from futureq.wire.codec import encode_value
+from futureq.wire.codec import NEED_DATA, FrameDecoder, encode_value
 
 WAIT_S = 10.0
+SECRET = b"in-process test cluster secret, 40 bytes"
 
 
 class ListSource:
@@ -98,10 +101,12 @@ class Cluster:
         tmp_path: Path,
         nursery: trio.Nursery,
         *,
-        tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None,
+        tls: Callable[[int], tuple[ssl.SSLContext, ssl.SSLContext]] | None = None,
+        secret: bytes | None = SECRET,
         **config: Any,
     ) -> None:
         self.tls = tls
+        self.secret = secret
         self.tmp_path = tmp_path
         self.nursery = nursery
         self.book = AddressBook()
@@ -115,6 +120,7 @@ class Cluster:
         db = Database(str(path / "db"))
         storage = RocksStorage(db, str(path / "snapshots"))
         client_address = f"client-{node_id}:1"
+        contexts = None if self.tls is None else self.tls(node_id)
         transport = Transport(
             node_id,
             "127.0.0.1:0",
@@ -123,8 +129,9 @@ class Cluster:
             client_address=client_address,
             rng=random.Random(node_id),
             backoff_max_s=0.2,
-            ssl_server=None if self.tls is None else self.tls[0],
-            ssl_client=None if self.tls is None else self.tls[1],
+            ssl_server=None if contexts is None else contexts[0],
+            ssl_client=None if contexts is None else contexts[1],
+            secret=self.secret,
         )
         sm = ListMachine()
         node_config = RaftNodeConfig(
@@ -378,6 +385,33 @@ async def test_propose_durable_returns_the_index(tmp_path: Path) -> None:
         await cluster.stop_all()
 
 
+async def _frame(stream: trio.abc.Stream, decoder: FrameDecoder) -> object:
+    while (value := decoder.next_frame()) is NEED_DATA:
+        decoder.receive_data(bytes(await stream.receive_some(65536)))
+    return value
+
+
+async def _authenticate(
+    stream: trio.abc.Stream, secret: bytes, from_id: int, to_id: int
+) -> peer_auth.FrameSealer | None:
+    """Run the connector side of the handshake as a peer holding ``secret`` would."""
+    handshake = peer_auth.ConnectorHandshake(
+        cluster_id="test",
+        node_id=from_id,
+        peer_id=to_id,
+        raft_address="127.0.0.1:1",
+        client_address=None,
+        secret=secret,
+        nonce=bytes(range(32)),
+    )
+    decoder = FrameDecoder(peer_auth.MAX_HANDSHAKE_FRAME_BYTES, parse=False)
+    await stream.send_all(encode_value(handshake.hello.to_wire()))
+    proof = handshake.receive_challenge(await _frame(stream, decoder))
+    await stream.send_all(encode_value(proof.to_wire()))
+    handshake.receive_verdict(await _frame(stream, decoder))
+    return handshake.sealer
+
+
 @pytest.mark.timeout(30)
 async def test_garbage_on_the_raft_port_hurts_only_that_link(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
@@ -387,16 +421,23 @@ async def test_garbage_on_the_raft_port_hurts_only_that_link(tmp_path: Path) -> 
         address = leader.transport.bound_address
         assert address is not None
         host, port = address.rsplit(":", 1)
+        heartbeat = encode_message(
+            Heartbeat(Term(1), NodeId(2), NodeId(leader.node_id), LogIndex(0))
+        )
+        hello = peer_auth.Hello(
+            "test", NodeId(9), NodeId(leader.node_id), "127.0.0.1:1", None, bytes(32)
+        )
         attacks = [
             b"\x00\x00\x00\x05hello",  # not msgpack
             b"GET / HTTP/1.1\r\n\r\n",  # a huge length header
-            encode_value(["futureq-raft", 1, "other-cluster", 9, "127.0.0.1:1", None]),
+            encode_value(attrs.evolve(hello, cluster_id="other-cluster").to_wire()),
+            # the unauthenticated version-1 handshake, then a message
             encode_value(["futureq-raft", 1, "test", 9, "127.0.0.1:1", None])
-            + encode_value([1, 2]),
-            encode_value(["futureq-raft", 1, "test", 9, "127.0.0.1:1", None])
-            + encode_value(
-                encode_message(Heartbeat(Term(1), NodeId(2), NodeId(leader.node_id), LogIndex(0)))
-            ),
+            + encode_value(heartbeat),
+            # a HELLO, then garbage or a message where the proof belongs
+            encode_value(hello.to_wire()) + encode_value([1, 2]),
+            encode_value(hello.to_wire()) + encode_value(heartbeat),
+            encode_value(hello.to_wire()) + encode_value(peer_auth.Proof(bytes(32)).to_wire()),
         ]
         for attack in attacks:
             with trio.fail_after(WAIT_S):
@@ -406,13 +447,106 @@ async def test_garbage_on_the_raft_port_hurts_only_that_link(tmp_path: Path) -> 
                     with trio.move_on_after(1):
                         while await stream.receive_some(1024):
                             pass
+        # Authenticated peers that misbehave after the handshake lose their link too.
+        for after_handshake in ("garbage", "other sender", "unsealed"):
+            with trio.fail_after(WAIT_S):
+                stream = await trio.open_tcp_stream(host, int(port))
+                async with stream:
+                    sealer = await _authenticate(stream, SECRET, 8, leader.node_id)
+                    assert sealer is not None
+                    if after_handshake == "garbage":
+                        frame = encode_value(sealer.seal(b"\xc1"))
+                    elif after_handshake == "other sender":
+                        frame = encode_value(sealer.seal(heartbeat))  # says node 2, not 8
+                    else:
+                        frame = encode_value(heartbeat)
+                    await stream.send_all(frame)
+                    with trio.move_on_after(1):
+                        while await stream.receive_some(1024):
+                            pass
         await cluster.wait_for(
-            lambda: leader.transport.stats.inbound_protocol_errors >= len(attacks),
+            lambda: leader.transport.stats.inbound_protocol_errors >= len(attacks) + 3,
             "the bad connections to be refused",
         )
+        # What an unauthenticated peer said about itself was not believed.
+        assert 9 not in leader.transport._learned and 8 in leader.transport._learned
         assert leader.node.is_leader()
         await _propose_all(leader, [b"still-fine"])
         await cluster.wait_converged(1)
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_unauthenticated_connections_cost_bounded_memory(tmp_path: Path) -> None:
+    """Before the handshake a frame may hold at most 8 KiB, and at most
+    ``max_pending_handshakes`` connections wait in their handshake; beyond that new
+    ones are closed at once. The peers' own links keep working throughout."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        assert leader.transport.bound_address is not None
+        host, port = leader.transport.bound_address.rsplit(":", 1)
+        with trio.fail_after(WAIT_S):
+            big = await trio.open_tcp_stream(host, int(port))
+            async with big:
+                await big.send_all((peer_auth.MAX_HANDSHAKE_FRAME_BYTES + 1).to_bytes(4, "big"))
+                while await big.receive_some(1024):  # refused at the header
+                    pass
+        idle: list[trio.SocketStream] = []
+        try:
+            with trio.fail_after(WAIT_S):
+                for _ in range(DEFAULT_MAX_PENDING_HANDSHAKES):
+                    idle.append(await trio.open_tcp_stream(host, int(port)))
+                await cluster.wait_for(
+                    lambda: leader.transport._handshake_slots.value == 0,
+                    "every handshake slot to be taken by an idle connection",
+                )
+                extra = await trio.open_tcp_stream(host, int(port))
+                async with extra:
+                    assert await extra.receive_some(1024) == b""  # closed at once
+            assert leader.transport.stats.inbound_refused_busy >= 1
+            await _propose_all(leader, [b"during"])
+        finally:
+            for stream in idle:
+                await stream.aclose()
+        await cluster.wait_converged(1)
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_a_node_with_another_secret_takes_no_part(tmp_path: Path) -> None:
+    """A member started with the wrong secret is refused by every peer (and refuses
+    them): the others elect a leader and commit without it; it never applies a thing."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await cluster.start(1, VOTERS3)
+        await cluster.start(2, VOTERS3)
+        cluster.secret = b"another secret of thirty-two bytes or more"
+        outsider = await cluster.start(3, VOTERS3)
+        leader = await cluster.wait_leader(among=[1, 2])
+        await _propose_all(leader, [b"x%d" % i for i in range(5)])
+        await cluster.wait_for(
+            lambda: (
+                outsider.transport.stats.refusals.get("secret", 0) > 0
+                and leader.transport.stats.refusals.get("secret", 0) > 0
+            ),
+            "both sides to refuse each other",
+        )
+        assert outsider.sm.items == [] and outsider.node.term <= leader.node.term
+        assert outsider.transport.stats.received_messages == 0
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_cluster_without_a_secret_still_runs(tmp_path: Path) -> None:
+    """The insecure mode (no secret, no TLS) still forms a cluster: proofs are empty."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery, secret=None)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        await _propose_all(leader, [b"p%d" % i for i in range(5)])
+        await cluster.wait_converged(5)
         await cluster.stop_all()
 
 
@@ -435,17 +569,58 @@ async def test_five_nodes_survive_two_crashes(tmp_path: Path) -> None:
         await cluster.stop_all()
 
 
+def _node_tls(
+    ca: trustme.CA, names: dict[int, str]
+) -> Callable[[int], tuple[ssl.SSLContext, ssl.SSLContext]]:
+    """Per node: a certificate naming ``names[node_id]`` (and 127.0.0.1), server side
+    requiring client certificates."""
+
+    def contexts(node_id: int) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+        cert = ca.issue_cert("127.0.0.1", names[node_id])
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.verify_mode = ssl.CERT_REQUIRED
+        ca.configure_trust(server)
+        cert.configure_cert(server)
+        client = ssl.create_default_context()
+        ca.configure_trust(client)
+        cert.configure_cert(client)
+        return server, client
+
+    return contexts
+
+
 @pytest.mark.timeout(30)
 async def test_cluster_over_tls(tmp_path: Path) -> None:
     ca = trustme.CA()
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server)
-    client = ssl.create_default_context()
-    ca.configure_trust(client)
+    names = {n: peer_auth.node_dns_name("test", n) for n in VOTERS3}
     async with trio.open_nursery() as nursery:
-        cluster = Cluster(tmp_path, nursery, tls=(server, client))
+        cluster = Cluster(tmp_path, nursery, tls=_node_tls(ca, names), secret=None)
         await _start(cluster, VOTERS3)
         leader = await cluster.wait_leader()
         await _propose_all(leader, [b"t%d" % i for i in range(10)])
         await cluster.wait_converged(10)
+        await cluster.stop_all()
+
+
+@pytest.mark.timeout(30)
+async def test_tls_certificate_of_another_node_is_refused(tmp_path: Path) -> None:
+    """Node 3 holds a CA-signed certificate, but it names node 2: both directions of
+    its links are refused, so it never speaks as node 3 (nor as 2)."""
+    ca = trustme.CA()
+    names = {1: peer_auth.node_dns_name("test", 1), 2: peer_auth.node_dns_name("test", 2)}
+    names[3] = names[2]
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery, tls=_node_tls(ca, names), secret=None)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader(among=[1, 2])
+        await _propose_all(leader, [b"c%d" % i for i in range(3)])
+        impostor = cluster.members[3]
+        await cluster.wait_for(
+            lambda: (
+                impostor.transport.stats.refusals.get("refused", 0) > 0
+                and leader.transport.stats.refusals.get("certificate", 0) > 0
+            ),
+            "the certificate naming node 2 to be refused as node 3",
+        )
+        assert impostor.sm.items == [] and impostor.transport.stats.received_messages == 0
         await cluster.stop_all()

@@ -4,7 +4,8 @@ Each node has its own data directory and fixed ports (client, HTTP, Raft) picked
 free ports once, so a restarted node comes back at the same addresses. With more than
 one node, node ``i``'s ``--peers`` map points entry ``j`` at the proxy of link
 ``i -> j`` (``proxy.py``), so the harness can cut, delay or drop every directed link.
-With one node there are no peers and no proxies.
+With one node there are no peers and no proxies. Peers authenticate with a cluster
+secret generated in the run's directory (``cluster.secret``), as ``make cluster`` does.
 
 Every process is started by :func:`open_cluster` and stopped (SIGKILL after SIGCONT, by
 PID) when its block ends, whatever happened inside.
@@ -28,6 +29,8 @@ from typing import Any
 import trio
 from tests.jepsen_like.history import History
 from tests.jepsen_like.proxy import LinkProxy, LinkTable
+
+from futureq.peer_credentials import generate_secret_file
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -117,6 +120,7 @@ class Node:
         """Environment of every start (``env``, a fault's, is added on top)."""
         self.max_file_bytes: int | None = None
         self.peers = ""
+        self.secret_file: Path | None = None
         self.stdout_path = root / f"n{node_id}.stdout.log"
         self.stderr_path = root / f"n{node_id}.stderr.log"
         self.log_level = "info"
@@ -156,6 +160,8 @@ class Node:
         ]
         if self.peers:
             args += ["--peers", self.peers, "--cluster-id", CLUSTER_ID]
+            if self.secret_file is not None:
+                args += ["--cluster-secret-file", str(self.secret_file)]
         return args
 
     def _preexec(self) -> Callable[[], None] | None:
@@ -274,6 +280,11 @@ class Cluster:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
         self.nodes = {i: Node(i, root, ports[3 * (i - 1) : 3 * i]) for i in range(1, size + 1)}
+        self.secret_file = root / "cluster.secret"
+        if not self.secret_file.exists():
+            generate_secret_file(str(self.secret_file))
+        for node in self.nodes.values():
+            node.secret_file = self.secret_file
         self.links = LinkTable()
         self.rng = rng
         self.history = history

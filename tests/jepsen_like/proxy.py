@@ -15,6 +15,15 @@ raw; dropping on it closes the connection instead.
 To cut "``i`` cannot send to ``j``" whatever connection the transport uses, cut
 ``forward`` on link ``i -> j`` and ``backward`` on link ``j -> i``
 (:meth:`LinkTable.cut`).
+
+The frames of the peer handshake (msgpack arrays that start with ``"futureq-raft"``,
+``docs/raft.md`` "Peer handshake") pass whatever the faults: the faults stand for lost
+Raft *messages*, and a frame cannot vanish from inside a TCP stream, so dropping a
+handshake frame would model nothing real (it only stalls the connect until its
+timeout). In particular a cut ``backward`` direction must still let ``j`` open its
+connection to ``i``, or an asymmetric partition would become a full one. Raft frames
+after the handshake are MACed with sequence numbers that may skip (``peer_auth``), so
+dropping whole frames keeps the stream valid.
 """
 
 from __future__ import annotations
@@ -29,6 +38,13 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 DIRECTIONS = ("forward", "backward")
 DELAY_QUEUE_FRAMES = 10_000
 CONNECT_TIMEOUT_S = 2.0
+HANDSHAKE_PREFIX = b"\xacfutureq-raft"
+"""msgpack of the handshake magic, right after the frame's array header."""
+
+
+def is_handshake_frame(piece: bytes) -> bool:
+    """True for a length-prefixed frame holding a peer handshake message."""
+    return len(piece) > 5 and piece[4] & 0xF0 == 0x90 and piece[5:].startswith(HANDSHAKE_PREFIX)
 
 
 @attrs.define
@@ -166,7 +182,9 @@ class LinkProxy:
                     pieces = [bytes(buffer)]
                     buffer.clear()
                 for piece in pieces:
-                    if faults.cut or (faults.loss > 0 and self.rng.random() < faults.loss):
+                    if framed and is_handshake_frame(piece):
+                        pass  # never dropped (see the module docstring)
+                    elif faults.cut or (faults.loss > 0 and self.rng.random() < faults.loss):
                         self.stats.frames_dropped += 1
                         if not framed:
                             return  # cannot drop part of a raw stream: break the connection

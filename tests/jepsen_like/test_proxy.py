@@ -6,7 +6,10 @@ import random
 from functools import partial
 
 import trio
-from tests.jepsen_like.proxy import LinkProxy, LinkTable, _split_frames
+from tests.jepsen_like.proxy import LinkProxy, LinkTable, _split_frames, is_handshake_frame
+
+from futureq.raft import peer_auth
+from futureq.wire.codec import encode_value
 
 
 def frame(body: bytes) -> bytes:
@@ -61,6 +64,27 @@ async def test_proxy_forwards_then_drops_cut_frames_then_heals() -> None:
             assert await receive_exactly(stream, 7) == frame(b"two")
         assert proxy.stats.frames_dropped == 1
         assert proxy.stats.frames_forwarded == 4  # one and two, each way
+        nursery.cancel_scope.cancel()
+
+
+async def test_handshake_frames_pass_a_cut_link_and_raft_frames_do_not() -> None:
+    hello = encode_value(
+        peer_auth.Hello("c", 1, 2, "127.0.0.1:1", None, bytes(32)).to_wire()  # type: ignore[arg-type]
+    )
+    accepted = encode_value(peer_auth.Accepted().to_wire())
+    raft = encode_value(b"\x93\x01\x02\x03")
+    assert is_handshake_frame(hello) and is_handshake_frame(accepted)
+    assert not is_handshake_frame(raft) and not is_handshake_frame(frame(b"futureq-raft"))
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, echo, 0, host="127.0.0.1"))
+        proxy = LinkProxy(1, 2, listeners[0].socket.getsockname()[1], random.Random(0))
+        port = await nursery.start(proxy.run)
+        proxy.faults["forward"].cut = True
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(raft + hello)
+            assert await receive_exactly(stream, len(hello)) == hello
+        assert proxy.stats.frames_dropped == 1
         nursery.cancel_scope.cancel()
 
 

@@ -10,9 +10,10 @@ Source: ``DESIGN.md``, "Data flow" and "Message semantics"; ``docs/protocol.md``
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -20,11 +21,12 @@ import trio
 from futureq import __version__
 from futureq.config import WILDCARD_HOSTS, split_host_port
 from futureq.errors import ErrorCode, FutureQError, NotLeaderError, RequestError
-from futureq.metrics import GroupCounts
+from futureq.metrics import OTHER, GroupCounts
 from futureq.state import commands
 from futureq.wire import frames, validation
 
 from .cluster_time import ClusterTime
+from .command_log import no_space_error
 from .hub import Consumer, Hub, Outbox
 
 if TYPE_CHECKING:
@@ -32,12 +34,15 @@ if TYPE_CHECKING:
     from futureq.config import Config
     from futureq.metrics import Metrics
     from futureq.state.queue_state import GroupInfo, QueueState
+    from futureq.storage.space import SpaceAlarm
 
     from .command_log import CommandLog
     from .dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 
+STATUS_STEP_TOPICS = 500
+"""Topics a status looks at between two yields to the event loop."""
 PROMOTE_TIMEOUT_S = 600
 PROMOTE_LAG_ENTRIES = 64
 """A learner this close to the commit index is promoted to voter (entries)."""
@@ -56,6 +61,7 @@ class Broker:
         metrics: Where counters go.
         check_can_stamp: Raises when this node may not stamp now (its clock is not
             synchronized with the cluster); None: always may.
+        space_alarm: The NO_SPACE alarm: while it is raised, writes are refused.
     """
 
     def __init__(
@@ -67,9 +73,11 @@ class Broker:
         dispatcher: Dispatcher,
         clock: Clock,
         metrics: Metrics,
+        space_alarm: SpaceAlarm | None = None,
         check_can_stamp: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
+        self.space_alarm = space_alarm
         self._check_can_stamp = check_can_stamp
         self.state = state
         self.log = command_log
@@ -128,6 +136,17 @@ class Broker:
         if not self.log.is_leader():
             raise NotLeaderError(self.log.leader_address())
 
+    def _require_space(self) -> None:
+        """Refuse a write that adds data while the disk is full (NO_SPACE)."""
+        if self.space_alarm is not None and self.space_alarm.raised:
+            raise no_space_error()
+
+    def alarms(self) -> list[str]:
+        """Raised alarms: ``["NO_SPACE"]`` while the disk is full, else empty."""
+        if self.space_alarm is not None and self.space_alarm.raised:
+            return ["NO_SPACE"]
+        return []
+
     async def publish(self, items: list[Any], ack_level: frames.AckLevel) -> tuple[int | None, int]:
         """Validate and publish a batch.
 
@@ -143,9 +162,15 @@ class Broker:
             NotLeaderError: this node is not the leader.
         """
         self._require_leader()
+        self._require_space()
         started = trio.current_time()
         publish_ms = self._stamp()
-        validated = validation.validate_publish_items(items, self.limits, publish_ms)
+        validated: list[tuple[str, bytes, int, int | None]] = []
+        for _ in validation.validate_publish_items_in_steps(
+            items, self.limits, publish_ms, validated
+        ):
+            await trio.lowlevel.checkpoint()  # a 10,000-item batch must not hold the loop
+        self._check_new_groups(validated)
         command = commands.publish(publish_ms, validated)
         if ack_level == frames.AckLevel.LEADER:
             index = await self.log.propose_durable(command)
@@ -168,11 +193,55 @@ class Broker:
         return int(first_id), len(validated)
 
     def _count_published(self, validated: list[tuple[str, bytes, int, int | None]]) -> None:
+        # One label lookup per distinct topic; topics past the series budget share one.
+        metrics = self.metrics
         if len(validated) == 1 or all(item[0] == validated[0][0] for item in validated):
-            self.metrics.published_messages_total.labels(validated[0][0]).inc(len(validated))
+            label = metrics.topic_label(validated[0][0])
+            metrics.published_messages_total.labels(label).inc(len(validated))
             return
+        counts: Tally[str] = Tally()
         for topic, count in Tally(item[0] for item in validated).items():
-            self.metrics.published_messages_total.labels(topic).inc(count)
+            counts[metrics.topic_label(topic)] += count
+        for label, count in counts.items():
+            metrics.published_messages_total.labels(label).inc(count)
+
+    def _check_new_groups(self, validated: list[tuple[str, bytes, int, int | None]]) -> None:
+        """Refuse a batch whose new topics would take the group count past ``max_groups``.
+
+        Raises:
+            RequestError: TOO_MANY_GROUPS with the index of the first new topic too many.
+        """
+        room = self.config.limits.max_groups - len(self.state.groups)
+        if room >= len(validated):
+            return  # cannot overflow, however many topics are new
+        seen: set[str] = set()
+        for position, (topic, _payload, _due, _ttl) in enumerate(validated):
+            if topic in seen or self.state.topic_groups_count(topic):
+                continue
+            seen.add(topic)
+            if len(seen) > room:
+                raise RequestError(
+                    ErrorCode.TOO_MANY_GROUPS,
+                    f"topic {topic!r} is new and the cluster already holds "
+                    f"{len(self.state.groups)} groups, the limit (limits.max_groups = "
+                    f"{self.config.limits.max_groups}); delete unused groups first",
+                    position,
+                )
+
+    def _check_group_room(self, topic: str, group: str) -> None:
+        """Refuse to create one more group past ``max_groups`` (TOO_MANY_GROUPS)."""
+        if self.state.find_group(topic, group) is not None:
+            return
+        groups = self.state.topic_groups(topic)
+        if len(groups) == 1 and groups[0].implicit:
+            return  # adopts the implicit group: no new group
+        if len(self.state.groups) >= self.config.limits.max_groups:
+            raise RequestError(
+                ErrorCode.TOO_MANY_GROUPS,
+                f"the cluster already holds {len(self.state.groups)} groups, the limit "
+                f"(limits.max_groups = {self.config.limits.max_groups}); delete unused "
+                "groups first",
+            )
 
     # ------------------------------------------------------------ cluster
 
@@ -365,7 +434,23 @@ class Broker:
     # ------------------------------------------------------------ groups
 
     def _check_names(self, topic: str, group: str) -> None:
-        validation.check_name("topic", topic)
+        """Names a client consumes from or manages: the grammar for anything new; names
+        stored before the grammar existed stay usable where they exist.
+
+        Raises:
+            RequestError: INVALID_TOPIC, INVALID_GROUP.
+        """
+        state = self.state
+        if state.find_group(topic, group) is not None:
+            validation.check_legacy_name("topic", topic)
+            validation.check_legacy_name("group", group)
+            return
+        if state.topic_groups_count(topic) or state.topic_groups_count(
+            topic.removesuffix(validation.DLQ_SUFFIX)
+        ):
+            validation.check_legacy_name("topic", topic)  # an existing (or its dlq) topic
+        else:
+            validation.check_consumable_topic(topic)
         validation.check_name("group", group)
 
     async def ensure_group(
@@ -394,6 +479,7 @@ class Broker:
                 ErrorCode.INVALID_ARGUMENT,
                 f"max_deliveries must be between 1 and 1000000, got {max_deliveries}",
             )
+        self._check_group_room(topic, group)
         info = self.state.find_group(topic, group)
         if (
             info is None
@@ -404,6 +490,7 @@ class Broker:
             )
             or (max_deliveries is not None and max_deliveries != info.max_deliveries)
         ):
+            self._require_space()
             await self.log.propose(
                 commands.create_group(topic, group, visibility_timeout_ms, max_deliveries)
             )
@@ -460,6 +547,11 @@ class Broker:
             return
         self.hub.remove_consumer(consumer, self.clock.wall_ms())
         self.metrics.subscriptions.dec()
+        self.dispatcher.kick()
+
+    def wake_all_consumers(self) -> None:
+        """Buffers have room again: let the dispatcher look at every group with consumers."""
+        self.hub.touched.update(consumer.group_id for consumer in self.hub.consumers.values())
         self.dispatcher.kick()
 
     def grant_credit(self, connection_id: int, subscription_id: int, credit: int) -> None:
@@ -543,37 +635,129 @@ class Broker:
         return view
 
     def group_counts(self) -> list[GroupCounts]:
-        """Per-group pending / due / in-flight / consumers, for metrics and status."""
+        """Per-group pending / due / in-flight / consumers, for the state gauges.
+
+        Bounded work: one row per group with labels of its own (at most
+        ``metrics.max_group_series``), plus one ``_other`` row for all the rest computed
+        from running totals (its ``due`` is left out). Cost does not grow with the
+        number of groups once the series budget is full.
+        """
+        metrics = self.metrics
+        budget = metrics.series
+        state = self.state
+        if budget.has_room():
+            for candidate in list(state.groups.values()):
+                if not budget.has_room():
+                    break
+                budget.group(candidate.topic, candidate.name)
         now_ms = self.clock.wall_ms()
+        hub = self.hub
         out: list[GroupCounts] = []
-        for gid, info in sorted(self.state.groups.items()):
-            runtime = self.hub.groups.get(gid)
-            in_flight = runtime.in_flight_count if runtime else 0
-            due = self.dispatcher.due_count(runtime, now_ms) if runtime else 0
-            consumers = len(runtime.consumers) if runtime else 0
-            out.append(GroupCounts(info.topic, info.name, info.pending, due, in_flight, consumers))
+        pending = in_flight = consumers = 0
+        for topic, name in sorted(budget.tracked_groups()):
+            found = state.find_group(topic, name)
+            if found is None:
+                metrics.forget_group(topic, name)  # deleted: free its series
+                continue
+            row = self._group_row(found, now_ms)
+            pending += row.pending
+            in_flight += row.in_flight
+            consumers += row.consumers
+            out.append(row)
+        if len(state.groups) > len(out):
+            out.append(
+                GroupCounts(
+                    OTHER,
+                    OTHER,
+                    state.total_pending - pending,
+                    None,
+                    len(hub.in_flight) - in_flight,
+                    len(hub.consumers) - consumers,
+                )
+            )
         return out
 
-    def status(self) -> dict[str, Any]:
-        """The STATUS_OK map (``docs/protocol.md``, "STATUS")."""
-        counts = {(c.topic, c.group): c for c in self.group_counts()}
+    def _group_row(self, info: GroupInfo, now_ms: int) -> GroupCounts:
+        runtime = self.hub.groups.get(info.group_id)
+        in_flight = runtime.in_flight_count if runtime else 0
+        due = self.dispatcher.due_count(info.group_id, now_ms) if self.dispatcher.active else 0
+        consumers = len(runtime.consumers) if runtime else 0
+        return GroupCounts(info.topic, info.name, info.pending, due, in_flight, consumers)
+
+    def status(self, visible: Callable[[str], bool] | None = None) -> dict[str, Any]:
+        """The STATUS_OK map (``docs/protocol.md``, "STATUS").
+
+        Lists topics in name order with their groups, at most
+        ``limits.max_status_groups`` groups (bounded work and size); ``topic_count``
+        and ``group_count`` give the totals and ``truncated`` says whether some were
+        left out.
+
+        Args:
+            visible: Lists only topics for which this returns True (a client without
+                the ``monitor`` permission sees the topics its patterns name); the
+                totals then count only those listed. None: every topic.
+        """
+        steps = self.status_steps(visible)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result: dict[str, Any] = done.value
+                return result
+
+    async def status_async(self, visible: Callable[[str], bool] | None = None) -> dict[str, Any]:
+        """:meth:`status`, yielding to the event loop every :data:`STATUS_STEP_TOPICS`
+        topics looked at (a filtered status may look at every topic)."""
+        steps = self.status_steps(visible)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result: dict[str, Any] = done.value
+                return result
+            await trio.lowlevel.checkpoint()
+
+    def status_steps(
+        self, visible: Callable[[str], bool] | None = None
+    ) -> Generator[None, None, dict[str, Any]]:
+        """:meth:`status` as a generator that yields every few hundred topics looked at."""
+        limit = self.config.limits.max_status_groups
+        listed = 0
+        looked = 0
+        truncated = False
         topics: list[dict[str, Any]] = []
-        for topic in self.state.topics():
-            groups = []
-            for info in self.state.topic_groups(topic):
-                c = counts[(topic, info.name)]
-                groups.append(
-                    {
-                        "group": info.name,
-                        "pending": c.pending,
-                        "due": c.due,
-                        "in_flight": c.in_flight,
-                        "consumers": c.consumers,
-                        "visibility_timeout_ms": info.visibility_timeout_ms,
-                        "max_deliveries": info.max_deliveries,
-                    }
-                )
-            topics.append({"topic": topic, "groups": groups})
+        after: str | None = None
+        while not truncated:
+            now_ms = self.clock.wall_ms()
+            batch = list(itertools.islice(self.state.iter_topics(after), STATUS_STEP_TOPICS))
+            if not batch:
+                break
+            after = batch[-1]
+            for topic in batch:
+                looked += 1
+                if visible is not None and not visible(topic):
+                    continue
+                if listed >= limit:
+                    truncated = True
+                    break
+                groups = []
+                for info in self.state.topic_groups(topic):
+                    c = self._group_row(info, now_ms)
+                    listed += 1
+                    groups.append(
+                        {
+                            "group": info.name,
+                            "pending": c.pending,
+                            "due": c.due,
+                            "in_flight": c.in_flight,
+                            "consumers": c.consumers,
+                            "visibility_timeout_ms": info.visibility_timeout_ms,
+                            "max_deliveries": info.max_deliveries,
+                        }
+                    )
+                topics.append({"topic": topic, "groups": groups})
+            if not truncated:
+                yield
         return {
             "node_id": self.node_id,
             "role": self.cluster_status()["role"],
@@ -583,6 +767,10 @@ class Broker:
             "applied_digest": self.state.applied_digest,
             "term": int(getattr(self.log, "term", 0)),
             "uptime_s": round(self.clock.monotonic_s() - self.started_s, 3),
+            "topic_count": self.state.topic_count() if visible is None else len(topics),
+            "group_count": len(self.state.groups) if visible is None else listed,
+            "truncated": truncated,
+            "alarms": self.alarms(),
             "topics": topics,
             **({"clock": clock} if (clock := self.clock_status()) is not None else {}),
         }

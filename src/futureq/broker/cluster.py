@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING
 import trio
 
 from futureq.errors import ConfigError, ErrorCode, FutureQError, RequestError
+from futureq.peer_credentials import (
+    CredentialError,
+    check_own_certificate,
+    raft_tls_contexts,
+    read_secret_file,
+)
 from futureq.raft.node import RaftNode, RaftNodeConfig
+from futureq.raft.peer_auth import PeerAuthError
 from futureq.raft.rocks_storage import RocksStorage
 from futureq.raft.transport import AddressBook, Transport
 from futureq.state import snapshot
@@ -30,6 +37,7 @@ if TYPE_CHECKING:
     from futureq.metrics import Metrics
     from futureq.state.queue_state import QueueState
     from futureq.storage.db import Database
+    from futureq.storage.space import SpaceAlarm
 
     from .broker import Broker
 
@@ -56,23 +64,52 @@ def finish_interrupted_restore(config: Config, db: Database) -> bool:
     return True
 
 
-def raft_tls_contexts(config: Config) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
-    """Mutual TLS between peers when TLS is configured with a CA: each node presents its
-    certificate and accepts only peers whose certificate the CA signed.
+def load_peer_credentials(
+    config: Config,
+) -> tuple[bytes | None, tuple[ssl.SSLContext, ssl.SSLContext] | None]:
+    """The cluster secret and the mutual-TLS contexts of the Raft port, checked again at
+    start (the loader checked them too; files may have changed since).
+
+    A node with peers and neither credential must have ``cluster.insecure_peers``; it
+    then logs a warning (every start).
 
     Returns:
-        ``(server_context, client_context)``, or ``(None, None)`` without TLS + CA.
+        ``(secret or None, (server_context, client_context) or None)``.
+
+    Raises:
+        ConfigError: the secret file or certificate is unusable, or the node has
+            peers, no credential and no ``insecure_peers``.
     """
-    tls = config.tls
-    if not tls.enabled or tls.ca_file is None:
-        return None, None
-    assert tls.cert_file is not None and tls.key_file is not None
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=tls.ca_file)
-    server.load_cert_chain(tls.cert_file, tls.key_file)
-    server.verify_mode = ssl.CERT_REQUIRED
-    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=tls.ca_file)
-    client.load_cert_chain(tls.cert_file, tls.key_file)
-    return server, client
+    cluster = config.cluster
+    secret: bytes | None = None
+    if cluster.secret_file is not None:
+        try:
+            loaded = read_secret_file(cluster.secret_file)
+        except CredentialError as exc:
+            raise ConfigError(f"cluster.secret_file {cluster.secret_file}: {exc}") from None
+        for warning in loaded.warnings:
+            log.warning("%s", warning)
+        secret = loaded.secret
+    contexts = raft_tls_contexts(config)
+    if contexts is not None:
+        try:
+            check_own_certificate(config)
+        except CredentialError as exc:
+            raise ConfigError(f"tls.cert_file {config.tls.cert_file}: {exc}") from None
+    if secret is None and contexts is None:
+        if not cluster.insecure_peers:
+            raise ConfigError(
+                "this node has peers but nothing authenticates them: give every node the "
+                "same --cluster-secret-file, or mutual TLS (--tls-cert, --tls-key, --tls-ca), "
+                "or pass --insecure-peers"
+            )
+        log.warning(
+            "peers are NOT authenticated (cluster.insecure_peers): anyone who can reach the "
+            "Raft port %s can act as a node and rewrite the replicated log; give every node "
+            "the same --cluster-secret-file (docs/security.md)",
+            cluster.raft_listen,
+        )
+    return secret, contexts
 
 
 def build_raft_log(
@@ -81,11 +118,15 @@ def build_raft_log(
     state: QueueState,
     client_address: str,
     metrics: Metrics,
+    space_alarm: SpaceAlarm | None = None,
 ) -> tuple[RaftNode, Transport]:
     """The Raft node and its transport for this node (not started).
 
+    Peers authenticate with the credentials :func:`load_peer_credentials` returns.
+
     Raises:
-        ConfigError: this node's id is missing from a non-empty ``cluster.peers``.
+        ConfigError: this node's id is missing from a non-empty ``cluster.peers``, or
+            its peer credentials are unusable.
     """
     cluster = config.cluster
     node_id = config.server.node_id
@@ -107,7 +148,8 @@ def build_raft_log(
 
     state.on_nodes_changed = replicated_addresses_changed
     replicated_addresses_changed()
-    ssl_server, ssl_client = raft_tls_contexts(config)
+    secret, contexts = load_peer_credentials(config)
+    ssl_server, ssl_client = contexts if contexts is not None else (None, None)
     transport = Transport(
         node_id,
         cluster.raft_listen,
@@ -117,6 +159,7 @@ def build_raft_log(
         cluster_id=cluster.cluster_id,
         client_address=client_address,
         advertise_address=cluster.advertise_raft,  # None: the bound raft address
+        secret=secret,
         rng=random.Random(),
         # Reconnect to a restarted peer well within one election timeout, or a leader
         # whose quorum needs that peer steps down (CheckQuorum) while it backs off.
@@ -143,6 +186,7 @@ def build_raft_log(
         state,
         rng=random.Random(),
         metrics=metrics,
+        space_alarm=space_alarm,
     )
     return node, transport
 
@@ -169,15 +213,20 @@ async def follow_leadership(node: RaftNode, broker: Broker) -> None:
 RAFT_METRICS_INTERVAL_S = 1.0
 
 
-async def export_raft_metrics(node: RaftNode, metrics: Metrics) -> None:
+async def export_raft_metrics(node: RaftNode, transport: Transport, metrics: Metrics) -> None:
     """Copy the node's Raft and cluster clock figures into the gauges once a second."""
     roles = ("follower", "pre_candidate", "candidate", "leader")
     peers_seen: set[int] = set()
     clocks_seen: set[int] = set()
     elections = 0
+    refusals: dict[str, int] = {}
     while True:
         clocks_seen = export_clock_metrics(node.timekeeper.clock, metrics, clocks_seen)
         metrics.leader_lease_remaining_seconds.set(node.lease_remaining_s())
+        for reason, count in transport.statistics().refusals.items():
+            if count > refusals.get(reason, 0):
+                metrics.raft_peer_refusals_total.labels(reason).inc(count - refusals.get(reason, 0))
+                refusals[reason] = count
         metrics.raft_term.set(node.term)
         metrics.raft_commit_index.set(node.commit_index)
         metrics.applied_index.set(node.applied_index)
@@ -237,15 +286,51 @@ def was_removed(node: RaftNode, node_id: int) -> bool:
     membership is non-empty and does not list ``node_id``."""
     voters, learners = node.membership()
     return bool(voters or learners) and node_id not in voters and node_id not in learners
+async def _check_peer_credentials(
+    config: Config, transport: Transport, view: dict[str, object]
+) -> None:
+    """Run the Raft handshake with the leader (else the member that answered ``view``).
+
+    Raises:
+        ConfigError: the member refused our credentials or could not prove its own.
+        OSError: it could not be reached or the handshake broke off (the caller retries).
+    """
+    nodes = view.get("nodes")
+    addresses = {
+        entry.get("node_id"): entry.get("raft_address")
+        for entry in (nodes if isinstance(nodes, list) else [])
+        if isinstance(entry, dict)
+    }
+    for member in (view.get("leader_id"), view.get("node_id")):
+        address = addresses.get(member)
+        if isinstance(member, int) and isinstance(address, str) and address:
+            break
+    else:
+        return  # no Raft address known yet; the leader's links will authenticate anyway
+    try:
+        await transport.probe(member, address)
+    except PeerAuthError as exc:
+        raise ConfigError(
+            f"cannot join the cluster at {config.cluster.join}: {exc.message}"
+        ) from None
+    except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
+        raise OSError(f"Raft handshake with node {member} at {address} failed: {exc}") from exc
 
 
 async def join_cluster(
-    config: Config, node: RaftNode, client_address: str, raft_address: str
+    config: Config, node: RaftNode, transport: Transport, client_address: str, raft_address: str
 ) -> None:
     """Ask the member at ``cluster.join`` to add this node, retrying until it is a member.
 
-    Done when this node appears in the membership (as learner, then voter); the
-    leader promotes it once it has caught up.
+    Before asking, this node runs the Raft handshake with the leader (or the member it
+    asked), so a node whose secret or certificate the cluster would refuse stops with
+    exit code 2 and a sentence instead of being added as a learner that can never
+    catch up. Done when this node appears in the membership (as learner, then voter);
+    the leader promotes it once it has caught up.
+
+    Raises:
+        ConfigError: the cluster has another cluster id, already has this node id, or
+            refuses this node's peer credentials.
     """
     from futureq.client import open_client  # the client library is only needed here
 
@@ -303,8 +388,9 @@ async def join_cluster(
                         f"{config.cluster.join}; pick an unused --node-id (or remove the old "
                         f"node {node_id} first)"
                     )
+                await _check_peer_credentials(config, transport, view)
+                asked = True  # even if the answer is lost, a later view may show us added
                 await client.add_node(node_id, raft_address, client_address)
-                asked = True
             log.info(
                 "asked %s to add node %d (raft %s)", config.cluster.join, node_id, raft_address
             )

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgpack
 import trio
 
-from futureq.errors import ErrorCode, RequestError, StorageError
+from futureq.errors import ErrorCode, NoSpaceError, RequestError, StorageError
 
 if TYPE_CHECKING:
     from futureq.metrics import Metrics
     from futureq.state.queue_state import QueueState
     from futureq.storage.db import Database
+    from futureq.storage.space import SpaceAlarm
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,33 @@ class CommandLog(Protocol):
         ...
 
 
+async def apply_in_steps(state: QueueState, index: int, data: bytes) -> Any:
+    """Apply one command with :meth:`QueueState.apply_steps`, yielding between steps.
+
+    A 10,000-item batch is applied in slices of ``APPLY_STEP_ITEMS`` items, so requests
+    on other connections (a PING, a heartbeat) are served meanwhile.
+
+    Returns:
+        :meth:`QueueState.apply`'s result.
+    """
+    steps = state.apply_steps(index, data)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        await trio.lowlevel.checkpoint()
+
+
+def no_space_error() -> RequestError:
+    """The answer to a write refused because the disk is full."""
+    return RequestError(
+        ErrorCode.NO_SPACE,
+        "the node's disk is full (NO_SPACE alarm): nothing was written; retry later or on "
+        "another node (the node resumes by itself when space returns)",
+    )
+
+
 class _Proposal:
     __slots__ = ("data", "done", "error", "index", "result")
 
@@ -110,6 +138,8 @@ class SingleNodeLog:
         max_batch_items: Most proposals written in one synced batch.
         metrics: Where fsync latency and batch sizes are observed, or None.
         on_applied: Called after each group of entries is applied (wakes the dispatcher).
+        space_alarm: The NO_SPACE alarm: a write that finds the disk full fails its
+            proposals with NO_SPACE instead of stopping the node. None: it stops it.
     """
 
     def __init__(
@@ -122,8 +152,10 @@ class SingleNodeLog:
         max_batch_items: int = 4096,
         metrics: Metrics | None = None,
         on_applied: Callable[[], None] | None = None,
+        space_alarm: SpaceAlarm | None = None,
     ) -> None:
         self._db = db
+        self._alarm = space_alarm
         self._state = state
         self._address = address
         self._fsync = fsync
@@ -251,7 +283,6 @@ class SingleNodeLog:
             task_status.started()
 
     async def _writer(self, to_apply: trio.MemorySendChannel[list[_Proposal]]) -> None:
-        handle = self._db.handle("raft_log")
         async with to_apply:
             while True:
                 batch = [await self._receive.receive()]
@@ -260,18 +291,23 @@ class SingleNodeLog:
                         batch.append(self._receive.receive_nowait())
                     except trio.WouldBlock:
                         break
-                write_batch = self._db.new_batch()
-                pack = self._pack
+                if self._alarm is not None and self._alarm.raised:
+                    self._refuse(batch)
+                    continue
                 for proposal in batch:
                     self.last_index += 1
                     proposal.index = self.last_index
-                    write_batch.put(
-                        log_key(proposal.index), pack([0, ENTRY_NORMAL, proposal.data]), handle
-                    )
                 started = trio.current_time()
                 try:
                     # Not cancellable: a half-done synced write must finish before we go on.
-                    await trio.to_thread.run_sync(self._db.write_batch, write_batch, self._fsync)
+                    await self._write(batch)
+                except NoSpaceError as exc:
+                    if self._alarm is None:
+                        raise
+                    self._alarm.trip(exc)
+                    self.last_index -= len(batch)  # nothing of the batch was written
+                    self._refuse(batch)
+                    continue
                 except StorageError as exc:
                     for proposal in batch:
                         proposal.error = exc
@@ -282,6 +318,44 @@ class SingleNodeLog:
                     self._metrics.group_commit_items.observe(len(batch))
                 await to_apply.send(batch)
 
+    async def _write(self, batch: list[_Proposal]) -> None:
+        """Write the entries of ``batch`` (indexes assigned) in one synced write."""
+        if self._alarm is None:
+            await trio.to_thread.run_sync(self._write_entries, batch)
+            return
+        async with self._alarm.lock:  # no reopen while the write runs
+            await trio.to_thread.run_sync(self._write_entries, batch)
+
+    def _write_entries(self, batch: list[_Proposal]) -> None:
+        # The write batch (which holds column family handles, so RocksDB) lives only
+        # here: nothing keeps the database open once the write is done.
+        write_batch = self._db.new_batch()
+        handle = self._db.handle("raft_log")  # per write: a reopen replaces it
+        pack = self._pack
+        for proposal in batch:
+            write_batch.put(log_key(proposal.index), pack([0, ENTRY_NORMAL, proposal.data]), handle)
+        self._db.write_batch(write_batch, self._fsync)
+
+    @staticmethod
+    def _refuse(batch: list[_Proposal]) -> None:
+        for proposal in batch:
+            proposal.error = no_space_error()
+            proposal.done.set()
+
+    async def _apply_one(self, proposal: _Proposal) -> Any:
+        """Apply one written entry; after a full disk, wait for room and write again (the
+        entry is in the log, so it must be applied before the next one)."""
+        while True:
+            try:
+                return await apply_in_steps(self._state, proposal.index, proposal.data)
+            except NoSpaceError as exc:
+                if self._alarm is None:
+                    raise
+                self._alarm.trip(exc)
+            # Waited for outside the except block: the exception's traceback holds the
+            # write batch, which holds RocksDB open and would make the reopen fail.
+            await self._alarm.wait_cleared()
+
     async def _applier(self, to_apply: trio.MemoryReceiveChannel[list[_Proposal]]) -> None:
         state = self._state
         async with to_apply:
@@ -289,7 +363,7 @@ class SingleNodeLog:
                 started = trio.current_time()
                 for position, proposal in enumerate(batch):
                     try:
-                        proposal.result = state.apply(proposal.index, proposal.data)
+                        proposal.result = await self._apply_one(proposal)
                     except RequestError as exc:  # pragma: no cover - apply never refuses
                         proposal.error = exc
                     proposal.done.set()
@@ -305,9 +379,15 @@ class SingleNodeLog:
                 if applied - self._truncated_below >= TRUNCATE_EVERY_ENTRIES:
                     # The state writes before this point reach disk with the next synced
                     # log write (one WAL), so entries up to ``applied`` are not needed.
-                    self._db.delete_range("raft_log", log_key(0), log_key(applied + 1))
-                    self._truncated_below = applied
+                    try:
+                        self._db.delete_range("raft_log", log_key(0), log_key(applied + 1))
+                    except NoSpaceError as exc:
+                        if self._alarm is None:
+                            raise
+                        self._alarm.trip(exc)  # truncate later
+                    else:
+                        self._truncated_below = applied
                 await trio.lowlevel.checkpoint()
 
 
-__all__ = ["CommandLog", "SingleNodeLog", "log_key"]
+__all__ = ["CommandLog", "SingleNodeLog", "apply_in_steps", "log_key"]

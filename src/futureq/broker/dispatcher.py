@@ -13,6 +13,7 @@ across groups, round-robin within a group, credit-based flow control).
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 from collections.abc import Callable
@@ -43,6 +44,15 @@ _MAX_MID = (1 << 64) - 1
 REFILL_CHUNK_ITEMS = 10_000
 """Most schedule entries read from disk in one refill step (keeps the loop responsive)."""
 EXPIRE_BATCH_ITEMS = 1000
+GROUPS_PER_PASS = 64
+PASS_BUDGET_S = 0.005
+"""A pass stops looking at more groups once it has taken this long (s)."""
+DUE_COUNT_SCAN_ITEMS = 10_000
+"""Most schedule entries read from disk to count one group's due backlog (a status or a
+scrape stays short); a count that reaches it means "at least"."""
+"""Most groups looked at in one dispatch pass; the rest wait for the next (a yield)."""
+DELIVERIES_PER_PASS = 8192
+"""Most deliveries pushed in one dispatch pass, so one pass holds the loop briefly."""
 _REASON_COUNTERS: dict[CommandKind, str] = {
     CommandKind.ACK: "acked_messages_total",
     CommandKind.NACK: "nacked_messages_total",
@@ -104,32 +114,58 @@ class Dispatcher:
         self._proposals_send, self._proposals_receive = trio.open_memory_channel[
             tuple[bytes, list[Any]]
         ](64)
-        self.active = active
+        self._timers: list[tuple[float, int]] = []
+        """Heap of ``(wake_ms, group_id)``; an entry is live while ``_wake_at`` agrees."""
+        self._wake_at: dict[int, float] = {}
+        self._pass_now_ms = 0
+        """Wall time of the dispatch pass in progress, or of the last one (ms)."""
+        self.active = False
         if active:
-            self._sync_groups()
+            self.activate()
 
     # ------------------------------------------------------------ observer
 
     def on_scheduled(
         self, group_id: int, due_ms: int, mid: int, expire_ms: int | None, attempt: int
     ) -> None:
-        """A schedule entry was committed: index it if it falls inside the horizon."""
-        runtime = self.hub.groups.get(group_id)
-        if runtime is None or pack(due_ms, mid) >= runtime.loaded_until:
+        """A schedule entry was committed: index it if it falls inside the horizon.
+
+        O(log n): an entry beyond the group's loaded horizon stays on disk and only
+        moves the group's next look (so it is loaded before it falls due).
+        """
+        if not self.active:
             return
+        runtime = self.hub.groups.get(group_id)
+        if runtime is None:
+            # No runtime: the group is idle or not loaded yet; the load finds the entry.
+            self._wake_group_at(group_id, due_ms - self.horizon_ms)
+            return
+        packed = pack(due_ms, mid)
+        if packed >= runtime.loaded_until:
+            self._wake_group_at(group_id, due_ms - self.horizon_ms // 2)
+            return
+        if packed in runtime.index or commands.schedule_key(group_id, due_ms, mid) in (
+            self.hub.in_flight
+        ):
+            return  # a refill read it from disk before this notification came
         runtime.index.add(due_ms, mid, expire_ms, attempt)
         if len(runtime.index) > self.horizon_max_items:
             last_due, last_mid = runtime.index.pop_last()
             runtime.loaded_until = pack(last_due, last_mid)
-        if due_ms < self._next_wake_ms or (
-            expire_ms is not None and expire_ms < self._next_wake_ms
-        ):
-            self.kick()
+        wake = due_ms if runtime.consumers else math.inf
+        if expire_ms is not None:
+            wake = min(wake, expire_ms)
+        self._wake_group_at(group_id, wake)
 
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
         """A schedule entry was removed: forget it in the index and in flight."""
         runtime = self.hub.groups.get(group_id)
         if runtime is None:
+            if self.metrics is not None and self.active:
+                name = _REASON_COUNTERS.get(reason)
+                info = self.state.groups.get(group_id)
+                if name is not None and info is not None:
+                    self._count(name, info.topic, info.name)
             return
         runtime.index.discard(due_ms, mid)
         runtime.extra_attempts.pop(mid, None)
@@ -140,31 +176,69 @@ class Dispatcher:
             if name is not None:
                 self._counter(runtime, name).inc()
 
+    def _count(self, name: str, topic: str, group: str, amount: int = 1) -> None:
+        metrics = self.metrics
+        assert metrics is not None
+        getattr(metrics, name).labels(*metrics.group_labels(topic, group)).inc(amount)
+
     def _counter(self, runtime: GroupRuntime, name: str) -> Any:
-        """The (topic, group) child of a per-group counter, cached: labels() is slow."""
+        """The (topic, group) child of a per-group counter, cached: labels() is slow.
+
+        Groups past the series budget share the ``_other`` child.
+        """
         key = (name, runtime.info.name)
         child = runtime.counters.get(key)
         if child is None:
-            child = getattr(self.metrics, name).labels(runtime.info.topic, runtime.info.name)
+            metrics = self.metrics
+            assert metrics is not None
+            labels = metrics.group_labels(runtime.info.topic, runtime.info.name)
+            child = getattr(metrics, name).labels(*labels)
             runtime.counters[key] = child
         return child
 
-    def on_groups_changed(self) -> None:
-        """Groups were created, adopted or deleted: match runtimes to them."""
-        if self.active:
-            self._sync_groups()
+    def on_group_changed(self, group_id: int) -> None:
+        """One group was created, adopted, updated or deleted: O(1) whatever the count.
+
+        A new group needs no look of its own: it has no consumer yet, and every entry
+        it holds was scheduled by the same command (:meth:`on_scheduled` takes care of
+        those). A changed group's runtime, if it has one, takes the new settings.
+        """
+        if not self.active:
+            return
+        info = self.state.groups.get(group_id)
+        runtime = self.hub.groups.get(group_id)
+        if info is None:
+            if runtime is not None and self.metrics is not None:
+                self.metrics.forget_group(runtime.info.topic, runtime.info.name)
+            self.hub.drop_group(group_id, self.clock.wall_ms())
+            self._wake_at.pop(group_id, None)
+            return
+        if runtime is not None:
+            runtime.info = info
+            self.hub.touched.add(group_id)  # settings changed: look again
             self.kick()
+
+    def on_groups_changed(self) -> None:
+        """Every group may have changed (a snapshot was installed): start afresh."""
+        if self.active:
+            self.activate()
 
     def activate(self) -> None:
         """Start dispatching (this node became leader and applied everything committed).
 
         Every group's horizon is loaded afresh from disk: what the previous leader had
-        in flight and did not see acked is due again (the at-least-once window).
+        in flight and did not see acked is due again (the at-least-once window). Groups
+        are loaded a bounded number per pass (:data:`GROUPS_PER_PASS`), never all at once.
         """
         self.active = True
         self.hub.clear()
+        self.hub.group_info = self.state.groups.get
         self._parked.clear()
-        self._sync_groups()
+        self._wake_at.clear()
+        self._timers.clear()
+        # Only groups holding entries have anything to load; the others wait for a
+        # consumer or an entry (either touches them).
+        self.hub.touched.update(gid for gid, info in self.state.groups.items() if info.pending)
         self.kick()
 
     def deactivate(self) -> None:
@@ -172,24 +246,24 @@ class Dispatcher:
         self.active = False
         self.hub.clear()
         self._parked.clear()
+        self._wake_at.clear()
+        self._timers.clear()
         self.kick()
 
-    def _sync_groups(self) -> None:
-        groups = self.state.groups
-        for gid in list(self.hub.groups):
-            if gid not in groups:
-                runtime = self.hub.groups[gid]
-                for consumer in list(runtime.consumers):
-                    self.hub.remove_consumer(consumer, self.clock.wall_ms())
-                for key in [k for k, f in self.hub.in_flight.items() if f.group_id == gid]:
-                    self.hub.forget(key)
-                del self.hub.groups[gid]
-        for gid, info in groups.items():
-            existing = self.hub.groups.get(gid)
-            if existing is None:
-                self.hub.groups[gid] = GroupRuntime(info)
-            else:
-                existing.info = info
+    def _wake_group_at(self, group_id: int, at_ms: float) -> None:
+        """Make sure the group is looked at no later than ``at_ms`` (O(log n))."""
+        if at_ms == math.inf:
+            return
+        if at_ms <= self._pass_now_ms:
+            self.hub.touched.add(group_id)
+            self.kick()
+            return
+        current = self._wake_at.get(group_id, math.inf)
+        if at_ms < current:
+            self._wake_at[group_id] = at_ms
+            heapq.heappush(self._timers, (at_ms, group_id))
+            if at_ms < self._next_wake_ms:
+                self.kick()
 
     # ------------------------------------------------------------ control
 
@@ -252,57 +326,126 @@ class Dispatcher:
             current = self.hub.groups.get(owner.info.group_id)
             if current is not None and current is owner:
                 current.index.add(due_ms, mid, expire_ms, attempt)
+                self.hub.touched.add(owner.info.group_id)
         return math.inf
 
     # ------------------------------------------------------------ one pass
 
     def dispatch_once(self) -> float:
-        """Do everything that is due now; return the next wake-up time (ms, or inf)."""
+        """Do what is due now; return the next wake-up time (ms, or inf).
+
+        Only groups with something to do are looked at: those touched since the last
+        pass (new consumer, credit, a release) and those whose own wake-up time came.
+        At most :data:`GROUPS_PER_PASS` groups and about :data:`DELIVERIES_PER_PASS`
+        deliveries per pass; when more is left the answer is "now" (after a yield).
+        Idle groups cost nothing here, however many exist.
+        """
         if not self.active:
             return math.inf
         now_ms = self.clock.wall_ms()
         if self.dispatch_allowed is not None and not self.dispatch_allowed():
             return float(now_ms + NOT_ALLOWED_RETRY_MS)
-        self.hub.expire_visibility(now_ms)
+        self._pass_now_ms = now_ms
+        hub = self.hub
+        hub.expire_visibility(now_ms)
         next_ms: float = self._unpark(now_ms)
+        timers = self._timers
+        wake_at = self._wake_at
+        touched = hub.touched
+        while timers and timers[0][0] <= now_ms:
+            at_ms, gid = heapq.heappop(timers)
+            if wake_at.get(gid) == at_ms:
+                del wake_at[gid]
+                touched.add(gid)
         expired: list[bytes] = []
         expired_restore: list[Any] = []
         dead: list[tuple[bytes, int]] = []
         dead_restore: list[Any] = []
-        for runtime in list(self.hub.groups.values()):
-            refill_at = self._refill(runtime, now_ms)
-            next_ms = min(next_ms, refill_at)
-            gid = runtime.info.group_id
-            for due_ms, mid, expire_ms, attempt in runtime.index.pop_expired(
-                now_ms, EXPIRE_BATCH_ITEMS
-            ):
-                expired.append(commands.schedule_key(gid, due_ms, mid))
-                expired_restore.append((runtime, due_ms, mid, expire_ms, attempt))
-            self._deliver(runtime, now_ms, expired, expired_restore, dead, dead_restore)
-            next_expire = runtime.index.next_expire_ms()
-            if next_expire is not None:
-                next_ms = min(next_ms, next_expire)
-            if runtime.has_credit():
-                next_due = runtime.index.next_due_ms()
-                if next_due is not None:
-                    next_ms = min(next_ms, next_due)
+        budget = [DELIVERIES_PER_PASS]
+        stop_s = self.clock.monotonic_s() + PASS_BUDGET_S
+        for looked in range(min(len(touched), GROUPS_PER_PASS)):
+            if looked and self.clock.monotonic_s() >= stop_s:
+                break  # a slow disk read or a full batch: the rest after a yield
+            gid = touched.pop()
+            runtime = hub.runtime(gid)
+            if runtime is None:
+                wake_at.pop(gid, None)
+                continue
+            group_next = self._dispatch_group(
+                runtime, now_ms, expired, expired_restore, dead, dead_restore, budget
+            )
+            if group_next <= now_ms:
+                touched.add(gid)  # more right away (a full batch, a refill step)
+            else:
+                if gid in wake_at and wake_at[gid] <= group_next:
+                    pass  # an earlier wake-up is already set
+                elif group_next < math.inf:
+                    wake_at[gid] = group_next
+                    heapq.heappush(timers, (group_next, gid))
+                if runtime.is_idle() and gid not in touched and not self._parked:
+                    del hub.groups[gid]  # rebuilt from disk when it has work again
+            if budget[0] <= 0:
+                break
         if expired:
             self._submit(commands.expire(expired), expired_restore)
         if dead:
             self._submit(commands.dead_letter(now_ms, dead), dead_restore)
-        deadline = self.hub.next_deadline_ms()
+        if touched:
+            return now_ms
+        while timers and wake_at.get(timers[0][1]) != timers[0][0]:
+            heapq.heappop(timers)  # stale
+        if timers:
+            next_ms = min(next_ms, timers[0][0])
+        deadline = hub.next_deadline_ms()
         if deadline is not None:
             next_ms = min(next_ms, deadline)
         if next_ms <= now_ms:
-            next_ms = now_ms  # more work right away (a full batch, a refill step)
+            next_ms = now_ms
+        return next_ms
+
+    def _dispatch_group(
+        self,
+        runtime: GroupRuntime,
+        now_ms: int,
+        expired: list[bytes],
+        expired_restore: list[Any],
+        dead: list[tuple[bytes, int]],
+        dead_restore: list[Any],
+        budget: list[int],
+    ) -> float:
+        """One group's share of a pass; returns when the group next needs a look (ms)."""
+        next_ms = self._refill(runtime, now_ms)
+        gid = runtime.info.group_id
+        for due_ms, mid, expire_ms, attempt in runtime.index.pop_expired(
+            now_ms, EXPIRE_BATCH_ITEMS
+        ):
+            expired.append(commands.schedule_key(gid, due_ms, mid))
+            expired_restore.append((runtime, due_ms, mid, expire_ms, attempt))
+        taken = self._deliver(
+            runtime, now_ms, expired, expired_restore, dead, dead_restore, budget[0]
+        )
+        budget[0] -= taken
+        if taken or expired_restore:
+            # The index shrank: it may need more from disk (cheap when it does not).
+            next_ms = min(next_ms, self._refill(runtime, now_ms))
+        next_expire = runtime.index.next_expire_ms()
+        if next_expire is not None:
+            next_ms = min(next_ms, next_expire)
+        if runtime.has_credit():
+            next_due = runtime.index.next_due_ms()
+            if next_due is not None:
+                next_ms = min(next_ms, next_due)
         return next_ms
 
     def _refill(self, runtime: GroupRuntime, now_ms: int) -> float:
         """Load the group's next schedule entries from disk; return when to look again.
 
         The horizon is extended to ``now + horizon_ms`` once less than half a window
-        of it is left, so a quiet group is read from disk about every half window,
-        never on every pass.
+        of it is left. When the first entry left on disk is due later than that, the
+        group is next read shortly before that entry enters the horizon; a group with
+        nothing on disk beyond its horizon is not read again until a new entry is
+        scheduled for it (:meth:`on_scheduled`). So an idle group is not read per pass,
+        nor every half window.
         """
         half_window = self.horizon_ms // 2
         index = runtime.index
@@ -324,17 +467,18 @@ class Dispatcher:
         ):
             packed = pack(due_ms, mid)
             if packed >= horizon_end:
-                break  # the rest is beyond the horizon
+                # The rest is beyond the horizon: look again before this one is due.
+                runtime.loaded_until = horizon_end
+                return float(max(now_ms + half_window, due_ms - half_window))
             count += 1
             last = packed
             if commands.schedule_key(gid, due_ms, mid) not in in_flight and packed not in index:
                 index.add(due_ms, mid, expire_ms, attempt)
-        else:
-            if count >= limit:
-                runtime.loaded_until = last + 1
-                return float(now_ms)  # a full chunk: read the next one on the next pass
+        if count >= limit:
+            runtime.loaded_until = last + 1
+            return float(now_ms)  # a full chunk: read the next one on the next pass
         runtime.loaded_until = horizon_end
-        return float(now_ms + half_window)
+        return math.inf
 
     def _deliver(
         self,
@@ -344,13 +488,19 @@ class Dispatcher:
         expired_restore: list[Any],
         dead: list[tuple[bytes, int]],
         dead_restore: list[Any],
-    ) -> None:
+        budget: int = DELIVERIES_PER_PASS,
+    ) -> int:
+        """Push what is due to the group's consumers; returns how many were delivered.
+
+        Stops after about ``budget`` deliveries (the rest waits for the next pass).
+        """
         info = runtime.info
         gid = info.group_id
         index = runtime.index
         next_due = index.next_due_ms()
+        delivered = 0
         if not runtime.consumers or next_due is None or next_due > now_ms:
-            return
+            return delivered
         dead_letter_topic = info.dead_letter_topic
         max_deliveries = info.max_deliveries
         visibility_ms = info.visibility_timeout_ms
@@ -358,15 +508,15 @@ class Dispatcher:
         # Round-robin: each round gives every consumer with credit an equal share of
         # what is due (one DELIVER frame each), so a group's consumers split the work.
         consumers = runtime.consumers_with_credit()
-        while consumers:
+        while consumers and delivered < budget:
             due_now = index.count_due(now_ms)
             if due_now == 0:
-                return
+                return delivered
             share = max(1, min(self.batch_items, -(-due_now // len(consumers))))
             for consumer in consumers:
                 entries = index.pop_due(now_ms, min(consumer.credit, share))
                 if not entries:
-                    return
+                    return delivered
                 deliveries: list[list[Any]] = []
                 flights: list[InFlight] = []
                 frame_bytes = 0
@@ -426,6 +576,7 @@ class Dispatcher:
                     consumer.closed = True
                     break
                 consumer.credit -= len(deliveries)
+                delivered += len(deliveries)
                 for flight in flights:
                     self.hub.track(flight)
                 if metrics is not None:
@@ -437,19 +588,38 @@ class Dispatcher:
                         metrics.due_to_delivery_seconds.observe(
                             max(0, now_ms - flight.due_ms) / 1000
                         )
-            consumers = [c for c in consumers if c.credit > 0 and not c.closed]
+            consumers = [
+                c for c in consumers if c.credit > 0 and not c.closed and c.outbox.has_room()
+            ]
+        return delivered
 
     # ------------------------------------------------------------ status
 
-    def due_count(self, runtime: GroupRuntime, now_ms: int) -> int:
-        """Entries of a group due now and not in flight (memory, plus disk past the horizon)."""
-        count = runtime.index.count_due(now_ms)
-        due_bound, _ = unpack(runtime.loaded_until)
-        if runtime.loaded_until and due_bound <= now_ms:
-            start = commands.schedule_key(runtime.info.group_id, *unpack(runtime.loaded_until))
-            stop = commands.schedule_key(runtime.info.group_id, now_ms + 1, 0)
-            for _ in self.state.store.scan_keys("schedule", start, stop):
-                count += 1
+    def due_count(self, group_id: int, now_ms: int, limit: int = DUE_COUNT_SCAN_ITEMS) -> int:
+        """Entries of a group due now and not in flight (memory, plus disk past the horizon).
+
+        A group with no runtime (idle, or not loaded yet) is counted from disk. At most
+        ``limit`` entries are read from disk, so one call stays short however large
+        the backlog: a count of ``limit`` or more means "at least".
+        """
+        runtime = self.hub.groups.get(group_id)
+        if runtime is None:
+            if group_id not in self.hub.touched and self._wake_at.get(group_id, math.inf) > now_ms:
+                # Idle and not due for a look: every entry is beyond its horizon.
+                return 0
+            start = commands.schedule_key(group_id, 0, 0)
+            count = 0
+        else:
+            count = runtime.index.count_due(now_ms)
+            due_bound, _ = unpack(runtime.loaded_until)
+            if not runtime.loaded_until or due_bound > now_ms:
+                return count
+            start = commands.schedule_key(group_id, *unpack(runtime.loaded_until))
+        stop = commands.schedule_key(group_id, now_ms + 1, 0)
+        for read, _ in enumerate(self.state.store.scan_keys("schedule", start, stop), 1):
+            count += 1
+            if read >= limit:
+                break
         return count
 
 

@@ -1,11 +1,31 @@
 """The client listener: one task per connection driving a sans-IO ``ServerSession``.
 
 Each connection has a reader (decodes frames, starts request handlers) and a writer
-(drains a bounded outbox). Requests pipeline: each PUBLISH, SUBSCRIBE, ACK, NACK,
-STATUS or group request runs in its own task of the connection's nursery, bounded by
-``MAX_REQUESTS_IN_PROGRESS`` per connection, and its answer echoes the request id.
+(drains an outbox bounded in bytes). Requests pipeline: each PUBLISH, SUBSCRIBE, ACK,
+NACK, STATUS or group request runs in its own task of the connection's nursery, bounded
+by ``MAX_REQUESTS_IN_PROGRESS`` per connection, and its answer echoes the request id.
 A refused request (2xx, 3xx) fails alone; a protocol error (1xx) gets an ERROR frame,
 then the connection closes. Nothing a client sends can stop the server.
+
+Every transport (TCP, TLS, WebSocket) serves its connections through :class:`Connection`,
+so the HELLO token is authenticated and every request frame is checked against the
+client's permissions in one place (:mod:`futureq.broker.access`).
+
+Limits (``docs/operations.md``, "Limits"; issue 10):
+
+* the outbox holds at most ``limits.max_connection_buffer_bytes`` before deliveries stop
+  going to that connection (they stay with the group's other consumers) and its
+  requests stop being read; twice that closes it (``SLOW_CLIENT``);
+* all connections together hold at most ``limits.max_node_buffer_bytes`` (outgoing
+  bytes plus incomplete incoming frames) before deliveries stop and incomplete frames
+  wait (:class:`NodeBuffers`);
+* a frame must be complete ``limits.frame_deadline_ms`` after its first byte
+  (``FRAME_TIMEOUT``); a client silent for ``limits.keepalive_interval_ms`` gets a PING
+  and must send something within ``limits.keepalive_timeout_ms`` (``KEEPALIVE_TIMEOUT``);
+  one write may block for at most ``limits.send_timeout_ms`` (``SLOW_CLIENT``).
+
+A connection the server closes logs one line (peer, error code, sentence), at most
+:data:`LOG_LINES_PER_MINUTE` a minute; tracebacks are only for bugs of ours.
 
 Source: ``docs/protocol.md``.
 """
@@ -15,6 +35,8 @@ from __future__ import annotations
 import itertools
 import logging
 import ssl
+from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -23,12 +45,16 @@ from futureq import __version__
 from futureq.errors import (
     ErrorCode,
     LocalProtocolError,
+    NoSpaceError,
     RemoteProtocolError,
     RequestError,
     StorageError,
 )
 from futureq.wire import frames
 from futureq.wire.session import CLOSED, NEED_DATA, ServerSession, SessionState
+
+from .access import ANONYMOUS, AccessControl, Principal
+from .command_log import no_space_error
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -38,76 +64,379 @@ log = logging.getLogger(__name__)
 
 MAX_REQUESTS_IN_PROGRESS = 256
 """Requests of one connection being served at once; the reader waits beyond that."""
-OUTBOX_FRAMES = 4096
-"""Frames queued for one connection's writer before it counts as stuck."""
 HANDSHAKE_TIMEOUT_S = 10.0
 LEADERSHIP_CLOSE_GRACE_S = 2.0
 """After a leadership change, how long in-progress requests may finish before closing."""
-WRITE_TIMEOUT_S = 30.0
 RECEIVE_BYTES = 256 * 1024
+WRITE_COALESCE_BYTES = 256 * 1024
+"""The writer joins queued frames into one ``send_all`` up to this size (bytes)."""
+ROOM_AGAIN_FRACTION = 0.5
+"""A full buffer counts as having room again once below this fraction of its limit."""
+LOG_LINES_PER_MINUTE = 60
+"""Lines about closed connections logged per minute; the rest are counted and summed up."""
 
 _connection_ids = itertools.count(1)
 
 
-class _Outbox:
-    """Bounded queue of encoded frames for one connection's writer."""
+class RateLimitedLog:
+    """At most ``per_minute`` lines a minute; then one line saying how many were dropped.
 
-    def __init__(self, send: trio.MemorySendChannel[bytes]) -> None:
-        self._send = send
+    Args:
+        logger: Where lines go.
+        per_minute: Lines allowed per 60 s window.
+    """
+
+    def __init__(self, logger: logging.Logger, per_minute: int = LOG_LINES_PER_MINUTE) -> None:
+        self._logger = logger
+        self._per_minute = per_minute
+        self._window_start = -1e18
+        self._lines = 0
+        self._dropped = 0
+
+    def log(self, level: int, message: str, *args: object, exc_info: object = None) -> None:
+        """Log a line unless this minute's allowance is spent."""
+        now = trio.current_time()
+        if now - self._window_start >= 60:
+            if self._dropped:
+                self._logger.warning(
+                    "%d more lines about closed connections were not logged in the last minute",
+                    self._dropped,
+                )
+            self._window_start = now
+            self._lines = 0
+            self._dropped = 0
+        if self._lines >= self._per_minute:
+            self._dropped += 1
+            return
+        self._lines += 1
+        self._logger.log(level, message, *args, exc_info=exc_info)  # type: ignore[arg-type]
+
+
+closed_log = RateLimitedLog(log)
+
+
+class NodeBuffers:
+    """Bytes held in every client connection's buffers on this node, both directions.
+
+    Each direction is bounded by ``limit_bytes`` on its own: past it no more deliveries
+    are queued (outgoing), or incomplete frames wait for the rest of theirs to be read
+    (incoming; the frame deadline still runs). Separately, so that clients who do not
+    read can never stop the others' requests from being read.
+
+    Args:
+        limit_bytes: ``limits.max_node_buffer_bytes``.
+        on_room: Called once the buffers are below the limit again after it was
+            reached (the dispatcher then looks at every group with consumers).
+        on_full: Called each time the limit is reached and deliveries are held back.
+    """
+
+    def __init__(
+        self,
+        limit_bytes: int,
+        on_room: Callable[[], None] | None = None,
+        on_full: Callable[[], None] | None = None,
+    ) -> None:
+        self.limit_bytes = limit_bytes
+        self.on_room = on_room
+        self.on_full = on_full
+        self.outbound = 0
+        self.inbound = 0
+        self._was_full = False
+        self._room = trio.Event()
+        self.full_count = 0
+        """Times the node's buffers were found full (deliveries held back)."""
+
+    @property
+    def total(self) -> int:
+        """Bytes held now."""
+        return self.outbound + self.inbound
+
+    def has_room(self) -> bool:
+        """True while the node may buffer more deliveries."""
+        if self.outbound < self.limit_bytes:
+            return True
+        if not self._was_full:
+            self._was_full = True
+            self.full_count += 1
+            if self.on_full is not None:
+                self.on_full()
+        return False
+
+    def change(self, outbound: int = 0, inbound: int = 0) -> None:
+        """Account for bytes added (positive) or released (negative)."""
+        self.outbound += outbound
+        self.inbound += inbound
+        if inbound < 0 and self.inbound < self.limit_bytes:
+            self._room.set()
+            self._room = trio.Event()
+        if (
+            outbound < 0
+            and self._was_full
+            and self.outbound < self.limit_bytes * ROOM_AGAIN_FRACTION
+        ):
+            self._was_full = False
+            if self.on_room is not None:
+                self.on_room()
+
+    async def wait_room(self) -> None:
+        """Block until incomplete incoming frames hold less than the limit."""
+        while self.inbound >= self.limit_bytes:
+            await self._room.wait()
+
+
+class Outbox:
+    """One connection's outgoing frames, bounded in bytes (never blocks a sender).
+
+    Args:
+        limit_bytes: ``limits.max_connection_buffer_bytes``: no more deliveries at this
+            size; :attr:`overflowed` at twice this.
+        node: The node-wide account.
+        on_room: Called when the outbox drained after deliveries were held back.
+        on_full: Called each time the outbox is found full and deliveries are held back.
+    """
+
+    def __init__(
+        self,
+        limit_bytes: int,
+        node: NodeBuffers,
+        on_room: Callable[[], None] | None = None,
+        on_full: Callable[[], None] | None = None,
+    ) -> None:
+        self.limit_bytes = limit_bytes
+        self.node = node
+        self.on_room = on_room
+        self.on_full = on_full
+        self.buffered_bytes = 0
+        self.closed = False
+        self._frames: deque[bytes] = deque()
+        self._ready = trio.Event()
+        self._room = trio.Event()
+        self._held = False
+        self.full_count = 0
+        """Times this outbox was found full (deliveries held back)."""
 
     def send_nowait(self, data: bytes) -> bool:
-        try:
-            self._send.send_nowait(data)
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+        """Queue encoded frame bytes; False once the connection is closing."""
+        if self.closed:
+            return False
+        self._frames.append(data)
+        self.buffered_bytes += len(data)
+        self.node.change(outbound=len(data))
+        self._ready.set()
+        return True
+
+    def has_room(self) -> bool:
+        """True while deliveries may be pushed (this buffer and the node's have room)."""
+        if self.closed:
+            return False
+        if self.buffered_bytes >= self.limit_bytes:
+            if not self._held:
+                self._held = True
+                self.full_count += 1
+                if self.on_full is not None:
+                    self.on_full()
+            return False
+        if not self.node.has_room():
+            self._held = True
             return False
         return True
 
+    @property
+    def overflowed(self) -> bool:
+        """True past twice the limit: the client does not read its answers."""
+        return self.buffered_bytes > 2 * self.limit_bytes
+
+    async def take(self) -> bytes | None:
+        """The next bytes to write (frames joined up to a size), or None once closed
+        and drained."""
+        while not self._frames:
+            if self.closed:
+                return None
+            await self._ready.wait()
+            self._ready = trio.Event()
+        chunks = [self._frames.popleft()]
+        size = len(chunks[0])
+        while self._frames and size + len(self._frames[0]) <= WRITE_COALESCE_BYTES:
+            chunks.append(self._frames.popleft())
+            size += len(chunks[-1])
+        return b"".join(chunks) if len(chunks) > 1 else chunks[0]
+
+    def written(self, size: int) -> None:
+        """``size`` bytes handed out by :meth:`take` reached the socket."""
+        self.buffered_bytes -= size
+        self.node.change(outbound=-size)
+        if self.buffered_bytes < self.limit_bytes:
+            self._room.set()
+            self._room = trio.Event()
+        if self._held and self.buffered_bytes < self.limit_bytes * ROOM_AGAIN_FRACTION:
+            self._held = False
+            if self.on_room is not None:
+                self.on_room()
+
+    async def wait_room(self) -> None:
+        """Block until the outbox holds less than its limit (the reader's back-pressure)."""
+        while self.buffered_bytes >= self.limit_bytes and not self.closed:
+            await self._room.wait()
+
+    def close(self) -> None:
+        """No more frames; :meth:`take` drains what is queued, then returns None."""
+        self.closed = True
+        self._ready.set()
+        self._room.set()
+
+    def discard(self) -> None:
+        """Drop whatever was not written (the connection is gone)."""
+        self.close()
+        dropped = self.buffered_bytes
+        self._frames.clear()
+        self.buffered_bytes = 0
+        if dropped:
+            self.node.change(outbound=-dropped)
+
+
+class _Closing(Exception):
+    """The server closes this connection: ``code`` and ``message`` say why."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        tell_client: bool = True,
+        request_id: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.tell_client = tell_client
+        self.request_id = request_id
+
+
+def _first_closing(group: BaseException) -> _Closing:
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    assert isinstance(group, _Closing)
+    return group
+
+
+def _peer_name(stream: trio.abc.Stream) -> str:
+    inner = stream
+    while isinstance(inner, trio.SSLStream):
+        inner = inner.transport_stream
+    sock = getattr(inner, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2] if sock is not None else ("?", 0)
+    except OSError:
+        return "?"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
 
 class Connection:
-    """One client connection: its session, outbox and subscriptions."""
+    """One client connection: its session, outbox, principal and subscriptions.
 
-    def __init__(self, broker: Broker, stream: trio.abc.Stream) -> None:
+    Args:
+        broker: The node's request API.
+        stream: The transport (TCP, TLS, or a WebSocket adapter).
+        access: Authentication and the per-frame permission check.
+        node_buffers: The node-wide buffer account.
+        peer: The client's address for log lines (found from the stream if None).
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        stream: trio.abc.Stream,
+        access: AccessControl | None = None,
+        node_buffers: NodeBuffers | None = None,
+        peer: str | None = None,
+    ) -> None:
         self.id = next(_connection_ids)
         self.broker = broker
         self.stream = stream
+        self.peer = peer or _peer_name(stream)
         config = broker.config
-        self.session = ServerSession(
-            config.limits.max_frame_bytes, frames.SUPPORTED_VERSIONS, config.server.auth_token
+        limits = config.limits
+        self.limits = limits
+        self.access = access or AccessControl(config.server.auth_token, None)
+        self.principal: Principal = ANONYMOUS
+        # The token is checked here (access), not by the session.
+        self.session = ServerSession(limits.max_frame_bytes, frames.SUPPORTED_VERSIONS, None)
+        self.node_buffers = node_buffers or NodeBuffers(limits.max_node_buffer_bytes)
+        full = broker.metrics.buffer_full_total.labels("connection")
+        self.outbox = Outbox(
+            limits.max_connection_buffer_bytes,
+            self.node_buffers,
+            self._deliveries_may_resume,
+            full.inc,
         )
-        self._outbox_send, self._outbox_receive = trio.open_memory_channel[bytes](OUTBOX_FRAMES)
-        self.outbox = _Outbox(self._outbox_send)
         self.subscriptions: dict[int, Consumer] = {}
         self._limit = trio.Semaphore(MAX_REQUESTS_IN_PROGRESS)
         self._reading = trio.CancelScope()
+        self._scope = trio.CancelScope()
+        self._closing: _Closing | None = None
+        self._frame_started: float | None = None
+        self._last_receive = 0.0
+        self._inbound_counted = 0
 
-    def _queue(self, data: bytes) -> None:
-        if not self.outbox.send_nowait(data):
-            raise trio.BrokenResourceError("connection outbox is full or closed")
+    # ------------------------------------------------------------ lifetime
 
     async def serve(self) -> None:
         """Serve until the client closes, breaks the protocol, or the server stops."""
         try:
-            async with trio.open_nursery() as connection:
-                connection.start_soon(self._close_on_leadership_change, connection.cancel_scope)
-                async with trio.open_nursery() as io:
-                    io.start_soon(self._writer)
-                    try:
-                        # Requests run in their own nursery: at EOF (a client may
-                        # half-close) every answer is queued before the outbox closes.
-                        async with trio.open_nursery() as requests:
-                            with self._reading:
-                                await self._reader(requests)
-                    finally:
-                        self._outbox_send.close()
-                connection.cancel_scope.cancel()
+            with self._scope:
+                async with trio.open_nursery() as connection:
+                    connection.start_soon(self._close_on_leadership_change, connection.cancel_scope)
+                    connection.start_soon(self._watch_access)
+                    async with trio.open_nursery() as io:
+                        io.start_soon(self._writer)
+                        try:
+                            # Requests run in their own nursery: at EOF (a client may
+                            # half-close) every answer is queued before the outbox closes.
+                            async with trio.open_nursery() as requests:
+                                with self._reading:
+                                    await self._reader(requests)
+                        except* _Closing as group:
+                            self._close(_first_closing(group))
+                        finally:
+                            self.outbox.close()
+                    connection.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
             pass
         finally:
             for consumer in list(self.subscriptions.values()):
                 self.broker.unsubscribe(consumer)
             self.subscriptions.clear()
+            self.outbox.discard()
+            self._count_inbound(0)
+            closing = self._closing
+            if closing is not None:
+                self.broker.metrics.connections_closed_total.labels(closing.code.name.lower()).inc()
+                closed_log.log(
+                    logging.INFO,
+                    "connection %d from %s closed: %s: %s",
+                    self.id,
+                    self.peer,
+                    closing.code.name,
+                    closing.message,
+                )
             with trio.move_on_after(1, shield=True):
                 await self.stream.aclose()
+
+    def _close(self, closing: _Closing) -> None:
+        """Record why the server closes the connection (the first reason wins); queue the
+        ERROR frame for the client."""
+        if self._closing is not None:
+            return
+        self._closing = closing
+        if closing.tell_client and not self.outbox.closed:
+            error = RemoteProtocolError(closing.code, closing.message)
+            self.outbox.send_nowait(self.session.error_bytes(error, closing.request_id))
+        self.outbox.close()
+
+    def _abort(self, closing: _Closing) -> None:
+        """Close at once, without draining (a client that does not read)."""
+        self._close(closing)
+        self._scope.cancel()
 
     async def _close_on_leadership_change(self, scope: trio.CancelScope) -> None:
         """Leadership moved: close, so the client reconnects and follows the new leader."""
@@ -120,17 +449,49 @@ class Connection:
         await trio.sleep(LEADERSHIP_CLOSE_GRACE_S)
         scope.cancel()
 
+    def _deliveries_may_resume(self) -> None:
+        for consumer in self.subscriptions.values():
+            self.broker.hub.touched.add(consumer.group_id)
+        self.broker.dispatcher.kick()
+
+    # ------------------------------------------------------------ writing
+
+    def _queue(self, data: bytes) -> None:
+        if not self.outbox.send_nowait(data):
+            return  # closing: the answer is dropped with the connection
+        if self.outbox.overflowed:
+            self._abort(
+                _Closing(
+                    ErrorCode.SLOW_CLIENT,
+                    f"{self.outbox.buffered_bytes} bytes of answers are waiting for the client "
+                    f"to read them (twice limits.max_connection_buffer_bytes = "
+                    f"{self.limits.max_connection_buffer_bytes})",
+                    tell_client=False,
+                )
+            )
+
     async def _writer(self) -> None:
-        async with self._outbox_receive:
-            async for data in self._outbox_receive:
-                chunks = [data]
-                while len(chunks) < 64:
-                    try:
-                        chunks.append(self._outbox_receive.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                with trio.fail_after(WRITE_TIMEOUT_S):
-                    await self.stream.send_all(b"".join(chunks) if len(chunks) > 1 else data)
+        timeout_s = self.limits.send_timeout_ms / 1000
+        outbox = self.outbox
+        while True:
+            data = await outbox.take()
+            if data is None:
+                return
+            with trio.move_on_after(timeout_s) as write:
+                await self.stream.send_all(data)
+            if write.cancelled_caught:
+                self._abort(
+                    _Closing(
+                        ErrorCode.SLOW_CLIENT,
+                        f"a write to the client blocked for {timeout_s:g} s "
+                        "(limits.send_timeout_ms); it does not read",
+                        tell_client=False,
+                    )
+                )
+                return
+            outbox.written(len(data))
+
+    # ------------------------------------------------------------ reading
 
     async def _reader(self, nursery: trio.Nursery) -> None:
         session = self.session
@@ -139,8 +500,11 @@ class Connection:
                 if not await self._pump_one(nursery, handshake=True):
                     return
         if handshake.cancelled_caught:
-            log.info("connection %d: no HELLO within %.0f s; closing", self.id, HANDSHAKE_TIMEOUT_S)
-            return
+            raise _Closing(
+                ErrorCode.HELLO_REQUIRED,
+                f"no HELLO within {HANDSHAKE_TIMEOUT_S:g} s of connecting",
+                tell_client=False,
+            )
         while await self._pump_one(nursery):
             pass
 
@@ -156,51 +520,137 @@ class Connection:
                 event = session.next_event()
             except RemoteProtocolError as exc:
                 self.broker.metrics.count_request_error(exc.code)
-                log.info(
-                    "connection %d: protocol error %s: %s", self.id, exc.code.name, exc.message
-                )
-                self._queue(session.error_bytes(exc))
+                self._close(_Closing(exc.code, exc.message))
                 return False
             if event is NEED_DATA:
                 break
             if event is CLOSED:
                 return False
             if isinstance(event, frames.Hello):
+                try:
+                    self.principal = await self.access.authenticate(event.token)
+                except RemoteProtocolError as exc:
+                    self.broker.metrics.count_request_error(exc.code)
+                    self._close(_Closing(exc.code, exc.message))
+                    return False
                 leader = self.broker.log.leader_address()
                 self._queue(session.accept_hello(self.broker.node_id, leader, __version__))
                 if handshake:
                     return True
                 continue
             assert not isinstance(event, type(NEED_DATA))
+            if isinstance(event, frames.Pong):
+                continue  # an answer to our keepalive PING: receiving it was the point
             await self._limit.acquire()
             nursery.start_soon(self._handle, event)
-        data = await self.stream.receive_some(RECEIVE_BYTES)
-        session.receive_data(data if type(data) is bytes else bytes(data))
+        self._count_inbound(session.buffered_bytes)
+        await self._receive()
         return True
+
+    def _count_inbound(self, buffered: int) -> None:
+        delta = buffered - self._inbound_counted
+        if delta:
+            self._inbound_counted = buffered
+            self.node_buffers.change(inbound=delta)
+
+    async def _receive(self) -> None:
+        """Read more bytes, under the frame deadline or the keepalive rules."""
+        session = self.session
+        limits = self.limits
+        if session.buffered_bytes:
+            if self._frame_started is None:
+                self._frame_started = self._last_receive
+            deadline = self._frame_started + limits.frame_deadline_ms / 1000
+            with trio.move_on_at(deadline) as frame:
+                # Incomplete frames wait while the node's buffers are full.
+                await self.node_buffers.wait_room()
+                data = await self.stream.receive_some(RECEIVE_BYTES)
+            if frame.cancelled_caught:
+                raise _Closing(
+                    ErrorCode.FRAME_TIMEOUT,
+                    f"a frame was not complete {limits.frame_deadline_ms} ms after its first "
+                    f"byte ({session.buffered_bytes} bytes of it received; "
+                    "limits.frame_deadline_ms)",
+                )
+        else:
+            self._frame_started = None
+            await self.outbox.wait_room()  # answers first: back-pressure on requests
+            with trio.move_on_after(limits.keepalive_interval_ms / 1000) as idle:
+                data = await self.stream.receive_some(RECEIVE_BYTES)
+            if idle.cancelled_caught:
+                self._queue(session.send(frames.Ping(0)))
+                with trio.move_on_after(limits.keepalive_timeout_ms / 1000) as waited:
+                    data = await self.stream.receive_some(RECEIVE_BYTES)
+                if waited.cancelled_caught:
+                    raise _Closing(
+                        ErrorCode.KEEPALIVE_TIMEOUT,
+                        f"the client sent nothing for {limits.keepalive_interval_ms} ms and did "
+                        f"not answer a PING within {limits.keepalive_timeout_ms} ms "
+                        "(limits.keepalive_*_ms)",
+                    )
+        self._last_receive = trio.current_time()
+        session.receive_data(data if type(data) is bytes else bytes(data))
+        self._count_inbound(session.buffered_bytes)
+
+    async def _watch_access(self) -> None:
+        """Credentials reloaded (SIGHUP): close if this client lost what it uses."""
+        access = self.access
+        generation = access.generation
+        while True:
+            await access.wait_changed(generation)
+            generation = access.generation
+            current = access.current(self.principal)
+            if current is None:
+                self._revoke(
+                    f"client {self.principal.name!r} was removed from the credentials or got "
+                    "a new secret; reconnect with a valid token"
+                )
+                return
+            self.principal = current
+            for consumer in list(self.subscriptions.values()):
+                try:
+                    access.check(current, frames.Subscribe(0, consumer.topic, consumer.group, 1))
+                except RequestError as exc:
+                    self._revoke(f"{exc.message} (credentials reloaded)")
+                    return
+
+    def _revoke(self, message: str) -> None:
+        """Close after telling the client why: stop reading, drain, end."""
+        self._close(_Closing(ErrorCode.AUTH_FAILED, message))
+        self._reading.cancel()
+
+    # ------------------------------------------------------------ requests
 
     async def _handle(self, frame: frames.Frame) -> None:
         try:
+            self.access.check(self.principal, frame)
             answer = await self._answer(frame)
             if answer is not None:
-                try:
-                    self._queue(self.session.send(answer))
-                except LocalProtocolError as exc:
-                    self._queue(
-                        self.session.error_bytes(
-                            RequestError(ErrorCode.INVALID_ARGUMENT, exc.message), frame.request_id
-                        )
-                    )
+                self._reply(answer, frame.request_id)
         except (RequestError, RemoteProtocolError) as exc:
             code = exc.code
             self.broker.metrics.count_request_error(code)
-            self._queue(self.session.error_bytes(exc, frame.request_id))
             if code.closes_connection:
-                self._outbox_send.close()
-                raise trio.BrokenResourceError("protocol error") from exc
+                raise _Closing(code, exc.message, request_id=frame.request_id) from None
+            self._queue(self.session.error_bytes(exc, frame.request_id))
+        except NoSpaceError:
+            self.broker.metrics.count_request_error(ErrorCode.NO_SPACE)
+            self._queue(self.session.error_bytes(no_space_error(), frame.request_id))
         except StorageError:
-            raise
+            raise  # the node cannot go on without its disk
         finally:
             self._limit.release()
+
+    def _reply(self, answer: frames.Frame, request_id: int) -> None:
+        if self.session.state is SessionState.ERROR or self.outbox.closed:
+            return  # the connection is closing after a protocol error
+        try:
+            data = self.session.send(answer)
+        except LocalProtocolError as exc:
+            data = self.session.error_bytes(
+                RequestError(ErrorCode.INVALID_ARGUMENT, exc.message), request_id
+            )
+        self._queue(data)
 
     async def _answer(self, frame: frames.Frame) -> frames.Frame | None:
         broker = self.broker
@@ -214,21 +664,25 @@ class Connection:
                 done = await broker.nack(self.id, frame.tags, frame.requeue_delay_ms)
                 return frames.Ok(frame.request_id, done)
             case frames.Credit():
-                try:
-                    broker.grant_credit(self.id, frame.subscription_id, frame.credit)
-                except RequestError as exc:
-                    self._queue(self.session.error_bytes(exc, frame.request_id))
+                broker.grant_credit(self.id, frame.subscription_id, frame.credit)
                 return None
             case frames.Subscribe():
+                limit = self.limits.max_subscriptions_per_connection
+                if len(self.subscriptions) >= limit:
+                    raise RequestError(
+                        ErrorCode.TOO_MANY_SUBSCRIPTIONS,
+                        f"this connection holds {len(self.subscriptions)} subscriptions, the "
+                        f"limit (limits.max_subscriptions_per_connection = {limit}); "
+                        "unsubscribe or open another connection",
+                    )
                 consumer = await broker.subscribe(
                     self.id, self.outbox, frame.topic, frame.group, frame.prefetch
                 )
                 self.subscriptions[consumer.subscription_id] = consumer
                 # The answer must precede the first DELIVER, so queue it here, in order.
-                self._queue(
-                    self.session.send(
-                        frames.SubscribeOk(frame.request_id, consumer.subscription_id)
-                    )
+                self._reply(
+                    frames.SubscribeOk(frame.request_id, consumer.subscription_id),
+                    frame.request_id,
                 )
                 return None
             case frames.Unsubscribe():
@@ -241,7 +695,9 @@ class Connection:
                 broker.unsubscribe(found)
                 return frames.Ok(frame.request_id, None)
             case frames.Status():
-                return frames.StatusOk(frame.request_id, broker.status())
+                permissions = self.principal.permissions
+                visible = None if permissions.monitor else permissions.may_see
+                return frames.StatusOk(frame.request_id, await broker.status_async(visible))
             case frames.Ping():
                 return frames.Pong(frame.request_id)
             case frames.GroupCreate():
@@ -270,33 +726,46 @@ async def serve_clients(
     broker: Broker,
     listeners: list[trio.SocketListener],
     *,
+    access: AccessControl | None = None,
+    node_buffers: NodeBuffers | None = None,
     ssl_context: ssl.SSLContext | None = None,
     handler_nursery: trio.Nursery | None = None,
 ) -> None:
     """Accept connections on ``listeners`` until cancelled; one task per connection."""
     limit = trio.CapacityLimiter(broker.config.limits.max_connections)
+    if access is None:
+        access = AccessControl(broker.config.server.auth_token, None)
+    if node_buffers is None:
+        node_buffers = NodeBuffers(broker.config.limits.max_node_buffer_bytes)
 
     async def handler(stream: trio.abc.Stream) -> None:
         async with limit:
+            peer = _peer_name(stream)
             if ssl_context is not None:
                 stream = trio.SSLStream(stream, ssl_context, server_side=True)
                 try:
                     with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                         await stream.do_handshake()
                 except (trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
-                    log.info("TLS handshake failed: %s", exc)
+                    closed_log.log(logging.INFO, "TLS handshake with %s failed: %s", peer, exc)
                     with trio.move_on_after(1, shield=True):
                         await stream.aclose()
                     return
             broker.metrics.connections_accepted_total.inc()
             broker.metrics.client_connections.inc()
             try:
-                await Connection(broker, stream).serve()
+                await Connection(broker, stream, access, node_buffers, peer).serve()
             except* StorageError:
                 raise  # the node cannot go on without its disk
             except* Exception as group:
-                # A bug in one connection's handling must not take the server down.
-                log.error("connection handler failed; connection closed", exc_info=group)
+                # A bug of ours in one connection's handling must not take the server
+                # down; it is the one case that deserves a traceback.
+                closed_log.log(
+                    logging.ERROR,
+                    "connection from %s: handler failed (a bug); connection closed",
+                    peer,
+                    exc_info=group,
+                )
             finally:
                 broker.metrics.client_connections.dec()
 

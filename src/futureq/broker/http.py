@@ -15,16 +15,25 @@ Endpoints (all ``GET``; ``HEAD`` too):
 ``/``              The dashboard: one static HTML page that polls ``/api/status``.
 =================  ===========================================================
 
+With a token configured (``server.auth_token`` or ``server.credentials_file``), every
+endpoint but ``/healthz`` and ``/readyz`` needs an ``Authorization`` header of a client
+with the ``monitor`` permission: ``Bearer <token>``, or HTTP Basic with the token as the
+password (so a browser asks for it once and sends it with the dashboard's own requests).
+``/metrics`` is protected too unless ``metrics.require_auth`` is false. Missing or wrong
+token: 401 with ``WWW-Authenticate``; a token without ``monitor``: 403.
+
 Source: DESIGN.md, "Processes and ports"; docs/operations.md, "Health endpoints".
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import json
 import logging
 import pathlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -32,10 +41,14 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.logging import Logger as HypercornLogger
 from hypercorn.trio import serve
 
+from futureq.errors import RemoteProtocolError
+
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 
     from futureq.metrics import Metrics
+
+    from .access import AccessControl
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +93,10 @@ class StatusProvider(Protocol):
         """True while the process works (false after a storage failure or on shutdown)."""
         ...
 
+    def alarms(self) -> list[str]:
+        """Raised alarms (``["NO_SPACE"]`` while the disk is full); empty when all is well."""
+        ...
+
 
 class _QuietHypercornLogger(HypercornLogger):
     """Hypercorn's logger, with its INFO lines ("Running on ...") demoted to DEBUG:
@@ -101,11 +118,22 @@ class HttpApp:
     Args:
         metrics: Rendered on ``/metrics``.
         provider: Answers ``/healthz``, ``/readyz``, ``/api/status``.
+        access: Checks bearer tokens; None (or one with no token configured) leaves
+            every endpoint open.
+        metrics_require_auth: ``/metrics`` needs a token too (when tokens are configured).
     """
 
-    def __init__(self, metrics: Metrics, provider: StatusProvider) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        provider: StatusProvider,
+        access: AccessControl | None = None,
+        metrics_require_auth: bool = True,
+    ) -> None:
         self._metrics = metrics
         self._provider = provider
+        self._access = access
+        self._metrics_require_auth = metrics_require_auth
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -128,25 +156,69 @@ class HttpApp:
             )
             return
         head = method == "HEAD"
+        refused = await self._refuse(scope["path"], scope.get("headers", []))
+        if refused is not None:
+            status, body, extra = refused
+            await _respond(send, status, body, _TEXT, head=head, extra=extra)
+            return
         try:
-            status, body, content_type = self._route(scope["path"])
+            if scope["path"] == "/metrics":
+                # Read the broker on the loop (bounded), format in a thread: thousands
+                # of series must not hold the event loop.
+                rows = self._metrics.group_rows()
+                body, text_type = await trio.to_thread.run_sync(self._metrics.render, rows)
+                status, content_type = 200, text_type.encode("ascii")
+            else:
+                status, body, content_type = self._route(scope["path"])
         except Exception:
             logger.exception("HTTP %s %s failed", method, scope["path"])
             status, body, content_type = 500, b"internal error; see the server log\n", _TEXT
         await _respond(send, status, body, content_type, head=head)
 
+    async def _refuse(
+        self, path: str, headers: Iterable[tuple[bytes, bytes]]
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
+        """None when the request may be served; else the 401/403 answer."""
+        access = self._access
+        if access is None or not access.enabled or path in ("/healthz", "/readyz"):
+            return None
+        if path == "/metrics" and not self._metrics_require_auth:
+            return None
+        challenge = [(b"www-authenticate", b'Basic realm="FutureQ", charset="UTF-8"')]
+        tokens = _tokens(headers)
+        if not tokens:
+            return 401, b"this endpoint needs a token: Authorization: Bearer <token>\n", challenge
+        for token in tokens:
+            try:
+                principal = await access.authenticate(token)
+            except RemoteProtocolError:
+                continue
+            if principal.permissions.monitor:
+                return None
+            return (
+                403,
+                f"client {principal.name!r} lacks the monitor permission\n".encode(),
+                [],
+            )
+        return 401, b"wrong token\n", challenge
+
     def _route(self, path: str) -> tuple[int, bytes, bytes]:
-        if path == "/metrics":
-            body, content_type = self._metrics.render()
-            return 200, body, content_type.encode("ascii")
         if path == "/healthz":
             if self._provider.is_healthy():
                 return 200, b"ok\n", _TEXT
             return 503, b"unhealthy\n", _TEXT
         if path == "/readyz":
-            if self._provider.is_ready():
+            alarms = self._provider.alarms()
+            if self._provider.is_ready() and not alarms:
                 return 200, _json({"ready": True}), _JSON
-            return 503, _json({"ready": False, "reason": self._not_ready_reason()}), _JSON
+            reason = self._not_ready_reason()
+            if alarms:
+                reason = (
+                    "alarm NO_SPACE: the disk is full; writes are refused until space returns"
+                    if "NO_SPACE" in alarms
+                    else f"alarms raised: {', '.join(alarms)}"
+                )
+            return 503, _json({"ready": False, "reason": reason, "alarms": alarms}), _JSON
         if path == "/api/status":
             return 200, _json(self._provider.status()), _JSON
         if path in ("/", "/index.html"):
@@ -173,6 +245,27 @@ class HttpApp:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _tokens(headers: Iterable[tuple[bytes, bytes]]) -> list[str]:
+    """Tokens the request's Authorization header may carry: Bearer, or Basic where the
+    token is the password, or ``user:password`` for a client of the credentials file."""
+    for name, value in headers:
+        if name.lower() != b"authorization":
+            continue
+        text = value.decode("latin-1").strip()
+        kind, _, rest = text.partition(" ")
+        rest = rest.strip()
+        if kind.lower() == "bearer" and rest:
+            return [rest]
+        if kind.lower() == "basic" and rest:
+            try:
+                decoded = base64.b64decode(rest, validate=True).decode("utf-8")
+            except (binascii.Error, UnicodeDecodeError):
+                return []
+            user, _, password = decoded.partition(":")
+            return [password, decoded] if user else [password]
+    return []
 
 
 def _json(value: object) -> bytes:
@@ -208,6 +301,8 @@ async def serve_http(
     metrics: Metrics,
     provider: StatusProvider,
     *,
+    access: AccessControl | None = None,
+    metrics_require_auth: bool = True,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -220,6 +315,8 @@ async def serve_http(
         address: ``HOST:PORT`` to bind (``[v6]:PORT`` for IPv6; port 0 picks a free port).
         metrics: The broker's metrics, rendered on ``/metrics``.
         provider: The broker's status seam.
+        access: Token checks (see the module docstring), or None for open endpoints.
+        metrics_require_auth: Whether ``/metrics`` needs a token when tokens are set.
         shutdown_trigger: Optional; when this returns, stop accepting and let open
             requests finish for up to :data:`GRACEFUL_TIMEOUT_S`, then return. Without
             it, cancel the enclosing scope to stop (open requests are cut).
@@ -236,7 +333,7 @@ async def serve_http(
     config.logger_class = _QuietHypercornLogger
     config.graceful_timeout = GRACEFUL_TIMEOUT_S
     config.include_server_header = False
-    app = HttpApp(metrics, provider)
+    app = HttpApp(metrics, provider, access, metrics_require_auth)
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
             functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger)

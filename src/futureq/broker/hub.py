@@ -4,15 +4,20 @@ Leader-local memory (``DESIGN.md``, "Only the leader dispatches"): which consume
 which delivery, until when. Nothing here is replicated; a new leader starts empty and
 redelivers what was not acked, which is the at-least-once window.
 
-The hub owns one :class:`GroupRuntime` per consumer group: the group's
+The hub owns one :class:`GroupRuntime` per consumer group that has something to do
+(consumers, deliveries in flight, entries within the horizon): the group's
 :class:`~futureq.state.due_index.DueIndex` horizon, its consumers in round-robin order,
-and the in-memory attempt counts of deliveries whose visibility timeout ran out.
+and the in-memory attempt counts of deliveries whose visibility timeout ran out. Idle
+groups have no runtime and cost nothing per dispatch pass; every change that may give
+a group work to do puts its id in :attr:`Hub.touched`, which the dispatcher drains
+(``DESIGN.md``, "Every buffer is bounded in bytes; no request holds the event loop").
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -26,10 +31,14 @@ if TYPE_CHECKING:
 
 
 class Outbox(Protocol):
-    """A connection's outgoing frame queue (bounded, never blocks the dispatcher)."""
+    """A connection's outgoing frame queue (bounded in bytes, never blocks the dispatcher)."""
 
     def send_nowait(self, data: bytes) -> bool:
-        """Queue encoded frame bytes; False if the connection cannot take more."""
+        """Queue encoded frame bytes; False if the connection is closed or broken."""
+        ...
+
+    def has_room(self) -> bool:
+        """True while the connection's buffer (and the node's) may take more deliveries."""
         ...
 
 
@@ -104,19 +113,35 @@ class GroupRuntime:
     counters: dict[tuple[str, str], Any] = attrs.Factory(dict)
     """Cached prometheus children of this group's counters, by (metric, group name)."""
 
+    wake_ms: float = float("inf")
+    """When the dispatcher is next due to look at this group (ms), as scheduled."""
+
     def has_credit(self) -> bool:
-        """True when some consumer of the group may receive now."""
-        return any(c.credit > 0 and not c.closed for c in self.consumers)
+        """True when some consumer of the group may receive now (credit, buffer room)."""
+        return any(c.credit > 0 and not c.closed and c.outbox.has_room() for c in self.consumers)
 
     def consumers_with_credit(self) -> list[Consumer]:
-        """Consumers that may receive now, in round-robin order from the next one."""
+        """Consumers that may receive now, in round-robin order from the next one.
+
+        A consumer whose connection buffer is full is skipped: what is due stays with
+        the group's other consumers (issue 10, "bound every per-connection buffer").
+        """
         consumers = self.consumers
         if not consumers:
             return []
         start = self.next_consumer % len(consumers)
         self.next_consumer = start + 1
         ordered = consumers[start:] + consumers[:start]
-        return [c for c in ordered if c.credit > 0 and not c.closed]
+        return [c for c in ordered if c.credit > 0 and not c.closed and c.outbox.has_room()]
+
+    def is_idle(self) -> bool:
+        """Nothing in memory worth keeping: no consumer, nothing in flight or indexed."""
+        return (
+            not self.consumers
+            and self.in_flight_count == 0
+            and len(self.index) == 0
+            and not self.extra_attempts
+        )
 
 
 class Hub:
@@ -128,17 +153,39 @@ class Hub:
         self._deadlines: list[tuple[int, bytes]] = []
         self._subscription_ids = itertools.count(1)
         self.consumers: dict[int, Consumer] = {}
+        self.touched: set[int] = set()
+        """Ids of groups that may have work now (new consumer, credit, a release)."""
+        self.group_info: Callable[[int], GroupInfo | None] = lambda group_id: None
+        """Looks up a group's replicated record; set by the dispatcher."""
 
     def new_subscription_id(self) -> int:
         """A subscription id unique within this process."""
         return next(self._subscription_ids)
 
+    def runtime(self, group_id: int) -> GroupRuntime | None:
+        """The group's runtime, made on first use; None when the group does not exist."""
+        runtime = self.groups.get(group_id)
+        if runtime is None:
+            info = self.group_info(group_id)
+            if info is None:
+                return None
+            runtime = self.groups[group_id] = GroupRuntime(info)
+        return runtime
+
     # ----------------------------------------------------------- consumers
 
     def add_consumer(self, consumer: Consumer) -> None:
-        """Attach a subscription to its group's runtime (which must exist)."""
+        """Attach a subscription to its group's runtime.
+
+        Raises:
+            KeyError: the group does not exist.
+        """
+        runtime = self.runtime(consumer.group_id)
+        if runtime is None:
+            raise KeyError(consumer.group_id)
         self.consumers[consumer.subscription_id] = consumer
-        self.groups[consumer.group_id].consumers.append(consumer)
+        runtime.consumers.append(consumer)
+        self.touched.add(consumer.group_id)
 
     def remove_consumer(self, consumer: Consumer, now_ms: int) -> None:
         """Detach a subscription; its unacked deliveries go back to the group.
@@ -150,6 +197,7 @@ class Hub:
         runtime = self.groups.get(consumer.group_id)
         if runtime is not None and consumer in runtime.consumers:
             runtime.consumers.remove(consumer)
+        self.touched.add(consumer.group_id)
         for key in list(consumer.in_flight):
             flight = self.in_flight.get(key)
             if flight is not None and not flight.acking:
@@ -172,6 +220,7 @@ class Hub:
         if credit < 1:
             raise RequestError(ErrorCode.INVALID_ARGUMENT, f"credit must be >= 1, got {credit}")
         consumer.credit = min(consumer.credit + credit, max_credit)
+        self.touched.add(consumer.group_id)
         return consumer
 
     # ----------------------------------------------------------- deliveries
@@ -201,6 +250,7 @@ class Hub:
             return
         runtime.extra_attempts[flight.mid] = flight.attempt - flight.stored_attempt
         runtime.index.add(flight.due_ms, flight.mid, flight.expire_ms, flight.stored_attempt)
+        self.touched.add(flight.group_id)
 
     def expire_visibility(self, now_ms: int) -> int:
         """Release deliveries whose visibility timeout ran out; return how many."""
@@ -285,9 +335,23 @@ class Hub:
         """True when ``(due_ms, mid)`` is below the group's loaded bound."""
         return pack(due_ms, mid) < runtime.loaded_until
 
+    def drop_group(self, group_id: int, now_ms: int) -> None:
+        """Forget a deleted group: its consumers leave, its deliveries are dropped."""
+        runtime = self.groups.pop(group_id, None)
+        self.touched.discard(group_id)
+        if runtime is None:
+            return
+        for consumer in list(runtime.consumers):
+            consumer.closed = True
+            self.consumers.pop(consumer.subscription_id, None)
+            for key in list(consumer.in_flight):
+                self.forget(key)
+        runtime.consumers.clear()
+
     def clear(self) -> None:
         """Forget everything (leadership lost)."""
         self.groups.clear()
+        self.touched.clear()
         self.in_flight.clear()
         self._deadlines.clear()
         for consumer in self.consumers.values():

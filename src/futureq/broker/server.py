@@ -12,6 +12,7 @@ answers go out, stop the dispatcher, close RocksDB — all within
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import ssl
@@ -25,11 +26,14 @@ from futureq.config import Config, split_host_port
 from futureq.data_tools import check_data_fits_mode
 from futureq.errors import ConfigError, FutureQError, StorageError
 from futureq.metrics import Metrics
+from futureq.peer_credentials import peer_mode
 from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
 from futureq.state.queue_state import Defaults, QueueState
 from futureq.storage.db import Database
+from futureq.storage.space import SpaceAlarm
 
+from .access import AccessControl
 from .broker import Broker
 from .cluster import (
     build_raft_log,
@@ -42,7 +46,8 @@ from .cluster import (
 from .cluster_time import ClusterTime, run_standalone_clock
 from .command_log import SingleNodeLog
 from .dispatcher import Dispatcher
-from .gateway import serve_clients
+from .gateway import NodeBuffers, serve_clients
+from .gc_pacing import pace_gc
 from .http import serve_http
 from .hub import Hub
 
@@ -67,6 +72,46 @@ def make_ssl_context(config: Config) -> ssl.SSLContext | None:
     if tls.require_client_cert:
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def listener_modes(
+    config: Config, client_address: str, raft_address: str | None, http_address: str
+) -> list[str]:
+    """One sentence per listener saying what protects it (logged at every start).
+
+    Source: docs/security.md, "What each port exposes".
+    """
+    tls = config.tls
+    if tls.enabled:
+        client = "TLS" + (
+            ", client certificates required"
+            if tls.require_client_cert
+            else ", no client certificates"
+        )
+    else:
+        client = "plaintext (no TLS)"
+    token, credentials = config.server.auth_token, config.server.credentials_file
+    if token and credentials:
+        client += ", auth token and per-client credentials required"
+    elif credentials:
+        client += ", per-client credentials required"
+    else:
+        client += ", auth token required" if token else ", no auth token"
+    modes = [f"client port {client_address}: {client}"]
+    if raft_address is not None:
+        modes.append(f"raft port {raft_address}: {peer_mode(config)}")
+    if token or credentials:
+        opened = "/healthz, /readyz" + ("" if config.metrics.require_auth else " and /metrics")
+        modes.append(
+            f"HTTP port {http_address}: plain HTTP, a token with the monitor permission "
+            f"required ({opened} open)"
+        )
+    else:
+        modes.append(
+            f"HTTP port {http_address}: plain HTTP, no authentication (metrics, status and the "
+            "dashboard are readable by anyone who reaches it)"
+        )
+    return modes
 
 
 def _cannot_listen(what: str, address: str, flag: str, exc: OSError) -> OSError:
@@ -107,12 +152,13 @@ async def serve(
     """
     system_clock = SystemClock()
     started_s = system_clock.monotonic_s()
-    metrics = Metrics()
+    metrics = Metrics(config.metrics.max_topic_series, config.metrics.max_group_series)
     db = Database(
         config.server.data_dir,
         write_buffer_mb=config.storage.write_buffer_mb,
         block_cache_mb=config.storage.block_cache_mb,
     )
+    space_alarm = SpaceAlarm(db, metrics)
     try:
         check_data_fits_mode(db, clustered=config.cluster.clustered)
         if config.cluster.clustered:
@@ -132,7 +178,9 @@ async def serve(
         transport: Transport | None = None
         replayed = 0
         if clustered:
-            command_log, transport = build_raft_log(config, db, state, client_address, metrics)
+            command_log, transport = build_raft_log(
+                config, db, state, client_address, metrics, space_alarm
+            )
         else:
             command_log = SingleNodeLog(
                 db,
@@ -142,6 +190,7 @@ async def serve(
                 max_batch_items=config.storage.group_commit_max_items,
                 metrics=metrics,
                 on_applied=lambda: metrics.applied_index.set(state.applied_index),
+                space_alarm=space_alarm,
             )
             replayed = command_log.recover()
         cluster_time: ClusterTime | None = None
@@ -173,14 +222,24 @@ async def serve(
             dispatcher,
             clock,
             metrics,
+            space_alarm,
             check_can_stamp=None if cluster_time is None else cluster_time.check_can_stamp,
         )
         metrics.is_leader.set(0 if clustered else 1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
+        access = AccessControl(config.server.auth_token, config.server.credentials_file)
+        node_buffers = NodeBuffers(
+            config.limits.max_node_buffer_bytes,
+            on_room=broker.wake_all_consumers,
+            on_full=metrics.buffer_full_total.labels("node").inc,
+        )
+        metrics.connection_buffer_bytes.labels("out").set_function(lambda: node_buffers.outbound)
+        metrics.connection_buffer_bytes.labels("in").set_function(lambda: node_buffers.inbound)
         if shutdown is None:
             shutdown = trio.Event()
         async with trio.open_nursery() as root:
+            root.start_soon(space_alarm.run)
             raft_address = ""
             if isinstance(command_log, RaftNode):
                 assert transport is not None
@@ -192,14 +251,14 @@ async def serve(
                     ) from exc
                 await root.start(command_log.run)
                 root.start_soon(follow_leadership, command_log, broker)
-                root.start_soon(export_raft_metrics, command_log, metrics)
+                root.start_soon(export_raft_metrics, command_log, transport, metrics)
                 root.start_soon(stop_when_removed, command_log, config.server.node_id, shutdown)
                 root.start_soon(broker.run_promoter)
                 if config.cluster.join is not None:
                     # Announce the advertised raft address (never the bound wildcard).
                     announced_raft = transport.advertise_address or raft_address
                     root.start_soon(
-                        join_cluster, config, command_log, client_address, announced_raft
+                        join_cluster, config, command_log, transport, client_address, announced_raft
                     )
             else:
                 await root.start(command_log.run)
@@ -207,9 +266,17 @@ async def serve(
                     root.start_soon(run_standalone_clock, cluster_time, metrics)
             await root.start(dispatcher.run)
             root.start_soon(broker.run_background_publisher)
+            root.start_soon(pace_gc, lambda: len(state.groups))
             try:
                 http_address: str = await root.start(
-                    serve_http, config.server.http, metrics, broker
+                    functools.partial(
+                        serve_http,
+                        config.server.http,
+                        metrics,
+                        broker,
+                        access=access,
+                        metrics_require_auth=config.metrics.require_auth,
+                    )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group
                 found = _first(exc, OSError)
@@ -218,13 +285,19 @@ async def serve(
                 raise
             if handle_signals:
                 root.start_soon(_watch_signals, shutdown, root.cancel_scope)
+                root.start_soon(_reload_on_sighup, access)
             async with trio.open_nursery() as connections:
                 accepting = trio.CancelScope()
 
                 async def accept() -> None:
                     with accepting:
                         await serve_clients(
-                            broker, listeners, ssl_context=ssl_context, handler_nursery=connections
+                            broker,
+                            listeners,
+                            access=access,
+                            node_buffers=node_buffers,
+                            ssl_context=ssl_context,
+                            handler_nursery=connections,
                         )
 
                 connections.start_soon(accept)
@@ -242,6 +315,10 @@ async def serve(
                     len(state.groups),
                     system_clock.monotonic_s() - started_s,
                 )
+                for mode in listener_modes(
+                    config, client_address, raft_address if clustered else None, http_address
+                ):
+                    log.info("%s", mode)
                 raft_field = f" raft={raft_address}" if clustered else ""
                 print(
                     f"READY client={client_address} http={http_address}{raft_field} "
@@ -299,6 +376,13 @@ async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
                 log.warning("received %s again: stopping now", name)
                 root.cancel()
                 return
+
+
+async def _reload_on_sighup(access: AccessControl) -> None:
+    """SIGHUP: read the credentials file again; connections that lost access close."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            access.reload()
 
 
 def _first(error: BaseException, kind: type[BaseException]) -> BaseException | None:

@@ -54,6 +54,7 @@ from futureq.errors import (
     ProtocolError,
     RequestError,
 )
+from futureq.wire import validation
 from futureq.wire.validation import implausible_epoch_ms
 
 EXIT_OK: Final = 0
@@ -112,6 +113,33 @@ def _optional_ms(obj: dict[str, Any], key: str) -> int | None:
     if type(value) is not int or value < 0:
         raise ValueError(f"{key} must be a non-negative integer of milliseconds, got {value!r}")
     return value
+
+
+def publish_topic_arg(text: str) -> str:
+    """An argparse type: a topic one may publish to (``docs/protocol.md``, "Names").
+
+    Raises:
+        argparse.ArgumentTypeError: the server would refuse the name.
+    """
+    try:
+        validation.check_name("topic", text)  # the server also refuses the .dlq suffix
+    except RequestError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
+
+
+def existing_name_arg(kind: str) -> Callable[[str], str]:
+    """An argparse type for a topic or group to consume from or manage: the name grammar,
+    or a name stored by an earlier version (the server decides which exist)."""
+
+    def check(text: str) -> str:
+        try:
+            validation.check_legacy_name(kind, text)
+        except RequestError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+        return text
+
+    return check
 
 
 def parse_jsonl_line(text: str) -> PublishItem | None:
@@ -354,7 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="publish one message, or a JSONL file of messages",
         description="Publish one message (TOPIC PAYLOAD) or, with --file, many.",
     )
-    publish.add_argument("topic", nargs="?", help="topic to publish to")
+    publish.add_argument(
+        "topic", nargs="?", type=publish_topic_arg, help="topic to publish to"
+    )
     publish.add_argument("payload", nargs="?", help="payload text (sent as UTF-8 bytes)")
     publish.add_argument("--payload-file", metavar="F", help="read the payload bytes from F")
     when = publish.add_mutually_exclusive_group()
@@ -384,8 +414,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="receive messages as a member of a consumer group",
         description="Print each delivered message, then ack it (unless --no-ack/--nack).",
     )
-    consume.add_argument("topic")
-    consume.add_argument("--group", required=True, help="consumer group (created if new)")
+    consume.add_argument("topic", type=existing_name_arg("topic"))
+    consume.add_argument(
+        "--group",
+        required=True,
+        type=existing_name_arg("group"),
+        help="consumer group (created if new)",
+    )
     consume.add_argument("--count", type=_positive_int, metavar="N", help="stop after N messages")
     consume.add_argument("--json", action="store_true", help="one JSON object per line")
     settle = consume.add_mutually_exclusive_group()
@@ -421,8 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     group = commands.add_parser("group", help="create, delete and list consumer groups")
     group_commands = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
     create = group_commands.add_parser("create", help="create a consumer group (idempotent)")
-    create.add_argument("topic")
-    create.add_argument("group")
+    create.add_argument("topic", type=existing_name_arg("topic"))
+    create.add_argument("group", type=existing_name_arg("group"))
     create.add_argument(
         "--visibility-timeout",
         type=duration_ms_arg,
@@ -436,8 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="attempts before a message goes to TOPIC.dlq (default: the server's)",
     )
     delete = group_commands.add_parser("delete", help="delete a group and its pending deliveries")
-    delete.add_argument("topic")
-    delete.add_argument("group")
+    delete.add_argument("topic", type=existing_name_arg("topic"))
+    delete.add_argument("group", type=existing_name_arg("group"))
     group_list = group_commands.add_parser("list", help="every group with its counts")
     group_list.add_argument("--json", action="store_true")
 

@@ -2,8 +2,9 @@
 
 Node ``n`` (1-based) listens for clients on ``7440 + 10 n``, for Raft on ``7441 + 10 n``
 and for HTTP on ``7442 + 10 n`` (node 1: 7450, 7451, 7452; node 2: 7460, 7461, 7462...),
-with its data in ``<data-dir>/node<n>``. Ctrl-C (or SIGTERM) stops every node
-gracefully; a second one kills them.
+with its data in ``<data-dir>/node<n>``. Peers authenticate with a cluster secret kept
+in ``<data-dir>/cluster.secret`` (generated on the first run, mode 0600). Ctrl-C (or
+SIGTERM) stops every node gracefully; a second one kills them.
 """
 
 from __future__ import annotations
@@ -16,13 +17,25 @@ import sys
 import time
 from collections.abc import Sequence
 
+from futureq.peer_credentials import generate_secret_file
+
 BASE_PORT = 7440
+SECRET_FILE = "cluster.secret"
 
 
 def ports(node_id: int) -> tuple[int, int, int]:
     """``(client, raft, http)`` ports of node ``node_id``."""
     base = BASE_PORT + 10 * node_id
     return base, base + 1, base + 2
+
+
+def ensure_secret(data_dir: str) -> str:
+    """The path of the cluster's secret file in ``data_dir``, created if missing."""
+    os.makedirs(data_dir, exist_ok=True)
+    path = os.path.join(data_dir, SECRET_FILE)
+    if not os.path.exists(path):
+        generate_secret_file(path)
+    return path
 
 
 def node_command(node_id: int, nodes: int, data_dir: str, host: str) -> list[str]:
@@ -37,6 +50,7 @@ def node_command(node_id: int, nodes: int, data_dir: str, host: str) -> list[str
         "--http", f"{host}:{http}",
         "--raft-listen", f"{host}:{raft}",
         "--peers", peers,
+        "--cluster-secret-file", os.path.join(data_dir, SECRET_FILE),
     ]  # fmt: skip
 
 
@@ -53,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address every node binds")
     args = parser.parse_args(argv)
+    ensure_secret(args.data_dir)
     processes: list[subprocess.Popen[bytes]] = []
     for node_id in range(1, args.nodes + 1):
         processes.append(

@@ -8,6 +8,8 @@
     futureq convert-to-cluster [--config FILE] [same flags]
     futureq backup [--config FILE] [same flags] --out FILE
     futureq restore [--config FILE] [same flags] --from FILE [--single-node]
+    futureq generate-secret FILE
+    futureq hash-token --name NAME [--json]
     futureq --version
 
 Every flag overrides one config key; the order is defaults < TOML file < ``FUTUREQ_*``
@@ -38,6 +40,7 @@ from futureq.config import WILDCARD_HOSTS, Config, split_host_port
 from futureq.config_loader import LOG_LEVELS, config_warnings, env_var_name, load_config
 from futureq.errors import ConfigError
 from futureq.logging_setup import setup_logging
+from futureq.peer_credentials import generate_secret_file
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -61,6 +64,7 @@ class _Flag:
     type: Callable[[str], Any] = str
     choices: tuple[str, ...] | None = None
     store_false: bool = False
+    store_true: bool = False
 
     @property
     def dest(self) -> str:
@@ -135,6 +139,23 @@ _FLAGS: tuple[_Flag, ...] = (
         "name shared by every node of the cluster",
     ),
     _Flag(
+        ("--cluster-secret-file",),
+        "cluster",
+        "secret_file",
+        "FILE",
+        "file holding the secret every node of the cluster shares (futureq generate-secret "
+        "FILE); peers must prove they hold it",
+    ),
+    _Flag(
+        ("--insecure-peers",),
+        "cluster",
+        "insecure_peers",
+        None,
+        "run with peers although neither mutual TLS nor a cluster secret authenticates them "
+        "(anyone who reaches the Raft port can rewrite the log)",
+        store_true=True,
+    ),
+    _Flag(
         ("--no-fsync",),
         "storage",
         "fsync",
@@ -162,7 +183,16 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for flag in _FLAGS:
         where = f"config {flag.section}.{flag.key}, env {env_var_name(flag.section, flag.key)}"
         default = _default_text(flag.section, flag.key)
-        if flag.store_false:
+        if flag.store_true:
+            parser.add_argument(
+                *flag.flags,
+                dest=flag.dest,
+                action="store_const",
+                const=True,
+                default=None,
+                help=f"{flag.text} (default: off; {where}=true)",
+            )
+        elif flag.store_false:
             parser.add_argument(
                 *flag.flags,
                 dest=flag.dest,
@@ -207,6 +237,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_flags(check)
     check.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    token = commands.add_parser(
+        "hash-token",
+        help="make a client token and the [[client]] entry of the credentials file",
+        description="Print a [[client]] entry for server.credentials_file (the secret stored "
+        "as a salted scrypt hash) on stdout, and the client's token, shown once, on stderr. "
+        "Add the permissions to the entry, then reload the server with SIGHUP. "
+        "See docs/security.md, \"Client access\".",
+    )
+    token.add_argument("--name", required=True, help="the client's name (letters, digits, . _ -)")
+    token.add_argument(
+        "--json", action="store_true", help='print {"name", "token", "secret_hash"} instead'
+    )
     health = commands.add_parser(
         "health",
         help="exit 0 when this node's /healthz (--ready: /readyz) answers 200, else 1",
@@ -253,6 +295,14 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument(
         "--single-node", action="store_true", help="restore as a single node, not a cluster"
     )
+    generate = commands.add_parser(
+        "generate-secret",
+        help="write a new random cluster secret to FILE (mode 0600)",
+        description="Write 32 random bytes as 64 hex digits to FILE, readable by its owner "
+        "only, for cluster.secret_file (--cluster-secret-file). Copy the same file to every "
+        "node. An existing FILE is never overwritten.",
+    )
+    generate.add_argument("file", metavar="FILE")
     return parser
 
 
@@ -311,6 +361,33 @@ def _check_config(args: argparse.Namespace) -> int:
         print(json.dumps(config_as_dict(config), indent=2))
     else:
         print(config_as_toml(config), end="")
+    return EXIT_OK
+
+
+def _hash_token(args: argparse.Namespace) -> int:
+    from futureq.broker.access import new_token  # hashlib only; no broker start-up
+
+    try:
+        token, secret_hash = new_token(args.name)
+    except ValueError as error:
+        print(f"futureq: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.json:
+        print(json.dumps({"name": args.name, "token": token, "secret_hash": secret_hash}))
+        return EXIT_OK
+    print("[[client]]")
+    print(f'name = "{args.name}"')
+    print(f'secret_hash = "{secret_hash}"')
+    print('publish = []          # topic patterns, e.g. "orders.>"')
+    print("consume = []")
+    print("manage_groups = []")
+    print("manage_cluster = false")
+    print("monitor = false")
+    print(
+        f"futureq: token of client {args.name!r} (shown once; give it to the client, it is "
+        f"not stored): {token}",
+        file=sys.stderr,
+    )
     return EXIT_OK
 
 
@@ -399,6 +476,19 @@ def _health(args: argparse.Namespace) -> int:
     return EXIT_UNHEALTHY
 
 
+def _generate_secret(path: str) -> int:
+    try:
+        generate_secret_file(path)
+    except FileExistsError:
+        print(f"futureq: {path} exists; it is never overwritten (remove it first)", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as error:
+        print(f"futureq: cannot create {path}: {error.strerror}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"wrote a new cluster secret to {path}; give every node a copy (--cluster-secret-file)")
+    return EXIT_OK
+
+
 def _start(args: argparse.Namespace) -> int:
     try:
         config = _load(args)
@@ -442,10 +532,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _start(args)
     if args.command == "check-config":
         return _check_config(args)
+    if args.command == "hash-token":
+        return _hash_token(args)
     if args.command == "health":
         return _health(args)
     if args.command in ("convert-to-cluster", "backup", "restore"):
         return _data_command(args)
+    if args.command == "generate-secret":
+        return _generate_secret(args.file)
     parser.print_help(sys.stderr)
     return EXIT_CONFIG
 

@@ -175,6 +175,13 @@ class Connection:
         if isinstance(frame, frames.Deliver):
             self._on_deliver(self, frame)
             return
+        if isinstance(frame, frames.Ping):
+            # The server's keepalive: answer, or it closes an idle connection.
+            try:
+                self._write_send.send_nowait(codec.encode_frame(frames.Pong(frame.request_id)))
+            except trio.WouldBlock:
+                pass  # the writer is busy, so the connection is not idle anyway
+            return
         if isinstance(frame, frames.Error):
             error = error_from_code(
                 frame.code, frame.message, frame.item_index, frame.leader_address

@@ -35,7 +35,14 @@ import attrs
 import trio
 
 from futureq.clock import SystemClock
-from futureq.errors import ConfigError, ErrorCode, NotLeaderError, RequestError, StorageError
+from futureq.errors import (
+    ConfigError,
+    ErrorCode,
+    NoSpaceError,
+    NotLeaderError,
+    RequestError,
+    StorageError,
+)
 from futureq.raft.cluster_clock import describe_offset
 from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError, Role
 from futureq.raft.messages import (
@@ -60,6 +67,7 @@ if TYPE_CHECKING:
     from futureq.metrics import Metrics
     from futureq.raft.rocks_storage import RocksStorage
     from futureq.raft.transport import Transport
+    from futureq.storage.space import SpaceAlarm
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +263,10 @@ class RaftNode:
         state_machine: Where committed entries are applied.
         rng: Randomness for election timeouts (seed it in tests).
         metrics: fsync/apply timings and group-commit sizes are observed here.
+        space_alarm: The NO_SPACE alarm. With it, a write that finds the disk full does
+            not stop the node: it stops leading (the cluster elects a leader that can
+            write), acknowledges nothing it could not store, and retries once space
+            returns. None: the StorageError stops the node.
         clock: The OS clocks in microseconds (the cluster clock's input, the lease).
     """
 
@@ -267,9 +279,12 @@ class RaftNode:
         *,
         rng: random.Random,
         metrics: Metrics | None = None,
+        space_alarm: SpaceAlarm | None = None,
         clock: MicroClock | None = None,
     ) -> None:
         self.config = config
+        self._alarm = space_alarm
+        self._disk_full = False
         self.id = NodeId(config.node_id)
         self._clock: MicroClock = clock or SystemClock()
         self.timekeeper = TimeKeeper(
@@ -326,6 +341,7 @@ class RaftNode:
         return (
             core is not None
             and not self._stopped
+            and not self._disk_full
             and core.role is Role.LEADER
             and self._leader_ready_term == core.term
         )
@@ -360,6 +376,8 @@ class RaftNode:
         core = self._core
         if core is None or self._stopped:
             return None
+        if self._disk_full and core.leader_id == self.id:
+            return None  # we cannot write: not a leader to send clients to
         return core.leader_id
 
     def leader_address(self) -> str | None:
@@ -743,6 +761,13 @@ class RaftNode:
             try:
                 data = await trio.to_thread.run_sync(source.serialize)
                 await trio.to_thread.run_sync(self._storage.write_snapshot_file, source.index, data)
+            except NoSpaceError as exc:
+                if self._alarm is None:
+                    raise
+                self._alarm.trip(exc)
+                log.warning("raft snapshot at %d not written (disk full); later", source.index)
+                self._compacting = False
+                continue
             finally:
                 source.close()
             self._compaction_done = (int(source.index), data)
@@ -812,6 +837,12 @@ class RaftNode:
             except (ValueError, SnapshotOutOfDateError) as exc:
                 log.info("raft snapshot at %d discarded: %s", index, exc)
                 self._storage.remove_snapshot_file(index)
+            except NoSpaceError as exc:
+                if self._alarm is None:
+                    raise
+                self._alarm.trip(exc)
+                log.warning("raft log not compacted at %d (disk full); later", index)
+                self._storage.remove_snapshot_file(index)
         ops, self._ops = self._ops, []
         for op in ops:
             self._start_op(core, op)
@@ -865,13 +896,7 @@ class RaftNode:
     async def _handle_ready(self, ready: Ready) -> None:
         if ready.snapshot is not None or ready.entries or ready.hard_state is not None:
             started = trio.current_time()
-            if ready.must_sync:
-                # Not cancellable (abandon_on_cancel=False): a synced write must finish.
-                await trio.to_thread.run_sync(self._storage.persist, ready)
-            else:
-                # Commit-index-only writes are unsynced and take microseconds: a thread
-                # hop would cost more than the write.
-                self._storage.persist(ready)
+            await self._persist(ready)
             if self._metrics is not None and ready.must_sync:
                 self._metrics.fsync_seconds.observe(trio.current_time() - started)
                 self._metrics.group_commit_items.observe(len(ready.entries))
@@ -917,6 +942,52 @@ class RaftNode:
                 self._reads_after_apply.append((int(read.index), waiter))
         self._resolve_reads()
 
+    async def _persist(self, ready: Ready) -> None:
+        """Store a Ready; on a full disk stop leading and retry once there is room.
+
+        Nothing of the Ready is sent (so nothing unstored is acknowledged) until it is
+        stored; followers elect another leader meanwhile (issue 10, "A full disk").
+        """
+        while True:
+            try:
+                if ready.must_sync:
+                    # Not cancellable (abandon_on_cancel=False): a synced write must finish.
+                    if self._alarm is None:
+                        await trio.to_thread.run_sync(self._storage.persist, ready)
+                    else:
+                        async with self._alarm.lock:
+                            await trio.to_thread.run_sync(self._storage.persist, ready)
+                else:
+                    # Commit-index-only writes are unsynced and take microseconds: a
+                    # thread hop would cost more than the write.
+                    self._storage.persist(ready)
+                break
+            except NoSpaceError as exc:
+                self._note_no_space(exc)
+            await self._wait_for_space()
+        if self._disk_full:
+            self._disk_full = False
+            self._note_role()
+
+    def _note_no_space(self, exc: NoSpaceError) -> None:
+        """A write found the disk full: raise the alarm and stop leading.
+
+        Callers then wait with :meth:`_wait_for_space` *outside* their except block: the
+        exception's traceback holds the write batch, which holds RocksDB open, and the
+        alarm must be able to reopen it.
+        """
+        if self._alarm is None:
+            raise exc
+        self._alarm.trip(exc)
+        if not self._disk_full:
+            self._disk_full = True
+            self._note_role()  # the broker stops leading; clients go elsewhere
+            log.error("raft: the disk is full; not leading until there is room again")
+
+    async def _wait_for_space(self) -> None:
+        assert self._alarm is not None
+        await self._alarm.wait_cleared()
+
     def _resolve_reads(self) -> None:
         """Answer the reads whose read index is applied now."""
         if self._reads_after_apply:
@@ -958,11 +1029,17 @@ class RaftNode:
                 error: RequestError | None = None
                 result: Any = None
                 try:
-                    result = sm.apply(index, entry.data)
+                    result = await self._apply_one(index, entry.data)
                 except RequestError as exc:  # pragma: no cover - apply should not refuse
                     error = exc
             else:
-                sm.apply_other(index)
+                while True:
+                    try:
+                        sm.apply_other(index)
+                        break
+                    except NoSpaceError as exc:
+                        self._note_no_space(exc)
+                    await self._wait_for_space()
                 result, error = None, None
                 if (
                     entry.kind is EntryKind.NOOP
@@ -982,6 +1059,27 @@ class RaftNode:
                     waiter.resolve(result)
         if self._metrics is not None:
             self._metrics.apply_seconds.observe(trio.current_time() - started)
+
+    async def _apply_one(self, index: int, data: bytes) -> Any:
+        """Apply one entry; in bounded steps when the state machine offers
+        ``apply_steps`` (a generator), yielding to the loop between them."""
+        while True:
+            try:
+                apply_steps = getattr(self._sm, "apply_steps", None)
+                if apply_steps is None:
+                    return self._sm.apply(index, data)
+                steps = apply_steps(index, data)
+                while True:
+                    try:
+                        next(steps)
+                    except StopIteration as done:
+                        return done.value
+                    await trio.lowlevel.checkpoint()
+            except NoSpaceError as exc:
+                # The state machine keeps the entry's changes; applying the same entry
+                # again only writes them.
+                self._note_no_space(exc)
+            await self._wait_for_space()
 
     def _note_role(self) -> None:
         core = self._core
@@ -1011,6 +1109,8 @@ class RaftNode:
     def _maybe_start_compaction(self, compact_send: trio.MemorySendChannel[Any]) -> None:
         if self._compacting or self._compaction_done is not None:
             return
+        if self._alarm is not None and self._alarm.raised:
+            return  # no snapshot view while the database may need reopening
         applied = self._sm.applied_index
         last_snapshot = int(self._storage.snapshot_metadata().index)
         if applied - last_snapshot < self.config.compact_every_entries:

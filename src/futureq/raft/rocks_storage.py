@@ -51,6 +51,7 @@ from futureq.raft.storage import (
     UnavailableError,
     check_appendable,
 )
+from futureq.storage.db import storage_error
 
 if TYPE_CHECKING:
     from rocksdict import ColumnFamily, WriteBatch
@@ -442,7 +443,7 @@ class RocksStorage:
             finally:
                 os.close(directory)
         except OSError as exc:
-            raise StorageError(f"cannot write snapshot file {path!r}: {exc}") from exc
+            raise storage_error(f"cannot write snapshot file {path!r}", exc) from exc
         return name
 
     def compact(self, snapshot: Snapshot, *, keep_entries: int = 0) -> None:

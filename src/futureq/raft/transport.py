@@ -7,20 +7,26 @@ Raft tolerates lost, duplicated and reordered messages, so the transport is simp
 oldest message when full, and a broken connection drops what was queued.
 
 Frames use the client protocol's framing (``wire/codec.py``: 4-byte big-endian length,
-then one msgpack value). The first frame on a connection is the handshake
-``["futureq-raft", 1, cluster_id, from_node_id, from_raft_address, from_client_address]``;
-every later frame is a msgpack ``bin`` holding ``encode_message`` bytes. A peer that
-sends anything else (bad handshake, other cluster, garbage, a message claiming another
-sender) loses that connection only (:class:`~futureq.errors.RemoteProtocolError`).
+then one msgpack value). Every connection starts with the authenticated handshake of
+:mod:`futureq.raft.peer_auth` (HELLO, CHALLENGE, PROOF, ACCEPTED): nothing the peer sends
+is read as a Raft message, and no address it announces is used, before it has proved
+who it is (mutual TLS with node-id certificates and/or the cluster secret). Every later
+frame is a msgpack ``bin`` holding ``encode_message`` bytes, sealed with a per-frame MAC
+when the cluster secret is used without TLS. A peer that sends anything else (failed
+handshake, other cluster, garbage, a bad MAC, a message claiming another sender) loses
+that connection only (:class:`~futureq.errors.RemoteProtocolError`).
+
+Source: docs/raft.md, "Transport" and "Peer handshake"; docs/security.md.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import secrets
 import ssl
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 import attrs
@@ -28,15 +34,19 @@ import trio
 
 from futureq.config import split_host_port
 from futureq.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from futureq.raft import peer_auth
 from futureq.raft.messages import Message, NodeId, decode_message, encode_message
+from futureq.raft.peer_auth import MAGIC, PROTOCOL_VERSION, PeerAuthError
 from futureq.wire.codec import CLOSED, NEED_DATA, FrameDecoder, encode_value
 
 log = logging.getLogger(__name__)
 
-MAGIC: Final = "futureq-raft"
-PROTOCOL_VERSION: Final = 1
 DEFAULT_MAX_FRAME_BYTES: Final = 16 << 20
 """Largest raft frame accepted (bytes): an AppendEntries batch or a snapshot chunk."""
+DEFAULT_MAX_PENDING_HANDSHAKES: Final = 64
+"""Inbound connections that may be in their handshake at once; more are closed at once."""
+REFUSAL_LOG_INTERVAL_S: Final = 10.0
+"""The same refusal is logged as a warning at most once per this interval."""
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -117,11 +127,15 @@ class TransportStatistics:
     connect_failures: int = 0
     inbound_connections: int = 0
     inbound_protocol_errors: int = 0
+    inbound_refused_busy: int = 0
+    refusals: dict[str, int] = attrs.field(factory=dict)
+    """Handshakes and frames refused (ours of peers, and peers' of ours), by
+    :class:`~futureq.raft.peer_auth.RefusalReason` value."""
 
 
 @attrs.frozen
 class Handshake:
-    """What the first frame of a connection says about its sender."""
+    """What an authenticated peer said about itself in its handshake."""
 
     cluster_id: str
     node_id: NodeId
@@ -130,7 +144,7 @@ class Handshake:
 
 
 class _PeerLink:
-    __slots__ = ("address", "cancel_scope", "node_id", "queue", "ready")
+    __slots__ = ("address", "cancel_scope", "last_error", "node_id", "queue", "ready")
 
     def __init__(self, node_id: NodeId, address: str) -> None:
         self.node_id = node_id
@@ -138,18 +152,38 @@ class _PeerLink:
         self.queue: deque[Message] = deque()
         self.ready = trio.Event()
         self.cancel_scope = trio.CancelScope()
+        self.last_error = ""
+
+
+class _Connected:
+    """An outbound connection past its handshake."""
+
+    __slots__ = ("sealer", "stream")
+
+    def __init__(self, stream: trio.abc.Stream, sealer: peer_auth.FrameSealer | None) -> None:
+        self.stream = stream
+        self.sealer = sealer
 
 
 class Transport:
     """Raft peer links over TCP.
 
+    Peers authenticate in the handshake (:mod:`futureq.raft.peer_auth`) with mutual
+    TLS, the cluster secret, or both; with neither, anyone who reaches the port can act
+    as any node (the caller must have the operator's explicit consent for that).
+
     Args:
         node_id: Our id; messages to it are not sent.
         listen_address: ``HOST:PORT`` to bind (port 0 picks a free port).
         address_book: Where peers are; watched for changes.
-        ssl_server: Wrap accepted connections in TLS with this context, or None.
+        ssl_server: Wrap accepted connections in TLS with this context, or None. It
+            must require client certificates (``CERT_REQUIRED``); each peer's
+            certificate must name the node id it claims (``peer_auth.check_certificate``).
         ssl_client: Wrap outbound connections in TLS with this context, or None
-            (``server_hostname`` is the peer's host).
+            (``server_hostname`` is the peer's host); the peer's certificate must name
+            the node id we dialled. Give both contexts or neither.
+        secret: The cluster secret (at least ``peer_auth.MIN_SECRET_BYTES`` bytes), or
+            None. Without TLS it also keys the per-frame MACs.
         cluster_id: Must equal the peers'; a mismatch refuses the connection.
         client_address: Our client listener, announced in the handshake (for
             NOT_LEADER redirects).
@@ -164,6 +198,14 @@ class Transport:
         idle_timeout_s: An inbound connection silent for this long is closed.
         backoff_min_s: First reconnect delay (seconds); doubles per failure...
         backoff_max_s: ...up to this cap; each delay is jittered to 50-100 %.
+        max_pending_handshakes: Inbound connections allowed in their handshake at once;
+            beyond it new ones are closed at once (a flood of unauthenticated
+            connections costs a bounded amount of memory).
+        nonce_source: ``n -> n`` random bytes for handshake nonces (a CSPRNG).
+
+    Raises:
+        ValueError: only one of the TLS contexts given, a server context that does not
+            require certificates, or a secret that is too short.
     """
 
     def __init__(
@@ -186,7 +228,18 @@ class Transport:
         idle_timeout_s: float = 30.0,
         backoff_min_s: float = 0.05,
         backoff_max_s: float = 2.0,
+        secret: bytes | None = None,
+        max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES,
+        nonce_source: Callable[[int], bytes] = secrets.token_bytes,
     ) -> None:
+        if (ssl_server is None) != (ssl_client is None):
+            raise ValueError("give both TLS contexts (server and client) or neither")
+        if ssl_server is not None and ssl_server.verify_mode != ssl.CERT_REQUIRED:
+            raise ValueError("the server TLS context must require peer certificates")
+        if secret is not None and len(secret) < peer_auth.MIN_SECRET_BYTES:
+            raise ValueError(
+                f"the cluster secret must be at least {peer_auth.MIN_SECRET_BYTES} bytes"
+            )
         self.node_id = NodeId(node_id)
         self.listen_address = listen_address
         self.address_book = address_book
@@ -203,6 +256,10 @@ class Transport:
         self._idle_timeout_s = idle_timeout_s
         self._backoff_min_s = backoff_min_s
         self._backoff_max_s = backoff_max_s
+        self._secret = secret
+        self._nonce_source = nonce_source
+        self._handshake_slots = trio.Semaphore(max_pending_handshakes)
+        self._refusals_logged: dict[str, float] = {}
         self._links: dict[NodeId, _PeerLink] = {}
         self._learned: dict[NodeId, Handshake] = {}
         self._links_changed = trio.Event()
@@ -246,7 +303,26 @@ class Transport:
 
     def statistics(self) -> TransportStatistics:
         """A copy of the counters."""
-        return attrs.evolve(self.stats)
+        return attrs.evolve(self.stats, refusals=dict(self.stats.refusals))
+
+    @property
+    def authenticated(self) -> bool:
+        """True when peers must prove who they are (mutual TLS or the cluster secret)."""
+        return self._ssl_client is not None or self._secret is not None
+
+    async def probe(self, node_id: int, address: str) -> None:
+        """Open a connection to ``node_id`` at ``address``, run the handshake, close it.
+
+        A node about to join checks with it that the cluster accepts its credentials.
+
+        Raises:
+            PeerAuthError: the peer refused us, or could not prove who it is.
+            OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError: the
+                connection or the TLS handshake failed.
+        """
+        connected = await self._connect(NodeId(node_id), address)
+        with trio.move_on_after(0.5, shield=True):
+            await connected.stream.aclose()
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen and keep one outbound link per peer until cancelled.
@@ -318,37 +394,32 @@ class Transport:
 
     # --- outbound -------------------------------------------------------------------------
 
-    def _handshake_frame(self) -> bytes:
-        return encode_value(
-            [
-                MAGIC,
-                PROTOCOL_VERSION,
-                self.cluster_id,
-                self.node_id,
-                self.advertise_address or "",
-                self.client_address,
-            ]
-        )
-
     async def _run_link(self, link: _PeerLink) -> None:
         failures = 0
         with link.cancel_scope:
             while True:
                 try:
-                    stream = await self._connect(link.address)
+                    connected = await self._connect(link.node_id, link.address)
+                except PeerAuthError as exc:
+                    self.stats.connect_failures += 1
+                    self._count_refusal(exc)
+                    self._log_refusal(f"raft link to node {link.node_id} at {link.address}", exc)
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                     self.stats.connect_failures += 1
                     log.debug("raft link to node %s at %s: %s", link.node_id, link.address, exc)
+                except RemoteProtocolError as exc:  # the peer's handshake frames were garbage
+                    self.stats.connect_failures += 1
+                    self._log_refusal(f"raft link to node {link.node_id} at {link.address}", exc)
                 else:
                     self.stats.connects += 1
                     failures = 0
                     try:
-                        await self._pump(link, stream)
+                        await self._pump(link, connected)
                     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                         log.debug("raft link to node %s broke: %s", link.node_id, exc)
                     finally:
                         with trio.move_on_after(0.5, shield=True):
-                            await stream.aclose()
+                            await connected.stream.aclose()
                 # Whatever was queued is stale by the time we reconnect.
                 self.stats.dropped_disconnected += len(link.queue)
                 link.queue.clear()
@@ -356,24 +427,43 @@ class Transport:
                 failures = min(failures + 1, 30)
                 await trio.sleep(delay * (0.5 + 0.5 * self._rng.random()))
 
-    async def _connect(self, address: str) -> trio.abc.Stream:
+    async def _connect(self, peer_id: NodeId, address: str) -> _Connected:
+        """TCP (+TLS) connect and the handshake as connector, under one deadline."""
         host, port = split_address(address)
         with trio.fail_after(self._connect_timeout_s):
             tcp = await trio.open_tcp_stream(host, port)
             stream: trio.abc.Stream = tcp
             try:
+                certificate = None
                 if self._ssl_client is not None:
                     tls = trio.SSLStream(tcp, self._ssl_client, server_hostname=host)
                     await tls.do_handshake()
                     stream = tls
-                await stream.send_all(self._handshake_frame())
+                    certificate = tls.getpeercert()
+                handshake = peer_auth.ConnectorHandshake(
+                    cluster_id=self.cluster_id,
+                    node_id=self.node_id,
+                    peer_id=peer_id,
+                    raft_address=self.advertise_address or "",
+                    client_address=self.client_address,
+                    secret=self._secret,
+                    nonce=self._nonce_source(peer_auth.NONCE_BYTES),
+                    peer_certificate=certificate,
+                    require_certificate=self._ssl_client is not None,
+                )
+                decoder = FrameDecoder(peer_auth.MAX_HANDSHAKE_FRAME_BYTES, parse=False)
+                await stream.send_all(encode_value(handshake.hello.to_wire()))
+                proof = handshake.receive_challenge(await self._handshake_value(stream, decoder))
+                await stream.send_all(encode_value(proof.to_wire()))
+                handshake.receive_verdict(await self._handshake_value(stream, decoder))
             except BaseException:
                 with trio.move_on_after(0.5, shield=True):
-                    await tcp.aclose()
+                    await stream.aclose()
                 raise
-        return stream
+        return _Connected(stream, handshake.sealer)
 
-    async def _pump(self, link: _PeerLink, stream: trio.abc.Stream) -> None:
+    async def _pump(self, link: _PeerLink, connected: _Connected) -> None:
+        stream, sealer = connected.stream, connected.sealer
         while True:
             await link.ready.wait()
             link.ready = trio.Event()
@@ -382,7 +472,15 @@ class Transport:
             while link.queue and size < (1 << 20):
                 message = link.queue.popleft()
                 try:
-                    frame = encode_value(encode_message(message), self._max_frame_bytes)
+                    body = encode_message(message)
+                    if sealer is not None:
+                        if len(body) + peer_auth.SEALED_OVERHEAD_BYTES > self._max_frame_bytes:
+                            raise LocalProtocolError(
+                                ErrorCode.FRAME_TOO_LARGE,
+                                f"message of {len(body)} bytes exceeds the raft frame limit",
+                            )
+                        body = sealer.seal(body)
+                    frame = encode_value(body, self._max_frame_bytes)
                 except LocalProtocolError as exc:
                     self.stats.dropped_too_large += 1
                     log.warning("raft message to node %s not sent: %s", link.node_id, exc)
@@ -420,28 +518,101 @@ class Transport:
         self.stats.inbound_connections += 1
         stream: trio.abc.Stream = tcp
         try:
-            if self._ssl_server is not None:
-                tls = trio.SSLStream(tcp, self._ssl_server, server_side=True)
+            self._handshake_slots.acquire_nowait()
+        except trio.WouldBlock:
+            self.stats.inbound_refused_busy += 1
+            self._log_refusal(
+                "raft listener",
+                RemoteProtocolError(
+                    ErrorCode.AUTH_FAILED,
+                    "too many connections in their handshake at once; closing new ones",
+                ),
+            )
+            with trio.move_on_after(0.5, shield=True):
+                await tcp.aclose()
+            return
+        try:
+            try:
                 with trio.fail_after(self._connect_timeout_s):
-                    await tls.do_handshake()
-                stream = tls
-            await self._read_peer(stream)
+                    certificate = None
+                    if self._ssl_server is not None:
+                        tls = trio.SSLStream(tcp, self._ssl_server, server_side=True)
+                        await tls.do_handshake()
+                        stream = tls
+                        certificate = tls.getpeercert()
+                    decoder = FrameDecoder(peer_auth.MAX_HANDSHAKE_FRAME_BYTES, parse=False)
+                    handshake, opener = await self._accept_handshake(stream, decoder, certificate)
+            finally:
+                self._handshake_slots.release()
+            if handshake is None:
+                return
+            await self._read_peer(stream, decoder, handshake, opener)
+        except PeerAuthError as exc:
+            self.stats.inbound_protocol_errors += 1
+            self._count_refusal(exc)
+            self._log_refusal("raft peer connection refused", exc)
         except RemoteProtocolError as exc:
             self.stats.inbound_protocol_errors += 1
-            log.warning("raft peer connection closed: %s", exc)
+            self._log_refusal("raft peer connection closed", exc)
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
             log.debug("raft peer connection ended: %s", exc)
         finally:
             with trio.move_on_after(0.5, shield=True):
                 await stream.aclose()
 
-    async def _read_peer(self, stream: trio.abc.Stream) -> None:
-        decoder = FrameDecoder(self._max_frame_bytes, parse=False)
-        with trio.fail_after(self._connect_timeout_s):
+    async def _accept_handshake(
+        self,
+        stream: trio.abc.Stream,
+        decoder: FrameDecoder,
+        certificate: dict[str, object] | None,
+    ) -> tuple[Handshake | None, peer_auth.FrameOpener | None]:
+        """Run the handshake as acceptor; a refusal is sent to the peer, then raised.
+
+        Returns:
+            The authenticated handshake and the frame opener (None without a frame
+            MAC), or ``(None, None)`` if the peer closed before saying anything.
+        """
+        handshake = peer_auth.AcceptorHandshake(
+            cluster_id=self.cluster_id,
+            node_id=self.node_id,
+            secret=self._secret,
+            nonce=self._nonce_source(peer_auth.NONCE_BYTES),
+            peer_certificate=certificate,
+            require_certificate=self._ssl_server is not None,
+        )
+        try:
             first = await self._next_value(stream, decoder)
-        if first is CLOSED:
-            return
-        handshake = self._check_handshake(first)
+            if first is CLOSED:
+                return None, None
+            await stream.send_all(encode_value(handshake.receive_hello(first).to_wire()))
+            second = await self._next_value(stream, decoder)
+            if second is CLOSED:
+                return None, None  # the connector gave up (e.g. it did not trust our proof)
+            hello = handshake.receive_proof(second)
+        except RemoteProtocolError as exc:
+            # Tell the peer why (its log then says what to fix); it learns nothing it did
+            # not send itself.
+            with trio.move_on_after(0.5):
+                try:
+                    await stream.send_all(encode_value(peer_auth.Refused.from_error(exc).to_wire()))
+                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            raise
+        await stream.send_all(encode_value(peer_auth.Accepted().to_wire()))
+        return (
+            Handshake(hello.cluster_id, hello.from_id, hello.raft_address, hello.client_address),
+            handshake.opener,
+        )
+
+    async def _read_peer(
+        self,
+        stream: trio.abc.Stream,
+        decoder: FrameDecoder,
+        handshake: Handshake,
+        opener: peer_auth.FrameOpener | None,
+    ) -> None:
+        # Only an authenticated peer gets the full frame size, and its addresses used.
+        decoder.max_frame_bytes = self._max_frame_bytes
         self._learned[handshake.node_id] = handshake
         if self._address_of(handshake.node_id) is not None and handshake.node_id not in self._links:
             self._links_changed.set()
@@ -452,7 +623,7 @@ class Transport:
                 return
             if type(value) is not bytes:
                 raise RemoteProtocolError(ErrorCode.INVALID_FRAME, "raft frame must be binary")
-            message = decode_message(value)
+            message = decode_message(value if opener is None else opener.open(value))
             if message.from_id != handshake.node_id:
                 raise RemoteProtocolError(
                     ErrorCode.INVALID_FRAME,
@@ -465,6 +636,13 @@ class Transport:
             with trio.fail_after(self._idle_timeout_s):
                 await self._inbound_send.send(message)
 
+    @classmethod
+    async def _handshake_value(cls, stream: trio.abc.Stream, decoder: FrameDecoder) -> object:
+        value = await cls._next_value(stream, decoder)
+        if value is CLOSED:
+            raise trio.BrokenResourceError("the peer closed the connection during the handshake")
+        return value
+
     @staticmethod
     async def _next_value(stream: trio.abc.Stream, decoder: FrameDecoder) -> object:
         while True:
@@ -474,40 +652,29 @@ class Transport:
             data = await stream.receive_some(65536)
             decoder.receive_data(bytes(data))
 
-    def _check_handshake(self, value: object) -> Handshake:
-        if not isinstance(value, list) or len(value) != 6 or value[0] != MAGIC:
-            raise RemoteProtocolError(
-                ErrorCode.HELLO_REQUIRED, "the first raft frame must be the futureq-raft handshake"
-            )
-        _magic, version, cluster_id, node_id, raft_address, client_address = value
-        if version != PROTOCOL_VERSION:
-            raise RemoteProtocolError(
-                ErrorCode.UNSUPPORTED_VERSION,
-                f"raft protocol version {version!r:.20} is not supported (we speak "
-                f"{PROTOCOL_VERSION})",
-            )
-        if cluster_id != self.cluster_id:
-            raise RemoteProtocolError(
-                ErrorCode.AUTH_FAILED,
-                f"peer belongs to cluster {cluster_id!r:.60}, we are {self.cluster_id!r}",
-            )
-        if type(node_id) is not int or node_id < 1 or node_id == self.node_id:
-            raise RemoteProtocolError(
-                ErrorCode.INVALID_FRAME, f"handshake node id {node_id!r:.20} is invalid"
-            )
-        if not isinstance(raft_address, str) or not (
-            client_address is None or isinstance(client_address, str)
-        ):
-            raise RemoteProtocolError(ErrorCode.INVALID_FRAME, "handshake addresses must be text")
-        if raft_address:
-            try:
-                split_address(raft_address)
-            except ValueError as exc:
-                raise RemoteProtocolError(ErrorCode.INVALID_FRAME, str(exc)) from None
-        return Handshake(cluster_id, NodeId(node_id), raft_address, client_address or None)
+    # --- refusals -------------------------------------------------------------------------
+
+    def _count_refusal(self, error: PeerAuthError) -> None:
+        reason = error.reason.value
+        self.stats.refusals[reason] = self.stats.refusals.get(reason, 0) + 1
+
+    def _log_refusal(self, what: str, error: RemoteProtocolError) -> None:
+        """Warn once per REFUSAL_LOG_INTERVAL_S per distinct sentence (a misconfigured
+        peer retries several times a second); the repeats go to the debug log."""
+        line = f"{what}: {error.message}"
+        now = trio.current_time()
+        last = self._refusals_logged.get(line)
+        if last is not None and now - last < REFUSAL_LOG_INTERVAL_S:
+            log.debug("%s", line)
+            return
+        if len(self._refusals_logged) > 256:
+            self._refusals_logged.clear()
+        self._refusals_logged[line] = now
+        log.warning("%s", line)
 
 
 __all__ = [
+    "DEFAULT_MAX_PENDING_HANDSHAKES",
     "MAGIC",
     "PROTOCOL_VERSION",
     "AddressBook",

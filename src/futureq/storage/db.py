@@ -8,6 +8,7 @@ they were made (the applied index travels in the same batch as the state it cove
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
@@ -24,13 +25,27 @@ from rocksdict import (
     WriteOptions,
 )
 
-from futureq.errors import StorageError
+from futureq.errors import NoSpaceError, StorageError
 
 log = logging.getLogger(__name__)
 
 FAMILIES: Final = ("raft_log", "raft_state", "messages", "schedule", "groups", "meta")
 SCHEMA_VERSION: Final = 1
 _SCHEMA_KEY: Final = b"schema_version"
+_NO_SPACE_TEXTS: Final = tuple(
+    os.strerror(number) for number in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+)
+"""How RocksDB's IO errors say the disk, a quota or the file size limit is full."""
+
+
+def storage_error(message: str, exc: BaseException) -> StorageError:
+    """A :class:`NoSpaceError` when ``exc`` says the disk is full, else a StorageError."""
+    text = str(exc)
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return NoSpaceError(f"{message}: {text}")
+    if any(marker in text for marker in _NO_SPACE_TEXTS):
+        return NoSpaceError(f"{message}: {text}")
+    return StorageError(f"{message}: {text}")
 
 
 def _range(it: RdictIter, start: bytes, stop: bytes | None, with_values: bool) -> Iterator[Any]:
@@ -70,23 +85,13 @@ class Database:
 
     def __init__(self, path: str, *, write_buffer_mb: int = 16, block_cache_mb: int = 32) -> None:
         self.path = path
+        self.write_buffer_mb = write_buffer_mb
+        self._block_cache_mb = block_cache_mb
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as exc:
             raise StorageError(f"cannot create the data directory {path!r}: {exc}") from exc
-        families = {
-            name: _options(write_buffer_mb, block_cache_mb, for_family=True) for name in FAMILIES
-        }
-        try:
-            self._db = Rdict(
-                path,
-                _options(write_buffer_mb, block_cache_mb, for_family=False),
-                column_families=families,
-            )
-        except Exception as exc:  # rocksdict raises plain Exception subclasses
-            raise StorageError(f"cannot open RocksDB at {path!r}: {exc}") from exc
-        self._handles = {name: self._db.get_column_family_handle(name) for name in FAMILIES}
-        self._families = {name: self._db.get_column_family(name) for name in FAMILIES}
+        self._open()
         self._synced = WriteOptions()
         self._synced.sync = True
         self._unsynced = WriteOptions()
@@ -99,6 +104,57 @@ class Database:
             # traceback, and RocksDB would refuse any later open in this process.
             self.close()
             raise
+
+    def _open(self) -> None:
+        families = {
+            name: _options(self.write_buffer_mb, self._block_cache_mb, for_family=True)
+            for name in FAMILIES
+        }
+        try:
+            self._db = Rdict(
+                self.path,
+                _options(self.write_buffer_mb, self._block_cache_mb, for_family=False),
+                column_families=families,
+            )
+        except Exception as exc:  # rocksdict raises plain Exception subclasses
+            raise storage_error(f"cannot open RocksDB at {self.path!r}", exc) from exc
+        self._handles = {name: self._db.get_column_family_handle(name) for name in FAMILIES}
+        self._families = {name: self._db.get_column_family(name) for name in FAMILIES}
+
+    @property
+    def has_open_views(self) -> bool:
+        """True while a snapshot view is open (:meth:`reopen` must wait)."""
+        return bool(self._views)
+
+    def reopen(self) -> None:
+        """Close RocksDB and open it again: how it leaves the read-only state a failed
+        write (a full disk) puts it in; rocksdict has no ``Resume()``.
+
+        Everything written before the failure is kept (the WAL is replayed). Call it on
+        the thread that owns the database, with no write in progress and no view open.
+
+        Raises:
+            StorageError: views are open, or RocksDB cannot be opened again (then the
+                node must stop; NoSpaceError if the disk is still full).
+        """
+        if self._closed:
+            raise StorageError(f"RocksDB at {self.path!r} is closed")
+        if self._views:
+            raise StorageError("cannot reopen RocksDB while a snapshot view is open")
+        self._families.clear()
+        self._handles.clear()
+        try:
+            self._db.close()
+        except Exception as exc:
+            log.info("RocksDB close before reopening reported: %s", exc)
+        del self._db
+        gc.collect()
+        try:
+            self._open()
+        except StorageError:
+            self._closed = True  # nothing left to close
+            raise
+        log.info("RocksDB reopened at %s", self.path)
 
     def _check_schema(self) -> None:
         # No column family object in a local: it would live on in the traceback of the
@@ -151,12 +207,13 @@ class Database:
         """Write a prepared batch; ``sync`` fsyncs the WAL first.
 
         Raises:
-            StorageError: RocksDB refused the write.
+            NoSpaceError: the disk (or a quota, or the file size limit) is full.
+            StorageError: RocksDB refused the write for another reason.
         """
         try:
             self._db.write(batch, self._synced if sync else self._unsynced)
         except Exception as exc:
-            raise StorageError(f"RocksDB write failed in {self.path!r}: {exc}") from exc
+            raise storage_error(f"RocksDB write failed in {self.path!r}", exc) from exc
 
     def delete_range(self, family: str, start: bytes, stop: bytes) -> None:
         """Delete keys in ``[start, stop)`` of one family (unsynced)."""
@@ -228,6 +285,8 @@ class Database:
         if self._closed:
             return
         self._closed = True
+        if not hasattr(self, "_db"):
+            return  # a failed reopen left nothing open
         for view in list(self._views):
             view.close()
         # rocksdict keeps the DB (and its LOCK file) alive while any column family

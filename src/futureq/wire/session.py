@@ -43,7 +43,7 @@ CLOSED: Final = codec.CLOSED
 Event: TypeAlias = "frames.Frame | codec._Sentinel"
 """What ``next_event`` returns: a frame, :data:`NEED_DATA` or :data:`CLOSED`."""
 
-SERVER_FRAME_TYPES: Final = frozenset(
+SERVER_ONLY_FRAME_TYPES: Final = frozenset(
     {
         frames.FrameType.HELLO_OK,
         frames.FrameType.PUBLISH_OK,
@@ -52,14 +52,20 @@ SERVER_FRAME_TYPES: Final = frozenset(
         frames.FrameType.STATUS_OK,
         frames.FrameType.ERROR,
         frames.FrameType.OK,
-        frames.FrameType.PONG,
         frames.FrameType.CLUSTER_STATUS_OK,
     }
 )
 """Frame types only a server may send."""
 
-CLIENT_FRAME_TYPES: Final = frozenset(set(frames.FrameType) - SERVER_FRAME_TYPES)
-"""Frame types only a client may send (HELLO and every request)."""
+BOTH_WAYS_FRAME_TYPES: Final = frozenset({frames.FrameType.PING, frames.FrameType.PONG})
+"""Frame types either side may send: PING asks for a PONG with the same request id (the
+server's keepalive PING uses request id 0)."""
+
+SERVER_FRAME_TYPES: Final = SERVER_ONLY_FRAME_TYPES | BOTH_WAYS_FRAME_TYPES
+"""Frame types a server may send."""
+
+CLIENT_FRAME_TYPES: Final = frozenset(set(frames.FrameType) - SERVER_ONLY_FRAME_TYPES)
+"""Frame types a client may send (HELLO, every request, PING and PONG)."""
 
 MAX_ERROR_MESSAGE_CHARS: Final = 1000
 """ERROR frame sentences are cut to this length so an ERROR always fits in a frame."""
@@ -148,6 +154,11 @@ class _Session:
             return CLOSED
         # The decoder parses (parse=True), so anything else is a frame object.
         return self._check_incoming(cast(frames.Frame, event))
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received and not yet returned as frames (an incomplete frame)."""
+        return self._decoder.buffered_bytes
 
     def _check_incoming(self, frame: frames.Frame) -> frames.Frame:
         raise NotImplementedError
@@ -248,7 +259,7 @@ class ServerSession(_Session):
             raise self._fail(
                 ErrorCode.INVALID_FRAME, "HELLO was already received on this connection"
             )
-        if frame.TYPE in SERVER_FRAME_TYPES:
+        if frame.TYPE not in CLIENT_FRAME_TYPES:
             raise self._fail(
                 ErrorCode.INVALID_FRAME,
                 f"{frame.TYPE.name} is a server-only frame type; clients may not send it",

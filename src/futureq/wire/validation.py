@@ -7,14 +7,27 @@ server's config (``max_payload_bytes``, ``max_delay_ms``, ``max_batch_items``).
 from __future__ import annotations
 
 import datetime
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
 
 from futureq.errors import ErrorCode, RequestError
 
-MAX_TOPIC_BYTES = 255
-MAX_GROUP_BYTES = 255
+MAX_NAME_BYTES = 255
+"""Longest name of any kind, derived names included (bytes)."""
+DLQ_SUFFIX = ".dlq"
+"""Suffix of the dead-letter topic the broker derives from a topic: ``<topic>.dlq``."""
+MAX_TOPIC_BYTES = MAX_NAME_BYTES - len(DLQ_SUFFIX) - 2
+"""Longest topic a client may create (249 bytes, as Kafka): its dead-letter topic
+``<topic>.dlq`` (253 bytes) is itself a valid name to consume."""
+MAX_GROUP_BYTES = 249
+"""Longest consumer group name (bytes)."""
+NAME_GRAMMAR = "[A-Za-z0-9][A-Za-z0-9_-]*(.[A-Za-z0-9_-]+)*"
+"""The name grammar, for messages and docs: ASCII letters, digits, '_' and '-' in tokens
+separated by single dots; the first character a letter or digit."""
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*\Z")
 INT64_MAX = 2**63 - 1
 DLQ_SUFFIX = ".dlq"
 MIN_PLAUSIBLE_EPOCH_MS = 946_684_800_000
@@ -123,23 +136,69 @@ class Limits:
 
 
 def check_name(kind: str, value: str, item_index: int | None = None) -> None:
-    """Check a topic or group name: 1..255 UTF-8 bytes, no control characters.
+    """Check a new topic or group name against the one name grammar.
+
+    A name is 1 to 249 bytes of ASCII letters, digits, ``_`` and ``-``, in tokens
+    separated by single dots, starting with a letter or digit: ``orders``,
+    ``billing.retry``, ``eu-west_1.invoices``. No spaces, no control characters, no
+    empty token (no leading, trailing or double dot), no ``*`` or ``>`` (they are the
+    wildcards of permission patterns), no leading ``_`` (``_other`` is the metrics label
+    of groups past the series budget). Why: the same name must be safe in a log line,
+    a Prometheus label, a shell argument and a file name, as Kafka's
+    ``[A-Za-z0-9._-]`` is; tokens make patterns (NATS subjects) meaningful; and the
+    length leaves room for the derived ``<topic>.dlq``. See ``docs/protocol.md``, "Names".
 
     Raises:
         RequestError: INVALID_TOPIC or INVALID_GROUP naming the rule broken.
     """
     code = ErrorCode.INVALID_TOPIC if kind == "topic" else ErrorCode.INVALID_GROUP
+    limit = MAX_TOPIC_BYTES if kind == "topic" else MAX_GROUP_BYTES
     if not value:
-        raise RequestError(code, f"{kind} name is empty; give a name of 1 to 255 bytes", item_index)
+        raise RequestError(code, f"{kind} name is empty; give a name of 1 to {limit} bytes", item_index)
     size = len(value.encode("utf-8", "surrogatepass"))
-    if size > MAX_TOPIC_BYTES:
+    if size > limit:
+        why = " (so that its dead-letter topic <topic>.dlq fits in 255)" if kind == "topic" else ""
         raise RequestError(
-            code, f"{kind} name is {size} bytes; the limit is {MAX_TOPIC_BYTES} bytes", item_index
+            code, f"{kind} name is {size} bytes; the limit is {limit} bytes{why}", item_index
         )
-    if not value.isprintable():
+    if _NAME.match(value) is None:
         raise RequestError(
-            code, f"{kind} name {value!r} contains control or non-printable characters", item_index
+            code,
+            f"{kind} name {_shown(value)} is not allowed: use ASCII letters, digits, '_' and '-' "
+            "in tokens separated by single dots, starting with a letter or digit "
+            "(e.g. billing.retry)",
+            item_index,
         )
+
+
+def check_legacy_name(kind: str, value: str) -> None:
+    """Check a name against the rule of earlier versions (1..255 UTF-8 bytes, printable).
+
+    Names stored before the grammar of :func:`check_name` existed stay usable to consume
+    and delete, so the broker accepts them where they already exist.
+
+    Raises:
+        RequestError: INVALID_TOPIC or INVALID_GROUP.
+    """
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if not value or size > MAX_NAME_BYTES + len(DLQ_SUFFIX) or not value.isprintable():
+        check_name(kind, value)  # raises with the grammar's sentence
+
+
+def check_consumable_topic(topic: str) -> None:
+    """Check a topic a client wants to consume from (SUBSCRIBE, GROUP_CREATE) that does
+    not exist yet: a valid name, or the dead-letter topic ``<valid name>.dlq``.
+
+    Raises:
+        RequestError: INVALID_TOPIC.
+    """
+    base = topic.removesuffix(DLQ_SUFFIX)
+    check_name("topic", base if base != topic and base else topic)
+
+
+def _shown(value: str) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def validate_publish_items(
@@ -163,6 +222,31 @@ def validate_publish_items(
             PAYLOAD_TOO_LARGE, INVALID_DELAY, DELAY_TOO_LARGE, DUE_TIME_OVERFLOW,
             INVALID_TTL. Nothing of a refused batch is written.
     """
+    out: list[tuple[str, bytes, int, int | None]] = []
+    for _ in validate_publish_items_in_steps(items, limits, now_ms, out):
+        pass
+    return out
+
+
+VALIDATE_STEP_ITEMS = 512
+"""Items checked per step of :func:`validate_publish_items_in_steps`."""
+
+
+def validate_publish_items_in_steps(
+    items: list[Any],
+    limits: Limits,
+    now_ms: int,
+    out: list[tuple[str, bytes, int, int | None]],
+) -> Iterator[None]:
+    """:func:`validate_publish_items` in steps of :data:`VALIDATE_STEP_ITEMS` items.
+
+    A generator: each ``next()`` checks up to that many items and appends them to
+    ``out``, so an async caller can yield to its event loop between steps.
+
+    Raises:
+        RequestError: as :func:`validate_publish_items`, from the step that meets the
+            first bad item.
+    """
     if not items:
         raise RequestError(ErrorCode.EMPTY_BATCH, "PUBLISH holds no items; send at least one")
     if len(items) > limits.max_batch_items:
@@ -170,11 +254,12 @@ def validate_publish_items(
             ErrorCode.BATCH_TOO_LARGE,
             f"PUBLISH holds {len(items)} items; the limit is {limits.max_batch_items} per batch",
         )
-    out: list[tuple[str, bytes, int, int | None]] = []
     max_payload = limits.max_payload_bytes
     max_delay = limits.max_delay_ms
     good_topics: set[str] = set()
     for i, item in enumerate(items):
+        if i % VALIDATE_STEP_ITEMS == VALIDATE_STEP_ITEMS - 1:
+            yield
         if type(item) is not list or len(item) != 5:
             raise RequestError(
                 ErrorCode.INVALID_FIELD,
@@ -187,15 +272,15 @@ def validate_publish_items(
                 ErrorCode.INVALID_FIELD, f"topic must be a string, got {type(topic).__name__}", i
             )
         if topic not in good_topics:  # one check per distinct topic of the batch
+            if topic.endswith(DLQ_SUFFIX):
+                raise RequestError(
+                    ErrorCode.RESERVED_TOPIC,
+                    f"topic {_shown(topic)} ends in {DLQ_SUFFIX!r}, which is reserved for dead "
+                    "letters; pick another name",
+                    i,
+                )
             check_name("topic", topic, i)
             good_topics.add(topic)
-        if topic.endswith(DLQ_SUFFIX):
-            raise RequestError(
-                ErrorCode.RESERVED_TOPIC,
-                f"topic {topic!r} ends in {DLQ_SUFFIX!r}, which is reserved for dead letters; "
-                "pick another name",
-                i,
-            )
         if type(payload) is not bytes:
             raise RequestError(
                 ErrorCode.INVALID_FIELD, f"payload must be binary, got {type(payload).__name__}", i
@@ -296,7 +381,6 @@ def validate_publish_items(
                     ErrorCode.DUE_TIME_OVERFLOW, "due time plus ttl_ms does not fit in 64 bits", i
                 )
         out.append((topic, payload, due_ms, ttl_ms))
-    return out
 
 
 def check_tags(tags: list[bytes], limits: Limits) -> None:

@@ -61,7 +61,11 @@ class RecordingOutbox:
 
     def __init__(self, accept: bool = True) -> None:
         self.accept = accept
+        self.room = True
         self.frames: list[frames.Deliver] = []
+
+    def has_room(self) -> bool:
+        return self.room
 
     def send_nowait(self, data: bytes) -> bool:
         if not self.accept:

@@ -144,10 +144,10 @@ def test_ack_removes_the_delivery_and_the_message() -> None:
     [mid] = env.publish("t", [b"x"])
     env.dispatch()
     deliveries = out(consumer).take()
-    assert env.hub.groups[gid].in_flight_count == 1
+    assert env.hub.runtime(gid).in_flight_count == 1
     assert env.ack(consumer, deliveries) == 1
     assert env.hub.in_flight == {} and consumer.in_flight == set()
-    assert env.hub.groups[gid].in_flight_count == 0
+    assert env.hub.runtime(gid).in_flight_count == 0
     assert env.state.get_message(mid) is None
     env.clock.advance(60_000)
     env.dispatch()
@@ -296,7 +296,7 @@ def test_removed_consumer_returns_its_deliveries_as_attempts() -> None:
     assert ids(out(leaving).take()) == mids
     env.hub.remove_consumer(leaving, env.now)
     assert leaving.closed and env.hub.in_flight == {}
-    assert env.hub.groups[gid].in_flight_count == 0
+    assert env.hub.runtime(gid).in_flight_count == 0
     staying = env.consumer(gid, credit=10, connection_id=2)
     env.dispatch()
     assert [(d[1], d[5]) for d in out(staying).take()] == [(mids[0], 2), (mids[1], 2)]
@@ -469,7 +469,7 @@ def test_horizon_item_limit_bounds_the_index_and_still_delivers_all_in_order() -
     ]
     assert sorted(expected) == mids
     env.clock.advance(100)
-    runtime = env.hub.groups[gid]
+    runtime = env.hub.runtime(gid)
     consumer = env.consumer(gid, credit=1)
     got: list[list[Any]] = []
     for _ in range(200):
@@ -480,7 +480,7 @@ def test_horizon_item_limit_bounds_the_index_and_still_delivers_all_in_order() -
             break
         got += new
         env.ack(consumer, new)
-        consumer.credit += len(new)
+        env.hub.grant_credit(consumer.subscription_id, consumer.connection_id, len(new), 100)
         # Newly published entries must not grow the index past its limit either.
         assert len(runtime.index) <= 10
     assert ids(got) == expected
@@ -493,7 +493,7 @@ def test_publish_into_a_full_horizon_keeps_the_limit_and_the_order() -> None:
     gid = env.group("t", "g")
     later = env.publish("t", [str(i).encode() for i in range(5)], delay_ms=1000)
     env.dispatch()
-    runtime = env.hub.groups[gid]
+    runtime = env.hub.runtime(gid)
     assert len(runtime.index) == 5
     earlier = env.publish("t", [b"e1", b"e2"], delay_ms=10)
     assert len(runtime.index) == 5
@@ -511,7 +511,7 @@ def test_entries_beyond_horizon_ms_load_as_time_advances() -> None:
     env.dispatch()  # the group's horizon is now [.., now + 1000)
     near = env.publish("t", [b"near"], delay_ms=500)
     far = env.publish("t", [b"far"], delay_ms=5000)
-    runtime = env.hub.groups[gid]
+    runtime = env.hub.runtime(gid)
     env.dispatch()
     assert len(runtime.index) == 1  # "far" stays on disk
     consumer = env.consumer(gid, credit=10)
@@ -571,3 +571,82 @@ def test_a_far_future_entry_does_not_make_an_idle_dispatcher_spin() -> None:
         wake = env.dispatch()
         assert wake > env.now, "the dispatcher asked to run again immediately while idle"
         env.clock.advance(1)
+
+
+# ---------------------------------------------------------------- scale (issue 10)
+
+
+def settle_passes(env: Env, limit: int = 1000) -> int:
+    """Run passes until the dispatcher asks for none right now; return how many."""
+    for passes in range(1, limit + 1):
+        if env.dispatch() > env.now:
+            return passes
+    raise AssertionError("the dispatcher never settled")
+
+
+def test_idle_groups_keep_no_runtime_and_are_not_looked_at() -> None:
+    env = Env()
+    for number in range(1000):
+        env.group(f"idle.{number}", "g")
+    hot = env.group("hot", "g")
+    settle_passes(env)
+    assert env.hub.groups == {} and not env.hub.touched  # idle groups cost nothing
+    consumer = env.consumer(hot, credit=10)
+    assert env.hub.touched == {hot}
+    env.dispatch()
+    [mid] = env.publish("hot", [b"x"])
+    assert env.hub.touched == {hot}  # a publish touches its own group only
+    env.dispatch()
+    assert ids(out(consumer).take()) == [mid]
+    assert set(env.hub.groups) == {hot}
+
+
+def test_one_pass_looks_at_a_bounded_number_of_groups() -> None:
+    from futureq.broker.dispatcher import GROUPS_PER_PASS
+
+    env = Env()
+    for number in range(3 * GROUPS_PER_PASS):
+        env.group(f"t{number}", "g")
+    assert not env.hub.touched  # a new, empty group needs no look
+    now = env.now
+    env.log.apply(
+        commands.publish(now, [(f"t{n}", b"x", now, None) for n in range(3 * GROUPS_PER_PASS)])
+    )
+    assert env.dispatch() == env.now  # more to do: run again after a yield
+    assert len(env.hub.touched) == 2 * GROUPS_PER_PASS
+    assert settle_passes(env) == 2  # the rest, one bounded pass each
+
+
+def test_a_group_with_entries_far_ahead_is_read_again_only_before_they_fall_due() -> None:
+    env = Env(horizon_ms=1000)
+    gid = env.group("far", "g")
+    env.publish("far", [b"x"], delay_ms=3_600_000)
+    settle_passes(env)
+    assert gid not in env.hub.touched and gid not in env.hub.groups
+    wake = env.dispatcher._wake_at[gid]
+    assert wake == env.now + 3_600_000 - 1000  # loaded one horizon before it is due
+    consumer = env.consumer(gid, credit=1)
+    for _ in range(100):
+        next_ms = env.dispatch()
+        if out(consumer).deliveries():
+            break
+        env.clock.advance(int(next_ms) - env.now)
+    assert env.now == 1_000_000 + 3_600_000
+
+
+def test_a_consumer_whose_buffer_is_full_is_skipped_and_the_others_get_the_messages() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    full = env.consumer(gid, credit=100, connection_id=1)
+    other = env.consumer(gid, credit=100, connection_id=2)
+    out(full).room = False
+    mids = env.publish("t", [b"a", b"b", b"c"])
+    env.dispatch()
+    assert out(full).deliveries() == []
+    assert ids(out(other).take()) == mids
+    assert not full.closed  # held back, not dropped
+    out(full).room = True
+    more = env.publish("t", [b"d", b"e"])
+    env.hub.touched.add(gid)  # what the connection does when its buffer drains
+    env.dispatch()
+    assert sorted(ids(out(full).take()) + ids(out(other).take())) == more

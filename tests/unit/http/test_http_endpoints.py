@@ -42,6 +42,7 @@ class FakeProvider:
     def __init__(self) -> None:
         self.ready = True
         self.healthy = True
+        self.alarm_list: list[str] = []
 
     def status(self) -> dict[str, Any]:
         return STATUS
@@ -51,6 +52,9 @@ class FakeProvider:
 
     def is_healthy(self) -> bool:
         return self.healthy
+
+    def alarms(self) -> list[str]:
+        return self.alarm_list
 
 
 class Response:

@@ -134,3 +134,27 @@ def test_operations_doc_lists_every_metric() -> None:
     text = DOCS.read_text()
     for spec in METRIC_SPECS:
         assert f"`{spec.name}`" in text, spec.name
+
+
+def test_series_are_bounded_and_the_rest_is_other() -> None:
+    from futureq.metrics import OTHER, SeriesBudget
+
+    budget = SeriesBudget(max_topics=2, max_groups=2)
+    assert [budget.topic(t) for t in ("a", "b", "c", "a")] == ["a", "b", OTHER, "a"]
+    assert budget.group("a", "g") == ("a", "g")
+    assert budget.group("b", "g") == ("b", "g")
+    assert budget.group("c", "g") == (OTHER, OTHER)
+    assert not budget.has_room()
+    assert budget.forget_group("a", "g") and not budget.forget_group("c", "g")
+    assert budget.group("c", "g") == ("c", "g")  # a freed slot goes to the next one
+    assert SeriesBudget(0, 0).topic("a") == OTHER
+
+
+def test_a_deleted_group_loses_its_counter_series() -> None:
+    metrics = Metrics(max_group_series=1)
+    labels = metrics.group_labels("t", "g")
+    metrics.acked_messages_total.labels(*labels).inc()
+    assert b'group="g"' in metrics.render()[0]
+    metrics.forget_group("t", "g")
+    assert b'group="g"' not in metrics.render()[0]
+    assert metrics.group_labels("u", "h") == ("u", "h")

@@ -101,6 +101,10 @@ class Recorder:
         self._check_written("on_unscheduled")
         self.calls.append(("u", group_id, due_ms, mid, CommandKind(reason)))
 
+    def on_group_changed(self, group_id: int) -> None:
+        self._check_written("on_group_changed")
+        self.calls.append(("g", group_id))
+
     def on_groups_changed(self) -> None:
         self._check_written("on_groups_changed")
         self.calls.append(("g",))

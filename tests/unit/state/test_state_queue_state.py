@@ -100,7 +100,7 @@ def test_topic_without_group_gets_implicit_default_group(kit: StoreKit) -> None:
     assert [(g.name, g.implicit, g.pending) for g in groups] == [("default", True, 1)]
     assert (groups[0].visibility_timeout_ms, groups[0].max_deliveries) == (1234, 7)
     gid = groups[0].group_id
-    assert recorder.take() == [("g",), ("s", gid, 1000, mid, None, 0)]
+    assert recorder.take() == [("g", gid), ("s", gid, 1000, mid, None, 0)]
     assert recorder.violations == []
     assert state.topics() == ["t"]
 
@@ -124,7 +124,7 @@ def test_first_create_group_adopts_implicit_group_and_keeps_its_backlog(kit: Sto
         3,
     )
     assert _keys(state, gid) == backlog
-    assert recorder.take() == [("g",)]
+    assert recorder.take() == [("g", gid)]
     # The group record moved to its new name: exactly one record in the family.
     assert [k for k, _ in kit.store.scan("groups", b"")] == [b"t\x00workers"]
 
@@ -283,7 +283,7 @@ def test_dead_letter_moves_message_to_dlq_topic_with_fresh_id(kit: StoreKit) -> 
     assert state.last_publish_ms == 5000
     assert recorder.take() == [
         ("u", gid, 1500, mid, CommandKind.DEAD_LETTER),
-        ("g",),
+        ("g", dlq.group_id),
         ("s", dlq.group_id, 5000, index << 16, None, 0),
     ]
 
@@ -336,7 +336,7 @@ def test_delete_group_removes_its_entries_and_releases_messages(kit: StoreKit) -
     assert recorder.take() == [
         ("u", g1, 1000, only, CommandKind.DELETE_GROUP),
         ("u", g1, 1001, shared, CommandKind.DELETE_GROUP),
-        ("g",),
+        ("g", g1),
     ]
     assert state.find_group("t", "g1") is None and g1 not in state.groups
     assert state.get_message(only) is None

@@ -136,3 +136,43 @@ def test_data_directory_that_cannot_be_created_raises_storage_error(tmp_path: Pa
     blocker.write_bytes(b"not a directory")
     with pytest.raises(StorageError, match="cannot create the data directory"):
         Database(str(blocker / "db"))
+
+
+# ---------------------------------------------------------------- full disk (issue 10)
+
+
+def test_full_disk_errors_are_told_apart_from_other_storage_errors() -> None:
+    import errno
+
+    from futureq.errors import NoSpaceError, StorageError
+    from futureq.storage.db import storage_error
+
+    for text in (
+        "IO error: While appending to file: 000004.log: No space left on device",
+        "IO error: While appending to file: 000004.log: File too large",
+        "IO error: Disk quota exceeded",
+    ):
+        assert isinstance(storage_error("write failed", Exception(text)), NoSpaceError)
+    assert isinstance(
+        storage_error("snapshot", OSError(errno.ENOSPC, "No space left on device")), NoSpaceError
+    )
+    other = storage_error("write failed", Exception("Corruption: bad block"))
+    assert type(other) is StorageError
+
+
+def test_reopen_keeps_what_was_written(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "db"))
+    try:
+        db.write({"messages": {b"k": b"v"}}, sync=True)
+        db.write({"messages": {b"k2": b"v2"}})  # unsynced, in the WAL
+        db.reopen()
+        assert db.get("messages", b"k") == b"v" and db.get("messages", b"k2") == b"v2"
+        db.write({"messages": {b"k3": b"v3"}}, sync=True)
+        assert [key for key, _ in db.scan("messages", b"")] == [b"k", b"k2", b"k3"]
+        view = db.snapshot_view(["messages"])
+        with pytest.raises(StorageError):
+            db.reopen()  # not while a view pins the database
+        view.close()
+        db.reopen()
+    finally:
+        db.close()

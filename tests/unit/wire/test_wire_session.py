@@ -200,15 +200,26 @@ SERVER_ONLY: list[frames.Frame] = [
     frames.StatusOk(2, {}),
     frames.Error(2, 200, "m"),
     frames.Ok(2),
-    frames.Pong(2),
     frames.ClusterStatusOk(2, {}),
 ]
 
 
 def test_server_only_list_is_exactly_the_server_frame_types() -> None:
-    assert {f.TYPE for f in SERVER_ONLY} == session.SERVER_FRAME_TYPES
+    assert {f.TYPE for f in SERVER_ONLY} == session.SERVER_ONLY_FRAME_TYPES
     assert session.SERVER_FRAME_TYPES | session.CLIENT_FRAME_TYPES == set(frames.FrameType)
-    assert not session.SERVER_FRAME_TYPES & session.CLIENT_FRAME_TYPES
+    # Only the keepalive pair travels both ways.
+    assert session.SERVER_FRAME_TYPES & session.CLIENT_FRAME_TYPES == {
+        frames.FrameType.PING,
+        frames.FrameType.PONG,
+    }
+
+
+def test_server_ping_and_client_pong_pass_the_sessions() -> None:
+    s, c = handshake()
+    c.receive_data(s.send(frames.Ping(0)))
+    assert c.next_event() == frames.Ping(0)
+    s.receive_data(c.send(frames.Pong(0)))
+    assert next_frame(s) == frames.Pong(0)
 
 
 @pytest.mark.parametrize("frame", SERVER_ONLY, ids=lambda f: f.TYPE.name)
@@ -326,7 +337,7 @@ def test_order_of_calls_is_enforced() -> None:
 def test_server_may_not_send_client_frames() -> None:
     s, _ = handshake()
     for frame in (
-        frames.Ping(1),
+        frames.Status(1),
         frames.Hello(1, (1,)),
         frames.HelloOk(1, 1, 1, None, 1, ""),
         frames.Publish(1, frames.AckLevel.NONE, []),
@@ -445,7 +456,7 @@ def test_client_refuses_a_second_hello_ok() -> None:
 
 @pytest.mark.parametrize(
     "frame",
-    [frames.Hello(0, (1,)), frames.Ping(0), frames.Ack(0, [TAG]), frames.Credit(0, 1, 1)],
+    [frames.Hello(0, (1,)), frames.Status(0), frames.Ack(0, [TAG]), frames.Credit(0, 1, 1)],
     ids=lambda f: f.TYPE.name,
 )
 def test_client_refuses_client_only_frames_from_the_server(frame: frames.Frame) -> None:

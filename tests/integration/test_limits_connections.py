@@ -1,0 +1,249 @@
+"""Per-connection limits against a real ``futureq start`` process (issue 10, inputs 3, 4, 7):
+buffers bounded in bytes, subscriptions per connection, frame deadline, keepalive, and one
+log line per failed connection."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+import urllib.request
+
+import trio
+from broker_process import BrokerProcess
+from wire_client import WireClient
+
+from futureq.client import open_client
+from futureq.errors import ErrorCode
+from futureq.wire import codec, frames
+
+KIB = 1024
+MIB = 1024 * KIB
+SMALL_BUFFERS = {
+    "FUTUREQ_LIMITS_MAX_FRAME_BYTES": str(MIB),
+    "FUTUREQ_LIMITS_MAX_PAYLOAD_BYTES": str(256 * KIB),
+    "FUTUREQ_LIMITS_MAX_CONNECTION_BUFFER_BYTES": str(MIB),
+    "FUTUREQ_LIMITS_MAX_NODE_BUFFER_BYTES": str(3 * MIB),
+    "FUTUREQ_LIMITS_MAX_SUBSCRIPTIONS_PER_CONNECTION": "8",
+}
+FAST_DEADLINES = {
+    "FUTUREQ_LIMITS_FRAME_DEADLINE_MS": "1000",
+    "FUTUREQ_LIMITS_KEEPALIVE_INTERVAL_MS": "1000",
+    "FUTUREQ_LIMITS_KEEPALIVE_TIMEOUT_MS": "1000",
+    "FUTUREQ_LIMITS_SEND_TIMEOUT_MS": "1000",
+}
+
+
+def metric(broker: BrokerProcess, name: str, labels: str = "") -> float:
+    with urllib.request.urlopen(f"http://{broker.http_address}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    pattern = re.escape(name + (f"{{{labels}}}" if labels else "")) + r" ([0-9.e+]+)$"
+    found = re.search(pattern, text, flags=re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def wait_for(condition: object, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def non_reading_client(address: str) -> WireClient:
+    """A client whose socket takes in as little as the kernel allows, and that never reads."""
+    client = WireClient(address)
+    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    return client
+
+
+# --- input 3: a consumer that does not read ---------------------------------------------
+
+
+def test_a_consumer_that_does_not_read_gets_a_bounded_buffer_and_the_others_get_the_rest(
+    broker_factory: object,
+) -> None:
+    broker: BrokerProcess = broker_factory(env=SMALL_BUFFERS)  # type: ignore[operator]
+    stuck = non_reading_client(broker.client_address)
+    for _ in range(8):  # 8 subscriptions at the maximum prefetch, as in the report
+        stuck.send(frames.Subscribe(stuck.next_id(), "slow.t", "g", 10_000))
+    producer = WireClient(broker.client_address)
+    payload = b"p" * (64 * KIB)
+    for _ in range(10):
+        answer = producer.publish([["slow.t", payload, 0, None, None] for _ in range(10)])
+        assert isinstance(answer, frames.PublishOk), answer
+    # 6.4 MB are due; the stuck connection's buffer stays within its bound.
+    wait_for(lambda: metric(broker, "futureq_buffer_full_total", 'scope="connection"') >= 1)
+    buffered = metric(broker, "futureq_connection_buffer_bytes", 'direction="out"')
+    assert buffered <= 2 * MIB, buffered
+
+    # The messages stay with the group: a consumer that reads gets the rest.
+    reader = WireClient(broker.client_address)
+    reader.subscribe("slow.t", "g", prefetch=1000)
+    received = reader.deliveries(60, timeout_s=20)
+    assert len(received) >= 60
+    assert metric(broker, "futureq_connection_buffer_bytes", 'direction="out"') <= 2 * MIB
+
+    # When the stuck consumer goes, what it held comes back to the group.
+    stuck.close()
+    rest = reader.deliveries(100 - len(received), timeout_s=20)
+    assert len({d[1] for d in received + rest}) == 100
+
+
+def test_the_node_bounds_the_buffers_of_all_connections_together(broker_factory: object) -> None:
+    broker: BrokerProcess = broker_factory(env=SMALL_BUFFERS)  # type: ignore[operator]
+    stuck = [non_reading_client(broker.client_address) for _ in range(6)]
+    for client in stuck:
+        client.send(frames.Subscribe(client.next_id(), "many.t", "g", 10_000))
+    producer = WireClient(broker.client_address)
+    payload = b"p" * (64 * KIB)
+    for _ in range(20):
+        assert isinstance(
+            producer.publish([["many.t", payload, 0, None, None] for _ in range(10)]),
+            frames.PublishOk,
+        )
+    wait_for(lambda: metric(broker, "futureq_buffer_full_total", 'scope="node"') >= 1)
+    total = metric(broker, "futureq_connection_buffer_bytes", 'direction="out"')
+    # 6 connections could hold 6 MiB; the node holds at most its 3 MiB plus a frame each.
+    assert total <= 3 * MIB + 6 * 600 * KIB, total
+    for client in stuck:
+        client.close()
+    wait_for(lambda: metric(broker, "futureq_connection_buffer_bytes", 'direction="out"') == 0)
+
+
+def test_subscriptions_per_connection_are_bounded(broker_factory: object) -> None:
+    broker: BrokerProcess = broker_factory(env=SMALL_BUFFERS)  # type: ignore[operator]
+    client = WireClient(broker.client_address)
+    for number in range(8):
+        client.subscribe(f"subs.t{number}", "g")
+    answer = client.request(frames.Subscribe(client.next_id(), "subs.t9", "g", 10))
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.TOO_MANY_SUBSCRIPTIONS
+    assert "max_subscriptions_per_connection" in answer.message
+    assert isinstance(client.request(frames.Ping(client.next_id())), frames.Pong)
+
+
+# --- input 4: half-sent frames and silent connections ------------------------------------
+
+
+def test_a_half_sent_frame_is_not_held_for_ever(broker_factory: object) -> None:
+    broker: BrokerProcess = broker_factory(env=FAST_DEADLINES)  # type: ignore[operator]
+    client = WireClient(broker.client_address)
+    size = 4 * MIB
+    client.send_raw(size.to_bytes(4, "big") + b"\x00" * (size - 1))
+    wait_for(lambda: metric(broker, "futureq_connection_buffer_bytes", 'direction="in"') > 0)
+    error = client.receive(timeout_s=10)
+    assert isinstance(error, frames.Error) and error.code == ErrorCode.FRAME_TIMEOUT, error
+    assert "frame_deadline_ms" in error.message
+    assert client.receive() is codec.CLOSED
+    wait_for(lambda: metric(broker, "futureq_connection_buffer_bytes", 'direction="in"') == 0)
+    assert metric(broker, "futureq_connections_closed_total", 'reason="frame_timeout"') == 1
+
+
+def test_a_connection_trickling_one_byte_at_a_time_is_closed(broker_factory: object) -> None:
+    broker: BrokerProcess = broker_factory(env=FAST_DEADLINES)  # type: ignore[operator]
+    client = WireClient(broker.client_address)
+    frame = codec.encode_frame(frames.Ping(7))
+    closed_after = None
+    for position in range(len(frame) - 1):  # never completes within the deadline
+        try:
+            client.send_raw(frame[position : position + 1])
+        except OSError:
+            closed_after = position
+            break
+        time.sleep(0.3)
+    error = client.receive(timeout_s=10)
+    assert isinstance(error, frames.Error) and error.code == ErrorCode.FRAME_TIMEOUT, (
+        error,
+        closed_after,
+    )
+
+
+def test_an_idle_connection_that_answers_no_ping_is_closed(broker_factory: object) -> None:
+    broker: BrokerProcess = broker_factory(env=FAST_DEADLINES)  # type: ignore[operator]
+    client = WireClient(broker.client_address)
+    ping = client.receive(timeout_s=10)
+    assert ping == frames.Ping(0)
+    error = client.receive(timeout_s=10)
+    assert isinstance(error, frames.Error) and error.code == ErrorCode.KEEPALIVE_TIMEOUT, error
+    assert client.receive() is codec.CLOSED
+    assert metric(broker, "futureq_connections_closed_total", 'reason="keepalive_timeout"') == 1
+
+
+def test_an_idle_connection_that_answers_pings_stays_open(broker_factory: object) -> None:
+    broker: BrokerProcess = broker_factory(env=FAST_DEADLINES)  # type: ignore[operator]
+    raw = WireClient(broker.client_address)
+    for _ in range(3):
+        assert raw.receive(timeout_s=10) == frames.Ping(0)
+        raw.send(frames.Pong(0))
+    assert isinstance(raw.request(frames.Ping(raw.next_id())), frames.Pong)
+    raw.close()
+
+    async def library_client() -> None:
+        async with open_client(broker.client_address) as client:
+            await trio.sleep(3.5)  # three keepalive rounds, answered by the library
+            await client.publish("idle.t", b"still here")
+
+    trio.run(library_client)
+    assert metric(broker, "futureq_connections_closed_total", 'reason="keepalive_timeout"') == 0
+    assert metric(broker, "futureq_connections_accepted_total") == 2  # no reconnect
+
+
+def test_a_client_that_does_not_read_is_closed_after_the_send_timeout(
+    broker_factory: object,
+) -> None:
+    broker: BrokerProcess = broker_factory(env=FAST_DEADLINES)  # type: ignore[operator]
+    stuck = non_reading_client(broker.client_address)
+    stuck.send(frames.Subscribe(stuck.next_id(), "stuck.t", "g", 10_000))
+    producer = WireClient(broker.client_address)
+    for _ in range(10):
+        producer.publish([["stuck.t", b"p" * (64 * KIB), 0, None, None] for _ in range(10)])
+    wait_for(lambda: metric(broker, "futureq_connections_closed_total", 'reason="slow_client"') == 1)
+    log = broker.stderr_text()
+    assert "Traceback" not in log
+    assert len(re.findall(r"closed: SLOW_CLIENT: a write to the client blocked", log)) == 1
+
+
+# --- input 7: protocol errors write one line, not a traceback ----------------------------
+
+REPORTED_INPUT = bytes.fromhex(
+    "000000099501019101a27161c00000000e940302019195a174c40178c0c0c0000000029110"
+)
+
+
+def test_the_reported_protocol_error_logs_one_line_and_no_traceback(
+    broker: BrokerProcess,
+) -> None:
+    client = WireClient(broker.client_address, hello=False)
+    host, port = client.sock.getsockname()[:2]
+    peer = f"{host}:{port}"
+    before = len(broker.stderr_text())
+    client.send_raw(REPORTED_INPUT)
+    answers = []
+    while (answer := client.receive()) is not codec.CLOSED:
+        answers.append(answer)
+    assert isinstance(answers[0], frames.HelloOk)
+    error = answers[-1]
+    assert isinstance(error, frames.Error) and error.code == ErrorCode.INVALID_FRAME, answers
+    assert isinstance(WireClient(broker.client_address).publish([["ok.t", b"", 0, None, None]]),
+                      frames.PublishOk)  # fmt: skip
+    time.sleep(0.3)  # let the log line reach the file
+    added = broker.stderr_text()[before:]
+    assert "Traceback" not in added
+    lines = [line for line in added.splitlines() if peer in line]
+    assert len(lines) == 1, added
+    assert "INVALID_FRAME" in lines[0] and "frame" in lines[0]
+    assert len(added) < 500, added
+
+
+def test_closed_connection_lines_are_rate_limited(broker: BrokerProcess) -> None:
+    before = len(broker.stderr_text())
+    for _ in range(80):
+        client = WireClient(broker.client_address, hello=False)
+        client.send_raw(b"\x00\x00\x00\x02\xc1\xc1")  # malformed msgpack
+        while client.receive() is not codec.CLOSED:
+            pass
+        client.close()
+    time.sleep(0.3)
+    added = broker.stderr_text()[before:]
+    closed = [line for line in added.splitlines() if "closed: MALFORMED_FRAME" in line]
+    assert 1 <= len(closed) <= 60, len(closed)
+    assert "Traceback" not in added

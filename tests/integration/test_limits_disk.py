@@ -1,0 +1,177 @@
+"""A full disk against real ``futureq start`` processes (issue 10, input 6).
+
+The disk is "filled" the way the fault-injection harness does it, with RLIMIT_FSIZE, but
+on the running process (``prlimit``): soft limit 1 byte, so every write that grows a file
+fails with EFBIG, as on a full disk; lifting the limit is space coming back. Nothing
+needs root or a special file system, so CI runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from broker_process import BrokerProcess
+from cluster_process import Cluster
+from wire_client import WireClient
+
+from futureq.errors import ErrorCode
+from futureq.wire import codec, frames
+
+RECOVERY_TIMEOUT_S = 20.0
+
+
+def fill_disk(pid: int) -> None:
+    """Every later write that grows a file fails (EFBIG), as on a full disk."""
+    _, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (1, hard))
+
+
+def free_disk(pid: int) -> None:
+    _, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (hard, hard))
+
+
+def http(address: str, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as response:
+            body = response.read()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        body = error.read()
+        status = error.code
+    text = body.decode()
+    return status, json.loads(text) if text.startswith("{") else text
+
+
+def wait_ready(address: str) -> dict[str, Any]:
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while True:
+        status, body = http(address, "/readyz")
+        if status == 200:
+            return body  # type: ignore[no-any-return]
+        assert time.monotonic() < deadline, f"not ready again: {body}"
+        time.sleep(0.2)
+
+
+def publish_until_refused(client: WireClient, topic: str) -> frames.Error:
+    for number in range(200):
+        answer = client.publish([[topic, f"x{number}".encode() * 100, 0, None, None]])
+        if isinstance(answer, frames.Error):
+            return answer
+    raise AssertionError("the node kept acknowledging writes with a full disk")
+
+
+def test_a_full_disk_refuses_writes_keeps_serving_and_resumes_by_itself(
+    broker: BrokerProcess,
+) -> None:
+    producer = WireClient(broker.client_address)
+    consumer = WireClient(broker.client_address)
+    sub = consumer.subscribe("disk.t", "g", prefetch=1000)
+    before = producer.publish([["disk.t", f"early{i}".encode(), 0, None, None] for i in range(5)])
+    due_later = producer.publish([["disk.t", b"due-during-the-alarm", 1500, None, None]])
+    assert isinstance(before, frames.PublishOk) and isinstance(due_later, frames.PublishOk)
+    got = consumer.deliveries(5)
+
+    fill_disk(broker.pid)
+    refused = publish_until_refused(producer, "disk.t")
+    assert refused.code == ErrorCode.NO_SPACE, refused
+    assert "disk is full" in refused.message
+    # Writes are refused at once while the alarm is up; the connection stays open.
+    again = producer.publish([["disk.t", b"refused", 0, None, None]])
+    assert isinstance(again, frames.Error) and again.code == ErrorCode.NO_SPACE
+
+    # Serving goes on: health, status, metrics, the alarm shown, and due messages.
+    assert http(broker.http_address, "/healthz")[0] == 200
+    code, body = http(broker.http_address, "/readyz")
+    assert code == 503 and body["alarms"] == ["NO_SPACE"] and "NO_SPACE" in body["reason"]
+    assert producer.status()["alarms"] == ["NO_SPACE"]
+    metrics = http(broker.http_address, "/metrics")[1]
+    assert 'futureq_storage_alarm{alarm="no_space"} 1.0' in metrics
+    [late] = consumer.deliveries(1, timeout_s=10)
+    assert late[2] == b"due-during-the-alarm"
+    ack = consumer.request(frames.Ack(consumer.next_id(), [late[0]]))
+    assert isinstance(ack, frames.Error) and ack.code == ErrorCode.NO_SPACE
+
+    free_disk(broker.pid)
+    wait_ready(broker.http_address)
+    assert producer.status()["alarms"] == []
+    after = producer.publish([["disk.t", b"after", 0, None, None]])
+    assert isinstance(after, frames.PublishOk), after
+    done = consumer.request(frames.Ack(consumer.next_id(), [d[0] for d in got + [late]]))
+    assert isinstance(done, frames.Ok) and done.result == 6, done
+    [last] = consumer.deliveries(1)
+    assert last[2] == b"after"
+    assert sub
+    assert broker.process is not None and broker.process.poll() is None
+    assert "Traceback" not in broker.stderr_text()
+    assert "NO_SPACE alarm cleared" in broker.stderr_text()
+
+    # Nothing acknowledged was lost, across a restart too.
+    assert broker.terminate() == 0
+    broker.start()
+    client = WireClient(broker.client_address)
+    assert client.group_pending("disk.t", "g") == 1  # only "after" is left (delivered, not acked)
+
+
+@pytest.fixture
+def cluster3(tmp_path: Path) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path, 3)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        for node in cluster.nodes.values():
+            if node.alive():
+                free_disk(node.pid)
+        cluster.stop()
+
+
+def test_a_leader_with_a_full_disk_steps_down_and_the_cluster_goes_on(cluster3: Cluster) -> None:
+    leader = cluster3.leader()
+    client = WireClient(leader.client_address)
+    acked: list[bytes] = []
+    first = client.publish([["disk.c", b"before", 0, None, None]])
+    assert isinstance(first, frames.PublishOk)
+    acked.append(b"before")
+
+    fill_disk(leader.pid)
+    refused = client.publish([["disk.c", b"refused", 0, None, None]])
+    # The node either refused the write or closed the connection as it stopped leading.
+    assert refused is codec.CLOSED or isinstance(refused, frames.Error), refused
+
+    new_leader = cluster3.leader(exclude={leader.node_id})
+    assert new_leader.node_id != leader.node_id
+    other = WireClient(new_leader.client_address)
+    for number in range(20):
+        answer = other.publish([["disk.c", f"during{number}".encode(), 0, None, None]])
+        assert isinstance(answer, frames.PublishOk), answer
+        acked.append(f"during{number}".encode())
+    code, body = http(leader.http_address, "/readyz")
+    assert code == 503 and body["alarms"] == ["NO_SPACE"]
+    assert leader.alive()
+
+    free_disk(leader.pid)
+    status = wait_ready(leader.http_address)
+    assert status == {"ready": True}
+    # The old leader caught up as a follower; nothing acknowledged is missing.
+    current = cluster3.leader()
+    consumer = WireClient(current.client_address)
+    consumer.subscribe("disk.c", "reader", prefetch=1000)
+    payloads = {d[2] for d in consumer.deliveries(len(acked), timeout_s=20)}
+    assert set(acked) <= payloads
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while True:
+        applied = {n.http_json("/api/status")["applied_index"] for n in cluster3.nodes.values()}
+        if len(applied) == 1:
+            break
+        assert time.monotonic() < deadline, applied
+        time.sleep(0.2)
+    assert "Traceback" not in leader.stderr_text()

@@ -1,0 +1,32 @@
+"""``make cluster`` (futureq.cli.local_cluster) starts nodes that authenticate their peers
+with a secret kept in the cluster's data directory."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from futureq.cli import local_cluster, server_main
+
+
+def test_local_cluster_nodes_share_a_private_secret(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in list(os.environ):
+        if name.startswith("FUTUREQ_"):
+            monkeypatch.delenv(name)
+    data_dir = str(tmp_path / "data-cluster")
+    path = local_cluster.ensure_secret(data_dir)
+    secret = pathlib.Path(path).read_bytes()
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert local_cluster.ensure_secret(data_dir) == path  # kept across runs
+    assert pathlib.Path(path).read_bytes() == secret
+    for node_id in (1, 2, 3):
+        command = local_cluster.node_command(node_id, 3, data_dir, "127.0.0.1")
+        assert command[command.index("--cluster-secret-file") + 1] == path
+        # The same flags pass the start-up checks (check-config loads exactly as start).
+        start = command.index("start")
+        assert server_main.main(["check-config", *command[start + 1 :]]) == 0
+    capsys.readouterr()
