@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import attrs
 
+from futureq.state.commands import GroupSettings
 from futureq.wire.validation import Limits
 
 DEFAULT_CLIENT_PORT = 7450
@@ -139,8 +140,11 @@ class QueueSection:
 
     Attributes:
         visibility_timeout_ms: Default time a delivery may stay unacked before it is
-            delivered again (ms), for groups created without their own.
-        max_deliveries: Default attempts before a message goes to ``<topic>.dlq``.
+            delivered again (ms), for groups created without their own. The leader
+            resolves it into the command that creates a group; changing it later
+            does not change existing groups.
+        max_deliveries: Default attempts before a message goes to ``<topic>.dlq``
+            (resolved the same way).
         horizon_ms: How far ahead of now the in-memory due-index reaches (ms).
         horizon_max_items: Most schedule entries one group keeps in memory (items).
         dispatch_batch_items: Most deliveries put in one DELIVER frame (items).
@@ -151,6 +155,14 @@ class QueueSection:
     horizon_ms: int = 300_000
     horizon_max_items: int = 100_000
     dispatch_batch_items: int = 256
+
+    def group_settings(self) -> GroupSettings:
+        """The defaults this node, when it leads, resolves into commands that create groups.
+
+        Replicas never read them (``DESIGN.md``, "Apply reads nothing node-local"): a
+        group's settings are fixed when the leader creates it.
+        """
+        return GroupSettings(self.visibility_timeout_ms, self.max_deliveries)
 
 
 @attrs.frozen
@@ -203,6 +215,15 @@ class ClusterSection:
             "Time"): nothing is delivered earlier than its due time minus this; a node
             whose wall clock is more than half of it from cluster time does not lead or
             dispatch (ms).
+        member_record_ms: How often (at most) the leader records in the log how far each
+            member acknowledged, so a member whose disk was replaced by an older copy is
+            told so (ms); an incarnation change is recorded at once.
+        initial_cluster_state: ``"existing"`` (default): a node takes part only once every
+            other voter answered it after its start, whether or not the cluster already
+            exists (so a new cluster forms once all its voters run). ``"new"``: the
+            operator declares a brand-new cluster; a node whose data directory is new may
+            help form it once a majority of the voters answered with empty logs. Never
+            use ``new`` to restart a node (docs/raft.md, "Disk faults").
     """
 
     raft_listen: str = f"127.0.0.1:{DEFAULT_RAFT_PORT}"
@@ -219,6 +240,8 @@ class ClusterSection:
     compact_every_entries: int = 50_000
     transfer_leadership_on_shutdown: bool = True
     max_clock_offset_ms: int = 500
+    member_record_ms: int = 5000
+    initial_cluster_state: str = "existing"
 
     @property
     def clustered(self) -> bool:

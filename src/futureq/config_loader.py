@@ -638,6 +638,13 @@ def _check_cluster(cluster: ClusterSection) -> Iterable[_Bad]:
         )
     yield from _minimum("cluster", cluster, "snapshot_chunk_bytes", 1024, " bytes")
     yield from _minimum("cluster", cluster, "compact_every_entries", 1, " entries")
+    yield from _minimum("cluster", cluster, "member_record_ms", 1, " ms")
+    if cluster.initial_cluster_state not in ("new", "existing"):
+        yield _Bad(
+            ("cluster.initial_cluster_state",),
+            cluster.initial_cluster_state,
+            'must be "new" (forming a brand-new cluster) or "existing"',
+        )
     if cluster.secret_file is not None:
         try:
             read_secret_file(cluster.secret_file)

@@ -54,6 +54,8 @@ class ErrorCode(enum.IntEnum):
     # 220-224: issue 8, time
     IMPLAUSIBLE_TIME = 220
     NODE_CLOCK_OUT_OF_BOUND = 221
+    # 225-234: delivery state (issue 9)
+    GROUP_DELETED = 225
     # 235-249: issue 10, limits and access
     PERMISSION_DENIED = 235
     TOO_MANY_SUBSCRIPTIONS = 236
@@ -148,12 +150,33 @@ class ConnectionLostError(FutureQError):
     """The other side or the network broke the connection."""
 
 
+class SubscriptionEndedError(FutureQError):
+    """The server ended a subscription (a SUBSCRIPTION_END frame), e.g. its group was deleted.
+
+    Attributes:
+        code: The :class:`ErrorCode` the server gave (e.g. ``GROUP_DELETED``).
+        reason: The server's sentence.
+    """
+
+    def __init__(self, code: ErrorCode, reason: str) -> None:
+        super().__init__(f"[{code.name}] {reason}")
+        self.code = code
+        self.reason = reason
+
+
 class ClientClosedError(FutureQError):
     """The client was closed by its owner and then used."""
 
 
 class StorageError(FutureQError):
     """RocksDB failed or the data on disk is corrupt; the node stops."""
+
+
+class DataDirectoryInUseError(StorageError):
+    """Another process holds the data directory's lock: the same node runs twice.
+
+    ``futureq start`` refuses to run with exit code 2 (a configuration mistake).
+    """
 
 
 class NoSpaceError(StorageError):

@@ -373,6 +373,38 @@ def test_a_pod_beyond_the_initial_voters_joins_is_promoted_and_scales_down(
     client.close()
 
 
+def _same_state(k8s: K8sCluster, ordinal: int, leader: int) -> bool:
+    mine = k8s.connect(ordinal)
+    theirs = k8s.connect(leader)
+    try:
+        a, b = mine.status(), theirs.status()
+    finally:
+        mine.close()
+        theirs.close()
+    return a["applied_index"] == b["applied_index"] and a["applied_digest"] == b["applied_digest"]
+
+
+def test_a_pod_whose_volume_was_lost_recovers_under_its_old_id(k8s: K8sCluster) -> None:
+    """k8s/README.md, "A lost volume": nothing to do; the blank pod recovers by itself
+    (docs/raft.md, "Disk faults")."""
+    ordinals = list(range(k8s.renderer.replicas))
+    k8s.start_all(ordinals)
+    leader = leader_ordinal(k8s, ordinals)
+    client = k8s.connect(leader)
+    for start in range(0, 100, 50):
+        items = [[TOPIC, f"blank-{n}".encode(), 0, None, None] for n in range(start, start + 50)]
+        assert isinstance(client.publish(items), frames.PublishOk)
+    client.close()
+    victim = next(ordinal for ordinal in ordinals if ordinal != leader)
+    pod = k8s.pod(victim)
+    pod.kill()
+    shutil.rmtree(pod.pod.mounts["/var/lib/futureq"])
+    pod.start()
+    pod.wait_probe("readinessProbe", timeout_s=READY_TIMEOUT_S)
+    assert sorted(k8s.cluster_status(leader)["voters"]) == [1, 2, 3]  # type: ignore[call-overload]
+    wait_until(lambda: _same_state(k8s, victim, leader), 30, "the blank pod to catch up")
+
+
 def test_a_pod_whose_volume_was_lost_rejoins_through_the_runbook(k8s: K8sCluster) -> None:
     ordinals = list(range(k8s.renderer.replicas))
     k8s.start_all(ordinals)

@@ -273,7 +273,7 @@ def test_credentials_are_reloaded_on_sighup(tmp_path: Path) -> None:
         fresh = write_credentials(started.credentials, clients)
         os.kill(started.broker.pid, signal.SIGHUP)
         # con's subscription is no longer allowed: its connection is closed.
-        error = con.receive(timeout_s=10)
+        error = con.receive_answer(timeout_s=10)
         assert isinstance(error, frames.Error) and error.code == ErrorCode.AUTH_FAILED, error
         assert con.receive() is codec.CLOSED
         # pub's old secret was replaced: its connection is closed too, the new one works.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -366,6 +367,53 @@ async def disk_full(nemesis: Nemesis, hold_s: float) -> str:
     return f"node {victim} with RLIMIT_FSIZE {DISK_FULL_BYTES} B"
 
 
+#: How long a disk fault waits for its node to catch up before the next fault may start.
+DISK_HEAL_TIMEOUT_S = 60.0
+
+
+async def _wait_caught_up(nemesis: Nemesis, node_id: int) -> str:
+    """Wait until ``node_id`` answers ``/readyz`` 200: it finished its recovery and
+    applied what the leader committed. Disk faults come one at a time (docs/raft.md,
+    "Disk faults"): the next may only start once this node holds everything again."""
+    node = nemesis.cluster.nodes[node_id]
+    with trio.move_on_after(DISK_HEAL_TIMEOUT_S):
+        while not await node.ready():  # noqa: ASYNC110 - polls another process
+            await trio.sleep(0.2)
+        return "caught up"
+    return f"not caught up after {DISK_HEAL_TIMEOUT_S:.0f}s"
+
+
+async def wipe_node(nemesis: Nemesis, hold_s: float) -> str:
+    victim = nemesis.rng.choice(list(nemesis.cluster.nodes))
+    node = nemesis.cluster.nodes[victim]
+    nemesis.cluster.kill(victim)
+    shutil.rmtree(node.data_dir, ignore_errors=True)
+    await nemesis.restart_quietly(victim)  # same --node-id and --peers, empty directory
+    await trio.sleep(hold_s)
+    return f"wiped node {victim}'s data directory; {await _wait_caught_up(nemesis, victim)}"
+
+
+async def restore_old_copy(nemesis: Nemesis, hold_s: float) -> str:
+    leader = await nemesis.leader()
+    candidates = nemesis.others(leader) if leader is not None else list(nemesis.cluster.nodes)
+    victim = nemesis.rng.choice(candidates)
+    node = nemesis.cluster.nodes[victim]
+    copy = node.data_dir.parent / f"n{victim}.old-copy"
+    nemesis.cluster.kill(victim)  # a consistent copy needs the process stopped
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(node.data_dir, copy)
+    await nemesis.restart_quietly(victim)
+    await trio.sleep(hold_s)  # it acknowledges more than the copy holds
+    nemesis.cluster.kill(victim)
+    shutil.rmtree(node.data_dir, ignore_errors=True)
+    shutil.copytree(copy, node.data_dir)
+    await nemesis.restart_quietly(victim)
+    return (
+        f"node {victim} restarted from a copy {hold_s:.1f}s old; "
+        f"{await _wait_caught_up(nemesis, victim)}"
+    )
+
+
 FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in [
@@ -410,6 +458,18 @@ FAULTS: dict[str, Fault] = {
             1,
             disk_full,
         ),
+        Fault(
+            "wipe-node",
+            "SIGKILL a node, delete its data directory, start it again with the same id",
+            3,
+            wipe_node,
+        ),
+        Fault(
+            "restore-old-copy",
+            "copy a follower's data directory, let it acknowledge more, put the copy back",
+            3,
+            restore_old_copy,
+        ),
     ]
 }
 
@@ -428,4 +488,6 @@ MIXED = [
     "rolling-restart",
     "clock-skew",
     "clock-step",
+    "wipe-node",
+    "restore-old-copy",
 ]

@@ -199,6 +199,7 @@ async def run(options: RunOptions) -> RunOutcome:
                 with trio.move_on_after(options.time_s):
                     async with trio.open_nursery() as phase:
                         phase.start_soon(workload.run_producers)
+                        phase.start_soon(workload.run_churner)
                         if options.nemesis:
                             phase.start_soon(
                                 partial(nemesis.run, quiet_s=options.quiet_s, hold_s=options.hold_s)
@@ -206,6 +207,7 @@ async def run(options: RunOptions) -> RunOutcome:
                 history.record("run", phase="workload_end")
                 await nemesis.heal_all()
                 await cluster.wait_ready(timeout_s=30)
+                await workload.restore_churned()
                 history.record("run", phase="healed")
                 await _drain(workload, history, options)
                 history.record("run", phase="drain_end")

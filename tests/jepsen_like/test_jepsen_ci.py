@@ -99,6 +99,23 @@ async def test_mixed(tmp_path: Path) -> None:
     _check(await run(options))
 
 
+async def test_disk_faults(tmp_path: Path) -> None:
+    """A node's data directory wiped, or replaced by an older copy of itself, mixed with
+    kills: nothing acknowledged is lost (docs/raft.md, "Disk faults")."""
+    if await cluster_size() < 3:
+        pytest.skip("disk faults need a 3-node cluster")
+    options = await _options(
+        tmp_path,
+        14,
+        ("wipe-node", "restore-old-copy", "kill-leader"),
+        time_s=30,
+        rate=30,
+        quiet_s=(1, 2),
+        hold_s=(2, 4),
+    )
+    _check(await run(options))
+
+
 async def test_unsafe_ack_level_none_losses_are_detected(tmp_path: Path) -> None:
     """Publishes answered before they are durable, and the node killed: the checker
     must report lost messages (this is the checker's own end-to-end test)."""

@@ -5,11 +5,15 @@
 * :class:`SimNode` — a RaftCore over a MemoryStorage with a trivial replicated state
   machine (a hash chain of applied entries). A crash throws away the core and the
   state machine and rolls storage back to its last synced write; a restart rebuilds
-  both from storage, exactly as a real node would.
+  both from storage, exactly as a real node would. Disk faults (``docs/raft.md``,
+  "Disk faults"): a *wipe* gives a node an empty data directory with a new
+  incarnation; a *rollback* puts back an earlier durable copy of its own directory.
+  Every start has a new boot id and runs the core's recovery.
 * :class:`Checker` — safety invariants, checked after every step: at most one leader
   per term (paper §5.2 Election Safety), log matching (§5.3), leader completeness
   (§5.4), state machine safety (§5.4.3: the same entry digest at each applied index
-  everywhere), acknowledged proposals never lost, reads never stale (thesis §6.4).
+  everywhere), acknowledged proposals never lost, reads never stale (thesis §6.4),
+  and across disk faults a node's term and votes never go back as seen by peers.
 * :class:`SimCluster` — drives a :class:`Scenario` for one seed, then heals everything
   and checks liveness: a leader is elected and a proposal commits on every member.
 * Clocks (scenarios with ``clocks``): every node has a :class:`SimClock` (a wall clock
@@ -31,6 +35,7 @@ import hashlib
 import heapq
 import random
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 import msgpack
@@ -49,11 +54,17 @@ from futureq.raft.messages import (
     ConfChangeOp,
     Entry,
     EntryKind,
+    HardState,
     LogIndex,
     Membership,
     Message,
     NodeId,
+    NotMember,
     Ready,
+    RecoveryRequest,
+    RecoveryResponse,
+    RequestVote,
+    RequestVoteResponse,
     Snapshot,
     Term,
     decode_message,
@@ -139,24 +150,27 @@ class Scenario:
     clocks: bool = False
     clock_faults: bool = False
     max_clock_offset_ms: int = 400
+    disk_faults: bool = False
+    """Wipe a node's storage, or roll it back to an earlier copy of itself."""
 
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("lossy3", drop_rate=0.08, duplicate_rate=0.05, max_delay_ticks=4, crashes=True,
-             fault_rate=0.03, straggler_rate=0.01, tick_skip_rate=0.1),
-    Scenario("partition3", partitions=True, crashes=True, drop_rate=0.02),
+             fault_rate=0.03, straggler_rate=0.01, tick_skip_rate=0.1, disk_faults=True),
+    Scenario("partition3", partitions=True, crashes=True, drop_rate=0.02, disk_faults=True),
     Scenario("partition5", voters=5, partitions=True, crashes=True, max_crashed=2),
-    Scenario("crash5", voters=5, crashes=True, max_crashed=2, drop_rate=0.03, fault_rate=0.1),
+    Scenario("crash5", voters=5, crashes=True, max_crashed=2, drop_rate=0.03, fault_rate=0.1,
+             disk_faults=True),
     Scenario("snapshot3", compaction_every=6, crashes=True, partitions=True, drop_rate=0.03,
-             wire_roundtrip=True, straggler_rate=0.01),
+             wire_roundtrip=True, straggler_rate=0.01, disk_faults=True),
     Scenario("membership", voters=3, spares=3, membership_changes=True, crashes=True,
-             partitions=True, compaction_every=10, fault_rate=0.1),
+             partitions=True, compaction_every=10, fault_rate=0.1, disk_faults=True),
     Scenario("transfer_read5", voters=5, transfers=True, reads=True, partitions=True,
              crashes=True, drop_rate=0.02, straggler_rate=0.01, tick_skip_rate=0.05),
     Scenario("chaos5", voters=5, spares=2, partitions=True, crashes=True, max_crashed=2,
              membership_changes=True, compaction_every=8, transfers=True, reads=True,
              drop_rate=0.04, duplicate_rate=0.03, max_delay_ticks=4, fault_rate=0.1,
-             straggler_rate=0.005, tick_skip_rate=0.05),
+             straggler_rate=0.005, tick_skip_rate=0.05, disk_faults=True),
     Scenario("figure8_5", voters=5, crashes=True, max_crashed=2, leader_faults=True,
              max_append_bytes=1, max_inflight=2, drop_rate=0.05, max_delay_ticks=5,
              fault_rate=0.15, propose_rate=0.5),
@@ -263,6 +277,16 @@ class SimNetwork:
                 if group_of[a] != group_of[b]:
                     self.blocked.add((a, b))
 
+    def drop_from(self, node: NodeId) -> None:
+        """Lose every message ``node`` sent that is still in flight.
+
+        Used when a node's disk is replaced: that takes the node down for longer than
+        any message stays in flight (a TCP connection dies with its process), so its
+        old messages arrived already or never will.
+        """
+        self._queue = [item for item in self._queue if item[2].from_id != node]
+        heapq.heapify(self._queue)
+
     def cut_one_way(self, a: NodeId, b: NodeId) -> None:
         """Asymmetric partition: messages from ``a`` to ``b`` are lost."""
         self.blocked.add((a, b))
@@ -306,11 +330,22 @@ class StateMachine:
 
 
 class SimNode:
-    """One server: storage survives crashes (up to its last sync), the rest does not."""
+    """One server: storage survives crashes (up to its last sync), the rest does not.
 
-    def __init__(self, node_id: NodeId, config: RaftConfig, membership: Membership) -> None:
+    Args:
+        node_id: Its id.
+        config: Its core's configuration (incarnation and boot id are set per start).
+        membership: The membership of a new data directory (empty for a joining node).
+        incarnation: The stamp of its first data directory.
+    """
+
+    def __init__(
+        self, node_id: NodeId, config: RaftConfig, membership: Membership, incarnation: int = 1
+    ) -> None:
         self.id = node_id
         self.config = config
+        self.bootstrap_membership = membership
+        self.incarnation = incarnation
         self.storage = MemoryStorage(membership)
         self.synced_hard_state = self.storage.hard_state()
         self.core: RaftCore | None = None
@@ -339,6 +374,8 @@ class SimNode:
             self.keeper = TimeKeeper(
                 self.id, self.time_config, mono_us=self.mono_us(), wall_us=self.wall_us()
             )
+        self.copies: list[Any] = []
+        """Earlier durable copies of its data directory, oldest first."""
 
     @property
     def up(self) -> bool:
@@ -350,10 +387,37 @@ class SimNode:
         assert self.core is None
         self.sm = StateMachine()
         self.sm.restore(self.storage.snapshot().data)
-        self.core = RaftCore(self.config, self.storage, rng)
+        self.core = RaftCore(self._start_config(rng), self.storage, rng)
         assert self.core.log.applied == self.sm.applied_index
         self.last_committed_seen = self.core.log.committed
         self.start_keeper()
+
+    def _start_config(self, rng: random.Random) -> RaftConfig:
+        """This start's core configuration: the directory's incarnation, a new boot id."""
+        return attrs.evolve(
+            self.config, incarnation=self.incarnation, boot_id=rng.getrandbits(63) or 1
+        )
+
+    def durable_copy(self) -> Any:
+        """A copy of what is on disk now (what a crash at this moment would leave)."""
+        storage = self.storage.clone()
+        storage.set_hard_state(self.synced_hard_state)
+        return (self.incarnation, storage)
+
+    def restore_copy(self, copy: Any) -> None:
+        """Put an earlier :meth:`durable_copy` back in place (the node must be down)."""
+        assert self.core is None
+        incarnation, storage = copy
+        self.incarnation = incarnation
+        self.storage = storage.clone()
+        self.synced_hard_state = self.storage.hard_state()
+
+    def wipe(self, incarnation: int) -> None:
+        """Replace the data directory with a new, empty one (the node must be down)."""
+        assert self.core is None
+        self.incarnation = incarnation
+        self.storage = MemoryStorage(self.bootstrap_membership)
+        self.synced_hard_state = self.storage.hard_state()
 
     def crash(self) -> None:
         """Lose the process: core and state machine gone, unsynced writes rolled back."""
@@ -386,6 +450,60 @@ class Checker:
         self.committed: dict[LogIndex, tuple[Term, Term]] = {}
         self.max_committed = LogIndex(0)
         self.acked: dict[bytes, LogIndex] = {}
+        # Disk faults (docs/raft.md): what peers saw of each node, and what it must keep.
+        self.term_seen: dict[NodeId, Term] = {}
+        self.votes_given: dict[tuple[NodeId, Term], NodeId] = {}
+        self.term_floor: dict[NodeId, Term] = {}
+
+    def delivered(self, message: Message) -> None:
+        """A peer received ``message``: a node's term and votes never go back as seen by
+        peers, across disk faults (``docs/raft.md``, "Disk faults").
+
+        Messages of a recovering node (which says so) and of the recovery exchange carry
+        its durable state, which a disk fault may have turned back; they are allowed to.
+        """
+        if message.sender.recovering or isinstance(
+            message, RecoveryRequest | RecoveryResponse | NotMember
+        ):
+            return
+        node = message.from_id
+        if isinstance(message, RequestVoteResponse):
+            if message.pre_vote:
+                return  # a pre-vote grant names the term asked about, not the voter's own
+            if message.granted:
+                key = (node, message.term)
+                known = self.votes_given.setdefault(key, message.to_id)
+                if known != message.to_id:
+                    raise InvariantViolation(
+                        f"node {node} voted for {known} and for {message.to_id} in term "
+                        f"{message.term}"
+                    )
+        term = Term(message.term - 1) if isinstance(message, RequestVote) and (
+            message.pre_vote
+        ) else message.term
+        floor = self.term_floor.get(node)
+        if floor is not None and term < floor:
+            raise InvariantViolation(
+                f"node {node} acts in term {term} after its disk fault, but peers had seen it "
+                f"in term {floor}"
+            )
+        if term > self.term_seen.get(node, 0):
+            self.term_seen[node] = term
+
+    def disk_fault(self, node: NodeId) -> None:
+        """``node`` lost its disk: from now on it must act in terms at least as high as
+        any peer has seen it use."""
+        self.term_floor[node] = max(self.term_floor.get(node, Term(0)), self.term_seen.get(node, Term(0)))
+
+    def hard_state_written(self, node: NodeId, before: HardState, after: HardState) -> None:
+        """A node's durable term never goes back, nor its vote within a term."""
+        if after.term < before.term or (
+            after.term == before.term and before.vote is not None and after.vote != before.vote
+        ):
+            raise InvariantViolation(
+                f"node {node} wrote hard state term {after.term} vote {after.vote} over "
+                f"term {before.term} vote {before.vote}"
+            )
 
     def leader_seen(self, node: SimNode, core: RaftCore) -> None:
         """Election Safety (§5.2) and Leader Completeness (§5.4) for a leader."""
@@ -480,12 +598,17 @@ class SimCluster:
         self._proposal_counter = 0
         self._read_counter = 0
         self.crash_count = 0
+        self.disk_faults = 0
+        self.disk_faulted: NodeId | None = None
         self.trace: list[str] = []
         self.bad_clocks: set[NodeId] = set()
         self.dispatch_steps = 0
         self.clock_faults = 0
 
     # --- plumbing ------------------------------------------------------------------------
+
+    def _new_incarnation(self) -> int:
+        return self.rng.getrandbits(63) or 1
 
     def _config(self, node_id: NodeId) -> RaftConfig:
         s = self.scenario
@@ -497,10 +620,13 @@ class SimCluster:
             max_inflight_messages=s.max_inflight,
             snapshot_chunk_bytes=s.snapshot_chunk_bytes,
             max_committed_bytes_per_ready=256,
+            recovery=True,
+            boot_id=1,  # replaced at every start
+            member_record_ticks=40,
         )
 
     def _add_node(self, node_id: NodeId, membership: Membership) -> SimNode:
-        node = SimNode(node_id, self._config(node_id), membership)
+        node = SimNode(node_id, self._config(node_id), membership, self._new_incarnation())
         self.equip(node)
         self.nodes[node_id] = node
         node.start(random.Random(self.rng.getrandbits(64)))
@@ -536,6 +662,8 @@ class SimCluster:
             ready = core.ready()
             if node.keeper is not None:
                 node.keeper.on_ready(ready, node.mono_us())
+            if ready.hard_state is not None:
+                self.checker.hard_state_written(node.id, node.storage.hard_state(), ready.hard_state)
             node.persist(ready)
             self.checker.persisted(node.storage, ready.entries)
             if node.crash_after_persist:
@@ -598,6 +726,7 @@ class SimCluster:
                     if answer is not None:
                         self._send(answer)
                 continue
+            self.checker.delivered(message)
             target.core.step(message)
             self.process(target)
         if self.scenario.clocks:
@@ -703,6 +832,8 @@ class SimCluster:
             choices += ["crash_leader", "crash_leader", "isolate_leader", "heal"]
         if s.clock_faults:
             choices += ["clock_step", "clock_step", "clock_skew", "clock_drift", "clock_heal"]
+        if s.disk_faults:
+            choices += ["wipe", "rollback"]
         if not choices:
             return
         kind = self.rng.choice(choices)
@@ -850,6 +981,59 @@ class SimCluster:
         clock.wall_offset_us += target - clock.wall_error_us(true_us)
         self.bad_clocks.discard(node.id)
         self._log(f"clock of {node.id} fixed, {target / 1000:+.1f} ms off")
+    # --- disk faults (docs/raft.md, "Disk faults") ----------------------------------------
+
+    def take_copy(self) -> None:
+        """Copy one node's data directory as it is on disk now (kept for a rollback)."""
+        node = self.nodes[self.rng.choice(sorted(self.nodes))]
+        node.copies.append(node.durable_copy())
+        if len(node.copies) > 3:
+            del node.copies[self.rng.randrange(len(node.copies) - 1)]
+
+    def _disk_fault_allowed(self) -> bool:
+        """One disk at a time: the last node that lost its disk has recovered and caught
+        up past the best log it heard of (its vote floor is gone)."""
+        if self.disk_faulted is None:
+            return True
+        core = self.nodes[self.disk_faulted].core
+        if core is None or core.recovering or core.recovery_status().vote_floor is not None:
+            return False
+        self.disk_faulted = None
+        return True
+
+    def _disk_fault(self, node: SimNode, what: str) -> None:
+        """Stop ``node`` (if up), let its in-flight messages go, change its disk, start it."""
+        if node.core is not None:
+            node.crash()
+        self.network.drop_from(node.id)
+        self.checker.disk_fault(node.id)
+        self.disk_faults += 1
+        self.disk_faulted = node.id
+        self._log(f"{what} {node.id}, restart it")
+        node.start(random.Random(self.rng.getrandbits(64)))
+        self.process(node)
+
+    def _fault_wipe(self) -> None:
+        if not self._disk_fault_allowed():
+            return
+        node = self.nodes[self.rng.choice(sorted(self.nodes))]
+        if node.core is not None:
+            node.crash()
+        node.wipe(self._new_incarnation())
+        self._disk_fault(node, "wipe")
+
+    def _fault_rollback(self) -> None:
+        if not self._disk_fault_allowed():
+            return
+        candidates = [n for _, n in sorted(self.nodes.items()) if n.copies]
+        if not candidates:
+            return
+        node = self.rng.choice(candidates)
+        copy = node.copies[self.rng.randrange(len(node.copies))]
+        if node.core is not None:
+            node.crash()
+        node.restore_copy(copy)
+        self._disk_fault(node, "roll back")
 
     def _conf_change(self, change: ConfChange) -> bool:
         leader = self.leader()
@@ -903,7 +1087,10 @@ class SimCluster:
         if not voters:
             return
         target = self.rng.choice(voters)
-        leader.core.transfer_leadership(target)
+        try:
+            leader.core.transfer_leadership(target)
+        except ProposalDroppedError:
+            return  # the target is recovering after a restart
         self._log(f"transfer {leader.id} -> {target}")
         self.process(leader)
 
@@ -938,8 +1125,11 @@ class SimCluster:
                 self.read()
             if s.compaction_every:
                 self.compact()
+            if s.disk_faults and self.rng.random() < 0.04:
+                self.take_copy()
             self.step()
         self.check_liveness()
+        self.check_acknowledged_kept()
 
     def check_liveness(self, budget_ticks: int = 300) -> None:
         """Heal the network, restart every node, and require progress (paper §5.2)."""
@@ -996,6 +1186,23 @@ class SimCluster:
             f"liveness: no leader committed a proposal on all members within {budget_ticks} "
             f"ticks after healing; nodes (role, term, commit, applied): {states}"
         )
+
+
+    def check_acknowledged_kept(self) -> None:
+        """After the liveness phase: every acknowledged proposal is still in the log of
+        the leader, at its index (or covered by its snapshot) — none was lost."""
+        leader = self.leader()
+        assert leader is not None and leader.core is not None
+        log = leader.core.log
+        for payload, index in sorted(self.checker.acked.items()):
+            if index < log.first_index():
+                continue  # in its snapshot, which only holds committed state
+            (entry,) = log.slice(index, LogIndex(index + 1))
+            if entry.data != payload:
+                raise InvariantViolation(
+                    f"acknowledged proposal {payload!r} at index {index} is lost: the leader "
+                    f"{leader.id} holds {entry.data!r} there"
+                )
 
 
 def run_seed(seed: int) -> SimCluster:

@@ -390,6 +390,8 @@ _RULES: dict[frames.FrameType, Callable[[Principal, Any], None]] = {
     frames.FrameType.CREDIT: _check_consume_any,
     frames.FrameType.ACK: _check_consume_any,
     frames.FrameType.NACK: _check_consume_any,
+    frames.FrameType.EXTEND: _check_consume_any,
+    frames.FrameType.RELEASE: _check_consume_any,
     frames.FrameType.GROUP_CREATE: lambda p, f: _topic_check(
         p, p.permissions.manage_groups, f.topic, "manage the groups of"
     ),

@@ -86,6 +86,8 @@ class Broker:
         self.clock = clock
         self.metrics = metrics
         self.limits = config.limits.request_limits()
+        self.group_settings = config.queue.group_settings()
+        """Defaults this node resolves into commands that create groups when it leads."""
         self.node_id = config.server.node_id
         self.started_s = clock.monotonic_s()
         self.ready = False
@@ -96,6 +98,9 @@ class Broker:
         self.leader_epoch = 0
         self._epoch_changed = trio.Event()
         metrics.set_group_counts_provider(self.group_counts)
+        # Counted where subscriptions live, so one the server ends (group deleted,
+        # leadership lost) never leaves the gauge behind.
+        metrics.subscriptions.set_function(lambda: len(hub.consumers))
 
     # ------------------------------------------------------------ leadership
 
@@ -171,7 +176,7 @@ class Broker:
         ):
             await trio.lowlevel.checkpoint()  # a 10,000-item batch must not hold the loop
         self._check_new_groups(validated)
-        command = commands.publish(publish_ms, validated)
+        command = commands.publish(publish_ms, validated, self.group_settings)
         if ack_level == frames.AckLevel.LEADER:
             index = await self.log.propose_durable(command)
             self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
@@ -279,6 +284,7 @@ class Broker:
                 if member in progress:
                     entry["match_index"] = progress[member]["match"]
                     entry["lag"] = max(0, commit_index - progress[member]["match"])
+                    entry["recovering"] = progress[member]["recovering"]
                 members.append(entry)
             view = {
                 "role": role,
@@ -290,6 +296,7 @@ class Broker:
                 "voters": sorted(voters),
                 "learners": sorted(learners),
                 "nodes": members,
+                "recovering": node.recovering(),  # type: ignore[attr-defined]
             }
         view["node_id"] = self.node_id
         view["cluster_id"] = self.config.cluster.cluster_id
@@ -404,6 +411,7 @@ class Broker:
                         commit = cluster.commit_index  # type: ignore[attr-defined]
                         if (
                             progress is not None
+                            and not progress.get("recovering", False)
                             and progress["match"] + PROMOTE_LAG_ENTRIES >= commit
                         ):
                             try:
@@ -462,6 +470,10 @@ class Broker:
     ) -> GroupInfo:
         """Create (or adopt, or update) a consumer group through the log.
 
+        A None setting keeps an existing group's value; a new group gets this node's
+        configured default (``[queue]``), resolved here, by the leader, into the
+        command (``DESIGN.md``, "Apply reads nothing node-local").
+
         Raises:
             RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT.
         """
@@ -492,7 +504,9 @@ class Broker:
         ):
             self._require_space()
             await self.log.propose(
-                commands.create_group(topic, group, visibility_timeout_ms, max_deliveries)
+                commands.create_group(
+                    topic, group, visibility_timeout_ms, max_deliveries, self.group_settings
+                )
             )
             info = self.state.find_group(topic, group)
         assert info is not None
@@ -527,6 +541,12 @@ class Broker:
                 f"prefetch must be between 1 and {max_prefetch}, got {prefetch}",
             )
         info = await self.ensure_group(topic, group)
+        self._require_leader()
+        if self.state.groups.get(info.group_id) is not info:
+            # Deleted while we waited for the group's creation to commit.
+            raise RequestError(
+                ErrorCode.UNAVAILABLE, f"group {group!r} of topic {topic!r} is changing; retry"
+            )
         consumer = Consumer(
             self.hub.new_subscription_id(),
             info.group_id,
@@ -535,18 +555,24 @@ class Broker:
             connection_id,
             outbox,
             prefetch,
+            prefetch=prefetch,
         )
         self.hub.add_consumer(consumer)
-        self.metrics.subscriptions.inc()
         self.dispatcher.kick()
         return consumer
+
+    def announce_settings(self, consumer: Consumer) -> None:
+        """Send a new subscription its group's settings (SUBSCRIPTION_INFO), after
+        SUBSCRIBE_OK and before any DELIVER."""
+        info = self.state.groups.get(consumer.group_id)
+        if info is not None:
+            self.hub.send_settings(consumer, info)
 
     def unsubscribe(self, consumer: Consumer) -> None:
         """Leave; unacked deliveries go back to the group (each counts as an attempt)."""
         if consumer.closed and consumer.subscription_id not in self.hub.consumers:
             return
         self.hub.remove_consumer(consumer, self.clock.wall_ms())
-        self.metrics.subscriptions.dec()
         self.dispatcher.kick()
 
     def wake_all_consumers(self) -> None:
@@ -564,6 +590,35 @@ class Broker:
             subscription_id, connection_id, credit, self.config.limits.max_prefetch
         )
         self.dispatcher.kick()
+
+    async def release(self, connection_id: int, tags: list[bytes]) -> int:
+        """Give deliveries back unprocessed: due again at once, their attempt not counted
+        towards ``max_deliveries``. Durable on return.
+
+        Raises:
+            RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index).
+        """
+        self._require_leader()
+        validation.check_tags(tags, self.limits)
+        flights = self.hub.claim_tags(tags, connection_id)
+        entries = [(flight.key, flight.attempt) for flight in flights]
+        try:
+            done = await self.log.propose(commands.release(entries))
+        except BaseException:
+            self.hub.unclaim(flights, self.clock.wall_ms())
+            raise
+        return int(done)
+
+    def extend(self, connection_id: int, tags: list[bytes], visibility_ms: int) -> int:
+        """Keep deliveries: each is visible again ``visibility_ms`` after now (leader-local).
+
+        Raises:
+            RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index),
+                INVALID_ARGUMENT (``visibility_ms`` outside 1 .. 12 h).
+        """
+        self._require_leader()
+        validation.check_tags(tags, self.limits)
+        return self.hub.extend(tags, connection_id, visibility_ms, self.clock.wall_ms())
 
     async def ack(self, connection_id: int, tags: list[bytes]) -> int:
         """Acknowledge deliveries; returns how many were removed. Durable on return.
@@ -744,6 +799,7 @@ class Broker:
                 for info in self.state.topic_groups(topic):
                     c = self._group_row(info, now_ms)
                     listed += 1
+                    runtime = self.hub.groups.get(info.group_id)
                     groups.append(
                         {
                             "group": info.name,
@@ -753,12 +809,29 @@ class Broker:
                             "consumers": c.consumers,
                             "visibility_timeout_ms": info.visibility_timeout_ms,
                             "max_deliveries": info.max_deliveries,
+                            # Each consumer's flow control: a stall shows as credit 0
+                            # with in_flight at the prefetch.
+                            "subscriptions": [
+                                {
+                                    "subscription_id": consumer.subscription_id,
+                                    "prefetch": consumer.prefetch,
+                                    "credit": consumer.credit,
+                                    "in_flight": len(consumer.in_flight),
+                                }
+                                for consumer in (runtime.consumers if runtime else [])
+                            ],
                         }
                     )
                 topics.append({"topic": topic, "groups": groups})
             if not truncated:
                 yield
+        deleting = [
+            {"topic": d.topic, "group": d.name, "pending": d.pending}
+            for _, d in sorted(self.state.deleting.items())
+            if visible is None or visible(d.topic)
+        ]
         return {
+            "deleting_groups": deleting,
             "node_id": self.node_id,
             "role": self.cluster_status()["role"],
             "leader_address": self.log.leader_address(),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from futureq.config import split_host_port
 from futureq.errors import ConfigError, ErrorCode, FutureQError, RequestError
 from futureq.peer_credentials import (
     CredentialError,
@@ -44,6 +45,38 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOIN_RETRY_MAX_S = 5.0
+SELF_PROBE_TIMEOUT_S = 1.0
+"""How long the start-up check waits to connect to this node's own peer address."""
+
+
+async def refuse_if_node_already_runs(config: Config) -> None:
+    """Refuse to start when another process already serves this node id.
+
+    The Raft address ``cluster.peers`` gives for this node is where the other members
+    send its messages. Before this node listens, nothing should answer there; if
+    something does, another process runs this node id (with another data directory,
+    or on another machine) and two would compete for one identity (``docs/raft.md``,
+    "Disk faults"; etcd likewise refuses a member id that is already in use).
+
+    Raises:
+        ConfigError: something accepts connections on that address.
+    """
+    node_id = config.server.node_id
+    address = config.cluster.peer_map().get(node_id)
+    if address is None:
+        return  # a joining node: join_cluster refuses an id that is already a member
+    host, port = split_host_port(address)
+    with trio.move_on_after(SELF_PROBE_TIMEOUT_S):
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError:
+            return  # nobody there: the address is ours to take
+        await stream.aclose()
+        raise ConfigError(
+            f"node {node_id}'s Raft address {address} (from --peers) already accepts "
+            f"connections: another process runs node {node_id}; stop it, or give this "
+            "process its own --node-id"
+        )
 
 
 def finish_interrupted_restore(config: Config, db: Database) -> bool:
@@ -180,6 +213,9 @@ def build_raft_log(
             bootstrap_voters=frozenset(peers),
             client_address=client_address,
             max_clock_offset_ms=cluster.max_clock_offset_ms,
+            cluster_id=cluster.cluster_id,
+            member_record_ticks=max(1, cluster.member_record_ms // cluster.tick_ms),
+            new_cluster=cluster.initial_cluster_state == "new",
         ),
         storage,
         transport,
@@ -248,9 +284,21 @@ async def export_raft_metrics(node: RaftNode, transport: Transport, metrics: Met
 
 
 async def stop_when_removed(node: RaftNode, node_id: int, shutdown: trio.Event) -> None:
-    """Shut this node down once it has applied its own removal from the membership."""
+    """Shut this node down once it has applied its own removal from the membership, or
+    a member told it that it was removed (it missed the removal while away)."""
     was_member = False
+    epoch = node.role_epoch
     while True:
+        removed_at = node.removed_at()
+        if removed_at is not None:
+            log.warning(
+                "node %d was removed from the cluster at log index %d (a member told it; it "
+                "missed its removal while away); shutting down",
+                node_id,
+                removed_at,
+            )
+            shutdown.set()
+            return
         voters, learners = node.membership()
         member = node_id in voters or node_id in learners
         if member:
@@ -259,7 +307,8 @@ async def stop_when_removed(node: RaftNode, node_id: int, shutdown: trio.Event) 
             log.warning("node %d was removed from the cluster; shutting down", node_id)
             shutdown.set()
             return
-        await trio.sleep(RAFT_METRICS_INTERVAL_S)
+        with trio.move_on_after(RAFT_METRICS_INTERVAL_S):
+            epoch = await node.wait_role_change(epoch)
 
 
 def join_ssl_context(config: Config) -> ssl.SSLContext | None:

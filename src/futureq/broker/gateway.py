@@ -684,7 +684,14 @@ class Connection:
                     frames.SubscribeOk(frame.request_id, consumer.subscription_id),
                     frame.request_id,
                 )
+                broker.announce_settings(consumer)
                 return None
+            case frames.Extend():
+                return frames.Ok(
+                    frame.request_id, broker.extend(self.id, frame.tags, frame.visibility_ms)
+                )
+            case frames.Release():
+                return frames.Ok(frame.request_id, await broker.release(self.id, frame.tags))
             case frames.Unsubscribe():
                 found = self.subscriptions.pop(frame.subscription_id, None)
                 if found is None:

@@ -24,12 +24,12 @@ from futureq import __version__
 from futureq.clock import Clock, SystemClock
 from futureq.config import Config, split_host_port
 from futureq.data_tools import check_data_fits_mode
-from futureq.errors import ConfigError, FutureQError, StorageError
+from futureq.errors import ConfigError, DataDirectoryInUseError, FutureQError, StorageError
 from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
 from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
-from futureq.state.queue_state import Defaults, QueueState
+from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
 from futureq.storage.space import SpaceAlarm
 
@@ -41,6 +41,7 @@ from .cluster import (
     finish_interrupted_restore,
     follow_leadership,
     join_cluster,
+    refuse_if_node_already_runs,
     stop_when_removed,
 )
 from .cluster_time import ClusterTime, run_standalone_clock
@@ -163,9 +164,7 @@ async def serve(
         check_data_fits_mode(db, clustered=config.cluster.clustered)
         if config.cluster.clustered:
             finish_interrupted_restore(config, db)
-        state = QueueState(
-            db, Defaults(config.queue.visibility_timeout_ms, config.queue.max_deliveries)
-        )
+        state = QueueState(db)
         host, port = split_host_port(config.server.listen)
         try:
             listeners = await trio.open_tcp_listeners(port, host=host)
@@ -243,6 +242,7 @@ async def serve(
             raft_address = ""
             if isinstance(command_log, RaftNode):
                 assert transport is not None
+                await refuse_if_node_already_runs(config)
                 try:
                     raft_address = await root.start(transport.run)
                 except OSError as exc:
@@ -401,12 +401,17 @@ def run(config: Config) -> int:
     """Run a node in this process until it is stopped; return the exit code.
 
     Returns:
-        0 after a graceful shutdown, 2 for a configuration the node cannot run with,
-        3 on a storage failure, 4 when a listener cannot be bound.
+        0 after a graceful shutdown, 2 for a configuration the node cannot run with
+        (another process already runs this node id or uses this data directory
+        included), 3 on a storage failure, 4 when a listener cannot be bound.
     """
     try:
         trio.run(serve, config)
     except BaseException as error:  # sorted below; anything else propagates unchanged
+        in_use = _first(error, DataDirectoryInUseError)
+        if in_use is not None:
+            print(f"futureq: {in_use}", file=sys.stderr)
+            return EXIT_CONFIG
         storage = _first(error, StorageError)
         if storage is not None:
             log.error("storage failure: %s", storage)

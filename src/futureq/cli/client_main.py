@@ -788,6 +788,20 @@ async def _status(client: Client, args: argparse.Namespace, io: Output) -> int:
         _table("consumer groups", _GROUP_COLUMNS, rows, io)
     else:
         io.out("no topics yet")
+    subscriptions = [
+        {"topic": row["topic"], "group": row["group"], **sub}
+        for row in rows
+        for sub in row.get("subscriptions", [])
+    ]
+    if subscriptions:
+        # Credit 0 with in_flight = prefetch is a consumer that holds its whole window.
+        columns = ("topic", "group", "subscription_id", "prefetch", "credit", "in_flight")
+        _table("subscriptions (credit and deliveries held)", columns, subscriptions, io)
+    for deleting in status.get("deleting_groups", []):
+        io.out(
+            f"group {deleting['group']!r} of topic {deleting['topic']!r} was deleted; "
+            f"{deleting['pending']} entries left to purge"
+        )
     return EXIT_OK
 
 

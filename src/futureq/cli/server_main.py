@@ -139,6 +139,15 @@ _FLAGS: tuple[_Flag, ...] = (
         "name shared by every node of the cluster",
     ),
     _Flag(
+        ("--initial-cluster-state",),
+        "cluster",
+        "initial_cluster_state",
+        "new|existing",
+        "new: this start forms a brand-new cluster, with a majority of blank voters; "
+        "never use it to restart a node",
+        choices=("new", "existing"),
+    ),
+    _Flag(
         ("--cluster-secret-file",),
         "cluster",
         "secret_file",

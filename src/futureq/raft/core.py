@@ -18,7 +18,12 @@ Implemented, with the rule each part follows:
 * InstallSnapshot in chunks (paper §7, thesis §5);
 * single-server membership changes with learners (thesis §4.1, §4.2), including
   removal of the leader (thesis §4.2.2);
-* leadership transfer (thesis §3.10) and ReadIndex reads (thesis §6.4).
+* leadership transfer (thesis §3.10) and ReadIndex reads (thesis §6.4);
+* recovery after a start whose disk may have forgotten what it acknowledged (wiped,
+  or an older copy): no votes, campaigns or quorum counting until every other voter
+  answered (Viewstamped Replication Revisited §4.3), a member registry in the log, and
+  a "not a member" answer to nodes that missed their removal (``docs/raft.md``,
+  "Disk faults").
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from futureq.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
     ConfChange,
+    ConfChangeOp,
     Entry,
     EntryKind,
     HardState,
@@ -49,21 +55,28 @@ from futureq.raft.messages import (
     InstallSnapshot,
     InstallSnapshotResponse,
     LogIndex,
+    MemberRecord,
     Membership,
     Message,
     NodeId,
+    NotMember,
     ReadIndex,
     ReadIndexResponse,
     ReadState,
     Ready,
+    RecoveryRequest,
+    RecoveryResponse,
+    Registry,
     RequestVote,
     RequestVoteResponse,
+    Sender,
     Snapshot,
     SnapshotMetadata,
     Term,
     TimeoutNow,
     decode_config_change,
     encode_config_change,
+    encode_registry,
 )
 from futureq.raft.progress import Progress, ProgressState, SnapshotReceiver
 from futureq.raft.quorum import (
@@ -76,6 +89,8 @@ from futureq.raft.quorum import (
     validate_conf_change,
     vote_result,
 )
+from futureq.raft.recovery import Configurations, Position, Recovery
+from futureq.raft.registry import RegistryHistory
 from futureq.raft.storage import CompactedError
 
 if TYPE_CHECKING:
@@ -129,6 +144,21 @@ class RaftConfig:
         pre_vote: Run a PreVote round before a real election (thesis §9.6).
         check_quorum: Leader steps down without a live quorum, and followers in
             touch with a leader ignore vote requests (thesis §6.2, §4.2.3).
+        incarnation: Random id of this node's data directory, stamped when it was
+            created (0: not stamped); carried in every message (``docs/raft.md``).
+        boot_id: Random id of this start of the process (0: unknown); the nonce of the
+            recovery exchange. Must be non-zero when ``recovery`` is on.
+        recovery: Start in the RECOVERING state: no votes, no campaigns, not counted
+            in any quorum, until every other voter answered a RecoveryRequest; then
+            take the highest term heard (abstaining in it) and vote only for logs at
+            least as up to date as the k-th best one heard (``docs/raft.md``, "Disk
+            faults").
+        member_record_ticks: A leader writes the member registry (incarnations and
+            acknowledged positions) at most this often when it changed; at once when
+            an incarnation changed. 0 turns the registry off.
+        new_cluster: This is the first start of a new data directory and the operator
+            declared a brand-new cluster: recovery may end once a majority of the voters
+            answered with empty logs (``--initial-cluster-state new``).
     """
 
     node_id: NodeId
@@ -140,6 +170,11 @@ class RaftConfig:
     max_committed_bytes_per_ready: int = 8 << 20
     pre_vote: bool = True
     check_quorum: bool = True
+    incarnation: int = 0
+    boot_id: int = 0
+    recovery: bool = False
+    member_record_ticks: int = 0
+    new_cluster: bool = False
 
     def __attrs_post_init__(self) -> None:
         checks = [
@@ -156,6 +191,11 @@ class RaftConfig:
              self.snapshot_chunk_bytes >= 1, ">= 1"),
             ("max_committed_bytes_per_ready", self.max_committed_bytes_per_ready,
              self.max_committed_bytes_per_ready >= 1, ">= 1"),
+            ("incarnation", self.incarnation, self.incarnation >= 0, ">= 0"),
+            ("boot_id", self.boot_id, self.boot_id > 0 or not self.recovery,
+             "> 0 when recovery is on"),
+            ("member_record_ticks", self.member_record_ticks, self.member_record_ticks >= 0,
+             ">= 0"),
         ]  # fmt: skip
         for key, value, ok, allowed in checks:
             if not ok:
@@ -169,6 +209,29 @@ class Role(enum.Enum):
     PRE_CANDIDATE = "pre_candidate"
     CANDIDATE = "candidate"
     LEADER = "leader"
+
+
+@attrs.frozen
+class RecoveryStatus:
+    """Where a node stands after a start (``docs/raft.md``, "Disk faults").
+
+    Attributes:
+        recovering: Still waiting for answers: no votes, campaigns or quorum counting.
+        waiting_for: Voters whose answer is still missing.
+        findings: Sentences about this node's data directory learned from the
+            answers (an incarnation the registry does not know, an acknowledgement
+            the directory does not hold).
+        vote_floor: ``(term, index)``: the k-th most up-to-date log heard (k: a majority
+            of the voters less this node). Until this node's own log reaches it, it votes
+            only for candidates at least that far and does not campaign.
+        removed_at: A member said this node was removed at this index (None: no).
+    """
+
+    recovering: bool
+    waiting_for: tuple[NodeId, ...]
+    findings: tuple[str, ...]
+    vote_floor: Position | None
+    removed_at: LogIndex | None
 
 
 class _Campaign(enum.Enum):
@@ -209,10 +272,12 @@ class RaftCore:
         self._rng = rng
         self.log = RaftLog(storage, applied)
         hard_state, base_membership = storage.initial_state()
-        snapshot_index = storage.snapshot().metadata.index
+        snapshot_metadata = storage.snapshot().metadata
+        snapshot_index = snapshot_metadata.index
         assert self.log.applied >= snapshot_index, "applied index is behind the snapshot"
         self._memberships = MembershipHistory(snapshot_index, base_membership)
-        self._memberships.scan(storage)
+        self._registry = RegistryHistory(snapshot_index, snapshot_metadata.registry)
+        self._scan_stored_log(storage)
         self.term: Term = hard_state.term
         self.vote: NodeId | None = hard_state.vote
         self.log.commit_to(LogIndex(max(hard_state.commit, snapshot_index)))
@@ -239,7 +304,32 @@ class RaftCore:
         """Set by the driver: False while this node may not lead (its clock is not
         synchronized or outside the bound, ``docs/architecture.md``, "Time"). It then
         neither campaigns nor answers TimeoutNow; it still votes."""
+        # How far this term's AppendEntries showed our log to match the leader's.
+        self._leader_match = LogIndex(0)
+        # Disk faults (docs/raft.md): the recovery exchange after a start.
+        self.recovering = False
+        self.removed_at: LogIndex | None = None
+        self._sender = Sender(config.incarnation, config.boot_id, False)
+        self._recovery = Recovery(
+            config.incarnation, config.boot_id, (hard_state.term, self.log.last_index())
+        )
+        self._recovery_elapsed = 0
+        self._recovery_asked = False  # no voter known yet to ask
+        self._records_elapsed = 0
+        self._records_check = False  # leader: look at the registry at the next tick
         self._become_follower(self.term, None)
+        if config.recovery:
+            self._start_recovery()
+
+    def _scan_stored_log(self, storage: Storage) -> None:
+        """Record the config and registry entries of the whole stored log (at start)."""
+        index = storage.first_index()
+        last = storage.last_index()
+        while index <= last:
+            batch = storage.entries(index, LogIndex(last + 1), 1 << 20)
+            self._memberships.record_entries(batch)
+            self._registry.record_entries(batch)
+            index = LogIndex(batch[-1].index + 1)
 
     # --- read-only views -----------------------------------------------------------------
 
@@ -259,6 +349,22 @@ class RaftCore:
     def _promotable(self) -> bool:
         return self.id in self.membership.voters
 
+    def registry_at(self, index: LogIndex) -> Registry:
+        """The member registry in effect at log ``index`` (``docs/raft.md``)."""
+        return self._registry.at(index)
+
+    def recovery_status(self) -> RecoveryStatus:
+        """Where this node stands in its recovery after a start (for logs and status)."""
+        recovery = self._recovery
+        own = (self.log.last_term(), self.log.last_index())
+        recovery.below_floor(own, own)  # drops a floor this node's own log has reached
+        waiting = (
+            tuple(recovery.missing(self._recovery_required() or ())) if self.recovering else ()
+        )
+        return RecoveryStatus(
+            self.recovering, waiting, tuple(recovery.findings), recovery.vote_floor, self.removed_at
+        )
+
     # --- inputs ------------------------------------------------------------------------
 
     def tick(self) -> None:
@@ -269,6 +375,7 @@ class RaftCore:
         if self.role is Role.LEADER:
             self._tick_heartbeat()
         else:
+            self._tick_recovery()
             self._tick_election()
 
     def propose(self, data: bytes) -> LogIndex:
@@ -318,6 +425,17 @@ class RaftCore:
         reason = validate_conf_change(self.membership, change)
         if reason is not None:
             raise RequestError(ErrorCode.INVALID_ARGUMENT, reason)
+        target = self.progress.get(change.node_id)
+        if (
+            change.op is ConfChangeOp.PROMOTE_VOTER
+            and target is not None
+            and target.peer_recovering
+        ):
+            # It would count towards quorums at once but cannot yet (docs/raft.md).
+            raise ProposalDroppedError(
+                f"node {change.node_id} is recovering after its start; promote it once it "
+                "has heard from every voter"
+            )
         data = encode_config_change(change, apply_conf_change(self.membership, change))
         return self._propose_entry(EntryKind.CONFIG_CHANGE, data)
 
@@ -341,10 +459,14 @@ class RaftCore:
             raise RequestError(
                 ErrorCode.INVALID_ARGUMENT, f"node {target} is not a voter; cannot transfer to it"
             )
+        if self.progress[target].peer_recovering:
+            raise ProposalDroppedError(
+                f"node {target} is recovering after a restart and cannot lead yet; retry shortly"
+            )
         self.lead_transferee = target
         self._election_elapsed = 0  # the transfer deadline counts from now
         if self.progress[target].match == self.log.last_index():
-            self._send(TimeoutNow(self.term, self.id, target))
+            self._send(TimeoutNow(self.term, self.id, target, sender=self._sender))
         else:
             self._send_append(target)
 
@@ -366,7 +488,9 @@ class RaftCore:
         if self.role is Role.LEADER:
             self._handle_read_request(request_ctx, self.id)
         elif self.leader_id is not None:
-            self._send(ReadIndex(self.term, self.id, self.leader_id, request_ctx))
+            self._send(
+                ReadIndex(self.term, self.id, self.leader_id, request_ctx, sender=self._sender)
+            )
         else:
             raise RaftNotLeaderError(None)
 
@@ -392,7 +516,8 @@ class RaftCore:
         term = self.log.term(index)
         if term is None or index < self.log.first_index():
             raise ValueError(f"cannot snapshot at {index}: first index is {self.log.first_index()}")
-        return Snapshot(SnapshotMetadata(index, term, self.membership_at(index)), data)
+        metadata = SnapshotMetadata(index, term, self.membership_at(index), self.registry_at(index))
+        return Snapshot(metadata, data)
 
     def step(self, message: Message) -> None:
         """Process a message from a peer (paper Figure 2, "Rules for Servers").
@@ -405,6 +530,13 @@ class RaftCore:
             raise ValueError(f"message for node {message.to_id} stepped into node {self.id}")
         if isinstance(message, CLOCK_MESSAGES):
             raise ValueError("clock messages are answered by the driver, not the core")
+        if isinstance(message, RecoveryRequest | RecoveryResponse | NotMember):
+            self._step_recovery(message)  # outside the term rules: a restarted node's
+            return  # durable term may be older than what it once told its peers
+        if isinstance(message, RequestVote) and self._tell_if_removed(
+            message.from_id, message.last_log_index
+        ):
+            return
         if message.term > self.term:
             if isinstance(message, RequestVote):
                 # Leader stickiness (thesis §4.2.3): ignore a vote request while we
@@ -418,6 +550,15 @@ class RaftCore:
                     and self._election_elapsed < self.config.election_timeout_ticks
                 )
                 if in_lease and not message.leadership_transfer:
+                    if self.leader_id is None:
+                        # Restarted: refuse without taking the term (the candidate sees
+                        # a refusal, e.g. that we are recovering, docs/raft.md).
+                        self._send(
+                            RequestVoteResponse(
+                                self.term, self.id, message.from_id, False, message.pre_vote,
+                                sender=self._sender,
+                            )
+                        )  # fmt: skip
                     return
             if isinstance(message, RequestVote) and message.pre_vote:
                 pass  # a PreVote changes no state (thesis §9.6)
@@ -438,10 +579,21 @@ class RaftCore:
                 # A stale leader whose term we passed (e.g. after a failed election it
                 # never saw) would otherwise never learn it is deposed (as in etcd raft.go).
                 self._send(
-                    AppendEntriesResponse(self.term, self.id, message.from_id, False, LogIndex(0))
+                    AppendEntriesResponse(
+                        self.term,
+                        self.id,
+                        message.from_id,
+                        False,
+                        LogIndex(0),
+                        sender=self._sender,
+                    )
                 )
             elif isinstance(message, RequestVote) and message.pre_vote:
-                self._send(RequestVoteResponse(self.term, self.id, message.from_id, False, True))
+                self._send(
+                    RequestVoteResponse(
+                        self.term, self.id, message.from_id, False, True, sender=self._sender
+                    )
+                )
             return  # paper §5.1: stale-term requests are rejected
         if isinstance(message, RequestVote):
             self._handle_request_vote(message)
@@ -562,6 +714,7 @@ class RaftCore:
         self.progress = {}
         self._reads.clear()
         self._reads_awaiting_commit.clear()
+        self._leader_match = LogIndex(0)
 
     def _reset_randomized_election_timeout(self) -> None:
         # Paper §5.2: randomized election timeouts make split votes rare.
@@ -593,6 +746,7 @@ class RaftCore:
         self._reset(self.term)
         self.role = Role.LEADER
         self.leader_id = self.id
+        self._records_check = True
         self._sync_progress()
         # Thesis §6.4: a no-op entry commits the leader's term, which tells it which
         # earlier entries are committed (needed before serving reads).
@@ -633,15 +787,30 @@ class RaftCore:
         # A node that may not lead lets its timer run on (so it stops ignoring vote
         # requests, leader stickiness) instead of restarting it with a campaign.
         if (
-            self._promotable()
+            self._may_campaign()
             and self.campaign_allowed
             and self._election_elapsed >= self._randomized_election_timeout
         ):
             self._election_elapsed = 0
             self._campaign(_Campaign.PRE_VOTE if self.config.pre_vote else _Campaign.ELECTION)
 
+    def _may_campaign(self) -> bool:
+        """A voter that finished recovery, was not told it was removed, and whose own
+        log reached its vote floor (``docs/raft.md``, "Disk faults")."""
+        if not self._promotable() or self.recovering or self.removed_at is not None:
+            return False
+        return not self._below_vote_floor(self.log.last_term(), self.log.last_index())
+
+    def _below_vote_floor(self, last_term: Term, last_index: LogIndex) -> bool:
+        """Whether a log ending at ``(last_term, last_index)`` is behind the vote floor
+        (the k-th best log the voters held when this node last asked them)."""
+        if self._recovery.vote_floor is None:
+            return False
+        own = (self.log.last_term(), self.log.last_index())
+        return self._recovery.below_floor((last_term, last_index), own)
+
     def _campaign(self, kind: _Campaign) -> None:
-        if not self._promotable() or not self.campaign_allowed:
+        if not self._may_campaign() or not self.campaign_allowed:
             return
         if kind is _Campaign.PRE_VOTE:
             self._become_pre_candidate()
@@ -669,6 +838,7 @@ class RaftCore:
                         last_term,
                         pre_vote=kind is _Campaign.PRE_VOTE,
                         leadership_transfer=kind is _Campaign.TRANSFER,
+                        sender=self._sender,
                     )
                 )
 
@@ -682,18 +852,38 @@ class RaftCore:
             self.vote == message.from_id
             or (self.vote is None and self.leader_id is None)
             or (message.pre_vote and message.term > self.term)
+        ) and (
+            # docs/raft.md, "Disk faults": a node whose disk may have forgotten what it
+            # acknowledged votes for no one, and then only for logs it knows are safe.
+            not self.recovering
+            and self.removed_at is None
+            and not self._below_vote_floor(message.last_log_term, message.last_log_index)
         )
         # Paper §5.4.1: only for a candidate whose log is at least as up-to-date.
         if can_vote and self.log.is_up_to_date(message.last_log_index, message.last_log_term):
             self._send(
-                RequestVoteResponse(message.term, self.id, message.from_id, True, message.pre_vote)
+                RequestVoteResponse(
+                    message.term,
+                    self.id,
+                    message.from_id,
+                    True,
+                    message.pre_vote,
+                    sender=self._sender,
+                )
             )
             if not message.pre_vote:
                 self._election_elapsed = 0
                 self.vote = message.from_id
         else:
             self._send(
-                RequestVoteResponse(self.term, self.id, message.from_id, False, message.pre_vote)
+                RequestVoteResponse(
+                    self.term,
+                    self.id,
+                    message.from_id,
+                    False,
+                    message.pre_vote,
+                    sender=self._sender,
+                )
             )
 
     def _step_candidate(self, message: Message) -> None:
@@ -728,7 +918,7 @@ class RaftCore:
                 self._handle_install_snapshot(message)
         elif isinstance(message, TimeoutNow):
             # Thesis §3.10: campaign at once, skipping PreVote and stickiness.
-            if self._promotable():
+            if self._may_campaign():
                 self._campaign(_Campaign.TRANSFER)
         elif isinstance(message, ReadIndexResponse):
             self._read_states.append(ReadState(message.index, message.request_ctx))
@@ -739,8 +929,16 @@ class RaftCore:
             return
         if message.prev_log_index < self.log.committed:
             # Everything up to our commit index already matches the leader.
+            self._leader_match = LogIndex(max(self._leader_match, self.log.committed))
             self._send(
-                AppendEntriesResponse(self.term, self.id, message.from_id, True, self.log.committed)
+                AppendEntriesResponse(
+                    self.term,
+                    self.id,
+                    message.from_id,
+                    True,
+                    self.log.committed,
+                    sender=self._sender,
+                )
             )
             return
         result = self.log.maybe_append(
@@ -748,10 +946,17 @@ class RaftCore:
         )
         if result is not None:
             last_new, appended = result
+            self._leader_match = LogIndex(max(self._leader_match, last_new))
             if appended:
                 self._memberships.truncate_from(appended[0].index)
                 self._memberships.record_entries(appended)
-            self._send(AppendEntriesResponse(self.term, self.id, message.from_id, True, last_new))
+                self._registry.truncate_from(appended[0].index)
+                self._registry.record_entries(appended)
+            self._send(
+                AppendEntriesResponse(
+                    self.term, self.id, message.from_id, True, last_new, sender=self._sender
+                )
+            )
             return
         # Thesis §5.3: tell the leader where our log might match so it can skip a
         # whole term of entries per round trip instead of one entry.
@@ -766,6 +971,7 @@ class RaftCore:
                 message.prev_log_index,
                 reject_hint=hint_index,
                 log_term=hint_term,
+                sender=self._sender,
             )
         )
 
@@ -784,9 +990,15 @@ class RaftCore:
         return True
 
     def _handle_heartbeat(self, message: Heartbeat) -> None:
-        # The leader sends min(commit, our match), which our log is known to match.
-        self.log.commit_to(message.commit)
-        self._send(HeartbeatResponse(self.term, self.id, message.from_id, message.read_seq))
+        # The leader sends min(commit, our match). Its idea of our match may predate a
+        # restart with a disk that forgot (docs/raft.md, "Disk faults"), so commit only
+        # as far as this term's AppendEntries showed our log to match the leader's.
+        self.log.commit_to(LogIndex(min(message.commit, self._leader_match)))
+        self._send(
+            HeartbeatResponse(
+                self.term, self.id, message.from_id, message.read_seq, sender=self._sender
+            )
+        )
 
     def _handle_install_snapshot(self, message: InstallSnapshot) -> None:
         """InstallSnapshot receiver (paper §7, Figure 13), chunk by chunk."""
@@ -797,6 +1009,7 @@ class RaftCore:
                 InstallSnapshotResponse(
                     self.term, self.id, message.from_id, message.snapshot_index,
                     message.offset, message.offset, done=True, match_index=self.log.committed,
+                    sender=self._sender,
                 )
             )  # fmt: skip
             return
@@ -808,6 +1021,7 @@ class RaftCore:
             message.offset,
             message.data,
             message.done,
+            message.registry,
         )
         if snapshot is None:
             self._send(
@@ -818,10 +1032,12 @@ class RaftCore:
                     message.snapshot_index,
                     message.offset,
                     next_offset,
+                    sender=self._sender,
                 )
             )
             return
         match_index = self._restore(snapshot)
+        self._leader_match = LogIndex(max(self._leader_match, match_index))
         self._send(
             InstallSnapshotResponse(
                 self.term,
@@ -832,6 +1048,7 @@ class RaftCore:
                 next_offset,
                 done=True,
                 match_index=match_index,
+                sender=self._sender,
             )
         )
 
@@ -846,6 +1063,7 @@ class RaftCore:
             return metadata.index
         self.log.restore(snapshot)
         self._memberships.reset(metadata.index, metadata.membership)
+        self._registry.reset(metadata.index, metadata.registry)
         return metadata.index
 
     # --- leader --------------------------------------------------------------------------
@@ -865,12 +1083,14 @@ class RaftCore:
         if self._heartbeat_elapsed >= self.config.heartbeat_interval_ticks:
             self._heartbeat_elapsed = 0
             self._broadcast_heartbeat()
+        if self.config.member_record_ticks:
+            self._tick_member_records()
 
     def _quorum_recently_active(self) -> bool:
         active = [
             node_id
             for node_id, pr in self.progress.items()
-            if node_id == self.id or pr.recent_active
+            if node_id == self.id or (pr.recent_active and not pr.peer_recovering)
         ]
         for node_id, pr in self.progress.items():
             if node_id != self.id:
@@ -893,6 +1113,8 @@ class RaftCore:
 
     def _append_leader_entries(self, entries: list[Entry]) -> None:
         self.log.append(entries)
+        if any(e.kind in (EntryKind.CONFIG_CHANGE, EntryKind.MEMBER_RECORDS) for e in entries):
+            self._registry.record_entries(entries)
         if any(e.kind is EntryKind.CONFIG_CHANGE for e in entries):
             self._memberships.record_entries(entries)
             # Thesis §4.1: the new configuration is used as soon as it is appended.
@@ -910,6 +1132,16 @@ class RaftCore:
         pr = self.progress.get(message.from_id)
         if pr is None:
             return
+        sender = message.sender
+        was_recovering = pr.peer_recovering
+        if sender.incarnation != pr.peer_incarnation or sender.recovering != was_recovering:
+            self._records_check = True  # a new incarnation to record, perhaps
+        restarted = pr.observe(sender, LogIndex(self.log.last_index() + 1))
+        if was_recovering and not pr.peer_recovering and self._maybe_commit():
+            # Its acknowledgements count from now on (docs/raft.md, "Disk faults").
+            self._broadcast_append()
+            if self.role is not Role.LEADER:
+                return
         pr.recent_active = True
         if isinstance(message, AppendEntriesResponse):
             self._handle_append_response(message, pr)
@@ -917,6 +1149,8 @@ class RaftCore:
             self._handle_heartbeat_response(message, pr)
         elif isinstance(message, InstallSnapshotResponse):
             self._handle_snapshot_response(message, pr)
+        if restarted and self.role is Role.LEADER and message.from_id in self.progress:
+            self._send_append(message.from_id)  # probe the restarted peer's log at once
 
     def _handle_append_response(self, message: AppendEntriesResponse, pr: Progress) -> None:
         peer = message.from_id
@@ -950,7 +1184,7 @@ class RaftCore:
             pass
         if peer == self.lead_transferee and pr.match == self.log.last_index():
             # Thesis §3.10: the target is up to date; let it start an election now.
-            self._send(TimeoutNow(self.term, self.id, peer))
+            self._send(TimeoutNow(self.term, self.id, peer, sender=self._sender))
 
     def _handle_heartbeat_response(self, message: HeartbeatResponse, pr: Progress) -> None:
         peer = message.from_id
@@ -962,7 +1196,7 @@ class RaftCore:
                 self._send_snapshot_chunk(peer, pr)  # the chunk in flight was lost
         elif pr.match < self.log.last_index() or pr.state is ProgressState.PROBE:
             self._send_append(peer)
-        if message.read_seq > pr.read_seq_acked:
+        if message.read_seq > pr.read_seq_acked and not pr.peer_recovering:
             pr.read_seq_acked = message.read_seq
             self._release_reads()
 
@@ -988,7 +1222,8 @@ class RaftCore:
 
     def _maybe_commit(self) -> bool:
         """Advance the commit index by counting replicas (paper §5.3, §5.4.2)."""
-        match = {node_id: pr.match for node_id, pr in self.progress.items() if not pr.is_learner}
+        # A recovering peer's acknowledgements do not count (docs/raft.md, "Disk faults").
+        match = {node_id: pr.match for node_id, pr in self.progress.items() if pr.counts}
         index = LogIndex(committed_index(self.membership.voters, match))
         # Paper §5.4.2 / Figure 8: only an entry of the current term is committed by
         # counting; earlier ones are committed with it by the log matching property.
@@ -1009,11 +1244,11 @@ class RaftCore:
         best: NodeId | None = None
         for node_id in sorted(self.membership.voters):
             pr = self.progress.get(node_id)
-            if pr is not None and pr.match == self.log.last_index():
+            if pr is not None and pr.match == self.log.last_index() and not pr.peer_recovering:
                 best = node_id
                 break
         if best is not None:
-            self._send(TimeoutNow(self.term, self.id, best))
+            self._send(TimeoutNow(self.term, self.id, best, sender=self._sender))
         self._become_follower(self.term, None)
 
     def _committed_in_current_term(self) -> bool:
@@ -1032,7 +1267,11 @@ class RaftCore:
             if node_id != self.id:
                 pr = self.progress[node_id]
                 commit = LogIndex(min(pr.match, self.log.committed))
-                self._send(Heartbeat(self.term, self.id, node_id, commit, round_number))
+                self._send(
+                    Heartbeat(
+                        self.term, self.id, node_id, commit, round_number, sender=self._sender
+                    )
+                )
 
     def _send_append(self, peer: NodeId, *, send_if_empty: bool = True) -> bool:
         """Send AppendEntries from ``next`` (or a snapshot if compacted away).
@@ -1062,6 +1301,7 @@ class RaftCore:
                 prev_term,
                 tuple(entries),
                 self.log.committed,
+                sender=self._sender,
             )
         )
         if entries:
@@ -1084,7 +1324,7 @@ class RaftCore:
         self._send(
             InstallSnapshot(
                 self.term, self.id, peer, metadata.index, metadata.term, metadata.membership,
-                offset, data, done,
+                offset, data, done, metadata.registry, sender=self._sender,
             )
         )  # fmt: skip
 
@@ -1129,8 +1369,216 @@ class RaftCore:
                 self._read_states.append(ReadState(read.index, read.request_ctx))
             else:
                 self._send(
-                    ReadIndexResponse(self.term, self.id, read.origin, read.request_ctx, read.index)
+                    ReadIndexResponse(
+                        self.term,
+                        self.id,
+                        read.origin,
+                        read.request_ctx,
+                        read.index,
+                        sender=self._sender,
+                    )
                 )
+
+    # --- disk faults: recovery after a start (docs/raft.md, "Disk faults") ------------
+    #
+    # After a start the disk may have forgotten what this node told its peers (wiped, or
+    # an older copy). Until every other voter has answered, the node neither votes nor
+    # campaigns, and leaders do not count it (its messages say "recovering"). The answers
+    # give the highest term in use, in which it then abstains, and a vote floor: the best
+    # log they hold. The bookkeeping lives in raft/recovery.py.
+
+    def _start_recovery(self) -> None:
+        self._set_recovering(True)
+        self._begin_recovery_round()
+        self._maybe_finish_recovery()
+
+    def _set_recovering(self, recovering: bool) -> None:
+        self.recovering = self._recovery.recovering = recovering
+        self._sender = Sender(self.config.incarnation, self.config.boot_id, recovering)
+
+    def _tick_recovery(self) -> None:
+        """While recovering, or while a vote floor is set: keep asking.
+
+        A floor may name entries that were never committed and are gone since; asking
+        again every election timeout replaces it with what the voters hold now.
+        """
+        recovery = self._recovery
+        if not self.recovering and recovery.vote_floor is None:
+            return
+        if self.recovering and not self._recovery_asked:
+            self._send_recovery_requests()  # it has just learned who the voters are
+            return
+        self._recovery_elapsed += 1
+        if not recovery.round_open:
+            if self._recovery_elapsed >= self.config.election_timeout_ticks:
+                self._begin_recovery_round()
+            return
+        # Ask again the voters that did not answer (lost, or down): every half election
+        # timeout, so a node that is down for long costs little.
+        if self._recovery_elapsed >= max(1, self.config.election_timeout_ticks // 2):
+            self._recovery_elapsed = 0
+            self._maybe_finish_recovery()  # the membership may have changed
+            self._send_recovery_requests()
+
+    def _begin_recovery_round(self) -> None:
+        self._recovery.begin_round()
+        self._recovery_elapsed = 0
+        self._send_recovery_requests()
+
+    def _recovery_configs(self) -> Configurations:
+        own = (self._memberships.last_change_index(), self.membership.voters, self.log.committed)
+        return self._recovery.configurations(own, self.id)
+
+    def _recovery_required(self) -> frozenset[NodeId] | None:
+        return self._recovery_configs().required
+
+    def _send_recovery_requests(self) -> None:
+        recovery = self._recovery
+        required = self._recovery_required()
+        if required is None or not recovery.round_open:
+            return
+        self._recovery_asked = True
+        last_index, last_term = self.log.last_index(), self.log.last_term()
+        for voter in recovery.missing(required):
+            self._send(
+                RecoveryRequest(
+                    self.term, self.id, voter, recovery.nonce, last_index, last_term,
+                    sender=self._sender,
+                )
+            )  # fmt: skip
+
+    def _step_recovery(self, message: RecoveryRequest | RecoveryResponse | NotMember) -> None:
+        if isinstance(message, RecoveryRequest):
+            self._handle_recovery_request(message)
+        elif isinstance(message, RecoveryResponse):
+            if self._recovery.take(message):
+                self._maybe_finish_recovery()
+        else:
+            self._handle_not_member(message)
+
+    def _handle_recovery_request(self, message: RecoveryRequest) -> None:
+        # Any node answers, from its durable state: at most one disk forgets at a time,
+        # and the requester hears from every other voter.
+        if self._tell_if_removed(message.from_id, message.last_log_index):
+            return
+        if self.role is Role.LEADER:
+            pr = self.progress.get(message.from_id)
+            next_index = LogIndex(self.log.last_index() + 1)
+            if pr is not None and pr.observe(message.sender, next_index):
+                self._send_append(message.from_id)  # probe the restarted peer's log
+        record = self.registry_at(self.log.committed).record(message.from_id)
+        self._send(
+            RecoveryResponse(
+                self.term,
+                self.id,
+                message.from_id,
+                message.nonce,
+                self.log.last_index(),
+                self.log.last_term(),
+                self._memberships.last_change_index(),
+                self.membership.voters,
+                self.log.committed,
+                record.incarnation if record is not None else 0,
+                record.acked_term if record is not None else Term(0),
+                record.acked_index if record is not None else LogIndex(0),
+                sender=self._sender,
+            )
+        )
+
+    def _maybe_finish_recovery(self) -> None:
+        result = self._recovery.complete(
+            self._recovery_configs(), new_cluster=self.config.new_cluster
+        )
+        if result is None:
+            return
+        own = (self.log.last_term(), self.log.last_index())
+        self._recovery.set_floor(result.floor, own)
+        self._recovery_elapsed = 0
+        if not self.recovering:
+            return  # a refresh of the vote floor
+        # Abstain in the highest term in use: this node may have voted in it before its
+        # disk forgot (a durable vote of that term is kept: it is the one it gave).
+        if result.highest_term > self.term:
+            self._become_follower(result.highest_term, None)
+            self.vote = self.id
+        elif self.vote is None:
+            self.vote = self.id
+        self._set_recovering(False)
+        self._election_elapsed = 0
+        self._reset_randomized_election_timeout()
+
+    def _tell_if_removed(self, node_id: NodeId, their_last_index: LogIndex) -> bool:
+        """Answer a node that missed its own removal (committed here) with NotMember.
+
+        Returns:
+            True if it was told (and its message must be ignored).
+        """
+        if their_last_index == 0 or node_id in self.membership.members():
+            # A blank node may be the same id about to be added back (the manual
+            # remove, start blank, add-node procedure): it waits, recovering.
+            return False
+        removed_at = self.registry_at(self.log.committed).removed_at(node_id)
+        if removed_at is None or their_last_index >= removed_at:
+            return False
+        self._send(NotMember(self.term, self.id, node_id, removed_at, sender=self._sender))
+        return True
+
+    def _handle_not_member(self, message: NotMember) -> None:
+        if self.role is Role.LEADER or self.removed_at is not None:
+            return
+        if self.log.committed >= message.removed_at:
+            return  # we hold its whole log up to there; our own membership says the truth
+        self.removed_at = message.removed_at
+        self._recovery.findings.append(
+            f"node {message.from_id} says this node was removed from the cluster at log "
+            f"index {message.removed_at}"
+        )
+        if self.role is not Role.FOLLOWER:
+            self._become_follower(self.term, None)
+
+    def _tick_member_records(self) -> None:
+        """Leader: write the member registry when it changed (``docs/raft.md``).
+
+        At once when a member's incarnation is new; otherwise at most every
+        ``member_record_ticks`` when acknowledged positions advanced.
+        """
+        self._records_elapsed += 1
+        due = self._records_elapsed >= self.config.member_record_ticks
+        if not (due or self._records_check) or (
+            not self._committed_in_current_term()
+            or self.lead_transferee is not None
+            or self.id not in self.progress
+            or self._registry.last_change_index() > self.log.committed
+        ):
+            return
+        self._records_check = False
+        if due:
+            self._records_elapsed = 0
+        current = self._registry.current()
+        records: list[MemberRecord] = []
+        new_incarnation = advanced = False
+        for node_id in self.membership.members():
+            old = current.record(node_id)
+            pr = self.progress.get(node_id)
+            new = old
+            if node_id == self.id:
+                new = MemberRecord(
+                    node_id, self.config.incarnation, self.term, self.log.persisted_index()
+                )
+            elif pr is not None and pr.peer_incarnation and not pr.peer_recovering and pr.match:
+                new = MemberRecord(node_id, pr.peer_incarnation, self.term, pr.match)
+            if new is None:
+                continue
+            if old is None or old.incarnation != new.incarnation:
+                new_incarnation = True
+            elif (new.acked_term, new.acked_index) > (old.acked_term, old.acked_index):
+                advanced = True
+            records.append(new)
+        if not (new_incarnation or (advanced and due)):
+            return
+        self._records_elapsed = 0
+        data = encode_registry(current.with_records(records))
+        self._propose_entry(EntryKind.MEMBER_RECORDS, data)
 
     def _send(self, message: Message) -> None:
         self._outbox.append(message)

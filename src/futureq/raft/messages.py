@@ -37,6 +37,10 @@ class EntryKind(enum.IntEnum):
     """The empty entry a new leader appends to commit its term (thesis §6.4)."""
     CONFIG_CHANGE = 2
     """A membership change; ``data`` is :func:`encode_config_change` (thesis §4.1)."""
+    MEMBER_RECORDS = 9
+    """The leader's record of every member's incarnation and acknowledged progress;
+    ``data`` is :func:`encode_registry` (``docs/raft.md``, "Disk faults"). Numbered from
+    issue 7's range so it cannot collide with other new kinds."""
 
 
 @attrs.frozen
@@ -119,6 +123,100 @@ class ConfChange:
 
 
 @attrs.frozen
+class MemberRecord:
+    """What the cluster remembers of one member's data directory (``docs/raft.md``).
+
+    Attributes:
+        node_id: The member.
+        incarnation: Random id stamped in its data directory when it was created; a
+            wiped or replaced directory has another one.
+        acked_term: Term of the leader that recorded the acknowledgement.
+        acked_index: Highest log index the member acknowledged to that leader (its log
+            held the leader's entries through it, on stable storage).
+    """
+
+    node_id: NodeId
+    incarnation: int
+    acked_term: Term
+    acked_index: LogIndex
+
+
+@attrs.frozen
+class Registry:
+    """The replicated memory of members: their records and who was removed where.
+
+    It travels in MEMBER_RECORDS entries and snapshot metadata, so it survives the
+    loss of any one node's disk (it is committed on a quorum).
+
+    Attributes:
+        records: One record per member, by ascending node id.
+        removed: ``(node id, index of the committed entry that removed it)``, by id.
+    """
+
+    records: tuple[MemberRecord, ...] = ()
+    removed: tuple[tuple[NodeId, LogIndex], ...] = ()
+
+    def record(self, node_id: NodeId) -> MemberRecord | None:
+        """The record of ``node_id``, or None."""
+        for record in self.records:
+            if record.node_id == node_id:
+                return record
+        return None
+
+    def removed_at(self, node_id: NodeId) -> LogIndex | None:
+        """Index of the entry that removed ``node_id``, or None if it was not removed."""
+        for removed, index in self.removed:
+            if removed == node_id:
+                return index
+        return None
+
+    def with_records(self, records: list[MemberRecord]) -> Registry:
+        """A copy whose records are ``records`` (any order)."""
+        return Registry(tuple(sorted(records, key=lambda r: r.node_id)), self.removed)
+
+    def with_removal(self, node_id: NodeId, index: LogIndex) -> Registry:
+        """A copy recording that ``node_id`` was removed at ``index`` (its record goes)."""
+        removed = {n: i for n, i in self.removed if n != node_id}
+        removed[node_id] = index
+        return Registry(
+            tuple(r for r in self.records if r.node_id != node_id),
+            tuple(sorted(removed.items())),
+        )
+
+    def without_removal(self, node_id: NodeId) -> Registry:
+        """A copy forgetting a removal of ``node_id`` (it was added again)."""
+        if self.removed_at(node_id) is None:
+            return self
+        return Registry(self.records, tuple(p for p in self.removed if p[0] != node_id))
+
+
+EMPTY_REGISTRY = Registry()
+"""The registry of a cluster that has recorded nothing yet."""
+
+
+@attrs.frozen
+class Sender:
+    """Who sent a message, beyond its id (``docs/raft.md``, "Disk faults").
+
+    Attributes:
+        incarnation: The sender's data-directory incarnation (0: not stamped).
+        boot: Random id of the sender's current process start (0: unknown); a new value
+            tells the leader the sender restarted, so what it acknowledged before may be
+            gone.
+        recovering: The sender has not finished recovery after a start: it neither
+            votes nor counts towards any quorum.
+    """
+
+    incarnation: int = 0
+    boot: int = 0
+    recovering: bool = False
+
+
+NO_SENDER = Sender()
+"""The sender stamp of messages built without one (unit tests, old peers)."""
+
+
+@attrs.frozen
 class SnapshotMetadata:
     """Where a snapshot sits in the log and which membership it carries (paper §7).
 
@@ -127,11 +225,13 @@ class SnapshotMetadata:
         term: Term of that entry (``lastIncludedTerm``).
         membership: Membership in effect at ``index`` (thesis §5.1: the snapshot
             keeps the latest configuration as of its last included index).
+        registry: The member registry in effect at ``index``.
     """
 
     index: LogIndex
     term: Term
     membership: Membership
+    registry: Registry = EMPTY_REGISTRY
 
 
 @attrs.frozen
@@ -177,6 +277,7 @@ class RequestVote:
     last_log_term: Term
     pre_vote: bool = False
     leadership_transfer: bool = False
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -188,6 +289,7 @@ class RequestVoteResponse:
     to_id: NodeId
     granted: bool
     pre_vote: bool = False
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -208,6 +310,7 @@ class AppendEntries:
     prev_log_term: Term
     entries: tuple[Entry, ...]
     leader_commit: LogIndex
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -231,6 +334,7 @@ class AppendEntriesResponse:
     index: LogIndex
     reject_hint: LogIndex = LogIndex(0)
     log_term: Term = Term(0)
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -248,6 +352,7 @@ class Heartbeat:
     to_id: NodeId
     commit: LogIndex
     read_seq: int = 0
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -258,6 +363,7 @@ class HeartbeatResponse:
     from_id: NodeId
     to_id: NodeId
     read_seq: int = 0
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -271,6 +377,7 @@ class InstallSnapshot:
         offset: Byte offset of ``data`` within the snapshot data.
         data: The chunk's bytes.
         done: True for the last chunk.
+        registry: The member registry carried by the snapshot (``docs/raft.md``).
     """
 
     term: Term
@@ -282,6 +389,8 @@ class InstallSnapshot:
     offset: int
     data: bytes
     done: bool
+    registry: Registry = EMPTY_REGISTRY
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -304,6 +413,7 @@ class InstallSnapshotResponse:
     next_offset: int
     done: bool = False
     match_index: LogIndex = LogIndex(0)
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -313,6 +423,7 @@ class TimeoutNow:
     term: Term
     from_id: NodeId
     to_id: NodeId
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -323,6 +434,7 @@ class ReadIndex:
     from_id: NodeId
     to_id: NodeId
     request_ctx: bytes
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -334,6 +446,75 @@ class ReadIndexResponse:
     to_id: NodeId
     request_ctx: bytes
     index: LogIndex
+    sender: Sender = NO_SENDER
+
+
+@attrs.frozen
+class RecoveryRequest:
+    """A node that (re)started asks a voter what it knows (``docs/raft.md``, "Disk faults").
+
+    Viewstamped Replication Revisited §4.3's RECOVERY message adapted to Raft.
+
+    Attributes:
+        nonce: Identifies this round of requests; the answer echoes it.
+        last_log_index: With ``last_log_term``, this node's log as it is now (its
+            durable state, which may be older than what it once told its peers).
+    """
+
+    term: Term
+    from_id: NodeId
+    to_id: NodeId
+    nonce: int
+    last_log_index: LogIndex
+    last_log_term: Term
+    sender: Sender = NO_SENDER
+
+
+@attrs.frozen
+class RecoveryResponse:
+    """A voter's answer to :class:`RecoveryRequest` (VRR §4.3 RECOVERYRESPONSE).
+
+    Attributes:
+        nonce: The request's nonce; answers to another round are ignored.
+        log_index: With ``log_term``, the position of this voter's last log entry.
+        log_term: See ``log_index``.
+        config_index: Index of the configuration entry this voter's ``voters`` come from.
+        voters: The voters of this voter's latest configuration.
+        commit_index: This voter's commit index (tells whether that configuration is
+            committed).
+        known_incarnation: The requester's incarnation in this voter's registry (0: none).
+        acked_term: Term of the requester's recorded acknowledgement (0: none).
+        acked_index: Index the requester was recorded to have acknowledged (0: none).
+    """
+
+    term: Term
+    from_id: NodeId
+    to_id: NodeId
+    nonce: int
+    log_index: LogIndex
+    log_term: Term
+    config_index: LogIndex
+    voters: frozenset[NodeId]
+    commit_index: LogIndex = LogIndex(0)
+    known_incarnation: int = 0
+    acked_term: Term = Term(0)
+    acked_index: LogIndex = LogIndex(0)
+    sender: Sender = NO_SENDER
+
+
+@attrs.frozen
+class NotMember:
+    """Tells a node that missed its own removal that it is no longer a member.
+
+    Attributes:
+        removed_at: Index of the committed configuration entry that removed it.
+    """
+
+    term: Term
+    from_id: NodeId
+    to_id: NodeId
+    removed_at: LogIndex
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -351,6 +532,7 @@ class ClockPing:
     from_id: NodeId
     to_id: NodeId
     mono_us: int
+    sender: Sender = NO_SENDER
 
 
 @attrs.frozen
@@ -371,6 +553,7 @@ class ClockPong:
     ping_mono_us: int
     wall_us: int
     in_bound: bool
+    sender: Sender = NO_SENDER
 
 
 Message = (
@@ -385,10 +568,13 @@ Message = (
     | TimeoutNow
     | ReadIndex
     | ReadIndexResponse
+    | RecoveryRequest
+    | RecoveryResponse
+    | NotMember
     | ClockPing
     | ClockPong
 )
-"""Any peer message; every one has ``term``, ``from_id`` and ``to_id``.
+"""Any peer message; every one has ``term``, ``from_id``, ``to_id`` and ``sender``.
 
 :class:`ClockPing` and :class:`ClockPong` are answered and consumed by the driver (the
 cluster clock); they never reach ``RaftCore.step``.
@@ -459,6 +645,61 @@ def decode_config_change(data: bytes) -> tuple[ConfChange, Membership]:
     return ConfChange(ConfChangeOp(op), node_id), membership
 
 
+def _registry_fields(registry: Registry) -> list[object]:
+    return [
+        [[r.node_id, r.incarnation, r.acked_term, r.acked_index] for r in registry.records],
+        [[node_id, index] for node_id, index in registry.removed],
+    ]
+
+
+def _registry(value: object) -> Registry:
+    fields = _expect_list(value, 2, "registry")
+    records_raw, removed_raw = fields
+    if not isinstance(records_raw, list) or not isinstance(removed_raw, list):
+        raise _invalid("registry records and removals must be arrays")
+    records = []
+    for raw in records_raw:
+        item = _expect_list(raw, 4, "member record")
+        records.append(
+            MemberRecord(
+                _expect_node(item[0], "member record node id"),
+                _expect_int(item[1], "member record incarnation"),
+                Term(_expect_int(item[2], "member record term")),
+                LogIndex(_expect_int(item[3], "member record index")),
+            )
+        )
+    removed = []
+    for raw in removed_raw:
+        item = _expect_list(raw, 2, "removal")
+        removed.append(
+            (_expect_node(item[0], "removed node id"), LogIndex(_expect_int(item[1], "removal")))
+        )
+    ids = [r.node_id for r in records]
+    removed_ids = [n for n, _ in removed]
+    if ids != sorted(set(ids)) or removed_ids != sorted(set(removed_ids)):
+        raise _invalid("registry entries must be sorted by node id, each id once")
+    return Registry(tuple(records), tuple(removed))
+
+
+def encode_registry(registry: Registry) -> bytes:
+    """Encode a MEMBER_RECORDS entry's data (and a snapshot's registry).
+
+    Returns:
+        msgpack ``[[[node, incarnation, acked_term, acked_index], ...], [[node, index], ...]]``.
+    """
+    packed: bytes = msgpack.packb(_registry_fields(registry))
+    return packed
+
+
+def decode_registry(data: bytes) -> Registry:
+    """Decode what :func:`encode_registry` wrote.
+
+    Raises:
+        RemoteProtocolError: If ``data`` is not a valid registry.
+    """
+    return _registry(_unpack(data))
+
+
 # --- wire codec ----------------------------------------------------------------------
 
 
@@ -474,6 +715,11 @@ class _Tag(enum.IntEnum):
     TIMEOUT_NOW = 9
     READ_INDEX = 10
     READ_INDEX_RESPONSE = 11
+    # 20-24: issue 7 (disk faults and membership trust)
+    RECOVERY_REQUEST = 20
+    RECOVERY_RESPONSE = 21
+    NOT_MEMBER = 22
+    # 25-29: issue 8 (cluster time)
     CLOCK_PING = 25
     CLOCK_PONG = 26
 
@@ -483,12 +729,24 @@ def _entry_fields(entry: Entry) -> list[object]:
 
 
 def encode_message(message: Message) -> bytes:
-    """Encode a peer message as a msgpack array ``[tag, term, from_id, to_id, ...]``.
+    """Encode a peer message as a msgpack array.
+
+    Layout: ``[tag, term, from_id, to_id, incarnation, boot, recovering, ...]`` where
+    the middle three are ``message.sender`` and the rest are the other fields in the
+    order of the message's class.
 
     Returns:
-        The msgpack bytes; the layout per type is the field order of its class.
+        The msgpack bytes.
     """
-    head: list[object] = [message.term, message.from_id, message.to_id]
+    sender = message.sender
+    head: list[object] = [
+        message.term,
+        message.from_id,
+        message.to_id,
+        sender.incarnation,
+        sender.boot,
+        sender.recovering,
+    ]
     body: list[object]
     match message:
         case RequestVote():
@@ -529,6 +787,7 @@ def encode_message(message: Message) -> bytes:
                 message.offset,
                 message.data,
                 message.done,
+                _registry_fields(message.registry),
             ]
         case InstallSnapshotResponse():
             tag = _Tag.INSTALL_SNAPSHOT_RESPONSE
@@ -548,6 +807,25 @@ def encode_message(message: Message) -> bytes:
         case ReadIndexResponse():
             tag = _Tag.READ_INDEX_RESPONSE
             body = [message.request_ctx, message.index]
+        case RecoveryRequest():
+            tag = _Tag.RECOVERY_REQUEST
+            body = [message.nonce, message.last_log_index, message.last_log_term]
+        case RecoveryResponse():
+            tag = _Tag.RECOVERY_RESPONSE
+            body = [
+                message.nonce,
+                message.log_index,
+                message.log_term,
+                message.config_index,
+                sorted(message.voters),
+                message.commit_index,
+                message.known_incarnation,
+                message.acked_term,
+                message.acked_index,
+            ]
+        case NotMember():
+            tag = _Tag.NOT_MEMBER
+            body = [message.removed_at]
         case ClockPing():
             tag = _Tag.CLOCK_PING
             body = [message.mono_us]
@@ -565,14 +843,21 @@ _BODY_LENGTHS: dict[_Tag, int] = {
     _Tag.APPEND_ENTRIES_RESPONSE: 4,
     _Tag.HEARTBEAT: 2,
     _Tag.HEARTBEAT_RESPONSE: 1,
-    _Tag.INSTALL_SNAPSHOT: 7,
+    _Tag.INSTALL_SNAPSHOT: 8,
     _Tag.INSTALL_SNAPSHOT_RESPONSE: 5,
     _Tag.TIMEOUT_NOW: 0,
     _Tag.READ_INDEX: 1,
     _Tag.READ_INDEX_RESPONSE: 2,
+    _Tag.RECOVERY_REQUEST: 3,
+    _Tag.RECOVERY_RESPONSE: 9,
+    _Tag.NOT_MEMBER: 1,
     _Tag.CLOCK_PING: 1,
     _Tag.CLOCK_PONG: 3,
 }
+_HEAD_LENGTH = 7
+"""tag, term, from_id, to_id, and the sender's incarnation, boot and recovering flag."""
+_senders: dict[tuple[int, int, bool], Sender] = {}
+"""Decoded sender stamps, shared: a node sees the same few over and over."""
 
 
 def decode_message(data: bytes) -> Message:
@@ -589,14 +874,31 @@ def decode_message(data: bytes) -> Message:
     if raw_tag not in _Tag._value2member_map_:
         raise _invalid(f"raft message tag {raw_tag} is unknown")
     tag = _Tag(raw_tag)
-    if len(fields) != 4 + _BODY_LENGTHS[tag]:
+    if len(fields) != _HEAD_LENGTH + _BODY_LENGTHS[tag]:
         raise _invalid(
-            f"raft message {tag.name} needs {4 + _BODY_LENGTHS[tag]} fields, got {len(fields)}"
+            f"raft message {tag.name} needs {_HEAD_LENGTH + _BODY_LENGTHS[tag]} fields, "
+            f"got {len(fields)}"
         )
     term = Term(_expect_int(fields[1], "term"))
     from_id = _expect_node(fields[2], "from_id")
     to_id = _expect_node(fields[3], "to_id")
-    b = fields[4:]
+    key = (
+        _expect_int(fields[4], "sender incarnation"),
+        _expect_int(fields[5], "sender boot"),
+        _expect_bool(fields[6], "sender recovering"),
+    )
+    sender = _senders.get(key)
+    if sender is None:
+        if len(_senders) >= 256:
+            _senders.clear()
+        sender = _senders[key] = Sender(*key)
+    b = fields[_HEAD_LENGTH:]
+    return _decode_body(tag, term, from_id, to_id, b, sender)
+
+
+def _decode_body(  # noqa: PLR0911, PLR0912 - one branch per message type
+    tag: _Tag, term: Term, from_id: NodeId, to_id: NodeId, b: list[object], sender: Sender
+) -> Message:
     if tag is _Tag.REQUEST_VOTE:
         return RequestVote(
             term,
@@ -606,10 +908,16 @@ def decode_message(data: bytes) -> Message:
             Term(_expect_int(b[1], "last_log_term")),
             _expect_bool(b[2], "pre_vote"),
             _expect_bool(b[3], "leadership_transfer"),
+            sender=sender,
         )
     if tag is _Tag.REQUEST_VOTE_RESPONSE:
         return RequestVoteResponse(
-            term, from_id, to_id, _expect_bool(b[0], "granted"), _expect_bool(b[1], "pre_vote")
+            term,
+            from_id,
+            to_id,
+            _expect_bool(b[0], "granted"),
+            _expect_bool(b[1], "pre_vote"),
+            sender=sender,
         )
     if tag is _Tag.APPEND_ENTRIES:
         raw_entries = b[2]
@@ -623,6 +931,7 @@ def decode_message(data: bytes) -> Message:
             Term(_expect_int(b[1], "prev_log_term")),
             tuple(_entry(e) for e in raw_entries),
             LogIndex(_expect_int(b[3], "leader_commit")),
+            sender=sender,
         )
     if tag is _Tag.APPEND_ENTRIES_RESPONSE:
         return AppendEntriesResponse(
@@ -633,6 +942,7 @@ def decode_message(data: bytes) -> Message:
             LogIndex(_expect_int(b[1], "index")),
             LogIndex(_expect_int(b[2], "reject_hint")),
             Term(_expect_int(b[3], "log_term")),
+            sender=sender,
         )
     if tag is _Tag.HEARTBEAT:
         return Heartbeat(
@@ -641,9 +951,10 @@ def decode_message(data: bytes) -> Message:
             to_id,
             LogIndex(_expect_int(b[0], "commit")),
             _expect_int(b[1], "read_seq"),
+            sender=sender,
         )
     if tag is _Tag.HEARTBEAT_RESPONSE:
-        return HeartbeatResponse(term, from_id, to_id, _expect_int(b[0], "read_seq"))
+        return HeartbeatResponse(term, from_id, to_id, _expect_int(b[0], "read_seq"), sender=sender)
     if tag is _Tag.INSTALL_SNAPSHOT:
         return InstallSnapshot(
             term,
@@ -655,6 +966,8 @@ def decode_message(data: bytes) -> Message:
             _expect_int(b[4], "offset"),
             _expect_bytes(b[5], "data"),
             _expect_bool(b[6], "done"),
+            _registry(b[7]),
+            sender=sender,
         )
     if tag is _Tag.INSTALL_SNAPSHOT_RESPONSE:
         return InstallSnapshotResponse(
@@ -666,13 +979,52 @@ def decode_message(data: bytes) -> Message:
             _expect_int(b[2], "next_offset"),
             _expect_bool(b[3], "done"),
             LogIndex(_expect_int(b[4], "match_index")),
+            sender=sender,
         )
     if tag is _Tag.TIMEOUT_NOW:
-        return TimeoutNow(term, from_id, to_id)
+        return TimeoutNow(term, from_id, to_id, sender=sender)
     if tag is _Tag.READ_INDEX:
-        return ReadIndex(term, from_id, to_id, _expect_bytes(b[0], "request_ctx"))
+        return ReadIndex(term, from_id, to_id, _expect_bytes(b[0], "request_ctx"), sender=sender)
+    if tag is _Tag.READ_INDEX_RESPONSE:
+        return ReadIndexResponse(
+            term,
+            from_id,
+            to_id,
+            _expect_bytes(b[0], "request_ctx"),
+            LogIndex(_expect_int(b[1], "index")),
+            sender=sender,
+        )
+    if tag is _Tag.RECOVERY_REQUEST:
+        return RecoveryRequest(
+            term,
+            from_id,
+            to_id,
+            _expect_int(b[0], "nonce"),
+            LogIndex(_expect_int(b[1], "last_log_index")),
+            Term(_expect_int(b[2], "last_log_term")),
+            sender=sender,
+        )
+    if tag is _Tag.RECOVERY_RESPONSE:
+        voters = b[4]
+        if not isinstance(voters, list):
+            raise _invalid("voters must be an array")
+        return RecoveryResponse(
+            term,
+            from_id,
+            to_id,
+            _expect_int(b[0], "nonce"),
+            LogIndex(_expect_int(b[1], "log_index")),
+            Term(_expect_int(b[2], "log_term")),
+            LogIndex(_expect_int(b[3], "config_index")),
+            frozenset(_expect_node(v, "voter id") for v in voters),
+            LogIndex(_expect_int(b[5], "commit_index")),
+            _expect_int(b[6], "known_incarnation"),
+            Term(_expect_int(b[7], "acked_term")),
+            LogIndex(_expect_int(b[8], "acked_index")),
+            sender=sender,
+        )
     if tag is _Tag.CLOCK_PING:
-        return ClockPing(term, from_id, to_id, _expect_int(b[0], "mono_us"))
+        return ClockPing(term, from_id, to_id, _expect_int(b[0], "mono_us"), sender=sender)
     if tag is _Tag.CLOCK_PONG:
         return ClockPong(
             term,
@@ -681,15 +1033,10 @@ def decode_message(data: bytes) -> Message:
             _expect_int(b[0], "ping_mono_us"),
             _expect_int(b[1], "wall_us"),
             _expect_bool(b[2], "in_bound"),
+            sender=sender,
         )
-    assert tag is _Tag.READ_INDEX_RESPONSE
-    return ReadIndexResponse(
-        term,
-        from_id,
-        to_id,
-        _expect_bytes(b[0], "request_ctx"),
-        LogIndex(_expect_int(b[1], "index")),
-    )
+    assert tag is _Tag.NOT_MEMBER
+    return NotMember(term, from_id, to_id, LogIndex(_expect_int(b[0], "removed_at")), sender=sender)
 
 
 def _unpack(data: bytes) -> object:

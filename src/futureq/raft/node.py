@@ -16,6 +16,11 @@ and go into the next Ready together. Compaction runs beside the driver: a point-
 :class:`SnapshotSource` is taken on the loop, serialized and written in worker threads,
 then the driver calls ``core.compact`` and stores it, keeping a catch-up tail of log.
 
+At start the driver checks the data directory's stamp (cluster id, node id, random
+incarnation; written when the directory is created) and runs the core with
+``recovery`` on: after every start the node takes no part in votes or quorums until
+every other voter has answered it (``docs/raft.md``, "Disk faults").
+
 Leadership as the broker sees it (:meth:`RaftNode.is_leader`) begins once the no-op
 entry of the leader's term is *applied* here (so everything committed before is applied)
 and ends when the core leaves the LEADER role. :meth:`RaftNode.wait_role_change`
@@ -59,6 +64,7 @@ from futureq.raft.messages import (
     NodeId,
     Ready,
 )
+from futureq.raft.rocks_storage import StoreIdentity
 from futureq.raft.storage import SnapshotOutOfDateError
 from futureq.raft.timekeeper import TimeConfig, TimeKeeper
 
@@ -143,6 +149,16 @@ class RaftNodeConfig:
         max_clock_offset_ms: The cluster clock's bound (``docs/architecture.md``,
             "Time"): a node whose clock is further than half of it from cluster time
             does not lead or dispatch.
+        cluster_id: The cluster this node belongs to; stamped in a new data directory
+            and checked against the stamp at every start.
+        recovery: Recover after every start before voting (``docs/raft.md``, "Disk
+            faults"). Off only in tests of the bare algorithm.
+        member_record_ticks: How often (at most) a leader records the members'
+            acknowledged progress in the log (ticks; 100 = 5 s by default).
+        new_cluster: ``--initial-cluster-state new``: on the first start of a new data
+            directory, recovery may end once a majority of the voters answered with
+            empty logs (``docs/raft.md``, "Disk faults"). Ignored for a directory that
+            was used before.
     """
 
     node_id: int
@@ -161,6 +177,10 @@ class RaftNodeConfig:
     max_pending_proposals: int = 65_536
     outcome_unknown_ticks: int | None = None
     max_clock_offset_ms: int = 500
+    cluster_id: str = "futureq"
+    recovery: bool = True
+    member_record_ticks: int = 100
+    new_cluster: bool = False
 
     def __attrs_post_init__(self) -> None:
         for key, value in (
@@ -185,8 +205,12 @@ class RaftNodeConfig:
             self.tick_ms, self.election_timeout_ticks, self.max_clock_offset_ms
         )
 
-    def raft_config(self) -> RaftConfig:
-        """The core's configuration."""
+    def raft_config(
+        self, incarnation: int = 0, boot_id: int = 0, *, new_directory: bool = False
+    ) -> RaftConfig:
+        """The core's configuration, for a data directory stamped with ``incarnation``
+        (created at this start if ``new_directory``) and a process start identified by
+        ``boot_id``."""
         return RaftConfig(
             node_id=NodeId(self.node_id),
             election_timeout_ticks=self.election_timeout_ticks,
@@ -196,6 +220,11 @@ class RaftNodeConfig:
             snapshot_chunk_bytes=self.snapshot_chunk_bytes,
             pre_vote=self.pre_vote,
             check_quorum=self.check_quorum,
+            incarnation=incarnation,
+            boot_id=boot_id,
+            recovery=self.recovery and boot_id > 0,
+            member_record_ticks=self.member_record_ticks,
+            new_cluster=self.new_cluster and new_directory,
         )
 
 
@@ -326,6 +355,10 @@ class RaftNode:
         self._compacting = False
         self._compaction_done: tuple[int, bytes] | None = None
         self.elections_won = 0
+        self.incarnation = 0
+        self._was_recovering = False
+        self._findings_logged = 0
+        self._removal_logged = False
 
     # --- views --------------------------------------------------------------------------
 
@@ -437,6 +470,7 @@ class RaftNode:
                 "next": int(pr.next),
                 "state": pr.state.value,
                 "learner": pr.is_learner,
+                "recovering": pr.peer_recovering,
             }
             for node_id, pr in sorted(core.progress.items())
         }
@@ -444,7 +478,7 @@ class RaftNode:
     def ready_for_clients(self) -> bool:
         """A leader is known and we applied what it told us is committed (``/readyz``)."""
         core = self._core
-        if core is None or self._stopped or core.leader_id is None:
+        if core is None or self._stopped or core.leader_id is None or core.recovering:
             return False
         if core.role is Role.LEADER:
             return self.is_leader()
@@ -593,7 +627,8 @@ class RaftNode:
         self._check_can_lead()
         core = self.core
         if target is None and not any(
-            n != self.id and n in core.membership.voters for n in core.progress
+            n != self.id and n in core.membership.voters and not pr.peer_recovering
+            for n, pr in core.progress.items()
         ):
             raise RequestError(
                 ErrorCode.INVALID_ARGUMENT, "there is no other voter to transfer leadership to"
@@ -694,8 +729,56 @@ class RaftNode:
             )
             self._note_role()
 
+    def _check_identity(self) -> tuple[int, bool]:
+        """Check (or write) the data directory's stamp.
+
+        Returns:
+            ``(incarnation, new)``: ``new`` when the directory was never used before.
+
+        Raises:
+            ConfigError: the directory belongs to another cluster or another node.
+        """
+        storage = self._storage
+        config = self.config
+        found = storage.identity()
+        if found is None:
+            pristine = storage.is_pristine()
+            incarnation = self._rng.getrandbits(63) or 1
+            storage.stamp_identity(StoreIdentity(config.cluster_id, config.node_id, incarnation))
+            if pristine:
+                log.info(
+                    "new data directory: node %d of cluster %r, incarnation %x; it votes once "
+                    "every other voter has answered (a wiped directory looks the same)",
+                    config.node_id,
+                    config.cluster_id,
+                    incarnation,
+                )
+            else:
+                log.info("stamped the existing raft data of node %d: incarnation %x",
+                         config.node_id, incarnation)  # fmt: skip
+            return incarnation, pristine
+        if found.cluster_id != config.cluster_id:
+            raise ConfigError(
+                f"the data directory belongs to cluster {found.cluster_id!r}, not "
+                f"{config.cluster_id!r}; pass --cluster-id {found.cluster_id} or use another "
+                "--data-dir"
+            )
+        if found.node_id != config.node_id:
+            raise ConfigError(
+                f"the data directory belongs to node {found.node_id}, not node "
+                f"{config.node_id}; pass --node-id {found.node_id} or use another --data-dir"
+            )
+        if config.new_cluster:
+            log.warning(
+                "--initial-cluster-state new ignored: node %d's data directory was used "
+                "before; it recovers as a member of an existing cluster",
+                config.node_id,
+            )
+        return found.incarnation, False
+
     def _load(self) -> None:
         storage = self._storage
+        self.incarnation, new_directory = self._check_identity()
         if self.config.bootstrap_voters:
             storage.bootstrap(
                 Membership(frozenset(NodeId(v) for v in self.config.bootstrap_voters))
@@ -713,9 +796,14 @@ class RaftNode:
         if applied > hard_state.commit:
             # Entries are applied only once committed; the commit index (unsynced) was lost.
             storage.set_hard_state(attrs.evolve(hard_state, commit=LogIndex(applied)))
+        boot_id = self._rng.getrandbits(63) or 1
         self._core = RaftCore(
-            self.config.raft_config(), storage, self._rng, applied=LogIndex(applied)
+            self.config.raft_config(self.incarnation, boot_id, new_directory=new_directory),
+            storage,
+            self._rng,
+            applied=LogIndex(applied),
         )
+        self._note_recovery()
 
     async def _ticker(self) -> None:
         tick_s = self.config.tick_ms / 1000
@@ -785,6 +873,8 @@ class RaftNode:
                 await self._handle_ready(ready)
                 core.advance(ready)
             self._note_role()
+            if core.recovering or self._was_recovering or core.removed_at is not None:
+                self._note_recovery()
             self._maybe_start_compaction(compact_send)
 
     def _feed(self, core: RaftCore) -> None:
@@ -1105,6 +1195,47 @@ class RaftNode:
             for waiter in self._durable_waiters.values():
                 waiter.fail(_outcome_unknown(waiter.index, "leadership was lost"))
             self._durable_waiters.clear()
+
+    def _note_recovery(self) -> None:
+        """Log where recovery after this start stands (``docs/raft.md``, "Disk faults")."""
+        core = self.core
+        status = core.recovery_status()
+        for finding in status.findings[self._findings_logged :]:
+            log.warning("node %d data directory check: %s", self.id, finding)
+        self._findings_logged = len(status.findings)
+        if status.recovering and not self._was_recovering:
+            log.info(
+                "node %d is recovering after its start: no votes and no quorum counting "
+                "until nodes %s answer",
+                self.id,
+                ", ".join(str(n) for n in status.waiting_for) or "of the cluster",
+            )
+        elif self._was_recovering and not status.recovering:
+            floor = status.vote_floor
+            log.info(
+                "node %d finished recovery in term %d%s",
+                self.id,
+                core.term,
+                ""
+                if floor is None
+                else f"; it votes only for logs at least at term "
+                f"{floor[0]} index {floor[1]} until its own log gets there",
+            )
+        self._was_recovering = status.recovering
+        if status.removed_at is not None and not self._removal_logged:
+            self._removal_logged = True
+            self._role_epoch += 1  # wake whoever waits on the role to notice the removal
+            self._role_event.set()
+            self._role_event = trio.Event()
+
+    def recovering(self) -> bool:
+        """Whether this node is still recovering after its start (no votes, not counted)."""
+        return self._core is not None and self._core.recovering
+
+    def removed_at(self) -> int | None:
+        """The log index at which a member said this node was removed, or None."""
+        core = self._core
+        return None if core is None or core.removed_at is None else int(core.removed_at)
 
     def _maybe_start_compaction(self, compact_send: trio.MemorySendChannel[Any]) -> None:
         if self._compacting or self._compaction_done is not None:

@@ -21,7 +21,16 @@ from collections import deque
 
 import attrs
 
-from futureq.raft.messages import LogIndex, Membership, Snapshot, SnapshotMetadata, Term
+from futureq.raft.messages import (
+    EMPTY_REGISTRY,
+    LogIndex,
+    Membership,
+    Registry,
+    Sender,
+    Snapshot,
+    SnapshotMetadata,
+    Term,
+)
 
 
 class ProgressState(enum.Enum):
@@ -60,12 +69,46 @@ class Progress:
         self.recent_active = False
         # ReadIndex (thesis §6.4): highest heartbeat round this peer answered.
         self.read_seq_acked = 0
+        # Disk faults (docs/raft.md): who answers, and whether it may count yet.
+        self.peer_boot = 0
+        self.peer_incarnation = 0
+        self.peer_recovering = False
 
     def __repr__(self) -> str:
         return (
             f"Progress(state={self.state.value}, match={self.match}, next={self.next}, "
-            f"inflight={len(self.inflight)}, learner={self.is_learner})"
+            f"inflight={len(self.inflight)}, learner={self.is_learner}, "
+            f"recovering={self.peer_recovering})"
         )
+
+    # --- who answers (docs/raft.md, "Disk faults") ---------------------------------------
+
+    def observe(self, sender: Sender, next_index: LogIndex) -> bool:
+        """Take the sender stamp of a message from this peer.
+
+        A new ``boot`` means the peer restarted: what it acknowledged before may be gone
+        from its disk (wiped, or an older copy), so replication starts over by probing
+        from ``next_index`` with ``match = 0``. The commit index is not affected: it
+        never goes back.
+
+        Returns:
+            True if the peer restarted since the last message seen from it.
+        """
+        restarted = sender.boot != self.peer_boot
+        self.peer_boot = sender.boot
+        self.peer_incarnation = sender.incarnation
+        self.peer_recovering = sender.recovering
+        if restarted:
+            self.match = LogIndex(0)
+            self.next = next_index
+            self._reset(ProgressState.PROBE)
+            self.read_seq_acked = 0
+        return restarted
+
+    @property
+    def counts(self) -> bool:
+        """Whether this peer's answers count towards quorums (a voter, not recovering)."""
+        return not self.is_learner and not self.peer_recovering
 
     # --- state transitions -------------------------------------------------------------
 
@@ -140,8 +183,8 @@ class Progress:
                 return False
             self.next = LogIndex(self.match + 1)
             return True
-        if self.next - 1 != rejected:
-            return False
+        if self.next - 1 != rejected or rejected <= self.match:
+            return False  # stale: answers an older probe, or one we know matched since
         self.next = LogIndex(max(min(rejected, match_hint + 1), self.match + 1, 1))
         self.probe_sent = False
         return True
@@ -221,8 +264,9 @@ class SnapshotReceiver:
         offset: int,
         data: bytes,
         done: bool,
+        registry: Registry = EMPTY_REGISTRY,
     ) -> tuple[int, Snapshot | None]:
-        """Take one chunk.
+        """Take one chunk (``registry`` is the snapshot's member registry).
 
         Returns:
             ``(next_offset, snapshot)``: the number of contiguous bytes held, and the
@@ -240,7 +284,9 @@ class SnapshotReceiver:
         self._length += len(data)
         if not done:
             return self._length, None
-        snapshot = Snapshot(SnapshotMetadata(index, term, membership), b"".join(self._chunks))
+        snapshot = Snapshot(
+            SnapshotMetadata(index, term, membership, registry), b"".join(self._chunks)
+        )
         length = self._length
         self._clear()
         return length, snapshot

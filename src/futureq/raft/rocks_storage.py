@@ -6,7 +6,11 @@ Layout (``DESIGN.md``, "Storage layout"):
   ``[term, kind, data]`` (the layout :class:`~futureq.broker.command_log.SingleNodeLog`
   also writes);
 * family ``raft_state``: ``hard_state`` = msgpack ``[term, vote or nil, commit]``;
-  ``snapshot`` = msgpack ``[index, term, voters, learners, file name]``;
+  ``snapshot`` = msgpack ``[index, term, voters, learners, file name, registry]`` (the
+  member registry as :func:`~futureq.raft.messages.encode_registry` bytes; absent in
+  data written before it existed); ``identity`` = msgpack ``[cluster id, node id,
+  incarnation]``, the stamp a data directory gets when it is created (``docs/raft.md``,
+  "Disk faults");
   ``log_start`` = msgpack ``[index, term]``, the entry just before the first stored one
   (equal to the snapshot's index and term unless entries are kept behind the snapshot);
 * the snapshot's data bytes live in a file of ``snapshot_dir`` (written to a temporary
@@ -30,10 +34,12 @@ import os
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
+import attrs
 import msgpack
 
-from futureq.errors import StorageError
+from futureq.errors import RemoteProtocolError, StorageError
 from futureq.raft.messages import (
+    EMPTY_REGISTRY,
     Entry,
     EntryKind,
     HardState,
@@ -44,6 +50,8 @@ from futureq.raft.messages import (
     Snapshot,
     SnapshotMetadata,
     Term,
+    decode_registry,
+    encode_registry,
 )
 from futureq.raft.storage import (
     CompactedError,
@@ -63,11 +71,28 @@ STATE_FAMILY: Final = "raft_state"
 _HARD_STATE: Final = b"hard_state"
 _SNAPSHOT: Final = b"snapshot"
 _LOG_START: Final = b"log_start"
+_IDENTITY: Final = b"identity"
 _MAX_KEY: Final = b"\xff" * 8
 DEFAULT_CACHE_BYTES: Final = 64 << 20
 """Recent entries kept in memory for the leader's replication reads (bytes)."""
 
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+@attrs.frozen
+class StoreIdentity:
+    """The stamp of a data directory (``docs/raft.md``, "Disk faults").
+
+    Attributes:
+        cluster_id: The cluster it belongs to.
+        node_id: The node it belongs to.
+        incarnation: Random id drawn when the directory was created (> 0); a wiped
+            directory gets a new one, so peers can tell it from the one they knew.
+    """
+
+    cluster_id: str
+    node_id: int
+    incarnation: int
 
 
 def log_key(index: int) -> bytes:
@@ -217,8 +242,20 @@ class RocksStorage:
     @staticmethod
     def _decode_snapshot(raw: bytes) -> tuple[SnapshotMetadata, str]:
         fields = _unpack(raw, "snapshot metadata")
-        if len(fields) != 5 or not isinstance(fields[2], list) or not isinstance(fields[3], list):
+        if (
+            len(fields) not in (5, 6)
+            or not isinstance(fields[2], list)
+            or not isinstance(fields[3], list)
+        ):
             raise StorageError("stored raft snapshot metadata is malformed")
+        registry = EMPTY_REGISTRY
+        if len(fields) == 6:
+            if not isinstance(fields[5], bytes):
+                raise StorageError("stored raft snapshot registry is not binary")
+            try:
+                registry = decode_registry(fields[5])
+            except RemoteProtocolError as exc:
+                raise StorageError(f"stored raft snapshot registry is corrupt: {exc}") from None
         file_name = fields[4]
         if not isinstance(file_name, str):
             raise StorageError("stored raft snapshot file name is not a string")
@@ -230,6 +267,7 @@ class RocksStorage:
             LogIndex(_int(fields[0], "snapshot index")),
             Term(_int(fields[1], "snapshot term")),
             membership,
+            registry,
         )
         return metadata, file_name
 
@@ -339,7 +377,45 @@ class RocksStorage:
         """Metadata of the stored snapshot, without loading its data."""
         return self._snapshot_meta
 
+    def identity(self) -> StoreIdentity | None:
+        """The data directory's stamp, or None if it was never stamped.
+
+        Raises:
+            StorageError: the stored stamp is corrupt.
+        """
+        raw = self._db.get(STATE_FAMILY, _IDENTITY)
+        if raw is None:
+            return None
+        fields = _unpack(raw, "identity")
+        if len(fields) != 3 or not isinstance(fields[0], str):
+            raise StorageError("stored raft identity is not [cluster id, node id, incarnation]")
+        return StoreIdentity(fields[0], _int(fields[1], "node id"), _int(fields[2], "incarnation"))
+
+    def is_pristine(self) -> bool:
+        """Whether nothing was ever written here: no entry, hard state or snapshot."""
+        return (
+            self._snapshot_meta.index == 0
+            and not self._terms
+            and self._hard_state == HardState()
+            and not self._snapshot_meta.membership.voters
+            and not self._snapshot_meta.membership.learners
+        )
+
     # --- writes -------------------------------------------------------------------------
+
+    def stamp_identity(self, identity: StoreIdentity) -> None:
+        """Write the data directory's stamp (synced).
+
+        Raises:
+            StorageError: the write failed.
+        """
+        batch = self._db.new_batch()
+        batch.put(
+            _IDENTITY,
+            _pack([identity.cluster_id, identity.node_id, identity.incarnation]),
+            self._state_handle,
+        )
+        self._db.write_batch(batch, True)
 
     def bootstrap(self, membership: Membership) -> bool:
         """Set the initial configuration if the storage is pristine (never written to).
@@ -350,14 +426,7 @@ class RocksStorage:
         Returns:
             True if the membership was stored, False if the storage already had state.
         """
-        pristine = (
-            self._snapshot_meta.index == 0
-            and not self._terms
-            and self._hard_state == HardState()
-            and not self._snapshot_meta.membership.voters
-            and not self._snapshot_meta.membership.learners
-        )
-        if not pristine:
+        if not self.is_pristine():
             return False
         self._snapshot_meta = SnapshotMetadata(LogIndex(0), Term(0), membership)
         batch = self._db.new_batch()
@@ -500,6 +569,7 @@ class RocksStorage:
                 sorted(meta.membership.voters),
                 sorted(meta.membership.learners),
                 self._snapshot_file,
+                encode_registry(meta.registry),
             ]
         )
         batch.put(_SNAPSHOT, value, self._state_handle)
@@ -588,4 +658,4 @@ class RocksStorage:
             pass  # a stale file wastes space but harms nothing; the next one retries
 
 
-__all__ = ["LOG_FAMILY", "STATE_FAMILY", "RocksStorage", "log_key"]
+__all__ = ["LOG_FAMILY", "STATE_FAMILY", "RocksStorage", "StoreIdentity", "log_key"]

@@ -161,6 +161,14 @@ class MemoryStorage:
         """See :meth:`Storage.snapshot`."""
         return self._snapshot
 
+    def clone(self) -> MemoryStorage:
+        """An independent copy (what a copy of a data directory is to a real store)."""
+        copy = MemoryStorage()
+        copy._hard_state = self._hard_state
+        copy._snapshot = self._snapshot
+        copy._entries = list(self._entries)
+        return copy
+
     # --- writes (adapter side) ------------------------------------------------------
 
     def hard_state(self) -> HardState:

@@ -267,10 +267,11 @@ class TimeKeeper:
         return self.dispatch_refusal(core, mono_us) is None
 
     def best_transfer_target(self, core: RaftCore) -> NodeId | None:
-        """The most up-to-date voter that says it may lead, or None (leader only)."""
+        """The most up-to-date voter that says it may lead (and is not recovering after a
+        restart, ``docs/raft.md``, "Disk faults"), or None (leader only)."""
         best: tuple[int, int] | None = None
         for node_id, pr in sorted(core.progress.items()):
-            if node_id == self.id or node_id not in core.membership.voters:
+            if node_id == self.id or node_id not in core.membership.voters or pr.peer_recovering:
                 continue
             if self.clock.peer_in_bound(node_id) is not True:
                 continue

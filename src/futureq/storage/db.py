@@ -25,7 +25,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from futureq.errors import NoSpaceError, StorageError
+from futureq.errors import DataDirectoryInUseError, NoSpaceError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,12 @@ class Database:
                 column_families=families,
             )
         except Exception as exc:  # rocksdict raises plain Exception subclasses
+            if "LOCK" in str(exc) and "lock" in str(exc).lower():
+                raise DataDirectoryInUseError(
+                    f"cannot open RocksDB at {self.path!r}: another process is using this data "
+                    "directory (is this node already running?); two processes must not share "
+                    "a data directory or a node id"
+                ) from exc
             raise storage_error(f"cannot open RocksDB at {self.path!r}", exc) from exc
         self._handles = {name: self._db.get_column_family_handle(name) for name in FAMILIES}
         self._families = {name: self._db.get_column_family(name) for name in FAMILIES}

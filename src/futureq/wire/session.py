@@ -53,6 +53,9 @@ SERVER_ONLY_FRAME_TYPES: Final = frozenset(
         frames.FrameType.ERROR,
         frames.FrameType.OK,
         frames.FrameType.CLUSTER_STATUS_OK,
+        frames.FrameType.REVOKE,
+        frames.FrameType.SUBSCRIPTION_END,
+        frames.FrameType.SUBSCRIPTION_INFO,
     }
 )
 """Frame types only a server may send."""

@@ -132,6 +132,8 @@ REQUESTS: dict[frames.FrameType, frames.Frame] = {
     frames.FrameType.SUBSCRIBE: frames.Subscribe(1, "t", "g", 1),
     frames.FrameType.ACK: frames.Ack(1, [b"x"]),
     frames.FrameType.NACK: frames.Nack(1, [b"x"], 0),
+    frames.FrameType.EXTEND: frames.Extend(1, [b"x"], 1000),
+    frames.FrameType.RELEASE: frames.Release(1, [b"x"]),
     frames.FrameType.CREDIT: frames.Credit(1, 1, 1),
     frames.FrameType.STATUS: frames.Status(1),
     frames.FrameType.UNSUBSCRIBE: frames.Unsubscribe(1, 1),

@@ -21,19 +21,27 @@ from futureq.raft.messages import (
     InstallSnapshot,
     InstallSnapshotResponse,
     LogIndex,
+    MemberRecord,
     Membership,
     Message,
     NodeId,
+    NotMember,
     ReadIndex,
     ReadIndexResponse,
+    RecoveryRequest,
+    RecoveryResponse,
+    Registry,
     RequestVote,
     RequestVoteResponse,
+    Sender,
     Term,
     TimeoutNow,
     decode_config_change,
     decode_message,
+    decode_registry,
     encode_config_change,
     encode_message,
+    encode_registry,
 )
 
 counts = st.integers(min_value=0, max_value=2**63 - 1)
@@ -50,29 +58,49 @@ def memberships(draw: st.DrawFn) -> Membership:
     return Membership(voters, learners)
 
 
+@st.composite
+def registries(draw: st.DrawFn) -> Registry:
+    ids = sorted(draw(st.frozensets(node_ids, max_size=5)))
+    records = tuple(MemberRecord(n, draw(counts), draw(terms), draw(indexes)) for n in ids)
+    removed_ids = sorted(draw(st.frozensets(node_ids, max_size=3)))
+    return Registry(records, tuple((n, draw(indexes)) for n in removed_ids))
+
+
+senders = st.builds(Sender, counts, counts, st.booleans())
+
 messages: st.SearchStrategy[Message] = st.one_of(
-    st.builds(RequestVote, terms, node_ids, node_ids, indexes, terms, st.booleans(), st.booleans()),
-    st.builds(RequestVoteResponse, terms, node_ids, node_ids, st.booleans(), st.booleans()),
+    st.builds(RequestVote, terms, node_ids, node_ids, indexes, terms, st.booleans(), st.booleans(),
+              sender=senders),
+    st.builds(RequestVoteResponse, terms, node_ids, node_ids, st.booleans(), st.booleans(),
+              sender=senders),
     st.builds(
         AppendEntries, terms, node_ids, node_ids, indexes, terms,
-        st.lists(entries, max_size=4).map(tuple), indexes,
+        st.lists(entries, max_size=4).map(tuple), indexes, sender=senders,
     ),
     st.builds(
-        AppendEntriesResponse, terms, node_ids, node_ids, st.booleans(), indexes, indexes, terms
+        AppendEntriesResponse, terms, node_ids, node_ids, st.booleans(), indexes, indexes, terms,
+        sender=senders,
     ),
-    st.builds(Heartbeat, terms, node_ids, node_ids, indexes, counts),
-    st.builds(HeartbeatResponse, terms, node_ids, node_ids, counts),
+    st.builds(Heartbeat, terms, node_ids, node_ids, indexes, counts, sender=senders),
+    st.builds(HeartbeatResponse, terms, node_ids, node_ids, counts, sender=senders),
     st.builds(
         InstallSnapshot, terms, node_ids, node_ids, indexes, terms, memberships(), counts,
-        st.binary(max_size=64), st.booleans(),
+        st.binary(max_size=64), st.booleans(), registries(), sender=senders,
     ),
     st.builds(
         InstallSnapshotResponse, terms, node_ids, node_ids, indexes, counts, counts,
-        st.booleans(), indexes,
+        st.booleans(), indexes, sender=senders,
     ),
-    st.builds(TimeoutNow, terms, node_ids, node_ids),
-    st.builds(ReadIndex, terms, node_ids, node_ids, st.binary(max_size=16)),
-    st.builds(ReadIndexResponse, terms, node_ids, node_ids, st.binary(max_size=16), indexes),
+    st.builds(TimeoutNow, terms, node_ids, node_ids, sender=senders),
+    st.builds(ReadIndex, terms, node_ids, node_ids, st.binary(max_size=16), sender=senders),
+    st.builds(ReadIndexResponse, terms, node_ids, node_ids, st.binary(max_size=16), indexes,
+              sender=senders),
+    st.builds(RecoveryRequest, terms, node_ids, node_ids, counts, indexes, terms, sender=senders),
+    st.builds(
+        RecoveryResponse, terms, node_ids, node_ids, counts, indexes, terms, indexes,
+        st.frozensets(node_ids, max_size=5), indexes, counts, terms, indexes, sender=senders,
+    ),
+    st.builds(NotMember, terms, node_ids, node_ids, indexes, sender=senders),
 )  # fmt: skip
 
 
@@ -115,8 +143,10 @@ def test_mutated_fields_decode_or_raise_remote_protocol_error(
         (msgpack.packb([9, 1, 1]), ErrorCode.INVALID_FRAME),  # too few fields
         (msgpack.packb([9, 1, 0, 1]), ErrorCode.INVALID_FRAME),  # node id 0
         (msgpack.packb([9, -1, 1, 1]), ErrorCode.INVALID_FRAME),  # negative term
-        (msgpack.packb([2, 1, 1, 2, 1, False]), ErrorCode.INVALID_FRAME),  # int as bool
-        (msgpack.packb([10, 1, 1, 2, "ctx"]), ErrorCode.INVALID_FRAME),  # str as bytes
+        (msgpack.packb([2, 1, 1, 2, 0, 0, False, 1, False]), ErrorCode.INVALID_FRAME),  # int as bool
+        (msgpack.packb([10, 1, 1, 2, 0, 0, False, "ctx"]), ErrorCode.INVALID_FRAME),  # str, not bytes
+        (msgpack.packb([9, 1, 1, 2, 0, 0, 1]), ErrorCode.INVALID_FRAME),  # recovering not a bool
+        (msgpack.packb([9, 1, 1, 2, -1, 0, False]), ErrorCode.INVALID_FRAME),  # bad incarnation
     ],
 )
 def test_bad_input_raises_with_stable_code(value: bytes, code: ErrorCode) -> None:
@@ -126,8 +156,24 @@ def test_bad_input_raises_with_stable_code(value: bytes, code: ErrorCode) -> Non
 
 
 def test_encoding_is_a_positional_array_with_type_tag() -> None:
-    message = TimeoutNow(Term(3), NodeId(1), NodeId(2))
-    assert msgpack.unpackb(encode_message(message)) == [9, 3, 1, 2]
+    message = TimeoutNow(Term(3), NodeId(1), NodeId(2), sender=Sender(7, 8, True))
+    assert msgpack.unpackb(encode_message(message)) == [9, 3, 1, 2, 7, 8, True]
+    assert msgpack.unpackb(encode_message(TimeoutNow(Term(3), NodeId(1), NodeId(2)))) == [
+        9, 3, 1, 2, 0, 0, False,
+    ]  # fmt: skip
+
+
+@given(registries())
+def test_registry_payload_round_trips(registry: Registry) -> None:
+    assert decode_registry(encode_registry(registry)) == registry
+
+
+def test_registry_payload_refuses_unsorted_or_repeated_ids() -> None:
+    unsorted = msgpack.packb([[[2, 1, 1, 1], [1, 1, 1, 1]], []])
+    repeated = msgpack.packb([[], [[3, 5], [3, 6]]])
+    for data in (unsorted, repeated, msgpack.packb([[], []]) + b"x", msgpack.packb([1])):
+        with pytest.raises(RemoteProtocolError):
+            decode_registry(data)
 
 
 @given(st.sampled_from(ConfChangeOp), node_ids, memberships())

@@ -24,14 +24,16 @@ from futureq.raft.messages import (
     EntryKind,
     HardState,
     LogIndex,
+    MemberRecord,
     Membership,
     NodeId,
     Ready,
+    Registry,
     Snapshot,
     SnapshotMetadata,
     Term,
 )
-from futureq.raft.rocks_storage import RocksStorage
+from futureq.raft.rocks_storage import RocksStorage, StoreIdentity
 from futureq.raft.storage import CompactedError, MemoryStorage
 from futureq.storage.db import Database
 
@@ -174,6 +176,32 @@ def test_old_snapshot_files_are_removed(reopenable: _Reopenable) -> None:
     storage.compact(Snapshot(SnapshotMetadata(LogIndex(6), Term(1), MEMBERSHIP), b"b"))
     files = sorted(p.name for p in (reopenable.path / "snapshots").iterdir())
     assert files == ["snapshot-00000000000000000006.bin"]
+
+
+def test_the_snapshot_registry_and_the_identity_stamp_survive_a_reopen(
+    reopenable: _Reopenable,
+) -> None:
+    """docs/raft.md, "Disk faults": the member registry rides in snapshot metadata; the
+    data directory's stamp is written once and read back."""
+    storage = reopenable.storage
+    assert storage.identity() is None and storage.is_pristine() is False  # has a membership
+    storage.stamp_identity(StoreIdentity("prod", 2, 0xABC))
+    registry = Registry(
+        (MemberRecord(NodeId(1), 7, Term(1), LogIndex(3)),), ((NodeId(4), LogIndex(2)),)
+    )
+    storage.append(_entries(1, [1] * 5))
+    storage.compact(Snapshot(SnapshotMetadata(LogIndex(3), Term(1), MEMBERSHIP, registry), b"a"))
+    again = reopenable.reopen()
+    assert again.snapshot().metadata.registry == registry
+    assert again.identity() == StoreIdentity("prod", 2, 0xABC)
+
+
+def test_a_fresh_store_is_pristine(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "db"))
+    try:
+        assert RocksStorage(db, str(tmp_path / "snapshots")).is_pristine()
+    finally:
+        db.close()
 
 
 def test_missing_snapshot_file_is_a_storage_error(reopenable: _Reopenable) -> None:

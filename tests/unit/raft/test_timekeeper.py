@@ -240,7 +240,7 @@ def test_heartbeat_rounds_are_numbered_per_broadcast() -> None:
     assert leader.core.quorum_heartbeat_round() == rounds[-1]
 
 
-def test_a_restarted_voter_ignores_vote_requests_for_one_election_timeout() -> None:
+def test_a_restarted_voter_refuses_vote_requests_for_one_election_timeout() -> None:
     """The lease counts on every voter that answered a heartbeat to stay loyal for an
     election timeout; one that crashed and restarted at once must keep that promise."""
     storage = MemoryStorage(Membership(frozenset({NodeId(1), NodeId(2), NodeId(3)})))
@@ -251,7 +251,12 @@ def test_a_restarted_voter_ignores_vote_requests_for_one_election_timeout() -> N
     for _ in range(9):
         restarted.tick()
         restarted.step(request)
-        assert restarted.term == 5 and not restarted.has_ready()
+        assert restarted.term == 5 and restarted.vote == 1
+        ready = restarted.ready()
+        assert [(type(m).__name__, getattr(m, "granted", None)) for m in ready.messages] == [
+            ("RequestVoteResponse", False)
+        ]
+        restarted.advance(ready)
     restarted.tick()
     restarted.step(request)
     assert restarted.term == 6 and restarted.vote == 3

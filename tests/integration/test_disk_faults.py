@@ -1,0 +1,218 @@
+"""Disk faults against real ``futureq start`` processes (``docs/raft.md``, "Disk faults").
+
+A node whose data directory was wiped, or replaced by an older copy of itself, comes
+back with its old node id. It must not help elect a leader that lacks what it once
+acknowledged: nothing acknowledged is lost, and the nodes converge. Also: a second
+process for a node id that runs already is refused, and a node that missed its own
+removal learns it from a member and shuts down.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cluster_process import Cluster, ClusterNode, free_ports
+from test_cluster import consume_all
+from wire_client import WireClient
+
+from futureq.wire import frames
+
+# Small record interval: the leader records how far each member acknowledged often, so
+# the restored node is told what its copy lacks (docs/raft.md, "Disk faults").
+ENV = {"FUTUREQ_CLUSTER_MEMBER_RECORD_MS": "200"}
+
+
+def publish(node: ClusterNode, topic: str, count: int, batch: int = 10) -> set[int]:
+    """Publish ``count`` messages to the leader ``node``; return the acknowledged ids."""
+    client = WireClient(node.client_address)
+    ids: set[int] = set()
+    number = 0
+    while number < count:
+        size = min(batch, count - number)
+        answer = client.publish(
+            [[topic, f"{number + i}".encode(), 0, None, None] for i in range(size)]
+        )
+        assert isinstance(answer, frames.PublishOk), answer
+        ids.update(answer.first_id + i for i in range(answer.count))
+        number += size
+    client.close()
+    return ids
+
+
+def leader_among(cluster: Cluster, ids: set[int], timeout_s: float) -> ClusterNode | None:
+    """The node among ``ids`` that says it leads within ``timeout_s``, or None."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for node_id in sorted(ids):
+            node = cluster.nodes[node_id]
+            if not node.alive():
+                continue
+            try:
+                if node.http_json("/api/status").get("role") == "leader":
+                    return node
+            except OSError:
+                pass
+        time.sleep(0.1)
+    return None
+
+
+def wait_recovered(node: ClusterNode, timeout_s: float = 20.0) -> None:
+    """Wait until ``node`` heard from every other voter after its start (it counts again)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        client = WireClient(node.client_address)
+        view = client.request(frames.ClusterStatus(client.next_id())).status
+        client.close()
+        if view.get("recovering") is False:
+            return
+        assert time.monotonic() < deadline, f"node {node.node_id} is still recovering: {view}"
+        time.sleep(0.05)
+
+
+def wait_converged(cluster: Cluster, timeout_s: float = 30.0) -> tuple[int, int]:
+    """Wait until every node reports the same applied index and state digest."""
+    deadline = time.monotonic() + timeout_s
+    seen: set[tuple[int, int]] = set()
+    while time.monotonic() < deadline:
+        seen = set()
+        for node in cluster.nodes.values():
+            try:
+                status = node.http_json("/api/status")
+            except OSError:
+                seen.add((-1, -1))
+                continue
+            seen.add((status["applied_index"], status["applied_digest"]))
+        if len(seen) == 1:
+            return next(iter(seen))
+        time.sleep(0.1)
+    raise AssertionError(f"the nodes did not converge: (applied index, digest) {seen}")
+
+
+def test_a_wiped_node_rejoining_with_its_old_id_loses_nothing(tmp_path: Path) -> None:
+    """The issue's reproduction: a quorum L+F acknowledges; F is wiped and restarted,
+    L dies and B (which missed everything) comes back. B and the blank F must not elect
+    a leader between them; once L is back, everything acknowledged is delivered."""
+    cluster = Cluster(tmp_path, 3, env=ENV)
+    try:
+        cluster.start()
+        leader = cluster.leader()
+        follower, behind = (n for n in cluster.nodes.values() if n is not leader)
+        acked = publish(leader, "wipe", 50)
+        behind.kill()
+        acked |= publish(leader, "wipe", 200)
+        follower.kill()
+        shutil.rmtree(follower.data_dir)
+        follower.start()  # same --node-id and --peers, empty data directory
+        leader.kill()
+        behind.start()
+        # Standard Raft would elect B or the blank F here and lose the 200.
+        assert leader_among(cluster, {follower.node_id, behind.node_id}, 4.0) is None
+        leader.start()
+        new_leader = cluster.leader(timeout_s=30)
+        assert consume_all(new_leader, "wipe", "g", acked, timeout_s=60) >= acked
+        wait_converged(cluster)
+        log = follower.stderr_text()
+        assert "new data directory" in log
+        assert "it was wiped or replaced" in log, log[-3000:]
+    finally:
+        cluster.stop()
+
+
+def test_a_node_restored_from_an_older_copy_loses_nothing(tmp_path: Path) -> None:
+    """A follower's data directory is copied, the follower acknowledges more (in the
+    quorum that commits it), then the old copy is put back and the node restarted. It is
+    told what it acknowledged and must not help a node that lacks it become leader."""
+    cluster = Cluster(tmp_path, 3, env=ENV)
+    try:
+        cluster.start()
+        leader = cluster.leader()
+        follower, behind = (n for n in cluster.nodes.values() if n is not leader)
+        acked = publish(leader, "copy", 50)
+        follower.kill()
+        copy = tmp_path / "old-copy"
+        shutil.copytree(follower.data_dir, copy)
+        follower.start()
+        wait_recovered(follower)
+        behind.kill()  # from here on the quorum is the leader and the follower
+        acked |= publish(leader, "copy", 300)
+        time.sleep(1.0)  # the leader records the follower's acknowledgement (200 ms)
+        follower.kill()
+        shutil.rmtree(follower.data_dir)
+        shutil.copytree(copy, follower.data_dir)
+        follower.start()
+        leader.kill()
+        behind.start()
+        assert leader_among(cluster, {follower.node_id, behind.node_id}, 4.0) is None
+        leader.start()
+        new_leader = cluster.leader(timeout_s=30)
+        assert consume_all(new_leader, "copy", "g", acked, timeout_s=60) >= acked
+        wait_converged(cluster)
+        log = follower.stderr_text()
+        assert "it is an older copy of itself" in log, log[-3000:]
+    finally:
+        cluster.stop()
+
+
+def _start_process(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "futureq.cli.server_main", "start", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_second_process_for_a_running_node_id_is_refused(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, 3)
+    try:
+        cluster.start()
+        cluster.leader()
+        peers = ",".join(f"{n}=127.0.0.1:{cluster.ports[n][1]}" for n in cluster.ports)
+        client_port, raft_port, http_port = free_ports(3)
+        ports = [
+            "--listen", f"127.0.0.1:{client_port}", "--http", f"127.0.0.1:{http_port}",
+            "--raft-listen", f"127.0.0.1:{raft_port}",
+        ]  # fmt: skip
+        # Another data directory (another machine, a copied command line).
+        other = _start_process(
+            ["--node-id", "2", "--data-dir", str(tmp_path / "other"), "--peers", peers, *ports,
+             *cluster.auth_args]
+        )  # fmt: skip
+        assert other.returncode == 2, other.stderr[-2000:]
+        assert "another process runs node 2" in other.stderr
+        # The same data directory.
+        same = _start_process(
+            ["--node-id", "2", "--data-dir", str(cluster.nodes[2].data_dir), "--peers", peers,
+             *ports, *cluster.auth_args]
+        )  # fmt: skip
+        assert same.returncode == 2, same.stderr[-2000:]
+        assert "another process is using this data directory" in same.stderr
+        assert cluster.nodes[2].alive()
+    finally:
+        cluster.stop()
+
+
+def test_a_node_that_missed_its_removal_learns_it_and_shuts_down(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, 3)
+    try:
+        cluster.start()
+        leader = cluster.leader()
+        victim = next(n for n in cluster.nodes.values() if n is not leader)
+        victim.kill()
+        admin = WireClient(leader.client_address)
+        answer = admin.request(frames.ClusterRemoveNode(admin.next_id(), victim.node_id))
+        assert isinstance(answer, frames.Ok), answer
+        publish(leader, "after-removal", 5)
+        victim.start()  # its log still says it is a voter
+        assert victim.process is not None
+        assert victim.process.wait(20) == 0
+        log = victim.stderr_text()
+        assert f"node {victim.node_id} was removed from the cluster at log index" in log
+        view = WireClient(leader.client_address).request(frames.ClusterStatus(1)).status
+        assert victim.node_id not in view["voters"] and len(view["voters"]) == 2
+    finally:
+        cluster.stop()
