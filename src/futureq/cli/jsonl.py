@@ -41,6 +41,7 @@ from typing import Any, Final, NamedTuple
 import attrs
 
 from futureq.client import PublishItem
+from futureq.wire.validation import implausible_epoch_ms
 
 ENCODINGS: Final = ("json", "text", "base64")
 FIELDS: Final = ("topic", "payload", "payload_encoding", "delay_ms", "deliver_at_ms", "ttl_ms")
@@ -304,6 +305,10 @@ def parse_jsonl_line(text: str) -> PublishItem | None:
         raise LineError(
             "give delay_ms or deliver_at_ms, not both", fields["deliver_at_ms"].key_start + 1
         )
+    if deliver_at_ms is not None:
+        mistake = implausible_epoch_ms("deliver_at_ms", deliver_at_ms)
+        if mistake is not None:
+            raise LineError(mistake, fields["deliver_at_ms"].start + 1)
     return PublishItem(fields["topic"].value, payload, delay_ms, deliver_at_ms, ttl_ms)
 
 
