@@ -1,4 +1,8 @@
-"""futureq.client (async and sync) against a real ``futureq start`` process on 127.0.0.1."""
+"""futureq.client (async and sync) against a real ``futureq start`` process on 127.0.0.1.
+
+Every async test runs twice, under asyncio and under trio (``tests/backends.py``): the
+same client code serves both event loops.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
 
+import anyio
 import pytest
-import trio
+from tests.backends import on_both_backends
 
 from futureq.client import Client, PublishItem, open_client
 from futureq.client.sync import SyncClient
@@ -31,6 +36,7 @@ async def _client(broker: BrokerProcess) -> AsyncIterator[Client]:
         yield client
 
 
+@on_both_backends
 async def test_publish_consume_ack_round_trip(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         first = await client.publish("orders", b'{"n": 1}')
@@ -51,6 +57,7 @@ async def test_publish_consume_ack_round_trip(broker: BrokerProcess) -> None:
         assert status["role"] == "leader"
 
 
+@on_both_backends
 async def test_many_concurrent_publishes_are_batched_and_all_delivered(
     broker: BrokerProcess,
 ) -> None:
@@ -61,7 +68,7 @@ async def test_many_concurrent_publishes_are_batched_and_all_delivered(
         async def one(i: int) -> None:
             ids.append(await client.publish("bulk", str(i).encode()))
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for i in range(total):
                 nursery.start_soon(one, i)
         assert len(set(ids)) == total
@@ -79,6 +86,7 @@ async def test_many_concurrent_publishes_are_batched_and_all_delivered(
         assert seen == {str(i).encode() for i in range(total)}
 
 
+@on_both_backends
 async def test_refused_message_fails_alone(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         with pytest.raises(RequestError) as info:
@@ -90,6 +98,7 @@ async def test_refused_message_fails_alone(broker: BrokerProcess) -> None:
         assert len(await client.publish_batch([PublishItem("ok", b"1")])) == 1
 
 
+@on_both_backends
 async def test_nack_redelivers_with_attempt_two(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         message_id = await client.publish("retry", b"again")
@@ -103,6 +112,7 @@ async def test_nack_redelivers_with_attempt_two(broker: BrokerProcess) -> None:
             await second.ack()
 
 
+@on_both_backends
 async def test_group_admin_round_trip(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         await client.create_group("admin", "g", visibility_timeout_ms=5_000, max_deliveries=3)
@@ -118,13 +128,14 @@ async def test_group_admin_round_trip(broker: BrokerProcess) -> None:
         assert await client.ping() >= 0
 
 
+@on_both_backends
 async def test_client_survives_a_server_restart(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         kept = await client.publish("durable", b"before")
         async with client.subscribe("durable", "g", prefetch=5) as sub:
             delivery = await sub.__anext__()
             assert delivery.id == kept
-            await trio.to_thread.run_sync(broker.restart)  # SIGKILL, then start again
+            await anyio.to_thread.run_sync(broker.restart)  # SIGKILL, then start again
             with pytest.raises(ConnectionLostError):
                 await delivery.ack()  # its connection died; the broker redelivers it
             again = await sub.__anext__()

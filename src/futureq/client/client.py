@@ -1,4 +1,7 @@
-"""The asynchronous FutureQ client (trio): batching, pipelining, reconnect, leader follow.
+"""The asynchronous FutureQ client: batching, pipelining, reconnect, leader follow.
+
+It runs unchanged under asyncio (``asyncio.run``) and trio (``trio.run``): it is written
+against AnyIO, which runs on either event loop.
 
 Usage::
 
@@ -14,13 +17,13 @@ was sent is sent again on the next connection (it may then be stored twice), and
 delivery that is not acked (or whose ack was lost with its connection) is delivered
 again. Make consumers idempotent. See ``docs/client.md``.
 
-Lifetimes: :func:`open_client` owns one nursery holding the connection manager (and
+Lifetimes: :func:`open_client` owns one task group holding the connection manager (and
 through it the current connection's reader and writer tasks), the publish batcher and
 the lease keeper (extends the visibility of deliveries buffered and not yet handed
 out, and releases what a pull-mode subscription did not ask for); nothing the client
 starts outlives the ``async with`` block.
 
-Cancellation is clean at every await: cancel any call (``trio.move_on_after``) and
+Cancellation is clean at every await: cancel any call (``anyio.move_on_after``) and
 the connection, the other calls and every delivery held stay as they were; a late
 answer is dropped (a late SUBSCRIBE_OK is undone with UNSUBSCRIBE).
 """
@@ -35,7 +38,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, Literal, TypeVar
 
-import trio
+import anyio
+import anyio.abc
 
 from futureq.client._backoff import Backoff
 from futureq.client._batching import (
@@ -96,7 +100,7 @@ class _PendingPublish:
     def __init__(self, item: PublishItem, deadline: float) -> None:
         self.item = item
         self.deadline = deadline
-        self.event = trio.Event()
+        self.event = anyio.Event()
         self.message_id: int | None = None
         self.error: FutureQError | None = None
 
@@ -180,7 +184,7 @@ class Client:
         self._rng = rng
         self._conn: Connection | None = None
         self._epoch = 0
-        self._conn_changed = trio.Event()
+        self._conn_changed = anyio.Event()
         self._closed = False
         self._fatal: FutureQError | None = None
         self._last_connect_error: ConnectionLostError | None = None
@@ -188,10 +192,10 @@ class Client:
         self._next_server = 0
         self._subscriptions: dict[int, Subscription] = {}  # by id(), for reconnects
         self.max_lease_s = max_lease_s
-        self._lease_event = trio.Event()
-        self._publish_send, self._publish_receive = trio.open_memory_channel[_PendingPublish](
-            max_batch_items * MAX_BATCHES_IN_FLIGHT
-        )
+        self._lease_event = anyio.Event()
+        self._publish_send, self._publish_receive = anyio.create_memory_object_stream[
+            _PendingPublish
+        ](max_batch_items * MAX_BATCHES_IN_FLIGHT)
 
     # -- connection state ------------------------------------------------------------
 
@@ -220,7 +224,7 @@ class Client:
 
     def _signal_change(self) -> None:
         self._conn_changed.set()
-        self._conn_changed = trio.Event()
+        self._conn_changed = anyio.Event()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -235,7 +239,7 @@ class Client:
             if conn is not None and not conn.is_lost:
                 return conn
             changed = self._conn_changed
-            with trio.move_on_at(deadline):
+            with anyio.CancelScope(deadline=deadline):
                 await changed.wait()
                 continue
             detail = f": {self._last_connect_error}" if self._last_connect_error else ""
@@ -303,7 +307,7 @@ class Client:
         raise ConnectionLostError("; ".join(errors))
 
     async def _maintain_connection(
-        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Keep one connection open: connect, run it, reconnect with backoff.
 
@@ -314,7 +318,7 @@ class Client:
         """
         backoff = Backoff(self._rng)
         started = False
-        first_deadline = trio.current_time() + self._connect_timeout_s
+        first_deadline = anyio.current_time() + self._connect_timeout_s
         while True:
             try:
                 conn = await self._connect_any()
@@ -327,9 +331,9 @@ class Client:
             except ConnectionLostError as exc:
                 self._last_connect_error = exc
                 delay = backoff.next_delay_s()
-                if not started and trio.current_time() + delay > first_deadline:
+                if not started and anyio.current_time() + delay > first_deadline:
                     raise
-                await trio.sleep(delay)
+                await anyio.sleep(delay)
                 continue
             backoff.reset()
             self._conn = conn
@@ -369,7 +373,7 @@ class Client:
             make_frame: Builds the request from a request id.
             retry_unknown: Resend after a connection broke with the request in flight
                 (only for idempotent requests or at-least-once publishing).
-            deadline: ``trio.current_time()`` value ending all attempts; default now
+            deadline: ``anyio.current_time()`` value ending all attempts; default now
                 plus ``request_timeout_s``.
             on_answer: Called by the reader with the connection and the answer.
 
@@ -380,7 +384,7 @@ class Client:
             ClientClosedError: the client was closed.
         """
         if deadline is None:
-            deadline = trio.current_time() + self.request_timeout_s
+            deadline = anyio.current_time() + self.request_timeout_s
         backoff = Backoff(self._rng)
         while True:
             conn = await self._wait_connection(deadline)
@@ -397,14 +401,14 @@ class Client:
                     raise
                 last_error = exc
             except RequestError as exc:
-                if not exc.code.retryable or trio.current_time() >= deadline:
+                if not exc.code.retryable or anyio.current_time() >= deadline:
                     raise
                 last_error = exc
             self._check_open()
             delay = backoff.next_delay_s()
-            if trio.current_time() + delay >= deadline:
+            if anyio.current_time() + delay >= deadline:
                 raise last_error
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
 
     def _follow_leader(self, conn: Connection, leader_address: str | None) -> None:
         """Reconnect to ``leader_address`` (NOT_LEADER redirect).
@@ -460,12 +464,12 @@ class Client:
         """
         self._check_open()
         item = PublishItem(topic, payload, delay_ms, deliver_at_ms, ttl_ms)
-        deadline = trio.current_time() + self.request_timeout_s
+        deadline = anyio.current_time() + self.request_timeout_s
         pending = _PendingPublish(item, deadline)
-        with trio.move_on_at(deadline) as scope:
+        with anyio.CancelScope(deadline=deadline) as scope:
             try:
                 await self._publish_send.send(pending)
-            except trio.ClosedResourceError:
+            except anyio.ClosedResourceError:
                 raise ClientClosedError("the client was closed") from None
             # The batcher resolves every item by its deadline; the extra second only
             # guards against a bug leaving a caller waiting for ever.
@@ -525,17 +529,17 @@ class Client:
         outstanding; while they are in flight new calls pile up into the next batch,
         so batches grow with load by themselves.
         """
-        in_flight = trio.Semaphore(MAX_BATCHES_IN_FLIGHT)
-        async with trio.open_nursery() as nursery:
+        in_flight = anyio.Semaphore(MAX_BATCHES_IN_FLIGHT)
+        async with anyio.create_task_group() as nursery:
             async for first in self._publish_receive:
                 batch = [first]
                 self._take_queued(batch)
                 if self._linger_s > 0 and len(batch) < self._max_batch_items:
-                    with trio.move_on_after(self._linger_s):
+                    with anyio.move_on_after(self._linger_s):
                         while len(batch) < self._max_batch_items:
                             try:
                                 batch.append(await self._publish_receive.receive())
-                            except trio.EndOfChannel:
+                            except anyio.EndOfStream:
                                 break
                 await in_flight.acquire()
                 nursery.start_soon(self._send_batch, batch, in_flight)
@@ -544,10 +548,10 @@ class Client:
         while len(batch) < self._max_batch_items:
             try:
                 batch.append(self._publish_receive.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
+            except (anyio.WouldBlock, anyio.EndOfStream):
                 return
 
-    async def _send_batch(self, batch: list[_PendingPublish], in_flight: trio.Semaphore) -> None:
+    async def _send_batch(self, batch: list[_PendingPublish], in_flight: anyio.Semaphore) -> None:
         try:
             await self._publish_pending(batch)
         finally:
@@ -560,7 +564,7 @@ class Client:
         the server stores nothing of a refused batch, so the rest is simply resent.
         """
         while batch:
-            now = trio.current_time()
+            now = anyio.current_time()
             for pending in batch:
                 if pending.deadline <= now:
                     pending.fail(
@@ -648,7 +652,7 @@ class Client:
         sub = Subscription(self, topic, group, prefetch, pull=pull)
         self._subscriptions[id(sub)] = sub
         try:
-            await self._subscribe_on_live(sub, trio.current_time() + self.request_timeout_s)
+            await self._subscribe_on_live(sub, anyio.current_time() + self.request_timeout_s)
             yield sub
         finally:
             del self._subscriptions[id(sub)]
@@ -657,7 +661,7 @@ class Client:
             sub._close()
             conn = self._conn
             if subscription_id is not None and conn is not None and conn.epoch == epoch:
-                with trio.move_on_after(UNSUBSCRIBE_GRACE_S, shield=True):
+                with anyio.move_on_after(UNSUBSCRIBE_GRACE_S, shield=True):
                     try:
                         if unread:
                             await self._settle_on(
@@ -668,7 +672,7 @@ class Client:
                     try:
                         await conn.request(
                             lambda rid: frames.Unsubscribe(rid, subscription_id),
-                            deadline=trio.current_time() + UNSUBSCRIBE_GRACE_S,
+                            deadline=anyio.current_time() + UNSUBSCRIBE_GRACE_S,
                         )
                     except FutureQError:
                         pass  # the connection is going away; the server requeues anyway
@@ -778,7 +782,7 @@ class Client:
 
                 try:
                     await conn.request(
-                        request, deadline=trio.current_time() + timeout_s, on_answer=on_ok
+                        request, deadline=anyio.current_time() + timeout_s, on_answer=on_ok
                     )
                 except RequestError as exc:
                     index = exc.item_index
@@ -823,7 +827,7 @@ class Client:
                 try:
                     await conn.request(
                         _extend_frame(tags, visibility_ms),
-                        deadline=trio.current_time() + timeout_s,
+                        deadline=anyio.current_time() + timeout_s,
                     )
                 except RequestError as exc:
                     index = exc.item_index
@@ -854,8 +858,8 @@ class Client:
         released (not counted as an attempt).
         """
         while True:
-            self._lease_event = trio.Event()
-            now = trio.current_time()
+            self._lease_event = anyio.Event()
+            now = anyio.current_time()
             next_s = float("inf")
             work: list[tuple[Subscription, Connection, list[Delivery], list[Delivery]]] = []
             conn = self._live_connection()
@@ -888,17 +892,17 @@ class Client:
                         await self._extend_on(
                             live_conn, due, sub.visibility_timeout_ms, self.request_timeout_s
                         )
-                        renewed = trio.current_time() + sub._refresh_after_s()
+                        renewed = anyio.current_time() + sub._refresh_after_s()
                         for delivery in due:
                             delivery._refresh_s = renewed
                 except FutureQError as exc:
                     log.debug("lease keeper: %s; trying again shortly", exc)
                     sub.to_release.extend(d for d in unwanted if d._state is DeliveryState.HELD)
-                    next_s = min(next_s, trio.current_time() + LEASE_RETRY_S)
+                    next_s = min(next_s, anyio.current_time() + LEASE_RETRY_S)
                     failed = True
             if work and not failed:
                 continue  # look again at once: time passed while we worked
-            with trio.move_on_at(next_s):
+            with anyio.CancelScope(deadline=next_s):
                 await self._lease_event.wait()
 
     # -- administration ------------------------------------------------------------------
@@ -943,7 +947,7 @@ class Client:
         """Ask the connected node; if its answer is a follower's local view and it names
         the leader, ask the leader once more (an answer from a follower is kept if the
         leader cannot be asked before the deadline)."""
-        deadline = trio.current_time() + self.request_timeout_s
+        deadline = anyio.current_time() + self.request_timeout_s
         answered: list[Connection] = []
 
         def note(conn: Connection, frame: frames.Frame) -> None:
@@ -1079,10 +1083,10 @@ class Client:
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
-        started = trio.current_time()
+        started = anyio.current_time()
         answer = await self._call(lambda rid: frames.Ping(rid), retry_unknown=True)
         _expect(answer, frames.Pong)
-        return trio.current_time() - started
+        return anyio.current_time() - started
 
 
 def _publish_frame(level: frames.AckLevel, wire_items: list[Any]) -> Callable[[int], frames.Frame]:
@@ -1202,8 +1206,12 @@ async def open_client(
         max_lease_s=max_lease_s,
     )
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client._maintain_connection)
+        async with anyio.create_task_group() as nursery:
+            try:
+                await nursery.start(client._maintain_connection)
+            except BaseException:
+                client._close()
+                raise
             nursery.start_soon(client._run_batcher)
             nursery.start_soon(client._keep_leases)
             try:
@@ -1217,3 +1225,5 @@ async def open_client(
         if single is None:
             raise
         raise single from None
+    finally:
+        client._publish_receive.close()  # the batcher, its only reader, has ended
