@@ -7,12 +7,15 @@ same client code serves both event loops.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Protocol
 
 import anyio
 import pytest
+import trustme
 from tests.backends import on_both_backends
 
 from futureq.client import Client, PublishItem, open_client
@@ -168,3 +171,31 @@ def test_sync_client_round_trip(broker: BrokerProcess) -> None:
         assert any(t["topic"] == "sync" for t in client.status()["topics"])
         client.delete_group("sync", "other")
         assert client.ping() >= 0
+
+
+@on_both_backends
+async def test_tls_round_trip_and_an_untrusted_certificate(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_path, key_path = tmp_path / "node.pem", tmp_path / "node.key"
+    for number, pem in enumerate(cert.cert_chain_pems):
+        pem.write_to_path(str(cert_path), append=number > 0)
+    cert.private_key_pem.write_to_path(str(key_path))
+    broker = await anyio.to_thread.run_sync(
+        lambda: broker_factory(extra_args=["--tls-cert", str(cert_path), "--tls-key", str(key_path)])
+    )
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    async with open_client(broker.client_address, ssl_context=context) as client:
+        message_id = await client.publish("tls.orders", b"over tls")
+        async with client.subscribe("tls.orders", "g") as sub:
+            delivery = await sub.__anext__()
+            assert (delivery.id, delivery.payload) == (message_id, b"over tls")
+            await delivery.ack()
+    untrusting = ssl.create_default_context()
+    trustme.CA().configure_trust(untrusting)
+    with pytest.raises(ConnectionLostError, match="could not connect"):
+        async with open_client(broker.client_address, ssl_context=untrusting, connect_timeout_s=2):
+            pass
