@@ -104,6 +104,10 @@ def message_id(index: int, position: int) -> int:
     return (index << ID_BATCH_BITS) | position
 
 
+pack_schedule_key: Final = _SCHEDULE.pack
+""":func:`schedule_key` without the function call, for hot loops."""
+
+
 def schedule_key(group_id: int, due_ms: int, mid: int) -> bytes:
     """``schedule`` family key: group id (4 bytes), due time (8), message id (8), big-endian.
 

@@ -502,14 +502,16 @@ class QueueState:
         if observer is not None:
             # In steps too: observers may see the store ahead of their notifications
             # (ScheduleObserver says they must cope), never behind.
+            on_scheduled = observer.on_scheduled
             for position, effect in enumerate(effects):
                 if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                     yield
-                if effect[0] == "s":
-                    observer.on_scheduled(*effect[1:])
-                elif effect[0] == "u":
+                kind = effect[0]
+                if kind == "s":
+                    on_scheduled(*effect[1:])
+                elif kind == "u":
                     observer.on_unscheduled(*effect[1:])
-                elif effect[0] == "g":
+                elif kind == "g":
                     observer.on_group_changed(effect[1])
         if self.on_nodes_changed is not None and any(effect[0] == "n" for effect in effects):
             self.on_nodes_changed()
@@ -622,27 +624,41 @@ class QueueState:
         schedule = txn.changes["schedule"]
         first_id = commands.message_id(index, 0)
         targets: dict[str, list[GroupInfo]] = {}
+        # The hot loop of a publish (issue 11): names bound once, one schedule value
+        # per distinct expiry (all items without a TTL share one), keys packed inline.
+        schedule_key = commands.pack_schedule_key
+        add_effect = effects.append
+        values: dict[int | None, bytes] = {}
         work = 0
+        scheduled = 0
         for position, (topic, payload, due_ms, ttl_ms) in enumerate(items):
             work += 1
             if work >= APPLY_STEP_ITEMS:
                 work = 0
+                self.total_pending += scheduled
+                scheduled = 0
                 yield
             groups = targets.get(topic)
             if groups is None:
                 groups = targets[topic] = self._targets(txn, topic, settings, effects)
+                for info in groups:
+                    touched.add(info.group_id)
                 work += NEW_TOPIC_WORK
             mid = first_id + position
             expire_ms = None if ttl_ms is None else due_ms + ttl_ms
-            messages[_u64(mid)] = _pack([topic, payload, publish_ms, due_ms, len(groups)])
-            value = _pack([0, expire_ms])
+            messages[mid.to_bytes(8, "big")] = _pack(
+                [topic, payload, publish_ms, due_ms, len(groups)]
+            )
+            value = values.get(expire_ms)
+            if value is None:
+                value = values[expire_ms] = _pack([0, expire_ms])
             for info in groups:
                 gid = info.group_id
-                schedule[commands.schedule_key(gid, due_ms, mid)] = value
+                schedule[schedule_key(gid, due_ms, mid)] = value
                 info.pending += 1
-                self.total_pending += 1
-                touched.add(gid)
-                effects.append(("s", gid, due_ms, mid, expire_ms, 0))
+                add_effect(("s", gid, due_ms, mid, expire_ms, 0))
+            scheduled += len(groups)
+        self.total_pending += scheduled
         return first_id
 
     def _targets(
