@@ -1041,8 +1041,11 @@ class RaftNode:
     async def _persist(self, ready: Ready) -> None:
         """Store a Ready; on a full disk stop leading and retry once there is room.
 
-        Nothing of the Ready is sent (so nothing unstored is acknowledged) until it is
-        stored; followers elect another leader meanwhile (issue 10, "A full disk").
+        Nothing of the Ready that vouches for this node's disk (a vote, an
+        AppendEntries answer, a client's answer) is sent until it is stored; followers
+        elect another leader meanwhile (issue 10, "A full disk"). A leader's
+        ``leader_messages`` have left already (thesis §10.2.1): a majority of followers
+        may commit those entries without it, which is what the quorum rule allows.
         """
         while True:
             try:
