@@ -933,13 +933,14 @@ class SimCluster:
         self._fault_crash(after_persist=True)
 
     def _fault_crash_mid_write(self) -> None:
-        """The leader (else any node) dies at its next write, before it is durable,
-        after the leader's AppendEntries for it left (thesis §10.2.1)."""
+        """A node dies at its next write, before it is durable: half the time the
+        leader (after its AppendEntries for the write left, thesis §10.2.1), else any
+        node (whose answers for the write must then never have left)."""
         live = [n for _, n in sorted(self.nodes.items()) if n.core is not None]
         if not live or len(self.nodes) - len(live) >= self.scenario.max_crashed:
             return
         leader = self.leader()
-        node = leader if leader is not None else self.rng.choice(live)
+        node = leader if leader is not None and self.rng.random() < 0.5 else self.rng.choice(live)
         self.crash_count += 1
         node.crash_mid_write = True
         self._log(f"crash {node.id} during its next write")
