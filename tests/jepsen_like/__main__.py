@@ -104,6 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in outcome.summary["failures"]:
             for example in outcome.summary["examples"].get(name, [])[:3]:
                 print(f"  {name}: {json.dumps(example)}")
+    for name, value in outcome.summary.get("warnings", {}).items():
+        print(f"WARNING: {name} {value} (not lost: every up-to-date node still held them)")
+        for example in outcome.summary["examples"].get(name, [])[:3]:
+            print(f"  {name}: {json.dumps(example)}")
     print(
         f"history: {out / 'history.jsonl'}  summary: {out / 'summary.json'}  timeline: {out / 'timeline.html'}"
     )

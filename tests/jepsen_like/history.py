@@ -29,6 +29,12 @@ Unix epoch on the harness host, taken when the event happened). Types and their 
     has not heard of the new term yet, a violation only within one term).
 ``node``
     ``phase``: ``kill`` | ``start`` | ``pause`` | ``resume``; ``node_id``.
+``state``
+    Written after the nodes stopped, only when a required delivery was missing at the
+    end of the drain: what one node's RocksDB held of the missing entries
+    (``evidence.py``). ``node_id``, ``applied_index``, ``groups`` (``{"topic/group":
+    group_id}``), ``held`` (``[message_id, topic, group, due_ms, attempt]`` per
+    schedule entry still there), ``messages`` (ids still stored); or ``error``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@ Phases (each marked by a ``run`` event in the history):
    workload ended and at most ``drain_timeout_s``; then ``drain_end``.
 5. Raft-level checks from every node's ``/api/status`` (applied index, and the
    ``applied_digest`` / ``term`` fields when the nodes expose them).
-6. The checker's verdicts go to ``summary.json``, a table, and ``timeline.html``.
+6. When a required delivery is still missing: the nodes are stopped and each one's
+   RocksDB is read (``evidence.py``) for the missing schedule entries, one ``state``
+   event per node, so the checker can tell lost from undelivered.
+7. The checker's verdicts go to ``summary.json``, a table, and ``timeline.html``.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from typing import Any
 import attrs
 import trio
 from tests.jepsen_like import report
-from tests.jepsen_like.checker import CheckConfig, CheckResult, check
+from tests.jepsen_like.checker import CheckConfig, CheckResult, Outstanding, check
 from tests.jepsen_like.cluster import Cluster, open_cluster
+from tests.jepsen_like.evidence import read_holdings
 from tests.jepsen_like.history import History
 from tests.jepsen_like.nemesis import MAX_SKEW_MS, Nemesis
 from tests.jepsen_like.workload import TOPICS, Workload, WorkloadConfig
@@ -130,24 +134,42 @@ async def _raft_checks(cluster: Cluster) -> dict[str, Any]:
     return checks
 
 
-async def _drain(workload: Workload, history: History, options: RunOptions) -> None:
-    """Wait until the checker sees nothing lost or unsettled, within the bounds."""
+async def _drain(workload: Workload, history: History, options: RunOptions) -> Outstanding:
+    """Wait until no required delivery is missing, within the bounds.
+
+    Returns:
+        The tracker, up to date with the history at the end of the drain.
+    """
     workload.draining = True
+    outstanding = Outstanding()
     earliest = trio.current_time() + WorkloadConfig().max_delay_ms / 1000 + 1.0
     with trio.move_on_after(options.drain_timeout_s):
         while True:
             await trio.sleep(DRAIN_POLL_S)
             if trio.current_time() < earliest:
                 continue
-            provisional = [
-                *history.events,
-                {"t": history.events[-1]["t"], "type": "run", "phase": "drain_end"},
-            ]
-            counts = check(provisional).counts
+            # Incremental: this loop also runs every Raft link's proxy, so a poll must
+            # stay short (a full check of a long history would stall every link).
+            outstanding.update(history.events)
             # Not "unsettled": an ack applied whose answer was lost leaves a message
             # delivered, never acked ok, and rightly never redelivered.
-            if counts["lost"] == 0:
-                return
+            if not outstanding.missing(history.events[-1]["t"]):
+                break
+    outstanding.update(history.events)
+    return outstanding
+
+
+def _record_node_states(
+    cluster: Cluster, history: History, missing: list[tuple[str, list[int], str, str]]
+) -> None:
+    """One ``state`` event per node: what its RocksDB holds of the missing deliveries.
+
+    Called after every node process stopped (``evidence.py`` reads the directories).
+    """
+    wanted = [(mid, topic, group) for _key, ids, topic, group in missing for mid in ids]
+    for node_id, node in sorted(cluster.nodes.items()):
+        assert not node.alive, f"node {node_id} still runs; its data is read only once stopped"
+        history.record("state", node_id=node_id, **read_holdings(node.data_dir, wanted))
 
 
 async def run(options: RunOptions) -> RunOutcome:
@@ -166,6 +188,7 @@ async def run(options: RunOptions) -> RunOutcome:
     rng = random.Random(options.seed)
     config = WorkloadConfig(rate=options.rate, ack_level=options.ack_level)
     raft: dict[str, Any] = {}
+    missing: list[tuple[str, list[int], str, str]] = []
     started = trio.current_time()
     try:
         async with open_cluster(
@@ -203,12 +226,16 @@ async def run(options: RunOptions) -> RunOutcome:
                 await nemesis.heal_all()
                 await cluster.wait_ready(timeout_s=30)
                 history.record("run", phase="healed")
-                await _drain(workload, history, options)
-                history.record("run", phase="drain_end")
+                outstanding = await _drain(workload, history, options)
+                drain_end = history.record("run", phase="drain_end")
+                missing = outstanding.missing(drain_end["t"])
                 workload.stop()
                 history.flush()
                 raft = await _raft_checks(cluster)
                 background.cancel_scope.cancel()
+            if missing:
+                cluster.stop_all()
+                _record_node_states(cluster, history, missing)
     finally:
         history.close()
     allowed = 5.0 + (MAX_SKEW_MS if "clock-skew" in options.nemesis else 0)

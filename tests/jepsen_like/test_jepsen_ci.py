@@ -54,6 +54,11 @@ def _check(outcome: RunOutcome) -> None:
         f"files in {outcome.out}; reproduce: {summary['reproduce']}"
     )
     assert summary["acked_publishes"] > 0 and summary["deliveries"] > 0, summary
+    # Not lost (the nodes still held them), but a short run's drain must finish.
+    assert summary["undelivered"] == 0, (
+        f"undelivered {summary['undelivered']}; examples {summary['examples']}; "
+        f"files in {outcome.out}; reproduce: {summary['reproduce']}"
+    )
 
 
 async def _options(tmp_path: Path, seed: int, nemesis: tuple[str, ...], **kw: object) -> RunOptions:
