@@ -72,7 +72,7 @@ async def _consume(
             if kind == frames.FrameType.SUBSCRIBE_OK:
                 sub_id = frame[2]
                 continue
-            if kind == frames.FrameType.OK:
+            if kind in (frames.FrameType.OK, frames.FrameType.SUBSCRIPTION_INFO):
                 continue
             if kind != frames.FrameType.DELIVER:
                 raise RuntimeError(f"unexpected frame {frame[:4]}")

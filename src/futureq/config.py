@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import attrs
 
+from futureq.state.commands import GroupSettings
 from futureq.wire.validation import Limits
 
 DEFAULT_CLIENT_PORT = 7450
@@ -90,6 +91,8 @@ class LimitsSection:
         max_prefetch: Largest credit one subscription may hold (items).
         max_connections: Most concurrent client connections.
         max_subscriptions_per_connection: Most subscriptions one connection may hold.
+        max_subscriptions: Most subscriptions all connections of the node hold together
+            (each costs ~600 bytes; without it 10,000 connections of 1,024 would be ~6 GiB).
         max_connection_buffer_bytes: Bytes queued for one connection beyond which no
             more deliveries are pushed to it and the server stops reading its requests;
             twice this closes the connection (a client that does not read).
@@ -114,6 +117,7 @@ class LimitsSection:
     max_prefetch: int = 10_000
     max_connections: int = 10_000
     max_subscriptions_per_connection: int = 1024
+    max_subscriptions: int = 100_000
     max_connection_buffer_bytes: int = 8 * 1024 * 1024
     max_node_buffer_bytes: int = 256 * 1024 * 1024
     frame_deadline_ms: int = 30_000
@@ -139,8 +143,11 @@ class QueueSection:
 
     Attributes:
         visibility_timeout_ms: Default time a delivery may stay unacked before it is
-            delivered again (ms), for groups created without their own.
-        max_deliveries: Default attempts before a message goes to ``<topic>.dlq``.
+            delivered again (ms), for groups created without their own. The leader
+            resolves it into the command that creates a group; changing it later
+            does not change existing groups.
+        max_deliveries: Default attempts before a message goes to ``<topic>.dlq``
+            (resolved the same way).
         horizon_ms: How far ahead of now the in-memory due-index reaches (ms).
         horizon_max_items: Most schedule entries one group keeps in memory (items).
         dispatch_batch_items: Most deliveries put in one DELIVER frame (items).
@@ -151,6 +158,14 @@ class QueueSection:
     horizon_ms: int = 300_000
     horizon_max_items: int = 100_000
     dispatch_batch_items: int = 256
+
+    def group_settings(self) -> GroupSettings:
+        """The defaults this node, when it leads, resolves into commands that create groups.
+
+        Replicas never read them (``DESIGN.md``, "Apply reads nothing node-local"): a
+        group's settings are fixed when the leader creates it.
+        """
+        return GroupSettings(self.visibility_timeout_ms, self.max_deliveries)
 
 
 @attrs.frozen
@@ -199,6 +214,10 @@ class ClusterSection:
             behind a snapshot (entries).
         transfer_leadership_on_shutdown: On SIGTERM, hand leadership to another node
             first, so clients do not wait for an election timeout.
+        max_clock_offset_ms: The stated bound of cluster time (``docs/architecture.md``,
+            "Time"): nothing is delivered earlier than its due time minus this; a node
+            whose wall clock is more than half of it from cluster time does not lead or
+            dispatch (ms).
         member_record_ms: How often (at most) the leader records in the log how far each
             member acknowledged, so a member whose disk was replaced by an older copy is
             told so (ms); an incarnation change is recorded at once.
@@ -223,6 +242,7 @@ class ClusterSection:
     snapshot_chunk_bytes: int = 1024 * 1024
     compact_every_entries: int = 50_000
     transfer_leadership_on_shutdown: bool = True
+    max_clock_offset_ms: int = 500
     member_record_ms: int = 5000
     initial_cluster_state: str = "existing"
 

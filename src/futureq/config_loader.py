@@ -59,9 +59,14 @@ from futureq.peer_credentials import (
     mutual_tls_configured,
     read_secret_file,
 )
+from futureq.state import commands
+from futureq.wire.validation import MIN_VISIBILITY_TIMEOUT_MS, visibility_problem
 
 ENV_PREFIX = "FUTUREQ_"
-MAX_NODE_ID = 2**31 - 1
+MAX_NODE_ID = commands.MAX_NODE_ID
+MIN_CLOCK_OFFSET_MS = 10
+"""A smaller cluster.max_clock_offset_ms is a unit mistake: no clocks agree that well."""
+MAX_CLOCK_OFFSET_MS = 60_000
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 SECTIONS: dict[str, type[Any]] = {
@@ -508,6 +513,7 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
         yield _Bad(("limits.max_prefetch",), limits.max_prefetch, "must be at most 1000000 items")
     yield from _minimum("limits", limits, "max_connections", 1, " connections")
     yield from _minimum("limits", limits, "max_subscriptions_per_connection", 1, " subscriptions")
+    yield from _minimum("limits", limits, "max_subscriptions", 1, " subscriptions")
     yield from _minimum("limits", limits, "max_node_buffer_bytes", 1, " bytes")
     for key in ("frame_deadline_ms", "keepalive_interval_ms", "keepalive_timeout_ms"):
         yield from _minimum("limits", limits, key, 100, " ms")
@@ -521,6 +527,18 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
             f"must be at least limits.max_frame_bytes ({limits.max_frame_bytes}) "
             "so that any one answer fits in a connection's buffer",
         )
+    if (
+        limits.max_node_buffer_bytes < limits.max_connection_buffer_bytes
+        or limits.max_node_buffer_bytes <= limits.max_frame_bytes
+    ):
+        yield _Bad(
+            ("limits.max_node_buffer_bytes", "limits.max_connection_buffer_bytes"),
+            limits.max_node_buffer_bytes,
+            "must be at least limits.max_connection_buffer_bytes "
+            f"({limits.max_connection_buffer_bytes}) and more than limits.max_frame_bytes "
+            f"({limits.max_frame_bytes}): the node's buffers hold at least one connection's, "
+            "else no large frame could ever be read whole",
+        )
     if limits.max_payload_bytes >= limits.max_frame_bytes:
         yield _Bad(
             ("limits.max_payload_bytes", "limits.max_frame_bytes"),
@@ -532,6 +550,12 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
 
 def _check_queue(queue: QueueSection) -> Iterable[_Bad]:
     yield from _minimum("queue", queue, "visibility_timeout_ms", 1, " ms")
+    if 1 <= queue.visibility_timeout_ms < MIN_VISIBILITY_TIMEOUT_MS:
+        yield _Bad(
+            ("queue.visibility_timeout_ms",),
+            queue.visibility_timeout_ms,
+            visibility_problem(queue.visibility_timeout_ms),
+        )
     yield from _minimum("queue", queue, "max_deliveries", 1, " attempts")
     yield from _minimum("queue", queue, "horizon_ms", 1, " ms")
     yield from _minimum("queue", queue, "horizon_max_items", 1, " items")
@@ -608,6 +632,24 @@ def _check_cluster(cluster: ClusterSection) -> Iterable[_Bad]:
             cluster.heartbeat_ticks,
             "must be smaller than cluster.election_timeout_ticks",
         )
+    if cluster.clustered and cluster.election_timeout_ticks < 3:
+        yield _Bad(
+            ("cluster.election_timeout_ticks",),
+            cluster.election_timeout_ticks,
+            "must be at least 3 ticks in a cluster (the leader lease lasts T - 2 ticks)",
+        )
+    if not MIN_CLOCK_OFFSET_MS <= cluster.max_clock_offset_ms <= MAX_CLOCK_OFFSET_MS:
+        hint = (
+            f" ({cluster.max_clock_offset_ms} s would be {cluster.max_clock_offset_ms * 1000} ms:"
+            " it looks like seconds taken for milliseconds)"
+            if 0 < cluster.max_clock_offset_ms < MIN_CLOCK_OFFSET_MS
+            else ""
+        )
+        yield _Bad(
+            ("cluster.max_clock_offset_ms",),
+            cluster.max_clock_offset_ms,
+            f"must be between {MIN_CLOCK_OFFSET_MS} and {MAX_CLOCK_OFFSET_MS} ms{hint}",
+        )
     yield from _minimum("cluster", cluster, "snapshot_chunk_bytes", 1024, " bytes")
     yield from _minimum("cluster", cluster, "compact_every_entries", 1, " entries")
     yield from _minimum("cluster", cluster, "member_record_ms", 1, " ms")
@@ -679,6 +721,61 @@ _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
 def _check_whole(config: Config) -> Iterable[_Bad]:
     """Checks that need more than one section (run once every section structured)."""
     yield from _check_announced(config)
+    yield from _check_membership(config)
+    yield from _check_ports(config)
+
+
+def _check_membership(config: Config) -> Iterable[_Bad]:
+    """What ``start`` would refuse about ``cluster.peers``, said before it opens anything."""
+    try:
+        peers = parse_peers(config.cluster.peers)
+    except ValueError:
+        return  # reported by the section's own check
+    node_id = config.server.node_id
+    if peers and node_id not in peers:
+        yield _Bad(
+            ("cluster.peers", "server.node_id"),
+            config.cluster.peers,
+            f"lists nodes {sorted(peers)} but not this node's id {node_id}; every node "
+            "lists all initial voters, itself included (a node joining a cluster uses "
+            "cluster.join instead)",
+        )
+    by_address: dict[tuple[str, int], list[int]] = {}
+    for peer, address in peers.items():
+        try:
+            host, port = split_host_port(address)
+        except ValueError:
+            continue
+        by_address.setdefault((host.lower(), port), []).append(peer)
+    for (host, port), ids in by_address.items():
+        if len(ids) > 1:
+            yield _Bad(
+                ("cluster.peers",),
+                config.cluster.peers,
+                f"gives nodes {sorted(ids)} the same address {host}:{port}; each node needs "
+                "its own Raft address",
+            )
+
+
+def _check_ports(config: Config) -> Iterable[_Bad]:
+    """A clustered node's Raft listener cannot share the client or HTTP listener's port."""
+    if not config.cluster.clustered:
+        return
+    try:
+        raft = split_host_port(config.cluster.raft_listen)
+        others = {
+            "server.listen": split_host_port(config.server.listen),
+            "server.http": split_host_port(config.server.http),
+        }
+    except ValueError:
+        return
+    for key, address in others.items():
+        if address == raft and raft[1] != 0:
+            yield _Bad(
+                ("cluster.raft_listen", key),
+                config.cluster.raft_listen,
+                f"must differ from {key} (one port per listener)",
+            )
 
 
 def _check_announced(config: Config) -> Iterable[_Bad]:

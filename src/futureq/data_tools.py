@@ -56,7 +56,7 @@ from futureq.raft.messages import (
 )
 from futureq.raft.rocks_storage import LOG_FAMILY, STATE_FAMILY, RocksStorage
 from futureq.state import snapshot
-from futureq.state.queue_state import Defaults, QueueState
+from futureq.state.queue_state import QueueState
 from futureq.storage.db import FAMILIES, SCHEMA_VERSION, Database
 
 BACKUP_MAGIC: Final = "futureq-backup"
@@ -197,9 +197,7 @@ def convert_to_cluster(config: Config) -> int:
                 f"{config.server.data_dir} already holds a cluster node's data (Raft state); "
                 "there is nothing to convert"
             )
-        state = QueueState(
-            db, Defaults(config.queue.visibility_timeout_ms, config.queue.max_deliveries)
-        )
+        state = QueueState(db)  # commands carry their group settings: nothing node-local
         if kind == "single" and not any(db.get(STATE_FAMILY, k) is not None for k in _RAFT_KEYS):
             SingleNodeLog(db, state, address=None).recover()
         index = state.applied_index

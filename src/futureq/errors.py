@@ -51,6 +51,11 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_GROUP = 214
     INVALID_ARGUMENT = 215
     UNKNOWN_TOPIC = 216
+    # 220-224: issue 8, time
+    IMPLAUSIBLE_TIME = 220
+    NODE_CLOCK_OUT_OF_BOUND = 221
+    # 225-234: delivery state (issue 9)
+    GROUP_DELETED = 225
     # 235-249: issue 10, limits and access
     PERMISSION_DENIED = 235
     TOO_MANY_SUBSCRIPTIONS = 236
@@ -62,8 +67,11 @@ class ErrorCode(enum.IntEnum):
     STORAGE_FAILURE = 302
     TIMEOUT = 303
     INTERNAL_ERROR = 304
+    # 315-319: issue 8, time
+    CLOCK_NOT_SYNCHRONIZED = 315
     # 325-329: issue 10, limits
     NO_SPACE = 325
+    TOO_MANY_CONNECTIONS = 326
 
     @property
     def closes_connection(self) -> bool:
@@ -141,6 +149,20 @@ class NotLeaderError(RequestError):
 
 class ConnectionLostError(FutureQError):
     """The other side or the network broke the connection."""
+
+
+class SubscriptionEndedError(FutureQError):
+    """The server ended a subscription (a SUBSCRIPTION_END frame), e.g. its group was deleted.
+
+    Attributes:
+        code: The :class:`ErrorCode` the server gave (e.g. ``GROUP_DELETED``).
+        reason: The server's sentence.
+    """
+
+    def __init__(self, code: ErrorCode, reason: str) -> None:
+        super().__init__(f"[{code.name}] {reason}")
+        self.code = code
+        self.reason = reason
 
 
 class ClientClosedError(FutureQError):

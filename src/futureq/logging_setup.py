@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import TextIO
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s"
@@ -20,6 +21,37 @@ LEVELS = {
     "error": logging.ERROR,
 }
 _NOISY_LIBRARIES = ("hypercorn", "hpack", "h2", "h11", "trio_websocket")
+ACCEPT_ERROR_LOG_INTERVAL_S = 10.0
+"""At most one line per this many seconds about a listener that cannot accept (s)."""
+
+
+class AcceptErrorFilter(logging.Filter):
+    """One line, without traceback, per :data:`ACCEPT_ERROR_LOG_INTERVAL_S` for
+    ``trio.serve_listeners``' "accept returned EMFILE" errors.
+
+    trio logs each failed ``accept`` (out of file descriptors) with a traceback and
+    retries every 0.1 s: a 20-line traceback ten times a second per listener. The
+    condition is worth one line now and then, saying how many were left out.
+    """
+
+    def __init__(self, interval_s: float = ACCEPT_ERROR_LOG_INTERVAL_S) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._last = -1e18
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now - self._last < self._interval_s:
+            self._dropped += 1
+            return False
+        self._last = now
+        record.exc_info = None
+        record.exc_text = None
+        if self._dropped:
+            record.msg = f"{record.msg} ({self._dropped} more in the last {self._interval_s:g} s)"
+            self._dropped = 0
+        return True
 
 
 def setup_logging(level: str = "info", stream: TextIO | None = None) -> None:
@@ -48,3 +80,8 @@ def setup_logging(level: str = "info", stream: TextIO | None = None) -> None:
     library_level = logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING
     for name in _NOISY_LIBRARIES:
         logging.getLogger(name).setLevel(library_level)
+    accept_errors = logging.getLogger("trio.serve_listeners")
+    for old_filter in list(accept_errors.filters):
+        if isinstance(old_filter, AcceptErrorFilter):
+            accept_errors.removeFilter(old_filter)
+    accept_errors.addFilter(AcceptErrorFilter())

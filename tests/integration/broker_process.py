@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -24,11 +25,18 @@ class BrokerProcess:
     """
 
     def __init__(
-        self, data_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None
+        self,
+        data_dir: Path,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        open_files: int | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.extra_args = list(extra_args or [])
         self.env = env
+        self.open_files = open_files
+        """The node's open-file limit (soft and hard), as ``ulimit -n``; None: inherited."""
         self.client_address = ""
         self.http_address = ""
         self.process: subprocess.Popen[str] | None = None
@@ -54,7 +62,12 @@ class BrokerProcess:
         env.update(self.env or {})
         stderr = open(self.stderr_path, "a")  # noqa: SIM115 - kept open for the process lifetime
         self.process = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
+            args,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+            preexec_fn=None if self.open_files is None else self._limit_open_files,
         )
         stderr.close()
         line: list[str] = []
@@ -76,6 +89,10 @@ class BrokerProcess:
         self.http_address = fields["http"]
         # Reuse the same ports on restart so clients can reconnect to the same address.
         self._port_args = ["--listen", self.client_address, "--http", self.http_address]
+
+    def _limit_open_files(self) -> None:
+        assert self.open_files is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
 
     @property
     def pid(self) -> int:

@@ -171,3 +171,24 @@ def test_server_refusal_names_the_code(broker: BrokerProcess) -> None:
     refused = cli(broker.client_address, "publish", "x.dlq", "payload")
     assert refused.returncode == 1
     assert refused.stderr.startswith("error: [RESERVED_TOPIC] ")
+
+
+def test_start_refuses_a_membership_it_cannot_run_before_touching_the_data_dir(
+    tmp_path: Path,
+) -> None:
+    """Found by trying check-config on bad combinations: it accepted a node id missing
+    from --peers (start then failed after creating the data directory) and two peers on
+    one address (the node started and could never reach one of them)."""
+    data = tmp_path / "data"
+    for peers in ("1=127.0.0.1:1,2=127.0.0.1:2", "3=127.0.0.1:1,2=127.0.0.1:1"):
+        for command in ("check-config", "start"):
+            done = subprocess.run(
+                [sys.executable, "-m", "futureq.cli.server_main", command, "--node-id", "3",
+                 "--peers", peers, "--insecure-peers", "--data-dir", str(data),
+                 "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                 "--raft-listen", "127.0.0.1:0"],
+                capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False,
+            )  # fmt: skip
+            assert done.returncode == 2, (command, done.stderr)
+            assert "cluster.peers" in done.stderr, done.stderr
+            assert not data.exists()

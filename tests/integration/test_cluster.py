@@ -352,3 +352,32 @@ def test_joining_with_another_cluster_id_or_a_member_id_is_refused(
         )
     view = WireClient(leader.client_address).request(frames.ClusterStatus(1)).status
     assert view["learners"] == [] and sorted(view["voters"]) == [1, 2, 3]
+
+
+def test_a_node_id_that_does_not_fit_is_refused_before_it_reaches_the_log(tmp_path: Path) -> None:
+    """Found by sending CLUSTER_ADD_NODE with node id 2**63: the leader committed its
+    NODE_ADDRESS, whose apply raised OverflowError (the id is stored in 4 bytes) on every
+    replica, and every node then failed again on each restart replaying it: one request
+    stopped the whole cluster for good. The id is now checked where it enters, and apply
+    ignores one that does not fit."""
+    cluster = Cluster(tmp_path, 1)
+    cluster.start()
+    try:
+        node = cluster.leader()
+        client = WireClient(node.client_address)
+        for node_id in (2**31, 2**63, 2**64 - 1):
+            answer = client.request(
+                frames.ClusterAddNode(client.next_id(), node_id, "127.0.0.1:1", "127.0.0.1:2")
+            )
+            assert isinstance(answer, frames.Error), answer
+            assert answer.code == ErrorCode.INVALID_ARGUMENT, answer
+            assert "node_id must be between 1 and 2147483647" in answer.message
+        published = client.publish([["after.add", b"x", 0, None, None]])
+        assert isinstance(published, frames.PublishOk), published
+        node.restart()  # the log replays cleanly
+        cluster.leader()
+        client = WireClient(node.client_address)
+        assert client.group_pending("after.add", "default") == 1
+        assert "Traceback" not in node.stderr_text()
+    finally:
+        cluster.stop()

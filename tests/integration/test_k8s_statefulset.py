@@ -41,6 +41,8 @@ from futureq.wire import codec, frames
 BIN_DIR = Path(sys.executable).parent
 READY_TIMEOUT_S = 60.0
 TOPIC = "k8s"
+AUTH_TOKEN = secrets.token_urlsafe(24)
+"""The client token of the ``futureq-auth`` Secret (k8s/README.md, "First deploy")."""
 
 
 @pytest.fixture
@@ -68,6 +70,7 @@ def _secrets(ca: trustme.CA, node_ids: range) -> dict[str, dict[str, bytes]]:
     return {
         "futureq-tls": tls,
         "futureq-cluster-secret": {"cluster-secret": secrets.token_hex(32).encode()},
+        "futureq-auth": {"token": AUTH_TOKEN.encode() + b"\n"},
     }
 
 
@@ -104,7 +107,7 @@ class K8sCluster:
             if isinstance(ordinal_or_address, int)
             else ordinal_or_address
         )
-        return WireClient(address, ssl_context=self.client_ssl)
+        return WireClient(address, ssl_context=self.client_ssl, token=AUTH_TOKEN)
 
     def start_all(self, ordinals: list[int]) -> None:
         """Start the pods together, then wait for each one's startup and readiness
@@ -170,7 +173,9 @@ class Producer(threading.Thread):
                     if target is None:
                         target = self.addresses[turn % len(self.addresses)]
                         turn += 1
-                    client = WireClient(target, ssl_context=self.k8s.client_ssl, timeout_s=2.0)
+                    client = WireClient(
+                        target, ssl_context=self.k8s.client_ssl, timeout_s=2.0, token=AUTH_TOKEN
+                    )
                 number += 1
                 items = [[TOPIC, f"{number}:{i}".encode(), 0, None, None] for i in range(10)]
                 answer = client.publish(items)
@@ -289,6 +294,13 @@ def test_pods_form_a_cluster_survive_all_deleted_at_once_and_a_rolling_restart(
         ordinal = member["node_id"] - 1
         assert member["client_address"] == k8s.dns_address(ordinal, 7450), member
         assert member["raft_address"] == k8s.dns_address(ordinal, 7451), member
+    # Found by connecting as any pod of the cluster could: the client port answered
+    # without a token, so anyone could publish, delete groups and remove nodes.
+    stranger = WireClient(k8s.client_address(0), hello=False, ssl_context=k8s.client_ssl)
+    stranger.send(frames.Hello(1, (1,), "stranger", None))
+    refused = stranger.receive()
+    assert isinstance(refused, frames.Error) and refused.code == ErrorCode.AUTH_FAILED, refused
+    stranger.close()
 
     producer = Producer(k8s, ordinals)
     producer.start()
@@ -349,7 +361,7 @@ def test_a_pod_beyond_the_initial_voters_joins_is_promoted_and_scales_down(
     pod3 = k8s.pod(3)
     removed = subprocess.run(
         [str(BIN_DIR / "futureq-cli"), "--server", k8s.client_address(0),
-         "--tls-ca", str(k8s.ca_file), "cluster", "remove-node", "4"],
+         "--tls-ca", str(k8s.ca_file), "--token", AUTH_TOKEN, "cluster", "remove-node", "4"],
         capture_output=True, text=True, timeout=60, env=dict(os.environ),
     )  # fmt: skip
     assert removed.returncode == 0, removed.stderr
@@ -423,7 +435,7 @@ def test_a_pod_whose_volume_was_lost_rejoins_through_the_runbook(k8s: K8sCluster
     pod.kill()
     shutil.rmtree(pod.pod.mounts["/var/lib/futureq"])
     cli = [str(BIN_DIR / "futureq-cli"), "--server", k8s.client_address(leader),
-           "--tls-ca", str(k8s.ca_file), "cluster"]  # fmt: skip
+           "--tls-ca", str(k8s.ca_file), "--token", AUTH_TOKEN, "cluster"]  # fmt: skip
     done = subprocess.run(
         [*cli, "remove-node", str(node_id)], capture_output=True, text=True, timeout=60
     )

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import base64
 import os
+import select
 import signal
+import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -205,6 +209,37 @@ def test_group_management(node: Node, kind: str) -> None:
     denied(con.request(frame(con, "orders.m")), "orders.m")
 
 
+def test_a_wildcard_does_not_give_away_the_dead_letters_of_a_topic_it_does_not_name(
+    node: Node,
+) -> None:
+    """Found by trying a client allowed ``orders.*``: ``orders.dlq`` matches it, so it could
+    subscribe to, or create a group on, the dead letters of topic ``orders``, a topic it
+    may neither consume nor manage. A dead-letter topic is allowed only with its topic
+    (or by a pattern naming ``dlq`` itself)."""
+    admin = node.client("admin")
+    created = admin.request(frames.GroupCreate(admin.next_id(), "orders", "strict", 200, 1))
+    assert isinstance(created, frames.Ok), created
+    assert isinstance(admin.publish([["orders", b"secret", 0, None, None]]), frames.PublishOk)
+    admin.subscribe("orders", "strict")
+    admin.deliveries(1)  # never acked: after 200 ms it moves to orders.dlq
+    deadline = time.monotonic() + 10
+    while not admin.group_pending("orders.dlq", "default"):
+        assert time.monotonic() < deadline, admin.status()
+        time.sleep(0.1)
+    con = node.client("con")  # consume ["orders.*"]
+    denied(con.request(frames.Subscribe(con.next_id(), "orders.dlq", "spy", 10)), "orders.dlq")
+    assert "orders.dlq" not in {t["topic"] for t in con.status()["topics"]}
+    mgr = node.client("mgr")  # manage_groups ["orders.>"]
+    denied(
+        mgr.request(frames.GroupCreate(mgr.next_id(), "orders.dlq", "spy", None, None)),
+        "orders.dlq",
+    )
+    # ...while the dead letters of a topic the pattern does name stay allowed.
+    ok = mgr.request(frames.GroupCreate(mgr.next_id(), "orders.eu.dlq", "ops", None, None))
+    assert isinstance(ok, frames.Ok), ok
+    assert con.subscribe("orders.eu", "s2") > 0
+
+
 def test_status_lists_only_what_the_client_may_see(node: Node) -> None:
     con_topics = {t["topic"] for t in node.client("con").status()["topics"]}
     assert "orders.eu" in con_topics and "billing.x" not in con_topics
@@ -256,6 +291,35 @@ def test_the_shared_auth_token_may_do_everything(node: Node) -> None:
     )
 
 
+def test_token_checks_are_shared_fairly_and_a_wrong_token_does_not_cost_the_cpu_again(
+    node: Node,
+) -> None:
+    """Found by sending HELLOs with wrong secrets for a known client name: each cost the
+    node ~50 ms of scrypt, and 50 such connections held up another client's first HELLO
+    for 3.5 s (with enough of them, past its 10 s HELLO deadline). One address may now
+    have one token check under way; more are told UNAVAILABLE (retry) at once."""
+    host, port = node.broker.client_address.rsplit(":", 1)
+    sprayers: list[socket.socket] = []
+    for number in range(20):
+        sprayer = socket.create_connection((host, int(port)), source_address=("127.0.0.2", 0))
+        sprayer.sendall(
+            codec.encode_frame(frames.Hello(1, (1,), "spray", f"pub:wrong-{number}"))
+        )
+        sprayers.append(sprayer)
+    # Meanwhile another address's new token is checked as usual.
+    assert isinstance(connect(node.broker.client_address, node.tokens["mon"]), WireClient)
+    codes = []
+    for sprayer in sprayers:
+        decoder = codec.FrameDecoder()
+        sprayer.settimeout(10)
+        while (answer := decoder.next_frame()) is codec.NEED_DATA:
+            decoder.receive_data(sprayer.recv(65536))
+        codes.append(answer.code)
+        sprayer.close()
+    assert set(codes) == {ErrorCode.AUTH_FAILED, ErrorCode.UNAVAILABLE}, codes
+    assert codes.count(ErrorCode.AUTH_FAILED) < len(codes) / 2, codes
+
+
 # --- SIGHUP reload --------------------------------------------------------------------
 
 
@@ -273,7 +337,7 @@ def test_credentials_are_reloaded_on_sighup(tmp_path: Path) -> None:
         fresh = write_credentials(started.credentials, clients)
         os.kill(started.broker.pid, signal.SIGHUP)
         # con's subscription is no longer allowed: its connection is closed.
-        error = con.receive(timeout_s=10)
+        error = con.receive_answer(timeout_s=10)
         assert isinstance(error, frames.Error) and error.code == ErrorCode.AUTH_FAILED, error
         assert con.receive() is codec.CLOSED
         # pub's old secret was replaced: its connection is closed too, the new one works.
@@ -286,6 +350,12 @@ def test_credentials_are_reloaded_on_sighup(tmp_path: Path) -> None:
         client.send(frames.Hello(1, (1,), "test", started.tokens.get("ops", "ops:old")))
         assert client.receive().code == ErrorCode.AUTH_FAILED
         assert "reloaded 5 client credentials" in started.broker.stderr_text()
+        # The line names what changed: a file cut short while being written still
+        # parses, and the clients it lost must be visible in the log.
+        assert (
+            "(removed: ops; new secret: con, mgr, mon, none, pub; permissions changed: con, pub)"
+            in started.broker.stderr_text()
+        )
         # A broken file keeps the old credentials.
         started.credentials.write_text("[[client]]\nname = 7\n")
         os.kill(started.broker.pid, signal.SIGHUP)
@@ -295,6 +365,61 @@ def test_credentials_are_reloaded_on_sighup(tmp_path: Path) -> None:
         assert "credentials not reloaded" in started.broker.stderr_text()
     finally:
         started.broker.terminate()
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """True once the process has a handler for ``signum`` (Linux: /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def test_a_sighup_while_the_node_starts_does_not_kill_it(tmp_path: Path) -> None:
+    """Found by sending the reload too early: SIGHUP before the node served ended it
+    (exit 129, no log line). Now it is remembered and acted on once the node serves."""
+    credentials = tmp_path / "clients.toml"
+    write_credentials(credentials, CLIENTS)
+    env = {**os.environ, "FUTUREQ_SERVER_CREDENTIALS_FILE": str(credentials)}
+    for attempt in range(3):
+        data = tmp_path / f"data{attempt}"
+        log_path = tmp_path / f"node{attempt}.log"
+        with open(log_path, "w") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "futureq.cli.server_main", "start", "--data-dir",
+                 str(data), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+                stdout=subprocess.PIPE, stderr=log_file, text=True, env=env,
+            )  # fmt: skip
+        try:
+            assert process.stdout is not None
+            deadline = time.monotonic() + 20
+            while not _catches(process.pid, signal.SIGHUP):
+                assert process.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, "SIGHUP never handled"
+                time.sleep(0.002)
+            process.send_signal(signal.SIGSTOP)
+            started = select.select([process.stdout], [], [], 0)[0]
+            process.send_signal(signal.SIGHUP)  # delivered when it runs again
+            process.send_signal(signal.SIGCONT)
+            if started:
+                continue  # this machine was too slow to catch the start; try again
+            line = process.stdout.readline()
+            assert line.startswith("READY "), log_path.read_text()
+            deadline = time.monotonic() + 10
+            while "reloaded 6 client credentials" not in log_path.read_text():
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.05)
+            assert process.poll() is None
+            assert "SIGHUP arrived while the node was starting" in log_path.read_text()
+            return
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(15)
+            if process.stdout is not None:
+                process.stdout.close()
+    pytest.fail("the node was always serving before the test could send SIGHUP")
 
 
 # --- HTTP (input 5) -------------------------------------------------------------------

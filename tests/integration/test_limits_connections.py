@@ -121,6 +121,30 @@ def test_subscriptions_per_connection_are_bounded(broker_factory: object) -> Non
     assert isinstance(client.request(frames.Ping(client.next_id())), frames.Pong)
 
 
+def test_subscriptions_of_the_whole_node_are_bounded(broker_factory: object) -> None:
+    """Found by counting what subscriptions cost: ~600 bytes each, and only the count per
+    connection was bounded, so 10,000 connections of 1,024 could take ~6 GiB."""
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={**SMALL_BUFFERS, "FUTUREQ_LIMITS_MAX_SUBSCRIPTIONS": "10"}
+    )
+    first, second = WireClient(broker.client_address), WireClient(broker.client_address)
+    for number in range(8):
+        first.subscribe("subs.node", f"g{number}")
+    second.subscribe("subs.node", "g8")
+    second.subscribe("subs.node", "g9")
+    answer = second.request(frames.Subscribe(second.next_id(), "subs.node", "g10", 10))
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.TOO_MANY_SUBSCRIPTIONS
+    assert "limits.max_subscriptions = 10" in answer.message, answer.message
+    first.close()  # its subscriptions end with it, and make room
+    deadline = time.monotonic() + 10
+    while True:
+        answer = second.request(frames.Subscribe(second.next_id(), "subs.node", "g10", 10))
+        if isinstance(answer, frames.SubscribeOk):
+            break
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.05)
+
+
 # --- input 4: half-sent frames and silent connections ------------------------------------
 
 
@@ -136,6 +160,29 @@ def test_a_half_sent_frame_is_not_held_for_ever(broker_factory: object) -> None:
     assert client.receive() is codec.CLOSED
     wait_for(lambda: metric(broker, "futureq_connection_buffer_bytes", 'direction="in"') == 0)
     assert metric(broker, "futureq_connections_closed_total", 'reason="frame_timeout"') == 1
+
+
+def test_a_client_that_has_not_sent_hello_cannot_make_the_node_hold_a_large_frame(
+    broker: BrokerProcess,
+) -> None:
+    """Found by holding half frames before HELLO: with tokens required, a client that
+    never authenticates could make the node hold 4 MiB per connection for 10 s, and 64 of
+    them filled the node's incoming buffers, so every other client's large PUBLISH
+    waited. Before HELLO is answered a frame may be at most 64 KiB."""
+    client = WireClient(broker.client_address, hello=False)
+    client.send_raw((4 * MIB).to_bytes(4, "big") + b"\x00" * 1000)
+    error = client.receive(timeout_s=10)
+    assert isinstance(error, frames.Error) and error.code == ErrorCode.FRAME_TOO_LARGE, error
+    assert "before HELLO" in error.message and "65536" in error.message, error.message
+    assert client.receive() is codec.CLOSED
+    assert metric(broker, "futureq_connection_buffer_bytes", 'direction="in"') == 0
+    # After HELLO the full max_frame_bytes is allowed, as HELLO_OK says.
+    hello = WireClient(broker.client_address, hello=False)
+    hello.send(frames.Hello(1, (1,), "test", None))
+    answer = hello.receive()
+    assert isinstance(answer, frames.HelloOk) and answer.max_frame_bytes == 4 * MIB
+    big = hello.publish([["pre.hello", b"x" * (MIB - 100), 0, None, None]])
+    assert isinstance(big, frames.PublishOk), big
 
 
 def test_a_connection_trickling_one_byte_at_a_time_is_closed(broker_factory: object) -> None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import resource
+import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -175,3 +178,57 @@ def test_a_leader_with_a_full_disk_steps_down_and_the_cluster_goes_on(cluster3: 
         assert time.monotonic() < deadline, applied
         time.sleep(0.2)
     assert "Traceback" not in leader.stderr_text()
+
+
+def test_a_node_restarted_on_a_full_disk_waits_for_space_instead_of_exiting(
+    broker: BrokerProcess,
+) -> None:
+    """Found by restarting a node whose disk was full (a crash, a rescheduled pod):
+    opening RocksDB writes (it flushes the log it recovers), so the node stopped at once
+    with "storage failure ... No space left on device" (exit 3), and a supervisor would
+    restart it in a loop. It now waits for space with one NO_SPACE line, then serves."""
+    producer = WireClient(broker.client_address)
+    for number in range(20):
+        answer = producer.publish([["disk.r", f"m{number}".encode(), 0, None, None]])
+        assert isinstance(answer, frames.PublishOk), answer
+    producer.close()
+    broker.kill()  # the log holds writes RocksDB must recover (and so write) at open
+
+    def full_disk() -> None:
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "futureq.cli.server_main", "start", "--data-dir",
+         str(broker.data_dir), "--listen", broker.client_address, "--http",
+         broker.http_address],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=full_disk,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(
+        target=lambda: lines.extend(iter(process.stderr.readline, "")),  # type: ignore[union-attr]
+        daemon=True,
+    )
+    reader.start()
+    try:
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        while not any("NO_SPACE alarm at start" in line for line in lines):
+            assert process.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.1)
+        time.sleep(1.5)  # a retry or two
+        assert process.poll() is None, "".join(lines)
+        free_disk(process.pid)
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("READY "), "".join(lines)
+        consumer = WireClient(broker.client_address)
+        assert consumer.group_pending("disk.r", "default") == 20
+        assert sum("NO_SPACE alarm at start" in line for line in lines) == 1
+        assert not any("Traceback" in line for line in lines)
+    finally:
+        process.terminate()
+        process.wait(15)
+        reader.join(5)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()

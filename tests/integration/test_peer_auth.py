@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 import trustme
 from cluster_process import Cluster, ClusterNode, free_ports
@@ -235,6 +236,30 @@ def test_a_node_without_the_right_secret_cannot_join(
     assert view["learners"] == [] and sorted(view["voters"]) == [1, 2, 3]
 
 
+def test_a_node_with_a_wrong_client_token_cannot_join(tmp_path: Path) -> None:
+    """Found by joining a cluster that requires a token with the wrong one: the node
+    retried for ever, logging the refusal every few seconds, while it looked started.
+    It now stops with exit code 2 naming the setting, as for a wrong secret."""
+    cluster = Cluster(tmp_path / "one", 1, env={"FUTUREQ_SERVER_AUTH_TOKEN": "the-right-token"})
+    cluster.start()
+    try:
+        (member,) = cluster.nodes.values()
+        client_port, raft_port, http_port = free_ports(3)
+        done = subprocess.run(
+            [sys.executable, "-m", "futureq.cli.server_main", "start", "--node-id", "2",
+             "--data-dir", str(tmp_path / "joiner"), "--listen", f"127.0.0.1:{client_port}",
+             "--http", f"127.0.0.1:{http_port}", "--raft-listen", f"127.0.0.1:{raft_port}",
+             "--join", member.client_address, *cluster.auth_args],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "FUTUREQ_SERVER_AUTH_TOKEN": "a-wrong-token"},
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert "futureq: cannot join the cluster at" in done.stderr
+        assert "server.auth_token" in done.stderr
+    finally:
+        cluster.stop()
+
+
 def test_each_port_says_how_it_is_protected(secret_cluster: tuple[Cluster, Relay]) -> None:
     cluster, _ = secret_cluster
     text = cluster.nodes[3].stderr_text()
@@ -342,6 +367,34 @@ def test_mtls_certificate_of_another_node_is_refused(
         refusal = refusal_in(peer.wait_closed()) or ""
         assert f"claims node {leader.node_id} but its certificate names nodes [{other}]" in refusal
         wait_refused(target, "certificate", before)
+
+
+def test_mtls_certificate_of_the_same_node_id_in_another_cluster_is_refused(
+    tls_cluster: tuple[Cluster, Relay, trustme.CA, dict[int, trustme.LeafCert]],
+) -> None:
+    """Tried as a node of another cluster signed by the same CA (a company CA serving
+    staging and production): the right node id, but named for cluster ``staging``. It is
+    refused whether its HELLO names its own cluster or this one."""
+    cluster, _, ca, _ = tls_cluster
+    with unchanged(cluster):
+        leader, target, message = _forge(cluster)
+        staging = ca.issue_cert(
+            "127.0.0.1", peer_auth.node_dns_name("staging", leader.node_id)
+        )
+        for claimed_cluster, sentence in (
+            ("staging", "peer belongs to cluster 'staging'"),
+            ("futureq", f"claims node {leader.node_id} but its certificate names no node"),
+        ):
+            before = refusals(target)
+            peer = RawPeer(target.raft_address, _client_context(ca, staging))
+            hello = attrs.evolve(_hello(target, leader), cluster_id=claimed_cluster)
+            peer.send(encode_value(hello.to_wire()))
+            peer.send(encode_value(peer_auth.Proof(b"").to_wire()) + encode_value(message))
+            refusal = refusal_in(peer.wait_closed()) or ""
+            assert sentence in refusal, refusal
+            wait_refused(
+                target, "cluster" if claimed_cluster == "staging" else "certificate", before
+            )
 
 
 # --- the control: the same input against an unauthenticated cluster -------------------------

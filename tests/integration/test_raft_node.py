@@ -27,7 +27,12 @@ from futureq.raft.core import Role
 from futureq.raft.messages import Heartbeat, LogIndex, NodeId, Term, encode_message
 from futureq.raft.node import RaftNode, RaftNodeConfig
 from futureq.raft.rocks_storage import RocksStorage
-from futureq.raft.transport import DEFAULT_MAX_PENDING_HANDSHAKES, AddressBook, Transport
+from futureq.raft.transport import (
+    DEFAULT_MAX_PENDING_HANDSHAKES,
+    MAX_PENDING_HANDSHAKES_PER_HOST,
+    AddressBook,
+    Transport,
+)
 from futureq.storage.db import Database
 from futureq.wire.codec import NEED_DATA, FrameDecoder, encode_value
 
@@ -489,8 +494,9 @@ async def test_garbage_on_the_raft_port_hurts_only_that_link(tmp_path: Path) -> 
 @pytest.mark.timeout(30)
 async def test_unauthenticated_connections_cost_bounded_memory(tmp_path: Path) -> None:
     """Before the handshake a frame may hold at most 8 KiB, and at most
-    ``max_pending_handshakes`` connections wait in their handshake; beyond that new
-    ones are closed at once. The peers' own links keep working throughout."""
+    ``max_pending_handshakes`` connections wait in their handshake, at most
+    ``MAX_PENDING_HANDSHAKES_PER_HOST`` of them from one address; beyond that new ones
+    are closed at once. The peers' own links keep working throughout."""
     async with trio.open_nursery() as nursery:
         cluster = Cluster(tmp_path, nursery)
         await _start(cluster, VOTERS3)
@@ -504,10 +510,33 @@ async def test_unauthenticated_connections_cost_bounded_memory(tmp_path: Path) -
                 while await big.receive_some(1024):  # refused at the header
                     pass
         idle: list[trio.SocketStream] = []
+        per_host = MAX_PENDING_HANDSHAKES_PER_HOST
+        hosts = [f"127.0.0.{2 + n}" for n in range(DEFAULT_MAX_PENDING_HANDSHAKES // per_host)]
         try:
             with trio.fail_after(WAIT_S):
-                for _ in range(DEFAULT_MAX_PENDING_HANDSHAKES):
-                    idle.append(await trio.open_tcp_stream(host, int(port)))
+                # One address gets its share of the slots, not more (found by a flood of
+                # half handshakes from one host, which locked the real peers out)...
+                for _ in range(per_host):
+                    idle.append(await trio.open_tcp_stream(host, int(port), local_address=hosts[0]))
+                await cluster.wait_for(
+                    lambda: leader.transport._handshake_slots.value
+                    == DEFAULT_MAX_PENDING_HANDSHAKES - per_host,
+                    "one address's share of the handshake slots to be taken",
+                )
+                extra = await trio.open_tcp_stream(host, int(port), local_address=hosts[0])
+                async with extra:
+                    with trio.fail_after(1):  # at once, not after the 2 s handshake deadline
+                        assert await extra.receive_some(1024) == b""
+                # ...while a peer from another address still gets through.
+                peer = await trio.open_tcp_stream(host, int(port))
+                async with peer:
+                    assert await _authenticate(peer, SECRET, 8, leader.node_id) is not None
+                # Many addresses together still get no more than every slot.
+                for other in hosts[1:]:
+                    for _ in range(per_host):
+                        idle.append(
+                            await trio.open_tcp_stream(host, int(port), local_address=other)
+                        )
                 await cluster.wait_for(
                     lambda: leader.transport._handshake_slots.value == 0,
                     "every handshake slot to be taken by an idle connection",
@@ -515,7 +544,7 @@ async def test_unauthenticated_connections_cost_bounded_memory(tmp_path: Path) -
                 extra = await trio.open_tcp_stream(host, int(port))
                 async with extra:
                     assert await extra.receive_some(1024) == b""  # closed at once
-            assert leader.transport.stats.inbound_refused_busy >= 1
+            assert leader.transport.stats.inbound_refused_busy >= 2
             await _propose_all(leader, [b"during"])
         finally:
             for stream in idle:

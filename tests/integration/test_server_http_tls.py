@@ -67,6 +67,7 @@ def _tls_client(address: str, context: ssl.SSLContext) -> WireClient:
     client.sock = context.wrap_socket(raw, server_hostname=host)
     client.decoder = codec.FrameDecoder(64 * 1024 * 1024)
     client.pushed = []
+    client.notices = []
     client._next_id = 100
     client.send(frames.Hello(1, (1,), "tls-test", None))
     assert isinstance(client.receive(), frames.HelloOk)

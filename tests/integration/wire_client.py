@@ -24,18 +24,32 @@ class WireClient:
         hello: bool = True,
         timeout_s: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
+        token: str | None = None,
+        source_host: str | None = None,
     ) -> None:
         host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        self.sock = socket.create_connection(
+            (host, int(port)),
+            timeout=timeout_s,
+            source_address=None if source_host is None else (source_host, 0),
+        )
         if ssl_context is not None:
             self.sock = ssl_context.wrap_socket(self.sock, server_hostname=host)
         OPEN_CLIENTS.append(self)
         self.decoder = codec.FrameDecoder(64 * 1024 * 1024)
         self.pushed: list[frames.Deliver] = []
+        self.notices: list[frames.Frame] = []
+        """Pushes other than DELIVER (SUBSCRIPTION_INFO, REVOKE, SUBSCRIPTION_END), in order."""
         self._next_id = 100
         if hello:
-            self.send(frames.Hello(1, (1,), "test", None))
+            self.send(frames.Hello(1, (1,), "test", token))
             answer = self.receive()
+            if answer is codec.CLOSED:
+                # A node shutting down (or refusing one connection too many) may close
+                # a connection it accepted before answering: a connection failure, which
+                # callers that retry treat like any other, not a wrong answer.
+                self.close()
+                raise ConnectionError("the server closed the connection before answering HELLO")
             assert isinstance(answer, frames.HelloOk), answer
 
     def next_id(self) -> int:
@@ -67,15 +81,51 @@ class WireClient:
                 data = b""
             self.decoder.receive_data(data)
 
+    def receive_answer(self, timeout_s: float = 10.0) -> Any:
+        """The next frame that is not a notice push (SUBSCRIPTION_INFO, REVOKE,
+        SUBSCRIPTION_END: those are kept in :attr:`notices`), or ``codec.CLOSED``."""
+        while True:
+            frame = self.receive(timeout_s)
+            if not self._is_notice(frame):
+                return frame
+            self.notices.append(frame)
+
     def request(self, frame: frames.Frame, timeout_s: float = 10.0) -> Any:
-        """Send a request and return its answer; DELIVER pushes meanwhile are kept."""
+        """Send a request and return its answer; pushes meanwhile are kept."""
         self.send(frame)
         while True:
             answer = self.receive(timeout_s)
             if isinstance(answer, frames.Deliver):
                 self.pushed.append(answer)
                 continue
+            if self._is_notice(answer):
+                self.notices.append(answer)
+                continue
             return answer
+
+    @staticmethod
+    def _is_notice(frame: Any) -> bool:
+        return isinstance(frame, frames.SubscriptionInfo | frames.Revoke | frames.SubscriptionEnd)
+
+    def wait_notice(self, kind: type[Any], timeout_s: float = 10.0) -> Any:
+        """The first push of type ``kind`` (SUBSCRIPTION_INFO, REVOKE, ...) not yet taken;
+        reads on (keeping DELIVERs) until one arrives. Raises TimeoutError."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for i, notice in enumerate(self.notices):
+                if isinstance(notice, kind):
+                    return self.notices.pop(i)
+            frame = self.receive(max(0.001, deadline - time.monotonic()))
+            if isinstance(frame, frames.Deliver):
+                self.pushed.append(frame)
+            elif self._is_notice(frame):
+                self.notices.append(frame)
+            else:
+                raise AssertionError(f"unexpected frame {frame}")
+
+    def revoked(self) -> list[bytes]:
+        """Tags named by the REVOKE frames received so far."""
+        return [t for f in self.notices if isinstance(f, frames.Revoke) for t in f.tags]
 
     def publish(
         self, items: list[list[Any]], ack_level: frames.AckLevel = frames.AckLevel.QUORUM
@@ -99,18 +149,25 @@ class WireClient:
                 frame = self.receive(max(0.001, deadline - time.monotonic()))
                 if frame is codec.CLOSED:
                     raise ConnectionError("server closed the connection")
+                if self._is_notice(frame):
+                    self.notices.append(frame)
+                    continue
                 assert isinstance(frame, frames.Deliver), frame
             out.extend([*d, frame.delivered_ms] for d in frame.deliveries)
         return out
 
     def expect_nothing(self, within_s: float) -> None:
-        """Assert no DELIVER arrives within ``within_s`` seconds."""
+        """Assert no DELIVER arrives within ``within_s`` seconds (other pushes are kept)."""
         assert not self.pushed, self.pushed
-        try:
-            frame = self.receive(within_s)
-        except TimeoutError:
-            return
-        raise AssertionError(f"unexpected frame {frame}")
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                frame = self.receive(max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return
+            if not self._is_notice(frame):
+                raise AssertionError(f"unexpected frame {frame}")
+            self.notices.append(frame)
 
     def status(self) -> dict[str, Any]:
         answer = self.request(frames.Status(self.next_id()))

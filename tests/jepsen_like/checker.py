@@ -41,13 +41,30 @@ Verdicts (the first seven must be zero):
     another topic, or to a group the publish did not target.
 ``multiple_leaders_per_term``
     Two different leaders observed for the same term.
+``attempt_not_increasing``
+    Two deliveries of a message to a group where the one pushed later (by the servers'
+    ``delivered_ms``, beyond the clock allowance) has a lower attempt, or two with the
+    same attempt above 1: a redelivery's attempt is committed before it goes out, so
+    attempts never go backwards. (A first delivery goes out unrecorded, so attempt 1
+    may be seen twice across a leader change: counted as ``first_attempt_repeated``.)
+
+A message is not required of a group (``lost``) when a delete of that group may have
+been applied after the message was stored: a delete that had not completed when the
+publish was invoked (``group`` events of the churner; a delete invoked just before the
+publish may still be ordered after it in the log).
 
 Reported, not failing: ``undelivered`` (missing group entries the nodes still hold,
 not behind the frontier, their group still delivering when the drain ended: the drain
 was too short for the backlog, nothing is lost; the table marks it WARN and the
 summary lists it under ``warnings``), ``acked_then_redelivered`` (a delivery pushed after an ack of the
 same message and group was acknowledged, with time windows and whether a leader change
-or fault happened near each), ``duplicates`` and their ratio, ``lateness_ms``
+or fault happened near each), ``duplicates`` and their ratio, ``duplicates_by_cause``
+(for each delivery after the first of a message to a group, why the one before did not
+end it, in this order: ``nack``; ``leader_change`` between the two; ``connection_loss``
+of the consumer that had it; ``cancelled`` settlement; ``consumer_timeout`` (never
+settled: the visibility timeout passed, by design of the slow consumers);
+``publish_retry`` (another id: the publish was stored twice); ``after_ack`` (acked, yet
+delivered again)), ``lateness_ms``
 (first delivery per message and group, received minus ``due_ms``), unavailability
 windows (publishes that failed, were left unknown, or took longer than ``stall_ms``),
 ``leader_changes`` (and ``leader_changes_after_heal``: with every fault healed there
@@ -72,9 +89,19 @@ MUST_BE_ZERO = (
     "expired_delivered",
     "unexpected",
     "multiple_leaders_per_term",
+    "attempt_not_increasing",
 )
 #: Reported with a warning: not a violation, but the run could not show it delivered.
 WARNINGS = ("undelivered",)
+DUPLICATE_CAUSES = (
+    "nack",
+    "leader_change",
+    "connection_loss",
+    "cancelled",
+    "consumer_timeout",
+    "publish_retry",
+    "after_ack",
+)
 MAX_EXAMPLES = 20
 
 
@@ -172,6 +199,7 @@ class CheckResult:
     examples: dict[str, list[dict[str, Any]]] = attrs.Factory(dict)
     lateness_ms: dict[str, float | None] = attrs.Factory(dict)
     duplicates_ratio: float = 0.0
+    duplicates_by_cause: dict[str, int] = attrs.Factory(dict)
     redelivery_windows: list[dict[str, Any]] = attrs.Factory(list)
     unavailability_windows: list[dict[str, float]] = attrs.Factory(list)
 
@@ -199,6 +227,7 @@ class CheckResult:
             "failures": self.failures,
             "warnings": self.warnings,
             "duplicates_ratio": self.duplicates_ratio,
+            "duplicates_by_cause": self.duplicates_by_cause,
             "lateness_ms": self.lateness_ms,
             "acked_then_redelivered_windows": self.redelivery_windows,
             "unavailability_windows": self.unavailability_windows,
@@ -235,6 +264,13 @@ class _Checker:
         self.by_key: dict[str, _Publish] = {}
         self.deliveries: list[Event] = []
         self.ack_ok: dict[tuple[int, str], float] = {}
+        self.settles: dict[tuple[int, str, int], str] = {}
+        """(id, group, attempt) -> how it ended: ack, nack, cancelled (last word wins)."""
+        self.deleted_groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+        """(topic, group) -> when each delete completed (inf: never answered)."""
+        self._deletes_open: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self.consumer_losses: dict[str, list[float]] = defaultdict(list)
+        self._deliveries_of: dict[str, list[tuple[float, Any]]] | None = None
         self.topics: dict[str, list[str]] = {}
         self.end_t = self.events[-1]["t"] if self.events else 0.0
         self.drain_end: float | None = None
@@ -258,9 +294,23 @@ class _Checker:
                 self.read_publish(event)
             elif kind == "deliver":
                 self.deliveries.append(event)
-            elif kind == "ack" and event.get("phase") == "ok":
-                key = (int(event["id"]), str(event["group"]))
-                self.ack_ok.setdefault(key, float(event["t"]))
+            elif kind in ("ack", "nack"):
+                phase = event.get("phase")
+                if kind == "ack" and phase == "ok":
+                    key = (int(event["id"]), str(event["group"]))
+                    self.ack_ok.setdefault(key, float(event["t"]))
+                if phase in ("ok", "cancelled") and event.get("attempt") is not None:
+                    settle = (int(event["id"]), str(event["group"]), int(event["attempt"]))
+                    self.settles[settle] = kind if phase == "ok" else "cancelled"
+            elif kind == "group" and event.get("action") == "delete":
+                where = (str(event["topic"]), str(event["group"]))
+                if event.get("phase") == "invoke":
+                    self._deletes_open[where].append(float(event["t"]))
+                elif self._deletes_open[where]:
+                    self._deletes_open[where].pop(0)
+                    self.deleted_groups[where].append(float(event["t"]))
+            elif kind == "consumer" and event.get("phase") in ("crash", "error", "ended"):
+                self.consumer_losses[str(event["consumer"])].append(float(event["t"]))
             elif kind == "run":
                 if event.get("phase") == "start":
                     self.topics = {k: list(v) for k, v in (event.get("topics") or {}).items()}
@@ -306,6 +356,8 @@ class _Checker:
             "publish_duplicates",
             "leader_changes",
             "leader_changes_after_heal",
+            "waived_group_entries",
+            "first_attempt_repeated",
         ):
             counts.setdefault(name, 0)
         counts["publishes"] = len(self.publishes)
@@ -385,6 +437,7 @@ class _Checker:
                 self.example("acked_then_redelivered", acked_t=acked, **where)
                 redelivered_at.append((delivered_ms, d))
         distinct = len(seen)
+        self.check_attempts_and_causes(seen)
         self.count("duplicates", len(self.deliveries) - self.result.counts["unexpected"] - distinct)
         self.result.duplicates_ratio = (
             self.result.counts["duplicates"] / distinct if distinct else 0.0
@@ -423,6 +476,89 @@ class _Checker:
             )
         return windows
 
+    def check_attempts_and_causes(self, seen: dict[tuple[str, str], list[Event]]) -> None:
+        """Attempts only increase in push order; each duplicate gets a cause."""
+        causes = dict.fromkeys(DUPLICATE_CAUSES, 0)
+        changes = self.leader_change_times()
+        offset = self.config.allowed_offset_ms
+        for (key, group), deliveries in seen.items():
+            ordered = sorted(deliveries, key=lambda e: float(e["t"]))
+            for previous, current in zip(ordered, ordered[1:], strict=False):
+                causes[self.cause(previous, current, group, changes)] += 1
+            by_id: dict[int, list[Event]] = defaultdict(list)
+            for delivery in ordered:
+                if delivery.get("attempt") is not None:
+                    by_id[int(delivery["id"])].append(delivery)
+            for mid, pushes in by_id.items():
+                for i, one in enumerate(pushes):
+                    for other in pushes[i + 1 :]:
+                        a, b = int(one["attempt"]), int(other["attempt"])
+                        if a == b == 1:
+                            self.count("first_attempt_repeated")
+                            continue
+                        earlier, later = sorted(
+                            (one, other), key=lambda e: float(e["delivered_ms"])
+                        )
+                        gap = float(later["delivered_ms"]) - float(earlier["delivered_ms"])
+                        if a == b or (
+                            gap > offset and int(later["attempt"]) < int(earlier["attempt"])
+                        ):
+                            self.count("attempt_not_increasing")
+                            self.example(
+                                "attempt_not_increasing",
+                                key=key,
+                                group=group,
+                                id=mid,
+                                attempts=[a, b],
+                                delivered_ms=[one["delivered_ms"], other["delivered_ms"]],
+                            )
+        self.result.duplicates_by_cause = causes
+
+    def cause(self, previous: Event, current: Event, group: str, changes: list[float]) -> str:
+        """Why ``previous`` did not end the message for the group (see the module doc)."""
+        if previous["id"] != current["id"]:
+            return "publish_retry"
+        start, end = float(previous["t"]), float(current["t"])
+        settled = self.settles.get((int(previous["id"]), group, int(previous.get("attempt") or 0)))
+        if settled == "nack":
+            return "nack"
+        if any(start <= t <= end for t in changes):
+            return "leader_change"
+        losses = self.consumer_losses.get(str(previous.get("consumer")), [])
+        later = [
+            e
+            for e in self.deliveries_of.get(str(previous.get("consumer")), [])
+            if start < e[0] < end
+        ]
+        if any(start <= t <= end for t in losses) or any(
+            conn != previous.get("conn") for _, conn in later
+        ):
+            return "connection_loss"
+        if settled == "cancelled":
+            return "cancelled"
+        if settled is None:
+            return "consumer_timeout"
+        return "after_ack"
+
+    @property
+    def deliveries_of(self) -> dict[str, list[tuple[float, Any]]]:
+        """Consumer -> ``(t, conn)`` of its deliveries, in time order (cached)."""
+        cached = self._deliveries_of
+        if cached is None:
+            cached = defaultdict(list)
+            for event in self.deliveries:
+                cached[str(event.get("consumer"))].append((float(event["t"]), event.get("conn")))
+            self._deliveries_of = cached
+        return cached
+
+    def waived(self, publish: _Publish, group: str) -> bool:
+        """A delete of the group completed after the publish was invoked, or never
+        completed: it may have removed the message, so it is not required of the group."""
+        where = (publish.topic, group)
+        if self._deletes_open.get(where):
+            return True  # a delete that never answered may have happened any time after
+        return any(t >= publish.invoke_t for t in self.deleted_groups.get(where, []))
+
     def check_lost(self) -> None:
         """Lost, stranded, undelivered and stalled: every required delivery not seen,
         classified by what the nodes still held (``state`` events) when the run ended."""
@@ -433,8 +569,14 @@ class _Checker:
         for publish in self.publishes.values():
             if not publish.required_by(end):
                 continue
+            waived = [g for g in publish.groups if self.waived(publish, g)]
+            self.count("waived_group_entries", len(waived))
+            if len(waived) == len(publish.groups):
+                continue
             self.count("required_publishes")
-            missing = [g for g in publish.groups if (publish.key, g) not in self.seen]
+            missing = [
+                g for g in publish.groups if (publish.key, g) not in self.seen and g not in waived
+            ]
             gone: list[str] = []
             for group in missing:
                 found = None
@@ -482,6 +624,8 @@ class _Checker:
                     ),
                 )
             for group in publish.groups:
+                if group in waived:
+                    continue
                 deliveries = self.seen.get((publish.key, group), [])
                 if deliveries and not any((int(d["id"]), group) in self.ack_ok for d in deliveries):
                     self.count("unsettled")
@@ -606,6 +750,8 @@ class Outstanding:
         self._seen: dict[str, set[str]] = defaultdict(set)
         self._open: dict[str, _Publish] = {}
         """Acknowledged publishes with a target group not seen yet, by key."""
+        self._deletes_open: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self._deleted: dict[tuple[str, str], list[float]] = defaultdict(list)
 
     def update(self, events: list[Event]) -> int:
         """Read the events appended since the last call; returns how many were read.
@@ -624,7 +770,21 @@ class Outstanding:
                 self._deliver(event)
             elif kind == "run" and event.get("phase") == "start":
                 self._topics = {k: list(v) for k, v in (event.get("topics") or {}).items()}
+            elif kind == "group" and event.get("action") == "delete":
+                where = (str(event["topic"]), str(event["group"]))
+                if event.get("phase") == "invoke":
+                    self._deletes_open[where].append(float(event["t"]))
+                elif self._deletes_open[where]:
+                    self._deletes_open[where].pop(0)
+                    self._deleted[where].append(float(event["t"]))
         return len(fresh)
+
+    def _waived(self, publish: _Publish, group: str) -> bool:
+        """As :meth:`_Checker.waived`: a delete of the group may have removed it."""
+        where = (publish.topic, group)
+        if self._deletes_open.get(where):
+            return True
+        return any(t >= publish.invoke_t for t in self._deleted.get(where, []))
 
     def _publish(self, event: Event) -> None:
         if event["phase"] == "invoke":
@@ -674,7 +834,7 @@ class Outstanding:
             for publish in self._open.values()
             if publish.required_by(end)
             for group in publish.groups
-            if group not in self._seen[publish.key]
+            if group not in self._seen[publish.key] and not self._waived(publish, group)
         ]
 
 

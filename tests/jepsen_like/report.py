@@ -65,6 +65,15 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
             "duplicates (ratio)",
             f"{summary.get('duplicates')} ({summary.get('duplicates_ratio', 0):.3f})",
         ),
+        (
+            "duplicates by cause",
+            ", ".join(
+                f"{cause} {count}"
+                for cause, count in (summary.get("duplicates_by_cause") or {}).items()
+                if count
+            )
+            or "-",
+        ),
         ("acked_then_redelivered", summary.get("acked_then_redelivered")),
         ("publish_duplicates", summary.get("publish_duplicates")),
         ("unsettled", summary.get("unsettled")),

@@ -79,6 +79,8 @@ class Builder:
         delivered: float | None = None,
         ack: bool = True,
         topic: str = "jobs",
+        conn: int = 1,
+        settle: str = "ack",
     ) -> None:
         delivered_t = t - 1 if delivered is None else delivered
         self.add(
@@ -89,14 +91,17 @@ class Builder:
             topic=topic,
             group=group,
             consumer=f"{group}-0",
+            conn=conn,
             attempt=attempt,
             delivered_ms=T0 + delivered_t,
             due_ms=T0 + due,
             publish_ms=T0,
         )
         if ack:
-            self.add(t + 1, "ack", phase="invoke", id=message_id, group=group, attempt=attempt)
-            self.add(t + 3, "ack", phase="ok", id=message_id, group=group, attempt=attempt)
+            kind = "nack" if settle == "nack" else "ack"
+            phase = "cancelled" if settle == "cancelled" else "ok"
+            self.add(t + 1, kind, phase="invoke", id=message_id, group=group, attempt=attempt)
+            self.add(t + 3, kind, phase=phase, id=message_id, group=group, attempt=attempt)
 
     def both(self, t: float, key: str, *, message_id: int, due: float, **kw: Any) -> None:
         for group in TOPICS["jobs"]:
@@ -464,6 +469,17 @@ def test_outstanding_agrees_with_the_checker_on_every_prefix() -> None:
     every_prefix_agrees(b.finish(14_000))
 
 
+def test_outstanding_waives_a_deleted_group_like_the_checker() -> None:
+    b = clean()
+    b.publish(1_000, message_id=40)
+    b.add(1_100, "group", phase="invoke", action="delete", topic="jobs", group="a")
+    b.publish(1_120, message_id=41)  # concurrent with the delete
+    b.add(1_150, "group", phase="ok", action="delete", topic="jobs", group="a")
+    b.publish(1_200, message_id=42)  # after it: required again
+    b.add(1_300, "group", phase="invoke", action="delete", topic="jobs", group="b")
+    every_prefix_agrees(b.finish(5_000))  # the second delete never answered
+
+
 def test_outstanding_reads_each_event_once() -> None:
     """A drain poll costs the events since the last poll, not the whole history
     (a full check of a 10-minute history stalled every Raft link for ~1 s)."""
@@ -476,3 +492,117 @@ def test_outstanding_reads_each_event_once() -> None:
     assert [(key, ids, group) for key, ids, _, group in outstanding.missing(events[-1]["t"])] == [
         ("p0-5", [9], "b")
     ]
+
+
+def test_duplicates_are_counted_by_cause() -> None:
+    b = clean()
+    # nack by design, then acked
+    k = b.publish(1000, message_id=10, groups=["a"])
+    b.deliver(1010, k, message_id=10, group="a", due=1002, settle="nack")
+    b.deliver(1600, k, message_id=10, group="a", due=1002, attempt=2)
+    # a slow consumer that never settled: its visibility timeout passed
+    k = b.publish(2000, message_id=11, groups=["a"])
+    b.deliver(2010, k, message_id=11, group="a", due=2002, ack=False)
+    b.deliver(5000, k, message_id=11, group="a", due=2002, attempt=2)
+    # held when its consumer's connection was lost
+    k = b.publish(6000, message_id=12, groups=["a"])
+    other = b.publish(6001, message_id=13, groups=["a"])
+    b.deliver(6010, k, message_id=12, group="a", due=6002, ack=False)
+    b.deliver(6500, other, message_id=13, group="a", due=6002, conn=2)  # it reconnected
+    b.deliver(7000, k, message_id=12, group="a", due=6002, attempt=2, conn=2)
+    # its ack was cancelled on the way
+    k = b.publish(8000, message_id=14, groups=["a"])
+    b.deliver(8010, k, message_id=14, group="a", due=8002, settle="cancelled", conn=2)
+    b.deliver(11000, k, message_id=14, group="a", due=8002, attempt=2, conn=2)
+    # a leader change between the two
+    k = b.publish(12000, message_id=15, groups=["a"])
+    b.deliver(12010, k, message_id=15, group="a", due=12002, ack=False, conn=2)
+    b.add(12100, "leader", node_id=1, term=1)
+    b.add(12200, "leader", node_id=2, term=2)
+    b.deliver(15000, k, message_id=15, group="a", due=12002, attempt=2, conn=2)
+    counts = check(b.finish(20_000))
+    assert_only(counts.counts)
+    assert counts.duplicates_by_cause == {
+        "nack": 1,
+        "leader_change": 1,
+        "connection_loss": 1,
+        "cancelled": 1,
+        "consumer_timeout": 1,
+        "publish_retry": 0,
+        "after_ack": 0,
+    }
+    assert counts.counts["duplicates"] == 5
+    assert check(b.events).summary()["duplicates_by_cause"]["nack"] == 1
+
+
+def test_a_publish_stored_twice_is_a_publish_retry_duplicate() -> None:
+    b = clean()
+    k = b.publish(1000, message_id=20, groups=["a"])
+    b.deliver(1010, k, message_id=20, group="a", due=1002)
+    b.deliver(1020, k, message_id=21, group="a", due=1002)
+    result = check(b.finish(5000))
+    assert result.duplicates_by_cause["publish_retry"] == 1
+
+
+def test_attempts_that_repeat_or_go_back_are_caught() -> None:
+    b = clean()
+    k = b.publish(1000, message_id=30, groups=["a"])
+    b.deliver(1010, k, message_id=30, group="a", due=1002, attempt=2, ack=False)
+    b.deliver(4000, k, message_id=30, group="a", due=1002, attempt=2, ack=False)  # repeat
+    b.deliver(7000, k, message_id=30, group="a", due=1002, attempt=1)  # pushed later, lower
+    result = check(b.finish(10_000))
+    assert_only(result.counts, attempt_not_increasing=3)
+
+
+def test_attempts_are_ordered_by_push_time_not_by_receipt() -> None:
+    """A delivery buffered on a deposed leader's connection may be handed out after the
+    new leader's redelivery: its push (``delivered_ms``) was earlier."""
+    b = clean()
+    k = b.publish(1000, message_id=31, groups=["a"])
+    b.deliver(3000, k, message_id=31, group="a", due=1002, attempt=2, delivered=2500)
+    b.deliver(3500, k, message_id=31, group="a", due=1002, attempt=1, delivered=1100, ack=False)
+    assert_only(check(b.finish(10_000)).counts)
+
+
+def test_a_first_attempt_seen_twice_is_reported_not_failed() -> None:
+    b = clean()
+    k = b.publish(1000, message_id=32, groups=["a"])
+    b.deliver(1010, k, message_id=32, group="a", due=1002, ack=False)
+    b.add(1100, "leader", node_id=1, term=1)
+    b.add(1200, "leader", node_id=2, term=2)
+    b.deliver(3000, k, message_id=32, group="a", due=1002)
+    result = check(b.finish(10_000))
+    assert_only(result.counts)
+    assert result.counts["first_attempt_repeated"] == 1
+
+
+def test_a_deleted_group_is_not_required_after_the_delete() -> None:
+    b = clean()
+    k = b.publish(1000, message_id=40)
+    b.deliver(1010, k, message_id=40, group="b", due=1002)
+    b.add(1100, "group", phase="invoke", action="delete", topic="jobs", group="a")
+    b.add(1150, "group", phase="ok", action="delete", topic="jobs", group="a")
+    later = b.publish(1200, message_id=41)  # published after the delete: required again
+    result = check(b.finish(5000))
+    assert_only(result.counts, lost=1)
+    assert result.examples["lost"][0]["key"] == later
+    assert result.counts["waived_group_entries"] == 3  # every group "a" entry published before
+
+
+def test_a_delete_concurrent_with_a_publish_waives_it() -> None:
+    """Invoked just before the publish, answered after: the log may hold the delete
+    after the publish, which then removed the message with the group."""
+    b = clean()
+    b.add(999, "group", phase="invoke", action="delete", topic="jobs", group="a")
+    k = b.publish(1000, message_id=50)  # answered 5 ms later
+    b.add(1100, "group", phase="ok", action="delete", topic="jobs", group="a")
+    b.deliver(1200, k, message_id=50, group="b", due=1002)
+    result = check(b.finish(5000))
+    assert_only(result.counts)
+    # An earlier delete, answered before the publish was invoked, waives nothing.
+    b = clean()
+    b.add(500, "group", phase="invoke", action="delete", topic="jobs", group="a")
+    b.add(600, "group", phase="ok", action="delete", topic="jobs", group="a")
+    k = b.publish(1000, message_id=50)
+    b.deliver(1200, k, message_id=50, group="b", due=1002)
+    assert_only(check(b.finish(5000)).counts, lost=1)

@@ -5,7 +5,10 @@ invocation and completion time (see ``history.py`` for the event shapes).
 
 Topics and groups are fixed (:data:`TOPICS`) and every group is created **before** the
 first publish, so every message targets all the groups of its topic. The groups of
-``jobs`` have a short visibility timeout so the slow consumers let it expire.
+``jobs`` have a short visibility timeout so the slow consumers let it expire. The group
+``temp`` of topic ``churn`` is deleted and re-created every few seconds by the
+*churner* (``group`` events); a message is not required of it once a delete of it was
+invoked after the message's publish.
 
 Producers (``producers`` of them, ``rate`` publishes per second in all) draw each
 operation from the seeded rng:
@@ -20,15 +23,20 @@ operation from the seeded rng:
 Consumers, per group, each with its own connection: ``ack`` (acks everything), ``nack``
 (nacks 30 % with a requeue delay of 0..500 ms, acks the rest), ``crash`` (after a few
 deliveries drops its connection without settling them, then comes back), ``slow``
-(holds a delivery past the visibility timeout, then acks it). While draining every
-consumer only acks.
+(works on 30 % of its deliveries for 1.5 visibility timeouts: half of those it keeps
+with ``extend()`` while it works, the other half it lets time out, then acks),
+``lease`` (prefetch 200 and 20 ms of work per message: what it buffers is kept alive
+by the client's lease keeper), ``cancel`` (cancels 30 % of its acks and nacks, and
+some receives, at a random point of their flight). Every deliver event records the
+consumer's connection number (``conn``), so the checker can tell a duplicate after a
+connection loss. While draining every consumer only acks, and nothing is cancelled.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import trio
@@ -36,21 +44,32 @@ from tests.jepsen_like.history import History
 
 from futureq.client import PublishItem, open_client
 from futureq.client.client import _publish_frame
-from futureq.errors import ErrorCode, FutureQError, RequestError
+from futureq.errors import ErrorCode, FutureQError, RequestError, SubscriptionEndedError
 from futureq.wire import frames
 
 #: topic -> groups (created up front); the visibility timeout of each group (ms).
-TOPICS: dict[str, list[str]] = {"jobs": ["workers", "audit"], "events": ["sink"]}
-VISIBILITY_MS: dict[str, int] = {"workers": 2_000, "audit": 2_000, "sink": 5_000}
+TOPICS: dict[str, list[str]] = {
+    "jobs": ["workers", "audit"],
+    "events": ["sink"],
+    "churn": ["temp"],
+}
+VISIBILITY_MS: dict[str, int] = {"workers": 2_000, "audit": 2_000, "sink": 5_000, "temp": 2_000}
 MAX_DELIVERIES = 1_000
 FAR_DELAY_MS = 3_600_000
 LONG_TTL_MS = 600_000
 #: Consumer behaviours of each group, one consumer each.
 BEHAVIOURS: dict[str, list[str]] = {
-    "workers": ["ack", "nack", "crash", "slow"],
+    "workers": ["ack", "nack", "crash", "slow", "lease", "cancel"],
     "audit": ["ack", "crash"],
-    "sink": ["ack", "nack"],
+    "sink": ["ack", "nack", "cancel"],
+    "temp": ["ack", "cancel"],
 }
+CHURN: Final = ("churn", "temp")
+"""The group the churner deletes and re-creates."""
+CHURN_EVERY_S: Final = (3.0, 8.0)
+"""Range of the churner's pauses between a re-create and the next delete (s)."""
+CANCEL_RATE: Final = 0.3
+"""Share of its settlements a ``cancel`` consumer cancels."""
 
 
 @attrs.frozen
@@ -133,12 +152,48 @@ class Workload:
         async with self.client(random.Random(self.rng.random())) as client:
             for topic, groups in TOPICS.items():
                 for group in groups:
-                    await client.create_group(
-                        topic,
-                        group,
-                        visibility_timeout_ms=VISIBILITY_MS[group],
-                        max_deliveries=MAX_DELIVERIES,
-                    )
+                    await self._create(client, topic, group)
+
+    @staticmethod
+    async def _create(client: Any, topic: str, group: str) -> None:
+        await client.create_group(
+            topic,
+            group,
+            visibility_timeout_ms=VISIBILITY_MS[group],
+            max_deliveries=MAX_DELIVERIES,
+        )
+
+    # ----------------------------------------------------------------- churner
+
+    async def run_churner(self) -> None:
+        """Delete and re-create the churn group until cancelled; each step is recorded."""
+        rng = random.Random(self.rng.random())
+        topic, group = CHURN
+        async with self.client(random.Random(rng.random())) as client:
+            while True:
+                await trio.sleep(rng.uniform(*CHURN_EVERY_S))
+                for action in ("delete", "create"):
+                    await self._churn(client, action, topic, group)
+                    await trio.sleep(rng.uniform(0.1, 1.0))
+
+    async def _churn(self, client: Any, action: str, topic: str, group: str) -> None:
+        self.history.record("group", phase="invoke", action=action, topic=topic, group=group)
+        try:
+            if action == "delete":
+                await client.delete_group(topic, group)
+            else:
+                await self._create(client, topic, group)
+        except FutureQError as error:
+            self.history.record(
+                "group", phase="fail", action=action, topic=topic, group=group, error=repr(error)
+            )
+            return
+        self.history.record("group", phase="ok", action=action, topic=topic, group=group)
+
+    async def restore_churned(self) -> None:
+        """Make sure the churn group exists again (before the drain)."""
+        async with self.client(random.Random(self.rng.random())) as client:
+            await self._churn(client, "create", *CHURN)
 
     # ----------------------------------------------------------------- producers
 
@@ -267,48 +322,87 @@ class Workload:
         while not self.stopped.is_set():
             try:
                 async with self.client(random.Random(rng.random())) as client:
-                    prefetch = 1 if behaviour == "slow" else 10
+                    prefetch = {"slow": 1, "lease": 200}.get(behaviour, 10)
                     async with client.subscribe(topic, group, prefetch=prefetch) as sub:
-                        await self._consume(sub, group, name, behaviour, rng)
+                        await self._consume(client, sub, group, name, behaviour, rng)
+            except SubscriptionEndedError as error:
+                # The churner deleted the group: subscribe again (which re-creates it).
+                self.history.record("consumer", phase="ended", consumer=name, error=repr(error))
             except FutureQError as error:
                 self.history.record("consumer", phase="error", consumer=name, error=repr(error))
             if not self.stopped.is_set():
                 await trio.sleep(rng.uniform(0.2, 1.0))
 
     async def _consume(
-        self, sub: Any, group: str, name: str, behaviour: str, rng: random.Random
+        self, client: Any, sub: Any, group: str, name: str, behaviour: str, rng: random.Random
     ) -> None:
         crash_after = rng.randint(3, 30)
         received = 0
         while not self.stopped.is_set():
-            delivery = await sub.receive(timeout_s=0.5)
+            delivery = None
+            if behaviour == "cancel" and not self.draining and rng.random() < 0.1:
+                with trio.move_on_after(rng.uniform(0, 0.005)):  # a receive given up
+                    delivery = await sub.receive(timeout_s=0.5)
+            else:
+                delivery = await sub.receive(timeout_s=0.5)
             if delivery is None:
                 continue
             received += 1
-            self.history.record(
-                "deliver",
-                id=delivery.id,
-                key=key_of(delivery.payload),
-                topic=delivery.topic,
-                group=delivery.group,
-                consumer=name,
-                attempt=delivery.attempt,
-                delivered_ms=delivery.delivered_ms,
-                due_ms=delivery.due_ms,
-                publish_ms=delivery.publish_ms,
-            )
+            self._delivered(client, delivery, name)
             if not self.draining:
                 if behaviour == "crash" and received >= crash_after:
                     self.history.record("consumer", phase="crash", consumer=name)
                     return  # leaves the client block: the connection closes unsettled
                 if behaviour == "slow" and rng.random() < 0.3:
-                    await trio.sleep(VISIBILITY_MS[group] / 1000 * 1.5)
+                    await self._work(delivery, name, VISIBILITY_MS[group] * 1.5 / 1000, rng)
+                if behaviour == "lease":
+                    await trio.sleep(0.02)
                 if behaviour == "nack" and rng.random() < 0.3:
-                    await self._settle(delivery, name, "nack", rng.randint(0, 500))
+                    await self._settle(delivery, name, "nack", rng.randint(0, 500), rng, behaviour)
                     continue
-            await self._settle(delivery, name, "ack", 0)
+            await self._settle(delivery, name, "ack", 0, rng, behaviour)
 
-    async def _settle(self, delivery: Any, name: str, how: str, requeue_delay_ms: int) -> None:
+    def _delivered(self, client: Any, delivery: Any, name: str) -> None:
+        self.history.record(
+            "deliver",
+            id=delivery.id,
+            key=key_of(delivery.payload),
+            topic=delivery.topic,
+            group=delivery.group,
+            consumer=name,
+            conn=client._epoch,
+            attempt=delivery.attempt,
+            delivered_ms=delivery.delivered_ms,
+            due_ms=delivery.due_ms,
+            publish_ms=delivery.publish_ms,
+        )
+
+    async def _work(self, delivery: Any, name: str, work_s: float, rng: random.Random) -> None:
+        """Work ``work_s`` on a delivery; half the time keep it with ``extend()`` meanwhile."""
+        if rng.random() < 0.5:
+            await trio.sleep(work_s)  # let it time out: a duplicate by design
+            return
+        visibility_s = VISIBILITY_MS[delivery.group] / 1000
+        deadline = trio.current_time() + work_s
+        while trio.current_time() < deadline:
+            await trio.sleep(min(visibility_s / 3, deadline - trio.current_time()))
+            fields = {"id": delivery.id, "group": delivery.group, "consumer": name}
+            try:
+                await delivery.extend()
+            except FutureQError as error:
+                self.history.record("extend", phase="fail", error=repr(error), **fields)
+                return
+            self.history.record("extend", phase="ok", **fields)
+
+    async def _settle(
+        self,
+        delivery: Any,
+        name: str,
+        how: str,
+        requeue_delay_ms: int,
+        rng: random.Random,
+        behaviour: str,
+    ) -> None:
         fields = {
             "id": delivery.id,
             "group": delivery.group,
@@ -316,12 +410,22 @@ class Workload:
             "attempt": delivery.attempt,
         }
         self.history.record(how, phase="invoke", **fields)
-        try:
-            if how == "ack":
-                await delivery.ack()
-            else:
-                await delivery.nack(requeue_delay_ms=requeue_delay_ms)
-        except FutureQError as error:
-            self.history.record(how, phase="fail", error=repr(error), **fields)
+        cancel_after = (
+            rng.uniform(0, 0.01)
+            if behaviour == "cancel" and not self.draining and rng.random() < CANCEL_RATE
+            else float("inf")
+        )
+        with trio.move_on_after(cancel_after) as scope:
+            try:
+                if how == "ack":
+                    await delivery.ack()
+                else:
+                    await delivery.nack(requeue_delay_ms=requeue_delay_ms)
+            except FutureQError as error:
+                self.history.record(how, phase="fail", error=repr(error), **fields)
+                return
+        if scope.cancelled_caught:
+            # Given up at some point of its flight: it may or may not have been applied.
+            self.history.record(how, phase="cancelled", **fields)
             return
         self.history.record(how, phase="ok", **fields)

@@ -60,6 +60,14 @@ VERIFY_THREADS: Final = 2
 """Secrets verified at once (scrypt takes ~50 ms of CPU and 16 MiB each)."""
 VERIFIED_CACHE_ENTRIES: Final = 10_000
 """Tokens remembered as verified, so reconnecting clients skip scrypt."""
+MAX_PENDING_VERIFICATIONS: Final = 32
+"""Secrets being verified or waiting for a thread, node-wide; more are refused at once
+(UNAVAILABLE, retry later) rather than queued: a token check costs ~50 ms of CPU, and
+nobody has authenticated yet when it is asked for."""
+MAX_PENDING_VERIFICATIONS_PER_PEER: Final = 1
+"""Of those, how many one address (the client's host) may have at once."""
+DLQ_SUFFIX: Final = ".dlq"
+DLQ_TOKEN: Final = "dlq"
 _CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PATTERN_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -111,7 +119,30 @@ def pattern_matches(pattern: str, topic: str) -> bool:
 
 
 def _any_match(patterns: Iterable[str], topic: str) -> bool:
-    return any(pattern_matches(pattern, topic) for pattern in patterns)
+    """True when ``patterns`` allow ``topic``; see :func:`allows`."""
+    return allows(tuple(patterns), topic)
+
+
+def allows(patterns: tuple[str, ...], topic: str) -> bool:
+    """True when ``patterns`` allow ``topic``.
+
+    A dead-letter topic ``T.dlq`` holds the messages of ``T``, so a wildcard that only
+    happens to cover it does not give them away: ``T.dlq`` is allowed when a pattern
+    matches it **and** either that pattern names the ``dlq`` token itself
+    (``orders.eu.dlq``, ``*.dlq``) or the patterns allow ``T`` too. So ``billing.>``
+    allows ``billing.retry.dlq`` (it allows ``billing.retry``), ``>`` allows every
+    dead-letter topic, but ``a.*`` does not allow ``a.dlq``, the dead letters of topic
+    ``a``, which ``a.*`` does not name.
+    """
+    matching = [pattern for pattern in patterns if pattern_matches(pattern, topic)]
+    if not matching:
+        return False
+    source = topic.removesuffix(DLQ_SUFFIX)
+    if source == topic or not source:
+        return True
+    if any(pattern.rsplit(".", 1)[-1] == DLQ_TOKEN for pattern in matching):
+        return True
+    return allows(patterns, source)
 
 
 # --- secrets --------------------------------------------------------------------------
@@ -390,6 +421,8 @@ _RULES: dict[frames.FrameType, Callable[[Principal, Any], None]] = {
     frames.FrameType.CREDIT: _check_consume_any,
     frames.FrameType.ACK: _check_consume_any,
     frames.FrameType.NACK: _check_consume_any,
+    frames.FrameType.EXTEND: _check_consume_any,
+    frames.FrameType.RELEASE: _check_consume_any,
     frames.FrameType.GROUP_CREATE: lambda p, f: _topic_check(
         p, p.permissions.manage_groups, f.topic, "manage the groups of"
     ),
@@ -442,6 +475,8 @@ class AccessControl:
         self._verified: dict[bytes, str] = {}
         self._cache_key = secrets.token_bytes(32)
         self._verify_limit = trio.CapacityLimiter(VERIFY_THREADS)
+        self._verifying = 0
+        self._verifying_by_peer: dict[str, int] = {}
         self.generation = 0
         """Bumped by every successful :meth:`reload`."""
         self._changed = trio.Event()
@@ -451,12 +486,23 @@ class AccessControl:
         """True when clients must present a token."""
         return self._auth_token is not None or self._path is not None
 
-    async def authenticate(self, token: str | None) -> Principal:
+    async def authenticate(self, token: str | None, peer: str | None = None) -> Principal:
         """The principal a HELLO (or HTTP bearer) token stands for.
+
+        A token seen before is answered from memory (right or wrong, until the next
+        reload); a new one costs a scrypt check (~50 ms of CPU), of which the node runs
+        at most :data:`MAX_PENDING_VERIFICATIONS` at once and one address
+        :data:`MAX_PENDING_VERIFICATIONS_PER_PEER`: unauthenticated clients cannot keep
+        the CPU busy or hold up other clients' first HELLO.
+
+        Args:
+            token: The token presented, or None.
+            peer: The client's host, to share the token checks fairly between addresses.
 
         Raises:
             RemoteProtocolError: AUTH_FAILED with a sentence that does not say which
-                part of the token was wrong.
+                part of the token was wrong; UNAVAILABLE (retry later) when too many
+                new tokens are being checked.
         """
         if not self.enabled:
             return ANONYMOUS
@@ -471,20 +517,56 @@ class AccessControl:
         if entry is not None:
             key = hmac.new(self._cache_key, token.encode("utf-8", "surrogatepass"), "sha256")
             digest = key.digest()
-            if self._verified.get(digest) == entry.secret_hash:
+            known = self._verified.get(digest)
+            if known == entry.secret_hash:
                 return Principal(entry.name, entry.permissions, entry.secret_hash)
-            ok = await trio.to_thread.run_sync(
-                verify_secret, secret, entry.secret_hash, limiter=self._verify_limit
-            )
-            current = self._clients.get(name)
-            if ok and current is not None and current.secret_hash == entry.secret_hash:
+            if known != _FAILED + entry.secret_hash:  # the same wrong token again: no scrypt
+                ok = await self._verify(secret, entry.secret_hash, peer)
+                current = self._clients.get(name)
                 if len(self._verified) >= VERIFIED_CACHE_ENTRIES:
                     self._verified.clear()
-                self._verified[digest] = entry.secret_hash
-                return Principal(current.name, current.permissions, current.secret_hash)
+                if ok and current is not None and current.secret_hash == entry.secret_hash:
+                    self._verified[digest] = entry.secret_hash
+                    return Principal(current.name, current.permissions, current.secret_hash)
+                if not ok:
+                    self._verified[digest] = _FAILED + entry.secret_hash
         raise RemoteProtocolError(
             ErrorCode.AUTH_FAILED, "HELLO carries a missing or wrong auth token; check the client's token"
         )
+
+    async def _verify(self, secret: str, secret_hash: str, peer: str | None) -> bool:
+        """Run scrypt in a worker thread, within the node's and the peer's allowance.
+
+        Raises:
+            RemoteProtocolError: UNAVAILABLE when too many checks are under way (for
+                the node, or for ``peer``): the client retries later.
+        """
+        from_peer = self._verifying_by_peer.get(peer, 0) if peer is not None else 0
+        if (
+            self._verifying >= MAX_PENDING_VERIFICATIONS
+            or from_peer >= MAX_PENDING_VERIFICATIONS_PER_PEER
+        ):
+            raise RemoteProtocolError(
+                ErrorCode.UNAVAILABLE,
+                "the server is checking too many new tokens at once"
+                + (" from this address" if from_peer >= MAX_PENDING_VERIFICATIONS_PER_PEER else "")
+                + "; retry in a moment",
+            )
+        self._verifying += 1
+        if peer is not None:
+            self._verifying_by_peer[peer] = from_peer + 1
+        try:
+            return await trio.to_thread.run_sync(
+                verify_secret, secret, secret_hash, limiter=self._verify_limit
+            )
+        finally:
+            self._verifying -= 1
+            if peer is not None:
+                left = self._verifying_by_peer[peer] - 1
+                if left:
+                    self._verifying_by_peer[peer] = left
+                else:
+                    del self._verifying_by_peer[peer]
 
     def current(self, principal: Principal) -> Principal | None:
         """``principal`` as the credentials stand now: None when its client was removed
@@ -512,12 +594,18 @@ class AccessControl:
         except ConfigError as exc:
             log.error("SIGHUP: credentials not reloaded, the old ones stay: %s", exc)
             return False
+        changes = describe_changes(self._clients, clients)
         self._clients = clients
         self._verified.clear()
         self.generation += 1
         self._changed.set()
         self._changed = trio.Event()
-        log.info("SIGHUP: reloaded %d client credentials from %s", len(clients), self._path)
+        log.info(
+            "SIGHUP: reloaded %d client credentials from %s (%s)",
+            len(clients),
+            self._path,
+            changes,
+        )
         return True
 
     async def wait_changed(self, generation: int) -> None:
@@ -529,6 +617,31 @@ class AccessControl:
     def check(principal: Principal, frame: frames.Frame) -> None:
         """See :func:`check_frame`."""
         check_frame(principal, frame)
+
+
+def describe_changes(old: dict[str, ClientEntry], new: dict[str, ClientEntry]) -> str:
+    """What a reload changed, for its log line: a file cut short while being written
+    still parses, and its missing clients are then named here."""
+    parts = []
+    for label, names in (
+        ("added", sorted(set(new) - set(old))),
+        ("removed", sorted(set(old) - set(new))),
+        (
+            "new secret",
+            sorted(n for n in set(old) & set(new) if old[n].secret_hash != new[n].secret_hash),
+        ),
+        (
+            "permissions changed",
+            sorted(n for n in set(old) & set(new) if old[n].permissions != new[n].permissions),
+        ),
+    ):
+        if names:
+            parts.append(f"{label}: {', '.join(names)}")
+    return "; ".join(parts) or "no change"
+
+
+_FAILED: Final = "failed:"
+"""Prefix of a remembered wrong token's entry in the verified cache."""
 
 
 def _same(given: str, expected: str) -> bool:

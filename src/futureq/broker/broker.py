@@ -1,8 +1,9 @@
 """Broker: what a client request turns into — proposals, subscriptions, acks, status.
 
 The gateway calls these methods for one connection's requests. Publishing stamps the
-leader's wall clock (made monotonic: never below the largest stamp committed), validates
-the batch, and proposes one PUBLISH command; ack levels decide when it answers.
+leader's cluster time (``docs/architecture.md``, "Time"; never below the largest stamp
+committed, so it is monotonic across leaders too), validates the batch, and proposes
+one PUBLISH command; ack levels decide when it answers.
 
 Source: ``DESIGN.md``, "Data flow" and "Message semantics"; ``docs/protocol.md``.
 """
@@ -24,6 +25,7 @@ from futureq.metrics import OTHER, GroupCounts
 from futureq.state import commands
 from futureq.wire import frames, validation
 
+from .cluster_time import ClusterTime
 from .command_log import no_space_error
 from .hub import Consumer, Hub, Outbox
 
@@ -55,8 +57,10 @@ class Broker:
         command_log: Where every change is proposed.
         hub: Consumers and in-flight deliveries.
         dispatcher: Wakes on credit and new consumers.
-        clock: Wall clock for publish stamps.
+        clock: Cluster time for publish stamps (:class:`~.cluster_time.ClusterTime`).
         metrics: Where counters go.
+        check_can_stamp: Raises when this node may not stamp now (its clock is not
+            synchronized with the cluster); None: always may.
         space_alarm: The NO_SPACE alarm: while it is raised, writes are refused.
     """
 
@@ -70,9 +74,11 @@ class Broker:
         clock: Clock,
         metrics: Metrics,
         space_alarm: SpaceAlarm | None = None,
+        check_can_stamp: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.space_alarm = space_alarm
+        self._check_can_stamp = check_can_stamp
         self.state = state
         self.log = command_log
         self.hub = hub
@@ -80,6 +86,8 @@ class Broker:
         self.clock = clock
         self.metrics = metrics
         self.limits = config.limits.request_limits()
+        self.group_settings = config.queue.group_settings()
+        """Defaults this node resolves into commands that create groups when it leads."""
         self.node_id = config.server.node_id
         self.started_s = clock.monotonic_s()
         self.ready = False
@@ -90,6 +98,9 @@ class Broker:
         self.leader_epoch = 0
         self._epoch_changed = trio.Event()
         metrics.set_group_counts_provider(self.group_counts)
+        # Counted where subscriptions live, so one the server ends (group deleted,
+        # leadership lost) never leaves the gauge behind.
+        metrics.subscriptions.set_function(lambda: len(hub.consumers))
 
     # ------------------------------------------------------------ leadership
 
@@ -113,7 +124,15 @@ class Broker:
     # ------------------------------------------------------------ publish
 
     def _stamp(self) -> int:
-        """The publish time: the wall clock, never below an earlier stamp (ms)."""
+        """The publish time: cluster time, never below an earlier stamp (ms).
+
+        Raises:
+            RequestError: CLOCK_NOT_SYNCHRONIZED when this node's clock is not in
+                agreement with the cluster (TigerBeetle's rule: never stamp with a time
+                the replicas do not agree on).
+        """
+        if self._check_can_stamp is not None:
+            self._check_can_stamp()
         now_ms = max(self.clock.wall_ms(), self._last_stamp_ms, self.state.last_publish_ms)
         self._last_stamp_ms = now_ms
         return now_ms
@@ -157,7 +176,7 @@ class Broker:
         ):
             await trio.lowlevel.checkpoint()  # a 10,000-item batch must not hold the loop
         self._check_new_groups(validated)
-        command = commands.publish(publish_ms, validated)
+        command = commands.publish(publish_ms, validated, self.group_settings)
         if ack_level == frames.AckLevel.LEADER:
             index = await self.log.propose_durable(command)
             self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
@@ -281,6 +300,14 @@ class Broker:
             }
         view["node_id"] = self.node_id
         view["cluster_id"] = self.config.cluster.cluster_id
+        clock = self.clock_status()
+        if clock is not None:
+            view["clock"] = clock
+            offsets = clock["offsets_ms"]
+            for member in view.get("nodes", []):
+                offset = offsets.get(str(member["node_id"]))
+                if offset is not None:
+                    member["clock_offset_ms"] = offset
         addresses = self.state.node_addresses
         for node in view.get("nodes", []):
             known = addresses.get(node["node_id"])
@@ -298,6 +325,11 @@ class Broker:
         """
         cluster = self._cluster()
         self._require_leader()
+        if not 1 <= node_id <= commands.MAX_NODE_ID:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"node_id must be between 1 and {commands.MAX_NODE_ID}, got {node_id}",
+            )
         for name, address in (("raft_address", raft_address), ("client_address", client_address)):
             try:
                 host, port = split_host_port(address)
@@ -443,6 +475,10 @@ class Broker:
     ) -> GroupInfo:
         """Create (or adopt, or update) a consumer group through the log.
 
+        A None setting keeps an existing group's value; a new group gets this node's
+        configured default (``[queue]``), resolved here, by the leader, into the
+        command (``DESIGN.md``, "Apply reads nothing node-local").
+
         Raises:
             RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT.
         """
@@ -453,6 +489,8 @@ class Broker:
                 ErrorCode.INVALID_ARGUMENT,
                 f"visibility_timeout_ms must be between 1 and 43200000 (12 h), got {visibility_timeout_ms}",
             )
+        if visibility_timeout_ms is not None:
+            validation.check_visibility_timeout_ms(visibility_timeout_ms)
         if max_deliveries is not None and not 1 <= max_deliveries <= 1_000_000:
             raise RequestError(
                 ErrorCode.INVALID_ARGUMENT,
@@ -471,7 +509,9 @@ class Broker:
         ):
             self._require_space()
             await self.log.propose(
-                commands.create_group(topic, group, visibility_timeout_ms, max_deliveries)
+                commands.create_group(
+                    topic, group, visibility_timeout_ms, max_deliveries, self.group_settings
+                )
             )
             info = self.state.find_group(topic, group)
         assert info is not None
@@ -506,6 +546,12 @@ class Broker:
                 f"prefetch must be between 1 and {max_prefetch}, got {prefetch}",
             )
         info = await self.ensure_group(topic, group)
+        self._require_leader()
+        if self.state.groups.get(info.group_id) is not info:
+            # Deleted while we waited for the group's creation to commit.
+            raise RequestError(
+                ErrorCode.UNAVAILABLE, f"group {group!r} of topic {topic!r} is changing; retry"
+            )
         consumer = Consumer(
             self.hub.new_subscription_id(),
             info.group_id,
@@ -514,18 +560,24 @@ class Broker:
             connection_id,
             outbox,
             prefetch,
+            prefetch=prefetch,
         )
         self.hub.add_consumer(consumer)
-        self.metrics.subscriptions.inc()
         self.dispatcher.kick()
         return consumer
+
+    def announce_settings(self, consumer: Consumer) -> None:
+        """Send a new subscription its group's settings (SUBSCRIPTION_INFO), after
+        SUBSCRIBE_OK and before any DELIVER."""
+        info = self.state.groups.get(consumer.group_id)
+        if info is not None:
+            self.hub.send_settings(consumer, info)
 
     def unsubscribe(self, consumer: Consumer) -> None:
         """Leave; unacked deliveries go back to the group (each counts as an attempt)."""
         if consumer.closed and consumer.subscription_id not in self.hub.consumers:
             return
         self.hub.remove_consumer(consumer, self.clock.wall_ms())
-        self.metrics.subscriptions.dec()
         self.dispatcher.kick()
 
     def wake_all_consumers(self) -> None:
@@ -543,6 +595,35 @@ class Broker:
             subscription_id, connection_id, credit, self.config.limits.max_prefetch
         )
         self.dispatcher.kick()
+
+    async def release(self, connection_id: int, tags: list[bytes]) -> int:
+        """Give deliveries back unprocessed: due again at once, their attempt not counted
+        towards ``max_deliveries``. Durable on return.
+
+        Raises:
+            RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index).
+        """
+        self._require_leader()
+        validation.check_tags(tags, self.limits)
+        flights = self.hub.claim_tags(tags, connection_id)
+        entries = [(flight.key, flight.attempt) for flight in flights]
+        try:
+            done = await self.log.propose(commands.release(entries))
+        except BaseException:
+            self.hub.unclaim(flights, self.clock.wall_ms())
+            raise
+        return int(done)
+
+    def extend(self, connection_id: int, tags: list[bytes], visibility_ms: int) -> int:
+        """Keep deliveries: each is visible again ``visibility_ms`` after now (leader-local).
+
+        Raises:
+            RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index),
+                INVALID_ARGUMENT (``visibility_ms`` outside 1 .. 12 h).
+        """
+        self._require_leader()
+        validation.check_tags(tags, self.limits)
+        return self.hub.extend(tags, connection_id, visibility_ms, self.clock.wall_ms())
 
     async def ack(self, connection_id: int, tags: list[bytes]) -> int:
         """Acknowledge deliveries; returns how many were removed. Durable on return.
@@ -583,6 +664,35 @@ class Broker:
         return int(done)
 
     # ------------------------------------------------------------ status
+
+    def clock_status(self) -> dict[str, Any] | None:
+        """This node's view of cluster time (``docs/operations.md``, "Status"), or None
+        when it runs on a plain clock (tests).
+
+        Shape: ``cluster_time_ms``; ``synchronized`` and ``in_bound`` (may lead and
+        dispatch); ``max_clock_offset_ms``; ``accuracy_ms`` (width of the agreement, or
+        None); ``offsets_ms``: node id (str) -> that node's wall clock minus our cluster
+        time (ms, this node included); ``dispatching`` and ``lease_remaining_ms`` on a
+        Raft node.
+        """
+        clock = self.clock
+        if not isinstance(clock, ClusterTime):
+            return None
+        status = clock.cluster_clock.status()
+        offsets = {clock.cluster_clock.id: status.own_offset_us, **status.offsets_us}
+        view: dict[str, Any] = {
+            "cluster_time_ms": clock.wall_ms(),
+            "synchronized": status.synchronized,
+            "in_bound": status.in_bound,
+            "max_clock_offset_ms": status.max_offset_us // 1000,
+            "accuracy_ms": None if status.accuracy_us is None else status.accuracy_us / 1000,
+            "offsets_ms": {str(node): round(us / 1000, 3) for node, us in sorted(offsets.items())},
+        }
+        can_dispatch = getattr(self.log, "can_dispatch", None)
+        if can_dispatch is not None:
+            view["dispatching"] = bool(can_dispatch())
+            view["lease_remaining_ms"] = round(self.log.lease_remaining_s() * 1000, 1)  # type: ignore[attr-defined]
+        return view
 
     def group_counts(self) -> list[GroupCounts]:
         """Per-group pending / due / in-flight / consumers, for the state gauges.
@@ -694,6 +804,7 @@ class Broker:
                 for info in self.state.topic_groups(topic):
                     c = self._group_row(info, now_ms)
                     listed += 1
+                    runtime = self.hub.groups.get(info.group_id)
                     groups.append(
                         {
                             "group": info.name,
@@ -703,12 +814,29 @@ class Broker:
                             "consumers": c.consumers,
                             "visibility_timeout_ms": info.visibility_timeout_ms,
                             "max_deliveries": info.max_deliveries,
+                            # Each consumer's flow control: a stall shows as credit 0
+                            # with in_flight at the prefetch.
+                            "subscriptions": [
+                                {
+                                    "subscription_id": consumer.subscription_id,
+                                    "prefetch": consumer.prefetch,
+                                    "credit": consumer.credit,
+                                    "in_flight": len(consumer.in_flight),
+                                }
+                                for consumer in (runtime.consumers if runtime else [])
+                            ],
                         }
                     )
                 topics.append({"topic": topic, "groups": groups})
             if not truncated:
                 yield
+        deleting = [
+            {"topic": d.topic, "group": d.name, "pending": d.pending}
+            for _, d in sorted(self.state.deleting.items())
+            if visible is None or visible(d.topic)
+        ]
         return {
+            "deleting_groups": deleting,
             "node_id": self.node_id,
             "role": self.cluster_status()["role"],
             "leader_address": self.log.leader_address(),
@@ -722,6 +850,7 @@ class Broker:
             "truncated": truncated,
             "alarms": self.alarms(),
             "topics": topics,
+            **({"clock": clock} if (clock := self.clock_status()) is not None else {}),
         }
 
     def is_ready(self) -> bool:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from futureq.config import split_host_port
-from futureq.errors import ConfigError, ErrorCode, FutureQError, RequestError
+from futureq.errors import ConfigError, ErrorCode, FutureQError, RemoteProtocolError, RequestError
 from futureq.peer_credentials import (
     CredentialError,
     check_own_certificate,
@@ -30,6 +30,8 @@ from futureq.raft.peer_auth import PeerAuthError
 from futureq.raft.rocks_storage import RocksStorage
 from futureq.raft.transport import AddressBook, Transport
 from futureq.state import snapshot
+
+from .cluster_time import export_clock_metrics
 
 if TYPE_CHECKING:
     from futureq.config import Config
@@ -210,6 +212,7 @@ def build_raft_log(
             keep_entries_after_compaction=max(1, cluster.compact_every_entries // 5),
             bootstrap_voters=frozenset(peers),
             client_address=client_address,
+            max_clock_offset_ms=cluster.max_clock_offset_ms,
             cluster_id=cluster.cluster_id,
             member_record_ticks=max(1, cluster.member_record_ms // cluster.tick_ms),
             new_cluster=cluster.initial_cluster_state == "new",
@@ -247,12 +250,15 @@ RAFT_METRICS_INTERVAL_S = 1.0
 
 
 async def export_raft_metrics(node: RaftNode, transport: Transport, metrics: Metrics) -> None:
-    """Copy the node's Raft figures into the gauges once a second."""
+    """Copy the node's Raft and cluster clock figures into the gauges once a second."""
     roles = ("follower", "pre_candidate", "candidate", "leader")
     peers_seen: set[int] = set()
+    clocks_seen: set[int] = set()
     elections = 0
     refusals: dict[str, int] = {}
     while True:
+        clocks_seen = export_clock_metrics(node.timekeeper.clock, metrics, clocks_seen)
+        metrics.leader_lease_remaining_seconds.set(node.lease_remaining_s())
         for reason, count in transport.statistics().refusals.items():
             if count > refusals.get(reason, 0):
                 metrics.raft_peer_refusals_total.labels(reason).inc(count - refusals.get(reason, 0))
@@ -439,9 +445,22 @@ async def join_cluster(
             )
         except ConfigError:
             raise  # this node cannot join that cluster: stop with exit code 2
+        except RemoteProtocolError as exc:
+            if exc.code is ErrorCode.AUTH_FAILED:  # asking again will not change the token
+                raise ConfigError(
+                    f"cannot join the cluster at {config.cluster.join}: it refused this node's "
+                    f"token ({exc.message}); give this node the cluster's server.auth_token "
+                    "(FUTUREQ_SERVER_AUTH_TOKEN)"
+                ) from exc
+            log.warning("joining through %s failed: %s; retrying", config.cluster.join, exc)
         except RequestError as exc:
             if exc.code is ErrorCode.INVALID_ARGUMENT:
                 raise ConfigError(f"the cluster refused to add this node: {exc.message}") from exc
+            if exc.code is ErrorCode.PERMISSION_DENIED:
+                raise ConfigError(
+                    f"cannot join the cluster at {config.cluster.join}: {exc.message}; give "
+                    "this node the cluster's server.auth_token (it needs manage_cluster)"
+                ) from exc
             log.warning("joining through %s failed: %s; retrying", config.cluster.join, exc)
         except (FutureQError, OSError) as exc:
             log.warning("joining through %s failed: %s; retrying", config.cluster.join, exc)

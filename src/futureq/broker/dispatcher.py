@@ -7,6 +7,21 @@ drops what expired, dead-letters what ran out of attempts, and releases deliveri
 whose visibility timeout ran out. It never polls: it waits on an event that is set
 when something earlier than its next wake-up arrives, or until that wake-up.
 
+Attempt counts are replicated state. A *redelivery* (attempt 2 and up: after a
+visibility timeout, a consumer that left, a nack or a leader change) is handed to the
+recorder task, which commits one DELIVERED command for everything handed to it
+meanwhile and only then pushes the DELIVER frames; a new leader reads every such
+attempt, so counts survive leader changes and restarts and never go backwards. A
+*first* delivery goes out at once, unrecorded: its attempt (1) follows from the entry,
+and the next delivery of it records 2. The one thing lost that way: if leadership
+changes while a message's first delivery is out and before any redelivery of it, the
+new leader delivers attempt 1 again (one delivery uncounted, at most once per leader
+change). Why: recording every delivery before pushing it doubles the log entries of a
+consumer that acks one message at a time and halved its throughput on this machine
+(``docs/architecture.md``), while redeliveries are the rare case and the one that
+needs counting (dead-lettering a poison message). A reaper task removes the schedule
+entries of deleted groups in bounded PURGE_GROUP chunks.
+
 Source: ``DESIGN.md``, "Message semantics" (nothing early, nothing expired, fan-out
 across groups, round-robin within a group, credit-based flow control).
 """
@@ -16,16 +31,17 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
-from futureq.errors import FutureQError
+from futureq.errors import ErrorCode, FutureQError
 from futureq.state import commands
 from futureq.state.commands import CommandKind
 from futureq.state.due_index import pack, unpack
 from futureq.wire import frames
-from futureq.wire.codec import encode_frame
 
 from .hub import Consumer, GroupRuntime, Hub, InFlight
 
@@ -60,6 +76,32 @@ _REASON_COUNTERS: dict[CommandKind, str] = {
 }
 PROPOSE_RETRY_MS = 200
 """Wait before retrying an EXPIRE or DEAD_LETTER the log refused (ms)."""
+NOT_ALLOWED_RETRY_MS = 50
+"""While dispatching is not allowed (no lease yet, clock out of bound), look again after
+this long (ms)."""
+MAX_DELIVERED_ENTRIES = 8192
+"""Most deliveries one DELIVERED command records (the rest go in the next one)."""
+MAX_RECORDS_IN_FLIGHT = 4
+"""DELIVERED commands being committed at once."""
+PURGE_CHUNK_ENTRIES = 250
+"""Schedule entries of a deleted group one PURGE_GROUP removes: about 2 ms of apply on
+this kind of machine (RocksDB, 100-byte payloads), so a follower applying a slice of
+several still answers heartbeats in time."""
+
+
+@attrs.define(eq=False)
+class Staged:
+    """Deliveries of one pass for one consumer, waiting for their DELIVERED to commit.
+
+    Attributes:
+        consumer: Who gets them.
+        flights: The deliveries (tracked in the hub, not pushed yet).
+        deliveries: Their DELIVER items ``[tag, id, payload, due_ms, publish_ms, attempt]``.
+    """
+
+    consumer: Consumer
+    flights: list[InFlight]
+    deliveries: list[list[Any]]
 
 
 class Dispatcher:
@@ -76,6 +118,9 @@ class Dispatcher:
             rest goes in the next frame), so frames stay under the client's limit.
         active: Dispatch from the start (a single node); a Raft node starts inactive
             and is activated when it becomes leader.
+        dispatch_allowed: Asked before every pass; while it says no, nothing is handed
+            out, released or expired (a Raft leader without its lease or with a clock
+            out of bound: ``RaftNode.can_dispatch``). None: always allowed.
     """
 
     def __init__(
@@ -88,8 +133,10 @@ class Dispatcher:
         metrics: Metrics | None = None,
         max_deliver_bytes: int = 1024 * 1024,
         active: bool = True,
+        dispatch_allowed: Callable[[], bool] | None = None,
     ) -> None:
         self.state = state
+        self.dispatch_allowed = dispatch_allowed
         self.max_deliver_bytes = max_deliver_bytes
         self.log = log
         self.hub = hub
@@ -97,6 +144,7 @@ class Dispatcher:
         self.horizon_ms = queue.horizon_ms
         self.horizon_max_items = queue.horizon_max_items
         self.batch_items = queue.dispatch_batch_items
+        self.group_settings = queue.group_settings()
         self.metrics = metrics
         self._wake = trio.Event()
         self._next_wake_ms: float = math.inf
@@ -110,6 +158,9 @@ class Dispatcher:
         self._wake_at: dict[int, float] = {}
         self._pass_now_ms = 0
         """Wall time of the dispatch pass in progress, or of the last one (ms)."""
+        self._staged: list[Staged] = []
+        self._staged_changed = trio.Event()
+        self._deleting_changed = trio.Event()
         self.active = False
         if active:
             self.activate()
@@ -117,7 +168,13 @@ class Dispatcher:
     # ------------------------------------------------------------ observer
 
     def on_scheduled(
-        self, group_id: int, due_ms: int, mid: int, expire_ms: int | None, attempt: int
+        self,
+        group_id: int,
+        due_ms: int,
+        mid: int,
+        expire_ms: int | None,
+        attempt: int,
+        released: int = 0,
     ) -> None:
         """A schedule entry was committed: index it if it falls inside the horizon.
 
@@ -139,6 +196,8 @@ class Dispatcher:
             self.hub.in_flight
         ):
             return  # a refill read it from disk before this notification came
+        if released:
+            runtime.released[mid] = released
         runtime.index.add(due_ms, mid, expire_ms, attempt)
         if len(runtime.index) > self.horizon_max_items:
             last_due, last_mid = runtime.index.pop_last()
@@ -159,7 +218,7 @@ class Dispatcher:
                     self._count(name, info.topic, info.name)
             return
         runtime.index.discard(due_ms, mid)
-        runtime.extra_attempts.pop(mid, None)
+        runtime.released.pop(mid, None)
         key = commands.schedule_key(group_id, due_ms, mid)
         self.hub.forget(key)
         if self.metrics is not None:
@@ -194,6 +253,8 @@ class Dispatcher:
         it holds was scheduled by the same command (:meth:`on_scheduled` takes care of
         those). A changed group's runtime, if it has one, takes the new settings.
         """
+        if group_id in self.state.deleting:
+            self._deleting_changed.set()  # the reaper has entries to purge
         if not self.active:
             return
         info = self.state.groups.get(group_id)
@@ -201,11 +262,20 @@ class Dispatcher:
         if info is None:
             if runtime is not None and self.metrics is not None:
                 self.metrics.forget_group(runtime.info.topic, runtime.info.name)
-            self.hub.drop_group(group_id, self.clock.wall_ms())
+            reason = None
+            if runtime is not None:
+                reason = (
+                    ErrorCode.GROUP_DELETED,
+                    f"consumer group {runtime.info.name!r} of topic {runtime.info.topic!r} was "
+                    "deleted; its deliveries are void (subscribe again to create a new one)",
+                )
+            self.hub.drop_group(group_id, reason)
             self._wake_at.pop(group_id, None)
             return
         if runtime is not None:
             runtime.info = info
+            for consumer in runtime.consumers:
+                self.hub.send_settings(consumer, info)  # SUBSCRIPTION_INFO, if they changed
             self.hub.touched.add(group_id)  # settings changed: look again
             self.kick()
 
@@ -213,6 +283,8 @@ class Dispatcher:
         """Every group may have changed (a snapshot was installed): start afresh."""
         if self.active:
             self.activate()
+        if self.state.deleting:
+            self._deleting_changed.set()
 
     def activate(self) -> None:
         """Start dispatching (this node became leader and applied everything committed).
@@ -225,8 +297,10 @@ class Dispatcher:
         self.hub.clear()
         self.hub.group_info = self.state.groups.get
         self._parked.clear()
+        self._staged.clear()
         self._wake_at.clear()
         self._timers.clear()
+        self._deleting_changed.set()
         # Only groups holding entries have anything to load; the others wait for a
         # consumer or an entry (either touches them).
         self.hub.touched.update(gid for gid, info in self.state.groups.items() if info.pending)
@@ -237,6 +311,7 @@ class Dispatcher:
         self.active = False
         self.hub.clear()
         self._parked.clear()
+        self._staged.clear()
         self._wake_at.clear()
         self._timers.clear()
         self.kick()
@@ -263,9 +338,16 @@ class Dispatcher:
         self._wake.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Dispatch until cancelled; a proposer task commits expiries and dead letters."""
+        """Dispatch until cancelled.
+
+        Helper tasks: a proposer commits expiries and dead letters, the recorder
+        commits DELIVERED records and pushes what they cover, the reaper purges
+        deleted groups.
+        """
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._proposer)
+            nursery.start_soon(self._recorder)
+            nursery.start_soon(self._reaper)
             task_status.started()
             while True:
                 self._wake = trio.Event()
@@ -277,6 +359,156 @@ class Dispatcher:
                     delay_s = max(0.0, (next_ms - self.clock.wall_ms()) / 1000)
                     with trio.move_on_after(delay_s):
                         await self._wake.wait()
+
+    # ------------------------------------------------------------ recording
+
+    def take_staged(self) -> tuple[bytes | None, list[Staged]]:
+        """Everything staged since the last call, and the DELIVERED that records it.
+
+        Returns:
+            ``(command, batches)``; the command is None when nothing is left to record
+            (every staged delivery was settled elsewhere meanwhile). Pass the batches
+            to :meth:`push_staged` once the command is committed, or to
+            :meth:`drop_staged` if it could not be.
+        """
+        batches: list[Staged] = []
+        entries: list[tuple[bytes, int]] = []
+        while self._staged and len(entries) < MAX_DELIVERED_ENTRIES:
+            batch = self._staged.pop(0)
+            batches.append(batch)
+            entries.extend(
+                (flight.key, flight.attempt)
+                for flight in batch.flights
+                if self.hub.is_current(flight)
+            )
+        if self._staged:
+            self._staged_changed.set()
+        return (commands.delivered(entries) if entries else None), batches
+
+    def push_staged(self, batches: list[Staged], *, pass_now_ms: int | None = None) -> int:
+        """Push deliveries whose DELIVERED committed, or first deliveries straight from a
+        pass (``pass_now_ms``: the pass's time, so what the pass found unexpired is not
+        expired here, and the pass computes its own next wake-up); return how many went
+        out.
+
+        A delivery removed meanwhile (acked elsewhere, expired, its group deleted) is
+        left out and its credit returned; one whose TTL ran out while its record
+        committed goes back to the index, where the next pass expires it (nothing is
+        ever delivered after its expiry); a consumer that left gets nothing and its
+        deliveries go back to the group with their previous attempt count.
+        """
+        now_ms = self.clock.wall_ms() if pass_now_ms is None else pass_now_ms
+        pushed = 0
+        for batch in batches:
+            consumer = batch.consumer
+            flights: list[InFlight] = []
+            deliveries: list[list[Any]] = []
+            for flight, delivery in zip(batch.flights, batch.deliveries, strict=True):
+                if not self.hub.is_current(flight):
+                    if not consumer.closed:
+                        consumer.credit += 1  # never went out: its credit is the consumer's
+                        self.hub.touched.add(consumer.group_id)
+                    continue
+                if flight.expire_ms is not None and flight.expire_ms <= now_ms:
+                    self.hub.give_back(flight)  # unpushed: credit back, expired next pass
+                    self.kick()
+                    continue
+                flights.append(flight)
+                deliveries.append(delivery)
+            if not flights:
+                continue
+            runtime = self.hub.groups.get(flights[0].group_id)
+            sent = runtime is not None and consumer.send(
+                frames.Deliver(0, consumer.subscription_id, now_ms, deliveries)
+            )
+            if not sent:
+                for flight in flights:
+                    self.hub.give_back(flight)
+                continue
+            assert runtime is not None
+            visibility_ms = runtime.info.visibility_timeout_ms
+            for flight in flights:
+                self.hub.mark_pushed(flight, now_ms + visibility_ms)
+            pushed += len(flights)
+            self._count_pushed(runtime, flights, now_ms)
+        if pushed and pass_now_ms is None:
+            self.kick()  # the next visibility deadline may be earlier than the wake-up
+        return pushed
+
+    def drop_staged(self, batches: list[Staged]) -> None:
+        """Their DELIVERED could not be committed: give the deliveries back unpushed."""
+        for batch in batches:
+            for flight in batch.flights:
+                if self.hub.is_current(flight):
+                    self.hub.give_back(flight)
+        self.kick()
+
+    def _count_pushed(self, runtime: GroupRuntime, flights: list[InFlight], now_ms: int) -> None:
+        metrics = self.metrics
+        if metrics is None:
+            return
+        self._counter(runtime, "delivered_messages_total").inc(len(flights))
+        redelivered = sum(1 for f in flights if f.attempt > 1)
+        if redelivered:
+            self._counter(runtime, "redelivered_messages_total").inc(redelivered)
+        for flight in flights:
+            metrics.due_to_delivery_seconds.observe(max(0, now_ms - flight.due_ms) / 1000)
+
+    async def _recorder(self) -> None:
+        """Commit DELIVERED records, then push what they cover.
+
+        Up to :data:`MAX_RECORDS_IN_FLIGHT` commits at a time; what is staged while
+        they are all busy goes into the next one (group commit), so a busy dispatcher
+        makes few, large records and an idle one waits about one commit.
+        """
+        slots = trio.Semaphore(MAX_RECORDS_IN_FLIGHT)
+        async with trio.open_nursery() as nursery:
+            while True:
+                if not self._staged:
+                    self._staged_changed = trio.Event()
+                    await self._staged_changed.wait()
+                    continue
+                await slots.acquire()
+                command, batches = self.take_staged()
+                if command is None:
+                    self.push_staged(batches)
+                    slots.release()
+                    continue
+                nursery.start_soon(self._record, command, batches, slots)
+
+    async def _record(self, command: bytes, batches: list[Staged], slots: trio.Semaphore) -> None:
+        try:
+            try:
+                await self.log.propose(command)
+            except FutureQError as exc:
+                log.warning("could not record deliveries (they go back to their groups): %s", exc)
+                self.drop_staged(batches)
+                await trio.sleep(PROPOSE_RETRY_MS / 1000)
+                return
+            self.push_staged(batches)
+        finally:
+            slots.release()
+
+    async def _reaper(self) -> None:
+        """Remove the schedule entries of deleted groups, one bounded chunk per command.
+
+        Each PURGE_GROUP applies in a few milliseconds, so the loop, heartbeats and
+        other commands go on between chunks (``DESIGN.md``, "no request holds the
+        event loop").
+        """
+        while True:
+            if not self.active or not self.state.deleting:
+                self._deleting_changed = trio.Event()
+                await self._deleting_changed.wait()
+                continue
+            gid = min(self.state.deleting)
+            try:
+                await self.log.propose(commands.purge_group(gid, PURGE_CHUNK_ENTRIES))
+            except FutureQError as exc:
+                log.warning("could not purge deleted group %d (retrying): %s", gid, exc)
+                await trio.sleep(PROPOSE_RETRY_MS / 1000)
+
+    # ------------------------------------------------------------ proposals
 
     async def _proposer(self) -> None:
         async with self._proposals_receive:
@@ -334,6 +566,8 @@ class Dispatcher:
         if not self.active:
             return math.inf
         now_ms = self.clock.wall_ms()
+        if self.dispatch_allowed is not None and not self.dispatch_allowed():
+            return float(now_ms + NOT_ALLOWED_RETRY_MS)
         self._pass_now_ms = now_ms
         hub = self.hub
         hub.expire_visibility(now_ms)
@@ -378,7 +612,7 @@ class Dispatcher:
         if expired:
             self._submit(commands.expire(expired), expired_restore)
         if dead:
-            self._submit(commands.dead_letter(now_ms, dead), dead_restore)
+            self._submit(commands.dead_letter(now_ms, dead, self.group_settings), dead_restore)
         if touched:
             return now_ms
         while timers and wake_at.get(timers[0][1]) != timers[0][0]:
@@ -451,7 +685,7 @@ class Dispatcher:
         count = 0
         last = runtime.loaded_until
         in_flight = self.hub.in_flight
-        for due_ms, mid, attempt, expire_ms in self.state.scan_schedule(
+        for due_ms, mid, attempt, expire_ms, released in self.state.scan_schedule_entries(
             gid, start_due, start_mid, limit
         ):
             packed = pack(due_ms, mid)
@@ -462,6 +696,8 @@ class Dispatcher:
             count += 1
             last = packed
             if commands.schedule_key(gid, due_ms, mid) not in in_flight and packed not in index:
+                if released:
+                    runtime.released[mid] = released
                 index.add(due_ms, mid, expire_ms, attempt)
         if count >= limit:
             runtime.loaded_until = last + 1
@@ -479,9 +715,11 @@ class Dispatcher:
         dead_restore: list[Any],
         budget: int = DELIVERIES_PER_PASS,
     ) -> int:
-        """Push what is due to the group's consumers; returns how many were delivered.
+        """Hand what is due to the group's consumers; returns how many were handed.
 
-        Stops after about ``budget`` deliveries (the rest waits for the next pass).
+        First deliveries go out at once; redeliveries go to the recorder, which
+        pushes them once their attempt is committed. Stops after about ``budget``
+        deliveries (the rest waits for the next pass).
         """
         info = runtime.info
         gid = info.group_id
@@ -492,24 +730,24 @@ class Dispatcher:
             return delivered
         dead_letter_topic = info.dead_letter_topic
         max_deliveries = info.max_deliveries
-        visibility_ms = info.visibility_timeout_ms
-        metrics = self.metrics
+        released_counts = runtime.released
+        staged_any = False
         # Round-robin: each round gives every consumer with credit an equal share of
         # what is due (one DELIVER frame each), so a group's consumers split the work.
         consumers = runtime.consumers_with_credit()
         while consumers and delivered < budget:
             due_now = index.count_due(now_ms)
             if due_now == 0:
-                return delivered
+                break
             share = max(1, min(self.batch_items, -(-due_now // len(consumers))))
             for consumer in consumers:
                 entries = index.pop_due(now_ms, min(consumer.credit, share))
                 if not entries:
-                    return delivered
+                    break
                 deliveries: list[list[Any]] = []
                 flights: list[InFlight] = []
                 frame_bytes = 0
-                for position, (due_ms, mid, expire_ms, stored_attempt) in enumerate(entries):
+                for position, (due_ms, mid, expire_ms, previous) in enumerate(entries):
                     if frame_bytes >= self.max_deliver_bytes:
                         # Keep DELIVER frames under the frame limit: the rest waits.
                         for due_later, mid_later, expire_later, attempt_later in entries[position:]:
@@ -518,12 +756,13 @@ class Dispatcher:
                     key = commands.schedule_key(gid, due_ms, mid)
                     if expire_ms is not None and expire_ms <= now_ms:
                         expired.append(key)
-                        expired_restore.append((runtime, due_ms, mid, expire_ms, stored_attempt))
+                        expired_restore.append((runtime, due_ms, mid, expire_ms, previous))
                         continue
-                    attempt = stored_attempt + runtime.extra_attempts.get(mid, 0) + 1
-                    if dead_letter_topic is not None and attempt > max_deliveries:
-                        dead.append((key, attempt - 1))
-                        dead_restore.append((runtime, due_ms, mid, expire_ms, stored_attempt))
+                    attempt = previous + 1
+                    released = released_counts.get(mid, 0)
+                    if dead_letter_topic is not None and attempt - released > max_deliveries:
+                        dead.append((key, previous))
+                        dead_restore.append((runtime, due_ms, mid, expire_ms, previous))
                         continue
                     message = self.state.get_message(mid)
                     if message is None:  # removed by a command applied meanwhile
@@ -548,38 +787,36 @@ class Dispatcher:
                             mid,
                             expire_ms,
                             attempt,
-                            stored_attempt,
+                            previous,
+                            released,
                             consumer,
-                            now_ms + visibility_ms,
                         )
                     )
                 if not deliveries:
                     continue
-                frame = frames.Deliver(0, consumer.subscription_id, now_ms, deliveries)
-                if not consumer.outbox.send_nowait(encode_frame(frame, 2**31)):
-                    # The connection cannot take more: give the entries back.
-                    for flight in flights:
-                        index.add(
-                            flight.due_ms, flight.mid, flight.expire_ms, flight.stored_attempt
-                        )
-                    consumer.closed = True
-                    break
                 consumer.credit -= len(deliveries)
                 delivered += len(deliveries)
                 for flight in flights:
                     self.hub.track(flight)
-                if metrics is not None:
-                    self._counter(runtime, "delivered_messages_total").inc(len(deliveries))
-                    redelivered = sum(1 for f in flights if f.attempt > 1)
-                    if redelivered:
-                        self._counter(runtime, "redelivered_messages_total").inc(redelivered)
-                    for flight in flights:
-                        metrics.due_to_delivery_seconds.observe(
-                            max(0, now_ms - flight.due_ms) / 1000
-                        )
+                # First deliveries go out now; redeliveries once their attempt is
+                # committed (see the module docstring for why, and what it costs).
+                first = [i for i, flight in enumerate(flights) if flight.attempt == 1]
+                if first:
+                    now_batch = Staged(
+                        consumer, [flights[i] for i in first], [deliveries[i] for i in first]
+                    )
+                    self.push_staged([now_batch], pass_now_ms=now_ms)
+                if len(first) < len(flights):
+                    later = [i for i, flight in enumerate(flights) if flight.attempt > 1]
+                    self._staged.append(
+                        Staged(consumer, [flights[i] for i in later], [deliveries[i] for i in later])
+                    )
+                    staged_any = True
             consumers = [
                 c for c in consumers if c.credit > 0 and not c.closed and c.outbox.has_room()
             ]
+        if staged_any:
+            self._staged_changed.set()
         return delivered
 
     # ------------------------------------------------------------ status

@@ -50,7 +50,7 @@ from futureq.errors import (
     RequestError,
     StorageError,
 )
-from futureq.wire import frames
+from futureq.wire import codec, frames
 from futureq.wire.session import CLOSED, NEED_DATA, ServerSession, SessionState
 
 from .access import ANONYMOUS, AccessControl, Principal
@@ -340,6 +340,7 @@ class Connection:
         access: Authentication and the per-frame permission check.
         node_buffers: The node-wide buffer account.
         peer: The client's address for log lines (found from the stream if None).
+        on_hello: Called once the client's HELLO is answered (it authenticated).
     """
 
     def __init__(
@@ -349,8 +350,10 @@ class Connection:
         access: AccessControl | None = None,
         node_buffers: NodeBuffers | None = None,
         peer: str | None = None,
+        on_hello: Callable[[], None] | None = None,
     ) -> None:
         self.id = next(_connection_ids)
+        self._on_hello = on_hello
         self.broker = broker
         self.stream = stream
         self.peer = peer or _peer_name(stream)
@@ -528,13 +531,17 @@ class Connection:
                 return False
             if isinstance(event, frames.Hello):
                 try:
-                    self.principal = await self.access.authenticate(event.token)
+                    self.principal = await self.access.authenticate(
+                        event.token, self.peer.rsplit(":", 1)[0]
+                    )
                 except RemoteProtocolError as exc:
                     self.broker.metrics.count_request_error(exc.code)
                     self._close(_Closing(exc.code, exc.message))
                     return False
                 leader = self.broker.log.leader_address()
                 self._queue(session.accept_hello(self.broker.node_id, leader, __version__))
+                if self._on_hello is not None:
+                    self._on_hello()
                 if handshake:
                     return True
                 continue
@@ -675,6 +682,14 @@ class Connection:
                         f"limit (limits.max_subscriptions_per_connection = {limit}); "
                         "unsubscribe or open another connection",
                     )
+                node_limit = self.limits.max_subscriptions
+                if len(broker.hub.consumers) >= node_limit:
+                    raise RequestError(
+                        ErrorCode.TOO_MANY_SUBSCRIPTIONS,
+                        f"this node holds {len(broker.hub.consumers)} subscriptions, its limit "
+                        f"(limits.max_subscriptions = {node_limit}); unsubscribe unused ones "
+                        "or ask the operator to raise the limit",
+                    )
                 consumer = await broker.subscribe(
                     self.id, self.outbox, frame.topic, frame.group, frame.prefetch
                 )
@@ -684,7 +699,14 @@ class Connection:
                     frames.SubscribeOk(frame.request_id, consumer.subscription_id),
                     frame.request_id,
                 )
+                broker.announce_settings(consumer)
                 return None
+            case frames.Extend():
+                return frames.Ok(
+                    frame.request_id, broker.extend(self.id, frame.tags, frame.visibility_ms)
+                )
+            case frames.Release():
+                return frames.Ok(frame.request_id, await broker.release(self.id, frame.tags))
             case frames.Unsubscribe():
                 found = self.subscriptions.pop(frame.subscription_id, None)
                 if found is None:
@@ -722,6 +744,49 @@ class Connection:
         raise RemoteProtocolError(ErrorCode.INVALID_FRAME, f"{frame.TYPE.name} is not a request")
 
 
+REFUSE_GRACE_S = 1.0
+"""How long a refused connection may take to receive its TOO_MANY_CONNECTIONS (s)."""
+MAX_REFUSING = 64
+"""Refused connections being told why at once; beyond, they are closed without a word."""
+MAX_UNGREETED_PER_ADDRESS = 64
+"""Connections from one address that may be open without having sent HELLO (and so
+without having authenticated); one more is refused at once. A host that opens
+connections and says nothing cannot take every slot of ``limits.max_connections``."""
+
+
+async def _refuse_connection(
+    stream: trio.abc.Stream,
+    peer: str,
+    message: str,
+    metrics_closed: Callable[[], None],
+    ssl_context: ssl.SSLContext | None,
+) -> None:
+    """Tell a connection over the limit why, then close it (it never holds a slot).
+
+    The ERROR frame is written at once (after the TLS handshake, under TLS), without
+    waiting for the HELLO: the client library reads it as the answer to its HELLO and
+    retries later (a 3xx code). The whole refusal takes at most 2 x REFUSE_GRACE_S.
+    """
+    metrics_closed()
+    closed_log.log(
+        logging.WARNING,
+        "connection from %s refused: %s: %s",
+        peer,
+        ErrorCode.TOO_MANY_CONNECTIONS.name,
+        message,
+    )
+    data = codec.encode_frame(frames.Error(0, ErrorCode.TOO_MANY_CONNECTIONS, message))
+    with trio.move_on_after(REFUSE_GRACE_S):
+        try:
+            if ssl_context is not None:
+                stream = trio.SSLStream(stream, ssl_context, server_side=True)
+            await stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
+            pass
+    with trio.move_on_after(REFUSE_GRACE_S, shield=True):
+        await trio.aclose_forcefully(stream)
+
+
 async def serve_clients(
     broker: Broker,
     listeners: list[trio.SocketListener],
@@ -729,44 +794,124 @@ async def serve_clients(
     access: AccessControl | None = None,
     node_buffers: NodeBuffers | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    max_connections: int | None = None,
     handler_nursery: trio.Nursery | None = None,
 ) -> None:
-    """Accept connections on ``listeners`` until cancelled; one task per connection."""
-    limit = trio.CapacityLimiter(broker.config.limits.max_connections)
+    """Accept connections on ``listeners`` until cancelled; one task per connection.
+
+    At most ``max_connections`` (default ``limits.max_connections``; the server passes
+    what the open-file limit leaves room for, :mod:`futureq.fd_budget`) are served at
+    once, and at most :data:`MAX_UNGREETED_PER_ADDRESS` from one address before their
+    HELLO. One more is told ``TOO_MANY_CONNECTIONS`` and closed at once: a connection
+    never waits holding a file descriptor, so clients cannot starve RocksDB of them.
+    """
+    if max_connections is None:
+        max_connections = broker.config.limits.max_connections
+    limit = trio.CapacityLimiter(max_connections)
+    refusing = trio.CapacityLimiter(MAX_REFUSING)
     if access is None:
         access = AccessControl(broker.config.server.auth_token, None)
     if node_buffers is None:
         node_buffers = NodeBuffers(broker.config.limits.max_node_buffer_bytes)
+    refused = broker.metrics.connections_closed_total.labels(
+        ErrorCode.TOO_MANY_CONNECTIONS.name.lower()
+    ).inc
+
+    ungreeted: dict[str, int] = {}
+    """Connections per client address that have not had their HELLO answered."""
+
+    async def refuse(stream: trio.abc.Stream, peer: str, message: str) -> None:
+        try:
+            refusing.acquire_nowait()
+        except trio.WouldBlock:
+            refused()
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await _refuse_connection(stream, peer, message, refused, ssl_context)
+        finally:
+            refusing.release()
 
     async def handler(stream: trio.abc.Stream) -> None:
-        async with limit:
-            peer = _peer_name(stream)
-            if ssl_context is not None:
-                stream = trio.SSLStream(stream, ssl_context, server_side=True)
-                try:
-                    with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                        await stream.do_handshake()
-                except (trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
-                    closed_log.log(logging.INFO, "TLS handshake with %s failed: %s", peer, exc)
-                    with trio.move_on_after(1, shield=True):
-                        await stream.aclose()
-                    return
-            broker.metrics.connections_accepted_total.inc()
-            broker.metrics.client_connections.inc()
-            try:
-                await Connection(broker, stream, access, node_buffers, peer).serve()
-            except* StorageError:
-                raise  # the node cannot go on without its disk
-            except* Exception as group:
-                # A bug of ours in one connection's handling must not take the server
-                # down; it is the one case that deserves a traceback.
-                closed_log.log(
-                    logging.ERROR,
-                    "connection from %s: handler failed (a bug); connection closed",
-                    peer,
-                    exc_info=group,
-                )
-            finally:
-                broker.metrics.client_connections.dec()
+        peer = _peer_name(stream)
+        host = peer.rsplit(":", 1)[0]
+        if ungreeted.get(host, 0) >= MAX_UNGREETED_PER_ADDRESS:
+            await refuse(
+                stream,
+                peer,
+                f"{MAX_UNGREETED_PER_ADDRESS} connections from this address have not sent "
+                "HELLO yet; send HELLO on each connection at once, then retry",
+            )
+            return
+        try:
+            limit.acquire_nowait()
+        except trio.WouldBlock:
+            await refuse(
+                stream,
+                peer,
+                f"this node serves {max_connections} client connections at once, its limit "
+                "(limits.max_connections, or what the open-file limit leaves room for); "
+                "retry later or on another node",
+            )
+            return
+        ungreeted[host] = ungreeted.get(host, 0) + 1
+        greeted = False
+
+        def hello_answered() -> None:
+            nonlocal greeted
+            if greeted:
+                return
+            greeted = True
+            left = ungreeted[host] - 1
+            if left:
+                ungreeted[host] = left
+            else:
+                del ungreeted[host]
+
+        try:
+            await _serve_connection(
+                broker, stream, peer, access, node_buffers, ssl_context, hello_answered
+            )
+        finally:
+            hello_answered()
+            limit.release()
 
     await trio.serve_listeners(handler, listeners, handler_nursery=handler_nursery)
+
+
+async def _serve_connection(
+    broker: Broker,
+    stream: trio.abc.Stream,
+    peer: str,
+    access: AccessControl,
+    node_buffers: NodeBuffers,
+    ssl_context: ssl.SSLContext | None,
+    on_hello: Callable[[], None] | None = None,
+) -> None:
+    if ssl_context is not None:
+        stream = trio.SSLStream(stream, ssl_context, server_side=True)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                await stream.do_handshake()
+        except (trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
+            closed_log.log(logging.INFO, "TLS handshake with %s failed: %s", peer, exc)
+            with trio.move_on_after(1, shield=True):
+                await stream.aclose()
+            return
+    broker.metrics.connections_accepted_total.inc()
+    broker.metrics.client_connections.inc()
+    try:
+        await Connection(broker, stream, access, node_buffers, peer, on_hello).serve()
+    except* StorageError:
+        raise  # the node cannot go on without its disk
+    except* Exception as group:
+        # A bug of ours in one connection's handling must not take the server
+        # down; it is the one case that deserves a traceback.
+        closed_log.log(
+            logging.ERROR,
+            "connection from %s: handler failed (a bug); connection closed",
+            peer,
+            exc_info=group,
+        )
+    finally:
+        broker.metrics.client_connections.dec()

@@ -41,7 +41,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.logging import Logger as HypercornLogger
 from hypercorn.trio import serve
 
-from futureq.errors import RemoteProtocolError
+from futureq.errors import ErrorCode, RemoteProtocolError
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
@@ -156,7 +156,9 @@ class HttpApp:
             )
             return
         head = method == "HEAD"
-        refused = await self._refuse(scope["path"], scope.get("headers", []))
+        client = scope.get("client")
+        peer = str(client[0]) if client else None
+        refused = await self._refuse(scope["path"], scope.get("headers", []), peer)
         if refused is not None:
             status, body, extra = refused
             await _respond(send, status, body, _TEXT, head=head, extra=extra)
@@ -176,7 +178,7 @@ class HttpApp:
         await _respond(send, status, body, content_type, head=head)
 
     async def _refuse(
-        self, path: str, headers: Iterable[tuple[bytes, bytes]]
+        self, path: str, headers: Iterable[tuple[bytes, bytes]], peer: str | None = None
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
         """None when the request may be served; else the 401/403 answer."""
         access = self._access
@@ -190,8 +192,10 @@ class HttpApp:
             return 401, b"this endpoint needs a token: Authorization: Bearer <token>\n", challenge
         for token in tokens:
             try:
-                principal = await access.authenticate(token)
-            except RemoteProtocolError:
+                principal = await access.authenticate(token, peer)
+            except RemoteProtocolError as exc:
+                if exc.code is ErrorCode.UNAVAILABLE:  # too many token checks at once
+                    return 503, f"{exc.message}\n".encode(), [(b"retry-after", b"1")]
                 continue
             if principal.permissions.monitor:
                 return None

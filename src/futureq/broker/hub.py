@@ -1,22 +1,31 @@
 """The hub: consumer subscriptions, credit, in-flight deliveries and visibility timeouts.
 
 Leader-local memory (``DESIGN.md``, "Only the leader dispatches"): which consumer holds
-which delivery, until when. Nothing here is replicated; a new leader starts empty and
-redelivers what was not acked, which is the at-least-once window.
+which delivery, until when. Attempt numbers are not kept here: the dispatcher commits
+each redelivery's attempt (a DELIVERED command) before pushing it, so a new leader,
+which starts with an empty hub, continues the count where the old one stopped.
+
+Credit is conserved exactly, per subscription (``docs/protocol.md``, "Flow control"):
+a push uses one credit; a delivery the *consumer* settles (ACK, NACK, RELEASE) is
+given back by the consumer's CREDIT frames; a delivery taken back for any other
+reason (its visibility timeout passed, a command removed it) is given back by the
+server itself, and the consumer is told with a REVOKE frame, so both ends count the
+same. A subscription the server ends (its group deleted) gets a SUBSCRIPTION_END.
 
 The hub owns one :class:`GroupRuntime` per consumer group that has something to do
 (consumers, deliveries in flight, entries within the horizon): the group's
 :class:`~futureq.state.due_index.DueIndex` horizon, its consumers in round-robin order,
-and the in-memory attempt counts of deliveries whose visibility timeout ran out. Idle
-groups have no runtime and cost nothing per dispatch pass; every change that may give
-a group work to do puts its id in :attr:`Hub.touched`, which the dispatcher drains
-(``DESIGN.md``, "Every buffer is bounded in bytes; no request holds the event loop").
+and the released counts of the entries in the horizon. Idle groups have no runtime and
+cost nothing per dispatch pass; every change that may give a group work to do puts its
+id in :attr:`Hub.touched`, which the dispatcher drains (``DESIGN.md``, "Every buffer is
+bounded in bytes; no request holds the event loop").
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,9 +34,16 @@ import attrs
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
 from futureq.state.due_index import DueIndex, pack
+from futureq.wire import frames
+from futureq.wire.codec import encode_frame
 
 if TYPE_CHECKING:
     from futureq.state.queue_state import GroupInfo
+
+log = logging.getLogger(__name__)
+
+MAX_VISIBILITY_MS = 12 * 3600 * 1000
+"""Longest visibility timeout or extension (ms): 12 h, as a group's own."""
 
 
 class Outbox(Protocol):
@@ -50,9 +66,13 @@ class Consumer:
         subscription_id: Id the client names in CREDIT and UNSUBSCRIBE.
         group_id: The group's id.
         connection_id: Identifies the connection (ack of a foreign tag is refused).
-        outbox: Where DELIVER frames go.
+        outbox: Where DELIVER, REVOKE and SUBSCRIPTION_* frames go.
         credit: Deliveries the server may still push (items).
-        in_flight: Schedule keys delivered to it and not yet acked, nacked or timed out.
+        in_flight: Schedule keys delivered to it (or being recorded for it) and not
+            yet settled, timed out or removed.
+        prefetch: The window asked for in SUBSCRIBE (items), for status.
+        settings: ``(visibility_timeout_ms, max_deliveries)`` last sent to it in
+            SUBSCRIPTION_INFO.
     """
 
     subscription_id: int
@@ -64,17 +84,42 @@ class Consumer:
     credit: int
     in_flight: set[bytes] = attrs.Factory(set)
     closed: bool = False
+    prefetch: int = 0
+    settings: tuple[int, int] | None = None
+
+    def send(self, frame: frames.Frame) -> bool:
+        """Queue a frame for the consumer; a connection that cannot take it is closed.
+
+        Returns:
+            False when the consumer is (now) closed and the frame was not queued.
+        """
+        if self.closed:
+            return False
+        if not self.outbox.send_nowait(encode_frame(frame, 2**31)):
+            log.info(
+                "subscription %d: the connection takes no more frames; ending it",
+                self.subscription_id,
+            )
+            self.closed = True
+            return False
+        return True
 
 
 @attrs.define(eq=False)
 class InFlight:
-    """A delivery pushed to a consumer and not yet acked.
+    """A delivery handed to a consumer and not yet settled.
 
     Attributes:
-        attempt: The attempt number sent with this delivery (1 for the first).
-        stored_attempt: Attempt count in the schedule entry (raised by NACK).
-        deadline_ms: When the visibility timeout runs out (ms since the Unix epoch).
-        acking: An ACK or NACK for it is being committed; do not time it out.
+        attempt: The attempt number of this delivery (1 for the first).
+        previous_attempt: The entry's attempt count before this delivery (what the
+            entry goes back with if it is never pushed).
+        released: Deliveries of the entry given back unprocessed (not counted).
+        deadline_ms: When the visibility timeout runs out (ms since the Unix epoch);
+            meaningless until ``pushed``.
+        acking: The consumer's ACK, NACK or RELEASE for it is being committed; do not
+            time it out, and do not revoke it.
+        pushed: Its DELIVERED record committed and the DELIVER frame queued. Before
+            that the consumer cannot know its tag.
     """
 
     key: bytes
@@ -83,10 +128,17 @@ class InFlight:
     mid: int
     expire_ms: int | None
     attempt: int
-    stored_attempt: int
+    previous_attempt: int
+    released: int
     consumer: Consumer
-    deadline_ms: int
+    deadline_ms: int = 0
     acking: bool = False
+    pushed: bool = False
+
+    @property
+    def tag(self) -> bytes:
+        """The delivery tag the consumer knows it by."""
+        return commands.delivery_tag(self.key, self.attempt)
 
 
 @attrs.define(eq=False)
@@ -99,8 +151,8 @@ class GroupRuntime:
         loaded_until: Packed ``(due_ms, id)`` bound: every schedule entry below it is
             in ``index``, in flight, or being removed; entries at or above it are on
             disk only.
-        extra_attempts: Deliveries that timed out or whose consumer left, per message
-            id, since the entry's stored attempt count.
+        released: Released counts (RELEASE) of entries in ``index``, by message id;
+            only entries with a count above zero are listed.
     """
 
     info: GroupInfo
@@ -108,7 +160,7 @@ class GroupRuntime:
     loaded_until: int = 0
     consumers: list[Consumer] = attrs.Factory(list)
     next_consumer: int = 0
-    extra_attempts: dict[int, int] = attrs.Factory(dict)
+    released: dict[int, int] = attrs.Factory(dict)
     in_flight_count: int = 0
     counters: dict[tuple[str, str], Any] = attrs.Factory(dict)
     """Cached prometheus children of this group's counters, by (metric, group name)."""
@@ -140,7 +192,7 @@ class GroupRuntime:
             not self.consumers
             and self.in_flight_count == 0
             and len(self.index) == 0
-            and not self.extra_attempts
+            and not self.released
         )
 
 
@@ -187,11 +239,25 @@ class Hub:
         runtime.consumers.append(consumer)
         self.touched.add(consumer.group_id)
 
-    def remove_consumer(self, consumer: Consumer, now_ms: int) -> None:
-        """Detach a subscription; its unacked deliveries go back to the group.
+    def send_settings(self, consumer: Consumer, info: GroupInfo) -> None:
+        """Tell a consumer its group's settings (SUBSCRIPTION_INFO), if it does not know them."""
+        settings = (info.visibility_timeout_ms, info.max_deliveries)
+        if consumer.settings == settings or consumer.closed:
+            return
+        consumer.settings = settings
+        consumer.send(frames.SubscriptionInfo(0, consumer.subscription_id, *settings))
 
-        Each counts as an attempt (the consumer may have crashed processing it).
+    def remove_consumer(
+        self, consumer: Consumer, now_ms: int, end: tuple[ErrorCode, str] | None = None
+    ) -> None:
+        """Detach a subscription; its unsettled deliveries go back to the group.
+
+        Each pushed one counts as an attempt (the consumer may have crashed processing
+        it). With ``end`` (a code and a sentence) the consumer is first told, in a
+        SUBSCRIPTION_END frame, that the server ended the subscription.
         """
+        if end is not None:
+            consumer.send(frames.SubscriptionEnd(0, consumer.subscription_id, int(end[0]), end[1]))
         consumer.closed = True
         self.consumers.pop(consumer.subscription_id, None)
         runtime = self.groups.get(consumer.group_id)
@@ -201,7 +267,7 @@ class Hub:
         for key in list(consumer.in_flight):
             flight = self.in_flight.get(key)
             if flight is not None and not flight.acking:
-                self._release(flight, now_ms)
+                self.give_back(flight)
 
     def grant_credit(
         self, subscription_id: int, connection_id: int, credit: int, max_credit: int
@@ -226,14 +292,33 @@ class Hub:
     # ----------------------------------------------------------- deliveries
 
     def track(self, flight: InFlight) -> None:
-        """Record a delivery just pushed."""
+        """Record a delivery handed to its consumer (its DELIVERED not yet committed)."""
         self.in_flight[flight.key] = flight
         flight.consumer.in_flight.add(flight.key)
         self.groups[flight.group_id].in_flight_count += 1
-        heapq.heappush(self._deadlines, (flight.deadline_ms, flight.key))
+
+    def mark_pushed(self, flight: InFlight, deadline_ms: int) -> None:
+        """The delivery went out: its visibility timeout runs until ``deadline_ms``."""
+        flight.pushed = True
+        flight.deadline_ms = deadline_ms
+        heapq.heappush(self._deadlines, (deadline_ms, flight.key))
+
+    def is_current(self, flight: InFlight) -> bool:
+        """True while ``flight`` is still the delivery in flight for its key."""
+        return self.in_flight.get(flight.key) is flight
 
     def forget(self, key: bytes) -> InFlight | None:
-        """Drop an in-flight delivery (acked, nacked, expired or its group deleted)."""
+        """Drop an in-flight delivery a command removed or rescheduled.
+
+        A pushed delivery its consumer was not settling is taken back from the
+        consumer: its credit is returned and the consumer gets a REVOKE.
+        """
+        flight = self._drop(key)
+        if flight is not None and flight.pushed and not flight.acking:
+            self._revoke([flight], frames.RevokeReason.REMOVED)
+        return flight
+
+    def _drop(self, key: bytes) -> InFlight | None:
         flight = self.in_flight.pop(key, None)
         if flight is not None:
             flight.consumer.in_flight.discard(key)
@@ -242,28 +327,55 @@ class Hub:
                 runtime.in_flight_count -= 1
         return flight
 
-    def _release(self, flight: InFlight, now_ms: int) -> None:
-        """Put a delivery back in its group's index; it counts as one attempt."""
-        self.forget(flight.key)
+    def give_back(self, flight: InFlight) -> None:
+        """Put a delivery back in its group's index.
+
+        A pushed delivery keeps its (committed) attempt: it counted. One that never
+        went out goes back with the attempt count it had.
+        """
+        self._drop(flight.key)
+        if not flight.pushed:
+            flight.consumer.credit += 1
         runtime = self.groups.get(flight.group_id)
         if runtime is None:
             return
-        runtime.extra_attempts[flight.mid] = flight.attempt - flight.stored_attempt
-        runtime.index.add(flight.due_ms, flight.mid, flight.expire_ms, flight.stored_attempt)
+        attempt = flight.attempt if flight.pushed else flight.previous_attempt
+        if flight.released:
+            runtime.released[flight.mid] = flight.released
+        runtime.index.add(flight.due_ms, flight.mid, flight.expire_ms, attempt)
         self.touched.add(flight.group_id)
 
+    def _revoke(self, flights: list[InFlight], reason: frames.RevokeReason) -> None:
+        """Return the credit of pushed deliveries taken back, and tell their consumers."""
+        by_consumer: dict[int, tuple[Consumer, list[bytes]]] = {}
+        for flight in flights:
+            consumer = flight.consumer
+            if consumer.closed:
+                continue
+            consumer.credit += 1
+            self.touched.add(consumer.group_id)
+            by_consumer.setdefault(id(consumer), (consumer, []))[1].append(flight.tag)
+        for consumer, tags in by_consumer.values():
+            consumer.send(frames.Revoke(0, consumer.subscription_id, tags, int(reason)))
+
     def expire_visibility(self, now_ms: int) -> int:
-        """Release deliveries whose visibility timeout ran out; return how many."""
-        released = 0
+        """Take back deliveries whose visibility timeout ran out; return how many.
+
+        Each goes back to its group's index (its attempt counted), its credit goes
+        back to its consumer, and the consumer gets a REVOKE naming it.
+        """
+        released: list[InFlight] = []
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now_ms:
             deadline, key = heapq.heappop(deadlines)
             flight = self.in_flight.get(key)
             if flight is None or flight.deadline_ms != deadline or flight.acking:
                 continue
-            self._release(flight, now_ms)
-            released += 1
-        return released
+            self.give_back(flight)
+            released.append(flight)
+        if released:
+            self._revoke(released, frames.RevokeReason.VISIBILITY_TIMEOUT)
+        return len(released)
 
     def next_deadline_ms(self) -> int | None:
         """Earliest visibility deadline still pending (may be stale), or None."""
@@ -276,21 +388,21 @@ class Hub:
             return deadline
         return None
 
-    def claim_tags(self, tags: list[bytes], connection_id: int) -> list[InFlight]:
-        """Check that every tag names a delivery held by this connection; mark them acking.
+    def find_tags(self, tags: list[bytes], connection_id: int) -> list[InFlight]:
+        """The in-flight deliveries ``tags`` name, all held by this connection.
 
         Args:
-            tags: Delivery tags from an ACK or NACK.
+            tags: Delivery tags from an ACK, NACK, RELEASE or EXTEND.
             connection_id: The connection that sent them.
 
         Returns:
-            The in-flight deliveries, in tag order, now marked ``acking``.
+            The deliveries, in tag order.
 
         Raises:
             RequestError: UNKNOWN_DELIVERY_TAG (malformed, never delivered, already
-                acked, or from an earlier attempt) or FOREIGN_DELIVERY_TAG (delivered
-                to another connection), with the index of the first bad tag. Nothing is
-                claimed when one tag is bad.
+                settled, taken back, from an earlier attempt, or repeated) or
+                FOREIGN_DELIVERY_TAG (delivered to another connection), with the index
+                of the first bad tag.
         """
         flights: list[InFlight] = []
         seen: set[bytes] = set()
@@ -304,49 +416,105 @@ class Hub:
                 )
             key, attempt = parsed
             flight = self.in_flight.get(key)
-            if flight is None or flight.attempt != attempt or flight.acking or key in seen:
+            if (
+                flight is None
+                or flight.attempt != attempt
+                or flight.acking
+                or not flight.pushed
+                or key in seen
+            ):
                 raise RequestError(
                     ErrorCode.UNKNOWN_DELIVERY_TAG,
-                    "unknown delivery tag: already acked or nacked, redelivered after its "
-                    "visibility timeout, or never delivered",
+                    "unknown delivery tag: already settled, taken back after its "
+                    "visibility timeout (see REVOKE), or never delivered",
                     i,
                 )
             if flight.consumer.connection_id != connection_id:
                 raise RequestError(
                     ErrorCode.FOREIGN_DELIVERY_TAG,
-                    "this delivery tag was delivered on another connection; ack it there",
+                    "this delivery tag was delivered on another connection; settle it there",
                     i,
                 )
             seen.add(key)
             flights.append(flight)
+        return flights
+
+    def claim_tags(self, tags: list[bytes], connection_id: int) -> list[InFlight]:
+        """:meth:`find_tags`, then mark the deliveries ``acking`` (all or none).
+
+        Raises:
+            RequestError: as :meth:`find_tags`; nothing is claimed then.
+        """
+        flights = self.find_tags(tags, connection_id)
         for flight in flights:
             flight.acking = True
         return flights
 
     def unclaim(self, flights: list[InFlight], now_ms: int) -> None:
-        """Undo :meth:`claim_tags` after the ACK/NACK could not be committed."""
+        """Undo :meth:`claim_tags` after the ACK/NACK/RELEASE could not be committed."""
+        expired: list[InFlight] = []
         for flight in flights:
             if self.in_flight.get(flight.key) is flight:
                 flight.acking = False
                 if flight.consumer.closed or flight.deadline_ms <= now_ms:
-                    self._release(flight, now_ms)
+                    self.give_back(flight)
+                    expired.append(flight)
+        if expired:
+            self._revoke(expired, frames.RevokeReason.VISIBILITY_TIMEOUT)
+
+    def extend(
+        self, tags: list[bytes], connection_id: int, visibility_ms: int, now_ms: int
+    ) -> int:
+        """Push the visibility deadline of held deliveries to ``now_ms + visibility_ms``.
+
+        Like SQS ChangeMessageVisibility, the new deadline counts from now and may be
+        earlier than the old one. All or nothing.
+
+        Returns:
+            How many deliveries were extended.
+
+        Raises:
+            RequestError: as :meth:`find_tags`; INVALID_ARGUMENT for ``visibility_ms``
+                outside 1 .. 12 h.
+        """
+        if not 1 <= visibility_ms <= MAX_VISIBILITY_MS:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"visibility_ms must be between 1 and {MAX_VISIBILITY_MS} (12 h), got {visibility_ms}",
+            )
+        flights = self.find_tags(tags, connection_id)
+        deadline_ms = now_ms + visibility_ms
+        for flight in flights:
+            flight.deadline_ms = deadline_ms
+            heapq.heappush(self._deadlines, (deadline_ms, flight.key))
+        return len(flights)
 
     def horizon_contains(self, runtime: GroupRuntime, due_ms: int, mid: int) -> bool:
         """True when ``(due_ms, mid)`` is below the group's loaded bound."""
         return pack(due_ms, mid) < runtime.loaded_until
 
-    def drop_group(self, group_id: int, now_ms: int) -> None:
-        """Forget a deleted group: its consumers leave, its deliveries are dropped."""
+    def drop_group(self, group_id: int, end: tuple[ErrorCode, str] | None = None) -> None:
+        """Forget a deleted group: its consumers leave, its deliveries are dropped.
+
+        With ``end`` each consumer is first told why (SUBSCRIPTION_END); its
+        deliveries are void, so no REVOKE follows.
+        """
         runtime = self.groups.pop(group_id, None)
         self.touched.discard(group_id)
         if runtime is None:
             return
         for consumer in list(runtime.consumers):
+            if end is not None:
+                consumer.send(
+                    frames.SubscriptionEnd(0, consumer.subscription_id, int(end[0]), end[1])
+                )
             consumer.closed = True
             self.consumers.pop(consumer.subscription_id, None)
             for key in list(consumer.in_flight):
-                self.forget(key)
+                self._drop(key)
         runtime.consumers.clear()
+        for key in [k for k, f in self.in_flight.items() if f.group_id == group_id]:
+            self._drop(key)
 
     def clear(self) -> None:
         """Forget everything (leadership lost)."""

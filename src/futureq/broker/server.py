@@ -20,16 +20,22 @@ import sys
 
 import trio
 
-from futureq import __version__
+from futureq import __version__, early_signals, fd_budget
 from futureq.clock import Clock, SystemClock
 from futureq.config import Config, split_host_port
 from futureq.data_tools import check_data_fits_mode
-from futureq.errors import ConfigError, DataDirectoryInUseError, FutureQError, StorageError
+from futureq.errors import (
+    ConfigError,
+    DataDirectoryInUseError,
+    FutureQError,
+    NoSpaceError,
+    StorageError,
+)
 from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
 from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
-from futureq.state.queue_state import Defaults, QueueState
+from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
 from futureq.storage.space import SpaceAlarm
 
@@ -44,6 +50,7 @@ from .cluster import (
     refuse_if_node_already_runs,
     stop_when_removed,
 )
+from .cluster_time import ClusterTime, run_standalone_clock
 from .command_log import SingleNodeLog
 from .dispatcher import Dispatcher
 from .gateway import NodeBuffers, serve_clients
@@ -139,7 +146,9 @@ async def serve(
 
     Args:
         config: The node's configuration.
-        clock: Wall clock (tests may pass a fake one); the system clock by default.
+        clock: The clock stamps and due times are read from (tests may pass a fake
+            one); by default cluster time (:class:`.cluster_time.ClusterTime`) over the
+            system clocks.
         shutdown: Set it to begin a graceful shutdown (in-process tests).
         handle_signals: Watch SIGTERM and SIGINT (main thread only).
         task_status: Receives ``(client_address, http_address)`` once serving.
@@ -148,22 +157,20 @@ async def serve(
         StorageError: RocksDB cannot be opened or fails while running.
         OSError: a listener address cannot be bound.
     """
-    clock = clock or SystemClock()
-    started_s = clock.monotonic_s()
+    system_clock = SystemClock()
+    started_s = system_clock.monotonic_s()
     metrics = Metrics(config.metrics.max_topic_series, config.metrics.max_group_series)
-    db = Database(
-        config.server.data_dir,
-        write_buffer_mb=config.storage.write_buffer_mb,
-        block_cache_mb=config.storage.block_cache_mb,
-    )
+    descriptors = fd_budget.budget(config.limits.max_connections, fd_budget.open_file_limit())
+    too_few = descriptors.warning()
+    if too_few is not None:
+        log.warning("%s", too_few)
+    db = await _open_database(config, descriptors.storage_files)
     space_alarm = SpaceAlarm(db, metrics)
     try:
         check_data_fits_mode(db, clustered=config.cluster.clustered)
         if config.cluster.clustered:
             finish_interrupted_restore(config, db)
-        state = QueueState(
-            db, Defaults(config.queue.visibility_timeout_ms, config.queue.max_deliveries)
-        )
+        state = QueueState(db)
         host, port = split_host_port(config.server.listen)
         try:
             listeners = await trio.open_tcp_listeners(port, host=host)
@@ -191,6 +198,15 @@ async def serve(
                 space_alarm=space_alarm,
             )
             replayed = command_log.recover()
+        cluster_time: ClusterTime | None = None
+        if clock is None:
+            if isinstance(command_log, RaftNode):
+                cluster_time = ClusterTime(system_clock, command_log.timekeeper.clock)
+            else:
+                cluster_time = ClusterTime.standalone(
+                    system_clock, config.server.node_id, config.cluster.max_clock_offset_ms
+                )
+            clock = cluster_time
         dispatcher = Dispatcher(
             state,
             command_log,
@@ -200,9 +216,20 @@ async def serve(
             metrics,
             max_deliver_bytes=max(64 * 1024, config.limits.max_frame_bytes // 2),
             active=not clustered,
+            dispatch_allowed=command_log.can_dispatch if isinstance(command_log, RaftNode) else None,
         )
         state.observer = dispatcher
-        broker = Broker(config, state, command_log, hub, dispatcher, clock, metrics, space_alarm)
+        broker = Broker(
+            config,
+            state,
+            command_log,
+            hub,
+            dispatcher,
+            clock,
+            metrics,
+            space_alarm,
+            check_can_stamp=None if cluster_time is None else cluster_time.check_can_stamp,
+        )
         metrics.is_leader.set(0 if clustered else 1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
@@ -241,6 +268,8 @@ async def serve(
                     )
             else:
                 await root.start(command_log.run)
+                if cluster_time is not None:
+                    root.start_soon(run_standalone_clock, cluster_time, metrics)
             await root.start(dispatcher.run)
             root.start_soon(broker.run_background_publisher)
             root.start_soon(pace_gc, lambda: len(state.groups))
@@ -274,6 +303,7 @@ async def serve(
                             access=access,
                             node_buffers=node_buffers,
                             ssl_context=ssl_context,
+                            max_connections=descriptors.client_connections,
                             handler_nursery=connections,
                         )
 
@@ -290,7 +320,7 @@ async def serve(
                     config.server.data_dir,
                     replayed,
                     len(state.groups),
-                    clock.monotonic_s() - started_s,
+                    system_clock.monotonic_s() - started_s,
                 )
                 for mode in listener_modes(
                     config, client_address, raft_address if clustered else None, http_address
@@ -322,6 +352,50 @@ async def serve(
     finally:
         db.close()
         log.info("stopped; RocksDB closed")
+
+
+OPEN_RETRY_S = 1.0
+"""How often a node that found its disk full at start tries to open RocksDB again (s)."""
+
+
+async def _open_database(config: Config, max_open_files: int) -> Database:
+    """Open RocksDB; on a full disk, wait for space instead of exiting.
+
+    Opening may write (a memtable flush of the log being recovered, a new MANIFEST), so a
+    node restarted while its disk is full (a crash, a rescheduled pod) used to stop with
+    "storage failure ... No space left on device" (exit 3) and, under a supervisor,
+    restart in a loop. It now logs the NO_SPACE alarm once and tries again every
+    :data:`OPEN_RETRY_S` until there is room (docs/operations.md, "Full disk").
+
+    Raises:
+        StorageError: any failure other than a full disk.
+    """
+    waiting_since: float | None = None
+    while True:
+        try:
+            db = Database(
+                config.server.data_dir,
+                write_buffer_mb=config.storage.write_buffer_mb,
+                block_cache_mb=config.storage.block_cache_mb,
+                max_open_files=max_open_files,
+            )
+        except NoSpaceError as exc:
+            if waiting_since is None:
+                waiting_since = trio.current_time()
+                log.error(
+                    "NO_SPACE alarm at start: %s. The node waits for space and tries again "
+                    "every %g s (free space or grow the volume; nothing is lost)",
+                    exc,
+                    OPEN_RETRY_S,
+                )
+            await trio.sleep(OPEN_RETRY_S)
+            continue
+        if waiting_since is not None:
+            log.warning(
+                "NO_SPACE alarm cleared: RocksDB opened after %.0f s of waiting for space",
+                trio.current_time() - waiting_since,
+            )
+        return db
 
 
 async def _hand_over_leadership(config: Config, node: RaftNode) -> None:
@@ -356,8 +430,15 @@ async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
 
 
 async def _reload_on_sighup(access: AccessControl) -> None:
-    """SIGHUP: read the credentials file again; connections that lost access close."""
+    """SIGHUP: read the credentials file again; connections that lost access close.
+
+    A SIGHUP that arrived while the node was starting (remembered by
+    :mod:`futureq.early_signals`) is acted on as soon as this handler is installed.
+    """
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        if early_signals.take_deferred_sighup():
+            log.info("SIGHUP arrived while the node was starting; acting on it now")
+            access.reload()
         async for _ in signals:
             access.reload()
 

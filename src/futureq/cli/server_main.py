@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from futureq import __version__
+from futureq import __version__, early_signals, fd_budget
 from futureq.config import WILDCARD_HOSTS, Config, split_host_port
 from futureq.config_loader import LOG_LEVELS, config_warnings, env_var_name, load_config
 from futureq.errors import ConfigError
@@ -366,6 +366,13 @@ def _check_config(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     for warning in config_warnings(config):
         print(f"futureq: warning: {warning}", file=sys.stderr)
+    # `start` raises the soft open-file limit to the hard one first.
+    descriptors = fd_budget.budget(
+        config.limits.max_connections, fd_budget.open_file_limit(hard=True)
+    )
+    too_few = descriptors.warning()
+    if too_few is not None:
+        print(f"futureq: warning: {too_few}", file=sys.stderr)
     if args.json:
         print(json.dumps(config_as_dict(config), indent=2))
     else:
@@ -499,12 +506,14 @@ def _generate_secret(path: str) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
+    early_signals.defer_sighup()  # a reload sent while starting must not kill the node
     try:
         config = _load(args)
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(config.server.log_level)
+    fd_budget.raise_open_file_limit()
     for warning in config_warnings(config):
         logging.getLogger("futureq").warning("%s", warning)
     return run_server(config)

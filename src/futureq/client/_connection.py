@@ -1,14 +1,23 @@
 """One client connection: TCP (optionally TLS), HELLO, a reader task and a writer task.
 
 Requests pipeline: each gets a fresh request id (:class:`RequestTable`) and a waiter;
-the reader matches answers by id and hands DELIVER pushes (request id 0) to a
-callback. The connection never reconnects by itself — :class:`futureq.client.Client`
-owns the lifetime and opens a new :class:`Connection` (a new *epoch*) when this one
-is lost. Source: ``docs/protocol.md``, "Connection lifecycle" and "Requests".
+the reader matches answers by id and hands pushes (DELIVER, REVOKE, SUBSCRIPTION_INFO,
+SUBSCRIPTION_END; request id 0) to a callback. The connection never reconnects by
+itself — :class:`futureq.client.Client` owns the lifetime and opens a new
+:class:`Connection` (a new *epoch*) when this one is lost.
+
+Cancellation is clean at every await: a request whose caller gave up (cancelled, or
+its deadline passed) after it was sent stays registered as *abandoned*; its answer,
+when it comes, still runs the request's ``on_answer`` hook (so a late SUBSCRIBE_OK is
+undone, a late ACK's credit is granted) and is otherwise logged at debug level and
+dropped. Only a protocol error (1xx) ends the connection; a refused request nobody
+waits for (a CREDIT refused with request id 0, a late error) is logged, never fatal.
+Source: ``docs/protocol.md``, "Connection lifecycle" and "Requests".
 """
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
@@ -42,21 +51,29 @@ CLOSE_GRACE_S: Final = 1.0
 
 CLIENT_NAME: Final = f"futureq-client/{__version__}"
 
+log = logging.getLogger(__name__)
+
 
 class NotSentError(ConnectionLostError):
     """The connection was lost before the request reached the socket: safe to retry."""
 
 
 class _Waiter:
-    """The answer slot of one request: a frame or an error, and an event."""
+    """The answer slot of one request: a frame or an error, and an event.
 
-    __slots__ = ("event", "frame", "error", "on_answer")
+    ``abandoned``: the caller stopped waiting after the request was sent; the answer
+    still runs ``on_answer`` (a success) and is then dropped.
+    """
 
-    def __init__(self, on_answer: Callable[[frames.Frame], None] | None) -> None:
+    __slots__ = ("event", "frame", "error", "on_answer", "abandoned", "name")
+
+    def __init__(self, on_answer: Callable[[frames.Frame], None] | None, name: str) -> None:
         self.event = trio.Event()
         self.frame: frames.Frame | None = None
         self.error: FutureQError | None = None
         self.on_answer = on_answer
+        self.abandoned = False
+        self.name = name
 
     def set_frame(self, frame: frames.Frame) -> None:
         self.frame = frame
@@ -67,7 +84,9 @@ class _Waiter:
         self.event.set()
 
 
-DeliverCallback = Callable[["Connection", frames.Deliver], None]
+PushFrame = frames.Deliver | frames.Revoke | frames.SubscriptionInfo | frames.SubscriptionEnd
+PushCallback = Callable[["Connection", PushFrame], None]
+_PUSHES: Final = (frames.Deliver, frames.Revoke, frames.SubscriptionInfo, frames.SubscriptionEnd)
 
 
 class Connection:
@@ -95,7 +114,7 @@ class Connection:
         address: str,
         epoch: int,
         hello: frames.HelloOk,
-        on_deliver: DeliverCallback,
+        on_push: PushCallback,
     ) -> None:
         self._stream = stream
         self._decoder = decoder
@@ -105,9 +124,11 @@ class Connection:
         self.leader_address = hello.leader_address
         self.max_frame_bytes = hello.max_frame_bytes
         self.server_version = hello.server_version
-        self._on_deliver = on_deliver
+        self._on_push = on_push
         self._requests: RequestTable[_Waiter] = RequestTable()
         self._write_send, self._write_receive = trio.open_memory_channel[bytes](WRITE_QUEUE_FRAMES)
+        self._control_backlog: list[bytes] = []
+        self._credit_backlog: dict[int, int] = {}
         self._cancel_scope = trio.CancelScope()
         self._lost = trio.Event()
         self.lost_reason: ConnectionLostError | None = None
@@ -172,8 +193,8 @@ class Connection:
             self._fail(ConnectionLostError(f"connection to {self.address} broke: {exc}"))
 
     def _dispatch(self, frame: frames.Frame) -> None:
-        if isinstance(frame, frames.Deliver):
-            self._on_deliver(self, frame)
+        if isinstance(frame, _PUSHES):
+            self._on_push(self, frame)
             return
         if isinstance(frame, frames.Ping):
             # The server's keepalive: answer, or it closes an idle connection.
@@ -186,25 +207,47 @@ class Connection:
             error = error_from_code(
                 frame.code, frame.message, frame.item_index, frame.leader_address
             )
-            waiter = self._requests.pop(frame.request_id) if frame.request_id else None
-            if waiter is not None:
-                waiter.set_error(error)
-            if isinstance(error, RemoteProtocolError) or waiter is None:
+            if isinstance(error, RemoteProtocolError):
                 # 1xx: the server closes after this frame; so do we.
+                waiter = self._requests.pop(frame.request_id) if frame.request_id else None
+                if waiter is not None:
+                    waiter.set_error(error)
                 self._fail(
                     ConnectionLostError(
                         f"server {self.address} closed the connection: "
                         f"[{_code_name(frame.code)}] {frame.message}"
                     )
                 )
+                return
+            waiter = self._requests.pop(frame.request_id) if frame.request_id else None
+            if waiter is None or waiter.abandoned:
+                # Nobody waits for it: a CREDIT refused (request id 0; e.g. the
+                # subscription just ended), or a late answer to a request given up.
+                level = logging.INFO if frame.request_id == 0 else logging.DEBUG
+                log.log(
+                    level,
+                    "%s refused %s nobody waits for: [%s] %s",
+                    self.address,
+                    "a request" if waiter is None else waiter.name,
+                    _code_name(frame.code),
+                    frame.message,
+                )
+                return
+            waiter.set_error(error)
             return
         waiter = self._requests.pop(frame.request_id)
         if waiter is None:
-            return  # a late answer to a request that timed out
+            log.debug("%s: answer to unknown request %d dropped", self.address, frame.request_id)
+            return
         if waiter.on_answer is not None:
             # Runs before any other frame is read, so DELIVER frames that follow a
-            # SUBSCRIBE_OK always find their subscription registered.
+            # SUBSCRIBE_OK always find their subscription registered, and even when
+            # the caller gave up (a late SUBSCRIBE_OK is undone, a late OK's credit
+            # is granted).
             waiter.on_answer(frame)
+        if waiter.abandoned:
+            log.debug("%s: late answer to an abandoned %s dropped", self.address, waiter.name)
+            return
         waiter.set_frame(frame)
 
     async def _write_loop(self) -> None:
@@ -220,8 +263,55 @@ class Connection:
                     chunks.append(more)
                     size += len(more)
                 await self._stream.send_all(b"".join(chunks) if len(chunks) > 1 else data)
+                if self._control_backlog or self._credit_backlog:
+                    backlog, self._control_backlog = self._control_backlog, []
+                    credits, self._credit_backlog = self._credit_backlog, {}
+                    backlog += [
+                        codec.encode_frame(frames.Credit(0, sid, n), self.max_frame_bytes)
+                        for sid, n in credits.items()
+                    ]
+                    await self._stream.send_all(b"".join(backlog))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._fail(ConnectionLostError(f"connection to {self.address} broke: {exc}"))
+
+    def send_control(self, frame: frames.Frame) -> None:
+        """Queue a frame that needs no answer (CREDIT) without blocking; for callbacks.
+
+        With the write queue full it waits in a backlog the writer sends after its
+        current write (CREDITs of one subscription merged into one, so the backlog
+        stays as small as the number of subscriptions). On a lost connection it is
+        dropped (the server forgets the subscription with it).
+        """
+        if self.lost_reason is not None:
+            return
+        data = codec.encode_frame(frame, self.max_frame_bytes)
+        try:
+            self._write_send.send_nowait(data)
+        except trio.WouldBlock:
+            if isinstance(frame, frames.Credit):
+                owed = self._credit_backlog.get(frame.subscription_id, 0)
+                self._credit_backlog[frame.subscription_id] = owed + frame.credit
+            else:
+                self._control_backlog.append(data)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+    def request_nowait(
+        self,
+        make_frame: Callable[[int], frames.Frame],
+        *,
+        on_answer: Callable[[frames.Frame], None] | None = None,
+    ) -> None:
+        """Send a request nobody will wait for (from a callback): its answer runs
+        ``on_answer`` if it succeeds and is otherwise logged and dropped."""
+        if self.lost_reason is not None:
+            return
+        waiter = _Waiter(on_answer, "request")
+        waiter.abandoned = True
+        request_id = self._requests.add(waiter)
+        frame = make_frame(request_id)
+        waiter.name = frame.TYPE.name
+        self.send_control(frame)
 
     async def send(self, *frames_to_send: frames.Frame) -> None:
         """Queue frames that have no answer (CREDIT).
@@ -273,14 +363,15 @@ class Connection:
         """
         if self.lost_reason is not None:
             raise NotSentError(str(self.lost_reason))
-        waiter = _Waiter(on_answer)
+        waiter = _Waiter(on_answer, "request")
         request_id = self._requests.add(waiter)
+        queued = False
         try:
             frame = make_frame(request_id)
+            waiter.name = frame.TYPE.name
             data = codec.encode_frame(frame, self.max_frame_bytes)
             if then_send:
                 data += b"".join(codec.encode_frame(f, self.max_frame_bytes) for f in then_send)
-            queued = False
             with trio.move_on_at(deadline):
                 await self._queue(data)
                 queued = True
@@ -291,7 +382,12 @@ class Connection:
             with trio.move_on_at(deadline):
                 await waiter.event.wait()
         finally:
-            self._requests.pop(request_id)
+            if queued and not waiter.event.is_set() and self.lost_reason is None:
+                # Sent, and the caller stops waiting (cancelled, or its deadline
+                # passed): the answer will come; let the reader handle it then.
+                waiter.abandoned = True
+            else:
+                self._requests.pop(request_id)
         if waiter.error is not None:
             raise waiter.error
         if waiter.frame is None:
@@ -326,7 +422,7 @@ async def connect(
     address: str,
     *,
     epoch: int,
-    on_deliver: DeliverCallback,
+    on_push: PushCallback,
     ssl_context: ssl.SSLContext | None,
     server_hostname: str | None,
     token: str | None,
@@ -337,7 +433,7 @@ async def connect(
     Args:
         address: ``host:port`` of a server's client listener.
         epoch: Number given to this connection (see :attr:`Connection.epoch`).
-        on_deliver: Called by the reader for every DELIVER frame.
+        on_push: Called by the reader for every push (DELIVER, REVOKE, SUBSCRIPTION_*).
         ssl_context: Wrap the TCP stream in TLS with this context when given.
         server_hostname: Name to verify the certificate against (default: the host).
         token: Auth token sent in HELLO.
@@ -391,7 +487,7 @@ async def connect(
             f"{address} answered HELLO with {type(answer).__name__}; is it a FutureQ server?"
         )
     decoder.max_frame_bytes = max(decoder.max_frame_bytes, answer.max_frame_bytes)
-    return Connection(stream, decoder, address, epoch, answer, on_deliver)
+    return Connection(stream, decoder, address, epoch, answer, on_push)
 
 
 async def _read_one(

@@ -15,13 +15,20 @@ delivery that is not acked (or whose ack was lost with its connection) is delive
 again. Make consumers idempotent. See ``docs/client.md``.
 
 Lifetimes: :func:`open_client` owns one nursery holding the connection manager (and
-through it the current connection's reader and writer tasks) and the publish
-batcher; nothing the client starts outlives the ``async with`` block.
+through it the current connection's reader and writer tasks), the publish batcher and
+the lease keeper (extends the visibility of deliveries buffered and not yet handed
+out, and releases what a pull-mode subscription did not ask for); nothing the client
+starts outlives the ``async with`` block.
+
+Cancellation is clean at every await: cancel any call (``trio.move_on_after``) and
+the connection, the other calls and every delivery held stay as they were; a late
+answer is dropped (a late SUBSCRIBE_OK is undone with UNSUBSCRIBE).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -38,8 +45,14 @@ from futureq.client._batching import (
     refused_item,
     without_item,
 )
-from futureq.client._connection import Connection, NotSentError, connect
-from futureq.client.subscription import Delivery, Subscription
+from futureq.client._connection import Connection, NotSentError, PushFrame, connect
+from futureq.client.subscription import (
+    LOST_REASON,
+    Delivery,
+    DeliveryState,
+    Subscription,
+    void_error,
+)
 from futureq.errors import (
     ClientClosedError,
     ConnectionLostError,
@@ -49,6 +62,7 @@ from futureq.errors import (
     NotLeaderError,
     RemoteProtocolError,
     RequestError,
+    SubscriptionEndedError,
 )
 from futureq.wire import frames
 
@@ -56,7 +70,14 @@ DEFAULT_SERVER: Final = "127.0.0.1:7450"
 MAX_BATCHES_IN_FLIGHT: Final = 4
 """PUBLISH frames the batcher keeps outstanding at once."""
 UNSUBSCRIBE_GRACE_S: Final = 2.0
-"""Longest leaving a ``subscribe`` block waits for UNSUBSCRIBE's answer (seconds)."""
+"""Longest leaving a ``subscribe`` block waits for RELEASE and UNSUBSCRIBE (seconds)."""
+DEFAULT_MAX_LEASE_S: Final = 3600.0
+"""How long the lease keeper keeps a buffered delivery (seconds): 1 h, as the Pub/Sub
+client libraries' ``max_lease_duration``."""
+LEASE_RETRY_S: Final = 1.0
+"""Wait before the lease keeper tries again after a failed EXTEND or RELEASE (s)."""
+
+log = logging.getLogger(__name__)
 
 AckLevelName = Literal["leader", "quorum"]
 _ACK_LEVELS: Final[dict[str, frames.AckLevel]] = {
@@ -138,6 +159,7 @@ class Client:
         ack_level: AckLevelName,
         retry_unknown_outcome: bool,
         rng: random.Random,
+        max_lease_s: float = DEFAULT_MAX_LEASE_S,
     ) -> None:
         if max_batch_items < 1:
             raise ValueError(f"max_batch_items must be >= 1, got {max_batch_items}")
@@ -165,6 +187,8 @@ class Client:
         self._leader_hint: str | None = None
         self._next_server = 0
         self._subscriptions: dict[int, Subscription] = {}  # by id(), for reconnects
+        self.max_lease_s = max_lease_s
+        self._lease_event = trio.Event()
         self._publish_send, self._publish_receive = trio.open_memory_channel[_PendingPublish](
             max_batch_items * MAX_BATCHES_IN_FLIGHT
         )
@@ -185,6 +209,14 @@ class Client:
     def _live_epoch(self) -> int:
         conn = self._conn
         return conn.epoch if conn is not None and not conn.is_lost else -1
+
+    def _live_connection(self) -> Connection | None:
+        conn = self._conn
+        return conn if conn is not None and not conn.is_lost else None
+
+    def _lease_changed(self) -> None:
+        """Wake the lease keeper (new deliveries, new settings, something to release)."""
+        self._lease_event.set()
 
     def _signal_change(self) -> None:
         self._conn_changed.set()
@@ -211,16 +243,31 @@ class Client:
                 f"no connection to any of {', '.join(self.servers)} before the deadline{detail}"
             )
 
-    def _on_deliver(self, conn: Connection, frame: frames.Deliver) -> None:
+    def _on_push(self, conn: Connection, frame: PushFrame) -> None:
+        """A server push (reader task): route it to its subscription."""
         for sub in self._subscriptions.values():
             if sub.epoch == conn.epoch and sub.subscription_id == frame.subscription_id:
-                try:
-                    sub._receive(conn.epoch, frame)
-                except RemoteProtocolError as exc:
-                    conn.close(f"server {conn.address} broke flow control: {exc.message}")
+                if isinstance(frame, frames.Deliver):
+                    try:
+                        sub._receive(conn.epoch, frame)
+                    except RemoteProtocolError as exc:
+                        conn.close(f"server {conn.address} broke flow control: {exc.message}")
+                elif isinstance(frame, frames.Revoke):
+                    sub._revoke(conn.epoch, frame.tags)
+                elif isinstance(frame, frames.SubscriptionInfo):
+                    sub._info(conn.epoch, frame.visibility_timeout_ms, frame.max_deliveries)
+                else:
+                    try:
+                        code = ErrorCode(frame.code)
+                    except ValueError:
+                        code = ErrorCode.INTERNAL_ERROR
+                    sub._ended(conn.epoch, SubscriptionEndedError(code, frame.message))
                 return
-        # A delivery for a subscription we just left: the server requeues it when the
-        # UNSUBSCRIBE lands or the visibility timeout passes.
+        # For a subscription we just left (or never bound): the server takes its
+        # deliveries back when the UNSUBSCRIBE lands or their visibility passes.
+        log.debug(
+            "push %s for unknown subscription %d dropped", frame.TYPE.name, frame.subscription_id
+        )
 
     def _connect_order(self) -> list[str]:
         count = len(self.servers)
@@ -237,7 +284,7 @@ class Client:
                 conn = await connect(
                     address,
                     epoch=self._epoch + 1,
-                    on_deliver=self._on_deliver,
+                    on_push=self._on_push,
                     ssl_context=self._ssl_context,
                     server_hostname=self._server_hostname,
                     token=self._token,
@@ -570,7 +617,7 @@ class Client:
 
     @asynccontextmanager
     async def subscribe(
-        self, topic: str, group: str, prefetch: int = 100
+        self, topic: str, group: str, prefetch: int = 100, *, pull: bool = False
     ) -> AsyncIterator[Subscription]:
         """Join consumer group ``group`` of ``topic`` (created if new) and receive.
 
@@ -580,6 +627,9 @@ class Client:
                 within a group each message goes to one consumer.
             prefetch: Most unsettled deliveries the server may push to this
                 subscription (items, >= 1).
+            pull: Pull mode: no credit is granted back on settling; take deliveries
+                with :meth:`Subscription.fetch`, which asks for exactly what it still
+                wants (``prefetch`` is then the first fetch's credit).
 
         Yields:
             The :class:`Subscription`; iterate it for :class:`Delivery` objects.
@@ -589,11 +639,13 @@ class Client:
             ConnectionLostError: no server reachable within ``request_timeout_s``.
             ClientClosedError: the client was closed.
 
-        Leaving the block sends UNSUBSCRIBE; deliveries not acked by then go back to
-        the group and are delivered again.
+        Leaving the block releases the deliveries still buffered (never handed to
+        you: they are due again at once and their attempt does not count), then
+        unsubscribes; deliveries handed to you and not settled go back to the group
+        and are delivered again (their attempt counted).
         """
         self._check_open()
-        sub = Subscription(self, topic, group, prefetch)
+        sub = Subscription(self, topic, group, prefetch, pull=pull)
         self._subscriptions[id(sub)] = sub
         try:
             await self._subscribe_on_live(sub, trio.current_time() + self.request_timeout_s)
@@ -601,10 +653,18 @@ class Client:
         finally:
             del self._subscriptions[id(sub)]
             subscription_id, epoch = sub.subscription_id, sub.epoch
+            unread = [d for d in (*sub._buffer, *sub.to_release) if d._state is DeliveryState.HELD]
             sub._close()
             conn = self._conn
             if subscription_id is not None and conn is not None and conn.epoch == epoch:
                 with trio.move_on_after(UNSUBSCRIBE_GRACE_S, shield=True):
+                    try:
+                        if unread:
+                            await self._settle_on(
+                                conn, sub, unread, "release", 0, UNSUBSCRIBE_GRACE_S
+                            )
+                    except FutureQError:
+                        pass  # they come back when the UNSUBSCRIBE lands, counted
                     try:
                         await conn.request(
                             lambda rid: frames.Unsubscribe(rid, subscription_id),
@@ -613,24 +673,38 @@ class Client:
                     except FutureQError:
                         pass  # the connection is going away; the server requeues anyway
 
-    async def _subscribe_on_live(self, sub: Subscription, deadline: float | None) -> None:
+    async def _subscribe_on_live(
+        self, sub: Subscription, deadline: float | None, prefetch: int | None = None
+    ) -> None:
         async with sub._lock:
             if sub.epoch == self._live_epoch() and sub.subscription_id is not None:
                 return
+            credit = prefetch if prefetch is not None else sub.prefetch
 
             def bind(conn: Connection, frame: frames.Frame) -> None:
-                if isinstance(frame, frames.SubscribeOk):
-                    sub._bind(conn.epoch, frame.subscription_id)
+                # Runs in the reader, even when the caller gave up: a subscription
+                # nobody will use is ended at once, so it holds nothing on the server.
+                if not isinstance(frame, frames.SubscribeOk):
+                    return
+                live = sub.epoch == conn.epoch and sub.subscription_id is not None
+                if sub.closed or live or conn.is_lost:
+                    orphan = frame.subscription_id
+                    log.debug(
+                        "SUBSCRIBE_OK %d for a subscription given up; unsubscribing it", orphan
+                    )
+                    conn.request_nowait(lambda rid: frames.Unsubscribe(rid, orphan))
+                    return
+                sub._bind(conn.epoch, frame.subscription_id, credit)
 
             answer = await self._call(
-                lambda rid: frames.Subscribe(rid, sub.topic, sub.group, sub.prefetch),
+                lambda rid: frames.Subscribe(rid, sub.topic, sub.group, credit),
                 retry_unknown=True,
                 deadline=deadline,
                 on_answer=bind,
             )
             _expect(answer, frames.SubscribeOk)
 
-    async def _resubscribe(self, sub: Subscription) -> None:
+    async def _resubscribe(self, sub: Subscription, prefetch: int | None = None) -> None:
         """Subscribe ``sub`` on the live connection, waiting as long as reconnecting takes.
 
         Raises:
@@ -639,7 +713,7 @@ class Client:
         """
         while True:
             try:
-                await self._subscribe_on_live(sub, None)
+                await self._subscribe_on_live(sub, None, prefetch)
                 return
             except ConnectionLostError:
                 continue  # _call already backed off; keep waiting for a server
@@ -648,45 +722,184 @@ class Client:
                     raise
 
     async def _settle(
-        self, sub: Subscription, deliveries: list[Delivery], requeue_delay_ms: int | None
+        self,
+        sub: Subscription,
+        deliveries: list[Delivery],
+        how: str,
+        requeue_delay_ms: int = 0,
     ) -> None:
-        """ACK (``requeue_delay_ms`` None) or NACK deliveries, then grant credit back."""
+        """ACK, NACK or RELEASE deliveries; credit goes back once the server confirmed.
+
+        Void deliveries (taken back, lost connection, ended subscription) are not sent;
+        a tag the server refuses is left out and the rest sent again; then an error
+        names the ones left out. Deliveries already settled are skipped.
+        """
         self._check_open()
-        conn = self._conn
-        live = conn.epoch if conn is not None and not conn.is_lost else -1
-        current = [d for d in deliveries if d._epoch == live]
-        void = [d for d in deliveries if d._epoch != live]
-        if current and conn is not None:
-            for _, chunk in chunked(current, self._max_batch_items):
-                fresh = [d for d in chunk if not d._settled]
-                for delivery in chunk:
-                    delivery._settled = True
-                tags = [delivery.tag for delivery in chunk]
-                then_send: list[frames.Frame] = []
-                if fresh and sub.epoch == live and sub.subscription_id is not None:
-                    # Credit goes out with the ACK so the window stays at prefetch.
-                    credit = sub._grant(len(fresh))
-                    if credit:
-                        then_send.append(frames.Credit(0, sub.subscription_id, credit))
-                request = (
-                    _ack_frame(tags)
-                    if requeue_delay_ms is None
-                    else _nack_frame(tags, requeue_delay_ms)
-                )
-                await conn.request(
-                    request,
-                    deadline=trio.current_time() + self.request_timeout_s,
-                    then_send=then_send,
-                )
-        if void:
-            for delivery in void:
-                delivery._settled = True
-            ids = ", ".join(str(delivery.id) for delivery in void[:10])
-            more = "" if len(void) <= 10 else f" and {len(void) - 10} more"
-            raise ConnectionLostError(
-                f"deliveries {ids}{more} came on a connection that has since been lost; "
-                "the broker will deliver them again"
+        conn = self._live_connection()
+        to_send, left_out = _sort_out(deliveries, conn)
+        if to_send and conn is not None:
+            left_out += await self._settle_on(
+                conn, sub, to_send, how, requeue_delay_ms, self.request_timeout_s
             )
+        error = void_error(left_out, {id(d): i for i, d in enumerate(deliveries)})
+        if error is not None:
+            raise error
+
+    async def _settle_on(
+        self,
+        conn: Connection,
+        sub: Subscription,
+        deliveries: list[Delivery],
+        how: str,
+        requeue_delay_ms: int,
+        timeout_s: float,
+    ) -> list[Delivery]:
+        """Settle on ``conn`` in frames of ``max_batch_items``; return the ones refused."""
+        refused: list[Delivery] = []
+        for _, chunk_view in chunked(deliveries, self._max_batch_items):
+            chunk = [d for d in chunk_view if d._state is DeliveryState.HELD]
+            while chunk:
+                tags = [delivery.tag for delivery in chunk]
+                if how == "ack":
+                    request = _ack_frame(tags)
+                elif how == "nack":
+                    request = _nack_frame(tags, requeue_delay_ms)
+                else:
+                    request = _release_frame(tags)
+                confirmed = list(chunk)
+
+                def on_ok(frame: frames.Frame, confirmed: list[Delivery] = confirmed) -> None:
+                    if isinstance(frame, frames.Ok):
+                        by_sub: dict[int, list[Delivery]] = {}
+                        for delivery in confirmed:
+                            by_sub.setdefault(id(delivery._subscription), []).append(delivery)
+                        for group in by_sub.values():
+                            group[0]._subscription._settled(conn, group)
+
+                try:
+                    await conn.request(
+                        request, deadline=trio.current_time() + timeout_s, on_answer=on_ok
+                    )
+                except RequestError as exc:
+                    index = exc.item_index
+                    if (
+                        exc.code
+                        not in (
+                            ErrorCode.UNKNOWN_DELIVERY_TAG,
+                            ErrorCode.FOREIGN_DELIVERY_TAG,
+                        )
+                        or index is None
+                        or not 0 <= index < len(chunk)
+                    ):
+                        raise
+                    bad = chunk.pop(index)
+                    bad._void(exc.message)
+                    refused.append(bad)
+                    continue
+                break
+        return refused
+
+    async def _extend(
+        self, sub: Subscription, deliveries: list[Delivery], visibility_ms: int
+    ) -> None:
+        """EXTEND deliveries (leader-local, immediate); a refused tag is left out."""
+        self._check_open()
+        conn = self._live_connection()
+        to_send, left_out = _sort_out(deliveries, conn)
+        if to_send and conn is not None:
+            left_out += await self._extend_on(conn, to_send, visibility_ms, self.request_timeout_s)
+        error = void_error(left_out, {id(d): i for i, d in enumerate(deliveries)})
+        if error is not None:
+            raise error
+
+    async def _extend_on(
+        self, conn: Connection, deliveries: list[Delivery], visibility_ms: int, timeout_s: float
+    ) -> list[Delivery]:
+        refused: list[Delivery] = []
+        for _, chunk_view in chunked(deliveries, self._max_batch_items):
+            chunk = list(chunk_view)
+            while chunk:
+                tags = [delivery.tag for delivery in chunk]
+                try:
+                    await conn.request(
+                        _extend_frame(tags, visibility_ms),
+                        deadline=trio.current_time() + timeout_s,
+                    )
+                except RequestError as exc:
+                    index = exc.item_index
+                    if (
+                        exc.code
+                        not in (
+                            ErrorCode.UNKNOWN_DELIVERY_TAG,
+                            ErrorCode.FOREIGN_DELIVERY_TAG,
+                        )
+                        or index is None
+                        or not 0 <= index < len(chunk)
+                    ):
+                        raise
+                    bad = chunk.pop(index)
+                    bad._void(exc.message)
+                    refused.append(bad)
+                    continue
+                break
+        return refused
+
+    async def _keep_leases(self) -> None:
+        """The lease keeper: extend buffered deliveries, release unwanted ones.
+
+        A delivery received and not yet handed to the application is extended to the
+        group's visibility timeout from now once half of it has passed, for up to
+        ``max_lease_s`` after it arrived (then the server takes it back and says so
+        with a REVOKE). A pull-mode subscription's deliveries that nobody fetched are
+        released (not counted as an attempt).
+        """
+        while True:
+            self._lease_event = trio.Event()
+            now = trio.current_time()
+            next_s = float("inf")
+            work: list[tuple[Subscription, Connection, list[Delivery], list[Delivery]]] = []
+            conn = self._live_connection()
+            for sub in list(self._subscriptions.values()):
+                if conn is None or sub.epoch != conn.epoch or sub.subscription_id is None:
+                    continue
+                unwanted = [d for d in sub.to_release if d._state is DeliveryState.HELD]
+                sub.to_release = []
+                due: list[Delivery] = []
+                if sub.visibility_timeout_ms is not None:
+                    for delivery in sub._buffer:
+                        if delivery._state is not DeliveryState.HELD:
+                            continue
+                        if now - delivery._received_s >= self.max_lease_s:
+                            continue  # held long enough: the server takes it back
+                        if delivery._refresh_s <= now:
+                            due.append(delivery)
+                        else:
+                            next_s = min(next_s, delivery._refresh_s)
+                if unwanted or due:
+                    work.append((sub, conn, unwanted, due))
+            failed = False
+            for sub, live_conn, unwanted, due in work:
+                try:
+                    if unwanted:
+                        await self._settle_on(
+                            live_conn, sub, unwanted, "release", 0, self.request_timeout_s
+                        )
+                    if due and sub.visibility_timeout_ms is not None:
+                        await self._extend_on(
+                            live_conn, due, sub.visibility_timeout_ms, self.request_timeout_s
+                        )
+                        renewed = trio.current_time() + sub._refresh_after_s()
+                        for delivery in due:
+                            delivery._refresh_s = renewed
+                except FutureQError as exc:
+                    log.debug("lease keeper: %s; trying again shortly", exc)
+                    sub.to_release.extend(d for d in unwanted if d._state is DeliveryState.HELD)
+                    next_s = min(next_s, trio.current_time() + LEASE_RETRY_S)
+                    failed = True
+            if work and not failed:
+                continue  # look again at once: time passed while we worked
+            with trio.move_on_at(next_s):
+                await self._lease_event.wait()
 
     # -- administration ------------------------------------------------------------------
 
@@ -827,6 +1040,36 @@ def _nack_frame(tags: list[bytes], requeue_delay_ms: int) -> Callable[[int], fra
     return lambda rid: frames.Nack(rid, tags, requeue_delay_ms)
 
 
+def _release_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Release(rid, tags)
+
+
+def _extend_frame(tags: list[bytes], visibility_ms: int) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Extend(rid, tags, visibility_ms)
+
+
+def _sort_out(
+    deliveries: list[Delivery], conn: Connection | None
+) -> tuple[list[Delivery], list[Delivery]]:
+    """``(to send, void)``: held deliveries of the live connection, and the void ones.
+
+    Settled ones are in neither; held ones from a lost connection become void.
+    """
+    to_send: list[Delivery] = []
+    void: list[Delivery] = []
+    for delivery in deliveries:
+        state = delivery._state
+        if state is DeliveryState.SETTLED:
+            continue
+        if state is DeliveryState.HELD and (conn is None or delivery._epoch != conn.epoch):
+            delivery._void(LOST_REASON, "lost")
+        if delivery._state is DeliveryState.VOID:
+            void.append(delivery)
+        else:
+            to_send.append(delivery)
+    return to_send, void
+
+
 def _single_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
     """The one leaf of a group nested only one-deep at each level, else None."""
     error: BaseException = group
@@ -851,6 +1094,7 @@ async def open_client(
     ack_level: AckLevelName = "quorum",
     retry_unknown_outcome: bool = True,
     rng: random.Random | None = None,
+    max_lease_s: float = DEFAULT_MAX_LEASE_S,
 ) -> AsyncIterator[Client]:
     """Connect to a FutureQ cluster and yield a :class:`Client`.
 
@@ -873,6 +1117,9 @@ async def open_client(
             sent (default; at-least-once, may store it twice). False raises
             :class:`ConnectionLostError` instead and leaves the choice to you.
         rng: Source of backoff jitter (seed it in tests).
+        max_lease_s: How long the client keeps extending the visibility of a
+            delivery it received and has not handed to you yet (seconds; default
+            1 h). See ``docs/client.md``, "Leases".
 
     Yields:
         The connected client. Leaving the block closes it and cancels its tasks.
@@ -895,11 +1142,13 @@ async def open_client(
         ack_level=ack_level,
         retry_unknown_outcome=retry_unknown_outcome,
         rng=rng if rng is not None else random.Random(),
+        max_lease_s=max_lease_s,
     )
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(client._maintain_connection)
             nursery.start_soon(client._run_batcher)
+            nursery.start_soon(client._keep_leases)
             try:
                 yield client
             finally:

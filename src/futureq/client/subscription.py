@@ -1,28 +1,71 @@
-"""Subscriptions and deliveries: what a consumer iterates, acks and nacks.
+"""Subscriptions and deliveries: what a consumer iterates, acks, nacks, extends, releases.
 
-A :class:`Subscription` is an async iterator of :class:`Delivery` objects. It keeps
-the server's push window at ``prefetch``: the server never has more unsettled
-deliveries outstanding than the credit granted, and the subscription grants one
-credit back (a CREDIT frame) for each delivery acked or nacked. A delivery the
-application keeps without settling it therefore holds one slot of the window until
-its visibility timeout passes. Source: ``docs/protocol.md``, "SUBSCRIBE", "DELIVER",
-"CREDIT", and ``DESIGN.md``, "Message semantics" (credit-based flow control).
+A :class:`Subscription` is an async iterator of :class:`Delivery` objects. Flow control
+(``docs/protocol.md``, "Flow control") is counted the same way at both ends:
+
+* the server pushes a delivery only against credit; SUBSCRIBE grants ``prefetch``;
+* a delivery the application settles (ack, nack, release) gets its credit back from
+  the client, in a CREDIT frame sent once the server confirmed the settlement (never
+  before: a refused ack settles nothing, so it frees no credit);
+* a delivery the server takes back (its visibility timeout passed: a REVOKE frame)
+  gets its credit back from the server, and the client drops it: if it was still
+  buffered it is never handed out, if it was handed out its ack would be refused.
+
+So the server never has more than ``prefetch`` deliveries outstanding to a
+subscription, and a consumer whose deliveries time out does not stall.
+
+Leases: deliveries buffered here and not yet handed to the application have their
+visibility extended (EXTEND) by the client's lease keeper, at half the group's
+visibility timeout, for up to ``max_lease_s`` after they arrived. Deliveries handed
+out are the application's: settle them within the visibility timeout, or call
+:meth:`Delivery.extend`.
+
+A subscription in *pull* mode (the synchronous client's ``consume``) gets no credit
+back automatically: :meth:`Subscription.fetch` asks for exactly what it still
+wants, and what arrives when nobody fetches is released at once (not counted as an
+attempt). Source: ``docs/client.md``, "Consuming".
 """
 
 from __future__ import annotations
 
 import collections
+import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
-from futureq.errors import ErrorCode, RemoteProtocolError
+from futureq.errors import (
+    ConnectionLostError,
+    ErrorCode,
+    FutureQError,
+    RemoteProtocolError,
+    RequestError,
+    SubscriptionEndedError,
+)
 
 if TYPE_CHECKING:
+    from futureq.client._connection import Connection
     from futureq.client.client import Client
     from futureq.wire import frames
+
+LOST_REASON = "the connection it came on was lost; the broker delivers it again"
+LEASE_REFRESH_FRACTION = 0.5
+"""A buffered delivery's lease is extended once this fraction of the visibility
+timeout has passed since it arrived (or was last extended)."""
+
+
+class DeliveryState(enum.Enum):
+    """Where a delivery stands, as far as this client knows."""
+
+    HELD = "held"
+    """Delivered, not settled: ack, nack, extend or release it."""
+    SETTLED = "settled"
+    """Acked, nacked or released, and the server confirmed it."""
+    VOID = "void"
+    """Its tag is dead: the server took it back (visibility timeout), its connection
+    was lost, or its subscription ended. The broker delivers it again."""
 
 
 @attrs.define(eq=False, repr=False)
@@ -36,8 +79,9 @@ class Delivery:
         payload: The message body, exactly as published (bytes).
         due_ms: When it fell due (ms since the Unix epoch).
         publish_ms: When the leader stored it (ms since the Unix epoch).
-        attempt: 1 for the first delivery to this group, 2 after a nack or an
-            expired visibility timeout, and so on.
+        attempt: 1 for the first delivery to this group, then one more for every
+            delivery after it (a nack, a visibility timeout, a consumer that left, a
+            leader change); it never goes backwards.
         delivered_ms: The server's wall clock when it pushed this delivery (ms).
         tag: Opaque delivery tag the server knows this delivery by.
     """
@@ -53,18 +97,35 @@ class Delivery:
     tag: bytes
     _subscription: Subscription
     _epoch: int
-    _settled: bool = False
+    _received_s: float = 0.0
+    _refresh_s: float = 0.0
+    _state: DeliveryState = DeliveryState.HELD
+    _void_reason: str = ""
+    _void_kind: str = ""
 
     def __repr__(self) -> str:
         return (
             f"Delivery(id={self.id}, topic={self.topic!r}, group={self.group!r}, "
-            f"attempt={self.attempt}, payload_bytes={len(self.payload)})"
+            f"attempt={self.attempt}, payload_bytes={len(self.payload)}, "
+            f"state={self._state.value})"
         )
 
     @property
     def settled(self) -> bool:
-        """True once :meth:`ack` or :meth:`nack` was called for this delivery."""
-        return self._settled
+        """True once an ack, nack or release of it was confirmed by the server."""
+        return self._state is DeliveryState.SETTLED
+
+    @property
+    def state(self) -> DeliveryState:
+        """Held, settled, or void (see :class:`DeliveryState`)."""
+        return self._state
+
+    def _void(self, reason: str, kind: str = "revoked") -> None:
+        """Mark it void; ``kind``: ``revoked``, ``lost`` (connection) or ``ended``."""
+        if self._state is DeliveryState.HELD:
+            self._state = DeliveryState.VOID
+            self._void_reason = reason
+            self._void_kind = kind
 
     async def ack(self) -> None:
         """Acknowledge: the message is done for this group (durable when this returns).
@@ -73,18 +134,44 @@ class Delivery:
             ConnectionLostError: the delivery came on a connection that has since been
                 lost (the broker will deliver it again), or the connection broke before
                 the server answered (the ack may or may not have been applied).
-            RequestError: the server refused the tag (e.g. UNKNOWN_DELIVERY_TAG after
-                the visibility timeout passed and the message went to another consumer).
+            RequestError: UNKNOWN_DELIVERY_TAG: the server took it back (its visibility
+                timeout passed; see :meth:`extend`) and delivers it again.
+            SubscriptionEndedError: its subscription was ended by the server.
         """
         await self._subscription.ack([self])
 
     async def nack(self, requeue_delay_ms: int = 0) -> None:
         """Refuse: deliver this message again after ``requeue_delay_ms`` (ms, >= 0).
 
+        It counts as an attempt (``max_deliveries``).
+
         Raises:
             Same as :meth:`ack`.
         """
         await self._subscription.nack([self], requeue_delay_ms=requeue_delay_ms)
+
+    async def release(self) -> None:
+        """Give it back unprocessed: due again at once, the attempt not counted.
+
+        Raises:
+            Same as :meth:`ack`.
+        """
+        await self._subscription.release([self])
+
+    async def extend(self, visibility_ms: int | None = None) -> None:
+        """Keep working on it: it is visible again ``visibility_ms`` after now.
+
+        Like SQS ChangeMessageVisibility or Pub/Sub modifyAckDeadline. Call it again
+        before that passes if the work takes longer still.
+
+        Args:
+            visibility_ms: New visibility from now (ms, 1 .. 12 h); None: the
+                group's visibility timeout.
+
+        Raises:
+            Same as :meth:`ack`; ValueError for ``visibility_ms`` < 1.
+        """
+        await self._subscription.extend([self], visibility_ms)
 
 
 class Subscription:
@@ -94,31 +181,47 @@ class Subscription:
     with ``async for delivery in sub``. Iteration waits as long as it takes for the
     next delivery (wrap it in ``trio.move_on_after`` to bound the wait) and survives
     reconnects: after the client reconnects, the subscription subscribes again on the
-    new connection the next time it is iterated.
+    new connection the next time it is iterated. If the server ends the subscription
+    (its group was deleted), iteration raises :class:`SubscriptionEndedError`.
 
     Attributes:
         topic: Topic name.
         group: Consumer group name.
         prefetch: Most deliveries the server may have outstanding to this
-            subscription without an ack or nack (items).
+            subscription without a settlement (items).
+        visibility_timeout_ms: The group's visibility timeout (ms), once the server
+            told it (SUBSCRIPTION_INFO); None before.
+        max_deliveries: The group's counted attempts before dead-lettering, or None.
+        end: Why the server ended the subscription, or None while it runs.
     """
 
-    def __init__(self, client: Client, topic: str, group: str, prefetch: int) -> None:
+    def __init__(
+        self, client: Client, topic: str, group: str, prefetch: int, *, pull: bool = False
+    ) -> None:
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self.topic = topic
         self.group = group
         self.prefetch = prefetch
+        self.visibility_timeout_ms: int | None = None
+        self.max_deliveries: int | None = None
+        self.end: SubscriptionEndedError | None = None
         self._client = client
+        self._pull = pull
         self._buffer: collections.deque[Delivery] = collections.deque()
+        self._handed: dict[bytes, Delivery] = {}
         self._wakeup = trio.Event()
         self._lock = trio.Lock()
         # Epoch of the connection the server-side subscription lives on; 0 = none.
         self.epoch = 0
         self.subscription_id: int | None = None
-        self._credit = 0
+        self._credit = 0  # the server's credit for us, as far as we can tell
+        self._outstanding = 0  # pushed to us and not settled, revoked or voided
         self._closed = False
         self._paused = False
+        self._fetching = 0  # pull mode: deliveries a fetch() still wants
+        self.to_release: list[Delivery] = []
+        """Pull mode: arrived while nobody fetched; the lease keeper releases them."""
 
     def __repr__(self) -> str:
         return (
@@ -128,11 +231,16 @@ class Subscription:
 
     # -- called by the client (synchronously, from the reader task) ----------------
 
-    def _bind(self, epoch: int, subscription_id: int) -> None:
-        """The server accepted SUBSCRIBE on connection ``epoch``."""
+    def _bind(self, epoch: int, subscription_id: int, credit: int) -> None:
+        """The server accepted SUBSCRIBE on connection ``epoch`` with ``credit``."""
         self.epoch = epoch
         self.subscription_id = subscription_id
-        self._credit = self.prefetch
+        self._credit = credit
+        self._outstanding = 0
+        if self._pull:
+            # The SUBSCRIBE's credit is what the (first) fetch wants: what it brings
+            # before that fetch starts waiting is kept for it, not released.
+            self._fetching = max(self._fetching, credit)
         self._wake()
 
     def _receive(self, epoch: int, frame: frames.Deliver) -> None:
@@ -144,59 +252,145 @@ class Subscription:
         """
         if epoch != self.epoch or self._closed:
             return
-        self._credit -= len(frame.deliveries)
+        count = len(frame.deliveries)
+        self._credit -= count
+        self._outstanding += count
         if self._credit < 0:
             raise RemoteProtocolError(
                 ErrorCode.INVALID_FRAME,
                 f"server pushed {-self._credit} deliveries beyond the credit granted "
                 f"to subscription {self.subscription_id}",
             )
+        now = trio.current_time()
+        refresh = self._refresh_after_s()
         for tag, message_id, payload, due_ms, publish_ms, attempt in frame.deliveries:
-            self._buffer.append(
-                Delivery(
-                    message_id,
-                    self.topic,
-                    self.group,
-                    payload,
-                    due_ms,
-                    publish_ms,
-                    attempt,
-                    frame.delivered_ms,
-                    tag,
-                    self,
-                    epoch,
-                )
+            delivery = Delivery(
+                message_id,
+                self.topic,
+                self.group,
+                payload,
+                due_ms,
+                publish_ms,
+                attempt,
+                frame.delivered_ms,
+                tag,
+                self,
+                epoch,
+                now,
+                now + refresh,
             )
+            if self._pull and self._fetching <= len(self._buffer):
+                self.to_release.append(delivery)  # nobody wants it: give it back
+            else:
+                self._buffer.append(delivery)
+        if self.to_release:
+            self._client._lease_changed()
+        self._wake()
+        self._client._lease_changed()
+
+    def _revoke(self, epoch: int, tags: list[bytes]) -> None:
+        """The server took deliveries back (REVOKE) and returned their credit itself."""
+        if epoch != self.epoch:
+            return
+        taken = set(tags)
+        self._credit += len(taken)
+        kept: collections.deque[Delivery] = collections.deque()
+        for delivery in self._buffer:
+            if delivery.tag in taken:
+                delivery._void("the server took it back: its visibility timeout passed")
+            else:
+                kept.append(delivery)
+        self._buffer = kept
+        for tag in taken:
+            handed = self._handed.pop(tag, None)
+            if handed is not None:
+                handed._void(
+                    "its visibility timeout passed before it was settled; the server "
+                    "delivers it again (extend() keeps it longer)"
+                )
+        self.to_release = [d for d in self.to_release if d.tag not in taken]
+        self._outstanding -= len(taken)
+
+    def _info(self, epoch: int, visibility_timeout_ms: int, max_deliveries: int) -> None:
+        """The group's settings (SUBSCRIPTION_INFO)."""
+        if epoch != self.epoch:
+            return
+        self.visibility_timeout_ms = visibility_timeout_ms
+        self.max_deliveries = max_deliveries
+        refresh = self._refresh_after_s()
+        now = trio.current_time()
+        for delivery in self._buffer:
+            delivery._refresh_s = min(delivery._refresh_s, now + refresh)
+        self._client._lease_changed()
+
+    def _ended(self, epoch: int, error: SubscriptionEndedError) -> None:
+        """The server ended the subscription (SUBSCRIPTION_END)."""
+        if epoch != self.epoch:
+            return
+        self.end = error
+        self._void_all(f"its subscription ended: {error.reason}", "ended")
+        self.subscription_id = None
         self._wake()
 
     def _connection_lost(self, epoch: int) -> None:
-        """Connection ``epoch`` died: its buffered deliveries are void."""
+        """Connection ``epoch`` died: its deliveries are void."""
         if epoch == self.epoch:
-            self._buffer.clear()
+            self._void_all(LOST_REASON, "lost")
             self.subscription_id = None
             self._credit = 0
         self._wake()
+
+    def _void_all(self, reason: str, kind: str) -> None:
+        for delivery in (*self._buffer, *self._handed.values(), *self.to_release):
+            delivery._void(reason, kind)
+        self._buffer.clear()
+        self._handed.clear()
+        self.to_release = []
+        self._outstanding = 0
 
     def _wake(self) -> None:
         self._wakeup.set()
         self._wakeup = trio.Event()
 
-    def _grant(self, settled: int) -> int:
-        """Count ``settled`` deliveries of the live epoch; return the credit to send."""
-        if self._paused:
-            return 0
-        self._credit += settled
-        return settled
+    def _refresh_after_s(self) -> float:
+        if self.visibility_timeout_ms is None:
+            return float("inf")
+        return self.visibility_timeout_ms * LEASE_REFRESH_FRACTION / 1000
+
+    def _settled(self, conn: Connection, deliveries: list[Delivery]) -> None:
+        """The server confirmed a settlement: give the credit back (window mode).
+
+        Runs from the reader (``on_answer``), so it happens even when the caller of
+        ack/nack/release was cancelled meanwhile.
+        """
+        fresh = [d for d in deliveries if d._state is DeliveryState.HELD]
+        for delivery in fresh:
+            delivery._state = DeliveryState.SETTLED
+            self._handed.pop(delivery.tag, None)
+        if not fresh or conn.epoch != self.epoch or self.subscription_id is None:
+            return
+        self._outstanding -= len(fresh)
+        if self._pull or self._paused or self._closed:
+            return
+        from futureq.wire import frames  # noqa: PLC0415 - wire is light; avoids a cycle
+
+        self._credit += len(fresh)
+        conn.send_control(frames.Credit(0, self.subscription_id, len(fresh)))
+
+    def _hand_out(self, delivery: Delivery) -> Delivery:
+        self._handed[delivery.tag] = delivery
+        return delivery
 
     # -- public API ----------------------------------------------------------------
 
     def pause(self) -> None:
-        """Stop asking for more deliveries: later acks and nacks grant no credit.
+        """Stop asking for more deliveries: later settlements grant no credit.
 
         Call it before settling the last deliveries when you are about to leave the
-        ``subscribe`` block, so the server does not push messages you will not read
-        (they would go back to the group, counted as an attempt). Deliveries already
-        pushed still arrive. A reconnect subscribes again with a full window.
+        ``subscribe`` block, so the server does not push messages you will not read.
+        Deliveries already pushed still arrive (and are released unprocessed when you
+        leave, without counting as an attempt). A reconnect subscribes again with a
+        full window.
         """
         self._paused = True
 
@@ -204,6 +398,11 @@ class Subscription:
     def closed(self) -> bool:
         """True once the ``subscribe`` block was left."""
         return self._closed
+
+    @property
+    def buffered(self) -> int:
+        """Deliveries received and not handed out yet (items)."""
+        return len(self._buffer)
 
     def __aiter__(self) -> Subscription:
         return self
@@ -213,19 +412,21 @@ class Subscription:
 
         Raises:
             StopAsyncIteration: the subscription was closed.
+            SubscriptionEndedError: the server ended it (its group was deleted).
             ClientClosedError: the client was closed.
-            RequestError: re-subscribing after a reconnect was refused (e.g. the
-                group was deleted and the topic name is invalid).
+            RequestError: re-subscribing after a reconnect was refused.
         """
         while True:
             if self._closed:
                 raise StopAsyncIteration
+            if self.end is not None:
+                raise self.end
             wakeup = self._wakeup
             live_epoch = self._client._live_epoch()
             while self._buffer:
                 delivery = self._buffer.popleft()
-                if delivery._epoch == live_epoch:
-                    return delivery
+                if delivery._epoch == live_epoch and delivery._state is DeliveryState.HELD:
+                    return self._hand_out(delivery)
             if self.epoch != live_epoch or self.subscription_id is None:
                 await self._client._resubscribe(self)
                 continue
@@ -244,18 +445,77 @@ class Subscription:
                 return None
         return None
 
+    async def fetch(self, count: int, timeout_s: float) -> list[Delivery]:
+        """Pull mode: receive up to ``count`` deliveries, holding nothing beyond them.
+
+        Grants the server exactly the credit still wanted, returns once ``count``
+        arrived or none arrived for ``timeout_s`` seconds; deliveries that arrive
+        after that are released at once (due again, not counted as an attempt).
+
+        Raises:
+            ValueError: ``count`` < 1, or the subscription is not in pull mode.
+            Same as iteration otherwise.
+        """
+        if not self._pull:
+            raise ValueError("fetch() needs a pull-mode subscription (the sync client's)")
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        out: list[Delivery] = []
+        try:
+            while len(out) < count:
+                if self._closed:
+                    break
+                if self.end is not None:
+                    raise self.end
+                live_epoch = self._client._live_epoch()
+                if self.epoch != live_epoch or self.subscription_id is None:
+                    self._fetching = count - len(out)
+                    await self._client._resubscribe(self, count - len(out))
+                    continue
+                while self._buffer and len(out) < count:
+                    delivery = self._buffer.popleft()
+                    if delivery._epoch == live_epoch and delivery._state is DeliveryState.HELD:
+                        out.append(self._hand_out(delivery))
+                want = count - len(out)
+                if want == 0:
+                    break
+                self._fetching = want
+                need = want - self._credit
+                conn = self._client._live_connection()
+                if need > 0 and conn is not None and self.subscription_id is not None:
+                    from futureq.wire import frames  # noqa: PLC0415
+
+                    self._credit += need
+                    conn.send_control(frames.Credit(0, self.subscription_id, need))
+                wakeup = self._wakeup
+                with trio.move_on_after(timeout_s) as idle:
+                    await wakeup.wait()
+                if idle.cancelled_caught and not self._buffer:
+                    break
+        finally:
+            self._fetching = 0
+            if self._buffer:
+                self.to_release.extend(self._buffer)
+                self._buffer.clear()
+                self._client._lease_changed()
+        return out
+
     async def ack(self, deliveries: Iterable[Delivery]) -> None:
         """Acknowledge many deliveries in as few ACK frames as possible.
 
-        Deliveries that came on a lost connection are not sent (their tags mean
-        nothing to the new connection); the others are acked first, then
-        :class:`ConnectionLostError` names the void ones.
+        Deliveries that are void (taken back by the server, or from a lost connection)
+        are not sent; the others are acked, then an error names the void ones. A
+        delivery the server refuses is left out and the rest sent again.
 
         Raises:
-            ConnectionLostError, RequestError: as :meth:`Delivery.ack`.
+            ConnectionLostError: a delivery came on a lost connection, or the
+                connection broke before the answer (outcome unknown).
+            RequestError: UNKNOWN_DELIVERY_TAG naming the first delivery the server
+                took back (its ``item_index`` is its position in ``deliveries``).
+            SubscriptionEndedError: the subscription was ended by the server.
             ClientClosedError: the client was closed.
         """
-        await self._client._settle(self, list(deliveries), None)
+        await self._client._settle(self, list(deliveries), "ack")
 
     async def nack(self, deliveries: Iterable[Delivery], requeue_delay_ms: int = 0) -> None:
         """Refuse many deliveries; each comes back after ``requeue_delay_ms`` (ms, >= 0).
@@ -266,7 +526,37 @@ class Subscription:
         """
         if requeue_delay_ms < 0:
             raise ValueError(f"requeue_delay_ms must be >= 0, got {requeue_delay_ms}")
-        await self._client._settle(self, list(deliveries), requeue_delay_ms)
+        await self._client._settle(self, list(deliveries), "nack", requeue_delay_ms)
+
+    async def release(self, deliveries: Iterable[Delivery]) -> None:
+        """Give deliveries back unprocessed: due again at once, attempts not counted.
+
+        Raises:
+            ConnectionLostError, RequestError, ClientClosedError: as :meth:`ack`.
+        """
+        await self._client._settle(self, list(deliveries), "release")
+
+    async def extend(
+        self, deliveries: Iterable[Delivery], visibility_ms: int | None = None
+    ) -> None:
+        """Keep deliveries: each is visible again ``visibility_ms`` after now.
+
+        Args:
+            deliveries: Held deliveries of this subscription.
+            visibility_ms: ms from now, 1 .. 12 h; None: the group's visibility timeout.
+
+        Raises:
+            ValueError: ``visibility_ms`` < 1, or None before the group's settings
+                are known.
+            ConnectionLostError, RequestError, ClientClosedError: as :meth:`ack`.
+        """
+        if visibility_ms is None:
+            if self.visibility_timeout_ms is None:
+                raise ValueError("give visibility_ms: the group's timeout is not known yet")
+            visibility_ms = self.visibility_timeout_ms
+        if visibility_ms < 1:
+            raise ValueError(f"visibility_ms must be >= 1, got {visibility_ms}")
+        await self._client._extend(self, list(deliveries), visibility_ms)
 
     def _close(self) -> None:
         self._closed = True
@@ -274,4 +564,37 @@ class Subscription:
         self._wake()
 
 
-__all__ = ["Delivery", "Subscription"]
+def void_error(
+    deliveries: list[Delivery], positions: dict[int, int] | None = None
+) -> FutureQError | None:
+    """The error naming void deliveries a call left out, or None when there are none.
+
+    Args:
+        deliveries: The void deliveries, in the caller's order.
+        positions: ``id(delivery)`` -> index in the caller's list, for ``item_index``.
+
+    Returns:
+        :class:`SubscriptionEndedError` if their subscription ended;
+        :class:`ConnectionLostError` if they came on a lost connection; else a
+        :class:`RequestError` UNKNOWN_DELIVERY_TAG (taken back or refused by the
+        server) whose ``item_index`` is the first one's position.
+    """
+    if not deliveries:
+        return None
+    first = deliveries[0]
+    end = first._subscription.end
+    if first._void_kind == "ended" and end is not None:
+        return end
+    ids = ", ".join(str(delivery.id) for delivery in deliveries[:10])
+    more = "" if len(deliveries) <= 10 else f" and {len(deliveries) - 10} more"
+    reason = first._void_reason or "it is no longer held"
+    if first._void_kind == "lost":
+        return ConnectionLostError(
+            f"deliveries {ids}{more} came on a connection that has since been lost; "
+            "the broker will deliver them again"
+        )
+    index = None if positions is None else positions.get(id(first))
+    return RequestError(ErrorCode.UNKNOWN_DELIVERY_TAG, f"deliveries {ids}{more}: {reason}", index)
+
+
+__all__ = ["Delivery", "DeliveryState", "Subscription"]

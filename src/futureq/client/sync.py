@@ -98,6 +98,22 @@ class SyncDelivery:
         """Refuse; delivered again after ``requeue_delay_ms`` (ms). Raises as ``Delivery.nack``."""
         self._client._run(self.delivery.nack, requeue_delay_ms)
 
+    def release(self) -> None:
+        """Give it back unprocessed, not counted as an attempt. Raises as ``Delivery.release``."""
+        self._client._run(self.delivery.release)
+
+    def extend(self, visibility_ms: int | None = None) -> None:
+        """Keep it ``visibility_ms`` more from now (None: the group's visibility timeout).
+
+        Raises as ``Delivery.extend``.
+        """
+        self._client._run(self.delivery.extend, visibility_ms)
+
+    @property
+    def settled(self) -> bool:
+        """True once an ack, nack or release of it was confirmed."""
+        return self.delivery.settled
+
 
 class _OpenRequest:
     """A consume() call asking the background thread to hold a subscription open."""
@@ -202,7 +218,9 @@ class SyncClient:
     async def _hold_subscription(self, client: Client, request: _OpenRequest) -> None:
         """Keep one subscription open until the client closes (so acks stay valid)."""
         try:
-            async with client.subscribe(request.topic, request.group, request.prefetch) as sub:
+            async with client.subscribe(
+                request.topic, request.group, request.prefetch, pull=True
+            ) as sub:
                 request.subscription = sub
                 request.done.set()
                 await trio.sleep_forever()
@@ -261,20 +279,24 @@ class SyncClient:
         """Receive up to ``count`` deliveries of ``topic`` for consumer group ``group``.
 
         The first call for a (topic, group) subscribes and keeps the subscription open
-        until the client closes, so the returned deliveries can be acked later.
+        until the client closes, so the returned deliveries can be acked later. The
+        subscription is in pull mode: each call asks the server for exactly the
+        deliveries it still wants, and never holds one it does not return — a
+        delivery that arrives after the call returned is released at once (due again,
+        its attempt not counted towards ``max_deliveries``).
 
         Args:
             topic: Topic name.
             group: Consumer group name (created if new).
             count: Most deliveries to return (>= 1).
             timeout_s: Stop early once no delivery arrived for this long (seconds).
-            prefetch: The subscription's window (items) when this call creates it;
-                default ``count``. Deliveries received beyond ``count`` wait for the
-                next ``consume`` of the same (topic, group).
+            prefetch: Ignored (kept for compatibility): the credit is what the call
+                still wants.
 
         Returns:
-            0 to ``count`` deliveries; unacked ones come back after the group's
-            visibility timeout, or when the client closes.
+            0 to ``count`` deliveries; unsettled ones come back after the group's
+            visibility timeout (settle or ``extend()`` them before), or when the
+            client closes.
 
         Raises:
             ValueError: ``count`` < 1.
@@ -282,7 +304,7 @@ class SyncClient:
         """
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
-        deliveries = self._run(self._consume, topic, group, count, timeout_s, prefetch or count)
+        deliveries = self._run(self._consume, topic, group, count, timeout_s, count)
         return [SyncDelivery(delivery, self) for delivery in deliveries]
 
     async def _consume(
@@ -305,13 +327,7 @@ class SyncClient:
             if request.subscription is None:
                 raise ClientClosedError("the SyncClient is closed")
             sub = self._subscriptions[(topic, group)] = request.subscription
-        deliveries: list[Delivery] = []
-        while len(deliveries) < count:
-            delivery = await sub.receive(timeout_s)
-            if delivery is None:
-                break
-            deliveries.append(delivery)
-        return deliveries
+        return await sub.fetch(count, timeout_s)
 
     def status(self) -> dict[str, Any]:
         """The node's status map (see ``Client.status``)."""

@@ -45,6 +45,9 @@ DEFAULT_MAX_FRAME_BYTES: Final = 16 << 20
 """Largest raft frame accepted (bytes): an AppendEntries batch or a snapshot chunk."""
 DEFAULT_MAX_PENDING_HANDSHAKES: Final = 64
 """Inbound connections that may be in their handshake at once; more are closed at once."""
+MAX_PENDING_HANDSHAKES_PER_HOST: Final = 8
+"""Of those, how many may come from one address: a process that floods the Raft port
+from one host cannot take the slots the real peers (other hosts) need to reconnect."""
 REFUSAL_LOG_INTERVAL_S: Final = 10.0
 """The same refusal is logged as a warning at most once per this interval."""
 
@@ -165,6 +168,14 @@ class _Connected:
         self.sealer = sealer
 
 
+def _peer_host(stream: trio.SocketStream) -> str:
+    """The remote host of an accepted connection ("?" if the socket cannot say)."""
+    try:
+        return str(stream.socket.getpeername()[0])
+    except OSError:
+        return "?"
+
+
 class Transport:
     """Raft peer links over TCP.
 
@@ -259,6 +270,7 @@ class Transport:
         self._secret = secret
         self._nonce_source = nonce_source
         self._handshake_slots = trio.Semaphore(max_pending_handshakes)
+        self._handshakes_by_host: dict[str, int] = {}
         self._refusals_logged: dict[str, float] = {}
         self._links: dict[NodeId, _PeerLink] = {}
         self._learned: dict[NodeId, Handshake] = {}
@@ -517,20 +529,28 @@ class Transport:
     async def _handle_inbound(self, tcp: trio.SocketStream) -> None:
         self.stats.inbound_connections += 1
         stream: trio.abc.Stream = tcp
-        try:
-            self._handshake_slots.acquire_nowait()
-        except trio.WouldBlock:
+        host = _peer_host(tcp)
+        from_host = self._handshakes_by_host.get(host, 0)
+        busy = from_host >= MAX_PENDING_HANDSHAKES_PER_HOST
+        if not busy:
+            try:
+                self._handshake_slots.acquire_nowait()
+            except trio.WouldBlock:
+                busy = True
+        if busy:
             self.stats.inbound_refused_busy += 1
             self._log_refusal(
                 "raft listener",
                 RemoteProtocolError(
                     ErrorCode.AUTH_FAILED,
-                    "too many connections in their handshake at once; closing new ones",
+                    "too many connections in their handshake at once (from one address, or "
+                    "in all); closing new ones",
                 ),
             )
             with trio.move_on_after(0.5, shield=True):
                 await tcp.aclose()
             return
+        self._handshakes_by_host[host] = from_host + 1
         try:
             try:
                 with trio.fail_after(self._connect_timeout_s):
@@ -544,6 +564,11 @@ class Transport:
                     handshake, opener = await self._accept_handshake(stream, decoder, certificate)
             finally:
                 self._handshake_slots.release()
+                left = self._handshakes_by_host[host] - 1
+                if left:
+                    self._handshakes_by_host[host] = left
+                else:
+                    del self._handshakes_by_host[host]
             if handshake is None:
                 return
             await self._read_peer(stream, decoder, handshake, opener)

@@ -7,14 +7,26 @@ leader stamps wall-clock times into the command; apply never reads a clock.
 Layouts (``DESIGN.md``, "Data flow"):
 
 * ``[NOOP]``
-* ``[PUBLISH, publish_ms, [[topic, payload, due_ms, ttl_ms | None], ...]]``
+* ``[PUBLISH, publish_ms, [[topic, payload, due_ms, ttl_ms | None], ...], settings]``
 * ``[ACK, [schedule_key, ...]]``
 * ``[NACK, now_ms, requeue_delay_ms, [[schedule_key, attempt], ...]]``
 * ``[EXPIRE, [schedule_key, ...]]``
-* ``[DEAD_LETTER, publish_ms, [[schedule_key, attempt], ...]]``
-* ``[CREATE_GROUP, topic, group, visibility_timeout_ms | None, max_deliveries | None]``
+* ``[DEAD_LETTER, publish_ms, [[schedule_key, attempt], ...], settings]``
+* ``[CREATE_GROUP, topic, group, visibility_timeout_ms | None, max_deliveries | None,
+  settings]``
 * ``[DELETE_GROUP, topic, group]``
 * ``[NODE_ADDRESS, node_id, raft_address | None, client_address | None]`` (None: forget)
+* ``[DELIVERED, [[schedule_key, attempt], ...]]``
+* ``[PURGE_GROUP, group_id, max_entries]``
+* ``[RELEASE, [[schedule_key, attempt], ...]]``
+
+``settings`` is ``[visibility_timeout_ms, max_deliveries]``: the group settings the
+*leader* resolved from its configuration (``[queue]``) for any group the command
+creates without settings of its own (an implicit ``default`` group of a new topic or
+dead-letter topic, or a CREATE_GROUP of a new group with ``None`` fields). Apply never
+reads a node's configuration (``DESIGN.md``, "Apply reads nothing node-local"), so
+every replica creates the group with the same settings. Entries written before the
+field existed have no ``settings``; they take :data:`BUILTIN_GROUP_SETTINGS`.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import enum
 import struct
 from typing import Any, Final
 
+import attrs
 import msgpack
 
 
@@ -38,6 +51,42 @@ class CommandKind(enum.IntEnum):
     CREATE_GROUP = 6
     DELETE_GROUP = 7
     NODE_ADDRESS = 8
+    # 9-14 belong to other work (trust, time); 15-19 to delivery state (issue 9).
+    DELIVERED = 15
+    PURGE_GROUP = 16
+    RELEASE = 17
+
+
+@attrs.frozen
+class GroupSettings:
+    """Settings of a consumer group: what a leader resolves defaults into.
+
+    Attributes:
+        visibility_timeout_ms: How long a delivery may stay unsettled before it is
+            delivered again (ms, >= 1).
+        max_deliveries: Counted attempts before a message is dead-lettered (>= 1).
+    """
+
+    visibility_timeout_ms: int = 30_000
+    max_deliveries: int = 16
+
+    def to_wire(self) -> list[int]:
+        """The ``settings`` element of a command."""
+        return [self.visibility_timeout_ms, self.max_deliveries]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> GroupSettings:
+        """The settings of a command element (None: :data:`BUILTIN_GROUP_SETTINGS`)."""
+        if value is None:
+            return BUILTIN_GROUP_SETTINGS
+        visibility_timeout_ms, max_deliveries = value
+        return cls(visibility_timeout_ms, max_deliveries)
+
+
+BUILTIN_GROUP_SETTINGS: Final = GroupSettings()
+"""What entries written before commands carried ``settings`` resolve to (30 s, 16)."""
+MAX_PURGE_ENTRIES: Final = 10_000
+"""Most schedule entries one PURGE_GROUP removes, whatever the command asks."""
 
 
 _SCHEDULE = struct.Struct(">IQQ")
@@ -101,9 +150,17 @@ def decode(data: bytes) -> list[Any]:
     return value
 
 
-def publish(publish_ms: int, items: list[tuple[str, bytes, int, int | None]]) -> bytes:
-    """Encode a PUBLISH of validated ``(topic, payload, due_ms, ttl_ms)`` items."""
-    return encode([CommandKind.PUBLISH, publish_ms, items])
+def publish(
+    publish_ms: int,
+    items: list[tuple[str, bytes, int, int | None]],
+    settings: GroupSettings = BUILTIN_GROUP_SETTINGS,
+) -> bytes:
+    """Encode a PUBLISH of validated ``(topic, payload, due_ms, ttl_ms)`` items.
+
+    ``settings``: for the implicit group of a topic that has none (the leader's
+    configured defaults).
+    """
+    return encode([CommandKind.PUBLISH, publish_ms, items, settings.to_wire()])
 
 
 def ack(keys: list[bytes]) -> bytes:
@@ -121,16 +178,40 @@ def expire(keys: list[bytes]) -> bytes:
     return encode([CommandKind.EXPIRE, keys])
 
 
-def dead_letter(publish_ms: int, entries: list[tuple[bytes, int]]) -> bytes:
-    """Encode a DEAD_LETTER of ``(schedule_key, attempt)`` pairs."""
-    return encode([CommandKind.DEAD_LETTER, publish_ms, entries])
+def dead_letter(
+    publish_ms: int,
+    entries: list[tuple[bytes, int]],
+    settings: GroupSettings = BUILTIN_GROUP_SETTINGS,
+) -> bytes:
+    """Encode a DEAD_LETTER of ``(schedule_key, attempt)`` pairs.
+
+    ``settings``: for the implicit group of a dead-letter topic that has none.
+    """
+    return encode([CommandKind.DEAD_LETTER, publish_ms, entries, settings.to_wire()])
 
 
 def create_group(
-    topic: str, group: str, visibility_timeout_ms: int | None, max_deliveries: int | None
+    topic: str,
+    group: str,
+    visibility_timeout_ms: int | None,
+    max_deliveries: int | None,
+    settings: GroupSettings = BUILTIN_GROUP_SETTINGS,
 ) -> bytes:
-    """Encode a CREATE_GROUP (idempotent)."""
-    return encode([CommandKind.CREATE_GROUP, topic, group, visibility_timeout_ms, max_deliveries])
+    """Encode a CREATE_GROUP (idempotent).
+
+    A None field keeps an existing group's value; a new group takes it from
+    ``settings`` (the leader's configured defaults).
+    """
+    return encode(
+        [
+            CommandKind.CREATE_GROUP,
+            topic,
+            group,
+            visibility_timeout_ms,
+            max_deliveries,
+            settings.to_wire(),
+        ]
+    )
 
 
 def delete_group(topic: str, group: str) -> bytes:
@@ -138,9 +219,38 @@ def delete_group(topic: str, group: str) -> bytes:
     return encode([CommandKind.DELETE_GROUP, topic, group])
 
 
+MAX_NODE_ID: Final = 2**31 - 1
+"""Largest node id (its NODE_ADDRESS is stored under a 4-byte key). Ids are checked
+against it where they enter (config, CLUSTER_ADD_NODE); apply ignores a NODE_ADDRESS
+beyond it rather than fail on every replica."""
+
+
 def node_address(node_id: int, raft_address: str | None, client_address: str | None) -> bytes:
     """Encode a NODE_ADDRESS: where a cluster member listens (None forgets the node)."""
     return encode([CommandKind.NODE_ADDRESS, node_id, raft_address, client_address])
+
+
+def delivered(entries: list[tuple[bytes, int]]) -> bytes:
+    """Encode a DELIVERED: ``(schedule_key, attempt)`` of deliveries about to be pushed.
+
+    The leader commits it before it pushes them, so attempt counts survive leader
+    changes and restarts and never go backwards.
+    """
+    return encode([CommandKind.DELIVERED, entries])
+
+
+def purge_group(group_id: int, max_entries: int) -> bytes:
+    """Encode a PURGE_GROUP: remove up to ``max_entries`` entries of a deleted group."""
+    return encode([CommandKind.PURGE_GROUP, group_id, max_entries])
+
+
+def release(entries: list[tuple[bytes, int]]) -> bytes:
+    """Encode a RELEASE: ``(schedule_key, attempt)`` deliveries given back unprocessed.
+
+    Each is due again at once and its attempt does not count towards
+    ``max_deliveries``.
+    """
+    return encode([CommandKind.RELEASE, entries])
 
 
 NOOP: Final = encode([CommandKind.NOOP])

@@ -2,21 +2,31 @@
 
 ``apply(index, command)`` is called on every replica with the same commands in the same
 order and leaves every replica in the same state. It never reads a clock, never draws
-random numbers, and touches storage only through :class:`~futureq.state.store.StateStore`.
+random numbers, never reads the node's configuration or environment (``DESIGN.md``,
+"Apply reads nothing node-local": group defaults arrive resolved in the command), and
+touches storage only through :class:`~futureq.state.store.StateStore`.
 
 Families written (``DESIGN.md``, "Storage layout"):
 
 * ``messages``: message id (8 bytes BE) -> ``[topic, payload, publish_ms, due_ms, open]``
   where ``open`` counts the group entries still scheduled;
-* ``schedule``: ``group_id | due_ms | message_id`` (20 bytes BE) -> ``[attempt, expire_ms]``.
-  Keyed by group first so each group reads its own due order with one range scan
-  (a group with no consumer keeps its backlog on disk, not in memory);
+* ``schedule``: ``group_id | due_ms | message_id`` (20 bytes BE) -> ``[attempt, expire_ms]``
+  or ``[attempt, expire_ms, released, released_attempt]``. ``attempt`` is the number of
+  the last delivery recorded (a redelivery's by DELIVERED before it is pushed, so it
+  never goes backwards; NACK and RELEASE record theirs); ``released`` counts deliveries
+  given back unprocessed (RELEASE), which do not count towards ``max_deliveries``, the
+  last of them ``released_attempt``. Keyed by group first so each group reads its own
+  due order with one range scan (a group with no consumer keeps its backlog on disk);
 * ``groups``: ``topic \\x00 group`` (UTF-8) -> ``[group_id, visibility_timeout_ms,
   max_deliveries, implicit]``;
-* ``meta``: applied index, next group id, largest publish stamp, pending count per group.
+* ``meta``: applied index, applied digest, next group id, largest publish stamp,
+  pending count per group, ``deleting:<group id>`` -> ``[topic, group, cursor]`` for a
+  deleted group whose schedule entries PURGE_GROUP commands are still removing.
 
 Every apply writes its changes and the new applied index in one batch, so a restart
-replays exactly the log entries after it.
+replays exactly the log entries after it. The applied digest chains a CRC-32 over each
+apply's index and the exact changes it wrote, so replicas whose states diverge (not
+only their logs) show different digests.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ _NEXT_GROUP: Final = b"next_group_id"
 _LAST_PUBLISH: Final = b"last_publish_ms"
 _PENDING: Final = b"pending:"
 _NODE: Final = b"node:"
+_DELETING: Final = b"deleting:"
 
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
@@ -89,6 +100,27 @@ class GroupInfo:
         return None if self.topic.endswith(DLQ_SUFFIX) else self.topic + DLQ_SUFFIX
 
 
+@attrs.define
+class DeletingGroup:
+    """A deleted group whose schedule entries are still being purged, in bounded chunks.
+
+    Attributes:
+        group_id: The deleted group's id (never reused).
+        topic: Its topic.
+        name: Its name (a new group of the same name may exist meanwhile).
+        pending: Schedule entries still to purge (items).
+        cursor: The last schedule key purged: the next chunk starts after it, so no
+            chunk walks over what earlier ones deleted (RocksDB keeps tombstones a
+            while, and skipping them costs).
+    """
+
+    group_id: int
+    topic: str
+    name: str
+    pending: int = 0
+    cursor: bytes | None = None
+
+
 class ScheduleObserver(Protocol):
     """Told of schedule changes after they are written (the dispatcher's due-index).
 
@@ -99,17 +131,25 @@ class ScheduleObserver(Protocol):
     """
 
     def on_scheduled(
-        self, group_id: int, due_ms: int, mid: int, expire_ms: int | None, attempt: int
+        self,
+        group_id: int,
+        due_ms: int,
+        mid: int,
+        expire_ms: int | None,
+        attempt: int,
+        released: int = 0,
     ) -> None:
-        """A schedule entry was added."""
+        """A schedule entry was added (``attempt``: last delivery number recorded)."""
         ...
 
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
-        """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER or DELETE_GROUP."""
+        """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER, RELEASE or
+        PURGE_GROUP (NACK and RELEASE schedule it again at once)."""
         ...
 
     def on_group_changed(self, group_id: int) -> None:
-        """One group was created, adopted, updated or deleted (look it up in ``groups``).
+        """One group was created, adopted, updated, deleted or purged (look it up in
+        ``groups``; a deleted one may still be in ``deleting``).
 
         Called once per group a command touches, so that work per new group stays
         O(1) however many groups exist (issue 10, "New topics cost O(log n)").
@@ -152,40 +192,56 @@ class _Txn:
         self.changes[family][key] = value
 
 
-@attrs.frozen
-class Defaults:
-    """Group settings used when a CREATE_GROUP leaves them out (from config)."""
+def _schedule_value(
+    attempt: int, expire_ms: int | None, released: int = 0, released_attempt: int = 0
+) -> bytes:
+    value: list[Any] = [attempt, expire_ms]
+    if released:
+        value += [released, released_attempt]
+    data: bytes = _pack(value)
+    return data
 
-    visibility_timeout_ms: int = 30_000
-    max_deliveries: int = 16
+
+def _parse_schedule_value(data: bytes) -> tuple[int, int | None, int]:
+    """``(attempt, expire_ms, released)`` of a ``schedule`` value."""
+    value = _unpack(data)
+    return value[0], value[1], value[2] if len(value) > 2 else 0
+
+
+def _released_attempt(data: bytes) -> int:
+    """The attempt number last released (0: none) of a ``schedule`` value."""
+    value = _unpack(data)
+    return value[3] if len(value) > 3 else 0
 
 
 class QueueState:
     """The replicated queue state over a :class:`StateStore`.
 
     Args:
-        store: Where the state lives (RocksDB, or memory in simulations).
-        defaults: Group settings for groups created without their own.
+        store: Where the state lives (RocksDB, or memory in simulations). Nothing
+            else: group defaults come resolved in the commands.
 
     Source: ``DESIGN.md``, "Message semantics" and "Storage layout".
     """
 
-    def __init__(self, store: StateStore, defaults: Defaults | None = None) -> None:
+    def __init__(self, store: StateStore) -> None:
         self.store = store
-        self.defaults = defaults or Defaults()
         self.observer: ScheduleObserver | None = None
         self.on_nodes_changed: Callable[[], None] | None = None
         self.node_addresses: dict[int, tuple[str, str]] = {}
         """node id -> (raft address, client address), replicated through NODE_ADDRESS."""
         self.groups: dict[int, GroupInfo] = {}
+        self.deleting: dict[int, DeletingGroup] = {}
+        """Deleted groups whose entries PURGE_GROUP commands are still removing."""
         self._by_topic: SortedDict = SortedDict()
         """topic -> {group name -> group id}, in topic name order."""
         self.total_pending = 0
         """Sum of ``pending`` over every group (items), kept as groups change."""
         self.applied_index = 0
         self.applied_digest = 0
-        """CRC-32 chained over every applied entry's index and data: replicas at the same
-        applied index have the same digest (a state machine safety check)."""
+        """CRC-32 chained over every applied entry's index and the changes its apply
+        wrote: replicas at the same applied index have the same digest unless their
+        states diverged (a state machine safety check)."""
         self._next_group_id = 1
         self.last_publish_ms = 0
         self._unwritten: _Unwritten | None = None
@@ -197,6 +253,7 @@ class QueueState:
         self._unwritten = None
         snapshot.check_not_restoring(store)
         self.groups.clear()
+        self.deleting.clear()
         self._by_topic.clear()
         self.node_addresses.clear()
         self.total_pending = 0
@@ -223,6 +280,12 @@ class QueueState:
             self.total_pending += info.pending
             self.groups[gid] = info
             self._by_topic.setdefault(topic, {})[name] = gid
+        for key, value in store.scan("meta", _DELETING, _DELETING + b"\xff"):
+            gid = int.from_bytes(key[len(_DELETING) :], "big")
+            topic, name, cursor = _unpack(value)
+            pending = store.get("meta", _PENDING + gid.to_bytes(4, "big"))
+            count = 0 if pending is None else int.from_bytes(pending, "big")
+            self.deleting[gid] = DeletingGroup(gid, topic, name, count, cursor)
 
     # ------------------------------------------------------------------ reads
 
@@ -268,11 +331,13 @@ class QueueState:
 
     def get_schedule(self, key: bytes) -> tuple[int, int | None] | None:
         """``(attempt, expire_ms)`` of a schedule entry, or None when it is gone."""
+        found = self.get_schedule_entry(key)
+        return None if found is None else (found[0], found[1])
+
+    def get_schedule_entry(self, key: bytes) -> tuple[int, int | None, int] | None:
+        """``(attempt, expire_ms, released)`` of a schedule entry, or None when it is gone."""
         data = self.store.get("schedule", key)
-        if data is None:
-            return None
-        attempt, expire_ms = _unpack(data)
-        return attempt, expire_ms
+        return None if data is None else _parse_schedule_value(data)
 
     def scan_schedule(
         self, group_id: int, start_due_ms: int, start_mid: int, limit: int
@@ -282,14 +347,27 @@ class QueueState:
         Yields:
             ``(due_ms, message_id, attempt, expire_ms)`` in due order.
         """
+        for due_ms, mid, attempt, expire_ms, _ in self.scan_schedule_entries(
+            group_id, start_due_ms, start_mid, limit
+        ):
+            yield due_ms, mid, attempt, expire_ms
+
+    def scan_schedule_entries(
+        self, group_id: int, start_due_ms: int, start_mid: int, limit: int
+    ) -> Iterator[tuple[int, int, int, int | None, int]]:
+        """As :meth:`scan_schedule`, with each entry's ``released`` count last.
+
+        Yields:
+            ``(due_ms, message_id, attempt, expire_ms, released)`` in due order.
+        """
         start = commands.schedule_key(group_id, start_due_ms, start_mid)
         stop = (group_id + 1).to_bytes(4, "big")
         for count, (key, value) in enumerate(self.store.scan("schedule", start, stop)):
             if count >= limit:
                 return
             _, due_ms, mid = commands.parse_schedule_key(key)
-            attempt, expire_ms = _unpack(value)
-            yield due_ms, mid, attempt, expire_ms
+            attempt, expire_ms, released = _parse_schedule_value(value)
+            yield due_ms, mid, attempt, expire_ms, released
 
     # ------------------------------------------------------------------ apply
 
@@ -301,9 +379,10 @@ class QueueState:
             data: The command's msgpack bytes (:mod:`futureq.state.commands`).
 
         Returns:
-            PUBLISH and DEAD_LETTER: the first message id; ACK, NACK, EXPIRE: how many
-            entries were still scheduled and are now handled; CREATE_GROUP: the group
-            id; DELETE_GROUP: True if it existed; NOOP: None.
+            PUBLISH and DEAD_LETTER: the first message id; ACK, NACK, EXPIRE,
+            DELIVERED, RELEASE, PURGE_GROUP: how many entries were still scheduled and
+            are now handled; CREATE_GROUP: the group id; DELETE_GROUP: True if it
+            existed; NOOP: None.
 
         Raises:
             StorageError: from the store; the node must stop.
@@ -341,7 +420,14 @@ class QueueState:
         touched: set[int] = set()
         result: Any = None
         if kind == CommandKind.PUBLISH:
-            result = yield from self._publish(txn, index, command[1], command[2], effects, touched)
+            settings = commands.GroupSettings.from_wire(command[3] if len(command) > 3 else None)
+            result = yield from self._publish(
+                txn, index, command[1], command[2], effects, touched, settings
+            )
+        elif kind == CommandKind.DELIVERED:
+            result = yield from self._delivered(txn, command[1])
+        elif kind == CommandKind.RELEASE:
+            result = yield from self._release(txn, command[1], effects)
         elif kind == CommandKind.ACK:
             result = yield from self._remove(txn, command[1], CommandKind.ACK, effects, touched)
         elif kind == CommandKind.EXPIRE:
@@ -351,26 +437,43 @@ class QueueState:
                 txn, command[1], command[2], command[3], effects, touched
             )
         elif kind == CommandKind.DEAD_LETTER:
+            settings = commands.GroupSettings.from_wire(command[3] if len(command) > 3 else None)
             result = yield from self._dead_letter(
-                txn, index, command[1], command[2], effects, touched
+                txn, index, command[1], command[2], effects, touched, settings
             )
         elif kind == CommandKind.CREATE_GROUP:
+            settings = commands.GroupSettings.from_wire(command[5] if len(command) > 5 else None)
             result = self._create_group(
-                txn, command[1], command[2], command[3], command[4], effects
+                txn, command[1], command[2], command[3], command[4], settings, effects
             )
         elif kind == CommandKind.DELETE_GROUP:
-            result = yield from self._delete_group(txn, command[1], command[2], effects, touched)
+            result = self._delete_group(txn, command[1], command[2], effects, touched)
+        elif kind == CommandKind.PURGE_GROUP:
+            result = yield from self._purge_group(txn, command[1], command[2], effects, touched)
         elif kind == CommandKind.NODE_ADDRESS:
             self._node_address(txn, command[1], command[2], command[3], effects)
         else:
             assert kind == CommandKind.NOOP, f"unknown command kind {kind}"
+        for gid in sorted(touched):
+            deleting = self.deleting.get(gid)
+            if deleting is not None and deleting.pending <= 0:
+                # Its last entries went by another command (an EXPIRE or ACK that was
+                # proposed before the delete): nothing is left to purge.
+                self._forget_deleted(txn, gid, effects)
+                touched.discard(gid)
         meta = txn.changes["meta"]
-        for gid in touched:
+        for gid in sorted(touched):
             info = self.groups.get(gid)
-            if info is not None:
-                meta[_PENDING + gid.to_bytes(4, "big")] = _u64(info.pending)
+            pending = info.pending if info is not None else None
+            if info is None and gid in self.deleting:
+                pending = self.deleting[gid].pending
+            if pending is not None:
+                meta[_PENDING + gid.to_bytes(4, "big")] = _u64(pending)
         meta[_APPLIED] = _u64(index)
-        digest = zlib.crc32(data, zlib.crc32(_u64(index), self.applied_digest))
+        # The digest covers what this apply wrote, not only the command: two replicas
+        # that resolve the same command differently (a node-local default, a bug) show
+        # different digests at the same index.
+        digest = zlib.crc32(_pack(txn.changes), zlib.crc32(_u64(index), self.applied_digest))
         meta[_DIGEST] = digest.to_bytes(4, "big")
         return (
             yield from self._write_and_notify(
@@ -488,6 +591,10 @@ class QueueState:
         client_address: str | None,
         effects: list[tuple[Any, ...]],
     ) -> None:
+        if type(node_id) is not int or not 1 <= node_id <= commands.MAX_NODE_ID:
+            # Refused where it entered (CLUSTER_ADD_NODE); a committed one is ignored the
+            # same way on every replica rather than stop them all, on every restart too.
+            return
         key = _NODE + node_id.to_bytes(4, "big")
         if raft_address is None or client_address is None:
             self.node_addresses.pop(node_id, None)
@@ -505,6 +612,7 @@ class QueueState:
         items: list[list[Any]],
         effects: list[tuple[Any, ...]],
         touched: set[int],
+        settings: commands.GroupSettings,
     ) -> Generator[None, None, int]:
         assert len(items) <= commands.MAX_BATCH_POSITIONS
         if publish_ms > self.last_publish_ms:
@@ -522,7 +630,7 @@ class QueueState:
                 yield
             groups = targets.get(topic)
             if groups is None:
-                groups = targets[topic] = self._targets(txn, topic, effects)
+                groups = targets[topic] = self._targets(txn, topic, settings, effects)
                 work += NEW_TOPIC_WORK
             mid = first_id + position
             expire_ms = None if ttl_ms is None else due_ms + ttl_ms
@@ -537,10 +645,26 @@ class QueueState:
                 effects.append(("s", gid, due_ms, mid, expire_ms, 0))
         return first_id
 
-    def _targets(self, txn: _Txn, topic: str, effects: list[tuple[Any, ...]]) -> list[GroupInfo]:
+    def _targets(
+        self,
+        txn: _Txn,
+        topic: str,
+        settings: commands.GroupSettings,
+        effects: list[tuple[Any, ...]],
+    ) -> list[GroupInfo]:
         groups = self.topic_groups(topic)
         if not groups:
-            groups = [self._new_group(txn, topic, DEFAULT_GROUP, None, None, True, effects)]
+            groups = [
+                self._new_group(
+                    txn,
+                    topic,
+                    DEFAULT_GROUP,
+                    settings.visibility_timeout_ms,
+                    settings.max_deliveries,
+                    True,
+                    effects,
+                )
+            ]
         return groups
 
     def _new_group(
@@ -548,22 +672,15 @@ class QueueState:
         txn: _Txn,
         topic: str,
         name: str,
-        visibility_timeout_ms: int | None,
-        max_deliveries: int | None,
+        visibility_timeout_ms: int,
+        max_deliveries: int,
         implicit: bool,
         effects: list[tuple[Any, ...]],
     ) -> GroupInfo:
         gid = self._next_group_id
         self._next_group_id += 1
         txn.put("meta", _NEXT_GROUP, self._next_group_id.to_bytes(8, "big"))
-        info = GroupInfo(
-            gid,
-            topic,
-            name,
-            visibility_timeout_ms or self.defaults.visibility_timeout_ms,
-            max_deliveries or self.defaults.max_deliveries,
-            implicit,
-        )
+        info = GroupInfo(gid, topic, name, visibility_timeout_ms, max_deliveries, implicit)
         self._store_group(txn, info)
         self.groups[gid] = info
         self._by_topic.setdefault(topic, {})[name] = gid
@@ -588,18 +705,26 @@ class QueueState:
         reason: CommandKind,
         effects: list[tuple[Any, ...]],
         touched: set[int],
+        value: bytes | None = None,
     ) -> tuple[int, int, int, int | None] | None:
-        """Delete one schedule entry and release its message; None if already gone."""
-        value = txn.get("schedule", key)
+        """Delete one schedule entry and release its message; None if already gone.
+
+        ``value``: the entry's stored value when the caller just read it.
+        """
+        if value is None or key in txn.changes["schedule"]:
+            value = txn.get("schedule", key)
         if value is None:
             return None
         gid, due_ms, mid = commands.parse_schedule_key(key)
-        attempt, expire_ms = _unpack(value)
+        attempt, expire_ms, _ = _parse_schedule_value(value)
         txn.put("schedule", key, None)
         info = self.groups.get(gid)
         if info is not None:
             info.pending -= 1
             self.total_pending -= 1
+            touched.add(gid)
+        elif gid in self.deleting:
+            self.deleting[gid].pending -= 1
             touched.add(gid)
         self._release_message(txn, mid)
         effects.append(("u", gid, due_ms, mid, reason))
@@ -629,6 +754,51 @@ class QueueState:
                 done += 1
         return done
 
+    def _delivered(self, txn: _Txn, entries: list[list[Any]]) -> Generator[None, None, int]:
+        """Record the attempt number of redeliveries about to be pushed (never lowered)."""
+        done = 0
+        for position, (key, attempt) in enumerate(entries):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
+            value = txn.get("schedule", key)
+            if value is None:
+                continue  # acked, expired or deleted meanwhile
+            stored, expire_ms, released = _parse_schedule_value(value)
+            if attempt > stored:
+                txn.put(
+                    "schedule",
+                    key,
+                    _schedule_value(attempt, expire_ms, released, _released_attempt(value)),
+                )
+                done += 1
+        return done
+
+    def _release(
+        self, txn: _Txn, entries: list[list[Any]], effects: list[tuple[Any, ...]]
+    ) -> Generator[None, None, int]:
+        """Give deliveries back unprocessed: due again at once, the attempt not counted.
+
+        The release records the attempt (a first delivery is not recorded before it
+        goes out); an attempt older than the one recorded, or released already, names
+        a delivery that is no longer out and changes nothing.
+        """
+        done = 0
+        for position, (key, attempt) in enumerate(entries):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
+            value = txn.get("schedule", key)
+            if value is None:
+                continue
+            stored, expire_ms, released = _parse_schedule_value(value)
+            if attempt < max(stored, 1) or _released_attempt(value) == attempt:
+                continue
+            gid, due_ms, mid = commands.parse_schedule_key(key)
+            txn.put("schedule", key, _schedule_value(attempt, expire_ms, released + 1, attempt))
+            effects.append(("u", gid, due_ms, mid, CommandKind.RELEASE))
+            effects.append(("s", gid, due_ms, mid, expire_ms, attempt, released + 1))
+            done += 1
+        return done
+
     def _nack(
         self,
         txn: _Txn,
@@ -646,13 +816,21 @@ class QueueState:
             if value is None:
                 continue
             gid, due_ms, mid = commands.parse_schedule_key(key)
-            _, expire_ms = _unpack(value)
+            stored, expire_ms, released = _parse_schedule_value(value)
+            attempt = max(attempt, stored)
             new_due = max(now_ms + requeue_delay_ms, due_ms)
             new_key = commands.schedule_key(gid, new_due, mid)
             txn.put("schedule", key, None)
-            txn.put("schedule", new_key, _pack([attempt, expire_ms]))
+            txn.put(
+                "schedule",
+                new_key,
+                _schedule_value(attempt, expire_ms, released, _released_attempt(value)),
+            )
             effects.append(("u", gid, due_ms, mid, CommandKind.NACK))
-            effects.append(("s", gid, new_due, mid, expire_ms, attempt))
+            if released:
+                effects.append(("s", gid, new_due, mid, expire_ms, attempt, released))
+            else:
+                effects.append(("s", gid, new_due, mid, expire_ms, attempt))
             done += 1
         return done
 
@@ -664,6 +842,7 @@ class QueueState:
         entries: list[list[Any]],
         effects: list[tuple[Any, ...]],
         touched: set[int],
+        settings: commands.GroupSettings,
     ) -> Generator[None, None, int]:
         items: list[list[Any]] = []
         for position, (key, _attempt) in enumerate(entries):
@@ -680,7 +859,7 @@ class QueueState:
             items.append([info.dead_letter_topic, payload, publish_ms, None])
         if not items:
             return commands.message_id(index, 0)
-        return (yield from self._publish(txn, index, publish_ms, items, effects, touched))
+        return (yield from self._publish(txn, index, publish_ms, items, effects, touched, settings))
 
     def _create_group(
         self,
@@ -689,8 +868,14 @@ class QueueState:
         name: str,
         visibility_timeout_ms: int | None,
         max_deliveries: int | None,
+        settings: commands.GroupSettings,
         effects: list[tuple[Any, ...]],
     ) -> int:
+        """Create, adopt or update a group.
+
+        A None field keeps the value of an existing (or adopted implicit) group; a
+        new group takes it from ``settings``, the defaults the leader resolved.
+        """
         existing = self.find_group(topic, name)
         if existing is None:
             groups = self.topic_groups(topic)
@@ -705,7 +890,15 @@ class QueueState:
                 self._by_topic[topic][name] = existing.group_id
             else:
                 info = self._new_group(
-                    txn, topic, name, visibility_timeout_ms, max_deliveries, False, effects
+                    txn,
+                    topic,
+                    name,
+                    settings.visibility_timeout_ms
+                    if visibility_timeout_ms is None
+                    else visibility_timeout_ms,
+                    settings.max_deliveries if max_deliveries is None else max_deliveries,
+                    False,
+                    effects,
                 )
                 return info.group_id
         existing.implicit = False
@@ -719,23 +912,81 @@ class QueueState:
 
     def _delete_group(
         self, txn: _Txn, topic: str, name: str, effects: list[tuple[Any, ...]], touched: set[int]
-    ) -> Generator[None, None, bool]:
+    ) -> bool:
+        """Delete a group at once; its schedule entries go later, by PURGE_GROUP chunks.
+
+        The group disappears from :attr:`groups` (no delivery, no new entries, its name
+        free for a new group); it waits in :attr:`deleting` until purged, so one
+        command never has to remove an unbounded number of entries.
+        """
         info = self.find_group(topic, name)
         if info is None:
             return False
         gid = info.group_id
-        start = gid.to_bytes(4, "big")
-        stop = (gid + 1).to_bytes(4, "big")
-        for position, key in enumerate(list(self.store.scan_keys("schedule", start, stop))):
-            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
-                yield
-            self._drop_entry(txn, key, CommandKind.DELETE_GROUP, effects, touched)
         txn.put("groups", self._group_key(topic, name), None)
-        txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
-        touched.discard(gid)
         del self.groups[gid]
         del self._by_topic[topic][name]
         if not self._by_topic[topic]:
             del self._by_topic[topic]
+        self.total_pending -= info.pending
+        if info.pending > 0:
+            self.deleting[gid] = DeletingGroup(gid, topic, name, info.pending)
+            txn.put("meta", _DELETING + gid.to_bytes(4, "big"), _pack([topic, name, None]))
+        else:
+            txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
+            touched.discard(gid)
         effects.append(("g", gid))
         return True
+
+    def _purge_group(
+        self,
+        txn: _Txn,
+        gid: int,
+        max_entries: int,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> Generator[None, None, int]:
+        """Remove up to ``max_entries`` (capped) schedule entries of a deleted group.
+
+        The entries are the group's first in key order after the replicated cursor,
+        the same on every replica (a deleted group's entries only ever move later: a
+        NACK applied after the delete reschedules at or after the entry's due time).
+        Once none is left the group is forgotten.
+        """
+        deleting = self.deleting.get(gid)
+        if deleting is None:
+            return 0
+        limit = max(1, min(max_entries, commands.MAX_PURGE_ENTRIES))
+        cursor = deleting.cursor
+        start = gid.to_bytes(4, "big") if cursor is None else cursor + b"\x00"
+        stop = (gid + 1).to_bytes(4, "big")
+        done = 0
+        last: bytes | None = None
+        for position, (key, value) in enumerate(self.store.scan("schedule", start, stop)):
+            if done >= limit:
+                break
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
+            dropped = self._drop_entry(txn, key, CommandKind.PURGE_GROUP, effects, touched, value)
+            if dropped is not None:
+                done += 1
+                last = key
+        if last is not None and deleting.pending > 0:
+            deleting.cursor = last
+            txn.put(
+                "meta",
+                _DELETING + gid.to_bytes(4, "big"),
+                _pack([deleting.topic, deleting.name, last]),
+            )
+        if done < limit and deleting.pending > 0:
+            # Nothing on disk, whatever the count says: the group is gone for good.
+            deleting.pending = 0
+            touched.add(gid)
+        return done
+
+    def _forget_deleted(self, txn: _Txn, gid: int, effects: list[tuple[Any, ...]]) -> None:
+        """A deleted group has no entry left: forget it for good."""
+        del self.deleting[gid]
+        txn.put("meta", _DELETING + gid.to_bytes(4, "big"), None)
+        txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
+        effects.append(("g", gid))

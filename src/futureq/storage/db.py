@@ -59,12 +59,15 @@ def _range(it: RdictIter, start: bytes, stop: bytes | None, with_values: bool) -
         it.next()
 
 
-def _options(write_buffer_mb: int, block_cache_mb: int, *, for_family: bool) -> Options:
+def _options(
+    write_buffer_mb: int, block_cache_mb: int, *, for_family: bool, max_open_files: int = -1
+) -> Options:
     options = Options(raw_mode=True)
     if not for_family:
         options.create_if_missing(True)
         options.create_missing_column_families(True)
         options.set_max_total_wal_size(64 * 1024 * 1024)
+        options.set_max_open_files(max_open_files)
     options.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
     options.set_max_write_buffer_number(2)
     return options
@@ -77,16 +80,26 @@ class Database:
         path: Directory of the database; created if missing.
         write_buffer_mb: Memtable size per column family (MiB).
         block_cache_mb: Unused placeholder for the shared block cache size (MiB).
+        max_open_files: Most table files RocksDB keeps open (-1: all); the node passes
+            its share of the open-file limit (:mod:`futureq.fd_budget`).
 
     Raises:
         StorageError: the directory cannot be opened (locked by another process,
             corrupt, or written by a newer schema).
     """
 
-    def __init__(self, path: str, *, write_buffer_mb: int = 16, block_cache_mb: int = 32) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        write_buffer_mb: int = 16,
+        block_cache_mb: int = 32,
+        max_open_files: int = -1,
+    ) -> None:
         self.path = path
         self.write_buffer_mb = write_buffer_mb
         self._block_cache_mb = block_cache_mb
+        self._max_open_files = max_open_files
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as exc:
@@ -113,7 +126,12 @@ class Database:
         try:
             self._db = Rdict(
                 self.path,
-                _options(self.write_buffer_mb, self._block_cache_mb, for_family=False),
+                _options(
+                    self.write_buffer_mb,
+                    self._block_cache_mb,
+                    for_family=False,
+                    max_open_files=self._max_open_files,
+                ),
                 column_families=families,
             )
         except Exception as exc:  # rocksdict raises plain Exception subclasses

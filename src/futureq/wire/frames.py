@@ -53,6 +53,20 @@ class FrameType(enum.IntEnum):
     CLUSTER_ADD_NODE = 22
     CLUSTER_REMOVE_NODE = 23
     CLUSTER_TRANSFER_LEADER = 24
+    REVOKE = 25
+    SUBSCRIPTION_END = 26
+    EXTEND = 27
+    RELEASE = 28
+    SUBSCRIPTION_INFO = 29
+
+
+class RevokeReason(enum.IntEnum):
+    """Why a REVOKE took deliveries back (``docs/protocol.md``, "REVOKE")."""
+
+    VISIBILITY_TIMEOUT = 1
+    """The visibility timeout passed unsettled: the message is due for the group again."""
+    REMOVED = 2
+    """A command removed the message from the group (it expired, for example)."""
 
 
 class AckLevel(enum.IntEnum):
@@ -661,6 +675,142 @@ class ClusterTransferLeader:
         return cls(rid, _opt_int("CLUSTER_TRANSFER_LEADER", "node_id", f[0], minimum=1))
 
 
+@attrs.frozen
+class Revoke:
+    """Server push (request id 0): these deliveries are no longer the subscription's.
+
+    Their tags are void; the credit they held is given back to the subscription by
+    the server itself (``docs/protocol.md``, "Flow control"). ``reason`` is a
+    :class:`RevokeReason` number.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.REVOKE
+    request_id: int
+    subscription_id: int
+    tags: list[bytes]
+    reason: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.subscription_id, self.tags, self.reason]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Revoke:
+        _arity("REVOKE", f, 3)
+        return cls(
+            rid,
+            _int("REVOKE", "subscription_id", f[0]),
+            _bytes_list("REVOKE", "tags", f[1]),
+            _int("REVOKE", "reason", f[2]),
+        )
+
+
+@attrs.frozen
+class SubscriptionEnd:
+    """Server push (request id 0): the server ended a subscription.
+
+    ``code`` is an error code saying why (e.g. ``GROUP_DELETED``), ``message`` a
+    sentence. Every delivery of the subscription still unsettled is void.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.SUBSCRIPTION_END
+    request_id: int
+    subscription_id: int
+    code: int
+    message: str
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.subscription_id, self.code, self.message]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> SubscriptionEnd:
+        _arity("SUBSCRIPTION_END", f, 3)
+        return cls(
+            rid,
+            _int("SUBSCRIPTION_END", "subscription_id", f[0]),
+            _int("SUBSCRIPTION_END", "code", f[1]),
+            _str("SUBSCRIPTION_END", "message", f[2]),
+        )
+
+
+@attrs.frozen
+class Extend:
+    """Keep deliveries: each becomes visible again ``visibility_ms`` after now (ms, >= 1).
+
+    Answered with OK (``result`` = deliveries extended). Like SQS
+    ChangeMessageVisibility; leader-local, nothing is written to the log.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.EXTEND
+    request_id: int
+    tags: list[bytes]
+    visibility_ms: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.tags, self.visibility_ms]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Extend:
+        _arity("EXTEND", f, 2)
+        return cls(
+            rid, _bytes_list("EXTEND", "tags", f[0]), _int("EXTEND", "visibility_ms", f[1])
+        )
+
+
+@attrs.frozen
+class Release:
+    """Give deliveries back unprocessed: due again at once, the attempt not counted.
+
+    Answered with OK (``result`` = deliveries released) once durable.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.RELEASE
+    request_id: int
+    tags: list[bytes]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.tags]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Release:
+        _arity("RELEASE", f, 1)
+        return cls(rid, _bytes_list("RELEASE", "tags", f[0]))
+
+
+@attrs.frozen
+class SubscriptionInfo:
+    """Server push (request id 0): the settings of a subscription's group.
+
+    Sent after SUBSCRIBE_OK, before the first DELIVER, and again when the group's
+    settings change. ``visibility_timeout_ms``: how long a delivery may stay unsettled
+    (ms); ``max_deliveries``: counted attempts before dead-lettering.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.SUBSCRIPTION_INFO
+    request_id: int
+    subscription_id: int
+    visibility_timeout_ms: int
+    max_deliveries: int
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.request_id,
+            self.subscription_id,
+            self.visibility_timeout_ms,
+            self.max_deliveries,
+        ]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> SubscriptionInfo:
+        _arity("SUBSCRIPTION_INFO", f, 3)
+        return cls(
+            rid,
+            _int("SUBSCRIPTION_INFO", "subscription_id", f[0]),
+            _int("SUBSCRIPTION_INFO", "visibility_timeout_ms", f[1], minimum=1),
+            _int("SUBSCRIPTION_INFO", "max_deliveries", f[2], minimum=1),
+        )
+
+
 Frame = (
     Hello
     | HelloOk
@@ -686,6 +836,11 @@ Frame = (
     | ClusterAddNode
     | ClusterRemoveNode
     | ClusterTransferLeader
+    | Revoke
+    | SubscriptionEnd
+    | Extend
+    | Release
+    | SubscriptionInfo
 )
 
 FRAME_CLASSES: dict[int, Any] = {
@@ -715,6 +870,11 @@ FRAME_CLASSES: dict[int, Any] = {
         ClusterAddNode,
         ClusterRemoveNode,
         ClusterTransferLeader,
+        Revoke,
+        SubscriptionEnd,
+        Extend,
+        Release,
+        SubscriptionInfo,
     )
 }
 

@@ -53,6 +53,9 @@ SERVER_ONLY_FRAME_TYPES: Final = frozenset(
         frames.FrameType.ERROR,
         frames.FrameType.OK,
         frames.FrameType.CLUSTER_STATUS_OK,
+        frames.FrameType.REVOKE,
+        frames.FrameType.SUBSCRIPTION_END,
+        frames.FrameType.SUBSCRIPTION_INFO,
     }
 )
 """Frame types only a server may send."""
@@ -67,6 +70,10 @@ SERVER_FRAME_TYPES: Final = SERVER_ONLY_FRAME_TYPES | BOTH_WAYS_FRAME_TYPES
 CLIENT_FRAME_TYPES: Final = frozenset(set(frames.FrameType) - SERVER_ONLY_FRAME_TYPES)
 """Frame types a client may send (HELLO, every request, PING and PONG)."""
 
+MAX_HELLO_BYTES: Final = 64 * 1024
+"""Largest frame a server reads before it has answered the client's HELLO (bytes). A
+HELLO is a few hundred bytes; a client that has not yet said who it is may not make the
+server buffer ``max_frame_bytes`` (4 MiB) for it (``docs/protocol.md``, "Limits")."""
 MAX_ERROR_MESSAGE_CHARS: Final = 1000
 """ERROR frame sentences are cut to this length so an ERROR always fits in a frame."""
 
@@ -102,6 +109,7 @@ class _Session:
 
     def __init__(self, max_frame_bytes: int, state: SessionState) -> None:
         self._decoder = codec.FrameDecoder(max_frame_bytes)
+        self._max_frame_bytes = max_frame_bytes
         self._state = state
         self._version: int | None = None
         # Our sending side outlives the peer's EOF: answers may still be written in CLOSED.
@@ -119,8 +127,8 @@ class _Session:
 
     @property
     def max_frame_bytes(self) -> int:
-        """Largest frame body this side accepts (bytes)."""
-        return self._decoder.max_frame_bytes
+        """Largest frame body this side accepts once the handshake is done (bytes)."""
+        return self._max_frame_bytes
 
     def receive_data(self, data: bytes) -> None:
         """Buffer bytes read from the stream; ``b""`` means the peer closed its side.
@@ -180,6 +188,9 @@ class ServerSession(_Session):
             HELLO_OK; the server's own frames obey the same limit (bytes).
         supported_versions: Protocol versions this server speaks.
         auth_token: If set, HELLO must carry exactly this token (else AUTH_FAILED).
+        max_hello_bytes: Largest frame body accepted before HELLO is answered (bytes;
+            :data:`MAX_HELLO_BYTES`): a client that has not said who it is may not make
+            the server hold ``max_frame_bytes`` for it.
 
     Typical use by the gateway::
 
@@ -199,8 +210,11 @@ class ServerSession(_Session):
         max_frame_bytes: int,
         supported_versions: Iterable[int],
         auth_token: str | None,
+        max_hello_bytes: int | None = None,
     ) -> None:
         super().__init__(max_frame_bytes, SessionState.AWAIT_HELLO)
+        hello_limit = MAX_HELLO_BYTES if max_hello_bytes is None else max_hello_bytes
+        self._decoder.max_frame_bytes = min(max_frame_bytes, hello_limit)
         self._supported_versions = frozenset(supported_versions)
         if not self._supported_versions:
             raise ValueError("supported_versions must not be empty")
@@ -229,7 +243,16 @@ class ServerSession(_Session):
         # Set again by _check_incoming once a frame is decoded; bytes that never formed
         # a frame are answered on request id 0.
         self._error_request_id = 0
-        return super().next_event()
+        try:
+            return super().next_event()
+        except RemoteProtocolError as exc:
+            if exc.code is ErrorCode.FRAME_TOO_LARGE and not self._handshake_done:
+                raise RemoteProtocolError(
+                    ErrorCode.FRAME_TOO_LARGE,
+                    f"{exc.message.split(';')[0]} before HELLO: the first frame must be a "
+                    f"HELLO of at most {self._decoder.max_frame_bytes} bytes",
+                ) from None
+            raise
 
     def _check_incoming(self, frame: frames.Frame) -> frames.Frame:
         # Any ERROR we answer with should echo the request id of the frame at fault.
@@ -298,6 +321,7 @@ class ServerSession(_Session):
         self._pending_hello = None
         self._state = SessionState.READY
         self._handshake_done = True
+        self._decoder.max_frame_bytes = self._max_frame_bytes
         return data
 
     def send(self, frame: frames.Frame) -> bytes:

@@ -57,12 +57,17 @@ class SyncLog:
 
 
 class RecordingOutbox:
-    """An Outbox that decodes what it is given; ``accept=False`` refuses like a full queue."""
+    """An Outbox that decodes what it is given; ``accept=False`` refuses like a full queue.
+
+    DELIVER frames go to ``frames``; every other push (REVOKE, SUBSCRIPTION_END,
+    SUBSCRIPTION_INFO) to ``pushes``.
+    """
 
     def __init__(self, accept: bool = True) -> None:
         self.accept = accept
         self.room = True
         self.frames: list[frames.Deliver] = []
+        self.pushes: list[frames.Frame] = []
 
     def has_room(self) -> bool:
         return self.room
@@ -73,10 +78,19 @@ class RecordingOutbox:
         decoder = FrameDecoder(len(data))
         decoder.receive_data(data)
         frame = decoder.next_frame()
-        assert isinstance(frame, frames.Deliver)
         assert decoder.next_frame() is NEED_DATA
-        self.frames.append(frame)
+        if isinstance(frame, frames.Deliver):
+            self.frames.append(frame)
+        else:
+            assert isinstance(frame, frames.Revoke | frames.SubscriptionEnd | frames.SubscriptionInfo)
+            self.pushes.append(frame)
         return True
+
+    def revoked(self) -> list[bytes]:
+        """Every tag REVOKE frames named, in order; clears them."""
+        tags = [t for f in self.pushes if isinstance(f, frames.Revoke) for t in f.tags]
+        self.pushes = [f for f in self.pushes if not isinstance(f, frames.Revoke)]
+        return tags
 
     def deliveries(self) -> list[list[Any]]:
         """Every ``[tag, id, payload, due_ms, publish_ms, attempt]`` sent, in order."""

@@ -49,6 +49,25 @@ def test_patterns_follow_nats_subjects(pattern: str, topic: str, matches: bool) 
     assert pattern_matches(pattern, topic) is matches
 
 
+@pytest.mark.parametrize(
+    ("patterns", "topic", "allowed"),
+    [
+        (("a.*",), "a.dlq", False),  # the dead letters of topic a, which a.* does not name
+        (("a.>",), "a.dlq", False),
+        (("a.*", "a"), "a.dlq", True),
+        (("billing.>",), "billing.retry.dlq", True),
+        ((">",), "x.dlq", True),
+        (("*.dlq",), "x.dlq", True),
+        (("orders.eu.dlq",), "orders.eu.dlq", True),
+        (("a.*",), "a.b", True),
+    ],
+)
+def test_a_dead_letter_topic_is_allowed_only_with_its_topic(
+    patterns: tuple[str, ...], topic: str, allowed: bool
+) -> None:
+    assert access.allows(patterns, topic) is allowed
+
+
 @pytest.mark.parametrize("pattern", ["", "orders.>.eu", "a..b", "ord ers", "or*ders", ".a"])
 def test_bad_patterns_are_refused(pattern: str) -> None:
     with pytest.raises(ValueError):
@@ -132,6 +151,8 @@ REQUESTS: dict[frames.FrameType, frames.Frame] = {
     frames.FrameType.SUBSCRIBE: frames.Subscribe(1, "t", "g", 1),
     frames.FrameType.ACK: frames.Ack(1, [b"x"]),
     frames.FrameType.NACK: frames.Nack(1, [b"x"], 0),
+    frames.FrameType.EXTEND: frames.Extend(1, [b"x"], 1000),
+    frames.FrameType.RELEASE: frames.Release(1, [b"x"]),
     frames.FrameType.CREDIT: frames.Credit(1, 1, 1),
     frames.FrameType.STATUS: frames.Status(1),
     frames.FrameType.UNSUBSCRIBE: frames.Unsubscribe(1, 1),
@@ -210,3 +231,36 @@ async def test_without_tokens_everyone_may_do_everything() -> None:
     control = AccessControl(None, None)
     assert not control.enabled
     assert (await control.authenticate(None)).permissions is EVERYTHING
+
+
+async def test_a_wrong_token_is_checked_once_and_one_address_checks_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path / "c.toml", f'[[client]]\nname = "a"\nsecret_hash = "{hash_secret("s")}"\n')
+    control = AccessControl(None, path)
+    checks: list[str] = []
+    real_verify = access.verify_secret
+
+    def counting_verify(secret: str, encoded: str) -> bool:
+        checks.append(secret)
+        return real_verify(secret, encoded)
+
+    monkeypatch.setattr(access, "verify_secret", counting_verify)
+    for _ in range(3):
+        with pytest.raises(RemoteProtocolError) as failed:
+            await control.authenticate("a:wrong", "10.0.0.1")
+        assert failed.value.code == ErrorCode.AUTH_FAILED
+    assert checks == ["wrong"]  # remembered as wrong until the next reload
+    answers: list[ErrorCode] = []
+
+    async def try_token(token: str) -> None:
+        try:
+            await control.authenticate(token, "10.0.0.2")
+        except RemoteProtocolError as exc:
+            answers.append(exc.code)
+
+    async with trio.open_nursery() as nursery:
+        for number in range(4):
+            nursery.start_soon(try_token, f"a:wrong-{number}")
+    assert sorted(answers) == [ErrorCode.AUTH_FAILED] + [ErrorCode.UNAVAILABLE] * 3
+    assert (await control.authenticate("a:s", "10.0.0.2")).name == "a"

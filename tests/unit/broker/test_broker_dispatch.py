@@ -18,12 +18,13 @@ import trio
 import trio.testing
 from broker_helpers import FakeClock, RecordingOutbox, SyncLog, memory_state
 
-from futureq.broker.dispatcher import Dispatcher
+from futureq.broker.dispatcher import PURGE_CHUNK_ENTRIES, Dispatcher
 from futureq.broker.hub import Consumer, Hub
 from futureq.config import QueueSection
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
 from futureq.state.commands import CommandKind
+from futureq.wire import frames
 
 
 class Env:
@@ -80,7 +81,22 @@ class Env:
         return consumer
 
     def dispatch(self) -> float:
-        return self.dispatcher.dispatch_once()
+        """One pass, then record its deliveries (DELIVERED) and push them, as the
+        recorder task does."""
+        next_ms = self.dispatcher.dispatch_once()
+        self.record()
+        return next_ms
+
+    def record(self) -> int:
+        """Commit the staged deliveries' DELIVERED and push them; return how many."""
+        pushed = 0
+        while True:
+            command, batches = self.dispatcher.take_staged()
+            if not batches:
+                return pushed
+            if command is not None:
+                self.log.apply(command)
+            pushed += self.dispatcher.push_staged(batches)
 
     def ack(self, consumer: Consumer, deliveries: list[list[Any]]) -> int:
         flights = self.hub.claim_tags([d[0] for d in deliveries], consumer.connection_id)
@@ -391,7 +407,17 @@ async def settle(env: Env) -> None:
 
 
 def kinds(env: Env) -> list[CommandKind]:
-    return [CommandKind(commands.decode(c)[0]) for c in env.log.proposed]
+    """Kinds of the dispatcher's proposals, DELIVERED records left out."""
+    return [
+        CommandKind(commands.decode(c)[0])
+        for c in env.log.proposed
+        if commands.decode(c)[0] != CommandKind.DELIVERED
+    ]
+
+
+def proposed(env: Env, kind: CommandKind) -> list[list[Any]]:
+    """The dispatcher's proposals of one kind, decoded."""
+    return [commands.decode(c) for c in env.log.proposed if commands.decode(c)[0] == kind]
 
 
 async def test_expired_entries_are_never_delivered_and_are_proposed_for_expiry() -> None:
@@ -440,8 +466,12 @@ async def test_max_deliveries_exceeded_goes_to_dead_letter_topic() -> None:
         await settle(env)
         assert out(consumer).take() == []
     assert kinds(env) == [CommandKind.DEAD_LETTER]
-    command = commands.decode(env.log.proposed[0])
+    [command] = proposed(env, CommandKind.DEAD_LETTER)
     assert command[2] == [[commands.schedule_key(gid, 1_000_000, mid), 2]]
+    # The redelivery's attempt was committed before it went out (the first delivery's
+    # needs no record: it follows from the entry).
+    key = commands.schedule_key(gid, 1_000_000, mid)
+    assert [c[1] for c in proposed(env, CommandKind.DELIVERED)] == [[[key, 2]]]
     assert env.state.get_message(mid) is None
     dlq = env.state.find_group("t.dlq", "default")
     assert dlq is not None and dlq.pending == 1
@@ -571,6 +601,263 @@ def test_a_far_future_entry_does_not_make_an_idle_dispatcher_spin() -> None:
         wake = env.dispatch()
         assert wake > env.now, "the dispatcher asked to run again immediately while idle"
         env.clock.advance(1)
+
+
+# ---------------------------------------------------------------- credit, attempts (issue 9)
+
+
+def test_timed_out_deliveries_are_revoked_and_their_credit_returned() -> None:
+    """A consumer that never settles keeps receiving: each timed-out delivery's credit
+    comes back with a REVOKE naming it (credit conserved, no stall)."""
+    env = Env()
+    gid = env.group("t", "g", visibility_ms=2000)
+    consumer = env.consumer(gid, credit=5)
+    env.publish("t", [str(i).encode() for i in range(20)])
+    env.dispatch()
+    first = out(consumer).take()
+    assert len(first) == 5 and consumer.credit == 0
+    env.clock.advance(2000)
+    env.dispatch()
+    assert out(consumer).revoked() == [d[0] for d in first]
+    second = out(consumer).take()
+    assert len(second) == 5 and consumer.credit == 0
+    assert len(consumer.in_flight) == 5  # never more than the window
+    env.clock.advance(2000)
+    env.dispatch()
+    assert len(out(consumer).revoked()) == 5 and len(out(consumer).take()) == 5
+
+
+def test_a_failed_partial_ack_settles_nothing_and_grants_nothing() -> None:
+    env = Env()
+    gid = env.group("t", "g", visibility_ms=2000)
+    consumer = env.consumer(gid, credit=5)
+    env.publish("t", [str(i).encode() for i in range(10)])
+    env.dispatch()
+    held = out(consumer).take()
+    stale = commands.delivery_tag(commands.schedule_key(gid, 1, 1), 1)
+    with pytest.raises(RequestError) as info:
+        env.hub.claim_tags([stale, *(d[0] for d in held[:4])], consumer.connection_id)
+    assert (info.value.code, info.value.item_index) == (ErrorCode.UNKNOWN_DELIVERY_TAG, 0)
+    assert len(consumer.in_flight) == 5 and consumer.credit == 0
+    assert not any(f.acking for f in env.hub.in_flight.values())
+    env.dispatch()
+    assert out(consumer).take() == []
+
+
+def _new_leader(env: Env) -> Env:
+    """A fresh hub and dispatcher over the same replicated state: another leader."""
+    leader = Env.__new__(Env)
+    leader.__dict__.update(env.__dict__)
+    leader.hub = Hub()
+    leader.dispatcher = Dispatcher(
+        leader.state, leader.log, leader.hub, leader.clock, QueueSection()
+    )
+    leader.state.observer = leader.dispatcher
+    return leader
+
+
+def test_redelivery_attempts_survive_leader_changes_and_never_go_backwards() -> None:
+    """Each redelivery's attempt is committed before it goes out: every later leader
+    counts on from it."""
+    env = Env()
+    gid = env.group("t", "g", visibility_ms=100, max_deliveries=10)
+    [mid] = env.publish("t", [b"poison"])
+    consumer = env.consumer(gid, credit=5)
+    env.dispatch()
+    env.clock.advance(100)
+    env.dispatch()  # timed out: attempt 2, recorded before it went out
+    assert [d[5] for d in out(consumer).take()] == [1, 2]
+    attempts: list[int] = []
+    for _ in range(3):
+        env = _new_leader(env)
+        # The consumer of the old leader died with its delivery; a new one subscribes.
+        consumer = env.consumer(gid, credit=1)
+        env.dispatch()
+        [delivery] = out(consumer).take()
+        attempts.append(delivery[5])
+    assert attempts == [3, 4, 5]
+    assert env.state.get_schedule(commands.schedule_key(gid, env.now - 100, mid)) == (5, None)
+
+
+def test_a_first_delivery_out_at_a_leader_change_is_delivered_as_attempt_1_again() -> None:
+    """The documented cost of pushing first deliveries unrecorded: one uncounted
+    delivery, at most once per leader change, never an attempt going backwards."""
+    env = Env()
+    gid = env.group("t", "g")
+    [mid] = env.publish("t", [b"m"])
+    consumer = env.consumer(gid, credit=1)
+    env.dispatch()
+    assert [d[5] for d in out(consumer).take()] == [1]
+    assert proposed(env, CommandKind.DELIVERED) == []  # went out at once
+    env = _new_leader(env)
+    consumer = env.consumer(gid, credit=1)
+    env.dispatch()
+    [again] = out(consumer).take()
+    assert (again[1], again[5]) == (mid, 1)
+
+
+def _redeliveries(env: Env, gid: int, count: int, credit: int = 3) -> tuple[Consumer, list[int]]:
+    """``count`` messages delivered once and timed out: their next deliveries are
+    redeliveries (attempt 2), which wait for their DELIVERED record."""
+    mids = env.publish("t", [b"%d" % i for i in range(count)])
+    first = env.consumer(gid, credit=count)
+    env.dispatch()
+    assert len(out(first).take()) == count
+    env.hub.remove_consumer(first, env.now)  # it died with them
+    return env.consumer(gid, credit=credit, connection_id=2), mids
+
+
+def test_a_delivery_removed_before_its_record_commits_is_not_pushed() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    consumer, mids = _redeliveries(env, gid, 2)
+    env.dispatcher.dispatch_once()
+    assert consumer.credit == 1 and out(consumer).take() == []  # waiting for the record
+    env.log.apply(commands.expire([commands.schedule_key(gid, env.now, mids[0])]))
+    assert env.record() == 1
+    assert ids(out(consumer).take()) == [mids[1]]
+    assert consumer.credit == 2 and out(consumer).revoked() == []
+
+
+def test_deliveries_whose_record_failed_go_back_with_their_old_attempt() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    consumer, [mid] = _redeliveries(env, gid, 1)
+    env.dispatcher.dispatch_once()
+    _command, batches = env.dispatcher.take_staged()
+    env.dispatcher.drop_staged(batches)
+    assert consumer.credit == 3 and env.hub.in_flight == {}
+    env.dispatch()
+    [delivery] = out(consumer).take()
+    assert (delivery[1], delivery[5]) == (mid, 2)
+
+
+def test_extend_moves_the_visibility_deadline() -> None:
+    env = Env()
+    gid = env.group("t", "g", visibility_ms=1000)
+    consumer = env.consumer(gid, credit=5)
+    env.publish("t", [b"a"])
+    env.dispatch()
+    [delivery] = out(consumer).take()
+    env.clock.advance(900)
+    assert env.hub.extend([delivery[0]], consumer.connection_id, 5000, env.now) == 1
+    env.clock.advance(4999)
+    env.dispatch()
+    assert out(consumer).take() == [] and out(consumer).revoked() == []
+    env.clock.advance(1)
+    env.dispatch()
+    assert out(consumer).revoked() == [delivery[0]]
+    for bad, code in ((0, ErrorCode.INVALID_ARGUMENT), (5000, ErrorCode.UNKNOWN_DELIVERY_TAG)):
+        with pytest.raises(RequestError) as info:
+            env.hub.extend([delivery[0]], consumer.connection_id, bad, env.now)
+        assert info.value.code is code
+
+
+def test_released_deliveries_come_back_at_once_and_do_not_count() -> None:
+    env = Env()
+    gid = env.group("t", "g", max_deliveries=1)
+    consumer = env.consumer(gid, credit=1)
+    [mid] = env.publish("t", [b"a"])
+    for expected_attempt in (1, 2, 3):
+        env.dispatch()
+        [delivery] = out(consumer).take()
+        assert (delivery[1], delivery[5]) == (mid, expected_attempt)
+        flights = env.hub.claim_tags([delivery[0]], consumer.connection_id)
+        assert env.log.apply(commands.release([(f.key, f.attempt) for f in flights])) == 1
+        assert env.hub.in_flight == {} and out(consumer).revoked() == []
+        consumer.credit += 1  # the client gives the credit back after the OK
+    # Three attempts went out, none counted: with max_deliveries 1 it is not
+    # dead-lettered, and the next one is processed and acked.
+    env.dispatch()
+    [delivery] = out(consumer).take()
+    assert delivery[5] == 4
+    assert env.ack(consumer, [delivery]) == 1
+
+
+def test_deleting_a_group_ends_its_subscriptions_with_a_reason() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    consumer = env.consumer(gid, credit=10)
+    env.publish("t", [b"a", b"b"])
+    env.dispatch()
+    assert len(out(consumer).take()) == 2
+    env.log.apply(commands.delete_group("t", "g"))
+    [end] = out(consumer).pushes
+    assert isinstance(end, frames.SubscriptionEnd)
+    assert (end.subscription_id, end.code) == (consumer.subscription_id, ErrorCode.GROUP_DELETED)
+    assert "deleted" in end.message
+    assert consumer.closed and env.hub.in_flight == {} and gid not in env.hub.groups
+
+
+def test_changed_group_settings_are_announced_to_its_subscriptions() -> None:
+    env = Env()
+    gid = env.group("t", "g", visibility_ms=1000, max_deliveries=3)
+    consumer = env.consumer(gid, credit=10)
+    env.hub.send_settings(consumer, env.state.groups[gid])
+    env.log.apply(commands.create_group("t", "g", None, None))  # nothing changes
+    env.log.apply(commands.create_group("t", "g", 5000, None))
+    assert [(f.visibility_timeout_ms, f.max_deliveries) for f in out(consumer).pushes] == [
+        (1000, 3),
+        (5000, 3),
+    ]
+
+
+async def test_the_reaper_purges_a_deleted_group_in_chunks() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    env.publish("t", [b"x"] * 2500)
+    async with running(env):
+        env.log.apply(commands.delete_group("t", "g"))
+        await settle(env)
+    purges = proposed(env, CommandKind.PURGE_GROUP)
+    assert [c[1:] for c in purges] == [[gid, PURGE_CHUNK_ENTRIES]] * (2500 // PURGE_CHUNK_ENTRIES)
+    assert env.state.deleting == {} and env.state.store.get("messages", b"") is None
+    assert list(env.state.store.scan("messages", b"")) == []
+
+
+def test_a_delivery_whose_ttl_ran_out_while_its_record_committed_is_never_pushed() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    [short] = env.publish("t", [b"short"], ttl_ms=5)
+    [long] = env.publish("t", [b"long"], ttl_ms=60_000)
+    first = env.consumer(gid, credit=2)
+    env.dispatch()
+    env.hub.remove_consumer(first, env.now)  # their next deliveries are redeliveries
+    consumer = env.consumer(gid, credit=3, connection_id=2)
+    env.dispatcher.dispatch_once()
+    env.clock.advance(5)  # the DELIVERED commit took as long as the TTL
+    assert env.record() == 1
+    assert ids(out(consumer).take()) == [long]
+    assert consumer.credit == 2
+    env.dispatch()
+    assert out(consumer).take() == []  # the short one goes to expiry, never out
+    command, _restore = env.dispatcher._proposals_receive.receive_nowait()
+    key = commands.schedule_key(gid, env.now - 5, short)
+    assert commands.decode(command) == [CommandKind.EXPIRE, [key]]
+
+
+def test_a_pass_never_spins_on_an_entry_that_expires_while_it_runs() -> None:
+    """The wall clock moves during a pass: an entry the pass found unexpired goes out
+    (it was not expired at the pass's time), it is not given back to be picked again,
+    endlessly (a node froze this way under a 1-20 ms TTL workload)."""
+
+    class MovingClock(FakeClock):
+        reads = 0
+
+        def wall_ms(self) -> int:
+            self.reads += 1
+            assert self.reads < 1000, "the pass spins"
+            self.now_ms += 1  # every read is a millisecond later
+            return self.now_ms
+
+    env = Env()
+    gid = env.group("t", "g")
+    consumer = env.consumer(gid, credit=10)
+    [mid] = env.publish("t", [b"short"], ttl_ms=2)  # expires a millisecond into the pass
+    clock = MovingClock(env.now)
+    env.clock = env.dispatcher.clock = clock
+    env.dispatch()
+    assert ids(out(consumer).take()) == [mid]
 
 
 # ---------------------------------------------------------------- scale (issue 10)

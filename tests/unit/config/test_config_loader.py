@@ -289,3 +289,61 @@ def test_node_id_and_prefetch_have_upper_bounds() -> None:
         load_config(env={"FUTUREQ_SERVER_NODE_ID": str(2**40), "FUTUREQ_LIMITS_MAX_PREFETCH": str(10**9)})
     text = str(error.value)
     assert "server.node_id" in text and "limits.max_prefetch" in text
+
+
+# --- combinations `start` would refuse later (found by trying them on check-config) --------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (
+            {"server": {"node_id": 3}, "cluster": {"peers": "1=h1:7451,2=h2:7451"}},
+            ["lists nodes [1, 2] but not this node's id 3"],
+        ),
+        (
+            {"cluster": {"peers": "1=h1:7451,2=H1:7451"}},
+            ["gives nodes [1, 2] the same address h1:7451"],
+        ),
+        (
+            {
+                "server": {"listen": "127.0.0.1:7450"},
+                "cluster": {"peers": "1=h1:7451,2=h2:7451", "raft_listen": "127.0.0.1:7450"},
+            },
+            ["cluster.raft_listen", "must differ from server.listen"],
+        ),
+        (
+            {"limits": {"max_node_buffer_bytes": 100}},
+            ["limits.max_node_buffer_bytes = 100", "no large frame could ever be read whole"],
+        ),
+    ],
+)
+def test_combinations_start_cannot_run_are_refused_by_the_loader(
+    overrides: dict[str, dict[str, object]], words: list[str]
+) -> None:
+    cluster = overrides.setdefault("cluster", {})
+    cluster.setdefault("insecure_peers", True)
+    with pytest.raises(ConfigError) as error:
+        load_config(env={}, overrides=overrides)
+    message = str(error.value)
+    for word in words:
+        assert word in message, message
+# --- unit mistakes (issue 8, input 5) ------------------------------------------------
+
+
+def test_a_visibility_timeout_that_can_only_be_seconds_is_refused_with_a_sentence() -> None:
+    env = {"FUTUREQ_QUEUE_VISIBILITY_TIMEOUT_MS": "30"}
+    with pytest.raises(ConfigError) as error:
+        load_config(env=env)
+    [problem] = problems_of(error)
+    assert problem.startswith("queue.visibility_timeout_ms = 30")
+    assert "FUTUREQ_QUEUE_VISIBILITY_TIMEOUT_MS" in problem
+    assert "looks like seconds taken for milliseconds (did you mean 30000" in problem
+    assert load_config(env={"FUTUREQ_QUEUE_VISIBILITY_TIMEOUT_MS": "100"})
+
+
+def test_max_clock_offset_is_checked_for_units() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(env={"FUTUREQ_CLUSTER_MAX_CLOCK_OFFSET_MS": "1"})
+    [problem] = problems_of(error)
+    assert "between 10 and 60000 ms" in problem and "seconds taken for milliseconds" in problem

@@ -89,13 +89,20 @@ class Recorder:
             self.violations.append(f"{what} before the write")
 
     def on_scheduled(
-        self, group_id: int, due_ms: int, mid: int, expire_ms: int | None, attempt: int
+        self,
+        group_id: int,
+        due_ms: int,
+        mid: int,
+        expire_ms: int | None,
+        attempt: int,
+        released: int = 0,
     ) -> None:
         self._check_written("on_scheduled")
         key = commands.schedule_key(group_id, due_ms, mid)
         if self.state.store.get("schedule", key) is None:
             self.violations.append("on_scheduled for an entry not in the store")
-        self.calls.append(("s", group_id, due_ms, mid, expire_ms, attempt))
+        call: tuple[Any, ...] = ("s", group_id, due_ms, mid, expire_ms, attempt)
+        self.calls.append(call + (released,) if released else call)
 
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
         self._check_written("on_unscheduled")

@@ -45,6 +45,9 @@ def _draw_command(data: st.DataObject, state: QueueState, now_ms: int) -> bytes:
                 "dead",
                 "create",
                 "delete",
+                "purge",
+                "delivered",
+                "release",
                 "noop",
             ]
         )
@@ -88,7 +91,18 @@ def _draw_command(data: st.DataObject, state: QueueState, now_ms: int) -> bytes:
             data.draw(st.sampled_from(GROUPS)),
             data.draw(st.none() | st.integers(1, 100_000)),
             data.draw(st.none() | st.integers(1, 50)),
+            commands.GroupSettings(data.draw(st.integers(1, 9000)), data.draw(st.integers(1, 9))),
         )
+    if kind == "purge":
+        gids = sorted(state.deleting) or [999]
+        return commands.purge_group(data.draw(st.sampled_from(gids)), data.draw(st.integers(0, 3)))
+    if kind in ("delivered", "release"):
+        chosen = data.draw(pick_keys)
+        attempts = data.draw(
+            st.lists(st.integers(0, 4), min_size=len(chosen), max_size=len(chosen))
+        )
+        make = commands.delivered if kind == "delivered" else commands.release
+        return make(list(zip(chosen, attempts, strict=True)))
     if kind == "delete":
         return commands.delete_group(
             data.draw(st.sampled_from(TOPICS)), data.draw(st.sampled_from(GROUPS))
@@ -104,8 +118,10 @@ def _invariants(state: QueueState) -> None:
         gid, _due, mid = commands.parse_schedule_key(key)
         per_group[gid] = per_group.get(gid, 0) + 1
         per_message[mid] = per_message.get(mid, 0) + 1
-        assert gid in state.groups, "schedule entry of a deleted group"
-    assert {gid: g.pending for gid, g in state.groups.items() if g.pending} == per_group
+        assert gid in state.groups or gid in state.deleting, "schedule entry of no group"
+    pending = {gid: g.pending for gid, g in state.groups.items() if g.pending}
+    pending.update({gid: d.pending for gid, d in state.deleting.items()})
+    assert pending == per_group
     stored = {int.from_bytes(k, "big"): v for k, v in state.store.scan("messages", b"")}
     assert set(stored) == set(per_message), "message without entries, or entry without message"
     for mid in stored:

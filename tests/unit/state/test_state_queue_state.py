@@ -13,8 +13,8 @@ import pytest
 from state_helpers import Recorder, SpyStore, StoreKit, dump, group_snapshot
 
 from futureq.state import commands
-from futureq.state.commands import CommandKind, schedule_key
-from futureq.state.queue_state import Defaults, QueueState
+from futureq.state.commands import CommandKind, GroupSettings, schedule_key
+from futureq.state.queue_state import QueueState
 from futureq.state.store import MemoryStore
 
 
@@ -28,8 +28,8 @@ class Runner:
         return self.state.apply(self.state.applied_index + 1, data)
 
 
-def _make(kit: StoreKit, defaults: Defaults | None = None) -> tuple[QueueState, Runner]:
-    state = QueueState(kit.store, defaults)
+def _make(kit: StoreKit) -> tuple[QueueState, Runner]:
+    state = QueueState(kit.store)
     return state, Runner(state)
 
 
@@ -93,9 +93,9 @@ def test_scan_schedule_is_in_due_then_id_order_and_bounded(kit: StoreKit) -> Non
 
 
 def test_topic_without_group_gets_implicit_default_group(kit: StoreKit) -> None:
-    state, run = _make(kit, Defaults(visibility_timeout_ms=1234, max_deliveries=7))
+    state, run = _make(kit)
     recorder = Recorder(state)
-    mid = run(commands.publish(1000, [("t", b"a", 1000, None)]))
+    mid = run(commands.publish(1000, [("t", b"a", 1000, None)], GroupSettings(1234, 7)))
     groups = state.topic_groups("t")
     assert [(g.name, g.implicit, g.pending) for g in groups] == [("default", True, 1)]
     assert (groups[0].visibility_timeout_ms, groups[0].max_deliveries) == (1234, 7)
@@ -162,12 +162,16 @@ def test_create_group_named_default_takes_the_implicit_group_as_is(kit: StoreKit
 
 
 def test_create_group_is_idempotent_and_updates_config(kit: StoreKit) -> None:
-    state, run = _make(kit, Defaults(visibility_timeout_ms=111, max_deliveries=5))
-    gid = run(commands.create_group("t", "g", None, None))
+    state, run = _make(kit)
+    leader = GroupSettings(visibility_timeout_ms=111, max_deliveries=5)
+    gid = run(commands.create_group("t", "g", None, None, leader))
     info = state.find_group("t", "g")
     assert info is not None and (info.visibility_timeout_ms, info.max_deliveries) == (111, 5)
-    assert run(commands.create_group("t", "g", None, None)) == gid
-    assert run(commands.create_group("t", "g", 999, None)) == gid
+    # None keeps an existing group's value, whatever defaults the command carries.
+    other_leader = GroupSettings(visibility_timeout_ms=9000, max_deliveries=3)
+    assert run(commands.create_group("t", "g", None, None, other_leader)) == gid
+    assert (info.visibility_timeout_ms, info.max_deliveries) == (111, 5)
+    assert run(commands.create_group("t", "g", 999, None, other_leader)) == gid
     assert (info.visibility_timeout_ms, info.max_deliveries) == (999, 5)
     assert run(commands.create_group("t", "g", None, 2)) == gid
     assert (info.visibility_timeout_ms, info.max_deliveries) == (999, 2)
@@ -325,31 +329,74 @@ def test_dead_letter_of_unknown_key_is_ignored(kit: StoreKit) -> None:
 # ---------------------------------------------------------------- delete group
 
 
-def test_delete_group_removes_its_entries_and_releases_messages(kit: StoreKit) -> None:
+def test_delete_group_removes_it_at_once_and_purges_its_entries_in_chunks(
+    kit: StoreKit,
+) -> None:
     state, run = _make(kit)
     g1 = assert_int(run(commands.create_group("t", "g1", None, None)))
     only = assert_int(run(commands.publish(1000, [("t", b"only-g1", 1000, None)])))
     g2 = assert_int(run(commands.create_group("t", "g2", None, None)))
     shared = assert_int(run(commands.publish(1001, [("t", b"both", 1001, None)])))
+    more = assert_int(run(commands.publish(1002, [("t", b"x", 1002, None)] * 3)))
     recorder = Recorder(state)
     assert run(commands.delete_group("t", "g1")) is True
-    assert recorder.take() == [
-        ("u", g1, 1000, only, CommandKind.DELETE_GROUP),
-        ("u", g1, 1001, shared, CommandKind.DELETE_GROUP),
-        ("g", g1),
-    ]
+    # The group is gone at once; its 5 entries wait for PURGE_GROUP.
+    assert recorder.take() == [("g", g1)]
     assert state.find_group("t", "g1") is None and g1 not in state.groups
+    assert [(d.group_id, d.topic, d.name, d.pending) for d in state.deleting.values()] == [
+        (g1, "t", "g1", 5)
+    ]
+    assert [g.group_id for g in state.topic_groups("t")] == [g2]
+    assert run(commands.purge_group(g1, 2)) == 2
+    assert recorder.take() == [
+        ("u", g1, 1000, only, CommandKind.PURGE_GROUP),
+        ("u", g1, 1001, shared, CommandKind.PURGE_GROUP),
+    ]
     assert state.get_message(only) is None
     assert state.get_message(shared) == ("t", b"both", 1001, 1001, 1)
+    assert state.deleting[g1].pending == 3
+    reopened = QueueState(kit.reopen())
+    assert reopened.deleting[g1].pending == 3
+    # The next chunk starts after the last key purged (a replicated cursor).
+    assert reopened.deleting[g1].cursor == schedule_key(g1, 1001, shared)
+    state, run, recorder = reopened, Runner(reopened), Recorder(reopened)
+    assert run(commands.purge_group(g1, 3)) == 3  # the last ones: the group is forgotten
+    assert state.deleting == {}
+    assert recorder.take()[-1] == ("g", g1)
+    assert state.get_message(more) == ("t", b"x", 1002, 1002, 1)  # g2 still holds it
     assert (
         list(kit.store.scan_keys("schedule", g1.to_bytes(4, "big"), (g1 + 1).to_bytes(4, "big")))
         == []
     )
     assert kit.store.get("meta", b"pending:" + g1.to_bytes(4, "big")) is None
-    assert [g.group_id for g in state.topic_groups("t")] == [g2]
+    assert kit.store.get("meta", b"deleting:" + g1.to_bytes(4, "big")) is None
+    assert run(commands.purge_group(g1, 3)) == 0
     assert run(commands.delete_group("t", "g1")) is False
     assert run(commands.delete_group("nope", "g")) is False
-    assert recorder.violations == []
+
+
+def test_purge_group_chunks_are_capped(kit: StoreKit) -> None:
+    state, run = _make(kit)
+    gid = assert_int(run(commands.create_group("t", "g", None, None)))
+    run(commands.publish(1000, [("t", b"m", 1000, None)] * 3))
+    run(commands.delete_group("t", "g"))
+    assert run(commands.purge_group(gid, 0)) == 1  # at least one per command
+    assert run(commands.purge_group(gid, 10**9)) == 2
+    assert state.deleting == {}
+
+
+def test_a_group_of_the_same_name_may_exist_while_the_old_one_is_purged(kit: StoreKit) -> None:
+    state, run = _make(kit)
+    old = assert_int(run(commands.create_group("t", "g", None, None)))
+    run(commands.publish(1000, [("t", b"old", 1000, None)]))
+    run(commands.delete_group("t", "g"))
+    new = assert_int(run(commands.create_group("t", "g", None, None)))
+    assert new != old
+    mid = assert_int(run(commands.publish(1001, [("t", b"new", 1001, None)])))
+    assert list(state.scan_schedule(new, 0, 0, 9)) == [(1001, mid, 0, None)]
+    assert state.deleting[old].pending == 1
+    assert run(commands.purge_group(old, 10)) == 1
+    assert state.find_group("t", "g") is not None and state.deleting == {}
 
 
 def test_deleting_last_group_forgets_topic_and_next_publish_recreates_default(
@@ -445,3 +492,109 @@ def test_reopen_then_continue_gives_same_ids(kit: StoreKit) -> None:
     gid = reopened.apply(reopened.applied_index + 1, commands.create_group("t", "h", None, None))
     assert gid == max(state.groups) + 1
     assert reopened.applied_index == 3
+
+
+# ---------------------------------------------------------------- attempts
+
+
+def test_delivered_records_attempts_and_never_lowers_them(kit: StoreKit) -> None:
+    state, run, g1, g2, mid = _two_groups_one_message(kit)
+    recorder = Recorder(state)
+    key = schedule_key(g1, 1500, mid)
+    assert run(commands.delivered([(key, 1), (schedule_key(g1, 1, 1), 1)])) == 1
+    assert state.get_schedule(key) == (1, 1600)
+    assert run(commands.delivered([(key, 3)])) == 1
+    assert run(commands.delivered([(key, 2)])) == 0  # a late, lower record changes nothing
+    assert state.get_schedule_entry(key) == (3, 1600, 0)
+    assert state.get_schedule(schedule_key(g2, 1500, mid)) == (0, 1600)
+    assert recorder.take() == []  # in flight: nothing moves in the due order
+    reopened = QueueState(kit.reopen())
+    assert reopened.get_schedule(key) == (3, 1600)
+
+
+def test_nack_keeps_the_highest_attempt(kit: StoreKit) -> None:
+    state, run, g1, _g2, mid = _two_groups_one_message(kit)
+    key = schedule_key(g1, 1500, mid)
+    run(commands.delivered([(key, 4)]))
+    assert run(commands.nack(2000, 0, [(key, 2)])) == 1
+    assert state.get_schedule(schedule_key(g1, 2000, mid)) == (4, 1600)
+
+
+def test_release_gives_the_latest_attempt_back_uncounted(kit: StoreKit) -> None:
+    state, run, g1, _g2, mid = _two_groups_one_message(kit)
+    key = schedule_key(g1, 1500, mid)
+    run(commands.delivered([(key, 2)]))
+    recorder = Recorder(state)
+    assert run(commands.release([(key, 1)])) == 0  # older than the latest delivery
+    assert run(commands.release([(key, 2)])) == 1
+    assert state.get_schedule_entry(key) == (2, 1600, 1)  # same place: due again at once
+    assert recorder.take() == [
+        ("u", g1, 1500, mid, CommandKind.RELEASE),
+        ("s", g1, 1500, mid, 1600, 2, 1),
+    ]
+    assert run(commands.release([(key, 2)])) == 0  # released already
+    assert list(state.scan_schedule_entries(g1, 0, 0, 9)) == [(1500, mid, 2, 1600, 1)]
+    run(commands.delivered([(key, 3)]))
+    assert state.get_schedule_entry(key) == (3, 1600, 1)
+    assert run(commands.nack(2000, 0, [(key, 3)])) == 1
+    assert state.get_schedule_entry(schedule_key(g1, 2000, mid)) == (3, 1600, 1)
+    assert recorder.take()[-1] == ("s", g1, 2000, mid, 1600, 3, 1)
+
+
+def test_release_of_an_unrecorded_first_delivery_records_it(kit: StoreKit) -> None:
+    state, run, g1, _g2, mid = _two_groups_one_message(kit)
+    key = schedule_key(g1, 1500, mid)
+    assert state.get_schedule(key) == (0, 1600)  # a first delivery is not recorded
+    assert run(commands.release([(key, 1)])) == 1
+    assert state.get_schedule_entry(key) == (1, 1600, 1)
+    assert run(commands.release([(key, 1)])) == 0
+
+
+# ---------------------------------------------------------------- nothing node-local
+
+
+def test_group_settings_come_from_the_command_never_from_the_replica(kit: StoreKit) -> None:
+    """Every group a command creates gets the settings the leader put in it."""
+    state, run = _make(kit)
+    leader = GroupSettings(visibility_timeout_ms=3000, max_deliveries=4)
+    run(commands.publish(1000, [("implicit", b"a", 1000, None)], leader))
+    run(commands.create_group("explicit", "g", None, None, leader))
+    gid = _gid(state, "implicit", "default")
+    mid = 1 << 16
+    run(commands.dead_letter(2000, [(schedule_key(gid, 1000, mid), 4)], leader))
+    for topic, name in (("explicit", "g"), ("implicit.dlq", "default")):
+        info = state.find_group(topic, name)
+        assert info is not None
+        assert (info.visibility_timeout_ms, info.max_deliveries) == (3000, 4)
+
+
+def test_entries_written_before_settings_existed_take_the_builtin_defaults(
+    kit: StoreKit,
+) -> None:
+    state, run = _make(kit)
+    run(commands.encode([CommandKind.PUBLISH, 1000, [("t", b"a", 1000, None)]]))
+    run(commands.encode([CommandKind.CREATE_GROUP, "u", "g", None, None]))
+    for topic, name in (("t", "default"), ("u", "g")):
+        info = state.find_group(topic, name)
+        assert info is not None
+        assert (info.visibility_timeout_ms, info.max_deliveries) == (30_000, 16)
+
+
+def test_applied_digest_covers_the_resulting_state(kit: StoreKit) -> None:
+    """Two replicas whose states differ show different digests after the same command,
+    where a digest of the command bytes alone would be equal."""
+    state = QueueState(kit.store)
+    twin_store = MemoryStore()
+    twin = QueueState(twin_store)
+    for replica in (state, twin):
+        replica.apply(1, commands.create_group("t", "g", None, None))
+    assert state.applied_digest == twin.applied_digest
+    # The twin diverged without its log saying so (a bug, a node-local setting): its
+    # store holds a second group of the topic.
+    twin_store.write({"groups": {b"t\x00extra": commands.encode([99, 1000, 3, False])}})
+    twin = QueueState(twin_store)
+    assert twin.applied_digest == state.applied_digest  # nothing shows yet
+    command = commands.publish(1000, [("t", b"a", 1000, None)])
+    state.apply(2, command)
+    twin.apply(2, command)
+    assert state.applied_digest != twin.applied_digest

@@ -499,3 +499,14 @@ def test_applied_index_key_matches_queue_state() -> None:
     state = QueueState(MemoryStore())
     state.apply_other(1)
     assert state.store.get("meta", snapshot.APPLIED_INDEX_KEY) == (1).to_bytes(8, "big")
+
+
+def test_a_node_address_whose_id_does_not_fit_is_ignored_on_every_replica() -> None:
+    """A committed NODE_ADDRESS with an id past MAX_NODE_ID (stored under a 4-byte key)
+    used to raise OverflowError in apply, on every replica and on every replay."""
+    state = QueueState(MemoryStore())
+    for node_id in (commands.MAX_NODE_ID + 1, 2**63, 2**64 - 1):
+        _next(state, commands.node_address(node_id, "x:1", "x:2"))
+    _next(state, commands.node_address(commands.MAX_NODE_ID, "y:1", "y:2"))
+    assert state.node_addresses == {commands.MAX_NODE_ID: ("y:1", "y:2")}
+    assert state.applied_index == 4

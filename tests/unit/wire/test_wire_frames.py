@@ -62,6 +62,11 @@ FRAME_STRATEGY: st.SearchStrategy[frames.Frame] = st.one_of(
     st.builds(frames.ClusterAddNode, RID, st.integers(1, 2**31), TEXT, TEXT),
     st.builds(frames.ClusterRemoveNode, RID, st.integers(1, 2**31)),
     st.builds(frames.ClusterTransferLeader, RID, st.none() | st.integers(1, 2**31)),
+    st.builds(frames.Revoke, RID, INT64, st.lists(TAG, max_size=4), INT64),
+    st.builds(frames.SubscriptionEnd, RID, INT64, INT64, TEXT),
+    st.builds(frames.Extend, RID, st.lists(TAG, max_size=4), INT64),
+    st.builds(frames.Release, RID, st.lists(TAG, max_size=4)),
+    st.builds(frames.SubscriptionInfo, RID, INT64, st.integers(1, 2**40), st.integers(1, 2**40)),
 )
 
 TAG_A = bytes(range(24))
@@ -139,6 +144,11 @@ EXAMPLES: list[frames.Frame] = [
     frames.ClusterAddNode(14, 4, "127.0.0.1:7481", "127.0.0.1:7480"),
     frames.ClusterRemoveNode(15, 4),
     frames.ClusterTransferLeader(16, None),
+    frames.Revoke(0, 7, [TAG_A, TAG_B], int(frames.RevokeReason.VISIBILITY_TIMEOUT)),
+    frames.SubscriptionEnd(0, 7, int(ErrorCode.GROUP_DELETED), "group billing was deleted"),
+    frames.Extend(17, [TAG_A], 60_000),
+    frames.Release(18, [TAG_A, TAG_B]),
+    frames.SubscriptionInfo(0, 7, 30_000, 16),
 ]
 
 
@@ -249,7 +259,7 @@ def test_not_an_array_of_type_and_request_id(value: Any) -> None:
     assert_code(value, ErrorCode.INVALID_FRAME)
 
 
-@pytest.mark.parametrize("frame_type", [0, 25, 99, -1, 2**64 - 1])
+@pytest.mark.parametrize("frame_type", [0, 127, 99, -1, 2**64 - 1])
 def test_unknown_frame_type(frame_type: int) -> None:
     error = assert_code([frame_type, 1], ErrorCode.UNKNOWN_FRAME_TYPE)
     assert str(frame_type) in error.message

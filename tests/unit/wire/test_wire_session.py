@@ -201,6 +201,9 @@ SERVER_ONLY: list[frames.Frame] = [
     frames.Error(2, 200, "m"),
     frames.Ok(2),
     frames.ClusterStatusOk(2, {}),
+    frames.Revoke(0, 1, [], 1),
+    frames.SubscriptionEnd(0, 1, 225, "deleted"),
+    frames.SubscriptionInfo(0, 1, 1000, 3),
 ]
 
 

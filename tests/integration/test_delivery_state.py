@@ -1,0 +1,320 @@
+"""Delivery state with misbehaving consumers (issue 9), against a real ``futureq start``.
+
+* Credit is conserved exactly through visibility timeouts and refused acks: a consumer
+  whose deliveries time out keeps receiving, and never holds more than its window
+  (input 3).
+* Cancelling a call never breaks the shared connection, a refused CREDIT is not fatal,
+  and a cancelled subscribe leaves nothing behind on the server (input 4).
+* Prefetch plus slow work does not turn into a redelivery storm: the client keeps the
+  leases of what it buffers, and ``extend`` keeps what the application works on
+  (input 6).
+* ``SyncClient.consume(count)`` never holds a message it does not return (input 7).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import pytest
+import trio
+from wire_client import WireClient
+
+from futureq.client import PublishItem, open_client
+from futureq.client.subscription import DeliveryState
+from futureq.client.sync import SyncClient
+from futureq.errors import ErrorCode, RequestError
+from futureq.wire import frames
+
+
+class BrokerProcess(Protocol):
+    """What these tests use of the ``broker`` fixture (tests/integration/conftest.py)."""
+
+    client_address: str
+
+
+def subscriptions(status: dict[str, Any], topic: str, group: str) -> list[dict[str, Any]]:
+    for entry in status["topics"]:
+        for g in entry["groups"]:
+            if (entry["topic"], g["group"]) == (topic, group):
+                return list(g["subscriptions"])
+    raise AssertionError(f"no group {topic}/{group} in {status}")
+
+
+def group_status(status: dict[str, Any], topic: str, group: str) -> dict[str, Any]:
+    for entry in status["topics"]:
+        for g in entry["groups"]:
+            if (entry["topic"], g["group"]) == (topic, group):
+                return dict(g)
+    raise AssertionError(f"no group {topic}/{group} in {status}")
+
+
+def topic_names(status: dict[str, Any]) -> set[str]:
+    return {entry["topic"] for entry in status["topics"]}
+
+
+# ---------------------------------------------------------------- input 3
+
+
+def test_a_consumer_whose_deliveries_time_out_keeps_receiving_raw(broker: BrokerProcess) -> None:
+    client = WireClient(broker.client_address)
+    answer = client.request(frames.GroupCreate(client.next_id(), "stall", "g", 2000, None))
+    assert isinstance(answer, frames.Ok)
+    assert isinstance(
+        client.publish([["stall", b"%d" % i, 0, None, None] for i in range(30)]), frames.PublishOk
+    )
+    sid = client.subscribe("stall", "g", prefetch=5)
+    first = client.deliveries(5)
+    # Never settled, never a CREDIT: after the timeout the server takes them back, says
+    # so, returns their credit itself, and the consumer goes on receiving.
+    second = client.deliveries(5, timeout_s=15)
+    assert client.revoked() == [d[0] for d in first]
+    [sub] = subscriptions(client.status(), "stall", "g")
+    assert (sub["subscription_id"], sub["credit"], sub["in_flight"]) == (sid, 0, 5)
+    # ack([stale, d0..d3]): refused as a whole, nothing settled, nothing granted.
+    stale = first[0][0]
+    answer = client.request(frames.Ack(client.next_id(), [stale, *(d[0] for d in second[:4])]))
+    assert isinstance(answer, frames.Error)
+    assert (answer.code, answer.item_index) == (ErrorCode.UNKNOWN_DELIVERY_TAG, 0)
+    [sub] = subscriptions(client.status(), "stall", "g")
+    assert (sub["credit"], sub["in_flight"]) == (0, 5)
+    answer = client.request(frames.Ack(client.next_id(), [d[0] for d in second[:4]]))
+    assert isinstance(answer, frames.Ok) and answer.result == 4
+    client.send(frames.Credit(0, sid, 4))
+    third = client.deliveries(4, timeout_s=5)
+    assert len(third) == 4
+    [sub] = subscriptions(client.status(), "stall", "g")
+    assert (sub["credit"], sub["in_flight"]) == (0, 5)
+
+
+async def test_a_consumer_whose_deliveries_time_out_keeps_receiving_client(
+    broker: BrokerProcess,
+) -> None:
+    async with open_client(broker.client_address, rng=random.Random(1)) as client:
+        await client.create_group("stall", "g", visibility_timeout_ms=2000)
+        await client.publish_batch([PublishItem("stall", b"%d" % i) for i in range(30)])
+        async with client.subscribe("stall", "g", prefetch=5) as sub:
+            first = [await sub.__anext__() for _ in range(5)]
+            with trio.fail_after(15):
+                second = [await sub.__anext__() for _ in range(5)]  # after the timeout
+            assert all(d.state is DeliveryState.VOID for d in first)
+            assert {d.state for d in second} == {DeliveryState.HELD}
+            with pytest.raises(RequestError) as info:
+                await sub.ack([first[0], *second[:4]])
+            # The void one is named (by its place in the list); the others are acked.
+            assert (info.value.code, info.value.item_index) == (ErrorCode.UNKNOWN_DELIVERY_TAG, 0)
+            assert all(d.settled for d in second[:4])
+            with trio.fail_after(5):
+                third = [await sub.__anext__() for _ in range(4)]
+            status = await client.status()
+            [server] = subscriptions(status, "stall", "g")
+            assert server["in_flight"] == 5 and server["credit"] == 0
+            assert sub._credit == server["credit"]  # both ends count the same
+            await sub.ack([second[4], *third])
+
+
+# ---------------------------------------------------------------- input 4
+
+
+def _late_answers(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("nobody waits for" in r.getMessage() for r in caplog.records)
+
+
+async def _cancel_until_late_answer(
+    caplog: pytest.LogCaptureFixture, call: Callable[[], Any]
+) -> None:
+    """Cancel ``call`` sooner and later until one was cancelled after it was sent (its
+    refusal then arrives with nobody waiting)."""
+    before = _late_answers(caplog)
+    for delay_s in (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01) * 3:
+        with trio.move_on_after(delay_s):
+            try:
+                await call()
+            except RequestError:
+                pass  # answered in time: the refusal reached its caller
+        await trio.sleep(0.05)  # let a late answer arrive
+        if _late_answers(caplog) > before:
+            return
+    raise AssertionError("never cancelled a request after it was sent")
+
+
+async def test_cancelled_calls_never_break_the_shared_connection(
+    broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="futureq.client")
+    async with open_client(broker.client_address, rng=random.Random(2)) as client:
+        await client.publish_batch([PublishItem("held", b"%d" % i) for i in range(40)])
+        async with client.subscribe("held", "g", prefetch=40) as sub:
+            held = [await sub.__anext__() for _ in range(40)]
+            epoch = client._epoch
+            await held[0].ack()
+            # The same tag again, as another holder of it would send it: the server
+            # refuses it; cancelled, its refusal arrives with nobody waiting.
+            again = attrs.evolve(held[0], state=DeliveryState.HELD)
+            await _cancel_until_late_answer(caplog, lambda: sub.ack([again]))
+            await _cancel_until_late_answer(
+                caplog, lambda: client.publish_batch([PublishItem("bad.dlq", b"x")])
+            )
+            await _cancel_until_late_answer(
+                caplog, lambda: client.create_group("held", "other", max_deliveries=0)
+            )
+            # A refused CREDIT (ERROR with request id 0) is not fatal either.
+            conn = client._live_connection()
+            assert conn is not None
+            conn.send_control(frames.Credit(0, 987_654, 1))
+            await client.ping()
+            assert any(
+                "[UNKNOWN_SUBSCRIPTION]" in r.getMessage() for r in caplog.records
+            ), "the refused CREDIT was not seen"
+            assert client._epoch == epoch, "the shared connection was dropped"
+            await sub.ack(held[1:])  # the 39 others are still good
+            assert all(d.settled for d in held)
+
+
+async def test_a_cancelled_subscribe_leaves_no_consumer_on_the_server(
+    broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="futureq.client")
+    async with open_client(broker.client_address, rng=random.Random(3)) as client:
+        await client.publish_batch([PublishItem("orphan", b"%d" % i) for i in range(3)])
+        for delay_s in (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02) * 3:
+            with trio.move_on_after(delay_s):
+                async with client.subscribe("orphan", "g", prefetch=3):
+                    await trio.sleep_forever()
+            if any("given up" in r.getMessage() for r in caplog.records):
+                break
+        else:
+            raise AssertionError("never cancelled a SUBSCRIBE after it was sent")
+        with trio.fail_after(10):
+            while True:
+                group = group_status(await client.status(), "orphan", "g")
+                if group["consumers"] == 0 and group["in_flight"] == 0:
+                    break
+                await trio.sleep(0.05)
+        assert group["pending"] == 3
+
+
+# ---------------------------------------------------------------- input 6
+
+
+async def _slow_and_fast_consumers(
+    address: str, visibility_ms: int, work_s: float, count: int
+) -> tuple[dict[int, list[int]], list[Exception]]:
+    """Consumer 1: prefetch 1000, ``work_s`` per message; consumer 2: prefetch 10, acks
+    at once; ``count`` messages due at the same moment. Returns the attempts seen per
+    message id and every settle error."""
+    seen: dict[int, list[int]] = {}
+    errors: list[Exception] = []
+    done = trio.Event()
+
+    async def consumer(prefetch: int, delay_s: float, ready: trio.Event) -> None:
+        async with open_client(address) as client, client.subscribe(
+            "storm", "g", prefetch=prefetch
+        ) as sub:
+            ready.set()
+            while not done.is_set():
+                delivery = await sub.receive(0.2)
+                if delivery is None:
+                    continue
+                seen.setdefault(delivery.id, []).append(delivery.attempt)
+                await trio.sleep(delay_s)
+                try:
+                    await delivery.ack()
+                except RequestError as exc:
+                    errors.append(exc)
+                if sum(len(v) for v in seen.values()) >= count and len(seen) == count:
+                    done.set()
+
+    async with open_client(address) as admin:
+        await admin.create_group("storm", "g", visibility_timeout_ms=visibility_ms)
+        async with trio.open_nursery() as nursery:
+            ready = [trio.Event(), trio.Event()]
+            nursery.start_soon(consumer, 1000, work_s, ready[0])
+            nursery.start_soon(consumer, 10, 0.0, ready[1])
+            for event in ready:
+                await event.wait()
+            due = int(time.time() * 1000) + 1000
+            await admin.publish_batch(
+                [PublishItem("storm", b"%d" % i, deliver_at_ms=due) for i in range(count)]
+            )
+            with trio.fail_after(count * work_s * 3 + 30):
+                await done.wait()
+            await trio.sleep(0.5)  # nothing more should come
+            nursery.cancel_scope.cancel()
+    return seen, errors
+
+
+async def test_prefetch_plus_slow_work_is_no_redelivery_storm(broker: BrokerProcess) -> None:
+    """The slow consumer buffers most of 400 messages for several visibility timeouts:
+    the client keeps their leases, so each is delivered exactly once."""
+    seen, errors = await _slow_and_fast_consumers(broker.client_address, 1000, 0.01, 400)
+    assert len(seen) == 400
+    assert errors == []
+    assert {tuple(attempts) for attempts in seen.values()} == {(1,)}
+
+
+@pytest.mark.slow
+async def test_prefetch_plus_slow_work_as_reported(broker: BrokerProcess) -> None:
+    """The reported input itself: visibility 5 s, 50 ms of work per message."""
+    seen, errors = await _slow_and_fast_consumers(broker.client_address, 5000, 0.05, 400)
+    assert len(seen) == 400 and errors == []
+    assert {tuple(attempts) for attempts in seen.values()} == {(1,)}
+
+
+async def test_extend_keeps_a_delivery_the_application_works_on(broker: BrokerProcess) -> None:
+    async with open_client(broker.client_address) as client:
+        await client.create_group("long", "g", visibility_timeout_ms=500)
+        await client.publish("long", b"work")
+        async with client.subscribe("long", "g", prefetch=1) as sub:
+            delivery = await sub.__anext__()
+            assert sub.visibility_timeout_ms == 500
+            for _ in range(4):  # 1.2 s of work, three visibility timeouts
+                await trio.sleep(0.3)
+                await delivery.extend()
+            assert delivery.state is DeliveryState.HELD
+            await delivery.ack()
+            assert await sub.receive(0.8) is None  # never delivered again
+
+
+# ---------------------------------------------------------------- input 7
+
+
+def test_sync_consume_never_holds_messages_it_does_not_return(broker: BrokerProcess) -> None:
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.create_group("once", "g", visibility_timeout_ms=1000, max_deliveries=1)
+        client.publish_batch([PublishItem("once", b"%d" % i) for i in range(20)])
+        first = client.consume("once", "g", count=10, timeout_s=2.0)
+        assert len(first) == 10
+        for delivery in first:
+            delivery.ack()
+        time.sleep(1.5)  # past the visibility timeout of anything it might have held
+        status = client.status()
+        assert group_status(status, "once", "g")["in_flight"] == 0
+        assert "once.dlq" not in topic_names(status)
+        second = client.consume("once", "g", count=10, timeout_s=2.0)
+        assert [d.attempt for d in second] == [1] * 10
+        assert {d.id for d in second}.isdisjoint({d.id for d in first})
+        for delivery in second:
+            delivery.ack()
+        # A consume that found less than it wanted leaves credit behind; what that
+        # credit brings later is released at once, not counted (max_deliveries 1).
+        assert client.consume("once", "g", count=5, timeout_s=0.3) == []
+        client.publish_batch([PublishItem("once", b"late-%d" % i) for i in range(5)])
+        deadline = time.monotonic() + 10
+        while True:
+            group = group_status(client.status(), "once", "g")
+            if group["pending"] == 5 and group["in_flight"] == 0 and group["due"] == 5:
+                break
+            assert time.monotonic() < deadline, group
+            time.sleep(0.05)
+        late = client.consume("once", "g", count=5, timeout_s=2.0)
+        assert sorted(d.payload for d in late) == [b"late-%d" % i for i in range(5)]
+        for delivery in late:
+            delivery.ack()
+        assert "once.dlq" not in topic_names(client.status())
+
+

@@ -1,0 +1,135 @@
+"""The client's side of flow control, without a server: credit counted as the server
+counts it (``docs/protocol.md``, "Flow control"), through pushes, revokes, confirmed
+settlements, an ended subscription and pull-mode fetches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from futureq.client.subscription import DeliveryState, Subscription
+from futureq.errors import ErrorCode, RemoteProtocolError, SubscriptionEndedError
+from futureq.wire import frames
+
+
+class FakeConnection:
+    """Records the control frames the subscription sends."""
+
+    def __init__(self, epoch: int = 1) -> None:
+        self.epoch = epoch
+        self.sent: list[frames.Frame] = []
+
+    def send_control(self, frame: frames.Frame) -> None:
+        self.sent.append(frame)
+
+    def credits(self) -> list[int]:
+        found = [f.credit for f in self.sent if isinstance(f, frames.Credit)]
+        self.sent = []
+        return found
+
+
+class FakeClient:
+    """The few client hooks a Subscription calls."""
+
+    def __init__(self, conn: FakeConnection) -> None:
+        self.conn = conn
+        self.lease_wakes = 0
+
+    def _live_epoch(self) -> int:
+        return self.conn.epoch
+
+    def _live_connection(self) -> Any:
+        return self.conn
+
+    def _lease_changed(self) -> None:
+        self.lease_wakes += 1
+
+
+def _deliver(sub_id: int, tags: list[bytes]) -> frames.Deliver:
+    return frames.Deliver(
+        0, sub_id, 1000, [[tag, n, b"p", 900, 800, 1] for n, tag in enumerate(tags)]
+    )
+
+
+def _tag(n: int) -> bytes:
+    return n.to_bytes(24, "big")
+
+
+def _bound(pull: bool = False, prefetch: int = 5) -> tuple[Subscription, FakeConnection]:
+    conn = FakeConnection()
+    sub = Subscription(FakeClient(conn), "t", "g", prefetch, pull=pull)  # type: ignore[arg-type]
+    sub._bind(1, 7, prefetch)
+    return sub, conn
+
+
+async def test_credit_comes_back_for_confirmed_settlements_and_revokes() -> None:
+    sub, conn = _bound()
+    sub._receive(1, _deliver(7, [_tag(i) for i in range(5)]))
+    assert sub._credit == 0
+    with pytest.raises(RemoteProtocolError):
+        sub._receive(1, _deliver(7, [_tag(99)]))  # beyond the credit granted
+    sub, conn = _bound()
+    sub._receive(1, _deliver(7, [_tag(i) for i in range(5)]))
+    handed = [await sub.__anext__() for _ in range(5)]
+    # The server took two back (their visibility passed): they are void, and their
+    # credit is the server's to give back, not ours.
+    sub._revoke(1, [_tag(0), _tag(1)])
+    assert [d.state for d in handed[:2]] == [DeliveryState.VOID] * 2
+    assert sub._credit == 2 and conn.credits() == []
+    # A confirmed ack of three gives three back, in one CREDIT.
+    sub._settled(conn, handed[2:])  # type: ignore[arg-type]
+    assert conn.credits() == [3] and sub._credit == 5
+    assert all(d.settled for d in handed[2:])
+    # A settlement confirmed twice counts once.
+    sub._settled(conn, handed[2:])  # type: ignore[arg-type]
+    assert conn.credits() == [] and sub._credit == 5
+
+
+async def test_a_revoked_delivery_still_buffered_is_never_handed_out() -> None:
+    sub, _conn = _bound()
+    sub._receive(1, _deliver(7, [_tag(1), _tag(2)]))
+    sub._revoke(1, [_tag(1)])
+    delivery = await sub.__anext__()
+    assert delivery.tag == _tag(2)
+    assert sub.buffered == 0
+
+
+async def test_an_ended_subscription_voids_its_deliveries_and_ends_iteration() -> None:
+    sub, conn = _bound()
+    sub._receive(1, _deliver(7, [_tag(1), _tag(2)]))
+    held = await sub.__anext__()
+    end = SubscriptionEndedError(ErrorCode.GROUP_DELETED, "group g was deleted")
+    sub._ended(1, end)
+    assert held.state is DeliveryState.VOID and sub.end is end
+    with pytest.raises(SubscriptionEndedError):
+        await sub.__anext__()
+    sub._settled(conn, [held])  # type: ignore[arg-type]
+    assert conn.credits() == []
+
+
+async def test_pull_fetch_asks_for_what_it_still_wants_and_gives_back_the_rest() -> None:
+    sub, conn = _bound(pull=True, prefetch=3)
+    sub._receive(1, _deliver(7, [_tag(1)]))
+    async with trio.open_nursery() as nursery:
+        got: list[Any] = []
+
+        async def fetch() -> None:
+            got.extend(await sub.fetch(3, timeout_s=0.2))
+
+        nursery.start_soon(fetch)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.credits() == []  # 2 still wanted, 2 credits still out: nothing to ask
+        sub._receive(1, _deliver(7, [_tag(2)]))
+    assert [d.tag for d in got] == [_tag(1), _tag(2)]
+    # The credit left (1) brings a delivery nobody fetches: it is to be released.
+    sub._receive(1, _deliver(7, [_tag(3)]))
+    assert [d.tag for d in sub.to_release] == [_tag(3)] and sub.buffered == 0
+    # Settling in pull mode gives no credit back; the next fetch asks for its own.
+    sub._settled(conn, got)  # type: ignore[arg-type]
+    assert conn.credits() == []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sub.fetch, 4, 0.05)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.credits() == [4]
