@@ -92,6 +92,13 @@ class RunOptions:
         ]
         if self.ack_level != "quorum":
             args += ["--ack-level", self.ack_level]
+        defaults = RunOptions(out=self.out)
+        if self.quiet_s != defaults.quiet_s:
+            args += ["--quiet", ",".join(f"{s:g}" for s in self.quiet_s)]
+        if self.hold_s != defaults.hold_s:
+            args += ["--hold", ",".join(f"{s:g}" for s in self.hold_s)]
+        if self.drain_timeout_s != defaults.drain_timeout_s:
+            args += ["--drain-timeout", f"{self.drain_timeout_s:g}"]
         return shlex.join(args)
 
 
