@@ -35,6 +35,9 @@ Unix epoch on the harness host, taken when the event happened). Types and their 
     (``evidence.py``). ``node_id``, ``applied_index``, ``groups`` (``{"topic/group":
     group_id}``), ``held`` (``[message_id, topic, group, due_ms, attempt]`` per
     schedule entry still there), ``messages`` (ids still stored); or ``error``.
+``harness``
+    The harness's own event loop woke up ``stall_ms`` late (250 ms or more): the Raft
+    link proxies, which run on it, forwarded nothing meanwhile (``runner._watch_loop``).
 """
 
 from __future__ import annotations

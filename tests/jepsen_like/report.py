@@ -86,6 +86,11 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
             "unavailable ms (windows)",
             f"{summary.get('unavailable_ms', 0):.0f} ({len(summary.get('unavailability_windows', []))})",
         ),
+        (
+            "harness stalls >=250 ms (max, total ms)",
+            f"{summary.get('harness_stalls', 0)} ({_ms(summary.get('harness_stall_ms_max'))}, "
+            f"{_ms(summary.get('harness_stall_ms_total'))})",
+        ),
     ]
     for name, value in rows:
         table.add_row(name, str(value), "info")

@@ -117,6 +117,30 @@ async def _poll_leaders(cluster: Cluster) -> None:
         await trio.sleep(LEADER_POLL_S)
 
 
+LOOP_WATCH_S = 0.1
+"""How often the harness checks that its own event loop is not held up (s)."""
+LOOP_STALL_MS = 250
+"""A wake-up this late (ms) is recorded as a stall of the harness: the Raft link proxies
+run on the same loop, so every link stalled as long (about half an election timeout)."""
+
+
+async def _watch_loop(history: History, stalls: list[float]) -> None:
+    """Record every stall of the harness's own event loop (``harness`` events).
+
+    A node's election timeout is 500 ms; a harness too starved to forward frames for
+    that long makes leaders lose their quorum, which is the harness's fault, not the
+    cluster's. The summary reports how many stalls and the longest, so a run on a
+    loaded machine can be told from a cluster that cannot keep a leader.
+    """
+    while True:
+        before = trio.current_time()
+        await trio.sleep(LOOP_WATCH_S)
+        late_ms = (trio.current_time() - before - LOOP_WATCH_S) * 1000
+        if late_ms >= LOOP_STALL_MS:
+            stalls.append(late_ms)
+            history.record("harness", stall_ms=round(late_ms, 1))
+
+
 async def _raft_checks(cluster: Cluster) -> dict[str, Any]:
     """Compare what the nodes report about their own state once everything settled."""
     with trio.move_on_after(20):
@@ -197,6 +221,7 @@ async def run(options: RunOptions) -> RunOutcome:
     raft: dict[str, Any] = {}
     missing: list[tuple[str, list[int], str, str]] = []
     started = trio.current_time()
+    stalls: list[float] = []
     try:
         clocks = steppable_clocks(out / "cluster", options.nodes, list(options.nemesis))
         async with open_cluster(
@@ -225,6 +250,7 @@ async def run(options: RunOptions) -> RunOutcome:
             )
             async with trio.open_nursery() as background:
                 background.start_soon(_poll_leaders, cluster)
+                background.start_soon(_watch_loop, history, stalls)
                 background.start_soon(workload.run_consumers)
                 with trio.move_on_after(options.time_s):
                     async with trio.open_nursery() as phase:
@@ -267,6 +293,9 @@ async def run(options: RunOptions) -> RunOutcome:
         raft=raft,
         reproduce=options.command(),
         wall_s=round(trio.current_time() - started, 1),
+        harness_stalls=len(stalls),
+        harness_stall_ms_max=round(max(stalls, default=0.0), 1),
+        harness_stall_ms_total=round(sum(stalls), 1),
     )
     if raft.get("applied_digest_equal") is False:
         summary["failures"]["applied_digest_differs"] = 1
