@@ -156,13 +156,31 @@ async def _raft_checks(cluster: Cluster) -> dict[str, Any]:
         "applied_index": {str(n): s.get("applied_index") for n, s in statuses.items()},
         "applied_index_equal": len({s.get("applied_index") for s in statuses.values()}) <= 1,
     }
-    digests = {str(n): s["applied_digest"] for n, s in statuses.items() if "applied_digest" in s}
-    if digests:
-        checks["applied_digest"] = digests
-        checks["applied_digest_equal"] = len(set(digests.values())) == 1
-    else:
-        checks["applied_digest"] = "not exposed by /api/status (skipped)"
+    checks.update(compare_digests(statuses))
     return checks
+
+
+def compare_digests(statuses: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """``applied_digest`` (per node), ``applied_digest_equal`` and what was compared.
+
+    The digest chains every applied entry, so only nodes at the same applied index are
+    compared: a node one entry ahead always differs (it may have applied an entry the
+    others learn is committed with the next heartbeat).
+    """
+    digests = {str(n): s["applied_digest"] for n, s in statuses.items() if "applied_digest" in s}
+    if not digests:
+        return {"applied_digest": "not exposed by /api/status (skipped)"}
+    by_index: dict[Any, set[int]] = {}
+    for status in statuses.values():
+        if "applied_digest" in status:
+            by_index.setdefault(status.get("applied_index"), set()).add(status["applied_digest"])
+    return {
+        "applied_digest": digests,
+        "applied_digest_equal": all(len(found) == 1 for found in by_index.values()),
+        "applied_digest_compared": (
+            "all nodes" if len(by_index) == 1 else "nodes at the same applied index only"
+        ),
+    }
 
 
 async def _drain(workload: Workload, history: History, options: RunOptions) -> Outstanding:

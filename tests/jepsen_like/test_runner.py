@@ -1,4 +1,4 @@
-"""The reproduce command a run prints rebuilds the same run options."""
+"""The runner's pure parts: the reproduce command, the digest comparison."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from tests.jepsen_like.__main__ import _parser
-from tests.jepsen_like.runner import RunOptions
+from tests.jepsen_like.runner import RunOptions, compare_digests
 
 
 @pytest.mark.parametrize(
@@ -51,3 +51,23 @@ def test_a_bad_range_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         _parser().parse_args(["run", "--hold", "5,3"])
     assert "MIN <= MAX" in capsys.readouterr().err
+
+
+def test_digests_are_compared_only_at_the_same_applied_index() -> None:
+    # One node applied one entry more (the others learn its commit with the next
+    # heartbeat): nothing to compare it with, not a divergence.
+    ahead = {1: {"applied_index": 808, "applied_digest": 7}, 2: {"applied_index": 808,
+             "applied_digest": 7}, 3: {"applied_index": 809, "applied_digest": 9}}  # fmt: skip
+    result = compare_digests(ahead)
+    assert result["applied_digest_equal"] is True
+    assert result["applied_digest_compared"] == "nodes at the same applied index only"
+    # Two nodes at the same index with different digests diverged, whatever the third.
+    ahead[2]["applied_digest"] = 8
+    assert compare_digests(ahead)["applied_digest_equal"] is False
+    same = {n: {"applied_index": 5, "applied_digest": 1} for n in (1, 2, 3)}
+    assert compare_digests(same) == {
+        "applied_digest": {"1": 1, "2": 1, "3": 1},
+        "applied_digest_equal": True,
+        "applied_digest_compared": "all nodes",
+    }
+    assert compare_digests({1: {"applied_index": 5}})["applied_digest"].startswith("not exposed")
