@@ -10,7 +10,7 @@ history is checked again offline with the same verdicts.
 
 Layout read (``futureq.state.queue_state``): ``groups`` ``topic \\x00 group`` ->
 ``[group_id, ...]``; ``schedule`` ``group_id | due_ms | message_id`` ->
-``[attempt, expire_ms]``; ``messages`` ``message_id`` -> ``[topic, payload, publish_ms,
+``[attempt, expire_ms]`` (and ``released, released_attempt`` once released); ``messages`` ``message_id`` -> ``[topic, payload, publish_ms,
 due_ms, open]``; ``meta`` ``applied_index``.
 """
 
@@ -61,6 +61,8 @@ def read_holdings(data_dir: Path, wanted: Iterable[tuple[int, str, str]]) -> dic
         return {"error": f"cannot open {data_dir} read-only: {exc}"}
     try:
         return _read(db, wanted)
+    except Exception as exc:  # a layout this reader does not know: say so, go on
+        return {"error": f"cannot read {data_dir}: {exc!r}"}
     finally:
         db.close()
 
@@ -87,7 +89,9 @@ def _read(db: Rdict, wanted: list[tuple[int, str, str]]) -> dict[str, Any]:
         while iterator.valid() and iterator.key().startswith(prefix):
             _, due_ms, mid = commands.parse_schedule_key(iterator.key())
             if mid in mids:
-                attempt, _expire_ms = msgpack.unpackb(iterator.value())
+                # [attempt, expire_ms] or, once released, [attempt, expire_ms,
+                # released, released_attempt] (queue_state._schedule_value).
+                attempt = msgpack.unpackb(iterator.value())[0]
                 held.append([mid, *names[gid], due_ms, attempt])
             iterator.next()
     messages = db.get_column_family("messages")

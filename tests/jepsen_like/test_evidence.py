@@ -38,8 +38,20 @@ def _write_node(path: Path) -> dict[str, int]:
     run(commands.ack([schedule_key(workers, 1_500, first), schedule_key(audit, 1_500, first)]))
     run(commands.ack([schedule_key(workers, 1_600, second)]))
     run(commands.nack(5_000, 700, [(schedule_key(audit, 1_600, second), 1)]))
+    third = run(commands.publish(1_002, [("jobs", b"3", 1_700, None)]))
+    assert isinstance(third, int)
+    run(commands.ack([schedule_key(audit, 1_700, third)]))
+    # Given back unprocessed: its schedule value grows to [attempt, expire, released, ...].
+    run(commands.release([(schedule_key(workers, 1_700, third), 1)]))
     db.close()
-    return {"workers": workers, "audit": audit, "first": first, "second": second, "applied": index}
+    return {
+        "workers": workers,
+        "audit": audit,
+        "first": first,
+        "second": second,
+        "third": third,
+        "applied": index,
+    }
 
 
 def test_holdings_are_the_schedule_entries_still_kept(tmp_path: Path) -> None:
@@ -50,14 +62,18 @@ def test_holdings_are_the_schedule_entries_still_kept(tmp_path: Path) -> None:
         (ids["second"], "jobs", "workers"),
         (ids["second"], "jobs", "audit"),
         (ids["second"], "jobs", "gone"),
+        (ids["third"], "jobs", "workers"),
     ]
     found = read_holdings(tmp_path / "n1", wanted)
     assert found == {
         "applied_index": ids["applied"],
         "groups": {"jobs/workers": ids["workers"], "jobs/audit": ids["audit"]},
         # Acked everywhere but for audit, whose NACK moved it to 5000 + 700.
-        "held": [[ids["second"], "jobs", "audit", 5_700, 1]],
-        "messages": [ids["second"]],
+        "held": [
+            [ids["third"], "jobs", "workers", 1_700, 1],  # released: same due time
+            [ids["second"], "jobs", "audit", 5_700, 1],
+        ],
+        "messages": [ids["second"], ids["third"]],
     }
 
 
