@@ -26,7 +26,9 @@ Unix epoch on the harness host, taken when the event happened). Types and their 
     A leader observation: ``node_id`` (int or null), ``term`` (int or null),
     ``observer`` (node asked), ``claimants`` (every node whose ``/api/status`` said
     ``role: leader`` at that moment; two at once is normal for a deposed leader that
-    has not heard of the new term yet, a violation only within one term).
+    has not heard of the new term yet, a violation only within one term). With no
+    leader, ``nodes``: per answering node ``role``, ``term``, and its clock's
+    ``in_bound``, ``synchronized`` and ``offsets_ms`` (why nobody campaigns or wins).
 ``node``
     ``phase``: ``kill`` | ``start`` | ``pause`` | ``resume``; ``node_id``.
 ``state``
