@@ -23,10 +23,11 @@ Verdicts (the first seven must be zero):
     held (``evidence.py``). Without ``state`` events every missing delivery is lost.
 ``stranded``
     A missing delivery (group entry) the nodes still hold, due before its group's
-    delivery frontier: the group delivered entries due later than it at least
-    ``frontier_slack_ms`` before its last delivery (a group is dispatched in due order,
-    and a delivery lost with its connection comes again within a visibility timeout),
-    so the dispatcher passed it by.
+    delivery frontier: after its publish was acknowledged (so the entry was stored),
+    the group delivered entries due later than it, at least ``frontier_slack_ms``
+    before its last delivery (a group is dispatched in due order, and a delivery lost
+    with its connection comes again within a visibility timeout), so the dispatcher
+    passed it by.
 ``drain_stalled``
     A group that held missing deliveries and delivered nothing in the last
     ``drain_stall_ms`` of the drain, with every fault healed: an availability failure.
@@ -73,6 +74,7 @@ should be none), ``unsettled`` (required, delivered, never acked).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from collections.abc import Iterable
@@ -103,6 +105,25 @@ DUPLICATE_CAUSES = (
     "after_ack",
 )
 MAX_EXAMPLES = 20
+
+
+class _Frontier:
+    """A group's settled deliveries ``(received t, due_ms)``: the largest ``due_ms``
+    among those received at or after a given time, in O(log n) per question."""
+
+    def __init__(self, pairs: list[tuple[float, float]]) -> None:
+        pairs = sorted(pairs)
+        self._times = [t for t, _ in pairs]
+        self._max_due_from: list[float] = [0.0] * len(pairs)
+        running = -math.inf
+        for i in range(len(pairs) - 1, -1, -1):
+            running = max(running, pairs[i][1])
+            self._max_due_from[i] = running
+
+    def after(self, t: float) -> float | None:
+        """The largest ``due_ms`` delivered at or after ``t``, or None."""
+        i = bisect.bisect_left(self._times, t)
+        return self._max_due_from[i] if i < len(self._times) else None
 
 
 @attrs.frozen
@@ -594,7 +615,15 @@ class _Checker:
                     continue
                 missing_per_group[group] += 1
                 due_ms, holders = found
-                frontier = frontiers.get(group)
+                # Only deliveries made once this entry was stored (its publish was
+                # acknowledged) show the dispatcher passing it by; a slow publish can
+                # store an entry already due later than what the group delivered.
+                found_frontier = frontiers.get(group)
+                frontier = (
+                    None
+                    if found_frontier is None or publish.complete_t is None
+                    else found_frontier.after(publish.complete_t)
+                )
                 kind = "stranded" if frontier is not None and due_ms < frontier else "undelivered"
                 self.count(kind)
                 self.example(
@@ -661,24 +690,24 @@ class _Checker:
             if len(by_node) == len(current)
         }
 
-    def group_progress(self, end: float) -> tuple[dict[str, float], dict[str, float]]:
-        """Per group: when its last delivery by ``end`` came, and its delivery frontier:
-        the largest ``due_ms`` delivered at least ``frontier_slack_ms`` before that
-        last delivery (so an entry whose delivery was lost with its connection had
-        time to come again while the group was still being delivered to)."""
+    def group_progress(self, end: float) -> tuple[dict[str, _Frontier], dict[str, float]]:
+        """Per group: when its last delivery by ``end`` came, and what its frontier is
+        built from: its deliveries at least ``frontier_slack_ms`` before that last one
+        (so an entry whose delivery was lost with its connection had time to come again
+        while the group was still being delivered to)."""
         last: dict[str, float] = {}
         for (_key, group), deliveries in self.seen.items():
             for d in deliveries:
                 t = float(d["t"])
                 if t <= end and t > last.get(group, -math.inf):
                     last[group] = t
-        frontiers: dict[str, float] = {}
+        settled: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for (_key, group), deliveries in self.seen.items():
-            settled = last.get(group, -math.inf) - self.config.frontier_slack_ms
+            cutoff = last.get(group, -math.inf) - self.config.frontier_slack_ms
             for d in deliveries:
-                if float(d["t"]) <= settled:
-                    frontiers[group] = max(frontiers.get(group, 0.0), float(d["due_ms"]))
-        return frontiers, last
+                if float(d["t"]) <= cutoff:
+                    settled[group].append((float(d["t"]), float(d["due_ms"])))
+        return {group: _Frontier(pairs) for group, pairs in settled.items()}, last
 
     def leader_change_times(self) -> list[float]:
         """When the observed leader changed: another node, or a higher term.

@@ -418,6 +418,28 @@ def test_held_entry_behind_the_group_frontier_is_stranded() -> None:
     assert_only(check([*events, state(1, held)], CheckConfig(frontier_slack_ms=30_000)).counts)
 
 
+def test_entry_stored_after_the_later_deliveries_is_not_stranded() -> None:
+    """A slow publish (acknowledged after 17 s, as under a loaded machine) stores an
+    entry due at 1 s after group b delivered everything due before 3.5 s that settles
+    its frontier: the dispatcher never had the chance to pass it by."""
+    b = Builder()
+    b.add(0, "run", phase="start", topics=TOPICS)
+    b.publish(400, message_id=9, delay_ms=600, took_ms=17_000, groups=["b"])
+    for n in range(11):
+        due = 500 + 500 * n
+        key = b.publish(300 + 10 * n, message_id=100 + n, groups=["b"], delay_ms=due - 300 - 10 * n)
+        b.deliver(2_000 + 2_500 * n, key, message_id=100 + n, group="b", due=due)
+    events = b.finish(30_000)
+    held = [[9, "jobs", "b", T0 + 1_000, 0]]
+    result = check([*events, state(1, held), state(2, held)])
+    assert_only(result.counts)
+    assert result.counts["undelivered"] == 1
+    # Acknowledged at 5 s instead, it existed while entries due up to 3.5 s went out.
+    b2, _ = backlog()
+    events = b2.finish(30_000)
+    assert_only(check([*events, state(1, held), state(2, held)]).counts, stranded=1)
+
+
 def test_group_that_delivered_nothing_late_in_the_drain_stalled() -> None:
     b = clean()
     k = b.publish(400, message_id=9, delay_ms=100)
