@@ -37,6 +37,10 @@ Unix epoch on the harness host, taken when the event happened). Types and their 
     (``evidence.py``). ``node_id``, ``applied_index``, ``groups`` (``{"topic/group":
     group_id}``), ``held`` (``[message_id, topic, group, due_ms, attempt]`` per
     schedule entry still there), ``messages`` (ids still stored); or ``error``.
+``buffered``
+    Written when the drain ends, one per live consumer: ``consumer``, ``group``, and the
+    ``ids`` and ``keys`` of the deliveries its client had received and not yet handed
+    out (``Subscription`` buffer; prefetch kept alive by the lease keeper).
 ``harness``
     The harness's own event loop woke up ``stall_ms`` late (250 ms or more): the Raft
     link proxies, which run on it, forwarded nothing meanwhile (``runner._watch_loop``).

@@ -37,10 +37,14 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
     for name in MUST_BE_ZERO:
         value = summary.get(name, 0)
         table.add_row(name, str(value), "[green]ok[/]" if value == 0 else "[red]FAIL[/]")
+    where = {
+        "undelivered": "held by the nodes when the drain ended",
+        "buffered": "in a consumer's client buffer when the drain ended",
+    }
     for name in WARNINGS:
         value = summary.get(name, 0)
         table.add_row(
-            f"{name} (held by the nodes when the drain ended)",
+            f"{name} ({where.get(name, 'warning')})",
             str(value),
             "[green]ok[/]" if value == 0 else "[yellow]WARN[/]",
         )

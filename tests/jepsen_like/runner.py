@@ -285,6 +285,7 @@ async def run(options: RunOptions) -> RunOutcome:
                 history.record("run", phase="healed")
                 outstanding = await _drain(workload, history, options)
                 drain_end = history.record("run", phase="drain_end")
+                workload.record_buffered()
                 missing = outstanding.missing(drain_end["t"])
                 workload.stop()
                 history.flush()

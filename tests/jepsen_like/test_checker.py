@@ -440,6 +440,26 @@ def test_entry_stored_after_the_later_deliveries_is_not_stranded() -> None:
     assert_only(check([*events, state(1, held), state(2, held)]).counts, stranded=1)
 
 
+def test_missing_delivery_in_a_consumer_buffer_is_buffered() -> None:
+    """Pushed to a consumer of the group whose client had not handed it out when the
+    drain ended (prefetch 200, one ack at a time on a loaded machine): neither passed by
+    nor stalled, whatever its due time."""
+    b, k = backlog()
+    b.add(29_000, "buffered", consumer="b-4-lease", group="b", ids=[9], keys=[k])
+    b.add(29_000, "buffered", consumer="a-4-lease", group="a", ids=[], keys=[])
+    events = b.finish(30_000)
+    held = [[9, "jobs", "b", T0 + 1_000, 0]]  # due before the frontier: stranded otherwise
+    result = check([*events, state(1, held), state(2, held)])
+    assert_only(result.counts)
+    assert result.counts["buffered"] == 1 and result.warnings == {"buffered": 1}
+    assert result.examples["buffered"][0]["group"] == "b"
+    # In another group's buffer it proves nothing for this one.
+    b, k = backlog()
+    b.add(29_000, "buffered", consumer="a-4-lease", group="a", ids=[9], keys=[k])
+    events = b.finish(30_000)
+    assert_only(check([*events, state(1, held), state(2, held)]).counts, stranded=1)
+
+
 def test_group_that_delivered_nothing_late_in_the_drain_stalled() -> None:
     b = clean()
     k = b.publish(400, message_id=9, delay_ms=100)
