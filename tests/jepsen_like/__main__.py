@@ -74,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MIN,MAX",
         help="seconds each fault is held, drawn from this range (default 3,8)",
     )
+    run_cmd.add_argument(
+        "--nemesis-first",
+        default="",
+        metavar="NAME[,NAME...]",
+        help="faults to inject first, in this order, before the drawn ones",
+    )
     run_cmd.add_argument("--drain-timeout", type=float, default=60.0, help="longest drain (s)")
     run_cmd.add_argument("--log-level", default="info", help="nodes' --log-level")
     check_cmd = commands.add_parser("check", help="check a saved run directory again")
@@ -104,7 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = {"mixed": list(MIXED), "none": []}.get(args.nemesis)
     if names is None:
         names = [name.strip() for name in args.nemesis.split(",") if name.strip()]
-    unknown = [name for name in names if name not in FAULTS]
+    first = [name.strip() for name in args.nemesis_first.split(",") if name.strip()]
+    unknown = [name for name in [*names, *first] if name not in FAULTS]
     if unknown:
         print(f"unknown nemesis {unknown}; try --nemesis list", file=sys.stderr)
         return 2
@@ -120,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ack_level=args.ack_level,
         quiet_s=args.quiet,
         hold_s=args.hold,
+        nemesis_first=tuple(first),
         drain_timeout_s=args.drain_timeout,
         log_level=args.log_level,
     )

@@ -54,6 +54,7 @@ class RunOptions:
         rate: Publish operations per second.
         ack_level: ``quorum`` (default), ``leader`` or ``none`` (unsafe).
         quiet_s, hold_s: Ranges of the nemesis gaps and fault durations (s).
+        nemesis_first: Faults injected first, in order, before the drawn ones.
         drain_timeout_s: Longest drain (s).
         log_level: Nodes' ``--log-level``.
     """
@@ -67,6 +68,7 @@ class RunOptions:
     ack_level: str = "quorum"
     quiet_s: tuple[float, float] = (2.0, 5.0)
     hold_s: tuple[float, float] = (3.0, 8.0)
+    nemesis_first: tuple[str, ...] = ()
     drain_timeout_s: float = 60.0
     log_level: str = "info"
 
@@ -97,6 +99,8 @@ class RunOptions:
             args += ["--quiet", ",".join(f"{s:g}" for s in self.quiet_s)]
         if self.hold_s != defaults.hold_s:
             args += ["--hold", ",".join(f"{s:g}" for s in self.hold_s)]
+        if self.nemesis_first:
+            args += ["--nemesis-first", ",".join(self.nemesis_first)]
         if self.drain_timeout_s != defaults.drain_timeout_s:
             args += ["--drain-timeout", f"{self.drain_timeout_s:g}"]
         return shlex.join(args)
@@ -276,7 +280,12 @@ async def run(options: RunOptions) -> RunOutcome:
                         phase.start_soon(workload.run_churner)
                         if options.nemesis:
                             phase.start_soon(
-                                partial(nemesis.run, quiet_s=options.quiet_s, hold_s=options.hold_s)
+                                partial(
+                                    nemesis.run,
+                                    quiet_s=options.quiet_s,
+                                    hold_s=options.hold_s,
+                                    first=options.nemesis_first,
+                                )
                             )
                 history.record("run", phase="workload_end")
                 await nemesis.heal_all()

@@ -23,6 +23,7 @@ from tests.jepsen_like.runner import RunOptions, compare_digests
             rate=30,
             quiet_s=(1, 3),
             hold_s=(3, 5),
+            nemesis_first=("clock-step",),
             drain_timeout_s=10,
             ack_level="none",
         ),
@@ -42,6 +43,7 @@ def test_the_reproduce_command_gives_the_same_options(options: RunOptions) -> No
         ack_level=args.ack_level,
         quiet_s=args.quiet,
         hold_s=args.hold,
+        nemesis_first=tuple(n for n in args.nemesis_first.split(",") if n),
         drain_timeout_s=args.drain_timeout,
     )
     assert rebuilt == options
