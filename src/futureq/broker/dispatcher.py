@@ -396,8 +396,26 @@ class Dispatcher:
         committed goes back to the index, where the next pass expires it (nothing is
         ever delivered after its expiry); a consumer that left gets nothing and its
         deliveries go back to the group with their previous attempt count.
+
+        Recorded deliveries are pushed only while dispatching is allowed *now*
+        (``dispatch_allowed``: the leader lease): their record may have committed
+        long after they were staged, for instance when a leader paused with SIGSTOP
+        resumes and the answers queued for it commit the record, after another leader
+        took over and delivered the same entries with a higher attempt. Refused, they
+        go back unpushed with their old attempt. The time stamped on the frame is read
+        before the question, so every push carries a time at which this node held the
+        lease (a pause after the question only delays the frame, like the network).
+        A pass's first deliveries need no question here: :meth:`dispatch_once` asks
+        after reading the pass's time and pushes without yielding.
         """
-        now_ms = self.clock.wall_ms() if pass_now_ms is None else pass_now_ms
+        if pass_now_ms is None:
+            now_ms = self.clock.wall_ms()
+            allowed = self.dispatch_allowed
+            if not self.active or (allowed is not None and not allowed()):
+                self.drop_staged(batches)
+                return 0
+        else:
+            now_ms = pass_now_ms
         pushed = 0
         for batch in batches:
             consumer = batch.consumer
@@ -436,11 +454,17 @@ class Dispatcher:
         return pushed
 
     def drop_staged(self, batches: list[Staged]) -> None:
-        """Their DELIVERED could not be committed: give the deliveries back unpushed."""
+        """Their DELIVERED could not be committed (or they may not be pushed now): give
+        the deliveries back unpushed. One removed meanwhile returns its credit, as in
+        :meth:`push_staged` (it never went out)."""
         for batch in batches:
+            consumer = batch.consumer
             for flight in batch.flights:
                 if self.hub.is_current(flight):
                     self.hub.give_back(flight)
+                elif not consumer.closed:
+                    consumer.credit += 1
+                    self.hub.touched.add(consumer.group_id)
         self.kick()
 
     def _count_pushed(self, runtime: GroupRuntime, flights: list[InFlight], now_ms: int) -> None:
@@ -565,6 +589,9 @@ class Dispatcher:
         """
         if not self.active:
             return math.inf
+        # The pass's time first, then the lease: a pause between the two fails the
+        # question, and everything the pass pushes (without yielding) carries a time
+        # at which the lease held (see push_staged).
         now_ms = self.clock.wall_ms()
         if self.dispatch_allowed is not None and not self.dispatch_allowed():
             return float(now_ms + NOT_ALLOWED_RETRY_MS)
