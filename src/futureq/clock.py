@@ -22,8 +22,20 @@ class Clock(Protocol):
         ...
 
 
+class MicroClock(Protocol):
+    """Wall-clock and monotonic time in integer microseconds (the cluster clock's input)."""
+
+    def wall_us(self) -> int:
+        """Wall-clock time in integer microseconds since the Unix epoch (floored)."""
+        ...
+
+    def monotonic_us(self) -> int:
+        """Monotonic time in integer microseconds (arbitrary origin, never steps)."""
+        ...
+
+
 class SystemClock:
-    """The operating system's clocks: ``time.time_ns`` and ``time.monotonic``."""
+    """The operating system's clocks: ``time.time_ns`` and ``time.monotonic_ns``."""
 
     def wall_ms(self) -> int:
         """Wall-clock time in integer milliseconds since the Unix epoch (floored)."""
@@ -32,3 +44,11 @@ class SystemClock:
     def monotonic_s(self) -> float:
         """Monotonic time in float seconds."""
         return time.monotonic()
+
+    def wall_us(self) -> int:
+        """Wall-clock time in integer microseconds since the Unix epoch (floored)."""
+        return time.time_ns() // 1000
+
+    def monotonic_us(self) -> int:
+        """Monotonic time in integer microseconds."""
+        return time.monotonic_ns() // 1000

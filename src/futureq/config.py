@@ -214,6 +214,10 @@ class ClusterSection:
             behind a snapshot (entries).
         transfer_leadership_on_shutdown: On SIGTERM, hand leadership to another node
             first, so clients do not wait for an election timeout.
+        max_clock_offset_ms: The stated bound of cluster time (``docs/architecture.md``,
+            "Time"): nothing is delivered earlier than its due time minus this; a node
+            whose wall clock is more than half of it from cluster time does not lead or
+            dispatch (ms).
         member_record_ms: How often (at most) the leader records in the log how far each
             member acknowledged, so a member whose disk was replaced by an older copy is
             told so (ms); an incarnation change is recorded at once.
@@ -238,6 +242,7 @@ class ClusterSection:
     snapshot_chunk_bytes: int = 1024 * 1024
     compact_every_entries: int = 50_000
     transfer_leadership_on_shutdown: bool = True
+    max_clock_offset_ms: int = 500
     member_record_ms: int = 5000
     initial_cluster_state: str = "existing"
 

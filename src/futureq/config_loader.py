@@ -60,9 +60,13 @@ from futureq.peer_credentials import (
     read_secret_file,
 )
 from futureq.state import commands
+from futureq.wire.validation import MIN_VISIBILITY_TIMEOUT_MS, visibility_problem
 
 ENV_PREFIX = "FUTUREQ_"
 MAX_NODE_ID = commands.MAX_NODE_ID
+MIN_CLOCK_OFFSET_MS = 10
+"""A smaller cluster.max_clock_offset_ms is a unit mistake: no clocks agree that well."""
+MAX_CLOCK_OFFSET_MS = 60_000
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 SECTIONS: dict[str, type[Any]] = {
@@ -546,6 +550,12 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
 
 def _check_queue(queue: QueueSection) -> Iterable[_Bad]:
     yield from _minimum("queue", queue, "visibility_timeout_ms", 1, " ms")
+    if 1 <= queue.visibility_timeout_ms < MIN_VISIBILITY_TIMEOUT_MS:
+        yield _Bad(
+            ("queue.visibility_timeout_ms",),
+            queue.visibility_timeout_ms,
+            visibility_problem(queue.visibility_timeout_ms),
+        )
     yield from _minimum("queue", queue, "max_deliveries", 1, " attempts")
     yield from _minimum("queue", queue, "horizon_ms", 1, " ms")
     yield from _minimum("queue", queue, "horizon_max_items", 1, " items")
@@ -621,6 +631,24 @@ def _check_cluster(cluster: ClusterSection) -> Iterable[_Bad]:
             ("cluster.heartbeat_ticks",),
             cluster.heartbeat_ticks,
             "must be smaller than cluster.election_timeout_ticks",
+        )
+    if cluster.clustered and cluster.election_timeout_ticks < 3:
+        yield _Bad(
+            ("cluster.election_timeout_ticks",),
+            cluster.election_timeout_ticks,
+            "must be at least 3 ticks in a cluster (the leader lease lasts T - 2 ticks)",
+        )
+    if not MIN_CLOCK_OFFSET_MS <= cluster.max_clock_offset_ms <= MAX_CLOCK_OFFSET_MS:
+        hint = (
+            f" ({cluster.max_clock_offset_ms} s would be {cluster.max_clock_offset_ms * 1000} ms:"
+            " it looks like seconds taken for milliseconds)"
+            if 0 < cluster.max_clock_offset_ms < MIN_CLOCK_OFFSET_MS
+            else ""
+        )
+        yield _Bad(
+            ("cluster.max_clock_offset_ms",),
+            cluster.max_clock_offset_ms,
+            f"must be between {MIN_CLOCK_OFFSET_MS} and {MAX_CLOCK_OFFSET_MS} ms{hint}",
         )
     yield from _minimum("cluster", cluster, "snapshot_chunk_bytes", 1024, " bytes")
     yield from _minimum("cluster", cluster, "compact_every_entries", 1, " entries")

@@ -51,6 +51,9 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_GROUP = 214
     INVALID_ARGUMENT = 215
     UNKNOWN_TOPIC = 216
+    # 220-224: issue 8, time
+    IMPLAUSIBLE_TIME = 220
+    NODE_CLOCK_OUT_OF_BOUND = 221
     # 225-234: delivery state (issue 9)
     GROUP_DELETED = 225
     # 235-249: issue 10, limits and access
@@ -64,6 +67,8 @@ class ErrorCode(enum.IntEnum):
     STORAGE_FAILURE = 302
     TIMEOUT = 303
     INTERNAL_ERROR = 304
+    # 315-319: issue 8, time
+    CLOCK_NOT_SYNCHRONIZED = 315
     # 325-329: issue 10, limits
     NO_SPACE = 325
     TOO_MANY_CONNECTIONS = 326

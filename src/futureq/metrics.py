@@ -281,6 +281,36 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         "elections",
     ),
     MetricSpec(
+        "futureq_clock_offset_seconds",
+        "gauge",
+        "Each node's wall clock minus this node's cluster time (round-trip corrected; "
+        "this node's own clock included).",
+        ("node",),
+        "seconds",
+    ),
+    MetricSpec(
+        "futureq_clock_synchronized",
+        "gauge",
+        "1 while a majority of the voters' clocks agree on cluster time (always on a single node).",
+        (),
+        "",
+    ),
+    MetricSpec(
+        "futureq_clock_in_bound",
+        "gauge",
+        "1 while this node's clock is synchronized and within half of max_clock_offset_ms "
+        "(it may lead and dispatch), else 0.",
+        (),
+        "",
+    ),
+    MetricSpec(
+        "futureq_leader_lease_remaining_seconds",
+        "gauge",
+        "Leader only: time left on the leader lease; it dispatches only while this is > 0.",
+        (),
+        "seconds",
+    ),
+    MetricSpec(
         "futureq_raft_peer_refusals_total",
         "counter",
         "Raft connections and frames refused: by this node (a peer failed the handshake or "
@@ -567,6 +597,12 @@ class Metrics:
         self.raft_role: Gauge = _as(made["raft_role"], Gauge)
         self.raft_replication_lag_entries: Gauge = _as(made["raft_replication_lag_entries"], Gauge)
         self.raft_elections_won_total: Counter = _as(made["raft_elections_won_total"], Counter)
+        self.clock_offset_seconds: Gauge = _as(made["clock_offset_seconds"], Gauge)
+        self.clock_synchronized: Gauge = _as(made["clock_synchronized"], Gauge)
+        self.clock_in_bound: Gauge = _as(made["clock_in_bound"], Gauge)
+        self.leader_lease_remaining_seconds: Gauge = _as(
+            made["leader_lease_remaining_seconds"], Gauge
+        )
         self.raft_peer_refusals_total: Counter = _as(made["raft_peer_refusals_total"], Counter)
         self.publish_commit_seconds: Histogram = _as(made["publish_commit_seconds"], Histogram)
         self.due_to_delivery_seconds: Histogram = _as(made["due_to_delivery_seconds"], Histogram)

@@ -44,6 +44,12 @@ class WireClient:
         if hello:
             self.send(frames.Hello(1, (1,), "test", token))
             answer = self.receive()
+            if answer is codec.CLOSED:
+                # A node shutting down (or refusing one connection too many) may close
+                # a connection it accepted before answering: a connection failure, which
+                # callers that retry treat like any other, not a wrong answer.
+                self.close()
+                raise ConnectionError("the server closed the connection before answering HELLO")
             assert isinstance(answer, frames.HelloOk), answer
 
     def next_id(self) -> int:

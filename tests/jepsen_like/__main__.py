@@ -23,8 +23,9 @@ from pathlib import Path
 import trio
 from tests.jepsen_like import report
 from tests.jepsen_like.checker import check
+from tests.jepsen_like.faketime import faketime_library
 from tests.jepsen_like.history import read_history
-from tests.jepsen_like.nemesis import FAULTS, MIXED, faketime_library
+from tests.jepsen_like.nemesis import CLOCK_FAULTS, FAULTS, MIXED
 from tests.jepsen_like.runner import RunOptions, run
 
 
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 def _list_faults() -> None:
     for fault in FAULTS.values():
         note = ""
-        if fault.name == "clock-skew" and faketime_library() is None:
+        if fault.name in CLOCK_FAULTS and faketime_library() is None:
             note = "  [skipped here: libfaketime not installed]"
         print(f"{fault.name:22} (>= {fault.min_nodes} nodes)  {fault.text}{note}")
     print(f"{'mixed':22} {','.join(MIXED)}")

@@ -116,6 +116,8 @@ class Node:
         self.process: subprocess.Popen[bytes] | None = None
         self.paused = False
         self.env: dict[str, str] = {}
+        self.base_env: dict[str, str] = {}
+        """Environment of every start (``env``, a fault's, is added on top)."""
         self.max_file_bytes: int | None = None
         self.peers = ""
         self.secret_file: Path | None = None
@@ -178,6 +180,7 @@ class Node:
         """Start the process; returns the stdout log size before it (where READY goes)."""
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
+        env.update(self.base_env)
         env.update(self.env)
         mark = self.stdout_path.stat().st_size if self.stdout_path.exists() else 0
         with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
@@ -392,6 +395,7 @@ async def open_cluster(
     rng: random.Random,
     history: History | None = None,
     log_level: str = "info",
+    node_env: dict[int, dict[str, str]] | None = None,
 ) -> AsyncIterator[Cluster]:
     """Start a ``size``-node cluster under ``root`` and yield it once it has a leader.
 
@@ -401,6 +405,8 @@ async def open_cluster(
         rng: Seeds the proxies' random losses.
         history: Receives ``node`` and ``leader`` events.
         log_level: ``--log-level`` of every node.
+        node_env: Extra environment of a node for its whole life (e.g. libfaketime),
+            by node id; kept across its restarts.
 
     Yields:
         The cluster. On exit every node is killed (SIGKILL, by PID) and the proxies stop.
@@ -436,6 +442,7 @@ async def open_cluster(
                     )
             for node in cluster.nodes.values():
                 node.log_level = log_level
+                node.base_env = dict((node_env or {}).get(node.node_id, {}))
             async with trio.open_nursery() as starters:
                 for node_id in cluster.nodes:
                     starters.start_soon(cluster.start_node, node_id)

@@ -8,7 +8,13 @@ stop events (and the cluster records ``node`` events), so the checker and the ti
 can place leader changes and redeliveries next to the faults.
 
 A fault that cannot run in this setting (too few nodes, libfaketime missing, no
-``cluster remove-node`` command) is skipped with a ``nemesis skip`` event.
+``cluster remove-node`` command) is skipped with a ``nemesis skip`` event; in CI
+(``FUTUREQ_REQUIRE_FAKETIME=1``) a missing libfaketime fails the run instead.
+
+Clock faults (``docs/architecture.md``, "Time"): ``clock-skew`` restarts a node with its
+wall clock off; ``clock-step`` steps the wall clock of a running node (often the leader)
+forwards or back, from a small step inside the bound to an hour, through the
+libfaketime control file every node was started with (:class:`SteppableClock`).
 """
 
 from __future__ import annotations
@@ -24,27 +30,36 @@ from pathlib import Path
 import attrs
 import trio
 from tests.jepsen_like.cluster import Cluster
+from tests.jepsen_like.faketime import SteppableClock, faketime_library, offset_env
 from tests.jepsen_like.history import History
 
-#: Where Debian's libfaketime puts its preload library.
-FAKETIME_LIBS = (
-    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-    "/usr/lib/faketime/libfaketime.so.1",
-)
 #: RLIMIT_FSIZE of the disk-full fault (bytes): RocksDB's next log/SST file growth fails.
 DISK_FULL_BYTES = 256 * 1024
 #: Largest clock skew of the clock-skew fault (ms); the checker's offset allowance.
 MAX_SKEW_MS = 300
+#: Steps of the clock-step fault (s): inside the bound, just outside it, an hour.
+CLOCK_STEPS_S = (0.1, 0.2, 2.0, 30.0, 3600.0)
+#: Faults that need libfaketime.
+CLOCK_FAULTS = ("clock-skew", "clock-step")
 
 
 class Skip(Exception):
     """This fault cannot run here; the message says why."""
 
 
-def faketime_library() -> str | None:
-    """Path of libfaketime's preload library, or None when it is not installed."""
-    return next((path for path in FAKETIME_LIBS if Path(path).exists()), None)
+def steppable_clocks(root: Path, nodes: int, names: list[str]) -> dict[int, SteppableClock]:
+    """One control file per node (ids 1..``nodes``, under ``root``) when the run steps
+    clocks (``clock-step`` in ``names``), to be each node's environment from its first
+    start; else none.
+
+    Raises:
+        FaketimeMissing: libfaketime is missing in CI.
+    """
+    library = faketime_library() if "clock-step" in names else None
+    if library is None:
+        return {}
+    root.mkdir(parents=True, exist_ok=True)
+    return {n: SteppableClock(library, root / f"clock-n{n}.rc") for n in range(1, nodes + 1)}
 
 
 @attrs.frozen
@@ -73,10 +88,16 @@ class Nemesis:
         history: Receives ``nemesis`` events.
         rng: The schedule's randomness (seeded by the run).
         names: Faults to draw from (see :data:`FAULTS`).
+        clocks: The nodes' clock control files (:func:`steppable_clocks`), if any.
     """
 
     def __init__(
-        self, cluster: Cluster, history: History, rng: random.Random, names: list[str]
+        self,
+        cluster: Cluster,
+        history: History,
+        rng: random.Random,
+        names: list[str],
+        clocks: dict[int, SteppableClock] | None = None,
     ) -> None:
         unknown = [name for name in names if name not in FAULTS]
         if unknown:
@@ -85,6 +106,7 @@ class Nemesis:
         self.history = history
         self.rng = rng
         self.names = names
+        self.clocks = clocks or {}
         self.skew_ms = 0
 
     # ------------------------------------------------------------------ helpers
@@ -151,6 +173,9 @@ class Nemesis:
     async def heal_all(self) -> None:
         """Undo every fault: heal links, SIGCONT, drop limits and fake clocks, restart."""
         self.cluster.links.heal()
+        for clock in self.clocks.values():
+            if clock.offset_s:
+                clock.set(0.0)
         for node in self.cluster.nodes.values():
             node.resume()
             needs_restart = bool(node.env) or node.max_file_bytes is not None
@@ -260,20 +285,33 @@ async def link_loss(nemesis: Nemesis, hold_s: float) -> str:
 async def clock_skew(nemesis: Nemesis, hold_s: float) -> str:
     library = faketime_library()
     if library is None:
-        raise Skip("libfaketime is not installed (apt-get install libfaketime)")
+        raise Skip("libfaketime is not installed (apt-get install faketime libfaketime)")
     victim = nemesis.rng.choice(list(nemesis.cluster.nodes))
     skew_ms = nemesis.rng.choice([-1, 1]) * nemesis.rng.randint(50, MAX_SKEW_MS)
     node = nemesis.cluster.nodes[victim]
-    node.env = {
-        "LD_PRELOAD": library,
-        "FAKETIME": f"{skew_ms / 1000:+.3f}",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        "FAKETIME_NO_CACHE": "1",
-    }
+    node.env = offset_env(library, skew_ms / 1000)
     nemesis.skew_ms = skew_ms
     await nemesis.cluster.restart(victim)
     await trio.sleep(hold_s)
     return f"node {victim} clock {skew_ms:+d} ms"
+
+
+async def clock_step(nemesis: Nemesis, hold_s: float) -> str:
+    """Step a running node's wall clock (the leader 60 % of the time) forwards or back,
+    hold, then step it back to true time."""
+    if not nemesis.clocks:
+        raise Skip("libfaketime is not installed (apt-get install faketime libfaketime)")
+    leader = await nemesis.leader()
+    nodes = list(nemesis.cluster.nodes)
+    victim = (
+        leader if leader is not None and nemesis.rng.random() < 0.6 else nemesis.rng.choice(nodes)
+    )
+    step_s = nemesis.rng.choice([-1, 1]) * nemesis.rng.choice(CLOCK_STEPS_S)
+    nemesis.clocks[victim].step(step_s)
+    await trio.sleep(hold_s)
+    nemesis.clocks[victim].set(0.0)
+    role = "leader" if victim == leader else "node"
+    return f"{role} {victim} clock stepped {step_s:+g} s for {hold_s:.1f}s"
 
 
 async def rolling_restart(nemesis: Nemesis, hold_s: float) -> str:
@@ -400,6 +438,13 @@ FAULTS: dict[str, Fault] = {
             1,
             clock_skew,
         ),
+        Fault(
+            "clock-step",
+            "step a running node's clock (often the leader's) forwards or back by "
+            f"{min(CLOCK_STEPS_S):g} s to {max(CLOCK_STEPS_S):g} s, then back (libfaketime)",
+            1,
+            clock_step,
+        ),
         Fault("rolling-restart", "SIGTERM and restart every node in turn", 1, rolling_restart),
         Fault(
             "remove-readd-node",
@@ -441,6 +486,8 @@ MIXED = [
     "link-delay",
     "link-loss",
     "rolling-restart",
+    "clock-skew",
+    "clock-step",
     "wipe-node",
     "restore-old-copy",
 ]

@@ -11,6 +11,7 @@ A failing run prints its seed and reproduce command, and leaves its history,
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import tempfile
@@ -133,3 +134,27 @@ async def test_unsafe_ack_level_none_losses_are_detected(tmp_path: Path) -> None
     outcome = await run(options)
     assert outcome.summary["lost"] > 0, outcome.summary
     assert outcome.summary["failures"].get("lost") == outcome.summary["lost"]
+
+
+async def test_clock_faults(tmp_path: Path) -> None:
+    """Clocks skewed and stepped forwards and back (the leader's too), mixed with leader
+    kills and pauses: nothing early, nothing lost (docs/architecture.md, "Time")."""
+    options = await _options(
+        tmp_path,
+        14,
+        ("clock-step", "clock-skew", "kill-leader", "pause"),
+        time_s=30,
+        rate=30,
+        quiet_s=(1, 2),
+        hold_s=(2, 4),
+    )
+    _check(await run(options))
+    if options.nodes > 1:
+        events = [
+            json.loads(line) for line in (options.out / "history.jsonl").read_text().splitlines()
+        ]
+        stepped = [
+            e for e in events if e.get("type") == "nemesis" and e.get("name") == "clock-step"
+            and e.get("phase") == "stop"
+        ]  # fmt: skip
+        assert stepped, "no clock was stepped"

@@ -16,6 +16,14 @@
   and across disk faults a node's term and votes never go back as seen by peers.
 * :class:`SimCluster` — drives a :class:`Scenario` for one seed, then heals everything
   and checks liveness: a leader is elected and a proposal commits on every member.
+* Clocks (scenarios with ``clocks``): every node has a :class:`SimClock` (a wall clock
+  with its own offset and drift, a monotonic clock with its own drift) and a
+  :class:`~futureq.raft.timekeeper.TimeKeeper`; clock pings travel the same faulty
+  network. ``clock_faults`` add per-node clock skews, drifts and steps (forwards and
+  back, on a minority of the voters at a time). After every step the checker asserts
+  that at most one node may dispatch (the leader lease, thesis §6.4.1) and that the
+  one that may has a cluster time within half of the bound of true time, so nothing
+  it releases is earlier than due minus the bound (``docs/architecture.md``, "Time").
 
 Everything random comes from one ``random.Random(seed)``; nothing reads a clock or
 iterates a set of non-integers, so a seed replays exactly.
@@ -32,6 +40,7 @@ from typing import Any
 import attrs
 import msgpack
 
+from futureq.raft.cluster_clock import ClockConfig
 from futureq.raft.core import (
     ProposalDroppedError,
     RaftConfig,
@@ -40,6 +49,7 @@ from futureq.raft.core import (
     Role,
 )
 from futureq.raft.messages import (
+    CLOCK_MESSAGES,
     ConfChange,
     ConfChangeOp,
     Entry,
@@ -61,10 +71,51 @@ from futureq.raft.messages import (
     encode_message,
 )
 from futureq.raft.storage import MemoryStorage
+from futureq.raft.timekeeper import TimeConfig, TimeKeeper
+
+TICK_US = 10_000
+"""Simulated time per tick (µs): 10 ms, so the default election timeout is 100 ms."""
+EPOCH_US = 1_800_000_000_000_000
+"""True wall time (µs since the Unix epoch) at tick 0."""
+PPM = 1_000_000
+MAX_GOOD_OFFSET_US = 5_000
+"""A good clock's wall offset from true time (µs)."""
+MAX_GOOD_WALL_DRIFT_PPM = 100
+MAX_MONO_DRIFT_PPM = 2_500
+"""Monotonic clocks drift at most this much: a quarter of the lease's allowance."""
 
 
 class InvariantViolation(AssertionError):
     """A safety or liveness property failed."""
+
+
+@attrs.define
+class SimClock:
+    """One machine's clocks as functions of true time (µs since tick 0).
+
+    ``wall = EPOCH + true + wall_offset + true * wall_drift``;
+    ``mono = mono_offset + true + true * mono_drift`` (never steps).
+    """
+
+    wall_offset_us: int
+    wall_drift_ppm: int
+    mono_offset_us: int
+    mono_drift_ppm: int
+
+    def wall_us(self, true_us: int) -> int:
+        return EPOCH_US + true_us + self.wall_offset_us + true_us * self.wall_drift_ppm // PPM
+
+    def mono_us(self, true_us: int) -> int:
+        return self.mono_offset_us + true_us + true_us * self.mono_drift_ppm // PPM
+
+    def set_wall_drift(self, true_us: int, drift_ppm: int) -> None:
+        """Change the wall clock's rate from now on, without a jump."""
+        self.wall_offset_us += true_us * (self.wall_drift_ppm - drift_ppm) // PPM
+        self.wall_drift_ppm = drift_ppm
+
+    def wall_error_us(self, true_us: int) -> int:
+        """The wall clock minus true time now."""
+        return self.wall_us(true_us) - EPOCH_US - true_us
 
 
 @attrs.frozen
@@ -96,6 +147,9 @@ class Scenario:
     max_append_bytes: int = 64
     leader_faults: bool = False
     wire_roundtrip: bool = False
+    clocks: bool = False
+    clock_faults: bool = False
+    max_clock_offset_ms: int = 400
     disk_faults: bool = False
     """Wipe a node's storage, or roll it back to an earlier copy of itself."""
 
@@ -123,9 +177,43 @@ SCENARIOS: tuple[Scenario, ...] = (
 )  # fmt: skip
 
 
+CLOCK_SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("clock3", clocks=True, clock_faults=True, crashes=True, partitions=True,
+             drop_rate=0.03, fault_rate=0.08, steps=300),
+    Scenario("clock5", voters=5, clocks=True, clock_faults=True, crashes=True, max_crashed=2,
+             partitions=True, transfers=True, drop_rate=0.03, duplicate_rate=0.02,
+             max_delay_ticks=3, fault_rate=0.1, tick_skip_rate=0.05, steps=300),
+    Scenario("clock_lease3", clocks=True, clock_faults=True, leader_faults=True,
+             transfers=True, partitions=True, crashes=True, straggler_rate=0.01,
+             drop_rate=0.02, fault_rate=0.12, steps=300),
+)  # fmt: skip
+"""Scenarios with clocks: cluster time, the lease, and clock faults."""
+
+
 def scenario_for_seed(seed: int) -> Scenario:
     """The scenario a seed runs: seeds cycle through :data:`SCENARIOS`."""
     return SCENARIOS[seed % len(SCENARIOS)]
+
+
+def clock_scenario_for_seed(seed: int) -> Scenario:
+    """The clock scenario a seed runs: seeds cycle through :data:`CLOCK_SCENARIOS`."""
+    return CLOCK_SCENARIOS[seed % len(CLOCK_SCENARIOS)]
+
+
+def sim_time_config(scenario: Scenario) -> TimeConfig:
+    """The timekeeper's configuration at simulation scale (10 ms ticks)."""
+    election_us = scenario.election_timeout_ticks * TICK_US
+    return TimeConfig(
+        clock=ClockConfig(
+            max_offset_us=scenario.max_clock_offset_ms * 1000,
+            window_min_us=election_us // 2,
+            window_max_us=3 * election_us,
+            epoch_max_us=6 * election_us,
+        ),
+        tick_us=TICK_US,
+        election_timeout_ticks=scenario.election_timeout_ticks,
+        ping_every_ticks=2,
+    )
 
 
 class SimNetwork:
@@ -264,6 +352,28 @@ class SimNode:
         self.sm = StateMachine()
         self.crash_after_persist = False
         self.last_committed_seen = LogIndex(0)
+        self.clock: SimClock | None = None
+        """The machine's clocks (survive a crash); None without the clock model."""
+        self.time_config: TimeConfig | None = None
+        self.keeper: TimeKeeper | None = None
+        """The process's timekeeper (lost in a crash)."""
+        self.true_us = 0
+        """True time as of the cluster's current step (set by the cluster)."""
+
+    def mono_us(self) -> int:
+        assert self.clock is not None
+        return self.clock.mono_us(self.true_us)
+
+    def wall_us(self) -> int:
+        assert self.clock is not None
+        return self.clock.wall_us(self.true_us)
+
+    def start_keeper(self) -> None:
+        """A new process: a fresh timekeeper reading the machine's clocks."""
+        if self.clock is not None and self.time_config is not None:
+            self.keeper = TimeKeeper(
+                self.id, self.time_config, mono_us=self.mono_us(), wall_us=self.wall_us()
+            )
         self.copies: list[Any] = []
         """Earlier durable copies of its data directory, oldest first."""
 
@@ -280,6 +390,7 @@ class SimNode:
         self.core = RaftCore(self._start_config(rng), self.storage, rng)
         assert self.core.log.applied == self.sm.applied_index
         self.last_committed_seen = self.core.log.committed
+        self.start_keeper()
 
     def _start_config(self, rng: random.Random) -> RaftConfig:
         """This start's core configuration: the directory's incarnation, a new boot id."""
@@ -311,6 +422,7 @@ class SimNode:
     def crash(self) -> None:
         """Lose the process: core and state machine gone, unsynced writes rolled back."""
         self.core = None
+        self.keeper = None
         self.crash_after_persist = False
         self.storage.set_hard_state(self.synced_hard_state)
 
@@ -489,6 +601,9 @@ class SimCluster:
         self.disk_faults = 0
         self.disk_faulted: NodeId | None = None
         self.trace: list[str] = []
+        self.bad_clocks: set[NodeId] = set()
+        self.dispatch_steps = 0
+        self.clock_faults = 0
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -512,9 +627,30 @@ class SimCluster:
 
     def _add_node(self, node_id: NodeId, membership: Membership) -> SimNode:
         node = SimNode(node_id, self._config(node_id), membership, self._new_incarnation())
+        self.equip(node)
         self.nodes[node_id] = node
         node.start(random.Random(self.rng.getrandbits(64)))
         return node
+
+    def equip(self, node: SimNode) -> None:
+        """Give a new machine its clocks (clock scenarios only): a good wall clock, and a
+        monotonic clock with its own origin and drift."""
+        if not self.scenario.clocks:
+            return
+        rng = self.rng
+        node.clock = SimClock(
+            wall_offset_us=rng.randint(-MAX_GOOD_OFFSET_US, MAX_GOOD_OFFSET_US),
+            wall_drift_ppm=rng.randint(-MAX_GOOD_WALL_DRIFT_PPM, MAX_GOOD_WALL_DRIFT_PPM),
+            mono_offset_us=rng.randint(0, 10**12),
+            mono_drift_ppm=rng.randint(-MAX_MONO_DRIFT_PPM, MAX_MONO_DRIFT_PPM),
+        )
+        node.time_config = sim_time_config(self.scenario)
+        node.true_us = self.now * TICK_US
+
+    def _send(self, message: Message) -> None:
+        if self.scenario.wire_roundtrip:
+            message = decode_message(encode_message(message))
+        self.network.send(message, self.now)
 
     def _log(self, text: str) -> None:
         self.trace.append(f"t={self.now} {text}")
@@ -524,6 +660,8 @@ class SimCluster:
         core = node.core
         while core is not None and core.has_ready():
             ready = core.ready()
+            if node.keeper is not None:
+                node.keeper.on_ready(ready, node.mono_us())
             if ready.hard_state is not None:
                 self.checker.hard_state_written(node.id, node.storage.hard_state(), ready.hard_state)
             node.persist(ready)
@@ -533,9 +671,7 @@ class SimCluster:
                 node.crash()
                 return
             for message in ready.messages:
-                if self.scenario.wire_roundtrip:
-                    message = decode_message(encode_message(message))
-                self.network.send(message, self.now)
+                self._send(message)
             if ready.snapshot is not None:
                 node.sm.restore(ready.snapshot.data)
                 self.checker.applied(node.id, node.sm.applied_index, node.sm.digest)
@@ -563,6 +699,8 @@ class SimCluster:
     def step(self) -> None:
         """One tick: every live node ticks, then due messages are delivered."""
         self.now += 1
+        for node in self.nodes.values():
+            node.true_us = self.now * TICK_US
         for node_id in sorted(self.nodes):
             node = self.nodes[node_id]
             if node.core is not None:
@@ -571,14 +709,62 @@ class SimCluster:
                 if skew and self.rng.random() < skew:
                     continue
                 node.core.tick()
+                if node.keeper is not None:
+                    messages, _ = node.keeper.on_tick(node.core, node.mono_us(), node.wall_us())
+                    for message in messages:
+                        self._send(message)
                 self.process(node)
         for message in self.network.due(self.now):
             target = self.nodes.get(message.to_id)
             if target is None or target.core is None:
                 continue
+            if isinstance(message, CLOCK_MESSAGES):
+                if target.keeper is not None:
+                    answer = target.keeper.on_message(
+                        target.core, message, target.mono_us(), target.wall_us()
+                    )
+                    if answer is not None:
+                        self._send(answer)
+                continue
             self.checker.delivered(message)
             target.core.step(message)
             self.process(target)
+        if self.scenario.clocks:
+            self.check_time()
+
+    def check_time(self) -> None:
+        """The leader lease and the bound, at this instant of true time.
+
+        At most one node may dispatch (thesis §6.4.1), and its cluster time is within
+        half of ``max_clock_offset_ms`` of true time: whatever it releases is due by a
+        time stamped within half the bound too, so nothing is delivered earlier than
+        due minus the bound.
+        """
+        bound_us = self.scenario.max_clock_offset_ms * 1000
+        true_wall_us = EPOCH_US + self.now * TICK_US
+        dispatching: list[NodeId] = []
+        for node_id, node in sorted(self.nodes.items()):
+            if node.core is None or node.keeper is None:
+                continue
+            mono = node.mono_us()
+            if not node.keeper.can_dispatch(node.core, mono):
+                continue
+            dispatching.append(node_id)
+            error_us = node.keeper.clock.now_us(mono) - true_wall_us
+            if abs(error_us) > bound_us // 2:
+                raise InvariantViolation(
+                    f"node {node_id} may dispatch with a cluster time {error_us / 1000:+.1f} ms "
+                    f"from true time (bound ±{bound_us // 2000} ms); its wall clock is "
+                    f"{node.clock.wall_error_us(node.true_us) / 1000 if node.clock else 0:+.1f} ms off"
+                )
+        if len(dispatching) > 1:
+            terms = {n: self.nodes[n].core.term for n in dispatching}  # type: ignore[union-attr]
+            raise InvariantViolation(
+                f"nodes {dispatching} may all dispatch at once (terms {terms}): the leader "
+                "lease did not hold"
+            )
+        if dispatching:
+            self.dispatch_steps += 1
 
     def live_leaders(self) -> list[SimNode]:
         """Running nodes that believe they lead, by id."""
@@ -644,6 +830,8 @@ class SimCluster:
             choices += ["transfer"]
         if s.leader_faults:
             choices += ["crash_leader", "crash_leader", "isolate_leader", "heal"]
+        if s.clock_faults:
+            choices += ["clock_step", "clock_step", "clock_skew", "clock_drift", "clock_heal"]
         if s.disk_faults:
             choices += ["wipe", "rollback"]
         if not choices:
@@ -730,6 +918,69 @@ class SimCluster:
         self._log(f"restart {node.id}")
         self.process(node)
 
+    # --- clock faults (docs/architecture.md, "Time") ---------------------------------
+
+    def _clock_victim(self) -> SimNode | None:
+        """A node whose clock may go wrong: one already wrong, or any while fewer than a
+        minority of the voters have a wrong clock (the fault model)."""
+        bad = sorted(self.bad_clocks)
+        budget = (len(self.nodes) - 1) // 2
+        candidates = bad if len(bad) >= budget else sorted(self.nodes)
+        if not candidates:
+            return None
+        node = self.nodes[self.rng.choice(candidates)]
+        return node if node.clock is not None else None
+
+    def _clock_fault(self, node: SimNode, what: str) -> None:
+        self.bad_clocks.add(node.id)
+        self.clock_faults += 1
+        assert node.clock is not None
+        error = node.clock.wall_error_us(self.now * TICK_US)
+        self._log(f"clock of {node.id}: {what}, now {error / 1000:+.1f} ms off")
+
+    def _fault_clock_step(self) -> None:
+        node = self._clock_victim()
+        if node is None or node.clock is None:
+            return
+        step_us = self.rng.choice((-3_600_000_000, -5_000_000, -600_000, 600_000, 5_000_000,
+                                   3_600_000_000))  # fmt: skip
+        node.clock.wall_offset_us += step_us
+        self._clock_fault(node, f"stepped {step_us / 1000:+.0f} ms")
+
+    def _fault_clock_skew(self) -> None:
+        node = self._clock_victim()
+        if node is None or node.clock is None:
+            return
+        bound_us = self.scenario.max_clock_offset_ms * 1000
+        skew_us = self.rng.choice((-1, 1)) * self.rng.randint(bound_us // 2, 10_000_000)
+        node.clock.wall_offset_us += skew_us - node.clock.wall_error_us(self.now * TICK_US)
+        self._clock_fault(node, f"set {skew_us / 1000:+.0f} ms off")
+
+    def _fault_clock_drift(self) -> None:
+        node = self._clock_victim()
+        if node is None or node.clock is None:
+            return
+        drift = self.rng.choice((-1, 1)) * self.rng.randint(5_000, 50_000)
+        node.clock.set_wall_drift(self.now * TICK_US, drift)
+        self._clock_fault(node, f"drifting {drift} ppm")
+
+    def _fault_clock_heal(self) -> None:
+        if not self.bad_clocks:
+            return
+        node = self.nodes[self.rng.choice(sorted(self.bad_clocks))]
+        self._heal_clock(node)
+
+    def _heal_clock(self, node: SimNode) -> None:
+        clock = node.clock
+        if clock is None:
+            return
+        true_us = self.now * TICK_US
+        clock.set_wall_drift(true_us, self.rng.randint(-MAX_GOOD_WALL_DRIFT_PPM,
+                                                       MAX_GOOD_WALL_DRIFT_PPM))  # fmt: skip
+        target = self.rng.randint(-MAX_GOOD_OFFSET_US, MAX_GOOD_OFFSET_US)
+        clock.wall_offset_us += target - clock.wall_error_us(true_us)
+        self.bad_clocks.discard(node.id)
+        self._log(f"clock of {node.id} fixed, {target / 1000:+.1f} ms off")
     # --- disk faults (docs/raft.md, "Disk faults") ----------------------------------------
 
     def take_copy(self) -> None:
@@ -889,6 +1140,8 @@ class SimCluster:
         self.network.duplicate_rate = 0.0
         self.network.max_delay_ticks = 1
         self.network.straggler_rate = 0.0
+        for node_id in sorted(self.bad_clocks):
+            self._heal_clock(self.nodes[node_id])
         for node_id in sorted(self.nodes):
             node = self.nodes[node_id]
             node.crash_after_persist = False

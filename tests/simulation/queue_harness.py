@@ -21,6 +21,15 @@ under the seeded network, crashes and snapshots of :mod:`harness`. What changes 
   configuration*: every node runs with different ``[queue]`` defaults
   (:data:`LOCAL_SETTINGS`), as a misconfigured cluster would, and replicas must still
   hold identical states (``DESIGN.md``, "Apply reads nothing node-local").
+* Cluster time and dispatch: every node has clocks and a timekeeper (``harness``'s
+  clock model); the workload stamps with the proposing node's cluster time, and a
+  model of the dispatcher runs after every step on the node that may dispatch (it
+  leads, holds the lease, its clock is in bound, the no-op of its term is applied):
+  it releases what is due by its cluster time and not expired. Every release is
+  checked against true time: never earlier than the stamped due time minus half of
+  the bound, never earlier than the producer's intended due time (true time of the
+  publish plus its delay) minus the bound, never past the expiry plus half the bound.
+  Scenarios with ``clock_faults`` skew, drift and step clocks meanwhile.
 * :class:`Oracle` — one more QueueState that applies every committed entry exactly
   once, in order, without faults. Its digest at each index anchors state machine
   safety (every replica at that applied index must hold the identical store), and it
@@ -39,7 +48,7 @@ import random
 from typing import Any
 
 import attrs
-from harness import InvariantViolation, Scenario, SimCluster, SimNode
+from harness import EPOCH_US, TICK_US, InvariantViolation, Scenario, SimCluster, SimNode
 
 from futureq.errors import StorageError
 from futureq.raft.core import (
@@ -83,24 +92,25 @@ QUEUE_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("q_lossy3", drop_rate=0.08, duplicate_rate=0.05, max_delay_ticks=4, crashes=True,
              fault_rate=0.05, straggler_rate=0.01, compaction_every=12,
              snapshot_chunk_bytes=700, max_append_bytes=2048, propose_rate=0.4,
-             disk_faults=True),
+             clocks=True, clock_faults=True, disk_faults=True),
     Scenario("q_partition5", voters=5, partitions=True, crashes=True, max_crashed=2,
              drop_rate=0.02, compaction_every=16, snapshot_chunk_bytes=1500,
-             max_append_bytes=4096, propose_rate=0.4),
+             max_append_bytes=4096, propose_rate=0.4, clocks=True, clock_faults=True),
     Scenario("q_snapshot3", compaction_every=5, crashes=True, partitions=True, drop_rate=0.03,
              wire_roundtrip=True, snapshot_chunk_bytes=400, max_append_bytes=1024,
-             fault_rate=0.1, propose_rate=0.5, disk_faults=True),
+             fault_rate=0.1, propose_rate=0.5, clocks=True, disk_faults=True),
     Scenario("q_membership", voters=3, spares=2, membership_changes=True, crashes=True,
              partitions=True, compaction_every=10, fault_rate=0.1, snapshot_chunk_bytes=1000,
-             max_append_bytes=2048, propose_rate=0.4, disk_faults=True),
+             max_append_bytes=2048, propose_rate=0.4, clocks=True, disk_faults=True),
     Scenario("q_chaos5", voters=5, spares=1, partitions=True, crashes=True, max_crashed=2,
              membership_changes=True, compaction_every=8, transfers=True, drop_rate=0.04,
              duplicate_rate=0.03, max_delay_ticks=4, fault_rate=0.12, straggler_rate=0.005,
              tick_skip_rate=0.05, snapshot_chunk_bytes=600, max_append_bytes=1024,
-             propose_rate=0.4),
+             propose_rate=0.4, clocks=True),
     Scenario("q_crashy3", crashes=True, leader_faults=True, fault_rate=0.15, drop_rate=0.05,
              max_delay_ticks=5, compaction_every=6, snapshot_chunk_bytes=900,
-             max_append_bytes=512, propose_rate=0.6, disk_faults=True),
+             max_append_bytes=512, propose_rate=0.6, clocks=True, clock_faults=True,
+             transfers=True, disk_faults=True),
 )  # fmt: skip
 
 
@@ -462,10 +472,12 @@ class QueueSimNode(SimNode):
             self._start_config(rng), self.storage, rng, applied=machine.applied_index
         )
         self.last_committed_seen = self.core.log.committed
+        self.start_keeper()
 
     def crash(self) -> None:
         """Lose the process and a random suffix of the unsynced writes."""
         self.core = None
+        self.keeper = None
         self.crash_after_persist = False
         keep = self.crash_rng.randint(0, len(self.journal))
         for kind, record in reversed(self.journal[keep:]):
@@ -526,6 +538,8 @@ class Workload:
 
     rng: random.Random
     counter: int = 0
+    published: list[tuple[bytes, int]] = attrs.Factory(list)
+    """``(payload, delay_ms)`` of the items of the last command built (if a PUBLISH)."""
 
     def command(self, state: QueueState, now_ms: int, settings: GroupSettings) -> bytes:
         """One encoded command stamped at ``now_ms`` (never below the largest stamp).
@@ -534,6 +548,7 @@ class Workload:
         that may create groups, as the real leader does.
         """
         stamp = max(now_ms, state.last_publish_ms)
+        self.published = []
         entries = self._entries(state)
         roll = self.rng.random()
         if roll < 0.34 or not entries:
@@ -589,6 +604,7 @@ class Workload:
             ttl = self.rng.choice((None, None, 0, 300, 3000))
             delay = self.rng.choice((0, 0, 100, 1000, 20_000))
             items.append((self.rng.choice(TOPICS), b"m%d" % self.counter, stamp + delay, ttl))
+            self.published.append((b"m%d" % self.counter, delay))
         return commands.publish(stamp, items, settings)
 
     def _entries(self, state: QueueState) -> list[tuple[bytes, int, int | None]]:
@@ -613,6 +629,11 @@ class QueueSimCluster(SimCluster):
     def __init__(self, seed: int, scenario: Scenario) -> None:
         self.oracle = Oracle(self)
         self.workload = Workload(random.Random(seed * 7919 + 1))
+        self.intents: dict[tuple[int, bytes], int] = {}
+        """(message id, payload) -> the producer's intended due time: true time of the
+        publish plus its delay (ms since the Unix epoch). The payload tells the proposed
+        message from another that won its log index (and from dead-letter copies)."""
+        self.releases = 0
         super().__init__(seed, scenario)
 
     def _add_node(self, node_id: NodeId, membership: Membership) -> SimNode:
@@ -624,6 +645,7 @@ class QueueSimCluster(SimCluster):
             random.Random(self.rng.getrandbits(64)),
             self._new_incarnation(),
         )
+        self.equip(node)
         self.nodes[node_id] = node
         node.start(random.Random(self.rng.getrandbits(64)))
         return node
@@ -684,13 +706,75 @@ class QueueSimCluster(SimCluster):
         leaders = [n for n in live if n.core is not None and n.core.role is Role.LEADER]
         node = self.rng.choice(leaders or live)
         assert node.core is not None and isinstance(node, QueueSimNode)
-        payload = self.workload.command(node.queue, self.now * TICK_MS, local_settings(node.id))
+        now_ms = self.now * TICK_MS
+        if node.keeper is not None:
+            if not node.keeper.clock.in_bound:
+                return  # the broker refuses to stamp (CLOCK_NOT_SYNCHRONIZED)
+            now_ms = node.keeper.clock.now_ms(node.mono_us())
+        payload = self.workload.command(node.queue, now_ms, local_settings(node.id))
         try:
             index = node.core.propose(payload)
         except (RaftNotLeaderError, ProposalDroppedError):
             return
+        true_ms = (EPOCH_US + self.now * TICK_US) // 1000
+        for position, (message, delay_ms) in enumerate(self.workload.published):
+            self.intents[(commands.message_id(index, position), message)] = true_ms + delay_ms
         self.pending_proposals[(node.id, index)] = payload
         self.process(node)
+
+    def step(self) -> None:
+        """The harness's step, then the dispatcher model on whoever may dispatch."""
+        super().step()
+        if self.scenario.clocks:
+            self.dispatch()
+
+    def dispatch(self) -> None:
+        """Release what is due by the dispatching node's cluster time; check each release
+        against true time (see the module docstring)."""
+        true_ms = (EPOCH_US + self.now * TICK_US) // 1000
+        for node_id in sorted(self.nodes):
+            node = self.nodes[node_id]
+            core = node.core
+            if core is None or node.keeper is None or not isinstance(node, QueueSimNode):
+                continue
+            mono = node.mono_us()
+            if not node.keeper.can_dispatch(core, mono):
+                continue
+            if core.log.term(core.log.applied) != core.term:
+                continue  # RaftNode.is_leader: the no-op of its term is not applied yet
+            now_ms = node.keeper.clock.now_ms(mono)
+            state = node.queue
+            for gid in sorted(state.groups):
+                for due_ms, mid, attempt, expire_ms in state.scan_schedule(gid, 0, 0, 4):
+                    if due_ms > now_ms:
+                        break
+                    if expire_ms is not None and expire_ms <= now_ms:
+                        continue
+                    self._check_release(node_id, state, due_ms, mid, attempt, expire_ms, true_ms)
+
+    def _check_release(
+        self,
+        node_id: NodeId,
+        state: QueueState,
+        due_ms: int,
+        mid: int,
+        attempt: int,
+        expire_ms: int | None,
+        true_ms: int,
+    ) -> None:
+        bound_ms = self.scenario.max_clock_offset_ms
+        self.releases += 1
+        where = f"node {node_id} released message {mid} at true time {true_ms}"
+        if true_ms < due_ms - bound_ms // 2:
+            raise InvariantViolation(f"{where}, {due_ms - true_ms} ms before its due time {due_ms}")
+        if expire_ms is not None and true_ms > expire_ms + bound_ms // 2:
+            raise InvariantViolation(f"{where}, {true_ms - expire_ms} ms after it expired")
+        message = state.get_message(mid)
+        intent = None if message is None else self.intents.get((mid, message[1]))
+        if intent is not None and attempt == 0 and true_ms < intent - bound_ms:
+            raise InvariantViolation(
+                f"{where}, {intent - true_ms} ms before the producer's intended due time"
+            )
 
     def run(self) -> None:
         """Run the scenario and the liveness phase, then the whole-state checks."""
@@ -716,6 +800,8 @@ class QueueSimCluster(SimCluster):
             "restored_on_start": sum(n.restored_on_start for n in nodes),
             "interrupted_restores": sum(n.interrupted_restores for n in nodes),
             "crashes": self.crash_count,
+            "releases": self.releases,
+            "clock_faults": self.clock_faults,
             "group_settings_seen": len(self.oracle.settings_seen),
             "purges": self.oracle.purges,
         }

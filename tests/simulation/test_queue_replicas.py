@@ -74,6 +74,8 @@ def test_the_fixed_seeds_exercise_every_fault() -> None:
     assert totals["snapshot_installs"] > 0
     assert totals["restored_on_start"] > 0
     assert totals["crashes"] > 0
+    assert totals["releases"] > 1000  # the dispatcher model released, and was checked
+    assert totals["clock_faults"] > 5
     # Groups were created by leaders with different local defaults, and big deletes
     # went through PURGE_GROUP chunks: replicas agreed all the same.
     assert totals["group_settings_seen"] >= 3 * len(QUEUE_SCENARIOS)

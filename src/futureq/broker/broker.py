@@ -1,8 +1,9 @@
 """Broker: what a client request turns into — proposals, subscriptions, acks, status.
 
 The gateway calls these methods for one connection's requests. Publishing stamps the
-leader's wall clock (made monotonic: never below the largest stamp committed), validates
-the batch, and proposes one PUBLISH command; ack levels decide when it answers.
+leader's cluster time (``docs/architecture.md``, "Time"; never below the largest stamp
+committed, so it is monotonic across leaders too), validates the batch, and proposes
+one PUBLISH command; ack levels decide when it answers.
 
 Source: ``DESIGN.md``, "Data flow" and "Message semantics"; ``docs/protocol.md``.
 """
@@ -24,6 +25,7 @@ from futureq.metrics import OTHER, GroupCounts
 from futureq.state import commands
 from futureq.wire import frames, validation
 
+from .cluster_time import ClusterTime
 from .command_log import no_space_error
 from .hub import Consumer, Hub, Outbox
 
@@ -55,8 +57,10 @@ class Broker:
         command_log: Where every change is proposed.
         hub: Consumers and in-flight deliveries.
         dispatcher: Wakes on credit and new consumers.
-        clock: Wall clock for publish stamps.
+        clock: Cluster time for publish stamps (:class:`~.cluster_time.ClusterTime`).
         metrics: Where counters go.
+        check_can_stamp: Raises when this node may not stamp now (its clock is not
+            synchronized with the cluster); None: always may.
         space_alarm: The NO_SPACE alarm: while it is raised, writes are refused.
     """
 
@@ -70,9 +74,11 @@ class Broker:
         clock: Clock,
         metrics: Metrics,
         space_alarm: SpaceAlarm | None = None,
+        check_can_stamp: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.space_alarm = space_alarm
+        self._check_can_stamp = check_can_stamp
         self.state = state
         self.log = command_log
         self.hub = hub
@@ -118,7 +124,15 @@ class Broker:
     # ------------------------------------------------------------ publish
 
     def _stamp(self) -> int:
-        """The publish time: the wall clock, never below an earlier stamp (ms)."""
+        """The publish time: cluster time, never below an earlier stamp (ms).
+
+        Raises:
+            RequestError: CLOCK_NOT_SYNCHRONIZED when this node's clock is not in
+                agreement with the cluster (TigerBeetle's rule: never stamp with a time
+                the replicas do not agree on).
+        """
+        if self._check_can_stamp is not None:
+            self._check_can_stamp()
         now_ms = max(self.clock.wall_ms(), self._last_stamp_ms, self.state.last_publish_ms)
         self._last_stamp_ms = now_ms
         return now_ms
@@ -286,6 +300,14 @@ class Broker:
             }
         view["node_id"] = self.node_id
         view["cluster_id"] = self.config.cluster.cluster_id
+        clock = self.clock_status()
+        if clock is not None:
+            view["clock"] = clock
+            offsets = clock["offsets_ms"]
+            for member in view.get("nodes", []):
+                offset = offsets.get(str(member["node_id"]))
+                if offset is not None:
+                    member["clock_offset_ms"] = offset
         addresses = self.state.node_addresses
         for node in view.get("nodes", []):
             known = addresses.get(node["node_id"])
@@ -467,6 +489,8 @@ class Broker:
                 ErrorCode.INVALID_ARGUMENT,
                 f"visibility_timeout_ms must be between 1 and 43200000 (12 h), got {visibility_timeout_ms}",
             )
+        if visibility_timeout_ms is not None:
+            validation.check_visibility_timeout_ms(visibility_timeout_ms)
         if max_deliveries is not None and not 1 <= max_deliveries <= 1_000_000:
             raise RequestError(
                 ErrorCode.INVALID_ARGUMENT,
@@ -641,6 +665,35 @@ class Broker:
 
     # ------------------------------------------------------------ status
 
+    def clock_status(self) -> dict[str, Any] | None:
+        """This node's view of cluster time (``docs/operations.md``, "Status"), or None
+        when it runs on a plain clock (tests).
+
+        Shape: ``cluster_time_ms``; ``synchronized`` and ``in_bound`` (may lead and
+        dispatch); ``max_clock_offset_ms``; ``accuracy_ms`` (width of the agreement, or
+        None); ``offsets_ms``: node id (str) -> that node's wall clock minus our cluster
+        time (ms, this node included); ``dispatching`` and ``lease_remaining_ms`` on a
+        Raft node.
+        """
+        clock = self.clock
+        if not isinstance(clock, ClusterTime):
+            return None
+        status = clock.cluster_clock.status()
+        offsets = {clock.cluster_clock.id: status.own_offset_us, **status.offsets_us}
+        view: dict[str, Any] = {
+            "cluster_time_ms": clock.wall_ms(),
+            "synchronized": status.synchronized,
+            "in_bound": status.in_bound,
+            "max_clock_offset_ms": status.max_offset_us // 1000,
+            "accuracy_ms": None if status.accuracy_us is None else status.accuracy_us / 1000,
+            "offsets_ms": {str(node): round(us / 1000, 3) for node, us in sorted(offsets.items())},
+        }
+        can_dispatch = getattr(self.log, "can_dispatch", None)
+        if can_dispatch is not None:
+            view["dispatching"] = bool(can_dispatch())
+            view["lease_remaining_ms"] = round(self.log.lease_remaining_s() * 1000, 1)  # type: ignore[attr-defined]
+        return view
+
     def group_counts(self) -> list[GroupCounts]:
         """Per-group pending / due / in-flight / consumers, for the state gauges.
 
@@ -797,6 +850,7 @@ class Broker:
             "truncated": truncated,
             "alarms": self.alarms(),
             "topics": topics,
+            **({"clock": clock} if (clock := self.clock_status()) is not None else {}),
         }
 
     def is_ready(self) -> bool:

@@ -31,6 +31,8 @@ from futureq.raft.rocks_storage import RocksStorage
 from futureq.raft.transport import AddressBook, Transport
 from futureq.state import snapshot
 
+from .cluster_time import export_clock_metrics
+
 if TYPE_CHECKING:
     from futureq.config import Config
     from futureq.metrics import Metrics
@@ -210,6 +212,7 @@ def build_raft_log(
             keep_entries_after_compaction=max(1, cluster.compact_every_entries // 5),
             bootstrap_voters=frozenset(peers),
             client_address=client_address,
+            max_clock_offset_ms=cluster.max_clock_offset_ms,
             cluster_id=cluster.cluster_id,
             member_record_ticks=max(1, cluster.member_record_ms // cluster.tick_ms),
             new_cluster=cluster.initial_cluster_state == "new",
@@ -247,12 +250,15 @@ RAFT_METRICS_INTERVAL_S = 1.0
 
 
 async def export_raft_metrics(node: RaftNode, transport: Transport, metrics: Metrics) -> None:
-    """Copy the node's Raft figures into the gauges once a second."""
+    """Copy the node's Raft and cluster clock figures into the gauges once a second."""
     roles = ("follower", "pre_candidate", "candidate", "leader")
     peers_seen: set[int] = set()
+    clocks_seen: set[int] = set()
     elections = 0
     refusals: dict[str, int] = {}
     while True:
+        clocks_seen = export_clock_metrics(node.timekeeper.clock, metrics, clocks_seen)
+        metrics.leader_lease_remaining_seconds.set(node.lease_remaining_s())
         for reason, count in transport.statistics().refusals.items():
             if count > refusals.get(reason, 0):
                 metrics.raft_peer_refusals_total.labels(reason).inc(count - refusals.get(reason, 0))

@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -75,6 +76,9 @@ _REASON_COUNTERS: dict[CommandKind, str] = {
 }
 PROPOSE_RETRY_MS = 200
 """Wait before retrying an EXPIRE or DEAD_LETTER the log refused (ms)."""
+NOT_ALLOWED_RETRY_MS = 50
+"""While dispatching is not allowed (no lease yet, clock out of bound), look again after
+this long (ms)."""
 MAX_DELIVERED_ENTRIES = 8192
 """Most deliveries one DELIVERED command records (the rest go in the next one)."""
 MAX_RECORDS_IN_FLIGHT = 4
@@ -114,6 +118,9 @@ class Dispatcher:
             rest goes in the next frame), so frames stay under the client's limit.
         active: Dispatch from the start (a single node); a Raft node starts inactive
             and is activated when it becomes leader.
+        dispatch_allowed: Asked before every pass; while it says no, nothing is handed
+            out, released or expired (a Raft leader without its lease or with a clock
+            out of bound: ``RaftNode.can_dispatch``). None: always allowed.
     """
 
     def __init__(
@@ -126,8 +133,10 @@ class Dispatcher:
         metrics: Metrics | None = None,
         max_deliver_bytes: int = 1024 * 1024,
         active: bool = True,
+        dispatch_allowed: Callable[[], bool] | None = None,
     ) -> None:
         self.state = state
+        self.dispatch_allowed = dispatch_allowed
         self.max_deliver_bytes = max_deliver_bytes
         self.log = log
         self.hub = hub
@@ -557,6 +566,8 @@ class Dispatcher:
         if not self.active:
             return math.inf
         now_ms = self.clock.wall_ms()
+        if self.dispatch_allowed is not None and not self.dispatch_allowed():
+            return float(now_ms + NOT_ALLOWED_RETRY_MS)
         self._pass_now_ms = now_ms
         hub = self.hub
         hub.expire_visibility(now_ms)

@@ -50,6 +50,7 @@ from .cluster import (
     refuse_if_node_already_runs,
     stop_when_removed,
 )
+from .cluster_time import ClusterTime, run_standalone_clock
 from .command_log import SingleNodeLog
 from .dispatcher import Dispatcher
 from .gateway import NodeBuffers, serve_clients
@@ -145,7 +146,9 @@ async def serve(
 
     Args:
         config: The node's configuration.
-        clock: Wall clock (tests may pass a fake one); the system clock by default.
+        clock: The clock stamps and due times are read from (tests may pass a fake
+            one); by default cluster time (:class:`.cluster_time.ClusterTime`) over the
+            system clocks.
         shutdown: Set it to begin a graceful shutdown (in-process tests).
         handle_signals: Watch SIGTERM and SIGINT (main thread only).
         task_status: Receives ``(client_address, http_address)`` once serving.
@@ -154,8 +157,8 @@ async def serve(
         StorageError: RocksDB cannot be opened or fails while running.
         OSError: a listener address cannot be bound.
     """
-    clock = clock or SystemClock()
-    started_s = clock.monotonic_s()
+    system_clock = SystemClock()
+    started_s = system_clock.monotonic_s()
     metrics = Metrics(config.metrics.max_topic_series, config.metrics.max_group_series)
     descriptors = fd_budget.budget(config.limits.max_connections, fd_budget.open_file_limit())
     too_few = descriptors.warning()
@@ -195,6 +198,15 @@ async def serve(
                 space_alarm=space_alarm,
             )
             replayed = command_log.recover()
+        cluster_time: ClusterTime | None = None
+        if clock is None:
+            if isinstance(command_log, RaftNode):
+                cluster_time = ClusterTime(system_clock, command_log.timekeeper.clock)
+            else:
+                cluster_time = ClusterTime.standalone(
+                    system_clock, config.server.node_id, config.cluster.max_clock_offset_ms
+                )
+            clock = cluster_time
         dispatcher = Dispatcher(
             state,
             command_log,
@@ -204,9 +216,20 @@ async def serve(
             metrics,
             max_deliver_bytes=max(64 * 1024, config.limits.max_frame_bytes // 2),
             active=not clustered,
+            dispatch_allowed=command_log.can_dispatch if isinstance(command_log, RaftNode) else None,
         )
         state.observer = dispatcher
-        broker = Broker(config, state, command_log, hub, dispatcher, clock, metrics, space_alarm)
+        broker = Broker(
+            config,
+            state,
+            command_log,
+            hub,
+            dispatcher,
+            clock,
+            metrics,
+            space_alarm,
+            check_can_stamp=None if cluster_time is None else cluster_time.check_can_stamp,
+        )
         metrics.is_leader.set(0 if clustered else 1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
@@ -245,6 +268,8 @@ async def serve(
                     )
             else:
                 await root.start(command_log.run)
+                if cluster_time is not None:
+                    root.start_soon(run_standalone_clock, cluster_time, metrics)
             await root.start(dispatcher.run)
             root.start_soon(broker.run_background_publisher)
             root.start_soon(pace_gc, lambda: len(state.groups))
@@ -295,7 +320,7 @@ async def serve(
                     config.server.data_dir,
                     replayed,
                     len(state.groups),
-                    clock.monotonic_s() - started_s,
+                    system_clock.monotonic_s() - started_s,
                 )
                 for mode in listener_modes(
                     config, client_address, raft_address if clustered else None, http_address

@@ -34,6 +34,7 @@ import binascii
 import datetime
 import json
 import os
+import re
 import ssl
 import sys
 import time
@@ -54,6 +55,7 @@ from futureq.errors import (
     RequestError,
 )
 from futureq.wire import validation
+from futureq.wire.validation import implausible_epoch_ms
 
 EXIT_OK: Final = 0
 EXIT_ERROR: Final = 1
@@ -170,6 +172,10 @@ def parse_jsonl_line(text: str) -> PublishItem | None:
     ttl_ms = _optional_ms(obj, "ttl_ms")
     if delay_ms is not None and deliver_at_ms is not None:
         raise ValueError("give delay_ms or deliver_at_ms, not both")
+    if deliver_at_ms is not None:
+        mistake = implausible_epoch_ms("deliver_at_ms", deliver_at_ms)
+        if mistake is not None:
+            raise ValueError(mistake)
     return PublishItem(topic, payload_from_json(obj["payload"]), delay_ms, deliver_at_ms, ttl_ms)
 
 
@@ -254,28 +260,53 @@ def delivery_line(delivery: Delivery) -> str:
     )
 
 
-def parse_at_ms(text: str) -> int:
-    """``--at``: integer ms since the Unix epoch, or an ISO 8601 time.
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_RFC3339 = re.compile(
+    r"(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<time>\d{2}:\d{2}(?::\d{2})?)"
+    r"(?:\.(?P<fraction>\d+))?(?P<zone>[Zz]|[+-]\d{2}:\d{2})?"
+)
 
-    An ISO time without a zone is taken as UTC (``2026-05-01T12:00:00``);
-    ``2026-05-01T12:00:00+02:00`` and a trailing ``Z`` are understood.
+
+def parse_at_ms(text: str) -> int:
+    """``--at``: an RFC 3339 time, or integer **milliseconds** since the Unix epoch.
+
+    RFC 3339 / ISO 8601: ``2026-05-01T12:00:00Z``, ``2026-05-01T12:00:00.250+02:00``,
+    ``2026-05-01 12:00:00z``; fractions of a second to the millisecond (more digits
+    are cut); no zone means UTC. A number must be milliseconds: one that can only be
+    seconds (or micro- or nanoseconds) since the epoch is refused with a sentence
+    saying so (``docs/cli.md``, "Times"); 0 means "at once".
 
     Raises:
-        argparse.ArgumentTypeError: neither form.
+        argparse.ArgumentTypeError: not a time, or a unit mistake.
     """
     stripped = text.strip()
     if stripped.isdigit():
-        return int(stripped)
-    try:
-        moment = datetime.datetime.fromisoformat(stripped.replace("Z", "+00:00"))
-    except ValueError:
+        value = int(stripped)
+        mistake = implausible_epoch_ms("--at", value)
+        if mistake is not None:
+            raise argparse.ArgumentTypeError(mistake + ", or give an RFC 3339 time")
+        return value
+    match = _RFC3339.fullmatch(stripped)
+    moment: datetime.datetime | None = None
+    if match is not None:
+        fraction = (match["fraction"] or "")[:6]
+        zone = (match["zone"] or "+00:00").upper().replace("Z", "+00:00")
+        clock = match["time"] if match["time"].count(":") == 2 else match["time"] + ":00"
+        iso = f"{match['date']}T{clock}{'.' + fraction.ljust(6, '0') if fraction else ''}{zone}"
+        try:
+            moment = datetime.datetime.fromisoformat(iso)
+        except ValueError:
+            moment = None
+    if moment is None:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is neither milliseconds since the Unix epoch nor an ISO 8601 time "
-            "(e.g. 2026-05-01T12:00:00Z)"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.UTC)
-    return int(moment.timestamp() * 1000)
+            f"{text!r} is neither an RFC 3339 / ISO 8601 time (e.g. 2026-05-01T12:00:00Z) "
+            "nor milliseconds since the Unix epoch"
+        )
+    value = (moment - _EPOCH) // datetime.timedelta(milliseconds=1)
+    mistake = implausible_epoch_ms("--at", value)
+    if mistake is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} is before 2000-01-01; give a time to come")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -840,6 +871,13 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
         f"node {view.get('node_id')}: {view.get('role')}, term {view.get('term')}, {leader}, "
         f"commit index {view.get('commit_index')}, applied index {view.get('applied_index')}"
     )
+    clock = view.get("clock")
+    if isinstance(clock, dict):
+        state = "in bound" if clock.get("in_bound") else "OUT OF BOUND: it will not lead"
+        io.out(
+            f"cluster time: {'synchronized' if clock.get('synchronized') else 'NOT synchronized'}"
+            f", {state} (max_clock_offset_ms {clock.get('max_clock_offset_ms')})"
+        )
     nodes = [
         {
             "node": node.get("node_id"),
@@ -848,13 +886,22 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
             "client_address": node.get("client_address", ""),
             "match_index": node.get("match_index", ""),
             "lag": node.get("lag", ""),
+            "clock_offset_ms": node.get("clock_offset_ms", ""),
         }
         for node in view.get("nodes", [])
     ]
     if nodes:
         _table(
             "members",
-            ("node", "role", "raft_address", "client_address", "match_index", "lag"),
+            (
+                "node",
+                "role",
+                "raft_address",
+                "client_address",
+                "match_index",
+                "lag",
+                "clock_offset_ms",
+            ),
             nodes,
             io,
         )

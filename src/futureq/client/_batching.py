@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from futureq.errors import ErrorCode, RemoteProtocolError, RequestError
+from futureq.wire.validation import implausible_epoch_ms
 
 T = TypeVar("T")
 W = TypeVar("W")
@@ -34,15 +35,18 @@ class PublishItem:
         topic: Topic name, 1..255 UTF-8 bytes; names ending ``.dlq`` are reserved.
         payload: Message body (bytes; ``bytearray``/``memoryview`` are copied to bytes).
         delay_ms: Deliver this many milliseconds after the leader stores it (>= 0).
-        deliver_at_ms: Deliver at this wall-clock time (ms since the Unix epoch); a
-            time in the past means "now". Give ``delay_ms`` or this, not both;
-            neither means "due at once".
+        deliver_at_ms: Deliver at this time in **milliseconds** since the Unix epoch
+            (``int(time.time() * 1000)``, not ``time.time()``); a time in the past means
+            "now", and so does 0. Give ``delay_ms`` or this, not both; neither means
+            "due at once".
         ttl_ms: How long after it falls due the message may still be delivered (ms,
             > 0); None keeps it until consumed.
 
     Raises:
         TypeError: payload is not bytes-like.
-        RequestError: INVALID_DELAY when both ``delay_ms`` and ``deliver_at_ms`` are given.
+        RequestError: INVALID_DELAY when both ``delay_ms`` and ``deliver_at_ms`` are given;
+            IMPLAUSIBLE_TIME when ``deliver_at_ms`` can only be a unit mistake (after 0
+            and before 2000-01-01: seconds; past the year 5138: micro- or nanoseconds).
     """
 
     topic: str
@@ -54,6 +58,12 @@ class PublishItem:
     def __attrs_post_init__(self) -> None:
         if self.delay_ms is not None and self.deliver_at_ms is not None:
             raise RequestError(ErrorCode.INVALID_DELAY, "give delay_ms or deliver_at_ms, not both")
+        if type(self.deliver_at_ms) is int:
+            # Seconds (or microseconds) taken for milliseconds: refused before it leaves
+            # (docs/protocol.md, "Units"); the server refuses it as well.
+            mistake = implausible_epoch_ms("deliver_at_ms", self.deliver_at_ms)
+            if mistake is not None:
+                raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, mistake)
 
     def to_wire(self) -> list[Any]:
         """The PUBLISH item array ``[topic, payload, delay_ms, deliver_at_ms, ttl_ms]``."""

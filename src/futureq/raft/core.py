@@ -42,6 +42,7 @@ from futureq.errors import (
 )
 from futureq.raft.log import RaftLog
 from futureq.raft.messages import (
+    CLOCK_MESSAGES,
     AppendEntries,
     AppendEntriesResponse,
     ConfChange,
@@ -297,6 +298,12 @@ class RaftCore:
         self._reads = ReadIndexQueue()
         self._reads_awaiting_commit: list[tuple[bytes, NodeId]] = []
         self._outstanding_ready: Ready | None = None
+        # A node that never saw a term cannot have answered a leader's heartbeat.
+        self._ticks_since_start = 0 if hard_state.term > 0 else config.election_timeout_ticks
+        self.campaign_allowed = True
+        """Set by the driver: False while this node may not lead (its clock is not
+        synchronized or outside the bound, ``docs/architecture.md``, "Time"). It then
+        neither campaigns nor answers TimeoutNow; it still votes."""
         # How far this term's AppendEntries showed our log to match the leader's.
         self._leader_match = LogIndex(0)
         # Disk faults (docs/raft.md): the recovery exchange after a start.
@@ -363,6 +370,8 @@ class RaftCore:
     def tick(self) -> None:
         """Advance logical time by one tick (election or heartbeat timer by role)."""
         self._check_no_outstanding_ready()
+        if self._ticks_since_start < self.config.election_timeout_ticks:
+            self._ticks_since_start += 1
         if self.role is Role.LEADER:
             self._tick_heartbeat()
         else:
@@ -519,6 +528,8 @@ class RaftCore:
         self._check_no_outstanding_ready()
         if message.to_id != self.id:
             raise ValueError(f"message for node {message.to_id} stepped into node {self.id}")
+        if isinstance(message, CLOCK_MESSAGES):
+            raise ValueError("clock messages are answered by the driver, not the core")
         if isinstance(message, RecoveryRequest | RecoveryResponse | NotMember):
             self._step_recovery(message)  # outside the term rules: a restarted node's
             return  # durable term may be older than what it once told its peers
@@ -530,12 +541,24 @@ class RaftCore:
             if isinstance(message, RequestVote):
                 # Leader stickiness (thesis §4.2.3): ignore a vote request while we
                 # hear from a leader, unless the leader itself asked for it (§3.10).
+                # A node that just started may have answered a leader's heartbeat
+                # before it crashed, so it keeps the same quiet period: the leader's
+                # lease counts on it (thesis §6.4.1, raft/timekeeper.py).
                 in_lease = (
                     self.config.check_quorum
-                    and self.leader_id is not None
+                    and (self.leader_id is not None or self._recently_started())
                     and self._election_elapsed < self.config.election_timeout_ticks
                 )
                 if in_lease and not message.leadership_transfer:
+                    if self.leader_id is None:
+                        # Restarted: refuse without taking the term (the candidate sees
+                        # a refusal, e.g. that we are recovering, docs/raft.md).
+                        self._send(
+                            RequestVoteResponse(
+                                self.term, self.id, message.from_id, False, message.pre_vote,
+                                sender=self._sender,
+                            )
+                        )  # fmt: skip
                     return
             if isinstance(message, RequestVote) and message.pre_vote:
                 pass  # a PreVote changes no state (thesis §9.6)
@@ -656,6 +679,21 @@ class RaftCore:
                 if self._maybe_commit():
                     self._broadcast_append()
 
+    def _recently_started(self) -> bool:
+        return self._ticks_since_start < self.config.election_timeout_ticks
+
+    def step_down(self) -> None:
+        """Leader: give up leadership without naming a successor.
+
+        The node becomes a follower in the same term; the others elect a new leader once
+        their election timeout passes. Used when this node may no longer lead (its
+        clock left the bound) and no transfer target is available, or after a
+        leadership transfer that did not complete. A no-op on a non-leader.
+        """
+        self._check_no_outstanding_ready()
+        if self.role is Role.LEADER:
+            self._become_follower(self.term, None)
+
     def _check_no_outstanding_ready(self) -> None:
         if self._outstanding_ready is not None:
             raise RuntimeError("call advance() for the outstanding Ready first")
@@ -746,7 +784,13 @@ class RaftCore:
 
     def _tick_election(self) -> None:
         self._election_elapsed += 1
-        if self._may_campaign() and self._election_elapsed >= self._randomized_election_timeout:
+        # A node that may not lead lets its timer run on (so it stops ignoring vote
+        # requests, leader stickiness) instead of restarting it with a campaign.
+        if (
+            self._may_campaign()
+            and self.campaign_allowed
+            and self._election_elapsed >= self._randomized_election_timeout
+        ):
             self._election_elapsed = 0
             self._campaign(_Campaign.PRE_VOTE if self.config.pre_vote else _Campaign.ELECTION)
 
@@ -766,7 +810,7 @@ class RaftCore:
         return self._recovery.below_floor((last_term, last_index), own)
 
     def _campaign(self, kind: _Campaign) -> None:
-        if not self._may_campaign():
+        if not self._may_campaign() or not self.campaign_allowed:
             return
         if kind is _Campaign.PRE_VOTE:
             self._become_pre_candidate()
@@ -1216,13 +1260,16 @@ class RaftCore:
                 self._send_append(node_id)
 
     def _broadcast_heartbeat(self) -> None:
+        # Every broadcast is a new round: ReadIndex confirmations and the leader lease
+        # (thesis §6.4, §6.4.1) count the rounds a majority answered.
+        round_number = self._reads.next_round()
         for node_id in sorted(self.progress):
             if node_id != self.id:
                 pr = self.progress[node_id]
                 commit = LogIndex(min(pr.match, self.log.committed))
                 self._send(
                     Heartbeat(
-                        self.term, self.id, node_id, commit, self._reads.seq, sender=self._sender
+                        self.term, self.id, node_id, commit, round_number, sender=self._sender
                     )
                 )
 
@@ -1294,11 +1341,29 @@ class RaftCore:
         self._broadcast_heartbeat()
         self._release_reads()
 
-    def _release_reads(self) -> None:
-        acked = {
+    def _heartbeat_rounds_acked(self) -> dict[NodeId, int]:
+        return {
             node_id: (self._reads.seq if node_id == self.id else pr.read_seq_acked)
             for node_id, pr in self.progress.items()
         }
+
+    def quorum_heartbeat_round(self) -> int | None:
+        """Leader: the latest heartbeat round a majority of voters answered in this term.
+
+        The leader lease (thesis §6.4.1) runs from when that round was sent: every voter
+        of that majority had just heard from this leader, and (with ``check_quorum``)
+        ignores other candidates for an election timeout. The driver maps round numbers
+        to send times from the :class:`Heartbeat` messages in each ``Ready``.
+
+        Returns:
+            The round (0 before any round was answered), or None when not leader.
+        """
+        if self.role is not Role.LEADER:
+            return None
+        return committed_index(self.membership.voters, self._heartbeat_rounds_acked())
+
+    def _release_reads(self) -> None:
+        acked = self._heartbeat_rounds_acked()
         for read in self._reads.confirmed(self.membership.voters, acked):
             if read.origin == self.id:
                 self._read_states.append(ReadState(read.index, read.request_ctx))

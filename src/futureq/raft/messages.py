@@ -517,6 +517,45 @@ class NotMember:
     sender: Sender = NO_SENDER
 
 
+@attrs.frozen
+class ClockPing:
+    """Asks a peer for its wall clock (``docs/architecture.md``, "Time").
+
+    Sent by every node to every other member every few ticks, by the driver, never by
+    the core. ``term`` is the sender's current term, for diagnostics only.
+
+    Attributes:
+        mono_us: The sender's monotonic clock when it sent the ping (µs); echoed.
+    """
+
+    term: Term
+    from_id: NodeId
+    to_id: NodeId
+    mono_us: int
+    sender: Sender = NO_SENDER
+
+
+@attrs.frozen
+class ClockPong:
+    """Answer to :class:`ClockPing`: one clock sample for the pinger's cluster clock.
+
+    Attributes:
+        ping_mono_us: The ping's ``mono_us``, echoed.
+        wall_us: The answering node's wall clock when it answered (µs since the Unix
+            epoch).
+        in_bound: Whether the answering node may lead (its clock is synchronized and
+            within the bound); the leader picks transfer targets by it.
+    """
+
+    term: Term
+    from_id: NodeId
+    to_id: NodeId
+    ping_mono_us: int
+    wall_us: int
+    in_bound: bool
+    sender: Sender = NO_SENDER
+
+
 Message = (
     RequestVote
     | RequestVoteResponse
@@ -532,8 +571,17 @@ Message = (
     | RecoveryRequest
     | RecoveryResponse
     | NotMember
+    | ClockPing
+    | ClockPong
 )
-"""Any peer message; every one has ``term``, ``from_id``, ``to_id`` and ``sender``."""
+"""Any peer message; every one has ``term``, ``from_id``, ``to_id`` and ``sender``.
+
+:class:`ClockPing` and :class:`ClockPong` are answered and consumed by the driver (the
+cluster clock); they never reach ``RaftCore.step``.
+"""
+
+CLOCK_MESSAGES = (ClockPing, ClockPong)
+"""The message classes of the cluster clock (not for the Raft core)."""
 
 
 @attrs.frozen
@@ -671,6 +719,9 @@ class _Tag(enum.IntEnum):
     RECOVERY_REQUEST = 20
     RECOVERY_RESPONSE = 21
     NOT_MEMBER = 22
+    # 25-29: issue 8 (cluster time)
+    CLOCK_PING = 25
+    CLOCK_PONG = 26
 
 
 def _entry_fields(entry: Entry) -> list[object]:
@@ -775,6 +826,12 @@ def encode_message(message: Message) -> bytes:
         case NotMember():
             tag = _Tag.NOT_MEMBER
             body = [message.removed_at]
+        case ClockPing():
+            tag = _Tag.CLOCK_PING
+            body = [message.mono_us]
+        case ClockPong():
+            tag = _Tag.CLOCK_PONG
+            body = [message.ping_mono_us, message.wall_us, message.in_bound]
     packed: bytes = msgpack.packb([int(tag), *head, *body], use_bin_type=True)
     return packed
 
@@ -794,6 +851,8 @@ _BODY_LENGTHS: dict[_Tag, int] = {
     _Tag.RECOVERY_REQUEST: 3,
     _Tag.RECOVERY_RESPONSE: 9,
     _Tag.NOT_MEMBER: 1,
+    _Tag.CLOCK_PING: 1,
+    _Tag.CLOCK_PONG: 3,
 }
 _HEAD_LENGTH = 7
 """tag, term, from_id, to_id, and the sender's incarnation, boot and recovering flag."""
@@ -962,6 +1021,18 @@ def _decode_body(  # noqa: PLR0911, PLR0912 - one branch per message type
             _expect_int(b[6], "known_incarnation"),
             Term(_expect_int(b[7], "acked_term")),
             LogIndex(_expect_int(b[8], "acked_index")),
+            sender=sender,
+        )
+    if tag is _Tag.CLOCK_PING:
+        return ClockPing(term, from_id, to_id, _expect_int(b[0], "mono_us"), sender=sender)
+    if tag is _Tag.CLOCK_PONG:
+        return ClockPong(
+            term,
+            from_id,
+            to_id,
+            _expect_int(b[0], "ping_mono_us"),
+            _expect_int(b[1], "wall_us"),
+            _expect_bool(b[2], "in_bound"),
             sender=sender,
         )
     assert tag is _Tag.NOT_MEMBER

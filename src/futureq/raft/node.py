@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import trio
 
+from futureq.clock import SystemClock
 from futureq.errors import (
     ConfigError,
     ErrorCode,
@@ -47,8 +48,10 @@ from futureq.errors import (
     RequestError,
     StorageError,
 )
+from futureq.raft.cluster_clock import describe_offset
 from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError, Role
 from futureq.raft.messages import (
+    CLOCK_MESSAGES,
     AppendEntries,
     ConfChange,
     ConfChangeOp,
@@ -63,8 +66,10 @@ from futureq.raft.messages import (
 )
 from futureq.raft.rocks_storage import StoreIdentity
 from futureq.raft.storage import SnapshotOutOfDateError
+from futureq.raft.timekeeper import TimeConfig, TimeKeeper
 
 if TYPE_CHECKING:
+    from futureq.clock import MicroClock
     from futureq.metrics import Metrics
     from futureq.raft.rocks_storage import RocksStorage
     from futureq.raft.transport import Transport
@@ -141,6 +146,9 @@ class RaftNodeConfig:
         outcome_unknown_ticks: After losing leadership, pending proposals whose fate is
             still unknown after this many ticks fail with UNAVAILABLE ("outcome
             unknown"); default 2 election timeouts.
+        max_clock_offset_ms: The cluster clock's bound (``docs/architecture.md``,
+            "Time"): a node whose clock is further than half of it from cluster time
+            does not lead or dispatch.
         cluster_id: The cluster this node belongs to; stamped in a new data directory
             and checked against the stamp at every start.
         recovery: Recover after every start before voting (``docs/raft.md``, "Disk
@@ -168,6 +176,7 @@ class RaftNodeConfig:
     check_quorum: bool = True
     max_pending_proposals: int = 65_536
     outcome_unknown_ticks: int | None = None
+    max_clock_offset_ms: int = 500
     cluster_id: str = "futureq"
     recovery: bool = True
     member_record_ticks: int = 100
@@ -176,6 +185,7 @@ class RaftNodeConfig:
     def __attrs_post_init__(self) -> None:
         for key, value in (
             ("tick_ms", self.tick_ms),
+            ("max_clock_offset_ms", self.max_clock_offset_ms),
             ("compact_every_entries", self.compact_every_entries),
             ("max_pending_proposals", self.max_pending_proposals),
         ):
@@ -187,6 +197,13 @@ class RaftNodeConfig:
                 "is invalid; it must be >= 0"
             )
         self.raft_config()  # validates the rest
+        self.time_config()
+
+    def time_config(self) -> TimeConfig:
+        """The timekeeper's configuration (cluster clock windows, lease)."""
+        return TimeConfig.for_raft(
+            self.tick_ms, self.election_timeout_ticks, self.max_clock_offset_ms
+        )
 
     def raft_config(
         self, incarnation: int = 0, boot_id: int = 0, *, new_directory: bool = False
@@ -251,6 +268,7 @@ APPLY_QUEUE_BATCHES = 64
 """Committed batches waiting for the applier before persisting waits for it."""
 APPLY_SLICE_ENTRIES = 8
 """Entries applied between two yields to the event loop."""
+_LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _PROBE_PREFIX = b"probe:"
 """Request context of the follower's commit-index probes (never a read waiter's)."""
 
@@ -278,6 +296,7 @@ class RaftNode:
             not stop the node: it stops leading (the cluster elects a leader that can
             write), acknowledges nothing it could not store, and retries once space
             returns. None: the StorageError stops the node.
+        clock: The OS clocks in microseconds (the cluster clock's input, the lease).
     """
 
     def __init__(
@@ -290,11 +309,19 @@ class RaftNode:
         rng: random.Random,
         metrics: Metrics | None = None,
         space_alarm: SpaceAlarm | None = None,
+        clock: MicroClock | None = None,
     ) -> None:
         self.config = config
         self._alarm = space_alarm
         self._disk_full = False
         self.id = NodeId(config.node_id)
+        self._clock: MicroClock = clock or SystemClock()
+        self.timekeeper = TimeKeeper(
+            config.node_id,
+            config.time_config(),
+            mono_us=self._clock.monotonic_us(),
+            wall_us=self._clock.wall_us(),
+        )
         self._storage = storage
         self._transport = transport
         self._sm = state_machine
@@ -351,6 +378,31 @@ class RaftNode:
             and core.role is Role.LEADER
             and self._leader_ready_term == core.term
         )
+
+    def dispatch_refusal(self) -> str | None:
+        """Why this node may not hand out messages now (a sentence), or None if it may.
+
+        It may while :meth:`is_leader`, its clock is within the bound and it holds the
+        leader lease (thesis §6.4.1; :mod:`futureq.raft.timekeeper`).
+        """
+        core = self._core
+        if core is None or not self.is_leader():
+            return "this node is not the leader"
+        return self.timekeeper.dispatch_refusal(core, self._clock.monotonic_us())
+
+    def can_dispatch(self) -> bool:
+        """Whether this node may hand out messages now (:meth:`dispatch_refusal`)."""
+        return self.dispatch_refusal() is None
+
+    def lease_remaining_s(self) -> float:
+        """Seconds left on the leader lease (0 when not leading or without one)."""
+        core = self._core
+        if core is None:
+            return 0.0
+        expiry = self.timekeeper.lease_expiry_us(core)
+        if expiry is None:
+            return 0.0
+        return max(0.0, (expiry - self._clock.monotonic_us()) / 1e6)
 
     def leader_id(self) -> int | None:
         """The leader of the current term as far as this node knows, or None."""
@@ -564,27 +616,26 @@ class RaftNode:
 
         Raises:
             NotLeaderError: not the leader.
-            RequestError: INVALID_ARGUMENT if there is no such voter; TIMEOUT if no
-                other node became leader within ``timeout_s`` (default: two election
-                timeouts; the core aborts the transfer after one).
+            RequestError: INVALID_ARGUMENT if there is no such voter;
+                NODE_CLOCK_OUT_OF_BOUND if the target's clock does not report itself
+                synchronized and in bound within ``timeout_s`` (for None:
+                CLOCK_NOT_SYNCHRONIZED when no other voter's does); TIMEOUT if no other
+                node became leader within ``timeout_s`` (default: two election
+                timeouts; the core aborts the transfer after one, and this node then
+                steps down).
         """
         self._check_can_lead()
         core = self.core
-        if target is None:
-            candidates = [
-                (-int(pr.match), int(node_id))
-                for node_id, pr in core.progress.items()
-                if node_id != self.id
-                and node_id in core.membership.voters
-                and not pr.peer_recovering
-            ]
-            if not candidates:
-                raise RequestError(
-                    ErrorCode.INVALID_ARGUMENT, "there is no other voter to transfer leadership to"
-                )
-            target = min(candidates)[1]
+        if target is None and not any(
+            n != self.id and n in core.membership.voters and not pr.peer_recovering
+            for n, pr in core.progress.items()
+        ):
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT, "there is no other voter to transfer leadership to"
+            )
         if timeout_s is None:
             timeout_s = 2 * self.config.election_timeout_ticks * self.config.tick_ms / 1000
+        target = await self._eligible_target(target, timeout_s)
         epoch = self._role_epoch
         waiter = _Waiter()
         self._enqueue(_Op("transfer", waiter, target=target))
@@ -598,6 +649,47 @@ class RaftNode:
         raise RequestError(
             ErrorCode.TIMEOUT,
             f"leadership transfer to node {target} did not complete within {timeout_s:.1f} s",
+        )
+
+    async def _eligible_target(self, target: int | None, timeout_s: float) -> int:
+        """The transfer target, once its clock says it may lead (a node that just started
+        needs a moment to synchronize); waits up to ``timeout_s``.
+
+        Raises:
+            RequestError: CLOCK_NOT_SYNCHRONIZED when it does not within ``timeout_s``.
+        """
+        clock = self.timekeeper.clock
+        poll_s = self.config.tick_ms / 1000
+        with trio.move_on_after(timeout_s):
+            while True:
+                if target is None:
+                    eligible = self.timekeeper.best_transfer_target(self.core)
+                    if eligible is not None:
+                        return int(eligible)
+                elif (
+                    target == self.id
+                    or target not in self.core.membership.voters  # the core refuses it
+                    or clock.peer_in_bound(target) is True
+                ):
+                    return target
+                await trio.sleep(poll_s)
+        if target is None:
+            raise RequestError(
+                ErrorCode.CLOCK_NOT_SYNCHRONIZED,
+                "no other voter may lead now: none has reported a clock synchronized with "
+                f"the cluster and within max_clock_offset_ms={self.config.max_clock_offset_ms}",
+            )
+        offset_us = clock.peer_offset_us(target)
+        detail = (
+            ""
+            if offset_us is None
+            else f"; its wall clock is {describe_offset(offset_us)} cluster time"
+        )
+        raise RequestError(
+            ErrorCode.NODE_CLOCK_OUT_OF_BOUND,
+            f"node {target} may not lead: its clock is not synchronized with the cluster or "
+            f"is more than half of max_clock_offset_ms={self.config.max_clock_offset_ms} from "
+            f"cluster time{detail}; fix its clock (NTP) first",
         )
 
     # --- the driver ---------------------------------------------------------------------
@@ -719,8 +811,11 @@ class RaftNode:
         while True:
             deadline += tick_s
             now = trio.current_time()
-            if deadline < now - 5 * tick_s:
-                deadline = now  # after a stall, do not fire a burst of ticks
+            if deadline < now:
+                # After a stall, never fire a burst of ticks to catch up: a follower's
+                # election timer must not run faster than real time, or the leader
+                # lease (timekeeper.TimeConfig.lease_us) would not hold.
+                deadline = now
             await trio.sleep_until(deadline)
             self._ticks_due += 1
             self._wake.set()
@@ -774,6 +869,7 @@ class RaftNode:
             self._feed(core)
             while core.has_ready():
                 ready = core.ready()
+                self.timekeeper.on_ready(ready, self._clock.monotonic_us())
                 await self._handle_ready(ready)
                 core.advance(ready)
             self._note_role()
@@ -783,8 +879,11 @@ class RaftNode:
 
     def _feed(self, core: RaftCore) -> None:
         ticks, self._ticks_due = self._ticks_due, 0
+        mono_us = self._clock.monotonic_us() if ticks else 0
+        wall_us = self._clock.wall_us() if ticks else 0
         for _ in range(ticks):
             core.tick()
+            self._tick_time(core, mono_us, wall_us)
             if core.role is Role.LEADER:
                 self._ticks_since_leading = 0
             else:
@@ -800,6 +899,13 @@ class RaftNode:
         inbox = self._inbox
         while inbox:
             message = inbox.popleft()
+            if isinstance(message, CLOCK_MESSAGES):
+                answer = self.timekeeper.on_message(
+                    core, message, self._clock.monotonic_us(), self._clock.wall_us()
+                )
+                if answer is not None:
+                    self._transport.send(answer)
+                continue
             if isinstance(message, AppendEntries):
                 self._leader_commit_seen = max(self._leader_commit_seen, message.leader_commit)
             elif isinstance(message, Heartbeat):
@@ -830,6 +936,16 @@ class RaftNode:
         ops, self._ops = self._ops, []
         for op in ops:
             self._start_op(core, op)
+
+    def _tick_time(self, core: RaftCore, mono_us: int, wall_us: int) -> None:
+        """The timekeeper's duties of one tick: clock pings, who may lead (notices logged)."""
+        messages, notices = self.timekeeper.on_tick(core, mono_us, wall_us)
+        for message in messages:
+            self._transport.send(message)
+        for notice in notices:
+            log.log(
+                _LOG_LEVELS.get(notice.level, logging.INFO), "node %d: %s", self.id, notice.text
+            )
 
     def _outcome_unknown_ticks(self) -> int:
         configured = self.config.outcome_unknown_ticks

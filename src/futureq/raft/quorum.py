@@ -203,9 +203,10 @@ class PendingRead:
 class ReadIndexQueue:
     """Leader-side ReadIndex bookkeeping (thesis §6.4; etcd's ``read_only.go``).
 
-    Each read gets the next heartbeat round number (``seq``); heartbeats carry the
-    latest round and followers echo it. A read is confirmed once a majority of voters
-    answered a round ``>= seq``: the leader was still leader after the read arrived.
+    Every heartbeat broadcast starts a new round (:meth:`next_round`); heartbeats carry
+    the round and followers echo it. A read gets the next round number (``seq``) and is
+    confirmed once a majority of voters answered a round ``>= seq``: the leader was still
+    leader after the read arrived. The rounds also time the leader lease (thesis §6.4.1).
     """
 
     def __init__(self) -> None:
@@ -218,9 +219,13 @@ class ReadIndexQueue:
         self._pending.clear()
 
     def add(self, request_ctx: bytes, origin: NodeId, commit_index: LogIndex) -> None:
-        """Queue a read at ``commit_index``; it needs a new heartbeat round."""
+        """Queue a read at ``commit_index``; it needs the next heartbeat round."""
+        self._pending.append(PendingRead(request_ctx, origin, commit_index, self.seq + 1))
+
+    def next_round(self) -> int:
+        """Start a heartbeat round; returns its number (what the heartbeats carry)."""
         self.seq += 1
-        self._pending.append(PendingRead(request_ctx, origin, commit_index, self.seq))
+        return self.seq
 
     def confirmed(self, voters: Iterable[NodeId], acked: Mapping[NodeId, int]) -> list[PendingRead]:
         """Pop the reads whose round a majority of ``voters`` acknowledged."""

@@ -6,6 +6,7 @@ server's config (``max_payload_bytes``, ``max_delay_ms``, ``max_batch_items``).
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,92 @@ separated by single dots; the first character a letter or digit."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*\Z")
 INT64_MAX = 2**63 - 1
 DLQ_SUFFIX = ".dlq"
+MIN_PLAUSIBLE_EPOCH_MS = 946_684_800_000
+"""2000-01-01T00:00:00Z in ms. An absolute time before it can only be a unit mistake
+(epoch *seconds* of any date before the year 31,969 are below it); ``docs/protocol.md``,
+"Units"."""
+MAX_PLAUSIBLE_EPOCH_MS = 100_000_000_000_000
+"""About the year 5138 in ms: an absolute time past it can only be micro- or
+nanoseconds."""
+MIN_VISIBILITY_TIMEOUT_MS = 100
+"""A shorter visibility timeout can only be a unit mistake (seconds taken for ms): a
+delivery would be handed out again before a consumer could ack it."""
+
+
+def _iso(ms: int) -> str:
+    """``2026-05-01T12:00:00Z`` (or ``year out of range``) for an epoch time in ms."""
+    try:
+        moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        return "out of any calendar"
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def implausible_epoch_ms(name: str, value: int) -> str | None:
+    """Why an absolute time in ms since the Unix epoch can only be a unit mistake, or None.
+
+    Refused: after 0 and before 2000-01-01 (seconds taken for milliseconds) and after
+    :data:`MAX_PLAUSIBLE_EPOCH_MS` (micro- or nanoseconds). 0 stays "at once". Both ends
+    hold whatever the clock says, so clients check them too.
+
+    Args:
+        name: The field, for the sentence (``deliver_at_ms``, ``--at``).
+        value: The value given.
+    """
+    if 0 < value < MIN_PLAUSIBLE_EPOCH_MS:
+        text = f"{name} {value} is {_iso(value)}, before 2000"
+        if MIN_PLAUSIBLE_EPOCH_MS <= value * 1000 <= MAX_PLAUSIBLE_EPOCH_MS:
+            return (
+                f"{text}: it looks like seconds since the Unix epoch; {name} is in "
+                f"milliseconds (did you mean {value * 1000}, {_iso(value * 1000)}?)"
+            )
+        return f"{text}: {name} must be milliseconds since the Unix epoch"
+    if value > MAX_PLAUSIBLE_EPOCH_MS:
+        for unit, divisor in (("microseconds", 1000), ("nanoseconds", 1_000_000)):
+            if value // divisor <= MAX_PLAUSIBLE_EPOCH_MS:
+                return (
+                    f"{name} {value} is {_iso(value)}: it looks like {unit} since the Unix "
+                    f"epoch; {name} is in milliseconds (did you mean {value // divisor}, "
+                    f"{_iso(value // divisor)}?)"
+                )
+        return f"{name} {value} is {_iso(value)}: {name} must be milliseconds since the Unix epoch"
+    return None
+
+
+def implausible_duration_ms(name: str, value: int) -> str | None:
+    """Why a duration in ms can only be a unit mistake, or None.
+
+    A duration that falls in the range of absolute times (on or after 2000-01-01 as ms
+    since the epoch: more than 30 years) was meant as an absolute time.
+    """
+    if MIN_PLAUSIBLE_EPOCH_MS <= value <= MAX_PLAUSIBLE_EPOCH_MS:
+        return (
+            f"{name} {value} is {value / 86_400_000 / 365.25:.0f} years: it looks like an "
+            f"absolute time ({_iso(value)}) in ms since the Unix epoch; {name} is a duration "
+            "in milliseconds"
+        )
+    return None
+
+
+def check_visibility_timeout_ms(value: int, *, field: str = "visibility_timeout_ms") -> None:
+    """Refuse a visibility timeout that can only be a unit mistake (below 100 ms).
+
+    Raises:
+        RequestError: IMPLAUSIBLE_TIME with a sentence naming the likely meaning.
+    """
+    if 1 <= value < MIN_VISIBILITY_TIMEOUT_MS:
+        raise RequestError(
+            ErrorCode.IMPLAUSIBLE_TIME, f"{field} is {value} ms: {visibility_problem(value)}"
+        )
+
+
+def visibility_problem(value: int) -> str:
+    """What is wrong with a visibility timeout below :data:`MIN_VISIBILITY_TIMEOUT_MS`."""
+    return (
+        "every delivery would be handed out again before a consumer could ack it; it looks "
+        f"like seconds taken for milliseconds (did you mean {value * 1000}, i.e. {value} s?); "
+        f"the smallest accepted is {MIN_VISIBILITY_TIMEOUT_MS} ms"
+    )
 
 
 @attrs.frozen
@@ -227,6 +314,11 @@ def validate_publish_items_in_steps(
                     i,
                 )
             if delay > max_delay:
+                mistake = implausible_duration_ms("delay_ms", delay)
+                if mistake is not None:
+                    raise RequestError(
+                        ErrorCode.IMPLAUSIBLE_TIME, f"{mistake}; send it as deliver_at_ms", i
+                    )
                 raise RequestError(
                     ErrorCode.DELAY_TOO_LARGE,
                     f"delay_ms is {delay}; the limit is {max_delay} ms",
@@ -250,6 +342,9 @@ def validate_publish_items_in_steps(
                     f"deliver_at_ms {deliver_at_ms} does not fit in 64 bits",
                     i,
                 )
+            mistake = implausible_epoch_ms("deliver_at_ms", deliver_at_ms)
+            if mistake is not None:
+                raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, mistake, i)
             if deliver_at_ms - now_ms > max_delay:
                 raise RequestError(
                     ErrorCode.DELAY_TOO_LARGE,
@@ -269,6 +364,13 @@ def validate_publish_items_in_steps(
                     ErrorCode.INVALID_TTL, f"ttl_ms is {ttl_ms}; it must be > 0 (or absent)", i
                 )
             if ttl_ms > limits.max_ttl_ms:
+                mistake = implausible_duration_ms("ttl_ms", ttl_ms)
+                if mistake is not None:
+                    raise RequestError(
+                        ErrorCode.IMPLAUSIBLE_TIME,
+                        f"{mistake} (the TTL counts from the due time)",
+                        i,
+                    )
                 raise RequestError(
                     ErrorCode.INVALID_TTL,
                     f"ttl_ms is {ttl_ms}; the limit is {limits.max_ttl_ms} ms",

@@ -34,8 +34,8 @@ def test_jsonl_good_line_shapes() -> None:
         "t", b"text", delay_ms=5
     )
     assert parse_jsonl_line(
-        '{"topic": "t", "payload": null, "deliver_at_ms": 9, "ttl_ms": 3}'
-    ) == PublishItem("t", b"null", deliver_at_ms=9, ttl_ms=3)
+        '{"topic": "t", "payload": null, "deliver_at_ms": 1777636801000, "ttl_ms": 3}'
+    ) == PublishItem("t", b"null", deliver_at_ms=1_777_636_801_000, ttl_ms=3)
     assert parse_jsonl_line("   \n") is None
 
 
@@ -48,6 +48,10 @@ def test_jsonl_good_line_shapes() -> None:
         ('{"topic": "t"}', '"payload" is missing'),
         ('{"topic": "t", "payload": 1, "delay": 5}', "unknown field"),
         ('{"topic": "t", "payload": 1, "delay_ms": -1}', "non-negative integer"),
+        (  # issue 8, input 5: epoch seconds in deliver_at_ms
+            '{"topic": "t", "payload": 1, "deliver_at_ms": 1777636801}',
+            "looks like seconds since the Unix epoch; deliver_at_ms is in milliseconds",
+        ),
         ('{"topic": "t", "payload": 1, "delay_ms": 1.5}', "non-negative integer"),
         ('{"topic": "t", "payload": 1, "delay_ms": 1, "deliver_at_ms": 2}', "not both"),
     ],
@@ -95,11 +99,39 @@ def test_render_payload_is_always_json_serialisable(payload: bytes) -> None:
 
 def test_parse_at_ms() -> None:
     assert parse_at_ms("1700000000000") == 1_700_000_000_000
-    assert parse_at_ms("1970-01-01T00:00:01Z") == 1_000
-    assert parse_at_ms("1970-01-01T00:00:01") == 1_000  # no zone: UTC
-    assert parse_at_ms("1970-01-01T02:00:01+02:00") == 1_000
+    assert parse_at_ms("0") == 0  # "at once"
+    assert parse_at_ms("2026-05-01T12:00:01Z") == 1_777_636_801_000
+    assert parse_at_ms("2026-05-01T12:00:01") == 1_777_636_801_000  # no zone: UTC
+    assert parse_at_ms("2026-05-01T14:00:01+02:00") == 1_777_636_801_000
     with pytest.raises(argparse.ArgumentTypeError, match="ISO 8601"):
         parse_at_ms("tomorrow")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-05-01t12:00:01.25z", 1_777_636_801_250),  # RFC 3339 allows t and z
+        ("2026-05-01 12:00:01.123456789Z", 1_777_636_801_123),  # extra digits are cut
+        ("2026-05-01T11:00:01-01:00", 1_777_636_801_000),
+        ("2026-05-01T12:00Z", 1_777_636_800_000),
+    ],
+)
+def test_parse_at_ms_accepts_rfc3339(text: str, expected: int) -> None:
+    assert parse_at_ms(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("1777636801", "looks like seconds since the Unix epoch"),  # issue 8, input 5
+        ("1777636801000000", "looks like microseconds"),
+        ("1777636801000000000", "looks like nanoseconds"),
+        ("1970-01-01T00:00:01Z", "before 2000-01-01"),
+    ],
+)
+def test_parse_at_ms_refuses_unit_mistakes(text: str, says: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=says):
+        parse_at_ms(text)
 
 
 def test_format_ms() -> None:

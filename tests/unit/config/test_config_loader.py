@@ -328,3 +328,22 @@ def test_combinations_start_cannot_run_are_refused_by_the_loader(
     message = str(error.value)
     for word in words:
         assert word in message, message
+# --- unit mistakes (issue 8, input 5) ------------------------------------------------
+
+
+def test_a_visibility_timeout_that_can_only_be_seconds_is_refused_with_a_sentence() -> None:
+    env = {"FUTUREQ_QUEUE_VISIBILITY_TIMEOUT_MS": "30"}
+    with pytest.raises(ConfigError) as error:
+        load_config(env=env)
+    [problem] = problems_of(error)
+    assert problem.startswith("queue.visibility_timeout_ms = 30")
+    assert "FUTUREQ_QUEUE_VISIBILITY_TIMEOUT_MS" in problem
+    assert "looks like seconds taken for milliseconds (did you mean 30000" in problem
+    assert load_config(env={"FUTUREQ_QUEUE_VISIBILITY_TIMEOUT_MS": "100"})
+
+
+def test_max_clock_offset_is_checked_for_units() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(env={"FUTUREQ_CLUSTER_MAX_CLOCK_OFFSET_MS": "1"})
+    [problem] = problems_of(error)
+    assert "between 10 and 60000 ms" in problem and "seconds taken for milliseconds" in problem

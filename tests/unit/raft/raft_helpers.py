@@ -158,6 +158,20 @@ class Network:
             node.core.step(message)
             queue.extend(node.handle_ready())
 
+    def outlive_restart_quiet(self, *node_ids: int) -> None:
+        """Tick restarted nodes through their first election timeout, alone.
+
+        A node restarted with a stored term ignores vote requests for one election
+        timeout (it may have answered a leader whose lease still runs, thesis §6.4.1);
+        tests that elect a leader among restarted nodes without ticking the others call
+        this first. What the nodes send meanwhile is dropped.
+        """
+        for node_id in node_ids:
+            core = self.core(node_id)
+            for _ in range(core.config.election_timeout_ticks):
+                core.tick()
+            self.nodes[NodeId(node_id)].handle_ready()
+
     def stabilize(self) -> None:
         """Deliver everything pending."""
         self.deliver([])

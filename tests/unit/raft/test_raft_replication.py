@@ -137,6 +137,7 @@ def test_leader_repairs_divergent_follower_logs_with_fast_backoff() -> None:
             make_node(node_id, range(1, 7), storage=_storage_with_log(list(range(1, 7)), log, 7))
         )
     network = Network(nodes)
+    network.outlive_restart_quiet(2, 3, 4, 5, 6)
     # Node 1 can win: nodes 2, 3, 4 and 6 find its log up to date.
     network.elect(1)
     leader_terms = _log_terms(network, 1)

@@ -1,0 +1,655 @@
+"""Cluster time: the one clock the replicas agree on, built from clock samples (sans-IO).
+
+A release is never earlier than its due time by more than the stated bound only if the
+leader's idea of "now" is right, and one node's wall clock can be set badly or stepped
+at any moment. So no node acts on its own wall clock. Each node keeps a **cluster
+time** ``C = monotonic + base``: its monotonic clock (which never jumps) plus an offset
+``base`` that the replicas agree on. This module is that computation; it never reads a
+clock, every reading is passed in (integer microseconds), so the simulation drives it
+with virtual clocks and the trio driver (:mod:`futureq.raft.node`) with the OS clocks.
+
+How ``base`` is found (TigerBeetle's ``src/vsr/clock.zig`` and ``marzullo.zig`` are
+the model; see ``docs/architecture.md``, "Time"):
+
+1. Every node pings every other member (``ClockPing`` carrying its monotonic time
+   ``m0``); the peer answers at once (``ClockPong`` echoing ``m0`` with its wall time
+   ``t1``); the answer arrives at our monotonic ``m2``. The peer's wall clock, measured
+   against *our monotonic clock*, is ``t1 + (m2 - m0) / 2 - m2`` give or take the one-way
+   delay ``(m2 - m0) / 2`` (round-trip corrected). Measuring against the monotonic clock
+   means a step of our own wall clock does not disturb what we learn of the others.
+2. Samples collect in a **window** (at least ``window_min_us``); per peer the sample
+   with the smallest round trip is kept. Our own wall clock is a source too (delay 0).
+3. Each source becomes an interval ``[offset - delay - tolerance, offset + delay +
+   tolerance]``. Marzullo's algorithm (:func:`smallest_interval`) finds the smallest
+   interval that a quorum (a majority of the voters) agrees on. The tolerance starts at
+   a quarter of ``max_offset_us`` and halves while a quorum still agrees, so the
+   interval is as tight as the clocks allow. No quorum within a quarter of the bound: no
+   agreement, the window is retried. The last agreement stays in force, carried by the
+   monotonic clock, for ``epoch_max_us`` (long: the monotonic clock drifts little, and
+   this node's own wall clock must keep agreeing with it, step 4); after that without a
+   new agreement the node is **unsynchronized**.
+4. The target offset is this node's own wall clock clamped into the agreed interval
+   (a good clock is kept as it is; a wrong one is pulled to the edge of what the others
+   agree on). A node that is not leading adopts it at once when it is more than an
+   eighth of the bound away; otherwise ``base`` **slews** towards it, at most
+   ``slew_up_ppm`` faster or ``slew_down_ppm`` slower than the monotonic clock. A leader
+   never jumps: if its cluster time drifts an eighth of the bound from the agreement,
+   it is out of bound and must step down (then it jumps as a follower).
+
+What a caller gets:
+
+* :meth:`ClusterClock.now_us` never goes backwards and, apart from the bounded slew,
+  never runs faster than the monotonic clock: a wall clock stepped forwards or
+  backwards by an hour changes nothing. (Before its first agreement a clustered node's
+  cluster time is provisional, its own wall clock, and is replaced by the agreement;
+  such a node may not lead, so nothing was stamped or released by it.)
+* :attr:`ClusterClock.in_bound` — this node may lead, stamp and dispatch: it is
+  synchronized, its own wall clock is within half of ``max_offset_us`` of cluster time
+  (CockroachDB's rule: a node whose clock is too far off stops taking part rather than
+  act on a wrong time), and its cluster time tracks the agreement.
+* Each peer's offset from cluster time (:meth:`ClusterClock.offsets_us`) for metrics
+  and status, and :class:`ClockNotice` values for the log (a peer whose offset grows
+  past half the bound, agreement lost or regained, this node out of bound).
+
+A node with no other voter (a single-node cluster) has no second opinion: its cluster
+time starts from its wall clock and follows it by slewing, but a step of more than a
+quarter of the bound is not followed (a notice says so); restart the node to adopt it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from futureq.errors import ConfigError
+from futureq.raft.quorum import majority
+
+US_PER_MS = 1000
+PPM = 1_000_000
+RECENT_SAMPLES = 8
+"""Samples per peer kept for its exported offset (the shortest round trip wins)."""
+PEER_NOTICE_EVERY_US = 60_000_000
+"""A peer whose offset stays past half the bound is logged again this often (µs)."""
+
+
+@attrs.frozen
+class Interval:
+    """The result of :func:`smallest_interval`.
+
+    Attributes:
+        lower_us: Lower end of the smallest interval the most sources agree on.
+        upper_us: Upper end (inclusive); equal to ``lower_us`` for a single point.
+        sources_true: How many sources' intervals contain it ("true chimers").
+        sources_false: How many do not; ``sources_true + sources_false`` is the number
+            of sources given.
+    """
+
+    lower_us: int
+    upper_us: int
+    sources_true: int
+    sources_false: int
+
+
+def smallest_interval(bounds: Sequence[tuple[int, int]]) -> Interval:
+    """Marzullo's algorithm: the smallest interval consistent with the most sources.
+
+    Args:
+        bounds: One ``(lower, upper)`` pair per source, inclusive, ``lower <= upper``.
+
+    Returns:
+        The interval contained in the largest number of source intervals; among
+        several with that number, the narrowest (the first of equal width). With no
+        sources, ``Interval(0, 0, 0, 0)``.
+
+    Source: K. Marzullo, PhD thesis (1984); TigerBeetle ``src/vsr/marzullo.zig``. A
+    lower end sorts before an upper end at the same offset, so intervals that only touch
+    count as overlapping (in a zero-width interval).
+    """
+    if not bounds:
+        return Interval(0, 0, 0, 0)
+    points: list[tuple[int, int, int]] = []
+    for source, (lower, upper) in enumerate(bounds):
+        assert lower <= upper, f"source {source}: lower {lower} > upper {upper}"
+        points.append((lower, 0, source))
+        points.append((upper, 1, source))
+    points.sort()
+    best = 0
+    count = 0
+    lower_us = upper_us = 0
+    for i, (offset, kind, _source) in enumerate(points[:-1]):
+        count += 1 if kind == 0 else -1
+        following = points[i + 1]
+        if count > best:
+            best = count
+            lower_us, upper_us = offset, following[0]
+        elif count == best and following[1] == 1 and following[0] - offset < upper_us - lower_us:
+            lower_us, upper_us = offset, following[0]
+    return Interval(lower_us, upper_us, best, len(bounds) - best)
+
+
+@attrs.frozen
+class ClockConfig:
+    """Tuning of a :class:`ClusterClock`; every duration in microseconds.
+
+    Attributes:
+        max_offset_us: The stated bound (``cluster.max_clock_offset_ms``): cluster times
+            of the nodes that lead or dispatch stay within half of it of each other's
+            agreement, so a release is never earlier than due minus this bound.
+        window_min_us: Samples collected before an agreement is computed.
+        window_max_us: A window that reached no agreement by then starts again.
+        epoch_max_us: Without a new agreement for this long the node is unsynchronized
+            (it may not lead or stamp); until then the last agreement is carried by the
+            monotonic clock (a majority of clocks may be unreachable meanwhile, e.g. one
+            node down and another with a wrong clock).
+        slew_up_ppm: Cluster time runs at most this much faster than the monotonic
+            clock while it catches up (parts per million; NTP's kernel limit is 500).
+        slew_down_ppm: ...and at most this much slower while it falls back.
+    """
+
+    max_offset_us: int = 500_000
+    window_min_us: int = 500_000
+    window_max_us: int = 5_000_000
+    epoch_max_us: int = 10_000_000
+    slew_up_ppm: int = 500
+    slew_down_ppm: int = 10_000
+
+    def __attrs_post_init__(self) -> None:
+        checks = [
+            ("max_offset_us", self.max_offset_us, self.max_offset_us >= 8, ">= 8"),
+            ("window_min_us", self.window_min_us, self.window_min_us >= 0, ">= 0"),
+            ("window_max_us", self.window_max_us, self.window_max_us > self.window_min_us,
+             "> window_min_us"),
+            ("epoch_max_us", self.epoch_max_us, self.epoch_max_us >= self.window_max_us,
+             ">= window_max_us"),
+            ("slew_up_ppm", self.slew_up_ppm, 0 <= self.slew_up_ppm < PPM, "in [0, 1000000)"),
+            ("slew_down_ppm", self.slew_down_ppm, 0 <= self.slew_down_ppm < PPM,
+             "in [0, 1000000)"),
+        ]  # fmt: skip
+        for key, value, ok, allowed in checks:
+            if not ok:
+                raise ConfigError(f"clock config {key}={value} is invalid; it must be {allowed}")
+
+    @property
+    def tolerance_max_us(self) -> int:
+        """Largest tolerance of a source interval: a quarter of the bound."""
+        return self.max_offset_us // 4
+
+    @property
+    def track_us(self) -> int:
+        """How far cluster time may be from the agreement before it re-anchors (or, on a
+        leader, before the node is out of bound): an eighth of the bound."""
+        return self.max_offset_us // 8
+
+
+@attrs.frozen
+class ClockNotice:
+    """Something an operator should read in the log.
+
+    Attributes:
+        level: ``"info"``, ``"warning"`` or ``"error"``.
+        text: One sentence, with the figures.
+    """
+
+    level: str
+    text: str
+
+
+@attrs.frozen
+class ClockStatus:
+    """A snapshot of a :class:`ClusterClock` for status pages and metrics.
+
+    Attributes:
+        synchronized: An agreement of a quorum of clocks is current.
+        in_bound: This node may lead, stamp and dispatch (see :attr:`ClusterClock.in_bound`).
+        standalone: No other voter: cluster time follows only this node's clock.
+        own_offset_us: This node's wall clock minus cluster time.
+        offsets_us: Per peer, its wall clock minus our cluster time (latest sample).
+        accuracy_us: Width of the agreed interval, or None when not synchronized.
+        sources_true: Clocks in the agreement (this node included), or 0.
+        max_offset_us: The bound.
+    """
+
+    synchronized: bool
+    in_bound: bool
+    standalone: bool
+    own_offset_us: int
+    offsets_us: dict[int, int]
+    accuracy_us: int | None
+    sources_true: int
+    max_offset_us: int
+
+
+@attrs.frozen
+class _Sample:
+    offset_us: int
+    """The peer's wall clock minus our monotonic clock."""
+    delay_us: int
+    """Half the round trip: how far the true offset may be from ``offset_us``."""
+
+
+@attrs.frozen
+class _Epoch:
+    lower_us: int
+    upper_us: int
+    sources_true: int
+    synchronized_at_us: int
+
+
+class ClusterClock:
+    """One node's cluster time, from its monotonic clock and the cluster's clock samples.
+
+    Args:
+        node_id: This node's id.
+        config: Bound and timing.
+        mono_us: The monotonic clock now (µs, any origin).
+        wall_us: The wall clock now (µs since the Unix epoch).
+        voters: The voting members (this node included if it votes).
+
+    The driver calls :meth:`tick` regularly (every Raft tick), :meth:`learn` for every
+    ``ClockPong`` and :meth:`set_voters` when the membership changes; it answers pings
+    itself (with its wall clock and :attr:`in_bound`).
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        config: ClockConfig,
+        *,
+        mono_us: int,
+        wall_us: int,
+        voters: Iterable[int] = (),
+    ) -> None:
+        self.id = node_id
+        self.config = config
+        self.leading = False
+        """Set by the driver while this node leads: cluster time then never jumps."""
+        self._voters: frozenset[int] = frozenset()
+        self._base_us = wall_us - mono_us
+        self._wall_offset_us = wall_us - mono_us
+        self._mono_us = mono_us
+        self._last_now_us = wall_us
+        self._anchored = False
+        self._window_start_us = mono_us
+        self._window: dict[int, _Sample] = {}
+        self._window_samples = 0
+        self._learned = False
+        self._epoch: _Epoch | None = None
+        self._latest: dict[int, deque[_Sample]] = {}
+        self._eligible: dict[int, tuple[bool, int]] = {}
+        self._peer_noticed: dict[int, int] = {}
+        self._was_in_bound: bool | None = None
+        self._step_noticed = False
+        self._window_failing = False
+        self._was_standalone = False
+        self.set_voters(voters)
+
+    # --- inputs -----------------------------------------------------------------------
+
+    def set_voters(self, voters: Iterable[int]) -> None:
+        """The voting members changed (the quorum of clocks is a majority of them)."""
+        self._voters = frozenset(voters)
+
+    def learn(self, peer: int, m0_us: int, t1_us: int, m2_us: int, peer_in_bound: bool) -> None:
+        """A ``ClockPong`` from ``peer`` arrived.
+
+        Args:
+            peer: The node that answered.
+            m0_us: Our monotonic clock when we sent the ping (echoed by the peer).
+            t1_us: The peer's wall clock when it answered (µs since the Unix epoch).
+            m2_us: Our monotonic clock now, as the answer is processed.
+            peer_in_bound: The peer's own :attr:`in_bound` when it answered.
+
+        A sample from before the current window, or with ``m0 > m2`` (not our ping), is
+        ignored.
+        """
+        if peer == self.id or m0_us > m2_us:
+            return
+        self._eligible[peer] = (peer_in_bound, m2_us)
+        delay_us = (m2_us - m0_us) // 2
+        sample = _Sample(t1_us + delay_us - m2_us, delay_us)
+        recent = self._latest.setdefault(peer, deque(maxlen=RECENT_SAMPLES))
+        recent.append(sample)
+        if m0_us < self._window_start_us:
+            return  # the window was reset between the ping and the pong
+        known = self._window.get(peer)
+        if known is None or sample.delay_us <= known.delay_us:
+            self._window[peer] = sample  # the shortest round trip is the most accurate
+        self._window_samples += 1
+        self._learned = True
+
+    def tick(self, mono_us: int, wall_us: int) -> list[ClockNotice]:
+        """Advance: read our own clock sample, agree when a window is ready, slew.
+
+        Args:
+            mono_us: The monotonic clock now (µs).
+            wall_us: The wall clock now (µs since the Unix epoch).
+
+        Returns:
+            Notices for the log (often none).
+        """
+        notices: list[ClockNotice] = []
+        elapsed_us = max(0, mono_us - self._mono_us)
+        self._mono_us = max(self._mono_us, mono_us)
+        self._wall_offset_us = wall_us - mono_us
+        if self.standalone:
+            self._tick_standalone(elapsed_us, notices)
+        else:
+            self._tick_clustered(elapsed_us, notices)
+        self._notice_bound(notices)
+        return notices
+
+    # --- outputs ------------------------------------------------------------------------
+
+    def now_us(self, mono_us: int) -> int:
+        """Cluster time (µs since the Unix epoch) at monotonic time ``mono_us``.
+
+        Never less than a value returned before, even for an older ``mono_us``.
+        """
+        now = max(self._last_now_us, mono_us + self._base_us)
+        self._last_now_us = now
+        return now
+
+    def now_ms(self, mono_us: int) -> int:
+        """:meth:`now_us` in integer milliseconds (floored)."""
+        return self.now_us(mono_us) // US_PER_MS
+
+    @property
+    def standalone(self) -> bool:
+        """No other voter: synchronization is off and this node's clock is the reference."""
+        return not (self._voters - {self.id})
+
+    @property
+    def synchronized(self) -> bool:
+        """An agreement of a quorum of clocks is current (always true when standalone)."""
+        return self.standalone or (self._epoch is not None and self._anchored)
+
+    @property
+    def in_bound(self) -> bool:
+        """This node may lead, stamp and dispatch.
+
+        Standalone: always. Otherwise: synchronized, its wall clock within half of
+        ``max_offset_us`` of cluster time, and its cluster time within an eighth of the
+        bound of the agreement's target.
+        """
+        if self.standalone:
+            return True
+        if not self.synchronized:
+            return False
+        target = self._target_us()
+        half = self.config.max_offset_us // 2
+        return (
+            abs(self._wall_offset_us - target) <= half
+            and abs(self._base_us - target) <= self.config.track_us
+        )
+
+    def refusal(self) -> str | None:
+        """Why this node may not lead, stamp or dispatch (a sentence), or None."""
+        if self.in_bound:
+            return None
+        if not self.synchronized:
+            return (
+                f"node {self.id} has no agreement on cluster time with a majority of the voters "
+                "(not enough clock samples: it is starting, partitioned, or the clocks disagree "
+                f"by more than max_clock_offset_ms={self.config.max_offset_us // US_PER_MS})"
+            )
+        own = self._wall_offset_us - self._base_us
+        return (
+            f"node {self.id}'s wall clock is {describe_offset(own)} cluster time, more than half of "
+            f"max_clock_offset_ms={self.config.max_offset_us // US_PER_MS}; fix its clock "
+            "(NTP) before it may lead"
+        )
+
+    def own_offset_us(self) -> int:
+        """This node's wall clock minus its cluster time (µs)."""
+        return self._wall_offset_us - self._base_us
+
+    def offsets_us(self) -> dict[int, int]:
+        """Per peer with a sample: its wall clock minus our cluster time (µs), from the
+        most accurate (shortest round trip) of its last few samples."""
+        return {
+            peer: offset
+            for peer in sorted(self._latest)
+            if (offset := self.peer_offset_us(peer)) is not None
+        }
+
+    def peer_in_bound(self, peer: int) -> bool | None:
+        """What ``peer`` last said of itself (may it lead?), or None when it has not
+        answered a ping within ``epoch_max_us``."""
+        known = self._eligible.get(peer)
+        if known is None or self._mono_us - known[1] > self.config.epoch_max_us:
+            return None
+        return known[0]
+
+    def peer_offset_us(self, peer: int) -> int | None:
+        """``peer``'s wall clock minus our cluster time, or None without a sample."""
+        recent = self._latest.get(peer)
+        if not recent:
+            return None
+        best = min(reversed(recent), key=lambda sample: sample.delay_us)  # newest on ties
+        return best.offset_us - self._base_us
+
+    def status(self) -> ClockStatus:
+        """A snapshot for status pages and metrics."""
+        epoch = self._epoch
+        return ClockStatus(
+            synchronized=self.synchronized,
+            in_bound=self.in_bound,
+            standalone=self.standalone,
+            own_offset_us=self.own_offset_us(),
+            offsets_us=self.offsets_us(),
+            accuracy_us=None if epoch is None else epoch.upper_us - epoch.lower_us,
+            sources_true=0 if epoch is None else epoch.sources_true,
+            max_offset_us=self.config.max_offset_us,
+        )
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _target_us(self) -> int:
+        epoch = self._epoch
+        if epoch is None:
+            return self._base_us
+        return min(max(self._wall_offset_us, epoch.lower_us), epoch.upper_us)
+
+    def _slew(self, target_us: int, elapsed_us: int) -> None:
+        difference = target_us - self._base_us
+        up = elapsed_us * self.config.slew_up_ppm // PPM
+        down = elapsed_us * self.config.slew_down_ppm // PPM
+        self._base_us += max(-down, min(up, difference))
+
+    def _tick_standalone(self, elapsed_us: int, notices: list[ClockNotice]) -> None:
+        self._epoch = None
+        # Only a node that is the one voter is the cluster's time; a node that has not
+        # learned the membership yet (a joining one) is nobody's, and its time stays
+        # provisional until its first agreement.
+        sole_voter = self._voters == {self.id}
+        self._anchored = self._anchored or sole_voter
+        self._was_standalone = sole_voter
+        difference = self._wall_offset_us - self._base_us
+        if abs(difference) > self.config.tolerance_max_us:
+            if not self._step_noticed:
+                self._step_noticed = True
+                notices.append(
+                    ClockNotice(
+                        "error",
+                        f"the wall clock jumped: it is {describe_offset(difference)} cluster time; "
+                        "cluster time keeps running on the monotonic clock and does not follow "
+                        "a step of more than a quarter of max_clock_offset_ms="
+                        f"{self.config.max_offset_us // US_PER_MS} (restart the node to adopt "
+                        "the new wall clock)",
+                    )
+                )
+            return
+        if self._step_noticed:
+            self._step_noticed = False
+            notices.append(ClockNotice("info", "the wall clock agrees with cluster time again"))
+        self._slew(self._wall_offset_us, elapsed_us)
+
+    def _tick_clustered(self, elapsed_us: int, notices: list[ClockNotice]) -> None:
+        if self._was_standalone:
+            # A single node grew into a cluster: its own time was the cluster's, so it
+            # stands as the agreement until the new members' samples make a real one
+            # (the leader keeps leading meanwhile).
+            self._was_standalone = False
+            self._epoch = _Epoch(self._base_us, self._base_us, 1, self._mono_us)
+            self._reset_window()
+        self._synchronize(notices)
+        epoch = self._epoch
+        if (
+            epoch is not None
+            and self._mono_us - epoch.synchronized_at_us >= self.config.epoch_max_us
+        ):
+            self._epoch = None
+            notices.append(
+                ClockNotice(
+                    "error",
+                    f"no agreement on cluster time for {self.config.epoch_max_us / 1e6:.1f} s "
+                    "(partitioned, or too many clocks disagree); this node will not lead",
+                )
+            )
+        if self._epoch is None:
+            return
+        target = self._target_us()
+        difference = target - self._base_us
+        if not self._anchored or (abs(difference) > self.config.track_us and not self.leading):
+            if self._anchored:
+                notices.append(
+                    ClockNotice(
+                        "warning",
+                        f"cluster time re-anchored by {difference / 1000:+.1f} ms to the "
+                        "cluster's agreement",
+                    )
+                )
+            if not self._anchored:
+                # Before its first agreement a node's cluster time was provisional (its
+                # own wall clock) and nothing was stamped or released by it: replace it.
+                self._last_now_us = self._mono_us + target
+            self._base_us = target
+            self._anchored = True
+        else:
+            self._slew(target, elapsed_us)
+
+    def _synchronize(self, notices: list[ClockNotice]) -> None:
+        config = self.config
+        elapsed_us = self._mono_us - self._window_start_us
+        if elapsed_us < config.window_min_us:
+            return
+        if elapsed_us >= config.window_max_us:
+            if not self._window_failing:
+                self._window_failing = True
+                sampled = 1 + sum(1 for peer in self._window if peer in self._voters)
+                carried = (
+                    "; cluster time runs on from the last agreement"
+                    if self._epoch is not None
+                    else ""
+                )
+                notices.append(
+                    ClockNotice(
+                        "warning",
+                        f"clock synchronization failed: {sampled} of "
+                        f"{len(self._voters | {self.id})} clocks sampled in "
+                        f"{elapsed_us / 1e6:.1f} s, and no majority agrees within "
+                        f"±{config.tolerance_max_us / 1000:.0f} ms{carried}",
+                    )
+                )
+            self._reset_window()
+            return
+        if not self._learned:
+            return
+        self._learned = False
+        sources = [_Sample(self._wall_offset_us, 0)]
+        sources += [s for peer, s in sorted(self._window.items()) if peer in self._voters]
+        quorum = majority(len(self._voters))
+        tolerance = config.tolerance_max_us
+        agreed: Interval | None = None
+        while True:
+            interval = smallest_interval(
+                [
+                    (s.offset_us - s.delay_us - tolerance, s.offset_us + s.delay_us + tolerance)
+                    for s in sources
+                ]
+            )
+            if interval.sources_true < quorum:
+                break
+            agreed = interval  # keep narrowing while a quorum still agrees
+            if tolerance == 0:
+                break
+            tolerance //= 2
+        if agreed is None:
+            return  # wait for better samples, or until the window runs out
+        if self._epoch is None or self._window_failing:
+            self._window_failing = False
+            notices.append(
+                ClockNotice(
+                    "info",
+                    f"cluster time synchronized: {agreed.sources_true} of "
+                    f"{len(self._voters | {self.id})} clocks agree within "
+                    f"{(agreed.upper_us - agreed.lower_us) / 1000:.1f} ms",
+                )
+            )
+        self._epoch = _Epoch(agreed.lower_us, agreed.upper_us, agreed.sources_true, self._mono_us)
+        self._reset_window()
+        self._notice_peers(notices)
+
+    def _reset_window(self) -> None:
+        self._window_start_us = self._mono_us
+        self._window = {}
+        self._window_samples = 0
+        self._learned = False
+
+    def _notice_peers(self, notices: list[ClockNotice]) -> None:
+        half = self.config.max_offset_us // 2
+        for peer, offset in self.offsets_us().items():
+            if abs(offset) <= half:
+                if self._peer_noticed.pop(peer, None) is not None:
+                    notices.append(
+                        ClockNotice("info", f"node {peer}'s clock is back within half of the bound")
+                    )
+                continue
+            last = self._peer_noticed.get(peer)
+            if last is None or self._mono_us - last >= PEER_NOTICE_EVERY_US:
+                self._peer_noticed[peer] = self._mono_us
+                notices.append(
+                    ClockNotice(
+                        "warning",
+                        f"node {peer}'s clock is {describe_offset(offset)} cluster time, more than half "
+                        f"of max_clock_offset_ms={self.config.max_offset_us // US_PER_MS}",
+                    )
+                )
+
+    def _notice_bound(self, notices: list[ClockNotice]) -> None:
+        if not self._anchored:
+            return  # nothing is known yet
+        now_in_bound = self.in_bound
+        if now_in_bound == self._was_in_bound:
+            return
+        self._was_in_bound = now_in_bound
+        if now_in_bound:
+            if not self.standalone:
+                notices.append(
+                    ClockNotice("info", f"node {self.id}'s clock is within the bound; it may lead")
+                )
+            return
+        reason = self.refusal()
+        if reason is not None:
+            notices.append(ClockNotice("error", reason + "; it will not lead or dispatch"))
+
+
+def describe_offset(offset_us: int) -> str:
+    """``"12.5 s ahead of"`` / ``"300.0 ms behind"`` for an offset in µs (then a noun)."""
+    direction = "ahead of" if offset_us >= 0 else "behind"
+    size = abs(offset_us)
+    amount = f"{size / 1e6:.1f} s" if size >= 10_000_000 else f"{size / 1000:.1f} ms"
+    return f"{amount} {direction}"
+
+
+__all__ = [
+    "ClockConfig",
+    "ClockNotice",
+    "ClockStatus",
+    "ClusterClock",
+    "Interval",
+    "describe_offset",
+    "smallest_interval",
+]

@@ -1,0 +1,391 @@
+"""Issue 8's failing inputs against real ``futureq start`` processes (docs/architecture.md,
+"Time"): one node's wall clock wrong or stepped with libfaketime, a deposed leader, and
+seconds taken for milliseconds.
+
+Clocks: ``tests/jepsen_like/faketime.py``. Without libfaketime these tests are skipped,
+except in CI (``FUTUREQ_REQUIRE_FAKETIME=1``, set by ``.ci/run``), where they fail.
+Times are checked against the test process's own (true) clock: a delivery received
+earlier than the time it was published plus its delay, minus the bound (500 ms), is
+early.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from tests.jepsen_like.cluster import Cluster, http_get, open_cluster
+from tests.jepsen_like.faketime import SteppableClock, faketime_library, offset_env
+from wire_client import WireClient
+
+from futureq.client import PublishItem, open_client
+from futureq.errors import ErrorCode, FutureQError, RequestError
+from futureq.wire import codec, frames
+
+BOUND_MS = 500
+"""cluster.max_clock_offset_ms (default): nothing may arrive earlier than due minus this."""
+LEASE_MS = (10 - 2) * 50 * 99 // 100
+"""The leader lease with the default tick (50 ms) and election timeout (10 ticks)."""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def library() -> str:
+    found = faketime_library()  # raises in CI when missing
+    if found is None:
+        pytest.skip("libfaketime is not installed (apt-get install faketime libfaketime)")
+    return found
+
+
+async def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll an async predicate every 100 ms until it returns something truthy."""
+    with trio.move_on_after(timeout_s):
+        while True:
+            value = await predicate()
+            if value:
+                return value
+            await trio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class Received:
+    """Deliveries seen by the consumers: ``(group, id) -> [(received_ms, Delivery fields)]``."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[str, int], list[dict[str, int]]] = {}
+
+    def add(self, group: str, delivery: Any) -> None:
+        self.by_key.setdefault((group, delivery.id), []).append(
+            {
+                "received_ms": now_ms(),
+                "due_ms": delivery.due_ms,
+                "publish_ms": delivery.publish_ms,
+                "delivered_ms": delivery.delivered_ms,
+                "attempt": delivery.attempt,
+            }
+        )
+
+    def first(self, group: str, message_id: int) -> dict[str, int] | None:
+        seen = self.by_key.get((group, message_id))
+        return seen[0] if seen else None
+
+
+async def consume(
+    client: Any, topic: str, group: str, received: Received, ack: bool = True
+) -> None:
+    async with client.subscribe(topic, group, prefetch=1000) as subscription:
+        async for delivery in subscription:
+            received.add(group, delivery)
+            if ack:
+                try:
+                    await delivery.ack()
+                except FutureQError:
+                    pass  # a leader change: the message comes again (at-least-once)
+
+
+async def watch_leaders(cluster: Cluster, seen: set[int]) -> None:
+    while True:
+        for node_id, status in (await cluster.statuses()).items():
+            if status.get("role") == "leader":
+                seen.add(node_id)
+        await trio.sleep(0.1)
+
+
+def check_not_early(intents: dict[int, int], received: Received, groups: list[str]) -> None:
+    early = []
+    for message_id, intent_ms in intents.items():
+        for group in groups:
+            first = received.first(group, message_id)
+            assert first is not None, f"message {message_id} never reached group {group}"
+            if first["received_ms"] < intent_ms - BOUND_MS:
+                early.append((group, message_id, intent_ms - first["received_ms"]))
+    assert not early, f"{len(early)} deliveries arrived more than {BOUND_MS} ms early: {early[:5]}"
+
+
+async def test_a_node_with_a_fast_clock_never_leads_and_releases_nothing_early(
+    tmp_path: Path,
+) -> None:
+    """Input 1: node 3 runs 5 minutes ahead. Its offset is measured, exported and logged;
+    it is refused as transfer target; after the leader is killed the other node leads and
+    every delivery is on time."""
+    env = {3: offset_env(library(), 300.0)}
+    async with open_cluster(tmp_path, 3, rng=random.Random(1), node_env=env) as cluster:
+        leader = await cluster.leader(record=False)
+        assert leader is not None and leader != 3
+        http = cluster.nodes[leader].http_port
+
+        async def offset_exported() -> float | None:
+            code, status = await http_get(http, "/api/status")
+            if code != 200:
+                return None
+            offset = status.get("clock", {}).get("offsets_ms", {}).get("3")
+            return offset if offset is not None and abs(offset - 300_000) < 1_000 else None
+
+        await wait_for(offset_exported, 10, "node 3's clock offset in /api/status")
+
+        async def metric_exported() -> float | None:
+            _, metrics = await http_get(http, "/metrics")
+            for line in str(metrics).splitlines():
+                if line.startswith('futureq_clock_offset_seconds{node="3"}'):
+                    return float(line.split()[-1])
+            return None
+
+        exported = await wait_for(metric_exported, 10, "futureq_clock_offset_seconds of node 3")
+        assert abs(exported - 300) < 1, exported
+        log3 = cluster.nodes[3].stderr_path.read_text()
+        assert "wall clock is 300.0 s ahead of cluster time" in log3, log3[-2000:]
+        leader_log = cluster.nodes[leader].stderr_path.read_text()
+        assert "node 3's clock is 300.0 s ahead of cluster time" in leader_log
+
+        leaders_seen: set[int] = set()
+        received = Received()
+        groups = ["g1", "g2"]
+        async with (
+            open_client(cluster.servers, request_timeout_s=60) as client,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(watch_leaders, cluster, leaders_seen)
+            for group in groups:
+                await client.create_group("fast", group)
+                nursery.start_soon(consume, client, "fast", group, received)
+            rng = random.Random(8)
+            delays = [rng.randint(2_000, 4_000) for _ in range(200)]
+            invoked = now_ms()
+            ids = await client.publish_batch(
+                [PublishItem("fast", b"m%d" % i, delay_ms=d) for i, d in enumerate(delays)]
+            )
+            intents = {message_id: invoked + d for message_id, d in zip(ids, delays, strict=True)}
+            await trio.sleep(1.0)
+            cluster.kill(leader)
+            refused: RequestError | None = None
+            async with open_client(cluster.servers, request_timeout_s=5) as admin:
+                with trio.move_on_after(30):
+                    while refused is None:
+                        try:
+                            await admin.transfer_leader(3)
+                        except RequestError as error:
+                            if error.code is ErrorCode.NODE_CLOCK_OUT_OF_BOUND:
+                                refused = error
+                                break
+                        except FutureQError:
+                            pass  # no leader yet, a timeout under load: ask again
+                        await trio.sleep(0.2)
+            assert refused is not None, "transfer-leader 3 was never refused"
+            assert "node 3 may not lead" in refused.message
+            assert "its wall clock is 300.0 s ahead of cluster time" in refused.message
+
+            async def all_received() -> bool:
+                return all(received.first(g, i) for g in groups for i in intents)
+
+            await wait_for(all_received, 60, "every message in both groups")
+            nursery.cancel_scope.cancel()
+        assert 3 not in leaders_seen, leaders_seen
+        check_not_early(intents, received, groups)
+
+
+@pytest.mark.parametrize("step_s", [-3600, 3600], ids=["back", "forward"])
+async def test_a_leader_whose_clock_steps_an_hour_neither_stalls_nor_releases_early(
+    tmp_path: Path, step_s: int
+) -> None:
+    """Inputs 2 and 3: the leader's wall clock steps an hour back (or forward) while it
+    runs. Deliveries go on (another node takes over), visibility-timeout redeliveries go
+    on, publish stamps keep rising, nothing is early, a TTL message is still delivered."""
+    found = library()
+    clocks = {n: SteppableClock(found, tmp_path / f"clock{n}.rc") for n in (1, 2, 3)}
+    env = {n: clock.env() for n, clock in clocks.items()}
+    async with open_cluster(tmp_path / "c", 3, rng=random.Random(2), node_env=env) as cluster:
+        leader = await cluster.leader(record=False)
+        assert leader is not None
+        received = Received()
+        redelivered = Received()
+        async with (
+            open_client(cluster.servers, request_timeout_s=60) as client,
+            trio.open_nursery() as nursery,
+        ):
+            await client.create_group("step", "g")
+            await client.create_group("slow", "v", visibility_timeout_ms=1_000)
+            nursery.start_soon(consume, client, "step", "g", received)
+            nursery.start_soon(consume, client, "slow", "v", redelivered, False)
+            intents: dict[int, int] = {}
+            before = now_ms()
+            ids = await client.publish_batch(
+                [PublishItem("step", b"early%d" % i, delay_ms=1_000 + 100 * i) for i in range(20)]
+                + [PublishItem("step", b"due-in-8s", delay_ms=8_000)]
+                + [PublishItem("step", b"ttl", delay_ms=2_000, ttl_ms=30_000)]
+            )
+            delays = [1_000 + 100 * i for i in range(20)] + [8_000, 2_000]
+            intents.update({i: before + d for i, d in zip(ids, delays, strict=True)})
+            await client.publish("slow", b"never-acked")
+            await trio.sleep(0.3)
+            clocks[leader].step(step_s)
+            stepped_at = now_ms()
+            after = now_ms()
+            more = await client.publish_batch(
+                [PublishItem("step", b"after%d" % i, delay_ms=500) for i in range(10)]
+            )
+            intents.update({i: after + 500 for i in more})
+
+            async def all_received() -> bool:
+                return all(received.first("g", i) for i in intents)
+
+            await wait_for(all_received, 30, "every message, before and after the step")
+
+            # The unacked message keeps coming back every visibility timeout.
+            async def redelivered_after_step() -> bool:
+                return any(
+                    seen["attempt"] >= 2 and seen["received_ms"] > stepped_at + 1_000
+                    for deliveries in redelivered.by_key.values()
+                    for seen in deliveries
+                )
+
+            await wait_for(redelivered_after_step, 15, "a visibility-timeout redelivery")
+            nursery.cancel_scope.cancel()
+        check_not_early(intents, received, ["g"])
+        stamps_before = [received.first("g", i)["publish_ms"] for i in ids]  # type: ignore[index]
+        stamps_after = [received.first("g", i)["publish_ms"] for i in more]  # type: ignore[index]
+        assert min(stamps_after) >= max(stamps_before), "publish stamps went backwards"
+        assert abs(min(stamps_after) - after) < BOUND_MS, "stamps do not follow true time"
+        for message_id in more:
+            first = received.first("g", message_id)
+            assert first is not None and first["received_ms"] - (after + 500) < 10_000, "stalled"
+        stepped_log = cluster.nodes[leader].stderr_path.read_text()
+        assert "3600.0 s" in stepped_log and "handing leadership to node" in stepped_log
+        statuses = await cluster.statuses()
+        assert statuses[leader].get("role") != "leader"
+
+
+def _consume_raw(address: str, topic: str, group: str, out: list[tuple[int, int]],
+                 stop: threading.Event) -> None:  # fmt: skip
+    """A consumer on one connection that never follows the leader elsewhere: records
+    ``(delivered_ms, message id)`` of every push, acks each (the ack may not commit)."""
+    client = WireClient(address)
+    try:
+        client.subscribe(topic, group, prefetch=1000)
+        while not stop.is_set():
+            try:
+                frame = client.receive(timeout_s=0.2)
+            except TimeoutError:
+                continue
+            if frame is codec.CLOSED:
+                return
+            if isinstance(frame, frames.Deliver):
+                out.extend((frame.delivered_ms, d[1]) for d in frame.deliveries)
+                client.send(frames.Ack(client.next_id(), [d[0] for d in frame.deliveries]))
+    except (OSError, AssertionError):
+        return  # the old leader closed the connection
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("fault", ["partition", "pause"])
+async def test_a_deposed_leader_stops_delivering_within_its_lease(
+    tmp_path: Path, fault: str
+) -> None:
+    """Input 4: all of the leader's Raft links are cut (or it is SIGSTOPped) while a
+    consumer is connected to it alone. Whatever it pushes after the fault was stamped
+    within the lease (the last heartbeat round a majority answered was sent before the
+    fault), and another leader takes over."""
+    async with open_cluster(tmp_path, 3, rng=random.Random(4)) as cluster:
+        old = await cluster.leader(record=False)
+        assert old is not None
+        address = cluster.nodes[old].client_address
+        async with open_client(address, request_timeout_s=30) as client:
+            await client.create_group("lease", "g")
+            pushed: list[tuple[int, int]] = []
+            stop = threading.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    partial(trio.to_thread.run_sync, abandon_on_cancel=True),
+                    _consume_raw, address, "lease", "g", pushed, stop,
+                )  # fmt: skip
+                # Messages fall due every few ms for the next 4 s: the old leader has
+                # plenty to hand out after the fault if nothing stops it.
+                await client.publish_batch(
+                    [PublishItem("lease", b"m%d" % i, delay_ms=300 + 10 * i) for i in range(400)]
+                )
+                await trio.sleep(0.6)
+                assert pushed, "nothing was delivered before the fault"
+                fault_ms = now_ms()
+                if fault == "partition":
+                    cluster.links.isolate([old], [n for n in cluster.nodes if n != old])
+                else:
+                    cluster.pause(old)
+                await trio.sleep(2.5)
+                statuses = await cluster.statuses()
+                new = [n for n, s in statuses.items() if s.get("role") == "leader" and n != old]
+                cluster.links.heal()
+                cluster.resume(old)
+                await trio.sleep(1.5)
+                stop.set()
+        assert new, f"no other leader took over: {statuses}"
+        late = [
+            (stamp - fault_ms, mid) for stamp, mid in pushed if stamp > fault_ms + LEASE_MS + 20
+        ]
+        assert not late, (
+            f"the deposed leader pushed {len(late)} deliveries more than the lease "
+            f"({LEASE_MS} ms) after the fault: (ms after, id) {late[:5]}"
+        )
+
+
+def test_seconds_taken_for_milliseconds_are_refused_everywhere(broker: Any, tmp_path: Path) -> None:
+    """Input 5: epoch seconds for ``--at``, for ``deliver_at_ms`` in JSONL and on the
+    wire, and a 30 ms visibility timeout from the environment are refused, each with a
+    sentence that says so; an RFC 3339 ``--at`` works."""
+    seconds = int(time.time()) + 3600
+
+    def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "futureq.cli.client_main", "--server", broker.client_address,
+             *args],
+            capture_output=True, text=True, timeout=60, check=False,
+            env={**os.environ, **(env or {})},
+        )  # fmt: skip
+
+    refused = cli("publish", "t.units", "x", "--at", str(seconds))
+    assert refused.returncode == 2, refused
+    assert "looks like seconds since the Unix epoch" in refused.stderr
+    assert f"did you mean {seconds * 1000}" in refused.stderr
+
+    jsonl = tmp_path / "batch.jsonl"
+    jsonl.write_text(
+        json.dumps({"topic": "t.units", "payload": "a", "deliver_at_ms": seconds}) + "\n"
+        + json.dumps({"topic": "t.units", "payload": "b", "deliver_at_ms": seconds * 1000})
+        + "\n"
+    )  # fmt: skip
+    batch = cli("publish", "--file", str(jsonl))
+    assert batch.returncode == 1, batch
+    assert "published 1 message(s)" in batch.stdout
+    assert "line 1: deliver_at_ms" in batch.stderr and "looks like seconds" in batch.stderr
+
+    wire = WireClient(broker.client_address)
+    answer = wire.publish([["t.units", b"c", None, seconds, None]])
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.IMPLAUSIBLE_TIME
+    assert "looks like seconds since the Unix epoch" in answer.message
+    group = wire.request(frames.GroupCreate(wire.next_id(), "t.units", "g", 30, None))
+    assert isinstance(group, frames.Error) and group.code == ErrorCode.IMPLAUSIBLE_TIME
+
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    accepted = cli("publish", "t.units", "x", "--at", at)
+    assert accepted.returncode == 0, accepted.stderr
+
+    check = subprocess.run(
+        [sys.executable, "-m", "futureq.cli.server_main", "check-config"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "FUTUREQ_QUEUE_VISIBILITY_TIMEOUT_MS": "30"},
+    )  # fmt: skip
+    assert check.returncode == 2, check
+    assert "queue.visibility_timeout_ms = 30" in check.stderr
+    assert "looks like seconds taken for milliseconds" in check.stderr
