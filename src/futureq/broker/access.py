@@ -18,7 +18,8 @@ Permissions of a client:
 
 * ``publish``: topic patterns it may PUBLISH to;
 * ``consume``: topic patterns it may SUBSCRIBE to (and so ACK, NACK, CREDIT, UNSUBSCRIBE);
-* ``manage_groups``: topic patterns whose groups it may GROUP_CREATE and GROUP_DELETE;
+* ``manage_groups``: topic patterns whose groups it may GROUP_CREATE and GROUP_DELETE, and
+  whose scheduled messages it may CANCEL;
 * ``manage_cluster``: CLUSTER_ADD_NODE, CLUSTER_REMOVE_NODE, CLUSTER_TRANSFER_LEADER,
   and CLUSTER_STATUS;
 * ``monitor``: STATUS lists every topic (others see only topics their patterns name),
@@ -428,6 +429,9 @@ _RULES: dict[frames.FrameType, Callable[[Principal, Any], None]] = {
     ),
     frames.FrameType.GROUP_DELETE: lambda p, f: _topic_check(
         p, p.permissions.manage_groups, f.topic, "manage the groups of"
+    ),
+    frames.FrameType.CANCEL: lambda p, f: _topic_check(
+        p, p.permissions.manage_groups, f.topic, "manage the messages of"
     ),
     frames.FrameType.STATUS: _allow,
     frames.FrameType.PING: _allow,

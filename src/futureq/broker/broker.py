@@ -141,6 +141,14 @@ class Broker:
         if not self.log.is_leader():
             raise NotLeaderError(self.log.leader_address())
 
+    def require_leader(self) -> None:
+        """Refuse a request this node cannot serve unless it leads.
+
+        Raises:
+            NotLeaderError: with the leader's address (None while none is known).
+        """
+        self._require_leader()
+
     def _require_space(self) -> None:
         """Refuse a write that adds data while the disk is full (NO_SPACE)."""
         if self.space_alarm is not None and self.space_alarm.raised:

@@ -53,6 +53,7 @@ from futureq.errors import (
 from futureq.wire import codec, frames
 from futureq.wire.session import CLOSED, NEED_DATA, ServerSession, SessionState
 
+from . import manage
 from .access import ANONYMOUS, AccessControl, Principal
 from .command_log import no_space_error
 
@@ -730,6 +731,9 @@ class Connection:
             case frames.GroupDelete():
                 await broker.delete_group(frame.topic, frame.group)
                 return frames.Ok(frame.request_id, None)
+            case frames.Cancel():
+                results = await manage.cancel(broker, frame.topic, frame.group, frame.ids)
+                return frames.ItemResults(frame.request_id, results)
             case frames.ClusterStatus():
                 return frames.ClusterStatusOk(frame.request_id, broker.cluster_status())
             case frames.ClusterAddNode():

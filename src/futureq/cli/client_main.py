@@ -44,6 +44,7 @@ from typing import IO, Any, Final
 import attrs
 import trio
 
+from futureq.cli import manage_commands
 from futureq.cli.durations import duration_ms_arg
 from futureq.client import Client, Delivery, PublishItem, open_client
 from futureq.errors import (
@@ -501,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
         "transfer-leader", help="hand leadership to a node (default: the most up-to-date)"
     )
     transfer.add_argument("node_id", type=_node_id, nargs="?", default=None, metavar="NODE_ID")
+    manage_commands.add_parsers(commands, existing_name_arg)
     return parser
 
 
@@ -932,6 +934,7 @@ async def run_command(args: argparse.Namespace, io: Output) -> int:
         "group": _group,
         "topic": _topic,
         "cluster": _cluster,
+        "cancel": manage_commands.run_cancel,
     }
     timeout_s = args.request_timeout_ms / 1000
     async with open_client(

@@ -958,6 +958,35 @@ class Client:
         )
         _expect(answer, frames.Ok)
 
+    async def cancel(
+        self, topic: str, ids: Sequence[int], *, group: str | None = None
+    ) -> list[frames.ItemStatus]:
+        """Cancel scheduled messages by id (``docs/protocol.md``, "CANCEL").
+
+        Args:
+            topic: The topic they were published to.
+            ids: Message ids as :meth:`publish` returned them; at most the server's
+                ``limits.max_batch_items`` (10,000 by default) per call.
+            group: Cancel only that group's copy; None (default): every group's.
+
+        Returns:
+            One status per id, in order: ``DONE`` (cancelled before any delivery),
+            ``DELIVERED`` (cancelled, but delivered at least once already) or
+            ``UNKNOWN`` (not pending there: acked, expired, cancelled, or never
+            published). A retry after a lost connection may report ``UNKNOWN`` for
+            what the first attempt cancelled.
+
+        Raises:
+            RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, EMPTY_BATCH, BATCH_TOO_LARGE,
+                INVALID_MESSAGE_ID (``.item_index`` names it), PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        id_list = list(ids)
+        answer = await self._call(
+            lambda rid: frames.Cancel(rid, topic, group, id_list), retry_unknown=True
+        )
+        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+
     async def cluster_status(self) -> dict[str, Any]:
         """The answering node's view of the cluster (``docs/protocol.md``, "CLUSTER_STATUS_OK").
 

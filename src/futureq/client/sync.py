@@ -30,6 +30,7 @@ from futureq.client._batching import PublishItem
 from futureq.client.client import DEFAULT_SERVER, Client, open_client
 from futureq.client.subscription import Delivery, Subscription
 from futureq.errors import ClientClosedError, FutureQError
+from futureq.wire import frames
 
 T = TypeVar("T")
 
@@ -357,6 +358,17 @@ class SyncClient:
     def delete_group(self, topic: str, group: str) -> None:
         """Delete a consumer group (see ``Client.delete_group``)."""
         self._run(self._require_client().delete_group, topic, group)
+
+    def cancel(
+        self, topic: str, ids: Sequence[int], *, group: str | None = None
+    ) -> list[frames.ItemStatus]:
+        """Cancel scheduled messages by id; one status per id (see ``Client.cancel``)."""
+        client = self._require_client()
+
+        async def call() -> list[frames.ItemStatus]:
+            return await client.cancel(topic, ids, group=group)
+
+        return self._run(call)
 
     def ping(self) -> float:
         """Round-trip a PING; seconds (see ``Client.ping``)."""

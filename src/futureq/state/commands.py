@@ -77,20 +77,6 @@ class CommandKind(enum.IntEnum):
     REDRIVE = 29
 
 
-class ItemStatus(enum.IntEnum):
-    """Per-item outcome of CANCEL, RESCHEDULE and REDRIVE (``docs/protocol.md``)."""
-
-    DONE = 0
-    """Cancelled, rescheduled or redriven."""
-    DELIVERED = 1
-    """CANCEL: it was removed, but it had been delivered already (at least once)."""
-    UNKNOWN = 2
-    """Not pending there: never published, or already acked, expired, dead-lettered,
-    cancelled or purged (or, with a group, not in that group)."""
-    NO_TARGET = 3
-    """REDRIVE: its original group no longer exists; it stays a dead letter."""
-
-
 @attrs.frozen
 class GroupSettings:
     """Settings of a consumer group: what a leader resolves defaults into.

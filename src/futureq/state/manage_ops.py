@@ -30,9 +30,10 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Final
 
 from futureq.state import commands, records
-from futureq.state.commands import CommandKind, ItemStatus
+from futureq.state.commands import CommandKind
 from futureq.state.model import APPLY_STEP_ITEMS, BackfillJob, GroupInfo, PurgeJob, Txn
 from futureq.state.records import PARKED_DUE_MS, EntryValue, MessageRecord
+from futureq.wire.frames import ItemStatus
 
 if TYPE_CHECKING:
     from futureq.state.model import DeletingGroup

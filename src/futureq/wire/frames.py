@@ -58,6 +58,28 @@ class FrameType(enum.IntEnum):
     EXTEND = 27
     RELEASE = 28
     SUBSCRIPTION_INFO = 29
+    # 40-59: managing scheduled messages (issue 14).
+    CANCEL = 40
+    ITEM_RESULTS = 41
+
+
+class ItemStatus(enum.IntEnum):
+    """Per-item outcome of CANCEL (and the other by-id management requests) in
+    ITEM_RESULTS (``docs/protocol.md``, "ITEM_RESULTS")."""
+
+    DONE = 0
+    """Cancelled (never delivered), rescheduled or redriven."""
+    DELIVERED = 1
+    """CANCEL: removed, but it had been delivered already (at least once)."""
+    UNKNOWN = 2
+    """Not pending there: never published, or already acked, expired, dead-lettered,
+    cancelled or purged (or, with a group, not in that group)."""
+    NO_TARGET = 3
+    """REDRIVE: its original group no longer exists; it stays a dead letter."""
+
+
+MAX_MESSAGE_ID = 2**64 - 1
+"""Largest message id (``docs/protocol.md``, "Message ids")."""
 
 
 class RevokeReason(enum.IntEnum):
@@ -113,6 +135,14 @@ def _list(frame: str, name: str, value: Any) -> list[Any]:
     if type(value) is not list:
         raise _bad(frame, f"field {name!r} must be an array, got {type(value).__name__}")
     return value
+
+
+def _int_list(frame: str, name: str, value: Any) -> list[int]:
+    items = _list(frame, name, value)
+    for i, item in enumerate(items):
+        if type(item) is not int:
+            raise _bad(frame, f"{name}[{i}] must be an integer, got {type(item).__name__}")
+    return items
 
 
 def _bytes_list(frame: str, name: str, value: Any) -> list[bytes]:
@@ -811,6 +841,52 @@ class SubscriptionInfo:
         )
 
 
+@attrs.frozen
+class Cancel:
+    """Remove scheduled messages by id from one group of a topic, or from every group.
+
+    ``group`` None: every group of ``topic``. ``ids``: message ids (as PUBLISH_OK gave
+    them), at most ``max_batch_items``. Answered with ITEM_RESULTS, one
+    :class:`ItemStatus` per id, once committed.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.CANCEL
+    request_id: int
+    topic: str
+    group: str | None
+    ids: list[int]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.topic, self.group, self.ids]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Cancel:
+        _arity("CANCEL", f, 3)
+        return cls(
+            rid,
+            _str("CANCEL", "topic", f[0]),
+            _opt_str("CANCEL", "group", f[1]),
+            _int_list("CANCEL", "ids", f[2]),
+        )
+
+
+@attrs.frozen
+class ItemResults:
+    """Answer to CANCEL: one :class:`ItemStatus` number per item, in request order."""
+
+    TYPE: ClassVar[FrameType] = FrameType.ITEM_RESULTS
+    request_id: int
+    results: list[int]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.results]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> ItemResults:
+        _arity("ITEM_RESULTS", f, 1)
+        return cls(rid, _int_list("ITEM_RESULTS", "results", f[0]))
+
+
 Frame = (
     Hello
     | HelloOk
@@ -841,6 +917,8 @@ Frame = (
     | Extend
     | Release
     | SubscriptionInfo
+    | Cancel
+    | ItemResults
 )
 
 FRAME_CLASSES: dict[int, Any] = {
@@ -875,6 +953,8 @@ FRAME_CLASSES: dict[int, Any] = {
         Extend,
         Release,
         SubscriptionInfo,
+        Cancel,
+        ItemResults,
     )
 }
 

@@ -164,6 +164,7 @@ REQUESTS: dict[frames.FrameType, frames.Frame] = {
     frames.FrameType.CLUSTER_ADD_NODE: frames.ClusterAddNode(1, 2, "h:1", "h:2"),
     frames.FrameType.CLUSTER_REMOVE_NODE: frames.ClusterRemoveNode(1, 2),
     frames.FrameType.CLUSTER_TRANSFER_LEADER: frames.ClusterTransferLeader(1, 2),
+    frames.FrameType.CANCEL: frames.Cancel(1, "t", None, [1]),
 }
 
 

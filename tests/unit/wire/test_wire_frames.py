@@ -67,6 +67,8 @@ FRAME_STRATEGY: st.SearchStrategy[frames.Frame] = st.one_of(
     st.builds(frames.Extend, RID, st.lists(TAG, max_size=4), INT64),
     st.builds(frames.Release, RID, st.lists(TAG, max_size=4)),
     st.builds(frames.SubscriptionInfo, RID, INT64, st.integers(1, 2**40), st.integers(1, 2**40)),
+    st.builds(frames.Cancel, RID, TEXT, OPT_TEXT, st.lists(INT64, max_size=4)),
+    st.builds(frames.ItemResults, RID, st.lists(st.integers(0, 3), max_size=4)),
 )
 
 TAG_A = bytes(range(24))
@@ -149,6 +151,9 @@ EXAMPLES: list[frames.Frame] = [
     frames.Extend(17, [TAG_A], 60_000),
     frames.Release(18, [TAG_A, TAG_B]),
     frames.SubscriptionInfo(0, 7, 30_000, 16),
+    frames.Cancel(19, "orders", "billing", [65536, 65537]),
+    frames.Cancel(19, "orders", None, [2**64 - 1]),
+    frames.ItemResults(19, [0, 1, 2]),
 ]
 
 
@@ -328,6 +333,13 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.GroupCreate(11, "orders", "billing"), 4, 1.5),
     (frames.GroupCreate(11, "orders", "billing"), 5, "16"),
     (frames.GroupDelete(12, "orders", "billing"), 3, None),
+    (frames.Cancel(19, "orders", None, [1]), 2, None),
+    (frames.Cancel(19, "orders", None, [1]), 3, 7),
+    (frames.Cancel(19, "orders", None, [1]), 4, 1),
+    (frames.Cancel(19, "orders", None, [1]), 4, [1, "2"]),
+    (frames.Cancel(19, "orders", None, [1]), 4, [1.0]),
+    (frames.Cancel(19, "orders", None, [1]), 4, [True]),
+    (frames.ItemResults(19, [0]), 2, [0, None]),
     (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 2, 0),
     (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 3, 7481),
     (frames.ClusterRemoveNode(15, 4), 2, "4"),

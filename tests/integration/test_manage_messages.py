@@ -1,0 +1,157 @@
+"""Managing scheduled messages (issue 14) end to end: ``futureq-cli`` and the client
+against real ``futureq start`` processes, one node and a 3-node cluster.
+
+Source: ``docs/protocol.md``, "CANCEL".
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+from cluster_process import Cluster
+
+from futureq.client import PublishItem
+from futureq.client.sync import SyncClient
+from futureq.errors import ErrorCode, RequestError
+from futureq.wire.frames import ItemStatus
+
+CLI_TIMEOUT_S = 60.0
+
+
+class BrokerProcess(Protocol):
+    """What these tests use of the ``broker`` fixture (tests/integration/conftest.py)."""
+
+    client_address: str
+
+
+def cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "futureq.cli.client_main", "--server", address, *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+
+
+@pytest.fixture
+def cluster3(tmp_path: Path) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path, 3)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_cancel_from_the_cli_and_the_client_on_one_node(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("reminders", "mail")
+        client.create_group("reminders", "sms")
+        ids = client.publish_batch(
+            [PublishItem("reminders", b"order %d" % n, delay_ms=1500) for n in range(4)]
+        )
+        # One group's copy, from the CLI; an id nobody published is reported, not refused.
+        cancelled = cli(
+            address, "cancel", "reminders", str(ids[0]), str(ids[3] + 7), "--group", "mail", "--json"
+        )
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert json.loads(cancelled.stdout) == [
+            {"id": ids[0], "status": "DONE"},
+            {"id": ids[3] + 7, "status": "UNKNOWN"},
+        ]
+        # Every group's copy, from the client; a retry reports UNKNOWN.
+        assert client.cancel("reminders", [ids[1]]) == [ItemStatus.DONE]
+        assert client.cancel("reminders", [ids[1]]) == [ItemStatus.UNKNOWN]
+        status = client.status()
+        pending = {
+            group["group"]: group["pending"]
+            for topic in status["topics"]
+            if topic["topic"] == "reminders"
+            for group in topic["groups"]
+        }
+        assert pending == {"mail": 2, "sms": 3}
+
+        # What was cancelled is never delivered, once due.
+        mail = cli(address, "consume", "reminders", "--group", "mail", "--count", "2", "--json")
+        assert mail.returncode == 0, mail.stderr
+        assert sorted(json.loads(line)["id"] for line in mail.stdout.splitlines()) == ids[2:]
+        sms = cli(address, "consume", "reminders", "--group", "sms", "--count", "3", "--json")
+        assert sms.returncode == 0, sms.stderr
+        got = sorted(json.loads(line)["id"] for line in sms.stdout.splitlines())
+        assert got == [ids[0], ids[2], ids[3]]
+        nothing = cli(address, "consume", "reminders", "--group", "mail", "--timeout", "300ms")
+        assert nothing.returncode == 0 and nothing.stdout == ""
+
+
+def test_cancel_refuses_bad_input_with_a_code_and_a_sentence(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        first = client.publish("jobs", b"x", delay_ms=60_000)
+        cases: list[tuple[str, list[int], str | None, ErrorCode, int | None]] = [
+            ("nosuch", [first], None, ErrorCode.UNKNOWN_TOPIC, None),
+            ("jobs", [first], "nosuch", ErrorCode.UNKNOWN_GROUP, None),
+            ("jobs", [], None, ErrorCode.EMPTY_BATCH, None),
+            ("jobs", [first, -1], None, ErrorCode.INVALID_MESSAGE_ID, 1),
+            ("jobs", [first] * 10_001, None, ErrorCode.BATCH_TOO_LARGE, None),
+        ]
+        for topic, ids, group, code, item in cases:
+            with pytest.raises(RequestError) as info:
+                client.cancel(topic, ids, group=group)
+            assert info.value.code is code, (topic, group, info.value)
+            assert info.value.item_index == item
+            assert len(info.value.message) > 20
+        # The connection and the message survived every refusal.
+        assert client.cancel("jobs", [first]) == [ItemStatus.DONE]
+
+    refused = cli(address, "cancel", "nosuch", "1")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: [UNKNOWN_TOPIC] ")
+    usage = cli(address, "cancel", "jobs", "seven")
+    assert usage.returncode == 2 and "is not a message id" in usage.stderr
+
+
+def pending_by_node(cluster: Cluster, topic: str) -> dict[int, dict[str, int]]:
+    """Every node's pending counts of ``topic``'s groups, once all applied the same index."""
+    deadline = time.monotonic() + 20
+    while True:
+        statuses = {n: node.http_json("/api/status") for n, node in cluster.nodes.items()}
+        if len({s["applied_index"] for s in statuses.values()}) == 1:
+            return {
+                n: {
+                    group["group"]: group["pending"]
+                    for entry in status["topics"]
+                    if entry["topic"] == topic
+                    for group in entry["groups"]
+                }
+                for n, status in statuses.items()
+            }
+        assert time.monotonic() < deadline, {n: s["applied_index"] for n, s in statuses.items()}
+        time.sleep(0.05)
+
+
+def test_a_cancel_survives_a_leader_change_on_three_nodes(cluster3: Cluster) -> None:
+    leader = cluster3.leader()
+    addresses = ",".join(node.client_address for node in cluster3.nodes.values())
+    with SyncClient(addresses, request_timeout_s=30.0) as client:
+        client.create_group("t", "g")
+        ids = client.publish_batch([PublishItem("t", b"%d" % n, delay_ms=3_600_000) for n in range(300)])
+        assert client.cancel("t", ids[:200]) == [ItemStatus.DONE] * 200
+        assert all(counts == {"g": 100} for counts in pending_by_node(cluster3, "t").values())
+        transferred = cli(leader.client_address, "cluster", "transfer-leader")
+        assert transferred.returncode == 0, transferred.stderr
+        new_leader = cluster3.leader(exclude={leader.node_id})
+        assert new_leader.node_id != leader.node_id
+        # The new leader knows what was cancelled, and finds the rest by id.
+        again = cli(addresses.split(",")[0], "cancel", "t", *map(str, ids[195:205]), "--json")
+        assert again.returncode == 0, again.stderr
+        assert [row["status"] for row in json.loads(again.stdout)] == ["UNKNOWN"] * 5 + ["DONE"] * 5
+    assert all(counts == {"g": 95} for counts in pending_by_node(cluster3, "t").values())
