@@ -62,6 +62,8 @@ class ErrorCode(enum.IntEnum):
     TOO_MANY_GROUPS = 237
     # 260-279: managing scheduled messages (issue 14)
     INVALID_MESSAGE_ID = 260
+    INVALID_CURSOR = 261
+    GROUP_REQUIRED = 262
 
     # 3xx availability errors (retry may succeed)
     NOT_LEADER = 300

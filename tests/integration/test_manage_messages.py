@@ -1,7 +1,7 @@
 """Managing scheduled messages (issue 14) end to end: ``futureq-cli`` and the client
 against real ``futureq start`` processes, one node and a 3-node cluster.
 
-Source: ``docs/protocol.md``, "CANCEL".
+Source: ``docs/protocol.md``, "CANCEL", "BROWSE", "Dead letters".
 """
 
 from __future__ import annotations
@@ -155,3 +155,92 @@ def test_a_cancel_survives_a_leader_change_on_three_nodes(cluster3: Cluster) -> 
         assert again.returncode == 0, again.stderr
         assert [row["status"] for row in json.loads(again.stdout)] == ["UNKNOWN"] * 5 + ["DONE"] * 5
     assert all(counts == {"g": 95} for counts in pending_by_node(cluster3, "t").values())
+
+
+def test_browse_pages_what_is_due_without_claiming_it(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("later", "g")
+        now_ms = int(time.time() * 1000)
+        ids = client.publish_batch(
+            [PublishItem("later", b"m%d" % n, deliver_at_ms=now_ms + 600_000 + n) for n in range(25)]
+        )
+        seen: list[int] = []
+        cursor = None
+        while True:
+            page = client.browse("later", limit=10, cursor=cursor, preview_bytes=1)
+            assert page.group == "g"
+            seen += [m.id for m in page.messages]
+            assert all(m.preview == b"m" and m.payload_bytes >= 2 for m in page.messages)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert seen == ids
+        window = client.browse(
+            "later", "g", from_due_ms=now_ms + 600_005, to_due_ms=now_ms + 600_010, limit=100
+        )
+        assert [m.id for m in window.messages] == ids[5:10]
+        assert [m.due_ms for m in window.messages] == [now_ms + 600_000 + n for n in range(5, 10)]
+
+        for bad, code in [
+            ({"limit": 0}, ErrorCode.INVALID_ARGUMENT),
+            ({"limit": 1001}, ErrorCode.INVALID_ARGUMENT),
+            ({"preview_bytes": 5000}, ErrorCode.INVALID_ARGUMENT),
+            ({"from_due_ms": 10, "to_due_ms": 5}, ErrorCode.INVALID_ARGUMENT),
+            ({"cursor": b"short"}, ErrorCode.INVALID_CURSOR),
+        ]:
+            with pytest.raises(RequestError) as info:
+                client.browse("later", **bad)  # type: ignore[arg-type]
+            assert info.value.code is code, (bad, info.value)
+        client.create_group("later", "h")
+        with pytest.raises(RequestError) as info:
+            client.browse("later")
+        assert info.value.code is ErrorCode.GROUP_REQUIRED and "'g'" in info.value.message
+        with pytest.raises(RequestError) as info:
+            client.browse("nothing.here")
+        assert info.value.code is ErrorCode.UNKNOWN_TOPIC
+
+    shown = cli(address, "browse", "later", "--group", "g", "--within", "2h", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert [json.loads(line)["id"] for line in shown.stdout.splitlines()] == ids[:25]
+    assert json.loads(shown.stdout.splitlines()[0])["attempt"] == 0  # nothing was claimed
+
+
+def test_dead_letters_are_listed_with_provenance_and_not_claimed(broker: BrokerProcess) -> None:
+    """The issue's case: looking at dead letters must not take them from a later group."""
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("jobs", "workers", max_deliveries=1)
+        original = client.publish("jobs", b"poison")
+        (delivery,) = client.consume("jobs", "workers", 1, timeout_s=10)
+        delivery.nack()
+        deadline = time.monotonic() + 20
+        while True:
+            # Out of attempts, it is dead-lettered when next due to a consumer with credit.
+            assert client.consume("jobs", "workers", 1, timeout_s=0.2) == []
+            try:
+                page = client.browse("jobs.dlq")
+            except RequestError as error:  # no dead letter yet: the topic has no group
+                assert error.code is ErrorCode.UNKNOWN_TOPIC, error
+            else:
+                if page.messages:
+                    break
+            assert time.monotonic() < deadline, "the poison message was never dead-lettered"
+            time.sleep(0.05)
+        (dead,) = page.messages
+        assert dead.headers["futureq-original-id"] == str(original)
+        assert dead.headers["futureq-original-topic"] == "jobs"
+        assert dead.headers["futureq-original-group"] == "workers"
+        assert dead.headers["futureq-reason"] == "max-deliveries"
+        assert int(dead.headers["futureq-attempts"]) >= 1
+
+    listed = cli(address, "dlq", "list", "jobs")
+    assert listed.returncode == 0, listed.stderr
+    assert f"original=#{original}" in listed.stdout and "from=jobs/workers" in listed.stdout
+    assert "reason=max-deliveries" in listed.stdout
+    again = cli(address, "dlq", "list", "jobs", "--json")
+    assert json.loads(again.stdout)["id"] == dead.id  # still there: listing claimed nothing
+    # A group that subscribes later still gets the dead letter.
+    got = cli(address, "consume", "jobs.dlq", "--group", "triage", "--count", "1", "--json")
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["id"] == dead.id

@@ -17,7 +17,8 @@ Tokens (``docs/security.md``, "Client access"):
 Permissions of a client:
 
 * ``publish``: topic patterns it may PUBLISH to;
-* ``consume``: topic patterns it may SUBSCRIBE to (and so ACK, NACK, CREDIT, UNSUBSCRIBE);
+* ``consume``: topic patterns it may SUBSCRIBE to (and so ACK, NACK, CREDIT, UNSUBSCRIBE)
+  and BROWSE (as may ``monitor``);
 * ``manage_groups``: topic patterns whose groups it may GROUP_CREATE and GROUP_DELETE, and
   whose scheduled messages it may CANCEL;
 * ``manage_cluster``: CLUSTER_ADD_NODE, CLUSTER_REMOVE_NODE, CLUSTER_TRANSFER_LEADER,
@@ -409,6 +410,14 @@ def _check_cluster_status(principal: Principal, frame: frames.Frame) -> None:
         )
 
 
+def _check_browse(principal: Principal, frame: Any) -> None:
+    """BROWSE reads what a consumer of the topic could receive: ``consume`` on the
+    topic, or ``monitor``."""
+    if principal.permissions.monitor:
+        return
+    _topic_check(principal, principal.permissions.consume, frame.topic, "browse")
+
+
 def _allow(principal: Principal, frame: Any) -> None:
     """No permission needed (PING, PONG, STATUS which is filtered by what may be seen)."""
 
@@ -433,6 +442,7 @@ _RULES: dict[frames.FrameType, Callable[[Principal, Any], None]] = {
     frames.FrameType.CANCEL: lambda p, f: _topic_check(
         p, p.permissions.manage_groups, f.topic, "manage the messages of"
     ),
+    frames.FrameType.BROWSE: _check_browse,
     frames.FrameType.STATUS: _allow,
     frames.FrameType.PING: _allow,
     frames.FrameType.PONG: _allow,

@@ -383,7 +383,9 @@ class Dispatcher:
             )
         if self._staged:
             self._staged_changed.set()
-        return (commands.delivered(entries) if entries else None), batches
+        # The stamp becomes the entries' last delivery time (a dead letter's provenance).
+        command = commands.delivered(entries, self.clock.wall_ms()) if entries else None
+        return command, batches
 
     def push_staged(self, batches: list[Staged], *, pass_now_ms: int | None = None) -> int:
         """Push deliveries whose DELIVERED committed, or first deliveries straight from a

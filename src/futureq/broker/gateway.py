@@ -731,6 +731,8 @@ class Connection:
             case frames.GroupDelete():
                 await broker.delete_group(frame.topic, frame.group)
                 return frames.Ok(frame.request_id, None)
+            case frames.Browse():
+                return await manage.browse(broker, frame)
             case frames.Cancel():
                 results = await manage.cancel(broker, frame.topic, frame.group, frame.ids)
                 return frames.ItemResults(frame.request_id, results)

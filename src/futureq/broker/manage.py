@@ -7,20 +7,27 @@ ids the log uses (a group name to its group id) and proposes one replicated comm
 (``DESIGN.md``, "Data flow"). Bad input fails the request alone with a stable error
 code and a sentence (``docs/protocol.md``, "Error codes").
 
-Source: ``docs/protocol.md``, "CANCEL".
+Source: ``docs/protocol.md``, "CANCEL", "BROWSE".
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final
 
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
+from futureq.state.records import PARKED_DUE_MS
 from futureq.wire import frames
 
 if TYPE_CHECKING:
     from futureq.broker.broker import Broker
     from futureq.state.model import GroupInfo
+
+MAX_BROWSE_LIMIT: Final = 1000
+"""Most messages one BROWSE page holds."""
+MAX_PREVIEW_BYTES: Final = 1024
+"""Most payload bytes a BROWSE shows per message (``limit`` x this stays under the
+smallest frame limit a server may run with)."""
 
 
 def check_ids(broker: Broker, request: str, ids: list[int]) -> None:
@@ -94,3 +101,101 @@ async def cancel(broker: Broker, topic: str, group: str | None, ids: list[int]) 
         commands.cancel(topic, None if info is None else info.group_id, ids)
     )
     return [int(status) for status in result]
+
+
+def browse_group(broker: Broker, topic: str, group: str | None) -> GroupInfo:
+    """The group a BROWSE reads: the named one, or the topic's only group.
+
+    Raises:
+        RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED (the topic has
+            several groups and none was named).
+    """
+    state = broker.state
+    groups = state.topic_groups(topic)
+    if not groups:
+        raise RequestError(
+            ErrorCode.UNKNOWN_TOPIC,
+            f"BROWSE: topic {topic!r} has no consumer group, so no message of it is pending",
+        )
+    if group is None:
+        if len(groups) > 1:
+            names = ", ".join(repr(info.name) for info in groups[:10])
+            raise RequestError(
+                ErrorCode.GROUP_REQUIRED,
+                f"BROWSE: topic {topic!r} has {len(groups)} groups ({names}); name one",
+            )
+        return groups[0]
+    info = state.find_group(topic, group)
+    if info is None:
+        raise RequestError(
+            ErrorCode.UNKNOWN_GROUP, f"BROWSE: topic {topic!r} has no group {group!r}"
+        )
+    return info
+
+
+async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
+    """Serve a BROWSE: one page of a group's pending messages, claiming none.
+
+    Linearizable (a read barrier first: everything acknowledged before is seen) and
+    O(page) whatever the backlog (:meth:`~futureq.state.queue_state.QueueState.browse`).
+    Nothing is written and no delivery is made: a group browsed is not created,
+    adopted or claimed.
+
+    Raises:
+        RequestError: as :func:`browse_group`; INVALID_ARGUMENT (``limit``,
+            ``preview_bytes``, a time range), INVALID_CURSOR.
+        NotLeaderError: this node is not the leader.
+    """
+    broker.require_leader()
+    if not 1 <= frame.limit <= MAX_BROWSE_LIMIT:
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"BROWSE limit must be between 1 and {MAX_BROWSE_LIMIT} messages, got {frame.limit}",
+        )
+    if not 0 <= frame.preview_bytes <= MAX_PREVIEW_BYTES:
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"BROWSE preview_bytes must be between 0 and {MAX_PREVIEW_BYTES}, got "
+            f"{frame.preview_bytes}",
+        )
+    from_due_ms = 0 if frame.from_due_ms is None else frame.from_due_ms
+    if not 0 <= from_due_ms < PARKED_DUE_MS or (
+        frame.to_due_ms is not None and not from_due_ms <= frame.to_due_ms < PARKED_DUE_MS
+    ):
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"BROWSE wants 0 <= from_due_ms <= to_due_ms < 2**63-1 (ms since the Unix "
+            f"epoch), got from {frame.from_due_ms} to {frame.to_due_ms}",
+        )
+    await broker.log.read_barrier()
+    broker.require_leader()
+    info = browse_group(broker, frame.topic, frame.group)
+    cursor = frame.cursor
+    if cursor is not None and (
+        len(cursor) != commands.SCHEDULE_KEY_BYTES
+        or commands.parse_schedule_key(cursor)[0] != info.group_id
+    ):
+        raise RequestError(
+            ErrorCode.INVALID_CURSOR,
+            f"BROWSE cursor is not one this group's BROWSE_OK gave ({len(cursor)} bytes); "
+            "send the next_cursor of the previous page unchanged, or nil to start over",
+        )
+    page, next_key = broker.state.browse(
+        info.group_id, from_due_ms, frame.to_due_ms, cursor, frame.limit
+    )
+    messages: list[list[Any]] = []
+    for key, entry, record in page:
+        _, due_ms, mid = commands.parse_schedule_key(key)
+        preview = record.payload[: frame.preview_bytes] if frame.preview_bytes else None
+        messages.append(
+            [
+                mid,
+                None if due_ms == PARKED_DUE_MS else due_ms,
+                entry.attempt,
+                len(record.payload),
+                record.headers,
+                preview,
+                entry.expire_ms,
+            ]
+        )
+    return frames.BrowseOk(frame.request_id, info.name, messages, next_key)

@@ -426,7 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--json", action="store_true", help="one JSON object per line")
     settle = consume.add_mutually_exclusive_group()
     settle.add_argument(
-        "--no-ack", action="store_true", help="do not ack: messages come back later"
+        "--no-ack",
+        action="store_true",
+        help="do not ack: messages come back later (this still claims them for the group; "
+        "to look without claiming, use browse or dlq list)",
     )
     settle.add_argument("--nack", action="store_true", help="nack every message after printing")
     consume.add_argument(
@@ -502,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
         "transfer-leader", help="hand leadership to a node (default: the most up-to-date)"
     )
     transfer.add_argument("node_id", type=_node_id, nargs="?", default=None, metavar="NODE_ID")
-    manage_commands.add_parsers(commands, existing_name_arg)
+    manage_commands.add_parsers(commands, existing_name_arg, parse_at_ms, duration_ms_arg)
     return parser
 
 
@@ -935,6 +938,8 @@ async def run_command(args: argparse.Namespace, io: Output) -> int:
         "topic": _topic,
         "cluster": _cluster,
         "cancel": manage_commands.run_cancel,
+        "browse": manage_commands.run_browse,
+        "dlq": manage_commands.run_dlq,
     }
     timeout_s = args.request_timeout_ms / 1000
     async with open_client(

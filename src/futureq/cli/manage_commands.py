@@ -1,15 +1,17 @@
-"""``futureq-cli`` commands that manage scheduled messages (issue 14): ``cancel``.
+"""``futureq-cli`` commands that manage scheduled messages (issue 14): ``cancel``,
+``browse`` and ``dlq list``.
 
 Kept apart from :mod:`futureq.cli.client_main` (one module per command group, as
 ``STYLE.md`` asks). Results go to stdout, one line per item or one JSON document.
 
-Source: ``docs/protocol.md``, "CANCEL"; ``docs/cli.md``.
+Source: ``docs/protocol.md``, "CANCEL", "BROWSE"; ``docs/cli.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -17,7 +19,7 @@ from futureq.wire import frames
 
 if TYPE_CHECKING:
     from futureq.cli.client_main import Output
-    from futureq.client import Client
+    from futureq.client import BrowsePage, Client, PendingMessage
 
 EXIT_OK: Final = 0
 CANCEL_CHUNK_IDS: Final = 1000
@@ -42,10 +44,16 @@ def message_id_arg(text: str) -> int:
     return value
 
 
-def add_parsers(commands: Any, name_arg: Callable[[str], Callable[[str], str]]) -> None:
-    """Add the ``cancel`` subcommand to ``futureq-cli``'s subparsers.
+def add_parsers(
+    commands: Any,
+    name_arg: Callable[[str], Callable[[str], str]],
+    at_arg: Callable[[str], int],
+    duration_arg: Callable[[str], int],
+) -> None:
+    """Add ``cancel``, ``browse`` and ``dlq`` to ``futureq-cli``'s subparsers.
 
-    ``name_arg(kind)``: the argparse type of an existing topic or group name.
+    ``name_arg(kind)``: the argparse type of an existing topic or group name;
+    ``at_arg``: of an absolute time (ms); ``duration_arg``: of a duration (ms).
     """
     cancel = commands.add_parser(
         "cancel", help="cancel scheduled messages by id (in one group or all)"
@@ -59,6 +67,47 @@ def add_parsers(commands: Any, name_arg: Callable[[str], Callable[[str], str]]) 
         help="cancel only this group's copy (default: every group's)",
     )
     cancel.add_argument("--json", action="store_true", help="print [{id, status}, ...]")
+
+    browse = commands.add_parser(
+        "browse",
+        help="list pending messages in due order without claiming them",
+        description="Read a group's pending messages (nothing is delivered, claimed or "
+        "created). Use it, not consume --no-ack, to look at a queue or a dead-letter topic.",
+    )
+    browse.add_argument("topic", type=name_arg("topic"))
+    browse.add_argument(
+        "--group", type=name_arg("group"), default=None, help="the group (default: the only one)"
+    )
+    browse.add_argument("--from", dest="from_ms", type=at_arg, metavar="T", help="due at or after T")
+    until = browse.add_mutually_exclusive_group()
+    until.add_argument("--to", dest="to_ms", type=at_arg, metavar="T", help="due before T")
+    until.add_argument(
+        "--within", type=duration_arg, metavar="D", help="due within D from now (e.g. 1h)"
+    )
+    _paging_args(browse)
+
+    dlq = commands.add_parser("dlq", help="dead letters: list them without claiming them")
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    dlq_list = dlq_commands.add_parser(
+        "list", help="the dead letters of TOPIC (TOPIC.dlq) with where they came from and why"
+    )
+    dlq_list.add_argument("topic", type=name_arg("topic"))
+    _paging_args(dlq_list)
+
+
+def _paging_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--limit", type=int, default=100, metavar="N", help="print at most N (default 100)"
+    )
+    parser.add_argument("--all", action="store_true", help="print every one, page by page")
+    parser.add_argument(
+        "--preview",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="show the first BYTES of each payload (0 to 1024; default none)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
 async def run_cancel(client: Client, args: argparse.Namespace, io: Output) -> int:
@@ -78,4 +127,117 @@ async def run_cancel(client: Client, args: argparse.Namespace, io: Output) -> in
     done = sum(status != frames.ItemStatus.UNKNOWN for status in statuses)
     where = f"group {args.group!r} of topic" if args.group else "topic"
     io.out(f"cancelled {done} of {len(ids)} in {where} {args.topic!r}")
+    return EXIT_OK
+
+
+BROWSE_PAGE: Final = 1000
+"""Messages per BROWSE request the CLI sends (the server's most)."""
+
+
+async def _pages(
+    client: Client,
+    topic: str,
+    group: str | None,
+    args: argparse.Namespace,
+    from_ms: int | None,
+    to_ms: int | None,
+) -> list[tuple[str, PendingMessage]]:
+    """Every message ``--limit`` / ``--all`` asks for, following cursors."""
+    wanted = None if args.all else max(0, args.limit)
+    out: list[tuple[str, PendingMessage]] = []
+    cursor: bytes | None = None
+    while wanted is None or len(out) < wanted:
+        size = BROWSE_PAGE if wanted is None else min(BROWSE_PAGE, wanted - len(out))
+        page: BrowsePage = await client.browse(
+            topic,
+            group,
+            from_due_ms=from_ms,
+            to_due_ms=to_ms,
+            cursor=cursor,
+            limit=max(1, size),
+            preview_bytes=args.preview,
+        )
+        out += [(page.group, message) for message in page.messages]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return out
+
+
+def pending_record(topic: str, group: str, message: PendingMessage) -> dict[str, Any]:
+    """The JSON object ``browse --json`` and ``dlq list --json`` print for a message.
+
+    Shape: ``{"id", "topic", "group", "due_ms" (null: parked), "attempt",
+    "payload_bytes", "expire_ms", "headers", "preview", "preview_encoding"}``.
+    """
+    from futureq.cli.client_main import render_payload
+
+    record: dict[str, Any] = {
+        "id": message.id,
+        "topic": topic,
+        "group": group,
+        "due_ms": message.due_ms,
+        "attempt": message.attempt,
+        "payload_bytes": message.payload_bytes,
+        "expire_ms": message.expire_ms,
+        "headers": message.headers,
+    }
+    if message.preview is not None:
+        record["preview"], record["preview_encoding"] = render_payload(message.preview)
+    return record
+
+
+def _line(message: PendingMessage, dead_letters: bool) -> str:
+    from futureq.cli.client_main import format_ms, render_payload
+
+    due = "parked" if message.due_ms is None else format_ms(message.due_ms)
+    text = f"#{message.id} due={due} attempt={message.attempt} bytes={message.payload_bytes}"
+    headers = message.headers
+    if dead_letters:
+        origin = (
+            f" from={headers.get('futureq-original-topic', '?')}/"
+            f"{headers.get('futureq-original-group', '?')}"
+            f" original=#{headers.get('futureq-original-id', '?')}"
+            f" attempts={headers.get('futureq-attempts', '?')}"
+            f" reason={headers.get('futureq-reason', '?')}"
+        )
+        if "futureq-reason-text" in headers:
+            origin += f" text={json.dumps(headers['futureq-reason-text'], ensure_ascii=False)}"
+        text += origin
+    elif headers:
+        text += " " + " ".join(f"{name}={value}" for name, value in sorted(headers.items()))
+    if message.preview is not None:
+        value, encoding = render_payload(message.preview)
+        shown = json.dumps(value, ensure_ascii=False) if encoding == "json" else str(value)
+        text += f": {shown if encoding != 'base64' else 'base64:' + shown}"
+    return text
+
+
+async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> int:
+    """``futureq-cli browse TOPIC``: pending messages in due order, none claimed."""
+    to_ms = args.to_ms
+    if args.within is not None:
+        to_ms = int(time.time() * 1000) + args.within
+    found = await _pages(client, args.topic, args.group, args, args.from_ms, to_ms)
+    for group, message in found:
+        if args.json:
+            io.out(json.dumps(pending_record(args.topic, group, message), ensure_ascii=False))
+        else:
+            io.out(_line(message, dead_letters=False))
+    if not args.json:
+        io.out(f"{len(found)} pending shown")
+    return EXIT_OK
+
+
+async def run_dlq(client: Client, args: argparse.Namespace, io: Output) -> int:
+    """``futureq-cli dlq list TOPIC``: TOPIC's dead letters with their provenance."""
+    topic = args.topic if args.topic.endswith(".dlq") else args.topic + ".dlq"
+    found = await _pages(client, topic, None, args, None, None)
+    for group, message in found:
+        if args.json:
+            io.out(json.dumps(pending_record(topic, group, message), ensure_ascii=False))
+        else:
+            io.out(_line(message, dead_letters=True))
+    if not args.json:
+        io.out(f"{len(found)} dead letters shown")
     return EXIT_OK

@@ -45,6 +45,7 @@ from futureq.client._batching import (
     refused_item,
     without_item,
 )
+from futureq.client._browse import BrowsePage, page_from_frame
 from futureq.client._connection import Connection, NotSentError, PushFrame, connect
 from futureq.client.subscription import (
     LOST_REASON,
@@ -986,6 +987,44 @@ class Client:
             lambda rid: frames.Cancel(rid, topic, group, id_list), retry_unknown=True
         )
         return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+
+    async def browse(
+        self,
+        topic: str,
+        group: str | None = None,
+        *,
+        from_due_ms: int | None = None,
+        to_due_ms: int | None = None,
+        cursor: bytes | None = None,
+        limit: int = 100,
+        preview_bytes: int = 0,
+    ) -> BrowsePage:
+        """One page of a group's pending messages in due order, claiming none
+        (``docs/protocol.md``, "BROWSE").
+
+        Args:
+            topic: The topic.
+            group: The group; None: the topic's only group (a dead-letter topic has
+                one, ``default``).
+            from_due_ms: Only messages due at or after this (ms since the epoch).
+            to_due_ms: Only messages due before this (ms); None: no bound (parked dead
+                letters come last).
+            cursor: The previous page's ``next_cursor``; None: the first page.
+            limit: Messages per page, 1 to 1000.
+            preview_bytes: Payload bytes to include per message, 0 to 1024.
+
+        Raises:
+            RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED,
+                INVALID_ARGUMENT, INVALID_CURSOR, PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(
+            lambda rid: frames.Browse(
+                rid, topic, group, from_due_ms, to_due_ms, cursor, limit, preview_bytes
+            ),
+            retry_unknown=True,
+        )
+        return page_from_frame(_expect(answer, frames.BrowseOk))
 
     async def cluster_status(self) -> dict[str, Any]:
         """The answering node's view of the cluster (``docs/protocol.md``, "CLUSTER_STATUS_OK").

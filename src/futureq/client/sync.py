@@ -27,6 +27,7 @@ import attrs
 import trio
 
 from futureq.client._batching import PublishItem
+from futureq.client._browse import BrowsePage
 from futureq.client.client import DEFAULT_SERVER, Client, open_client
 from futureq.client.subscription import Delivery, Subscription
 from futureq.errors import ClientClosedError, FutureQError
@@ -367,6 +368,33 @@ class SyncClient:
 
         async def call() -> list[frames.ItemStatus]:
             return await client.cancel(topic, ids, group=group)
+
+        return self._run(call)
+
+    def browse(
+        self,
+        topic: str,
+        group: str | None = None,
+        *,
+        from_due_ms: int | None = None,
+        to_due_ms: int | None = None,
+        cursor: bytes | None = None,
+        limit: int = 100,
+        preview_bytes: int = 0,
+    ) -> BrowsePage:
+        """One page of pending messages, claiming none (see ``Client.browse``)."""
+        client = self._require_client()
+
+        async def call() -> BrowsePage:
+            return await client.browse(
+                topic,
+                group,
+                from_due_ms=from_due_ms,
+                to_due_ms=to_due_ms,
+                cursor=cursor,
+                limit=limit,
+                preview_bytes=preview_bytes,
+            )
 
         return self._run(call)
 

@@ -146,6 +146,52 @@ class ManageOps:
         info = self.groups.get(group_id) if type(group_id) is int else None
         return [info] if info is not None and info.topic == topic else []
 
+    # ------------------------------------------------------------ reads
+
+    def browse(
+        self,
+        group_id: int,
+        from_due_ms: int,
+        to_due_ms: int | None,
+        after_key: bytes | None,
+        limit: int,
+    ) -> tuple[list[tuple[bytes, EntryValue, MessageRecord]], bytes | None]:
+        """A page of one group's pending entries in due order, without claiming any.
+
+        O(``limit``) reads whatever the backlog: one range scan of the ``schedule``
+        family from ``max(from_due_ms, after_key)`` and one point read of each
+        entry's message. Parked dead letters (due at
+        :data:`~futureq.state.records.PARKED_DUE_MS`) come last, and only when
+        ``to_due_ms`` is None.
+
+        Args:
+            group_id: The group (its schedule keys start with it).
+            from_due_ms: Entries due at or after this (ms).
+            to_due_ms: Entries due before this (ms); None: no bound.
+            after_key: The cursor: the last schedule key of the previous page (the
+                page starts after it); None: from ``from_due_ms``.
+            limit: Most entries (>= 1).
+
+        Returns:
+            ``([(schedule key, entry, message), ...], next cursor or None)``: the
+            cursor is None when the range holds nothing more.
+        """
+        start = commands.schedule_key(group_id, from_due_ms, 0)
+        if after_key is not None and after_key >= start:
+            start = after_key + b"\x00"
+        if to_due_ms is None:
+            stop = (group_id + 1).to_bytes(4, "big")
+        else:
+            stop = commands.schedule_key(group_id, to_due_ms, 0)
+        page: list[tuple[bytes, EntryValue, MessageRecord]] = []
+        for key, value in self.store.scan("schedule", start, stop):
+            if len(page) >= limit:
+                return page, page[-1][0]
+            data = self.store.get("messages", _u64(commands.parse_schedule_key(key)[2]))
+            assert data is not None, f"schedule entry {key.hex()} without its message"
+            page.append((key, EntryValue.decode(value), MessageRecord.decode(data)))
+        return page, None
+
     # ------------------------------------------------------------ CANCEL / RESCHEDULE
 
     def _cancel(

@@ -61,6 +61,8 @@ class FrameType(enum.IntEnum):
     # 40-59: managing scheduled messages (issue 14).
     CANCEL = 40
     ITEM_RESULTS = 41
+    BROWSE = 42
+    BROWSE_OK = 43
 
 
 class ItemStatus(enum.IntEnum):
@@ -887,6 +889,105 @@ class ItemResults:
         return cls(rid, _int_list("ITEM_RESULTS", "results", f[0]))
 
 
+def _opt_bytes(frame: str, name: str, value: Any) -> bytes | None:
+    if value is not None and type(value) is not bytes:
+        raise _bad(frame, f"field {name!r} must be binary or nil, got {type(value).__name__}")
+    return value
+
+
+@attrs.frozen
+class Browse:
+    """Read a page of one group's pending messages in due order, claiming none.
+
+    ``group`` None: the topic's only group. ``from_due_ms`` / ``to_due_ms``: due at or
+    after / before (ms; None: unbounded). ``cursor``: BROWSE_OK's ``next_cursor`` for
+    the next page (None: the first). ``limit``: messages per page (1 to 1000).
+    ``preview_bytes``: payload bytes to include per message (0 to 1024). Answered
+    with BROWSE_OK.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.BROWSE
+    request_id: int
+    topic: str
+    group: str | None
+    from_due_ms: int | None
+    to_due_ms: int | None
+    cursor: bytes | None
+    limit: int
+    preview_bytes: int
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.request_id,
+            self.topic,
+            self.group,
+            self.from_due_ms,
+            self.to_due_ms,
+            self.cursor,
+            self.limit,
+            self.preview_bytes,
+        ]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Browse:
+        _arity("BROWSE", f, 7)
+        return cls(
+            rid,
+            _str("BROWSE", "topic", f[0]),
+            _opt_str("BROWSE", "group", f[1]),
+            _opt_int("BROWSE", "from_due_ms", f[2]),
+            _opt_int("BROWSE", "to_due_ms", f[3]),
+            _opt_bytes("BROWSE", "cursor", f[4]),
+            _int("BROWSE", "limit", f[5]),
+            _int("BROWSE", "preview_bytes", f[6]),
+        )
+
+
+@attrs.frozen
+class BrowseOk:
+    """Answer to BROWSE: ``group`` (the one browsed), ``messages`` and ``next_cursor``.
+
+    A message is ``[id, due_ms | nil (parked), attempt, payload_bytes, headers | nil,
+    preview | nil, expire_ms | nil]`` (``docs/protocol.md``, "BROWSE_OK");
+    ``next_cursor`` None: nothing more in the range.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.BROWSE_OK
+    request_id: int
+    group: str
+    messages: list[list[Any]]
+    next_cursor: bytes | None
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.group, self.messages, self.next_cursor]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> BrowseOk:
+        _arity("BROWSE_OK", f, 3)
+        messages = _list("BROWSE_OK", "messages", f[1])
+        for i, m in enumerate(messages):
+            if (
+                type(m) is not list
+                or len(m) != 7
+                or type(m[0]) is not int
+                or (m[1] is not None and type(m[1]) is not int)
+                or type(m[2]) is not int
+                or type(m[3]) is not int
+                or (m[4] is not None and type(m[4]) is not dict)
+                or (m[5] is not None and type(m[5]) is not bytes)
+                or (m[6] is not None and type(m[6]) is not int)
+            ):
+                raise _bad("BROWSE_OK", f"messages[{i}] must be [id, due_ms, attempt, "
+                           "payload_bytes, headers, preview, expire_ms]")
+        return cls(
+            rid,
+            _str("BROWSE_OK", "group", f[0]),
+            messages,
+            _opt_bytes("BROWSE_OK", "next_cursor", f[2]),
+        )
+
+
 Frame = (
     Hello
     | HelloOk
@@ -919,6 +1020,8 @@ Frame = (
     | SubscriptionInfo
     | Cancel
     | ItemResults
+    | Browse
+    | BrowseOk
 )
 
 FRAME_CLASSES: dict[int, Any] = {
@@ -955,6 +1058,8 @@ FRAME_CLASSES: dict[int, Any] = {
         SubscriptionInfo,
         Cancel,
         ItemResults,
+        Browse,
+        BrowseOk,
     )
 }
 

@@ -366,3 +366,47 @@ def test_a_group_created_from_the_backlog_gets_every_pending_message(kit: StoreK
     assert due == [ids[1], ids[2], ids[3], later]
     assert state.groups[new].pending == 4
     assert state.get_message(ids[2]) == ("t", bytes([2]), 1000, 1502, 3)
+
+
+# ---------------------------------------------------------------- browse (a read)
+
+
+def test_browse_pages_in_due_order_between_two_times_and_claims_nothing(kit: StoreKit) -> None:
+    state, run, g1, _g2, ids = _two_groups(kit, count=7)
+    before = dump(kit.store)
+    page, cursor = state.browse(g1, 1501, 1506, None, 2)
+    assert [commands.parse_schedule_key(key)[2] for key, _, _ in page] == ids[1:3]
+    seen = [key for key, _, _ in page]
+    while cursor is not None:
+        page, cursor = state.browse(g1, 1501, 1506, cursor, 2)
+        seen += [key for key, _, _ in page]
+    assert [commands.parse_schedule_key(key)[2] for key in seen] == ids[1:6]
+    entry, record = state.browse(g1, 0, None, None, 1)[0][0][1:]
+    assert (entry.attempt, entry.expire_ms) == (0, 1600)
+    assert (record.payload, record.due_ms) == (b"\x00", 1500)
+    assert dump(kit.store) == before  # a read writes nothing
+    # A cursor before the range start is ignored; an empty range has no next page.
+    assert state.browse(g1, 1506, None, seen[0], 10)[0][0][0] == schedule_key(g1, 1506, ids[6])
+    assert state.browse(g1, 9_000, None, None, 10) == ([], None)
+    run(commands.cancel("t", g1, [ids[3]]))
+    assert ids[3] not in [
+        commands.parse_schedule_key(key)[2] for key, _, _ in state.browse(g1, 0, None, None, 9)[0]
+    ]
+
+
+def test_browse_shows_parked_dead_letters_last(kit: StoreKit) -> None:
+    state, run, _gid, _mid, dead = _dead_letter_one(kit)
+    dlq = state.find_group("t.dlq", "default")
+    assert dlq is not None
+    run(commands.dead_letter(5000, [(schedule_key(dlq.group_id, 2000, dead), 16)]))  # parked
+    gid = state.find_group("t", "g")
+    assert gid is not None
+    later = run(commands.publish(2100, [("t", b"again", 2100, None)]))
+    run(commands.dead_letter(5000, [(schedule_key(gid.group_id, 2100, later), 3)]))
+    page, cursor = state.browse(dlq.group_id, 0, None, None, 10)
+    assert cursor is None and len(page) == 2
+    assert commands.parse_schedule_key(page[-1][0])[1:] == (PARKED_DUE_MS, dead)
+    assert page[-1][2].headers is not None
+    assert page[-1][2].headers[records.HEADER_ORIGINAL_TOPIC] == "t"
+    bounded, _ = state.browse(dlq.group_id, 0, 10**12, None, 10)
+    assert all(commands.parse_schedule_key(key)[1] != PARKED_DUE_MS for key, _, _ in bounded)

@@ -69,6 +69,35 @@ FRAME_STRATEGY: st.SearchStrategy[frames.Frame] = st.one_of(
     st.builds(frames.SubscriptionInfo, RID, INT64, st.integers(1, 2**40), st.integers(1, 2**40)),
     st.builds(frames.Cancel, RID, TEXT, OPT_TEXT, st.lists(INT64, max_size=4)),
     st.builds(frames.ItemResults, RID, st.lists(st.integers(0, 3), max_size=4)),
+    st.builds(
+        frames.Browse,
+        RID,
+        TEXT,
+        OPT_TEXT,
+        st.none() | INT64,
+        st.none() | INT64,
+        st.none() | st.binary(max_size=20),
+        INT64,
+        INT64,
+    ),
+    st.builds(
+        frames.BrowseOk,
+        RID,
+        TEXT,
+        st.lists(
+            st.tuples(
+                UINT63,
+                st.none() | INT64,
+                INT64,
+                INT64,
+                st.none() | st.dictionaries(TEXT, TEXT, max_size=2),
+                st.none() | st.binary(max_size=8),
+                st.none() | INT64,
+            ).map(list),
+            max_size=3,
+        ),
+        st.none() | st.binary(max_size=20),
+    ),
 )
 
 TAG_A = bytes(range(24))
@@ -154,6 +183,18 @@ EXAMPLES: list[frames.Frame] = [
     frames.Cancel(19, "orders", "billing", [65536, 65537]),
     frames.Cancel(19, "orders", None, [2**64 - 1]),
     frames.ItemResults(19, [0, 1, 2]),
+    frames.Browse(20, "orders", None, None, None, None, 100, 0),
+    frames.Browse(20, "orders", "billing", 1_000, 2_000, b"k" * 20, 10, 64),
+    frames.BrowseOk(
+        20,
+        "billing",
+        [
+            [65536, 1_500, 0, 3, None, None, None],
+            [65537, None, 16, 3, {"futureq-reason": "max-deliveries"}, b"abc", 9_000],
+        ],
+        b"k" * 20,
+    ),
+    frames.BrowseOk(20, "default", [], None),
 ]
 
 
@@ -340,6 +381,11 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.Cancel(19, "orders", None, [1]), 4, [1.0]),
     (frames.Cancel(19, "orders", None, [1]), 4, [True]),
     (frames.ItemResults(19, [0]), 2, [0, None]),
+    (frames.Browse(20, "t", None, None, None, None, 1, 0), 6, "cursor"),
+    (frames.Browse(20, "t", None, None, None, None, 1, 0), 7, None),
+    (frames.Browse(20, "t", None, None, None, None, 1, 0), 4, 1.5),
+    (frames.BrowseOk(20, "g", [], None), 3, [[1, 2, 3]]),
+    (frames.BrowseOk(20, "g", [], None), 3, [[1, 2, 3, 4, "h", None, None]]),
     (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 2, 0),
     (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 3, 7481),
     (frames.ClusterRemoveNode(15, 4), 2, "4"),
