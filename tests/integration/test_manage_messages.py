@@ -1,7 +1,7 @@
 """Managing scheduled messages (issue 14) end to end: ``futureq-cli`` and the client
 against real ``futureq start`` processes, one node and a 3-node cluster.
 
-Source: ``docs/protocol.md``, "CANCEL", "BROWSE", "Dead letters".
+Source: ``docs/protocol.md``, "CANCEL", "BROWSE", "REDRIVE", "Dead letters".
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Protocol
 import pytest
 from cluster_process import Cluster
 
-from futureq.client import PublishItem
+from futureq.client import PendingMessage, PublishItem
 from futureq.client.sync import SyncClient
 from futureq.errors import ErrorCode, RequestError
 from futureq.wire.frames import ItemStatus
@@ -206,28 +206,33 @@ def test_browse_pages_what_is_due_without_claiming_it(broker: BrokerProcess) -> 
     assert json.loads(shown.stdout.splitlines()[0])["attempt"] == 0  # nothing was claimed
 
 
+def dead_letter_one(client: SyncClient, topic: str, group: str) -> tuple[int, PendingMessage]:
+    """Publish a message, refuse it until it is dead-lettered; its id and dead letter."""
+    client.create_group(topic, group, max_deliveries=1)
+    original = client.publish(topic, b"poison")
+    (delivery,) = client.consume(topic, group, 1, timeout_s=10)
+    delivery.nack()
+    deadline = time.monotonic() + 20
+    while True:
+        # Out of attempts, it is dead-lettered when next due to a consumer with credit.
+        assert client.consume(topic, group, 1, timeout_s=0.2) == []
+        try:
+            page = client.browse(topic + ".dlq")
+        except RequestError as error:  # no dead letter yet: the topic has no group
+            assert error.code is ErrorCode.UNKNOWN_TOPIC, error
+        else:
+            found = [m for m in page.messages if m.headers["futureq-original-id"] == str(original)]
+            if found:
+                return original, found[0]
+        assert time.monotonic() < deadline, "the poison message was never dead-lettered"
+        time.sleep(0.05)
+
+
 def test_dead_letters_are_listed_with_provenance_and_not_claimed(broker: BrokerProcess) -> None:
     """The issue's case: looking at dead letters must not take them from a later group."""
     address = broker.client_address
     with SyncClient(address, request_timeout_s=20.0) as client:
-        client.create_group("jobs", "workers", max_deliveries=1)
-        original = client.publish("jobs", b"poison")
-        (delivery,) = client.consume("jobs", "workers", 1, timeout_s=10)
-        delivery.nack()
-        deadline = time.monotonic() + 20
-        while True:
-            # Out of attempts, it is dead-lettered when next due to a consumer with credit.
-            assert client.consume("jobs", "workers", 1, timeout_s=0.2) == []
-            try:
-                page = client.browse("jobs.dlq")
-            except RequestError as error:  # no dead letter yet: the topic has no group
-                assert error.code is ErrorCode.UNKNOWN_TOPIC, error
-            else:
-                if page.messages:
-                    break
-            assert time.monotonic() < deadline, "the poison message was never dead-lettered"
-            time.sleep(0.05)
-        (dead,) = page.messages
+        original, dead = dead_letter_one(client, "jobs", "workers")
         assert dead.headers["futureq-original-id"] == str(original)
         assert dead.headers["futureq-original-topic"] == "jobs"
         assert dead.headers["futureq-original-group"] == "workers"
@@ -244,3 +249,41 @@ def test_dead_letters_are_listed_with_provenance_and_not_claimed(broker: BrokerP
     got = cli(address, "consume", "jobs.dlq", "--group", "triage", "--count", "1", "--json")
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout)["id"] == dead.id
+
+
+def test_redrive_moves_dead_letters_back_to_the_group_they_died_in(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        original, dead = dead_letter_one(client, "billing", "charge")
+        client.create_group("billing", "audit")  # exists now; it must not get the replay
+        client.create_group("billing", "charge", max_deliveries=5)
+        with pytest.raises(RequestError) as info:
+            client.redrive("billing.dlq", [dead.id])
+        assert info.value.code is ErrorCode.RESERVED_TOPIC
+        with pytest.raises(RequestError) as info:
+            client.redrive("billing", [dead.id], delay_ms=-1)
+        assert info.value.code is ErrorCode.INVALID_DELAY
+
+        redriven = cli(address, "dlq", "redrive", "billing", "--all", "--reason", "max-deliveries")
+        assert redriven.returncode == 0, redriven.stderr
+        assert "redriven 1 of 1 to 'billing'" in redriven.stdout
+        assert "redrive: 1/1" in redriven.stderr
+        assert client.redrive("billing", [dead.id]) == [ItemStatus.UNKNOWN]
+
+        back = client.browse("billing", "charge").messages
+        assert len(back) == 1 and back[0].id != original
+        assert back[0].headers["futureq-redriven-from"] == str(dead.id)
+        assert back[0].headers["futureq-original-id"] == str(original)
+        assert client.browse("billing", "audit").messages == []
+        (again,) = client.consume("billing", "charge", 1, timeout_s=10)
+        assert again.id == back[0].id and again.payload == b"poison"
+        again.ack()
+
+        # A dead letter whose group is gone stays where it is.
+        _, orphan = dead_letter_one(client, "billing", "gone")
+        client.delete_group("billing", "gone")
+        assert client.redrive("billing", [orphan.id, 12345]) == [
+            ItemStatus.NO_TARGET,
+            ItemStatus.UNKNOWN,
+        ]
+        assert [m.id for m in client.browse("billing.dlq").messages] == [orphan.id]

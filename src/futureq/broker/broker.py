@@ -141,6 +141,15 @@ class Broker:
         if not self.log.is_leader():
             raise NotLeaderError(self.log.leader_address())
 
+    def stamp(self) -> int:
+        """The leader's stamp for a command: cluster time, never below an earlier one
+        (ms since the Unix epoch).
+
+        Raises:
+            RequestError: CLOCK_NOT_SYNCHRONIZED.
+        """
+        return self._stamp()
+
     def require_leader(self) -> None:
         """Refuse a request this node cannot serve unless it leads.
 

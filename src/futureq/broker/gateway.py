@@ -733,6 +733,9 @@ class Connection:
                 return frames.Ok(frame.request_id, None)
             case frames.Browse():
                 return await manage.browse(broker, frame)
+            case frames.Redrive():
+                results = await manage.redrive(broker, frame)
+                return frames.ItemResults(frame.request_id, results)
             case frames.Cancel():
                 results = await manage.cancel(broker, frame.topic, frame.group, frame.ids)
                 return frames.ItemResults(frame.request_id, results)

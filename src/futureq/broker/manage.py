@@ -7,7 +7,7 @@ ids the log uses (a group name to its group id) and proposes one replicated comm
 (``DESIGN.md``, "Data flow"). Bad input fails the request alone with a stable error
 code and a sentence (``docs/protocol.md``, "Error codes").
 
-Source: ``docs/protocol.md``, "CANCEL", "BROWSE".
+Source: ``docs/protocol.md``, "CANCEL", "BROWSE", "REDRIVE".
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
+from futureq.state.model import DLQ_SUFFIX
 from futureq.state.records import PARKED_DUE_MS
 from futureq.wire import frames
 
@@ -103,7 +104,9 @@ async def cancel(broker: Broker, topic: str, group: str | None, ids: list[int]) 
     return [int(status) for status in result]
 
 
-def browse_group(broker: Broker, topic: str, group: str | None) -> GroupInfo:
+def browse_group(
+    broker: Broker, topic: str, group: str | None, request: str = "BROWSE"
+) -> GroupInfo:
     """The group a BROWSE reads: the named one, or the topic's only group.
 
     Raises:
@@ -115,20 +118,20 @@ def browse_group(broker: Broker, topic: str, group: str | None) -> GroupInfo:
     if not groups:
         raise RequestError(
             ErrorCode.UNKNOWN_TOPIC,
-            f"BROWSE: topic {topic!r} has no consumer group, so no message of it is pending",
+            f"{request}: topic {topic!r} has no consumer group, so no message of it is pending",
         )
     if group is None:
         if len(groups) > 1:
             names = ", ".join(repr(info.name) for info in groups[:10])
             raise RequestError(
                 ErrorCode.GROUP_REQUIRED,
-                f"BROWSE: topic {topic!r} has {len(groups)} groups ({names}); name one",
+                f"{request}: topic {topic!r} has {len(groups)} groups ({names}); name one",
             )
         return groups[0]
     info = state.find_group(topic, group)
     if info is None:
         raise RequestError(
-            ErrorCode.UNKNOWN_GROUP, f"BROWSE: topic {topic!r} has no group {group!r}"
+            ErrorCode.UNKNOWN_GROUP, f"{request}: topic {topic!r} has no group {group!r}"
         )
     return info
 
@@ -199,3 +202,55 @@ async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
             ]
         )
     return frames.BrowseOk(frame.request_id, info.name, messages, next_key)
+
+
+async def redrive(broker: Broker, frame: frames.Redrive) -> list[int]:
+    """Move dead letters back to the topic and group they died in (by dead-letter id).
+
+    Each becomes a new message of its original topic for its original group only,
+    due ``delay_ms`` after the leader's stamp, keeping its headers (its provenance
+    included) plus ``futureq-redriven-from``; its dead letter goes. One REDRIVE command
+    for the batch (O(log n) per id to find its entry).
+
+    Returns:
+        One :class:`~futureq.wire.frames.ItemStatus` number per id: DONE, UNKNOWN (not
+        a dead letter pending in that group), NO_TARGET (its group is gone; it stays).
+
+    Raises:
+        RequestError: RESERVED_TOPIC (``topic`` is itself a dead-letter topic: name
+            the original topic), INVALID_DELAY, as :func:`check_ids` and
+            :func:`browse_group` (of ``topic.dlq``).
+        NotLeaderError: this node is not the leader.
+    """
+    broker.require_leader()
+    if frame.topic.endswith(DLQ_SUFFIX):
+        raise RequestError(
+            ErrorCode.RESERVED_TOPIC,
+            f"REDRIVE names the original topic, not its dead-letter topic: send "
+            f"{frame.topic.removesuffix(DLQ_SUFFIX)!r}, not {frame.topic!r}",
+        )
+    check_ids(broker, "REDRIVE", frame.ids)
+    max_delay_ms = broker.limits.max_delay_ms
+    if not 0 <= frame.delay_ms <= max_delay_ms:
+        raise RequestError(
+            ErrorCode.INVALID_DELAY,
+            f"REDRIVE delay_ms must be between 0 and {max_delay_ms} ms, got {frame.delay_ms}",
+        )
+    info = browse_group(broker, frame.topic + DLQ_SUFFIX, frame.group, "REDRIVE")
+    state = broker.state
+    keys: list[bytes] = []
+    positions: list[int] = []
+    for position, mid in enumerate(frame.ids):
+        key = state.entry_key(mid, info.group_id)
+        if key is not None:
+            keys.append(key)
+            positions.append(position)
+    results = [int(frames.ItemStatus.UNKNOWN)] * len(frame.ids)
+    if keys:
+        publish_ms = broker.stamp()
+        applied = await broker.log.propose(
+            commands.redrive(publish_ms, info.group_id, keys, publish_ms + frame.delay_ms)
+        )
+        for position, status in zip(positions, applied, strict=True):
+            results[position] = int(status)
+    return results

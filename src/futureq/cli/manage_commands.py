@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from futureq.client import BrowsePage, Client, PendingMessage
 
 EXIT_OK: Final = 0
+EXIT_USAGE: Final = 2
 CANCEL_CHUNK_IDS: Final = 1000
 """Ids per CANCEL request the CLI sends (a server takes up to ``limits.max_batch_items``)."""
 _STATUS_WORDS: Final = {
@@ -93,6 +94,28 @@ def add_parsers(
     )
     dlq_list.add_argument("topic", type=name_arg("topic"))
     _paging_args(dlq_list)
+    dlq_redrive = dlq_commands.add_parser(
+        "redrive",
+        help="move dead letters of TOPIC back to TOPIC and the group they died in",
+    )
+    dlq_redrive.add_argument("topic", type=name_arg("topic"))
+    dlq_redrive.add_argument(
+        "ids", type=message_id_arg, nargs="*", metavar="ID", help="dead-letter ids (dlq list)"
+    )
+    dlq_redrive.add_argument(
+        "--all", action="store_true", help="every dead letter (that matches the filters)"
+    )
+    dlq_redrive.add_argument(
+        "--from-group", metavar="GROUP", help="with --all: only those that died in GROUP"
+    )
+    dlq_redrive.add_argument(
+        "--reason",
+        metavar="REASON",
+        help="with --all: only those that died for REASON (max-deliveries, rejected, expired)",
+    )
+    dlq_redrive.add_argument(
+        "--delay", type=duration_arg, default=0, metavar="D", help="due D after now (default 0)"
+    )
 
 
 def _paging_args(parser: argparse.ArgumentParser) -> None:
@@ -230,7 +253,10 @@ async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> in
 
 
 async def run_dlq(client: Client, args: argparse.Namespace, io: Output) -> int:
-    """``futureq-cli dlq list TOPIC``: TOPIC's dead letters with their provenance."""
+    """``futureq-cli dlq list|redrive TOPIC``: TOPIC's dead letters with their
+    provenance, or moved back where they died (with a count and progress on stderr)."""
+    if args.dlq_command == "redrive":
+        return await _run_dlq_redrive(client, args, io)
     topic = args.topic if args.topic.endswith(".dlq") else args.topic + ".dlq"
     found = await _pages(client, topic, None, args, None, None)
     for group, message in found:
@@ -240,4 +266,38 @@ async def run_dlq(client: Client, args: argparse.Namespace, io: Output) -> int:
             io.out(_line(message, dead_letters=True))
     if not args.json:
         io.out(f"{len(found)} dead letters shown")
+    return EXIT_OK
+
+
+async def _run_dlq_redrive(client: Client, args: argparse.Namespace, io: Output) -> int:
+    topic = args.topic.removesuffix(".dlq")
+    ids: list[int] = list(args.ids)
+    if args.all:
+        cursor: bytes | None = None
+        while True:
+            page = await client.browse(topic + ".dlq", cursor=cursor, limit=BROWSE_PAGE)
+            for message in page.messages:
+                headers = message.headers
+                if args.from_group and headers.get("futureq-original-group") != args.from_group:
+                    continue
+                if args.reason and headers.get("futureq-reason") != args.reason:
+                    continue
+                ids.append(message.id)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    elif not ids:
+        io.err("error: name dead-letter ids (futureq-cli dlq list TOPIC), or give --all")
+        return EXIT_USAGE
+    counts = dict.fromkeys(frames.ItemStatus, 0)
+    for start in range(0, len(ids), CANCEL_CHUNK_IDS):
+        chunk = ids[start : start + CANCEL_CHUNK_IDS]
+        for status in await client.redrive(topic, chunk, delay_ms=args.delay):
+            counts[status] += 1
+        io.err(f"redrive: {min(start + len(chunk), len(ids))}/{len(ids)}")
+    io.out(
+        f"redriven {counts[frames.ItemStatus.DONE]} of {len(ids)} to {topic!r}; "
+        f"{counts[frames.ItemStatus.NO_TARGET]} kept (their group is gone), "
+        f"{counts[frames.ItemStatus.UNKNOWN]} unknown"
+    )
     return EXIT_OK

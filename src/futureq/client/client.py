@@ -988,6 +988,42 @@ class Client:
         )
         return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
 
+    async def redrive(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        delay_ms: int = 0,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """Move dead letters of ``topic`` back to the topic and group they died in
+        (``docs/protocol.md``, "REDRIVE").
+
+        Args:
+            topic: The original topic (its dead letters are in ``topic.dlq``).
+            ids: Dead-letter message ids (as :meth:`browse` of ``topic.dlq`` shows
+                them); at most ``max_batch_items`` per call.
+            delay_ms: Due this long after the leader's stamp (ms, >= 0).
+            group: The dead-letter topic's group holding them; None: its only group.
+
+        Returns:
+            One status per id: ``DONE`` (a new message of ``topic`` for the group it
+            died in, with its provenance headers plus ``futureq-redriven-from``),
+            ``UNKNOWN`` (not a pending dead letter there) or ``NO_TARGET`` (its group
+            no longer exists; it stays a dead letter).
+
+        Raises:
+            RequestError: RESERVED_TOPIC (``topic`` ends in ``.dlq``), UNKNOWN_TOPIC,
+                UNKNOWN_GROUP, GROUP_REQUIRED, INVALID_DELAY, EMPTY_BATCH,
+                BATCH_TOO_LARGE, INVALID_MESSAGE_ID, PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        id_list = list(ids)
+        answer = await self._call(
+            lambda rid: frames.Redrive(rid, topic, group, id_list, delay_ms), retry_unknown=True
+        )
+        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+
     async def browse(
         self,
         topic: str,

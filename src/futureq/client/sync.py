@@ -371,6 +371,23 @@ class SyncClient:
 
         return self._run(call)
 
+    def redrive(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        delay_ms: int = 0,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """Move dead letters back where they died; one status per id (see
+        ``Client.redrive``)."""
+        client = self._require_client()
+
+        async def call() -> list[frames.ItemStatus]:
+            return await client.redrive(topic, ids, delay_ms=delay_ms, group=group)
+
+        return self._run(call)
+
     def browse(
         self,
         topic: str,

@@ -85,6 +85,8 @@ class ManageOps:
 
         def find_group(self, topic: str, name: str) -> GroupInfo | None: ...
 
+        def _note_publish_ms(self, txn: Txn, publish_ms: int) -> None: ...
+
         def _drop_entry(
             self,
             txn: Txn,
@@ -482,6 +484,7 @@ class ManageOps:
         out: list[int] = []
         first_id = commands.message_id(index, 0)
         info = self.groups.get(group_id) if type(group_id) is int else None
+        self._note_publish_ms(txn, publish_ms)
         for position, key in enumerate(keys):
             if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                 yield

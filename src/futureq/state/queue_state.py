@@ -679,9 +679,7 @@ class QueueState(ManageOps):
         position maps to that message's id in ``duplicates``.
         """
         assert len(items) <= commands.MAX_BATCH_POSITIONS
-        if publish_ms > self.last_publish_ms:
-            self.last_publish_ms = publish_ms
-            txn.put("meta", _LAST_PUBLISH, _u64(publish_ms))
+        self._note_publish_ms(txn, publish_ms)
         first_id = commands.message_id(index, 0)
         targets: dict[str, list[GroupInfo]] = {}
         work = 0
@@ -720,6 +718,12 @@ class QueueState(ManageOps):
         if window_ms:
             yield from self._prune_idempotency_keys(txn, publish_ms, window_ms)
         return first_id
+
+    def _note_publish_ms(self, txn: Txn, publish_ms: int) -> None:
+        """Remember the largest publish stamp committed (a new leader never stamps below)."""
+        if publish_ms > self.last_publish_ms:
+            self.last_publish_ms = publish_ms
+            txn.put("meta", _LAST_PUBLISH, _u64(publish_ms))
 
     def _insert_message(
         self,

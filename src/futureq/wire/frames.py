@@ -63,6 +63,7 @@ class FrameType(enum.IntEnum):
     ITEM_RESULTS = 41
     BROWSE = 42
     BROWSE_OK = 43
+    REDRIVE = 44
 
 
 class ItemStatus(enum.IntEnum):
@@ -988,6 +989,37 @@ class BrowseOk:
         )
 
 
+@attrs.frozen
+class Redrive:
+    """Move dead letters of ``topic`` (held in ``topic.dlq``) back to the topic and the
+    group they died in, by dead-letter message id, due after ``delay_ms`` (>= 0).
+
+    ``group``: the dead-letter topic's group holding them; None: its only group.
+    Answered with ITEM_RESULTS: DONE, UNKNOWN or NO_TARGET per id.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.REDRIVE
+    request_id: int
+    topic: str
+    group: str | None
+    ids: list[int]
+    delay_ms: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.topic, self.group, self.ids, self.delay_ms]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Redrive:
+        _arity("REDRIVE", f, 4)
+        return cls(
+            rid,
+            _str("REDRIVE", "topic", f[0]),
+            _opt_str("REDRIVE", "group", f[1]),
+            _int_list("REDRIVE", "ids", f[2]),
+            _int("REDRIVE", "delay_ms", f[3]),
+        )
+
+
 Frame = (
     Hello
     | HelloOk
@@ -1022,6 +1054,7 @@ Frame = (
     | ItemResults
     | Browse
     | BrowseOk
+    | Redrive
 )
 
 FRAME_CLASSES: dict[int, Any] = {
@@ -1060,6 +1093,7 @@ FRAME_CLASSES: dict[int, Any] = {
         ItemResults,
         Browse,
         BrowseOk,
+        Redrive,
     )
 }
 

@@ -166,6 +166,7 @@ REQUESTS: dict[frames.FrameType, frames.Frame] = {
     frames.FrameType.CLUSTER_TRANSFER_LEADER: frames.ClusterTransferLeader(1, 2),
     frames.FrameType.CANCEL: frames.Cancel(1, "t", None, [1]),
     frames.FrameType.BROWSE: frames.Browse(1, "t", None, None, None, None, 10, 0),
+    frames.FrameType.REDRIVE: frames.Redrive(1, "t", None, [1], 0),
 }
 
 

@@ -98,6 +98,7 @@ FRAME_STRATEGY: st.SearchStrategy[frames.Frame] = st.one_of(
         ),
         st.none() | st.binary(max_size=20),
     ),
+    st.builds(frames.Redrive, RID, TEXT, OPT_TEXT, st.lists(INT64, max_size=4), INT64),
 )
 
 TAG_A = bytes(range(24))
@@ -195,6 +196,8 @@ EXAMPLES: list[frames.Frame] = [
         b"k" * 20,
     ),
     frames.BrowseOk(20, "default", [], None),
+    frames.Redrive(21, "jobs", None, [65536], 0),
+    frames.Redrive(21, "jobs", "default", [1, 2], 60_000),
 ]
 
 
@@ -385,6 +388,8 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.Browse(20, "t", None, None, None, None, 1, 0), 7, None),
     (frames.Browse(20, "t", None, None, None, None, 1, 0), 4, 1.5),
     (frames.BrowseOk(20, "g", [], None), 3, [[1, 2, 3]]),
+    (frames.Redrive(21, "t", None, [1], 0), 4, [None]),
+    (frames.Redrive(21, "t", None, [1], 0), 5, None),
     (frames.BrowseOk(20, "g", [], None), 3, [[1, 2, 3, 4, "h", None, None]]),
     (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 2, 0),
     (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 3, 7481),
