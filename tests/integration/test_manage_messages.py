@@ -1,7 +1,8 @@
 """Managing scheduled messages (issue 14) end to end: ``futureq-cli`` and the client
 against real ``futureq start`` processes, one node and a 3-node cluster.
 
-Source: ``docs/protocol.md``, "CANCEL", "BROWSE", "REDRIVE", "Dead letters".
+Source: ``docs/protocol.md``, "CANCEL", "BROWSE", "REDRIVE", "RESCHEDULE", "PURGE",
+"Dead letters".
 """
 
 from __future__ import annotations
@@ -138,23 +139,37 @@ def pending_by_node(cluster: Cluster, topic: str) -> dict[int, dict[str, int]]:
         time.sleep(0.05)
 
 
-def test_a_cancel_survives_a_leader_change_on_three_nodes(cluster3: Cluster) -> None:
+def test_a_cancel_and_a_purge_survive_a_leader_change_on_three_nodes(cluster3: Cluster) -> None:
     leader = cluster3.leader()
     addresses = ",".join(node.client_address for node in cluster3.nodes.values())
     with SyncClient(addresses, request_timeout_s=30.0) as client:
         client.create_group("t", "g")
+        client.create_group("t", "bulk")
         ids = client.publish_batch([PublishItem("t", b"%d" % n, delay_ms=3_600_000) for n in range(300)])
-        assert client.cancel("t", ids[:200]) == [ItemStatus.DONE] * 200
-        assert all(counts == {"g": 100} for counts in pending_by_node(cluster3, "t").values())
+        for start in range(0, 3000, 1000):
+            client.publish_batch(
+                [PublishItem("t", b"x", delay_ms=3_600_000) for _ in range(start, start + 1000)]
+            )
+        assert client.cancel("t", ids[:200], group="g") == [ItemStatus.DONE] * 200
+        assert client.purge("t", group="bulk") == 3300
+        # The purge goes on in chunks, under whichever node leads.
         transferred = cli(leader.client_address, "cluster", "transfer-leader")
         assert transferred.returncode == 0, transferred.stderr
         new_leader = cluster3.leader(exclude={leader.node_id})
         assert new_leader.node_id != leader.node_id
         # The new leader knows what was cancelled, and finds the rest by id.
-        again = cli(addresses.split(",")[0], "cancel", "t", *map(str, ids[195:205]), "--json")
+        again = cli(
+            addresses.split(",")[0], "cancel", "t", *map(str, ids[195:205]), "--group", "g", "--json"
+        )
         assert again.returncode == 0, again.stderr
         assert [row["status"] for row in json.loads(again.stdout)] == ["UNKNOWN"] * 5 + ["DONE"] * 5
-    assert all(counts == {"g": 95} for counts in pending_by_node(cluster3, "t").values())
+    deadline = time.monotonic() + 60
+    while True:
+        counts = pending_by_node(cluster3, "t")
+        if all(c == {"g": 3095, "bulk": 0} for c in counts.values()):
+            break
+        assert time.monotonic() < deadline, counts
+        time.sleep(0.2)
 
 
 def test_browse_pages_what_is_due_without_claiming_it(broker: BrokerProcess) -> None:
@@ -287,3 +302,68 @@ def test_redrive_moves_dead_letters_back_to_the_group_they_died_in(broker: Broke
             ItemStatus.UNKNOWN,
         ]
         assert [m.id for m in client.browse("billing.dlq").messages] == [orphan.id]
+
+
+def test_reschedule_moves_due_times_and_keeps_ttl_rules(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("retries", "g")
+        ids = client.publish_batch(
+            [PublishItem("retries", b"r%d" % n, delay_ms=3_600_000, ttl_ms=5_000) for n in range(3)]
+        )
+        now_ms = int(time.time() * 1000)
+        assert client.reschedule("retries", ids[1:], delay_ms=86_400_000) == [ItemStatus.DONE] * 2
+        page = client.browse("retries", "g").messages
+        assert [m.id for m in page] == ids  # ids[0] is due first now
+        moved = {m.id: m for m in page}
+        assert moved[ids[1]].due_ms is not None and moved[ids[1]].due_ms >= now_ms + 86_400_000
+        assert moved[ids[1]].expire_ms == moved[ids[1]].due_ms + 5_000  # TTL from the new due
+
+        for kwargs, code in [
+            ({}, ErrorCode.INVALID_DELAY),
+            ({"due_ms": now_ms, "delay_ms": 0}, ErrorCode.INVALID_DELAY),
+            ({"delay_ms": -1}, ErrorCode.INVALID_DELAY),
+            ({"delay_ms": 10**15}, ErrorCode.DELAY_TOO_LARGE),
+            ({"due_ms": now_ms // 1000}, ErrorCode.IMPLAUSIBLE_TIME),
+        ]:
+            with pytest.raises(RequestError) as info:
+                client.reschedule("retries", [ids[0]], **kwargs)  # type: ignore[arg-type]
+            assert info.value.code is code, (kwargs, info.value)
+
+    now = cli(address, "reschedule", "retries", str(ids[2]), "--delay", "0s", "--json")
+    assert now.returncode == 0, now.stderr
+    assert json.loads(now.stdout) == [{"id": ids[2], "status": "DONE"}]
+    got = cli(address, "consume", "retries", "--group", "g", "--count", "1", "--json")
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["id"] == ids[2]
+
+
+def test_purge_asks_first_and_keeps_what_comes_after(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("bulk", "a")
+        client.create_group("bulk", "b")
+        for _ in range(2):
+            client.publish_batch([PublishItem("bulk", b"x", delay_ms=3_600_000) for _ in range(1000)])
+        refused = cli(address, "purge", "bulk", "--group", "a")
+        assert refused.returncode == 2 and "--yes" in refused.stderr
+        purged = cli(address, "purge", "bulk", "--group", "a", "--yes")
+        assert purged.returncode == 0, purged.stderr
+        assert "purging 2000 pending entries of group 'a'" in purged.stdout
+        later = client.publish("bulk", b"later", delay_ms=3_600_000)
+        deadline = time.monotonic() + 30
+        while True:
+            pending = {
+                g["group"]: g["pending"]
+                for t in client.status()["topics"]
+                if t["topic"] == "bulk"
+                for g in t["groups"]
+            }
+            if pending == {"a": 1, "b": 2001}:
+                break
+            assert time.monotonic() < deadline, pending
+            time.sleep(0.1)
+        assert [m.id for m in client.browse("bulk", "a").messages] == [later]
+        with pytest.raises(RequestError) as info:
+            client.purge("bulk", group="c")
+        assert info.value.code is ErrorCode.UNKNOWN_GROUP

@@ -20,7 +20,8 @@ Permissions of a client:
 * ``consume``: topic patterns it may SUBSCRIBE to (and so ACK, NACK, CREDIT, UNSUBSCRIBE)
   and BROWSE (as may ``monitor``);
 * ``manage_groups``: topic patterns whose groups it may GROUP_CREATE and GROUP_DELETE, and
-  whose scheduled messages it may CANCEL and whose dead letters it may REDRIVE;
+  whose scheduled messages it may CANCEL, RESCHEDULE and PURGE and whose dead letters it
+  may REDRIVE;
 * ``manage_cluster``: CLUSTER_ADD_NODE, CLUSTER_REMOVE_NODE, CLUSTER_TRANSFER_LEADER,
   and CLUSTER_STATUS;
 * ``monitor``: STATUS lists every topic (others see only topics their patterns name),
@@ -443,6 +444,12 @@ _RULES: dict[frames.FrameType, Callable[[Principal, Any], None]] = {
         p, p.permissions.manage_groups, f.topic, "manage the messages of"
     ),
     frames.FrameType.BROWSE: _check_browse,
+    frames.FrameType.RESCHEDULE: lambda p, f: _topic_check(
+        p, p.permissions.manage_groups, f.topic, "manage the messages of"
+    ),
+    frames.FrameType.PURGE: lambda p, f: _topic_check(
+        p, p.permissions.manage_groups, f.topic, "manage the messages of"
+    ),
     frames.FrameType.REDRIVE: lambda p, f: _topic_check(
         p, p.permissions.manage_groups, f.topic, "manage the messages of"
     ),

@@ -253,8 +253,9 @@ class Dispatcher:
         it holds was scheduled by the same command (:meth:`on_scheduled` takes care of
         those). A changed group's runtime, if it has one, takes the new settings.
         """
-        if group_id in self.state.deleting:
-            self._deleting_changed.set()  # the reaper has entries to purge
+        state = self.state
+        if group_id in state.deleting or group_id in state.purging or group_id in state.backfilling:
+            self._deleting_changed.set()  # the reaper has entries to purge or copy
         if not self.active:
             return
         info = self.state.groups.get(group_id)
@@ -492,23 +493,36 @@ class Dispatcher:
             slots.release()
 
     async def _reaper(self) -> None:
-        """Remove the schedule entries of deleted groups, one bounded chunk per command.
+        """Remove the schedule entries of deleted and purged groups, and fill groups
+        created from the backlog, one bounded chunk per command.
 
         Each PURGE_GROUP applies in a few milliseconds, so the loop, heartbeats and
         other commands go on between chunks (``DESIGN.md``, "no request holds the
         event loop").
         """
         while True:
-            if not self.active or not self.state.deleting:
+            command = self._background_chunk() if self.active else None
+            if command is None:
                 self._deleting_changed = trio.Event()
                 await self._deleting_changed.wait()
                 continue
-            gid = min(self.state.deleting)
             try:
-                await self.log.propose(commands.purge_group(gid, PURGE_CHUNK_ENTRIES))
+                await self.log.propose(command)
             except FutureQError as exc:
-                log.warning("could not purge deleted group %d (retrying): %s", gid, exc)
+                log.warning("could not run a purge or backfill chunk (retrying): %s", exc)
                 await trio.sleep(PROPOSE_RETRY_MS / 1000)
+
+    def _background_chunk(self) -> bytes | None:
+        """The next bounded chunk of background work, or None: purge a deleted group,
+        then a purged group (PURGE), then fill a group created from the backlog."""
+        state = self.state
+        if state.deleting:
+            return commands.purge_group(min(state.deleting), PURGE_CHUNK_ENTRIES)
+        if state.purging:
+            return commands.purge_group(min(state.purging), PURGE_CHUNK_ENTRIES)
+        if state.backfilling:
+            return commands.backfill_group(min(state.backfilling), PURGE_CHUNK_ENTRIES)
+        return None
 
     # ------------------------------------------------------------ proposals
 

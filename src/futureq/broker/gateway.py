@@ -736,6 +736,11 @@ class Connection:
             case frames.Redrive():
                 results = await manage.redrive(broker, frame)
                 return frames.ItemResults(frame.request_id, results)
+            case frames.Reschedule():
+                results = await manage.reschedule(broker, frame)
+                return frames.ItemResults(frame.request_id, results)
+            case frames.Purge():
+                return frames.Ok(frame.request_id, await manage.purge(broker, frame))
             case frames.Cancel():
                 results = await manage.cancel(broker, frame.topic, frame.group, frame.ids)
                 return frames.ItemResults(frame.request_id, results)

@@ -7,7 +7,7 @@ ids the log uses (a group name to its group id) and proposes one replicated comm
 (``DESIGN.md``, "Data flow"). Bad input fails the request alone with a stable error
 code and a sentence (``docs/protocol.md``, "Error codes").
 
-Source: ``docs/protocol.md``, "CANCEL", "BROWSE", "REDRIVE".
+Source: ``docs/protocol.md``, "CANCEL", "BROWSE", "REDRIVE", "RESCHEDULE", "PURGE".
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
 from futureq.state.model import DLQ_SUFFIX
 from futureq.state.records import PARKED_DUE_MS
-from futureq.wire import frames
+from futureq.wire import frames, validation
 
 if TYPE_CHECKING:
     from futureq.broker.broker import Broker
@@ -254,3 +254,84 @@ async def redrive(broker: Broker, frame: frames.Redrive) -> list[int]:
         for position, status in zip(positions, applied, strict=True):
             results[position] = int(status)
     return results
+
+
+async def reschedule(broker: Broker, frame: frames.Reschedule) -> list[int]:
+    """Give pending messages a new due time by id, in one group of a topic or all.
+
+    The leader resolves ``delay_ms`` against its stamp, so every replica moves them to
+    the same time. Attempts are kept; a TTL counts from the new due time (as from a
+    published due time: ``docs/protocol.md``, "Due time, TTL and expiry"). O(log n)
+    per id. A parked dead letter rescheduled is delivered again at the new time.
+
+    Returns:
+        One :class:`~futureq.wire.frames.ItemStatus` number per id: DONE or UNKNOWN.
+
+    Raises:
+        RequestError: INVALID_DELAY (neither or both of ``due_ms`` and ``delay_ms``,
+            or a negative one), DELAY_TOO_LARGE, IMPLAUSIBLE_TIME, as
+            :func:`check_ids` and :func:`target_groups`.
+        NotLeaderError: this node is not the leader.
+    """
+    broker.require_leader()
+    check_ids(broker, "RESCHEDULE", frame.ids)
+    if (frame.due_ms is None) == (frame.delay_ms is None):
+        raise RequestError(
+            ErrorCode.INVALID_DELAY,
+            "RESCHEDULE takes exactly one of due_ms (ms since the Unix epoch) and delay_ms "
+            "(ms from now)",
+        )
+    if (frame.due_ms is not None and frame.due_ms < 0) or (
+        frame.delay_ms is not None and frame.delay_ms < 0
+    ):
+        raise RequestError(
+            ErrorCode.INVALID_DELAY,
+            f"RESCHEDULE due_ms and delay_ms must be >= 0, got due_ms={frame.due_ms}, "
+            f"delay_ms={frame.delay_ms}",
+        )
+    if frame.due_ms is not None:
+        mistake = validation.implausible_epoch_ms("due_ms", frame.due_ms)
+        if mistake is not None:
+            raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, mistake)
+    info = target_groups(broker, "RESCHEDULE", frame.topic, frame.group)
+    now_ms = broker.stamp()
+    if frame.due_ms is not None:
+        due_ms = max(now_ms, frame.due_ms)  # a time passed means at once
+    else:
+        assert frame.delay_ms is not None
+        due_ms = now_ms + frame.delay_ms
+    max_delay_ms = broker.limits.max_delay_ms
+    if due_ms - now_ms > max_delay_ms:
+        raise RequestError(
+            ErrorCode.DELAY_TOO_LARGE,
+            f"RESCHEDULE to {due_ms - now_ms} ms from now; the limit is {max_delay_ms} ms "
+            "(limits.max_delay_ms)",
+        )
+    result = await broker.log.propose(
+        commands.reschedule(
+            now_ms, frame.topic, None if info is None else info.group_id, frame.ids, due_ms
+        )
+    )
+    return [int(status) for status in result]
+
+
+async def purge(broker: Broker, frame: frames.Purge) -> int:
+    """Start removing every message pending now in one group of a topic, or all.
+
+    One PURGE command marks the groups; the dispatcher's reaper then removes their
+    entries in chunks of a few hundred (PURGE_GROUP), so dispatch and heartbeats go on
+    (``DESIGN.md``, "no request holds the event loop"). Messages published after the
+    PURGE stay; a consumer's unacked deliveries of purged messages are void.
+
+    Returns:
+        How many entries the groups held when the purge started.
+
+    Raises:
+        RequestError: as :func:`target_groups`.
+        NotLeaderError: this node is not the leader.
+    """
+    broker.require_leader()
+    info = target_groups(broker, "PURGE", frame.topic, frame.group)
+    groups = broker.state.topic_groups(frame.topic) if info is None else [info]
+    result = await broker.log.propose(commands.purge([group.group_id for group in groups]))
+    return int(result)

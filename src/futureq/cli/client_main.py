@@ -939,6 +939,8 @@ async def run_command(args: argparse.Namespace, io: Output) -> int:
         "cluster": _cluster,
         "cancel": manage_commands.run_cancel,
         "browse": manage_commands.run_browse,
+        "reschedule": manage_commands.run_reschedule,
+        "purge": manage_commands.run_purge,
         "dlq": manage_commands.run_dlq,
     }
     timeout_s = args.request_timeout_ms / 1000
@@ -981,6 +983,10 @@ def main(
         except SystemExit as exc:
             return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     io = Output(stdout or sys.stdout, stderr or sys.stderr)
+    if args.command == "purge":
+        refused = manage_commands.confirm_purge(args, sys.stdin, io)
+        if refused is not None:
+            return refused
     try:
         return trio.run(run_command, args, io)
     except KeyboardInterrupt:

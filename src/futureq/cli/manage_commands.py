@@ -13,7 +13,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from futureq.wire import frames
 
@@ -25,6 +25,10 @@ EXIT_OK: Final = 0
 EXIT_USAGE: Final = 2
 CANCEL_CHUNK_IDS: Final = 1000
 """Ids per CANCEL request the CLI sends (a server takes up to ``limits.max_batch_items``)."""
+_RESCHEDULE_WORDS: Final = {
+    frames.ItemStatus.DONE: "rescheduled",
+    frames.ItemStatus.UNKNOWN: "unknown (not pending: acked, expired, cancelled or never published)",
+}
 _STATUS_WORDS: Final = {
     frames.ItemStatus.DONE: "cancelled",
     frames.ItemStatus.DELIVERED: "cancelled (had been delivered)",
@@ -68,6 +72,28 @@ def add_parsers(
         help="cancel only this group's copy (default: every group's)",
     )
     cancel.add_argument("--json", action="store_true", help="print [{id, status}, ...]")
+
+    reschedule = commands.add_parser(
+        "reschedule", help="give pending messages a new due time by id (in one group or all)"
+    )
+    reschedule.add_argument("topic", type=name_arg("topic"))
+    reschedule.add_argument("ids", type=message_id_arg, nargs="+", metavar="ID")
+    when = reschedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at", type=at_arg, metavar="T", help="due at T")
+    when.add_argument("--delay", type=duration_arg, metavar="D", help="due D from now")
+    reschedule.add_argument(
+        "--group", type=name_arg("group"), default=None, help="only this group's copy"
+    )
+    reschedule.add_argument("--json", action="store_true", help="print [{id, status}, ...]")
+
+    purge = commands.add_parser(
+        "purge", help="remove every message pending now in a topic's groups (or one group)"
+    )
+    purge.add_argument("topic", type=name_arg("topic"))
+    purge.add_argument(
+        "--group", type=name_arg("group"), default=None, help="only this group (default: all)"
+    )
+    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
     browse = commands.add_parser(
         "browse",
@@ -299,5 +325,63 @@ async def _run_dlq_redrive(client: Client, args: argparse.Namespace, io: Output)
         f"redriven {counts[frames.ItemStatus.DONE]} of {len(ids)} to {topic!r}; "
         f"{counts[frames.ItemStatus.NO_TARGET]} kept (their group is gone), "
         f"{counts[frames.ItemStatus.UNKNOWN]} unknown"
+    )
+    return EXIT_OK
+
+
+async def run_reschedule(client: Client, args: argparse.Namespace, io: Output) -> int:
+    """``futureq-cli reschedule TOPIC ID... --at T | --delay D [--group G]``."""
+    ids: list[int] = args.ids
+    statuses: list[frames.ItemStatus] = []
+    for start in range(0, len(ids), CANCEL_CHUNK_IDS):
+        statuses += await client.reschedule(
+            args.topic,
+            ids[start : start + CANCEL_CHUNK_IDS],
+            due_ms=args.at,
+            delay_ms=args.delay,
+            group=args.group,
+        )
+    if args.json:
+        rows = [{"id": mid, "status": s.name} for mid, s in zip(ids, statuses, strict=True)]
+        io.out(json.dumps(rows))
+        return EXIT_OK
+    for mid, status in zip(ids, statuses, strict=True):
+        io.out(f"{mid}: {_RESCHEDULE_WORDS.get(status, status.name)}")
+    done = sum(status == frames.ItemStatus.DONE for status in statuses)
+    io.out(f"rescheduled {done} of {len(ids)} in topic {args.topic!r}")
+    return EXIT_OK
+
+
+def _purge_target(args: argparse.Namespace) -> str:
+    if args.group:
+        return f"group {args.group!r} of topic {args.topic!r}"
+    return f"every group of topic {args.topic!r}"
+
+
+def confirm_purge(args: argparse.Namespace, stdin: IO[str], io: Output) -> int | None:
+    """Ask before a ``purge`` (before connecting, so no connection idles meanwhile).
+
+    Returns:
+        None to go on (``--yes``, or the user typed ``yes``); else the exit status.
+    """
+    if args.yes:
+        return None
+    what = _purge_target(args)
+    if not stdin.isatty():
+        io.err(f"error: purge removes every message pending in {what}; add --yes to confirm")
+        return EXIT_USAGE
+    io.err(f"Remove every message pending now in {what}? Type 'yes': ")
+    if stdin.readline().strip() != "yes":
+        io.err("not purged")
+        return EXIT_USAGE
+    return None
+
+
+async def run_purge(client: Client, args: argparse.Namespace, io: Output) -> int:
+    """``futureq-cli purge TOPIC [--group G] --yes`` (confirmed by :func:`confirm_purge`)."""
+    count = await client.purge(args.topic, group=args.group)
+    io.out(
+        f"purging {count} pending entries of {_purge_target(args)} "
+        "(in the background, in chunks)"
     )
     return EXIT_OK

@@ -1024,6 +1024,58 @@ class Client:
         )
         return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
 
+    async def reschedule(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        due_ms: int | None = None,
+        delay_ms: int | None = None,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """Give pending messages a new due time by id (``docs/protocol.md``, "RESCHEDULE").
+
+        Args:
+            topic: Their topic.
+            ids: Message ids; at most ``max_batch_items`` per call.
+            due_ms: The new due time, ms since the Unix epoch (a past time: at once).
+            delay_ms: Or: due this long after the leader's stamp (ms). Give exactly one.
+            group: Only this group's copy; None: every group's.
+
+        Returns:
+            One status per id: ``DONE`` (moved; attempts kept, a TTL now counts from
+            the new due time) or ``UNKNOWN`` (not pending there).
+
+        Raises:
+            RequestError: INVALID_DELAY, DELAY_TOO_LARGE, IMPLAUSIBLE_TIME, and as
+                :meth:`cancel`.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        id_list = list(ids)
+        answer = await self._call(
+            lambda rid: frames.Reschedule(rid, topic, group, id_list, due_ms, delay_ms),
+            retry_unknown=True,
+        )
+        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+
+    async def purge(self, topic: str, *, group: str | None = None) -> int:
+        """Remove every message pending now in one group of ``topic``, or in all of
+        them (``docs/protocol.md``, "PURGE").
+
+        Returns once the purge has started; the server removes the entries in bounded
+        chunks in the background (``status()`` pending counts fall). Messages published
+        afterwards stay.
+
+        Returns:
+            How many entries the groups held when it started.
+
+        Raises:
+            RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(lambda rid: frames.Purge(rid, topic, group), retry_unknown=True)
+        return int(_expect(answer, frames.Ok).result or 0)
+
     async def browse(
         self,
         topic: str,

@@ -388,6 +388,35 @@ class SyncClient:
 
         return self._run(call)
 
+    def reschedule(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        due_ms: int | None = None,
+        delay_ms: int | None = None,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """New due time for pending messages; one status per id (see
+        ``Client.reschedule``)."""
+        client = self._require_client()
+
+        async def call() -> list[frames.ItemStatus]:
+            return await client.reschedule(
+                topic, ids, due_ms=due_ms, delay_ms=delay_ms, group=group
+            )
+
+        return self._run(call)
+
+    def purge(self, topic: str, *, group: str | None = None) -> int:
+        """Start removing what is pending; entries it will remove (see ``Client.purge``)."""
+        client = self._require_client()
+
+        async def call() -> int:
+            return await client.purge(topic, group=group)
+
+        return self._run(call)
+
     def browse(
         self,
         topic: str,

@@ -64,6 +64,8 @@ class FrameType(enum.IntEnum):
     BROWSE = 42
     BROWSE_OK = 43
     REDRIVE = 44
+    RESCHEDULE = 45
+    PURGE = 46
 
 
 class ItemStatus(enum.IntEnum):
@@ -1020,6 +1022,70 @@ class Redrive:
         )
 
 
+@attrs.frozen
+class Reschedule:
+    """Give pending messages of ``topic`` a new due time, by id, in one group or all.
+
+    Exactly one of ``due_ms`` (absolute, ms since the Unix epoch) and ``delay_ms``
+    (from the leader's stamp, ms). Attempts are kept; a TTL counts from the new due
+    time. Answered with ITEM_RESULTS: DONE or UNKNOWN per id.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.RESCHEDULE
+    request_id: int
+    topic: str
+    group: str | None
+    ids: list[int]
+    due_ms: int | None
+    delay_ms: int | None
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.request_id,
+            self.topic,
+            self.group,
+            self.ids,
+            self.due_ms,
+            self.delay_ms,
+        ]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Reschedule:
+        _arity("RESCHEDULE", f, 5)
+        return cls(
+            rid,
+            _str("RESCHEDULE", "topic", f[0]),
+            _opt_str("RESCHEDULE", "group", f[1]),
+            _int_list("RESCHEDULE", "ids", f[2]),
+            _opt_int("RESCHEDULE", "due_ms", f[3]),
+            _opt_int("RESCHEDULE", "delay_ms", f[4]),
+        )
+
+
+@attrs.frozen
+class Purge:
+    """Remove every message pending now in one group of ``topic`` (or all its groups).
+
+    Answered with OK (``result`` = entries to remove) once the purge has started; the
+    leader removes them in bounded chunks in the background. Messages published after
+    it stay.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.PURGE
+    request_id: int
+    topic: str
+    group: str | None
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.topic, self.group]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Purge:
+        _arity("PURGE", f, 2)
+        return cls(rid, _str("PURGE", "topic", f[0]), _opt_str("PURGE", "group", f[1]))
+
+
 Frame = (
     Hello
     | HelloOk
@@ -1055,6 +1121,8 @@ Frame = (
     | Browse
     | BrowseOk
     | Redrive
+    | Reschedule
+    | Purge
 )
 
 FRAME_CLASSES: dict[int, Any] = {
@@ -1094,6 +1162,8 @@ FRAME_CLASSES: dict[int, Any] = {
         Browse,
         BrowseOk,
         Redrive,
+        Reschedule,
+        Purge,
     )
 }
 

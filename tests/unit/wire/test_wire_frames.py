@@ -99,6 +99,16 @@ FRAME_STRATEGY: st.SearchStrategy[frames.Frame] = st.one_of(
         st.none() | st.binary(max_size=20),
     ),
     st.builds(frames.Redrive, RID, TEXT, OPT_TEXT, st.lists(INT64, max_size=4), INT64),
+    st.builds(
+        frames.Reschedule,
+        RID,
+        TEXT,
+        OPT_TEXT,
+        st.lists(INT64, max_size=4),
+        st.none() | INT64,
+        st.none() | INT64,
+    ),
+    st.builds(frames.Purge, RID, TEXT, OPT_TEXT),
 )
 
 TAG_A = bytes(range(24))
@@ -198,6 +208,10 @@ EXAMPLES: list[frames.Frame] = [
     frames.BrowseOk(20, "default", [], None),
     frames.Redrive(21, "jobs", None, [65536], 0),
     frames.Redrive(21, "jobs", "default", [1, 2], 60_000),
+    frames.Reschedule(22, "jobs", None, [65536], 1_800_000_000_000, None),
+    frames.Reschedule(22, "jobs", "g", [1, 2], None, 60_000),
+    frames.Purge(23, "jobs", None),
+    frames.Purge(23, "jobs", "g"),
 ]
 
 
@@ -390,6 +404,9 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.BrowseOk(20, "g", [], None), 3, [[1, 2, 3]]),
     (frames.Redrive(21, "t", None, [1], 0), 4, [None]),
     (frames.Redrive(21, "t", None, [1], 0), 5, None),
+    (frames.Reschedule(22, "t", None, [1], 5, None), 5, "5"),
+    (frames.Reschedule(22, "t", None, [1], None, 5), 6, 5.0),
+    (frames.Purge(23, "t", None), 3, 1),
     (frames.BrowseOk(20, "g", [], None), 3, [[1, 2, 3, 4, "h", None, None]]),
     (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 2, 0),
     (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 3, 7481),
