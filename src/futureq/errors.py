@@ -64,6 +64,8 @@ class ErrorCode(enum.IntEnum):
     INVALID_MESSAGE_ID = 260
     INVALID_CURSOR = 261
     GROUP_REQUIRED = 262
+    INVALID_HEADERS = 263
+    INVALID_IDEMPOTENCY_KEY = 264
 
     # 3xx availability errors (retry may succeed)
     NOT_LEADER = 300

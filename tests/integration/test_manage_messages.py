@@ -367,3 +367,49 @@ def test_purge_asks_first_and_keeps_what_comes_after(broker: BrokerProcess) -> N
         with pytest.raises(RequestError) as info:
             client.purge("bulk", group="c")
         assert info.value.code is ErrorCode.UNKNOWN_GROUP
+
+
+def test_headers_and_idempotent_publish(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("orders", "g")
+        headers = {"traceparent": "00-abc-def-01", "content-type": "application/json"}
+        first = client.publish(
+            "orders", b"{}", delay_ms=3_600_000, headers=headers, idempotency_key="order-17"
+        )
+        # A retry after a lost answer: same key, same id, nothing stored.
+        again = client.publish(
+            "orders", b"{}", delay_ms=3_600_000, headers=headers, idempotency_key="order-17"
+        )
+        assert again == first
+        batch = client.publish_batch(
+            [
+                PublishItem("orders", b"a", delay_ms=3_600_000, idempotency_key="order-18"),
+                PublishItem("orders", b"b", delay_ms=3_600_000, idempotency_key="order-18"),
+                PublishItem("orders", b"c", delay_ms=3_600_000, idempotency_key="order-17"),
+            ]
+        )
+        assert batch[1] == batch[0] and batch[2] == first
+        (shown, other) = client.browse("orders", "g").messages
+        assert shown.id == first and shown.headers == headers
+        assert other.id == batch[0] and other.headers == {}
+
+        for item, code in [
+            (PublishItem("orders", b"x", headers={"futureq-reason": "x"}), ErrorCode.INVALID_HEADERS),
+            (PublishItem("orders", b"x", headers={"h": "v" * 5000}), ErrorCode.INVALID_HEADERS),
+            (PublishItem("orders", b"x", idempotency_key=""), ErrorCode.INVALID_IDEMPOTENCY_KEY),
+        ]:
+            with pytest.raises(RequestError) as info:
+                client.publish_batch([PublishItem("orders", b"fine"), item])
+            assert info.value.code is code and info.value.item_index == 1, info.value
+        # Once acked, the key still names it for the window (5 minutes by default).
+        client.reschedule("orders", [first], delay_ms=0, group="g")
+        (delivery,) = client.consume("orders", "g", 1, timeout_s=10)
+        assert delivery.id == first
+        delivery.ack()
+        assert client.publish("orders", b"{}", idempotency_key="order-17") == first
+
+    cli_first = cli(address, "publish", "orders", "p", "--header", "a=1", "--idempotency-key", "k")
+    assert cli_first.returncode == 0, cli_first.stderr
+    cli_again = cli(address, "publish", "orders", "p", "--idempotency-key", "k")
+    assert cli_again.stdout == cli_first.stdout

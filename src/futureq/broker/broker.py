@@ -23,6 +23,7 @@ from futureq.config import WILDCARD_HOSTS, split_host_port
 from futureq.errors import ErrorCode, FutureQError, NotLeaderError, RequestError
 from futureq.metrics import OTHER, GroupCounts
 from futureq.state import commands
+from futureq.state.queue_state import PublishResult
 from futureq.wire import frames, validation
 
 from .cluster_time import ClusterTime
@@ -169,7 +170,9 @@ class Broker:
             return ["NO_SPACE"]
         return []
 
-    async def publish(self, items: list[Any], ack_level: frames.AckLevel) -> tuple[int | None, int]:
+    async def publish(
+        self, items: list[Any], ack_level: frames.AckLevel
+    ) -> tuple[int | None, int, dict[int, int] | None]:
         """Validate and publish a batch.
 
         Args:
@@ -177,7 +180,10 @@ class Broker:
             ack_level: When to answer (NONE: after validation; LEADER/QUORUM: after commit).
 
         Returns:
-            ``(first_id, count)``; ``first_id`` is None for ack level NONE.
+            ``(first_id, count, duplicates)``; ``first_id`` is None for ack level NONE;
+            ``duplicates`` maps the position of each item whose idempotency key still
+            named a message to that message's id (nothing was stored for it), or is
+            None.
 
         Raises:
             RequestError: a bad item (with its index) or UNAVAILABLE; nothing is written.
@@ -187,18 +193,24 @@ class Broker:
         self._require_space()
         started = trio.current_time()
         publish_ms = self._stamp()
-        validated: list[tuple[str, bytes, int, int | None]] = []
+        validated: list[validation.ValidItem] = []
         for _ in validation.validate_publish_items_in_steps(
             items, self.limits, publish_ms, validated
         ):
             await trio.lowlevel.checkpoint()  # a 10,000-item batch must not hold the loop
         self._check_new_groups(validated)
-        command = commands.publish(publish_ms, validated, self.group_settings)
-        if ack_level == frames.AckLevel.LEADER:
+        keyed = any(len(item) > 5 and item[5] is not None for item in validated)
+        command = commands.publish(
+            publish_ms,
+            validated,
+            self.group_settings,
+            self.config.queue.idempotency_window_ms if keyed else 0,
+        )
+        if ack_level == frames.AckLevel.LEADER and not keyed:
             index = await self.log.propose_durable(command)
             self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
             self._count_published(validated)
-            return commands.message_id(index, 0), len(validated)
+            return commands.message_id(index, 0), len(validated), None
         if ack_level == frames.AckLevel.NONE:
             try:
                 self._background_send.send_nowait(command)
@@ -208,13 +220,17 @@ class Broker:
                     "too many unacknowledged publishes are queued; use ack level leader or quorum, or retry",
                 ) from None
             self._count_published(validated)
-            return None, len(validated)
-        first_id = await self.log.propose(command)
+            return None, len(validated), None
+        # Idempotency keys need the apply result (which items were duplicates), so a
+        # keyed batch at ack level LEADER waits for its commit like QUORUM.
+        result = await self.log.propose(command)
         self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
         self._count_published(validated)
-        return int(first_id), len(validated)
+        if isinstance(result, PublishResult):
+            return result.first_id, len(validated), result.duplicates
+        return int(result), len(validated), None
 
-    def _count_published(self, validated: list[tuple[str, bytes, int, int | None]]) -> None:
+    def _count_published(self, validated: list[validation.ValidItem]) -> None:
         # One label lookup per distinct topic; topics past the series budget share one.
         metrics = self.metrics
         if len(validated) == 1 or all(item[0] == validated[0][0] for item in validated):
@@ -227,7 +243,7 @@ class Broker:
         for label, count in counts.items():
             metrics.published_messages_total.labels(label).inc(count)
 
-    def _check_new_groups(self, validated: list[tuple[str, bytes, int, int | None]]) -> None:
+    def _check_new_groups(self, validated: list[validation.ValidItem]) -> None:
         """Refuse a batch whose new topics would take the group count past ``max_groups``.
 
         Raises:
@@ -237,7 +253,8 @@ class Broker:
         if room >= len(validated):
             return  # cannot overflow, however many topics are new
         seen: set[str] = set()
-        for position, (topic, _payload, _due, _ttl) in enumerate(validated):
+        for position, item in enumerate(validated):
+            topic = item[0]
             if topic in seen or self.state.topic_groups_count(topic):
                 continue
             seen.add(topic)

@@ -664,8 +664,9 @@ class Connection:
         broker = self.broker
         match frame:
             case frames.Publish():
-                first_id, count = await broker.publish(frame.items, frame.ack_level)
-                return frames.PublishOk(frame.request_id, first_id, count)
+                first_id, count, duplicates = await broker.publish(frame.items, frame.ack_level)
+                pairs = None if not duplicates else [[p, d] for p, d in sorted(duplicates.items())]
+                return frames.PublishOk(frame.request_id, first_id, count, pairs)
             case frames.Ack():
                 return frames.Ok(frame.request_id, await broker.ack(self.id, frame.tags))
             case frames.Nack():

@@ -401,6 +401,19 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument(
         "--ttl", type=duration_ms_arg, metavar="D", help="drop it if not delivered D after due"
     )
+    publish.add_argument(
+        "--header",
+        dest="headers",
+        action="append",
+        type=manage_commands.header_arg,
+        metavar="NAME=VALUE",
+        help="a header kept with the message (repeat for more)",
+    )
+    publish.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="publishing again with KEY returns the first id and stores nothing",
+    )
     publish.add_argument("--file", metavar="F", help="publish every line of a JSONL file")
     publish.add_argument(
         "--batch-size",
@@ -580,7 +593,13 @@ async def _publish_one(client: Client, args: argparse.Namespace, io: Output) -> 
     else:
         payload = args.payload.encode("utf-8")
     message_id = await client.publish(
-        args.topic, payload, delay_ms=args.delay, deliver_at_ms=args.at, ttl_ms=args.ttl
+        args.topic,
+        payload,
+        delay_ms=args.delay,
+        deliver_at_ms=args.at,
+        ttl_ms=args.ttl,
+        headers=dict(args.headers) if args.headers else None,
+        idempotency_key=args.idempotency_key,
     )
     io.out(str(message_id))
     return EXIT_OK

@@ -36,6 +36,14 @@ _STATUS_WORDS: Final = {
 }
 
 
+def header_arg(text: str) -> tuple[str, str]:
+    """argparse type: ``NAME=VALUE`` of ``publish --header``."""
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
 def message_id_arg(text: str) -> int:
     """argparse type: a message id, a whole number in [0, 2**64-1]."""
     try:

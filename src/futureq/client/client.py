@@ -436,6 +436,8 @@ class Client:
         delay_ms: int | None = None,
         deliver_at_ms: int | None = None,
         ttl_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> int:
         """Publish one message; concurrent calls share PUBLISH frames.
 
@@ -446,9 +448,14 @@ class Client:
             deliver_at_ms: Deliver at this time (ms since the Unix epoch); not with
                 ``delay_ms``. Neither: due at once.
             ttl_ms: How long after falling due it may still be delivered (ms, > 0).
+            headers: A small str -> str map kept with the message (see
+                :class:`PublishItem`).
+            idempotency_key: With it, a retry after a lost answer stores nothing and
+                returns the first message's id (see :class:`PublishItem`).
 
         Returns:
-            The message id.
+            The message id (with ``idempotency_key``: the earlier message's, if the key
+            still names one).
 
         Raises:
             RequestError: the server refused this message (its code says why), or
@@ -460,7 +467,9 @@ class Client:
             TypeError: payload is not bytes.
         """
         self._check_open()
-        item = PublishItem(topic, payload, delay_ms, deliver_at_ms, ttl_ms)
+        item = PublishItem(
+            topic, payload, delay_ms, deliver_at_ms, ttl_ms, headers, idempotency_key
+        )
         deadline = trio.current_time() + self.request_timeout_s
         pending = _PendingPublish(item, deadline)
         with trio.move_on_at(deadline) as scope:
@@ -515,7 +524,7 @@ class Client:
                     raise
                 raise RequestError(exc.code, exc.message, offset + index) from None
             ok = _expect(answer, frames.PublishOk)
-            ids.extend(ids_from_publish_ok(ok.first_id, ok.count, len(chunk)))
+            ids.extend(ids_from_publish_ok(ok.first_id, ok.count, len(chunk), ok.duplicates))
         return ids
 
     async def _run_batcher(self) -> None:
@@ -580,7 +589,7 @@ class Client:
                 )
                 ok = _expect(answer, frames.PublishOk)
                 for pending, message_id in zip(
-                    batch, ids_from_publish_ok(ok.first_id, ok.count, len(batch)), strict=True
+                    batch, ids_from_publish_ok(ok.first_id, ok.count, len(batch), ok.duplicates), strict=True
                 ):
                     pending.resolve(message_id)
                 return

@@ -254,13 +254,21 @@ class SyncClient:
         delay_ms: int | None = None,
         deliver_at_ms: int | None = None,
         ttl_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> int:
         """Publish one message and return its id (see ``Client.publish``)."""
         client = self._require_client()
 
         async def call() -> int:
             return await client.publish(
-                topic, payload, delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, ttl_ms=ttl_ms
+                topic,
+                payload,
+                delay_ms=delay_ms,
+                deliver_at_ms=deliver_at_ms,
+                ttl_ms=ttl_ms,
+                headers=headers,
+                idempotency_key=idempotency_key,
             )
 
         return self._run(call)

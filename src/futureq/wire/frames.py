@@ -258,24 +258,43 @@ class Publish:
 class PublishOk:
     """Answer to PUBLISH: the ids of the batch are ``first_id + i`` for item ``i``.
 
-    ``first_id`` is None when the publish used ack level NONE.
+    ``first_id`` is None when the publish used ack level NONE. ``duplicates`` (sent
+    only when some item's idempotency key still named a message): ``[[position, id],
+    ...]``, the items for which nothing was stored and the id of the message their key
+    names (map keys must be strings on this protocol, so pairs, not a map).
     """
 
     TYPE: ClassVar[FrameType] = FrameType.PUBLISH_OK
     request_id: int
     first_id: int | None
     count: int
+    duplicates: list[list[int]] | None = None
 
     def to_wire(self) -> list[Any]:
+        if self.duplicates:
+            return [self.TYPE, self.request_id, self.first_id, self.count, self.duplicates]
         return [self.TYPE, self.request_id, self.first_id, self.count]
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> PublishOk:
-        _arity("PUBLISH_OK", f, 2)
+        if len(f) != 3:
+            _arity("PUBLISH_OK", f, 2)
+        duplicates = None
+        if len(f) == 3:
+            pairs = _list("PUBLISH_OK", "duplicates", f[2])
+            for pair in pairs:
+                if (
+                    type(pair) is not list
+                    or len(pair) != 2
+                    or not all(type(x) is int and x >= 0 for x in pair)
+                ):
+                    raise _bad("PUBLISH_OK", "duplicates must be [[position, id], ...]")
+            duplicates = pairs
         return cls(
             rid,
             _opt_int("PUBLISH_OK", "first_id", f[0], minimum=0),
             _int("PUBLISH_OK", "count", f[1], minimum=0),
+            duplicates,
         )
 
 

@@ -42,6 +42,13 @@ FRAME_STRATEGY: st.SearchStrategy[frames.Frame] = st.one_of(
         frames.Publish, RID, st.sampled_from(frames.AckLevel), st.lists(PUBLISH_ITEM, max_size=4)
     ),
     st.builds(frames.PublishOk, RID, st.none() | UINT63, UINT63),
+    st.builds(
+        frames.PublishOk,
+        RID,
+        st.none() | UINT63,
+        UINT63,
+        st.lists(st.tuples(UINT63, UINT63).map(list), min_size=1, max_size=3),
+    ),
     st.builds(frames.Subscribe, RID, TEXT, TEXT, INT64),
     st.builds(frames.SubscribeOk, RID, UINT63),
     st.builds(frames.Deliver, RID, INT64, INT64, st.lists(DELIVERY, max_size=4)),
@@ -344,6 +351,16 @@ def test_bad_request_id_value_is_not_echoed() -> None:
     assert len(error.message) < 200
 
 
+def test_publish_ok_carries_duplicates_only_when_there_are_some() -> None:
+    # An optional trailing field: a version-1 client that never sends idempotency keys
+    # never sees it (so it is not in EXAMPLES, whose last field is always required).
+    with_duplicates = frames.PublishOk(4, 1 << 16, 3, [[0, 65536], [2, 7]])
+    assert wire(with_duplicates)[-1] == [[0, 65536], [2, 7]]
+    assert frames.frame_from_wire(wire(with_duplicates)) == with_duplicates
+    assert len(wire(frames.PublishOk(4, 1 << 16, 3, None))) == 4
+    assert len(wire(frames.PublishOk(4, 1 << 16, 3, []))) == 4
+
+
 @pytest.mark.parametrize("frame", EXAMPLES, ids=lambda f: type(f).__name__)
 def test_missing_field(frame: frames.Frame) -> None:
     value = wire(frame)
@@ -416,6 +433,9 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.HelloOk(1, 1, 3, None, 1024, "0.1.0"), 4, 7450),
     (frames.PublishOk(2, 65536, 3), 2, -1),
     (frames.PublishOk(2, 65536, 3), 3, 3.0),
+    (frames.PublishOk(2, 65536, 3, [[0, 1]]), 4, [[0, -1]]),
+    (frames.PublishOk(2, 65536, 3, [[0, 1]]), 4, [[0]]),
+    (frames.PublishOk(2, 65536, 3, [[0, 1]]), 4, {"0": 1}),
     (frames.SubscribeOk(4, 7), 2, -7),
     (frames.Deliver(0, 7, 1, []), 4, [[TAG_A, 1, b"p", 1, 1]]),
     (frames.Deliver(0, 7, 1, []), 4, [[TAG_A, 1.0, b"p", 1, 1, 1]]),
