@@ -413,3 +413,30 @@ def test_headers_and_idempotent_publish(broker: BrokerProcess) -> None:
     assert cli_first.returncode == 0, cli_first.stderr
     cli_again = cli(address, "publish", "orders", "p", "--idempotency-key", "k")
     assert cli_again.stdout == cli_first.stdout
+
+
+def test_a_group_created_from_the_backlog_gets_what_is_pending(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("events", "first")
+        ids = client.publish_batch([PublishItem("events", b"e%d" % n) for n in range(600)])
+        client.cancel("events", ids[:100])  # gone from every group: not in the backlog
+        plain = cli(address, "group", "create", "events", "plain")
+        assert plain.returncode == 0, plain.stderr
+        late = cli(address, "group", "create", "events", "late", "--from-backlog")
+        assert late.returncode == 0, late.stderr
+        newer = client.publish("events", b"newer")
+        deadline = time.monotonic() + 30
+        while True:
+            pending = {
+                g["group"]: g["pending"]
+                for t in client.status()["topics"]
+                if t["topic"] == "events"
+                for g in t["groups"]
+            }
+            if pending == {"first": 501, "plain": 1, "late": 501}:
+                break
+            assert time.monotonic() < deadline, pending
+            time.sleep(0.1)
+        got = client.consume("events", "late", 501, timeout_s=20)
+        assert sorted(d.id for d in got) == [*ids[100:], newer]

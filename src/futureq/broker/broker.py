@@ -506,12 +506,16 @@ class Broker:
         group: str,
         visibility_timeout_ms: int | None = None,
         max_deliveries: int | None = None,
+        from_backlog: bool = False,
     ) -> GroupInfo:
         """Create (or adopt, or update) a consumer group through the log.
 
         A None setting keeps an existing group's value; a new group gets this node's
         configured default (``[queue]``), resolved here, by the leader, into the
-        command (``DESIGN.md``, "Apply reads nothing node-local").
+        command (``DESIGN.md``, "Apply reads nothing node-local"). ``from_backlog``: a
+        group this creates also gets every message of the topic still pending in its
+        other groups, copied by BACKFILL_GROUP chunks in the background (an existing
+        group is left as it is).
 
         Raises:
             RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT.
@@ -544,7 +548,12 @@ class Broker:
             self._require_space()
             await self.log.propose(
                 commands.create_group(
-                    topic, group, visibility_timeout_ms, max_deliveries, self.group_settings
+                    topic,
+                    group,
+                    visibility_timeout_ms,
+                    max_deliveries,
+                    self.group_settings,
+                    from_backlog=from_backlog and info is None,
                 )
             )
             info = self.state.find_group(topic, group)

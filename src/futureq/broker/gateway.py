@@ -726,7 +726,11 @@ class Connection:
                 return frames.Pong(frame.request_id)
             case frames.GroupCreate():
                 await broker.ensure_group(
-                    frame.topic, frame.group, frame.visibility_timeout_ms, frame.max_deliveries
+                    frame.topic,
+                    frame.group,
+                    frame.visibility_timeout_ms,
+                    frame.max_deliveries,
+                    frame.from_backlog,
                 )
                 return frames.Ok(frame.request_id, None)
             case frames.GroupDelete():

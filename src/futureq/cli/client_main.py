@@ -487,6 +487,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="attempts before a message goes to TOPIC.dlq (default: the server's)",
     )
+    create.add_argument(
+        "--from-backlog",
+        action="store_true",
+        help="a new group also gets every message of TOPIC still pending (not only later ones)",
+    )
     delete = group_commands.add_parser("delete", help="delete a group and its pending deliveries")
     delete.add_argument("topic", type=existing_name_arg("topic"))
     delete.add_argument("group", type=existing_name_arg("group"))
@@ -836,6 +841,7 @@ async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
             args.group,
             visibility_timeout_ms=args.visibility_timeout,
             max_deliveries=args.max_deliveries,
+            from_backlog=args.from_backlog,
         )
         io.out(f"group {args.group!r} of topic {args.topic!r} exists")
     elif args.group_command == "delete":

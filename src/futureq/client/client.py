@@ -934,6 +934,7 @@ class Client:
         *,
         visibility_timeout_ms: int | None = None,
         max_deliveries: int | None = None,
+        from_backlog: bool = False,
     ) -> None:
         """Create a consumer group (idempotent). None takes the server's default.
 
@@ -943,13 +944,16 @@ class Client:
             visibility_timeout_ms: How long a delivery may stay unacked before it is
                 delivered again (ms, >= 1).
             max_deliveries: Attempts before a message goes to ``<topic>.dlq`` (>= 1).
+            from_backlog: A group this creates also gets every message of the topic
+                still pending in its other groups (copied in the background), not only
+                those published after it exists. No effect on an existing group.
 
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
         answer = await self._call(
             lambda rid: frames.GroupCreate(
-                rid, topic, group, visibility_timeout_ms, max_deliveries
+                rid, topic, group, visibility_timeout_ms, max_deliveries, from_backlog
             ),
             retry_unknown=True,
         )

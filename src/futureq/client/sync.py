@@ -350,6 +350,7 @@ class SyncClient:
         *,
         visibility_timeout_ms: int | None = None,
         max_deliveries: int | None = None,
+        from_backlog: bool = False,
     ) -> None:
         """Create a consumer group (see ``Client.create_group``)."""
         client = self._require_client()
@@ -360,6 +361,7 @@ class SyncClient:
                 group,
                 visibility_timeout_ms=visibility_timeout_ms,
                 max_deliveries=max_deliveries,
+                from_backlog=from_backlog,
             )
 
         self._run(call)

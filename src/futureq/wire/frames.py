@@ -587,6 +587,8 @@ class GroupCreate:
 
     ``visibility_timeout_ms``: how long a delivery may stay unacked before it is
     delivered again (ms, >= 1). ``max_deliveries``: attempts before dead-lettering (>= 1).
+    ``from_backlog``: a group this creates also gets every message of the topic still
+    pending in its other groups (sent only when true, as a sixth field).
     """
 
     TYPE: ClassVar[FrameType] = FrameType.GROUP_CREATE
@@ -595,9 +597,10 @@ class GroupCreate:
     group: str
     visibility_timeout_ms: int | None = None
     max_deliveries: int | None = None
+    from_backlog: bool = False
 
     def to_wire(self) -> list[Any]:
-        return [
+        value = [
             self.TYPE,
             self.request_id,
             self.topic,
@@ -605,16 +608,29 @@ class GroupCreate:
             self.visibility_timeout_ms,
             self.max_deliveries,
         ]
+        if self.from_backlog:
+            value.append(True)
+        return value
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> GroupCreate:
-        _arity("GROUP_CREATE", f, 4)
+        if len(f) != 5:
+            _arity("GROUP_CREATE", f, 4)
+        from_backlog = False
+        if len(f) == 5:
+            if type(f[4]) is not bool:
+                raise _bad(
+                    "GROUP_CREATE",
+                    f"field 'from_backlog' must be true or false, got {type(f[4]).__name__}",
+                )
+            from_backlog = f[4]
         return cls(
             rid,
             _str("GROUP_CREATE", "topic", f[0]),
             _str("GROUP_CREATE", "group", f[1]),
             _opt_int("GROUP_CREATE", "visibility_timeout_ms", f[2]),
             _opt_int("GROUP_CREATE", "max_deliveries", f[3]),
+            from_backlog,
         )
 
 

@@ -351,6 +351,13 @@ def test_bad_request_id_value_is_not_echoed() -> None:
     assert len(error.message) < 200
 
 
+def test_group_create_sends_from_backlog_only_when_true() -> None:
+    backlog = frames.GroupCreate(11, "orders", "billing", None, None, True)
+    assert wire(backlog)[-1] is True
+    assert frames.frame_from_wire(wire(backlog)) == backlog
+    assert len(wire(frames.GroupCreate(11, "orders", "billing"))) == 6
+
+
 def test_publish_ok_carries_duplicates_only_when_there_are_some() -> None:
     # An optional trailing field: a version-1 client that never sends idempotency keys
     # never sees it (so it is not in EXAMPLES, whose last field is always required).
@@ -407,6 +414,8 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.Publish(2, frames.AckLevel.LEADER, []), 3, None),
     (frames.GroupCreate(11, "orders", "billing"), 4, 1.5),
     (frames.GroupCreate(11, "orders", "billing"), 5, "16"),
+    (frames.GroupCreate(11, "orders", "billing", None, None, True), 6, 1),
+    (frames.GroupCreate(11, "orders", "billing", None, None, True), 6, None),
     (frames.GroupDelete(12, "orders", "billing"), 3, None),
     (frames.Cancel(19, "orders", None, [1]), 2, None),
     (frames.Cancel(19, "orders", None, [1]), 3, 7),
