@@ -191,6 +191,11 @@ def test_browse_pages_what_is_due_without_claiming_it(broker: BrokerProcess) -> 
             if cursor is None:
                 break
         assert seen == ids
+        (row,) = [
+            g for t in client.status()["topics"] if t["topic"] == "later" for g in t["groups"]
+        ]
+        assert row["next_due_ms"] == now_ms + 600_000 and row["oldest_due_age_ms"] == 0
+        assert row["background"] is None
         window = client.browse(
             "later", "g", from_due_ms=now_ms + 600_005, to_due_ms=now_ms + 600_010, limit=100
         )

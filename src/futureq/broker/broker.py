@@ -820,6 +820,19 @@ class Broker:
                 return result
             await trio.lowlevel.checkpoint()
 
+    def _due_fields(self, group_id: int, now_ms: int) -> dict[str, Any]:
+        """``next_due_ms`` (None: nothing deliverable), ``oldest_due_age_ms`` (how long
+        the earliest due message has waited; 0 when nothing is due yet) and
+        ``background`` (``"purging"``, ``"backfilling"`` or None) of one group."""
+        next_due_ms = self.state.next_due_ms(group_id)
+        age_ms = 0 if next_due_ms is None else max(0, now_ms - next_due_ms)
+        background = None
+        if group_id in self.state.purging:
+            background = "purging"
+        elif group_id in self.state.backfilling:
+            background = "backfilling"
+        return {"next_due_ms": next_due_ms, "oldest_due_age_ms": age_ms, "background": background}
+
     def status_steps(
         self, visible: Callable[[str], bool] | None = None
     ) -> Generator[None, None, dict[str, Any]]:
@@ -857,6 +870,9 @@ class Broker:
                             "consumers": c.consumers,
                             "visibility_timeout_ms": info.visibility_timeout_ms,
                             "max_deliveries": info.max_deliveries,
+                            # An operator sees a stuck group at a glance: its oldest
+                            # due message has waited this long (issue 14).
+                            **self._due_fields(info.group_id, now_ms),
                             # Each consumer's flow control: a stall shows as credit 0
                             # with in_flight at the prefetch.
                             "subscriptions": [

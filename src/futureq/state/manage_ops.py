@@ -194,6 +194,15 @@ class ManageOps:
             page.append((key, EntryValue.decode(value), MessageRecord.decode(data)))
         return page, None
 
+    def next_due_ms(self, group_id: int) -> int | None:
+        """When the group's earliest entry falls due (ms), or None when it holds none
+        that can be delivered (parked dead letters do not count). One seek: O(log n)."""
+        start = group_id.to_bytes(4, "big")
+        stop = commands.schedule_key(group_id, PARKED_DUE_MS, 0)
+        for key, _ in self.store.scan("schedule", start, stop):
+            return commands.parse_schedule_key(key)[1]
+        return None
+
     # ------------------------------------------------------------ CANCEL / RESCHEDULE
 
     def _cancel(
