@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
@@ -30,6 +32,7 @@ class BrokerProcess(Protocol):
     """What these tests use of the ``broker`` fixture (tests/integration/conftest.py)."""
 
     client_address: str
+    http_address: str
 
 
 def cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -219,6 +222,20 @@ def test_browse_pages_what_is_due_without_claiming_it(broker: BrokerProcess) -> 
         with pytest.raises(RequestError) as info:
             client.browse("nothing.here")
         assert info.value.code is ErrorCode.UNKNOWN_TOPIC
+
+    # The HTTP API serves the same pages, read-only.
+    base = f"http://{broker.http_address}/api/browse"
+    with urllib.request.urlopen(f"{base}?topic=later&group=g&limit=3&preview_bytes=2") as answer:
+        page = json.loads(answer.read())
+    assert [m["id"] for m in page["messages"]] == ids[:3] and page["next_cursor"]
+    assert page["messages"][0]["preview_base64"] == "bTA="  # b"m0"
+    cursor = page["next_cursor"]
+    with urllib.request.urlopen(f"{base}?topic=later&group=g&limit=3&cursor={cursor}") as answer:
+        assert [m["id"] for m in json.loads(answer.read())["messages"]] == ids[3:6]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}?topic=later&group=g&limit=0")
+    assert refused.value.code == 400
+    assert json.loads(refused.value.read())["code"] == "INVALID_ARGUMENT"
 
     shown = cli(address, "browse", "later", "--group", "g", "--within", "2h", "--json")
     assert shown.returncode == 0, shown.stderr

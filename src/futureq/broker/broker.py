@@ -151,6 +151,12 @@ class Broker:
         """
         return self._stamp()
 
+    async def browse_json(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """``/api/browse`` (see :func:`futureq.broker.manage.browse_json`)."""
+        from futureq.broker import manage
+
+        return await manage.browse_json(self, query)
+
     def require_leader(self) -> None:
         """Refuse a request this node cannot serve unless it leads.
 

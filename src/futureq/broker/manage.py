@@ -12,9 +12,10 @@ Source: ``docs/protocol.md``, "CANCEL", "BROWSE", "REDRIVE", "RESCHEDULE", "PURG
 
 from __future__ import annotations
 
+import base64
 from typing import TYPE_CHECKING, Any, Final
 
-from futureq.errors import ErrorCode, RequestError
+from futureq.errors import ErrorCode, NotLeaderError, RequestError
 from futureq.state import commands
 from futureq.state.model import DLQ_SUFFIX
 from futureq.state.records import PARKED_DUE_MS
@@ -335,3 +336,87 @@ async def purge(broker: Broker, frame: frames.Purge) -> int:
     groups = broker.state.topic_groups(frame.topic) if info is None else [info]
     result = await broker.log.propose(commands.purge([group.group_id for group in groups]))
     return int(result)
+
+
+_BROWSE_PARAMETERS: Final = frozenset(
+    {"topic", "group", "from_due_ms", "to_due_ms", "cursor", "limit", "preview_bytes"}
+)
+
+
+async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    """``/api/browse``: one BROWSE page as JSON, for the HTTP API (read-only).
+
+    Query parameters as BROWSE's fields (``cursor`` in hex, ``limit`` default 100,
+    ``preview_bytes`` default 0). A bad parameter or refused request is a 400 with
+    ``{"code", "message"}``; a follower answers 503 with ``leader_address``.
+
+    Returns:
+        ``(HTTP status, body)``; on success ``{"group", "messages": [{"id", "due_ms",
+        "attempt", "payload_bytes", "headers", "preview_base64", "expire_ms"}],
+        "next_cursor"}``.
+    """
+    def bad(message: str) -> tuple[int, dict[str, Any]]:
+        return 400, {"code": ErrorCode.INVALID_ARGUMENT.name, "message": message}
+
+    unknown = sorted(set(query) - _BROWSE_PARAMETERS)
+    if unknown:
+        return bad(f"unknown parameters {unknown}; known: {sorted(_BROWSE_PARAMETERS)}")
+    if not query.get("topic"):
+        return bad("the topic parameter is required: /api/browse?topic=NAME")
+    numbers: dict[str, int | None] = {}
+    for name, default in (
+        ("from_due_ms", None),
+        ("to_due_ms", None),
+        ("limit", 100),
+        ("preview_bytes", 0),
+    ):
+        text = query.get(name)
+        try:
+            numbers[name] = default if text is None else int(text)
+        except ValueError:
+            return bad(f"{name} must be an integer, got {text!r}")
+    cursor = None
+    if query.get("cursor"):
+        try:
+            cursor = bytes.fromhex(query["cursor"])
+        except ValueError:
+            return 400, {
+                "code": ErrorCode.INVALID_CURSOR.name,
+                "message": "cursor must be the hex next_cursor of the previous page",
+            }
+    frame = frames.Browse(
+        0,
+        query["topic"],
+        query.get("group"),
+        numbers["from_due_ms"],
+        numbers["to_due_ms"],
+        cursor,
+        numbers["limit"] or 0,
+        numbers["preview_bytes"] or 0,
+    )
+    try:
+        page = await browse(broker, frame)
+    except NotLeaderError as error:
+        return 503, {
+            "code": error.code.name,
+            "message": error.message,
+            "leader_address": error.leader_address,
+        }
+    except RequestError as error:
+        return 400, {"code": error.code.name, "message": error.message}
+    return 200, {
+        "group": page.group,
+        "messages": [
+            {
+                "id": m[0],
+                "due_ms": m[1],
+                "attempt": m[2],
+                "payload_bytes": m[3],
+                "headers": m[4] or {},
+                "preview_base64": None if m[5] is None else base64.b64encode(m[5]).decode(),
+                "expire_ms": m[6],
+            }
+            for m in page.messages
+        ],
+        "next_cursor": None if page.next_cursor is None else page.next_cursor.hex(),
+    }
