@@ -462,3 +462,20 @@ def test_a_group_created_from_the_backlog_gets_what_is_pending(broker: BrokerPro
             time.sleep(0.1)
         got = client.consume("events", "late", 501, timeout_s=20)
         assert sorted(d.id for d in got) == [*ids[100:], newer]
+
+
+def test_a_nack_can_reject_to_the_dead_letter_topic_with_a_reason(broker: BrokerProcess) -> None:
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.create_group("parse", "workers")
+        original = client.publish("parse", b"{not json", headers={"content-type": "json"})
+        (delivery,) = client.consume("parse", "workers", 1, timeout_s=10)
+        with pytest.raises(RequestError) as info:
+            delivery.nack(reason="x" * 300, dead_letter=True)
+        assert info.value.code is ErrorCode.INVALID_ARGUMENT
+        delivery.nack(reason="invalid JSON at byte 1", dead_letter=True)
+        (dead,) = client.browse("parse.dlq").messages
+        assert dead.headers["futureq-original-id"] == str(original)
+        assert dead.headers["futureq-reason"] == "rejected"
+        assert dead.headers["futureq-reason-text"] == "invalid JSON at byte 1"
+        assert dead.headers["content-type"] == "json"  # its own headers are kept
+        assert client.consume("parse", "workers", 1, timeout_s=0.3) == []

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MAX_NACK_REASON_BYTES = 256
+"""Longest NACK reason text (UTF-8 bytes): it is stored with the entry and in headers."""
+
 STATUS_STEP_TOPICS = 500
 """Topics a status looks at between two yields to the event loop."""
 PROMOTE_TIMEOUT_S = 600
@@ -690,11 +693,21 @@ class Broker:
             raise
         return int(done)
 
-    async def nack(self, connection_id: int, tags: list[bytes], requeue_delay_ms: int) -> int:
-        """Refuse deliveries; each is due again after ``requeue_delay_ms`` (>= 0).
+    async def nack(
+        self,
+        connection_id: int,
+        tags: list[bytes],
+        requeue_delay_ms: int,
+        reason: str | None = None,
+        dead_letter: bool = False,
+    ) -> int:
+        """Refuse deliveries; each is due again after ``requeue_delay_ms`` (>= 0), or goes
+        to its dead-letter topic now with ``dead_letter`` (reason ``rejected``).
+        ``reason`` is kept with each entry (its dead letter's ``futureq-reason-text``).
 
         Raises:
-            RequestError: INVALID_DELAY, UNKNOWN_DELIVERY_TAG, FOREIGN_DELIVERY_TAG.
+            RequestError: INVALID_DELAY, UNKNOWN_DELIVERY_TAG, FOREIGN_DELIVERY_TAG,
+                INVALID_ARGUMENT (a reason over :data:`MAX_NACK_REASON_BYTES`).
         """
         self._require_leader()
         validation.check_tags(tags, self.limits)
@@ -703,10 +716,25 @@ class Broker:
                 ErrorCode.INVALID_DELAY,
                 f"requeue_delay_ms must be between 0 and {self.limits.max_delay_ms}, got {requeue_delay_ms}",
             )
+        if reason is not None and len(reason.encode("utf-8")) > MAX_NACK_REASON_BYTES:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"a NACK reason holds {len(reason.encode('utf-8'))} bytes; the limit is "
+                f"{MAX_NACK_REASON_BYTES}: keep it short (it travels in the dead letter's headers)",
+            )
         flights = self.hub.claim_tags(tags, connection_id)
         entries = [(flight.key, flight.attempt) for flight in flights]
         try:
-            done = await self.log.propose(commands.nack(self._stamp(), requeue_delay_ms, entries))
+            done = await self.log.propose(
+                commands.nack(
+                    self._stamp(),
+                    requeue_delay_ms,
+                    entries,
+                    reason,
+                    dead_letter,
+                    self.group_settings,
+                )
+            )
         except BaseException:
             self.hub.unclaim(flights, self.clock.wall_ms())
             raise

@@ -670,7 +670,9 @@ class Connection:
             case frames.Ack():
                 return frames.Ok(frame.request_id, await broker.ack(self.id, frame.tags))
             case frames.Nack():
-                done = await broker.nack(self.id, frame.tags, frame.requeue_delay_ms)
+                done = await broker.nack(
+                    self.id, frame.tags, frame.requeue_delay_ms, frame.reason, frame.dead_letter
+                )
                 return frames.Ok(frame.request_id, done)
             case frames.Credit():
                 broker.grant_credit(self.id, frame.subscription_id, frame.credit)

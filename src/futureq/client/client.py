@@ -737,6 +737,8 @@ class Client:
         deliveries: list[Delivery],
         how: str,
         requeue_delay_ms: int = 0,
+        reason: str | None = None,
+        dead_letter: bool = False,
     ) -> None:
         """ACK, NACK or RELEASE deliveries; credit goes back once the server confirmed.
 
@@ -749,7 +751,14 @@ class Client:
         to_send, left_out = _sort_out(deliveries, conn)
         if to_send and conn is not None:
             left_out += await self._settle_on(
-                conn, sub, to_send, how, requeue_delay_ms, self.request_timeout_s
+                conn,
+                sub,
+                to_send,
+                how,
+                requeue_delay_ms,
+                self.request_timeout_s,
+                reason=reason,
+                dead_letter=dead_letter,
             )
         error = void_error(left_out, {id(d): i for i, d in enumerate(deliveries)})
         if error is not None:
@@ -763,6 +772,9 @@ class Client:
         how: str,
         requeue_delay_ms: int,
         timeout_s: float,
+        *,
+        reason: str | None = None,
+        dead_letter: bool = False,
     ) -> list[Delivery]:
         """Settle on ``conn`` in frames of ``max_batch_items``; return the ones refused."""
         refused: list[Delivery] = []
@@ -773,7 +785,7 @@ class Client:
                 if how == "ack":
                     request = _ack_frame(tags)
                 elif how == "nack":
-                    request = _nack_frame(tags, requeue_delay_ms)
+                    request = _nack_frame(tags, requeue_delay_ms, reason, dead_letter)
                 else:
                     request = _release_frame(tags)
                 confirmed = list(chunk)
@@ -1205,8 +1217,10 @@ def _ack_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:
     return lambda rid: frames.Ack(rid, tags)
 
 
-def _nack_frame(tags: list[bytes], requeue_delay_ms: int) -> Callable[[int], frames.Frame]:
-    return lambda rid: frames.Nack(rid, tags, requeue_delay_ms)
+def _nack_frame(
+    tags: list[bytes], requeue_delay_ms: int, reason: str | None, dead_letter: bool
+) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Nack(rid, tags, requeue_delay_ms, reason, dead_letter)
 
 
 def _release_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:

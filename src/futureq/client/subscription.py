@@ -140,15 +140,22 @@ class Delivery:
         """
         await self._subscription.ack([self])
 
-    async def nack(self, requeue_delay_ms: int = 0) -> None:
+    async def nack(
+        self, requeue_delay_ms: int = 0, *, reason: str | None = None, dead_letter: bool = False
+    ) -> None:
         """Refuse: deliver this message again after ``requeue_delay_ms`` (ms, >= 0).
 
-        It counts as an attempt (``max_deliveries``).
+        It counts as an attempt (``max_deliveries``). ``reason``: a short text kept with
+        it (at most 256 bytes), shown in its dead letter's ``futureq-reason-text``.
+        ``dead_letter``: send it to the dead-letter topic now (reason ``rejected``)
+        instead of delivering it again.
 
         Raises:
             Same as :meth:`ack`.
         """
-        await self._subscription.nack([self], requeue_delay_ms=requeue_delay_ms)
+        await self._subscription.nack(
+            [self], requeue_delay_ms=requeue_delay_ms, reason=reason, dead_letter=dead_letter
+        )
 
     async def release(self) -> None:
         """Give it back unprocessed: due again at once, the attempt not counted.
@@ -517,8 +524,17 @@ class Subscription:
         """
         await self._client._settle(self, list(deliveries), "ack")
 
-    async def nack(self, deliveries: Iterable[Delivery], requeue_delay_ms: int = 0) -> None:
-        """Refuse many deliveries; each comes back after ``requeue_delay_ms`` (ms, >= 0).
+    async def nack(
+        self,
+        deliveries: Iterable[Delivery],
+        requeue_delay_ms: int = 0,
+        *,
+        reason: str | None = None,
+        dead_letter: bool = False,
+    ) -> None:
+        """Refuse many deliveries; each comes back after ``requeue_delay_ms`` (ms, >= 0),
+        or goes to the dead-letter topic now with ``dead_letter`` (see
+        :meth:`Delivery.nack` for ``reason``).
 
         Raises:
             ValueError: ``requeue_delay_ms`` < 0.
@@ -526,7 +542,9 @@ class Subscription:
         """
         if requeue_delay_ms < 0:
             raise ValueError(f"requeue_delay_ms must be >= 0, got {requeue_delay_ms}")
-        await self._client._settle(self, list(deliveries), "nack", requeue_delay_ms)
+        await self._client._settle(
+            self, list(deliveries), "nack", requeue_delay_ms, reason, dead_letter
+        )
 
     async def release(self, deliveries: Iterable[Delivery]) -> None:
         """Give deliveries back unprocessed: due again at once, attempts not counted.

@@ -96,9 +96,17 @@ class SyncDelivery:
         """Acknowledge (blocks until durable). Raises as ``Delivery.ack``."""
         self._client._run(self.delivery.ack)
 
-    def nack(self, requeue_delay_ms: int = 0) -> None:
-        """Refuse; delivered again after ``requeue_delay_ms`` (ms). Raises as ``Delivery.nack``."""
-        self._client._run(self.delivery.nack, requeue_delay_ms)
+    def nack(
+        self, requeue_delay_ms: int = 0, *, reason: str | None = None, dead_letter: bool = False
+    ) -> None:
+        """Refuse; delivered again after ``requeue_delay_ms`` (ms), or dead-lettered now
+        with ``dead_letter``; ``reason`` is kept. Raises as ``Delivery.nack``."""
+        delivery = self.delivery
+
+        async def call() -> None:
+            await delivery.nack(requeue_delay_ms, reason=reason, dead_letter=dead_letter)
+
+        self._client._run(call)
 
     def release(self) -> None:
         """Give it back unprocessed, not counted as an attempt. Raises as ``Delivery.release``."""

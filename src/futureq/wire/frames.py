@@ -410,20 +410,49 @@ class Ack:
 
 @attrs.frozen
 class Nack:
-    """Refuse deliveries; each is delivered again after ``requeue_delay_ms`` (>= 0)."""
+    """Refuse deliveries; each is delivered again after ``requeue_delay_ms`` (>= 0).
+
+    Optional trailing fields (sent only when set): ``reason``, a short text kept with
+    each entry and shown in its dead letter's headers; ``dead_letter``, send them to
+    the dead-letter topic now (reason ``rejected``) instead.
+    """
 
     TYPE: ClassVar[FrameType] = FrameType.NACK
     request_id: int
     tags: list[bytes]
     requeue_delay_ms: int
+    reason: str | None = None
+    dead_letter: bool = False
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.request_id, self.tags, self.requeue_delay_ms]
+        if self.reason is None and not self.dead_letter:
+            return [self.TYPE, self.request_id, self.tags, self.requeue_delay_ms]
+        return [
+            self.TYPE,
+            self.request_id,
+            self.tags,
+            self.requeue_delay_ms,
+            self.reason,
+            self.dead_letter,
+        ]
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> Nack:
-        _arity("NACK", f, 2)
-        return cls(rid, _bytes_list("NACK", "tags", f[0]), _int("NACK", "requeue_delay_ms", f[1]))
+        if len(f) != 4:
+            _arity("NACK", f, 2)
+        reason, dead_letter = None, False
+        if len(f) == 4:
+            reason = _opt_str("NACK", "reason", f[2])
+            if type(f[3]) is not bool:
+                raise _bad("NACK", f"field 'dead_letter' must be true or false, got {type(f[3]).__name__}")
+            dead_letter = f[3]
+        return cls(
+            rid,
+            _bytes_list("NACK", "tags", f[0]),
+            _int("NACK", "requeue_delay_ms", f[1]),
+            reason,
+            dead_letter,
+        )
 
 
 @attrs.frozen

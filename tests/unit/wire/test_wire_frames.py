@@ -351,6 +351,15 @@ def test_bad_request_id_value_is_not_echoed() -> None:
     assert len(error.message) < 200
 
 
+def test_nack_sends_reason_and_dead_letter_only_when_set() -> None:
+    rejected = frames.Nack(6, [TAG_A], 0, "invalid json", True)
+    assert wire(rejected)[-2:] == ["invalid json", True]
+    assert frames.frame_from_wire(wire(rejected)) == rejected
+    assert len(wire(frames.Nack(6, [TAG_A], 0))) == 4
+    with pytest.raises(RemoteProtocolError):
+        frames.frame_from_wire([*wire(frames.Nack(6, [TAG_A], 0)), "reason only"])
+
+
 def test_group_create_sends_from_backlog_only_when_true() -> None:
     backlog = frames.GroupCreate(11, "orders", "billing", None, None, True)
     assert wire(backlog)[-1] is True
@@ -395,6 +404,9 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.Nack(6, [TAG_A], 5_000), 3, True),
     (frames.Nack(6, [TAG_A], 5_000), 2, [TAG_A, "tag"]),
     (frames.Nack(6, [TAG_A], 5_000), 2, TAG_A),
+    (frames.Nack(6, [TAG_A], 5_000, "bad", True), 4, 7),
+    (frames.Nack(6, [TAG_A], 5_000, "bad", True), 5, 1),
+    (frames.Nack(6, [TAG_A], 5_000, "bad", True), 5, None),
     (frames.Ack(5, [TAG_A]), 2, [TAG_A, 1]),
     (frames.Ack(5, [TAG_A]), 2, None),
     (frames.Ack(5, [TAG_A]), 2, {"t": TAG_A}),
