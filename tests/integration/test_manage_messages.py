@@ -479,3 +479,22 @@ def test_a_nack_can_reject_to_the_dead_letter_topic_with_a_reason(broker: Broker
         assert dead.headers["futureq-reason-text"] == "invalid JSON at byte 1"
         assert dead.headers["content-type"] == "json"  # its own headers are kept
         assert client.consume("parse", "workers", 1, timeout_s=0.3) == []
+
+
+def test_consumers_receive_headers_and_dead_letter_provenance(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("traced", "g", max_deliveries=1)
+        first = client.publish("traced", b"a", headers={"traceparent": "00-1-2-01"})
+        plain = client.publish("traced", b"b")
+        got = {d.id: d for d in client.consume("traced", "g", 2, timeout_s=10)}
+        assert got[first].headers == {"traceparent": "00-1-2-01"}
+        assert got[plain].headers == {}
+        got[plain].ack()
+        got[first].nack(reason="boom", dead_letter=True)
+    shown = cli(address, "consume", "traced.dlq", "--group", "audit", "--count", "1", "--json")
+    assert shown.returncode == 0, shown.stderr
+    record = json.loads(shown.stdout)
+    assert record["headers"]["traceparent"] == "00-1-2-01"
+    assert record["headers"]["futureq-original-id"] == str(first)
+    assert record["headers"]["futureq-reason-text"] == "boom"

@@ -584,9 +584,17 @@ class Broker:
     # ------------------------------------------------------------ consumers
 
     async def subscribe(
-        self, connection_id: int, outbox: Outbox, topic: str, group: str, prefetch: int
+        self,
+        connection_id: int,
+        outbox: Outbox,
+        topic: str,
+        group: str,
+        prefetch: int,
+        headers: bool = False,
     ) -> Consumer:
         """Join ``group`` of ``topic`` (creating the group if new) with ``prefetch`` credit.
+
+        ``headers``: its DELIVER items carry each message's headers.
 
         Raises:
             RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT (prefetch).
@@ -613,6 +621,7 @@ class Broker:
             outbox,
             prefetch,
             prefetch=prefetch,
+            headers=headers,
         )
         self.hub.add_consumer(consumer)
         self.dispatcher.kick()

@@ -785,16 +785,19 @@ class Dispatcher:
                         continue
                     _topic, payload, publish_ms, _due, _open = message
                     frame_bytes += len(payload) + 64
-                    deliveries.append(
-                        [
-                            commands.delivery_tag(key, attempt),
-                            mid,
-                            payload,
-                            due_ms,
-                            publish_ms,
-                            attempt,
-                        ]
-                    )
+                    item = [
+                        commands.delivery_tag(key, attempt),
+                        mid,
+                        payload,
+                        due_ms,
+                        publish_ms,
+                        attempt,
+                    ]
+                    if consumer.headers:  # asked for in SUBSCRIBE (issue 14)
+                        record = self.state.get_record(mid)
+                        item.append(None if record is None else record.headers)
+                        frame_bytes += 0 if record is None or not record.headers else 4096
+                    deliveries.append(item)
                     flights.append(
                         InFlight(
                             key,

@@ -695,7 +695,7 @@ class Connection:
                         "or ask the operator to raise the limit",
                     )
                 consumer = await broker.subscribe(
-                    self.id, self.outbox, frame.topic, frame.group, frame.prefetch
+                    self.id, self.outbox, frame.topic, frame.group, frame.prefetch, frame.headers
                 )
                 self.subscriptions[consumer.subscription_id] = consumer
                 # The answer must precede the first DELIVER, so queue it here, in order.

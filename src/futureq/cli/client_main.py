@@ -224,8 +224,8 @@ def delivery_record(delivery: Delivery) -> dict[str, Any]:
     """The JSON object ``consume --json`` prints for one delivery.
 
     Shape: ``{"id", "topic", "group", "payload", "payload_encoding" ("json" |
-    "text" | "base64"), "due_ms", "delivered_ms", "attempt"}``; times in ms since the
-    Unix epoch.
+    "text" | "base64"), "due_ms", "delivered_ms", "attempt"}``, plus ``"headers"`` when
+    the message has any; times in ms since the Unix epoch.
     """
     value, encoding = render_payload(delivery.payload)
     return {
@@ -237,6 +237,7 @@ def delivery_record(delivery: Delivery) -> dict[str, Any]:
         "due_ms": delivery.due_ms,
         "delivered_ms": delivery.delivered_ms,
         "attempt": delivery.attempt,
+        **({"headers": delivery.headers} if delivery.headers else {}),
     }
 
 

@@ -707,7 +707,7 @@ class Client:
                 sub._bind(conn.epoch, frame.subscription_id, credit)
 
             answer = await self._call(
-                lambda rid: frames.Subscribe(rid, sub.topic, sub.group, credit),
+                lambda rid: frames.Subscribe(rid, sub.topic, sub.group, credit, headers=True),
                 retry_unknown=True,
                 deadline=deadline,
                 on_answer=bind,

@@ -84,6 +84,8 @@ class Delivery:
             leader change); it never goes backwards.
         delivered_ms: The server's wall clock when it pushed this delivery (ms).
         tag: Opaque delivery tag the server knows this delivery by.
+        headers: The message's headers (str -> str; empty when it has none). A dead
+            letter's provenance is here (``futureq-original-id``, ``futureq-reason``, ...).
     """
 
     id: int
@@ -102,6 +104,7 @@ class Delivery:
     _state: DeliveryState = DeliveryState.HELD
     _void_reason: str = ""
     _void_kind: str = ""
+    headers: dict[str, str] = attrs.Factory(dict)
 
     def __repr__(self) -> str:
         return (
@@ -270,7 +273,8 @@ class Subscription:
             )
         now = trio.current_time()
         refresh = self._refresh_after_s()
-        for tag, message_id, payload, due_ms, publish_ms, attempt in frame.deliveries:
+        for item in frame.deliveries:
+            tag, message_id, payload, due_ms, publish_ms, attempt = item[:6]
             delivery = Delivery(
                 message_id,
                 self.topic,
@@ -285,6 +289,7 @@ class Subscription:
                 epoch,
                 now,
                 now + refresh,
+                headers=dict(item[6] or {}) if len(item) > 6 else {},
             )
             if self._pull and self._fetching <= len(self._buffer):
                 self.to_release.append(delivery)  # nobody wants it: give it back

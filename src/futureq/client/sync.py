@@ -89,6 +89,10 @@ class SyncDelivery:
         return self.delivery.delivered_ms
 
     @property
+    def headers(self) -> dict[str, str]:
+        return self.delivery.headers
+
+    @property
     def tag(self) -> bytes:
         return self.delivery.tag
 

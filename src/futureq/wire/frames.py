@@ -303,7 +303,9 @@ class Subscribe:
     """Start receiving a topic's messages as a member of a consumer group.
 
     ``prefetch`` is the initial credit: the most unacked deliveries the server may
-    push to this subscription (items, >= 1).
+    push to this subscription (items, >= 1). ``headers``: DELIVER items of this
+    subscription carry each message's headers as a seventh element (an optional
+    trailing field, sent only when true).
     """
 
     TYPE: ClassVar[FrameType] = FrameType.SUBSCRIBE
@@ -311,18 +313,30 @@ class Subscribe:
     topic: str
     group: str
     prefetch: int
+    headers: bool = False
 
     def to_wire(self) -> list[Any]:
+        if self.headers:
+            return [self.TYPE, self.request_id, self.topic, self.group, self.prefetch, True]
         return [self.TYPE, self.request_id, self.topic, self.group, self.prefetch]
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> Subscribe:
-        _arity("SUBSCRIBE", f, 3)
+        if len(f) != 4:
+            _arity("SUBSCRIBE", f, 3)
+        headers = False
+        if len(f) == 4:
+            if type(f[3]) is not bool:
+                raise _bad(
+                    "SUBSCRIBE", f"field 'headers' must be true or false, got {type(f[3]).__name__}"
+                )
+            headers = f[3]
         return cls(
             rid,
             _str("SUBSCRIBE", "topic", f[0]),
             _str("SUBSCRIBE", "group", f[1]),
             _int("SUBSCRIBE", "prefetch", f[2]),
+            headers,
         )
 
 
@@ -348,8 +362,9 @@ class Deliver:
     """Server push of due messages to one subscription (request id 0).
 
     ``deliveries`` holds ``[tag: bytes, id: int, payload: bytes, due_ms: int,
-    publish_ms: int, attempt: int]`` lists; ``delivered_ms`` is the server's wall clock
-    when it sent the frame (ms since the Unix epoch).
+    publish_ms: int, attempt: int]`` lists, with ``headers`` (map or nil) as a seventh
+    element for a subscription that asked for them; ``delivered_ms`` is the server's
+    wall clock when it sent the frame (ms since the Unix epoch).
     """
 
     TYPE: ClassVar[FrameType] = FrameType.DELIVER
@@ -374,10 +389,11 @@ class Deliver:
         for d in deliveries:
             if (
                 type(d) is not list
-                or len(d) != 6
+                or len(d) not in (6, 7)
                 or type(d[0]) is not bytes
                 or type(d[2]) is not bytes
                 or not all(type(x) is int for x in (d[1], d[3], d[4], d[5]))
+                or (len(d) == 7 and d[6] is not None and type(d[6]) is not dict)
             ):
                 raise _bad(
                     "DELIVER",

@@ -351,6 +351,18 @@ def test_bad_request_id_value_is_not_echoed() -> None:
     assert len(error.message) < 200
 
 
+def test_subscribe_asks_for_headers_and_deliver_items_may_carry_them() -> None:
+    asking = frames.Subscribe(4, "orders", "billing", 10, True)
+    assert wire(asking)[-1] is True and frames.frame_from_wire(wire(asking)) == asking
+    assert len(wire(frames.Subscribe(4, "orders", "billing", 10))) == 5
+    deliver = frames.Deliver(0, 7, 1, [[TAG_A, 1, b"p", 1, 1, 1, {"a": "b"}]])
+    assert frames.frame_from_wire(wire(deliver)) == deliver
+    with pytest.raises(RemoteProtocolError):
+        frames.frame_from_wire(wire(frames.Deliver(0, 7, 1, [[TAG_A, 1, b"p", 1, 1, 1, 5]])))
+    with pytest.raises(RemoteProtocolError):
+        frames.frame_from_wire([*wire(frames.Subscribe(4, "o", "b", 10)), 1])
+
+
 def test_nack_sends_reason_and_dead_letter_only_when_set() -> None:
     rejected = frames.Nack(6, [TAG_A], 0, "invalid json", True)
     assert wire(rejected)[-2:] == ["invalid json", True]
