@@ -867,7 +867,16 @@ class Broker:
         """``next_due_ms`` (None: nothing deliverable), ``oldest_due_age_ms`` (how long
         the earliest due message has waited; 0 when nothing is due yet) and
         ``background`` (``"purging"``, ``"backfilling"`` or None) of one group."""
-        next_due_ms = self.state.next_due_ms(group_id)
+        runtime = self.hub.groups.get(group_id)
+        if runtime is not None:
+            # The leader's in-memory due order: no disk seek (which would have to skip
+            # the tombstones a big cancel or purge leaves at the start of the range).
+            # Entries in flight are not in it: this is the oldest one waiting.
+            next_due_ms = runtime.index.next_due_ms()
+        else:
+            next_due_ms = None
+        if next_due_ms is None:  # no runtime, or nothing within its horizon
+            next_due_ms = self.state.next_due_ms(group_id)
         age_ms = 0 if next_due_ms is None else max(0, now_ms - next_due_ms)
         background = None
         if group_id in self.state.purging:
