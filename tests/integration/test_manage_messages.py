@@ -498,3 +498,29 @@ def test_consumers_receive_headers_and_dead_letter_provenance(broker: BrokerProc
     assert record["headers"]["traceparent"] == "00-1-2-01"
     assert record["headers"]["futureq-original-id"] == str(first)
     assert record["headers"]["futureq-reason-text"] == "boom"
+
+
+def test_a_group_may_dead_letter_what_expires(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    created = cli(address, "group", "create", "short", "g", "--dead-letter-expired")
+    assert created.returncode == 0, created.stderr
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        original = client.publish("short", b"late", ttl_ms=100, headers={"k": "v"})
+        time.sleep(0.3)
+        assert client.consume("short", "g", 1, timeout_s=0.5) == []  # expired, not delivered
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                dead = client.browse("short.dlq").messages
+            except RequestError as error:
+                assert error.code is ErrorCode.UNKNOWN_TOPIC, error
+                dead = []
+            if dead:
+                break
+            assert time.monotonic() < deadline, "the expired message never reached short.dlq"
+            time.sleep(0.05)
+        assert dead[0].headers["futureq-reason"] == "expired"
+        assert dead[0].headers["futureq-original-id"] == str(original)
+        assert dead[0].headers["k"] == "v"
+        (row,) = [g for t in client.status()["topics"] if t["topic"] == "short" for g in t["groups"]]
+        assert row["dead_letter_expired"] is True

@@ -516,6 +516,7 @@ class Broker:
         visibility_timeout_ms: int | None = None,
         max_deliveries: int | None = None,
         from_backlog: bool = False,
+        dead_letter_expired: bool | None = None,
     ) -> GroupInfo:
         """Create (or adopt, or update) a consumer group through the log.
 
@@ -524,7 +525,9 @@ class Broker:
         command (``DESIGN.md``, "Apply reads nothing node-local"). ``from_backlog``: a
         group this creates also gets every message of the topic still pending in its
         other groups, copied by BACKFILL_GROUP chunks in the background (an existing
-        group is left as it is).
+        group is left as it is). ``dead_letter_expired``: an expired message goes to the
+        dead-letter topic (reason ``expired``; on a dead-letter topic it is parked)
+        instead of being dropped; None keeps the group's setting (new: off).
 
         Raises:
             RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT.
@@ -553,6 +556,10 @@ class Broker:
                 and visibility_timeout_ms != info.visibility_timeout_ms
             )
             or (max_deliveries is not None and max_deliveries != info.max_deliveries)
+            or (
+                dead_letter_expired is not None
+                and dead_letter_expired != info.dead_letter_expired
+            )
         ):
             self._require_space()
             await self.log.propose(
@@ -562,6 +569,7 @@ class Broker:
                     visibility_timeout_ms,
                     max_deliveries,
                     self.group_settings,
+                    dead_letter_expired=dead_letter_expired,
                     from_backlog=from_backlog and info is None,
                 )
             )
@@ -922,6 +930,7 @@ class Broker:
                             "consumers": c.consumers,
                             "visibility_timeout_ms": info.visibility_timeout_ms,
                             "max_deliveries": info.max_deliveries,
+                            "dead_letter_expired": info.dead_letter_expired,
                             # An operator sees a stuck group at a glance: its oldest
                             # due message has waited this long (issue 14).
                             **self._due_fields(info.group_id, now_ms),

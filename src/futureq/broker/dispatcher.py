@@ -626,7 +626,8 @@ class Dispatcher:
             if budget[0] <= 0:
                 break
         if expired:
-            self._submit(commands.expire(expired), expired_restore)
+            # The stamp and settings serve groups that dead-letter what expires.
+            self._submit(commands.expire(expired, now_ms, self.group_settings), expired_restore)
         if dead:
             self._submit(commands.dead_letter(now_ms, dead, self.group_settings), dead_restore)
         if touched:

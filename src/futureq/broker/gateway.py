@@ -733,6 +733,7 @@ class Connection:
                     frame.visibility_timeout_ms,
                     frame.max_deliveries,
                     frame.from_backlog,
+                    frame.dead_letter_expired,
                 )
                 return frames.Ok(frame.request_id, None)
             case frames.GroupDelete():

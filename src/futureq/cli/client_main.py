@@ -489,6 +489,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="attempts before a message goes to TOPIC.dlq (default: the server's)",
     )
     create.add_argument(
+        "--dead-letter-expired",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send messages whose TTL runs out to TOPIC.dlq instead of dropping them",
+    )
+    create.add_argument(
         "--from-backlog",
         action="store_true",
         help="a new group also gets every message of TOPIC still pending (not only later ones)",
@@ -843,6 +849,7 @@ async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
             visibility_timeout_ms=args.visibility_timeout,
             max_deliveries=args.max_deliveries,
             from_backlog=args.from_backlog,
+            dead_letter_expired=args.dead_letter_expired,
         )
         io.out(f"group {args.group!r} of topic {args.topic!r} exists")
     elif args.group_command == "delete":

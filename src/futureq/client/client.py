@@ -947,6 +947,7 @@ class Client:
         visibility_timeout_ms: int | None = None,
         max_deliveries: int | None = None,
         from_backlog: bool = False,
+        dead_letter_expired: bool | None = None,
     ) -> None:
         """Create a consumer group (idempotent). None takes the server's default.
 
@@ -959,13 +960,22 @@ class Client:
             from_backlog: A group this creates also gets every message of the topic
                 still pending in its other groups (copied in the background), not only
                 those published after it exists. No effect on an existing group.
+            dead_letter_expired: True: a message whose TTL runs out goes to
+                ``<topic>.dlq`` (``futureq-reason: expired``) instead of being dropped.
+                None keeps the group's setting (a new group: False).
 
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
         answer = await self._call(
             lambda rid: frames.GroupCreate(
-                rid, topic, group, visibility_timeout_ms, max_deliveries, from_backlog
+                rid,
+                topic,
+                group,
+                visibility_timeout_ms,
+                max_deliveries,
+                from_backlog,
+                dead_letter_expired,
             ),
             retry_unknown=True,
         )

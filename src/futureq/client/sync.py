@@ -363,6 +363,7 @@ class SyncClient:
         visibility_timeout_ms: int | None = None,
         max_deliveries: int | None = None,
         from_backlog: bool = False,
+        dead_letter_expired: bool | None = None,
     ) -> None:
         """Create a consumer group (see ``Client.create_group``)."""
         client = self._require_client()
@@ -374,6 +375,7 @@ class SyncClient:
                 visibility_timeout_ms=visibility_timeout_ms,
                 max_deliveries=max_deliveries,
                 from_backlog=from_backlog,
+                dead_letter_expired=dead_letter_expired,
             )
 
         self._run(call)

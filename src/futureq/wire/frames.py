@@ -632,8 +632,10 @@ class GroupCreate:
 
     ``visibility_timeout_ms``: how long a delivery may stay unacked before it is
     delivered again (ms, >= 1). ``max_deliveries``: attempts before dead-lettering (>= 1).
-    ``from_backlog``: a group this creates also gets every message of the topic still
-    pending in its other groups (sent only when true, as a sixth field).
+    Optional trailing fields, sent only when set: ``from_backlog``, a group this
+    creates also gets every message of the topic still pending in its other groups;
+    ``dead_letter_expired``, an expired message goes to the dead-letter topic (reason
+    ``expired``) instead of being dropped (None keeps the group's setting).
     """
 
     TYPE: ClassVar[FrameType] = FrameType.GROUP_CREATE
@@ -643,9 +645,10 @@ class GroupCreate:
     visibility_timeout_ms: int | None = None
     max_deliveries: int | None = None
     from_backlog: bool = False
+    dead_letter_expired: bool | None = None
 
     def to_wire(self) -> list[Any]:
-        value = [
+        value: list[Any] = [
             self.TYPE,
             self.request_id,
             self.topic,
@@ -653,22 +656,33 @@ class GroupCreate:
             self.visibility_timeout_ms,
             self.max_deliveries,
         ]
-        if self.from_backlog:
+        if self.dead_letter_expired is not None:
+            value += [self.from_backlog, self.dead_letter_expired]
+        elif self.from_backlog:
             value.append(True)
         return value
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> GroupCreate:
-        if len(f) != 5:
+        if len(f) not in (5, 6):
             _arity("GROUP_CREATE", f, 4)
         from_backlog = False
-        if len(f) == 5:
+        dead_letter_expired = None
+        if len(f) >= 5:
             if type(f[4]) is not bool:
                 raise _bad(
                     "GROUP_CREATE",
                     f"field 'from_backlog' must be true or false, got {type(f[4]).__name__}",
                 )
             from_backlog = f[4]
+        if len(f) == 6:
+            if f[5] is not None and type(f[5]) is not bool:
+                raise _bad(
+                    "GROUP_CREATE",
+                    f"field 'dead_letter_expired' must be true, false or nil, got "
+                    f"{type(f[5]).__name__}",
+                )
+            dead_letter_expired = f[5]
         return cls(
             rid,
             _str("GROUP_CREATE", "topic", f[0]),
@@ -676,6 +690,7 @@ class GroupCreate:
             _opt_int("GROUP_CREATE", "visibility_timeout_ms", f[2]),
             _opt_int("GROUP_CREATE", "max_deliveries", f[3]),
             from_backlog,
+            dead_letter_expired,
         )
 
 

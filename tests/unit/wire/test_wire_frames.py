@@ -377,6 +377,11 @@ def test_group_create_sends_from_backlog_only_when_true() -> None:
     assert wire(backlog)[-1] is True
     assert frames.frame_from_wire(wire(backlog)) == backlog
     assert len(wire(frames.GroupCreate(11, "orders", "billing"))) == 6
+    expiring = frames.GroupCreate(11, "orders", "billing", None, None, False, True)
+    assert wire(expiring)[-2:] == [False, True]
+    assert frames.frame_from_wire(wire(expiring)) == expiring
+    with pytest.raises(RemoteProtocolError):
+        frames.frame_from_wire([*wire(expiring)[:-1], "yes"])
 
 
 def test_publish_ok_carries_duplicates_only_when_there_are_some() -> None:
