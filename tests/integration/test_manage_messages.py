@@ -492,6 +492,9 @@ def test_consumers_receive_headers_and_dead_letter_provenance(broker: BrokerProc
         assert got[plain].headers == {}
         got[plain].ack()
         got[first].nack(reason="boom", dead_letter=True)
+        with urllib.request.urlopen(f"http://{broker.http_address}/metrics") as answer:
+            text = answer.read().decode()
+        assert 'futureq_oldest_due_age_seconds{group="g",topic="traced"} 0.0' in text
     shown = cli(address, "consume", "traced.dlq", "--group", "audit", "--count", "1", "--json")
     assert shown.returncode == 0, shown.stderr
     record = json.loads(shown.stdout)

@@ -836,7 +836,13 @@ class Broker:
         in_flight = runtime.in_flight_count if runtime else 0
         due = self.dispatcher.due_count(info.group_id, now_ms) if self.dispatcher.active else 0
         consumers = len(runtime.consumers) if runtime else 0
-        return GroupCounts(info.topic, info.name, info.pending, due, in_flight, consumers)
+        age_s = None
+        if runtime is not None:  # in memory only: a scrape never seeks the disk per group
+            next_due_ms = runtime.index.next_due_ms()
+            age_s = 0.0 if next_due_ms is None else max(0, now_ms - next_due_ms) / 1000
+        return GroupCounts(
+            info.topic, info.name, info.pending, due, in_flight, consumers, age_s
+        )
 
     def status(self, visible: Callable[[str], bool] | None = None) -> dict[str, Any]:
         """The STATUS_OK map (``docs/protocol.md``, "STATUS").
