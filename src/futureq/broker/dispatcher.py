@@ -626,8 +626,17 @@ class Dispatcher:
             if budget[0] <= 0:
                 break
         if expired:
-            # The stamp and settings serve groups that dead-letter what expires.
-            self._submit(commands.expire(expired, now_ms, self.group_settings), expired_restore)
+            groups = self.state.groups
+            if any(
+                (info := groups.get(commands.parse_schedule_key(key)[0])) is not None
+                and info.dead_letter_expired
+                for key in expired
+            ):
+                # The stamp and settings serve groups that dead-letter what expires.
+                command = commands.expire(expired, now_ms, self.group_settings)
+            else:
+                command = commands.expire(expired)
+            self._submit(command, expired_restore)
         if dead:
             self._submit(commands.dead_letter(now_ms, dead, self.group_settings), dead_restore)
         if touched:
