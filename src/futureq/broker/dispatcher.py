@@ -253,8 +253,9 @@ class Dispatcher:
         it holds was scheduled by the same command (:meth:`on_scheduled` takes care of
         those). A changed group's runtime, if it has one, takes the new settings.
         """
-        if group_id in self.state.deleting:
-            self._deleting_changed.set()  # the reaper has entries to purge
+        state = self.state
+        if group_id in state.deleting or group_id in state.purging or group_id in state.backfilling:
+            self._deleting_changed.set()  # the reaper has entries to purge or copy
         if not self.active:
             return
         info = self.state.groups.get(group_id)
@@ -383,7 +384,9 @@ class Dispatcher:
             )
         if self._staged:
             self._staged_changed.set()
-        return (commands.delivered(entries) if entries else None), batches
+        # The stamp becomes the entries' last delivery time (a dead letter's provenance).
+        command = commands.delivered(entries, self.clock.wall_ms()) if entries else None
+        return command, batches
 
     def push_staged(self, batches: list[Staged], *, pass_now_ms: int | None = None) -> int:
         """Push deliveries whose DELIVERED committed, or first deliveries straight from a
@@ -514,23 +517,36 @@ class Dispatcher:
             slots.release()
 
     async def _reaper(self) -> None:
-        """Remove the schedule entries of deleted groups, one bounded chunk per command.
+        """Remove the schedule entries of deleted and purged groups, and fill groups
+        created from the backlog, one bounded chunk per command.
 
         Each PURGE_GROUP applies in a few milliseconds, so the loop, heartbeats and
         other commands go on between chunks (``DESIGN.md``, "no request holds the
         event loop").
         """
         while True:
-            if not self.active or not self.state.deleting:
+            command = self._background_chunk() if self.active else None
+            if command is None:
                 self._deleting_changed = trio.Event()
                 await self._deleting_changed.wait()
                 continue
-            gid = min(self.state.deleting)
             try:
-                await self.log.propose(commands.purge_group(gid, PURGE_CHUNK_ENTRIES))
+                await self.log.propose(command)
             except FutureQError as exc:
-                log.warning("could not purge deleted group %d (retrying): %s", gid, exc)
+                log.warning("could not run a purge or backfill chunk (retrying): %s", exc)
                 await trio.sleep(PROPOSE_RETRY_MS / 1000)
+
+    def _background_chunk(self) -> bytes | None:
+        """The next bounded chunk of background work, or None: purge a deleted group,
+        then a purged group (PURGE), then fill a group created from the backlog."""
+        state = self.state
+        if state.deleting:
+            return commands.purge_group(min(state.deleting), PURGE_CHUNK_ENTRIES)
+        if state.purging:
+            return commands.purge_group(min(state.purging), PURGE_CHUNK_ENTRIES)
+        if state.backfilling:
+            return commands.backfill_group(min(state.backfilling), PURGE_CHUNK_ENTRIES)
+        return None
 
     # ------------------------------------------------------------ proposals
 
@@ -637,7 +653,17 @@ class Dispatcher:
             if budget[0] <= 0:
                 break
         if expired:
-            self._submit(commands.expire(expired), expired_restore)
+            groups = self.state.groups
+            if any(
+                (info := groups.get(commands.parse_schedule_key(key)[0])) is not None
+                and info.dead_letter_expired
+                for key in expired
+            ):
+                # The stamp and settings serve groups that dead-letter what expires.
+                command = commands.expire(expired, now_ms, self.group_settings)
+            else:
+                command = commands.expire(expired)
+            self._submit(command, expired_restore)
         if dead:
             self._submit(commands.dead_letter(now_ms, dead, self.group_settings), dead_restore)
         if touched:
@@ -796,16 +822,19 @@ class Dispatcher:
                         continue
                     _topic, payload, publish_ms, _due, _open = message
                     frame_bytes += len(payload) + 64
-                    deliveries.append(
-                        [
-                            commands.delivery_tag(key, attempt),
-                            mid,
-                            payload,
-                            due_ms,
-                            publish_ms,
-                            attempt,
-                        ]
-                    )
+                    item = [
+                        commands.delivery_tag(key, attempt),
+                        mid,
+                        payload,
+                        due_ms,
+                        publish_ms,
+                        attempt,
+                    ]
+                    if consumer.headers:  # asked for in SUBSCRIBE (issue 14)
+                        record = self.state.get_record(mid)
+                        item.append(None if record is None else record.headers)
+                        frame_bytes += 0 if record is None or not record.headers else 4096
+                    deliveries.append(item)
                     flights.append(
                         InFlight(
                             key,
