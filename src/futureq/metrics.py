@@ -334,6 +334,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         "messages",
     ),
     MetricSpec(
+        "futureq_oldest_due_age_seconds",
+        "gauge",
+        "How long the group's earliest entry waiting for delivery has been due (0 when "
+        "none is due yet); leader only, groups with a consumer. A growing age is a stuck group.",
+        _TG,
+        "seconds",
+    ),
+    MetricSpec(
         "futureq_in_flight_deliveries",
         "gauge",
         "Deliveries pushed and not yet acked, nacked or timed out (leader only).",
@@ -396,6 +404,7 @@ _GROUP_COUNT_GAUGES: dict[str, str] = {
     "due": "futureq_due_messages",
     "in_flight": "futureq_in_flight_deliveries",
     "consumers": "futureq_group_consumers",
+    "oldest_due_age_seconds": "futureq_oldest_due_age_seconds",
 }
 
 
@@ -410,6 +419,8 @@ class GroupCounts:
         due: Of those, the ones due now and not in flight.
         in_flight: Deliveries pushed and not yet settled (leader only; 0 elsewhere).
         consumers: Consumers subscribed on this node.
+        oldest_due_age_seconds: How long its earliest waiting entry has been due (s; 0
+            when none is due yet); None where the leader has no runtime for it.
 
     ``due`` is None for the ``_other`` row (groups past the series budget): it is not
     computed for them, so a scrape costs the same however many groups exist.
@@ -421,6 +432,7 @@ class GroupCounts:
     due: int | None
     in_flight: int
     consumers: int
+    oldest_due_age_seconds: float | None = None
 
 
 GroupCountsProvider = Callable[[], Iterable[GroupCounts]]

@@ -12,6 +12,8 @@ Endpoints (all ``GET``; ``HEAD`` too):
 ``/readyz``        200 ``{"ready": true}`` when ``is_ready()``; else 503
                    ``{"ready": false, "reason": ...}``.
 ``/api/status``    JSON of ``status()`` (shape in :class:`StatusProvider`).
+``/api/browse``    JSON of one BROWSE page: ``?topic=T[&group=G][&from_due_ms=][&to_due_ms=]
+                   [&cursor=HEX][&limit=N][&preview_bytes=N]`` (read-only; leader only).
 ``/``              The dashboard: one static HTML page that polls ``/api/status``.
 =================  ===========================================================
 
@@ -33,6 +35,7 @@ import functools
 import json
 import logging
 import pathlib
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -98,6 +101,14 @@ class StatusProvider(Protocol):
         ...
 
 
+class BrowseProvider(Protocol):
+    """What ``/api/browse`` asks the broker (read-only; ``docs/protocol.md``, "BROWSE")."""
+
+    async def browse_json(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """``(HTTP status, JSON body)`` of one BROWSE page for the query parameters."""
+        ...
+
+
 class _QuietHypercornLogger(HypercornLogger):
     """Hypercorn's logger, with its INFO lines ("Running on ...") demoted to DEBUG:
     we log our own "HTTP listening on" line with the real address."""
@@ -121,6 +132,7 @@ class HttpApp:
         access: Checks bearer tokens; None (or one with no token configured) leaves
             every endpoint open.
         metrics_require_auth: ``/metrics`` needs a token too (when tokens are configured).
+        browser: Answers ``/api/browse`` (pending messages, read-only); None: 404.
     """
 
     def __init__(
@@ -129,11 +141,13 @@ class HttpApp:
         provider: StatusProvider,
         access: AccessControl | None = None,
         metrics_require_auth: bool = True,
+        browser: BrowseProvider | None = None,
     ) -> None:
         self._metrics = metrics
         self._provider = provider
         self._access = access
         self._metrics_require_auth = metrics_require_auth
+        self._browser = browser
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -170,6 +184,10 @@ class HttpApp:
                 rows = self._metrics.group_rows()
                 body, text_type = await trio.to_thread.run_sync(self._metrics.render, rows)
                 status, content_type = 200, text_type.encode("ascii")
+            elif scope["path"] == "/api/browse" and self._browser is not None:
+                query = dict(urllib.parse.parse_qsl(scope.get("query_string", b"").decode()))
+                status, value = await self._browser.browse_json(query)
+                body, content_type = _json(value), _JSON
             else:
                 status, body, content_type = self._route(scope["path"])
         except Exception:
@@ -307,6 +325,7 @@ async def serve_http(
     *,
     access: AccessControl | None = None,
     metrics_require_auth: bool = True,
+    browser: BrowseProvider | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -321,6 +340,7 @@ async def serve_http(
         provider: The broker's status seam.
         access: Token checks (see the module docstring), or None for open endpoints.
         metrics_require_auth: Whether ``/metrics`` needs a token when tokens are set.
+        browser: Serves ``/api/browse`` (read-only); None leaves it out.
         shutdown_trigger: Optional; when this returns, stop accepting and let open
             requests finish for up to :data:`GRACEFUL_TIMEOUT_S`, then return. Without
             it, cancel the enclosing scope to stop (open requests are cut).
@@ -337,7 +357,7 @@ async def serve_http(
     config.logger_class = _QuietHypercornLogger
     config.graceful_timeout = GRACEFUL_TIMEOUT_S
     config.include_server_header = False
-    app = HttpApp(metrics, provider, access, metrics_require_auth)
+    app = HttpApp(metrics, provider, access, metrics_require_auth, browser)
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
             functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger)

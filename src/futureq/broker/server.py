@@ -282,6 +282,7 @@ async def serve(
                         broker,
                         access=access,
                         metrics_require_auth=config.metrics.require_auth,
+                        browser=broker,
                     )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group

@@ -44,6 +44,7 @@ from typing import IO, Any, Final
 import attrs
 import trio
 
+from futureq.cli import manage_commands
 from futureq.cli.durations import duration_ms_arg
 from futureq.client import Client, Delivery, PublishItem, open_client
 from futureq.errors import (
@@ -223,8 +224,8 @@ def delivery_record(delivery: Delivery) -> dict[str, Any]:
     """The JSON object ``consume --json`` prints for one delivery.
 
     Shape: ``{"id", "topic", "group", "payload", "payload_encoding" ("json" |
-    "text" | "base64"), "due_ms", "delivered_ms", "attempt"}``; times in ms since the
-    Unix epoch.
+    "text" | "base64"), "due_ms", "delivered_ms", "attempt"}``, plus ``"headers"`` when
+    the message has any; times in ms since the Unix epoch.
     """
     value, encoding = render_payload(delivery.payload)
     return {
@@ -236,6 +237,7 @@ def delivery_record(delivery: Delivery) -> dict[str, Any]:
         "due_ms": delivery.due_ms,
         "delivered_ms": delivery.delivered_ms,
         "attempt": delivery.attempt,
+        **({"headers": delivery.headers} if delivery.headers else {}),
     }
 
 
@@ -400,6 +402,19 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument(
         "--ttl", type=duration_ms_arg, metavar="D", help="drop it if not delivered D after due"
     )
+    publish.add_argument(
+        "--header",
+        dest="headers",
+        action="append",
+        type=manage_commands.header_arg,
+        metavar="NAME=VALUE",
+        help="a header kept with the message (repeat for more)",
+    )
+    publish.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="publishing again with KEY returns the first id and stores nothing",
+    )
     publish.add_argument("--file", metavar="F", help="publish every line of a JSONL file")
     publish.add_argument(
         "--batch-size",
@@ -425,7 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--json", action="store_true", help="one JSON object per line")
     settle = consume.add_mutually_exclusive_group()
     settle.add_argument(
-        "--no-ack", action="store_true", help="do not ack: messages come back later"
+        "--no-ack",
+        action="store_true",
+        help="do not ack: messages come back later (this still claims them for the group; "
+        "to look without claiming, use browse or dlq list)",
     )
     settle.add_argument("--nack", action="store_true", help="nack every message after printing")
     consume.add_argument(
@@ -470,6 +488,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="attempts before a message goes to TOPIC.dlq (default: the server's)",
     )
+    create.add_argument(
+        "--dead-letter-expired",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send messages whose TTL runs out to TOPIC.dlq instead of dropping them",
+    )
+    create.add_argument(
+        "--from-backlog",
+        action="store_true",
+        help="a new group also gets every message of TOPIC still pending (not only later ones)",
+    )
     delete = group_commands.add_parser("delete", help="delete a group and its pending deliveries")
     delete.add_argument("topic", type=existing_name_arg("topic"))
     delete.add_argument("group", type=existing_name_arg("group"))
@@ -501,6 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
         "transfer-leader", help="hand leadership to a node (default: the most up-to-date)"
     )
     transfer.add_argument("node_id", type=_node_id, nargs="?", default=None, metavar="NODE_ID")
+    manage_commands.add_parsers(commands, existing_name_arg, parse_at_ms, duration_ms_arg)
     return parser
 
 
@@ -575,7 +605,13 @@ async def _publish_one(client: Client, args: argparse.Namespace, io: Output) -> 
     else:
         payload = args.payload.encode("utf-8")
     message_id = await client.publish(
-        args.topic, payload, delay_ms=args.delay, deliver_at_ms=args.at, ttl_ms=args.ttl
+        args.topic,
+        payload,
+        delay_ms=args.delay,
+        deliver_at_ms=args.at,
+        ttl_ms=args.ttl,
+        headers=dict(args.headers) if args.headers else None,
+        idempotency_key=args.idempotency_key,
     )
     io.out(str(message_id))
     return EXIT_OK
@@ -812,6 +848,8 @@ async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
             args.group,
             visibility_timeout_ms=args.visibility_timeout,
             max_deliveries=args.max_deliveries,
+            from_backlog=args.from_backlog,
+            dead_letter_expired=args.dead_letter_expired,
         )
         io.out(f"group {args.group!r} of topic {args.topic!r} exists")
     elif args.group_command == "delete":
@@ -932,6 +970,11 @@ async def run_command(args: argparse.Namespace, io: Output) -> int:
         "group": _group,
         "topic": _topic,
         "cluster": _cluster,
+        "cancel": manage_commands.run_cancel,
+        "browse": manage_commands.run_browse,
+        "reschedule": manage_commands.run_reschedule,
+        "purge": manage_commands.run_purge,
+        "dlq": manage_commands.run_dlq,
     }
     timeout_s = args.request_timeout_ms / 1000
     async with open_client(
@@ -973,6 +1016,10 @@ def main(
         except SystemExit as exc:
             return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     io = Output(stdout or sys.stdout, stderr or sys.stderr)
+    if args.command == "purge":
+        refused = manage_commands.confirm_purge(args, sys.stdin, io)
+        if refused is not None:
+            return refused
     try:
         return trio.run(run_command, args, io)
     except KeyboardInterrupt:
