@@ -558,14 +558,16 @@ class QueueState(ManageOps):
         if observer is not None:
             # In steps too: observers may see the store ahead of their notifications
             # (ScheduleObserver says they must cope), never behind.
+            on_scheduled = observer.on_scheduled
             for position, effect in enumerate(effects):
                 if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                     yield
-                if effect[0] == "s":
-                    observer.on_scheduled(*effect[1:])
-                elif effect[0] == "u":
+                kind = effect[0]
+                if kind == "s":
+                    on_scheduled(*effect[1:])
+                elif kind == "u":
                     observer.on_unscheduled(*effect[1:])
-                elif effect[0] == "g":
+                elif kind == "g":
                     observer.on_group_changed(effect[1])
         if self.on_nodes_changed is not None and any(effect[0] == "n" for effect in effects):
             self.on_nodes_changed()
