@@ -161,6 +161,11 @@ class QueueSection:
         horizon_ms: How far ahead of now the in-memory due-index reaches (ms).
         horizon_max_items: Most schedule entries one group keeps in memory (items).
         dispatch_batch_items: Most deliveries put in one DELIVER frame (items).
+        idempotency_window_ms: How long after its publish an idempotency key still
+            names its message once the message is gone (acked, expired, ...): a
+            publish with that key in this window stores nothing and answers the
+            original id (ms, >= 0). While the message is pending, the key names it
+            whatever the window. The leader resolves it into each PUBLISH.
     """
 
     visibility_timeout_ms: int = 30_000
@@ -168,6 +173,7 @@ class QueueSection:
     horizon_ms: int = 300_000
     horizon_max_items: int = 100_000
     dispatch_batch_items: int = 256
+    idempotency_window_ms: int = 300_000
 
     def group_settings(self) -> GroupSettings:
         """The defaults this node, when it leads, resolves into commands that create groups.

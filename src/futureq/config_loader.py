@@ -574,6 +574,7 @@ def _check_queue(queue: QueueSection) -> Iterable[_Bad]:
     yield from _minimum("queue", queue, "horizon_ms", 1, " ms")
     yield from _minimum("queue", queue, "horizon_max_items", 1, " items")
     yield from _minimum("queue", queue, "dispatch_batch_items", 1, " items")
+    yield from _minimum("queue", queue, "idempotency_window_ms", 0, " ms")
 
 
 def _check_storage(storage: StorageSection) -> Iterable[_Bad]:

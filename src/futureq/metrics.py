@@ -361,6 +361,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         "messages",
     ),
     MetricSpec(
+        "futureq_oldest_due_age_seconds",
+        "gauge",
+        "How long the group's earliest entry waiting for delivery has been due (0 when "
+        "none is due yet); leader only, groups with a consumer. A growing age is a stuck group.",
+        _TG,
+        "seconds",
+    ),
+    MetricSpec(
         "futureq_in_flight_deliveries",
         "gauge",
         "Deliveries pushed and not yet acked, nacked or timed out (leader only).",
@@ -376,7 +384,7 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
     ),
     # histograms
     MetricSpec(
-        "futureq_oldest_due_age_seconds",
+        "futureq_topic_oldest_due_age_seconds",
         "gauge",
         "Leader only: how long the earliest due, undelivered copy of any group of the "
         "topic has waited (absent while nothing is due). Read at scrape time.",
@@ -439,6 +447,7 @@ _GROUP_COUNT_GAUGES: dict[str, str] = {
     "due": "futureq_due_messages",
     "in_flight": "futureq_in_flight_deliveries",
     "consumers": "futureq_group_consumers",
+    "oldest_due_age_seconds": "futureq_oldest_due_age_seconds",
 }
 
 
@@ -454,7 +463,11 @@ class GroupCounts:
         in_flight: Deliveries pushed and not yet settled (leader only; 0 elsewhere).
         consumers: Consumers subscribed on this node.
         oldest_due_age_s: How long the earliest due copy not in flight has waited (s);
-            None when nothing is due, on a follower, and for the ``_other`` row.
+            None when nothing is due, on a follower, and for the ``_other`` row (the
+            per-topic ``futureq_topic_oldest_due_age_seconds`` and the dashboard).
+        oldest_due_age_seconds: How long its earliest waiting entry has been due (s; 0
+            when none is due yet); None where the leader has no runtime for it (the
+            per-group ``futureq_oldest_due_age_seconds``).
 
     ``due`` is None for the ``_other`` row (groups past the series budget): it is not
     computed for them, so a scrape costs the same however many groups exist.
@@ -467,6 +480,7 @@ class GroupCounts:
     in_flight: int
     consumers: int
     oldest_due_age_s: float | None = None
+    oldest_due_age_seconds: float | None = None
 
 
 GroupCountsProvider = Callable[[], Iterable[GroupCounts]]
@@ -536,7 +550,7 @@ def _prometheus_unit(spec: MetricSpec) -> str:
     return spec.unit if spec.unit and base.endswith("_" + spec.unit) else ""
 
 
-_OLDEST_DUE = "futureq_oldest_due_age_seconds"
+_OLDEST_DUE = "futureq_topic_oldest_due_age_seconds"
 """Per topic: the largest ``oldest_due_age_s`` of its groups' rows."""
 
 

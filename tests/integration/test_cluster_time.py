@@ -340,6 +340,84 @@ async def test_a_deposed_leader_stops_delivering_within_its_lease(
         )
 
 
+def _nack_raw(address: str, topic: str, group: str, out: list[tuple[int, int, int]],
+              stop: threading.Event) -> None:  # fmt: skip
+    """Like :func:`_consume_raw`, but every delivery is refused at once (NACK, no delay):
+    each comes back as a redelivery, whose attempt the leader records (DELIVERED) before
+    pushing it, so the old leader always has such a record committing. Records
+    ``(delivered_ms, message id, attempt)``."""
+    client = WireClient(address)
+    try:
+        subscription = client.subscribe(topic, group, prefetch=50)
+        while not stop.is_set():
+            try:
+                frame = client.receive(timeout_s=0.2)
+            except TimeoutError:
+                continue
+            if frame is codec.CLOSED:
+                return
+            if isinstance(frame, frames.Deliver):
+                out.extend((frame.delivered_ms, d[1], d[5]) for d in frame.deliveries)
+                client.send(frames.Nack(client.next_id(), [d[0] for d in frame.deliveries], 0))
+                client.send(frames.Credit(client.next_id(), subscription, len(frame.deliveries)))
+    except (OSError, AssertionError):
+        return
+    finally:
+        client.close()
+
+
+async def test_a_paused_leader_pushes_no_recorded_redelivery_after_its_lease(
+    tmp_path: Path,
+) -> None:
+    """Sibling of input 4 (jepsen kill-leader,pause seed 11: attempt 1 after attempt 2):
+    the leader is SIGSTOPped while redeliveries are being recorded. When it resumes, the
+    answers queued for it commit the last record; what it covers must not go out then
+    (another leader has taken over and counts on from that record), nor anything else
+    stamped after the lease."""
+    async with open_cluster(tmp_path, 3, rng=random.Random(5)) as cluster:
+        old = await cluster.leader(record=False)
+        assert old is not None
+        address = cluster.nodes[old].client_address
+        async with open_client(address, request_timeout_s=30) as client:
+            await client.create_group("lease", "g")
+            await client.publish_batch([PublishItem("lease", b"m%d" % i) for i in range(150)])
+            pushed: list[tuple[int, int, int]] = []
+            stop = threading.Event()
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):  # three connections: records overlap, one is nearly
+                    nursery.start_soon(  # always committing when the pause comes
+                        partial(trio.to_thread.run_sync, abandon_on_cancel=True),
+                        _nack_raw, address, "lease", "g", pushed, stop,
+                    )  # fmt: skip
+                # What reaches the leader comes 120 ms late (within its lease): each
+                # record is still waiting for its answers when the pause comes.
+                for link in cluster.links:
+                    if link.target == old:
+                        link.faults["forward"].delay_ms = 120
+                    if link.source == old:
+                        link.faults["backward"].delay_ms = 120
+                await wait_for(
+                    partial(trio.to_thread.run_sync, lambda: any(a > 3 for *_, a in pushed)),
+                    20,
+                    "redeliveries",
+                )
+                fault_ms = now_ms()
+                cluster.pause(old)
+                await trio.sleep(2.5)
+                statuses = await cluster.statuses()
+                new = [n for n, s in statuses.items() if s.get("role") == "leader" and n != old]
+                cluster.links.heal()
+                cluster.resume(old)
+                await trio.sleep(1.5)
+                stop.set()
+        assert new, f"no other leader took over: {statuses}"
+        late = [(stamp - fault_ms, mid, a) for stamp, mid, a in pushed if stamp > fault_ms + LEASE_MS + 20]
+        assert not late, (
+            f"the paused leader pushed {len(late)} deliveries more than the lease "
+            f"({LEASE_MS} ms) after the pause: (ms after, id, attempt) {late[:5]}"
+        )
+
+
 def test_seconds_taken_for_milliseconds_are_refused_everywhere(broker: Any, tmp_path: Path) -> None:
     """Input 5: epoch seconds for ``--at``, for ``deliver_at_ms`` in JSONL and on the
     wire, and a 30 ms visibility timeout from the environment are refused, each with a

@@ -42,7 +42,7 @@ def test_metrics_of_the_process_the_disk_and_each_topic(broker_factory: Factory)
     assert samples["futureq_data_dir_bytes"][()] > 10_000  # RocksDB files, measured at start
     fast = (("le", "+Inf"), ("topic", "obs.fast"))
     assert samples["futureq_topic_lateness_seconds_bucket"][fast] == 3
-    ages = samples["futureq_oldest_due_age_seconds"]
+    ages = samples["futureq_topic_oldest_due_age_seconds"]
     assert ages[(("topic", "obs.stuck"),)] >= 0.3
     assert (("topic", "obs.fast"),) not in ages  # nothing of it is waiting
 

@@ -29,6 +29,17 @@ from tests.jepsen_like.nemesis import CLOCK_FAULTS, FAULTS, MIXED
 from tests.jepsen_like.runner import RunOptions, run
 
 
+def _seconds_range(text: str) -> tuple[float, float]:
+    """``MIN,MAX`` seconds (``--quiet``, ``--hold``)."""
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MIN,MAX in seconds, e.g. 3,8") from None
+    if not 0 <= low <= high:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= MIN <= MAX")
+    return (low, high)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tests.jepsen_like")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -48,6 +59,26 @@ def _parser() -> argparse.ArgumentParser:
         choices=("quorum", "leader", "none"),
         default="quorum",
         help="publish ack level; 'none' and 'leader' are unsafe settings for checking the checker",
+    )
+    run_cmd.add_argument(
+        "--quiet",
+        type=_seconds_range,
+        default=(2.0, 5.0),
+        metavar="MIN,MAX",
+        help="seconds between two faults, drawn from this range (default 2,5)",
+    )
+    run_cmd.add_argument(
+        "--hold",
+        type=_seconds_range,
+        default=(3.0, 8.0),
+        metavar="MIN,MAX",
+        help="seconds each fault is held, drawn from this range (default 3,8)",
+    )
+    run_cmd.add_argument(
+        "--nemesis-first",
+        default="",
+        metavar="NAME[,NAME...]",
+        help="faults to inject first, in this order, before the drawn ones",
     )
     run_cmd.add_argument("--drain-timeout", type=float, default=60.0, help="longest drain (s)")
     run_cmd.add_argument("--log-level", default="info", help="nodes' --log-level")
@@ -79,7 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = {"mixed": list(MIXED), "none": []}.get(args.nemesis)
     if names is None:
         names = [name.strip() for name in args.nemesis.split(",") if name.strip()]
-    unknown = [name for name in names if name not in FAULTS]
+    first = [name.strip() for name in args.nemesis_first.split(",") if name.strip()]
+    unknown = [name for name in [*names, *first] if name not in FAULTS]
     if unknown:
         print(f"unknown nemesis {unknown}; try --nemesis list", file=sys.stderr)
         return 2
@@ -93,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=seed,
         rate=args.rate,
         ack_level=args.ack_level,
+        quiet_s=args.quiet,
+        hold_s=args.hold,
+        nemesis_first=tuple(first),
         drain_timeout_s=args.drain_timeout,
         log_level=args.log_level,
     )
@@ -105,6 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in outcome.summary["failures"]:
             for example in outcome.summary["examples"].get(name, [])[:3]:
                 print(f"  {name}: {json.dumps(example)}")
+    for name, value in outcome.summary.get("warnings", {}).items():
+        print(f"WARNING: {name} {value} (not lost: every up-to-date node still held them)")
+        for example in outcome.summary["examples"].get(name, [])[:3]:
+            print(f"  {name}: {json.dumps(example)}")
     print(
         f"history: {out / 'history.jsonl'}  summary: {out / 'summary.json'}  timeline: {out / 'timeline.html'}"
     )

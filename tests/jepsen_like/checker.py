@@ -13,12 +13,24 @@ invocation and before the acknowledgement. So, on the harness clock and allowing
 * the expiry is ``due + ttl_ms``: TTL counts from the due time (DESIGN.md, "Message
   semantics").
 
-Verdicts (the first five must be zero):
+Verdicts (the first seven must be zero):
 
 ``lost``
     An acknowledged publish that is required — it fell due before the drain ended
     (``due_upper <= drain_end``) and could not have expired by then (no TTL, or
-    ``due_lower + ttl_ms > drain_end``) — never delivered to one of its target groups.
+    ``due_lower + ttl_ms > drain_end``) — never delivered to one of its target groups,
+    and gone from the nodes: no ``state`` event shows the group's schedule entry still
+    held (``evidence.py``). Without ``state`` events every missing delivery is lost.
+``stranded``
+    A missing delivery (group entry) the nodes still hold, due before its group's
+    delivery frontier: after its publish was acknowledged (so the entry was stored),
+    the group delivered entries due later than it, at least ``frontier_slack_ms``
+    before its last delivery (a group is dispatched in due order, and a delivery lost
+    with its connection comes again within a visibility timeout), so the dispatcher
+    passed it by.
+``drain_stalled``
+    A group that held missing deliveries and delivered nothing in the last
+    ``drain_stall_ms`` of the drain, with every fault healed: an availability failure.
 ``early``
     A delivery received before ``due_lower - allowed_offset_ms``, or pushed before the
     server's own ``due_ms`` (``delivered_ms < due_ms``).
@@ -42,7 +54,12 @@ been applied after the message was stored: a delete that had not completed when 
 publish was invoked (``group`` events of the churner; a delete invoked just before the
 publish may still be ordered after it in the log).
 
-Reported, not failing: ``acked_then_redelivered`` (a delivery pushed after an ack of the
+Reported, not failing: ``buffered`` (missing group entries found in a live consumer's
+client buffer when the drain ended: pushed to the group, not yet handed to the consumer;
+``buffered`` events), ``undelivered`` (missing group entries the nodes still hold,
+not behind the frontier, their group still delivering when the drain ended: the drain
+was too short for the backlog, nothing is lost; the table marks it WARN and the
+summary lists it under ``warnings``), ``acked_then_redelivered`` (a delivery pushed after an ack of the
 same message and group was acknowledged, with time windows and whether a leader change
 or fault happened near each), ``duplicates`` and their ratio, ``duplicates_by_cause``
 (for each delivery after the first of a message to a group, why the one before did not
@@ -53,11 +70,14 @@ settled: the visibility timeout passed, by design of the slow consumers);
 delivered again)), ``lateness_ms``
 (first delivery per message and group, received minus ``due_ms``), unavailability
 windows (publishes that failed, were left unknown, or took longer than ``stall_ms``),
-``leader_changes``, ``unsettled`` (required, delivered, never acked).
+``leader_changes`` (and ``leader_changes_after_heal``: with every fault healed there
+should be none), ``unsettled`` (required, delivered, never acked).
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -67,12 +87,16 @@ from tests.jepsen_like.history import Event
 
 MUST_BE_ZERO = (
     "lost",
+    "stranded",
+    "drain_stalled",
     "early",
     "expired_delivered",
     "unexpected",
     "multiple_leaders_per_term",
     "attempt_not_increasing",
 )
+#: Reported with a warning: not a violation, but the run could not show it delivered.
+WARNINGS = ("undelivered", "buffered")
 DUPLICATE_CAUSES = (
     "nack",
     "leader_change",
@@ -85,6 +109,25 @@ DUPLICATE_CAUSES = (
 MAX_EXAMPLES = 20
 
 
+class _Frontier:
+    """A group's settled deliveries ``(received t, due_ms)``: the largest ``due_ms``
+    among those received at or after a given time, in O(log n) per question."""
+
+    def __init__(self, pairs: list[tuple[float, float]]) -> None:
+        pairs = sorted(pairs)
+        self._times = [t for t, _ in pairs]
+        self._max_due_from: list[float] = [0.0] * len(pairs)
+        running = -math.inf
+        for i in range(len(pairs) - 1, -1, -1):
+            running = max(running, pairs[i][1])
+            self._max_due_from[i] = running
+
+    def after(self, t: float) -> float | None:
+        """The largest ``due_ms`` delivered at or after ``t``, or None."""
+        i = bisect.bisect_left(self._times, t)
+        return self._max_due_from[i] if i < len(self._times) else None
+
+
 @attrs.frozen
 class CheckConfig:
     """Tolerances of the checker.
@@ -95,12 +138,19 @@ class CheckConfig:
         stall_ms: A publish slower than this counts towards unavailability (ms).
         window_gap_ms: Redeliveries further apart than this start a new window (ms).
         near_ms: A redelivery window is "near" a leader change or fault within this (ms).
+        frontier_slack_ms: Deliveries received this long before a group's last delivery
+            set its frontier (longer than any visibility timeout, so a delivery lost on
+            a broken connection has been redelivered by then) (ms).
+        drain_stall_ms: A group with missing deliveries that delivered nothing for this
+            long before the drain ended stalled (ms).
     """
 
     allowed_offset_ms: float = 5.0
     stall_ms: float = 2_000.0
     window_gap_ms: float = 2_000.0
     near_ms: float = 10_000.0
+    frontier_slack_ms: float = 10_000.0
+    drain_stall_ms: float = 10_000.0
 
 
 @attrs.define
@@ -117,6 +167,29 @@ class _Publish:
     complete_t: float | None = None
     ids: list[int] = attrs.Factory(list)
 
+    @classmethod
+    def invoked(cls, event: Event, topics: dict[str, list[str]]) -> _Publish:
+        """The publish an ``invoke`` event starts (groups default to the topic's)."""
+        topic = str(event["topic"])
+        groups = event.get("groups")
+        return cls(
+            op=int(event["op"]),
+            key=str(event["key"]),
+            topic=topic,
+            groups=list(groups if groups is not None else topics.get(topic, [])),
+            delay_ms=event.get("delay_ms"),
+            deliver_at_ms=event.get("deliver_at_ms"),
+            ttl_ms=event.get("ttl_ms"),
+            invoke_t=float(event["t"]),
+        )
+
+    def complete(self, event: Event) -> None:
+        """Take an ``ok`` / ``fail`` / ``info`` completion event."""
+        self.outcome = str(event["phase"])
+        self.complete_t = float(event["t"])
+        if self.outcome == "ok" and event.get("id") is not None:
+            self.ids.append(int(event["id"]))
+
     def due_bound(self, t: float) -> float:
         if self.deliver_at_ms is not None:
             return max(float(self.deliver_at_ms), t)
@@ -131,6 +204,14 @@ class _Publish:
         if self.outcome != "ok" or self.complete_t is None:
             return None
         return self.due_bound(self.complete_t)
+
+    def required_by(self, end: float) -> bool:
+        """Acknowledged, due by ``end`` and unable to have expired by then: it must have
+        reached every target group by ``end``."""
+        due_upper = self.due_upper
+        if due_upper is None or due_upper > end:
+            return False
+        return self.ttl_ms is None or self.due_lower + self.ttl_ms > end
 
 
 @attrs.define
@@ -155,6 +236,11 @@ class CheckResult:
         """True when every must-be-zero count is zero."""
         return not self.failures
 
+    @property
+    def warnings(self) -> dict[str, int]:
+        """The reported-with-a-warning counts that are not zero."""
+        return {name: self.counts[name] for name in WARNINGS if self.counts.get(name, 0)}
+
     def summary(self) -> dict[str, Any]:
         """A JSON-able dict: every count, ratios, lateness, windows, examples."""
         unavailable_ms = sum(w["end"] - w["start"] for w in self.unavailability_windows)
@@ -162,6 +248,7 @@ class CheckResult:
             **self.counts,
             "ok": self.ok,
             "failures": self.failures,
+            "warnings": self.warnings,
             "duplicates_ratio": self.duplicates_ratio,
             "duplicates_by_cause": self.duplicates_by_cause,
             "lateness_ms": self.lateness_ms,
@@ -210,8 +297,12 @@ class _Checker:
         self.topics: dict[str, list[str]] = {}
         self.end_t = self.events[-1]["t"] if self.events else 0.0
         self.drain_end: float | None = None
+        self.healed: float | None = None
         self.leaders: list[Event] = []
         self.faults: list[Event] = []
+        self.states: list[Event] = []
+        self.buffered: dict[str, set[int]] = defaultdict(set)
+        """Group -> ids held in a live consumer's client buffer when the drain ended."""
 
     def example(self, kind: str, **fields: Any) -> None:
         found = self.result.examples.setdefault(kind, [])
@@ -250,38 +341,28 @@ class _Checker:
                     self.topics = {k: list(v) for k, v in (event.get("topics") or {}).items()}
                 elif event.get("phase") == "drain_end":
                     self.drain_end = float(event["t"])
+                elif event.get("phase") == "healed":
+                    self.healed = float(event["t"])
             elif kind == "leader":
                 self.leaders.append(event)
             elif kind in ("nemesis", "node"):
                 self.faults.append(event)
+            elif kind == "state":
+                self.states.append(event)
+            elif kind == "buffered":
+                self.buffered[str(event["group"])].update(int(i) for i in event.get("ids", []))
 
     def read_publish(self, event: Event) -> None:
-        op = int(event["op"])
-        phase = event["phase"]
-        if phase == "invoke":
-            topic = str(event["topic"])
-            groups = event.get("groups")
-            publish = _Publish(
-                op=op,
-                key=str(event["key"]),
-                topic=topic,
-                groups=list(groups if groups is not None else self.topics.get(topic, [])),
-                delay_ms=event.get("delay_ms"),
-                deliver_at_ms=event.get("deliver_at_ms"),
-                ttl_ms=event.get("ttl_ms"),
-                invoke_t=float(event["t"]),
-            )
-            self.publishes[op] = publish
+        if event["phase"] == "invoke":
+            publish = _Publish.invoked(event, self.topics)
+            self.publishes[publish.op] = publish
             self.by_key[publish.key] = publish
             return
-        invoked = self.publishes.get(op)
+        invoked = self.publishes.get(int(event["op"]))
         if invoked is None:
             self.example("malformed", reason="completion without invoke", event=event)
             return
-        invoked.outcome = str(phase)
-        invoked.complete_t = float(event["t"])
-        if phase == "ok" and event.get("id") is not None:
-            invoked.ids.append(int(event["id"]))
+        invoked.complete(event)
 
     def run(self) -> CheckResult:
         self.read()
@@ -297,9 +378,12 @@ class _Checker:
             "unknown_publishes",
             "required_publishes",
             "lost_group_entries",
+            "undelivered",
+            "buffered",
             "unsettled",
             "publish_duplicates",
             "leader_changes",
+            "leader_changes_after_heal",
             "waived_group_entries",
             "first_attempt_repeated",
         ):
@@ -504,13 +588,15 @@ class _Checker:
         return any(t >= publish.invoke_t for t in self.deleted_groups.get(where, []))
 
     def check_lost(self) -> None:
+        """Lost, stranded, undelivered and stalled: every required delivery not seen,
+        classified by what the nodes still held (``state`` events) when the run ended."""
         end = self.drain_end if self.drain_end is not None else self.end_t
+        held = self.held_entries()
+        frontiers, last_delivery = self.group_progress(end)
+        missing_per_group: dict[str, int] = defaultdict(int)
         for publish in self.publishes.values():
-            due_upper = publish.due_upper
-            if due_upper is None or due_upper > end:
+            if not publish.required_by(end):
                 continue
-            if publish.ttl_ms is not None and publish.due_lower + publish.ttl_ms <= end:
-                continue  # may have expired legitimately before anyone could take it
             waived = [g for g in publish.groups if self.waived(publish, g)]
             self.count("waived_group_entries", len(waived))
             if len(waived) == len(publish.groups):
@@ -519,16 +605,65 @@ class _Checker:
             missing = [
                 g for g in publish.groups if (publish.key, g) not in self.seen and g not in waived
             ]
-            if missing:
+            gone: list[str] = []
+            for group in missing:
+                if any(mid in self.buffered.get(group, ()) for mid in publish.ids):
+                    # Pushed to a consumer of the group whose client had not handed it
+                    # out yet (a prefetch buffer, kept alive by its lease keeper).
+                    self.count("buffered")
+                    self.example("buffered", key=publish.key, ids=publish.ids, group=group)
+                    continue
+                found = None
+                if held is not None:
+                    found = next(
+                        (
+                            held[k]
+                            for mid in publish.ids
+                            if (k := (mid, publish.topic, group)) in held
+                        ),
+                        None,
+                    )
+                if found is None:
+                    gone.append(group)
+                    continue
+                missing_per_group[group] += 1
+                due_ms, holders = found
+                # Only deliveries made once this entry was stored (its publish was
+                # acknowledged) show the dispatcher passing it by; a slow publish can
+                # store an entry already due later than what the group delivered.
+                found_frontier = frontiers.get(group)
+                frontier = (
+                    None
+                    if found_frontier is None or publish.complete_t is None
+                    else found_frontier.after(publish.complete_t)
+                )
+                kind = "stranded" if frontier is not None and due_ms < frontier else "undelivered"
+                self.count(kind)
+                self.example(
+                    kind,
+                    key=publish.key,
+                    ids=publish.ids,
+                    group=group,
+                    due_ms=due_ms,
+                    group_frontier_due_ms=frontier,
+                    held_by=holders,
+                    ok_t=publish.complete_t,
+                )
+            if gone:
                 self.count("lost")
-                self.count("lost_group_entries", len(missing))
+                self.count("lost_group_entries", len(gone))
                 self.example(
                     "lost",
                     key=publish.key,
                     ids=publish.ids,
-                    missing_groups=missing,
-                    due_upper=due_upper,
+                    missing_groups=gone,
+                    due_upper=publish.due_upper,
                     ok_t=publish.complete_t,
+                    nodes=(
+                        "no node state recorded"
+                        if held is None
+                        else "no up-to-date node holds its schedule entry"
+                    ),
                 )
             for group in publish.groups:
                 if group in waived:
@@ -537,6 +672,55 @@ class _Checker:
                 if deliveries and not any((int(d["id"]), group) in self.ack_ok for d in deliveries):
                     self.count("unsettled")
                     self.example("unsettled", key=publish.key, group=group)
+        for group, entries in sorted(missing_per_group.items()):
+            last = last_delivery.get(group)
+            if last is None or end - last > self.config.drain_stall_ms:
+                self.count("drain_stalled")
+                self.example(
+                    "drain_stalled",
+                    group=group,
+                    missing_entries=entries,
+                    last_delivery_t=last,
+                    idle_ms=None if last is None else end - last,
+                )
+
+    def held_entries(self) -> dict[tuple[int, str, str], tuple[int, list[int]]] | None:
+        """``(message id, topic, group) -> (due_ms, node ids)`` of the schedule entries
+        held by every node with the highest applied index among those read; None when
+        no node's state was read (nothing can be shown held)."""
+        readable = [e for e in self.states if "error" not in e]
+        if not readable:
+            return None
+        top = max(int(e.get("applied_index") or 0) for e in readable)
+        current = [e for e in readable if int(e.get("applied_index") or 0) == top]
+        holders: dict[tuple[int, str, str], dict[int, int]] = defaultdict(dict)
+        for event in current:
+            for mid, topic, group, due_ms, _attempt in event.get("held", []):
+                holders[(int(mid), str(topic), str(group))][int(event["node_id"])] = int(due_ms)
+        return {
+            key: (min(by_node.values()), sorted(by_node))
+            for key, by_node in holders.items()
+            if len(by_node) == len(current)
+        }
+
+    def group_progress(self, end: float) -> tuple[dict[str, _Frontier], dict[str, float]]:
+        """Per group: when its last delivery by ``end`` came, and what its frontier is
+        built from: its deliveries at least ``frontier_slack_ms`` before that last one
+        (so an entry whose delivery was lost with its connection had time to come again
+        while the group was still being delivered to)."""
+        last: dict[str, float] = {}
+        for (_key, group), deliveries in self.seen.items():
+            for d in deliveries:
+                t = float(d["t"])
+                if t <= end and t > last.get(group, -math.inf):
+                    last[group] = t
+        settled: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for (_key, group), deliveries in self.seen.items():
+            cutoff = last.get(group, -math.inf) - self.config.frontier_slack_ms
+            for d in deliveries:
+                if float(d["t"]) <= cutoff:
+                    settled[group].append((float(d["t"]), float(d["due_ms"])))
+        return {group: _Frontier(pairs) for group, pairs in settled.items()}, last
 
     def leader_change_times(self) -> list[float]:
         """When the observed leader changed: another node, or a higher term.
@@ -561,7 +745,11 @@ class _Checker:
         return times
 
     def check_leaders(self) -> None:
-        self.result.counts["leader_changes"] = len(self.leader_change_times())
+        changes = self.leader_change_times()
+        self.result.counts["leader_changes"] = len(changes)
+        if self.healed is not None:
+            healed = self.healed
+            self.result.counts["leader_changes_after_heal"] = sum(1 for t in changes if t > healed)
         by_term: dict[int, set[int]] = defaultdict(set)
         for event in self.leaders:
             if event.get("term") is not None and event.get("node_id") is not None:
@@ -579,6 +767,116 @@ class _Checker:
                 bad.append((publish.invoke_t, end))
         self.result.unavailability_windows = [
             {"start": start, "end": end} for start, end in merge_intervals(bad)
+        ]
+
+
+class Outstanding:
+    """Required deliveries not seen yet, kept up to date from each call's new events.
+
+    The drain asks "is anything still missing?" every second while the cluster's Raft
+    traffic flows through proxies on the same event loop; a full :func:`check` of a
+    10-minute history takes about a second of CPU, which stalls every link longer than
+    an election timeout (leaders then lose their quorum about a second after each
+    election). This reads each event once, so a poll costs what arrived since the last.
+
+    ``missing(end)`` agrees with ``check(events + [drain_end at end])``: the same
+    deliveries count (ours, of a publish that did not fail, on its topic, to one of its
+    groups) and :meth:`_Publish.required_by` decides what is required.
+    """
+
+    def __init__(self) -> None:
+        self._read = 0
+        self._topics: dict[str, list[str]] = {}
+        self._invoked: dict[int, _Publish] = {}
+        self._by_key: dict[str, _Publish] = {}
+        self._seen: dict[str, set[str]] = defaultdict(set)
+        self._open: dict[str, _Publish] = {}
+        """Acknowledged publishes with a target group not seen yet, by key."""
+        self._deletes_open: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self._deleted: dict[tuple[str, str], list[float]] = defaultdict(list)
+
+    def update(self, events: list[Event]) -> int:
+        """Read the events appended since the last call; returns how many were read.
+
+        Args:
+            events: The whole history so far, in the order it was recorded (only
+                ``events[previous length:]`` is looked at).
+        """
+        fresh = events[self._read :]
+        self._read = len(events)
+        for event in fresh:
+            kind = event["type"]
+            if kind == "publish":
+                self._publish(event)
+            elif kind == "deliver":
+                self._deliver(event)
+            elif kind == "run" and event.get("phase") == "start":
+                self._topics = {k: list(v) for k, v in (event.get("topics") or {}).items()}
+            elif kind == "group" and event.get("action") == "delete":
+                where = (str(event["topic"]), str(event["group"]))
+                if event.get("phase") == "invoke":
+                    self._deletes_open[where].append(float(event["t"]))
+                elif self._deletes_open[where]:
+                    self._deletes_open[where].pop(0)
+                    self._deleted[where].append(float(event["t"]))
+        return len(fresh)
+
+    def _waived(self, publish: _Publish, group: str) -> bool:
+        """As :meth:`_Checker.waived`: a delete of the group may have removed it."""
+        where = (publish.topic, group)
+        if self._deletes_open.get(where):
+            return True
+        return any(t >= publish.invoke_t for t in self._deleted.get(where, []))
+
+    def _publish(self, event: Event) -> None:
+        if event["phase"] == "invoke":
+            invoked = _Publish.invoked(event, self._topics)
+            self._invoked[invoked.op] = invoked
+            self._by_key[invoked.key] = invoked
+            return
+        publish = self._invoked.get(int(event["op"]))
+        if publish is None:
+            return
+        publish.complete(event)
+        if publish.outcome == "ok" and not set(publish.groups) <= self._seen[publish.key]:
+            self._open[publish.key] = publish
+        else:
+            self._open.pop(publish.key, None)
+
+    def _deliver(self, event: Event) -> None:
+        key = event.get("key")
+        publish = self._by_key.get(key) if key is not None else None
+        group = str(event["group"])
+        if (
+            publish is None
+            or publish.outcome == "fail"
+            or event.get("topic") != publish.topic
+            or group not in publish.groups
+        ):
+            return  # unexpected: the checker counts it, it reaches no group
+        seen = self._seen[publish.key]
+        seen.add(group)
+        if publish.key in self._open and set(publish.groups) <= seen:
+            del self._open[publish.key]
+
+    def missing(self, end: float) -> list[tuple[str, list[int], str, str]]:
+        """Every required delivery not seen yet.
+
+        Args:
+            end: The end of the drain so far (ms, the history's clock).
+
+        Returns:
+            ``(key, message ids, topic, group)`` per acknowledged publish and group it
+            has not reached (a publish retried after an unknown outcome may have
+            several ids; one acknowledged at ack level ``none`` has none); empty when
+            nothing required is missing.
+        """
+        return [
+            (publish.key, list(publish.ids), publish.topic, group)
+            for publish in self._open.values()
+            if publish.required_by(end)
+            for group in publish.groups
+            if group not in self._seen[publish.key] and not self._waived(publish, group)
         ]
 
 

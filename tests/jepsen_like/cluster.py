@@ -360,8 +360,21 @@ class Cluster:
         if record and self.history is not None:
             term = statuses[leader].get("term") if leader is not None else None
             claimants = sorted(node_id for _, node_id in leaders)
+            extra: dict[str, Any] = {}
+            if leader is None:
+                # Why nobody leads: each answering node's role, term and clock state.
+                extra["nodes"] = {
+                    str(node_id): {
+                        "role": s.get("role"),
+                        "term": s.get("term"),
+                        "in_bound": (s.get("clock") or {}).get("in_bound"),
+                        "synchronized": (s.get("clock") or {}).get("synchronized"),
+                        "offsets_ms": (s.get("clock") or {}).get("offsets_ms"),
+                    }
+                    for node_id, s in sorted(statuses.items())
+                }
             self.history.record(
-                "leader", node_id=leader, term=term, observer=leader, claimants=claimants
+                "leader", node_id=leader, term=term, observer=leader, claimants=claimants, **extra
             )
             # Every self-declared leader also goes in, so two leaders in one term show.
             for term_seen, node_id in leaders:

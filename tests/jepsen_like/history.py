@@ -26,9 +26,24 @@ Unix epoch on the harness host, taken when the event happened). Types and their 
     A leader observation: ``node_id`` (int or null), ``term`` (int or null),
     ``observer`` (node asked), ``claimants`` (every node whose ``/api/status`` said
     ``role: leader`` at that moment; two at once is normal for a deposed leader that
-    has not heard of the new term yet, a violation only within one term).
+    has not heard of the new term yet, a violation only within one term). With no
+    leader, ``nodes``: per answering node ``role``, ``term``, and its clock's
+    ``in_bound``, ``synchronized`` and ``offsets_ms`` (why nobody campaigns or wins).
 ``node``
     ``phase``: ``kill`` | ``start`` | ``pause`` | ``resume``; ``node_id``.
+``state``
+    Written after the nodes stopped, only when a required delivery was missing at the
+    end of the drain: what one node's RocksDB held of the missing entries
+    (``evidence.py``). ``node_id``, ``applied_index``, ``groups`` (``{"topic/group":
+    group_id}``), ``held`` (``[message_id, topic, group, due_ms, attempt]`` per
+    schedule entry still there), ``messages`` (ids still stored); or ``error``.
+``buffered``
+    Written when the drain ends, one per live consumer: ``consumer``, ``group``, and the
+    ``ids`` and ``keys`` of the deliveries its client had received and not yet handed
+    out (``Subscription`` buffer; prefetch kept alive by the lease keeper).
+``harness``
+    The harness's own event loop woke up ``stall_ms`` late (250 ms or more): the Raft
+    link proxies, which run on it, forwarded nothing meanwhile (``runner._watch_loop``).
 """
 
 from __future__ import annotations

@@ -139,13 +139,24 @@ class Nemesis:
 
     # ----------------------------------------------------------------- schedule
 
-    async def run(self, *, quiet_s: tuple[float, float], hold_s: tuple[float, float]) -> None:
+    async def run(
+        self,
+        *,
+        quiet_s: tuple[float, float],
+        hold_s: tuple[float, float],
+        first: tuple[str, ...] = (),
+    ) -> None:
         """Alternate quiet gaps and faults (drawn in order from the seed) until cancelled.
 
         Args:
             quiet_s: Range of the gap before each fault (s).
             hold_s: Range of how long each fault lasts (s).
+            first: Faults to inject first, in this order, before the drawn ones (a
+                short run on a slow machine may otherwise never reach a given fault).
         """
+        for name in first:
+            await trio.sleep(self.rng.uniform(*quiet_s))
+            await self.inject(name, self.rng.uniform(*hold_s))
         while True:
             await trio.sleep(self.rng.uniform(*quiet_s))
             name = self.rng.choice(self.names)

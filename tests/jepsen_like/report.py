@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from tests.jepsen_like.checker import MUST_BE_ZERO
+from tests.jepsen_like.checker import MUST_BE_ZERO, WARNINGS
 from tests.jepsen_like.history import Event
 
 WIDTH = 1400
@@ -37,6 +37,17 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
     for name in MUST_BE_ZERO:
         value = summary.get(name, 0)
         table.add_row(name, str(value), "[green]ok[/]" if value == 0 else "[red]FAIL[/]")
+    where = {
+        "undelivered": "held by the nodes when the drain ended",
+        "buffered": "in a consumer's client buffer when the drain ended",
+    }
+    for name in WARNINGS:
+        value = summary.get(name, 0)
+        table.add_row(
+            f"{name} ({where.get(name, 'warning')})",
+            str(value),
+            "[green]ok[/]" if value == 0 else "[yellow]WARN[/]",
+        )
     raft = summary.get("raft") or {}
     if "applied_digest_equal" in raft:
         equal = raft["applied_digest_equal"]
@@ -71,10 +82,18 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
         ("publish_duplicates", summary.get("publish_duplicates")),
         ("unsettled", summary.get("unsettled")),
         ("lateness p50/p99/max ms", "/".join(_ms(lateness.get(k)) for k in ("p50", "p99", "max"))),
-        ("leader_changes", summary.get("leader_changes")),
+        (
+            "leader_changes (after heal)",
+            f"{summary.get('leader_changes')} ({summary.get('leader_changes_after_heal', 0)})",
+        ),
         (
             "unavailable ms (windows)",
             f"{summary.get('unavailable_ms', 0):.0f} ({len(summary.get('unavailability_windows', []))})",
+        ),
+        (
+            "harness stalls >=250 ms (max, total ms)",
+            f"{summary.get('harness_stalls', 0)} ({_ms(summary.get('harness_stall_ms_max'))}, "
+            f"{_ms(summary.get('harness_stall_ms_total'))})",
         ),
     ]
     for name, value in rows:

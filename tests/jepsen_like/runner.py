@@ -11,7 +11,10 @@ Phases (each marked by a ``run`` event in the history):
    workload ended and at most ``drain_timeout_s``; then ``drain_end``.
 5. Raft-level checks from every node's ``/api/status`` (applied index, and the
    ``applied_digest`` / ``term`` fields when the nodes expose them).
-6. The checker's verdicts go to ``summary.json``, a table, and ``timeline.html``.
+6. When a required delivery is still missing: the nodes are stopped and each one's
+   RocksDB is read (``evidence.py``) for the missing schedule entries, one ``state``
+   event per node, so the checker can tell lost from undelivered.
+7. The checker's verdicts go to ``summary.json``, a table, and ``timeline.html``.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from typing import Any
 import attrs
 import trio
 from tests.jepsen_like import report
-from tests.jepsen_like.checker import CheckConfig, CheckResult, check
+from tests.jepsen_like.checker import CheckConfig, CheckResult, Outstanding, check
 from tests.jepsen_like.cluster import Cluster, open_cluster
+from tests.jepsen_like.evidence import read_holdings
 from tests.jepsen_like.history import History
 from tests.jepsen_like.nemesis import CLOCK_FAULTS, MAX_SKEW_MS, Nemesis, steppable_clocks
 from tests.jepsen_like.workload import TOPICS, Workload, WorkloadConfig
@@ -50,6 +54,7 @@ class RunOptions:
         rate: Publish operations per second.
         ack_level: ``quorum`` (default), ``leader`` or ``none`` (unsafe).
         quiet_s, hold_s: Ranges of the nemesis gaps and fault durations (s).
+        nemesis_first: Faults injected first, in order, before the drawn ones.
         drain_timeout_s: Longest drain (s).
         log_level: Nodes' ``--log-level``.
     """
@@ -63,6 +68,7 @@ class RunOptions:
     ack_level: str = "quorum"
     quiet_s: tuple[float, float] = (2.0, 5.0)
     hold_s: tuple[float, float] = (3.0, 8.0)
+    nemesis_first: tuple[str, ...] = ()
     drain_timeout_s: float = 60.0
     log_level: str = "info"
 
@@ -88,6 +94,15 @@ class RunOptions:
         ]
         if self.ack_level != "quorum":
             args += ["--ack-level", self.ack_level]
+        defaults = RunOptions(out=self.out)
+        if self.quiet_s != defaults.quiet_s:
+            args += ["--quiet", ",".join(f"{s:g}" for s in self.quiet_s)]
+        if self.hold_s != defaults.hold_s:
+            args += ["--hold", ",".join(f"{s:g}" for s in self.hold_s)]
+        if self.nemesis_first:
+            args += ["--nemesis-first", ",".join(self.nemesis_first)]
+        if self.drain_timeout_s != defaults.drain_timeout_s:
+            args += ["--drain-timeout", f"{self.drain_timeout_s:g}"]
         return shlex.join(args)
 
 
@@ -106,6 +121,30 @@ async def _poll_leaders(cluster: Cluster) -> None:
         await trio.sleep(LEADER_POLL_S)
 
 
+LOOP_WATCH_S = 0.1
+"""How often the harness checks that its own event loop is not held up (s)."""
+LOOP_STALL_MS = 250
+"""A wake-up this late (ms) is recorded as a stall of the harness: the Raft link proxies
+run on the same loop, so every link stalled as long (about half an election timeout)."""
+
+
+async def _watch_loop(history: History, stalls: list[float]) -> None:
+    """Record every stall of the harness's own event loop (``harness`` events).
+
+    A node's election timeout is 500 ms; a harness too starved to forward frames for
+    that long makes leaders lose their quorum, which is the harness's fault, not the
+    cluster's. The summary reports how many stalls and the longest, so a run on a
+    loaded machine can be told from a cluster that cannot keep a leader.
+    """
+    while True:
+        before = trio.current_time()
+        await trio.sleep(LOOP_WATCH_S)
+        late_ms = (trio.current_time() - before - LOOP_WATCH_S) * 1000
+        if late_ms >= LOOP_STALL_MS:
+            stalls.append(late_ms)
+            history.record("harness", stall_ms=round(late_ms, 1))
+
+
 async def _raft_checks(cluster: Cluster) -> dict[str, Any]:
     """Compare what the nodes report about their own state once everything settled."""
     with trio.move_on_after(20):
@@ -121,33 +160,69 @@ async def _raft_checks(cluster: Cluster) -> dict[str, Any]:
         "applied_index": {str(n): s.get("applied_index") for n, s in statuses.items()},
         "applied_index_equal": len({s.get("applied_index") for s in statuses.values()}) <= 1,
     }
-    digests = {str(n): s["applied_digest"] for n, s in statuses.items() if "applied_digest" in s}
-    if digests:
-        checks["applied_digest"] = digests
-        checks["applied_digest_equal"] = len(set(digests.values())) == 1
-    else:
-        checks["applied_digest"] = "not exposed by /api/status (skipped)"
+    checks.update(compare_digests(statuses))
     return checks
 
 
-async def _drain(workload: Workload, history: History, options: RunOptions) -> None:
-    """Wait until the checker sees nothing lost or unsettled, within the bounds."""
+def compare_digests(statuses: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """``applied_digest`` (per node), ``applied_digest_equal`` and what was compared.
+
+    The digest chains every applied entry, so only nodes at the same applied index are
+    compared: a node one entry ahead always differs (it may have applied an entry the
+    others learn is committed with the next heartbeat).
+    """
+    digests = {str(n): s["applied_digest"] for n, s in statuses.items() if "applied_digest" in s}
+    if not digests:
+        return {"applied_digest": "not exposed by /api/status (skipped)"}
+    by_index: dict[Any, set[int]] = {}
+    for status in statuses.values():
+        if "applied_digest" in status:
+            by_index.setdefault(status.get("applied_index"), set()).add(status["applied_digest"])
+    return {
+        "applied_digest": digests,
+        "applied_digest_equal": all(len(found) == 1 for found in by_index.values()),
+        "applied_digest_compared": (
+            "all nodes" if len(by_index) == 1 else "nodes at the same applied index only"
+        ),
+    }
+
+
+async def _drain(workload: Workload, history: History, options: RunOptions) -> Outstanding:
+    """Wait until no required delivery is missing, within the bounds.
+
+    Returns:
+        The tracker, up to date with the history at the end of the drain.
+    """
     workload.draining = True
+    outstanding = Outstanding()
     earliest = trio.current_time() + WorkloadConfig().max_delay_ms / 1000 + 1.0
     with trio.move_on_after(options.drain_timeout_s):
         while True:
             await trio.sleep(DRAIN_POLL_S)
             if trio.current_time() < earliest:
                 continue
-            provisional = [
-                *history.events,
-                {"t": history.events[-1]["t"], "type": "run", "phase": "drain_end"},
-            ]
-            counts = check(provisional).counts
+            # Incremental: this loop also runs every Raft link's proxy, so a poll must
+            # stay short (a full check of a long history would stall every link).
+            outstanding.update(history.events)
             # Not "unsettled": an ack applied whose answer was lost leaves a message
             # delivered, never acked ok, and rightly never redelivered.
-            if counts["lost"] == 0:
-                return
+            if not outstanding.missing(history.events[-1]["t"]):
+                break
+    outstanding.update(history.events)
+    return outstanding
+
+
+def _record_node_states(
+    cluster: Cluster, history: History, missing: list[tuple[str, list[int], str, str]]
+) -> None:
+    """One ``state`` event per node: what its RocksDB holds of the missing deliveries.
+
+    Called after every node process stopped (``evidence.py`` reads the directories).
+    """
+    wanted = [(mid, topic, group) for _key, ids, topic, group in missing for mid in ids]
+    for node_id, node in sorted(cluster.nodes.items()):
+        assert not node.alive, f"node {node_id} still runs; its data is read only once stopped"
+        history.record("state", node_id=node_id, **read_holdings(node.data_dir, wanted))
 
 
 async def run(options: RunOptions) -> RunOutcome:
@@ -166,7 +241,9 @@ async def run(options: RunOptions) -> RunOutcome:
     rng = random.Random(options.seed)
     config = WorkloadConfig(rate=options.rate, ack_level=options.ack_level)
     raft: dict[str, Any] = {}
+    missing: list[tuple[str, list[int], str, str]] = []
     started = trio.current_time()
+    stalls: list[float] = []
     try:
         clocks = steppable_clocks(out / "cluster", options.nodes, list(options.nemesis))
         async with open_cluster(
@@ -195,6 +272,7 @@ async def run(options: RunOptions) -> RunOutcome:
             )
             async with trio.open_nursery() as background:
                 background.start_soon(_poll_leaders, cluster)
+                background.start_soon(_watch_loop, history, stalls)
                 background.start_soon(workload.run_consumers)
                 with trio.move_on_after(options.time_s):
                     async with trio.open_nursery() as phase:
@@ -202,19 +280,29 @@ async def run(options: RunOptions) -> RunOutcome:
                         phase.start_soon(workload.run_churner)
                         if options.nemesis:
                             phase.start_soon(
-                                partial(nemesis.run, quiet_s=options.quiet_s, hold_s=options.hold_s)
+                                partial(
+                                    nemesis.run,
+                                    quiet_s=options.quiet_s,
+                                    hold_s=options.hold_s,
+                                    first=options.nemesis_first,
+                                )
                             )
                 history.record("run", phase="workload_end")
                 await nemesis.heal_all()
                 await cluster.wait_ready(timeout_s=30)
                 await workload.restore_churned()
                 history.record("run", phase="healed")
-                await _drain(workload, history, options)
-                history.record("run", phase="drain_end")
+                outstanding = await _drain(workload, history, options)
+                drain_end = history.record("run", phase="drain_end")
+                workload.record_buffered()
+                missing = outstanding.missing(drain_end["t"])
                 workload.stop()
                 history.flush()
                 raft = await _raft_checks(cluster)
                 background.cancel_scope.cancel()
+            if missing:
+                cluster.stop_all()
+                _record_node_states(cluster, history, missing)
     finally:
         history.close()
     # Cluster time keeps releases on true time whatever one node's clock says; the
@@ -233,6 +321,9 @@ async def run(options: RunOptions) -> RunOutcome:
         raft=raft,
         reproduce=options.command(),
         wall_s=round(trio.current_time() - started, 1),
+        harness_stalls=len(stalls),
+        harness_stall_ms_max=round(max(stalls, default=0.0), 1),
+        harness_stall_ms_total=round(sum(stalls), 1),
     )
     if raft.get("applied_digest_equal") is False:
         summary["failures"]["applied_digest_differs"] = 1

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.jepsen_like.checker import MUST_BE_ZERO, CheckConfig, check, merge_intervals, percentile
+from tests.jepsen_like.checker import (
+    MUST_BE_ZERO,
+    CheckConfig,
+    Outstanding,
+    check,
+    merge_intervals,
+    percentile,
+)
 from tests.jepsen_like.history import Event, History, read_history
 
 T0 = 1_700_000_000_000.0
@@ -329,6 +336,204 @@ def test_helpers() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.99) == 4.0
     assert merge_intervals([(5, 6), (1, 3), (2, 4)]) == [(1, 4), (5, 6)]
+
+
+# ------------------------------------------------- what the nodes still held at the end
+
+
+def state(node_id: int, held: list[list[Any]], applied_index: int = 100) -> Event:
+    """A ``state`` event as the runner records it (``evidence.read_holdings``)."""
+    return {
+        "t": T0 + 20_000,
+        "type": "state",
+        "node_id": node_id,
+        "applied_index": applied_index,
+        "groups": {"jobs/a": 1, "jobs/b": 2},
+        "held": held,
+        "messages": sorted({entry[0] for entry in held}),
+    }
+
+
+def backlog() -> tuple[Builder, str]:
+    """Group ``b`` works through a backlog in due order until the drain ends at 30 s:
+    message ``100 + n`` is due at 0.5 s + 0.5 s * n and received at 2 s + 2.5 s * n
+    (n = 0..10). Message 9, due at 6 s, reached group ``a`` but never ``b``."""
+    b = clean()
+    k = b.publish(400, message_id=9, delay_ms=5_600)
+    b.deliver(6_020, k, message_id=9, group="a", due=6_002)
+    for n in range(11):
+        due = 500 + 500 * n
+        key = b.publish(300 + 10 * n, message_id=100 + n, groups=["b"], delay_ms=due - 300 - 10 * n)
+        b.deliver(2_000 + 2_500 * n, key, message_id=100 + n, group="b", due=due)
+    return b, k
+
+
+def test_missing_delivery_held_by_every_node_is_undelivered_not_lost() -> None:
+    b, k = backlog()
+    events = b.finish(30_000)
+    held = [[9, "jobs", "b", T0 + 6_002, 0]]
+    result = check([*events, state(1, held), state(2, held), state(3, held)])
+    assert_only(result.counts)
+    assert result.ok
+    assert result.counts["undelivered"] == 1 and result.warnings == {"undelivered": 1}
+    example = result.examples["undelivered"][0]
+    assert example["key"] == k and example["group"] == "b" and example["held_by"] == [1, 2, 3]
+    assert result.summary()["warnings"] == {"undelivered": 1}
+
+
+def test_missing_delivery_without_node_state_is_lost() -> None:
+    b, _ = backlog()
+    result = check(b.finish(30_000))  # an old history, or nothing could be read
+    assert_only(result.counts, lost=1)
+    assert result.examples["lost"][0]["nodes"] == "no node state recorded"
+
+
+def test_missing_delivery_gone_from_the_up_to_date_nodes_is_lost() -> None:
+    b, _ = backlog()
+    events = b.finish(30_000)
+    old = [[9, "jobs", "b", T0 + 6_002, 0]]
+    # Node 3 still has it but is behind; the two up-to-date nodes dropped it.
+    states = [state(1, [], 120), state(2, [], 120), state(3, old, 90)]
+    result = check([*events, *states])
+    assert_only(result.counts, lost=1)
+    assert result.counts["undelivered"] == 0
+    # A node that could not be read proves nothing either way.
+    unreadable = {"t": T0 + 20_000, "type": "state", "node_id": 1, "error": "cannot open"}
+    assert_only(check([*events, unreadable]).counts, lost=1)
+
+
+def test_held_entry_behind_the_group_frontier_is_stranded() -> None:
+    b, _ = backlog()
+    events = b.finish(30_000)
+    # Due at 1 s, yet group b went on to deliver entries due up to 3.5 s and then
+    # kept delivering for 10 s more: the dispatcher passed it by.
+    held = [[9, "jobs", "b", T0 + 1_000, 0]]
+    result = check([*events, state(1, held), state(2, held)])
+    assert_only(result.counts, stranded=1)
+    assert result.examples["stranded"][0]["group_frontier_due_ms"] == T0 + 3_500
+    # Due at 4 s (after the frontier): the drain ended before its turn.
+    later = [[9, "jobs", "b", T0 + 4_000, 0]]
+    assert_only(check([*events, state(1, later), state(2, later)]).counts)
+    # With a slack longer than the whole backlog there is no frontier yet.
+    assert_only(check([*events, state(1, held)], CheckConfig(frontier_slack_ms=30_000)).counts)
+
+
+def test_entry_stored_after_the_later_deliveries_is_not_stranded() -> None:
+    """A slow publish (acknowledged after 17 s, as under a loaded machine) stores an
+    entry due at 1 s after group b delivered everything due before 3.5 s that settles
+    its frontier: the dispatcher never had the chance to pass it by."""
+    b = Builder()
+    b.add(0, "run", phase="start", topics=TOPICS)
+    b.publish(400, message_id=9, delay_ms=600, took_ms=17_000, groups=["b"])
+    for n in range(11):
+        due = 500 + 500 * n
+        key = b.publish(300 + 10 * n, message_id=100 + n, groups=["b"], delay_ms=due - 300 - 10 * n)
+        b.deliver(2_000 + 2_500 * n, key, message_id=100 + n, group="b", due=due)
+    events = b.finish(30_000)
+    held = [[9, "jobs", "b", T0 + 1_000, 0]]
+    result = check([*events, state(1, held), state(2, held)])
+    assert_only(result.counts)
+    assert result.counts["undelivered"] == 1
+    # Acknowledged at 5 s instead, it existed while entries due up to 3.5 s went out.
+    b2, _ = backlog()
+    events = b2.finish(30_000)
+    assert_only(check([*events, state(1, held), state(2, held)]).counts, stranded=1)
+
+
+def test_missing_delivery_in_a_consumer_buffer_is_buffered() -> None:
+    """Pushed to a consumer of the group whose client had not handed it out when the
+    drain ended (prefetch 200, one ack at a time on a loaded machine): neither passed by
+    nor stalled, whatever its due time."""
+    b, k = backlog()
+    b.add(29_000, "buffered", consumer="b-4-lease", group="b", ids=[9], keys=[k])
+    b.add(29_000, "buffered", consumer="a-4-lease", group="a", ids=[], keys=[])
+    events = b.finish(30_000)
+    held = [[9, "jobs", "b", T0 + 1_000, 0]]  # due before the frontier: stranded otherwise
+    result = check([*events, state(1, held), state(2, held)])
+    assert_only(result.counts)
+    assert result.counts["buffered"] == 1 and result.warnings == {"buffered": 1}
+    assert result.examples["buffered"][0]["group"] == "b"
+    # In another group's buffer it proves nothing for this one.
+    b, k = backlog()
+    b.add(29_000, "buffered", consumer="a-4-lease", group="a", ids=[9], keys=[k])
+    events = b.finish(30_000)
+    assert_only(check([*events, state(1, held), state(2, held)]).counts, stranded=1)
+
+
+def test_group_that_delivered_nothing_late_in_the_drain_stalled() -> None:
+    b = clean()
+    k = b.publish(400, message_id=9, delay_ms=100)
+    b.deliver(520, k, message_id=9, group="a", due=502)
+    events = b.finish(30_000)  # group b's last delivery came at 1.1 s
+    held = [[9, "jobs", "b", T0 + 502, 0]]
+    result = check([*events, state(1, held), state(2, held)])
+    assert_only(result.counts, drain_stalled=1)
+    assert result.examples["drain_stalled"][0]["group"] == "b"
+    assert result.counts["undelivered"] == 1
+
+
+def test_leader_changes_after_the_heal_are_counted() -> None:
+    b = clean()
+    b.add(1_000, "leader", node_id=1, term=1, observer=1)
+    b.add(2_000, "run", phase="healed")
+    for t, node, term in [(3_000, 2, 2), (4_000, 3, 3)]:
+        b.add(t, "leader", node_id=node, term=term, observer=node)
+    result = check(b.finish(5_000))
+    assert result.counts["leader_changes"] == 2
+    assert result.counts["leader_changes_after_heal"] == 2
+
+
+# ------------------------------------------------- the drain's incremental tracker
+
+
+def every_prefix_agrees(events: list[Event]) -> None:
+    outstanding = Outstanding()
+    for n in range(1, len(events) + 1):
+        prefix = events[:n]
+        outstanding.update(prefix)
+        end = prefix[-1]["t"]
+        provisional = [*prefix, {"t": end, "type": "run", "phase": "drain_end"}]
+        result = check(provisional)
+        missing = outstanding.missing(end)
+        assert len({key for key, *_ in missing}) == result.counts["lost"], n
+        assert len(missing) == result.counts["lost_group_entries"], n
+
+
+def test_outstanding_agrees_with_the_checker_on_every_prefix() -> None:
+    b, _ = backlog()
+    k = b.publish(12_000, message_id=20)
+    b.add(12_100, "deliver", id=20, key=k, topic="other", group="a", due_ms=T0, delivered_ms=T0)
+    b.deliver(12_200, k, message_id=20, group="a", due=12_000)
+    k = b.publish(12_300, message_id=21, ttl_ms=60_000, took_ms=400)
+    b.deliver(12_350, k, message_id=21, group="b", due=12_300)  # before the publish's ok
+    b.publish(12_400, message_id=22, outcome="info")
+    b.publish(12_500, message_id=23, delay_ms=200, ttl_ms=5)
+    every_prefix_agrees(b.finish(14_000))
+
+
+def test_outstanding_waives_a_deleted_group_like_the_checker() -> None:
+    b = clean()
+    b.publish(1_000, message_id=40)
+    b.add(1_100, "group", phase="invoke", action="delete", topic="jobs", group="a")
+    b.publish(1_120, message_id=41)  # concurrent with the delete
+    b.add(1_150, "group", phase="ok", action="delete", topic="jobs", group="a")
+    b.publish(1_200, message_id=42)  # after it: required again
+    b.add(1_300, "group", phase="invoke", action="delete", topic="jobs", group="b")
+    every_prefix_agrees(b.finish(5_000))  # the second delete never answered
+
+
+def test_outstanding_reads_each_event_once() -> None:
+    """A drain poll costs the events since the last poll, not the whole history
+    (a full check of a 10-minute history stalled every Raft link for ~1 s)."""
+    b, _ = backlog()
+    events = b.finish(30_000)
+    outstanding = Outstanding()
+    assert outstanding.update(events[:-10]) == len(events) - 10
+    assert outstanding.update(events) == 10
+    assert outstanding.update(events) == 0
+    assert [(key, ids, group) for key, ids, _, group in outstanding.missing(events[-1]["t"])] == [
+        ("p0-5", [9], "b")
+    ]
 
 
 def test_duplicates_are_counted_by_cause() -> None:

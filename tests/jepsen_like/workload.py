@@ -135,6 +135,8 @@ class Workload:
         self.next_batch = 0
         self.draining = False
         self.stopped = trio.Event()
+        self.subscriptions: dict[str, tuple[str, Any]] = {}
+        """Live subscriptions: consumer name -> (group, subscription)."""
 
     def client(self, rng: random.Random) -> Any:
         """An ``open_client`` context for this run."""
@@ -311,6 +313,20 @@ class Workload:
                         rng = random.Random(self.rng.random())
                         nursery.start_soon(self.run_consumer, topic, group, name, behaviour, rng)
 
+    def record_buffered(self) -> None:
+        """One ``buffered`` event per live consumer: the deliveries its client holds
+        (pushed by the server, kept alive by the lease keeper) and has not handed to
+        the consumer yet. Reached a consumer of the group: not lost, not passed by."""
+        for name, (group, sub) in sorted(self.subscriptions.items()):
+            buffer = list(getattr(sub, "_buffer", ()))
+            self.history.record(
+                "buffered",
+                consumer=name,
+                group=group,
+                ids=[delivery.id for delivery in buffer],
+                keys=[key_of(delivery.payload) for delivery in buffer],
+            )
+
     def stop(self) -> None:
         """Ask every consumer to leave."""
         self.stopped.set()
@@ -324,7 +340,11 @@ class Workload:
                 async with self.client(random.Random(rng.random())) as client:
                     prefetch = {"slow": 1, "lease": 200}.get(behaviour, 10)
                     async with client.subscribe(topic, group, prefetch=prefetch) as sub:
-                        await self._consume(client, sub, group, name, behaviour, rng)
+                        self.subscriptions[name] = (group, sub)
+                        try:
+                            await self._consume(client, sub, group, name, behaviour, rng)
+                        finally:
+                            self.subscriptions.pop(name, None)
             except SubscriptionEndedError as error:
                 # The churner deleted the group: subscribe again (which re-creates it).
                 self.history.record("consumer", phase="ended", consumer=name, error=repr(error))

@@ -17,8 +17,11 @@ Tokens (``docs/security.md``, "Client access"):
 Permissions of a client:
 
 * ``publish``: topic patterns it may PUBLISH to;
-* ``consume``: topic patterns it may SUBSCRIBE to (and so ACK, NACK, CREDIT, UNSUBSCRIBE);
-* ``manage_groups``: topic patterns whose groups it may GROUP_CREATE and GROUP_DELETE;
+* ``consume``: topic patterns it may SUBSCRIBE to (and so ACK, NACK, CREDIT, UNSUBSCRIBE)
+  and BROWSE (as may ``monitor``);
+* ``manage_groups``: topic patterns whose groups it may GROUP_CREATE and GROUP_DELETE, and
+  whose scheduled messages it may CANCEL, RESCHEDULE and PURGE and whose dead letters it
+  may REDRIVE;
 * ``manage_cluster``: CLUSTER_ADD_NODE, CLUSTER_REMOVE_NODE, CLUSTER_TRANSFER_LEADER,
   and CLUSTER_STATUS;
 * ``monitor``: STATUS lists every topic (others see only topics their patterns name),
@@ -416,6 +419,14 @@ def _check_monitor(principal: Principal, frame: frames.Frame) -> None:
         )
 
 
+def _check_browse(principal: Principal, frame: Any) -> None:
+    """BROWSE reads what a consumer of the topic could receive: ``consume`` on the
+    topic, or ``monitor``."""
+    if principal.permissions.monitor:
+        return
+    _topic_check(principal, principal.permissions.consume, frame.topic, "browse")
+
+
 def _allow(principal: Principal, frame: Any) -> None:
     """No permission needed (PING, PONG, STATUS which is filtered by what may be seen)."""
 
@@ -436,6 +447,19 @@ _RULES: dict[frames.FrameType, Callable[[Principal, Any], None]] = {
     ),
     frames.FrameType.GROUP_DELETE: lambda p, f: _topic_check(
         p, p.permissions.manage_groups, f.topic, "manage the groups of"
+    ),
+    frames.FrameType.CANCEL: lambda p, f: _topic_check(
+        p, p.permissions.manage_groups, f.topic, "manage the messages of"
+    ),
+    frames.FrameType.BROWSE: _check_browse,
+    frames.FrameType.RESCHEDULE: lambda p, f: _topic_check(
+        p, p.permissions.manage_groups, f.topic, "manage the messages of"
+    ),
+    frames.FrameType.PURGE: lambda p, f: _topic_check(
+        p, p.permissions.manage_groups, f.topic, "manage the messages of"
+    ),
+    frames.FrameType.REDRIVE: lambda p, f: _topic_check(
+        p, p.permissions.manage_groups, f.topic, "manage the messages of"
     ),
     frames.FrameType.STATUS: _allow,
     frames.FrameType.PING: _allow,

@@ -265,8 +265,9 @@ class Dispatcher:
         it holds was scheduled by the same command (:meth:`on_scheduled` takes care of
         those). A changed group's runtime, if it has one, takes the new settings.
         """
-        if group_id in self.state.deleting:
-            self._deleting_changed.set()  # the reaper has entries to purge
+        state = self.state
+        if group_id in state.deleting or group_id in state.purging or group_id in state.backfilling:
+            self._deleting_changed.set()  # the reaper has entries to purge or copy
         if not self.active:
             return
         info = self.state.groups.get(group_id)
@@ -395,7 +396,9 @@ class Dispatcher:
             )
         if self._staged:
             self._staged_changed.set()
-        return (commands.delivered(entries) if entries else None), batches
+        # The stamp becomes the entries' last delivery time (a dead letter's provenance).
+        command = commands.delivered(entries, self.clock.wall_ms()) if entries else None
+        return command, batches
 
     def push_staged(self, batches: list[Staged], *, pass_now_ms: int | None = None) -> int:
         """Push deliveries whose DELIVERED committed, or first deliveries straight from a
@@ -408,8 +411,26 @@ class Dispatcher:
         committed goes back to the index, where the next pass expires it (nothing is
         ever delivered after its expiry); a consumer that left gets nothing and its
         deliveries go back to the group with their previous attempt count.
+
+        Recorded deliveries are pushed only while dispatching is allowed *now*
+        (``dispatch_allowed``: the leader lease): their record may have committed
+        long after they were staged, for instance when a leader paused with SIGSTOP
+        resumes and the answers queued for it commit the record, after another leader
+        took over and delivered the same entries with a higher attempt. Refused, they
+        go back unpushed with their old attempt. The time stamped on the frame is read
+        before the question, so every push carries a time at which this node held the
+        lease (a pause after the question only delays the frame, like the network).
+        A pass's first deliveries need no question here: :meth:`dispatch_once` asks
+        after reading the pass's time and pushes without yielding.
         """
-        now_ms = self.clock.wall_ms() if pass_now_ms is None else pass_now_ms
+        if pass_now_ms is None:
+            now_ms = self.clock.wall_ms()
+            allowed = self.dispatch_allowed
+            if not self.active or (allowed is not None and not allowed()):
+                self.drop_staged(batches)
+                return 0
+        else:
+            now_ms = pass_now_ms
         pushed = 0
         for batch in batches:
             consumer = batch.consumer
@@ -448,11 +469,17 @@ class Dispatcher:
         return pushed
 
     def drop_staged(self, batches: list[Staged]) -> None:
-        """Their DELIVERED could not be committed: give the deliveries back unpushed."""
+        """Their DELIVERED could not be committed (or they may not be pushed now): give
+        the deliveries back unpushed. One removed meanwhile returns its credit, as in
+        :meth:`push_staged` (it never went out)."""
         for batch in batches:
+            consumer = batch.consumer
             for flight in batch.flights:
                 if self.hub.is_current(flight):
                     self.hub.give_back(flight)
+                elif not consumer.closed:
+                    consumer.credit += 1
+                    self.hub.touched.add(consumer.group_id)
         self.kick()
 
     def _count_pushed(self, runtime: GroupRuntime, flights: list[InFlight], now_ms: int) -> None:
@@ -505,23 +532,36 @@ class Dispatcher:
             slots.release()
 
     async def _reaper(self) -> None:
-        """Remove the schedule entries of deleted groups, one bounded chunk per command.
+        """Remove the schedule entries of deleted and purged groups, and fill groups
+        created from the backlog, one bounded chunk per command.
 
         Each PURGE_GROUP applies in a few milliseconds, so the loop, heartbeats and
         other commands go on between chunks (``DESIGN.md``, "no request holds the
         event loop").
         """
         while True:
-            if not self.active or not self.state.deleting:
+            command = self._background_chunk() if self.active else None
+            if command is None:
                 self._deleting_changed = trio.Event()
                 await self._deleting_changed.wait()
                 continue
-            gid = min(self.state.deleting)
             try:
-                await self.log.propose(commands.purge_group(gid, PURGE_CHUNK_ENTRIES))
+                await self.log.propose(command)
             except FutureQError as exc:
-                log.warning("could not purge deleted group %d (retrying): %s", gid, exc)
+                log.warning("could not run a purge or backfill chunk (retrying): %s", exc)
                 await trio.sleep(PROPOSE_RETRY_MS / 1000)
+
+    def _background_chunk(self) -> bytes | None:
+        """The next bounded chunk of background work, or None: purge a deleted group,
+        then a purged group (PURGE), then fill a group created from the backlog."""
+        state = self.state
+        if state.deleting:
+            return commands.purge_group(min(state.deleting), PURGE_CHUNK_ENTRIES)
+        if state.purging:
+            return commands.purge_group(min(state.purging), PURGE_CHUNK_ENTRIES)
+        if state.backfilling:
+            return commands.backfill_group(min(state.backfilling), PURGE_CHUNK_ENTRIES)
+        return None
 
     # ------------------------------------------------------------ proposals
 
@@ -580,6 +620,9 @@ class Dispatcher:
         """
         if not self.active:
             return math.inf
+        # The pass's time first, then the lease: a pause between the two fails the
+        # question, and everything the pass pushes (without yielding) carries a time
+        # at which the lease held (see push_staged).
         now_ms = self.clock.wall_ms()
         if self.dispatch_allowed is not None and not self.dispatch_allowed():
             return float(now_ms + NOT_ALLOWED_RETRY_MS)
@@ -625,7 +668,17 @@ class Dispatcher:
             if budget[0] <= 0:
                 break
         if expired:
-            self._submit(commands.expire(expired), expired_restore)
+            groups = self.state.groups
+            if any(
+                (info := groups.get(commands.parse_schedule_key(key)[0])) is not None
+                and info.dead_letter_expired
+                for key in expired
+            ):
+                # The stamp and settings serve groups that dead-letter what expires.
+                command = commands.expire(expired, now_ms, self.group_settings)
+            else:
+                command = commands.expire(expired)
+            self._submit(command, expired_restore)
         if dead:
             self._submit(commands.dead_letter(now_ms, dead, self.group_settings), dead_restore)
         if touched:
@@ -784,16 +837,19 @@ class Dispatcher:
                         continue
                     _topic, payload, publish_ms, _due, _open = message
                     frame_bytes += len(payload) + 64
-                    deliveries.append(
-                        [
-                            commands.delivery_tag(key, attempt),
-                            mid,
-                            payload,
-                            due_ms,
-                            publish_ms,
-                            attempt,
-                        ]
-                    )
+                    item = [
+                        commands.delivery_tag(key, attempt),
+                        mid,
+                        payload,
+                        due_ms,
+                        publish_ms,
+                        attempt,
+                    ]
+                    if consumer.headers:  # asked for in SUBSCRIBE (issue 14)
+                        record = self.state.get_record(mid)
+                        item.append(None if record is None else record.headers)
+                        frame_bytes += 0 if record is None or not record.headers else 4096
+                    deliveries.append(item)
                     flights.append(
                         InFlight(
                             key,

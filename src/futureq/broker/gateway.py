@@ -53,6 +53,7 @@ from futureq.errors import (
 from futureq.wire import codec, frames
 from futureq.wire.session import CLOSED, NEED_DATA, ServerSession, SessionState
 
+from . import manage
 from .access import ANONYMOUS, AccessControl, Principal
 from .command_log import no_space_error
 
@@ -698,12 +699,15 @@ class Connection:
         broker = self.broker
         match frame:
             case frames.Publish():
-                first_id, count = await broker.publish(frame.items, frame.ack_level)
-                return frames.PublishOk(frame.request_id, first_id, count)
+                first_id, count, duplicates = await broker.publish(frame.items, frame.ack_level)
+                pairs = None if not duplicates else [[p, d] for p, d in sorted(duplicates.items())]
+                return frames.PublishOk(frame.request_id, first_id, count, pairs)
             case frames.Ack():
                 return frames.Ok(frame.request_id, await broker.ack(self.id, frame.tags))
             case frames.Nack():
-                done = await broker.nack(self.id, frame.tags, frame.requeue_delay_ms)
+                done = await broker.nack(
+                    self.id, frame.tags, frame.requeue_delay_ms, frame.reason, frame.dead_letter
+                )
                 return frames.Ok(frame.request_id, done)
             case frames.Credit():
                 broker.grant_credit(self.id, frame.subscription_id, frame.credit)
@@ -726,7 +730,7 @@ class Connection:
                         "or ask the operator to raise the limit",
                     )
                 consumer = await broker.subscribe(
-                    self.id, self.outbox, frame.topic, frame.group, frame.prefetch
+                    self.id, self.outbox, frame.topic, frame.group, frame.prefetch, frame.headers
                 )
                 self.subscriptions[consumer.subscription_id] = consumer
                 # The answer must precede the first DELIVER, so queue it here, in order.
@@ -772,12 +776,30 @@ class Connection:
                 return frames.Ok(frame.request_id, None)
             case frames.GroupCreate():
                 await broker.ensure_group(
-                    frame.topic, frame.group, frame.visibility_timeout_ms, frame.max_deliveries
+                    frame.topic,
+                    frame.group,
+                    frame.visibility_timeout_ms,
+                    frame.max_deliveries,
+                    frame.from_backlog,
+                    frame.dead_letter_expired,
                 )
                 return frames.Ok(frame.request_id, None)
             case frames.GroupDelete():
                 await broker.delete_group(frame.topic, frame.group)
                 return frames.Ok(frame.request_id, None)
+            case frames.Browse():
+                return await manage.browse(broker, frame)
+            case frames.Redrive():
+                results = await manage.redrive(broker, frame)
+                return frames.ItemResults(frame.request_id, results)
+            case frames.Reschedule():
+                results = await manage.reschedule(broker, frame)
+                return frames.ItemResults(frame.request_id, results)
+            case frames.Purge():
+                return frames.Ok(frame.request_id, await manage.purge(broker, frame))
+            case frames.Cancel():
+                results = await manage.cancel(broker, frame.topic, frame.group, frame.ids)
+                return frames.ItemResults(frame.request_id, results)
             case frames.ClusterStatus():
                 return frames.ClusterStatusOk(frame.request_id, broker.cluster_status())
             case frames.ClusterAddNode():

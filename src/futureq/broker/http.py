@@ -12,6 +12,8 @@ Endpoints (all ``GET``; ``HEAD`` too):
 ``/readyz``        200 ``{"ready": true}`` when ``is_ready()``; else 503
                    ``{"ready": false, "reason": ...}``.
 ``/api/status``    JSON of ``status()`` (shape in :class:`StatusProvider`).
+``/api/browse``    JSON of one BROWSE page: ``?topic=T[&group=G][&from_due_ms=][&to_due_ms=]
+                   [&cursor=HEX][&limit=N][&preview_bytes=N]`` (read-only; leader only).
 ``/api/overview``  JSON of ``overview()``: what the dashboard shows (the map of
                    WATCH_UPDATE, ``docs/protocol.md``).
 ``/``              The dashboard: a static page (``broker/static/``) that opens ``/ws``
@@ -43,6 +45,7 @@ import json
 import logging
 import pathlib
 import ssl
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -116,6 +119,14 @@ class StatusProvider(Protocol):
         ...
 
 
+class BrowseProvider(Protocol):
+    """What ``/api/browse`` asks the broker (read-only; ``docs/protocol.md``, "BROWSE")."""
+
+    async def browse_json(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """``(HTTP status, JSON body)`` of one BROWSE page for the query parameters."""
+        ...
+
+
 class _QuietHypercornLogger(HypercornLogger):
     """Hypercorn's logger, with its INFO lines ("Running on ...") demoted to DEBUG:
     we log our own "HTTP listening on" line with the real address."""
@@ -155,6 +166,7 @@ class HttpApp:
         metrics_require_auth: ``/metrics`` needs a token too (when tokens are configured).
         websocket_handler: Serves ``/ws`` connections (the gateway); None refuses them.
         websocket_origins: Browser origins allowed on ``/ws`` besides the page's own.
+        browser: Answers ``/api/browse`` (pending messages, read-only); None: 404.
     """
 
     def __init__(
@@ -165,6 +177,7 @@ class HttpApp:
         metrics_require_auth: bool = True,
         websocket_handler: websocket.WebSocketHandler | None = None,
         websocket_origins: tuple[str, ...] = (),
+        browser: BrowseProvider | None = None,
     ) -> None:
         self._metrics = metrics
         self._provider = provider
@@ -172,6 +185,7 @@ class HttpApp:
         self._metrics_require_auth = metrics_require_auth
         self._websocket_handler = websocket_handler
         self._websocket_origins = websocket_origins
+        self._browser = browser
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -223,6 +237,10 @@ class HttpApp:
                 rows = self._metrics.group_rows()
                 body, text_type = await trio.to_thread.run_sync(self._metrics.render, rows)
                 status, content_type = 200, text_type.encode("ascii")
+            elif scope["path"] == "/api/browse" and self._browser is not None:
+                query = dict(urllib.parse.parse_qsl(scope.get("query_string", b"").decode()))
+                status, value = await self._browser.browse_json(query)
+                body, content_type = _json(value), _JSON
             else:
                 status, body, content_type = self._route(scope["path"])
         except Exception:
@@ -382,6 +400,7 @@ async def serve_http(
     websocket_origins: tuple[str, ...] = (),
     max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
     tls: TlsConfig | None = None,
+    browser: BrowseProvider | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -403,6 +422,7 @@ async def serve_http(
         tls: Serve HTTPS (and ``wss://``) with this certificate and key; client
             certificates are verified against ``ca_file`` (required with
             ``require_client_cert``). None or disabled: plain HTTP.
+        browser: Serves ``/api/browse`` (read-only); None leaves it out.
         shutdown_trigger: Optional; when this returns, stop accepting and let open
             requests finish for up to :data:`GRACEFUL_TIMEOUT_S`, then return. Without
             it, cancel the enclosing scope to stop (open requests are cut).
@@ -430,7 +450,13 @@ async def serve_http(
             config.ca_certs = tls.ca_file
             config.verify_mode = ssl.CERT_REQUIRED if tls.require_client_cert else ssl.CERT_OPTIONAL
     app = HttpApp(
-        metrics, provider, access, metrics_require_auth, websocket_handler, websocket_origins
+        metrics,
+        provider,
+        access,
+        metrics_require_auth,
+        websocket_handler,
+        websocket_origins,
+        browser=browser,
     )
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(

@@ -302,6 +302,7 @@ async def serve(
                         websocket_origins=websocket_origins(config),
                         max_frame_bytes=config.limits.max_frame_bytes,
                         tls=config.tls if config.tls.http else None,
+                        browser=broker,
                     )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group

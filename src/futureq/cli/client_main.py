@@ -49,6 +49,7 @@ import shtab
 import trio
 
 from futureq import __version__
+from futureq.cli import manage_commands
 from futureq.cli.durations import duration_ms_arg
 from futureq.cli.jsonl import (
     JsonlItem,
@@ -92,8 +93,9 @@ MAX_FAILURES_SHOWN: Final = 50
 def delivery_json(delivery: Delivery) -> str:
     """The line ``consume --json`` prints for one delivery: strict JSON, shape
     ``{"id", "topic", "group", "payload", "payload_encoding" ("json" | "text" |
-    "base64"), "due_ms", "delivered_ms", "attempt"}``; times in ms since the Unix epoch
-    (payload encodings in :mod:`futureq.cli.jsonl`)."""
+    "base64"), "due_ms", "delivered_ms", "attempt"}``, plus ``"headers"`` when the
+    message has any; times in ms since the Unix epoch (payload encodings in
+    :mod:`futureq.cli.jsonl`)."""
     return record_line(
         {"id": delivery.id, "topic": delivery.topic, "group": delivery.group},
         delivery.payload,
@@ -101,6 +103,7 @@ def delivery_json(delivery: Delivery) -> str:
             "due_ms": delivery.due_ms,
             "delivered_ms": delivery.delivered_ms,
             "attempt": delivery.attempt,
+            **({"headers": delivery.headers} if delivery.headers else {}),
         },
     )
 
@@ -361,6 +364,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--ttl", type=duration_ms_arg, metavar="D", help="drop it if not delivered D after due"
     )
     publish.add_argument(
+        "--header",
+        dest="headers",
+        action="append",
+        type=manage_commands.header_arg,
+        metavar="NAME=VALUE",
+        help="a header kept with the message (repeat for more)",
+    )
+    publish.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="publishing again with KEY returns the first id and stores nothing",
+    )
+    publish.add_argument(
         "--file", metavar="F", help="publish every line of a JSONL file"
     ).complete = shtab.FILE  # type: ignore[attr-defined]
     publish.add_argument(
@@ -387,7 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--json", action="store_true", help="one JSON object per line")
     settle = consume.add_mutually_exclusive_group()
     settle.add_argument(
-        "--no-ack", action="store_true", help="do not ack: messages come back later"
+        "--no-ack",
+        action="store_true",
+        help="do not ack: messages come back later (this still claims them for the group; "
+        "to look without claiming, use browse or dlq list)",
     )
     settle.add_argument("--nack", action="store_true", help="nack every message after printing")
     consume.add_argument(
@@ -456,6 +475,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="attempts before a message goes to TOPIC.dlq (default: the server's)",
     )
+    create.add_argument(
+        "--dead-letter-expired",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send messages whose TTL runs out to TOPIC.dlq instead of dropping them",
+    )
+    create.add_argument(
+        "--from-backlog",
+        action="store_true",
+        help="a new group also gets every message of TOPIC still pending (not only later ones)",
+    )
     delete = group_commands.add_parser("delete", help="delete a group and its pending deliveries")
     delete.add_argument("topic", type=existing_name_arg("topic"))
     delete.add_argument("group", type=existing_name_arg("group"))
@@ -502,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     completion.add_argument(
         "shell", choices=COMPLETION_SHELLS, metavar="SHELL", help="bash, zsh or tcsh"
     )
+    manage_commands.add_parsers(commands, existing_name_arg, parse_at_ms, duration_ms_arg)
     return parser
 
 
@@ -581,7 +612,13 @@ async def _publish_one(client: Client, args: argparse.Namespace, io: Output) -> 
     else:
         payload = args.payload.encode("utf-8")
     message_id = await client.publish(
-        args.topic, payload, delay_ms=args.delay, deliver_at_ms=args.at, ttl_ms=args.ttl
+        args.topic,
+        payload,
+        delay_ms=args.delay,
+        deliver_at_ms=args.at,
+        ttl_ms=args.ttl,
+        headers=dict(args.headers) if args.headers else None,
+        idempotency_key=args.idempotency_key,
     )
     io.out(str(message_id))
     return EXIT_OK
@@ -838,6 +875,8 @@ async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
             args.group,
             visibility_timeout_ms=args.visibility_timeout,
             max_deliveries=args.max_deliveries,
+            from_backlog=args.from_backlog,
+            dead_letter_expired=args.dead_letter_expired,
         )
         io.out(f"group {args.group!r} of topic {args.topic!r} exists")
     elif args.group_command == "delete":
@@ -969,6 +1008,11 @@ async def run_command(args: argparse.Namespace, io: Output) -> int:
         "group": _group,
         "topic": _topic,
         "cluster": _cluster,
+        "cancel": manage_commands.run_cancel,
+        "browse": manage_commands.run_browse,
+        "reschedule": manage_commands.run_reschedule,
+        "purge": manage_commands.run_purge,
+        "dlq": manage_commands.run_dlq,
     }
     timeout_s = args.request_timeout_ms / 1000
     async with open_client(
@@ -1017,6 +1061,10 @@ def main(
     if args.command == "completion":
         io.stdout.write(shtab.complete(parser, shell=args.shell))
         return EXIT_OK
+    if args.command == "purge":
+        refused = manage_commands.confirm_purge(args, sys.stdin, io)
+        if refused is not None:
+            return refused
     try:
         return trio.run(run_command, args, io)
     except KeyboardInterrupt:

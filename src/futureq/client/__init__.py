@@ -8,7 +8,17 @@ and a small sync wrapper.
 from __future__ import annotations
 
 from futureq.client._batching import PublishItem
+from futureq.client._browse import BrowsePage, PendingMessage
 from futureq.client.client import Client, open_client, parse_servers
 from futureq.client.subscription import Delivery, Subscription
 
-__all__ = ["Client", "Delivery", "PublishItem", "Subscription", "open_client", "parse_servers"]
+__all__ = [
+    "BrowsePage",
+    "Client",
+    "Delivery",
+    "PendingMessage",
+    "PublishItem",
+    "Subscription",
+    "open_client",
+    "parse_servers",
+]

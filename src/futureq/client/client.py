@@ -49,6 +49,7 @@ from futureq.client._batching import (
     refused_item,
     without_item,
 )
+from futureq.client._browse import BrowsePage, page_from_frame
 from futureq.client._connection import Connection, NotSentError, PushFrame, connect
 from futureq.client.subscription import (
     LOST_REASON,
@@ -439,6 +440,8 @@ class Client:
         delay_ms: int | None = None,
         deliver_at_ms: int | None = None,
         ttl_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> int:
         """Publish one message; concurrent calls share PUBLISH frames.
 
@@ -449,9 +452,14 @@ class Client:
             deliver_at_ms: Deliver at this time (ms since the Unix epoch); not with
                 ``delay_ms``. Neither: due at once.
             ttl_ms: How long after falling due it may still be delivered (ms, > 0).
+            headers: A small str -> str map kept with the message (see
+                :class:`PublishItem`).
+            idempotency_key: With it, a retry after a lost answer stores nothing and
+                returns the first message's id (see :class:`PublishItem`).
 
         Returns:
-            The message id.
+            The message id (with ``idempotency_key``: the earlier message's, if the key
+            still names one).
 
         Raises:
             RequestError: the server refused this message (its code says why), or
@@ -463,7 +471,9 @@ class Client:
             TypeError: payload is not bytes.
         """
         self._check_open()
-        item = PublishItem(topic, payload, delay_ms, deliver_at_ms, ttl_ms)
+        item = PublishItem(
+            topic, payload, delay_ms, deliver_at_ms, ttl_ms, headers, idempotency_key
+        )
         deadline = anyio.current_time() + self.request_timeout_s
         pending = _PendingPublish(item, deadline)
         with anyio.CancelScope(deadline=deadline) as scope:
@@ -518,7 +528,7 @@ class Client:
                     raise
                 raise RequestError(exc.code, exc.message, offset + index) from None
             ok = _expect(answer, frames.PublishOk)
-            ids.extend(ids_from_publish_ok(ok.first_id, ok.count, len(chunk)))
+            ids.extend(ids_from_publish_ok(ok.first_id, ok.count, len(chunk), ok.duplicates))
         return ids
 
     async def _run_batcher(self) -> None:
@@ -583,7 +593,7 @@ class Client:
                 )
                 ok = _expect(answer, frames.PublishOk)
                 for pending, message_id in zip(
-                    batch, ids_from_publish_ok(ok.first_id, ok.count, len(batch)), strict=True
+                    batch, ids_from_publish_ok(ok.first_id, ok.count, len(batch), ok.duplicates), strict=True
                 ):
                     pending.resolve(message_id)
                 return
@@ -701,7 +711,7 @@ class Client:
                 sub._bind(conn.epoch, frame.subscription_id, credit)
 
             answer = await self._call(
-                lambda rid: frames.Subscribe(rid, sub.topic, sub.group, credit),
+                lambda rid: frames.Subscribe(rid, sub.topic, sub.group, credit, headers=True),
                 retry_unknown=True,
                 deadline=deadline,
                 on_answer=bind,
@@ -731,6 +741,8 @@ class Client:
         deliveries: list[Delivery],
         how: str,
         requeue_delay_ms: int = 0,
+        reason: str | None = None,
+        dead_letter: bool = False,
     ) -> None:
         """ACK, NACK or RELEASE deliveries; credit goes back once the server confirmed.
 
@@ -743,7 +755,14 @@ class Client:
         to_send, left_out = _sort_out(deliveries, conn)
         if to_send and conn is not None:
             left_out += await self._settle_on(
-                conn, sub, to_send, how, requeue_delay_ms, self.request_timeout_s
+                conn,
+                sub,
+                to_send,
+                how,
+                requeue_delay_ms,
+                self.request_timeout_s,
+                reason=reason,
+                dead_letter=dead_letter,
             )
         error = void_error(left_out, {id(d): i for i, d in enumerate(deliveries)})
         if error is not None:
@@ -757,6 +776,9 @@ class Client:
         how: str,
         requeue_delay_ms: int,
         timeout_s: float,
+        *,
+        reason: str | None = None,
+        dead_letter: bool = False,
     ) -> list[Delivery]:
         """Settle on ``conn`` in frames of ``max_batch_items``; return the ones refused."""
         refused: list[Delivery] = []
@@ -767,7 +789,7 @@ class Client:
                 if how == "ack":
                     request = _ack_frame(tags)
                 elif how == "nack":
-                    request = _nack_frame(tags, requeue_delay_ms)
+                    request = _nack_frame(tags, requeue_delay_ms, reason, dead_letter)
                 else:
                     request = _release_frame(tags)
                 confirmed = list(chunk)
@@ -974,6 +996,8 @@ class Client:
         *,
         visibility_timeout_ms: int | None = None,
         max_deliveries: int | None = None,
+        from_backlog: bool = False,
+        dead_letter_expired: bool | None = None,
     ) -> None:
         """Create a consumer group (idempotent). None takes the server's default.
 
@@ -983,13 +1007,25 @@ class Client:
             visibility_timeout_ms: How long a delivery may stay unacked before it is
                 delivered again (ms, >= 1).
             max_deliveries: Attempts before a message goes to ``<topic>.dlq`` (>= 1).
+            from_backlog: A group this creates also gets every message of the topic
+                still pending in its other groups (copied in the background), not only
+                those published after it exists. No effect on an existing group.
+            dead_letter_expired: True: a message whose TTL runs out goes to
+                ``<topic>.dlq`` (``futureq-reason: expired``) instead of being dropped.
+                None keeps the group's setting (a new group: False).
 
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
         answer = await self._call(
             lambda rid: frames.GroupCreate(
-                rid, topic, group, visibility_timeout_ms, max_deliveries
+                rid,
+                topic,
+                group,
+                visibility_timeout_ms,
+                max_deliveries,
+                from_backlog,
+                dead_letter_expired,
             ),
             retry_unknown=True,
         )
@@ -1007,6 +1043,161 @@ class Client:
             lambda rid: frames.GroupDelete(rid, topic, group), retry_unknown=True
         )
         _expect(answer, frames.Ok)
+
+    async def cancel(
+        self, topic: str, ids: Sequence[int], *, group: str | None = None
+    ) -> list[frames.ItemStatus]:
+        """Cancel scheduled messages by id (``docs/protocol.md``, "CANCEL").
+
+        Args:
+            topic: The topic they were published to.
+            ids: Message ids as :meth:`publish` returned them; at most the server's
+                ``limits.max_batch_items`` (10,000 by default) per call.
+            group: Cancel only that group's copy; None (default): every group's.
+
+        Returns:
+            One status per id, in order: ``DONE`` (cancelled before any delivery),
+            ``DELIVERED`` (cancelled, but delivered at least once already) or
+            ``UNKNOWN`` (not pending there: acked, expired, cancelled, or never
+            published). A retry after a lost connection may report ``UNKNOWN`` for
+            what the first attempt cancelled.
+
+        Raises:
+            RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, EMPTY_BATCH, BATCH_TOO_LARGE,
+                INVALID_MESSAGE_ID (``.item_index`` names it), PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        id_list = list(ids)
+        answer = await self._call(
+            lambda rid: frames.Cancel(rid, topic, group, id_list), retry_unknown=True
+        )
+        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+
+    async def redrive(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        delay_ms: int = 0,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """Move dead letters of ``topic`` back to the topic and group they died in
+        (``docs/protocol.md``, "REDRIVE").
+
+        Args:
+            topic: The original topic (its dead letters are in ``topic.dlq``).
+            ids: Dead-letter message ids (as :meth:`browse` of ``topic.dlq`` shows
+                them); at most ``max_batch_items`` per call.
+            delay_ms: Due this long after the leader's stamp (ms, >= 0).
+            group: The dead-letter topic's group holding them; None: its only group.
+
+        Returns:
+            One status per id: ``DONE`` (a new message of ``topic`` for the group it
+            died in, with its provenance headers plus ``futureq-redriven-from``),
+            ``UNKNOWN`` (not a pending dead letter there) or ``NO_TARGET`` (its group
+            no longer exists; it stays a dead letter).
+
+        Raises:
+            RequestError: RESERVED_TOPIC (``topic`` ends in ``.dlq``), UNKNOWN_TOPIC,
+                UNKNOWN_GROUP, GROUP_REQUIRED, INVALID_DELAY, EMPTY_BATCH,
+                BATCH_TOO_LARGE, INVALID_MESSAGE_ID, PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        id_list = list(ids)
+        answer = await self._call(
+            lambda rid: frames.Redrive(rid, topic, group, id_list, delay_ms), retry_unknown=True
+        )
+        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+
+    async def reschedule(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        due_ms: int | None = None,
+        delay_ms: int | None = None,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """Give pending messages a new due time by id (``docs/protocol.md``, "RESCHEDULE").
+
+        Args:
+            topic: Their topic.
+            ids: Message ids; at most ``max_batch_items`` per call.
+            due_ms: The new due time, ms since the Unix epoch (a past time: at once).
+            delay_ms: Or: due this long after the leader's stamp (ms). Give exactly one.
+            group: Only this group's copy; None: every group's.
+
+        Returns:
+            One status per id: ``DONE`` (moved; attempts kept, a TTL now counts from
+            the new due time) or ``UNKNOWN`` (not pending there).
+
+        Raises:
+            RequestError: INVALID_DELAY, DELAY_TOO_LARGE, IMPLAUSIBLE_TIME, and as
+                :meth:`cancel`.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        id_list = list(ids)
+        answer = await self._call(
+            lambda rid: frames.Reschedule(rid, topic, group, id_list, due_ms, delay_ms),
+            retry_unknown=True,
+        )
+        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+
+    async def purge(self, topic: str, *, group: str | None = None) -> int:
+        """Remove every message pending now in one group of ``topic``, or in all of
+        them (``docs/protocol.md``, "PURGE").
+
+        Returns once the purge has started; the server removes the entries in bounded
+        chunks in the background (``status()`` pending counts fall). Messages published
+        afterwards stay.
+
+        Returns:
+            How many entries the groups held when it started.
+
+        Raises:
+            RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(lambda rid: frames.Purge(rid, topic, group), retry_unknown=True)
+        return int(_expect(answer, frames.Ok).result or 0)
+
+    async def browse(
+        self,
+        topic: str,
+        group: str | None = None,
+        *,
+        from_due_ms: int | None = None,
+        to_due_ms: int | None = None,
+        cursor: bytes | None = None,
+        limit: int = 100,
+        preview_bytes: int = 0,
+    ) -> BrowsePage:
+        """One page of a group's pending messages in due order, claiming none
+        (``docs/protocol.md``, "BROWSE").
+
+        Args:
+            topic: The topic.
+            group: The group; None: the topic's only group (a dead-letter topic has
+                one, ``default``).
+            from_due_ms: Only messages due at or after this (ms since the epoch).
+            to_due_ms: Only messages due before this (ms); None: no bound (parked dead
+                letters come last).
+            cursor: The previous page's ``next_cursor``; None: the first page.
+            limit: Messages per page, 1 to 1000.
+            preview_bytes: Payload bytes to include per message, 0 to 1024.
+
+        Raises:
+            RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED,
+                INVALID_ARGUMENT, INVALID_CURSOR, PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(
+            lambda rid: frames.Browse(
+                rid, topic, group, from_due_ms, to_due_ms, cursor, limit, preview_bytes
+            ),
+            retry_unknown=True,
+        )
+        return page_from_frame(_expect(answer, frames.BrowseOk))
 
     async def cluster_status(self, *, local: bool = False) -> dict[str, Any]:
         """The cluster's membership and progress, asked of the leader
@@ -1097,8 +1288,10 @@ def _ack_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:
     return lambda rid: frames.Ack(rid, tags)
 
 
-def _nack_frame(tags: list[bytes], requeue_delay_ms: int) -> Callable[[int], frames.Frame]:
-    return lambda rid: frames.Nack(rid, tags, requeue_delay_ms)
+def _nack_frame(
+    tags: list[bytes], requeue_delay_ms: int, reason: str | None, dead_letter: bool
+) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Nack(rid, tags, requeue_delay_ms, reason, dead_letter)
 
 
 def _release_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:

@@ -84,6 +84,8 @@ class Delivery:
             leader change); it never goes backwards.
         delivered_ms: The server's wall clock when it pushed this delivery (ms).
         tag: Opaque delivery tag the server knows this delivery by.
+        headers: The message's headers (str -> str; empty when it has none). A dead
+            letter's provenance is here (``futureq-original-id``, ``futureq-reason``, ...).
     """
 
     id: int
@@ -102,6 +104,7 @@ class Delivery:
     _state: DeliveryState = DeliveryState.HELD
     _void_reason: str = ""
     _void_kind: str = ""
+    headers: dict[str, str] = attrs.Factory(dict)
 
     def __repr__(self) -> str:
         return (
@@ -140,15 +143,22 @@ class Delivery:
         """
         await self._subscription.ack([self])
 
-    async def nack(self, requeue_delay_ms: int = 0) -> None:
+    async def nack(
+        self, requeue_delay_ms: int = 0, *, reason: str | None = None, dead_letter: bool = False
+    ) -> None:
         """Refuse: deliver this message again after ``requeue_delay_ms`` (ms, >= 0).
 
-        It counts as an attempt (``max_deliveries``).
+        It counts as an attempt (``max_deliveries``). ``reason``: a short text kept with
+        it (at most 256 bytes), shown in its dead letter's ``futureq-reason-text``.
+        ``dead_letter``: send it to the dead-letter topic now (reason ``rejected``)
+        instead of delivering it again.
 
         Raises:
             Same as :meth:`ack`.
         """
-        await self._subscription.nack([self], requeue_delay_ms=requeue_delay_ms)
+        await self._subscription.nack(
+            [self], requeue_delay_ms=requeue_delay_ms, reason=reason, dead_letter=dead_letter
+        )
 
     async def release(self) -> None:
         """Give it back unprocessed: due again at once, the attempt not counted.
@@ -263,7 +273,8 @@ class Subscription:
             )
         now = anyio.current_time()
         refresh = self._refresh_after_s()
-        for tag, message_id, payload, due_ms, publish_ms, attempt in frame.deliveries:
+        for item in frame.deliveries:
+            tag, message_id, payload, due_ms, publish_ms, attempt = item[:6]
             delivery = Delivery(
                 message_id,
                 self.topic,
@@ -278,6 +289,7 @@ class Subscription:
                 epoch,
                 now,
                 now + refresh,
+                headers=dict(item[6] or {}) if len(item) > 6 else {},
             )
             if self._pull and self._fetching <= len(self._buffer):
                 self.to_release.append(delivery)  # nobody wants it: give it back
@@ -517,8 +529,17 @@ class Subscription:
         """
         await self._client._settle(self, list(deliveries), "ack")
 
-    async def nack(self, deliveries: Iterable[Delivery], requeue_delay_ms: int = 0) -> None:
-        """Refuse many deliveries; each comes back after ``requeue_delay_ms`` (ms, >= 0).
+    async def nack(
+        self,
+        deliveries: Iterable[Delivery],
+        requeue_delay_ms: int = 0,
+        *,
+        reason: str | None = None,
+        dead_letter: bool = False,
+    ) -> None:
+        """Refuse many deliveries; each comes back after ``requeue_delay_ms`` (ms, >= 0),
+        or goes to the dead-letter topic now with ``dead_letter`` (see
+        :meth:`Delivery.nack` for ``reason``).
 
         Raises:
             ValueError: ``requeue_delay_ms`` < 0.
@@ -526,7 +547,9 @@ class Subscription:
         """
         if requeue_delay_ms < 0:
             raise ValueError(f"requeue_delay_ms must be >= 0, got {requeue_delay_ms}")
-        await self._client._settle(self, list(deliveries), "nack", requeue_delay_ms)
+        await self._client._settle(
+            self, list(deliveries), "nack", requeue_delay_ms, reason, dead_letter
+        )
 
     async def release(self, deliveries: Iterable[Delivery]) -> None:
         """Give deliveries back unprocessed: due again at once, attempts not counted.

@@ -4,6 +4,8 @@ One task (the driver) owns the core. Every ``tick_ms`` a ticker asks for a tick;
 inbound peer messages, proposals, reads, membership changes and transfers are queued
 and fed to the core at the top of each round. While the core has a Ready the driver:
 
+0. sends ``ready.leader_messages`` at once: a leader replicates while its own write
+   runs (thesis §10.2.1);
 1. persists it (snapshot metadata, entries, hard state) with one RocksDB batch in a
    worker thread, synced when ``must_sync`` — not cancellable half way;
 2. then sends ``ready.messages`` (they may promise what step 1 stored);
@@ -994,6 +996,11 @@ class RaftNode:
             waiter.fail(exc)
 
     async def _handle_ready(self, ready: Ready) -> None:
+        send = self._transport.send
+        for message in ready.leader_messages:
+            # Replicate while our own fsync runs (thesis §10.2.1): the followers' writes
+            # overlap ours, and the core counts us toward a quorum only after it.
+            send(message)
         if ready.snapshot is not None or ready.entries or ready.hard_state is not None:
             started = trio.current_time()
             await self._persist(ready)
@@ -1007,7 +1014,6 @@ class RaftNode:
                     durable.resolve(int(entry.index))
                 else:
                     durable.fail(self._not_leader())
-        send = self._transport.send
         for message in ready.messages:
             send(message)
         if ready.snapshot is not None:
@@ -1045,8 +1051,11 @@ class RaftNode:
     async def _persist(self, ready: Ready) -> None:
         """Store a Ready; on a full disk stop leading and retry once there is room.
 
-        Nothing of the Ready is sent (so nothing unstored is acknowledged) until it is
-        stored; followers elect another leader meanwhile (issue 10, "A full disk").
+        Nothing of the Ready that vouches for this node's disk (a vote, an
+        AppendEntries answer, a client's answer) is sent until it is stored; followers
+        elect another leader meanwhile (issue 10, "A full disk"). A leader's
+        ``leader_messages`` have left already (thesis §10.2.1): a majority of followers
+        may commit those entries without it, which is what the quorum rule allows.
         """
         while True:
             try:

@@ -166,6 +166,11 @@ REQUESTS: dict[frames.FrameType, frames.Frame] = {
     frames.FrameType.CLUSTER_TRANSFER_LEADER: frames.ClusterTransferLeader(1, 2),
     frames.FrameType.WATCH: frames.Watch(1, 1000),
     frames.FrameType.UNWATCH: frames.Unwatch(1),
+    frames.FrameType.CANCEL: frames.Cancel(1, "t", None, [1]),
+    frames.FrameType.BROWSE: frames.Browse(1, "t", None, None, None, None, 10, 0),
+    frames.FrameType.REDRIVE: frames.Redrive(1, "t", None, [1], 0),
+    frames.FrameType.RESCHEDULE: frames.Reschedule(1, "t", None, [1], None, 0),
+    frames.FrameType.PURGE: frames.Purge(1, "t", None),
 }
 
 

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 from broker_helpers import FakeClock, RecordingOutbox, SyncLog, memory_state
 
-from futureq.broker.dispatcher import PURGE_CHUNK_ENTRIES, Dispatcher
+from futureq.broker.dispatcher import NOT_ALLOWED_RETRY_MS, PURGE_CHUNK_ENTRIES, Dispatcher
 from futureq.broker.hub import Consumer, Hub
 from futureq.config import QueueSection
 from futureq.errors import ErrorCode, RequestError
@@ -730,6 +730,66 @@ def test_deliveries_whose_record_failed_go_back_with_their_old_attempt() -> None
     env.dispatch()
     [delivery] = out(consumer).take()
     assert (delivery[1], delivery[5]) == (mid, 2)
+
+
+def test_a_redelivery_whose_record_commits_after_the_lease_lapsed_is_not_pushed() -> None:
+    """A leader paused (SIGSTOP) while a DELIVERED record was committing resumes, and
+    the answers queued for it commit the record: meanwhile another leader may have
+    delivered the entry with a higher attempt. Without the lease now, nothing is
+    pushed; the delivery goes back with its old attempt and goes out once the lease
+    holds again."""
+    env = Env()
+    lease = [True]
+    env.dispatcher.dispatch_allowed = lambda: lease[0]
+    gid = env.group("t", "g")
+    consumer, [mid] = _redeliveries(env, gid, 1)
+    env.dispatcher.dispatch_once()
+    command, batches = env.dispatcher.take_staged()
+    assert command is not None
+    env.log.apply(command)  # committed: attempt 2 recorded
+    lease[0] = False  # the lease lapsed before the push
+    assert env.dispatcher.push_staged(batches) == 0
+    assert out(consumer).take() == [] and consumer.credit == 3 and env.hub.in_flight == {}
+    assert env.dispatch() == env.now + NOT_ALLOWED_RETRY_MS
+    assert out(consumer).take() == []
+    lease[0] = True
+    env.dispatch()
+    [delivery] = out(consumer).take()
+    assert (delivery[1], delivery[5]) == (mid, 2)
+
+
+def test_every_push_is_stamped_no_later_than_the_lease_question() -> None:
+    """A pause can fall anywhere; the frame's ``delivered_ms`` is read before the lease
+    is asked about, so a push never carries a time after the last yes (a pause after
+    the question only delays the frame, as the network may)."""
+    env = Env()
+    asked_at: list[int] = []
+
+    def allowed_after_a_pause() -> bool:
+        asked_at.append(env.now)
+        env.clock.advance(1_000)  # the process was stopped right here
+        return True
+
+    gid = env.group("t", "g")
+    consumer, _ = _redeliveries(env, gid, 1)
+    first = env.publish("t", [b"fresh"])
+    env.dispatcher.dispatch_allowed = allowed_after_a_pause
+    env.dispatch()  # first deliveries from the pass, the redelivery after its record
+    assert len(asked_at) == 2
+    stamps = {d[1]: frame.delivered_ms for frame in out(consumer).frames for d in frame.deliveries}
+    assert stamps[first[0]] <= asked_at[0] and max(stamps.values()) <= asked_at[1]
+
+
+def test_deliveries_removed_before_a_failed_record_return_their_credit() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    consumer, mids = _redeliveries(env, gid, 2)
+    env.dispatcher.dispatch_once()
+    assert consumer.credit == 1
+    env.log.apply(commands.expire([commands.schedule_key(gid, env.now, mids[0])]))
+    _command, batches = env.dispatcher.take_staged()
+    env.dispatcher.drop_staged(batches)
+    assert consumer.credit == 3 and env.hub.in_flight == {}
 
 
 def test_extend_moves_the_visibility_deadline() -> None:

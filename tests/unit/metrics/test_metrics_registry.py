@@ -45,6 +45,7 @@ def test_every_spec_has_an_attribute_of_its_kind() -> None:
             "futureq_in_flight_deliveries",
             "futureq_group_consumers",
             "futureq_oldest_due_age_seconds",
+            "futureq_topic_oldest_due_age_seconds",
         }:
             continue
         metric = getattr(metrics, spec.attribute)
@@ -159,7 +160,7 @@ def test_process_build_info_topic_lateness_and_oldest_due_age() -> None:
         samples["futureq_topic_lateness_seconds_bucket"][(("le", "0.01"), ("topic", "orders"))] == 0
     )
     # Per topic: the longest wait among its groups; topics with nothing due are absent.
-    assert samples["futureq_oldest_due_age_seconds"] == {(("topic", "orders"),): 12.5}
+    assert samples["futureq_topic_oldest_due_age_seconds"] == {(("topic", "orders"),): 12.5}
 def test_series_are_bounded_and_the_rest_is_other() -> None:
     from futureq.metrics import OTHER, SeriesBudget
 
