@@ -199,3 +199,16 @@ async def test_tls_round_trip_and_an_untrusted_certificate(
     with pytest.raises(ConnectionLostError, match="could not connect"):
         async with open_client(broker.client_address, ssl_context=untrusting, connect_timeout_s=2):
             pass
+
+
+@on_both_backends
+async def test_managing_scheduled_messages(broker: BrokerProcess) -> None:
+    async with _client(broker) as client:
+        await client.create_group("later", "g")
+        ids = [await client.publish("later", f"m{i}".encode(), delay_ms=3_600_000) for i in range(3)]
+        page = await client.browse("later", "g", preview_bytes=8)
+        assert [m.id for m in page.messages] == ids
+        assert [m.preview for m in page.messages] == [b"m0", b"m1", b"m2"]
+        assert [int(s) for s in await client.cancel("later", ids[:1])] == [0]  # DONE
+        page = await client.browse("later", "g")
+        assert [m.id for m in page.messages] == ids[1:]
