@@ -32,6 +32,9 @@ class ErrorCode(enum.IntEnum):
     FRAME_TIMEOUT = 110
     KEEPALIVE_TIMEOUT = 111
     SLOW_CLIENT = 112
+    # 120-124: issue 13, clients and UI
+    WEBSOCKET_MESSAGE = 120
+    """A WebSocket message that is text, or not exactly one frame (``/ws``)."""
 
     # 2xx request errors (request fails alone)
     INVALID_FIELD = 200

@@ -411,6 +411,14 @@ def _check_cluster_status(principal: Principal, frame: frames.Frame) -> None:
         )
 
 
+def _check_monitor(principal: Principal, frame: frames.Frame) -> None:
+    if not principal.permissions.monitor:
+        raise _denied(
+            f"client {principal.name!r} may not watch the node's overview ({frame.TYPE.name} "
+            "needs monitor: it shows every topic and the cluster)"
+        )
+
+
 def _check_browse(principal: Principal, frame: Any) -> None:
     """BROWSE reads what a consumer of the topic could receive: ``consume`` on the
     topic, or ``monitor``."""
@@ -460,6 +468,8 @@ _RULES: dict[frames.FrameType, Callable[[Principal, Any], None]] = {
     frames.FrameType.CLUSTER_ADD_NODE: _check_cluster,
     frames.FrameType.CLUSTER_REMOVE_NODE: _check_cluster,
     frames.FrameType.CLUSTER_TRANSFER_LEADER: _check_cluster,
+    frames.FrameType.WATCH: _check_monitor,
+    frames.FrameType.UNWATCH: _allow,
 }
 """The rule of every request frame type. A type missing here is refused to everyone but
 a client with every permission, so a new frame type is closed until it gets a rule."""

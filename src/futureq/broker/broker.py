@@ -29,6 +29,7 @@ from futureq.wire import frames, validation
 from .cluster_time import ClusterTime
 from .command_log import no_space_error
 from .hub import Consumer, Hub, Outbox
+from .overview import ActivityHistory, DueBuckets, build_overview
 
 if TYPE_CHECKING:
     from futureq.clock import Clock
@@ -50,6 +51,13 @@ STATUS_STEP_TOPICS = 500
 PROMOTE_TIMEOUT_S = 600
 PROMOTE_LAG_ENTRIES = 64
 """A learner this close to the commit index is promoted to voter (entries)."""
+
+
+STATUS_LEADER_ONLY = ("due", "in_flight", "consumers")
+"""STATUS group fields only the leader knows (``docs/protocol.md``, "STATUS_OK")."""
+OVERVIEW_CACHE_S = 0.25
+"""Watchers and ``/api/overview`` within this long share one overview (s): building it
+looks at every group's replicated counter once."""
 
 
 class Broker:
@@ -105,6 +113,13 @@ class Broker:
         # Counted where subscriptions live, so one the server ends (group deleted,
         # leadership lost) never leaves the gauge behind.
         metrics.subscriptions.set_function(lambda: len(hub.consumers))
+        self.activity = ActivityHistory(metrics)
+        """Per-second activity for the overview; sampled by ``activity.run``."""
+        self.due_buckets = DueBuckets()
+        """Pending by due time for the overview; computed by ``due_buckets.run``."""
+        self.data_dir_bytes: int | None = None
+        """Size of the data directory as last measured (bytes); None before that."""
+        self._overview: tuple[float, dict[str, Any]] | None = None
 
     # ------------------------------------------------------------ leadership
 
@@ -327,6 +342,7 @@ class Broker:
                 if member in progress:
                     entry["match_index"] = progress[member]["match"]
                     entry["lag"] = max(0, commit_index - progress[member]["match"])
+                    entry["last_heard_ms"] = progress[member].get("last_heard_ms")
                     entry["recovering"] = progress[member]["recovering"]
                 members.append(entry)
             view = {
@@ -831,17 +847,46 @@ class Broker:
             )
         return out
 
+    def overview(self) -> dict[str, Any]:
+        """The WATCH_UPDATE map and the dashboard's data (``docs/protocol.md``,
+        "WATCH_UPDATE"); see :func:`~futureq.broker.overview.build_overview`."""
+        now_s = self.clock.monotonic_s()
+        cached = self._overview
+        if cached is not None and now_s - cached[0] < OVERVIEW_CACHE_S:
+            return cached[1]
+        overview = build_overview(self, self.activity, data_dir_bytes=self.data_dir_bytes)
+        self._overview = (now_s, overview)
+        return overview
+
+    def record_data_dir_bytes(self, size: int) -> None:
+        """A new measurement of the data directory (bytes), for the overview and metrics."""
+        self.data_dir_bytes = size
+        self.metrics.data_dir_bytes.set(size)
+
+    def group_row(self, info: GroupInfo, now_ms: int) -> GroupCounts:
+        """One group's counts now (due and oldest-due age read from memory, or a
+        bounded disk scan: :meth:`Dispatcher.due_count`)."""
+        return self._group_row(info, now_ms)
+
     def _group_row(self, info: GroupInfo, now_ms: int) -> GroupCounts:
         runtime = self.hub.groups.get(info.group_id)
         in_flight = runtime.in_flight_count if runtime else 0
         due = self.dispatcher.due_count(info.group_id, now_ms) if self.dispatcher.active else 0
         consumers = len(runtime.consumers) if runtime else 0
+        oldest_due_ms = self.dispatcher.oldest_due_ms(info.group_id, now_ms) if due else None
         age_s = None
         if runtime is not None:  # in memory only: a scrape never seeks the disk per group
             next_due_ms = runtime.index.next_due_ms()
             age_s = 0.0 if next_due_ms is None else max(0, now_ms - next_due_ms) / 1000
         return GroupCounts(
-            info.topic, info.name, info.pending, due, in_flight, consumers, age_s
+            info.topic,
+            info.name,
+            info.pending,
+            due,
+            in_flight,
+            consumers,
+            None if oldest_due_ms is None else (now_ms - oldest_due_ms) / 1000,
+            age_s,
         )
 
     def status(self, visible: Callable[[str], bool] | None = None) -> dict[str, Any]:
@@ -961,10 +1006,16 @@ class Broker:
             for _, d in sorted(self.state.deleting.items())
             if visible is None or visible(d.topic)
         ]
+        cluster = self.cluster_status()
+        role = cluster["role"]
         return {
             "deleting_groups": deleting,
             "node_id": self.node_id,
-            "role": self.cluster_status()["role"],
+            "role": role,
+            # On a follower the leader-only numbers are its own, mostly zero: say so.
+            "view": "cluster" if role == "leader" else "local",
+            "leader_only": [] if role == "leader" else list(STATUS_LEADER_ONLY),
+            "leader_id": cluster.get("leader_id"),
             "leader_address": self.log.leader_address(),
             "server_version": __version__,
             "applied_index": self.log.applied_index,

@@ -246,6 +246,18 @@ class Dispatcher:
             runtime.counters[key] = child
         return child
 
+    def _topic_lateness(self, runtime: GroupRuntime) -> Any:
+        """The topic's child of ``futureq_topic_lateness_seconds``, cached like counters."""
+        key = ("topic_lateness_seconds", "")
+        child = runtime.counters.get(key)
+        if child is None:
+            assert self.metrics is not None
+            # Bounded series: past metrics.max_topic_series topics, "_other".
+            label = self.metrics.topic_label(runtime.info.topic)
+            child = self.metrics.topic_lateness_seconds.labels(label)
+            runtime.counters[key] = child
+        return child
+
     def on_group_changed(self, group_id: int) -> None:
         """One group was created, adopted, updated or deleted: O(1) whatever the count.
 
@@ -478,8 +490,11 @@ class Dispatcher:
         redelivered = sum(1 for f in flights if f.attempt > 1)
         if redelivered:
             self._counter(runtime, "redelivered_messages_total").inc(redelivered)
+        topic_lateness = self._topic_lateness(runtime)
         for flight in flights:
-            metrics.due_to_delivery_seconds.observe(max(0, now_ms - flight.due_ms) / 1000)
+            lateness_s = max(0, now_ms - flight.due_ms) / 1000
+            metrics.due_to_delivery_seconds.observe(lateness_s)
+            topic_lateness.observe(lateness_s)
 
     async def _recorder(self) -> None:
         """Commit DELIVERED records, then push what they cover.
@@ -903,6 +918,30 @@ class Dispatcher:
             if read >= limit:
                 break
         return count
+
+    def oldest_due_ms(self, group_id: int, now_ms: int) -> int | None:
+        """Due time of the group's earliest copy that is due and not in flight, or None
+        when nothing is due (the in-memory horizon, else at most one key read from disk,
+        under the same rule as :meth:`due_count`). Leader only: None elsewhere."""
+        if not self.active:
+            return None
+        runtime = self.hub.groups.get(group_id)
+        if runtime is None:
+            if group_id not in self.hub.touched and self._wake_at.get(group_id, math.inf) > now_ms:
+                return None
+            start = commands.schedule_key(group_id, 0, 0)
+        else:
+            next_due = runtime.index.next_due_ms()
+            if next_due is not None:
+                return next_due if next_due <= now_ms else None
+            due_bound, _ = unpack(runtime.loaded_until)
+            if not runtime.loaded_until or due_bound > now_ms:
+                return None
+            start = commands.schedule_key(group_id, *unpack(runtime.loaded_until))
+        stop = commands.schedule_key(group_id, now_ms + 1, 0)
+        for key in self.state.store.scan_keys("schedule", start, stop):
+            return commands.parse_schedule_key(key)[1]
+        return None
 
 
 __all__ = ["Consumer", "Dispatcher"]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
+from futureq.cli.jsonl import render_payload
 from futureq.wire import frames
 
 if TYPE_CHECKING:
@@ -221,14 +222,19 @@ async def _pages(
     return out
 
 
+def _preview_value(payload: bytes) -> tuple[Any, str]:
+    """``(value, encoding)`` of a payload preview: the JSON value (``"json"``), the text
+    (``"text"``) or base64 text (``"base64"``); see :func:`futureq.cli.jsonl.render_payload`."""
+    text, encoding = render_payload(payload)
+    return json.loads(text), encoding
+
+
 def pending_record(topic: str, group: str, message: PendingMessage) -> dict[str, Any]:
     """The JSON object ``browse --json`` and ``dlq list --json`` print for a message.
 
     Shape: ``{"id", "topic", "group", "due_ms" (null: parked), "attempt",
     "payload_bytes", "expire_ms", "headers", "preview", "preview_encoding"}``.
     """
-    from futureq.cli.client_main import render_payload
-
     record: dict[str, Any] = {
         "id": message.id,
         "topic": topic,
@@ -240,12 +246,12 @@ def pending_record(topic: str, group: str, message: PendingMessage) -> dict[str,
         "headers": message.headers,
     }
     if message.preview is not None:
-        record["preview"], record["preview_encoding"] = render_payload(message.preview)
+        record["preview"], record["preview_encoding"] = _preview_value(message.preview)
     return record
 
 
 def _line(message: PendingMessage, dead_letters: bool) -> str:
-    from futureq.cli.client_main import format_ms, render_payload
+    from futureq.cli.client_main import format_ms
 
     due = "parked" if message.due_ms is None else format_ms(message.due_ms)
     text = f"#{message.id} due={due} attempt={message.attempt} bytes={message.payload_bytes}"
@@ -264,7 +270,7 @@ def _line(message: PendingMessage, dead_letters: bool) -> str:
     elif headers:
         text += " " + " ".join(f"{name}={value}" for name, value in sorted(headers.items()))
     if message.preview is not None:
-        value, encoding = render_payload(message.preview)
+        value, encoding = _preview_value(message.preview)
         shown = json.dumps(value, ensure_ascii=False) if encoding == "json" else str(value)
         text += f": {shown if encoding != 'base64' else 'base64:' + shown}"
     return text

@@ -1,4 +1,5 @@
-"""FutureQ client library: the async :class:`Client` (trio) and a small sync wrapper.
+"""FutureQ client library: the async :class:`Client` (asyncio or trio, through AnyIO)
+and a small sync wrapper.
 
 ``open_client`` and the classes it hands out are the public API; see
 ``docs/client.md``. The synchronous wrapper lives in :mod:`futureq.client.sync`.

@@ -1,4 +1,7 @@
-"""The asynchronous FutureQ client (trio): batching, pipelining, reconnect, leader follow.
+"""The asynchronous FutureQ client: batching, pipelining, reconnect, leader follow.
+
+It runs unchanged under asyncio (``asyncio.run``) and trio (``trio.run``): it is written
+against AnyIO, which runs on either event loop.
 
 Usage::
 
@@ -14,13 +17,13 @@ was sent is sent again on the next connection (it may then be stored twice), and
 delivery that is not acked (or whose ack was lost with its connection) is delivered
 again. Make consumers idempotent. See ``docs/client.md``.
 
-Lifetimes: :func:`open_client` owns one nursery holding the connection manager (and
+Lifetimes: :func:`open_client` owns one task group holding the connection manager (and
 through it the current connection's reader and writer tasks), the publish batcher and
 the lease keeper (extends the visibility of deliveries buffered and not yet handed
 out, and releases what a pull-mode subscription did not ask for); nothing the client
 starts outlives the ``async with`` block.
 
-Cancellation is clean at every await: cancel any call (``trio.move_on_after``) and
+Cancellation is clean at every await: cancel any call (``anyio.move_on_after``) and
 the connection, the other calls and every delivery held stay as they were; a late
 answer is dropped (a late SUBSCRIBE_OK is undone with UNSUBSCRIBE).
 """
@@ -35,7 +38,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, Literal, TypeVar
 
-import trio
+import anyio
+import anyio.abc
 
 from futureq.client._backoff import Backoff
 from futureq.client._batching import (
@@ -97,7 +101,7 @@ class _PendingPublish:
     def __init__(self, item: PublishItem, deadline: float) -> None:
         self.item = item
         self.deadline = deadline
-        self.event = trio.Event()
+        self.event = anyio.Event()
         self.message_id: int | None = None
         self.error: FutureQError | None = None
 
@@ -181,7 +185,7 @@ class Client:
         self._rng = rng
         self._conn: Connection | None = None
         self._epoch = 0
-        self._conn_changed = trio.Event()
+        self._conn_changed = anyio.Event()
         self._closed = False
         self._fatal: FutureQError | None = None
         self._last_connect_error: ConnectionLostError | None = None
@@ -189,10 +193,10 @@ class Client:
         self._next_server = 0
         self._subscriptions: dict[int, Subscription] = {}  # by id(), for reconnects
         self.max_lease_s = max_lease_s
-        self._lease_event = trio.Event()
-        self._publish_send, self._publish_receive = trio.open_memory_channel[_PendingPublish](
-            max_batch_items * MAX_BATCHES_IN_FLIGHT
-        )
+        self._lease_event = anyio.Event()
+        self._publish_send, self._publish_receive = anyio.create_memory_object_stream[
+            _PendingPublish
+        ](max_batch_items * MAX_BATCHES_IN_FLIGHT)
 
     # -- connection state ------------------------------------------------------------
 
@@ -221,7 +225,7 @@ class Client:
 
     def _signal_change(self) -> None:
         self._conn_changed.set()
-        self._conn_changed = trio.Event()
+        self._conn_changed = anyio.Event()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -236,7 +240,7 @@ class Client:
             if conn is not None and not conn.is_lost:
                 return conn
             changed = self._conn_changed
-            with trio.move_on_at(deadline):
+            with anyio.CancelScope(deadline=deadline):
                 await changed.wait()
                 continue
             detail = f": {self._last_connect_error}" if self._last_connect_error else ""
@@ -304,7 +308,7 @@ class Client:
         raise ConnectionLostError("; ".join(errors))
 
     async def _maintain_connection(
-        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Keep one connection open: connect, run it, reconnect with backoff.
 
@@ -315,7 +319,7 @@ class Client:
         """
         backoff = Backoff(self._rng)
         started = False
-        first_deadline = trio.current_time() + self._connect_timeout_s
+        first_deadline = anyio.current_time() + self._connect_timeout_s
         while True:
             try:
                 conn = await self._connect_any()
@@ -328,9 +332,9 @@ class Client:
             except ConnectionLostError as exc:
                 self._last_connect_error = exc
                 delay = backoff.next_delay_s()
-                if not started and trio.current_time() + delay > first_deadline:
+                if not started and anyio.current_time() + delay > first_deadline:
                     raise
-                await trio.sleep(delay)
+                await anyio.sleep(delay)
                 continue
             backoff.reset()
             self._conn = conn
@@ -370,7 +374,7 @@ class Client:
             make_frame: Builds the request from a request id.
             retry_unknown: Resend after a connection broke with the request in flight
                 (only for idempotent requests or at-least-once publishing).
-            deadline: ``trio.current_time()`` value ending all attempts; default now
+            deadline: ``anyio.current_time()`` value ending all attempts; default now
                 plus ``request_timeout_s``.
             on_answer: Called by the reader with the connection and the answer.
 
@@ -381,7 +385,7 @@ class Client:
             ClientClosedError: the client was closed.
         """
         if deadline is None:
-            deadline = trio.current_time() + self.request_timeout_s
+            deadline = anyio.current_time() + self.request_timeout_s
         backoff = Backoff(self._rng)
         while True:
             conn = await self._wait_connection(deadline)
@@ -398,14 +402,14 @@ class Client:
                     raise
                 last_error = exc
             except RequestError as exc:
-                if not exc.code.retryable or trio.current_time() >= deadline:
+                if not exc.code.retryable or anyio.current_time() >= deadline:
                     raise
                 last_error = exc
             self._check_open()
             delay = backoff.next_delay_s()
-            if trio.current_time() + delay >= deadline:
+            if anyio.current_time() + delay >= deadline:
                 raise last_error
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
 
     def _follow_leader(self, conn: Connection, leader_address: str | None) -> None:
         """Reconnect to ``leader_address`` (NOT_LEADER redirect).
@@ -470,12 +474,12 @@ class Client:
         item = PublishItem(
             topic, payload, delay_ms, deliver_at_ms, ttl_ms, headers, idempotency_key
         )
-        deadline = trio.current_time() + self.request_timeout_s
+        deadline = anyio.current_time() + self.request_timeout_s
         pending = _PendingPublish(item, deadline)
-        with trio.move_on_at(deadline) as scope:
+        with anyio.CancelScope(deadline=deadline) as scope:
             try:
                 await self._publish_send.send(pending)
-            except trio.ClosedResourceError:
+            except anyio.ClosedResourceError:
                 raise ClientClosedError("the client was closed") from None
             # The batcher resolves every item by its deadline; the extra second only
             # guards against a bug leaving a caller waiting for ever.
@@ -535,17 +539,17 @@ class Client:
         outstanding; while they are in flight new calls pile up into the next batch,
         so batches grow with load by themselves.
         """
-        in_flight = trio.Semaphore(MAX_BATCHES_IN_FLIGHT)
-        async with trio.open_nursery() as nursery:
+        in_flight = anyio.Semaphore(MAX_BATCHES_IN_FLIGHT)
+        async with anyio.create_task_group() as nursery:
             async for first in self._publish_receive:
                 batch = [first]
                 self._take_queued(batch)
                 if self._linger_s > 0 and len(batch) < self._max_batch_items:
-                    with trio.move_on_after(self._linger_s):
+                    with anyio.move_on_after(self._linger_s):
                         while len(batch) < self._max_batch_items:
                             try:
                                 batch.append(await self._publish_receive.receive())
-                            except trio.EndOfChannel:
+                            except anyio.EndOfStream:
                                 break
                 await in_flight.acquire()
                 nursery.start_soon(self._send_batch, batch, in_flight)
@@ -554,10 +558,10 @@ class Client:
         while len(batch) < self._max_batch_items:
             try:
                 batch.append(self._publish_receive.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
+            except (anyio.WouldBlock, anyio.EndOfStream):
                 return
 
-    async def _send_batch(self, batch: list[_PendingPublish], in_flight: trio.Semaphore) -> None:
+    async def _send_batch(self, batch: list[_PendingPublish], in_flight: anyio.Semaphore) -> None:
         try:
             await self._publish_pending(batch)
         finally:
@@ -570,7 +574,7 @@ class Client:
         the server stores nothing of a refused batch, so the rest is simply resent.
         """
         while batch:
-            now = trio.current_time()
+            now = anyio.current_time()
             for pending in batch:
                 if pending.deadline <= now:
                     pending.fail(
@@ -658,7 +662,7 @@ class Client:
         sub = Subscription(self, topic, group, prefetch, pull=pull)
         self._subscriptions[id(sub)] = sub
         try:
-            await self._subscribe_on_live(sub, trio.current_time() + self.request_timeout_s)
+            await self._subscribe_on_live(sub, anyio.current_time() + self.request_timeout_s)
             yield sub
         finally:
             del self._subscriptions[id(sub)]
@@ -667,7 +671,7 @@ class Client:
             sub._close()
             conn = self._conn
             if subscription_id is not None and conn is not None and conn.epoch == epoch:
-                with trio.move_on_after(UNSUBSCRIBE_GRACE_S, shield=True):
+                with anyio.move_on_after(UNSUBSCRIBE_GRACE_S, shield=True):
                     try:
                         if unread:
                             await self._settle_on(
@@ -678,7 +682,7 @@ class Client:
                     try:
                         await conn.request(
                             lambda rid: frames.Unsubscribe(rid, subscription_id),
-                            deadline=trio.current_time() + UNSUBSCRIBE_GRACE_S,
+                            deadline=anyio.current_time() + UNSUBSCRIBE_GRACE_S,
                         )
                     except FutureQError:
                         pass  # the connection is going away; the server requeues anyway
@@ -800,7 +804,7 @@ class Client:
 
                 try:
                     await conn.request(
-                        request, deadline=trio.current_time() + timeout_s, on_answer=on_ok
+                        request, deadline=anyio.current_time() + timeout_s, on_answer=on_ok
                     )
                 except RequestError as exc:
                     index = exc.item_index
@@ -845,7 +849,7 @@ class Client:
                 try:
                     await conn.request(
                         _extend_frame(tags, visibility_ms),
-                        deadline=trio.current_time() + timeout_s,
+                        deadline=anyio.current_time() + timeout_s,
                     )
                 except RequestError as exc:
                     index = exc.item_index
@@ -876,8 +880,8 @@ class Client:
         released (not counted as an attempt).
         """
         while True:
-            self._lease_event = trio.Event()
-            now = trio.current_time()
+            self._lease_event = anyio.Event()
+            now = anyio.current_time()
             next_s = float("inf")
             work: list[tuple[Subscription, Connection, list[Delivery], list[Delivery]]] = []
             conn = self._live_connection()
@@ -910,34 +914,80 @@ class Client:
                         await self._extend_on(
                             live_conn, due, sub.visibility_timeout_ms, self.request_timeout_s
                         )
-                        renewed = trio.current_time() + sub._refresh_after_s()
+                        renewed = anyio.current_time() + sub._refresh_after_s()
                         for delivery in due:
                             delivery._refresh_s = renewed
                 except FutureQError as exc:
                     log.debug("lease keeper: %s; trying again shortly", exc)
                     sub.to_release.extend(d for d in unwanted if d._state is DeliveryState.HELD)
-                    next_s = min(next_s, trio.current_time() + LEASE_RETRY_S)
+                    next_s = min(next_s, anyio.current_time() + LEASE_RETRY_S)
                     failed = True
             if work and not failed:
                 continue  # look again at once: time passed while we worked
-            with trio.move_on_at(next_s):
+            with anyio.CancelScope(deadline=next_s):
                 await self._lease_event.wait()
 
     # -- administration ------------------------------------------------------------------
 
-    async def status(self) -> dict[str, Any]:
-        """The node's status (``docs/protocol.md``, "STATUS").
+    async def status(self, *, local: bool = False) -> dict[str, Any]:
+        """The cluster's status, asked of the leader (``docs/protocol.md``, "STATUS").
+
+        A follower knows some numbers only as its own local view (due, in flight,
+        consumers): when the node answering says ``"view": "local"`` and names a leader,
+        the client reconnects there and asks again (once). If the leader cannot be
+        reached in time, the follower's answer is returned; it says it is local.
+
+        Args:
+            local: Return the connected node's own view without following the leader.
 
         Returns:
-            ``{"node_id", "role", "leader_address", "server_version", "applied_index",
-            "uptime_s", "topics": [{"topic", "groups": [{"group", "pending", "due",
-            "in_flight", "consumers", "visibility_timeout_ms", "max_deliveries"}]}]}``
+            ``{"node_id", "role", "view", "leader_only", "leader_id", "leader_address",
+            "server_version", "applied_index", "uptime_s", "topics": [{"topic",
+            "groups": [{"group", "pending", "due", "in_flight", "consumers",
+            "visibility_timeout_ms", "max_deliveries"}]}]}``; ``view`` is ``"cluster"``
+            from the leader, ``"local"`` from another node (``leader_only`` lists the
+            fields that are then only that node's).
 
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
-        answer = await self._call(lambda rid: frames.Status(rid), retry_unknown=True)
-        return _expect(answer, frames.StatusOk).status
+        return await self._ask_leader(
+            lambda rid: frames.Status(rid),
+            frames.StatusOk,
+            lambda status: status.get("view", "cluster") == "local",
+            local=local,
+        )
+
+    async def _ask_leader(
+        self,
+        make_frame: Callable[[int], frames.Frame],
+        kind: type[frames.StatusOk] | type[frames.ClusterStatusOk],
+        is_local: Callable[[dict[str, Any]], bool],
+        *,
+        local: bool,
+    ) -> dict[str, Any]:
+        """Ask the connected node; if its answer is a follower's local view and it names
+        the leader, ask the leader once more (an answer from a follower is kept if the
+        leader cannot be asked before the deadline)."""
+        deadline = anyio.current_time() + self.request_timeout_s
+        answered: list[Connection] = []
+
+        def note(conn: Connection, frame: frames.Frame) -> None:
+            answered.append(conn)
+
+        answer = await self._call(make_frame, retry_unknown=True, deadline=deadline, on_answer=note)
+        status = _expect(answer, kind).status
+        leader = status.get("leader_address")
+        if local or not is_local(status) or leader is None or not answered:
+            return status
+        if answered[-1].address == leader:
+            return status
+        self._follow_leader(answered[-1], leader)
+        try:
+            again = await self._call(make_frame, retry_unknown=True, deadline=deadline)
+        except (ConnectionLostError, RequestError):
+            return status  # it says it is a local view
+        return _expect(again, kind).status
 
     async def create_group(
         self,
@@ -1149,8 +1199,15 @@ class Client:
         )
         return page_from_frame(_expect(answer, frames.BrowseOk))
 
-    async def cluster_status(self) -> dict[str, Any]:
-        """The answering node's view of the cluster (``docs/protocol.md``, "CLUSTER_STATUS_OK").
+    async def cluster_status(self, *, local: bool = False) -> dict[str, Any]:
+        """The cluster's membership and progress, asked of the leader
+        (``docs/protocol.md``, "CLUSTER_STATUS_OK").
+
+        Only the leader knows each member's match index and lag: an answer from another
+        node that names a leader is asked again of the leader (once), as :meth:`status`.
+
+        Args:
+            local: Return the connected node's own view without following the leader.
 
         Returns:
             ``{"node_id", "role", "term", "leader_id", "leader_address", "commit_index",
@@ -1159,8 +1216,12 @@ class Client:
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
-        answer = await self._call(lambda rid: frames.ClusterStatus(rid), retry_unknown=True)
-        return _expect(answer, frames.ClusterStatusOk).status
+        return await self._ask_leader(
+            lambda rid: frames.ClusterStatus(rid),
+            frames.ClusterStatusOk,
+            lambda view: view.get("role") != "leader",
+            local=local,
+        )
 
     async def add_node(self, node_id: int, raft_address: str, client_address: str) -> None:
         """Add a node: a learner first, promoted to voter by the leader once caught up.
@@ -1213,10 +1274,10 @@ class Client:
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
-        started = trio.current_time()
+        started = anyio.current_time()
         answer = await self._call(lambda rid: frames.Ping(rid), retry_unknown=True)
         _expect(answer, frames.Pong)
-        return trio.current_time() - started
+        return anyio.current_time() - started
 
 
 def _publish_frame(level: frames.AckLevel, wire_items: list[Any]) -> Callable[[int], frames.Frame]:
@@ -1338,8 +1399,12 @@ async def open_client(
         max_lease_s=max_lease_s,
     )
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client._maintain_connection)
+        async with anyio.create_task_group() as nursery:
+            try:
+                await nursery.start(client._maintain_connection)
+            except BaseException:
+                client._close()
+                raise
             nursery.start_soon(client._run_batcher)
             nursery.start_soon(client._keep_leases)
             try:
@@ -1353,3 +1418,5 @@ async def open_client(
         if single is None:
             raise
         raise single from None
+    finally:
+        client._publish_receive.close()  # the batcher, its only reader, has ended

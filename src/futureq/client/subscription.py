@@ -33,8 +33,8 @@ import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import anyio
 import attrs
-import trio
 
 from futureq.errors import (
     ConnectionLostError,
@@ -189,7 +189,7 @@ class Subscription:
 
     Obtain one with ``async with client.subscribe(topic, group) as sub``; iterate it
     with ``async for delivery in sub``. Iteration waits as long as it takes for the
-    next delivery (wrap it in ``trio.move_on_after`` to bound the wait) and survives
+    next delivery (wrap it in ``anyio.move_on_after`` to bound the wait) and survives
     reconnects: after the client reconnects, the subscription subscribes again on the
     new connection the next time it is iterated. If the server ends the subscription
     (its group was deleted), iteration raises :class:`SubscriptionEndedError`.
@@ -220,8 +220,8 @@ class Subscription:
         self._pull = pull
         self._buffer: collections.deque[Delivery] = collections.deque()
         self._handed: dict[bytes, Delivery] = {}
-        self._wakeup = trio.Event()
-        self._lock = trio.Lock()
+        self._wakeup = anyio.Event()
+        self._lock = anyio.Lock()
         # Epoch of the connection the server-side subscription lives on; 0 = none.
         self.epoch = 0
         self.subscription_id: int | None = None
@@ -271,7 +271,7 @@ class Subscription:
                 f"server pushed {-self._credit} deliveries beyond the credit granted "
                 f"to subscription {self.subscription_id}",
             )
-        now = trio.current_time()
+        now = anyio.current_time()
         refresh = self._refresh_after_s()
         for item in frame.deliveries:
             tag, message_id, payload, due_ms, publish_ms, attempt = item[:6]
@@ -330,7 +330,7 @@ class Subscription:
         self.visibility_timeout_ms = visibility_timeout_ms
         self.max_deliveries = max_deliveries
         refresh = self._refresh_after_s()
-        now = trio.current_time()
+        now = anyio.current_time()
         for delivery in self._buffer:
             delivery._refresh_s = min(delivery._refresh_s, now + refresh)
         self._client._lease_changed()
@@ -362,7 +362,7 @@ class Subscription:
 
     def _wake(self) -> None:
         self._wakeup.set()
-        self._wakeup = trio.Event()
+        self._wakeup = anyio.Event()
 
     def _refresh_after_s(self) -> float:
         if self.visibility_timeout_ms is None:
@@ -450,7 +450,7 @@ class Subscription:
         Raises:
             Same as iteration, and StopAsyncIteration is returned as None.
         """
-        with trio.move_on_after(timeout_s):
+        with anyio.move_on_after(timeout_s):
             try:
                 return await self.__anext__()
             except StopAsyncIteration:
@@ -500,7 +500,7 @@ class Subscription:
                     self._credit += need
                     conn.send_control(frames.Credit(0, self.subscription_id, need))
                 wakeup = self._wakeup
-                with trio.move_on_after(timeout_s) as idle:
+                with anyio.move_on_after(timeout_s) as idle:
                     await wakeup.wait()
                 if idle.cancelled_caught and not self._buffer:
                     break

@@ -19,6 +19,7 @@ unsubscribes, closes the connection and joins the thread.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
@@ -351,9 +352,10 @@ class SyncClient:
             sub = self._subscriptions[(topic, group)] = request.subscription
         return await sub.fetch(count, timeout_s)
 
-    def status(self) -> dict[str, Any]:
-        """The node's status map (see ``Client.status``)."""
-        return self._run(self._require_client().status)
+    def status(self, *, local: bool = False) -> dict[str, Any]:
+        """The cluster's status map, asked of the leader unless ``local`` (see
+        ``Client.status``)."""
+        return self._run(functools.partial(self._require_client().status, local=local))
 
     def create_group(
         self,

@@ -335,6 +335,8 @@ class RaftNode:
         self._wake = trio.Event()
         self._ticks_due = 0
         self._inbox: deque[Message] = deque()
+        self._last_heard_s: dict[int, float] = {}
+        """trio.current_time() of the last message from each peer (status only)."""
         self._inbox_drained = trio.Event()
         self._ops: list[_Op] = []
         self._apply_waiters: dict[int, _Waiter] = {}
@@ -462,10 +464,14 @@ class RaftNode:
         return frozenset(membership.voters), frozenset(membership.learners)
 
     def progress(self) -> dict[int, dict[str, Any]]:
-        """Leader only: ``{node_id: {"match", "next", "state"}}``; ``{}`` on others."""
+        """Leader only: ``{node_id: {"match", "next", "state", "learner", "recovering",
+        "last_heard_ms"}}``; ``{}`` on others. ``last_heard_ms`` is how long ago the
+        last message from that peer arrived (ms; None if none yet, 0 for this node)."""
         core = self._core
         if core is None or core.role is not Role.LEADER:
             return {}
+        now = trio.current_time()
+        heard = self._last_heard_s
         return {
             int(node_id): {
                 "match": int(pr.match),
@@ -473,6 +479,9 @@ class RaftNode:
                 "state": pr.state.value,
                 "learner": pr.is_learner,
                 "recovering": pr.peer_recovering,
+                "last_heard_ms": 0
+                if node_id == core.id
+                else (None if node_id not in heard else round((now - heard[node_id]) * 1000)),
             }
             for node_id, pr in sorted(core.progress.items())
         }
@@ -840,6 +849,7 @@ class RaftNode:
     async def _receiver(self) -> None:
         limit = 4096
         async for message in self._transport.receive_channel:
+            self._last_heard_s[int(message.from_id)] = trio.current_time()
             self._inbox.append(message)
             self._wake.set()
             if len(self._inbox) >= limit:

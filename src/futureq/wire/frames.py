@@ -58,6 +58,10 @@ class FrameType(enum.IntEnum):
     EXTEND = 27
     RELEASE = 28
     SUBSCRIPTION_INFO = 29
+    # 35-39: issue 13 (live overview for dashboards)
+    WATCH = 35
+    WATCH_UPDATE = 36
+    UNWATCH = 37
     # 40-59: managing scheduled messages (issue 14).
     CANCEL = 40
     ITEM_RESULTS = 41
@@ -941,6 +945,68 @@ class SubscriptionInfo:
         )
 
 
+MIN_WATCH_INTERVAL_MS = 250
+"""Shortest WATCH interval a server accepts (ms)."""
+MAX_WATCH_INTERVAL_MS = 60_000
+"""Longest WATCH interval a server accepts (ms)."""
+
+
+@attrs.frozen
+class Watch:
+    """Ask for the node's overview now and then every ``interval_ms`` (WATCH_UPDATE).
+
+    One watch per connection; a second WATCH replaces the first.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.WATCH
+    request_id: int
+    interval_ms: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.interval_ms]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Watch:
+        _arity("WATCH", f, 1)
+        return cls(rid, _int("WATCH", "interval_ms", f[0]))
+
+
+@attrs.frozen
+class WatchUpdate:
+    """One overview of the node (shape in ``docs/protocol.md``, "WATCH_UPDATE"),
+    echoing the WATCH's request id."""
+
+    TYPE: ClassVar[FrameType] = FrameType.WATCH_UPDATE
+    request_id: int
+    overview: dict[str, Any]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.overview]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> WatchUpdate:
+        _arity("WATCH_UPDATE", f, 1)
+        if type(f[0]) is not dict:
+            raise _bad("WATCH_UPDATE", "field 'overview' must be a map")
+        return cls(rid, f[0])
+
+
+@attrs.frozen
+class Unwatch:
+    """Stop this connection's watch; answered with OK."""
+
+    TYPE: ClassVar[FrameType] = FrameType.UNWATCH
+    request_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Unwatch:
+        _arity("UNWATCH", f, 0)
+        return cls(rid)
+
+
 @attrs.frozen
 class Cancel:
     """Remove scheduled messages by id from one group of a topic, or from every group.
@@ -1211,6 +1277,9 @@ Frame = (
     | Extend
     | Release
     | SubscriptionInfo
+    | Watch
+    | WatchUpdate
+    | Unwatch
     | Cancel
     | ItemResults
     | Browse
@@ -1252,6 +1321,9 @@ FRAME_CLASSES: dict[int, Any] = {
         Extend,
         Release,
         SubscriptionInfo,
+        Watch,
+        WatchUpdate,
+        Unwatch,
         Cancel,
         ItemResults,
         Browse,

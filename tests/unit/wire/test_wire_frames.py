@@ -74,6 +74,9 @@ FRAME_STRATEGY: st.SearchStrategy[frames.Frame] = st.one_of(
     st.builds(frames.Extend, RID, st.lists(TAG, max_size=4), INT64),
     st.builds(frames.Release, RID, st.lists(TAG, max_size=4)),
     st.builds(frames.SubscriptionInfo, RID, INT64, st.integers(1, 2**40), st.integers(1, 2**40)),
+    st.builds(frames.Watch, RID, INT64),
+    st.builds(frames.WatchUpdate, RID, st.dictionaries(TEXT, INT64, max_size=3)),
+    st.builds(frames.Unwatch, RID),
     st.builds(frames.Cancel, RID, TEXT, OPT_TEXT, st.lists(INT64, max_size=4)),
     st.builds(frames.ItemResults, RID, st.lists(st.integers(0, 3), max_size=4)),
     st.builds(
@@ -198,6 +201,9 @@ EXAMPLES: list[frames.Frame] = [
     frames.Extend(17, [TAG_A], 60_000),
     frames.Release(18, [TAG_A, TAG_B]),
     frames.SubscriptionInfo(0, 7, 30_000, 16),
+    frames.Watch(17, 1000),
+    frames.WatchUpdate(17, {"node": {"node_id": 1, "role": "leader"}, "groups": []}),
+    frames.Unwatch(18),
     frames.Cancel(19, "orders", "billing", [65536, 65537]),
     frames.Cancel(19, "orders", None, [2**64 - 1]),
     frames.ItemResults(19, [0, 1, 2]),
@@ -488,6 +494,9 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.Error(2, 200, "m"), 4, -1),
     (frames.Error(2, 200, "m"), 5, 7450),
     (frames.Ok(5, 2), 2, 2.0),
+    (frames.Watch(17, 1000), 2, 1.0),
+    (frames.Watch(17, 1000), 2, None),
+    (frames.WatchUpdate(17, {}), 2, [1]),
 ]
 
 
