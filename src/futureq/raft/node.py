@@ -268,6 +268,8 @@ APPLY_QUEUE_BATCHES = 64
 """Committed batches waiting for the applier before persisting waits for it."""
 APPLY_SLICE_ENTRIES = 8
 """Entries applied between two yields to the event loop."""
+INBOX_LIMIT = 4096
+"""Peer messages taken in before the driver has stepped them (then the receiver waits)."""
 _LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _PROBE_PREFIX = b"probe:"
 """Request context of the follower's commit-index probes (never a read waiter's)."""
@@ -836,11 +838,26 @@ class RaftNode:
             await trio.sleep(interval_s)
 
     async def _receiver(self) -> None:
-        limit = 4096
-        async for message in self._transport.receive_channel:
-            self._inbox.append(message)
+        """Move peer messages into the inbox, everything that has arrived at once.
+
+        Every ``receive`` is a scheduling point, so taking one message per wakeup would
+        let this node take in only one message per pass of the event loop over all its
+        tasks: on a busy machine (a slow pass) a leader, which hears from every
+        follower, then falls behind, and its answers wait seconds in the channel and
+        the socket buffers behind it (lease lost, clock samples too old, commits late).
+        """
+        limit = INBOX_LIMIT
+        channel = self._transport.receive_channel
+        inbox = self._inbox
+        async for message in channel:
+            inbox.append(message)
+            while len(inbox) < limit:
+                try:
+                    inbox.append(channel.receive_nowait())
+                except trio.WouldBlock:
+                    break
             self._wake.set()
-            if len(self._inbox) >= limit:
+            if len(inbox) >= limit:
                 self._inbox_drained = trio.Event()
                 await self._inbox_drained.wait()
 
