@@ -1,37 +1,53 @@
 # The two commands of the README: `make run` and `make test`.
+# `make run` and `make cluster` install only what the broker needs; the test tools come
+# with `make test` (and `make lint`, `make install`), the profilers with `make bench`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+CHECKSUM := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP_RUN := $(VENV)/.installed-run-$(CHECKSUM)
+STAMP_TEST := $(VENV)/.installed-test-$(CHECKSUM)
+STAMP_BENCH := $(VENV)/.installed-bench-$(CHECKSUM)
 
 .PHONY: run test lint typecheck install bench clean cluster
 
-$(STAMP): pyproject.toml
+$(STAMP_RUN): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,bench]'
-	rm -f $(VENV)/.installed-*
+	$(BIN)/pip install --quiet -e .
+	rm -f $(VENV)/.installed-run-*
 	touch $@
 
-install: $(STAMP)
+$(STAMP_TEST): $(STAMP_RUN)
+	$(BIN)/pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-test-*
+	touch $@
+
+$(STAMP_BENCH): $(STAMP_TEST)
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	rm -f $(VENV)/.installed-bench-*
+	touch $@
+
+install: $(STAMP_TEST)
 
 ## Start a single-node broker: client 127.0.0.1:7450, HTTP 127.0.0.1:7452, data in ./data.
-run: $(STAMP)
+run: $(STAMP_RUN)
 	$(BIN)/futureq start
 
 ## Start a local 3-node cluster (clients on 7450, 7460, 7470; data in ./data-cluster).
-cluster: $(STAMP)
+## Ctrl-C stops every node gracefully (a second Ctrl-C kills them).
+cluster: $(STAMP_RUN)
 	$(BIN)/python -m futureq.cli.local_cluster --nodes $(or $(NODES),3)
 
 ## Install test dependencies and run the whole test suite.
-test: $(STAMP)
+test: $(STAMP_TEST)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(STAMP_TEST)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(STAMP_BENCH)
 	$(BIN)/python -m bench.run_all
 
 clean:
@@ -40,12 +56,12 @@ clean:
 ## Fault-injection run: 3 nodes, mixed faults, 5 minutes (JEPSEN_ARGS to change it).
 ## The CI selection of fault-injection runs (a few minutes, seeded).
 .PHONY: jepsen-ci
-jepsen-ci: $(STAMP)
+jepsen-ci: $(STAMP_TEST)
 	$(BIN)/python -m pytest tests/jepsen_like -m jepsen --run-slow -p no:cacheprovider
 
 .PHONY: jepsen
 JEPSEN_ARGS ?= --nodes 3 --time 300 --nemesis mixed --rate 20 --out $${TMPDIR:-/tmp}/futureq-jepsen
-jepsen: $(STAMP)
+jepsen: $(STAMP_TEST)
 	$(BIN)/python -m tests.jepsen_like run $(JEPSEN_ARGS)
 
 ## Validate the Kubernetes manifests in k8s/: schemas of a pinned Kubernetes version

@@ -29,6 +29,7 @@ from bench import (
     memory,
     publish_throughput,
     restart,
+    side_by_side,
     topic_scale,
 )
 
@@ -38,6 +39,7 @@ BENCHMARKS: dict[str, Callable[[list[str] | None], dict[str, Any]]] = {
     "restart": restart.main,
     "memory": memory.main,
     "topic_scale": topic_scale.main,
+    "side_by_side": side_by_side.bench_main,
 }
 
 CLUSTER_BENCHMARKS: dict[str, Callable[[list[str] | None], dict[str, Any]]] = {
@@ -129,6 +131,8 @@ def _summary(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     f"< 50 ({ok})",
                 )
             )
+    elif name == "side_by_side":
+        rows.extend(side_by_side.summary_rows(r))
     else:
         rows.extend(_cluster_summary(name, r, ok))
     return rows

@@ -31,12 +31,15 @@ class TlsConfig:
         key_file: PEM private key of ``cert_file``.
         ca_file: PEM CA bundle to verify client and peer certificates, or None.
         require_client_cert: Refuse clients without a certificate signed by ``ca_file``.
+        http: Serve the HTTP port (dashboard, ``/metrics``, ``/ws``) over HTTPS with the
+            same certificate (and the same client-certificate rule).
     """
 
     cert_file: str | None = None
     key_file: str | None = None
     ca_file: str | None = None
     require_client_cert: bool = False
+    http: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -63,8 +66,13 @@ class ServerSection:
             token too.
         credentials_file: TOML file of per-client tokens (stored hashed) and what each
             may do (``docs/security.md``, "Client access"); reloaded on SIGHUP.
+        websocket_origins: Comma-separated browser origins (``https://app.example.com``)
+            allowed to open ``/ws`` besides the dashboard's own, or ``*`` for any; empty
+            means only pages served by this node (``docs/protocol.md``, "WebSocket").
         shutdown_grace_ms: Longest a graceful shutdown may take before it is forced (ms).
         log_level: ``debug``, ``info``, ``warning`` or ``error``.
+        log_format: ``text`` (one readable line per record) or ``json`` (one JSON object
+            per line); in a cluster every record names the node.
     """
 
     node_id: int = 1
@@ -74,8 +82,10 @@ class ServerSection:
     advertise: str | None = None
     auth_token: str | None = None
     credentials_file: str | None = None
+    websocket_origins: str = ""
     shutdown_grace_ms: int = 10_000
     log_level: str = "info"
+    log_format: str = "text"
 
 
 @attrs.frozen
@@ -151,6 +161,11 @@ class QueueSection:
         horizon_ms: How far ahead of now the in-memory due-index reaches (ms).
         horizon_max_items: Most schedule entries one group keeps in memory (items).
         dispatch_batch_items: Most deliveries put in one DELIVER frame (items).
+        idempotency_window_ms: How long after its publish an idempotency key still
+            names its message once the message is gone (acked, expired, ...): a
+            publish with that key in this window stores nothing and answers the
+            original id (ms, >= 0). While the message is pending, the key names it
+            whatever the window. The leader resolves it into each PUBLISH.
     """
 
     visibility_timeout_ms: int = 30_000
@@ -158,6 +173,7 @@ class QueueSection:
     horizon_ms: int = 300_000
     horizon_max_items: int = 100_000
     dispatch_batch_items: int = 256
+    idempotency_window_ms: int = 300_000
 
     def group_settings(self) -> GroupSettings:
         """The defaults this node, when it leads, resolves into commands that create groups.
@@ -316,6 +332,13 @@ def announced_raft_address(config: Config) -> str:
     """The Raft address this node announces to peers: ``cluster.advertise_raft``, else
     ``cluster.raft_listen`` (port 0 there is replaced by the bound port at start)."""
     return config.cluster.advertise_raft or config.cluster.raft_listen
+
+
+def websocket_origins(config: Config) -> tuple[str, ...]:
+    """``server.websocket_origins`` as a tuple of origins (empty entries dropped)."""
+    return tuple(
+        entry.strip() for entry in config.server.websocket_origins.split(",") if entry.strip()
+    )
 
 
 def split_host_port(address: str) -> tuple[str, int]:

@@ -53,6 +53,7 @@ from futureq.config import (
     split_host_port,
 )
 from futureq.errors import ConfigError
+from futureq.logging_setup import LOG_FORMATS
 from futureq.peer_credentials import (
     CredentialError,
     check_own_certificate,
@@ -495,10 +496,23 @@ def _check_server(server: ServerSection) -> Iterable[_Bad]:
             server.credentials_file,
             "must be an existing TOML file of client credentials (see docs/security.md)",
         )
+    for origin in server.websocket_origins.split(","):
+        origin = origin.strip()
+        if origin and origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            yield _Bad(
+                ("server.websocket_origins",),
+                server.websocket_origins,
+                f"{origin!r} is not an origin: give scheme://host[:port] entries like "
+                "https://app.example.com, separated by commas, or *",
+            )
     yield from _minimum("server", server, "shutdown_grace_ms", 0, " ms")
     if server.log_level not in LOG_LEVELS:
         yield _Bad(
             ("server.log_level",), server.log_level, f"must be one of {', '.join(LOG_LEVELS)}"
+        )
+    if server.log_format not in LOG_FORMATS:
+        yield _Bad(
+            ("server.log_format",), server.log_format, f"must be one of {', '.join(LOG_FORMATS)}"
         )
 
 
@@ -560,6 +574,7 @@ def _check_queue(queue: QueueSection) -> Iterable[_Bad]:
     yield from _minimum("queue", queue, "horizon_ms", 1, " ms")
     yield from _minimum("queue", queue, "horizon_max_items", 1, " items")
     yield from _minimum("queue", queue, "dispatch_batch_items", 1, " items")
+    yield from _minimum("queue", queue, "idempotency_window_ms", 0, " ms")
 
 
 def _check_storage(storage: StorageSection) -> Iterable[_Bad]:
@@ -593,6 +608,12 @@ def _check_tls(tls: TlsConfig) -> Iterable[_Bad]:
             ("tls.require_client_cert",),
             True,
             "needs tls.ca_file to verify client certificates",
+        )
+    if tls.http and not tls.enabled:
+        yield _Bad(
+            ("tls.http",),
+            True,
+            "needs tls.cert_file and tls.key_file (the HTTP port uses the same certificate)",
         )
 
 

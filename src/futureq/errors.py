@@ -32,6 +32,9 @@ class ErrorCode(enum.IntEnum):
     FRAME_TIMEOUT = 110
     KEEPALIVE_TIMEOUT = 111
     SLOW_CLIENT = 112
+    # 120-124: issue 13, clients and UI
+    WEBSOCKET_MESSAGE = 120
+    """A WebSocket message that is text, or not exactly one frame (``/ws``)."""
 
     # 2xx request errors (request fails alone)
     INVALID_FIELD = 200
@@ -60,6 +63,12 @@ class ErrorCode(enum.IntEnum):
     PERMISSION_DENIED = 235
     TOO_MANY_SUBSCRIPTIONS = 236
     TOO_MANY_GROUPS = 237
+    # 260-279: managing scheduled messages (issue 14)
+    INVALID_MESSAGE_ID = 260
+    INVALID_CURSOR = 261
+    GROUP_REQUIRED = 262
+    INVALID_HEADERS = 263
+    INVALID_IDEMPOTENCY_KEY = 264
 
     # 3xx availability errors (retry may succeed)
     NOT_LEADER = 300

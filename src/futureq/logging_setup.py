@@ -1,19 +1,37 @@
-"""Process-wide logging for the ``futureq`` server: one concise line per record on stderr.
+"""Process-wide logging for the ``futureq`` server: one record per line on stderr.
 
-Format: ``2025-01-31 12:00:00.123 INFO    futureq.broker.server: listening on ...``
-(local time with milliseconds, level, logger name, message). Third-party libraries
-that chat at INFO (hypercorn) are kept at WARNING unless the level is ``debug``.
+Text format (``server.log_format = "text"``, the default)::
+
+    2025-01-31 12:00:00.123 INFO    futureq.broker.server: listening on ...
+
+(local time with milliseconds, level, logger name, message). A node of a cluster puts
+its id after the level, ``INFO    node=2 futureq...``, so the lines of several nodes
+can be told apart once they are collected together.
+
+JSON format (``"json"``), one object per line for log collectors::
+
+    {"time": "2025-01-31T11:00:00.123Z", "level": "INFO", "logger": "futureq.broker.server",
+     "node": 2, "message": "listening on ...", "exception": "Traceback ..."}
+
+(UTC time; ``node`` only in a cluster; ``exception`` only with a traceback).
+
+Third-party libraries that chat at INFO (hypercorn) are kept at WARNING unless the
+level is ``debug``.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
 import sys
 import time
-from typing import TextIO
+from typing import Final, TextIO
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s"
+NODE_LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-7s node=%(node_id)s %(name)s: %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+LOG_FORMATS: Final = ("text", "json")
 LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -54,7 +72,47 @@ class AcceptErrorFilter(logging.Filter):
         return True
 
 
-def setup_logging(level: str = "info", stream: TextIO | None = None) -> None:
+class _NodeFilter(logging.Filter):
+    """Stamps every record with the node id (``record.node_id``)."""
+
+    def __init__(self, node_id: int) -> None:
+        super().__init__()
+        self.node_id = node_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.node_id = self.node_id
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record (keys in the module docstring)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
+                timespec="milliseconds"
+            ).replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+        }
+        node_id = getattr(record, "node_id", None)
+        if node_id is not None:
+            entry["node"] = node_id
+        entry["message"] = record.getMessage()
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        elif record.stack_info:
+            entry["exception"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def setup_logging(
+    level: str = "info",
+    stream: TextIO | None = None,
+    *,
+    node_id: int | None = None,
+    log_format: str = "text",
+) -> None:
     """Send every log record at ``level`` or above to ``stream`` (stderr by default).
 
     Replaces handlers on the root logger, so calling it twice does not duplicate lines.
@@ -62,16 +120,27 @@ def setup_logging(level: str = "info", stream: TextIO | None = None) -> None:
     Args:
         level: ``debug``, ``info``, ``warning`` or ``error`` (config ``server.log_level``).
         stream: Where to write; ``sys.stderr`` when None.
+        node_id: Named in every line (a node of a cluster); None leaves it out.
+        log_format: ``text`` or ``json`` (config ``server.log_format``).
 
     Raises:
-        ValueError: for an unknown level name (config loading rejects those earlier).
+        ValueError: for an unknown level or format name (config loading rejects those
+            earlier).
     """
     try:
         numeric = LEVELS[level.lower()]
     except KeyError:
         raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}") from None
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT, DATE_FORMAT))
+    if node_id is not None:
+        handler.addFilter(_NodeFilter(node_id))
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        text = LOG_FORMAT if node_id is None else NODE_LOG_FORMAT
+        handler.setFormatter(logging.Formatter(text, DATE_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -10,7 +10,12 @@ their broker and update the attributes named after the metric without the
     metrics.due_to_delivery_seconds.observe(max(0, delivered_ms - due_ms) / 1000)
 
 Per-group queue state (pending, due, in-flight, consumers) is not pushed: it is read at
-scrape time from a provider registered with :meth:`Metrics.set_group_counts_provider`.
+scrape time from a provider registered with :meth:`Metrics.set_group_counts_provider`;
+the oldest-due age per topic is the largest of its groups' (``GroupCounts.oldest_due_age_s``).
+
+Besides the FutureQ metrics, each registry carries prometheus-client's process collector
+(``process_cpu_seconds_total``, ``process_resident_memory_bytes``, ``process_open_fds``...)
+and ``futureq_build_info``.
 
 Series are bounded (Prometheus practice: label values must not grow without limit). The
 first ``max_topic_series`` topics and ``max_group_series`` (topic, group) pairs seen get
@@ -24,6 +29,7 @@ keeps the two in step.
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
@@ -35,11 +41,14 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from futureq import __version__
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -78,6 +87,10 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (
     5.0,
     10.0,
 )
+
+#: Lateness buckets of the per-topic histogram, in seconds: fewer than the node-wide one,
+#: as there is one series per bucket and topic.
+TOPIC_LATENESS_BUCKETS_S: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 
 #: Commands per synced write: powers of two, 1 .. 4096 (``storage.group_commit_max_items``).
 GROUP_COMMIT_BUCKETS: tuple[float, ...] = tuple(float(2**power) for power in range(13))
@@ -318,6 +331,20 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         ("reason",),
         "refusals",
     ),
+    MetricSpec(
+        "futureq_build_info",
+        "gauge",
+        "Always 1; the labels name the FutureQ version and the Python running it.",
+        ("version", "python"),
+        "",
+    ),
+    MetricSpec(
+        "futureq_data_dir_bytes",
+        "gauge",
+        "Bytes of the node's data directory (RocksDB files), measured every 15 s.",
+        (),
+        "bytes",
+    ),
     # state gauges, read at scrape time from the group counts provider
     MetricSpec(
         "futureq_pending_messages",
@@ -332,6 +359,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         "Group copies due now and waiting for a consumer (not in flight).",
         _TG,
         "messages",
+    ),
+    MetricSpec(
+        "futureq_oldest_due_age_seconds",
+        "gauge",
+        "How long the group's earliest entry waiting for delivery has been due (0 when "
+        "none is due yet); leader only, groups with a consumer. A growing age is a stuck group.",
+        _TG,
+        "seconds",
     ),
     MetricSpec(
         "futureq_in_flight_deliveries",
@@ -349,6 +384,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
     ),
     # histograms
     MetricSpec(
+        "futureq_topic_oldest_due_age_seconds",
+        "gauge",
+        "Leader only: how long the earliest due, undelivered copy of any group of the "
+        "topic has waited (absent while nothing is due). Read at scrape time.",
+        ("topic",),
+        "seconds",
+    ),
+    MetricSpec(
         "futureq_publish_commit_seconds",
         "histogram",
         "Time from receiving a PUBLISH to its batch being durable and applied.",
@@ -363,6 +406,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         (),
         "seconds",
         LATENCY_BUCKETS_S,
+    ),
+    MetricSpec(
+        "futureq_topic_lateness_seconds",
+        "histogram",
+        "Lateness of deliveries by topic: delivered time minus due time (wall clock).",
+        ("topic",),
+        "seconds",
+        TOPIC_LATENESS_BUCKETS_S,
     ),
     MetricSpec(
         "futureq_fsync_seconds",
@@ -396,6 +447,7 @@ _GROUP_COUNT_GAUGES: dict[str, str] = {
     "due": "futureq_due_messages",
     "in_flight": "futureq_in_flight_deliveries",
     "consumers": "futureq_group_consumers",
+    "oldest_due_age_seconds": "futureq_oldest_due_age_seconds",
 }
 
 
@@ -410,6 +462,12 @@ class GroupCounts:
         due: Of those, the ones due now and not in flight.
         in_flight: Deliveries pushed and not yet settled (leader only; 0 elsewhere).
         consumers: Consumers subscribed on this node.
+        oldest_due_age_s: How long the earliest due copy not in flight has waited (s);
+            None when nothing is due, on a follower, and for the ``_other`` row (the
+            per-topic ``futureq_topic_oldest_due_age_seconds`` and the dashboard).
+        oldest_due_age_seconds: How long its earliest waiting entry has been due (s; 0
+            when none is due yet); None where the leader has no runtime for it (the
+            per-group ``futureq_oldest_due_age_seconds``).
 
     ``due`` is None for the ``_other`` row (groups past the series budget): it is not
     computed for them, so a scrape costs the same however many groups exist.
@@ -421,6 +479,8 @@ class GroupCounts:
     due: int | None
     in_flight: int
     consumers: int
+    oldest_due_age_s: float | None = None
+    oldest_due_age_seconds: float | None = None
 
 
 GroupCountsProvider = Callable[[], Iterable[GroupCounts]]
@@ -490,6 +550,10 @@ def _prometheus_unit(spec: MetricSpec) -> str:
     return spec.unit if spec.unit and base.endswith("_" + spec.unit) else ""
 
 
+_OLDEST_DUE = "futureq_topic_oldest_due_age_seconds"
+"""Per topic: the largest ``oldest_due_age_s`` of its groups' rows."""
+
+
 class _GroupCountsCollector(Collector):
     """Reads the per-group state gauges from the provider on every scrape."""
 
@@ -516,23 +580,30 @@ class _GroupCountsCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         families = self._families()
         rows = self.rows if self.rows is not None else self.read()
-        if rows:
-            for row in rows:
-                for field, name in _GROUP_COUNT_GAUGES.items():
-                    value = getattr(row, field)
-                    if value is not None:
-                        families[name].add_metric([row.topic, row.group], value)
+        oldest: dict[str, float] = {}
+        for row in rows:
+            for field, name in _GROUP_COUNT_GAUGES.items():
+                value = getattr(row, field)
+                if value is not None:
+                    families[name].add_metric([row.topic, row.group], value)
+            if row.oldest_due_age_s is not None:
+                oldest[row.topic] = max(oldest.get(row.topic, 0.0), row.oldest_due_age_s)
+        for topic, age_s in sorted(oldest.items()):
+            families[_OLDEST_DUE].add_metric([topic], age_s)
         return list(families.values())
 
     @staticmethod
     def _families() -> dict[str, GaugeMetricFamily]:
         families = {}
-        for name in _GROUP_COUNT_GAUGES.values():
+        for name in (*_GROUP_COUNT_GAUGES.values(), _OLDEST_DUE):
             spec = _spec(name)
             families[name] = GaugeMetricFamily(
                 name, spec.help, labels=list(spec.labels), unit=_prometheus_unit(spec)
             )
         return families
+
+
+_SCRAPE_TIME_GAUGES = frozenset({*_GROUP_COUNT_GAUGES.values(), _OLDEST_DUE})
 
 
 class Metrics:
@@ -549,7 +620,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         made: dict[str, Counter | Gauge | Histogram] = {}
         for spec in METRIC_SPECS:
-            if spec.name in _GROUP_COUNT_GAUGES.values():
+            if spec.name in _SCRAPE_TIME_GAUGES:
                 continue
             unit = _prometheus_unit(spec)
             labels = list(spec.labels)
@@ -604,6 +675,9 @@ class Metrics:
             made["leader_lease_remaining_seconds"], Gauge
         )
         self.raft_peer_refusals_total: Counter = _as(made["raft_peer_refusals_total"], Counter)
+        self.data_dir_bytes: Gauge = _as(made["data_dir_bytes"], Gauge)
+        self.build_info: Gauge = _as(made["build_info"], Gauge)
+        self.topic_lateness_seconds: Histogram = _as(made["topic_lateness_seconds"], Histogram)
         self.publish_commit_seconds: Histogram = _as(made["publish_commit_seconds"], Histogram)
         self.due_to_delivery_seconds: Histogram = _as(made["due_to_delivery_seconds"], Histogram)
         self.fsync_seconds: Histogram = _as(made["fsync_seconds"], Histogram)
@@ -612,6 +686,8 @@ class Metrics:
 
         self._group_counts = _GroupCountsCollector()
         self.registry.register(self._group_counts)
+        ProcessCollector(registry=self.registry)
+        self.build_info.labels(__version__, platform.python_version()).set(1)
         self._render_lock = threading.Lock()
 
     def set_group_counts_provider(self, provider: GroupCountsProvider | None) -> None:

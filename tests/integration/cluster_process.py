@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import time
@@ -132,14 +133,16 @@ class Cluster:
             for node in self.nodes.values():
                 if not node.alive() or (exclude and node.node_id in exclude):
                     continue
+                # A node that exits while answering (one removed from the cluster shuts
+                # itself down) cuts its answer short: that is a node not answering.
                 try:
                     status = node.http_json("/api/status")
-                except OSError:
+                except (OSError, http.client.HTTPException):
                     continue
                 if status.get("role") == "leader":
                     try:
                         node.http_json("/readyz")
-                    except OSError:
+                    except (OSError, http.client.HTTPException):
                         continue
                     return node
             time.sleep(0.05)

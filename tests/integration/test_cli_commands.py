@@ -55,8 +55,8 @@ def test_publish_then_consume_json(broker: BrokerProcess) -> None:
     }
     assert all(r["attempt"] == 1 and r["group"] == "g" for r in records)
 
-    # Acked: nothing is left, so --timeout ends the command with exit 0.
-    empty = cli(address, "consume", "orders", "--group", "g", "--timeout", "300ms")
+    # Acked: nothing is left, so --idle-timeout ends the command with exit 0.
+    empty = cli(address, "consume", "orders", "--group", "g", "--idle-timeout", "300ms")
     assert empty.returncode == 0, empty.stderr
     assert empty.stdout == ""
 
@@ -100,7 +100,7 @@ def test_publish_file_reports_bad_lines_and_publishes_the_rest(
     assert result.returncode == 1
     assert "published 3 message(s)" in result.stdout
     assert "2 failed line(s)" in result.stdout
-    assert "line 2: invalid JSON" in result.stderr
+    assert "line 2, column 2: expected a key in double quotes" in result.stderr
     assert "line 4: [RESERVED_TOPIC]" in result.stderr
 
     consumed = cli(address, "consume", "bulk", "--group", "g", "--count", "3", "--json")
@@ -156,7 +156,7 @@ def test_errors_are_one_line_with_exit_status() -> None:
     probe.bind(("127.0.0.1", 0))
     address = f"127.0.0.1:{probe.getsockname()[1]}"
     probe.close()
-    refused = cli(address, "--timeout", "1s", "status")
+    refused = cli(address, "--request-timeout", "1s", "status")
     assert refused.returncode == 1
     assert refused.stderr.startswith("error: [CONNECTION_LOST]")
     assert address in refused.stderr and "make run" in refused.stderr

@@ -1,14 +1,22 @@
-"""futureq.client (async and sync) against a real ``futureq start`` process on 127.0.0.1."""
+"""futureq.client (async and sync) against a real ``futureq start`` process on 127.0.0.1.
+
+Every async test runs twice, under asyncio and under trio (``tests/backends.py``): the
+same client code serves both event loops.
+"""
 
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Protocol
 
+import anyio
 import pytest
-import trio
+import trustme
+from tests.backends import on_both_backends
 
 from futureq.client import Client, PublishItem, open_client
 from futureq.client.sync import SyncClient
@@ -31,6 +39,7 @@ async def _client(broker: BrokerProcess) -> AsyncIterator[Client]:
         yield client
 
 
+@on_both_backends
 async def test_publish_consume_ack_round_trip(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         first = await client.publish("orders", b'{"n": 1}')
@@ -51,6 +60,7 @@ async def test_publish_consume_ack_round_trip(broker: BrokerProcess) -> None:
         assert status["role"] == "leader"
 
 
+@on_both_backends
 async def test_many_concurrent_publishes_are_batched_and_all_delivered(
     broker: BrokerProcess,
 ) -> None:
@@ -61,7 +71,7 @@ async def test_many_concurrent_publishes_are_batched_and_all_delivered(
         async def one(i: int) -> None:
             ids.append(await client.publish("bulk", str(i).encode()))
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for i in range(total):
                 nursery.start_soon(one, i)
         assert len(set(ids)) == total
@@ -79,6 +89,7 @@ async def test_many_concurrent_publishes_are_batched_and_all_delivered(
         assert seen == {str(i).encode() for i in range(total)}
 
 
+@on_both_backends
 async def test_refused_message_fails_alone(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         with pytest.raises(RequestError) as info:
@@ -90,6 +101,7 @@ async def test_refused_message_fails_alone(broker: BrokerProcess) -> None:
         assert len(await client.publish_batch([PublishItem("ok", b"1")])) == 1
 
 
+@on_both_backends
 async def test_nack_redelivers_with_attempt_two(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         message_id = await client.publish("retry", b"again")
@@ -103,6 +115,7 @@ async def test_nack_redelivers_with_attempt_two(broker: BrokerProcess) -> None:
             await second.ack()
 
 
+@on_both_backends
 async def test_group_admin_round_trip(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         await client.create_group("admin", "g", visibility_timeout_ms=5_000, max_deliveries=3)
@@ -118,13 +131,14 @@ async def test_group_admin_round_trip(broker: BrokerProcess) -> None:
         assert await client.ping() >= 0
 
 
+@on_both_backends
 async def test_client_survives_a_server_restart(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         kept = await client.publish("durable", b"before")
         async with client.subscribe("durable", "g", prefetch=5) as sub:
             delivery = await sub.__anext__()
             assert delivery.id == kept
-            await trio.to_thread.run_sync(broker.restart)  # SIGKILL, then start again
+            await anyio.to_thread.run_sync(broker.restart)  # SIGKILL, then start again
             with pytest.raises(ConnectionLostError):
                 await delivery.ack()  # its connection died; the broker redelivers it
             again = await sub.__anext__()
@@ -157,3 +171,44 @@ def test_sync_client_round_trip(broker: BrokerProcess) -> None:
         assert any(t["topic"] == "sync" for t in client.status()["topics"])
         client.delete_group("sync", "other")
         assert client.ping() >= 0
+
+
+@on_both_backends
+async def test_tls_round_trip_and_an_untrusted_certificate(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_path, key_path = tmp_path / "node.pem", tmp_path / "node.key"
+    for number, pem in enumerate(cert.cert_chain_pems):
+        pem.write_to_path(str(cert_path), append=number > 0)
+    cert.private_key_pem.write_to_path(str(key_path))
+    broker = await anyio.to_thread.run_sync(
+        lambda: broker_factory(extra_args=["--tls-cert", str(cert_path), "--tls-key", str(key_path)])
+    )
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    async with open_client(broker.client_address, ssl_context=context) as client:
+        message_id = await client.publish("tls.orders", b"over tls")
+        async with client.subscribe("tls.orders", "g") as sub:
+            delivery = await sub.__anext__()
+            assert (delivery.id, delivery.payload) == (message_id, b"over tls")
+            await delivery.ack()
+    untrusting = ssl.create_default_context()
+    trustme.CA().configure_trust(untrusting)
+    with pytest.raises(ConnectionLostError, match="could not connect"):
+        async with open_client(broker.client_address, ssl_context=untrusting, connect_timeout_s=2):
+            pass
+
+
+@on_both_backends
+async def test_managing_scheduled_messages(broker: BrokerProcess) -> None:
+    async with _client(broker) as client:
+        await client.create_group("later", "g")
+        ids = [await client.publish("later", f"m{i}".encode(), delay_ms=3_600_000) for i in range(3)]
+        page = await client.browse("later", "g", preview_bytes=8)
+        assert [m.id for m in page.messages] == ids
+        assert [m.preview for m in page.messages] == [b"m0", b"m1", b"m2"]
+        assert [int(s) for s in await client.cancel("later", ids[:1])] == [0]  # DONE
+        page = await client.browse("later", "g")
+        assert [m.id for m in page.messages] == ids[1:]

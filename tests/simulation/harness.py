@@ -152,6 +152,8 @@ class Scenario:
     max_clock_offset_ms: int = 400
     disk_faults: bool = False
     """Wipe a node's storage, or roll it back to an earlier copy of itself."""
+    mid_write_crashes: bool = False
+    """With ``crashes``: the leader dies during a write, after replicating it (§10.2.1)."""
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -175,6 +177,9 @@ SCENARIOS: tuple[Scenario, ...] = (
              max_append_bytes=1, max_inflight=2, drop_rate=0.05, max_delay_ticks=5,
              fault_rate=0.15, propose_rate=0.5),
 )  # fmt: skip
+SCENARIOS = tuple(attrs.evolve(s, mid_write_crashes=s.crashes) for s in SCENARIOS)
+"""Every scenario with crashes also crashes leaders during their writes (§10.2.1)."""
+
 
 
 CLOCK_SCENARIOS: tuple[Scenario, ...] = (
@@ -351,6 +356,9 @@ class SimNode:
         self.core: RaftCore | None = None
         self.sm = StateMachine()
         self.crash_after_persist = False
+        self.crash_mid_write = False
+        """Crash at the next write, after sending ``Ready.leader_messages``, before the
+        write is durable (a leader that dies with its fsync in flight, thesis §10.2.1)."""
         self.last_committed_seen = LogIndex(0)
         self.clock: SimClock | None = None
         """The machine's clocks (survive a crash); None without the clock model."""
@@ -424,6 +432,7 @@ class SimNode:
         self.core = None
         self.keeper = None
         self.crash_after_persist = False
+        self.crash_mid_write = False
         self.storage.set_hard_state(self.synced_hard_state)
 
     def persist(self, ready: Ready) -> None:
@@ -478,9 +487,11 @@ class Checker:
                         f"node {node} voted for {known} and for {message.to_id} in term "
                         f"{message.term}"
                     )
-        term = Term(message.term - 1) if isinstance(message, RequestVote) and (
-            message.pre_vote
-        ) else message.term
+        term = (
+            Term(message.term - 1)
+            if isinstance(message, RequestVote) and (message.pre_vote)
+            else message.term
+        )
         floor = self.term_floor.get(node)
         if floor is not None and term < floor:
             raise InvariantViolation(
@@ -493,7 +504,9 @@ class Checker:
     def disk_fault(self, node: NodeId) -> None:
         """``node`` lost its disk: from now on it must act in terms at least as high as
         any peer has seen it use."""
-        self.term_floor[node] = max(self.term_floor.get(node, Term(0)), self.term_seen.get(node, Term(0)))
+        self.term_floor[node] = max(
+            self.term_floor.get(node, Term(0)), self.term_seen.get(node, Term(0))
+        )
 
     def hard_state_written(self, node: NodeId, before: HardState, after: HardState) -> None:
         """A node's durable term never goes back, nor its vote within a term."""
@@ -662,8 +675,16 @@ class SimCluster:
             ready = core.ready()
             if node.keeper is not None:
                 node.keeper.on_ready(ready, node.mono_us())
+            for message in ready.leader_messages:
+                self._send(message)  # replicated while our own write runs (§10.2.1)
+            if node.crash_mid_write:
+                self._log(f"crash {node.id} before its write of {len(ready.entries)} entries")
+                node.crash()
+                return
             if ready.hard_state is not None:
-                self.checker.hard_state_written(node.id, node.storage.hard_state(), ready.hard_state)
+                self.checker.hard_state_written(
+                    node.id, node.storage.hard_state(), ready.hard_state
+                )
             node.persist(ready)
             self.checker.persisted(node.storage, ready.entries)
             if node.crash_after_persist:
@@ -824,6 +845,8 @@ class SimCluster:
             choices += ["partition", "one_way", "bridge", "isolate_leader", "heal", "heal"]
         if s.crashes:
             choices += ["crash", "crash_after_persist", "restart", "restart"]
+            if s.mid_write_crashes:
+                choices += ["crash_mid_write"]
         if s.membership_changes:
             choices += ["add_learner", "add_learner", "promote", "promote", "remove"]
         if s.transfers:
@@ -909,6 +932,19 @@ class SimCluster:
     def _fault_crash_after_persist(self) -> None:
         self._fault_crash(after_persist=True)
 
+    def _fault_crash_mid_write(self) -> None:
+        """A node dies at its next write, before it is durable: half the time the
+        leader (after its AppendEntries for the write left, thesis §10.2.1), else any
+        node (whose answers for the write must then never have left)."""
+        live = [n for _, n in sorted(self.nodes.items()) if n.core is not None]
+        if not live or len(self.nodes) - len(live) >= self.scenario.max_crashed:
+            return
+        leader = self.leader()
+        node = leader if leader is not None and self.rng.random() < 0.5 else self.rng.choice(live)
+        self.crash_count += 1
+        node.crash_mid_write = True
+        self._log(f"crash {node.id} during its next write")
+
     def _fault_restart(self) -> None:
         down = [n for _, n in sorted(self.nodes.items()) if n.core is None]
         if not down:
@@ -981,6 +1017,7 @@ class SimCluster:
         clock.wall_offset_us += target - clock.wall_error_us(true_us)
         self.bad_clocks.discard(node.id)
         self._log(f"clock of {node.id} fixed, {target / 1000:+.1f} ms off")
+
     # --- disk faults (docs/raft.md, "Disk faults") ----------------------------------------
 
     def take_copy(self) -> None:
@@ -1145,6 +1182,7 @@ class SimCluster:
         for node_id in sorted(self.nodes):
             node = self.nodes[node_id]
             node.crash_after_persist = False
+            node.crash_mid_write = False
             if node.core is None:
                 node.start(random.Random(self.rng.getrandbits(64)))
                 self.process(node)
@@ -1186,7 +1224,6 @@ class SimCluster:
             f"liveness: no leader committed a proposal on all members within {budget_ticks} "
             f"ticks after healing; nodes (role, term, commit, applied): {states}"
         )
-
 
     def check_acknowledged_kept(self) -> None:
         """After the liveness phase: every acknowledged proposal is still in the log of

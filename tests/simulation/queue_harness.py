@@ -63,6 +63,7 @@ from futureq.state import commands, snapshot
 from futureq.state.commands import CommandKind, GroupSettings
 from futureq.state.queue_state import QueueState
 from futureq.state.store import Changes, MemoryStore
+from futureq.wire.frames import ItemStatus
 
 TICK_MS = 10
 """Simulated wall-clock milliseconds per tick (the leader stamps ``now * TICK_MS``)."""
@@ -247,6 +248,8 @@ class Oracle:
         self.settings_seen: set[tuple[int, int]] = set()
         """Settings of every group seen, to show the nodes' local defaults all took part."""
         self.purges = 0
+        self.managed = 0
+        """Entries a CANCEL or RESCHEDULE found (issue 14)."""
 
     def feed(self, entry: Entry) -> None:
         """Apply ``entry`` if it is the next index; entries already applied are skipped."""
@@ -277,6 +280,10 @@ class Oracle:
             named = {commands.parse_schedule_key(key)[2] for key in command[1]}
         elif kind == CommandKind.DEAD_LETTER:
             named = {commands.parse_schedule_key(key)[2] for key, _ in command[2]}
+        elif kind == CommandKind.CANCEL:
+            named = {mid for mid in command[3] if type(mid) is int}
+        elif kind == CommandKind.RESCHEDULE:
+            named = {mid for mid in command[4] if type(mid) is int}  # a purging group drops it
         elif kind == CommandKind.PURGE_GROUP:
             gid = command[1]
             start, stop = gid.to_bytes(4, "big"), (gid + 1).to_bytes(4, "big")
@@ -290,6 +297,8 @@ class Oracle:
                 self.settings_seen.add((info.visibility_timeout_ms, info.max_deliveries))
         if kind == CommandKind.PURGE_GROUP and result:
             self.purges += 1
+        if kind in (CommandKind.CANCEL, CommandKind.RESCHEDULE):
+            self.managed += sum(status != ItemStatus.UNKNOWN for status in result)
         first = commands.message_id(index, 0)
         if kind in (CommandKind.PUBLISH, CommandKind.DEAD_LETTER):
             if result != first:
@@ -556,6 +565,9 @@ class Workload:
         if state.deleting and roll < 0.38:
             gid = self.rng.choice(sorted(state.deleting))
             return commands.purge_group(gid, self.rng.choice((1, 2, 5, 100)))
+        if state.purging and roll < 0.41:
+            gid = self.rng.choice(sorted(state.purging))
+            return commands.purge_group(gid, self.rng.choice((1, 2, 5, 100)))
         if roll < 0.44:
             picked = self._pick(entries)
             return commands.delivered([(k, a + self.rng.randint(0, 2)) for k, a, _ in picked])
@@ -592,10 +604,32 @@ class Workload:
             groups = state.topic_groups(topic)
             name = self.rng.choice(groups).name if groups else self.rng.choice(GROUP_NAMES)
             return commands.delete_group(topic, name)
+        if roll < 0.965:
+            return self._manage(state, stamp, entries)
         node = self.rng.randint(1, 5)
         if self.rng.random() < 0.2:
             return commands.node_address(node, None, None)
         return commands.node_address(node, f"10.0.0.{node}:7451", f"10.0.0.{node}:{self.counter}")
+
+    def _manage(
+        self, state: QueueState, stamp: int, entries: list[tuple[bytes, int, int | None]]
+    ) -> bytes:
+        """A CANCEL, RESCHEDULE or PURGE of what the proposing node sees (issue 14)."""
+        picked = self._pick(entries)
+        ids = [commands.parse_schedule_key(key)[2] for key, _, _ in picked]
+        gid, _, _ = commands.parse_schedule_key(picked[0][0])
+        info = state.groups.get(gid)
+        topic = info.topic if info is not None else self.rng.choice(TOPICS)
+        group_id = gid if self.rng.random() < 0.5 else None
+        which = self.rng.random()
+        if which < 0.45:
+            return commands.cancel(topic, group_id, ids)
+        if which < 0.9:
+            # Never before the producer's intended due time (the checker holds the
+            # dispatcher to it): publishes are due at most 20 s after their stamp.
+            due_ms = stamp + self.rng.choice((20_000, 20_100, 25_000))
+            return commands.reschedule(stamp, topic, group_id, ids, due_ms)
+        return commands.purge([gid])
 
     def _publish(self, stamp: int, settings: GroupSettings) -> bytes:
         items: list[tuple[str, bytes, int, int | None]] = []
@@ -804,6 +838,7 @@ class QueueSimCluster(SimCluster):
             "clock_faults": self.clock_faults,
             "group_settings_seen": len(self.oracle.settings_seen),
             "purges": self.oracle.purges,
+            "managed": self.oracle.managed,
         }
 
 

@@ -17,8 +17,11 @@ Tokens (``docs/security.md``, "Client access"):
 Permissions of a client:
 
 * ``publish``: topic patterns it may PUBLISH to;
-* ``consume``: topic patterns it may SUBSCRIBE to (and so ACK, NACK, CREDIT, UNSUBSCRIBE);
-* ``manage_groups``: topic patterns whose groups it may GROUP_CREATE and GROUP_DELETE;
+* ``consume``: topic patterns it may SUBSCRIBE to (and so ACK, NACK, CREDIT, UNSUBSCRIBE)
+  and BROWSE (as may ``monitor``);
+* ``manage_groups``: topic patterns whose groups it may GROUP_CREATE and GROUP_DELETE, and
+  whose scheduled messages it may CANCEL, RESCHEDULE and PURGE and whose dead letters it
+  may REDRIVE;
 * ``manage_cluster``: CLUSTER_ADD_NODE, CLUSTER_REMOVE_NODE, CLUSTER_TRANSFER_LEADER,
   and CLUSTER_STATUS;
 * ``monitor``: STATUS lists every topic (others see only topics their patterns name),
@@ -408,6 +411,22 @@ def _check_cluster_status(principal: Principal, frame: frames.Frame) -> None:
         )
 
 
+def _check_monitor(principal: Principal, frame: frames.Frame) -> None:
+    if not principal.permissions.monitor:
+        raise _denied(
+            f"client {principal.name!r} may not watch the node's overview ({frame.TYPE.name} "
+            "needs monitor: it shows every topic and the cluster)"
+        )
+
+
+def _check_browse(principal: Principal, frame: Any) -> None:
+    """BROWSE reads what a consumer of the topic could receive: ``consume`` on the
+    topic, or ``monitor``."""
+    if principal.permissions.monitor:
+        return
+    _topic_check(principal, principal.permissions.consume, frame.topic, "browse")
+
+
 def _allow(principal: Principal, frame: Any) -> None:
     """No permission needed (PING, PONG, STATUS which is filtered by what may be seen)."""
 
@@ -429,6 +448,19 @@ _RULES: dict[frames.FrameType, Callable[[Principal, Any], None]] = {
     frames.FrameType.GROUP_DELETE: lambda p, f: _topic_check(
         p, p.permissions.manage_groups, f.topic, "manage the groups of"
     ),
+    frames.FrameType.CANCEL: lambda p, f: _topic_check(
+        p, p.permissions.manage_groups, f.topic, "manage the messages of"
+    ),
+    frames.FrameType.BROWSE: _check_browse,
+    frames.FrameType.RESCHEDULE: lambda p, f: _topic_check(
+        p, p.permissions.manage_groups, f.topic, "manage the messages of"
+    ),
+    frames.FrameType.PURGE: lambda p, f: _topic_check(
+        p, p.permissions.manage_groups, f.topic, "manage the messages of"
+    ),
+    frames.FrameType.REDRIVE: lambda p, f: _topic_check(
+        p, p.permissions.manage_groups, f.topic, "manage the messages of"
+    ),
     frames.FrameType.STATUS: _allow,
     frames.FrameType.PING: _allow,
     frames.FrameType.PONG: _allow,
@@ -436,6 +468,8 @@ _RULES: dict[frames.FrameType, Callable[[Principal, Any], None]] = {
     frames.FrameType.CLUSTER_ADD_NODE: _check_cluster,
     frames.FrameType.CLUSTER_REMOVE_NODE: _check_cluster,
     frames.FrameType.CLUSTER_TRANSFER_LEADER: _check_cluster,
+    frames.FrameType.WATCH: _check_monitor,
+    frames.FrameType.UNWATCH: _allow,
 }
 """The rule of every request frame type. A type missing here is refused to everyone but
 a client with every permission, so a new frame type is closed until it gets a rule."""

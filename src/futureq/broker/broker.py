@@ -23,11 +23,13 @@ from futureq.config import WILDCARD_HOSTS, split_host_port
 from futureq.errors import ErrorCode, FutureQError, NotLeaderError, RequestError
 from futureq.metrics import OTHER, GroupCounts
 from futureq.state import commands
+from futureq.state.queue_state import PublishResult
 from futureq.wire import frames, validation
 
 from .cluster_time import ClusterTime
 from .command_log import no_space_error
 from .hub import Consumer, Hub, Outbox
+from .overview import ActivityHistory, DueBuckets, build_overview
 
 if TYPE_CHECKING:
     from futureq.clock import Clock
@@ -41,11 +43,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MAX_NACK_REASON_BYTES = 256
+"""Longest NACK reason text (UTF-8 bytes): it is stored with the entry and in headers."""
+
 STATUS_STEP_TOPICS = 500
 """Topics a status looks at between two yields to the event loop."""
 PROMOTE_TIMEOUT_S = 600
 PROMOTE_LAG_ENTRIES = 64
 """A learner this close to the commit index is promoted to voter (entries)."""
+
+
+STATUS_LEADER_ONLY = ("due", "in_flight", "consumers")
+"""STATUS group fields only the leader knows (``docs/protocol.md``, "STATUS_OK")."""
+OVERVIEW_CACHE_S = 0.25
+"""Watchers and ``/api/overview`` within this long share one overview (s): building it
+looks at every group's replicated counter once."""
 
 
 class Broker:
@@ -101,6 +113,13 @@ class Broker:
         # Counted where subscriptions live, so one the server ends (group deleted,
         # leadership lost) never leaves the gauge behind.
         metrics.subscriptions.set_function(lambda: len(hub.consumers))
+        self.activity = ActivityHistory(metrics)
+        """Per-second activity for the overview; sampled by ``activity.run``."""
+        self.due_buckets = DueBuckets()
+        """Pending by due time for the overview; computed by ``due_buckets.run``."""
+        self.data_dir_bytes: int | None = None
+        """Size of the data directory as last measured (bytes); None before that."""
+        self._overview: tuple[float, dict[str, Any]] | None = None
 
     # ------------------------------------------------------------ leadership
 
@@ -141,6 +160,29 @@ class Broker:
         if not self.log.is_leader():
             raise NotLeaderError(self.log.leader_address())
 
+    def stamp(self) -> int:
+        """The leader's stamp for a command: cluster time, never below an earlier one
+        (ms since the Unix epoch).
+
+        Raises:
+            RequestError: CLOCK_NOT_SYNCHRONIZED.
+        """
+        return self._stamp()
+
+    async def browse_json(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """``/api/browse`` (see :func:`futureq.broker.manage.browse_json`)."""
+        from futureq.broker import manage
+
+        return await manage.browse_json(self, query)
+
+    def require_leader(self) -> None:
+        """Refuse a request this node cannot serve unless it leads.
+
+        Raises:
+            NotLeaderError: with the leader's address (None while none is known).
+        """
+        self._require_leader()
+
     def _require_space(self) -> None:
         """Refuse a write that adds data while the disk is full (NO_SPACE)."""
         if self.space_alarm is not None and self.space_alarm.raised:
@@ -152,7 +194,9 @@ class Broker:
             return ["NO_SPACE"]
         return []
 
-    async def publish(self, items: list[Any], ack_level: frames.AckLevel) -> tuple[int | None, int]:
+    async def publish(
+        self, items: list[Any], ack_level: frames.AckLevel
+    ) -> tuple[int | None, int, dict[int, int] | None]:
         """Validate and publish a batch.
 
         Args:
@@ -160,7 +204,10 @@ class Broker:
             ack_level: When to answer (NONE: after validation; LEADER/QUORUM: after commit).
 
         Returns:
-            ``(first_id, count)``; ``first_id`` is None for ack level NONE.
+            ``(first_id, count, duplicates)``; ``first_id`` is None for ack level NONE;
+            ``duplicates`` maps the position of each item whose idempotency key still
+            named a message to that message's id (nothing was stored for it), or is
+            None.
 
         Raises:
             RequestError: a bad item (with its index) or UNAVAILABLE; nothing is written.
@@ -170,18 +217,24 @@ class Broker:
         self._require_space()
         started = trio.current_time()
         publish_ms = self._stamp()
-        validated: list[tuple[str, bytes, int, int | None]] = []
+        validated: list[validation.ValidItem] = []
         for _ in validation.validate_publish_items_in_steps(
             items, self.limits, publish_ms, validated
         ):
             await trio.lowlevel.checkpoint()  # a 10,000-item batch must not hold the loop
         self._check_new_groups(validated)
-        command = commands.publish(publish_ms, validated, self.group_settings)
-        if ack_level == frames.AckLevel.LEADER:
+        keyed = any(len(item) > 5 and item[5] is not None for item in validated)
+        command = commands.publish(
+            publish_ms,
+            validated,
+            self.group_settings,
+            self.config.queue.idempotency_window_ms if keyed else 0,
+        )
+        if ack_level == frames.AckLevel.LEADER and not keyed:
             index = await self.log.propose_durable(command)
             self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
             self._count_published(validated)
-            return commands.message_id(index, 0), len(validated)
+            return commands.message_id(index, 0), len(validated), None
         if ack_level == frames.AckLevel.NONE:
             try:
                 self._background_send.send_nowait(command)
@@ -191,13 +244,17 @@ class Broker:
                     "too many unacknowledged publishes are queued; use ack level leader or quorum, or retry",
                 ) from None
             self._count_published(validated)
-            return None, len(validated)
-        first_id = await self.log.propose(command)
+            return None, len(validated), None
+        # Idempotency keys need the apply result (which items were duplicates), so a
+        # keyed batch at ack level LEADER waits for its commit like QUORUM.
+        result = await self.log.propose(command)
         self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
         self._count_published(validated)
-        return int(first_id), len(validated)
+        if isinstance(result, PublishResult):
+            return result.first_id, len(validated), result.duplicates
+        return int(result), len(validated), None
 
-    def _count_published(self, validated: list[tuple[str, bytes, int, int | None]]) -> None:
+    def _count_published(self, validated: list[validation.ValidItem]) -> None:
         # One label lookup per distinct topic; topics past the series budget share one.
         metrics = self.metrics
         if len(validated) == 1 or all(item[0] == validated[0][0] for item in validated):
@@ -210,7 +267,7 @@ class Broker:
         for label, count in counts.items():
             metrics.published_messages_total.labels(label).inc(count)
 
-    def _check_new_groups(self, validated: list[tuple[str, bytes, int, int | None]]) -> None:
+    def _check_new_groups(self, validated: list[validation.ValidItem]) -> None:
         """Refuse a batch whose new topics would take the group count past ``max_groups``.
 
         Raises:
@@ -220,7 +277,8 @@ class Broker:
         if room >= len(validated):
             return  # cannot overflow, however many topics are new
         seen: set[str] = set()
-        for position, (topic, _payload, _due, _ttl) in enumerate(validated):
+        for position, item in enumerate(validated):
+            topic = item[0]
             if topic in seen or self.state.topic_groups_count(topic):
                 continue
             seen.add(topic)
@@ -284,6 +342,7 @@ class Broker:
                 if member in progress:
                     entry["match_index"] = progress[member]["match"]
                     entry["lag"] = max(0, commit_index - progress[member]["match"])
+                    entry["last_heard_ms"] = progress[member].get("last_heard_ms")
                     entry["recovering"] = progress[member]["recovering"]
                 members.append(entry)
             view = {
@@ -472,12 +531,19 @@ class Broker:
         group: str,
         visibility_timeout_ms: int | None = None,
         max_deliveries: int | None = None,
+        from_backlog: bool = False,
+        dead_letter_expired: bool | None = None,
     ) -> GroupInfo:
         """Create (or adopt, or update) a consumer group through the log.
 
         A None setting keeps an existing group's value; a new group gets this node's
         configured default (``[queue]``), resolved here, by the leader, into the
-        command (``DESIGN.md``, "Apply reads nothing node-local").
+        command (``DESIGN.md``, "Apply reads nothing node-local"). ``from_backlog``: a
+        group this creates also gets every message of the topic still pending in its
+        other groups, copied by BACKFILL_GROUP chunks in the background (an existing
+        group is left as it is). ``dead_letter_expired``: an expired message goes to the
+        dead-letter topic (reason ``expired``; on a dead-letter topic it is parked)
+        instead of being dropped; None keeps the group's setting (new: off).
 
         Raises:
             RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT.
@@ -506,11 +572,21 @@ class Broker:
                 and visibility_timeout_ms != info.visibility_timeout_ms
             )
             or (max_deliveries is not None and max_deliveries != info.max_deliveries)
+            or (
+                dead_letter_expired is not None
+                and dead_letter_expired != info.dead_letter_expired
+            )
         ):
             self._require_space()
             await self.log.propose(
                 commands.create_group(
-                    topic, group, visibility_timeout_ms, max_deliveries, self.group_settings
+                    topic,
+                    group,
+                    visibility_timeout_ms,
+                    max_deliveries,
+                    self.group_settings,
+                    dead_letter_expired=dead_letter_expired,
+                    from_backlog=from_backlog and info is None,
                 )
             )
             info = self.state.find_group(topic, group)
@@ -532,9 +608,17 @@ class Broker:
     # ------------------------------------------------------------ consumers
 
     async def subscribe(
-        self, connection_id: int, outbox: Outbox, topic: str, group: str, prefetch: int
+        self,
+        connection_id: int,
+        outbox: Outbox,
+        topic: str,
+        group: str,
+        prefetch: int,
+        headers: bool = False,
     ) -> Consumer:
         """Join ``group`` of ``topic`` (creating the group if new) with ``prefetch`` credit.
+
+        ``headers``: its DELIVER items carry each message's headers.
 
         Raises:
             RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT (prefetch).
@@ -561,6 +645,7 @@ class Broker:
             outbox,
             prefetch,
             prefetch=prefetch,
+            headers=headers,
         )
         self.hub.add_consumer(consumer)
         self.dispatcher.kick()
@@ -641,11 +726,21 @@ class Broker:
             raise
         return int(done)
 
-    async def nack(self, connection_id: int, tags: list[bytes], requeue_delay_ms: int) -> int:
-        """Refuse deliveries; each is due again after ``requeue_delay_ms`` (>= 0).
+    async def nack(
+        self,
+        connection_id: int,
+        tags: list[bytes],
+        requeue_delay_ms: int,
+        reason: str | None = None,
+        dead_letter: bool = False,
+    ) -> int:
+        """Refuse deliveries; each is due again after ``requeue_delay_ms`` (>= 0), or goes
+        to its dead-letter topic now with ``dead_letter`` (reason ``rejected``).
+        ``reason`` is kept with each entry (its dead letter's ``futureq-reason-text``).
 
         Raises:
-            RequestError: INVALID_DELAY, UNKNOWN_DELIVERY_TAG, FOREIGN_DELIVERY_TAG.
+            RequestError: INVALID_DELAY, UNKNOWN_DELIVERY_TAG, FOREIGN_DELIVERY_TAG,
+                INVALID_ARGUMENT (a reason over :data:`MAX_NACK_REASON_BYTES`).
         """
         self._require_leader()
         validation.check_tags(tags, self.limits)
@@ -654,10 +749,25 @@ class Broker:
                 ErrorCode.INVALID_DELAY,
                 f"requeue_delay_ms must be between 0 and {self.limits.max_delay_ms}, got {requeue_delay_ms}",
             )
+        if reason is not None and len(reason.encode("utf-8")) > MAX_NACK_REASON_BYTES:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"a NACK reason holds {len(reason.encode('utf-8'))} bytes; the limit is "
+                f"{MAX_NACK_REASON_BYTES}: keep it short (it travels in the dead letter's headers)",
+            )
         flights = self.hub.claim_tags(tags, connection_id)
         entries = [(flight.key, flight.attempt) for flight in flights]
         try:
-            done = await self.log.propose(commands.nack(self._stamp(), requeue_delay_ms, entries))
+            done = await self.log.propose(
+                commands.nack(
+                    self._stamp(),
+                    requeue_delay_ms,
+                    entries,
+                    reason,
+                    dead_letter,
+                    self.group_settings,
+                )
+            )
         except BaseException:
             self.hub.unclaim(flights, self.clock.wall_ms())
             raise
@@ -737,12 +847,47 @@ class Broker:
             )
         return out
 
+    def overview(self) -> dict[str, Any]:
+        """The WATCH_UPDATE map and the dashboard's data (``docs/protocol.md``,
+        "WATCH_UPDATE"); see :func:`~futureq.broker.overview.build_overview`."""
+        now_s = self.clock.monotonic_s()
+        cached = self._overview
+        if cached is not None and now_s - cached[0] < OVERVIEW_CACHE_S:
+            return cached[1]
+        overview = build_overview(self, self.activity, data_dir_bytes=self.data_dir_bytes)
+        self._overview = (now_s, overview)
+        return overview
+
+    def record_data_dir_bytes(self, size: int) -> None:
+        """A new measurement of the data directory (bytes), for the overview and metrics."""
+        self.data_dir_bytes = size
+        self.metrics.data_dir_bytes.set(size)
+
+    def group_row(self, info: GroupInfo, now_ms: int) -> GroupCounts:
+        """One group's counts now (due and oldest-due age read from memory, or a
+        bounded disk scan: :meth:`Dispatcher.due_count`)."""
+        return self._group_row(info, now_ms)
+
     def _group_row(self, info: GroupInfo, now_ms: int) -> GroupCounts:
         runtime = self.hub.groups.get(info.group_id)
         in_flight = runtime.in_flight_count if runtime else 0
         due = self.dispatcher.due_count(info.group_id, now_ms) if self.dispatcher.active else 0
         consumers = len(runtime.consumers) if runtime else 0
-        return GroupCounts(info.topic, info.name, info.pending, due, in_flight, consumers)
+        oldest_due_ms = self.dispatcher.oldest_due_ms(info.group_id, now_ms) if due else None
+        age_s = None
+        if runtime is not None:  # in memory only: a scrape never seeks the disk per group
+            next_due_ms = runtime.index.next_due_ms()
+            age_s = 0.0 if next_due_ms is None else max(0, now_ms - next_due_ms) / 1000
+        return GroupCounts(
+            info.topic,
+            info.name,
+            info.pending,
+            due,
+            in_flight,
+            consumers,
+            None if oldest_due_ms is None else (now_ms - oldest_due_ms) / 1000,
+            age_s,
+        )
 
     def status(self, visible: Callable[[str], bool] | None = None) -> dict[str, Any]:
         """The STATUS_OK map (``docs/protocol.md``, "STATUS").
@@ -776,6 +921,28 @@ class Broker:
                 result: dict[str, Any] = done.value
                 return result
             await trio.lowlevel.checkpoint()
+
+    def _due_fields(self, group_id: int, now_ms: int) -> dict[str, Any]:
+        """``next_due_ms`` (None: nothing deliverable), ``oldest_due_age_ms`` (how long
+        the earliest due message has waited; 0 when nothing is due yet) and
+        ``background`` (``"purging"``, ``"backfilling"`` or None) of one group."""
+        runtime = self.hub.groups.get(group_id)
+        if runtime is not None:
+            # The leader's in-memory due order: no disk seek (which would have to skip
+            # the tombstones a big cancel or purge leaves at the start of the range).
+            # Entries in flight are not in it: this is the oldest one waiting.
+            next_due_ms = runtime.index.next_due_ms()
+        else:
+            next_due_ms = None
+        if next_due_ms is None:  # no runtime, or nothing within its horizon
+            next_due_ms = self.state.next_due_ms(group_id)
+        age_ms = 0 if next_due_ms is None else max(0, now_ms - next_due_ms)
+        background = None
+        if group_id in self.state.purging:
+            background = "purging"
+        elif group_id in self.state.backfilling:
+            background = "backfilling"
+        return {"next_due_ms": next_due_ms, "oldest_due_age_ms": age_ms, "background": background}
 
     def status_steps(
         self, visible: Callable[[str], bool] | None = None
@@ -814,6 +981,10 @@ class Broker:
                             "consumers": c.consumers,
                             "visibility_timeout_ms": info.visibility_timeout_ms,
                             "max_deliveries": info.max_deliveries,
+                            "dead_letter_expired": info.dead_letter_expired,
+                            # An operator sees a stuck group at a glance: its oldest
+                            # due message has waited this long (issue 14).
+                            **self._due_fields(info.group_id, now_ms),
                             # Each consumer's flow control: a stall shows as credit 0
                             # with in_flight at the prefetch.
                             "subscriptions": [
@@ -835,10 +1006,16 @@ class Broker:
             for _, d in sorted(self.state.deleting.items())
             if visible is None or visible(d.topic)
         ]
+        cluster = self.cluster_status()
+        role = cluster["role"]
         return {
             "deleting_groups": deleting,
             "node_id": self.node_id,
-            "role": self.cluster_status()["role"],
+            "role": role,
+            # On a follower the leader-only numbers are its own, mostly zero: say so.
+            "view": "cluster" if role == "leader" else "local",
+            "leader_only": [] if role == "leader" else list(STATUS_LEADER_ONLY),
+            "leader_id": cluster.get("leader_id"),
             "leader_address": self.log.leader_address(),
             "server_version": __version__,
             "applied_index": self.log.applied_index,

@@ -246,6 +246,18 @@ class Dispatcher:
             runtime.counters[key] = child
         return child
 
+    def _topic_lateness(self, runtime: GroupRuntime) -> Any:
+        """The topic's child of ``futureq_topic_lateness_seconds``, cached like counters."""
+        key = ("topic_lateness_seconds", "")
+        child = runtime.counters.get(key)
+        if child is None:
+            assert self.metrics is not None
+            # Bounded series: past metrics.max_topic_series topics, "_other".
+            label = self.metrics.topic_label(runtime.info.topic)
+            child = self.metrics.topic_lateness_seconds.labels(label)
+            runtime.counters[key] = child
+        return child
+
     def on_group_changed(self, group_id: int) -> None:
         """One group was created, adopted, updated or deleted: O(1) whatever the count.
 
@@ -253,8 +265,9 @@ class Dispatcher:
         it holds was scheduled by the same command (:meth:`on_scheduled` takes care of
         those). A changed group's runtime, if it has one, takes the new settings.
         """
-        if group_id in self.state.deleting:
-            self._deleting_changed.set()  # the reaper has entries to purge
+        state = self.state
+        if group_id in state.deleting or group_id in state.purging or group_id in state.backfilling:
+            self._deleting_changed.set()  # the reaper has entries to purge or copy
         if not self.active:
             return
         info = self.state.groups.get(group_id)
@@ -383,7 +396,9 @@ class Dispatcher:
             )
         if self._staged:
             self._staged_changed.set()
-        return (commands.delivered(entries) if entries else None), batches
+        # The stamp becomes the entries' last delivery time (a dead letter's provenance).
+        command = commands.delivered(entries, self.clock.wall_ms()) if entries else None
+        return command, batches
 
     def push_staged(self, batches: list[Staged], *, pass_now_ms: int | None = None) -> int:
         """Push deliveries whose DELIVERED committed, or first deliveries straight from a
@@ -475,8 +490,11 @@ class Dispatcher:
         redelivered = sum(1 for f in flights if f.attempt > 1)
         if redelivered:
             self._counter(runtime, "redelivered_messages_total").inc(redelivered)
+        topic_lateness = self._topic_lateness(runtime)
         for flight in flights:
-            metrics.due_to_delivery_seconds.observe(max(0, now_ms - flight.due_ms) / 1000)
+            lateness_s = max(0, now_ms - flight.due_ms) / 1000
+            metrics.due_to_delivery_seconds.observe(lateness_s)
+            topic_lateness.observe(lateness_s)
 
     async def _recorder(self) -> None:
         """Commit DELIVERED records, then push what they cover.
@@ -514,23 +532,36 @@ class Dispatcher:
             slots.release()
 
     async def _reaper(self) -> None:
-        """Remove the schedule entries of deleted groups, one bounded chunk per command.
+        """Remove the schedule entries of deleted and purged groups, and fill groups
+        created from the backlog, one bounded chunk per command.
 
         Each PURGE_GROUP applies in a few milliseconds, so the loop, heartbeats and
         other commands go on between chunks (``DESIGN.md``, "no request holds the
         event loop").
         """
         while True:
-            if not self.active or not self.state.deleting:
+            command = self._background_chunk() if self.active else None
+            if command is None:
                 self._deleting_changed = trio.Event()
                 await self._deleting_changed.wait()
                 continue
-            gid = min(self.state.deleting)
             try:
-                await self.log.propose(commands.purge_group(gid, PURGE_CHUNK_ENTRIES))
+                await self.log.propose(command)
             except FutureQError as exc:
-                log.warning("could not purge deleted group %d (retrying): %s", gid, exc)
+                log.warning("could not run a purge or backfill chunk (retrying): %s", exc)
                 await trio.sleep(PROPOSE_RETRY_MS / 1000)
+
+    def _background_chunk(self) -> bytes | None:
+        """The next bounded chunk of background work, or None: purge a deleted group,
+        then a purged group (PURGE), then fill a group created from the backlog."""
+        state = self.state
+        if state.deleting:
+            return commands.purge_group(min(state.deleting), PURGE_CHUNK_ENTRIES)
+        if state.purging:
+            return commands.purge_group(min(state.purging), PURGE_CHUNK_ENTRIES)
+        if state.backfilling:
+            return commands.backfill_group(min(state.backfilling), PURGE_CHUNK_ENTRIES)
+        return None
 
     # ------------------------------------------------------------ proposals
 
@@ -637,7 +668,17 @@ class Dispatcher:
             if budget[0] <= 0:
                 break
         if expired:
-            self._submit(commands.expire(expired), expired_restore)
+            groups = self.state.groups
+            if any(
+                (info := groups.get(commands.parse_schedule_key(key)[0])) is not None
+                and info.dead_letter_expired
+                for key in expired
+            ):
+                # The stamp and settings serve groups that dead-letter what expires.
+                command = commands.expire(expired, now_ms, self.group_settings)
+            else:
+                command = commands.expire(expired)
+            self._submit(command, expired_restore)
         if dead:
             self._submit(commands.dead_letter(now_ms, dead, self.group_settings), dead_restore)
         if touched:
@@ -796,16 +837,19 @@ class Dispatcher:
                         continue
                     _topic, payload, publish_ms, _due, _open = message
                     frame_bytes += len(payload) + 64
-                    deliveries.append(
-                        [
-                            commands.delivery_tag(key, attempt),
-                            mid,
-                            payload,
-                            due_ms,
-                            publish_ms,
-                            attempt,
-                        ]
-                    )
+                    item = [
+                        commands.delivery_tag(key, attempt),
+                        mid,
+                        payload,
+                        due_ms,
+                        publish_ms,
+                        attempt,
+                    ]
+                    if consumer.headers:  # asked for in SUBSCRIBE (issue 14)
+                        record = self.state.get_record(mid)
+                        item.append(None if record is None else record.headers)
+                        frame_bytes += 0 if record is None or not record.headers else 4096
+                    deliveries.append(item)
                     flights.append(
                         InFlight(
                             key,
@@ -874,6 +918,30 @@ class Dispatcher:
             if read >= limit:
                 break
         return count
+
+    def oldest_due_ms(self, group_id: int, now_ms: int) -> int | None:
+        """Due time of the group's earliest copy that is due and not in flight, or None
+        when nothing is due (the in-memory horizon, else at most one key read from disk,
+        under the same rule as :meth:`due_count`). Leader only: None elsewhere."""
+        if not self.active:
+            return None
+        runtime = self.hub.groups.get(group_id)
+        if runtime is None:
+            if group_id not in self.hub.touched and self._wake_at.get(group_id, math.inf) > now_ms:
+                return None
+            start = commands.schedule_key(group_id, 0, 0)
+        else:
+            next_due = runtime.index.next_due_ms()
+            if next_due is not None:
+                return next_due if next_due <= now_ms else None
+            due_bound, _ = unpack(runtime.loaded_until)
+            if not runtime.loaded_until or due_bound > now_ms:
+                return None
+            start = commands.schedule_key(group_id, *unpack(runtime.loaded_until))
+        stop = commands.schedule_key(group_id, now_ms + 1, 0)
+        for key in self.state.store.scan_keys("schedule", start, stop):
+            return commands.parse_schedule_key(key)[1]
+        return None
 
 
 __all__ = ["Consumer", "Dispatcher"]

@@ -53,6 +53,7 @@ from futureq.errors import (
 from futureq.wire import codec, frames
 from futureq.wire.session import CLOSED, NEED_DATA, ServerSession, SessionState
 
+from . import manage
 from .access import ANONYMOUS, AccessControl, Principal
 from .command_log import no_space_error
 
@@ -341,6 +342,9 @@ class Connection:
         node_buffers: The node-wide buffer account.
         peer: The client's address for log lines (found from the stream if None).
         on_hello: Called once the client's HELLO is answered (it authenticated).
+        transport_token: A token the transport already proved (the HTTP ``Authorization``
+            of a ``/ws`` upgrade, which a browser sends for the dashboard's own origin);
+            a HELLO without a token is authenticated with it.
     """
 
     def __init__(
@@ -351,12 +355,14 @@ class Connection:
         node_buffers: NodeBuffers | None = None,
         peer: str | None = None,
         on_hello: Callable[[], None] | None = None,
+        transport_token: str | None = None,
     ) -> None:
         self.id = next(_connection_ids)
         self._on_hello = on_hello
         self.broker = broker
         self.stream = stream
         self.peer = peer or _peer_name(stream)
+        self.transport_token = transport_token
         config = broker.config
         limits = config.limits
         self.limits = limits
@@ -380,6 +386,9 @@ class Connection:
         self._frame_started: float | None = None
         self._last_receive = 0.0
         self._inbound_counted = 0
+        self._watch: tuple[int, float] | None = None
+        """(request id, interval s) of the connection's WATCH, or None."""
+        self._watch_changed = trio.Event()
 
     # ------------------------------------------------------------ lifetime
 
@@ -390,6 +399,7 @@ class Connection:
                 async with trio.open_nursery() as connection:
                     connection.start_soon(self._close_on_leadership_change, connection.cancel_scope)
                     connection.start_soon(self._watch_access)
+                    connection.start_soon(self._watcher)
                     async with trio.open_nursery() as io:
                         io.start_soon(self._writer)
                         try:
@@ -451,6 +461,31 @@ class Connection:
         self._reading.cancel()
         await trio.sleep(LEADERSHIP_CLOSE_GRACE_S)
         scope.cancel()
+
+    def _set_watch(self, watch: tuple[int, float] | None) -> None:
+        self._watch = watch
+        self._watch_changed.set()
+        self._watch_changed = trio.Event()
+
+    async def _watcher(self) -> None:
+        """Send WATCH_UPDATE frames while the client watches (``docs/protocol.md``, "WATCH")."""
+        while True:
+            watch = self._watch
+            if watch is None:
+                await self._watch_changed.wait()
+                continue
+            request_id, interval_s = watch
+            try:
+                data = self.session.send(frames.WatchUpdate(request_id, self.broker.overview()))
+            except LocalProtocolError as exc:  # larger than a frame: say so and stop
+                self._set_watch(None)
+                data = self.session.error_bytes(
+                    RequestError(ErrorCode.INVALID_ARGUMENT, exc.message), request_id
+                )
+            self._queue(data)
+            changed = self._watch_changed
+            with trio.move_on_after(interval_s):
+                await changed.wait()
 
     def _deliveries_may_resume(self) -> None:
         for consumer in self.subscriptions.values():
@@ -531,8 +566,9 @@ class Connection:
                 return False
             if isinstance(event, frames.Hello):
                 try:
+                    token = event.token if event.token is not None else self.transport_token
                     self.principal = await self.access.authenticate(
-                        event.token, self.peer.rsplit(":", 1)[0]
+                        token, self.peer.rsplit(":", 1)[0]
                     )
                 except RemoteProtocolError as exc:
                     self.broker.metrics.count_request_error(exc.code)
@@ -663,12 +699,15 @@ class Connection:
         broker = self.broker
         match frame:
             case frames.Publish():
-                first_id, count = await broker.publish(frame.items, frame.ack_level)
-                return frames.PublishOk(frame.request_id, first_id, count)
+                first_id, count, duplicates = await broker.publish(frame.items, frame.ack_level)
+                pairs = None if not duplicates else [[p, d] for p, d in sorted(duplicates.items())]
+                return frames.PublishOk(frame.request_id, first_id, count, pairs)
             case frames.Ack():
                 return frames.Ok(frame.request_id, await broker.ack(self.id, frame.tags))
             case frames.Nack():
-                done = await broker.nack(self.id, frame.tags, frame.requeue_delay_ms)
+                done = await broker.nack(
+                    self.id, frame.tags, frame.requeue_delay_ms, frame.reason, frame.dead_letter
+                )
                 return frames.Ok(frame.request_id, done)
             case frames.Credit():
                 broker.grant_credit(self.id, frame.subscription_id, frame.credit)
@@ -691,7 +730,7 @@ class Connection:
                         "or ask the operator to raise the limit",
                     )
                 consumer = await broker.subscribe(
-                    self.id, self.outbox, frame.topic, frame.group, frame.prefetch
+                    self.id, self.outbox, frame.topic, frame.group, frame.prefetch, frame.headers
                 )
                 self.subscriptions[consumer.subscription_id] = consumer
                 # The answer must precede the first DELIVER, so queue it here, in order.
@@ -722,14 +761,45 @@ class Connection:
                 return frames.StatusOk(frame.request_id, await broker.status_async(visible))
             case frames.Ping():
                 return frames.Pong(frame.request_id)
+            case frames.Watch():
+                interval_ms = frame.interval_ms
+                if not frames.MIN_WATCH_INTERVAL_MS <= interval_ms <= frames.MAX_WATCH_INTERVAL_MS:
+                    raise RequestError(
+                        ErrorCode.INVALID_ARGUMENT,
+                        f"WATCH interval_ms must be {frames.MIN_WATCH_INTERVAL_MS} to "
+                        f"{frames.MAX_WATCH_INTERVAL_MS} ms, got {interval_ms}",
+                    )
+                self._set_watch((frame.request_id, interval_ms / 1000))
+                return None  # the first WATCH_UPDATE is the answer
+            case frames.Unwatch():
+                self._set_watch(None)
+                return frames.Ok(frame.request_id, None)
             case frames.GroupCreate():
                 await broker.ensure_group(
-                    frame.topic, frame.group, frame.visibility_timeout_ms, frame.max_deliveries
+                    frame.topic,
+                    frame.group,
+                    frame.visibility_timeout_ms,
+                    frame.max_deliveries,
+                    frame.from_backlog,
+                    frame.dead_letter_expired,
                 )
                 return frames.Ok(frame.request_id, None)
             case frames.GroupDelete():
                 await broker.delete_group(frame.topic, frame.group)
                 return frames.Ok(frame.request_id, None)
+            case frames.Browse():
+                return await manage.browse(broker, frame)
+            case frames.Redrive():
+                results = await manage.redrive(broker, frame)
+                return frames.ItemResults(frame.request_id, results)
+            case frames.Reschedule():
+                results = await manage.reschedule(broker, frame)
+                return frames.ItemResults(frame.request_id, results)
+            case frames.Purge():
+                return frames.Ok(frame.request_id, await manage.purge(broker, frame))
+            case frames.Cancel():
+                results = await manage.cancel(broker, frame.topic, frame.group, frame.ids)
+                return frames.ItemResults(frame.request_id, results)
             case frames.ClusterStatus():
                 return frames.ClusterStatusOk(frame.request_id, broker.cluster_status())
             case frames.ClusterAddNode():
@@ -787,71 +857,121 @@ async def _refuse_connection(
         await trio.aclose_forcefully(stream)
 
 
-async def serve_clients(
-    broker: Broker,
-    listeners: list[trio.SocketListener],
-    *,
-    access: AccessControl | None = None,
-    node_buffers: NodeBuffers | None = None,
-    ssl_context: ssl.SSLContext | None = None,
-    max_connections: int | None = None,
-    handler_nursery: trio.Nursery | None = None,
-) -> None:
-    """Accept connections on ``listeners`` until cancelled; one task per connection.
+class ClientGateway:
+    """Serves client connections of every transport through one code path.
 
-    At most ``max_connections`` (default ``limits.max_connections``; the server passes
-    what the open-file limit leaves room for, :mod:`futureq.fd_budget`) are served at
-    once, and at most :data:`MAX_UNGREETED_PER_ADDRESS` from one address before their
-    HELLO. One more is told ``TOO_MANY_CONNECTIONS`` and closed at once: a connection
-    never waits holding a file descriptor, so clients cannot starve RocksDB of them.
+    TCP and TLS connections (:meth:`serve_tcp`) and WebSocket connections of the HTTP
+    port's ``/ws`` (:meth:`serve_stream`, called by :mod:`futureq.broker.websocket`)
+    all go through :meth:`serve_stream`: the same admission (at most ``max_connections``
+    served at once and :data:`MAX_UNGREETED_PER_ADDRESS` from one address before their
+    HELLO; one more is told ``TOO_MANY_CONNECTIONS`` and closed at once, never left
+    waiting with a file descriptor), then one :class:`Connection` over a
+    :class:`trio.abc.Stream` with the same access control and node buffers, counted in
+    the same metrics. So HELLO, authentication, permissions and every limit apply to
+    each transport alike.
+
+    Args:
+        broker: The node's request API.
+        access: Authentication and permissions (default: ``server.auth_token`` only).
+        node_buffers: The node-wide buffer account (default: a new one).
+        ssl_context: TLS for the TCP listener, or None for plain TCP.
+        max_connections: Connections served at once (default ``limits.max_connections``;
+            the server passes what the open-file limit leaves room for,
+            :mod:`futureq.fd_budget`).
     """
-    if max_connections is None:
-        max_connections = broker.config.limits.max_connections
-    limit = trio.CapacityLimiter(max_connections)
-    refusing = trio.CapacityLimiter(MAX_REFUSING)
-    if access is None:
-        access = AccessControl(broker.config.server.auth_token, None)
-    if node_buffers is None:
-        node_buffers = NodeBuffers(broker.config.limits.max_node_buffer_bytes)
-    refused = broker.metrics.connections_closed_total.labels(
-        ErrorCode.TOO_MANY_CONNECTIONS.name.lower()
-    ).inc
 
-    ungreeted: dict[str, int] = {}
-    """Connections per client address that have not had their HELLO answered."""
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        access: AccessControl | None = None,
+        node_buffers: NodeBuffers | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        max_connections: int | None = None,
+    ) -> None:
+        self.broker = broker
+        self.access = access or AccessControl(broker.config.server.auth_token, None)
+        self.node_buffers = node_buffers or NodeBuffers(
+            broker.config.limits.max_node_buffer_bytes
+        )
+        self.ssl_context = ssl_context
+        self.max_connections = (
+            broker.config.limits.max_connections if max_connections is None else max_connections
+        )
+        self._limit = trio.CapacityLimiter(self.max_connections)
+        self._refusing = trio.CapacityLimiter(MAX_REFUSING)
+        self._refused = broker.metrics.connections_closed_total.labels(
+            ErrorCode.TOO_MANY_CONNECTIONS.name.lower()
+        ).inc
+        self._ungreeted: dict[str, int] = {}
+        """Connections per client address that have not had their HELLO answered."""
 
-    async def refuse(stream: trio.abc.Stream, peer: str, message: str) -> None:
+    async def serve_tcp(
+        self, listeners: list[trio.SocketListener], *, handler_nursery: trio.Nursery | None = None
+    ) -> None:
+        """Accept connections on ``listeners`` until cancelled; one task per connection."""
+        await trio.serve_listeners(
+            self._serve_tcp_stream, listeners, handler_nursery=handler_nursery
+        )
+
+    async def _serve_tcp_stream(self, stream: trio.abc.Stream) -> None:
+        await self.serve_stream(stream, _peer_name(stream), ssl_context=self.ssl_context)
+
+    async def _refuse(
+        self,
+        stream: trio.abc.Stream,
+        peer: str,
+        message: str,
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
         try:
-            refusing.acquire_nowait()
+            self._refusing.acquire_nowait()
         except trio.WouldBlock:
-            refused()
+            self._refused()
             await trio.aclose_forcefully(stream)
             return
         try:
-            await _refuse_connection(stream, peer, message, refused, ssl_context)
+            await _refuse_connection(stream, peer, message, self._refused, ssl_context)
         finally:
-            refusing.release()
+            self._refusing.release()
 
-    async def handler(stream: trio.abc.Stream) -> None:
-        peer = _peer_name(stream)
+    async def serve_stream(
+        self,
+        stream: trio.abc.Stream,
+        peer: str,
+        transport_token: str | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        """Admit and serve one client connection until it ends; every transport comes here.
+
+        Args:
+            stream: Whole frames in and out (TCP, or a WebSocket adapter).
+            peer: The client's ``host:port`` for limits and log lines.
+            transport_token: A token the transport carried (see :class:`Connection`).
+            ssl_context: Wrap ``stream`` in server-side TLS first (the TCP listener's).
+        """
         host = peer.rsplit(":", 1)[0]
+        ungreeted = self._ungreeted
         if ungreeted.get(host, 0) >= MAX_UNGREETED_PER_ADDRESS:
-            await refuse(
+            await self._refuse(
                 stream,
                 peer,
                 f"{MAX_UNGREETED_PER_ADDRESS} connections from this address have not sent "
                 "HELLO yet; send HELLO on each connection at once, then retry",
+                ssl_context,
             )
             return
         try:
-            limit.acquire_nowait()
+            self._limit.acquire_nowait()
         except trio.WouldBlock:
-            await refuse(
+            await self._refuse(
                 stream,
                 peer,
-                f"this node serves {max_connections} client connections at once, its limit "
-                "(limits.max_connections, or what the open-file limit leaves room for); "
-                "retry later or on another node",
+                f"this node serves {self.max_connections} client connections at once, its "
+                "limit (limits.max_connections, or what the open-file limit leaves room "
+                "for); retry later or on another node",
+                ssl_context,
             )
             return
         ungreeted[host] = ungreeted.get(host, 0) + 1
@@ -870,13 +990,40 @@ async def serve_clients(
 
         try:
             await _serve_connection(
-                broker, stream, peer, access, node_buffers, ssl_context, hello_answered
+                self.broker,
+                stream,
+                peer,
+                self.access,
+                self.node_buffers,
+                ssl_context,
+                hello_answered,
+                transport_token,
             )
         finally:
             hello_answered()
-            limit.release()
+            self._limit.release()
 
-    await trio.serve_listeners(handler, listeners, handler_nursery=handler_nursery)
+
+async def serve_clients(
+    broker: Broker,
+    listeners: list[trio.SocketListener],
+    *,
+    access: AccessControl | None = None,
+    node_buffers: NodeBuffers | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    max_connections: int | None = None,
+    handler_nursery: trio.Nursery | None = None,
+) -> None:
+    """Accept connections on ``listeners`` until cancelled (a :class:`ClientGateway` of
+    its own; see it for the limits)."""
+    gateway = ClientGateway(
+        broker,
+        access=access,
+        node_buffers=node_buffers,
+        ssl_context=ssl_context,
+        max_connections=max_connections,
+    )
+    await gateway.serve_tcp(listeners, handler_nursery=handler_nursery)
 
 
 async def _serve_connection(
@@ -887,6 +1034,7 @@ async def _serve_connection(
     node_buffers: NodeBuffers,
     ssl_context: ssl.SSLContext | None,
     on_hello: Callable[[], None] | None = None,
+    transport_token: str | None = None,
 ) -> None:
     if ssl_context is not None:
         stream = trio.SSLStream(stream, ssl_context, server_side=True)
@@ -901,7 +1049,9 @@ async def _serve_connection(
     broker.metrics.connections_accepted_total.inc()
     broker.metrics.client_connections.inc()
     try:
-        await Connection(broker, stream, access, node_buffers, peer, on_hello).serve()
+        await Connection(
+            broker, stream, access, node_buffers, peer, on_hello, transport_token
+        ).serve()
     except* StorageError:
         raise  # the node cannot go on without its disk
     except* Exception as group:

@@ -12,7 +12,15 @@ Endpoints (all ``GET``; ``HEAD`` too):
 ``/readyz``        200 ``{"ready": true}`` when ``is_ready()``; else 503
                    ``{"ready": false, "reason": ...}``.
 ``/api/status``    JSON of ``status()`` (shape in :class:`StatusProvider`).
-``/``              The dashboard: one static HTML page that polls ``/api/status``.
+``/api/browse``    JSON of one BROWSE page: ``?topic=T[&group=G][&from_due_ms=][&to_due_ms=]
+                   [&cursor=HEX][&limit=N][&preview_bytes=N]`` (read-only; leader only).
+``/api/overview``  JSON of ``overview()``: what the dashboard shows (the map of
+                   WATCH_UPDATE, ``docs/protocol.md``).
+``/``              The dashboard: a static page (``broker/static/``) that opens ``/ws``
+                   and receives WATCH_UPDATE frames; it never polls.
+``/static/NAME``   The dashboard's script and style sheet.
+``/ws``            WebSocket: FutureQ frames, one per binary message
+                   (:mod:`futureq.broker.websocket`, ``docs/protocol.md``).
 =================  ===========================================================
 
 With a token configured (``server.auth_token`` or ``server.credentials_file``), every
@@ -21,6 +29,9 @@ with the ``monitor`` permission: ``Bearer <token>``, or HTTP Basic with the toke
 password (so a browser asks for it once and sends it with the dashboard's own requests).
 ``/metrics`` is protected too unless ``metrics.require_auth`` is false. Missing or wrong
 token: 401 with ``WWW-Authenticate``; a token without ``monitor``: 403.
+
+With ``tls.http`` the port serves HTTPS (and ``wss://``) with the client listener's
+certificate, and requires client certificates when ``tls.require_client_cert`` does.
 
 Source: DESIGN.md, "Processes and ports"; docs/operations.md, "Health endpoints".
 """
@@ -33,6 +44,8 @@ import functools
 import json
 import logging
 import pathlib
+import ssl
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,10 +55,14 @@ from hypercorn.logging import Logger as HypercornLogger
 from hypercorn.trio import serve
 
 from futureq.errors import ErrorCode, RemoteProtocolError
+from futureq.wire import codec
+
+from . import websocket
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 
+    from futureq.config import TlsConfig
     from futureq.metrics import Metrics
 
     from .access import AccessControl
@@ -85,6 +102,10 @@ class StatusProvider(Protocol):
         """The node's status, in the shape above."""
         ...
 
+    def overview(self) -> dict[str, Any]:
+        """The dashboard's data (``docs/protocol.md``, "WATCH_UPDATE")."""
+        ...
+
     def is_ready(self) -> bool:
         """True when the node serves clients: state loaded and a leader known."""
         ...
@@ -98,6 +119,14 @@ class StatusProvider(Protocol):
         ...
 
 
+class BrowseProvider(Protocol):
+    """What ``/api/browse`` asks the broker (read-only; ``docs/protocol.md``, "BROWSE")."""
+
+    async def browse_json(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """``(HTTP status, JSON body)`` of one BROWSE page for the query parameters."""
+        ...
+
+
 class _QuietHypercornLogger(HypercornLogger):
     """Hypercorn's logger, with its INFO lines ("Running on ...") demoted to DEBUG:
     we log our own "HTTP listening on" line with the real address."""
@@ -106,10 +135,24 @@ class _QuietHypercornLogger(HypercornLogger):
         await self.debug(message, *args, **kwargs)
 
 
+STATIC_FILES: dict[str, bytes] = {
+    "dashboard.html": _HTML,
+    "dashboard.js": b"text/javascript; charset=utf-8",
+    "msgpack.js": b"text/javascript; charset=utf-8",
+    "dashboard.css": b"text/css; charset=utf-8",
+}
+"""The files of ``broker/static/`` served, with their content types (nothing else is)."""
+
+
 @functools.cache
+def static_file(name: str) -> bytes:
+    """A file of ``broker/static/`` (one of :data:`STATIC_FILES`), read once."""
+    return (pathlib.Path(__file__).parent / "static" / name).read_bytes()
+
+
 def dashboard_html() -> bytes:
-    """The dashboard page (``broker/static/dashboard.html``), read once."""
-    return (pathlib.Path(__file__).parent / "static" / "dashboard.html").read_bytes()
+    """The dashboard page (``broker/static/dashboard.html``)."""
+    return static_file("dashboard.html")
 
 
 class HttpApp:
@@ -121,6 +164,9 @@ class HttpApp:
         access: Checks bearer tokens; None (or one with no token configured) leaves
             every endpoint open.
         metrics_require_auth: ``/metrics`` needs a token too (when tokens are configured).
+        websocket_handler: Serves ``/ws`` connections (the gateway); None refuses them.
+        websocket_origins: Browser origins allowed on ``/ws`` besides the page's own.
+        browser: Answers ``/api/browse`` (pending messages, read-only); None: 404.
     """
 
     def __init__(
@@ -129,11 +175,17 @@ class HttpApp:
         provider: StatusProvider,
         access: AccessControl | None = None,
         metrics_require_auth: bool = True,
+        websocket_handler: websocket.WebSocketHandler | None = None,
+        websocket_origins: tuple[str, ...] = (),
+        browser: BrowseProvider | None = None,
     ) -> None:
         self._metrics = metrics
         self._provider = provider
         self._access = access
         self._metrics_require_auth = metrics_require_auth
+        self._websocket_handler = websocket_handler
+        self._websocket_origins = websocket_origins
+        self._browser = browser
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -142,7 +194,22 @@ class HttpApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if scope["type"] != "http":  # websocket: not served here
+        if scope["type"] == "websocket":
+            if scope["path"] == websocket.PATH and self._websocket_handler is not None:
+                await websocket.serve_websocket(
+                    scope,
+                    receive,
+                    send,
+                    self._websocket_handler,
+                    allowed_origins=self._websocket_origins,
+                    on_refused=self._metrics.count_request_error,
+                    token=await self._valid_token(scope.get("headers", [])),
+                )
+            else:
+                await receive()  # websocket.connect
+                await send({"type": "websocket.close", "code": 1008, "reason": ""})
+            return
+        if scope["type"] != "http":
             return
         method = scope["method"]
         if method not in ("GET", "HEAD"):
@@ -170,6 +237,10 @@ class HttpApp:
                 rows = self._metrics.group_rows()
                 body, text_type = await trio.to_thread.run_sync(self._metrics.render, rows)
                 status, content_type = 200, text_type.encode("ascii")
+            elif scope["path"] == "/api/browse" and self._browser is not None:
+                query = dict(urllib.parse.parse_qsl(scope.get("query_string", b"").decode()))
+                status, value = await self._browser.browse_json(query)
+                body, content_type = _json(value), _JSON
             else:
                 status, body, content_type = self._route(scope["path"])
         except Exception:
@@ -206,6 +277,19 @@ class HttpApp:
             )
         return 401, b"wrong token\n", challenge
 
+    async def _valid_token(self, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+        """The first token of the ``Authorization`` header that authenticates, or None."""
+        access = self._access
+        if access is None or not access.enabled:
+            return None
+        for token in _tokens(headers):
+            try:
+                await access.authenticate(token)
+            except RemoteProtocolError:
+                continue
+            return token
+        return None
+
     def _route(self, path: str) -> tuple[int, bytes, bytes]:
         if path == "/healthz":
             if self._provider.is_healthy():
@@ -225,8 +309,13 @@ class HttpApp:
             return 503, _json({"ready": False, "reason": reason, "alarms": alarms}), _JSON
         if path == "/api/status":
             return 200, _json(self._provider.status()), _JSON
+        if path == "/api/overview":
+            return 200, _json(self._provider.overview()), _JSON
         if path in ("/", "/index.html"):
             return 200, dashboard_html(), _HTML
+        if path.startswith("/static/") and path[len("/static/") :] in STATIC_FILES:
+            name = path[len("/static/") :]
+            return 200, static_file(name), STATIC_FILES[name]
         return 404, f"no such page: {path}; try /metrics, /healthz, /readyz, /\n".encode(), _TEXT
 
     def _not_ready_reason(self) -> str:
@@ -307,6 +396,11 @@ async def serve_http(
     *,
     access: AccessControl | None = None,
     metrics_require_auth: bool = True,
+    websocket_handler: websocket.WebSocketHandler | None = None,
+    websocket_origins: tuple[str, ...] = (),
+    max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
+    tls: TlsConfig | None = None,
+    browser: BrowseProvider | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -321,6 +415,14 @@ async def serve_http(
         provider: The broker's status seam.
         access: Token checks (see the module docstring), or None for open endpoints.
         metrics_require_auth: Whether ``/metrics`` needs a token when tokens are set.
+        websocket_handler: Serves ``/ws`` (the gateway's ``serve_stream``); None: no ``/ws``.
+        websocket_origins: Browser origins allowed on ``/ws`` besides the page's own.
+        max_frame_bytes: ``limits.max_frame_bytes``: a ``/ws`` message may hold one frame
+            of this body size plus its 4-byte header; larger ones are closed with 1009.
+        tls: Serve HTTPS (and ``wss://``) with this certificate and key; client
+            certificates are verified against ``ca_file`` (required with
+            ``require_client_cert``). None or disabled: plain HTTP.
+        browser: Serves ``/api/browse`` (read-only); None leaves it out.
         shutdown_trigger: Optional; when this returns, stop accepting and let open
             requests finish for up to :data:`GRACEFUL_TIMEOUT_S`, then return. Without
             it, cancel the enclosing scope to stop (open requests are cut).
@@ -337,7 +439,25 @@ async def serve_http(
     config.logger_class = _QuietHypercornLogger
     config.graceful_timeout = GRACEFUL_TIMEOUT_S
     config.include_server_header = False
-    app = HttpApp(metrics, provider, access, metrics_require_auth)
+    # One frame per /ws message: wsproto refuses bigger messages (close 1009) before
+    # they are buffered whole; a small app queue keeps the reader waiting on us.
+    config.websocket_max_message_size = max_frame_bytes + codec.HEADER_BYTES
+    config.max_app_queue_size = 2
+    if tls is not None and tls.enabled:
+        config.certfile = tls.cert_file
+        config.keyfile = tls.key_file
+        if tls.ca_file is not None:
+            config.ca_certs = tls.ca_file
+            config.verify_mode = ssl.CERT_REQUIRED if tls.require_client_cert else ssl.CERT_OPTIONAL
+    app = HttpApp(
+        metrics,
+        provider,
+        access,
+        metrics_require_auth,
+        websocket_handler,
+        websocket_origins,
+        browser=browser,
+    )
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
             functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger)

@@ -73,6 +73,7 @@ class Consumer:
         prefetch: The window asked for in SUBSCRIBE (items), for status.
         settings: ``(visibility_timeout_ms, max_deliveries)`` last sent to it in
             SUBSCRIPTION_INFO.
+        headers: Its DELIVER items carry each message's headers (SUBSCRIBE asked).
     """
 
     subscription_id: int
@@ -86,6 +87,7 @@ class Consumer:
     closed: bool = False
     prefetch: int = 0
     settings: tuple[int, int] | None = None
+    headers: bool = False
 
     def send(self, frame: frames.Frame) -> bool:
         """Queue a frame for the consumer; a connection that cannot take it is closed.

@@ -22,7 +22,7 @@ import trio
 
 from futureq import __version__, early_signals, fd_budget
 from futureq.clock import Clock, SystemClock
-from futureq.config import Config, split_host_port
+from futureq.config import Config, split_host_port, websocket_origins
 from futureq.data_tools import check_data_fits_mode
 from futureq.errors import (
     ConfigError,
@@ -52,8 +52,9 @@ from .cluster import (
 )
 from .cluster_time import ClusterTime, run_standalone_clock
 from .command_log import SingleNodeLog
+from .data_dir_size import measure_data_dir
 from .dispatcher import Dispatcher
-from .gateway import NodeBuffers, serve_clients
+from .gateway import ClientGateway, NodeBuffers
 from .gc_pacing import pace_gc
 from .http import serve_http
 from .hub import Hub
@@ -107,16 +108,19 @@ def listener_modes(
     modes = [f"client port {client_address}: {client}"]
     if raft_address is not None:
         modes.append(f"raft port {raft_address}: {peer_mode(config)}")
+    http = "HTTPS (same certificate)" if tls.enabled and tls.http else "plain HTTP"
     if token or credentials:
         opened = "/healthz, /readyz" + ("" if config.metrics.require_auth else " and /metrics")
         modes.append(
-            f"HTTP port {http_address}: plain HTTP, a token with the monitor permission "
-            f"required ({opened} open)"
+            f"HTTP port {http_address}: {http}, a token with the monitor permission "
+            f"required ({opened} open); /ws takes client connections with the client "
+            "port's tokens and permissions"
         )
     else:
         modes.append(
-            f"HTTP port {http_address}: plain HTTP, no authentication (metrics, status and the "
-            "dashboard are readable by anyone who reaches it)"
+            f"HTTP port {http_address}: {http}, no authentication (metrics, status and the "
+            "dashboard are readable by anyone who reaches it); /ws takes client connections "
+            "with the client port's rules"
         )
     return modes
 
@@ -241,6 +245,13 @@ async def serve(
         )
         metrics.connection_buffer_bytes.labels("out").set_function(lambda: node_buffers.outbound)
         metrics.connection_buffer_bytes.labels("in").set_function(lambda: node_buffers.inbound)
+        gateway = ClientGateway(
+            broker,
+            access=access,
+            node_buffers=node_buffers,
+            ssl_context=ssl_context,
+            max_connections=descriptors.client_connections,
+        )
         if shutdown is None:
             shutdown = trio.Event()
         async with trio.open_nursery() as root:
@@ -273,6 +284,11 @@ async def serve(
             await root.start(dispatcher.run)
             root.start_soon(broker.run_background_publisher)
             root.start_soon(pace_gc, lambda: len(state.groups))
+            root.start_soon(broker.activity.run, clock.wall_ms)
+            root.start_soon(broker.due_buckets.run, broker)
+            root.start_soon(
+                measure_data_dir, config.server.data_dir, broker.record_data_dir_bytes
+            )
             try:
                 http_address: str = await root.start(
                     functools.partial(
@@ -282,6 +298,11 @@ async def serve(
                         broker,
                         access=access,
                         metrics_require_auth=config.metrics.require_auth,
+                        websocket_handler=gateway.serve_stream,
+                        websocket_origins=websocket_origins(config),
+                        max_frame_bytes=config.limits.max_frame_bytes,
+                        tls=config.tls if config.tls.http else None,
+                        browser=broker,
                     )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group
@@ -297,15 +318,7 @@ async def serve(
 
                 async def accept() -> None:
                     with accepting:
-                        await serve_clients(
-                            broker,
-                            listeners,
-                            access=access,
-                            node_buffers=node_buffers,
-                            ssl_context=ssl_context,
-                            max_connections=descriptors.client_connections,
-                            handler_nursery=connections,
-                        )
+                        await gateway.serve_tcp(listeners, handler_nursery=connections)
 
                 connections.start_soon(accept)
                 broker.ready = True

@@ -2,26 +2,30 @@
 
 ::
 
-    futureq-cli [--server HOST:PORT[,...]] [--tls-ca FILE] [--token T] [--timeout D] COMMAND
+    futureq-cli [--server HOST:PORT[,...]] [--tls-ca FILE] [--token T]
+                [--request-timeout D] COMMAND
 
     publish TOPIC PAYLOAD [--delay D | --at TIME] [--ttl D]     print the message id
+    publish TOPIC - [...]                                        payload bytes from stdin
     publish TOPIC --payload-file F [...]                         binary payload
     publish --file batch.jsonl [--batch-size N]                  JSON lines, with a summary
     consume TOPIC --group G [--count N] [--json] [--no-ack | --nack [--requeue-delay D]]
-                  [--prefetch N] [--timeout D]
-    status [--json]          node, role, leader, topics and groups
+                  [--prefetch N] [--idle-timeout D]
+    status [--json] [--local]   the cluster's topics and groups (asked of the leader)
     group create TOPIC GROUP [--visibility-timeout D] [--max-deliveries N]
     group delete TOPIC GROUP
     group list [--json]
     topic list [--json]
-    cluster status [--json]
+    cluster status [--json] [--local]
     cluster add-node NODE_ID RAFT_HOST:PORT CLIENT_HOST:PORT
     cluster remove-node NODE_ID
     cluster transfer-leader [NODE_ID]
+    completion bash|zsh|tcsh
 
-Durations are ``250ms``, ``5s``, ``10m``, ``2h``, ``3d`` or bare milliseconds
-(:mod:`futureq.cli.durations`). Exit status: 0 success (also when ``consume`` stops
-at ``--count`` or ``--timeout``), 1 any error or any failed line, 2 usage error,
+Durations are ``250ms``, ``5s``, ``10m``, ``2h``, ``3d``, ``1h30m`` or bare milliseconds
+(:mod:`futureq.cli.durations`); JSON lines and ``consume --json`` in
+:mod:`futureq.cli.jsonl`. Exit status: 0 success (also when ``consume`` stops
+at ``--count`` or ``--idle-timeout``), 1 any error or any failed line, 2 usage error,
 130 interrupted. Errors are one line on stderr: ``error: [CODE_NAME] sentence``.
 Every command and flag is described in ``docs/cli.md``.
 """
@@ -29,7 +33,6 @@ Every command and flag is described in ``docs/cli.md``.
 from __future__ import annotations
 
 import argparse
-import base64
 import binascii
 import datetime
 import json
@@ -38,14 +41,24 @@ import re
 import ssl
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any, Final
 
 import attrs
+import shtab
 import trio
 
+from futureq import __version__
+from futureq.cli import manage_commands
 from futureq.cli.durations import duration_ms_arg
-from futureq.client import Client, Delivery, PublishItem, open_client
+from futureq.cli.jsonl import (
+    JsonlItem,
+    LineFailure,
+    parse_jsonl,
+    record_line,
+    render_payload,
+)
+from futureq.client import Client, Delivery, open_client
 from futureq.errors import (
     ClientClosedError,
     ConnectionLostError,
@@ -62,6 +75,9 @@ EXIT_ERROR: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_INTERRUPTED: Final = 130
 
+COMPLETION_SHELLS: Final = ("bash", "zsh", "tcsh")
+STDIN_PAYLOAD: Final = "-"
+"""``publish TOPIC -`` reads the payload bytes from standard input."""
 SERVER_ENV: Final = "FUTUREQ_SERVER"
 TOKEN_ENV: Final = "FUTUREQ_TOKEN"
 DEFAULT_SERVER: Final = "127.0.0.1:7450"
@@ -74,45 +90,22 @@ MAX_FAILURES_SHOWN: Final = 50
 # ---------------------------------------------------------------------------------
 
 
-@attrs.frozen
-class JsonlItem:
-    """One good line of a ``publish --file`` input.
-
-    Attributes:
-        line_number: 1-based line number in the file.
-        item: The message it describes.
-    """
-
-    line_number: int
-    item: PublishItem
-
-
-@attrs.frozen
-class LineFailure:
-    """A line that was not published, and why (printed as ``line N: reason``)."""
-
-    line_number: int
-    reason: str
-
-
-def payload_from_json(value: Any) -> bytes:
-    """The bytes a JSONL ``payload`` value is sent as.
-
-    A JSON string is sent as its UTF-8 text (``"hi"`` -> ``b"hi"``); any other JSON
-    value as compact JSON (``{"a": 1}`` -> ``b'{"a":1}'``), so JSON stays JSON.
-    """
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-def _optional_ms(obj: dict[str, Any], key: str) -> int | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if type(value) is not int or value < 0:
-        raise ValueError(f"{key} must be a non-negative integer of milliseconds, got {value!r}")
-    return value
+def delivery_json(delivery: Delivery) -> str:
+    """The line ``consume --json`` prints for one delivery: strict JSON, shape
+    ``{"id", "topic", "group", "payload", "payload_encoding" ("json" | "text" |
+    "base64"), "due_ms", "delivered_ms", "attempt"}``, plus ``"headers"`` when the
+    message has any; times in ms since the Unix epoch (payload encodings in
+    :mod:`futureq.cli.jsonl`)."""
+    return record_line(
+        {"id": delivery.id, "topic": delivery.topic, "group": delivery.group},
+        delivery.payload,
+        {
+            "due_ms": delivery.due_ms,
+            "delivered_ms": delivery.delivered_ms,
+            "attempt": delivery.attempt,
+            **({"headers": delivery.headers} if delivery.headers else {}),
+        },
+    )
 
 
 def publish_topic_arg(text: str) -> str:
@@ -142,101 +135,6 @@ def existing_name_arg(kind: str) -> Callable[[str], str]:
     return check
 
 
-def parse_jsonl_line(text: str) -> PublishItem | None:
-    """Parse one JSONL line into a message; None for a blank line.
-
-    The line is an object with ``topic`` (string), ``payload`` (any JSON value), and
-    optionally ``delay_ms`` or ``deliver_at_ms`` (not both) and ``ttl_ms`` (integers).
-
-    Raises:
-        ValueError: with a sentence saying what is wrong with the line.
-    """
-    if not text.strip():
-        return None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    topic = obj.get("topic")
-    if not isinstance(topic, str):
-        raise ValueError('"topic" must be a string')
-    if "payload" not in obj:
-        raise ValueError('"payload" is missing')
-    unknown = sorted(set(obj) - {"topic", "payload", "delay_ms", "deliver_at_ms", "ttl_ms"})
-    if unknown:
-        raise ValueError(f"unknown field(s) {', '.join(unknown)}")
-    delay_ms = _optional_ms(obj, "delay_ms")
-    deliver_at_ms = _optional_ms(obj, "deliver_at_ms")
-    ttl_ms = _optional_ms(obj, "ttl_ms")
-    if delay_ms is not None and deliver_at_ms is not None:
-        raise ValueError("give delay_ms or deliver_at_ms, not both")
-    if deliver_at_ms is not None:
-        mistake = implausible_epoch_ms("deliver_at_ms", deliver_at_ms)
-        if mistake is not None:
-            raise ValueError(mistake)
-    return PublishItem(topic, payload_from_json(obj["payload"]), delay_ms, deliver_at_ms, ttl_ms)
-
-
-def parse_jsonl(lines: Iterable[str]) -> tuple[list[JsonlItem], list[LineFailure]]:
-    """Parse a JSONL file: the good lines as messages, the bad ones as failures.
-
-    Args:
-        lines: The file's lines (with or without newlines); numbered from 1.
-
-    Returns:
-        ``(items, failures)``, both in line order. Blank lines are skipped.
-    """
-    items: list[JsonlItem] = []
-    failures: list[LineFailure] = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            item = parse_jsonl_line(line)
-        except ValueError as exc:
-            failures.append(LineFailure(number, str(exc)))
-            continue
-        if item is not None:
-            items.append(JsonlItem(number, item))
-    return items, failures
-
-
-def render_payload(payload: bytes) -> tuple[Any, str]:
-    """How ``consume --json`` shows a payload.
-
-    Returns:
-        ``(value, encoding)``: the parsed JSON value and ``"json"`` if the payload is
-        JSON; else the text and ``"text"`` if it is UTF-8; else base64 text and
-        ``"base64"``.
-    """
-    try:
-        text = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        return base64.b64encode(payload).decode("ascii"), "base64"
-    try:
-        return json.loads(text), "json"
-    except ValueError:
-        return text, "text"
-
-
-def delivery_record(delivery: Delivery) -> dict[str, Any]:
-    """The JSON object ``consume --json`` prints for one delivery.
-
-    Shape: ``{"id", "topic", "group", "payload", "payload_encoding" ("json" |
-    "text" | "base64"), "due_ms", "delivered_ms", "attempt"}``; times in ms since the
-    Unix epoch.
-    """
-    value, encoding = render_payload(delivery.payload)
-    return {
-        "id": delivery.id,
-        "topic": delivery.topic,
-        "group": delivery.group,
-        "payload": value,
-        "payload_encoding": encoding,
-        "due_ms": delivery.due_ms,
-        "delivered_ms": delivery.delivered_ms,
-        "attempt": delivery.attempt,
-    }
 
 
 def format_ms(ms: int) -> str:
@@ -246,14 +144,14 @@ def format_ms(ms: int) -> str:
 
 
 def delivery_line(delivery: Delivery) -> str:
-    """The readable one-line form ``consume`` prints without ``--json``."""
-    value, encoding = render_payload(delivery.payload)
-    if encoding == "json":
-        shown = json.dumps(value, ensure_ascii=False)
-    elif encoding == "text":
-        shown = str(value).replace("\n", "\\n")
-    else:
-        shown = f"base64:{value}"
+    """The readable one-line form ``consume`` prints without ``--json``: a JSON payload
+    as it is, other UTF-8 text with line breaks shown as ``\\n``, other bytes as
+    ``base64:...``."""
+    shown, encoding = render_payload(delivery.payload)
+    if encoding == "text":
+        shown = json.loads(shown).replace("\r", "\\r").replace("\n", "\\n")
+    elif encoding == "base64":
+        shown = f"base64:{json.loads(shown)}"
     return (
         f"#{delivery.id} {delivery.topic}/{delivery.group} attempt={delivery.attempt} "
         f"due={format_ms(delivery.due_ms)}: {shown}"
@@ -345,13 +243,61 @@ def error_line(exc: BaseException, servers: str) -> str:
 # ---------------------------------------------------------------------------------
 
 
+class DeprecatedFlag(argparse.Action):
+    """An old spelling of a flag: stores its value like the new one and leaves a warning
+    (printed on stderr by :func:`main`) naming the flag to use instead.
+
+    Args:
+        replacement: The flag to use instead.
+        meaning: What the flag means where it was given (``--timeout`` meant two things).
+    """
+
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str,
+        *,
+        replacement: str,
+        meaning: str,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.replacement = replacement
+        self.meaning = meaning
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(
+            namespace,
+            f"{DEPRECATED_PREFIX}{self.dest}",
+            f"warning: {option_string} is deprecated: here it sets {self.meaning}; "
+            f"use {self.replacement}",
+        )
+
+
+DEPRECATED_PREFIX: Final = "deprecation_"
+
+
+def deprecation_warnings(args: argparse.Namespace) -> list[str]:
+    """The warnings :class:`DeprecatedFlag` left on parsed arguments."""
+    return [value for key, value in sorted(vars(args).items()) if key.startswith(DEPRECATED_PREFIX)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``futureq-cli`` argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(
         prog="futureq-cli",
         description="Publish, consume and inspect a FutureQ delayed-message queue.",
-        epilog="Durations: 250ms, 5s, 10m, 2h, 3d, or bare milliseconds. See docs/cli.md.",
+        epilog="Durations: 250ms, 5s, 10m, 2h, 3d, 1h30m, or bare milliseconds. Shell "
+        "completion: futureq-cli completion bash|zsh|tcsh. See docs/cli.md.",
     )
+    parser.add_argument("--version", action="version", version=f"futureq-cli {__version__}")
     parser.add_argument(
         "--server",
         default=os.environ.get(SERVER_ENV) or DEFAULT_SERVER,
@@ -360,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--tls-ca", metavar="FILE", help="use TLS, trusting the CA certificates in FILE (PEM)"
-    )
+    ).complete = shtab.FILE  # type: ignore[attr-defined]
     parser.add_argument("--tls", action="store_true", help="use TLS with the system's trusted CAs")
     parser.add_argument(
         "--token",
@@ -368,12 +314,23 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"auth token sent in HELLO (default ${TOKEN_ENV})",
     )
     parser.add_argument(
-        "--timeout",
+        "--request-timeout",
         dest="request_timeout_ms",
         type=duration_ms_arg,
         default=30_000,
         metavar="D",
         help="deadline of each request, retries included (default 30s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        dest="request_timeout_ms",
+        type=duration_ms_arg,
+        action=DeprecatedFlag,
+        replacement="--request-timeout",
+        meaning="the request deadline",
+        default=argparse.SUPPRESS,
+        metavar="D",
+        help="deprecated spelling of --request-timeout",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -385,8 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument(
         "topic", nargs="?", type=publish_topic_arg, help="topic to publish to"
     )
-    publish.add_argument("payload", nargs="?", help="payload text (sent as UTF-8 bytes)")
-    publish.add_argument("--payload-file", metavar="F", help="read the payload bytes from F")
+    publish.add_argument(
+        "payload",
+        nargs="?",
+        help="payload text (sent as UTF-8 bytes); - reads the payload bytes from standard input",
+    )
+    publish.add_argument(
+        "--payload-file", metavar="F", help="read the payload bytes from F"
+    ).complete = shtab.FILE  # type: ignore[attr-defined]
     when = publish.add_mutually_exclusive_group()
     when.add_argument(
         "--delay", type=duration_ms_arg, metavar="D", help="deliver D after publishing"
@@ -400,7 +363,22 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument(
         "--ttl", type=duration_ms_arg, metavar="D", help="drop it if not delivered D after due"
     )
-    publish.add_argument("--file", metavar="F", help="publish every line of a JSONL file")
+    publish.add_argument(
+        "--header",
+        dest="headers",
+        action="append",
+        type=manage_commands.header_arg,
+        metavar="NAME=VALUE",
+        help="a header kept with the message (repeat for more)",
+    )
+    publish.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="publishing again with KEY returns the first id and stores nothing",
+    )
+    publish.add_argument(
+        "--file", metavar="F", help="publish every line of a JSONL file"
+    ).complete = shtab.FILE  # type: ignore[attr-defined]
     publish.add_argument(
         "--batch-size",
         type=_positive_int,
@@ -425,7 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--json", action="store_true", help="one JSON object per line")
     settle = consume.add_mutually_exclusive_group()
     settle.add_argument(
-        "--no-ack", action="store_true", help="do not ack: messages come back later"
+        "--no-ack",
+        action="store_true",
+        help="do not ack: messages come back later (this still claims them for the group; "
+        "to look without claiming, use browse or dlq list)",
     )
     settle.add_argument("--nack", action="store_true", help="nack every message after printing")
     consume.add_argument(
@@ -443,15 +424,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="most unacked deliveries in flight (default 100)",
     )
     consume.add_argument(
-        "--timeout",
+        "--idle-timeout",
         dest="idle_timeout_ms",
         type=duration_ms_arg,
         metavar="D",
         help="stop when no message arrives for D (default: wait for ever)",
     )
+    consume.add_argument(
+        "--timeout",
+        dest="idle_timeout_ms",
+        type=duration_ms_arg,
+        action=DeprecatedFlag,
+        replacement="--idle-timeout",
+        meaning="how long consume waits for a message",
+        default=argparse.SUPPRESS,
+        metavar="D",
+        help="deprecated spelling of --idle-timeout",
+    )
 
-    status = commands.add_parser("status", help="node, role, leader, topics and groups")
+    status = commands.add_parser(
+        "status",
+        help="the cluster's topics and groups (asked of the leader)",
+        description="Topics, groups and their counts. Asked of the leader: a follower knows "
+        "due, in-flight and consumer counts only as its own local view, so the answer of a "
+        "follower that names a leader is asked again of the leader. The first line says "
+        "whose view it is.",
+    )
     status.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    status.add_argument(
+        "--local",
+        action="store_true",
+        help="show the connected node's own view (on a follower: due, in flight and "
+        "consumers are its local view, not the cluster's)",
+    )
 
     group = commands.add_parser("group", help="create, delete and list consumer groups")
     group_commands = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
@@ -469,6 +474,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         metavar="N",
         help="attempts before a message goes to TOPIC.dlq (default: the server's)",
+    )
+    create.add_argument(
+        "--dead-letter-expired",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send messages whose TTL runs out to TOPIC.dlq instead of dropping them",
+    )
+    create.add_argument(
+        "--from-backlog",
+        action="store_true",
+        help="a new group also gets every message of TOPIC still pending (not only later ones)",
     )
     delete = group_commands.add_parser("delete", help="delete a group and its pending deliveries")
     delete.add_argument("topic", type=existing_name_arg("topic"))
@@ -489,6 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
         "status", help="membership, term, leader and replication progress"
     )
     cluster_status.add_argument("--json", action="store_true")
+    cluster_status.add_argument(
+        "--local",
+        action="store_true",
+        help="show the connected node's own view (match index and lag are the leader's)",
+    )
     add_node = cluster_commands.add_parser(
         "add-node", help="add a node (learner, promoted to voter once caught up)"
     )
@@ -501,6 +522,17 @@ def build_parser() -> argparse.ArgumentParser:
         "transfer-leader", help="hand leadership to a node (default: the most up-to-date)"
     )
     transfer.add_argument("node_id", type=_node_id, nargs="?", default=None, metavar="NODE_ID")
+    completion = commands.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script for SHELL (made by shtab). For bash: "
+        "futureq-cli completion bash > ~/.local/share/bash-completion/completions/futureq-cli; "
+        "for zsh: futureq-cli completion zsh > a directory of $fpath as _futureq-cli.",
+    )
+    completion.add_argument(
+        "shell", choices=COMPLETION_SHELLS, metavar="SHELL", help="bash, zsh or tcsh"
+    )
+    manage_commands.add_parsers(commands, existing_name_arg, parse_at_ms, duration_ms_arg)
     return parser
 
 
@@ -550,10 +582,12 @@ def _check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 @attrs.define
 class Output:
-    """Where a command writes: ``stdout`` for results, ``stderr`` for errors."""
+    """Where a command writes: ``stdout`` for results, ``stderr`` for errors; ``stdin``
+    is where ``publish TOPIC -`` reads its payload."""
 
     stdout: IO[str]
     stderr: IO[str]
+    stdin: IO[bytes] | None = None
 
     def out(self, text: str) -> None:
         self.stdout.write(text + "\n")
@@ -572,10 +606,19 @@ async def _publish_one(client: Client, args: argparse.Namespace, io: Output) -> 
     if args.payload_file is not None:
         with open(args.payload_file, "rb") as handle:  # noqa: ASYNC230 - one small read
             payload = handle.read()
+    elif args.payload == STDIN_PAYLOAD:
+        stdin = io.stdin if io.stdin is not None else sys.stdin.buffer
+        payload = await trio.to_thread.run_sync(stdin.read)
     else:
         payload = args.payload.encode("utf-8")
     message_id = await client.publish(
-        args.topic, payload, delay_ms=args.delay, deliver_at_ms=args.at, ttl_ms=args.ttl
+        args.topic,
+        payload,
+        delay_ms=args.delay,
+        deliver_at_ms=args.at,
+        ttl_ms=args.ttl,
+        headers=dict(args.headers) if args.headers else None,
+        idempotency_key=args.idempotency_key,
     )
     io.out(str(message_id))
     return EXIT_OK
@@ -662,7 +705,7 @@ async def _publish_file(client: Client, args: argparse.Namespace, io: Output) ->
         f"({rate:.0f} msgs/s); {len(summary.failures)} failed line(s)"
     )
     for failure in summary.failures[:MAX_FAILURES_SHOWN]:
-        io.err(f"line {failure.line_number}: {failure.reason}")
+        io.err(str(failure))
     if len(summary.failures) > MAX_FAILURES_SHOWN:
         io.err(f"... and {len(summary.failures) - MAX_FAILURES_SHOWN} more failed line(s)")
     return EXIT_ERROR if summary.failures else EXIT_OK
@@ -686,7 +729,7 @@ async def _consume(client: Client, args: argparse.Namespace, io: Output) -> int:
                     break
                 delivery = maybe
             if args.json:
-                io.out(json.dumps(delivery_record(delivery), ensure_ascii=False))
+                io.out(delivery_json(delivery))
             else:
                 io.out(delivery_line(delivery))
             received += 1
@@ -768,7 +811,27 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], i
     Console(file=io.stdout, width=None if io.is_terminal else 160).print(table)
 
 
+def view_line(status: dict[str, Any]) -> str:
+    """One sentence saying whose numbers a STATUS answer holds (the leader's, or one
+    node's local view and which fields that affects)."""
+    node = f"node {status.get('node_id')}"
+    if status.get("view", "cluster") != "local":
+        return f"cluster view, from the leader ({node})"
+    leader_id, leader = status.get("leader_id"), status.get("leader_address")
+    if leader is None:
+        where = "no leader is known right now"
+    else:
+        named = f"node {leader_id} at {leader}" if leader_id is not None else leader
+        where = f"the leader is {named}, which could not be asked"
+    fields = ", ".join(f.replace("_", " ") for f in status.get("leader_only", []))
+    return (
+        f"LOCAL VIEW of {node} ({status.get('role')}): {fields or 'some numbers'} are known only "
+        f"to the leader and show this node's own values; {where}"
+    )
+
+
 def _print_node(status: dict[str, Any], io: Output) -> None:
+    io.out(view_line(status))
     io.out(
         f"node {status.get('node_id')} role={status.get('role')} "
         f"leader={status.get('leader_address') or '(none known)'} "
@@ -778,7 +841,7 @@ def _print_node(status: dict[str, Any], io: Output) -> None:
 
 
 async def _status(client: Client, args: argparse.Namespace, io: Output) -> int:
-    status = await client.status()
+    status = await client.status(local=args.local)
     if args.json:
         io.out(json.dumps(status, ensure_ascii=False))
         return EXIT_OK
@@ -812,13 +875,18 @@ async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
             args.group,
             visibility_timeout_ms=args.visibility_timeout,
             max_deliveries=args.max_deliveries,
+            from_backlog=args.from_backlog,
+            dead_letter_expired=args.dead_letter_expired,
         )
         io.out(f"group {args.group!r} of topic {args.topic!r} exists")
     elif args.group_command == "delete":
         await client.delete_group(args.topic, args.group)
         io.out(f"group {args.group!r} of topic {args.topic!r} deleted")
     else:
-        rows = _groups(await client.status())
+        status = await client.status()
+        if status.get("view") == "local":
+            io.err(view_line(status))
+        rows = _groups(status)
         if args.json:
             io.out(json.dumps(rows, ensure_ascii=False))
         elif rows:
@@ -829,7 +897,10 @@ async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
 
 
 async def _topic(client: Client, args: argparse.Namespace, io: Output) -> int:
-    rows = _topics(await client.status())
+    status = await client.status()
+    if status.get("view") == "local":
+        io.err(view_line(status))
+    rows = _topics(status)
     if args.json:
         io.out(json.dumps(rows, ensure_ascii=False))
     elif rows:
@@ -852,7 +923,7 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
         await client.transfer_leader(args.node_id)
         io.out("leadership transferred")
         return EXIT_OK
-    view = await client.cluster_status()
+    view = await client.cluster_status(local=args.local)
     if args.json:
         io.out(json.dumps(view, ensure_ascii=False))
         return EXIT_OK
@@ -871,6 +942,11 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
         f"node {view.get('node_id')}: {view.get('role')}, term {view.get('term')}, {leader}, "
         f"commit index {view.get('commit_index')}, applied index {view.get('applied_index')}"
     )
+    if view.get("role") != "leader":
+        io.out(
+            f"LOCAL VIEW of node {view.get('node_id')}: match index and lag are known only to "
+            "the leader" + (", which could not be asked" if view.get("leader_address") else "")
+        )
     clock = view.get("clock")
     if isinstance(clock, dict):
         state = "in bound" if clock.get("in_bound") else "OUT OF BOUND: it will not lead"
@@ -932,6 +1008,11 @@ async def run_command(args: argparse.Namespace, io: Output) -> int:
         "group": _group,
         "topic": _topic,
         "cluster": _cluster,
+        "cancel": manage_commands.run_cancel,
+        "browse": manage_commands.run_browse,
+        "reschedule": manage_commands.run_reschedule,
+        "purge": manage_commands.run_purge,
+        "dlq": manage_commands.run_dlq,
     }
     timeout_s = args.request_timeout_ms / 1000
     async with open_client(
@@ -950,6 +1031,7 @@ def main(
     *,
     stdout: IO[str] | None = None,
     stderr: IO[str] | None = None,
+    stdin: IO[bytes] | None = None,
 ) -> int:
     """Entry point of ``futureq-cli``.
 
@@ -957,6 +1039,7 @@ def main(
         argv: Arguments without the program name (default ``sys.argv[1:]``).
         stdout: Where results go (default ``sys.stdout``).
         stderr: Where errors go (default ``sys.stderr``).
+        stdin: Where ``publish TOPIC -`` reads (default ``sys.stdin.buffer``).
 
     Returns:
         The exit status (also used by ``sys.exit`` when run as a script): 0 ok,
@@ -972,7 +1055,16 @@ def main(
             _check_publish_args(parser, args)
         except SystemExit as exc:
             return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
-    io = Output(stdout or sys.stdout, stderr or sys.stderr)
+    io = Output(stdout or sys.stdout, stderr or sys.stderr, stdin)
+    for warning in deprecation_warnings(args):
+        io.err(warning)
+    if args.command == "completion":
+        io.stdout.write(shtab.complete(parser, shell=args.shell))
+        return EXIT_OK
+    if args.command == "purge":
+        refused = manage_commands.confirm_purge(args, sys.stdin, io)
+        if refused is not None:
+            return refused
     try:
         return trio.run(run_command, args, io)
     except KeyboardInterrupt:

@@ -1,7 +1,9 @@
-"""Human durations for the command line: ``250ms``, ``5s``, ``10m``, ``2h``, ``3d``, ``1500``.
+"""Human durations for the command line: ``250ms``, ``5s``, ``10m``, ``2h``, ``3d``,
+``1h30m``, ``1500``.
 
-Every time a ``futureq-cli`` flag takes (``--delay``, ``--ttl``, ``--timeout``,
-``--requeue-delay``, ``--visibility-timeout``) goes through :func:`parse_duration_ms`,
+Every time a ``futureq-cli`` flag takes (``--delay``, ``--ttl``, ``--request-timeout``,
+``--idle-timeout``, ``--requeue-delay``, ``--visibility-timeout``) goes through
+:func:`parse_duration_ms`,
 so all of them accept the same spellings and all end up as integer milliseconds, the
 unit of the wire protocol (``docs/cli.md``, "Durations").
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from fractions import Fraction
 from typing import Final
 
 _UNIT_MS: Final[dict[str, int]] = {
@@ -20,22 +23,29 @@ _UNIT_MS: Final[dict[str, int]] = {
     "d": 86_400_000,
 }
 
-_DURATION = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)?")
+_PART = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)\s*")
+_ORDER: Final = ("d", "h", "m", "s", "ms")
 
 MAX_DURATION_MS: Final = 2**63 - 1
 """Largest duration accepted (ms): the largest 64-bit millisecond value of the protocol."""
+
+_FORMS: Final = (
+    "use a number with a unit ms, s, m, h or d, or several from the largest unit down "
+    "(e.g. 250ms, 5s, 10m, 2h, 3d, 1h30m, 2m30s; a bare number is ms)"
+)
 
 
 def parse_duration_ms(text: str) -> int:
     """Parse a duration into integer milliseconds.
 
-    Accepted: a non-negative number followed by an optional unit — ``ms``, ``s``, ``m``
-    (minutes), ``h`` or ``d`` (days). A bare number is milliseconds. Fractions are
-    allowed with a unit (``1.5s`` is 1500 ms) and must come to a whole number of
-    milliseconds.
+    Accepted: a bare non-negative integer (milliseconds), or one or more parts, each a
+    non-negative number and a unit — ``ms``, ``s``, ``m`` (minutes), ``h`` or ``d``
+    (days) — from the largest unit to the smallest, each unit at most once: ``1h30m``,
+    ``2m30s``, ``1d12h``, ``1m 30s``. Fractions are allowed (``1.5s`` is 1500 ms) and
+    the total must come to a whole number of milliseconds.
 
     Args:
-        text: The duration as typed, e.g. ``"250ms"``, ``"5s"``, ``"1500"``.
+        text: The duration as typed, e.g. ``"250ms"``, ``"1h30m"``, ``"1500"``.
 
     Returns:
         The duration in milliseconds, >= 0.
@@ -44,27 +54,33 @@ def parse_duration_ms(text: str) -> int:
         ValueError: with a sentence naming the bad text and the accepted forms.
     """
     stripped = text.strip().lower()
-    match = _DURATION.fullmatch(stripped)
-    if match is None:
-        raise ValueError(
-            f"{text!r} is not a duration; use a number with an optional unit "
-            "ms, s, m, h or d (e.g. 250ms, 5s, 10m, 2h, 3d; a bare number is ms)"
-        )
-    number: str = match["number"]
-    unit_ms = _UNIT_MS[match["unit"] or "ms"]
-    if "." in number:
-        whole, fraction = number.split(".")
-        # Exact decimal arithmetic: 0.1s is 100 ms, never 100.00000000000001.
-        scale = 10 ** len(fraction)
-        numerator = (int(whole) * scale + int(fraction)) * unit_ms
-        if numerator % scale:
+    if stripped.isdigit():
+        value = int(stripped)
+    else:
+        total = Fraction(0)
+        units: list[str] = []
+        position = 0
+        while position < len(stripped):
+            part = _PART.match(stripped, position)
+            if part is None:
+                raise ValueError(f"{text!r} is not a duration; {_FORMS}")
+            units.append(part["unit"])
+            total += Fraction(part["number"]) * _UNIT_MS[part["unit"]]
+            position = part.end()
+        if not units:
+            raise ValueError(f"{text!r} is not a duration; {_FORMS}")
+        ranks = [_ORDER.index(unit) for unit in units]
+        if ranks != sorted(set(ranks)):
+            raise ValueError(
+                f"{text!r} is not a duration: give each unit once, from the largest to the "
+                "smallest (e.g. 1h30m, not 30m1h)"
+            )
+        if total.denominator != 1:
             raise ValueError(
                 f"{text!r} is not a whole number of milliseconds; "
                 "use a smaller unit (e.g. 1500ms instead of 1.5005s)"
             )
-        value: int = numerator // scale
-    else:
-        value = int(number) * unit_ms
+        value = int(total)
     if value > MAX_DURATION_MS:
         raise ValueError(f"{text!r} is longer than the largest duration of {MAX_DURATION_MS} ms")
     return value

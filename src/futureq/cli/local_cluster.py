@@ -2,9 +2,14 @@
 
 Node ``n`` (1-based) listens for clients on ``7440 + 10 n``, for Raft on ``7441 + 10 n``
 and for HTTP on ``7442 + 10 n`` (node 1: 7450, 7451, 7452; node 2: 7460, 7461, 7462...),
-with its data in ``<data-dir>/node<n>``. Peers authenticate with a cluster secret kept
-in ``<data-dir>/cluster.secret`` (generated on the first run, mode 0600). Ctrl-C (or
-SIGTERM) stops every node gracefully; a second one kills them.
+with its data in ``<data-dir>/node<n>`` (``--base-port`` moves every port). Peers
+authenticate with a cluster secret kept in ``<data-dir>/cluster.secret`` (generated on
+the first run, mode 0600).
+
+Ctrl-C (or SIGTERM, or SIGHUP when the terminal closes) stops every node gracefully; a second one kills them. The nodes run
+in a process group of their own, so the terminal's Ctrl-C reaches only this launcher,
+which sends each node one SIGTERM (a node that got SIGINT from the terminal as well
+would take the second signal for "stop now").
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ BASE_PORT = 7440
 SECRET_FILE = "cluster.secret"
 
 
-def ports(node_id: int) -> tuple[int, int, int]:
-    """``(client, raft, http)`` ports of node ``node_id``."""
-    base = BASE_PORT + 10 * node_id
+def ports(node_id: int, base_port: int = BASE_PORT) -> tuple[int, int, int]:
+    """``(client, raft, http)`` ports of node ``node_id``: ``base_port + 10 * node_id``
+    and the two after it."""
+    base = base_port + 10 * node_id
     return base, base + 1, base + 2
 
 
@@ -38,10 +44,12 @@ def ensure_secret(data_dir: str) -> str:
     return path
 
 
-def node_command(node_id: int, nodes: int, data_dir: str, host: str) -> list[str]:
+def node_command(
+    node_id: int, nodes: int, data_dir: str, host: str, base_port: int = BASE_PORT
+) -> list[str]:
     """The ``futureq start`` command line of one node of the local cluster."""
-    client, raft, http = ports(node_id)
-    peers = ",".join(f"{n}={host}:{ports(n)[1]}" for n in range(1, nodes + 1))
+    client, raft, http = ports(node_id, base_port)
+    peers = ",".join(f"{n}={host}:{ports(n, base_port)[1]}" for n in range(1, nodes + 1))
     return [
         sys.executable, "-m", "futureq.cli.server_main", "start",
         "--node-id", str(node_id),
@@ -66,18 +74,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--data-dir", default="./data-cluster", help="parent of node<N> directories"
     )
     parser.add_argument("--host", default="127.0.0.1", help="address every node binds")
+    parser.add_argument(
+        "--base-port",
+        type=int,
+        default=BASE_PORT,
+        help=f"node N listens on BASE+10N (clients), +1 (Raft), +2 (HTTP); default {BASE_PORT}",
+    )
     args = parser.parse_args(argv)
     ensure_secret(args.data_dir)
+    base = args.base_port
     processes: list[subprocess.Popen[bytes]] = []
     for node_id in range(1, args.nodes + 1):
         processes.append(
-            subprocess.Popen(node_command(node_id, args.nodes, args.data_dir, args.host))
+            subprocess.Popen(
+                node_command(node_id, args.nodes, args.data_dir, args.host, base),
+                process_group=0,  # the terminal's Ctrl-C is for us; we forward one SIGTERM
+            )
         )
-    servers = ",".join(f"{args.host}:{ports(n)[0]}" for n in range(1, args.nodes + 1))
+    servers = ",".join(f"{args.host}:{ports(n, base)[0]}" for n in range(1, args.nodes + 1))
     print(
         f"started {args.nodes} nodes (PIDs {', '.join(str(p.pid) for p in processes)}); "
         f"clients: futureq-cli --server {servers} status; dashboards: "
-        + ", ".join(f"http://{args.host}:{ports(n)[2]}/" for n in range(1, args.nodes + 1)),
+        + ", ".join(f"http://{args.host}:{ports(n, base)[2]}/" for n in range(1, args.nodes + 1)),
         flush=True,
     )
     stopping = False
@@ -85,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def stop(signum: int, _frame: object) -> None:
         nonlocal stopping
         how = signal.SIGTERM if not stopping else signal.SIGKILL
+        if not stopping:
+            print("stopping the nodes gracefully (Ctrl-C again to kill them)", flush=True)
         stopping = True
         for process in processes:
             if process.poll() is None:
@@ -92,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)  # the terminal went away: do not leave nodes behind
     reported: set[int] = set()
     while any(process.poll() is None for process in processes):
         time.sleep(0.2)

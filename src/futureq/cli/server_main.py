@@ -39,7 +39,7 @@ from futureq import __version__, early_signals, fd_budget
 from futureq.config import WILDCARD_HOSTS, Config, split_host_port
 from futureq.config_loader import LOG_LEVELS, config_warnings, env_var_name, load_config
 from futureq.errors import ConfigError
-from futureq.logging_setup import setup_logging
+from futureq.logging_setup import LOG_FORMATS, setup_logging
 from futureq.peer_credentials import generate_secret_file
 
 if TYPE_CHECKING:
@@ -99,10 +99,34 @@ _FLAGS: tuple[_Flag, ...] = (
         choices=LOG_LEVELS,
     ),
     _Flag(
+        ("--log-format",),
+        "server",
+        "log_format",
+        "FORMAT",
+        "text (readable lines) or json (one object per line); in a cluster lines name the node",
+        choices=LOG_FORMATS,
+    ),
+    _Flag(
         ("--tls-cert",), "tls", "cert_file", "FILE", "PEM certificate; with --tls-key turns TLS on"
     ),
     _Flag(("--tls-key",), "tls", "key_file", "FILE", "PEM private key of --tls-cert"),
     _Flag(("--tls-ca",), "tls", "ca_file", "FILE", "PEM CA bundle to verify client certificates"),
+    _Flag(
+        ("--http-tls",),
+        "tls",
+        "http",
+        None,
+        "serve the HTTP port (dashboard, /metrics, /ws) over HTTPS with --tls-cert",
+        store_true=True,
+    ),
+    _Flag(
+        ("--websocket-origins",),
+        "server",
+        "websocket_origins",
+        "ORIGINS",
+        "browser origins allowed to open /ws besides the dashboard's own "
+        "(comma-separated https://host[:port], or *)",
+    ),
     _Flag(
         ("--raft-listen",),
         "cluster",
@@ -512,7 +536,11 @@ def _start(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    setup_logging(config.server.log_level)
+    setup_logging(
+        config.server.log_level,
+        node_id=config.server.node_id if config.cluster.clustered else None,
+        log_format=config.server.log_format,
+    )
     fd_budget.raise_open_file_limit()
     for warning in config_warnings(config):
         logging.getLogger("futureq").warning("%s", warning)

@@ -1,4 +1,5 @@
-"""FutureQ client library: the async :class:`Client` (trio) and a small sync wrapper.
+"""FutureQ client library: the async :class:`Client` (asyncio or trio, through AnyIO)
+and a small sync wrapper.
 
 ``open_client`` and the classes it hands out are the public API; see
 ``docs/client.md``. The synchronous wrapper lives in :mod:`futureq.client.sync`.
@@ -7,7 +8,17 @@
 from __future__ import annotations
 
 from futureq.client._batching import PublishItem
+from futureq.client._browse import BrowsePage, PendingMessage
 from futureq.client.client import Client, open_client, parse_servers
 from futureq.client.subscription import Delivery, Subscription
 
-__all__ = ["Client", "Delivery", "PublishItem", "Subscription", "open_client", "parse_servers"]
+__all__ = [
+    "BrowsePage",
+    "Client",
+    "Delivery",
+    "PendingMessage",
+    "PublishItem",
+    "Subscription",
+    "open_client",
+    "parse_servers",
+]

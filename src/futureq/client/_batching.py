@@ -41,6 +41,13 @@ class PublishItem:
             "due at once".
         ttl_ms: How long after it falls due the message may still be delivered (ms,
             > 0); None keeps it until consumed.
+        headers: A small map str -> str stored and shown with the message (at most 32
+            headers, 4096 bytes of names and values; names starting ``futureq-`` are
+            the broker's), e.g. trace context or content type.
+        idempotency_key: Publishing again with the same key on the same topic while
+            the first message is pending (or within the server's
+            ``queue.idempotency_window_ms`` after it) stores nothing and returns the
+            first message's id (1 to 255 UTF-8 bytes).
 
     Raises:
         TypeError: payload is not bytes-like.
@@ -54,6 +61,8 @@ class PublishItem:
     delay_ms: int | None = None
     deliver_at_ms: int | None = None
     ttl_ms: int | None = None
+    headers: dict[str, str] | None = None
+    idempotency_key: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.delay_ms is not None and self.deliver_at_ms is not None:
@@ -66,20 +75,36 @@ class PublishItem:
                 raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, mistake)
 
     def to_wire(self) -> list[Any]:
-        """The PUBLISH item array ``[topic, payload, delay_ms, deliver_at_ms, ttl_ms]``."""
-        return [self.topic, self.payload, self.delay_ms, self.deliver_at_ms, self.ttl_ms]
+        """The PUBLISH item array ``[topic, payload, delay_ms, deliver_at_ms, ttl_ms]``,
+        with ``headers`` and ``idempotency_key`` after them when either is set."""
+        if self.headers is None and self.idempotency_key is None:
+            return [self.topic, self.payload, self.delay_ms, self.deliver_at_ms, self.ttl_ms]
+        return [
+            self.topic,
+            self.payload,
+            self.delay_ms,
+            self.deliver_at_ms,
+            self.ttl_ms,
+            self.headers,
+            self.idempotency_key,
+        ]
 
 
-def ids_from_publish_ok(first_id: int | None, count: int, sent: int) -> list[int]:
+def ids_from_publish_ok(
+    first_id: int | None, count: int, sent: int, duplicates: list[list[int]] | None = None
+) -> list[int]:
     """Message ids of a PUBLISH batch from its PUBLISH_OK.
 
     Args:
         first_id: PUBLISH_OK's ``first_id``.
         count: PUBLISH_OK's ``count``.
         sent: How many items the PUBLISH held.
+        duplicates: PUBLISH_OK's ``[[position, id], ...]`` of items whose idempotency
+            key named an earlier message.
 
     Returns:
-        ``[first_id, first_id + 1, ..., first_id + sent - 1]``.
+        ``[first_id, first_id + 1, ..., first_id + sent - 1]``, a duplicate's position
+        holding the earlier message's id.
 
     Raises:
         RemoteProtocolError: INVALID_FRAME when the server's answer does not match
@@ -94,7 +119,15 @@ def ids_from_publish_ok(first_id: int | None, count: int, sent: int) -> list[int
         raise RemoteProtocolError(
             ErrorCode.INVALID_FRAME, "PUBLISH_OK carries no first_id at ack level leader/quorum"
         )
-    return list(range(first_id, first_id + sent))
+    ids = list(range(first_id, first_id + sent))
+    for position, original in duplicates or ():
+        if not 0 <= position < sent:
+            raise RemoteProtocolError(
+                ErrorCode.INVALID_FRAME,
+                f"PUBLISH_OK names duplicate position {position} in a batch of {sent}",
+            )
+        ids[position] = original
+    return ids
 
 
 def refused_item(error: RequestError, sent: int) -> int | None:

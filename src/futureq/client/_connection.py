@@ -22,7 +22,9 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-import trio
+import anyio
+import anyio.abc
+from anyio.streams.tls import TLSStream
 
 from futureq import __version__
 from futureq.client._batching import RequestTable
@@ -68,7 +70,7 @@ class _Waiter:
     __slots__ = ("event", "frame", "error", "on_answer", "abandoned", "name")
 
     def __init__(self, on_answer: Callable[[frames.Frame], None] | None, name: str) -> None:
-        self.event = trio.Event()
+        self.event = anyio.Event()
         self.frame: frames.Frame | None = None
         self.error: FutureQError | None = None
         self.on_answer = on_answer
@@ -109,7 +111,7 @@ class Connection:
 
     def __init__(
         self,
-        stream: trio.abc.Stream,
+        stream: anyio.abc.ByteStream,
         decoder: codec.FrameDecoder,
         address: str,
         epoch: int,
@@ -126,11 +128,13 @@ class Connection:
         self.server_version = hello.server_version
         self._on_push = on_push
         self._requests: RequestTable[_Waiter] = RequestTable()
-        self._write_send, self._write_receive = trio.open_memory_channel[bytes](WRITE_QUEUE_FRAMES)
+        self._write_send, self._write_receive = anyio.create_memory_object_stream[bytes](
+            WRITE_QUEUE_FRAMES
+        )
         self._control_backlog: list[bytes] = []
         self._credit_backlog: dict[int, int] = {}
-        self._cancel_scope = trio.CancelScope()
-        self._lost = trio.Event()
+        self._cancel_scope = anyio.CancelScope()
+        self._lost = anyio.Event()
         self.lost_reason: ConnectionLostError | None = None
 
     @property
@@ -159,7 +163,7 @@ class Connection:
         """
         try:
             with self._cancel_scope:
-                async with trio.open_nursery() as nursery:
+                async with anyio.create_task_group() as nursery:
                     nursery.start_soon(self._read_loop)
                     nursery.start_soon(self._write_loop)
         finally:
@@ -168,8 +172,9 @@ class Connection:
             for waiter in self._requests.drain():
                 waiter.set_error(self.lost_reason)
             self._write_send.close()
+            self._write_receive.close()
             self._lost.set()
-            with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+            with anyio.move_on_after(CLOSE_GRACE_S, shield=True):
                 await self._stream.aclose()
 
     async def _read_loop(self) -> None:
@@ -178,8 +183,7 @@ class Connection:
             while True:
                 frame = decoder.next_frame()
                 if frame is codec.NEED_DATA:
-                    data = await self._stream.receive_some(RECEIVE_BYTES)
-                    decoder.receive_data(bytes(data))
+                    decoder.receive_data(await _receive(self._stream))
                     continue
                 if frame is codec.CLOSED:
                     self._fail(ConnectionLostError(f"server {self.address} closed the connection"))
@@ -189,7 +193,7 @@ class Connection:
             self._fail(
                 ConnectionLostError(f"server {self.address} sent a bad frame: {exc.message}")
             )
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._fail(ConnectionLostError(f"connection to {self.address} broke: {exc}"))
 
     def _dispatch(self, frame: frames.Frame) -> None:
@@ -200,7 +204,7 @@ class Connection:
             # The server's keepalive: answer, or it closes an idle connection.
             try:
                 self._write_send.send_nowait(codec.encode_frame(frames.Pong(frame.request_id)))
-            except trio.WouldBlock:
+            except anyio.WouldBlock:
                 pass  # the writer is busy, so the connection is not idle anyway
             return
         if isinstance(frame, frames.Error):
@@ -258,11 +262,11 @@ class Connection:
                 while size < WRITE_COALESCE_BYTES:
                     try:
                         more = self._write_receive.receive_nowait()
-                    except trio.WouldBlock:
+                    except anyio.WouldBlock:
                         break
                     chunks.append(more)
                     size += len(more)
-                await self._stream.send_all(b"".join(chunks) if len(chunks) > 1 else data)
+                await self._stream.send(b"".join(chunks) if len(chunks) > 1 else data)
                 if self._control_backlog or self._credit_backlog:
                     backlog, self._control_backlog = self._control_backlog, []
                     credits, self._credit_backlog = self._credit_backlog, {}
@@ -270,8 +274,8 @@ class Connection:
                         codec.encode_frame(frames.Credit(0, sid, n), self.max_frame_bytes)
                         for sid, n in credits.items()
                     ]
-                    await self._stream.send_all(b"".join(backlog))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    await self._stream.send(b"".join(backlog))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._fail(ConnectionLostError(f"connection to {self.address} broke: {exc}"))
 
     def send_control(self, frame: frames.Frame) -> None:
@@ -287,13 +291,13 @@ class Connection:
         data = codec.encode_frame(frame, self.max_frame_bytes)
         try:
             self._write_send.send_nowait(data)
-        except trio.WouldBlock:
+        except anyio.WouldBlock:
             if isinstance(frame, frames.Credit):
                 owed = self._credit_backlog.get(frame.subscription_id, 0)
                 self._credit_backlog[frame.subscription_id] = owed + frame.credit
             else:
                 self._control_backlog.append(data)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
 
     def request_nowait(
@@ -328,7 +332,7 @@ class Connection:
             raise NotSentError(str(self.lost_reason))
         try:
             await self._write_send.send(data)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise NotSentError(str(self.lost_reason or "connection closed")) from None
 
     async def request(
@@ -343,7 +347,7 @@ class Connection:
 
         Args:
             make_frame: Builds the request from its request id.
-            deadline: ``trio.current_time()`` value after which to give up.
+            deadline: ``anyio.current_time()`` value after which to give up.
             on_answer: Called synchronously by the reader with the answer before any
                 later frame is processed (used to register subscriptions).
             then_send: Frames without an answer written right after the request
@@ -372,14 +376,14 @@ class Connection:
             data = codec.encode_frame(frame, self.max_frame_bytes)
             if then_send:
                 data += b"".join(codec.encode_frame(f, self.max_frame_bytes) for f in then_send)
-            with trio.move_on_at(deadline):
+            with anyio.CancelScope(deadline=deadline):
                 await self._queue(data)
                 queued = True
             if not queued:
                 raise NotSentError(
                     f"no room to send to {self.address} before the deadline; nothing was sent"
                 )
-            with trio.move_on_at(deadline):
+            with anyio.CancelScope(deadline=deadline):
                 await waiter.event.wait()
         finally:
             if queued and not waiter.event.is_set() and self.lost_reason is None:
@@ -400,7 +404,7 @@ class Connection:
 
 
 def _os_reason(exc: BaseException) -> str:
-    """The most specific reason inside trio's "all attempts failed" OSError."""
+    """The most specific reason inside AnyIO's "all connection attempts failed" OSError."""
     cause = exc.__cause__
     if isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
         exc = cause.exceptions[0]
@@ -452,24 +456,27 @@ async def connect(
         host, port = split_host_port(address)
     except ValueError as exc:
         raise ConnectionLostError(f"bad server address: {exc}") from None
-    stream: trio.abc.Stream | None = None
+    stream: anyio.abc.ByteStream | None = None
     try:
-        with trio.fail_after(timeout_s):
-            stream = await trio.open_tcp_stream(host, port)
+        with anyio.fail_after(timeout_s):
+            stream = await anyio.connect_tcp(host, port)
             if ssl_context is not None:
-                tls = trio.SSLStream(stream, ssl_context, server_hostname=server_hostname or host)
-                stream = tls
-                await tls.do_handshake()
+                stream = await TLSStream.wrap(
+                    stream,
+                    hostname=server_hostname or host,
+                    ssl_context=ssl_context,
+                    standard_compatible=False,
+                )
             hello = frames.Hello(1, tuple(sorted(frames.SUPPORTED_VERSIONS)), CLIENT_NAME, token)
-            await stream.send_all(codec.encode_frame(hello))
+            await stream.send(codec.encode_frame(hello))
             decoder = codec.FrameDecoder()
             answer = await _read_one(stream, decoder, address)
-    except trio.TooSlowError:
+    except TimeoutError:
         await _abort(stream)
         raise ConnectionLostError(
             f"could not connect to {address}: no answer within {timeout_s:g} s"
         ) from None
-    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+    except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
         await _abort(stream)
         raise ConnectionLostError(f"could not connect to {address}: {_os_reason(exc)}") from None
     except BaseException:
@@ -491,7 +498,7 @@ async def connect(
 
 
 async def _read_one(
-    stream: trio.abc.Stream, decoder: codec.FrameDecoder, address: str
+    stream: anyio.abc.ByteStream, decoder: codec.FrameDecoder, address: str
 ) -> frames.Frame:
     while True:
         try:
@@ -505,13 +512,22 @@ async def _read_one(
             raise ConnectionLostError(f"{address} closed the connection during HELLO")
         if frame is not codec.NEED_DATA:
             return frame  # type: ignore[return-value]
-        decoder.receive_data(bytes(await stream.receive_some(RECEIVE_BYTES)))
+        decoder.receive_data(await _receive(stream))
 
 
-async def _abort(stream: trio.abc.Stream | None) -> None:
+async def _receive(stream: anyio.abc.ByteStream) -> bytes:
+    """The next bytes from ``stream``; ``b""`` once the server closed it (what
+    :meth:`codec.FrameDecoder.receive_data` takes for the end of the stream)."""
+    try:
+        return bytes(await stream.receive(RECEIVE_BYTES))
+    except anyio.EndOfStream:
+        return b""
+
+
+async def _abort(stream: anyio.abc.ByteStream | None) -> None:
     if stream is not None:
-        with trio.move_on_after(CLOSE_GRACE_S, shield=True):
-            await trio.aclose_forcefully(stream)
+        with anyio.move_on_after(CLOSE_GRACE_S, shield=True):
+            await anyio.aclose_forcefully(stream)
 
 
 __all__ = ["Connection", "NotSentError", "connect"]

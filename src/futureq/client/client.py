@@ -1,4 +1,7 @@
-"""The asynchronous FutureQ client (trio): batching, pipelining, reconnect, leader follow.
+"""The asynchronous FutureQ client: batching, pipelining, reconnect, leader follow.
+
+It runs unchanged under asyncio (``asyncio.run``) and trio (``trio.run``): it is written
+against AnyIO, which runs on either event loop.
 
 Usage::
 
@@ -14,13 +17,13 @@ was sent is sent again on the next connection (it may then be stored twice), and
 delivery that is not acked (or whose ack was lost with its connection) is delivered
 again. Make consumers idempotent. See ``docs/client.md``.
 
-Lifetimes: :func:`open_client` owns one nursery holding the connection manager (and
+Lifetimes: :func:`open_client` owns one task group holding the connection manager (and
 through it the current connection's reader and writer tasks), the publish batcher and
 the lease keeper (extends the visibility of deliveries buffered and not yet handed
 out, and releases what a pull-mode subscription did not ask for); nothing the client
 starts outlives the ``async with`` block.
 
-Cancellation is clean at every await: cancel any call (``trio.move_on_after``) and
+Cancellation is clean at every await: cancel any call (``anyio.move_on_after``) and
 the connection, the other calls and every delivery held stay as they were; a late
 answer is dropped (a late SUBSCRIBE_OK is undone with UNSUBSCRIBE).
 """
@@ -35,7 +38,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, Literal, TypeVar
 
-import trio
+import anyio
+import anyio.abc
 
 from futureq.client._backoff import Backoff
 from futureq.client._batching import (
@@ -45,6 +49,7 @@ from futureq.client._batching import (
     refused_item,
     without_item,
 )
+from futureq.client._browse import BrowsePage, page_from_frame
 from futureq.client._connection import Connection, NotSentError, PushFrame, connect
 from futureq.client.subscription import (
     LOST_REASON,
@@ -96,7 +101,7 @@ class _PendingPublish:
     def __init__(self, item: PublishItem, deadline: float) -> None:
         self.item = item
         self.deadline = deadline
-        self.event = trio.Event()
+        self.event = anyio.Event()
         self.message_id: int | None = None
         self.error: FutureQError | None = None
 
@@ -180,7 +185,7 @@ class Client:
         self._rng = rng
         self._conn: Connection | None = None
         self._epoch = 0
-        self._conn_changed = trio.Event()
+        self._conn_changed = anyio.Event()
         self._closed = False
         self._fatal: FutureQError | None = None
         self._last_connect_error: ConnectionLostError | None = None
@@ -188,10 +193,10 @@ class Client:
         self._next_server = 0
         self._subscriptions: dict[int, Subscription] = {}  # by id(), for reconnects
         self.max_lease_s = max_lease_s
-        self._lease_event = trio.Event()
-        self._publish_send, self._publish_receive = trio.open_memory_channel[_PendingPublish](
-            max_batch_items * MAX_BATCHES_IN_FLIGHT
-        )
+        self._lease_event = anyio.Event()
+        self._publish_send, self._publish_receive = anyio.create_memory_object_stream[
+            _PendingPublish
+        ](max_batch_items * MAX_BATCHES_IN_FLIGHT)
 
     # -- connection state ------------------------------------------------------------
 
@@ -220,7 +225,7 @@ class Client:
 
     def _signal_change(self) -> None:
         self._conn_changed.set()
-        self._conn_changed = trio.Event()
+        self._conn_changed = anyio.Event()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -235,7 +240,7 @@ class Client:
             if conn is not None and not conn.is_lost:
                 return conn
             changed = self._conn_changed
-            with trio.move_on_at(deadline):
+            with anyio.CancelScope(deadline=deadline):
                 await changed.wait()
                 continue
             detail = f": {self._last_connect_error}" if self._last_connect_error else ""
@@ -303,7 +308,7 @@ class Client:
         raise ConnectionLostError("; ".join(errors))
 
     async def _maintain_connection(
-        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Keep one connection open: connect, run it, reconnect with backoff.
 
@@ -314,7 +319,7 @@ class Client:
         """
         backoff = Backoff(self._rng)
         started = False
-        first_deadline = trio.current_time() + self._connect_timeout_s
+        first_deadline = anyio.current_time() + self._connect_timeout_s
         while True:
             try:
                 conn = await self._connect_any()
@@ -327,9 +332,9 @@ class Client:
             except ConnectionLostError as exc:
                 self._last_connect_error = exc
                 delay = backoff.next_delay_s()
-                if not started and trio.current_time() + delay > first_deadline:
+                if not started and anyio.current_time() + delay > first_deadline:
                     raise
-                await trio.sleep(delay)
+                await anyio.sleep(delay)
                 continue
             backoff.reset()
             self._conn = conn
@@ -369,7 +374,7 @@ class Client:
             make_frame: Builds the request from a request id.
             retry_unknown: Resend after a connection broke with the request in flight
                 (only for idempotent requests or at-least-once publishing).
-            deadline: ``trio.current_time()`` value ending all attempts; default now
+            deadline: ``anyio.current_time()`` value ending all attempts; default now
                 plus ``request_timeout_s``.
             on_answer: Called by the reader with the connection and the answer.
 
@@ -380,7 +385,7 @@ class Client:
             ClientClosedError: the client was closed.
         """
         if deadline is None:
-            deadline = trio.current_time() + self.request_timeout_s
+            deadline = anyio.current_time() + self.request_timeout_s
         backoff = Backoff(self._rng)
         while True:
             conn = await self._wait_connection(deadline)
@@ -397,14 +402,14 @@ class Client:
                     raise
                 last_error = exc
             except RequestError as exc:
-                if not exc.code.retryable or trio.current_time() >= deadline:
+                if not exc.code.retryable or anyio.current_time() >= deadline:
                     raise
                 last_error = exc
             self._check_open()
             delay = backoff.next_delay_s()
-            if trio.current_time() + delay >= deadline:
+            if anyio.current_time() + delay >= deadline:
                 raise last_error
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
 
     def _follow_leader(self, conn: Connection, leader_address: str | None) -> None:
         """Reconnect to ``leader_address`` (NOT_LEADER redirect).
@@ -435,6 +440,8 @@ class Client:
         delay_ms: int | None = None,
         deliver_at_ms: int | None = None,
         ttl_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> int:
         """Publish one message; concurrent calls share PUBLISH frames.
 
@@ -445,9 +452,14 @@ class Client:
             deliver_at_ms: Deliver at this time (ms since the Unix epoch); not with
                 ``delay_ms``. Neither: due at once.
             ttl_ms: How long after falling due it may still be delivered (ms, > 0).
+            headers: A small str -> str map kept with the message (see
+                :class:`PublishItem`).
+            idempotency_key: With it, a retry after a lost answer stores nothing and
+                returns the first message's id (see :class:`PublishItem`).
 
         Returns:
-            The message id.
+            The message id (with ``idempotency_key``: the earlier message's, if the key
+            still names one).
 
         Raises:
             RequestError: the server refused this message (its code says why), or
@@ -459,13 +471,15 @@ class Client:
             TypeError: payload is not bytes.
         """
         self._check_open()
-        item = PublishItem(topic, payload, delay_ms, deliver_at_ms, ttl_ms)
-        deadline = trio.current_time() + self.request_timeout_s
+        item = PublishItem(
+            topic, payload, delay_ms, deliver_at_ms, ttl_ms, headers, idempotency_key
+        )
+        deadline = anyio.current_time() + self.request_timeout_s
         pending = _PendingPublish(item, deadline)
-        with trio.move_on_at(deadline) as scope:
+        with anyio.CancelScope(deadline=deadline) as scope:
             try:
                 await self._publish_send.send(pending)
-            except trio.ClosedResourceError:
+            except anyio.ClosedResourceError:
                 raise ClientClosedError("the client was closed") from None
             # The batcher resolves every item by its deadline; the extra second only
             # guards against a bug leaving a caller waiting for ever.
@@ -514,7 +528,7 @@ class Client:
                     raise
                 raise RequestError(exc.code, exc.message, offset + index) from None
             ok = _expect(answer, frames.PublishOk)
-            ids.extend(ids_from_publish_ok(ok.first_id, ok.count, len(chunk)))
+            ids.extend(ids_from_publish_ok(ok.first_id, ok.count, len(chunk), ok.duplicates))
         return ids
 
     async def _run_batcher(self) -> None:
@@ -525,17 +539,17 @@ class Client:
         outstanding; while they are in flight new calls pile up into the next batch,
         so batches grow with load by themselves.
         """
-        in_flight = trio.Semaphore(MAX_BATCHES_IN_FLIGHT)
-        async with trio.open_nursery() as nursery:
+        in_flight = anyio.Semaphore(MAX_BATCHES_IN_FLIGHT)
+        async with anyio.create_task_group() as nursery:
             async for first in self._publish_receive:
                 batch = [first]
                 self._take_queued(batch)
                 if self._linger_s > 0 and len(batch) < self._max_batch_items:
-                    with trio.move_on_after(self._linger_s):
+                    with anyio.move_on_after(self._linger_s):
                         while len(batch) < self._max_batch_items:
                             try:
                                 batch.append(await self._publish_receive.receive())
-                            except trio.EndOfChannel:
+                            except anyio.EndOfStream:
                                 break
                 await in_flight.acquire()
                 nursery.start_soon(self._send_batch, batch, in_flight)
@@ -544,10 +558,10 @@ class Client:
         while len(batch) < self._max_batch_items:
             try:
                 batch.append(self._publish_receive.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
+            except (anyio.WouldBlock, anyio.EndOfStream):
                 return
 
-    async def _send_batch(self, batch: list[_PendingPublish], in_flight: trio.Semaphore) -> None:
+    async def _send_batch(self, batch: list[_PendingPublish], in_flight: anyio.Semaphore) -> None:
         try:
             await self._publish_pending(batch)
         finally:
@@ -560,7 +574,7 @@ class Client:
         the server stores nothing of a refused batch, so the rest is simply resent.
         """
         while batch:
-            now = trio.current_time()
+            now = anyio.current_time()
             for pending in batch:
                 if pending.deadline <= now:
                     pending.fail(
@@ -579,7 +593,7 @@ class Client:
                 )
                 ok = _expect(answer, frames.PublishOk)
                 for pending, message_id in zip(
-                    batch, ids_from_publish_ok(ok.first_id, ok.count, len(batch)), strict=True
+                    batch, ids_from_publish_ok(ok.first_id, ok.count, len(batch), ok.duplicates), strict=True
                 ):
                     pending.resolve(message_id)
                 return
@@ -648,7 +662,7 @@ class Client:
         sub = Subscription(self, topic, group, prefetch, pull=pull)
         self._subscriptions[id(sub)] = sub
         try:
-            await self._subscribe_on_live(sub, trio.current_time() + self.request_timeout_s)
+            await self._subscribe_on_live(sub, anyio.current_time() + self.request_timeout_s)
             yield sub
         finally:
             del self._subscriptions[id(sub)]
@@ -657,7 +671,7 @@ class Client:
             sub._close()
             conn = self._conn
             if subscription_id is not None and conn is not None and conn.epoch == epoch:
-                with trio.move_on_after(UNSUBSCRIBE_GRACE_S, shield=True):
+                with anyio.move_on_after(UNSUBSCRIBE_GRACE_S, shield=True):
                     try:
                         if unread:
                             await self._settle_on(
@@ -668,7 +682,7 @@ class Client:
                     try:
                         await conn.request(
                             lambda rid: frames.Unsubscribe(rid, subscription_id),
-                            deadline=trio.current_time() + UNSUBSCRIBE_GRACE_S,
+                            deadline=anyio.current_time() + UNSUBSCRIBE_GRACE_S,
                         )
                     except FutureQError:
                         pass  # the connection is going away; the server requeues anyway
@@ -697,7 +711,7 @@ class Client:
                 sub._bind(conn.epoch, frame.subscription_id, credit)
 
             answer = await self._call(
-                lambda rid: frames.Subscribe(rid, sub.topic, sub.group, credit),
+                lambda rid: frames.Subscribe(rid, sub.topic, sub.group, credit, headers=True),
                 retry_unknown=True,
                 deadline=deadline,
                 on_answer=bind,
@@ -727,6 +741,8 @@ class Client:
         deliveries: list[Delivery],
         how: str,
         requeue_delay_ms: int = 0,
+        reason: str | None = None,
+        dead_letter: bool = False,
     ) -> None:
         """ACK, NACK or RELEASE deliveries; credit goes back once the server confirmed.
 
@@ -739,7 +755,14 @@ class Client:
         to_send, left_out = _sort_out(deliveries, conn)
         if to_send and conn is not None:
             left_out += await self._settle_on(
-                conn, sub, to_send, how, requeue_delay_ms, self.request_timeout_s
+                conn,
+                sub,
+                to_send,
+                how,
+                requeue_delay_ms,
+                self.request_timeout_s,
+                reason=reason,
+                dead_letter=dead_letter,
             )
         error = void_error(left_out, {id(d): i for i, d in enumerate(deliveries)})
         if error is not None:
@@ -753,6 +776,9 @@ class Client:
         how: str,
         requeue_delay_ms: int,
         timeout_s: float,
+        *,
+        reason: str | None = None,
+        dead_letter: bool = False,
     ) -> list[Delivery]:
         """Settle on ``conn`` in frames of ``max_batch_items``; return the ones refused."""
         refused: list[Delivery] = []
@@ -763,7 +789,7 @@ class Client:
                 if how == "ack":
                     request = _ack_frame(tags)
                 elif how == "nack":
-                    request = _nack_frame(tags, requeue_delay_ms)
+                    request = _nack_frame(tags, requeue_delay_ms, reason, dead_letter)
                 else:
                     request = _release_frame(tags)
                 confirmed = list(chunk)
@@ -778,7 +804,7 @@ class Client:
 
                 try:
                     await conn.request(
-                        request, deadline=trio.current_time() + timeout_s, on_answer=on_ok
+                        request, deadline=anyio.current_time() + timeout_s, on_answer=on_ok
                     )
                 except RequestError as exc:
                     index = exc.item_index
@@ -823,7 +849,7 @@ class Client:
                 try:
                     await conn.request(
                         _extend_frame(tags, visibility_ms),
-                        deadline=trio.current_time() + timeout_s,
+                        deadline=anyio.current_time() + timeout_s,
                     )
                 except RequestError as exc:
                     index = exc.item_index
@@ -854,8 +880,8 @@ class Client:
         released (not counted as an attempt).
         """
         while True:
-            self._lease_event = trio.Event()
-            now = trio.current_time()
+            self._lease_event = anyio.Event()
+            now = anyio.current_time()
             next_s = float("inf")
             work: list[tuple[Subscription, Connection, list[Delivery], list[Delivery]]] = []
             conn = self._live_connection()
@@ -888,34 +914,80 @@ class Client:
                         await self._extend_on(
                             live_conn, due, sub.visibility_timeout_ms, self.request_timeout_s
                         )
-                        renewed = trio.current_time() + sub._refresh_after_s()
+                        renewed = anyio.current_time() + sub._refresh_after_s()
                         for delivery in due:
                             delivery._refresh_s = renewed
                 except FutureQError as exc:
                     log.debug("lease keeper: %s; trying again shortly", exc)
                     sub.to_release.extend(d for d in unwanted if d._state is DeliveryState.HELD)
-                    next_s = min(next_s, trio.current_time() + LEASE_RETRY_S)
+                    next_s = min(next_s, anyio.current_time() + LEASE_RETRY_S)
                     failed = True
             if work and not failed:
                 continue  # look again at once: time passed while we worked
-            with trio.move_on_at(next_s):
+            with anyio.CancelScope(deadline=next_s):
                 await self._lease_event.wait()
 
     # -- administration ------------------------------------------------------------------
 
-    async def status(self) -> dict[str, Any]:
-        """The node's status (``docs/protocol.md``, "STATUS").
+    async def status(self, *, local: bool = False) -> dict[str, Any]:
+        """The cluster's status, asked of the leader (``docs/protocol.md``, "STATUS").
+
+        A follower knows some numbers only as its own local view (due, in flight,
+        consumers): when the node answering says ``"view": "local"`` and names a leader,
+        the client reconnects there and asks again (once). If the leader cannot be
+        reached in time, the follower's answer is returned; it says it is local.
+
+        Args:
+            local: Return the connected node's own view without following the leader.
 
         Returns:
-            ``{"node_id", "role", "leader_address", "server_version", "applied_index",
-            "uptime_s", "topics": [{"topic", "groups": [{"group", "pending", "due",
-            "in_flight", "consumers", "visibility_timeout_ms", "max_deliveries"}]}]}``
+            ``{"node_id", "role", "view", "leader_only", "leader_id", "leader_address",
+            "server_version", "applied_index", "uptime_s", "topics": [{"topic",
+            "groups": [{"group", "pending", "due", "in_flight", "consumers",
+            "visibility_timeout_ms", "max_deliveries"}]}]}``; ``view`` is ``"cluster"``
+            from the leader, ``"local"`` from another node (``leader_only`` lists the
+            fields that are then only that node's).
 
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
-        answer = await self._call(lambda rid: frames.Status(rid), retry_unknown=True)
-        return _expect(answer, frames.StatusOk).status
+        return await self._ask_leader(
+            lambda rid: frames.Status(rid),
+            frames.StatusOk,
+            lambda status: status.get("view", "cluster") == "local",
+            local=local,
+        )
+
+    async def _ask_leader(
+        self,
+        make_frame: Callable[[int], frames.Frame],
+        kind: type[frames.StatusOk] | type[frames.ClusterStatusOk],
+        is_local: Callable[[dict[str, Any]], bool],
+        *,
+        local: bool,
+    ) -> dict[str, Any]:
+        """Ask the connected node; if its answer is a follower's local view and it names
+        the leader, ask the leader once more (an answer from a follower is kept if the
+        leader cannot be asked before the deadline)."""
+        deadline = anyio.current_time() + self.request_timeout_s
+        answered: list[Connection] = []
+
+        def note(conn: Connection, frame: frames.Frame) -> None:
+            answered.append(conn)
+
+        answer = await self._call(make_frame, retry_unknown=True, deadline=deadline, on_answer=note)
+        status = _expect(answer, kind).status
+        leader = status.get("leader_address")
+        if local or not is_local(status) or leader is None or not answered:
+            return status
+        if answered[-1].address == leader:
+            return status
+        self._follow_leader(answered[-1], leader)
+        try:
+            again = await self._call(make_frame, retry_unknown=True, deadline=deadline)
+        except (ConnectionLostError, RequestError):
+            return status  # it says it is a local view
+        return _expect(again, kind).status
 
     async def create_group(
         self,
@@ -924,6 +996,8 @@ class Client:
         *,
         visibility_timeout_ms: int | None = None,
         max_deliveries: int | None = None,
+        from_backlog: bool = False,
+        dead_letter_expired: bool | None = None,
     ) -> None:
         """Create a consumer group (idempotent). None takes the server's default.
 
@@ -933,13 +1007,25 @@ class Client:
             visibility_timeout_ms: How long a delivery may stay unacked before it is
                 delivered again (ms, >= 1).
             max_deliveries: Attempts before a message goes to ``<topic>.dlq`` (>= 1).
+            from_backlog: A group this creates also gets every message of the topic
+                still pending in its other groups (copied in the background), not only
+                those published after it exists. No effect on an existing group.
+            dead_letter_expired: True: a message whose TTL runs out goes to
+                ``<topic>.dlq`` (``futureq-reason: expired``) instead of being dropped.
+                None keeps the group's setting (a new group: False).
 
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
         answer = await self._call(
             lambda rid: frames.GroupCreate(
-                rid, topic, group, visibility_timeout_ms, max_deliveries
+                rid,
+                topic,
+                group,
+                visibility_timeout_ms,
+                max_deliveries,
+                from_backlog,
+                dead_letter_expired,
             ),
             retry_unknown=True,
         )
@@ -958,8 +1044,170 @@ class Client:
         )
         _expect(answer, frames.Ok)
 
-    async def cluster_status(self) -> dict[str, Any]:
-        """The answering node's view of the cluster (``docs/protocol.md``, "CLUSTER_STATUS_OK").
+    async def cancel(
+        self, topic: str, ids: Sequence[int], *, group: str | None = None
+    ) -> list[frames.ItemStatus]:
+        """Cancel scheduled messages by id (``docs/protocol.md``, "CANCEL").
+
+        Args:
+            topic: The topic they were published to.
+            ids: Message ids as :meth:`publish` returned them; at most the server's
+                ``limits.max_batch_items`` (10,000 by default) per call.
+            group: Cancel only that group's copy; None (default): every group's.
+
+        Returns:
+            One status per id, in order: ``DONE`` (cancelled before any delivery),
+            ``DELIVERED`` (cancelled, but delivered at least once already) or
+            ``UNKNOWN`` (not pending there: acked, expired, cancelled, or never
+            published). A retry after a lost connection may report ``UNKNOWN`` for
+            what the first attempt cancelled.
+
+        Raises:
+            RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, EMPTY_BATCH, BATCH_TOO_LARGE,
+                INVALID_MESSAGE_ID (``.item_index`` names it), PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        id_list = list(ids)
+        answer = await self._call(
+            lambda rid: frames.Cancel(rid, topic, group, id_list), retry_unknown=True
+        )
+        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+
+    async def redrive(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        delay_ms: int = 0,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """Move dead letters of ``topic`` back to the topic and group they died in
+        (``docs/protocol.md``, "REDRIVE").
+
+        Args:
+            topic: The original topic (its dead letters are in ``topic.dlq``).
+            ids: Dead-letter message ids (as :meth:`browse` of ``topic.dlq`` shows
+                them); at most ``max_batch_items`` per call.
+            delay_ms: Due this long after the leader's stamp (ms, >= 0).
+            group: The dead-letter topic's group holding them; None: its only group.
+
+        Returns:
+            One status per id: ``DONE`` (a new message of ``topic`` for the group it
+            died in, with its provenance headers plus ``futureq-redriven-from``),
+            ``UNKNOWN`` (not a pending dead letter there) or ``NO_TARGET`` (its group
+            no longer exists; it stays a dead letter).
+
+        Raises:
+            RequestError: RESERVED_TOPIC (``topic`` ends in ``.dlq``), UNKNOWN_TOPIC,
+                UNKNOWN_GROUP, GROUP_REQUIRED, INVALID_DELAY, EMPTY_BATCH,
+                BATCH_TOO_LARGE, INVALID_MESSAGE_ID, PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        id_list = list(ids)
+        answer = await self._call(
+            lambda rid: frames.Redrive(rid, topic, group, id_list, delay_ms), retry_unknown=True
+        )
+        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+
+    async def reschedule(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        due_ms: int | None = None,
+        delay_ms: int | None = None,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """Give pending messages a new due time by id (``docs/protocol.md``, "RESCHEDULE").
+
+        Args:
+            topic: Their topic.
+            ids: Message ids; at most ``max_batch_items`` per call.
+            due_ms: The new due time, ms since the Unix epoch (a past time: at once).
+            delay_ms: Or: due this long after the leader's stamp (ms). Give exactly one.
+            group: Only this group's copy; None: every group's.
+
+        Returns:
+            One status per id: ``DONE`` (moved; attempts kept, a TTL now counts from
+            the new due time) or ``UNKNOWN`` (not pending there).
+
+        Raises:
+            RequestError: INVALID_DELAY, DELAY_TOO_LARGE, IMPLAUSIBLE_TIME, and as
+                :meth:`cancel`.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        id_list = list(ids)
+        answer = await self._call(
+            lambda rid: frames.Reschedule(rid, topic, group, id_list, due_ms, delay_ms),
+            retry_unknown=True,
+        )
+        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+
+    async def purge(self, topic: str, *, group: str | None = None) -> int:
+        """Remove every message pending now in one group of ``topic``, or in all of
+        them (``docs/protocol.md``, "PURGE").
+
+        Returns once the purge has started; the server removes the entries in bounded
+        chunks in the background (``status()`` pending counts fall). Messages published
+        afterwards stay.
+
+        Returns:
+            How many entries the groups held when it started.
+
+        Raises:
+            RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(lambda rid: frames.Purge(rid, topic, group), retry_unknown=True)
+        return int(_expect(answer, frames.Ok).result or 0)
+
+    async def browse(
+        self,
+        topic: str,
+        group: str | None = None,
+        *,
+        from_due_ms: int | None = None,
+        to_due_ms: int | None = None,
+        cursor: bytes | None = None,
+        limit: int = 100,
+        preview_bytes: int = 0,
+    ) -> BrowsePage:
+        """One page of a group's pending messages in due order, claiming none
+        (``docs/protocol.md``, "BROWSE").
+
+        Args:
+            topic: The topic.
+            group: The group; None: the topic's only group (a dead-letter topic has
+                one, ``default``).
+            from_due_ms: Only messages due at or after this (ms since the epoch).
+            to_due_ms: Only messages due before this (ms); None: no bound (parked dead
+                letters come last).
+            cursor: The previous page's ``next_cursor``; None: the first page.
+            limit: Messages per page, 1 to 1000.
+            preview_bytes: Payload bytes to include per message, 0 to 1024.
+
+        Raises:
+            RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED,
+                INVALID_ARGUMENT, INVALID_CURSOR, PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        answer = await self._call(
+            lambda rid: frames.Browse(
+                rid, topic, group, from_due_ms, to_due_ms, cursor, limit, preview_bytes
+            ),
+            retry_unknown=True,
+        )
+        return page_from_frame(_expect(answer, frames.BrowseOk))
+
+    async def cluster_status(self, *, local: bool = False) -> dict[str, Any]:
+        """The cluster's membership and progress, asked of the leader
+        (``docs/protocol.md``, "CLUSTER_STATUS_OK").
+
+        Only the leader knows each member's match index and lag: an answer from another
+        node that names a leader is asked again of the leader (once), as :meth:`status`.
+
+        Args:
+            local: Return the connected node's own view without following the leader.
 
         Returns:
             ``{"node_id", "role", "term", "leader_id", "leader_address", "commit_index",
@@ -968,8 +1216,12 @@ class Client:
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
-        answer = await self._call(lambda rid: frames.ClusterStatus(rid), retry_unknown=True)
-        return _expect(answer, frames.ClusterStatusOk).status
+        return await self._ask_leader(
+            lambda rid: frames.ClusterStatus(rid),
+            frames.ClusterStatusOk,
+            lambda view: view.get("role") != "leader",
+            local=local,
+        )
 
     async def add_node(self, node_id: int, raft_address: str, client_address: str) -> None:
         """Add a node: a learner first, promoted to voter by the leader once caught up.
@@ -1022,10 +1274,10 @@ class Client:
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
-        started = trio.current_time()
+        started = anyio.current_time()
         answer = await self._call(lambda rid: frames.Ping(rid), retry_unknown=True)
         _expect(answer, frames.Pong)
-        return trio.current_time() - started
+        return anyio.current_time() - started
 
 
 def _publish_frame(level: frames.AckLevel, wire_items: list[Any]) -> Callable[[int], frames.Frame]:
@@ -1036,8 +1288,10 @@ def _ack_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:
     return lambda rid: frames.Ack(rid, tags)
 
 
-def _nack_frame(tags: list[bytes], requeue_delay_ms: int) -> Callable[[int], frames.Frame]:
-    return lambda rid: frames.Nack(rid, tags, requeue_delay_ms)
+def _nack_frame(
+    tags: list[bytes], requeue_delay_ms: int, reason: str | None, dead_letter: bool
+) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Nack(rid, tags, requeue_delay_ms, reason, dead_letter)
 
 
 def _release_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:
@@ -1145,8 +1399,12 @@ async def open_client(
         max_lease_s=max_lease_s,
     )
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client._maintain_connection)
+        async with anyio.create_task_group() as nursery:
+            try:
+                await nursery.start(client._maintain_connection)
+            except BaseException:
+                client._close()
+                raise
             nursery.start_soon(client._run_batcher)
             nursery.start_soon(client._keep_leases)
             try:
@@ -1160,3 +1418,5 @@ async def open_client(
         if single is None:
             raise
         raise single from None
+    finally:
+        client._publish_receive.close()  # the batcher, its only reader, has ended

@@ -33,8 +33,8 @@ import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import anyio
 import attrs
-import trio
 
 from futureq.errors import (
     ConnectionLostError,
@@ -84,6 +84,8 @@ class Delivery:
             leader change); it never goes backwards.
         delivered_ms: The server's wall clock when it pushed this delivery (ms).
         tag: Opaque delivery tag the server knows this delivery by.
+        headers: The message's headers (str -> str; empty when it has none). A dead
+            letter's provenance is here (``futureq-original-id``, ``futureq-reason``, ...).
     """
 
     id: int
@@ -102,6 +104,7 @@ class Delivery:
     _state: DeliveryState = DeliveryState.HELD
     _void_reason: str = ""
     _void_kind: str = ""
+    headers: dict[str, str] = attrs.Factory(dict)
 
     def __repr__(self) -> str:
         return (
@@ -140,15 +143,22 @@ class Delivery:
         """
         await self._subscription.ack([self])
 
-    async def nack(self, requeue_delay_ms: int = 0) -> None:
+    async def nack(
+        self, requeue_delay_ms: int = 0, *, reason: str | None = None, dead_letter: bool = False
+    ) -> None:
         """Refuse: deliver this message again after ``requeue_delay_ms`` (ms, >= 0).
 
-        It counts as an attempt (``max_deliveries``).
+        It counts as an attempt (``max_deliveries``). ``reason``: a short text kept with
+        it (at most 256 bytes), shown in its dead letter's ``futureq-reason-text``.
+        ``dead_letter``: send it to the dead-letter topic now (reason ``rejected``)
+        instead of delivering it again.
 
         Raises:
             Same as :meth:`ack`.
         """
-        await self._subscription.nack([self], requeue_delay_ms=requeue_delay_ms)
+        await self._subscription.nack(
+            [self], requeue_delay_ms=requeue_delay_ms, reason=reason, dead_letter=dead_letter
+        )
 
     async def release(self) -> None:
         """Give it back unprocessed: due again at once, the attempt not counted.
@@ -179,7 +189,7 @@ class Subscription:
 
     Obtain one with ``async with client.subscribe(topic, group) as sub``; iterate it
     with ``async for delivery in sub``. Iteration waits as long as it takes for the
-    next delivery (wrap it in ``trio.move_on_after`` to bound the wait) and survives
+    next delivery (wrap it in ``anyio.move_on_after`` to bound the wait) and survives
     reconnects: after the client reconnects, the subscription subscribes again on the
     new connection the next time it is iterated. If the server ends the subscription
     (its group was deleted), iteration raises :class:`SubscriptionEndedError`.
@@ -210,8 +220,8 @@ class Subscription:
         self._pull = pull
         self._buffer: collections.deque[Delivery] = collections.deque()
         self._handed: dict[bytes, Delivery] = {}
-        self._wakeup = trio.Event()
-        self._lock = trio.Lock()
+        self._wakeup = anyio.Event()
+        self._lock = anyio.Lock()
         # Epoch of the connection the server-side subscription lives on; 0 = none.
         self.epoch = 0
         self.subscription_id: int | None = None
@@ -261,9 +271,10 @@ class Subscription:
                 f"server pushed {-self._credit} deliveries beyond the credit granted "
                 f"to subscription {self.subscription_id}",
             )
-        now = trio.current_time()
+        now = anyio.current_time()
         refresh = self._refresh_after_s()
-        for tag, message_id, payload, due_ms, publish_ms, attempt in frame.deliveries:
+        for item in frame.deliveries:
+            tag, message_id, payload, due_ms, publish_ms, attempt = item[:6]
             delivery = Delivery(
                 message_id,
                 self.topic,
@@ -278,6 +289,7 @@ class Subscription:
                 epoch,
                 now,
                 now + refresh,
+                headers=dict(item[6] or {}) if len(item) > 6 else {},
             )
             if self._pull and self._fetching <= len(self._buffer):
                 self.to_release.append(delivery)  # nobody wants it: give it back
@@ -318,7 +330,7 @@ class Subscription:
         self.visibility_timeout_ms = visibility_timeout_ms
         self.max_deliveries = max_deliveries
         refresh = self._refresh_after_s()
-        now = trio.current_time()
+        now = anyio.current_time()
         for delivery in self._buffer:
             delivery._refresh_s = min(delivery._refresh_s, now + refresh)
         self._client._lease_changed()
@@ -350,7 +362,7 @@ class Subscription:
 
     def _wake(self) -> None:
         self._wakeup.set()
-        self._wakeup = trio.Event()
+        self._wakeup = anyio.Event()
 
     def _refresh_after_s(self) -> float:
         if self.visibility_timeout_ms is None:
@@ -438,7 +450,7 @@ class Subscription:
         Raises:
             Same as iteration, and StopAsyncIteration is returned as None.
         """
-        with trio.move_on_after(timeout_s):
+        with anyio.move_on_after(timeout_s):
             try:
                 return await self.__anext__()
             except StopAsyncIteration:
@@ -488,7 +500,7 @@ class Subscription:
                     self._credit += need
                     conn.send_control(frames.Credit(0, self.subscription_id, need))
                 wakeup = self._wakeup
-                with trio.move_on_after(timeout_s) as idle:
+                with anyio.move_on_after(timeout_s) as idle:
                     await wakeup.wait()
                 if idle.cancelled_caught and not self._buffer:
                     break
@@ -517,8 +529,17 @@ class Subscription:
         """
         await self._client._settle(self, list(deliveries), "ack")
 
-    async def nack(self, deliveries: Iterable[Delivery], requeue_delay_ms: int = 0) -> None:
-        """Refuse many deliveries; each comes back after ``requeue_delay_ms`` (ms, >= 0).
+    async def nack(
+        self,
+        deliveries: Iterable[Delivery],
+        requeue_delay_ms: int = 0,
+        *,
+        reason: str | None = None,
+        dead_letter: bool = False,
+    ) -> None:
+        """Refuse many deliveries; each comes back after ``requeue_delay_ms`` (ms, >= 0),
+        or goes to the dead-letter topic now with ``dead_letter`` (see
+        :meth:`Delivery.nack` for ``reason``).
 
         Raises:
             ValueError: ``requeue_delay_ms`` < 0.
@@ -526,7 +547,9 @@ class Subscription:
         """
         if requeue_delay_ms < 0:
             raise ValueError(f"requeue_delay_ms must be >= 0, got {requeue_delay_ms}")
-        await self._client._settle(self, list(deliveries), "nack", requeue_delay_ms)
+        await self._client._settle(
+            self, list(deliveries), "nack", requeue_delay_ms, reason, dead_letter
+        )
 
     async def release(self, deliveries: Iterable[Delivery]) -> None:
         """Give deliveries back unprocessed: due again at once, attempts not counted.

@@ -19,6 +19,7 @@ unsubscribes, closes the connection and joins the thread.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
@@ -27,9 +28,11 @@ import attrs
 import trio
 
 from futureq.client._batching import PublishItem
+from futureq.client._browse import BrowsePage
 from futureq.client.client import DEFAULT_SERVER, Client, open_client
 from futureq.client.subscription import Delivery, Subscription
 from futureq.errors import ClientClosedError, FutureQError
+from futureq.wire import frames
 
 T = TypeVar("T")
 
@@ -87,6 +90,10 @@ class SyncDelivery:
         return self.delivery.delivered_ms
 
     @property
+    def headers(self) -> dict[str, str]:
+        return self.delivery.headers
+
+    @property
     def tag(self) -> bytes:
         return self.delivery.tag
 
@@ -94,9 +101,17 @@ class SyncDelivery:
         """Acknowledge (blocks until durable). Raises as ``Delivery.ack``."""
         self._client._run(self.delivery.ack)
 
-    def nack(self, requeue_delay_ms: int = 0) -> None:
-        """Refuse; delivered again after ``requeue_delay_ms`` (ms). Raises as ``Delivery.nack``."""
-        self._client._run(self.delivery.nack, requeue_delay_ms)
+    def nack(
+        self, requeue_delay_ms: int = 0, *, reason: str | None = None, dead_letter: bool = False
+    ) -> None:
+        """Refuse; delivered again after ``requeue_delay_ms`` (ms), or dead-lettered now
+        with ``dead_letter``; ``reason`` is kept. Raises as ``Delivery.nack``."""
+        delivery = self.delivery
+
+        async def call() -> None:
+            await delivery.nack(requeue_delay_ms, reason=reason, dead_letter=dead_letter)
+
+        self._client._run(call)
 
     def release(self) -> None:
         """Give it back unprocessed, not counted as an attempt. Raises as ``Delivery.release``."""
@@ -252,13 +267,21 @@ class SyncClient:
         delay_ms: int | None = None,
         deliver_at_ms: int | None = None,
         ttl_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> int:
         """Publish one message and return its id (see ``Client.publish``)."""
         client = self._require_client()
 
         async def call() -> int:
             return await client.publish(
-                topic, payload, delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, ttl_ms=ttl_ms
+                topic,
+                payload,
+                delay_ms=delay_ms,
+                deliver_at_ms=deliver_at_ms,
+                ttl_ms=ttl_ms,
+                headers=headers,
+                idempotency_key=idempotency_key,
             )
 
         return self._run(call)
@@ -329,9 +352,10 @@ class SyncClient:
             sub = self._subscriptions[(topic, group)] = request.subscription
         return await sub.fetch(count, timeout_s)
 
-    def status(self) -> dict[str, Any]:
-        """The node's status map (see ``Client.status``)."""
-        return self._run(self._require_client().status)
+    def status(self, *, local: bool = False) -> dict[str, Any]:
+        """The cluster's status map, asked of the leader unless ``local`` (see
+        ``Client.status``)."""
+        return self._run(functools.partial(self._require_client().status, local=local))
 
     def create_group(
         self,
@@ -340,6 +364,8 @@ class SyncClient:
         *,
         visibility_timeout_ms: int | None = None,
         max_deliveries: int | None = None,
+        from_backlog: bool = False,
+        dead_letter_expired: bool | None = None,
     ) -> None:
         """Create a consumer group (see ``Client.create_group``)."""
         client = self._require_client()
@@ -350,6 +376,8 @@ class SyncClient:
                 group,
                 visibility_timeout_ms=visibility_timeout_ms,
                 max_deliveries=max_deliveries,
+                from_backlog=from_backlog,
+                dead_letter_expired=dead_letter_expired,
             )
 
         self._run(call)
@@ -357,6 +385,90 @@ class SyncClient:
     def delete_group(self, topic: str, group: str) -> None:
         """Delete a consumer group (see ``Client.delete_group``)."""
         self._run(self._require_client().delete_group, topic, group)
+
+    def cancel(
+        self, topic: str, ids: Sequence[int], *, group: str | None = None
+    ) -> list[frames.ItemStatus]:
+        """Cancel scheduled messages by id; one status per id (see ``Client.cancel``)."""
+        client = self._require_client()
+
+        async def call() -> list[frames.ItemStatus]:
+            return await client.cancel(topic, ids, group=group)
+
+        return self._run(call)
+
+    def redrive(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        delay_ms: int = 0,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """Move dead letters back where they died; one status per id (see
+        ``Client.redrive``)."""
+        client = self._require_client()
+
+        async def call() -> list[frames.ItemStatus]:
+            return await client.redrive(topic, ids, delay_ms=delay_ms, group=group)
+
+        return self._run(call)
+
+    def reschedule(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        due_ms: int | None = None,
+        delay_ms: int | None = None,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """New due time for pending messages; one status per id (see
+        ``Client.reschedule``)."""
+        client = self._require_client()
+
+        async def call() -> list[frames.ItemStatus]:
+            return await client.reschedule(
+                topic, ids, due_ms=due_ms, delay_ms=delay_ms, group=group
+            )
+
+        return self._run(call)
+
+    def purge(self, topic: str, *, group: str | None = None) -> int:
+        """Start removing what is pending; entries it will remove (see ``Client.purge``)."""
+        client = self._require_client()
+
+        async def call() -> int:
+            return await client.purge(topic, group=group)
+
+        return self._run(call)
+
+    def browse(
+        self,
+        topic: str,
+        group: str | None = None,
+        *,
+        from_due_ms: int | None = None,
+        to_due_ms: int | None = None,
+        cursor: bytes | None = None,
+        limit: int = 100,
+        preview_bytes: int = 0,
+    ) -> BrowsePage:
+        """One page of pending messages, claiming none (see ``Client.browse``)."""
+        client = self._require_client()
+
+        async def call() -> BrowsePage:
+            return await client.browse(
+                topic,
+                group,
+                from_due_ms=from_due_ms,
+                to_due_ms=to_due_ms,
+                cursor=cursor,
+                limit=limit,
+                preview_bytes=preview_bytes,
+            )
+
+        return self._run(call)
 
     def ping(self) -> float:
         """Round-trip a PING; seconds (see ``Client.ping``)."""

@@ -245,6 +245,10 @@ class _Campaign(enum.Enum):
     TRANSFER = "transfer"
 
 
+_LEADER_TRAFFIC = (AppendEntries, Heartbeat, InstallSnapshot)
+"""Messages a leader may send before its own write finishes (``Ready.leader_messages``)."""
+
+
 class RaftCore:
     """One Raft server, driven step by step.
 
@@ -651,6 +655,8 @@ class RaftCore:
         hard_state_changed = hard_state != persisted
         entries = tuple(self.log.unstable_entries())
         snapshot = self.log.unstable_snapshot
+        term_vote_durable = (hard_state.term, hard_state.vote) == (persisted.term, persisted.vote)
+        messages, leader_messages = self._split_outbox(term_vote_durable)
         ready = Ready(
             entries=entries,
             hard_state=hard_state if hard_state_changed else None,
@@ -658,18 +664,40 @@ class RaftCore:
             committed_entries=tuple(
                 self.log.next_committed_entries(self.config.max_committed_bytes_per_ready)
             ),
-            messages=tuple(self._outbox),
+            messages=messages,
             read_states=tuple(self._read_states),
             # term and vote must be durable before any answer (paper Figure 2);
             # commit alone is recoverable and needs no fsync.
-            must_sync=bool(entries)
-            or snapshot is not None
-            or (hard_state.term, hard_state.vote) != (persisted.term, persisted.vote),
+            must_sync=bool(entries) or snapshot is not None or not term_vote_durable,
+            leader_messages=leader_messages,
         )
         self._outbox.clear()
         self._read_states.clear()
         self._outstanding_ready = ready
         return ready
+
+    def _split_outbox(
+        self, term_vote_durable: bool
+    ) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
+        """``(messages, leader_messages)``: what must wait for the write, what need not.
+
+        A leader whose term and vote are on disk may replicate before its own write of
+        the same entries is done (thesis §10.2.1): AppendEntries, heartbeats and snapshot
+        chunks acknowledge nothing about its own log, and :meth:`advance` counts the
+        leader toward a quorum only for what it has stored. Everything else (votes,
+        AppendEntries responses) waits for the write.
+        """
+        outbox = self._outbox
+        if not (outbox and term_vote_durable and self.role is Role.LEADER):
+            return tuple(outbox), ()
+        early: list[Message] = []
+        late: list[Message] = []
+        for message in outbox:
+            if isinstance(message, _LEADER_TRAFFIC) and message.term == self.term:
+                early.append(message)
+            else:
+                late.append(message)
+        return tuple(late), tuple(early)
 
     def advance(self, ready: Ready) -> None:
         """Acknowledge that ``ready`` was persisted, sent and applied.

@@ -588,12 +588,16 @@ CLOCK_MESSAGES = (ClockPing, ClockPong)
 class Ready:
     """Everything the core wants done, handed out by ``RaftCore.ready()``.
 
-    The adapter must, in this order: persist ``snapshot`` (if any), ``entries`` and
-    ``hard_state`` (fsync when ``must_sync``); then send ``messages``; then install
-    ``snapshot`` into the state machine and apply ``committed_entries`` in order; then
-    call ``RaftCore.advance(ready)``. Messages may depend on the persisted state (a
+    The adapter must, in this order: send ``leader_messages`` (at once, before or
+    while writing); persist ``snapshot`` (if any), ``entries`` and ``hard_state``
+    (fsync when ``must_sync``); then send ``messages``; then install ``snapshot`` into
+    the state machine and apply ``committed_entries`` in order; then call
+    ``RaftCore.advance(ready)``. ``messages`` may depend on the persisted state (a
     vote, an acknowledged entry), which is why they come after the write (paper §5,
     Figure 2: "respond to RPCs only after updating stable storage").
+    ``leader_messages`` promise nothing about this node's disk: a leader may replicate
+    entries before its own write of them finishes (thesis §10.2.1), because it counts
+    itself toward a quorum only from ``advance`` on, once the write is durable.
 
     Attributes:
         entries: New log entries to append (they may overwrite a conflicting suffix).
@@ -601,6 +605,9 @@ class Ready:
         snapshot: A snapshot received from the leader to persist and install, or None.
         committed_entries: Entries to apply, consecutive, following the applied index.
         messages: Peer messages to send, after persisting.
+        leader_messages: The leader's AppendEntries, Heartbeat and InstallSnapshot
+            messages of a term whose term and vote are already durable: send them
+            before (or while) persisting.
         read_states: Confirmed reads (thesis §6.4).
         must_sync: Whether the write must be fsynced before sending.
     """
@@ -612,6 +619,7 @@ class Ready:
     messages: tuple[Message, ...] = ()
     read_states: tuple[ReadState, ...] = ()
     must_sync: bool = False
+    leader_messages: tuple[Message, ...] = ()
 
 
 # --- membership change payloads --------------------------------------------------

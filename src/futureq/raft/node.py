@@ -4,6 +4,8 @@ One task (the driver) owns the core. Every ``tick_ms`` a ticker asks for a tick;
 inbound peer messages, proposals, reads, membership changes and transfers are queued
 and fed to the core at the top of each round. While the core has a Ready the driver:
 
+0. sends ``ready.leader_messages`` at once: a leader replicates while its own write
+   runs (thesis §10.2.1);
 1. persists it (snapshot metadata, entries, hard state) with one RocksDB batch in a
    worker thread, synced when ``must_sync`` — not cancellable half way;
 2. then sends ``ready.messages`` (they may promise what step 1 stored);
@@ -335,6 +337,8 @@ class RaftNode:
         self._wake = trio.Event()
         self._ticks_due = 0
         self._inbox: deque[Message] = deque()
+        self._last_heard_s: dict[int, float] = {}
+        """trio.current_time() of the last message from each peer (status only)."""
         self._inbox_drained = trio.Event()
         self._ops: list[_Op] = []
         self._apply_waiters: dict[int, _Waiter] = {}
@@ -462,10 +466,14 @@ class RaftNode:
         return frozenset(membership.voters), frozenset(membership.learners)
 
     def progress(self) -> dict[int, dict[str, Any]]:
-        """Leader only: ``{node_id: {"match", "next", "state"}}``; ``{}`` on others."""
+        """Leader only: ``{node_id: {"match", "next", "state", "learner", "recovering",
+        "last_heard_ms"}}``; ``{}`` on others. ``last_heard_ms`` is how long ago the
+        last message from that peer arrived (ms; None if none yet, 0 for this node)."""
         core = self._core
         if core is None or core.role is not Role.LEADER:
             return {}
+        now = trio.current_time()
+        heard = self._last_heard_s
         return {
             int(node_id): {
                 "match": int(pr.match),
@@ -473,6 +481,9 @@ class RaftNode:
                 "state": pr.state.value,
                 "learner": pr.is_learner,
                 "recovering": pr.peer_recovering,
+                "last_heard_ms": 0
+                if node_id == core.id
+                else (None if node_id not in heard else round((now - heard[node_id]) * 1000)),
             }
             for node_id, pr in sorted(core.progress.items())
         }
@@ -849,13 +860,18 @@ class RaftNode:
         limit = INBOX_LIMIT
         channel = self._transport.receive_channel
         inbox = self._inbox
+        last_heard = self._last_heard_s
         async for message in channel:
+            now = trio.current_time()
+            last_heard[int(message.from_id)] = now
             inbox.append(message)
             while len(inbox) < limit:
                 try:
-                    inbox.append(channel.receive_nowait())
+                    message = channel.receive_nowait()
                 except trio.WouldBlock:
                     break
+                last_heard[int(message.from_id)] = now
+                inbox.append(message)
             self._wake.set()
             if len(inbox) >= limit:
                 self._inbox_drained = trio.Event()
@@ -1001,6 +1017,11 @@ class RaftNode:
             waiter.fail(exc)
 
     async def _handle_ready(self, ready: Ready) -> None:
+        send = self._transport.send
+        for message in ready.leader_messages:
+            # Replicate while our own fsync runs (thesis §10.2.1): the followers' writes
+            # overlap ours, and the core counts us toward a quorum only after it.
+            send(message)
         if ready.snapshot is not None or ready.entries or ready.hard_state is not None:
             started = trio.current_time()
             await self._persist(ready)
@@ -1014,7 +1035,6 @@ class RaftNode:
                     durable.resolve(int(entry.index))
                 else:
                     durable.fail(self._not_leader())
-        send = self._transport.send
         for message in ready.messages:
             send(message)
         if ready.snapshot is not None:
@@ -1052,8 +1072,11 @@ class RaftNode:
     async def _persist(self, ready: Ready) -> None:
         """Store a Ready; on a full disk stop leading and retry once there is room.
 
-        Nothing of the Ready is sent (so nothing unstored is acknowledged) until it is
-        stored; followers elect another leader meanwhile (issue 10, "A full disk").
+        Nothing of the Ready that vouches for this node's disk (a vote, an
+        AppendEntries answer, a client's answer) is sent until it is stored; followers
+        elect another leader meanwhile (issue 10, "A full disk"). A leader's
+        ``leader_messages`` have left already (thesis §10.2.1): a majority of followers
+        may commit those entries without it, which is what the quorum rule allows.
         """
         while True:
             try:

@@ -230,7 +230,7 @@ class TimeKeeper:
 
     def on_ready(self, ready: Ready, mono_us: int) -> None:
         """Call right after ``core.ready()``: note when each heartbeat round leaves."""
-        for message in ready.messages:
+        for message in ready.leader_messages + ready.messages:
             if isinstance(message, Heartbeat):
                 self.lease.round_sent(message.term, message.read_seq, mono_us)
 

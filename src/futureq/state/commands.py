@@ -7,32 +7,46 @@ leader stamps wall-clock times into the command; apply never reads a clock.
 Layouts (``DESIGN.md``, "Data flow"):
 
 * ``[NOOP]``
-* ``[PUBLISH, publish_ms, [[topic, payload, due_ms, ttl_ms | None], ...], settings]``
+* ``[PUBLISH, publish_ms, [item, ...], settings, idempotency_window_ms]``, an item
+  ``[topic, payload, due_ms, ttl_ms | None]`` or ``[..., headers | None,
+  idempotency_key | None]``
 * ``[ACK, [schedule_key, ...]]``
-* ``[NACK, now_ms, requeue_delay_ms, [[schedule_key, attempt], ...]]``
-* ``[EXPIRE, [schedule_key, ...]]``
-* ``[DEAD_LETTER, publish_ms, [[schedule_key, attempt], ...], settings]``
+* ``[NACK, now_ms, requeue_delay_ms, [[schedule_key, attempt, pushed_ms?], ...],
+  reason | None, dead_letter, settings]``
+* ``[EXPIRE, [schedule_key, ...], publish_ms, settings]``
+* ``[DEAD_LETTER, publish_ms, [[schedule_key, attempt, first_ms?], ...], settings]``
 * ``[CREATE_GROUP, topic, group, visibility_timeout_ms | None, max_deliveries | None,
-  settings]``
+  settings, dead_letter_expired | None, from_backlog]``
 * ``[DELETE_GROUP, topic, group]``
 * ``[NODE_ADDRESS, node_id, raft_address | None, client_address | None]`` (None: forget)
-* ``[DELIVERED, [[schedule_key, attempt], ...]]``
+* ``[DELIVERED, [[schedule_key, attempt, first_ms?], ...], now_ms]``
 * ``[PURGE_GROUP, group_id, max_entries]``
 * ``[RELEASE, [[schedule_key, attempt], ...]]``
+* ``[CANCEL, topic, group_id | None, [message_id, ...]]``
+* ``[RESCHEDULE, now_ms, topic, group_id | None, [message_id, ...], due_ms]``
+* ``[PURGE, [group_id, ...]]``
+* ``[BACKFILL_GROUP, group_id, max_entries]``
+* ``[REDRIVE, publish_ms, group_id, [schedule_key, ...], due_ms]``
 
-``settings`` is ``[visibility_timeout_ms, max_deliveries]``: the group settings the
-*leader* resolved from its configuration (``[queue]``) for any group the command
-creates without settings of its own (an implicit ``default`` group of a new topic or
-dead-letter topic, or a CREATE_GROUP of a new group with ``None`` fields). Apply never
-reads a node's configuration (``DESIGN.md``, "Apply reads nothing node-local"), so
-every replica creates the group with the same settings. Entries written before the
-field existed have no ``settings``; they take :data:`BUILTIN_GROUP_SETTINGS`.
+Fields after the first few were added later; a command written before a field existed
+lacks it, and apply takes the field's default (None, False, :data:`BUILTIN_GROUP_SETTINGS`,
+no idempotency window), so old log entries apply as they always did.
+
+``settings`` is ``[visibility_timeout_ms, max_deliveries]`` (and ``dead_letter_expired``
+when true): the group settings the *leader* resolved from its configuration
+(``[queue]``) for any group the command creates without settings of its own (an
+implicit ``default`` group of a new topic or dead-letter topic, or a CREATE_GROUP of a
+new group with ``None`` fields). Apply never reads a node's configuration
+(``DESIGN.md``, "Apply reads nothing node-local"), so every replica creates the group
+with the same settings. The idempotency window is resolved the same way
+(``queue.idempotency_window_ms`` of the leader).
 """
 
 from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
@@ -55,6 +69,12 @@ class CommandKind(enum.IntEnum):
     DELIVERED = 15
     PURGE_GROUP = 16
     RELEASE = 17
+    # 20-24: limits and k8s work; 25-39: managing scheduled messages (issue 14).
+    CANCEL = 25
+    RESCHEDULE = 26
+    PURGE = 27
+    BACKFILL_GROUP = 28
+    REDRIVE = 29
 
 
 @attrs.frozen
@@ -65,13 +85,18 @@ class GroupSettings:
         visibility_timeout_ms: How long a delivery may stay unsettled before it is
             delivered again (ms, >= 1).
         max_deliveries: Counted attempts before a message is dead-lettered (>= 1).
+        dead_letter_expired: An expired message goes to the dead-letter topic (on a
+            dead-letter topic: is parked) instead of being dropped.
     """
 
     visibility_timeout_ms: int = 30_000
     max_deliveries: int = 16
+    dead_letter_expired: bool = False
 
-    def to_wire(self) -> list[int]:
+    def to_wire(self) -> list[Any]:
         """The ``settings`` element of a command."""
+        if self.dead_letter_expired:
+            return [self.visibility_timeout_ms, self.max_deliveries, True]
         return [self.visibility_timeout_ms, self.max_deliveries]
 
     @classmethod
@@ -79,14 +104,14 @@ class GroupSettings:
         """The settings of a command element (None: :data:`BUILTIN_GROUP_SETTINGS`)."""
         if value is None:
             return BUILTIN_GROUP_SETTINGS
-        visibility_timeout_ms, max_deliveries = value
-        return cls(visibility_timeout_ms, max_deliveries)
+        return cls(value[0], value[1], bool(value[2]) if len(value) > 2 else False)
 
 
 BUILTIN_GROUP_SETTINGS: Final = GroupSettings()
 """What entries written before commands carried ``settings`` resolve to (30 s, 16)."""
 MAX_PURGE_ENTRIES: Final = 10_000
-"""Most schedule entries one PURGE_GROUP removes, whatever the command asks."""
+"""Most schedule entries one PURGE_GROUP (or BACKFILL_GROUP) looks at, whatever the
+command asks."""
 
 
 _SCHEDULE = struct.Struct(">IQQ")
@@ -150,16 +175,30 @@ def decode(data: bytes) -> list[Any]:
     return value
 
 
+PublishItem = tuple[str, bytes, int, int | None] | tuple[
+    str, bytes, int, int | None, dict[str, str] | None, str | None
+]
+"""A validated item: ``(topic, payload, due_ms, ttl_ms)``, or with ``headers`` and
+``idempotency_key`` after them."""
+
+
 def publish(
     publish_ms: int,
-    items: list[tuple[str, bytes, int, int | None]],
+    items: Sequence[PublishItem],
     settings: GroupSettings = BUILTIN_GROUP_SETTINGS,
+    idempotency_window_ms: int = 0,
 ) -> bytes:
-    """Encode a PUBLISH of validated ``(topic, payload, due_ms, ttl_ms)`` items.
+    """Encode a PUBLISH of validated items (:data:`PublishItem`).
 
     ``settings``: for the implicit group of a topic that has none (the leader's
-    configured defaults).
+    configured defaults). ``idempotency_window_ms``: how long after its publish an
+    idempotency key still names its message once the message is gone (the leader's
+    ``queue.idempotency_window_ms``).
     """
+    if idempotency_window_ms:
+        return encode(
+            [CommandKind.PUBLISH, publish_ms, items, settings.to_wire(), idempotency_window_ms]
+        )
     return encode([CommandKind.PUBLISH, publish_ms, items, settings.to_wire()])
 
 
@@ -168,24 +207,61 @@ def ack(keys: list[bytes]) -> bytes:
     return encode([CommandKind.ACK, keys])
 
 
-def nack(now_ms: int, requeue_delay_ms: int, entries: list[tuple[bytes, int]]) -> bytes:
-    """Encode a NACK of ``(schedule_key, attempt)`` pairs, due again at now + delay."""
-    return encode([CommandKind.NACK, now_ms, requeue_delay_ms, entries])
+def nack(
+    now_ms: int,
+    requeue_delay_ms: int,
+    entries: list[tuple[bytes, int]] | list[tuple[bytes, int, int | None]],
+    reason: str | None = None,
+    dead_letter: bool = False,
+    settings: GroupSettings = BUILTIN_GROUP_SETTINGS,
+) -> bytes:
+    """Encode a NACK of ``(schedule_key, attempt[, pushed_ms])`` entries.
+
+    Each is due again at now + delay; with ``dead_letter`` each goes to its dead-letter
+    topic at once instead (reason ``rejected``). ``reason``: the consumer's text, kept
+    with the entry and in the dead letter's headers. ``pushed_ms``: when the leader
+    pushed that delivery (recorded as its delivery time).
+    """
+    if reason is None and not dead_letter:
+        return encode([CommandKind.NACK, now_ms, requeue_delay_ms, entries])
+    return encode(
+        [
+            CommandKind.NACK,
+            now_ms,
+            requeue_delay_ms,
+            entries,
+            reason,
+            dead_letter,
+            settings.to_wire(),
+        ]
+    )
 
 
-def expire(keys: list[bytes]) -> bytes:
-    """Encode an EXPIRE of schedule keys."""
-    return encode([CommandKind.EXPIRE, keys])
+def expire(
+    keys: list[bytes],
+    publish_ms: int | None = None,
+    settings: GroupSettings = BUILTIN_GROUP_SETTINGS,
+) -> bytes:
+    """Encode an EXPIRE of schedule keys.
+
+    ``publish_ms`` (the leader's stamp) and ``settings`` serve entries of groups that
+    dead-letter what expires (``dead_letter_expired``).
+    """
+    if publish_ms is None:
+        return encode([CommandKind.EXPIRE, keys])
+    return encode([CommandKind.EXPIRE, keys, publish_ms, settings.to_wire()])
 
 
 def dead_letter(
     publish_ms: int,
-    entries: list[tuple[bytes, int]],
+    entries: list[tuple[bytes, int]] | list[tuple[bytes, int, int | None]],
     settings: GroupSettings = BUILTIN_GROUP_SETTINGS,
 ) -> bytes:
-    """Encode a DEAD_LETTER of ``(schedule_key, attempt)`` pairs.
+    """Encode a DEAD_LETTER of ``(schedule_key, attempt[, first_ms])`` entries.
 
     ``settings``: for the implicit group of a dead-letter topic that has none.
+    ``first_ms``: when the leader pushed the entry's first delivery, if the log does
+    not know it yet. An entry of a dead-letter topic is parked instead.
     """
     return encode([CommandKind.DEAD_LETTER, publish_ms, entries, settings.to_wire()])
 
@@ -196,22 +272,27 @@ def create_group(
     visibility_timeout_ms: int | None,
     max_deliveries: int | None,
     settings: GroupSettings = BUILTIN_GROUP_SETTINGS,
+    dead_letter_expired: bool | None = None,
+    from_backlog: bool = False,
 ) -> bytes:
     """Encode a CREATE_GROUP (idempotent).
 
     A None field keeps an existing group's value; a new group takes it from
-    ``settings`` (the leader's configured defaults).
+    ``settings`` (the leader's configured defaults). ``from_backlog``: a group this
+    command creates gets every message of the topic still pending in another group
+    (copied by BACKFILL_GROUP chunks).
     """
-    return encode(
-        [
-            CommandKind.CREATE_GROUP,
-            topic,
-            group,
-            visibility_timeout_ms,
-            max_deliveries,
-            settings.to_wire(),
-        ]
-    )
+    command: list[Any] = [
+        CommandKind.CREATE_GROUP,
+        topic,
+        group,
+        visibility_timeout_ms,
+        max_deliveries,
+        settings.to_wire(),
+    ]
+    if dead_letter_expired is not None or from_backlog:
+        command += [dead_letter_expired, from_backlog]
+    return encode(command)
 
 
 def delete_group(topic: str, group: str) -> bytes:
@@ -230,13 +311,20 @@ def node_address(node_id: int, raft_address: str | None, client_address: str | N
     return encode([CommandKind.NODE_ADDRESS, node_id, raft_address, client_address])
 
 
-def delivered(entries: list[tuple[bytes, int]]) -> bytes:
-    """Encode a DELIVERED: ``(schedule_key, attempt)`` of deliveries about to be pushed.
+def delivered(
+    entries: list[tuple[bytes, int]] | list[tuple[bytes, int, int | None]],
+    now_ms: int | None = None,
+) -> bytes:
+    """Encode a DELIVERED: ``(schedule_key, attempt[, first_ms])`` of deliveries about
+    to be pushed, at ``now_ms`` (the leader's stamp, their delivery time).
 
     The leader commits it before it pushes them, so attempt counts survive leader
-    changes and restarts and never go backwards.
+    changes and restarts and never go backwards. ``first_ms``: when the entry's first
+    delivery (never recorded) was pushed, if the leader knows.
     """
-    return encode([CommandKind.DELIVERED, entries])
+    if now_ms is None:
+        return encode([CommandKind.DELIVERED, entries])
+    return encode([CommandKind.DELIVERED, entries, now_ms])
 
 
 def purge_group(group_id: int, max_entries: int) -> bytes:
@@ -251,6 +339,37 @@ def release(entries: list[tuple[bytes, int]]) -> bytes:
     ``max_deliveries``.
     """
     return encode([CommandKind.RELEASE, entries])
+
+
+def cancel(topic: str, group_id: int | None, ids: list[int]) -> bytes:
+    """Encode a CANCEL: remove messages of ``topic`` by id from one group (or every
+    group, ``group_id`` None)."""
+    return encode([CommandKind.CANCEL, topic, group_id, ids])
+
+
+def reschedule(
+    now_ms: int, topic: str, group_id: int | None, ids: list[int], due_ms: int
+) -> bytes:
+    """Encode a RESCHEDULE: messages of ``topic`` by id get the new due time ``due_ms``
+    (in one group, or every group), stamped at ``now_ms``."""
+    return encode([CommandKind.RESCHEDULE, now_ms, topic, group_id, ids, due_ms])
+
+
+def purge(group_ids: list[int]) -> bytes:
+    """Encode a PURGE: every entry these groups hold now goes, by PURGE_GROUP chunks."""
+    return encode([CommandKind.PURGE, group_ids])
+
+
+def backfill_group(group_id: int, max_entries: int) -> bytes:
+    """Encode a BACKFILL_GROUP: copy the next chunk of the topic's backlog to a group
+    created ``from_backlog``."""
+    return encode([CommandKind.BACKFILL_GROUP, group_id, max_entries])
+
+
+def redrive(publish_ms: int, group_id: int, keys: list[bytes], due_ms: int) -> bytes:
+    """Encode a REDRIVE: dead letters (schedule keys of a dead-letter topic's group)
+    go back to their original topic and group, due at ``due_ms``."""
+    return encode([CommandKind.REDRIVE, publish_ms, group_id, keys, due_ms])
 
 
 NOOP: Final = encode([CommandKind.NOOP])

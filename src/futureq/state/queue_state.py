@@ -9,19 +9,26 @@ touches storage only through :class:`~futureq.state.store.StateStore`.
 Families written (``DESIGN.md``, "Storage layout"):
 
 * ``messages``: message id (8 bytes BE) -> ``[topic, payload, publish_ms, due_ms, open]``
+  (then headers and TTL when it has them: :class:`~futureq.state.records.MessageRecord`)
   where ``open`` counts the group entries still scheduled;
 * ``schedule``: ``group_id | due_ms | message_id`` (20 bytes BE) -> ``[attempt, expire_ms]``
-  or ``[attempt, expire_ms, released, released_attempt]``. ``attempt`` is the number of
+  or longer (:class:`~futureq.state.records.EntryValue`). ``attempt`` is the number of
   the last delivery recorded (a redelivery's by DELIVERED before it is pushed, so it
   never goes backwards; NACK and RELEASE record theirs); ``released`` counts deliveries
   given back unprocessed (RELEASE), which do not count towards ``max_deliveries``, the
-  last of them ``released_attempt``. Keyed by group first so each group reads its own
-  due order with one range scan (a group with no consumer keeps its backlog on disk);
+  last of them ``released_attempt``; then the first and last delivery times and the
+  last NACK's reason, as far as the log knows. Keyed by group first so each group reads
+  its own due order with one range scan (a group with no consumer keeps its backlog on
+  disk);
 * ``groups``: ``topic \\x00 group`` (UTF-8) -> ``[group_id, visibility_timeout_ms,
-  max_deliveries, implicit]``;
+  max_deliveries, implicit]`` (then ``dead_letter_expired`` when true);
 * ``meta``: applied index, applied digest, next group id, largest publish stamp,
   pending count per group, ``deleting:<group id>`` -> ``[topic, group, cursor]`` for a
-  deleted group whose schedule entries PURGE_GROUP commands are still removing.
+  deleted group whose schedule entries PURGE_GROUP commands are still removing,
+  ``purging:<group id>`` and ``backfill:<group id>`` for the background jobs of
+  PURGE and CREATE_GROUP ``from_backlog`` (:mod:`futureq.state.manage_ops`);
+* ``index``: secondary indexes of :mod:`futureq.state.manage_ops` (where an entry
+  moved, idempotency keys).
 
 Every apply writes its changes and the new applied index in one batch, so a restart
 replays exactly the log entries after it. The applied digest chains a CRC-32 over each
@@ -40,17 +47,42 @@ import msgpack
 from sortedcontainers import SortedDict
 
 from futureq.errors import NoSpaceError
-from futureq.state import commands, snapshot
+from futureq.state import commands, records, snapshot
 from futureq.state.commands import CommandKind
+from futureq.state.manage_ops import (
+    BACKFILL_PREFIX,
+    PURGING_PREFIX,
+    ManageOps,
+    moved_key,
+)
+from futureq.state.model import (
+    APPLY_STEP_ITEMS,
+    DEFAULT_GROUP,
+    DLQ_SUFFIX,
+    BackfillJob,
+    DeletingGroup,
+    GroupInfo,
+    PurgeJob,
+    Txn,
+)
+from futureq.state.records import EntryValue, MessageRecord
 from futureq.state.snapshot import SnapshotSource
 from futureq.state.store import Changes, SnapshotStore, StateStore
 
-APPLY_STEP_ITEMS: Final = 128
-"""Items (messages, tags, entries) handled per step of :meth:`QueueState.apply_steps`."""
+__all__ = [
+    "APPLY_STEP_ITEMS",
+    "DEFAULT_GROUP",
+    "DLQ_SUFFIX",
+    "NEW_TOPIC_WORK",
+    "DeletingGroup",
+    "GroupInfo",
+    "PublishResult",
+    "QueueState",
+    "ScheduleObserver",
+]
+
 NEW_TOPIC_WORK: Final = 7
 """A topic first seen in a batch counts as this many items of work (its group lookup)."""
-DEFAULT_GROUP: Final = "default"
-DLQ_SUFFIX: Final = ".dlq"
 
 _APPLIED: Final = b"applied_index"
 _DIGEST: Final = b"applied_digest"
@@ -71,54 +103,19 @@ def _u64(value: int) -> bytes:
     return value.to_bytes(8, "big")
 
 
-@attrs.define
-class GroupInfo:
-    """A consumer group of a topic.
+@attrs.frozen
+class PublishResult:
+    """What a PUBLISH with idempotency keys returns when some items were duplicates.
 
     Attributes:
-        group_id: Assigned through the log, unique per cluster, never reused.
-        topic: The topic it consumes.
-        name: The group's name.
-        visibility_timeout_ms: How long a delivery may stay unacked (ms).
-        max_deliveries: Attempts before a message is dead-lettered.
-        implicit: Created for a topic that had no group; the first group that
-            subscribes adopts it (renames it), so earlier messages are not lost.
-        pending: Schedule entries the group still holds (items).
+        first_id: The id item 0 has (or would have had): item ``i`` stored has id
+            ``first_id + i``.
+        duplicates: Position in the batch -> the id of the message stored earlier
+            with the same idempotency key; nothing was stored for these positions.
     """
 
-    group_id: int
-    topic: str
-    name: str
-    visibility_timeout_ms: int
-    max_deliveries: int
-    implicit: bool
-    pending: int = 0
-
-    @property
-    def dead_letter_topic(self) -> str | None:
-        """``<topic>.dlq``, or None for a topic that is itself a dead-letter topic."""
-        return None if self.topic.endswith(DLQ_SUFFIX) else self.topic + DLQ_SUFFIX
-
-
-@attrs.define
-class DeletingGroup:
-    """A deleted group whose schedule entries are still being purged, in bounded chunks.
-
-    Attributes:
-        group_id: The deleted group's id (never reused).
-        topic: Its topic.
-        name: Its name (a new group of the same name may exist meanwhile).
-        pending: Schedule entries still to purge (items).
-        cursor: The last schedule key purged: the next chunk starts after it, so no
-            chunk walks over what earlier ones deleted (RocksDB keeps tombstones a
-            while, and skipping them costs).
-    """
-
-    group_id: int
-    topic: str
-    name: str
-    pending: int = 0
-    cursor: bytes | None = None
+    first_id: int
+    duplicates: dict[int, int]
 
 
 class ScheduleObserver(Protocol):
@@ -143,13 +140,15 @@ class ScheduleObserver(Protocol):
         ...
 
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
-        """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER, RELEASE or
-        PURGE_GROUP (NACK and RELEASE schedule it again at once)."""
+        """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER, RELEASE,
+        PURGE_GROUP, CANCEL, RESCHEDULE or REDRIVE (NACK, RELEASE and RESCHEDULE
+        schedule it again at once)."""
         ...
 
     def on_group_changed(self, group_id: int) -> None:
         """One group was created, adopted, updated, deleted or purged (look it up in
-        ``groups``; a deleted one may still be in ``deleting``).
+        ``groups``; a deleted one may still be in ``deleting``), or a background job
+        of it started or ended (``purging``, ``backfilling``).
 
         Called once per group a command touches, so that work per new group stays
         O(1) however many groups exist (issue 10, "New topics cost O(log n)").
@@ -173,48 +172,12 @@ class _Unwritten:
     digest: int
 
 
-class _Txn:
-    """Changes of one apply, with read-your-writes over the store."""
-
-    __slots__ = ("changes", "store")
-
-    def __init__(self, store: StateStore) -> None:
-        self.store = store
-        self.changes: Changes = {"messages": {}, "schedule": {}, "groups": {}, "meta": {}}
-
-    def get(self, family: str, key: bytes) -> bytes | None:
-        pending = self.changes[family]
-        if key in pending:
-            return pending[key]
-        return self.store.get(family, key)
-
-    def put(self, family: str, key: bytes, value: bytes | None) -> None:
-        self.changes[family][key] = value
+def _arg(command: list[Any], position: int, default: Any = None) -> Any:
+    """A command's element, or ``default`` for a command written before it existed."""
+    return command[position] if len(command) > position else default
 
 
-def _schedule_value(
-    attempt: int, expire_ms: int | None, released: int = 0, released_attempt: int = 0
-) -> bytes:
-    value: list[Any] = [attempt, expire_ms]
-    if released:
-        value += [released, released_attempt]
-    data: bytes = _pack(value)
-    return data
-
-
-def _parse_schedule_value(data: bytes) -> tuple[int, int | None, int]:
-    """``(attempt, expire_ms, released)`` of a ``schedule`` value."""
-    value = _unpack(data)
-    return value[0], value[1], value[2] if len(value) > 2 else 0
-
-
-def _released_attempt(data: bytes) -> int:
-    """The attempt number last released (0: none) of a ``schedule`` value."""
-    value = _unpack(data)
-    return value[3] if len(value) > 3 else 0
-
-
-class QueueState:
+class QueueState(ManageOps):
     """The replicated queue state over a :class:`StateStore`.
 
     Args:
@@ -233,6 +196,10 @@ class QueueState:
         self.groups: dict[int, GroupInfo] = {}
         self.deleting: dict[int, DeletingGroup] = {}
         """Deleted groups whose entries PURGE_GROUP commands are still removing."""
+        self.purging: dict[int, PurgeJob] = {}
+        """Live groups a PURGE is emptying, by PURGE_GROUP chunks."""
+        self.backfilling: dict[int, BackfillJob] = {}
+        """Groups created ``from_backlog`` that BACKFILL_GROUP chunks are filling."""
         self._by_topic: SortedDict = SortedDict()
         """topic -> {group name -> group id}, in topic name order."""
         self.total_pending = 0
@@ -248,12 +215,14 @@ class QueueState:
         self._load()
 
     def _load(self) -> None:
-        """Read the in-memory indexes (groups, pending counts, node addresses) from the store."""
+        """Read the in-memory indexes (groups, pending counts, node addresses, jobs)."""
         store = self.store
         self._unwritten = None
         snapshot.check_not_restoring(store)
         self.groups.clear()
         self.deleting.clear()
+        self.purging.clear()
+        self.backfilling.clear()
         self._by_topic.clear()
         self.node_addresses.clear()
         self.total_pending = 0
@@ -273,9 +242,11 @@ class QueueState:
             )
         for key, value in store.scan("groups", b""):
             topic, _, name = key.decode("utf-8").partition("\x00")
-            gid, visibility, max_deliveries, implicit = _unpack(value)
+            fields = _unpack(value)
+            gid, visibility, max_deliveries, implicit = fields[:4]
             pending = store.get("meta", _PENDING + gid.to_bytes(4, "big"))
             info = GroupInfo(gid, topic, name, visibility, max_deliveries, implicit)
+            info.dead_letter_expired = bool(fields[4]) if len(fields) > 4 else False
             info.pending = 0 if pending is None else int.from_bytes(pending, "big")
             self.total_pending += info.pending
             self.groups[gid] = info
@@ -286,6 +257,14 @@ class QueueState:
             pending = store.get("meta", _PENDING + gid.to_bytes(4, "big"))
             count = 0 if pending is None else int.from_bytes(pending, "big")
             self.deleting[gid] = DeletingGroup(gid, topic, name, count, cursor)
+        for key, value in store.scan("meta", PURGING_PREFIX, PURGING_PREFIX + b"\xff"):
+            gid = int.from_bytes(key[len(PURGING_PREFIX) :], "big")
+            bound_id, cursor = _unpack(value)
+            self.purging[gid] = PurgeJob(gid, bound_id, cursor)
+        for key, value in store.scan("meta", BACKFILL_PREFIX, BACKFILL_PREFIX + b"\xff"):
+            gid = int.from_bytes(key[len(BACKFILL_PREFIX) :], "big")
+            bound_id, sources, source, cursor = _unpack(value)
+            self.backfilling[gid] = BackfillJob(gid, bound_id, sources, source, cursor)
 
     # ------------------------------------------------------------------ reads
 
@@ -326,8 +305,13 @@ class QueueState:
         data = self.store.get("messages", _u64(mid))
         if data is None:
             return None
-        topic, payload, publish_ms, due_ms, open_entries = _unpack(data)
-        return topic, payload, publish_ms, due_ms, open_entries
+        value = _unpack(data)
+        return value[0], value[1], value[2], value[3], value[4]
+
+    def get_record(self, mid: int) -> MessageRecord | None:
+        """The stored message ``mid`` (headers and TTL included), or None."""
+        data = self.store.get("messages", _u64(mid))
+        return None if data is None else MessageRecord.decode(data)
 
     def get_schedule(self, key: bytes) -> tuple[int, int | None] | None:
         """``(attempt, expire_ms)`` of a schedule entry, or None when it is gone."""
@@ -337,7 +321,26 @@ class QueueState:
     def get_schedule_entry(self, key: bytes) -> tuple[int, int | None, int] | None:
         """``(attempt, expire_ms, released)`` of a schedule entry, or None when it is gone."""
         data = self.store.get("schedule", key)
-        return None if data is None else _parse_schedule_value(data)
+        if data is None:
+            return None
+        entry = EntryValue.decode(data)
+        return entry.attempt, entry.expire_ms, entry.released
+
+    def get_entry(self, key: bytes) -> EntryValue | None:
+        """The whole value of a schedule entry, or None when it is gone."""
+        data = self.store.get("schedule", key)
+        return None if data is None else EntryValue.decode(data)
+
+    def entry_key(self, mid: int, group_id: int) -> bytes | None:
+        """The schedule key of message ``mid`` in group ``group_id``, or None when the
+        group does not hold it. O(log n): two or three point reads."""
+        data = self.store.get("messages", _u64(mid))
+        if data is None:
+            return None
+        moved = self.store.get("index", moved_key(mid, group_id))
+        due_ms = int.from_bytes(moved, "big") if moved is not None else _unpack(data)[3]
+        key = commands.schedule_key(group_id, due_ms, mid)
+        return key if self.store.get("schedule", key) is not None else None
 
     def scan_schedule(
         self, group_id: int, start_due_ms: int, start_mid: int, limit: int
@@ -366,8 +369,8 @@ class QueueState:
             if count >= limit:
                 return
             _, due_ms, mid = commands.parse_schedule_key(key)
-            attempt, expire_ms, released = _parse_schedule_value(value)
-            yield due_ms, mid, attempt, expire_ms, released
+            entry = _unpack(value)
+            yield due_ms, mid, entry[0], entry[1], entry[2] if len(entry) > 2 else 0
 
     # ------------------------------------------------------------------ apply
 
@@ -379,10 +382,13 @@ class QueueState:
             data: The command's msgpack bytes (:mod:`futureq.state.commands`).
 
         Returns:
-            PUBLISH and DEAD_LETTER: the first message id; ACK, NACK, EXPIRE,
-            DELIVERED, RELEASE, PURGE_GROUP: how many entries were still scheduled and
-            are now handled; CREATE_GROUP: the group id; DELETE_GROUP: True if it
-            existed; NOOP: None.
+            PUBLISH: the first message id, or a :class:`PublishResult` when items with
+            idempotency keys were duplicates; DEAD_LETTER: the first message id; ACK,
+            NACK, EXPIRE, DELIVERED, RELEASE, PURGE_GROUP, BACKFILL_GROUP: how many
+            entries were handled; PURGE: how many entries the groups held;
+            CREATE_GROUP: the group id; DELETE_GROUP: True if it existed; CANCEL,
+            RESCHEDULE, REDRIVE: one :class:`~futureq.state.commands.ItemStatus` per
+            item; NOOP: None.
 
         Raises:
             StorageError: from the store; the node must stop.
@@ -415,43 +421,90 @@ class QueueState:
             return (yield from self._write_and_notify(unwritten))
         command = commands.decode(data)
         kind = command[0]
-        txn = _Txn(self.store)
+        txn = Txn(self.store)
         effects: list[tuple[Any, ...]] = []
         touched: set[int] = set()
         result: Any = None
         if kind == CommandKind.PUBLISH:
-            settings = commands.GroupSettings.from_wire(command[3] if len(command) > 3 else None)
+            settings = commands.GroupSettings.from_wire(_arg(command, 3))
+            duplicates: dict[int, int] = {}
             result = yield from self._publish(
-                txn, index, command[1], command[2], effects, touched, settings
+                txn,
+                index,
+                command[1],
+                command[2],
+                effects,
+                touched,
+                settings,
+                _arg(command, 4, 0),
+                duplicates,
             )
+            if duplicates:
+                result = PublishResult(result, duplicates)
         elif kind == CommandKind.DELIVERED:
-            result = yield from self._delivered(txn, command[1])
+            result = yield from self._delivered(txn, command[1], _arg(command, 2))
         elif kind == CommandKind.RELEASE:
             result = yield from self._release(txn, command[1], effects)
         elif kind == CommandKind.ACK:
             result = yield from self._remove(txn, command[1], CommandKind.ACK, effects, touched)
         elif kind == CommandKind.EXPIRE:
-            result = yield from self._remove(txn, command[1], CommandKind.EXPIRE, effects, touched)
-        elif kind == CommandKind.NACK:
-            result = yield from self._nack(
-                txn, command[1], command[2], command[3], effects, touched
+            result = yield from self._expire(
+                txn,
+                index,
+                command[1],
+                _arg(command, 2),
+                commands.GroupSettings.from_wire(_arg(command, 3)),
+                effects,
+                touched,
             )
+        elif kind == CommandKind.NACK:
+            result = yield from self._nack(txn, index, command, effects, touched)
         elif kind == CommandKind.DEAD_LETTER:
-            settings = commands.GroupSettings.from_wire(command[3] if len(command) > 3 else None)
+            settings = commands.GroupSettings.from_wire(_arg(command, 3))
             result = yield from self._dead_letter(
                 txn, index, command[1], command[2], effects, touched, settings
             )
         elif kind == CommandKind.CREATE_GROUP:
-            settings = commands.GroupSettings.from_wire(command[5] if len(command) > 5 else None)
+            settings = commands.GroupSettings.from_wire(_arg(command, 5))
             result = self._create_group(
-                txn, command[1], command[2], command[3], command[4], settings, effects
+                txn,
+                index,
+                command[1],
+                command[2],
+                command[3],
+                command[4],
+                settings,
+                _arg(command, 6),
+                bool(_arg(command, 7, False)),
+                effects,
             )
         elif kind == CommandKind.DELETE_GROUP:
             result = self._delete_group(txn, command[1], command[2], effects, touched)
         elif kind == CommandKind.PURGE_GROUP:
-            result = yield from self._purge_group(txn, command[1], command[2], effects, touched)
+            if command[1] in self.deleting:
+                result = yield from self._purge_group(
+                    txn, command[1], command[2], effects, touched
+                )
+            else:
+                result = yield from self._purge_chunk(
+                    txn, command[1], command[2], effects, touched
+                )
         elif kind == CommandKind.NODE_ADDRESS:
             self._node_address(txn, command[1], command[2], command[3], effects)
+        elif kind == CommandKind.CANCEL:
+            result = yield from self._cancel(txn, command[1], command[2], command[3], effects, touched)
+        elif kind == CommandKind.RESCHEDULE:
+            result = yield from self._reschedule(
+                txn, command[2], command[3], command[4], command[5], effects, touched
+            )
+        elif kind == CommandKind.PURGE:
+            result = self._purge(txn, index, command[1], effects)
+        elif kind == CommandKind.BACKFILL_GROUP:
+            result = yield from self._backfill_chunk(txn, command[1], command[2], effects, touched)
+        elif kind == CommandKind.REDRIVE:
+            result = yield from self._redrive(
+                txn, index, command[1], command[2], command[3], command[4], effects, touched
+            )
         else:
             assert kind == CommandKind.NOOP, f"unknown command kind {kind}"
         for gid in sorted(touched):
@@ -473,11 +526,14 @@ class QueueState:
         # The digest covers what this apply wrote, not only the command: two replicas
         # that resolve the same command differently (a node-local default, a bug) show
         # different digests at the same index.
-        digest = zlib.crc32(_pack(txn.changes), zlib.crc32(_u64(index), self.applied_digest))
+        changes = txn.changes
+        if not changes["index"]:
+            del changes["index"]  # so commands that never touch it digest as before
+        digest = zlib.crc32(_pack(changes), zlib.crc32(_u64(index), self.applied_digest))
         meta[_DIGEST] = digest.to_bytes(4, "big")
         return (
             yield from self._write_and_notify(
-                _Unwritten(index, data, txn.changes, effects, result, digest)
+                _Unwritten(index, data, changes, effects, result, digest)
             )
         )
 
@@ -502,14 +558,16 @@ class QueueState:
         if observer is not None:
             # In steps too: observers may see the store ahead of their notifications
             # (ScheduleObserver says they must cope), never behind.
+            on_scheduled = observer.on_scheduled
             for position, effect in enumerate(effects):
                 if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                     yield
-                if effect[0] == "s":
-                    observer.on_scheduled(*effect[1:])
-                elif effect[0] == "u":
+                kind = effect[0]
+                if kind == "s":
+                    on_scheduled(*effect[1:])
+                elif kind == "u":
                     observer.on_unscheduled(*effect[1:])
-                elif effect[0] == "g":
+                elif kind == "g":
                     observer.on_group_changed(effect[1])
         if self.on_nodes_changed is not None and any(effect[0] == "n" for effect in effects):
             self.on_nodes_changed()
@@ -560,7 +618,7 @@ class QueueState:
     def restore(self, data: bytes, index: int) -> None:
         """Replace the whole state with a snapshot's and set the applied index to ``index``.
 
-        The snapshot is checked before anything is written; then the four families
+        The snapshot is checked before anything is written; then the state families
         are replaced (crash-safe: :func:`futureq.state.snapshot.restore_into`), the
         in-memory indexes are rebuilt, and the observer is told the groups changed
         (the dispatcher reloads from disk) and ``on_nodes_changed`` is called.
@@ -585,7 +643,7 @@ class QueueState:
 
     def _node_address(
         self,
-        txn: _Txn,
+        txn: Txn,
         node_id: int,
         raft_address: str | None,
         client_address: str | None,
@@ -606,48 +664,101 @@ class QueueState:
 
     def _publish(
         self,
-        txn: _Txn,
+        txn: Txn,
         index: int,
         publish_ms: int,
         items: list[list[Any]],
         effects: list[tuple[Any, ...]],
         touched: set[int],
         settings: commands.GroupSettings,
+        window_ms: int = 0,
+        duplicates: dict[int, int] | None = None,
     ) -> Generator[None, None, int]:
+        """Store a batch of items (``[topic, payload, due_ms, ttl_ms, headers?, key?]``)
+        as messages ``message_id(index, position)``, each for every group of its topic.
+
+        An item whose idempotency key still names a message is not stored; its
+        position maps to that message's id in ``duplicates``.
+        """
         assert len(items) <= commands.MAX_BATCH_POSITIONS
-        if publish_ms > self.last_publish_ms:
-            self.last_publish_ms = publish_ms
-            txn.put("meta", _LAST_PUBLISH, _u64(publish_ms))
-        messages = txn.changes["messages"]
-        schedule = txn.changes["schedule"]
+        self._note_publish_ms(txn, publish_ms)
         first_id = commands.message_id(index, 0)
         targets: dict[str, list[GroupInfo]] = {}
         work = 0
-        for position, (topic, payload, due_ms, ttl_ms) in enumerate(items):
+        for position, item in enumerate(items):
             work += 1
             if work >= APPLY_STEP_ITEMS:
                 work = 0
                 yield
+            topic = item[0]
+            mid = first_id + position
+            if len(item) > 5 and item[5] is not None:
+                original = self._claim_idempotency_key(
+                    txn, topic, item[5], mid, publish_ms, window_ms
+                )
+                if original is not None:
+                    if duplicates is not None:
+                        duplicates[position] = original
+                    continue
             groups = targets.get(topic)
             if groups is None:
                 groups = targets[topic] = self._targets(txn, topic, settings, effects)
                 work += NEW_TOPIC_WORK
-            mid = first_id + position
-            expire_ms = None if ttl_ms is None else due_ms + ttl_ms
-            messages[_u64(mid)] = _pack([topic, payload, publish_ms, due_ms, len(groups)])
-            value = _pack([0, expire_ms])
-            for info in groups:
-                gid = info.group_id
-                schedule[commands.schedule_key(gid, due_ms, mid)] = value
-                info.pending += 1
-                self.total_pending += 1
-                touched.add(gid)
-                effects.append(("s", gid, due_ms, mid, expire_ms, 0))
+            self._insert_message(
+                txn,
+                mid,
+                topic,
+                item[1],
+                publish_ms,
+                item[2],
+                item[3],
+                item[4] if len(item) > 4 else None,
+                groups,
+                effects,
+                touched,
+            )
+        if window_ms:
+            yield from self._prune_idempotency_keys(txn, publish_ms, window_ms)
         return first_id
+
+    def _note_publish_ms(self, txn: Txn, publish_ms: int) -> None:
+        """Remember the largest publish stamp committed (a new leader never stamps below)."""
+        if publish_ms > self.last_publish_ms:
+            self.last_publish_ms = publish_ms
+            txn.put("meta", _LAST_PUBLISH, _u64(publish_ms))
+
+    def _insert_message(
+        self,
+        txn: Txn,
+        mid: int,
+        topic: str,
+        payload: bytes,
+        publish_ms: int,
+        due_ms: int,
+        ttl_ms: int | None,
+        headers: dict[str, str] | None,
+        groups: list[GroupInfo],
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> None:
+        """Store message ``mid`` with one fresh schedule entry per group of ``groups``."""
+        expire_ms = None if ttl_ms is None else due_ms + ttl_ms
+        txn.changes["messages"][_u64(mid)] = records.encode_message(
+            topic, payload, publish_ms, due_ms, len(groups), headers or None, ttl_ms
+        )
+        value = _pack([0, expire_ms])
+        schedule = txn.changes["schedule"]
+        for info in groups:
+            gid = info.group_id
+            schedule[commands.schedule_key(gid, due_ms, mid)] = value
+            info.pending += 1
+            self.total_pending += 1
+            touched.add(gid)
+            effects.append(("s", gid, due_ms, mid, expire_ms, 0))
 
     def _targets(
         self,
-        txn: _Txn,
+        txn: Txn,
         topic: str,
         settings: commands.GroupSettings,
         effects: list[tuple[Any, ...]],
@@ -663,24 +774,34 @@ class QueueState:
                     settings.max_deliveries,
                     True,
                     effects,
+                    settings.dead_letter_expired,
                 )
             ]
         return groups
 
     def _new_group(
         self,
-        txn: _Txn,
+        txn: Txn,
         topic: str,
         name: str,
         visibility_timeout_ms: int,
         max_deliveries: int,
         implicit: bool,
         effects: list[tuple[Any, ...]],
+        dead_letter_expired: bool = False,
     ) -> GroupInfo:
         gid = self._next_group_id
         self._next_group_id += 1
         txn.put("meta", _NEXT_GROUP, self._next_group_id.to_bytes(8, "big"))
-        info = GroupInfo(gid, topic, name, visibility_timeout_ms, max_deliveries, implicit)
+        info = GroupInfo(
+            gid,
+            topic,
+            name,
+            visibility_timeout_ms,
+            max_deliveries,
+            implicit,
+            dead_letter_expired=dead_letter_expired,
+        )
         self._store_group(txn, info)
         self.groups[gid] = info
         self._by_topic.setdefault(topic, {})[name] = gid
@@ -691,16 +812,20 @@ class QueueState:
     def _group_key(topic: str, name: str) -> bytes:
         return f"{topic}\x00{name}".encode()
 
-    def _store_group(self, txn: _Txn, info: GroupInfo) -> None:
-        txn.put(
-            "groups",
-            self._group_key(info.topic, info.name),
-            _pack([info.group_id, info.visibility_timeout_ms, info.max_deliveries, info.implicit]),
-        )
+    def _store_group(self, txn: Txn, info: GroupInfo) -> None:
+        value: list[Any] = [
+            info.group_id,
+            info.visibility_timeout_ms,
+            info.max_deliveries,
+            info.implicit,
+        ]
+        if info.dead_letter_expired:
+            value.append(True)
+        txn.put("groups", self._group_key(info.topic, info.name), _pack(value))
 
     def _drop_entry(
         self,
-        txn: _Txn,
+        txn: Txn,
         key: bytes,
         reason: CommandKind,
         effects: list[tuple[Any, ...]],
@@ -716,7 +841,8 @@ class QueueState:
         if value is None:
             return None
         gid, due_ms, mid = commands.parse_schedule_key(key)
-        attempt, expire_ms, _ = _parse_schedule_value(value)
+        entry = _unpack(value)
+        attempt, expire_ms = entry[0], entry[1]
         txn.put("schedule", key, None)
         info = self.groups.get(gid)
         if info is not None:
@@ -726,21 +852,25 @@ class QueueState:
         elif gid in self.deleting:
             self.deleting[gid].pending -= 1
             touched.add(gid)
-        self._release_message(txn, mid)
+        self._release_message(txn, mid, gid, due_ms)
         effects.append(("u", gid, due_ms, mid, reason))
         return gid, mid, attempt, expire_ms
 
-    def _release_message(self, txn: _Txn, mid: int) -> None:
+    def _release_message(self, txn: Txn, mid: int, gid: int, due_ms: int) -> None:
+        """One entry of ``mid`` (in group ``gid``, due at ``due_ms``) is gone: count it
+        out, forget where it moved, and delete the message with its last entry."""
         mkey = _u64(mid)
         data = txn.get("messages", mkey)
         assert data is not None, f"schedule entry without message {mid}"
         record = _unpack(data)
         record[4] -= 1
+        if due_ms != record[3]:
+            txn.put("index", moved_key(mid, gid), None)
         txn.put("messages", mkey, None if record[4] <= 0 else _pack(record))
 
     def _remove(
         self,
-        txn: _Txn,
+        txn: Txn,
         keys: list[bytes],
         reason: CommandKind,
         effects: list[tuple[Any, ...]],
@@ -754,27 +884,72 @@ class QueueState:
                 done += 1
         return done
 
-    def _delivered(self, txn: _Txn, entries: list[list[Any]]) -> Generator[None, None, int]:
-        """Record the attempt number of redeliveries about to be pushed (never lowered)."""
+    def _expire(
+        self,
+        txn: Txn,
+        index: int,
+        keys: list[bytes],
+        publish_ms: int | None,
+        settings: commands.GroupSettings,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> Generator[None, None, int]:
+        """Remove expired entries; those of a ``dead_letter_expired`` group go to its
+        dead-letter topic (reason ``expired``), or are parked on a dead-letter topic."""
         done = 0
-        for position, (key, attempt) in enumerate(entries):
+        dead: list[list[Any]] = []
+        for position, key in enumerate(keys):
             if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                 yield
+            info = self.groups.get(commands.parse_schedule_key(key)[0])
+            if publish_ms is not None and info is not None and info.dead_letter_expired:
+                value = txn.get("schedule", key)
+                if value is None:
+                    continue
+                if self._dead_letter_entry(
+                    txn,
+                    key,
+                    info,
+                    EntryValue.decode(value),
+                    records.REASON_EXPIRED,
+                    None,
+                    publish_ms,
+                    dead,
+                    effects,
+                    touched,
+                ):
+                    done += 1
+            elif self._drop_entry(txn, key, CommandKind.EXPIRE, effects, touched) is not None:
+                done += 1
+        if dead:
+            assert publish_ms is not None
+            yield from self._publish(txn, index, publish_ms, dead, effects, touched, settings)
+        return done
+
+    def _delivered(
+        self, txn: Txn, entries: list[list[Any]], now_ms: int | None
+    ) -> Generator[None, None, int]:
+        """Record the attempt number (and time) of redeliveries about to be pushed; an
+        attempt is never lowered."""
+        done = 0
+        for position, item in enumerate(entries):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
+            key, attempt = item[0], item[1]
             value = txn.get("schedule", key)
             if value is None:
                 continue  # acked, expired or deleted meanwhile
-            stored, expire_ms, released = _parse_schedule_value(value)
-            if attempt > stored:
-                txn.put(
-                    "schedule",
-                    key,
-                    _schedule_value(attempt, expire_ms, released, _released_attempt(value)),
-                )
+            entry = EntryValue.decode(value)
+            if attempt > entry.attempt:
+                entry.attempt = attempt
+                if now_ms is not None:
+                    entry.record_delivery(item[2] if len(item) > 2 else None, now_ms)
+                txn.put("schedule", key, entry.encode())
                 done += 1
         return done
 
     def _release(
-        self, txn: _Txn, entries: list[list[Any]], effects: list[tuple[Any, ...]]
+        self, txn: Txn, entries: list[list[Any]], effects: list[tuple[Any, ...]]
     ) -> Generator[None, None, int]:
         """Give deliveries back unprocessed: due again at once, the attempt not counted.
 
@@ -789,54 +964,104 @@ class QueueState:
             value = txn.get("schedule", key)
             if value is None:
                 continue
-            stored, expire_ms, released = _parse_schedule_value(value)
-            if attempt < max(stored, 1) or _released_attempt(value) == attempt:
+            entry = EntryValue.decode(value)
+            if attempt < max(entry.attempt, 1) or entry.released_attempt == attempt:
                 continue
             gid, due_ms, mid = commands.parse_schedule_key(key)
-            txn.put("schedule", key, _schedule_value(attempt, expire_ms, released + 1, attempt))
+            entry.attempt = attempt
+            entry.released += 1
+            entry.released_attempt = attempt
+            txn.put("schedule", key, entry.encode())
             effects.append(("u", gid, due_ms, mid, CommandKind.RELEASE))
-            effects.append(("s", gid, due_ms, mid, expire_ms, attempt, released + 1))
+            effects.append(("s", gid, due_ms, mid, entry.expire_ms, attempt, entry.released))
             done += 1
         return done
 
     def _nack(
         self,
-        txn: _Txn,
-        now_ms: int,
-        requeue_delay_ms: int,
-        entries: list[list[Any]],
+        txn: Txn,
+        index: int,
+        command: list[Any],
         effects: list[tuple[Any, ...]],
         touched: set[int],
     ) -> Generator[None, None, int]:
+        """Refused deliveries: due again after the delay, or dead-lettered at once
+        (``dead_letter``: reason ``rejected``), the consumer's reason text kept."""
+        now_ms, requeue_delay_ms, entries = command[1], command[2], command[3]
+        reason: str | None = _arg(command, 4)
+        to_dead_letter = bool(_arg(command, 5, False))
+        settings = commands.GroupSettings.from_wire(_arg(command, 6))
         done = 0
-        for position, (key, attempt) in enumerate(entries):
+        dead: list[list[Any]] = []
+        for position, item in enumerate(entries):
             if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                 yield
+            key, attempt = item[0], item[1]
+            pushed_ms = item[2] if len(item) > 2 else None
             value = txn.get("schedule", key)
             if value is None:
                 continue
             gid, due_ms, mid = commands.parse_schedule_key(key)
-            stored, expire_ms, released = _parse_schedule_value(value)
-            attempt = max(attempt, stored)
+            entry = EntryValue.decode(value)
+            entry.attempt = max(attempt, entry.attempt)
+            if pushed_ms is not None:
+                entry.record_delivery(pushed_ms, pushed_ms)
+            if reason is not None:
+                entry.reason = reason
+            info = self.groups.get(gid)
+            if to_dead_letter and info is not None:
+                if self._dead_letter_entry(
+                    txn,
+                    key,
+                    info,
+                    entry,
+                    records.REASON_REJECTED,
+                    reason,
+                    now_ms,
+                    dead,
+                    effects,
+                    touched,
+                ):
+                    done += 1
+                continue
             new_due = max(now_ms + requeue_delay_ms, due_ms)
-            new_key = commands.schedule_key(gid, new_due, mid)
-            txn.put("schedule", key, None)
-            txn.put(
-                "schedule",
-                new_key,
-                _schedule_value(attempt, expire_ms, released, _released_attempt(value)),
-            )
-            effects.append(("u", gid, due_ms, mid, CommandKind.NACK))
-            if released:
-                effects.append(("s", gid, new_due, mid, expire_ms, attempt, released))
-            else:
-                effects.append(("s", gid, new_due, mid, expire_ms, attempt))
+            self._move_entry(txn, key, gid, due_ms, mid, new_due, entry, CommandKind.NACK, effects)
             done += 1
+        if dead:
+            yield from self._publish(txn, index, now_ms, dead, effects, touched, settings)
         return done
+
+    def _move_entry(
+        self,
+        txn: Txn,
+        key: bytes,
+        gid: int,
+        due_ms: int,
+        mid: int,
+        new_due: int,
+        entry: EntryValue,
+        reason: CommandKind,
+        effects: list[tuple[Any, ...]],
+    ) -> None:
+        """Write ``entry`` as the group's entry of ``mid``, due at ``new_due`` (it was due
+        at ``due_ms`` under ``key``), and remember where it moved."""
+        new_key = commands.schedule_key(gid, new_due, mid)
+        txn.put("schedule", key, None)
+        txn.put("schedule", new_key, entry.encode())
+        if new_due != due_ms:
+            data = txn.get("messages", _u64(mid))
+            assert data is not None, f"schedule entry without message {mid}"
+            published_due = _unpack(data)[3]
+            txn.put("index", moved_key(mid, gid), None if new_due == published_due else _u64(new_due))
+        effects.append(("u", gid, due_ms, mid, reason))
+        if entry.released:
+            effects.append(("s", gid, new_due, mid, entry.expire_ms, entry.attempt, entry.released))
+        else:
+            effects.append(("s", gid, new_due, mid, entry.expire_ms, entry.attempt))
 
     def _dead_letter(
         self,
-        txn: _Txn,
+        txn: Txn,
         index: int,
         publish_ms: int,
         entries: list[list[Any]],
@@ -844,37 +1069,55 @@ class QueueState:
         touched: set[int],
         settings: commands.GroupSettings,
     ) -> Generator[None, None, int]:
+        """Entries out of attempts go to their dead-letter topic with their provenance
+        in headers (reason ``max-deliveries``); those of a dead-letter topic are parked."""
         items: list[list[Any]] = []
-        for position, (key, _attempt) in enumerate(entries):
+        for position, item in enumerate(entries):
             if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                 yield
-            gid, _, mid = commands.parse_schedule_key(key)
-            data = txn.get("messages", _u64(mid))
-            info = self.groups.get(gid)
-            if data is None or info is None or info.dead_letter_topic is None:
+            key, attempt = item[0], item[1]
+            first_ms = item[2] if len(item) > 2 else None
+            info = self.groups.get(commands.parse_schedule_key(key)[0])
+            value = txn.get("schedule", key)
+            if info is None or value is None:
                 continue
-            if self._drop_entry(txn, key, CommandKind.DEAD_LETTER, effects, touched) is None:
-                continue
-            topic, payload = _unpack(data)[:2]
-            items.append([info.dead_letter_topic, payload, publish_ms, None])
+            entry = EntryValue.decode(value)
+            entry.attempt = max(attempt, entry.attempt)
+            entry.record_delivery(first_ms, first_ms if entry.last_delivery_ms is None else None)
+            self._dead_letter_entry(
+                txn,
+                key,
+                info,
+                entry,
+                records.REASON_MAX_DELIVERIES,
+                None,
+                publish_ms,
+                items,
+                effects,
+                touched,
+            )
         if not items:
             return commands.message_id(index, 0)
         return (yield from self._publish(txn, index, publish_ms, items, effects, touched, settings))
 
     def _create_group(
         self,
-        txn: _Txn,
+        txn: Txn,
+        index: int,
         topic: str,
         name: str,
         visibility_timeout_ms: int | None,
         max_deliveries: int | None,
         settings: commands.GroupSettings,
+        dead_letter_expired: bool | None,
+        from_backlog: bool,
         effects: list[tuple[Any, ...]],
     ) -> int:
         """Create, adopt or update a group.
 
         A None field keeps the value of an existing (or adopted implicit) group; a
-        new group takes it from ``settings``, the defaults the leader resolved.
+        new group takes it from ``settings``, the defaults the leader resolved. A new
+        group ``from_backlog`` starts a backfill job (:meth:`_start_backfill`).
         """
         existing = self.find_group(topic, name)
         if existing is None:
@@ -899,25 +1142,33 @@ class QueueState:
                     settings.max_deliveries if max_deliveries is None else max_deliveries,
                     False,
                     effects,
+                    settings.dead_letter_expired
+                    if dead_letter_expired is None
+                    else dead_letter_expired,
                 )
+                if from_backlog and groups:
+                    self._start_backfill(txn, index, info, groups)
                 return info.group_id
         existing.implicit = False
         if visibility_timeout_ms is not None:
             existing.visibility_timeout_ms = visibility_timeout_ms
         if max_deliveries is not None:
             existing.max_deliveries = max_deliveries
+        if dead_letter_expired is not None:
+            existing.dead_letter_expired = dead_letter_expired
         self._store_group(txn, existing)
         effects.append(("g", existing.group_id))
         return existing.group_id
 
     def _delete_group(
-        self, txn: _Txn, topic: str, name: str, effects: list[tuple[Any, ...]], touched: set[int]
+        self, txn: Txn, topic: str, name: str, effects: list[tuple[Any, ...]], touched: set[int]
     ) -> bool:
         """Delete a group at once; its schedule entries go later, by PURGE_GROUP chunks.
 
         The group disappears from :attr:`groups` (no delivery, no new entries, its name
         free for a new group); it waits in :attr:`deleting` until purged, so one
-        command never has to remove an unbounded number of entries.
+        command never has to remove an unbounded number of entries. A purge or
+        backfill of it in progress ends.
         """
         info = self.find_group(topic, name)
         if info is None:
@@ -929,6 +1180,7 @@ class QueueState:
         if not self._by_topic[topic]:
             del self._by_topic[topic]
         self.total_pending -= info.pending
+        self._end_jobs(txn, gid)
         if info.pending > 0:
             self.deleting[gid] = DeletingGroup(gid, topic, name, info.pending)
             txn.put("meta", _DELETING + gid.to_bytes(4, "big"), _pack([topic, name, None]))
@@ -940,7 +1192,7 @@ class QueueState:
 
     def _purge_group(
         self,
-        txn: _Txn,
+        txn: Txn,
         gid: int,
         max_entries: int,
         effects: list[tuple[Any, ...]],
@@ -984,7 +1236,7 @@ class QueueState:
             touched.add(gid)
         return done
 
-    def _forget_deleted(self, txn: _Txn, gid: int, effects: list[tuple[Any, ...]]) -> None:
+    def _forget_deleted(self, txn: Txn, gid: int, effects: list[tuple[Any, ...]]) -> None:
         """A deleted group has no entry left: forget it for good."""
         del self.deleting[gid]
         txn.put("meta", _DELETING + gid.to_bytes(4, "big"), None)

@@ -2,11 +2,12 @@
 
 Raft compacts its log behind a snapshot and sends the snapshot to followers that fell
 too far behind (Raft paper §7). A FutureQ state snapshot is a byte-level copy of the
-four state families (``messages``, ``schedule``, ``groups``, ``meta``) at one applied
-index. It copies stored records as they are, so it is only readable by a build with
-the same record layout (storage schema version 1 for format 1).
+state families (``messages``, ``schedule``, ``groups``, ``meta``, ``index``) at one
+applied index. It copies stored records as they are, so it is only readable by a build
+that reads the same record layouts (storage schema version 1 for formats 1 and 2).
 
-Format (version 1): a stream of consecutive msgpack values, bin type for bytes:
+Format 2 added the ``index`` family (issue 14); format 1 snapshots, which have none,
+are still read. Format (version 2): a stream of consecutive msgpack values, bin type for bytes:
 
 1. header: ``["futureq-state", 1, index]`` — format version, and the applied index
    the snapshot covers;
@@ -48,9 +49,11 @@ import msgpack
 from futureq.errors import StorageError
 from futureq.state.store import Changes, SnapshotStore, StateStore, StoreView
 
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+READABLE_VERSIONS: Final = frozenset({1, 2})
+"""Formats :func:`restore_into` reads (1: written before the ``index`` family)."""
 MAGIC: Final = "futureq-state"
-FAMILIES: Final = ("messages", "schedule", "groups", "meta")
+FAMILIES: Final = ("messages", "schedule", "groups", "meta", "index")
 """The state families, in the order a snapshot holds them."""
 CHUNK_RECORDS: Final = 4096
 """Records per chunk when serializing."""
@@ -78,7 +81,7 @@ class SnapshotSource:
     Made by :meth:`~futureq.state.queue_state.QueueState.snapshot_source`.
 
     Args:
-        view: A view of (at least) the four state families.
+        view: A view of (at least) the state families.
         index: The applied index the view covers.
 
     Attributes:
@@ -159,10 +162,10 @@ def _chunks(data: bytes) -> Iterator[tuple[str, list[bytes]]]:
             or type(header[2]) is not int
         ):
             raise CorruptSnapshotError("the data is not a FutureQ state snapshot (bad header)")
-        if header[1] != FORMAT_VERSION:
+        if header[1] not in READABLE_VERSIONS:
             raise CorruptSnapshotError(
                 f"state snapshot format {header[1]!r} is not supported; this build reads "
-                f"format {FORMAT_VERSION}"
+                f"formats {sorted(READABLE_VERSIONS)}"
             )
         records = 0
         family_rank = 0
@@ -218,7 +221,7 @@ def snapshot_index(data: bytes) -> int:
 
 
 def restore_into(store: SnapshotStore, data: bytes, index: int) -> None:
-    """Replace the four state families of ``store`` with the snapshot's.
+    """Replace the state families of ``store`` with the snapshot's.
 
     Checks the whole snapshot first (nothing is written if it is corrupt), then
     writes the ``restoring`` marker, clears the families, writes the records in

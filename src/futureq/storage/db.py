@@ -1,7 +1,7 @@
 """Open, write and close the node's RocksDB (``DESIGN.md``, "Storage layout").
 
 Column families: ``raft_log``, ``raft_state``, ``messages``, ``schedule``, ``groups``,
-``meta``. Synced writes are for the log; state-machine writes are unsynced, with the
+``meta``, ``index``. Synced writes are for the log; state-machine writes are unsynced, with the
 WAL on, so that after a crash RocksDB recovers a prefix of the writes in the order
 they were made (the applied index travels in the same batch as the state it covers).
 """
@@ -29,7 +29,7 @@ from futureq.errors import DataDirectoryInUseError, NoSpaceError, StorageError
 
 log = logging.getLogger(__name__)
 
-FAMILIES: Final = ("raft_log", "raft_state", "messages", "schedule", "groups", "meta")
+FAMILIES: Final = ("raft_log", "raft_state", "messages", "schedule", "groups", "meta", "index")
 SCHEMA_VERSION: Final = 1
 _SCHEMA_KEY: Final = b"schema_version"
 _NO_SPACE_TEXTS: Final = tuple(

@@ -58,6 +58,37 @@ class FrameType(enum.IntEnum):
     EXTEND = 27
     RELEASE = 28
     SUBSCRIPTION_INFO = 29
+    # 35-39: issue 13 (live overview for dashboards)
+    WATCH = 35
+    WATCH_UPDATE = 36
+    UNWATCH = 37
+    # 40-59: managing scheduled messages (issue 14).
+    CANCEL = 40
+    ITEM_RESULTS = 41
+    BROWSE = 42
+    BROWSE_OK = 43
+    REDRIVE = 44
+    RESCHEDULE = 45
+    PURGE = 46
+
+
+class ItemStatus(enum.IntEnum):
+    """Per-item outcome of CANCEL (and the other by-id management requests) in
+    ITEM_RESULTS (``docs/protocol.md``, "ITEM_RESULTS")."""
+
+    DONE = 0
+    """Cancelled (never delivered), rescheduled or redriven."""
+    DELIVERED = 1
+    """CANCEL: removed, but it had been delivered already (at least once)."""
+    UNKNOWN = 2
+    """Not pending there: never published, or already acked, expired, dead-lettered,
+    cancelled or purged (or, with a group, not in that group)."""
+    NO_TARGET = 3
+    """REDRIVE: its original group no longer exists; it stays a dead letter."""
+
+
+MAX_MESSAGE_ID = 2**64 - 1
+"""Largest message id (``docs/protocol.md``, "Message ids")."""
 
 
 class RevokeReason(enum.IntEnum):
@@ -113,6 +144,14 @@ def _list(frame: str, name: str, value: Any) -> list[Any]:
     if type(value) is not list:
         raise _bad(frame, f"field {name!r} must be an array, got {type(value).__name__}")
     return value
+
+
+def _int_list(frame: str, name: str, value: Any) -> list[int]:
+    items = _list(frame, name, value)
+    for i, item in enumerate(items):
+        if type(item) is not int:
+            raise _bad(frame, f"{name}[{i}] must be an integer, got {type(item).__name__}")
+    return items
 
 
 def _bytes_list(frame: str, name: str, value: Any) -> list[bytes]:
@@ -223,24 +262,43 @@ class Publish:
 class PublishOk:
     """Answer to PUBLISH: the ids of the batch are ``first_id + i`` for item ``i``.
 
-    ``first_id`` is None when the publish used ack level NONE.
+    ``first_id`` is None when the publish used ack level NONE. ``duplicates`` (sent
+    only when some item's idempotency key still named a message): ``[[position, id],
+    ...]``, the items for which nothing was stored and the id of the message their key
+    names (map keys must be strings on this protocol, so pairs, not a map).
     """
 
     TYPE: ClassVar[FrameType] = FrameType.PUBLISH_OK
     request_id: int
     first_id: int | None
     count: int
+    duplicates: list[list[int]] | None = None
 
     def to_wire(self) -> list[Any]:
+        if self.duplicates:
+            return [self.TYPE, self.request_id, self.first_id, self.count, self.duplicates]
         return [self.TYPE, self.request_id, self.first_id, self.count]
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> PublishOk:
-        _arity("PUBLISH_OK", f, 2)
+        if len(f) != 3:
+            _arity("PUBLISH_OK", f, 2)
+        duplicates = None
+        if len(f) == 3:
+            pairs = _list("PUBLISH_OK", "duplicates", f[2])
+            for pair in pairs:
+                if (
+                    type(pair) is not list
+                    or len(pair) != 2
+                    or not all(type(x) is int and x >= 0 for x in pair)
+                ):
+                    raise _bad("PUBLISH_OK", "duplicates must be [[position, id], ...]")
+            duplicates = pairs
         return cls(
             rid,
             _opt_int("PUBLISH_OK", "first_id", f[0], minimum=0),
             _int("PUBLISH_OK", "count", f[1], minimum=0),
+            duplicates,
         )
 
 
@@ -249,7 +307,9 @@ class Subscribe:
     """Start receiving a topic's messages as a member of a consumer group.
 
     ``prefetch`` is the initial credit: the most unacked deliveries the server may
-    push to this subscription (items, >= 1).
+    push to this subscription (items, >= 1). ``headers``: DELIVER items of this
+    subscription carry each message's headers as a seventh element (an optional
+    trailing field, sent only when true).
     """
 
     TYPE: ClassVar[FrameType] = FrameType.SUBSCRIBE
@@ -257,18 +317,30 @@ class Subscribe:
     topic: str
     group: str
     prefetch: int
+    headers: bool = False
 
     def to_wire(self) -> list[Any]:
+        if self.headers:
+            return [self.TYPE, self.request_id, self.topic, self.group, self.prefetch, True]
         return [self.TYPE, self.request_id, self.topic, self.group, self.prefetch]
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> Subscribe:
-        _arity("SUBSCRIBE", f, 3)
+        if len(f) != 4:
+            _arity("SUBSCRIBE", f, 3)
+        headers = False
+        if len(f) == 4:
+            if type(f[3]) is not bool:
+                raise _bad(
+                    "SUBSCRIBE", f"field 'headers' must be true or false, got {type(f[3]).__name__}"
+                )
+            headers = f[3]
         return cls(
             rid,
             _str("SUBSCRIBE", "topic", f[0]),
             _str("SUBSCRIBE", "group", f[1]),
             _int("SUBSCRIBE", "prefetch", f[2]),
+            headers,
         )
 
 
@@ -294,8 +366,9 @@ class Deliver:
     """Server push of due messages to one subscription (request id 0).
 
     ``deliveries`` holds ``[tag: bytes, id: int, payload: bytes, due_ms: int,
-    publish_ms: int, attempt: int]`` lists; ``delivered_ms`` is the server's wall clock
-    when it sent the frame (ms since the Unix epoch).
+    publish_ms: int, attempt: int]`` lists, with ``headers`` (map or nil) as a seventh
+    element for a subscription that asked for them; ``delivered_ms`` is the server's
+    wall clock when it sent the frame (ms since the Unix epoch).
     """
 
     TYPE: ClassVar[FrameType] = FrameType.DELIVER
@@ -320,10 +393,11 @@ class Deliver:
         for d in deliveries:
             if (
                 type(d) is not list
-                or len(d) != 6
+                or len(d) not in (6, 7)
                 or type(d[0]) is not bytes
                 or type(d[2]) is not bytes
                 or not all(type(x) is int for x in (d[1], d[3], d[4], d[5]))
+                or (len(d) == 7 and d[6] is not None and type(d[6]) is not dict)
             ):
                 raise _bad(
                     "DELIVER",
@@ -356,20 +430,49 @@ class Ack:
 
 @attrs.frozen
 class Nack:
-    """Refuse deliveries; each is delivered again after ``requeue_delay_ms`` (>= 0)."""
+    """Refuse deliveries; each is delivered again after ``requeue_delay_ms`` (>= 0).
+
+    Optional trailing fields (sent only when set): ``reason``, a short text kept with
+    each entry and shown in its dead letter's headers; ``dead_letter``, send them to
+    the dead-letter topic now (reason ``rejected``) instead.
+    """
 
     TYPE: ClassVar[FrameType] = FrameType.NACK
     request_id: int
     tags: list[bytes]
     requeue_delay_ms: int
+    reason: str | None = None
+    dead_letter: bool = False
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.request_id, self.tags, self.requeue_delay_ms]
+        if self.reason is None and not self.dead_letter:
+            return [self.TYPE, self.request_id, self.tags, self.requeue_delay_ms]
+        return [
+            self.TYPE,
+            self.request_id,
+            self.tags,
+            self.requeue_delay_ms,
+            self.reason,
+            self.dead_letter,
+        ]
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> Nack:
-        _arity("NACK", f, 2)
-        return cls(rid, _bytes_list("NACK", "tags", f[0]), _int("NACK", "requeue_delay_ms", f[1]))
+        if len(f) != 4:
+            _arity("NACK", f, 2)
+        reason, dead_letter = None, False
+        if len(f) == 4:
+            reason = _opt_str("NACK", "reason", f[2])
+            if type(f[3]) is not bool:
+                raise _bad("NACK", f"field 'dead_letter' must be true or false, got {type(f[3]).__name__}")
+            dead_letter = f[3]
+        return cls(
+            rid,
+            _bytes_list("NACK", "tags", f[0]),
+            _int("NACK", "requeue_delay_ms", f[1]),
+            reason,
+            dead_letter,
+        )
 
 
 @attrs.frozen
@@ -533,6 +636,10 @@ class GroupCreate:
 
     ``visibility_timeout_ms``: how long a delivery may stay unacked before it is
     delivered again (ms, >= 1). ``max_deliveries``: attempts before dead-lettering (>= 1).
+    Optional trailing fields, sent only when set: ``from_backlog``, a group this
+    creates also gets every message of the topic still pending in its other groups;
+    ``dead_letter_expired``, an expired message goes to the dead-letter topic (reason
+    ``expired``) instead of being dropped (None keeps the group's setting).
     """
 
     TYPE: ClassVar[FrameType] = FrameType.GROUP_CREATE
@@ -541,9 +648,11 @@ class GroupCreate:
     group: str
     visibility_timeout_ms: int | None = None
     max_deliveries: int | None = None
+    from_backlog: bool = False
+    dead_letter_expired: bool | None = None
 
     def to_wire(self) -> list[Any]:
-        return [
+        value: list[Any] = [
             self.TYPE,
             self.request_id,
             self.topic,
@@ -551,16 +660,41 @@ class GroupCreate:
             self.visibility_timeout_ms,
             self.max_deliveries,
         ]
+        if self.dead_letter_expired is not None:
+            value += [self.from_backlog, self.dead_letter_expired]
+        elif self.from_backlog:
+            value.append(True)
+        return value
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> GroupCreate:
-        _arity("GROUP_CREATE", f, 4)
+        if len(f) not in (5, 6):
+            _arity("GROUP_CREATE", f, 4)
+        from_backlog = False
+        dead_letter_expired = None
+        if len(f) >= 5:
+            if type(f[4]) is not bool:
+                raise _bad(
+                    "GROUP_CREATE",
+                    f"field 'from_backlog' must be true or false, got {type(f[4]).__name__}",
+                )
+            from_backlog = f[4]
+        if len(f) == 6:
+            if f[5] is not None and type(f[5]) is not bool:
+                raise _bad(
+                    "GROUP_CREATE",
+                    f"field 'dead_letter_expired' must be true, false or nil, got "
+                    f"{type(f[5]).__name__}",
+                )
+            dead_letter_expired = f[5]
         return cls(
             rid,
             _str("GROUP_CREATE", "topic", f[0]),
             _str("GROUP_CREATE", "group", f[1]),
             _opt_int("GROUP_CREATE", "visibility_timeout_ms", f[2]),
             _opt_int("GROUP_CREATE", "max_deliveries", f[3]),
+            from_backlog,
+            dead_letter_expired,
         )
 
 
@@ -811,6 +945,308 @@ class SubscriptionInfo:
         )
 
 
+MIN_WATCH_INTERVAL_MS = 250
+"""Shortest WATCH interval a server accepts (ms)."""
+MAX_WATCH_INTERVAL_MS = 60_000
+"""Longest WATCH interval a server accepts (ms)."""
+
+
+@attrs.frozen
+class Watch:
+    """Ask for the node's overview now and then every ``interval_ms`` (WATCH_UPDATE).
+
+    One watch per connection; a second WATCH replaces the first.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.WATCH
+    request_id: int
+    interval_ms: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.interval_ms]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Watch:
+        _arity("WATCH", f, 1)
+        return cls(rid, _int("WATCH", "interval_ms", f[0]))
+
+
+@attrs.frozen
+class WatchUpdate:
+    """One overview of the node (shape in ``docs/protocol.md``, "WATCH_UPDATE"),
+    echoing the WATCH's request id."""
+
+    TYPE: ClassVar[FrameType] = FrameType.WATCH_UPDATE
+    request_id: int
+    overview: dict[str, Any]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.overview]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> WatchUpdate:
+        _arity("WATCH_UPDATE", f, 1)
+        if type(f[0]) is not dict:
+            raise _bad("WATCH_UPDATE", "field 'overview' must be a map")
+        return cls(rid, f[0])
+
+
+@attrs.frozen
+class Unwatch:
+    """Stop this connection's watch; answered with OK."""
+
+    TYPE: ClassVar[FrameType] = FrameType.UNWATCH
+    request_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Unwatch:
+        _arity("UNWATCH", f, 0)
+        return cls(rid)
+
+
+@attrs.frozen
+class Cancel:
+    """Remove scheduled messages by id from one group of a topic, or from every group.
+
+    ``group`` None: every group of ``topic``. ``ids``: message ids (as PUBLISH_OK gave
+    them), at most ``max_batch_items``. Answered with ITEM_RESULTS, one
+    :class:`ItemStatus` per id, once committed.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.CANCEL
+    request_id: int
+    topic: str
+    group: str | None
+    ids: list[int]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.topic, self.group, self.ids]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Cancel:
+        _arity("CANCEL", f, 3)
+        return cls(
+            rid,
+            _str("CANCEL", "topic", f[0]),
+            _opt_str("CANCEL", "group", f[1]),
+            _int_list("CANCEL", "ids", f[2]),
+        )
+
+
+@attrs.frozen
+class ItemResults:
+    """Answer to CANCEL: one :class:`ItemStatus` number per item, in request order."""
+
+    TYPE: ClassVar[FrameType] = FrameType.ITEM_RESULTS
+    request_id: int
+    results: list[int]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.results]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> ItemResults:
+        _arity("ITEM_RESULTS", f, 1)
+        return cls(rid, _int_list("ITEM_RESULTS", "results", f[0]))
+
+
+def _opt_bytes(frame: str, name: str, value: Any) -> bytes | None:
+    if value is not None and type(value) is not bytes:
+        raise _bad(frame, f"field {name!r} must be binary or nil, got {type(value).__name__}")
+    return value
+
+
+@attrs.frozen
+class Browse:
+    """Read a page of one group's pending messages in due order, claiming none.
+
+    ``group`` None: the topic's only group. ``from_due_ms`` / ``to_due_ms``: due at or
+    after / before (ms; None: unbounded). ``cursor``: BROWSE_OK's ``next_cursor`` for
+    the next page (None: the first). ``limit``: messages per page (1 to 1000).
+    ``preview_bytes``: payload bytes to include per message (0 to 1024). Answered
+    with BROWSE_OK.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.BROWSE
+    request_id: int
+    topic: str
+    group: str | None
+    from_due_ms: int | None
+    to_due_ms: int | None
+    cursor: bytes | None
+    limit: int
+    preview_bytes: int
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.request_id,
+            self.topic,
+            self.group,
+            self.from_due_ms,
+            self.to_due_ms,
+            self.cursor,
+            self.limit,
+            self.preview_bytes,
+        ]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Browse:
+        _arity("BROWSE", f, 7)
+        return cls(
+            rid,
+            _str("BROWSE", "topic", f[0]),
+            _opt_str("BROWSE", "group", f[1]),
+            _opt_int("BROWSE", "from_due_ms", f[2]),
+            _opt_int("BROWSE", "to_due_ms", f[3]),
+            _opt_bytes("BROWSE", "cursor", f[4]),
+            _int("BROWSE", "limit", f[5]),
+            _int("BROWSE", "preview_bytes", f[6]),
+        )
+
+
+@attrs.frozen
+class BrowseOk:
+    """Answer to BROWSE: ``group`` (the one browsed), ``messages`` and ``next_cursor``.
+
+    A message is ``[id, due_ms | nil (parked), attempt, payload_bytes, headers | nil,
+    preview | nil, expire_ms | nil]`` (``docs/protocol.md``, "BROWSE_OK");
+    ``next_cursor`` None: nothing more in the range.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.BROWSE_OK
+    request_id: int
+    group: str
+    messages: list[list[Any]]
+    next_cursor: bytes | None
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.group, self.messages, self.next_cursor]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> BrowseOk:
+        _arity("BROWSE_OK", f, 3)
+        messages = _list("BROWSE_OK", "messages", f[1])
+        for i, m in enumerate(messages):
+            if (
+                type(m) is not list
+                or len(m) != 7
+                or type(m[0]) is not int
+                or (m[1] is not None and type(m[1]) is not int)
+                or type(m[2]) is not int
+                or type(m[3]) is not int
+                or (m[4] is not None and type(m[4]) is not dict)
+                or (m[5] is not None and type(m[5]) is not bytes)
+                or (m[6] is not None and type(m[6]) is not int)
+            ):
+                raise _bad("BROWSE_OK", f"messages[{i}] must be [id, due_ms, attempt, "
+                           "payload_bytes, headers, preview, expire_ms]")
+        return cls(
+            rid,
+            _str("BROWSE_OK", "group", f[0]),
+            messages,
+            _opt_bytes("BROWSE_OK", "next_cursor", f[2]),
+        )
+
+
+@attrs.frozen
+class Redrive:
+    """Move dead letters of ``topic`` (held in ``topic.dlq``) back to the topic and the
+    group they died in, by dead-letter message id, due after ``delay_ms`` (>= 0).
+
+    ``group``: the dead-letter topic's group holding them; None: its only group.
+    Answered with ITEM_RESULTS: DONE, UNKNOWN or NO_TARGET per id.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.REDRIVE
+    request_id: int
+    topic: str
+    group: str | None
+    ids: list[int]
+    delay_ms: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.topic, self.group, self.ids, self.delay_ms]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Redrive:
+        _arity("REDRIVE", f, 4)
+        return cls(
+            rid,
+            _str("REDRIVE", "topic", f[0]),
+            _opt_str("REDRIVE", "group", f[1]),
+            _int_list("REDRIVE", "ids", f[2]),
+            _int("REDRIVE", "delay_ms", f[3]),
+        )
+
+
+@attrs.frozen
+class Reschedule:
+    """Give pending messages of ``topic`` a new due time, by id, in one group or all.
+
+    Exactly one of ``due_ms`` (absolute, ms since the Unix epoch) and ``delay_ms``
+    (from the leader's stamp, ms). Attempts are kept; a TTL counts from the new due
+    time. Answered with ITEM_RESULTS: DONE or UNKNOWN per id.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.RESCHEDULE
+    request_id: int
+    topic: str
+    group: str | None
+    ids: list[int]
+    due_ms: int | None
+    delay_ms: int | None
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.request_id,
+            self.topic,
+            self.group,
+            self.ids,
+            self.due_ms,
+            self.delay_ms,
+        ]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Reschedule:
+        _arity("RESCHEDULE", f, 5)
+        return cls(
+            rid,
+            _str("RESCHEDULE", "topic", f[0]),
+            _opt_str("RESCHEDULE", "group", f[1]),
+            _int_list("RESCHEDULE", "ids", f[2]),
+            _opt_int("RESCHEDULE", "due_ms", f[3]),
+            _opt_int("RESCHEDULE", "delay_ms", f[4]),
+        )
+
+
+@attrs.frozen
+class Purge:
+    """Remove every message pending now in one group of ``topic`` (or all its groups).
+
+    Answered with OK (``result`` = entries to remove) once the purge has started; the
+    leader removes them in bounded chunks in the background. Messages published after
+    it stay.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.PURGE
+    request_id: int
+    topic: str
+    group: str | None
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.topic, self.group]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Purge:
+        _arity("PURGE", f, 2)
+        return cls(rid, _str("PURGE", "topic", f[0]), _opt_str("PURGE", "group", f[1]))
+
+
 Frame = (
     Hello
     | HelloOk
@@ -841,6 +1277,16 @@ Frame = (
     | Extend
     | Release
     | SubscriptionInfo
+    | Watch
+    | WatchUpdate
+    | Unwatch
+    | Cancel
+    | ItemResults
+    | Browse
+    | BrowseOk
+    | Redrive
+    | Reschedule
+    | Purge
 )
 
 FRAME_CLASSES: dict[int, Any] = {
@@ -875,6 +1321,16 @@ FRAME_CLASSES: dict[int, Any] = {
         Extend,
         Release,
         SubscriptionInfo,
+        Watch,
+        WatchUpdate,
+        Unwatch,
+        Cancel,
+        ItemResults,
+        Browse,
+        BrowseOk,
+        Redrive,
+        Reschedule,
+        Purge,
     )
 }
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -201,9 +201,23 @@ def _shown(value: str) -> str:
     return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
-def validate_publish_items(
-    items: list[Any], limits: Limits, now_ms: int
-) -> list[tuple[str, bytes, int, int | None]]:
+MAX_HEADERS: Final = 32
+"""Most headers one message may carry (``docs/protocol.md``, "Headers")."""
+MAX_HEADER_BYTES: Final = 4096
+"""Most UTF-8 bytes of one message's header names and values together."""
+RESERVED_HEADER_PREFIX: Final = "futureq-"
+"""Header names the broker sets (dead-letter provenance); a publish may not."""
+MAX_IDEMPOTENCY_KEY_BYTES: Final = 255
+"""Longest idempotency key (UTF-8 bytes)."""
+
+ValidItem = tuple[str, bytes, int, int | None] | tuple[
+    str, bytes, int, int | None, dict[str, str] | None, str | None
+]
+"""A validated PUBLISH item: ``(topic, payload, due_ms, ttl_ms)``, then ``headers`` and
+``idempotency_key`` when either is given."""
+
+
+def validate_publish_items(items: list[Any], limits: Limits, now_ms: int) -> list[ValidItem]:
     """Validate a PUBLISH batch and resolve each item's delay against ``now_ms``.
 
     Args:
@@ -212,7 +226,8 @@ def validate_publish_items(
         now_ms: The publish time the leader stamps (ms since the Unix epoch).
 
     Returns:
-        One ``(topic, payload, due_ms, ttl_ms)`` tuple per item, in order. ``due_ms`` is
+        One ``(topic, payload, due_ms, ttl_ms)`` tuple per item (with ``headers`` and
+        ``idempotency_key`` after them when either is given), in order. ``due_ms`` is
         ``now_ms + delay_ms``, or ``max(deliver_at_ms, now_ms)`` for an absolute time
         in the past (due at once; never earlier than publish).
 
@@ -220,9 +235,10 @@ def validate_publish_items(
         RequestError: for the first bad item, with ``item_index`` set; codes
             EMPTY_BATCH, BATCH_TOO_LARGE, INVALID_FIELD, INVALID_TOPIC, RESERVED_TOPIC,
             PAYLOAD_TOO_LARGE, INVALID_DELAY, DELAY_TOO_LARGE, DUE_TIME_OVERFLOW,
-            INVALID_TTL. Nothing of a refused batch is written.
+            INVALID_TTL, INVALID_HEADERS, INVALID_IDEMPOTENCY_KEY. Nothing of a refused
+            batch is written.
     """
-    out: list[tuple[str, bytes, int, int | None]] = []
+    out: list[ValidItem] = []
     for _ in validate_publish_items_in_steps(items, limits, now_ms, out):
         pass
     return out
@@ -232,11 +248,79 @@ VALIDATE_STEP_ITEMS = 512
 """Items checked per step of :func:`validate_publish_items_in_steps`."""
 
 
+def check_headers(value: Any, index: int) -> dict[str, str] | None:
+    """A PUBLISH item's ``headers``: None or a map str -> str within the limits.
+
+    Raises:
+        RequestError: INVALID_HEADERS naming the problem (``item_index`` = ``index``).
+    """
+    if value is None:
+        return None
+    if type(value) is not dict:
+        raise RequestError(
+            ErrorCode.INVALID_HEADERS,
+            f"headers must be a map of strings to strings or nil, got {type(value).__name__}",
+            index,
+        )
+    if len(value) > MAX_HEADERS:
+        raise RequestError(
+            ErrorCode.INVALID_HEADERS,
+            f"{len(value)} headers; the limit is {MAX_HEADERS} per message",
+            index,
+        )
+    size = 0
+    for name, text in value.items():
+        if type(name) is not str or type(text) is not str:
+            raise RequestError(
+                ErrorCode.INVALID_HEADERS,
+                f"header names and values must be strings, got {type(name).__name__} -> "
+                f"{type(text).__name__}",
+                index,
+            )
+        if not name:
+            raise RequestError(ErrorCode.INVALID_HEADERS, "a header name is empty", index)
+        if name.startswith(RESERVED_HEADER_PREFIX):
+            raise RequestError(
+                ErrorCode.INVALID_HEADERS,
+                f"header {_shown(name)} starts with {RESERVED_HEADER_PREFIX!r}, which is "
+                "reserved for the broker (dead-letter provenance); rename it",
+                index,
+            )
+        size += len(name.encode("utf-8")) + len(text.encode("utf-8"))
+    if size > MAX_HEADER_BYTES:
+        raise RequestError(
+            ErrorCode.INVALID_HEADERS,
+            f"headers hold {size} bytes; the limit is {MAX_HEADER_BYTES} bytes per message "
+            "(names and values, UTF-8)",
+            index,
+        )
+    return value or None
+
+
+def check_idempotency_key(value: Any, index: int) -> str | None:
+    """A PUBLISH item's ``idempotency_key``: None or 1 to 255 UTF-8 bytes.
+
+    Raises:
+        RequestError: INVALID_IDEMPOTENCY_KEY (``item_index`` = ``index``).
+    """
+    if value is None:
+        return None
+    if type(value) is not str or not 1 <= len(value.encode("utf-8")) <= MAX_IDEMPOTENCY_KEY_BYTES:
+        got = type(value).__name__ if type(value) is not str else f"{len(value.encode())} bytes"
+        raise RequestError(
+            ErrorCode.INVALID_IDEMPOTENCY_KEY,
+            f"idempotency_key must be a string of 1 to {MAX_IDEMPOTENCY_KEY_BYTES} UTF-8 "
+            f"bytes or nil, got {got}",
+            index,
+        )
+    return value
+
+
 def validate_publish_items_in_steps(
     items: list[Any],
     limits: Limits,
     now_ms: int,
-    out: list[tuple[str, bytes, int, int | None]],
+    out: list[ValidItem],
 ) -> Iterator[None]:
     """:func:`validate_publish_items` in steps of :data:`VALIDATE_STEP_ITEMS` items.
 
@@ -260,13 +344,14 @@ def validate_publish_items_in_steps(
     for i, item in enumerate(items):
         if i % VALIDATE_STEP_ITEMS == VALIDATE_STEP_ITEMS - 1:
             yield
-        if type(item) is not list or len(item) != 5:
+        if type(item) is not list or len(item) not in (5, 7):
             raise RequestError(
                 ErrorCode.INVALID_FIELD,
-                "each item must be an array [topic, payload, delay_ms, deliver_at_ms, ttl_ms]",
+                "each item must be an array [topic, payload, delay_ms, deliver_at_ms, ttl_ms] "
+                "or [topic, payload, delay_ms, deliver_at_ms, ttl_ms, headers, idempotency_key]",
                 i,
             )
-        topic, payload, delay_ms, deliver_at_ms, ttl_ms = item
+        topic, payload, delay_ms, deliver_at_ms, ttl_ms = item[:5]
         if type(topic) is not str:
             raise RequestError(
                 ErrorCode.INVALID_FIELD, f"topic must be a string, got {type(topic).__name__}", i
@@ -380,7 +465,19 @@ def validate_publish_items_in_steps(
                 raise RequestError(
                     ErrorCode.DUE_TIME_OVERFLOW, "due time plus ttl_ms does not fit in 64 bits", i
                 )
-        out.append((topic, payload, due_ms, ttl_ms))
+        if len(item) == 7 and (item[5] is not None or item[6] is not None):
+            out.append(
+                (
+                    topic,
+                    payload,
+                    due_ms,
+                    ttl_ms,
+                    check_headers(item[5], i),
+                    check_idempotency_key(item[6], i),
+                )
+            )
+        else:
+            out.append((topic, payload, due_ms, ttl_ms))
 
 
 def check_tags(tags: list[bytes], limits: Limits) -> None:

@@ -164,6 +164,13 @@ REQUESTS: dict[frames.FrameType, frames.Frame] = {
     frames.FrameType.CLUSTER_ADD_NODE: frames.ClusterAddNode(1, 2, "h:1", "h:2"),
     frames.FrameType.CLUSTER_REMOVE_NODE: frames.ClusterRemoveNode(1, 2),
     frames.FrameType.CLUSTER_TRANSFER_LEADER: frames.ClusterTransferLeader(1, 2),
+    frames.FrameType.WATCH: frames.Watch(1, 1000),
+    frames.FrameType.UNWATCH: frames.Unwatch(1),
+    frames.FrameType.CANCEL: frames.Cancel(1, "t", None, [1]),
+    frames.FrameType.BROWSE: frames.Browse(1, "t", None, None, None, None, 10, 0),
+    frames.FrameType.REDRIVE: frames.Redrive(1, "t", None, [1], 0),
+    frames.FrameType.RESCHEDULE: frames.Reschedule(1, "t", None, [1], None, 0),
+    frames.FrameType.PURGE: frames.Purge(1, "t", None),
 }
 
 
@@ -183,13 +190,26 @@ def test_a_frame_type_without_a_rule_is_refused_to_all_but_everything() -> None:
     check_frame(Principal("admin", EVERYTHING), hello)
 
 
+def test_watch_needs_monitor() -> None:
+    watcher = Principal("ops", Permissions(monitor=True))
+    check_frame(watcher, frames.Watch(1, 1000))
+    with pytest.raises(RequestError, match="needs monitor"):
+        check_frame(Principal("billing", Permissions((">",), (">",), (">",))), frames.Watch(1, 1000))
+
+
 @pytest.mark.parametrize("frame_type", sorted(REQUESTS), ids=lambda t: t.name)
-def test_a_client_with_no_permission_may_send_only_ping_pong_and_status(
+def test_a_client_with_no_permission_may_send_only_ping_pong_status_and_unwatch(
     frame_type: frames.FrameType,
 ) -> None:
     nobody = Principal("nobody", Permissions())
     frame = REQUESTS[frame_type]
-    if frame_type in (frames.FrameType.PING, frames.FrameType.PONG, frames.FrameType.STATUS):
+    free = (
+        frames.FrameType.PING,
+        frames.FrameType.PONG,
+        frames.FrameType.STATUS,
+        frames.FrameType.UNWATCH,
+    )
+    if frame_type in free:
         check_frame(nobody, frame)
         return
     with pytest.raises(RequestError) as info:

@@ -36,6 +36,10 @@ def test_publish_item_refuses_text_payload_and_double_delay() -> None:
 
 def test_ids_follow_first_id() -> None:
     assert ids_from_publish_ok(41, 3, 3) == [41, 42, 43]
+    # Items whose idempotency key named an earlier message get that message's id.
+    assert ids_from_publish_ok(41, 3, 3, [[1, 7]]) == [41, 7, 43]
+    with pytest.raises(RemoteProtocolError):
+        ids_from_publish_ok(41, 3, 3, [[3, 7]])
 
 
 @pytest.mark.parametrize(("first_id", "count", "sent"), [(1, 2, 3), (None, 3, 3)])

@@ -26,6 +26,12 @@ from futureq.cli.durations import MAX_DURATION_MS, duration_ms_arg, parse_durati
         ("0.1s", 100),
         (" 7S ", 7_000),
         ("2 h", 7_200_000),
+        ("1h30m", 5_400_000),
+        ("2m30s", 150_000),
+        ("1d12h", 129_600_000),
+        ("1m 30s", 90_000),
+        ("1h0m5s250ms", 3_605_250),
+        ("1.5h30s", 5_430_000),
     ],
 )
 def test_parses_every_unit(text: str, expected_ms: int) -> None:
@@ -36,6 +42,26 @@ def test_parses_every_unit(text: str, expected_ms: int) -> None:
 def test_rejects_bad_text_with_a_sentence(text: str) -> None:
     with pytest.raises(ValueError, match="duration|milliseconds"):
         parse_duration_ms(text)
+
+
+@pytest.mark.parametrize("text", ["30m1h", "1h1h", "5s2m", "1h30", "1h-30m", "h30m"])
+def test_compound_durations_go_from_the_largest_unit_down(text: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration_ms(text)
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=10**6), min_size=5, max_size=5),
+    st.lists(st.booleans(), min_size=5, max_size=5),
+)
+def test_compound_durations_add_up(numbers: list[int], used: list[bool]) -> None:
+    units = ["d", "h", "m", "s", "ms"]
+    factors = [86_400_000, 3_600_000, 60_000, 1_000, 1]
+    if not any(used):
+        used = [False, False, False, False, True]
+    text = "".join(f"{n}{u}" for n, u, keep in zip(numbers, units, used, strict=True) if keep)
+    expected = sum(n * f for n, f, keep in zip(numbers, factors, used, strict=True) if keep)
+    assert parse_duration_ms(text) == expected
 
 
 def test_rejects_overflow() -> None:

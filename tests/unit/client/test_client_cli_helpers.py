@@ -3,32 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import io
-import json
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from futureq.cli.client_main import (
-    LineFailure,
     build_parser,
+    deprecation_warnings,
     error_line,
     format_ms,
     main,
     parse_at_ms,
+)
+from futureq.cli.jsonl import (
+    LineError,
+    LineFailure,
     parse_jsonl,
     parse_jsonl_line,
-    payload_from_json,
     render_payload,
+    strict_loads,
 )
 from futureq.client import PublishItem
 from futureq.errors import ConnectionLostError, ErrorCode, RemoteProtocolError, RequestError
 
 
 def test_jsonl_good_line_shapes() -> None:
+    # A JSON payload is sent exactly as written (spaces, number spellings and all).
     assert parse_jsonl_line('{"topic": "t", "payload": {"a": [1, 2]}}') == PublishItem(
-        "t", b'{"a":[1,2]}'
+        "t", b'{"a": [1, 2]}'
     )
     assert parse_jsonl_line('{"topic": "t", "payload": "text", "delay_ms": 5}') == PublishItem(
         "t", b"text", delay_ms=5
@@ -42,7 +47,7 @@ def test_jsonl_good_line_shapes() -> None:
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        ("{oops", "invalid JSON"),
+        ("{oops", "expected a key"),
         ("[1]", "expected a JSON object"),
         ('{"payload": 1}', '"topic" must be a string'),
         ('{"topic": "t"}', '"payload" is missing'),
@@ -57,7 +62,7 @@ def test_jsonl_good_line_shapes() -> None:
     ],
 )
 def test_jsonl_bad_lines_say_why(line: str, reason: str) -> None:
-    with pytest.raises(ValueError, match=reason):
+    with pytest.raises(LineError, match=reason):
         parse_jsonl_line(line)
 
 
@@ -67,34 +72,46 @@ def test_jsonl_reports_line_numbers_and_skips_blanks() -> None:
     assert [item.line_number for item in items] == [1, 4]
     assert [item.item.topic for item in items] == ["a", "b"]
     assert [failure.line_number for failure in failures] == [3]
-    assert isinstance(failures[0], LineFailure) and "invalid JSON" in failures[0].reason
+    assert isinstance(failures[0], LineFailure) and "expected a JSON object" in failures[0].reason
+    assert str(failures[0]) == "line 3, column 1: expected a JSON object (a line starting with {)"
 
 
-def test_payload_from_json_keeps_strings_as_text() -> None:
-    assert payload_from_json("héllo") == "héllo".encode()
-    assert payload_from_json({"b": 1, "a": "é"}) == '{"b":1,"a":"é"}'.encode()
-    assert payload_from_json(3) == b"3"
+def test_string_payloads_are_sent_as_their_text() -> None:
+    assert parse_jsonl_line('{"topic":"t","payload":"héllo"}') == PublishItem("t", "héllo".encode())
+    assert parse_jsonl_line('{"topic":"t","payload":3}') == PublishItem("t", b"3")
 
 
 @pytest.mark.parametrize(
     ("payload", "expected"),
     [
-        (b'{"a": 1}', ({"a": 1}, "json")),
-        (b"42", (42, "json")),
-        (b"hello world", ("hello world", "text")),
-        (b"", ("", "text")),
-        (b"\xff\x00", ("/wA=", "base64")),
+        (b'{"a": 1}', ('{"a": 1}', "json")),
+        (b'{"amount":10.50}', ('{"amount":10.50}', "json")),
+        (b"42", ("42", "json")),
+        (b"hello world", ('"hello world"', "text")),
+        (b"", ('""', "text")),
+        (b" 42", ('" 42"', "text")),  # kept exactly: not JSON with the blank
+        (b'{"v":NaN}', ('"{\\"v\\":NaN}"', "text")),
+        (b'{"v":1E400}', ('"{\\"v\\":1E400}"', "text")),
+        (b'{"a":1,"a":2}', ('"{\\"a\\":1,\\"a\\":2}"', "text")),
+        (b'{"a":\n1}', ('"{\\"a\\":\\n1}"', "text")),
+        (b"\xff\x00", ('"/wA="', "base64")),
     ],
 )
-def test_render_payload(payload: bytes, expected: tuple[object, str]) -> None:
+def test_render_payload(payload: bytes, expected: tuple[str, str]) -> None:
     assert render_payload(payload) == expected
 
 
-@given(st.binary(max_size=64))
-def test_render_payload_is_always_json_serialisable(payload: bytes) -> None:
-    value, encoding = render_payload(payload)
-    assert encoding in {"json", "text", "base64"}
-    json.dumps(value)
+@given(st.binary(max_size=64) | st.text(max_size=32).map(str.encode))
+def test_rendered_payloads_are_strict_json_and_give_back_the_bytes(payload: bytes) -> None:
+    text, encoding = render_payload(payload)
+    assert "\n" not in text and "\r" not in text
+    value = strict_loads(text)
+    if encoding == "json":
+        assert text.encode() == payload
+    elif encoding == "text":
+        assert value.encode() == payload
+    else:
+        assert encoding == "base64" and base64.b64decode(value) == payload
 
 
 def test_parse_at_ms() -> None:
@@ -159,13 +176,39 @@ def test_parser_defaults_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FUTUREQ_SERVER", "10.0.0.1:1,10.0.0.2:2")
     monkeypatch.setenv("FUTUREQ_TOKEN", "tok")
     args = build_parser().parse_args(
-        ["--timeout", "2s", "consume", "t", "--group", "g", "--timeout", "500ms"]
+        ["--request-timeout", "2s", "consume", "t", "--group", "g", "--idle-timeout", "500ms"]
     )
     assert args.server == "10.0.0.1:1,10.0.0.2:2"
     assert args.token == "tok"
     assert args.request_timeout_ms == 2_000
     assert args.idle_timeout_ms == 500
     assert args.prefetch == 100 and args.count is None
+    assert deprecation_warnings(args) == []
+    assert build_parser().parse_args(["status"]).request_timeout_ms == 30_000
+
+
+def test_timeout_has_one_meaning_per_name_and_the_old_spelling_warns() -> None:
+    """``--timeout`` was both the request deadline (before the command) and consume's
+    idle time; each meaning has its own name now, the old one still works and warns."""
+    args = build_parser().parse_args(
+        ["--timeout", "2s", "consume", "t", "--group", "g", "--timeout", "500ms"]
+    )
+    assert args.request_timeout_ms == 2_000
+    assert args.idle_timeout_ms == 500
+    assert deprecation_warnings(args) == [
+        "warning: --timeout is deprecated: here it sets how long consume waits for a message; "
+        "use --idle-timeout",
+        "warning: --timeout is deprecated: here it sets the request deadline; "
+        "use --request-timeout",
+    ]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    assert (
+        main(["--timeout", "1s", "--server", "127.0.0.1:1", "status"], stdout=stdout, stderr=stderr)
+        == 1
+    )
+    assert stderr.getvalue().splitlines()[0] == (
+        "warning: --timeout is deprecated: here it sets the request deadline; use --request-timeout"
+    )
 
 
 @pytest.mark.parametrize(

@@ -133,7 +133,7 @@ def test_start_runs_the_server_with_the_loaded_config(
         return 7
 
     monkeypatch.setattr(server_main, "run_server", fake_run_server)
-    monkeypatch.setattr(server_main, "setup_logging", lambda level: None)
+    monkeypatch.setattr(server_main, "setup_logging", lambda level, **kwargs: None)
     code = server_main.main(["start", "--data-dir", str(tmp_path), "--node-id", "3"])
     assert code == 7
     [config] = seen

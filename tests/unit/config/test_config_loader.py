@@ -172,6 +172,13 @@ def test_unknown_key_in_env_names_the_variable() -> None:
         ('[tls]\ncert_file = "/no/such.pem"', "tls.cert_file", "'/no/such.pem'", "key_file"),
         ('[tls]\nca_file = "/no/ca.pem"', "tls.ca_file", "'/no/ca.pem'", "existing PEM file"),
         ("[tls]\nrequire_client_cert = true", "tls.require_client_cert", "True", "ca_file"),
+        ("[tls]\nhttp = true", "tls.http", "True", "cert_file"),
+        (
+            '[server]\nwebsocket_origins = "app.example.com"',
+            "server.websocket_origins",
+            "'app.example.com'",
+            "scheme://host",
+        ),
     ],
 )
 def test_bad_value_names_key_value_and_what_is_allowed(

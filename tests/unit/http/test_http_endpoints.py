@@ -47,6 +47,9 @@ class FakeProvider:
     def status(self) -> dict[str, Any]:
         return STATUS
 
+    def overview(self) -> dict[str, Any]:
+        return {"node": {"node_id": 1}, "groups": []}
+
     def is_ready(self) -> bool:
         return self.ready
 
@@ -123,6 +126,23 @@ async def test_port_zero_reports_the_real_port_and_every_endpoint_answers() -> N
         assert b"/api/status" in response.body
         assert b"<script" in response.body
         assert b"http://" not in response.body and b"https://" not in response.body  # no CDN
+
+        response = await request(address, "/api/overview")
+        assert response.status == 200 and response.json() == FakeProvider().overview()
+
+        # The dashboard's own files, shipped in the package; nothing from elsewhere.
+        for name, kind in (
+            ("dashboard.js", "text/javascript"),
+            ("msgpack.js", "text/javascript"),
+            ("dashboard.css", "text/css"),
+        ):
+            response = await request(address, f"/static/{name}")
+            assert response.status == 200, name
+            assert response.headers["content-type"].startswith(kind)
+            assert b"http://" not in response.body.replace(b"http://www.w3.org/2000/svg", b"")
+            assert b"https://" not in response.body.replace(b"https://msgpack.org", b"")
+        for missing in ("/static/", "/static/../http.py", "/static/nope.js"):
+            assert (await request(address, missing)).status == 404, missing
 
         nursery.cancel_scope.cancel()
 

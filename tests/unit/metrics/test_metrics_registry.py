@@ -44,6 +44,8 @@ def test_every_spec_has_an_attribute_of_its_kind() -> None:
             "futureq_due_messages",
             "futureq_in_flight_deliveries",
             "futureq_group_consumers",
+            "futureq_oldest_due_age_seconds",
+            "futureq_topic_oldest_due_age_seconds",
         }:
             continue
         metric = getattr(metrics, spec.attribute)
@@ -136,6 +138,29 @@ def test_operations_doc_lists_every_metric() -> None:
         assert f"`{spec.name}`" in text, spec.name
 
 
+def test_process_build_info_topic_lateness_and_oldest_due_age() -> None:
+    metrics = Metrics()
+    metrics.topic_lateness_seconds.labels("orders").observe(0.02)
+    rows = [
+        GroupCounts("orders", "billing", 3, 2, 0, 0, 12.5),
+        GroupCounts("orders", "audit", 3, 1, 0, 0, 4.0),
+        GroupCounts("idle", "g", 3, 0, 0, 0, None),
+    ]
+    metrics.set_group_counts_provider(lambda: rows)
+    samples = scrape(metrics)
+    assert samples["process_resident_memory_bytes"][()] > 0
+    assert samples["process_open_fds"][()] > 0
+    assert samples["process_cpu_seconds_total"][()] >= 0
+    [(labels, value)] = samples["futureq_build_info"].items()
+    assert value == 1 and dict(labels)["version"] and dict(labels)["python"].count(".") == 2
+    assert (
+        samples["futureq_topic_lateness_seconds_bucket"][(("le", "0.05"), ("topic", "orders"))] == 1
+    )
+    assert (
+        samples["futureq_topic_lateness_seconds_bucket"][(("le", "0.01"), ("topic", "orders"))] == 0
+    )
+    # Per topic: the longest wait among its groups; topics with nothing due are absent.
+    assert samples["futureq_topic_oldest_due_age_seconds"] == {(("topic", "orders"),): 12.5}
 def test_series_are_bounded_and_the_rest_is_other() -> None:
     from futureq.metrics import OTHER, SeriesBudget
 

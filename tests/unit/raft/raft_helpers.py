@@ -62,6 +62,7 @@ class TestNode:
         out: list[Message] = []
         while self.core.has_ready():
             ready = self.core.ready()
+            out.extend(ready.leader_messages)
             self.persist(ready)
             out.extend(ready.messages)
             if ready.snapshot is not None:

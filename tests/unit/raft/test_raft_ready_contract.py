@@ -27,15 +27,16 @@ def test_no_input_between_ready_and_advance() -> None:
 
 
 def test_messages_come_with_the_state_they_depend_on() -> None:
-    """Figure 2: the leader's AppendEntries for a new entry are released in the same
-    Ready as the entry itself, which the adapter persists first."""
+    """The leader's AppendEntries for a new entry are released in the same Ready as the
+    entry itself, as ``leader_messages``: sent while the adapter persists it (thesis
+    §10.2.1; test_raft_overlapped_write.py has the ordering rules)."""
     network = Network.of(3)
     network.elect(1)
     core = network.core(1)
     index = core.propose(b"x")
     ready = core.ready()
     assert [e.index for e in ready.entries] == [index] and ready.must_sync
-    assert any(isinstance(m, AppendEntries) and m.entries for m in ready.messages)
+    assert any(isinstance(m, AppendEntries) and m.entries for m in ready.leader_messages)
     network.nodes[NodeId(1)].persist(ready)
     core.advance(ready)
 

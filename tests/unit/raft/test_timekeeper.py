@@ -63,6 +63,7 @@ class Node:
         while self.core.has_ready():
             ready = self.core.ready()
             self.keeper.on_ready(ready, mono_us)
+            out.extend(ready.leader_messages)
             self.storage.append(ready.entries)
             if ready.hard_state is not None:
                 self.storage.set_hard_state(ready.hard_state)

@@ -11,7 +11,7 @@ from futureq.state.queue_state import QueueState
 from futureq.state.store import Changes, StateStore
 from futureq.storage.db import Database
 
-STATE_FAMILIES = ("messages", "schedule", "groups", "meta")
+STATE_FAMILIES = ("messages", "schedule", "groups", "meta", "index")
 SCHEMA_KEY = b"schema_version"
 
 Dump = dict[str, list[tuple[bytes, bytes]]]

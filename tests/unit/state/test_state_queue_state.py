@@ -15,6 +15,7 @@ from state_helpers import Recorder, SpyStore, StoreKit, dump, group_snapshot
 from futureq.state import commands
 from futureq.state.commands import CommandKind, GroupSettings, schedule_key
 from futureq.state.queue_state import QueueState
+from futureq.state.records import PARKED_DUE_MS
 from futureq.state.store import MemoryStore
 
 
@@ -302,16 +303,20 @@ def test_dead_letter_keeps_message_until_other_groups_are_done(kit: StoreKit) ->
 
 
 def test_dead_letter_topic_never_dead_letters_further(kit: StoreKit) -> None:
+    # A message out of attempts on a dead-letter topic is parked (kept, never delivered
+    # again until redriven), not sent to a dead-letter topic of its own (issue 14).
     state, run = _make(kit)
     mid = assert_int(run(commands.publish(1000, [("t.dlq", b"x", 1000, None)])))
     gid = _gid(state, "t.dlq", "default")
     before = dump(kit.store)
     run(commands.dead_letter(2000, [(schedule_key(gid, 1000, mid), 99)]))
-    assert state.get_schedule(schedule_key(gid, 1000, mid)) == (0, None)
+    assert state.get_schedule(schedule_key(gid, 1000, mid)) is None
+    assert state.get_schedule(schedule_key(gid, PARKED_DUE_MS, mid)) == (99, None)
+    assert state.entry_key(mid, gid) == schedule_key(gid, PARKED_DUE_MS, mid)
     assert state.topics() == ["t.dlq"]
     after = dump(kit.store)
-    assert after["schedule"] == before["schedule"]
     assert after["messages"] == before["messages"]
+    assert state.groups[gid].pending == 1
 
 
 def test_dead_letter_of_unknown_key_is_ignored(kit: StoreKit) -> None:

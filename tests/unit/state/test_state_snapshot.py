@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import threading
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,7 @@ def test_empty_state_round_trips(kit: StoreKit, target: StoreFactory) -> None:
         "schedule": [],
         "groups": [],
         "meta": [(b"applied_index", bytes(8))],
+        "index": [],
     }
     assert _reads(restored) == _reads(original)
 
@@ -227,7 +229,8 @@ def test_snapshot_layout_is_header_chunks_trailer(kit: StoreKit) -> None:
     state = QueueState(kit.store)
     _populate(state)
     values = list(msgpack.Unpacker(io.BytesIO(_snapshot_of(state)), raw=False))
-    assert values[0] == ["futureq-state", 1, state.applied_index]
+    assert values[0] == ["futureq-state", snapshot.FORMAT_VERSION, state.applied_index]
+    assert snapshot.FORMAT_VERSION == 2
     assert values[-1][0] == "end"
     families = [family for family, _ in values[1:-1]]
     assert families == sorted(families, key=snapshot.FAMILIES.index)
@@ -364,7 +367,7 @@ def test_apply_other_advances_and_persists_the_applied_index(kit: StoreKit) -> N
 def _corruptions(data: bytes) -> dict[str, bytes]:
     middle = len(data) // 2
     flipped = data[:middle] + bytes([data[middle] ^ 0x40]) + data[middle + 1 :]
-    header_len = len(msgpack.packb(["futureq-state", 1, 0]))
+    header_len = len(msgpack.packb(["futureq-state", snapshot.FORMAT_VERSION, 0]))
     packb = msgpack.Packer(use_bin_type=True).pack
     return {
         "empty": b"",
@@ -374,11 +377,31 @@ def _corruptions(data: bytes) -> dict[str, bytes]:
         "trailing bytes": data + b"\x00",
         "not msgpack": b"\xc1" * 40,
         "other value": packb({"hello": 1}),
-        "future format": packb(["futureq-state", 2, 0]) + data[header_len:],
+        "future format": packb(["futureq-state", 3, 0]) + data[header_len:],
         "unknown family": packb(["futureq-state", 1, 0])
         + packb(["raft_log", [b"k", b"v"]])
         + packb(["end", 1, 0]),
     }
+
+
+def test_a_format_1_snapshot_without_the_index_family_is_still_read(kit: StoreKit) -> None:
+    # Format 1 (before issue 14) had no "index" family; restoring one must still work,
+    # with the index family left empty.
+    state = QueueState(kit.store)
+    _populate(state)
+    values = list(msgpack.Unpacker(io.BytesIO(_snapshot_of(state)), raw=False))
+    packb = msgpack.Packer(use_bin_type=True).pack
+    kept = [chunk for chunk in values[1:-1] if chunk[0] != "index"]
+    body = packb(["futureq-state", 1, state.applied_index]) + b"".join(map(packb, kept))
+    old = body + packb(["end", sum(len(flat) // 2 for _, flat in kept), zlib.crc32(body)])
+    restored = QueueState(MemoryStore())
+    restored.restore(old, state.applied_index)
+    expected = dump(state.store)
+    expected.pop("index", None)
+    got = dump(restored.store)
+    assert not got.get("index")
+    got.pop("index", None)
+    assert got == expected
 
 
 def test_corrupt_snapshot_raises_and_leaves_the_state_untouched(

@@ -25,6 +25,7 @@ def test_new_directory_gets_every_family_and_the_schema_version(tmp_path: Path) 
             "schedule",
             "groups",
             "meta",
+            "index",
         }
         db.write({family: {b"k": family.encode()} for family in FAMILIES})
         assert [db.get(family, b"k") for family in FAMILIES] == [f.encode() for f in FAMILIES]

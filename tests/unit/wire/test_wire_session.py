@@ -204,6 +204,9 @@ SERVER_ONLY: list[frames.Frame] = [
     frames.Revoke(0, 1, [], 1),
     frames.SubscriptionEnd(0, 1, 225, "deleted"),
     frames.SubscriptionInfo(0, 1, 1000, 3),
+    frames.WatchUpdate(2, {}),
+    frames.ItemResults(2, [0]),
+    frames.BrowseOk(2, "g", [], None),
 ]
 
 

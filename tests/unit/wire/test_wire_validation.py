@@ -160,7 +160,44 @@ BAD_ITEMS: list[tuple[str, Any, ErrorCode]] = [
     ("float-ttl", item(ttl_ms=1.5), ErrorCode.INVALID_FIELD),
     ("string-ttl", item(ttl_ms="60000"), ErrorCode.INVALID_FIELD),
     ("bool-ttl", item(ttl_ms=True), ErrorCode.INVALID_FIELD),
+    ("eight-fields", [*item(), None, None, None], ErrorCode.INVALID_FIELD),
+    ("headers-list", [*item(), ["a", "b"], None], ErrorCode.INVALID_HEADERS),
+    ("header-value-int", [*item(), {"a": 1}], ErrorCode.INVALID_FIELD),  # six fields
+    ("header-value-not-str", [*item(), {"a": 1}, None], ErrorCode.INVALID_HEADERS),
+    ("header-name-empty", [*item(), {"": "x"}, None], ErrorCode.INVALID_HEADERS),
+    ("header-reserved", [*item(), {"futureq-reason": "x"}, None], ErrorCode.INVALID_HEADERS),
+    (
+        "headers-too-many",
+        [*item(), {f"h{n}": "v" for n in range(validation.MAX_HEADERS + 1)}, None],
+        ErrorCode.INVALID_HEADERS,
+    ),
+    (
+        "headers-too-big",
+        [*item(), {"h": "v" * validation.MAX_HEADER_BYTES}, None],
+        ErrorCode.INVALID_HEADERS,
+    ),
+    ("key-empty", [*item(), None, ""], ErrorCode.INVALID_IDEMPOTENCY_KEY),
+    ("key-int", [*item(), None, 17], ErrorCode.INVALID_IDEMPOTENCY_KEY),
+    ("key-256-bytes", [*item(), None, "k" * 256], ErrorCode.INVALID_IDEMPOTENCY_KEY),
 ]
+
+
+def test_headers_and_idempotency_keys_are_accepted_within_the_limits() -> None:
+    headers = {f"h{n}": "v" for n in range(validation.MAX_HEADERS)}
+    out = validate_publish_items(
+        [
+            [*item(delay_ms=5), headers, "k" * 255],
+            [*item(), None, None],  # seven fields, both nil: the short form
+            [*item(), {}, None],  # no headers at all
+        ],
+        LIMITS,
+        NOW_MS,
+    )
+    assert out == [
+        ("orders", b"payload", NOW_MS + 5, None, headers, "k" * 255),
+        ("orders", b"payload", NOW_MS, None),
+        ("orders", b"payload", NOW_MS, None, None, None),
+    ]
 
 
 @pytest.mark.parametrize(

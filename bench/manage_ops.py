@@ -1,0 +1,215 @@
+"""Managing scheduled messages on one node (issue 14): cancel and reschedule throughput
+in batches of 100, browse page latency with a large backlog, and a purge.
+
+Steps: start one broker; create group ``g`` of topic ``m`` and publish ``--entries``
+messages (100-byte payloads, due in an hour, batches of 1000, ack level quorum),
+keeping their ids. Then:
+
+* RESCHEDULE the first half by id in requests of 100 ids (``--window`` requests in
+  flight on one connection), to a due time a minute later; count ids per second;
+* BROWSE pages of 100 (no preview) at the start of the backlog, and at its middle and
+  end (``from_due_ms``), 50 requests each, one at a time: latency p50/p99;
+* CANCEL the first half by id in requests of 100, pipelined the same way;
+* PURGE the group (the other half): the answer time and the time until the group's
+  pending count is 0, while PINGs every 10 ms measure how the loop answers meanwhile.
+
+Usage::
+
+    python -m bench.manage_ops [--quick] [--compare] [--entries 200000] [--window 8]
+
+Figures: cancel and reschedule ids/s, browse p50/p99 ms at start/middle/end, purge
+answer and completion seconds, PING p50/p99/max ms during the purge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import trio
+
+from bench._common import (
+    PAYLOAD_BYTES,
+    RawConnection,
+    Server,
+    add_common_args,
+    finish,
+    frame_bytes,
+    percentile,
+)
+from futureq.wire import frames
+
+NAME = "manage_ops"
+TOPIC = "m"
+GROUP = "g"
+BATCH_IDS = 100
+PUBLISH_BATCH = 1000
+BROWSE_REQUESTS = 50
+PING_EVERY_S = 0.01
+
+
+async def _publish(conn: RawConnection, entries: int, due_ms: int) -> list[int]:
+    """Publish ``entries`` messages due at ``due_ms`` and return their ids in order."""
+    ids: list[int] = []
+    payload = b"x" * PAYLOAD_BYTES
+    for start in range(0, entries, PUBLISH_BATCH):
+        count = min(PUBLISH_BATCH, entries - start)
+        items = [[TOPIC, payload, None, due_ms, None] for _ in range(count)]
+        answer = await conn.request(
+            [frames.FrameType.PUBLISH, conn.next_id(), int(frames.AckLevel.QUORUM), items]
+        )
+        assert answer[0] == frames.FrameType.PUBLISH_OK, answer
+        ids.extend(range(answer[2], answer[2] + count))
+    return ids
+
+
+async def _pipelined(conn: RawConnection, requests: list[list[Any]], window: int) -> float:
+    """Send ``requests`` with up to ``window`` in flight; return the seconds taken."""
+    started = time.perf_counter()
+    sent = received = 0
+    while received < len(requests):
+        while sent < len(requests) and sent - received < window:
+            await conn.send(frame_bytes(requests[sent]))
+            sent += 1
+        answer = await conn.receive()
+        assert answer[0] in (frames.FrameType.ITEM_RESULTS, frames.FrameType.OK), answer
+        received += 1
+    return time.perf_counter() - started
+
+
+def _latency(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "p50_ms": round(percentile(ordered, 50) * 1000, 2),
+        "p99_ms": round(percentile(ordered, 99) * 1000, 2),
+        "max_ms": round(ordered[-1] * 1000, 2),
+    }
+
+
+async def _browse(conn: RawConnection, from_due_ms: int | None) -> dict[str, float]:
+    samples = []
+    for _ in range(BROWSE_REQUESTS):
+        started = time.perf_counter()
+        answer = await conn.request(
+            [frames.FrameType.BROWSE, conn.next_id(), TOPIC, GROUP, from_due_ms, None, None, 100, 0]
+        )
+        samples.append(time.perf_counter() - started)
+        assert answer[0] == frames.FrameType.BROWSE_OK and len(answer[3]) > 0, answer[:3]
+    return _latency(samples)
+
+
+async def _measure(server: Server, entries: int, window: int) -> dict[str, Any]:
+    address = server.client_address
+    conn = await RawConnection.open(address, "bench-manage")
+    answer = await conn.request(
+        [frames.FrameType.GROUP_CREATE, conn.next_id(), TOPIC, GROUP, 3_600_000, None]
+    )
+    assert answer[0] == frames.FrameType.OK, answer
+    due_ms = int(time.time() * 1000) + 3_600_000
+    started = time.perf_counter()
+    # Spread the due times so browse from the middle/end seeks into a real range.
+    ids: list[int] = []
+    for part in range(4):
+        ids += await _publish(conn, entries // 4, due_ms + part * 60_000)
+    publish_s = time.perf_counter() - started
+    half = ids[: len(ids) // 2]
+
+    reschedule = [
+        [
+            frames.FrameType.RESCHEDULE,
+            conn.next_id(),
+            TOPIC,
+            None,
+            half[start : start + BATCH_IDS],
+            None,
+            3_660_000,
+        ]
+        for start in range(0, len(half), BATCH_IDS)
+    ]
+    reschedule_s = await _pipelined(conn, reschedule, window)
+
+    browse = {
+        "start": await _browse(conn, None),
+        "middle": await _browse(conn, due_ms + 2 * 60_000),
+        "end": await _browse(conn, due_ms + 3 * 60_000),
+    }
+
+    cancel = [
+        [frames.FrameType.CANCEL, conn.next_id(), TOPIC, None, half[start : start + BATCH_IDS]]
+        for start in range(0, len(half), BATCH_IDS)
+    ]
+    cancel_s = await _pipelined(conn, cancel, window)
+
+    pinger = await RawConnection.open(address, "bench-ping")
+    pings: list[float] = []
+    done = trio.Event()
+
+    async def ping() -> None:
+        while not done.is_set():
+            began = time.perf_counter()
+            answer = await pinger.request([frames.FrameType.PING, pinger.next_id()])
+            assert answer[0] == frames.FrameType.PONG, answer
+            pings.append(time.perf_counter() - began)
+            await trio.sleep(PING_EVERY_S)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ping)
+        began = time.perf_counter()
+        answer = await conn.request([frames.FrameType.PURGE, conn.next_id(), TOPIC, GROUP])
+        assert answer[0] == frames.FrameType.OK, answer
+        purge_answer_s = time.perf_counter() - began
+        purged_entries = answer[2]
+        while True:
+            status = await conn.request([frames.FrameType.STATUS, conn.next_id()])
+            groups = [
+                g for t in status[2].get("topics", []) if t["topic"] == TOPIC for g in t["groups"]
+            ]
+            if groups and groups[0]["pending"] == 0:
+                break
+            await trio.sleep(0.05)
+        purge_s = time.perf_counter() - began
+        done.set()
+    await pinger.aclose()
+    await conn.aclose()
+    return {
+        "entries": entries,
+        "publish_s": round(publish_s, 2),
+        "reschedule_ids_per_s": round(len(half) / reschedule_s),
+        "cancel_ids_per_s": round(len(half) / cancel_s),
+        "browse_page_100": browse,
+        "purge_entries": purged_entries,
+        "purge_answer_s": round(purge_answer_s, 3),
+        "purge_s": round(purge_s, 2),
+        "ping_during_purge": _latency(pings),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; print and save its figures."""
+    parser = argparse.ArgumentParser(prog="python -m bench.manage_ops")
+    add_common_args(parser)
+    parser.add_argument("--entries", type=int, default=200_000)
+    parser.add_argument("--window", type=int, default=8)
+    args = parser.parse_args(argv)
+    entries = 20_000 if args.quick else args.entries
+    with Server() as server:
+        server.start()
+        results = trio.run(_measure, server, entries, args.window)
+    browse = results["browse_page_100"]
+    print(
+        f"[{NAME}] {entries} pending: cancel {results['cancel_ids_per_s']} ids/s, reschedule "
+        f"{results['reschedule_ids_per_s']} ids/s (batches of {BATCH_IDS}, window "
+        f"{args.window}); browse page of 100 p50/p99 ms start "
+        f"{browse['start']['p50_ms']}/{browse['start']['p99_ms']}, middle "
+        f"{browse['middle']['p50_ms']}/{browse['middle']['p99_ms']}, end "
+        f"{browse['end']['p50_ms']}/{browse['end']['p99_ms']}; purge of "
+        f"{results['purge_entries']} answered in {results['purge_answer_s']} s, done in "
+        f"{results['purge_s']} s, PING p99 {results['ping_during_purge']['p99_ms']} ms"
+    )
+    finish(NAME, results, args, argv)
+    return results
+
+
+if __name__ == "__main__":
+    main()

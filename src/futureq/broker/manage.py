@@ -1,0 +1,422 @@
+"""Managing scheduled messages on the leader (issue 14): the requests that cancel,
+reschedule, browse, purge and redrive what is waiting.
+
+Each function validates a request against the leader's state, resolves names to the
+ids the log uses (a group name to its group id) and proposes one replicated command
+(:mod:`futureq.state.commands`), so every replica applies the same change
+(``DESIGN.md``, "Data flow"). Bad input fails the request alone with a stable error
+code and a sentence (``docs/protocol.md``, "Error codes").
+
+Source: ``docs/protocol.md``, "CANCEL", "BROWSE", "REDRIVE", "RESCHEDULE", "PURGE".
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any, Final
+
+from futureq.errors import ErrorCode, NotLeaderError, RequestError
+from futureq.state import commands
+from futureq.state.model import DLQ_SUFFIX
+from futureq.state.records import PARKED_DUE_MS
+from futureq.wire import frames, validation
+
+if TYPE_CHECKING:
+    from futureq.broker.broker import Broker
+    from futureq.state.model import GroupInfo
+
+MAX_BROWSE_LIMIT: Final = 1000
+"""Most messages one BROWSE page holds."""
+MAX_PREVIEW_BYTES: Final = 1024
+"""Most payload bytes a BROWSE shows per message (``limit`` x this stays under the
+smallest frame limit a server may run with)."""
+
+
+def check_ids(broker: Broker, request: str, ids: list[int]) -> None:
+    """Refuse an empty or oversized batch of message ids, or one that is not an id.
+
+    Raises:
+        RequestError: EMPTY_BATCH, BATCH_TOO_LARGE, INVALID_MESSAGE_ID (with the item).
+    """
+    if not ids:
+        raise RequestError(ErrorCode.EMPTY_BATCH, f"{request} names no message ids; send at least one")
+    limit = broker.limits.max_batch_items
+    if len(ids) > limit:
+        raise RequestError(
+            ErrorCode.BATCH_TOO_LARGE,
+            f"{request} names {len(ids)} message ids; the limit is {limit} per request "
+            "(limits.max_batch_items): split it",
+        )
+    for position, mid in enumerate(ids):
+        if not 0 <= mid <= frames.MAX_MESSAGE_ID:
+            raise RequestError(
+                ErrorCode.INVALID_MESSAGE_ID,
+                f"ids[{position}] = {mid} is not a message id (an integer in [0, 2**64-1], "
+                "as PUBLISH_OK gives them)",
+                item_index=position,
+            )
+
+
+def target_groups(broker: Broker, request: str, topic: str, group: str | None) -> GroupInfo | None:
+    """The group a by-id request names (None: every group of ``topic``).
+
+    Raises:
+        RequestError: UNKNOWN_TOPIC (the topic has no group), UNKNOWN_GROUP.
+    """
+    state = broker.state
+    if not state.topic_groups_count(topic):
+        raise RequestError(
+            ErrorCode.UNKNOWN_TOPIC,
+            f"{request}: topic {topic!r} has no consumer group, so no message of it is pending",
+        )
+    if group is None:
+        return None
+    info = state.find_group(topic, group)
+    if info is None:
+        raise RequestError(
+            ErrorCode.UNKNOWN_GROUP,
+            f"{request}: topic {topic!r} has no group {group!r} (leave the group out to "
+            "act on every group of the topic)",
+        )
+    return info
+
+
+async def cancel(broker: Broker, topic: str, group: str | None, ids: list[int]) -> list[int]:
+    """Cancel scheduled messages by id, in one group of ``topic`` or in all of them.
+
+    O(log n) per id (the message record, then its entry, found through the ``index``
+    family where it moved). A message in flight is cancelled too: its delivery's ACK
+    then finds nothing.
+
+    Returns:
+        One :class:`~futureq.wire.frames.ItemStatus` number per id, in order: DONE,
+        DELIVERED (removed, but delivered at least once) or UNKNOWN.
+
+    Raises:
+        RequestError: as :func:`check_ids` and :func:`target_groups`.
+        NotLeaderError: this node is not the leader.
+    """
+    broker.require_leader()
+    check_ids(broker, "CANCEL", ids)
+    info = target_groups(broker, "CANCEL", topic, group)
+    result = await broker.log.propose(
+        commands.cancel(topic, None if info is None else info.group_id, ids)
+    )
+    return [int(status) for status in result]
+
+
+def browse_group(
+    broker: Broker, topic: str, group: str | None, request: str = "BROWSE"
+) -> GroupInfo:
+    """The group a BROWSE reads: the named one, or the topic's only group.
+
+    Raises:
+        RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED (the topic has
+            several groups and none was named).
+    """
+    state = broker.state
+    groups = state.topic_groups(topic)
+    if not groups:
+        raise RequestError(
+            ErrorCode.UNKNOWN_TOPIC,
+            f"{request}: topic {topic!r} has no consumer group, so no message of it is pending",
+        )
+    if group is None:
+        if len(groups) > 1:
+            names = ", ".join(repr(info.name) for info in groups[:10])
+            raise RequestError(
+                ErrorCode.GROUP_REQUIRED,
+                f"{request}: topic {topic!r} has {len(groups)} groups ({names}); name one",
+            )
+        return groups[0]
+    info = state.find_group(topic, group)
+    if info is None:
+        raise RequestError(
+            ErrorCode.UNKNOWN_GROUP, f"{request}: topic {topic!r} has no group {group!r}"
+        )
+    return info
+
+
+async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
+    """Serve a BROWSE: one page of a group's pending messages, claiming none.
+
+    Linearizable (a read barrier first: everything acknowledged before is seen) and
+    O(page) whatever the backlog (:meth:`~futureq.state.queue_state.QueueState.browse`).
+    Nothing is written and no delivery is made: a group browsed is not created,
+    adopted or claimed.
+
+    Raises:
+        RequestError: as :func:`browse_group`; INVALID_ARGUMENT (``limit``,
+            ``preview_bytes``, a time range), INVALID_CURSOR.
+        NotLeaderError: this node is not the leader.
+    """
+    broker.require_leader()
+    if not 1 <= frame.limit <= MAX_BROWSE_LIMIT:
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"BROWSE limit must be between 1 and {MAX_BROWSE_LIMIT} messages, got {frame.limit}",
+        )
+    if not 0 <= frame.preview_bytes <= MAX_PREVIEW_BYTES:
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"BROWSE preview_bytes must be between 0 and {MAX_PREVIEW_BYTES}, got "
+            f"{frame.preview_bytes}",
+        )
+    from_due_ms = 0 if frame.from_due_ms is None else frame.from_due_ms
+    if not 0 <= from_due_ms < PARKED_DUE_MS or (
+        frame.to_due_ms is not None and not from_due_ms <= frame.to_due_ms < PARKED_DUE_MS
+    ):
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"BROWSE wants 0 <= from_due_ms <= to_due_ms < 2**63-1 (ms since the Unix "
+            f"epoch), got from {frame.from_due_ms} to {frame.to_due_ms}",
+        )
+    await broker.log.read_barrier()
+    broker.require_leader()
+    info = browse_group(broker, frame.topic, frame.group)
+    cursor = frame.cursor
+    if cursor is not None and (
+        len(cursor) != commands.SCHEDULE_KEY_BYTES
+        or commands.parse_schedule_key(cursor)[0] != info.group_id
+    ):
+        raise RequestError(
+            ErrorCode.INVALID_CURSOR,
+            f"BROWSE cursor is not one this group's BROWSE_OK gave ({len(cursor)} bytes); "
+            "send the next_cursor of the previous page unchanged, or nil to start over",
+        )
+    page, next_key = broker.state.browse(
+        info.group_id, from_due_ms, frame.to_due_ms, cursor, frame.limit
+    )
+    messages: list[list[Any]] = []
+    for key, entry, record in page:
+        _, due_ms, mid = commands.parse_schedule_key(key)
+        preview = record.payload[: frame.preview_bytes] if frame.preview_bytes else None
+        messages.append(
+            [
+                mid,
+                None if due_ms == PARKED_DUE_MS else due_ms,
+                entry.attempt,
+                len(record.payload),
+                record.headers,
+                preview,
+                entry.expire_ms,
+            ]
+        )
+    return frames.BrowseOk(frame.request_id, info.name, messages, next_key)
+
+
+async def redrive(broker: Broker, frame: frames.Redrive) -> list[int]:
+    """Move dead letters back to the topic and group they died in (by dead-letter id).
+
+    Each becomes a new message of its original topic for its original group only,
+    due ``delay_ms`` after the leader's stamp, keeping its headers (its provenance
+    included) plus ``futureq-redriven-from``; its dead letter goes. One REDRIVE command
+    for the batch (O(log n) per id to find its entry).
+
+    Returns:
+        One :class:`~futureq.wire.frames.ItemStatus` number per id: DONE, UNKNOWN (not
+        a dead letter pending in that group), NO_TARGET (its group is gone; it stays).
+
+    Raises:
+        RequestError: RESERVED_TOPIC (``topic`` is itself a dead-letter topic: name
+            the original topic), INVALID_DELAY, as :func:`check_ids` and
+            :func:`browse_group` (of ``topic.dlq``).
+        NotLeaderError: this node is not the leader.
+    """
+    broker.require_leader()
+    if frame.topic.endswith(DLQ_SUFFIX):
+        raise RequestError(
+            ErrorCode.RESERVED_TOPIC,
+            f"REDRIVE names the original topic, not its dead-letter topic: send "
+            f"{frame.topic.removesuffix(DLQ_SUFFIX)!r}, not {frame.topic!r}",
+        )
+    check_ids(broker, "REDRIVE", frame.ids)
+    max_delay_ms = broker.limits.max_delay_ms
+    if not 0 <= frame.delay_ms <= max_delay_ms:
+        raise RequestError(
+            ErrorCode.INVALID_DELAY,
+            f"REDRIVE delay_ms must be between 0 and {max_delay_ms} ms, got {frame.delay_ms}",
+        )
+    info = browse_group(broker, frame.topic + DLQ_SUFFIX, frame.group, "REDRIVE")
+    state = broker.state
+    keys: list[bytes] = []
+    positions: list[int] = []
+    for position, mid in enumerate(frame.ids):
+        key = state.entry_key(mid, info.group_id)
+        if key is not None:
+            keys.append(key)
+            positions.append(position)
+    results = [int(frames.ItemStatus.UNKNOWN)] * len(frame.ids)
+    if keys:
+        publish_ms = broker.stamp()
+        applied = await broker.log.propose(
+            commands.redrive(publish_ms, info.group_id, keys, publish_ms + frame.delay_ms)
+        )
+        for position, status in zip(positions, applied, strict=True):
+            results[position] = int(status)
+    return results
+
+
+async def reschedule(broker: Broker, frame: frames.Reschedule) -> list[int]:
+    """Give pending messages a new due time by id, in one group of a topic or all.
+
+    The leader resolves ``delay_ms`` against its stamp, so every replica moves them to
+    the same time. Attempts are kept; a TTL counts from the new due time (as from a
+    published due time: ``docs/protocol.md``, "Due time, TTL and expiry"). O(log n)
+    per id. A parked dead letter rescheduled is delivered again at the new time.
+
+    Returns:
+        One :class:`~futureq.wire.frames.ItemStatus` number per id: DONE or UNKNOWN.
+
+    Raises:
+        RequestError: INVALID_DELAY (neither or both of ``due_ms`` and ``delay_ms``,
+            or a negative one), DELAY_TOO_LARGE, IMPLAUSIBLE_TIME, as
+            :func:`check_ids` and :func:`target_groups`.
+        NotLeaderError: this node is not the leader.
+    """
+    broker.require_leader()
+    check_ids(broker, "RESCHEDULE", frame.ids)
+    if (frame.due_ms is None) == (frame.delay_ms is None):
+        raise RequestError(
+            ErrorCode.INVALID_DELAY,
+            "RESCHEDULE takes exactly one of due_ms (ms since the Unix epoch) and delay_ms "
+            "(ms from now)",
+        )
+    if (frame.due_ms is not None and frame.due_ms < 0) or (
+        frame.delay_ms is not None and frame.delay_ms < 0
+    ):
+        raise RequestError(
+            ErrorCode.INVALID_DELAY,
+            f"RESCHEDULE due_ms and delay_ms must be >= 0, got due_ms={frame.due_ms}, "
+            f"delay_ms={frame.delay_ms}",
+        )
+    if frame.due_ms is not None:
+        mistake = validation.implausible_epoch_ms("due_ms", frame.due_ms)
+        if mistake is not None:
+            raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, mistake)
+    info = target_groups(broker, "RESCHEDULE", frame.topic, frame.group)
+    now_ms = broker.stamp()
+    if frame.due_ms is not None:
+        due_ms = max(now_ms, frame.due_ms)  # a time passed means at once
+    else:
+        assert frame.delay_ms is not None
+        due_ms = now_ms + frame.delay_ms
+    max_delay_ms = broker.limits.max_delay_ms
+    if due_ms - now_ms > max_delay_ms:
+        raise RequestError(
+            ErrorCode.DELAY_TOO_LARGE,
+            f"RESCHEDULE to {due_ms - now_ms} ms from now; the limit is {max_delay_ms} ms "
+            "(limits.max_delay_ms)",
+        )
+    result = await broker.log.propose(
+        commands.reschedule(
+            now_ms, frame.topic, None if info is None else info.group_id, frame.ids, due_ms
+        )
+    )
+    return [int(status) for status in result]
+
+
+async def purge(broker: Broker, frame: frames.Purge) -> int:
+    """Start removing every message pending now in one group of a topic, or all.
+
+    One PURGE command marks the groups; the dispatcher's reaper then removes their
+    entries in chunks of a few hundred (PURGE_GROUP), so dispatch and heartbeats go on
+    (``DESIGN.md``, "no request holds the event loop"). Messages published after the
+    PURGE stay; a consumer's unacked deliveries of purged messages are void.
+
+    Returns:
+        How many entries the groups held when the purge started.
+
+    Raises:
+        RequestError: as :func:`target_groups`.
+        NotLeaderError: this node is not the leader.
+    """
+    broker.require_leader()
+    info = target_groups(broker, "PURGE", frame.topic, frame.group)
+    groups = broker.state.topic_groups(frame.topic) if info is None else [info]
+    result = await broker.log.propose(commands.purge([group.group_id for group in groups]))
+    return int(result)
+
+
+_BROWSE_PARAMETERS: Final = frozenset(
+    {"topic", "group", "from_due_ms", "to_due_ms", "cursor", "limit", "preview_bytes"}
+)
+
+
+async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    """``/api/browse``: one BROWSE page as JSON, for the HTTP API (read-only).
+
+    Query parameters as BROWSE's fields (``cursor`` in hex, ``limit`` default 100,
+    ``preview_bytes`` default 0). A bad parameter or refused request is a 400 with
+    ``{"code", "message"}``; a follower answers 503 with ``leader_address``.
+
+    Returns:
+        ``(HTTP status, body)``; on success ``{"group", "messages": [{"id", "due_ms",
+        "attempt", "payload_bytes", "headers", "preview_base64", "expire_ms"}],
+        "next_cursor"}``.
+    """
+    def bad(message: str) -> tuple[int, dict[str, Any]]:
+        return 400, {"code": ErrorCode.INVALID_ARGUMENT.name, "message": message}
+
+    unknown = sorted(set(query) - _BROWSE_PARAMETERS)
+    if unknown:
+        return bad(f"unknown parameters {unknown}; known: {sorted(_BROWSE_PARAMETERS)}")
+    if not query.get("topic"):
+        return bad("the topic parameter is required: /api/browse?topic=NAME")
+    numbers: dict[str, int | None] = {}
+    for name, default in (
+        ("from_due_ms", None),
+        ("to_due_ms", None),
+        ("limit", 100),
+        ("preview_bytes", 0),
+    ):
+        text = query.get(name)
+        try:
+            numbers[name] = default if text is None else int(text)
+        except ValueError:
+            return bad(f"{name} must be an integer, got {text!r}")
+    cursor = None
+    if query.get("cursor"):
+        try:
+            cursor = bytes.fromhex(query["cursor"])
+        except ValueError:
+            return 400, {
+                "code": ErrorCode.INVALID_CURSOR.name,
+                "message": "cursor must be the hex next_cursor of the previous page",
+            }
+    frame = frames.Browse(
+        0,
+        query["topic"],
+        query.get("group"),
+        numbers["from_due_ms"],
+        numbers["to_due_ms"],
+        cursor,
+        numbers["limit"] or 0,
+        numbers["preview_bytes"] or 0,
+    )
+    try:
+        page = await browse(broker, frame)
+    except NotLeaderError as error:
+        return 503, {
+            "code": error.code.name,
+            "message": error.message,
+            "leader_address": error.leader_address,
+        }
+    except RequestError as error:
+        return 400, {"code": error.code.name, "message": error.message}
+    return 200, {
+        "group": page.group,
+        "messages": [
+            {
+                "id": m[0],
+                "due_ms": m[1],
+                "attempt": m[2],
+                "payload_bytes": m[3],
+                "headers": m[4] or {},
+                "preview_base64": None if m[5] is None else base64.b64encode(m[5]).decode(),
+                "expire_ms": m[6],
+            }
+            for m in page.messages
+        ],
+        "next_cursor": None if page.next_cursor is None else page.next_cursor.hex(),
+    }

@@ -1,0 +1,341 @@
+"""The ``/ws`` endpoint: FutureQ frames over WebSocket, one frame per binary message.
+
+A WebSocket connection on the HTTP port's ``/ws`` path carries exactly the frames of a
+TCP connection (``docs/protocol.md``, "WebSocket"): each binary WebSocket message holds
+one whole frame, its 4-byte length header included, in both directions. The same HELLO,
+authentication, permissions and limits apply, because :class:`WebSocketStream` turns the
+WebSocket into a :class:`trio.abc.Stream` and the gateway serves it with the very
+:class:`~futureq.broker.gateway.Connection` code that serves TCP and TLS connections.
+
+Why hypercorn's ASGI WebSocket and not a trio-websocket server: the dashboard, the JSON
+API and ``/ws`` must share one port, and only an HTTP server can tell a plain ``GET``
+from an upgrade request on it. trio-websocket's server refuses every request that is
+not an upgrade, so sharing the port with it would mean parsing HTTP ourselves in front
+of both servers, or handing half-read sockets to hypercorn's internal classes. Hypercorn
+already owns the port, speaks WebSocket through wsproto (the sans-IO library
+trio-websocket is built on), applies the port's TLS and the HTTP checks to the upgrade
+request like to any other, and gives back-pressure both ways (a bounded receive queue;
+sends that wait for the socket). trio-websocket stays what the tests use as an
+independent client.
+
+Checks at the WebSocket level, before any frame is read:
+
+* the ``Origin`` of a browser must be the page's own origin (scheme, host and port of
+  the request) when the page was loaded by IP address or ``localhost``, or one listed
+  in ``server.websocket_origins``: a page on another site must not drive a broker on
+  the visitor's machine (cross-site WebSocket hijacking, DNS rebinding); clients that
+  send no ``Origin`` (programs, not browsers) are not affected;
+* a message larger than a frame can be (``limits.max_frame_bytes`` + 4) is refused by
+  wsproto with close code 1009;
+* a text message, or a binary message that is not exactly one frame, gets an ERROR
+  frame with ``WEBSOCKET_MESSAGE`` (120), then close code 1003 or 1008.
+
+Source: RFC 6455 (close codes, §7.4.1; Origin, §10.2); ASGI WebSocket spec;
+``docs/protocol.md``, "WebSocket".
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import trio
+
+from futureq.errors import ErrorCode
+from futureq.wire import codec, frames
+
+if TYPE_CHECKING:
+    from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, WebsocketScope
+
+log = logging.getLogger(__name__)
+
+PATH = "/ws"
+"""Where the endpoint listens on the HTTP port."""
+SUBPROTOCOL = "futureq.v1"
+"""Accepted when a client offers it (``Sec-WebSocket-Protocol``); optional."""
+
+CLOSE_NORMAL = 1000
+CLOSE_UNSUPPORTED_DATA = 1003
+"""RFC 6455 §7.4.1: the endpoint cannot accept this type of data (a text message)."""
+CLOSE_POLICY_VIOLATION = 1008
+"""RFC 6455 §7.4.1: a message that is not exactly one frame."""
+
+WebSocketHandler = Callable[[trio.abc.Stream, str, str | None], Awaitable[None]]
+"""Serves one accepted WebSocket as a stream of frames: ``handler(stream, peer, token)``,
+``token`` a valid token the upgrade request carried (or None)."""
+
+
+def origin_allowed(
+    origin: str | None, host: str | None, scheme: str, allowed: Iterable[str]
+) -> bool:
+    """Whether a WebSocket upgrade with this ``Origin`` header may be accepted.
+
+    Args:
+        origin: The ``Origin`` header, or None when the client sent none (not a browser).
+        host: The ``Host`` header of the request.
+        scheme: ``ws`` or ``wss``, how the request came in.
+        allowed: ``server.websocket_origins`` entries: ``"*"`` or origins like
+            ``https://app.example.com``.
+
+    Returns:
+        True for no ``Origin``, a listed one, or the request's own origin when its
+        ``Host`` is an IP address or ``localhost``. A page served under another name
+        must be listed: a name can be made to point at this node by the page's own
+        site (DNS rebinding), and then ``Origin`` and ``Host`` agree by construction.
+
+    Source: RFC 6455 §10.2 (servers that are not meant for every site check Origin).
+    """
+    if origin is None:
+        return True
+    origin = origin.strip().lower()
+    allowed = [entry.strip().lower().rstrip("/") for entry in allowed]
+    if "*" in allowed or origin in allowed:
+        return True
+    if host is None or not _rebinding_proof(host.strip().lower()):
+        return False
+    parts = urlsplit(origin)
+    own_scheme = "https" if scheme == "wss" else "http"
+    if parts.scheme != own_scheme or not parts.netloc:
+        return False
+    default_port = 443 if own_scheme == "https" else 80
+    return _with_port(parts.netloc, default_port) == _with_port(host.strip().lower(), default_port)
+
+
+def _rebinding_proof(host: str) -> bool:
+    """True for a ``Host`` no other site can send a browser to under its own name."""
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host[1 : host.find("]")]
+    if name == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _with_port(netloc: str, default_port: int) -> str:
+    if netloc.startswith("["):  # [v6] or [v6]:port
+        end = netloc.find("]")
+        return netloc if netloc[end + 1 :].startswith(":") else f"{netloc}:{default_port}"
+    return netloc if ":" in netloc else f"{netloc}:{default_port}"
+
+
+def _header(scope: WebsocketScope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def peer_of(scope: WebsocketScope) -> str:
+    """The client's ``host:port`` for log lines (``?`` when unknown)."""
+    client = scope.get("client")
+    if not client:
+        return "?"
+    host, port = client[0], client[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+class WebSocketStream(trio.abc.Stream):
+    """A FutureQ frame stream over one accepted ASGI WebSocket.
+
+    ``receive_some`` returns the bytes of whole frames, one message at a time (split
+    when the caller asks for fewer bytes); ``send_all`` takes bytes made of whole frames
+    (the gateway's writer joins several) and sends each frame as its own binary message.
+    The peer closing the WebSocket is end-of-stream (``b""``).
+
+    Args:
+        receive: The ASGI ``receive`` callable of the connection.
+        send: The ASGI ``send`` callable.
+        on_refused: Called with the error code when a message is refused (for metrics).
+    """
+
+    def __init__(
+        self,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        on_refused: Callable[[ErrorCode], None] | None = None,
+    ) -> None:
+        self._receive = receive
+        self._send = send
+        self._on_refused = on_refused
+        self._pending = b""
+        self._eof = False
+        self._closed = False
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """Bytes of the next message (whole frames), or ``b""`` once the peer closed.
+
+        Raises:
+            trio.ClosedResourceError: after :meth:`aclose`.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("the WebSocket was closed")
+        while not self._pending:
+            if self._eof:
+                await trio.lowlevel.checkpoint()
+                return b""
+            message = await self._receive()
+            kind = message["type"]
+            if kind == "websocket.disconnect":
+                self._eof = True
+                continue
+            if kind != "websocket.receive":
+                continue
+            data: Any = message.get("bytes")
+            if data is None:
+                await self._refuse(
+                    CLOSE_UNSUPPORTED_DATA,
+                    "a text WebSocket message was received; FutureQ reads binary messages, "
+                    "each holding one frame (4-byte big-endian length, then the msgpack body)",
+                )
+                continue
+            problem = _not_one_frame(bytes(data))
+            if problem is not None:
+                await self._refuse(CLOSE_POLICY_VIOLATION, problem)
+                continue
+            self._pending = bytes(data)
+        if max_bytes is None or max_bytes >= len(self._pending):
+            chunk, self._pending = self._pending, b""
+        else:
+            chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+        return chunk
+
+    async def _refuse(self, close_code: int, sentence: str) -> None:
+        """Tell the client why in an ERROR frame, close, and report end-of-stream."""
+        if self._on_refused is not None:
+            self._on_refused(ErrorCode.WEBSOCKET_MESSAGE)
+        log.info("WebSocket message refused: %s", sentence)
+        error = frames.Error(0, int(ErrorCode.WEBSOCKET_MESSAGE), sentence)
+        try:
+            await self._send(
+                {"type": "websocket.send", "bytes": codec.encode_frame(error), "text": None}
+            )
+            await self._send({"type": "websocket.close", "code": close_code, "reason": ""})
+        except Exception:  # the socket is already gone; end-of-stream either way
+            log.debug("could not send the refusal", exc_info=True)
+        self._eof = True
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Send whole frames, one binary message each.
+
+        Raises:
+            trio.ClosedResourceError: after :meth:`aclose`.
+            trio.BrokenResourceError: the WebSocket is gone.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("the WebSocket was closed")
+        view = memoryview(data)
+        offset = 0
+        while offset < len(view):
+            length = int.from_bytes(view[offset : offset + codec.HEADER_BYTES], "big")
+            end = offset + codec.HEADER_BYTES + length
+            # Our own writer only ever hands over whole frames.
+            assert length > 0 and end <= len(view), "send_all got a partial frame"
+            try:
+                await self._send(
+                    {"type": "websocket.send", "bytes": bytes(view[offset:end]), "text": None}
+                )
+            except Exception as exc:  # hypercorn raises its own errors on a dead socket
+                raise trio.BrokenResourceError("the WebSocket is gone") from exc
+            offset = end
+
+    async def wait_send_all_might_not_block(self) -> None:
+        """Part of the stream interface; sends wait for the socket themselves."""
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        """Close the WebSocket normally (code 1000) unless it is closed already."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        try:
+            await self._send({"type": "websocket.close", "code": CLOSE_NORMAL, "reason": ""})
+        except Exception:
+            log.debug("WebSocket close after the socket went away", exc_info=True)
+        await trio.lowlevel.checkpoint()
+
+
+def _not_one_frame(data: bytes) -> str | None:
+    """None when ``data`` is exactly one frame; else a sentence saying what is wrong."""
+    if len(data) < codec.HEADER_BYTES:
+        return (
+            f"a WebSocket message of {len(data)} bytes is shorter than a frame header; each "
+            "message must hold one whole frame (4-byte big-endian length, then the body)"
+        )
+    announced = int.from_bytes(data[: codec.HEADER_BYTES], "big")
+    body = len(data) - codec.HEADER_BYTES
+    if announced != body:
+        return (
+            f"a WebSocket message's frame header announces {announced} body bytes but the "
+            f"message carries {body}; send exactly one whole frame per binary message"
+        )
+    return None
+
+
+async def serve_websocket(
+    scope: WebsocketScope,
+    receive: ASGIReceiveCallable,
+    send: ASGISendCallable,
+    handler: WebSocketHandler,
+    *,
+    allowed_origins: Iterable[str] = (),
+    on_refused: Callable[[ErrorCode], None] | None = None,
+    token: str | None = None,
+) -> None:
+    """Accept (or refuse) one ``/ws`` upgrade and serve it with ``handler``.
+
+    Args:
+        scope: The ASGI ``websocket`` scope.
+        receive: ASGI receive callable.
+        send: ASGI send callable.
+        handler: Serves the accepted connection as a frame stream (the gateway).
+        allowed_origins: ``server.websocket_origins`` (besides the page's own origin).
+        on_refused: Called with an error code for each refused message.
+        token: A valid token of the upgrade's ``Authorization`` header, handed to the
+            gateway for a HELLO that carries none (the Origin check comes first, so
+            only the node's own pages and listed origins get this).
+    """
+    connect = await receive()
+    if connect["type"] != "websocket.connect":
+        return
+    origin = _header(scope, b"origin")
+    if not origin_allowed(
+        origin, _header(scope, b"host"), scope.get("scheme", "ws"), allowed_origins
+    ):
+        log.info(
+            "WebSocket from %s refused: Origin %r is neither this server's nor in "
+            "server.websocket_origins",
+            peer_of(scope),
+            origin,
+        )
+        await send({"type": "websocket.close", "code": CLOSE_POLICY_VIOLATION, "reason": ""})
+        return
+    offered = SUBPROTOCOL in scope.get("subprotocols", [])
+    await send(
+        {
+            "type": "websocket.accept",
+            "subprotocol": SUBPROTOCOL if offered else None,
+            "headers": [],
+        }
+    )
+    stream = WebSocketStream(receive, send, on_refused)
+    try:
+        await handler(stream, peer_of(scope), token)
+    finally:
+        with trio.move_on_after(1, shield=True):
+            await stream.aclose()
+
+
+__all__ = [
+    "PATH",
+    "SUBPROTOCOL",
+    "WebSocketHandler",
+    "WebSocketStream",
+    "origin_allowed",
+    "serve_websocket",
+]

@@ -1,0 +1,401 @@
+"""``futureq-cli`` commands that manage scheduled messages (issue 14): ``cancel``,
+``browse`` and ``dlq list``.
+
+Kept apart from :mod:`futureq.cli.client_main` (one module per command group, as
+``STYLE.md`` asks). Results go to stdout, one line per item or one JSON document.
+
+Source: ``docs/protocol.md``, "CANCEL", "BROWSE"; ``docs/cli.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any, Final
+
+from futureq.cli.jsonl import render_payload
+from futureq.wire import frames
+
+if TYPE_CHECKING:
+    from futureq.cli.client_main import Output
+    from futureq.client import BrowsePage, Client, PendingMessage
+
+EXIT_OK: Final = 0
+EXIT_USAGE: Final = 2
+CANCEL_CHUNK_IDS: Final = 1000
+"""Ids per CANCEL request the CLI sends (a server takes up to ``limits.max_batch_items``)."""
+_RESCHEDULE_WORDS: Final = {
+    frames.ItemStatus.DONE: "rescheduled",
+    frames.ItemStatus.UNKNOWN: "unknown (not pending: acked, expired, cancelled or never published)",
+}
+_STATUS_WORDS: Final = {
+    frames.ItemStatus.DONE: "cancelled",
+    frames.ItemStatus.DELIVERED: "cancelled (had been delivered)",
+    frames.ItemStatus.UNKNOWN: "unknown (not pending: acked, expired, cancelled or never published)",
+}
+
+
+def header_arg(text: str) -> tuple[str, str]:
+    """argparse type: ``NAME=VALUE`` of ``publish --header``."""
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
+def message_id_arg(text: str) -> int:
+    """argparse type: a message id, a whole number in [0, 2**64-1]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a message id (a whole number, as publish printed it)"
+        ) from None
+    if not 0 <= value <= frames.MAX_MESSAGE_ID:
+        raise argparse.ArgumentTypeError(f"message ids are 0 to 2**64-1, got {value}")
+    return value
+
+
+def add_parsers(
+    commands: Any,
+    name_arg: Callable[[str], Callable[[str], str]],
+    at_arg: Callable[[str], int],
+    duration_arg: Callable[[str], int],
+) -> None:
+    """Add ``cancel``, ``browse`` and ``dlq`` to ``futureq-cli``'s subparsers.
+
+    ``name_arg(kind)``: the argparse type of an existing topic or group name;
+    ``at_arg``: of an absolute time (ms); ``duration_arg``: of a duration (ms).
+    """
+    cancel = commands.add_parser(
+        "cancel", help="cancel scheduled messages by id (in one group or all)"
+    )
+    cancel.add_argument("topic", type=name_arg("topic"))
+    cancel.add_argument("ids", type=message_id_arg, nargs="+", metavar="ID")
+    cancel.add_argument(
+        "--group",
+        type=name_arg("group"),
+        default=None,
+        help="cancel only this group's copy (default: every group's)",
+    )
+    cancel.add_argument("--json", action="store_true", help="print [{id, status}, ...]")
+
+    reschedule = commands.add_parser(
+        "reschedule", help="give pending messages a new due time by id (in one group or all)"
+    )
+    reschedule.add_argument("topic", type=name_arg("topic"))
+    reschedule.add_argument("ids", type=message_id_arg, nargs="+", metavar="ID")
+    when = reschedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at", type=at_arg, metavar="T", help="due at T")
+    when.add_argument("--delay", type=duration_arg, metavar="D", help="due D from now")
+    reschedule.add_argument(
+        "--group", type=name_arg("group"), default=None, help="only this group's copy"
+    )
+    reschedule.add_argument("--json", action="store_true", help="print [{id, status}, ...]")
+
+    purge = commands.add_parser(
+        "purge", help="remove every message pending now in a topic's groups (or one group)"
+    )
+    purge.add_argument("topic", type=name_arg("topic"))
+    purge.add_argument(
+        "--group", type=name_arg("group"), default=None, help="only this group (default: all)"
+    )
+    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    browse = commands.add_parser(
+        "browse",
+        help="list pending messages in due order without claiming them",
+        description="Read a group's pending messages (nothing is delivered, claimed or "
+        "created). Use it, not consume --no-ack, to look at a queue or a dead-letter topic.",
+    )
+    browse.add_argument("topic", type=name_arg("topic"))
+    browse.add_argument(
+        "--group", type=name_arg("group"), default=None, help="the group (default: the only one)"
+    )
+    browse.add_argument("--from", dest="from_ms", type=at_arg, metavar="T", help="due at or after T")
+    until = browse.add_mutually_exclusive_group()
+    until.add_argument("--to", dest="to_ms", type=at_arg, metavar="T", help="due before T")
+    until.add_argument(
+        "--within", type=duration_arg, metavar="D", help="due within D from now (e.g. 1h)"
+    )
+    _paging_args(browse)
+
+    dlq = commands.add_parser("dlq", help="dead letters: list them without claiming them")
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    dlq_list = dlq_commands.add_parser(
+        "list", help="the dead letters of TOPIC (TOPIC.dlq) with where they came from and why"
+    )
+    dlq_list.add_argument("topic", type=name_arg("topic"))
+    _paging_args(dlq_list)
+    dlq_redrive = dlq_commands.add_parser(
+        "redrive",
+        help="move dead letters of TOPIC back to TOPIC and the group they died in",
+    )
+    dlq_redrive.add_argument("topic", type=name_arg("topic"))
+    dlq_redrive.add_argument(
+        "ids", type=message_id_arg, nargs="*", metavar="ID", help="dead-letter ids (dlq list)"
+    )
+    dlq_redrive.add_argument(
+        "--all", action="store_true", help="every dead letter (that matches the filters)"
+    )
+    dlq_redrive.add_argument(
+        "--from-group", metavar="GROUP", help="with --all: only those that died in GROUP"
+    )
+    dlq_redrive.add_argument(
+        "--reason",
+        metavar="REASON",
+        help="with --all: only those that died for REASON (max-deliveries, rejected, expired)",
+    )
+    dlq_redrive.add_argument(
+        "--delay", type=duration_arg, default=0, metavar="D", help="due D after now (default 0)"
+    )
+
+
+def _paging_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--limit", type=int, default=100, metavar="N", help="print at most N (default 100)"
+    )
+    parser.add_argument("--all", action="store_true", help="print every one, page by page")
+    parser.add_argument(
+        "--preview",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="show the first BYTES of each payload (0 to 1024; default none)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+async def run_cancel(client: Client, args: argparse.Namespace, io: Output) -> int:
+    """``futureq-cli cancel TOPIC ID... [--group G]``: one line per id, then a count."""
+    ids: list[int] = args.ids
+    statuses: list[frames.ItemStatus] = []
+    for start in range(0, len(ids), CANCEL_CHUNK_IDS):
+        statuses += await client.cancel(
+            args.topic, ids[start : start + CANCEL_CHUNK_IDS], group=args.group
+        )
+    if args.json:
+        rows = [{"id": mid, "status": status.name} for mid, status in zip(ids, statuses, strict=True)]
+        io.out(json.dumps(rows))
+        return EXIT_OK
+    for mid, status in zip(ids, statuses, strict=True):
+        io.out(f"{mid}: {_STATUS_WORDS.get(status, status.name)}")
+    done = sum(status != frames.ItemStatus.UNKNOWN for status in statuses)
+    where = f"group {args.group!r} of topic" if args.group else "topic"
+    io.out(f"cancelled {done} of {len(ids)} in {where} {args.topic!r}")
+    return EXIT_OK
+
+
+BROWSE_PAGE: Final = 1000
+"""Messages per BROWSE request the CLI sends (the server's most)."""
+
+
+async def _pages(
+    client: Client,
+    topic: str,
+    group: str | None,
+    args: argparse.Namespace,
+    from_ms: int | None,
+    to_ms: int | None,
+) -> list[tuple[str, PendingMessage]]:
+    """Every message ``--limit`` / ``--all`` asks for, following cursors."""
+    wanted = None if args.all else max(0, args.limit)
+    out: list[tuple[str, PendingMessage]] = []
+    cursor: bytes | None = None
+    while wanted is None or len(out) < wanted:
+        size = BROWSE_PAGE if wanted is None else min(BROWSE_PAGE, wanted - len(out))
+        page: BrowsePage = await client.browse(
+            topic,
+            group,
+            from_due_ms=from_ms,
+            to_due_ms=to_ms,
+            cursor=cursor,
+            limit=max(1, size),
+            preview_bytes=args.preview,
+        )
+        out += [(page.group, message) for message in page.messages]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return out
+
+
+def _preview_value(payload: bytes) -> tuple[Any, str]:
+    """``(value, encoding)`` of a payload preview: the JSON value (``"json"``), the text
+    (``"text"``) or base64 text (``"base64"``); see :func:`futureq.cli.jsonl.render_payload`."""
+    text, encoding = render_payload(payload)
+    return json.loads(text), encoding
+
+
+def pending_record(topic: str, group: str, message: PendingMessage) -> dict[str, Any]:
+    """The JSON object ``browse --json`` and ``dlq list --json`` print for a message.
+
+    Shape: ``{"id", "topic", "group", "due_ms" (null: parked), "attempt",
+    "payload_bytes", "expire_ms", "headers", "preview", "preview_encoding"}``.
+    """
+    record: dict[str, Any] = {
+        "id": message.id,
+        "topic": topic,
+        "group": group,
+        "due_ms": message.due_ms,
+        "attempt": message.attempt,
+        "payload_bytes": message.payload_bytes,
+        "expire_ms": message.expire_ms,
+        "headers": message.headers,
+    }
+    if message.preview is not None:
+        record["preview"], record["preview_encoding"] = _preview_value(message.preview)
+    return record
+
+
+def _line(message: PendingMessage, dead_letters: bool) -> str:
+    from futureq.cli.client_main import format_ms
+
+    due = "parked" if message.due_ms is None else format_ms(message.due_ms)
+    text = f"#{message.id} due={due} attempt={message.attempt} bytes={message.payload_bytes}"
+    headers = message.headers
+    if dead_letters:
+        origin = (
+            f" from={headers.get('futureq-original-topic', '?')}/"
+            f"{headers.get('futureq-original-group', '?')}"
+            f" original=#{headers.get('futureq-original-id', '?')}"
+            f" attempts={headers.get('futureq-attempts', '?')}"
+            f" reason={headers.get('futureq-reason', '?')}"
+        )
+        if "futureq-reason-text" in headers:
+            origin += f" text={json.dumps(headers['futureq-reason-text'], ensure_ascii=False)}"
+        text += origin
+    elif headers:
+        text += " " + " ".join(f"{name}={value}" for name, value in sorted(headers.items()))
+    if message.preview is not None:
+        value, encoding = _preview_value(message.preview)
+        shown = json.dumps(value, ensure_ascii=False) if encoding == "json" else str(value)
+        text += f": {shown if encoding != 'base64' else 'base64:' + shown}"
+    return text
+
+
+async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> int:
+    """``futureq-cli browse TOPIC``: pending messages in due order, none claimed."""
+    to_ms = args.to_ms
+    if args.within is not None:
+        to_ms = int(time.time() * 1000) + args.within
+    found = await _pages(client, args.topic, args.group, args, args.from_ms, to_ms)
+    for group, message in found:
+        if args.json:
+            io.out(json.dumps(pending_record(args.topic, group, message), ensure_ascii=False))
+        else:
+            io.out(_line(message, dead_letters=False))
+    if not args.json:
+        io.out(f"{len(found)} pending shown")
+    return EXIT_OK
+
+
+async def run_dlq(client: Client, args: argparse.Namespace, io: Output) -> int:
+    """``futureq-cli dlq list|redrive TOPIC``: TOPIC's dead letters with their
+    provenance, or moved back where they died (with a count and progress on stderr)."""
+    if args.dlq_command == "redrive":
+        return await _run_dlq_redrive(client, args, io)
+    topic = args.topic if args.topic.endswith(".dlq") else args.topic + ".dlq"
+    found = await _pages(client, topic, None, args, None, None)
+    for group, message in found:
+        if args.json:
+            io.out(json.dumps(pending_record(topic, group, message), ensure_ascii=False))
+        else:
+            io.out(_line(message, dead_letters=True))
+    if not args.json:
+        io.out(f"{len(found)} dead letters shown")
+    return EXIT_OK
+
+
+async def _run_dlq_redrive(client: Client, args: argparse.Namespace, io: Output) -> int:
+    topic = args.topic.removesuffix(".dlq")
+    ids: list[int] = list(args.ids)
+    if args.all:
+        cursor: bytes | None = None
+        while True:
+            page = await client.browse(topic + ".dlq", cursor=cursor, limit=BROWSE_PAGE)
+            for message in page.messages:
+                headers = message.headers
+                if args.from_group and headers.get("futureq-original-group") != args.from_group:
+                    continue
+                if args.reason and headers.get("futureq-reason") != args.reason:
+                    continue
+                ids.append(message.id)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    elif not ids:
+        io.err("error: name dead-letter ids (futureq-cli dlq list TOPIC), or give --all")
+        return EXIT_USAGE
+    counts = dict.fromkeys(frames.ItemStatus, 0)
+    for start in range(0, len(ids), CANCEL_CHUNK_IDS):
+        chunk = ids[start : start + CANCEL_CHUNK_IDS]
+        for status in await client.redrive(topic, chunk, delay_ms=args.delay):
+            counts[status] += 1
+        io.err(f"redrive: {min(start + len(chunk), len(ids))}/{len(ids)}")
+    io.out(
+        f"redriven {counts[frames.ItemStatus.DONE]} of {len(ids)} to {topic!r}; "
+        f"{counts[frames.ItemStatus.NO_TARGET]} kept (their group is gone), "
+        f"{counts[frames.ItemStatus.UNKNOWN]} unknown"
+    )
+    return EXIT_OK
+
+
+async def run_reschedule(client: Client, args: argparse.Namespace, io: Output) -> int:
+    """``futureq-cli reschedule TOPIC ID... --at T | --delay D [--group G]``."""
+    ids: list[int] = args.ids
+    statuses: list[frames.ItemStatus] = []
+    for start in range(0, len(ids), CANCEL_CHUNK_IDS):
+        statuses += await client.reschedule(
+            args.topic,
+            ids[start : start + CANCEL_CHUNK_IDS],
+            due_ms=args.at,
+            delay_ms=args.delay,
+            group=args.group,
+        )
+    if args.json:
+        rows = [{"id": mid, "status": s.name} for mid, s in zip(ids, statuses, strict=True)]
+        io.out(json.dumps(rows))
+        return EXIT_OK
+    for mid, status in zip(ids, statuses, strict=True):
+        io.out(f"{mid}: {_RESCHEDULE_WORDS.get(status, status.name)}")
+    done = sum(status == frames.ItemStatus.DONE for status in statuses)
+    io.out(f"rescheduled {done} of {len(ids)} in topic {args.topic!r}")
+    return EXIT_OK
+
+
+def _purge_target(args: argparse.Namespace) -> str:
+    if args.group:
+        return f"group {args.group!r} of topic {args.topic!r}"
+    return f"every group of topic {args.topic!r}"
+
+
+def confirm_purge(args: argparse.Namespace, stdin: IO[str], io: Output) -> int | None:
+    """Ask before a ``purge`` (before connecting, so no connection idles meanwhile).
+
+    Returns:
+        None to go on (``--yes``, or the user typed ``yes``); else the exit status.
+    """
+    if args.yes:
+        return None
+    what = _purge_target(args)
+    if not stdin.isatty():
+        io.err(f"error: purge removes every message pending in {what}; add --yes to confirm")
+        return EXIT_USAGE
+    io.err(f"Remove every message pending now in {what}? Type 'yes': ")
+    if stdin.readline().strip() != "yes":
+        io.err("not purged")
+        return EXIT_USAGE
+    return None
+
+
+async def run_purge(client: Client, args: argparse.Namespace, io: Output) -> int:
+    """``futureq-cli purge TOPIC [--group G] --yes`` (confirmed by :func:`confirm_purge`)."""
+    count = await client.purge(args.topic, group=args.group)
+    io.out(
+        f"purging {count} pending entries of {_purge_target(args)} "
+        "(in the background, in chunks)"
+    )
+    return EXIT_OK

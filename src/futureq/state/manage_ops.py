@@ -1,0 +1,643 @@
+"""Applying the commands that manage scheduled messages (issue 14), for QueueState.
+
+:class:`ManageOps` is a base class of :class:`~futureq.state.queue_state.QueueState`:
+the state machine's handling of CANCEL, RESCHEDULE, PURGE (with PURGE_GROUP chunks),
+CREATE_GROUP ``from_backlog`` (with BACKFILL_GROUP chunks), REDRIVE, idempotency keys
+and dead letters with provenance. Like the rest of apply it reads nothing node-local:
+times come stamped in the commands.
+
+It owns the ``index`` family (secondary indexes, one-byte prefixes):
+
+* ``d | message id (8) | group id (4)`` -> due_ms (8): where a group's entry of a
+  message is due when that differs from the due time the message was published with
+  (after a NACK, a RESCHEDULE or parking). With the message record it finds any
+  entry by id in O(log n), without an index entry per message;
+* ``k | topic | 0x00 | idempotency key`` -> ``[message id, publish_ms]``: the message a
+  key names;
+* ``t | publish_ms (8) | message id (8)`` -> the ``k`` key: keys in publish order, so
+  each PUBLISH forgets a bounded number of keys older than the window.
+
+and these ``meta`` keys: ``purging:<group id>`` -> ``[bound_id, cursor]``,
+``backfill:<group id>`` -> ``[bound_id, sources, source, cursor]``.
+
+Source: ``docs/protocol.md`` (CANCEL, RESCHEDULE, PURGE, REDRIVE, idempotency keys,
+dead letters); issue 14.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, Final
+
+from futureq.state import commands, records
+from futureq.state.commands import CommandKind
+from futureq.state.model import APPLY_STEP_ITEMS, BackfillJob, GroupInfo, PurgeJob, Txn
+from futureq.state.records import PARKED_DUE_MS, EntryValue, MessageRecord
+from futureq.wire.frames import ItemStatus
+
+if TYPE_CHECKING:
+    from futureq.state.model import DeletingGroup
+    from futureq.state.store import StateStore
+
+PURGING_PREFIX: Final = b"purging:"
+BACKFILL_PREFIX: Final = b"backfill:"
+MOVED: Final = b"d"
+KEY: Final = b"k"
+KEY_TIME: Final = b"t"
+PRUNE_MIN_KEYS: Final = 16
+"""Idempotency keys older than the window one PUBLISH looks at, at least; more when
+the batch itself brings keys, so forgetting keeps pace with remembering."""
+_U64_MAX: Final = 2**64 - 1
+
+
+def moved_key(mid: int, group_id: int) -> bytes:
+    """``index`` key of where group ``group_id``'s entry of message ``mid`` moved."""
+    return MOVED + mid.to_bytes(8, "big") + group_id.to_bytes(4, "big")
+
+
+def idempotency_index_key(topic: str, key: str) -> bytes:
+    """``index`` key naming the message published to ``topic`` with ``key``."""
+    return KEY + topic.encode("utf-8") + b"\x00" + key.encode("utf-8")
+
+
+def _u64(value: int) -> bytes:
+    return value.to_bytes(8, "big")
+
+
+def _is_id(value: Any) -> bool:
+    """A committed id that fits the stored layout (anything else names nothing)."""
+    return type(value) is int and 0 <= value <= _U64_MAX
+
+
+class ManageOps:
+    """The management commands of :class:`~futureq.state.queue_state.QueueState`."""
+
+    store: StateStore
+    groups: dict[int, GroupInfo]
+    deleting: dict[int, DeletingGroup]
+    purging: dict[int, PurgeJob]
+    backfilling: dict[int, BackfillJob]
+    total_pending: int
+
+    if TYPE_CHECKING:
+
+        def topic_groups(self, topic: str) -> list[GroupInfo]: ...
+
+        def find_group(self, topic: str, name: str) -> GroupInfo | None: ...
+
+        def _note_publish_ms(self, txn: Txn, publish_ms: int) -> None: ...
+
+        def _drop_entry(
+            self,
+            txn: Txn,
+            key: bytes,
+            reason: CommandKind,
+            effects: list[tuple[Any, ...]],
+            touched: set[int],
+            value: bytes | None = None,
+        ) -> tuple[int, int, int, int | None] | None: ...
+
+        def _move_entry(
+            self,
+            txn: Txn,
+            key: bytes,
+            gid: int,
+            due_ms: int,
+            mid: int,
+            new_due: int,
+            entry: EntryValue,
+            reason: CommandKind,
+            effects: list[tuple[Any, ...]],
+        ) -> None: ...
+
+        def _insert_message(
+            self,
+            txn: Txn,
+            mid: int,
+            topic: str,
+            payload: bytes,
+            publish_ms: int,
+            due_ms: int,
+            ttl_ms: int | None,
+            headers: dict[str, str] | None,
+            groups: list[GroupInfo],
+            effects: list[tuple[Any, ...]],
+            touched: set[int],
+        ) -> None: ...
+
+    # ------------------------------------------------------------ finding entries
+
+    def _record(self, txn: Txn, mid: int) -> MessageRecord | None:
+        data = txn.get("messages", _u64(mid))
+        return None if data is None else MessageRecord.decode(data)
+
+    def _find_entry(
+        self, txn: Txn, mid: int, gid: int, published_due_ms: int
+    ) -> tuple[bytes, bytes] | None:
+        """``(schedule key, value)`` of group ``gid``'s entry of ``mid``, or None."""
+        moved = txn.get("index", moved_key(mid, gid))
+        due_ms = published_due_ms if moved is None else int.from_bytes(moved, "big")
+        key = commands.schedule_key(gid, due_ms, mid)
+        value = txn.get("schedule", key)
+        return None if value is None else (key, value)
+
+    def _holding_groups(self, topic: str, group_id: int | None) -> list[GroupInfo]:
+        """The groups to look in for a message of ``topic``: one, or all of the topic."""
+        if group_id is None:
+            return self.topic_groups(topic)
+        info = self.groups.get(group_id) if type(group_id) is int else None
+        return [info] if info is not None and info.topic == topic else []
+
+    # ------------------------------------------------------------ reads
+
+    def browse(
+        self,
+        group_id: int,
+        from_due_ms: int,
+        to_due_ms: int | None,
+        after_key: bytes | None,
+        limit: int,
+    ) -> tuple[list[tuple[bytes, EntryValue, MessageRecord]], bytes | None]:
+        """A page of one group's pending entries in due order, without claiming any.
+
+        O(``limit``) reads whatever the backlog: one range scan of the ``schedule``
+        family from ``max(from_due_ms, after_key)`` and one point read of each
+        entry's message. Parked dead letters (due at
+        :data:`~futureq.state.records.PARKED_DUE_MS`) come last, and only when
+        ``to_due_ms`` is None.
+
+        Args:
+            group_id: The group (its schedule keys start with it).
+            from_due_ms: Entries due at or after this (ms).
+            to_due_ms: Entries due before this (ms); None: no bound.
+            after_key: The cursor: the last schedule key of the previous page (the
+                page starts after it); None: from ``from_due_ms``.
+            limit: Most entries (>= 1).
+
+        Returns:
+            ``([(schedule key, entry, message), ...], next cursor or None)``: the
+            cursor is None when the range holds nothing more.
+        """
+        start = commands.schedule_key(group_id, from_due_ms, 0)
+        if after_key is not None and after_key >= start:
+            start = after_key + b"\x00"
+        if to_due_ms is None:
+            stop = (group_id + 1).to_bytes(4, "big")
+        else:
+            stop = commands.schedule_key(group_id, to_due_ms, 0)
+        page: list[tuple[bytes, EntryValue, MessageRecord]] = []
+        for key, value in self.store.scan("schedule", start, stop):
+            if len(page) >= limit:
+                return page, page[-1][0]
+            data = self.store.get("messages", _u64(commands.parse_schedule_key(key)[2]))
+            assert data is not None, f"schedule entry {key.hex()} without its message"
+            page.append((key, EntryValue.decode(value), MessageRecord.decode(data)))
+        return page, None
+
+    def next_due_ms(self, group_id: int) -> int | None:
+        """When the group's earliest entry falls due (ms), or None when it holds none
+        that can be delivered (parked dead letters do not count). One seek: O(log n)."""
+        start = group_id.to_bytes(4, "big")
+        stop = commands.schedule_key(group_id, PARKED_DUE_MS, 0)
+        for key, _ in self.store.scan("schedule", start, stop):
+            return commands.parse_schedule_key(key)[1]
+        return None
+
+    # ------------------------------------------------------------ CANCEL / RESCHEDULE
+
+    def _cancel(
+        self,
+        txn: Txn,
+        topic: str,
+        group_id: int | None,
+        ids: list[Any],
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> Generator[None, None, list[int]]:
+        """Remove messages by id from one group or every group of ``topic``.
+
+        Returns:
+            Per id: DONE (removed, never delivered), DELIVERED (removed, but delivered
+            at least once before) or UNKNOWN (no entry of it there).
+        """
+        out: list[int] = []
+        for position, mid in enumerate(ids):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
+            record = self._record(txn, mid) if _is_id(mid) else None
+            if record is None or record.topic != topic:
+                out.append(ItemStatus.UNKNOWN)
+                continue
+            status = ItemStatus.UNKNOWN
+            left = record.open
+            for info in self._holding_groups(topic, group_id):
+                if left <= 0:
+                    break
+                found = self._find_entry(txn, mid, info.group_id, record.due_ms)
+                if found is None:
+                    continue
+                key, value = found
+                entry = EntryValue.decode(value)
+                self._drop_entry(txn, key, CommandKind.CANCEL, effects, touched, value)
+                left -= 1
+                if entry.attempt or entry.released:
+                    status = ItemStatus.DELIVERED
+                elif status == ItemStatus.UNKNOWN:
+                    status = ItemStatus.DONE
+            out.append(status)
+        return out
+
+    def _reschedule(
+        self,
+        txn: Txn,
+        topic: str,
+        group_id: int | None,
+        ids: list[Any],
+        due_ms: int,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> Generator[None, None, list[int]]:
+        """Give messages by id the due time ``due_ms`` in one group or every group.
+
+        Attempts are kept; the TTL counts from the new due time (an entry with a TTL
+        expires at ``due_ms + ttl_ms``), as it does from a published due time. A parked
+        dead letter is delivered again. In a group a PURGE is emptying, an entry the
+        purge will remove is removed now instead.
+
+        Returns:
+            Per id: DONE or UNKNOWN (no entry of it there).
+        """
+        out: list[int] = []
+        valid_due = type(due_ms) is int and 0 <= due_ms < PARKED_DUE_MS
+        for position, mid in enumerate(ids):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
+            record = self._record(txn, mid) if _is_id(mid) and valid_due else None
+            if record is None or record.topic != topic:
+                out.append(ItemStatus.UNKNOWN)
+                continue
+            status = ItemStatus.UNKNOWN
+            left = record.open
+            for info in self._holding_groups(topic, group_id):
+                if left <= 0:
+                    break
+                gid = info.group_id
+                found = self._find_entry(txn, mid, gid, record.due_ms)
+                if found is None:
+                    continue
+                left -= 1
+                key, value = found
+                job = self.purging.get(gid)
+                if job is not None and mid < job.bound_id:
+                    self._drop_entry(txn, key, CommandKind.PURGE_GROUP, effects, touched, value)
+                    continue
+                entry = EntryValue.decode(value)
+                ttl_ms = record.ttl_ms
+                if ttl_ms is None and entry.expire_ms is not None:
+                    ttl_ms = max(1, entry.expire_ms - record.due_ms)  # a record without TTL
+                entry.expire_ms = None if ttl_ms is None else due_ms + ttl_ms
+                old_due = commands.parse_schedule_key(key)[1]
+                self._move_entry(
+                    txn, key, gid, old_due, mid, due_ms, entry, CommandKind.RESCHEDULE, effects
+                )
+                status = ItemStatus.DONE
+            out.append(status)
+        return out
+
+    # ------------------------------------------------------------ PURGE
+
+    def _purge(
+        self, txn: Txn, index: int, group_ids: list[Any], effects: list[tuple[Any, ...]]
+    ) -> int:
+        """Start emptying groups: every entry they hold now goes, by PURGE_GROUP chunks.
+
+        Messages published after this command stay. A backfill of the group ends (all
+        it would copy is older). Returns how many entries the groups hold now.
+        """
+        bound_id = commands.message_id(index, 0)
+        total = 0
+        for gid in group_ids:
+            info = self.groups.get(gid) if type(gid) is int else None
+            if info is None:
+                continue
+            total += info.pending
+            self._end_jobs(txn, gid)
+            job = PurgeJob(gid, bound_id)
+            self.purging[gid] = job
+            self._store_purge(txn, job)
+            effects.append(("g", gid))
+        return total
+
+    def _store_purge(self, txn: Txn, job: PurgeJob) -> None:
+        txn.put(
+            "meta",
+            PURGING_PREFIX + job.group_id.to_bytes(4, "big"),
+            records.pack([job.bound_id, job.cursor]),
+        )
+
+    def _end_jobs(self, txn: Txn, gid: int) -> None:
+        """Forget any purge or backfill of group ``gid`` (deleted, or purged anew)."""
+        if self.purging.pop(gid, None) is not None:
+            txn.put("meta", PURGING_PREFIX + gid.to_bytes(4, "big"), None)
+        if self.backfilling.pop(gid, None) is not None:
+            txn.put("meta", BACKFILL_PREFIX + gid.to_bytes(4, "big"), None)
+
+    def _purge_chunk(
+        self,
+        txn: Txn,
+        gid: int,
+        max_entries: int,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> Generator[None, None, int]:
+        """Look at up to ``max_entries`` (capped) entries of a group being purged, after
+        the replicated cursor, and remove those of messages older than the purge.
+
+        Entries only move later while a purge runs (a NACK requeues at or after the due
+        time; RESCHEDULE removes what the purge would), so the cursor misses none. The
+        job ends when a chunk finds fewer entries than it may look at.
+        """
+        job = self.purging.get(gid) if type(gid) is int else None
+        if job is None:
+            return 0
+        limit = max(1, min(max_entries, commands.MAX_PURGE_ENTRIES))
+        start = gid.to_bytes(4, "big") if job.cursor is None else job.cursor + b"\x00"
+        stop = (gid + 1).to_bytes(4, "big")
+        looked = done = 0
+        for key, value in self.store.scan("schedule", start, stop):
+            if looked >= limit:
+                break
+            looked += 1
+            if looked % APPLY_STEP_ITEMS == 0:
+                yield
+            job.cursor = key
+            if commands.parse_schedule_key(key)[2] < job.bound_id:
+                if self._drop_entry(txn, key, CommandKind.PURGE_GROUP, effects, touched, value):
+                    done += 1
+        if looked < limit:
+            del self.purging[gid]
+            txn.put("meta", PURGING_PREFIX + gid.to_bytes(4, "big"), None)
+            effects.append(("g", gid))
+        else:
+            self._store_purge(txn, job)
+        return done
+
+    # ------------------------------------------------------------ BACKFILL
+
+    def _start_backfill(
+        self, txn: Txn, index: int, info: GroupInfo, others: list[GroupInfo]
+    ) -> None:
+        """A new group gets the topic's backlog: what its other groups still hold."""
+        sources = sorted(other.group_id for other in others)
+        job = BackfillJob(info.group_id, commands.message_id(index, 0), sources)
+        self.backfilling[info.group_id] = job
+        self._store_backfill(txn, job)
+
+    def _store_backfill(self, txn: Txn, job: BackfillJob) -> None:
+        txn.put(
+            "meta",
+            BACKFILL_PREFIX + job.group_id.to_bytes(4, "big"),
+            records.pack([job.bound_id, job.sources, job.source, job.cursor]),
+        )
+
+    def _backfill_chunk(
+        self,
+        txn: Txn,
+        gid: int,
+        max_entries: int,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> Generator[None, None, int]:
+        """Copy the next chunk of the backlog to a group created ``from_backlog``.
+
+        Reads up to ``max_entries`` (capped) entries of the source groups in turn,
+        after the replicated cursor; each message older than the group that it does not
+        hold yet gets an entry, due at its published due time (so at once if that has
+        passed), never delivered, expiring as published. Returns how many were copied.
+        """
+        job = self.backfilling.get(gid) if type(gid) is int else None
+        info = self.groups.get(gid) if job is not None else None
+        if job is None or info is None:
+            return 0
+        limit = max(1, min(max_entries, commands.MAX_PURGE_ENTRIES))
+        looked = copied = 0
+        while job.source < len(job.sources) and looked < limit:
+            source = job.sources[job.source]
+            if source not in self.groups:
+                job.source += 1
+                job.cursor = None
+                continue
+            start = source.to_bytes(4, "big") if job.cursor is None else job.cursor + b"\x00"
+            stop = (source + 1).to_bytes(4, "big")
+            exhausted = True
+            for key, value in self.store.scan("schedule", start, stop):
+                if looked >= limit:
+                    exhausted = False
+                    break
+                looked += 1
+                if looked % APPLY_STEP_ITEMS == 0:
+                    yield
+                job.cursor = key
+                mid = commands.parse_schedule_key(key)[2]
+                if mid >= job.bound_id:
+                    continue
+                record = self._record(txn, mid)
+                if record is None or self._find_entry(txn, mid, gid, record.due_ms) is not None:
+                    continue
+                ttl_ms = record.ttl_ms
+                if ttl_ms is None:  # no TTL, or a record from before TTLs were stored
+                    expire_ms = EntryValue.decode(value).expire_ms
+                else:
+                    expire_ms = record.due_ms + ttl_ms
+                new_key = commands.schedule_key(gid, record.due_ms, mid)
+                txn.put("schedule", new_key, records.pack([0, expire_ms]))
+                record.open += 1
+                txn.put("messages", _u64(mid), record.encode())
+                info.pending += 1
+                self.total_pending += 1
+                touched.add(gid)
+                effects.append(("s", gid, record.due_ms, mid, expire_ms, 0))
+                copied += 1
+            if exhausted:
+                job.source += 1
+                job.cursor = None
+        if job.source >= len(job.sources):
+            del self.backfilling[gid]
+            txn.put("meta", BACKFILL_PREFIX + gid.to_bytes(4, "big"), None)
+            effects.append(("g", gid))
+        else:
+            self._store_backfill(txn, job)
+        return copied
+
+    # ------------------------------------------------------------ REDRIVE
+
+    def _redrive(
+        self,
+        txn: Txn,
+        index: int,
+        publish_ms: int,
+        group_id: int,
+        keys: list[Any],
+        due_ms: int,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> Generator[None, None, list[int]]:
+        """Move dead letters of a dead-letter topic's group back where they died.
+
+        Each becomes a new message (id ``message_id(index, position)``) of its original
+        topic for its original group only, due at ``due_ms``, with its headers (the
+        provenance included, plus ``futureq-redriven-from``); its dead letter is
+        removed. Returns per key DONE, UNKNOWN (not a dead letter of that group any
+        more) or NO_TARGET (its original group is gone: it stays).
+        """
+        out: list[int] = []
+        first_id = commands.message_id(index, 0)
+        info = self.groups.get(group_id) if type(group_id) is int else None
+        self._note_publish_ms(txn, publish_ms)
+        for position, key in enumerate(keys):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
+            if info is None or type(key) is not bytes or len(key) != commands.SCHEDULE_KEY_BYTES:
+                out.append(ItemStatus.UNKNOWN)
+                continue
+            gid, _, mid = commands.parse_schedule_key(key)
+            value = txn.get("schedule", key)
+            record = self._record(txn, mid) if gid == group_id and value is not None else None
+            if record is None:
+                out.append(ItemStatus.UNKNOWN)
+                continue
+            headers = dict(record.headers or {})
+            target = self.find_group(
+                headers.get(records.HEADER_ORIGINAL_TOPIC, ""),
+                headers.get(records.HEADER_ORIGINAL_GROUP, ""),
+            )
+            if target is None or target.dead_letter_topic != info.topic:
+                out.append(ItemStatus.NO_TARGET)
+                continue
+            self._drop_entry(txn, key, CommandKind.REDRIVE, effects, touched, value)
+            headers[records.HEADER_REDRIVEN_FROM] = str(mid)
+            self._insert_message(
+                txn,
+                first_id + position,
+                target.topic,
+                record.payload,
+                publish_ms,
+                max(due_ms, publish_ms),
+                None,
+                headers,
+                [target],
+                effects,
+                touched,
+            )
+            out.append(ItemStatus.DONE)
+        return out
+
+    # ------------------------------------------------------------ dead letters
+
+    def _dead_letter_entry(
+        self,
+        txn: Txn,
+        key: bytes,
+        info: GroupInfo,
+        entry: EntryValue,
+        reason: str,
+        reason_text: str | None,
+        publish_ms: int,
+        items: list[list[Any]],
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> bool:
+        """Send one entry to its group's dead-letter topic (an item appended to
+        ``items``, published by the caller) with its provenance as headers; on a
+        dead-letter topic, park it instead. False when there is nothing to move."""
+        _, due_ms, mid = commands.parse_schedule_key(key)
+        record = self._record(txn, mid)
+        if record is None:
+            return False
+        dead_letter_topic = info.dead_letter_topic
+        if dead_letter_topic is None:
+            self._park(txn, key, info.group_id, due_ms, mid, entry, effects)
+            return True
+        if self._drop_entry(txn, key, CommandKind.DEAD_LETTER, effects, touched) is None:
+            return False
+        headers = records.provenance_headers(
+            record.headers, mid, info.topic, info.name, entry, reason, reason_text, publish_ms
+        )
+        items.append([dead_letter_topic, record.payload, publish_ms, None, headers, None])
+        return True
+
+    def _park(
+        self,
+        txn: Txn,
+        key: bytes,
+        gid: int,
+        due_ms: int,
+        mid: int,
+        entry: EntryValue,
+        effects: list[tuple[Any, ...]],
+    ) -> None:
+        """Keep an entry of a dead-letter topic but never deliver it again (due at
+        :data:`~futureq.state.records.PARKED_DUE_MS`, no expiry) until it is redriven,
+        rescheduled, cancelled or purged."""
+        entry.expire_ms = None
+        if due_ms == PARKED_DUE_MS:
+            txn.put("schedule", key, entry.encode())
+            return
+        self._move_entry(
+            txn, key, gid, due_ms, mid, PARKED_DUE_MS, entry, CommandKind.DEAD_LETTER, effects
+        )
+
+    # ------------------------------------------------------------ idempotency keys
+
+    def _claim_idempotency_key(
+        self, txn: Txn, topic: str, key: str, mid: int, publish_ms: int, window_ms: int
+    ) -> int | None:
+        """The id of the message ``key`` already names on ``topic``, or None after
+        making it name ``mid``.
+
+        A key names its message while that message is stored (pending in some group),
+        and for ``window_ms`` after its publish stamp once it is not.
+        """
+        index_key = idempotency_index_key(topic, key)
+        found = txn.get("index", index_key)
+        if found is not None:
+            original, original_ms = records.unpack(found)
+            if txn.get("messages", _u64(original)) is not None or (
+                publish_ms - original_ms < window_ms
+            ):
+                return int(original)
+            txn.put("index", KEY_TIME + _u64(original_ms) + _u64(original), None)
+        txn.put("index", index_key, records.pack([mid, publish_ms]))
+        txn.put("index", KEY_TIME + _u64(publish_ms) + _u64(mid), index_key)
+        return None
+
+    def _prune_idempotency_keys(
+        self, txn: Txn, publish_ms: int, window_ms: int
+    ) -> Generator[None, None, None]:
+        """Forget keys published more than ``window_ms`` ago whose message is gone;
+        look again one window later at those whose message is still pending.
+
+        Looks at a bounded number of keys (:data:`PRUNE_MIN_KEYS`, more for a batch
+        that brought keys), oldest first.
+        """
+        budget = PRUNE_MIN_KEYS + 2 * sum(
+            1 for key in txn.changes["index"] if key[:1] == KEY_TIME
+        )
+        stop = KEY_TIME + _u64(max(0, publish_ms - window_ms))
+        for looked, (time_key, index_key) in enumerate(
+            self.store.scan("index", KEY_TIME, stop)
+        ):
+            if looked >= budget:
+                break
+            if looked % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
+            if time_key in txn.changes["index"]:
+                continue  # replaced by this very command
+            mid = int.from_bytes(time_key[9:17], "big")
+            txn.put("index", time_key, None)
+            if txn.get("messages", _u64(mid)) is not None:
+                txn.put("index", KEY_TIME + _u64(publish_ms) + _u64(mid), index_key)
+                continue
+            current = txn.get("index", index_key)
+            if current is not None and records.unpack(current)[0] == mid:
+                txn.put("index", index_key, None)

@@ -1,0 +1,412 @@
+"""QueueState: the commands that manage scheduled messages (issue 14).
+
+CANCEL, RESCHEDULE, PURGE, REDRIVE, idempotency keys, CREATE_GROUP ``from_backlog``
+and dead letters with provenance, each on a MemoryStore and on a real RocksDB
+``Database`` (the ``kit`` fixture). Source: ``docs/protocol.md`` ("CANCEL",
+"Dead letters").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from state_helpers import Recorder, StoreKit, dump, group_snapshot
+
+from futureq.state import commands, records
+from futureq.state.commands import CommandKind, schedule_key
+from futureq.state.queue_state import PublishResult, QueueState
+from futureq.state.records import PARKED_DUE_MS
+from futureq.state.store import MemoryStore
+from futureq.wire.frames import ItemStatus
+
+DONE, DELIVERED, UNKNOWN, NO_TARGET = (
+    ItemStatus.DONE,
+    ItemStatus.DELIVERED,
+    ItemStatus.UNKNOWN,
+    ItemStatus.NO_TARGET,
+)
+
+
+class Runner:
+    """Applies encoded commands at consecutive log indexes."""
+
+    def __init__(self, state: QueueState) -> None:
+        self.state = state
+
+    def __call__(self, data: bytes) -> Any:
+        return self.state.apply(self.state.applied_index + 1, data)
+
+
+def _two_groups(kit: StoreKit, count: int = 3) -> tuple[QueueState, Runner, int, int, list[int]]:
+    state = QueueState(kit.store)
+    run = Runner(state)
+    g1 = run(commands.create_group("t", "g1", None, None))
+    g2 = run(commands.create_group("t", "g2", None, None))
+    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, 100) for i in range(count)]))
+    return state, run, g1, g2, [first + i for i in range(count)]
+
+
+# ---------------------------------------------------------------- CANCEL
+
+
+def test_cancel_in_one_group_leaves_the_other_groups_copy(kit: StoreKit) -> None:
+    state, run, g1, g2, ids = _two_groups(kit)
+    recorder = Recorder(state)
+    assert run(commands.cancel("t", g1, [ids[0], ids[1]])) == [DONE, DONE]
+    assert state.get_schedule(schedule_key(g1, 1500, ids[0])) is None
+    assert state.get_schedule(schedule_key(g2, 1500, ids[0])) == (0, 1600)
+    assert [g.pending for g in state.topic_groups("t")] == [1, 3]
+    assert state.get_message(ids[0]) == ("t", b"\x00", 1000, 1500, 1)
+    assert recorder.take() == [
+        ("u", g1, 1500, ids[0], CommandKind.CANCEL),
+        ("u", g1, 1501, ids[1], CommandKind.CANCEL),
+    ]
+    assert recorder.violations == []
+
+
+def test_cancel_in_every_group_deletes_the_message(kit: StoreKit) -> None:
+    state, run, _g1, _g2, ids = _two_groups(kit)
+    assert run(commands.cancel("t", None, [ids[2]])) == [DONE]
+    assert state.get_message(ids[2]) is None
+    assert [g.pending for g in state.topic_groups("t")] == [2, 2]
+    # A second cancel finds nothing: a retried request reports UNKNOWN.
+    assert run(commands.cancel("t", None, [ids[2]])) == [UNKNOWN]
+
+
+def test_cancel_reports_unknown_for_what_is_not_pending_there(kit: StoreKit) -> None:
+    state, run, g1, g2, ids = _two_groups(kit)
+    run(commands.publish(1000, [("u", b"other", 1500, None)]))
+    other = state.applied_index << 16
+    run(commands.ack([schedule_key(g1, 1500, ids[0])]))
+    before = dump(kit.store)
+    results = run(
+        commands.cancel("t", g1, [ids[0], other, ids[2] + 99, 2**64 - 1, -1, "x", 1.5])  # type: ignore[list-item]
+    )
+    assert results == [UNKNOWN] * 7
+    after = dump(kit.store)
+    assert {k: v for k, v in after.items() if k != "meta"} == {
+        k: v for k, v in before.items() if k != "meta"
+    }
+    # A group of another topic, or a group id that does not exist, holds nothing.
+    other_gid = state.find_group("u", "default")
+    assert other_gid is not None
+    assert run(commands.cancel("t", other_gid.group_id, [ids[1]])) == [UNKNOWN]
+    assert run(commands.cancel("t", 999, [ids[1]])) == [UNKNOWN]
+    assert state.get_schedule(schedule_key(g2, 1501, ids[1])) == (0, 1601)
+
+
+def test_cancel_says_when_a_message_had_been_delivered(kit: StoreKit) -> None:
+    state, run, g1, g2, ids = _two_groups(kit)
+    run(commands.delivered([(schedule_key(g1, 1500, ids[0]), 2)]))
+    assert run(commands.cancel("t", None, [ids[0], ids[1]])) == [DELIVERED, DONE]
+    assert state.get_message(ids[0]) is None
+
+
+def test_cancel_finds_an_entry_a_nack_moved_and_forgets_where_it_moved(kit: StoreKit) -> None:
+    state, run, g1, _g2, ids = _two_groups(kit)
+    run(commands.nack(2000, 5000, [(schedule_key(g1, 1500, ids[0]), 1)]))
+    assert state.entry_key(ids[0], g1) == schedule_key(g1, 7000, ids[0])
+    assert dump(kit.store)["index"] != []
+    assert run(commands.cancel("t", g1, [ids[0]])) == [DELIVERED]
+    assert state.get_schedule(schedule_key(g1, 7000, ids[0])) is None
+    assert state.entry_key(ids[0], g1) is None
+    assert dump(kit.store)["index"] == []  # no stale "moved" row left behind
+
+
+def test_cancel_survives_a_reopen_and_a_snapshot_restore(kit: StoreKit) -> None:
+    state, run, g1, _g2, ids = _two_groups(kit)
+    run(commands.nack(2000, 5000, [(schedule_key(g1, 1501, ids[1]), 1)]))
+    with state.snapshot_source() as source:
+        data = source.serialize()
+    restored = QueueState(MemoryStore())
+    restored.restore(data, state.applied_index)
+    if kit.durable:
+        reopened = QueueState(kit.reopen())
+        assert group_snapshot(reopened) == group_snapshot(state)
+        state = reopened
+    for replica in (state, restored):
+        again = Runner(replica)
+        assert again(commands.cancel("t", g1, [ids[1], ids[0]])) == [DELIVERED, DONE]
+        assert [g.pending for g in replica.topic_groups("t")] == [1, 3]
+    assert group_snapshot(state) == group_snapshot(restored)
+    assert state.applied_digest == restored.applied_digest
+
+
+# ---------------------------------------------------------------- RESCHEDULE
+
+
+def test_reschedule_moves_entries_keeps_attempts_and_counts_ttl_from_the_new_due(
+    kit: StoreKit,
+) -> None:
+    state, run, g1, g2, ids = _two_groups(kit)
+    run(commands.delivered([(schedule_key(g1, 1500, ids[0]), 2)]))
+    assert run(commands.reschedule(3000, "t", g1, [ids[0], ids[2] + 50], 90_000)) == [
+        DONE,
+        UNKNOWN,
+    ]
+    assert state.get_schedule(schedule_key(g1, 1500, ids[0])) is None
+    assert state.get_schedule(schedule_key(g1, 90_000, ids[0])) == (2, 90_100)
+    assert state.get_schedule(schedule_key(g2, 1500, ids[0])) == (0, 1600)
+    assert state.entry_key(ids[0], g1) == schedule_key(g1, 90_000, ids[0])
+    # Moved back to the published due time: the index row goes.
+    assert run(commands.reschedule(3000, "t", None, [ids[0]], 1500)) == [DONE]
+    assert dump(kit.store)["index"] == []
+    assert state.get_schedule(schedule_key(g1, 1500, ids[0])) == (2, 1600)
+
+
+def test_reschedule_refuses_a_due_time_no_clock_reaches(kit: StoreKit) -> None:
+    _state, run, _g1, _g2, ids = _two_groups(kit)
+    assert run(commands.reschedule(3000, "t", None, [ids[0]], PARKED_DUE_MS)) == [UNKNOWN]
+    assert run(commands.reschedule(3000, "t", None, [ids[0]], -5)) == [UNKNOWN]
+
+
+# ---------------------------------------------------------------- PURGE
+
+
+def test_purge_removes_what_was_pending_in_chunks_and_keeps_newer_messages(
+    kit: StoreKit,
+) -> None:
+    state, run, g1, g2, ids = _two_groups(kit, count=5)
+    assert run(commands.purge([g1])) == 5
+    assert g1 in state.purging
+    newer = run(commands.publish(1100, [("t", b"new", 1200, None)]))
+    # Chunks walk the group in due order: the newer message (due first) is looked at
+    # and kept; a chunk that finds fewer entries than it may look at ends the purge.
+    assert run(commands.purge_group(g1, 2)) == 1
+    assert run(commands.purge_group(g1, 2)) == 2
+    assert g1 in state.purging
+    assert run(commands.purge_group(g1, 2)) == 2
+    assert run(commands.purge_group(g1, 2)) == 0
+    assert g1 not in state.purging
+    assert state.get_schedule(schedule_key(g1, 1200, newer)) == (0, None)
+    assert state.groups[g1].pending == 1
+    assert state.groups[g2].pending == 6
+    assert all(state.get_message(mid) is not None for mid in ids)  # g2 still holds them
+    if kit.durable:
+        assert QueueState(kit.reopen()).purging == {}
+
+
+def test_a_purge_in_progress_survives_a_reopen(kit: StoreKit) -> None:
+    state, run, g1, _g2, _ids = _two_groups(kit, count=5)
+    run(commands.purge([g1]))
+    run(commands.purge_group(g1, 2))
+    if not kit.durable:
+        return
+    reopened = QueueState(kit.reopen())
+    assert reopened.purging.keys() == {g1}
+    assert reopened.purging[g1].cursor == state.purging[g1].cursor
+    again = Runner(reopened)
+    assert again(commands.purge_group(g1, 10)) == 3  # 2 of the 5 went in the first chunk
+    assert reopened.groups[g1].pending == 0
+
+
+# ---------------------------------------------------------------- dead letters, REDRIVE
+
+
+def _dead_letter_one(kit: StoreKit) -> tuple[QueueState, Runner, int, int, int]:
+    state = QueueState(kit.store)
+    run = Runner(state)
+    gid = run(commands.create_group("t", "g", None, 3))
+    mid = run(commands.publish(1000, [("t", b"body", 1500, None)]))
+    key = schedule_key(gid, 1500, mid)
+    run(commands.delivered([(key, 2)], 1600))
+    run(commands.nack(1700, 0, [(key, 3, 1690)], reason="bad input"))
+    moved = state.entry_key(mid, gid)
+    assert moved is not None
+    dead = run(commands.dead_letter(2000, [(moved, 3)]))
+    return state, run, gid, mid, dead
+
+
+def test_a_dead_letter_carries_its_provenance_as_headers(kit: StoreKit) -> None:
+    state, _run, _gid, mid, dead = _dead_letter_one(kit)
+    record = state.get_record(dead)
+    assert record is not None and record.topic == "t.dlq" and record.payload == b"body"
+    assert record.headers == {
+        records.HEADER_ORIGINAL_ID: str(mid),
+        records.HEADER_ORIGINAL_TOPIC: "t",
+        records.HEADER_ORIGINAL_GROUP: "g",
+        records.HEADER_ATTEMPTS: "3",
+        records.HEADER_FIRST_DELIVERY_MS: "1600",
+        records.HEADER_LAST_DELIVERY_MS: "1690",
+        records.HEADER_REASON: records.REASON_MAX_DELIVERIES,
+        records.HEADER_REASON_TEXT: "bad input",
+        records.HEADER_DEAD_LETTERED_MS: "2000",
+    }
+    assert state.get_message(mid) is None
+
+
+def test_a_nack_may_dead_letter_at_once_with_reason_rejected(kit: StoreKit) -> None:
+    state = QueueState(kit.store)
+    run = Runner(state)
+    gid = run(commands.create_group("t", "g", None, None))
+    mid = run(commands.publish(1000, [("t", b"x", 1000, None)]))
+    index = state.applied_index + 1
+    run(commands.nack(1200, 0, [(schedule_key(gid, 1000, mid), 1)], "poison", dead_letter=True))
+    record = state.get_record(index << 16)
+    assert record is not None and record.headers is not None
+    assert record.headers[records.HEADER_REASON] == records.REASON_REJECTED
+    assert record.headers[records.HEADER_REASON_TEXT] == "poison"
+
+
+def test_redrive_sends_a_dead_letter_back_to_its_group_only(kit: StoreKit) -> None:
+    state, run, gid, mid, dead = _dead_letter_one(kit)
+    other = run(commands.create_group("t", "other", None, None))
+    dlq = state.find_group("t.dlq", "default")
+    assert dlq is not None
+    key = schedule_key(dlq.group_id, 2000, dead)
+    index = state.applied_index + 1
+    assert run(commands.redrive(3000, dlq.group_id, [key, key], 4000)) == [DONE, UNKNOWN]
+    assert state.get_message(dead) is None
+    again = index << 16
+    record = state.get_record(again)
+    assert record is not None and record.topic == "t" and record.payload == b"body"
+    assert record.headers is not None
+    assert record.headers[records.HEADER_REDRIVEN_FROM] == str(dead)
+    assert record.headers[records.HEADER_ORIGINAL_ID] == str(mid)
+    assert state.get_schedule(schedule_key(gid, 4000, again)) == (0, None)
+    assert state.groups[other].pending == 0  # only the group it died in gets it back
+
+
+def test_redrive_keeps_a_dead_letter_whose_group_is_gone(kit: StoreKit) -> None:
+    state, run, _gid, _mid, dead = _dead_letter_one(kit)
+    run(commands.delete_group("t", "g"))
+    dlq = state.find_group("t.dlq", "default")
+    assert dlq is not None
+    key = schedule_key(dlq.group_id, 2000, dead)
+    assert run(commands.redrive(3000, dlq.group_id, [key, b"short"], 3000)) == [
+        NO_TARGET,
+        UNKNOWN,
+    ]
+    assert state.get_schedule(key) == (0, None)
+
+
+def test_a_dead_letter_out_of_attempts_is_parked_and_can_be_rescheduled(kit: StoreKit) -> None:
+    state, run, _gid, _mid, dead = _dead_letter_one(kit)
+    dlq = state.find_group("t.dlq", "default")
+    assert dlq is not None
+    key = schedule_key(dlq.group_id, 2000, dead)
+    run(commands.dead_letter(5000, [(key, 16)]))
+    parked = schedule_key(dlq.group_id, PARKED_DUE_MS, dead)
+    assert state.entry_key(dead, dlq.group_id) == parked
+    assert state.find_group("t.dlq.dlq", "default") is None
+    assert run(commands.reschedule(6000, "t.dlq", None, [dead], 7000)) == [DONE]
+    assert state.get_schedule(schedule_key(dlq.group_id, 7000, dead)) == (16, None)
+
+
+# ---------------------------------------------------------------- idempotency keys
+
+
+def _keyed(topic: str, payload: bytes, key: str | None) -> commands.PublishItem:
+    return (topic, payload, 1500, None, None, key)
+
+
+def test_a_second_publish_with_the_same_key_returns_the_original_id(kit: StoreKit) -> None:
+    state = QueueState(kit.store)
+    run = Runner(state)
+    first = run(commands.publish(1000, [_keyed("t", b"a", "order-17")], idempotency_window_ms=60_000))
+    assert isinstance(first, int)
+    pending = state.total_pending
+    again = run(
+        commands.publish(
+            1100,
+            [_keyed("t", b"a", "order-17"), _keyed("t", b"b", "order-18"), _keyed("u", b"c", "order-17")],
+            idempotency_window_ms=60_000,
+        )
+    )
+    assert isinstance(again, PublishResult)
+    assert again.duplicates == {0: first}
+    assert state.get_message(again.first_id) is None  # nothing stored at position 0
+    assert state.get_message(again.first_id + 1) is not None
+    assert state.get_message(again.first_id + 2) is not None  # keys are per topic
+    assert state.total_pending == pending + 2
+
+
+def test_a_key_names_its_message_for_the_window_after_it_is_gone(kit: StoreKit) -> None:
+    state = QueueState(kit.store)
+    run = Runner(state)
+    first = run(commands.publish(1000, [_keyed("t", b"a", "k")], idempotency_window_ms=10_000))
+    gid = state.topic_groups("t")[0].group_id
+    run(commands.ack([schedule_key(gid, 1500, first)]))
+    inside = run(commands.publish(10_999, [_keyed("t", b"a", "k")], idempotency_window_ms=10_000))
+    assert isinstance(inside, PublishResult) and inside.duplicates == {0: first}
+    after = run(commands.publish(11_000, [_keyed("t", b"a", "k")], idempotency_window_ms=10_000))
+    assert isinstance(after, int) and after != first
+
+
+def test_old_keys_are_forgotten_a_few_per_publish(kit: StoreKit) -> None:
+    state = QueueState(kit.store)
+    run = Runner(state)
+    for n in range(40):
+        run(commands.publish(1000 + n, [_keyed("t", b"a", f"k{n}")], idempotency_window_ms=100))
+    gid = state.topic_groups("t")[0].group_id
+    run(commands.purge([gid]))
+    while gid in state.purging:
+        run(commands.purge_group(gid, 1000))
+    for _ in range(4):
+        run(commands.publish(100_000, [("t", b"z", 100_000, None)], idempotency_window_ms=100))
+    keys = [k for k, _ in kit.store.scan("index", b"") if k[:1] == b"k"]
+    assert keys == []
+
+
+# ---------------------------------------------------------------- from the backlog
+
+
+def test_a_group_created_from_the_backlog_gets_every_pending_message(kit: StoreKit) -> None:
+    state, run, g1, g2, ids = _two_groups(kit, count=4)
+    run(commands.ack([schedule_key(g1, 1500, ids[0]), schedule_key(g2, 1500, ids[0])]))
+    run(commands.cancel("t", g1, [ids[1]]))  # still pending in g2: the new group gets it
+    new = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    assert new in state.backfilling
+    later = run(commands.publish(1200, [("t", b"later", 1600, None)]))
+    copied = 0
+    while new in state.backfilling:
+        copied += run(commands.backfill_group(new, 2))
+    assert copied == 3
+    due = sorted(mid for _due, mid, _a, _e in state.scan_schedule(new, 0, 0, 100))
+    assert due == [ids[1], ids[2], ids[3], later]
+    assert state.groups[new].pending == 4
+    assert state.get_message(ids[2]) == ("t", bytes([2]), 1000, 1502, 3)
+
+
+# ---------------------------------------------------------------- browse (a read)
+
+
+def test_browse_pages_in_due_order_between_two_times_and_claims_nothing(kit: StoreKit) -> None:
+    state, run, g1, _g2, ids = _two_groups(kit, count=7)
+    before = dump(kit.store)
+    page, cursor = state.browse(g1, 1501, 1506, None, 2)
+    assert [commands.parse_schedule_key(key)[2] for key, _, _ in page] == ids[1:3]
+    seen = [key for key, _, _ in page]
+    while cursor is not None:
+        page, cursor = state.browse(g1, 1501, 1506, cursor, 2)
+        seen += [key for key, _, _ in page]
+    assert [commands.parse_schedule_key(key)[2] for key in seen] == ids[1:6]
+    entry, record = state.browse(g1, 0, None, None, 1)[0][0][1:]
+    assert (entry.attempt, entry.expire_ms) == (0, 1600)
+    assert (record.payload, record.due_ms) == (b"\x00", 1500)
+    assert dump(kit.store) == before  # a read writes nothing
+    # A cursor before the range start is ignored; an empty range has no next page.
+    assert state.browse(g1, 1506, None, seen[0], 10)[0][0][0] == schedule_key(g1, 1506, ids[6])
+    assert state.browse(g1, 9_000, None, None, 10) == ([], None)
+    run(commands.cancel("t", g1, [ids[3]]))
+    assert ids[3] not in [
+        commands.parse_schedule_key(key)[2] for key, _, _ in state.browse(g1, 0, None, None, 9)[0]
+    ]
+
+
+def test_browse_shows_parked_dead_letters_last(kit: StoreKit) -> None:
+    state, run, _gid, _mid, dead = _dead_letter_one(kit)
+    dlq = state.find_group("t.dlq", "default")
+    assert dlq is not None
+    run(commands.dead_letter(5000, [(schedule_key(dlq.group_id, 2000, dead), 16)]))  # parked
+    gid = state.find_group("t", "g")
+    assert gid is not None
+    later = run(commands.publish(2100, [("t", b"again", 2100, None)]))
+    run(commands.dead_letter(5000, [(schedule_key(gid.group_id, 2100, later), 3)]))
+    page, cursor = state.browse(dlq.group_id, 0, None, None, 10)
+    assert cursor is None and len(page) == 2
+    assert commands.parse_schedule_key(page[-1][0])[1:] == (PARKED_DUE_MS, dead)
+    assert page[-1][2].headers is not None
+    assert page[-1][2].headers[records.HEADER_ORIGINAL_TOPIC] == "t"
+    bounded, _ = state.browse(dlq.group_id, 0, 10**12, None, 10)
+    assert all(commands.parse_schedule_key(key)[1] != PARKED_DUE_MS for key, _, _ in bounded)
