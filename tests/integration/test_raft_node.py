@@ -320,8 +320,9 @@ async def test_membership_learner_promote_remove_and_remove_leader(tmp_path: Pat
         await _start(cluster, VOTERS3)
         leader = await cluster.wait_leader()
         await _propose_all(leader, [b"m%d" % i for i in range(20)])
+        await leader.node.add_learner(4)  # not started yet: never heard from
+        assert leader.node.progress()[4]["answered"] is False
         learner = await cluster.start(4)  # joins with an empty configuration
-        await leader.node.add_learner(4)
         assert leader.node.membership() == (VOTERS3, frozenset({4}))
         await cluster.wait_converged(20)
         assert learner.node.membership() == (VOTERS3, frozenset({4}))
@@ -333,6 +334,7 @@ async def test_membership_learner_promote_remove_and_remove_leader(tmp_path: Pat
         await cluster.wait_for(
             lambda: leader.node.progress()[4]["recovering"] is False, "the learner's recovery"
         )
+        assert leader.node.progress()[4]["answered"] is True
         await leader.node.promote(4)
         assert leader.node.membership()[0] == frozenset({1, 2, 3, 4})
         with pytest.raises(RequestError):

@@ -467,8 +467,10 @@ class RaftNode:
 
     def progress(self) -> dict[int, dict[str, Any]]:
         """Leader only: ``{node_id: {"match", "next", "state", "learner", "recovering",
-        "last_heard_ms"}}``; ``{}`` on others. ``last_heard_ms`` is how long ago the
-        last message from that peer arrived (ms; None if none yet, 0 for this node)."""
+        "answered", "last_heard_ms"}}``; ``{}`` on others. ``answered``: this leader has
+        stepped a message of the peer's current start (until then ``recovering`` is only
+        a default). ``last_heard_ms`` is how long ago the last message from that peer
+        arrived (ms; None if none yet, 0 for this node)."""
         core = self._core
         if core is None or core.role is not Role.LEADER:
             return {}
@@ -481,6 +483,7 @@ class RaftNode:
                 "state": pr.state.value,
                 "learner": pr.is_learner,
                 "recovering": pr.peer_recovering,
+                "answered": node_id == core.id or pr.peer_boot != 0,
                 "last_heard_ms": 0
                 if node_id == core.id
                 else (None if node_id not in heard else round((now - heard[node_id]) * 1000)),
