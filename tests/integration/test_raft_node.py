@@ -24,7 +24,7 @@ import trustme
 from futureq.errors import NotLeaderError, RequestError
 from futureq.raft import peer_auth
 from futureq.raft.core import Role
-from futureq.raft.messages import Heartbeat, LogIndex, NodeId, Term, encode_message
+from futureq.raft.messages import ClockPing, Heartbeat, LogIndex, NodeId, Term, encode_message
 from futureq.raft.node import RaftNode, RaftNodeConfig
 from futureq.raft.rocks_storage import RocksStorage
 from futureq.raft.transport import (
@@ -320,8 +320,9 @@ async def test_membership_learner_promote_remove_and_remove_leader(tmp_path: Pat
         await _start(cluster, VOTERS3)
         leader = await cluster.wait_leader()
         await _propose_all(leader, [b"m%d" % i for i in range(20)])
+        await leader.node.add_learner(4)  # not started yet: never heard from
+        assert leader.node.progress()[4]["answered"] is False
         learner = await cluster.start(4)  # joins with an empty configuration
-        await leader.node.add_learner(4)
         assert leader.node.membership() == (VOTERS3, frozenset({4}))
         await cluster.wait_converged(20)
         assert learner.node.membership() == (VOTERS3, frozenset({4}))
@@ -333,6 +334,7 @@ async def test_membership_learner_promote_remove_and_remove_leader(tmp_path: Pat
         await cluster.wait_for(
             lambda: leader.node.progress()[4]["recovering"] is False, "the learner's recovery"
         )
+        assert leader.node.progress()[4]["answered"] is True
         await leader.node.promote(4)
         assert leader.node.membership()[0] == frozenset({1, 2, 3, 4})
         with pytest.raises(RequestError):
@@ -347,6 +349,56 @@ async def test_membership_learner_promote_remove_and_remove_leader(tmp_path: Pat
         assert new_leader.node.membership()[0] == frozenset(remaining)
         await _propose_all(new_leader, [b"after"])
         assert (await cluster.wait_converged(21))[-1] == b"after"
+        await cluster.stop_all()
+
+
+class _LoopPasses(trio.abc.Instrument):
+    """Counts the event loop's passes over its runnable tasks (one I/O poll each)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.count += 1
+
+
+@pytest.mark.timeout(30)
+async def test_a_burst_from_a_peer_is_taken_in_without_a_loop_pass_per_message(
+    tmp_path: Path,
+) -> None:
+    """Peer messages that have arrived are taken in together, not one per pass of the
+    event loop. On a loaded machine a pass over every task is slow; a leader that took
+    in one message per pass fell seconds behind its followers' answers (its lease lost,
+    clock pongs too old to use, each membership step 2-4 s): the time branch's extra
+    clock traffic tipped the membership test over on a busy host."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        follower = next(m for m in cluster.running() if m is not leader)
+        burst = 2000
+        # Pings the follower will not take for its own when the answers come back.
+        not_ours = 1 << 62
+        passes = _LoopPasses()
+        before = leader.transport.stats.received_messages
+
+        def taken_in() -> bool:
+            return (
+                leader.transport.stats.received_messages >= before + burst
+                and leader.transport.receive_channel.statistics().current_buffer_used == 0
+            )
+
+        trio.lowlevel.add_instrument(passes)
+        try:
+            for _ in range(burst):
+                follower.transport.send(
+                    ClockPing(Term(0), NodeId(follower.node_id), NodeId(leader.node_id), not_ours)
+                )
+            await cluster.wait_for(taken_in, "the leader to take in the burst")
+        finally:
+            trio.lowlevel.remove_instrument(passes)
+        assert passes.count < burst // 4, passes.count
+        await cluster.wait_leader()
         await cluster.stop_all()
 
 

@@ -475,6 +475,11 @@ class Broker:
                         commit = cluster.commit_index  # type: ignore[attr-defined]
                         if (
                             progress is not None
+                            # Not before it answered: a learner never heard from has
+                            # match 0, which a young log's commit index is within
+                            # PROMOTE_LAG_ENTRIES of, and may still be recovering; as a
+                            # voter it would leave a two-node cluster without a quorum.
+                            and progress.get("answered", True)
                             and not progress.get("recovering", False)
                             and progress["match"] + PROMOTE_LAG_ENTRIES >= commit
                         ):

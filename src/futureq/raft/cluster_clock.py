@@ -274,6 +274,7 @@ class ClusterClock:
         self._window_start_us = mono_us
         self._window: dict[int, _Sample] = {}
         self._window_samples = 0
+        self._window_slow = 0
         self._learned = False
         self._epoch: _Epoch | None = None
         self._latest: dict[int, deque[_Sample]] = {}
@@ -301,8 +302,13 @@ class ClusterClock:
             m2_us: Our monotonic clock now, as the answer is processed.
             peer_in_bound: The peer's own :attr:`in_bound` when it answered.
 
-        A sample from before the current window, or with ``m0 > m2`` (not our ping), is
-        ignored.
+        A pong with ``m0 > m2`` (not our ping) is ignored. The sample joins the current
+        window (whenever its ping left: a round trip stretched across a window's reset
+        still measures the peer) unless its one-way uncertainty ``(m2 - m0) / 2`` is
+        more than a quarter of the bound: such a sample cannot show the peer's clock
+        within the tolerance, yet its wide interval would agree with any clock (a node
+        could count it as a second opinion for its own wrong clock). It still counts
+        for :meth:`peer_in_bound` and the exported offsets.
         """
         if peer == self.id or m0_us > m2_us:
             return
@@ -311,8 +317,9 @@ class ClusterClock:
         sample = _Sample(t1_us + delay_us - m2_us, delay_us)
         recent = self._latest.setdefault(peer, deque(maxlen=RECENT_SAMPLES))
         recent.append(sample)
-        if m0_us < self._window_start_us:
-            return  # the window was reset between the ping and the pong
+        if delay_us > self.config.tolerance_max_us:
+            self._window_slow += 1
+            return
         known = self._window.get(peer)
         if known is None or sample.delay_us <= known.delay_us:
             self._window[peer] = sample  # the shortest round trip is the most accurate
@@ -424,11 +431,17 @@ class ClusterClock:
 
     def peer_offset_us(self, peer: int) -> int | None:
         """``peer``'s wall clock minus our cluster time, or None without a sample."""
+        known = self.peer_offset_range_us(peer)
+        return None if known is None else known[0]
+
+    def peer_offset_range_us(self, peer: int) -> tuple[int, int] | None:
+        """``(offset, uncertainty)``: :meth:`peer_offset_us` and how far the true offset
+        may be from it (half the sample's round trip), or None without a sample."""
         recent = self._latest.get(peer)
         if not recent:
             return None
         best = min(reversed(recent), key=lambda sample: sample.delay_us)  # newest on ties
-        return best.offset_us - self._base_us
+        return best.offset_us - self._base_us, best.delay_us
 
     def status(self) -> ClockStatus:
         """A snapshot for status pages and metrics."""
@@ -544,12 +557,18 @@ class ClusterClock:
                     if self._epoch is not None
                     else ""
                 )
+                slow = (
+                    f" ({self._window_slow} answers came back too slowly to use: a round "
+                    f"trip over {2 * config.tolerance_max_us / 1000:.0f} ms)"
+                    if self._window_slow
+                    else ""
+                )
                 notices.append(
                     ClockNotice(
                         "warning",
                         f"clock synchronization failed: {sampled} of "
                         f"{len(self._voters | {self.id})} clocks sampled in "
-                        f"{elapsed_us / 1e6:.1f} s, and no majority agrees within "
+                        f"{elapsed_us / 1e6:.1f} s{slow}, and no majority agrees within "
                         f"±{config.tolerance_max_us / 1000:.0f} ms{carried}",
                     )
                 )
@@ -596,12 +615,20 @@ class ClusterClock:
         self._window_start_us = self._mono_us
         self._window = {}
         self._window_samples = 0
+        self._window_slow = 0
         self._learned = False
 
     def _notice_peers(self, notices: list[ClockNotice]) -> None:
+        """Warn of a peer whose clock is past half the bound for certain: a sample whose
+        round trip was stretched (a busy host, a paused process) says little about the
+        peer's clock, so the offset counts only beyond its uncertainty."""
         half = self.config.max_offset_us // 2
-        for peer, offset in self.offsets_us().items():
-            if abs(offset) <= half:
+        for peer in sorted(self._latest):
+            known = self.peer_offset_range_us(peer)
+            if known is None:
+                continue
+            offset, uncertainty = known
+            if abs(offset) - uncertainty <= half:
                 if self._peer_noticed.pop(peer, None) is not None:
                     notices.append(
                         ClockNotice("info", f"node {peer}'s clock is back within half of the bound")
@@ -613,8 +640,9 @@ class ClusterClock:
                 notices.append(
                     ClockNotice(
                         "warning",
-                        f"node {peer}'s clock is {describe_offset(offset)} cluster time, more than half "
-                        f"of max_clock_offset_ms={self.config.max_offset_us // US_PER_MS}",
+                        f"node {peer}'s clock is {describe_offset(offset)} cluster time "
+                        f"(±{uncertainty / 1000:.1f} ms), more than half of "
+                        f"max_clock_offset_ms={self.config.max_offset_us // US_PER_MS}",
                     )
                 )
 

@@ -29,6 +29,7 @@ Implemented, with the rule each part follows:
 from __future__ import annotations
 
 import enum
+import logging
 from typing import TYPE_CHECKING
 
 import attrs
@@ -97,6 +98,10 @@ if TYPE_CHECKING:
     import random
 
     from futureq.raft.storage import Storage
+
+
+log = logging.getLogger(__name__)
+"""Debug records of votes and campaigns (pure: nothing here reads them back)."""
 
 
 class RaftNotLeaderError(NotLeaderError):
@@ -554,6 +559,15 @@ class RaftCore:
                     and self._election_elapsed < self.config.election_timeout_ticks
                 )
                 if in_lease and not message.leadership_transfer:
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug(
+                            "node %d: %s request of node %d for term %d ignored: %s "
+                            "(%d of %d ticks since; leader stickiness)",
+                            self.id, _vote_kind(message), message.from_id, message.term,
+                            "just started" if self.leader_id is None
+                            else f"heard from leader {self.leader_id} in term {self.term}",
+                            self._election_elapsed, self.config.election_timeout_ticks,
+                        )  # fmt: skip
                     if self.leader_id is None:
                         # Restarted: refuse without taking the term (the candidate sees
                         # a refusal, e.g. that we are recovering, docs/raft.md).
@@ -593,11 +607,20 @@ class RaftCore:
                     )
                 )
             elif isinstance(message, RequestVote) and message.pre_vote:
+                log.debug(
+                    "node %d: pre-vote for node %d refused: its term %d is behind ours (%d)",
+                    self.id, message.from_id, message.term, self.term,
+                )  # fmt: skip
                 self._send(
                     RequestVoteResponse(
                         self.term, self.id, message.from_id, False, True, sender=self._sender
                     )
                 )
+            elif isinstance(message, RequestVote | RequestVoteResponse):
+                log.debug(
+                    "node %d: stale %s of node %d for term %d dropped (we are in term %d)",
+                    self.id, type(message).__name__, message.from_id, message.term, self.term,
+                )  # fmt: skip
             return  # paper §5.1: stale-term requests are rejected
         if isinstance(message, RequestVote):
             self._handle_request_vote(message)
@@ -855,6 +878,10 @@ class RaftCore:
             return
         last_index = self.log.last_index()
         last_term = self.log.last_term()
+        log.debug(
+            "node %d: campaigns (%s) for term %d with last term %d, index %d",
+            self.id, kind.name.lower(), vote_term, last_term, last_index,
+        )  # fmt: skip
         for voter in sorted(self.membership.voters):
             if voter != self.id:
                 self._send(
@@ -888,7 +915,15 @@ class RaftCore:
             and not self._below_vote_floor(message.last_log_term, message.last_log_index)
         )
         # Paper §5.4.1: only for a candidate whose log is at least as up-to-date.
-        if can_vote and self.log.is_up_to_date(message.last_log_index, message.last_log_term):
+        up_to_date = self.log.is_up_to_date(message.last_log_index, message.last_log_term)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "node %d: %s for node %d in term %d %s",
+                self.id, _vote_kind(message), message.from_id, message.term,
+                "granted" if can_vote and up_to_date
+                else "refused: " + self._vote_refusal(message, up_to_date),
+            )  # fmt: skip
+        if can_vote and up_to_date:
             self._send(
                 RequestVoteResponse(
                     message.term,
@@ -914,6 +949,27 @@ class RaftCore:
                 )
             )
 
+    def _vote_refusal(self, message: RequestVote, up_to_date: bool) -> str:
+        """Why :meth:`_handle_request_vote` refuses ``message`` (for the debug log)."""
+        if self.recovering:
+            return "this node is recovering after its start"
+        if self.removed_at is not None:
+            return f"this node was removed at index {self.removed_at}"
+        if self._below_vote_floor(message.last_log_term, message.last_log_index):
+            return "its log is below this node's vote floor"
+        if not (message.pre_vote and message.term > self.term):
+            if self.vote is not None and self.vote != message.from_id:
+                return f"already voted for node {self.vote} in term {self.term}"
+            if self.vote is None and self.leader_id is not None:
+                return f"node {self.leader_id} leads term {self.term}"
+        if not up_to_date:
+            return (
+                f"its log (last term {message.last_log_term}, index "
+                f"{message.last_log_index}) is behind ours (last term "
+                f"{self.log.last_term()}, index {self.log.last_index()})"
+            )
+        return "not eligible"
+
     def _step_candidate(self, message: Message) -> None:
         if isinstance(message, AppendEntries | Heartbeat | InstallSnapshot):
             # Paper §5.2: a leader of our term exists; return to follower.
@@ -924,6 +980,13 @@ class RaftCore:
                 return
             self._votes.setdefault(message.from_id, message.granted)
             result = self._poll()
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "node %d: %s of node %d in term %d: %s; votes %s: %s",
+                    self.id, "pre-vote" if message.pre_vote else "vote", message.from_id,
+                    message.term, "granted" if message.granted else "refused",
+                    dict(sorted(self._votes.items())), result.name,
+                )  # fmt: skip
             if result is VoteResult.WON:
                 if self.role is Role.PRE_CANDIDATE:
                     self._campaign(_Campaign.ELECTION)
@@ -1610,3 +1673,7 @@ class RaftCore:
 
     def _send(self, message: Message) -> None:
         self._outbox.append(message)
+
+
+def _vote_kind(message: RequestVote) -> str:
+    return "pre-vote" if message.pre_vote else "vote"

@@ -270,6 +270,8 @@ APPLY_QUEUE_BATCHES = 64
 """Committed batches waiting for the applier before persisting waits for it."""
 APPLY_SLICE_ENTRIES = 8
 """Entries applied between two yields to the event loop."""
+INBOX_LIMIT = 4096
+"""Peer messages taken in before the driver has stepped them (then the receiver waits)."""
 _LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _PROBE_PREFIX = b"probe:"
 """Request context of the follower's commit-index probes (never a read waiter's)."""
@@ -465,8 +467,10 @@ class RaftNode:
 
     def progress(self) -> dict[int, dict[str, Any]]:
         """Leader only: ``{node_id: {"match", "next", "state", "learner", "recovering",
-        "last_heard_ms"}}``; ``{}`` on others. ``last_heard_ms`` is how long ago the
-        last message from that peer arrived (ms; None if none yet, 0 for this node)."""
+        "answered", "last_heard_ms"}}``; ``{}`` on others. ``answered``: this leader has
+        stepped a message of the peer's current start (until then ``recovering`` is only
+        a default). ``last_heard_ms`` is how long ago the last message from that peer
+        arrived (ms; None if none yet, 0 for this node)."""
         core = self._core
         if core is None or core.role is not Role.LEADER:
             return {}
@@ -479,6 +483,7 @@ class RaftNode:
                 "state": pr.state.value,
                 "learner": pr.is_learner,
                 "recovering": pr.peer_recovering,
+                "answered": node_id == core.id or pr.peer_boot != 0,
                 "last_heard_ms": 0
                 if node_id == core.id
                 else (None if node_id not in heard else round((now - heard[node_id]) * 1000)),
@@ -847,12 +852,31 @@ class RaftNode:
             await trio.sleep(interval_s)
 
     async def _receiver(self) -> None:
-        limit = 4096
-        async for message in self._transport.receive_channel:
-            self._last_heard_s[int(message.from_id)] = trio.current_time()
-            self._inbox.append(message)
+        """Move peer messages into the inbox, everything that has arrived at once.
+
+        Every ``receive`` is a scheduling point, so taking one message per wakeup would
+        let this node take in only one message per pass of the event loop over all its
+        tasks: on a busy machine (a slow pass) a leader, which hears from every
+        follower, then falls behind, and its answers wait seconds in the channel and
+        the socket buffers behind it (lease lost, clock samples too old, commits late).
+        """
+        limit = INBOX_LIMIT
+        channel = self._transport.receive_channel
+        inbox = self._inbox
+        last_heard = self._last_heard_s
+        async for message in channel:
+            now = trio.current_time()
+            last_heard[int(message.from_id)] = now
+            inbox.append(message)
+            while len(inbox) < limit:
+                try:
+                    message = channel.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                last_heard[int(message.from_id)] = now
+                inbox.append(message)
             self._wake.set()
-            if len(self._inbox) >= limit:
+            if len(inbox) >= limit:
                 self._inbox_drained = trio.Event()
                 await self._inbox_drained.wait()
 

@@ -98,3 +98,22 @@ def test_reject_carries_our_term_and_grant_carries_the_request_term() -> None:
     assert not rejected.granted and rejected.term == 6  # we moved to term 6 first
     granted = _answer(node, RequestVote(Term(7), NodeId(3), NodeId(1), LogIndex(2), Term(5)))
     assert granted.granted and granted.term == 7
+
+
+def test_grants_and_refusals_are_logged_at_debug_with_their_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Why a voter refused is in the debug log (a leaderless stretch under load could not
+    tell a refusal from an answer that arrived after the candidate moved on)."""
+    caplog.set_level("DEBUG", logger="futureq.raft.core")
+    node = _voter_with_log([1, 1, 2], current_term=4, vote=3)
+    _answer(node, RequestVote(Term(4), NodeId(2), NodeId(1), LogIndex(3), Term(2)))
+    _answer(node, RequestVote(Term(5), NodeId(2), NodeId(1), LogIndex(1), Term(1)))
+    _answer(node, RequestVote(Term(6), NodeId(3), NodeId(1), LogIndex(3), Term(2)))
+    lines = [r.getMessage() for r in caplog.records]
+    assert "node 1: vote for node 2 in term 4 refused: already voted for node 3 in term 4" in lines
+    assert (
+        "node 1: vote for node 2 in term 5 refused: its log (last term 1, index 1) is behind "
+        "ours (last term 2, index 3)"
+    ) in lines
+    assert "node 1: vote for node 3 in term 6 granted" in lines
