@@ -807,19 +807,9 @@ class Client:
                         request, deadline=anyio.current_time() + timeout_s, on_answer=on_ok
                     )
                 except RequestError as exc:
-                    index = exc.item_index
-                    if (
-                        exc.code
-                        not in (
-                            ErrorCode.UNKNOWN_DELIVERY_TAG,
-                            ErrorCode.FOREIGN_DELIVERY_TAG,
-                        )
-                        or index is None
-                        or not 0 <= index < len(chunk)
-                    ):
+                    bad = _pop_refused_tag(exc, chunk)
+                    if bad is None:
                         raise
-                    bad = chunk.pop(index)
-                    bad._void(exc.message)
                     refused.append(bad)
                     continue
                 break
@@ -852,19 +842,9 @@ class Client:
                         deadline=anyio.current_time() + timeout_s,
                     )
                 except RequestError as exc:
-                    index = exc.item_index
-                    if (
-                        exc.code
-                        not in (
-                            ErrorCode.UNKNOWN_DELIVERY_TAG,
-                            ErrorCode.FOREIGN_DELIVERY_TAG,
-                        )
-                        or index is None
-                        or not 0 <= index < len(chunk)
-                    ):
+                    bad = _pop_refused_tag(exc, chunk)
+                    if bad is None:
                         raise
-                    bad = chunk.pop(index)
-                    bad._void(exc.message)
                     refused.append(bad)
                     continue
                 break
@@ -1420,3 +1400,19 @@ async def open_client(
         raise single from None
     finally:
         client._publish_receive.close()  # the batcher, its only reader, has ended
+
+
+def _pop_refused_tag(exc: RequestError, chunk: list[Delivery]) -> Delivery | None:
+    """The delivery of ``chunk`` whose tag the server refused in ``exc`` (removed from
+    ``chunk`` and voided with the server's sentence), or None when ``exc`` is another
+    error (UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG with an item index in range)."""
+    index = exc.item_index
+    if (
+        exc.code not in (ErrorCode.UNKNOWN_DELIVERY_TAG, ErrorCode.FOREIGN_DELIVERY_TAG)
+        or index is None
+        or not 0 <= index < len(chunk)
+    ):
+        return None
+    bad = chunk.pop(index)
+    bad._void(exc.message)
+    return bad
