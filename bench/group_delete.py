@@ -44,8 +44,8 @@ def _summary(pings: list[float]) -> dict[str, float]:
     ordered = sorted(pings)
     return {
         "pings": len(ordered),
-        "p50_ms": percentile(ordered, 0.50) * 1000,
-        "p99_ms": percentile(ordered, 0.99) * 1000,
+        "p50_ms": percentile(ordered, 50) * 1000,
+        "p99_ms": percentile(ordered, 99) * 1000,
         "max_ms": ordered[-1] * 1000,
     }
 
