@@ -308,12 +308,15 @@ def unchanged(cluster: Cluster) -> Iterator[dict[int, Any]]:
 
 
 def converged(cluster: Cluster, timeout_s: float = 20.0) -> dict[int, Any]:
-    """Statuses of every node once they all applied the same index, checked to carry the
+    """Statuses of every node once they all applied the same index, which is also every
+    node's commit index (nothing committed is still waiting to be applied, so a forged
+    entry placed right after it is not below anyone's commit index), checked to carry the
     same applied digest there."""
     deadline = time.monotonic() + timeout_s
     while True:
         statuses = cluster.statuses()
         indexes = {s["applied_index"] for s in statuses.values()}
+        indexes |= {s["commit_index"] for s in statuses.values()}
         if len(statuses) == len(cluster.nodes) and len(indexes) == 1:
             digests = {s["applied_digest"] for s in statuses.values()}
             assert len(digests) == 1, f"same applied index, different digests: {statuses}"

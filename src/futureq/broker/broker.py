@@ -1023,6 +1023,7 @@ class Broker:
             "leader_id": cluster.get("leader_id"),
             "leader_address": self.log.leader_address(),
             "server_version": __version__,
+            "commit_index": cluster.get("commit_index", self.log.applied_index),
             "applied_index": self.log.applied_index,
             "applied_digest": self.state.applied_digest,
             "term": int(getattr(self.log, "term", 0)),
