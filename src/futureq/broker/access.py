@@ -168,6 +168,16 @@ def hash_secret(secret: str, *, salt: bytes | None = None) -> str:
     )
 
 
+def _decoy_hash() -> str:
+    """A stored-form hash with the default scrypt cost that no secret matches (random
+    salt and digest): what an unknown client name is checked against."""
+    encode = base64.b64encode
+    salt, digest = secrets.token_bytes(16), secrets.token_bytes(SCRYPT_BYTES)
+    return (
+        f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${encode(salt).decode()}${encode(digest).decode()}"
+    )
+
+
 def _parse_hash(encoded: str) -> tuple[int, int, int, bytes, bytes]:
     parts = encoded.split("$")
     if len(parts) != 6 or parts[0] != "scrypt":
@@ -508,6 +518,7 @@ class AccessControl:
         )
         self._verified: dict[bytes, str] = {}
         self._cache_key = secrets.token_bytes(32)
+        self._decoy_hash = _decoy_hash()
         self._verify_limit = trio.CapacityLimiter(VERIFY_THREADS)
         self._verifying = 0
         self._verifying_by_peer: dict[str, int] = {}
@@ -548,22 +559,26 @@ class AccessControl:
             return SHARED_TOKEN
         name, sep, secret = token.partition(":")
         entry = self._clients.get(name) if sep else None
-        if entry is not None:
-            key = hmac.new(self._cache_key, token.encode("utf-8", "surrogatepass"), "sha256")
-            digest = key.digest()
-            known = self._verified.get(digest)
-            if known == entry.secret_hash:
-                return Principal(entry.name, entry.permissions, entry.secret_hash)
-            if known != _FAILED + entry.secret_hash:  # the same wrong token again: no scrypt
-                ok = await self._verify(secret, entry.secret_hash, peer)
-                current = self._clients.get(name)
-                if len(self._verified) >= VERIFIED_CACHE_ENTRIES:
-                    self._verified.clear()
-                if ok and current is not None and current.secret_hash == entry.secret_hash:
+        # An unknown name is checked against a decoy hash with the same scrypt cost, so
+        # the answer's timing (and the per-address allowance) does not tell an attacker
+        # which client names exist; it can never verify.
+        secret_hash = entry.secret_hash if entry is not None else self._decoy_hash
+        key = hmac.new(self._cache_key, token.encode("utf-8", "surrogatepass"), "sha256")
+        digest = key.digest()
+        known = self._verified.get(digest)
+        if entry is not None and known == entry.secret_hash:
+            return Principal(entry.name, entry.permissions, entry.secret_hash)
+        if known != _FAILED + secret_hash:  # the same wrong token again: no scrypt
+            ok = await self._verify(secret, secret_hash, peer)
+            current = self._clients.get(name)
+            if len(self._verified) >= VERIFIED_CACHE_ENTRIES:
+                self._verified.clear()
+            if ok and entry is not None and current is not None:
+                if current.secret_hash == entry.secret_hash:
                     self._verified[digest] = entry.secret_hash
                     return Principal(current.name, current.permissions, current.secret_hash)
-                if not ok:
-                    self._verified[digest] = _FAILED + entry.secret_hash
+            if not ok:
+                self._verified[digest] = _FAILED + secret_hash
         raise RemoteProtocolError(
             ErrorCode.AUTH_FAILED, "HELLO carries a missing or wrong auth token; check the client's token"
         )

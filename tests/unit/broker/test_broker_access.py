@@ -284,3 +284,40 @@ async def test_a_wrong_token_is_checked_once_and_one_address_checks_one_at_a_tim
             nursery.start_soon(try_token, f"a:wrong-{number}")
     assert sorted(answers) == [ErrorCode.AUTH_FAILED] + [ErrorCode.UNAVAILABLE] * 3
     assert (await control.authenticate("a:s", "10.0.0.2")).name == "a"
+
+
+async def test_an_unknown_client_name_costs_the_same_check_as_a_wrong_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name that is not in the credentials file must not be refused faster than a
+    known name with a wrong secret: the timing would tell which client names exist."""
+    path = write(tmp_path / "c.toml", f'[[client]]\nname = "a"\nsecret_hash = "{hash_secret("s")}"\n')
+    control = AccessControl(None, path)
+    checks: list[tuple[str, str]] = []
+    real_verify = access.verify_secret
+
+    def counting_verify(secret: str, encoded: str) -> bool:
+        checks.append((secret, encoded.split("$")[1]))
+        return real_verify(secret, encoded)
+
+    monkeypatch.setattr(access, "verify_secret", counting_verify)
+    for token in ("a:wrong", "nobody:wrong", "nobody:wrong", "no-colon-at-all"):
+        with pytest.raises(RemoteProtocolError) as failed:
+            await control.authenticate(token, "10.0.0.1")
+        assert failed.value.code == ErrorCode.AUTH_FAILED
+        assert "missing or wrong auth token" in failed.value.message
+    # One scrypt check each, at the same cost; the repeated wrong token is remembered.
+    assert checks == [("wrong", str(access.SCRYPT_N))] * 2 + [("", str(access.SCRYPT_N))]
+    # The per-address allowance applies to unknown names too.
+    answers: list[ErrorCode] = []
+
+    async def try_token(token: str) -> None:
+        try:
+            await control.authenticate(token, "10.0.0.2")
+        except RemoteProtocolError as exc:
+            answers.append(exc.code)
+
+    async with trio.open_nursery() as nursery:
+        for number in range(4):
+            nursery.start_soon(try_token, f"nobody-{number}:x")
+    assert sorted(answers) == [ErrorCode.AUTH_FAILED] + [ErrorCode.UNAVAILABLE] * 3
