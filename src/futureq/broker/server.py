@@ -35,6 +35,7 @@ from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
 from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
+from futureq.shards.layout import ShardRole
 from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
 from futureq.storage.space import SpaceAlarm
@@ -144,6 +145,7 @@ async def serve(
     clock: Clock | None = None,
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
+    shard: ShardRole | None = None,
     task_status: trio.TaskStatus[tuple[str, str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one node until SIGTERM/SIGINT (or ``shutdown`` is set), then stop gracefully.
@@ -155,6 +157,9 @@ async def serve(
             system clocks.
         shutdown: Set it to begin a graceful shutdown (in-process tests).
         handle_signals: Watch SIGTERM and SIGINT (main thread only).
+        shard: In a sharded node, which shard this process is: it then answers HELLO
+            with the shard count, SLOT_MAP with the node's map, and refuses topics of
+            other shards with WRONG_SHARD (``docs/sharding.md``).
         task_status: Receives ``(client_address, http_address)`` once serving.
 
     Raises:
@@ -234,6 +239,8 @@ async def serve(
             space_alarm,
             check_can_stamp=None if cluster_time is None else cluster_time.check_can_stamp,
         )
+        broker.shard = shard
+        broker.client_address = client_address
         metrics.is_leader.set(0 if clustered else 1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
@@ -340,6 +347,8 @@ async def serve(
                 ):
                     log.info("%s", mode)
                 raft_field = f" raft={raft_address}" if clustered else ""
+                if shard is not None:
+                    raft_field += f" shard={shard.index}"
                 print(
                     f"READY client={client_address} http={http_address}{raft_field} "
                     f"node_id={config.server.node_id}",
@@ -468,8 +477,9 @@ def _first(error: BaseException, kind: type[BaseException]) -> BaseException | N
     return None
 
 
-def run(config: Config) -> int:
-    """Run a node in this process until it is stopped; return the exit code.
+def run(config: Config, *, shard: ShardRole | None = None) -> int:
+    """Run a node (or, with ``shard``, one shard of a node) in this process until it is
+    stopped; return the exit code.
 
     Returns:
         0 after a graceful shutdown, 2 for a configuration the node cannot run with
@@ -477,7 +487,7 @@ def run(config: Config) -> int:
         included), 3 on a storage failure, 4 when a listener cannot be bound.
     """
     try:
-        trio.run(serve, config)
+        trio.run(functools.partial(serve, config, shard=shard))
     except BaseException as error:  # sorted below; anything else propagates unchanged
         in_use = _first(error, DataDirectoryInUseError)
         if in_use is not None:

@@ -59,6 +59,7 @@ SERVER_ONLY_FRAME_TYPES: Final = frozenset(
         frames.FrameType.WATCH_UPDATE,
         frames.FrameType.ITEM_RESULTS,
         frames.FrameType.BROWSE_OK,
+        frames.FrameType.SLOT_MAP_OK,
     }
 )
 """Frame types only a server may send."""
@@ -292,7 +293,9 @@ class ServerSession(_Session):
             )
         return frame
 
-    def accept_hello(self, node_id: int, leader_address: str | None, server_version: str) -> bytes:
+    def accept_hello(
+        self, node_id: int, leader_address: str | None, server_version: str, shards: int = 1
+    ) -> bytes:
         """Answer the HELLO that :meth:`next_event` returned; the session becomes READY.
 
         Args:
@@ -300,6 +303,7 @@ class ServerSession(_Session):
             leader_address: ``"host:port"`` of the leader's client listener, or None
                 while no leader is known.
             server_version: The server's software version (e.g. ``"0.1.0"``).
+            shards: How many shards the node runs (``docs/sharding.md``).
 
         Returns:
             The HELLO_OK frame to write, echoing the HELLO's request id and carrying
@@ -319,6 +323,7 @@ class ServerSession(_Session):
             leader_address,
             self.max_frame_bytes,
             server_version,
+            shards,
         )
         data = codec.encode_frame(answer, self.max_frame_bytes)
         self._pending_hello = None
