@@ -31,6 +31,7 @@ from futureq.errors import (
     NotLeaderError,
     RemoteProtocolError,
     RequestError,
+    WrongShardError,
 )
 from futureq.wire import codec, frames
 
@@ -380,7 +381,13 @@ class ServerSession(_Session):
         if len(message) > MAX_ERROR_MESSAGE_CHARS:
             message = message[: MAX_ERROR_MESSAGE_CHARS - 3] + "..."
         item_index = exc.item_index if isinstance(exc, RequestError) else None
-        leader_address = exc.leader_address if isinstance(exc, NotLeaderError) else None
+        leader_address = (
+            exc.leader_address
+            if isinstance(exc, NotLeaderError)
+            else exc.address
+            if isinstance(exc, WrongShardError)
+            else None
+        )
         error = frames.Error(request_id, int(exc.code), message, item_index, leader_address)
         if exc.code.closes_connection:
             self._state = SessionState.ERROR
