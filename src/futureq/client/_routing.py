@@ -97,7 +97,8 @@ class ShardedClient(Client):
             rng=template._rng,
             max_lease_s=template.max_lease_s,
         )
-        self._publish_receive.close()  # requests go to the shard clients, never here
+        self._publish_send.close()  # requests go to the shard clients, never here
+        self._publish_receive.close()
         self.slot_map = slot_map
         self.shard_clients = shard_clients
         self._open_shard = open_shard
