@@ -346,3 +346,57 @@ def test_one_shard_is_the_node_as_before(tmp_path: Path) -> None:
     assert (tmp_path / "data" / "CURRENT").exists()
     assert not (tmp_path / "data" / "SHARDS").exists()
     assert json.dumps(sorted(p.name for p in (tmp_path / "data").iterdir())).count("shard-") == 0
+
+
+@pytest.mark.slow
+def test_three_nodes_of_two_shards_route_and_survive_a_stopped_node(tmp_path: Path) -> None:
+    """Shard K of every node forms one Raft group; the client follows each group's leader."""
+    from cluster_process import ClusterNode
+
+    from futureq.peer_credentials import generate_secret_file
+
+    secret = tmp_path / "cluster.secret"
+    generate_secret_file(str(secret))
+    starts = free_runs(9, 2)
+    ports = {n: (starts[3 * n - 3], starts[3 * n - 2], starts[3 * n - 1]) for n in (1, 2, 3)}
+    peers = ",".join(f"{n}=127.0.0.1:{ports[n][1]}" for n in ports)
+    env = {"FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE)}
+    nodes = {
+        n: ClusterNode(
+            n,
+            tmp_path / f"node{n}",
+            ports[n],
+            ["--peers", peers, "--cluster-secret-file", str(secret), "--shards", "2"],
+            env,
+        )
+        for n in ports
+    }
+    try:
+        for node in nodes.values():
+            node.start()
+        topics = TOPICS[:8]
+
+        async def publish_and_consume(server: str, tag: str) -> None:
+            async with open_client(server, request_timeout_s=60) as client:
+                for topic in topics:
+                    await client.create_group(topic, "g")
+                await client.publish_batch([PublishItem(t, f"{t}/{tag}".encode()) for t in topics])
+                status = await client.status()
+                assert {s["shard"] for s in status["shards"]} == {0, 1}
+                for topic in topics:
+                    async with client.subscribe(topic, "g") as sub:
+                        with trio.fail_after(60):
+                            async for delivery in sub:
+                                assert delivery.payload == f"{topic}/{tag}".encode()
+                                await delivery.ack()
+                                break
+
+        trio.run(publish_and_consume, f"127.0.0.1:{ports[2][0]}", "first")
+        nodes[1].terminate()  # graceful: each shard hands its leadership over if it led
+        trio.run(publish_and_consume, f"127.0.0.1:{ports[3][0]}", "second")
+        for n in (2, 3):
+            assert (tmp_path / f"node{n}" / "shard-1" / "CURRENT").exists()
+    finally:
+        for node in nodes.values():
+            if node.alive():
+                node.terminate()
