@@ -419,6 +419,9 @@ def merge_status(answers: list[dict[str, Any]], slot_map: SlotMap) -> dict[str, 
     for answer in answers:
         topics.extend(answer.get("topics", []))
     merged["topics"] = sorted(topics, key=lambda entry: str(entry.get("topic", "")))
+    deleting = [d for answer in answers for d in answer.get("deleting_groups") or []]
+    if deleting or "deleting_groups" in merged:
+        merged["deleting_groups"] = deleting
     merged["shards"] = [
         {
             "shard": shard,
