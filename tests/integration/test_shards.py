@@ -72,6 +72,19 @@ class ShardedNode(BrokerProcess):
         self.shards = shards
         self.shard_addresses = [f"127.0.0.1:{client + k * STRIDE}" for k in range(shards)]
 
+    def pid_of_shard(self, shard: int) -> int | None:
+        """PID of shard ``shard``'s process once it runs ``futureq start``, else None."""
+        for pid in self.shard_pids():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if b"--shard-index" not in cmdline:
+                continue  # forked, not yet exec'd
+            if cmdline[cmdline.index(b"--shard-index") + 1] == str(shard).encode():
+                return pid
+        return None
+
     def shard_pids(self) -> list[int]:
         """PIDs of the supervisor's children (the shard processes), any order."""
         pids: list[int] = []
@@ -90,6 +103,7 @@ def node(tmp_path: Path) -> Iterator[ShardedNode]:
     yield made
     if made.process is not None and made.process.poll() is None:
         made.terminate()
+    made.kill()  # reaps it and closes its stdout pipe whether or not it still ran
 
 
 def _alive(pid: int) -> bool:
@@ -207,11 +221,9 @@ def test_a_killed_shard_is_restarted_and_loses_nothing_acknowledged(node: Sharde
     assert len(pids) == 2
 
     def shard_pid(shard: int) -> int:
-        for pid in node.shard_pids():
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if cmdline[cmdline.index(b"--shard-index") + 1] == str(shard).encode():
-                return pid
-        raise AssertionError(f"no process for shard {shard}")
+        pid = node.pid_of_shard(shard)
+        assert pid is not None, f"no process for shard {shard}"
+        return pid
 
     async def main() -> None:
         async with open_client(node.client_address, request_timeout_s=30) as client:
@@ -400,3 +412,22 @@ def test_three_nodes_of_two_shards_route_and_survive_a_stopped_node(tmp_path: Pa
         for node in nodes.values():
             if node.alive():
                 node.terminate()
+
+
+def test_a_shard_failing_again_and_again_takes_the_node_down(node: ShardedNode) -> None:
+    """Five fast failures in a row: the node stops with a sentence, not half up."""
+    assert node.process is not None
+    killed: set[int] = set()
+    deadline = time.monotonic() + 60
+    while node.process.poll() is None and time.monotonic() < deadline:
+        pid = node.pid_of_shard(1)
+        if pid is not None and pid not in killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.02)
+    assert node.process.wait(20) == 1
+    assert len(killed) == 5
+    log = node.stderr_text()
+    assert "shard 1 failed 5 times in a row" in log
+    assert "restarting it in" in log
+    assert "stopped; RocksDB closed" in log  # shard 0 was stopped gracefully
