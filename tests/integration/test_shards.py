@@ -431,3 +431,14 @@ def test_a_shard_failing_again_and_again_takes_the_node_down(node: ShardedNode) 
     assert "shard 1 failed 5 times in a row" in log
     assert "restarting it in" in log
     assert "stopped; RocksDB closed" in log  # shard 0 was stopped gracefully
+
+
+def test_shards_outliving_a_killed_supervisor_stop_themselves(node: ShardedNode) -> None:
+    children = node.shard_pids()
+    assert len(children) == 2
+    node.kill()  # SIGKILL: the supervisor cannot forward anything
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in children)
+    assert node.stderr_text().count("of this shard is gone: shutting down") == 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -317,6 +318,8 @@ async def serve(
                 if isinstance(found, OSError):
                     raise _cannot_listen("HTTP", config.server.http, "--http", found) from exc
                 raise
+            if shard is not None:
+                root.start_soon(_stop_when_orphaned, os.getppid(), shutdown)
             if handle_signals:
                 root.start_soon(_watch_signals, shutdown, root.cancel_scope)
                 root.start_soon(_reload_on_sighup, access)
@@ -435,6 +438,22 @@ async def _hand_over_leadership(config: Config, node: RaftNode) -> None:
         log.info("leadership handed to node %s before shutting down", new_leader)
     except FutureQError as exc:
         log.warning("could not hand over leadership before shutting down: %s", exc)
+
+
+ORPHAN_CHECK_S = 0.5
+"""How often a shard process checks that its supervisor still runs (s)."""
+
+
+async def _stop_when_orphaned(supervisor_pid: int, shutdown: trio.Event) -> None:
+    """A shard whose supervisor died (it was reparented) shuts down gracefully."""
+    while not shutdown.is_set():
+        await trio.sleep(ORPHAN_CHECK_S)
+        if os.getppid() != supervisor_pid:
+            log.warning(
+                "the supervisor (pid %d) of this shard is gone: shutting down", supervisor_pid
+            )
+            shutdown.set()
+            return
 
 
 async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:

@@ -15,15 +15,16 @@ derived by :mod:`futureq.shards.layout`), and
   forwards SIGHUP (credentials reload). A second SIGTERM/SIGINT SIGKILLs the shards.
 
 Shards run in their own process group (a terminal's Ctrl-C reaches the supervisor
-only, which sends one SIGTERM) and get SIGTERM if the supervisor dies (Linux
-``PR_SET_PDEATHSIG``), so they are never left running alone.
+only, which sends one SIGTERM); a shard whose supervisor dies notices that it was
+reparented and shuts down gracefully (``futureq.broker.server``), so shards are never
+left running alone. (``PR_SET_PDEATHSIG`` does not do: it fires when the parent
+*thread* ends, and trio spawns processes from worker threads that idle out.)
 
 Source: ``docs/sharding.md``, "Supervision".
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import signal
 import subprocess
@@ -47,12 +48,6 @@ MAX_BACKOFF_S = 5.0
 EXTRA_STOP_S = 5.0
 """Added to ``server.shutdown_grace_ms`` before stopping shards are SIGKILLed (s)."""
 EXIT_SHARD_FAILED = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class _Shard:
@@ -216,7 +211,6 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             process_group=0,
-            preexec_fn=_die_with_parent,
         )
         shard.process = process
         log.info("shard %d started (pid %d)", shard.index, process.pid)
