@@ -442,3 +442,21 @@ def test_shards_outliving_a_killed_supervisor_stop_themselves(node: ShardedNode)
         time.sleep(0.05)
     assert not any(_alive(pid) for pid in children)
     assert node.stderr_text().count("of this shard is gone: shutting down") == 2
+
+
+def test_the_sync_client_routes_too(node: ShardedNode) -> None:
+    from futureq.client.sync import SyncClient
+
+    slot_map = even_map(node.shard_addresses)
+    pair = [next(t for t in TOPICS if slot_map.shard_of(t) == k) for k in (0, 1)]
+    with SyncClient(node.client_address) as client:
+        for topic in pair:
+            client.create_group(topic, "g")
+        ids = client.publish_batch([PublishItem(t, t.encode()) for t in pair])
+        assert len(ids) == 2
+        for topic in pair:
+            got = client.consume(topic, "g", count=1, timeout_s=10)
+            assert [d.payload for d in got] == [topic.encode()]
+            got[0].ack()
+        shards = client.status()["shards"]
+        assert [s["topics"] for s in shards] == [1, 1]
