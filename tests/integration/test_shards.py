@@ -169,6 +169,14 @@ def test_topics_spread_over_both_shards_and_all_come_back(node: ShardedNode) -> 
     listed = cli(node.client_address, "topic", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert set(TOPICS) <= set(listed.stdout.replace('"', " ").split())
+    for command in (["status"], ["group", "list"]):
+        shown = cli(node.client_address, *command)
+        assert shown.returncode == 0, shown.stderr
+        assert all(topic in shown.stdout for topic in TOPICS), shown.stdout
+    created = cli(node.client_address, "group", "create", TOPICS[1], "late")
+    assert created.returncode == 0, created.stderr
+    deleted = cli(node.client_address, "group", "delete", TOPICS[1], "late")
+    assert deleted.returncode == 0, deleted.stderr
     one = TOPICS[0]
     consumed = cli(node.client_address, "consume", one, "--group", "g", "--idle-timeout", "300ms")
     assert consumed.returncode == 0, consumed.stderr
