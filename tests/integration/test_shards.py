@@ -22,7 +22,7 @@ import trio
 from broker_process import BrokerProcess
 from wire_client import WireClient
 
-from futureq.client import open_client
+from futureq.client import Client, open_client
 from futureq.client._batching import PublishItem
 from futureq.errors import ErrorCode
 from futureq.shards.slots import even_map
@@ -396,24 +396,31 @@ def test_three_nodes_of_two_shards_route_and_survive_a_stopped_node(tmp_path: Pa
             node.start()
         topics = TOPICS[:8]
 
-        async def publish_and_consume(server: str, tag: str) -> None:
-            async with open_client(server, request_timeout_s=60) as client:
-                for topic in topics:
-                    await client.create_group(topic, "g")
-                await client.publish_batch([PublishItem(t, f"{t}/{tag}".encode()) for t in topics])
-                status = await client.status()
-                assert {s["shard"] for s in status["shards"]} == {0, 1}
-                for topic in topics:
-                    async with client.subscribe(topic, "g") as sub:
-                        with trio.fail_after(60):
-                            async for delivery in sub:
-                                assert delivery.payload == f"{topic}/{tag}".encode()
-                                await delivery.ack()
-                                break
+        async def publish_and_consume(client: Client, tag: str) -> None:
+            for topic in topics:
+                await client.create_group(topic, "g")
+            await client.publish_batch([PublishItem(t, f"{t}/{tag}".encode()) for t in topics])
+            status = await client.status()
+            assert {s["shard"] for s in status["shards"]} == {0, 1}
+            for topic in topics:
+                async with client.subscribe(topic, "g") as sub:
+                    with trio.fail_after(60):
+                        async for delivery in sub:
+                            assert delivery.payload == f"{topic}/{tag}".encode()
+                            await delivery.ack()
+                            break
 
-        trio.run(publish_and_consume, f"127.0.0.1:{ports[2][0]}", "first")
-        nodes[1].terminate()  # graceful: each shard hands its leadership over if it led
-        trio.run(publish_and_consume, f"127.0.0.1:{ports[3][0]}", "second")
+        async def main() -> None:
+            # Seeds: every node's public port, node 1 first; the client learns the map
+            # from node 1 and knows the same shard on nodes 2 and 3 too.
+            servers = [f"127.0.0.1:{ports[n][0]}" for n in (1, 2, 3)]
+            async with open_client(servers, request_timeout_s=60) as client:
+                await publish_and_consume(client, "first")
+                # Node 1 stops; each shard's client fails over to that shard elsewhere.
+                await trio.to_thread.run_sync(nodes[1].terminate)
+                await publish_and_consume(client, "second")
+
+        trio.run(main)
         for n in (2, 3):
             assert (tmp_path / f"node{n}" / "shard-1" / "CURRENT").exists()
     finally:

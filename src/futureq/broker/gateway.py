@@ -827,14 +827,15 @@ class Connection:
 
 
 def slot_map_answer(broker: Broker) -> dict[str, Any]:
-    """SLOT_MAP_OK's map: the node's slot map, plus ``"shard"``, the answering shard.
+    """SLOT_MAP_OK's map: the node's slot map, plus ``"shard"``, the answering shard, and
+    (sharded nodes) ``"port_stride"``, ``node.shard_port_stride``.
 
     A node of one shard answers a map with one shard, itself, at its client address.
     """
     shard = broker.shard
     if shard is None:
         return {**even_map([broker.client_address]).to_wire(), "shard": 0}
-    return {**shard.slot_map.to_wire(), "shard": shard.index}
+    return {**shard.slot_map.to_wire(), "shard": shard.index, "port_stride": shard.port_stride}
 
 
 def check_shard(shard: ShardRole, frame: frames.Frame) -> None:

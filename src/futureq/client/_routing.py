@@ -23,6 +23,7 @@ from futureq.client._browse import BrowsePage
 from futureq.client.client import Client, _expect
 from futureq.client.subscription import Subscription
 from futureq.errors import ErrorCode, RequestError
+from futureq.shards.layout import shift_address
 from futureq.shards.slots import SlotMap
 from futureq.wire import frames
 
@@ -34,11 +35,13 @@ MAX_REDIRECTS = 3
 """WRONG_SHARD answers followed for one request before its error is raised."""
 
 
-async def ask_slot_map(client: Client) -> tuple[SlotMap, int]:
+async def ask_slot_map(client: Client) -> tuple[SlotMap, int, int | None]:
     """Ask the node ``client`` is connected to for its slot map.
 
     Returns:
-        The map and the number of the shard that answered.
+        The map, the number of the shard that answered, and the node's port stride
+        (shard ``K`` of a node listens on its ports plus ``K * stride``; None if the
+        server did not say).
 
     Raises:
         RequestError: INTERNAL_ERROR when the answer is not a well-formed map.
@@ -50,7 +53,32 @@ async def ask_slot_map(client: Client) -> tuple[SlotMap, int]:
     except ValueError as exc:
         raise RequestError(ErrorCode.INTERNAL_ERROR, f"bad SLOT_MAP answer: {exc}") from None
     shard = wire.get("shard")
-    return slot_map, shard if type(shard) is int and 0 <= shard < slot_map.shard_count else -1
+    stride = wire.get("port_stride")
+    return (
+        slot_map,
+        shard if type(shard) is int and 0 <= shard < slot_map.shard_count else -1,
+        stride if type(stride) is int and stride > 0 else None,
+    )
+
+
+def shard_servers(
+    slot_map: SlotMap, shard: int, seeds: Sequence[str], stride: int | None
+) -> list[str]:
+    """Addresses to reach shard ``shard`` at: the map's first, then the same shard on
+    every seed server (a seed is a node's public port, shard 0's; shard ``K`` of that
+    node listens ``K * stride`` above it), so a shard's client can fail over to the
+    same shard of another node when the node it knew stops."""
+    servers = [slot_map.addresses[shard]]
+    if stride is None:
+        return servers
+    for seed in seeds:
+        try:
+            shifted = shift_address(seed, shard * stride)
+        except ValueError:
+            continue
+        if shifted not in servers:
+            servers.append(shifted)
+    return servers
 
 
 def _is_wrong_shard(exc: BaseException) -> bool:
@@ -81,7 +109,7 @@ class ShardedClient(Client):
         template: Client,
         slot_map: SlotMap,
         shard_clients: list[Client],
-        open_shard: Callable[[str], Awaitable[Client]],
+        open_shard: Callable[[int, str], Awaitable[Client]],
     ) -> None:
         super().__init__(
             [*slot_map.addresses],
@@ -134,7 +162,7 @@ class ShardedClient(Client):
             errors: list[BaseException] = []
             for client in self.shard_clients:
                 try:
-                    slot_map, _ = await ask_slot_map(client)
+                    slot_map, _, _ = await ask_slot_map(client)
                     break
                 except (RequestError, OSError, anyio.BrokenResourceError) as exc:
                     errors.append(exc)
@@ -147,7 +175,7 @@ class ShardedClient(Client):
                 old = self.slot_map.addresses[shard] if shard < len(clients) else None
                 if address != old:
                     log.info("shard %d moved to %s; connecting to it", shard, address)
-                    new = await self._open_shard(address)
+                    new = await self._open_shard(shard, address)
                     if shard < len(clients):
                         clients[shard] = new
                     else:

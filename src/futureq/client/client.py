@@ -1402,18 +1402,26 @@ async def open_client(
             try:
                 conn = client._live_connection()
                 if conn is not None and conn.shards > 1:
-                    from futureq.client._routing import ShardedClient, ask_slot_map
+                    from futureq.client._routing import (
+                        ShardedClient,
+                        ask_slot_map,
+                        shard_servers,
+                    )
 
-                    slot_map, answering = await ask_slot_map(client)
+                    slot_map, answering, stride = await ask_slot_map(client)
+                    seeds = client.servers
 
-                    async def open_shard(address: str) -> Client:
-                        one = new_client([address])
+                    async def open_shard(shard: int, address: str) -> Client:
+                        others = shard_servers(slot_map, shard, seeds, stride)[1:]
+                        one = new_client([address, *(a for a in others if a != address)])
                         opened.append(one)
                         await run(one)
                         return one
 
+                    if answering >= 0:  # it fails over to the same shard elsewhere too
+                        client.servers = shard_servers(slot_map, answering, seeds, stride)
                     shard_clients = [
-                        client if shard == answering else await open_shard(address)
+                        client if shard == answering else await open_shard(shard, address)
                         for shard, address in enumerate(slot_map.addresses)
                     ]
                     handed = ShardedClient(client, slot_map, shard_clients, open_shard)

@@ -99,10 +99,13 @@ class ShardRole:
         index: This shard's number (0-based).
         slot_map: The node's slot map (which shard owns which topics, and where each
             shard listens on this node).
+        port_stride: ``node.shard_port_stride``: shard ``K`` of every node listens on
+            that node's ports plus ``K * port_stride``.
     """
 
     index: int
     slot_map: SlotMap
+    port_stride: int = 100
 
     def owns(self, topic: str) -> bool:
         """True when ``topic`` hashes to one of this shard's slots."""
@@ -111,7 +114,7 @@ class ShardRole:
 
 def shard_role(config: Config, shard: int) -> ShardRole:
     """Shard ``shard``'s :class:`ShardRole` in the node configured by ``config``."""
-    return ShardRole(shard, node_slot_map(config))
+    return ShardRole(shard, node_slot_map(config), config.node.shard_port_stride)
 
 
 def read_stamp(data_dir: str) -> int | None:
