@@ -416,7 +416,11 @@ def test_three_nodes_of_two_shards_route_and_survive_a_stopped_node(tmp_path: Pa
             servers = [f"127.0.0.1:{ports[n][0]}" for n in (1, 2, 3)]
             async with open_client(servers, request_timeout_s=60) as client:
                 await publish_and_consume(client, "first")
-                # Node 1 stops; each shard's client fails over to that shard elsewhere.
+                # Node 1 leads every shard's group, so each shard's client is connected
+                # to node 1; then node 1 stops, and each fails over to that shard on
+                # another node.
+                await client.transfer_leader(1)
+                await publish_and_consume(client, "between")
                 await trio.to_thread.run_sync(nodes[1].terminate)
                 await publish_and_consume(client, "second")
 
