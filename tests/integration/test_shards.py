@@ -479,3 +479,27 @@ def test_the_sync_client_routes_too(node: ShardedNode) -> None:
             got[0].ack()
         shards = client.status()["shards"]
         assert [s["topics"] for s in shards] == [1, 1]
+
+
+def test_health_asks_every_shard(node: ShardedNode) -> None:
+    http_port = int(node.http_address.rsplit(":", 1)[1])
+    args = [
+        sys.executable, "-m", "futureq.cli.server_main", "health", "--ready", "--shards", "2",
+        "--http", node.http_address, "--listen", node.client_address,
+    ]  # fmt: skip
+    env = {**os.environ, "FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE)}
+    healthy = subprocess.run(args, capture_output=True, text=True, timeout=30, env=env)
+    assert healthy.returncode == 0, healthy.stderr
+    for shard in (0, 1):
+        assert f"127.0.0.1:{http_port + shard * STRIDE}/readyz: 200" in healthy.stdout
+    # Shard 1 stopped (SIGSTOP: neither answering nor restarted): the node is not healthy.
+    pid = node.pid_of_shard(1)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        args[args.index("health") + 1 : args.index("health") + 1] = ["--timeout", "1"]
+        sick = subprocess.run(args, capture_output=True, text=True, timeout=30, env=env)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert sick.returncode == 1
+    assert f"127.0.0.1:{http_port + STRIDE}/readyz: no answer" in sick.stderr

@@ -297,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     health = commands.add_parser(
         "health",
-        help="exit 0 when this node's /healthz (--ready: /readyz) answers 200, else 1",
+        help="exit 0 when this node's /healthz (--ready: /readyz) answers 200, else 1 "
+        "(with --shards: every shard's)",
         description="Ask the node configured like `start` (same config, environment and "
         "flags) for /healthz, or /readyz with --ready, on its HTTP listener; exit 0 on 200, "
         "1 otherwise. Meant for container health checks (Dockerfile HEALTHCHECK).",
@@ -509,6 +510,17 @@ def _health(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    if config.node.shards > 1:  # healthy only when every shard is (docs/sharding.md)
+        from futureq.shards.layout import shard_config
+
+        worst = EXIT_OK
+        for shard in range(config.node.shards):
+            worst = max(worst, _health_of(shard_config(config, shard), args))
+        return worst
+    return _health_of(config, args)
+
+
+def _health_of(config: Config, args: argparse.Namespace) -> int:
     host, port = split_host_port(config.server.http)
     if host in WILDCARD_HOSTS:  # listening everywhere: ask over loopback
         host = "::1" if ":" in host else "127.0.0.1"
