@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -368,14 +369,13 @@ def test_one_shard_is_the_node_as_before(tmp_path: Path) -> None:
     assert json.dumps(sorted(p.name for p in (tmp_path / "data").iterdir())).count("shard-") == 0
 
 
-@pytest.mark.slow
-def test_three_nodes_of_two_shards_route_and_survive_a_stopped_node(tmp_path: Path) -> None:
-    """Shard K of every node forms one Raft group; the client follows each group's leader."""
+def _sharded_cluster(root: Path) -> tuple[dict[int, Any], dict[int, tuple[int, int, int]]]:
+    """Three nodes of two shards each (not started): nodes by id and their ports."""
     from cluster_process import ClusterNode
 
     from futureq.peer_credentials import generate_secret_file
 
-    secret = tmp_path / "cluster.secret"
+    secret = root / "cluster.secret"
     generate_secret_file(str(secret))
     starts = free_runs(9, 2)
     ports = {n: (starts[3 * n - 3], starts[3 * n - 2], starts[3 * n - 1]) for n in (1, 2, 3)}
@@ -384,13 +384,20 @@ def test_three_nodes_of_two_shards_route_and_survive_a_stopped_node(tmp_path: Pa
     nodes = {
         n: ClusterNode(
             n,
-            tmp_path / f"node{n}",
+            root / f"node{n}",
             ports[n],
             ["--peers", peers, "--cluster-secret-file", str(secret), "--shards", "2"],
             env,
         )
         for n in ports
     }
+    return nodes, ports
+
+
+@pytest.mark.slow
+def test_three_nodes_of_two_shards_route_and_survive_a_stopped_node(tmp_path: Path) -> None:
+    """Shard K of every node forms one Raft group; the client follows each group's leader."""
+    nodes, ports = _sharded_cluster(tmp_path)
     try:
         for node in nodes.values():
             node.start()
@@ -503,3 +510,55 @@ def test_health_asks_every_shard(node: ShardedNode) -> None:
         os.kill(pid, signal.SIGCONT)
     assert sick.returncode == 1
     assert f"127.0.0.1:{http_port + STRIDE}/readyz: no answer" in sick.stderr
+
+
+def _leaders(ports: dict[int, tuple[int, int, int]], alive: set[int]) -> dict[int, int | None]:
+    """Shard -> the node id leading its group, as the first live node that answers sees it."""
+    found: dict[int, int | None] = {}
+    for shard in (0, 1):
+        found[shard] = None
+        for n in sorted(alive):
+            try:
+                wire = WireClient(f"127.0.0.1:{ports[n][0] + shard * STRIDE}", timeout_s=2)
+                answer = wire.request(frames.ClusterStatus(wire.next_id()), timeout_s=2)
+                wire.close()
+            except (OSError, ConnectionError, TimeoutError):
+                continue
+            if isinstance(answer, frames.ClusterStatusOk) and answer.status.get("leader_id"):
+                found[shard] = answer.status["leader_id"]
+                break
+    return found
+
+
+def _wait_leaders(
+    ports: dict[int, tuple[int, int, int]], alive: set[int], want: dict[int, set[int]]
+) -> dict[int, int | None]:
+    deadline = time.monotonic() + 60
+    while True:
+        leaders = _leaders(ports, alive)
+        if all(leaders[shard] in allowed for shard, allowed in want.items()):
+            return leaders
+        assert time.monotonic() < deadline, f"leaders {leaders}, wanted {want}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_shard_leaders_spread_over_the_nodes_and_return_after_a_restart(tmp_path: Path) -> None:
+    """Shard 0's group is led by node 1 and shard 1's by node 2 (the K-th voter by id);
+    when node 2 stops its group elects another leader, and when node 2 is back the
+    leadership returns to it."""
+    nodes, ports = _sharded_cluster(tmp_path)
+    try:
+        for node in nodes.values():
+            node.start()
+        _wait_leaders(ports, {1, 2, 3}, {0: {1}, 1: {2}})
+        nodes[2].terminate()
+        _wait_leaders(ports, {1, 3}, {0: {1}, 1: {1, 3}})
+        nodes[2].start()
+        _wait_leaders(ports, {1, 2, 3}, {0: {1}, 1: {2}})
+        log = "".join(node.stderr_text() for node in nodes.values())
+        assert "handing leadership to node 2, its preferred leader" in log
+    finally:
+        for node in nodes.values():
+            if node.alive():
+                node.terminate()

@@ -36,6 +36,7 @@ from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
 from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
+from futureq.shards.balance import balance_leadership
 from futureq.shards.layout import ShardRole
 from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
@@ -279,6 +280,8 @@ async def serve(
                 root.start_soon(export_raft_metrics, command_log, transport, metrics)
                 root.start_soon(stop_when_removed, command_log, config.server.node_id, shutdown)
                 root.start_soon(broker.run_promoter)
+                if shard is not None:
+                    root.start_soon(balance_leadership, command_log, shard.index)
                 if config.cluster.join is not None:
                     # Announce the advertised raft address (never the bound wildcard).
                     announced_raft = transport.advertise_address or raft_address
