@@ -295,9 +295,28 @@ class MetricsSection:
 
 
 @attrs.frozen
+class NodeSection:
+    """How a node splits its work into shards (``docs/sharding.md``).
+
+    Attributes:
+        shards: Shard processes this node runs, each with its own RocksDB
+            (``DATA_DIR/shard-K``) and its own Raft group; fixed when the data directory
+            is created. 1 (the default): no supervisor, the node is one broker process
+            with its data in ``DATA_DIR`` itself, as before sharding existed.
+        shard_port_stride: Shard ``K`` listens on every port of the node (client,
+            HTTP, Raft, and the ports named in ``advertise``, ``peers`` and ``join``)
+            plus ``K * shard_port_stride``; shard 0 uses the node's own ports.
+    """
+
+    shards: int = 1
+    shard_port_stride: int = 100
+
+
+@attrs.frozen
 class Config:
     """The whole server configuration; TOML tables ``[server]``, ``[limits]``,
-    ``[queue]``, ``[storage]``, ``[tls]``, ``[cluster]``, ``[metrics]`` map to its sections."""
+    ``[queue]``, ``[storage]``, ``[tls]``, ``[cluster]``, ``[metrics]``, ``[node]`` map to
+    its sections."""
 
     server: ServerSection = attrs.Factory(ServerSection)
     limits: LimitsSection = attrs.Factory(LimitsSection)
@@ -306,6 +325,7 @@ class Config:
     tls: TlsConfig = attrs.Factory(TlsConfig)
     cluster: ClusterSection = attrs.Factory(ClusterSection)
     metrics: MetricsSection = attrs.Factory(MetricsSection)
+    node: NodeSection = attrs.Factory(NodeSection)
 
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*", ""})

@@ -42,6 +42,7 @@ from futureq.config import (
     Config,
     LimitsSection,
     MetricsSection,
+    NodeSection,
     QueueSection,
     ServerSection,
     StorageSection,
@@ -78,6 +79,7 @@ SECTIONS: dict[str, type[Any]] = {
     "tls": TlsConfig,
     "cluster": ClusterSection,
     "metrics": MetricsSection,
+    "node": NodeSection,
 }
 
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -202,6 +204,8 @@ class _Loader:
             if not name.startswith(ENV_PREFIX):
                 continue
             section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
+            if section == "shards" and not key:  # FUTUREQ_SHARDS: short for node.shards
+                section, key = "node", "shards"
             if section not in SECTIONS or not key:
                 # FUTUREQ_SERVER (no key) is futureq-cli's server list, not server config.
                 continue
@@ -725,6 +729,14 @@ def _check_metrics(metrics: MetricsSection) -> Iterable[_Bad]:
     yield from _minimum("metrics", metrics, "max_group_series", 0, " series")
 
 
+def _check_node(node: NodeSection) -> Iterable[_Bad]:
+    from futureq.shards.slots import MAX_SHARDS
+
+    if not 1 <= node.shards <= MAX_SHARDS:
+        yield _Bad(("node.shards",), node.shards, f"must be 1 to {MAX_SHARDS} shard processes")
+    yield from _minimum("node", node, "shard_port_stride", 1, " ports")
+
+
 _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
     "server": _check_server,
     "limits": _check_limits,
@@ -733,6 +745,7 @@ _SEMANTIC_CHECKS: dict[str, Callable[[Any], Iterable[_Bad]]] = {
     "tls": _check_tls,
     "cluster": _check_cluster,
     "metrics": _check_metrics,
+    "node": _check_node,
 }
 
 
@@ -744,6 +757,7 @@ def _check_whole(config: Config) -> Iterable[_Bad]:
     yield from _check_announced(config)
     yield from _check_membership(config)
     yield from _check_ports(config)
+    yield from _check_shard_ports(config)
 
 
 def _check_membership(config: Config) -> Iterable[_Bad]:
@@ -796,6 +810,35 @@ def _check_ports(config: Config) -> Iterable[_Bad]:
                 ("cluster.raft_listen", key),
                 config.cluster.raft_listen,
                 f"must differ from {key} (one port per listener)",
+            )
+
+
+def _check_shard_ports(config: Config) -> Iterable[_Bad]:
+    """Shard K listens on the node's ports + K * stride: they must be fixed and fit."""
+    shards = config.node.shards
+    if shards <= 1:
+        return
+    keys = {"server.listen": config.server.listen, "server.http": config.server.http}
+    if config.cluster.clustered:
+        keys["cluster.raft_listen"] = config.cluster.raft_listen
+    for key, address in keys.items():
+        try:
+            port = split_host_port(address)[1]
+        except ValueError:
+            continue
+        if port == 0:
+            yield _Bad(
+                (key, "node.shards"),
+                address,
+                f"must name a fixed port with node.shards = {shards}: shard K listens on "
+                "it plus K * node.shard_port_stride",
+            )
+        elif port + (shards - 1) * config.node.shard_port_stride > 65535:
+            yield _Bad(
+                (key, "node.shards", "node.shard_port_stride"),
+                address,
+                f"leaves no room for {shards} shards {config.node.shard_port_stride} ports "
+                "apart below 65536; lower the port or node.shard_port_stride",
             )
 
 

@@ -69,6 +69,10 @@ class ErrorCode(enum.IntEnum):
     GROUP_REQUIRED = 262
     INVALID_HEADERS = 263
     INVALID_IDEMPOTENCY_KEY = 264
+    # 280-289: issue 15, shards
+    WRONG_SHARD = 280
+    """The topic belongs to another shard of the node; the ERROR frame's
+    ``leader_address`` names that shard's client address (``docs/sharding.md``)."""
 
     # 3xx availability errors (retry may succeed)
     NOT_LEADER = 300
@@ -156,6 +160,20 @@ class NotLeaderError(RequestError):
         self.leader_address = leader_address
 
 
+class WrongShardError(RequestError):
+    """The request's topic belongs to another shard (like Redis Cluster's MOVED).
+
+    Attributes:
+        address: Client address of the shard that owns the topic (on the node that
+            answered), or None if the server did not say.
+    """
+
+    def __init__(self, address: str | None, message: str, item_index: int | None = None) -> None:
+        super().__init__(ErrorCode.WRONG_SHARD, message, item_index)
+        self.address = address
+        self.leader_address = address  # the ERROR frame field it travels in
+
+
 class ConnectionLostError(FutureQError):
     """The other side or the network broke the connection."""
 
@@ -218,7 +236,7 @@ def error_from_code(
 
     Returns:
         A :class:`RemoteProtocolError` for 1xx codes, :class:`NotLeaderError` for
-        NOT_LEADER, else a :class:`RequestError`.
+        NOT_LEADER, :class:`WrongShardError` for WRONG_SHARD, else a :class:`RequestError`.
     """
     try:
         error_code = ErrorCode(code)
@@ -226,6 +244,8 @@ def error_from_code(
         error_code = ErrorCode.INTERNAL_ERROR
     if error_code is ErrorCode.NOT_LEADER:
         return NotLeaderError(leader_address, message)
+    if error_code is ErrorCode.WRONG_SHARD:
+        return WrongShardError(leader_address, message, item_index)
     if error_code.closes_connection:
         return RemoteProtocolError(error_code, message)
     return RequestError(error_code, message, item_index)

@@ -73,14 +73,17 @@ class AcceptErrorFilter(logging.Filter):
 
 
 class _NodeFilter(logging.Filter):
-    """Stamps every record with the node id (``record.node_id``)."""
+    """Stamps every record with the node id (``record.node_id``) and, in a shard
+    process, the shard number (``record.shard``)."""
 
-    def __init__(self, node_id: int) -> None:
+    def __init__(self, node_id: int, shard: int | None = None) -> None:
         super().__init__()
-        self.node_id = node_id
+        self.node_id: int | str = node_id if shard is None else f"{node_id} shard={shard}"
+        self.shard = shard
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.node_id = self.node_id
+        record.shard = self.shard
         return True
 
 
@@ -96,8 +99,11 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
         }
         node_id = getattr(record, "node_id", None)
+        shard = getattr(record, "shard", None)
         if node_id is not None:
-            entry["node"] = node_id
+            entry["node"] = node_id if shard is None else int(str(node_id).split()[0])
+        if shard is not None:
+            entry["shard"] = shard
         entry["message"] = record.getMessage()
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
@@ -112,6 +118,7 @@ def setup_logging(
     *,
     node_id: int | None = None,
     log_format: str = "text",
+    shard: int | None = None,
 ) -> None:
     """Send every log record at ``level`` or above to ``stream`` (stderr by default).
 
@@ -122,6 +129,8 @@ def setup_logging(
         stream: Where to write; ``sys.stderr`` when None.
         node_id: Named in every line (a node of a cluster); None leaves it out.
         log_format: ``text`` or ``json`` (config ``server.log_format``).
+        shard: In a shard process (``docs/sharding.md``): its number, named in every
+            line after the node id (``node=1 shard=0``; JSON key ``shard``).
 
     Raises:
         ValueError: for an unknown level or format name (config loading rejects those
@@ -135,7 +144,7 @@ def setup_logging(
         raise ValueError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
     if node_id is not None:
-        handler.addFilter(_NodeFilter(node_id))
+        handler.addFilter(_NodeFilter(node_id, shard))
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from futureq.clock import Clock
     from futureq.config import Config
     from futureq.metrics import Metrics
+    from futureq.shards.layout import ShardRole
     from futureq.state.queue_state import GroupInfo, QueueState
     from futureq.storage.space import SpaceAlarm
 
@@ -103,6 +104,11 @@ class Broker:
         self.node_id = config.server.node_id
         self.started_s = clock.monotonic_s()
         self.ready = False
+        self.shard: ShardRole | None = None
+        self.client_address = config.server.advertise or config.server.listen
+        """This node's client address as announced (set to the bound one at start)."""
+        """Which shard of a sharded node this broker is (``docs/sharding.md``); None in
+        a node of one shard."""
         self.stopping = False
         self._last_stamp_ms = state.last_publish_ms
         self._background_send, self._background_receive = trio.open_memory_channel[bytes](1024)

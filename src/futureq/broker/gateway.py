@@ -37,7 +37,7 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -49,7 +49,9 @@ from futureq.errors import (
     RemoteProtocolError,
     RequestError,
     StorageError,
+    WrongShardError,
 )
+from futureq.shards.slots import even_map, topic_slot
 from futureq.wire import codec, frames
 from futureq.wire.session import CLOSED, NEED_DATA, ServerSession, SessionState
 
@@ -58,6 +60,8 @@ from .access import ANONYMOUS, AccessControl, Principal
 from .command_log import no_space_error
 
 if TYPE_CHECKING:
+    from futureq.shards.layout import ShardRole
+
     from .broker import Broker
     from .hub import Consumer
 
@@ -575,7 +579,11 @@ class Connection:
                     self._close(_Closing(exc.code, exc.message))
                     return False
                 leader = self.broker.log.leader_address()
-                self._queue(session.accept_hello(self.broker.node_id, leader, __version__))
+                shard = self.broker.shard
+                shards = 1 if shard is None else shard.slot_map.shard_count
+                self._queue(
+                    session.accept_hello(self.broker.node_id, leader, __version__, shards)
+                )
                 if self._on_hello is not None:
                     self._on_hello()
                 if handshake:
@@ -667,6 +675,8 @@ class Connection:
     async def _handle(self, frame: frames.Frame) -> None:
         try:
             self.access.check(self.principal, frame)
+            if self.broker.shard is not None:
+                check_shard(self.broker.shard, frame)
             answer = await self._answer(frame)
             if answer is not None:
                 self._reply(answer, frame.request_id)
@@ -761,6 +771,8 @@ class Connection:
                 return frames.StatusOk(frame.request_id, await broker.status_async(visible))
             case frames.Ping():
                 return frames.Pong(frame.request_id)
+            case frames.SlotMap():
+                return frames.SlotMapOk(frame.request_id, slot_map_answer(broker))
             case frames.Watch():
                 interval_ms = frame.interval_ms
                 if not frames.MIN_WATCH_INTERVAL_MS <= interval_ms <= frames.MAX_WATCH_INTERVAL_MS:
@@ -812,6 +824,61 @@ class Connection:
                 await broker.transfer_leadership(frame.node_id)
                 return frames.Ok(frame.request_id, None)
         raise RemoteProtocolError(ErrorCode.INVALID_FRAME, f"{frame.TYPE.name} is not a request")
+
+
+def slot_map_answer(broker: Broker) -> dict[str, Any]:
+    """SLOT_MAP_OK's map: the node's slot map, plus ``"shard"``, the answering shard, and
+    (sharded nodes) ``"port_stride"``, ``node.shard_port_stride``.
+
+    A node of one shard answers a map with one shard, itself, at its client address.
+    """
+    shard = broker.shard
+    if shard is None:
+        return {**even_map([broker.client_address]).to_wire(), "shard": 0}
+    return {**shard.slot_map.to_wire(), "shard": shard.index, "port_stride": shard.port_stride}
+
+
+def check_shard(shard: ShardRole, frame: frames.Frame) -> None:
+    """Refuse ``frame`` with WRONG_SHARD when a topic it names belongs to another shard.
+
+    PUBLISH: every item's topic must be this shard's (the first foreign item is named);
+    requests naming one topic (SUBSCRIBE, GROUP_CREATE/DELETE, CANCEL, BROWSE,
+    REDRIVE, RESCHEDULE, PURGE) must name one of ours. Delivery tags (ACK, NACK, ...)
+    belong to the connection, so they are this shard's by construction.
+
+    Raises:
+        WrongShardError: with the owning shard's client address.
+    """
+    topic: str | None = None
+    item_index: int | None = None
+    match frame:
+        case frames.Publish():
+            for index, item in enumerate(frame.items):
+                if type(item) is list and item and type(item[0]) is str and not shard.owns(item[0]):
+                    topic, item_index = item[0], index
+                    break
+        case (
+            frames.Subscribe()
+            | frames.GroupCreate()
+            | frames.GroupDelete()
+            | frames.Cancel()
+            | frames.Browse()
+            | frames.Redrive()
+            | frames.Reschedule()
+            | frames.Purge()
+        ):
+            if not shard.owns(frame.topic):
+                topic = frame.topic
+    if topic is None:
+        return
+    owner = shard.slot_map.shard_of(topic)
+    address = shard.slot_map.addresses[owner]
+    raise WrongShardError(
+        address,
+        f"topic {topic!r} (slot {topic_slot(topic)}) belongs to shard {owner} of this node, "
+        f"at {address}; this is shard {shard.index}. Send it there (ask SLOT_MAP for the map)",
+        item_index,
+    )
 
 
 REFUSE_GRACE_S = 1.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -35,6 +36,8 @@ from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
 from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
+from futureq.shards.balance import balance_leadership
+from futureq.shards.layout import ShardRole
 from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
 from futureq.storage.space import SpaceAlarm
@@ -144,6 +147,7 @@ async def serve(
     clock: Clock | None = None,
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
+    shard: ShardRole | None = None,
     task_status: trio.TaskStatus[tuple[str, str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one node until SIGTERM/SIGINT (or ``shutdown`` is set), then stop gracefully.
@@ -155,6 +159,9 @@ async def serve(
             system clocks.
         shutdown: Set it to begin a graceful shutdown (in-process tests).
         handle_signals: Watch SIGTERM and SIGINT (main thread only).
+        shard: In a sharded node, which shard this process is: it then answers HELLO
+            with the shard count, SLOT_MAP with the node's map, and refuses topics of
+            other shards with WRONG_SHARD (``docs/sharding.md``).
         task_status: Receives ``(client_address, http_address)`` once serving.
 
     Raises:
@@ -234,6 +241,8 @@ async def serve(
             space_alarm,
             check_can_stamp=None if cluster_time is None else cluster_time.check_can_stamp,
         )
+        broker.shard = shard
+        broker.client_address = client_address
         metrics.is_leader.set(0 if clustered else 1)
         metrics.applied_index.set(state.applied_index)
         ssl_context = make_ssl_context(config)
@@ -271,6 +280,8 @@ async def serve(
                 root.start_soon(export_raft_metrics, command_log, transport, metrics)
                 root.start_soon(stop_when_removed, command_log, config.server.node_id, shutdown)
                 root.start_soon(broker.run_promoter)
+                if shard is not None:
+                    root.start_soon(balance_leadership, command_log, shard.index)
                 if config.cluster.join is not None:
                     # Announce the advertised raft address (never the bound wildcard).
                     announced_raft = transport.advertise_address or raft_address
@@ -310,6 +321,8 @@ async def serve(
                 if isinstance(found, OSError):
                     raise _cannot_listen("HTTP", config.server.http, "--http", found) from exc
                 raise
+            if shard is not None:
+                root.start_soon(_stop_when_orphaned, os.getppid(), shutdown)
             if handle_signals:
                 root.start_soon(_watch_signals, shutdown, root.cancel_scope)
                 root.start_soon(_reload_on_sighup, access)
@@ -340,6 +353,8 @@ async def serve(
                 ):
                     log.info("%s", mode)
                 raft_field = f" raft={raft_address}" if clustered else ""
+                if shard is not None:
+                    raft_field += f" shard={shard.index}"
                 print(
                     f"READY client={client_address} http={http_address}{raft_field} "
                     f"node_id={config.server.node_id}",
@@ -428,6 +443,22 @@ async def _hand_over_leadership(config: Config, node: RaftNode) -> None:
         log.warning("could not hand over leadership before shutting down: %s", exc)
 
 
+ORPHAN_CHECK_S = 0.5
+"""How often a shard process checks that its supervisor still runs (s)."""
+
+
+async def _stop_when_orphaned(supervisor_pid: int, shutdown: trio.Event) -> None:
+    """A shard whose supervisor died (it was reparented) shuts down gracefully."""
+    while not shutdown.is_set():
+        await trio.sleep(ORPHAN_CHECK_S)
+        if os.getppid() != supervisor_pid:
+            log.warning(
+                "the supervisor (pid %d) of this shard is gone: shutting down", supervisor_pid
+            )
+            shutdown.set()
+            return
+
+
 async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
     """First SIGTERM/SIGINT: graceful shutdown. A second one: stop at once."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -468,8 +499,9 @@ def _first(error: BaseException, kind: type[BaseException]) -> BaseException | N
     return None
 
 
-def run(config: Config) -> int:
-    """Run a node in this process until it is stopped; return the exit code.
+def run(config: Config, *, shard: ShardRole | None = None) -> int:
+    """Run a node (or, with ``shard``, one shard of a node) in this process until it is
+    stopped; return the exit code.
 
     Returns:
         0 after a graceful shutdown, 2 for a configuration the node cannot run with
@@ -477,7 +509,7 @@ def run(config: Config) -> int:
         included), 3 on a storage failure, 4 when a listener cannot be bound.
     """
     try:
-        trio.run(serve, config)
+        trio.run(functools.partial(serve, config, shard=shard))
     except BaseException as error:  # sorted below; anything else propagates unchanged
         in_use = _first(error, DataDirectoryInUseError)
         if in_use is not None:

@@ -2,7 +2,9 @@
 
 Node ``n`` (1-based) listens for clients on ``7440 + 10 n``, for Raft on ``7441 + 10 n``
 and for HTTP on ``7442 + 10 n`` (node 1: 7450, 7451, 7452; node 2: 7460, 7461, 7462...),
-with its data in ``<data-dir>/node<n>`` (``--base-port`` moves every port). Peers
+with its data in ``<data-dir>/node<n>`` (``--base-port`` moves every port). With
+``--shards N`` (``make cluster SHARDS=N``) every node runs N shards; shard K of a node
+listens on its ports plus ``100 K`` (``node.shard_port_stride``, docs/sharding.md). Peers
 authenticate with a cluster secret kept in ``<data-dir>/cluster.secret`` (generated on
 the first run, mode 0600).
 
@@ -45,7 +47,12 @@ def ensure_secret(data_dir: str) -> str:
 
 
 def node_command(
-    node_id: int, nodes: int, data_dir: str, host: str, base_port: int = BASE_PORT
+    node_id: int,
+    nodes: int,
+    data_dir: str,
+    host: str,
+    base_port: int = BASE_PORT,
+    shards: int = 1,
 ) -> list[str]:
     """The ``futureq start`` command line of one node of the local cluster."""
     client, raft, http = ports(node_id, base_port)
@@ -59,6 +66,7 @@ def node_command(
         "--raft-listen", f"{host}:{raft}",
         "--peers", peers,
         "--cluster-secret-file", os.path.join(data_dir, SECRET_FILE),
+        *(["--shards", str(shards)] if shards != 1 else []),
     ]  # fmt: skip
 
 
@@ -80,6 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=BASE_PORT,
         help=f"node N listens on BASE+10N (clients), +1 (Raft), +2 (HTTP); default {BASE_PORT}",
     )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="shard processes per node (default 1); see docs/sharding.md",
+    )
     args = parser.parse_args(argv)
     ensure_secret(args.data_dir)
     base = args.base_port
@@ -87,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for node_id in range(1, args.nodes + 1):
         processes.append(
             subprocess.Popen(
-                node_command(node_id, args.nodes, args.data_dir, args.host, base),
+                node_command(node_id, args.nodes, args.data_dir, args.host, base, args.shards),
                 process_group=0,  # the terminal's Ctrl-C is for us; we forward one SIGTERM
             )
         )

@@ -45,6 +45,8 @@ from futureq.peer_credentials import generate_secret_file
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from futureq.shards.layout import ShardRole
+
 EXIT_OK = 0
 EXIT_CONFIG = 2
 CONFIG_ENV = "FUTUREQ_CONFIG"
@@ -189,6 +191,15 @@ _FLAGS: tuple[_Flag, ...] = (
         store_true=True,
     ),
     _Flag(
+        ("--shards",),
+        "node",
+        "shards",
+        "N",
+        "shard processes of this node, each its own RocksDB and Raft group; fixed when "
+        "the data directory is created (env FUTUREQ_SHARDS works too); see docs/sharding.md",
+        type=int,
+    ),
+    _Flag(
         ("--no-fsync",),
         "storage",
         "fsync",
@@ -262,6 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a broker node until SIGTERM or SIGINT (graceful shutdown).",
     )
     _add_config_flags(start)
+    # Internal: the supervisor of a sharded node starts shard K with it (docs/sharding.md).
+    start.add_argument("--shard-index", type=int, default=None, help=argparse.SUPPRESS)
     check = commands.add_parser(
         "check-config",
         help="print the effective configuration and exit (2 if it is invalid)",
@@ -284,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     health = commands.add_parser(
         "health",
-        help="exit 0 when this node's /healthz (--ready: /readyz) answers 200, else 1",
+        help="exit 0 when this node's /healthz (--ready: /readyz) answers 200, else 1 "
+        "(with --shards: every shard's)",
         description="Ask the node configured like `start` (same config, environment and "
         "flags) for /healthz, or /readyz with --ready, on its HTTP listener; exit 0 on 200, "
         "1 otherwise. Meant for container health checks (Dockerfile HEALTHCHECK).",
@@ -496,6 +510,17 @@ def _health(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    if config.node.shards > 1:  # healthy only when every shard is (docs/sharding.md)
+        from futureq.shards.layout import shard_config
+
+        worst = EXIT_OK
+        for shard in range(config.node.shards):
+            worst = max(worst, _health_of(shard_config(config, shard), args))
+        return worst
+    return _health_of(config, args)
+
+
+def _health_of(config: Config, args: argparse.Namespace) -> int:
     host, port = split_host_port(config.server.http)
     if host in WILDCARD_HOSTS:  # listening everywhere: ask over loopback
         host = "::1" if ":" in host else "127.0.0.1"
@@ -529,32 +554,58 @@ def _generate_secret(path: str) -> int:
     return EXIT_OK
 
 
-def _start(args: argparse.Namespace) -> int:
+def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
     early_signals.defer_sighup()  # a reload sent while starting must not kill the node
+    from futureq.shards import layout  # stdlib only
+
+    shard: int | None = args.shard_index
     try:
         config = _load(args)
+        if shard is None:
+            layout.check_shard_count(config)
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    except OSError as error:
+        print(f"futureq: cannot stamp the shard count in the data directory: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    sharded = config.node.shards > 1
+    if shard is not None and not 0 <= shard < config.node.shards:
+        print(f"futureq: --shard-index {shard} is not below node.shards", file=sys.stderr)
+        return EXIT_CONFIG
     setup_logging(
         config.server.log_level,
-        node_id=config.server.node_id if config.cluster.clustered else None,
+        node_id=config.server.node_id if config.cluster.clustered or sharded else None,
         log_format=config.server.log_format,
+        shard=shard,
     )
     fd_budget.raise_open_file_limit()
-    for warning in config_warnings(config):
-        logging.getLogger("futureq").warning("%s", warning)
+    if shard is None:
+        for warning in config_warnings(config):
+            logging.getLogger("futureq").warning("%s", warning)
+    if sharded and shard is None:
+        from futureq.shards.supervisor import supervise
+
+        command = [sys.executable, "-m", "futureq.cli.server_main", "start", *start_args]
+        return supervise(config, command)
+    if sharded:
+        assert shard is not None
+        return run_server(layout.shard_config(config, shard), layout.shard_role(config, shard))
     return run_server(config)
 
 
-def run_server(config: Config) -> int:
+def run_server(config: Config, shard: ShardRole | None = None) -> int:
     """Run ``futureq.broker.server.run(config)`` and return its exit code.
 
     Imported here, not at the top, so this module (``--help``, ``check-config``) loads
     without the broker and its native dependencies.
+
+    Args:
+        config: The broker's configuration (a shard's own, from ``shard_config``).
+        shard: Which shard this process is, in a sharded node; None otherwise.
     """
     server = importlib.import_module("futureq.broker.server")
-    exit_code: int = server.run(config)
+    exit_code: int = server.run(config) if shard is None else server.run(config, shard=shard)
     return exit_code
 
 
@@ -569,13 +620,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         server's own code (see ``futureq.broker.server.run``).
     """
     parser = build_parser()
+    arguments = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(arguments)
     except SystemExit as exit_:
         # argparse exits for --help, --version and usage errors; return its code.
         return exit_.code if isinstance(exit_.code, int) else EXIT_CONFIG
     if args.command == "start":
-        return _start(args)
+        return _start(args, arguments[arguments.index("start") + 1 :])
     if args.command == "check-config":
         return _check_config(args)
     if args.command == "hash-token":

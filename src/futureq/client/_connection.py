@@ -107,6 +107,7 @@ class Connection:
         leader_address: The leader's client address as HELLO_OK reported it.
         max_frame_bytes: Largest frame body the server accepts (bytes).
         server_version: The server's software version.
+        shards: How many shards the server's node runs (HELLO_OK; 1 when unsharded).
     """
 
     def __init__(
@@ -123,6 +124,7 @@ class Connection:
         self.address = address
         self.epoch = epoch
         self.node_id = hello.node_id
+        self.shards = hello.shards
         self.leader_address = hello.leader_address
         self.max_frame_bytes = hello.max_frame_bytes
         self.server_version = hello.server_version

@@ -1356,7 +1356,10 @@ async def open_client(
             1 h). See ``docs/client.md``, "Leases".
 
     Yields:
-        The connected client. Leaving the block closes it and cancels its tasks.
+        The connected client. Leaving the block closes it and cancels its tasks. When
+        the server's node runs several shards (HELLO_OK says so), a
+        :class:`~futureq.client._routing.ShardedClient` with the same methods, which
+        sends each request to the shard owning its topic (``docs/sharding.md``).
 
     Raises:
         ConnectionLostError: no server could be reached within ``connect_timeout_s``;
@@ -1364,33 +1367,68 @@ async def open_client(
         RemoteProtocolError: a server refused HELLO (AUTH_FAILED, UNSUPPORTED_VERSION).
         ValueError: a bad argument.
     """
-    client = Client(
-        parse_servers(servers),
-        ssl_context=ssl_context,
-        server_hostname=server_hostname,
-        token=token,
-        connect_timeout_s=connect_timeout_s,
-        request_timeout_s=request_timeout_s,
-        max_batch_items=max_batch_items,
-        linger_ms=linger_ms,
-        ack_level=ack_level,
-        retry_unknown_outcome=retry_unknown_outcome,
-        rng=rng if rng is not None else random.Random(),
-        max_lease_s=max_lease_s,
-    )
+    def new_client(addresses: list[str]) -> Client:
+        return Client(
+            addresses,
+            ssl_context=ssl_context,
+            server_hostname=server_hostname,
+            token=token,
+            connect_timeout_s=connect_timeout_s,
+            request_timeout_s=request_timeout_s,
+            max_batch_items=max_batch_items,
+            linger_ms=linger_ms,
+            ack_level=ack_level,
+            retry_unknown_outcome=retry_unknown_outcome,
+            rng=rng if rng is not None else random.Random(),
+            max_lease_s=max_lease_s,
+        )
+
+    client = new_client(parse_servers(servers))
+    opened: list[Client] = [client]
     try:
         async with anyio.create_task_group() as nursery:
+
+            async def run(one: Client) -> None:
+                try:
+                    await nursery.start(one._maintain_connection)
+                except BaseException:
+                    one._close()
+                    raise
+                nursery.start_soon(one._run_batcher)
+                nursery.start_soon(one._keep_leases)
+
+            await run(client)
+            handed: Client = client
             try:
-                await nursery.start(client._maintain_connection)
-            except BaseException:
-                client._close()
-                raise
-            nursery.start_soon(client._run_batcher)
-            nursery.start_soon(client._keep_leases)
-            try:
-                yield client
+                conn = client._live_connection()
+                if conn is not None and conn.shards > 1:
+                    from futureq.client._routing import (
+                        ShardedClient,
+                        ask_slot_map,
+                        shard_servers,
+                    )
+
+                    slot_map, answering, stride = await ask_slot_map(client)
+                    seeds = client.servers
+
+                    async def open_shard(shard: int, address: str) -> Client:
+                        others = shard_servers(slot_map, shard, seeds, stride)[1:]
+                        one = new_client([address, *(a for a in others if a != address)])
+                        opened.append(one)
+                        await run(one)
+                        return one
+
+                    if answering >= 0:  # it fails over to the same shard elsewhere too
+                        client.servers = shard_servers(slot_map, answering, seeds, stride)
+                    shard_clients = [
+                        client if shard == answering else await open_shard(shard, address)
+                        for shard, address in enumerate(slot_map.addresses)
+                    ]
+                    handed = ShardedClient(client, slot_map, shard_clients, open_shard)
+                yield handed
             finally:
-                client._close()
+                for one in opened:
+                    one._close()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         # Callers should see `except RequestError`, not a one-element group.
@@ -1399,7 +1437,8 @@ async def open_client(
             raise
         raise single from None
     finally:
-        client._publish_receive.close()  # the batcher, its only reader, has ended
+        for one in opened:
+            one._publish_receive.close()  # the batcher, its only reader, has ended
 
 
 def _pop_refused_tag(exc: RequestError, chunk: list[Delivery]) -> Delivery | None:

@@ -70,6 +70,9 @@ class FrameType(enum.IntEnum):
     REDRIVE = 44
     RESCHEDULE = 45
     PURGE = 46
+    # 60-69: issue 15, shards
+    SLOT_MAP = 60
+    SLOT_MAP_OK = 61
 
 
 class ItemStatus(enum.IntEnum):
@@ -194,7 +197,11 @@ class Hello:
 
 @attrs.frozen
 class HelloOk:
-    """Server's answer to HELLO: the chosen version, node id and leader's client address."""
+    """Server's answer to HELLO: the chosen version, node id and leader's client address.
+
+    ``shards``: how many shards the node runs (an optional trailing field, sent only
+    when above 1); a client then asks SLOT_MAP and routes by topic (``docs/sharding.md``).
+    """
 
     TYPE: ClassVar[FrameType] = FrameType.HELLO_OK
     request_id: int
@@ -203,9 +210,10 @@ class HelloOk:
     leader_address: str | None
     max_frame_bytes: int
     server_version: str
+    shards: int = 1
 
     def to_wire(self) -> list[Any]:
-        return [
+        wire = [
             self.TYPE,
             self.request_id,
             self.version,
@@ -214,10 +222,14 @@ class HelloOk:
             self.max_frame_bytes,
             self.server_version,
         ]
+        if self.shards != 1:
+            wire.append(self.shards)
+        return wire
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> HelloOk:
-        _arity("HELLO_OK", f, 5)
+        if len(f) != 6:
+            _arity("HELLO_OK", f, 5)
         return cls(
             rid,
             _int("HELLO_OK", "version", f[0]),
@@ -225,6 +237,7 @@ class HelloOk:
             _opt_str("HELLO_OK", "leader_address", f[2]),
             _int("HELLO_OK", "max_frame_bytes", f[3], minimum=1),
             _str("HELLO_OK", "server_version", f[4]),
+            _int("HELLO_OK", "shards", f[5], minimum=1) if len(f) == 6 else 1,
         )
 
 
@@ -1247,6 +1260,43 @@ class Purge:
         return cls(rid, _str("PURGE", "topic", f[0]), _opt_str("PURGE", "group", f[1]))
 
 
+@attrs.frozen
+class SlotMap:
+    """Ask which shard owns which topics and where each listens; answered by SLOT_MAP_OK."""
+
+    TYPE: ClassVar[FrameType] = FrameType.SLOT_MAP
+    request_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> SlotMap:
+        _arity("SLOT_MAP", f, 0)
+        return cls(rid)
+
+
+@attrs.frozen
+class SlotMapOk:
+    """The node's slot map as a msgpack map: ``{"version", "slots", "ranges": [[start,
+    end, shard], ...], "shards": [address, ...], "shard": this shard}`` (shape in
+    ``docs/protocol.md``, "SLOT_MAP"; parsed by :class:`futureq.shards.slots.SlotMap`)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.SLOT_MAP_OK
+    request_id: int
+    slot_map: dict[str, Any]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.slot_map]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> SlotMapOk:
+        _arity("SLOT_MAP_OK", f, 1)
+        if type(f[0]) is not dict:
+            raise _bad("SLOT_MAP_OK", "field 'slot_map' must be a map")
+        return cls(rid, f[0])
+
+
 Frame = (
     Hello
     | HelloOk
@@ -1287,6 +1337,8 @@ Frame = (
     | Redrive
     | Reschedule
     | Purge
+    | SlotMap
+    | SlotMapOk
 )
 
 FRAME_CLASSES: dict[int, Any] = {
@@ -1331,6 +1383,8 @@ FRAME_CLASSES: dict[int, Any] = {
         Redrive,
         Reschedule,
         Purge,
+        SlotMap,
+        SlotMapOk,
     )
 }
 

@@ -31,6 +31,7 @@ from futureq.errors import (
     NotLeaderError,
     RemoteProtocolError,
     RequestError,
+    WrongShardError,
 )
 from futureq.wire import codec, frames
 
@@ -59,6 +60,7 @@ SERVER_ONLY_FRAME_TYPES: Final = frozenset(
         frames.FrameType.WATCH_UPDATE,
         frames.FrameType.ITEM_RESULTS,
         frames.FrameType.BROWSE_OK,
+        frames.FrameType.SLOT_MAP_OK,
     }
 )
 """Frame types only a server may send."""
@@ -292,7 +294,9 @@ class ServerSession(_Session):
             )
         return frame
 
-    def accept_hello(self, node_id: int, leader_address: str | None, server_version: str) -> bytes:
+    def accept_hello(
+        self, node_id: int, leader_address: str | None, server_version: str, shards: int = 1
+    ) -> bytes:
         """Answer the HELLO that :meth:`next_event` returned; the session becomes READY.
 
         Args:
@@ -300,6 +304,7 @@ class ServerSession(_Session):
             leader_address: ``"host:port"`` of the leader's client listener, or None
                 while no leader is known.
             server_version: The server's software version (e.g. ``"0.1.0"``).
+            shards: How many shards the node runs (``docs/sharding.md``).
 
         Returns:
             The HELLO_OK frame to write, echoing the HELLO's request id and carrying
@@ -319,6 +324,7 @@ class ServerSession(_Session):
             leader_address,
             self.max_frame_bytes,
             server_version,
+            shards,
         )
         data = codec.encode_frame(answer, self.max_frame_bytes)
         self._pending_hello = None
@@ -375,7 +381,13 @@ class ServerSession(_Session):
         if len(message) > MAX_ERROR_MESSAGE_CHARS:
             message = message[: MAX_ERROR_MESSAGE_CHARS - 3] + "..."
         item_index = exc.item_index if isinstance(exc, RequestError) else None
-        leader_address = exc.leader_address if isinstance(exc, NotLeaderError) else None
+        leader_address = (
+            exc.leader_address
+            if isinstance(exc, NotLeaderError)
+            else exc.address
+            if isinstance(exc, WrongShardError)
+            else None
+        )
         error = frames.Error(request_id, int(exc.code), message, item_index, leader_address)
         if exc.code.closes_connection:
             self._state = SessionState.ERROR

@@ -171,6 +171,7 @@ REQUESTS: dict[frames.FrameType, frames.Frame] = {
     frames.FrameType.REDRIVE: frames.Redrive(1, "t", None, [1], 0),
     frames.FrameType.RESCHEDULE: frames.Reschedule(1, "t", None, [1], None, 0),
     frames.FrameType.PURGE: frames.Purge(1, "t", None),
+    frames.FrameType.SLOT_MAP: frames.SlotMap(1),
 }
 
 
@@ -198,7 +199,7 @@ def test_watch_needs_monitor() -> None:
 
 
 @pytest.mark.parametrize("frame_type", sorted(REQUESTS), ids=lambda t: t.name)
-def test_a_client_with_no_permission_may_send_only_ping_pong_status_and_unwatch(
+def test_a_client_with_no_permission_may_send_only_ping_pong_status_unwatch_slot_map(
     frame_type: frames.FrameType,
 ) -> None:
     nobody = Principal("nobody", Permissions())
@@ -208,6 +209,7 @@ def test_a_client_with_no_permission_may_send_only_ping_pong_status_and_unwatch(
         frames.FrameType.PONG,
         frames.FrameType.STATUS,
         frames.FrameType.UNWATCH,
+        frames.FrameType.SLOT_MAP,
     )
     if frame_type in free:
         check_frame(nobody, frame)

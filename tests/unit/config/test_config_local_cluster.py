@@ -30,3 +30,20 @@ def test_local_cluster_nodes_share_a_private_secret(
         start = command.index("start")
         assert server_main.main(["check-config", *command[start + 1 :]]) == 0
     capsys.readouterr()
+
+
+def test_local_cluster_passes_the_shard_count_to_every_node(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in list(os.environ):
+        if name.startswith("FUTUREQ_"):
+            monkeypatch.delenv(name)
+    data_dir = str(tmp_path / "data-cluster")
+    local_cluster.ensure_secret(data_dir)
+    for node_id in (1, 2, 3):
+        command = local_cluster.node_command(node_id, 3, data_dir, "127.0.0.1", shards=2)
+        assert command[command.index("--shards") + 1] == "2"
+        start = command.index("start")
+        assert server_main.main(["check-config", "--json", *command[start + 1 :]]) == 0
+        assert '"shards": 2' in capsys.readouterr().out
+    assert "--shards" not in local_cluster.node_command(1, 3, data_dir, "127.0.0.1")

@@ -225,6 +225,10 @@ EXAMPLES: list[frames.Frame] = [
     frames.Reschedule(22, "jobs", "g", [1, 2], None, 60_000),
     frames.Purge(23, "jobs", None),
     frames.Purge(23, "jobs", "g"),
+    frames.SlotMap(24),
+    frames.SlotMapOk(
+        24, {"version": 1, "slots": 1024, "ranges": [[0, 1024, 0]], "shards": ["h:1"]}
+    ),
 ]
 
 
@@ -390,6 +394,16 @@ def test_group_create_sends_from_backlog_only_when_true() -> None:
         frames.frame_from_wire([*wire(expiring)[:-1], "yes"])
 
 
+def test_hello_ok_names_the_shard_count_only_above_one() -> None:
+    # An optional trailing field (so not in EXAMPLES): a node of one shard answers
+    # HELLO exactly as before sharding existed.
+    sharded = frames.HelloOk(1, 1, 3, "h:1", 1024, "0.1.0", 2)
+    assert wire(sharded)[-1] == 2
+    assert frames.frame_from_wire(wire(sharded)) == sharded
+    assert len(wire(frames.HelloOk(1, 1, 3, "h:1", 1024, "0.1.0"))) == 7
+    assert_code([*wire(sharded), 0], ErrorCode.INVALID_FRAME)
+
+
 def test_publish_ok_carries_duplicates_only_when_there_are_some() -> None:
     # An optional trailing field: a version-1 client that never sends idempotency keys
     # never sees it (so it is not in EXAMPLES, whose last field is always required).
@@ -468,6 +482,9 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.Reschedule(22, "t", None, [1], 5, None), 5, "5"),
     (frames.Reschedule(22, "t", None, [1], None, 5), 6, 5.0),
     (frames.Purge(23, "t", None), 3, 1),
+    (frames.HelloOk(1, 1, 3, None, 1024, "0.1.0", 2), 7, 0),
+    (frames.HelloOk(1, 1, 3, None, 1024, "0.1.0", 2), 7, "2"),
+    (frames.SlotMapOk(24, {}), 2, [[0, 1024, 0]]),
     (frames.BrowseOk(20, "g", [], None), 3, [[1, 2, 3, 4, "h", None, None]]),
     (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 2, 0),
     (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 3, 7481),

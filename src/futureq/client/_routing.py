@@ -1,0 +1,465 @@
+"""Routing by topic to the shards of a sharded node (``docs/sharding.md``, "Clients").
+
+:func:`futureq.client.open_client` connects as always; when the server's HELLO_OK
+says its node runs several shards, it asks SLOT_MAP and hands out a
+:class:`ShardedClient`: one :class:`~futureq.client.Client` per shard (each with its
+own connection, leader following, publish batcher and subscriptions), and every
+request sent to the client of the shard that owns its topic. A node of one shard gets
+the plain :class:`~futureq.client.Client`, exactly as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+import anyio.abc
+
+from futureq.client._batching import PublishItem
+from futureq.client._browse import BrowsePage
+from futureq.client.client import Client, _expect
+from futureq.client.subscription import Subscription
+from futureq.errors import ErrorCode, RequestError
+from futureq.shards.layout import shift_address
+from futureq.shards.slots import SlotMap
+from futureq.wire import frames
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_REDIRECTS = 3
+"""WRONG_SHARD answers followed for one request before its error is raised."""
+
+
+async def ask_slot_map(client: Client) -> tuple[SlotMap, int, int | None]:
+    """Ask the node ``client`` is connected to for its slot map.
+
+    Returns:
+        The map, the number of the shard that answered, and the node's port stride
+        (shard ``K`` of a node listens on its ports plus ``K * stride``; None if the
+        server did not say).
+
+    Raises:
+        RequestError: INTERNAL_ERROR when the answer is not a well-formed map.
+    """
+    answer = await client._call(lambda rid: frames.SlotMap(rid), retry_unknown=True)
+    wire = _expect(answer, frames.SlotMapOk).slot_map
+    try:
+        slot_map = SlotMap.from_wire(wire)
+    except ValueError as exc:
+        raise RequestError(ErrorCode.INTERNAL_ERROR, f"bad SLOT_MAP answer: {exc}") from None
+    shard = wire.get("shard")
+    stride = wire.get("port_stride")
+    return (
+        slot_map,
+        shard if type(shard) is int and 0 <= shard < slot_map.shard_count else -1,
+        stride if type(stride) is int and stride > 0 else None,
+    )
+
+
+def shard_servers(
+    slot_map: SlotMap, shard: int, seeds: Sequence[str], stride: int | None
+) -> list[str]:
+    """Addresses to reach shard ``shard`` at: the map's first, then the same shard on
+    every seed server (a seed is a node's public port, shard 0's; shard ``K`` of that
+    node listens ``K * stride`` above it), so a shard's client can fail over to the
+    same shard of another node when the node it knew stops."""
+    servers = [slot_map.addresses[shard]]
+    if stride is None:
+        return servers
+    for seed in seeds:
+        try:
+            shifted = shift_address(seed, shard * stride)
+        except ValueError:
+            continue
+        if shifted not in servers:
+            servers.append(shifted)
+    return servers
+
+
+def _is_wrong_shard(exc: BaseException) -> bool:
+    return isinstance(exc, RequestError) and exc.code is ErrorCode.WRONG_SHARD
+
+
+class ShardedClient(Client):
+    """A :class:`~futureq.client.Client` for a node of several shards (see the module doc).
+
+    Same methods as :class:`~futureq.client.Client`; each goes to the shard owning
+    its topic. :meth:`publish_batch` splits a batch by shard, publishes the parts at
+    once and returns the ids in the order of ``items``: each part is atomic on its
+    shard, the batch as a whole is not (one shard may store its part while another
+    refuses). Node-wide requests (:meth:`status`, :meth:`cluster_status`,
+    :meth:`transfer_leader`) go to every shard and their answers are merged.
+
+    A WRONG_SHARD answer (the map changed) makes the client ask for the map again
+    and resend, up to :data:`MAX_REDIRECTS` times. Message ids are per shard: a
+    message is named by its topic and its id together.
+
+    Attributes:
+        slot_map: The slot map in use.
+        shard_clients: One client per shard, by shard number.
+    """
+
+    def __init__(
+        self,
+        template: Client,
+        slot_map: SlotMap,
+        shard_clients: list[Client],
+        open_shard: Callable[[int, str], Awaitable[Client]],
+    ) -> None:
+        super().__init__(
+            [*slot_map.addresses],
+            ssl_context=template._ssl_context,
+            server_hostname=template._server_hostname,
+            token=template._token,
+            connect_timeout_s=template._connect_timeout_s,
+            request_timeout_s=template.request_timeout_s,
+            max_batch_items=template._max_batch_items,
+            linger_ms=template._linger_s * 1000,
+            ack_level="quorum" if template._ack_level is frames.AckLevel.QUORUM else "leader",
+            retry_unknown_outcome=template._retry_unknown_outcome,
+            rng=template._rng,
+            max_lease_s=template.max_lease_s,
+        )
+        self._publish_send.close()  # requests go to the shard clients, never here
+        self._publish_receive.close()
+        self.slot_map = slot_map
+        self.shard_clients = shard_clients
+        self._open_shard = open_shard
+        self._refreshing: anyio.Lock = anyio.Lock()
+
+    # -- routing -----------------------------------------------------------------------
+
+    @property
+    def connected_address(self) -> str | None:
+        """``host:port`` of shard 0's live connection, or None while reconnecting."""
+        return self.shard_clients[0].connected_address
+
+    def client_for(self, topic: str) -> Client:
+        """The client of the shard owning ``topic``."""
+        return self.shard_clients[self.slot_map.shard_of(topic)]
+
+    def _check_open(self) -> None:
+        for client in self.shard_clients:
+            client._check_open()
+        super()._check_open()
+
+    def _close(self) -> None:
+        for client in self.shard_clients:
+            client._close()
+        super()._close()
+
+    async def refresh_slot_map(self) -> None:
+        """Ask a shard for the slot map again; open clients for shards that moved."""
+        version = self.slot_map.version
+        async with self._refreshing:
+            if self.slot_map.version != version:
+                return  # another task refreshed it meanwhile
+            errors: list[BaseException] = []
+            for client in self.shard_clients:
+                try:
+                    slot_map, _, _ = await ask_slot_map(client)
+                    break
+                except (RequestError, OSError, anyio.BrokenResourceError) as exc:
+                    errors.append(exc)
+            else:
+                raise RequestError(
+                    ErrorCode.UNAVAILABLE, f"no shard answered SLOT_MAP: {errors[-1]}"
+                )
+            clients = list(self.shard_clients)
+            for shard, address in enumerate(slot_map.addresses):
+                old = self.slot_map.addresses[shard] if shard < len(clients) else None
+                if address != old:
+                    log.info("shard %d moved to %s; connecting to it", shard, address)
+                    new = await self._open_shard(shard, address)
+                    if shard < len(clients):
+                        clients[shard] = new
+                    else:
+                        clients.append(new)
+            self.shard_clients = clients[: slot_map.shard_count]
+            self.slot_map = slot_map
+
+    async def _routed(self, topic: str, call: Callable[[Client], Awaitable[T]]) -> T:
+        for attempt in range(MAX_REDIRECTS + 1):
+            try:
+                return await call(self.client_for(topic))
+            except RequestError as exc:
+                if not _is_wrong_shard(exc) or attempt == MAX_REDIRECTS:
+                    raise
+                log.info("WRONG_SHARD for topic %r: asking for the slot map again", topic)
+                await self.refresh_slot_map()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _everywhere(self, call: Callable[[Client], Awaitable[T]]) -> list[T]:
+        results: list[Any] = [None] * len(self.shard_clients)
+
+        async def one(index: int, client: Client) -> None:
+            results[index] = await call(client)
+
+        async with anyio.create_task_group() as group:
+            for index, client in enumerate(self.shard_clients):
+                group.start_soon(one, index, client)
+        return results
+
+    # -- publishing --------------------------------------------------------------------
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+        ttl_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> int:
+        """As :meth:`Client.publish`, on the shard owning ``topic``."""
+        return await self._routed(
+            topic,
+            lambda client: client.publish(
+                topic,
+                payload,
+                delay_ms=delay_ms,
+                deliver_at_ms=deliver_at_ms,
+                ttl_ms=ttl_ms,
+                headers=headers,
+                idempotency_key=idempotency_key,
+            ),
+        )
+
+    async def publish_batch(self, items: Sequence[PublishItem]) -> list[int]:
+        """As :meth:`Client.publish_batch`, split by shard (see the class doc).
+
+        Raises:
+            RequestError: a shard refused its part; ``item_index``, when the server
+                named an item, is its index **in ``items``**. Parts on other shards
+                may have been stored.
+        """
+        for attempt in range(MAX_REDIRECTS + 1):
+            ids, errors = await self._publish_parts(items)
+            if not errors:
+                return ids
+            if attempt == MAX_REDIRECTS or not all(_is_wrong_shard(e) for e in errors):
+                raise next((e for e in errors if not _is_wrong_shard(e)), errors[0])
+            await self.refresh_slot_map()  # parts stored already are resent: at least once
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _publish_parts(
+        self, items: Sequence[PublishItem]
+    ) -> tuple[list[int], list[RequestError]]:
+        positions: dict[int, list[int]] = {}
+        for position, item in enumerate(items):
+            positions.setdefault(self.slot_map.shard_of(item.topic), []).append(position)
+        ids: list[int] = [0] * len(items)
+        errors: list[RequestError] = []
+
+        async def part(shard: int, where: list[int]) -> None:
+            try:
+                got = await self.shard_clients[shard].publish_batch([items[i] for i in where])
+            except RequestError as exc:
+                index = exc.item_index
+                errors.append(
+                    RequestError(
+                        exc.code,
+                        exc.message,
+                        where[index] if index is not None and index < len(where) else None,
+                    )
+                )
+                return
+            for position, message_id in zip(where, got, strict=True):
+                ids[position] = message_id
+
+        async with anyio.create_task_group() as group:
+            for shard, where in positions.items():
+                group.start_soon(part, shard, where)
+        return ids, errors
+
+    # -- consuming ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(
+        self, topic: str, group: str, prefetch: int = 100, *, pull: bool = False
+    ) -> AsyncIterator[Subscription]:
+        """As :meth:`Client.subscribe`, on the shard owning ``topic``."""
+        for attempt in range(MAX_REDIRECTS + 1):
+            yielded = False
+            try:
+                async with self.client_for(topic).subscribe(
+                    topic, group, prefetch, pull=pull
+                ) as sub:
+                    yielded = True
+                    yield sub
+                return
+            except RequestError as exc:
+                # Retry only a refused SUBSCRIBE, never an error of the caller's block.
+                if yielded or not _is_wrong_shard(exc) or attempt == MAX_REDIRECTS:
+                    raise
+                await self.refresh_slot_map()
+
+    # -- managing ----------------------------------------------------------------------
+
+    async def create_group(
+        self,
+        topic: str,
+        group: str,
+        *,
+        visibility_timeout_ms: int | None = None,
+        max_deliveries: int | None = None,
+        from_backlog: bool = False,
+        dead_letter_expired: bool | None = None,
+    ) -> None:
+        """As :meth:`Client.create_group`, on the shard owning ``topic``."""
+        await self._routed(
+            topic,
+            lambda client: client.create_group(
+                topic,
+                group,
+                visibility_timeout_ms=visibility_timeout_ms,
+                max_deliveries=max_deliveries,
+                from_backlog=from_backlog,
+                dead_letter_expired=dead_letter_expired,
+            ),
+        )
+
+    async def delete_group(self, topic: str, group: str) -> None:
+        """As :meth:`Client.delete_group`, on the shard owning ``topic``."""
+        await self._routed(topic, lambda client: client.delete_group(topic, group))
+
+    async def cancel(
+        self, topic: str, ids: Sequence[int], *, group: str | None = None
+    ) -> list[frames.ItemStatus]:
+        """As :meth:`Client.cancel`, on the shard owning ``topic``."""
+        return await self._routed(topic, lambda client: client.cancel(topic, ids, group=group))
+
+    async def redrive(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        delay_ms: int = 0,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """As :meth:`Client.redrive`, on the shard owning ``topic`` (and ``topic.dlq``)."""
+        return await self._routed(
+            topic, lambda client: client.redrive(topic, ids, delay_ms=delay_ms, group=group)
+        )
+
+    async def reschedule(
+        self,
+        topic: str,
+        ids: Sequence[int],
+        *,
+        due_ms: int | None = None,
+        delay_ms: int | None = None,
+        group: str | None = None,
+    ) -> list[frames.ItemStatus]:
+        """As :meth:`Client.reschedule`, on the shard owning ``topic``."""
+        return await self._routed(
+            topic,
+            lambda client: client.reschedule(
+                topic, ids, due_ms=due_ms, delay_ms=delay_ms, group=group
+            ),
+        )
+
+    async def purge(self, topic: str, *, group: str | None = None) -> int:
+        """As :meth:`Client.purge`, on the shard owning ``topic``."""
+        return await self._routed(topic, lambda client: client.purge(topic, group=group))
+
+    async def browse(
+        self,
+        topic: str,
+        group: str | None = None,
+        *,
+        from_due_ms: int | None = None,
+        to_due_ms: int | None = None,
+        cursor: bytes | None = None,
+        limit: int = 100,
+        preview_bytes: int = 0,
+    ) -> BrowsePage:
+        """As :meth:`Client.browse`, on the shard owning ``topic``."""
+        return await self._routed(
+            topic,
+            lambda client: client.browse(
+                topic,
+                group,
+                from_due_ms=from_due_ms,
+                to_due_ms=to_due_ms,
+                cursor=cursor,
+                limit=limit,
+                preview_bytes=preview_bytes,
+            ),
+        )
+
+    # -- node-wide ---------------------------------------------------------------------
+
+    async def status(self, *, local: bool = False) -> dict[str, Any]:
+        """Every shard's status merged: shard 0's fields, every shard's topics
+        (sorted), and ``"shards"``: ``[{"shard", "address", "role", "view",
+        "leader_address", "applied_index", "topics"}]`` (``topics``: a count)."""
+        answers = await self._everywhere(lambda client: client.status(local=local))
+        return merge_status(answers, self.slot_map)
+
+    async def cluster_status(self, *, local: bool = False) -> dict[str, Any]:
+        """Shard 0's cluster status, with ``"shards"``: every shard's own answer."""
+        answers = await self._everywhere(lambda client: client.cluster_status(local=local))
+        merged = dict(answers[0])
+        merged["shards"] = [
+            {"shard": shard, "address": self.slot_map.addresses[shard], **answer}
+            for shard, answer in enumerate(answers)
+        ]
+        return merged
+
+    async def transfer_leader(self, node_id: int | None = None) -> None:
+        """As :meth:`Client.transfer_leader`, for every shard's Raft group."""
+        await self._everywhere(lambda client: client.transfer_leader(node_id))
+
+    async def add_node(self, node_id: int, raft_address: str, client_address: str) -> None:
+        """Not supported on a sharded node yet (each shard's group needs its own
+        addresses): start the new node with ``--join`` instead.
+
+        Raises:
+            RequestError: INVALID_ARGUMENT, always.
+        """
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            "adding a node by hand to a sharded cluster is not supported yet; start the new "
+            "node with --join and the same --shards (docs/sharding.md)",
+        )
+
+    async def remove_node(self, node_id: int) -> None:
+        """As :meth:`Client.remove_node`, from every shard's Raft group."""
+        await self._everywhere(lambda client: client.remove_node(node_id))
+
+    async def ping(self) -> float:
+        """As :meth:`Client.ping`, to shard 0."""
+        return await self.shard_clients[0].ping()
+
+
+def merge_status(answers: list[dict[str, Any]], slot_map: SlotMap) -> dict[str, Any]:
+    """One STATUS-shaped map from every shard's answer (see :meth:`ShardedClient.status`)."""
+    merged = dict(answers[0])
+    topics: list[Any] = []
+    for answer in answers:
+        topics.extend(answer.get("topics", []))
+    merged["topics"] = sorted(topics, key=lambda entry: str(entry.get("topic", "")))
+    deleting = [d for answer in answers for d in answer.get("deleting_groups") or []]
+    if deleting or "deleting_groups" in merged:
+        merged["deleting_groups"] = deleting
+    merged["shards"] = [
+        {
+            "shard": shard,
+            "address": slot_map.addresses[shard],
+            "role": answer.get("role"),
+            "view": answer.get("view"),
+            "leader_address": answer.get("leader_address"),
+            "applied_index": answer.get("applied_index"),
+            "topics": len(answer.get("topics", [])),
+        }
+        for shard, answer in enumerate(answers)
+    ]
+    return merged

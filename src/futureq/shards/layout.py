@@ -1,0 +1,181 @@
+"""Where shard ``K`` of a node keeps its data and listens, and the shard-count stamp.
+
+Shard ``K`` of a node started with ``node.shards = N > 1``:
+
+* keeps its RocksDB in ``DATA_DIR/shard-K``;
+* listens on every port of the node plus ``K * node.shard_port_stride`` (client, HTTP,
+  Raft), and announces addresses shifted the same way (``server.advertise``,
+  ``cluster.advertise_raft``, each address of ``cluster.peers`` and ``cluster.join``),
+  so shard ``K`` of every node forms one Raft group with the same members;
+* shard 0 therefore answers on the node's own client port.
+
+``DATA_DIR/SHARDS`` holds the shard count, written when the node's data is created;
+starting the same data directory with another count is refused (moving topics between
+shards is not done yet). With ``N = 1`` nothing changes: no stamp, no subdirectory.
+
+Source: ``docs/sharding.md``, "Ports and data".
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+
+from futureq.config import Config, parse_peers, split_host_port
+from futureq.errors import ConfigError
+from futureq.shards.slots import SlotMap, even_map
+
+STAMP_FILE = "SHARDS"
+"""File in the data directory naming the node's shard count (one decimal line)."""
+
+
+def shift_address(address: str, offset: int) -> str:
+    """``address`` (``HOST:PORT``, ``[v6]:PORT``) with ``offset`` added to its port."""
+    host, port = split_host_port(address)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{port + offset}"
+
+
+def shard_data_dir(data_dir: str, shard: int) -> str:
+    """``DATA_DIR/shard-K``."""
+    return os.path.join(data_dir, f"shard-{shard}")
+
+
+def shard_config(config: Config, shard: int) -> Config:
+    """The configuration shard ``shard`` of this node runs with (see the module doc).
+
+    Args:
+        config: The node's configuration, ``node.shards > 1``.
+        shard: 0-based shard number, below ``node.shards``.
+
+    Raises:
+        ValueError: ``shard`` is out of range.
+    """
+    shards = config.node.shards
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} does not exist; this node has {shards} shards")
+    offset = shard * config.node.shard_port_stride
+    server, cluster = config.server, config.cluster
+    server = attrs.evolve(
+        server,
+        data_dir=shard_data_dir(server.data_dir, shard),
+        listen=shift_address(server.listen, offset),
+        http=shift_address(server.http, offset),
+        advertise=None if server.advertise is None else shift_address(server.advertise, offset),
+    )
+    peers = ",".join(
+        f"{node_id}={shift_address(address, offset)}"
+        for node_id, address in parse_peers(cluster.peers).items()
+    )
+    cluster = attrs.evolve(
+        cluster,
+        raft_listen=shift_address(cluster.raft_listen, offset),
+        advertise_raft=(
+            None if cluster.advertise_raft is None else shift_address(cluster.advertise_raft, offset)
+        ),
+        peers=peers,
+        join=None if cluster.join is None else shift_address(cluster.join, offset),
+    )
+    return attrs.evolve(config, server=server, cluster=cluster)
+
+
+def node_slot_map(config: Config) -> SlotMap:
+    """The node's slot map: slots spread evenly over its shards, each named by the
+    client address it announces (``server.advertise``, else ``server.listen``)."""
+    addresses = []
+    for shard in range(config.node.shards):
+        server = shard_config(config, shard).server if config.node.shards > 1 else config.server
+        addresses.append(server.advertise or server.listen)
+    return even_map(addresses)
+
+
+@attrs.frozen
+class ShardRole:
+    """What a shard process knows of its place in the node.
+
+    Attributes:
+        index: This shard's number (0-based).
+        slot_map: The node's slot map (which shard owns which topics, and where each
+            shard listens on this node).
+        port_stride: ``node.shard_port_stride``: shard ``K`` of every node listens on
+            that node's ports plus ``K * port_stride``.
+    """
+
+    index: int
+    slot_map: SlotMap
+    port_stride: int = 100
+
+    def owns(self, topic: str) -> bool:
+        """True when ``topic`` hashes to one of this shard's slots."""
+        return self.slot_map.shard_of(topic) == self.index
+
+
+def shard_role(config: Config, shard: int) -> ShardRole:
+    """Shard ``shard``'s :class:`ShardRole` in the node configured by ``config``."""
+    return ShardRole(shard, node_slot_map(config), config.node.shard_port_stride)
+
+
+def read_stamp(data_dir: str) -> int | None:
+    """The shard count stamped in ``data_dir``, or None when there is no stamp.
+
+    Raises:
+        ConfigError: the stamp is not a number.
+    """
+    path = os.path.join(data_dir, STAMP_FILE)
+    try:
+        with open(path, encoding="utf-8") as stamp:
+            text = stamp.read().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{path} should hold the node's shard count, not {text!r}") from None
+
+
+def _holds_data(data_dir: str) -> bool:
+    try:
+        return any(True for _ in os.scandir(data_dir))
+    except FileNotFoundError:
+        return False
+
+
+def check_shard_count(config: Config) -> None:
+    """Refuse a data directory made for another shard count; stamp a new sharded one.
+
+    With ``node.shards = 1``: refused when the directory carries a stamp of more.
+    With ``N > 1``: a directory without a stamp must be empty (or missing); it is
+    stamped ``N``. A stamp naming another count is refused.
+
+    Raises:
+        ConfigError: with a sentence saying what the directory holds and what to do.
+        OSError: the stamp cannot be written.
+    """
+    data_dir = config.server.data_dir
+    wanted = config.node.shards
+    stamped = read_stamp(data_dir)
+    if stamped is None:
+        if wanted == 1:
+            return
+        if _holds_data(data_dir):
+            raise ConfigError(
+                f"{data_dir} holds the data of a node with 1 shard; start it without "
+                f"--shards (or --shards 1), or give --shards {wanted} an empty data "
+                "directory (moving topics between shards is not supported yet)"
+            )
+        os.makedirs(data_dir, exist_ok=True)
+        temp = os.path.join(data_dir, f"{STAMP_FILE}.partial")
+        with open(temp, "w", encoding="utf-8") as stamp:
+            stamp.write(f"{wanted}\n")
+            stamp.flush()
+            os.fsync(stamp.fileno())
+        os.replace(temp, os.path.join(data_dir, STAMP_FILE))
+        return
+    if stamped != wanted:
+        raise ConfigError(
+            f"{data_dir} was created with {stamped} shards; start it with --shards "
+            f"{stamped} (node.shards), not {wanted}: the shard count is fixed when the data "
+            "directory is created"
+        )

@@ -1,0 +1,251 @@
+"""The node process of a sharded node: start N shard processes, keep them up, stop them.
+
+``futureq start --shards N`` (N > 1) runs :func:`supervise`: it starts shard ``K`` as
+``futureq start <the same arguments> --shard-index K`` (its data, ports and Raft group
+derived by :mod:`futureq.shards.layout`), and
+
+* prints its own ``READY client=... http=... node_id=N shards=N`` line only once every
+  shard printed its READY line (never half-up); a shard that exits before it is ready
+  takes the node down at start, with the shard's exit code;
+* restarts a shard that exits later, after a back-off (0.2 s doubling to 5 s), logging
+  why; a shard that fails :data:`MAX_FAST_FAILURES` times in a row, each within
+  :data:`FAST_FAILURE_S` of its start, takes the node down (exit 1) with a sentence;
+* forwards SIGTERM/SIGINT as one SIGTERM to every shard and waits for them for
+  ``server.shutdown_grace_ms`` plus :data:`EXTRA_STOP_S`, then SIGKILLs what is left;
+  forwards SIGHUP (credentials reload). A second SIGTERM/SIGINT SIGKILLs the shards.
+
+Shards run in their own process group (a terminal's Ctrl-C reaches the supervisor
+only, which sends one SIGTERM); a shard whose supervisor dies notices that it was
+reparented and shuts down gracefully (``futureq.broker.server``), so shards are never
+left running alone. (``PR_SET_PDEATHSIG`` does not do: it fires when the parent
+*thread* ends, and trio spawns processes from worker threads that idle out.)
+
+Source: ``docs/sharding.md``, "Supervision".
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
+
+import trio
+
+from futureq.config import Config
+
+log = logging.getLogger(__name__)
+
+START_DEADLINE_S = 300.0
+"""Longest a shard may take from its start to its READY line (s); then the node stops."""
+FAST_FAILURE_S = 30.0
+"""A shard that exits sooner than this after starting counts as a fast failure (s)."""
+MAX_FAST_FAILURES = 5
+"""Fast failures in a row after which the node stops instead of restarting the shard."""
+FIRST_BACKOFF_S = 0.2
+MAX_BACKOFF_S = 5.0
+EXTRA_STOP_S = 5.0
+"""Added to ``server.shutdown_grace_ms`` before stopping shards are SIGKILLed (s)."""
+EXIT_SHARD_FAILED = 1
+
+
+class _Shard:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.process: trio.Process | None = None
+        self.ready = trio.Event()
+        self.ready_fields: dict[str, str] = {}
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+
+class Supervisor:
+    """Keeps a node's shard processes running (see the module doc).
+
+    Args:
+        config: The node's configuration (``node.shards > 1``).
+        shard_command: The command line of shard ``K`` (``argv`` of ``futureq start``).
+    """
+
+    def __init__(self, config: Config, shard_command: Sequence[str]) -> None:
+        self.config = config
+        self.command = list(shard_command)
+        self.shards = [_Shard(k) for k in range(config.node.shards)]
+        self.stopping = False
+        self.exit_code = 0
+        self._outer: trio.Nursery | None = None
+
+    def _stop(self, code: int, reason: str) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.exit_code = code
+        if code:
+            log.error("%s", reason)
+            print(f"futureq: {reason}", file=sys.stderr, flush=True)
+        else:
+            log.info("%s", reason)
+        for shard in self.shards:
+            if shard.running:
+                assert shard.process is not None
+                shard.process.send_signal(signal.SIGTERM)
+        assert self._outer is not None
+        self._outer.start_soon(self._kill_after_grace)
+
+    async def _kill_after_grace(self) -> None:
+        await trio.sleep(self.config.server.shutdown_grace_ms / 1000 + EXTRA_STOP_S)
+        self._kill_all("did not stop within the shutdown grace period")
+
+    def _kill_all(self, why: str) -> None:
+        for shard in self.shards:
+            if shard.running:
+                assert shard.process is not None
+                log.warning("shard %d (pid %d) %s: killing it", shard.index, shard.process.pid, why)
+                shard.process.kill()
+
+    async def run(self) -> int:
+        """Run until stopped; return the node's exit code (0 after SIGTERM)."""
+        try:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+                async with trio.open_nursery() as outer:
+                    self._outer = outer
+                    outer.start_soon(self._watch_signals, sigs)
+                    outer.start_soon(self._announce_when_ready)
+                    async with trio.open_nursery() as shards:
+                        for shard in self.shards:
+                            shards.start_soon(self._keep, shard)
+                    outer.cancel_scope.cancel()
+        finally:
+            self._kill_all("outlived its supervisor")  # only on a bug: never leave one behind
+        return self.exit_code
+
+    async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            if signum == signal.SIGHUP:
+                for shard in self.shards:
+                    if shard.running:
+                        assert shard.process is not None
+                        shard.process.send_signal(signal.SIGHUP)
+                continue
+            name = signal.Signals(signum).name
+            if not self.stopping:
+                self._stop(0, f"received {name}: stopping the {len(self.shards)} shards")
+            else:
+                self._kill_all(f"is still running after a second {name}")
+
+    async def _announce_when_ready(self) -> None:
+        with trio.move_on_after(START_DEADLINE_S) as waiting:
+            for shard in self.shards:
+                await shard.ready.wait()
+        if waiting.cancelled_caught:
+            late = [s.index for s in self.shards if not s.ready.is_set()]
+            self._stop(
+                EXIT_SHARD_FAILED,
+                f"shards {late} did not get ready within {START_DEADLINE_S:g} s; stopping the node",
+            )
+            return
+        first = self.shards[0].ready_fields
+        extra = f" raft={first['raft']}" if "raft" in first else ""
+        log.info(
+            "node %d serving with %d shards: %s",
+            self.config.server.node_id,
+            len(self.shards),
+            ", ".join(f"shard {s.index} on {s.ready_fields.get('client')}" for s in self.shards),
+        )
+        print(
+            f"READY client={first.get('client')} http={first.get('http')}{extra} "
+            f"node_id={self.config.server.node_id} shards={len(self.shards)}",
+            flush=True,
+        )
+
+    async def _keep(self, shard: _Shard) -> None:
+        """Run shard ``shard`` until the node stops, restarting it when it dies."""
+        fast_failures = 0
+        backoff_s = FIRST_BACKOFF_S
+        while not self.stopping:
+            started = trio.current_time()
+            was_ready = shard.ready.is_set()
+            code = await self._run_once(shard)
+            if self.stopping:
+                return
+            lived_s = trio.current_time() - started
+            if not shard.ready.is_set() and not was_ready:
+                self._stop(
+                    code or EXIT_SHARD_FAILED,
+                    f"shard {shard.index} exited with code {code} before it was ready "
+                    f"(its log is above); stopping the node",
+                )
+                return
+            if lived_s < FAST_FAILURE_S:
+                fast_failures += 1
+            else:
+                fast_failures, backoff_s = 1, FIRST_BACKOFF_S
+            if fast_failures >= MAX_FAST_FAILURES:
+                self._stop(
+                    EXIT_SHARD_FAILED,
+                    f"shard {shard.index} failed {fast_failures} times in a row, each within "
+                    f"{FAST_FAILURE_S:g} s of its start (last exit code {code}); stopping the "
+                    "node rather than leaving it half up",
+                )
+                return
+            log.warning(
+                "shard %d exited with code %s after %.1f s; restarting it in %.1f s "
+                "(failure %d of %d in a row)",
+                shard.index,
+                code,
+                lived_s,
+                backoff_s,
+                fast_failures,
+                MAX_FAST_FAILURES,
+            )
+            await trio.sleep(backoff_s)
+            backoff_s = min(MAX_BACKOFF_S, backoff_s * 2)
+
+    async def _run_once(self, shard: _Shard) -> int:
+        command = [*self.command, "--shard-index", str(shard.index)]
+        process = await trio.lowlevel.open_process(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            process_group=0,
+        )
+        shard.process = process
+        log.info("shard %d started (pid %d)", shard.index, process.pid)
+        if self.stopping:  # the stop began while it was being spawned
+            process.send_signal(signal.SIGTERM)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_stdout, shard, process)
+            code = await process.wait()
+        return code
+
+    async def _read_stdout(self, shard: _Shard, process: trio.Process) -> None:
+        """Catch the shard's READY line; pass every other line on to our stdout."""
+        assert process.stdout is not None
+        pending = b""
+        async with process.stdout:
+            while True:
+                chunk = await process.stdout.receive_some(65536)
+                if not chunk:
+                    return
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    line = raw.decode("utf-8", "replace")
+                    if line.startswith("READY "):
+                        fields = dict(p.split("=", 1) for p in line.split()[1:] if "=" in p)
+                        if shard.ready.is_set():
+                            log.info("shard %d is serving again (pid %d)", shard.index, process.pid)
+                        shard.ready_fields = fields
+                        shard.ready.set()
+                    else:
+                        print(line, flush=True)
+
+
+def supervise(config: Config, shard_command: Sequence[str]) -> int:
+    """Run a sharded node's supervisor until it stops; return its exit code."""
+    return trio.run(Supervisor(config, shard_command).run)
+
+

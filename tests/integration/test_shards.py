@@ -1,0 +1,564 @@
+"""A node of 2 shards, as real processes: ``futureq start --shards 2`` (issue 15).
+
+The supervisor runs two shard brokers on the node's ports and the ports one stride
+above; clients learn the slot map and send every topic to its shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from broker_process import BrokerProcess
+from wire_client import WireClient
+
+from futureq.client import Client, open_client
+from futureq.client._batching import PublishItem
+from futureq.errors import ErrorCode
+from futureq.shards.slots import even_map
+from futureq.wire import frames
+
+STRIDE = 1
+"""Shard K listens on the node's ports + K (node.shard_port_stride), so two free runs
+of consecutive ports are all a node of 2 shards needs."""
+TOPICS = [f"orders.{i}" for i in range(24)]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_runs(runs: int, length: int) -> list[int]:
+    """First ports of ``runs`` runs of ``length`` consecutive ports free a moment ago
+    (none in the coordinator's 7450-7482)."""
+    found: list[int] = []
+    rng = random.Random()
+    while len(found) < runs:
+        base = rng.randrange(20000, 60000)
+        ports = range(base, base + length)
+        if any(p in range(b, b + length) for b in found for p in ports):
+            continue
+        if all(_port_free(p) for p in ports):
+            found.append(base)
+    return found
+
+
+class ShardedNode(BrokerProcess):
+    """A ``futureq start --shards N`` process on fixed ports."""
+
+    def __init__(self, data_dir: Path, shards: int = 2, extra: list[str] | None = None) -> None:
+        super().__init__(
+            data_dir,
+            ["--shards", str(shards), *(extra or [])],
+            {"FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE)},
+        )
+        client, http = free_runs(2, shards)
+        self._port_args = ["--listen", f"127.0.0.1:{client}", "--http", f"127.0.0.1:{http}"]
+        self.shards = shards
+        self.shard_addresses = [f"127.0.0.1:{client + k * STRIDE}" for k in range(shards)]
+
+    def pid_of_shard(self, shard: int) -> int | None:
+        """PID of shard ``shard``'s process once it runs ``futureq start``, else None."""
+        for pid in self.shard_pids():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if b"--shard-index" not in cmdline:
+                continue  # forked, not yet exec'd
+            if cmdline[cmdline.index(b"--shard-index") + 1] == str(shard).encode():
+                return pid
+        return None
+
+    def shard_pids(self) -> list[int]:
+        """PIDs of the supervisor's children (the shard processes), any order."""
+        pids: list[int] = []
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            try:
+                pids += [int(pid) for pid in (task / "children").read_text().split()]
+            except FileNotFoundError:
+                continue  # the thread ended meanwhile
+        return pids
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[ShardedNode]:
+    made = ShardedNode(tmp_path / "data")
+    made.start()
+    yield made
+    if made.process is not None and made.process.poll() is None:
+        made.terminate()
+    made.kill()  # reaps it and closes its stdout pipe whether or not it still ran
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "futureq.cli.client_main", "--server", address, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_topics_spread_over_both_shards_and_all_come_back(node: ShardedNode) -> None:
+    slot_map = even_map(node.shard_addresses)
+    assert {slot_map.shard_of(t) for t in TOPICS} == {0, 1}
+
+    async def main() -> dict[str, list[bytes]]:
+        async with open_client(node.client_address) as client:
+            for topic in TOPICS:
+                await client.create_group(topic, "g")
+            # One batch spanning both shards: ids come back in the batch's order.
+            items = [PublishItem(t, f"{t}/batch".encode()) for t in TOPICS]
+            ids = await client.publish_batch(items)
+            assert len(ids) == len(TOPICS)
+            for topic in TOPICS:
+                await client.publish(topic, f"{topic}/single".encode())
+            status = await client.status()
+            assert sorted(t["topic"] for t in status["topics"]) == sorted(TOPICS)
+            per_shard = {s["shard"]: s["topics"] for s in status["shards"]}
+            assert per_shard == {k: sum(slot_map.shard_of(t) == k for t in TOPICS) for k in (0, 1)}
+            got: dict[str, list[bytes]] = {}
+            for topic in TOPICS:
+                async with client.subscribe(topic, "g") as sub:
+                    with trio.fail_after(20):
+                        async for delivery in sub:
+                            got.setdefault(topic, []).append(delivery.payload)
+                            await delivery.ack()
+                            if len(got[topic]) == 3:
+                                break
+            return got
+
+    # The CLI publishes a third message to every topic, through the same routing.
+    for topic in TOPICS:
+        done = cli(node.client_address, "publish", topic, f"{topic}/cli")
+        assert done.returncode == 0, done.stderr
+    got = trio.run(main)
+    for topic in TOPICS:
+        assert sorted(got[topic]) == sorted(
+            f"{topic}/{how}".encode() for how in ("batch", "single", "cli")
+        )
+    # The CLI's node-wide views list the topics of both shards.
+    listed = cli(node.client_address, "topic", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert set(TOPICS) <= set(listed.stdout.replace('"', " ").split())
+    for command in (["status"], ["group", "list"]):
+        shown = cli(node.client_address, *command)
+        assert shown.returncode == 0, shown.stderr
+        assert all(topic in shown.stdout for topic in TOPICS), shown.stdout
+    created = cli(node.client_address, "group", "create", TOPICS[1], "late")
+    assert created.returncode == 0, created.stderr
+    deleted = cli(node.client_address, "group", "delete", TOPICS[1], "late")
+    assert deleted.returncode == 0, deleted.stderr
+    one = TOPICS[0]
+    consumed = cli(node.client_address, "consume", one, "--group", "g", "--idle-timeout", "300ms")
+    assert consumed.returncode == 0, consumed.stderr
+
+
+def test_a_request_for_another_shards_topic_is_told_where_to_go(node: ShardedNode) -> None:
+    slot_map = even_map(node.shard_addresses)
+    foreign = next(t for t in TOPICS if slot_map.shard_of(t) == 1)
+    wire = WireClient(node.shard_addresses[0])
+    answer = wire.request(frames.SlotMap(wire.next_id()))
+    assert isinstance(answer, frames.SlotMapOk)
+    assert answer.slot_map["shards"] == node.shard_addresses
+    assert answer.slot_map["shard"] == 0
+    ours = next(t for t in TOPICS if slot_map.shard_of(t) == 0)
+    refused = wire.request(
+        frames.Publish(
+            wire.next_id(),
+            frames.AckLevel.LEADER,
+            [[ours, b"x", None, None, None], [foreign, b"y", None, None, None]],
+        )
+    )
+    assert isinstance(refused, frames.Error)
+    assert refused.code == ErrorCode.WRONG_SHARD
+    assert refused.item_index == 1
+    assert refused.leader_address == node.shard_addresses[1]
+    assert "shard 1" in refused.message and foreign in refused.message
+    for request in (
+        frames.Subscribe(wire.next_id(), foreign, "g", 10),
+        frames.GroupCreate(wire.next_id(), foreign, "g"),
+        frames.Purge(wire.next_id(), foreign, None),
+    ):
+        answer = wire.request(request)
+        assert isinstance(answer, frames.Error), request
+        assert answer.code == ErrorCode.WRONG_SHARD
+        assert answer.leader_address == node.shard_addresses[1]
+    # The dead-letter topic lives with its topic.
+    dlq = wire.request(frames.GroupCreate(wire.next_id(), f"{foreign}.dlq", "g"))
+    assert isinstance(dlq, frames.Error) and dlq.code == ErrorCode.WRONG_SHARD
+    # Nothing of the refused batch was stored.
+    status = wire.request(frames.Status(wire.next_id()))
+    assert isinstance(status, frames.StatusOk)
+    assert status.status["topics"] == []
+
+
+def test_a_killed_shard_is_restarted_and_loses_nothing_acknowledged(node: ShardedNode) -> None:
+    slot_map = even_map(node.shard_addresses)
+    on_0 = [t for t in TOPICS if slot_map.shard_of(t) == 0][:3]
+    on_1 = [t for t in TOPICS if slot_map.shard_of(t) == 1][:3]
+    pids = node.shard_pids()
+    assert len(pids) == 2
+
+    def shard_pid(shard: int) -> int:
+        pid = node.pid_of_shard(shard)
+        assert pid is not None, f"no process for shard {shard}"
+        return pid
+
+    async def main() -> None:
+        async with open_client(node.client_address, request_timeout_s=30) as client:
+            for topic in on_0 + on_1:
+                await client.create_group(topic, "g")
+            acked = {
+                t: [await client.publish(t, f"{t}/{i}".encode()) for i in range(5)]
+                for t in on_0 + on_1
+            }
+            assert all(len(ids) == 5 for ids in acked.values())
+            victim = shard_pid(1)
+            os.kill(victim, signal.SIGKILL)
+            # Shard 0 keeps serving while shard 1 is down or restarting.
+            for i in range(5, 10):
+                for topic in on_0:
+                    await client.publish(topic, f"{topic}/{i}".encode())
+            # Shard 1 comes back (a new process) and takes publishes again.
+            with trio.fail_after(30):
+                while True:
+                    await trio.sleep(0.1)
+                    pids_now = node.shard_pids()
+                    if victim not in pids_now and len(pids_now) == 2:
+                        break
+            for i in range(5, 10):
+                for topic in on_1:
+                    await client.publish(topic, f"{topic}/{i}".encode())
+            for topic in on_0 + on_1:
+                seen: set[bytes] = set()
+                async with client.subscribe(topic, "g", prefetch=20) as sub:
+                    with trio.fail_after(30):
+                        async for delivery in sub:
+                            seen.add(delivery.payload)
+                            await delivery.ack()
+                            if len(seen) == 10:
+                                break
+                assert seen == {f"{topic}/{i}".encode() for i in range(10)}
+
+    trio.run(main)
+    log = node.stderr_text()
+    assert "shard 1 exited with code -9" in log and "restarting it" in log
+
+
+def test_sigterm_stops_every_shard_process(node: ShardedNode) -> None:
+    children = node.shard_pids()
+    assert len(children) == 2
+    assert node.terminate() == 0
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in children)
+    assert "stopped; RocksDB closed" in node.stderr_text()
+
+
+def _start_refused(
+    data_dir: Path, args: list[str], env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    client, http = free_runs(2, 3)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "futureq.cli.server_main",
+            "start",
+            "--data-dir",
+            str(data_dir),
+            "--listen",
+            f"127.0.0.1:{client}",
+            "--http",
+            f"127.0.0.1:{http}",
+            *args,
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+        check=False,
+    )
+
+
+def test_another_shard_count_on_existing_data_is_refused(node: ShardedNode, tmp_path: Path) -> None:
+    node.terminate()
+    env = {"FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE)}
+    three = _start_refused(node.data_dir, ["--shards", "3"], env)
+    assert three.returncode == 2
+    assert "created with 2 shards; start it with --shards 2" in three.stderr
+    one = _start_refused(node.data_dir, [], env)
+    assert one.returncode == 2
+    assert "created with 2 shards" in one.stderr
+    # FUTUREQ_SHARDS says the same as --shards.
+    by_env = _start_refused(node.data_dir, [], {**env, "FUTUREQ_SHARDS": "4"})
+    assert by_env.returncode == 2 and "not 4" in by_env.stderr
+    # A single node's data is not split by a later --shards either.
+    single = BrokerProcess(tmp_path / "single")
+    single.start()
+    single.terminate()
+    two = _start_refused(single.data_dir, ["--shards", "2"], env)
+    assert two.returncode == 2
+    assert "holds the data of a node with 1 shard" in two.stderr
+
+
+def test_a_shard_that_cannot_start_takes_the_node_down(tmp_path: Path) -> None:
+    """Never half-up: shard 1's client port is taken, so the node does not come up."""
+    node = ShardedNode(tmp_path / "data")
+    client_port = int(node.shard_addresses[1].rsplit(":", 1)[1])
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", client_port))
+        blocker.listen()
+        with pytest.raises(RuntimeError, match="broker did not start"):
+            node.start()
+    assert node.process is not None and node.process.returncode == 4
+    log = node.stderr_text()
+    assert "shard 1 exited with code 4 before it was ready" in log
+
+
+def test_one_shard_is_the_node_as_before(tmp_path: Path) -> None:
+    """--shards 1: no supervisor, no stamp, the data where it always was."""
+    single = BrokerProcess(tmp_path / "data", ["--shards", "1"])
+    single.start()
+    try:
+        assert not [
+            pid
+            for task in Path(f"/proc/{single.pid}/task").iterdir()
+            for pid in (task / "children").read_text().split()
+        ]
+        wire = WireClient(single.client_address)
+        answer = wire.request(frames.SlotMap(wire.next_id()))
+        assert isinstance(answer, frames.SlotMapOk)
+        assert answer.slot_map["shards"] == [single.client_address]
+        assert answer.slot_map["ranges"] == [[0, 1024, 0]]
+    finally:
+        single.terminate()
+    assert (tmp_path / "data" / "CURRENT").exists()
+    assert not (tmp_path / "data" / "SHARDS").exists()
+    assert json.dumps(sorted(p.name for p in (tmp_path / "data").iterdir())).count("shard-") == 0
+
+
+def _sharded_cluster(root: Path) -> tuple[dict[int, Any], dict[int, tuple[int, int, int]]]:
+    """Three nodes of two shards each (not started): nodes by id and their ports."""
+    from cluster_process import ClusterNode
+
+    from futureq.peer_credentials import generate_secret_file
+
+    secret = root / "cluster.secret"
+    generate_secret_file(str(secret))
+    starts = free_runs(9, 2)
+    ports = {n: (starts[3 * n - 3], starts[3 * n - 2], starts[3 * n - 1]) for n in (1, 2, 3)}
+    peers = ",".join(f"{n}=127.0.0.1:{ports[n][1]}" for n in ports)
+    env = {"FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE)}
+    nodes = {
+        n: ClusterNode(
+            n,
+            root / f"node{n}",
+            ports[n],
+            ["--peers", peers, "--cluster-secret-file", str(secret), "--shards", "2"],
+            env,
+        )
+        for n in ports
+    }
+    return nodes, ports
+
+
+@pytest.mark.slow
+def test_three_nodes_of_two_shards_route_and_survive_a_stopped_node(tmp_path: Path) -> None:
+    """Shard K of every node forms one Raft group; the client follows each group's leader."""
+    nodes, ports = _sharded_cluster(tmp_path)
+    try:
+        for node in nodes.values():
+            node.start()
+        topics = TOPICS[:8]
+
+        async def publish_and_consume(client: Client, tag: str) -> None:
+            for topic in topics:
+                await client.create_group(topic, "g")
+            await client.publish_batch([PublishItem(t, f"{t}/{tag}".encode()) for t in topics])
+            status = await client.status()
+            assert {s["shard"] for s in status["shards"]} == {0, 1}
+            for topic in topics:
+                async with client.subscribe(topic, "g") as sub:
+                    with trio.fail_after(60):
+                        async for delivery in sub:
+                            assert delivery.payload == f"{topic}/{tag}".encode()
+                            await delivery.ack()
+                            break
+
+        async def main() -> None:
+            # Seeds: every node's public port, node 1 first; the client learns the map
+            # from node 1 and knows the same shard on nodes 2 and 3 too.
+            servers = [f"127.0.0.1:{ports[n][0]}" for n in (1, 2, 3)]
+            async with open_client(servers, request_timeout_s=60) as client:
+                await publish_and_consume(client, "first")
+                # Node 1 leads every shard's group, so each shard's client is connected
+                # to node 1; then node 1 stops, and each fails over to that shard on
+                # another node.
+                await client.transfer_leader(1)
+                await publish_and_consume(client, "between")
+                await trio.to_thread.run_sync(nodes[1].terminate)
+                await publish_and_consume(client, "second")
+
+        trio.run(main)
+        for n in (2, 3):
+            assert (tmp_path / f"node{n}" / "shard-1" / "CURRENT").exists()
+    finally:
+        for node in nodes.values():
+            if node.alive():
+                node.terminate()
+
+
+def test_a_shard_failing_again_and_again_takes_the_node_down(node: ShardedNode) -> None:
+    """Five fast failures in a row: the node stops with a sentence, not half up."""
+    assert node.process is not None
+    killed: set[int] = set()
+    deadline = time.monotonic() + 60
+    while node.process.poll() is None and time.monotonic() < deadline:
+        pid = node.pid_of_shard(1)
+        if pid is not None and pid not in killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.02)
+    assert node.process.wait(20) == 1
+    assert len(killed) == 5
+    log = node.stderr_text()
+    assert "shard 1 failed 5 times in a row" in log
+    assert "restarting it in" in log
+    assert "stopped; RocksDB closed" in log  # shard 0 was stopped gracefully
+
+
+def test_shards_outliving_a_killed_supervisor_stop_themselves(node: ShardedNode) -> None:
+    children = node.shard_pids()
+    assert len(children) == 2
+    node.kill()  # SIGKILL: the supervisor cannot forward anything
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in children)
+    assert node.stderr_text().count("of this shard is gone: shutting down") == 2
+
+
+def test_the_sync_client_routes_too(node: ShardedNode) -> None:
+    from futureq.client.sync import SyncClient
+
+    slot_map = even_map(node.shard_addresses)
+    pair = [next(t for t in TOPICS if slot_map.shard_of(t) == k) for k in (0, 1)]
+    with SyncClient(node.client_address) as client:
+        for topic in pair:
+            client.create_group(topic, "g")
+        ids = client.publish_batch([PublishItem(t, t.encode()) for t in pair])
+        assert len(ids) == 2
+        for topic in pair:
+            got = client.consume(topic, "g", count=1, timeout_s=10)
+            assert [d.payload for d in got] == [topic.encode()]
+            got[0].ack()
+        shards = client.status()["shards"]
+        assert [s["topics"] for s in shards] == [1, 1]
+
+
+def test_health_asks_every_shard(node: ShardedNode) -> None:
+    http_port = int(node.http_address.rsplit(":", 1)[1])
+    args = [
+        sys.executable, "-m", "futureq.cli.server_main", "health", "--ready", "--shards", "2",
+        "--http", node.http_address, "--listen", node.client_address,
+    ]  # fmt: skip
+    env = {**os.environ, "FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE)}
+    healthy = subprocess.run(args, capture_output=True, text=True, timeout=30, env=env)
+    assert healthy.returncode == 0, healthy.stderr
+    for shard in (0, 1):
+        assert f"127.0.0.1:{http_port + shard * STRIDE}/readyz: 200" in healthy.stdout
+    # Shard 1 stopped (SIGSTOP: neither answering nor restarted): the node is not healthy.
+    pid = node.pid_of_shard(1)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        args[args.index("health") + 1 : args.index("health") + 1] = ["--timeout", "1"]
+        sick = subprocess.run(args, capture_output=True, text=True, timeout=30, env=env)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert sick.returncode == 1
+    assert f"127.0.0.1:{http_port + STRIDE}/readyz: no answer" in sick.stderr
+
+
+def _leaders(ports: dict[int, tuple[int, int, int]], alive: set[int]) -> dict[int, int | None]:
+    """Shard -> the node id leading its group, as the first live node that answers sees it."""
+    found: dict[int, int | None] = {}
+    for shard in (0, 1):
+        found[shard] = None
+        for n in sorted(alive):
+            try:
+                wire = WireClient(f"127.0.0.1:{ports[n][0] + shard * STRIDE}", timeout_s=2)
+                answer = wire.request(frames.ClusterStatus(wire.next_id()), timeout_s=2)
+                wire.close()
+            except (OSError, ConnectionError, TimeoutError):
+                continue
+            if isinstance(answer, frames.ClusterStatusOk) and answer.status.get("leader_id"):
+                found[shard] = answer.status["leader_id"]
+                break
+    return found
+
+
+def _wait_leaders(
+    ports: dict[int, tuple[int, int, int]], alive: set[int], want: dict[int, set[int]]
+) -> dict[int, int | None]:
+    deadline = time.monotonic() + 60
+    while True:
+        leaders = _leaders(ports, alive)
+        if all(leaders[shard] in allowed for shard, allowed in want.items()):
+            return leaders
+        assert time.monotonic() < deadline, f"leaders {leaders}, wanted {want}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_shard_leaders_spread_over_the_nodes_and_return_after_a_restart(tmp_path: Path) -> None:
+    """Shard 0's group is led by node 1 and shard 1's by node 2 (the K-th voter by id);
+    when node 2 stops its group elects another leader, and when node 2 is back the
+    leadership returns to it."""
+    nodes, ports = _sharded_cluster(tmp_path)
+    try:
+        for node in nodes.values():
+            node.start()
+        _wait_leaders(ports, {1, 2, 3}, {0: {1}, 1: {2}})
+        nodes[2].terminate()
+        _wait_leaders(ports, {1, 3}, {0: {1}, 1: {1, 3}})
+        nodes[2].start()
+        _wait_leaders(ports, {1, 2, 3}, {0: {1}, 1: {2}})
+        log = "".join(node.stderr_text() for node in nodes.values())
+        assert "handing leadership to node 2, its preferred leader" in log
+    finally:
+        for node in nodes.values():
+            if node.alive():
+                node.terminate()
