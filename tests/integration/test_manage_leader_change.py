@@ -192,7 +192,7 @@ def test_reschedule_and_redrive_carry_over_a_leader_change(cluster3: Cluster) ->
 
         client.create_group("billing", "charge", max_deliveries=1)
         originals = client.publish_batch(
-            [PublishItem("billing", b"poison", headers={"k": "v%d" % n}) for n in range(2)]
+            [PublishItem("billing", b"poison", headers={"k": f"v{n}"}) for n in range(2)]
         )
         for delivery in client.consume("billing", "charge", 2, timeout_s=10):
             delivery.nack()
@@ -222,6 +222,6 @@ def test_reschedule_and_redrive_carry_over_a_leader_change(cluster3: Cluster) ->
         assert sorted(by_original) == originals
         for n, original in enumerate(originals):
             delivery = by_original[original]
-            assert delivery.payload == b"poison" and delivery.headers["k"] == "v%d" % n
+            assert delivery.payload == b"poison" and delivery.headers["k"] == f"v{n}"
             assert delivery.headers["futureq-redriven-from"] == str(dead[n].id)
             delivery.ack()
