@@ -175,6 +175,12 @@ class Broker:
 
         return await manage.browse_json(self, query)
 
+    async def browse_counts_json(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """``/api/browse/counts`` (see :func:`futureq.broker.manage.browse_counts_json`)."""
+        from futureq.broker import manage
+
+        return await manage.browse_counts_json(self, query)
+
     def require_leader(self) -> None:
         """Refuse a request this node cannot serve unless it leads.
 

@@ -789,6 +789,8 @@ class Connection:
                 return frames.Ok(frame.request_id, None)
             case frames.Browse():
                 return await manage.browse(broker, frame)
+            case frames.BrowseCounts():
+                return await manage.browse_counts(broker, frame)
             case frames.Redrive():
                 results = await manage.redrive(broker, frame)
                 return frames.ItemResults(frame.request_id, results)

@@ -49,7 +49,7 @@ from futureq.client._batching import (
     refused_item,
     without_item,
 )
-from futureq.client._browse import BrowsePage, page_from_frame
+from futureq.client._browse import BrowsePage, DueCounts, counts_from_frame, page_from_frame
 from futureq.client._connection import Connection, NotSentError, PushFrame, connect
 from futureq.client.subscription import (
     LOST_REASON,
@@ -1178,6 +1178,37 @@ class Client:
             retry_unknown=True,
         )
         return page_from_frame(_expect(answer, frames.BrowseOk))
+
+    async def browse_counts(
+        self,
+        topic: str,
+        group: str | None = None,
+        *,
+        bounds_ms: Sequence[int],
+        relative: bool = False,
+    ) -> DueCounts:
+        """How many of a group's pending messages fall due in each bucket, claiming
+        none (``docs/protocol.md``, "BROWSE_COUNTS").
+
+        Args:
+            topic: The topic.
+            group: The group; None: the topic's only group.
+            bounds_ms: 1 to 32 strictly increasing bucket bounds: ms since the Unix
+                epoch, or with ``relative`` ms from the leader's cluster time (e.g.
+                ``[60_000, 3_600_000, 86_400_000]``: next minute / hour / day).
+            relative: Whether ``bounds_ms`` count from now.
+
+        Raises:
+            RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED,
+                INVALID_ARGUMENT (bounds), PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        bounds = list(bounds_ms)
+        answer = await self._call(
+            lambda rid: frames.BrowseCounts(rid, topic, group, bounds, relative),
+            retry_unknown=True,
+        )
+        return counts_from_frame(_expect(answer, frames.BrowseCountsOk))
 
     async def cluster_status(self, *, local: bool = False) -> dict[str, Any]:
         """The cluster's membership and progress, asked of the leader

@@ -194,6 +194,33 @@ class ManageOps:
             page.append((key, EntryValue.decode(value), MessageRecord.decode(data)))
         return page, None
 
+    def count_entries(
+        self, group_id: int, start: bytes, to_due_ms: int, limit: int
+    ) -> tuple[int, bytes | None]:
+        """Count one group's schedule entries from key ``start`` (inclusive) to those
+        due at ``to_due_ms`` (exclusive), reading at most ``limit`` keys (keys only).
+
+        Used in chunks by BROWSE_COUNTS, so a large count yields between chunks.
+
+        Args:
+            group_id: The group (its schedule keys start with it).
+            start: The first schedule key to count from (``schedule_key(group_id,
+                from_due_ms, 0)``, or the resume key of the previous chunk).
+            to_due_ms: Count entries due before this (ms).
+            limit: Most keys to read (>= 1).
+
+        Returns:
+            ``(count, resume key or None)``: the resume key is where the next chunk
+            starts; None when the range holds nothing more.
+        """
+        stop = commands.schedule_key(group_id, to_due_ms, 0)
+        count = 0
+        for key in self.store.scan_keys("schedule", start, stop):
+            if count >= limit:
+                return count, key
+            count += 1
+        return count, None
+
     def next_due_ms(self, group_id: int) -> int | None:
         """When the group's earliest entry falls due (ms), or None when it holds none
         that can be delivered (parked dead letters do not count). One seek: O(log n)."""
