@@ -527,3 +527,46 @@ def test_a_group_may_dead_letter_what_expires(broker: BrokerProcess) -> None:
         assert dead[0].headers["k"] == "v"
         (row,) = [g for t in client.status()["topics"] if t["topic"] == "short" for g in t["groups"]]
         assert row["dead_letter_expired"] is True
+
+
+def test_counts_by_due_bucket_from_the_client_the_cli_and_http(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("dash", "g")
+        client.publish_batch([PublishItem("dash", b"now") for _ in range(2)])
+        client.publish_batch([PublishItem("dash", b"soon", delay_ms=20_000) for _ in range(3)])
+        client.publish_batch([PublishItem("dash", b"hour", delay_ms=600_000) for _ in range(4)])
+        client.publish_batch([PublishItem("dash", b"week", delay_ms=7 * 86_400_000)])
+        counts = client.browse_counts("dash", bounds_ms=[60_000, 3_600_000, 86_400_000], relative=True)
+        assert counts.group == "g" and counts.complete
+        assert counts.counts == [5, 4, 0] and counts.later == 1
+        start = counts.bounds_ms[0] - 60_000
+        assert abs(start - time.time() * 1000) < 60_000  # relative to the leader's clock
+        absolute = client.browse_counts("dash", "g", bounds_ms=[start + 300_000])
+        assert (absolute.counts, absolute.later) == ([5], 5)
+        # Nothing was claimed: the two due now are still there for a consumer.
+        got = client.consume("dash", "g", 2, timeout_s=10)
+        assert sorted(d.payload for d in got) == [b"now", b"now"]
+        with pytest.raises(RequestError) as info:
+            client.browse_counts("dash", bounds_ms=[5, 1])
+        assert info.value.code is ErrorCode.INVALID_ARGUMENT and "increasing" in info.value.message
+
+    shown = cli(address, "browse", "dash", "--counts")
+    assert shown.returncode == 0, shown.stderr
+    assert "within 1m: 5" in shown.stdout and "within 1h (after 1m): 4" in shown.stdout
+    assert "within 1d (after 1h): 0" in shown.stdout and "later (or parked): 1" in shown.stdout
+    as_json = cli(address, "browse", "dash", "--counts", "--buckets", "30s,2h", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    record = json.loads(as_json.stdout)
+    assert (record["counts"], record["later"], record["complete"]) == ([5, 4], 1, True)
+    refused = cli(address, "browse", "dash", "--counts", "--buckets", "1h,1m")
+    assert refused.returncode == 2 and "must increase" in refused.stderr
+
+    base = f"http://{broker.http_address}/api/browse/counts?topic=dash"
+    with urllib.request.urlopen(f"{base}&bounds_ms=60000,3600000&relative=true") as answer:
+        body = json.loads(answer.read())
+    assert (body["group"], body["counts"], body["later"], body["complete"]) == ("g", [5, 4], 1, True)
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        urllib.request.urlopen(f"{base}&bounds_ms=soon")
+    assert bad.value.code == 400
+    assert json.loads(bad.value.read())["code"] == "INVALID_ARGUMENT"
