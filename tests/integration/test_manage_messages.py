@@ -570,3 +570,29 @@ def test_counts_by_due_bucket_from_the_client_the_cli_and_http(broker: BrokerPro
         urllib.request.urlopen(f"{base}&bounds_ms=soon")
     assert bad.value.code == 400
     assert json.loads(bad.value.read())["code"] == "INVALID_ARGUMENT"
+
+
+def test_publish_file_carries_headers_and_idempotency_keys(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    address = broker.client_address
+    lines = [
+        '{"topic":"jobs","payload":"a","delay_ms":3600000,"headers":{"traceparent":"00-1-01"},'
+        '"idempotency_key":"job-1"}',
+        '{"topic":"jobs","payload":"b","delay_ms":3600000,"idempotency_key":"job-2"}',
+        '{"topic":"jobs","payload":"c","headers":{"n":7}}',
+        '{"topic":"jobs","payload":"d","headers":{"futureq-reason":"x"}}',
+    ]
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("\n".join(lines) + "\n")
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("jobs", "g")
+        for _ in range(2):  # the same file twice: keyed lines are stored once
+            sent = cli(address, "publish", "--file", str(batch))
+            assert sent.returncode == 1, sent.stderr
+            assert "published 2 message(s)" in sent.stdout
+            assert "line 3, column 46: headers['n'] must be a string" in sent.stderr
+            assert "line 4: [INVALID_HEADERS]" in sent.stderr
+        shown = client.browse("jobs", "g").messages
+        assert [m.headers for m in shown] == [{"traceparent": "00-1-01"}, {}]
+        assert client.publish("jobs", b"a", idempotency_key="job-1") == shown[0].id
