@@ -69,6 +69,7 @@ class ErrorCode(enum.IntEnum):
     GROUP_REQUIRED = 262
     INVALID_HEADERS = 263
     INVALID_IDEMPOTENCY_KEY = 264
+    DELIVERY_CANCELLED = 265
 
     # 3xx availability errors (retry may succeed)
     NOT_LEADER = 300

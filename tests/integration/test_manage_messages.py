@@ -596,3 +596,20 @@ def test_publish_file_carries_headers_and_idempotency_keys(
         shown = client.browse("jobs", "g").messages
         assert [m.headers for m in shown] == [{"traceparent": "00-1-01"}, {}]
         assert client.publish("jobs", b"a", idempotency_key="job-1") == shown[0].id
+
+
+def test_settling_a_delivery_whose_message_was_cancelled_says_so(broker: BrokerProcess) -> None:
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.create_group("jobs", "g")
+        ids = client.publish_batch([PublishItem("jobs", b"j%d" % n) for n in range(3)])
+        held = {d.id: d for d in client.consume("jobs", "g", 3, timeout_s=10)}
+        assert sorted(held) == ids
+        # A first delivery's attempt is not recorded, so CANCEL reports DONE.
+        assert client.cancel("jobs", [ids[0], ids[1]]) == [ItemStatus.DONE] * 2
+        for mid in ids[:2]:
+            with pytest.raises(RequestError) as info:
+                held[mid].ack() if mid == ids[0] else held[mid].nack()
+            assert info.value.code is ErrorCode.DELIVERY_CANCELLED, info.value
+            assert "cancelled" in info.value.message
+        held[ids[2]].ack()  # the one not cancelled settles as usual
+        assert client.consume("jobs", "g", 1, timeout_s=0.5) == []  # nothing comes back

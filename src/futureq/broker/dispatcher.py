@@ -32,7 +32,7 @@ import heapq
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import trio
@@ -74,6 +74,10 @@ _REASON_COUNTERS: dict[CommandKind, str] = {
     CommandKind.EXPIRE: "expired_messages_total",
     CommandKind.DEAD_LETTER: "dead_lettered_messages_total",
 }
+_CANCELLING: Final = frozenset({CommandKind.CANCEL, CommandKind.PURGE_GROUP})
+"""Removals a consumer holding the delivery is told are cancellations (REVOKE reason
+CANCELLED, then DELIVERY_CANCELLED for its ACK)."""
+
 PROPOSE_RETRY_MS = 200
 """Wait before retrying an EXPIRE or DEAD_LETTER the log refused (ms)."""
 NOT_ALLOWED_RETRY_MS = 50
@@ -220,7 +224,7 @@ class Dispatcher:
         runtime.index.discard(due_ms, mid)
         runtime.released.pop(mid, None)
         key = commands.schedule_key(group_id, due_ms, mid)
-        self.hub.forget(key)
+        self.hub.forget(key, cancelled=reason in _CANCELLING)
         if self.metrics is not None:
             name = _REASON_COUNTERS.get(reason)
             if name is not None:

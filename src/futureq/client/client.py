@@ -258,7 +258,7 @@ class Client:
                     except RemoteProtocolError as exc:
                         conn.close(f"server {conn.address} broke flow control: {exc.message}")
                 elif isinstance(frame, frames.Revoke):
-                    sub._revoke(conn.epoch, frame.tags)
+                    sub._revoke(conn.epoch, frame.tags, frame.reason)
                 elif isinstance(frame, frames.SubscriptionInfo):
                     sub._info(conn.epoch, frame.visibility_timeout_ms, frame.max_deliveries)
                 else:
@@ -1436,14 +1436,20 @@ async def open_client(
 def _pop_refused_tag(exc: RequestError, chunk: list[Delivery]) -> Delivery | None:
     """The delivery of ``chunk`` whose tag the server refused in ``exc`` (removed from
     ``chunk`` and voided with the server's sentence), or None when ``exc`` is another
-    error (UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG with an item index in range)."""
+    error (UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG / DELIVERY_CANCELLED with an item
+    index in range)."""
     index = exc.item_index
     if (
-        exc.code not in (ErrorCode.UNKNOWN_DELIVERY_TAG, ErrorCode.FOREIGN_DELIVERY_TAG)
+        exc.code
+        not in (
+            ErrorCode.UNKNOWN_DELIVERY_TAG,
+            ErrorCode.FOREIGN_DELIVERY_TAG,
+            ErrorCode.DELIVERY_CANCELLED,
+        )
         or index is None
         or not 0 <= index < len(chunk)
     ):
         return None
     bad = chunk.pop(index)
-    bad._void(exc.message)
+    bad._void(exc.message, code=exc.code)
     return bad

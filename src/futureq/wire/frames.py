@@ -100,6 +100,8 @@ class RevokeReason(enum.IntEnum):
     """The visibility timeout passed unsettled: the message is due for the group again."""
     REMOVED = 2
     """A command removed the message from the group (it expired, for example)."""
+    CANCELLED = 3
+    """A CANCEL or PURGE removed the message from the group: do not process it."""
 
 
 class AckLevel(enum.IntEnum):

@@ -997,3 +997,71 @@ def test_a_consumer_whose_buffer_is_full_is_skipped_and_the_others_get_the_messa
     env.hub.touched.add(gid)  # what the connection does when its buffer drains
     env.dispatch()
     assert sorted(ids(out(full).take()) + ids(out(other).take())) == more
+
+
+# ---------------------------------------------------------------- cancelled while out
+
+
+def test_a_cancelled_delivery_is_revoked_as_cancelled_and_its_ack_says_so() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    mids = env.publish("t", [b"a", b"b", b"c"])
+    consumer = env.consumer(gid, credit=3)
+    env.dispatch()
+    held = {d[1]: d for d in out(consumer).frames[0].deliveries}
+    assert sorted(held) == mids
+    # A first delivery's attempt is not recorded (only redeliveries' are), so CANCEL
+    # says DONE; the consumer holding it is told all the same.
+    assert env.log.apply(commands.cancel("t", None, [mids[0]])) == [frames.ItemStatus.DONE]
+    (revoke,) = out(consumer).pushes
+    assert revoke == frames.Revoke(
+        0, consumer.subscription_id, [held[mids[0]][0]], frames.RevokeReason.CANCELLED
+    )
+    assert consumer.credit == 1  # its credit came back with the REVOKE
+    with pytest.raises(RequestError) as info:
+        env.hub.claim_tags([held[mids[1]][0], held[mids[0]][0]], consumer.connection_id)
+    assert (info.value.code, info.value.item_index) == (ErrorCode.DELIVERY_CANCELLED, 1)
+    assert "cancelled" in info.value.message
+    with pytest.raises(RequestError) as info:
+        env.hub.find_tags([held[mids[0]][0]], consumer.connection_id)  # EXTEND, RELEASE
+    assert info.value.code is ErrorCode.DELIVERY_CANCELLED
+    # An ACK already being committed when the cancel lands is not revoked: it settles
+    # what is left (its OK counts one fewer).
+    flights = env.hub.claim_tags([held[mids[1]][0], held[mids[2]][0]], consumer.connection_id)
+    assert env.log.apply(commands.cancel("t", None, [mids[1]])) == [frames.ItemStatus.DONE]
+    assert len(out(consumer).pushes) == 1
+    assert env.log.apply(commands.ack([f.key for f in flights])) == 1
+
+
+def test_a_delivery_removed_otherwise_is_revoked_as_removed() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    (mid,) = env.publish("t", [b"a"])
+    consumer = env.consumer(gid, credit=1)
+    env.dispatch()
+    (delivery,) = out(consumer).frames[0].deliveries
+    assert env.log.apply(commands.reschedule(env.now, "t", None, [mid], env.now + 60_000)) == [
+        frames.ItemStatus.DONE
+    ]
+    (revoke,) = out(consumer).pushes
+    assert revoke.reason == frames.RevokeReason.REMOVED
+    with pytest.raises(RequestError) as info:
+        env.hub.claim_tags([delivery[0]], consumer.connection_id)
+    assert info.value.code is ErrorCode.UNKNOWN_DELIVERY_TAG
+
+
+def test_a_purge_revokes_held_deliveries_as_cancelled() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    env.publish("t", [b"a", b"b"])
+    consumer = env.consumer(gid, credit=2)
+    env.dispatch()
+    tags = [d[0] for d in out(consumer).frames[0].deliveries]
+    env.log.apply(commands.purge([gid]))
+    env.log.apply(commands.purge_group(gid, 100))
+    revokes = [p for p in out(consumer).pushes if isinstance(p, frames.Revoke)]
+    assert {p.reason for p in revokes} == {frames.RevokeReason.CANCELLED}
+    assert sorted(tag for p in revokes for tag in p.tags) == sorted(tags)
+    with pytest.raises(RequestError) as info:
+        env.hub.claim_tags(tags, consumer.connection_id)
+    assert (info.value.code, info.value.item_index) == (ErrorCode.DELIVERY_CANCELLED, 0)
