@@ -465,8 +465,8 @@ async def test_max_deliveries_exceeded_goes_to_dead_letter_topic() -> None:
         env.clock.advance(100)
         await settle(env)
         assert out(consumer).take() == []
-    assert kinds(env) == [CommandKind.DEAD_LETTER]
-    [command] = proposed(env, CommandKind.DEAD_LETTER)
+    assert kinds(env) == [CommandKind.DEAD_LETTER_PROVENANCE]
+    [command] = proposed(env, CommandKind.DEAD_LETTER_PROVENANCE)
     assert command[2] == [[commands.schedule_key(gid, 1_000_000, mid), 2]]
     # The redelivery's attempt was committed before it went out (the first delivery's
     # needs no record: it follows from the entry).
