@@ -95,6 +95,7 @@ class ManageOps:
             effects: list[tuple[Any, ...]],
             touched: set[int],
             value: bytes | None = None,
+            message: bytes | None = None,
         ) -> tuple[int, int, int, int | None] | None: ...
 
         def _move_entry(
@@ -248,26 +249,32 @@ class ManageOps:
             at least once before) or UNKNOWN (no entry of it there).
         """
         out: list[int] = []
+        # Once per batch, not per id: the groups to look in (a cancel changes none).
+        holders = self._holding_groups(topic, group_id)
         for position, mid in enumerate(ids):
             if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                 yield
-            record = self._record(txn, mid) if _is_id(mid) else None
-            if record is None or record.topic != topic:
+            data = txn.get("messages", _u64(mid)) if _is_id(mid) else None
+            # The stored layout is [topic, payload, publish_ms, due_ms, open, ...]
+            # (records.MessageRecord); only these three are needed here.
+            fields = None if data is None else records.unpack(data)
+            if fields is None or fields[0] != topic:
                 out.append(ItemStatus.UNKNOWN)
                 continue
             status = ItemStatus.UNKNOWN
-            left = record.open
-            for info in self._holding_groups(topic, group_id):
+            published_due, left = fields[3], fields[4]
+            for info in holders:
                 if left <= 0:
                     break
-                found = self._find_entry(txn, mid, info.group_id, record.due_ms)
+                found = self._find_entry(txn, mid, info.group_id, published_due)
                 if found is None:
                     continue
                 key, value = found
-                entry = EntryValue.decode(value)
-                self._drop_entry(txn, key, CommandKind.CANCEL, effects, touched, value)
+                entry = records.unpack(value)  # [attempt, expire_ms, released, ...]
+                # The message bytes read above (read again once this apply changed them).
+                self._drop_entry(txn, key, CommandKind.CANCEL, effects, touched, value, data)
                 left -= 1
-                if entry.attempt or entry.released:
+                if entry[0] or (len(entry) > 2 and entry[2]):
                     status = ItemStatus.DELIVERED
                 elif status == ItemStatus.UNKNOWN:
                     status = ItemStatus.DONE

@@ -836,10 +836,12 @@ class QueueState(ManageOps):
         effects: list[tuple[Any, ...]],
         touched: set[int],
         value: bytes | None = None,
+        message: bytes | None = None,
     ) -> tuple[int, int, int, int | None] | None:
         """Delete one schedule entry and release its message; None if already gone.
 
-        ``value``: the entry's stored value when the caller just read it.
+        ``value``: the entry's stored value when the caller just read it; ``message``:
+        its message's stored bytes, likewise (each read again if this apply changed it).
         """
         if value is None or key in txn.changes["schedule"]:
             value = txn.get("schedule", key)
@@ -857,15 +859,19 @@ class QueueState(ManageOps):
         elif gid in self.deleting:
             self.deleting[gid].pending -= 1
             touched.add(gid)
-        self._release_message(txn, mid, gid, due_ms)
+        self._release_message(txn, mid, gid, due_ms, message)
         effects.append(("u", gid, due_ms, mid, reason))
         return gid, mid, attempt, expire_ms
 
-    def _release_message(self, txn: Txn, mid: int, gid: int, due_ms: int) -> None:
+    def _release_message(
+        self, txn: Txn, mid: int, gid: int, due_ms: int, data: bytes | None = None
+    ) -> None:
         """One entry of ``mid`` (in group ``gid``, due at ``due_ms``) is gone: count it
-        out, forget where it moved, and delete the message with its last entry."""
+        out, forget where it moved, and delete the message with its last entry.
+        ``data``: the message's stored bytes if the caller just read them."""
         mkey = _u64(mid)
-        data = txn.get("messages", mkey)
+        if data is None or mkey in txn.changes["messages"]:
+            data = txn.get("messages", mkey)
         assert data is not None, f"schedule entry without message {mid}"
         record = _unpack(data)
         record[4] -= 1
