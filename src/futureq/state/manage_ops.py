@@ -303,6 +303,7 @@ class ManageOps:
         """
         out: list[int] = []
         valid_due = type(due_ms) is int and 0 <= due_ms < PARKED_DUE_MS
+        holders = self._holding_groups(topic, group_id)  # once per batch: none changes
         for position, mid in enumerate(ids):
             if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                 yield
@@ -312,7 +313,7 @@ class ManageOps:
                 continue
             status = ItemStatus.UNKNOWN
             left = record.open
-            for info in self._holding_groups(topic, group_id):
+            for info in holders:
                 if left <= 0:
                     break
                 gid = info.group_id
