@@ -946,7 +946,7 @@ class Broker:
         else:
             next_due_ms = None
         if next_due_ms is None:  # no runtime, or nothing within its horizon
-            next_due_ms = self.state.next_due_ms(group_id)
+            next_due_ms = self.dispatcher.next_due_ms(group_id)
         age_ms = 0 if next_due_ms is None else max(0, now_ms - next_due_ms)
         background = None
         if group_id in self.state.purging:

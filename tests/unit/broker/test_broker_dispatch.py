@@ -1065,3 +1065,37 @@ def test_a_purge_revokes_held_deliveries_as_cancelled() -> None:
     with pytest.raises(RequestError) as info:
         env.hub.claim_tags(tags, consumer.connection_id)
     assert (info.value.code, info.value.item_index) == (ErrorCode.DELIVERY_CANCELLED, 0)
+
+
+def test_next_due_from_the_seek_hint_always_matches_a_full_seek() -> None:
+    """The hinted seek (status during a purge) agrees with a seek from the group's
+    start after every kind of change: removals, earlier publishes, moves, backfill."""
+    import random
+
+    env = Env()
+    gid = env.group("t", "g")
+    rng = random.Random(14)
+    mids = env.publish("t", [b"x"] * 50, delay_ms=3_600_000)
+    checks = 0
+    for step in range(200):
+        action = rng.randrange(5)
+        if action == 0 and mids:
+            gone = rng.sample(mids, min(len(mids), rng.randrange(1, 6)))
+            env.log.apply(commands.cancel("t", None, gone))
+            mids = [m for m in mids if m not in gone]
+        elif action == 1:
+            mids += env.publish("t", [b"y"], delay_ms=rng.randrange(0, 7_200_000))
+        elif action == 2 and mids:
+            moved = rng.choice(mids)
+            due = env.now + rng.randrange(0, 7_200_000)
+            env.log.apply(commands.reschedule(env.now, "t", None, [moved], due))
+        elif action == 3:
+            env.log.apply(commands.purge([gid]))
+            env.log.apply(commands.purge_group(gid, rng.randrange(1, 10)))
+            mids = [m for m in mids if env.state.entry_key(m, gid) is not None]
+        if step % 3 == 0 or action == 4:
+            assert env.dispatcher.next_due_ms(gid) == env.state.next_due_ms(gid), step
+            checks += 1
+    assert checks > 50
+    env.dispatcher.on_groups_changed()  # a snapshot: the hint is forgotten
+    assert env.dispatcher.next_due_ms(gid) == env.state.next_due_ms(gid)
