@@ -10,15 +10,22 @@ keeping their ids. Then:
 * BROWSE pages of 100 (no preview) at the start of the backlog, and at its middle and
   end (``from_due_ms``), 50 requests each, one at a time: latency p50/p99;
 * CANCEL the first half by id in requests of 100, pipelined the same way;
-* PURGE the group (the other half): the answer time and the time until the group's
-  pending count is 0, while PINGs every 10 ms measure how the loop answers meanwhile.
+* PURGE the group (the other half; with ``--purge-only`` every entry, after nothing
+  else): the answer time and the time until the group's pending count is 0, while
+  PINGs every 10 ms measure how the loop answers, and another topic (``other``, group
+  ``c``) is served meanwhile: a producer publishes one message every 10 ms due 300 ms
+  later, for as long as the purge runs, and a consumer (credit 100, acking each
+  DELIVER) records each one's lateness (received - due, ms; the issue's target is a
+  p99 of at most 50 ms).
 
 Usage::
 
     python -m bench.manage_ops [--quick] [--compare] [--entries 200000] [--window 8]
+    python -m bench.manage_ops --entries 1000000 --purge-only   # a purge of 1M
 
 Figures: cancel and reschedule ids/s, browse p50/p99 ms at start/middle/end, purge
-answer and completion seconds, PING p50/p99/max ms during the purge.
+answer and completion seconds, PING p50/p99/max ms during the purge, and the other
+topic's delivery lateness p50/p99/max ms during it.
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ BATCH_IDS = 100
 PUBLISH_BATCH = 1000
 BROWSE_REQUESTS = 50
 PING_EVERY_S = 0.01
+OTHER_TOPIC = "other"
+OTHER_GROUP = "c"
+OTHER_EVERY_S = 0.01
+OTHER_DELAY_MS = 300
 
 
 async def _publish(conn: RawConnection, entries: int, due_ms: int) -> list[int]:
@@ -99,7 +110,77 @@ async def _browse(conn: RawConnection, from_due_ms: int | None) -> dict[str, flo
     return _latency(samples)
 
 
-async def _measure(server: Server, entries: int, window: int) -> dict[str, Any]:
+def _now_ms() -> float:
+    return time.time() * 1000
+
+
+async def _serve_other(address: str, purging: trio.Event, late: list[float]) -> None:
+    """Publish to ``other`` while ``purging`` is not set, then until every message
+    published was received; a consumer records each one's lateness (ms)."""
+    producer = await RawConnection.open(address, "bench-other-producer")
+    consumer = await RawConnection.open(address, "bench-other-consumer")
+    answer = await producer.request(
+        [frames.FrameType.GROUP_CREATE, producer.next_id(), OTHER_TOPIC, OTHER_GROUP, 30_000, None]
+    )
+    assert answer[0] == frames.FrameType.OK, answer
+    await consumer.send(
+        frame_bytes(
+            [frames.FrameType.SUBSCRIBE, consumer.next_id(), OTHER_TOPIC, OTHER_GROUP, 100]
+        )
+    )
+    published = received = 0
+
+    async def produce(cancel_scope: trio.CancelScope) -> None:
+        nonlocal published
+        while not purging.is_set():
+            due_ms = int(_now_ms()) + OTHER_DELAY_MS
+            answer = await producer.request(
+                [
+                    frames.FrameType.PUBLISH,
+                    producer.next_id(),
+                    int(frames.AckLevel.QUORUM),
+                    [[OTHER_TOPIC, b"o", None, due_ms, None]],
+                ]
+            )
+            assert answer[0] == frames.FrameType.PUBLISH_OK, answer
+            published += 1
+            await trio.sleep(OTHER_EVERY_S)
+        while received < published:  # noqa: ASYNC110 - the consumer task counts them
+            await trio.sleep(0.01)
+        cancel_scope.cancel()
+
+    async def consume() -> None:
+        nonlocal received
+        sub_id = None
+        while True:
+            frame = await consumer.receive()
+            now = _now_ms()
+            if frame[0] == frames.FrameType.SUBSCRIBE_OK:
+                sub_id = frame[2]
+                continue
+            if frame[0] != frames.FrameType.DELIVER:
+                continue
+            tags = []
+            for row in frame[4]:
+                late.append(now - row[3])  # [tag, id, payload, due_ms, ...]
+                tags.append(row[0])
+            received += len(frame[4])
+            await consumer.send(
+                frame_bytes([frames.FrameType.ACK, consumer.next_id(), tags])
+                + frame_bytes([frames.FrameType.CREDIT, consumer.next_id(), sub_id, len(tags)])
+            )
+
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce, nursery.cancel_scope)
+            nursery.start_soon(consume)
+    await producer.aclose()
+    await consumer.aclose()
+
+
+async def _measure(
+    server: Server, entries: int, window: int, purge_only: bool = False
+) -> dict[str, Any]:
     address = server.client_address
     conn = await RawConnection.open(address, "bench-manage")
     answer = await conn.request(
@@ -113,6 +194,12 @@ async def _measure(server: Server, entries: int, window: int) -> dict[str, Any]:
     for part in range(4):
         ids += await _publish(conn, entries // 4, due_ms + part * 60_000)
     publish_s = time.perf_counter() - started
+    if purge_only:
+        return {
+            "entries": entries,
+            "publish_s": round(publish_s, 2),
+            **(await _purge(conn, address)),
+        }
     half = ids[: len(ids) // 2]
 
     reschedule = [
@@ -140,7 +227,20 @@ async def _measure(server: Server, entries: int, window: int) -> dict[str, Any]:
         for start in range(0, len(half), BATCH_IDS)
     ]
     cancel_s = await _pipelined(conn, cancel, window)
+    purged = await _purge(conn, address)
+    return {
+        "entries": entries,
+        "publish_s": round(publish_s, 2),
+        "reschedule_ids_per_s": round(len(half) / reschedule_s),
+        "cancel_ids_per_s": round(len(half) / cancel_s),
+        "browse_page_100": browse,
+        **purged,
+    }
 
+
+async def _purge(conn: RawConnection, address: str) -> dict[str, Any]:
+    """PURGE the group; PINGs and another topic's deliveries meanwhile (see the module
+    docstring)."""
     pinger = await RawConnection.open(address, "bench-ping")
     pings: list[float] = []
     done = trio.Event()
@@ -153,8 +253,13 @@ async def _measure(server: Server, entries: int, window: int) -> dict[str, Any]:
             pings.append(time.perf_counter() - began)
             await trio.sleep(PING_EVERY_S)
 
+    late: list[float] = []
+    purging_done = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ping)
+        nursery.start_soon(_serve_other, address, purging_done, late)
+        await trio.sleep(0.5)  # the other topic is being served before the purge starts
+        late.clear()
         began = time.perf_counter()
         answer = await conn.request([frames.FrameType.PURGE, conn.next_id(), TOPIC, GROUP])
         assert answer[0] == frames.FrameType.OK, answer
@@ -169,19 +274,23 @@ async def _measure(server: Server, entries: int, window: int) -> dict[str, Any]:
                 break
             await trio.sleep(0.05)
         purge_s = time.perf_counter() - began
+        during = len(late)
         done.set()
+        purging_done.set()
     await pinger.aclose()
     await conn.aclose()
+    ordered = sorted(late[:during])
     return {
-        "entries": entries,
-        "publish_s": round(publish_s, 2),
-        "reschedule_ids_per_s": round(len(half) / reschedule_s),
-        "cancel_ids_per_s": round(len(half) / cancel_s),
-        "browse_page_100": browse,
         "purge_entries": purged_entries,
         "purge_answer_s": round(purge_answer_s, 3),
         "purge_s": round(purge_s, 2),
         "ping_during_purge": _latency(pings),
+        "other_topic_during_purge": {
+            "deliveries": len(ordered),
+            "late_p50_ms": round(percentile(ordered, 50), 1) if ordered else None,
+            "late_p99_ms": round(percentile(ordered, 99), 1) if ordered else None,
+            "late_max_ms": round(ordered[-1], 1) if ordered else None,
+        },
     }
 
 
@@ -191,22 +300,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add_common_args(parser)
     parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--window", type=int, default=8)
+    parser.add_argument(
+        "--purge-only", action="store_true", help="publish --entries, then only purge them all"
+    )
     args = parser.parse_args(argv)
     entries = 20_000 if args.quick else args.entries
     with Server() as server:
         server.start()
-        results = trio.run(_measure, server, entries, args.window)
-    browse = results["browse_page_100"]
-    print(
-        f"[{NAME}] {entries} pending: cancel {results['cancel_ids_per_s']} ids/s, reschedule "
-        f"{results['reschedule_ids_per_s']} ids/s (batches of {BATCH_IDS}, window "
-        f"{args.window}); browse page of 100 p50/p99 ms start "
-        f"{browse['start']['p50_ms']}/{browse['start']['p99_ms']}, middle "
-        f"{browse['middle']['p50_ms']}/{browse['middle']['p99_ms']}, end "
-        f"{browse['end']['p50_ms']}/{browse['end']['p99_ms']}; purge of "
-        f"{results['purge_entries']} answered in {results['purge_answer_s']} s, done in "
-        f"{results['purge_s']} s, PING p99 {results['ping_during_purge']['p99_ms']} ms"
+        results = trio.run(_measure, server, entries, args.window, args.purge_only)
+    other = results["other_topic_during_purge"]
+    purge = (
+        f"purge of {results['purge_entries']} answered in {results['purge_answer_s']} s, "
+        f"done in {results['purge_s']} s, PING p99 {results['ping_during_purge']['p99_ms']} "
+        f"ms, other topic lateness p50/p99/max {other['late_p50_ms']}/{other['late_p99_ms']}/"
+        f"{other['late_max_ms']} ms over {other['deliveries']} deliveries"
     )
+    if args.purge_only:
+        print(f"[{NAME}] {entries} pending: {purge}")
+    else:
+        browse = results["browse_page_100"]
+        print(
+            f"[{NAME}] {entries} pending: cancel {results['cancel_ids_per_s']} ids/s, "
+            f"reschedule {results['reschedule_ids_per_s']} ids/s (batches of {BATCH_IDS}, "
+            f"window {args.window}); browse page of 100 p50/p99 ms start "
+            f"{browse['start']['p50_ms']}/{browse['start']['p99_ms']}, middle "
+            f"{browse['middle']['p50_ms']}/{browse['middle']['p99_ms']}, end "
+            f"{browse['end']['p50_ms']}/{browse['end']['p99_ms']}; {purge}"
+        )
     finish(NAME, results, args, argv)
     return results
 

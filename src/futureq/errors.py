@@ -69,6 +69,7 @@ class ErrorCode(enum.IntEnum):
     GROUP_REQUIRED = 262
     INVALID_HEADERS = 263
     INVALID_IDEMPOTENCY_KEY = 264
+    DELIVERY_CANCELLED = 265
     # 280-289: issue 15, shards
     WRONG_SHARD = 280
     """The topic belongs to another shard of the node; the ERROR frame's

@@ -527,3 +527,89 @@ def test_a_group_may_dead_letter_what_expires(broker: BrokerProcess) -> None:
         assert dead[0].headers["k"] == "v"
         (row,) = [g for t in client.status()["topics"] if t["topic"] == "short" for g in t["groups"]]
         assert row["dead_letter_expired"] is True
+
+
+def test_counts_by_due_bucket_from_the_client_the_cli_and_http(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("dash", "g")
+        client.publish_batch([PublishItem("dash", b"now") for _ in range(2)])
+        client.publish_batch([PublishItem("dash", b"soon", delay_ms=20_000) for _ in range(3)])
+        client.publish_batch([PublishItem("dash", b"hour", delay_ms=600_000) for _ in range(4)])
+        client.publish_batch([PublishItem("dash", b"week", delay_ms=7 * 86_400_000)])
+        counts = client.browse_counts("dash", bounds_ms=[60_000, 3_600_000, 86_400_000], relative=True)
+        assert counts.group == "g" and counts.complete
+        assert counts.counts == [5, 4, 0] and counts.later == 1
+        start = counts.bounds_ms[0] - 60_000
+        assert abs(start - time.time() * 1000) < 60_000  # relative to the leader's clock
+        absolute = client.browse_counts("dash", "g", bounds_ms=[start + 300_000])
+        assert (absolute.counts, absolute.later) == ([5], 5)
+        # Nothing was claimed: the two due now are still there for a consumer.
+        got = client.consume("dash", "g", 2, timeout_s=10)
+        assert sorted(d.payload for d in got) == [b"now", b"now"]
+        with pytest.raises(RequestError) as info:
+            client.browse_counts("dash", bounds_ms=[5, 1])
+        assert info.value.code is ErrorCode.INVALID_ARGUMENT and "increasing" in info.value.message
+
+    shown = cli(address, "browse", "dash", "--counts")
+    assert shown.returncode == 0, shown.stderr
+    assert "within 1m: 5" in shown.stdout and "within 1h (after 1m): 4" in shown.stdout
+    assert "within 1d (after 1h): 0" in shown.stdout and "later (or parked): 1" in shown.stdout
+    as_json = cli(address, "browse", "dash", "--counts", "--buckets", "30s,2h", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    record = json.loads(as_json.stdout)
+    assert (record["counts"], record["later"], record["complete"]) == ([5, 4], 1, True)
+    refused = cli(address, "browse", "dash", "--counts", "--buckets", "1h,1m")
+    assert refused.returncode == 2 and "must increase" in refused.stderr
+
+    base = f"http://{broker.http_address}/api/browse/counts?topic=dash"
+    with urllib.request.urlopen(f"{base}&bounds_ms=60000,3600000&relative=true") as answer:
+        body = json.loads(answer.read())
+    assert (body["group"], body["counts"], body["later"], body["complete"]) == ("g", [5, 4], 1, True)
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        urllib.request.urlopen(f"{base}&bounds_ms=soon")
+    assert bad.value.code == 400
+    assert json.loads(bad.value.read())["code"] == "INVALID_ARGUMENT"
+
+
+def test_publish_file_carries_headers_and_idempotency_keys(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    address = broker.client_address
+    lines = [
+        '{"topic":"jobs","payload":"a","delay_ms":3600000,"headers":{"traceparent":"00-1-01"},'
+        '"idempotency_key":"job-1"}',
+        '{"topic":"jobs","payload":"b","delay_ms":3600000,"idempotency_key":"job-2"}',
+        '{"topic":"jobs","payload":"c","headers":{"n":7}}',
+        '{"topic":"jobs","payload":"d","headers":{"futureq-reason":"x"}}',
+    ]
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("\n".join(lines) + "\n")
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("jobs", "g")
+        for _ in range(2):  # the same file twice: keyed lines are stored once
+            sent = cli(address, "publish", "--file", str(batch))
+            assert sent.returncode == 1, sent.stderr
+            assert "published 2 message(s)" in sent.stdout
+            assert "line 3, column 46: headers['n'] must be a string" in sent.stderr
+            assert "line 4: [INVALID_HEADERS]" in sent.stderr
+        shown = client.browse("jobs", "g").messages
+        assert [m.headers for m in shown] == [{"traceparent": "00-1-01"}, {}]
+        assert client.publish("jobs", b"a", idempotency_key="job-1") == shown[0].id
+
+
+def test_settling_a_delivery_whose_message_was_cancelled_says_so(broker: BrokerProcess) -> None:
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.create_group("jobs", "g")
+        ids = client.publish_batch([PublishItem("jobs", b"j%d" % n) for n in range(3)])
+        held = {d.id: d for d in client.consume("jobs", "g", 3, timeout_s=10)}
+        assert sorted(held) == ids
+        # A first delivery's attempt is not recorded, so CANCEL reports DONE.
+        assert client.cancel("jobs", [ids[0], ids[1]]) == [ItemStatus.DONE] * 2
+        for mid in ids[:2]:
+            with pytest.raises(RequestError) as info:
+                held[mid].ack() if mid == ids[0] else held[mid].nack()
+            assert info.value.code is ErrorCode.DELIVERY_CANCELLED, info.value
+            assert "cancelled" in info.value.message
+        held[ids[2]].ack()  # the one not cancelled settles as usual
+        assert client.consume("jobs", "g", 1, timeout_s=0.5) == []  # nothing comes back

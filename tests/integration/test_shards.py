@@ -208,6 +208,7 @@ def test_a_request_for_another_shards_topic_is_told_where_to_go(node: ShardedNod
         frames.Subscribe(wire.next_id(), foreign, "g", 10),
         frames.GroupCreate(wire.next_id(), foreign, "g"),
         frames.Purge(wire.next_id(), foreign, None),
+        frames.BrowseCounts(wire.next_id(), foreign, None, [60_000], True),
     ):
         answer = wire.request(request)
         assert isinstance(answer, frames.Error), request
@@ -486,6 +487,34 @@ def test_the_sync_client_routes_too(node: ShardedNode) -> None:
             got[0].ack()
         shards = client.status()["shards"]
         assert [s["topics"] for s in shards] == [1, 1]
+
+
+def test_scheduled_messages_are_managed_on_the_shard_of_their_topic(node: ShardedNode) -> None:
+    """Cancel, reschedule, browse, counts and purge reach the shard owning the topic,
+    for a topic on each shard, without the caller naming shards."""
+    slot_map = even_map(node.shard_addresses)
+    pair = [next(t for t in TOPICS if slot_map.shard_of(t) == k) for k in (0, 1)]
+
+    async def main() -> None:
+        async with open_client(node.client_address) as client:
+            for topic in pair:
+                await client.create_group(topic, "g")
+                ids = await client.publish_batch(
+                    [PublishItem(topic, b"%d" % n, delay_ms=3_600_000) for n in range(4)]
+                )
+                assert await client.cancel(topic, ids[:1]) == [frames.ItemStatus.DONE]
+                assert await client.reschedule(topic, ids[1:2], delay_ms=60_000) == [
+                    frames.ItemStatus.DONE
+                ]
+                page = await client.browse(topic, "g")
+                assert [m.id for m in page.messages] == ids[1:]
+                counts = await client.browse_counts(
+                    topic, "g", bounds_ms=[120_000, 7_200_000], relative=True
+                )
+                assert counts.complete and counts.counts == [1, 2] and counts.later == 0
+                assert await client.purge(topic, group="g") == 3
+
+    trio.run(main)
 
 
 def test_health_asks_every_shard(node: ShardedNode) -> None:

@@ -278,8 +278,8 @@ class Oracle:
         named: set[int] = set()
         if kind in (CommandKind.ACK, CommandKind.EXPIRE):
             named = {commands.parse_schedule_key(key)[2] for key in command[1]}
-        elif kind == CommandKind.DEAD_LETTER:
-            named = {commands.parse_schedule_key(key)[2] for key, _ in command[2]}
+        elif kind in (CommandKind.DEAD_LETTER, CommandKind.DEAD_LETTER_PROVENANCE):
+            named = {commands.parse_schedule_key(item[0])[2] for item in command[2]}
         elif kind == CommandKind.CANCEL:
             named = {mid for mid in command[3] if type(mid) is int}
         elif kind == CommandKind.RESCHEDULE:
@@ -292,7 +292,12 @@ class Oracle:
                 for key in self.store.scan_keys("schedule", start, stop)
             }
         result = self.state.apply(index, entry.data)
-        if kind in (CommandKind.PUBLISH, CommandKind.DEAD_LETTER, CommandKind.CREATE_GROUP):
+        if kind in (
+            CommandKind.PUBLISH,
+            CommandKind.DEAD_LETTER,
+            CommandKind.DEAD_LETTER_PROVENANCE,
+            CommandKind.CREATE_GROUP,
+        ):
             for info in self.state.groups.values():
                 self.settings_seen.add((info.visibility_timeout_ms, info.max_deliveries))
         if kind == CommandKind.PURGE_GROUP and result:
@@ -300,7 +305,11 @@ class Oracle:
         if kind in (CommandKind.CANCEL, CommandKind.RESCHEDULE):
             self.managed += sum(status != ItemStatus.UNKNOWN for status in result)
         first = commands.message_id(index, 0)
-        if kind in (CommandKind.PUBLISH, CommandKind.DEAD_LETTER):
+        if kind in (
+            CommandKind.PUBLISH,
+            CommandKind.DEAD_LETTER,
+            CommandKind.DEAD_LETTER_PROVENANCE,
+        ):
             if result != first:
                 raise InvariantViolation(
                     f"{kind.name} at {index} returned id {result}, not {first}"

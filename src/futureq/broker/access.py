@@ -462,6 +462,7 @@ _RULES: dict[frames.FrameType, Callable[[Principal, Any], None]] = {
         p, p.permissions.manage_groups, f.topic, "manage the messages of"
     ),
     frames.FrameType.BROWSE: _check_browse,
+    frames.FrameType.BROWSE_COUNTS: _check_browse,
     frames.FrameType.RESCHEDULE: lambda p, f: _topic_check(
         p, p.permissions.manage_groups, f.topic, "manage the messages of"
     ),

@@ -181,6 +181,12 @@ class Broker:
 
         return await manage.browse_json(self, query)
 
+    async def browse_counts_json(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """``/api/browse/counts`` (see :func:`futureq.broker.manage.browse_counts_json`)."""
+        from futureq.broker import manage
+
+        return await manage.browse_counts_json(self, query)
+
     def require_leader(self) -> None:
         """Refuse a request this node cannot serve unless it leads.
 
@@ -946,7 +952,7 @@ class Broker:
         else:
             next_due_ms = None
         if next_due_ms is None:  # no runtime, or nothing within its horizon
-            next_due_ms = self.state.next_due_ms(group_id)
+            next_due_ms = self.dispatcher.next_due_ms(group_id)
         age_ms = 0 if next_due_ms is None else max(0, now_ms - next_due_ms)
         background = None
         if group_id in self.state.purging:

@@ -32,7 +32,7 @@ import heapq
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import trio
@@ -41,6 +41,7 @@ from futureq.errors import ErrorCode, FutureQError
 from futureq.state import commands
 from futureq.state.commands import CommandKind
 from futureq.state.due_index import pack, unpack
+from futureq.state.records import PARKED_DUE_MS
 from futureq.wire import frames
 
 from .hub import Consumer, GroupRuntime, Hub, InFlight
@@ -74,6 +75,10 @@ _REASON_COUNTERS: dict[CommandKind, str] = {
     CommandKind.EXPIRE: "expired_messages_total",
     CommandKind.DEAD_LETTER: "dead_lettered_messages_total",
 }
+_CANCELLING: Final = frozenset({CommandKind.CANCEL, CommandKind.PURGE_GROUP})
+"""Removals a consumer holding the delivery is told are cancellations (REVOKE reason
+CANCELLED, then DELIVERY_CANCELLED for its ACK)."""
+
 PROPOSE_RETRY_MS = 200
 """Wait before retrying an EXPIRE or DEAD_LETTER the log refused (ms)."""
 NOT_ALLOWED_RETRY_MS = 50
@@ -156,6 +161,9 @@ class Dispatcher:
         self._timers: list[tuple[float, int]] = []
         """Heap of ``(wake_ms, group_id)``; an entry is live while ``_wake_at`` agrees."""
         self._wake_at: dict[int, float] = {}
+        self._seek_hints: dict[int, bytes] = {}
+        """Group id -> a schedule key no live entry of the group lies below (node-local;
+        see :meth:`next_due_ms`)."""
         self._pass_now_ms = 0
         """Wall time of the dispatch pass in progress, or of the last one (ms)."""
         self._staged: list[Staged] = []
@@ -179,8 +187,14 @@ class Dispatcher:
         """A schedule entry was committed: index it if it falls inside the horizon.
 
         O(log n): an entry beyond the group's loaded horizon stays on disk and only
-        moves the group's next look (so it is loaded before it falls due).
+        moves the group's next look (so it is loaded before it falls due). On every
+        node it lowers the group's seek hint (:meth:`next_due_ms`) if it lies below.
         """
+        hint = self._seek_hints.get(group_id)
+        if hint is not None:
+            key = commands.schedule_key(group_id, due_ms, mid)
+            if key < hint:
+                self._seek_hints[group_id] = key
         if not self.active:
             return
         runtime = self.hub.groups.get(group_id)
@@ -207,6 +221,26 @@ class Dispatcher:
             wake = min(wake, expire_ms)
         self._wake_group_at(group_id, wake)
 
+    def next_due_ms(self, group_id: int) -> int | None:
+        """When the group's earliest deliverable entry falls due (ms), or None (parked
+        dead letters do not count); any node, from disk.
+
+        The seek starts at the group's seek hint: a key no live entry of the group lies
+        below (the first key the previous call found; every entry scheduled since lowers
+        it, :meth:`on_scheduled`; a snapshot clears it). So a status polled while a
+        PURGE or many CANCELs delete from the start of the group's due order does not
+        step over their tombstones again each time (it did: a quarter of the event
+        loop during a purge of 100,000, py-spy). O(log n) plus what was deleted since
+        the previous call.
+        """
+        start = self._seek_hints.get(group_id, group_id.to_bytes(4, "big"))
+        stop = commands.schedule_key(group_id, PARKED_DUE_MS, 0)
+        for key in self.state.store.scan_keys("schedule", start, stop):
+            self._seek_hints[group_id] = key
+            return commands.parse_schedule_key(key)[1]
+        self._seek_hints[group_id] = stop
+        return None
+
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
         """A schedule entry was removed: forget it in the index and in flight."""
         runtime = self.hub.groups.get(group_id)
@@ -220,7 +254,7 @@ class Dispatcher:
         runtime.index.discard(due_ms, mid)
         runtime.released.pop(mid, None)
         key = commands.schedule_key(group_id, due_ms, mid)
-        self.hub.forget(key)
+        self.hub.forget(key, cancelled=reason in _CANCELLING)
         if self.metrics is not None:
             name = _REASON_COUNTERS.get(reason)
             if name is not None:
@@ -266,6 +300,8 @@ class Dispatcher:
         those). A changed group's runtime, if it has one, takes the new settings.
         """
         state = self.state
+        if group_id not in state.groups:
+            self._seek_hints.pop(group_id, None)
         if group_id in state.deleting or group_id in state.purging or group_id in state.backfilling:
             self._deleting_changed.set()  # the reaper has entries to purge or copy
         if not self.active:
@@ -294,6 +330,7 @@ class Dispatcher:
 
     def on_groups_changed(self) -> None:
         """Every group may have changed (a snapshot was installed): start afresh."""
+        self._seek_hints.clear()
         if self.active:
             self.activate()
         if self.state.deleting:

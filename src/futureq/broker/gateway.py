@@ -801,6 +801,8 @@ class Connection:
                 return frames.Ok(frame.request_id, None)
             case frames.Browse():
                 return await manage.browse(broker, frame)
+            case frames.BrowseCounts():
+                return await manage.browse_counts(broker, frame)
             case frames.Redrive():
                 results = await manage.redrive(broker, frame)
                 return frames.ItemResults(frame.request_id, results)
@@ -843,7 +845,7 @@ def check_shard(shard: ShardRole, frame: frames.Frame) -> None:
 
     PUBLISH: every item's topic must be this shard's (the first foreign item is named);
     requests naming one topic (SUBSCRIBE, GROUP_CREATE/DELETE, CANCEL, BROWSE,
-    REDRIVE, RESCHEDULE, PURGE) must name one of ours. Delivery tags (ACK, NACK, ...)
+    BROWSE_COUNTS, REDRIVE, RESCHEDULE, PURGE) must name one of ours. Delivery tags (ACK, NACK, ...)
     belong to the connection, so they are this shard's by construction.
 
     Raises:
@@ -863,6 +865,7 @@ def check_shard(shard: ShardRole, frame: frames.Frame) -> None:
             | frames.GroupDelete()
             | frames.Cancel()
             | frames.Browse()
+            | frames.BrowseCounts()
             | frames.Redrive()
             | frames.Reschedule()
             | frames.Purge()

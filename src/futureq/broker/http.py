@@ -14,6 +14,8 @@ Endpoints (all ``GET``; ``HEAD`` too):
 ``/api/status``    JSON of ``status()`` (shape in :class:`StatusProvider`).
 ``/api/browse``    JSON of one BROWSE page: ``?topic=T[&group=G][&from_due_ms=][&to_due_ms=]
                    [&cursor=HEX][&limit=N][&preview_bytes=N]`` (read-only; leader only).
+``/api/browse/counts`` JSON of one BROWSE_COUNTS: ``?topic=T[&group=G]&bounds_ms=B1,B2
+                   [&relative=true]`` (read-only; leader only).
 ``/api/overview``  JSON of ``overview()``: what the dashboard shows (the map of
                    WATCH_UPDATE, ``docs/protocol.md``).
 ``/``              The dashboard: a static page (``broker/static/``) that opens ``/ws``
@@ -124,6 +126,10 @@ class BrowseProvider(Protocol):
 
     async def browse_json(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
         """``(HTTP status, JSON body)`` of one BROWSE page for the query parameters."""
+        ...
+
+    async def browse_counts_json(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """``(HTTP status, JSON body)`` of one BROWSE_COUNTS for the query parameters."""
         ...
 
 
@@ -240,6 +246,10 @@ class HttpApp:
             elif scope["path"] == "/api/browse" and self._browser is not None:
                 query = dict(urllib.parse.parse_qsl(scope.get("query_string", b"").decode()))
                 status, value = await self._browser.browse_json(query)
+                body, content_type = _json(value), _JSON
+            elif scope["path"] == "/api/browse/counts" and self._browser is not None:
+                query = dict(urllib.parse.parse_qsl(scope.get("query_string", b"").decode()))
+                status, value = await self._browser.browse_counts_json(query)
                 body, content_type = _json(value), _JSON
             else:
                 status, body, content_type = self._route(scope["path"])

@@ -23,11 +23,12 @@ bounded in bytes; no request holds the event loop").
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 
@@ -198,12 +199,21 @@ class GroupRuntime:
         )
 
 
+CANCELLED_TAGS_KEPT: Final = 65_536
+"""Deliveries out when a CANCEL or PURGE removed their message that the leader remembers,
+so a later ACK/NACK/RELEASE/EXTEND of one gets DELIVERY_CANCELLED rather than the
+generic UNKNOWN_DELIVERY_TAG (oldest forgotten first; ~100 bytes each)."""
+
+
 class Hub:
     """Consumers, credit and in-flight deliveries of the groups this leader dispatches."""
 
     def __init__(self) -> None:
         self.groups: dict[int, GroupRuntime] = {}
         self.in_flight: dict[bytes, InFlight] = {}
+        self.cancelled: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        """Schedule key -> attempt of deliveries that were out when a CANCEL or PURGE
+        removed their message (at most :data:`CANCELLED_TAGS_KEPT`; leader-local)."""
         self._deadlines: list[tuple[int, bytes]] = []
         self._subscription_ids = itertools.count(1)
         self.consumers: dict[int, Consumer] = {}
@@ -309,15 +319,25 @@ class Hub:
         """True while ``flight`` is still the delivery in flight for its key."""
         return self.in_flight.get(flight.key) is flight
 
-    def forget(self, key: bytes) -> InFlight | None:
+    def forget(self, key: bytes, cancelled: bool = False) -> InFlight | None:
         """Drop an in-flight delivery a command removed or rescheduled.
 
         A pushed delivery its consumer was not settling is taken back from the
-        consumer: its credit is returned and the consumer gets a REVOKE.
+        consumer: its credit is returned and the consumer gets a REVOKE (reason
+        CANCELLED when ``cancelled``: a CANCEL or PURGE removed it; else REMOVED).
+        A cancelled delivery that was out is remembered, so settling it later is
+        answered DELIVERY_CANCELLED.
         """
         flight = self._drop(key)
-        if flight is not None and flight.pushed and not flight.acking:
-            self._revoke([flight], frames.RevokeReason.REMOVED)
+        if flight is not None and flight.pushed:
+            if cancelled:
+                self.cancelled[key] = flight.attempt
+                self.cancelled.move_to_end(key)
+                while len(self.cancelled) > CANCELLED_TAGS_KEPT:
+                    self.cancelled.popitem(last=False)
+            if not flight.acking:
+                reason = frames.RevokeReason.CANCELLED if cancelled else frames.RevokeReason.REMOVED
+                self._revoke([flight], reason)
         return flight
 
     def _drop(self, key: bytes) -> InFlight | None:
@@ -418,6 +438,13 @@ class Hub:
                 )
             key, attempt = parsed
             flight = self.in_flight.get(key)
+            if flight is None and self.cancelled.get(key) == attempt:
+                raise RequestError(
+                    ErrorCode.DELIVERY_CANCELLED,
+                    "this delivery's message was cancelled (CANCEL or PURGE) while it was "
+                    "out; there is nothing to settle: do not process it",
+                    i,
+                )
             if (
                 flight is None
                 or flight.attempt != attempt

@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING, Any, Final
 
+import trio.lowlevel
+
 from futureq.errors import ErrorCode, NotLeaderError, RequestError
 from futureq.state import commands
 from futureq.state.model import DLQ_SUFFIX
@@ -30,6 +32,13 @@ MAX_BROWSE_LIMIT: Final = 1000
 MAX_PREVIEW_BYTES: Final = 1024
 """Most payload bytes a BROWSE shows per message (``limit`` x this stays under the
 smallest frame limit a server may run with)."""
+MAX_COUNT_BOUNDS: Final = 32
+"""Most bucket bounds one BROWSE_COUNTS names."""
+MAX_COUNTED_ENTRIES: Final = 200_000
+"""Most schedule keys one BROWSE_COUNTS reads; beyond it the answer is incomplete
+(a lower bound where it stopped)."""
+COUNT_CHUNK_ENTRIES: Final = 8192
+"""Keys BROWSE_COUNTS reads between two yields to the event loop."""
 
 
 def check_ids(broker: Broker, request: str, ids: list[int]) -> None:
@@ -203,6 +212,84 @@ async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
             ]
         )
     return frames.BrowseOk(frame.request_id, info.name, messages, next_key)
+
+
+async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.BrowseCountsOk:
+    """Serve a BROWSE_COUNTS: how many of a group's pending entries fall due in each
+    bucket, claiming none.
+
+    A read barrier first (everything acknowledged before is counted), then key-only
+    range scans of the ``schedule`` family in chunks of :data:`COUNT_CHUNK_ENTRIES`
+    that yield to the event loop in between (so dispatch and heartbeats go on), at most
+    :data:`MAX_COUNTED_ENTRIES` keys in all: cost O(entries counted), bounded. What is
+    due after the last bound is the group's pending count minus the buckets, read in
+    O(1). Entries in flight count where they are due (they are pending until acked).
+
+    Raises:
+        RequestError: INVALID_ARGUMENT (no bounds, too many, not strictly increasing,
+            out of range), as :func:`browse_group`, CLOCK_NOT_SYNCHRONIZED (relative).
+        NotLeaderError: this node is not the leader.
+    """
+    broker.require_leader()
+    bounds = list(frame.bounds_ms)
+    if not 1 <= len(bounds) <= MAX_COUNT_BOUNDS:
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"BROWSE_COUNTS wants 1 to {MAX_COUNT_BOUNDS} bucket bounds, got {len(bounds)}",
+        )
+    for position in range(1, len(bounds)):
+        if bounds[position] <= bounds[position - 1]:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"BROWSE_COUNTS bounds_ms must be strictly increasing: bounds_ms[{position}] = "
+                f"{bounds[position]} is not after {bounds[position - 1]}",
+            )
+    await broker.log.read_barrier()
+    broker.require_leader()
+    info = browse_group(broker, frame.topic, frame.group)
+    if frame.relative:
+        now_ms = broker.stamp()
+        if bounds[0] < 0:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"BROWSE_COUNTS relative bounds are ms from now, >= 0; got {bounds[0]}",
+            )
+        bounds = [now_ms + b for b in bounds]
+    if not 0 <= bounds[0] or not bounds[-1] < PARKED_DUE_MS:
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"BROWSE_COUNTS bounds must lie in [0, 2**63-1) ms since the Unix epoch, got "
+            f"{bounds[0]} .. {bounds[-1]}",
+        )
+    group_id = info.group_id
+    counts: list[int | None] = []
+    budget = MAX_COUNTED_ENTRIES
+    start: bytes | None = commands.schedule_key(group_id, 0, 0)
+    for bound in bounds:
+        count = 0
+        while start is not None and budget > 0:
+            chunk, resume = broker.state.count_entries(
+                group_id, start, bound, min(COUNT_CHUNK_ENTRIES, budget)
+            )
+            count += chunk
+            budget -= chunk
+            if resume is None:
+                # This bucket is done; the next one starts at this bound.
+                start = commands.schedule_key(group_id, bound, 0)
+                break
+            start = resume
+            await trio.lowlevel.checkpoint()
+            broker.require_leader()
+        else:
+            counts.append(count)
+            counts += [None] * (len(bounds) - len(counts))
+            return frames.BrowseCountsOk(frame.request_id, info.name, bounds, counts, None, False)
+        counts.append(count)
+    # Within a chunk nothing is applied; a count that took several chunks sees each
+    # bucket as it was when read (a command applied in between may move an entry).
+    counted = sum(c for c in counts if c is not None)
+    later = max(0, info.pending - counted)
+    return frames.BrowseCountsOk(frame.request_id, info.name, bounds, counts, later, True)
 
 
 async def redrive(broker: Broker, frame: frames.Redrive) -> list[int]:
@@ -419,4 +506,59 @@ async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[
             for m in page.messages
         ],
         "next_cursor": None if page.next_cursor is None else page.next_cursor.hex(),
+    }
+
+
+_COUNTS_PARAMETERS: Final = frozenset({"topic", "group", "bounds_ms", "relative"})
+
+
+async def browse_counts_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    """``/api/browse/counts``: one BROWSE_COUNTS as JSON, for the HTTP API (read-only).
+
+    Query parameters: ``topic`` (required), ``group``, ``bounds_ms`` (comma-separated
+    integers, required) and ``relative`` (``true``: bounds are ms from now; default
+    ``false``). A bad parameter or refused request is a 400 with ``{"code",
+    "message"}``; a follower answers 503 with ``leader_address``.
+
+    Returns:
+        ``(HTTP status, body)``; on success ``{"group", "bounds_ms", "counts", "later",
+        "complete"}`` as BROWSE_COUNTS_OK.
+    """
+
+    def bad(message: str) -> tuple[int, dict[str, Any]]:
+        return 400, {"code": ErrorCode.INVALID_ARGUMENT.name, "message": message}
+
+    unknown = sorted(set(query) - _COUNTS_PARAMETERS)
+    if unknown:
+        return bad(f"unknown parameters {unknown}; known: {sorted(_COUNTS_PARAMETERS)}")
+    if not query.get("topic"):
+        return bad("the topic parameter is required: /api/browse/counts?topic=NAME&bounds_ms=...")
+    try:
+        bounds = [int(text) for text in query.get("bounds_ms", "").split(",")]
+    except ValueError:
+        return bad(
+            f"bounds_ms must be comma-separated integers (ms), got {query.get('bounds_ms')!r}"
+        )
+    relative_text = query.get("relative", "false").lower()
+    if relative_text not in ("true", "false", "1", "0"):
+        return bad(f"relative must be true or false, got {query['relative']!r}")
+    frame = frames.BrowseCounts(
+        0, query["topic"], query.get("group"), bounds, relative_text in ("true", "1")
+    )
+    try:
+        answer = await browse_counts(broker, frame)
+    except NotLeaderError as error:
+        return 503, {
+            "code": error.code.name,
+            "message": error.message,
+            "leader_address": error.leader_address,
+        }
+    except RequestError as error:
+        return 400, {"code": error.code.name, "message": error.message}
+    return 200, {
+        "group": answer.group,
+        "bounds_ms": answer.bounds_ms,
+        "counts": answer.counts,
+        "later": answer.later,
+        "complete": answer.complete,
     }

@@ -61,6 +61,7 @@ from .gateway import ClientGateway, NodeBuffers
 from .gc_pacing import pace_gc
 from .http import serve_http
 from .hub import Hub
+from .tombstones import compact_tombstones
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +296,7 @@ async def serve(
             await root.start(dispatcher.run)
             root.start_soon(broker.run_background_publisher)
             root.start_soon(pace_gc, lambda: len(state.groups))
+            root.start_soon(compact_tombstones, db)
             root.start_soon(broker.activity.run, clock.wall_ms)
             root.start_soon(broker.due_buckets.run, broker)
             root.start_soon(

@@ -2,7 +2,8 @@
 
 ``publish --file`` reads JSON lines. Each line is one object::
 
-    {"topic": "orders", "payload": {"amount":10.50}, "delay_ms": 5000, "ttl_ms": 60000}
+    {"topic": "orders", "payload": {"amount":10.50}, "delay_ms": 5000, "ttl_ms": 60000,
+     "headers": {"traceparent": "00-4bf9-01"}, "idempotency_key": "order-17"}
 
 * ``payload`` is sent **as written**: a JSON value other than a string is sent as the
   exact text of the line between its first and last character (``{"amount":10.50}``
@@ -11,6 +12,10 @@
   strings included, quotes and all), ``"text"`` (a string, sent as UTF-8) or ``"base64"``
   (a string holding base64, sent as the bytes it decodes to). These are the encodings
   ``consume --json`` prints, so its records can be published again byte for byte.
+* ``headers`` (optional) is an object of string values (``null``: none);
+  ``idempotency_key`` (optional) a non-empty string (``null``: none). A value of
+  another type is refused with the line and the column of that value; the server
+  checks the limits on headers (count, bytes, reserved ``futureq-`` names) and keys.
 * Values JSON cannot carry are refused with the line and column: ``NaN``, ``Infinity``
   and numbers beyond the range of a 64-bit float (``1E400``), and a key given twice in
   one object (``{"a":1,"a":2}``: which one would a consumer see?).
@@ -44,7 +49,16 @@ from futureq.client import PublishItem
 from futureq.wire.validation import implausible_epoch_ms
 
 ENCODINGS: Final = ("json", "text", "base64")
-FIELDS: Final = ("topic", "payload", "payload_encoding", "delay_ms", "deliver_at_ms", "ttl_ms")
+FIELDS: Final = (
+    "topic",
+    "payload",
+    "payload_encoding",
+    "delay_ms",
+    "deliver_at_ms",
+    "ttl_ms",
+    "headers",
+    "idempotency_key",
+)
 _BLANKS: Final = " \t\r\n"
 
 
@@ -243,6 +257,44 @@ def _optional_ms(fields: dict[str, Field], key: str) -> int | None:
     return value
 
 
+def _headers(fields: dict[str, Field], text: str) -> dict[str, str] | None:
+    """A line's ``headers``: an object of strings, or None (absent or null).
+
+    Raises:
+        LineError: not an object, or a value that is not a string (at its column).
+    """
+    if "headers" not in fields or fields["headers"].value is None:
+        return None
+    value, start, end, _ = fields["headers"]
+    if not isinstance(value, dict):
+        raise LineError(
+            f'"headers" must be an object of strings ({{"name": "value"}}), got '
+            f"{type(value).__name__}",
+            start + 1,
+        )
+    entries = split_object(text[start:end])
+    for name, entry in entries.items():
+        if not isinstance(entry.value, str):
+            raise LineError(
+                f"headers[{name!r}] must be a string, got {json.dumps(entry.value)}; "
+                "headers carry text (quote a number)",
+                start + entry.start + 1,
+            )
+    return {name: entry.value for name, entry in entries.items()}
+
+
+def _idempotency_key(fields: dict[str, Field]) -> str | None:
+    """A line's ``idempotency_key``: a non-empty string, or None (absent or null)."""
+    if "idempotency_key" not in fields or fields["idempotency_key"].value is None:
+        return None
+    value, start = fields["idempotency_key"].value, fields["idempotency_key"].start
+    if not isinstance(value, str) or not value:
+        raise LineError(
+            f'"idempotency_key" must be a non-empty string, got {json.dumps(value)}', start + 1
+        )
+    return value
+
+
 def payload_bytes(fields: dict[str, Field], text: str) -> bytes:
     """The bytes a line's ``payload`` is sent as (see the module docstring).
 
@@ -309,7 +361,15 @@ def parse_jsonl_line(text: str) -> PublishItem | None:
         mistake = implausible_epoch_ms("deliver_at_ms", deliver_at_ms)
         if mistake is not None:
             raise LineError(mistake, fields["deliver_at_ms"].start + 1)
-    return PublishItem(fields["topic"].value, payload, delay_ms, deliver_at_ms, ttl_ms)
+    return PublishItem(
+        fields["topic"].value,
+        payload,
+        delay_ms,
+        deliver_at_ms,
+        ttl_ms,
+        headers=_headers(fields, text),
+        idempotency_key=_idempotency_key(fields),
+    )
 
 
 def parse_jsonl(lines: Iterable[str]) -> tuple[list[JsonlItem], list[LineFailure]]:

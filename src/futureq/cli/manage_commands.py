@@ -20,7 +20,7 @@ from futureq.wire import frames
 
 if TYPE_CHECKING:
     from futureq.cli.client_main import Output
-    from futureq.client import BrowsePage, Client, PendingMessage
+    from futureq.client import BrowsePage, Client, DueCounts, PendingMessage
 
 EXIT_OK: Final = 0
 EXIT_USAGE: Final = 2
@@ -35,6 +35,25 @@ _STATUS_WORDS: Final = {
     frames.ItemStatus.DELIVERED: "cancelled (had been delivered)",
     frames.ItemStatus.UNKNOWN: "unknown (not pending: acked, expired, cancelled or never published)",
 }
+
+
+DEFAULT_BUCKETS_MS: Final = (60_000, 3_600_000, 86_400_000)
+"""``browse --counts`` buckets: due within the next minute, hour and day."""
+
+
+def _buckets_arg(duration_arg: Callable[[str], int]) -> Callable[[str], list[int]]:
+    """argparse type of ``--buckets``: comma-separated durations, strictly increasing."""
+
+    def parse(text: str) -> list[int]:
+        bounds = [duration_arg(part.strip()) for part in text.split(",")]
+        for earlier, later in zip(bounds, bounds[1:], strict=False):
+            if later <= earlier:
+                raise argparse.ArgumentTypeError(
+                    f"bucket bounds must increase, e.g. 1m,1h,1d; got {text!r}"
+                )
+        return bounds
+
+    return parse
 
 
 def header_arg(text: str) -> tuple[str, str]:
@@ -121,6 +140,19 @@ def add_parsers(
         "--within", type=duration_arg, metavar="D", help="due within D from now (e.g. 1h)"
     )
     _paging_args(browse)
+    browse.add_argument(
+        "--counts",
+        action="store_true",
+        help="print how many are due in each bucket (see --buckets) instead of the messages",
+    )
+    browse.add_argument(
+        "--buckets",
+        type=_buckets_arg(duration_arg),
+        default=list(DEFAULT_BUCKETS_MS),
+        metavar="D1,D2,...",
+        help="with --counts: bucket bounds as durations from now, increasing "
+        "(default 1m,1h,1d: due within the next minute, hour and day)",
+    )
 
     dlq = commands.add_parser("dlq", help="dead letters: list them without claiming them")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
@@ -278,6 +310,8 @@ def _line(message: PendingMessage, dead_letters: bool) -> str:
 
 async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> int:
     """``futureq-cli browse TOPIC``: pending messages in due order, none claimed."""
+    if args.counts:
+        return await _run_browse_counts(client, args, io)
     to_ms = args.to_ms
     if args.within is not None:
         to_ms = int(time.time() * 1000) + args.within
@@ -289,6 +323,61 @@ async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> in
             io.out(_line(message, dead_letters=False))
     if not args.json:
         io.out(f"{len(found)} pending shown")
+    return EXIT_OK
+
+
+def _duration_text(ms: int) -> str:
+    """``90s``, ``1h``, ``1d2h``: a bound of ``--buckets`` as a person writes it."""
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size:
+            parts.append(f"{ms // size}{unit}")
+            ms %= size
+    if ms or not parts:
+        parts.append(f"{ms}ms")
+    return "".join(parts)
+
+
+async def _run_browse_counts(client: Client, args: argparse.Namespace, io: Output) -> int:
+    """``futureq-cli browse TOPIC --counts``: pending messages counted by due bucket."""
+    if args.from_ms is not None or args.to_ms is not None or args.within is not None:
+        io.err("error: --counts counts the whole group; use --buckets, not --from/--to/--within")
+        return EXIT_USAGE
+    counts: DueCounts = await client.browse_counts(
+        args.topic, args.group, bounds_ms=args.buckets, relative=True
+    )
+    if args.json:
+        io.out(
+            json.dumps(
+                {
+                    "topic": args.topic,
+                    "group": counts.group,
+                    "bounds_ms": counts.bounds_ms,
+                    "counts": counts.counts,
+                    "later": counts.later,
+                    "complete": counts.complete,
+                }
+            )
+        )
+        return EXIT_OK
+    io.out(f"group {counts.group!r} of {args.topic!r}, pending by due time:")
+    previous = None
+    counted = [i for i, count in enumerate(counts.counts) if count is not None]
+    for position, (relative_ms, count) in enumerate(
+        zip(args.buckets, counts.counts, strict=True)
+    ):
+        label = f"within {_duration_text(relative_ms)}"
+        if previous is not None:
+            label += f" (after {_duration_text(previous)})"
+        shown = "not counted" if count is None else str(count)
+        if not counts.complete and counted and position == counted[-1]:
+            shown = f"at least {count}"
+        io.out(f"  {label}: {shown}")
+        previous = relative_ms
+    later = "not counted" if counts.later is None else str(counts.later)
+    io.out(f"  later (or parked): {later}")
+    if not counts.complete:
+        io.out("  (the server stopped counting at its limit: the counts are lower bounds)")
     return EXIT_OK
 
 

@@ -8,12 +8,13 @@ and a small sync wrapper.
 from __future__ import annotations
 
 from futureq.client._batching import PublishItem
-from futureq.client._browse import BrowsePage, PendingMessage
+from futureq.client._browse import BrowsePage, DueCounts, PendingMessage
 from futureq.client.client import Client, open_client, parse_servers
 from futureq.client.subscription import Delivery, Subscription
 
 __all__ = [
     "BrowsePage",
+    "DueCounts",
     "Client",
     "Delivery",
     "PendingMessage",

@@ -1,6 +1,6 @@
 """What :meth:`futureq.client.Client.browse` returns: a page of pending messages.
 
-Source: ``docs/protocol.md``, "BROWSE_OK".
+Source: ``docs/protocol.md``, "BROWSE_OK", "BROWSE_COUNTS_OK".
 """
 
 from __future__ import annotations
@@ -60,4 +60,34 @@ def page_from_frame(frame: frames.BrowseOk) -> BrowsePage:
             for m in frame.messages
         ],
         frame.next_cursor,
+    )
+
+
+@attrs.frozen
+class DueCounts:
+    """How many of a group's pending messages fall due in each bucket (BROWSE_COUNTS).
+
+    Attributes:
+        group: The group counted.
+        bounds_ms: The bucket bounds, absolute (ms since the Unix epoch, cluster time).
+        counts: ``counts[0]``: due before ``bounds_ms[0]`` (overdue included);
+            ``counts[i]``: due in ``[bounds_ms[i-1], bounds_ms[i])``. None: not counted
+            (``complete`` is false).
+        later: Due at or after the last bound (parked dead letters included); None
+            when ``complete`` is false.
+        complete: False when the server stopped at its read limit (200,000 entries per
+            request): the last non-None count is then a lower bound.
+    """
+
+    group: str
+    bounds_ms: list[int]
+    counts: list[int | None]
+    later: int | None
+    complete: bool
+
+
+def counts_from_frame(frame: frames.BrowseCountsOk) -> DueCounts:
+    """The counts a BROWSE_COUNTS_OK carries."""
+    return DueCounts(
+        frame.group, list(frame.bounds_ms), list(frame.counts), frame.later, frame.complete
     )

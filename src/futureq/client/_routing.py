@@ -19,7 +19,7 @@ import anyio
 import anyio.abc
 
 from futureq.client._batching import PublishItem
-from futureq.client._browse import BrowsePage
+from futureq.client._browse import BrowsePage, DueCounts
 from futureq.client.client import Client, _expect
 from futureq.client.subscription import Subscription
 from futureq.errors import ErrorCode, RequestError
@@ -392,6 +392,22 @@ class ShardedClient(Client):
                 cursor=cursor,
                 limit=limit,
                 preview_bytes=preview_bytes,
+            ),
+        )
+
+    async def browse_counts(
+        self,
+        topic: str,
+        group: str | None = None,
+        *,
+        bounds_ms: Sequence[int],
+        relative: bool = False,
+    ) -> DueCounts:
+        """As :meth:`Client.browse_counts`, on the shard owning ``topic``."""
+        return await self._routed(
+            topic,
+            lambda client: client.browse_counts(
+                topic, group, bounds_ms=bounds_ms, relative=relative
             ),
         )
 

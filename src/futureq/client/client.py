@@ -49,7 +49,7 @@ from futureq.client._batching import (
     refused_item,
     without_item,
 )
-from futureq.client._browse import BrowsePage, page_from_frame
+from futureq.client._browse import BrowsePage, DueCounts, counts_from_frame, page_from_frame
 from futureq.client._connection import Connection, NotSentError, PushFrame, connect
 from futureq.client.subscription import (
     LOST_REASON,
@@ -258,7 +258,7 @@ class Client:
                     except RemoteProtocolError as exc:
                         conn.close(f"server {conn.address} broke flow control: {exc.message}")
                 elif isinstance(frame, frames.Revoke):
-                    sub._revoke(conn.epoch, frame.tags)
+                    sub._revoke(conn.epoch, frame.tags, frame.reason)
                 elif isinstance(frame, frames.SubscriptionInfo):
                     sub._info(conn.epoch, frame.visibility_timeout_ms, frame.max_deliveries)
                 else:
@@ -1179,6 +1179,37 @@ class Client:
         )
         return page_from_frame(_expect(answer, frames.BrowseOk))
 
+    async def browse_counts(
+        self,
+        topic: str,
+        group: str | None = None,
+        *,
+        bounds_ms: Sequence[int],
+        relative: bool = False,
+    ) -> DueCounts:
+        """How many of a group's pending messages fall due in each bucket, claiming
+        none (``docs/protocol.md``, "BROWSE_COUNTS").
+
+        Args:
+            topic: The topic.
+            group: The group; None: the topic's only group.
+            bounds_ms: 1 to 32 strictly increasing bucket bounds: ms since the Unix
+                epoch, or with ``relative`` ms from the leader's cluster time (e.g.
+                ``[60_000, 3_600_000, 86_400_000]``: next minute / hour / day).
+            relative: Whether ``bounds_ms`` count from now.
+
+        Raises:
+            RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED,
+                INVALID_ARGUMENT (bounds), PERMISSION_DENIED.
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+        """
+        bounds = list(bounds_ms)
+        answer = await self._call(
+            lambda rid: frames.BrowseCounts(rid, topic, group, bounds, relative),
+            retry_unknown=True,
+        )
+        return counts_from_frame(_expect(answer, frames.BrowseCountsOk))
+
     async def cluster_status(self, *, local: bool = False) -> dict[str, Any]:
         """The cluster's membership and progress, asked of the leader
         (``docs/protocol.md``, "CLUSTER_STATUS_OK").
@@ -1444,14 +1475,20 @@ async def open_client(
 def _pop_refused_tag(exc: RequestError, chunk: list[Delivery]) -> Delivery | None:
     """The delivery of ``chunk`` whose tag the server refused in ``exc`` (removed from
     ``chunk`` and voided with the server's sentence), or None when ``exc`` is another
-    error (UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG with an item index in range)."""
+    error (UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG / DELIVERY_CANCELLED with an item
+    index in range)."""
     index = exc.item_index
     if (
-        exc.code not in (ErrorCode.UNKNOWN_DELIVERY_TAG, ErrorCode.FOREIGN_DELIVERY_TAG)
+        exc.code
+        not in (
+            ErrorCode.UNKNOWN_DELIVERY_TAG,
+            ErrorCode.FOREIGN_DELIVERY_TAG,
+            ErrorCode.DELIVERY_CANCELLED,
+        )
         or index is None
         or not 0 <= index < len(chunk)
     ):
         return None
     bad = chunk.pop(index)
-    bad._void(exc.message)
+    bad._void(exc.message, code=exc.code)
     return bad

@@ -44,11 +44,11 @@ from futureq.errors import (
     RequestError,
     SubscriptionEndedError,
 )
+from futureq.wire import frames
 
 if TYPE_CHECKING:
     from futureq.client._connection import Connection
     from futureq.client.client import Client
-    from futureq.wire import frames
 
 LOST_REASON = "the connection it came on was lost; the broker delivers it again"
 LEASE_REFRESH_FRACTION = 0.5
@@ -104,6 +104,7 @@ class Delivery:
     _state: DeliveryState = DeliveryState.HELD
     _void_reason: str = ""
     _void_kind: str = ""
+    _void_code: ErrorCode = ErrorCode.UNKNOWN_DELIVERY_TAG
     headers: dict[str, str] = attrs.Factory(dict)
 
     def __repr__(self) -> str:
@@ -123,12 +124,19 @@ class Delivery:
         """Held, settled, or void (see :class:`DeliveryState`)."""
         return self._state
 
-    def _void(self, reason: str, kind: str = "revoked") -> None:
-        """Mark it void; ``kind``: ``revoked``, ``lost`` (connection) or ``ended``."""
+    def _void(
+        self,
+        reason: str,
+        kind: str = "revoked",
+        code: ErrorCode = ErrorCode.UNKNOWN_DELIVERY_TAG,
+    ) -> None:
+        """Mark it void; ``kind``: ``revoked``, ``lost`` (connection) or ``ended``;
+        ``code``: what settling it raises (DELIVERY_CANCELLED for a cancelled one)."""
         if self._state is DeliveryState.HELD:
             self._state = DeliveryState.VOID
             self._void_reason = reason
             self._void_kind = kind
+            self._void_code = code
 
     async def ack(self) -> None:
         """Acknowledge: the message is done for this group (durable when this returns).
@@ -138,7 +146,9 @@ class Delivery:
                 lost (the broker will deliver it again), or the connection broke before
                 the server answered (the ack may or may not have been applied).
             RequestError: UNKNOWN_DELIVERY_TAG: the server took it back (its visibility
-                timeout passed; see :meth:`extend`) and delivers it again.
+                timeout passed; see :meth:`extend`) and delivers it again;
+                DELIVERY_CANCELLED: its message was cancelled (CANCEL or PURGE) while
+                it was out: do not process it, it is not delivered again.
             SubscriptionEndedError: its subscription was ended by the server.
         """
         await self._subscription.ack([self])
@@ -300,26 +310,42 @@ class Subscription:
         self._wake()
         self._client._lease_changed()
 
-    def _revoke(self, epoch: int, tags: list[bytes]) -> None:
-        """The server took deliveries back (REVOKE) and returned their credit itself."""
+    def _revoke(
+        self, epoch: int, tags: list[bytes], reason: int = frames.RevokeReason.VISIBILITY_TIMEOUT
+    ) -> None:
+        """The server took deliveries back (REVOKE) and returned their credit itself.
+
+        ``reason``: a :class:`~futureq.wire.frames.RevokeReason` number (one this
+        client does not know counts as REMOVED)."""
         if epoch != self.epoch:
             return
         taken = set(tags)
         self._credit += len(taken)
+        code = ErrorCode.UNKNOWN_DELIVERY_TAG
+        if reason == frames.RevokeReason.VISIBILITY_TIMEOUT:
+            why = (
+                "its visibility timeout passed before it was settled; the server "
+                "delivers it again (extend() keeps it longer)"
+            )
+        elif reason == frames.RevokeReason.CANCELLED:
+            code = ErrorCode.DELIVERY_CANCELLED
+            why = (
+                "its message was cancelled (CANCEL or PURGE) while it was out; do not "
+                "process it: it is not delivered again"
+            )
+        else:
+            why = "a command removed its message from the group (it expired or moved)"
         kept: collections.deque[Delivery] = collections.deque()
         for delivery in self._buffer:
             if delivery.tag in taken:
-                delivery._void("the server took it back: its visibility timeout passed")
+                delivery._void(f"the server took it back: {why}", code=code)
             else:
                 kept.append(delivery)
         self._buffer = kept
         for tag in taken:
             handed = self._handed.pop(tag, None)
             if handed is not None:
-                handed._void(
-                    "its visibility timeout passed before it was settled; the server "
-                    "delivers it again (extend() keeps it longer)"
-                )
+                handed._void(why, code=code)
         self.to_release = [d for d in self.to_release if d.tag not in taken]
         self._outstanding -= len(taken)
 
@@ -617,7 +643,7 @@ def void_error(
             "the broker will deliver them again"
         )
     index = None if positions is None else positions.get(id(first))
-    return RequestError(ErrorCode.UNKNOWN_DELIVERY_TAG, f"deliveries {ids}{more}: {reason}", index)
+    return RequestError(first._void_code, f"deliveries {ids}{more}: {reason}", index)
 
 
 __all__ = ["Delivery", "DeliveryState", "Subscription"]

@@ -28,7 +28,7 @@ import attrs
 import trio
 
 from futureq.client._batching import PublishItem
-from futureq.client._browse import BrowsePage
+from futureq.client._browse import BrowsePage, DueCounts
 from futureq.client.client import DEFAULT_SERVER, Client, open_client
 from futureq.client.subscription import Delivery, Subscription
 from futureq.errors import ClientClosedError, FutureQError
@@ -467,6 +467,22 @@ class SyncClient:
                 limit=limit,
                 preview_bytes=preview_bytes,
             )
+
+        return self._run(call)
+
+    def browse_counts(
+        self,
+        topic: str,
+        group: str | None = None,
+        *,
+        bounds_ms: Sequence[int],
+        relative: bool = False,
+    ) -> DueCounts:
+        """Pending messages counted by due-time bucket (see ``Client.browse_counts``)."""
+        client = self._require_client()
+
+        async def call() -> DueCounts:
+            return await client.browse_counts(topic, group, bounds_ms=bounds_ms, relative=relative)
 
         return self._run(call)
 

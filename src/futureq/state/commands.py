@@ -14,7 +14,9 @@ Layouts (``DESIGN.md``, "Data flow"):
 * ``[NACK, now_ms, requeue_delay_ms, [[schedule_key, attempt, pushed_ms?], ...],
   reason | None, dead_letter, settings]``
 * ``[EXPIRE, [schedule_key, ...], publish_ms, settings]``
-* ``[DEAD_LETTER, publish_ms, [[schedule_key, attempt, first_ms?], ...], settings]``
+* ``[DEAD_LETTER_PROVENANCE, publish_ms, [[schedule_key, attempt, first_ms?], ...], settings]``
+  (written since issue 14; ``[DEAD_LETTER, publish_ms, [[schedule_key, attempt], ...],
+  settings]`` from earlier builds replays as they applied it)
 * ``[CREATE_GROUP, topic, group, visibility_timeout_ms | None, max_deliveries | None,
   settings, dead_letter_expired | None, from_backlog]``
 * ``[DELETE_GROUP, topic, group]``
@@ -75,6 +77,12 @@ class CommandKind(enum.IntEnum):
     PURGE = 27
     BACKFILL_GROUP = 28
     REDRIVE = 29
+    DEAD_LETTER_PROVENANCE = 30
+    """DEAD_LETTER as builds with issue 14 apply it: dead letters carry their provenance
+    as headers, and an entry of a dead-letter topic is parked. Kind 5 (DEAD_LETTER) in
+    a log replays exactly as earlier builds applied it (no headers; an entry of a
+    dead-letter topic left in place), so an old log gives the state it gave before; a
+    node of an earlier build refuses kind 30 instead of applying it differently."""
 
 
 @attrs.frozen
@@ -261,9 +269,10 @@ def dead_letter(
 
     ``settings``: for the implicit group of a dead-letter topic that has none.
     ``first_ms``: when the leader pushed the entry's first delivery, if the log does
-    not know it yet. An entry of a dead-letter topic is parked instead.
+    not know it yet. An entry of a dead-letter topic is parked instead. Written as
+    DEAD_LETTER_PROVENANCE (kind 30; see :class:`CommandKind`).
     """
-    return encode([CommandKind.DEAD_LETTER, publish_ms, entries, settings.to_wire()])
+    return encode([CommandKind.DEAD_LETTER_PROVENANCE, publish_ms, entries, settings.to_wire()])
 
 
 def create_group(

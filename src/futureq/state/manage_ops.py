@@ -95,6 +95,7 @@ class ManageOps:
             effects: list[tuple[Any, ...]],
             touched: set[int],
             value: bytes | None = None,
+            message: bytes | None = None,
         ) -> tuple[int, int, int, int | None] | None: ...
 
         def _move_entry(
@@ -194,6 +195,33 @@ class ManageOps:
             page.append((key, EntryValue.decode(value), MessageRecord.decode(data)))
         return page, None
 
+    def count_entries(
+        self, group_id: int, start: bytes, to_due_ms: int, limit: int
+    ) -> tuple[int, bytes | None]:
+        """Count one group's schedule entries from key ``start`` (inclusive) to those
+        due at ``to_due_ms`` (exclusive), reading at most ``limit`` keys (keys only).
+
+        Used in chunks by BROWSE_COUNTS, so a large count yields between chunks.
+
+        Args:
+            group_id: The group (its schedule keys start with it).
+            start: The first schedule key to count from (``schedule_key(group_id,
+                from_due_ms, 0)``, or the resume key of the previous chunk).
+            to_due_ms: Count entries due before this (ms).
+            limit: Most keys to read (>= 1).
+
+        Returns:
+            ``(count, resume key or None)``: the resume key is where the next chunk
+            starts; None when the range holds nothing more.
+        """
+        stop = commands.schedule_key(group_id, to_due_ms, 0)
+        count = 0
+        for key in self.store.scan_keys("schedule", start, stop):
+            if count >= limit:
+                return count, key
+            count += 1
+        return count, None
+
     def next_due_ms(self, group_id: int) -> int | None:
         """When the group's earliest entry falls due (ms), or None when it holds none
         that can be delivered (parked dead letters do not count). One seek: O(log n)."""
@@ -221,26 +249,32 @@ class ManageOps:
             at least once before) or UNKNOWN (no entry of it there).
         """
         out: list[int] = []
+        # Once per batch, not per id: the groups to look in (a cancel changes none).
+        holders = self._holding_groups(topic, group_id)
         for position, mid in enumerate(ids):
             if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                 yield
-            record = self._record(txn, mid) if _is_id(mid) else None
-            if record is None or record.topic != topic:
+            data = txn.get("messages", _u64(mid)) if _is_id(mid) else None
+            # The stored layout is [topic, payload, publish_ms, due_ms, open, ...]
+            # (records.MessageRecord); only these three are needed here.
+            fields = None if data is None else records.unpack(data)
+            if fields is None or fields[0] != topic:
                 out.append(ItemStatus.UNKNOWN)
                 continue
             status = ItemStatus.UNKNOWN
-            left = record.open
-            for info in self._holding_groups(topic, group_id):
+            published_due, left = fields[3], fields[4]
+            for info in holders:
                 if left <= 0:
                     break
-                found = self._find_entry(txn, mid, info.group_id, record.due_ms)
+                found = self._find_entry(txn, mid, info.group_id, published_due)
                 if found is None:
                     continue
                 key, value = found
-                entry = EntryValue.decode(value)
-                self._drop_entry(txn, key, CommandKind.CANCEL, effects, touched, value)
+                entry = records.unpack(value)  # [attempt, expire_ms, released, ...]
+                # The message bytes read above (read again once this apply changed them).
+                self._drop_entry(txn, key, CommandKind.CANCEL, effects, touched, value, data)
                 left -= 1
-                if entry.attempt or entry.released:
+                if entry[0] or (len(entry) > 2 and entry[2]):
                     status = ItemStatus.DELIVERED
                 elif status == ItemStatus.UNKNOWN:
                     status = ItemStatus.DONE
@@ -269,6 +303,7 @@ class ManageOps:
         """
         out: list[int] = []
         valid_due = type(due_ms) is int and 0 <= due_ms < PARKED_DUE_MS
+        holders = self._holding_groups(topic, group_id)  # once per batch: none changes
         for position, mid in enumerate(ids):
             if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                 yield
@@ -278,7 +313,7 @@ class ManageOps:
                 continue
             status = ItemStatus.UNKNOWN
             left = record.open
-            for info in self._holding_groups(topic, group_id):
+            for info in holders:
                 if left <= 0:
                     break
                 gid = info.group_id

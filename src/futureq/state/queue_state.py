@@ -459,9 +459,14 @@ class QueueState(ManageOps):
             )
         elif kind == CommandKind.NACK:
             result = yield from self._nack(txn, index, command, effects, touched)
-        elif kind == CommandKind.DEAD_LETTER:
+        elif kind == CommandKind.DEAD_LETTER_PROVENANCE:
             settings = commands.GroupSettings.from_wire(_arg(command, 3))
             result = yield from self._dead_letter(
+                txn, index, command[1], command[2], effects, touched, settings
+            )
+        elif kind == CommandKind.DEAD_LETTER:
+            settings = commands.GroupSettings.from_wire(_arg(command, 3))
+            result = yield from self._dead_letter_before_provenance(
                 txn, index, command[1], command[2], effects, touched, settings
             )
         elif kind == CommandKind.CREATE_GROUP:
@@ -831,10 +836,12 @@ class QueueState(ManageOps):
         effects: list[tuple[Any, ...]],
         touched: set[int],
         value: bytes | None = None,
+        message: bytes | None = None,
     ) -> tuple[int, int, int, int | None] | None:
         """Delete one schedule entry and release its message; None if already gone.
 
-        ``value``: the entry's stored value when the caller just read it.
+        ``value``: the entry's stored value when the caller just read it; ``message``:
+        its message's stored bytes, likewise (each read again if this apply changed it).
         """
         if value is None or key in txn.changes["schedule"]:
             value = txn.get("schedule", key)
@@ -852,15 +859,19 @@ class QueueState(ManageOps):
         elif gid in self.deleting:
             self.deleting[gid].pending -= 1
             touched.add(gid)
-        self._release_message(txn, mid, gid, due_ms)
+        self._release_message(txn, mid, gid, due_ms, message)
         effects.append(("u", gid, due_ms, mid, reason))
         return gid, mid, attempt, expire_ms
 
-    def _release_message(self, txn: Txn, mid: int, gid: int, due_ms: int) -> None:
+    def _release_message(
+        self, txn: Txn, mid: int, gid: int, due_ms: int, data: bytes | None = None
+    ) -> None:
         """One entry of ``mid`` (in group ``gid``, due at ``due_ms``) is gone: count it
-        out, forget where it moved, and delete the message with its last entry."""
+        out, forget where it moved, and delete the message with its last entry.
+        ``data``: the message's stored bytes if the caller just read them."""
         mkey = _u64(mid)
-        data = txn.get("messages", mkey)
+        if data is None or mkey in txn.changes["messages"]:
+            data = txn.get("messages", mkey)
         assert data is not None, f"schedule entry without message {mid}"
         record = _unpack(data)
         record[4] -= 1
@@ -1096,6 +1107,37 @@ class QueueState(ManageOps):
                 effects,
                 touched,
             )
+        if not items:
+            return commands.message_id(index, 0)
+        return (yield from self._publish(txn, index, publish_ms, items, effects, touched, settings))
+
+    def _dead_letter_before_provenance(
+        self,
+        txn: Txn,
+        index: int,
+        publish_ms: int,
+        entries: list[list[Any]],
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+        settings: commands.GroupSettings,
+    ) -> Generator[None, None, int]:
+        """DEAD_LETTER (kind 5) exactly as builds before issue 14 applied it, so their
+        logs replay to the same state: each entry goes to its dead-letter topic as a
+        plain message (no headers, attempts not recorded); an entry of a group without
+        a dead-letter topic (one of a dead-letter topic) is left as it is."""
+        items: list[list[Any]] = []
+        for position, item in enumerate(entries):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
+            key = item[0]
+            gid, _, mid = commands.parse_schedule_key(key)
+            record = self._record(txn, mid)
+            info = self.groups.get(gid)
+            if record is None or info is None or info.dead_letter_topic is None:
+                continue
+            if self._drop_entry(txn, key, CommandKind.DEAD_LETTER, effects, touched) is None:
+                continue
+            items.append([info.dead_letter_topic, record.payload, publish_ms, None])
         if not items:
             return commands.message_id(index, 0)
         return (yield from self._publish(txn, index, publish_ms, items, effects, touched, settings))

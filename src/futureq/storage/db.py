@@ -16,7 +16,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from rocksdict import (
+    BottommostLevelCompaction,
     ColumnFamily,
+    CompactOptions,
     Options,
     Rdict,
     RdictIter,
@@ -31,6 +33,10 @@ log = logging.getLogger(__name__)
 
 FAMILIES: Final = ("raft_log", "raft_state", "messages", "schedule", "groups", "meta", "index")
 SCHEMA_VERSION: Final = 1
+TOMBSTONE_FAMILIES: Final = ("schedule", "index")
+"""Families whose deletes are counted, so a range that many CANCELs, RESCHEDULEs or a
+PURGE deleted can be compacted (:meth:`Database.take_tombstones`): a scan that starts
+before a long run of deleted keys otherwise steps over every tombstone."""
 _SCHEMA_KEY: Final = b"schema_version"
 _NO_SPACE_TEXTS: Final = tuple(
     os.strerror(number) for number in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -46,6 +52,15 @@ def storage_error(message: str, exc: BaseException) -> StorageError:
     if any(marker in text for marker in _NO_SPACE_TEXTS):
         return NoSpaceError(f"{message}: {text}")
     return StorageError(f"{message}: {text}")
+
+
+def _bounded(stop: bytes | None) -> ReadOptions:
+    """Read options whose iterator stops at ``stop`` inside RocksDB: deleted keys past
+    the last live key before ``stop`` are not stepped over."""
+    options = ReadOptions()
+    if stop is not None:
+        options.set_iterate_upper_bound(stop)
+    return options
 
 
 def _range(it: RdictIter, start: bytes, stop: bytes | None, with_values: bool) -> Iterator[Any]:
@@ -108,6 +123,8 @@ class Database:
         self._synced = WriteOptions()
         self._synced.sync = True
         self._unsynced = WriteOptions()
+        self._tombstones: dict[str, list[Any]] = {}
+        """Family -> ``[deletes, lowest key, highest key]`` since it was last taken."""
         self._views: set[DatabaseView] = set()
         self._closed = False
         try:
@@ -212,12 +229,59 @@ class Database:
         batch = WriteBatch(raw_mode=True)
         for family, items in changes.items():
             handle = self._handles[family]
+            if family not in TOMBSTONE_FAMILIES:
+                for key, value in items.items():
+                    if value is None:
+                        batch.delete(key, handle)
+                    else:
+                        batch.put(key, value, handle)
+                continue
+            deleted: list[bytes] = []
             for key, value in items.items():
                 if value is None:
                     batch.delete(key, handle)
+                    deleted.append(key)
                 else:
                     batch.put(key, value, handle)
+            if deleted:
+                self._note_deletes(family, len(deleted), min(deleted), max(deleted))
         self.write_batch(batch, sync)
+
+    def _note_deletes(self, family: str, count: int, low: bytes, high: bytes) -> None:
+        seen = self._tombstones.get(family)
+        if seen is None:
+            self._tombstones[family] = [count, low, high]
+        else:
+            seen[0] += count
+            seen[1] = min(seen[1], low)
+            seen[2] = max(seen[2], high)
+
+    def take_tombstones(self, family: str, min_deletes: int) -> tuple[bytes, bytes] | None:
+        """The key range ``(low, high)`` (both included) that at least ``min_deletes``
+        deletes written since the last take fell in, forgetting them; None (keeping
+        the count) while there were fewer. Pass it to :meth:`compact_range`."""
+        seen = self._tombstones.get(family)
+        if seen is None or seen[0] < min_deletes:
+            return None
+        del self._tombstones[family]
+        return seen[1], seen[2]
+
+    def compact_range(self, family: str, low: bytes, high: bytes) -> None:
+        """Compact one family's keys in ``[low, high]``: drops the tombstones of deleted
+        keys there, so scans no longer step over them. Heavy I/O; RocksDB releases the
+        GIL meanwhile, so run it in a worker thread.
+
+        Raises:
+            StorageError: RocksDB failed.
+        """
+        options = CompactOptions()
+        # A range already on the bottom level is rewritten too (the default skips it,
+        # keeping its tombstones); "optimized" skips files this compaction just wrote.
+        options.set_bottommost_level_compaction(BottommostLevelCompaction.force_optimized())
+        try:
+            self._families[family].compact_range(low, high, options)
+        except Exception as exc:
+            raise storage_error(f"RocksDB compaction failed in {self.path!r}", exc) from exc
 
     def new_batch(self) -> WriteBatch:
         """An empty raw-mode write batch for :meth:`write_batch`."""
@@ -249,11 +313,11 @@ class Database:
         self, family: str, start: bytes, stop: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
         """Iterate ``(key, value)`` in key order from ``start`` up to ``stop`` (exclusive)."""
-        yield from _range(self._families[family].iter(ReadOptions()), start, stop, True)
+        yield from _range(self._families[family].iter(_bounded(stop)), start, stop, True)
 
     def scan_keys(self, family: str, start: bytes, stop: bytes | None = None) -> Iterator[bytes]:
         """Iterate keys only, in order, from ``start`` up to ``stop`` (exclusive)."""
-        yield from _range(self._families[family].iter(ReadOptions()), start, stop, False)
+        yield from _range(self._families[family].iter(_bounded(stop)), start, stop, False)
 
     def last_key(self, family: str) -> bytes | None:
         """The largest key of a family, or None when it is empty."""

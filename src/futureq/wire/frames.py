@@ -70,6 +70,8 @@ class FrameType(enum.IntEnum):
     REDRIVE = 44
     RESCHEDULE = 45
     PURGE = 46
+    BROWSE_COUNTS = 47
+    BROWSE_COUNTS_OK = 48
     # 60-69: issue 15, shards
     SLOT_MAP = 60
     SLOT_MAP_OK = 61
@@ -101,6 +103,8 @@ class RevokeReason(enum.IntEnum):
     """The visibility timeout passed unsettled: the message is due for the group again."""
     REMOVED = 2
     """A command removed the message from the group (it expired, for example)."""
+    CANCELLED = 3
+    """A CANCEL or PURGE removed the message from the group: do not process it."""
 
 
 class AckLevel(enum.IntEnum):
@@ -1166,6 +1170,92 @@ class BrowseOk:
 
 
 @attrs.frozen
+class BrowseCounts:
+    """Count one group's pending messages by due-time bucket, claiming none.
+
+    ``group`` None: the topic's only group. ``bounds_ms``: 1 to 32 strictly increasing
+    bucket bounds (ms since the Unix epoch; with ``relative`` true, ms from the leader's
+    cluster time instead, each >= 0). Answered with BROWSE_COUNTS_OK
+    (``docs/protocol.md``, "BROWSE_COUNTS").
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.BROWSE_COUNTS
+    request_id: int
+    topic: str
+    group: str | None
+    bounds_ms: list[int]
+    relative: bool
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.topic, self.group, self.bounds_ms, self.relative]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> BrowseCounts:
+        _arity("BROWSE_COUNTS", f, 4)
+        if type(f[3]) is not bool:
+            raise _bad(
+                "BROWSE_COUNTS", f"field 'relative' must be a boolean, got {type(f[3]).__name__}"
+            )
+        return cls(
+            rid,
+            _str("BROWSE_COUNTS", "topic", f[0]),
+            _opt_str("BROWSE_COUNTS", "group", f[1]),
+            _int_list("BROWSE_COUNTS", "bounds_ms", f[2]),
+            f[3],
+        )
+
+
+@attrs.frozen
+class BrowseCountsOk:
+    """Answer to BROWSE_COUNTS.
+
+    ``group``: the group counted. ``bounds_ms``: the bounds, absolute (ms since the
+    epoch). ``counts[i]``: entries due before ``bounds_ms[0]`` (i = 0; overdue ones
+    included) or in ``[bounds_ms[i-1], bounds_ms[i])``. ``later``: the rest of the
+    group's pending entries (due at or after the last bound, parked dead letters
+    included). ``complete`` false: the count stopped at the per-request read limit; the
+    first bucket it stopped in holds a lower bound, later buckets and ``later`` are nil.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.BROWSE_COUNTS_OK
+    request_id: int
+    group: str
+    bounds_ms: list[int]
+    counts: list[int | None]
+    later: int | None
+    complete: bool
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.request_id,
+            self.group,
+            self.bounds_ms,
+            self.counts,
+            self.later,
+            self.complete,
+        ]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> BrowseCountsOk:
+        _arity("BROWSE_COUNTS_OK", f, 5)
+        bounds = _int_list("BROWSE_COUNTS_OK", "bounds_ms", f[1])
+        counts = _list("BROWSE_COUNTS_OK", "counts", f[2])
+        if len(counts) != len(bounds) or any(c is not None and type(c) is not int for c in counts):
+            raise _bad("BROWSE_COUNTS_OK", "counts must be one integer or nil per bound")
+        if type(f[4]) is not bool:
+            raise _bad("BROWSE_COUNTS_OK", "field 'complete' must be a boolean")
+        return cls(
+            rid,
+            _str("BROWSE_COUNTS_OK", "group", f[0]),
+            bounds,
+            counts,
+            _opt_int("BROWSE_COUNTS_OK", "later", f[3]),
+            f[4],
+        )
+
+
+@attrs.frozen
 class Redrive:
     """Move dead letters of ``topic`` (held in ``topic.dlq``) back to the topic and the
     group they died in, by dead-letter message id, due after ``delay_ms`` (>= 0).
@@ -1334,6 +1424,8 @@ Frame = (
     | ItemResults
     | Browse
     | BrowseOk
+    | BrowseCounts
+    | BrowseCountsOk
     | Redrive
     | Reschedule
     | Purge
@@ -1380,6 +1472,8 @@ FRAME_CLASSES: dict[int, Any] = {
         ItemResults,
         Browse,
         BrowseOk,
+        BrowseCounts,
+        BrowseCountsOk,
         Redrive,
         Reschedule,
         Purge,

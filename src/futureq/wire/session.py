@@ -60,6 +60,7 @@ SERVER_ONLY_FRAME_TYPES: Final = frozenset(
         frames.FrameType.WATCH_UPDATE,
         frames.FrameType.ITEM_RESULTS,
         frames.FrameType.BROWSE_OK,
+        frames.FrameType.BROWSE_COUNTS_OK,
         frames.FrameType.SLOT_MAP_OK,
     }
 )

@@ -171,6 +171,7 @@ REQUESTS: dict[frames.FrameType, frames.Frame] = {
     frames.FrameType.REDRIVE: frames.Redrive(1, "t", None, [1], 0),
     frames.FrameType.RESCHEDULE: frames.Reschedule(1, "t", None, [1], None, 0),
     frames.FrameType.PURGE: frames.Purge(1, "t", None),
+    frames.FrameType.BROWSE_COUNTS: frames.BrowseCounts(1, "t", None, [60_000], True),
     frames.FrameType.SLOT_MAP: frames.SlotMap(1),
 }
 

@@ -465,8 +465,8 @@ async def test_max_deliveries_exceeded_goes_to_dead_letter_topic() -> None:
         env.clock.advance(100)
         await settle(env)
         assert out(consumer).take() == []
-    assert kinds(env) == [CommandKind.DEAD_LETTER]
-    [command] = proposed(env, CommandKind.DEAD_LETTER)
+    assert kinds(env) == [CommandKind.DEAD_LETTER_PROVENANCE]
+    [command] = proposed(env, CommandKind.DEAD_LETTER_PROVENANCE)
     assert command[2] == [[commands.schedule_key(gid, 1_000_000, mid), 2]]
     # The redelivery's attempt was committed before it went out (the first delivery's
     # needs no record: it follows from the entry).
@@ -997,3 +997,105 @@ def test_a_consumer_whose_buffer_is_full_is_skipped_and_the_others_get_the_messa
     env.hub.touched.add(gid)  # what the connection does when its buffer drains
     env.dispatch()
     assert sorted(ids(out(full).take()) + ids(out(other).take())) == more
+
+
+# ---------------------------------------------------------------- cancelled while out
+
+
+def test_a_cancelled_delivery_is_revoked_as_cancelled_and_its_ack_says_so() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    mids = env.publish("t", [b"a", b"b", b"c"])
+    consumer = env.consumer(gid, credit=3)
+    env.dispatch()
+    held = {d[1]: d for d in out(consumer).frames[0].deliveries}
+    assert sorted(held) == mids
+    # A first delivery's attempt is not recorded (only redeliveries' are), so CANCEL
+    # says DONE; the consumer holding it is told all the same.
+    assert env.log.apply(commands.cancel("t", None, [mids[0]])) == [frames.ItemStatus.DONE]
+    (revoke,) = out(consumer).pushes
+    assert revoke == frames.Revoke(
+        0, consumer.subscription_id, [held[mids[0]][0]], frames.RevokeReason.CANCELLED
+    )
+    assert consumer.credit == 1  # its credit came back with the REVOKE
+    with pytest.raises(RequestError) as info:
+        env.hub.claim_tags([held[mids[1]][0], held[mids[0]][0]], consumer.connection_id)
+    assert (info.value.code, info.value.item_index) == (ErrorCode.DELIVERY_CANCELLED, 1)
+    assert "cancelled" in info.value.message
+    with pytest.raises(RequestError) as info:
+        env.hub.find_tags([held[mids[0]][0]], consumer.connection_id)  # EXTEND, RELEASE
+    assert info.value.code is ErrorCode.DELIVERY_CANCELLED
+    # An ACK already being committed when the cancel lands is not revoked: it settles
+    # what is left (its OK counts one fewer).
+    flights = env.hub.claim_tags([held[mids[1]][0], held[mids[2]][0]], consumer.connection_id)
+    assert env.log.apply(commands.cancel("t", None, [mids[1]])) == [frames.ItemStatus.DONE]
+    assert len(out(consumer).pushes) == 1
+    assert env.log.apply(commands.ack([f.key for f in flights])) == 1
+
+
+def test_a_delivery_removed_otherwise_is_revoked_as_removed() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    (mid,) = env.publish("t", [b"a"])
+    consumer = env.consumer(gid, credit=1)
+    env.dispatch()
+    (delivery,) = out(consumer).frames[0].deliveries
+    assert env.log.apply(commands.reschedule(env.now, "t", None, [mid], env.now + 60_000)) == [
+        frames.ItemStatus.DONE
+    ]
+    (revoke,) = out(consumer).pushes
+    assert revoke.reason == frames.RevokeReason.REMOVED
+    with pytest.raises(RequestError) as info:
+        env.hub.claim_tags([delivery[0]], consumer.connection_id)
+    assert info.value.code is ErrorCode.UNKNOWN_DELIVERY_TAG
+
+
+def test_a_purge_revokes_held_deliveries_as_cancelled() -> None:
+    env = Env()
+    gid = env.group("t", "g")
+    env.publish("t", [b"a", b"b"])
+    consumer = env.consumer(gid, credit=2)
+    env.dispatch()
+    tags = [d[0] for d in out(consumer).frames[0].deliveries]
+    env.log.apply(commands.purge([gid]))
+    env.log.apply(commands.purge_group(gid, 100))
+    revokes = [p for p in out(consumer).pushes if isinstance(p, frames.Revoke)]
+    assert {p.reason for p in revokes} == {frames.RevokeReason.CANCELLED}
+    assert sorted(tag for p in revokes for tag in p.tags) == sorted(tags)
+    with pytest.raises(RequestError) as info:
+        env.hub.claim_tags(tags, consumer.connection_id)
+    assert (info.value.code, info.value.item_index) == (ErrorCode.DELIVERY_CANCELLED, 0)
+
+
+def test_next_due_from_the_seek_hint_always_matches_a_full_seek() -> None:
+    """The hinted seek (status during a purge) agrees with a seek from the group's
+    start after every kind of change: removals, earlier publishes, moves, backfill."""
+    import random
+
+    env = Env()
+    gid = env.group("t", "g")
+    rng = random.Random(14)
+    mids = env.publish("t", [b"x"] * 50, delay_ms=3_600_000)
+    checks = 0
+    for step in range(200):
+        action = rng.randrange(5)
+        if action == 0 and mids:
+            gone = rng.sample(mids, min(len(mids), rng.randrange(1, 6)))
+            env.log.apply(commands.cancel("t", None, gone))
+            mids = [m for m in mids if m not in gone]
+        elif action == 1:
+            mids += env.publish("t", [b"y"], delay_ms=rng.randrange(0, 7_200_000))
+        elif action == 2 and mids:
+            moved = rng.choice(mids)
+            due = env.now + rng.randrange(0, 7_200_000)
+            env.log.apply(commands.reschedule(env.now, "t", None, [moved], due))
+        elif action == 3:
+            env.log.apply(commands.purge([gid]))
+            env.log.apply(commands.purge_group(gid, rng.randrange(1, 10)))
+            mids = [m for m in mids if env.state.entry_key(m, gid) is not None]
+        if step % 3 == 0 or action == 4:
+            assert env.dispatcher.next_due_ms(gid) == env.state.next_due_ms(gid), step
+            checks += 1
+    assert checks > 50
+    env.dispatcher.on_groups_changed()  # a snapshot: the hint is forgotten
+    assert env.dispatcher.next_due_ms(gid) == env.state.next_due_ms(gid)

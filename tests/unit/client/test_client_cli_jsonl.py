@@ -85,6 +85,18 @@ def test_values_json_cannot_carry_are_refused_at_their_column(
         ),
         ('{"topic":"t","payload":"%%%","payload_encoding":"base64"}', 24, "not valid base64"),
         ('{"topic":"t","payload":1,"payload_encoding":"text"}', 24, "must be a string"),
+        ('{"topic":"t","payload":1,"headers":"a=1"}', 36, '"headers" must be an object'),
+        ('{"topic":"t","payload":1,"headers":["a"]}', 36, '"headers" must be an object'),
+        (
+            '{"topic":"t","payload":1,"headers":{"a":"1","n":2}}',
+            49,
+            "headers['n'] must be a string",
+        ),
+        ('{"topic":"t","payload":1,"headers":{"a": null}}', 42, "headers['a'] must be a string"),
+        ('{"topic":"t","payload":1,"headers":{"a":{"b":"c"}}}', 41, "must be a string"),
+        ('{"topic":"t","payload":1,"headers":{"a":"1","a":"2"}}', 45, "appears twice"),
+        ('{"topic":"t","payload":1,"idempotency_key":17}', 44, '"idempotency_key" must be'),
+        ('{"topic":"t","payload":1,"idempotency_key":""}', 44, "non-empty string"),
     ],
 )
 def test_errors_point_at_the_right_column(line: str, column: int, reason: str) -> None:
@@ -92,6 +104,21 @@ def test_errors_point_at_the_right_column(line: str, column: int, reason: str) -
         parse_jsonl_line(line)
     assert reason in refused.value.message, refused.value.message
     assert refused.value.column == column, refused.value.message
+
+
+def test_headers_and_idempotency_keys_are_read() -> None:
+    line = (
+        '{"topic":"t","payload":"x","headers":{"traceparent":"00-ab-01","é":""},'
+        '"idempotency_key":"order-17"}'
+    )
+    assert parse_jsonl_line(line) == PublishItem(
+        "t", b"x", headers={"traceparent": "00-ab-01", "é": ""}, idempotency_key="order-17"
+    )
+    nothing = '{"topic":"t","payload":"x","headers":null,"idempotency_key":null}'
+    assert parse_jsonl_line(nothing) == PublishItem("t", b"x")
+    assert parse_jsonl_line('{"topic":"t","payload":"x","headers":{}}') == PublishItem(
+        "t", b"x", headers={}
+    )
 
 
 def test_errors_carry_their_line_number() -> None:

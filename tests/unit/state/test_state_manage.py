@@ -293,6 +293,48 @@ def test_a_dead_letter_out_of_attempts_is_parked_and_can_be_rescheduled(kit: Sto
     assert state.get_schedule(schedule_key(dlq.group_id, 7000, dead)) == (16, None)
 
 
+def _old_dead_letter(publish_ms: int, entries: list[list[Any]]) -> bytes:
+    """A DEAD_LETTER (kind 5) as builds before issue 14 wrote it."""
+    settings = commands.BUILTIN_GROUP_SETTINGS.to_wire()
+    return commands.encode([CommandKind.DEAD_LETTER, publish_ms, entries, settings])
+
+
+def test_an_old_dead_letter_entry_replays_as_the_old_build_applied_it(kit: StoreKit) -> None:
+    """Upgrade safety: a log an earlier build wrote gives the state it gave then."""
+    state = QueueState(kit.store)
+    run = Runner(state)
+    gid = run(commands.create_group("t", "g", None, 3))
+    mid = run(commands.publish(1000, [("t", b"body", 1500, None)]))
+    key = schedule_key(gid, 1500, mid)
+    index = state.applied_index + 1
+    dead = run(_old_dead_letter(2000, [[key, 3]]))
+    assert dead == index << 16
+    # A plain message on t.dlq: no provenance headers, as the old build stored it.
+    assert state.get_message(dead) == ("t.dlq", b"body", 2000, 2000, 1)
+    record = state.get_record(dead)
+    assert record is not None and record.headers is None
+    assert state.get_message(mid) is None
+    dlq = state.find_group("t.dlq", "default")
+    assert dlq is not None
+    dlq_key = schedule_key(dlq.group_id, 2000, dead)
+    # An entry of a dead-letter topic is left exactly where it is, not parked.
+    before = dump(kit.store)
+    assert run(_old_dead_letter(5000, [[dlq_key, 16]])) == (state.applied_index << 16)
+    after = dump(kit.store)
+    assert state.get_schedule(dlq_key) == (0, None)
+    assert state.entry_key(dead, dlq.group_id) == dlq_key
+    changed = {family for family in after if after[family] != before[family]}
+    assert changed <= {"meta"}, changed  # only the applied index moved
+    # The same entry under the new kind is parked (what a new build writes).
+    run(commands.dead_letter(6000, [(dlq_key, 16)]))
+    assert state.entry_key(dead, dlq.group_id) == schedule_key(dlq.group_id, PARKED_DUE_MS, dead)
+
+
+def test_a_new_dead_letter_is_written_with_its_own_kind() -> None:
+    command = commands.decode(commands.dead_letter(2000, [(b"k" * 20, 3)]))
+    assert command[0] == CommandKind.DEAD_LETTER_PROVENANCE == 30
+
+
 # ---------------------------------------------------------------- idempotency keys
 
 

@@ -177,3 +177,74 @@ def test_reopen_keeps_what_was_written(tmp_path: Path) -> None:
         db.reopen()
     finally:
         db.close()
+
+
+def _schedule_keys(count: int) -> list[bytes]:
+    return [b"\x00\x00\x00\x01" + i.to_bytes(16, "big") for i in range(count)]
+
+
+def _tombstones_left(db: Database) -> int:
+    """Deletes RocksDB still holds for ``schedule`` (memtable plus table files)."""
+    family = db._families["schedule"]
+    in_memory = family.property_int_value("rocksdb.num-deletes-active-mem-table") or 0
+    tables = family.property_value("rocksdb.aggregated-table-properties") or ""
+    on_disk = int(tables.split("# deletions=")[1].split(";")[0]) if "# deletions=" in tables else 0
+    return in_memory + on_disk
+
+
+def test_deletes_are_counted_with_their_range_until_taken(db: Database) -> None:
+    keys = _schedule_keys(300)
+    db.write({"schedule": {k: b"v" for k in keys}, "messages": {b"m": b"v"}})
+    db.write({"schedule": {k: None for k in keys[10:110]}, "messages": {b"m": None}})
+    assert db.take_tombstones("schedule", 150) is None  # 100 so far: kept counting
+    db.write({"schedule": {k: None for k in keys[200:260]}})
+    assert db.take_tombstones("schedule", 150) == (keys[10], keys[259])
+    assert db.take_tombstones("schedule", 1) is None  # taken: counted afresh
+    assert db.take_tombstones("messages", 1) is None  # not a counted family
+
+
+def test_compacting_a_deleted_range_drops_its_tombstones_and_keeps_the_rest(
+    db: Database,
+) -> None:
+    keys = _schedule_keys(2000)
+    db.write({"schedule": {k: b"v" for k in keys}})
+    db.write({"schedule": {k: None for k in keys[:1500]}})
+    assert _tombstones_left(db) == 1500
+    taken = db.take_tombstones("schedule", 1000)
+    assert taken is not None
+    db.compact_range("schedule", *taken)
+    assert _tombstones_left(db) == 0
+    assert list(db.scan_keys("schedule", b"\x00\x00\x00\x01", b"\x00\x00\x00\x02")) == keys[1500:]
+    assert db.get("schedule", keys[0]) is None and db.get("schedule", keys[1500]) == b"v"
+
+
+def test_the_compaction_task_compacts_once_enough_was_deleted(db: Database) -> None:
+    import trio
+
+    from futureq.broker.tombstones import compact_tombstones
+
+    keys = _schedule_keys(500)
+    db.write({"schedule": {k: b"v" for k in keys}})
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: compact_tombstones(db, every_s=0.01, after_deletes=300))
+            db.write({"schedule": {k: None for k in keys[:200]}})
+            await trio.sleep(0.2)
+            assert _tombstones_left(db) == 200  # below the threshold: left alone
+            db.write({"schedule": {k: None for k in keys[200:400]}})
+            with trio.fail_after(20):
+                while _tombstones_left(db):  # noqa: ASYNC110 - polls RocksDB, no event to wait on
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(run)
+    assert list(db.scan_keys("schedule", b"\x00\x00\x00\x01", b"\x00\x00\x00\x02")) == keys[400:]
+
+
+def test_a_scan_with_a_stop_ends_inside_a_run_of_deleted_keys(db: Database) -> None:
+    keys = _schedule_keys(50)
+    db.write({"schedule": {k: b"v" for k in keys}})
+    db.write({"schedule": {k: None for k in keys[5:45]}})
+    assert list(db.scan_keys("schedule", keys[0], keys[20])) == keys[:5]
+    assert [k for k, _ in db.scan("schedule", keys[3], keys[46])] == [*keys[3:5], *keys[45:46]]

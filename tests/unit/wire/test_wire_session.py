@@ -207,6 +207,7 @@ SERVER_ONLY: list[frames.Frame] = [
     frames.WatchUpdate(2, {}),
     frames.ItemResults(2, [0]),
     frames.BrowseOk(2, "g", [], None),
+    frames.BrowseCountsOk(2, "g", [1], [0], 0, True),
     frames.SlotMapOk(2, {}),
 ]
 
