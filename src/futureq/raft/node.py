@@ -130,6 +130,8 @@ class RaftNodeConfig:
         node_id: This server's id (>= 1).
         tick_ms: Milliseconds per logical tick.
         election_timeout_ticks: Base election timeout (10 ticks = 500 ms by default).
+        election_timeout_spread_ticks: Random part of the election timeout (ticks);
+            None: as much as the base (``[T, 2T)``).
         heartbeat_ticks: Ticks between leader heartbeats.
         max_inflight_messages: Unanswered AppendEntries per follower.
         max_entries_bytes: Entry bytes per AppendEntries.
@@ -166,6 +168,7 @@ class RaftNodeConfig:
     node_id: int
     tick_ms: int = 50
     election_timeout_ticks: int = 10
+    election_timeout_spread_ticks: int | None = None
     heartbeat_ticks: int = 1
     max_inflight_messages: int = 256
     max_entries_bytes: int = 1 << 20
@@ -216,6 +219,7 @@ class RaftNodeConfig:
         return RaftConfig(
             node_id=NodeId(self.node_id),
             election_timeout_ticks=self.election_timeout_ticks,
+            election_timeout_spread_ticks=self.election_timeout_spread_ticks,
             heartbeat_interval_ticks=self.heartbeat_ticks,
             max_append_bytes=self.max_entries_bytes,
             max_inflight_messages=self.max_inflight_messages,
