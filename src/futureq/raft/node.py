@@ -516,6 +516,25 @@ class RaftNode:
             await self._role_event.wait()
         return self._role_epoch
 
+    async def wait_for_leader(self, timeout_s: float | None = None) -> None:
+        """Return once a leader that takes requests is known: this node with the
+        no-op of its term applied (:meth:`is_leader`), or another node; or after
+        ``timeout_s`` (default: two election timeouts), or when the node stops.
+
+        A follower that knows no leader (an election is running), or a new leader
+        whose no-op is not applied yet, would otherwise answer NOT_LEADER without a
+        leader to name, and the client would poll until the election ends.
+        """
+        if timeout_s is None:
+            timeout_s = 2 * self.config.election_timeout_ticks * self.config.tick_ms / 1000
+        with trio.move_on_after(timeout_s):
+            epoch = self._role_epoch
+            while not self._stopped and not self.is_leader():
+                leader = self.leader_id()
+                if leader is not None and leader != self.id:
+                    return
+                epoch = await self.wait_role_change(epoch)
+
     # --- CommandLog and client operations ----------------------------------------------
 
     def _not_leader(self) -> NotLeaderError:
