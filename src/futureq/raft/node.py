@@ -289,6 +289,11 @@ def _outcome_unknown(index: int, why: str) -> RequestError:
     )
 
 
+LEADER_FRESH_HEARTBEATS = 3
+"""A follower names its leader to a held request (:meth:`RaftNode.wait_for_leader`)
+only when it heard from it within this many heartbeat intervals."""
+
+
 class RaftNode:
     """A Raft server: the trio driver around :class:`RaftCore`, and a ``CommandLog``.
 
@@ -518,22 +523,31 @@ class RaftNode:
 
     async def wait_for_leader(self, timeout_s: float | None = None) -> None:
         """Return once a leader that takes requests is known: this node with the
-        no-op of its term applied (:meth:`is_leader`), or another node; or after
+        no-op of its term applied (:meth:`is_leader`), or another node heard from
+        within the last ``LEADER_FRESH_HEARTBEATS`` heartbeat intervals; or after
         ``timeout_s`` (default: two election timeouts), or when the node stops.
 
         A follower that knows no leader (an election is running), or a new leader
         whose no-op is not applied yet, would otherwise answer NOT_LEADER without a
-        leader to name, and the client would poll until the election ends.
+        leader to name, and the client would poll until the election ends. A
+        follower whose leader went quiet (killed: the followers time out only after
+        an election timeout) would name a dead node.
         """
+        config = self.config
         if timeout_s is None:
-            timeout_s = 2 * self.config.election_timeout_ticks * self.config.tick_ms / 1000
+            timeout_s = 2 * config.election_timeout_ticks * config.tick_ms / 1000
+        tick_s = config.tick_ms / 1000
+        fresh_s = LEADER_FRESH_HEARTBEATS * config.heartbeat_ticks * tick_s
         with trio.move_on_after(timeout_s):
             epoch = self._role_epoch
             while not self._stopped and not self.is_leader():
                 leader = self.leader_id()
                 if leader is not None and leader != self.id:
-                    return
-                epoch = await self.wait_role_change(epoch)
+                    heard = self._last_heard_s.get(leader)
+                    if heard is not None and trio.current_time() - heard < fresh_s:
+                        return
+                with trio.move_on_after(tick_s):  # or it is heard from again
+                    epoch = await self.wait_role_change(epoch)
 
     # --- CommandLog and client operations ----------------------------------------------
 
