@@ -398,10 +398,12 @@ def test_a_follower_names_the_new_leader_instead_of_none_during_an_election(
     old.kill()
     time.sleep(0.2)
     answer = client.publish([["election", b"x", 0, None, None]])
-    new = cluster3.leader(exclude={old.node_id})
     if isinstance(answer, frames.Error):
+        # The winner; on a loaded machine it may have handed leadership on since
+        # (a clock out of the bound), so it is checked as a live node, not as the
+        # leader of now.
         assert answer.code == ErrorCode.NOT_LEADER, answer
-        assert answer.leader_address == new.client_address, answer
+        live = {n.client_address for n in cluster3.nodes.values() if n is not old}
+        assert answer.leader_address in live - {follower.client_address}, answer
     else:
         assert isinstance(answer, frames.PublishOk), answer
-        assert new is follower
