@@ -223,7 +223,11 @@ class ClusterSection:
         insecure_peers: Run a node with peers although neither mutual TLS nor a secret
             authenticates them (anyone who reaches the Raft port can rewrite the log).
         tick_ms: Length of one Raft tick (ms).
-        election_timeout_ticks: Election timeout in ticks (randomised in [T, 2T)).
+        election_timeout_ticks: Election timeout T in ticks (randomised in
+            [T, T + election_timeout_spread_ticks)).
+        election_timeout_spread_ticks: Width of the random part of the election timeout
+            (ticks); 0: half of T, rounded up. The worst failover without a split vote is
+            about T + spread; PreVote's tie-break keeps split votes rare at this width.
         heartbeat_ticks: Leader heartbeat interval in ticks.
         snapshot_chunk_bytes: Size of one InstallSnapshot chunk (bytes).
         compact_every_entries: Applied entries after which the log is compacted
@@ -254,6 +258,7 @@ class ClusterSection:
     insecure_peers: bool = False
     tick_ms: int = 50
     election_timeout_ticks: int = 10
+    election_timeout_spread_ticks: int = 0
     heartbeat_ticks: int = 1
     snapshot_chunk_bytes: int = 1024 * 1024
     compact_every_entries: int = 50_000

@@ -651,6 +651,13 @@ def _check_cluster(cluster: ClusterSection) -> Iterable[_Bad]:
     yield from _minimum("cluster", cluster, "tick_ms", 1, " ms")
     yield from _minimum("cluster", cluster, "election_timeout_ticks", 2, " ticks")
     yield from _minimum("cluster", cluster, "heartbeat_ticks", 1, " ticks")
+    if not 0 <= cluster.election_timeout_spread_ticks <= cluster.election_timeout_ticks:
+        yield _Bad(
+            ("cluster.election_timeout_spread_ticks",),
+            cluster.election_timeout_spread_ticks,
+            "must be between 0 (half of cluster.election_timeout_ticks) and "
+            "cluster.election_timeout_ticks",
+        )
     if cluster.heartbeat_ticks >= cluster.election_timeout_ticks:
         yield _Bad(
             ("cluster.heartbeat_ticks",),

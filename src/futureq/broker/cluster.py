@@ -204,6 +204,8 @@ def build_raft_log(
             node_id=node_id,
             tick_ms=cluster.tick_ms,
             election_timeout_ticks=cluster.election_timeout_ticks,
+            election_timeout_spread_ticks=cluster.election_timeout_spread_ticks
+            or (cluster.election_timeout_ticks + 1) // 2,
             heartbeat_ticks=cluster.heartbeat_ticks,
             snapshot_chunk_bytes=cluster.snapshot_chunk_bytes,
             compact_every_entries=cluster.compact_every_entries,

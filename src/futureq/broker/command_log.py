@@ -83,6 +83,11 @@ class CommandLog(Protocol):
         """A leader is known and this node has applied what it knows to be committed."""
         ...
 
+    async def wait_for_leader(self) -> None:
+        """Return once a leader that takes requests is known (this node, ready to
+        lead, or another node), or once an election should have ended."""
+        ...
+
 
 async def apply_in_steps(state: QueueState, index: int, data: bytes) -> Any:
     """Apply one command with :meth:`QueueState.apply_steps`, yielding between steps.
@@ -231,6 +236,10 @@ class SingleNodeLog:
     def ready_for_clients(self) -> bool:
         """Always: a single node is its own leader once it serves."""
         return True
+
+    async def wait_for_leader(self) -> None:
+        """Nothing to wait for: a single node always leads."""
+        await trio.lowlevel.checkpoint()
 
     def cluster_status(self) -> dict[str, Any]:
         """The CLUSTER_STATUS_OK map of a node that runs alone."""

@@ -46,6 +46,7 @@ from futureq.errors import (
     ErrorCode,
     LocalProtocolError,
     NoSpaceError,
+    NotLeaderError,
     RemoteProtocolError,
     RequestError,
     StorageError,
@@ -677,7 +678,12 @@ class Connection:
             self.access.check(self.principal, frame)
             if self.broker.shard is not None:
                 check_shard(self.broker.shard, frame)
-            answer = await self._answer(frame)
+            try:
+                answer = await self._answer(frame)
+            except NotLeaderError:
+                if not isinstance(frame, frames.Publish):
+                    raise
+                answer = await self._publish_after_election(frame)
             if answer is not None:
                 self._reply(answer, frame.request_id)
         except (RequestError, RemoteProtocolError) as exc:
@@ -693,6 +699,25 @@ class Connection:
             raise  # the node cannot go on without its disk
         finally:
             self._limit.release()
+
+    async def _publish_after_election(self, frame: frames.Publish) -> frames.Frame | None:
+        """A PUBLISH got NOT_LEADER (nothing of it was applied): wait until a leader is
+        known, then publish here if that is this node, else answer NOT_LEADER naming it.
+
+        During an election a follower knows no leader to name, and a new leader refuses
+        until the no-op of its term is applied: without the wait the client would
+        learn nothing and poll every node until the election ends; with it, the
+        answer comes as soon as this node hears of the winner (or wins).
+
+        Raises:
+            NotLeaderError: another node leads (named), or none is known after two
+                election timeouts (the client tries the next node).
+        """
+        log_ = self.broker.log
+        await log_.wait_for_leader()
+        if log_.is_leader():
+            return await self._answer(frame)
+        raise NotLeaderError(log_.leader_address())
 
     def _reply(self, answer: frames.Frame, request_id: int) -> None:
         if self.session.state is SessionState.ERROR or self.outbox.closed:

@@ -92,6 +92,10 @@ _ACK_LEVELS: Final[dict[str, frames.AckLevel]] = {
 
 F = TypeVar("F", bound=frames.Frame)
 
+MAX_RETRIES_AT_ONCE: Final = 3
+"""Attempts in a row a request makes without a backoff pause after a NOT_LEADER that
+names another node or a lost connection; then it backs off like after any refusal."""
+
 
 class _PendingPublish:
     """One ``publish()`` call waiting in the batcher: item, deadline, outcome."""
@@ -387,25 +391,39 @@ class Client:
         if deadline is None:
             deadline = anyio.current_time() + self.request_timeout_s
         backoff = Backoff(self._rng)
+        at_once = 0
         while True:
             conn = await self._wait_connection(deadline)
             answer_hook = None if on_answer is None else functools.partial(on_answer, conn)
+            # A redirect to a named leader, or a connection to replace, is no failure
+            # to back off from: the next attempt goes out as soon as there is a
+            # connection (issue 11: the client adds at most one round trip to an
+            # election). A few in a row at most, so two nodes that name each other (a
+            # stale view) cannot make it spin.
+            immediate = False
             try:
                 return await conn.request(make_frame, deadline=deadline, on_answer=answer_hook)
             except NotLeaderError as exc:
                 last_error: FutureQError = exc
                 self._follow_leader(conn, exc.leader_address)
+                immediate = exc.leader_address not in (None, conn.address)
             except NotSentError as exc:
                 last_error = exc
+                immediate = True
             except ConnectionLostError as exc:
                 if not retry_unknown:
                     raise
                 last_error = exc
+                immediate = True
             except RequestError as exc:
                 if not exc.code.retryable or anyio.current_time() >= deadline:
                     raise
                 last_error = exc
             self._check_open()
+            if immediate and at_once < MAX_RETRIES_AT_ONCE:
+                at_once += 1
+                continue
+            at_once = 0
             delay = backoff.next_delay_s()
             if anyio.current_time() + delay >= deadline:
                 raise last_error

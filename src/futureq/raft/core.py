@@ -139,8 +139,12 @@ class RaftConfig:
     Attributes:
         node_id: This server's id (>= 1).
         election_timeout_ticks: Base election timeout T; followers time out after a
-            random number of ticks in ``[T, 2T)`` (paper §5.2). Also the CheckQuorum
-            window and the leader-transfer deadline.
+            random number of ticks in ``[T, T + spread)`` (paper §5.2). Also the
+            CheckQuorum window and the leader-transfer deadline.
+        election_timeout_spread_ticks: ``spread`` above; None: T (the paper's
+            ``[T, 2T)``). A smaller spread shortens the worst failover; the split votes
+            it would make likelier are settled by PreVote's tie-break (a pre-candidate
+            that grants a PreVote to a better-placed one gives up its own campaign).
         heartbeat_interval_ticks: Ticks between leader heartbeats; must be < T.
         max_append_bytes: Cap on entry bytes per AppendEntries.
         max_inflight_messages: Unanswered AppendEntries per follower in REPLICATE.
@@ -168,6 +172,7 @@ class RaftConfig:
 
     node_id: NodeId
     election_timeout_ticks: int = 10
+    election_timeout_spread_ticks: int | None = None
     heartbeat_interval_ticks: int = 1
     max_append_bytes: int = 1 << 20
     max_inflight_messages: int = 256
@@ -189,6 +194,10 @@ class RaftConfig:
             ("election_timeout_ticks", self.election_timeout_ticks,
              self.election_timeout_ticks > self.heartbeat_interval_ticks,
              "> heartbeat_interval_ticks"),
+            ("election_timeout_spread_ticks", self.election_timeout_spread_ticks,
+             self.election_timeout_spread_ticks is None
+             or 1 <= self.election_timeout_spread_ticks <= self.election_timeout_ticks,
+             "between 1 and election_timeout_ticks (or None)"),
             ("max_append_bytes", self.max_append_bytes, self.max_append_bytes >= 1, ">= 1"),
             ("max_inflight_messages", self.max_inflight_messages,
              self.max_inflight_messages >= 1, ">= 1"),
@@ -770,7 +779,8 @@ class RaftCore:
     def _reset_randomized_election_timeout(self) -> None:
         # Paper §5.2: randomized election timeouts make split votes rare.
         timeout = self.config.election_timeout_ticks
-        self._randomized_election_timeout = timeout + self._rng.randrange(timeout)
+        spread = self.config.election_timeout_spread_ticks or timeout
+        self._randomized_election_timeout = timeout + self._rng.randrange(spread)
 
     def _become_follower(self, term: Term, leader_id: NodeId | None) -> None:
         self._reset(term)
@@ -937,6 +947,17 @@ class RaftCore:
             if not message.pre_vote:
                 self._election_elapsed = 0
                 self.vote = message.from_id
+            elif self.role is Role.PRE_CANDIDATE and self._yields_to(message):
+                # Two pre-candidates that time out together would grant each other's
+                # PreVote, both campaign, vote for themselves and split the election
+                # (another whole timeout). The one less placed to win gives up its
+                # own campaign: a PreVote changed nothing, so it is as if it had not
+                # timed out yet, and it can now vote for the other (thesis §9.6).
+                log.debug(
+                    "node %d: gives up its pre-campaign for node %d's", self.id,
+                    message.from_id,
+                )  # fmt: skip
+                self._become_follower(self.term, None)
         else:
             self._send(
                 RequestVoteResponse(
@@ -948,6 +969,13 @@ class RaftCore:
                     sender=self._sender,
                 )
             )
+
+    def _yields_to(self, message: RequestVote) -> bool:
+        """Whether the candidate of ``message`` goes first: a longer log (last term, then
+        last index), or the same log and a lower node id."""
+        theirs = (message.last_log_term, message.last_log_index, -int(message.from_id))
+        ours = (self.log.last_term(), self.log.last_index(), -int(self.id))
+        return theirs > ours
 
     def _vote_refusal(self, message: RequestVote, up_to_date: bool) -> str:
         """Why :meth:`_handle_request_vote` refuses ``message`` (for the debug log)."""

@@ -130,6 +130,8 @@ class RaftNodeConfig:
         node_id: This server's id (>= 1).
         tick_ms: Milliseconds per logical tick.
         election_timeout_ticks: Base election timeout (10 ticks = 500 ms by default).
+        election_timeout_spread_ticks: Random part of the election timeout (ticks);
+            None: as much as the base (``[T, 2T)``).
         heartbeat_ticks: Ticks between leader heartbeats.
         max_inflight_messages: Unanswered AppendEntries per follower.
         max_entries_bytes: Entry bytes per AppendEntries.
@@ -166,6 +168,7 @@ class RaftNodeConfig:
     node_id: int
     tick_ms: int = 50
     election_timeout_ticks: int = 10
+    election_timeout_spread_ticks: int | None = None
     heartbeat_ticks: int = 1
     max_inflight_messages: int = 256
     max_entries_bytes: int = 1 << 20
@@ -216,6 +219,7 @@ class RaftNodeConfig:
         return RaftConfig(
             node_id=NodeId(self.node_id),
             election_timeout_ticks=self.election_timeout_ticks,
+            election_timeout_spread_ticks=self.election_timeout_spread_ticks,
             heartbeat_interval_ticks=self.heartbeat_ticks,
             max_append_bytes=self.max_entries_bytes,
             max_inflight_messages=self.max_inflight_messages,
@@ -283,6 +287,11 @@ def _outcome_unknown(index: int, why: str) -> RequestError:
         f"outcome unknown: {why} before log entry {index} was known to be committed; "
         "it may or may not have been applied",
     )
+
+
+LEADER_FRESH_HEARTBEATS = 3
+"""A follower names its leader to a held request (:meth:`RaftNode.wait_for_leader`)
+only when it heard from it within this many heartbeat intervals."""
 
 
 class RaftNode:
@@ -511,6 +520,34 @@ class RaftNode:
         while self._role_epoch == since_epoch:
             await self._role_event.wait()
         return self._role_epoch
+
+    async def wait_for_leader(self, timeout_s: float | None = None) -> None:
+        """Return once a leader that takes requests is known: this node with the
+        no-op of its term applied (:meth:`is_leader`), or another node heard from
+        within the last ``LEADER_FRESH_HEARTBEATS`` heartbeat intervals; or after
+        ``timeout_s`` (default: two election timeouts), or when the node stops.
+
+        A follower that knows no leader (an election is running), or a new leader
+        whose no-op is not applied yet, would otherwise answer NOT_LEADER without a
+        leader to name, and the client would poll until the election ends. A
+        follower whose leader went quiet (killed: the followers time out only after
+        an election timeout) would name a dead node.
+        """
+        config = self.config
+        if timeout_s is None:
+            timeout_s = 2 * config.election_timeout_ticks * config.tick_ms / 1000
+        tick_s = config.tick_ms / 1000
+        fresh_s = LEADER_FRESH_HEARTBEATS * config.heartbeat_ticks * tick_s
+        with trio.move_on_after(timeout_s):
+            epoch = self._role_epoch
+            while not self._stopped and not self.is_leader():
+                leader = self.leader_id()
+                if leader is not None and leader != self.id:
+                    heard = self._last_heard_s.get(leader)
+                    if heard is not None and trio.current_time() - heard < fresh_s:
+                        return
+                with trio.move_on_after(tick_s):  # or it is heard from again
+                    epoch = await self.wait_role_change(epoch)
 
     # --- CommandLog and client operations ----------------------------------------------
 

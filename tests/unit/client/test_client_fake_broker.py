@@ -490,3 +490,33 @@ async def test_pause_stops_granting_credit() -> None:
                 await first.ack()
                 assert await sub.receive(0.2) is None  # no credit: nothing more is pushed
         assert broker.acked == [1]
+
+
+class _CountingRandom(random.Random):
+    """Counts the backoff delays drawn (``Backoff`` draws each with ``uniform``)."""
+
+    def __init__(self) -> None:
+        super().__init__(7)
+        self.delays = 0
+
+    def uniform(self, a: float, b: float) -> float:
+        self.delays += 1
+        return super().uniform(a, b)
+
+
+@on_both_backends
+async def test_a_redirect_to_a_named_leader_is_followed_without_a_backoff_pause() -> None:
+    """NOT_LEADER naming the leader is no failure: the request goes to the leader as
+    soon as the client is connected to it, without drawing a backoff delay (which
+    grows to seconds after a few refusals during an election)."""
+    async with task_group() as nursery:
+        leader = FakeBroker()
+        await nursery.start(leader.serve)
+        follower = FakeBroker(redirect_to=leader.address)
+        await nursery.start(follower.serve)
+        rng = _CountingRandom()
+        async with _client(follower.address, rng=rng) as client:
+            assert await client.publish("t", b"x") == 1
+            assert client.connected_address == leader.address
+        assert rng.delays == 0
+        assert leader.publish_sizes == [1]

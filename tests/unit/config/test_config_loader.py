@@ -354,3 +354,10 @@ def test_max_clock_offset_is_checked_for_units() -> None:
         load_config(env={"FUTUREQ_CLUSTER_MAX_CLOCK_OFFSET_MS": "1"})
     [problem] = problems_of(error)
     assert "between 10 and 60000 ms" in problem and "seconds taken for milliseconds" in problem
+
+
+def test_an_election_timeout_spread_wider_than_the_timeout_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"cluster.election_timeout_spread_ticks = 11"):
+        load_config(env={"FUTUREQ_CLUSTER_ELECTION_TIMEOUT_SPREAD_TICKS": "11"})
+    spread = load_config(env={"FUTUREQ_CLUSTER_ELECTION_TIMEOUT_SPREAD_TICKS": "10"})
+    assert spread.cluster.election_timeout_spread_ticks == 10

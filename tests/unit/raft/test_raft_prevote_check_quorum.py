@@ -138,3 +138,62 @@ def test_stale_leader_in_minority_cannot_commit_and_steps_down() -> None:
     assert network.core(1).log.committed == old_commit
     assert network.core(1).role is not Role.LEADER
     assert any(network.core(i).role is Role.LEADER for i in (3, 4, 5))
+
+
+def _tick_until_pre_candidate(network: Network, node_id: int) -> None:
+    """Tick ``node_id`` alone (nothing delivered) until it starts a PreVote round."""
+    core = network.core(node_id)
+    for _ in range(2 * core.config.election_timeout_ticks + 1):
+        core.tick()
+        if core.role is Role.PRE_CANDIDATE:
+            return
+    raise AssertionError(f"node {node_id} never timed out")
+
+
+def test_crossing_prevotes_elect_one_leader_in_one_round() -> None:
+    """Both followers time out together after the leader died: their PreVotes cross,
+    each grants the other's. The one less placed to win (same log, higher id) gives up
+    its pre-campaign, so one election of one term decides, instead of two candidates
+    voting for themselves and splitting the vote for another whole timeout."""
+    network = Network.of(3)
+    network.elect(1)
+    network.propose(1, b"x")
+    term = network.core(1).term
+    network.isolate(1)
+    _tick_until_pre_candidate(network, 2)
+    _tick_until_pre_candidate(network, 3)
+    network.stabilize()
+    assert network.role(2) is Role.LEADER
+    assert network.role(3) is Role.FOLLOWER and network.core(3).leader_id == 2
+    assert network.core(2).term == network.core(3).term == term + 1
+
+
+def test_pre_candidate_does_not_yield_to_a_shorter_log() -> None:
+    """The tie-break looks at the logs first: node 3 holds an entry node 2 lacks, so
+    node 2's PreVote is refused and node 3 keeps its campaign and wins."""
+    network = Network.of(3)
+    network.elect(1)
+    network.cut(1, 2)
+    network.propose(1, b"only on 1 and 3")
+    network.isolate(1)
+    _tick_until_pre_candidate(network, 2)
+    _tick_until_pre_candidate(network, 3)
+    network.stabilize()
+    assert network.role(3) is Role.LEADER
+    assert network.core(2).leader_id == 3
+
+
+def test_election_timeout_spread_bounds_the_timeout() -> None:
+    """``election_timeout_spread_ticks`` = s: a follower that hears nothing times out
+    after T to T + s - 1 ticks, whatever the seed."""
+    seen = set()
+    for seed in range(40):
+        network = Network.of(3, election_timeout_spread_ticks=2, seed=seed)
+        core = network.core(2)
+        ticks = 0
+        while core.role is Role.FOLLOWER:
+            core.tick()
+            ticks += 1
+            assert ticks <= 2 * ELECTION_TICKS
+        seen.add(ticks)
+    assert seen == {ELECTION_TICKS, ELECTION_TICKS + 1}
