@@ -137,6 +137,11 @@ def schedule_key(group_id: int, due_ms: int, mid: int) -> bytes:
     return _SCHEDULE.pack(group_id, due_ms, mid)
 
 
+pack_schedule_key: Final = _SCHEDULE.pack
+""":func:`schedule_key` without the call in between (hot paths): ``(group_id, due_ms,
+mid) -> bytes``."""
+
+
 def parse_schedule_key(key: bytes) -> tuple[int, int, int]:
     """``(group_id, due_ms, message_id)`` of a schedule key.
 

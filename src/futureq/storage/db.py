@@ -210,13 +210,18 @@ class Database:
             StorageError: RocksDB refused the write; the node must stop.
         """
         batch = WriteBatch(raw_mode=True)
+        put = batch.put
+        delete = batch.delete
+        handles = self._handles
         for family, items in changes.items():
-            handle = self._handles[family]
+            if not items:
+                continue
+            handle = handles[family]
             for key, value in items.items():
                 if value is None:
-                    batch.delete(key, handle)
+                    delete(key, handle)
                 else:
-                    batch.put(key, value, handle)
+                    put(key, value, handle)
         self.write_batch(batch, sync)
 
     def new_batch(self) -> WriteBatch:
