@@ -14,6 +14,7 @@ import itertools
 import logging
 from collections import Counter as Tally
 from collections.abc import Callable, Generator
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -223,7 +224,11 @@ class Broker:
         ):
             await trio.lowlevel.checkpoint()  # a 10,000-item batch must not hold the loop
         self._check_new_groups(validated)
-        keyed = any(len(item) > 5 and item[5] is not None for item in validated)
+        # Only items with headers or a key have more than 4 fields: one C-speed pass
+        # decides for the common batch.
+        keyed = max(map(len, validated)) > 4 and any(
+            len(item) > 5 and item[5] is not None for item in validated
+        )
         command = commands.publish(
             publish_ms,
             validated,
@@ -257,7 +262,7 @@ class Broker:
     def _count_published(self, validated: list[validation.ValidItem]) -> None:
         # One label lookup per distinct topic; topics past the series budget share one.
         metrics = self.metrics
-        if len(validated) == 1 or all(item[0] == validated[0][0] for item in validated):
+        if len(validated) == 1 or len(set(map(itemgetter(0), validated))) == 1:
             label = metrics.topic_label(validated[0][0])
             metrics.published_messages_total.labels(label).inc(len(validated))
             return

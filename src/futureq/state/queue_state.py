@@ -566,7 +566,10 @@ class QueueState(ManageOps):
                     yield
                 kind = effect[0]
                 if kind == "s":
-                    on_scheduled(*effect[1:])
+                    if len(effect) == 6:  # a fresh entry (PUBLISH): no tuple slice
+                        on_scheduled(effect[1], effect[2], effect[3], effect[4], effect[5])
+                    else:
+                        on_scheduled(*effect[1:])
                 elif kind == "u":
                     observer.on_unscheduled(*effect[1:])
                 elif kind == "g":
