@@ -28,7 +28,7 @@ from futureq.state.queue_state import PublishResult
 from futureq.wire import frames, validation
 
 from .cluster_time import ClusterTime
-from .command_log import no_space_error
+from .command_log import SingleNodeLog, no_space_error
 from .hub import Consumer, Hub, Outbox
 from .overview import ActivityHistory, DueBuckets, build_overview
 
@@ -229,14 +229,21 @@ class Broker:
         keyed = max(map(len, validated)) > 4 and any(
             len(item) > 5 and item[5] is not None for item in validated
         )
-        command = commands.publish(
+        command_list = commands.publish_command(
             publish_ms,
             validated,
             self.group_settings,
             self.config.queue.idempotency_window_ms if keyed else 0,
         )
+        command = commands.encode(command_list)
+        # A single node applies the list it was given (no decode of what was just
+        # encoded); Raft applies the bytes, on the leader as on every follower.
+        single = self.log if isinstance(self.log, SingleNodeLog) else None
         if ack_level == frames.AckLevel.LEADER and not keyed:
-            index = await self.log.propose_durable(command)
+            if single is not None:
+                index = await single.propose_durable(command, command_list)
+            else:
+                index = await self.log.propose_durable(command)
             self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
             self._count_published(validated)
             return commands.message_id(index, 0), len(validated), None
@@ -252,7 +259,10 @@ class Broker:
             return None, len(validated), None
         # Idempotency keys need the apply result (which items were duplicates), so a
         # keyed batch at ack level LEADER waits for its commit like QUORUM.
-        result = await self.log.propose(command)
+        if single is not None:
+            result = await single.propose(command, command_list)
+        else:
+            result = await self.log.propose(command)
         self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
         self._count_published(validated)
         if isinstance(result, PublishResult):

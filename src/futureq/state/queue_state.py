@@ -402,7 +402,9 @@ class QueueState(ManageOps):
             except StopIteration as done:
                 return done.value
 
-    def apply_steps(self, index: int, data: bytes) -> Generator[None, None, Any]:
+    def apply_steps(
+        self, index: int, data: bytes, command: list[Any] | None = None
+    ) -> Generator[None, None, Any]:
         """Apply the command at log ``index`` in bounded steps (a generator).
 
         Each ``next()`` does at most about :data:`APPLY_STEP_ITEMS` items of work, so
@@ -413,7 +415,10 @@ class QueueState(ManageOps):
         caller must not apply, restore or snapshot-restore anything else; reads are
         fine (they may see groups the command is creating).
 
-        Args and Raises: as :meth:`apply`.
+        Args and Raises: as :meth:`apply`; ``command``: ``data`` already decoded, by the
+        proposer that built it (:func:`~futureq.state.commands.publish_command`), so it is
+        not decoded again; it must be what encoding gave ``data`` (tuples may stand for
+        lists). None: ``data`` is decoded.
         """
         assert index == self.applied_index + 1, (index, self.applied_index)
         unwritten = self._unwritten
@@ -421,7 +426,8 @@ class QueueState(ManageOps):
             # A retry after a full disk: the changes were made in memory already.
             assert unwritten.index == index and unwritten.data == data, "retry of another entry"
             return (yield from self._write_and_notify(unwritten))
-        command = commands.decode(data)
+        if command is None:
+            command = commands.decode(data)
         kind = command[0]
         txn = Txn(self.store)
         effects: list[tuple[Any, ...]] = []
