@@ -14,6 +14,7 @@ import itertools
 import logging
 from collections import Counter as Tally
 from collections.abc import Callable, Generator
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -27,7 +28,7 @@ from futureq.state.queue_state import PublishResult
 from futureq.wire import frames, validation
 
 from .cluster_time import ClusterTime
-from .command_log import no_space_error
+from .command_log import SingleNodeLog, no_space_error
 from .hub import Consumer, Hub, Outbox
 from .overview import ActivityHistory, DueBuckets, build_overview
 
@@ -235,15 +236,26 @@ class Broker:
         ):
             await trio.lowlevel.checkpoint()  # a 10,000-item batch must not hold the loop
         self._check_new_groups(validated)
-        keyed = any(len(item) > 5 and item[5] is not None for item in validated)
-        command = commands.publish(
+        # Only items with headers or a key have more than 4 fields: one C-speed pass
+        # decides for the common batch.
+        keyed = max(map(len, validated)) > 4 and any(
+            len(item) > 5 and item[5] is not None for item in validated
+        )
+        command_list = commands.publish_command(
             publish_ms,
             validated,
             self.group_settings,
             self.config.queue.idempotency_window_ms if keyed else 0,
         )
+        command = commands.encode(command_list)
+        # A single node applies the list it was given (no decode of what was just
+        # encoded); Raft applies the bytes, on the leader as on every follower.
+        single = self.log if isinstance(self.log, SingleNodeLog) else None
         if ack_level == frames.AckLevel.LEADER and not keyed:
-            index = await self.log.propose_durable(command)
+            if single is not None:
+                index = await single.propose_durable(command, command_list)
+            else:
+                index = await self.log.propose_durable(command)
             self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
             self._count_published(validated)
             return commands.message_id(index, 0), len(validated), None
@@ -259,7 +271,10 @@ class Broker:
             return None, len(validated), None
         # Idempotency keys need the apply result (which items were duplicates), so a
         # keyed batch at ack level LEADER waits for its commit like QUORUM.
-        result = await self.log.propose(command)
+        if single is not None:
+            result = await single.propose(command, command_list)
+        else:
+            result = await self.log.propose(command)
         self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
         self._count_published(validated)
         if isinstance(result, PublishResult):
@@ -269,7 +284,7 @@ class Broker:
     def _count_published(self, validated: list[validation.ValidItem]) -> None:
         # One label lookup per distinct topic; topics past the series budget share one.
         metrics = self.metrics
-        if len(validated) == 1 or all(item[0] == validated[0][0] for item in validated):
+        if len(validated) == 1 or len(set(map(itemgetter(0), validated))) == 1:
             label = metrics.topic_label(validated[0][0])
             metrics.published_messages_total.labels(label).inc(len(validated))
             return

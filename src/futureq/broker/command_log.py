@@ -89,7 +89,9 @@ class CommandLog(Protocol):
         ...
 
 
-async def apply_in_steps(state: QueueState, index: int, data: bytes) -> Any:
+async def apply_in_steps(
+    state: QueueState, index: int, data: bytes, command: list[Any] | None = None
+) -> Any:
     """Apply one command with :meth:`QueueState.apply_steps`, yielding between steps.
 
     A 10,000-item batch is applied in slices of ``APPLY_STEP_ITEMS`` items, so requests
@@ -98,7 +100,7 @@ async def apply_in_steps(state: QueueState, index: int, data: bytes) -> Any:
     Returns:
         :meth:`QueueState.apply`'s result.
     """
-    steps = state.apply_steps(index, data)
+    steps = state.apply_steps(index, data, command)
     while True:
         try:
             next(steps)
@@ -117,10 +119,11 @@ def no_space_error() -> RequestError:
 
 
 class _Proposal:
-    __slots__ = ("data", "done", "error", "index", "result")
+    __slots__ = ("command", "data", "done", "error", "index", "result")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, command: list[Any] | None = None) -> None:
         self.data = data
+        self.command = command
         self.index = 0
         self.result: Any = None
         self.error: BaseException | None = None
@@ -216,18 +219,21 @@ class SingleNodeLog:
             index += 1
         return replayed
 
-    async def propose(self, command: bytes) -> Any:
+    async def propose(self, command: bytes, decoded: list[Any] | None = None) -> Any:
         """Make ``command`` durable (synced), apply it, return the apply result.
+
+        ``decoded``: the command list ``command`` was encoded from, if the caller kept
+        it: apply takes it instead of decoding the bytes again.
 
         Raises:
             RequestError: UNAVAILABLE once shutdown has begun.
             StorageError: the write failed; the node is stopping.
         """
-        return (await self._propose(command)).result
+        return (await self._propose(command, decoded)).result
 
-    async def propose_durable(self, command: bytes) -> int:
+    async def propose_durable(self, command: bytes, decoded: list[Any] | None = None) -> int:
         """Like :meth:`propose` (one node: durable on the leader is committed); the index."""
-        return (await self._propose(command)).index
+        return (await self._propose(command, decoded)).index
 
     async def read_barrier(self) -> None:
         """Nothing to wait for: one node applies every write before acknowledging it."""
@@ -256,12 +262,12 @@ class SingleNodeLog:
             "nodes": [],
         }
 
-    async def _propose(self, command: bytes) -> _Proposal:
+    async def _propose(self, command: bytes, decoded: list[Any] | None = None) -> _Proposal:
         if self._closing:
             raise RequestError(
                 ErrorCode.UNAVAILABLE, "the server is shutting down; retry on another node or later"
             )
-        proposal = _Proposal(command)
+        proposal = _Proposal(command, decoded)
         self._in_progress += 1
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         try:
@@ -356,7 +362,9 @@ class SingleNodeLog:
         entry is in the log, so it must be applied before the next one)."""
         while True:
             try:
-                return await apply_in_steps(self._state, proposal.index, proposal.data)
+                return await apply_in_steps(
+                    self._state, proposal.index, proposal.data, proposal.command
+                )
             except NoSpaceError as exc:
                 if self._alarm is None:
                     raise

@@ -145,6 +145,11 @@ def schedule_key(group_id: int, due_ms: int, mid: int) -> bytes:
     return _SCHEDULE.pack(group_id, due_ms, mid)
 
 
+pack_schedule_key: Final = _SCHEDULE.pack
+""":func:`schedule_key` without the call in between (hot paths): ``(group_id, due_ms,
+mid) -> bytes``."""
+
+
 def parse_schedule_key(key: bytes) -> tuple[int, int, int]:
     """``(group_id, due_ms, message_id)`` of a schedule key.
 
@@ -203,11 +208,23 @@ def publish(
     idempotency key still names its message once the message is gone (the leader's
     ``queue.idempotency_window_ms``).
     """
+    return encode(publish_command(publish_ms, items, settings, idempotency_window_ms))
+
+
+def publish_command(
+    publish_ms: int,
+    items: Sequence[PublishItem],
+    settings: GroupSettings = BUILTIN_GROUP_SETTINGS,
+    idempotency_window_ms: int = 0,
+) -> list[Any]:
+    """The PUBLISH command list :func:`publish` encodes (arguments as there).
+
+    A proposer that keeps it can hand it to apply with the bytes, so the leader does not
+    decode what it has just encoded (``QueueState.apply_steps``'s ``command``).
+    """
     if idempotency_window_ms:
-        return encode(
-            [CommandKind.PUBLISH, publish_ms, items, settings.to_wire(), idempotency_window_ms]
-        )
-    return encode([CommandKind.PUBLISH, publish_ms, items, settings.to_wire()])
+        return [CommandKind.PUBLISH, publish_ms, items, settings.to_wire(), idempotency_window_ms]
+    return [CommandKind.PUBLISH, publish_ms, items, settings.to_wire()]
 
 
 def ack(keys: list[bytes]) -> bytes:

@@ -93,6 +93,8 @@ _NODE: Final = b"node:"
 _DELETING: Final = b"deleting:"
 
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_NEW_ENTRY: Final = _pack([0, None])
+"""The value of a fresh schedule entry without expiry (attempt 0), packed once."""
 
 
 def _unpack(data: bytes) -> Any:
@@ -400,7 +402,9 @@ class QueueState(ManageOps):
             except StopIteration as done:
                 return done.value
 
-    def apply_steps(self, index: int, data: bytes) -> Generator[None, None, Any]:
+    def apply_steps(
+        self, index: int, data: bytes, command: list[Any] | None = None
+    ) -> Generator[None, None, Any]:
         """Apply the command at log ``index`` in bounded steps (a generator).
 
         Each ``next()`` does at most about :data:`APPLY_STEP_ITEMS` items of work, so
@@ -411,7 +415,10 @@ class QueueState(ManageOps):
         caller must not apply, restore or snapshot-restore anything else; reads are
         fine (they may see groups the command is creating).
 
-        Args and Raises: as :meth:`apply`.
+        Args and Raises: as :meth:`apply`; ``command``: ``data`` already decoded, by the
+        proposer that built it (:func:`~futureq.state.commands.publish_command`), so it is
+        not decoded again; it must be what encoding gave ``data`` (tuples may stand for
+        lists). None: ``data`` is decoded.
         """
         assert index == self.applied_index + 1, (index, self.applied_index)
         unwritten = self._unwritten
@@ -419,7 +426,8 @@ class QueueState(ManageOps):
             # A retry after a full disk: the changes were made in memory already.
             assert unwritten.index == index and unwritten.data == data, "retry of another entry"
             return (yield from self._write_and_notify(unwritten))
-        command = commands.decode(data)
+        if command is None:
+            command = commands.decode(data)
         kind = command[0]
         txn = Txn(self.store)
         effects: list[tuple[Any, ...]] = []
@@ -569,7 +577,10 @@ class QueueState(ManageOps):
                     yield
                 kind = effect[0]
                 if kind == "s":
-                    on_scheduled(*effect[1:])
+                    if len(effect) == 6:  # a fresh entry (PUBLISH): no tuple slice
+                        on_scheduled(effect[1], effect[2], effect[3], effect[4], effect[5])
+                    else:
+                        on_scheduled(*effect[1:])
                 elif kind == "u":
                     observer.on_unscheduled(*effect[1:])
                 elif kind == "g":
@@ -689,6 +700,14 @@ class QueueState(ManageOps):
         self._note_publish_ms(txn, publish_ms)
         first_id = commands.message_id(index, 0)
         targets: dict[str, list[GroupInfo]] = {}
+        # The hot path of the broker: one pass, every per-message cost inlined (the
+        # record, the entry keys, the effects), group counters added once per batch.
+        messages = txn.changes["messages"]
+        schedule = txn.changes["schedule"]
+        schedule_key = commands.pack_schedule_key
+        encode_message = records.encode_message
+        append = effects.append
+        stored: dict[int, int] = {}
         work = 0
         for position, item in enumerate(items):
             work += 1
@@ -697,7 +716,8 @@ class QueueState(ManageOps):
                 yield
             topic = item[0]
             mid = first_id + position
-            if len(item) > 5 and item[5] is not None:
+            extra = len(item) > 4
+            if extra and len(item) > 5 and item[5] is not None:
                 original = self._claim_idempotency_key(
                     txn, topic, item[5], mid, publish_ms, window_ms
                 )
@@ -708,20 +728,37 @@ class QueueState(ManageOps):
             groups = targets.get(topic)
             if groups is None:
                 groups = targets[topic] = self._targets(txn, topic, settings, effects)
+                for info in groups:
+                    stored.setdefault(info.group_id, 0)
                 work += NEW_TOPIC_WORK
-            self._insert_message(
-                txn,
-                mid,
-                topic,
-                item[1],
-                publish_ms,
-                item[2],
-                item[3],
-                item[4] if len(item) > 4 else None,
-                groups,
-                effects,
-                touched,
-            )
+            due_ms = item[2]
+            ttl_ms = item[3]
+            if ttl_ms is None:
+                expire_ms = None
+                value = _NEW_ENTRY
+            else:
+                expire_ms = due_ms + ttl_ms
+                value = _pack([0, expire_ms])
+            headers = item[4] if extra else None
+            if headers or ttl_ms is not None:
+                record = encode_message(
+                    topic, item[1], publish_ms, due_ms, len(groups), headers or None, ttl_ms
+                )
+            else:  # records.encode_message's short form, without the call
+                record = _pack([topic, item[1], publish_ms, due_ms, len(groups)])
+            messages[mid.to_bytes(8, "big")] = record
+            for info in groups:
+                gid = info.group_id
+                schedule[schedule_key(gid, due_ms, mid)] = value
+                stored[gid] += 1
+                append(("s", gid, due_ms, mid, expire_ms, 0))
+        for groups in targets.values():
+            for info in groups:
+                count = stored[info.group_id]
+                if count:
+                    info.pending += count
+                    self.total_pending += count
+                    touched.add(info.group_id)
         if window_ms:
             yield from self._prune_idempotency_keys(txn, publish_ms, window_ms)
         return first_id

@@ -105,3 +105,40 @@ def test_a_retry_must_be_of_the_same_entry() -> None:
         state.apply(1, commands.create_group("a", "g", None, None))
     with pytest.raises(AssertionError):
         state.apply(1, commands.create_group("b", "g", None, None))
+
+
+def test_a_publish_applied_from_its_list_leaves_what_its_bytes_leave() -> None:
+    """The leader of one node hands apply the command list it encoded (no second decode):
+    the stored bytes, the digest, the result and the observer's calls are those of
+    applying the bytes, for every item form (TTL, headers, idempotency key, new topic,
+    duplicate key)."""
+    items: list[commands.PublishItem] = [
+        ("a", b"plain", 1500, None),
+        ("a", b"ttl", 1600, 250),
+        ("b", b"headers", 1700, None, {"k": "v"}, None),
+        ("b", b"keyed", 1800, 60_000, None, "key-1"),
+        ("c", b"both", 1900, None, {"x": "y"}, "key-2"),
+        ("b", b"dup", 2000, None, None, "key-1"),
+    ]
+    runs = [
+        (commands.publish_command(1000, items, commands.GroupSettings(5000, 3), 3_600_000), 2),
+        (commands.publish_command(1100, items[:2], commands.GroupSettings(5000, 3)), 3),
+    ]
+    states = []
+    for decoded in (False, True):
+        state = QueueState(MemoryStore())
+        recorder = Recorder(state)
+        results = [state.apply(1, commands.create_group("a", "second", None, None))]
+        for command_list, index in runs:
+            data = commands.encode(command_list)
+            steps = state.apply_steps(index, data, command_list if decoded else None)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    results.append(done.value)
+                    break
+        states.append((dump(state.store), state.applied_digest, results, recorder.calls))
+    assert states[1] == states[0]
+    assert states[0][3], "the observer heard of the entries"
+    assert states[0][2][1].duplicates == {5: (2 << 16) + 3}
