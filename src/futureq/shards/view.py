@@ -48,12 +48,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FETCH_DEADLINE_S = 2.0
-"""Longest shard 0 waits for another shard's answer (connect, TLS, request, body) (s)."""
+FETCH_DEADLINE_S = 1.0
+"""Longest shard 0 waits for another shard's answer (connect, TLS, request, body) (s):
+below the probes' 2 s timeout (k8s/statefulset.yaml), so a probe gets the 503 naming the
+shard rather than timing out itself."""
 MAX_BODY_BYTES = 256 * 1024 * 1024
 """Largest answer read from a shard (a ``/metrics`` of many groups is the big one)."""
-TOKEN_ENV = "FUTUREQ_NODE_VIEW_TOKEN"
-"""Environment variable carrying the node's internal read token to its shards."""
+TOKEN_ENV = "FQ_SHARD_VIEW_TOKEN"
+"""Environment variable carrying the node's internal read token to its shards (not
+``FUTUREQ_*``: those are configuration keys)."""
 OVERVIEW_POLL_S = 1.0
 """How often the other shards' overviews are fetched while someone watches (s)."""
 OVERVIEW_IDLE_S = 10.0

@@ -1,0 +1,161 @@
+"""One operator view of a node of 2 shards, as real processes (issue 15).
+
+The node's HTTP port (shard 0's) answers ``/readyz``, ``/healthz``, ``/api/status``,
+``/api/overview`` and ``/metrics`` for both shards; a stopped or killed shard is named,
+never waited on past the fetch deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from test_shards import TOPICS, ShardedNode
+
+from futureq.client import open_client
+from futureq.shards.slots import even_map
+from futureq.shards.view import FETCH_DEADLINE_S
+
+HTTP_TIMEOUT_S = 15.0
+"""Longest the test waits for one answer of the node's port (it must answer well before)."""
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[ShardedNode]:
+    made = ShardedNode(tmp_path / "data")
+    made.start()
+    yield made
+    if made.process is not None and made.process.poll() is None:
+        made.terminate()
+    made.kill()
+
+
+def get(node: ShardedNode, path: str) -> tuple[int, bytes, float]:
+    """``(status, body, seconds taken)`` of ``GET path`` on the node's HTTP port."""
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(
+            f"http://{node.http_address}{path}", timeout=HTTP_TIMEOUT_S
+        ) as answer:
+            return answer.status, answer.read(), time.monotonic() - started
+    except urllib.error.HTTPError as error:
+        return error.code, error.read(), time.monotonic() - started
+
+
+def wait_status(node: ShardedNode, path: str, wanted: int, within_s: float = 60.0) -> bytes:
+    deadline = time.monotonic() + within_s
+    while True:
+        status, body, _ = get(node, path)
+        if status == wanted:
+            return body
+        assert time.monotonic() < deadline, f"{path} still {status} {body!r}"
+        time.sleep(0.2)
+
+
+def shard_pid(node: ShardedNode, shard: int) -> int:
+    pid = node.pid_of_shard(shard)
+    assert pid is not None, f"no process for shard {shard}"
+    return pid
+
+
+def test_status_and_metrics_of_the_node_cover_both_shards(node: ShardedNode) -> None:
+    slot_map = even_map(node.shard_addresses)
+    assert {slot_map.shard_of(t) for t in TOPICS} == {0, 1}
+
+    async def main() -> None:
+        async with open_client(node.client_address) as client:
+            for topic in TOPICS:
+                await client.create_group(topic, "g")
+                await client.publish(topic, b"x")
+
+    trio.run(main)
+    status, body, _ = get(node, "/api/status")
+    assert status == 200, body
+    merged = json.loads(body)
+    assert [t["topic"] for t in merged["topics"]] == sorted(TOPICS)
+    assert merged["topic_count"] == len(TOPICS)
+    assert merged["group_count"] == len(TOPICS)
+    assert merged["missing_shards"] == []
+    shards = {s["shard"]: s for s in merged["shards"]}
+    assert set(shards) == {0, 1}
+    for k, entry in shards.items():
+        assert entry["role"] == "leader"
+        assert entry["topic_count"] == sum(slot_map.shard_of(t) == k for t in TOPICS)
+        assert entry["applied_index"] > 0 and "term" in entry and entry["leader_address"]
+    # ?local=true: shard 0's own answer.
+    _, own, _ = get(node, "/api/status?local=true")
+    assert "shards" not in json.loads(own)
+    assert {t["topic"] for t in json.loads(own)["topics"]} == {
+        t for t in TOPICS if slot_map.shard_of(t) == 0
+    }
+
+    status, body, _ = get(node, "/metrics")
+    assert status == 200
+    text = body.decode()
+    for k in (0, 1):
+        assert f'futureq_applied_index{{shard="{k}"}}' in text
+        assert f'futureq_node_view_shard_up{{shard="{k}"}} 1' in text
+    assert text.count("# TYPE futureq_applied_index gauge") == 1
+    # Per-topic series come from the shard owning the topic.
+    for topic in TOPICS[:4]:
+        owner = slot_map.shard_of(topic)
+        lines = [line for line in text.splitlines() if f'topic="{topic}"' in line]
+        assert lines and all(f'shard="{owner}"' in line for line in lines), lines
+
+    status, body, _ = get(node, "/api/overview")
+    assert status == 200
+    overview = json.loads(body)
+    assert overview["groups_total"] == len(TOPICS)
+    assert {g["topic"] for g in overview["groups"]} == set(TOPICS)
+    assert [s["shard"] for s in overview["shards"]] == [0, 1]
+    assert overview["alarms"] == []
+
+    # /api/browse of a topic on shard 1 is answered by shard 1.
+    on_1 = next(t for t in TOPICS if slot_map.shard_of(t) == 1)
+    status, body, _ = get(node, f"/api/browse?topic={on_1}&group=g")
+    assert status == 200, body
+    assert len(json.loads(body)["messages"]) == 1
+
+
+def test_readyz_and_healthz_name_a_stopped_or_killed_shard(node: ShardedNode) -> None:
+    for path in ("/readyz", "/healthz"):
+        status, body, _ = get(node, path)
+        assert status == 200, body
+    assert [s["ready"] for s in json.loads(get(node, "/readyz")[1])["shards"]] == [True, True]
+
+    stopped = shard_pid(node, 1)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        status, body, took_s = get(node, "/readyz")
+        assert status == 503, body
+        answer = json.loads(body)
+        assert answer["ready"] is False
+        assert "shard 1" in answer["reason"] and "did not answer" in answer["reason"]
+        assert [s["ready"] for s in answer["shards"]] == [True, False]
+        assert took_s < FETCH_DEADLINE_S + 5  # the deadline, not the stopped shard, ends it
+        status, body, _ = get(node, "/healthz")
+        assert status == 503 and b"shard 1" in body, body
+        status, body, _ = get(node, "/api/status")
+        assert status == 200
+        assert json.loads(body)["missing_shards"] == [1]
+        status, body, _ = get(node, "/metrics")
+        assert status == 200 and b'futureq_node_view_shard_up{shard="1"} 0' in body
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    wait_status(node, "/readyz", 200)
+
+    killed = shard_pid(node, 1)
+    os.kill(killed, signal.SIGKILL)
+    status, body, _ = get(node, "/readyz")
+    assert status == 503 and b"shard 1" in body, body
+    wait_status(node, "/readyz", 200)
+    wait_status(node, "/healthz", 200)
+    assert node.pid_of_shard(1) not in (None, killed)
