@@ -159,3 +159,51 @@ def test_readyz_and_healthz_name_a_stopped_or_killed_shard(node: ShardedNode) ->
     wait_status(node, "/readyz", 200)
     wait_status(node, "/healthz", 200)
     assert node.pid_of_shard(1) not in (None, killed)
+
+
+def test_the_dashboard_shows_every_shard(node: ShardedNode) -> None:
+    """The dashboard on the node's port (WATCH over /ws on shard 0) lists the groups of
+    both shards, one row per shard, and a stopped shard as not answering."""
+    from playwright.sync_api import expect, sync_playwright
+    from test_dashboard_browser import (
+        WAIT_MS,
+        browser_context,
+        expect_groups_match_status,
+        open_dashboard,
+        screenshot,
+    )
+
+    async def main() -> None:
+        async with open_client(node.client_address) as client:
+            for topic in TOPICS:
+                await client.create_group(topic, "g")
+                await client.publish(topic, b"x")
+
+    trio.run(main)
+    with sync_playwright() as playwright, browser_context(playwright, None) as browser:
+        page, errors = open_dashboard(browser, node.http_address)
+        status = expect_groups_match_status(page, node.http_address)
+        assert len(status["topics"]) == len(TOPICS)
+        expect(page.locator("#groups tbody tr")).to_have_count(len(TOPICS), timeout=WAIT_MS)
+        expect(page.locator("#shards tbody tr")).to_have_count(2, timeout=WAIT_MS)
+        expect(page.locator("#node-title")).to_contain_text("2 shards")
+        for k in (0, 1):
+            expect(
+                page.locator(f'#shards tr[data-shard="{k}"] td[data-field="state"]')
+            ).to_have_text("ok", timeout=WAIT_MS)
+        screenshot(page, "dashboard-two-shards.png")
+        stopped = shard_pid(node, 1)
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            expect(
+                page.locator('#shards tr[data-shard="1"] td[data-field="state"]')
+            ).to_contain_text("did not answer", timeout=WAIT_MS)
+            expect(page.locator('#alarms [data-alarm="SHARD_UNAVAILABLE"]')).to_be_visible(
+                timeout=WAIT_MS
+            )
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        expect(page.locator('#shards tr[data-shard="1"] td[data-field="state"]')).to_have_text(
+            "ok", timeout=WAIT_MS
+        )
+        assert errors == []

@@ -454,6 +454,7 @@ def merge_overviews(
         node = overview.get("node") or {}
         entry.update({name: node.get(name) for name in _SHARD_FIELDS})
         entry["groups_total"] = overview.get("groups_total", 0)
+        entry["data_dir_bytes"] = node.get("data_dir_bytes")
         shards.append(entry)
         for group in overview.get("groups") or []:
             groups.append({**group, "shard": shard})
@@ -494,6 +495,9 @@ def merge_overviews(
     merged["activity"] = activity
     merged["alarms"] = alarms
     merged["shards"] = shards
+    sizes = [s.get("data_dir_bytes") for s in shards]
+    if all(isinstance(size, int) for size in sizes):
+        merged["node"] = {**(local.get("node") or {}), "data_dir_bytes": sum(sizes)}
     return merged
 
 
