@@ -59,6 +59,8 @@ TOKEN_ENV = "FQ_SHARD_VIEW_TOKEN"
 ``FUTUREQ_*``: those are configuration keys)."""
 OVERVIEW_POLL_S = 1.0
 """How often the other shards' overviews are fetched while someone watches (s)."""
+OVERVIEW_FRESH_S = 3 * OVERVIEW_POLL_S + FETCH_DEADLINE_S
+"""An overview older than this is not shown (the shard is "being fetched") (s)."""
 OVERVIEW_IDLE_S = 10.0
 """Overviews stop being fetched when nobody asked for one for this long (s)."""
 AGGREGATED = ("/healthz", "/readyz", "/api/status", "/api/overview", "/metrics")
@@ -85,6 +87,9 @@ class NoAnswer:
 
 
 Reply = Answer | NoAnswer
+
+NOT_FETCHED = NoAnswer("is being fetched")
+"""A shard whose overview shard 0 has not fetched recently (no alarm: not a fault)."""
 
 
 def node_token() -> str | None:
@@ -220,8 +225,9 @@ class NodeView:
             for shard in range(role.slot_map.shard_count)
         ]
         self.ssl_context = client_ssl_context(config)
-        self.overviews: dict[int, Reply] = {}
-        """The other shards' last ``/api/overview`` replies (WATCH merges them)."""
+        self.overviews: dict[int, tuple[float, Reply]] = {}
+        """The other shards' last ``/api/overview`` replies and when they came (trio
+        time, s); WATCH merges those younger than :data:`OVERVIEW_FRESH_S`."""
         self._overview_asked = trio.Event()
         self._overview_asked_at = -1e9
 
@@ -268,9 +274,11 @@ class NodeView:
         asking wakes the poller (:meth:`run`)."""
         self._overview_asked_at = trio.current_time()
         self._overview_asked.set()
+        now = trio.current_time()
         replies: list[Reply] = [Answer(200, b"", "")]
         for shard in range(1, self.shard_count):
-            replies.append(self.overviews.get(shard, NoAnswer("not fetched yet")))
+            at, reply = self.overviews.get(shard, (-1e9, NOT_FETCHED))
+            replies.append(reply if now - at <= OVERVIEW_FRESH_S else NOT_FETCHED)
         return merge_overviews(local, replies, self.addresses)
 
     async def run(self) -> None:
@@ -280,7 +288,9 @@ class NodeView:
             if trio.current_time() - self._overview_asked_at > OVERVIEW_IDLE_S:
                 self._overview_asked = trio.Event()
                 await self._overview_asked.wait()
-            self.overviews.update(await self.fetch_others("/api/overview"))
+            replies = await self.fetch_others("/api/overview")
+            now = trio.current_time()
+            self.overviews.update({shard: (now, reply) for shard, reply in replies.items()})
             await trio.sleep(OVERVIEW_POLL_S)
 
 
@@ -446,9 +456,10 @@ def merge_overviews(
         if overview is None:
             reason = _why(replies[shard])
             entry["error"] = reason
-            alarms.append(
-                {"name": "SHARD_UNAVAILABLE", "text": f"shard {shard} is not shown: {reason}"}
-            )
+            if replies[shard] is not NOT_FETCHED:
+                alarms.append(
+                    {"name": "SHARD_UNAVAILABLE", "text": f"shard {shard} is not shown: {reason}"}
+                )
             shards.append(entry)
             continue
         node = overview.get("node") or {}

@@ -25,7 +25,10 @@ async def test_a_peer_that_accepts_but_never_answers_is_reported_within_the_dead
 
     async def hold(stream: trio.abc.Stream) -> None:
         held.append(stream)  # read nothing, answer nothing (like a SIGSTOPped shard)
-        await trio.sleep_forever()
+        try:
+            await trio.sleep_forever()
+        finally:
+            await trio.aclose_forcefully(stream)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, hold, listeners)
@@ -34,6 +37,8 @@ async def test_a_peer_that_accepts_but_never_answers_is_reported_within_the_dead
         assert reply == NoAnswer("did not answer within 0.3 s")
         assert trio.current_time() - started < 2
         nursery.cancel_scope.cancel()
+    for listener in listeners:
+        await listener.aclose()
 
 
 async def test_a_closed_port_is_reported_as_unreachable() -> None:
@@ -67,6 +72,8 @@ async def test_an_answer_is_read_whole() -> None:
         reply = await http_get(f"127.0.0.1:{port}", "/metrics?x=1", token="secret")
         assert reply == Answer(200, body, "text/plain")
         nursery.cancel_scope.cancel()
+    for listener in listeners:
+        await listener.aclose()
 
 
 def test_shard_addresses_shift_by_the_stride_and_wildcards_go_to_loopback() -> None:
