@@ -75,6 +75,14 @@ def test_status_and_metrics_of_the_node_cover_both_shards(node: ShardedNode) -> 
             for topic in TOPICS:
                 await client.create_group(topic, "g")
                 await client.publish(topic, b"x")
+            # The client's node-wide status (futureq-cli status) sums and breaks down too.
+            merged = await client.status()
+            assert (merged["topic_count"], merged["group_count"]) == (len(TOPICS), len(TOPICS))
+            assert [(s["shard"], s["role"]) for s in merged["shards"]] == [
+                (0, "leader"),
+                (1, "leader"),
+            ]
+            assert all(s["term"] is not None and s["applied_index"] > 0 for s in merged["shards"])
 
     trio.run(main)
     status, body, _ = get(node, "/api/status")
