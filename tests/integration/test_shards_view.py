@@ -215,3 +215,70 @@ def test_the_dashboard_shows_every_shard(node: ShardedNode) -> None:
             "ok", timeout=WAIT_MS
         )
         assert errors == []
+
+
+def test_the_node_view_behind_a_token_and_https(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an auth token and HTTPS on the HTTP port, the operator's token is checked by
+    shard 0 and the fetches from shard 1 go over TLS with the node's internal token."""
+    import base64
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_file, key_file = tmp_path / "server.pem", tmp_path / "server.key"
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    for extra in cert.cert_chain_pems[1:]:
+        extra.write_to_path(str(cert_file), append=True)
+    cert.private_key_pem.write_to_path(str(key_file))
+    token = "operator-" + base64.b32encode(os.urandom(10)).decode()
+    monkeypatch.setenv("FUTUREQ_SERVER_AUTH_TOKEN", token)
+    made = ShardedNode(
+        tmp_path / "data",
+        extra=["--tls-cert", str(cert_file), "--tls-key", str(key_file), "--http-tls"],
+    )
+    made.start()
+    try:
+        client_tls = ssl.create_default_context()
+        ca.configure_trust(client_tls)
+
+        async def main() -> None:
+            async with open_client(made.client_address, token=token, ssl_context=client_tls) as c:
+                for topic in TOPICS:
+                    await c.create_group(topic, "g")
+
+        trio.run(main)
+
+        def https(path: str, bearer: str | None, port_offset: int = 0) -> tuple[int, bytes]:
+            host, port = made.http_address.rsplit(":", 1)
+            request = urllib.request.Request(f"https://{host}:{int(port) + port_offset}{path}")
+            if bearer is not None:
+                request.add_header("Authorization", f"Bearer {bearer}")
+            try:
+                with urllib.request.urlopen(
+                    request, timeout=HTTP_TIMEOUT_S, context=client_tls
+                ) as answer:
+                    return answer.status, answer.read()
+            except urllib.error.HTTPError as error:
+                return error.code, error.read()
+
+        status, body = https("/readyz", None)
+        assert status == 200, body
+        assert [s["ready"] for s in json.loads(body)["shards"]] == [True, True]
+        assert https("/api/status", None)[0] == 401
+        assert https("/api/status", "wrong")[0] == 401
+        status, body = https("/api/status", token)
+        assert status == 200, body
+        merged = json.loads(body)
+        assert [t["topic"] for t in merged["topics"]] == sorted(TOPICS)
+        assert merged["missing_shards"] == []
+        status, body = https("/metrics", token)
+        assert status == 200 and b'futureq_node_view_shard_up{shard="1"} 1' in body
+        # Shard 1's own port still wants a token from anyone else.
+        assert https("/api/status", None, port_offset=1)[0] == 401
+    finally:
+        made.terminate()
+        made.kill()
