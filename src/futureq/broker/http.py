@@ -333,12 +333,12 @@ class HttpApp:
                 _JSON,
             )
         texts = [
-            (shard, reply.body.decode("utf-8"))
+            (shard, reply.body.decode("utf-8", "replace"))
             for shard, reply in enumerate(replies)
             if isinstance(reply, node_view.Answer) and reply.status == 200
         ]
-        merged = await trio.to_thread.run_sync(node_view.relabel_metrics, texts)
-        merged += node_view.shard_up_metric(replies).encode()
+        merged, left_out = await trio.to_thread.run_sync(node_view.relabel_metrics, texts)
+        merged += node_view.shard_up_metric(replies, left_out).encode()
         return 200, merged, content_type
 
     async def _refuse(

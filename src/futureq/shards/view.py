@@ -512,12 +512,13 @@ def merge_overviews(
     return merged
 
 
-def relabel_metrics(texts: Sequence[tuple[int, str]]) -> bytes:
+def relabel_metrics(texts: Sequence[tuple[int, str]]) -> tuple[bytes, list[int]]:
     """One Prometheus text exposition from several shards' (``(shard, text)``): every
     sample gets a ``shard`` label, each family appears once.
 
-    Raises:
-        ValueError: a text is not the Prometheus text format.
+    Returns:
+        ``(exposition, shards left out)``: a text that is not the Prometheus text
+        format leaves that shard out (logged) rather than failing the scrape.
     """
     from prometheus_client.exposition import generate_latest
     from prometheus_client.metrics_core import Metric
@@ -525,8 +526,15 @@ def relabel_metrics(texts: Sequence[tuple[int, str]]) -> bytes:
     from prometheus_client.samples import Sample
 
     families: dict[str, Metric] = {}
+    left_out: list[int] = []
     for shard, text in texts:
-        for family in text_string_to_metric_families(text):
+        try:
+            parsed = list(text_string_to_metric_families(text))
+        except ValueError as exc:
+            log.warning("shard %d's /metrics is not the Prometheus text format: %s", shard, exc)
+            left_out.append(shard)
+            continue
+        for family in parsed:
             merged = families.get(family.name)
             if merged is None:
                 merged = Metric(family.name, family.documentation, family.type, family.unit)
@@ -541,18 +549,19 @@ def relabel_metrics(texts: Sequence[tuple[int, str]]) -> bytes:
         def collect(self) -> list[Metric]:
             return list(families.values())
 
-    return generate_latest(_Families())
+    return generate_latest(_Families()), left_out
 
 
-def shard_up_metric(replies: Sequence[Reply]) -> str:
-    """``futureq_node_view_shard_up``: 1 per shard that answered ``/metrics``, else 0."""
+def shard_up_metric(replies: Sequence[Reply], left_out: Sequence[int] = ()) -> str:
+    """``futureq_node_view_shard_up``: 1 per shard whose ``/metrics`` is in this scrape,
+    else 0 (no answer, not 200, or ``left_out``)."""
     lines = [
         "# HELP futureq_node_view_shard_up Whether the shard answered the node's /metrics "
         "fetch (1) or not (0)",
         "# TYPE futureq_node_view_shard_up gauge",
     ]
     for shard, reply in enumerate(replies):
-        up = isinstance(reply, Answer) and reply.status == 200
+        up = isinstance(reply, Answer) and reply.status == 200 and shard not in left_out
         lines.append(f'futureq_node_view_shard_up{{shard="{shard}"}} {1 if up else 0}')
     return "\n".join(lines) + "\n"
 

@@ -128,7 +128,11 @@ def test_metrics_of_shards_merge_into_one_family_each_with_a_shard_label() -> No
         "# TYPE futureq_published_messages_total counter\n"
         'futureq_published_messages_total{topic="t"} 2.0\n'
     )
-    merged = relabel_metrics([(0, text), (1, text.replace("4.0", "9.0"))]).decode()
+    exposition, left_out = relabel_metrics(
+        [(0, text), (1, text.replace("4.0", "9.0")), (2, "futureq_x{ 1\n")]
+    )
+    assert left_out == [2]
+    merged = exposition.decode()
     assert merged.count("# TYPE futureq_applied_index gauge") == 1
     families = {f.name: f for f in text_string_to_metric_families(merged)}
     applied = {s.labels["shard"]: s.value for s in families["futureq_applied_index"].samples}
