@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from futureq.config import Config
     from futureq.metrics import Metrics
     from futureq.shards.layout import ShardRole
+    from futureq.shards.view import NodeView
     from futureq.state.queue_state import GroupInfo, QueueState
     from futureq.storage.space import SpaceAlarm
 
@@ -110,6 +111,8 @@ class Broker:
         """This node's client address as announced (set to the bound one at start)."""
         """Which shard of a sharded node this broker is (``docs/sharding.md``); None in
         a node of one shard."""
+        self.node_view: NodeView | None = None
+        """On shard 0 of a sharded node: the other shards, whose overviews WATCH merges."""
         self.stopping = False
         self._last_stamp_ms = state.last_publish_ms
         self._background_send, self._background_receive = trio.open_memory_channel[bytes](1024)
@@ -881,7 +884,15 @@ class Broker:
 
     def overview(self) -> dict[str, Any]:
         """The WATCH_UPDATE map and the dashboard's data (``docs/protocol.md``,
-        "WATCH_UPDATE"); see :func:`~futureq.broker.overview.build_overview`."""
+        "WATCH_UPDATE"); see :func:`~futureq.broker.overview.build_overview`. On shard 0
+        of a sharded node, every shard's (``futureq.shards.view``)."""
+        local = self.local_overview()
+        if self.node_view is not None:
+            return self.node_view.merged_overview(local)
+        return local
+
+    def local_overview(self) -> dict[str, Any]:
+        """This process's own overview (one shard of a sharded node)."""
         now_s = self.clock.monotonic_s()
         cached = self._overview
         if cached is not None and now_s - cached[0] < OVERVIEW_CACHE_S:

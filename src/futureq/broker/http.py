@@ -43,6 +43,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import hmac
 import json
 import logging
 import pathlib
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
 
     from futureq.config import TlsConfig
     from futureq.metrics import Metrics
+    from futureq.shards.view import NodeView
 
     from .access import AccessControl
 
@@ -173,6 +175,13 @@ class HttpApp:
         websocket_handler: Serves ``/ws`` connections (the gateway); None refuses them.
         websocket_origins: Browser origins allowed on ``/ws`` besides the page's own.
         browser: Answers ``/api/browse`` (pending messages, read-only); None: 404.
+        node_view: On shard 0 of a sharded node: ``/healthz``, ``/readyz``,
+            ``/api/status``, ``/api/overview`` and ``/metrics`` answer for every shard,
+            ``/api/browse`` is answered by the topic's shard (:mod:`futureq.shards.view`);
+            ``?local=true`` gives this shard's own answer. None: this process only.
+        internal_token: The node's internal read token (a shard of a sharded node):
+            accepted like a token with the ``monitor`` permission on every endpoint
+            but ``/ws``.
     """
 
     def __init__(
@@ -184,7 +193,11 @@ class HttpApp:
         websocket_handler: websocket.WebSocketHandler | None = None,
         websocket_origins: tuple[str, ...] = (),
         browser: BrowseProvider | None = None,
+        node_view: NodeView | None = None,
+        internal_token: str | None = None,
     ) -> None:
+        self._node_view = node_view
+        self._internal_token = internal_token
         self._metrics = metrics
         self._provider = provider
         self._access = access
@@ -236,27 +249,97 @@ class HttpApp:
             status, body, extra = refused
             await _respond(send, status, body, _TEXT, head=head, extra=extra)
             return
+        query_string = scope.get("query_string", b"").decode("latin-1")
         try:
-            if scope["path"] == "/metrics":
-                # Read the broker on the loop (bounded), format in a thread: thousands
-                # of series must not hold the event loop.
-                rows = self._metrics.group_rows()
-                body, text_type = await trio.to_thread.run_sync(self._metrics.render, rows)
-                status, content_type = 200, text_type.encode("ascii")
-            elif scope["path"] == "/api/browse" and self._browser is not None:
-                query = dict(urllib.parse.parse_qsl(scope.get("query_string", b"").decode()))
-                status, value = await self._browser.browse_json(query)
-                body, content_type = _json(value), _JSON
-            elif scope["path"] == "/api/browse/counts" and self._browser is not None:
-                query = dict(urllib.parse.parse_qsl(scope.get("query_string", b"").decode()))
-                status, value = await self._browser.browse_counts_json(query)
-                body, content_type = _json(value), _JSON
+            query = dict(urllib.parse.parse_qsl(query_string))
+            view = self._node_view
+            if view is not None and query.get("local") != "true":
+                status, body, content_type = await self._node_answer(
+                    view, scope["path"], query, query_string
+                )
             else:
-                status, body, content_type = self._route(scope["path"])
+                status, body, content_type = await self._local_answer(scope["path"], query)
         except Exception:
             logger.exception("HTTP %s %s failed", method, scope["path"])
             status, body, content_type = 500, b"internal error; see the server log\n", _TEXT
         await _respond(send, status, body, content_type, head=head)
+
+    async def _local_answer(self, path: str, query: dict[str, str]) -> tuple[int, bytes, bytes]:
+        """This process's answer to ``GET path`` (the endpoints of the module doc)."""
+        if path == "/metrics":
+            # Read the broker on the loop (bounded), format in a thread: thousands
+            # of series must not hold the event loop.
+            rows = self._metrics.group_rows()
+            body, text_type = await trio.to_thread.run_sync(self._metrics.render, rows)
+            return 200, body, text_type.encode("ascii")
+        if path == "/api/browse" and self._browser is not None:
+            status, value = await self._browser.browse_json(query)
+            return status, _json(value), _JSON
+        if path == "/api/browse/counts" and self._browser is not None:
+            status, value = await self._browser.browse_counts_json(query)
+            return status, _json(value), _JSON
+        if path == "/api/overview":
+            local = getattr(self._provider, "local_overview", self._provider.overview)
+            return 200, _json(local()), _JSON
+        return self._route(path)
+
+    async def _node_answer(
+        self, view: NodeView, path: str, query: dict[str, str], query_string: str
+    ) -> tuple[int, bytes, bytes]:
+        """The answer for every shard of the node (``futureq.shards.view``)."""
+        from futureq.shards import view as node_view
+
+        target = path + (f"?{query_string}" if query_string else "")
+        if path in node_view.ROUTED and self._browser is not None and query.get("topic"):
+            owner = view.owner_of(query["topic"])
+            if owner != 0:
+                reply = await view.fetch_one(owner, target)
+                if isinstance(reply, node_view.NoAnswer):
+                    error = f"shard {owner}, which holds topic {query['topic']!r}, {reply.reason}"
+                    return 503, _json({"error": error}), _JSON
+                return reply.status, reply.body, reply.content_type.encode("latin-1")
+        if path not in node_view.AGGREGATED:
+            return await self._local_answer(path, query)
+        local_task: list[tuple[int, bytes, bytes]] = []
+        others: dict[int, node_view.Reply] = {}
+
+        async def local() -> None:
+            local_task.append(await self._local_answer(path, query))
+
+        async def rest() -> None:
+            others.update(await view.fetch_others(target))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(local)
+            nursery.start_soon(rest)
+        status, body, content_type = local_task[0]
+        replies: list[node_view.Reply] = [
+            node_view.Answer(status, body, content_type.decode("latin-1")),
+            *(others[shard] for shard in range(1, view.shard_count)),
+        ]
+        if path == "/healthz":
+            status, body = node_view.merge_health(replies, view.addresses)
+            return status, body, _TEXT
+        if path == "/readyz":
+            status, value = node_view.merge_ready(replies, view.addresses)
+            return status, _json(value), _JSON
+        if path == "/api/status":
+            status, value = node_view.merge_status(replies, view.addresses)
+            return status, _json(value), _JSON
+        if path == "/api/overview":
+            return (
+                200,
+                _json(node_view.merge_overviews(json.loads(body), replies, view.addresses)),
+                _JSON,
+            )
+        texts = [
+            (shard, reply.body.decode("utf-8", "replace"))
+            for shard, reply in enumerate(replies)
+            if isinstance(reply, node_view.Answer) and reply.status == 200
+        ]
+        merged, left_out = await trio.to_thread.run_sync(node_view.relabel_metrics, texts)
+        merged += node_view.shard_up_metric(replies, left_out).encode()
+        return 200, merged, content_type
 
     async def _refuse(
         self, path: str, headers: Iterable[tuple[bytes, bytes]], peer: str | None = None
@@ -269,6 +352,11 @@ class HttpApp:
             return None
         challenge = [(b"www-authenticate", b'Basic realm="FutureQ", charset="UTF-8"')]
         tokens = _tokens(headers)
+        internal = self._internal_token
+        if internal is not None and any(
+            hmac.compare_digest(token.encode(), internal.encode()) for token in tokens
+        ):
+            return None
         if not tokens:
             return 401, b"this endpoint needs a token: Authorization: Bearer <token>\n", challenge
         for token in tokens:
@@ -411,6 +499,8 @@ async def serve_http(
     max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
     tls: TlsConfig | None = None,
     browser: BrowseProvider | None = None,
+    node_view: NodeView | None = None,
+    internal_token: str | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -433,6 +523,8 @@ async def serve_http(
             certificates are verified against ``ca_file`` (required with
             ``require_client_cert``). None or disabled: plain HTTP.
         browser: Serves ``/api/browse`` (read-only); None leaves it out.
+        node_view: Shard 0 of a sharded node: answer for every shard (:class:`HttpApp`).
+        internal_token: The node's internal read token (:class:`HttpApp`).
         shutdown_trigger: Optional; when this returns, stop accepting and let open
             requests finish for up to :data:`GRACEFUL_TIMEOUT_S`, then return. Without
             it, cancel the enclosing scope to stop (open requests are cut).
@@ -467,6 +559,8 @@ async def serve_http(
         websocket_handler,
         websocket_origins,
         browser=browser,
+        node_view=node_view,
+        internal_token=internal_token,
     )
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(

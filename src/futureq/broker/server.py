@@ -38,6 +38,7 @@ from futureq.raft.node import RaftNode
 from futureq.raft.transport import Transport
 from futureq.shards.balance import balance_leadership
 from futureq.shards.layout import ShardRole
+from futureq.shards.view import NodeView, node_token
 from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
 from futureq.storage.space import SpaceAlarm
@@ -302,6 +303,11 @@ async def serve(
             root.start_soon(
                 measure_data_dir, config.server.data_dir, broker.record_data_dir_bytes
             )
+            node_view: NodeView | None = None
+            if shard is not None and shard.index == 0 and shard.slot_map.shard_count > 1:
+                node_view = NodeView(config, shard, node_token())
+                broker.node_view = node_view
+                root.start_soon(node_view.run)
             try:
                 http_address: str = await root.start(
                     functools.partial(
@@ -316,6 +322,8 @@ async def serve(
                         max_frame_bytes=config.limits.max_frame_bytes,
                         tls=config.tls if config.tls.http else None,
                         browser=broker,
+                        node_view=node_view,
+                        internal_token=node_token() if shard is not None else None,
                     )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group

@@ -466,13 +466,21 @@ def merge_status(answers: list[dict[str, Any]], slot_map: SlotMap) -> dict[str, 
     deleting = [d for answer in answers for d in answer.get("deleting_groups") or []]
     if deleting or "deleting_groups" in merged:
         merged["deleting_groups"] = deleting
+    for total in ("topic_count", "group_count"):
+        if all(total in answer for answer in answers):
+            merged[total] = sum(int(answer[total]) for answer in answers)
+    if any("truncated" in answer for answer in answers):
+        merged["truncated"] = any(bool(answer.get("truncated")) for answer in answers)
     merged["shards"] = [
         {
             "shard": shard,
             "address": slot_map.addresses[shard],
             "role": answer.get("role"),
             "view": answer.get("view"),
+            "term": answer.get("term"),
+            "leader_id": answer.get("leader_id"),
             "leader_address": answer.get("leader_address"),
+            "commit_index": answer.get("commit_index"),
             "applied_index": answer.get("applied_index"),
             "topics": len(answer.get("topics", [])),
         }

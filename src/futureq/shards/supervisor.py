@@ -26,6 +26,8 @@ Source: ``docs/sharding.md``, "Supervision".
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -34,6 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 import trio
 
 from futureq.config import Config
+from futureq.shards.view import TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,9 @@ class Supervisor:
         self.stopping = False
         self.exit_code = 0
         self._outer: trio.Nursery | None = None
+        # The node's internal read token: shard 0 reads the other shards' HTTP
+        # endpoints with it (docs/sharding.md, "One operator view"). New every start.
+        self.env = {**os.environ, TOKEN_ENV: secrets.token_urlsafe(32)}
 
     def _stop(self, code: int, reason: str) -> None:
         if self.stopping:
@@ -211,6 +217,7 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             process_group=0,
+            env=self.env,
         )
         shard.process = process
         log.info("shard %d started (pid %d)", shard.index, process.pid)

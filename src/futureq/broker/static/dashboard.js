@@ -208,9 +208,10 @@ function render(o) {
   const node = o.node;
   const role = node.role;
   document.title = `FutureQ · node ${node.node_id} · ${role}`;
-  $("node-title").textContent = node.clustered
-    ? `node ${node.node_id} · ${role.replace("_", "-")} · term ${node.term}`
-    : `node ${node.node_id} · single node`;
+  $("node-title").textContent =
+    (node.clustered
+      ? `node ${node.node_id} · ${role.replace("_", "-")} · term ${node.term}`
+      : `node ${node.node_id} · single node`) + (o.shards ? ` · ${o.shards.length} shards` : "");
   $("server-version").textContent = `server ${node.server_version}`;
   const roleCard = $("card-role");
   roleCard.textContent = role.replace("_", "-");
@@ -229,6 +230,7 @@ function render(o) {
   renderAlarms(o.alarms);
   renderBanner(node);
   renderMembers(o);
+  renderShards(o.shards);
   renderGroups(o);
   renderDueBuckets(o.due_buckets);
   renderRates(o.activity);
@@ -294,6 +296,33 @@ function renderMembers(o) {
       );
       return row;
     }),
+  );
+}
+
+// A sharded node (docs/sharding.md, "One operator view"): one row per shard; the cards
+// above show shard 0's Raft group, the groups, rates and due buckets are every shard's.
+function renderShards(shards) {
+  const panel = $("shards-panel");
+  panel.hidden = !shards;
+  if (!shards) return;
+  const down = shards.filter((s) => s.error).length;
+  $("shards-caption").textContent =
+    `${shards.length} shards on this node` + (down ? `; ${down} not answering` : "") +
+    "; cards above are shard 0's Raft group";
+  $("shards").querySelector("tbody").replaceChildren(
+    ...shards.map((s) =>
+      el(
+        "tr",
+        { data: { shard: s.shard } },
+        el("td", {}, `${s.shard}`),
+        el("td", {}, s.error ? "–" : s.role === "leader" ? el("span", { class: "pill leader" }, "leader") : (s.role || "–")),
+        el("td", { class: "num" }, s.error ? "–" : integer(s.term)),
+        el("td", {}, s.error ? "–" : el("code", {}, s.leader_address || "none")),
+        el("td", { class: "num" }, s.error ? "–" : integer(s.applied_index)),
+        el("td", { class: "num" }, s.error ? "–" : integer(s.groups_total)),
+        el("td", { data: { field: "state" } }, s.error ? el("span", { class: "pill down" }, s.error) : el("span", { class: "pill ok" }, "ok")),
+      ),
+    ),
   );
 }
 
