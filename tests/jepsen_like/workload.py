@@ -280,8 +280,24 @@ class Workload:
                         ops.append((op, key, topic, delay, ttl))
                     # Each call runs in its own task so a stalled cluster piles calls up
                     # (as real producers would) instead of silently lowering the rate.
-                    nursery.start_soon(self._publish, client, ops, kind == "batch")
+                    # A batch is atomic per shard only (docs/sharding.md): on sharded
+                    # nodes each shard's part is its own call with its own outcome.
+                    for part in self._parts(client, ops):
+                        nursery.start_soon(self._publish, client, part, kind == "batch")
                     await trio.sleep(rng.expovariate(1.0 / period_s))
+
+    @staticmethod
+    def _parts(
+        client: Any, ops: list[tuple[int, str, str, int, int | None]]
+    ) -> list[list[tuple[int, str, str, int, int | None]]]:
+        """``ops`` split by the shard of their topic (one part on unsharded nodes)."""
+        slot_map = getattr(client, "slot_map", None)
+        if slot_map is None or len(ops) == 1:
+            return [ops]
+        parts: dict[int, list[tuple[int, str, str, int, int | None]]] = {}
+        for op in ops:
+            parts.setdefault(slot_map.shard_of(op[2]), []).append(op)
+        return list(parts.values())
 
     async def _publish_unsafe(self, client: Any, items: list[PublishItem]) -> list[int | None]:
         """PUBLISH at ack level NONE: answered before the batch is durable, without ids.
