@@ -25,7 +25,7 @@ from tests.jepsen_like import report
 from tests.jepsen_like.checker import check
 from tests.jepsen_like.faketime import faketime_library
 from tests.jepsen_like.history import read_history
-from tests.jepsen_like.nemesis import CLOCK_FAULTS, FAULTS, MIXED
+from tests.jepsen_like.nemesis import CLOCK_FAULTS, FAULTS, MIXED, MIXED_SHARDS
 from tests.jepsen_like.runner import RunOptions, run
 
 
@@ -45,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run_cmd = commands.add_parser("run", help="run a cluster under a workload and a nemesis")
     run_cmd.add_argument("--nodes", type=int, default=3, help="cluster size (default 3)")
+    run_cmd.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="shard processes per node (futureq start --shards; default 1); 'mixed' then "
+        "also kills and pauses single shard processes",
+    )
     run_cmd.add_argument("--time", type=float, default=60.0, help="workload seconds (default 60)")
     run_cmd.add_argument(
         "--nemesis",
@@ -92,8 +99,11 @@ def _list_faults() -> None:
         note = ""
         if fault.name in CLOCK_FAULTS and faketime_library() is None:
             note = "  [skipped here: libfaketime not installed]"
+        if fault.min_shards > 1:
+            note += f"  [needs --shards {fault.min_shards}]"
         print(f"{fault.name:22} (>= {fault.min_nodes} nodes)  {fault.text}{note}")
     print(f"{'mixed':22} {','.join(MIXED)}")
+    print(f"{'mixed (--shards > 1)':22} {','.join(MIXED_SHARDS)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,7 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.nemesis == "list":
         _list_faults()
         return 0
-    names = {"mixed": list(MIXED), "none": []}.get(args.nemesis)
+    if args.shards < 1:
+        print("--shards must be 1 or more", file=sys.stderr)
+        return 2
+    mixed = MIXED_SHARDS if args.shards > 1 else MIXED
+    names = {"mixed": list(mixed), "none": []}.get(args.nemesis)
     if names is None:
         names = [name.strip() for name in args.nemesis.split(",") if name.strip()]
     first = [name.strip() for name in args.nemesis_first.split(",") if name.strip()]
@@ -120,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = RunOptions(
         out=out,
         nodes=args.nodes,
+        shards=args.shards,
         time_s=args.time,
         nemesis=tuple(names),
         seed=seed,

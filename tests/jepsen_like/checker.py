@@ -295,6 +295,8 @@ class _Checker:
         self.consumer_losses: dict[str, list[float]] = defaultdict(list)
         self._deliveries_of: dict[str, list[tuple[float, Any]]] | None = None
         self.topics: dict[str, list[str]] = {}
+        self.topic_shards: dict[str, int] = {}
+        """Topic -> shard, on sharded nodes (the run's start event)."""
         self.end_t = self.events[-1]["t"] if self.events else 0.0
         self.drain_end: float | None = None
         self.healed: float | None = None
@@ -339,6 +341,9 @@ class _Checker:
             elif kind == "run":
                 if event.get("phase") == "start":
                     self.topics = {k: list(v) for k, v in (event.get("topics") or {}).items()}
+                    self.topic_shards = {
+                        str(k): int(v) for k, v in (event.get("topic_shards") or {}).items()
+                    }
                 elif event.get("phase") == "drain_end":
                     self.drain_end = float(event["t"])
                 elif event.get("phase") == "healed":
@@ -507,10 +512,13 @@ class _Checker:
     def check_attempts_and_causes(self, seen: dict[tuple[str, str], list[Event]]) -> None:
         """Attempts only increase in push order; each duplicate gets a cause."""
         causes = dict.fromkeys(DUPLICATE_CAUSES, 0)
-        changes = self.leader_change_times()
+        every_change = self.leader_change_times()
+        changes_of = {shard: self.leader_change_times(shard) for shard in self.shards()}
         offset = self.config.allowed_offset_ms
         for (key, group), deliveries in seen.items():
             ordered = sorted(deliveries, key=lambda e: float(e["t"]))
+            shard = self.shard_of_group(group)
+            changes = changes_of[shard] if shard in changes_of else every_change
             for previous, current in zip(ordered, ordered[1:], strict=False):
                 causes[self.cause(previous, current, group, changes)] += 1
             by_id: dict[int, list[Event]] = defaultdict(list)
@@ -691,17 +699,26 @@ class _Checker:
         readable = [e for e in self.states if "error" not in e]
         if not readable:
             return None
-        top = max(int(e.get("applied_index") or 0) for e in readable)
-        current = [e for e in readable if int(e.get("applied_index") or 0) == top]
-        holders: dict[tuple[int, str, str], dict[int, int]] = defaultdict(dict)
-        for event in current:
-            for mid, topic, group, due_ms, _attempt in event.get("held", []):
-                holders[(int(mid), str(topic), str(group))][int(event["node_id"])] = int(due_ms)
-        return {
-            key: (min(by_node.values()), sorted(by_node))
-            for key, by_node in holders.items()
-            if len(by_node) == len(current)
-        }
+        # Sharded nodes: one state event per node and shard; each shard's group has
+        # its own applied index, so "up to date" is judged shard by shard.
+        by_shard: dict[Any, list[Event]] = defaultdict(list)
+        for event in readable:
+            by_shard[event.get("shard")].append(event)
+        found: dict[tuple[int, str, str], tuple[int, list[int]]] = {}
+        for events in by_shard.values():
+            top = max(int(e.get("applied_index") or 0) for e in events)
+            current = [e for e in events if int(e.get("applied_index") or 0) == top]
+            holders: dict[tuple[int, str, str], dict[int, int]] = defaultdict(dict)
+            for event in current:
+                for mid, topic, group, due_ms, _attempt in event.get("held", []):
+                    key = (int(mid), str(topic), str(group))
+                    holders[key][int(event["node_id"])] = int(due_ms)
+            found.update(
+                (key, (min(by_node.values()), sorted(by_node)))
+                for key, by_node in holders.items()
+                if len(by_node) == len(current)
+            )
+        return found
 
     def group_progress(self, end: float) -> tuple[dict[str, _Frontier], dict[str, float]]:
         """Per group: when its last delivery by ``end`` came, and what its frontier is
@@ -722,16 +739,35 @@ class _Checker:
                     settled[group].append((float(d["t"]), float(d["due_ms"])))
         return {group: _Frontier(pairs) for group, pairs in settled.items()}, last
 
-    def leader_change_times(self) -> list[float]:
+    def shards(self) -> list[int | None]:
+        """Shards whose leaders were observed (``[None]`` for unsharded nodes)."""
+        found = {event.get("shard") for event in self.leaders}
+        return sorted(found, key=lambda s: -1 if s is None else int(s)) or [None]
+
+    def shard_of_group(self, group: str) -> int | None:
+        """The shard holding ``group`` (by its topic, ``topic_shards`` of the run's
+        start event), or None when the run was not sharded."""
+        for topic, groups in self.topics.items():
+            if group in groups and topic in self.topic_shards:
+                return self.topic_shards[topic]
+        return None
+
+    def leader_change_times(self, shard: int | None | str = "all") -> list[float]:
         """When the observed leader changed: another node, or a higher term.
 
+        Each shard's group has its own leader and terms, so changes are found per
+        shard; ``shard="all"`` (default) gives every shard's, merged in time order.
         Observations of an older term than the last one seen (a lagging node) are
         ignored; observations without a leader are gaps, not changes.
         """
+        if shard == "all":
+            return sorted(t for k in self.shards() for t in self.leader_change_times(k))
         times: list[float] = []
         node_before: int | None = None
         term_before: int | None = None
         for event in self.leaders:
+            if event.get("shard") != shard:
+                continue
             node, term = event.get("node_id"), event.get("term")
             if node is None or (
                 term is not None and term_before is not None and term < term_before
@@ -750,14 +786,19 @@ class _Checker:
         if self.healed is not None:
             healed = self.healed
             self.result.counts["leader_changes_after_heal"] = sum(1 for t in changes if t > healed)
-        by_term: dict[int, set[int]] = defaultdict(set)
+        # Per shard: each shard's Raft group numbers its own terms.
+        by_term: dict[tuple[int, int], set[int]] = defaultdict(set)
         for event in self.leaders:
             if event.get("term") is not None and event.get("node_id") is not None:
-                by_term[int(event["term"])].add(int(event["node_id"]))
-        for term, nodes in sorted(by_term.items()):
+                shard = event.get("shard")
+                by_term[(-1 if shard is None else int(shard), int(event["term"]))].add(
+                    int(event["node_id"])
+                )
+        for (shard, term), nodes in sorted(by_term.items()):
             if len(nodes) > 1:
                 self.count("multiple_leaders_per_term")
-                self.example("multiple_leaders_per_term", term=term, leaders=sorted(nodes))
+                where = {} if shard < 0 else {"shard": shard}
+                self.example("multiple_leaders_per_term", term=term, leaders=sorted(nodes), **where)
 
     def check_unavailability(self) -> None:
         bad: list[tuple[float, float]] = []

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -38,15 +39,41 @@ HTTP_TIMEOUT_S = 1.0
 CLUSTER_ID = "jepsen"
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (bound to 0 together, then freed)."""
-    sockets = []
+SHARD_PORT_STRIDE = 100
+"""Shard ``K`` of a node listens on the node's ports plus ``K`` times this (the
+server's default ``node.shard_port_stride``, ``docs/sharding.md``)."""
+
+
+def free_ports(count: int, offsets: tuple[int, ...] = (0,)) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (bound to 0 together, then freed),
+    each with ``port + offset`` free as well for every offset (the ports of a sharded
+    node's further shards)."""
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
     try:
-        for _ in range(count):
+        for _ in range(1000 * count):
+            if len(ports) == count:
+                break
             sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
             sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
+            port = sock.getsockname()[1]
+            shifted = []
+            try:
+                for offset in offsets:
+                    if offset:
+                        other = socket.socket()
+                        shifted.append(other)
+                        other.bind(("127.0.0.1", port + offset))
+            except OSError:
+                for other in shifted:
+                    other.close()
+                continue  # keep the port bound (not drawn again), but do not use it
+            sockets.extend(shifted)
+            ports.append(port)
+        if len(ports) < count:
+            raise RuntimeError(f"could not find {count} free port blocks {offsets}")
+        return ports
     finally:
         for sock in sockets:
             sock.close()
@@ -109,8 +136,12 @@ class Node:
         max_file_bytes: RLIMIT_FSIZE for the next start (the disk-full fault), or None.
     """
 
-    def __init__(self, node_id: int, root: Path, ports: list[int]) -> None:
+    def __init__(self, node_id: int, root: Path, ports: list[int], shards: int = 1) -> None:
         self.node_id = node_id
+        self.shards = shards
+        """Shard processes of the node (``--shards``); above 1 the process is the
+        supervisor and each shard a child of it (``docs/sharding.md``)."""
+        self.paused_shards: set[int] = set()
         self.data_dir = root / f"n{node_id}"
         self.client_port, self.http_port, self.raft_port = ports
         self.process: subprocess.Popen[bytes] | None = None
@@ -139,6 +170,37 @@ class Node:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
+    def http_port_of(self, shard: int) -> int:
+        """HTTP port of shard ``shard`` (the node's own for shard 0)."""
+        return self.http_port + shard * SHARD_PORT_STRIDE
+
+    def shard_pids(self) -> dict[int, int]:
+        """PIDs of the running shard processes, by shard number (children of the
+        supervisor, told apart by their ``--shard-index``); empty without shards."""
+        if self.shards <= 1 or not self.alive:
+            return {}
+        assert self.process is not None
+        found: dict[int, int] = {}
+        task_dir = Path(f"/proc/{self.process.pid}/task")
+        try:
+            children = [
+                int(pid)
+                for task in task_dir.iterdir()
+                for pid in (task / "children").read_text().split()
+            ]
+        except OSError:
+            return {}
+        for pid in children:
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--shard-index" in argv:
+                where = argv.index(b"--shard-index")
+                if where + 1 < len(argv) and _alive_pid(pid):
+                    found[int(argv[where + 1])] = pid
+        return found
+
     def command(self) -> list[str]:
         args = [
             sys.executable,
@@ -158,6 +220,8 @@ class Node:
             "--log-level",
             self.log_level,
         ]
+        if self.shards > 1:
+            args += ["--shards", str(self.shards)]
         if self.peers:
             args += ["--peers", self.peers, "--cluster-id", CLUSTER_ID]
             if self.secret_file is not None:
@@ -191,6 +255,7 @@ class Node:
             )
         self.starts += 1
         self.paused = False
+        self.paused_shards.clear()
         return mark
 
     def _ready_line_seen(self, mark: int) -> bool:
@@ -221,13 +286,51 @@ class Node:
         )
 
     def kill(self) -> None:
-        """SIGKILL (a crash), even when paused, and reap it."""
+        """SIGKILL (a crash), even when paused, and reap it.
+
+        A sharded node is the supervisor and its shard processes: the supervisor is
+        stopped first (so it restarts nothing and its shards do not see it go and
+        stop gracefully), then every shard and the supervisor are SIGKILLed, and the
+        call returns once the shards are gone (their ports are free again).
+        """
         if self.process is not None:
             if self.process.poll() is None:
+                shards = {}
+                if self.shards > 1:
+                    self.process.send_signal(signal.SIGSTOP)
+                    shards = self.shard_pids()
+                    for pid in shards.values():
+                        _signal_pid(pid, signal.SIGKILL)
                 self.process.send_signal(signal.SIGKILL)
+                _wait_gone(list(shards.values()))
             self.process.wait(STOP_TIMEOUT_S)
         self.process = None
         self.paused = False
+        self.paused_shards.clear()
+
+    def kill_shard(self, shard: int) -> int | None:
+        """SIGKILL one shard process alone (its supervisor restarts it); returns its
+        PID, or None when it is not running."""
+        pid = self.shard_pids().get(shard)
+        if pid is not None:
+            _signal_pid(pid, signal.SIGKILL)  # also ends a stopped process
+            self.paused_shards.discard(shard)
+        return pid
+
+    def pause_shard(self, shard: int) -> int | None:
+        """SIGSTOP one shard process alone; returns its PID, or None if not running."""
+        pid = self.shard_pids().get(shard)
+        if pid is not None and shard not in self.paused_shards:
+            _signal_pid(pid, signal.SIGSTOP)
+            self.paused_shards.add(shard)
+        return pid
+
+    def resume_shard(self, shard: int) -> None:
+        """SIGCONT after :meth:`pause_shard`."""
+        pid = self.shard_pids().get(shard)
+        if pid is not None and shard in self.paused_shards:
+            _signal_pid(pid, signal.SIGCONT)
+        self.paused_shards.discard(shard)
 
     async def terminate(self) -> int | None:
         """SIGTERM (graceful), SIGKILL after STOP_TIMEOUT_S; returns the exit code."""
@@ -244,42 +347,64 @@ class Node:
         return process.returncode
 
     def pause(self) -> None:
-        """SIGSTOP: the process keeps its sockets but does nothing."""
+        """SIGSTOP: the process keeps its sockets but does nothing (a sharded node:
+        the supervisor and every shard process)."""
         if self.alive and not self.paused:
             assert self.process is not None
             self.process.send_signal(signal.SIGSTOP)
+            for pid in self.shard_pids().values():
+                _signal_pid(pid, signal.SIGSTOP)
             self.paused = True
 
     def resume(self) -> None:
-        """SIGCONT after :meth:`pause`."""
-        if self.alive and self.paused:
+        """SIGCONT after :meth:`pause` (and of every shard paused alone)."""
+        if self.alive and (self.paused or self.paused_shards):
             assert self.process is not None
+            for pid in self.shard_pids().values():
+                _signal_pid(pid, signal.SIGCONT)
             self.process.send_signal(signal.SIGCONT)
         self.paused = False
+        self.paused_shards.clear()
 
-    async def status(self) -> dict[str, Any] | None:
-        """The node's ``/api/status`` JSON, or None if it does not answer."""
-        if not self.alive or self.paused:
+    async def status(self, shard: int = 0) -> dict[str, Any] | None:
+        """Shard ``shard``'s ``/api/status`` JSON, or None if it does not answer."""
+        if not self.alive or self.paused or shard in self.paused_shards:
             return None
-        code, body = await http_get(self.http_port, "/api/status")
+        code, body = await http_get(self.http_port_of(shard), "/api/status")
         return body if code == 200 and isinstance(body, dict) else None
 
     async def ready(self) -> bool:
-        """``/readyz`` answers 200 (a leader is known and applied up to)."""
-        if not self.alive or self.paused:
+        """``/readyz`` answers 200 on every shard (a leader is known and applied up to)."""
+        if not self.alive or self.paused or self.paused_shards:
             return False
-        code, _ = await http_get(self.http_port, "/readyz")
-        return code == 200
+        for shard in range(self.shards):
+            code, _ = await http_get(self.http_port_of(shard), "/readyz")
+            if code != 200:
+                return False
+        return True
 
 
 class Cluster:
     """The nodes and link proxies of one run (built by :func:`open_cluster`)."""
 
-    def __init__(self, root: Path, size: int, rng: random.Random, history: History | None) -> None:
-        ports = free_ports(3 * size)
+    def __init__(
+        self,
+        root: Path,
+        size: int,
+        rng: random.Random,
+        history: History | None,
+        shards: int = 1,
+    ) -> None:
+        self.shards = shards
+        self.offsets = tuple(k * SHARD_PORT_STRIDE for k in range(shards))
+        # Node ports, then one port per directed link's proxy (all with shard room).
+        ports = free_ports(3 * size + size * (size - 1), self.offsets)
+        self.proxy_ports = ports[3 * size :]
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
-        self.nodes = {i: Node(i, root, ports[3 * (i - 1) : 3 * i]) for i in range(1, size + 1)}
+        self.nodes = {
+            i: Node(i, root, ports[3 * (i - 1) : 3 * i], shards) for i in range(1, size + 1)
+        }
         self.secret_file = root / "cluster.secret"
         if not self.secret_file.exists():
             generate_secret_file(str(self.secret_file))
@@ -331,12 +456,30 @@ class Cluster:
             self.kill(node_id)
         await self.start_node(node_id)
 
-    async def statuses(self) -> dict[int, dict[str, Any]]:
-        """``/api/status`` of every node that answers, by node id (asked concurrently)."""
+    def kill_shard(self, node_id: int, shard: int) -> int | None:
+        """SIGKILL one shard process of a node alone; records a ``node kill`` event
+        with ``shard``. Returns the PID killed (None if the shard was not running)."""
+        pid = self.nodes[node_id].kill_shard(shard)
+        self.record("kill", node_id, shard=shard, pid=pid)
+        return pid
+
+    def pause_shard(self, node_id: int, shard: int) -> None:
+        """SIGSTOP one shard process of a node alone."""
+        pid = self.nodes[node_id].pause_shard(shard)
+        self.record("pause", node_id, shard=shard, pid=pid)
+
+    def resume_shard(self, node_id: int, shard: int) -> None:
+        """SIGCONT one shard process paused alone."""
+        self.nodes[node_id].resume_shard(shard)
+        self.record("resume", node_id, shard=shard)
+
+    async def statuses(self, shard: int = 0) -> dict[int, dict[str, Any]]:
+        """Shard ``shard``'s ``/api/status`` on every node that answers, by node id
+        (asked concurrently)."""
         found: dict[int, dict[str, Any]] = {}
 
         async def ask(node: Node) -> None:
-            status = await node.status()
+            status = await node.status(shard)
             if status is not None:
                 found[node.node_id] = status
 
@@ -345,12 +488,14 @@ class Cluster:
                 nursery.start_soon(ask, node)
         return found
 
-    async def leader(self, *, record: bool = True) -> int | None:
-        """The node that says it is leader (highest term if several); None if none.
+    async def leader(self, *, record: bool = True, shard: int = 0) -> int | None:
+        """The node that says it leads shard ``shard``'s group (highest term if
+        several); None if none.
 
-        Records a ``leader`` observation event when ``record``.
+        Records a ``leader`` observation event when ``record`` (with ``shard`` when the
+        nodes are sharded: each shard's group has its own terms and leaders).
         """
-        statuses = await self.statuses()
+        statuses = await self.statuses(shard)
         leaders = [
             (int(s.get("term") or 0), node_id)
             for node_id, s in statuses.items()
@@ -360,7 +505,7 @@ class Cluster:
         if record and self.history is not None:
             term = statuses[leader].get("term") if leader is not None else None
             claimants = sorted(node_id for _, node_id in leaders)
-            extra: dict[str, Any] = {}
+            extra: dict[str, Any] = {"shard": shard} if self.shards > 1 else {}
             if leader is None:
                 # Why nobody leads: each answering node's role, term and clock state.
                 extra["nodes"] = {
@@ -379,8 +524,18 @@ class Cluster:
             # Every self-declared leader also goes in, so two leaders in one term show.
             for term_seen, node_id in leaders:
                 if node_id != leader and statuses[node_id].get("term") is not None:
-                    self.history.record("leader", node_id=node_id, term=term_seen, observer=node_id)
+                    self.history.record(
+                        "leader",
+                        node_id=node_id,
+                        term=term_seen,
+                        observer=node_id,
+                        **({"shard": shard} if self.shards > 1 else {}),
+                    )
         return leader
+
+    async def leaders(self, *, record: bool = True) -> dict[int, int | None]:
+        """:meth:`leader` of every shard, by shard number."""
+        return {k: await self.leader(record=record, shard=k) for k in range(self.shards)}
 
     async def wait_ready(self, timeout_s: float = 30.0) -> bool:
         """Wait until every running, unpaused node answers ``/readyz`` 200 and a
@@ -389,8 +544,10 @@ class Cluster:
             while True:
                 nodes = [n for n in self.nodes.values() if n.alive and not n.paused]
                 ready = [await n.ready() for n in nodes]
-                if nodes and all(ready) and await self.leader(record=False) is not None:
-                    return True
+                if nodes and all(ready):
+                    leaders = await self.leaders(record=False)
+                    if all(leader is not None for leader in leaders.values()):
+                        return True
                 await trio.sleep(0.1)
         return False
 
@@ -398,6 +555,30 @@ class Cluster:
         """SIGKILL every node process this cluster started (by PID)."""
         for node in self.nodes.values():
             node.kill()
+
+
+def _signal_pid(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _alive_pid(pid: int) -> bool:
+    """Running (not gone, not a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _wait_gone(pids: list[int]) -> None:
+    """Wait (at most STOP_TIMEOUT_S) until every process is gone or a zombie: its
+    sockets are closed, so a restart can bind its ports."""
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while any(_alive_pid(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 @asynccontextmanager
@@ -409,6 +590,7 @@ async def open_cluster(
     history: History | None = None,
     log_level: str = "info",
     node_env: dict[int, dict[str, str]] | None = None,
+    shards: int = 1,
 ) -> AsyncIterator[Cluster]:
     """Start a ``size``-node cluster under ``root`` and yield it once it has a leader.
 
@@ -420,6 +602,9 @@ async def open_cluster(
         log_level: ``--log-level`` of every node.
         node_env: Extra environment of a node for its whole life (e.g. libfaketime),
             by node id; kept across its restarts.
+        shards: ``--shards`` of every node; shard ``K`` of a node uses its ports plus
+            ``K * SHARD_PORT_STRIDE``, and every link proxy forwards every shard's Raft
+            traffic (a fault on the link hits them all).
 
     Yields:
         The cluster. On exit every node is killed (SIGKILL, by PID) and the proxies stop.
@@ -427,7 +612,8 @@ async def open_cluster(
     Raises:
         RuntimeError: a node did not start, or no leader was ready within 30 s.
     """
-    cluster = Cluster(root, size, rng, history)
+    cluster = Cluster(root, size, rng, history, shards)
+    proxy_ports = iter(cluster.proxy_ports)
     try:
         async with trio.open_nursery() as nursery:
             if size > 1:
@@ -440,7 +626,9 @@ async def open_cluster(
                             target.node_id,
                             target.raft_port,
                             random.Random(rng.random()),
+                            cluster.offsets,
                         )
+                        link.port = next(proxy_ports)
                         await nursery.start(link.run)
                         cluster.links.links[(source.node_id, target.node_id)] = link
                 for node in cluster.nodes.values():

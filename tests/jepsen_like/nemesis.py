@@ -70,6 +70,8 @@ class Fault:
         name: What ``--nemesis`` calls it.
         text: One line for ``--nemesis list`` and the docs.
         min_nodes: Smallest cluster it makes sense on.
+        min_shards: Fewest shards per node it makes sense with (faults of one shard
+            process alone need a sharded node).
         apply: ``apply(nemesis, hold_s)`` injects it, holds ``hold_s`` seconds, heals;
             returns a detail string for the history.
     """
@@ -78,6 +80,7 @@ class Fault:
     text: str
     min_nodes: int
     apply: Callable[[Nemesis, float], Awaitable[str]]
+    min_shards: int = 1
 
 
 class Nemesis:
@@ -111,18 +114,29 @@ class Nemesis:
 
     # ------------------------------------------------------------------ helpers
 
-    async def leader(self) -> int | None:
-        """The current leader, waiting up to 10 s for one."""
+    def aim_shard(self) -> int:
+        """The shard whose leader a fault aims at: drawn from the seed when the nodes
+        are sharded (each shard's group has its own leader), else 0 (no draw, so an
+        unsharded run's schedule is unchanged)."""
+        if self.cluster.shards <= 1:
+            return 0
+        return self.rng.randrange(self.cluster.shards)
+
+    async def leader(self, shard: int | None = None) -> int | None:
+        """The current leader of ``shard`` (default: :meth:`aim_shard`), waiting up to
+        10 s for one."""
+        if shard is None:
+            shard = self.aim_shard()
         with trio.move_on_after(10):
             while True:
-                leader = await self.cluster.leader()
+                leader = await self.cluster.leader(shard=shard)
                 if leader is not None:
                     return leader
                 await trio.sleep(0.2)
         return None
 
-    async def leader_or_skip(self) -> int:
-        leader = await self.leader()
+    async def leader_or_skip(self, shard: int | None = None) -> int:
+        leader = await self.leader(shard)
         if leader is None:
             raise Skip("no leader to aim at")
         return leader
@@ -168,6 +182,11 @@ class Nemesis:
         if self.cluster.size < fault.min_nodes:
             self.history.record(
                 "nemesis", phase="skip", name=name, detail=f"needs {fault.min_nodes} nodes"
+            )
+            return
+        if self.cluster.shards < fault.min_shards:
+            self.history.record(
+                "nemesis", phase="skip", name=name, detail=f"needs --shards {fault.min_shards}"
             )
             return
         self.history.record("nemesis", phase="start", name=name, detail=f"hold {hold_s:.1f}s")
@@ -325,6 +344,37 @@ async def clock_step(nemesis: Nemesis, hold_s: float) -> str:
     return f"{role} {victim} clock stepped {step_s:+g} s for {hold_s:.1f}s"
 
 
+async def kill_shard(nemesis: Nemesis, hold_s: float) -> str:
+    """SIGKILL one shard process alone (the leader of its group 60 % of the time); its
+    node's supervisor restarts it while the node's other shards keep serving."""
+    shard = nemesis.rng.randrange(nemesis.cluster.shards)
+    leader = await nemesis.leader(shard)
+    nodes = list(nemesis.cluster.nodes)
+    victim = (
+        leader if leader is not None and nemesis.rng.random() < 0.6 else nemesis.rng.choice(nodes)
+    )
+    pid = nemesis.cluster.kill_shard(victim, shard)
+    await trio.sleep(hold_s)
+    role = "leader" if victim == leader else "node"
+    return f"killed shard {shard} (pid {pid}) of {role} {victim}; its supervisor restarts it"
+
+
+async def pause_shard(nemesis: Nemesis, hold_s: float) -> str:
+    """SIGSTOP one shard process alone (often its group's leader) >= 3 s, then SIGCONT."""
+    shard = nemesis.rng.randrange(nemesis.cluster.shards)
+    leader = await nemesis.leader(shard)
+    nodes = list(nemesis.cluster.nodes)
+    victim = (
+        leader if leader is not None and nemesis.rng.random() < 0.6 else nemesis.rng.choice(nodes)
+    )
+    hold_s = max(hold_s, 3.0)
+    nemesis.cluster.pause_shard(victim, shard)
+    await trio.sleep(hold_s)
+    nemesis.cluster.resume_shard(victim, shard)
+    role = "leader" if victim == leader else "node"
+    return f"paused shard {shard} of {role} {victim} for {hold_s:.1f}s"
+
+
 async def rolling_restart(nemesis: Nemesis, hold_s: float) -> str:
     for node_id in list(nemesis.cluster.nodes):
         await nemesis.cluster.restart(node_id, graceful=True)
@@ -343,6 +393,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def remove_readd_node(nemesis: Nemesis, hold_s: float) -> str:
+    if nemesis.cluster.shards > 1:
+        # cluster add-node is refused on sharded nodes (docs/sharding.md): the node
+        # would stay removed for the rest of the run.
+        raise Skip("cluster add-node by hand is not supported on sharded nodes yet")
     leader = await nemesis.leader_or_skip()
     victim = nemesis.rng.choice(nemesis.others(leader))
     servers = ",".join(nemesis.cluster.servers)
@@ -458,6 +512,20 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault("rolling-restart", "SIGTERM and restart every node in turn", 1, rolling_restart),
         Fault(
+            "kill-shard",
+            "SIGKILL one shard process alone (often its leader); its supervisor restarts it",
+            1,
+            kill_shard,
+            min_shards=2,
+        ),
+        Fault(
+            "pause-shard",
+            "SIGSTOP one shard process alone (often its leader) >= 3 s, then SIGCONT",
+            1,
+            pause_shard,
+            min_shards=2,
+        ),
+        Fault(
             "remove-readd-node",
             "futureq-cli cluster remove-node a follower, then add-node it back",
             3,
@@ -502,3 +570,5 @@ MIXED = [
     "wipe-node",
     "restore-old-copy",
 ]
+#: ``mixed`` on sharded nodes (``--shards`` above 1): also one shard process alone.
+MIXED_SHARDS = [*MIXED, "kill-shard", "pause-shard"]

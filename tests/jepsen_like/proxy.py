@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from functools import partial
 
 import attrs
 import trio
@@ -84,14 +85,26 @@ class LinkProxy:
         target: Id of the node behind it.
         target_port: The target's real Raft port on 127.0.0.1.
         rng: Decides random losses (seeded by the harness).
+        offsets: Port offsets of the shards of a sharded node (``docs/sharding.md``):
+            the proxy also listens on ``port + offset`` and forwards it to
+            ``target_port + offset``, so one link (one machine-to-machine path) carries
+            every shard's Raft traffic and its faults hit every shard alike.
     """
 
-    def __init__(self, source: int, target: int, target_port: int, rng: random.Random) -> None:
+    def __init__(
+        self,
+        source: int,
+        target: int,
+        target_port: int,
+        rng: random.Random,
+        offsets: tuple[int, ...] = (0,),
+    ) -> None:
         self.source = source
         self.target = target
         self.target_port = target_port
         self.rng = rng
         self.port = 0
+        self.offsets = offsets
         self.faults = {name: Direction() for name in DIRECTIONS}
         self.stats = LinkStats()
         self._connections: set[trio.CancelScope] = set()
@@ -111,22 +124,33 @@ class LinkProxy:
             scope.cancel()
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen on 127.0.0.1 (a free port, or ``self.port`` if set) and serve for ever.
+        """Listen on 127.0.0.1 (a free port, or ``self.port`` if set; plus ``port +
+        offset`` for every further shard offset) and serve for ever.
 
         ``task_status.started`` receives the bound port.
         """
         listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
         self.port = listeners[0].socket.getsockname()[1]
+        extra = [
+            (offset, await trio.open_tcp_listeners(self.port + offset, host="127.0.0.1"))
+            for offset in self.offsets
+            if offset
+        ]
         task_status.started(self.port)
-        await trio.serve_listeners(self._handle, listeners)
+        async with trio.open_nursery() as nursery:
+            for offset, shard_listeners in extra:
+                nursery.start_soon(
+                    trio.serve_listeners, partial(self._handle, offset=offset), shard_listeners
+                )
+            await trio.serve_listeners(self._handle, listeners)
 
-    async def _handle(self, client: trio.SocketStream) -> None:
+    async def _handle(self, client: trio.SocketStream, offset: int = 0) -> None:
         self.stats.connections += 1
         with trio.CancelScope() as scope:
             self._connections.add(scope)
             try:
                 with trio.fail_after(CONNECT_TIMEOUT_S):
-                    server = await trio.open_tcp_stream("127.0.0.1", self.target_port)
+                    server = await trio.open_tcp_stream("127.0.0.1", self.target_port + offset)
             except (OSError, trio.TooSlowError):
                 self._connections.discard(scope)
                 await client.aclose()

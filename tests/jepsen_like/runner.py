@@ -35,9 +35,22 @@ from tests.jepsen_like.cluster import Cluster, open_cluster
 from tests.jepsen_like.evidence import read_holdings
 from tests.jepsen_like.history import History
 from tests.jepsen_like.nemesis import CLOCK_FAULTS, MAX_SKEW_MS, Nemesis, steppable_clocks
-from tests.jepsen_like.workload import TOPICS, Workload, WorkloadConfig
+from tests.jepsen_like.workload import Workload, WorkloadConfig
+
+from futureq.shards.slots import SlotMap, even_map
 
 LEADER_POLL_S = 0.25
+
+
+def shard_of(topic: str, shards: int) -> int:
+    """The shard owning ``topic`` on nodes of ``shards`` shards (the fixed even map)."""
+    return _slot_map(shards).shard_of(topic)
+
+
+def _slot_map(shards: int) -> SlotMap:
+    return even_map([f"127.0.0.1:{k}" for k in range(shards)])
+
+
 DRAIN_POLL_S = 1.0
 
 
@@ -57,6 +70,7 @@ class RunOptions:
         nemesis_first: Faults injected first, in order, before the drawn ones.
         drain_timeout_s: Longest drain (s).
         log_level: Nodes' ``--log-level``.
+        shards: Nodes' ``--shards`` (shard processes per node, ``docs/sharding.md``).
     """
 
     out: Path
@@ -71,6 +85,7 @@ class RunOptions:
     nemesis_first: tuple[str, ...] = ()
     drain_timeout_s: float = 60.0
     log_level: str = "info"
+    shards: int = 1
 
     def command(self) -> str:
         """The shell command that reproduces this run."""
@@ -81,6 +96,7 @@ class RunOptions:
             "run",
             "--nodes",
             str(self.nodes),
+            *(["--shards", str(self.shards)] if self.shards > 1 else []),
             "--time",
             f"{self.time_s:g}",
             "--nemesis",
@@ -117,7 +133,7 @@ class RunOutcome:
 
 async def _poll_leaders(cluster: Cluster) -> None:
     while True:
-        await cluster.leader()
+        await cluster.leaders()
         await trio.sleep(LEADER_POLL_S)
 
 
@@ -146,15 +162,30 @@ async def _watch_loop(history: History, stalls: list[float]) -> None:
 
 
 async def _raft_checks(cluster: Cluster) -> dict[str, Any]:
-    """Compare what the nodes report about their own state once everything settled."""
+    """Compare what the nodes report about their own state once everything settled;
+    on sharded nodes shard by shard (each shard's group separately), under
+    ``"shards"``, with ``applied_index_equal`` / ``applied_digest_equal`` false when
+    they are false for any shard."""
+    if cluster.shards <= 1:
+        return await _raft_checks_of(cluster, 0)
+    per_shard = {str(k): await _raft_checks_of(cluster, k) for k in range(cluster.shards)}
+    checks: dict[str, Any] = {"shards": per_shard}
+    for name in ("applied_index_equal", "applied_digest_equal"):
+        values = [c[name] for c in per_shard.values() if name in c]
+        if values:
+            checks[name] = all(values)
+    return checks
+
+
+async def _raft_checks_of(cluster: Cluster, shard: int) -> dict[str, Any]:
     with trio.move_on_after(20):
         while True:
-            statuses = await cluster.statuses()
+            statuses = await cluster.statuses(shard)
             applied = {n: s.get("applied_index") for n, s in statuses.items()}
             if len(statuses) == cluster.size and len(set(applied.values())) == 1:
                 break
             await trio.sleep(0.5)
-    statuses = await cluster.statuses()
+    statuses = await cluster.statuses(shard)
     checks: dict[str, Any] = {
         "answered": sorted(statuses),
         "applied_index": {str(n): s.get("applied_index") for n, s in statuses.items()},
@@ -222,7 +253,14 @@ def _record_node_states(
     wanted = [(mid, topic, group) for _key, ids, topic, group in missing for mid in ids]
     for node_id, node in sorted(cluster.nodes.items()):
         assert not node.alive, f"node {node_id} still runs; its data is read only once stopped"
-        history.record("state", node_id=node_id, **read_holdings(node.data_dir, wanted))
+        if cluster.shards <= 1:
+            history.record("state", node_id=node_id, **read_holdings(node.data_dir, wanted))
+            continue
+        # Message ids are per shard: each shard's directory is asked for its topics only.
+        for shard in range(cluster.shards):
+            mine = [w for w in wanted if shard_of(w[1], cluster.shards) == shard]
+            holdings = read_holdings(node.data_dir / f"shard-{shard}", mine)
+            history.record("state", node_id=node_id, shard=shard, **holdings)
 
 
 async def run(options: RunOptions) -> RunOutcome:
@@ -239,7 +277,7 @@ async def run(options: RunOptions) -> RunOutcome:
     out.mkdir(parents=True, exist_ok=True)
     history = History(out / "history.jsonl")
     rng = random.Random(options.seed)
-    config = WorkloadConfig(rate=options.rate, ack_level=options.ack_level)
+    config = WorkloadConfig(rate=options.rate, ack_level=options.ack_level, shards=options.shards)
     raft: dict[str, Any] = {}
     missing: list[tuple[str, list[int], str, str]] = []
     started = trio.current_time()
@@ -253,6 +291,7 @@ async def run(options: RunOptions) -> RunOutcome:
             history=history,
             log_level=options.log_level,
             node_env={node_id: clock.env() for node_id, clock in clocks.items()},
+            shards=options.shards,
         ) as cluster:
             nemesis = Nemesis(
                 cluster, history, random.Random(rng.random()), list(options.nemesis), clocks
@@ -262,9 +301,17 @@ async def run(options: RunOptions) -> RunOutcome:
             history.record(
                 "run",
                 phase="start",
-                topics=TOPICS,
+                topics=workload.topics,
                 seed=options.seed,
                 nodes=options.nodes,
+                **(
+                    {
+                        "shards": options.shards,
+                        "topic_shards": {t: shard_of(t, options.shards) for t in workload.topics},
+                    }
+                    if options.shards > 1
+                    else {}
+                ),
                 nemesis=list(options.nemesis),
                 rate=options.rate,
                 ack_level=options.ack_level,
@@ -314,6 +361,7 @@ async def run(options: RunOptions) -> RunOutcome:
     summary.update(
         seed=options.seed,
         nodes=options.nodes,
+        shards=options.shards,
         time_s=options.time_s,
         nemesis=list(options.nemesis),
         rate=options.rate,

@@ -648,3 +648,41 @@ def test_a_delete_concurrent_with_a_publish_waives_it() -> None:
     k = b.publish(1000, message_id=50)
     b.deliver(1200, k, message_id=50, group="b", due=1002)
     assert_only(check(b.finish(5000)).counts, lost=1)
+
+
+def test_leaders_are_checked_per_shard() -> None:
+    """Each shard's Raft group has its own terms: two shards led by different nodes in
+    the same term is normal; two leaders of one shard in one term is a violation."""
+    b = clean()
+    for t, node, shard in [(10, 1, 0), (10, 2, 1), (20, 1, 0), (20, 2, 1)]:
+        b.add(t, "leader", node_id=node, term=3, observer=node, shard=shard)
+    assert_only(check(b.finish(5_000)).counts)
+    b.add(30, "leader", node_id=3, term=3, observer=3, shard=1)
+    result = check(b.finish(5_000))
+    assert_only(result.counts, multiple_leaders_per_term=1)
+    assert result.examples["multiple_leaders_per_term"] == [
+        {"term": 3, "leaders": [2, 3], "shard": 1}
+    ]
+    assert result.counts["leader_changes"] == 1  # shard 1: 2 -> 3; shard 0 never changed
+
+
+def test_held_entries_are_judged_per_shard() -> None:
+    """Sharded nodes: one state event per node and shard, each shard at its own applied
+    index. An entry held by every up-to-date member of its shard is undelivered, even
+    when another shard's applied index is higher; gone from them, it is lost."""
+    b, _ = backlog()
+    events = b.finish(30_000)
+    held = [[9, "jobs", "b", T0 + 6_002, 0]]
+    states = [{**state(n, held, 50), "shard": 1} for n in (1, 2, 3)] + [
+        {**state(n, [], 400), "shard": 0} for n in (1, 2, 3)
+    ]
+    result = check([*events, *states])
+    assert_only(result.counts)
+    assert result.counts["undelivered"] == 1
+    gone = [
+        {**state(1, [], 60), "shard": 1},
+        {**state(2, [], 60), "shard": 1},
+        {**state(3, held, 50), "shard": 1},
+        *[{**state(n, [], 400), "shard": 0} for n in (1, 2, 3)],
+    ]
+    assert_only(check([*events, *gone]).counts, lost=1)

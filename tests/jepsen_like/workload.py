@@ -53,7 +53,18 @@ TOPICS: dict[str, list[str]] = {
     "events": ["sink"],
     "churn": ["temp"],
 }
-VISIBILITY_MS: dict[str, int] = {"workers": 2_000, "audit": 2_000, "sink": 5_000, "temp": 2_000}
+SHARD_TOPICS: dict[str, list[str]] = {"tasks": ["crew", "ledger"]}
+"""Added to :data:`TOPICS` when the nodes run several shards: all of ``TOPICS`` hash to
+shard 1 of 2 (``docs/sharding.md``, "Slots"), ``tasks`` to shard 0, so both shards
+carry publishes, deliveries, visibility timeouts and redeliveries."""
+VISIBILITY_MS: dict[str, int] = {
+    "workers": 2_000,
+    "audit": 2_000,
+    "sink": 5_000,
+    "temp": 2_000,
+    "crew": 2_000,
+    "ledger": 5_000,
+}
 MAX_DELIVERIES = 1_000
 FAR_DELAY_MS = 3_600_000
 LONG_TTL_MS = 600_000
@@ -63,6 +74,8 @@ BEHAVIOURS: dict[str, list[str]] = {
     "audit": ["ack", "crash"],
     "sink": ["ack", "nack", "cancel"],
     "temp": ["ack", "cancel"],
+    "crew": ["ack", "nack", "crash", "slow", "cancel"],
+    "ledger": ["ack", "crash"],
 }
 CHURN: Final = ("churn", "temp")
 """The group the churner deletes and re-creates."""
@@ -72,12 +85,26 @@ CANCEL_RATE: Final = 0.3
 """Share of its settlements a ``cancel`` consumer cancels."""
 
 
+def topics_for(shards: int) -> dict[str, list[str]]:
+    """The run's topics and their groups: :data:`TOPICS`, plus :data:`SHARD_TOPICS`
+    when the nodes run several shards."""
+    return {**TOPICS, **SHARD_TOPICS} if shards > 1 else dict(TOPICS)
+
+
+def connection_of(client: Any, topic: str) -> int:
+    """Number of the connection ``client`` uses for ``topic`` (bumped by every
+    reconnect): a sharded client's is that of the shard owning the topic."""
+    shard_client = client.client_for(topic) if hasattr(client, "client_for") else client
+    return int(shard_client._epoch)
+
+
 @attrs.frozen
 class WorkloadConfig:
     """Knobs of the workload.
 
     Attributes:
         rate: Publish operations per second, all producers together (a batch counts once).
+        shards: ``--shards`` of the nodes (picks the topics, :func:`topics_for`).
         producers: Concurrent producer clients.
         max_delay_ms: Largest delay of ordinary messages (ms).
         ack_level: ``quorum``, ``leader`` or ``none`` (unsafe: answered before durable).
@@ -86,6 +113,7 @@ class WorkloadConfig:
     """
 
     rate: float = 20.0
+    shards: int = 1
     producers: int = 3
     max_delay_ms: int = 3_000
     ack_level: str = "quorum"
@@ -137,6 +165,7 @@ class Workload:
         self.stopped = trio.Event()
         self.subscriptions: dict[str, tuple[str, Any]] = {}
         """Live subscriptions: consumer name -> (group, subscription)."""
+        self.topics = topics_for(config.shards)
 
     def client(self, rng: random.Random) -> Any:
         """An ``open_client`` context for this run."""
@@ -152,7 +181,7 @@ class Workload:
     async def setup(self) -> None:
         """Create every group (before any publish, so every message targets them all)."""
         async with self.client(random.Random(self.rng.random())) as client:
-            for topic, groups in TOPICS.items():
+            for topic, groups in self.topics.items():
                 for group in groups:
                     await self._create(client, topic, group)
 
@@ -207,7 +236,7 @@ class Workload:
 
     def _item(self, rng: random.Random, kind: str) -> tuple[str, int, int | None]:
         """(topic, delay_ms, ttl_ms) of one message of ``kind``."""
-        topic = rng.choice(list(TOPICS))
+        topic = rng.choice(list(self.topics))
         if kind == "far":
             return topic, FAR_DELAY_MS, None
         if kind == "ttl-short":
@@ -224,7 +253,7 @@ class Workload:
             key=key,
             producer=producer,
             topic=topic,
-            groups=TOPICS[topic],
+            groups=self.topics[topic],
             delay_ms=delay,
             deliver_at_ms=None,
             ttl_ms=ttl,
@@ -251,8 +280,24 @@ class Workload:
                         ops.append((op, key, topic, delay, ttl))
                     # Each call runs in its own task so a stalled cluster piles calls up
                     # (as real producers would) instead of silently lowering the rate.
-                    nursery.start_soon(self._publish, client, ops, kind == "batch")
+                    # A batch is atomic per shard only (docs/sharding.md): on sharded
+                    # nodes each shard's part is its own call with its own outcome.
+                    for part in self._parts(client, ops):
+                        nursery.start_soon(self._publish, client, part, kind == "batch")
                     await trio.sleep(rng.expovariate(1.0 / period_s))
+
+    @staticmethod
+    def _parts(
+        client: Any, ops: list[tuple[int, str, str, int, int | None]]
+    ) -> list[list[tuple[int, str, str, int, int | None]]]:
+        """``ops`` split by the shard of their topic (one part on unsharded nodes)."""
+        slot_map = getattr(client, "slot_map", None)
+        if slot_map is None or len(ops) == 1:
+            return [ops]
+        parts: dict[int, list[tuple[int, str, str, int, int | None]]] = {}
+        for op in ops:
+            parts.setdefault(slot_map.shard_of(op[2]), []).append(op)
+        return list(parts.values())
 
     async def _publish_unsafe(self, client: Any, items: list[PublishItem]) -> list[int | None]:
         """PUBLISH at ack level NONE: answered before the batch is durable, without ids.
@@ -260,10 +305,15 @@ class Workload:
         The public client offers only ``leader`` and ``quorum``; this deliberately unsafe
         mode (for showing that the checker sees losses) sends the frame itself.
         """
-        frame = _publish_frame(frames.AckLevel.NONE, [item.to_wire() for item in items])
-        answer = await client._call(frame, retry_unknown=False)
-        if not isinstance(answer, frames.PublishOk):
-            raise RequestError(ErrorCode.INTERNAL_ERROR, f"unexpected answer {answer!r}")
+        parts: dict[int, tuple[Any, list[PublishItem]]] = {}
+        for item in items:  # a sharded client: each shard's part to that shard
+            target = client.client_for(item.topic) if hasattr(client, "client_for") else client
+            parts.setdefault(id(target), (target, []))[1].append(item)
+        for target, part in parts.values():
+            frame = _publish_frame(frames.AckLevel.NONE, [item.to_wire() for item in part])
+            answer = await target._call(frame, retry_unknown=False)
+            if not isinstance(answer, frames.PublishOk):
+                raise RequestError(ErrorCode.INTERNAL_ERROR, f"unexpected answer {answer!r}")
         return [None] * len(items)
 
     async def _publish(
@@ -306,7 +356,7 @@ class Workload:
     async def run_consumers(self) -> None:
         """Run every consumer until :meth:`stop`."""
         async with trio.open_nursery() as nursery:
-            for topic, groups in TOPICS.items():
+            for topic, groups in self.topics.items():
                 for group in groups:
                     for number, behaviour in enumerate(BEHAVIOURS[group]):
                         name = f"{group}-{number}-{behaviour}"
@@ -390,7 +440,7 @@ class Workload:
             topic=delivery.topic,
             group=delivery.group,
             consumer=name,
-            conn=client._epoch,
+            conn=connection_of(client, delivery.topic),
             attempt=delivery.attempt,
             delivered_ms=delivery.delivered_ms,
             due_ms=delivery.due_ms,

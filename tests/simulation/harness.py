@@ -181,7 +181,6 @@ SCENARIOS = tuple(attrs.evolve(s, mid_write_crashes=s.crashes) for s in SCENARIO
 """Every scenario with crashes also crashes leaders during their writes (§10.2.1)."""
 
 
-
 CLOCK_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("clock3", clocks=True, clock_faults=True, crashes=True, partitions=True,
              drop_rate=0.03, fault_rate=0.08, steps=300),
@@ -719,6 +718,14 @@ class SimCluster:
 
     def step(self) -> None:
         """One tick: every live node ticks, then due messages are delivered."""
+        self.tick_nodes()
+        for message in self.network.due(self.now):
+            self.deliver(message)
+        if self.scenario.clocks:
+            self.check_time()
+
+    def tick_nodes(self) -> None:
+        """Advance time one tick and tick every live node (the first half of :meth:`step`)."""
         self.now += 1
         for node in self.nodes.values():
             node.true_us = self.now * TICK_US
@@ -735,23 +742,23 @@ class SimCluster:
                     for message in messages:
                         self._send(message)
                 self.process(node)
-        for message in self.network.due(self.now):
-            target = self.nodes.get(message.to_id)
-            if target is None or target.core is None:
-                continue
-            if isinstance(message, CLOCK_MESSAGES):
-                if target.keeper is not None:
-                    answer = target.keeper.on_message(
-                        target.core, message, target.mono_us(), target.wall_us()
-                    )
-                    if answer is not None:
-                        self._send(answer)
-                continue
-            self.checker.delivered(message)
-            target.core.step(message)
-            self.process(target)
-        if self.scenario.clocks:
-            self.check_time()
+
+    def deliver(self, message: Message) -> None:
+        """Hand one message that arrived to its target node (if it runs)."""
+        target = self.nodes.get(message.to_id)
+        if target is None or target.core is None:
+            return
+        if isinstance(message, CLOCK_MESSAGES):
+            if target.keeper is not None:
+                answer = target.keeper.on_message(
+                    target.core, message, target.mono_us(), target.wall_us()
+                )
+                if answer is not None:
+                    self._send(answer)
+            return
+        self.checker.delivered(message)
+        target.core.step(message)
+        self.process(target)
 
     def check_time(self) -> None:
         """The leader lease and the bound, at this instant of true time.

@@ -89,6 +89,7 @@ def local_settings(node_id: int) -> GroupSettings:
     """The ``[queue]`` defaults node ``node_id`` runs with in the simulation."""
     return LOCAL_SETTINGS[node_id % len(LOCAL_SETTINGS)]
 
+
 QUEUE_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("q_lossy3", drop_rate=0.08, duplicate_rate=0.05, max_delay_ticks=4, crashes=True,
              fault_rate=0.05, straggler_rate=0.01, compaction_every=12,

@@ -22,7 +22,7 @@ from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
 from futureq.client.client import Client, _expect
 from futureq.client.subscription import Subscription
-from futureq.errors import ErrorCode, RequestError
+from futureq.errors import ConnectionLostError, ErrorCode, FutureQError, RequestError
 from futureq.shards.layout import shift_address
 from futureq.shards.slots import SlotMap
 from futureq.wire import frames
@@ -239,6 +239,8 @@ class ShardedClient(Client):
             RequestError: a shard refused its part; ``item_index``, when the server
                 named an item, is its index **in ``items``**. Parts on other shards
                 may have been stored.
+            ConnectionLostError: a part's outcome is unknown (its shard could not be
+                reached, or the connection dropped before the answer).
         """
         for attempt in range(MAX_REDIRECTS + 1):
             ids, errors = await self._publish_parts(items)
@@ -251,16 +253,21 @@ class ShardedClient(Client):
 
     async def _publish_parts(
         self, items: Sequence[PublishItem]
-    ) -> tuple[list[int], list[RequestError]]:
+    ) -> tuple[list[int], list[FutureQError]]:
         positions: dict[int, list[int]] = {}
         for position, item in enumerate(items):
             positions.setdefault(self.slot_map.shard_of(item.topic), []).append(position)
         ids: list[int] = [0] * len(items)
-        errors: list[RequestError] = []
+        errors: list[FutureQError] = []
 
         async def part(shard: int, where: list[int]) -> None:
             try:
                 got = await self.shard_clients[shard].publish_batch([items[i] for i in where])
+            except ConnectionLostError as exc:
+                # Outcome unknown for this part; raised as itself, never wrapped in an
+                # exception group (callers catch FutureQError, as for one shard).
+                errors.append(exc)
+                return
             except RequestError as exc:
                 index = exc.item_index
                 errors.append(
