@@ -9,6 +9,7 @@ Source: ``docs/protocol.md``, "BROWSE_COUNTS".
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import trio
 from broker_helpers import SyncLog
 
 from futureq.broker import manage
+from futureq.broker.due_counts import DueCounts
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
 from futureq.state.queue_state import QueueState
@@ -33,11 +35,14 @@ class CountingLog(SyncLog):
 
 
 class LeaderSeam:
-    """What ``manage.browse_counts`` uses of a Broker: state, log, leadership, stamp."""
+    """What ``manage.browse_counts`` uses of a Broker: state, log, leadership, stamp,
+    and the due-time histograms (the state's observer, as the dispatcher feeds them)."""
 
     def __init__(self) -> None:
         self.state = QueueState(MemoryStore())
         self.log = CountingLog(self.state)
+        self.due_counts = DueCounts(self.state, time.monotonic)
+        self.state.observer = self.due_counts
 
     def require_leader(self) -> None:
         """Always the leader here."""
@@ -80,6 +85,8 @@ def test_buckets_count_what_falls_due_in_each() -> None:
 
 
 def test_the_read_limit_gives_a_lower_bound_and_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The scan fallback: a histogram not built in time (no time at all here).
+    monkeypatch.setattr(manage, "COUNT_BUILD_WAIT_S", 0)
     monkeypatch.setattr(manage, "MAX_COUNTED_ENTRIES", 5)
     monkeypatch.setattr(manage, "COUNT_CHUNK_ENTRIES", 2)
     seam = seam_with([0, 1, 2, 100, 101, 102, 103, 500])
@@ -92,7 +99,11 @@ def test_the_read_limit_gives_a_lower_bound_and_stops(monkeypatch: pytest.Monkey
     assert (answer.counts, answer.later, answer.complete) == ([3, 4, 1], 0, True)
 
 
-def test_chunks_across_buckets_count_every_entry_once(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("build_wait_s", [0, 10.0])
+def test_chunks_across_buckets_count_every_entry_once(
+    monkeypatch: pytest.MonkeyPatch, build_wait_s: float
+) -> None:
+    monkeypatch.setattr(manage, "COUNT_BUILD_WAIT_S", build_wait_s)
     monkeypatch.setattr(manage, "COUNT_CHUNK_ENTRIES", 3)
     offsets = [n * 7 for n in range(50)]
     seam = seam_with(offsets)
