@@ -194,10 +194,8 @@ class Dispatcher:
         moves the group's next look (so it is loaded before it falls due). On every
         node it lowers the group's seek hint (:meth:`next_due_ms`) if it lies below.
         """
-        if self._histograms:
-            histogram = self._histograms.get(group_id)
-            if histogram is not None:
-                histogram.add(due_ms, mid, 1)
+        if self._histograms:  # BROWSE_COUNTS histograms (none: no cost but this test)
+            self.due_counts.on_scheduled(group_id, due_ms, mid)
         hint = self._seek_hints.get(group_id)
         if hint is not None:
             key = commands.schedule_key(group_id, due_ms, mid)
@@ -252,9 +250,7 @@ class Dispatcher:
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
         """A schedule entry was removed: forget it in the index and in flight."""
         if self._histograms:
-            histogram = self._histograms.get(group_id)
-            if histogram is not None:
-                histogram.add(due_ms, mid, -1)
+            self.due_counts.on_unscheduled(group_id, due_ms, mid, reason)
         runtime = self.hub.groups.get(group_id)
         if runtime is None:
             if self.metrics is not None and self.active:
@@ -314,7 +310,7 @@ class Dispatcher:
         state = self.state
         if group_id not in state.groups:
             self._seek_hints.pop(group_id, None)
-            self._histograms.pop(group_id, None)
+        self.due_counts.on_group_changed(group_id)
         if group_id in state.deleting or group_id in state.purging or group_id in state.backfilling:
             self._deleting_changed.set()  # the reaper has entries to purge or copy
         if not self.active:
