@@ -116,8 +116,9 @@ class DueHistogram:
         day_start_hour = minute // _MINUTES_PER_DAY * 24
         hour_start_minute = minute // _MINUTES_PER_HOUR * _MINUTES_PER_HOUR
         days, hours, minutes = self.days, self.hours, self.minutes
-        total = sum(
-            days[d] for d in days.irange(maximum=minute // _MINUTES_PER_DAY, inclusive=(True, False))
+        total: int = sum(
+            days[d]
+            for d in days.irange(maximum=minute // _MINUTES_PER_DAY, inclusive=(True, False))
         )
         total += sum(
             hours[h]
@@ -132,7 +133,8 @@ class DueHistogram:
 
     def total(self) -> int:
         """Every entry counted (parked dead letters excluded)."""
-        return sum(self.days.values())
+        total: int = sum(self.days.values())
+        return total
 
 
 class DueCounts:

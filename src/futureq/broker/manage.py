@@ -51,7 +51,9 @@ def check_ids(broker: Broker, request: str, ids: list[int]) -> None:
         RequestError: EMPTY_BATCH, BATCH_TOO_LARGE, INVALID_MESSAGE_ID (with the item).
     """
     if not ids:
-        raise RequestError(ErrorCode.EMPTY_BATCH, f"{request} names no message ids; send at least one")
+        raise RequestError(
+            ErrorCode.EMPTY_BATCH, f"{request} names no message ids; send at least one"
+        )
     limit = broker.limits.max_batch_items
     if len(ids) > limit:
         raise RequestError(
@@ -484,6 +486,7 @@ async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[
         "attempt", "payload_bytes", "headers", "preview_base64", "expire_ms"}],
         "next_cursor"}``.
     """
+
     def bad(message: str) -> tuple[int, dict[str, Any]]:
         return 400, {"code": ErrorCode.INVALID_ARGUMENT.name, "message": message}
 
