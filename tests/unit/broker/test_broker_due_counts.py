@@ -173,8 +173,8 @@ class World:
             while gid in state.deleting:
                 await self.apply(commands.purge_group(gid, rng.randint(50, 500)))
         elif op == "snapshot":
-            with state.snapshot_source() as source:
-                self.snapshot = (source.serialize(), state.applied_index)
+            with state.snapshot_source() as view:
+                self.snapshot = (view.serialize(), state.applied_index)
         elif op == "restore" and self.snapshot is not None:
             data, index = self.snapshot
             state.restore(data, index)
