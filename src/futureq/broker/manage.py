@@ -284,14 +284,20 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
         return await scan_counts(broker, frame.request_id, info, bounds)
     counts: list[int | None] = []
     previous = 0
-    for bound in bounds:
-        below, exact = await due_counts.count_below(group_id, histogram, bound)
-        # A scan that yielded sees its bucket as it was then: never below zero.
-        counts.append(max(0, below - previous))
-        previous = max(previous, below)
-        if not exact:
-            counts += [None] * (len(bounds) - len(counts))
-            return frames.BrowseCountsOk(frame.request_id, info.name, bounds, counts, None, False)
+    exact = True
+    # Edge minutes of many bounds may each hold up to 2 x EDGE_SCAN_KEYS keys: bounded.
+    with trio.move_on_after(COUNT_BUILD_WAIT_S) as scope:
+        for bound in bounds:
+            below, exact = await due_counts.count_below(group_id, histogram, bound)
+            # A scan that yielded sees its bucket as it was then: never below zero.
+            counts.append(max(0, below - previous))
+            previous = max(previous, below)
+            if not exact:
+                break
+    broker.require_leader()
+    if scope.cancelled_caught or not exact:
+        counts += [None] * (len(bounds) - len(counts))
+        return frames.BrowseCountsOk(frame.request_id, info.name, bounds, counts, None, False)
     later = max(0, info.pending - previous)
     return frames.BrowseCountsOk(frame.request_id, info.name, bounds, counts, later, True)
 

@@ -16,7 +16,7 @@ import pytest
 import trio
 from broker_helpers import SyncLog
 
-from futureq.broker import manage
+from futureq.broker import due_counts, manage
 from futureq.broker.due_counts import DueCounts
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
@@ -144,3 +144,27 @@ def test_a_topic_with_two_groups_needs_one_named() -> None:
         count(seam, [60_000])
     assert info.value.code is ErrorCode.GROUP_REQUIRED
     assert count(seam, [60_000], group="b").counts == [1]
+
+
+def test_a_bound_inside_a_busy_minute_is_counted_from_either_side(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(due_counts, "EDGE_SCAN_KEYS", 4)
+    monkeypatch.setattr(due_counts, "EDGE_CHUNK_KEYS", 2)
+    minute_ms = due_counts.MINUTE_MS
+    start = NOW_MS // minute_ms * minute_ms  # the minute NOW_MS falls in
+    # 6 entries early in the minute, 3 late, 1 in the next minute.
+    offsets = [start - NOW_MS + ms for ms in (1, 2, 3, 4, 5, 6, 50_000, 50_001, 50_002)]
+    seam = seam_with([*offsets, start - NOW_MS + minute_ms])
+    # The part below the bound holds 6 (over the limit of 4): the part above is counted.
+    answer = count(seam, [start + 10_000, start + 2 * minute_ms], relative=False)
+    assert (answer.counts, answer.later, answer.complete) == ([6, 4], 0, True)
+    # The part below holds 3: counted directly.
+    answer = count(seam, [start + 4], relative=False)
+    assert (answer.counts, answer.later, answer.complete) == ([3], 7, True)
+    # Both parts over the limit: a lower bound, the rest unknown.
+    seam = seam_with([start - NOW_MS + ms for ms in (*range(1, 7), *range(50_000, 50_006))])
+    answer = count(seam, [start + 10_000, start + 2 * minute_ms], relative=False)
+    assert answer.complete is False
+    assert answer.counts[1:] == [None] and answer.later is None
+    assert answer.counts[0] is not None and 4 <= answer.counts[0] <= 6
