@@ -53,8 +53,9 @@ MINUTE_MS: Final = 60_000
 """Width of the finest bucket of a histogram (ms)."""
 _MINUTES_PER_HOUR: Final = 60
 _MINUTES_PER_DAY: Final = 1440
-BUILD_CHUNK_KEYS: Final = 8192
-"""Schedule keys a histogram build reads between two yields to the event loop."""
+BUILD_CHUNK_KEYS: Final = 2048
+"""Schedule keys a histogram build reads between two yields to the event loop (about
+2 ms of a small machine's loop; the build runs at about 1M keys/s whatever the chunk)."""
 EDGE_CHUNK_KEYS: Final = 8192
 """Schedule keys an edge-minute count reads between two yields."""
 EDGE_SCAN_KEYS: Final = 100_000
