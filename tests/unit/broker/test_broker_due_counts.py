@@ -300,6 +300,7 @@ def test_counts_past_the_old_read_limit_are_complete_and_exact(tmp_path: Path) -
             BASE_MS + 3_600_000 + 7,
             BASE_MS + 86_400_000,
             BASE_MS + 2 * 86_400_000 + 599,
+            BASE_MS + 3 * 86_400_000 + 61_001,  # 216,051 entries before it
         ]
         frame = frames.BrowseCounts(1, "t", "g", bounds, False)
         answer = trio.run(manage.browse_counts, seam, frame)
