@@ -324,3 +324,30 @@ def test_counts_past_the_old_read_limit_are_complete_and_exact(tmp_path: Path) -
         assert again.later == answer.later
     finally:
         db.close()
+
+
+def test_a_build_cut_short_resumes_where_it_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(due_counts_module, "BUILD_CHUNK_KEYS", 5)
+    world = World(MemoryStore(), 7)
+    world.state.apply(1, commands.create_group("t", "g", None, None))
+    gid = world.live_groups()[0]
+    items = [("t", b"x", BASE_MS + n * 7_001, None) for n in range(100)]
+    world.state.apply(2, commands.publish(BASE_MS, items))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(world.due_counts.histogram, gid)
+            for _ in range(4):  # a few chunks, then the request goes away
+                await trio.lowlevel.checkpoint()
+            nursery.cancel_scope.cancel()
+        histogram = world.due_counts.histograms[gid]
+        assert histogram.cursor is not None and histogram.minutes  # part-built
+        # Meanwhile: entries below and above the cursor come and go.
+        keys = keys_of(world.state, gid)
+        await world.apply(commands.ack([keys[0], keys[-1]]))
+        await world.apply(commands.publish(BASE_MS, [("t", b"y", BASE_MS, None)] * 3))
+        resumed = await world.due_counts.histogram(gid)
+        assert resumed is histogram and histogram.cursor is None
+        world.check(gid, histogram)
+
+    trio.run(main)
