@@ -18,10 +18,17 @@ keeping their ids. Then:
   DELIVER) records each one's lateness (received - due, ms; the issue's target is a
   p99 of at most 50 ms).
 
+With ``--counts`` it does only this instead: publish ``--entries`` messages due one by
+one over the next two days (batches of 1000), then time BROWSE_COUNTS with relative
+bounds next minute / hour / day: the first request (it builds the group's due-time
+histogram, while PINGs every 10 ms measure how the loop answers), then
+``COUNTS_REQUESTS`` more, one at a time (p50/p99), and whether the answer is complete.
+
 Usage::
 
     python -m bench.manage_ops [--quick] [--compare] [--entries 200000] [--window 8]
     python -m bench.manage_ops --entries 1000000 --purge-only   # a purge of 1M
+    python -m bench.manage_ops --entries 1000000 --counts       # BROWSE_COUNTS at 1M
 
 Figures: cancel and reschedule ids/s, browse p50/p99 ms at start/middle/end, purge
 answer and completion seconds, PING p50/p99/max ms during the purge, and the other
@@ -110,6 +117,79 @@ async def _browse(conn: RawConnection, from_due_ms: int | None) -> dict[str, flo
     return _latency(samples)
 
 
+COUNTS_REQUESTS = 30
+COUNTS_BOUNDS_MS = [60_000, 3_600_000, 86_400_000]
+COUNTS_SPAN_MS = 2 * 86_400_000
+
+
+async def _counts(server: Server, entries: int) -> dict[str, Any]:
+    """The ``--counts`` measurement (see the module docstring)."""
+    conn = await RawConnection.open(server.client_address, "bench-counts")
+    answer = await conn.request(
+        [frames.FrameType.GROUP_CREATE, conn.next_id(), TOPIC, GROUP, 3_600_000, None]
+    )
+    assert answer[0] == frames.FrameType.OK, answer
+    payload = b"x" * PAYLOAD_BYTES
+    first_due = int(time.time() * 1000) + 1000
+    started = time.perf_counter()
+    for start in range(0, entries, PUBLISH_BATCH):
+        count = min(PUBLISH_BATCH, entries - start)
+        items = [
+            [TOPIC, payload, None, first_due + (start + i) * COUNTS_SPAN_MS // entries, None]
+            for i in range(count)
+        ]
+        answer = await conn.request(
+            [frames.FrameType.PUBLISH, conn.next_id(), int(frames.AckLevel.QUORUM), items]
+        )
+        assert answer[0] == frames.FrameType.PUBLISH_OK, answer
+    publish_s = time.perf_counter() - started
+
+    def request() -> list[Any]:
+        return [
+            frames.FrameType.BROWSE_COUNTS,
+            conn.next_id(),
+            TOPIC,
+            GROUP,
+            COUNTS_BOUNDS_MS,
+            True,
+        ]
+
+    pings: list[float] = []
+    first: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        ping_conn = await RawConnection.open(server.client_address, "bench-counts-ping")
+
+        async def ping() -> None:
+            while True:
+                sent = time.perf_counter()
+                reply = await ping_conn.request([frames.FrameType.PING, ping_conn.next_id()])
+                assert reply[0] == frames.FrameType.PONG, reply
+                pings.append(time.perf_counter() - sent)
+                await trio.sleep(PING_EVERY_S)
+
+        nursery.start_soon(ping)
+        await trio.sleep(0.1)
+        sent = time.perf_counter()
+        answer = await conn.request(request())
+        first = {"first_request_ms": round((time.perf_counter() - sent) * 1000, 1)}
+        nursery.cancel_scope.cancel()
+    assert answer[0] == frames.FrameType.BROWSE_COUNTS_OK, answer
+    first.update(counts=answer[4], later=answer[5], complete=answer[6])
+    samples = []
+    for _ in range(COUNTS_REQUESTS):
+        sent = time.perf_counter()
+        again = await conn.request(request())
+        samples.append(time.perf_counter() - sent)
+        assert again[0] == frames.FrameType.BROWSE_COUNTS_OK, again
+    return {
+        "entries": entries,
+        "publish_s": round(publish_s, 2),
+        "counts_first": first,
+        "counts_then": {**_latency(samples), "complete": again[6]},
+        "ping_during_first": _latency(pings) if pings else None,
+    }
+
+
 def _now_ms() -> float:
     return time.time() * 1000
 
@@ -124,9 +204,7 @@ async def _serve_other(address: str, purging: trio.Event, late: list[float]) -> 
     )
     assert answer[0] == frames.FrameType.OK, answer
     await consumer.send(
-        frame_bytes(
-            [frames.FrameType.SUBSCRIBE, consumer.next_id(), OTHER_TOPIC, OTHER_GROUP, 100]
-        )
+        frame_bytes([frames.FrameType.SUBSCRIBE, consumer.next_id(), OTHER_TOPIC, OTHER_GROUP, 100])
     )
     published = received = 0
 
@@ -303,8 +381,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--purge-only", action="store_true", help="publish --entries, then only purge them all"
     )
+    parser.add_argument(
+        "--counts", action="store_true", help="publish --entries, then only time BROWSE_COUNTS"
+    )
     args = parser.parse_args(argv)
     entries = 20_000 if args.quick else args.entries
+    if args.counts:
+        with Server() as server:
+            server.start()
+            results = trio.run(_counts, server, entries)
+        first, then = results["counts_first"], results["counts_then"]
+        print(
+            f"[{NAME}] {entries} pending: BROWSE_COUNTS first {first['first_request_ms']} ms "
+            f"(complete {first['complete']}, PING p99/max during it "
+            f"{(results['ping_during_first'] or {}).get('p99_ms')}/"
+            f"{(results['ping_during_first'] or {}).get('max_ms')} ms), then p50/p99 "
+            f"{then['p50_ms']}/{then['p99_ms']} ms (complete {then['complete']})"
+        )
+        finish(NAME + "_counts", results, args, argv)
+        return results
     with Server() as server:
         server.start()
         results = trio.run(_measure, server, entries, args.window, args.purge_only)

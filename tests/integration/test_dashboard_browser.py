@@ -128,6 +128,14 @@ def test_dashboard_shows_what_the_node_reports_and_updates_live(
     # Pending by due time: 25 due now (the 5 in flight are not waiting), 7 in an hour.
     expect(page.locator('#due-buckets [data-bucket="due now"]')).to_have_text("29")  # + 4 audit
     expect(page.locator('#due-buckets [data-bucket="later"]')).to_have_text("7")
+    # Due within the next minute / hour / day, by BROWSE_COUNTS (in flight included).
+    for field, value in (("due_1m", "30"), ("due_1h", "37"), ("due_1d", "37")):
+        expect(group_cell(page, "shop.orders", "billing", field)).to_have_attribute(
+            "data-value", value, timeout=WAIT_MS
+        )
+    expect(group_cell(page, "shop.audit", "default", "due_1m")).to_have_attribute(
+        "data-value", "4", timeout=WAIT_MS
+    )
     oldest = group_cell(page, "shop.orders", "billing", "oldest_due_age_ms")
     expect(oldest).not_to_have_attribute("data-value", "")
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from .command_log import CommandLog
     from .dispatcher import Dispatcher
+    from .due_counts import DueCounts
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,11 @@ class Broker:
             RequestError: CLOCK_NOT_SYNCHRONIZED.
         """
         return self._stamp()
+
+    @property
+    def due_counts(self) -> DueCounts:
+        """The node's due-time histograms (BROWSE_COUNTS), fed by the dispatcher."""
+        return self.dispatcher.due_counts
 
     async def browse_json(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
         """``/api/browse`` (see :func:`futureq.broker.manage.browse_json`)."""

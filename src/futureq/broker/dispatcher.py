@@ -44,6 +44,7 @@ from futureq.state.due_index import pack, unpack
 from futureq.state.records import PARKED_DUE_MS
 from futureq.wire import frames
 
+from .due_counts import DueCounts
 from .hub import Consumer, GroupRuntime, Hub, InFlight
 
 if TYPE_CHECKING:
@@ -169,6 +170,9 @@ class Dispatcher:
         self._staged: list[Staged] = []
         self._staged_changed = trio.Event()
         self._deleting_changed = trio.Event()
+        self.due_counts = DueCounts(state, clock.monotonic_s)
+        """Due-time histograms for BROWSE_COUNTS, fed by this observer on every node."""
+        self._histograms = self.due_counts.histograms
         self.active = False
         if active:
             self.activate()
@@ -190,6 +194,8 @@ class Dispatcher:
         moves the group's next look (so it is loaded before it falls due). On every
         node it lowers the group's seek hint (:meth:`next_due_ms`) if it lies below.
         """
+        if self._histograms:  # BROWSE_COUNTS histograms (none: no cost but this test)
+            self.due_counts.on_scheduled(group_id, due_ms, mid)
         hint = self._seek_hints.get(group_id)
         if hint is not None:
             key = commands.schedule_key(group_id, due_ms, mid)
@@ -243,6 +249,8 @@ class Dispatcher:
 
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
         """A schedule entry was removed: forget it in the index and in flight."""
+        if self._histograms:
+            self.due_counts.on_unscheduled(group_id, due_ms, mid, reason)
         runtime = self.hub.groups.get(group_id)
         if runtime is None:
             if self.metrics is not None and self.active:
@@ -302,6 +310,7 @@ class Dispatcher:
         state = self.state
         if group_id not in state.groups:
             self._seek_hints.pop(group_id, None)
+        self.due_counts.on_group_changed(group_id)
         if group_id in state.deleting or group_id in state.purging or group_id in state.backfilling:
             self._deleting_changed.set()  # the reaper has entries to purge or copy
         if not self.active:
@@ -331,6 +340,7 @@ class Dispatcher:
     def on_groups_changed(self) -> None:
         """Every group may have changed (a snapshot was installed): start afresh."""
         self._seek_hints.clear()
+        self.due_counts.on_groups_changed()
         if self.active:
             self.activate()
         if self.state.deleting:
@@ -398,6 +408,7 @@ class Dispatcher:
             nursery.start_soon(self._proposer)
             nursery.start_soon(self._recorder)
             nursery.start_soon(self._reaper)
+            nursery.start_soon(self.due_counts.run)
             task_status.started()
             while True:
                 self._wake = trio.Event()

@@ -38,7 +38,10 @@ MAX_COUNTED_ENTRIES: Final = 200_000
 """Most schedule keys one BROWSE_COUNTS reads; beyond it the answer is incomplete
 (a lower bound where it stopped)."""
 COUNT_CHUNK_ENTRIES: Final = 8192
-"""Keys BROWSE_COUNTS reads between two yields to the event loop."""
+"""Keys BROWSE_COUNTS reads between two yields to the event loop (the scan fallback)."""
+COUNT_BUILD_WAIT_S: Final = 10.0
+"""Longest a BROWSE_COUNTS waits for its group's due-time histogram to be built (s);
+past it, it answers from a bounded scan instead (the build goes on with the next)."""
 
 
 def check_ids(broker: Broker, request: str, ids: list[int]) -> None:
@@ -48,7 +51,9 @@ def check_ids(broker: Broker, request: str, ids: list[int]) -> None:
         RequestError: EMPTY_BATCH, BATCH_TOO_LARGE, INVALID_MESSAGE_ID (with the item).
     """
     if not ids:
-        raise RequestError(ErrorCode.EMPTY_BATCH, f"{request} names no message ids; send at least one")
+        raise RequestError(
+            ErrorCode.EMPTY_BATCH, f"{request} names no message ids; send at least one"
+        )
     limit = broker.limits.max_batch_items
     if len(ids) > limit:
         raise RequestError(
@@ -218,12 +223,19 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
     """Serve a BROWSE_COUNTS: how many of a group's pending entries fall due in each
     bucket, claiming none.
 
-    A read barrier first (everything acknowledged before is counted), then key-only
-    range scans of the ``schedule`` family in chunks of :data:`COUNT_CHUNK_ENTRIES`
-    that yield to the event loop in between (so dispatch and heartbeats go on), at most
-    :data:`MAX_COUNTED_ENTRIES` keys in all: cost O(entries counted), bounded. What is
-    due after the last bound is the group's pending count minus the buckets, read in
-    O(1). Entries in flight count where they are due (they are pending until acked).
+    A read barrier first (everything acknowledged before is counted), then the
+    group's due-time histogram (:mod:`futureq.broker.due_counts`, node-local, built on
+    the first request in chunks that yield, then kept up to date by the state
+    machine's callbacks): whole minutes inside each bucket are summed from it, and the
+    minute each bound falls in is counted exactly by a short key scan. Cost
+    O(bounds x (days + 84)) plus the edge minutes' keys, whatever the backlog; exact
+    unless a bound falls inside a minute holding more than
+    :data:`~futureq.broker.due_counts.EDGE_SCAN_KEYS` entries on each side of it.
+    What is due after the last bound (parked dead letters included) is the group's
+    pending count minus the buckets. Entries in flight count where they are due (they
+    are pending until acked). If the histogram is not built within
+    :data:`COUNT_BUILD_WAIT_S`, the answer comes from a scan of at most
+    :data:`MAX_COUNTED_ENTRIES` keys, as :func:`scan_counts`.
 
     Raises:
         RequestError: INVALID_ARGUMENT (no bounds, too many, not strictly increasing,
@@ -261,6 +273,44 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
             f"BROWSE_COUNTS bounds must lie in [0, 2**63-1) ms since the Unix epoch, got "
             f"{bounds[0]} .. {bounds[-1]}",
         )
+    due_counts = broker.due_counts
+    group_id = info.group_id
+    histogram = None
+    with trio.move_on_after(COUNT_BUILD_WAIT_S):
+        histogram = await due_counts.histogram(group_id)
+    broker.require_leader()
+    info = browse_group(broker, frame.topic, frame.group)
+    if histogram is None or info.group_id != group_id:
+        return await scan_counts(broker, frame.request_id, info, bounds)
+    counts: list[int | None] = []
+    previous = 0
+    exact = True
+    # Edge minutes of many bounds may each hold up to 2 x EDGE_SCAN_KEYS keys: bounded.
+    with trio.move_on_after(COUNT_BUILD_WAIT_S) as scope:
+        for bound in bounds:
+            below, exact = await due_counts.count_below(group_id, histogram, bound)
+            # A scan that yielded sees its bucket as it was then: never below zero.
+            counts.append(max(0, below - previous))
+            previous = max(previous, below)
+            if not exact:
+                break
+    broker.require_leader()
+    if scope.cancelled_caught or not exact:
+        counts += [None] * (len(bounds) - len(counts))
+        return frames.BrowseCountsOk(frame.request_id, info.name, bounds, counts, None, False)
+    later = max(0, info.pending - previous)
+    return frames.BrowseCountsOk(frame.request_id, info.name, bounds, counts, later, True)
+
+
+async def scan_counts(
+    broker: Broker, request_id: int, info: GroupInfo, bounds: list[int]
+) -> frames.BrowseCountsOk:
+    """BROWSE_COUNTS by key-only range scans of the ``schedule`` family (no histogram).
+
+    In chunks of :data:`COUNT_CHUNK_ENTRIES` that yield to the event loop in between,
+    at most :data:`MAX_COUNTED_ENTRIES` keys in all: cost O(entries counted), bounded;
+    past the limit the answer is incomplete (the last count a lower bound).
+    """
     group_id = info.group_id
     counts: list[int | None] = []
     budget = MAX_COUNTED_ENTRIES
@@ -283,13 +333,13 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
         else:
             counts.append(count)
             counts += [None] * (len(bounds) - len(counts))
-            return frames.BrowseCountsOk(frame.request_id, info.name, bounds, counts, None, False)
+            return frames.BrowseCountsOk(request_id, info.name, bounds, counts, None, False)
         counts.append(count)
     # Within a chunk nothing is applied; a count that took several chunks sees each
     # bucket as it was when read (a command applied in between may move an entry).
     counted = sum(c for c in counts if c is not None)
     later = max(0, info.pending - counted)
-    return frames.BrowseCountsOk(frame.request_id, info.name, bounds, counts, later, True)
+    return frames.BrowseCountsOk(request_id, info.name, bounds, counts, later, True)
 
 
 async def redrive(broker: Broker, frame: frames.Redrive) -> list[int]:
@@ -442,6 +492,7 @@ async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[
         "attempt", "payload_bytes", "headers", "preview_base64", "expire_ms"}],
         "next_cursor"}``.
     """
+
     def bad(message: str) -> tuple[int, dict[str, Any]]:
         return 400, {"code": ErrorCode.INVALID_ARGUMENT.name, "message": message}
 

@@ -214,6 +214,12 @@ class QueueState(ManageOps):
         self._next_group_id = 1
         self.last_publish_ms = 0
         self._unwritten: _Unwritten | None = None
+        self.notifying = False
+        """True while the observer is being told of the last applied command's changes
+        (between steps of :meth:`apply_steps`): the store is then ahead of what the
+        observer has been told. A reader that keeps a derived view in step with the
+        observer (``futureq.broker.due_counts``) reads the store only while it is False.
+        Node-local; apply never reads it."""
         self._load()
 
     def _load(self) -> None:
@@ -572,19 +578,23 @@ class QueueState(ManageOps):
             # In steps too: observers may see the store ahead of their notifications
             # (ScheduleObserver says they must cope), never behind.
             on_scheduled = observer.on_scheduled
-            for position, effect in enumerate(effects):
-                if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
-                    yield
-                kind = effect[0]
-                if kind == "s":
-                    if len(effect) == 6:  # a fresh entry (PUBLISH): no tuple slice
-                        on_scheduled(effect[1], effect[2], effect[3], effect[4], effect[5])
-                    else:
-                        on_scheduled(*effect[1:])
-                elif kind == "u":
-                    observer.on_unscheduled(*effect[1:])
-                elif kind == "g":
-                    observer.on_group_changed(effect[1])
+            self.notifying = True
+            try:
+                for position, effect in enumerate(effects):
+                    if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                        yield
+                    kind = effect[0]
+                    if kind == "s":
+                        if len(effect) == 6:  # a fresh entry (PUBLISH): no tuple slice
+                            on_scheduled(effect[1], effect[2], effect[3], effect[4], effect[5])
+                        else:
+                            on_scheduled(*effect[1:])
+                    elif kind == "u":
+                        observer.on_unscheduled(*effect[1:])
+                    elif kind == "g":
+                        observer.on_group_changed(effect[1])
+            finally:
+                self.notifying = False
         if self.on_nodes_changed is not None and any(effect[0] == "n" for effect in effects):
             self.on_nodes_changed()
         return result

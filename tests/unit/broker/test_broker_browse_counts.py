@@ -9,13 +9,15 @@ Source: ``docs/protocol.md``, "BROWSE_COUNTS".
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 import trio
 from broker_helpers import SyncLog
 
-from futureq.broker import manage
+from futureq.broker import due_counts, manage
+from futureq.broker.due_counts import DueCounts
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
 from futureq.state.queue_state import QueueState
@@ -33,11 +35,14 @@ class CountingLog(SyncLog):
 
 
 class LeaderSeam:
-    """What ``manage.browse_counts`` uses of a Broker: state, log, leadership, stamp."""
+    """What ``manage.browse_counts`` uses of a Broker: state, log, leadership, stamp,
+    and the due-time histograms (the state's observer, as the dispatcher feeds them)."""
 
     def __init__(self) -> None:
         self.state = QueueState(MemoryStore())
         self.log = CountingLog(self.state)
+        self.due_counts = DueCounts(self.state, time.monotonic)
+        self.state.observer = self.due_counts
 
     def require_leader(self) -> None:
         """Always the leader here."""
@@ -80,6 +85,8 @@ def test_buckets_count_what_falls_due_in_each() -> None:
 
 
 def test_the_read_limit_gives_a_lower_bound_and_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The scan fallback: a histogram not built in time (no time at all here).
+    monkeypatch.setattr(manage, "COUNT_BUILD_WAIT_S", 0)
     monkeypatch.setattr(manage, "MAX_COUNTED_ENTRIES", 5)
     monkeypatch.setattr(manage, "COUNT_CHUNK_ENTRIES", 2)
     seam = seam_with([0, 1, 2, 100, 101, 102, 103, 500])
@@ -92,7 +99,11 @@ def test_the_read_limit_gives_a_lower_bound_and_stops(monkeypatch: pytest.Monkey
     assert (answer.counts, answer.later, answer.complete) == ([3, 4, 1], 0, True)
 
 
-def test_chunks_across_buckets_count_every_entry_once(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("build_wait_s", [0, 10.0])
+def test_chunks_across_buckets_count_every_entry_once(
+    monkeypatch: pytest.MonkeyPatch, build_wait_s: float
+) -> None:
+    monkeypatch.setattr(manage, "COUNT_BUILD_WAIT_S", build_wait_s)
     monkeypatch.setattr(manage, "COUNT_CHUNK_ENTRIES", 3)
     offsets = [n * 7 for n in range(50)]
     seam = seam_with(offsets)
@@ -133,3 +144,27 @@ def test_a_topic_with_two_groups_needs_one_named() -> None:
         count(seam, [60_000])
     assert info.value.code is ErrorCode.GROUP_REQUIRED
     assert count(seam, [60_000], group="b").counts == [1]
+
+
+def test_a_bound_inside_a_busy_minute_is_counted_from_either_side(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(due_counts, "EDGE_SCAN_KEYS", 4)
+    monkeypatch.setattr(due_counts, "EDGE_CHUNK_KEYS", 2)
+    minute_ms = due_counts.MINUTE_MS
+    start = NOW_MS // minute_ms * minute_ms  # the minute NOW_MS falls in
+    # 6 entries early in the minute, 3 late, 1 in the next minute.
+    offsets = [start - NOW_MS + ms for ms in (1, 2, 3, 4, 5, 6, 50_000, 50_001, 50_002)]
+    seam = seam_with([*offsets, start - NOW_MS + minute_ms])
+    # The part below the bound holds 6 (over the limit of 4): the part above is counted.
+    answer = count(seam, [start + 10_000, start + 2 * minute_ms], relative=False)
+    assert (answer.counts, answer.later, answer.complete) == ([6, 4], 0, True)
+    # The part below holds 3: counted directly.
+    answer = count(seam, [start + 4], relative=False)
+    assert (answer.counts, answer.later, answer.complete) == ([3], 7, True)
+    # Both parts over the limit: a lower bound, the rest unknown.
+    seam = seam_with([start - NOW_MS + ms for ms in (*range(1, 7), *range(50_000, 50_006))])
+    answer = count(seam, [start + 10_000, start + 2 * minute_ms], relative=False)
+    assert answer.complete is False
+    assert answer.counts[1:] == [None] and answer.later is None
+    assert answer.counts[0] is not None and 4 <= answer.counts[0] <= 6

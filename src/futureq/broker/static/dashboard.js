@@ -4,12 +4,23 @@
 // greys out what it shows, and reconnects with backoff.
 "use strict";
 
-const FRAME = { HELLO: 1, HELLO_OK: 2, ERROR: 13, OK: 14, PING: 16, PONG: 17, WATCH: 35, WATCH_UPDATE: 36 };
+const FRAME = {
+  HELLO: 1, HELLO_OK: 2, ERROR: 13, OK: 14, PING: 16, PONG: 17, WATCH: 35, WATCH_UPDATE: 36,
+  BROWSE_COUNTS: 47, BROWSE_COUNTS_OK: 48,
+};
 const AUTH_FAILED = 107;
 const WATCH_INTERVAL_MS = 1000;
 const STALE_AFTER_MS = 3500;
 const TOKEN_KEY = "futureq.dashboard.token";
 const HISTORY_S = 300;
+// Per group: due within the next minute / hour / day (overdue included), by BROWSE_COUNTS
+// for the groups shown first, on the leader only, every COUNTS_EVERY_MS (the leader keeps
+// a due-time histogram per group asked about: O(buckets) per request).
+const COUNTS_BOUNDS_MS = [60000, 3600000, 86400000];
+const COUNTS_FIELDS = ["due_1m", "due_1h", "due_1d"];
+const COUNTS_EVERY_MS = 5000;
+const COUNTS_GROUPS = 20;
+const COUNTS_FIRST_ID = 1000;
 
 const $ = (id) => document.getElementById(id);
 const page = {
@@ -21,7 +32,28 @@ const page = {
   lostSince: null,
   lostReason: "",
   authFailed: false,
+  counts: new Map(),
+  countsRequests: new Map(),
+  countsAt: 0,
+  nextRequestId: COUNTS_FIRST_ID,
 };
+
+const groupKey = (topic, group) => `${topic}\u0000${group}`;
+
+// Ask the leader for the due counts of the groups shown first (at most every COUNTS_EVERY_MS).
+function requestCounts(ws, o) {
+  if (o.node.role !== "leader") {
+    page.counts.clear();
+    return;
+  }
+  if (Date.now() - page.countsAt < COUNTS_EVERY_MS) return;
+  page.countsAt = Date.now();
+  for (const g of o.groups.slice(0, COUNTS_GROUPS)) {
+    const id = page.nextRequestId++;
+    page.countsRequests.set(id, groupKey(g.topic, g.group));
+    ws.send(frameBytes([FRAME.BROWSE_COUNTS, id, g.topic, g.group, COUNTS_BOUNDS_MS, true]));
+  }
+}
 
 // ------------------------------------------------------------------ formatting
 
@@ -95,6 +127,8 @@ function decodeFrame(buffer) {
 
 function connect() {
   clearTimeout(page.retryTimer);
+  page.countsRequests.clear();
+  page.countsAt = 0;
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   const ws = new WebSocket(`${scheme}://${location.host}/ws`, ["futureq.v1"]);
   ws.binaryType = "arraybuffer";
@@ -148,12 +182,30 @@ function onFrame(ws, [type, requestId, ...fields]) {
       page.overview = fields[0];
       render(fields[0]);
       tick();
+      requestCounts(ws, fields[0]);
       break;
+    case FRAME.BROWSE_COUNTS_OK: {
+      const key = page.countsRequests.get(requestId);
+      page.countsRequests.delete(requestId);
+      if (key === undefined) break;
+      // Cumulative: due within 1 min, 1 h, 1 d (a nil count: not known, "at least" before).
+      const [, , counts] = fields;
+      let sum = 0;
+      page.counts.set(key, counts.map((c) => (c === null ? null : (sum += c))));
+      if (page.overview) renderGroups(page.overview);
+      break;
+    }
     case FRAME.PING:
       ws.send(frameBytes([FRAME.PONG, requestId]));
       break;
     case FRAME.ERROR: {
       const [code, message] = fields;
+      if (page.countsRequests.has(requestId)) {
+        // A refused count (not the leader any more, no permission): not a lost connection.
+        page.counts.delete(page.countsRequests.get(requestId));
+        page.countsRequests.delete(requestId);
+        break;
+      }
       page.lostReason = message;
       if (code === AUTH_FAILED) {
         page.authFailed = true;
@@ -333,7 +385,7 @@ function renderGroups(o) {
     `${integer(o.groups_total)} group${o.groups_total === 1 ? "" : "s"}` +
     (hidden > 0 ? `; the ${o.groups.length} with most pending shown` : "");
   if (!o.groups.length) {
-    tbody.replaceChildren(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "no topics yet: publish a message to create one")));
+    tbody.replaceChildren(el("tr", {}, el("td", { colspan: 11, class: "muted" }, "no topics yet: publish a message to create one")));
     return;
   }
   const numberCell = (field, value, extra = {}) =>
@@ -354,6 +406,10 @@ function renderGroups(o) {
           class: g.oldest_due_age_ms > 10000 ? "num warn" : "num",
         }),
         numberCell("dead_letters", g.dead_letters, { class: g.dead_letters ? "num bad" : "num" }),
+        ...COUNTS_FIELDS.map((field, i) => {
+          const known = page.counts.get(groupKey(g.topic, g.group));
+          return numberCell(field, known ? known[i] : null);
+        }),
       ),
     ),
   );
