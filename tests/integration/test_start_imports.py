@@ -22,6 +22,7 @@ CLUSTER_ONLY = (
     "futureq.raft.node",
     "futureq.raft.transport",
     "futureq.raft.rocks_storage",
+    "futureq.raft.peer_auth",
     "futureq.broker.cluster",
 )
 _IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)\s*$", re.MULTILINE)
