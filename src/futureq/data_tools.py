@@ -45,19 +45,14 @@ from futureq import __version__
 from futureq.clock import SystemClock
 from futureq.config import Config
 from futureq.errors import ConfigError, StorageError
-from futureq.raft.messages import (
-    HardState,
-    LogIndex,
-    Membership,
-    NodeId,
-    Snapshot,
-    SnapshotMetadata,
-    Term,
-)
-from futureq.raft.rocks_storage import LOG_FAMILY, STATE_FAMILY, RocksStorage
+from futureq.raft.basics import LogIndex, NodeId, Term
 from futureq.state import snapshot
 from futureq.state.queue_state import QueueState
-from futureq.storage.db import FAMILIES, SCHEMA_VERSION, Database
+from futureq.storage.db import FAMILIES, LOG_FAMILY, SCHEMA_VERSION, STATE_FAMILY, Database
+
+# The Raft message classes and RocksStorage are imported where a directory's Raft state is
+# read or written (data_kind, conversion, restore), not here: the broker imports this
+# module on every start for check_data_fits_mode, and a single node runs no Raft.
 
 BACKUP_MAGIC: Final = "futureq-backup"
 BACKUP_VERSION: Final = 1
@@ -108,6 +103,9 @@ def data_kind(db: Database) -> DataKind:
     has_raft = any(db.get(STATE_FAMILY, key) is not None for key in _RAFT_KEYS)
     applied = _applied_index(db)
     if has_raft:
+        from futureq.raft.messages import HardState
+        from futureq.raft.rocks_storage import RocksStorage
+
         storage = RocksStorage(db, snapshot_dir(db.path))
         meta = storage.snapshot_metadata()
         pristine = (
@@ -153,6 +151,9 @@ def _lay_out_cluster_node(db: Database, node_id: int, data: bytes, index: int) -
     new cluster: a Raft snapshot at ``index``, term :data:`FIRST_TERM`, membership
     ``{node_id}``, the log empty after it. The one place that lays out a cluster node's
     Raft state from a queue state (data-directory stamps belong here too)."""
+    from futureq.raft.messages import HardState, Membership, Snapshot, SnapshotMetadata
+    from futureq.raft.rocks_storage import RocksStorage
+
     db.delete_range(LOG_FAMILY, b"", _MAX_KEY)  # every entry is applied: none is needed
     storage = RocksStorage(db, snapshot_dir(db.path))
     membership = Membership(voters=frozenset({NodeId(node_id)}))

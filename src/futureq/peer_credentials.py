@@ -25,8 +25,6 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from futureq.raft import peer_auth
-
 if TYPE_CHECKING:
     from futureq.config import Config
 
@@ -63,6 +61,8 @@ def read_secret_file(path: str) -> SecretFile:
     Raises:
         CredentialError: saying what is wrong and how to fix it.
     """
+    from futureq.raft import peer_auth  # the peer handshake: a single node never loads it
+
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -202,6 +202,8 @@ def check_own_certificate(config: Config) -> None:
     Raises:
         CredentialError: the CA does not sign it, or it does not name the node.
     """
+    from futureq.raft import peer_auth  # the peer handshake: a single node never loads it
+
     certificate = own_certificate(config)
     node_id, cluster_id = config.server.node_id, config.cluster.cluster_id
     named = peer_auth.certificate_node_ids(certificate, cluster_id)

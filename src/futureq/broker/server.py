@@ -18,6 +18,7 @@ import os
 import signal
 import ssl
 import sys
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -34,9 +35,6 @@ from futureq.errors import (
 )
 from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
-from futureq.raft.node import RaftNode
-from futureq.raft.transport import Transport
-from futureq.shards.balance import balance_leadership
 from futureq.shards.layout import ShardRole
 from futureq.shards.view import NodeView, node_token
 from futureq.state.queue_state import QueueState
@@ -45,15 +43,6 @@ from futureq.storage.space import SpaceAlarm
 
 from .access import AccessControl
 from .broker import Broker
-from .cluster import (
-    build_raft_log,
-    export_raft_metrics,
-    finish_interrupted_restore,
-    follow_leadership,
-    join_cluster,
-    refuse_if_node_already_runs,
-    stop_when_removed,
-)
 from .cluster_time import ClusterTime, run_standalone_clock
 from .command_log import SingleNodeLog
 from .data_dir_size import measure_data_dir
@@ -63,6 +52,14 @@ from .gc_pacing import pace_gc
 from .http import serve_http
 from .hub import Hub
 from .tombstones import compact_tombstones
+
+if TYPE_CHECKING:
+    from futureq.raft.node import RaftNode
+    from futureq.raft.transport import Transport
+
+# A single node runs no Raft: the cluster modules (.cluster, futureq.raft.node and its
+# core, transport and message classes, futureq.shards.balance) are imported in the
+# clustered branches below, so that a single node's start does not load them.
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +179,9 @@ async def serve(
     try:
         check_data_fits_mode(db, clustered=config.cluster.clustered)
         if config.cluster.clustered:
-            finish_interrupted_restore(config, db)
+            from . import cluster
+
+            cluster.finish_interrupted_restore(config, db)
         state = QueueState(db)
         host, port = split_host_port(config.server.listen)
         try:
@@ -196,7 +195,9 @@ async def serve(
         transport: Transport | None = None
         replayed = 0
         if clustered:
-            command_log, transport = build_raft_log(
+            from . import cluster
+
+            command_log, transport = cluster.build_raft_log(
                 config, db, state, client_address, metrics, space_alarm
             )
         else:
@@ -213,7 +214,7 @@ async def serve(
             replayed = command_log.recover()
         cluster_time: ClusterTime | None = None
         if clock is None:
-            if isinstance(command_log, RaftNode):
+            if not isinstance(command_log, SingleNodeLog):
                 cluster_time = ClusterTime(system_clock, command_log.timekeeper.clock)
             else:
                 cluster_time = ClusterTime.standalone(
@@ -229,7 +230,9 @@ async def serve(
             metrics,
             max_deliver_bytes=max(64 * 1024, config.limits.max_frame_bytes // 2),
             active=not clustered,
-            dispatch_allowed=command_log.can_dispatch if isinstance(command_log, RaftNode) else None,
+            dispatch_allowed=(
+                None if isinstance(command_log, SingleNodeLog) else command_log.can_dispatch
+            ),
         )
         state.observer = dispatcher
         broker = Broker(
@@ -268,9 +271,13 @@ async def serve(
         async with trio.open_nursery() as root:
             root.start_soon(space_alarm.run)
             raft_address = ""
-            if isinstance(command_log, RaftNode):
+            if not isinstance(command_log, SingleNodeLog):
+                from futureq.shards.balance import balance_leadership
+
+                from . import cluster
+
                 assert transport is not None
-                await refuse_if_node_already_runs(config)
+                await cluster.refuse_if_node_already_runs(config)
                 try:
                     raft_address = await root.start(transport.run)
                 except OSError as exc:
@@ -278,9 +285,11 @@ async def serve(
                         "Raft peers", config.cluster.raft_listen, "--raft-listen", exc
                     ) from exc
                 await root.start(command_log.run)
-                root.start_soon(follow_leadership, command_log, broker)
-                root.start_soon(export_raft_metrics, command_log, transport, metrics)
-                root.start_soon(stop_when_removed, command_log, config.server.node_id, shutdown)
+                root.start_soon(cluster.follow_leadership, command_log, broker)
+                root.start_soon(cluster.export_raft_metrics, command_log, transport, metrics)
+                root.start_soon(
+                    cluster.stop_when_removed, command_log, config.server.node_id, shutdown
+                )
                 root.start_soon(broker.run_promoter)
                 if shard is not None:
                     root.start_soon(balance_leadership, command_log, shard.index)
@@ -288,7 +297,12 @@ async def serve(
                     # Announce the advertised raft address (never the bound wildcard).
                     announced_raft = transport.advertise_address or raft_address
                     root.start_soon(
-                        join_cluster, config, command_log, transport, client_address, announced_raft
+                        cluster.join_cluster,
+                        config,
+                        command_log,
+                        transport,
+                        client_address,
+                        announced_raft,
                     )
             else:
                 await root.start(command_log.run)
@@ -377,7 +391,7 @@ async def serve(
                 accepting.cancel()
                 grace_s = config.server.shutdown_grace_ms / 1000
                 with trio.move_on_after(grace_s) as grace:
-                    if isinstance(command_log, RaftNode):
+                    if not isinstance(command_log, SingleNodeLog):
                         await _hand_over_leadership(config, command_log)
                     else:
                         command_log.begin_shutdown()

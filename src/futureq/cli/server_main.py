@@ -28,8 +28,6 @@ import json
 import logging
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -528,6 +526,9 @@ def _health_of(config: Config, args: argparse.Namespace) -> int:
         host = f"[{host}]"
     path = "/readyz" if args.ready else "/healthz"
     url = f"http://{host}:{port}{path}"
+    import urllib.error  # http.client and email: only `futureq health` needs them
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=args.timeout) as response:
             body = response.read().decode("utf-8", "replace").strip()

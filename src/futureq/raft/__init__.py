@@ -1,34 +1,86 @@
 """FutureQ's own Raft: a sans-IO consensus core (``core``) and its value types.
 
 See ``docs/raft.md`` for the Ready/Advance contract and what is implemented.
+
+The names below are loaded on first use (PEP 562): importing a submodule such as
+``futureq.raft.cluster_clock`` or ``futureq.raft.peer_auth``, which a single node
+does, must not load the consensus core and its message classes, which only a
+cluster runs (``docs/architecture.md``, "Start-up").
 """
 
-from futureq.raft.core import (
-    ProposalDroppedError,
-    RaftConfig,
-    RaftCore,
-    RaftNotLeaderError,
-    Role,
-)
-from futureq.raft.messages import (
-    ConfChange,
-    ConfChangeOp,
-    Entry,
-    EntryKind,
-    HardState,
-    LogIndex,
-    Membership,
-    Message,
-    NodeId,
-    ReadState,
-    Ready,
-    Snapshot,
-    SnapshotMetadata,
-    Term,
-    decode_message,
-    encode_message,
-)
-from futureq.raft.storage import MemoryStorage, Storage
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from futureq.raft.core import (
+        ProposalDroppedError,
+        RaftConfig,
+        RaftCore,
+        RaftNotLeaderError,
+        Role,
+    )
+    from futureq.raft.messages import (
+        ConfChange,
+        ConfChangeOp,
+        Entry,
+        EntryKind,
+        HardState,
+        LogIndex,
+        Membership,
+        Message,
+        NodeId,
+        ReadState,
+        Ready,
+        Snapshot,
+        SnapshotMetadata,
+        Term,
+        decode_message,
+        encode_message,
+    )
+    from futureq.raft.storage import MemoryStorage, Storage
+
+_SOURCES = {
+    "ProposalDroppedError": "core",
+    "RaftConfig": "core",
+    "RaftCore": "core",
+    "RaftNotLeaderError": "core",
+    "Role": "core",
+    "ConfChange": "messages",
+    "ConfChangeOp": "messages",
+    "Entry": "messages",
+    "EntryKind": "messages",
+    "HardState": "messages",
+    "LogIndex": "messages",
+    "Membership": "messages",
+    "Message": "messages",
+    "NodeId": "messages",
+    "ReadState": "messages",
+    "Ready": "messages",
+    "Snapshot": "messages",
+    "SnapshotMetadata": "messages",
+    "Term": "messages",
+    "decode_message": "messages",
+    "encode_message": "messages",
+    "MemoryStorage": "storage",
+    "Storage": "storage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load ``name`` from the submodule that defines it, on first use."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{source}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SOURCES})
+
 
 __all__ = [
     "ConfChange",

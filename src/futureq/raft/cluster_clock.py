@@ -64,7 +64,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from futureq.errors import ConfigError
-from futureq.raft.quorum import majority
+from futureq.raft.basics import majority
 
 US_PER_MS = 1000
 PPM = 1_000_000

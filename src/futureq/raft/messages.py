@@ -13,19 +13,14 @@ and whose other elements are the fields in declaration order (:func:`encode_mess
 from __future__ import annotations
 
 import enum
-from typing import NewType
 
 import attrs
 import msgpack
 
 from futureq.errors import ErrorCode, RemoteProtocolError
-
-NodeId = NewType("NodeId", int)
-"""A server's id; ids are >= 1 and never reused for a different server."""
-Term = NewType("Term", int)
-"""A Raft term (paper §5.1); 0 before any election."""
-LogIndex = NewType("LogIndex", int)
-"""A log position; the first entry has index 1, index 0 stands for "before the log"."""
+from futureq.raft.basics import LogIndex as LogIndex
+from futureq.raft.basics import NodeId as NodeId
+from futureq.raft.basics import Term as Term
 
 
 class EntryKind(enum.IntEnum):

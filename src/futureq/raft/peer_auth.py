@@ -59,7 +59,7 @@ import msgpack
 
 from futureq.config import split_host_port
 from futureq.errors import ErrorCode, RemoteProtocolError
-from futureq.raft.messages import NodeId
+from futureq.raft.basics import NodeId
 
 MAGIC: Final = "futureq-raft"
 PROTOCOL_VERSION: Final = 2

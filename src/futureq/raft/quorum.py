@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from futureq.raft.basics import majority as majority
 from futureq.raft.messages import (
     ConfChange,
     ConfChangeOp,
@@ -44,11 +45,6 @@ class VoteResult(enum.Enum):
     PENDING = "pending"
     WON = "won"
     LOST = "lost"
-
-
-def majority(voter_count: int) -> int:
-    """Smallest number of voters that forms a majority of ``voter_count`` (paper §5.2)."""
-    return voter_count // 2 + 1
 
 
 def committed_index(voters: Iterable[NodeId], match: Mapping[NodeId, int]) -> int:

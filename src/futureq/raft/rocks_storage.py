@@ -59,6 +59,8 @@ from futureq.raft.storage import (
     UnavailableError,
     check_appendable,
 )
+from futureq.storage.db import LOG_FAMILY as LOG_FAMILY
+from futureq.storage.db import STATE_FAMILY as STATE_FAMILY
 from futureq.storage.db import storage_error
 
 if TYPE_CHECKING:
@@ -66,8 +68,6 @@ if TYPE_CHECKING:
 
     from futureq.storage.db import Database
 
-LOG_FAMILY: Final = "raft_log"
-STATE_FAMILY: Final = "raft_state"
 _HARD_STATE: Final = b"hard_state"
 _SNAPSHOT: Final = b"snapshot"
 _LOG_START: Final = b"log_start"

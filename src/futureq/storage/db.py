@@ -31,7 +31,11 @@ from futureq.errors import DataDirectoryInUseError, NoSpaceError, StorageError
 
 log = logging.getLogger(__name__)
 
-FAMILIES: Final = ("raft_log", "raft_state", "messages", "schedule", "groups", "meta", "index")
+LOG_FAMILY: Final = "raft_log"
+"""Column family of the Raft log (``futureq.raft.rocks_storage``; a single node's command log)."""
+STATE_FAMILY: Final = "raft_state"
+"""Column family of the Raft hard state, snapshot metadata and identity."""
+FAMILIES: Final = (LOG_FAMILY, STATE_FAMILY, "messages", "schedule", "groups", "meta", "index")
 SCHEMA_VERSION: Final = 1
 TOMBSTONE_FAMILIES: Final = ("schedule", "index")
 """Families whose deletes are counted, so a range that many CANCELs, RESCHEDULEs or a
