@@ -109,6 +109,17 @@ def test_acked_deliveries_do_not_come_back_after_sigkill(broker: BrokerProcess) 
     assert not (seen.keys() & acked_ids), "a delivery whose ack was confirmed came back"
 
 
+def test_sigterm_right_after_ready_is_graceful(broker: BrokerProcess) -> None:
+    """The READY line is a promise that the node can be stopped gracefully: a SIGTERM
+    sent the moment it is printed must not meet Python's default action (exit -15,
+    nothing logged), which it did while the signal handler was only scheduled."""
+    for stops in range(1, 9):
+        # The fixture's start() (or the one below) has just read READY: SIGTERM now.
+        assert broker.terminate() == 0, broker.stderr_text()[-2000:]
+        assert broker.stderr_text().count("shutting down gracefully") == stops
+        broker.start()
+
+
 def test_sigterm_is_graceful_and_keeps_data(broker: BrokerProcess) -> None:
     client = WireClient(broker.client_address)
     answer = client.publish([["graceful", b"kept", 60_000, None, None]])

@@ -348,8 +348,11 @@ async def serve(
             if shard is not None:
                 root.start_soon(_stop_when_orphaned, os.getppid(), shutdown)
             if handle_signals:
-                root.start_soon(_watch_signals, shutdown, root.cancel_scope)
-                root.start_soon(_reload_on_sighup, access)
+                # Started, not scheduled: the handlers are in place before READY, so a
+                # SIGTERM sent as soon as READY is printed shuts down gracefully instead
+                # of meeting Python's default action (exit -15 without a word).
+                await root.start(_watch_signals, shutdown, root.cancel_scope)
+                await root.start(_reload_on_sighup, access)
             async with trio.open_nursery() as connections:
                 accepting = trio.CancelScope()
 
@@ -483,9 +486,17 @@ async def _stop_when_orphaned(supervisor_pid: int, shutdown: trio.Event) -> None
             return
 
 
-async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
-    """First SIGTERM/SIGINT: graceful shutdown. A second one: stop at once."""
+async def _watch_signals(
+    shutdown: trio.Event,
+    root: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """First SIGTERM/SIGINT: graceful shutdown. A second one: stop at once.
+
+    Calls ``task_status.started()`` once the handlers are installed."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
         async for signum in signals:
             name = signal.Signals(signum).name
             if not shutdown.is_set():
@@ -497,13 +508,17 @@ async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
                 return
 
 
-async def _reload_on_sighup(access: AccessControl) -> None:
+async def _reload_on_sighup(
+    access: AccessControl, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     """SIGHUP: read the credentials file again; connections that lost access close.
 
     A SIGHUP that arrived while the node was starting (remembered by
     :mod:`futureq.early_signals`) is acted on as soon as this handler is installed.
+    Calls ``task_status.started()`` once it is.
     """
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        task_status.started()
         if early_signals.take_deferred_sighup():
             log.info("SIGHUP arrived while the node was starting; acting on it now")
             access.reload()
