@@ -613,3 +613,27 @@ def test_settling_a_delivery_whose_message_was_cancelled_says_so(broker: BrokerP
             assert "cancelled" in info.value.message
         held[ids[2]].ack()  # the one not cancelled settles as usual
         assert client.consume("jobs", "g", 1, timeout_s=0.5) == []  # nothing comes back
+
+
+def test_a_browse_page_of_large_headers_ends_by_bytes_and_all_pages_follow(
+    broker: BrokerProcess,
+) -> None:
+    """1,000 messages with 4 KiB of headers each do not fit in one 4 MiB frame: a page
+    ends by bytes with a cursor, and ``browse --all`` follows it to the end."""
+    address = broker.client_address
+    headers = {f"k{i:02d}": "v" * 125 for i in range(32)}  # 32 x 128: the 4,096 allowed
+    with SyncClient(address, request_timeout_s=60.0) as client:
+        client.create_group("fat", "g")
+        ids: list[int] = []
+        for _ in range(5):
+            ids += client.publish_batch(
+                [PublishItem("fat", b"x", delay_ms=3_600_000, headers=headers)] * 200
+            )
+        page = client.browse("fat", limit=1000)
+        assert 0 < len(page.messages) < 1000 and page.next_cursor is not None
+        assert page.messages[0].headers == headers
+        rest = client.browse("fat", cursor=page.next_cursor, limit=1000)
+        assert rest.messages[0].id == page.messages[-1].id + 1
+    shown = cli(address, "browse", "fat", "--all", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert [json.loads(line)["id"] for line in shown.stdout.splitlines()] == ids
