@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -637,3 +637,37 @@ def test_a_browse_page_of_large_headers_ends_by_bytes_and_all_pages_follow(
     shown = cli(address, "browse", "fat", "--all", "--json")
     assert shown.returncode == 0, shown.stderr
     assert [json.loads(line)["id"] for line in shown.stdout.splitlines()] == ids
+
+
+def test_a_wrong_argument_type_fails_alone_before_it_is_sent(broker: BrokerProcess) -> None:
+    """A wrong-typed field would make the server close the connection (and redeliver
+    what it held): the client refuses the call itself, and the held delivery acks."""
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.create_group("typed", "g")
+        mid = client.publish("typed", b"work")
+        (held,) = client.consume("typed", "g", 1, timeout_s=10)
+        wrong: list[tuple[str, Callable[[], object]]] = [
+            ("str id", lambda: client.cancel("typed", ["1"])),  # type: ignore[list-item]
+            ("float id", lambda: client.cancel("typed", [1.0])),  # type: ignore[list-item]
+            ("bool id", lambda: client.cancel("typed", [True])),
+            ("float delay", lambda: client.reschedule("typed", [mid], delay_ms=1.5)),  # type: ignore[arg-type]
+            ("str cursor", lambda: client.browse("typed", cursor="abc")),  # type: ignore[arg-type]
+            ("float limit", lambda: client.browse("typed", limit=10.0)),  # type: ignore[arg-type]
+            ("str bound", lambda: client.browse_counts("typed", bounds_ms=["1"])),  # type: ignore[list-item]
+            ("int relative", lambda: client.browse_counts("typed", bounds_ms=[1], relative=1)),  # type: ignore[arg-type]
+            ("int group", lambda: client.purge("typed", group=5)),  # type: ignore[arg-type]
+            ("str redrive delay", lambda: client.redrive("typed", [mid], delay_ms="1")),  # type: ignore[arg-type]
+            ("int header", lambda: client.publish("typed", b"x", headers={"a": 1})),  # type: ignore[dict-item]
+            ("int key", lambda: client.publish("typed", b"x", idempotency_key=5)),  # type: ignore[arg-type]
+        ]
+        for what, call in wrong:
+            try:
+                call()
+            except TypeError:
+                continue
+            pytest.fail(f"a call with a {what} was not refused")
+        with pytest.raises(ValueError, match="2\\*\\*64-1"):
+            client.cancel("typed", [-1])
+        held.ack()  # the connection held on: the delivery was not redelivered
+        assert client.consume("typed", "g", 1, timeout_s=0.3) == []
+        assert [m.id for m in client.browse("typed").messages] == []

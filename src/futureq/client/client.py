@@ -41,6 +41,7 @@ from typing import Any, Final, Literal, TypeVar
 import anyio
 import anyio.abc
 
+from futureq.client import _checks
 from futureq.client._backoff import Backoff
 from futureq.client._batching import (
     PublishItem,
@@ -1064,8 +1065,12 @@ class Client:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, EMPTY_BATCH, BATCH_TOO_LARGE,
                 INVALID_MESSAGE_ID (``.item_index`` names it), PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError, ValueError: an argument of the wrong type (an id that is not an
+                int, say) or out of range; nothing was sent.
         """
-        id_list = list(ids)
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
+        id_list = _checks.message_ids(ids)
         answer = await self._call(
             lambda rid: frames.Cancel(rid, topic, group, id_list), retry_unknown=True
         )
@@ -1100,8 +1105,12 @@ class Client:
                 UNKNOWN_GROUP, GROUP_REQUIRED, INVALID_DELAY, EMPTY_BATCH,
                 BATCH_TOO_LARGE, INVALID_MESSAGE_ID, PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError, ValueError: as :meth:`cancel`.
         """
-        id_list = list(ids)
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
+        _checks.check_int("delay_ms", delay_ms)
+        id_list = _checks.message_ids(ids)
         answer = await self._call(
             lambda rid: frames.Redrive(rid, topic, group, id_list, delay_ms), retry_unknown=True
         )
@@ -1133,8 +1142,13 @@ class Client:
             RequestError: INVALID_DELAY, DELAY_TOO_LARGE, IMPLAUSIBLE_TIME, and as
                 :meth:`cancel`.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError, ValueError: as :meth:`cancel` (``delay_ms=1.5``, say).
         """
-        id_list = list(ids)
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
+        _checks.check_int("due_ms", due_ms, optional=True)
+        _checks.check_int("delay_ms", delay_ms, optional=True)
+        id_list = _checks.message_ids(ids)
         answer = await self._call(
             lambda rid: frames.Reschedule(rid, topic, group, id_list, due_ms, delay_ms),
             retry_unknown=True,
@@ -1155,7 +1169,10 @@ class Client:
         Raises:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError: ``topic`` or ``group`` is not a str; nothing was sent.
         """
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
         answer = await self._call(lambda rid: frames.Purge(rid, topic, group), retry_unknown=True)
         return int(_expect(answer, frames.Ok).result or 0)
 
@@ -1188,7 +1205,16 @@ class Client:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED,
                 INVALID_ARGUMENT, INVALID_CURSOR, PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError, ValueError: an argument of the wrong type (a str ``cursor``,
+                a float ``limit``) or out of range; nothing was sent.
         """
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
+        _checks.check_int("from_due_ms", from_due_ms, optional=True)
+        _checks.check_int("to_due_ms", to_due_ms, optional=True)
+        _checks.check_cursor(cursor)
+        _checks.check_int("limit", limit)
+        _checks.check_int("preview_bytes", preview_bytes)
         answer = await self._call(
             lambda rid: frames.Browse(
                 rid, topic, group, from_due_ms, to_due_ms, cursor, limit, preview_bytes
@@ -1220,8 +1246,12 @@ class Client:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED,
                 INVALID_ARGUMENT (bounds), PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError, ValueError: as :meth:`browse`.
         """
-        bounds = list(bounds_ms)
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
+        bounds = _checks.bounds_list(bounds_ms)
+        _checks.check_bool("relative", relative)
         answer = await self._call(
             lambda rid: frames.BrowseCounts(rid, topic, group, bounds, relative),
             retry_unknown=True,
@@ -1416,6 +1446,7 @@ async def open_client(
         RemoteProtocolError: a server refused HELLO (AUTH_FAILED, UNSUPPORTED_VERSION).
         ValueError: a bad argument.
     """
+
     def new_client(addresses: list[str]) -> Client:
         return Client(
             addresses,

@@ -1,0 +1,143 @@
+"""Argument checks the client makes before a request leaves (sans-IO).
+
+A field of the wrong type would reach the server as a malformed frame, which the
+server answers with INVALID_FRAME by closing the whole connection (so deliveries held
+on it come again). These checks refuse such a call alone, with ``TypeError`` (wrong
+type) or ``ValueError`` (out of range), before anything is sent
+(``docs/client.md``, "Errors"). Limits the server owns (batch sizes, delays,
+header bytes) stay the server's to check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from futureq.wire.frames import MAX_MESSAGE_ID
+
+MAX_WIRE_INT = 2**63 - 1
+"""Largest integer a time or count field carries (msgpack int64)."""
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def check_str(name: str, value: Any, *, optional: bool = False) -> None:
+    """``value`` is a ``str`` (or None when ``optional``).
+
+    Raises:
+        TypeError: anything else.
+    """
+    if value is None and optional:
+        return
+    if type(value) is not str:
+        wanted = "a str or None" if optional else "a str"
+        raise TypeError(f"{name} must be {wanted}, got {_type_name(value)}")
+
+
+def check_int(name: str, value: Any, *, optional: bool = False) -> None:
+    """``value`` is an ``int`` (not a bool or float) that fits a wire integer, or None
+    when ``optional``.
+
+    Raises:
+        TypeError: not an int (``1.5``, ``True``, ``"5"``).
+        ValueError: beyond +-(2**63 - 1).
+    """
+    if value is None and optional:
+        return
+    if type(value) is not int:
+        wanted = "an int or None" if optional else "an int"
+        raise TypeError(
+            f"{name} must be {wanted} (milliseconds or a count), got {_type_name(value)}"
+        )
+    if not -MAX_WIRE_INT <= value <= MAX_WIRE_INT:
+        raise ValueError(f"{name} must fit in 64 bits (at most 2**63-1), got {value}")
+
+
+def check_bool(name: str, value: Any) -> None:
+    """``value`` is a ``bool``.
+
+    Raises:
+        TypeError: anything else.
+    """
+    if type(value) is not bool:
+        raise TypeError(f"{name} must be True or False, got {_type_name(value)}")
+
+
+def message_ids(ids: Iterable[Any]) -> list[int]:
+    """``ids`` as a list of message ids: ints from 0 to 2**64-1.
+
+    Raises:
+        TypeError: ``ids`` is a str/bytes or not iterable, or an id is not an int
+            (``"1"``, ``1.0``, ``True``); the message names its position.
+        ValueError: an id is negative or above 2**64-1.
+    """
+    if isinstance(ids, str | bytes | bytearray):
+        raise TypeError(f"ids must be a sequence of int message ids, got {_type_name(ids)}")
+    try:
+        out = list(ids)
+    except TypeError:
+        raise TypeError(
+            f"ids must be a sequence of int message ids, got {_type_name(ids)}"
+        ) from None
+    for position, mid in enumerate(out):
+        if type(mid) is not int:
+            raise TypeError(
+                f"ids[{position}] must be an int message id (as publish returned it), got "
+                f"{_type_name(mid)} {mid!r:.40}"
+            )
+        if not 0 <= mid <= MAX_MESSAGE_ID:
+            raise ValueError(f"ids[{position}] must be a message id from 0 to 2**64-1, got {mid}")
+    return out
+
+
+def check_cursor(value: Any) -> None:
+    """``value`` is None or ``bytes`` (a BROWSE page's ``next_cursor``, unchanged).
+
+    Raises:
+        TypeError: anything else (a str, say).
+    """
+    if value is not None and type(value) is not bytes:
+        raise TypeError(
+            f"cursor must be the bytes of a page's next_cursor, unchanged, or None; got "
+            f"{_type_name(value)}"
+        )
+
+
+def bounds_list(bounds_ms: Iterable[Any]) -> list[int]:
+    """BROWSE_COUNTS ``bounds_ms`` as a list of ints.
+
+    Raises:
+        TypeError: not a sequence, or a bound that is not an int.
+        ValueError: a bound beyond +-(2**63 - 1).
+    """
+    if isinstance(bounds_ms, str | bytes | bytearray):
+        raise TypeError(f"bounds_ms must be a sequence of ints (ms), got {_type_name(bounds_ms)}")
+    try:
+        out = list(bounds_ms)
+    except TypeError:
+        raise TypeError(
+            f"bounds_ms must be a sequence of ints (ms), got {_type_name(bounds_ms)}"
+        ) from None
+    for position, bound in enumerate(out):
+        check_int(f"bounds_ms[{position}]", bound)
+    return out
+
+
+def check_headers(headers: Any) -> None:
+    """``headers`` is None or a dict of str names to str values.
+
+    Raises:
+        TypeError: anything else (a non-str name or value, say).
+    """
+    if headers is None:
+        return
+    if type(headers) is not dict:
+        raise TypeError(f"headers must be a dict of str to str or None, got {_type_name(headers)}")
+    for name, value in headers.items():
+        if type(name) is not str or type(value) is not str:
+            raise TypeError(
+                f"header names and values must be str, got {_type_name(name)} {name!r:.40} -> "
+                f"{_type_name(value)}"
+            )
