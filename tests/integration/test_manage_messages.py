@@ -671,3 +671,38 @@ def test_a_wrong_argument_type_fails_alone_before_it_is_sent(broker: BrokerProce
         held.ack()  # the connection held on: the delivery was not redelivered
         assert client.consume("typed", "g", 1, timeout_s=0.3) == []
         assert [m.id for m in client.browse("typed").messages] == []
+
+
+def test_dlq_commands_read_the_default_group_or_the_one_named(broker: BrokerProcess) -> None:
+    """A second group on TOPIC.dlq must not leave ``dlq list``/``redrive`` unusable:
+    ``--group`` picks one, ``default`` is read when it exists, and otherwise the error
+    names the choices; with no dead letter yet there is nothing to show."""
+    address = broker.client_address
+    empty = cli(address, "dlq", "list", "quiet")
+    assert empty.returncode == 0, empty.stderr
+    assert "0 dead letters" in empty.stdout
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        original, dead = dead_letter_one(client, "mail", "send")
+        client.create_group("mail.dlq", "triage")  # adopts the implicit group, dead letter and all
+        client.create_group("mail.dlq", "audit")  # a second group, empty
+    ambiguous = cli(address, "dlq", "list", "mail")
+    assert ambiguous.returncode == 1
+    assert "GROUP_REQUIRED" in ambiguous.stderr and "--group" in ambiguous.stderr
+    assert "'triage'" in ambiguous.stderr and "'audit'" in ambiguous.stderr
+    listed = cli(address, "dlq", "list", "mail", "--group", "triage")
+    assert listed.returncode == 0, listed.stderr
+    assert f"original=#{original}" in listed.stdout and "1 dead letters shown" in listed.stdout
+    other = cli(address, "dlq", "list", "mail", "--group", "audit")
+    assert other.returncode == 0 and "0 dead letters shown" in other.stdout, other.stderr
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("mail.dlq", "default")
+        client.publish("mail", b"bounce")
+        (delivery,) = client.consume("mail", "send", 1, timeout_s=10)
+        delivery.nack(reason="no such mailbox", dead_letter=True)
+        (second,) = client.browse("mail.dlq", "default").messages
+    by_default = cli(address, "dlq", "list", "mail", "--json")
+    assert by_default.returncode == 0, by_default.stderr
+    assert [json.loads(line)["id"] for line in by_default.stdout.splitlines()] == [second.id]
+    redriven = cli(address, "dlq", "redrive", "mail", "--all", "--group", "triage")
+    assert redriven.returncode == 0, redriven.stderr
+    assert "redriven 2 of 2 to 'mail'" in redriven.stdout

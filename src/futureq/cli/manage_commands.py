@@ -160,12 +160,14 @@ def add_parsers(
         "list", help="the dead letters of TOPIC (TOPIC.dlq) with where they came from and why"
     )
     dlq_list.add_argument("topic", type=name_arg("topic"))
+    _dlq_group_arg(dlq_list, name_arg)
     _paging_args(dlq_list)
     dlq_redrive = dlq_commands.add_parser(
         "redrive",
         help="move dead letters of TOPIC back to TOPIC and the group they died in",
     )
     dlq_redrive.add_argument("topic", type=name_arg("topic"))
+    _dlq_group_arg(dlq_redrive, name_arg)
     dlq_redrive.add_argument(
         "ids", type=message_id_arg, nargs="*", metavar="ID", help="dead-letter ids (dlq list)"
     )
@@ -182,6 +184,17 @@ def add_parsers(
     )
     dlq_redrive.add_argument(
         "--delay", type=duration_arg, default=0, metavar="D", help="due D after now (default 0)"
+    )
+
+
+def _dlq_group_arg(
+    parser: argparse.ArgumentParser, name_arg: Callable[[str], Callable[[str], str]]
+) -> None:
+    parser.add_argument(
+        "--group",
+        type=name_arg("group"),
+        default=None,
+        help="the group of TOPIC.dlq to read (default: its only group, else 'default')",
     )
 
 
@@ -381,13 +394,69 @@ async def _run_browse_counts(client: Client, args: argparse.Namespace, io: Outpu
     return EXIT_OK
 
 
+DLQ_DEFAULT_GROUP: Final = "default"
+"""The group dead letters land in when a ``.dlq`` topic has none yet (its implicit one)."""
+
+
+class _NoDeadLetters(Exception):
+    """The ``.dlq`` topic has no group yet: nothing was ever dead-lettered there."""
+
+
+async def _dlq_group(client: Client, dlq_topic: str, args: argparse.Namespace) -> str | None:
+    """The group of ``dlq_topic`` that ``dlq list`` / ``dlq redrive`` read: ``--group``;
+    else the topic's only group (None: the server picks it); else ``default``, the
+    implicit group dead letters land in, when it exists.
+
+    Raises:
+        _NoDeadLetters: the topic has no group (no dead letter yet).
+        RequestError: GROUP_REQUIRED, its sentence naming the groups and ``--group``,
+            when there are several and none is ``default``; as BROWSE otherwise.
+    """
+    from futureq.errors import ErrorCode, RequestError
+
+    if args.group is not None:
+        return str(args.group)
+    try:
+        await client.browse(dlq_topic, None, limit=1)
+    except RequestError as error:
+        if error.code is ErrorCode.UNKNOWN_TOPIC:
+            raise _NoDeadLetters from None
+        if error.code is not ErrorCode.GROUP_REQUIRED:
+            raise
+        try:
+            await client.browse(dlq_topic, DLQ_DEFAULT_GROUP, limit=1)
+        except RequestError as again:
+            if again.code is not ErrorCode.UNKNOWN_GROUP:
+                raise
+            raise RequestError(
+                ErrorCode.GROUP_REQUIRED,
+                f"{error.message.removeprefix('BROWSE: ')}; none is {DLQ_DEFAULT_GROUP!r}, so "
+                "choose the one to read with --group NAME",
+            ) from None
+        return DLQ_DEFAULT_GROUP
+    return None
+
+
 async def run_dlq(client: Client, args: argparse.Namespace, io: Output) -> int:
-    """``futureq-cli dlq list|redrive TOPIC``: TOPIC's dead letters with their
-    provenance, or moved back where they died (with a count and progress on stderr)."""
-    if args.dlq_command == "redrive":
-        return await _run_dlq_redrive(client, args, io)
+    """``futureq-cli dlq list|redrive TOPIC [--group G]``: TOPIC's dead letters with
+    their provenance, or moved back where they died (with a count and progress on
+    stderr). The dead letters are read from one group of ``TOPIC.dlq``
+    (:func:`_dlq_group`); with none yet there is nothing to list or move."""
     topic = args.topic if args.topic.endswith(".dlq") else args.topic + ".dlq"
-    found = await _pages(client, topic, None, args, None, None)
+    try:
+        group = await _dlq_group(client, topic, args)
+    except _NoDeadLetters:
+        group = None
+        if args.dlq_command == "list":
+            if not args.json:
+                io.out(f"0 dead letters: {topic!r} has none yet")
+            return EXIT_OK
+        if args.all:
+            io.out(f"redriven 0 of 0 to {args.topic.removesuffix('.dlq')!r}: {topic!r} has none")
+            return EXIT_OK
+    if args.dlq_command == "redrive":
+        return await _run_dlq_redrive(client, args, io, group)
+    found = await _pages(client, topic, group, args, None, None)
     for group, message in found:
         if args.json:
             io.out(json.dumps(pending_record(topic, group, message), ensure_ascii=False))
@@ -398,13 +467,15 @@ async def run_dlq(client: Client, args: argparse.Namespace, io: Output) -> int:
     return EXIT_OK
 
 
-async def _run_dlq_redrive(client: Client, args: argparse.Namespace, io: Output) -> int:
+async def _run_dlq_redrive(
+    client: Client, args: argparse.Namespace, io: Output, group: str | None
+) -> int:
     topic = args.topic.removesuffix(".dlq")
     ids: list[int] = list(args.ids)
     if args.all:
         cursor: bytes | None = None
         while True:
-            page = await client.browse(topic + ".dlq", cursor=cursor, limit=BROWSE_PAGE)
+            page = await client.browse(topic + ".dlq", group, cursor=cursor, limit=BROWSE_PAGE)
             for message in page.messages:
                 headers = message.headers
                 if args.from_group and headers.get("futureq-original-group") != args.from_group:
@@ -421,7 +492,7 @@ async def _run_dlq_redrive(client: Client, args: argparse.Namespace, io: Output)
     counts = dict.fromkeys(frames.ItemStatus, 0)
     for start in range(0, len(ids), CANCEL_CHUNK_IDS):
         chunk = ids[start : start + CANCEL_CHUNK_IDS]
-        for status in await client.redrive(topic, chunk, delay_ms=args.delay):
+        for status in await client.redrive(topic, chunk, delay_ms=args.delay, group=group):
             counts[status] += 1
         io.err(f"redrive: {min(start + len(chunk), len(ids))}/{len(ids)}")
     io.out(
