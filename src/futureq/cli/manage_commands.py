@@ -295,25 +295,60 @@ def pending_record(topic: str, group: str, message: PendingMessage) -> dict[str,
     return record
 
 
-def _line(message: PendingMessage, dead_letters: bool) -> str:
+_PLAIN_EXCLUDED: Final = frozenset(' ="\\')
+
+
+def shown_text(text: str) -> str:
+    """A header name or value as one token of a human output line: as it is when it
+    is printable and holds no space, ``=``, quote or backslash; else a double-quoted
+    JSON-style string in which every non-printable character (newline, NUL, other
+    control and format characters such as U+2028 or U+202E) is escaped. So a publisher
+    cannot split an operator's line or forge one."""
+    if text and text.isprintable() and _PLAIN_EXCLUDED.isdisjoint(text):
+        return text
+    return quoted_text(text)
+
+
+def quoted_text(text: str) -> str:
+    """``text`` double-quoted, with ``"`` and ``\\`` backslashed and every
+    non-printable character escaped as JSON does (``\\n``, ``\\u0000``, ``\\u2028``)."""
+    out = []
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char.isprintable():
+            out.append(char)
+        else:
+            out.append(json.dumps(char)[1:-1])  # \n, \u0000, \u2028, ...
+    return '"' + "".join(out) + '"'
+
+
+def pending_line(message: PendingMessage, dead_letters: bool) -> str:
+    """The human line ``browse`` and ``dlq list`` print for a message (header names
+    and values quoted by :func:`shown_text` when needed)."""
     from futureq.cli.client_main import format_ms
 
     due = "parked" if message.due_ms is None else format_ms(message.due_ms)
     text = f"#{message.id} due={due} attempt={message.attempt} bytes={message.payload_bytes}"
     headers = message.headers
+
+    def field(name: str) -> str:
+        return shown_text(headers.get(name, "?"))
+
     if dead_letters:
         origin = (
-            f" from={headers.get('futureq-original-topic', '?')}/"
-            f"{headers.get('futureq-original-group', '?')}"
-            f" original=#{headers.get('futureq-original-id', '?')}"
-            f" attempts={headers.get('futureq-attempts', '?')}"
-            f" reason={headers.get('futureq-reason', '?')}"
+            f" from={field('futureq-original-topic')}/{field('futureq-original-group')}"
+            f" original=#{field('futureq-original-id')}"
+            f" attempts={field('futureq-attempts')}"
+            f" reason={field('futureq-reason')}"
         )
         if "futureq-reason-text" in headers:
-            origin += f" text={json.dumps(headers['futureq-reason-text'], ensure_ascii=False)}"
+            origin += f" text={quoted_text(headers['futureq-reason-text'])}"
         text += origin
     elif headers:
-        text += " " + " ".join(f"{name}={value}" for name, value in sorted(headers.items()))
+        text += " " + " ".join(
+            f"{shown_text(name)}={shown_text(value)}" for name, value in sorted(headers.items())
+        )
     if message.preview is not None:
         value, encoding = _preview_value(message.preview)
         shown = json.dumps(value, ensure_ascii=False) if encoding == "json" else str(value)
@@ -333,7 +368,7 @@ async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> in
         if args.json:
             io.out(json.dumps(pending_record(args.topic, group, message), ensure_ascii=False))
         else:
-            io.out(_line(message, dead_letters=False))
+            io.out(pending_line(message, dead_letters=False))
     if not args.json:
         io.out(f"{len(found)} pending shown")
     return EXIT_OK
@@ -461,7 +496,7 @@ async def run_dlq(client: Client, args: argparse.Namespace, io: Output) -> int:
         if args.json:
             io.out(json.dumps(pending_record(topic, group, message), ensure_ascii=False))
         else:
-            io.out(_line(message, dead_letters=True))
+            io.out(pending_line(message, dead_letters=True))
     if not args.json:
         io.out(f"{len(found)} dead letters shown")
     return EXIT_OK

@@ -229,3 +229,24 @@ def test_timeout_has_one_meaning_per_name_and_the_old_spelling_warns() -> None:
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv, stdout=io.StringIO(), stderr=io.StringIO()) == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_browse_lines_quote_header_text_that_could_split_or_forge_a_line() -> None:
+    from futureq.cli.manage_commands import pending_line, shown_text
+    from futureq.client import PendingMessage
+
+    assert shown_text("text/plain") == "text/plain"
+    assert shown_text("a b") == '"a b"' and shown_text("") == '""'
+    assert shown_text('say "hi"\\') == '"say \\"hi\\"\\\\"'
+    assert shown_text("é") == "é"
+    forged = {"x\n#99 due=parked attempt=0": "v\x00w", "k": "rtl\u202eevil\u2028next"}
+    message = PendingMessage(7, None, 0, 1, forged, None, None)
+    line = pending_line(message, dead_letters=False)
+    assert "\n" not in line and "\x00" not in line
+    assert "\u202e" not in line and "\u2028" not in line
+    assert '"x\\n#99 due=parked attempt=0"="v\\u0000w"' in line
+    assert 'k="rtl\\u202eevil\\u2028next"' in line
+    dead = {"futureq-original-topic": "t\r", "futureq-reason-text": "bad\nline"}
+    dead_line = pending_line(PendingMessage(8, None, 0, 1, dead, None, None), dead_letters=True)
+    assert "\n" not in dead_line and "\r" not in dead_line
+    assert 'from="t\\r"/?' in dead_line and 'text="bad\\nline"' in dead_line
