@@ -263,7 +263,8 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
 
     Raises:
         RequestError: INVALID_ARGUMENT (no bounds, too many, not strictly increasing,
-            out of range), as :func:`browse_group`, CLOCK_NOT_SYNCHRONIZED (relative).
+            out of range), IMPLAUSIBLE_TIME (an absolute bound in seconds or
+            microseconds), as :func:`browse_group`, CLOCK_NOT_SYNCHRONIZED (relative).
         NotLeaderError: this node is not the leader.
     """
     broker.require_leader()
@@ -280,9 +281,16 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
                 f"BROWSE_COUNTS bounds_ms must be strictly increasing: bounds_ms[{position}] = "
                 f"{bounds[position]} is not after {bounds[position - 1]}",
             )
+    if not frame.relative:
+        for position, bound in enumerate(bounds):
+            if not 0 <= bound < PARKED_DUE_MS:
+                break  # out of range: INVALID_ARGUMENT below
+            mistake = validation.implausible_epoch_ms(f"bounds_ms[{position}]", bound)
+            if mistake is not None:  # seconds (or microseconds) taken for ms
+                raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, f"BROWSE_COUNTS {mistake}")
     await broker.log.read_barrier()
     broker.require_leader()
-    info = browse_group(broker, frame.topic, frame.group)
+    info = browse_group(broker, frame.topic, frame.group, "BROWSE_COUNTS")
     if frame.relative:
         now_ms = broker.stamp()
         if bounds[0] < 0:
