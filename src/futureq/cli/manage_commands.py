@@ -37,6 +37,11 @@ _STATUS_WORDS: Final = {
 }
 
 
+DEAD_LETTER_REASONS: Final = ("max-deliveries", "rejected", "expired")
+"""The ``futureq-reason`` values a dead letter carries (``docs/protocol.md``, "Dead letters")."""
+MAX_PREVIEW_BYTES: Final = 1024
+"""The most payload bytes a BROWSE previews (the server's ``MAX_PREVIEW_BYTES``)."""
+
 DEFAULT_BUCKETS_MS: Final = (60_000, 3_600_000, 86_400_000)
 """``browse --counts`` buckets: due within the next minute, hour and day."""
 
@@ -179,8 +184,9 @@ def add_parsers(
     )
     dlq_redrive.add_argument(
         "--reason",
+        choices=DEAD_LETTER_REASONS,
         metavar="REASON",
-        help="with --all: only those that died for REASON (max-deliveries, rejected, expired)",
+        help="with --all: only those that died for REASON (%(choices)s)",
     )
     dlq_redrive.add_argument(
         "--delay", type=duration_arg, default=0, metavar="D", help="due D after now (default 0)"
@@ -198,17 +204,46 @@ def _dlq_group_arg(
     )
 
 
+def _positive_int(text: str) -> int:
+    """argparse type of ``--limit``: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value} (--all for every one)")
+    return value
+
+
+def _preview_bytes(text: str) -> int:
+    """argparse type of ``--preview``: 0 to :data:`MAX_PREVIEW_BYTES` (the server's most)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes") from None
+    if not 0 <= value <= MAX_PREVIEW_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"the preview is 0 to {MAX_PREVIEW_BYTES} bytes (the server's most), got {value}"
+        )
+    return value
+
+
 def _paging_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--limit", type=int, default=100, metavar="N", help="print at most N (default 100)"
+    how_many = parser.add_mutually_exclusive_group()
+    how_many.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help="print at most N (default 100)",
     )
-    parser.add_argument("--all", action="store_true", help="print every one, page by page")
+    how_many.add_argument("--all", action="store_true", help="print every one, page by page")
     parser.add_argument(
         "--preview",
-        type=int,
+        type=_preview_bytes,
         default=0,
         metavar="BYTES",
-        help="show the first BYTES of each payload (0 to 1024; default none)",
+        help=f"show the first BYTES of each payload (0 to {MAX_PREVIEW_BYTES}; default none)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
 

@@ -250,3 +250,30 @@ def test_browse_lines_quote_header_text_that_could_split_or_forge_a_line() -> No
     dead_line = pending_line(PendingMessage(8, None, 0, 1, dead, None, None), dead_letters=True)
     assert "\n" not in dead_line and "\r" not in dead_line
     assert 'from="t\\r"/?' in dead_line and 'text="bad\\nline"' in dead_line
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["dlq", "redrive", "t", "--all", "--reason", "bogus"], "'max-deliveries', 'rejected'"),
+        (["browse", "t", "--all", "--limit", "5"], "not allowed with argument --all"),
+        (["dlq", "list", "t", "--limit", "5", "--all"], "not allowed with argument --limit"),
+        (["browse", "t", "--limit", "0"], "must be >= 1"),
+        (["browse", "t", "--preview", "1025"], "0 to 1024 bytes"),
+        (["dlq", "list", "t", "--preview", "-1"], "0 to 1024 bytes"),
+    ],
+)
+def test_browse_and_dlq_usage_mistakes_exit_2_with_a_sentence(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_browse_and_dlq_accept_the_edges() -> None:
+    args = build_parser().parse_args(["browse", "t", "--limit", "1", "--preview", "1024"])
+    assert (args.limit, args.preview, args.all) == (1, 1024, False)
+    args = build_parser().parse_args(["dlq", "redrive", "t", "--all", "--reason", "expired"])
+    assert args.reason == "expired" and args.group is None
