@@ -629,6 +629,8 @@ class PublishSummary:
     """Outcome of ``publish --file``."""
 
     published: int = 0
+    duplicates: int = 0
+    """Lines that stored nothing: their idempotency key named an earlier message."""
     failures: list[LineFailure] = attrs.Factory(list)
 
 
@@ -651,15 +653,17 @@ async def publish_items(
         on_progress: Called with the number of lines settled (published or failed).
 
     Returns:
-        The count published and the failed lines, in line order.
+        The counts published and already published (a duplicate idempotency key) and
+        the failed lines, in line order.
     """
     summary = PublishSummary()
     size = max(1, min(batch_size, client.max_batch_items))
     for start in range(0, len(items), size):
         batch = list(items[start : start + size])
         while batch:
+            duplicates: list[int] = []
             try:
-                await client.publish_batch([entry.item for entry in batch])
+                await client.publish_batch([entry.item for entry in batch], duplicates=duplicates)
             except RequestError as exc:
                 index = exc.item_index
                 if index is not None and 0 <= index < len(batch):
@@ -673,7 +677,8 @@ async def publish_items(
             except (ConnectionLostError, ProtocolError) as exc:
                 reason = error_line(exc, ",".join(client.servers)).removeprefix("error: ")
             else:
-                summary.published += len(batch)
+                summary.published += len(batch) - len(duplicates)
+                summary.duplicates += len(duplicates)
                 on_progress(len(batch))
                 break
             summary.failures.extend(LineFailure(entry.line_number, reason) for entry in batch)
@@ -700,8 +705,13 @@ async def _publish_file(client: Client, args: argparse.Namespace, io: Output) ->
     elapsed_s = max(time.monotonic() - started, 1e-9)
     summary.failures = sorted(failures + summary.failures, key=lambda f: f.line_number)
     rate = summary.published / elapsed_s
+    already = (
+        f", {summary.duplicates} already published (same idempotency key)"
+        if summary.duplicates
+        else ""
+    )
     io.out(
-        f"published {summary.published} message(s) in {elapsed_s:.2f} s "
+        f"published {summary.published} message(s){already} in {elapsed_s:.2f} s "
         f"({rate:.0f} msgs/s); {len(summary.failures)} failed line(s)"
     )
     for failure in summary.failures[:MAX_FAILURES_SHOWN]:

@@ -514,7 +514,9 @@ class Client:
             )
         return pending.message_id
 
-    async def publish_batch(self, items: Sequence[PublishItem]) -> list[int]:
+    async def publish_batch(
+        self, items: Sequence[PublishItem], *, duplicates: list[int] | None = None
+    ) -> list[int]:
         """Publish many messages in PUBLISH frames of at most ``max_batch_items``.
 
         Each frame is atomic: the server stores all of its items or none. A list
@@ -523,9 +525,12 @@ class Client:
 
         Args:
             items: The messages, in order.
+            duplicates: If given, the positions (in ``items``) of items that stored
+                nothing because their ``idempotency_key`` named an earlier message
+                are appended to it, in order.
 
         Returns:
-            Their message ids, in the same order.
+            Their message ids, in the same order (a duplicate's: the earlier message's).
 
         Raises:
             RequestError: a frame was refused; ``item_index`` is the index **in
@@ -548,6 +553,8 @@ class Client:
                 raise RequestError(exc.code, exc.message, offset + index) from None
             ok = _expect(answer, frames.PublishOk)
             ids.extend(ids_from_publish_ok(ok.first_id, ok.count, len(chunk), ok.duplicates))
+            if duplicates is not None:
+                duplicates.extend(offset + position for position, _ in ok.duplicates or ())
         return ids
 
     async def _run_batcher(self) -> None:
