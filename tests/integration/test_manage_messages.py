@@ -708,3 +708,21 @@ def test_dlq_commands_read_the_default_group_or_the_one_named(broker: BrokerProc
     redriven = cli(address, "dlq", "redrive", "mail", "--all", "--group", "triage")
     assert redriven.returncode == 0, redriven.stderr
     assert "redriven 2 of 2 to 'mail'" in redriven.stdout
+
+
+def test_rescheduling_a_message_in_flight_takes_it_back_until_the_new_time(
+    broker: BrokerProcess,
+) -> None:
+    """docs/cli.md, "reschedule": the old delivery is void, the message comes again."""
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.create_group("busy", "g")
+        mid = client.publish("busy", b"work")
+        (held,) = client.consume("busy", "g", 1, timeout_s=10)
+        assert client.reschedule("busy", [mid], delay_ms=1500) == [ItemStatus.DONE]
+        with pytest.raises(RequestError) as info:
+            held.ack()
+        assert info.value.code is ErrorCode.UNKNOWN_DELIVERY_TAG
+        assert client.consume("busy", "g", 1, timeout_s=0.5) == []  # not before its time
+        (again,) = client.consume("busy", "g", 1, timeout_s=10)
+        assert again.id == mid and again.payload == b"work"
+        again.ack()

@@ -803,9 +803,42 @@ _GROUP_COLUMNS: Final = (
     "due",
     "in_flight",
     "consumers",
+    "oldest_due_age",
+    "next_due",
     "visibility_timeout_ms",
     "max_deliveries",
 )
+
+
+def age_text(ms: int) -> str:
+    """``0s``, ``950ms``, ``1m30s``, ``2d3h``: a duration as a person reads it (the two
+    largest units)."""
+    if ms < 1000:
+        return f"{ms}ms" if ms > 0 else "0s"
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size:
+            parts.append(f"{ms // size}{unit}")
+            ms %= size
+    return "".join(parts[:2])
+
+
+def group_table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of the ``consumer groups`` table: each STATUS group with its
+    ``oldest_due_age`` (how long the earliest due message has waited, from
+    ``oldest_due_age_ms``) and ``next_due`` (when its earliest waiting entry falls due,
+    from ``next_due_ms``, UTC; blank: none)."""
+    shown = []
+    for row in rows:
+        age, due = row.get("oldest_due_age_ms"), row.get("next_due_ms")
+        shown.append(
+            {
+                **row,
+                "oldest_due_age": None if age is None else age_text(int(age)),
+                "next_due": None if due is None else format_ms(int(due)),
+            }
+        )
+    return shown
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], io: Output) -> None:
@@ -858,7 +891,7 @@ async def _status(client: Client, args: argparse.Namespace, io: Output) -> int:
     _print_node(status, io)
     rows = _groups(status)
     if rows:
-        _table("consumer groups", _GROUP_COLUMNS, rows, io)
+        _table("consumer groups", _GROUP_COLUMNS, group_table_rows(rows), io)
     else:
         io.out("no topics yet")
     subscriptions = [
@@ -900,7 +933,7 @@ async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
         if args.json:
             io.out(json.dumps(rows, ensure_ascii=False))
         elif rows:
-            _table("consumer groups", _GROUP_COLUMNS, rows, io)
+            _table("consumer groups", _GROUP_COLUMNS, group_table_rows(rows), io)
         else:
             io.out("no consumer groups yet")
     return EXIT_OK
