@@ -726,3 +726,27 @@ def test_rescheduling_a_message_in_flight_takes_it_back_until_the_new_time(
         (again,) = client.consume("busy", "g", 1, timeout_s=10)
         assert again.id == mid and again.payload == b"work"
         again.ack()
+
+
+def test_a_dead_letter_that_keeps_failing_is_parked_after_max_deliveries(
+    broker: BrokerProcess,
+) -> None:
+    """docs/protocol.md, "Dead letters": on TOPIC.dlq max_deliveries parks a message
+    (lapsed visibility timeouts count), it is not delivered for ever."""
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.create_group("loop", "w")
+        client.publish("loop", b"v")
+        (delivery,) = client.consume("loop", "w", 1, timeout_s=10)
+        delivery.nack(reason="bad", dead_letter=True)
+        client.create_group("loop.dlq", "default", max_deliveries=2, visibility_timeout_ms=100)
+        attempts: list[int] = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # never settled: each one lapses after 100 ms
+            attempts += [d.attempt for d in client.consume("loop.dlq", "default", 1, timeout_s=0.3)]
+        assert attempts == [1, 2]
+        (parked,) = client.browse("loop.dlq").messages
+        assert parked.due_ms is None and parked.attempt == 2
+        with pytest.raises(RequestError) as info:
+            client.create_group("loop.dlq", "default", dead_letter_expired=True)
+        assert info.value.code is ErrorCode.INVALID_ARGUMENT
+        assert "no TTL" in info.value.message
