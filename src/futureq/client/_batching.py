@@ -53,7 +53,6 @@ class PublishItem:
     Raises:
         TypeError: payload is not bytes-like; topic, a time, headers or
             idempotency_key of the wrong type (``headers={"n": 1}``, ``ttl_ms=1.5``).
-        ValueError: a time beyond 2**63-1.
         RequestError: INVALID_DELAY when both ``delay_ms`` and ``deliver_at_ms`` are given;
             IMPLAUSIBLE_TIME when ``deliver_at_ms`` can only be a unit mistake (after 0
             and before 2000-01-01: seconds; past the year 5138: micro- or nanoseconds).

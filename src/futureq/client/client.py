@@ -1072,8 +1072,8 @@ class Client:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, EMPTY_BATCH, BATCH_TOO_LARGE,
                 INVALID_MESSAGE_ID (``.item_index`` names it), PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
-            TypeError, ValueError: an argument of the wrong type (an id that is not an
-                int, say) or out of range; nothing was sent.
+            TypeError: an argument of the wrong type (an id that is not an int, say);
+                nothing was sent.
         """
         _checks.check_str("topic", topic)
         _checks.check_str("group", group, optional=True)
@@ -1112,7 +1112,7 @@ class Client:
                 UNKNOWN_GROUP, GROUP_REQUIRED, INVALID_DELAY, EMPTY_BATCH,
                 BATCH_TOO_LARGE, INVALID_MESSAGE_ID, PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
-            TypeError, ValueError: as :meth:`cancel`.
+            TypeError: as :meth:`cancel`.
         """
         _checks.check_str("topic", topic)
         _checks.check_str("group", group, optional=True)
@@ -1149,7 +1149,7 @@ class Client:
             RequestError: INVALID_DELAY, DELAY_TOO_LARGE, IMPLAUSIBLE_TIME, and as
                 :meth:`cancel`.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
-            TypeError, ValueError: as :meth:`cancel` (``delay_ms=1.5``, say).
+            TypeError: as :meth:`cancel` (``delay_ms=1.5``, say).
         """
         _checks.check_str("topic", topic)
         _checks.check_str("group", group, optional=True)
@@ -1212,8 +1212,8 @@ class Client:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED,
                 INVALID_ARGUMENT, INVALID_CURSOR, PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
-            TypeError, ValueError: an argument of the wrong type (a str ``cursor``,
-                a float ``limit``) or out of range; nothing was sent.
+            TypeError: an argument of the wrong type (a str ``cursor``, a float
+                ``limit``); nothing was sent.
         """
         _checks.check_str("topic", topic)
         _checks.check_str("group", group, optional=True)
@@ -1253,7 +1253,7 @@ class Client:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED,
                 INVALID_ARGUMENT (bounds), PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
-            TypeError, ValueError: as :meth:`browse`.
+            TypeError: as :meth:`browse`.
         """
         _checks.check_str("topic", topic)
         _checks.check_str("group", group, optional=True)
