@@ -1205,7 +1205,8 @@ class Client:
             to_due_ms: Only messages due before this (ms); None: no bound (parked dead
                 letters come last).
             cursor: The previous page's ``next_cursor``; None: the first page.
-            limit: Messages per page, 1 to 1000.
+            limit: Most messages in the page, 1 to 1000 (a page of large headers
+                holds fewer, with a ``next_cursor``: follow it until None).
             preview_bytes: Payload bytes to include per message, 0 to 1024.
 
         Raises:
