@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -587,10 +587,12 @@ def test_publish_file_carries_headers_and_idempotency_keys(
     batch.write_text("\n".join(lines) + "\n")
     with SyncClient(address, request_timeout_s=20.0) as client:
         client.create_group("jobs", "g")
-        for _ in range(2):  # the same file twice: keyed lines are stored once
+        # The same file twice: keyed lines are stored once, and the summary says so.
+        again = "published 0 message(s), 2 already published (same idempotency key) in"
+        for summary in ("published 2 message(s) in", again):
             sent = cli(address, "publish", "--file", str(batch))
             assert sent.returncode == 1, sent.stderr
-            assert "published 2 message(s)" in sent.stdout
+            assert summary in sent.stdout
             assert "line 3, column 46: headers['n'] must be a string" in sent.stderr
             assert "line 4: [INVALID_HEADERS]" in sent.stderr
         shown = client.browse("jobs", "g").messages
@@ -613,3 +615,139 @@ def test_settling_a_delivery_whose_message_was_cancelled_says_so(broker: BrokerP
             assert "cancelled" in info.value.message
         held[ids[2]].ack()  # the one not cancelled settles as usual
         assert client.consume("jobs", "g", 1, timeout_s=0.5) == []  # nothing comes back
+
+
+def test_a_browse_page_of_large_headers_ends_by_bytes_and_all_pages_follow(
+    broker: BrokerProcess,
+) -> None:
+    """1,000 messages with 4 KiB of headers each do not fit in one 4 MiB frame: a page
+    ends by bytes with a cursor, and ``browse --all`` follows it to the end."""
+    address = broker.client_address
+    headers = {f"k{i:02d}": "v" * 125 for i in range(32)}  # 32 x 128: the 4,096 allowed
+    with SyncClient(address, request_timeout_s=60.0) as client:
+        client.create_group("fat", "g")
+        ids: list[int] = []
+        for _ in range(5):
+            ids += client.publish_batch(
+                [PublishItem("fat", b"x", delay_ms=3_600_000, headers=headers)] * 200
+            )
+        page = client.browse("fat", limit=1000)
+        assert 0 < len(page.messages) < 1000 and page.next_cursor is not None
+        assert page.messages[0].headers == headers
+        rest = client.browse("fat", cursor=page.next_cursor, limit=1000)
+        assert rest.messages[0].id == page.messages[-1].id + 1
+    shown = cli(address, "browse", "fat", "--all", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert [json.loads(line)["id"] for line in shown.stdout.splitlines()] == ids
+
+
+def test_a_wrong_argument_type_fails_alone_before_it_is_sent(broker: BrokerProcess) -> None:
+    """A wrong-typed field would make the server close the connection (and redeliver
+    what it held): the client refuses the call itself, and the held delivery acks."""
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.create_group("typed", "g")
+        mid = client.publish("typed", b"work")
+        (held,) = client.consume("typed", "g", 1, timeout_s=10)
+        wrong: list[tuple[str, Callable[[], object]]] = [
+            ("str id", lambda: client.cancel("typed", ["1"])),  # type: ignore[list-item]
+            ("float id", lambda: client.cancel("typed", [1.0])),  # type: ignore[list-item]
+            ("bool id", lambda: client.cancel("typed", [True])),
+            ("float delay", lambda: client.reschedule("typed", [mid], delay_ms=1.5)),  # type: ignore[arg-type]
+            ("str cursor", lambda: client.browse("typed", cursor="abc")),  # type: ignore[arg-type]
+            ("float limit", lambda: client.browse("typed", limit=10.0)),  # type: ignore[arg-type]
+            ("str bound", lambda: client.browse_counts("typed", bounds_ms=["1"])),  # type: ignore[list-item]
+            ("int relative", lambda: client.browse_counts("typed", bounds_ms=[1], relative=1)),  # type: ignore[arg-type]
+            ("int group", lambda: client.purge("typed", group=5)),  # type: ignore[arg-type]
+            ("str redrive delay", lambda: client.redrive("typed", [mid], delay_ms="1")),  # type: ignore[arg-type]
+            ("int header", lambda: client.publish("typed", b"x", headers={"a": 1})),  # type: ignore[dict-item]
+            ("int key", lambda: client.publish("typed", b"x", idempotency_key=5)),  # type: ignore[arg-type]
+        ]
+        for what, call in wrong:
+            try:
+                call()
+            except TypeError:
+                continue
+            pytest.fail(f"a call with a {what} was not refused")
+        with pytest.raises(RequestError) as info:  # the right type: the server's to refuse
+            client.cancel("typed", [-1])
+        assert info.value.code is ErrorCode.INVALID_MESSAGE_ID
+        held.ack()  # the connection held on: the delivery was not redelivered
+        assert client.consume("typed", "g", 1, timeout_s=0.3) == []
+        assert [m.id for m in client.browse("typed").messages] == []
+
+
+def test_dlq_commands_read_the_default_group_or_the_one_named(broker: BrokerProcess) -> None:
+    """A second group on TOPIC.dlq must not leave ``dlq list``/``redrive`` unusable:
+    ``--group`` picks one, ``default`` is read when it exists, and otherwise the error
+    names the choices; with no dead letter yet there is nothing to show."""
+    address = broker.client_address
+    empty = cli(address, "dlq", "list", "quiet")
+    assert empty.returncode == 0, empty.stderr
+    assert "0 dead letters" in empty.stdout
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        original, dead = dead_letter_one(client, "mail", "send")
+        client.create_group("mail.dlq", "triage")  # adopts the implicit group, dead letter and all
+        client.create_group("mail.dlq", "audit")  # a second group, empty
+    ambiguous = cli(address, "dlq", "list", "mail")
+    assert ambiguous.returncode == 1
+    assert "GROUP_REQUIRED" in ambiguous.stderr and "--group" in ambiguous.stderr
+    assert "'triage'" in ambiguous.stderr and "'audit'" in ambiguous.stderr
+    listed = cli(address, "dlq", "list", "mail", "--group", "triage")
+    assert listed.returncode == 0, listed.stderr
+    assert f"original=#{original}" in listed.stdout and "1 dead letters shown" in listed.stdout
+    other = cli(address, "dlq", "list", "mail", "--group", "audit")
+    assert other.returncode == 0 and "0 dead letters shown" in other.stdout, other.stderr
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.create_group("mail.dlq", "default")
+        client.publish("mail", b"bounce")
+        (delivery,) = client.consume("mail", "send", 1, timeout_s=10)
+        delivery.nack(reason="no such mailbox", dead_letter=True)
+        (second,) = client.browse("mail.dlq", "default").messages
+    by_default = cli(address, "dlq", "list", "mail", "--json")
+    assert by_default.returncode == 0, by_default.stderr
+    assert [json.loads(line)["id"] for line in by_default.stdout.splitlines()] == [second.id]
+    redriven = cli(address, "dlq", "redrive", "mail", "--all", "--group", "triage")
+    assert redriven.returncode == 0, redriven.stderr
+    assert "redriven 2 of 2 to 'mail'" in redriven.stdout
+
+
+def test_rescheduling_a_message_in_flight_takes_it_back_until_the_new_time(
+    broker: BrokerProcess,
+) -> None:
+    """docs/cli.md, "reschedule": the old delivery is void, the message comes again."""
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.create_group("busy", "g")
+        mid = client.publish("busy", b"work")
+        (held,) = client.consume("busy", "g", 1, timeout_s=10)
+        assert client.reschedule("busy", [mid], delay_ms=1500) == [ItemStatus.DONE]
+        with pytest.raises(RequestError) as info:
+            held.ack()
+        assert info.value.code is ErrorCode.UNKNOWN_DELIVERY_TAG
+        assert client.consume("busy", "g", 1, timeout_s=0.5) == []  # not before its time
+        (again,) = client.consume("busy", "g", 1, timeout_s=10)
+        assert again.id == mid and again.payload == b"work"
+        again.ack()
+
+
+def test_a_dead_letter_that_keeps_failing_is_parked_after_max_deliveries(
+    broker: BrokerProcess,
+) -> None:
+    """docs/protocol.md, "Dead letters": on TOPIC.dlq max_deliveries parks a message
+    (lapsed visibility timeouts count), it is not delivered for ever."""
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.create_group("loop", "w")
+        client.publish("loop", b"v")
+        (delivery,) = client.consume("loop", "w", 1, timeout_s=10)
+        delivery.nack(reason="bad", dead_letter=True)
+        client.create_group("loop.dlq", "default", max_deliveries=2, visibility_timeout_ms=100)
+        attempts: list[int] = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # never settled: each one lapses after 100 ms
+            attempts += [d.attempt for d in client.consume("loop.dlq", "default", 1, timeout_s=0.3)]
+        assert attempts == [1, 2]
+        (parked,) = client.browse("loop.dlq").messages
+        assert parked.due_ms is None and parked.attempt == 2
+        with pytest.raises(RequestError) as info:
+            client.create_group("loop.dlq", "default", dead_letter_expired=True)
+        assert info.value.code is ErrorCode.INVALID_ARGUMENT
+        assert "no TTL" in info.value.message

@@ -591,3 +591,28 @@ def test_shard_leaders_spread_over_the_nodes_and_return_after_a_restart(tmp_path
         for node in nodes.values():
             if node.alive():
                 node.terminate()
+
+
+def test_publish_file_counts_repeated_idempotency_keys_on_every_shard(
+    node: ShardedNode, tmp_path: Path
+) -> None:
+    """The routing client reports which lines stored nothing (their idempotency key
+    named an earlier message), whichever shard their topic lives on."""
+    slot_map = even_map(node.shard_addresses)
+    pair = [next(t for t in TOPICS if slot_map.shard_of(t) == k) for k in (0, 1)]
+    batch = tmp_path / "keyed.jsonl"
+    batch.write_text(
+        "".join(
+            f'{{"topic":"{t}","payload":"x","delay_ms":3600000,"idempotency_key":"k-{t}"}}\n'
+            for t in pair
+        )
+        + f'{{"topic":"{pair[1]}","payload":"plain","delay_ms":3600000}}\n'
+    )
+    first = cli(node.client_address, "publish", "--file", str(batch))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("published 3 message(s) in")
+    again = cli(node.client_address, "publish", "--file", str(batch))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith(
+        "published 1 message(s), 2 already published (same idempotency key) in"
+    )

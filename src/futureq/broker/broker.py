@@ -587,7 +587,8 @@ class Broker:
         instead of being dropped; None keeps the group's setting (new: off).
 
         Raises:
-            RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT.
+            RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT (a setting out
+                of range; ``dead_letter_expired`` on a dead-letter topic).
         """
         self._require_leader()
         self._check_names(topic, group)
@@ -602,6 +603,13 @@ class Broker:
             raise RequestError(
                 ErrorCode.INVALID_ARGUMENT,
                 f"max_deliveries must be between 1 and 1000000, got {max_deliveries}",
+            )
+        if dead_letter_expired and topic.endswith(validation.DLQ_SUFFIX):
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"dead_letter_expired does nothing on the dead-letter topic {topic!r}: dead "
+                "letters have no TTL, so none expires (one out of attempts is parked); "
+                "leave it unset",
             )
         self._check_group_room(topic, group)
         info = self.state.find_group(topic, group)

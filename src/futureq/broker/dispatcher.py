@@ -844,7 +844,6 @@ class Dispatcher:
         delivered = 0
         if not runtime.consumers or next_due is None or next_due > now_ms:
             return delivered
-        dead_letter_topic = info.dead_letter_topic
         max_deliveries = info.max_deliveries
         released_counts = runtime.released
         staged_any = False
@@ -876,7 +875,9 @@ class Dispatcher:
                         continue
                     attempt = previous + 1
                     released = released_counts.get(mid, 0)
-                    if dead_letter_topic is not None and attempt - released > max_deliveries:
+                    if attempt - released > max_deliveries:
+                        # Out of attempts: to the dead-letter topic, or parked when this
+                        # is one (DEAD_LETTER applies both, replicated and deterministic).
                         dead.append((key, previous))
                         dead_restore.append((runtime, due_ms, mid, expire_ms, previous))
                         continue

@@ -151,11 +151,27 @@ def browse_group(
     return info
 
 
+BROWSE_ITEM_OVERHEAD_BYTES: Final = 64
+"""Bytes a BROWSE_OK message costs beyond its headers and preview (ids, times, array)."""
+
+
+def browse_item_bytes(headers: dict[str, str] | None, preview: bytes | None) -> int:
+    """An upper bound on one BROWSE_OK message's encoded size (bytes): its preview, its
+    headers' UTF-8 names and values (plus 10 bytes each for their msgpack prefixes) and
+    :data:`BROWSE_ITEM_OVERHEAD_BYTES`."""
+    size = BROWSE_ITEM_OVERHEAD_BYTES + (0 if preview is None else len(preview))
+    for name, value in (headers or {}).items():
+        size += len(name.encode()) + len(value.encode()) + 10
+    return size
+
+
 async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
     """Serve a BROWSE: one page of a group's pending messages, claiming none.
 
     Linearizable (a read barrier first: everything acknowledged before is seen) and
     O(page) whatever the backlog (:meth:`~futureq.state.queue_state.QueueState.browse`).
+    A page also ends once its messages fill half of ``limits.max_frame_bytes`` (fewer
+    than ``limit``, with a ``next_cursor``), so it always fits in a frame.
     Nothing is written and no delivery is made: a group browsed is not created,
     adopted or claimed.
 
@@ -202,9 +218,17 @@ async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
         info.group_id, from_due_ms, frame.to_due_ms, cursor, frame.limit
     )
     messages: list[list[Any]] = []
+    # A page ends by bytes too, well below the frame limit (as DELIVER frames do): a
+    # full page of messages with large headers would not fit in one frame.
+    room = broker.config.limits.max_frame_bytes // 2
     for key, entry, record in page:
         _, due_ms, mid = commands.parse_schedule_key(key)
         preview = record.payload[: frame.preview_bytes] if frame.preview_bytes else None
+        size = browse_item_bytes(record.headers, preview)
+        if messages and size > room:
+            next_key = page[len(messages) - 1][0]  # the next page starts after it
+            break
+        room -= size
         messages.append(
             [
                 mid,
@@ -239,7 +263,8 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
 
     Raises:
         RequestError: INVALID_ARGUMENT (no bounds, too many, not strictly increasing,
-            out of range), as :func:`browse_group`, CLOCK_NOT_SYNCHRONIZED (relative).
+            out of range), IMPLAUSIBLE_TIME (an absolute bound in seconds or
+            microseconds), as :func:`browse_group`, CLOCK_NOT_SYNCHRONIZED (relative).
         NotLeaderError: this node is not the leader.
     """
     broker.require_leader()
@@ -256,9 +281,16 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
                 f"BROWSE_COUNTS bounds_ms must be strictly increasing: bounds_ms[{position}] = "
                 f"{bounds[position]} is not after {bounds[position - 1]}",
             )
+    if not frame.relative:
+        for position, bound in enumerate(bounds):
+            if not 0 <= bound < PARKED_DUE_MS:
+                break  # out of range: INVALID_ARGUMENT below
+            mistake = validation.implausible_epoch_ms(f"bounds_ms[{position}]", bound)
+            if mistake is not None:  # seconds (or microseconds) taken for ms
+                raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, f"BROWSE_COUNTS {mistake}")
     await broker.log.read_barrier()
     broker.require_leader()
-    info = browse_group(broker, frame.topic, frame.group)
+    info = browse_group(broker, frame.topic, frame.group, "BROWSE_COUNTS")
     if frame.relative:
         now_ms = broker.stamp()
         if bounds[0] < 0:

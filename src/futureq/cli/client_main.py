@@ -629,6 +629,8 @@ class PublishSummary:
     """Outcome of ``publish --file``."""
 
     published: int = 0
+    duplicates: int = 0
+    """Lines that stored nothing: their idempotency key named an earlier message."""
     failures: list[LineFailure] = attrs.Factory(list)
 
 
@@ -651,15 +653,17 @@ async def publish_items(
         on_progress: Called with the number of lines settled (published or failed).
 
     Returns:
-        The count published and the failed lines, in line order.
+        The counts published and already published (a duplicate idempotency key) and
+        the failed lines, in line order.
     """
     summary = PublishSummary()
     size = max(1, min(batch_size, client.max_batch_items))
     for start in range(0, len(items), size):
         batch = list(items[start : start + size])
         while batch:
+            duplicates: list[int] = []
             try:
-                await client.publish_batch([entry.item for entry in batch])
+                await client.publish_batch([entry.item for entry in batch], duplicates=duplicates)
             except RequestError as exc:
                 index = exc.item_index
                 if index is not None and 0 <= index < len(batch):
@@ -673,7 +677,8 @@ async def publish_items(
             except (ConnectionLostError, ProtocolError) as exc:
                 reason = error_line(exc, ",".join(client.servers)).removeprefix("error: ")
             else:
-                summary.published += len(batch)
+                summary.published += len(batch) - len(duplicates)
+                summary.duplicates += len(duplicates)
                 on_progress(len(batch))
                 break
             summary.failures.extend(LineFailure(entry.line_number, reason) for entry in batch)
@@ -700,8 +705,13 @@ async def _publish_file(client: Client, args: argparse.Namespace, io: Output) ->
     elapsed_s = max(time.monotonic() - started, 1e-9)
     summary.failures = sorted(failures + summary.failures, key=lambda f: f.line_number)
     rate = summary.published / elapsed_s
+    already = (
+        f", {summary.duplicates} already published (same idempotency key)"
+        if summary.duplicates
+        else ""
+    )
     io.out(
-        f"published {summary.published} message(s) in {elapsed_s:.2f} s "
+        f"published {summary.published} message(s){already} in {elapsed_s:.2f} s "
         f"({rate:.0f} msgs/s); {len(summary.failures)} failed line(s)"
     )
     for failure in summary.failures[:MAX_FAILURES_SHOWN]:
@@ -793,9 +803,42 @@ _GROUP_COLUMNS: Final = (
     "due",
     "in_flight",
     "consumers",
+    "oldest_due_age",
+    "next_due",
     "visibility_timeout_ms",
     "max_deliveries",
 )
+
+
+def age_text(ms: int) -> str:
+    """``0s``, ``950ms``, ``1m30s``, ``2d3h``: a duration as a person reads it (the two
+    largest units)."""
+    if ms < 1000:
+        return f"{ms}ms" if ms > 0 else "0s"
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size:
+            parts.append(f"{ms // size}{unit}")
+            ms %= size
+    return "".join(parts[:2])
+
+
+def group_table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of the ``consumer groups`` table: each STATUS group with its
+    ``oldest_due_age`` (how long the earliest due message has waited, from
+    ``oldest_due_age_ms``) and ``next_due`` (when its earliest waiting entry falls due,
+    from ``next_due_ms``, UTC; blank: none)."""
+    shown = []
+    for row in rows:
+        age, due = row.get("oldest_due_age_ms"), row.get("next_due_ms")
+        shown.append(
+            {
+                **row,
+                "oldest_due_age": None if age is None else age_text(int(age)),
+                "next_due": None if due is None else format_ms(int(due)),
+            }
+        )
+    return shown
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], io: Output) -> None:
@@ -848,7 +891,7 @@ async def _status(client: Client, args: argparse.Namespace, io: Output) -> int:
     _print_node(status, io)
     rows = _groups(status)
     if rows:
-        _table("consumer groups", _GROUP_COLUMNS, rows, io)
+        _table("consumer groups", _GROUP_COLUMNS, group_table_rows(rows), io)
     else:
         io.out("no topics yet")
     subscriptions = [
@@ -890,7 +933,7 @@ async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
         if args.json:
             io.out(json.dumps(rows, ensure_ascii=False))
         elif rows:
-            _table("consumer groups", _GROUP_COLUMNS, rows, io)
+            _table("consumer groups", _GROUP_COLUMNS, group_table_rows(rows), io)
         else:
             io.out("no consumer groups yet")
     return EXIT_OK

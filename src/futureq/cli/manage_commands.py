@@ -37,6 +37,11 @@ _STATUS_WORDS: Final = {
 }
 
 
+DEAD_LETTER_REASONS: Final = ("max-deliveries", "rejected", "expired")
+"""The ``futureq-reason`` values a dead letter carries (``docs/protocol.md``, "Dead letters")."""
+MAX_PREVIEW_BYTES: Final = 1024
+"""The most payload bytes a BROWSE previews (the server's ``MAX_PREVIEW_BYTES``)."""
+
 DEFAULT_BUCKETS_MS: Final = (60_000, 3_600_000, 86_400_000)
 """``browse --counts`` buckets: due within the next minute, hour and day."""
 
@@ -160,12 +165,14 @@ def add_parsers(
         "list", help="the dead letters of TOPIC (TOPIC.dlq) with where they came from and why"
     )
     dlq_list.add_argument("topic", type=name_arg("topic"))
+    _dlq_group_arg(dlq_list, name_arg)
     _paging_args(dlq_list)
     dlq_redrive = dlq_commands.add_parser(
         "redrive",
         help="move dead letters of TOPIC back to TOPIC and the group they died in",
     )
     dlq_redrive.add_argument("topic", type=name_arg("topic"))
+    _dlq_group_arg(dlq_redrive, name_arg)
     dlq_redrive.add_argument(
         "ids", type=message_id_arg, nargs="*", metavar="ID", help="dead-letter ids (dlq list)"
     )
@@ -177,25 +184,66 @@ def add_parsers(
     )
     dlq_redrive.add_argument(
         "--reason",
+        choices=DEAD_LETTER_REASONS,
         metavar="REASON",
-        help="with --all: only those that died for REASON (max-deliveries, rejected, expired)",
+        help="with --all: only those that died for REASON (%(choices)s)",
     )
     dlq_redrive.add_argument(
         "--delay", type=duration_arg, default=0, metavar="D", help="due D after now (default 0)"
     )
 
 
-def _paging_args(parser: argparse.ArgumentParser) -> None:
+def _dlq_group_arg(
+    parser: argparse.ArgumentParser, name_arg: Callable[[str], Callable[[str], str]]
+) -> None:
     parser.add_argument(
-        "--limit", type=int, default=100, metavar="N", help="print at most N (default 100)"
+        "--group",
+        type=name_arg("group"),
+        default=None,
+        help="the group of TOPIC.dlq to read (default: its only group, else 'default')",
     )
-    parser.add_argument("--all", action="store_true", help="print every one, page by page")
+
+
+def _positive_int(text: str) -> int:
+    """argparse type of ``--limit``: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value} (--all for every one)")
+    return value
+
+
+def _preview_bytes(text: str) -> int:
+    """argparse type of ``--preview``: 0 to :data:`MAX_PREVIEW_BYTES` (the server's most)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes") from None
+    if not 0 <= value <= MAX_PREVIEW_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"the preview is 0 to {MAX_PREVIEW_BYTES} bytes (the server's most), got {value}"
+        )
+    return value
+
+
+def _paging_args(parser: argparse.ArgumentParser) -> None:
+    how_many = parser.add_mutually_exclusive_group()
+    how_many.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help="print at most N (default 100)",
+    )
+    how_many.add_argument("--all", action="store_true", help="print every one, page by page")
     parser.add_argument(
         "--preview",
-        type=int,
+        type=_preview_bytes,
         default=0,
         metavar="BYTES",
-        help="show the first BYTES of each payload (0 to 1024; default none)",
+        help=f"show the first BYTES of each payload (0 to {MAX_PREVIEW_BYTES}; default none)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
 
@@ -282,25 +330,60 @@ def pending_record(topic: str, group: str, message: PendingMessage) -> dict[str,
     return record
 
 
-def _line(message: PendingMessage, dead_letters: bool) -> str:
+_PLAIN_EXCLUDED: Final = frozenset(' ="\\')
+
+
+def shown_text(text: str) -> str:
+    """A header name or value as one token of a human output line: as it is when it
+    is printable and holds no space, ``=``, quote or backslash; else a double-quoted
+    JSON-style string in which every non-printable character (newline, NUL, other
+    control and format characters such as U+2028 or U+202E) is escaped. So a publisher
+    cannot split an operator's line or forge one."""
+    if text and text.isprintable() and _PLAIN_EXCLUDED.isdisjoint(text):
+        return text
+    return quoted_text(text)
+
+
+def quoted_text(text: str) -> str:
+    """``text`` double-quoted, with ``"`` and ``\\`` backslashed and every
+    non-printable character escaped as JSON does (``\\n``, ``\\u0000``, ``\\u2028``)."""
+    out = []
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char.isprintable():
+            out.append(char)
+        else:
+            out.append(json.dumps(char)[1:-1])  # \n, \u0000, \u2028, ...
+    return '"' + "".join(out) + '"'
+
+
+def pending_line(message: PendingMessage, dead_letters: bool) -> str:
+    """The human line ``browse`` and ``dlq list`` print for a message (header names
+    and values quoted by :func:`shown_text` when needed)."""
     from futureq.cli.client_main import format_ms
 
     due = "parked" if message.due_ms is None else format_ms(message.due_ms)
     text = f"#{message.id} due={due} attempt={message.attempt} bytes={message.payload_bytes}"
     headers = message.headers
+
+    def field(name: str) -> str:
+        return shown_text(headers.get(name, "?"))
+
     if dead_letters:
         origin = (
-            f" from={headers.get('futureq-original-topic', '?')}/"
-            f"{headers.get('futureq-original-group', '?')}"
-            f" original=#{headers.get('futureq-original-id', '?')}"
-            f" attempts={headers.get('futureq-attempts', '?')}"
-            f" reason={headers.get('futureq-reason', '?')}"
+            f" from={field('futureq-original-topic')}/{field('futureq-original-group')}"
+            f" original=#{field('futureq-original-id')}"
+            f" attempts={field('futureq-attempts')}"
+            f" reason={field('futureq-reason')}"
         )
         if "futureq-reason-text" in headers:
-            origin += f" text={json.dumps(headers['futureq-reason-text'], ensure_ascii=False)}"
+            origin += f" text={quoted_text(headers['futureq-reason-text'])}"
         text += origin
     elif headers:
-        text += " " + " ".join(f"{name}={value}" for name, value in sorted(headers.items()))
+        text += " " + " ".join(
+            f"{shown_text(name)}={shown_text(value)}" for name, value in sorted(headers.items())
+        )
     if message.preview is not None:
         value, encoding = _preview_value(message.preview)
         shown = json.dumps(value, ensure_ascii=False) if encoding == "json" else str(value)
@@ -320,7 +403,7 @@ async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> in
         if args.json:
             io.out(json.dumps(pending_record(args.topic, group, message), ensure_ascii=False))
         else:
-            io.out(_line(message, dead_letters=False))
+            io.out(pending_line(message, dead_letters=False))
     if not args.json:
         io.out(f"{len(found)} pending shown")
     return EXIT_OK
@@ -381,30 +464,88 @@ async def _run_browse_counts(client: Client, args: argparse.Namespace, io: Outpu
     return EXIT_OK
 
 
+DLQ_DEFAULT_GROUP: Final = "default"
+"""The group dead letters land in when a ``.dlq`` topic has none yet (its implicit one)."""
+
+
+class _NoDeadLetters(Exception):
+    """The ``.dlq`` topic has no group yet: nothing was ever dead-lettered there."""
+
+
+async def _dlq_group(client: Client, dlq_topic: str, args: argparse.Namespace) -> str | None:
+    """The group of ``dlq_topic`` that ``dlq list`` / ``dlq redrive`` read: ``--group``;
+    else the topic's only group (None: the server picks it); else ``default``, the
+    implicit group dead letters land in, when it exists.
+
+    Raises:
+        _NoDeadLetters: the topic has no group (no dead letter yet).
+        RequestError: GROUP_REQUIRED, its sentence naming the groups and ``--group``,
+            when there are several and none is ``default``; as BROWSE otherwise.
+    """
+    from futureq.errors import ErrorCode, RequestError
+
+    if args.group is not None:
+        return str(args.group)
+    try:
+        await client.browse(dlq_topic, None, limit=1)
+    except RequestError as error:
+        if error.code is ErrorCode.UNKNOWN_TOPIC:
+            raise _NoDeadLetters from None
+        if error.code is not ErrorCode.GROUP_REQUIRED:
+            raise
+        try:
+            await client.browse(dlq_topic, DLQ_DEFAULT_GROUP, limit=1)
+        except RequestError as again:
+            if again.code is not ErrorCode.UNKNOWN_GROUP:
+                raise
+            raise RequestError(
+                ErrorCode.GROUP_REQUIRED,
+                f"{error.message.removeprefix('BROWSE: ')}; none is {DLQ_DEFAULT_GROUP!r}, so "
+                "choose the one to read with --group NAME",
+            ) from None
+        return DLQ_DEFAULT_GROUP
+    return None
+
+
 async def run_dlq(client: Client, args: argparse.Namespace, io: Output) -> int:
-    """``futureq-cli dlq list|redrive TOPIC``: TOPIC's dead letters with their
-    provenance, or moved back where they died (with a count and progress on stderr)."""
-    if args.dlq_command == "redrive":
-        return await _run_dlq_redrive(client, args, io)
+    """``futureq-cli dlq list|redrive TOPIC [--group G]``: TOPIC's dead letters with
+    their provenance, or moved back where they died (with a count and progress on
+    stderr). The dead letters are read from one group of ``TOPIC.dlq``
+    (:func:`_dlq_group`); with none yet there is nothing to list or move."""
     topic = args.topic if args.topic.endswith(".dlq") else args.topic + ".dlq"
-    found = await _pages(client, topic, None, args, None, None)
+    try:
+        group = await _dlq_group(client, topic, args)
+    except _NoDeadLetters:
+        group = None
+        if args.dlq_command == "list":
+            if not args.json:
+                io.out(f"0 dead letters: {topic!r} has none yet")
+            return EXIT_OK
+        if args.all:
+            io.out(f"redriven 0 of 0 to {args.topic.removesuffix('.dlq')!r}: {topic!r} has none")
+            return EXIT_OK
+    if args.dlq_command == "redrive":
+        return await _run_dlq_redrive(client, args, io, group)
+    found = await _pages(client, topic, group, args, None, None)
     for group, message in found:
         if args.json:
             io.out(json.dumps(pending_record(topic, group, message), ensure_ascii=False))
         else:
-            io.out(_line(message, dead_letters=True))
+            io.out(pending_line(message, dead_letters=True))
     if not args.json:
         io.out(f"{len(found)} dead letters shown")
     return EXIT_OK
 
 
-async def _run_dlq_redrive(client: Client, args: argparse.Namespace, io: Output) -> int:
+async def _run_dlq_redrive(
+    client: Client, args: argparse.Namespace, io: Output, group: str | None
+) -> int:
     topic = args.topic.removesuffix(".dlq")
     ids: list[int] = list(args.ids)
     if args.all:
         cursor: bytes | None = None
         while True:
-            page = await client.browse(topic + ".dlq", cursor=cursor, limit=BROWSE_PAGE)
+            page = await client.browse(topic + ".dlq", group, cursor=cursor, limit=BROWSE_PAGE)
             for message in page.messages:
                 headers = message.headers
                 if args.from_group and headers.get("futureq-original-group") != args.from_group:
@@ -421,7 +562,7 @@ async def _run_dlq_redrive(client: Client, args: argparse.Namespace, io: Output)
     counts = dict.fromkeys(frames.ItemStatus, 0)
     for start in range(0, len(ids), CANCEL_CHUNK_IDS):
         chunk = ids[start : start + CANCEL_CHUNK_IDS]
-        for status in await client.redrive(topic, chunk, delay_ms=args.delay):
+        for status in await client.redrive(topic, chunk, delay_ms=args.delay, group=group):
             counts[status] += 1
         io.err(f"redrive: {min(start + len(chunk), len(ids))}/{len(ids)}")
     io.out(

@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from futureq.client._checks import check_headers, check_int, check_str
 from futureq.errors import ErrorCode, RemoteProtocolError, RequestError
 from futureq.wire.validation import implausible_epoch_ms
 
@@ -50,7 +51,8 @@ class PublishItem:
             first message's id (1 to 255 UTF-8 bytes).
 
     Raises:
-        TypeError: payload is not bytes-like.
+        TypeError: payload is not bytes-like; topic, a time, headers or
+            idempotency_key of the wrong type (``headers={"n": 1}``, ``ttl_ms=1.5``).
         RequestError: INVALID_DELAY when both ``delay_ms`` and ``deliver_at_ms`` are given;
             IMPLAUSIBLE_TIME when ``deliver_at_ms`` can only be a unit mistake (after 0
             and before 2000-01-01: seconds; past the year 5138: micro- or nanoseconds).
@@ -65,6 +67,13 @@ class PublishItem:
     idempotency_key: str | None = None
 
     def __attrs_post_init__(self) -> None:
+        # A wrong type would make the whole PUBLISH frame malformed (the server closes
+        # the connection for it): refused here, alone, before anything is sent.
+        check_str("topic", self.topic)
+        for name in ("delay_ms", "deliver_at_ms", "ttl_ms"):
+            check_int(name, getattr(self, name), optional=True)
+        check_headers(self.headers)
+        check_str("idempotency_key", self.idempotency_key, optional=True)
         if self.delay_ms is not None and self.deliver_at_ms is not None:
             raise RequestError(ErrorCode.INVALID_DELAY, "give delay_ms or deliver_at_ms, not both")
         if type(self.deliver_at_ms) is int:

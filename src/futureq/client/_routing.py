@@ -232,8 +232,11 @@ class ShardedClient(Client):
             ),
         )
 
-    async def publish_batch(self, items: Sequence[PublishItem]) -> list[int]:
-        """As :meth:`Client.publish_batch`, split by shard (see the class doc).
+    async def publish_batch(
+        self, items: Sequence[PublishItem], *, duplicates: list[int] | None = None
+    ) -> list[int]:
+        """As :meth:`Client.publish_batch`, split by shard (see the class doc);
+        ``duplicates`` gets positions in ``items``, in order.
 
         Raises:
             RequestError: a shard refused its part; ``item_index``, when the server
@@ -243,8 +246,11 @@ class ShardedClient(Client):
                 reached, or the connection dropped before the answer).
         """
         for attempt in range(MAX_REDIRECTS + 1):
-            ids, errors = await self._publish_parts(items)
+            found: list[int] = []
+            ids, errors = await self._publish_parts(items, found)
             if not errors:
+                if duplicates is not None:
+                    duplicates.extend(sorted(found))
                 return ids
             if attempt == MAX_REDIRECTS or not all(_is_wrong_shard(e) for e in errors):
                 raise next((e for e in errors if not _is_wrong_shard(e)), errors[0])
@@ -252,7 +258,7 @@ class ShardedClient(Client):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _publish_parts(
-        self, items: Sequence[PublishItem]
+        self, items: Sequence[PublishItem], duplicates: list[int]
     ) -> tuple[list[int], list[FutureQError]]:
         positions: dict[int, list[int]] = {}
         for position, item in enumerate(items):
@@ -261,8 +267,11 @@ class ShardedClient(Client):
         errors: list[FutureQError] = []
 
         async def part(shard: int, where: list[int]) -> None:
+            repeated: list[int] = []
             try:
-                got = await self.shard_clients[shard].publish_batch([items[i] for i in where])
+                got = await self.shard_clients[shard].publish_batch(
+                    [items[i] for i in where], duplicates=repeated
+                )
             except ConnectionLostError as exc:
                 # Outcome unknown for this part; raised as itself, never wrapped in an
                 # exception group (callers catch FutureQError, as for one shard).
@@ -280,6 +289,7 @@ class ShardedClient(Client):
                 return
             for position, message_id in zip(where, got, strict=True):
                 ids[position] = message_id
+            duplicates.extend(where[i] for i in repeated)
 
         async with anyio.create_task_group() as group:
             for shard, where in positions.items():

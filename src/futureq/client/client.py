@@ -41,6 +41,7 @@ from typing import Any, Final, Literal, TypeVar
 import anyio
 import anyio.abc
 
+from futureq.client import _checks
 from futureq.client._backoff import Backoff
 from futureq.client._batching import (
     PublishItem,
@@ -513,7 +514,9 @@ class Client:
             )
         return pending.message_id
 
-    async def publish_batch(self, items: Sequence[PublishItem]) -> list[int]:
+    async def publish_batch(
+        self, items: Sequence[PublishItem], *, duplicates: list[int] | None = None
+    ) -> list[int]:
         """Publish many messages in PUBLISH frames of at most ``max_batch_items``.
 
         Each frame is atomic: the server stores all of its items or none. A list
@@ -522,9 +525,12 @@ class Client:
 
         Args:
             items: The messages, in order.
+            duplicates: If given, the positions (in ``items``) of items that stored
+                nothing because their ``idempotency_key`` named an earlier message
+                are appended to it, in order.
 
         Returns:
-            Their message ids, in the same order.
+            Their message ids, in the same order (a duplicate's: the earlier message's).
 
         Raises:
             RequestError: a frame was refused; ``item_index`` is the index **in
@@ -547,6 +553,8 @@ class Client:
                 raise RequestError(exc.code, exc.message, offset + index) from None
             ok = _expect(answer, frames.PublishOk)
             ids.extend(ids_from_publish_ok(ok.first_id, ok.count, len(chunk), ok.duplicates))
+            if duplicates is not None:
+                duplicates.extend(offset + position for position, _ in ok.duplicates or ())
         return ids
 
     async def _run_batcher(self) -> None:
@@ -1064,8 +1072,12 @@ class Client:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, EMPTY_BATCH, BATCH_TOO_LARGE,
                 INVALID_MESSAGE_ID (``.item_index`` names it), PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError: an argument of the wrong type (an id that is not an int, say);
+                nothing was sent.
         """
-        id_list = list(ids)
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
+        id_list = _checks.message_ids(ids)
         answer = await self._call(
             lambda rid: frames.Cancel(rid, topic, group, id_list), retry_unknown=True
         )
@@ -1100,8 +1112,12 @@ class Client:
                 UNKNOWN_GROUP, GROUP_REQUIRED, INVALID_DELAY, EMPTY_BATCH,
                 BATCH_TOO_LARGE, INVALID_MESSAGE_ID, PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError: as :meth:`cancel`.
         """
-        id_list = list(ids)
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
+        _checks.check_int("delay_ms", delay_ms)
+        id_list = _checks.message_ids(ids)
         answer = await self._call(
             lambda rid: frames.Redrive(rid, topic, group, id_list, delay_ms), retry_unknown=True
         )
@@ -1133,8 +1149,13 @@ class Client:
             RequestError: INVALID_DELAY, DELAY_TOO_LARGE, IMPLAUSIBLE_TIME, and as
                 :meth:`cancel`.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError: as :meth:`cancel` (``delay_ms=1.5``, say).
         """
-        id_list = list(ids)
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
+        _checks.check_int("due_ms", due_ms, optional=True)
+        _checks.check_int("delay_ms", delay_ms, optional=True)
+        id_list = _checks.message_ids(ids)
         answer = await self._call(
             lambda rid: frames.Reschedule(rid, topic, group, id_list, due_ms, delay_ms),
             retry_unknown=True,
@@ -1155,7 +1176,10 @@ class Client:
         Raises:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError: ``topic`` or ``group`` is not a str; nothing was sent.
         """
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
         answer = await self._call(lambda rid: frames.Purge(rid, topic, group), retry_unknown=True)
         return int(_expect(answer, frames.Ok).result or 0)
 
@@ -1181,14 +1205,24 @@ class Client:
             to_due_ms: Only messages due before this (ms); None: no bound (parked dead
                 letters come last).
             cursor: The previous page's ``next_cursor``; None: the first page.
-            limit: Messages per page, 1 to 1000.
+            limit: Most messages in the page, 1 to 1000 (a page of large headers
+                holds fewer, with a ``next_cursor``: follow it until None).
             preview_bytes: Payload bytes to include per message, 0 to 1024.
 
         Raises:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED,
                 INVALID_ARGUMENT, INVALID_CURSOR, PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError: an argument of the wrong type (a str ``cursor``, a float
+                ``limit``); nothing was sent.
         """
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
+        _checks.check_int("from_due_ms", from_due_ms, optional=True)
+        _checks.check_int("to_due_ms", to_due_ms, optional=True)
+        _checks.check_cursor(cursor)
+        _checks.check_int("limit", limit)
+        _checks.check_int("preview_bytes", preview_bytes)
         answer = await self._call(
             lambda rid: frames.Browse(
                 rid, topic, group, from_due_ms, to_due_ms, cursor, limit, preview_bytes
@@ -1220,8 +1254,12 @@ class Client:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, GROUP_REQUIRED,
                 INVALID_ARGUMENT (bounds), PERMISSION_DENIED.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError: as :meth:`browse`.
         """
-        bounds = list(bounds_ms)
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group, optional=True)
+        bounds = _checks.bounds_list(bounds_ms)
+        _checks.check_bool("relative", relative)
         answer = await self._call(
             lambda rid: frames.BrowseCounts(rid, topic, group, bounds, relative),
             retry_unknown=True,
@@ -1416,6 +1454,7 @@ async def open_client(
         RemoteProtocolError: a server refused HELLO (AUTH_FAILED, UNSUPPORTED_VERSION).
         ValueError: a bad argument.
     """
+
     def new_client(addresses: list[str]) -> Client:
         return Client(
             addresses,

@@ -206,7 +206,8 @@ MAX_HEADERS: Final = 32
 MAX_HEADER_BYTES: Final = 4096
 """Most UTF-8 bytes of one message's header names and values together."""
 RESERVED_HEADER_PREFIX: Final = "futureq-"
-"""Header names the broker sets (dead-letter provenance); a publish may not."""
+"""Header names the broker sets (dead-letter provenance); a publish may not, in any
+letter case."""
 MAX_IDEMPOTENCY_KEY_BYTES: Final = 255
 """Longest idempotency key (UTF-8 bytes)."""
 
@@ -279,11 +280,12 @@ def check_headers(value: Any, index: int) -> dict[str, str] | None:
             )
         if not name:
             raise RequestError(ErrorCode.INVALID_HEADERS, "a header name is empty", index)
-        if name.startswith(RESERVED_HEADER_PREFIX):
+        if name[: len(RESERVED_HEADER_PREFIX)].lower() == RESERVED_HEADER_PREFIX:
+            # In any case: FutureQ-Original-Id would pass for provenance to a reader.
             raise RequestError(
                 ErrorCode.INVALID_HEADERS,
-                f"header {_shown(name)} starts with {RESERVED_HEADER_PREFIX!r}, which is "
-                "reserved for the broker (dead-letter provenance); rename it",
+                f"header {_shown(name)} starts with {RESERVED_HEADER_PREFIX!r} (in any "
+                "case), which is reserved for the broker (dead-letter provenance); rename it",
                 index,
             )
         size += len(name.encode("utf-8")) + len(text.encode("utf-8"))

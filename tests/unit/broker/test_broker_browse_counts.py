@@ -138,11 +138,22 @@ def test_bad_bounds_are_refused_with_a_sentence(
     assert words in info.value.message
 
 
+def test_an_absolute_bound_in_seconds_is_an_implausible_time() -> None:
+    seam = seam_with([0])
+    with pytest.raises(RequestError) as info:
+        count(seam, [1_700_000_000], relative=False)
+    assert info.value.code is ErrorCode.IMPLAUSIBLE_TIME
+    assert info.value.message.startswith("BROWSE_COUNTS bounds_ms[0] 1700000000")
+    assert "seconds" in info.value.message
+    assert count(seam, [NOW_MS + 1], relative=False).counts == [1]
+
+
 def test_a_topic_with_two_groups_needs_one_named() -> None:
     seam = seam_with([0, 120_000], groups=("a", "b"))
     with pytest.raises(RequestError) as info:
         count(seam, [60_000])
     assert info.value.code is ErrorCode.GROUP_REQUIRED
+    assert info.value.message.startswith("BROWSE_COUNTS: ")
     assert count(seam, [60_000], group="b").counts == [1]
 
 

@@ -24,6 +24,7 @@ from futureq.config import QueueSection
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
 from futureq.state.commands import CommandKind
+from futureq.state.records import PARKED_DUE_MS
 from futureq.wire import frames
 
 
@@ -478,6 +479,24 @@ async def test_max_deliveries_exceeded_goes_to_dead_letter_topic() -> None:
     [(_, dlq_mid, _, _)] = list(env.state.scan_schedule(dlq.group_id, 0, 0, 10))
     message = env.state.get_message(dlq_mid)
     assert message is not None and message[:2] == ("t.dlq", b"poison")
+
+
+async def test_a_dead_letter_out_of_attempts_is_parked_not_delivered_forever() -> None:
+    """On a ``.dlq`` topic, max_deliveries parks the message (visibility lapses count)."""
+    env = Env()
+    gid = env.group("t.dlq", "default", visibility_ms=100, max_deliveries=2)
+    consumer = env.consumer(gid, credit=10)
+    [mid] = env.publish("t.dlq", [b"poison"])
+    async with running(env):
+        await settle(env)
+        for _ in range(5):
+            env.clock.advance(100)
+            await settle(env)
+        assert [d[5] for d in out(consumer).take()] == [1, 2]
+    assert CommandKind.DEAD_LETTER_PROVENANCE in kinds(env)
+    [(due_ms, parked_mid, attempt, _)] = list(env.state.scan_schedule(gid, 0, 0, 10))
+    assert (parked_mid, due_ms, attempt) == (mid, PARKED_DUE_MS, 2)
+    assert env.state.get_message(mid) is not None  # kept, for redrive or a look
 
 
 # ---------------------------------------------------------------- horizon

@@ -229,3 +229,68 @@ def test_timeout_has_one_meaning_per_name_and_the_old_spelling_warns() -> None:
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv, stdout=io.StringIO(), stderr=io.StringIO()) == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_browse_lines_quote_header_text_that_could_split_or_forge_a_line() -> None:
+    from futureq.cli.manage_commands import pending_line, shown_text
+    from futureq.client import PendingMessage
+
+    assert shown_text("text/plain") == "text/plain"
+    assert shown_text("a b") == '"a b"' and shown_text("") == '""'
+    assert shown_text('say "hi"\\') == '"say \\"hi\\"\\\\"'
+    assert shown_text("é") == "é"
+    forged = {"x\n#99 due=parked attempt=0": "v\x00w", "k": "rtl\u202eevil\u2028next"}
+    message = PendingMessage(7, None, 0, 1, forged, None, None)
+    line = pending_line(message, dead_letters=False)
+    assert "\n" not in line and "\x00" not in line
+    assert "\u202e" not in line and "\u2028" not in line
+    assert '"x\\n#99 due=parked attempt=0"="v\\u0000w"' in line
+    assert 'k="rtl\\u202eevil\\u2028next"' in line
+    dead = {"futureq-original-topic": "t\r", "futureq-reason-text": "bad\nline"}
+    dead_line = pending_line(PendingMessage(8, None, 0, 1, dead, None, None), dead_letters=True)
+    assert "\n" not in dead_line and "\r" not in dead_line
+    assert 'from="t\\r"/?' in dead_line and 'text="bad\\nline"' in dead_line
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["dlq", "redrive", "t", "--all", "--reason", "bogus"], "'max-deliveries', 'rejected'"),
+        (["browse", "t", "--all", "--limit", "5"], "not allowed with argument --all"),
+        (["dlq", "list", "t", "--limit", "5", "--all"], "not allowed with argument --limit"),
+        (["browse", "t", "--limit", "0"], "must be >= 1"),
+        (["browse", "t", "--preview", "1025"], "0 to 1024 bytes"),
+        (["dlq", "list", "t", "--preview", "-1"], "0 to 1024 bytes"),
+    ],
+)
+def test_browse_and_dlq_usage_mistakes_exit_2_with_a_sentence(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_browse_and_dlq_accept_the_edges() -> None:
+    args = build_parser().parse_args(["browse", "t", "--limit", "1", "--preview", "1024"])
+    assert (args.limit, args.preview, args.all) == (1, 1024, False)
+    args = build_parser().parse_args(["dlq", "redrive", "t", "--all", "--reason", "expired"])
+    assert args.reason == "expired" and args.group is None
+
+
+def test_the_status_table_shows_the_oldest_due_age_and_the_next_due_time() -> None:
+    from futureq.cli.client_main import Output, _table, age_text, group_table_rows
+
+    assert [age_text(ms) for ms in (0, 950, 90_000, 183_600_000)] == ["0s", "950ms", "1m30s", "2d3h"]
+    group = {"topic": "t", "group": "g", "pending": 3, "oldest_due_age_ms": 90_000}
+    rows = group_table_rows([{**group, "next_due_ms": 1_767_225_600_000}, {**group, "next_due_ms": None}])
+    assert (rows[0]["oldest_due_age"], rows[0]["next_due"]) == ("1m30s", "2026-01-01T00:00:00.000Z")
+    assert rows[1]["next_due"] is None
+    out = io.StringIO()
+    from futureq.cli.client_main import _GROUP_COLUMNS
+
+    _table("consumer groups", _GROUP_COLUMNS, rows, Output(out, io.StringIO()))
+    text = out.getvalue()
+    assert "oldest due age" in text and "next due" in text
+    assert "1m30s" in text and "2026-01-01T00:00:00.000Z" in text

@@ -166,6 +166,8 @@ BAD_ITEMS: list[tuple[str, Any, ErrorCode]] = [
     ("header-value-not-str", [*item(), {"a": 1}, None], ErrorCode.INVALID_HEADERS),
     ("header-name-empty", [*item(), {"": "x"}, None], ErrorCode.INVALID_HEADERS),
     ("header-reserved", [*item(), {"futureq-reason": "x"}, None], ErrorCode.INVALID_HEADERS),
+    ("header-reserved-case", [*item(), {"FutureQ-Original-Id": "1"}, None], ErrorCode.INVALID_HEADERS),
+    ("header-reserved-upper", [*item(), {"FUTUREQ-X": "1"}, None], ErrorCode.INVALID_HEADERS),
     (
         "headers-too-many",
         [*item(), {f"h{n}": "v" for n in range(validation.MAX_HEADERS + 1)}, None],

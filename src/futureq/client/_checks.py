@@ -1,0 +1,130 @@
+"""Argument checks the client makes before a request leaves (sans-IO).
+
+A field of the wrong type would reach the server as a malformed frame, which the
+server answers with INVALID_FRAME by closing the whole connection (so deliveries held
+on it come again). These checks refuse such a call alone, with ``TypeError``, before
+anything is sent (``docs/client.md``, "Errors"). Values of the right type are the
+server's to check (a negative id, a delay too long, too many headers): it refuses
+them per request, with a code naming the item, and the connection stays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def check_str(name: str, value: Any, *, optional: bool = False) -> None:
+    """``value`` is a ``str`` (or None when ``optional``).
+
+    Raises:
+        TypeError: anything else.
+    """
+    if value is None and optional:
+        return
+    if type(value) is not str:
+        wanted = "a str or None" if optional else "a str"
+        raise TypeError(f"{name} must be {wanted}, got {_type_name(value)}")
+
+
+def check_int(name: str, value: Any, *, optional: bool = False) -> None:
+    """``value`` is an ``int`` (not a bool or float), or None when ``optional``.
+
+    Raises:
+        TypeError: not an int (``1.5``, ``True``, ``"5"``).
+    """
+    if value is None and optional:
+        return
+    if type(value) is not int:
+        wanted = "an int or None" if optional else "an int"
+        raise TypeError(
+            f"{name} must be {wanted} (milliseconds or a count), got {_type_name(value)}"
+        )
+
+
+def check_bool(name: str, value: Any) -> None:
+    """``value`` is a ``bool``.
+
+    Raises:
+        TypeError: anything else.
+    """
+    if type(value) is not bool:
+        raise TypeError(f"{name} must be True or False, got {_type_name(value)}")
+
+
+def message_ids(ids: Iterable[Any]) -> list[int]:
+    """``ids`` as a list of ints (the server checks their range, per item).
+
+    Raises:
+        TypeError: ``ids`` is a str/bytes or not iterable, or an id is not an int
+            (``"1"``, ``1.0``, ``True``); the message names its position.
+    """
+    if isinstance(ids, str | bytes | bytearray):
+        raise TypeError(f"ids must be a sequence of int message ids, got {_type_name(ids)}")
+    try:
+        out = list(ids)
+    except TypeError:
+        raise TypeError(
+            f"ids must be a sequence of int message ids, got {_type_name(ids)}"
+        ) from None
+    for position, mid in enumerate(out):
+        if type(mid) is not int:
+            raise TypeError(
+                f"ids[{position}] must be an int message id (as publish returned it), got "
+                f"{_type_name(mid)} {mid!r:.40}"
+            )
+    return out
+
+
+def check_cursor(value: Any) -> None:
+    """``value`` is None or ``bytes`` (a BROWSE page's ``next_cursor``, unchanged).
+
+    Raises:
+        TypeError: anything else (a str, say).
+    """
+    if value is not None and type(value) is not bytes:
+        raise TypeError(
+            f"cursor must be the bytes of a page's next_cursor, unchanged, or None; got "
+            f"{_type_name(value)}"
+        )
+
+
+def bounds_list(bounds_ms: Iterable[Any]) -> list[int]:
+    """BROWSE_COUNTS ``bounds_ms`` as a list of ints.
+
+    Raises:
+        TypeError: not a sequence, or a bound that is not an int.
+    """
+    if isinstance(bounds_ms, str | bytes | bytearray):
+        raise TypeError(f"bounds_ms must be a sequence of ints (ms), got {_type_name(bounds_ms)}")
+    try:
+        out = list(bounds_ms)
+    except TypeError:
+        raise TypeError(
+            f"bounds_ms must be a sequence of ints (ms), got {_type_name(bounds_ms)}"
+        ) from None
+    for position, bound in enumerate(out):
+        check_int(f"bounds_ms[{position}]", bound)
+    return out
+
+
+def check_headers(headers: Any) -> None:
+    """``headers`` is None or a dict of str names to str values.
+
+    Raises:
+        TypeError: anything else (a non-str name or value, say).
+    """
+    if headers is None:
+        return
+    if type(headers) is not dict:
+        raise TypeError(f"headers must be a dict of str to str or None, got {_type_name(headers)}")
+    for name, value in headers.items():
+        if type(name) is not str or type(value) is not str:
+            raise TypeError(
+                f"header names and values must be str, got {_type_name(name)} {name!r:.40} -> "
+                f"{_type_name(value)}"
+            )
