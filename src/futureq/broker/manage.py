@@ -566,14 +566,8 @@ async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[
     )
     try:
         page = await browse(broker, frame)
-    except NotLeaderError as error:
-        return 503, {
-            "code": error.code.name,
-            "message": error.message,
-            "leader_address": error.leader_address,
-        }
     except RequestError as error:
-        return 400, {"code": error.code.name, "message": error.message}
+        return _refusal_json(error)
     return 200, {
         "group": page.group,
         "messages": [
@@ -590,6 +584,18 @@ async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[
         ],
         "next_cursor": None if page.next_cursor is None else page.next_cursor.hex(),
     }
+
+
+def _refusal_json(error: RequestError) -> tuple[int, dict[str, Any]]:
+    """A refused read-only request as HTTP: 503 with the leader's address on a
+    follower (NOT_LEADER), else 400 with ``{"code", "message"}``."""
+    if isinstance(error, NotLeaderError):
+        return 503, {
+            "code": error.code.name,
+            "message": error.message,
+            "leader_address": error.leader_address,
+        }
+    return 400, {"code": error.code.name, "message": error.message}
 
 
 _COUNTS_PARAMETERS: Final = frozenset({"topic", "group", "bounds_ms", "relative"})
@@ -630,14 +636,8 @@ async def browse_counts_json(broker: Broker, query: dict[str, str]) -> tuple[int
     )
     try:
         answer = await browse_counts(broker, frame)
-    except NotLeaderError as error:
-        return 503, {
-            "code": error.code.name,
-            "message": error.message,
-            "leader_address": error.leader_address,
-        }
     except RequestError as error:
-        return 400, {"code": error.code.name, "message": error.message}
+        return _refusal_json(error)
     return 200, {
         "group": answer.group,
         "bounds_ms": answer.bounds_ms,
