@@ -188,8 +188,10 @@ def test_handshake_relayed_to_another_node_is_refused(
         wait_refused(node3, "identity", before_3)
         wait_refused(node1, "refused", before_1)
         relay.target_port = cluster.ports[2][1]
+        # Counted before the reset: node 1 may reconnect while `unchanged` checks the
+        # cluster, and that reconnection is the one this waits for.
+        count = len(relay.connections)
         relay.reset()
-    count = len(relay.connections)
     relay.wait_for("reconnection to node 2", lambda: len(relay.connections) > count)
 
 
