@@ -56,6 +56,17 @@ def check_bool(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be True or False, got {_type_name(value)}")
 
 
+def _as_list(name: str, values: Any, expected: str) -> list[Any]:
+    """``values`` as a list, refusing a str/bytes (a sequence of characters, not of
+    items) and anything not iterable with ``TypeError: {name} must be {expected}``."""
+    if isinstance(values, str | bytes | bytearray):
+        raise TypeError(f"{name} must be {expected}, got {_type_name(values)}")
+    try:
+        return list(values)
+    except TypeError:
+        raise TypeError(f"{name} must be {expected}, got {_type_name(values)}") from None
+
+
 def message_ids(ids: Iterable[Any]) -> list[int]:
     """``ids`` as a list of ints (the server checks their range, per item).
 
@@ -63,14 +74,7 @@ def message_ids(ids: Iterable[Any]) -> list[int]:
         TypeError: ``ids`` is a str/bytes or not iterable, or an id is not an int
             (``"1"``, ``1.0``, ``True``); the message names its position.
     """
-    if isinstance(ids, str | bytes | bytearray):
-        raise TypeError(f"ids must be a sequence of int message ids, got {_type_name(ids)}")
-    try:
-        out = list(ids)
-    except TypeError:
-        raise TypeError(
-            f"ids must be a sequence of int message ids, got {_type_name(ids)}"
-        ) from None
+    out = _as_list("ids", ids, "a sequence of int message ids")
     for position, mid in enumerate(out):
         if type(mid) is not int:
             raise TypeError(
@@ -99,14 +103,7 @@ def bounds_list(bounds_ms: Iterable[Any]) -> list[int]:
     Raises:
         TypeError: not a sequence, or a bound that is not an int.
     """
-    if isinstance(bounds_ms, str | bytes | bytearray):
-        raise TypeError(f"bounds_ms must be a sequence of ints (ms), got {_type_name(bounds_ms)}")
-    try:
-        out = list(bounds_ms)
-    except TypeError:
-        raise TypeError(
-            f"bounds_ms must be a sequence of ints (ms), got {_type_name(bounds_ms)}"
-        ) from None
+    out = _as_list("bounds_ms", bounds_ms, "a sequence of ints (ms)")
     for position, bound in enumerate(out):
         check_int(f"bounds_ms[{position}]", bound)
     return out
