@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print a [[client]] entry for server.credentials_file (the secret stored "
         "as a salted scrypt hash) on stdout, and the client's token, shown once, on stderr. "
         "Add the permissions to the entry, then reload the server with SIGHUP. "
-        "See docs/security.md, \"Client access\".",
+        'See docs/security.md, "Client access".',
     )
     token.add_argument("--name", required=True, help="the client's name (letters, digits, . _ -)")
     token.add_argument(
@@ -568,7 +568,9 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
     except OSError as error:
-        print(f"futureq: cannot stamp the shard count in the data directory: {error}", file=sys.stderr)
+        print(
+            f"futureq: cannot stamp the shard count in the data directory: {error}", file=sys.stderr
+        )
         return EXIT_CONFIG
     sharded = config.node.shards > 1
     if shard is not None and not 0 <= shard < config.node.shards:

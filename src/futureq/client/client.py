@@ -619,7 +619,9 @@ class Client:
                 )
                 ok = _expect(answer, frames.PublishOk)
                 for pending, message_id in zip(
-                    batch, ids_from_publish_ok(ok.first_id, ok.count, len(batch), ok.duplicates), strict=True
+                    batch,
+                    ids_from_publish_ok(ok.first_id, ok.count, len(batch), ok.duplicates),
+                    strict=True,
                 ):
                     pending.resolve(message_id)
                 return
@@ -1512,7 +1514,9 @@ async def open_client(
                         client if shard == answering else await open_shard(shard, address)
                         for shard, address in enumerate(slot_map.addresses)
                     ]
-                    handed = ShardedClient(client, slot_map, shard_clients, open_shard)
+                    handed = ShardedClient(
+                        client, slot_map, shard_clients, open_shard, port_stride=stride
+                    )
                 yield handed
             finally:
                 for one in opened:
