@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from test_shards import STRIDE, TOPICS, ShardedNode, free_runs
 
@@ -103,7 +104,7 @@ def test_backup_of_a_running_sharded_node_restores_every_shard(tmp_path: Path) -
 
     done = futureq(
         "restore", "--data-dir", str(restored), "--from", str(backup), "--single-node",
-        "--shards", "2",
+        "--shards", "auto",  # auto: the backup's count
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "restored the backup of 2 shards" in done.stdout
@@ -157,3 +158,36 @@ def test_convert_to_cluster_converts_every_shard(tmp_path: Path) -> None:
         assert pending(cluster) == COUNTS
     finally:
         cluster.terminate()
+
+
+def test_shards_auto_takes_the_cores_once_and_keeps_the_recorded_count(tmp_path: Path) -> None:
+    """``--shards auto`` on a new directory runs one shard per usable core and records
+    it; later starts with ``auto`` keep the recorded count; an explicit other count is
+    refused with a sentence; restore with ``auto`` takes the backup's count."""
+    from futureq.shards.layout import usable_cores
+
+    cores = usable_cores()
+    if cores < 2:
+        pytest.skip("one usable core: auto is the node without shards")
+    cores = min(cores, 4)  # ports: ShardedNode reserves runs of `shards` ports
+    data = tmp_path / "data"
+    node = ShardedNode(data, shards=cores)
+    node.extra_args[node.extra_args.index("--shards") + 1] = "auto"
+    if cores != usable_cores():
+        pytest.skip("more cores than this test reserves ports for")
+    node.start()
+    try:
+        assert (data / "SHARDS").read_text().strip() == str(cores)
+        assert sorted(p.name for p in data.glob("shard-*")) == [f"shard-{k}" for k in range(cores)]
+        assert f"node.shards = auto: {cores} shard(s)" in node.stderr_text()
+        fill(node)
+    finally:
+        node.terminate()
+    node.start()  # auto again: the recorded count
+    try:
+        assert pending(node) == COUNTS
+    finally:
+        node.terminate()
+    done = futureq("start", "--data-dir", str(data), "--shards", str(cores + 1))
+    assert done.returncode == 2
+    assert f"was created with {cores} shards; start it with --shards {cores}" in done.stderr

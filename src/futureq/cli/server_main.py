@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from futureq import __version__, early_signals, fd_budget
-from futureq.config import WILDCARD_HOSTS, Config, split_host_port
+from futureq.config import AUTO_SHARDS, WILDCARD_HOSTS, Config, split_host_port
 from futureq.config_loader import LOG_LEVELS, config_warnings, env_var_name, load_config
 from futureq.errors import ConfigError
 from futureq.logging_setup import LOG_FORMATS, setup_logging
@@ -69,6 +69,18 @@ class _Flag:
     @property
     def dest(self) -> str:
         return f"{self.section}__{self.key}"
+
+
+def _shard_count(text: str) -> int:
+    """``--shards``: a count, or ``auto`` (:data:`futureq.config.AUTO_SHARDS`)."""
+    if text.strip() == "auto":
+        return AUTO_SHARDS
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of shards; give a whole number or auto"
+        ) from None
 
 
 _FLAGS: tuple[_Flag, ...] = (
@@ -194,8 +206,10 @@ _FLAGS: tuple[_Flag, ...] = (
         "shards",
         "N",
         "shard processes of this node, each its own RocksDB and Raft group; fixed when "
-        "the data directory is created (env FUTUREQ_SHARDS works too); see docs/sharding.md",
-        type=int,
+        "the data directory is created (env FUTUREQ_SHARDS works too); auto: the count "
+        "recorded in the data directory, or the number of cores for a new one; see "
+        "docs/sharding.md",
+        type=_shard_count,
     ),
     _Flag(
         ("--no-fsync",),
@@ -570,8 +584,11 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
         with open(args.source, "rb") as source:
             raw = source.read()
     data_dir = config.server.data_dir
-    wanted = config.node.shards
     parts = data_tools.read_node_backup(raw)
+    wanted = config.node.shards
+    if wanted == AUTO_SHARDS:  # auto: the backup's count
+        wanted = 1 if parts is None else len(parts)
+        config = attrs.evolve(config, node=attrs.evolve(config.node, shards=wanted))
     where = (
         "as a single node"
         if args.single_node
@@ -602,7 +619,7 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
         )
     for shard in range(wanted):  # every shard must be empty before any is written
         shard_dir = layout.shard_data_dir(data_dir, shard)
-        if os.path.isdir(shard_dir) and any(True for _ in os.scandir(shard_dir)):
+        if layout.holds_data(shard_dir):
             raise ConfigError(f"{shard_dir} is not empty; restore into an empty data directory")
     layout.check_shard_count(config)
     said = []
@@ -620,6 +637,10 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
 def _health(args: argparse.Namespace) -> int:
     try:
         config = _load(args)
+        if config.node.shards == AUTO_SHARDS:
+            from futureq.shards import layout
+
+            config = layout.resolve_shard_count(config)
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -676,7 +697,8 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
 
     shard: int | None = args.shard_index
     try:
-        config = _load(args)
+        loaded = _load(args)
+        config = layout.resolve_shard_count(loaded)
         if shard is None:
             layout.check_shard_count(config)
     except ConfigError as error:
@@ -701,6 +723,12 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
     if shard is None:
         for warning in config_warnings(config):
             logging.getLogger("futureq").warning("%s", warning)
+        if loaded.node.shards != config.node.shards:
+            logging.getLogger("futureq").info(
+                "node.shards = auto: %d shard(s): the count the data directory was created "
+                "with (the usable cores of a new one; 1 for a single node's existing data)",
+                config.node.shards,
+            )
     if sharded and shard is None:
         from futureq.shards.supervisor import supervise
 
