@@ -184,9 +184,7 @@ async def test_tls_round_trip_and_an_untrusted_certificate(
         pem.write_to_path(str(cert_path), append=number > 0)
     cert.private_key_pem.write_to_path(str(key_path))
     broker = await anyio.to_thread.run_sync(
-        lambda: broker_factory(
-            extra_args=["--tls-cert", str(cert_path), "--tls-key", str(key_path)]
-        )
+        lambda: broker_factory(extra_args=["--tls-cert", str(cert_path), "--tls-key", str(key_path)])
     )
     context = ssl.create_default_context()
     ca.configure_trust(context)
@@ -207,9 +205,7 @@ async def test_tls_round_trip_and_an_untrusted_certificate(
 async def test_managing_scheduled_messages(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         await client.create_group("later", "g")
-        ids = [
-            await client.publish("later", f"m{i}".encode(), delay_ms=3_600_000) for i in range(3)
-        ]
+        ids = [await client.publish("later", f"m{i}".encode(), delay_ms=3_600_000) for i in range(3)]
         page = await client.browse("later", "g", preview_bytes=8)
         assert [m.id for m in page.messages] == ids
         assert [m.preview for m in page.messages] == [b"m0", b"m1", b"m2"]

@@ -411,11 +411,7 @@ async def test_a_paused_leader_pushes_no_recorded_redelivery_after_its_lease(
                 await trio.sleep(1.5)
                 stop.set()
         assert new, f"no other leader took over: {statuses}"
-        late = [
-            (stamp - fault_ms, mid, a)
-            for stamp, mid, a in pushed
-            if stamp > fault_ms + LEASE_MS + 20
-        ]
+        late = [(stamp - fault_ms, mid, a) for stamp, mid, a in pushed if stamp > fault_ms + LEASE_MS + 20]
         assert not late, (
             f"the paused leader pushed {len(late)} deliveries more than the lease "
             f"({LEASE_MS} ms) after the pause: (ms after, id, attempt) {late[:5]}"

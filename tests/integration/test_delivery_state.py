@@ -167,9 +167,9 @@ async def test_cancelled_calls_never_break_the_shared_connection(
             assert conn is not None
             conn.send_control(frames.Credit(0, 987_654, 1))
             await client.ping()
-            assert any("[UNKNOWN_SUBSCRIPTION]" in r.getMessage() for r in caplog.records), (
-                "the refused CREDIT was not seen"
-            )
+            assert any(
+                "[UNKNOWN_SUBSCRIPTION]" in r.getMessage() for r in caplog.records
+            ), "the refused CREDIT was not seen"
             assert client._epoch == epoch, "the shared connection was dropped"
             await sub.ack(held[1:])  # the 39 others are still good
             assert all(d.settled for d in held)
@@ -212,10 +212,9 @@ async def _slow_and_fast_consumers(
     done = trio.Event()
 
     async def consumer(prefetch: int, delay_s: float, ready: trio.Event) -> None:
-        async with (
-            open_client(address) as client,
-            client.subscribe("storm", "g", prefetch=prefetch) as sub,
-        ):
+        async with open_client(address) as client, client.subscribe(
+            "storm", "g", prefetch=prefetch
+        ) as sub:
             ready.set()
             while not done.is_set():
                 delivery = await sub.receive(0.2)
@@ -317,3 +316,5 @@ def test_sync_consume_never_holds_messages_it_does_not_return(broker: BrokerProc
         for delivery in late:
             delivery.ack()
         assert "once.dlq" not in topic_names(client.status())
+
+

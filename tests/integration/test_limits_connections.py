@@ -243,9 +243,7 @@ def test_a_client_that_does_not_read_is_closed_after_the_send_timeout(
     producer = WireClient(broker.client_address)
     for _ in range(10):
         producer.publish([["stuck.t", b"p" * (64 * KIB), 0, None, None] for _ in range(10)])
-    wait_for(
-        lambda: metric(broker, "futureq_connections_closed_total", 'reason="slow_client"') == 1
-    )
+    wait_for(lambda: metric(broker, "futureq_connections_closed_total", 'reason="slow_client"') == 1)
     log = broker.stderr_text()
     assert "Traceback" not in log
     assert len(re.findall(r"closed: SLOW_CLIENT: a write to the client blocked", log)) == 1

@@ -571,10 +571,8 @@ async def test_unauthenticated_connections_cost_bounded_memory(tmp_path: Path) -
                 for _ in range(per_host):
                     idle.append(await trio.open_tcp_stream(host, int(port), local_address=hosts[0]))
                 await cluster.wait_for(
-                    lambda: (
-                        leader.transport._handshake_slots.value
-                        == DEFAULT_MAX_PENDING_HANDSHAKES - per_host
-                    ),
+                    lambda: leader.transport._handshake_slots.value
+                    == DEFAULT_MAX_PENDING_HANDSHAKES - per_host,
                     "one address's share of the handshake slots to be taken",
                 )
                 extra = await trio.open_tcp_stream(host, int(port), local_address=hosts[0])

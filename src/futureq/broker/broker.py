@@ -621,7 +621,10 @@ class Broker:
                 and visibility_timeout_ms != info.visibility_timeout_ms
             )
             or (max_deliveries is not None and max_deliveries != info.max_deliveries)
-            or (dead_letter_expired is not None and dead_letter_expired != info.dead_letter_expired)
+            or (
+                dead_letter_expired is not None
+                and dead_letter_expired != info.dead_letter_expired
+            )
         ):
             self._require_space()
             await self.log.propose(

@@ -337,8 +337,6 @@ def was_removed(node: RaftNode, node_id: int) -> bool:
     membership is non-empty and does not list ``node_id``."""
     voters, learners = node.membership()
     return bool(voters or learners) and node_id not in voters and node_id not in learners
-
-
 async def _check_peer_credentials(
     config: Config, transport: Transport, view: dict[str, object]
 ) -> None:
@@ -424,7 +422,8 @@ async def join_cluster(
                     )
                 listed = node_id in view.get("voters", []) or node_id in view.get("learners", [])
                 ours = any(
-                    member.get("node_id") == node_id and member.get("raft_address") == raft_address
+                    member.get("node_id") == node_id
+                    and member.get("raft_address") == raft_address
                     for member in view.get("nodes", [])
                 )
                 if listed and (asked or ours):

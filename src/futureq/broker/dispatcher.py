@@ -929,9 +929,7 @@ class Dispatcher:
                 if len(first) < len(flights):
                     later = [i for i, flight in enumerate(flights) if flight.attempt > 1]
                     self._staged.append(
-                        Staged(
-                            consumer, [flights[i] for i in later], [deliveries[i] for i in later]
-                        )
+                        Staged(consumer, [flights[i] for i in later], [deliveries[i] for i in later])
                     )
                     staged_any = True
             consumers = [

@@ -582,7 +582,9 @@ class Connection:
                 leader = self.broker.log.leader_address()
                 shard = self.broker.shard
                 shards = 1 if shard is None else shard.slot_map.shard_count
-                self._queue(session.accept_hello(self.broker.node_id, leader, __version__, shards))
+                self._queue(
+                    session.accept_hello(self.broker.node_id, leader, __version__, shards)
+                )
                 if self._on_hello is not None:
                     self._on_hello()
                 if handshake:
@@ -984,7 +986,9 @@ class ClientGateway:
     ) -> None:
         self.broker = broker
         self.access = access or AccessControl(broker.config.server.auth_token, None)
-        self.node_buffers = node_buffers or NodeBuffers(broker.config.limits.max_node_buffer_bytes)
+        self.node_buffers = node_buffers or NodeBuffers(
+            broker.config.limits.max_node_buffer_bytes
+        )
         self.ssl_context = ssl_context
         self.max_connections = (
             broker.config.limits.max_connections if max_connections is None else max_connections

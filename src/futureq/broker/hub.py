@@ -491,7 +491,9 @@ class Hub:
         if expired:
             self._revoke(expired, frames.RevokeReason.VISIBILITY_TIMEOUT)
 
-    def extend(self, tags: list[bytes], connection_id: int, visibility_ms: int, now_ms: int) -> int:
+    def extend(
+        self, tags: list[bytes], connection_id: int, visibility_ms: int, now_ms: int
+    ) -> int:
         """Push the visibility deadline of held deliveries to ``now_ms + visibility_ms``.
 
         Like SQS ChangeMessageVisibility, the new deadline counts from now and may be

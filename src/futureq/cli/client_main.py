@@ -135,6 +135,8 @@ def existing_name_arg(kind: str) -> Callable[[str], str]:
     return check
 
 
+
+
 def format_ms(ms: int) -> str:
     """``2026-01-02T03:04:05.678Z`` for a wall-clock time in ms since the Unix epoch."""
     moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
@@ -337,7 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="publish one message, or a JSONL file of messages",
         description="Publish one message (TOPIC PAYLOAD) or, with --file, many.",
     )
-    publish.add_argument("topic", nargs="?", type=publish_topic_arg, help="topic to publish to")
+    publish.add_argument(
+        "topic", nargs="?", type=publish_topic_arg, help="topic to publish to"
+    )
     publish.add_argument(
         "payload",
         nargs="?",

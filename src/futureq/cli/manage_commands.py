@@ -138,9 +138,7 @@ def add_parsers(
     browse.add_argument(
         "--group", type=name_arg("group"), default=None, help="the group (default: the only one)"
     )
-    browse.add_argument(
-        "--from", dest="from_ms", type=at_arg, metavar="T", help="due at or after T"
-    )
+    browse.add_argument("--from", dest="from_ms", type=at_arg, metavar="T", help="due at or after T")
     until = browse.add_mutually_exclusive_group()
     until.add_argument("--to", dest="to_ms", type=at_arg, metavar="T", help="due before T")
     until.add_argument(
@@ -259,9 +257,7 @@ async def run_cancel(client: Client, args: argparse.Namespace, io: Output) -> in
             args.topic, ids[start : start + CANCEL_CHUNK_IDS], group=args.group
         )
     if args.json:
-        rows = [
-            {"id": mid, "status": status.name} for mid, status in zip(ids, statuses, strict=True)
-        ]
+        rows = [{"id": mid, "status": status.name} for mid, status in zip(ids, statuses, strict=True)]
         io.out(json.dumps(rows))
         return EXIT_OK
     for mid, status in zip(ids, statuses, strict=True):
@@ -450,7 +446,9 @@ async def _run_browse_counts(client: Client, args: argparse.Namespace, io: Outpu
     io.out(f"group {counts.group!r} of {args.topic!r}, pending by due time:")
     previous = None
     counted = [i for i, count in enumerate(counts.counts) if count is not None]
-    for position, (relative_ms, count) in enumerate(zip(args.buckets, counts.counts, strict=True)):
+    for position, (relative_ms, count) in enumerate(
+        zip(args.buckets, counts.counts, strict=True)
+    ):
         label = f"within {_duration_text(relative_ms)}"
         if previous is not None:
             label += f" (after {_duration_text(previous)})"
@@ -627,6 +625,7 @@ async def run_purge(client: Client, args: argparse.Namespace, io: Output) -> int
     """``futureq-cli purge TOPIC [--group G] --yes`` (confirmed by :func:`confirm_purge`)."""
     count = await client.purge(args.topic, group=args.group)
     io.out(
-        f"purging {count} pending entries of {_purge_target(args)} (in the background, in chunks)"
+        f"purging {count} pending entries of {_purge_target(args)} "
+        "(in the background, in chunks)"
     )
     return EXIT_OK

@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print a [[client]] entry for server.credentials_file (the secret stored "
         "as a salted scrypt hash) on stdout, and the client's token, shown once, on stderr. "
         "Add the permissions to the entry, then reload the server with SIGHUP. "
-        'See docs/security.md, "Client access".',
+        "See docs/security.md, \"Client access\".",
     )
     token.add_argument("--name", required=True, help="the client's name (letters, digits, . _ -)")
     token.add_argument(

@@ -619,9 +619,7 @@ class Client:
                 )
                 ok = _expect(answer, frames.PublishOk)
                 for pending, message_id in zip(
-                    batch,
-                    ids_from_publish_ok(ok.first_id, ok.count, len(batch), ok.duplicates),
-                    strict=True,
+                    batch, ids_from_publish_ok(ok.first_id, ok.count, len(batch), ok.duplicates), strict=True
                 ):
                     pending.resolve(message_id)
                 return

@@ -73,9 +73,7 @@ def shard_config(config: Config, shard: int) -> Config:
         cluster,
         raft_listen=shift_address(cluster.raft_listen, offset),
         advertise_raft=(
-            None
-            if cluster.advertise_raft is None
-            else shift_address(cluster.advertise_raft, offset)
+            None if cluster.advertise_raft is None else shift_address(cluster.advertise_raft, offset)
         ),
         peers=peers,
         join=None if cluster.join is None else shift_address(cluster.join, offset),

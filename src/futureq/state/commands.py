@@ -188,10 +188,9 @@ def decode(data: bytes) -> list[Any]:
     return value
 
 
-PublishItem = (
-    tuple[str, bytes, int, int | None]
-    | tuple[str, bytes, int, int | None, dict[str, str] | None, str | None]
-)
+PublishItem = tuple[str, bytes, int, int | None] | tuple[
+    str, bytes, int, int | None, dict[str, str] | None, str | None
+]
 """A validated item: ``(topic, payload, due_ms, ttl_ms)``, or with ``headers`` and
 ``idempotency_key`` after them."""
 
@@ -374,7 +373,9 @@ def cancel(topic: str, group_id: int | None, ids: list[int]) -> bytes:
     return encode([CommandKind.CANCEL, topic, group_id, ids])
 
 
-def reschedule(now_ms: int, topic: str, group_id: int | None, ids: list[int], due_ms: int) -> bytes:
+def reschedule(
+    now_ms: int, topic: str, group_id: int | None, ids: list[int], due_ms: int
+) -> bytes:
     """Encode a RESCHEDULE: messages of ``topic`` by id get the new due time ``due_ms``
     (in one group, or every group), stamped at ``now_ms``."""
     return encode([CommandKind.RESCHEDULE, now_ms, topic, group_id, ids, due_ms])

@@ -655,9 +655,13 @@ class ManageOps:
         Looks at a bounded number of keys (:data:`PRUNE_MIN_KEYS`, more for a batch
         that brought keys), oldest first.
         """
-        budget = PRUNE_MIN_KEYS + 2 * sum(1 for key in txn.changes["index"] if key[:1] == KEY_TIME)
+        budget = PRUNE_MIN_KEYS + 2 * sum(
+            1 for key in txn.changes["index"] if key[:1] == KEY_TIME
+        )
         stop = KEY_TIME + _u64(max(0, publish_ms - window_ms))
-        for looked, (time_key, index_key) in enumerate(self.store.scan("index", KEY_TIME, stop)):
+        for looked, (time_key, index_key) in enumerate(
+            self.store.scan("index", KEY_TIME, stop)
+        ):
             if looked >= budget:
                 break
             if looked % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:

@@ -481,9 +481,7 @@ class Nack:
         if len(f) == 4:
             reason = _opt_str("NACK", "reason", f[2])
             if type(f[3]) is not bool:
-                raise _bad(
-                    "NACK", f"field 'dead_letter' must be true or false, got {type(f[3]).__name__}"
-                )
+                raise _bad("NACK", f"field 'dead_letter' must be true or false, got {type(f[3]).__name__}")
             dead_letter = f[3]
         return cls(
             rid,
@@ -904,7 +902,9 @@ class Extend:
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> Extend:
         _arity("EXTEND", f, 2)
-        return cls(rid, _bytes_list("EXTEND", "tags", f[0]), _int("EXTEND", "visibility_ms", f[1]))
+        return cls(
+            rid, _bytes_list("EXTEND", "tags", f[0]), _int("EXTEND", "visibility_ms", f[1])
+        )
 
 
 @attrs.frozen
@@ -1159,11 +1159,8 @@ class BrowseOk:
                 or (m[5] is not None and type(m[5]) is not bytes)
                 or (m[6] is not None and type(m[6]) is not int)
             ):
-                raise _bad(
-                    "BROWSE_OK",
-                    f"messages[{i}] must be [id, due_ms, attempt, "
-                    "payload_bytes, headers, preview, expire_ms]",
-                )
+                raise _bad("BROWSE_OK", f"messages[{i}] must be [id, due_ms, attempt, "
+                           "payload_bytes, headers, preview, expire_ms]")
         return cls(
             rid,
             _str("BROWSE_OK", "group", f[0]),

@@ -154,9 +154,7 @@ def check_name(kind: str, value: str, item_index: int | None = None) -> None:
     code = ErrorCode.INVALID_TOPIC if kind == "topic" else ErrorCode.INVALID_GROUP
     limit = MAX_TOPIC_BYTES if kind == "topic" else MAX_GROUP_BYTES
     if not value:
-        raise RequestError(
-            code, f"{kind} name is empty; give a name of 1 to {limit} bytes", item_index
-        )
+        raise RequestError(code, f"{kind} name is empty; give a name of 1 to {limit} bytes", item_index)
     size = len(value.encode("utf-8", "surrogatepass"))
     if size > limit:
         why = " (so that its dead-letter topic <topic>.dlq fits in 255)" if kind == "topic" else ""
@@ -213,10 +211,9 @@ letter case."""
 MAX_IDEMPOTENCY_KEY_BYTES: Final = 255
 """Longest idempotency key (UTF-8 bytes)."""
 
-ValidItem = (
-    tuple[str, bytes, int, int | None]
-    | tuple[str, bytes, int, int | None, dict[str, str] | None, str | None]
-)
+ValidItem = tuple[str, bytes, int, int | None] | tuple[
+    str, bytes, int, int | None, dict[str, str] | None, str | None
+]
 """A validated PUBLISH item: ``(topic, payload, due_ms, ttl_ms)``, then ``headers`` and
 ``idempotency_key`` when either is given."""
 

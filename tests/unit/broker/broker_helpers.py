@@ -82,9 +82,7 @@ class RecordingOutbox:
         if isinstance(frame, frames.Deliver):
             self.frames.append(frame)
         else:
-            assert isinstance(
-                frame, frames.Revoke | frames.SubscriptionEnd | frames.SubscriptionInfo
-            )
+            assert isinstance(frame, frames.Revoke | frames.SubscriptionEnd | frames.SubscriptionInfo)
             self.pushes.append(frame)
         return True
 

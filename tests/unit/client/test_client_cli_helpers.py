@@ -282,16 +282,9 @@ def test_browse_and_dlq_accept_the_edges() -> None:
 def test_the_status_table_shows_the_oldest_due_age_and_the_next_due_time() -> None:
     from futureq.cli.client_main import Output, _table, age_text, group_table_rows
 
-    assert [age_text(ms) for ms in (0, 950, 90_000, 183_600_000)] == [
-        "0s",
-        "950ms",
-        "1m30s",
-        "2d3h",
-    ]
+    assert [age_text(ms) for ms in (0, 950, 90_000, 183_600_000)] == ["0s", "950ms", "1m30s", "2d3h"]
     group = {"topic": "t", "group": "g", "pending": 3, "oldest_due_age_ms": 90_000}
-    rows = group_table_rows(
-        [{**group, "next_due_ms": 1_767_225_600_000}, {**group, "next_due_ms": None}]
-    )
+    rows = group_table_rows([{**group, "next_due_ms": 1_767_225_600_000}, {**group, "next_due_ms": None}])
     assert (rows[0]["oldest_due_age"], rows[0]["next_due"]) == ("1m30s", "2026-01-01T00:00:00.000Z")
     assert rows[1]["next_due"] is None
     out = io.StringIO()

@@ -293,9 +293,7 @@ def test_the_cli_server_variable_is_not_server_config() -> None:
 
 def test_node_id_and_prefetch_have_upper_bounds() -> None:
     with pytest.raises(ConfigError) as error:
-        load_config(
-            env={"FUTUREQ_SERVER_NODE_ID": str(2**40), "FUTUREQ_LIMITS_MAX_PREFETCH": str(10**9)}
-        )
+        load_config(env={"FUTUREQ_SERVER_NODE_ID": str(2**40), "FUTUREQ_LIMITS_MAX_PREFETCH": str(10**9)})
     text = str(error.value)
     assert "server.node_id" in text and "limits.max_prefetch" in text
 
@@ -337,8 +335,6 @@ def test_combinations_start_cannot_run_are_refused_by_the_loader(
     message = str(error.value)
     for word in words:
         assert word in message, message
-
-
 # --- unit mistakes (issue 8, input 5) ------------------------------------------------
 
 

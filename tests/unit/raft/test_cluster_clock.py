@@ -118,9 +118,7 @@ def test_a_peer_with_a_wrong_clock_is_outvoted_and_reported() -> None:
     assert clock.in_bound and abs(clocks.error_us()) <= clocks.rtt_us
     assert clock.status().sources_true == 2
     assert clock.peer_offset_us(3) == pytest.approx(-3600 * S, abs=clocks.rtt_us)
-    assert any(
-        "node 3's clock is 3600.0 s behind cluster time (±0.2 ms)" in text for text in notices
-    )
+    assert any("node 3's clock is 3600.0 s behind cluster time (±0.2 ms)" in text for text in notices)
 
 
 @pytest.mark.parametrize("step_s", [3600, -3600, 2, -2])

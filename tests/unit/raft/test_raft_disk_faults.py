@@ -217,7 +217,9 @@ def test_recovering_followers_do_not_count_towards_commit_or_check_quorum() -> N
     leader = net.core(1)
     # Node 3 goes away; node 2 restarts and is recovering (its answer from 3 is missing).
     net.isolate(3)
-    restarted = make_node(2, VOTERS, storage=net.nodes[NodeId(2)].storage, recovery=True, boot_id=8)
+    restarted = make_node(
+        2, VOTERS, storage=net.nodes[NodeId(2)].storage, recovery=True, boot_id=8
+    )
     net.add(restarted)
     net.tick_all(2)
     assert restarted.core.recovering
@@ -309,7 +311,9 @@ def test_a_blank_node_under_a_removed_id_is_not_told_it_may_be_added_back() -> N
 
 def test_the_leader_records_incarnations_and_acknowledgements_in_the_log() -> None:
     voters = range(1, 4)
-    net = Network(make_node(i, voters, incarnation=100 + i, member_record_ticks=3) for i in voters)
+    net = Network(
+        make_node(i, voters, incarnation=100 + i, member_record_ticks=3) for i in voters
+    )
     net.elect(1)
     net.tick_all(1)
     leader = net.core(1)

@@ -345,19 +345,13 @@ def _keyed(topic: str, payload: bytes, key: str | None) -> commands.PublishItem:
 def test_a_second_publish_with_the_same_key_returns_the_original_id(kit: StoreKit) -> None:
     state = QueueState(kit.store)
     run = Runner(state)
-    first = run(
-        commands.publish(1000, [_keyed("t", b"a", "order-17")], idempotency_window_ms=60_000)
-    )
+    first = run(commands.publish(1000, [_keyed("t", b"a", "order-17")], idempotency_window_ms=60_000))
     assert isinstance(first, int)
     pending = state.total_pending
     again = run(
         commands.publish(
             1100,
-            [
-                _keyed("t", b"a", "order-17"),
-                _keyed("t", b"b", "order-18"),
-                _keyed("u", b"c", "order-17"),
-            ],
+            [_keyed("t", b"a", "order-17"), _keyed("t", b"b", "order-18"), _keyed("u", b"c", "order-17")],
             idempotency_window_ms=60_000,
         )
     )

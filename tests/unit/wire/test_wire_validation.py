@@ -166,11 +166,7 @@ BAD_ITEMS: list[tuple[str, Any, ErrorCode]] = [
     ("header-value-not-str", [*item(), {"a": 1}, None], ErrorCode.INVALID_HEADERS),
     ("header-name-empty", [*item(), {"": "x"}, None], ErrorCode.INVALID_HEADERS),
     ("header-reserved", [*item(), {"futureq-reason": "x"}, None], ErrorCode.INVALID_HEADERS),
-    (
-        "header-reserved-case",
-        [*item(), {"FutureQ-Original-Id": "1"}, None],
-        ErrorCode.INVALID_HEADERS,
-    ),
+    ("header-reserved-case", [*item(), {"FutureQ-Original-Id": "1"}, None], ErrorCode.INVALID_HEADERS),
     ("header-reserved-upper", [*item(), {"FUTUREQ-X": "1"}, None], ErrorCode.INVALID_HEADERS),
     (
         "headers-too-many",
