@@ -4,6 +4,10 @@
 ``futureq start <the same arguments> --shard-index K`` (its data, ports and Raft group
 derived by :mod:`futureq.shards.layout`), and
 
+* binds the node's HTTP port (``server.http``) before any shard starts and keeps the
+  listening socket for its whole life: shard 0 inherits it and serves the node's view
+  on it, and the supervisor answers on it whenever shard 0 is not serving (starting,
+  dead, restarting, stopped; :mod:`futureq.shards.cover`), so the port never refuses;
 * prints its own ``READY client=... http=... node_id=N shards=N`` line only once every
   shard printed its READY line (never half-up); a shard that exits before it is ready
   takes the node down at start, with the shard's exit code;
