@@ -299,6 +299,10 @@ class MetricsSection:
     require_auth: bool = True
 
 
+AUTO_SHARDS = 0
+"""``node.shards = auto``: the data directory's recorded count, else the number of cores."""
+
+
 @attrs.frozen
 class NodeSection:
     """How a node splits its work into shards (``docs/sharding.md``).
@@ -308,6 +312,9 @@ class NodeSection:
             (``DATA_DIR/shard-K``) and its own Raft group; fixed when the data directory
             is created. 1 (the default): no supervisor, the node is one broker process
             with its data in ``DATA_DIR`` itself, as before sharding existed.
+            :data:`AUTO_SHARDS` (0, written ``auto``): the count recorded in the data
+            directory, or for a new one the number of cores this process may use
+            (:func:`futureq.shards.layout.resolve_shard_count`).
         shard_port_stride: Shard ``K`` listens on every port of the node (client,
             HTTP, Raft, and the ports named in ``advertise``, ``peers`` and ``join``)
             plus ``K * shard_port_stride``; shard 0 uses the node's own ports.

@@ -38,6 +38,7 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
 from futureq.config import (
+    AUTO_SHARDS,
     ClusterSection,
     Config,
     LimitsSection,
@@ -231,6 +232,9 @@ class _Loader:
                     duration = parse_duration_ms(value)
                     if duration is not None:
                         table[key] = duration
+        node_table = raw.get("node")
+        if isinstance(node_table, dict) and str(node_table.get("shards")).strip() == "auto":
+            node_table["shards"] = AUTO_SHARDS
 
         problems = list(self.problems)
         bad_keys: set[str] = {key for problem in problems for key in problem.keys}
@@ -358,6 +362,8 @@ def _describe_type(field_type: Any, key: str) -> str:
             text = "an integer number of MiB"
         elif key.endswith("_items"):
             text = "an integer number of items"
+        elif key == "shards":
+            text = "an integer number of shards, or auto"
     elif base is str:
         text = "a string"
     else:  # pragma: no cover - every field is one of the above
@@ -739,8 +745,12 @@ def _check_metrics(metrics: MetricsSection) -> Iterable[_Bad]:
 def _check_node(node: NodeSection) -> Iterable[_Bad]:
     from futureq.shards.slots import MAX_SHARDS
 
-    if not 1 <= node.shards <= MAX_SHARDS:
-        yield _Bad(("node.shards",), node.shards, f"must be 1 to {MAX_SHARDS} shard processes")
+    if not (node.shards == AUTO_SHARDS or 1 <= node.shards <= MAX_SHARDS):
+        yield _Bad(
+            ("node.shards",),
+            node.shards,
+            f"must be 1 to {MAX_SHARDS} shard processes, or auto (the number of cores)",
+        )
     yield from _minimum("node", node, "shard_port_stride", 1, " ports")
 
 
@@ -818,6 +828,13 @@ def _check_ports(config: Config) -> Iterable[_Bad]:
                 config.cluster.raft_listen,
                 f"must differ from {key} (one port per listener)",
             )
+
+
+def shard_port_problems(config: Config) -> list[str]:
+    """Sentences saying why ``config``'s ports cannot hold its ``node.shards`` shards
+    (a port 0, or no room below 65536); empty when they can. For a count chosen after
+    loading (``node.shards = auto``)."""
+    return [f"{bad.keys[0]} = {bad.value!r}: {bad.rule}" for bad in _check_shard_ports(config)]
 
 
 def _check_shard_ports(config: Config) -> Iterable[_Bad]:

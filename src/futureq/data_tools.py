@@ -25,6 +25,13 @@ Backup file format (version 1): one msgpack value ``["futureq-backup", 1, info]`
 the state snapshot bytes of :mod:`futureq.state.snapshot` (which carry their own
 applied index, record count and CRC-32).
 
+A sharded node's backup (:func:`write_node_backup`, ``docs/sharding.md``): one msgpack
+value ``["futureq-node-backup", 1, {"shards": N, "created_ms", "server_version"}]``,
+then for each shard ``K`` in order an 8-byte big-endian length and that many bytes: a
+version-1 backup of ``DATA_DIR/shard-K``. Each shard's part is its state at one applied
+index of its own Raft group; the shards are read one after another, not at one instant
+(there is no cross-shard atomicity to keep: every command touches one shard).
+
 Source: Raft paper §7 (snapshots); thesis §4.2.1 (adding servers as learners first).
 """
 
@@ -56,6 +63,8 @@ from futureq.storage.db import FAMILIES, LOG_FAMILY, SCHEMA_VERSION, STATE_FAMIL
 
 BACKUP_MAGIC: Final = "futureq-backup"
 BACKUP_VERSION: Final = 1
+NODE_BACKUP_MAGIC: Final = "futureq-node-backup"
+NODE_BACKUP_VERSION: Final = 1
 FIRST_TERM: Final = Term(1)
 """Term of the snapshot a converted or restored node starts from."""
 _RAFT_KEYS: Final = (b"snapshot", b"hard_state")
@@ -323,6 +332,94 @@ def write_backup(data_dir: str, out: IO[bytes], *, now_ms: int | None = None) ->
     return info
 
 
+def write_node_backup(
+    data_dir: str, shards: int, out: IO[bytes], *, now_ms: int | None = None
+) -> list[BackupInfo]:
+    """Write a backup of every shard of the sharded node in ``data_dir`` (``shard-K``
+    subdirectories; format in the module doc); the node may be running.
+
+    Args:
+        data_dir: The node's data directory (``server.data_dir``), stamped ``shards``.
+        shards: The node's shard count (its ``SHARDS`` stamp).
+        out: Where to write; one shard's part is held in memory at a time.
+
+    Returns:
+        Each shard's :class:`BackupInfo`, by shard number.
+
+    Raises:
+        ConfigError, StorageError: as :func:`write_backup`, for any shard.
+    """
+    from futureq.shards.layout import shard_data_dir
+
+    created_ms = SystemClock().wall_ms() if now_ms is None else now_ms
+    out.write(
+        msgpack.packb(
+            [
+                NODE_BACKUP_MAGIC,
+                NODE_BACKUP_VERSION,
+                {"shards": shards, "created_ms": created_ms, "server_version": __version__},
+            ],
+            use_bin_type=True,
+        )
+    )
+    infos: list[BackupInfo] = []
+    for shard in range(shards):
+        part = io.BytesIO()
+        infos.append(write_backup(shard_data_dir(data_dir, shard), part, now_ms=created_ms))
+        raw = part.getbuffer()
+        out.write(len(raw).to_bytes(8, "big"))
+        out.write(raw)
+        del raw
+    out.flush()
+    return infos
+
+
+def read_node_backup(raw: bytes) -> list[bytes] | None:
+    """The shards' parts of a sharded node's backup (each a version-1 backup, checked
+    whole by :func:`read_backup`), or None when ``raw`` is not a node backup.
+
+    Raises:
+        ConfigError: a node backup of another version, or damaged (truncated, a part
+            that is not a valid backup, a wrong shard count).
+    """
+    unpacker = msgpack.Unpacker(io.BytesIO(raw), raw=False, max_buffer_size=1 << 20)
+    try:
+        header = next(unpacker)
+    except Exception:
+        return None
+    if not (isinstance(header, list) and len(header) == 3 and header[0] == NODE_BACKUP_MAGIC):
+        return None
+    if header[1] != NODE_BACKUP_VERSION:
+        raise ConfigError(
+            f"node backup format version {header[1]}; this build reads version "
+            f"{NODE_BACKUP_VERSION}"
+        )
+    shards = header[2].get("shards") if isinstance(header[2], dict) else None
+    if type(shards) is not int or shards < 1:
+        raise ConfigError(f"the node backup is damaged: its header names {shards!r} shards")
+    parts: list[bytes] = []
+    offset = unpacker.tell()
+    for shard in range(shards):
+        if offset + 8 > len(raw):
+            raise ConfigError(f"the node backup is damaged: it ends before shard {shard}")
+        size = int.from_bytes(raw[offset : offset + 8], "big")
+        offset += 8
+        if offset + size > len(raw):
+            raise ConfigError(f"the node backup is damaged: shard {shard}'s part is cut short")
+        part = raw[offset : offset + size]
+        try:
+            read_backup(part)
+        except ConfigError as exc:
+            raise ConfigError(f"shard {shard}'s part of the node backup: {exc}") from None
+        parts.append(part)
+        offset += size
+    if offset != len(raw):
+        raise ConfigError(
+            f"the node backup is damaged: {len(raw) - offset} bytes follow its last shard"
+        )
+    return parts
+
+
 def read_backup(raw: bytes) -> tuple[BackupInfo, bytes]:
     """Check a backup file's bytes whole; return its info and state snapshot bytes.
 
@@ -335,6 +432,12 @@ def read_backup(raw: bytes) -> tuple[BackupInfo, bytes]:
         header = next(unpacker)
     except Exception:
         raise ConfigError("not a FutureQ backup (no header)") from None
+    if isinstance(header, list) and len(header) == 3 and header[0] == NODE_BACKUP_MAGIC:
+        shards = header[2].get("shards") if isinstance(header[2], dict) else None
+        raise ConfigError(
+            f"this is the backup of a whole node of {shards} shards: restore it into the "
+            f"node's data directory with --shards {shards}, not into one shard's"
+        )
     if not (isinstance(header, list) and len(header) == 3 and header[0] == BACKUP_MAGIC):
         raise ConfigError("not a FutureQ backup (wrong header)")
     if header[1] != BACKUP_VERSION:

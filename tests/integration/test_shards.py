@@ -616,3 +616,47 @@ def test_publish_file_counts_repeated_idempotency_keys_on_every_shard(
     assert again.stdout.startswith(
         "published 1 message(s), 2 already published (same idempotency key) in"
     )
+
+
+@pytest.mark.slow
+def test_cluster_add_node_by_hand_joins_every_shards_group(tmp_path: Path) -> None:
+    """``cluster remove-node 3``, node 3 started blank, ``cluster add-node 3 RAFT CLIENT``
+    naming its public ports: shard K's group gets node 3's shard K at those ports plus
+    K * stride, and node 3 becomes a voter of both groups; a second add-node is a no-op."""
+    import shutil
+
+    nodes, ports = _sharded_cluster(tmp_path)
+    try:
+        for node in nodes.values():
+            node.start()
+        seed = f"127.0.0.1:{ports[1][0]}"
+        nodes[3].terminate()
+        done = cli(seed, "cluster", "remove-node", "3")
+        assert done.returncode == 0, done.stderr
+        shutil.rmtree(tmp_path / "node3")
+        nodes[3].start()
+        raft3, client3 = f"127.0.0.1:{ports[3][1]}", f"127.0.0.1:{ports[3][0]}"
+        for attempt in range(2):  # the second time every group lists it: nothing to do
+            done = cli(seed, "cluster", "add-node", "3", raft3, client3)
+            assert done.returncode == 0, (attempt, done.stderr)
+
+        async def members() -> list[dict[str, Any]]:
+            async with open_client(seed, request_timeout_s=60) as client:
+                return (await client.cluster_status())["shards"]
+
+        deadline = time.monotonic() + 120
+        while True:
+            shards = trio.run(members)
+            if all(3 in s.get("voters", []) for s in shards):
+                break
+            assert time.monotonic() < deadline, shards
+            time.sleep(0.5)
+        for shard, view in enumerate(shards):
+            entry = next(n for n in view["nodes"] if n["node_id"] == 3)
+            assert entry["raft_address"] == f"127.0.0.1:{ports[3][1] + shard * STRIDE}", view
+        # Node 3's shard 1 holds shard 1's group: it caught up through that group.
+        assert (tmp_path / "node3" / "shard-1" / "CURRENT").exists()
+    finally:
+        for node in nodes.values():
+            if node.alive():
+                node.terminate()

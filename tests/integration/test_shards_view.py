@@ -282,3 +282,76 @@ def test_the_node_view_behind_a_token_and_https(
     finally:
         made.terminate()
         made.kill()
+
+
+def test_the_nodes_port_answers_while_shard_0_is_down_and_recovers(node: ShardedNode) -> None:
+    """Shard 0 serves the node's HTTP port; SIGKILLed, its supervisor answers on the same
+    socket with the degraded view (shard 0 named as restarting, shard 1's part kept)
+    until the restarted shard 0 serves again; no request is refused meanwhile."""
+    slot_map = even_map(node.shard_addresses)
+
+    async def setup() -> None:
+        async with open_client(node.client_address) as client:
+            for topic in TOPICS:
+                await client.create_group(topic, "g")
+
+    trio.run(setup)
+    wait_status(node, "/readyz", 200)
+    killed = shard_pid(node, 0)
+    os.kill(killed, signal.SIGKILL)
+    # The restart waits a back-off and takes a start: the first requests meet the
+    # supervisor. (A refused connection would raise URLError here and fail the test.)
+    status, body, _ = get(node, "/readyz")
+    assert status == 503, body
+    answer = json.loads(body)
+    assert answer["ready"] is False
+    assert [s["ready"] for s in answer["shards"]] == [False, True]
+    assert "shard 0 is not ready: is " in answer["reason"], answer
+    assert answer["shards"][0]["reason"].startswith(
+        ("is restarting: it exited with code -9", "is starting")
+    ), answer
+
+    status, body, _ = get(node, "/healthz")
+    assert status == 503 and body.startswith(b"unhealthy: shard 0 ("), body
+    assert b"shard 1" not in body  # shard 1 is healthy
+    status, body, _ = get(node, "/api/status")
+    assert status == 503, body
+    degraded = json.loads(body)
+    assert degraded["error"].startswith("shard 0: is "), degraded
+    assert degraded["missing_shards"] == [0]
+    assert sorted(t["topic"] for t in degraded["topics"]) == sorted(
+        t for t in TOPICS if slot_map.shard_of(t) == 1
+    )
+    assert degraded["shards"][1]["role"] == "leader"
+    status, body, _ = get(node, "/metrics")
+    assert status == 200, body
+    text = body.decode()
+    assert 'futureq_node_view_shard_up{shard="0"} 0' in text
+    assert 'futureq_node_view_shard_up{shard="1"} 1' in text
+    assert 'futureq_applied_index{shard="1"}' in text
+    assert 'shard="0"' not in text.replace('futureq_node_view_shard_up{shard="0"} 0', "")
+    status, body, _ = get(node, "/")
+    assert status == 503 and b"shard 0 of this node" in body, body
+
+    # Shard 0 comes back and serves the port again: every shard is in the view.
+    wait_status(node, "/readyz", 200)
+    status, body, _ = get(node, "/api/status")
+    assert status == 200 and json.loads(body)["missing_shards"] == [], body
+    assert node.pid_of_shard(0) not in (None, killed)
+    status, body, _ = get(node, "/")
+    assert status == 200 and b"<html" in body.lower()
+
+
+def test_the_nodes_http_port_taken_stops_the_node_with_a_sentence(tmp_path: Path) -> None:
+    import socket
+
+    made = ShardedNode(tmp_path / "data")
+    port = int(made._port_args[3].rsplit(":", 1)[1])
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", port))
+        blocker.listen()
+        with pytest.raises(RuntimeError, match="broker did not start"):
+            made.start()
+    assert made.process is not None and made.process.returncode == 4
+    assert f"cannot listen for HTTP on 127.0.0.1:{port}" in made.stderr_text()
+    assert "--http" in made.stderr_text()

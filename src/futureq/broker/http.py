@@ -252,17 +252,20 @@ class HttpApp:
         query_string = scope.get("query_string", b"").decode("latin-1")
         try:
             query = dict(urllib.parse.parse_qsl(query_string))
-            view = self._node_view
-            if view is not None and query.get("local") != "true":
-                status, body, content_type = await self._node_answer(
-                    view, scope["path"], query, query_string
-                )
-            else:
-                status, body, content_type = await self._local_answer(scope["path"], query)
+            status, body, content_type = await self._answer(scope["path"], query, query_string)
         except Exception:
             logger.exception("HTTP %s %s failed", method, scope["path"])
             status, body, content_type = 500, b"internal error; see the server log\n", _TEXT
         await _respond(send, status, body, content_type, head=head)
+
+    async def _answer(
+        self, path: str, query: dict[str, str], query_string: str
+    ) -> tuple[int, bytes, bytes]:
+        """``(status, body, content type)`` of an authorised ``GET path``."""
+        view = self._node_view
+        if view is not None and query.get("local") != "true":
+            return await self._node_answer(view, path, query, query_string)
+        return await self._local_answer(path, query)
 
     async def _local_answer(self, path: str, query: dict[str, str]) -> tuple[int, bytes, bytes]:
         """This process's answer to ``GET path`` (the endpoints of the module doc)."""
@@ -502,6 +505,7 @@ async def serve_http(
     node_view: NodeView | None = None,
     internal_token: str | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    listen_fd: int | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the HTTP endpoints on ``address`` until cancelled (or ``shutdown_trigger``).
@@ -528,14 +532,52 @@ async def serve_http(
         shutdown_trigger: Optional; when this returns, stop accepting and let open
             requests finish for up to :data:`GRACEFUL_TIMEOUT_S`, then return. Without
             it, cancel the enclosing scope to stop (open requests are cut).
+        listen_fd: Serve on this already listening socket (a file descriptor the
+            process inherited, shard 0 of a sharded node: its supervisor holds the node's
+            HTTP port, :mod:`futureq.shards.supervisor`) instead of binding ``address``;
+            the descriptor is owned (closed) by the server from then on.
         task_status: Receives the bound ``"host:port"`` (``"[::1]:port"`` for IPv6)
             once the socket listens.
 
     Raises:
         OSError: the address cannot be bound (in use, not local).
     """
+    app = HttpApp(
+        metrics,
+        provider,
+        access,
+        metrics_require_auth,
+        websocket_handler,
+        websocket_origins,
+        browser=browser,
+        node_view=node_view,
+        internal_token=internal_token,
+    )
+    await serve_app(
+        app,
+        address,
+        max_frame_bytes=max_frame_bytes,
+        tls=tls,
+        shutdown_trigger=shutdown_trigger,
+        listen_fd=listen_fd,
+        task_status=task_status,
+    )
+
+
+async def serve_app(
+    app: HttpApp,
+    address: str,
+    *,
+    max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
+    tls: TlsConfig | None = None,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    listen_fd: int | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` with hypercorn on ``address`` (or ``listen_fd``); the arguments are
+    :func:`serve_http`'s."""
     config = HypercornConfig()
-    config.bind = [address]
+    config.bind = [address if listen_fd is None else f"fd://{listen_fd}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("futureq.broker.http.server")
     config.logger_class = _QuietHypercornLogger
@@ -551,17 +593,6 @@ async def serve_http(
         if tls.ca_file is not None:
             config.ca_certs = tls.ca_file
             config.verify_mode = ssl.CERT_REQUIRED if tls.require_client_cert else ssl.CERT_OPTIONAL
-    app = HttpApp(
-        metrics,
-        provider,
-        access,
-        metrics_require_auth,
-        websocket_handler,
-        websocket_origins,
-        browser=browser,
-        node_view=node_view,
-        internal_token=internal_token,
-    )
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
             functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger)

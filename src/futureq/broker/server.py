@@ -36,7 +36,7 @@ from futureq.errors import (
 from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
 from futureq.shards.layout import ShardRole
-from futureq.shards.view import NodeView, node_token
+from futureq.shards.view import NodeView, inherited_http_fd, node_token
 from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
 from futureq.storage.space import SpaceAlarm
@@ -338,6 +338,7 @@ async def serve(
                         browser=broker,
                         node_view=node_view,
                         internal_token=node_token() if shard is not None else None,
+                        listen_fd=inherited_http_fd() if node_view is not None else None,
                     )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group

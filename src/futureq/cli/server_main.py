@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from futureq import __version__, early_signals, fd_budget
-from futureq.config import WILDCARD_HOSTS, Config, split_host_port
+from futureq.config import AUTO_SHARDS, WILDCARD_HOSTS, Config, split_host_port
 from futureq.config_loader import LOG_LEVELS, config_warnings, env_var_name, load_config
 from futureq.errors import ConfigError
 from futureq.logging_setup import LOG_FORMATS, setup_logging
@@ -69,6 +69,18 @@ class _Flag:
     @property
     def dest(self) -> str:
         return f"{self.section}__{self.key}"
+
+
+def _shard_count(text: str) -> int:
+    """``--shards``: a count, or ``auto`` (:data:`futureq.config.AUTO_SHARDS`)."""
+    if text.strip() == "auto":
+        return AUTO_SHARDS
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of shards; give a whole number or auto"
+        ) from None
 
 
 _FLAGS: tuple[_Flag, ...] = (
@@ -194,8 +206,10 @@ _FLAGS: tuple[_Flag, ...] = (
         "shards",
         "N",
         "shard processes of this node, each its own RocksDB and Raft group; fixed when "
-        "the data directory is created (env FUTUREQ_SHARDS works too); see docs/sharding.md",
-        type=int,
+        "the data directory is created (env FUTUREQ_SHARDS works too); auto: the count "
+        "recorded in the data directory, or the number of cores for a new one; see "
+        "docs/sharding.md",
+        type=_shard_count,
     ),
     _Flag(
         ("--no-fsync",),
@@ -451,45 +465,57 @@ def _data_command(args: argparse.Namespace) -> int:
     """convert-to-cluster, backup, restore (:mod:`futureq.data_tools`)."""
     from futureq import data_tools  # RocksDB tooling: not needed by --help
     from futureq.errors import StorageError
+    from futureq.shards import layout
 
     try:
         config = _load(args)
         data_dir = config.server.data_dir
+        if args.command == "restore":
+            _restore(args, config)
+            return EXIT_OK
+        # A sharded node's data directory (stamped): every shard, each in shard-K.
+        shards = layout.read_stamp(data_dir) or 1
+        if shards > 1:
+            config = attrs.evolve(config, node=attrs.evolve(config.node, shards=shards))
         if args.command == "convert-to-cluster":
-            index = data_tools.convert_to_cluster(config)
             node_id = config.server.node_id
+            if shards > 1:
+                converted = _convert_shards(config, shards)
+                what = f"every shard of {data_dir} ({converted}) is now"
+                shards_flag = f" --shards {shards}"
+            else:
+                index = data_tools.convert_to_cluster(config)
+                what = f"{data_dir} is now"
+                converted = f"everything up to index {index}"
+                shards_flag = ""
             print(
-                f"{data_dir} is now node {node_id} of a new cluster, holding everything up to "
-                f"index {index}. Start it with --node-id {node_id} --peers "
-                f"{node_id}=<its raft HOST:PORT>, then start the other nodes with --join."
+                f"{what} node {node_id} of a new cluster, holding {converted}. Start it "
+                f"with --node-id {node_id}{shards_flag} --peers {node_id}=<its raft "
+                "HOST:PORT>, then start the other nodes with --join"
+                f"{shards_flag}."
             )
         elif args.command == "backup":
+
+            def write(out: Any) -> str:
+                if shards > 1:
+                    infos = data_tools.write_node_backup(data_dir, shards, out)
+                    parts = ", ".join(
+                        f"shard {k} at index {info.index}" for k, info in enumerate(infos)
+                    )
+                    total = sum(info.size_bytes for info in infos)
+                    return f"{shards} shards: {parts}; {total} bytes of state"
+                info = data_tools.write_backup(data_dir, out)
+                return f"index {info.index} ({info.size_bytes} bytes of state)"
+
             if args.out == "-":
-                info = data_tools.write_backup(data_dir, sys.stdout.buffer)
+                said = write(sys.stdout.buffer)
             else:
                 temp = f"{args.out}.partial"
                 with open(temp, "wb") as out:
-                    info = data_tools.write_backup(data_dir, out)
+                    said = write(out)
                     os.fsync(out.fileno())
                 os.replace(temp, args.out)
-            print(
-                f"backup of {data_dir} at index {info.index} ({info.size_bytes} bytes of "
-                f"state) written to {args.out}",
-                file=sys.stderr,
-            )
-        else:
-            if args.source == "-":
-                raw = sys.stdin.buffer.read()
-            else:
-                with open(args.source, "rb") as source:
-                    raw = source.read()
-            info = data_tools.restore_backup(config, raw, single_node=args.single_node)
-            where = (
-                "as a single node"
-                if args.single_node
-                else f"as node {config.server.node_id}, the only voter of a new cluster"
-            )
-            print(f"restored the backup at index {info.index} into {data_dir} {where}")
+            print(f"backup of {data_dir} at {said} written to {args.out}", file=sys.stderr)
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -502,9 +528,119 @@ def _data_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _convert_shards(config: Config, shards: int) -> str:
+    """convert-to-cluster on every shard of a sharded node (``config.node.shards``);
+    a shard already converted (a rerun after a failure) is left as it is.
+
+    Returns:
+        What each shard holds, for the message (``shard 0 up to index 12, ...``).
+    """
+    from futureq import data_tools
+    from futureq.shards import layout
+
+    said: list[str] = []
+    for shard in range(shards):
+        shard_config = layout.shard_config(config, shard)
+        try:
+            index = data_tools.convert_to_cluster(shard_config)
+        except ConfigError:
+            if _data_kind_of(shard_config) != "cluster":
+                raise
+            said.append(f"shard {shard} converted before")
+            continue
+        said.append(f"shard {shard} up to index {index}")
+    if all(part.endswith("converted before") for part in said):
+        raise ConfigError(
+            f"{config.server.data_dir} already holds a cluster node's data in every shard "
+            "(Raft state); there is nothing to convert"
+        )
+    return ", ".join(said)
+
+
+def _data_kind_of(config: Config) -> str:
+    """``data_kind`` of ``server.data_dir`` (blank, single or cluster)."""
+    from futureq import data_tools
+
+    db = data_tools._open(config)
+    try:
+        return data_tools.data_kind(db)
+    finally:
+        db.close()
+
+
+def _restore(args: argparse.Namespace, config: Config) -> None:
+    """``futureq restore``: a node backup into a sharded node's data directory (its
+    shard count must be ``node.shards``), or a one-directory backup into a node of 1.
+
+    Raises:
+        ConfigError: mismatched shard counts, a directory not empty of data, a bad file.
+    """
+    from futureq import data_tools
+    from futureq.shards import layout
+
+    if args.source == "-":
+        raw = sys.stdin.buffer.read()
+    else:
+        with open(args.source, "rb") as source:
+            raw = source.read()
+    data_dir = config.server.data_dir
+    parts = data_tools.read_node_backup(raw)
+    wanted = config.node.shards
+    if wanted == AUTO_SHARDS:  # auto: the backup's count
+        wanted = 1 if parts is None else len(parts)
+        config = attrs.evolve(config, node=attrs.evolve(config.node, shards=wanted))
+    where = (
+        "as a single node"
+        if args.single_node
+        else f"as node {config.server.node_id}, the only voter of a new cluster"
+    )
+    if parts is None:
+        if wanted > 1:
+            raise ConfigError(
+                f"{args.source} is the backup of one data directory (a node of 1 shard, or "
+                f"one shard's); restore it without --shards (node.shards 1), not --shards "
+                f"{wanted}: its topics hash to every shard of a node of {wanted}"
+            )
+        layout.check_shard_count(config)
+        info = data_tools.restore_backup(config, raw, single_node=args.single_node)
+        print(f"restored the backup at index {info.index} into {data_dir} {where}")
+        return
+    if wanted != len(parts):
+        raise ConfigError(
+            f"{args.source} is the backup of a node of {len(parts)} shards; restore it "
+            f"with --shards {len(parts)} (node.shards), not {wanted}: each shard's topics "
+            "belong to that shard, and a node's shard count is fixed when its data is created"
+        )
+    stamped = layout.read_stamp(data_dir)
+    if stamped is not None and stamped != wanted:
+        raise ConfigError(
+            f"{data_dir} holds the data of a node of {stamped} shards; restore a backup of "
+            f"{wanted} shards into an empty data directory"
+        )
+    for shard in range(wanted):  # every shard must be empty before any is written
+        shard_dir = layout.shard_data_dir(data_dir, shard)
+        if layout.holds_data(shard_dir):
+            raise ConfigError(f"{shard_dir} is not empty; restore into an empty data directory")
+    layout.check_shard_count(config)
+    said = []
+    for shard, part in enumerate(parts):
+        info = data_tools.restore_backup(
+            layout.shard_config(config, shard), part, single_node=args.single_node
+        )
+        said.append(f"shard {shard} at index {info.index}")
+    print(
+        f"restored the backup of {wanted} shards ({', '.join(said)}) into {data_dir} {where}; "
+        f"start it with --shards {wanted}"
+    )
+
+
 def _health(args: argparse.Namespace) -> int:
     try:
         config = _load(args)
+        if config.node.shards == AUTO_SHARDS:
+            from futureq.shards import layout
+
+            config = layout.resolve_shard_count(config)
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -561,14 +697,17 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
 
     shard: int | None = args.shard_index
     try:
-        config = _load(args)
+        loaded = _load(args)
+        config = layout.resolve_shard_count(loaded)
         if shard is None:
             layout.check_shard_count(config)
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
     except OSError as error:
-        print(f"futureq: cannot stamp the shard count in the data directory: {error}", file=sys.stderr)
+        print(
+            f"futureq: cannot stamp the shard count in the data directory: {error}", file=sys.stderr
+        )
         return EXIT_CONFIG
     sharded = config.node.shards > 1
     if shard is not None and not 0 <= shard < config.node.shards:
@@ -584,6 +723,12 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
     if shard is None:
         for warning in config_warnings(config):
             logging.getLogger("futureq").warning("%s", warning)
+        if loaded.node.shards != config.node.shards:
+            logging.getLogger("futureq").info(
+                "node.shards = auto: %d shard(s): the count the data directory was created "
+                "with (the usable cores of a new one; 1 for a single node's existing data)",
+                config.node.shards,
+            )
     if sharded and shard is None:
         from futureq.shards.supervisor import supervise
 

@@ -102,6 +102,9 @@ class ShardedClient(Client):
     Attributes:
         slot_map: The slot map in use.
         shard_clients: One client per shard, by shard number.
+        port_stride: The node's ``shard_port_stride`` from SLOT_MAP_OK (shard ``K`` of
+            every node listens on its ports plus ``K * port_stride``), None if the
+            server did not say.
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class ShardedClient(Client):
         slot_map: SlotMap,
         shard_clients: list[Client],
         open_shard: Callable[[int, str], Awaitable[Client]],
+        port_stride: int | None = None,
     ) -> None:
         super().__init__(
             [*slot_map.addresses],
@@ -131,6 +135,7 @@ class ShardedClient(Client):
         self.shard_clients = shard_clients
         self._open_shard = open_shard
         self._refreshing: anyio.Lock = anyio.Lock()
+        self.port_stride = port_stride
 
     # -- routing -----------------------------------------------------------------------
 
@@ -452,17 +457,50 @@ class ShardedClient(Client):
         await self._everywhere(lambda client: client.transfer_leader(node_id))
 
     async def add_node(self, node_id: int, raft_address: str, client_address: str) -> None:
-        """Not supported on a sharded node yet (each shard's group needs its own
-        addresses): start the new node with ``--join`` instead.
+        """Add a sharded node to every shard's Raft group: shard ``K``'s group gets the
+        node's shard ``K``, at ``raft_address`` and ``client_address`` (the new node's
+        shard 0, i.e. its public ports) plus ``K * port_stride`` (the port rule of
+        ``docs/sharding.md``). The groups change one after another from shard 0; a
+        group that already lists ``node_id`` at that Raft address is left as it is, so
+        running it again after a partial failure finishes the job.
 
         Raises:
-            RequestError: INVALID_ARGUMENT, always.
+            RequestError: INVALID_ARGUMENT when the server did not give its port stride,
+                an address cannot be shifted, or a group refuses (id in use elsewhere,
+                ...; the message names the shard and what was added before it).
+            ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
-        raise RequestError(
-            ErrorCode.INVALID_ARGUMENT,
-            "adding a node by hand to a sharded cluster is not supported yet; start the new "
-            "node with --join and the same --shards (docs/sharding.md)",
-        )
+        stride = self.port_stride
+        if stride is None:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                "this server did not say its shard port stride, so the addresses of the new "
+                "node's shards are unknown; start the new node with --join and the same "
+                "--shards instead (docs/sharding.md)",
+            )
+        added: list[int] = []
+        for shard, client in enumerate(self.shard_clients):
+            try:
+                raft = shift_address(raft_address, shard * stride)
+                address = shift_address(client_address, shard * stride)
+            except ValueError as exc:
+                raise RequestError(ErrorCode.INVALID_ARGUMENT, str(exc)) from None
+            view = await client.cluster_status()
+            if any(
+                member.get("node_id") == node_id and member.get("raft_address") == raft
+                for member in view.get("nodes", [])
+            ):
+                added.append(shard)
+                continue
+            try:
+                await client.add_node(node_id, raft, address)
+            except RequestError as exc:
+                done = f" (shards {added} list it already)" if added else ""
+                raise RequestError(
+                    exc.code,
+                    f"shard {shard}'s group refused node {node_id} at {raft}: {exc.message}{done}",
+                ) from exc
+            added.append(shard)
 
     async def remove_node(self, node_id: int) -> None:
         """As :meth:`Client.remove_node`, from every shard's Raft group."""

@@ -1512,7 +1512,9 @@ async def open_client(
                         client if shard == answering else await open_shard(shard, address)
                         for shard, address in enumerate(slot_map.addresses)
                     ]
-                    handed = ShardedClient(client, slot_map, shard_clients, open_shard)
+                    handed = ShardedClient(
+                        client, slot_map, shard_clients, open_shard, port_stride=stride
+                    )
                 yield handed
             finally:
                 for one in opened:

@@ -22,7 +22,7 @@ import os
 
 import attrs
 
-from futureq.config import Config, parse_peers, split_host_port
+from futureq.config import AUTO_SHARDS, Config, parse_peers, split_host_port
 from futureq.errors import ConfigError
 from futureq.shards.slots import SlotMap, even_map
 
@@ -117,6 +117,54 @@ def shard_role(config: Config, shard: int) -> ShardRole:
     return ShardRole(shard, node_slot_map(config), config.node.shard_port_stride)
 
 
+def usable_cores() -> int:
+    """How many CPUs this process may run on: ``os.process_cpu_count()`` (3.13+), else
+    the scheduler's affinity mask, else ``os.cpu_count()``; at least 1."""
+    counter = getattr(os, "process_cpu_count", None)
+    if counter is not None:
+        count = counter()
+    elif hasattr(os, "sched_getaffinity"):
+        count = len(os.sched_getaffinity(0))
+    else:
+        count = os.cpu_count()
+    return max(1, count or 1)
+
+
+def resolve_shard_count(config: Config) -> Config:
+    """``config`` with ``node.shards = auto`` (:data:`AUTO_SHARDS`) replaced by a count:
+    the one stamped in the data directory; 1 for a directory that holds a single node's
+    data (no stamp); for a new directory the number of usable cores (capped at
+    ``MAX_SHARDS``), which :func:`check_shard_count` then stamps, so later starts keep
+    it whatever the machine. Any other count is returned unchanged.
+
+    Raises:
+        ConfigError: the stamp is unreadable, or the chosen count needs fixed ports
+            that the configuration leaves to the OS (port 0).
+    """
+    from futureq.config_loader import shard_port_problems
+    from futureq.shards.slots import MAX_SHARDS
+
+    if config.node.shards != AUTO_SHARDS:
+        return config
+    data_dir = config.server.data_dir
+    stamped = read_stamp(data_dir)
+    if stamped is not None:
+        count = stamped
+    elif holds_data(data_dir):
+        count = 1
+    else:
+        count = min(usable_cores(), MAX_SHARDS)
+    resolved = attrs.evolve(config, node=attrs.evolve(config.node, shards=count))
+    problems = shard_port_problems(resolved)
+    if problems:
+        raise ConfigError(
+            f"node.shards = auto chose {count} shards for the new data directory {data_dir} "
+            f"(the number of cores), but {'; '.join(problems)}; give fixed ports, or "
+            "--shards 1"
+        )
+    return resolved
+
+
 def read_stamp(data_dir: str) -> int | None:
     """The shard count stamped in ``data_dir``, or None when there is no stamp.
 
@@ -135,9 +183,11 @@ def read_stamp(data_dir: str) -> int | None:
         raise ConfigError(f"{path} should hold the node's shard count, not {text!r}") from None
 
 
-def _holds_data(data_dir: str) -> bool:
+def holds_data(data_dir: str) -> bool:
+    """True when ``data_dir`` exists and has any entry."""
     try:
-        return any(True for _ in os.scandir(data_dir))
+        with os.scandir(data_dir) as entries:
+            return any(True for _ in entries)
     except FileNotFoundError:
         return False
 
@@ -159,7 +209,7 @@ def check_shard_count(config: Config) -> None:
     if stamped is None:
         if wanted == 1:
             return
-        if _holds_data(data_dir):
+        if holds_data(data_dir):
             raise ConfigError(
                 f"{data_dir} holds the data of a node with 1 shard; start it without "
                 f"--shards (or --shards 1), or give --shards {wanted} an empty data "

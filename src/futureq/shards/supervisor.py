@@ -4,6 +4,10 @@
 ``futureq start <the same arguments> --shard-index K`` (its data, ports and Raft group
 derived by :mod:`futureq.shards.layout`), and
 
+* binds the node's HTTP port (``server.http``) before any shard starts and keeps the
+  listening socket for its whole life: shard 0 inherits it and serves the node's view
+  on it, and the supervisor answers on it whenever shard 0 is not serving (starting,
+  dead, restarting, stopped; :mod:`futureq.shards.cover`), so the port never refuses;
 * prints its own ``READY client=... http=... node_id=N shards=N`` line only once every
   shard printed its READY line (never half-up); a shard that exits before it is ready
   takes the node down at start, with the shard's exit code;
@@ -29,14 +33,15 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 
 import trio
 
-from futureq.config import Config
-from futureq.shards.view import TOKEN_ENV
+from futureq.config import Config, split_host_port
+from futureq.shards.view import HTTP_FD_ENV, TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,10 @@ MAX_BACKOFF_S = 5.0
 EXTRA_STOP_S = 5.0
 """Added to ``server.shutdown_grace_ms`` before stopping shards are SIGKILLed (s)."""
 EXIT_SHARD_FAILED = 1
+EXIT_BIND = 4
+"""The exit code of a node that cannot bind a port (``futureq.broker.server``'s)."""
+HTTP_BACKLOG = 100
+"""Listen backlog of the node's HTTP socket (hypercorn's default)."""
 
 
 class _Shard:
@@ -58,7 +67,23 @@ class _Shard:
         self.index = index
         self.process: trio.Process | None = None
         self.ready = trio.Event()
+        """Set at the shard's first READY line (never cleared)."""
         self.ready_fields: dict[str, str] = {}
+        self.serving = False
+        """True from a READY line of the shard's current process until that process exits."""
+        self.state = "is starting"
+        """What the shard is doing, after "shard K": "is restarting: it exited ..."."""
+        self._changed = trio.Event()
+
+    def set_state(self, serving: bool, state: str) -> None:
+        self.serving, self.state = serving, state
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_serving(self, serving: bool = True) -> None:
+        """Return once :attr:`serving` is ``serving``."""
+        while self.serving != serving:
+            await self._changed.wait()
 
     @property
     def running(self) -> bool:
@@ -71,10 +96,19 @@ class Supervisor:
     Args:
         config: The node's configuration (``node.shards > 1``).
         shard_command: The command line of shard ``K`` (``argv`` of ``futureq start``).
+        http_socket: The node's listening HTTP socket (:func:`bind_http`): handed to
+            shard 0, and served by the supervisor while shard 0 does not
+            (:mod:`futureq.shards.cover`). None: shard 0 binds ``server.http`` itself.
     """
 
-    def __init__(self, config: Config, shard_command: Sequence[str]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        shard_command: Sequence[str],
+        http_socket: socket.socket | None = None,
+    ) -> None:
         self.config = config
+        self.http_socket = http_socket
         self.command = list(shard_command)
         self.shards = [_Shard(k) for k in range(config.node.shards)]
         self.stopping = False
@@ -120,6 +154,8 @@ class Supervisor:
                     self._outer = outer
                     outer.start_soon(self._watch_signals, sigs)
                     outer.start_soon(self._announce_when_ready)
+                    if self.http_socket is not None:
+                        outer.start_soon(self._cover_http, self.http_socket)
                     async with trio.open_nursery() as shards:
                         for shard in self.shards:
                             shards.start_soon(self._keep, shard)
@@ -212,21 +248,69 @@ class Supervisor:
 
     async def _run_once(self, shard: _Shard) -> int:
         command = [*self.command, "--shard-index", str(shard.index)]
+        env: dict[str, str] = self.env
+        pass_fds: tuple[int, ...] = ()
+        if shard.index == 0 and self.http_socket is not None:
+            fd = self.http_socket.fileno()
+            env, pass_fds = {**self.env, HTTP_FD_ENV: str(fd)}, (fd,)
         process = await trio.lowlevel.open_process(
             command,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             process_group=0,
-            env=self.env,
+            env=env,
+            pass_fds=pass_fds,
         )
         shard.process = process
+        started = trio.current_time()
+        shard.set_state(False, f"is starting (pid {process.pid})")
         log.info("shard %d started (pid %d)", shard.index, process.pid)
         if self.stopping:  # the stop began while it was being spawned
             process.send_signal(signal.SIGTERM)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_stdout, shard, process)
             code = await process.wait()
+        lived_s = trio.current_time() - started
+        shard.set_state(
+            False,
+            "is stopped: the node is shutting down"
+            if self.stopping
+            else f"is restarting: it exited with code {code} after {lived_s:.1f} s",
+        )
         return code
+
+    async def _cover_http(self, http_socket: socket.socket) -> None:
+        """Serve the node's HTTP port whenever shard 0 does not (module doc)."""
+        from futureq.broker.access import AccessControl
+        from futureq.broker.http import serve_app
+        from futureq.shards.cover import ShardZeroDownApp
+        from futureq.shards.layout import shard_config, shard_role
+        from futureq.shards.view import NodeView
+
+        config = shard_config(self.config, 0)
+        token = self.env[TOKEN_ENV]
+        view = NodeView(config, shard_role(self.config, 0), token)
+        shard0 = self.shards[0]
+        app = ShardZeroDownApp(
+            view,
+            lambda: shard0.state,
+            AccessControl(config.server.auth_token, config.server.credentials_file),
+            config.metrics.require_auth,
+            token,
+        )
+        tls = config.tls if config.tls.http else None
+        while True:
+            await shard0.wait_serving(False)
+            log.info("shard 0 %s: the supervisor answers on the node's HTTP port", shard0.state)
+            # hypercorn owns (and closes) the socket object it serves: give it a copy.
+            await serve_app(
+                app,
+                config.server.http,
+                max_frame_bytes=config.limits.max_frame_bytes,
+                tls=tls,
+                shutdown_trigger=shard0.wait_serving,
+                listen_fd=os.dup(http_socket.fileno()),
+            )
 
     async def _read_stdout(self, shard: _Shard, process: trio.Process) -> None:
         """Catch the shard's READY line; pass every other line on to our stdout."""
@@ -247,12 +331,42 @@ class Supervisor:
                             log.info("shard %d is serving again (pid %d)", shard.index, process.pid)
                         shard.ready_fields = fields
                         shard.ready.set()
+                        shard.set_state(True, f"is serving (pid {process.pid})")
                     else:
                         print(line, flush=True)
 
 
+def bind_http(address: str) -> socket.socket:
+    """A socket listening on ``address`` (``HOST:PORT``, ``[v6]:PORT``), bound as
+    hypercorn binds it (``SO_REUSEADDR``; IPv6 when the host has a colon).
+
+    Raises:
+        OSError: the address cannot be bound (in use, not local).
+    """
+    host, port = split_host_port(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(HTTP_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def supervise(config: Config, shard_command: Sequence[str]) -> int:
-    """Run a sharded node's supervisor until it stops; return its exit code."""
-    return trio.run(Supervisor(config, shard_command).run)
-
-
+    """Run a sharded node's supervisor until it stops; return its exit code
+    (:data:`EXIT_BIND` when the node's HTTP port cannot be bound)."""
+    try:
+        http_socket = bind_http(config.server.http)
+    except OSError as exc:
+        print(
+            f"futureq: cannot listen for HTTP on {config.server.http}: "
+            f"{exc.strerror or exc} (change it with --http)",
+            file=sys.stderr,
+        )
+        return EXIT_BIND
+    with http_socket:
+        return trio.run(Supervisor(config, shard_command, http_socket).run)

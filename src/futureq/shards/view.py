@@ -57,6 +57,9 @@ MAX_BODY_BYTES = 256 * 1024 * 1024
 TOKEN_ENV = "FQ_SHARD_VIEW_TOKEN"
 """Environment variable carrying the node's internal read token to its shards (not
 ``FUTUREQ_*``: those are configuration keys)."""
+HTTP_FD_ENV = "FQ_SHARD_HTTP_FD"
+"""Environment variable naming the file descriptor of the node's listening HTTP socket,
+which the supervisor binds once and hands to every incarnation of shard 0."""
 OVERVIEW_POLL_S = 1.0
 """How often the other shards' overviews are fetched while someone watches (s)."""
 OVERVIEW_FRESH_S = 3 * OVERVIEW_POLL_S + FETCH_DEADLINE_S
@@ -95,6 +98,13 @@ NOT_FETCHED = NoAnswer("is being fetched")
 def node_token() -> str | None:
     """The node's internal read token, when this process is a shard of a sharded node."""
     return os.environ.get(TOKEN_ENV) or None
+
+
+def inherited_http_fd() -> int | None:
+    """The node's listening HTTP socket, inherited from the supervisor (shard 0 only;
+    :data:`HTTP_FD_ENV`), or None: bind ``server.http`` itself."""
+    value = os.environ.get(HTTP_FD_ENV)
+    return int(value) if value else None
 
 
 def shard_http_address(http: str, shard: int, stride: int) -> str:
@@ -366,15 +376,16 @@ _SHARD_FIELDS = (
 def merge_status(replies: Sequence[Reply], addresses: Sequence[str]) -> tuple[int, dict[str, Any]]:
     """``/api/status`` of the node (see the module doc). 200 when shard 0 answered
     (its fields head the map); a shard without an answer is named in ``shards`` with
-    its ``error`` and in ``missing_shards``."""
+    its ``error`` and in ``missing_shards``. Without shard 0: 503 with ``error``
+    naming it and the other shards' part of the map (topics, counts, ``shards``)."""
     answers = [
         _json_of(reply) if isinstance(reply, Answer) and reply.status == 200 else None
         for reply in replies
     ]
     first = answers[0]
-    if first is None:
-        return 503, {"error": f"shard 0: {_why(replies[0])}"}
-    merged = dict(first)
+    merged: dict[str, Any] = (
+        {"error": f"shard 0: {_why(replies[0])}"} if first is None else dict(first)
+    )
     topics: list[Any] = []
     deleting: list[Any] = []
     shards: list[dict[str, Any]] = []
@@ -404,7 +415,7 @@ def merge_status(replies: Sequence[Reply], addresses: Sequence[str]) -> tuple[in
     merged["alarms"] = alarms
     merged["shards"] = shards
     merged["missing_shards"] = missing
-    return 200, merged
+    return (200 if first is not None else 503), merged
 
 
 def _add_end_aligned(total: list[Any], values: Sequence[Any], combine: Any) -> list[Any]:
@@ -573,6 +584,7 @@ __all__ = [
     "NoAnswer",
     "NodeView",
     "ROUTED",
+    "HTTP_FD_ENV",
     "TOKEN_ENV",
     "http_get",
     "merge_health",

@@ -1,0 +1,69 @@
+"""``node.shards = auto``: the count recorded in the data directory, else the cores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from futureq.config import AUTO_SHARDS, Config
+from futureq.config_loader import load_config
+from futureq.errors import ConfigError
+from futureq.shards.layout import (
+    check_shard_count,
+    read_stamp,
+    resolve_shard_count,
+    usable_cores,
+)
+from futureq.shards.slots import MAX_SHARDS
+
+
+def auto(data_dir: Path, **server: str) -> Config:
+    return load_config(
+        None,
+        env={},
+        overrides={
+            "server": {"data_dir": str(data_dir), "listen": "127.0.0.1:17450", **server},
+            "node": {"shards": AUTO_SHARDS},
+        },
+    )
+
+
+def test_auto_is_read_from_toml_env_and_flags(tmp_path: Path) -> None:
+    toml = tmp_path / "futureq.toml"
+    toml.write_text('[node]\nshards = "auto"\n')
+    assert load_config(str(toml), env={}).node.shards == AUTO_SHARDS
+    assert load_config(None, env={"FUTUREQ_SHARDS": "auto"}).node.shards == AUTO_SHARDS
+    for bad in ("many", "-1"):
+        with pytest.raises(ConfigError, match="or auto"):
+            load_config(None, env={"FUTUREQ_SHARDS": bad})
+
+
+def test_a_new_directory_gets_the_cores_and_keeps_them_once_stamped(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    resolved = resolve_shard_count(auto(data))
+    cores = min(usable_cores(), MAX_SHARDS)
+    assert resolved.node.shards == cores >= 1
+    check_shard_count(resolved)
+    assert read_stamp(str(data)) == (cores if cores > 1 else None)
+    # Another machine later: a stamp wins over the cores.
+    (data / "SHARDS").write_text("3\n")
+    assert resolve_shard_count(auto(data)).node.shards == 3
+    # An explicit count is never replaced.
+    explicit = attrs.evolve(resolved, node=attrs.evolve(resolved.node, shards=5))
+    assert resolve_shard_count(explicit).node.shards == 5
+
+
+def test_a_single_nodes_existing_data_stays_one_shard(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "CURRENT").write_text("MANIFEST-000001\n")  # RocksDB's: data, no stamp
+    assert resolve_shard_count(auto(data)).node.shards == 1
+
+
+def test_auto_with_os_chosen_ports_says_what_to_fix(tmp_path: Path) -> None:
+    if min(usable_cores(), MAX_SHARDS) == 1:
+        pytest.skip("one core: auto chooses 1 shard, which any port suits")
+    with pytest.raises(ConfigError, match=r"chose \d+ shards .* --shards 1"):
+        resolve_shard_count(auto(tmp_path / "data", http="127.0.0.1:0"))
