@@ -54,7 +54,13 @@ from futureq.errors import (
 )
 from futureq.shards.slots import even_map, topic_slot
 from futureq.wire import codec, frames
-from futureq.wire.session import CLOSED, NEED_DATA, ServerSession, SessionState
+from futureq.wire.session import (
+    CLOSED,
+    NEED_DATA,
+    RefusedRequest,
+    ServerSession,
+    SessionState,
+)
 
 from . import manage
 from .access import ANONYMOUS, AccessControl, Principal
@@ -591,6 +597,11 @@ class Connection:
                     return True
                 continue
             assert not isinstance(event, type(NEED_DATA))
+            if isinstance(event, RefusedRequest):
+                # Wrong fields in one request: it fails alone, the connection stays.
+                self.broker.metrics.count_request_error(event.error.code)
+                self._queue(session.error_bytes(event.error, event.request_id))
+                continue
             if isinstance(event, frames.Pong):
                 continue  # an answer to our keepalive PING: receiving it was the point
             await self._limit.acquire()
