@@ -110,6 +110,8 @@ class LimitsSection:
             incomplete frames received from them, beyond which no more deliveries are
             pushed and incomplete frames wait (the node's memory for connection buffers).
         frame_deadline_ms: Longest a frame may take from its first byte to its last (ms).
+        frame_stall_ms: Longest a client may send nothing in the middle of a frame while
+            the server reads (ms); a half-sent frame is dropped then, not held.
         keepalive_interval_ms: Silence from a client after which the server sends PING (ms).
         keepalive_timeout_ms: Time after that PING within which the client must send
             something (a PONG) before the connection is closed (ms).
@@ -137,6 +139,7 @@ class LimitsSection:
     max_connection_buffer_bytes: int = 8 * 1024 * 1024
     max_node_buffer_bytes: int = 256 * 1024 * 1024
     frame_deadline_ms: int = 30_000
+    frame_stall_ms: int = 10_000
     keepalive_interval_ms: int = 30_000
     keepalive_timeout_ms: int = 30_000
     send_timeout_ms: int = 30_000

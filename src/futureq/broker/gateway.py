@@ -19,8 +19,10 @@ Limits (``docs/operations.md``, "Limits"; issue 10):
 * all connections together hold at most ``limits.max_node_buffer_bytes`` (outgoing
   bytes plus incomplete incoming frames) before deliveries stop and incomplete frames
   wait (:class:`NodeBuffers`);
-* a frame must be complete ``limits.frame_deadline_ms`` after its first byte
-  (``FRAME_TIMEOUT``); a client silent for ``limits.keepalive_interval_ms`` gets a PING
+* a frame must be complete ``limits.frame_deadline_ms`` after its first byte, and no
+  byte of it may be ``limits.frame_stall_ms`` late while the server reads
+  (``FRAME_TIMEOUT``; a half-sent frame is dropped soon, not held); a read takes at most
+  what the node's inbound budget has room for (at least ``MIN_RECEIVE_BYTES``); a client silent for ``limits.keepalive_interval_ms`` gets a PING
   and must send something within ``limits.keepalive_timeout_ms`` (``KEEPALIVE_TIMEOUT``);
   one write may block for at most ``limits.send_timeout_ms`` (``SLOW_CLIENT``).
 
@@ -80,6 +82,8 @@ HANDSHAKE_TIMEOUT_S = 10.0
 LEADERSHIP_CLOSE_GRACE_S = 2.0
 """After a leadership change, how long in-progress requests may finish before closing."""
 RECEIVE_BYTES = 256 * 1024
+MIN_RECEIVE_BYTES = 4 * 1024
+"""A read when the node's inbound budget is (nearly) spent takes at most this much."""
 WRITE_COALESCE_BYTES = 256 * 1024
 """The writer joins queued frames into one ``send_all`` up to this size (bytes)."""
 ROOM_AGAIN_FRACTION = 0.5
@@ -616,6 +620,13 @@ class Connection:
             self._inbound_counted = buffered
             self.node_buffers.change(inbound=delta)
 
+    def _read_size(self) -> int:
+        """Bytes to read at most now: what the node's inbound budget has room for, at
+        least MIN_RECEIVE_BYTES (so the budget is overshot by at most that per
+        connection), at most RECEIVE_BYTES."""
+        room = self.node_buffers.limit_bytes - self.node_buffers.inbound
+        return max(MIN_RECEIVE_BYTES, min(RECEIVE_BYTES, room))
+
     async def _receive(self) -> None:
         """Read more bytes, under the frame deadline or the keepalive rules."""
         session = self.session
@@ -625,9 +636,11 @@ class Connection:
                 self._frame_started = self._last_receive
             deadline = self._frame_started + limits.frame_deadline_ms / 1000
             with trio.move_on_at(deadline) as frame:
-                # Incomplete frames wait while the node's buffers are full.
+                # Incomplete frames wait while the node's buffers are full (that wait is
+                # the server's doing: only the frame deadline runs during it).
                 await self.node_buffers.wait_room()
-                data = await self.stream.receive_some(RECEIVE_BYTES)
+                with trio.move_on_after(limits.frame_stall_ms / 1000) as stall:
+                    data = await self.stream.receive_some(self._read_size())
             if frame.cancelled_caught:
                 raise _Closing(
                     ErrorCode.FRAME_TIMEOUT,
@@ -635,15 +648,22 @@ class Connection:
                     f"byte ({session.buffered_bytes} bytes of it received; "
                     "limits.frame_deadline_ms)",
                 )
+            if stall.cancelled_caught:
+                raise _Closing(
+                    ErrorCode.FRAME_TIMEOUT,
+                    f"a frame stalled: no byte of it for {limits.frame_stall_ms} ms "
+                    f"({session.buffered_bytes} bytes of it received; limits.frame_stall_ms); "
+                    "send each frame whole",
+                )
         else:
             self._frame_started = None
             await self.outbox.wait_room()  # answers first: back-pressure on requests
             with trio.move_on_after(limits.keepalive_interval_ms / 1000) as idle:
-                data = await self.stream.receive_some(RECEIVE_BYTES)
+                data = await self.stream.receive_some(self._read_size())
             if idle.cancelled_caught:
                 self._queue(session.send(frames.Ping(0)))
                 with trio.move_on_after(limits.keepalive_timeout_ms / 1000) as waited:
-                    data = await self.stream.receive_some(RECEIVE_BYTES)
+                    data = await self.stream.receive_some(self._read_size())
                 if waited.cancelled_caught:
                     raise _Closing(
                         ErrorCode.KEEPALIVE_TIMEOUT,
