@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 import urllib.request
 
@@ -29,11 +30,11 @@ HOSTILE = 6
 """Half-sent 4 MiB frames: more than the node's 16 MiB inbound budget holds."""
 
 
-def _hold_half_frame(client: WireClient) -> None:
+def _hold_half_frame(client: WireClient, keep: int = 1) -> None:
     """Send a header announcing FRAME bytes and as much of the body as the server takes
-    (all but one byte at most), without blocking on a server that stopped reading."""
+    (all but ``keep`` bytes at most), without blocking on a server that stopped reading."""
     client.send_raw(FRAME.to_bytes(4, "big"))
-    body = b"\x00" * (FRAME - 1)
+    body = b"\x00" * (FRAME - keep)
     client.sock.settimeout(1.0)
     sent = 0
     try:
@@ -83,13 +84,65 @@ def test_half_sent_frames_are_dropped_after_the_stall_deadline_and_others_get_ro
         answer = client.receive(15)
         assert isinstance(answer, frames.Error), answer
         assert answer.code == ErrorCode.FRAME_TIMEOUT, answer
-        assert "limits.frame_stall_ms" in answer.message, answer.message
+        # Stalled, or dropped first for the producer's frame that waited for room.
+        assert "limits.frame_stall_ms" in answer.message or "oldest incomplete" in answer.message
         assert client.receive(5) is codec.CLOSED
     assert time.monotonic() - started < 25
     deadline = time.monotonic() + 5
     while _inbound_bytes(broker.http_address) > 0 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _inbound_bytes(broker.http_address) == 0
+
+
+def test_trickled_half_frames_are_dropped_when_another_frame_needs_the_room(
+    broker_factory: object,
+) -> None:
+    """Half-sent frames that keep trickling (a byte every 0.3 s: never stalled) hold the
+    budget until their 30 s frame deadline, unless the oldest is dropped for a frame
+    that waits for room."""
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={
+            "FUTUREQ_LIMITS_MAX_NODE_BUFFER_BYTES": str(NODE_INBOUND),
+            "FUTUREQ_LIMITS_MAX_CONNECTION_BUFFER_BYTES": str(8 * 1024 * 1024),
+        }
+    )
+    hostile = [WireClient(broker.client_address) for _ in range(HOSTILE)]
+    for client in hostile:
+        _hold_half_frame(client, keep=64)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.3):
+            for client in hostile:
+                try:
+                    client.sock.send(b"\x00")
+                except OSError:
+                    pass  # dropped (or not read: its budget wait)
+
+    trickler = threading.Thread(target=trickle, daemon=True)
+    trickler.start()
+    try:
+        producer = WireClient(broker.client_address)
+        sent = time.monotonic()
+        answer = producer.publish([["half.t", b"p" * (1024 * 1024), 0, None, None]])
+        took = time.monotonic() - sent
+        assert isinstance(answer, frames.PublishOk), answer
+        assert took < 10, took
+    finally:
+        stop.set()
+        trickler.join(5)
+    dropped = []
+    for client in hostile:
+        client.sock.settimeout(0.5)
+        try:
+            answer = client.receive(0.5)
+        except (TimeoutError, OSError):
+            continue
+        if isinstance(answer, frames.Error):
+            dropped.append(answer)
+    assert dropped, "no trickled frame was dropped"
+    assert all(a.code == ErrorCode.FRAME_TIMEOUT and "oldest incomplete" in a.message
+               for a in dropped), dropped  # fmt: skip
 
 
 def test_a_frame_that_keeps_coming_is_not_stalled(broker_factory: object) -> None:
