@@ -209,8 +209,10 @@ class NodeBuffers:
         Each :data:`EVICT_AFTER_S` spent waiting, the oldest incomplete frame begun
         before the waiter's own (``frame_started``, trio time) is dropped
         (:meth:`incomplete`), so clients holding or trickling half-sent frames cannot
-        keep the budget from everyone else until their frame deadline, while a newer
-        frame can never push out an older one.
+        keep the budget from everyone else until their frame deadline. Only frames
+        older than the waiter's are candidates: the one dropped has had the longest to
+        arrive (frames of well-behaved clients complete in moments, so it is rarely
+        theirs).
         """
         while self.inbound >= self.limit_bytes:
             room = self._room
