@@ -76,8 +76,9 @@ class FdBudget:
         return (
             f"limits.max_connections = {self.max_connections} but the open-file limit "
             f"({self.open_files}) leaves room for {self.client_connections} client "
-            f"connections (after {self.storage_files} for RocksDB and {self.other_files} for "
-            "peers, HTTP and logs); more are refused with TOO_MANY_CONNECTIONS. Raise the "
+            f"connections (after {self.storage_files} for RocksDB, {self.other_files} for "
+            f"peers, listeners and logs and {self.http_connections} for HTTP connections); "
+            "more are refused with TOO_MANY_CONNECTIONS. Raise the "
             "limit (ulimit -n, systemd LimitNOFILE=, the container runtime's nofile) or "
             "lower limits.max_connections"
         )
