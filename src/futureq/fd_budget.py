@@ -51,7 +51,7 @@ class FdBudget:
     Attributes:
         open_files: The process's (soft) open-file limit.
         storage_files: RocksDB ``max_open_files``.
-        other_files: Kept for peers, HTTP, logs and RocksDB's own files.
+        other_files: Kept for peers, listeners, logs and RocksDB's own files.
         client_connections: Most client connections served at once.
         max_connections: ``limits.max_connections`` as configured.
         http_connections: Most HTTP connections served at once.
