@@ -68,7 +68,8 @@ def test_http_connections_past_the_budget_get_503_and_the_node_keeps_its_disk(
             held.append(sock)
         answers = [_read_all(sock, 0.05) for sock in held]
         refused = [a for a in answers if a is not None]
-        # The first 16 are served (waiting for the rest of their head); every other one
+        # The first 4 (a quarter of 16 from one address) are served (waiting for the rest
+        # of their head); every other one
         # was told why (or, past 16 refusals at once, closed without a word) and closed,
         # without waiting for its request.
         assert len(refused) >= len(held) - 16, (len(refused), len(held))
@@ -76,6 +77,16 @@ def test_http_connections_past_the_budget_get_503_and_the_node_keeps_its_disk(
         assert all(a.startswith(b"HTTP/1.1 503") for a in told), told[:3]
         assert len(told) >= 16, (len(told), len(refused))
         assert b"limits.max_http_connections" in told[0], told[0]
+        # One address holds at most a quarter of the slots: another host's health probe
+        # is still served while this one fills its share.
+        host, port = broker.http_address.rsplit(":", 1)
+        probe = socket.create_connection(
+            (host, int(port)), timeout=10, source_address=("127.0.0.2", 0)
+        )
+        probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = _read_all(probe, 5.0)
+        probe.close()
+        assert answer is not None and answer.startswith(b"HTTP/1.1 200"), answer
 
         # With the HTTP slots taken, RocksDB still opens its files: 6 MiB of publishes
         # is several memtable flushes.

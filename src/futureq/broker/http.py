@@ -594,6 +594,9 @@ async def serve_http(
         task_status.started(bound)
 
 
+HTTP_ADDRESS_SHARE = 4
+"""One client address may hold at most 1/HTTP_ADDRESS_SHARE of the HTTP connections, so a
+host filling the port cannot shut out the health probes and dashboards of the others."""
 MAX_HTTP_REFUSING = 16
 """HTTP connections over the cap being told why at once; beyond, closed without a word."""
 REFUSE_GRACE_S = 1.0
@@ -603,12 +606,8 @@ REFUSE_DRAIN_S = 0.05
 http_refused_log = RateLimitedLog(logger)
 
 
-def _refusal(max_connections: int) -> bytes:
-    body = (
-        f"this node serves {max_connections} HTTP connections at once, its limit "
-        "(limits.max_http_connections, or what the open-file limit leaves room for); "
-        "retry later\n"
-    ).encode()
+def _refusal(why: str) -> bytes:
+    body = f"{why}; retry later\n".encode()
     head = (
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
         f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
@@ -645,8 +644,9 @@ async def _serve_capped(
     """Hypercorn's trio worker (``hypercorn.trio.run.worker_serve``) with admission.
 
     At most ``max_connections`` connections are served at once (each holds a file
-    descriptor; ``/ws`` ones included); one more is answered ``503`` with a sentence and
-    closed at once (HTTPS: closed before any TLS handshake), never left waiting with a
+    descriptor; ``/ws`` ones included), at most a :data:`HTTP_ADDRESS_SHARE`-th of them
+    from one client address; one more is answered ``503`` with a sentence and closed at
+    once (HTTPS: closed before any TLS handshake), never left waiting with a
     descriptor. TLS is wrapped per admitted connection, so a refused one costs no
     handshake. Hypercorn's per-connection deadlines apply: ``keep_alive_timeout``
     closes a connection that has no complete request head that long after it opened or
@@ -670,27 +670,44 @@ async def _serve_capped(
     context = WorkerContext(None)
     admitted = trio.CapacityLimiter(max_connections)
     refusing = trio.CapacityLimiter(MAX_HTTP_REFUSING)
-    refusal = _refusal(max_connections)
+    per_address = max(1, max_connections // HTTP_ADDRESS_SHARE)
+    refusal = _refusal(
+        f"this node serves {max_connections} HTTP connections at once, its limit "
+        "(limits.max_http_connections, or what the open-file limit leaves room for)"
+    )
+    address_refusal = _refusal(
+        f"this address holds {per_address} HTTP connections, the most one address may "
+        f"(1/{HTTP_ADDRESS_SHARE} of limits.max_http_connections)"
+    )
+    by_address: dict[str, int] = {}
+
+    async def refuse(stream: trio.SocketStream, answer: bytes, why: str) -> None:
+        http_refused_log.log(logging.WARNING, "HTTP connection refused: %s", why)
+        try:
+            refusing.acquire_nowait()
+        except trio.WouldBlock:
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await _refuse_http(stream, None if ssl_context is not None else answer)
+        finally:
+            refusing.release()
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
+            host = str(stream.socket.getpeername()[0])
+        except OSError:
+            await trio.aclose_forcefully(stream)
+            return
+        if by_address.get(host, 0) >= per_address:
+            await refuse(stream, address_refusal, f"{host} holds {per_address} connections")
+            return
+        try:
             admitted.acquire_nowait()
         except trio.WouldBlock:
-            http_refused_log.log(
-                logging.WARNING,
-                "HTTP connection refused: %d connections are open, limits.max_http_connections",
-                max_connections,
-            )
-            try:
-                refusing.acquire_nowait()
-            except trio.WouldBlock:
-                await trio.aclose_forcefully(stream)
-                return
-            try:
-                await _refuse_http(stream, None if ssl_context is not None else refusal)
-            finally:
-                refusing.release()
+            await refuse(stream, refusal, f"{max_connections} connections are open")
             return
+        by_address[host] = by_address.get(host, 0) + 1
         try:
             served: trio.abc.Stream = stream
             if ssl_context is not None:
@@ -700,6 +717,11 @@ async def _serve_capped(
             await TCPServer(wrapped, config, context, ConnectionState({}), served)  # type: ignore[arg-type]
         finally:
             admitted.release()
+            left = by_address[host] - 1
+            if left:
+                by_address[host] = left
+            else:
+                del by_address[host]
 
     async with trio.open_nursery() as handlers:
         async with trio.open_nursery() as accepting:
