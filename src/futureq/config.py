@@ -110,10 +110,18 @@ class LimitsSection:
             incomplete frames received from them, beyond which no more deliveries are
             pushed and incomplete frames wait (the node's memory for connection buffers).
         frame_deadline_ms: Longest a frame may take from its first byte to its last (ms).
+        frame_stall_ms: Longest a client may send nothing in the middle of a frame while
+            the server reads (ms); a half-sent frame is dropped then, not held.
         keepalive_interval_ms: Silence from a client after which the server sends PING (ms).
         keepalive_timeout_ms: Time after that PING within which the client must send
             something (a PONG) before the connection is closed (ms).
         send_timeout_ms: Longest one write to a client may block (ms).
+        max_http_connections: Most connections the HTTP port serves at once (``/ws``
+            included; fewer if the open-file limit leaves no room); one more is answered
+            503 and closed at once.
+        http_idle_timeout_ms: An HTTP connection without a complete request head this
+            long after it opened or after its last answer is closed (keep-alive idleness
+            and slowloris alike); also the TLS handshake's deadline there (ms).
         max_groups: Most consumer groups (so topics) the cluster holds; dead-letter
             topics are created past it.
         max_status_groups: Most groups listed in one STATUS answer or ``/api/status``.
@@ -131,9 +139,12 @@ class LimitsSection:
     max_connection_buffer_bytes: int = 8 * 1024 * 1024
     max_node_buffer_bytes: int = 256 * 1024 * 1024
     frame_deadline_ms: int = 30_000
+    frame_stall_ms: int = 10_000
     keepalive_interval_ms: int = 30_000
     keepalive_timeout_ms: int = 30_000
     send_timeout_ms: int = 30_000
+    max_http_connections: int = 128
+    http_idle_timeout_ms: int = 5_000
     max_groups: int = 1_000_000
     max_status_groups: int = 1000
 

@@ -539,9 +539,16 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
     yield from _minimum("limits", limits, "max_subscriptions_per_connection", 1, " subscriptions")
     yield from _minimum("limits", limits, "max_subscriptions", 1, " subscriptions")
     yield from _minimum("limits", limits, "max_node_buffer_bytes", 1, " bytes")
-    for key in ("frame_deadline_ms", "keepalive_interval_ms", "keepalive_timeout_ms"):
+    for key in (
+        "frame_deadline_ms",
+        "frame_stall_ms",
+        "keepalive_interval_ms",
+        "keepalive_timeout_ms",
+    ):
         yield from _minimum("limits", limits, key, 100, " ms")
     yield from _minimum("limits", limits, "send_timeout_ms", 100, " ms")
+    yield from _minimum("limits", limits, "max_http_connections", 1, " connections")
+    yield from _minimum("limits", limits, "http_idle_timeout_ms", 100, " ms")
     yield from _minimum("limits", limits, "max_groups", 1, " groups")
     yield from _minimum("limits", limits, "max_status_groups", 1, " groups")
     if limits.max_connection_buffer_bytes < limits.max_frame_bytes:

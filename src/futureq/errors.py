@@ -123,6 +123,26 @@ class RemoteProtocolError(ProtocolError):
     """The peer sent bytes that break the protocol; answer with ERROR, then close."""
 
 
+class FrameFieldsError(RemoteProtocolError):
+    """A frame with a known type and a valid request id whose fields are wrong.
+
+    A field missing, extra, of the wrong type (a str, float or bool where an int
+    belongs, a map where an array belongs) or outside its enumeration. The frame's bytes
+    were consumed whole, so the stream is still in step: a server answers that request
+    alone with ``INVALID_FIELD`` (200) and keeps the connection; a client reading such a
+    frame from a server treats it as the protocol error it is (``code`` INVALID_FRAME).
+
+    Attributes:
+        request_id: The frame's request id, to answer to.
+        frame_type: The frame's type number (a known one).
+    """
+
+    def __init__(self, code: ErrorCode, message: str, request_id: int, frame_type: int) -> None:
+        super().__init__(code, message)
+        self.request_id = request_id
+        self.frame_type = frame_type
+
+
 class RequestError(FutureQError):
     """A well-formed request that the server refuses.
 

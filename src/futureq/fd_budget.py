@@ -10,8 +10,11 @@ The budget therefore splits the limit (``docs/operations.md``, "Limits"):
 
 * RocksDB keeps at most :attr:`FdBudget.storage_files` table files open (its
   ``max_open_files``; more are reopened as needed);
-* :attr:`FdBudget.other_files` stay for Raft peers, the HTTP port, log and lock files
-  and RocksDB's logs and compaction outputs;
+* :attr:`FdBudget.other_files` stay for Raft peers, the listening sockets, log and lock
+  files and RocksDB's logs and compaction outputs;
+* HTTP connections (``/metrics``, the dashboard, ``/ws``) get
+  :attr:`FdBudget.http_connections`: ``limits.max_http_connections``, at most a sixteenth
+  of the limit; one more is answered ``503`` and closed at once;
 * client connections get the rest, at most ``limits.max_connections``; a connection
   beyond it is told ``TOO_MANY_CONNECTIONS`` and closed at once, instead of holding a
   descriptor while it waits.
@@ -35,6 +38,8 @@ OTHER_FILES: Final = 256
 """Descriptors kept for everything but client connections and RocksDB tables."""
 MIN_CLIENT_CONNECTIONS: Final = 16
 """Client connections allowed however small the open-file limit."""
+MIN_HTTP_CONNECTIONS: Final = 8
+"""HTTP connections allowed however small the open-file limit (if configured so high)."""
 UNLIMITED: Final = 1 << 20
 """What an unlimited (``RLIM_INFINITY``) or unknown open-file limit counts as."""
 
@@ -46,9 +51,10 @@ class FdBudget:
     Attributes:
         open_files: The process's (soft) open-file limit.
         storage_files: RocksDB ``max_open_files``.
-        other_files: Kept for peers, HTTP, logs and RocksDB's own files.
+        other_files: Kept for peers, listeners, logs and RocksDB's own files.
         client_connections: Most client connections served at once.
         max_connections: ``limits.max_connections`` as configured.
+        http_connections: Most HTTP connections served at once.
     """
 
     open_files: int
@@ -56,6 +62,7 @@ class FdBudget:
     other_files: int
     client_connections: int
     max_connections: int
+    http_connections: int = 0
 
     @property
     def limited_by_open_files(self) -> bool:
@@ -69,24 +76,32 @@ class FdBudget:
         return (
             f"limits.max_connections = {self.max_connections} but the open-file limit "
             f"({self.open_files}) leaves room for {self.client_connections} client "
-            f"connections (after {self.storage_files} for RocksDB and {self.other_files} for "
-            "peers, HTTP and logs); more are refused with TOO_MANY_CONNECTIONS. Raise the "
+            f"connections (after {self.storage_files} for RocksDB, {self.other_files} for "
+            f"peers, listeners and logs and {self.http_connections} for HTTP connections); "
+            "more are refused with TOO_MANY_CONNECTIONS. Raise the "
             "limit (ulimit -n, systemd LimitNOFILE=, the container runtime's nofile) or "
             "lower limits.max_connections"
         )
 
 
-def budget(max_connections: int, open_files: int) -> FdBudget:
-    """Share ``open_files`` descriptors between RocksDB, the rest and client connections.
+def budget(
+    max_connections: int, open_files: int, max_http_connections: int = 128
+) -> FdBudget:
+    """Share ``open_files`` descriptors between RocksDB, the rest, HTTP and client
+    connections.
 
     Args:
         max_connections: ``limits.max_connections``.
         open_files: The soft open-file limit (:func:`open_file_limit`).
+        max_http_connections: ``limits.max_http_connections``.
     """
     storage = min(STORAGE_FILES, max(64, open_files // 4))
     other = min(OTHER_FILES, max(32, open_files // 8))
-    room = max(MIN_CLIENT_CONNECTIONS, open_files - storage - other)
-    return FdBudget(open_files, storage, other, min(max_connections, room), max_connections)
+    http = max(1, min(max_http_connections, max(MIN_HTTP_CONNECTIONS, open_files // 16)))
+    room = max(MIN_CLIENT_CONNECTIONS, open_files - storage - other - http)
+    return FdBudget(
+        open_files, storage, other, min(max_connections, room), max_connections, http
+    )
 
 
 def open_file_limit(*, hard: bool = False) -> int:

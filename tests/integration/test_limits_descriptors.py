@@ -23,7 +23,8 @@ from futureq.errors import ErrorCode
 from futureq.wire import frames
 
 OPEN_FILES = 256
-"""The node's open-file limit here: room for 160 client connections (fd_budget)."""
+"""The node's open-file limit here: room for 144 client connections (fd_budget: 256 minus
+64 for RocksDB, 32 for the rest and 16 for HTTP connections)."""
 
 
 def test_connections_past_the_open_file_budget_are_refused_and_the_node_keeps_its_disk(
@@ -77,7 +78,7 @@ def test_connections_past_the_open_file_budget_are_refused_and_the_node_keeps_it
             time.sleep(0.1)
 
         log = broker.stderr_text()
-        assert "the open-file limit (256) leaves room for 160 client connections" in log
+        assert "the open-file limit (256) leaves room for 144 client connections" in log
         assert "refused: TOO_MANY_CONNECTIONS" in log
         assert "Traceback" not in log
         assert "Too many open files" not in log

@@ -209,12 +209,20 @@ def test_browse_pages_what_is_due_without_claiming_it(broker: BrokerProcess) -> 
             ({"limit": 0}, ErrorCode.INVALID_ARGUMENT),
             ({"limit": 1001}, ErrorCode.INVALID_ARGUMENT),
             ({"preview_bytes": 5000}, ErrorCode.INVALID_ARGUMENT),
-            ({"from_due_ms": 10, "to_due_ms": 5}, ErrorCode.INVALID_ARGUMENT),
+            ({"from_due_ms": now_ms + 10, "to_due_ms": now_ms + 5}, ErrorCode.INVALID_ARGUMENT),
+            ({"from_due_ms": -1}, ErrorCode.INVALID_ARGUMENT),
+            # Seconds, microseconds or nanoseconds taken for ms, as PUBLISH's deliver_at_ms.
+            ({"from_due_ms": now_ms // 1000}, ErrorCode.IMPLAUSIBLE_TIME),
+            ({"to_due_ms": now_ms // 1000 + 3600}, ErrorCode.IMPLAUSIBLE_TIME),
+            ({"from_due_ms": now_ms, "to_due_ms": now_ms * 1000}, ErrorCode.IMPLAUSIBLE_TIME),
+            ({"to_due_ms": now_ms * 1_000_000}, ErrorCode.IMPLAUSIBLE_TIME),
             ({"cursor": b"short"}, ErrorCode.INVALID_CURSOR),
         ]:
             with pytest.raises(RequestError) as info:
                 client.browse("later", **bad)  # type: ignore[arg-type]
             assert info.value.code is code, (bad, info.value)
+            if code is ErrorCode.IMPLAUSIBLE_TIME:
+                assert "milliseconds" in info.value.message and "did you mean" in info.value.message
         client.create_group("later", "h")
         with pytest.raises(RequestError) as info:
             client.browse("later")
@@ -236,6 +244,10 @@ def test_browse_pages_what_is_due_without_claiming_it(broker: BrokerProcess) -> 
         urllib.request.urlopen(f"{base}?topic=later&group=g&limit=0")
     assert refused.value.code == 400
     assert json.loads(refused.value.read())["code"] == "INVALID_ARGUMENT"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}?topic=later&group=g&from_due_ms={now_ms // 1000}")
+    assert refused.value.code == 400
+    assert json.loads(refused.value.read())["code"] == "IMPLAUSIBLE_TIME"
 
     shown = cli(address, "browse", "later", "--group", "g", "--within", "2h", "--json")
     assert shown.returncode == 0, shown.stderr

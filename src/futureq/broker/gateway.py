@@ -19,8 +19,13 @@ Limits (``docs/operations.md``, "Limits"; issue 10):
 * all connections together hold at most ``limits.max_node_buffer_bytes`` (outgoing
   bytes plus incomplete incoming frames) before deliveries stop and incomplete frames
   wait (:class:`NodeBuffers`);
-* a frame must be complete ``limits.frame_deadline_ms`` after its first byte
-  (``FRAME_TIMEOUT``); a client silent for ``limits.keepalive_interval_ms`` gets a PING
+* a frame must be complete ``limits.frame_deadline_ms`` after its first byte, and no
+  byte of it may be ``limits.frame_stall_ms`` late while the server reads
+  (``FRAME_TIMEOUT``; a half-sent frame is dropped soon, not held); a frame that has
+  waited :data:`EVICT_AFTER_S` for inbound room drops the oldest incomplete frame begun
+  before it (trickled half-frames cannot hold the budget until their deadline); a read
+  takes at most what the node's inbound budget has room for (at least
+  ``MIN_RECEIVE_BYTES``); a client silent for ``limits.keepalive_interval_ms`` gets a PING
   and must send something within ``limits.keepalive_timeout_ms`` (``KEEPALIVE_TIMEOUT``);
   one write may block for at most ``limits.send_timeout_ms`` (``SLOW_CLIENT``).
 
@@ -54,7 +59,13 @@ from futureq.errors import (
 )
 from futureq.shards.slots import even_map, topic_slot
 from futureq.wire import codec, frames
-from futureq.wire.session import CLOSED, NEED_DATA, ServerSession, SessionState
+from futureq.wire.session import (
+    CLOSED,
+    NEED_DATA,
+    RefusedRequest,
+    ServerSession,
+    SessionState,
+)
 
 from . import manage
 from .access import ANONYMOUS, AccessControl, Principal
@@ -74,6 +85,11 @@ HANDSHAKE_TIMEOUT_S = 10.0
 LEADERSHIP_CLOSE_GRACE_S = 2.0
 """After a leadership change, how long in-progress requests may finish before closing."""
 RECEIVE_BYTES = 256 * 1024
+MIN_RECEIVE_BYTES = 4 * 1024
+EVICT_AFTER_S = 1.0
+"""A frame waiting this long for inbound room drops the oldest incomplete frame whose
+client is slow (``NodeBuffers.wait_room``)."""
+"""A read when the node's inbound budget is (nearly) spent takes at most this much."""
 WRITE_COALESCE_BYTES = 256 * 1024
 """The writer joins queued frames into one ``send_all`` up to this size (bytes)."""
 ROOM_AGAIN_FRACTION = 0.5
@@ -151,6 +167,9 @@ class NodeBuffers:
         self._room = trio.Event()
         self.full_count = 0
         """Times the node's buffers were found full (deliveries held back)."""
+        self._incomplete: dict[int, tuple[float, Callable[[], None]]] = {}
+        self.evicted_count = 0
+        """Incomplete frames dropped to make room for others (:meth:`wait_room`)."""
 
     @property
     def total(self) -> int:
@@ -184,10 +203,42 @@ class NodeBuffers:
             if self.on_room is not None:
                 self.on_room()
 
-    async def wait_room(self) -> None:
-        """Block until incomplete incoming frames hold less than the limit."""
+    async def wait_room(self, key: int | None = None, frame_started: float = 0.0) -> None:
+        """Block until incomplete incoming frames hold less than the limit.
+
+        Each :data:`EVICT_AFTER_S` spent waiting, the oldest incomplete frame begun
+        before the waiter's own (``frame_started``, trio time) is dropped
+        (:meth:`incomplete`), so clients holding or trickling half-sent frames cannot
+        keep the budget from everyone else until their frame deadline. Only frames
+        older than the waiter's are candidates: the one dropped has had the longest to
+        arrive (frames of well-behaved clients complete in moments, so it is rarely
+        theirs).
+        """
         while self.inbound >= self.limit_bytes:
-            await self._room.wait()
+            room = self._room
+            with trio.move_on_after(EVICT_AFTER_S) as waited:
+                await room.wait()
+            if not waited.cancelled_caught:
+                continue
+            older = [
+                (started, other)
+                for other, (started, _) in self._incomplete.items()
+                if other != key and started < frame_started
+            ]
+            if older:
+                _, victim = min(older)
+                _, evict = self._incomplete.pop(victim)
+                self.evicted_count += 1
+                evict()
+
+    def incomplete(self, key: int, frame_started: float, evict: Callable[[], None]) -> None:
+        """Connection ``key`` waits for more of a frame begun at ``frame_started`` (trio
+        time); ``evict`` drops it if the budget is needed (:meth:`wait_room`)."""
+        self._incomplete[key] = (frame_started, evict)
+
+    def done_waiting(self, key: int) -> None:
+        """Connection ``key`` got bytes (or ended): no longer a candidate for eviction."""
+        self._incomplete.pop(key, None)
 
 
 class Outbox:
@@ -389,6 +440,8 @@ class Connection:
         self._scope = trio.CancelScope()
         self._closing: _Closing | None = None
         self._frame_started: float | None = None
+        self._waiting_scope = trio.CancelScope()
+        self._evicted = False
         self._last_receive = 0.0
         self._inbound_counted = 0
         self._watch: tuple[int, float] | None = None
@@ -591,6 +644,11 @@ class Connection:
                     return True
                 continue
             assert not isinstance(event, type(NEED_DATA))
+            if isinstance(event, RefusedRequest):
+                # Wrong fields in one request: it fails alone, the connection stays.
+                self.broker.metrics.count_request_error(event.error.code)
+                self._queue(session.error_bytes(event.error, event.request_id))
+                continue
             if isinstance(event, frames.Pong):
                 continue  # an answer to our keepalive PING: receiving it was the point
             await self._limit.acquire()
@@ -605,6 +663,18 @@ class Connection:
             self._inbound_counted = buffered
             self.node_buffers.change(inbound=delta)
 
+    def _evict(self) -> None:
+        """Drop this connection's incomplete frame (NodeBuffers.wait_room needs room)."""
+        self._evicted = True
+        self._waiting_scope.cancel()
+
+    def _read_size(self) -> int:
+        """Bytes to read at most now: what the node's inbound budget has room for, at
+        least MIN_RECEIVE_BYTES (so the budget is overshot by at most that per
+        connection), at most RECEIVE_BYTES."""
+        room = self.node_buffers.limit_bytes - self.node_buffers.inbound
+        return max(MIN_RECEIVE_BYTES, min(RECEIVE_BYTES, room))
+
     async def _receive(self) -> None:
         """Read more bytes, under the frame deadline or the keepalive rules."""
         session = self.session
@@ -613,10 +683,27 @@ class Connection:
             if self._frame_started is None:
                 self._frame_started = self._last_receive
             deadline = self._frame_started + limits.frame_deadline_ms / 1000
-            with trio.move_on_at(deadline) as frame:
-                # Incomplete frames wait while the node's buffers are full.
-                await self.node_buffers.wait_room()
-                data = await self.stream.receive_some(RECEIVE_BYTES)
+            stall: trio.CancelScope | None = None
+            self._evicted = False
+            with trio.move_on_at(deadline) as frame, trio.CancelScope() as waiting:
+                self._waiting_scope = waiting
+                self.node_buffers.incomplete(self.id, self._frame_started, self._evict)
+                try:
+                    # Incomplete frames wait while the node's buffers are full (that wait
+                    # is the server's doing: only the frame deadline runs during it).
+                    await self.node_buffers.wait_room(self.id, self._frame_started)
+                    with trio.move_on_after(limits.frame_stall_ms / 1000) as stall:
+                        data = await self.stream.receive_some(self._read_size())
+                finally:
+                    self.node_buffers.done_waiting(self.id)
+            if self._evicted:
+                raise _Closing(
+                    ErrorCode.FRAME_TIMEOUT,
+                    "the node's buffers for incoming frames are full "
+                    "(limits.max_node_buffer_bytes) and this frame was the oldest incomplete "
+                    f"one ({session.buffered_bytes} bytes of it received): dropped to make "
+                    "room for a newer one; send each frame whole and promptly",
+                )
             if frame.cancelled_caught:
                 raise _Closing(
                     ErrorCode.FRAME_TIMEOUT,
@@ -624,15 +711,22 @@ class Connection:
                     f"byte ({session.buffered_bytes} bytes of it received; "
                     "limits.frame_deadline_ms)",
                 )
+            if stall is not None and stall.cancelled_caught:
+                raise _Closing(
+                    ErrorCode.FRAME_TIMEOUT,
+                    f"a frame stalled: no byte of it for {limits.frame_stall_ms} ms "
+                    f"({session.buffered_bytes} bytes of it received; limits.frame_stall_ms); "
+                    "send each frame whole",
+                )
         else:
             self._frame_started = None
             await self.outbox.wait_room()  # answers first: back-pressure on requests
             with trio.move_on_after(limits.keepalive_interval_ms / 1000) as idle:
-                data = await self.stream.receive_some(RECEIVE_BYTES)
+                data = await self.stream.receive_some(self._read_size())
             if idle.cancelled_caught:
                 self._queue(session.send(frames.Ping(0)))
                 with trio.move_on_after(limits.keepalive_timeout_ms / 1000) as waited:
-                    data = await self.stream.receive_some(RECEIVE_BYTES)
+                    data = await self.stream.receive_some(self._read_size())
                 if waited.cancelled_caught:
                     raise _Closing(
                         ErrorCode.KEEPALIVE_TIMEOUT,

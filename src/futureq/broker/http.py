@@ -55,12 +55,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.logging import Logger as HypercornLogger
-from hypercorn.trio import serve
 
 from futureq.errors import ErrorCode, RemoteProtocolError
 from futureq.wire import codec
 
 from . import websocket
+from .gateway import RateLimitedLog
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
@@ -72,6 +72,11 @@ if TYPE_CHECKING:
     from .access import AccessControl
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_HTTP_CONNECTIONS = 128
+"""``limits.max_http_connections``'s default (see :func:`serve_http`)."""
+DEFAULT_HTTP_IDLE_TIMEOUT_MS = 5_000
+"""``limits.http_idle_timeout_ms``'s default (hypercorn's own keep-alive default)."""
 
 #: How long a graceful HTTP shutdown (``shutdown_trigger``) waits for open requests (s).
 GRACEFUL_TIMEOUT_S = 1.0
@@ -506,6 +511,8 @@ async def serve_http(
     internal_token: str | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     listen_fd: int | None = None,
+    max_connections: int = DEFAULT_MAX_HTTP_CONNECTIONS,
+    idle_timeout_ms: int = DEFAULT_HTTP_IDLE_TIMEOUT_MS,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the HTTP endpoints on ``address`` until cancelled (or ``shutdown_trigger``).
@@ -536,6 +543,13 @@ async def serve_http(
             process inherited, shard 0 of a sharded node: its supervisor holds the node's
             HTTP port, :mod:`futureq.shards.supervisor`) instead of binding ``address``;
             the descriptor is owned (closed) by the server from then on.
+        max_connections: ``limits.max_http_connections`` (or what the open-file limit
+            leaves room for, :mod:`futureq.fd_budget`): connections served at once; one
+            more gets ``503`` and is closed at once.
+        idle_timeout_ms: ``limits.http_idle_timeout_ms``: a connection without a
+            complete request head this long after it opened or after its last answer is
+            closed (keep-alive idleness and slowloris alike); also the TLS handshake's
+            deadline.
         task_status: Receives the bound ``"host:port"`` (``"[::1]:port"`` for IPv6)
             once the socket listens.
 
@@ -560,6 +574,8 @@ async def serve_http(
         tls=tls,
         shutdown_trigger=shutdown_trigger,
         listen_fd=listen_fd,
+        max_connections=max_connections,
+        idle_timeout_ms=idle_timeout_ms,
         task_status=task_status,
     )
 
@@ -572,6 +588,8 @@ async def serve_app(
     tls: TlsConfig | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     listen_fd: int | None = None,
+    max_connections: int = DEFAULT_MAX_HTTP_CONNECTIONS,
+    idle_timeout_ms: int = DEFAULT_HTTP_IDLE_TIMEOUT_MS,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` with hypercorn on ``address`` (or ``listen_fd``); the arguments are
@@ -583,6 +601,8 @@ async def serve_app(
     config.logger_class = _QuietHypercornLogger
     config.graceful_timeout = GRACEFUL_TIMEOUT_S
     config.include_server_header = False
+    config.keep_alive_timeout = idle_timeout_ms / 1000
+    config.ssl_handshake_timeout = idle_timeout_ms / 1000
     # One frame per /ws message: wsproto refuses bigger messages (close 1009) before
     # they are buffered whole; a small app queue keeps the reader waiting on us.
     config.websocket_max_message_size = max_frame_bytes + codec.HEADER_BYTES
@@ -595,8 +615,161 @@ async def serve_app(
             config.verify_mode = ssl.CERT_REQUIRED if tls.require_client_cert else ssl.CERT_OPTIONAL
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
-            functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger)
+            functools.partial(
+                _serve_capped, app, config, max_connections, shutdown_trigger=shutdown_trigger
+            )
         )
         bound = _host_port(binds[0])
-        logger.info("HTTP listening on %s (/metrics, /healthz, /readyz, dashboard)", bound)
+        logger.info(
+            "HTTP listening on %s (/metrics, /healthz, /readyz, dashboard; at most %d "
+            "connections at once)",
+            bound,
+            max_connections,
+        )
         task_status.started(bound)
+
+
+HTTP_ADDRESS_SHARE = 4
+"""One client address may hold at most 1/HTTP_ADDRESS_SHARE of the HTTP connections, so a
+host filling the port cannot shut out the health probes and dashboards of the others."""
+MAX_HTTP_REFUSING = 16
+"""HTTP connections over the cap being told why at once; beyond, closed without a word."""
+REFUSE_GRACE_S = 1.0
+"""How long a refused HTTP connection may take to receive its 503 (s)."""
+REFUSE_DRAIN_S = 0.05
+"""How long a refused HTTP connection's request is read before closing (s)."""
+http_refused_log = RateLimitedLog(logger)
+
+
+def _refusal(why: str) -> bytes:
+    body = f"{why}; retry later\n".encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def _refuse_http(stream: trio.SocketStream, answer: bytes | None) -> None:
+    """Answer 503 (plain HTTP) or nothing (HTTPS: no handshake is spent on it), then close;
+    the whole refusal takes at most REFUSE_GRACE_S + REFUSE_DRAIN_S + 1 s."""
+    try:
+        if answer is not None:
+            with trio.move_on_after(REFUSE_GRACE_S):
+                await stream.send_all(answer)
+                await stream.send_eof()
+            # Read what the client already sent, so closing does not reset the answer away.
+            with trio.move_on_after(REFUSE_DRAIN_S):
+                while await stream.receive_some(65536):
+                    pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    with trio.move_on_after(REFUSE_GRACE_S, shield=True):
+        await trio.aclose_forcefully(stream)
+
+
+async def _serve_capped(
+    app: HttpApp,
+    config: HypercornConfig,
+    max_connections: int,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Hypercorn's trio worker (``hypercorn.trio.run.worker_serve``) with admission.
+
+    At most ``max_connections`` connections are served at once (each holds a file
+    descriptor; ``/ws`` ones included), at most a :data:`HTTP_ADDRESS_SHARE`-th of them
+    from one client address; one more is answered ``503`` with a sentence and closed at
+    once (HTTPS: closed before any TLS handshake), never left waiting with a
+    descriptor. TLS is wrapped per admitted connection, so a refused one costs no
+    handshake. Hypercorn's per-connection deadlines apply: ``keep_alive_timeout``
+    closes a connection that has no complete request head that long after it opened or
+    after its last answer (slowloris); ``ssl_handshake_timeout`` bounds the handshake.
+    """
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.typing import ConnectionState
+    from hypercorn.utils import repr_socket_addr, wrap_app
+
+    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    sockets = config.create_sockets()
+    ssl_context = config.create_ssl_context()
+    listeners: list[trio.SocketListener] = []
+    binds: list[str] = []
+    for sock in [*sockets.secure_sockets, *sockets.insecure_sockets]:
+        sock.listen(config.backlog)
+        listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+        scheme = "https" if ssl_context is not None else "http"
+        binds.append(f"{scheme}://{repr_socket_addr(sock.family, sock.getsockname())}")
+    context = WorkerContext(None)
+    admitted = trio.CapacityLimiter(max_connections)
+    refusing = trio.CapacityLimiter(MAX_HTTP_REFUSING)
+    per_address = max(1, max_connections // HTTP_ADDRESS_SHARE)
+    refusal = _refusal(
+        f"this node serves {max_connections} HTTP connections at once, its limit "
+        "(limits.max_http_connections, or what the open-file limit leaves room for)"
+    )
+    address_refusal = _refusal(
+        f"this address holds {per_address} HTTP connections, the most one address may "
+        f"(1/{HTTP_ADDRESS_SHARE} of limits.max_http_connections)"
+    )
+    by_address: dict[str, int] = {}
+
+    async def refuse(stream: trio.SocketStream, answer: bytes, why: str) -> None:
+        http_refused_log.log(logging.WARNING, "HTTP connection refused: %s", why)
+        try:
+            refusing.acquire_nowait()
+        except trio.WouldBlock:
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await _refuse_http(stream, None if ssl_context is not None else answer)
+        finally:
+            refusing.release()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            host = str(stream.socket.getpeername()[0])
+        except OSError:
+            await trio.aclose_forcefully(stream)
+            return
+        if by_address.get(host, 0) >= per_address:
+            await refuse(stream, address_refusal, f"{host} holds {per_address} connections")
+            return
+        try:
+            admitted.acquire_nowait()
+        except trio.WouldBlock:
+            await refuse(stream, refusal, f"{max_connections} connections are open")
+            return
+        by_address[host] = by_address.get(host, 0) + 1
+        try:
+            served: trio.abc.Stream = stream
+            if ssl_context is not None:
+                served = trio.SSLStream(
+                    stream, ssl_context, server_side=True, https_compatible=True
+                )
+            await TCPServer(wrapped, config, context, ConnectionState({}), served)  # type: ignore[arg-type]
+        finally:
+            admitted.release()
+            left = by_address[host] - 1
+            if left:
+                by_address[host] = left
+            else:
+                del by_address[host]
+
+    async with trio.open_nursery() as handlers:
+        async with trio.open_nursery() as accepting:
+            accepting.start_soon(
+                functools.partial(
+                    trio.serve_listeners, handle, listeners, handler_nursery=handlers
+                )
+            )
+            task_status.started(binds)
+            if shutdown_trigger is None:
+                await trio.sleep_forever()
+            await shutdown_trigger()
+            accepting.cancel_scope.cancel()
+        # As hypercorn: idle connections close now, open requests get the grace period.
+        await context.terminated.set()
+        handlers.cancel_scope.deadline = trio.current_time() + config.graceful_timeout

@@ -177,7 +177,10 @@ async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
 
     Raises:
         RequestError: as :func:`browse_group`; INVALID_ARGUMENT (``limit``,
-            ``preview_bytes``, a time range), INVALID_CURSOR.
+            ``preview_bytes``, a time range: negative, reversed or past 2**63-2),
+            IMPLAUSIBLE_TIME (``from_due_ms``/``to_due_ms`` after 0 and before 2000, so
+            seconds, or past the year 5138, so micro- or nanoseconds: the same rule as
+            PUBLISH's ``deliver_at_ms``), INVALID_CURSOR.
         NotLeaderError: this node is not the leader.
     """
     broker.require_leader()
@@ -192,6 +195,11 @@ async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
             f"BROWSE preview_bytes must be between 0 and {MAX_PREVIEW_BYTES}, got "
             f"{frame.preview_bytes}",
         )
+    for name, bound in (("from_due_ms", frame.from_due_ms), ("to_due_ms", frame.to_due_ms)):
+        if bound is not None and 0 <= bound < PARKED_DUE_MS:
+            mistake = validation.implausible_epoch_ms(name, bound)
+            if mistake is not None:  # seconds (or micro-, nanoseconds) taken for ms
+                raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, f"BROWSE {mistake}")
     from_due_ms = 0 if frame.from_due_ms is None else frame.from_due_ms
     if not 0 <= from_due_ms < PARKED_DUE_MS or (
         frame.to_due_ms is not None and not from_due_ms <= frame.to_due_ms < PARKED_DUE_MS

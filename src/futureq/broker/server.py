@@ -170,7 +170,11 @@ async def serve(
     system_clock = SystemClock()
     started_s = system_clock.monotonic_s()
     metrics = Metrics(config.metrics.max_topic_series, config.metrics.max_group_series)
-    descriptors = fd_budget.budget(config.limits.max_connections, fd_budget.open_file_limit())
+    descriptors = fd_budget.budget(
+        config.limits.max_connections,
+        fd_budget.open_file_limit(),
+        config.limits.max_http_connections,
+    )
     too_few = descriptors.warning()
     if too_few is not None:
         log.warning("%s", too_few)
@@ -339,6 +343,8 @@ async def serve(
                         node_view=node_view,
                         internal_token=node_token() if shard is not None else None,
                         listen_fd=inherited_http_fd() if node_view is not None else None,
+                        max_connections=descriptors.http_connections,
+                        idle_timeout_ms=config.limits.http_idle_timeout_ms,
                     )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group

@@ -418,7 +418,9 @@ def _check_config(args: argparse.Namespace) -> int:
         print(f"futureq: warning: {warning}", file=sys.stderr)
     # `start` raises the soft open-file limit to the hard one first.
     descriptors = fd_budget.budget(
-        config.limits.max_connections, fd_budget.open_file_limit(hard=True)
+        config.limits.max_connections,
+        fd_budget.open_file_limit(hard=True),
+        config.limits.max_http_connections,
     )
     too_few = descriptors.warning()
     if too_few is not None:

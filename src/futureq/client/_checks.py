@@ -1,9 +1,10 @@
 """Argument checks the client makes before a request leaves (sans-IO).
 
-A field of the wrong type would reach the server as a malformed frame, which the
-server answers with INVALID_FRAME by closing the whole connection (so deliveries held
-on it come again). These checks refuse such a call alone, with ``TypeError``, before
-anything is sent (``docs/client.md``, "Errors"). Values of the right type are the
+A field of the wrong type would reach the server as a request with wrong fields, which
+the server refuses alone with INVALID_FIELD (servers before it closed the whole
+connection, so deliveries held on it came again). These checks refuse such a call with
+``TypeError`` before anything is sent, as Python does for a wrong argument type
+(``docs/client.md``, "Errors"). Values of the right type are the
 server's to check (a negative id, a delay too long, too many headers): it refuses
 them per request, with a code naming the item, and the connection stays.
 """

@@ -310,6 +310,8 @@ class Supervisor:
                 tls=tls,
                 shutdown_trigger=shard0.wait_serving,
                 listen_fd=os.dup(http_socket.fileno()),
+                max_connections=config.limits.max_http_connections,
+                idle_timeout_ms=config.limits.http_idle_timeout_ms,
             )
 
     async def _read_stdout(self, shard: _Shard, process: trio.Process) -> None:

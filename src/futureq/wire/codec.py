@@ -12,7 +12,7 @@ from typing import Final
 
 import msgpack
 
-from futureq.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from futureq.errors import ErrorCode, FrameFieldsError, LocalProtocolError, RemoteProtocolError
 from futureq.wire import frames
 
 HEADER_BYTES: Final = 4
@@ -125,12 +125,16 @@ class FrameDecoder:
                 trailing bytes inside the frame), TRUNCATED_FRAME (EOF mid-frame),
                 INVALID_FRAME or UNKNOWN_FRAME_TYPE (see
                 :func:`futureq.wire.frames.frame_from_wire`). After it, the decoder
-                refuses further use.
+                refuses further use, except after a
+                :class:`~futureq.errors.FrameFieldsError` (a whole frame with wrong
+                fields), after which decoding goes on with the next frame.
         """
         if self._failed:
             raise RuntimeError("decoder already failed; the connection must be closed")
         try:
             return self._next()
+        except FrameFieldsError:
+            raise  # the frame was consumed whole: the stream is still in step
         except RemoteProtocolError:
             self._failed = True
             raise

@@ -14,11 +14,12 @@ Source: ``docs/protocol.md``, "Frames".
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any, ClassVar
 
 import attrs
 
-from futureq.errors import ErrorCode, RemoteProtocolError
+from futureq.errors import ErrorCode, FrameFieldsError, RemoteProtocolError
 
 PROTOCOL_VERSION = 1
 """The protocol version this code speaks (``docs/protocol.md``, "Versions")."""
@@ -1488,6 +1489,19 @@ def _arity(frame: str, fields: list[Any], expected: int) -> None:
         raise _bad(frame, f"expected {expected} fields after the request id, got {len(fields)}")
 
 
+_WIRE_TYPES = {
+    "dict": "a map",
+    "list": "an array",
+    "str": "a string",
+    "bytes": "binary",
+    "NoneType": "nil",
+    "bool": "a boolean",
+    "float": "a float",
+}
+_WIRE_TYPE_NAMES = re.compile(r"got (dict|list|str|bytes|NoneType|bool|float)\b")
+"""Python's type names in field errors, said in msgpack's terms for other clients."""
+
+
 def frame_from_wire(value: Any) -> Frame:
     """Build a frame from one decoded msgpack value.
 
@@ -1498,8 +1512,11 @@ def frame_from_wire(value: Any) -> Frame:
         The frame object.
 
     Raises:
-        RemoteProtocolError: INVALID_FRAME for a wrong shape or field type,
-            UNKNOWN_FRAME_TYPE for an unknown type number.
+        RemoteProtocolError: INVALID_FRAME for a wrong shape (not an array, no valid
+            request id), UNKNOWN_FRAME_TYPE for an unknown type number.
+        FrameFieldsError: (a RemoteProtocolError, code INVALID_FRAME) for a known
+            type and valid request id with wrong fields; it carries both, so a server
+            can answer that request alone (``docs/protocol.md``, "Frames").
     """
     if type(value) is not list or len(value) < 2:
         raise RemoteProtocolError(
@@ -1521,5 +1538,13 @@ def frame_from_wire(value: Any) -> Frame:
         raise RemoteProtocolError(
             ErrorCode.INVALID_FRAME, f"request_id must be an integer in [0, 2**63-1], got {got}"
         )
-    frame: Frame = cls.from_wire(rid, value[2:])
+    try:
+        frame: Frame = cls.from_wire(rid, value[2:])
+    except RemoteProtocolError as exc:
+        # Type and request id are sound: the error concerns this request alone.
+        message = _WIRE_TYPE_NAMES.sub(lambda m: f"got {_WIRE_TYPES[m[1]]}", exc.message)
+        if "fields after the request id" in message:
+            names = [a.name for a in attrs.fields(cls)[1:]]
+            message += f"; its fields are [{', '.join(names)}] (trailing ones may be optional)"
+        raise FrameFieldsError(exc.code, message, rid, frame_type) from None
     return frame

@@ -25,8 +25,11 @@ import hmac
 from collections.abc import Iterable
 from typing import Final, TypeAlias, cast
 
+import attrs
+
 from futureq.errors import (
     ErrorCode,
+    FrameFieldsError,
     LocalProtocolError,
     NotLeaderError,
     RemoteProtocolError,
@@ -40,9 +43,33 @@ NEED_DATA: Final = codec.NEED_DATA
 CLOSED: Final = codec.CLOSED
 """Returned by ``next_event`` once the peer closed the stream at a frame boundary."""
 
+
+
+@attrs.frozen
+class RefusedRequest:
+    """A client request whose fields are wrong, refused alone (server side only).
+
+    ``next_event`` returns it instead of closing the connection when a whole frame of a
+    client request type, with a valid request id, has a field missing, extra or of the
+    wrong type: answer ``error`` on ``request_id`` (:meth:`ServerSession.error_bytes`)
+    and read on (``docs/protocol.md``, "Frames").
+
+    Attributes:
+        request_id: The refused frame's request id.
+        frame_type: Its type.
+        error: ``INVALID_FIELD`` (200) with a sentence naming the frame, the field and
+            the type expected.
+    """
+
+    request_id: int
+    frame_type: frames.FrameType
+    error: RequestError
+
+
 # codec keeps its sentinel enum private; the alias only names the two values above.
-Event: TypeAlias = "frames.Frame | codec._Sentinel"
-"""What ``next_event`` returns: a frame, :data:`NEED_DATA` or :data:`CLOSED`."""
+Event: TypeAlias = "frames.Frame | RefusedRequest | codec._Sentinel"
+"""What ``next_event`` returns: a frame, a :class:`RefusedRequest` (server side),
+:data:`NEED_DATA` or :data:`CLOSED`."""
 
 SERVER_ONLY_FRAME_TYPES: Final = frozenset(
     {
@@ -158,6 +185,12 @@ class _Session:
             return CLOSED
         try:
             event = self._decoder.next_frame()
+        except FrameFieldsError as exc:
+            refused = self._refuse_alone(exc)
+            if refused is None:
+                self._state = SessionState.ERROR
+                raise
+            return refused
         except RemoteProtocolError:
             self._state = SessionState.ERROR
             raise
@@ -176,6 +209,10 @@ class _Session:
 
     def _check_incoming(self, frame: frames.Frame) -> frames.Frame:
         raise NotImplementedError
+
+    def _refuse_alone(self, exc: FrameFieldsError) -> RefusedRequest | None:
+        """The request to refuse alone for ``exc``, or None when it must close."""
+        return None
 
     def _fail(self, code: ErrorCode, message: str) -> RemoteProtocolError:
         self._state = SessionState.ERROR
@@ -233,7 +270,8 @@ class ServerSession(_Session):
 
         The first frame returned is always a valid :class:`frames.Hello` (version
         negotiated, token checked); answer it with :meth:`accept_hello` before asking
-        for the next event.
+        for the next event. After the handshake, a whole request frame whose fields are
+        wrong comes back as a :class:`RefusedRequest` to answer alone, not as an error.
 
         Raises:
             RemoteProtocolError: HELLO_REQUIRED (first frame not HELLO),
@@ -294,6 +332,28 @@ class ServerSession(_Session):
                 f"{frame.TYPE.name} is a server-only frame type; clients may not send it",
             )
         return frame
+
+    def _refuse_alone(self, exc: FrameFieldsError) -> RefusedRequest | None:
+        self._error_request_id = exc.request_id
+        frame_type = frames.FrameType(exc.frame_type)
+        if (
+            not self._handshake_done
+            or self._pending_hello is not None
+            or frame_type not in CLIENT_FRAME_TYPES
+            or frame_type is frames.FrameType.HELLO
+            or frame_type is frames.FrameType.PONG
+        ):
+            return None  # no handshake yet, a second HELLO, or a server-only frame
+        message = exc.message.removeprefix(f"{frame_type.name} frame: ")
+        return RefusedRequest(
+            exc.request_id,
+            frame_type,
+            RequestError(
+                ErrorCode.INVALID_FIELD,
+                f"{frame_type.name} request refused: {message}; fix the request "
+                "(docs/protocol.md, Frames)",
+            ),
+        )
 
     def accept_hello(
         self, node_id: int, leader_address: str | None, server_version: str, shards: int = 1

@@ -17,8 +17,9 @@ def test_a_large_limit_leaves_max_connections_as_configured() -> None:
 
 def test_the_common_1024_limit_keeps_room_for_rocksdb_and_says_so() -> None:
     shares = budget(10_000, 1024)
-    assert shares.storage_files + shares.other_files + shares.client_connections <= 1024
-    assert shares.client_connections == 640
+    taken = shares.storage_files + shares.other_files + shares.http_connections
+    assert taken + shares.client_connections <= 1024
+    assert shares.http_connections == 64 and shares.client_connections == 576
     warning = shares.warning()
     assert warning is not None
     assert "open-file limit (1024)" in warning and "LimitNOFILE" in warning
@@ -26,6 +27,14 @@ def test_the_common_1024_limit_keeps_room_for_rocksdb_and_says_so() -> None:
 
 def test_a_tiny_limit_still_serves_a_few_clients() -> None:
     assert budget(10_000, 10).client_connections == MIN_CLIENT_CONNECTIONS
+
+
+def test_http_connections_are_capped_and_taken_from_the_clients_share() -> None:
+    assert budget(10_000, 1 << 20).http_connections == 128
+    assert budget(10_000, 1 << 20, max_http_connections=5).http_connections == 5
+    shares = budget(10_000, 256, max_http_connections=1000)
+    assert shares.http_connections == 16
+    assert shares.storage_files + shares.other_files + 16 + shares.client_connections <= 256
 
 
 def test_accept_errors_are_logged_once_per_interval_without_traceback() -> None:

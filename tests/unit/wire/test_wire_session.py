@@ -300,15 +300,63 @@ def test_codec_errors_put_the_session_in_error() -> None:
     [
         (b"\xc1", ErrorCode.MALFORMED_FRAME),
         (msgpack.packb([99, 1]), ErrorCode.UNKNOWN_FRAME_TYPE),
-        (msgpack.packb([int(frames.FrameType.CREDIT), 0, 1, 2.0]), ErrorCode.INVALID_FRAME),
         (msgpack.packb([int(frames.FrameType.PING), 1]) + b"\x00", ErrorCode.MALFORMED_FRAME),
+        (msgpack.packb([int(frames.FrameType.CREDIT), "7", 1, 2]), ErrorCode.INVALID_FRAME),
+        (msgpack.packb([int(frames.FrameType.DELIVER), 7, 1, 2, "x"]), ErrorCode.INVALID_FRAME),
+        (msgpack.packb([int(frames.FrameType.HELLO), 7, [1], 5, None]), ErrorCode.INVALID_FRAME),
     ],
-    ids=["malformed", "unknown-type", "float-credit", "trailing-bytes"],
+    ids=["malformed", "unknown-type", "trailing-bytes", "str-request-id", "bad-server-only",
+         "bad-second-hello"],
 )
 def test_bad_frames_after_the_handshake(body: bytes, code: ErrorCode) -> None:
     s, _ = handshake()
     s.receive_data(len(body).to_bytes(4, "big") + body)
     refused(s, code)
+
+
+def _raw(value: Any) -> bytes:
+    body = msgpack.packb(value, use_bin_type=True)
+    return len(body).to_bytes(4, "big") + body
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [int(frames.FrameType.CREDIT), 7, 1, 2.0],
+        [int(frames.FrameType.CANCEL), 7, "t", None, "12"],
+        [int(frames.FrameType.CANCEL), 7, "t", None, [1.0]],
+        [int(frames.FrameType.ACK), 7, ["tag"]],
+        [int(frames.FrameType.PUBLISH), 7, 2, {"items": []}],
+        [int(frames.FrameType.PUBLISH), 7, 9, []],
+        [int(frames.FrameType.BROWSE), 7, "t", None, None, None, "cursor", 10, 0],
+        [int(frames.FrameType.SUBSCRIBE), 7, "t"],
+    ],
+    ids=["float-credit", "str-ids", "float-ids", "str-tags", "map-items", "ack-level-9",
+         "str-cursor", "missing-fields"],
+)
+def test_a_request_with_wrong_fields_is_refused_alone(value: list[Any]) -> None:
+    s, _ = handshake()
+    s.receive_data(_raw(value) + codec.encode_frame(frames.Ping(8)))
+    event = s.next_event()
+    assert isinstance(event, session.RefusedRequest), event
+    assert event.request_id == 7 and event.frame_type == value[0]
+    assert event.error.code is ErrorCode.INVALID_FIELD
+    assert frames.FrameType(value[0]).name in event.error.message
+    answer = decode_one(s.error_bytes(event.error, event.request_id))
+    assert isinstance(answer, frames.Error) and answer.request_id == 7
+    assert answer.code == ErrorCode.INVALID_FIELD
+    # The stream is still in step: the next frame decodes, the session serves on.
+    assert next_frame(s) == frames.Ping(8)
+    assert s.state is SessionState.READY
+
+
+def test_wrong_fields_before_the_handshake_or_from_a_server_still_close() -> None:
+    s = server()
+    s.receive_data(_raw([int(frames.FrameType.HELLO), 1, "1", "x", None]))
+    refused(s, ErrorCode.INVALID_FRAME)
+    _, c = handshake()
+    c.receive_data(_raw([int(frames.FrameType.OK), 5, "one"]))
+    refused(c, ErrorCode.INVALID_FRAME)
 
 
 def test_session_refuses_use_after_an_error() -> None:
