@@ -46,6 +46,7 @@ import trio
 
 from bench._cluster import LocalCluster
 from bench._common import PAYLOAD_BYTES, RawConnection, Server, publish_frame, publish_items_bytes
+from futureq.shards.balance import preferred_leader
 from futureq.shards.slots import even_map
 from futureq.wire import frames
 
@@ -251,18 +252,22 @@ def _shard_leaders(cluster: LocalCluster, shards: int) -> dict[int, int]:
 
 
 def wait_balanced(cluster: LocalCluster, shards: int, timeout_s: float) -> tuple[dict[int, int], float]:
-    """Wait until every shard has a leader and they are on distinct nodes (as many as
-    can be); return ``{shard: leader node id}`` and the seconds waited.
+    """Wait until every shard is led by its preferred voter (``balance.preferred_leader``:
+    where the balancer keeps it, so no transfer happens under load; with one shard, any
+    leader); return ``{shard: leader node id}`` and the seconds waited.
 
     Raises:
         TimeoutError: not balanced within ``timeout_s``.
     """
     started = time.monotonic()
-    wanted = min(shards, len(cluster.nodes))
+    voters = frozenset(cluster.nodes)
     leaders: dict[int, int] = {}
     while time.monotonic() - started < timeout_s:
         leaders = _shard_leaders(cluster, shards)
-        if len(leaders) == shards and len(set(leaders.values())) == wanted:
+        if len(leaders) == shards and (
+            shards == 1
+            or all(leaders[k] == preferred_leader(voters, k) for k in range(shards))
+        ):
             return leaders, time.monotonic() - started
         time.sleep(0.25)
     raise TimeoutError(f"shard leaders not balanced within {timeout_s} s: {leaders}")
