@@ -261,8 +261,12 @@ class ShardedClient(Client):
         self, items: Sequence[PublishItem], duplicates: list[int]
     ) -> tuple[list[int], list[FutureQError]]:
         positions: dict[int, list[int]] = {}
+        shard_of: dict[str, int] = {}  # one hash per topic of the batch, not per item
         for position, item in enumerate(items):
-            positions.setdefault(self.slot_map.shard_of(item.topic), []).append(position)
+            shard = shard_of.get(item.topic)
+            if shard is None:
+                shard = shard_of[item.topic] = self.slot_map.shard_of(item.topic)
+            positions.setdefault(shard, []).append(position)
         ids: list[int] = [0] * len(items)
         errors: list[FutureQError] = []
 
