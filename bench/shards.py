@@ -25,7 +25,7 @@ model of docs/benchmarks.md ("Shards").
 Usage::
 
     python -m bench.shards [--rounds 3] [--seconds 5] [--connections 4] [--batch 100]
-        [--cluster] [--shards 2] [--json PATH]
+        [--cluster] [--shards 2] [--profile] [--json PATH]
 
 Prints one line per round and the ratio of the medians (N shards / 1 shard).
 """
@@ -45,7 +45,14 @@ from typing import Any
 import trio
 
 from bench._cluster import LocalCluster
-from bench._common import PAYLOAD_BYTES, RawConnection, Server, publish_frame, publish_items_bytes
+from bench._common import (
+    PAYLOAD_BYTES,
+    RawConnection,
+    Server,
+    publish_frame,
+    publish_items_bytes,
+    start_py_spy,
+)
 from futureq.shards.balance import preferred_leader
 from futureq.shards.slots import even_map
 from futureq.wire import frames
@@ -209,8 +216,11 @@ def _per_message(result: dict[str, Any], roles: dict[str, str], followers: int) 
     result["us_per_msg"] = {role: round(v, 2) for role, v in sorted(us.items())}
 
 
-def run_round(shards: int, batch: int, connections: int, seconds: float) -> dict[str, Any]:
-    """One fresh node of ``shards`` shards under load; its msgs/s and CPU."""
+def run_round(
+    shards: int, batch: int, connections: int, seconds: float, profile: bool = False
+) -> dict[str, Any]:
+    """One fresh node of ``shards`` shards under load; its msgs/s and CPU. ``profile``:
+    py-spy records shard 0 (``bench/results/profile_shards_<N>_shard0.txt``)."""
     taken: set[int] = set()
     client, http = _free_run(shards, taken), _free_run(shards, taken)
     os.environ["FUTUREQ_NODE_SHARD_PORT_STRIDE"] = str(STRIDE)
@@ -221,7 +231,14 @@ def run_round(shards: int, batch: int, connections: int, seconds: float) -> dict
         addresses = [f"127.0.0.1:{client + k * STRIDE}" for k in range(shards)]
         topics = [_topic_on(k, shards, addresses) for k in range(shards)]
         processes = _node_processes(server.pid, shards)
+        spy = (
+            start_py_spy(processes["shard0"], seconds + 1.0, f"shards_{shards}_shard0")
+            if profile
+            else None
+        )
         result = trio.run(_load, addresses, topics, batch, connections, seconds, 1.0, processes)
+        if spy is not None:
+            spy.wait(60)
     roles = {name: ("supervisor" if name == "supervisor" else "leader") for name in processes}
     _per_message(result, roles, 0)
     return {"shards": shards, **result}
@@ -332,16 +349,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--cluster", action="store_true", help="3-node clusters instead of single nodes"
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy shard 0 in the last round (single node)"
+    )
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     rounds: list[dict[str, Any]] = []
     setups = (1, args.shards)
-    for _ in range(args.rounds):
+    for number in range(args.rounds):
         for shards in setups:
             if args.cluster:
                 result = run_cluster_round(shards, args.batch, args.connections, args.seconds)
             else:
-                result = run_round(shards, args.batch, args.connections, args.seconds)
+                last = args.profile and number == args.rounds - 1
+                result = run_round(shards, args.batch, args.connections, args.seconds, last)
             print(_line(result), flush=True)
             rounds.append(result)
     medians = {
