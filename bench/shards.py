@@ -25,7 +25,7 @@ model of docs/benchmarks.md ("Shards").
 Usage::
 
     python -m bench.shards [--rounds 3] [--seconds 5] [--connections 4] [--batch 100]
-        [--cluster] [--shards 2] [--profile] [--json PATH]
+        [--cluster] [--shards 2] [--profile] [--no-fsync] [--json PATH]
 
 Prints one line per round and the ratio of the medians (N shards / 1 shard).
 """
@@ -216,14 +216,25 @@ def _per_message(result: dict[str, Any], roles: dict[str, str], followers: int) 
     result["us_per_msg"] = {role: round(v, 2) for role, v in sorted(us.items())}
 
 
+def _fsync_env(fsync: bool) -> dict[str, str]:
+    return {} if fsync else {"FUTUREQ_STORAGE_FSYNC": "false"}
+
+
 def run_round(
-    shards: int, batch: int, connections: int, seconds: float, profile: bool = False
+    shards: int,
+    batch: int,
+    connections: int,
+    seconds: float,
+    profile: bool = False,
+    fsync: bool = True,
 ) -> dict[str, Any]:
     """One fresh node of ``shards`` shards under load; its msgs/s and CPU. ``profile``:
     py-spy records shard 0 (``bench/results/profile_shards_<N>_shard0.txt``)."""
     taken: set[int] = set()
     client, http = _free_run(shards, taken), _free_run(shards, taken)
     os.environ["FUTUREQ_NODE_SHARD_PORT_STRIDE"] = str(STRIDE)
+    os.environ.pop("FUTUREQ_STORAGE_FSYNC", None)
+    os.environ.update(_fsync_env(fsync))
     args = ["--listen", f"127.0.0.1:{client}", "--http", f"127.0.0.1:{http}"]
     args += ["--shards", str(shards)]
     with Server(extra_args=args) as server:
@@ -291,11 +302,11 @@ def wait_balanced(cluster: LocalCluster, shards: int, timeout_s: float) -> tuple
 
 
 def run_cluster_round(
-    shards: int, batch: int, connections: int, seconds: float
+    shards: int, batch: int, connections: int, seconds: float, fsync: bool = True
 ) -> dict[str, Any]:
     """A fresh local 3-node cluster of ``shards`` shards per node under load, once its
     leaders are balanced; msgs/s, CPU per process and per message by role."""
-    with LocalCluster(3, shards=shards) as cluster:
+    with LocalCluster(3, env=_fsync_env(fsync), shards=shards) as cluster:
         cluster.start()
         leaders, waited = wait_balanced(cluster, shards, BALANCE_TIMEOUT_S)
         stride = cluster.port_stride
@@ -352,6 +363,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--profile", action="store_true", help="py-spy shard 0 in the last round (single node)"
     )
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="nodes do not fsync: CPU costs alone, without a disk shared with other work",
+    )
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     rounds: list[dict[str, Any]] = []
@@ -359,10 +375,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for number in range(args.rounds):
         for shards in setups:
             if args.cluster:
-                result = run_cluster_round(shards, args.batch, args.connections, args.seconds)
+                result = run_cluster_round(
+                    shards, args.batch, args.connections, args.seconds, not args.no_fsync
+                )
             else:
                 last = args.profile and number == args.rounds - 1
-                result = run_round(shards, args.batch, args.connections, args.seconds, last)
+                result = run_round(
+                    shards, args.batch, args.connections, args.seconds, last, not args.no_fsync
+                )
             print(_line(result), flush=True)
             rounds.append(result)
     medians = {
@@ -374,6 +394,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "batch": args.batch,
         "connections": args.connections,
         "seconds": args.seconds,
+        "fsync": not args.no_fsync,
         "median_msgs_per_s": medians,
         f"ratio_{args.shards}_over_1": ratio,
         "rounds": rounds,

@@ -4,10 +4,14 @@ Inputs are the JSON files of ``python -m bench.shards [--cluster] --json PATH``:
 round gives CPU microseconds per acknowledged message by role (``leader``: a shard
 process leading its group; ``follower``: one follower replica; ``client``: the load
 generator; the supervisor's is ~0). The model takes the medians over the rounds of
-the sharded set-up and assumes the work is CPU-bound (batch 100, fsyncs batched):
+the sharded set-up, and the one-shard set-up's median throughput of the same run as the
+ceiling of one Raft group (``T1``): a group's leader runs one serial loop (append,
+its own fsync awaited, replicate, apply: ``docs/benchmarks.md``, "What bounds the
+cluster figures"), so one group does not fill a core even when the core is free.
 
+* groups are independent: ``S`` groups pass at most ``S * T1``;
 * a shard process is one Python thread: a group passes at most ``1 / c_leader``
-  messages a second (and ``1 / c_follower`` on each follower);
+  messages a second (``1 / c_follower`` on each follower);
 * a machine of ``C`` cores passes at most ``C`` core-seconds a second, shared by the
   processes it runs (the load generator too, when it runs there);
 * leaders are balanced: with ``S`` groups over ``N`` nodes a node leads at most
@@ -15,11 +19,11 @@ the sharded set-up and assumes the work is CPU-bound (batch 100, fsyncs batched)
 
 So, with ``R`` replicas (1 or 3) and the load spread evenly over the ``S`` groups::
 
-    T(S) = min( S / c_leader,                       # one core per leader process
-                S / c_follower       if R > 1,       # one core per follower process
-                1 / c_client         if the client is one process,
-                C_all / (c_client_here + c_leader + (R - 1) c_follower)   # one machine
-                C / ((L c_leader + (S - L) c_follower) / S)  per node machine, L = ceil(S/N) )
+    T(S) = min( S * T1,
+                S / c_leader,  S / c_follower (R > 1),  1 / c_client,
+                one machine:  C / (c_client + c_leader + (R - 1) c_follower)
+                a machine per node:  C / ((L c_leader + (S - L) c_follower) / S),
+                                     L = ceil(S / N), client elsewhere )
 
 ``c_route`` (the routing client's split, ``ShardedClient.publish_batch``) adds to
 ``c_client`` for a client that routes; the raw load generator of ``bench.shards``
@@ -59,6 +63,7 @@ def throughput(
     *,
     cores: float,
     c: dict[str, float],
+    group_max: float,
     nodes: int = 1,
     machines: int = 1,
     client_on_machine: bool = True,
@@ -70,6 +75,7 @@ def throughput(
         shards: Raft groups (shards per node).
         cores: Cores of each machine.
         c: CPU microseconds per message: ``leader``, ``follower`` (per replica), ``client``.
+        group_max: msgs/s one group passes at most (``T1``, measured).
         nodes: Replicas of each group (1 or 3), one node each.
         machines: 1 (every node on one machine) or ``nodes`` (one machine each).
         client_on_machine: The load generator runs on the (first) machine.
@@ -78,7 +84,7 @@ def throughput(
     us = 1e6
     leader, follower = c["leader"] / us, c.get("follower", 0.0) / us
     client = (c["client"] + c_route) / us
-    limits = [shards / leader, 1 / client]
+    limits = [shards * group_max, shards / leader, 1 / client]
     if nodes > 1:
         limits.append(shards / follower)
     here = client if client_on_machine else 0.0
@@ -107,23 +113,31 @@ def model(single: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
     """The costs, model lines (1 to 8 shards) and measured points of both runs."""
     c1 = costs(single, 2)
     c3 = costs(cluster, 2)
+    g1 = _medians(single)[1]
+    g3 = _medians(cluster)[1]
     xs = list(range(1, MAX_SHARDS_PLOTTED + 1))
     lines = {
-        "1 node, 2 cores (client on it)": [throughput(s, cores=2, c=c1) for s in xs],
-        "1 node, 8 cores (client on it)": [throughput(s, cores=8, c=c1) for s in xs],
+        "1 node, 2 cores (client on it)": [throughput(s, cores=2, c=c1, group_max=g1) for s in xs],
+        "1 node, 8 cores (client on it)": [throughput(s, cores=8, c=c1, group_max=g1) for s in xs],
         "3 nodes on one 2-core machine": [
-            throughput(s, cores=2, c=c3, nodes=3) for s in xs
+            throughput(s, cores=2, c=c3, group_max=g3, nodes=3) for s in xs
         ],
         "3 machines x 2 cores (client elsewhere)": [
-            throughput(s, cores=2, c=c3, nodes=3, machines=3, client_on_machine=False)
+            throughput(
+                s, cores=2, c=c3, group_max=g3, nodes=3, machines=3, client_on_machine=False
+            )
             for s in xs
         ],
         "3 machines x 8 cores (client elsewhere)": [
-            throughput(s, cores=8, c=c3, nodes=3, machines=3, client_on_machine=False)
+            throughput(
+                s, cores=8, c=c3, group_max=g3, nodes=3, machines=3, client_on_machine=False
+            )
             for s in xs
         ],
     }
     return {
+        "group_max_single": g1,
+        "group_max_cluster": g3,
         "costs_single_node_us": c1,
         "costs_cluster_us": c3,
         "shards": xs,

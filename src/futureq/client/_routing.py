@@ -295,6 +295,12 @@ class ShardedClient(Client):
                 ids[position] = message_id
             duplicates.extend(where[i] for i in repeated)
 
+        if len(positions) == 1:
+            # The whole batch is one shard's (one topic, say): no task group, whose set-up
+            # cost ~1 us a message at batch 100 on the client's one core.
+            [(shard, where)] = positions.items()
+            await part(shard, where)
+            return ids, errors
         async with anyio.create_task_group() as group:
             for shard, where in positions.items():
                 group.start_soon(part, shard, where)
