@@ -279,7 +279,9 @@ def _shard_leaders(cluster: LocalCluster, shards: int) -> dict[int, int]:
     return leaders
 
 
-def wait_balanced(cluster: LocalCluster, shards: int, timeout_s: float) -> tuple[dict[int, int], float]:
+def wait_balanced(
+    cluster: LocalCluster, shards: int, timeout_s: float
+) -> tuple[dict[int, int], float]:
     """Wait until every shard is led by its preferred voter (``balance.preferred_leader``:
     where the balancer keeps it, so no transfer happens under load; with one shard, any
     leader); return ``{shard: leader node id}`` and the seconds waited.
@@ -293,8 +295,7 @@ def wait_balanced(cluster: LocalCluster, shards: int, timeout_s: float) -> tuple
     while time.monotonic() - started < timeout_s:
         leaders = _shard_leaders(cluster, shards)
         if len(leaders) == shards and (
-            shards == 1
-            or all(leaders[k] == preferred_leader(voters, k) for k in range(shards))
+            shards == 1 or all(leaders[k] == preferred_leader(voters, k) for k in range(shards))
         ):
             return leaders, time.monotonic() - started
         time.sleep(0.25)
