@@ -63,6 +63,13 @@ STRIDE = 1
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 BALANCE_TIMEOUT_S = 90.0
+ATTEMPTS = 3
+"""Load windows tried on one cluster when a leader moves during one (a loaded machine)."""
+LEADER_MOVED_CODES = (300, 301)  # NOT_LEADER; leadership being transferred
+
+
+class LeaderMoved(Exception):
+    """A shard's leader changed during the load window (the window is void)."""
 
 
 def _cpu_s(pids: list[int]) -> float:
@@ -155,6 +162,8 @@ async def _load(
             nonlocal acked
             while True:
                 answer = await conn.receive()
+                if answer[0] == frames.FrameType.ERROR and answer[2] in LEADER_MOVED_CODES:
+                    raise LeaderMoved(answer[3])
                 if answer[0] != frames.FrameType.PUBLISH_OK:
                     raise RuntimeError(f"PUBLISH refused: {answer}")
                 slots.release()
@@ -302,6 +311,41 @@ def wait_balanced(
     raise TimeoutError(f"shard leaders not balanced within {timeout_s} s: {leaders}")
 
 
+def _leader_moved(exc: BaseException) -> LeaderMoved | None:
+    """The :class:`LeaderMoved` in ``exc`` (or in its exception groups), if any."""
+    if isinstance(exc, LeaderMoved):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _leader_moved(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _cluster_targets(
+    cluster: LocalCluster, shards: int, leaders: dict[int, int]
+) -> tuple[list[str], dict[str, int], dict[str, str]]:
+    """Each shard leader's client address, every shard process by name, their roles."""
+    stride = cluster.port_stride
+    addresses = []
+    for shard in range(shards):
+        host, port = cluster.nodes[leaders[shard]].client_address.rsplit(":", 1)
+        addresses.append(f"{host}:{int(port) + shard * stride}")
+    processes: dict[str, int] = {}
+    roles: dict[str, str] = {}
+    for node_id, node in cluster.nodes.items():
+        for name, pid in _node_processes(node.pid, shards).items():
+            key = f"n{node_id}.{name}"
+            processes[key] = pid
+            if name == "supervisor":
+                roles[key] = "supervisor"
+            else:
+                led = leaders[int(name.removeprefix("shard"))] == node_id
+                roles[key] = "leader" if led else "follower"
+    return addresses, processes, roles
+
+
 def run_cluster_round(
     shards: int, batch: int, connections: int, seconds: float, fsync: bool = True
 ) -> dict[str, Any]:
@@ -309,24 +353,25 @@ def run_cluster_round(
     leaders are balanced; msgs/s, CPU per process and per message by role."""
     with LocalCluster(3, env=_fsync_env(fsync), shards=shards) as cluster:
         cluster.start()
-        leaders, waited = wait_balanced(cluster, shards, BALANCE_TIMEOUT_S)
-        stride = cluster.port_stride
-        addresses = []
-        for shard in range(shards):
-            host, port = cluster.nodes[leaders[shard]].client_address.rsplit(":", 1)
-            addresses.append(f"{host}:{int(port) + shard * stride}")
-        topics = [_topic_on(k, shards, addresses) for k in range(shards)]
-        processes: dict[str, int] = {}
-        roles: dict[str, str] = {}
-        for node_id, node in cluster.nodes.items():
-            for name, pid in _node_processes(node.pid, shards).items():
-                processes[f"n{node_id}.{name}"] = pid
-                if name == "supervisor":
-                    roles[f"n{node_id}.{name}"] = "supervisor"
-                else:
-                    led = leaders[int(name.removeprefix("shard"))] == node_id
-                    roles[f"n{node_id}.{name}"] = "leader" if led else "follower"
-        result = trio.run(_load, addresses, topics, batch, connections, seconds, 1.0, processes)
+        waited = 0.0
+        moved: list[str] = []
+        for attempt in range(ATTEMPTS):
+            leaders, balance_s = wait_balanced(cluster, shards, BALANCE_TIMEOUT_S)
+            waited += balance_s
+            addresses, processes, roles = _cluster_targets(cluster, shards, leaders)
+            topics = [_topic_on(k, shards, addresses) for k in range(shards)]
+            try:
+                result = trio.run(
+                    _load, addresses, topics, batch, connections, seconds, 1.0, processes
+                )
+            except BaseException as exc:  # noqa: BLE001 - a trio nursery wraps it
+                found = _leader_moved(exc)
+                if found is None or attempt == ATTEMPTS - 1:
+                    raise
+                moved.append(str(found))
+                print(f"  (a leader moved during the window: {found}; measuring again)")
+                continue
+            break
         after = _shard_leaders(cluster, shards)
     _per_message(result, roles, len(cluster.nodes) - 1)
     return {
@@ -335,6 +380,7 @@ def run_cluster_round(
         "leaders": {str(k): v for k, v in leaders.items()},
         "leaders_changed": after != leaders,
         "balance_wait_s": round(waited, 1),
+        "windows_voided_by_leader_moves": moved,
         **result,
     }
 
