@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -33,6 +34,27 @@ LEADER_TIMEOUT_S = 30.0
 _INSTALLED = re.compile(
     r"installed a snapshot from the leader at index (\d+) \((\d+) bytes\) in ([0-9.]+) s"
 )
+
+
+def free_port_run(length: int) -> int:
+    """The first of ``length`` consecutive TCP ports that were free a moment ago on
+    127.0.0.1 (sharded nodes need each shard's ports at a fixed stride)."""
+    rng = random.Random()
+    for _ in range(1000):
+        base = rng.randrange(20000, 60000 - length)
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + length):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return base
+    raise RuntimeError(f"no run of {length} free ports found")
 
 
 def free_ports(count: int) -> list[int]:
@@ -169,6 +191,12 @@ class LocalCluster:
         log_level: ``--log-level`` of every node.
         peer_auth: ``secret`` (a generated cluster secret) or ``insecure``
             (``--insecure-peers``).
+        shards: ``--shards`` of every node. Above 1, node ``n``'s ports are three
+            consecutive ones of a free run and shard ``K``'s are ``K * 3 * size`` above
+            them (``node.shard_port_stride``, set in every node's environment).
+
+    Attributes:
+        port_stride: The shard port stride (``3 * size``; 0 with one shard).
     """
 
     def __init__(
@@ -177,15 +205,26 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         log_level: str = "warning",
         peer_auth: str = "secret",
+        shards: int = 1,
     ) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="futureq-bench-cluster-"))
-        ports = free_ports(3 * size)
+        self.shards = shards
+        self.port_stride = 0
+        if shards > 1:
+            self.port_stride = 3 * size
+            base = free_port_run(self.port_stride * shards)
+            ports = list(range(base, base + 3 * size))
+            env = {**(env or {}), "FUTUREQ_NODE_SHARD_PORT_STRIDE": str(self.port_stride)}
+        else:
+            ports = free_ports(3 * size)
         by_node = {
             n: (ports[3 * (n - 1)], ports[3 * (n - 1) + 1], ports[3 * (n - 1) + 2])
             for n in range(1, size + 1)
         }
         peers = ",".join(f"{n}=127.0.0.1:{p[1]}" for n, p in by_node.items())
         auth = _auth_args(self.root, peer_auth, list(by_node))
+        if shards > 1:
+            auth = {n: [*flags, "--shards", str(shards)] for n, flags in auth.items()}
         self.nodes = {
             n: ClusterNode(n, self.root / f"node{n}", p, peers, env, log_level, auth[n])
             for n, p in by_node.items()

@@ -8,26 +8,52 @@ a topic its shard owns), sends pre-encoded PUBLISH frames at ack level quorum
 flight per connection, and counts acknowledged messages over a fixed window. Server
 CPU is the supervisor's and every shard's together.
 
+``--cluster`` runs the same load against two local 3-node clusters instead
+(``bench._cluster.LocalCluster``, peers authenticated with a cluster secret as in
+``make cluster``), alternating: today's single-group cluster (``--shards 1``, every
+connection to its leader) and 3 nodes x ``--shards N`` (default 2) once the shards'
+leaders are balanced over the nodes (docs/sharding.md, "Leader balancing"), the
+connections spread over the shards' leaders.
+
+Every round also reports CPU seconds per acknowledged message of each kind of
+process (from /proc): ``leader`` (the shard processes leading their group, summed),
+``follower`` (per follower replica: the follower shard processes' CPU over the
+messages times the followers per group), ``supervisor`` and ``client`` (this load
+generator's own process). ``bench.shards_model`` turns them into the throughput
+model of docs/benchmarks.md ("Shards").
+
 Usage::
 
     python -m bench.shards [--rounds 3] [--seconds 5] [--connections 4] [--batch 100]
+        [--cluster] [--shards 2] [--profile] [--no-fsync] [--json PATH]
 
-Prints one line per round and the ratio of the medians (2 shards / 1 shard).
+Prints one line per round and the ratio of the medians (N shards / 1 shard).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import socket
 import statistics
 import time
+import urllib.request
 from typing import Any
 
 import trio
 
-from bench._common import PAYLOAD_BYTES, RawConnection, Server, publish_frame, publish_items_bytes
+from bench._cluster import LocalCluster
+from bench._common import (
+    PAYLOAD_BYTES,
+    RawConnection,
+    Server,
+    publish_frame,
+    publish_items_bytes,
+    start_py_spy,
+)
+from futureq.shards.balance import preferred_leader
 from futureq.shards.slots import even_map
 from futureq.wire import frames
 
@@ -36,6 +62,14 @@ STRIDE = 1
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+BALANCE_TIMEOUT_S = 90.0
+ATTEMPTS = 3
+"""Load windows tried on one cluster when a leader moves during one (a loaded machine)."""
+LEADER_MOVED_CODES = (300, 301)  # NOT_LEADER; leadership being transferred
+
+
+class LeaderMoved(Exception):
+    """A shard's leader changed during the load window (the window is void)."""
 
 
 def _cpu_s(pids: list[int]) -> float:
@@ -48,13 +82,30 @@ def _cpu_s(pids: list[int]) -> float:
     return total / _TICKS
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its children (every thread's), one level: a node and its shards."""
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (every thread's): a node's shard processes."""
     children: list[int] = []
     for task in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{task}/children") as found:
             children += [int(c) for c in found.read().split()]
-    return [pid, *children]
+    return children
+
+
+def _shard_index(pid: int) -> int:
+    """The ``--shard-index`` of a shard process (from its command line)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        args = cmdline.read().decode().split("\0")
+    return int(args[args.index("--shard-index") + 1])
+
+
+def _node_processes(pid: int, shards: int) -> dict[str, int]:
+    """``{"supervisor": pid, "shard0": ..., ...}``, or ``{"shard0": pid}`` unsharded."""
+    if shards == 1:
+        return {"shard0": pid}
+    found = {f"shard{_shard_index(child)}": child for child in _children(pid)}
+    if len(found) != shards:
+        raise RuntimeError(f"node {pid} has shard processes {found}, expected {shards}")
+    return {"supervisor": pid, **found}
 
 
 def _free_run(length: int, taken: set[int]) -> int:
@@ -89,8 +140,11 @@ async def _load(
     connections: int,
     seconds: float,
     warmup_s: float,
-    processes: list[int],
+    processes: dict[str, int],
 ) -> dict[str, Any]:
+    """Publish from ``connections`` raw connections (connection ``i`` to
+    ``addresses[i % len]`` with ``topics[i % len]``); acknowledged msgs/s and the CPU
+    seconds of every process of ``processes`` and of this one over the window."""
     window = max(4, min(200, 20_000 // batch))
     acked = 0
     measuring = False
@@ -108,6 +162,8 @@ async def _load(
             nonlocal acked
             while True:
                 answer = await conn.receive()
+                if answer[0] == frames.FrameType.ERROR and answer[2] in LEADER_MOVED_CODES:
+                    raise LeaderMoved(answer[3])
                 if answer[0] != frames.FrameType.PUBLISH_OK:
                     raise RuntimeError(f"PUBLISH refused: {answer}")
                 slots.release()
@@ -130,36 +186,214 @@ async def _load(
         for conn, items in pairs:
             nursery.start_soon(run_connection, conn, items)
         await trio.sleep(warmup_s)
-        cpu_before = _cpu_s(processes)
+        cpu_before = {name: _cpu_s([pid]) for name, pid in processes.items()}
+        client_before = time.process_time()
+        load_before = os.getloadavg()[0]
         measuring = True
         started = time.perf_counter()
         await trio.sleep(seconds)
         measuring = False
         elapsed = time.perf_counter() - started
-        cpu_after = _cpu_s(processes)
+        client_cpu = time.process_time() - client_before
+        cpu = {name: _cpu_s([pid]) - cpu_before[name] for name, pid in processes.items()}
         nursery.cancel_scope.cancel()
     for conn, _ in pairs:
         await conn.aclose()
     return {
         "msgs_per_s": round(acked / elapsed, 1),
-        "server_cpu_percent": round((cpu_after - cpu_before) / elapsed * 100, 1),
+        "acked": acked,
+        "elapsed_s": round(elapsed, 3),
+        "server_cpu_percent": round(sum(cpu.values()) / elapsed * 100, 1),
+        "client_cpu_percent": round(client_cpu / elapsed * 100, 1),
+        "process_cpu_s": {name: round(v, 3) for name, v in cpu.items()},
+        "client_cpu_s": round(client_cpu, 3),
+        "loadavg_1m": round(max(load_before, os.getloadavg()[0]), 2),
     }
 
 
-def run_round(shards: int, batch: int, connections: int, seconds: float) -> dict[str, Any]:
-    """One fresh node of ``shards`` shards under load; its msgs/s and CPU."""
+def _per_message(result: dict[str, Any], roles: dict[str, str], followers: int) -> None:
+    """Add ``us_per_msg``: CPU microseconds per acknowledged message by role (``leader``,
+    ``follower`` per replica, ``supervisor``, ``client``) to ``result``."""
+    acked = max(1, result["acked"])
+    by_role: dict[str, float] = {}
+    for name, seconds in result["process_cpu_s"].items():
+        by_role[roles[name]] = by_role.get(roles[name], 0.0) + seconds
+    us = {role: total / acked * 1e6 for role, total in by_role.items()}
+    if "follower" in us and followers:
+        us["follower"] /= followers
+    us["client"] = result["client_cpu_s"] / acked * 1e6
+    result["us_per_msg"] = {role: round(v, 2) for role, v in sorted(us.items())}
+
+
+def _fsync_env(fsync: bool) -> dict[str, str]:
+    return {} if fsync else {"FUTUREQ_STORAGE_FSYNC": "false"}
+
+
+def run_round(
+    shards: int,
+    batch: int,
+    connections: int,
+    seconds: float,
+    profile: bool = False,
+    fsync: bool = True,
+) -> dict[str, Any]:
+    """One fresh node of ``shards`` shards under load; its msgs/s and CPU. ``profile``:
+    py-spy records shard 0 (``bench/results/profile_shards_<N>_shard0.txt``)."""
     taken: set[int] = set()
     client, http = _free_run(shards, taken), _free_run(shards, taken)
     os.environ["FUTUREQ_NODE_SHARD_PORT_STRIDE"] = str(STRIDE)
+    os.environ.pop("FUTUREQ_STORAGE_FSYNC", None)
+    os.environ.update(_fsync_env(fsync))
     args = ["--listen", f"127.0.0.1:{client}", "--http", f"127.0.0.1:{http}"]
     args += ["--shards", str(shards)]
     with Server(extra_args=args) as server:
         server.start()
         addresses = [f"127.0.0.1:{client + k * STRIDE}" for k in range(shards)]
         topics = [_topic_on(k, shards, addresses) for k in range(shards)]
-        processes = _tree(server.pid)
+        processes = _node_processes(server.pid, shards)
+        spy = (
+            start_py_spy(processes["shard0"], seconds + 1.0, f"shards_{shards}_shard0")
+            if profile
+            else None
+        )
         result = trio.run(_load, addresses, topics, batch, connections, seconds, 1.0, processes)
+        if spy is not None:
+            spy.wait(60)
+    roles = {name: ("supervisor" if name == "supervisor" else "leader") for name in processes}
+    _per_message(result, roles, 0)
     return {"shards": shards, **result}
+
+
+def _shard_status(cluster: LocalCluster, node_id: int, shard: int) -> dict[str, Any] | None:
+    """Shard ``shard`` of node ``node_id``'s own ``/api/status`` (None if no answer)."""
+    node = cluster.nodes[node_id]
+    host, port = node.http_address.rsplit(":", 1)
+    address = f"{host}:{int(port) + shard * cluster.port_stride}"
+    try:
+        with urllib.request.urlopen(f"http://{address}/api/status?local=true", timeout=2) as got:
+            loaded: dict[str, Any] = json.loads(got.read())
+    except (OSError, ValueError):
+        return None
+    return loaded
+
+
+def _shard_leaders(cluster: LocalCluster, shards: int) -> dict[int, int]:
+    """``{shard: node id}`` of the shards whose leader says so and is ready."""
+    leaders: dict[int, int] = {}
+    for shard in range(shards):
+        for node_id in cluster.nodes:
+            status = _shard_status(cluster, node_id, shard)
+            if status is not None and status.get("role") == "leader":
+                leaders[shard] = node_id
+    return leaders
+
+
+def wait_balanced(
+    cluster: LocalCluster, shards: int, timeout_s: float
+) -> tuple[dict[int, int], float]:
+    """Wait until every shard is led by its preferred voter (``balance.preferred_leader``:
+    where the balancer keeps it, so no transfer happens under load; with one shard, any
+    leader); return ``{shard: leader node id}`` and the seconds waited.
+
+    Raises:
+        TimeoutError: not balanced within ``timeout_s``.
+    """
+    started = time.monotonic()
+    voters = frozenset(cluster.nodes)
+    leaders: dict[int, int] = {}
+    while time.monotonic() - started < timeout_s:
+        leaders = _shard_leaders(cluster, shards)
+        if len(leaders) == shards and (
+            shards == 1 or all(leaders[k] == preferred_leader(voters, k) for k in range(shards))
+        ):
+            return leaders, time.monotonic() - started
+        time.sleep(0.25)
+    raise TimeoutError(f"shard leaders not balanced within {timeout_s} s: {leaders}")
+
+
+def _leader_moved(exc: BaseException) -> LeaderMoved | None:
+    """The :class:`LeaderMoved` in ``exc`` (or in its exception groups), if any."""
+    if isinstance(exc, LeaderMoved):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _leader_moved(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _cluster_targets(
+    cluster: LocalCluster, shards: int, leaders: dict[int, int]
+) -> tuple[list[str], dict[str, int], dict[str, str]]:
+    """Each shard leader's client address, every shard process by name, their roles."""
+    stride = cluster.port_stride
+    addresses = []
+    for shard in range(shards):
+        host, port = cluster.nodes[leaders[shard]].client_address.rsplit(":", 1)
+        addresses.append(f"{host}:{int(port) + shard * stride}")
+    processes: dict[str, int] = {}
+    roles: dict[str, str] = {}
+    for node_id, node in cluster.nodes.items():
+        for name, pid in _node_processes(node.pid, shards).items():
+            key = f"n{node_id}.{name}"
+            processes[key] = pid
+            if name == "supervisor":
+                roles[key] = "supervisor"
+            else:
+                led = leaders[int(name.removeprefix("shard"))] == node_id
+                roles[key] = "leader" if led else "follower"
+    return addresses, processes, roles
+
+
+def run_cluster_round(
+    shards: int, batch: int, connections: int, seconds: float, fsync: bool = True
+) -> dict[str, Any]:
+    """A fresh local 3-node cluster of ``shards`` shards per node under load, once its
+    leaders are balanced; msgs/s, CPU per process and per message by role."""
+    with LocalCluster(3, env=_fsync_env(fsync), shards=shards) as cluster:
+        cluster.start()
+        waited = 0.0
+        moved: list[str] = []
+        for attempt in range(ATTEMPTS):
+            leaders, balance_s = wait_balanced(cluster, shards, BALANCE_TIMEOUT_S)
+            waited += balance_s
+            addresses, processes, roles = _cluster_targets(cluster, shards, leaders)
+            topics = [_topic_on(k, shards, addresses) for k in range(shards)]
+            try:
+                result = trio.run(
+                    _load, addresses, topics, batch, connections, seconds, 1.0, processes
+                )
+            except BaseException as exc:  # noqa: BLE001 - a trio nursery wraps it
+                found = _leader_moved(exc)
+                if found is None or attempt == ATTEMPTS - 1:
+                    raise
+                moved.append(str(found))
+                print(f"  (a leader moved during the window: {found}; measuring again)")
+                continue
+            break
+        after = _shard_leaders(cluster, shards)
+    _per_message(result, roles, len(cluster.nodes) - 1)
+    return {
+        "nodes": 3,
+        "shards": shards,
+        "leaders": {str(k): v for k, v in leaders.items()},
+        "leaders_changed": after != leaders,
+        "balance_wait_s": round(waited, 1),
+        "windows_voided_by_leader_moves": moved,
+        **result,
+    }
+
+
+def _line(result: dict[str, Any]) -> str:
+    where = f"{result.get('nodes', 1)}n x {result['shards']}s"
+    us = " ".join(f"{k}={v}" for k, v in result["us_per_msg"].items())
+    extra = " LEADERS CHANGED" if result.get("leaders_changed") else ""
+    return (
+        f"{where:<8} {result['msgs_per_s']:>10.0f} msgs/s  server {result['server_cpu_percent']:>5.0f}%"
+        f"  client {result['client_cpu_percent']:>4.0f}%  load {result['loadavg_1m']:>5.2f}"
+        f"  us/msg: {us}{extra}"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -169,27 +403,56 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--shards", type=int, default=2, help="shards of the sharded set-up")
+    parser.add_argument(
+        "--cluster", action="store_true", help="3-node clusters instead of single nodes"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy shard 0 in the last round (single node)"
+    )
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="nodes do not fsync: CPU costs alone, without a disk shared with other work",
+    )
+    parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     rounds: list[dict[str, Any]] = []
-    for _ in range(args.rounds):
-        for shards in (1, 2):
-            result = run_round(shards, args.batch, args.connections, args.seconds)
-            print(result, flush=True)
+    setups = (1, args.shards)
+    for number in range(args.rounds):
+        for shards in setups:
+            if args.cluster:
+                result = run_cluster_round(
+                    shards, args.batch, args.connections, args.seconds, not args.no_fsync
+                )
+            else:
+                last = args.profile and number == args.rounds - 1
+                result = run_round(
+                    shards, args.batch, args.connections, args.seconds, last, not args.no_fsync
+                )
+            print(_line(result), flush=True)
             rounds.append(result)
     medians = {
-        n: statistics.median(r["msgs_per_s"] for r in rounds if r["shards"] == n) for n in (1, 2)
+        n: statistics.median(r["msgs_per_s"] for r in rounds if r["shards"] == n) for n in setups
     }
+    ratio = round(medians[args.shards] / medians[1], 3)
     summary = {
+        "cluster": args.cluster,
         "batch": args.batch,
         "connections": args.connections,
+        "seconds": args.seconds,
+        "fsync": not args.no_fsync,
         "median_msgs_per_s": medians,
-        "ratio_2_over_1": round(medians[2] / medians[1], 3),
+        f"ratio_{args.shards}_over_1": ratio,
         "rounds": rounds,
     }
     print(
-        f"median msgs/s: 1 shard {medians[1]:.0f}, 2 shards {medians[2]:.0f}; "
-        f"ratio {summary['ratio_2_over_1']}"
+        f"median msgs/s: 1 shard {medians[1]:.0f}, {args.shards} shards "
+        f"{medians[args.shards]:.0f}; ratio {ratio}"
     )
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(summary, out, indent=1)
     return summary
 
 

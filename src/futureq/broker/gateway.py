@@ -974,10 +974,17 @@ def check_shard(shard: ShardRole, frame: frames.Frame) -> None:
     item_index: int | None = None
     match frame:
         case frames.Publish():
+            # A batch mostly repeats one topic: hash each run of one topic once (the
+            # per-item check cost ~0.3 us a message on the shard's one core).
+            owned: str | None = None
             for index, item in enumerate(frame.items):
-                if type(item) is list and item and type(item[0]) is str and not shard.owns(item[0]):
-                    topic, item_index = item[0], index
-                    break
+                if type(item) is list and item and type(item[0]) is str:
+                    if item[0] == owned:
+                        continue
+                    if not shard.owns(item[0]):
+                        topic, item_index = item[0], index
+                        break
+                    owned = item[0]
         case (
             frames.Subscribe()
             | frames.GroupCreate()

@@ -266,8 +266,12 @@ class ShardedClient(Client):
         self, items: Sequence[PublishItem], duplicates: list[int]
     ) -> tuple[list[int], list[FutureQError]]:
         positions: dict[int, list[int]] = {}
+        shard_of: dict[str, int] = {}  # one hash per topic of the batch, not per item
         for position, item in enumerate(items):
-            positions.setdefault(self.slot_map.shard_of(item.topic), []).append(position)
+            shard = shard_of.get(item.topic)
+            if shard is None:
+                shard = shard_of[item.topic] = self.slot_map.shard_of(item.topic)
+            positions.setdefault(shard, []).append(position)
         ids: list[int] = [0] * len(items)
         errors: list[FutureQError] = []
 
@@ -296,6 +300,12 @@ class ShardedClient(Client):
                 ids[position] = message_id
             duplicates.extend(where[i] for i in repeated)
 
+        if len(positions) == 1:
+            # The whole batch is one shard's (one topic, say): no task group, whose set-up
+            # cost ~1 us a message at batch 100 on the client's one core.
+            [(shard, where)] = positions.items()
+            await part(shard, where)
+            return ids, errors
         async with anyio.create_task_group() as group:
             for shard, where in positions.items():
                 group.start_soon(part, shard, where)
