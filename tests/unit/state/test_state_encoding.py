@@ -72,3 +72,34 @@ def test_lengths_at_the_bounds_of_each_msgpack_length_encoding() -> None:
             assert queue_state._encode(items) == _pack(items)
             mapping = {i.to_bytes(4, "big"): None for i in range(size)}
             assert queue_state._encode(mapping) == _pack(mapping)
+
+
+def test_the_applied_digest_and_the_records_are_msgpack_of_what_was_written() -> None:
+    """End to end: a PUBLISH (with and without TTL, two topics, a new group) stores
+    msgpack records, and its digest is CRC-32 of msgpack of the changes it wrote."""
+    import zlib
+
+    from state_helpers import SpyStore
+
+    from futureq.state import commands
+    from futureq.state.queue_state import QueueState
+    from futureq.state.store import MemoryStore
+
+    store = SpyStore(MemoryStore())
+    state = QueueState(store)
+    items = [("a", b"p" * 100, 5_000 + i, None if i % 2 else 60_000) for i in range(50)]
+    items += [("b", b"", 2**40, None), ("a", b"x" * 300, 2**33, 1)]
+    state.apply(1, commands.publish(1_000, items))
+    (written,) = store.writes
+    digested = {family: dict(values) for family, values in written.items()}
+    digest = digested["meta"].pop(b"applied_digest")
+    expected = zlib.crc32(_pack(digested), zlib.crc32((1).to_bytes(8, "big"), 0))
+    assert digest == expected.to_bytes(4, "big") == state.applied_digest.to_bytes(4, "big")
+    first = commands.message_id(1, 0)
+    for position, (topic, payload, due_ms, ttl_ms) in enumerate(items):
+        record = written["messages"][(first + position).to_bytes(8, "big")]
+        assert record is not None
+        short = [topic, payload, 1_000, due_ms, 1]
+        assert record == (_pack(short) if ttl_ms is None else record)
+        if ttl_ms is not None:
+            assert msgpack.unpackb(record)[:5] == short
