@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -162,9 +162,9 @@ class Dispatcher:
         self._timers: list[tuple[float, int]] = []
         """Heap of ``(wake_ms, group_id)``; an entry is live while ``_wake_at`` agrees."""
         self._wake_at: dict[int, float] = {}
-        self._seek_hints: dict[int, bytes] = {}
-        """Group id -> a schedule key no live entry of the group lies below (node-local;
-        see :meth:`next_due_ms`)."""
+        self._seek_hints: dict[int, int] = {}
+        """Group id -> a packed ``(due_ms, id)`` no live entry of the group lies below
+        (node-local; see :meth:`next_due_ms`)."""
         self._pass_now_ms = 0
         """Wall time of the dispatch pass in progress, or of the last one (ms)."""
         self._staged: list[Staged] = []
@@ -198,9 +198,9 @@ class Dispatcher:
             self.due_counts.on_scheduled(group_id, due_ms, mid)
         hint = self._seek_hints.get(group_id)
         if hint is not None:
-            key = commands.schedule_key(group_id, due_ms, mid)
-            if key < hint:
-                self._seek_hints[group_id] = key
+            packed = pack(due_ms, mid)
+            if packed < hint:
+                self._seek_hints[group_id] = packed
         if not self.active:
             return
         runtime = self.hub.groups.get(group_id)
@@ -208,14 +208,80 @@ class Dispatcher:
             # No runtime: the group is idle or not loaded yet; the load finds the entry.
             self._wake_group_at(group_id, due_ms - self.horizon_ms)
             return
+        at = self._index_loaded(runtime, group_id, due_ms, mid, expire_ms, attempt, released)
+        self._wake_group_at(group_id, at)
+
+    def on_scheduled_batch(self, entries: Sequence[tuple[Any, ...]]) -> None:
+        """Schedule entries were committed (``ScheduleObserver.on_scheduled_batch``).
+
+        Leaves the dispatcher as :meth:`on_scheduled` for each entry in turn would, with
+        at most two wake-ups per group: waking a group at several later times in a row
+        is waking it at the earliest of them, and a group due in the pass under way is
+        looked at again however often it is asked for.
+        """
+        if self._histograms:
+            self.due_counts.on_scheduled_batch(entries)
+        hints = self._seek_hints
+        if hints:
+            for entry in entries:
+                group_id = entry[1]
+                hint = hints.get(group_id)
+                if hint is not None:
+                    packed = pack(entry[2], entry[3])
+                    if packed < hint:
+                        hints[group_id] = packed
+        if not self.active:
+            return
+        groups = self.hub.groups
+        horizon_ms = self.horizon_ms
+        pass_now_ms = self._pass_now_ms
+        wake: dict[int, float] = {}
+        """Group -> the earliest wake-up asked for after the pass under way."""
+        now: dict[int, float] = {}
+        """Group -> a wake-up asked for within the pass under way (look again now)."""
+        for entry in entries:
+            group_id = entry[1]
+            runtime = groups.get(group_id)
+            if runtime is None:
+                at: float = entry[2] - horizon_ms
+            else:
+                at = self._index_loaded(
+                    runtime,
+                    group_id,
+                    entry[2],
+                    entry[3],
+                    entry[4],
+                    entry[5],
+                    entry[6] if len(entry) > 6 else 0,
+                )
+            if at <= pass_now_ms:
+                now[group_id] = at
+            elif at < wake.get(group_id, math.inf):
+                wake[group_id] = at
+        for group_id, at in now.items():
+            self._wake_group_at(group_id, at)
+        for group_id, at in wake.items():
+            self._wake_group_at(group_id, at)
+
+    def _index_loaded(
+        self,
+        runtime: GroupRuntime,
+        group_id: int,
+        due_ms: int,
+        mid: int,
+        expire_ms: int | None,
+        attempt: int,
+        released: int,
+    ) -> float:
+        """Index a committed entry of a group with a runtime, if inside its horizon;
+        return when the group must be looked at for it (ms; inf: no need)."""
         packed = pack(due_ms, mid)
         if packed >= runtime.loaded_until:
-            self._wake_group_at(group_id, due_ms - self.horizon_ms // 2)
-            return
+            return due_ms - self.horizon_ms // 2
         if packed in runtime.index or commands.schedule_key(group_id, due_ms, mid) in (
             self.hub.in_flight
         ):
-            return  # a refill read it from disk before this notification came
+            return math.inf  # a refill read it from disk before this notification came
         if released:
             runtime.released[mid] = released
         runtime.index.add(due_ms, mid, expire_ms, attempt)
@@ -225,26 +291,32 @@ class Dispatcher:
         wake = due_ms if runtime.consumers else math.inf
         if expire_ms is not None:
             wake = min(wake, expire_ms)
-        self._wake_group_at(group_id, wake)
+        return wake
 
     def next_due_ms(self, group_id: int) -> int | None:
         """When the group's earliest deliverable entry falls due (ms), or None (parked
         dead letters do not count); any node, from disk.
 
-        The seek starts at the group's seek hint: a key no live entry of the group lies
-        below (the first key the previous call found; every entry scheduled since lowers
-        it, :meth:`on_scheduled`; a snapshot clears it). So a status polled while a
-        PURGE or many CANCELs delete from the start of the group's due order does not
-        step over their tombstones again each time (it did: a quarter of the event
-        loop during a purge of 100,000, py-spy). O(log n) plus what was deleted since
-        the previous call.
+        The seek starts at the group's seek hint: a packed ``(due_ms, id)`` no live
+        entry of the group lies below (the first entry the previous call found; every
+        entry scheduled since lowers it, :meth:`on_scheduled`; a snapshot clears it).
+        So a status polled while a PURGE or many CANCELs delete from the start of the
+        group's due order does not step over their tombstones again each time (it did:
+        a quarter of the event loop during a purge of 100,000, py-spy). O(log n) plus
+        what was deleted since the previous call.
         """
-        start = self._seek_hints.get(group_id, group_id.to_bytes(4, "big"))
+        hint = self._seek_hints.get(group_id)
+        start = (
+            group_id.to_bytes(4, "big")
+            if hint is None
+            else commands.schedule_key(group_id, *unpack(hint))
+        )
         stop = commands.schedule_key(group_id, PARKED_DUE_MS, 0)
         for key in self.state.store.scan_keys("schedule", start, stop):
-            self._seek_hints[group_id] = key
-            return commands.parse_schedule_key(key)[1]
-        self._seek_hints[group_id] = stop
+            _, due_ms, mid = commands.parse_schedule_key(key)
+            self._seek_hints[group_id] = pack(due_ms, mid)
+            return due_ms
+        self._seek_hints[group_id] = pack(PARKED_DUE_MS, 0)
         return None
 
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:

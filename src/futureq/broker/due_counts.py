@@ -36,8 +36,8 @@ due time".
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 from sortedcontainers import SortedDict
@@ -167,6 +167,16 @@ class DueCounts:
         histogram = self.histograms.get(group_id)
         if histogram is not None:
             histogram.add(due_ms, mid, 1)
+
+    def on_scheduled_batch(self, entries: Sequence[tuple[Any, ...]]) -> None:
+        """Schedule entries were added (``ScheduleObserver.on_scheduled_batch``)."""
+        histograms = self.histograms
+        if not histograms:
+            return
+        for entry in entries:
+            histogram = histograms.get(entry[1])
+            if histogram is not None:
+                histogram.add(entry[2], entry[3], 1)
 
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
         """A schedule entry was removed: count it out."""

@@ -131,8 +131,6 @@ class Database:
         except OSError as exc:
             raise StorageError(f"cannot create the data directory {path!r}: {exc}") from exc
         self._open()
-        self._synced = WriteOptions()
-        self._synced.sync = True
         self._unsynced = WriteOptions()
         self._tombstones: dict[str, list[Any]] = {}
         """Family -> ``[deletes, lowest key, highest key]`` since it was last taken."""
@@ -308,16 +306,35 @@ class Database:
         return self._handles[family]
 
     def write_batch(self, batch: WriteBatch, sync: bool) -> None:
-        """Write a prepared batch; ``sync`` fsyncs the WAL first.
+        """Write a prepared batch; ``sync``: return only once the WAL holding it is on disk.
+
+        A synced write is the batch written unsynced, then the WAL synced
+        (``flush_wal(sync=True)``), not one ``write`` with ``sync`` set: rocksdict holds
+        the GIL for the whole of ``Rdict.write``, the fsync included, so a worker
+        thread's synced write stopped the event loop for the length of every fsync;
+        ``flush_wal`` releases the GIL while it syncs. It is as durable (the call
+        returns after the fsync either way); the one difference (RocksDB's note on
+        ``SyncWAL``) is that the batch is readable before it is durable, and nothing
+        here takes a log entry for durable before the write that made it returned.
 
         Raises:
-            NoSpaceError: the disk (or a quota, or the file size limit) is full.
-            StorageError: RocksDB refused the write for another reason.
+            NoSpaceError: the disk (or a quota, or the file size limit) is full; nothing
+                of the batch was written.
+            StorageError: RocksDB refused the write for another reason, or the WAL sync
+                failed after the batch was written (then never NoSpaceError: the batch
+                cannot be taken back, so the node must stop).
         """
         try:
-            self._db.write(batch, self._synced if sync else self._unsynced)
+            self._db.write(batch, self._unsynced)
         except Exception as exc:
             raise storage_error(f"RocksDB write failed in {self.path!r}", exc) from exc
+        if sync:
+            try:
+                self._db.flush_wal(True)
+            except Exception as exc:
+                raise StorageError(
+                    f"RocksDB WAL sync failed in {self.path!r} after the write: {exc}"
+                ) from exc
 
     def delete_range(self, family: str, start: bytes, stop: bytes) -> None:
         """Delete keys in ``[start, stop)`` of one family (unsynced)."""

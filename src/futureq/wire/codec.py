@@ -155,13 +155,13 @@ class FrameDecoder:
             raise RemoteProtocolError(ErrorCode.MALFORMED_FRAME, "empty frame body (length 0)")
         if available < HEADER_BYTES + length:
             return self._need_more(available)
-        body = bytes(self._buffer[start + HEADER_BYTES : start + HEADER_BYTES + length])
-        self._offset = start + HEADER_BYTES + length
-        if self._offset > 65536 and self._offset * 2 > len(self._buffer):
-            del self._buffer[: self._offset]
-            self._offset = 0
+        end = start + HEADER_BYTES + length
+        self._offset = end
         try:
-            value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+            # Decoded in place (no copy of the body); the views are released before the
+            # buffer is compacted below, which a live view would forbid.
+            with memoryview(self._buffer) as whole, whole[start + HEADER_BYTES : end] as body:
+                value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
         except msgpack.ExtraData:
             raise RemoteProtocolError(
                 ErrorCode.MALFORMED_FRAME, "frame body holds more than one msgpack value"
@@ -171,6 +171,9 @@ class FrameDecoder:
             raise RemoteProtocolError(
                 ErrorCode.MALFORMED_FRAME, f"frame body is not valid msgpack: {exc}"
             ) from None
+        if end > 65536 and end * 2 > len(self._buffer):
+            del self._buffer[:end]
+            self._offset = 0
         if not self._parse:
             raw: object = value
             return raw

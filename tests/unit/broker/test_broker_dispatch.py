@@ -24,6 +24,7 @@ from futureq.config import QueueSection
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
 from futureq.state.commands import CommandKind
+from futureq.state.model import APPLY_STEP_ITEMS
 from futureq.state.records import PARKED_DUE_MS
 from futureq.wire import frames
 
@@ -1118,3 +1119,137 @@ def test_next_due_from_the_seek_hint_always_matches_a_full_seek() -> None:
     assert checks > 50
     env.dispatcher.on_groups_changed()  # a snapshot: the hint is forgotten
     assert env.dispatcher.next_due_ms(gid) == env.state.next_due_ms(gid)
+
+
+# ---------------------------------------------------------------- batched notifications
+
+
+def _observer_view(env: Env) -> dict[str, Any]:
+    """Everything the schedule observer changes, as plain values (stale heap entries,
+    which the dispatcher skips, left out)."""
+    dispatcher = env.dispatcher
+    wake_at = dict(dispatcher._wake_at)
+    return {
+        "runtimes": {
+            gid: (
+                list(runtime.index._due),
+                list(runtime.index._expiry),
+                dict(runtime.index._extra),
+                runtime.loaded_until,
+                dict(runtime.released),
+            )
+            for gid, runtime in env.hub.groups.items()
+        },
+        "wake_at": wake_at,
+        "live_timers": sorted({t for t in dispatcher._timers if wake_at.get(t[1]) == t[0]}),
+        "touched": set(env.hub.touched),
+        "hints": dict(dispatcher._seek_hints),
+        "kicked": dispatcher._wake.is_set(),
+        "histograms": {
+            gid: (dict(h.minutes), dict(h.hours), dict(h.days))
+            for gid, h in dispatcher.due_counts.histograms.items()
+        },
+    }
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_one_batched_notification_leaves_the_dispatcher_as_one_call_per_entry(seed: int) -> None:
+    """``on_scheduled_batch`` (one call per apply) against ``on_scheduled`` per entry, on
+    twin dispatchers in random states: idle and loaded groups, consumers or none, a
+    small horizon that overflows, entries below and above ``loaded_until``, entries
+    already indexed or in flight, TTLs, attempts, released counts, seek hints and
+    due-count histograms, passes in progress."""
+    import random
+
+    rng = random.Random(seed)
+    horizon_items = rng.choice([3, 8, 100])
+    twins = [Env(horizon_max_items=horizon_items), Env(horizon_max_items=horizon_items)]
+    plan_groups = rng.randint(1, 4)
+    publishes = [
+        (rng.randrange(plan_groups), rng.randint(1, 12), rng.choice([0, 0, 50, 400_000]))
+        for _ in range(rng.randint(1, 6))
+    ]
+    with_consumer = {g for g in range(plan_groups) if rng.random() < 0.6}
+    hinted = {g for g in range(plan_groups) if rng.random() < 0.5}
+    counted = {g for g in range(plan_groups) if rng.random() < 0.4}
+    pass_offset_ms = rng.choice([-10_000, 0, 200])
+    for env in twins:
+        gids = [env.group(f"t{g}", "g") for g in range(plan_groups)]
+        for g, count, delay in publishes:
+            env.publish(f"t{g}", [b"x"] * count, delay_ms=delay)
+        for g in sorted(with_consumer):
+            env.consumer(gids[g], credit=2)
+        env.clock.advance(100)
+        env.dispatch()  # loads runtimes; some entries go in flight
+        for g in sorted(hinted):
+            env.dispatcher.next_due_ms(gids[g])
+        for g in sorted(counted):
+            trio.run(env.dispatcher.due_counts.histogram, gids[g])
+        env.dispatcher._pass_now_ms = env.now + pass_offset_ms
+        env.dispatcher._wake = trio.Event()
+    one, batched = twins
+    assert _observer_view(one) == _observer_view(batched)
+    known: list[tuple[int, int, int]] = []  # (gid, due, mid) indexed or in flight
+    for gid, runtime in one.hub.groups.items():
+        known += [(gid, *unpack_packed(p)) for p in list(runtime.index._due)[:3]]
+    known += [commands.parse_schedule_key(key) for key in list(one.hub.in_flight)[:3]]
+    gids = list(one.state.groups) + [999]  # 999: a group without runtime or record
+    entries: list[tuple[Any, ...]] = []
+    next_mid = 1 << 40
+    for _ in range(rng.randint(1, 60)):
+        if known and rng.random() < 0.15:
+            gid, due, mid = rng.choice(known)
+        else:
+            gid = rng.choice(gids)
+            due = one.now + rng.choice([-5, 0, 30, 1_000, 200_000, 900_000])
+            mid = next_mid = next_mid + rng.randint(1, 3)
+        expire = rng.choice([None, None, due + rng.randint(1, 5_000)])
+        entry: tuple[Any, ...] = ("s", gid, due, mid, expire, rng.choice([0, 0, 1, 3]))
+        if rng.random() < 0.2:
+            entry += (rng.randint(1, 2),)
+        entries.append(entry)
+    for entry in entries:
+        one.dispatcher.on_scheduled(*entry[1:])
+    batched.dispatcher.on_scheduled_batch(entries)
+    assert _observer_view(one) == _observer_view(batched)
+
+
+def unpack_packed(packed: int) -> tuple[int, int]:
+    return packed >> 64, packed & ((1 << 64) - 1)
+
+
+class _BatchCounter:
+    """A schedule observer that counts its calls."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+        self.single = 0
+
+    def on_scheduled(self, *args: Any) -> None:
+        self.single += 1
+
+    def on_scheduled_batch(self, entries: Any) -> None:
+        self.batches.append(len(entries))
+
+    def on_unscheduled(self, *args: Any) -> None:
+        pass
+
+    def on_group_changed(self, group_id: int) -> None:
+        pass
+
+    def on_groups_changed(self) -> None:
+        pass
+
+
+def test_a_publish_of_100_items_is_one_notification_and_steps_stay_bounded() -> None:
+    env = Env()
+    env.group("t", "a")
+    counter = _BatchCounter()
+    env.state.observer = counter
+    env.publish("t", [b"x"] * 100)
+    assert counter.batches == [100] and counter.single == 0
+    env.state.observer = env.dispatcher
+    env.group("t", "b")
+    env.state.observer = counter
+    env.publish("t", [b"x"] * 100)  # 200 entries: one call per apply step at most
+    assert counter.batches == [100, APPLY_STEP_ITEMS, 200 - APPLY_STEP_ITEMS]

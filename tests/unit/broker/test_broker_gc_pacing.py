@@ -13,8 +13,19 @@ from futureq.broker import gc_pacing
 
 @pytest.fixture(autouse=True)
 def _unfreeze() -> Iterator[None]:
+    threshold = gc.get_threshold()
     yield
     gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+async def test_the_young_generation_is_collected_less_often(autojump_clock: trio.abc.Clock) -> None:
+    older = gc.get_threshold()[1:]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gc_pacing.pace_gc, lambda: 0)
+        await trio.sleep(0.05)
+        assert gc.get_threshold() == (gc_pacing.GEN0_THRESHOLD, *older)
+        nursery.cancel_scope.cancel()
 
 
 async def test_freezes_at_start_and_again_only_after_growth(autojump_clock: trio.abc.Clock) -> None:

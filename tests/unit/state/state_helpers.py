@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from futureq.state import commands
@@ -103,6 +103,12 @@ class Recorder:
             self.violations.append("on_scheduled for an entry not in the store")
         call: tuple[Any, ...] = ("s", group_id, due_ms, mid, expire_ms, attempt)
         self.calls.append(call + (released,) if released else call)
+
+    def on_scheduled_batch(self, entries: Sequence[tuple[Any, ...]]) -> None:
+        for entry in entries:
+            assert entry[0] == "s" and len(entry) in (6, 7), entry
+            assert len(entry) == 6 or entry[6] > 0, "released appended only when above zero"
+            self.on_scheduled(*entry[1:])
 
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
         self._check_written("on_unscheduled")

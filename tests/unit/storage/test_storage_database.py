@@ -5,6 +5,8 @@ Real RocksDB in ``tmp_path``. Source: ``DESIGN.md``, "Storage layout".
 
 from __future__ import annotations
 
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,43 @@ def test_synced_and_unsynced_writes_both_land(db: Database) -> None:
     assert db.get("raft_log", b"\x00" * 7 + b"\x01") == b"entry"
     assert db.get("raft_state", b"k") == b"v"
     assert db.get("messages", b"m") is None
+
+
+def test_a_synced_write_in_a_worker_thread_lets_the_event_loop_thread_run_during_the_fsync(
+    db: Database,
+) -> None:
+    """The single-node log and Raft write synced batches in a worker thread while the
+    event loop applies and answers; ``Rdict.write`` holds the GIL throughout, fsync
+    included, so the loop stood still for every fsync. With a switch interval far too
+    long to ever force a GIL hand-over, the main thread runs before the worker's writes
+    are done only if a write releases the GIL by itself."""
+    writes = 20
+    done: list[int] = []
+    started = threading.Event()
+
+    def worker() -> None:
+        started.set()  # the main thread wakes, then waits for the GIL
+        for number in range(writes):
+            batch = db.new_batch()
+            batch.put(number.to_bytes(8, "big"), b"entry" * 100, db.handle("raft_log"))
+            db.write_batch(batch, True)
+            done.append(number)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        thread = threading.Thread(target=worker)
+        thread.start()
+        assert started.wait(30)
+        seen = len(done)
+    finally:
+        sys.setswitchinterval(interval)
+    thread.join(30)
+    assert not thread.is_alive()
+    assert seen < writes, "the event loop thread waited for every synced write to finish"
+    assert [db.get("raft_log", n.to_bytes(8, "big")) for n in range(writes)] == [
+        b"entry" * 100
+    ] * writes
 
 
 def test_last_key(db: Database) -> None:
