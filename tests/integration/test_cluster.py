@@ -407,3 +407,30 @@ def test_a_follower_names_the_new_leader_instead_of_none_during_an_election(
         assert answer.leader_address in live - {follower.client_address}, answer
     else:
         assert isinstance(answer, frames.PublishOk), answer
+
+
+def test_a_connection_to_the_node_that_becomes_leader_keeps_serving(cluster3: Cluster) -> None:
+    """A client connected to a follower that becomes the leader is already where it
+    must go: its connection keeps serving (the node used to stop reading it and close
+    it 2 s later, so the next request waited unread and then failed with the
+    connection). A connection to the node that lost leadership is still closed."""
+    old = cluster3.leader()
+    follower = next(n for n in cluster3.nodes.values() if n is not old)
+    on_follower = WireClient(follower.client_address, timeout_s=20)
+    on_old = WireClient(old.client_address, timeout_s=20)
+    assert on_follower.status()["role"] == "follower"
+    answer = on_old.request(frames.ClusterTransferLeader(on_old.next_id(), follower.node_id))
+    assert isinstance(answer, frames.Ok), answer
+    deadline = time.monotonic() + 10
+    while on_follower.status()["role"] != "leader":
+        assert time.monotonic() < deadline, "the transfer did not make the follower the leader"
+        time.sleep(0.05)
+    # Past the old close's grace period: the connection must still be open and read.
+    time.sleep(2.5)
+    answer = on_follower.publish([["kept", b"x", 0, None, None]])
+    assert isinstance(answer, frames.PublishOk), answer
+    assert on_follower.status()["role"] == "leader"
+    # The node that stopped leading closes its connections, so clients follow.
+    assert on_old.receive(timeout_s=10) is codec.CLOSED
+    on_follower.close()
+    on_old.close()

@@ -119,6 +119,8 @@ class Broker:
         self._background_send, self._background_receive = trio.open_memory_channel[bytes](1024)
         self._promote_send, self._promote_receive = trio.open_memory_channel[int](16)
         self.leader_epoch = 0
+        self.leading = False
+        """The role of the last :meth:`leadership_changed` (it bumps ``leader_epoch``)."""
         self._epoch_changed = trio.Event()
         metrics.set_group_counts_provider(self.group_counts)
         # Counted where subscriptions live, so one the server ends (group deleted,
@@ -142,6 +144,7 @@ class Broker:
         else:
             self.dispatcher.deactivate()
         self.metrics.is_leader.set(1 if is_leader else 0)
+        self.leading = is_leader
         self.leader_epoch += 1
         self._epoch_changed.set()
         self._epoch_changed = trio.Event()

@@ -510,8 +510,20 @@ class Connection:
         self._scope.cancel()
 
     async def _close_on_leadership_change(self, scope: trio.CancelScope) -> None:
-        """Leadership moved: close, so the client reconnects and follows the new leader."""
-        await self.broker.wait_leadership_change(self.broker.leader_epoch)
+        """Leadership moved: close, so the client reconnects and follows the new leader.
+
+        A connection to a node that *became* the leader is kept: it already is where
+        the client must go, and it holds nothing of an earlier leadership (subscriptions,
+        hence deliveries, exist only on a leader). Closing it made the client's next
+        request wait out :data:`LEADERSHIP_CLOSE_GRACE_S` unread and then reconnect to
+        the very same node (issue 11, failover as a client sees it).
+        """
+        while True:
+            was_leading = self.broker.leading
+            await self.broker.wait_leadership_change(self.broker.leader_epoch)
+            if was_leading or not self.broker.leading or self.subscriptions:
+                break
+            log.debug("connection %d: this node became the leader; kept", self.id)
         log.info("connection %d: leadership changed; closing it", self.id)
         # Stop reading; requests in progress (a TRANSFER_LEADER's own OK, NOT_LEADER
         # errors) are answered and the outbox drains as at EOF. Past the grace period,
