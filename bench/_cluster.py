@@ -41,7 +41,7 @@ def free_port_run(length: int) -> int:
     127.0.0.1 (sharded nodes need each shard's ports at a fixed stride)."""
     rng = random.Random()
     for _ in range(1000):
-        base = rng.randrange(20000, 60000 - length)
+        base = rng.randrange(10000, 32000 - length)  # below the ephemeral range
         sockets: list[socket.socket] = []
         try:
             for port in range(base, base + length):

@@ -111,7 +111,7 @@ def _node_processes(pid: int, shards: int) -> dict[str, int]:
 def _free_run(length: int, taken: set[int]) -> int:
     rng = random.Random()
     while True:
-        base = rng.randrange(20000, 60000)
+        base = rng.randrange(10000, 32000 - length)  # below the ephemeral range
         ports = set(range(base, base + length))
         if ports & taken:
             continue

@@ -44,13 +44,25 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections' local
+    ports), 32768 when it cannot be read."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_runs(runs: int, length: int) -> list[int]:
-    """First ports of ``runs`` runs of ``length`` consecutive ports free a moment ago
-    (none in the coordinator's 7450-7482)."""
+    """First ports of ``runs`` runs of ``length`` consecutive ports free a moment ago,
+    below the ephemeral range (a port free when checked could otherwise become the local
+    port of any outgoing connection before the node binds it: seen in CI) and none in
+    the coordinator's 7450-7482."""
     found: list[int] = []
     rng = random.Random()
+    high = max(_ephemeral_low(), 12000) - length
     while len(found) < runs:
-        base = rng.randrange(20000, 60000)
+        base = rng.randrange(10000, high)
         ports = range(base, base + length)
         if any(p in range(b, b + length) for b in found for p in ports):
             continue
