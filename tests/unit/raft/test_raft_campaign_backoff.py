@@ -1,0 +1,64 @@
+"""Elections finish when every message takes longer than the election timeout.
+
+On a starved host (several Raft processes on two loaded cores) a message can take
+longer than T to arrive and be answered. Without a back-off every campaign is cut
+short by the next one, whose vote requests the late answers no longer count for: the
+group stays leaderless for as long as the host is slow (issue 15, seeds 21 and 23).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from futureq.raft.core import MAX_CAMPAIGN_BACKOFF, Role
+from futureq.raft.messages import Message
+
+from raft_helpers import ELECTION_TICKS, Network, make_node
+
+
+def _run_with_delay(network: Network, one_way_ticks: int, ticks: int) -> int | None:
+    """Tick every node ``ticks`` times; each message arrives ``one_way_ticks`` ticks after
+    it was sent. Returns the tick at which a leader was first known, or None."""
+    in_flight: list[tuple[int, int, Message]] = []
+    seq = 0
+    for now in range(ticks):
+        for node in network.nodes.values():
+            node.core.tick()
+        while in_flight and in_flight[0][0] <= now:
+            _, _, message = heapq.heappop(in_flight)
+            network.nodes[message.to_id].core.step(message)
+        for node in network.nodes.values():
+            for message in node.handle_ready():
+                seq += 1
+                heapq.heappush(in_flight, (now + one_way_ticks, seq, message))
+        if network.leaders():
+            return now
+    return None
+
+
+def test_a_leader_is_elected_when_round_trips_exceed_the_election_timeout() -> None:
+    # Timeouts are drawn from [T, 2T) = [10, 20) ticks; a round trip takes 24.
+    for seed in range(5):
+        network = Network(make_node(i, (1, 2, 3), seed=seed) for i in (1, 2, 3))
+        elected = _run_with_delay(network, one_way_ticks=12, ticks=60 * ELECTION_TICKS)
+        assert elected is not None, f"seed {seed}: no leader in {60 * ELECTION_TICKS} ticks"
+
+
+def test_the_back_off_grows_after_each_unfinished_campaign_and_ends_with_a_leader() -> None:
+    network = Network(make_node(i, (1, 2, 3)) for i in (1, 2, 3))
+    network.isolate(1)
+    core = network.core(1)
+    seen = [core.campaign_backoff]
+    for _ in range(12 * ELECTION_TICKS * MAX_CAMPAIGN_BACKOFF):
+        network.tick(1)
+        network.stabilize()
+        if core.campaign_backoff != seen[-1]:
+            seen.append(core.campaign_backoff)
+    # Isolated, its campaigns never finish: 1, 2, 4 (the cap), never more.
+    assert seen == [1, 2, 4] and MAX_CAMPAIGN_BACKOFF == 4
+    assert core.role in (Role.PRE_CANDIDATE, Role.FOLLOWER)
+    network.heal()
+    network.elect(2)
+    network.tick_all(2)
+    assert network.leaders() == [2]
+    assert core.campaign_backoff == 1  # it heard the leader
