@@ -795,7 +795,7 @@ class RaftCore:
         # Paper §5.2: randomized election timeouts make split votes rare.
         factor = self.campaign_backoff
         timeout = self.config.election_timeout_ticks * factor
-        spread = (self.config.election_timeout_spread_ticks or self.config.election_timeout_ticks)
+        spread = self.config.election_timeout_spread_ticks or self.config.election_timeout_ticks
         self._randomized_election_timeout = timeout + self._rng.randrange(spread * factor)
 
     def _note_late_vote(self, message: RequestVoteResponse) -> None:

@@ -123,7 +123,7 @@ class Balancer:
         """The pause before the next attempt after the failures so far (s)."""
         if self.failures == 0:
             return 0.0
-        return min(MAX_RETRY_S, RETRY_S * 2 ** (self.failures - 1))
+        return min(MAX_RETRY_S, RETRY_S * float(1 << (self.failures - 1)))
 
     def transfer_failed(self, now: float) -> float:
         """A transfer did not complete: back off. Returns the pause (s)."""

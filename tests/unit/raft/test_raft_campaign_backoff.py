@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import heapq
 
-from futureq.raft.core import MAX_CAMPAIGN_BACKOFF, Role
-from futureq.raft.messages import Message, NodeId
-
 from raft_helpers import ELECTION_TICKS, Network, make_node
+
+from futureq.raft.core import MAX_CAMPAIGN_BACKOFF
+from futureq.raft.messages import Message, NodeId
 
 
 def _run_with_delay(network: Network, one_way_ticks: int, ticks: int) -> int | None:
