@@ -772,3 +772,29 @@ async def test_tls_certificate_of_another_node_is_refused(tmp_path: Path) -> Non
         )
         assert impostor.sm.items == [] and impostor.transport.stats.received_messages == 0
         await cluster.stop_all()
+
+
+async def test_votes_and_clock_samples_overtake_queued_replication() -> None:
+    """Behind a backlog of AppendEntries and heartbeats, a vote or a clock ping goes
+    first: queued behind it on a slow link it arrived seconds late, after the election or
+    the round trip it was for was over (issue 15)."""
+    book = AddressBook()
+    async with trio.open_nursery() as nursery:
+        transports = {
+            n: Transport(n, "127.0.0.1:0", book, cluster_id="test", secret=SECRET)
+            for n in (1, 2)
+        }
+        for n, transport in transports.items():
+            book.update({n: (await nursery.start(transport.run), None)})
+        sender, receiver = transports[1], transports[2]
+        backlog = 3000
+        for i in range(backlog):  # queued at once: the link is not connected yet
+            sender.send(Heartbeat(Term(1), NodeId(1), NodeId(2), LogIndex(i)))
+        sender.send(ClockPing(Term(1), NodeId(1), NodeId(2), 42))
+        received = []
+        with trio.fail_after(WAIT_S):
+            while len(received) < backlog + 1:
+                received.append(await receiver.receive_channel.receive())
+        assert isinstance(received[0], ClockPing)
+        assert [m.commit for m in received[1:]] == list(range(backlog))  # type: ignore[union-attr]
+        nursery.cancel_scope.cancel()
