@@ -159,8 +159,6 @@ class Handshake:
 URGENT_MESSAGES: Final = (RequestVote, RequestVoteResponse, TimeoutNow, ClockPing, ClockPong)
 """Small messages whose worth decays within an election timeout: they leave before the
 queued replication traffic (see :meth:`Transport.send`)."""
-MAX_URGENT_MESSAGES: Final = 256
-"""Per-peer queue of :data:`URGENT_MESSAGES`; when full the oldest is dropped."""
 
 
 class _PeerLink:
@@ -170,7 +168,8 @@ class _PeerLink:
         self.node_id = node_id
         self.address = address
         self.queue: deque[Message] = deque()
-        self.urgent: deque[Message] = deque(maxlen=MAX_URGENT_MESSAGES)
+        self.urgent: deque[Message] = deque()
+        """:data:`URGENT_MESSAGES`, sent before ``queue``; bounded like it."""
         self.ready = trio.Event()
         self.cancel_scope = trio.CancelScope()
         self.last_error = ""
@@ -322,7 +321,7 @@ class Transport:
             self._links[to_id] = link
             self._links_changed.set()
         queue = link.urgent if isinstance(message, URGENT_MESSAGES) else link.queue
-        if len(queue) >= (queue.maxlen or self._max_queue):
+        if len(queue) >= self._max_queue:
             queue.popleft()
             self.stats.dropped_queue_full += 1
         queue.append(message)
