@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import ssl
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,15 @@ import trustme
 from futureq.errors import NotLeaderError, RequestError
 from futureq.raft import peer_auth
 from futureq.raft.core import Role
-from futureq.raft.messages import ClockPing, Heartbeat, LogIndex, NodeId, Term, encode_message
+from futureq.raft.messages import (
+    ClockPing,
+    Heartbeat,
+    LogIndex,
+    NodeId,
+    Ready,
+    Term,
+    encode_message,
+)
 from futureq.raft.node import RaftNode, RaftNodeConfig
 from futureq.raft.rocks_storage import RocksStorage
 from futureq.raft.transport import (
@@ -86,6 +95,23 @@ class ListMachine:
         self.restored_from.append(index)
 
 
+class StalledDiskStorage(RocksStorage):
+    """Real RocksDB whose synced writes wait while ``stall`` is set: a disk (or a host)
+    so busy that an fsync takes seconds."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stall = threading.Event()
+        self.released = threading.Event()
+        self.stalled = threading.Event()
+
+    def persist(self, ready: Ready) -> None:
+        if ready.must_sync and self.stall.is_set():
+            self.stalled.set()
+            assert self.released.wait(WAIT_S), "the test never released the stalled write"
+        super().persist(ready)
+
+
 @attrs.define
 class Member:
     node_id: int
@@ -93,6 +119,7 @@ class Member:
     node: RaftNode
     transport: Transport
     sm: ListMachine
+    storage: StalledDiskStorage
     db: Database
     scope: trio.CancelScope
     stopped: trio.Event
@@ -123,7 +150,7 @@ class Cluster:
     ) -> Member:
         path = self.tmp_path / f"n{node_id}"
         db = Database(str(path / "db"))
-        storage = RocksStorage(db, str(path / "snapshots"))
+        storage = StalledDiskStorage(db, str(path / "snapshots"))
         client_address = f"client-{node_id}:1"
         contexts = None if self.tls is None else self.tls(node_id)
         transport = Transport(
@@ -148,7 +175,9 @@ class Cluster:
             **{"new_cluster": True, **self.config, **config},
         )
         node = RaftNode(node_config, storage, transport, sm, rng=random.Random(100 + node_id))
-        member = Member(node_id, path, node, transport, sm, db, trio.CancelScope(), trio.Event())
+        member = Member(
+            node_id, path, node, transport, sm, storage, db, trio.CancelScope(), trio.Event()
+        )
         self.members[node_id] = member
         await self.nursery.start(self._run_member, member, client_address)
         return member
@@ -399,6 +428,34 @@ async def test_a_burst_from_a_peer_is_taken_in_without_a_loop_pass_per_message(
             trio.lowlevel.remove_instrument(passes)
         assert passes.count < burst // 4, passes.count
         await cluster.wait_leader()
+        await cluster.stop_all()
+
+
+async def test_clock_pings_are_answered_while_the_disk_write_stalls(tmp_path: Path) -> None:
+    """A follower whose fsync takes seconds still answers clock pings at once: the round
+    trips the leader measures stay those of the network. When the answer waited for the
+    driver, every clock sample on a busy host came back too slow to use and restarted
+    nodes stayed unsynchronized, unable to campaign, for over a minute (issue 15)."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        follower = next(m for m in cluster.running() if m is not leader)
+        follower.storage.stall.set()
+        try:
+            await leader.node.propose(b"x")  # the other follower makes the majority
+            with trio.fail_after(WAIT_S):
+                while not follower.storage.stalled.is_set():  # noqa: ASYNC110 - a thread's flag
+                    await trio.sleep(0.01)
+            await trio.sleep(1.0)  # the follower's driver waits for its write meanwhile
+            heard_ms = leader.node.progress()[follower.node_id]["last_heard_ms"]
+            round_trip_us = leader.node.timekeeper.clock.peer_round_trip_us(follower.node_id)
+        finally:
+            follower.storage.released.set()
+        # Pings leave every 4 ticks (40 ms): answered, they keep the follower heard from.
+        assert heard_ms is not None and heard_ms < 500, heard_ms
+        assert round_trip_us is not None and round_trip_us < 500_000, round_trip_us
+        await cluster.wait_converged(1)
         await cluster.stop_all()
 
 
@@ -715,3 +772,29 @@ async def test_tls_certificate_of_another_node_is_refused(tmp_path: Path) -> Non
         )
         assert impostor.sm.items == [] and impostor.transport.stats.received_messages == 0
         await cluster.stop_all()
+
+
+async def test_votes_and_clock_samples_overtake_queued_replication() -> None:
+    """Behind a backlog of AppendEntries and heartbeats, a vote or a clock ping goes
+    first: queued behind it on a slow link it arrived seconds late, after the election or
+    the round trip it was for was over (issue 15)."""
+    book = AddressBook()
+    async with trio.open_nursery() as nursery:
+        transports = {
+            n: Transport(n, "127.0.0.1:0", book, cluster_id="test", secret=SECRET)
+            for n in (1, 2)
+        }
+        for n, transport in transports.items():
+            book.update({n: (await nursery.start(transport.run), None)})
+        sender, receiver = transports[1], transports[2]
+        backlog = 3000
+        for i in range(backlog):  # queued at once: the link is not connected yet
+            sender.send(Heartbeat(Term(1), NodeId(1), NodeId(2), LogIndex(i)))
+        sender.send(ClockPing(Term(1), NodeId(1), NodeId(2), 42))
+        received = []
+        with trio.fail_after(WAIT_S):
+            while len(received) < backlog + 1:
+                received.append(await receiver.receive_channel.receive())
+        assert isinstance(received[0], ClockPing)
+        assert [m.commit for m in received[1:]] == list(range(backlog))  # type: ignore[union-attr]
+        nursery.cancel_scope.cancel()

@@ -429,6 +429,14 @@ class ClusterClock:
             return None
         return known[0]
 
+    def peer_round_trip_us(self, peer: int) -> int | None:
+        """The slowest round trip among ``peer``'s last few clock samples (µs), or None
+        without a sample: how late a message to it and back may be right now."""
+        recent = self._latest.get(peer)
+        if not recent:
+            return None
+        return 2 * max(sample.delay_us for sample in recent)
+
     def peer_offset_us(self, peer: int) -> int | None:
         """``peer``'s wall clock minus our cluster time, or None without a sample."""
         known = self.peer_offset_range_us(peer)

@@ -101,6 +101,11 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+
+MAX_CAMPAIGN_BACKOFF = 4
+"""Largest factor by which failed campaigns stretch the election timeout (a power of
+two; :attr:`RaftCore.campaign_backoff`): with T = 500 ms a starved node waits at most
+2-4 s between campaigns, and goes back to 0.5-1 s once it hears a leader."""
 """Debug records of votes and campaigns (pure: nothing here reads them back)."""
 
 
@@ -145,6 +150,9 @@ class RaftConfig:
             ``[T, 2T)``). A smaller spread shortens the worst failover; the split votes
             it would make likelier are settled by PreVote's tie-break (a pre-candidate
             that grants a PreVote to a better-placed one gives up its own campaign).
+            After an election whose vote arrived only after it timed out, both ``T`` and
+            ``spread`` of the next wait are doubled, up to :data:`MAX_CAMPAIGN_BACKOFF` times, until a leader is heard
+            (see :meth:`RaftCore.campaign_backoff`).
         heartbeat_interval_ticks: Ticks between leader heartbeats; must be < T.
         max_append_bytes: Cap on entry bytes per AppendEntries.
         max_inflight_messages: Unanswered AppendEntries per follower in REPLICATE.
@@ -310,6 +318,11 @@ class RaftCore:
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
         self._randomized_election_timeout = config.election_timeout_ticks
+        self._failed_campaigns = 0
+        self._timed_out_term = Term(0)
+        """The last term whose election this node gave up when its timer fired."""
+        self._late_vote_term = Term(0)
+        """The last term a vote arrived for after that (campaign_backoff grew for it)."""
         self.lead_transferee: NodeId | None = None
         self._term_start_index = LogIndex(0)
         self._snapshot_receiver = SnapshotReceiver()
@@ -555,6 +568,8 @@ class RaftCore:
             message.from_id, message.last_log_index
         ):
             return
+        if isinstance(message, RequestVoteResponse) and not message.pre_vote:
+            self._note_late_vote(message)
         if message.term > self.term:
             if isinstance(message, RequestVote):
                 # Leader stickiness (thesis §4.2.3): ignore a vote request while we
@@ -778,9 +793,44 @@ class RaftCore:
 
     def _reset_randomized_election_timeout(self) -> None:
         # Paper §5.2: randomized election timeouts make split votes rare.
-        timeout = self.config.election_timeout_ticks
-        spread = self.config.election_timeout_spread_ticks or timeout
-        self._randomized_election_timeout = timeout + self._rng.randrange(spread)
+        factor = self.campaign_backoff
+        timeout = self.config.election_timeout_ticks * factor
+        spread = self.config.election_timeout_spread_ticks or self.config.election_timeout_ticks
+        self._randomized_election_timeout = timeout + self._rng.randrange(spread * factor)
+
+    def _note_late_vote(self, message: RequestVoteResponse) -> None:
+        """An answer to an election this node already gave up (its timer fired first):
+        messages take longer than the election timeout, so wait longer next time."""
+        term = message.term
+        if term == self._timed_out_term and term > self._late_vote_term:
+            self._late_vote_term = term
+            self._failed_campaigns = min(
+                self._failed_campaigns + 1, MAX_CAMPAIGN_BACKOFF.bit_length() - 1
+            )
+            log.info(
+                "node %d: the vote of node %d for term %d came after that election timed "
+                "out; waiting up to %d times the election timeout before campaigning",
+                self.id, message.from_id, term, self.campaign_backoff,
+            )  # fmt: skip
+
+    @property
+    def campaign_backoff(self) -> int:
+        """How many times longer than configured this node now waits before it campaigns
+        (1, 2, 4, ... up to :data:`MAX_CAMPAIGN_BACKOFF`).
+
+        When messages take longer than the election timeout (a starved host: every
+        process gets a fifth of a core), a campaign cannot collect its votes before the
+        timer fires again and starts the next one, whose requests the late answers of
+        the previous one no longer count for, and so on for as long as the host is
+        slow. Each election whose vote arrived after it timed out doubles the next wait
+        (a candidate waits for its votes longer, and the wider random spread separates
+        competing candidates further); hearing from a leader, or leading, restores it.
+        A campaign that fails for other reasons (votes refused or lost, peers still
+        hearing the old leader) does not: a failover stays as fast as configured. Waiting
+        longer than T before campaigning only lengthens the quiet period the leader
+        lease counts on, so no safety rule depends on it.
+        """
+        return 1 << self._failed_campaigns
 
     def _become_follower(self, term: Term, leader_id: NodeId | None) -> None:
         self._reset(term)
@@ -804,6 +854,7 @@ class RaftCore:
 
     def _become_leader(self) -> None:
         assert self.role is Role.CANDIDATE
+        self._failed_campaigns = 0
         self._reset(self.term)
         self.role = Role.LEADER
         self.leader_id = self.id
@@ -853,6 +904,8 @@ class RaftCore:
             and self._election_elapsed >= self._randomized_election_timeout
         ):
             self._election_elapsed = 0
+            if self.role is Role.CANDIDATE:
+                self._timed_out_term = self.term  # a vote for it now comes too late
             self._campaign(_Campaign.PRE_VOTE if self.config.pre_vote else _Campaign.ELECTION)
 
     def _may_campaign(self) -> bool:
@@ -1029,6 +1082,7 @@ class RaftCore:
         if isinstance(message, AppendEntries | Heartbeat | InstallSnapshot):
             self._election_elapsed = 0
             self.leader_id = message.from_id
+            self._failed_campaigns = 0  # a leader is heard: campaign_backoff is over
             if isinstance(message, AppendEntries):
                 self._handle_append_entries(message)
             elif isinstance(message, Heartbeat):

@@ -904,18 +904,39 @@ class RaftNode:
         async for message in channel:
             now = trio.current_time()
             last_heard[int(message.from_id)] = now
-            inbox.append(message)
+            self._take_in(message)
             while len(inbox) < limit:
                 try:
                     message = channel.receive_nowait()
                 except trio.WouldBlock:
                     break
                 last_heard[int(message.from_id)] = now
-                inbox.append(message)
-            self._wake.set()
+                self._take_in(message)
+            if inbox:
+                self._wake.set()
             if len(inbox) >= limit:
                 self._inbox_drained = trio.Event()
                 await self._inbox_drained.wait()
+
+    def _take_in(self, message: Message) -> None:
+        """Queue a Raft message for the driver; answer or learn a clock message now.
+
+        A clock sample measures the round trip, and anything that delays the answer
+        (the driver waiting for an fsync, a long apply or snapshot) widens it: on a busy
+        host every sample came back over the quarter-bound limit and the restarted
+        nodes stayed unsynchronized, so no node could campaign, for over a minute
+        (issue 15, seed 21). Answered here, a sample costs only the transport and
+        the event loop. Neither reading moves outside the round trip: the ping is
+        answered after it arrived, the pong is timed when it is taken in.
+        """
+        if not isinstance(message, CLOCK_MESSAGES):
+            self._inbox.append(message)
+            return
+        answer = self.timekeeper.on_message(
+            self.core, message, self._clock.monotonic_us(), self._clock.wall_us()
+        )
+        if answer is not None:
+            self._transport.send(answer)
 
     async def _compactor(self, sources: trio.MemoryReceiveChannel[Any]) -> None:
         async for source in sources:
@@ -972,13 +993,6 @@ class RaftNode:
         inbox = self._inbox
         while inbox:
             message = inbox.popleft()
-            if isinstance(message, CLOCK_MESSAGES):
-                answer = self.timekeeper.on_message(
-                    core, message, self._clock.monotonic_us(), self._clock.wall_us()
-                )
-                if answer is not None:
-                    self._transport.send(answer)
-                continue
             if isinstance(message, AppendEntries):
                 self._leader_commit_seen = max(self._leader_commit_seen, message.leader_commit)
             elif isinstance(message, Heartbeat):

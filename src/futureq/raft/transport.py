@@ -35,7 +35,17 @@ import trio
 from futureq.config import split_host_port
 from futureq.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from futureq.raft import peer_auth
-from futureq.raft.messages import Message, NodeId, decode_message, encode_message
+from futureq.raft.messages import (
+    ClockPing,
+    ClockPong,
+    Message,
+    NodeId,
+    RequestVote,
+    RequestVoteResponse,
+    TimeoutNow,
+    decode_message,
+    encode_message,
+)
 from futureq.raft.peer_auth import MAGIC, PROTOCOL_VERSION, PeerAuthError
 from futureq.wire.codec import CLOSED, NEED_DATA, FrameDecoder, encode_value
 
@@ -146,13 +156,20 @@ class Handshake:
     client_address: str | None
 
 
+URGENT_MESSAGES: Final = (RequestVote, RequestVoteResponse, TimeoutNow, ClockPing, ClockPong)
+"""Small messages whose worth decays within an election timeout: they leave before the
+queued replication traffic (see :meth:`Transport.send`)."""
+
+
 class _PeerLink:
-    __slots__ = ("address", "cancel_scope", "last_error", "node_id", "queue", "ready")
+    __slots__ = ("address", "cancel_scope", "last_error", "node_id", "queue", "ready", "urgent")
 
     def __init__(self, node_id: NodeId, address: str) -> None:
         self.node_id = node_id
         self.address = address
         self.queue: deque[Message] = deque()
+        self.urgent: deque[Message] = deque()
+        """:data:`URGENT_MESSAGES`, sent before ``queue``; bounded like it."""
         self.ready = trio.Event()
         self.cancel_scope = trio.CancelScope()
         self.last_error = ""
@@ -286,6 +303,10 @@ class Transport:
         """Queue ``message`` for its ``to_id``; never blocks.
 
         Messages to ourselves and to peers with no known address are dropped (counted).
+        Votes, TimeoutNow and clock samples (:data:`URGENT_MESSAGES`) go ahead of the
+        AppendEntries and heartbeats queued for the same peer (Raft tolerates reordering):
+        behind a backlog on a slow link they arrived seconds late, after the election or
+        the round trip they were for was over (issue 15).
         """
         to_id = message.to_id
         if to_id == self.node_id:
@@ -299,10 +320,11 @@ class Transport:
             link = _PeerLink(to_id, address)
             self._links[to_id] = link
             self._links_changed.set()
-        if len(link.queue) >= self._max_queue:
-            link.queue.popleft()
+        queue = link.urgent if isinstance(message, URGENT_MESSAGES) else link.queue
+        if len(queue) >= self._max_queue:
+            queue.popleft()
             self.stats.dropped_queue_full += 1
-        link.queue.append(message)
+        queue.append(message)
         link.ready.set()
 
     def peer_client_address(self, node_id: int) -> str | None:
@@ -398,6 +420,7 @@ class Transport:
                 new = _PeerLink(node_id, address)
                 if link is not None:
                     new.queue = link.queue
+                    new.urgent = link.urgent
                     new.ready.set()
                 self._links[node_id] = new
         for node_id in list(self._links):
@@ -433,8 +456,9 @@ class Transport:
                         with trio.move_on_after(0.5, shield=True):
                             await connected.stream.aclose()
                 # Whatever was queued is stale by the time we reconnect.
-                self.stats.dropped_disconnected += len(link.queue)
+                self.stats.dropped_disconnected += len(link.queue) + len(link.urgent)
                 link.queue.clear()
+                link.urgent.clear()
                 delay = min(self._backoff_max_s, self._backoff_min_s * (2**failures))
                 failures = min(failures + 1, 30)
                 await trio.sleep(delay * (0.5 + 0.5 * self._rng.random()))
@@ -481,8 +505,8 @@ class Transport:
             link.ready = trio.Event()
             chunks: list[bytes] = []
             size = 0
-            while link.queue and size < (1 << 20):
-                message = link.queue.popleft()
+            while (link.urgent or link.queue) and size < (1 << 20):
+                message = link.urgent.popleft() if link.urgent else link.queue.popleft()
                 try:
                     body = encode_message(message)
                     if sealer is not None:
@@ -499,7 +523,7 @@ class Transport:
                     continue
                 chunks.append(frame)
                 size += len(frame)
-            if link.queue:
+            if link.queue or link.urgent:
                 link.ready.set()
             if not chunks:
                 continue

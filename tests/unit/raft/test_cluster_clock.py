@@ -317,3 +317,17 @@ def test_a_joining_node_does_not_take_its_own_clock_for_the_clusters() -> None:
     clocks.run(1.0)
     assert clocks.clock.synchronized and not clocks.clock.in_bound
     assert abs(clocks.error_us()) <= 2 * clocks.rtt_us  # the others' time, not frozen
+
+
+def test_after_a_starved_spell_one_fast_answer_resynchronizes_at_once() -> None:
+    """Issue 15: on a starved host every answer came back too slowly to use for a minute
+    and the node stayed unsynchronized (it may not campaign). Once answers are fast
+    again it agrees within the minimum window, without waiting out a failed window."""
+    clocks = Clocks()
+    clocks.rtt_us = 600 * MS  # over half the bound: no sample is usable
+    clocks.run(20.0, step_ms=1000)
+    assert not clocks.clock.synchronized
+    assert any("came back too slowly to use" in n for n in clocks.notices)
+    clocks.rtt_us = 2 * MS
+    clocks.run(clocks.config.window_min_us / S + 0.1)
+    assert clocks.clock.synchronized and clocks.clock.in_bound

@@ -230,6 +230,28 @@ def test_a_transfer_ends_the_lease_and_a_failed_transfer_steps_down() -> None:
     assert any("did not complete" in text for text in cluster.notices)
 
 
+def test_a_failed_transfer_leaves_the_group_leaderless_for_at_most_an_election() -> None:
+    """Issue 15: the leader that gave up a failed transfer steps down; its followers
+    stop ignoring campaigns one election timeout T after its last heartbeat and a
+    campaign starts within [T, 2T), so a new leader (on a fast network) follows within
+    2T and a round trip: a failed transfer costs one election, not more."""
+    cluster = Cluster()
+    cluster.run(600)
+    leader = cluster.leader()
+    target = next(i for i in cluster.nodes if i != leader.id)
+    cluster.cut |= {(leader.id, target)}  # the TimeoutNow never arrives
+    leader.core.transfer_leadership(target)
+    while leader.core.role is Role.LEADER:
+        cluster.step()
+    cluster.cut.clear()
+    timeout = leader.core.config.election_timeout_ticks
+    for _ in range(2 * timeout + 3):
+        cluster.step()
+        if any(n.core.role is Role.LEADER for n in cluster.nodes.values()):
+            break
+    assert cluster.leader() is not None, "no leader within 2T after the step-down"
+
+
 def test_heartbeat_rounds_are_numbered_per_broadcast() -> None:
     cluster = Cluster()
     cluster.run(600)
