@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
     from futureq.config import TlsConfig
     from futureq.metrics import Metrics
-    from futureq.shards.view import NodeView
+    from futureq.shards.view import NodeView, Reply
 
     from .access import AccessControl
 
@@ -325,15 +325,9 @@ class HttpApp:
             node_view.Answer(status, body, content_type.decode("latin-1")),
             *(others[shard] for shard in range(1, view.shard_count)),
         ]
-        if path == "/healthz":
-            status, body = node_view.merge_health(replies, view.addresses)
-            return status, body, _TEXT
-        if path == "/readyz":
-            status, value = node_view.merge_ready(replies, view.addresses)
-            return status, _json(value), _JSON
-        if path == "/api/status":
-            status, value = node_view.merge_status(replies, view.addresses)
-            return status, _json(value), _JSON
+        node_answer = merged_node_answer(path, replies, view.addresses)
+        if node_answer is not None:
+            return node_answer
         if path == "/api/overview":
             return (
                 200,
@@ -469,6 +463,26 @@ def _tokens(headers: Iterable[tuple[bytes, bytes]]) -> list[str]:
 
 def _json(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def merged_node_answer(
+    path: str, replies: list[Reply], addresses: list[str]
+) -> tuple[int, bytes, bytes] | None:
+    """A sharded node's ``/healthz``, ``/readyz`` or ``/api/status`` answer from every
+    shard's reply (index = shard), as ``(status, body, content type)``; None for another
+    path. Shared by shard 0 and by the supervisor while shard 0 is down."""
+    from futureq.shards import view as node_view  # only sharded nodes load it
+
+    if path == "/healthz":
+        status, body = node_view.merge_health(replies, addresses)
+        return status, body, _TEXT
+    if path == "/readyz":
+        status, value = node_view.merge_ready(replies, addresses)
+        return status, _json(value), _JSON
+    if path == "/api/status":
+        status, value = node_view.merge_status(replies, addresses)
+        return status, _json(value), _JSON
+    return None
 
 
 async def _respond(

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, cast
 
 import trio
 
-from futureq.broker.http import HttpApp
+from futureq.broker.http import HttpApp, merged_node_answer
 from futureq.shards import view as node_view
 
 if TYPE_CHECKING:
@@ -105,15 +105,9 @@ class ShardZeroDownApp(HttpApp):
                 node_view.NoAnswer(why),
                 *(others[shard] for shard in range(1, view.shard_count)),
             ]
-            if path == "/healthz":
-                status, body = node_view.merge_health(replies, view.addresses)
-                return status, body, _TEXT
-            if path == "/readyz":
-                status, value = node_view.merge_ready(replies, view.addresses)
-                return status, _json(value), _JSON
-            if path == "/api/status":
-                status, value = node_view.merge_status(replies, view.addresses)
-                return status, _json(value), _JSON
+            node_answer = merged_node_answer(path, replies, view.addresses)
+            if node_answer is not None:
+                return node_answer
             texts = [
                 (shard, reply.body.decode("utf-8", "replace"))
                 for shard, reply in enumerate(replies)
