@@ -93,8 +93,10 @@ def shard_layout(shard: ShardRole | None) -> ShardLayout:
     )
 
 
-def check_join_shards(config: Config, ours: ShardLayout, theirs: int, version: int) -> None:
-    """Refuse to join a cluster whose nodes run another shard count or slot map.
+def check_join_shards(
+    config: Config, ours: ShardLayout, theirs: int, version: int, stride: int | None = None
+) -> None:
+    """Refuse to join a cluster whose nodes run another shard count, slot map or stride.
 
     Args:
         config: This node's configuration (``cluster.join`` names the member asked).
@@ -102,9 +104,11 @@ def check_join_shards(config: Config, ours: ShardLayout, theirs: int, version: i
         theirs: The member's shard count (its HELLO_OK's ``shards``; 1 when absent,
             as from a node of 1 shard or of a build older than this check).
         version: The member's slot map version (1 without a map).
+        stride: The member's ``node.shard_port_stride`` (SLOT_MAP_OK's ``port_stride``),
+            None when unknown or with 1 shard (then not compared).
 
     Raises:
-        ConfigError: the counts or versions differ, with a sentence naming both.
+        ConfigError: the counts, versions or strides differ, with a sentence naming both.
     """
     if theirs != ours.shards:
         raise ConfigError(
@@ -117,6 +121,12 @@ def check_join_shards(config: Config, ours: ShardLayout, theirs: int, version: i
         raise ConfigError(
             f"the cluster at {config.cluster.join} uses slot map version {version} and "
             f"this node version {ours.slot_map}; every node must use the same slot map"
+        )
+    if stride is not None and ours.shards > 1 and stride != ours.stride:
+        raise ConfigError(
+            f"the cluster at {config.cluster.join} uses node.shard_port_stride {stride} and "
+            f"this node {ours.stride}: shard K of every node listens on its ports plus K "
+            f"times the same stride; start this node with shard_port_stride = {stride}"
         )
 
 
@@ -199,7 +209,8 @@ def build_raft_log(
 
     Peers authenticate with the credentials :func:`load_peer_credentials` returns, and
     must run the same shard layout as this process (``shard``: which shard of a sharded
-    node it is; None for a node of 1 shard): ``docs/sharding.md``, "Agreement".
+    node it is; None for a node of 1 shard): ``docs/sharding.md``, "Agreement between
+    nodes".
 
     Raises:
         ConfigError: this node's id is missing from a non-empty ``cluster.peers``, or
@@ -462,13 +473,14 @@ async def join_cluster(
                 from futureq.client._routing import ShardedClient
 
                 # Before anything else: a node of another shard count would join groups
-                # whose topics it routes elsewhere (docs/sharding.md, "Agreement").
-                slot_map = client.slot_map if isinstance(client, ShardedClient) else None
+                # whose topics it routes elsewhere (docs/sharding.md, "Agreement between nodes").
+                sharded = client if isinstance(client, ShardedClient) else None
                 check_join_shards(
                     config,
                     transport.shard_layout,
-                    1 if slot_map is None else slot_map.shard_count,
-                    1 if slot_map is None else slot_map.version,
+                    1 if sharded is None else sharded.slot_map.shard_count,
+                    1 if sharded is None else sharded.slot_map.version,
+                    None if sharded is None else sharded.port_stride,
                 )
                 view = await client.cluster_status()
                 theirs = view.get("cluster_id")

@@ -135,7 +135,7 @@ def _malformed(message: str) -> PeerAuthError:
 
 @attrs.frozen
 class ShardLayout:
-    """Where a Raft link's end sits in a sharded node (``docs/sharding.md``, "Agreement").
+    """Where a Raft link's end sits in a sharded node (``docs/sharding.md``, "Agreement between nodes").
 
     Carried in the HELLO's and the CHALLENGE's extensions (keys ``shards``, ``shard``,
     ``slot_map``, ``stride``) only when ``shards`` is above 1, so the handshake of a
