@@ -708,7 +708,8 @@ def test_joining_with_another_shard_count_is_refused(tmp_path: Path) -> None:
     """A node whose shard count differs from the cluster's stops at --join with exit 2
     and a sentence naming both counts, and is added to no group: shard K of every node
     is one Raft group, so it would route topics to other groups than the cluster does.
-    A node that announces no count (1 shard, or an older build) counts as 1 shard."""
+    A node that announces no count (1 shard, or an older build) counts as 1 shard; a
+    node of the same count joins, each of its shards the group of that shard."""
     from futureq.peer_credentials import generate_secret_file
 
     generate_secret_file(str(tmp_path / "cluster.secret"))
@@ -735,9 +736,22 @@ def test_joining_with_another_shard_count_is_refused(tmp_path: Path) -> None:
 
         for view in trio.run(members):
             assert view["voters"] == [1] and view["learners"] == [], view
+        # The same count joins: node 6 becomes a voter of both groups.
+        same = _agreement_node(6, tmp_path, tuple(free_runs(3, 2)), 2, join)
+        same.start()
+        deadline = time.monotonic() + 120
+        while not all(6 in view.get("voters", []) for view in trio.run(members)):
+            assert same.alive() and time.monotonic() < deadline, same.stderr_text()[-3000:]
+            time.sleep(0.5)
+        raft6 = int(same.raft_address.rsplit(":", 1)[1])
+        for shard, view in enumerate(trio.run(members)):  # each shard joined its own group
+            entry = next(n for n in view["nodes"] if n["node_id"] == 6)
+            assert entry["raft_address"] == f"127.0.0.1:{raft6 + shard * STRIDE}", view
     finally:
         member.terminate()
         single.terminate()
+        if "same" in locals() and same.alive():
+            same.terminate()
 
 
 @pytest.mark.slow

@@ -482,7 +482,15 @@ async def join_cluster(
                     1 if sharded is None else sharded.slot_map.version,
                     None if sharded is None else sharded.port_stride,
                 )
-                view = await client.cluster_status()
+                # A shard joins its own group: shard K of the member, whose view and
+                # ADD_NODE are that group's (the ShardedClient would add this shard's
+                # addresses to every group, shifted by K * stride once more).
+                group = (
+                    client
+                    if sharded is None
+                    else sharded.shard_clients[transport.shard_layout.shard]
+                )
+                view = await group.cluster_status()
                 theirs = view.get("cluster_id")
                 if theirs is not None and theirs != config.cluster.cluster_id:
                     raise ConfigError(
@@ -510,7 +518,7 @@ async def join_cluster(
                     )
                 await _check_peer_credentials(config, transport, view)
                 asked = True  # even if the answer is lost, a later view may show us added
-                await client.add_node(node_id, raft_address, client_address)
+                await group.add_node(node_id, raft_address, client_address)
             log.info(
                 "asked %s to add node %d (raft %s)", config.cluster.join, node_id, raft_address
             )
