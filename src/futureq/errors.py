@@ -74,6 +74,9 @@ class ErrorCode(enum.IntEnum):
     WRONG_SHARD = 280
     """The topic belongs to another shard of the node; the ERROR frame's
     ``leader_address`` names that shard's client address (``docs/sharding.md``)."""
+    SHARD_LAYOUT_MISMATCH = 285
+    """A Raft peer runs another shard count, slot map version, shard or port stride
+    (peer handshake refusal; ``docs/sharding.md``, "Agreement between nodes")."""
 
     # 3xx availability errors (retry may succeed)
     NOT_LEADER = 300

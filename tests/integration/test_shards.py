@@ -672,3 +672,132 @@ def test_cluster_add_node_by_hand_joins_every_shards_group(tmp_path: Path) -> No
         for node in nodes.values():
             if node.alive():
                 node.terminate()
+
+
+def _agreement_node(
+    node_id: int, root: Path, base: tuple[int, ...], shards: int, args: list[str], name: str = ""
+) -> Any:
+    """A clustered node of ``shards`` shards (1: no --shards, as a node of any build)."""
+    from cluster_process import ClusterNode
+
+    count = ["--shards", str(shards)] if shards > 1 else []
+    client, raft, http = base
+    return ClusterNode(
+        node_id,
+        root / (name or f"node{node_id}"),
+        (client, raft, http),
+        [*args, *count, "--cluster-secret-file", str(root / "cluster.secret")],
+        {"FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE)},
+    )
+
+
+def _refused_start(node_id: int, root: Path, shards: int, args: list[str]) -> str:
+    """Start a node and wait for it to stop with exit code 2 (the join is refused just
+    after the node printed READY, or just before); its stderr. A port another process
+    took since it was found free (exit 4: other tests share this machine) is not what
+    is tested: the node is tried again on other ports and a new data directory."""
+    for attempt in range(3):
+        node = _agreement_node(
+            node_id, root, tuple(free_runs(3, 3)), shards, args, f"node{node_id}.{attempt}"
+        )
+        try:
+            node.start()
+        except RuntimeError as exc:
+            assert "broker did not start" in str(exc)
+        assert node.process is not None
+        try:
+            code = node.process.wait(timeout=60)
+        finally:
+            node.kill()
+        if code != 4:
+            break
+    assert code == 2, node.stderr_text()[-3000:]
+    return str(node.stderr_text())
+
+
+@pytest.mark.slow
+def test_joining_with_another_shard_count_is_refused(tmp_path: Path) -> None:
+    """A node whose shard count differs from the cluster's stops at --join with exit 2
+    and a sentence naming both counts, and is added to no group: shard K of every node
+    is one Raft group, so it would route topics to other groups than the cluster does.
+    A node that announces no count (1 shard, or an older build) counts as 1 shard; a
+    node of the same count joins, each of its shards the group of that shard."""
+    from futureq.peer_credentials import generate_secret_file
+
+    generate_secret_file(str(tmp_path / "cluster.secret"))
+    starts = free_runs(6, 2)  # the members' client, raft and HTTP runs, none overlapping
+    runs = [tuple(starts[i : i + 3]) for i in range(0, 6, 3)]
+    member = _agreement_node(1, tmp_path, runs[0], 2, ["--peers", f"1=127.0.0.1:{runs[0][1]}"])
+    single = _agreement_node(5, tmp_path, runs[1], 1, ["--peers", f"5=127.0.0.1:{runs[1][1]}"])
+    member.start()
+    single.start()
+    try:
+        join = ["--join", member.client_address]
+        log = _refused_start(2, tmp_path, 3, join)
+        assert "runs 2 shard(s) per node and this node 3: every node of a cluster must run " in log
+        assert "shard 0 refused its configuration" in log or "shard 1 refused its" in log
+        assert "start this node with --shards 2 (node.shards)" in log
+        log = _refused_start(3, tmp_path, 1, join)
+        assert "runs 2 shard(s) per node and this node 1:" in log
+        log = _refused_start(4, tmp_path, 2, ["--join", single.client_address])
+        assert "runs 1 shard(s) per node and this node 2:" in log
+
+        async def members() -> list[dict[str, Any]]:
+            async with open_client(member.client_address, request_timeout_s=30) as client:
+                return list((await client.cluster_status())["shards"])
+
+        for view in trio.run(members):
+            assert view["voters"] == [1] and view["learners"] == [], view
+        # The same count joins: node 6 becomes a voter of both groups.
+        same = _agreement_node(6, tmp_path, tuple(free_runs(3, 2)), 2, join)
+        same.start()
+        deadline = time.monotonic() + 120
+        while not all(6 in view.get("voters", []) for view in trio.run(members)):
+            assert same.alive() and time.monotonic() < deadline, same.stderr_text()[-3000:]
+            time.sleep(0.5)
+        raft6 = int(same.raft_address.rsplit(":", 1)[1])
+        for shard, view in enumerate(trio.run(members)):  # each shard joined its own group
+            entry = next(n for n in view["nodes"] if n["node_id"] == 6)
+            assert entry["raft_address"] == f"127.0.0.1:{raft6 + shard * STRIDE}", view
+    finally:
+        member.terminate()
+        single.terminate()
+        if "same" in locals() and same.alive():
+            same.terminate()
+
+
+@pytest.mark.slow
+def test_peers_with_another_shard_count_refuse_each_other(tmp_path: Path) -> None:
+    """Two nodes named by --peers, one of 2 shards and one of 3: every Raft link between
+    them is refused in the handshake, both logs say why with both counts, and no group
+    gets a leader (on the old code shards 0 and 1 formed groups across the two nodes)."""
+    from futureq.peer_credentials import generate_secret_file
+
+    generate_secret_file(str(tmp_path / "cluster.secret"))
+    starts = free_runs(6, 3)
+    runs = {1: tuple(starts[0:3]), 2: tuple(starts[3:6])}
+    peers = ["--peers", ",".join(f"{n}=127.0.0.1:{runs[n][1]}" for n in runs)]
+    nodes = {n: _agreement_node(n, tmp_path, runs[n], n + 1, peers) for n in runs}
+    try:
+        for node in nodes.values():
+            node.start()
+        wanted = {
+            1: "node 2 runs 3 shards (shard 0, slot map version 1, port stride 1) and this "
+            "node 2 shards (shard 0, slot map version 1, port stride 1): every node of a "
+            "cluster must run the same number of shards (node.shards)",
+            2: "node 1 runs 2 shards (shard 1, slot map version 1, port stride 1) and this "
+            "node 3 shards (shard 1",
+        }
+        deadline = time.monotonic() + 60
+        while not all(wanted[n] in nodes[n].stderr_text() for n in nodes):
+            assert time.monotonic() < deadline, {n: nodes[n].stderr_text()[-2000:] for n in nodes}
+            time.sleep(0.2)
+        assert "ERROR" in next(
+            line for line in nodes[1].stderr_text().splitlines() if wanted[1] in line
+        )
+        time.sleep(3)  # several election timeouts: two voters that never hear each other
+        assert _leaders({n: runs[n] for n in runs}, {1, 2}) == {0: None, 1: None}
+    finally:
+        for node in nodes.values():
+            if node.alive():
+                node.terminate()

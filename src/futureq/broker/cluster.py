@@ -26,7 +26,7 @@ from futureq.peer_credentials import (
     read_secret_file,
 )
 from futureq.raft.node import RaftNode, RaftNodeConfig
-from futureq.raft.peer_auth import PeerAuthError
+from futureq.raft.peer_auth import PeerAuthError, ShardLayout
 from futureq.raft.rocks_storage import RocksStorage
 from futureq.raft.transport import AddressBook, Transport
 from futureq.state import snapshot
@@ -36,6 +36,7 @@ from .cluster_time import export_clock_metrics
 if TYPE_CHECKING:
     from futureq.config import Config
     from futureq.metrics import Metrics
+    from futureq.shards.layout import ShardRole
     from futureq.state.queue_state import QueueState
     from futureq.storage.db import Database
     from futureq.storage.space import SpaceAlarm
@@ -76,6 +77,56 @@ async def refuse_if_node_already_runs(config: Config) -> None:
             f"node {node_id}'s Raft address {address} (from --peers) already accepts "
             f"connections: another process runs node {node_id}; stop it, or give this "
             "process its own --node-id"
+        )
+
+
+def shard_layout(shard: ShardRole | None) -> ShardLayout:
+    """What this process announces in the peer handshake: its node's shard count, its
+    shard, the slot map's version and the port stride (1 shard when ``shard`` is None)."""
+    if shard is None:
+        return ShardLayout()
+    return ShardLayout(
+        shards=shard.slot_map.shard_count,
+        shard=shard.index,
+        slot_map=shard.slot_map.version,
+        stride=shard.port_stride,
+    )
+
+
+def check_join_shards(
+    config: Config, ours: ShardLayout, theirs: int, version: int, stride: int | None = None
+) -> None:
+    """Refuse to join a cluster whose nodes run another shard count, slot map or stride.
+
+    Args:
+        config: This node's configuration (``cluster.join`` names the member asked).
+        ours: This process's layout (:func:`shard_layout`).
+        theirs: The member's shard count (its HELLO_OK's ``shards``; 1 when absent,
+            as from a node of 1 shard or of a build older than this check).
+        version: The member's slot map version (1 without a map).
+        stride: The member's ``node.shard_port_stride`` (SLOT_MAP_OK's ``port_stride``),
+            None when unknown or with 1 shard (then not compared).
+
+    Raises:
+        ConfigError: the counts, versions or strides differ, with a sentence naming both.
+    """
+    if theirs != ours.shards:
+        raise ConfigError(
+            f"the cluster at {config.cluster.join} runs {theirs} shard(s) per node and this "
+            f"node {ours.shards}: every node of a cluster must run the same number of "
+            f"shards (shard K of every node is one Raft group); start this node with "
+            f"--shards {theirs} (node.shards) on an empty data directory"
+        )
+    if version != ours.slot_map:
+        raise ConfigError(
+            f"the cluster at {config.cluster.join} uses slot map version {version} and "
+            f"this node version {ours.slot_map}; every node must use the same slot map"
+        )
+    if stride is not None and ours.shards > 1 and stride != ours.stride:
+        raise ConfigError(
+            f"the cluster at {config.cluster.join} uses node.shard_port_stride {stride} and "
+            f"this node {ours.stride}: shard K of every node listens on its ports plus K "
+            f"times the same stride; start this node with shard_port_stride = {stride}"
         )
 
 
@@ -152,10 +203,14 @@ def build_raft_log(
     client_address: str,
     metrics: Metrics,
     space_alarm: SpaceAlarm | None = None,
+    shard: ShardRole | None = None,
 ) -> tuple[RaftNode, Transport]:
     """The Raft node and its transport for this node (not started).
 
-    Peers authenticate with the credentials :func:`load_peer_credentials` returns.
+    Peers authenticate with the credentials :func:`load_peer_credentials` returns, and
+    must run the same shard layout as this process (``shard``: which shard of a sharded
+    node it is; None for a node of 1 shard): ``docs/sharding.md``, "Agreement between
+    nodes".
 
     Raises:
         ConfigError: this node's id is missing from a non-empty ``cluster.peers``, or
@@ -197,6 +252,7 @@ def build_raft_log(
         # Reconnect to a restarted peer well within one election timeout, or a leader
         # whose quorum needs that peer steps down (CheckQuorum) while it backs off.
         backoff_max_s=max(0.05, cluster.tick_ms * cluster.election_timeout_ticks / 2000),
+        shard_layout=shard_layout(shard),
     )
     storage = RocksStorage(db, os.path.join(config.server.data_dir, "snapshots"))
     node = RaftNode(
@@ -380,8 +436,9 @@ async def join_cluster(
     the leader promotes it once it has caught up.
 
     Raises:
-        ConfigError: the cluster has another cluster id, already has this node id, or
-            refuses this node's peer credentials.
+        ConfigError: the cluster has another cluster id, runs another shard count or
+            slot map (:func:`check_join_shards`), already has this node id, or refuses
+            this node's peer credentials.
     """
     from futureq.client import open_client  # the client library is only needed here
 
@@ -413,7 +470,27 @@ async def join_cluster(
                 connect_timeout_s=5.0,
                 request_timeout_s=30.0,
             ) as client:
-                view = await client.cluster_status()
+                from futureq.client._routing import ShardedClient
+
+                # Before anything else: a node of another shard count would join groups
+                # whose topics it routes elsewhere (docs/sharding.md, "Agreement between nodes").
+                sharded = client if isinstance(client, ShardedClient) else None
+                check_join_shards(
+                    config,
+                    transport.shard_layout,
+                    1 if sharded is None else sharded.slot_map.shard_count,
+                    1 if sharded is None else sharded.slot_map.version,
+                    None if sharded is None else sharded.port_stride,
+                )
+                # A shard joins its own group: shard K of the member, whose view and
+                # ADD_NODE are that group's (the ShardedClient would add this shard's
+                # addresses to every group, shifted by K * stride once more).
+                group = (
+                    client
+                    if sharded is None
+                    else sharded.shard_clients[transport.shard_layout.shard]
+                )
+                view = await group.cluster_status()
                 theirs = view.get("cluster_id")
                 if theirs is not None and theirs != config.cluster.cluster_id:
                     raise ConfigError(
@@ -441,7 +518,7 @@ async def join_cluster(
                     )
                 await _check_peer_credentials(config, transport, view)
                 asked = True  # even if the answer is lost, a later view may show us added
-                await client.add_node(node_id, raft_address, client_address)
+                await group.add_node(node_id, raft_address, client_address)
             log.info(
                 "asked %s to add node %d (raft %s)", config.cluster.join, node_id, raft_address
             )

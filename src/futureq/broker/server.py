@@ -202,7 +202,7 @@ async def serve(
             from . import cluster
 
             command_log, transport = cluster.build_raft_log(
-                config, db, state, client_address, metrics, space_alarm
+                config, db, state, client_address, metrics, space_alarm, shard
             )
         else:
             command_log = SingleNodeLog(

@@ -104,6 +104,8 @@ class RefusalReason(enum.Enum):
     """After the handshake: a frame whose MAC or sequence number is wrong."""
     REFUSED = "refused"
     """The node we connected to refused us (its REFUSED frame says why)."""
+    SHARDS = "shards"
+    """The peer runs another shard count, slot map version, shard or port stride."""
 
 
 class PeerAuthError(RemoteProtocolError):
@@ -126,6 +128,100 @@ def _refuse(
 
 def _malformed(message: str) -> PeerAuthError:
     return PeerAuthError(RefusalReason.PROTOCOL, ErrorCode.INVALID_FRAME, message)
+
+
+# --- the shard layout both ends must share ---------------------------------------------
+
+
+@attrs.frozen
+class ShardLayout:
+    """Where a Raft link's end sits in a sharded node (``docs/sharding.md``, "Agreement between nodes").
+
+    Carried in the HELLO's and the CHALLENGE's extensions (keys ``shards``, ``shard``,
+    ``slot_map``, ``stride``) only when ``shards`` is above 1, so the handshake of a
+    single-shard node is the same bytes as before; an end that sends no ``shards`` (a
+    single-shard node, or a build older than this check) counts as 1 shard.
+
+    Attributes:
+        shards: The node's shard count (``node.shards``), 1 to 64.
+        shard: Which shard this process is (0-based): shard ``K`` of every node is one
+            Raft group, so both ends of a link must be the same ``K``.
+        slot_map: Version of the node's slot map (1 for today's fixed maps).
+        stride: ``node.shard_port_stride``: shard ``K`` listens on the node's ports
+            plus ``K * stride`` on every node.
+    """
+
+    shards: int = 1
+    shard: int = 0
+    slot_map: int = 1
+    stride: int = 100
+
+    def to_extensions(self) -> dict[str, object]:
+        """The extension keys announcing this layout (none for a single shard)."""
+        if self.shards == 1:
+            return {}
+        return {
+            "shards": self.shards,
+            "shard": self.shard,
+            "slot_map": self.slot_map,
+            "stride": self.stride,
+        }
+
+    @classmethod
+    def from_extensions(cls, extensions: Mapping[str, object]) -> ShardLayout:
+        """The layout a peer announced; 1 shard when it announced none.
+
+        Raises:
+            PeerAuthError: PROTOCOL when a key is not a positive integer (shard >= 0).
+        """
+        if "shards" not in extensions:
+            return cls()
+        values: dict[str, int] = {}
+        for key, least in (("shards", 1), ("shard", 0), ("slot_map", 1), ("stride", 1)):
+            value = extensions.get(key)
+            if type(value) is not int or value < least:
+                raise _malformed(f"handshake extension {key!r} must be an integer >= {least}")
+            values[key] = value
+        return cls(**values)
+
+    def describe(self) -> str:
+        """``"3 shards (shard 1, slot map version 1, port stride 100)"`` or ``"1 shard"``."""
+        if self.shards == 1:
+            return "1 shard"
+        return (
+            f"{self.shards} shards (shard {self.shard}, slot map version {self.slot_map}, "
+            f"port stride {self.stride})"
+        )
+
+
+def shard_disagreement(ours: ShardLayout, theirs: ShardLayout, peer: int) -> PeerAuthError | None:
+    """The refusal of a link between ends whose shard layouts differ, or None.
+
+    Args:
+        ours: This process's layout.
+        theirs: What the peer announced (:meth:`ShardLayout.from_extensions`).
+        peer: The peer's node id (named in the sentence).
+    """
+    if ours == theirs or (ours.shards == theirs.shards == 1):
+        return None
+    if ours.shards != theirs.shards:
+        fix = (
+            "every node of a cluster must run the same number of shards (node.shards); "
+            "start the node that differs with the cluster's count on an empty data "
+            "directory (a node of an older build counts as 1 shard)"
+        )
+    elif ours.slot_map != theirs.slot_map:
+        fix = "every node of a cluster must use the same slot map"
+    else:
+        fix = (
+            "shard K of every node must listen on its node's ports plus K times the same "
+            "node.shard_port_stride; give every node the same stride"
+        )
+    return PeerAuthError(
+        RefusalReason.SHARDS,
+        ErrorCode.SHARD_LAYOUT_MISMATCH,
+        f"node {peer} runs {theirs.describe()} and this node {ours.describe()}: {fix}",
+    )
 
 
 # --- frames -----------------------------------------------------------------------------
@@ -524,6 +620,8 @@ class ConnectorHandshake:
         peer_certificate: The acceptor's certificate under mutual TLS, else None.
         require_certificate: Mutual TLS: the acceptor's certificate must name ``peer_id``.
         extensions: Extra fields for the HELLO (covered by the proofs).
+        shards: This process's shard layout, announced in the HELLO; the acceptor's
+            must be the same (:func:`shard_disagreement`). Default: 1 shard.
     """
 
     def __init__(
@@ -539,9 +637,11 @@ class ConnectorHandshake:
         peer_certificate: Mapping[str, object] | None = None,
         require_certificate: bool = False,
         extensions: Mapping[str, object] | None = None,
+        shards: ShardLayout | None = None,
     ) -> None:
         if len(nonce) != NONCE_BYTES:
             raise ValueError(f"nonce must be {NONCE_BYTES} bytes")
+        self._shards = shards or ShardLayout()
         self.hello = Hello(
             cluster_id,
             NodeId(node_id),
@@ -549,7 +649,7 @@ class ConnectorHandshake:
             raft_address,
             client_address,
             nonce,
-            dict(extensions or {}),
+            {**(extensions or {}), **self._shards.to_extensions()},
         )
         self._secret = secret
         self._peer_certificate = peer_certificate
@@ -564,7 +664,8 @@ class ConnectorHandshake:
 
         Raises:
             PeerAuthError: the acceptor refused us, is not the node we dialled, its
-                certificate does not name it, or it cannot prove it holds our secret.
+                certificate does not name it, it cannot prove it holds our secret, or
+                (SHARDS) it runs another shard layout.
         """
         frame = parse_frame(value)
         peer = self.hello.to_id
@@ -609,6 +710,13 @@ class ConnectorHandshake:
             proof = connector_proof(self._secret, transcript)
             if not self._require_certificate:
                 self.sealer = FrameSealer(session_key(self._secret, transcript))
+        # Checked once the acceptor proved who it is, so the sentence can be trusted; an
+        # acceptor of an older build announces nothing and counts as 1 shard.
+        disagreement = shard_disagreement(
+            self._shards, ShardLayout.from_extensions(frame.extensions), peer
+        )
+        if disagreement is not None:
+            raise disagreement
         self.challenge = frame
         return Proof(proof)
 
@@ -647,6 +755,8 @@ class AcceptorHandshake:
         peer_certificate: The connector's certificate under mutual TLS, else None.
         require_certificate: Mutual TLS: the certificate must name the HELLO's node id.
         extensions: Extra fields for the CHALLENGE (covered by the proofs).
+        shards: This process's shard layout, announced in the CHALLENGE; the
+            connector's must be the same (:func:`shard_disagreement`). Default: 1 shard.
     """
 
     def __init__(
@@ -659,16 +769,18 @@ class AcceptorHandshake:
         peer_certificate: Mapping[str, object] | None = None,
         require_certificate: bool = False,
         extensions: Mapping[str, object] | None = None,
+        shards: ShardLayout | None = None,
     ) -> None:
         if len(nonce) != NONCE_BYTES:
             raise ValueError(f"nonce must be {NONCE_BYTES} bytes")
+        self._shards = shards or ShardLayout()
         self.cluster_id = cluster_id
         self.node_id = NodeId(node_id)
         self._secret = secret
         self._nonce = nonce
         self._peer_certificate = peer_certificate
         self._require_certificate = require_certificate
-        self._extensions = dict(extensions or {})
+        self._extensions = {**(extensions or {}), **self._shards.to_extensions()}
         self._hello: Hello | None = None
         self._transcript = b""
         self.opener: FrameOpener | None = None
@@ -719,7 +831,9 @@ class AcceptorHandshake:
 
         Raises:
             PeerAuthError: SECRET when the proof is missing or wrong (or present while
-                we have no secret); PROTOCOL for another frame.
+                we have no secret); PROTOCOL for another frame; SHARDS when the
+                connector runs another shard layout (a connector that announces none
+                counts as 1 shard).
             RuntimeError: called before :meth:`receive_hello` succeeded.
         """
         if self._hello is None:
@@ -751,6 +865,11 @@ class AcceptorHandshake:
                 )
             if not self._require_certificate:
                 self.opener = FrameOpener(session_key(self._secret, self._transcript))
+        disagreement = shard_disagreement(
+            self._shards, ShardLayout.from_extensions(self._hello.extensions), peer
+        )
+        if disagreement is not None:
+            raise disagreement
         return self._hello
 
 
@@ -762,6 +881,7 @@ __all__ = [
     "NONCE_BYTES",
     "PROTOCOL_VERSION",
     "SEALED_OVERHEAD_BYTES",
+    "ShardLayout",
     "Accepted",
     "AcceptorHandshake",
     "Challenge",
@@ -781,5 +901,6 @@ __all__ = [
     "node_uri",
     "parse_frame",
     "session_key",
+    "shard_disagreement",
     "transcript_hash",
 ]

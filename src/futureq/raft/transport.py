@@ -230,6 +230,9 @@ class Transport:
             beyond it new ones are closed at once (a flood of unauthenticated
             connections costs a bounded amount of memory).
         nonce_source: ``n -> n`` random bytes for handshake nonces (a CSPRNG).
+        shard_layout: This process's place in a sharded node, announced in every
+            handshake; a peer with another layout is refused both ways
+            (``peer_auth.shard_disagreement``). Default: 1 shard.
 
     Raises:
         ValueError: only one of the TLS contexts given, a server context that does not
@@ -259,6 +262,7 @@ class Transport:
         secret: bytes | None = None,
         max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES,
         nonce_source: Callable[[int], bytes] = secrets.token_bytes,
+        shard_layout: peer_auth.ShardLayout | None = None,
     ) -> None:
         if (ssl_server is None) != (ssl_client is None):
             raise ValueError("give both TLS contexts (server and client) or neither")
@@ -286,6 +290,7 @@ class Transport:
         self._backoff_max_s = backoff_max_s
         self._secret = secret
         self._nonce_source = nonce_source
+        self.shard_layout = shard_layout or peer_auth.ShardLayout()
         self._handshake_slots = trio.Semaphore(max_pending_handshakes)
         self._handshakes_by_host: dict[str, int] = {}
         self._refusals_logged: dict[str, float] = {}
@@ -486,6 +491,7 @@ class Transport:
                     nonce=self._nonce_source(peer_auth.NONCE_BYTES),
                     peer_certificate=certificate,
                     require_certificate=self._ssl_client is not None,
+                    shards=self.shard_layout,
                 )
                 decoder = FrameDecoder(peer_auth.MAX_HANDSHAKE_FRAME_BYTES, parse=False)
                 await stream.send_all(encode_value(handshake.hello.to_wire()))
@@ -628,6 +634,7 @@ class Transport:
             nonce=self._nonce_source(peer_auth.NONCE_BYTES),
             peer_certificate=certificate,
             require_certificate=self._ssl_server is not None,
+            shards=self.shard_layout,
         )
         try:
             first = await self._next_value(stream, decoder)
@@ -714,7 +721,8 @@ class Transport:
 
     def _log_refusal(self, what: str, error: RemoteProtocolError) -> None:
         """Warn once per REFUSAL_LOG_INTERVAL_S per distinct sentence (a misconfigured
-        peer retries several times a second); the repeats go to the debug log."""
+        peer retries several times a second); the repeats go to the debug log. A shard
+        layout that differs is logged as an error: the link never carries Raft traffic."""
         line = f"{what}: {error.message}"
         now = trio.current_time()
         last = self._refusals_logged.get(line)
@@ -724,7 +732,8 @@ class Transport:
         if len(self._refusals_logged) > 256:
             self._refusals_logged.clear()
         self._refusals_logged[line] = now
-        log.warning("%s", line)
+        shards = error.code is ErrorCode.SHARD_LAYOUT_MISMATCH
+        log.log(logging.ERROR if shards else logging.WARNING, "%s", line)
 
 
 __all__ = [

@@ -11,6 +11,8 @@ derived by :mod:`futureq.shards.layout`), and
 * prints its own ``READY client=... http=... node_id=N shards=N`` line only once every
   shard printed its READY line (never half-up); a shard that exits before it is ready
   takes the node down at start, with the shard's exit code;
+* stops the node with exit code 2 when a shard exits with 2 (its configuration cannot
+  run, e.g. ``--join`` of a cluster of another shard count): no restart;
 * restarts a shard that exits later, after a back-off (0.2 s doubling to 5 s), logging
   why; a shard that fails :data:`MAX_FAST_FAILURES` times in a row, each within
   :data:`FAST_FAILURE_S` of its start, takes the node down (exit 1) with a sentence;
@@ -56,6 +58,10 @@ MAX_BACKOFF_S = 5.0
 EXTRA_STOP_S = 5.0
 """Added to ``server.shutdown_grace_ms`` before stopping shards are SIGKILLed (s)."""
 EXIT_SHARD_FAILED = 1
+EXIT_CONFIG = 2
+"""A shard that exits with this code (``futureq.cli.server_main``'s configuration
+error: another cluster's shard count at --join, a removed node...) cannot run as
+configured: the node stops with it instead of restarting the shard."""
 EXIT_BIND = 4
 """The exit code of a node that cannot bind a port (``futureq.broker.server``'s)."""
 HTTP_BACKLOG = 100
@@ -219,6 +225,13 @@ class Supervisor:
                     code or EXIT_SHARD_FAILED,
                     f"shard {shard.index} exited with code {code} before it was ready "
                     f"(its log is above); stopping the node",
+                )
+                return
+            if code == EXIT_CONFIG:
+                self._stop(
+                    EXIT_CONFIG,
+                    f"shard {shard.index} refused its configuration (exit code {code}; its log "
+                    "above says why); stopping the node: a restart would be refused again",
                 )
                 return
             if lived_s < FAST_FAILURE_S:

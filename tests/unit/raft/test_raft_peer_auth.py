@@ -430,3 +430,77 @@ def test_opener_refuses_any_forged_frame(data: bytes) -> None:
     _, opener = sealed_pair()
     with pytest.raises(PeerAuthError):
         opener.open(data)
+
+
+# --- the shard layout both ends must share (docs/sharding.md, "Agreement") ----------------
+
+
+def _layout(shards: int, shard: int = 0, **kw: int) -> peer_auth.ShardLayout:
+    return peer_auth.ShardLayout(shards=shards, shard=shard, **kw)
+
+
+def test_ends_of_the_same_shard_layout_connect_and_one_shard_announces_nothing() -> None:
+    same = _layout(2, 1, stride=1)
+    hello = run(connector(shards=same), acceptor(shards=same))
+    assert hello.extensions == {"shards": 2, "shard": 1, "slot_map": 1, "stride": 1}
+    # A node of 1 shard sends the HELLO an older build sent: no shard keys at all.
+    one = connector(shards=_layout(1))
+    assert one.hello.to_wire()[-1] == {} and connector().hello.to_wire()[-1] == {}
+    assert acceptor(shards=_layout(1)).receive_hello(wire(one.hello)).extensions == {}
+    run(one, acceptor())
+
+
+def test_another_shard_count_is_refused_by_the_acceptor_naming_both_counts() -> None:
+    c, a = connector(shards=_layout(3)), acceptor(shards=_layout(2))
+    challenge = a.receive_hello(wire(c.hello))
+    with refused(RefusalReason.SHARDS, r"node 2 runs 2 shards \(shard 0.*this node 3 shards"):
+        c.receive_challenge(wire(challenge))
+    # An acceptor that does not hear the connector's objection refuses it itself.
+    c2, a2 = connector(shards=_layout(3)), acceptor(shards=_layout(2))
+    challenge = a2.receive_hello(wire(c2.hello))
+    proof = peer_auth.Proof(
+        peer_auth.connector_proof(SECRET, peer_auth.transcript_hash(c2.hello, challenge))
+    )
+    with refused(RefusalReason.SHARDS, r"node 1 runs 3 shards .* this node 2 shards"):
+        a2.receive_proof(wire(proof))
+    error = peer_auth.shard_disagreement(_layout(2), _layout(3), 5)
+    assert error is not None and error.code is ErrorCode.SHARD_LAYOUT_MISMATCH
+    assert "same number of shards (node.shards)" in error.message
+
+
+def test_a_peer_announcing_no_count_counts_as_one_shard() -> None:
+    """A node of an older build (or of 1 shard) sends no shard keys: 1 shard."""
+    with refused(RefusalReason.SHARDS, "node 2 runs 1 shard and this node 2 shards"):
+        run(connector(shards=_layout(2)), acceptor())
+    # An older connector does not look at the CHALLENGE's keys: the acceptor refuses it.
+    c, a = connector(), acceptor(shards=_layout(2))
+    challenge = a.receive_hello(wire(c.hello))
+    transcript = peer_auth.transcript_hash(c.hello, challenge)
+    with refused(RefusalReason.SHARDS, "node 1 runs 1 shard and this node 2 shards"):
+        a.receive_proof(wire(peer_auth.Proof(peer_auth.connector_proof(SECRET, transcript))))
+
+
+@pytest.mark.parametrize(
+    ("theirs", "sentence"),
+    [
+        (_layout(2, 1), "shard 1, slot map version 1, port stride 100"),
+        (_layout(2, 0, stride=200), "give every node the same stride"),
+        (_layout(2, 0, slot_map=2), "the same slot map"),
+    ],
+)
+def test_another_shard_slot_map_or_stride_is_refused(
+    theirs: peer_auth.ShardLayout, sentence: str
+) -> None:
+    with refused(RefusalReason.SHARDS, sentence):
+        run(connector(shards=_layout(2, 0)), acceptor(shards=theirs))
+
+
+def test_the_shard_check_comes_after_the_secret_and_rejects_malformed_keys() -> None:
+    with refused(RefusalReason.SECRET):
+        run(connector(shards=_layout(2)), acceptor(OTHER_SECRET, shards=_layout(3)))
+    for bad in ({"shards": "2"}, {"shards": 2, "shard": -1}, {"shards": 0}):
+        c, a = connector(extensions=bad), acceptor(shards=_layout(2))
+        transcript = peer_auth.transcript_hash(c.hello, a.receive_hello(wire(c.hello)))
+        proof = peer_auth.Proof(peer_auth.connector_proof(SECRET, transcript))
+        with refused(RefusalReason.PROTOCOL, "handshake extension"):
+            a.receive_proof(wire(proof))
