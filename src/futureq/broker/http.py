@@ -334,14 +334,7 @@ class HttpApp:
                 _json(node_view.merge_overviews(json.loads(body), replies, view.addresses)),
                 _JSON,
             )
-        texts = [
-            (shard, reply.body.decode("utf-8", "replace"))
-            for shard, reply in enumerate(replies)
-            if isinstance(reply, node_view.Answer) and reply.status == 200
-        ]
-        merged, left_out = await trio.to_thread.run_sync(node_view.relabel_metrics, texts)
-        merged += node_view.shard_up_metric(replies, left_out).encode()
-        return 200, merged, content_type
+        return 200, await merged_node_metrics(replies), content_type
 
     async def _refuse(
         self, path: str, headers: Iterable[tuple[bytes, bytes]], peer: str | None = None
@@ -463,6 +456,21 @@ def _tokens(headers: Iterable[tuple[bytes, bytes]]) -> list[str]:
 
 def _json(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+async def merged_node_metrics(replies: list[Reply]) -> bytes:
+    """A sharded node's ``/metrics``: the shards' expositions that answered 200, each
+    series labelled with its shard, plus ``futureq_node_view_shard_up`` for every shard
+    (a worker thread: the relabelling is CPU work on up to N scrapes)."""
+    from futureq.shards import view as node_view  # only sharded nodes load it
+
+    texts = [
+        (shard, reply.body.decode("utf-8", "replace"))
+        for shard, reply in enumerate(replies)
+        if isinstance(reply, node_view.Answer) and reply.status == 200
+    ]
+    merged, left_out = await trio.to_thread.run_sync(node_view.relabel_metrics, texts)
+    return merged + node_view.shard_up_metric(replies, left_out).encode()
 
 
 def merged_node_answer(

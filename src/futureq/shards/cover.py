@@ -32,9 +32,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-import trio
-
-from futureq.broker.http import HttpApp, merged_node_answer
+from futureq.broker.http import HttpApp, merged_node_answer, merged_node_metrics
 from futureq.shards import view as node_view
 
 if TYPE_CHECKING:
@@ -108,14 +106,8 @@ class ShardZeroDownApp(HttpApp):
             node_answer = merged_node_answer(path, replies, view.addresses)
             if node_answer is not None:
                 return node_answer
-            texts = [
-                (shard, reply.body.decode("utf-8", "replace"))
-                for shard, reply in enumerate(replies)
-                if isinstance(reply, node_view.Answer) and reply.status == 200
-            ]
-            merged, left_out = await trio.to_thread.run_sync(node_view.relabel_metrics, texts)
-            merged += node_view.shard_up_metric(replies, left_out).encode()
-            return 200, merged, b"text/plain; version=0.0.4; charset=utf-8"
+            metrics = await merged_node_metrics(replies)
+            return 200, metrics, b"text/plain; version=0.0.4; charset=utf-8"
         text = (
             f"shard 0 of this node ({view.addresses[0]}) {why}; {path} is served again once "
             "it is (/readyz and /api/status show every shard meanwhile)\n"
