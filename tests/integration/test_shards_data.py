@@ -8,13 +8,12 @@ is not the node's with a sentence.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from test_data_tools import futureq
 from test_shards import STRIDE, TOPICS, ShardedNode, free_runs
 
 from futureq.client import open_client
@@ -22,16 +21,6 @@ from futureq.shards.slots import even_map
 
 COUNTS = {topic: 1 + index % 3 for index, topic in enumerate(TOPICS)}
 """Messages published to each topic (1 to 3), so a shard's part cannot stand in for another's."""
-
-
-def futureq(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "futureq.cli.server_main", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def fill(node: ShardedNode) -> None:
