@@ -206,9 +206,10 @@ _FLAGS: tuple[_Flag, ...] = (
         "shards",
         "N",
         "shard processes of this node, each its own RocksDB and Raft group; fixed when "
-        "the data directory is created (env FUTUREQ_SHARDS works too); auto: the count "
-        "recorded in the data directory, or the number of cores for a new one; see "
-        "docs/sharding.md",
+        "the data directory is created (env FUTUREQ_SHARDS works too); auto (the "
+        "default): the count recorded in the data directory, 1 for a single node's "
+        "existing data, the number of usable cores for a new one; a sharded node needs "
+        "fixed ports (give --shards 1 to listen on port 0); see docs/sharding.md",
         type=_shard_count,
     ),
     _Flag(
@@ -381,6 +382,8 @@ def _load(args: argparse.Namespace) -> Config:
 def config_as_dict(config: Config, *, redact: bool = True) -> dict[str, dict[str, Any]]:
     """The config as ``{section: {key: value}}``; secrets replaced when ``redact``."""
     result: dict[str, dict[str, Any]] = attrs.asdict(config)
+    if result["node"]["shards"] == AUTO_SHARDS:  # written as the file and flag take it
+        result["node"]["shards"] = "auto"
     if redact:
         for dotted in _SECRET_KEYS:
             section, key = dotted.split(".")

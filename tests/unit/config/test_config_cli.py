@@ -134,7 +134,10 @@ def test_start_runs_the_server_with_the_loaded_config(
 
     monkeypatch.setattr(server_main, "run_server", fake_run_server)
     monkeypatch.setattr(server_main, "setup_logging", lambda level, **kwargs: None)
-    code = server_main.main(["start", "--data-dir", str(tmp_path), "--node-id", "3"])
+    # --shards 1: the default (auto) would run a supervisor of one shard per core here.
+    code = server_main.main(
+        ["start", "--data-dir", str(tmp_path), "--node-id", "3", "--shards", "1"]
+    )
     assert code == 7
     [config] = seen
     assert config.server.data_dir == str(tmp_path)
