@@ -1,0 +1,229 @@
+"""The default shard count (issue 15): ``futureq start`` with no ``--shards`` is
+``auto``, one shard per usable core for a new data directory, recorded there; a data
+directory that already holds a node's data keeps its count, and one without a record
+(a node of one process, as every build before sharding wrote it) stays one process.
+
+Real ``futureq start`` processes on 127.0.0.1 with the README's command line (no
+``--shards``, no ``--data-dir``: ``./data`` of the working directory), only the ports
+moved off 7450-7452; the client library and ``futureq-cli`` against them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+from broker_process import BrokerProcess
+from test_shards import _ephemeral_low, _port_free
+
+from futureq.client import open_client
+from futureq.shards.layout import usable_cores
+from futureq.shards.slots import MAX_SHARDS, even_map
+
+CORES = min(usable_cores(), MAX_SHARDS)
+"""What ``auto`` chooses for a new data directory on this machine."""
+STRIDE = 100
+"""``node.shard_port_stride``'s default: shard K listens on each port + 100 K."""
+TOPICS = [f"orders.{i}" for i in range(8)]
+START_TIMEOUT_S = 60.0
+
+
+def free_bases(count: int) -> list[int]:
+    """``count`` ports P such that P + 100 K (K below CORES) were all free a moment ago,
+    below the ephemeral range and clear of the coordinator's 7450-7482."""
+    found: list[int] = []
+    rng = random.Random()
+    high = max(_ephemeral_low(), 12000) - STRIDE * CORES
+    while len(found) < count:
+        base = rng.randrange(10000, high)
+        ports = [base + k * STRIDE for k in range(CORES)]
+        if any(p in (b + k * STRIDE for b in found for k in range(CORES)) for p in ports):
+            continue
+        if all(_port_free(p) for p in ports):
+            found.append(base)
+    return found
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without FUTUREQ_* variables: the README's plain start."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("FUTUREQ_")}
+
+
+class ReadmeNode:
+    """``futureq start --listen ... --http ...`` in ``cwd`` (data in ``cwd/data``)."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        client, http = free_bases(2)
+        self.client_address = f"127.0.0.1:{client}"
+        self.http_address = f"127.0.0.1:{http}"
+        self.stderr_path = cwd / "node.stderr.log"
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self) -> str:
+        """Start it; return its READY line."""
+        command = [
+            sys.executable, "-m", "futureq.cli.server_main", "start",
+            "--listen", self.client_address, "--http", self.http_address,
+        ]  # fmt: skip
+        with open(self.stderr_path, "a") as stderr:
+            self.process = subprocess.Popen(
+                command, cwd=self.cwd, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                env=clean_env(),
+            )  # fmt: skip
+        line: list[str] = []
+        reader = threading.Thread(
+            target=lambda: line.append(self.process.stdout.readline()),  # type: ignore[union-attr]
+            daemon=True,
+        )
+        reader.start()
+        reader.join(START_TIMEOUT_S)
+        if not line or not line[0].startswith("READY "):
+            self.stop(kill=True)
+            raise RuntimeError(f"did not start; stderr:\n{self.stderr_path.read_text()[-4000:]}")
+        return line[0].strip()
+
+    def stop(self, kill: bool = False) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return self.process.returncode
+
+
+def cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "futureq.cli.client_main", "--server", address, *args],
+        capture_output=True, text=True, timeout=60, check=False, env=clean_env(),
+    )  # fmt: skip
+
+
+def test_the_readme_start_runs_one_shard_per_core_and_keeps_the_count(tmp_path: Path) -> None:
+    node = ReadmeNode(tmp_path)
+    data = tmp_path / "data"
+    try:
+        ready = node.start()
+        if CORES > 1:
+            assert ready.endswith(f" shards={CORES}"), ready
+            assert (data / "SHARDS").read_text().strip() == str(CORES)
+            assert sorted(p.name for p in data.glob("shard-*")) == [
+                f"shard-{k}" for k in range(CORES)
+            ]
+            assert f"node.shards = auto: {CORES} shard(s)" in node.stderr_path.read_text()
+        else:
+            assert "shards=" not in ready and not (data / "SHARDS").exists(), ready
+
+        async def publish_and_consume() -> dict[str, bytes]:
+            got: dict[str, bytes] = {}
+            async with open_client(node.client_address) as client:
+                for topic in TOPICS:
+                    await client.create_group(topic, "g")
+                    await client.publish(topic, f"{topic}/client".encode())
+                for topic in TOPICS:
+                    async with client.subscribe(topic, "g") as sub:
+                        with trio.fail_after(20):
+                            async for delivery in sub:
+                                got[topic] = delivery.payload
+                                await delivery.ack()
+                                break
+            return got
+
+        got = trio.run(publish_and_consume)
+        assert got == {topic: f"{topic}/client".encode() for topic in TOPICS}
+        # The CLI routes each topic to its shard as well (a topic of the last shard).
+        shard_map = even_map([""] * CORES)
+        last = max(TOPICS, key=shard_map.shard_of)
+        for topic in {TOPICS[0], last}:
+            done = cli(node.client_address, "publish", topic, f"{topic}/cli")
+            assert done.returncode == 0, done.stderr
+        status = cli(node.client_address, "status", "--json")
+        assert status.returncode == 0, status.stderr
+        shown = json.loads(status.stdout)
+        assert sorted(t["topic"] for t in shown["topics"]) == sorted(TOPICS)
+        if CORES > 1:
+            per_shard = {s["shard"]: s["topics"] for s in shown["shards"]}
+            assert per_shard == {
+                k: sum(shard_map.shard_of(t) == k for t in TOPICS) for k in range(CORES)
+            }
+        assert node.stop() == 0
+
+        # Started again as the README says: the count recorded at creation.
+        again = node.start()
+        assert again.endswith(f" shards={CORES}") if CORES > 1 else "shards=" not in again
+        for topic in {TOPICS[0], last}:
+            consumed = cli(
+                node.client_address, "consume", topic, "--group", "g", "--idle-timeout", "300ms"
+            )
+            assert consumed.returncode == 0, consumed.stderr
+            assert f"{topic}/cli" in consumed.stdout, consumed.stdout
+        assert node.stop() == 0
+    finally:
+        node.stop(kill=True)
+
+
+def test_data_without_a_shard_record_stays_one_process(tmp_path: Path) -> None:
+    """A data directory written by one broker process (a build from before sharding
+    wrote exactly this: RocksDB in DATA_DIR, no SHARDS record) is never re-sharded by the
+    default: it starts as one process and keeps its messages."""
+    single = BrokerProcess(tmp_path / "data")  # --shards 1, ports the OS chooses
+    single.start()
+
+    async def publish() -> None:
+        async with open_client(single.client_address) as client:
+            await client.create_group("orders", "g")
+            await client.publish("orders", b"before")
+
+    trio.run(publish)
+    assert single.terminate() == 0
+    assert not (single.data_dir / "SHARDS").exists()
+    single.shards_arg = None  # now without --shards: the default, on the ports it had
+    try:
+        single.start()
+        assert "node.shards = auto: 1 shard(s)" in single.stderr_text()
+        assert not (single.data_dir / "SHARDS").exists()
+        assert not list(single.data_dir.glob("shard-*"))
+        consumed = cli(
+            single.client_address, "consume", "orders", "--group", "g", "--idle-timeout", "300ms"
+        )
+        assert consumed.returncode == 0, consumed.stderr
+        assert "before" in consumed.stdout, consumed.stdout
+    finally:
+        single.terminate()
+
+
+def test_ports_the_os_chooses_need_one_shard_and_say_so(tmp_path: Path) -> None:
+    if CORES == 1:
+        pytest.skip("one usable core: the default is one process, which port 0 suits")
+    data = tmp_path / "data"
+    done = subprocess.run(
+        [sys.executable, "-m", "futureq.cli.server_main", "start", "--data-dir", str(data),
+         "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60, check=False, env=clean_env(),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"node.shards is auto (the default), which chose {CORES} shards" in done.stderr
+    assert "server.listen = '127.0.0.1:0'" in done.stderr
+    assert "--shards 1" in done.stderr
+    assert not data.exists(), "refused before touching the data directory"
+    # With --shards 1 the same command starts, on the ports the OS chose.
+    node = BrokerProcess(data)
+    try:
+        node.start()
+        assert node.client_address != "127.0.0.1:0"
+    finally:
+        node.terminate()
