@@ -17,16 +17,20 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import trio
 from broker_process import BrokerProcess
+from cluster_process import Cluster, ClusterNode, free_ports
 from test_shards import _ephemeral_low, _port_free
+from wire_client import WireClient
 
 from futureq.client import open_client
 from futureq.shards.layout import usable_cores
 from futureq.shards.slots import MAX_SHARDS, even_map
+from futureq.wire import frames
 
 CORES = min(usable_cores(), MAX_SHARDS)
 """What ``auto`` chooses for a new data directory on this machine."""
@@ -227,3 +231,34 @@ def test_ports_the_os_chooses_need_one_shard_and_say_so(tmp_path: Path) -> None:
         assert node.client_address != "127.0.0.1:0"
     finally:
         node.terminate()
+
+
+def test_a_node_joining_with_the_default_takes_the_clusters_count(tmp_path: Path) -> None:
+    """A node that joins (``--join``) with a new data directory and no ``--shards`` runs
+    the cluster's shard count, not its own cores': here a cluster of one-shard nodes,
+    which on a machine of several cores would otherwise refuse it (another count)."""
+    cluster = Cluster(tmp_path, 1)  # --shards 1 (BrokerProcess's)
+    cluster.start()
+    try:
+        member = cluster.leader()
+        joiner = ClusterNode(
+            2,
+            tmp_path / "node2",
+            (free_ports(3)[0], free_ports(1)[0], free_ports(1)[0]),
+            ["--join", member.client_address, *cluster.auth_args],
+        )
+        joiner.shards_arg = None  # the default: auto
+        cluster.nodes[2] = joiner
+        joiner.start()
+        log = joiner.stderr_text()
+        assert f"node.shards = auto: 1 shard(s), the count of the cluster at {member.client_address}" in log
+        assert not (joiner.data_dir / "SHARDS").exists()
+        deadline = time.monotonic() + 30
+        while True:
+            view = WireClient(member.client_address).request(frames.ClusterStatus(1)).status
+            if 2 in view["voters"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert 2 in view["voters"], view
+    finally:
+        cluster.stop()
