@@ -110,6 +110,23 @@ class ReadmeNode:
         return self.process.returncode
 
 
+def shard_pid(supervisor: int, shard: int) -> int | None:
+    """PID of the supervisor's child running ``--shard-index shard``, else None."""
+    for task in Path(f"/proc/{supervisor}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for child in children:
+            try:
+                argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if b"--shard-index" in argv and argv[argv.index(b"--shard-index") + 1] == b"%d" % shard:
+                return int(child)
+    return None
+
+
 def cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "futureq.cli.client_main", "--server", address, *args],
@@ -210,27 +227,79 @@ def test_data_without_a_shard_record_stays_one_process(tmp_path: Path) -> None:
         single.terminate()
 
 
-def test_ports_the_os_chooses_need_one_shard_and_say_so(tmp_path: Path) -> None:
+def test_ports_the_os_chooses_with_the_default_run_every_shard(tmp_path: Path) -> None:
+    """``--listen 127.0.0.1:0 --http 127.0.0.1:0`` and no ``--shards``: the supervisor
+    binds every shard's ports (``P + 100 K``) and hands them down, the READY line names
+    shard 0's, and clients reach every shard through the slot map; a shard that dies
+    comes back on the same port (the supervisor keeps the socket)."""
+    if CORES == 1:
+        pytest.skip("one usable core: the default is one process")
+    node = BrokerProcess(tmp_path / "data", shards=None)  # ports: 127.0.0.1:0
+    try:
+        node.start()
+        assert (node.data_dir / "SHARDS").read_text().strip() == str(CORES)
+        client_port = int(node.client_address.rsplit(":", 1)[1])
+        http_port = int(node.http_address.rsplit(":", 1)[1])
+        shard_map = even_map([""] * CORES)
+        last = max(TOPICS, key=shard_map.shard_of)
+
+        async def roundtrip(topics: list[str], tag: str) -> dict[str, object]:
+            async with open_client(node.client_address) as client:
+                for topic in topics:
+                    await client.create_group(topic, "g")
+                    await client.publish(topic, f"{topic}/{tag}".encode())
+                    async with client.subscribe(topic, "g") as sub:
+                        with trio.fail_after(20):
+                            async for delivery in sub:
+                                assert delivery.payload == f"{topic}/{tag}".encode()
+                                await delivery.ack()
+                                break
+                return await client.status()
+
+        status = trio.run(roundtrip, TOPICS, "a")
+        addresses = {s["shard"]: s["address"] for s in status["shards"]}
+        assert addresses == {k: f"127.0.0.1:{client_port + k * STRIDE}" for k in range(CORES)}
+        # The node's HTTP port answers for every shard, each at its own port + 100 K.
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{node.http_address}/readyz", timeout=5) as ready:
+            assert ready.status == 200
+        for k in range(1, CORES):
+            url = f"http://127.0.0.1:{http_port + k * STRIDE}/healthz"
+            with urllib.request.urlopen(url, timeout=5) as health:
+                assert health.status == 200
+        # The last shard dies: the supervisor restarts it on the socket it kept.
+        pid = shard_pid(node.pid, CORES - 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while shard_pid(node.pid, CORES - 1) in (None, pid):
+            assert time.monotonic() < deadline, node.stderr_text()[-3000:]
+            time.sleep(0.1)
+        trio.run(roundtrip, [last], "b")
+        assert f"shard {CORES - 1} exited" in node.stderr_text()
+    finally:
+        node.terminate()
+
+
+def test_os_chosen_ports_in_a_cluster_are_refused_with_a_sentence(tmp_path: Path) -> None:
+    """Peers and clients find shard K of a node by its port: a sharded node with peers
+    needs fixed ports, and says so before touching its data directory."""
     if CORES == 1:
         pytest.skip("one usable core: the default is one process, which port 0 suits")
     data = tmp_path / "data"
+    raft = free_ports(1)[0]
     done = subprocess.run(
         [sys.executable, "-m", "futureq.cli.server_main", "start", "--data-dir", str(data),
-         "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+         "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--raft-listen",
+         f"127.0.0.1:{raft}", "--peers", f"1=127.0.0.1:{raft}", "--insecure-peers"],
         capture_output=True, text=True, timeout=60, check=False, env=clean_env(),
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert f"node.shards is auto (the default), which chose {CORES} shards" in done.stderr
-    assert "server.listen = '127.0.0.1:0'" in done.stderr
+    assert "server.listen = '127.0.0.1:0': must name a fixed port in a cluster" in done.stderr
     assert "--shards 1" in done.stderr
     assert not data.exists(), "refused before touching the data directory"
-    # With --shards 1 the same command starts, on the ports the OS chose.
-    node = BrokerProcess(data)
-    try:
-        node.start()
-        assert node.client_address != "127.0.0.1:0"
-    finally:
-        node.terminate()
 
 
 def test_a_node_joining_with_the_default_takes_the_clusters_count(tmp_path: Path) -> None:

@@ -143,7 +143,7 @@ def resolve_shard_count(config: Config) -> Config:
 
     Raises:
         ConfigError: the stamp is unreadable, or the chosen count needs fixed ports
-            that the configuration leaves to the OS (port 0).
+            that the configuration leaves to the OS (port 0 in a cluster).
     """
     from futureq.config_loader import shard_port_problems
     from futureq.shards.slots import MAX_SHARDS
@@ -162,10 +162,10 @@ def resolve_shard_count(config: Config) -> Config:
     problems = shard_port_problems(resolved)
     if problems:
         raise ConfigError(
-            f"node.shards is auto (the default), which chose {count} shards for the new "
-            f"data directory {data_dir} (one per usable core), but {'; '.join(problems)}; "
-            "give fixed ports, or --shards 1 (node.shards = 1) to run the node as one "
-            "process on ports the OS chooses"
+            f"node.shards is auto (the default), which chose {count} shards for the "
+            f"data directory {data_dir}, but {'; '.join(problems)}; give fixed ports, "
+            "or --shards 1 (node.shards = 1) to run the node as one process on ports the "
+            "OS chooses"
         )
     return resolved
 
