@@ -37,8 +37,9 @@ class BrokerProcess:
         self.extra_args = list(extra_args or [])
         self.shards_arg = shards
         """``--shards`` given before ``extra_args`` (which may give another, the last
-        wins): "1" by default, since ``--listen 127.0.0.1:0`` needs a node of one process
-        and a test of something else runs one; None: no flag, the node's default (auto)."""
+        wins): "1" by default, since a test of something else than shards runs one
+        process (the default, one shard per core, would triple the processes of the
+        suite); None: no flag, the node's default (auto)."""
         self.env = env
         self.open_files = open_files
         """The node's open-file limit (soft and hard), as ``ulimit -n``; None: inherited."""

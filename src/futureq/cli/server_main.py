@@ -208,8 +208,8 @@ _FLAGS: tuple[_Flag, ...] = (
         "shard processes of this node, each its own RocksDB and Raft group; fixed when "
         "the data directory is created (env FUTUREQ_SHARDS works too); auto (the "
         "default): the count recorded in the data directory, 1 for a single node's "
-        "existing data, the number of usable cores for a new one; a sharded node needs "
-        "fixed ports (give --shards 1 to listen on port 0); see docs/sharding.md",
+        "existing data, for a new one the cluster's count with --join, else the number "
+        "of usable cores; see docs/sharding.md",
         type=_shard_count,
     ),
     _Flag(

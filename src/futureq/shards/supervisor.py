@@ -8,6 +8,10 @@ derived by :mod:`futureq.shards.layout`), and
   listening socket for its whole life: shard 0 inherits it and serves the node's view
   on it, and the supervisor answers on it whenever shard 0 is not serving (starting,
   dead, restarting, stopped; :mod:`futureq.shards.cover`), so the port never refuses;
+* with ``server.listen`` or ``server.http`` on port 0 (a node without peers), binds
+  every shard's port of that kind first (:func:`fix_os_chosen_ports`: ``P + K * stride``,
+  the OS choosing ``P``), runs the shards with those ports fixed and hands each its
+  listening sockets, kept for the node's life (a restarted shard gets them again);
 * prints its own ``READY client=... http=... node_id=N shards=N`` line only once every
   shard printed its READY line (never half-up); a shard that exits before it is ready
   takes the node down at start, with the shard's exit code;
