@@ -35,27 +35,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import socket
 import statistics
 import time
 import urllib.request
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import trio
 
-from bench._cluster import LocalCluster
+from bench._cluster import LocalCluster, free_port_run
 from bench._common import (
+    LEADER_MOVED_CODES,
     PAYLOAD_BYTES,
+    LeaderMoved,
     RawConnection,
     Server,
+    leader_moved,
     publish_frame,
     publish_items_bytes,
     start_py_spy,
 )
 from futureq.shards.balance import preferred_leader
-from futureq.shards.slots import even_map
+from futureq.shards.slots import even_ranges, topic_slot
 from futureq.wire import frames
+
+T = TypeVar("T")
 
 DELAY_MS = 3_600_000
 STRIDE = 1
@@ -65,11 +70,6 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 BALANCE_TIMEOUT_S = 90.0
 ATTEMPTS = 3
 """Load windows tried on one cluster when a leader moves during one (a loaded machine)."""
-LEADER_MOVED_CODES = (300, 301)  # NOT_LEADER; leadership being transferred
-
-
-class LeaderMoved(Exception):
-    """A shard's leader changed during the load window (the window is void)."""
 
 
 def _cpu_s(pids: list[int]) -> float:
@@ -98,7 +98,7 @@ def _shard_index(pid: int) -> int:
     return int(args[args.index("--shard-index") + 1])
 
 
-def _node_processes(pid: int, shards: int) -> dict[str, int]:
+def node_processes(pid: int, shards: int) -> dict[str, int]:
     """``{"supervisor": pid, "shard0": ..., ...}``, or ``{"shard0": pid}`` unsharded."""
     if shards == 1:
         return {"shard0": pid}
@@ -108,29 +108,18 @@ def _node_processes(pid: int, shards: int) -> dict[str, int]:
     return {"supervisor": pid, **found}
 
 
-def _free_run(length: int, taken: set[int]) -> int:
-    rng = random.Random()
-    while True:
-        base = rng.randrange(10000, 32000 - length)  # below the ephemeral range
-        ports = set(range(base, base + length))
-        if ports & taken:
-            continue
-        ok = True
-        for port in ports:
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            taken |= ports
-            return base
-
-
-def _topic_on(shard: int, shards: int, addresses: list[str]) -> str:
-    slot_map = even_map(addresses)
-    return next(t for t in (f"bench.{i}" for i in range(1000)) if slot_map.shard_of(t) == shard)
+def spread_topics(shards: int) -> list[str]:
+    """One topic per shard of a ``--shards N`` node (the even slot map every node starts
+    with): the first ``bench.<i>`` each shard owns, in shard order."""
+    ranges = even_ranges(shards)
+    found: dict[int, str] = {}
+    for i in range(100_000):
+        topic = f"bench.{i}"
+        slot = topic_slot(topic)
+        found.setdefault(next(k for start, end, k in ranges if start <= slot < end), topic)
+        if len(found) == shards:
+            return [found[k] for k in range(shards)]
+    raise RuntimeError(f"no topic found for every one of {shards} shards")
 
 
 async def _load(
@@ -229,6 +218,21 @@ def _fsync_env(fsync: bool) -> dict[str, str]:
     return {} if fsync else {"FUTUREQ_STORAGE_FSYNC": "false"}
 
 
+@contextmanager
+def sharded_node(shards: int, fsync: bool = True) -> Iterator[tuple[Server, list[str]]]:
+    """A fresh started node of ``shards`` shards (shard ``K``'s ports ``K`` above the
+    node's, below the ephemeral range) and its shards' client addresses, in shard order;
+    stopped by PID and its directory removed on exit."""
+    taken: set[int] = set()
+    client, http = free_port_run(shards, taken), free_port_run(shards, taken)
+    args = ["--listen", f"127.0.0.1:{client}", "--http", f"127.0.0.1:{http}"]
+    args += ["--shards", str(shards)]
+    env = {"FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE), **_fsync_env(fsync)}
+    with Server(extra_args=args, env=env) as server:
+        server.start()
+        yield server, [f"127.0.0.1:{client + k * STRIDE}" for k in range(shards)]
+
+
 def run_round(
     shards: int,
     batch: int,
@@ -239,18 +243,9 @@ def run_round(
 ) -> dict[str, Any]:
     """One fresh node of ``shards`` shards under load; its msgs/s and CPU. ``profile``:
     py-spy records shard 0 (``bench/results/profile_shards_<N>_shard0.txt``)."""
-    taken: set[int] = set()
-    client, http = _free_run(shards, taken), _free_run(shards, taken)
-    os.environ["FUTUREQ_NODE_SHARD_PORT_STRIDE"] = str(STRIDE)
-    os.environ.pop("FUTUREQ_STORAGE_FSYNC", None)
-    os.environ.update(_fsync_env(fsync))
-    args = ["--listen", f"127.0.0.1:{client}", "--http", f"127.0.0.1:{http}"]
-    args += ["--shards", str(shards)]
-    with Server(extra_args=args) as server:
-        server.start()
-        addresses = [f"127.0.0.1:{client + k * STRIDE}" for k in range(shards)]
-        topics = [_topic_on(k, shards, addresses) for k in range(shards)]
-        processes = _node_processes(server.pid, shards)
+    with sharded_node(shards, fsync) as (server, addresses):
+        topics = spread_topics(shards)
+        processes = node_processes(server.pid, shards)
         spy = (
             start_py_spy(processes["shard0"], seconds + 1.0, f"shards_{shards}_shard0")
             if profile
@@ -311,19 +306,7 @@ def wait_balanced(
     raise TimeoutError(f"shard leaders not balanced within {timeout_s} s: {leaders}")
 
 
-def _leader_moved(exc: BaseException) -> LeaderMoved | None:
-    """The :class:`LeaderMoved` in ``exc`` (or in its exception groups), if any."""
-    if isinstance(exc, LeaderMoved):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _leader_moved(inner)
-            if found is not None:
-                return found
-    return None
-
-
-def _cluster_targets(
+def cluster_targets(
     cluster: LocalCluster, shards: int, leaders: dict[int, int]
 ) -> tuple[list[str], dict[str, int], dict[str, str]]:
     """Each shard leader's client address, every shard process by name, their roles."""
@@ -335,7 +318,7 @@ def _cluster_targets(
     processes: dict[str, int] = {}
     roles: dict[str, str] = {}
     for node_id, node in cluster.nodes.items():
-        for name, pid in _node_processes(node.pid, shards).items():
+        for name, pid in node_processes(node.pid, shards).items():
             key = f"n{node_id}.{name}"
             processes[key] = pid
             if name == "supervisor":
@@ -346,41 +329,69 @@ def _cluster_targets(
     return addresses, processes, roles
 
 
+def when_balanced(
+    cluster: LocalCluster,
+    shards: int,
+    load: Callable[[dict[int, int], list[str], dict[str, int]], T],
+) -> tuple[T, dict[str, Any]]:
+    """Wait for the shards' leaders to be balanced (:func:`wait_balanced`), then run
+    ``load(leaders, leader_addresses, processes)`` (as :func:`cluster_targets` gives
+    them); when a leader moves during it (:class:`~bench._common.LeaderMoved`, a loaded
+    machine), wait again and run it again, up to ``ATTEMPTS`` times.
+
+    Returns:
+        ``load``'s result and ``{"leaders": {shard: node id}, "roles": {process: role},
+        "leaders_changed": bool (after the load), "balance_wait_s",
+        "windows_voided_by_leader_moves": [sentence, ...]}``.
+    """
+    waited = 0.0
+    moved: list[str] = []
+    for attempt in range(ATTEMPTS):
+        leaders, balance_s = wait_balanced(cluster, shards, BALANCE_TIMEOUT_S)
+        waited += balance_s
+        addresses, processes, roles = cluster_targets(cluster, shards, leaders)
+        try:
+            result = load(leaders, addresses, processes)
+        except BaseException as exc:  # noqa: BLE001 - a trio nursery wraps it
+            found = leader_moved(exc)
+            if found is None or attempt == ATTEMPTS - 1:
+                raise
+            moved.append(str(found))
+            print(f"  (a leader moved during the window: {found}; measuring again)")
+            continue
+        break
+    return result, {
+        "leaders": leaders,
+        "roles": roles,
+        "leaders_changed": _shard_leaders(cluster, shards) != leaders,
+        "balance_wait_s": round(waited, 1),
+        "windows_voided_by_leader_moves": moved,
+    }
+
+
 def run_cluster_round(
     shards: int, batch: int, connections: int, seconds: float, fsync: bool = True
 ) -> dict[str, Any]:
     """A fresh local 3-node cluster of ``shards`` shards per node under load, once its
     leaders are balanced; msgs/s, CPU per process and per message by role."""
+    topics = spread_topics(shards)
     with LocalCluster(3, env=_fsync_env(fsync), shards=shards) as cluster:
         cluster.start()
-        waited = 0.0
-        moved: list[str] = []
-        for attempt in range(ATTEMPTS):
-            leaders, balance_s = wait_balanced(cluster, shards, BALANCE_TIMEOUT_S)
-            waited += balance_s
-            addresses, processes, roles = _cluster_targets(cluster, shards, leaders)
-            topics = [_topic_on(k, shards, addresses) for k in range(shards)]
-            try:
-                result = trio.run(
-                    _load, addresses, topics, batch, connections, seconds, 1.0, processes
-                )
-            except BaseException as exc:  # noqa: BLE001 - a trio nursery wraps it
-                found = _leader_moved(exc)
-                if found is None or attempt == ATTEMPTS - 1:
-                    raise
-                moved.append(str(found))
-                print(f"  (a leader moved during the window: {found}; measuring again)")
-                continue
-            break
-        after = _shard_leaders(cluster, shards)
-    _per_message(result, roles, len(cluster.nodes) - 1)
+        result, how = when_balanced(
+            cluster,
+            shards,
+            lambda _, addresses, processes: trio.run(
+                _load, addresses, topics, batch, connections, seconds, 1.0, processes
+            ),
+        )
+    _per_message(result, how["roles"], len(cluster.nodes) - 1)
     return {
         "nodes": 3,
         "shards": shards,
-        "leaders": {str(k): v for k, v in leaders.items()},
-        "leaders_changed": after != leaders,
-        "balance_wait_s": round(waited, 1),
-        "windows_voided_by_leader_moves": moved,
+        "leaders": {str(k): v for k, v in how["leaders"].items()},
+        "leaders_changed": how["leaders_changed"],
+        "balance_wait_s": how["balance_wait_s"],
+        "windows_voided_by_leader_moves": how["windows_voided_by_leader_moves"],
         **result,
     }
 
