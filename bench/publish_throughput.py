@@ -24,13 +24,16 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 import trio
 
 from bench._common import (
+    LEADER_MOVED_CODES,
     PAYLOAD_BYTES,
+    LeaderMoved,
     RawConnection,
     Server,
     add_common_args,
@@ -68,10 +71,29 @@ async def _load(
     warmup_s: float,
     seconds: float,
     window: int | None = None,
+    targets: Sequence[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    items = publish_items_bytes(
-        batch, topic="bench", payload=b"p" * PAYLOAD_BYTES, delay_ms=DELAY_MS
-    )
+    """Publish from ``connections`` raw connections for ``warmup_s`` + ``seconds``; the
+    figures of the module doc over the ``seconds`` (process CPU and ``/metrics`` of
+    ``server``).
+
+    Args:
+        targets: ``(client address, topic)`` per connection, taken in turn (connection
+            ``i`` gets ``targets[i % len]``): a sharded node's shards or shard leaders
+            each with a topic it owns. Default: every connection to ``server`` with
+            topic ``bench``.
+
+    Raises:
+        LeaderMoved: a PUBLISH was answered NOT_LEADER (or a transfer is under way).
+        RuntimeError: a PUBLISH was refused otherwise.
+    """
+    targets = targets or [(server.client_address, "bench")]
+    items_of = {
+        topic: publish_items_bytes(
+            batch, topic=topic, payload=b"p" * PAYLOAD_BYTES, delay_ms=DELAY_MS
+        )
+        for _, topic in targets
+    }
     window = window or window_for(batch)
     acked = 0
     requests = 0
@@ -80,7 +102,7 @@ async def _load(
     process = psutil.Process(server.pid)
     me = psutil.Process()
 
-    async def run_connection(conn: RawConnection) -> None:
+    async def run_connection(conn: RawConnection, items: bytes) -> None:
         nonlocal acked, requests
         slots = trio.Semaphore(window)
         sent_at: dict[int, float] = {}
@@ -107,6 +129,8 @@ async def _load(
             nonlocal acked, requests
             while True:
                 answer = await conn.receive()
+                if answer[0] == frames.FrameType.ERROR and answer[2] in LEADER_MOVED_CODES:
+                    raise LeaderMoved(answer[3])
                 if answer[0] != frames.FrameType.PUBLISH_OK:
                     raise RuntimeError(f"PUBLISH refused: {answer}")
                 started = sent_at.pop(answer[1])
@@ -120,10 +144,13 @@ async def _load(
             nursery.start_soon(sender)
             nursery.start_soon(receiver)
 
-    conns = [await RawConnection.open(server.client_address) for _ in range(connections)]
+    conns = []
+    for i in range(connections):
+        address, topic = targets[i % len(targets)]
+        conns.append((await RawConnection.open(address), items_of[topic]))
     async with trio.open_nursery() as nursery:
-        for conn in conns:
-            nursery.start_soon(run_connection, conn)
+        for conn, items in conns:
+            nursery.start_soon(run_connection, conn, items)
         await trio.sleep(warmup_s)
         before = await trio.to_thread.run_sync(server.metrics)
         cpu_before = process.cpu_times()
@@ -139,7 +166,7 @@ async def _load(
         my_after = me.cpu_times()
         after = await trio.to_thread.run_sync(server.metrics)
         nursery.cancel_scope.cancel()
-    for conn in conns:
+    for conn, _ in conns:
         await conn.aclose()
 
     fsyncs = metric_sum(after, "futureq_fsync_seconds_count") - metric_sum(
