@@ -1723,6 +1723,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "each consumer every ~12.5 ms, claim ~2 ms), so in effect the set polls every ~12.5 ms and lateness "
             "is about uniform over the poll period plus the claim; lateness = client wall time after the reply "
             "- due. FutureQ: bench.lateness (push, prefetch 1000, acks every 200).",
+            *skipped,
         ],
     }
     emit(header)
@@ -1793,6 +1794,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         emit({"kind": "summary", **summary})
         write_md(Path(args.md), [header], summary, extras)
         print(json.dumps(summary["ratios"], indent=1))
+        for line in ratio_lines(summary):
+            print(line, flush=True)
     summary["skipped"] = skipped
     return summary
 
@@ -1812,26 +1815,39 @@ def bench_main(argv: list[str] | None = None) -> dict[str, Any]:
     return main(["--systems", BENCH_SYSTEMS, *preset, *rest])
 
 
+TARGETS = {
+    "FutureQ-1 / Redis (pipelined ZADD)": ">= 1",
+    "FutureQ-3 / FutureQ-1": ">= 0.7",
+    "FutureQ-1 2 shards / FutureQ-1": ">= 1.7",  # issue 15
+    "FutureQ-1 2 shards / Redis (pipelined ZADD)": "> 1",  # issue 15
+    "FutureQ-3 2 shards / FutureQ-3": ">= 1.3",  # issue 15
+}
+"""Target of each throughput ratio that has one (ratio of the medians)."""
+
+
+def ratio_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per throughput ratio: of the medians, the same-round ratios, the target."""
+    return [
+        f"ratio {label}: {fmt(r['ratio_of_medians'], 3)} (same rounds: "
+        f"{', '.join(f'{x:.3f}' for x in r['per_round'])})"
+        + (f"; target {TARGETS[label]}" if label in TARGETS else "")
+        for label, r in summary.get("ratios", {}).items()
+    ]
+
+
 def summary_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """``(benchmark, figure, value, target)`` rows for ``bench.run_all``."""
     name = "side_by_side"
     rows: list[tuple[str, str, str, str]] = [
         (name, sentence, "", "") for sentence in r.get("skipped", [])
     ]
-    targets = {
-        "FutureQ-1 / Redis (pipelined ZADD)": ">= 1",
-        "FutureQ-3 / FutureQ-1": ">= 0.7",
-        "FutureQ-1 2 shards / FutureQ-1": ">= 1.7",
-        "FutureQ-1 2 shards / Redis (pipelined ZADD)": "> 1",
-        "FutureQ-3 2 shards / FutureQ-3": ">= 1.3",
-    }
     for label, ratio in r.get("ratios", {}).items():
         rows.append(
             (
                 name,
                 f"msgs/s, batch 100: {label}",
                 fmt(ratio["ratio_of_medians"], 2),
-                targets.get(label, ""),
+                TARGETS.get(label, ""),
             )
         )
     latency = r.get("latency", {})
