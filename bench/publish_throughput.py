@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -59,6 +60,15 @@ def _main_thread_cpu_s(process: psutil.Process) -> float:
     return math.nan
 
 
+def _cpu_s(process: psutil.Process) -> float:
+    """User + system CPU seconds of ``process`` so far (0 once it is gone)."""
+    try:
+        times = process.cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return float(times.user + times.system)
+
+
 def window_for(batch: int) -> int:
     """PUBLISH requests in flight per connection for a batch size (enough to saturate)."""
     return max(4, min(200, 20_000 // batch))
@@ -72,6 +82,7 @@ async def _load(
     seconds: float,
     window: int | None = None,
     targets: Sequence[tuple[str, str]] | None = None,
+    processes: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Publish from ``connections`` raw connections for ``warmup_s`` + ``seconds``; the
     figures of the module doc over the ``seconds`` (process CPU and ``/metrics`` of
@@ -82,6 +93,10 @@ async def _load(
             ``i`` gets ``targets[i % len]``): a sharded node's shards or shard leaders
             each with a topic it owns. Default: every connection to ``server`` with
             topic ``bench``.
+        processes: Name -> PID of the server processes whose CPU counts (a sharded
+            node's supervisor and shards, every node of a cluster): their CPU seconds
+            over the window in ``process_cpu_s`` and their sum in ``server_cpu_percent``.
+            Default: ``server``'s process alone.
 
     Raises:
         LeaderMoved: a PUBLISH was answered NOT_LEADER (or a transfer is under way).
@@ -100,6 +115,7 @@ async def _load(
     latencies: list[float] = []
     measuring = False
     process = psutil.Process(server.pid)
+    procs = {name: psutil.Process(pid) for name, pid in (processes or {}).items()}
     me = psutil.Process()
 
     async def run_connection(conn: RawConnection, items: bytes) -> None:
@@ -154,6 +170,8 @@ async def _load(
         await trio.sleep(warmup_s)
         before = await trio.to_thread.run_sync(server.metrics)
         cpu_before = process.cpu_times()
+        procs_before = {name: _cpu_s(proc) for name, proc in procs.items()}
+        load_before = os.getloadavg()[0]
         main_before = _main_thread_cpu_s(process)
         my_before = me.cpu_times()
         measuring = True
@@ -162,6 +180,7 @@ async def _load(
         measuring = False
         elapsed = time.perf_counter() - started
         cpu_after = process.cpu_times()
+        procs_cpu_s = {name: _cpu_s(proc) - procs_before[name] for name, proc in procs.items()}
         main_after = _main_thread_cpu_s(process)
         my_after = me.cpu_times()
         after = await trio.to_thread.run_sync(server.metrics)
@@ -180,6 +199,8 @@ async def _load(
     )
     latencies.sort()
     cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    if procs:
+        cpu_s = sum(procs_cpu_s.values())
     my_cpu_s = (my_after.user + my_after.system) - (my_before.user + my_before.system)
     return {
         "batch": batch,
@@ -202,6 +223,9 @@ async def _load(
             round((main_after - main_before) / acked * 1e6, 2) if acked else None
         ),
         "loadgen_cpu_percent": round(my_cpu_s / elapsed * 100, 1),
+        "loadgen_cpu_s": round(my_cpu_s, 3),
+        "process_cpu_s": {name: round(v, 3) for name, v in procs_cpu_s.items()},
+        "loadavg_1m": round(max(load_before, os.getloadavg()[0]), 2),
     }
 
 

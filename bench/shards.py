@@ -5,7 +5,8 @@ Each round starts a fresh node (``--shards 1`` or ``--shards 2``), opens the sam
 number of raw connections in total (with 2 shards, half to each shard, each sending
 a topic its shard owns), sends pre-encoded PUBLISH frames at ack level quorum
 (100-byte payloads, delay 1 h so nothing is dispatched) with a window of requests in
-flight per connection, and counts acknowledged messages over a fixed window. Server
+flight per connection, and counts acknowledged messages over a fixed window (the load
+generator of ``bench.publish_throughput``, as ``bench.side_by_side`` uses it). Server
 CPU is the supervisor's and every shard's together.
 
 ``--cluster`` runs the same load against two local 3-node clusters instead
@@ -44,42 +45,47 @@ from typing import Any, TypeVar
 
 import trio
 
+from bench import publish_throughput
 from bench._cluster import LocalCluster, free_port_run
-from bench._common import (
-    LEADER_MOVED_CODES,
-    PAYLOAD_BYTES,
-    LeaderMoved,
-    RawConnection,
-    Server,
-    leader_moved,
-    publish_frame,
-    publish_items_bytes,
-    start_py_spy,
-)
+from bench._common import Server, leader_moved, start_py_spy
 from futureq.shards.balance import preferred_leader
 from futureq.shards.slots import even_ranges, topic_slot
-from futureq.wire import frames
 
 T = TypeVar("T")
 
-DELAY_MS = 3_600_000
 STRIDE = 1
-
-
-_TICKS = os.sysconf("SC_CLK_TCK")
 BALANCE_TIMEOUT_S = 90.0
 ATTEMPTS = 3
 """Load windows tried on one cluster when a leader moves during one (a loaded machine)."""
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of ``pids`` so far (from /proc)."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / _TICKS
+def _load(
+    server: Server,
+    addresses: list[str],
+    topics: list[str],
+    batch: int,
+    connections: int,
+    seconds: float,
+    processes: dict[str, int],
+) -> dict[str, Any]:
+    """``publish_throughput._load`` from ``connections`` raw connections (connection
+    ``i`` to ``addresses[i % len]`` with ``topics[i % len]``) after 1 s of warm-up:
+    acknowledged msgs/s and the CPU seconds of every process of ``processes`` and of
+    this one over the window (``server``: whose ``/metrics`` it scrapes)."""
+    targets = list(zip(addresses, topics, strict=True))
+    found = trio.run(
+        publish_throughput._load, server, batch, connections, 1.0, seconds, None, targets, processes
+    )
+    return {
+        "msgs_per_s": found["msgs_per_s"],
+        "acked": found["messages"],
+        "elapsed_s": found["seconds"],
+        "server_cpu_percent": found["server_cpu_percent"],
+        "client_cpu_percent": found["loadgen_cpu_percent"],
+        "process_cpu_s": found["process_cpu_s"],
+        "client_cpu_s": found["loadgen_cpu_s"],
+        "loadavg_1m": found["loadavg_1m"],
+    }
 
 
 def _children(pid: int) -> list[int]:
@@ -120,84 +126,6 @@ def spread_topics(shards: int) -> list[str]:
         if len(found) == shards:
             return [found[k] for k in range(shards)]
     raise RuntimeError(f"no topic found for every one of {shards} shards")
-
-
-async def _load(
-    addresses: list[str],
-    topics: list[str],
-    batch: int,
-    connections: int,
-    seconds: float,
-    warmup_s: float,
-    processes: dict[str, int],
-) -> dict[str, Any]:
-    """Publish from ``connections`` raw connections (connection ``i`` to
-    ``addresses[i % len]`` with ``topics[i % len]``); acknowledged msgs/s and the CPU
-    seconds of every process of ``processes`` and of this one over the window."""
-    window = max(4, min(200, 20_000 // batch))
-    acked = 0
-    measuring = False
-
-    async def run_connection(conn: RawConnection, items: bytes) -> None:
-        nonlocal acked
-        slots = trio.Semaphore(window)
-
-        async def sender() -> None:
-            while True:
-                await slots.acquire()
-                await conn.send(publish_frame(conn.next_id(), frames.AckLevel.QUORUM, items))
-
-        async def receiver() -> None:
-            nonlocal acked
-            while True:
-                answer = await conn.receive()
-                if answer[0] == frames.FrameType.ERROR and answer[2] in LEADER_MOVED_CODES:
-                    raise LeaderMoved(answer[3])
-                if answer[0] != frames.FrameType.PUBLISH_OK:
-                    raise RuntimeError(f"PUBLISH refused: {answer}")
-                slots.release()
-                if measuring:
-                    acked += answer[3]
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(sender)
-            nursery.start_soon(receiver)
-
-    pairs = []
-    for i in range(connections):
-        shard = i % len(addresses)
-        conn = await RawConnection.open(addresses[shard])
-        items = publish_items_bytes(
-            batch, topic=topics[shard], payload=b"p" * PAYLOAD_BYTES, delay_ms=DELAY_MS
-        )
-        pairs.append((conn, items))
-    async with trio.open_nursery() as nursery:
-        for conn, items in pairs:
-            nursery.start_soon(run_connection, conn, items)
-        await trio.sleep(warmup_s)
-        cpu_before = {name: _cpu_s([pid]) for name, pid in processes.items()}
-        client_before = time.process_time()
-        load_before = os.getloadavg()[0]
-        measuring = True
-        started = time.perf_counter()
-        await trio.sleep(seconds)
-        measuring = False
-        elapsed = time.perf_counter() - started
-        client_cpu = time.process_time() - client_before
-        cpu = {name: _cpu_s([pid]) - cpu_before[name] for name, pid in processes.items()}
-        nursery.cancel_scope.cancel()
-    for conn, _ in pairs:
-        await conn.aclose()
-    return {
-        "msgs_per_s": round(acked / elapsed, 1),
-        "acked": acked,
-        "elapsed_s": round(elapsed, 3),
-        "server_cpu_percent": round(sum(cpu.values()) / elapsed * 100, 1),
-        "client_cpu_percent": round(client_cpu / elapsed * 100, 1),
-        "process_cpu_s": {name: round(v, 3) for name, v in cpu.items()},
-        "client_cpu_s": round(client_cpu, 3),
-        "loadavg_1m": round(max(load_before, os.getloadavg()[0]), 2),
-    }
 
 
 def _per_message(result: dict[str, Any], roles: dict[str, str], followers: int) -> None:
@@ -251,7 +179,7 @@ def run_round(
             if profile
             else None
         )
-        result = trio.run(_load, addresses, topics, batch, connections, seconds, 1.0, processes)
+        result = _load(server, addresses, topics, batch, connections, seconds, processes)
         if spy is not None:
             spy.wait(60)
     roles = {name: ("supervisor" if name == "supervisor" else "leader") for name in processes}
@@ -380,8 +308,8 @@ def run_cluster_round(
         result, how = when_balanced(
             cluster,
             shards,
-            lambda _, addresses, processes: trio.run(
-                _load, addresses, topics, batch, connections, seconds, 1.0, processes
+            lambda leaders, addresses, processes: _load(
+                cluster.nodes[leaders[0]], addresses, topics, batch, connections, seconds, processes
             ),
         )
     _per_message(result, how["roles"], len(cluster.nodes) - 1)

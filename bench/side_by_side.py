@@ -885,10 +885,12 @@ def routed(slot_map: SlotMap, shard_addresses: list[str] | None = None) -> list[
 
 
 def _fq_throughput(server: _common.Server, args: argparse.Namespace,
-                   targets: list[tuple[str, str]]) -> dict[str, Any]:  # fmt: skip
-    """``publish_throughput._load`` of ``TOPICS`` over ``targets`` (CPU, /metrics: ``server``)."""
+                   targets: list[tuple[str, str]],
+                   processes: dict[str, int] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``publish_throughput._load`` of ``TOPICS`` over ``targets`` (/metrics: ``server``;
+    CPU: ``processes``, else ``server``'s process)."""
     return trio.run(publish_throughput._load, server, BATCH, CONNECTIONS, args.warmup,
-                    args.seconds, args.fq_window, targets)  # fmt: skip
+                    args.seconds, args.fq_window, targets, processes)  # fmt: skip
 
 
 def _fq_config(tp: dict[str, Any], shard_count: int = 1) -> dict[str, Any]:
@@ -913,13 +915,10 @@ def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
         with shards.sharded_node(SHARDS) as (server, _):
             rec["start_s"] = round(time.monotonic() - server.started_s, 2)
             slot_map = trio.run(_common.ask_slot_map, server.client_address)
-            meter = _cluster.CpuMeter(shards.node_processes(server.pid, SHARDS))
             lat = FqSync(slot_map.address_of(SYNC_TOPIC)).latency(args.lat_warmup,
                                                                   args.lat_seconds)  # fmt: skip
-            meter.start()
-            tp = _fq_throughput(server, args, routed(slot_map))
-            tp["process_cpu_percent"] = meter.stop()
-            tp["server_cpu_percent"] = round(sum(tp["process_cpu_percent"].values()), 1)
+            processes = shards.node_processes(server.pid, SHARDS)
+            tp = _fq_throughput(server, args, routed(slot_map), processes)
             rec["config"] = _fq_config(tp, SHARDS)
     elif system == "fq3":
         with _cluster.LocalCluster(3) as cluster:
@@ -941,16 +940,13 @@ def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
 
             def load(leaders: dict[int, int], addresses: list[str],
                      processes: dict[str, int]) -> tuple[list[float], dict[str, Any]]:  # fmt: skip
-                meter = _cluster.CpuMeter(processes)
                 sync = FqSync(addresses[slot_map.shard_of(SYNC_TOPIC)])
                 lat = sync.latency(args.lat_warmup, args.lat_seconds)
-                meter.start()
-                tp = _fq_throughput(cluster.nodes[leaders[0]], args, routed(slot_map, addresses))
-                tp["process_cpu_percent"] = meter.stop()
+                tp = _fq_throughput(cluster.nodes[leaders[0]], args, routed(slot_map, addresses),
+                                    processes)  # fmt: skip
                 return lat, tp
 
             (lat, tp), how = shards.when_balanced(cluster, SHARDS, load)
-            tp["server_cpu_percent"] = round(sum(tp["process_cpu_percent"].values()), 1)
             tp["process_role"] = how["roles"]
             rec["leaders"] = {str(k): v for k, v in how["leaders"].items()}
             for key in ("leaders_changed", "balance_wait_s", "windows_voided_by_leader_moves"):
