@@ -317,6 +317,15 @@ class LocalCluster:
         self.cleanup()
 
 
+def cpu_seconds(process: Any) -> float:
+    """User + system CPU seconds of a ``psutil.Process`` so far (0 once it is gone)."""
+    try:
+        times = process.cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return float(times.user + times.system)
+
+
 class CpuMeter:
     """CPU seconds used by a set of processes between :meth:`start` and :meth:`stop`.
 
@@ -329,23 +338,15 @@ class CpuMeter:
         self._before: dict[str, float] = {}
         self._started = 0.0
 
-    @staticmethod
-    def _cpu(proc: Any) -> float:
-        try:
-            times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            return 0.0
-        return float(times.user + times.system)
-
     def start(self) -> None:
         """Record the starting CPU times."""
         self._started = time.monotonic()
-        self._before = {name: self._cpu(p) for name, p in self._procs.items()}
+        self._before = {name: cpu_seconds(p) for name, p in self._procs.items()}
 
     def stop(self) -> dict[str, float]:
         """``{name: percent of one core}`` since :meth:`start`."""
         elapsed = max(1e-9, time.monotonic() - self._started)
         return {
-            name: round((self._cpu(p) - self._before[name]) / elapsed * 100, 1)
+            name: round((cpu_seconds(p) - self._before[name]) / elapsed * 100, 1)
             for name, p in self._procs.items()
         }

@@ -481,6 +481,23 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def add_load_args(parser: argparse.ArgumentParser, profile_help: str) -> None:
+    """The options of a load on fresh nodes: ``--connections`` (4), ``--profile``
+    (py-spy; ``profile_help`` says what it records) and ``--no-fsync`` (:func:`fsync_env`)."""
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--profile", action="store_true", help=profile_help)
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="nodes do not fsync: CPU costs alone, without a disk shared with other work",
+    )
+
+
+def fsync_env(fsync: bool) -> dict[str, str]:
+    """The environment of a node that fsyncs (``{}``) or not (``--no-fsync``)."""
+    return {} if fsync else {"FUTUREQ_STORAGE_FSYNC": "false"}
+
+
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     """``--quick``, ``--compare`` and ``--no-save``; also installs :func:`exit_on_sigterm`."""
     exit_on_sigterm()

@@ -31,6 +31,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import trio
 
+from bench._cluster import cpu_seconds
 from bench._common import (
     LEADER_MOVED_CODES,
     PAYLOAD_BYTES,
@@ -58,15 +59,6 @@ def _main_thread_cpu_s(process: psutil.Process) -> float:
         if thread.id == process.pid:
             return float(thread.user_time + thread.system_time)
     return math.nan
-
-
-def _cpu_s(process: psutil.Process) -> float:
-    """User + system CPU seconds of ``process`` so far (0 once it is gone)."""
-    try:
-        times = process.cpu_times()
-    except psutil.NoSuchProcess:
-        return 0.0
-    return float(times.user + times.system)
 
 
 def window_for(batch: int) -> int:
@@ -170,7 +162,7 @@ async def _load(
         await trio.sleep(warmup_s)
         before = await trio.to_thread.run_sync(server.metrics)
         cpu_before = process.cpu_times()
-        procs_before = {name: _cpu_s(proc) for name, proc in procs.items()}
+        procs_before = {name: cpu_seconds(proc) for name, proc in procs.items()}
         load_before = os.getloadavg()[0]
         main_before = _main_thread_cpu_s(process)
         my_before = me.cpu_times()
@@ -180,7 +172,7 @@ async def _load(
         measuring = False
         elapsed = time.perf_counter() - started
         cpu_after = process.cpu_times()
-        procs_cpu_s = {name: _cpu_s(proc) - procs_before[name] for name, proc in procs.items()}
+        procs_cpu_s = {name: cpu_seconds(proc) - procs_before[name] for name, proc in procs.items()}
         main_after = _main_thread_cpu_s(process)
         my_after = me.cpu_times()
         after = await trio.to_thread.run_sync(server.metrics)

@@ -47,7 +47,7 @@ import trio
 
 from bench import publish_throughput
 from bench._cluster import LocalCluster, free_port_run
-from bench._common import Server, leader_moved, start_py_spy
+from bench._common import Server, add_load_args, fsync_env, leader_moved, start_py_spy
 from futureq.shards.balance import preferred_leader
 from futureq.shards.slots import even_ranges, topic_slot
 
@@ -142,10 +142,6 @@ def _per_message(result: dict[str, Any], roles: dict[str, str], followers: int) 
     result["us_per_msg"] = {role: round(v, 2) for role, v in sorted(us.items())}
 
 
-def _fsync_env(fsync: bool) -> dict[str, str]:
-    return {} if fsync else {"FUTUREQ_STORAGE_FSYNC": "false"}
-
-
 @contextmanager
 def sharded_node(shards: int, fsync: bool = True) -> Iterator[tuple[Server, list[str]]]:
     """A fresh started node of ``shards`` shards (shard ``K``'s ports ``K`` above the
@@ -155,7 +151,7 @@ def sharded_node(shards: int, fsync: bool = True) -> Iterator[tuple[Server, list
     client, http = free_port_run(shards, taken), free_port_run(shards, taken)
     args = ["--listen", f"127.0.0.1:{client}", "--http", f"127.0.0.1:{http}"]
     args += ["--shards", str(shards)]
-    env = {"FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE), **_fsync_env(fsync)}
+    env = {"FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE), **fsync_env(fsync)}
     with Server(extra_args=args, env=env) as server:
         server.start()
         yield server, [f"127.0.0.1:{client + k * STRIDE}" for k in range(shards)]
@@ -303,7 +299,7 @@ def run_cluster_round(
     """A fresh local 3-node cluster of ``shards`` shards per node under load, once its
     leaders are balanced; msgs/s, CPU per process and per message by role."""
     topics = spread_topics(shards)
-    with LocalCluster(3, env=_fsync_env(fsync), shards=shards) as cluster:
+    with LocalCluster(3, env=fsync_env(fsync), shards=shards) as cluster:
         cluster.start()
         result, how = when_balanced(
             cluster,
@@ -340,20 +336,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.shards")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--shards", type=int, default=2, help="shards of the sharded set-up")
     parser.add_argument(
         "--cluster", action="store_true", help="3-node clusters instead of single nodes"
     )
-    parser.add_argument(
-        "--profile", action="store_true", help="py-spy shard 0 in the last round (single node)"
-    )
-    parser.add_argument(
-        "--no-fsync",
-        action="store_true",
-        help="nodes do not fsync: CPU costs alone, without a disk shared with other work",
-    )
+    add_load_args(parser, "py-spy shard 0 in the last round (single node)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     rounds: list[dict[str, Any]] = []
