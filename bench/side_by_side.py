@@ -70,6 +70,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import multiprocessing as mp
@@ -899,6 +900,18 @@ def _fq_config(tp: dict[str, Any], shard_count: int = 1) -> dict[str, Any]:
             "requests_in_flight_per_conn": tp["window_per_connection"]}  # fmt: skip
 
 
+def _fq_balanced(cluster: _cluster.LocalCluster, slot_map: SlotMap, args: argparse.Namespace,
+                 leaders: dict[int, int], addresses: list[str],
+                 processes: dict[str, int]) -> tuple[list[float], dict[str, Any]]:  # fmt: skip
+    """Sync latency, then throughput of a sharded cluster whose shards' leaders are
+    ``leaders`` (client ``addresses`` by shard, ``processes`` every shard process):
+    ``shards.when_balanced``'s load."""
+    sync = FqSync(addresses[slot_map.shard_of(SYNC_TOPIC)])
+    lat = sync.latency(args.lat_warmup, args.lat_seconds)
+    node = cluster.nodes[leaders[0]]
+    return lat, _fq_throughput(node, args, routed(slot_map, addresses), processes)
+
+
 def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
     """One fresh server of ``system``: sync latency, then throughput. Returns a record."""
     rec: dict[str, Any] = {"system": system}
@@ -912,13 +925,13 @@ def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
             tp = _fq_throughput(server, args, routed(slot_map))
             rec["config"] = _fq_config(tp)
     elif system == "fq1s2":
-        with shards.sharded_node(SHARDS) as (server, _):
-            rec["start_s"] = round(time.monotonic() - server.started_s, 2)
-            slot_map = trio.run(_common.ask_slot_map, server.client_address)
+        with shards.sharded_node(SHARDS) as (node, _):
+            rec["start_s"] = round(time.monotonic() - node.started_s, 2)
+            slot_map = trio.run(_common.ask_slot_map, node.client_address)
             lat = FqSync(slot_map.address_of(SYNC_TOPIC)).latency(args.lat_warmup,
                                                                   args.lat_seconds)  # fmt: skip
-            processes = shards.node_processes(server.pid, SHARDS)
-            tp = _fq_throughput(server, args, routed(slot_map), processes)
+            processes = shards.node_processes(node.pid, SHARDS)
+            tp = _fq_throughput(node, args, routed(slot_map), processes)
             rec["config"] = _fq_config(tp, SHARDS)
     elif system == "fq3":
         with _cluster.LocalCluster(3) as cluster:
@@ -937,15 +950,7 @@ def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
         with _cluster.LocalCluster(3, shards=SHARDS) as cluster:
             rec["start_s"] = round(cluster.start(), 2)
             slot_map = trio.run(_common.ask_slot_map, cluster.nodes[1].client_address)
-
-            def load(leaders: dict[int, int], addresses: list[str],
-                     processes: dict[str, int]) -> tuple[list[float], dict[str, Any]]:  # fmt: skip
-                sync = FqSync(addresses[slot_map.shard_of(SYNC_TOPIC)])
-                lat = sync.latency(args.lat_warmup, args.lat_seconds)
-                tp = _fq_throughput(cluster.nodes[leaders[0]], args, routed(slot_map, addresses),
-                                    processes)  # fmt: skip
-                return lat, tp
-
+            load = functools.partial(_fq_balanced, cluster, slot_map, args)
             (lat, tp), how = shards.when_balanced(cluster, SHARDS, load)
             tp["process_role"] = how["roles"]
             rec["leaders"] = {str(k): v for k, v in how["leaders"].items()}
