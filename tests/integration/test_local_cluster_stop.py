@@ -5,13 +5,13 @@ reaches the launcher's whole process group, and every node stops gracefully once
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from cluster_process import free_runs
 
 from futureq.cli.local_cluster import ports
 
@@ -19,23 +19,9 @@ NODES = 3
 
 
 def free_base_port() -> int:
-    """A base port whose nine ports of a 3-node local cluster are free right now."""
-    for _ in range(200):
-        base = random.randrange(20_000, 30_000, 10)
-        wanted = [port for n in range(1, NODES + 1) for port in ports(n, base)]
-        sockets = []
-        try:
-            for port in wanted:
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-        return base
-    raise RuntimeError("no free ports for a local cluster")
+    """A base port whose ports of a 3-node local cluster (``ports(1..NODES, base)``) are
+    free right now: the start of a free run reaching the last of them."""
+    return free_runs(1, max(ports(NODES, 0)) + 1)[0]
 
 
 def test_ctrl_c_stops_every_node_gracefully_once(tmp_path: Path) -> None:
