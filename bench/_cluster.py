@@ -36,12 +36,20 @@ _INSTALLED = re.compile(
 )
 
 
-def free_port_run(length: int) -> int:
+def free_port_run(length: int, taken: set[int] | None = None) -> int:
     """The first of ``length`` consecutive TCP ports that were free a moment ago on
-    127.0.0.1 (sharded nodes need each shard's ports at a fixed stride)."""
+    127.0.0.1, below the ephemeral range (sharded nodes need each shard's ports at a
+    fixed stride). ``taken``: ports already handed out (skipped; the run is added).
+
+    Raises:
+        RuntimeError: no such run found in 1000 draws.
+    """
     rng = random.Random()
+    taken = taken if taken is not None else set()
     for _ in range(1000):
         base = rng.randrange(10000, 32000 - length)  # below the ephemeral range
+        if taken & set(range(base, base + length)):
+            continue
         sockets: list[socket.socket] = []
         try:
             for port in range(base, base + length):
@@ -53,6 +61,7 @@ def free_port_run(length: int) -> int:
         finally:
             for sock in sockets:
                 sock.close()
+        taken.update(range(base, base + length))
         return base
     raise RuntimeError(f"no run of {length} free ports found")
 
@@ -106,9 +115,9 @@ class ClusterNode(Server):
                 "--log-level", log_level,
                 *(auth_args or []),
             ],
+            env,
         )  # fmt: skip
         self.node_id = node_id
-        self.env = dict(env or {})
         self.client_address = f"127.0.0.1:{client}"
         self.http_address = f"127.0.0.1:{http}"
         self.stderr_path = data_dir.parent / f"node{node_id}.stderr.log"
@@ -117,8 +126,7 @@ class ClusterNode(Server):
         """Start the process (later flags override the base class's ``:0`` ports)."""
         args = [sys.executable, "-m", "futureq.cli.server_main", "start"]
         args += ["--data-dir", str(self.data_dir), *self.extra_args]
-        env = dict(os.environ)
-        env.update(self.env)
+        env = {**os.environ, **self.env}
         stderr = open(self.stderr_path, "a")  # noqa: SIM115 - handed to the child
         self.started_s = time.monotonic()
         self.process = subprocess.Popen(
@@ -309,6 +317,15 @@ class LocalCluster:
         self.cleanup()
 
 
+def cpu_seconds(process: Any) -> float:
+    """User + system CPU seconds of a ``psutil.Process`` so far (0 once it is gone)."""
+    try:
+        times = process.cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return float(times.user + times.system)
+
+
 class CpuMeter:
     """CPU seconds used by a set of processes between :meth:`start` and :meth:`stop`.
 
@@ -321,23 +338,15 @@ class CpuMeter:
         self._before: dict[str, float] = {}
         self._started = 0.0
 
-    @staticmethod
-    def _cpu(proc: Any) -> float:
-        try:
-            times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            return 0.0
-        return float(times.user + times.system)
-
     def start(self) -> None:
         """Record the starting CPU times."""
         self._started = time.monotonic()
-        self._before = {name: self._cpu(p) for name, p in self._procs.items()}
+        self._before = {name: cpu_seconds(p) for name, p in self._procs.items()}
 
     def stop(self) -> dict[str, float]:
         """``{name: percent of one core}`` since :meth:`start`."""
         elapsed = max(1e-9, time.monotonic() - self._started)
         return {
-            name: round((self._cpu(p) - self._before[name]) / elapsed * 100, 1)
+            name: round((cpu_seconds(p) - self._before[name]) / elapsed * 100, 1)
             for name, p in self._procs.items()
         }

@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 import trio
 
+from futureq.shards.slots import SlotMap
 from futureq.wire import codec, frames
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -53,6 +54,7 @@ class Server:
         data_dir: RocksDB directory; a fresh temporary one when None (removed by
             :meth:`cleanup`).
         extra_args: More ``start`` flags.
+        env: Extra environment of the process (``FUTUREQ_*`` settings), on top of ours.
 
     Attributes:
         client_address: ``127.0.0.1:PORT`` of the client listener once started.
@@ -60,8 +62,14 @@ class Server:
         started_s: ``time.monotonic()`` just before the process was spawned.
     """
 
-    def __init__(self, data_dir: Path | None = None, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path | None = None,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self._own_dir = data_dir is None
+        self.env = dict(env or {})
         self.root = Path(tempfile.mkdtemp(prefix="futureq-bench-")) if data_dir is None else None
         self.data_dir = data_dir if data_dir is not None else Path(self.root or ".") / "data"
         self.extra_args = list(extra_args or [])
@@ -81,13 +89,15 @@ class Server:
         """Start the process without waiting for it (see :meth:`wait_ready_line`)."""
         args = [sys.executable, "-m", "futureq.cli.server_main", "start"]
         args += ["--data-dir", str(self.data_dir), "--listen", "127.0.0.1:0"]
-        # --shards 1 unless extra_args name a count (the last wins): ports the OS chooses
-        # need one process, and a benchmark must not follow this machine's cores (auto).
+        # --shards 1 unless extra_args name a count (the last wins): a benchmark's figures
+        # must not follow this machine's cores (futureq start's default, auto).
         args += ["--http", "127.0.0.1:0", "--log-level", "warning", "--shards", "1"]
         args += self.extra_args
         stderr = open(self.stderr_path, "a")  # noqa: SIM115 - handed to the child
         self.started_s = time.monotonic()
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, **self.env}
+        )
         stderr.close()
 
     def wait_ready_line(self, timeout_s: float = START_TIMEOUT_S) -> float:
@@ -286,6 +296,43 @@ class RawConnection:
         await self.stream.aclose()
 
 
+LEADER_MOVED_CODES = (300, 301)  # NOT_LEADER; leadership being transferred
+
+
+class LeaderMoved(Exception):
+    """A shard's leader changed during a load window (the window is void)."""
+
+
+def leader_moved(exc: BaseException) -> LeaderMoved | None:
+    """The :class:`LeaderMoved` in ``exc`` (or in its exception groups), if any."""
+    if isinstance(exc, LeaderMoved):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = leader_moved(inner)
+            if found is not None:
+                return found
+    return None
+
+
+async def ask_slot_map(address: str) -> SlotMap:
+    """The slot map of the node at ``address`` (SLOT_MAP, as a client learns it; a node
+    of one shard answers a map of one shard at its own address).
+
+    Raises:
+        RuntimeError: the node did not answer SLOT_MAP_OK.
+        ValueError: the map is malformed.
+    """
+    conn = await RawConnection.open(address)
+    try:
+        answer = await conn.request([frames.FrameType.SLOT_MAP, conn.next_id()])
+    finally:
+        await conn.aclose()
+    if answer[0] != frames.FrameType.SLOT_MAP_OK:
+        raise RuntimeError(f"SLOT_MAP answered {answer}")
+    return SlotMap.from_wire(answer[2])
+
+
 async def publish_many(
     address: str,
     total: int,
@@ -435,6 +482,23 @@ def exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def add_load_args(parser: argparse.ArgumentParser, profile_help: str) -> None:
+    """The options of a load on fresh nodes: ``--connections`` (4), ``--profile``
+    (py-spy; ``profile_help`` says what it records) and ``--no-fsync`` (:func:`fsync_env`)."""
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--profile", action="store_true", help=profile_help)
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="nodes do not fsync: CPU costs alone, without a disk shared with other work",
+    )
+
+
+def fsync_env(fsync: bool) -> dict[str, str]:
+    """The environment of a node that fsyncs (``{}``) or not (``--no-fsync``)."""
+    return {} if fsync else {"FUTUREQ_STORAGE_FSYNC": "false"}
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:

@@ -34,7 +34,14 @@ import trio
 
 from bench import profile_stacks, publish_throughput
 from bench._cluster import CpuMeter, LocalCluster
-from bench._common import RESULTS_DIR, add_common_args, finish, start_py_spy
+from bench._common import (
+    RESULTS_DIR,
+    add_common_args,
+    add_load_args,
+    finish,
+    fsync_env,
+    start_py_spy,
+)
 
 NAME = "cluster_throughput"
 TARGET_RATIO = 0.5
@@ -52,8 +59,7 @@ def run_cluster_batch(
 ) -> dict[str, Any]:
     """A fresh 3-node cluster, one batch size: the figures of ``publish_throughput._load``
     against the leader, plus every node's CPU over warm-up and measurement."""
-    env = {} if fsync else {"FUTUREQ_STORAGE_FSYNC": "false"}
-    with LocalCluster(3, env=env, peer_auth=peer_auth) as cluster:
+    with LocalCluster(3, env=fsync_env(fsync), peer_auth=peer_auth) as cluster:
         cluster.start()
         leader = cluster.leader()
         meter = CpuMeter(
@@ -98,10 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", default="1,100,1000", help="comma-separated batch sizes")
     parser.add_argument("--seconds", type=float, default=None, help="measured window per batch")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
-    parser.add_argument("--connections", type=int, default=4)
-    parser.add_argument(
-        "--profile", action="store_true", help="py-spy record the leader at batch 100"
-    )
+    add_load_args(parser, "py-spy record the leader at batch 100")
     parser.add_argument(
         "--no-single", action="store_true", help="skip the single-node run at batch 100"
     )
@@ -109,11 +112,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--peer-auth",
         default="secret",
         help="comma-separated peer authentication modes: secret, insecure",
-    )
-    parser.add_argument(
-        "--no-fsync",
-        action="store_true",
-        help="nodes do not fsync: measures CPU costs (e.g. --peer-auth) without the disk",
     )
     args = parser.parse_args(argv)
     modes = args.peer_auth.split(",")

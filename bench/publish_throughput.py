@@ -23,14 +23,19 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 import trio
 
+from bench._cluster import cpu_seconds
 from bench._common import (
+    LEADER_MOVED_CODES,
     PAYLOAD_BYTES,
+    LeaderMoved,
     RawConnection,
     Server,
     add_common_args,
@@ -68,19 +73,44 @@ async def _load(
     warmup_s: float,
     seconds: float,
     window: int | None = None,
+    targets: Sequence[tuple[str, str]] | None = None,
+    processes: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    items = publish_items_bytes(
-        batch, topic="bench", payload=b"p" * PAYLOAD_BYTES, delay_ms=DELAY_MS
-    )
+    """Publish from ``connections`` raw connections for ``warmup_s`` + ``seconds``; the
+    figures of the module doc over the ``seconds`` (process CPU and ``/metrics`` of
+    ``server``).
+
+    Args:
+        targets: ``(client address, topic)`` per connection, taken in turn (connection
+            ``i`` gets ``targets[i % len]``): a sharded node's shards or shard leaders
+            each with a topic it owns. Default: every connection to ``server`` with
+            topic ``bench``.
+        processes: Name -> PID of the server processes whose CPU counts (a sharded
+            node's supervisor and shards, every node of a cluster): their CPU seconds
+            over the window in ``process_cpu_s`` and their sum in ``server_cpu_percent``.
+            Default: ``server``'s process alone.
+
+    Raises:
+        LeaderMoved: a PUBLISH was answered NOT_LEADER (or a transfer is under way).
+        RuntimeError: a PUBLISH was refused otherwise.
+    """
+    targets = targets or [(server.client_address, "bench")]
+    items_of = {
+        topic: publish_items_bytes(
+            batch, topic=topic, payload=b"p" * PAYLOAD_BYTES, delay_ms=DELAY_MS
+        )
+        for _, topic in targets
+    }
     window = window or window_for(batch)
     acked = 0
     requests = 0
     latencies: list[float] = []
     measuring = False
     process = psutil.Process(server.pid)
+    procs = {name: psutil.Process(pid) for name, pid in (processes or {}).items()}
     me = psutil.Process()
 
-    async def run_connection(conn: RawConnection) -> None:
+    async def run_connection(conn: RawConnection, items: bytes) -> None:
         nonlocal acked, requests
         slots = trio.Semaphore(window)
         sent_at: dict[int, float] = {}
@@ -107,6 +137,8 @@ async def _load(
             nonlocal acked, requests
             while True:
                 answer = await conn.receive()
+                if answer[0] == frames.FrameType.ERROR and answer[2] in LEADER_MOVED_CODES:
+                    raise LeaderMoved(answer[3])
                 if answer[0] != frames.FrameType.PUBLISH_OK:
                     raise RuntimeError(f"PUBLISH refused: {answer}")
                 started = sent_at.pop(answer[1])
@@ -120,13 +152,18 @@ async def _load(
             nursery.start_soon(sender)
             nursery.start_soon(receiver)
 
-    conns = [await RawConnection.open(server.client_address) for _ in range(connections)]
+    conns = []
+    for i in range(connections):
+        address, topic = targets[i % len(targets)]
+        conns.append((await RawConnection.open(address), items_of[topic]))
     async with trio.open_nursery() as nursery:
-        for conn in conns:
-            nursery.start_soon(run_connection, conn)
+        for conn, items in conns:
+            nursery.start_soon(run_connection, conn, items)
         await trio.sleep(warmup_s)
         before = await trio.to_thread.run_sync(server.metrics)
         cpu_before = process.cpu_times()
+        procs_before = {name: cpu_seconds(proc) for name, proc in procs.items()}
+        load_before = os.getloadavg()[0]
         main_before = _main_thread_cpu_s(process)
         my_before = me.cpu_times()
         measuring = True
@@ -135,11 +172,12 @@ async def _load(
         measuring = False
         elapsed = time.perf_counter() - started
         cpu_after = process.cpu_times()
+        procs_cpu_s = {name: cpu_seconds(proc) - procs_before[name] for name, proc in procs.items()}
         main_after = _main_thread_cpu_s(process)
         my_after = me.cpu_times()
         after = await trio.to_thread.run_sync(server.metrics)
         nursery.cancel_scope.cancel()
-    for conn in conns:
+    for conn, _ in conns:
         await conn.aclose()
 
     fsyncs = metric_sum(after, "futureq_fsync_seconds_count") - metric_sum(
@@ -153,6 +191,8 @@ async def _load(
     )
     latencies.sort()
     cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    if procs:
+        cpu_s = sum(procs_cpu_s.values())
     my_cpu_s = (my_after.user + my_after.system) - (my_before.user + my_before.system)
     return {
         "batch": batch,
@@ -175,6 +215,9 @@ async def _load(
             round((main_after - main_before) / acked * 1e6, 2) if acked else None
         ),
         "loadgen_cpu_percent": round(my_cpu_s / elapsed * 100, 1),
+        "loadgen_cpu_s": round(my_cpu_s, 3),
+        "process_cpu_s": {name: round(v, 3) for name, v in procs_cpu_s.items()},
+        "loadavg_1m": round(max(load_before, os.getloadavg()[0]), 2),
     }
 
 

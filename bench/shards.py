@@ -5,7 +5,8 @@ Each round starts a fresh node (``--shards 1`` or ``--shards 2``), opens the sam
 number of raw connections in total (with 2 shards, half to each shard, each sending
 a topic its shard owns), sends pre-encoded PUBLISH frames at ack level quorum
 (100-byte payloads, delay 1 h so nothing is dispatched) with a window of requests in
-flight per connection, and counts acknowledged messages over a fixed window. Server
+flight per connection, and counts acknowledged messages over a fixed window (the load
+generator of ``bench.publish_throughput``, as ``bench.side_by_side`` uses it). Server
 CPU is the supervisor's and every shard's together.
 
 ``--cluster`` runs the same load against two local 3-node clusters instead
@@ -35,51 +36,56 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import socket
 import statistics
 import time
 import urllib.request
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import trio
 
-from bench._cluster import LocalCluster
-from bench._common import (
-    PAYLOAD_BYTES,
-    RawConnection,
-    Server,
-    publish_frame,
-    publish_items_bytes,
-    start_py_spy,
-)
+from bench import publish_throughput
+from bench._cluster import LocalCluster, free_port_run
+from bench._common import Server, add_load_args, fsync_env, leader_moved, start_py_spy
 from futureq.shards.balance import preferred_leader
-from futureq.shards.slots import even_map
-from futureq.wire import frames
+from futureq.shards.slots import even_ranges, topic_slot
 
-DELAY_MS = 3_600_000
+T = TypeVar("T")
+
 STRIDE = 1
-
-
-_TICKS = os.sysconf("SC_CLK_TCK")
 BALANCE_TIMEOUT_S = 90.0
 ATTEMPTS = 3
 """Load windows tried on one cluster when a leader moves during one (a loaded machine)."""
-LEADER_MOVED_CODES = (300, 301)  # NOT_LEADER; leadership being transferred
 
 
-class LeaderMoved(Exception):
-    """A shard's leader changed during the load window (the window is void)."""
-
-
-def _cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of ``pids`` so far (from /proc)."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / _TICKS
+def _load(
+    server: Server,
+    addresses: list[str],
+    topics: list[str],
+    batch: int,
+    connections: int,
+    seconds: float,
+    processes: dict[str, int],
+) -> dict[str, Any]:
+    """``publish_throughput._load`` from ``connections`` raw connections (connection
+    ``i`` to ``addresses[i % len]`` with ``topics[i % len]``) after 1 s of warm-up:
+    acknowledged msgs/s and the CPU seconds of every process of ``processes`` and of
+    this one over the window (``server``: whose ``/metrics`` it scrapes)."""
+    targets = list(zip(addresses, topics, strict=True))
+    found = trio.run(
+        publish_throughput._load, server, batch, connections, 1.0, seconds, None, targets, processes
+    )
+    return {
+        "msgs_per_s": found["msgs_per_s"],
+        "acked": found["messages"],
+        "elapsed_s": found["seconds"],
+        "server_cpu_percent": found["server_cpu_percent"],
+        "client_cpu_percent": found["loadgen_cpu_percent"],
+        "process_cpu_s": found["process_cpu_s"],
+        "client_cpu_s": found["loadgen_cpu_s"],
+        "loadavg_1m": found["loadavg_1m"],
+    }
 
 
 def _children(pid: int) -> list[int]:
@@ -98,7 +104,7 @@ def _shard_index(pid: int) -> int:
     return int(args[args.index("--shard-index") + 1])
 
 
-def _node_processes(pid: int, shards: int) -> dict[str, int]:
+def node_processes(pid: int, shards: int) -> dict[str, int]:
     """``{"supervisor": pid, "shard0": ..., ...}``, or ``{"shard0": pid}`` unsharded."""
     if shards == 1:
         return {"shard0": pid}
@@ -108,107 +114,18 @@ def _node_processes(pid: int, shards: int) -> dict[str, int]:
     return {"supervisor": pid, **found}
 
 
-def _free_run(length: int, taken: set[int]) -> int:
-    rng = random.Random()
-    while True:
-        base = rng.randrange(10000, 32000 - length)  # below the ephemeral range
-        ports = set(range(base, base + length))
-        if ports & taken:
-            continue
-        ok = True
-        for port in ports:
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            taken |= ports
-            return base
-
-
-def _topic_on(shard: int, shards: int, addresses: list[str]) -> str:
-    slot_map = even_map(addresses)
-    return next(t for t in (f"bench.{i}" for i in range(1000)) if slot_map.shard_of(t) == shard)
-
-
-async def _load(
-    addresses: list[str],
-    topics: list[str],
-    batch: int,
-    connections: int,
-    seconds: float,
-    warmup_s: float,
-    processes: dict[str, int],
-) -> dict[str, Any]:
-    """Publish from ``connections`` raw connections (connection ``i`` to
-    ``addresses[i % len]`` with ``topics[i % len]``); acknowledged msgs/s and the CPU
-    seconds of every process of ``processes`` and of this one over the window."""
-    window = max(4, min(200, 20_000 // batch))
-    acked = 0
-    measuring = False
-
-    async def run_connection(conn: RawConnection, items: bytes) -> None:
-        nonlocal acked
-        slots = trio.Semaphore(window)
-
-        async def sender() -> None:
-            while True:
-                await slots.acquire()
-                await conn.send(publish_frame(conn.next_id(), frames.AckLevel.QUORUM, items))
-
-        async def receiver() -> None:
-            nonlocal acked
-            while True:
-                answer = await conn.receive()
-                if answer[0] == frames.FrameType.ERROR and answer[2] in LEADER_MOVED_CODES:
-                    raise LeaderMoved(answer[3])
-                if answer[0] != frames.FrameType.PUBLISH_OK:
-                    raise RuntimeError(f"PUBLISH refused: {answer}")
-                slots.release()
-                if measuring:
-                    acked += answer[3]
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(sender)
-            nursery.start_soon(receiver)
-
-    pairs = []
-    for i in range(connections):
-        shard = i % len(addresses)
-        conn = await RawConnection.open(addresses[shard])
-        items = publish_items_bytes(
-            batch, topic=topics[shard], payload=b"p" * PAYLOAD_BYTES, delay_ms=DELAY_MS
-        )
-        pairs.append((conn, items))
-    async with trio.open_nursery() as nursery:
-        for conn, items in pairs:
-            nursery.start_soon(run_connection, conn, items)
-        await trio.sleep(warmup_s)
-        cpu_before = {name: _cpu_s([pid]) for name, pid in processes.items()}
-        client_before = time.process_time()
-        load_before = os.getloadavg()[0]
-        measuring = True
-        started = time.perf_counter()
-        await trio.sleep(seconds)
-        measuring = False
-        elapsed = time.perf_counter() - started
-        client_cpu = time.process_time() - client_before
-        cpu = {name: _cpu_s([pid]) - cpu_before[name] for name, pid in processes.items()}
-        nursery.cancel_scope.cancel()
-    for conn, _ in pairs:
-        await conn.aclose()
-    return {
-        "msgs_per_s": round(acked / elapsed, 1),
-        "acked": acked,
-        "elapsed_s": round(elapsed, 3),
-        "server_cpu_percent": round(sum(cpu.values()) / elapsed * 100, 1),
-        "client_cpu_percent": round(client_cpu / elapsed * 100, 1),
-        "process_cpu_s": {name: round(v, 3) for name, v in cpu.items()},
-        "client_cpu_s": round(client_cpu, 3),
-        "loadavg_1m": round(max(load_before, os.getloadavg()[0]), 2),
-    }
+def spread_topics(shards: int) -> list[str]:
+    """One topic per shard of a ``--shards N`` node (the even slot map every node starts
+    with): the first ``bench.<i>`` each shard owns, in shard order."""
+    ranges = even_ranges(shards)
+    found: dict[int, str] = {}
+    for i in range(100_000):
+        topic = f"bench.{i}"
+        slot = topic_slot(topic)
+        found.setdefault(next(k for start, end, k in ranges if start <= slot < end), topic)
+        if len(found) == shards:
+            return [found[k] for k in range(shards)]
+    raise RuntimeError(f"no topic found for every one of {shards} shards")
 
 
 def _per_message(result: dict[str, Any], roles: dict[str, str], followers: int) -> None:
@@ -225,8 +142,19 @@ def _per_message(result: dict[str, Any], roles: dict[str, str], followers: int) 
     result["us_per_msg"] = {role: round(v, 2) for role, v in sorted(us.items())}
 
 
-def _fsync_env(fsync: bool) -> dict[str, str]:
-    return {} if fsync else {"FUTUREQ_STORAGE_FSYNC": "false"}
+@contextmanager
+def sharded_node(shards: int, fsync: bool = True) -> Iterator[tuple[Server, list[str]]]:
+    """A fresh started node of ``shards`` shards (shard ``K``'s ports ``K`` above the
+    node's, below the ephemeral range) and its shards' client addresses, in shard order;
+    stopped by PID and its directory removed on exit."""
+    taken: set[int] = set()
+    client, http = free_port_run(shards, taken), free_port_run(shards, taken)
+    args = ["--listen", f"127.0.0.1:{client}", "--http", f"127.0.0.1:{http}"]
+    args += ["--shards", str(shards)]
+    env = {"FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE), **fsync_env(fsync)}
+    with Server(extra_args=args, env=env) as server:
+        server.start()
+        yield server, [f"127.0.0.1:{client + k * STRIDE}" for k in range(shards)]
 
 
 def run_round(
@@ -239,24 +167,15 @@ def run_round(
 ) -> dict[str, Any]:
     """One fresh node of ``shards`` shards under load; its msgs/s and CPU. ``profile``:
     py-spy records shard 0 (``bench/results/profile_shards_<N>_shard0.txt``)."""
-    taken: set[int] = set()
-    client, http = _free_run(shards, taken), _free_run(shards, taken)
-    os.environ["FUTUREQ_NODE_SHARD_PORT_STRIDE"] = str(STRIDE)
-    os.environ.pop("FUTUREQ_STORAGE_FSYNC", None)
-    os.environ.update(_fsync_env(fsync))
-    args = ["--listen", f"127.0.0.1:{client}", "--http", f"127.0.0.1:{http}"]
-    args += ["--shards", str(shards)]
-    with Server(extra_args=args) as server:
-        server.start()
-        addresses = [f"127.0.0.1:{client + k * STRIDE}" for k in range(shards)]
-        topics = [_topic_on(k, shards, addresses) for k in range(shards)]
-        processes = _node_processes(server.pid, shards)
+    with sharded_node(shards, fsync) as (server, addresses):
+        topics = spread_topics(shards)
+        processes = node_processes(server.pid, shards)
         spy = (
             start_py_spy(processes["shard0"], seconds + 1.0, f"shards_{shards}_shard0")
             if profile
             else None
         )
-        result = trio.run(_load, addresses, topics, batch, connections, seconds, 1.0, processes)
+        result = _load(server, addresses, topics, batch, connections, seconds, processes)
         if spy is not None:
             spy.wait(60)
     roles = {name: ("supervisor" if name == "supervisor" else "leader") for name in processes}
@@ -311,19 +230,7 @@ def wait_balanced(
     raise TimeoutError(f"shard leaders not balanced within {timeout_s} s: {leaders}")
 
 
-def _leader_moved(exc: BaseException) -> LeaderMoved | None:
-    """The :class:`LeaderMoved` in ``exc`` (or in its exception groups), if any."""
-    if isinstance(exc, LeaderMoved):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _leader_moved(inner)
-            if found is not None:
-                return found
-    return None
-
-
-def _cluster_targets(
+def cluster_targets(
     cluster: LocalCluster, shards: int, leaders: dict[int, int]
 ) -> tuple[list[str], dict[str, int], dict[str, str]]:
     """Each shard leader's client address, every shard process by name, their roles."""
@@ -335,7 +242,7 @@ def _cluster_targets(
     processes: dict[str, int] = {}
     roles: dict[str, str] = {}
     for node_id, node in cluster.nodes.items():
-        for name, pid in _node_processes(node.pid, shards).items():
+        for name, pid in node_processes(node.pid, shards).items():
             key = f"n{node_id}.{name}"
             processes[key] = pid
             if name == "supervisor":
@@ -346,41 +253,69 @@ def _cluster_targets(
     return addresses, processes, roles
 
 
+def when_balanced(
+    cluster: LocalCluster,
+    shards: int,
+    load: Callable[[dict[int, int], list[str], dict[str, int]], T],
+) -> tuple[T, dict[str, Any]]:
+    """Wait for the shards' leaders to be balanced (:func:`wait_balanced`), then run
+    ``load(leaders, leader_addresses, processes)`` (as :func:`cluster_targets` gives
+    them); when a leader moves during it (:class:`~bench._common.LeaderMoved`, a loaded
+    machine), wait again and run it again, up to ``ATTEMPTS`` times.
+
+    Returns:
+        ``load``'s result and ``{"leaders": {shard: node id}, "roles": {process: role},
+        "leaders_changed": bool (after the load), "balance_wait_s",
+        "windows_voided_by_leader_moves": [sentence, ...]}``.
+    """
+    waited = 0.0
+    moved: list[str] = []
+    for attempt in range(ATTEMPTS):
+        leaders, balance_s = wait_balanced(cluster, shards, BALANCE_TIMEOUT_S)
+        waited += balance_s
+        addresses, processes, roles = cluster_targets(cluster, shards, leaders)
+        try:
+            result = load(leaders, addresses, processes)
+        except BaseException as exc:  # noqa: BLE001 - a trio nursery wraps it
+            found = leader_moved(exc)
+            if found is None or attempt == ATTEMPTS - 1:
+                raise
+            moved.append(str(found))
+            print(f"  (a leader moved during the window: {found}; measuring again)")
+            continue
+        break
+    return result, {
+        "leaders": leaders,
+        "roles": roles,
+        "leaders_changed": _shard_leaders(cluster, shards) != leaders,
+        "balance_wait_s": round(waited, 1),
+        "windows_voided_by_leader_moves": moved,
+    }
+
+
 def run_cluster_round(
     shards: int, batch: int, connections: int, seconds: float, fsync: bool = True
 ) -> dict[str, Any]:
     """A fresh local 3-node cluster of ``shards`` shards per node under load, once its
     leaders are balanced; msgs/s, CPU per process and per message by role."""
-    with LocalCluster(3, env=_fsync_env(fsync), shards=shards) as cluster:
+    topics = spread_topics(shards)
+    with LocalCluster(3, env=fsync_env(fsync), shards=shards) as cluster:
         cluster.start()
-        waited = 0.0
-        moved: list[str] = []
-        for attempt in range(ATTEMPTS):
-            leaders, balance_s = wait_balanced(cluster, shards, BALANCE_TIMEOUT_S)
-            waited += balance_s
-            addresses, processes, roles = _cluster_targets(cluster, shards, leaders)
-            topics = [_topic_on(k, shards, addresses) for k in range(shards)]
-            try:
-                result = trio.run(
-                    _load, addresses, topics, batch, connections, seconds, 1.0, processes
-                )
-            except BaseException as exc:  # noqa: BLE001 - a trio nursery wraps it
-                found = _leader_moved(exc)
-                if found is None or attempt == ATTEMPTS - 1:
-                    raise
-                moved.append(str(found))
-                print(f"  (a leader moved during the window: {found}; measuring again)")
-                continue
-            break
-        after = _shard_leaders(cluster, shards)
-    _per_message(result, roles, len(cluster.nodes) - 1)
+        result, how = when_balanced(
+            cluster,
+            shards,
+            lambda leaders, addresses, processes: _load(
+                cluster.nodes[leaders[0]], addresses, topics, batch, connections, seconds, processes
+            ),
+        )
+    _per_message(result, how["roles"], len(cluster.nodes) - 1)
     return {
         "nodes": 3,
         "shards": shards,
-        "leaders": {str(k): v for k, v in leaders.items()},
-        "leaders_changed": after != leaders,
-        "balance_wait_s": round(waited, 1),
-        "windows_voided_by_leader_moves": moved,
+        "leaders": {str(k): v for k, v in how["leaders"].items()},
+        "leaders_changed": how["leaders_changed"],
+        "balance_wait_s": how["balance_wait_s"],
+        "windows_voided_by_leader_moves": how["windows_voided_by_leader_moves"],
         **result,
     }
 
@@ -401,20 +336,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.shards")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--shards", type=int, default=2, help="shards of the sharded set-up")
     parser.add_argument(
         "--cluster", action="store_true", help="3-node clusters instead of single nodes"
     )
-    parser.add_argument(
-        "--profile", action="store_true", help="py-spy shard 0 in the last round (single node)"
-    )
-    parser.add_argument(
-        "--no-fsync",
-        action="store_true",
-        help="nodes do not fsync: CPU costs alone, without a disk shared with other work",
-    )
+    add_load_args(parser, "py-spy shard 0 in the last round (single node)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     rounds: list[dict[str, Any]] = []

@@ -31,19 +31,28 @@ directory is removed. Only one system runs at a time.
      a plain queue), publisher confirms; 4 processes, each a raw AMQP 0-9-1 connection
      publishing persistent messages in writes of 100 with at most ``--rabbit-window``
      (1000) unconfirmed.
+   * ``fq1s2``: FutureQ single node with ``--shards 2`` (``bench.shards.sharded_node``),
+     the same load, each connection sent to the shard that owns its topic by the node's
+     SLOT_MAP answer (every FutureQ system spreads its 4 connections over the same two
+     topics, one per shard of a 2-shard node, so the comparisons are like for like).
    * ``fq3``: FutureQ 3-node local cluster, ack at quorum (same load generator, leader).
+   * ``fq3s2``: 3 nodes x 2 shards, measured once each shard is led by its preferred
+     node (``bench.shards.when_balanced``; a window in which a leader moves is measured
+     again), each connection sent to its topic's shard leader.
    * ``rabbit3`` (F): RabbitMQ 3-node cluster (classic-config peer discovery), the quorum
      queue declared on node 1 (3 members), publishers connected to node 1.
 
    Before each throughput run, on the same fresh server: synchronous latency, one
    request in flight on one connection, one message per request (FutureQ PUBLISH of 1
-   item at quorum; Redis ZADD; RabbitMQ publish + wait for its confirm).
+   item at quorum, to the shard (leader) owning topic ``sync``; Redis ZADD; RabbitMQ
+   publish + wait for its confirm).
 
 2. Due-to-delivery lateness, interleaved: FutureQ (``bench.lateness._run``: 20,000
    messages due evenly over 10 s, first due 5 s after publishing began, 4 consumers with
    prefetch 1000) vs Redis ZSET polling (the same due times as ZSET scores; 4 consumer
    processes, each every 10 ms running a Lua ZRANGEBYSCORE ... LIMIT 100 + ZREM, and
-   polling again at once when it got a full batch).
+   polling again at once when it got a full batch). The sharded systems are not in it
+   (a topic lives on one shard: its lateness is one shard's, which ``fq1`` measures).
 
 3. Optional, once each: ``python -m bench.memory`` and ``python -m bench.restart``.
 
@@ -53,7 +62,7 @@ Results: one JSON line per measurement (with /proc/loadavg at its start and end)
 Usage::
 
     python side_by_side.py [--rounds 3] [--seconds 5] [--warmup 1] [--lat-seconds 4]
-        [--systems fq1,redis,rabbit,fq3,redis_multi,rabbit3] [--lateness-rounds 2]
+        [--systems fq1,fq1s2,redis,rabbit,fq3,fq3s2,redis_multi,rabbit3] [--lateness-rounds 2]
         [--memory] [--restart] [--wait-load 1.0 --wait-max-min 45]
         [--out results/side_by_side.jsonl] [--md results/side_by_side.md]
 """
@@ -61,6 +70,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import multiprocessing as mp
@@ -81,7 +91,8 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import trio
 
-from bench import _cluster, _common, lateness, publish_throughput
+from bench import _cluster, _common, lateness, publish_throughput, shards
+from futureq.shards.slots import SlotMap
 from futureq.wire import codec, frames
 
 HERE = Path(__file__).resolve().parent
@@ -92,6 +103,14 @@ BATCH = 100
 CONNECTIONS = 4
 pc = time.perf_counter
 RABBIT_ERL_ARGS = ""
+SHARDS = 2
+"""Shards per node of the sharded systems (``fq1s2``, ``fq3s2``)."""
+SHARDED = ("fq1s2", "fq3s2")
+TOPICS = shards.spread_topics(SHARDS)
+"""The topics of every FutureQ throughput run: connection ``i`` publishes
+``TOPICS[i % 2]``, one topic per shard of a 2-shard node, so both shards of ``fq1s2``
+get work; ``fq1`` and ``fq3`` publish the same topics, so the comparison is fair."""
+SYNC_TOPIC = "sync"
 
 
 def loadavg() -> list[float]:
@@ -779,7 +798,12 @@ class FqSync:
             self.dec.receive_data(self.sock.recv(1 << 20))
 
     def latency(self, warm_s: float, secs: float) -> list[float]:
-        items = _common.publish_items_bytes(1, topic="sync", payload=b"s" * PAYLOAD,
+        """Publish one message of ``SYNC_TOPIC`` at a time; ms of each after ``warm_s``.
+
+        Raises:
+            LeaderMoved: answered NOT_LEADER (a shard's leader moved).
+        """
+        items = _common.publish_items_bytes(1, topic=SYNC_TOPIC, payload=b"s" * PAYLOAD,
                                             delay_ms=DELAY_MS)  # fmt: skip
         lat = []
         t0 = pc()
@@ -790,6 +814,8 @@ class FqSync:
             self.rid += 1
             self.sock.sendall(_common.publish_frame(self.rid, frames.AckLevel.QUORUM, items))
             answer = self.recv()
+            if answer[0] == frames.FrameType.ERROR and answer[2] in _common.LEADER_MOVED_CODES:
+                raise _common.LeaderMoved(answer[3])
             if answer[0] != frames.FrameType.PUBLISH_OK or answer[1] != self.rid:
                 raise RuntimeError(f"PUBLISH answered {answer}")
             if t - t0 >= warm_s:
@@ -851,6 +877,41 @@ def run_workers(target: Any, args_for: Any, warmup: float, seconds: float,
     }
 
 
+def routed(slot_map: SlotMap, shard_addresses: list[str] | None = None) -> list[tuple[str, str]]:
+    """``(address, topic)`` per topic of ``TOPICS``: the address of the shard that owns
+    it by ``slot_map`` (as a client routes), ``shard_addresses[shard]`` when given (the
+    shards' leaders in a cluster), else the map's own address of that shard."""
+    addresses = shard_addresses or list(slot_map.addresses)
+    return [(addresses[slot_map.shard_of(topic)], topic) for topic in TOPICS]
+
+
+def _fq_throughput(server: _common.Server, args: argparse.Namespace,
+                   targets: list[tuple[str, str]],
+                   processes: dict[str, int] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``publish_throughput._load`` of ``TOPICS`` over ``targets`` (/metrics: ``server``;
+    CPU: ``processes``, else ``server``'s process)."""
+    return trio.run(publish_throughput._load, server, BATCH, CONNECTIONS, args.warmup,
+                    args.seconds, args.fq_window, targets, processes)  # fmt: skip
+
+
+def _fq_config(tp: dict[str, Any], shard_count: int = 1) -> dict[str, Any]:
+    return {"connections": CONNECTIONS, "batch": BATCH, "topics": TOPICS,
+            "shards_per_node": shard_count,
+            "requests_in_flight_per_conn": tp["window_per_connection"]}  # fmt: skip
+
+
+def _fq_balanced(cluster: _cluster.LocalCluster, slot_map: SlotMap, args: argparse.Namespace,
+                 leaders: dict[int, int], addresses: list[str],
+                 processes: dict[str, int]) -> tuple[list[float], dict[str, Any]]:  # fmt: skip
+    """Sync latency, then throughput of a sharded cluster whose shards' leaders are
+    ``leaders`` (client ``addresses`` by shard, ``processes`` every shard process):
+    ``shards.when_balanced``'s load."""
+    sync = FqSync(addresses[slot_map.shard_of(SYNC_TOPIC)])
+    lat = sync.latency(args.lat_warmup, args.lat_seconds)
+    node = cluster.nodes[leaders[0]]
+    return lat, _fq_throughput(node, args, routed(slot_map, addresses), processes)
+
+
 def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
     """One fresh server of ``system``: sync latency, then throughput. Returns a record."""
     rec: dict[str, Any] = {"system": system}
@@ -858,25 +919,44 @@ def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
     if system == "fq1":
         with _common.Server() as server:
             rec["start_s"] = round(server.start(), 2)
-            lat = FqSync(server.client_address).latency(args.lat_warmup, args.lat_seconds)
-            tp = trio.run(publish_throughput._load, server, BATCH, CONNECTIONS, args.warmup,
-                          args.seconds, args.fq_window)  # fmt: skip
-            rec["config"] = {"connections": CONNECTIONS, "batch": BATCH,
-                             "requests_in_flight_per_conn": tp["window_per_connection"]}  # fmt: skip
+            slot_map = trio.run(_common.ask_slot_map, server.client_address)
+            lat = FqSync(slot_map.address_of(SYNC_TOPIC)).latency(args.lat_warmup,
+                                                                  args.lat_seconds)  # fmt: skip
+            tp = _fq_throughput(server, args, routed(slot_map))
+            rec["config"] = _fq_config(tp)
+    elif system == "fq1s2":
+        with shards.sharded_node(SHARDS) as (node, _):
+            rec["start_s"] = round(time.monotonic() - node.started_s, 2)
+            slot_map = trio.run(_common.ask_slot_map, node.client_address)
+            lat = FqSync(slot_map.address_of(SYNC_TOPIC)).latency(args.lat_warmup,
+                                                                  args.lat_seconds)  # fmt: skip
+            processes = shards.node_processes(node.pid, SHARDS)
+            tp = _fq_throughput(node, args, routed(slot_map), processes)
+            rec["config"] = _fq_config(tp, SHARDS)
     elif system == "fq3":
         with _cluster.LocalCluster(3) as cluster:
             rec["start_s"] = round(cluster.start(), 2)
             leader = cluster.leader()
             meter = _cluster.CpuMeter({f"node{n.node_id}" + ("_leader" if n is leader else ""): n.pid
                                        for n in cluster.nodes.values()})  # fmt: skip
+            slot_map = trio.run(_common.ask_slot_map, leader.client_address)
             lat = FqSync(leader.client_address).latency(args.lat_warmup, args.lat_seconds)
             meter.start()
-            tp = trio.run(publish_throughput._load, leader, BATCH, CONNECTIONS, args.warmup,
-                          args.seconds, args.fq_window)  # fmt: skip
+            tp = _fq_throughput(leader, args, routed(slot_map))
             tp["node_cpu_percent"] = meter.stop()
             tp["server_cpu_percent"] = round(sum(tp["node_cpu_percent"].values()), 1)
-            rec["config"] = {"connections": CONNECTIONS, "batch": BATCH,
-                             "requests_in_flight_per_conn": tp["window_per_connection"]}  # fmt: skip
+            rec["config"] = _fq_config(tp)
+    elif system == "fq3s2":
+        with _cluster.LocalCluster(3, shards=SHARDS) as cluster:
+            rec["start_s"] = round(cluster.start(), 2)
+            slot_map = trio.run(_common.ask_slot_map, cluster.nodes[1].client_address)
+            load = functools.partial(_fq_balanced, cluster, slot_map, args)
+            (lat, tp), how = shards.when_balanced(cluster, SHARDS, load)
+            tp["process_role"] = how["roles"]
+            rec["leaders"] = {str(k): v for k, v in how["leaders"].items()}
+            for key in ("leaders_changed", "balance_wait_s", "windows_voided_by_leader_moves"):
+                rec[key] = how[key]
+            rec["config"] = _fq_config(tp, SHARDS)
     elif system in ("redis", "redis_multi"):
         multi = system == "redis_multi"
         window = args.redis_multi_window if multi else args.redis_window
@@ -1140,6 +1220,9 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 RATIOS = [
     ("FutureQ-1 / Redis (pipelined ZADD)", "fq1", "redis"),
+    ("FutureQ-1 2 shards / FutureQ-1", "fq1s2", "fq1"),
+    ("FutureQ-1 2 shards / Redis (pipelined ZADD)", "fq1s2", "redis"),
+    ("FutureQ-3 2 shards / FutureQ-3", "fq3s2", "fq3"),
     ("FutureQ-1 / Redis (multi-member ZADD)", "fq1", "redis_multi"),
     ("FutureQ-1 / RabbitMQ QQ", "fq1", "rabbit"),
     ("FutureQ-3 / RabbitMQ QQ", "fq3", "rabbit"),
@@ -1189,7 +1272,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         if lat_by_sys.get(s):
             out["latency"][s]["pooled_this_process"] = lat_stats(lat_by_sys[s])
     out["fq_internals"] = {}
-    for s in ("fq1", "fq3"):
+    for s in ("fq1", "fq1s2", "fq3"):  # fq3s2: no one node's /metrics covers its leaders
         rs = [r["throughput"] for r in tput if r["system"] == s]
         if rs:
             out["fq_internals"][s] = {
@@ -1233,7 +1316,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 NAMES = {
     "fq1": "FutureQ, 1 node (ack after fsync)",
+    "fq1s2": "FutureQ, 1 node x 2 shards (ack after fsync)",
     "fq3": "FutureQ, 3 nodes (ack at quorum on disk)",
+    "fq3s2": "FutureQ, 3 nodes x 2 shards, leaders balanced (ack at quorum on disk)",
     "redis": "Redis 7, AOF fsync always, 100 pipelined ZADDs",
     "redis_multi": "Redis 7, AOF fsync always, ZADD of 100 pairs",
     "rabbit": "RabbitMQ 3.10 quorum queue (1 node), confirms",
@@ -1316,7 +1401,10 @@ def write_md(path: Path, headers: list[dict[str, Any]], summary: dict[str, Any],
         )
     L.append("")
     if summary.get("fq_internals"):
-        L.append("FutureQ during those runs (medians; leader's /metrics for 3 nodes):\n")
+        L.append(
+            "FutureQ during those runs (medians; leader's /metrics for 3 nodes, the node's "
+            "merged /metrics of both shards for fq1s2):\n"
+        )
         L.append(
             "| | fsyncs/s | fsync ms (mean) | requests / fsync | PUBLISH_OK p50 / p99 ms | CPU % |"
         )
@@ -1547,6 +1635,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"wrote {args.md} from {len(recs)} records of {len(headers)} run(s)")
         return summarize(recs)
     systems, skipped = available_systems([s for s in args.systems.split(",") if s])
+    if args.lateness_rounds and any(s in SHARDED for s in systems):
+        skipped.append(
+            "lateness runs fq1 (one shard) against Redis polling only: a topic lives on one "
+            "shard, so a sharded node's lateness is one shard's, which fq1 measures"
+        )
     for sentence in skipped:
         print(sentence, flush=True)
     if args.lateness_rounds and not (_installed("redis-server") and _redis_client_installed()):
@@ -1599,7 +1692,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "Each system runs alone (previous one stopped) and is started fresh, empty, per measurement; "
             "load generator, server(s) and disk are shared on the same 2-core machine.",
             "FutureQ load: bench.publish_throughput._load (one trio process, 4 connections, pre-encoded "
-            "PUBLISH frames of 100 items, 200 requests in flight per connection unless --fq-window).",
+            "PUBLISH frames of 100 items, 200 requests in flight per connection unless --fq-window); "
+            f"connection i publishes topic {TOPICS[0]} or {TOPICS[1]} (i % 2; one per shard of a "
+            "2-shard node), sent where the node's SLOT_MAP answer routes it: the node (fq1), the "
+            "leader (fq3), the owning shard (fq1s2) or that shard's leader (fq3s2, measured once "
+            "every shard is led by its preferred node: bench.shards.wait_balanced). Server CPU of "
+            "a sharded node: its supervisor and shard processes.",
             f"Redis: 4 processes, raw RESP, {args.redis_window} chunks of 100 ZADDs (redis) or "
             f"{args.redis_multi_window} 100-pair ZADDs (redis_multi) in flight per connection (the best of "
             "2/8/32 in a scan just before the run); "
@@ -1626,6 +1724,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "each consumer every ~12.5 ms, claim ~2 ms), so in effect the set polls every ~12.5 ms and lateness "
             "is about uniform over the poll period plus the claim; lateness = client wall time after the reply "
             "- due. FutureQ: bench.lateness (push, prefetch 1000, acks every 200).",
+            *skipped,
         ],
     }
     emit(header)
@@ -1696,11 +1795,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         emit({"kind": "summary", **summary})
         write_md(Path(args.md), [header], summary, extras)
         print(json.dumps(summary["ratios"], indent=1))
+        for line in ratio_lines(summary):
+            print(line, flush=True)
     summary["skipped"] = skipped
     return summary
 
 
-BENCH_SYSTEMS = "fq1,redis,fq3,rabbit3"
+BENCH_SYSTEMS = "fq1,fq1s2,redis,fq3,fq3s2,rabbit3"
 
 
 def bench_main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -1715,20 +1816,39 @@ def bench_main(argv: list[str] | None = None) -> dict[str, Any]:
     return main(["--systems", BENCH_SYSTEMS, *preset, *rest])
 
 
+TARGETS = {
+    "FutureQ-1 / Redis (pipelined ZADD)": ">= 1",
+    "FutureQ-3 / FutureQ-1": ">= 0.7",
+    "FutureQ-1 2 shards / FutureQ-1": ">= 1.7",  # issue 15
+    "FutureQ-1 2 shards / Redis (pipelined ZADD)": "> 1",  # issue 15
+    "FutureQ-3 2 shards / FutureQ-3": ">= 1.3",  # issue 15
+}
+"""Target of each throughput ratio that has one (ratio of the medians)."""
+
+
+def ratio_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per throughput ratio: of the medians, the same-round ratios, the target."""
+    return [
+        f"ratio {label}: {fmt(r['ratio_of_medians'], 3)} (same rounds: "
+        f"{', '.join(f'{x:.3f}' for x in r['per_round'])})"
+        + (f"; target {TARGETS[label]}" if label in TARGETS else "")
+        for label, r in summary.get("ratios", {}).items()
+    ]
+
+
 def summary_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """``(benchmark, figure, value, target)`` rows for ``bench.run_all``."""
     name = "side_by_side"
     rows: list[tuple[str, str, str, str]] = [
         (name, sentence, "", "") for sentence in r.get("skipped", [])
     ]
-    targets = {"FutureQ-1 / Redis (pipelined ZADD)": ">= 1", "FutureQ-3 / FutureQ-1": ">= 0.7"}
     for label, ratio in r.get("ratios", {}).items():
         rows.append(
             (
                 name,
                 f"msgs/s, batch 100: {label}",
                 fmt(ratio["ratio_of_medians"], 2),
-                targets.get(label, ""),
+                TARGETS.get(label, ""),
             )
         )
     latency = r.get("latency", {})

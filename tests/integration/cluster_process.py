@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import socket
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,42 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections' local
+    ports), 32768 when it cannot be read."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_runs(runs: int, length: int) -> list[int]:
+    """First ports of ``runs`` runs of ``length`` consecutive ports free a moment ago,
+    below the ephemeral range (a port free when checked could otherwise become the local
+    port of any outgoing connection before the node binds it: seen in CI) and none in
+    the coordinator's 7450-7482."""
+    found: list[int] = []
+    rng = random.Random()
+    high = max(_ephemeral_low(), 12000) - length
+    while len(found) < runs:
+        base = rng.randrange(10000, high)
+        ports = range(base, base + length)
+        if any(p in range(b, b + length) for b in found for p in ports):
+            continue
+        if all(_port_free(p) for p in ports):
+            found.append(base)
+    return found
 
 
 class ClusterNode(BrokerProcess):
@@ -57,8 +95,12 @@ class ClusterNode(BrokerProcess):
         self._port_args = [*self._port_args, "--raft-listen", self.raft_address]
 
     def http_json(self, path: str) -> Any:
-        with urllib.request.urlopen(f"http://{self.http_address}{path}", timeout=5) as response:
-            return json.loads(response.read())
+        try:
+            with urllib.request.urlopen(f"http://{self.http_address}{path}", timeout=5) as answer:
+                return json.loads(answer.read())
+        except urllib.error.HTTPError as refused:
+            refused.close()  # a 503's socket now, not in a gc pass of a later test
+            raise
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

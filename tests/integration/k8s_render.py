@@ -202,6 +202,9 @@ class Probe:
                 f"http://{ip}:{self.port}{self.path}", timeout=self.timeout_s
             ) as response:
                 return 200 <= response.status < 400
+        except urllib.error.HTTPError as refused:
+            refused.close()  # its socket now, not in a gc pass of a later test
+            return False
         except (urllib.error.URLError, OSError):
             return False
 

@@ -236,6 +236,7 @@ def test_dashboard_behind_tokens(playwright: Playwright, tmp_path: Path) -> None
     try:
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"http://{broker.http_address}/", timeout=10)
+        refused.value.close()  # its socket, else left to a gc pass of a later test
         assert refused.value.code == 401
         assert refused.value.headers["WWW-Authenticate"].startswith("Basic")
         with browser_context(playwright, tokens["pub"]) as context:

@@ -434,7 +434,8 @@ def get(node: Node, path: str, authorization: str | None = None) -> tuple[int, M
         with urllib.request.urlopen(request, timeout=5) as response:
             return response.status, response.headers
     except urllib.error.HTTPError as error:
-        return error.code, error.headers
+        with error:  # closes the unread answer's socket now, not in a later gc pass
+            return error.code, error.headers
 
 
 def basic(user: str, password: str) -> str:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from cluster_process import free_runs
 
 from futureq.cli.local_cluster import ports
 from futureq.shards.layout import usable_cores
@@ -28,29 +28,10 @@ STRIDE = 100
 
 
 def free_base_port() -> int:
-    """A base port whose ports of a 3-node local cluster of SHARDS shards per node are
-    free right now."""
-    for _ in range(200):
-        base = random.randrange(20_000, 30_000, 10)
-        wanted = [
-            port + shard * STRIDE
-            for n in range(1, NODES + 1)
-            for port in ports(n, base)
-            for shard in range(SHARDS)
-        ]
-        sockets = []
-        try:
-            for port in wanted:
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-        return base
-    raise RuntimeError("no free ports for a local cluster")
+    """A base port whose ports of a 3-node local cluster of SHARDS shards per node
+    (``ports(1..NODES, base)`` plus ``STRIDE * K``) are free right now: the start of a
+    free run reaching the last of them."""
+    return free_runs(1, max(ports(NODES, 0)) + (SHARDS - 1) * STRIDE + 1)[0]
 
 
 def test_ctrl_c_stops_every_node_gracefully_once(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 import trio
 from broker_process import BrokerProcess
+from cluster_process import free_runs
 from wire_client import WireClient
 
 from futureq.client import Client, open_client
@@ -33,42 +33,6 @@ STRIDE = 1
 """Shard K listens on the node's ports + K (node.shard_port_stride), so two free runs
 of consecutive ports are all a node of 2 shards needs."""
 TOPICS = [f"orders.{i}" for i in range(24)]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (outgoing connections' local
-    ports), 32768 when it cannot be read."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_runs(runs: int, length: int) -> list[int]:
-    """First ports of ``runs`` runs of ``length`` consecutive ports free a moment ago,
-    below the ephemeral range (a port free when checked could otherwise become the local
-    port of any outgoing connection before the node binds it: seen in CI) and none in
-    the coordinator's 7450-7482."""
-    found: list[int] = []
-    rng = random.Random()
-    high = max(_ephemeral_low(), 12000) - length
-    while len(found) < runs:
-        base = rng.randrange(10000, high)
-        ports = range(base, base + length)
-        if any(p in range(b, b + length) for b in found for p in ports):
-            continue
-        if all(_port_free(p) for p in ports):
-            found.append(base)
-    return found
 
 
 class ShardedNode(BrokerProcess):

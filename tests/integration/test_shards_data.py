@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import trio
+from cluster_process import free_runs
 from test_data_tools import futureq
-from test_shards import STRIDE, TOPICS, ShardedNode, free_runs
+from test_shards import STRIDE, TOPICS, ShardedNode
 
 from futureq.client import open_client
 from futureq.shards.slots import even_map

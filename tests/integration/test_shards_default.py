@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -23,8 +22,7 @@ from pathlib import Path
 import pytest
 import trio
 from broker_process import BrokerProcess
-from cluster_process import Cluster, ClusterNode, free_ports
-from test_shards import _ephemeral_low, _port_free
+from cluster_process import Cluster, ClusterNode, free_ports, free_runs
 from wire_client import WireClient
 
 from futureq.client import open_client
@@ -40,22 +38,6 @@ TOPICS = [f"orders.{i}" for i in range(8)]
 START_TIMEOUT_S = 60.0
 
 
-def free_bases(count: int) -> list[int]:
-    """``count`` ports P such that P + 100 K (K below CORES) were all free a moment ago,
-    below the ephemeral range and clear of the coordinator's 7450-7482."""
-    found: list[int] = []
-    rng = random.Random()
-    high = max(_ephemeral_low(), 12000) - STRIDE * CORES
-    while len(found) < count:
-        base = rng.randrange(10000, high)
-        ports = [base + k * STRIDE for k in range(CORES)]
-        if any(p in (b + k * STRIDE for b in found for k in range(CORES)) for p in ports):
-            continue
-        if all(_port_free(p) for p in ports):
-            found.append(base)
-    return found
-
-
 def clean_env() -> dict[str, str]:
     """This environment without FUTUREQ_* variables: the README's plain start."""
     return {name: value for name, value in os.environ.items() if not name.startswith("FUTUREQ_")}
@@ -66,7 +48,8 @@ class ReadmeNode:
 
     def __init__(self, cwd: Path) -> None:
         self.cwd = cwd
-        client, http = free_bases(2)
+        # Runs reaching shard K's ports (+ 100 K) for every K, below the ephemeral range.
+        client, http = free_runs(2, (CORES - 1) * STRIDE + 1)
         self.client_address = f"127.0.0.1:{client}"
         self.http_address = f"127.0.0.1:{http}"
         self.stderr_path = cwd / "node.stderr.log"
