@@ -43,7 +43,8 @@ ENV PATH=/opt/futureq/bin:$PATH \
 USER 10001:10001
 WORKDIR /var/lib/futureq
 VOLUME ["/var/lib/futureq"]
-# client, raft peers, HTTP (/metrics, /healthz, /readyz)
+# client, raft peers, HTTP (/metrics, /healthz, /readyz): one shard per container
+# (docker/futureq.toml pins [node] shards = 1; more shards listen 100 ports higher each)
 EXPOSE 7450 7451 7452
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["futureq", "health"]

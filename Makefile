@@ -35,9 +35,10 @@ run: $(STAMP_RUN)
 	$(BIN)/futureq start
 
 ## Start a local 3-node cluster (clients on 7450, 7460, 7470; data in ./data-cluster).
-## Ctrl-C stops every node gracefully (a second Ctrl-C kills them). SHARDS=N: N shards per node.
+## Ctrl-C stops every node gracefully (a second Ctrl-C kills them). Each node runs one shard
+## per core (auto: the count recorded in its data directory); SHARDS=N: N shards per node.
 cluster: $(STAMP_RUN)
-	$(BIN)/python -m futureq.cli.local_cluster --nodes $(or $(NODES),3) --shards $(or $(SHARDS),1)
+	$(BIN)/python -m futureq.cli.local_cluster --nodes $(or $(NODES),3) --shards $(or $(SHARDS),auto)
 
 ## Install test dependencies and run the whole test suite.
 test: $(STAMP_TEST)

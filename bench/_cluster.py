@@ -231,8 +231,8 @@ class LocalCluster:
         }
         peers = ",".join(f"{n}=127.0.0.1:{p[1]}" for n, p in by_node.items())
         auth = _auth_args(self.root, peer_auth, list(by_node))
-        if shards > 1:
-            auth = {n: [*flags, "--shards", str(shards)] for n, flags in auth.items()}
+        # Always given: futureq start's default (auto) would follow this machine's cores.
+        auth = {n: [*flags, "--shards", str(shards)] for n, flags in auth.items()}
         self.nodes = {
             n: ClusterNode(n, self.root / f"node{n}", p, peers, env, log_level, auth[n])
             for n, p in by_node.items()

@@ -89,7 +89,10 @@ class Server:
         """Start the process without waiting for it (see :meth:`wait_ready_line`)."""
         args = [sys.executable, "-m", "futureq.cli.server_main", "start"]
         args += ["--data-dir", str(self.data_dir), "--listen", "127.0.0.1:0"]
-        args += ["--http", "127.0.0.1:0", "--log-level", "warning", *self.extra_args]
+        # --shards 1 unless extra_args name a count (the last wins): a benchmark's figures
+        # must not follow this machine's cores (futureq start's default, auto).
+        args += ["--http", "127.0.0.1:0", "--log-level", "warning", "--shards", "1"]
+        args += self.extra_args
         stderr = open(self.stderr_path, "a")  # noqa: SIM115 - handed to the child
         self.started_s = time.monotonic()
         self.process = subprocess.Popen(

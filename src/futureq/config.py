@@ -321,17 +321,18 @@ class NodeSection:
     Attributes:
         shards: Shard processes this node runs, each with its own RocksDB
             (``DATA_DIR/shard-K``) and its own Raft group; fixed when the data directory
-            is created. 1 (the default): no supervisor, the node is one broker process
-            with its data in ``DATA_DIR`` itself, as before sharding existed.
-            :data:`AUTO_SHARDS` (0, written ``auto``): the count recorded in the data
-            directory, or for a new one the number of cores this process may use
-            (:func:`futureq.shards.layout.resolve_shard_count`).
+            is created. :data:`AUTO_SHARDS` (0, written ``auto``; the default): the count
+            recorded in the data directory, 1 for a directory holding a single node's
+            data (no record), or for a new one the number of cores this process may use
+            (:func:`futureq.shards.layout.resolve_shard_count`). 1: no supervisor, the
+            node is one broker process with its data in ``DATA_DIR`` itself, as before
+            sharding existed.
         shard_port_stride: Shard ``K`` listens on every port of the node (client,
             HTTP, Raft, and the ports named in ``advertise``, ``peers`` and ``join``)
             plus ``K * shard_port_stride``; shard 0 uses the node's own ports.
     """
 
-    shards: int = 1
+    shards: int = AUTO_SHARDS
     shard_port_stride: int = 100
 
 

@@ -845,7 +845,10 @@ def shard_port_problems(config: Config) -> list[str]:
 
 
 def _check_shard_ports(config: Config) -> Iterable[_Bad]:
-    """Shard K listens on the node's ports + K * stride: they must be fixed and fit."""
+    """Shard K listens on the node's ports + K * stride: they must fit below 65536, and
+    in a cluster be fixed (peers name them). A node without peers may leave its client
+    and HTTP ports to the OS: the supervisor binds every shard's (docs/sharding.md,
+    "Port 0")."""
     shards = config.node.shards
     if shards <= 1:
         return
@@ -858,12 +861,14 @@ def _check_shard_ports(config: Config) -> Iterable[_Bad]:
         except ValueError:
             continue
         if port == 0:
-            yield _Bad(
-                (key, "node.shards"),
-                address,
-                f"must name a fixed port with node.shards = {shards}: shard K listens on "
-                "it plus K * node.shard_port_stride",
-            )
+            if config.cluster.clustered:
+                yield _Bad(
+                    (key, "node.shards"),
+                    address,
+                    f"must name a fixed port in a cluster with node.shards = {shards}: "
+                    "shard K listens on it plus K * node.shard_port_stride, and peers and "
+                    "clients find each shard of a node by that rule",
+                )
         elif port + (shards - 1) * config.node.shard_port_stride > 65535:
             yield _Bad(
                 (key, "node.shards", "node.shard_port_stride"),

@@ -31,9 +31,15 @@ class BrokerProcess:
         env: dict[str, str] | None = None,
         *,
         open_files: int | None = None,
+        shards: str | None = "1",
     ) -> None:
         self.data_dir = data_dir
         self.extra_args = list(extra_args or [])
+        self.shards_arg = shards
+        """``--shards`` given before ``extra_args`` (which may give another, the last
+        wins): "1" by default, since a test of something else than shards runs one
+        process (the default, one shard per core, would triple the processes of the
+        suite); None: no flag, the node's default (auto)."""
         self.env = env
         self.open_files = open_files
         """The node's open-file limit (soft and hard), as ``ulimit -n``; None: inherited."""
@@ -57,6 +63,8 @@ class BrokerProcess:
             "--data-dir",
             str(self.data_dir),
         ]
+        if self.shards_arg is not None:
+            args += ["--shards", self.shards_arg]
         args += self._port_args + self.extra_args
         env = dict(os.environ)
         env.update(self.env or {})

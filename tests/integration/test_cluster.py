@@ -340,7 +340,8 @@ def test_joining_with_another_cluster_id_or_a_member_id_is_refused(
     for node_id, extra in ((5, ["--cluster-id", "other"]), (2, [])):
         client_port, raft_port, http_port = free_ports(3)
         done = subprocess.run(
-            [sys.executable, "-m", "futureq.cli.server_main", "start", "--node-id", str(node_id),
+            [sys.executable, "-m", "futureq.cli.server_main", "start", "--shards", "1",
+             "--node-id", str(node_id),
              "--data-dir", str(tmp_path / f"join{node_id}"), "--listen", f"127.0.0.1:{client_port}",
              "--http", f"127.0.0.1:{http_port}", "--raft-listen", f"127.0.0.1:{raft_port}",
              "--join", leader.client_address, *cluster3.auth_args, *extra],

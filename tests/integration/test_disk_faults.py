@@ -159,7 +159,7 @@ def test_a_node_restored_from_an_older_copy_loses_nothing(tmp_path: Path) -> Non
 
 def _start_process(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "futureq.cli.server_main", "start", *args],
+        [sys.executable, "-m", "futureq.cli.server_main", "start", "--shards", "1", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -351,3 +351,26 @@ def test_the_image_recipe_installs_only_runtime_dependencies_and_serves(image_ro
     # Unhealthy once stopped: the HEALTHCHECK command reports it.
     stopped = subprocess.run(healthcheck, env=env, capture_output=True, text=True, timeout=30)
     assert stopped.returncode == 1 and "no answer" in stopped.stderr
+
+
+def test_the_image_config_pins_the_shard_count_and_exposes_every_shards_ports() -> None:
+    """``futureq start``'s default shard count (auto) follows the host's cores in a
+    container, and shard K listens on every port plus 100 K: the image's config names
+    the count, and the Dockerfile EXPOSEs each shard's ports."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "docker" / "futureq.toml").read_text())
+    node = config.get("node", {})
+    shards = node.get("shards")
+    assert type(shards) is int and shards >= 1, f"node.shards must be a fixed count: {shards!r}"
+    stride = node.get("shard_port_stride", 100)
+    _, stages = parse_dockerfile((REPO / "Dockerfile").read_text())
+    exposed = {
+        int(port.split("/")[0])
+        for keyword, rest in stages[-1].instructions
+        if keyword == "EXPOSE"
+        for port in rest.split()
+    }
+    for shard in range(shards):
+        ports = {port + shard * stride for port in (7450, 7451, 7452)}
+        assert ports <= exposed, f"shard {shard}: EXPOSE {sorted(ports - exposed)}"

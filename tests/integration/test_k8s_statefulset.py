@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import trustme
-from k8s_render import PodProcess, StatefulSetRenderer, expand, wait_until
+from k8s_render import PodProcess, StatefulSetRenderer, expand, load_manifests, wait_until
 from wire_client import WireClient
 
 from futureq.errors import ErrorCode
@@ -483,3 +483,31 @@ def test_a_pod_whose_volume_was_lost_rejoins_through_the_runbook(k8s: K8sCluster
 )
 def test_the_renderer_expands_variables_as_kubernetes_does(text: str, expected: str) -> None:
     assert expand(text, {"POD_NAME": "futureq-1"}) == expected
+
+
+def test_the_manifests_pin_the_shard_count_and_open_every_shards_ports() -> None:
+    """``futureq start``'s default shard count (auto) follows the machine's cores, which
+    differ from pod to pod and ignore a CPU limit, and shard K listens on every port
+    plus 100 K (docs/sharding.md): the ConfigMap must name the count, and the pods,
+    both Services and the NetworkPolicy must open each shard's ports."""
+    manifests = load_manifests()
+    configmap = manifests[("ConfigMap", "futureq-config")]
+    node = tomllib.loads(configmap["data"]["futureq.toml"]).get("node", {})
+    shards = node.get("shards")
+    assert type(shards) is int and shards >= 1, f"node.shards must be a fixed count: {shards!r}"
+    stride = node.get("shard_port_stride", 100)
+    (container,) = manifests[("StatefulSet", "futureq")]["spec"]["template"]["spec"]["containers"]
+    container_ports = {port["containerPort"] for port in container["ports"]}
+    headless = {p["port"] for p in manifests[("Service", "futureq-headless")]["spec"]["ports"]}
+    clients = {p["port"] for p in manifests[("Service", "futureq")]["spec"]["ports"]}
+    policy = {
+        port["port"]
+        for rule in manifests[("NetworkPolicy", "futureq")]["spec"]["ingress"]
+        for port in rule["ports"]
+    }
+    for shard in range(shards):
+        client, raft, http = (port + shard * stride for port in (7450, 7451, 7452))
+        assert {client, raft, http} <= container_ports, f"shard {shard}: containerPorts"
+        assert {client, raft, http} <= headless, f"shard {shard}: futureq-headless ports"
+        assert {client, http} <= clients, f"shard {shard}: futureq service ports"
+        assert {client, raft, http} <= policy, f"shard {shard}: NetworkPolicy ports"

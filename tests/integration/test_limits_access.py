@@ -388,7 +388,8 @@ def test_a_sighup_while_the_node_starts_does_not_kill_it(tmp_path: Path) -> None
         with open(log_path, "w") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "futureq.cli.server_main", "start", "--data-dir",
-                 str(data), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+                 str(data), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                 "--shards", "1"],
                 stdout=subprocess.PIPE, stderr=log_file, text=True, env=env,
             )  # fmt: skip
         try:

@@ -1,9 +1,12 @@
-"""``make cluster`` (futureq.cli.local_cluster) as a user runs it: Ctrl-C in the terminal
-reaches the launcher's whole process group, and every node stops gracefully once (no
-"received SIGTERM again: stopping now"), then the launcher exits 0."""
+"""``make cluster`` (futureq.cli.local_cluster) as a user runs it, with its default shard
+count (auto: one shard per usable core): the nodes serve ``futureq-cli`` with that many
+shards, Ctrl-C in the terminal reaches the launcher's whole process group, and every
+shard of every node stops gracefully once (no "received SIGTERM again: stopping now"),
+then the launcher exits 0."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,14 +17,21 @@ from pathlib import Path
 from cluster_process import free_runs
 
 from futureq.cli.local_cluster import ports
+from futureq.shards.layout import usable_cores
+from futureq.shards.slots import MAX_SHARDS
 
 NODES = 3
+SHARDS = min(usable_cores(), MAX_SHARDS)
+"""What ``auto`` gives each node's new data directory on this machine."""
+STRIDE = 100
+"""``node.shard_port_stride``'s default: shard K listens on the node's ports + 100 K."""
 
 
 def free_base_port() -> int:
-    """A base port whose ports of a 3-node local cluster (``ports(1..NODES, base)``) are
-    free right now: the start of a free run reaching the last of them."""
-    return free_runs(1, max(ports(NODES, 0)) + 1)[0]
+    """A base port whose ports of a 3-node local cluster of SHARDS shards per node
+    (``ports(1..NODES, base)`` plus ``STRIDE * K``) are free right now: the start of a
+    free run reaching the last of them."""
+    return free_runs(1, max(ports(NODES, 0)) + (SHARDS - 1) * STRIDE + 1)[0]
 
 
 def test_ctrl_c_stops_every_node_gracefully_once(tmp_path: Path) -> None:
@@ -48,6 +58,20 @@ def test_ctrl_c_stops_every_node_gracefully_once(tmp_path: Path) -> None:
             assert launcher.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
+        ready = [line for line in log.read_text().splitlines() if line.startswith("READY ")]
+        if SHARDS > 1:
+            assert all(line.endswith(f"shards={SHARDS}") for line in ready), ready
+        else:
+            assert not any("shards=" in line for line in ready), ready
+        servers = ",".join(f"127.0.0.1:{ports(n, base)[0]}" for n in range(1, NODES + 1))
+        cli = [sys.executable, "-m", "futureq.cli.client_main", "--server", servers]
+        for args in (["publish", "orders", "one"], ["status", "--json"]):
+            done = subprocess.run(
+                [*cli, *args], capture_output=True, text=True, timeout=60, check=False
+            )
+            assert done.returncode == 0, done.stderr
+        if SHARDS > 1:
+            assert len(json.loads(done.stdout)["shards"]) == SHARDS, done.stdout
         # What the terminal does on Ctrl-C: SIGINT to the foreground process group.
         os.killpg(launcher.pid, signal.SIGINT)
         assert launcher.wait(60) == 0, log.read_text()
@@ -57,5 +81,5 @@ def test_ctrl_c_stops_every_node_gracefully_once(tmp_path: Path) -> None:
             launcher.wait(10)
     text = log.read_text()
     assert "again: stopping now" not in text, text
-    assert text.count("shutting down gracefully") == NODES, text
-    assert text.count("stopped; RocksDB closed") == NODES, text
+    assert text.count("shutting down gracefully") == NODES * SHARDS, text
+    assert text.count("stopped; RocksDB closed") == NODES * SHARDS, text

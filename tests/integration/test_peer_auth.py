@@ -226,7 +226,8 @@ def test_a_node_without_the_right_secret_cannot_join(
     for number, (auth, sentence) in enumerate(cases):
         client_port, raft_port, http_port = free_ports(3)
         done = subprocess.run(
-            [sys.executable, "-m", "futureq.cli.server_main", "start", "--node-id", str(7 + number),
+            [sys.executable, "-m", "futureq.cli.server_main", "start", "--shards", "1",
+             "--node-id", str(7 + number),
              "--data-dir", str(tmp_path / f"join{number}"), "--listen", f"127.0.0.1:{client_port}",
              "--http", f"127.0.0.1:{http_port}", "--raft-listen", f"127.0.0.1:{raft_port}",
              "--join", leader.client_address, *auth],
@@ -249,7 +250,8 @@ def test_a_node_with_a_wrong_client_token_cannot_join(tmp_path: Path) -> None:
         (member,) = cluster.nodes.values()
         client_port, raft_port, http_port = free_ports(3)
         done = subprocess.run(
-            [sys.executable, "-m", "futureq.cli.server_main", "start", "--node-id", "2",
+            [sys.executable, "-m", "futureq.cli.server_main", "start", "--shards", "1",
+             "--node-id", "2",
              "--data-dir", str(tmp_path / "joiner"), "--listen", f"127.0.0.1:{client_port}",
              "--http", f"127.0.0.1:{http_port}", "--raft-listen", f"127.0.0.1:{raft_port}",
              "--join", member.client_address, *cluster.auth_args],
@@ -446,8 +448,8 @@ def _start(
 ) -> subprocess.CompletedProcess[str] | str:
     client_port, raft_port, http_port = free_ports(3)
     command = [
-        sys.executable, "-m", "futureq.cli.server_main", "start", "--node-id", "1",
-        "--data-dir", str(tmp_path / "data"), "--listen", f"127.0.0.1:{client_port}",
+        sys.executable, "-m", "futureq.cli.server_main", "start", "--shards", "1",
+        "--node-id", "1", "--data-dir", str(tmp_path / "data"), "--listen", f"127.0.0.1:{client_port}",
         "--http", f"127.0.0.1:{http_port}", "--raft-listen", f"127.0.0.1:{raft_port}",
         "--peers", f"1=127.0.0.1:{raft_port},2=127.0.0.1:{free_ports(1)[0]}", *args,
     ]  # fmt: skip

@@ -115,7 +115,7 @@ def test_a_busy_port_is_named_and_exits_4(broker: BrokerProcess, tmp_path: Path)
     import sys
 
     for flag, address in (("--http", broker.http_address), ("--listen", broker.client_address)):
-        args = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", flag, address]
+        args = ["--shards", "1", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", flag, address]
         done = subprocess.run(
             [
                 sys.executable,

@@ -295,9 +295,10 @@ def test_another_shard_count_on_existing_data_is_refused(node: ShardedNode, tmp_
     three = _start_refused(node.data_dir, ["--shards", "3"], env)
     assert three.returncode == 2
     assert "created with 2 shards; start it with --shards 2" in three.stderr
-    one = _start_refused(node.data_dir, [], env)
+    one = _start_refused(node.data_dir, ["--shards", "1"], env)
     assert one.returncode == 2
     assert "created with 2 shards" in one.stderr
+    # Without --shards (the default, auto) it starts with its 2: test_shards_default.py.
     # FUTUREQ_SHARDS says the same as --shards.
     by_env = _start_refused(node.data_dir, [], {**env, "FUTUREQ_SHARDS": "4"})
     assert by_env.returncode == 2 and "not 4" in by_env.stderr

@@ -49,8 +49,11 @@ def _parser() -> argparse.ArgumentParser:
         "--shards",
         type=int,
         default=1,
-        help="shard processes per node (futureq start --shards; default 1); 'mixed' then "
-        "also kills and pauses single shard processes",
+        help="shard processes per node (futureq start --shards); 'mixed' then also kills "
+        "and pauses single shard processes. Default 1, not futureq start's auto (one per "
+        "core): a seed must replay the same run on any machine, and CI's jepsen-ci "
+        "selection (3 nodes on 2 cores) must stay within its time; give --shards 2 for "
+        "sharded nodes",
     )
     run_cmd.add_argument("--time", type=float, default=60.0, help="workload seconds (default 60)")
     run_cmd.add_argument(

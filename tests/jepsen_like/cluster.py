@@ -220,8 +220,8 @@ class Node:
             "--log-level",
             self.log_level,
         ]
-        if self.shards > 1:
-            args += ["--shards", str(self.shards)]
+        # Always given: futureq start's default (auto) would follow this machine's cores.
+        args += ["--shards", str(self.shards)]
         if self.peers:
             args += ["--peers", self.peers, "--cluster-id", CLUSTER_ID]
             if self.secret_file is not None:

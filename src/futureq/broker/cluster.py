@@ -130,6 +130,63 @@ def check_join_shards(
         )
 
 
+JOIN_ASK_MAX_DELAY_S = 5.0
+"""Longest wait between two attempts to reach ``cluster.join`` for its shard count (s)."""
+
+
+async def cluster_shard_count(config: Config) -> int | None:
+    """The shard count of the nodes of the cluster at ``cluster.join``: what
+    ``node.shards = auto`` takes for a new data directory that joins a cluster, so that
+    it runs the cluster's count rather than its own machine's cores (every node of a
+    cluster must run the same, docs/sharding.md, "Agreement between nodes").
+
+    Asks the member as a client (HELLO_OK's ``shards``: 1 when absent), with this node's
+    TLS and token, retrying while it cannot be reached (the join itself could not go on
+    either: the member may still be starting), every 0.2 s doubling to
+    :data:`JOIN_ASK_MAX_DELAY_S`, until the caller's deadline or cancellation.
+
+    Returns:
+        The member's shard count; None when the member answered with an error (a wrong
+        token, say): the caller then resolves as without ``--join``, and the join itself
+        stops the node with the precise sentence.
+    """
+    from futureq.client import open_client
+    from futureq.client._routing import ShardedClient
+
+    assert config.cluster.join is not None
+    delay_s = 0.2
+    while True:
+        try:
+            async with open_client(
+                config.cluster.join,
+                ssl_context=join_ssl_context(config),
+                token=config.server.auth_token,
+                connect_timeout_s=5.0,
+                request_timeout_s=10.0,
+            ) as client:
+                if isinstance(client, ShardedClient):
+                    return client.slot_map.shard_count
+                return 1
+        except RequestError as exc:
+            log.warning(
+                "node.shards = auto: %s refused to say its shard count (%s); choosing as "
+                "for a node without --join",
+                config.cluster.join,
+                exc,
+            )
+            return None
+        except (OSError, FutureQError) as exc:
+            log.warning(
+                "node.shards = auto: cannot reach %s to learn the cluster's shard count (%s); "
+                "trying again in %.1f s",
+                config.cluster.join,
+                exc,
+                delay_s,
+            )
+        await trio.sleep(delay_s)
+        delay_s = min(JOIN_ASK_MAX_DELAY_S, delay_s * 2)
+
+
 def finish_interrupted_restore(config: Config, db: Database) -> bool:
     """If the node died while installing a snapshot, install it again from the raft store.
 

@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 from typing import TYPE_CHECKING
@@ -36,7 +37,7 @@ from futureq.errors import (
 from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
 from futureq.shards.layout import ShardRole
-from futureq.shards.view import NodeView, inherited_http_fd, node_token
+from futureq.shards.view import NodeView, inherited_client_fd, inherited_http_fd, node_token
 from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
 from futureq.storage.space import SpaceAlarm
@@ -188,8 +189,13 @@ async def serve(
             cluster.finish_interrupted_restore(config, db)
         state = QueueState(db)
         host, port = split_host_port(config.server.listen)
+        inherited = inherited_client_fd() if shard is not None else None
         try:
-            listeners = await trio.open_tcp_listeners(port, host=host)
+            if inherited is not None:  # bound by the supervisor (docs/sharding.md, "Port 0")
+                sock = trio.socket.from_stdlib_socket(socket.socket(fileno=inherited))
+                listeners = [trio.SocketListener(sock)]
+            else:
+                listeners = await trio.open_tcp_listeners(port, host=host)
         except OSError as exc:
             raise _cannot_listen("clients", config.server.listen, "--listen", exc) from exc
         client_address = config.server.advertise or _bound_address(listeners[0])
@@ -342,7 +348,7 @@ async def serve(
                         browser=broker,
                         node_view=node_view,
                         internal_token=node_token() if shard is not None else None,
-                        listen_fd=inherited_http_fd() if node_view is not None else None,
+                        listen_fd=inherited_http_fd() if shard is not None else None,
                         max_connections=descriptors.http_connections,
                         idle_timeout_ms=config.limits.http_idle_timeout_ms,
                     )

@@ -2,9 +2,11 @@
 
 Node ``n`` (1-based) listens for clients on ``7440 + 10 n``, for Raft on ``7441 + 10 n``
 and for HTTP on ``7442 + 10 n`` (node 1: 7450, 7451, 7452; node 2: 7460, 7461, 7462...),
-with its data in ``<data-dir>/node<n>`` (``--base-port`` moves every port). With
-``--shards N`` (``make cluster SHARDS=N``) every node runs N shards; shard K of a node
-listens on its ports plus ``100 K`` (``node.shard_port_stride``, docs/sharding.md). Peers
+with its data in ``<data-dir>/node<n>`` (``--base-port`` moves every port). Every node
+runs ``--shards`` shards (``make cluster SHARDS=N``), by default ``auto`` as
+``futureq start``: the count recorded in the node's data directory, else one per usable
+core for a new one (a directory made before sharding: 1); shard K of a node listens on
+its ports plus ``100 K`` (``node.shard_port_stride``, docs/sharding.md). Peers
 authenticate with a cluster secret kept in ``<data-dir>/cluster.secret`` (generated on
 the first run, mode 0600).
 
@@ -52,9 +54,11 @@ def node_command(
     data_dir: str,
     host: str,
     base_port: int = BASE_PORT,
-    shards: int = 1,
+    shards: str = "auto",
 ) -> list[str]:
-    """The ``futureq start`` command line of one node of the local cluster."""
+    """The ``futureq start`` command line of one node of the local cluster; ``shards``
+    is its ``--shards`` (a count, or ``auto``), always given: every node of a cluster
+    must run the same count."""
     client, raft, http = ports(node_id, base_port)
     peers = ",".join(f"{n}={host}:{ports(n, base_port)[1]}" for n in range(1, nodes + 1))
     return [
@@ -66,8 +70,18 @@ def node_command(
         "--raft-listen", f"{host}:{raft}",
         "--peers", peers,
         "--cluster-secret-file", os.path.join(data_dir, SECRET_FILE),
-        *(["--shards", str(shards)] if shards != 1 else []),
+        "--shards", shards,
     ]  # fmt: skip
+
+
+def _shards(text: str) -> str:
+    """``--shards``: ``auto`` or a whole number of at least 1, as ``futureq start`` takes it."""
+    text = text.strip()
+    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of shards; give a whole number of at least 1, or auto"
+        )
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,9 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--shards",
-        type=int,
-        default=1,
-        help="shard processes per node (default 1); see docs/sharding.md",
+        type=_shards,
+        default="auto",
+        help="shard processes per node: a count, or auto (the default, as futureq start: "
+        "the count recorded in each node's data directory, else one per usable core); "
+        "see docs/sharding.md",
     )
     args = parser.parse_args(argv)
     ensure_secret(args.data_dir)

@@ -206,9 +206,10 @@ _FLAGS: tuple[_Flag, ...] = (
         "shards",
         "N",
         "shard processes of this node, each its own RocksDB and Raft group; fixed when "
-        "the data directory is created (env FUTUREQ_SHARDS works too); auto: the count "
-        "recorded in the data directory, or the number of cores for a new one; see "
-        "docs/sharding.md",
+        "the data directory is created (env FUTUREQ_SHARDS works too); auto (the "
+        "default): the count recorded in the data directory, 1 for a single node's "
+        "existing data, for a new one the cluster's count with --join, else the number "
+        "of usable cores; see docs/sharding.md",
         type=_shard_count,
     ),
     _Flag(
@@ -381,6 +382,8 @@ def _load(args: argparse.Namespace) -> Config:
 def config_as_dict(config: Config, *, redact: bool = True) -> dict[str, dict[str, Any]]:
     """The config as ``{section: {key: value}}``; secrets replaced when ``redact``."""
     result: dict[str, dict[str, Any]] = attrs.asdict(config)
+    if result["node"]["shards"] == AUTO_SHARDS:  # written as the file and flag take it
+        result["node"]["shards"] = "auto"
     if redact:
         for dotted in _SECRET_KEYS:
             section, key = dotted.split(".")
@@ -700,7 +703,7 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
     shard: int | None = args.shard_index
     try:
         loaded = _load(args)
-        config = layout.resolve_shard_count(loaded)
+        config = layout.resolve_shard_count(_joined_shard_count(loaded, shard))
         if shard is None:
             layout.check_shard_count(config)
     except ConfigError as error:
@@ -728,7 +731,8 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
         if loaded.node.shards != config.node.shards:
             logging.getLogger("futureq").info(
                 "node.shards = auto: %d shard(s): the count the data directory was created "
-                "with (the usable cores of a new one; 1 for a single node's existing data)",
+                "with (a new one: the cluster's at --join, else the usable cores; 1 for a "
+                "single node's existing data)",
                 config.node.shards,
             )
     if sharded and shard is None:
@@ -740,6 +744,44 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
         assert shard is not None
         return run_server(layout.shard_config(config, shard), layout.shard_role(config, shard))
     return run_server(config)
+
+
+def _joined_shard_count(config: Config, shard: int | None) -> Config:
+    """``config`` with ``node.shards = auto`` replaced by the cluster's count when the
+    node joins a cluster (``--join``) with a new data directory: the count every node of
+    the cluster must run, not this machine's cores. Unchanged otherwise (a shard process,
+    an explicit count, no ``--join``, or a data directory that records or holds data)."""
+    from futureq.shards import layout
+
+    data_dir = config.server.data_dir
+    if (
+        shard is not None
+        or config.node.shards != AUTO_SHARDS
+        or config.cluster.join is None
+        or layout.read_stamp(data_dir) is not None
+        or layout.holds_data(data_dir)
+    ):
+        return config
+    import trio
+
+    from futureq.broker.cluster import cluster_shard_count
+
+    try:
+        count = trio.run(cluster_shard_count, config)
+    except KeyboardInterrupt:
+        raise ConfigError(
+            f"interrupted while asking {config.cluster.join} for the cluster's shard count "
+            "(node.shards = auto); nothing was written"
+        ) from None
+    if count is None:
+        return config
+    print(
+        f"futureq: node.shards = auto: {count} shard(s), the count of the cluster at "
+        f"{config.cluster.join} (every node of a cluster runs the same)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return attrs.evolve(config, node=attrs.evolve(config.node, shards=count))
 
 
 def run_server(config: Config, shard: ShardRole | None = None) -> int:

@@ -13,6 +13,10 @@ Shard ``K`` of a node started with ``node.shards = N > 1``:
 starting the same data directory with another count is refused (moving topics between
 shards is not done yet). With ``N = 1`` nothing changes: no stamp, no subdirectory.
 
+``node.shards = auto`` (the default) is resolved by :func:`resolve_shard_count`: the
+stamp, else 1 for a directory that already holds data (a single node's, or one made by
+a build from before sharding: existing data is never re-sharded), else the usable cores.
+
 Source: ``docs/sharding.md``, "Ports and data".
 """
 
@@ -139,7 +143,7 @@ def resolve_shard_count(config: Config) -> Config:
 
     Raises:
         ConfigError: the stamp is unreadable, or the chosen count needs fixed ports
-            that the configuration leaves to the OS (port 0).
+            that the configuration leaves to the OS (port 0 in a cluster).
     """
     from futureq.config_loader import shard_port_problems
     from futureq.shards.slots import MAX_SHARDS
@@ -158,9 +162,10 @@ def resolve_shard_count(config: Config) -> Config:
     problems = shard_port_problems(resolved)
     if problems:
         raise ConfigError(
-            f"node.shards = auto chose {count} shards for the new data directory {data_dir} "
-            f"(the number of cores), but {'; '.join(problems)}; give fixed ports, or "
-            "--shards 1"
+            f"node.shards is auto (the default), which chose {count} shards for the "
+            f"data directory {data_dir}, but {'; '.join(problems)}; give fixed ports, "
+            "or --shards 1 (node.shards = 1) to run the node as one process on ports the "
+            "OS chooses"
         )
     return resolved
 

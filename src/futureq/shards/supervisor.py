@@ -8,6 +8,10 @@ derived by :mod:`futureq.shards.layout`), and
   listening socket for its whole life: shard 0 inherits it and serves the node's view
   on it, and the supervisor answers on it whenever shard 0 is not serving (starting,
   dead, restarting, stopped; :mod:`futureq.shards.cover`), so the port never refuses;
+* with ``server.listen`` or ``server.http`` on port 0 (a node without peers), binds
+  every shard's port of that kind first (:func:`fix_os_chosen_ports`: ``P + K * stride``,
+  the OS choosing ``P``), runs the shards with those ports fixed and hands each its
+  listening sockets, kept for the node's life (a restarted shard gets them again);
 * prints its own ``READY client=... http=... node_id=N shards=N`` line only once every
   shard printed its READY line (never half-up); a shard that exits before it is ready
   takes the node down at start, with the shard's exit code;
@@ -40,10 +44,11 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 
+import attrs
 import trio
 
 from futureq.config import Config, split_host_port
-from futureq.shards.view import HTTP_FD_ENV, TOKEN_ENV
+from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,10 @@ EXIT_BIND = 4
 """The exit code of a node that cannot bind a port (``futureq.broker.server``'s)."""
 HTTP_BACKLOG = 100
 """Listen backlog of the node's HTTP socket (hypercorn's default)."""
+CLIENT_BACKLOG = socket.SOMAXCONN
+"""Listen backlog of a client socket the supervisor binds for a shard (port 0)."""
+BIND_RUN_ATTEMPTS = 200
+"""Ports the OS chooses before giving up finding ``P + K * stride`` free for every K."""
 
 
 class _Shard:
@@ -105,6 +114,10 @@ class Supervisor:
         http_socket: The node's listening HTTP socket (:func:`bind_http`): handed to
             shard 0, and served by the supervisor while shard 0 does not
             (:mod:`futureq.shards.cover`). None: shard 0 binds ``server.http`` itself.
+        shard_sockets: Listening sockets the supervisor bound for shard ``K`` (port 0,
+            :func:`bind_ports`), handed to every incarnation of it:
+            ``{K: {"client": sock, "http": sock}}``; a shard or kind not named binds
+            its own port (shard 0's HTTP socket is ``http_socket``).
     """
 
     def __init__(
@@ -112,9 +125,11 @@ class Supervisor:
         config: Config,
         shard_command: Sequence[str],
         http_socket: socket.socket | None = None,
+        shard_sockets: dict[int, dict[str, socket.socket]] | None = None,
     ) -> None:
         self.config = config
         self.http_socket = http_socket
+        self.shard_sockets = shard_sockets or {}
         self.command = list(shard_command)
         self.shards = [_Shard(k) for k in range(config.node.shards)]
         self.stopping = False
@@ -261,11 +276,14 @@ class Supervisor:
 
     async def _run_once(self, shard: _Shard) -> int:
         command = [*self.command, "--shard-index", str(shard.index)]
-        env: dict[str, str] = self.env
-        pass_fds: tuple[int, ...] = ()
+        env: dict[str, str] = dict(self.env)
+        handed = dict(self.shard_sockets.get(shard.index, {}))
         if shard.index == 0 and self.http_socket is not None:
-            fd = self.http_socket.fileno()
-            env, pass_fds = {**self.env, HTTP_FD_ENV: str(fd)}, (fd,)
+            handed["http"] = self.http_socket
+        for kind, name in (("client", CLIENT_FD_ENV), ("http", HTTP_FD_ENV)):
+            if kind in handed:
+                env[name] = str(handed[kind].fileno())
+        pass_fds = tuple(sock.fileno() for sock in handed.values())
         process = await trio.lowlevel.open_process(
             command,
             stdin=subprocess.DEVNULL,
@@ -351,9 +369,9 @@ class Supervisor:
                         print(line, flush=True)
 
 
-def bind_http(address: str) -> socket.socket:
+def bind_http(address: str, backlog: int = HTTP_BACKLOG) -> socket.socket:
     """A socket listening on ``address`` (``HOST:PORT``, ``[v6]:PORT``), bound as
-    hypercorn binds it (``SO_REUSEADDR``; IPv6 when the host has a colon).
+    hypercorn and trio bind theirs (``SO_REUSEADDR``; IPv6 when the host has a colon).
 
     Raises:
         OSError: the address cannot be bound (in use, not local).
@@ -364,24 +382,118 @@ def bind_http(address: str) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(HTTP_BACKLOG)
-    except OSError:
+        sock.listen(backlog)
+    except (OSError, OverflowError):
         sock.close()
         raise
     return sock
 
 
+def bind_ports(address: str, shards: int, stride: int, backlog: int) -> list[socket.socket]:
+    """Listening sockets on ``HOST:P + K * stride`` for every shard ``K``, where ``address``
+    is ``HOST:0``: the OS chooses ``P`` (shard 0's), and the others are bound at once;
+    when one of them is taken, all are closed and the OS chooses again. Bound here and
+    kept for the node's life, they are handed to the shards, so no other process can
+    take a port between its choice and its shard's start (the kernel gives free ports
+    to outgoing connections too).
+
+    Raises:
+        OSError: no such run of free ports after :data:`BIND_RUN_ATTEMPTS` choices, or
+            ``HOST`` cannot be bound at all.
+    """
+    host, _ = split_host_port(address)
+    shown = f"[{host}]" if ":" in host else host
+    for _ in range(BIND_RUN_ATTEMPTS):
+        first = bind_http(f"{shown}:0", backlog)
+        base = first.getsockname()[1]
+        run = [first]
+        try:
+            for shard in range(1, shards):
+                run.append(bind_http(f"{shown}:{base + shard * stride}", backlog))
+        except (OSError, OverflowError):
+            for sock in run:
+                sock.close()
+            continue
+        return run
+    raise OSError(
+        f"found no {shards} free ports {stride} apart on {host} in {BIND_RUN_ATTEMPTS} tries"
+    )
+
+
+def fix_os_chosen_ports(
+    config: Config, shard_command: Sequence[str]
+) -> tuple[Config, list[str], dict[int, dict[str, socket.socket]]]:
+    """Bind every shard's client and HTTP ports of a node whose ``server.listen`` or
+    ``server.http`` names port 0 (``docs/sharding.md``, "Port 0"), and fix the
+    configuration and the shards' command line to the ports chosen (``P + K * stride``
+    for shard ``K``), so that the slot map, the node view and clients find each shard as
+    with fixed ports. A node with peers needs fixed ports (refused when loading).
+
+    Returns:
+        ``(config, shard_command, {K: {"client": sock, "http": sock}})``; unchanged and
+        ``{}`` when no port is 0.
+
+    Raises:
+        OSError: the ports cannot be bound (:func:`bind_ports`).
+    """
+    shards, stride = config.node.shards, config.node.shard_port_stride
+    sockets: dict[int, dict[str, socket.socket]] = {k: {} for k in range(shards)}
+    server, command = config.server, list(shard_command)
+    try:
+        for kind, flag, backlog in (
+            ("client", "--listen", CLIENT_BACKLOG),
+            ("http", "--http", HTTP_BACKLOG),
+        ):
+            address = server.listen if kind == "client" else server.http
+            host, port = split_host_port(address)
+            if port != 0:
+                continue
+            run = bind_ports(address, shards, stride, backlog)
+            for shard, sock in enumerate(run):
+                sockets[shard][kind] = sock
+            shown = f"[{host}]" if ":" in host else host
+            fixed = f"{shown}:{run[0].getsockname()[1]}"
+            if kind == "client":
+                server = attrs.evolve(server, listen=fixed)
+            else:
+                server = attrs.evolve(server, http=fixed)
+            command += [flag, fixed]  # the last flag wins: every shard uses the fixed port
+    except BaseException:
+        for held in sockets.values():
+            for sock in held.values():
+                sock.close()
+        raise
+    return attrs.evolve(config, server=server), command, {k: v for k, v in sockets.items() if v}
+
+
 def supervise(config: Config, shard_command: Sequence[str]) -> int:
     """Run a sharded node's supervisor until it stops; return its exit code
-    (:data:`EXIT_BIND` when the node's HTTP port cannot be bound)."""
+    (:data:`EXIT_BIND` when the node's ports cannot be bound)."""
     try:
-        http_socket = bind_http(config.server.http)
+        config, shard_command, shard_sockets = fix_os_chosen_ports(config, shard_command)
     except OSError as exc:
         print(
-            f"futureq: cannot listen for HTTP on {config.server.http}: "
-            f"{exc.strerror or exc} (change it with --http)",
+            f"futureq: cannot bind the shards' ports: {exc.strerror or exc} (give fixed "
+            "ports with --listen and --http)",
             file=sys.stderr,
         )
         return EXIT_BIND
-    with http_socket:
-        return trio.run(Supervisor(config, shard_command, http_socket).run)
+    http_socket = shard_sockets.get(0, {}).pop("http", None)
+    try:
+        if http_socket is None:
+            try:
+                http_socket = bind_http(config.server.http)
+            except OSError as exc:
+                print(
+                    f"futureq: cannot listen for HTTP on {config.server.http}: "
+                    f"{exc.strerror or exc} (change it with --http)",
+                    file=sys.stderr,
+                )
+                return EXIT_BIND
+        return trio.run(Supervisor(config, shard_command, http_socket, shard_sockets).run)
+    finally:
+        if http_socket is not None:
+            http_socket.close()
+        for held in shard_sockets.values():
+            for sock in held.values():
+                sock.close()

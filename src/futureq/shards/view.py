@@ -58,8 +58,13 @@ TOKEN_ENV = "FQ_SHARD_VIEW_TOKEN"
 """Environment variable carrying the node's internal read token to its shards (not
 ``FUTUREQ_*``: those are configuration keys)."""
 HTTP_FD_ENV = "FQ_SHARD_HTTP_FD"
-"""Environment variable naming the file descriptor of the node's listening HTTP socket,
-which the supervisor binds once and hands to every incarnation of shard 0."""
+"""Environment variable naming the file descriptor of the shard's listening HTTP socket,
+which the supervisor binds once and hands to every incarnation of the shard: shard 0's
+(the node's HTTP port) always, every shard's when the node's ports were left to the OS."""
+CLIENT_FD_ENV = "FQ_SHARD_CLIENT_FD"
+"""Environment variable naming the file descriptor of the shard's listening client
+socket, handed down by the supervisor when the node's ports were left to the OS (port 0:
+it binds every shard's ports, ``docs/sharding.md``, "Port 0")."""
 OVERVIEW_POLL_S = 1.0
 """How often the other shards' overviews are fetched while someone watches (s)."""
 OVERVIEW_FRESH_S = 3 * OVERVIEW_POLL_S + FETCH_DEADLINE_S
@@ -101,9 +106,16 @@ def node_token() -> str | None:
 
 
 def inherited_http_fd() -> int | None:
-    """The node's listening HTTP socket, inherited from the supervisor (shard 0 only;
-    :data:`HTTP_FD_ENV`), or None: bind ``server.http`` itself."""
+    """The shard's listening HTTP socket, inherited from the supervisor
+    (:data:`HTTP_FD_ENV`), or None: bind ``server.http`` itself."""
     value = os.environ.get(HTTP_FD_ENV)
+    return int(value) if value else None
+
+
+def inherited_client_fd() -> int | None:
+    """The shard's listening client socket, inherited from the supervisor
+    (:data:`CLIENT_FD_ENV`), or None: bind ``server.listen`` itself."""
+    value = os.environ.get(CLIENT_FD_ENV)
     return int(value) if value else None
 
 
@@ -584,6 +596,7 @@ __all__ = [
     "NoAnswer",
     "NodeView",
     "ROUTED",
+    "CLIENT_FD_ENV",
     "HTTP_FD_ENV",
     "TOKEN_ENV",
     "http_get",

@@ -11,7 +11,8 @@ import pytest
 
 from futureq import __version__
 from futureq.cli import server_main
-from futureq.config import Config
+from futureq.config import AUTO_SHARDS, Config
+from futureq.config_loader import load_config
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +86,20 @@ def test_check_config_prints_the_effective_config_as_toml(
 
 def test_check_config_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert server_main.main(["check-config", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == attrs.asdict(Config())
+    expected = attrs.asdict(Config())
+    expected["node"]["shards"] = "auto"  # the default, written as the file and flag take it
+    assert json.loads(capsys.readouterr().out) == expected
+
+
+def test_check_config_prints_the_default_shard_count_as_auto_and_reads_it_back(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert server_main.main(["check-config"]) == 0
+    printed = capsys.readouterr().out
+    assert tomllib.loads(printed)["node"]["shards"] == "auto"
+    path = tmp_path / "futureq.toml"
+    path.write_text(printed)
+    assert load_config(str(path), env={}).node.shards == AUTO_SHARDS
 
 
 def test_check_config_reads_the_config_env_variable(
@@ -134,7 +148,10 @@ def test_start_runs_the_server_with_the_loaded_config(
 
     monkeypatch.setattr(server_main, "run_server", fake_run_server)
     monkeypatch.setattr(server_main, "setup_logging", lambda level, **kwargs: None)
-    code = server_main.main(["start", "--data-dir", str(tmp_path), "--node-id", "3"])
+    # --shards 1: the default (auto) would run a supervisor of one shard per core here.
+    code = server_main.main(
+        ["start", "--data-dir", str(tmp_path), "--node-id", "3", "--shards", "1"]
+    )
     assert code == 7
     [config] = seen
     assert config.server.data_dir == str(tmp_path)

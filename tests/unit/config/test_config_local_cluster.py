@@ -41,9 +41,17 @@ def test_local_cluster_passes_the_shard_count_to_every_node(
     data_dir = str(tmp_path / "data-cluster")
     local_cluster.ensure_secret(data_dir)
     for node_id in (1, 2, 3):
-        command = local_cluster.node_command(node_id, 3, data_dir, "127.0.0.1", shards=2)
+        command = local_cluster.node_command(node_id, 3, data_dir, "127.0.0.1", shards="2")
         assert command[command.index("--shards") + 1] == "2"
         start = command.index("start")
         assert server_main.main(["check-config", "--json", *command[start + 1 :]]) == 0
         assert '"shards": 2' in capsys.readouterr().out
-    assert "--shards" not in local_cluster.node_command(1, 3, data_dir, "127.0.0.1")
+    # The default: auto, as futureq start, always given so that every node runs the same.
+    command = local_cluster.node_command(1, 3, data_dir, "127.0.0.1")
+    assert command[command.index("--shards") + 1] == "auto"
+    assert server_main.main(["check-config", "--json", *command[command.index("start") + 1 :]]) == 0
+    assert '"shards": "auto"' in capsys.readouterr().out
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(SystemExit):
+            local_cluster.main(["--shards", bad])
+    assert "is not a number of shards" in capsys.readouterr().err

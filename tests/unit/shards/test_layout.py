@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from futureq.config import AUTO_SHARDS, Config
-from futureq.config_loader import load_config
+from futureq.config_loader import load_config, shard_port_problems
 from futureq.errors import ConfigError
 from futureq.shards.layout import (
     check_shard_count,
@@ -62,8 +62,29 @@ def test_a_single_nodes_existing_data_stays_one_shard(tmp_path: Path) -> None:
     assert resolve_shard_count(auto(data)).node.shards == 1
 
 
-def test_auto_with_os_chosen_ports_says_what_to_fix(tmp_path: Path) -> None:
-    if min(usable_cores(), MAX_SHARDS) == 1:
+def test_auto_with_os_chosen_ports_runs_shards_alone_and_says_what_to_fix_in_a_cluster(
+    tmp_path: Path,
+) -> None:
+    cores = min(usable_cores(), MAX_SHARDS)
+    # A node without peers: the supervisor binds every shard's ports (port 0 is fine).
+    alone = resolve_shard_count(auto(tmp_path / "data", http="127.0.0.1:0"))
+    assert alone.node.shards == cores
+    if cores == 1:
         pytest.skip("one core: auto chooses 1 shard, which any port suits")
-    with pytest.raises(ConfigError, match=r"chose \d+ shards .* --shards 1"):
-        resolve_shard_count(auto(tmp_path / "data", http="127.0.0.1:0"))
+    # In a cluster peers and clients find shard K by its port: fixed ports needed.
+    clustered = load_config(
+        None,
+        env={},
+        overrides={
+            "server": {"data_dir": str(tmp_path / "c"), "listen": "127.0.0.1:0"},
+            "cluster": {"peers": "1=127.0.0.1:17451", "raft_listen": "127.0.0.1:17451",
+                        "insecure_peers": True},
+            "node": {"shards": AUTO_SHARDS},
+        },
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"chose \d+ shards .*fixed port in a cluster.* --shards 1"):
+        resolve_shard_count(clustered)
+    explicit = attrs.evolve(clustered, node=attrs.evolve(clustered.node, shards=2))
+    problems = shard_port_problems(explicit)
+    assert problems and "server.listen = '127.0.0.1:0'" in problems[0]
+    assert not shard_port_problems(attrs.evolve(alone, node=attrs.evolve(alone.node, shards=2)))
