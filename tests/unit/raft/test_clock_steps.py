@@ -104,7 +104,11 @@ class Cluster:
     def __init__(self, size: int = 3) -> None:
         self.true_us = 0
         self.machines = {NodeId(i): Machine(i, range(1, size + 1)) for i in range(1, size + 1)}
-        self.in_flight: list[Message] = []
+        self.in_flight: list[tuple[int, Message]] = []
+        """``(tick it arrives at, message)``."""
+        self.ticks = 0
+        self.clock_delay_ticks = 0
+        """Extra ticks every clock ping and pong spends on the way (a loaded machine)."""
         self.notices: list[tuple[int, str]] = []
         self.reference_shift_us = 0
         """How far the clocks every node agrees with moved from true time (all-node steps)."""
@@ -112,8 +116,9 @@ class Cluster:
     def step(self) -> None:
         """One tick: deliver what was sent last tick, tick every node, check time."""
         self.true_us += TICK_US
-        queue: deque[Message] = deque(self.in_flight)
-        self.in_flight = []
+        self.ticks += 1
+        queue: deque[Message] = deque(m for due, m in self.in_flight if due <= self.ticks)
+        self.in_flight = [(due, m) for due, m in self.in_flight if due > self.ticks]
         sent: list[Message] = []
         for machine in self.machines.values():
             machine.core.tick()
@@ -134,7 +139,9 @@ class Cluster:
                 continue
             target.core.step(message)
             sent += target.drain(self.true_us)
-        self.in_flight = sent
+        for message in sent:
+            slow = self.clock_delay_ticks if isinstance(message, CLOCK_MESSAGES) else 0
+            self.in_flight.append((self.ticks + 1 + slow, message))
         self._check_time()
 
     def _check_time(self) -> None:
@@ -300,3 +307,46 @@ def test_one_clock_drifting_away_is_flagged_past_half_the_bound() -> None:
     assert flagged_after_us is not None
     assert 50 * S <= flagged_after_us <= 75 * S
     assert "ahead of cluster time" in (drifting.keeper.clock.refusal() or "")
+
+
+@pytest.mark.parametrize("step_s", [36, -36])
+def test_every_wall_clock_stepping_while_clock_answers_are_slow_costs_seconds(step_s: int) -> None:
+    """The fault runs at load 12-13: every clock answer took longer than the quarter of
+    the bound a usable sample allows (here 600 ms), so the nodes ran on their last
+    agreement (held by the monotonic clock, ``epoch_max_us``); then the machine's clock
+    stepped +36 s under every node. Before the fix each node saw its own clock far from
+    cluster time and left the bound, and no new agreement could form until answers were
+    fast again: minutes without a leader. A step that a majority of the clocks took
+    together (certain even from slow answers: 36 s is far beyond their uncertainty) is not
+    this node's fault: the node keeps serving on the agreement it holds. Forwards, cluster
+    time runs on (behind the stepped clocks: late, never early); backwards it holds still
+    until an agreement, never running ahead of the clocks."""
+    cluster = started()
+    cluster.clock_delay_ticks = 11  # a 600 ms round trip: every sample too slow to use
+    cluster.run(10 * S)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    assert any("answers came back too slowly" in text for _, text in cluster.notices)
+    for machine in cluster.machines.values():
+        machine.wall_offset_us += step_s * S
+    before = leader.keeper.clock.now_us(leader.mono(cluster.true_us))
+    cluster.run(RECOVERY_US)
+    serving = cluster.dispatcher()
+    assert serving is not None, f"no node may dispatch; last notices: {cluster.notices[-6:]}"
+    after = serving.keeper.clock.now_us(serving.mono(cluster.true_us))
+    if step_s > 0:
+        # Cluster time ran on with the monotonic clock: behind the stepped clocks.
+        assert after - before >= RECOVERY_US - TICK_US
+        assert after <= EPOCH_US + cluster.true_us + step_s * S
+    else:
+        assert after <= before + TICK_US  # held still: never ahead of where it was
+    # Answers fast again: the new agreement takes over (the usual re-anchoring).
+    cluster.clock_delay_ticks = 0
+    cluster.reference_shift_us = step_s * S
+    if step_s < 0:
+        cluster.run(-step_s * S)
+    cluster.run(RECOVERY_US)
+    serving = cluster.dispatcher()
+    assert serving is not None
+    now = serving.keeper.clock.now_us(serving.mono(cluster.true_us))
+    assert abs(now - (EPOCH_US + cluster.true_us + step_s * S)) <= HALF_BOUND_US
