@@ -227,6 +227,8 @@ class _Sample:
     """The peer's wall clock minus our monotonic clock."""
     delay_us: int
     """Half the round trip: how far the true offset may be from ``offset_us``."""
+    at_us: int = 0
+    """Our monotonic clock when the answer arrived."""
 
 
 @attrs.frozen
@@ -284,6 +286,10 @@ class ClusterClock:
         self._step_noticed = False
         self._window_failing = False
         self._was_standalone = False
+        self._stepped_together = 0
+        """+1 / -1 while a majority of the voters' clocks (this one included) are certainly
+        more than half of the bound ahead of / behind cluster time together: the
+        clocks stepped, not this node's alone (:meth:`_clocks_stepped_together`)."""
         self.set_voters(voters)
 
     # --- inputs -----------------------------------------------------------------------
@@ -314,7 +320,7 @@ class ClusterClock:
             return
         self._eligible[peer] = (peer_in_bound, m2_us)
         delay_us = (m2_us - m0_us) // 2
-        sample = _Sample(t1_us + delay_us - m2_us, delay_us)
+        sample = _Sample(t1_us + delay_us - m2_us, delay_us, m2_us)
         recent = self._latest.setdefault(peer, deque(maxlen=RECENT_SAMPLES))
         recent.append(sample)
         if delay_us > self.config.tolerance_max_us:
@@ -341,9 +347,11 @@ class ClusterClock:
         self._mono_us = max(self._mono_us, mono_us)
         self._wall_offset_us = wall_us - mono_us
         if self.standalone:
+            self._stepped_together = 0
             self._tick_standalone(elapsed_us, notices)
         else:
             self._tick_clustered(elapsed_us, notices)
+            self._notice_stepped_together(notices)
         self._notice_bound(notices)
         return notices
 
@@ -352,9 +360,14 @@ class ClusterClock:
     def now_us(self, mono_us: int) -> int:
         """Cluster time (µs since the Unix epoch) at monotonic time ``mono_us``.
 
-        Never less than a value returned before, even for an older ``mono_us``.
+        Never less than a value returned before, even for an older ``mono_us``. While the
+        clocks of a majority stepped back together (:attr:`in_bound` explains), never
+        more than this node's wall clock: it holds still until they catch up.
         """
-        now = max(self._last_now_us, mono_us + self._base_us)
+        now = mono_us + self._base_us
+        if self._stepped_together < 0:
+            now = min(now, mono_us + self._wall_offset_us)
+        now = max(self._last_now_us, now)
         self._last_now_us = now
         return now
 
@@ -376,19 +389,30 @@ class ClusterClock:
     def in_bound(self) -> bool:
         """This node may lead, stamp and dispatch.
 
-        Standalone: always. Otherwise: synchronized, its wall clock within half of
-        ``max_offset_us`` of cluster time, and its cluster time within an eighth of the
-        bound of the agreement's target.
+        Standalone: always. Otherwise: synchronized, its cluster time within an eighth of
+        the bound of the agreement's target, and its wall clock within half of
+        ``max_offset_us`` of cluster time, unless the wall clocks of a majority of the
+        voters (this one included) are all, for certain, that far from cluster time in
+        the same direction. Then the clocks stepped together (one machine's clock under
+        every node, a resumed host): that is no fault of this node's clock, and the
+        agreement this node holds (carried by its monotonic clock, at most
+        ``epoch_max_us``) is as good as before the step. The node keeps serving on it
+        until a new agreement (which, once answers are fast enough to use, follows the
+        stepped clocks). Forwards cluster time runs on behind the clocks (late, never
+        early); backwards it holds still until this node's wall clock catches up
+        (:meth:`now_us`). Deciding this needs no precise sample: a step of seconds is far
+        beyond the uncertainty of answers too slow to place a clock within the tolerance.
         """
         if self.standalone:
             return True
         if not self.synchronized:
             return False
         target = self._target_us()
-        half = self.config.max_offset_us // 2
+        if abs(self._base_us - target) > self.config.track_us:
+            return False
         return (
-            abs(self._wall_offset_us - target) <= half
-            and abs(self._base_us - target) <= self.config.track_us
+            abs(self._wall_offset_us - target) <= self.config.max_offset_us // 2
+            or self._stepped_together != 0
         )
 
     def refusal(self) -> str | None:
@@ -466,6 +490,56 @@ class ClusterClock:
         )
 
     # --- internals ----------------------------------------------------------------------
+
+    def _clocks_stepped_together(self) -> int:
+        """+1 (-1) when a majority of the voters' wall clocks, this node's included, are
+        each for certain more than half of the bound ahead of (behind) cluster time, from
+        their latest answers of the last ``window_max_us`` (their uncertainty, half the
+        round trip, taken off); else 0. Only with a current agreement."""
+        if self._epoch is None or not self._anchored:
+            return 0
+        target = self._target_us()
+        half = self.config.max_offset_us // 2
+        own = self._wall_offset_us - target
+        if abs(own) <= half:
+            return 0
+        direction = 1 if own > 0 else -1
+        together = 1
+        for peer in sorted(self._voters - {self.id}):
+            recent = self._latest.get(peer)
+            if not recent:
+                continue
+            latest = recent[-1]
+            if self._mono_us - latest.at_us > self.config.window_max_us:
+                continue  # not heard from lately: it may have been fixed since
+            if (latest.offset_us - target) * direction - latest.delay_us > half:
+                together += 1
+        return direction if together >= majority(len(self._voters | {self.id})) else 0
+
+    def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
+        stepped = self._clocks_stepped_together()
+        if stepped == self._stepped_together:
+            return
+        self._stepped_together = stepped
+        if stepped == 0:
+            notices.append(
+                ClockNotice("info", "the wall clocks no longer all differ from cluster time")
+            )
+            return
+        own = self._wall_offset_us - self._target_us()
+        runs = (
+            "cluster time runs on behind them (late, never early)"
+            if stepped > 0
+            else "cluster time holds still until this node's wall clock catches up"
+        )
+        notices.append(
+            ClockNotice(
+                "warning",
+                f"the wall clocks of a majority of the voters stepped together: this node's is "
+                f"{describe_offset(own)} cluster time, and so are the others'; this node keeps "
+                f"the agreement it holds until a new one ({runs})",
+            )
+        )
 
     def _target_us(self) -> int:
         epoch = self._epoch
