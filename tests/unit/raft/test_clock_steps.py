@@ -32,7 +32,7 @@ from collections import deque
 
 import pytest
 
-from futureq.raft.core import RaftConfig, RaftCore, Role
+from futureq.raft.core import RaftConfig, RaftCore
 from futureq.raft.messages import CLOCK_MESSAGES, Membership, Message, NodeId
 from futureq.raft.storage import MemoryStorage
 from futureq.raft.timekeeper import TimeConfig, TimeKeeper
@@ -247,8 +247,10 @@ def test_one_wall_clock_stepping_is_flagged_and_the_others_keep_serving(
     in the bound again within RECOVERY_US."""
     cluster = started()
     leader = cluster.leader()
-    stepped = leader if victim == "leader" else next(
-        m for m in cluster.machines.values() if m is not leader
+    stepped = (
+        leader
+        if victim == "leader"
+        else next(m for m in cluster.machines.values() if m is not leader)
     )
     stepped.wall_offset_us += step_s * S
     cluster.step()
