@@ -361,13 +361,12 @@ class ClusterClock:
         """Cluster time (µs since the Unix epoch) at monotonic time ``mono_us``.
 
         Never less than a value returned before, even for an older ``mono_us``. While the
-        clocks of a majority stepped back together (:attr:`in_bound` explains), never
-        more than this node's wall clock: it holds still until they catch up.
+        clocks of a majority stand stepped back together (:attr:`in_bound` explains), it
+        holds still: it never runs ahead of clocks that a new agreement will follow.
         """
-        now = mono_us + self._base_us
         if self._stepped_together < 0:
-            now = min(now, mono_us + self._wall_offset_us)
-        now = max(self._last_now_us, now)
+            return self._last_now_us
+        now = max(self._last_now_us, mono_us + self._base_us)
         self._last_now_us = now
         return now
 
@@ -399,8 +398,8 @@ class ClusterClock:
         ``epoch_max_us``) is as good as before the step. The node keeps serving on it
         until a new agreement (which, once answers are fast enough to use, follows the
         stepped clocks). Forwards cluster time runs on behind the clocks (late, never
-        early); backwards it holds still until this node's wall clock catches up
-        (:meth:`now_us`). Deciding this needs no precise sample: a step of seconds is far
+        early); backwards it holds still (:meth:`now_us`) until the new agreement, which
+        then holds it until the stepped clocks catch up (it never goes backwards). Deciding this needs no precise sample: a step of seconds is far
         beyond the uncertainty of answers too slow to place a clock within the tolerance.
         """
         if self.standalone:
@@ -514,7 +513,7 @@ class ClusterClock:
                 continue  # not heard from lately: it may have been fixed since
             if (latest.offset_us - target) * direction - latest.delay_us > half:
                 together += 1
-        return direction if together >= majority(len(self._voters | {self.id})) else 0
+        return direction if together >= majority(len(self._voters)) else 0
 
     def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
         stepped = self._clocks_stepped_together()
@@ -523,14 +522,17 @@ class ClusterClock:
         self._stepped_together = stepped
         if stepped == 0:
             notices.append(
-                ClockNotice("info", "the wall clocks no longer all differ from cluster time")
+                ClockNotice(
+                    "info",
+                    "the wall clocks of a majority no longer stand stepped from cluster time",
+                )
             )
             return
         own = self._wall_offset_us - self._target_us()
         runs = (
             "cluster time runs on behind them (late, never early)"
             if stepped > 0
-            else "cluster time holds still until this node's wall clock catches up"
+            else "cluster time holds still until a new agreement"
         )
         notices.append(
             ClockNotice(
