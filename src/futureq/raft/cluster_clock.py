@@ -290,6 +290,9 @@ class ClusterClock:
         """+1 / -1 while a majority of the voters' clocks (this one included) are certainly
         more than half of the bound ahead of / behind cluster time together: the
         clocks stepped, not this node's alone (:meth:`_clocks_stepped_together`)."""
+        self._stepped_offset_us = 0
+        """After a forward step together: the latest any of those clocks may be (their
+        wall clock minus our monotonic clock, plus the uncertainty)."""
         self.set_voters(voters)
 
     # --- inputs -----------------------------------------------------------------------
@@ -361,12 +364,17 @@ class ClusterClock:
         """Cluster time (µs since the Unix epoch) at monotonic time ``mono_us``.
 
         Never less than a value returned before, even for an older ``mono_us``. While the
-        clocks of a majority stand stepped back together (:attr:`in_bound` explains), it
-        holds still: it never runs ahead of clocks that a new agreement will follow.
+        clocks of a majority stand stepped together (:attr:`in_bound` explains): after a
+        backward step it holds still, never running ahead of the clocks a new agreement
+        will follow; after a forward step it is the latest of those clocks, so that what
+        is stamped now is never due early by them (nothing is released meanwhile).
         """
         if self._stepped_together < 0:
             return self._last_now_us
-        now = max(self._last_now_us, mono_us + self._base_us)
+        base = self._base_us
+        if self._stepped_together > 0:
+            base = max(base, self._stepped_offset_us)
+        now = max(self._last_now_us, mono_us + base)
         self._last_now_us = now
         return now
 
@@ -393,14 +401,12 @@ class ClusterClock:
         ``max_offset_us`` of cluster time, unless the wall clocks of a majority of the
         voters (this one included) are all, for certain, that far from cluster time in
         the same direction. Then the clocks stepped together (one machine's clock under
-        every node, a resumed host): that is no fault of this node's clock, and the
-        agreement this node holds (carried by its monotonic clock, at most
-        ``epoch_max_us``) is as good as before the step. The node keeps serving on it
-        until a new agreement (which, once answers are fast enough to use, follows the
-        stepped clocks). Forwards cluster time runs on behind the clocks (late, never
-        early); backwards it holds still (:meth:`now_us`) until the new agreement, which
-        then holds it until the stepped clocks catch up (it never goes backwards). Deciding this needs no precise sample: a step of seconds is far
-        beyond the uncertainty of answers too slow to place a clock within the tolerance.
+        every node, a resumed host): that is no fault of this node's clock. It may lead
+        and stamp, with a cluster time that no stamp can make due early (:meth:`now_us`),
+        but releases nothing (:meth:`release_refusal`) until a new agreement, which, once
+        answers are fast enough to use, follows the stepped clocks. Deciding this needs
+        no precise sample: a step of seconds is far beyond the uncertainty of answers too
+        slow to place a clock within the tolerance.
         """
         if self.standalone:
             return True
@@ -429,6 +435,19 @@ class ClusterClock:
             f"node {self.id}'s wall clock is {describe_offset(own)} cluster time, more than half of "
             f"max_clock_offset_ms={self.config.max_offset_us // US_PER_MS}; fix its clock "
             "(NTP) before it may lead"
+        )
+
+    def release_refusal(self) -> str | None:
+        """Why this node, though :attr:`in_bound`, may not release messages now (a
+        sentence), or None. It may not while the clocks of a majority stand stepped
+        together from the agreement it holds: which of the two times is right is not
+        known until a new agreement, and a release by either could be early by the other
+        (or a message delivered past its expiry)."""
+        if self._stepped_together == 0:
+            return None
+        return (
+            "the wall clocks of a majority of the voters stepped together; messages are "
+            "released again once a new agreement on cluster time follows them"
         )
 
     def own_offset_us(self) -> int:
@@ -504,6 +523,7 @@ class ClusterClock:
             return 0
         direction = 1 if own > 0 else -1
         together = 1
+        latest_us = self._wall_offset_us
         for peer in sorted(self._voters - {self.id}):
             recent = self._latest.get(peer)
             if not recent:
@@ -513,7 +533,11 @@ class ClusterClock:
                 continue  # not heard from lately: it may have been fixed since
             if (latest.offset_us - target) * direction - latest.delay_us > half:
                 together += 1
-        return direction if together >= majority(len(self._voters)) else 0
+                latest_us = max(latest_us, latest.offset_us + latest.delay_us)
+        if together < majority(len(self._voters)):
+            return 0
+        self._stepped_offset_us = latest_us
+        return direction
 
     def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
         stepped = self._clocks_stepped_together()
@@ -530,16 +554,14 @@ class ClusterClock:
             return
         own = self._wall_offset_us - self._target_us()
         runs = (
-            "cluster time runs on behind them (late, never early)"
-            if stepped > 0
-            else "cluster time holds still until a new agreement"
+            "cluster time follows the latest of them" if stepped > 0 else "cluster time holds still"
         )
         notices.append(
             ClockNotice(
                 "warning",
                 f"the wall clocks of a majority of the voters stepped together: this node's is "
-                f"{describe_offset(own)} cluster time, and so are the others'; this node keeps "
-                f"the agreement it holds until a new one ({runs})",
+                f"{describe_offset(own)} cluster time, and so are the others'; it may lead "
+                f"and stamp ({runs}) but releases nothing until a new agreement follows them",
             )
         )
 
@@ -609,7 +631,10 @@ class ClusterClock:
             return
         target = self._target_us()
         difference = target - self._base_us
-        if not self._anchored or (abs(difference) > self.config.track_us and not self.leading):
+        # A leader never jumps while it may release, but one that stood stepped together
+        # with the others released nothing since the step, so it adopts the new agreement.
+        may_jump = not self.leading or self._stepped_together != 0
+        if not self._anchored or (abs(difference) > self.config.track_us and may_jump):
             if self._anchored:
                 notices.append(
                     ClockNotice(

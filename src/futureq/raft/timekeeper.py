@@ -251,7 +251,7 @@ class TimeKeeper:
             return "this node is not the leader"
         if core.lead_transferee is not None or self._transfer_term == core.term:
             return "leadership is being handed to another node"
-        refusal = self.clock.refusal()
+        refusal = self.clock.refusal() or self.clock.release_refusal()
         if refusal is not None:
             return refusal
         voters = core.membership.voters
