@@ -243,8 +243,9 @@ class TimeKeeper:
     def dispatch_refusal(self, core: RaftCore, mono_us: int) -> str | None:
         """Why this node may not hand out messages now (a sentence), or None if it may.
 
-        It may while it leads, its clock is in bound, no leadership transfer is under
-        way or failed in this term, and it holds the lease (always, with a single voter
+        It may while it leads, its clock is in bound (and not standing stepped together
+        with the others': ``ClusterClock.release_refusal``), no leadership transfer is
+        under way or failed in this term, and it holds the lease (always, with a single voter
         or without CheckQuorum, which the lease argument needs).
         """
         if core.role is not Role.LEADER:
