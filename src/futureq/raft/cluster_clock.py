@@ -290,9 +290,6 @@ class ClusterClock:
         """+1 / -1 while a majority of the voters' clocks (this one included) are certainly
         more than half of the bound ahead of / behind cluster time together: the
         clocks stepped, not this node's alone (:meth:`_clocks_stepped_together`)."""
-        self._stepped_offset_us = 0
-        """After a forward step together: the latest any of those clocks may be (their
-        wall clock minus our monotonic clock, plus the uncertainty)."""
         self.set_voters(voters)
 
     # --- inputs -----------------------------------------------------------------------
@@ -366,14 +363,15 @@ class ClusterClock:
         Never less than a value returned before, even for an older ``mono_us``. While the
         clocks of a majority stand stepped together (:attr:`in_bound` explains): after a
         backward step it holds still, never running ahead of the clocks a new agreement
-        will follow; after a forward step it is the latest of those clocks, so that what
-        is stamped now is never due early by them (nothing is released meanwhile).
+        will follow; after a forward step it is this node's stepped wall clock, where that
+        agreement will put it when the clocks stepped alike (one machine's clock), so
+        what is stamped now is not due early by them (nothing is released meanwhile).
         """
         if self._stepped_together < 0:
             return self._last_now_us
         base = self._base_us
         if self._stepped_together > 0:
-            base = max(base, self._stepped_offset_us)
+            base = max(base, self._wall_offset_us)
         now = max(self._last_now_us, mono_us + base)
         self._last_now_us = now
         return now
@@ -523,7 +521,6 @@ class ClusterClock:
             return 0
         direction = 1 if own > 0 else -1
         together = 1
-        latest_us = self._wall_offset_us
         for peer in sorted(self._voters - {self.id}):
             recent = self._latest.get(peer)
             if not recent:
@@ -533,11 +530,7 @@ class ClusterClock:
                 continue  # not heard from lately: it may have been fixed since
             if (latest.offset_us - target) * direction - latest.delay_us > half:
                 together += 1
-                latest_us = max(latest_us, latest.offset_us + latest.delay_us)
-        if together < majority(len(self._voters)):
-            return 0
-        self._stepped_offset_us = latest_us
-        return direction
+        return direction if together >= majority(len(self._voters)) else 0
 
     def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
         stepped = self._clocks_stepped_together()
@@ -553,9 +546,7 @@ class ClusterClock:
             )
             return
         own = self._wall_offset_us - self._target_us()
-        runs = (
-            "cluster time follows the latest of them" if stepped > 0 else "cluster time holds still"
-        )
+        runs = "cluster time follows its wall clock" if stepped > 0 else "cluster time holds still"
         notices.append(
             ClockNotice(
                 "warning",
