@@ -227,6 +227,8 @@ class _Sample:
     """The peer's wall clock minus our monotonic clock."""
     delay_us: int
     """Half the round trip: how far the true offset may be from ``offset_us``."""
+    at_us: int = 0
+    """Our monotonic clock when the answer arrived."""
 
 
 @attrs.frozen
@@ -284,6 +286,10 @@ class ClusterClock:
         self._step_noticed = False
         self._window_failing = False
         self._was_standalone = False
+        self._stepped_together = 0
+        """+1 / -1 while a majority of the voters' clocks (this one included) are certainly
+        more than half of the bound ahead of / behind cluster time together: the
+        clocks stepped, not this node's alone (:meth:`_clocks_stepped_together`)."""
         self.set_voters(voters)
 
     # --- inputs -----------------------------------------------------------------------
@@ -314,7 +320,7 @@ class ClusterClock:
             return
         self._eligible[peer] = (peer_in_bound, m2_us)
         delay_us = (m2_us - m0_us) // 2
-        sample = _Sample(t1_us + delay_us - m2_us, delay_us)
+        sample = _Sample(t1_us + delay_us - m2_us, delay_us, m2_us)
         recent = self._latest.setdefault(peer, deque(maxlen=RECENT_SAMPLES))
         recent.append(sample)
         if delay_us > self.config.tolerance_max_us:
@@ -341,9 +347,11 @@ class ClusterClock:
         self._mono_us = max(self._mono_us, mono_us)
         self._wall_offset_us = wall_us - mono_us
         if self.standalone:
+            self._stepped_together = 0
             self._tick_standalone(elapsed_us, notices)
         else:
             self._tick_clustered(elapsed_us, notices)
+            self._notice_stepped_together(notices)
         self._notice_bound(notices)
         return notices
 
@@ -352,9 +360,19 @@ class ClusterClock:
     def now_us(self, mono_us: int) -> int:
         """Cluster time (µs since the Unix epoch) at monotonic time ``mono_us``.
 
-        Never less than a value returned before, even for an older ``mono_us``.
+        Never less than a value returned before, even for an older ``mono_us``. While the
+        clocks of a majority stand stepped together (:attr:`in_bound` explains): after a
+        backward step it holds still, never running ahead of the clocks a new agreement
+        will follow; after a forward step it is this node's stepped wall clock, where that
+        agreement will put it when the clocks stepped alike (one machine's clock), so
+        what is stamped now is not due early by them (nothing is released meanwhile).
         """
-        now = max(self._last_now_us, mono_us + self._base_us)
+        if self._stepped_together < 0:
+            return self._last_now_us
+        base = self._base_us
+        if self._stepped_together > 0:
+            base = max(base, self._wall_offset_us)
+        now = max(self._last_now_us, mono_us + base)
         self._last_now_us = now
         return now
 
@@ -376,19 +394,28 @@ class ClusterClock:
     def in_bound(self) -> bool:
         """This node may lead, stamp and dispatch.
 
-        Standalone: always. Otherwise: synchronized, its wall clock within half of
-        ``max_offset_us`` of cluster time, and its cluster time within an eighth of the
-        bound of the agreement's target.
+        Standalone: always. Otherwise: synchronized, its cluster time within an eighth of
+        the bound of the agreement's target, and its wall clock within half of
+        ``max_offset_us`` of cluster time, unless the wall clocks of a majority of the
+        voters (this one included) are all, for certain, that far from cluster time in
+        the same direction. Then the clocks stepped together (one machine's clock under
+        every node, a resumed host): that is no fault of this node's clock. It may lead
+        and stamp, with a cluster time that no stamp can make due early (:meth:`now_us`),
+        but releases nothing (:meth:`release_refusal`) until a new agreement, which, once
+        answers are fast enough to use, follows the stepped clocks. Deciding this needs
+        no precise sample: a step of seconds is far beyond the uncertainty of answers too
+        slow to place a clock within the tolerance.
         """
         if self.standalone:
             return True
         if not self.synchronized:
             return False
         target = self._target_us()
-        half = self.config.max_offset_us // 2
+        if abs(self._base_us - target) > self.config.track_us:
+            return False
         return (
-            abs(self._wall_offset_us - target) <= half
-            and abs(self._base_us - target) <= self.config.track_us
+            abs(self._wall_offset_us - target) <= self.config.max_offset_us // 2
+            or self._stepped_together != 0
         )
 
     def refusal(self) -> str | None:
@@ -406,6 +433,19 @@ class ClusterClock:
             f"node {self.id}'s wall clock is {describe_offset(own)} cluster time, more than half of "
             f"max_clock_offset_ms={self.config.max_offset_us // US_PER_MS}; fix its clock "
             "(NTP) before it may lead"
+        )
+
+    def release_refusal(self) -> str | None:
+        """Why this node, though :attr:`in_bound`, may not release messages now (a
+        sentence), or None. It may not while the clocks of a majority stand stepped
+        together from the agreement it holds: which of the two times is right is not
+        known until a new agreement, and a release by either could be early by the other
+        (or a message delivered past its expiry)."""
+        if self._stepped_together == 0:
+            return None
+        return (
+            "the wall clocks of a majority of the voters stepped together; messages are "
+            "released again once a new agreement on cluster time follows them"
         )
 
     def own_offset_us(self) -> int:
@@ -466,6 +506,55 @@ class ClusterClock:
         )
 
     # --- internals ----------------------------------------------------------------------
+
+    def _clocks_stepped_together(self) -> int:
+        """+1 (-1) when a majority of the voters' wall clocks, this node's included, are
+        each for certain more than half of the bound ahead of (behind) cluster time, from
+        their latest answers of the last ``window_max_us`` (their uncertainty, half the
+        round trip, taken off); else 0. Only with a current agreement."""
+        if self._epoch is None or not self._anchored:
+            return 0
+        target = self._target_us()
+        half = self.config.max_offset_us // 2
+        own = self._wall_offset_us - target
+        if abs(own) <= half:
+            return 0
+        direction = 1 if own > 0 else -1
+        together = 1
+        for peer in sorted(self._voters - {self.id}):
+            recent = self._latest.get(peer)
+            if not recent:
+                continue
+            latest = recent[-1]
+            if self._mono_us - latest.at_us > self.config.window_max_us:
+                continue  # not heard from lately: it may have been fixed since
+            if (latest.offset_us - target) * direction - latest.delay_us > half:
+                together += 1
+        return direction if together >= majority(len(self._voters)) else 0
+
+    def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
+        stepped = self._clocks_stepped_together()
+        if stepped == self._stepped_together:
+            return
+        self._stepped_together = stepped
+        if stepped == 0:
+            notices.append(
+                ClockNotice(
+                    "info",
+                    "the wall clocks of a majority no longer stand stepped from cluster time",
+                )
+            )
+            return
+        own = self._wall_offset_us - self._target_us()
+        runs = "cluster time follows its wall clock" if stepped > 0 else "cluster time holds still"
+        notices.append(
+            ClockNotice(
+                "warning",
+                f"the wall clocks of a majority of the voters stepped together: this node's is "
+                f"{describe_offset(own)} cluster time, and so are the others'; it may lead "
+                f"and stamp ({runs}) but releases nothing until a new agreement follows them",
+            )
+        )
 
     def _target_us(self) -> int:
         epoch = self._epoch
@@ -533,7 +622,10 @@ class ClusterClock:
             return
         target = self._target_us()
         difference = target - self._base_us
-        if not self._anchored or (abs(difference) > self.config.track_us and not self.leading):
+        # A leader never jumps while it may release, but one that stood stepped together
+        # with the others released nothing since the step, so it adopts the new agreement.
+        may_jump = not self.leading or self._stepped_together != 0
+        if not self._anchored or (abs(difference) > self.config.track_us and may_jump):
             if self._anchored:
                 notices.append(
                     ClockNotice(

@@ -243,15 +243,16 @@ class TimeKeeper:
     def dispatch_refusal(self, core: RaftCore, mono_us: int) -> str | None:
         """Why this node may not hand out messages now (a sentence), or None if it may.
 
-        It may while it leads, its clock is in bound, no leadership transfer is under
-        way or failed in this term, and it holds the lease (always, with a single voter
+        It may while it leads, its clock is in bound (and not standing stepped together
+        with the others': ``ClusterClock.release_refusal``), no leadership transfer is
+        under way or failed in this term, and it holds the lease (always, with a single voter
         or without CheckQuorum, which the lease argument needs).
         """
         if core.role is not Role.LEADER:
             return "this node is not the leader"
         if core.lead_transferee is not None or self._transfer_term == core.term:
             return "leadership is being handed to another node"
-        refusal = self.clock.refusal()
+        refusal = self.clock.refusal() or self.clock.release_refusal()
         if refusal is not None:
             return refusal
         voters = core.membership.voters
