@@ -1,0 +1,291 @@
+"""Clocks stepping together, attacked: every release checked against the real clocks.
+
+``test_clock_steps.py`` checks who may dispatch and where cluster time stands; this file
+adds what the dispatcher would do with it. Probes (a message's due time, its expiry, a
+visibility timeout's deadline) are stamped by the leader with its cluster time; at every
+tick the node that may dispatch releases each probe whose time its cluster time reached.
+A release must not be early by the clocks a majority of the voters run on (the promise,
+``docs/architecture.md``, "Time": never earlier than due minus the bound): at least a
+majority of the wall clocks read at least the probe's time minus ``max_offset_us``.
+
+Scenarios: every clock stepping forward and straight back before a new agreement (a
+mistaken ``date -s`` corrected, a resumed VM corrected twice); clocks stepping by
+different amounts; a minority of a five-node cluster stepping; clocks stepping in
+opposite directions; the leader cut off when the clocks step; answers older than
+``window_max_us``; a node restarted after the step.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_clock_steps import (
+    RECOVERY_US,
+    TICK_US,
+    TIME,
+    Cluster,
+    Machine,
+    S,
+)
+
+from futureq.raft.basics import majority
+from futureq.raft.core import RaftConfig, RaftCore, Role
+from futureq.raft.messages import NodeId
+from futureq.raft.timekeeper import TimeKeeper
+
+BOUND_US = TIME.clock.max_offset_us
+
+
+class Probe:
+    """A time the dispatcher acts on: ``kind`` is "due", "expiry" or "visibility"."""
+
+    def __init__(self, kind: str, at_us: int) -> None:
+        self.kind = kind
+        self.at_us = at_us
+        self.released_by: NodeId | None = None
+
+
+class Watched(Cluster):
+    """A lock-step cluster whose dispatcher releases probes, checked at every tick;
+    ``cut`` nodes neither send nor receive anything."""
+
+    def __init__(self, size: int = 3) -> None:
+        super().__init__(size)
+        self.probes: list[Probe] = []
+        self.cut: set[NodeId] = set()
+
+    def step(self) -> None:
+        super().step()
+        self.in_flight = [
+            (due, m)
+            for due, m in self.in_flight
+            if m.from_id not in self.cut and m.to_id not in self.cut
+        ]
+        self._release()
+
+    def _release(self) -> None:
+        walls = sorted((m.wall(self.true_us) for m in self.machines.values()), reverse=True)
+        majority_clock = walls[majority(len(walls)) - 1]  # a majority read at least this
+        for machine in self.machines.values():
+            mono = machine.mono(self.true_us)
+            if not machine.keeper.can_dispatch(machine.core, mono):
+                continue
+            now = machine.keeper.clock.now_us(mono)
+            for probe in self.probes:
+                if probe.released_by is None and now >= probe.at_us:
+                    probe.released_by = machine.id
+                    early = probe.at_us - BOUND_US - majority_clock
+                    assert early <= 0, (
+                        f"node {machine.id} released a {probe.kind} {early / S:.1f} s early by "
+                        f"the clocks of a majority (its cluster time is "
+                        f"{(now - majority_clock) / S:+.1f} s from them); "
+                        f"last notices: {self.notices[-4:]}"
+                    )
+
+    def publish(self, machine: Machine, delay_us: int) -> None:
+        """``machine`` (the leader, which may stamp) stamps a message due after
+        ``delay_us`` with a TTL of 5 s, and a delivery with a 30 s visibility timeout."""
+        clock = machine.keeper.clock
+        assert machine.core.role is Role.LEADER and clock.refusal() is None
+        now = clock.now_us(machine.mono(self.true_us))
+        self.probes += [
+            Probe("due", now + delay_us),
+            Probe("expiry", now + delay_us + 5 * S),
+            Probe("visibility", now + 30 * S),
+        ]
+
+    def leader_now(self) -> Machine:
+        leaders = [m for m in self.machines.values() if m.core.role is Role.LEADER]
+        assert len(leaders) == 1, f"leaders: {[m.id for m in leaders]}; {self.notices[-4:]}"
+        return leaders[0]
+
+    def restart(self, node: NodeId) -> None:
+        """``node``'s process restarts: a new core over its storage, a new clock."""
+        old = self.machines[node]
+        fresh = Machine.__new__(Machine)
+        fresh.__dict__.update(old.__dict__)
+        fresh.core = RaftCore(
+            RaftConfig(node_id=node, election_timeout_ticks=TIME.election_timeout_ticks),
+            old.storage,
+            random.Random(int(node) + 100),
+        )
+        fresh.keeper = TimeKeeper(
+            int(node), TIME, mono_us=old.mono(self.true_us), wall_us=old.wall(self.true_us)
+        )
+        fresh.last_now_us = 0
+        self.machines[node] = fresh
+        self.in_flight = [(d, m) for d, m in self.in_flight if m.to_id != node]
+
+
+def slow_started(size: int = 3) -> Watched:
+    """A cluster with a leader, then every clock answer too slow to use (1.2 s round trip):
+    the nodes run on their last agreement, as in the loaded fault runs."""
+    cluster = Watched(size)
+    cluster.run(2 * S)
+    cluster.until_dispatcher(10 * S)
+    cluster.clock_delay_ticks = 11
+    cluster.run(10 * S)
+    assert cluster.dispatcher() is not None
+    return cluster
+
+
+def step(cluster: Cluster, nodes: list[int], by_us: int) -> None:
+    for node in nodes:
+        cluster.machines[NodeId(node)].wall_offset_us += by_us
+    if len(nodes) == len(cluster.machines):
+        cluster.reference_shift_us += by_us  # the clocks every node agrees with moved
+
+
+@pytest.mark.parametrize("size", [3, 5])
+def test_every_clock_stepping_forward_and_back_before_an_agreement_releases_nothing_early(
+    size: int,
+) -> None:
+    """Every clock steps +36 s while answers are slow: the leader stamps on its stepped
+    clock and releases nothing. Then the step is undone (``date -s`` corrected) before
+    any agreement followed it: every clock reads true time again, so nothing stamped
+    before the step is due yet; the leader's cluster time, having reached its stepped
+    clock, must not release it (nor expire it, nor run out a visibility timeout)."""
+    cluster = slow_started(size)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    cluster.publish(leader, 20 * S)
+    everyone = list(range(1, size + 1))
+    step(cluster, everyone, 36 * S)
+    cluster.run(RECOVERY_US)
+    stamping = cluster.leader_now()
+    assert "stepped together" in (stamping.keeper.clock.release_refusal() or "")
+    step(cluster, everyone, -36 * S)
+    cluster.run(30 * S)  # every probe is checked as it is released
+    assert all(probe.released_by is not None for probe in cluster.probes)
+
+
+@pytest.mark.parametrize(
+    ("size", "steps"),
+    [
+        (3, {1: 36, 2: 10}),  # the leader +36 s, one follower +10 s, one right
+        (3, {1: 36, 2: 30}),
+        (5, {1: 36, 2: 36, 3: 36}),  # a majority of five
+        (5, {1: 36, 2: 10, 3: 20}),
+    ],
+)
+def test_clocks_stepping_by_different_amounts_then_fixed_release_nothing_early(
+    size: int, steps: dict[int, int]
+) -> None:
+    """Some clocks step forward by different amounts while answers are slow, then NTP
+    fixes them all: no release is early by the clocks of a majority, and a leader that
+    may dispatch again is back within seconds of an agreement once the clocks caught up."""
+    cluster = slow_started(size)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    order = [leader.id] + [m.id for m in cluster.machines.values() if m is not leader]
+    cluster.publish(leader, 20 * S)
+    for index, seconds in steps.items():
+        step(cluster, [int(order[index - 1])], seconds * S)
+    cluster.run(RECOVERY_US)
+    for index, seconds in steps.items():
+        step(cluster, [int(order[index - 1])], -seconds * S)
+    cluster.clock_delay_ticks = 0
+    cluster.run(45 * S)
+    assert all(probe.released_by is not None for probe in cluster.probes)
+
+
+def test_two_of_five_clocks_stepping_is_not_a_majority_stepping() -> None:
+    """The leader's clock and one follower's step +36 s on a five-node cluster with slow
+    answers: two of five are no majority, so the leader leaves the bound and another
+    serves; no node says the clocks stepped together."""
+    cluster = slow_started(5)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    other = next(m for m in cluster.machines.values() if m is not leader)
+    step(cluster, [int(leader.id), int(other.id)], 36 * S)
+    cluster.run(RECOVERY_US)
+    assert not leader.keeper.clock.in_bound
+    assert not other.keeper.clock.in_bound
+    serving = cluster.dispatcher()
+    assert serving is not None and serving not in (leader, other)
+    assert not any("stepped together" in text for _, text in cluster.notices)
+
+
+@pytest.mark.parametrize("size", [3, 5])
+def test_clocks_stepping_in_opposite_directions_are_not_stepping_together(size: int) -> None:
+    """The leader's clock steps +36 s, a follower's -36 s (and on five nodes a third
+    +1 s): no majority stepped one way, so the leader leaves the bound."""
+    cluster = slow_started(size)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    others = [m for m in cluster.machines.values() if m is not leader]
+    step(cluster, [int(leader.id)], 36 * S)
+    step(cluster, [int(others[0].id)], -36 * S)
+    if size == 5:
+        step(cluster, [int(others[1].id)], S)
+    cluster.run(RECOVERY_US)
+    assert not leader.keeper.clock.in_bound
+    assert not any("stepped together" in text for _, text in cluster.notices)
+    serving = cluster.dispatcher()
+    assert serving is not None and serving is not leader
+
+
+def test_every_clock_stepping_while_the_leader_is_cut_off() -> None:
+    """The leader is cut off, then every clock steps +36 s: the cut-off leader's latest
+    answers show clocks that did not step, so it leaves the bound (and its lease runs
+    out); the others agree on the stepped clocks and serve; once the cut heals and the
+    clocks step back, no release is early."""
+    cluster = slow_started(3)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    cluster.publish(leader, 20 * S)
+    cluster.clock_delay_ticks = 0
+    cluster.cut = {leader.id}
+    step(cluster, [1, 2, 3], 36 * S)
+    cluster.run(RECOVERY_US)
+    assert not leader.keeper.clock.in_bound
+    serving = cluster.dispatcher()
+    assert serving is not None and serving is not leader
+    cluster.cut = set()
+    step(cluster, [1, 2, 3], -36 * S)
+    cluster.run(40 * S)
+    assert all(probe.released_by is not None for probe in cluster.probes)
+
+
+def test_answers_older_than_the_window_vouch_for_nothing() -> None:
+    """Clock answers stop arriving (10 s round trip), then every clock steps +36 s: the
+    latest answers are from before the step or older than ``window_max_us``, so nobody
+    may claim the clocks stepped together; nothing is released early."""
+    cluster = slow_started(3)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    cluster.publish(leader, 20 * S)
+    cluster.clock_delay_ticks = 200
+    cluster.run(6 * S)
+    step(cluster, [1, 2, 3], 36 * S)
+    cluster.run(3 * TICK_US)
+    assert not any("stepped together" in text for _, text in cluster.notices)
+    assert cluster.dispatcher() is None
+    cluster.run(10 * S)
+    assert cluster.dispatcher() is None
+
+
+def test_a_node_restarted_after_the_step_may_not_lead_on_it_until_an_agreement() -> None:
+    """Every clock steps +36 s while answers are slow; a follower restarts: with no
+    agreement of its own it is not in bound, and it claims no step; once answers are
+    fast every node agrees on the stepped clocks and nothing was released early."""
+    cluster = slow_started(3)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    cluster.publish(leader, 20 * S)
+    step(cluster, [1, 2, 3], 36 * S)
+    cluster.run(RECOVERY_US)
+    follower = next(m for m in cluster.machines.values() if m.core.role is not Role.LEADER)
+    cluster.restart(follower.id)
+    cluster.run(3 * S)
+    restarted = cluster.machines[follower.id]
+    assert not restarted.keeper.clock.in_bound
+    assert restarted.keeper.clock.release_refusal() is None
+    cluster.clock_delay_ticks = 0
+    cluster.run(RECOVERY_US)
+    for machine in cluster.machines.values():
+        assert machine.keeper.clock.in_bound, (machine.id, machine.keeper.clock.refusal())
+    assert cluster.dispatcher() is not None
+    cluster.run(25 * S)
+    assert all(probe.released_by is not None for probe in cluster.probes)
