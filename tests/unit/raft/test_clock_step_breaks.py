@@ -40,9 +40,12 @@ BOUND_US = TIME.clock.max_offset_us
 class Probe:
     """A time the dispatcher acts on: ``kind`` is "due", "expiry" or "visibility"."""
 
-    def __init__(self, kind: str, at_us: int) -> None:
+    def __init__(self, kind: str, at_us: int, intended_us: int | None = None) -> None:
         self.kind = kind
         self.at_us = at_us
+        self.intended_us = intended_us
+        """Where the clocks of a majority put it when it was stamped (publish time by
+        them plus the delay), when no clock steps before its release."""
         self.released_by: NodeId | None = None
 
 
@@ -75,7 +78,7 @@ class Watched(Cluster):
             for probe in self.probes:
                 if probe.released_by is None and now >= probe.at_us:
                     probe.released_by = machine.id
-                    early = probe.at_us - BOUND_US - majority_clock
+                    early = max(probe.at_us, probe.intended_us or 0) - BOUND_US - majority_clock
                     assert early <= 0, (
                         f"node {machine.id} released a {probe.kind} {early / S:.1f} s early by "
                         f"the clocks of a majority (its cluster time is "
@@ -83,16 +86,24 @@ class Watched(Cluster):
                         f"last notices: {self.notices[-4:]}"
                     )
 
-    def publish(self, machine: Machine, delay_us: int) -> None:
+    def majority_clock(self) -> int:
+        """The latest time that a majority of the wall clocks read at least."""
+        walls = sorted((m.wall(self.true_us) for m in self.machines.values()), reverse=True)
+        return walls[majority(len(walls)) - 1]
+
+    def publish(self, machine: Machine, delay_us: int, *, no_step_before_release: bool = False) -> None:
         """``machine`` (the leader, which may stamp) stamps a message due after
-        ``delay_us`` with a TTL of 5 s, and a delivery with a 30 s visibility timeout."""
+        ``delay_us`` with a TTL of 5 s, and a delivery with a 30 s visibility timeout.
+        With ``no_step_before_release`` the releases are also checked against the
+        publish time by the clocks of a majority plus the delay."""
         clock = machine.keeper.clock
         assert machine.core.role is Role.LEADER and clock.refusal() is None
         now = clock.now_us(machine.mono(self.true_us))
+        by_them = self.majority_clock() if no_step_before_release else None
         self.probes += [
-            Probe("due", now + delay_us),
-            Probe("expiry", now + delay_us + 5 * S),
-            Probe("visibility", now + 30 * S),
+            Probe("due", now + delay_us, by_them and by_them + delay_us),
+            Probe("expiry", now + delay_us + 5 * S, by_them and by_them + delay_us + 5 * S),
+            Probe("visibility", now + 30 * S, by_them and by_them + 30 * S),
         ]
 
     def leader_now(self) -> Machine:
@@ -145,7 +156,9 @@ def test_every_clock_stepping_forward_and_back_before_an_agreement_releases_noth
     clock and releases nothing. Then the step is undone (``date -s`` corrected) before
     any agreement followed it: every clock reads true time again, so nothing stamped
     before the step is due yet; the leader's cluster time, having reached its stepped
-    clock, must not release it (nor expire it, nor run out a visibility timeout)."""
+    clock, must not release it (nor expire it, nor run out a visibility timeout). Cluster
+    time never goes back, so releases wait until the clocks catch up with it (the step's
+    size), as after a backward step."""
     cluster = slow_started(size)
     leader = cluster.dispatcher()
     assert leader is not None
@@ -157,6 +170,9 @@ def test_every_clock_stepping_forward_and_back_before_an_agreement_releases_noth
     assert "stepped together" in (stamping.keeper.clock.release_refusal() or "")
     step(cluster, everyone, -36 * S)
     cluster.run(30 * S)  # every probe is checked as it is released
+    assert "no agreement followed the step" in (stamping.keeper.clock.release_refusal() or "")
+    cluster.until_dispatcher(36 * S)
+    cluster.run(S)
     assert all(probe.released_by is not None for probe in cluster.probes)
 
 
@@ -288,4 +304,31 @@ def test_a_node_restarted_after_the_step_may_not_lead_on_it_until_an_agreement()
         assert machine.keeper.clock.in_bound, (machine.id, machine.keeper.clock.refusal())
     assert cluster.dispatcher() is not None
     cluster.run(25 * S)
+    assert all(probe.released_by is not None for probe in cluster.probes)
+
+
+@pytest.mark.parametrize("leader_step_s", [1, 30])
+def test_a_leader_whose_clock_stepped_less_than_the_majoritys_stamps_nothing_due_early(
+    leader_step_s: int,
+) -> None:
+    """Every clock steps forward while answers are slow, the leader's by less than the
+    others' (+1 s or +30 s against +36 s: their own NTP corrections). The leader stands
+    stepped together with them and stamps; a message it stamps now with a 10 s delay
+    must not be released before 10 s have passed on the clocks of a majority (the new
+    agreement follows them, not the leader's clock)."""
+    cluster = slow_started(3)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    others = [int(m.id) for m in cluster.machines.values() if m is not leader]
+    step(cluster, [int(leader.id)], leader_step_s * S)
+    step(cluster, others, 36 * S)
+    cluster.reference_shift_us = 36 * S  # the clocks of a majority
+    cluster.run(RECOVERY_US)
+    stamping = cluster.leader_now()
+    assert "stepped together" in (stamping.keeper.clock.release_refusal() or "")
+    cluster.publish(stamping, 10 * S, no_step_before_release=True)
+    cluster.clock_delay_ticks = 0
+    cluster.run(20 * S)
+    assert cluster.dispatcher() is not None
+    cluster.run(20 * S)
     assert all(probe.released_by is not None for probe in cluster.probes)
