@@ -290,6 +290,15 @@ class ClusterClock:
         """+1 / -1 while a majority of the voters' clocks (this one included) are certainly
         more than half of the bound ahead of / behind cluster time together: the
         clocks stepped, not this node's alone (:meth:`_clocks_stepped_together`)."""
+        self._stepped_wall_us = 0
+        """While the clocks stand stepped forward together: the latest time a majority
+        of the voters' wall clocks read at least (the latest answers), as an offset from
+        our monotonic clock: where the next agreement puts cluster time."""
+        self._unagreed_us = 0
+        """The highest cluster time handed out on this node's own stepped wall clock
+        (:meth:`now_us` while the clocks stood stepped forward together): no agreement
+        vouched for it, so nothing is released while it is ahead of the agreement
+        (:meth:`release_refusal`)."""
         self.set_voters(voters)
 
     # --- inputs -----------------------------------------------------------------------
@@ -371,9 +380,11 @@ class ClusterClock:
             return self._last_now_us
         base = self._base_us
         if self._stepped_together > 0:
-            base = max(base, self._wall_offset_us)
+            base = max(base, self._wall_offset_us, self._stepped_wall_us)
         now = max(self._last_now_us, mono_us + base)
         self._last_now_us = now
+        if self._stepped_together > 0:
+            self._unagreed_us = now
         return now
 
     def now_ms(self, mono_us: int) -> int:
@@ -440,12 +451,25 @@ class ClusterClock:
         sentence), or None. It may not while the clocks of a majority stand stepped
         together from the agreement it holds: which of the two times is right is not
         known until a new agreement, and a release by either could be early by the other
-        (or a message delivered past its expiry)."""
-        if self._stepped_together == 0:
+        (or a message delivered past its expiry). Nor, after the clocks stepped forward
+        together, while the cluster time it then reached on its own stepped wall clock is
+        ahead of the agreement by more than an eighth of the bound: the step was undone
+        (or the clocks fixed) before an agreement followed it, cluster time holds there
+        (it never goes back), and a release by it would be early by every clock; it
+        waits until the agreement catches up."""
+        if self._stepped_together != 0:
+            return (
+                "the wall clocks of a majority of the voters stepped together; messages are "
+                "released again once a new agreement on cluster time follows them"
+            )
+        ahead = self._unagreed_us - (self._mono_us + self._base_us)
+        if ahead <= self.config.track_us:
             return None
         return (
-            "the wall clocks of a majority of the voters stepped together; messages are "
-            "released again once a new agreement on cluster time follows them"
+            f"cluster time stands {describe_offset(ahead)} the agreement, reached on this "
+            "node's wall clock while the clocks stood stepped forward together, and no "
+            "agreement followed the step; messages are released again once the agreement "
+            "catches up (cluster time never goes back)"
         )
 
     def own_offset_us(self) -> int:
@@ -521,6 +545,7 @@ class ClusterClock:
             return 0
         direction = 1 if own > 0 else -1
         together = 1
+        clocks = [self._wall_offset_us]
         for peer in sorted(self._voters - {self.id}):
             recent = self._latest.get(peer)
             if not recent:
@@ -528,12 +553,21 @@ class ClusterClock:
             latest = recent[-1]
             if self._mono_us - latest.at_us > self.config.window_max_us:
                 continue  # not heard from lately: it may have been fixed since
+            clocks.append(latest.offset_us)
             if (latest.offset_us - target) * direction - latest.delay_us > half:
                 together += 1
-        return direction if together >= majority(len(self._voters)) else 0
+        quorum = majority(len(self._voters))
+        if together < quorum:
+            return 0
+        # A majority's clocks read at least this: a stamp below it could be due early
+        # by them (this node's clock may have stepped less than theirs).
+        self._stepped_wall_us = sorted(clocks, reverse=True)[quorum - 1]
+        return direction
 
     def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
         stepped = self._clocks_stepped_together()
+        if stepped == 0:
+            self._stepped_wall_us = 0
         if stepped == self._stepped_together:
             return
         self._stepped_together = stepped

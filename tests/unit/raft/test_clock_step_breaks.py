@@ -332,3 +332,28 @@ def test_a_leader_whose_clock_stepped_less_than_the_majoritys_stamps_nothing_due
     assert cluster.dispatcher() is not None
     cluster.run(20 * S)
     assert all(probe.released_by is not None for probe in cluster.probes)
+
+
+@pytest.mark.parametrize("step_s", [36, -36])
+def test_a_leader_whose_clock_alone_did_not_step_releases_and_stamps_nothing_early(
+    step_s: int,
+) -> None:
+    """A majority's clocks step while answers are slow, the leader's does not (it runs
+    on another machine). Its latest answers show, for certain, that a majority's clocks
+    stand far from its agreement: the next agreement follows them, not this node. So
+    what it stamps now must not be due early by them (forwards), and it must release
+    nothing that is early by them (backwards: a message due 20 s after the step)."""
+    cluster = slow_started(3)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    cluster.publish(leader, 20 * S)
+    others = [int(m.id) for m in cluster.machines.values() if m is not leader]
+    step(cluster, others, step_s * S)
+    cluster.reference_shift_us = step_s * S  # the clocks of a majority
+    cluster.run(RECOVERY_US)
+    if leader.core.role is Role.LEADER and leader.keeper.clock.refusal() is None:
+        cluster.publish(leader, 10 * S, no_step_before_release=step_s > 0)
+    cluster.run(20 * S)
+    cluster.clock_delay_ticks = 0
+    cluster.run(-step_s * S + 30 * S if step_s < 0 else 20 * S)
+    assert all(probe.released_by is not None for probe in cluster.probes)
