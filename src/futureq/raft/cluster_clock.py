@@ -532,20 +532,24 @@ class ClusterClock:
     # --- internals ----------------------------------------------------------------------
 
     def _clocks_stepped_together(self) -> int:
-        """+1 (-1) when a majority of the voters' wall clocks, this node's included, are
-        each for certain more than half of the bound ahead of (behind) cluster time, from
-        their latest answers of the last ``window_max_us`` (their uncertainty, half the
-        round trip, taken off); else 0. Only with a current agreement."""
+        """+1 (-1) when the wall clocks of a majority of the voters are each for certain
+        more than half of the bound ahead of (behind) cluster time, from their latest
+        answers of the last ``window_max_us`` (their uncertainty, half the round trip,
+        taken off) and this node's own clock; else 0. Only with a current agreement.
+
+        This node's clock need not be among them: if a majority's clocks stepped and
+        its own did not, the next agreement follows theirs, so it too must stamp on
+        their clocks and release nothing until then (it would stamp due early by them,
+        or release early by them)."""
         if self._epoch is None or not self._anchored:
             return 0
         target = self._target_us()
         half = self.config.max_offset_us // 2
         own = self._wall_offset_us - target
-        if abs(own) <= half:
-            return 0
-        direction = 1 if own > 0 else -1
-        together = 1
-        clocks = [self._wall_offset_us]
+        voting = self.id in self._voters
+        ahead = int(voting and own > half)
+        behind = int(voting and own < -half)
+        clocks = [self._wall_offset_us] if voting else []
         for peer in sorted(self._voters - {self.id}):
             recent = self._latest.get(peer)
             if not recent:
@@ -554,14 +558,17 @@ class ClusterClock:
             if self._mono_us - latest.at_us > self.config.window_max_us:
                 continue  # not heard from lately: it may have been fixed since
             clocks.append(latest.offset_us)
-            if (latest.offset_us - target) * direction - latest.delay_us > half:
-                together += 1
+            offset = latest.offset_us - target
+            if offset - latest.delay_us > half:
+                ahead += 1
+            elif -offset - latest.delay_us > half:
+                behind += 1
         quorum = majority(len(self._voters))
-        if together < quorum:
-            return 0
-        # A majority's clocks read at least this: a stamp below it could be due early
-        # by them (this node's clock may have stepped less than theirs).
-        self._stepped_wall_us = sorted(clocks, reverse=True)[quorum - 1]
+        direction = 1 if ahead >= quorum else -1 if behind >= quorum else 0
+        if direction:
+            # A majority's clocks read at least this: a stamp below it could be due
+            # early by them (this node's clock may have stepped less than theirs).
+            self._stepped_wall_us = sorted(clocks, reverse=True)[quorum - 1]
         return direction
 
     def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
@@ -580,13 +587,18 @@ class ClusterClock:
             )
             return
         own = self._wall_offset_us - self._target_us()
-        runs = "cluster time follows its wall clock" if stepped > 0 else "cluster time holds still"
+        runs = (
+            "cluster time follows the clocks a majority reads"
+            if stepped > 0
+            else "cluster time holds still"
+        )
         notices.append(
             ClockNotice(
                 "warning",
                 f"the wall clocks of a majority of the voters stepped together: this node's is "
-                f"{describe_offset(own)} cluster time, and so are the others'; it may lead "
-                f"and stamp ({runs}) but releases nothing until a new agreement follows them",
+                f"{describe_offset(own)} cluster time, and a majority's are "
+                f"{'ahead of' if stepped > 0 else 'behind'} it; it may lead and stamp ({runs}) "
+                "but releases nothing until a new agreement follows them",
             )
         )
 

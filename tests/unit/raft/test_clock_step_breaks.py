@@ -349,8 +349,8 @@ def test_a_leader_whose_clock_alone_did_not_step_releases_and_stamps_nothing_ear
     cluster.publish(leader, 20 * S)
     others = [int(m.id) for m in cluster.machines.values() if m is not leader]
     step(cluster, others, step_s * S)
+    cluster.run(RECOVERY_US)  # (until their answers arrive, it cannot know)
     cluster.reference_shift_us = step_s * S  # the clocks of a majority
-    cluster.run(RECOVERY_US)
     if leader.core.role is Role.LEADER and leader.keeper.clock.refusal() is None:
         cluster.publish(leader, 10 * S, no_step_before_release=step_s > 0)
     cluster.run(20 * S)
