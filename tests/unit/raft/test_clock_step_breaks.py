@@ -91,7 +91,9 @@ class Watched(Cluster):
         walls = sorted((m.wall(self.true_us) for m in self.machines.values()), reverse=True)
         return walls[majority(len(walls)) - 1]
 
-    def publish(self, machine: Machine, delay_us: int, *, no_step_before_release: bool = False) -> None:
+    def publish(
+        self, machine: Machine, delay_us: int, *, no_step_before_release: bool = False
+    ) -> None:
         """``machine`` (the leader, which may stamp) stamps a message due after
         ``delay_us`` with a TTL of 5 s, and a delivery with a 30 s visibility timeout.
         With ``no_step_before_release`` the releases are also checked against the
