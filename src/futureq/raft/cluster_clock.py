@@ -372,9 +372,11 @@ class ClusterClock:
         Never less than a value returned before, even for an older ``mono_us``. While the
         clocks of a majority stand stepped together (:attr:`in_bound` explains): after a
         backward step it holds still, never running ahead of the clocks a new agreement
-        will follow; after a forward step it is this node's stepped wall clock, where that
-        agreement will put it when the clocks stepped alike (one machine's clock), so
-        what is stamped now is not due early by them (nothing is released meanwhile).
+        will follow; after a forward step it is the latest clock a majority of the voters
+        reads at least (this node's stepped wall clock when the clocks stepped alike, one
+        machine's clock), where that agreement will put it, so what is stamped now is not
+        due early by them (nothing is released meanwhile, nor later while what it reached
+        so is ahead of the agreement: :meth:`release_refusal`).
         """
         if self._stepped_together < 0:
             return self._last_now_us
@@ -408,9 +410,11 @@ class ClusterClock:
         Standalone: always. Otherwise: synchronized, its cluster time within an eighth of
         the bound of the agreement's target, and its wall clock within half of
         ``max_offset_us`` of cluster time, unless the wall clocks of a majority of the
-        voters (this one included) are all, for certain, that far from cluster time in
-        the same direction. Then the clocks stepped together (one machine's clock under
-        every node, a resumed host): that is no fault of this node's clock. It may lead
+        voters (this one's counts when it is that far too) are all, for certain, that far
+        from cluster time in the same direction. Then the clocks stepped together (one
+        machine's clock under every node, a resumed host): that is no fault of this
+        node's clock (and if its clock did not step, the next agreement follows theirs,
+        not it, so it stands in the same state while it is in bound). It may lead
         and stamp, with a cluster time that no stamp can make due early (:meth:`now_us`),
         but releases nothing (:meth:`release_refusal`) until a new agreement, which, once
         answers are fast enough to use, follows the stepped clocks. Deciding this needs
