@@ -290,6 +290,15 @@ class ClusterClock:
         """+1 / -1 while a majority of the voters' clocks (this one included) are certainly
         more than half of the bound ahead of / behind cluster time together: the
         clocks stepped, not this node's alone (:meth:`_clocks_stepped_together`)."""
+        self._stepped_wall_us = 0
+        """While the clocks stand stepped forward together: the latest time a majority
+        of the voters' wall clocks read at least (the latest answers), as an offset from
+        our monotonic clock: where the next agreement puts cluster time."""
+        self._unagreed_us = 0
+        """The highest cluster time handed out on this node's own stepped wall clock
+        (:meth:`now_us` while the clocks stood stepped forward together): no agreement
+        vouched for it, so nothing is released while it is ahead of the agreement
+        (:meth:`release_refusal`)."""
         self.set_voters(voters)
 
     # --- inputs -----------------------------------------------------------------------
@@ -363,17 +372,21 @@ class ClusterClock:
         Never less than a value returned before, even for an older ``mono_us``. While the
         clocks of a majority stand stepped together (:attr:`in_bound` explains): after a
         backward step it holds still, never running ahead of the clocks a new agreement
-        will follow; after a forward step it is this node's stepped wall clock, where that
-        agreement will put it when the clocks stepped alike (one machine's clock), so
-        what is stamped now is not due early by them (nothing is released meanwhile).
+        will follow; after a forward step it is the latest clock a majority of the voters
+        reads at least (this node's stepped wall clock when the clocks stepped alike, one
+        machine's clock), where that agreement will put it, so what is stamped now is not
+        due early by them (nothing is released meanwhile, nor later while what it reached
+        so is ahead of the agreement: :meth:`release_refusal`).
         """
         if self._stepped_together < 0:
             return self._last_now_us
         base = self._base_us
         if self._stepped_together > 0:
-            base = max(base, self._wall_offset_us)
+            base = max(base, self._wall_offset_us, self._stepped_wall_us)
         now = max(self._last_now_us, mono_us + base)
         self._last_now_us = now
+        if self._stepped_together > 0:
+            self._unagreed_us = now
         return now
 
     def now_ms(self, mono_us: int) -> int:
@@ -397,9 +410,11 @@ class ClusterClock:
         Standalone: always. Otherwise: synchronized, its cluster time within an eighth of
         the bound of the agreement's target, and its wall clock within half of
         ``max_offset_us`` of cluster time, unless the wall clocks of a majority of the
-        voters (this one included) are all, for certain, that far from cluster time in
-        the same direction. Then the clocks stepped together (one machine's clock under
-        every node, a resumed host): that is no fault of this node's clock. It may lead
+        voters (this one's counts when it is that far too) are all, for certain, that far
+        from cluster time in the same direction. Then the clocks stepped together (one
+        machine's clock under every node, a resumed host): that is no fault of this
+        node's clock (and if its clock did not step, the next agreement follows theirs,
+        not it, so it stands in the same state while it is in bound). It may lead
         and stamp, with a cluster time that no stamp can make due early (:meth:`now_us`),
         but releases nothing (:meth:`release_refusal`) until a new agreement, which, once
         answers are fast enough to use, follows the stepped clocks. Deciding this needs
@@ -440,12 +455,25 @@ class ClusterClock:
         sentence), or None. It may not while the clocks of a majority stand stepped
         together from the agreement it holds: which of the two times is right is not
         known until a new agreement, and a release by either could be early by the other
-        (or a message delivered past its expiry)."""
-        if self._stepped_together == 0:
+        (or a message delivered past its expiry). Nor, after the clocks stepped forward
+        together, while the cluster time it then reached on its own stepped wall clock is
+        ahead of the agreement by more than an eighth of the bound: the step was undone
+        (or the clocks fixed) before an agreement followed it, cluster time holds there
+        (it never goes back), and a release by it would be early by every clock; it
+        waits until the agreement catches up."""
+        if self._stepped_together != 0:
+            return (
+                "the wall clocks of a majority of the voters stepped together; messages are "
+                "released again once a new agreement on cluster time follows them"
+            )
+        ahead = self._unagreed_us - (self._mono_us + self._base_us)
+        if ahead <= self.config.track_us:
             return None
         return (
-            "the wall clocks of a majority of the voters stepped together; messages are "
-            "released again once a new agreement on cluster time follows them"
+            f"cluster time stands {describe_offset(ahead)} the agreement, reached on this "
+            "node's wall clock while the clocks stood stepped forward together, and no "
+            "agreement followed the step; messages are released again once the agreement "
+            "catches up (cluster time never goes back)"
         )
 
     def own_offset_us(self) -> int:
@@ -508,19 +536,24 @@ class ClusterClock:
     # --- internals ----------------------------------------------------------------------
 
     def _clocks_stepped_together(self) -> int:
-        """+1 (-1) when a majority of the voters' wall clocks, this node's included, are
-        each for certain more than half of the bound ahead of (behind) cluster time, from
-        their latest answers of the last ``window_max_us`` (their uncertainty, half the
-        round trip, taken off); else 0. Only with a current agreement."""
+        """+1 (-1) when the wall clocks of a majority of the voters are each for certain
+        more than half of the bound ahead of (behind) cluster time, from their latest
+        answers of the last ``window_max_us`` (their uncertainty, half the round trip,
+        taken off) and this node's own clock; else 0. Only with a current agreement.
+
+        This node's clock need not be among them: if a majority's clocks stepped and
+        its own did not, the next agreement follows theirs, so it too must stamp on
+        their clocks and release nothing until then (it would stamp due early by them,
+        or release early by them)."""
         if self._epoch is None or not self._anchored:
             return 0
         target = self._target_us()
         half = self.config.max_offset_us // 2
         own = self._wall_offset_us - target
-        if abs(own) <= half:
-            return 0
-        direction = 1 if own > 0 else -1
-        together = 1
+        voting = self.id in self._voters
+        ahead = int(voting and own > half)
+        behind = int(voting and own < -half)
+        clocks = [self._wall_offset_us] if voting else []
         for peer in sorted(self._voters - {self.id}):
             recent = self._latest.get(peer)
             if not recent:
@@ -528,12 +561,24 @@ class ClusterClock:
             latest = recent[-1]
             if self._mono_us - latest.at_us > self.config.window_max_us:
                 continue  # not heard from lately: it may have been fixed since
-            if (latest.offset_us - target) * direction - latest.delay_us > half:
-                together += 1
-        return direction if together >= majority(len(self._voters)) else 0
+            clocks.append(latest.offset_us)
+            offset = latest.offset_us - target
+            if offset - latest.delay_us > half:
+                ahead += 1
+            elif -offset - latest.delay_us > half:
+                behind += 1
+        quorum = majority(len(self._voters))
+        direction = 1 if ahead >= quorum else -1 if behind >= quorum else 0
+        if direction:
+            # A majority's clocks read at least this: a stamp below it could be due
+            # early by them (this node's clock may have stepped less than theirs).
+            self._stepped_wall_us = sorted(clocks, reverse=True)[quorum - 1]
+        return direction
 
     def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
         stepped = self._clocks_stepped_together()
+        if stepped == 0:
+            self._stepped_wall_us = 0
         if stepped == self._stepped_together:
             return
         self._stepped_together = stepped
@@ -546,13 +591,18 @@ class ClusterClock:
             )
             return
         own = self._wall_offset_us - self._target_us()
-        runs = "cluster time follows its wall clock" if stepped > 0 else "cluster time holds still"
+        runs = (
+            "cluster time follows the clocks a majority reads"
+            if stepped > 0
+            else "cluster time holds still"
+        )
         notices.append(
             ClockNotice(
                 "warning",
                 f"the wall clocks of a majority of the voters stepped together: this node's is "
-                f"{describe_offset(own)} cluster time, and so are the others'; it may lead "
-                f"and stamp ({runs}) but releases nothing until a new agreement follows them",
+                f"{describe_offset(own)} cluster time, and a majority's are "
+                f"{'ahead of' if stepped > 0 else 'behind'} it; it may lead and stamp ({runs}) "
+                "but releases nothing until a new agreement follows them",
             )
         )
 
