@@ -18,15 +18,11 @@ from futureq.peer_credentials import generate_secret_file
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports that were free a moment ago on 127.0.0.1."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """``count`` distinct TCP ports that were free a moment ago on 127.0.0.1, below the
+    ephemeral range (see :func:`free_runs`: a port the OS hands out for ``:0`` may be
+    any outgoing connection's local port, or another process's listener, by the time
+    a node binds it)."""
+    return free_runs(count, 1)
 
 
 def _port_free(port: int) -> bool:
@@ -160,8 +156,16 @@ class Cluster:
             )
 
     def start(self) -> None:
-        for node in self.nodes.values():
-            node.start()
+        """Start every node; if one fails, kill those already started and re-raise (a
+        fixture whose set-up fails is not torn down: they would outlive the test)."""
+        try:
+            for node in self.nodes.values():
+                node.start()
+        except BaseException:
+            for node in self.nodes.values():
+                if node.alive():
+                    node.kill()
+            raise
 
     @property
     def servers(self) -> list[str]:
