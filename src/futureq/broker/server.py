@@ -505,16 +505,29 @@ async def _watch_signals(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """First SIGTERM/SIGINT: graceful shutdown. A second one: stop at once.
+    """First SIGTERM/SIGINT: graceful shutdown. A second one: stop at once, unless it
+    came within :data:`futureq.early_signals.REPEAT_SIGNAL_WINDOW_S` of the first (the same request delivered
+    twice: logged and ignored).
 
     Calls ``task_status.started()`` once the handlers are installed."""
+    first_at: float | None = None
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         task_status.started()
         async for signum in signals:
             name = signal.Signals(signum).name
             if not shutdown.is_set():
                 log.info("received %s: shutting down gracefully (send it again to force)", name)
+                first_at = trio.current_time()
                 shutdown.set()
+            elif first_at is not None and early_signals.is_repeat_signal(
+                first_at, trio.current_time()
+            ):
+                log.info(
+                    "received %s again within %g s of the first: the same request, still "
+                    "shutting down gracefully (send it again later to force)",
+                    name,
+                    early_signals.REPEAT_SIGNAL_WINDOW_S,
+                )
             else:
                 log.warning("received %s again: stopping now", name)
                 root.cancel()
