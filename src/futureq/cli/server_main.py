@@ -76,11 +76,18 @@ def _shard_count(text: str) -> int:
     if text.strip() == "auto":
         return AUTO_SHARDS
     try:
-        return int(text, 10)
+        count = int(text, 10)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a number of shards; give a whole number or auto"
         ) from None
+    if count == AUTO_SHARDS:  # 0 stands for auto inside; written, it is a mistake
+        from futureq.shards.slots import MAX_SHARDS
+
+        raise argparse.ArgumentTypeError(
+            f"0 is not a number of shards; give 1 to {MAX_SHARDS}, or auto (one per core)"
+        )
+    return count
 
 
 _FLAGS: tuple[_Flag, ...] = (

@@ -40,6 +40,32 @@ def test_auto_is_read_from_toml_env_and_flags(tmp_path: Path) -> None:
             load_config(None, env={"FUTUREQ_SHARDS": bad})
 
 
+def test_zero_shards_written_anywhere_is_refused_not_taken_for_auto(tmp_path: Path) -> None:
+    """0 is how ``auto`` is held inside; a 0 a user writes is a mistake with a sentence
+    (before, ``shards = 0``, ``FUTUREQ_SHARDS=0`` and ``--shards 0`` all silently ran
+    one shard per core)."""
+    toml = tmp_path / "futureq.toml"
+    toml.write_text("[node]\nshards = 0\n")
+    with pytest.raises(ConfigError, match=r"node.shards = 0 \(from .*futureq.toml\).*not a count"):
+        load_config(str(toml), env={})
+    for text in ("0", "00", " 0"):
+        with pytest.raises(ConfigError, match="FUTUREQ_SHARDS.*0 is not a count"):
+            load_config(None, env={"FUTUREQ_SHARDS": text})
+    with pytest.raises(ConfigError, match="FUTUREQ_NODE_SHARDS.*0 is not a count"):
+        load_config(None, env={"FUTUREQ_NODE_SHARDS": "0"})
+    # A later source with a real count wins over the file's 0.
+    assert load_config(str(toml), env={"FUTUREQ_SHARDS": "2"}).node.shards == 2
+
+
+def test_zero_shards_on_the_command_line_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from futureq.cli import server_main
+
+    assert server_main.main(["check-config", "--shards", "0"]) == 2
+    assert "0 is not a number of shards; give 1 to 64, or auto" in capsys.readouterr().err
+
+
 def test_a_new_directory_gets_the_cores_and_keeps_them_once_stamped(tmp_path: Path) -> None:
     data = tmp_path / "data"
     resolved = resolve_shard_count(auto(data))
