@@ -161,11 +161,16 @@ def resolve_shard_count(config: Config) -> Config:
     resolved = attrs.evolve(config, node=attrs.evolve(config.node, shards=count))
     problems = shard_port_problems(resolved)
     if problems:
+        if any("must name a fixed port" in problem for problem in problems):
+            remedy = (
+                "give fixed ports, or --shards 1 (node.shards = 1) to run the node as one "
+                "process on ports the OS chooses"
+            )
+        else:  # no room below 65536: the problem says what to lower
+            remedy = "or run the node as one process with --shards 1 (node.shards = 1)"
         raise ConfigError(
             f"node.shards is auto (the default), which chose {count} shards for the "
-            f"data directory {data_dir}, but {'; '.join(problems)}; give fixed ports, "
-            "or --shards 1 (node.shards = 1) to run the node as one process on ports the "
-            "OS chooses"
+            f"data directory {data_dir}, but {'; '.join(problems)}; {remedy}"
         )
     return resolved
 

@@ -110,6 +110,16 @@ def test_auto_with_os_chosen_ports_runs_shards_alone_and_says_what_to_fix_in_a_c
     )  # fmt: skip
     with pytest.raises(ConfigError, match=r"chose \d+ shards .*fixed port in a cluster.* --shards 1"):
         resolve_shard_count(clustered)
+    # Ports too high for every shard: the sentence says what to lower, and nothing of
+    # the OS choosing ports (before, its remedy was port 0's whatever the problem).
+    with pytest.raises(ConfigError) as high:
+        resolve_shard_count(auto(tmp_path / "high", listen="127.0.0.1:65480"))
+    assert "server.listen = '127.0.0.1:65480': leaves no room for" in str(high.value)
+    assert str(high.value).endswith(
+        "lower the port or node.shard_port_stride; or run the node as one process with "
+        "--shards 1 (node.shards = 1)"
+    ), str(high.value)
+    assert not (tmp_path / "high").exists()
     explicit = attrs.evolve(clustered, node=attrs.evolve(clustered.node, shards=2))
     problems = shard_port_problems(explicit)
     assert problems and "server.listen = '127.0.0.1:0'" in problems[0]
