@@ -66,6 +66,21 @@ def test_zero_shards_on_the_command_line_is_a_usage_error(
     assert "0 is not a number of shards; give 1 to 64, or auto" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text", ["two", "0", "-2", "65", "99", ""])
+def test_a_damaged_stamp_is_refused_with_a_sentence(tmp_path: Path, text: str) -> None:
+    """Before, 0 or -2 ran one process writing its data beside the stamp and 99 started
+    99 shard processes, then failed with a traceback (the slot map holds 64 at most)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "SHARDS").write_text(f"{text}\n")
+    sentence = rf"SHARDS should hold the node's shard count \(1 to {MAX_SHARDS}.*not {text!r}"
+    with pytest.raises(ConfigError, match=sentence):
+        read_stamp(str(data))
+    with pytest.raises(ConfigError, match=sentence):
+        resolve_shard_count(auto(data))
+    assert sorted(p.name for p in data.iterdir()) == ["SHARDS"], "nothing written"
+
+
 def test_a_new_directory_gets_the_cores_and_keeps_them_once_stamped(tmp_path: Path) -> None:
     data = tmp_path / "data"
     resolved = resolve_shard_count(auto(data))
