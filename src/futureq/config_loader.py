@@ -201,6 +201,16 @@ class _Loader:
                 self._set(section, key, value, path)
 
     def add_env(self, env: Mapping[str, str]) -> None:
+        short, long = env.get("FUTUREQ_SHARDS"), env.get("FUTUREQ_NODE_SHARDS")
+        if short is not None and long is not None and short.strip() != long.strip():
+            # Both name node.shards; which one won was only the order of their names.
+            self.problems.append(
+                Problem(
+                    ("node.shards",),
+                    f"node.shards: the environment variables FUTUREQ_SHARDS={short!r} and "
+                    f"FUTUREQ_NODE_SHARDS={long!r} disagree; both set node.shards: set one",
+                )
+            )
         for name, text in sorted(env.items()):
             if not name.startswith(ENV_PREFIX):
                 continue

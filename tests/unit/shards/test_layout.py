@@ -57,6 +57,16 @@ def test_zero_shards_written_anywhere_is_refused_not_taken_for_auto(tmp_path: Pa
     assert load_config(str(toml), env={"FUTUREQ_SHARDS": "2"}).node.shards == 2
 
 
+def test_the_two_shard_variables_must_agree() -> None:
+    """FUTUREQ_SHARDS and FUTUREQ_NODE_SHARDS both set node.shards; before, when they
+    differed, FUTUREQ_SHARDS silently won (its name sorts last)."""
+    for short, long in (("2", "3"), ("3", "2"), ("auto", "2")):
+        with pytest.raises(ConfigError, match="FUTUREQ_SHARDS=.*FUTUREQ_NODE_SHARDS=.*disagree"):
+            load_config(None, env={"FUTUREQ_SHARDS": short, "FUTUREQ_NODE_SHARDS": long})
+    same = load_config(None, env={"FUTUREQ_SHARDS": "2", "FUTUREQ_NODE_SHARDS": " 2"})
+    assert same.node.shards == 2
+
+
 def test_zero_shards_on_the_command_line_is_a_usage_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
