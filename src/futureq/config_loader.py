@@ -201,6 +201,16 @@ class _Loader:
                 self._set(section, key, value, path)
 
     def add_env(self, env: Mapping[str, str]) -> None:
+        short, long = env.get("FUTUREQ_SHARDS"), env.get("FUTUREQ_NODE_SHARDS")
+        if short is not None and long is not None and short.strip() != long.strip():
+            # Both name node.shards; which one won was only the order of their names.
+            self.problems.append(
+                Problem(
+                    ("node.shards",),
+                    f"node.shards: the environment variables FUTUREQ_SHARDS={short!r} and "
+                    f"FUTUREQ_NODE_SHARDS={long!r} disagree; both set node.shards: set one",
+                )
+            )
         for name, text in sorted(env.items()):
             if not name.startswith(ENV_PREFIX):
                 continue
@@ -233,10 +243,29 @@ class _Loader:
                     if duration is not None:
                         table[key] = duration
         node_table = raw.get("node")
-        if isinstance(node_table, dict) and str(node_table.get("shards")).strip() == "auto":
-            node_table["shards"] = AUTO_SHARDS
-
         problems = list(self.problems)
+        if isinstance(node_table, dict):
+            shards = node_table.get("shards")
+            origin = self.origins.get("node.shards", "")
+            if type(shards) is int and shards == AUTO_SHARDS and origin != "command line":
+                # 0 written in a file or the environment is a mistake, not ``auto`` (the
+                # value auto stands for inside; typed overrides may pass it).
+                from futureq.shards.slots import MAX_SHARDS
+
+                problems.append(
+                    self._sentence(
+                        _Bad(
+                            ("node.shards",),
+                            shards,
+                            f"must be 1 to {MAX_SHARDS} shard processes, or auto (one per "
+                            "core); 0 is not a count",
+                        )
+                    )
+                )
+                node_table.pop("shards")
+            elif str(shards).strip() == "auto":
+                node_table["shards"] = AUTO_SHARDS
+
         bad_keys: set[str] = {key for problem in problems for key in problem.keys}
         config: Config | None = None
         try:

@@ -6,6 +6,10 @@ log), so a reload sent then (``systemctl reload``, a config watcher) would kill 
 exit code 129 and no log line. ``futureq start`` calls :func:`defer_sighup` first thing;
 the server's SIGHUP handler, once installed, calls :func:`take_deferred_sighup` and
 reloads if one arrived meanwhile.
+
+A stop signal (SIGTERM/SIGINT) that repeats the first within
+:data:`REPEAT_SIGNAL_WINDOW_S` is the same request delivered twice, not a request to force
+the stop (:func:`is_repeat_signal`).
 """
 
 from __future__ import annotations
@@ -36,3 +40,16 @@ def take_deferred_sighup() -> bool:
         _received.clear()
         return True
     return False
+
+
+REPEAT_SIGNAL_WINDOW_S = 1.0
+"""A stop signal repeated within this long (s) of the first is the same request delivered
+twice, not a request to force: systemd's default ``KillMode=control-group`` signals the
+supervisor and every shard process, which then also get the supervisor's SIGTERM, and
+``timeout`` signals its command and then its process group."""
+
+
+def is_repeat_signal(first_at: float, now: float) -> bool:
+    """Whether a stop signal at ``now`` repeats the one at ``first_at`` (seconds, one
+    clock) rather than asking to force the stop."""
+    return now - first_at < REPEAT_SIGNAL_WINDOW_S

@@ -128,12 +128,24 @@ def listener_modes(
     return modes
 
 
-def _cannot_listen(what: str, address: str, flag: str, exc: OSError) -> OSError:
-    """An OSError whose message names the address and the flag that sets it."""
+def _cannot_listen(
+    what: str, address: str, flag: str, exc: OSError, shard: ShardRole | None = None
+) -> OSError:
+    """An OSError whose message names the address and the flag that sets it.
+
+    For shard ``K`` above 0 of a sharded node, ``address`` is not the one the user gave
+    but ``flag``'s port plus ``K`` × ``node.shard_port_stride``: the message says so, so
+    a port the user never typed is explained (``docs/sharding.md``, "Ports and data")."""
     reason = exc.strerror or str(exc)
-    return OSError(
-        exc.errno, f"cannot listen for {what} on {address}: {reason} (change it with {flag})"
-    )
+    if shard is not None and shard.index > 0:
+        how = (
+            f"shard {shard.index}'s port: the port of {flag} plus {shard.index} x "
+            f"node.shard_port_stride {shard.port_stride}; change {flag} or "
+            "node.shard_port_stride, or free that port"
+        )
+    else:
+        how = f"change it with {flag}"
+    return OSError(exc.errno, f"cannot listen for {what} on {address}: {reason} ({how})")
 
 
 def _bound_address(listener: trio.SocketListener) -> str:
@@ -197,7 +209,7 @@ async def serve(
             else:
                 listeners = await trio.open_tcp_listeners(port, host=host)
         except OSError as exc:
-            raise _cannot_listen("clients", config.server.listen, "--listen", exc) from exc
+            raise _cannot_listen("clients", config.server.listen, "--listen", exc, shard) from exc
         client_address = config.server.advertise or _bound_address(listeners[0])
         hub = Hub()
         clustered = config.cluster.clustered
@@ -292,7 +304,7 @@ async def serve(
                     raft_address = await root.start(transport.run)
                 except OSError as exc:
                     raise _cannot_listen(
-                        "Raft peers", config.cluster.raft_listen, "--raft-listen", exc
+                        "Raft peers", config.cluster.raft_listen, "--raft-listen", exc, shard
                     ) from exc
                 await root.start(command_log.run)
                 root.start_soon(cluster.follow_leadership, command_log, broker)
@@ -356,7 +368,9 @@ async def serve(
             except BaseException as exc:  # hypercorn reports a bind error inside a group
                 found = _first(exc, OSError)
                 if isinstance(found, OSError):
-                    raise _cannot_listen("HTTP", config.server.http, "--http", found) from exc
+                    raise _cannot_listen(
+                        "HTTP", config.server.http, "--http", found, shard
+                    ) from exc
                 raise
             if shard is not None:
                 root.start_soon(_stop_when_orphaned, os.getppid(), shutdown)
@@ -505,16 +519,29 @@ async def _watch_signals(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """First SIGTERM/SIGINT: graceful shutdown. A second one: stop at once.
+    """First SIGTERM/SIGINT: graceful shutdown. A second one: stop at once, unless it
+    came within :data:`futureq.early_signals.REPEAT_SIGNAL_WINDOW_S` of the first (the same request delivered
+    twice: logged and ignored).
 
     Calls ``task_status.started()`` once the handlers are installed."""
+    first_at: float | None = None
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         task_status.started()
         async for signum in signals:
             name = signal.Signals(signum).name
             if not shutdown.is_set():
                 log.info("received %s: shutting down gracefully (send it again to force)", name)
+                first_at = trio.current_time()
                 shutdown.set()
+            elif first_at is not None and early_signals.is_repeat_signal(
+                first_at, trio.current_time()
+            ):
+                log.info(
+                    "received %s again within %g s of the first: the same request, still "
+                    "shutting down gracefully (send it again later to force)",
+                    name,
+                    early_signals.REPEAT_SIGNAL_WINDOW_S,
+                )
             else:
                 log.warning("received %s again: stopping now", name)
                 root.cancel()

@@ -975,6 +975,7 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
             f"node {view.get('node_id')}: runs alone (no Raft), applied index "
             f"{view.get('applied_index')}"
         )
+        _shards_table(view, io)
         return EXIT_OK
     leader = (
         f"leader node {view['leader_id']} at {view.get('leader_address') or 'an unknown address'}"
@@ -1024,7 +1025,41 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
             nodes,
             io,
         )
+    _shards_table(view, io)
     return EXIT_OK
+
+
+def _shards_table(view: dict[str, Any], io: Output) -> None:
+    """A sharded node's ``cluster_status`` is shard 0's group with every shard's own
+    answer under ``shards``: one row per shard, so each group's leader shows (shard 1
+    is led by another node than shard 0 once leaders are balanced, docs/sharding.md)."""
+    shards = view.get("shards")
+    if not isinstance(shards, list) or len(shards) < 2:
+        return
+    rows = []
+    for shard in shards:
+        if not isinstance(shard, dict):
+            continue
+        leader_id = shard.get("leader_id")
+        leader = shard.get("leader_address") or ""
+        if leader_id is not None:
+            leader = f"node {leader_id} at {leader or 'an unknown address'}"
+        rows.append(
+            {
+                "shard": shard.get("shard", ""),
+                "address": shard.get("address", ""),
+                "role": shard.get("role", "") if "error" not in shard else "",
+                "term": shard.get("term", ""),
+                "leader": leader,
+                "commit_index": shard.get("commit_index", ""),
+                "applied_index": shard.get("applied_index", ""),
+                "error": shard.get("error", ""),
+            }
+        )
+    columns = ["shard", "address", "role", "term", "leader", "commit_index", "applied_index"]
+    if any(row["error"] for row in rows):
+        columns.append("error")
+    _table("shards", tuple(columns), rows, io)
 
 
 def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:

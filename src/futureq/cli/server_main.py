@@ -76,11 +76,18 @@ def _shard_count(text: str) -> int:
     if text.strip() == "auto":
         return AUTO_SHARDS
     try:
-        return int(text, 10)
+        count = int(text, 10)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a number of shards; give a whole number or auto"
         ) from None
+    if count == AUTO_SHARDS:  # 0 stands for auto inside; written, it is a mistake
+        from futureq.shards.slots import MAX_SHARDS
+
+        raise argparse.ArgumentTypeError(
+            f"0 is not a number of shards; give 1 to {MAX_SHARDS}, or auto (one per core)"
+        )
+    return count
 
 
 _FLAGS: tuple[_Flag, ...] = (
@@ -640,12 +647,18 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
 
 
 def _health(args: argparse.Namespace) -> int:
+    """``futureq health``: with ``node.shards = auto`` (the default) the count stamped in
+    the data directory, else 1: the node's own HTTP port, which a sharded node's shard 0
+    answers for every shard. Never the machine's cores: a health check run where the
+    node's data directory is not (another working directory, a container probe) would
+    otherwise ask ports a single-process node never opened and report it unhealthy."""
     try:
         config = _load(args)
         if config.node.shards == AUTO_SHARDS:
             from futureq.shards import layout
 
-            config = layout.resolve_shard_count(config)
+            count = layout.read_stamp(config.server.data_dir) or 1
+            config = attrs.evolve(config, node=attrs.evolve(config.node, shards=count))
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG

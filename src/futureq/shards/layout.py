@@ -161,11 +161,16 @@ def resolve_shard_count(config: Config) -> Config:
     resolved = attrs.evolve(config, node=attrs.evolve(config.node, shards=count))
     problems = shard_port_problems(resolved)
     if problems:
+        if any("must name a fixed port" in problem for problem in problems):
+            remedy = (
+                "give fixed ports, or --shards 1 (node.shards = 1) to run the node as one "
+                "process on ports the OS chooses"
+            )
+        else:  # no room below 65536: the problem says what to lower
+            remedy = "or run the node as one process with --shards 1 (node.shards = 1)"
         raise ConfigError(
             f"node.shards is auto (the default), which chose {count} shards for the "
-            f"data directory {data_dir}, but {'; '.join(problems)}; give fixed ports, "
-            "or --shards 1 (node.shards = 1) to run the node as one process on ports the "
-            "OS chooses"
+            f"data directory {data_dir}, but {'; '.join(problems)}; {remedy}"
         )
     return resolved
 
@@ -174,8 +179,13 @@ def read_stamp(data_dir: str) -> int | None:
     """The shard count stamped in ``data_dir``, or None when there is no stamp.
 
     Raises:
-        ConfigError: the stamp is not a number.
+        ConfigError: the stamp is not a count of 1 to ``MAX_SHARDS`` (a damaged or
+            hand-edited stamp: before, 0 or a negative one ran a single process writing
+            its data beside the stamp, and 99 started 99 processes, then failed with a
+            traceback).
     """
+    from futureq.shards.slots import MAX_SHARDS
+
     path = os.path.join(data_dir, STAMP_FILE)
     try:
         with open(path, encoding="utf-8") as stamp:
@@ -183,9 +193,16 @@ def read_stamp(data_dir: str) -> int | None:
     except FileNotFoundError:
         return None
     try:
-        return int(text)
+        count = int(text)
     except ValueError:
-        raise ConfigError(f"{path} should hold the node's shard count, not {text!r}") from None
+        count = 0
+    if not 1 <= count <= MAX_SHARDS:
+        raise ConfigError(
+            f"{path} should hold the node's shard count (1 to {MAX_SHARDS}, written when the "
+            f"data directory was created), not {text!r}: it is damaged; write the count the "
+            f"node was created with (the number of shard-K directories beside it)"
+        )
+    return count
 
 
 def holds_data(data_dir: str) -> bool:

@@ -48,6 +48,7 @@ import attrs
 import trio
 
 from futureq.config import Config, split_host_port
+from futureq.early_signals import REPEAT_SIGNAL_WINDOW_S, is_repeat_signal
 from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,7 @@ class Supervisor:
         return self.exit_code
 
     async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
+        first_at: float | None = None  # when the first SIGTERM/SIGINT came (trio clock)
         async for signum in signals:
             if signum == signal.SIGHUP:
                 for shard in self.shards:
@@ -195,7 +197,15 @@ class Supervisor:
                 continue
             name = signal.Signals(signum).name
             if not self.stopping:
+                first_at = trio.current_time()
                 self._stop(0, f"received {name}: stopping the {len(self.shards)} shards")
+            elif first_at is not None and is_repeat_signal(first_at, trio.current_time()):
+                log.info(
+                    "received %s again within %g s of the first: the same request, still "
+                    "stopping the shards gracefully (send it again later to force)",
+                    name,
+                    REPEAT_SIGNAL_WINDOW_S,
+                )
             else:
                 self._kill_all(f"is still running after a second {name}")
 

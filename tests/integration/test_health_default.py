@@ -1,0 +1,54 @@
+"""``futureq health`` with the default shard count (auto), run away from the node's data
+directory (another working directory: a cron job, a monitoring agent, a probe).
+
+It used to resolve ``auto`` as ``futureq start`` does, so a missing ``./data`` meant
+"one shard per core": on a machine of 2 cores it asked ``--http``'s port plus 100 too,
+which a single-process node never opened, and reported a healthy node unhealthy (exit
+1). It now asks the count stamped in ``--data-dir``, else the node's own port (which a
+sharded node's shard 0 answers for every shard).
+
+Real ``futureq start`` processes on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from broker_process import BrokerProcess
+
+
+def clean_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if not name.startswith("FUTUREQ_")}
+
+
+def health(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "futureq.cli.server_main", "health", "--timeout", "5", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=60, check=False, env=clean_env(),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("shards", ["1", "2"])
+def test_health_without_the_data_directory_asks_the_nodes_own_port(
+    tmp_path: Path, shards: str
+) -> None:
+    node = BrokerProcess(tmp_path / "node-data", shards=shards)
+    node.start()
+    elsewhere = tmp_path / "elsewhere"  # no ./data here
+    elsewhere.mkdir()
+    try:
+        for ready in ([], ["--ready"]):
+            done = health(elsewhere, "--http", node.http_address, *ready)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert f"http://{node.http_address}/" in done.stdout
+            assert "no answer" not in done.stderr, done.stderr
+        # Given the node's data directory, a sharded node's shards are asked one by one.
+        done = health(elsewhere, "--http", node.http_address, "--data-dir", str(node.data_dir))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.count("/healthz: 200") == int(shards), done.stdout
+    finally:
+        node.terminate()

@@ -1,0 +1,65 @@
+"""A port of shard K > 0 already taken: the node stops with a sentence that explains the
+port (the user never typed it: it is their port plus K x ``node.shard_port_stride``),
+and nothing is left running or listening.
+
+Real ``futureq start --shards 2`` processes on 127.0.0.1; another socket holds shard 1's
+port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster_process import free_runs
+
+STRIDE = 100
+
+
+def clean_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if not name.startswith("FUTUREQ_")}
+
+
+def can_bind(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@pytest.mark.parametrize(
+    ("what", "flag", "offset"), [("clients", "--listen", 0), ("HTTP", "--http", 2)]
+)
+def test_a_taken_port_of_shard_1_is_explained_and_nothing_stays_up(
+    tmp_path: Path, what: str, flag: str, offset: int
+) -> None:
+    [base] = free_runs(1, STRIDE + 3)
+    taken = base + offset + STRIDE  # shard 1's client (base + 100) or HTTP (base + 102) port
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        result = subprocess.run(
+            [
+                sys.executable, "-m", "futureq.cli.server_main", "start", "--shards", "2",
+                "--data-dir", str(tmp_path / "data"),
+                "--listen", f"127.0.0.1:{base}", "--http", f"127.0.0.1:{base + 2}",
+            ],
+            capture_output=True, text=True, timeout=120, check=False, env=clean_env(),
+        )  # fmt: skip
+    assert result.returncode == 4, result.stderr[-4000:]
+    assert "READY" not in result.stdout
+    sentence = (
+        f"futureq: cannot listen for {what} on 127.0.0.1:{taken}: Address already in use "
+        f"(shard 1's port: the port of {flag} plus 1 x node.shard_port_stride {STRIDE}; "
+        f"change {flag} or node.shard_port_stride, or free that port)"
+    )
+    assert sentence in result.stderr, result.stderr[-4000:]
+    # Nothing half-up: every port of both shards is free again once the command returned.
+    for port in (base, base + 2, base + STRIDE, base + STRIDE + 2):
+        assert can_bind(port), port

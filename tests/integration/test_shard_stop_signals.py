@@ -1,0 +1,113 @@
+"""Stopping a sharded node with one SIGTERM delivered twice stops it gracefully.
+
+systemd's default ``KillMode=control-group`` sends SIGTERM to every process of the
+unit (the supervisor and each shard process), and the supervisor then forwards its own
+SIGTERM to each shard; ``timeout`` sends SIGTERM to its command and then to its process
+group, so the supervisor gets it twice. Before, each shard took the second SIGTERM as
+"send it again to force" (``received SIGTERM again: stopping now``: no leadership
+hand-over, proposals in progress cut) and the supervisor took it as a second signal and
+SIGKILLed its shards. A repeat within ``early_signals.REPEAT_SIGNAL_WINDOW_S`` of the
+first is now the same request.
+
+Real ``futureq start --shards 2`` processes on 127.0.0.1 (OS-chosen ports, a node
+without peers).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+START_TIMEOUT_S = 60.0
+
+
+def clean_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if not name.startswith("FUTUREQ_")}
+
+
+def start_node(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+    """``futureq start --shards 2`` on OS-chosen ports, once it printed READY."""
+    stderr_path = tmp_path / "node.stderr.log"
+    command = [
+        sys.executable, "-m", "futureq.cli.server_main", "start", "--shards", "2",
+        "--data-dir", str(tmp_path / "data"),
+        "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+    ]  # fmt: skip
+    with open(stderr_path, "w") as stderr:
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=clean_env()
+        )
+    line: list[str] = []
+    reader = threading.Thread(
+        target=lambda: line.append(process.stdout.readline()),  # type: ignore[union-attr]
+        daemon=True,
+    )
+    reader.start()
+    reader.join(START_TIMEOUT_S)
+    if not line or not line[0].startswith("READY "):
+        process.kill()
+        process.wait(30)
+        raise RuntimeError(f"did not start; stderr:\n{stderr_path.read_text()[-4000:]}")
+    return process, stderr_path
+
+
+def shard_pids(supervisor: int) -> list[int]:
+    """PIDs of the supervisor's children (its shard processes)."""
+    pids: list[int] = []
+    for task in Path(f"/proc/{supervisor}/task").iterdir():
+        try:
+            pids += [int(child) for child in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            continue
+    return pids
+
+
+def stop(process: subprocess.Popen[str]) -> int:
+    try:
+        return process.wait(60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def assert_every_shard_stopped_gracefully(log: str) -> None:
+    assert "stopping now" not in log, log[-4000:]
+    assert "killing it" not in log, log[-4000:]
+    for shard in (0, 1):
+        assert f"shard={shard} futureq.broker.server: stopped; RocksDB closed" in log, log[-4000:]
+
+
+def test_sigterm_to_the_supervisor_and_every_shard_stops_gracefully(tmp_path: Path) -> None:
+    """As systemd stops a unit: one SIGTERM to each process of the node at once."""
+    process, stderr_path = start_node(tmp_path)
+    try:
+        shards = shard_pids(process.pid)
+        assert len(shards) == 2, shards
+        for pid in [process.pid, *shards]:
+            os.kill(pid, signal.SIGTERM)
+    finally:
+        code = stop(process)
+    log = stderr_path.read_text()
+    assert code == 0, log[-4000:]
+    assert_every_shard_stopped_gracefully(log)
+    assert "again within 1 s of the first: the same request" in log, log[-4000:]
+
+
+def test_sigterm_twice_at_once_to_the_supervisor_stops_gracefully(tmp_path: Path) -> None:
+    """As ``timeout`` stops its command: SIGTERM to it, then to its process group."""
+    process, stderr_path = start_node(tmp_path)
+    try:
+        os.kill(process.pid, signal.SIGTERM)
+        os.kill(process.pid, signal.SIGTERM)
+    finally:
+        code = stop(process)
+    log = stderr_path.read_text()
+    assert code == 0, log[-4000:]
+    assert_every_shard_stopped_gracefully(log)
