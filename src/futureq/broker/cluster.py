@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import ssl
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
 import trio
@@ -34,6 +35,7 @@ from futureq.state import snapshot
 from .cluster_time import export_clock_metrics
 
 if TYPE_CHECKING:
+    from futureq.client.client import Client
     from futureq.config import Config
     from futureq.metrics import Metrics
     from futureq.shards.layout import ShardRole
@@ -150,20 +152,13 @@ async def cluster_shard_count(config: Config) -> int | None:
         token, say): the caller then resolves as without ``--join``, and the join itself
         stops the node with the precise sentence.
     """
-    from futureq.client import open_client
     from futureq.client._routing import ShardedClient
 
     assert config.cluster.join is not None
     delay_s = 0.2
     while True:
         try:
-            async with open_client(
-                config.cluster.join,
-                ssl_context=join_ssl_context(config),
-                token=config.server.auth_token,
-                connect_timeout_s=5.0,
-                request_timeout_s=10.0,
-            ) as client:
+            async with open_join_client(config, request_timeout_s=10.0) as client:
                 if isinstance(client, ShardedClient):
                     return client.slot_map.shard_count
                 return 1
@@ -445,6 +440,24 @@ def join_ssl_context(config: Config) -> ssl.SSLContext | None:
     return context
 
 
+def open_join_client(
+    config: Config, request_timeout_s: float
+) -> AbstractAsyncContextManager[Client]:
+    """A client of the member at ``cluster.join`` (``open_client``'s context manager):
+    this node's TLS (:func:`join_ssl_context`) and ``server.auth_token``, connecting
+    within 5 s, each request within ``request_timeout_s`` seconds."""
+    from futureq.client import open_client  # the client library is only needed to join
+
+    assert config.cluster.join is not None
+    return open_client(
+        config.cluster.join,
+        ssl_context=join_ssl_context(config),
+        token=config.server.auth_token,
+        connect_timeout_s=5.0,
+        request_timeout_s=request_timeout_s,
+    )
+
+
 def was_removed(node: RaftNode, node_id: int) -> bool:
     """True when this node's own data says it was removed from the cluster: the stored
     membership is non-empty and does not list ``node_id``."""
@@ -497,8 +510,6 @@ async def join_cluster(
             slot map (:func:`check_join_shards`), already has this node id, or refuses
             this node's peer credentials.
     """
-    from futureq.client import open_client  # the client library is only needed here
-
     assert config.cluster.join is not None
     node_id = config.server.node_id
     delay_s = 0.2
@@ -520,13 +531,7 @@ async def join_cluster(
             log.info("node %d is a member of the cluster", node_id)
             return
         try:
-            async with open_client(
-                config.cluster.join,
-                ssl_context=join_ssl_context(config),
-                token=config.server.auth_token,
-                connect_timeout_s=5.0,
-                request_timeout_s=30.0,
-            ) as client:
+            async with open_join_client(config, request_timeout_s=30.0) as client:
                 from futureq.client._routing import ShardedClient
 
                 # Before anything else: a node of another shard count would join groups
