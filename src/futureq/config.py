@@ -405,6 +405,12 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, port
 
 
+def join_host_port(host: str, port: int) -> str:
+    """``HOST:PORT``, an IPv6 host in brackets (``[v6]:PORT``): the inverse of
+    :func:`split_host_port`."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def parse_peers(text: str) -> dict[int, str]:
     """Parse ``"1=HOST:PORT,2=HOST:PORT"`` into ``{1: "HOST:PORT", 2: ...}``.
 

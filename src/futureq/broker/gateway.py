@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from futureq import __version__
+from futureq.config import join_host_port
 from futureq.errors import (
     ErrorCode,
     LocalProtocolError,
@@ -385,7 +386,7 @@ def _peer_name(stream: trio.abc.Stream) -> str:
         host, port = sock.getpeername()[:2] if sock is not None else ("?", 0)
     except OSError:
         return "?"
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return join_host_port(str(host), port)
 
 
 class Connection:

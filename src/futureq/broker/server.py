@@ -25,7 +25,7 @@ import trio
 
 from futureq import __version__, early_signals, fd_budget
 from futureq.clock import Clock, SystemClock
-from futureq.config import Config, split_host_port, websocket_origins
+from futureq.config import Config, join_host_port, split_host_port, websocket_origins
 from futureq.data_tools import check_data_fits_mode
 from futureq.errors import (
     ConfigError,
@@ -150,7 +150,7 @@ def _cannot_listen(
 
 def _bound_address(listener: trio.SocketListener) -> str:
     host, port = listener.socket.getsockname()[:2]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return join_host_port(host, port)
 
 
 async def serve(

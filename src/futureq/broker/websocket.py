@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 
 import trio
 
+from futureq.config import join_host_port
 from futureq.errors import ErrorCode
 from futureq.wire import codec, frames
 
@@ -136,7 +137,7 @@ def peer_of(scope: WebsocketScope) -> str:
     if not client:
         return "?"
     host, port = client[0], client[1]
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return join_host_port(str(host), port)
 
 
 class WebSocketStream(trio.abc.Stream):

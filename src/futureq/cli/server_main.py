@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from futureq import __version__, early_signals, fd_budget
-from futureq.config import AUTO_SHARDS, WILDCARD_HOSTS, Config, split_host_port
+from futureq.config import AUTO_SHARDS, WILDCARD_HOSTS, Config, join_host_port, split_host_port
 from futureq.config_loader import LOG_LEVELS, config_warnings, env_var_name, load_config
 from futureq.errors import ConfigError
 from futureq.logging_setup import LOG_FORMATS, setup_logging
@@ -676,10 +676,8 @@ def _health_of(config: Config, args: argparse.Namespace) -> int:
     host, port = split_host_port(config.server.http)
     if host in WILDCARD_HOSTS:  # listening everywhere: ask over loopback
         host = "::1" if ":" in host else "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
     path = "/readyz" if args.ready else "/healthz"
-    url = f"http://{host}:{port}{path}"
+    url = f"http://{join_host_port(host, port)}{path}"
     import urllib.error  # http.client and email: only `futureq health` needs them
     import urllib.request
 

@@ -26,7 +26,7 @@ import os
 
 import attrs
 
-from futureq.config import AUTO_SHARDS, Config, parse_peers, split_host_port
+from futureq.config import AUTO_SHARDS, Config, join_host_port, parse_peers, split_host_port
 from futureq.errors import ConfigError
 from futureq.shards.slots import SlotMap, even_map
 
@@ -37,9 +37,7 @@ STAMP_FILE = "SHARDS"
 def shift_address(address: str, offset: int) -> str:
     """``address`` (``HOST:PORT``, ``[v6]:PORT``) with ``offset`` added to its port."""
     host, port = split_host_port(address)
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{port + offset}"
+    return join_host_port(host, port + offset)
 
 
 def shard_data_dir(data_dir: str, shard: int) -> str:

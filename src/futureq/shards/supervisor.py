@@ -47,7 +47,7 @@ from collections.abc import AsyncIterator, Sequence
 import attrs
 import trio
 
-from futureq.config import Config, split_host_port
+from futureq.config import Config, join_host_port, split_host_port
 from futureq.early_signals import REPEAT_SIGNAL_WINDOW_S, is_repeat_signal
 from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
 
@@ -412,14 +412,13 @@ def bind_ports(address: str, shards: int, stride: int, backlog: int) -> list[soc
             ``HOST`` cannot be bound at all.
     """
     host, _ = split_host_port(address)
-    shown = f"[{host}]" if ":" in host else host
     for _ in range(BIND_RUN_ATTEMPTS):
-        first = bind_http(f"{shown}:0", backlog)
+        first = bind_http(join_host_port(host, 0), backlog)
         base = first.getsockname()[1]
         run = [first]
         try:
             for shard in range(1, shards):
-                run.append(bind_http(f"{shown}:{base + shard * stride}", backlog))
+                run.append(bind_http(join_host_port(host, base + shard * stride), backlog))
         except (OSError, OverflowError):
             for sock in run:
                 sock.close()
@@ -461,8 +460,7 @@ def fix_os_chosen_ports(
             run = bind_ports(address, shards, stride, backlog)
             for shard, sock in enumerate(run):
                 sockets[shard][kind] = sock
-            shown = f"[{host}]" if ":" in host else host
-            fixed = f"{shown}:{run[0].getsockname()[1]}"
+            fixed = join_host_port(host, run[0].getsockname()[1])
             if kind == "client":
                 server = attrs.evolve(server, listen=fixed)
             else:

@@ -39,7 +39,7 @@ import attrs
 import h11
 import trio
 
-from futureq.config import split_host_port
+from futureq.config import join_host_port, split_host_port
 from futureq.shards.layout import shift_address
 
 if TYPE_CHECKING:
@@ -125,9 +125,7 @@ def shard_http_address(http: str, shard: int, stride: int) -> str:
     host, port = split_host_port(http)
     if host in _WILDCARD_HOSTS:
         host = "::1" if ":" in host else "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return shift_address(f"{host}:{port}", shard * stride)
+    return shift_address(join_host_port(host, port), shard * stride)
 
 
 def client_ssl_context(config: Config) -> ssl.SSLContext | None:
