@@ -535,18 +535,22 @@ class ClusterClock:
 
     # --- internals ----------------------------------------------------------------------
 
-    def _clocks_stepped_together(self) -> int:
-        """+1 (-1) when the wall clocks of a majority of the voters are each for certain
-        more than half of the bound ahead of (behind) cluster time, from their latest
-        answers of the last ``window_max_us`` (their uncertainty, half the round trip,
-        taken off) and this node's own clock; else 0. Only with a current agreement.
+    def _clocks_stepped_together(self) -> tuple[int, int]:
+        """``(direction, wall)``: direction +1 (-1) when the wall clocks of a majority of
+        the voters are each for certain more than half of the bound ahead of (behind)
+        cluster time, from their latest answers of the last ``window_max_us`` (their
+        uncertainty, half the round trip, taken off) and this node's own clock, else 0
+        (only with a current agreement); wall, with a direction, the latest time a
+        majority of those clocks read at least (an offset from our monotonic clock: a
+        stamp below it could be due early by them, since this node's clock may have
+        stepped less than theirs), else 0.
 
         This node's clock need not be among them: if a majority's clocks stepped and
         its own did not, the next agreement follows theirs, so it too must stamp on
         their clocks and release nothing until then (it would stamp due early by them,
         or release early by them)."""
         if self._epoch is None or not self._anchored:
-            return 0
+            return 0, 0
         target = self._target_us()
         half = self.config.max_offset_us // 2
         own = self._wall_offset_us - target
@@ -569,16 +573,12 @@ class ClusterClock:
                 behind += 1
         quorum = majority(len(self._voters))
         direction = 1 if ahead >= quorum else -1 if behind >= quorum else 0
-        if direction:
-            # A majority's clocks read at least this: a stamp below it could be due
-            # early by them (this node's clock may have stepped less than theirs).
-            self._stepped_wall_us = sorted(clocks, reverse=True)[quorum - 1]
-        return direction
+        if direction == 0:
+            return 0, 0
+        return direction, sorted(clocks, reverse=True)[quorum - 1]
 
     def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
-        stepped = self._clocks_stepped_together()
-        if stepped == 0:
-            self._stepped_wall_us = 0
+        stepped, self._stepped_wall_us = self._clocks_stepped_together()
         if stepped == self._stepped_together:
             return
         self._stepped_together = stepped
