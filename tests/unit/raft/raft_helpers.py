@@ -25,6 +25,7 @@ from futureq.raft.messages import (
     Snapshot,
 )
 from futureq.raft.storage import MemoryStorage
+from futureq.raft.timekeeper import TimeKeeper
 
 ELECTION_TICKS = 10
 
@@ -218,3 +219,22 @@ class Network:
 
     def leaders(self) -> list[NodeId]:
         return [i for i, n in self.nodes.items() if n.core.role is Role.LEADER]
+
+
+def drain_timed(
+    core: RaftCore, keeper: TimeKeeper, storage: MemoryStorage, mono_us: int
+) -> list[Message]:
+    """Every pending Ready of a core driven with a :class:`TimeKeeper`: the keeper sees
+    each at ``mono_us``, entries and hard state are stored, and the messages to send are
+    returned (the leader's before the rest, as a node sends them)."""
+    out: list[Message] = []
+    while core.has_ready():
+        ready = core.ready()
+        keeper.on_ready(ready, mono_us)
+        out.extend(ready.leader_messages)
+        storage.append(ready.entries)
+        if ready.hard_state is not None:
+            storage.set_hard_state(ready.hard_state)
+        out.extend(ready.messages)
+        core.advance(ready)
+    return out

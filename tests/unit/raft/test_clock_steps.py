@@ -31,6 +31,7 @@ import random
 from collections import deque
 
 import pytest
+from raft_helpers import drain_timed
 
 from futureq.raft.core import RaftConfig, RaftCore, Role
 from futureq.raft.messages import CLOCK_MESSAGES, Membership, Message, NodeId
@@ -85,17 +86,7 @@ class Machine:
         self.wall_drift_ppm = ppm
 
     def drain(self, true_us: int) -> list[Message]:
-        out: list[Message] = []
-        while self.core.has_ready():
-            ready = self.core.ready()
-            self.keeper.on_ready(ready, self.mono(true_us))
-            out.extend(ready.leader_messages)
-            self.storage.append(ready.entries)
-            if ready.hard_state is not None:
-                self.storage.set_hard_state(ready.hard_state)
-            out.extend(ready.messages)
-            self.core.advance(ready)
-        return out
+        return drain_timed(self.core, self.keeper, self.storage, self.mono(true_us))
 
 
 class Cluster:

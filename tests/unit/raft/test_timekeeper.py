@@ -11,6 +11,7 @@ import random
 from collections import deque
 
 import pytest
+from raft_helpers import drain_timed
 
 from futureq.errors import ConfigError
 from futureq.raft.cluster_clock import ClockConfig
@@ -59,17 +60,7 @@ class Node:
         self.keeper = TimeKeeper(node_id, CONFIG, mono_us=mono_us, wall_us=EPOCH_US + mono_us)
 
     def drain(self, mono_us: int) -> list[Message]:
-        out: list[Message] = []
-        while self.core.has_ready():
-            ready = self.core.ready()
-            self.keeper.on_ready(ready, mono_us)
-            out.extend(ready.leader_messages)
-            self.storage.append(ready.entries)
-            if ready.hard_state is not None:
-                self.storage.set_hard_state(ready.hard_state)
-            out.extend(ready.messages)
-            self.core.advance(ready)
-        return out
+        return drain_timed(self.core, self.keeper, self.storage, mono_us)
 
 
 class Cluster:
@@ -217,13 +208,20 @@ def test_a_leader_cut_off_stops_dispatching_before_another_can_be_elected() -> N
     assert new and cluster.dispatchers() == [new[0].id]
 
 
-def test_a_transfer_ends_the_lease_and_a_failed_transfer_steps_down() -> None:
+def start_a_transfer_that_fails() -> tuple[Cluster, Node]:
+    """A settled 3-node cluster whose leader has just begun handing leadership to a
+    follower that never receives the TimeoutNow."""
     cluster = Cluster()
     cluster.run(600)
     leader = cluster.leader()
     target = next(i for i in cluster.nodes if i != leader.id)
     cluster.cut |= {(leader.id, target)}  # the TimeoutNow never arrives
     leader.core.transfer_leadership(target)
+    return cluster, leader
+
+
+def test_a_transfer_ends_the_lease_and_a_failed_transfer_steps_down() -> None:
+    cluster, leader = start_a_transfer_that_fails()
     assert not leader.keeper.can_dispatch(leader.core, cluster.mono_us)
     cluster.run(150)
     assert leader.core.role is not Role.LEADER
@@ -235,12 +233,7 @@ def test_a_failed_transfer_leaves_the_group_leaderless_for_at_most_an_election()
     stop ignoring campaigns one election timeout T after its last heartbeat and a
     campaign starts within [T, 2T), so a new leader (on a fast network) follows within
     2T and a round trip: a failed transfer costs one election, not more."""
-    cluster = Cluster()
-    cluster.run(600)
-    leader = cluster.leader()
-    target = next(i for i in cluster.nodes if i != leader.id)
-    cluster.cut |= {(leader.id, target)}  # the TimeoutNow never arrives
-    leader.core.transfer_leadership(target)
+    cluster, leader = start_a_transfer_that_fails()
     while leader.core.role is Role.LEADER:
         cluster.step()
     cluster.cut.clear()
