@@ -14,6 +14,12 @@ START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 15.0
 
 
+def clean_env() -> dict[str, str]:
+    """This environment without FUTUREQ_* variables: what a plain ``futureq start`` from
+    the README sees (no setting of the test run's own leaks in)."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("FUTUREQ_")}
+
+
 class BrokerProcess:
     """A ``futureq start`` subprocess and its addresses.
 

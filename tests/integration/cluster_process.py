@@ -25,7 +25,8 @@ def free_ports(count: int) -> list[int]:
     return free_runs(count, 1)
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether ``port`` can be bound on 127.0.0.1 now."""
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
@@ -56,7 +57,7 @@ def free_runs(runs: int, length: int) -> list[int]:
         ports = range(base, base + length)
         if any(p in range(b, b + length) for b in found for p in ports):
             continue
-        if all(_port_free(p) for p in ports):
+        if all(port_free(p) for p in ports):
             found.append(base)
     return found
 

@@ -12,17 +12,12 @@ Real ``futureq start`` processes on 127.0.0.1.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from broker_process import BrokerProcess
-
-
-def clean_env() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if not name.startswith("FUTUREQ_")}
+from broker_process import BrokerProcess, clean_env
 
 
 def health(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

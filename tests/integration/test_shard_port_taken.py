@@ -8,29 +8,16 @@ port.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from cluster_process import free_runs
+from broker_process import clean_env
+from cluster_process import free_runs, port_free
 
 STRIDE = 100
-
-
-def clean_env() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if not name.startswith("FUTUREQ_")}
-
-
-def can_bind(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 @pytest.mark.parametrize(
@@ -62,4 +49,4 @@ def test_a_taken_port_of_shard_1_is_explained_and_nothing_stays_up(
     assert sentence in result.stderr, result.stderr[-4000:]
     # Nothing half-up: every port of both shards is free again once the command returned.
     for port in (base, base + 2, base + STRIDE, base + STRIDE + 2):
-        assert can_bind(port), port
+        assert port_free(port), port

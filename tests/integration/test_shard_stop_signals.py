@@ -22,11 +22,9 @@ import sys
 import threading
 from pathlib import Path
 
+from broker_process import clean_env
+
 START_TIMEOUT_S = 60.0
-
-
-def clean_env() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if not name.startswith("FUTUREQ_")}
 
 
 def start_node(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from broker_process import BrokerProcess
+from broker_process import BrokerProcess, clean_env
 from cluster_process import Cluster, ClusterNode, free_ports, free_runs
 from wire_client import WireClient
 
@@ -36,11 +36,6 @@ STRIDE = 100
 """``node.shard_port_stride``'s default: shard K listens on each port + 100 K."""
 TOPICS = [f"orders.{i}" for i in range(8)]
 START_TIMEOUT_S = 60.0
-
-
-def clean_env() -> dict[str, str]:
-    """This environment without FUTUREQ_* variables: the README's plain start."""
-    return {name: value for name, value in os.environ.items() if not name.startswith("FUTUREQ_")}
 
 
 class ReadmeNode:
