@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from broker_process import clean_env
@@ -82,13 +83,26 @@ def assert_every_shard_stopped_gracefully(log: str) -> None:
         assert f"shard={shard} futureq.broker.server: stopped; RocksDB closed" in log, log[-4000:]
 
 
+def wait_for_lines(path: Path, text: str, count: int, within_s: float = 10.0) -> None:
+    """Until ``path`` holds ``count`` lines containing ``text``."""
+    deadline = time.monotonic() + within_s
+    while path.read_text().count(text) < count:
+        assert time.monotonic() < deadline, path.read_text()[-4000:]
+        time.sleep(0.002)
+
+
 def test_sigterm_to_the_supervisor_and_every_shard_stops_gracefully(tmp_path: Path) -> None:
-    """As systemd stops a unit: one SIGTERM to each process of the node at once."""
+    """As systemd stops a unit: one SIGTERM to each process of the node, so each shard
+    gets its own and the supervisor's. Sent all at once, a shard may take the two as one
+    (signals of one kind pending together are delivered once), so the shards' own are
+    sent once each shard has taken the supervisor's: the order in which they are two."""
     process, stderr_path = start_node(tmp_path)
     try:
         shards = shard_pids(process.pid)
         assert len(shards) == 2, shards
-        for pid in [process.pid, *shards]:
+        os.kill(process.pid, signal.SIGTERM)
+        wait_for_lines(stderr_path, "received SIGTERM: shutting down gracefully", 2)
+        for pid in shards:
             os.kill(pid, signal.SIGTERM)
     finally:
         code = stop(process)
