@@ -4,6 +4,7 @@ directory is refused with the command that fixes it."""
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import re
 import subprocess
@@ -95,18 +96,29 @@ def wait_voters(address: str, voters: list[int], timeout_s: float = 30.0) -> Non
         time.sleep(0.1)
 
 
-def wait_leader(address: str, timeout_s: float = 20.0, stderr_path: Path | None = None) -> None:
-    """Wait until the node at ``address`` leads; a failure shows the node's log tail."""
+def ready_leader(candidates: list[ClusterNode], timeout_s: float = 20.0) -> ClusterNode:
+    """The node among ``candidates`` that leads and is ready (``/readyz``: the no-op of
+    its term applied; until then a new leader refuses leader-only requests such as
+    SUBSCRIBE with NOT_LEADER), once one is; a failure shows their log tails."""
     deadline = time.monotonic() + timeout_s
-    try:
-        while WireClient(address).status()["role"] != "leader":
-            assert time.monotonic() < deadline, f"{address} did not become the leader"
-            time.sleep(0.05)
-    except (AssertionError, OSError) as exc:
-        if stderr_path is None or not stderr_path.exists():
-            raise
-        tail = stderr_path.read_text(errors="replace")[-4000:]
-        raise AssertionError(f"{exc!r}; the node's log ends with:\n{tail}") from exc
+    while time.monotonic() < deadline:
+        for node in candidates:
+            if not node.alive():
+                continue
+            try:
+                if node.http_json("/api/status")["role"] == "leader":
+                    node.http_json("/readyz")
+                    return node
+            except (OSError, http.client.HTTPException):
+                continue  # not answering yet, or 503: not ready
+        time.sleep(0.05)
+    tails = "\n".join(
+        f"node {node.node_id}'s log ends with:\n"
+        + node.stderr_path.read_text(errors="replace")[-4000:]
+        for node in candidates
+        if node.stderr_path.exists()
+    )
+    raise AssertionError(f"no ready leader among {[n.node_id for n in candidates]}\n{tails}")
 
 
 @pytest.fixture
@@ -164,15 +176,7 @@ def test_a_single_node_grows_into_a_three_node_cluster_losing_nothing(
     # The joiners hold everything: with the original node gone, one of them serves it all.
     first.kill()
     survivors = [node for node in nodes[2:] if isinstance(node, ClusterNode)]
-    deadline = time.monotonic() + 20
-    leader = None
-    while leader is None:
-        for node in survivors:
-            status = WireClient(node.client_address).status()
-            if status["role"] == "leader":
-                leader = node
-        assert time.monotonic() < deadline, "no leader among the joined nodes"
-        time.sleep(0.1)
+    leader = ready_leader(survivors)
     seen = consume(leader.client_address, "grow", len(ids) + len(later))
     assert ids | later <= seen, f"{len((ids | later) - seen)} acknowledged messages lost"
 
@@ -224,7 +228,7 @@ def test_backup_of_a_running_cluster_restores_as_a_new_cluster_or_a_single_node(
     )
     nodes.append(node)
     node.start()
-    wait_leader(node.client_address, stderr_path=node.stderr_path)
+    ready_leader([node])
     seen = consume(node.client_address, "backup", len(before))
     assert seen == before, "exactly the messages acknowledged before the backup"
     assert not seen & after

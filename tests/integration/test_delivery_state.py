@@ -124,26 +124,46 @@ def _late_answers(caplog: pytest.LogCaptureFixture) -> int:
     return sum("nobody waits for" in r.getMessage() for r in caplog.records)
 
 
-async def _cancel_until_late_answer(
-    caplog: pytest.LogCaptureFixture, call: Callable[[], Any]
+async def _cancel_once_sent(
+    monkeypatch: pytest.MonkeyPatch, client: Any, call: Callable[[], Any]
 ) -> None:
-    """Cancel ``call`` sooner and later until one was cancelled after it was sent (its
-    refusal then arrives with nobody waiting)."""
+    """Run ``call`` and cancel it right after its request entered the connection's
+    write queue: sent, never answered to its caller, so its answer arrives with
+    nobody waiting. (A sweep of ``move_on_after`` delays met that window only by
+    luck: on a loaded CI machine no delay fell between sending and the answer.)"""
+    conn = client._live_connection()
+    assert conn is not None
+    queue = conn._queue
+    with trio.CancelScope() as scope, monkeypatch.context() as patch:
+
+        async def queue_then_cancel(data: bytes) -> None:
+            await queue(data)
+            scope.cancel()
+
+        patch.setattr(conn, "_queue", queue_then_cancel)
+        try:
+            await call()
+        except RequestError:
+            raise AssertionError("answered although cancelled once sent") from None
+    assert scope.cancelled_caught, "the call returned before it was cancelled"
+
+
+async def _cancel_until_late_answer(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    client: Any,
+    call: Callable[[], Any],
+) -> None:
+    """Cancel ``call`` once sent and wait for its refusal to arrive with nobody waiting."""
     before = _late_answers(caplog)
-    for delay_s in (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01) * 3:
-        with trio.move_on_after(delay_s):
-            try:
-                await call()
-            except RequestError:
-                pass  # answered in time: the refusal reached its caller
-        await trio.sleep(0.05)  # let a late answer arrive
-        if _late_answers(caplog) > before:
-            return
-    raise AssertionError("never cancelled a request after it was sent")
+    await _cancel_once_sent(monkeypatch, client, call)
+    with trio.fail_after(10):
+        while _late_answers(caplog) == before:  # noqa: ASYNC110 - polls the captured log, under a deadline
+            await trio.sleep(0.01)
 
 
 async def test_cancelled_calls_never_break_the_shared_connection(
-    broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+    broker: BrokerProcess, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="futureq.client")
     async with open_client(broker.client_address, rng=random.Random(2)) as client:
@@ -155,12 +175,12 @@ async def test_cancelled_calls_never_break_the_shared_connection(
             # The same tag again, as another holder of it would send it: the server
             # refuses it; cancelled, its refusal arrives with nobody waiting.
             again = attrs.evolve(held[0], state=DeliveryState.HELD)
-            await _cancel_until_late_answer(caplog, lambda: sub.ack([again]))
+            await _cancel_until_late_answer(monkeypatch, caplog, client, lambda: sub.ack([again]))
             await _cancel_until_late_answer(
-                caplog, lambda: client.publish_batch([PublishItem("bad.dlq", b"x")])
+                monkeypatch, caplog, client, lambda: client.publish_batch([PublishItem("bad.dlq", b"x")])
             )
             await _cancel_until_late_answer(
-                caplog, lambda: client.create_group("held", "other", max_deliveries=0)
+                monkeypatch, caplog, client, lambda: client.create_group("held", "other", max_deliveries=0)
             )
             # A refused CREDIT (ERROR with request id 0) is not fatal either.
             conn = client._live_connection()
@@ -176,19 +196,20 @@ async def test_cancelled_calls_never_break_the_shared_connection(
 
 
 async def test_a_cancelled_subscribe_leaves_no_consumer_on_the_server(
-    broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+    broker: BrokerProcess, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="futureq.client")
     async with open_client(broker.client_address, rng=random.Random(3)) as client:
         await client.publish_batch([PublishItem("orphan", b"%d" % i) for i in range(3)])
-        for delay_s in (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02) * 3:
-            with trio.move_on_after(delay_s):
-                async with client.subscribe("orphan", "g", prefetch=3):
-                    await trio.sleep_forever()
-            if any("given up" in r.getMessage() for r in caplog.records):
-                break
-        else:
-            raise AssertionError("never cancelled a SUBSCRIBE after it was sent")
+
+        async def subscribe() -> None:
+            async with client.subscribe("orphan", "g", prefetch=3):
+                raise AssertionError("subscribed although cancelled once sent")
+
+        await _cancel_once_sent(monkeypatch, client, subscribe)
+        with trio.fail_after(10):
+            while not any("given up" in r.getMessage() for r in caplog.records):  # noqa: ASYNC110 - polls the captured log, under a deadline
+                await trio.sleep(0.01)
         with trio.fail_after(10):
             while True:
                 group = group_status(await client.status(), "orphan", "g")
