@@ -28,17 +28,21 @@ def test_a_taken_port_of_shard_1_is_explained_and_nothing_stays_up(
 ) -> None:
     [base] = free_runs(1, STRIDE + 3)
     taken = base + offset + STRIDE  # shard 1's client (base + 100) or HTTP (base + 102) port
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", taken))
-        holder.listen()
-        result = subprocess.run(
+
+    def start(*shards: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             [
-                sys.executable, "-m", "futureq.cli.server_main", "start", "--shards", "2",
+                sys.executable, "-m", "futureq.cli.server_main", "start", *shards,
                 "--data-dir", str(tmp_path / "data"),
                 "--listen", f"127.0.0.1:{base}", "--http", f"127.0.0.1:{base + 2}",
             ],
             capture_output=True, text=True, timeout=120, check=False, env=clean_env(),
         )  # fmt: skip
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        result = start("--shards", "2")
     assert result.returncode == 4, result.stderr[-4000:]
     assert "READY" not in result.stdout
     sentence = (
@@ -50,3 +54,9 @@ def test_a_taken_port_of_shard_1_is_explained_and_nothing_stays_up(
     # Nothing half-up: every port of both shards is free again once the command returned.
     for port in (base, base + 2, base + STRIDE, base + STRIDE + 2):
         assert port_free(port), port
+    # The failed first start stamped the count: a start with another one is told that
+    # start never got ready, and what to do (not only that the count is fixed).
+    other = start("--shards", "1")
+    assert other.returncode == 2, other.stderr[-4000:]
+    assert "created with 2 shards by a start that never got ready" in other.stderr
+    assert f"remove {tmp_path / 'data'} and start again with --shards 1" in other.stderr

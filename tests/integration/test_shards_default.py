@@ -120,6 +120,7 @@ def test_the_readme_start_runs_one_shard_per_core_and_keeps_the_count(tmp_path: 
         if CORES > 1:
             assert ready.endswith(f" shards={CORES}"), ready
             assert (data / "SHARDS").read_text().strip() == str(CORES)
+            assert not (data / "SHARDS.first-start").exists(), "ready: not a failed start"
             assert sorted(p.name for p in data.glob("shard-*")) == [
                 f"shard-{k}" for k in range(CORES)
             ]

@@ -33,6 +33,11 @@ from futureq.shards.slots import SlotMap, even_map
 STAMP_FILE = "SHARDS"
 """File in the data directory naming the node's shard count (one decimal line)."""
 
+FIRST_START_FILE = "SHARDS.first-start"
+"""Beside the stamp from its writing until every shard of that first start was ready:
+a start that failed (a taken port) left a stamp, and a later start with another count
+is told so, with what to do, instead of only that the count is fixed."""
+
 
 def shift_address(address: str, offset: int) -> str:
     """``address`` (``HOST:PORT``, ``[v6]:PORT``) with ``offset`` added to its port."""
@@ -236,16 +241,37 @@ def check_shard_count(config: Config) -> None:
                 "directory (moving topics between shards is not supported yet)"
             )
         os.makedirs(data_dir, exist_ok=True)
+        _write_synced(os.path.join(data_dir, FIRST_START_FILE), "")
         temp = os.path.join(data_dir, f"{STAMP_FILE}.partial")
-        with open(temp, "w", encoding="utf-8") as stamp:
-            stamp.write(f"{wanted}\n")
-            stamp.flush()
-            os.fsync(stamp.fileno())
+        _write_synced(temp, f"{wanted}\n")
         os.replace(temp, os.path.join(data_dir, STAMP_FILE))
         return
+    if stamped != wanted and os.path.exists(os.path.join(data_dir, FIRST_START_FILE)):
+        raise ConfigError(
+            f"{data_dir} was created with {stamped} shards by a start that never got "
+            f"ready (it stopped before every shard was serving), and its shard count is "
+            f"fixed; if nothing was published to it, remove {data_dir} and start again "
+            f"with --shards {wanted}; else start it with --shards {stamped} (node.shards)"
+        )
     if stamped != wanted:
         raise ConfigError(
             f"{data_dir} was created with {stamped} shards; start it with --shards "
             f"{stamped} (node.shards), not {wanted}: the shard count is fixed when the data "
             "directory is created"
         )
+
+
+def note_first_start_ready(data_dir: str) -> None:
+    """Every shard of the node is serving: the stamp is no longer only a failed first
+    start's (removes :data:`FIRST_START_FILE`; nothing to do on later starts)."""
+    try:
+        os.remove(os.path.join(data_dir, FIRST_START_FILE))
+    except FileNotFoundError:
+        pass
+
+
+def _write_synced(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())

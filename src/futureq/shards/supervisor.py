@@ -49,6 +49,7 @@ import trio
 
 from futureq.config import Config, join_host_port, split_host_port
 from futureq.early_signals import REPEAT_SIGNAL_WINDOW_S, is_repeat_signal
+from futureq.shards.layout import note_first_start_ready
 from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,10 @@ class Supervisor:
                 f"shards {late} did not get ready within {START_DEADLINE_S:g} s; stopping the node",
             )
             return
+        try:
+            note_first_start_ready(self.config.server.data_dir)
+        except OSError as exc:  # only a wording of a later refusal depends on it
+            log.warning("cannot remove the first-start marker in the data directory: %s", exc)
         first = self.shards[0].ready_fields
         extra = f" raft={first['raft']}" if "raft" in first else ""
         log.info(
