@@ -633,7 +633,7 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
         shard_dir = layout.shard_data_dir(data_dir, shard)
         if layout.holds_data(shard_dir):
             raise ConfigError(f"{shard_dir} is not empty; restore into an empty data directory")
-    layout.check_shard_count(config)
+    layout.check_shard_count(config, starting=False)
     said = []
     for shard, part in enumerate(parts):
         info = data_tools.restore_backup(

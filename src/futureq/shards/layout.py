@@ -217,12 +217,14 @@ def holds_data(data_dir: str) -> bool:
         return False
 
 
-def check_shard_count(config: Config) -> None:
+def check_shard_count(config: Config, *, starting: bool = True) -> None:
     """Refuse a data directory made for another shard count; stamp a new sharded one.
 
     With ``node.shards = 1``: refused when the directory carries a stamp of more.
     With ``N > 1``: a directory without a stamp must be empty (or missing); it is
-    stamped ``N``. A stamp naming another count is refused.
+    stamped ``N``, and, when ``starting`` (not a restore, which fills it with data),
+    marked as a first start until every shard is ready (:data:`FIRST_START_FILE`).
+    A stamp naming another count is refused.
 
     Raises:
         ConfigError: with a sentence saying what the directory holds and what to do.
@@ -241,7 +243,8 @@ def check_shard_count(config: Config) -> None:
                 "directory (moving topics between shards is not supported yet)"
             )
         os.makedirs(data_dir, exist_ok=True)
-        _write_synced(os.path.join(data_dir, FIRST_START_FILE), "")
+        if starting:
+            _write_synced(os.path.join(data_dir, FIRST_START_FILE), "")
         temp = os.path.join(data_dir, f"{STAMP_FILE}.partial")
         _write_synced(temp, f"{wanted}\n")
         os.replace(temp, os.path.join(data_dir, STAMP_FILE))
