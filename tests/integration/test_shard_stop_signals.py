@@ -79,6 +79,14 @@ def stop(process: subprocess.Popen[str]) -> int:
 def assert_every_shard_stopped_gracefully(log: str) -> None:
     assert "stopping now" not in log, log[-4000:]
     assert "killing it" not in log, log[-4000:]
+    # The supervisor says how the node ended, last; answering on the HTTP port meanwhile
+    # is said once, not as if the node started listening anew.
+    last = log.rstrip("\n").rsplit("\n", 1)[-1]
+    assert "node 1 stopped with exit code 0; its shards exited with 0 (shard 0), 0 (shard 1)" in (
+        last
+    ), log[-4000:]
+    stopping = log[log.index("received SIGTERM"):]
+    assert "HTTP listening" not in stopping, stopping[-4000:]
     for shard in (0, 1):
         assert f"shard={shard} futureq.broker.server: stopped; RocksDB closed" in log, log[-4000:]
 

@@ -612,10 +612,12 @@ async def serve_app(
     listen_fd: int | None = None,
     max_connections: int = DEFAULT_MAX_HTTP_CONNECTIONS,
     idle_timeout_ms: int = DEFAULT_HTTP_IDLE_TIMEOUT_MS,
+    announce: bool = True,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` with hypercorn on ``address`` (or ``listen_fd``); the arguments are
-    :func:`serve_http`'s."""
+    :func:`serve_http`'s, and ``announce`` False leaves out the "HTTP listening" line
+    (a sharded node's supervisor, answering on a port shard 0 announced, logs its own)."""
     config = HypercornConfig()
     config.bind = [address if listen_fd is None else f"fd://{listen_fd}"]
     config.accesslog = None
@@ -642,12 +644,13 @@ async def serve_app(
             )
         )
         bound = _host_port(binds[0])
-        logger.info(
-            "HTTP listening on %s (/metrics, /healthz, /readyz, dashboard; at most %d "
-            "connections at once)",
-            bound,
-            max_connections,
-        )
+        if announce:
+            logger.info(
+                "HTTP listening on %s (/metrics, /healthz, /readyz, dashboard; at most %d "
+                "connections at once)",
+                bound,
+                max_connections,
+            )
         task_status.started(bound)
 
 

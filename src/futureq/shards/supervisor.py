@@ -86,6 +86,8 @@ class _Shard:
         self.ready = trio.Event()
         """Set at the shard's first READY line (never cleared)."""
         self.ready_fields: dict[str, str] = {}
+        self.exit_code: int | None = None
+        """The exit code of the shard's last process, once it exited."""
         self.serving = False
         """True from a READY line of the shard's current process until that process exits."""
         self.state = "is starting"
@@ -185,6 +187,16 @@ class Supervisor:
                     outer.cancel_scope.cancel()
         finally:
             self._kill_all("outlived its supervisor")  # only on a bug: never leave one behind
+        codes = ", ".join(
+            f"{'never started' if s.exit_code is None else s.exit_code} (shard {s.index})"
+            for s in self.shards
+        )
+        log.info(
+            "node %d stopped with exit code %d; its shards exited with %s",
+            self.config.server.node_id,
+            self.exit_code,
+            codes,
+        )
         return self.exit_code
 
     async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
@@ -316,6 +328,7 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_stdout, shard, process)
             code = await process.wait()
+        shard.exit_code = code
         lived_s = trio.current_time() - started
         shard.set_state(
             False,
@@ -358,6 +371,7 @@ class Supervisor:
                 listen_fd=os.dup(http_socket.fileno()),
                 max_connections=config.limits.max_http_connections,
                 idle_timeout_ms=config.limits.http_idle_timeout_ms,
+                announce=False,  # the line above says it; shard 0 announced the port
             )
 
     async def _read_stdout(self, shard: _Shard, process: trio.Process) -> None:
