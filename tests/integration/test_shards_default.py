@@ -310,3 +310,53 @@ def test_a_node_joining_with_the_default_takes_the_clusters_count(tmp_path: Path
         assert 2 in view["voters"], view
     finally:
         cluster.stop()
+
+
+@pytest.mark.skipif(CORES < 2, reason="auto must choose two counts: needs two usable cores")
+def test_peers_whose_default_counts_differ_are_told_to_give_every_node_the_same(
+    tmp_path: Path,
+) -> None:
+    """``--peers`` with the default on machines of other core counts (node 2 started with
+    an affinity of one core): each node says its count came from its machine's cores,
+    and the refused Raft link says to give every node the same ``--shards``."""
+    from futureq.peer_credentials import generate_secret_file
+
+    secret = tmp_path / "cluster.secret"
+    generate_secret_file(str(secret))
+    starts = free_runs(6, CORES)  # stride 1: shard K on each port plus K
+    ports = {n: (starts[3 * n - 3], starts[3 * n - 2], starts[3 * n - 1]) for n in (1, 2)}
+    peers = ",".join(f"{n}=127.0.0.1:{ports[n][1]}" for n in ports)
+    nodes = {
+        n: ClusterNode(
+            n,
+            tmp_path / f"node{n}",
+            ports[n],
+            ["--peers", peers, "--cluster-secret-file", str(secret)],
+            {"FUTUREQ_NODE_SHARD_PORT_STRIDE": "1"},
+        )
+        for n in ports
+    }
+    for node in nodes.values():
+        node.shards_arg = None  # the default: auto
+    mask = os.sched_getaffinity(0)
+    try:
+        nodes[1].start()
+        os.sched_setaffinity(0, {min(mask)})  # node 2's processes inherit one core
+        try:
+            nodes[2].start()
+        finally:
+            os.sched_setaffinity(0, mask)
+        wants = {1: f"{CORES} shard(s)", 2: "1 shard(s)"}
+        for n, node in nodes.items():
+            assert f"node.shards = auto: {wants[n]}, this machine's usable cores" in (
+                node.stderr_text()
+            )
+        deadline = time.monotonic() + 30
+        refusal = "on machines with other core counts give every node the same --shards"
+        while not all(refusal in node.stderr_text() for node in nodes.values()):
+            assert time.monotonic() < deadline, [n.stderr_text()[-2000:] for n in nodes.values()]
+            time.sleep(0.1)
+    finally:
+        for node in nodes.values():
+            if node.alive():
+                node.kill()

@@ -714,7 +714,13 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
     shard: int | None = args.shard_index
     try:
         loaded = _load(args)
-        config = layout.resolve_shard_count(_joined_shard_count(loaded, shard))
+        joined = _joined_shard_count(loaded, shard)
+        from_cores = (
+            joined.node.shards == AUTO_SHARDS
+            and layout.read_stamp(joined.server.data_dir) is None
+            and not layout.holds_data(joined.server.data_dir)
+        )
+        config = layout.resolve_shard_count(joined)
         if shard is None:
             layout.check_shard_count(config)
     except ConfigError as error:
@@ -739,7 +745,15 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
     if shard is None:
         for warning in config_warnings(config):
             logging.getLogger("futureq").warning("%s", warning)
-        if loaded.node.shards != config.node.shards:
+        if from_cores and config.cluster.peers:
+            logging.getLogger("futureq").info(
+                "node.shards = auto: %d shard(s), this machine's usable cores, stamped in the "
+                "new data directory; every node of the cluster must run the same count: "
+                "if the nodes' machines have other core counts, start every node with the "
+                "same --shards",
+                config.node.shards,
+            )
+        elif loaded.node.shards != config.node.shards:
             logging.getLogger("futureq").info(
                 "node.shards = auto: %d shard(s): the count the data directory was created "
                 "with (a new one: the cluster's at --join, else the usable cores; 1 for a "

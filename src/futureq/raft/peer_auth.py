@@ -208,7 +208,9 @@ def shard_disagreement(ours: ShardLayout, theirs: ShardLayout, peer: int) -> Pee
         fix = (
             "every node of a cluster must run the same number of shards (node.shards); "
             "start the node that differs with the cluster's count on an empty data "
-            "directory (a node of an older build counts as 1 shard)"
+            "directory (a node of an older build counts as 1 shard); node.shards = auto, "
+            "the default, gives a new node its machine's cores: on machines with other "
+            "core counts give every node the same --shards"
         )
     elif ours.slot_map != theirs.slot_map:
         fix = "every node of a cluster must use the same slot map"
