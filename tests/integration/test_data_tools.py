@@ -217,6 +217,7 @@ def test_backup_of_a_running_cluster_restores_as_a_new_cluster_or_a_single_node(
     restored = tmp_path / "restored"
     done = futureq("restore", "--from", str(backup), "--data-dir", str(restored), "--node-id", "1")
     assert done.returncode == 0, done.stderr
+    assert f"start it with --data-dir {restored} --node-id 1 --peers 1=<its raft" in done.stdout
     again = futureq("restore", "--from", str(backup), "--data-dir", str(restored), "--node-id", "1")
     assert again.returncode == 2 and "empty data directory" in again.stderr
     client_port, raft_port, http_port = free_ports(3)

@@ -97,6 +97,7 @@ def test_backup_of_a_running_sharded_node_restores_every_shard(tmp_path: Path) -
     )
     assert done.returncode == 0, done.stderr
     assert "restored the backup of 2 shards" in done.stdout
+    assert f"as a single node; start it with --data-dir {restored} --shards 2" in done.stdout
     assert (restored / "SHARDS").read_text().strip() == "2"
     assert not (restored / "SHARDS.first-start").exists(), "restored data is no failed start"
     # Restoring again over it is refused (not empty).

@@ -493,7 +493,7 @@ def _data_command(args: argparse.Namespace) -> int:
             node_id = config.server.node_id
             if shards > 1:
                 converted = _convert_shards(config, shards)
-                what = f"every shard of {data_dir} ({converted}) is now"
+                what = f"every shard of {data_dir} is now"
                 shards_flag = f" --shards {shards}"
             else:
                 index = data_tools.convert_to_cluster(config)
@@ -515,9 +515,9 @@ def _data_command(args: argparse.Namespace) -> int:
                         f"shard {k} at index {info.index}" for k, info in enumerate(infos)
                     )
                     total = sum(info.size_bytes for info in infos)
-                    return f"{shards} shards: {parts}; {total} bytes of state"
+                    return f"({shards} shards: {parts}; {total} bytes of state)"
                 info = data_tools.write_backup(data_dir, out)
-                return f"index {info.index} ({info.size_bytes} bytes of state)"
+                return f"at index {info.index} ({info.size_bytes} bytes of state)"
 
             if args.out == "-":
                 said = write(sys.stdout.buffer)
@@ -527,7 +527,7 @@ def _data_command(args: argparse.Namespace) -> int:
                     said = write(out)
                     os.fsync(out.fileno())
                 os.replace(temp, args.out)
-            print(f"backup of {data_dir} at {said} written to {args.out}", file=sys.stderr)
+            print(f"backup of {data_dir} {said} written to {args.out}", file=sys.stderr)
     except ConfigError as error:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -601,10 +601,18 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
     if wanted == AUTO_SHARDS:  # auto: the backup's count
         wanted = 1 if parts is None else len(parts)
         config = attrs.evolve(config, node=attrs.evolve(config.node, shards=wanted))
+    node_id = config.server.node_id
     where = (
         "as a single node"
         if args.single_node
-        else f"as node {config.server.node_id}, the only voter of a new cluster"
+        else f"as node {node_id}, the only voter of a new cluster"
+    )
+    shards_flag = "" if wanted == 1 else f" --shards {wanted}"
+    start = (
+        f"start it with --data-dir {data_dir}{shards_flag}"
+        if args.single_node
+        else f"start it with --data-dir {data_dir} --node-id {node_id}{shards_flag} --peers "
+        f"{node_id}=<its raft HOST:PORT>, then start the other nodes with --join{shards_flag}"
     )
     if parts is None:
         if wanted > 1:
@@ -615,7 +623,7 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
             )
         layout.check_shard_count(config)
         info = data_tools.restore_backup(config, raw, single_node=args.single_node)
-        print(f"restored the backup at index {info.index} into {data_dir} {where}")
+        print(f"restored the backup at index {info.index} into {data_dir} {where}; {start}")
         return
     if wanted != len(parts):
         raise ConfigError(
@@ -642,7 +650,7 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
         said.append(f"shard {shard} at index {info.index}")
     print(
         f"restored the backup of {wanted} shards ({', '.join(said)}) into {data_dir} {where}; "
-        f"start it with --shards {wanted}"
+        f"{start}"
     )
 
 
