@@ -22,7 +22,6 @@ import threading
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-import outcome
 import trio
 
 T = TypeVar("T")
@@ -43,9 +42,9 @@ async def run_sync_quick(fn: Callable[..., T], *args: Any, wait_s: float = QUICK
     token = trio.lowlevel.current_trio_token()
     finished = threading.Event()
     woken = trio.Event()
-    results: list[outcome.Outcome[T]] = []
+    results: list[Any] = []  # one outcome.Outcome (trio's own dependency)
 
-    def deliver(result: outcome.Outcome[T]) -> None:
+    def deliver(result: Any) -> None:
         results.append(result)
         finished.set()
         try:
@@ -58,7 +57,8 @@ async def run_sync_quick(fn: Callable[..., T], *args: Any, wait_s: float = QUICK
     if not finished.wait(wait_s):
         with trio.CancelScope(shield=True):
             await woken.wait()
-    return results[0].unwrap()
+    value: T = results[0].unwrap()
+    return value
 
 
 __all__ = ["QUICK_WAIT_S", "run_sync_quick"]
