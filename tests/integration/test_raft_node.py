@@ -26,7 +26,9 @@ from futureq.errors import NotLeaderError, RequestError
 from futureq.raft import peer_auth
 from futureq.raft.core import Role
 from futureq.raft.messages import (
+    AppendEntries,
     ClockPing,
+    Entry,
     Heartbeat,
     LogIndex,
     NodeId,
@@ -774,6 +776,45 @@ async def test_tls_certificate_of_another_node_is_refused(tmp_path: Path) -> Non
         await cluster.stop_all()
 
 
+async def test_messages_written_at_once_and_queued_arrive_whole_and_in_order() -> None:
+    """On a connected, idle link ``send`` writes at once (no pass of the loop); a frame
+    larger than the socket takes is finished by the link's task before the messages
+    queued behind it. Every message arrives whole, in order."""
+    book = AddressBook()
+    async with trio.open_nursery() as nursery:
+        transports = {
+            n: Transport(n, "127.0.0.1:0", book, cluster_id="test", secret=SECRET) for n in (1, 2)
+        }
+        for n, transport in transports.items():
+            book.update({n: (await nursery.start(transport.run), None)})
+        sender, receiver = transports[1], transports[2]
+        sender.send(Heartbeat(Term(1), NodeId(1), NodeId(2), LogIndex(0)))
+        with trio.fail_after(WAIT_S):
+            first = await receiver.receive_channel.receive()  # the link is up now
+        assert isinstance(first, Heartbeat)
+        big = tuple(
+            Entry(Term(1), LogIndex(i), data=bytes([i % 251]) * 65536) for i in range(1, 65)
+        )
+        sent: list[Any] = []
+        for round_ in range(3):
+            message = AppendEntries(
+                Term(1), NodeId(1), NodeId(2), LogIndex(0), Term(0), big, LogIndex(round_)
+            )
+            sender.send(message)  # 4 MiB: more than the socket takes at once
+            sent.append(message)
+            for i in range(50):
+                beat = Heartbeat(Term(1), NodeId(1), NodeId(2), LogIndex(1000 * round_ + i))
+                sender.send(beat)
+                sent.append(beat)
+            await trio.lowlevel.checkpoint()
+        received: list[Any] = []
+        with trio.fail_after(WAIT_S):
+            while len(received) < len(sent):
+                received.append(await receiver.receive_channel.receive())
+        assert [encode_message(m) for m in received] == [encode_message(m) for m in sent]
+        nursery.cancel_scope.cancel()
+
+
 async def test_votes_and_clock_samples_overtake_queued_replication() -> None:
     """Behind a backlog of AppendEntries and heartbeats, a vote or a clock ping goes
     first: queued behind it on a slow link it arrived seconds late, after the election or
@@ -781,8 +822,7 @@ async def test_votes_and_clock_samples_overtake_queued_replication() -> None:
     book = AddressBook()
     async with trio.open_nursery() as nursery:
         transports = {
-            n: Transport(n, "127.0.0.1:0", book, cluster_id="test", secret=SECRET)
-            for n in (1, 2)
+            n: Transport(n, "127.0.0.1:0", book, cluster_id="test", secret=SECRET) for n in (1, 2)
         }
         for n, transport in transports.items():
             book.update({n: (await nursery.start(transport.run), None)})

@@ -20,6 +20,7 @@ import msgpack
 import trio
 
 from futureq.errors import ErrorCode, NoSpaceError, RequestError, StorageError
+from futureq.quick_thread import run_sync_quick
 
 if TYPE_CHECKING:
     from futureq.metrics import Metrics
@@ -335,11 +336,13 @@ class SingleNodeLog:
 
     async def _write(self, batch: list[_Proposal]) -> None:
         """Write the entries of ``batch`` (indexes assigned) in one synced write."""
+        # In a worker thread; a loop with nothing else to run waits for it briefly
+        # without the hop back through the loop (quick_thread).
         if self._alarm is None:
-            await trio.to_thread.run_sync(self._write_entries, batch)
+            await run_sync_quick(self._write_entries, batch)
             return
         async with self._alarm.lock:  # no reopen while the write runs
-            await trio.to_thread.run_sync(self._write_entries, batch)
+            await run_sync_quick(self._write_entries, batch)
 
     def _write_entries(self, batch: list[_Proposal]) -> None:
         # The write batch (which holds column family handles, so RocksDB) lives only

@@ -752,7 +752,7 @@ class RaftCore:
             # The leader counts itself only for entries on its own stable storage.
             if self.progress[self.id].maybe_update(self.log.persisted_index()):
                 if self._maybe_commit():
-                    self._broadcast_append()
+                    self._send_pending_appends()
 
     def _recently_started(self) -> bool:
         return self._ticks_since_start < self.config.election_timeout_ticks
@@ -1348,7 +1348,7 @@ class RaftCore:
             pr.become_probe()
             pr.become_replicate()
         if self._maybe_commit():
-            self._broadcast_append()
+            self._send_pending_appends()
         elif was_paused:
             self._send_append(peer)
         if self.role is not Role.LEADER:
@@ -1431,6 +1431,17 @@ class RaftCore:
         for node_id in sorted(self.progress):
             if node_id != self.id:
                 self._send_append(node_id)
+
+    def _send_pending_appends(self) -> None:
+        """The commit index advanced: send AppendEntries only to followers that have
+        entries to receive. The others learn the new commit index with the next
+        AppendEntries or heartbeat (at most one heartbeat interval later): an
+        AppendEntries carrying nothing but the commit index would cost every follower a
+        wakeup, an apply and an answer, and the leader that answer, on the path of the
+        next client request (the leader needs no follower's apply to answer)."""
+        for node_id in sorted(self.progress):
+            if node_id != self.id:
+                self._send_append(node_id, send_if_empty=False)
 
     def _broadcast_heartbeat(self) -> None:
         # Every broadcast is a new round: ReadIndex confirmations and the leader lease

@@ -7,7 +7,9 @@ and fed to the core at the top of each round. While the core has a Ready the dri
 0. sends ``ready.leader_messages`` at once: a leader replicates while its own write
    runs (thesis §10.2.1);
 1. persists it (snapshot metadata, entries, hard state) with one RocksDB batch in a
-   worker thread, synced when ``must_sync`` — not cancellable half way;
+   worker thread, synced when ``must_sync`` — not cancellable half way; a loop with
+   nothing else to run waits for it briefly without the hop back through the loop
+   (:mod:`futureq.quick_thread`);
 2. then sends ``ready.messages`` (they may promise what step 1 stored);
 3. then installs a received snapshot and applies ``committed_entries`` in order,
    resolving the proposers waiting for them;
@@ -50,6 +52,7 @@ from futureq.errors import (
     RequestError,
     StorageError,
 )
+from futureq.quick_thread import run_sync_quick
 from futureq.raft.cluster_clock import describe_offset
 from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError, Role
 from futureq.raft.messages import (
@@ -1135,12 +1138,13 @@ class RaftNode:
         while True:
             try:
                 if ready.must_sync:
-                    # Not cancellable (abandon_on_cancel=False): a synced write must finish.
+                    # Not cancellable: a synced write must finish. A quiet loop waits
+                    # for it without the hop back through the loop (quick_thread).
                     if self._alarm is None:
-                        await trio.to_thread.run_sync(self._storage.persist, ready)
+                        await run_sync_quick(self._storage.persist, ready)
                     else:
                         async with self._alarm.lock:
-                            await trio.to_thread.run_sync(self._storage.persist, ready)
+                            await run_sync_quick(self._storage.persist, ready)
                 else:
                     # Commit-index-only writes are unsynced and take microseconds: a
                     # thread hop would cost more than the write.

@@ -189,6 +189,13 @@ class Network:
         for _ in range(count):
             self.core(node_id).tick()
 
+    def heartbeat(self, leader_id: int) -> None:
+        """Tick the leader to its next heartbeat and deliver: the followers learn the
+        commit index (a commit alone sends them nothing; it rides on the next
+        AppendEntries or heartbeat)."""
+        self.tick(leader_id, self.core(leader_id).config.heartbeat_interval_ticks)
+        self.stabilize()
+
     def tick_all(self, count: int = 1) -> None:
         """Tick every node ``count`` times, delivering after each round."""
         for _ in range(count):

@@ -126,3 +126,24 @@ def test_follower_learns_commit_index_from_heartbeat() -> None:
     network.tick_all(1)
     assert network.core(3).log.committed == network.core(1).log.committed
     assert network.nodes[NodeId(3)].applied_data() == [b"x"]
+
+
+def test_a_commit_alone_sends_caught_up_followers_nothing() -> None:
+    """A commit sends no AppendEntries to followers that have every entry: they learn
+    the commit index with the next AppendEntries (the next proposal) or heartbeat, so
+    a commit does not wake every follower for an apply and an answer while the
+    leader answers its client."""
+    network = Network.of(3)
+    network.elect(1)
+    network.heartbeat(1)
+    network.delivered.clear()
+    index = network.propose(1, b"x")
+    assert network.core(1).log.committed == index
+    appends = [m for m in network.delivered if isinstance(m, AppendEntries)]
+    assert appends and all(m.entries for m in appends)  # the entry, no commit-only message
+    assert network.core(2).log.committed < index
+    network.propose(1, b"y")  # the next AppendEntries carries the commit index
+    assert network.nodes[NodeId(2)].applied_data() == [b"x"]
+    network.heartbeat(1)
+    assert network.nodes[NodeId(2)].applied_data() == [b"x", b"y"]
+    assert network.core(3).log.committed == network.core(1).log.committed

@@ -29,6 +29,7 @@ def _with_learner(learner: int = 4) -> Network:
     network.add(make_node(learner, [], []))  # joins with an empty configuration
     network.core(1).propose_conf_change(_change(ConfChangeOp.ADD_LEARNER, learner))
     network.stabilize()
+    network.heartbeat(1)
     return network
 
 
@@ -39,6 +40,7 @@ def test_learner_receives_the_log_but_does_not_vote_or_count() -> None:
     leader = network.core(1)
     assert leader.membership == Membership(ids(1, 2, 3), ids(4))
     network.propose(1, b"x")
+    network.heartbeat(1)
     assert network.nodes[NodeId(4)].applied_data() == [b"x"]
     assert network.core(4).membership == leader.membership  # learned from the log
     # With two voters down the learner's acknowledgement does not make a majority.

@@ -49,6 +49,7 @@ def test_leader_replicates_entries_and_all_apply_them_in_order() -> None:
     network.elect(1)
     for i in range(10):
         network.propose(1, f"cmd{i}".encode())
+    network.heartbeat(1)  # the followers learn the last commit index
     expected = [f"cmd{i}".encode() for i in range(10)]
     for node in network.nodes.values():
         assert node.applied_data() == expected

@@ -61,6 +61,7 @@ def test_follower_surfaces_snapshot_in_ready_and_replication_continues() -> None
     network = _lagging_cluster()
     network.tick_all(2)
     network.propose(1, b"after")
+    network.heartbeat(1)
     follower = network.nodes[NodeId(3)]
     assert follower.applied_data() == [b"after"]
     assert follower.core.log.committed == network.core(1).log.committed
@@ -133,6 +134,7 @@ def test_restarted_node_recovers_from_snapshot_and_log() -> None:
         network.propose(1, b"%d" % i)
     _compact(network, 2, b"snap")
     network.propose(1, b"tail")
+    network.heartbeat(1)
     old = network.nodes[NodeId(2)]
     from raft_helpers import make_node
 

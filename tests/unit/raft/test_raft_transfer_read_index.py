@@ -62,6 +62,7 @@ def test_transfer_aborts_after_an_election_timeout() -> None:
     network.tick_all(ELECTION_TICKS)
     assert leader.role is Role.LEADER and leader.lead_transferee is None
     network.propose(1, b"after abort")
+    network.heartbeat(1)
     assert network.nodes[NodeId(2)].applied_data() == [b"after abort"]
 
 
