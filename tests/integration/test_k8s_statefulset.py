@@ -370,7 +370,7 @@ def test_a_pod_beyond_the_initial_voters_joins_is_promoted_and_scales_down(
     pod3 = k8s.pod(3)
     removed = subprocess.run(
         [str(BIN_DIR / "futureq-cli"), "--server", k8s.client_address(0),
-         "--tls-ca", str(k8s.ca_file), "--token", AUTH_TOKEN, "cluster", "remove-node", "4"],
+         "--tls-ca", str(k8s.ca_file), f"--token={AUTH_TOKEN}", "cluster", "remove-node", "4"],
         capture_output=True, text=True, timeout=60, env=dict(os.environ),
     )  # fmt: skip
     assert removed.returncode == 0, removed.stderr
@@ -444,7 +444,7 @@ def test_a_pod_whose_volume_was_lost_rejoins_through_the_runbook(k8s: K8sCluster
     pod.kill()
     shutil.rmtree(pod.pod.mounts["/var/lib/futureq"])
     cli = [str(BIN_DIR / "futureq-cli"), "--server", k8s.client_address(leader),
-           "--tls-ca", str(k8s.ca_file), "--token", AUTH_TOKEN, "cluster"]  # fmt: skip
+           "--tls-ca", str(k8s.ca_file), f"--token={AUTH_TOKEN}", "cluster"]  # fmt: skip
     done = subprocess.run(
         [*cli, "remove-node", str(node_id)], capture_output=True, text=True, timeout=60
     )
