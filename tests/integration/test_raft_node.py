@@ -776,18 +776,24 @@ async def test_tls_certificate_of_another_node_is_refused(tmp_path: Path) -> Non
         await cluster.stop_all()
 
 
+async def _two_transports(nursery: trio.Nursery) -> tuple[Transport, Transport]:
+    """Nodes 1 and 2's transports on 127.0.0.1, running in ``nursery``, each in the
+    other's address book: ``(sender, receiver)``."""
+    book = AddressBook()
+    transports = {
+        n: Transport(n, "127.0.0.1:0", book, cluster_id="test", secret=SECRET) for n in (1, 2)
+    }
+    for n, transport in transports.items():
+        book.update({n: (await nursery.start(transport.run), None)})
+    return transports[1], transports[2]
+
+
 async def test_messages_written_at_once_and_queued_arrive_whole_and_in_order() -> None:
     """On a connected, idle link ``send`` writes at once (no pass of the loop); a frame
     larger than the socket takes is finished by the link's task before the messages
     queued behind it. Every message arrives whole, in order."""
-    book = AddressBook()
     async with trio.open_nursery() as nursery:
-        transports = {
-            n: Transport(n, "127.0.0.1:0", book, cluster_id="test", secret=SECRET) for n in (1, 2)
-        }
-        for n, transport in transports.items():
-            book.update({n: (await nursery.start(transport.run), None)})
-        sender, receiver = transports[1], transports[2]
+        sender, receiver = await _two_transports(nursery)
         sender.send(Heartbeat(Term(1), NodeId(1), NodeId(2), LogIndex(0)))
         with trio.fail_after(WAIT_S):
             first = await receiver.receive_channel.receive()  # the link is up now
@@ -819,14 +825,8 @@ async def test_votes_and_clock_samples_overtake_queued_replication() -> None:
     """Behind a backlog of AppendEntries and heartbeats, a vote or a clock ping goes
     first: queued behind it on a slow link it arrived seconds late, after the election or
     the round trip it was for was over (issue 15)."""
-    book = AddressBook()
     async with trio.open_nursery() as nursery:
-        transports = {
-            n: Transport(n, "127.0.0.1:0", book, cluster_id="test", secret=SECRET) for n in (1, 2)
-        }
-        for n, transport in transports.items():
-            book.update({n: (await nursery.start(transport.run), None)})
-        sender, receiver = transports[1], transports[2]
+        sender, receiver = await _two_transports(nursery)
         backlog = 3000
         for i in range(backlog):  # queued at once: the link is not connected yet
             sender.send(Heartbeat(Term(1), NodeId(1), NodeId(2), LogIndex(i)))
