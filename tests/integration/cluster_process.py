@@ -103,6 +103,42 @@ class ClusterNode(BrokerProcess):
         return self.process is not None and self.process.poll() is None
 
 
+def ready_leader(nodes: list[ClusterNode], timeout_s: float = 20.0) -> ClusterNode:
+    """The node among ``nodes`` that says it leads and is ready (``/readyz``: the no-op of
+    its term applied; until then a new leader answers leader-only requests such as
+    SUBSCRIBE with NOT_LEADER), once one does.
+
+    Raises:
+        TimeoutError: none did within ``timeout_s``; the message ends with the nodes'
+            log tails.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for node in nodes:
+            if not node.alive():
+                continue
+            # A node that exits while answering (one removed from the cluster shuts
+            # itself down) cuts its answer short: that is a node not answering.
+            try:
+                status = node.http_json("/api/status")
+            except (OSError, http.client.HTTPException):
+                continue
+            if status.get("role") == "leader":
+                try:
+                    node.http_json("/readyz")
+                except (OSError, http.client.HTTPException):
+                    continue
+                return node
+        time.sleep(0.05)
+    tails = "".join(
+        f"\nnode {node.node_id}'s log ends with:\n"
+        + node.stderr_path.read_text(errors="replace")[-4000:]
+        for node in nodes
+        if node.stderr_path.exists()
+    )
+    raise TimeoutError(f"no leader within the deadline{tails}")
+
+
 class Cluster:
     """``size`` nodes started with ``--peers`` naming all of them.
 
@@ -174,26 +210,9 @@ class Cluster:
         return [f"127.0.0.1:{ports[0]}" for ports in self.ports.values()]
 
     def leader(self, timeout_s: float = 20.0, exclude: set[int] | None = None) -> ClusterNode:
-        """The node that says it leads and is ready, once one does."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for node in self.nodes.values():
-                if not node.alive() or (exclude and node.node_id in exclude):
-                    continue
-                # A node that exits while answering (one removed from the cluster shuts
-                # itself down) cuts its answer short: that is a node not answering.
-                try:
-                    status = node.http_json("/api/status")
-                except (OSError, http.client.HTTPException):
-                    continue
-                if status.get("role") == "leader":
-                    try:
-                        node.http_json("/readyz")
-                    except (OSError, http.client.HTTPException):
-                        continue
-                    return node
-            time.sleep(0.05)
-        raise TimeoutError("no leader within the deadline")
+        """The node that says it leads and is ready, once one does (:func:`ready_leader`)."""
+        candidates = [n for n in self.nodes.values() if not (exclude and n.node_id in exclude)]
+        return ready_leader(candidates, timeout_s)
 
     def stop(self) -> None:
         for node in self.nodes.values():

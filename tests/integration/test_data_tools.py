@@ -4,7 +4,6 @@ directory is refused with the command that fixes it."""
 
 from __future__ import annotations
 
-import http.client
 import importlib.util
 import re
 import subprocess
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from broker_process import BrokerProcess
-from cluster_process import Cluster, ClusterNode, free_ports
+from cluster_process import Cluster, ClusterNode, free_ports, ready_leader
 from wire_client import WireClient
 
 from futureq.wire import frames
@@ -94,31 +93,6 @@ def wait_voters(address: str, voters: list[int], timeout_s: float = 30.0) -> Non
             return
         assert time.monotonic() < deadline, view
         time.sleep(0.1)
-
-
-def ready_leader(candidates: list[ClusterNode], timeout_s: float = 20.0) -> ClusterNode:
-    """The node among ``candidates`` that leads and is ready (``/readyz``: the no-op of
-    its term applied; until then a new leader refuses leader-only requests such as
-    SUBSCRIBE with NOT_LEADER), once one is; a failure shows their log tails."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for node in candidates:
-            if not node.alive():
-                continue
-            try:
-                if node.http_json("/api/status")["role"] == "leader":
-                    node.http_json("/readyz")
-                    return node
-            except (OSError, http.client.HTTPException):
-                continue  # not answering yet, or 503: not ready
-        time.sleep(0.05)
-    tails = "\n".join(
-        f"node {node.node_id}'s log ends with:\n"
-        + node.stderr_path.read_text(errors="replace")[-4000:]
-        for node in candidates
-        if node.stderr_path.exists()
-    )
-    raise AssertionError(f"no ready leader among {[n.node_id for n in candidates]}\n{tails}")
 
 
 @pytest.fixture
