@@ -120,8 +120,16 @@ async def test_a_consumer_whose_deliveries_time_out_keeps_receiving_client(
 # ---------------------------------------------------------------- input 4
 
 
-def _late_answers(caplog: pytest.LogCaptureFixture) -> int:
-    return sum("nobody waits for" in r.getMessage() for r in caplog.records)
+def _logged(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    """How many captured records contain ``text``."""
+    return sum(text in r.getMessage() for r in caplog.records)
+
+
+async def _wait_logged(caplog: pytest.LogCaptureFixture, text: str, more_than: int = 0) -> None:
+    """Wait (at most 10 s) until more than ``more_than`` captured records contain ``text``."""
+    with trio.fail_after(10):
+        while _logged(caplog, text) <= more_than:  # noqa: ASYNC110 - polls the captured log, under a deadline
+            await trio.sleep(0.01)
 
 
 async def _cancel_once_sent(
@@ -155,11 +163,9 @@ async def _cancel_until_late_answer(
     call: Callable[[], Any],
 ) -> None:
     """Cancel ``call`` once sent and wait for its refusal to arrive with nobody waiting."""
-    before = _late_answers(caplog)
+    before = _logged(caplog, "nobody waits for")
     await _cancel_once_sent(monkeypatch, client, call)
-    with trio.fail_after(10):
-        while _late_answers(caplog) == before:  # noqa: ASYNC110 - polls the captured log, under a deadline
-            await trio.sleep(0.01)
+    await _wait_logged(caplog, "nobody waits for", more_than=before)
 
 
 async def test_cancelled_calls_never_break_the_shared_connection(
@@ -207,9 +213,7 @@ async def test_a_cancelled_subscribe_leaves_no_consumer_on_the_server(
                 raise AssertionError("subscribed although cancelled once sent")
 
         await _cancel_once_sent(monkeypatch, client, subscribe)
-        with trio.fail_after(10):
-            while not any("given up" in r.getMessage() for r in caplog.records):  # noqa: ASYNC110 - polls the captured log, under a deadline
-                await trio.sleep(0.01)
+        await _wait_logged(caplog, "given up")
         with trio.fail_after(10):
             while True:
                 group = group_status(await client.status(), "orphan", "g")
