@@ -494,17 +494,13 @@ def _data_command(args: argparse.Namespace) -> int:
             if shards > 1:
                 converted = _convert_shards(config, shards)
                 what = f"every shard of {data_dir} is now"
-                shards_flag = f" --shards {shards}"
             else:
                 index = data_tools.convert_to_cluster(config)
                 what = f"{data_dir} is now"
                 converted = f"everything up to index {index}"
-                shards_flag = ""
             print(
                 f"{what} node {node_id} of a new cluster, holding {converted}. Start it "
-                f"with --node-id {node_id}{shards_flag} --peers {node_id}=<its raft "
-                "HOST:PORT>, then start the other nodes with --join"
-                f"{shards_flag}."
+                f"with {_first_node_start(data_dir, node_id, shards)}."
             )
         elif args.command == "backup":
 
@@ -538,6 +534,21 @@ def _data_command(args: argparse.Namespace) -> int:
         print(f"futureq: storage failure: {error}", file=sys.stderr)
         return EXIT_STORAGE
     return EXIT_OK
+
+
+def _shards_flag(shards: int) -> str:
+    """`` --shards N`` for a sharded node, else nothing."""
+    return "" if shards == 1 else f" --shards {shards}"
+
+
+def _first_node_start(data_dir: str, node_id: int, shards: int) -> str:
+    """The flags that start the only voter of a new cluster (after convert-to-cluster or
+    restore), and how the others then come: for "Start it with ..."."""
+    flag = _shards_flag(shards)
+    return (
+        f"--data-dir {data_dir} --node-id {node_id}{flag} --peers {node_id}=<its raft "
+        f"HOST:PORT>, then start the other nodes with --join{flag}"
+    )
 
 
 def _convert_shards(config: Config, shards: int) -> str:
@@ -607,12 +618,10 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
         if args.single_node
         else f"as node {node_id}, the only voter of a new cluster"
     )
-    shards_flag = "" if wanted == 1 else f" --shards {wanted}"
-    start = (
-        f"start it with --data-dir {data_dir}{shards_flag}"
+    start = "start it with " + (
+        f"--data-dir {data_dir}{_shards_flag(wanted)}"
         if args.single_node
-        else f"start it with --data-dir {data_dir} --node-id {node_id}{shards_flag} --peers "
-        f"{node_id}=<its raft HOST:PORT>, then start the other nodes with --join{shards_flag}"
+        else _first_node_start(data_dir, node_id, wanted)
     )
     if parts is None:
         if wanted > 1:
@@ -725,8 +734,7 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
         joined = _joined_shard_count(loaded, shard)
         from_cores = (
             joined.node.shards == AUTO_SHARDS
-            and layout.read_stamp(joined.server.data_dir) is None
-            and not layout.holds_data(joined.server.data_dir)
+            and layout.auto_count(joined.server.data_dir)[1] == "cores"
         )
         config = layout.resolve_shard_count(joined)
         if shard is None:

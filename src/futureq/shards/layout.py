@@ -149,18 +149,11 @@ def resolve_shard_count(config: Config) -> Config:
             that the configuration leaves to the OS (port 0 in a cluster).
     """
     from futureq.config_loader import shard_port_problems
-    from futureq.shards.slots import MAX_SHARDS
 
     if config.node.shards != AUTO_SHARDS:
         return config
     data_dir = config.server.data_dir
-    stamped = read_stamp(data_dir)
-    if stamped is not None:
-        count = stamped
-    elif holds_data(data_dir):
-        count = 1
-    else:
-        count = min(usable_cores(), MAX_SHARDS)
+    count, _ = auto_count(data_dir)
     resolved = attrs.evolve(config, node=attrs.evolve(config.node, shards=count))
     problems = shard_port_problems(resolved)
     if problems:
@@ -176,6 +169,24 @@ def resolve_shard_count(config: Config) -> Config:
             f"data directory {data_dir}, but {'; '.join(problems)}; {remedy}"
         )
     return resolved
+
+
+def auto_count(data_dir: str) -> tuple[int, str]:
+    """The shard count ``node.shards = auto`` gives ``data_dir``, and where it comes
+    from: the stamp (``"stamp"``); 1 for a directory holding data without one
+    (``"data"``); else the usable cores, at most ``MAX_SHARDS`` (``"cores"``).
+
+    Raises:
+        ConfigError: the stamp is unreadable (:func:`read_stamp`).
+    """
+    from futureq.shards.slots import MAX_SHARDS
+
+    stamped = read_stamp(data_dir)
+    if stamped is not None:
+        return stamped, "stamp"
+    if holds_data(data_dir):
+        return 1, "data"
+    return min(usable_cores(), MAX_SHARDS), "cores"
 
 
 def read_stamp(data_dir: str) -> int | None:
@@ -249,14 +260,15 @@ def check_shard_count(config: Config, *, starting: bool = True) -> None:
         _write_synced(temp, f"{wanted}\n")
         os.replace(temp, os.path.join(data_dir, STAMP_FILE))
         return
-    if stamped != wanted and os.path.exists(os.path.join(data_dir, FIRST_START_FILE)):
-        raise ConfigError(
-            f"{data_dir} was created with {stamped} shards by a start that never got "
-            f"ready (it stopped before every shard was serving), and its shard count is "
-            f"fixed; if nothing was published to it, remove {data_dir} and start again "
-            f"with --shards {wanted}; else start it with --shards {stamped} (node.shards)"
-        )
     if stamped != wanted:
+        if os.path.exists(os.path.join(data_dir, FIRST_START_FILE)):
+            raise ConfigError(
+                f"{data_dir} was created with {stamped} shards by a start that never got "
+                f"ready (it stopped before every shard was serving), and its shard count "
+                f"is fixed; if nothing was published to it, remove {data_dir} and start "
+                f"again with --shards {wanted}; else start it with --shards {stamped} "
+                "(node.shards)"
+            )
         raise ConfigError(
             f"{data_dir} was created with {stamped} shards; start it with --shards "
             f"{stamped} (node.shards), not {wanted}: the shard count is fixed when the data "
