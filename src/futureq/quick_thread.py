@@ -43,10 +43,15 @@ async def run_sync_quick(fn: Callable[..., T], *args: Any, wait_s: float = QUICK
     finished = threading.Event()
     woken = trio.Event()
     results: list[Any] = []  # one outcome.Outcome (trio's own dependency)
+    lock = threading.Lock()
+    waits_on_loop = False  # set, under the lock, once the loop gave up waiting here
 
     def deliver(result: Any) -> None:
-        results.append(result)
-        finished.set()
+        with lock:
+            results.append(result)
+            finished.set()
+            if not waits_on_loop:
+                return  # the loop took it from ``finished``: no wake-up to send
         try:
             token.run_sync_soon(woken.set)
         except trio.RunFinishedError:  # pragma: no cover - the loop is gone
@@ -55,8 +60,11 @@ async def run_sync_quick(fn: Callable[..., T], *args: Any, wait_s: float = QUICK
     await trio.lowlevel.checkpoint_if_cancelled()
     trio.lowlevel.start_thread_soon(functools.partial(fn, *args), deliver)
     if not finished.wait(wait_s):
-        with trio.CancelScope(shield=True):
-            await woken.wait()
+        with lock:
+            waits_on_loop = not finished.is_set()
+        if waits_on_loop:
+            with trio.CancelScope(shield=True):
+                await woken.wait()
     value: T = results[0].unwrap()
     return value
 
