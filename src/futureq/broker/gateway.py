@@ -664,7 +664,13 @@ class Connection:
                 continue
             if isinstance(event, frames.Pong):
                 continue  # an answer to our keepalive PING: receiving it was the point
-            await self._limit.acquire()
+            await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                # No yield when a slot is free: a checkpoint here cost every request a
+                # pass of the event loop before its handler even started.
+                self._limit.acquire_nowait()
+            except trio.WouldBlock:
+                await self._limit.acquire()
             nursery.start_soon(self._handle, event)
         self._count_inbound(session.buffered_bytes)
         await self._receive()
