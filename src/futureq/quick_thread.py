@@ -29,6 +29,30 @@ T = TypeVar("T")
 QUICK_WAIT_S: Final = 0.002
 """How long the loop waits for the worker before it waits asynchronously (seconds)."""
 
+try:  # trio's run queue, read in O(1) by tasks_runnable (no public accessor exists)
+    from trio._core._run import GLOBAL_RUN_CONTEXT as _RUN_CONTEXT
+except ImportError:  # pragma: no cover - a trio without it: the statistics below
+    _RUN_CONTEXT = None
+
+
+def tasks_runnable() -> int:
+    """How many tasks are ready to run besides the caller (trio's run queue length).
+
+    ``trio.lowlevel.current_statistics().tasks_runnable`` answers the same, but the call
+    also counts the tasks waiting on every registered file descriptor: O(descriptors),
+    39 µs with 1,000 idle client connections and 150 µs with 5,000 on this machine, paid
+    on every synced write. This reads the run queue of the running loop instead, and
+    falls back to the statistics if trio's internals no longer have it
+    (``test_quick_thread`` checks that both agree).
+
+    Raises:
+        RuntimeError: called outside ``trio.run``.
+    """
+    runq = getattr(getattr(_RUN_CONTEXT, "runner", None), "runq", None)
+    if runq is None:
+        return trio.lowlevel.current_statistics().tasks_runnable
+    return len(runq)
+
 
 async def run_sync_quick(fn: Callable[..., T], *args: Any, wait_s: float = QUICK_WAIT_S) -> T:
     """Run ``fn(*args)`` in a worker thread and return its result (or raise its error).
@@ -37,7 +61,7 @@ async def run_sync_quick(fn: Callable[..., T], *args: Any, wait_s: float = QUICK
     ``abandon_on_cancel=False``: a synced write must finish before the caller goes on.
     With other tasks ready to run it is ``trio.to_thread.run_sync`` itself.
     """
-    if trio.lowlevel.current_statistics().tasks_runnable:
+    if tasks_runnable():
         return await trio.to_thread.run_sync(fn, *args)
     token = trio.lowlevel.current_trio_token()
     finished = threading.Event()
@@ -69,4 +93,4 @@ async def run_sync_quick(fn: Callable[..., T], *args: Any, wait_s: float = QUICK
     return value
 
 
-__all__ = ["QUICK_WAIT_S", "run_sync_quick"]
+__all__ = ["QUICK_WAIT_S", "run_sync_quick", "tasks_runnable"]

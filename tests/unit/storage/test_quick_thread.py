@@ -8,7 +8,7 @@ import time
 import pytest
 import trio
 
-from futureq.quick_thread import run_sync_quick
+from futureq.quick_thread import run_sync_quick, tasks_runnable
 
 
 async def test_returns_the_result_computed_in_a_worker_thread() -> None:
@@ -66,3 +66,17 @@ async def test_not_cancelled_half_way() -> None:
     with trio.move_on_after(0.01):
         await run_sync_quick(write, wait_s=0.001)
     assert done.is_set()
+
+
+async def test_tasks_runnable_agrees_with_trio_statistics() -> None:
+    """The O(1) run-queue read says what ``current_statistics`` says (whose cost grows
+    with every registered descriptor): a trio upgrade that moves the queue fails here
+    rather than silently slowing every synced write."""
+    assert tasks_runnable() == trio.lowlevel.current_statistics().tasks_runnable == 0
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(trio.sleep, 0)
+        # Spawned, not yet run: on the run queue.
+        assert tasks_runnable() == trio.lowlevel.current_statistics().tasks_runnable == 3
+        await trio.sleep(0.01)
+        assert tasks_runnable() == trio.lowlevel.current_statistics().tasks_runnable == 0
