@@ -29,10 +29,15 @@ T = TypeVar("T")
 QUICK_WAIT_S: Final = 0.002
 """How long the loop waits for the worker before it waits asynchronously (seconds)."""
 
-try:  # trio's run queue, read in O(1) by tasks_runnable (no public accessor exists)
-    from trio._core._run import GLOBAL_RUN_CONTEXT as _RUN_CONTEXT
-except ImportError:  # pragma: no cover - a trio without it: the statistics below
-    _RUN_CONTEXT = None
+_RUN_CONTEXT: object = None
+"""trio's run context, whose runner holds the run queue tasks_runnable reads in O(1)
+(no public accessor exists); None with a trio that no longer has it."""
+try:
+    from trio._core._run import GLOBAL_RUN_CONTEXT
+
+    _RUN_CONTEXT = GLOBAL_RUN_CONTEXT
+except ImportError:  # pragma: no cover - a trio without it: the statistics instead
+    pass
 
 
 def tasks_runnable() -> int:
