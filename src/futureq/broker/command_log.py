@@ -345,7 +345,7 @@ class SingleNodeLog:
         if self._alarm is None:
             await run_sync_quick(self._write_entries, batch)
             return
-        async with self._alarm.lock:  # no reopen while the write runs
+        async with self._alarm.writing():  # no reopen while the write runs
             await run_sync_quick(self._write_entries, batch)
 
     def _write_entries(self, batch: list[_Proposal]) -> None:

@@ -1143,7 +1143,7 @@ class RaftNode:
                     if self._alarm is None:
                         await run_sync_quick(self._storage.persist, ready)
                     else:
-                        async with self._alarm.lock:
+                        async with self._alarm.writing():
                             await run_sync_quick(self._storage.persist, ready)
                 else:
                     # Commit-index-only writes are unsynced and take microseconds: a

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -69,6 +71,24 @@ class SpaceAlarm:
         """Held around writes made in worker threads, and by the reopen."""
         if metrics is not None:
             metrics.storage_alarm.labels("no_space").set(0)
+
+    @asynccontextmanager
+    async def writing(self) -> AsyncIterator[None]:
+        """Hold :attr:`lock` around a write made in a worker thread (no reopen meanwhile).
+
+        A free lock is taken without a pass of the event loop (``trio.Lock.acquire``
+        always yields once, and this is on the path of every synced write); a cancelled
+        caller still raises here, before it writes.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self.lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self.lock.acquire()
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     def trip(self, exc: NoSpaceError) -> None:
         """A write failed for lack of space: raise the alarm (logged once)."""
