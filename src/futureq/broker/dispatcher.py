@@ -921,7 +921,8 @@ class Dispatcher:
         staged_any = False
         # Round-robin: each round gives every consumer with credit an equal share of
         # what is due (one DELIVER frame each), so a group's consumers split the work.
-        consumers = runtime.consumers_with_credit()
+        # No more consumers than entries due: each gets at least one.
+        consumers = runtime.consumers_with_credit(index.count_due(now_ms))
         while consumers and delivered < budget:
             due_now = index.count_due(now_ms)
             if due_now == 0:

@@ -189,6 +189,33 @@ def test_round_robin_among_consumers_of_a_group() -> None:
     assert got == ["a", "b", "a", "b", "a", "b"]
 
 
+class CountingOutbox(RecordingOutbox):
+    """A RecordingOutbox that counts how often the dispatcher asks it for room."""
+
+    looks = 0
+
+    def has_room(self) -> bool:
+        CountingOutbox.looks += 1
+        return super().has_room()
+
+
+def test_one_message_due_looks_at_a_few_consumers_not_all_of_the_group() -> None:
+    # Each pass rotated and filtered the group's whole consumer list: 3,000 consumers
+    # with credit made one immediate publish 1.38 ms instead of 0.84.
+    env = Env()
+    gid = env.group("t", "g")
+    consumers = [env.consumer(gid, credit=10, outbox=CountingOutbox()) for _ in range(1000)]
+    env.dispatch()
+    got: list[int] = []
+    for i in range(5):
+        CountingOutbox.looks = 0
+        env.publish("t", [f"m{i}".encode()])
+        env.dispatch()
+        assert CountingOutbox.looks <= 4
+        got += [n for n, c in enumerate(consumers) if out(c).take()]
+    assert got == [0, 1, 2, 3, 4]  # still round-robin
+
+
 def test_consumer_without_credit_is_skipped() -> None:
     env = Env()
     gid = env.group("t", "g")
