@@ -171,9 +171,19 @@ class GroupRuntime:
     wake_ms: float = float("inf")
     """When the dispatcher is next due to look at this group (ms), as scheduled."""
 
+    none_ready: bool = False
+    """A look found no consumer that may receive, and none has been given credit or
+    room since (:meth:`Hub.wake` clears it). While set, a look costs nothing: a
+    publish to a group whose consumers are all busy does not read each of them."""
+
     def has_credit(self) -> bool:
         """True when some consumer of the group may receive now (credit, buffer room)."""
-        return any(c.credit > 0 and not c.closed and c.outbox.has_room() for c in self.consumers)
+        if self.none_ready:
+            return False
+        if any(c.credit > 0 and not c.closed and c.outbox.has_room() for c in self.consumers):
+            return True
+        self.none_ready = True
+        return False
 
     def consumers_with_credit(self, limit: int) -> list[Consumer]:
         """Up to ``limit`` consumers that may receive now, in round-robin order from the
@@ -187,7 +197,7 @@ class GroupRuntime:
         """
         consumers = self.consumers
         count = len(consumers)
-        if not count or limit < 1:
+        if not count or limit < 1 or self.none_ready:
             return []
         start = self.next_consumer % count
         self.next_consumer = start + 1
@@ -198,6 +208,8 @@ class GroupRuntime:
                 found.append(c)
                 if len(found) >= limit:
                     break
+        if not found:
+            self.none_ready = True
         return found
 
     def is_idle(self) -> bool:
@@ -233,6 +245,14 @@ class Hub:
         self.group_info: Callable[[int], GroupInfo | None] = lambda group_id: None
         """Looks up a group's replicated record; set by the dispatcher."""
 
+    def wake(self, group_id: int) -> None:
+        """A consumer of the group may receive again (credit, buffer room, a new
+        consumer): the dispatcher looks at the group on its next pass."""
+        self.touched.add(group_id)
+        runtime = self.groups.get(group_id)
+        if runtime is not None:
+            runtime.none_ready = False
+
     def new_subscription_id(self) -> int:
         """A subscription id unique within this process."""
         return next(self._subscription_ids)
@@ -260,7 +280,7 @@ class Hub:
             raise KeyError(consumer.group_id)
         self.consumers[consumer.subscription_id] = consumer
         runtime.consumers.append(consumer)
-        self.touched.add(consumer.group_id)
+        self.wake(consumer.group_id)
 
     def send_settings(self, consumer: Consumer, info: GroupInfo) -> None:
         """Tell a consumer its group's settings (SUBSCRIPTION_INFO), if it does not know them."""
@@ -309,7 +329,7 @@ class Hub:
         if credit < 1:
             raise RequestError(ErrorCode.INVALID_ARGUMENT, f"credit must be >= 1, got {credit}")
         consumer.credit = min(consumer.credit + credit, max_credit)
-        self.touched.add(consumer.group_id)
+        self.wake(consumer.group_id)
         return consumer
 
     # ----------------------------------------------------------- deliveries
@@ -376,7 +396,7 @@ class Hub:
         if flight.released:
             runtime.released[flight.mid] = flight.released
         runtime.index.add(flight.due_ms, flight.mid, flight.expire_ms, attempt)
-        self.touched.add(flight.group_id)
+        self.wake(flight.group_id)
 
     def _revoke(self, flights: list[InFlight], reason: frames.RevokeReason) -> None:
         """Return the credit of pushed deliveries taken back, and tell their consumers."""
@@ -386,7 +406,7 @@ class Hub:
             if consumer.closed:
                 continue
             consumer.credit += 1
-            self.touched.add(consumer.group_id)
+            self.wake(consumer.group_id)
             by_consumer.setdefault(id(consumer), (consumer, []))[1].append(flight.tag)
         for consumer, tags in by_consumer.values():
             consumer.send(frames.Revoke(0, consumer.subscription_id, tags, int(reason)))
