@@ -560,7 +560,7 @@ class Dispatcher:
                 if not self.hub.is_current(flight):
                     if not consumer.closed:
                         consumer.credit += 1  # never went out: its credit is the consumer's
-                        self.hub.wake(consumer.group_id)
+                        self.hub.wake(consumer)
                     continue
                 if flight.expire_ms is not None and flight.expire_ms <= now_ms:
                     self.hub.give_back(flight)  # unpushed: credit back, expired next pass
@@ -599,7 +599,7 @@ class Dispatcher:
                     self.hub.give_back(flight)
                 elif not consumer.closed:
                     consumer.credit += 1
-                    self.hub.wake(consumer.group_id)
+                    self.hub.wake(consumer)
         self.kick()
 
     def _count_pushed(self, runtime: GroupRuntime, flights: list[InFlight], now_ms: int) -> None:

@@ -254,6 +254,32 @@ def test_publishing_to_a_group_whose_consumers_are_all_busy_looks_at_none_of_the
     assert len(out(last).take()) == 3
 
 
+def test_a_group_whose_consumers_are_mostly_busy_reads_each_busy_one_once() -> None:
+    # A pass read the group's consumers in turn until it found one that could receive:
+    # with 3,000 consumers whose buffers were full and one that was not, one immediate
+    # publish took 1.30 ms instead of 0.98.
+    env = Env()
+    gid = env.group("t", "g")
+    consumers = [env.consumer(gid, credit=100, outbox=CountingOutbox()) for _ in range(1000)]
+    for consumer in consumers[:-1]:
+        out(consumer).room = False  # a client that does not read
+    env.publish("t", [b"first"])
+    env.dispatch()  # finds the busy ones busy, once
+    assert len(out(consumers[-1]).take()) == 1
+    for i in range(5):
+        CountingOutbox.looks = 0
+        env.publish("t", [f"m{i}".encode()])
+        env.dispatch()
+        assert CountingOutbox.looks <= 3
+        assert len(out(consumers[-1]).take()) == 1
+    # Room again (the outbox drained): the consumer takes its turn again.
+    out(consumers[0]).room = True
+    env.hub.wake(consumers[0])
+    env.publish("t", [b"a", b"b"])
+    env.dispatch()
+    assert len(out(consumers[0]).take()) == 1 and len(out(consumers[-1]).take()) == 1
+
+
 def test_consumer_without_credit_is_skipped() -> None:
     env = Env()
     gid = env.group("t", "g")
