@@ -719,7 +719,8 @@ class Broker:
 
     def wake_all_consumers(self) -> None:
         """Buffers have room again: let the dispatcher look at every group with consumers."""
-        self.hub.touched.update(consumer.group_id for consumer in self.hub.consumers.values())
+        for consumer in self.hub.consumers.values():
+            self.hub.wake(consumer)
         self.dispatcher.kick()
 
     def grant_credit(self, connection_id: int, subscription_id: int, credit: int) -> None:

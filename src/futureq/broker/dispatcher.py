@@ -560,7 +560,7 @@ class Dispatcher:
                 if not self.hub.is_current(flight):
                     if not consumer.closed:
                         consumer.credit += 1  # never went out: its credit is the consumer's
-                        self.hub.touched.add(consumer.group_id)
+                        self.hub.wake(consumer)
                     continue
                 if flight.expire_ms is not None and flight.expire_ms <= now_ms:
                     self.hub.give_back(flight)  # unpushed: credit back, expired next pass
@@ -599,7 +599,7 @@ class Dispatcher:
                     self.hub.give_back(flight)
                 elif not consumer.closed:
                     consumer.credit += 1
-                    self.hub.touched.add(consumer.group_id)
+                    self.hub.wake(consumer)
         self.kick()
 
     def _count_pushed(self, runtime: GroupRuntime, flights: list[InFlight], now_ms: int) -> None:
@@ -921,7 +921,8 @@ class Dispatcher:
         staged_any = False
         # Round-robin: each round gives every consumer with credit an equal share of
         # what is due (one DELIVER frame each), so a group's consumers split the work.
-        consumers = runtime.consumers_with_credit()
+        # No more consumers than entries due: each gets at least one.
+        consumers = runtime.consumers_with_credit(index.count_due(now_ms))
         while consumers and delivered < budget:
             due_now = index.count_due(now_ms)
             if due_now == 0:

@@ -560,7 +560,7 @@ class Connection:
 
     def _deliveries_may_resume(self) -> None:
         for consumer in self.subscriptions.values():
-            self.broker.hub.touched.add(consumer.group_id)
+            self.broker.hub.wake(consumer)
         self.broker.dispatcher.kick()
 
     # ------------------------------------------------------------ writing

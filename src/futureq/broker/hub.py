@@ -162,7 +162,6 @@ class GroupRuntime:
     index: DueIndex = attrs.Factory(DueIndex)
     loaded_until: int = 0
     consumers: list[Consumer] = attrs.Factory(list)
-    next_consumer: int = 0
     released: dict[int, int] = attrs.Factory(dict)
     in_flight_count: int = 0
     counters: dict[tuple[str, str], Any] = attrs.Factory(dict)
@@ -171,23 +170,52 @@ class GroupRuntime:
     wake_ms: float = float("inf")
     """When the dispatcher is next due to look at this group (ms), as scheduled."""
 
+    ready: dict[Consumer, None] = attrs.Factory(dict)
+    """Consumers that may receive, next in turn first (an ordered set). One given
+    credit or room, or new, is put at the end (:meth:`Hub.wake`); a look drops those it
+    finds unable to receive and moves those it picks to the end. So a look reads the
+    consumers it picks and those that stopped being able to receive since (each once),
+    not every consumer of the group: publishing to a group whose 3,000 consumers were
+    all or mostly busy read each of them per pass."""
+
     def has_credit(self) -> bool:
         """True when some consumer of the group may receive now (credit, buffer room)."""
-        return any(c.credit > 0 and not c.closed and c.outbox.has_room() for c in self.consumers)
+        ready = self.ready
+        while ready:
+            c = next(iter(ready))
+            if c.credit > 0 and not c.closed and c.outbox.has_room():
+                return True
+            del ready[c]
+        return False
 
-    def consumers_with_credit(self) -> list[Consumer]:
-        """Consumers that may receive now, in round-robin order from the next one.
+    def consumers_with_credit(self, limit: int) -> list[Consumer]:
+        """Up to ``limit`` consumers that may receive now, in round-robin order.
 
         A consumer whose connection buffer is full is skipped: what is due stays with
         the group's other consumers (issue 10, "bound every per-connection buffer").
+        The look stops at ``limit`` (the dispatcher passes how many entries are due):
+        one message due costs a look at one consumer, not at every consumer of the
+        group (3,000 consumers with credit: 0.34 ms a pass). Those returned go to the
+        back of the turn.
         """
-        consumers = self.consumers
-        if not consumers:
+        if limit < 1:
             return []
-        start = self.next_consumer % len(consumers)
-        self.next_consumer = start + 1
-        ordered = consumers[start:] + consumers[:start]
-        return [c for c in ordered if c.credit > 0 and not c.closed and c.outbox.has_room()]
+        ready = self.ready
+        found: list[Consumer] = []
+        unable: list[Consumer] = []
+        for c in ready:
+            if c.credit > 0 and not c.closed and c.outbox.has_room():
+                found.append(c)
+                if len(found) >= limit:
+                    break
+            else:
+                unable.append(c)
+        for c in unable:
+            del ready[c]
+        for c in found:
+            del ready[c]
+            ready[c] = None
+        return found
 
     def is_idle(self) -> bool:
         """Nothing in memory worth keeping: no consumer, nothing in flight or indexed."""
@@ -222,6 +250,15 @@ class Hub:
         self.group_info: Callable[[int], GroupInfo | None] = lambda group_id: None
         """Looks up a group's replicated record; set by the dispatcher."""
 
+    def wake(self, consumer: Consumer) -> None:
+        """The consumer may receive again (credit, buffer room, new): it joins its
+        group's turn (:attr:`GroupRuntime.ready`) and the dispatcher looks at the group
+        on its next pass. Every change that can let a consumer receive must call this."""
+        self.touched.add(consumer.group_id)
+        runtime = self.groups.get(consumer.group_id)
+        if runtime is not None and not consumer.closed:
+            runtime.ready.setdefault(consumer)
+
     def new_subscription_id(self) -> int:
         """A subscription id unique within this process."""
         return next(self._subscription_ids)
@@ -249,7 +286,7 @@ class Hub:
             raise KeyError(consumer.group_id)
         self.consumers[consumer.subscription_id] = consumer
         runtime.consumers.append(consumer)
-        self.touched.add(consumer.group_id)
+        self.wake(consumer)
 
     def send_settings(self, consumer: Consumer, info: GroupInfo) -> None:
         """Tell a consumer its group's settings (SUBSCRIPTION_INFO), if it does not know them."""
@@ -275,6 +312,7 @@ class Hub:
         runtime = self.groups.get(consumer.group_id)
         if runtime is not None and consumer in runtime.consumers:
             runtime.consumers.remove(consumer)
+            runtime.ready.pop(consumer, None)
         self.touched.add(consumer.group_id)
         for key in list(consumer.in_flight):
             flight = self.in_flight.get(key)
@@ -298,7 +336,7 @@ class Hub:
         if credit < 1:
             raise RequestError(ErrorCode.INVALID_ARGUMENT, f"credit must be >= 1, got {credit}")
         consumer.credit = min(consumer.credit + credit, max_credit)
-        self.touched.add(consumer.group_id)
+        self.wake(consumer)
         return consumer
 
     # ----------------------------------------------------------- deliveries
@@ -365,7 +403,7 @@ class Hub:
         if flight.released:
             runtime.released[flight.mid] = flight.released
         runtime.index.add(flight.due_ms, flight.mid, flight.expire_ms, attempt)
-        self.touched.add(flight.group_id)
+        self.wake(flight.consumer)
 
     def _revoke(self, flights: list[InFlight], reason: frames.RevokeReason) -> None:
         """Return the credit of pushed deliveries taken back, and tell their consumers."""
@@ -375,7 +413,7 @@ class Hub:
             if consumer.closed:
                 continue
             consumer.credit += 1
-            self.touched.add(consumer.group_id)
+            self.wake(consumer)
             by_consumer.setdefault(id(consumer), (consumer, []))[1].append(flight.tag)
         for consumer, tags in by_consumer.values():
             consumer.send(frames.Revoke(0, consumer.subscription_id, tags, int(reason)))

@@ -78,6 +78,10 @@ class ManageOps:
     purging: dict[int, PurgeJob]
     backfilling: dict[int, BackfillJob]
     total_pending: int
+    key_time_floor: bytes = KEY_TIME
+    """No ``t`` key of the store lies below this one (node-local, derived from the store;
+    :meth:`_prune_idempotency_keys` starts its scan here). Raised past the keys a prune
+    deleted, lowered by any ``t`` key put below it, reset to :data:`KEY_TIME` on load."""
 
     if TYPE_CHECKING:
 
@@ -643,8 +647,16 @@ class ManageOps:
                 return int(original)
             txn.put("index", KEY_TIME + _u64(original_ms) + _u64(original), None)
         txn.put("index", index_key, records.pack([mid, publish_ms]))
-        txn.put("index", KEY_TIME + _u64(publish_ms) + _u64(mid), index_key)
+        self._put_key_time(txn, KEY_TIME + _u64(publish_ms) + _u64(mid), index_key)
         return None
+
+    def _put_key_time(self, txn: Txn, time_key: bytes, index_key: bytes) -> None:
+        """Write a ``t`` key, keeping :attr:`key_time_floor` at or below it (stamps are
+        not strictly in log order: a publish may be stamped before another that is
+        proposed first)."""
+        txn.put("index", time_key, index_key)
+        if time_key < self.key_time_floor:
+            self.key_time_floor = time_key
 
     def _prune_idempotency_keys(
         self, txn: Txn, publish_ms: int, window_ms: int
@@ -659,10 +671,15 @@ class ManageOps:
             1 for key in txn.changes["index"] if key[:1] == KEY_TIME
         )
         stop = KEY_TIME + _u64(max(0, publish_ms - window_ms))
-        for looked, (time_key, index_key) in enumerate(
-            self.store.scan("index", KEY_TIME, stop)
-        ):
+        # Every key a prune looks at is deleted (or moved to ``publish_ms``), so the
+        # range's start holds the tombstones of all keys pruned since RocksDB last
+        # compacted it: a scan from KEY_TIME stepped over each of them on every keyed
+        # PUBLISH. It starts at the floor instead, past them; what it finds is the same.
+        start = self.key_time_floor
+        floor = stop
+        for looked, (time_key, index_key) in enumerate(self.store.scan("index", start, stop)):
             if looked >= budget:
+                floor = time_key  # the first key not looked at
                 break
             if looked % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                 yield
@@ -671,8 +688,12 @@ class ManageOps:
             mid = int.from_bytes(time_key[9:17], "big")
             txn.put("index", time_key, None)
             if txn.get("messages", _u64(mid)) is not None:
-                txn.put("index", KEY_TIME + _u64(publish_ms) + _u64(mid), index_key)
+                self._put_key_time(txn, KEY_TIME + _u64(publish_ms) + _u64(mid), index_key)
                 continue
             current = txn.get("index", index_key)
             if current is not None and records.unpack(current)[0] == mid:
                 txn.put("index", index_key, None)
+        # Every key below ``floor`` was deleted by this command; the keys it puts are
+        # stamped ``publish_ms``, above ``stop``. (``start`` already sits below any key an
+        # earlier command put out of stamp order; it may lie above an empty range.)
+        self.key_time_floor = max(floor, start)

@@ -54,6 +54,7 @@ from futureq.state import commands, records, snapshot
 from futureq.state.commands import CommandKind
 from futureq.state.manage_ops import (
     BACKFILL_PREFIX,
+    KEY_TIME,
     PURGING_PREFIX,
     ManageOps,
     moved_key,
@@ -246,6 +247,7 @@ class QueueState(ManageOps):
         """Read the in-memory indexes (groups, pending counts, node addresses, jobs)."""
         store = self.store
         self._unwritten = None
+        self.key_time_floor = KEY_TIME  # the store may be another (a snapshot's)
         snapshot.check_not_restoring(store)
         self.groups.clear()
         self.deleting.clear()

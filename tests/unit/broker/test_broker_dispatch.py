@@ -9,7 +9,7 @@ those that need the dispatcher's own proposals (EXPIRE, DEAD_LETTER) run
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -187,6 +187,97 @@ def test_round_robin_among_consumers_of_a_group() -> None:
         for name, consumer in (("a", a), ("b", b)):
             got += [name] * len(out(consumer).take())
     assert got == ["a", "b", "a", "b", "a", "b"]
+
+
+class CountingOutbox(RecordingOutbox):
+    """A RecordingOutbox that counts how often the dispatcher asks it for room."""
+
+    looks = 0
+
+    def has_room(self) -> bool:
+        CountingOutbox.looks += 1
+        return super().has_room()
+
+
+def test_one_message_due_looks_at_a_few_consumers_not_all_of_the_group() -> None:
+    # Each pass rotated and filtered the group's whole consumer list: 3,000 consumers
+    # with credit made one immediate publish 1.38 ms instead of 0.84.
+    env = Env()
+    gid = env.group("t", "g")
+    consumers = [env.consumer(gid, credit=10, outbox=CountingOutbox()) for _ in range(1000)]
+    env.dispatch()
+    got: list[int] = []
+    for i in range(5):
+        CountingOutbox.looks = 0
+        env.publish("t", [f"m{i}".encode()])
+        env.dispatch()
+        assert CountingOutbox.looks <= 4
+        got += [n for n, c in enumerate(consumers) if out(c).take()]
+    assert got == [0, 1, 2, 3, 4]  # still round-robin
+
+
+class CountingList(list[Consumer]):
+    """A group's consumer list that counts the consumers read from it."""
+
+    reads = 0
+
+    def __getitem__(self, index: Any) -> Any:
+        CountingList.reads += 1
+        return super().__getitem__(index)
+
+    def __iter__(self) -> Iterator[Consumer]:
+        for consumer in super().__iter__():
+            CountingList.reads += 1
+            yield consumer
+
+
+def test_publishing_to_a_group_whose_consumers_are_all_busy_looks_at_none_of_them() -> None:
+    # Every pass read every consumer to find none with credit: 3,000 busy consumers
+    # made one immediate publish 1.23 ms instead of 0.80.
+    env = Env()
+    gid = env.group("t", "g")
+    consumers = [env.consumer(gid, credit=1) for _ in range(1000)]
+    runtime = env.hub.groups[gid]
+    runtime.consumers = CountingList(runtime.consumers)
+    env.publish("t", [b"x"] * 1000)
+    env.dispatch()
+    assert all(len(out(c).take()) == 1 for c in consumers)
+    for i in range(3):
+        CountingList.reads = 0
+        env.publish("t", [f"m{i}".encode()])
+        env.dispatch()
+        assert CountingList.reads == 0
+    # Credit comes back (CREDIT): the group is looked at again and what waits goes out.
+    last = consumers[-1]
+    env.hub.grant_credit(last.subscription_id, last.connection_id, 5, 10_000)
+    env.dispatch()
+    assert len(out(last).take()) == 3
+
+
+def test_a_group_whose_consumers_are_mostly_busy_reads_each_busy_one_once() -> None:
+    # A pass read the group's consumers in turn until it found one that could receive:
+    # with 3,000 consumers whose buffers were full and one that was not, one immediate
+    # publish took 1.30 ms instead of 0.98.
+    env = Env()
+    gid = env.group("t", "g")
+    consumers = [env.consumer(gid, credit=100, outbox=CountingOutbox()) for _ in range(1000)]
+    for consumer in consumers[:-1]:
+        out(consumer).room = False  # a client that does not read
+    env.publish("t", [b"first"])
+    env.dispatch()  # finds the busy ones busy, once
+    assert len(out(consumers[-1]).take()) == 1
+    for i in range(5):
+        CountingOutbox.looks = 0
+        env.publish("t", [f"m{i}".encode()])
+        env.dispatch()
+        assert CountingOutbox.looks <= 3
+        assert len(out(consumers[-1]).take()) == 1
+    # Room again (the outbox drained): the consumer takes its turn again.
+    out(consumers[0]).room = True
+    env.hub.wake(consumers[0])
+    env.publish("t", [b"a", b"b"])
+    env.dispatch()
+    assert len(out(consumers[0]).take()) == 1 and len(out(consumers[-1]).take()) == 1
 
 
 def test_consumer_without_credit_is_skipped() -> None:
@@ -845,7 +936,8 @@ def test_released_deliveries_come_back_at_once_and_do_not_count() -> None:
         flights = env.hub.claim_tags([delivery[0]], consumer.connection_id)
         assert env.log.apply(commands.release([(f.key, f.attempt) for f in flights])) == 1
         assert env.hub.in_flight == {} and out(consumer).revoked() == []
-        consumer.credit += 1  # the client gives the credit back after the OK
+        # The client gives the credit back after the OK (CREDIT).
+        env.hub.grant_credit(consumer.subscription_id, consumer.connection_id, 1, 10_000)
     # Three attempts went out, none counted: with max_deliveries 1 it is not
     # dead-lettered, and the next one is processed and acked.
     env.dispatch()

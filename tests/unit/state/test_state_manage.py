@@ -14,6 +14,7 @@ from state_helpers import Recorder, StoreKit, dump, group_snapshot
 
 from futureq.state import commands, records
 from futureq.state.commands import CommandKind, schedule_key
+from futureq.state.manage_ops import KEY_TIME
 from futureq.state.queue_state import PublishResult, QueueState
 from futureq.state.records import PARKED_DUE_MS
 from futureq.state.store import MemoryStore
@@ -388,6 +389,67 @@ def test_old_keys_are_forgotten_a_few_per_publish(kit: StoreKit) -> None:
         run(commands.publish(100_000, [("t", b"z", 100_000, None)], idempotency_window_ms=100))
     keys = [k for k, _ in kit.store.scan("index", b"") if k[:1] == b"k"]
     assert keys == []
+
+
+class TombstoneCounter(MemoryStore):
+    """A MemoryStore that counts, for each scan of the ``t`` keys, the keys deleted
+    earlier that lie before the first key the scan finds: what a RocksDB iterator
+    steps over (tombstones) until compaction removes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deleted: set[bytes] = set()
+        self.stepped_over: list[int] = []
+
+    def write(self, changes: Any, *, sync: bool = False) -> None:
+        self.deleted.update(k for k, v in changes.get("index", {}).items() if v is None)
+        super().write(changes, sync=sync)
+
+    def scan(self, family: str, start: bytes, stop: bytes | None = None) -> Any:
+        items = list(super().scan(family, start, stop))
+        if family == "index" and start[:1] == KEY_TIME:
+            end = items[0][0] if items else stop
+            self.stepped_over.append(
+                sum(1 for k in self.deleted if start <= k and (end is None or k < end))
+            )
+        return iter(items)
+
+
+def test_pruning_keys_does_not_step_over_the_keys_it_deleted_before() -> None:
+    # Keys of messages still pending are looked at again one window later (deleted and
+    # put at the new stamp): each keyed PUBLISH deletes up to PRUNE_MIN_KEYS of them. A
+    # scan from the first possible key stepped over all of those tombstones on every
+    # keyed PUBLISH (1,800 keyed publishes: one publish 2.1 ms instead of 0.9).
+    store = TombstoneCounter()
+    state = QueueState(store)
+    run = Runner(state)
+    for n in range(300):
+        item = ("t", b"a", 10**9, None, None, f"k{n}")
+        run(commands.publish(1000 + 10 * n, [item], idempotency_window_ms=100))
+    assert len(store.deleted) > 1000  # the scenario makes many tombstones
+    assert max(store.stepped_over) == 0
+
+
+def test_key_pruning_from_the_floor_writes_what_a_scan_from_the_start_writes() -> None:
+    # Stamps out of log order (a publish stamped before another proposed first), gone
+    # and pending messages, a window shorter than the disorder: the floor only skips
+    # deleted keys, so both replicas write the same.
+    stores = MemoryStore(), MemoryStore()
+    states = [QueueState(store) for store in stores]
+    stamps = [1000, 1003, 1001, 1200, 1150, 1400, 1399, 2000, 1700, 2600, 2601, 3000]
+    for n, stamp in enumerate(stamps * 3):
+        stamp += 3000 * (n // len(stamps))
+        items = [("t", b"a", 1500 + stamp if n % 3 else stamp, None, None, f"k{n % 7}-{i}")
+                 for i in range(1 + n % 4)]  # fmt: skip
+        for position, state in enumerate(states):
+            if position == 1:
+                state.key_time_floor = KEY_TIME  # as if every scan started at the start
+            Runner(state)(commands.publish(stamp, items, idempotency_window_ms=150))
+            due = [k for k, _ in state.store.scan("schedule", b"") if int.from_bytes(k[4:12], "big") <= stamp]
+            if due and n % 2:
+                Runner(state)(commands.ack(due[:2]))
+    assert dump(stores[0]) == dump(stores[1])
+    assert states[0].key_time_floor > KEY_TIME
 
 
 # ---------------------------------------------------------------- from the backlog
