@@ -90,10 +90,11 @@ WAL_RECYCLE_FILES: Final = 2
 new file makes every fdatasync also journal the file's new size; over a recycled file,
 whose blocks are already written, it flushes only the data: on this machine's ext4 a
 synced 1 KiB ``write_batch`` took p50 112 µs instead of 166 µs, p99 261 µs instead of
-316-420 µs, once the WAL had rolled (30,000 writes, 1 MiB memtables; issue 11). The records carry their
-log number, so recovery stops at the first record left over from a file's previous
-use (point-in-time recovery with recycling: RocksDB PR 12403). Costs up to this many
-WAL files of disk (each at most ``MAX_TOTAL_WAL_MB``) kept after they are obsolete."""
+316-420 µs, once the WAL had rolled (30,000 writes, 1 MiB memtables; issue 11). The
+records carry their log number, so recovery stops at the first record left over from a
+file's previous use (point-in-time recovery with recycling: RocksDB PR 12403). Costs up
+to this many WAL files of disk (each at most ``MAX_TOTAL_WAL_MB``) kept after they are
+obsolete."""
 
 
 def _options(
