@@ -161,7 +161,9 @@ class GroupRuntime:
     info: GroupInfo
     index: DueIndex = attrs.Factory(DueIndex)
     loaded_until: int = 0
-    consumers: list[Consumer] = attrs.Factory(list)
+    consumers: dict[Consumer, None] = attrs.Factory(dict)
+    """The group's subscriptions on this node, in the order they joined (an ordered set:
+    one leaving is removed in O(1), not by a search of the group's list)."""
     released: dict[int, int] = attrs.Factory(dict)
     in_flight_count: int = 0
     counters: dict[tuple[str, str], Any] = attrs.Factory(dict)
@@ -285,7 +287,7 @@ class Hub:
         if runtime is None:
             raise KeyError(consumer.group_id)
         self.consumers[consumer.subscription_id] = consumer
-        runtime.consumers.append(consumer)
+        runtime.consumers[consumer] = None
         self.wake(consumer)
 
     def send_settings(self, consumer: Consumer, info: GroupInfo) -> None:
@@ -310,8 +312,8 @@ class Hub:
         consumer.closed = True
         self.consumers.pop(consumer.subscription_id, None)
         runtime = self.groups.get(consumer.group_id)
-        if runtime is not None and consumer in runtime.consumers:
-            runtime.consumers.remove(consumer)
+        if runtime is not None:
+            runtime.consumers.pop(consumer, None)
             runtime.ready.pop(consumer, None)
         self.touched.add(consumer.group_id)
         for key in list(consumer.in_flight):
@@ -578,10 +580,14 @@ class Hub:
             consumer.closed = True
             self.consumers.pop(consumer.subscription_id, None)
             for key in list(consumer.in_flight):
-                self._drop(key)
+                if self._drop(key) is not None:
+                    runtime.in_flight_count -= 1  # _drop no longer finds the runtime
         runtime.consumers.clear()
-        for key in [k for k, f in self.in_flight.items() if f.group_id == group_id]:
-            self._drop(key)
+        if runtime.in_flight_count:
+            # Deliveries of consumers that left while their ACK was being committed:
+            # rare, so the sweep of every delivery in flight on the node runs only then.
+            for key in [k for k, f in self.in_flight.items() if f.group_id == group_id]:
+                self._drop(key)
 
     def clear(self) -> None:
         """Forget everything (leadership lost)."""

@@ -216,19 +216,19 @@ def test_one_message_due_looks_at_a_few_consumers_not_all_of_the_group() -> None
     assert got == [0, 1, 2, 3, 4]  # still round-robin
 
 
-class CountingList(list[Consumer]):
-    """A group's consumer list that counts the consumers read from it."""
+class CountingConsumers(dict[Consumer, None]):
+    """A group's consumers (an ordered set) that counts the consumers read from it."""
 
     reads = 0
 
-    def __getitem__(self, index: Any) -> Any:
-        CountingList.reads += 1
-        return super().__getitem__(index)
-
     def __iter__(self) -> Iterator[Consumer]:
         for consumer in super().__iter__():
-            CountingList.reads += 1
+            CountingConsumers.reads += 1
             yield consumer
+
+    def keys(self) -> Any:
+        CountingConsumers.reads += len(self)
+        return super().keys()
 
 
 def test_publishing_to_a_group_whose_consumers_are_all_busy_looks_at_none_of_them() -> None:
@@ -238,15 +238,15 @@ def test_publishing_to_a_group_whose_consumers_are_all_busy_looks_at_none_of_the
     gid = env.group("t", "g")
     consumers = [env.consumer(gid, credit=1) for _ in range(1000)]
     runtime = env.hub.groups[gid]
-    runtime.consumers = CountingList(runtime.consumers)
+    runtime.consumers = CountingConsumers(runtime.consumers)
     env.publish("t", [b"x"] * 1000)
     env.dispatch()
     assert all(len(out(c).take()) == 1 for c in consumers)
     for i in range(3):
-        CountingList.reads = 0
+        CountingConsumers.reads = 0
         env.publish("t", [f"m{i}".encode()])
         env.dispatch()
-        assert CountingList.reads == 0
+        assert CountingConsumers.reads == 0
     # Credit comes back (CREDIT): the group is looked at again and what waits goes out.
     last = consumers[-1]
     env.hub.grant_credit(last.subscription_id, last.connection_id, 5, 10_000)
@@ -1345,3 +1345,46 @@ def test_a_publish_of_100_items_is_one_notification_and_steps_stay_bounded() -> 
     env.state.observer = counter
     env.publish("t", [b"x"] * 100)  # 200 entries: one call per apply step at most
     assert counter.batches == [100, APPLY_STEP_ITEMS, 200 - APPLY_STEP_ITEMS]
+
+
+class CountingInFlight(dict[bytes, Any]):
+    """The hub's deliveries in flight, counting whole sweeps (``items()``)."""
+
+    sweeps = 0
+
+    def items(self) -> Any:
+        CountingInFlight.sweeps += 1
+        return super().items()
+
+
+def test_dropping_a_group_sweeps_the_nodes_deliveries_only_for_what_it_left_behind() -> None:
+    # drop_group looked at every delivery in flight on the node (11 ms with 100,000)
+    # to find the group's, though its consumers' own deliveries had just been dropped.
+    env = Env()
+    busy = env.group("busy", "g")
+    for _ in range(10):
+        env.consumer(busy, credit=100)
+    env.publish("busy", [b"x"] * 500)
+    quiet = env.group("quiet", "g")
+    env.consumer(quiet, credit=10)
+    acked = env.group("acked", "g")
+    leaving = env.consumer(acked, credit=10)
+    env.publish("acked", [b"a"])
+    env.dispatch()
+    assert len(env.hub.in_flight) == 501
+    env.hub.in_flight = CountingInFlight(env.hub.in_flight)
+    CountingInFlight.sweeps = 0
+    env.hub.drop_group(quiet)
+    assert CountingInFlight.sweeps == 0 and len(env.hub.in_flight) == 501
+    # A consumer that leaves while its ACK is being committed leaves that delivery in
+    # flight without it: dropping the group must still find it.
+    [flight] = [f for f in env.hub.in_flight.values() if f.group_id == acked]
+    flight.acking = True
+    env.hub.remove_consumer(leaving, env.now)
+    assert env.hub.in_flight.get(flight.key) is flight
+    env.hub.drop_group(acked)
+    assert CountingInFlight.sweeps == 1
+    assert flight.key not in env.hub.in_flight and len(env.hub.in_flight) == 500
+    # Its consumers' own deliveries are dropped with them, without a sweep.
+    env.hub.drop_group(busy)
+    assert CountingInFlight.sweeps == 1 and env.hub.in_flight == {}
