@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -167,7 +168,7 @@ class Dispatcher:
         (node-local; see :meth:`next_due_ms`)."""
         self._pass_now_ms = 0
         """Wall time of the dispatch pass in progress, or of the last one (ms)."""
-        self._staged: list[Staged] = []
+        self._staged: deque[Staged] = deque()  # taken from the front: popleft, not pop(0)
         self._staged_changed = trio.Event()
         self._deleting_changed = trio.Event()
         self.due_counts = DueCounts(state, clock.monotonic_s)
@@ -507,7 +508,7 @@ class Dispatcher:
         batches: list[Staged] = []
         entries: list[tuple[bytes, int]] = []
         while self._staged and len(entries) < MAX_DELIVERED_ENTRIES:
-            batch = self._staged.pop(0)
+            batch = self._staged.popleft()
             batches.append(batch)
             entries.extend(
                 (flight.key, flight.attempt)
