@@ -148,9 +148,15 @@ class NodeBuffers:
 
     Args:
         limit_bytes: ``limits.max_node_buffer_bytes``.
-        on_room: Called once the buffers are below the limit again after it was
+        on_room: Called once the buffers are below half the limit again after it was
             reached (the dispatcher then looks at every group with consumers).
         on_full: Called each time the limit is reached and deliveries are held back.
+
+    Each connection refused room because the node was full is also told, by its
+    :meth:`Outbox.room_again`, as soon as the node is below the limit again: a
+    consumer the dispatcher set aside then (``GroupRuntime.ready``) must not wait for
+    half the limit, which a few slow readers can keep from coming for as long as
+    they read.
     """
 
     def __init__(
@@ -165,6 +171,8 @@ class NodeBuffers:
         self.outbound = 0
         self.inbound = 0
         self._was_full = False
+        self._refused: dict[Outbox, None] = {}
+        """Outboxes refused room because the node was full, told when it is not."""
         self._room = trio.Event()
         self.full_count = 0
         """Times the node's buffers were found full (deliveries held back)."""
@@ -177,10 +185,13 @@ class NodeBuffers:
         """Bytes held now."""
         return self.outbound + self.inbound
 
-    def has_room(self) -> bool:
-        """True while the node may buffer more deliveries."""
+    def has_room(self, asking: Outbox | None = None) -> bool:
+        """True while the node may buffer more deliveries; a refused ``asking`` outbox
+        is told when it may again (:meth:`Outbox.room_again`)."""
         if self.outbound < self.limit_bytes:
             return True
+        if asking is not None:
+            self._refused[asking] = None
         if not self._was_full:
             self._was_full = True
             self.full_count += 1
@@ -195,6 +206,10 @@ class NodeBuffers:
         if inbound < 0 and self.inbound < self.limit_bytes:
             self._room.set()
             self._room = trio.Event()
+        if outbound < 0 and self._refused and self.outbound < self.limit_bytes:
+            refused, self._refused = self._refused, {}
+            for outbox in refused:
+                outbox.room_again()
         if (
             outbound < 0
             and self._was_full
@@ -236,6 +251,10 @@ class NodeBuffers:
         """Connection ``key`` waits for more of a frame begun at ``frame_started`` (trio
         time); ``evict`` drops it if the budget is needed (:meth:`wait_room`)."""
         self._incomplete[key] = (frame_started, evict)
+
+    def forget(self, outbox: Outbox) -> None:
+        """A closed outbox is not told about room any more."""
+        self._refused.pop(outbox, None)
 
     def done_waiting(self, key: int) -> None:
         """Connection ``key`` got bytes (or ended): no longer a candidate for eviction."""
@@ -294,10 +313,15 @@ class Outbox:
                 if self.on_full is not None:
                     self.on_full()
             return False
-        if not self.node.has_room():
+        if not self.node.has_room(self):
             self._held = True
             return False
         return True
+
+    def room_again(self) -> None:
+        """The node, which refused this outbox room, has room again (NodeBuffers)."""
+        if not self.closed and self.on_room is not None:
+            self.on_room()
 
     @property
     def overflowed(self) -> bool:
@@ -339,6 +363,7 @@ class Outbox:
     def close(self) -> None:
         """No more frames; :meth:`take` drains what is queued, then returns None."""
         self.closed = True
+        self.node.forget(self)
         self._ready.set()
         self._room.set()
 
