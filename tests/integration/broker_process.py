@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 START_TIMEOUT_S = 20.0
@@ -149,3 +151,15 @@ class BrokerProcess:
     def stderr_text(self) -> str:
         """Everything the node logged so far."""
         return self.stderr_path.read_text()
+
+
+def connection_buffer_bytes(http_address: str, direction: str) -> float:
+    """The node's ``futureq_connection_buffer_bytes`` for ``direction`` ("in" or "out"),
+    read from its /metrics."""
+    with urllib.request.urlopen(f"http://{http_address}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    found = re.search(
+        rf'futureq_connection_buffer_bytes\{{direction="{direction}"\}} (\S+)', text
+    )
+    assert found, f"no {direction}bound buffer gauge"
+    return float(found.group(1))

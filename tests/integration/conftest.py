@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from broker_process import BrokerProcess
+from cluster_process import Cluster
 from wire_client import OPEN_CLIENTS
 
 
@@ -46,3 +47,15 @@ def broker(broker_factory: object) -> BrokerProcess:
     """One running node with default settings."""
     made: BrokerProcess = broker_factory()  # type: ignore[operator]
     return made
+
+
+@pytest.fixture
+def cluster3(tmp_path: Path) -> Iterator[Cluster]:
+    """A started 3-node cluster in ``tmp_path`` (``cluster_process.Cluster``), stopped at
+    the end. A test module may define its own ``cluster3`` to stop it differently."""
+    cluster = Cluster(tmp_path, 3)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -7,25 +7,13 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from cluster_process import Cluster, ClusterNode, free_ports
 from wire_client import WireClient
 
 from futureq.errors import ErrorCode
 from futureq.wire import codec, frames
-
-
-@pytest.fixture
-def cluster3(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, 3)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 class Producer(threading.Thread):

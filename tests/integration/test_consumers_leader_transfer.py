@@ -4,24 +4,11 @@ split it; back and forth a few times."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from cluster_process import Cluster
 from wire_client import WireClient
 
 from futureq.wire import frames
-
-
-@pytest.fixture
-def cluster3(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, 3)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_consumers_after_leader_transfers(cluster3: Cluster) -> None:

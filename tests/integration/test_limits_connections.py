@@ -5,13 +5,12 @@ log line per failed connection."""
 from __future__ import annotations
 
 import re
-import socket
 import time
 import urllib.request
 
 import trio
 from broker_process import BrokerProcess
-from wire_client import WireClient
+from wire_client import WireClient, non_reading_client
 
 from futureq.client import open_client
 from futureq.errors import ErrorCode
@@ -47,13 +46,6 @@ def wait_for(condition: object, timeout_s: float = 10.0) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
-
-
-def non_reading_client(address: str) -> WireClient:
-    """A client whose socket takes in as little as the kernel allows, and that never reads."""
-    client = WireClient(address)
-    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    return client
 
 
 # --- input 3: a consumer that does not read ---------------------------------------------

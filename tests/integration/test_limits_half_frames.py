@@ -12,13 +12,11 @@ client; and a read takes at most what the budget has room for.
 
 from __future__ import annotations
 
-import re
 import socket
 import threading
 import time
-import urllib.request
 
-from broker_process import BrokerProcess
+from broker_process import BrokerProcess, connection_buffer_bytes
 from wire_client import WireClient
 
 from futureq.errors import ErrorCode
@@ -45,11 +43,7 @@ def _hold_half_frame(client: WireClient, keep: int = 1) -> None:
 
 
 def _inbound_bytes(http_address: str) -> float:
-    with urllib.request.urlopen(f"http://{http_address}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    found = re.search(r'futureq_connection_buffer_bytes\{direction="in"\} (\S+)', text)
-    assert found, "no inbound buffer gauge"
-    return float(found.group(1))
+    return connection_buffer_bytes(http_address, "in")
 
 
 def test_half_sent_frames_are_dropped_after_the_stall_deadline_and_others_get_room(

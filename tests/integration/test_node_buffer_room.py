@@ -11,13 +11,10 @@ without that, the consumer here (credit 10, an empty buffer) got nothing.
 
 from __future__ import annotations
 
-import re
-import socket
 import time
-import urllib.request
 
-from broker_process import BrokerProcess
-from wire_client import WireClient
+from broker_process import BrokerProcess, connection_buffer_bytes
+from wire_client import WireClient, non_reading_client
 
 from futureq.wire import frames
 
@@ -28,17 +25,7 @@ PAYLOAD = 16 * KIB
 
 
 def _outbound(http_address: str) -> float:
-    with urllib.request.urlopen(f"http://{http_address}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    found = re.search(r'futureq_connection_buffer_bytes\{direction="out"\} (\S+)', text)
-    assert found, "no outbound buffer gauge"
-    return float(found.group(1))
-
-
-def _silent(address: str) -> WireClient:
-    client = WireClient(address)
-    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    return client
+    return connection_buffer_bytes(http_address, "out")
 
 
 def test_consumer_with_credit_gets_due_messages_after_node_buffer_drops_below_limit(
@@ -67,11 +54,11 @@ def test_consumer_with_credit_gets_due_messages_after_node_buffer_drops_below_li
             answer = pub.publish([["t", payload, None, None, None] for _ in range(4)])
             assert isinstance(answer, frames.PublishOk), answer
 
-    y1 = _silent(addr)
+    y1 = non_reading_client(addr)
     y1.subscribe("t", "g", prefetch=10_000)
     fill_to(CONN)
     # ... and a second one fills the node's.
-    y2 = _silent(addr)
+    y2 = non_reading_client(addr)
     y2.subscribe("t", "g", prefetch=10_000)
     fill_to(NODE)
     # The node is full: a new consumer with credit is looked at and found unable.

@@ -186,3 +186,10 @@ class WireClient:
         self.sock.close()
         if self in OPEN_CLIENTS:
             OPEN_CLIENTS.remove(self)
+
+
+def non_reading_client(address: str) -> WireClient:
+    """A client whose socket takes in as little as the kernel allows, and that never reads."""
+    client = WireClient(address)
+    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    return client
