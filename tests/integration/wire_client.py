@@ -156,6 +156,14 @@ class WireClient:
             out.extend([*d, frame.delivered_ms] for d in frame.deliveries)
         return out
 
+    def poll_deliveries(self, timeout_s: float = 0.05) -> list[list[Any]]:
+        """The deliveries of the next DELIVER frame if one arrives within ``timeout_s``
+        (as :meth:`deliveries`), else none: for tests that poll several consumers."""
+        try:
+            return self.deliveries(1, timeout_s)
+        except TimeoutError:
+            return []
+
     def expect_nothing(self, within_s: float) -> None:
         """Assert no DELIVER arrives within ``within_s`` seconds (other pushes are kept)."""
         assert not self.pushed, self.pushed
