@@ -181,6 +181,8 @@ class SingleNodeLog:
             state.applied_index, 0 if last is None else int.from_bytes(last, "big")
         )
         self._truncated_below = state.applied_index
+        self._apply_backlog = 0
+        """Batches handed to the applier and not yet applied (queued or being applied)."""
         self._pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
     def is_leader(self) -> bool:
@@ -336,7 +338,15 @@ class SingleNodeLog:
                 if self._metrics is not None:
                     self._metrics.fsync_seconds.observe(trio.current_time() - started)
                     self._metrics.group_commit_items.observe(len(batch))
-                await to_apply.send(batch)
+                if self._apply_backlog == 0 and self._receive.statistics().current_buffer_used == 0:
+                    # Nothing to write next and nothing being applied: apply here. Handing
+                    # the batch to the applier cost one pass of the event loop on the way
+                    # to every answer of a quiet node; under load (proposals waiting) the
+                    # applier takes it, so the next write overlaps this apply.
+                    await self._apply_batch(batch)
+                else:
+                    self._apply_backlog += 1
+                    await to_apply.send(batch)
 
     async def _write(self, batch: list[_Proposal]) -> None:
         """Write the entries of ``batch`` (indexes assigned) in one synced write."""
@@ -381,37 +391,45 @@ class SingleNodeLog:
             await self._alarm.wait_cleared()
 
     async def _applier(self, to_apply: trio.MemoryReceiveChannel[list[_Proposal]]) -> None:
-        state = self._state
         async with to_apply:
             async for batch in to_apply:
-                started = trio.current_time()
-                for position, proposal in enumerate(batch):
-                    try:
-                        proposal.result = await self._apply_one(proposal)
-                    except RequestError as exc:  # pragma: no cover - apply never refuses
-                        proposal.error = exc
-                    proposal.done.set()
-                    if position % APPLY_SLICE_ENTRIES == APPLY_SLICE_ENTRIES - 1:
-                        # A big group commit must not hold the loop: let the dispatcher
-                        # deliver what fell due meanwhile (lateness, DESIGN.md).
-                        await trio.lowlevel.checkpoint()
-                if self._metrics is not None:
-                    self._metrics.apply_seconds.observe(trio.current_time() - started)
-                if self._on_applied is not None:
-                    self._on_applied()
-                applied = state.applied_index
-                if applied - self._truncated_below >= TRUNCATE_EVERY_ENTRIES:
-                    # The state writes before this point reach disk with the next synced
-                    # log write (one WAL), so entries up to ``applied`` are not needed.
-                    try:
-                        self._db.delete_range("raft_log", log_key(0), log_key(applied + 1))
-                    except NoSpaceError as exc:
-                        if self._alarm is None:
-                            raise
-                        self._alarm.trip(exc)  # truncate later
-                    else:
-                        self._truncated_below = applied
+                try:
+                    await self._apply_batch(batch)
+                finally:
+                    self._apply_backlog -= 1
                 await trio.lowlevel.checkpoint()
+
+    async def _apply_batch(self, batch: list[_Proposal]) -> None:
+        """Apply one written group commit in order, answer its proposals, and truncate
+        the log once enough of it is applied; by the applier, or by the writer when no
+        batch handed to the applier is left to apply (so batches apply in log order)."""
+        started = trio.current_time()
+        for position, proposal in enumerate(batch):
+            try:
+                proposal.result = await self._apply_one(proposal)
+            except RequestError as exc:  # pragma: no cover - apply never refuses
+                proposal.error = exc
+            proposal.done.set()
+            if position % APPLY_SLICE_ENTRIES == APPLY_SLICE_ENTRIES - 1:
+                # A big group commit must not hold the loop: let the dispatcher
+                # deliver what fell due meanwhile (lateness, DESIGN.md).
+                await trio.lowlevel.checkpoint()
+        if self._metrics is not None:
+            self._metrics.apply_seconds.observe(trio.current_time() - started)
+        if self._on_applied is not None:
+            self._on_applied()
+        applied = self._state.applied_index
+        if applied - self._truncated_below >= TRUNCATE_EVERY_ENTRIES:
+            # The state writes before this point reach disk with the next synced
+            # log write (one WAL), so entries up to ``applied`` are not needed.
+            try:
+                self._db.delete_range("raft_log", log_key(0), log_key(applied + 1))
+            except NoSpaceError as exc:
+                if self._alarm is None:
+                    raise
+                self._alarm.trip(exc)  # truncate later
+            else:
+                self._truncated_below = applied
 
 
 __all__ = ["CommandLog", "SingleNodeLog", "apply_in_steps", "log_key"]
