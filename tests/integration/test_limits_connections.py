@@ -241,6 +241,26 @@ def test_a_client_that_does_not_read_is_closed_after_the_send_timeout(
     assert len(re.findall(r"closed: SLOW_CLIENT: a write to the client blocked", log)) == 1
 
 
+def test_a_client_that_does_not_read_its_answers_is_closed_after_the_send_timeout(
+    broker_factory: object,
+) -> None:
+    """A handler writes its answer to the socket itself when nothing is queued before it
+    (issue 11): that write is bounded by the send timeout just as the writer task's."""
+    broker: BrokerProcess = broker_factory(env=FAST_DEADLINES)  # type: ignore[operator]
+    producer = WireClient(broker.client_address)
+    for _ in range(10):
+        producer.publish([["browsed.t", b"b" * 2048, 60_000, None, None] for _ in range(100)])
+    stuck = non_reading_client(broker.client_address)
+    for _ in range(4):  # each answer is ~1 MB of previews: more than the socket holds
+        stuck.send(frames.Browse(stuck.next_id(), "browsed.t", None, None, None, None, 1000, 1024))
+    wait_for(lambda: metric(broker, "futureq_connections_closed_total", 'reason="slow_client"') == 1)
+    still_served = WireClient(broker.client_address)  # the producer's idle link timed out
+    assert isinstance(still_served.publish([["browsed.t", b"", 0, None, None]]), frames.PublishOk)
+    log = broker.stderr_text()
+    assert "Traceback" not in log
+    assert len(re.findall(r"closed: SLOW_CLIENT: a write to the client blocked", log)) == 1
+
+
 # --- input 7: protocol errors write one line, not a traceback ----------------------------
 
 REPORTED_INPUT = bytes.fromhex(

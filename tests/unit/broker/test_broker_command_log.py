@@ -279,3 +279,55 @@ async def test_wait_idle_blocks_until_every_proposal_is_answered(db: Database) -
         outer.cancel_scope.cancel()
     assert idle_at == [3]
     assert applied and applied[-1] == 3
+
+
+async def test_writer_and_applier_take_turns_and_apply_in_log_order(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone proposal is applied by the writer itself (one loop pass fewer before its
+    answer); a burst's batches go to the applier so the next write overlaps the apply.
+    Whichever task applies, entries apply once each, in log order, and every proposer
+    gets its own entry's result (issue 11)."""
+    state = QueueState(db)
+    log = SingleNodeLog(db, state, address=None, fsync=False, max_batch_items=4)
+    applied: list[int] = []
+    appliers: set[str] = set()
+    original_steps = state.apply_steps
+    original_batch = log._apply_batch
+
+    def apply_steps(index: int, data: bytes, command: Any = None) -> Any:
+        applied.append(index)
+        return original_steps(index, data, command)
+
+    async def apply_batch(batch: Any) -> None:
+        task = trio.lowlevel.current_task().name.rsplit(".", 1)[-1]
+        appliers.add(task)
+        if task == "_applier":
+            # A slow apply: the writer finishes the burst's last write while batches
+            # wait here, and must not apply that one ahead of them.
+            await trio.sleep(0.005)
+        await original_batch(batch)
+
+    monkeypatch.setattr(state, "apply_steps", apply_steps)
+    monkeypatch.setattr(log, "_apply_batch", apply_batch)
+    proposals = [_publish(i) for i in range(60)]
+    results: list[Any] = [None] * len(proposals)
+
+    async def one(i: int) -> None:
+        results[i] = await log.propose(proposals[i])
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        for wave in range(0, 60, 20):
+            await one(wave)  # alone: the writer applies it
+            async with trio.open_nursery() as burst:
+                for i in range(wave + 1, wave + 20):
+                    burst.start_soon(one, i)
+        nursery.cancel_scope.cancel()
+    assert appliers == {"_writer", "_applier"}
+    assert applied == list(range(1, 61))
+    entries = _entries(db)
+    for i, result in enumerate(results):
+        assert entries[result >> 16] == proposals[i]
+        message = state.get_message(result)
+        assert message is not None and message[1] == f"m{i}".encode()
