@@ -858,15 +858,22 @@ class QueueState(ManageOps):
         messages = txn.changes["messages"]
         schedule = txn.changes["schedule"]
         gid_of = {topic: info.group_id for topic, info in plain.items()}
+        only = next(iter(plain)) if len(plain) == 1 else None
         count = len(items)
         start = 0
         stop = max(1, APPLY_STEP_ITEMS - 1 - NEW_TOPIC_WORK * len(plain))
         while True:
             chunk = items[start:stop]
-            topics = list(map(_TOPIC, chunk))
+            topics: Iterable[str]
+            gids: Iterable[int]
+            if only is None:
+                topics = list(map(_TOPIC, chunk))
+                gids = list(map(gid_of.__getitem__, topics))
+            else:  # one topic: no column of it to build (zip and map stop at the others')
+                topics = repeat(only)
+                gids = repeat(gid_of[only])
             dues = list(map(_DUE, chunk))
             ttls = list(map(_TTL, chunk))
-            gids = list(map(gid_of.__getitem__, topics))
             ids = range(first_id + start, first_id + start + len(chunk))
             payloads = map(_PAYLOAD, chunk)
             records: Iterable[tuple[Any, ...]]
@@ -898,7 +905,7 @@ class QueueState(ManageOps):
                     (topic, payload, publish_ms, due, 1)
                     if ttl is None
                     else (topic, payload, publish_ms, due, 1, None, ttl)
-                    for topic, payload, due, ttl in zip(topics, payloads, dues, ttls, strict=True)
+                    for topic, payload, due, ttl in zip(topics, payloads, dues, ttls, strict=False)
                 ]
                 values = [_NEW_ENTRY if at is None else _encode([0, at]) for at in expires]
             messages.update(zip(map(_ID_KEY, ids, repeat(8)), map(_encode, records), strict=False))
