@@ -751,8 +751,9 @@ class QueueState(ManageOps):
                     yield from self._prune_idempotency_keys(txn, publish_ms, window_ms)
                 return first_id
         targets: dict[str, list[GroupInfo]] = {}
-        # The hot path of the broker: one pass, every per-message cost inlined (the
-        # record, the entry keys, the effects), group counters added once per batch.
+        # Every other batch (new topics, fan-out, headers, keys, dead letters): one pass,
+        # every per-message cost inlined (the record, the entry keys, the effects),
+        # group counters added once per batch.
         messages = txn.changes["messages"]
         schedule = txn.changes["schedule"]
         schedule_key = commands.pack_schedule_key
