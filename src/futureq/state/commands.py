@@ -53,6 +53,7 @@ from typing import Any, Final
 
 import attrs
 import msgpack
+import msgspec
 
 
 class CommandKind(enum.IntEnum):
@@ -172,13 +173,16 @@ def parse_delivery_tag(tag: bytes) -> tuple[bytes, int] | None:
     return tag[:SCHEDULE_KEY_BYTES], int.from_bytes(tag[SCHEDULE_KEY_BYTES:], "big")
 
 
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_encode: Final = msgspec.msgpack.Encoder().encode
+"""msgspec's msgpack encoder: the bytes ``msgpack.Packer(use_bin_type=True)`` writes for
+every type a command holds (IntEnum kinds as their numbers, str, bytes, int, None, bool,
+lists, tuples, dicts; ``tests/unit/state/test_state_encoding.py``), in a third of the
+time (a PUBLISH of 100 items: 3.3 against 10.6 us, ``bench.apply_cost``)."""
 
 
 def encode(command: list[Any]) -> bytes:
     """msgpack bytes of a command list."""
-    data: bytes = _packb(command)
-    return data
+    return _encode(command)
 
 
 def decode(data: bytes) -> list[Any]:

@@ -1244,13 +1244,17 @@ def _observer_view(env: Env) -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("one_group", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_one_batched_notification_leaves_the_dispatcher_as_one_call_per_entry(seed: int) -> None:
+def test_one_batched_notification_leaves_the_dispatcher_as_one_call_per_entry(
+    seed: int, one_group: bool
+) -> None:
     """``on_scheduled_batch`` (one call per apply) against ``on_scheduled`` per entry, on
     twin dispatchers in random states: idle and loaded groups, consumers or none, a
     small horizon that overflows, entries below and above ``loaded_until``, entries
     already indexed or in flight, TTLs, attempts, released counts, seek hints and
-    due-count histograms, passes in progress."""
+    due-count histograms, passes in progress; ``one_group``: every entry of one group,
+    as a PUBLISH to one topic makes (a group without runtime takes a shortcut)."""
     import random
 
     rng = random.Random(seed)
@@ -1286,6 +1290,11 @@ def test_one_batched_notification_leaves_the_dispatcher_as_one_call_per_entry(se
         known += [(gid, *unpack_packed(p)) for p in list(runtime.index._due)[:3]]
     known += [commands.parse_schedule_key(key) for key in list(one.hub.in_flight)[:3]]
     gids = list(one.state.groups) + [999]  # 999: a group without runtime or record
+    offsets = [-5, 0, 30, 1_000, 200_000, 900_000]
+    if one_group:
+        gids = [rng.choice(gids)]
+        known = [entry for entry in known if entry[0] == gids[0]]
+        offsets = rng.choice([offsets, offsets[:4], [400_000, 900_000, 2_000_000]])
     entries: list[tuple[Any, ...]] = []
     next_mid = 1 << 40
     for _ in range(rng.randint(1, 60)):
@@ -1293,7 +1302,7 @@ def test_one_batched_notification_leaves_the_dispatcher_as_one_call_per_entry(se
             gid, due, mid = rng.choice(known)
         else:
             gid = rng.choice(gids)
-            due = one.now + rng.choice([-5, 0, 30, 1_000, 200_000, 900_000])
+            due = one.now + rng.choice(offsets)
             mid = next_mid = next_mid + rng.randint(1, 3)
         expire = rng.choice([None, None, due + rng.randint(1, 5_000)])
         entry: tuple[Any, ...] = ("s", gid, due, mid, expire, rng.choice([0, 0, 1, 3]))

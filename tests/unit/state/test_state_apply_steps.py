@@ -142,3 +142,44 @@ def test_a_publish_applied_from_its_list_leaves_what_its_bytes_leave() -> None:
     assert states[1] == states[0]
     assert states[0][3], "the observer heard of the entries"
     assert states[0][2][1].duplicates == {5: (2 << 16) + 3}
+
+
+def test_the_plain_publish_path_leaves_what_the_item_loop_leaves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches of known one-group topics without headers or keys take
+    ``QueueState._publish_plain``: the stored bytes, the digests, the results, the
+    observer's calls and the number of steps are those of the item loop, which every
+    other batch takes (TTLs all, none or some; several steps; several topics; a
+    dead-letter batch; fan-out and new topics fall back to the loop)."""
+    settings = commands.GroupSettings(5000, 3)
+
+    def items(count: int, topics: int, ttl: Any) -> list[commands.PublishItem]:
+        return [
+            (f"t{i % topics}", bytes([i % 256]) * (i % 40), 1000 + (i * 7) % 300, ttl(i))
+            for i in range(count)
+        ]
+
+    history = [
+        commands.publish(900, items(3, 3, lambda i: None), settings),  # creates t0, t1, t2
+        commands.publish(1000, items(100, 1, lambda i: None), settings),
+        commands.publish(1001, items(130, 2, lambda i: 100 + i), settings),
+        commands.publish(1002, items(300, 3, lambda i: None if i % 3 else 50), settings),
+        commands.publish(1003, items(127, 1, lambda i: 9), settings),
+        commands.publish(1004, items(1000, 2, lambda i: None), settings),
+        commands.dead_letter(1005, [(commands.schedule_key(1, 1000, 2 << 16), 3)], settings),
+        commands.publish(1006, items(50, 30, lambda i: None), settings),  # new topics
+        commands.create_group("t0", "second", None, None),
+        commands.publish(1007, items(200, 1, lambda i: None), settings),  # fan-out
+        commands.publish(1008, items(20, 2, lambda i: None), settings, 60_000),
+    ]
+    runs = []
+    for plain in (True, False):
+        if not plain:
+            monkeypatch.setattr(QueueState, "_plain_targets", lambda self, items: None)
+        state = QueueState(MemoryStore())
+        recorder = Recorder(state)
+        results = [run_steps(state, index, data) for index, data in enumerate(history, 1)]
+        runs.append((dump(state.store), state.applied_digest, results, recorder.calls))
+    assert runs[0] == runs[1]
+    assert max(steps for _, steps in runs[0][2]) > 3

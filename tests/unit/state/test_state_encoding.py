@@ -1,7 +1,8 @@
 """The publish path's msgspec encoder writes the very bytes msgpack writes.
 
-QueueState encodes message records, fresh schedule values and the digested changes
-with msgspec (faster per call); what is stored and the applied digest must stay
+QueueState encodes message records, fresh schedule values and the digested changes,
+and :func:`futureq.state.commands.encode` every log entry, with msgspec (faster per
+call); what is stored, the log's entries and the applied digest must stay
 byte-identical to msgpack's ``Packer(use_bin_type=True)``, which every other writer and
 every recorded digest (simulation, replay) use. Checked over every type the state
 writes, at the bounds of each msgpack integer and length encoding.
@@ -15,7 +16,7 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from futureq.state import queue_state
+from futureq.state import commands, queue_state
 
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
@@ -103,3 +104,33 @@ def test_the_applied_digest_and_the_records_are_msgpack_of_what_was_written() ->
         assert record == (_pack(short) if ttl_ms is None else record)
         if ttl_ms is not None:
             assert msgpack.unpackb(record)[:5] == short
+
+
+def test_commands_are_encoded_as_msgpack_does() -> None:
+    """Log entries keep the bytes msgpack wrote for them (kinds are IntEnums)."""
+    key = commands.schedule_key(3, 2**40, (7 << 16) + 1)
+    settings = commands.GroupSettings(100, 2, True)
+    lists: list[list[Any]] = [
+        commands.publish_command(
+            2**41,
+            [("t", b"p", 2**41, None), ("t", b"", 0, 2**33, {"k": "v"}, "key")],
+            settings,
+            60_000,
+        ),
+        [commands.CommandKind.ACK, [key, key]],
+        [commands.CommandKind.NACK, 5, 0, [(key, 1), (key, 2, None)], "why", True, [1, 2]],
+        [commands.CommandKind.CREATE_GROUP, "t", "g", None, 3, settings.to_wire(), None, True],
+        [commands.CommandKind.NODE_ADDRESS, 2**31 - 1, "a:1", None],
+        [commands.CommandKind.RESCHEDULE, 1, "t", None, [2**63, 0], -1],
+        [commands.CommandKind.NOOP],
+    ]
+    for command in lists:
+        assert commands.encode(command) == _pack(command)
+    assert commands.NOOP == _pack([0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_values, max_size=6))
+def test_command_encoding_is_msgpack_for_every_state_type(values: Any) -> None:
+    command = [commands.CommandKind.PUBLISH, *values]
+    assert commands.encode(command) == _pack(command)
