@@ -97,6 +97,22 @@ class ListMachine:
         self.restored_from.append(index)
 
 
+class StepsMachine(ListMachine):
+    """A :class:`ListMachine` applied in steps, which records what each apply was given
+    besides the bytes (the proposer's own reading of them, or None)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.given: list[Any] = []
+
+    def apply_steps(self, index: int, data: bytes, decoded: Any = None) -> Any:
+        self.given.append(decoded)
+        if decoded is not None:
+            assert decoded == data.decode(), (decoded, data)
+        yield
+        return self.apply(index, data)
+
+
 class StalledDiskStorage(RocksStorage):
     """Real RocksDB whose synced writes wait while ``stall`` is set: a disk (or a host)
     so busy that an fsync takes seconds."""
@@ -137,9 +153,11 @@ class Cluster:
         *,
         tls: Callable[[int], tuple[ssl.SSLContext, ssl.SSLContext]] | None = None,
         secret: bytes | None = SECRET,
+        machine: Callable[[], ListMachine] = ListMachine,
         **config: Any,
     ) -> None:
         self.tls = tls
+        self.machine = machine
         self.secret = secret
         self.tmp_path = tmp_path
         self.nursery = nursery
@@ -167,7 +185,7 @@ class Cluster:
             ssl_client=None if contexts is None else contexts[1],
             secret=self.secret,
         )
-        sm = ListMachine()
+        sm = self.machine()
         node_config = RaftNodeConfig(
             node_id=node_id,
             bootstrap_voters=voters,
@@ -497,6 +515,30 @@ async def test_transfer_read_barrier_and_role_changes(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
+async def test_the_leader_applies_its_own_reading_of_its_entries(tmp_path: Path) -> None:
+    """A proposer's decoded command goes to its own node's apply with the entry it
+    proposed (same index and term), so the leader does not decode what it encoded; the
+    followers apply the bytes. Every node ends with the same commands (issue 11)."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery, machine=StepsMachine)
+        await _start(cluster, VOTERS3)
+        leader = await cluster.wait_leader()
+        commands = [b"c%d" % i for i in range(20)]
+        async with trio.open_nursery() as proposers:
+            for command in commands:
+                proposers.start_soon(leader.node.propose, command, command.decode())
+        items = await cluster.wait_converged(20)
+        assert sorted(items) == sorted(commands)
+        for member in cluster.members.values():
+            assert isinstance(member.sm, StepsMachine)
+            given = [g for g in member.sm.given if g is not None]
+            if member is leader:
+                assert sorted(given) == sorted(c.decode() for c in commands)
+            else:
+                assert given == [] and len(member.sm.given) == 20
+        await cluster.stop_all()
+
+
 async def test_propose_durable_returns_the_index(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = Cluster(tmp_path, nursery)

@@ -260,8 +260,8 @@ class Broker:
             self.config.queue.idempotency_window_ms if keyed else 0,
         )
         command = commands.encode(command_list)
-        # A single node applies the list it was given (no decode of what was just
-        # encoded); Raft applies the bytes, on the leader as on every follower.
+        # This node applies the list it was given (no decode of what was just encoded);
+        # Raft followers decode the bytes.
         single = self.log if isinstance(self.log, SingleNodeLog) else None
         if ack_level == frames.AckLevel.LEADER and not keyed:
             if single is not None:
@@ -283,10 +283,7 @@ class Broker:
             return None, len(validated), None
         # Idempotency keys need the apply result (which items were duplicates), so a
         # keyed batch at ack level LEADER waits for its commit like QUORUM.
-        if single is not None:
-            result = await single.propose(command, command_list)
-        else:
-            result = await self.log.propose(command)
+        result = await self.log.propose(command, command_list)
         self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
         self._count_published(validated)
         if isinstance(result, PublishResult):

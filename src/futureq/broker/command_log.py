@@ -53,8 +53,11 @@ class CommandLog(Protocol):
         """Index of the last entry applied to the state machine."""
         ...
 
-    async def propose(self, command: bytes) -> Any:
+    async def propose(self, command: bytes, decoded: list[Any] | None = None) -> Any:
         """Make ``command`` durable, apply it, and return the apply result.
+
+        ``decoded``: ``commands.decode(command)`` as the caller already holds it, which
+        the node's own apply then uses instead of decoding the bytes (None: decode).
 
         Raises:
             NotLeaderError: this node is not the leader.

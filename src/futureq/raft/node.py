@@ -238,14 +238,16 @@ class RaftNodeConfig:
 
 
 class _Waiter:
-    __slots__ = ("done", "error", "index", "result", "term")
+    __slots__ = ("decoded", "done", "error", "index", "result", "term")
 
-    def __init__(self) -> None:
+    def __init__(self, decoded: Any = None) -> None:
         self.done = trio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
         self.index = 0
         self.term = 0
+        self.decoded = decoded
+        """The proposer's own reading of its entry's bytes, or None (see ``propose``)."""
 
     def resolve(self, result: Any) -> None:
         if not self.done.is_set():
@@ -575,8 +577,15 @@ class RaftNode:
         self._ops.append(op)
         self._wake.set()
 
-    async def propose(self, command: bytes) -> Any:
+    async def propose(self, command: bytes, decoded: Any = None) -> Any:
         """Replicate ``command``; return ``state_machine.apply``'s result once applied here.
+
+        ``decoded``: the state machine's own reading of ``command`` (what its
+        ``apply_steps`` would decode the bytes to), handed to ``apply_steps`` as its third
+        argument when this very entry is applied here (same index and term: the Log
+        Matching property, Raft paper §5.3), so a leader does not decode what it just
+        encoded; followers, and an entry another leader wrote at the index, decode the
+        bytes. None: always decode.
 
         Raises:
             NotLeaderError: this node is not the leader (with the leader's client
@@ -588,7 +597,7 @@ class RaftNode:
                 many proposals are queued (not appended: safe to retry).
         """
         self._check_can_lead()
-        waiter = _Waiter()
+        waiter = _Waiter(decoded)
         self._enqueue(_Op("propose", waiter, data=command))
         return await waiter.wait()
 
@@ -1216,8 +1225,10 @@ class RaftNode:
             if entry.kind is EntryKind.NORMAL:
                 error: RequestError | None = None
                 result: Any = None
+                mine = waiters.get(index) if waiters else None
+                decoded = mine.decoded if mine is not None and mine.term == entry.term else None
                 try:
-                    result = await self._apply_one(index, entry.data)
+                    result = await self._apply_one(index, entry.data, decoded)
                 except RequestError as exc:  # pragma: no cover - apply should not refuse
                     error = exc
             else:
@@ -1248,15 +1259,19 @@ class RaftNode:
         if self._metrics is not None:
             self._metrics.apply_seconds.observe(trio.current_time() - started)
 
-    async def _apply_one(self, index: int, data: bytes) -> Any:
+    async def _apply_one(self, index: int, data: bytes, decoded: Any = None) -> Any:
         """Apply one entry; in bounded steps when the state machine offers
-        ``apply_steps`` (a generator), yielding to the loop between them."""
+        ``apply_steps`` (a generator), yielding to the loop between them; ``decoded``
+        (the proposer's reading of ``data``, see :meth:`propose`) goes with them."""
         while True:
             try:
                 apply_steps = getattr(self._sm, "apply_steps", None)
                 if apply_steps is None:
                     return self._sm.apply(index, data)
-                steps = apply_steps(index, data)
+                if decoded is None:
+                    steps = apply_steps(index, data)
+                else:
+                    steps = apply_steps(index, data, decoded)
                 while True:
                     try:
                         next(steps)
