@@ -49,7 +49,7 @@ class SyncLog:
         """Apply a command the test proposes itself (publish, ack, ...)."""
         return self.state.apply(self.state.applied_index + 1, command)
 
-    async def propose(self, command: bytes) -> Any:
+    async def propose(self, command: bytes, decoded: list[Any] | None = None) -> Any:
         self.proposed.append(command)
         if self.fail_with is not None:
             raise self.fail_with
