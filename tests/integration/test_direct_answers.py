@@ -8,6 +8,7 @@ import socket
 import time
 
 from broker_process import BrokerProcess
+from test_limits_connections import metric, wait_for
 from wire_client import WireClient, non_reading_client
 
 from futureq.errors import ErrorCode
@@ -67,3 +68,20 @@ def test_a_node_stops_promptly_while_a_handler_writes_to_a_client_that_does_not_
     assert broker.terminate() == 0
     assert time.monotonic() - started < 5
     assert "Traceback" not in broker.stderr_text()
+
+
+def test_an_answer_a_handler_writes_itself_counts_in_the_buffers_until_written(
+    broker_factory: object,
+) -> None:
+    """Answers queued for the writer count in the connection's and the node's outgoing
+    bytes until written; one a handler writes itself to a client that does not read
+    counts the same (the node's byte bounds and /metrics see it)."""
+    broker: BrokerProcess = broker_factory()  # type: ignore[operator]
+    producer = WireClient(broker.client_address)
+    for _ in range(10):
+        producer.publish([["counted.t", b"b" * 2048, 60_000, None, None] for _ in range(100)])
+    stuck = non_reading_client(broker.client_address)
+    stuck.send(frames.Browse(stuck.next_id(), "counted.t", None, None, None, None, 1000, 1024))
+    wait_for(lambda: metric(broker, "futureq_connection_buffer_bytes", 'direction="out"') > 0)
+    stuck.close()
+    wait_for(lambda: metric(broker, "futureq_connection_buffer_bytes", 'direction="out"') == 0)

@@ -343,6 +343,12 @@ class Outbox:
             size += len(chunks[-1])
         return b"".join(chunks) if len(chunks) > 1 else chunks[0]
 
+    def writing(self, size: int) -> None:
+        """``size`` bytes written to the socket past the queue (a handler's own answer)
+        count as buffered, as queued bytes do, until :meth:`written`."""
+        self.buffered_bytes += size
+        self.node.change(outbound=size)
+
     def written(self, size: int) -> None:
         """``size`` bytes handed out by :meth:`take` reached the socket."""
         self.buffered_bytes -= size
@@ -925,7 +931,9 @@ class Connection:
                     # the client read that ERROR as the rest of the answer. The writer
                     # task cancels this when the connection ends without draining.
                     with trio.CancelScope(shield=True) as self._direct_write:
-                        await self._send(data)
+                        self.outbox.writing(len(data))
+                        if await self._send(data):
+                            self.outbox.written(len(data))
                 finally:
                     self._direct_write = None
                     self._sending.release()
