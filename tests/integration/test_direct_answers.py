@@ -5,8 +5,12 @@ that says why the server closed (found by trying to break that change)."""
 from __future__ import annotations
 
 import socket
+import ssl
 import time
+from pathlib import Path
 
+import pytest
+import trustme
 from broker_process import BrokerProcess
 from test_limits_connections import metric, wait_for
 from wire_client import WireClient, non_reading_client
@@ -21,18 +25,30 @@ STALL_FAST = {
 }
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
 def test_an_answer_being_written_when_the_connection_closes_is_whole_before_the_error(
-    broker_factory: object,
+    broker_factory: object, tmp_path: Path, tls: bool
 ) -> None:
     """A client asks for large answers without reading, then stalls in the middle of a
     frame: the server closes it with FRAME_TIMEOUT. The answer a handler was writing
     when that happened must not be cut off with the ERROR written after its first
     bytes (the client would read the ERROR as the rest of the answer)."""
-    broker: BrokerProcess = broker_factory(env=STALL_FAST)  # type: ignore[operator]
-    producer = WireClient(broker.client_address)
+    extra: list[str] = []
+    context: ssl.SSLContext | None = None
+    if tls:  # a cut write breaks a TLS stream outright
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1")
+        cert_path, key_path = tmp_path / "node.pem", tmp_path / "node.key"
+        cert.cert_chain_pems[0].write_to_path(str(cert_path))
+        cert.private_key_pem.write_to_path(str(key_path))
+        extra = ["--tls-cert", str(cert_path), "--tls-key", str(key_path)]
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+    broker: BrokerProcess = broker_factory(extra, env=STALL_FAST)  # type: ignore[operator]
+    producer = WireClient(broker.client_address, ssl_context=context)
     for _ in range(10):
         producer.publish([["cut.t", b"b" * 2048, 60_000, None, None] for _ in range(100)])
-    stuck = WireClient(broker.client_address)
+    stuck = WireClient(broker.client_address, ssl_context=context)
     stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # reads fast later
     asked = []
     for _ in range(6):  # ~1 MB each: more than the sockets hold, a handler's write blocks
