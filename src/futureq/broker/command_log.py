@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgpack
 import trio
@@ -120,6 +120,10 @@ def no_space_error() -> RequestError:
         "the node's disk is full (NO_SPACE alarm): nothing was written; retry later or on "
         "another node (the node resumes by itself when space returns)",
     )
+
+
+_NOT_APPLIED: Final = object()
+"""What :meth:`SingleNodeLog._apply_one` returns when told not to wait for space."""
 
 
 class _Proposal:
@@ -345,9 +349,11 @@ class SingleNodeLog:
                     # Nothing to write next and nothing being applied: apply here. Handing
                     # the batch to the applier cost one pass of the event loop on the way
                     # to every answer of a quiet node; under load (proposals waiting) the
-                    # applier takes it, so the next write overlaps this apply.
-                    await self._apply_batch(batch)
-                else:
+                    # applier takes it, so the next write overlaps this apply. What a full
+                    # disk leaves unapplied goes to the applier, which waits for space:
+                    # the writer goes on refusing proposals with NO_SPACE meanwhile.
+                    batch = await self._apply_batch(batch, inline=True)
+                if batch:
                     self._apply_backlog += 1
                     await to_apply.send(batch)
 
@@ -377,9 +383,10 @@ class SingleNodeLog:
             proposal.error = no_space_error()
             proposal.done.set()
 
-    async def _apply_one(self, proposal: _Proposal) -> Any:
+    async def _apply_one(self, proposal: _Proposal, *, wait: bool = True) -> Any:
         """Apply one written entry; after a full disk, wait for room and write again (the
-        entry is in the log, so it must be applied before the next one)."""
+        entry is in the log, so it must be applied before the next one), or without
+        ``wait`` return :data:`_NOT_APPLIED`."""
         while True:
             try:
                 return await apply_in_steps(
@@ -389,6 +396,8 @@ class SingleNodeLog:
                 if self._alarm is None:
                     raise
                 self._alarm.trip(exc)
+            if not wait:
+                return _NOT_APPLIED
             # Waited for outside the except block: the exception's traceback holds the
             # write batch, which holds RocksDB open and would make the reopen fail.
             await self._alarm.wait_cleared()
@@ -402,16 +411,28 @@ class SingleNodeLog:
                     self._apply_backlog -= 1
                 await trio.lowlevel.checkpoint()
 
-    async def _apply_batch(self, batch: list[_Proposal]) -> None:
+    async def _apply_batch(
+        self, batch: list[_Proposal], *, inline: bool = False
+    ) -> list[_Proposal]:
         """Apply one written group commit in order, answer its proposals, and truncate
-        the log once enough of it is applied; by the applier, or by the writer when no
-        batch handed to the applier is left to apply (so batches apply in log order)."""
+        the log once enough of it is applied; by the applier, or by the writer
+        (``inline``) when no batch handed to the applier is left to apply (so batches
+        apply in log order).
+
+        Returns:
+            The proposals left unapplied: none, unless ``inline`` and the disk is full
+            (the writer must not wait for space: it refuses proposals meanwhile).
+        """
         started = trio.current_time()
         for position, proposal in enumerate(batch):
             try:
-                proposal.result = await self._apply_one(proposal)
+                result = await self._apply_one(proposal, wait=not inline)
             except RequestError as exc:  # pragma: no cover - apply never refuses
                 proposal.error = exc
+            else:
+                if result is _NOT_APPLIED:
+                    return batch[position:]
+                proposal.result = result
             proposal.done.set()
             if position % APPLY_SLICE_ENTRIES == APPLY_SLICE_ENTRIES - 1:
                 # A big group commit must not hold the loop: let the dispatcher
@@ -433,6 +454,7 @@ class SingleNodeLog:
                 self._alarm.trip(exc)  # truncate later
             else:
                 self._truncated_below = applied
+        return []
 
 
 __all__ = ["CommandLog", "SingleNodeLog", "apply_in_steps", "log_key"]

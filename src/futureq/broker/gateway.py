@@ -343,6 +343,12 @@ class Outbox:
             size += len(chunks[-1])
         return b"".join(chunks) if len(chunks) > 1 else chunks[0]
 
+    def writing(self, size: int) -> None:
+        """``size`` bytes written to the socket past the queue (a handler's own answer)
+        count as buffered, as queued bytes do, until :meth:`written`."""
+        self.buffered_bytes += size
+        self.node.change(outbound=size)
+
     def written(self, size: int) -> None:
         """``size`` bytes handed out by :meth:`take` reached the socket."""
         self.buffered_bytes -= size
@@ -465,6 +471,8 @@ class Connection:
         self._sending = trio.StrictFIFOLock()
         """Held by whoever writes to the stream: the writer task, or a handler that
         writes its answer directly (:meth:`_reply_now`)."""
+        self._direct_write: trio.CancelScope | None = None
+        """The scope of a handler's direct write in progress (:meth:`_reply_now`)."""
         self._reading = trio.CancelScope()
         self._scope = trio.CancelScope()
         self._closing: _Closing | None = None
@@ -608,6 +616,16 @@ class Connection:
             )
 
     async def _writer(self) -> None:
+        try:
+            await self._write_outbox()
+        except BaseException:
+            # The connection ends without draining (aborted, cancelled, broken): a
+            # handler's direct write, shielded from its own request's end, ends too.
+            if self._direct_write is not None:
+                self._direct_write.cancel()
+            raise
+
+    async def _write_outbox(self) -> None:
         outbox = self.outbox
         sending = self._sending
         while True:
@@ -900,14 +918,24 @@ class Connection:
         if data is None:
             return
         if self.outbox.buffered_bytes == 0:
+            await trio.lowlevel.checkpoint_if_cancelled()  # no yield unless cancelled
             try:
                 self._sending.acquire_nowait()
             except trio.WouldBlock:
                 pass
             else:
                 try:
-                    await self._send(data)
+                    # Shielded: requests are cancelled when the server closes the
+                    # connection after a protocol or deadline error, and the writer
+                    # then writes the ERROR; an answer cut off in the middle would make
+                    # the client read that ERROR as the rest of the answer. The writer
+                    # task cancels this when the connection ends without draining.
+                    with trio.CancelScope(shield=True) as self._direct_write:
+                        self.outbox.writing(len(data))
+                        if await self._send(data):
+                            self.outbox.written(len(data))
                 finally:
+                    self._direct_write = None
                     self._sending.release()
                 return
         self._queue(data)

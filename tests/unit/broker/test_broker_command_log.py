@@ -299,14 +299,14 @@ async def test_writer_and_applier_take_turns_and_apply_in_log_order(
         applied.append(index)
         return original_steps(index, data, command)
 
-    async def apply_batch(batch: Any) -> None:
+    async def apply_batch(batch: Any, **options: Any) -> Any:
         task = trio.lowlevel.current_task().name.rsplit(".", 1)[-1]
         appliers.add(task)
         if task == "_applier":
             # A slow apply: the writer finishes the burst's last write while batches
             # wait here, and must not apply that one ahead of them.
             await trio.sleep(0.005)
-        await original_batch(batch)
+        return await original_batch(batch, **options)
 
     monkeypatch.setattr(state, "apply_steps", apply_steps)
     monkeypatch.setattr(log, "_apply_batch", apply_batch)
@@ -331,3 +331,54 @@ async def test_writer_and_applier_take_turns_and_apply_in_log_order(
         assert entries[result >> 16] == proposals[i]
         message = state.get_message(result)
         assert message is not None and message[1] == f"m{i}".encode()
+
+
+async def test_a_disk_full_during_the_writers_own_apply_refuses_later_proposals_at_once(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer applies a lone batch itself; when that apply finds the disk full it
+    waits for space (the entry is in the log). Proposals made meanwhile must still be
+    refused with NO_SPACE at once, as when the applier task waits, not hang until the
+    disk has room again."""
+    from futureq.errors import NoSpaceError
+    from futureq.storage.space import SpaceAlarm
+
+    state = QueueState(db)
+    alarm = SpaceAlarm(db)
+    log = SingleNodeLog(db, state, address=None, fsync=True, space_alarm=alarm)
+    original = db.write_batch
+    full = trio.Event()
+    disk_full = [True]
+
+    def write_batch(batch: Any, sync: bool) -> None:
+        if not sync and disk_full[0]:  # the state's write (the log's is synced)
+            full.set()
+            raise NoSpaceError("No space left on device")
+        original(batch, sync)
+
+    monkeypatch.setattr(db, "write_batch", write_batch)
+    first: list[Any] = []
+    answered = trio.Event()
+
+    async def propose_first() -> None:
+        first.append(await log.propose(_publish(0)))
+        answered.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        nursery.start_soon(propose_first)
+        with trio.fail_after(5):
+            await full.wait()
+        assert alarm.raised
+        with trio.fail_after(1), pytest.raises(RequestError) as refused:
+            await log.propose(_publish(1))
+        assert refused.value.code == ErrorCode.NO_SPACE
+        assert not answered.is_set()  # its entry waits for space
+        disk_full[0] = False
+        alarm.raised = False  # space is back (what SpaceAlarm.run does, without a reopen)
+        alarm._cleared.set()
+        with trio.fail_after(5):
+            await answered.wait()
+        nursery.cancel_scope.cancel()
+    assert state.get_message(first[0]) is not None
+    assert sorted(_entries(db)) == [1]

@@ -183,3 +183,45 @@ def test_the_plain_publish_path_leaves_what_the_item_loop_leaves(
         runs.append((dump(state.store), state.applied_digest, results, recorder.calls))
     assert runs[0] == runs[1]
     assert max(steps for _, steps in runs[0][2]) > 3
+
+
+def test_the_plain_publish_path_matches_the_item_loop_on_edge_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches tried while trying to break ``_publish_plain``: sizes around a step
+    (1, 127, 128, 129, 10,000), TTL 0 beside none, non-ASCII and repeated topics, empty
+    and 1 MiB payloads, a topic whose only group was deleted, a dead-letter topic, a new
+    topic beside known ones. Same bytes, digest, results and observer calls."""
+    settings = commands.GroupSettings(5000, 3)
+    big = b"\xff" * (1 << 20)
+    history = [
+        commands.publish(900, [(t, b"", 1000, None) for t in ("a", "é", "日本", "x" * 255)]),
+        commands.publish(901, [("a", b"", 1000, None)] * 1),
+        commands.publish(902, [("é", b"p", 0, 0)] * 127),
+        commands.publish(903, [("日本", big, 5, None), ("日本", b"", 5, 0)] * 64),
+        commands.publish(904, [("a", b"", i, None if i % 2 else 0) for i in range(129)]),
+        commands.publish(905, [("a", b"", 7, 1), ("é", b"", 7, None)] * 5000),
+        commands.delete_group("x" * 255, "default"),
+        commands.publish(906, [("x" * 255, b"", 9, None), ("a", b"", 9, None)] * 3),
+        commands.publish(907, [("new", b"", 9, None), ("a", b"", 9, None)] * 70),
+        commands.dead_letter(908, [(commands.schedule_key(1, 1000, 1 << 16), 3)], settings),
+        commands.publish(909, [("a.dlq", b"", 10, None)] * 200),
+    ]
+    plain_batches: list[int] = []
+    original = QueueState._publish_plain
+
+    def counted(self: QueueState, *args: Any) -> Any:
+        plain_batches.append(len(args[3]))
+        return original(self, *args)
+
+    monkeypatch.setattr(QueueState, "_publish_plain", counted)
+    runs = []
+    for plain in (True, False):
+        if not plain:
+            monkeypatch.setattr(QueueState, "_plain_targets", lambda self, items: None)
+        state = QueueState(MemoryStore())
+        recorder = Recorder(state)
+        results = [run_steps(state, index, data)[0] for index, data in enumerate(history, 1)]
+        runs.append((dump(state.store), state.applied_digest, results, recorder.calls))
+    assert runs[0] == runs[1]
+    assert plain_batches == [1, 127, 128, 129, 10_000, 200]  # the others take the loop
