@@ -244,8 +244,8 @@ def test_a_client_that_does_not_read_is_closed_after_the_send_timeout(
 def test_a_client_that_does_not_read_its_answers_is_closed_after_the_send_timeout(
     broker_factory: object,
 ) -> None:
-    """A handler writes its answer to the socket itself when nothing is queued before it
-    (issue 11): that write is bounded by the send timeout just as the writer task's."""
+    """Large answers to requests from a client that never reads (not deliveries): the
+    blocked write ends at the send timeout, the connection alone is closed."""
     broker: BrokerProcess = broker_factory(env=FAST_DEADLINES)  # type: ignore[operator]
     producer = WireClient(broker.client_address)
     for _ in range(10):

@@ -343,12 +343,6 @@ class Outbox:
             size += len(chunks[-1])
         return b"".join(chunks) if len(chunks) > 1 else chunks[0]
 
-    def writing(self, size: int) -> None:
-        """``size`` bytes written to the socket past the queue (a handler's own answer)
-        count as buffered, as queued bytes do, until :meth:`written`."""
-        self.buffered_bytes += size
-        self.node.change(outbound=size)
-
     def written(self, size: int) -> None:
         """``size`` bytes handed out by :meth:`take` reached the socket."""
         self.buffered_bytes -= size
@@ -468,11 +462,6 @@ class Connection:
         )
         self.subscriptions: dict[int, Consumer] = {}
         self._limit = trio.Semaphore(MAX_REQUESTS_IN_PROGRESS)
-        self._sending = trio.StrictFIFOLock()
-        """Held by whoever writes to the stream: the writer task, or a handler that
-        writes its answer directly (:meth:`_reply_now`)."""
-        self._direct_write: trio.CancelScope | None = None
-        """The scope of a handler's direct write in progress (:meth:`_reply_now`)."""
         self._reading = trio.CancelScope()
         self._scope = trio.CancelScope()
         self._closing: _Closing | None = None
@@ -616,57 +605,25 @@ class Connection:
             )
 
     async def _writer(self) -> None:
-        try:
-            await self._write_outbox()
-        except BaseException:
-            # The connection ends without draining (aborted, cancelled, broken): a
-            # handler's direct write, shielded from its own request's end, ends too.
-            if self._direct_write is not None:
-                self._direct_write.cancel()
-            raise
-
-    async def _write_outbox(self) -> None:
+        timeout_s = self.limits.send_timeout_ms / 1000
         outbox = self.outbox
-        sending = self._sending
         while True:
             data = await outbox.take()
             if data is None:
                 return
-            try:
-                sending.acquire_nowait()
-            except trio.WouldBlock:  # a handler writes its answer directly (_reply_now)
-                await sending.acquire()
-            try:
-                sent = await self._send(data)
-            finally:
-                sending.release()
-            if not sent:
+            with trio.move_on_after(timeout_s) as write:
+                await self.stream.send_all(data)
+            if write.cancelled_caught:
+                self._abort(
+                    _Closing(
+                        ErrorCode.SLOW_CLIENT,
+                        f"a write to the client blocked for {timeout_s:g} s "
+                        "(limits.send_timeout_ms); it does not read",
+                        tell_client=False,
+                    )
+                )
                 return
             outbox.written(len(data))
-
-    async def _send(self, data: bytes) -> bool:
-        """Write ``data`` to the client (the caller holds ``_sending``); False, with the
-        connection aborted as SLOW_CLIENT, when the write blocked for longer than
-        ``limits.send_timeout_ms``.
-
-        Raises:
-            trio.BrokenResourceError, trio.ClosedResourceError: the client went away
-                (the connection ends; ``serve`` expects these).
-        """
-        timeout_s = self.limits.send_timeout_ms / 1000
-        with trio.move_on_after(timeout_s) as write:
-            await self.stream.send_all(data)
-        if write.cancelled_caught:
-            self._abort(
-                _Closing(
-                    ErrorCode.SLOW_CLIENT,
-                    f"a write to the client blocked for {timeout_s:g} s "
-                    "(limits.send_timeout_ms); it does not read",
-                    tell_client=False,
-                )
-            )
-            return False
-        return True
 
     # ------------------------------------------------------------ reading
 
@@ -866,7 +823,7 @@ class Connection:
                     raise
                 answer = await self._publish_after_election(frame)
             if answer is not None:
-                await self._reply_now(answer, frame.request_id)
+                self._reply(answer, frame.request_id)
         except (RequestError, RemoteProtocolError) as exc:
             code = exc.code
             self.broker.metrics.count_request_error(code)
@@ -901,56 +858,15 @@ class Connection:
         raise NotLeaderError(log_.leader_address())
 
     def _reply(self, answer: frames.Frame, request_id: int) -> None:
-        """Queue an answer behind everything queued before it (the writer sends it)."""
-        data = self._encode_answer(answer, request_id)
-        if data is not None:
-            self._queue(data)
-
-    async def _reply_now(self, answer: frames.Frame, request_id: int) -> None:
-        """Write an answer from the handler itself when nothing else is queued or being
-        written, else queue it like :meth:`_reply`.
-
-        Handing the answer to the writer task cost every request one pass of the event
-        loop before its answer left (issue 11); with an empty outbox nothing queued
-        can be overtaken, and ``_sending`` keeps the writer out meanwhile.
-        """
-        data = self._encode_answer(answer, request_id)
-        if data is None:
-            return
-        if self.outbox.buffered_bytes == 0:
-            await trio.lowlevel.checkpoint_if_cancelled()  # no yield unless cancelled
-            try:
-                self._sending.acquire_nowait()
-            except trio.WouldBlock:
-                pass
-            else:
-                try:
-                    # Shielded: requests are cancelled when the server closes the
-                    # connection after a protocol or deadline error, and the writer
-                    # then writes the ERROR; an answer cut off in the middle would make
-                    # the client read that ERROR as the rest of the answer. The writer
-                    # task cancels this when the connection ends without draining.
-                    with trio.CancelScope(shield=True) as self._direct_write:
-                        self.outbox.writing(len(data))
-                        if await self._send(data):
-                            self.outbox.written(len(data))
-                finally:
-                    self._direct_write = None
-                    self._sending.release()
-                return
-        self._queue(data)
-
-    def _encode_answer(self, answer: frames.Frame, request_id: int) -> bytes | None:
-        """The answer's bytes, an INVALID_ARGUMENT error's when it does not fit a frame,
-        or None when the connection is closing (the answer is dropped with it)."""
         if self.session.state is SessionState.ERROR or self.outbox.closed:
-            return None  # the connection is closing after a protocol error
+            return  # the connection is closing after a protocol error
         try:
-            return self.session.send(answer)
+            data = self.session.send(answer)
         except LocalProtocolError as exc:
-            return self.session.error_bytes(
+            data = self.session.error_bytes(
                 RequestError(ErrorCode.INVALID_ARGUMENT, exc.message), request_id
             )
+        self._queue(data)
 
     async def _answer(self, frame: frames.Frame) -> frames.Frame | None:
         broker = self.broker
