@@ -21,12 +21,14 @@ rounds), the median batch-100 throughput (msgs/s), and the ratios new/base.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,40 @@ def _imported_from(src: Path) -> str:
     return done.stdout.strip()
 
 
+@contextlib.contextmanager
+def base_and_new_sources(base: str) -> Iterator[dict[str, Path]]:
+    """``{"base": <a checkout of revision base>/src, "new": this tree's src}`` for the
+    ``PYTHONPATH`` of servers; the checkout (``git worktree add --detach`` in a temporary
+    directory) is removed afterwards.
+
+    Raises:
+        RuntimeError: a server given one of them on ``PYTHONPATH`` would import futureq
+            from somewhere else (the two could not be told apart).
+        subprocess.CalledProcessError: git could not check ``base`` out.
+    """
+    base_dir = Path(tempfile.mkdtemp(prefix="futureq-ab-"))
+    checkout = base_dir / "base"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(checkout), base],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        sources = {"base": checkout / "src", "new": ROOT / "src"}
+        for name, src in sources.items():
+            found = _imported_from(src)
+            if not found.startswith(str(src)):
+                raise RuntimeError(
+                    f"a server given PYTHONPATH={src} imports {found}: cannot tell {name} apart"
+                )
+        yield sources
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(checkout)],
+            check=False, capture_output=True,
+        )  # fmt: skip
+        shutil.rmtree(base_dir, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     systems, skipped = sbs.available_systems([s for s in args.systems.split(",") if s])
@@ -71,72 +107,63 @@ def main(argv: list[str] | None = None) -> int:
     if not systems:
         print("nothing to measure")
         return 1
-    base_dir = Path(tempfile.mkdtemp(prefix="futureq-ab-"))
-    checkout = base_dir / "base"
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(checkout), args.base],
-        check=True, capture_output=True,
-    )  # fmt: skip
     try:
-        sources = {"base": checkout / "src", "new": ROOT / "src"}
-        for name, src in sources.items():
-            found = _imported_from(src)
-            if not found.startswith(str(src)):
-                print(f"a server given PYTHONPATH={src} imports {found}: cannot tell {name} apart")
-                return 1
-        runs = [
-            (system, revision)
-            for system in systems
-            for revision in (("base", "new") if system in FUTUREQ_SYSTEMS else (None,))
-        ]
-        samples: dict[tuple[str, str | None], list[float]] = {run: [] for run in runs}
-        rates: dict[tuple[str, str | None], list[float]] = {run: [] for run in runs}
-        for round_ in range(args.rounds):
-            for system, revision in runs:
-                if revision is None:
-                    os.environ.pop("PYTHONPATH", None)
-                else:
-                    os.environ["PYTHONPATH"] = str(sources[revision])
-                record: dict[str, Any] = sbs.measure(system, args)
-                samples[(system, revision)] += record.get("_lat_samples", [])
-                rates[(system, revision)].append(record["msgs_per_s"])
-                lat = record.get("sync_latency", {})
-                print(
-                    f"round {round_ + 1}: {system} {revision or ''}: p50 {lat.get('p50_ms')} "
-                    f"p99 {lat.get('p99_ms')} ms, {record['msgs_per_s']:,.0f} msgs/s",
-                    flush=True,
-                )
-        os.environ.pop("PYTHONPATH", None)
-        print(f"\nbase {args.base}, new: the working tree; {args.rounds} round(s), interleaved")
-        figures: dict[tuple[str, str | None], tuple[float, float, float]] = {}
-        for run in runs:
-            lat = sorted(samples[run])
-            p50 = sbs.pct(lat, 50) if lat else float("nan")
-            p99 = sbs.pct(lat, 99) if lat else float("nan")
-            figures[run] = (p50, p99, statistics.median(rates[run]))
-            system, revision = run
-            print(
-                f"{system:7} {revision or '':4}  p50 {p50:6.3f} ms  p99 {p99:6.3f} ms  "
-                f"{figures[run][2]:>10,.0f} msgs/s"
-            )
-        for system in systems:
-            if system in FUTUREQ_SYSTEMS:
-                (b50, b99, brate), (n50, n99, nrate) = (
-                    figures[(system, "base")],
-                    figures[(system, "new")],
-                )
-                print(
-                    f"{system}: new/base p50 {n50 / b50:.2f}, p99 {n99 / b99:.2f}, "
-                    f"throughput {nrate / brate:.2f}"
-                )
-        return 0
+        with base_and_new_sources(args.base) as sources:
+            _compare(args, systems, sources)
+    except RuntimeError as exc:
+        print(exc)
+        return 1
     finally:
         os.environ.pop("PYTHONPATH", None)
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(checkout)],
-            check=False, capture_output=True,
-        )  # fmt: skip
-        shutil.rmtree(base_dir, ignore_errors=True)
+    return 0
+
+
+def _compare(args: argparse.Namespace, systems: list[str], sources: dict[str, Path]) -> None:
+    runs = [
+        (system, revision)
+        for system in systems
+        for revision in (("base", "new") if system in FUTUREQ_SYSTEMS else (None,))
+    ]
+    samples: dict[tuple[str, str | None], list[float]] = {run: [] for run in runs}
+    rates: dict[tuple[str, str | None], list[float]] = {run: [] for run in runs}
+    for round_ in range(args.rounds):
+        for system, revision in runs:
+            if revision is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = str(sources[revision])
+            record: dict[str, Any] = sbs.measure(system, args)
+            samples[(system, revision)] += record.get("_lat_samples", [])
+            rates[(system, revision)].append(record["msgs_per_s"])
+            lat = record.get("sync_latency", {})
+            print(
+                f"round {round_ + 1}: {system} {revision or ''}: p50 {lat.get('p50_ms')} "
+                f"p99 {lat.get('p99_ms')} ms, {record['msgs_per_s']:,.0f} msgs/s",
+                flush=True,
+            )
+    os.environ.pop("PYTHONPATH", None)
+    print(f"\nbase {args.base}, new: the working tree; {args.rounds} round(s), interleaved")
+    figures: dict[tuple[str, str | None], tuple[float, float, float]] = {}
+    for run in runs:
+        lat = sorted(samples[run])
+        p50 = sbs.pct(lat, 50) if lat else float("nan")
+        p99 = sbs.pct(lat, 99) if lat else float("nan")
+        figures[run] = (p50, p99, statistics.median(rates[run]))
+        system, revision = run
+        print(
+            f"{system:7} {revision or '':4}  p50 {p50:6.3f} ms  p99 {p99:6.3f} ms  "
+            f"{figures[run][2]:>10,.0f} msgs/s"
+        )
+    for system in systems:
+        if system in FUTUREQ_SYSTEMS:
+            (b50, b99, brate), (n50, n99, nrate) = (
+                figures[(system, "base")],
+                figures[(system, "new")],
+            )
+            print(
+                f"{system}: new/base p50 {n50 / b50:.2f}, p99 {n99 / b99:.2f}, "
+                f"throughput {nrate / brate:.2f}"
+            )
 
 
 if __name__ == "__main__":
