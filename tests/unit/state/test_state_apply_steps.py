@@ -173,6 +173,17 @@ def test_the_plain_publish_path_leaves_what_the_item_loop_leaves(
         commands.publish(1007, items(200, 1, lambda i: None), settings),  # fan-out
         commands.publish(1008, items(20, 2, lambda i: None), settings, 60_000),
     ]
+    runs = _plain_then_loop(monkeypatch, history, steps=True)
+    assert runs[0] == runs[1]
+    assert max(steps for _, steps in runs[0][2]) > 3
+
+
+def _plain_then_loop(
+    monkeypatch: pytest.MonkeyPatch, history: list[bytes], *, steps: bool
+) -> list[tuple[Any, ...]]:
+    """Apply ``history`` with the plain PUBLISH path, then with the item loop alone: the
+    stored bytes, the digest, the results (with each apply's steps if ``steps``) and
+    the observer's calls of each run."""
     runs = []
     for plain in (True, False):
         if not plain:
@@ -180,9 +191,10 @@ def test_the_plain_publish_path_leaves_what_the_item_loop_leaves(
         state = QueueState(MemoryStore())
         recorder = Recorder(state)
         results = [run_steps(state, index, data) for index, data in enumerate(history, 1)]
+        if not steps:
+            results = [result for result, _ in results]
         runs.append((dump(state.store), state.applied_digest, results, recorder.calls))
-    assert runs[0] == runs[1]
-    assert max(steps for _, steps in runs[0][2]) > 3
+    return runs
 
 
 def test_the_plain_publish_path_matches_the_item_loop_on_edge_batches(
@@ -215,13 +227,8 @@ def test_the_plain_publish_path_matches_the_item_loop_on_edge_batches(
         return original(self, *args)
 
     monkeypatch.setattr(QueueState, "_publish_plain", counted)
-    runs = []
-    for plain in (True, False):
-        if not plain:
-            monkeypatch.setattr(QueueState, "_plain_targets", lambda self, items: None)
-        state = QueueState(MemoryStore())
-        recorder = Recorder(state)
-        results = [run_steps(state, index, data)[0] for index, data in enumerate(history, 1)]
-        runs.append((dump(state.store), state.applied_digest, results, recorder.calls))
+    # Steps may differ here: a topic first seen late in a batch ends the loop's step
+    # sooner than the plain path's (they only decide when the event loop gets a turn).
+    runs = _plain_then_loop(monkeypatch, history, steps=False)
     assert runs[0] == runs[1]
     assert plain_batches == [1, 127, 128, 129, 10_000, 200]  # the others take the loop
