@@ -60,14 +60,6 @@ def _raw_items(count: int, topics: int, payload_bytes: int, ttl_ms: int | None) 
     ]
 
 
-def _drain(steps: Any) -> Any:
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
-
-
 def _time_rounds(run: Callable[[], None], batches: int, rounds: int) -> list[float]:
     """CPU seconds of this thread per batch, each round (RocksDB's background threads
     and other processes on the machine are left out)."""
@@ -121,10 +113,10 @@ def main() -> None:
                 state.observer = dispatcher
 
             def apply_list() -> None:
-                _drain(state.apply_steps(state.applied_index + 1, data, command))
+                state.apply(state.applied_index + 1, data, command)
 
             def apply_bytes() -> None:
-                _drain(state.apply_steps(state.applied_index + 1, data))
+                state.apply(state.applied_index + 1, data)
 
             figures["apply_list"] = _time_rounds(apply_list, args.batches, args.rounds)
             figures["apply_bytes"] = _time_rounds(apply_bytes, args.batches, args.rounds)

@@ -413,12 +413,14 @@ class QueueState(ManageOps):
 
     # ------------------------------------------------------------------ apply
 
-    def apply(self, index: int, data: bytes) -> Any:
+    def apply(self, index: int, data: bytes, command: list[Any] | None = None) -> Any:
         """Apply the command at log ``index`` in one go.
 
         Args:
             index: Log index; must be exactly ``applied_index + 1``.
             data: The command's msgpack bytes (:mod:`futureq.state.commands`).
+            command: ``data`` already decoded, as :meth:`apply_steps` takes it (None:
+                decode ``data``).
 
         Returns:
             PUBLISH: the first message id, or a :class:`PublishResult` when items with
@@ -432,7 +434,7 @@ class QueueState(ManageOps):
         Raises:
             StorageError: from the store; the node must stop.
         """
-        steps = self.apply_steps(index, data)
+        steps = self.apply_steps(index, data, command)
         while True:
             try:
                 next(steps)
