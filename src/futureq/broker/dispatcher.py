@@ -33,7 +33,6 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -78,9 +77,6 @@ _REASON_COUNTERS: dict[CommandKind, str] = {
     CommandKind.EXPIRE: "expired_messages_total",
     CommandKind.DEAD_LETTER: "dead_lettered_messages_total",
 }
-_GROUP_OF: Final = itemgetter(1)
-_DUE_OF: Final = itemgetter(2)
-"""The group and the due time of a scheduled effect ``("s", group_id, due_ms, ...)``."""
 _CANCELLING: Final = frozenset({CommandKind.CANCEL, CommandKind.PURGE_GROUP})
 """Removals a consumer holding the delivery is told are cancellations (REVOKE reason
 CANCELLED, then DELIVERY_CANCELLED for its ACK)."""
@@ -240,23 +236,6 @@ class Dispatcher:
         groups = self.hub.groups
         horizon_ms = self.horizon_ms
         pass_now_ms = self._pass_now_ms
-        first_group = entries[0][1] if entries else None
-        if (
-            first_group is not None
-            and first_group not in groups
-            and list(map(_GROUP_OF, entries)).count(first_group) == len(entries)
-        ):
-            # One group without a runtime (a PUBLISH to a topic no consumer has loaded):
-            # the loop below would ask for one wake-up, at the earliest of its entries'
-            # or within the pass under way; found down the due times in C instead.
-            dues = list(map(_DUE_OF, entries))
-            earliest = min(dues) - horizon_ms
-            if earliest > pass_now_ms:
-                self._wake_group_at(first_group, earliest)
-                return
-            if max(dues) - horizon_ms <= pass_now_ms:
-                self._wake_group_at(first_group, entries[-1][2] - horizon_ms)
-                return
         wake: dict[int, float] = {}
         """Group -> the earliest wake-up asked for after the pass under way."""
         now: dict[int, float] = {}

@@ -1254,7 +1254,7 @@ def test_one_batched_notification_leaves_the_dispatcher_as_one_call_per_entry(
     small horizon that overflows, entries below and above ``loaded_until``, entries
     already indexed or in flight, TTLs, attempts, released counts, seek hints and
     due-count histograms, passes in progress; ``one_group``: every entry of one group,
-    as a PUBLISH to one topic makes (a group without runtime takes a shortcut)."""
+    as a PUBLISH to one topic makes."""
     import random
 
     rng = random.Random(seed)
