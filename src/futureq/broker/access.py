@@ -390,7 +390,7 @@ def _check_publish(principal: Principal, frame: frames.Publish) -> None:
         return
     seen: set[str] = set()
     for position, item in enumerate(frame.items):
-        topic = item[0] if type(item) is list and item and type(item[0]) is str else None
+        topic = item[0] if type(item) in (tuple, list) and item and type(item[0]) is str else None
         if topic is None or topic in seen:
             continue  # the item's shape is checked (and refused) by validation
         if not _any_match(allowed, topic):

@@ -1022,7 +1022,7 @@ def check_shard(shard: ShardRole, frame: frames.Frame) -> None:
             # per-item check cost ~0.3 us a message on the shard's one core).
             owned: str | None = None
             for index, item in enumerate(frame.items):
-                if type(item) is list and item and type(item[0]) is str:
+                if type(item) in (tuple, list) and item and type(item[0]) is str:
                     if item[0] == owned:
                         continue
                     if not shard.owns(item[0]):

@@ -154,6 +154,11 @@ def _list(frame: str, name: str, value: Any) -> list[Any]:
     return value
 
 
+def _items_as_tuples(items: list[Any]) -> list[Any]:
+    """``items`` with each list in it as a tuple (see :class:`Publish`)."""
+    return [tuple(item) if type(item) is list else item for item in items]
+
+
 def _int_list(frame: str, name: str, value: Any) -> list[int]:
     items = _list(frame, name, value)
     for i, item in enumerate(items):
@@ -252,13 +257,18 @@ class Publish:
 
     ``items`` holds raw wire items, each ``[topic: str, payload: bytes, delay_ms: int |
     None, deliver_at_ms: int | None, ttl_ms: int | None]``; they are validated by
-    :func:`futureq.wire.validation.validate_publish_items`.
+    :func:`futureq.wire.validation.validate_publish_items`. Each item given as a list
+    is kept as a tuple (the same array on the wire): a tuple of strings, bytes, integers
+    and None is one CPython's garbage collector stops tracking the first time it sees
+    it, while a list is walked by every collection for as long as the request is in
+    flight (at full publish rate the in-flight items were most of what a collection
+    walked: ``bench.gc_cost``).
     """
 
     TYPE: ClassVar[FrameType] = FrameType.PUBLISH
     request_id: int
     ack_level: AckLevel
-    items: list[Any]
+    items: list[Any] = attrs.field(converter=_items_as_tuples)
 
     def to_wire(self) -> list[Any]:
         return [self.TYPE, self.request_id, int(self.ack_level), self.items]

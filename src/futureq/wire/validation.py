@@ -222,7 +222,8 @@ def validate_publish_items(items: list[Any], limits: Limits, now_ms: int) -> lis
     """Validate a PUBLISH batch and resolve each item's delay against ``now_ms``.
 
     Args:
-        items: Raw wire items ``[topic, payload, delay_ms, deliver_at_ms, ttl_ms]``.
+        items: Raw wire items ``[topic, payload, delay_ms, deliver_at_ms, ttl_ms]`` (tuples
+            or lists).
         limits: The server's request limits.
         now_ms: The publish time the leader stamps (ms since the Unix epoch).
 
@@ -244,6 +245,9 @@ def validate_publish_items(items: list[Any], limits: Limits, now_ms: int) -> lis
         pass
     return out
 
+
+_ARRAYS: Final = (tuple, list)
+"""What a wire array is once decoded: a tuple (PUBLISH items, ``frames.Publish``) or a list."""
 
 VALIDATE_STEP_ITEMS = 512
 """Items checked per step of :func:`validate_publish_items_in_steps`."""
@@ -352,7 +356,7 @@ def validate_publish_items_in_steps(
     for i, item in enumerate(items):
         if i % VALIDATE_STEP_ITEMS == VALIDATE_STEP_ITEMS - 1:
             yield
-        if type(item) is list and len(item) == 5:
+        if (type(item) is tuple or type(item) is list) and len(item) == 5:
             topic, payload, delay_ms, deliver_at_ms, ttl_ms = item
             if (
                 deliver_at_ms is None
@@ -376,7 +380,7 @@ def validate_publish_items_in_steps(
                 ):
                     append((topic, payload, due_ms, ttl_ms))
                     continue
-        if type(item) is not list or len(item) not in (5, 7):
+        if type(item) not in _ARRAYS or len(item) not in (5, 7):
             raise RequestError(
                 ErrorCode.INVALID_FIELD,
                 "each item must be an array [topic, payload, delay_ms, deliver_at_ms, ttl_ms] "

@@ -6,6 +6,7 @@ random splits decodes to the same frames. Source: ``docs/protocol.md``, "Frames"
 
 from __future__ import annotations
 
+import gc
 import random
 from typing import Any, cast
 
@@ -556,7 +557,23 @@ def test_publish_items_are_not_checked_by_the_frame() -> None:
     value = [int(frames.FrameType.PUBLISH), 2, 1, [1.5, None, ["x"]]]
     frame = frames.frame_from_wire(value)
     assert isinstance(frame, frames.Publish)
-    assert frame.items == [1.5, None, ["x"]]
+    assert frame.items == [1.5, None, ("x",)]
+
+
+def test_publish_items_are_kept_as_tuples_that_the_collector_stops_tracking() -> None:
+    # An in-flight list item is walked by every collection; a tuple of atoms is
+    # untracked by the first one (frames.Publish).
+    items = [["orders", b"p", 1000, None, None], ["orders", b"q", None, 5, 60]]
+    frame = frames.frame_from_wire([int(frames.FrameType.PUBLISH), 2, 1, items])
+    assert isinstance(frame, frames.Publish)
+    assert frame.items == [tuple(item) for item in items]
+    assert frame == frames.Publish(2, frames.AckLevel.LEADER, items)
+    assert frame.to_wire() == frames.Publish(2, frames.AckLevel.LEADER, items).to_wire()
+    assert codec.encode_frame(frame) == codec.encode_frame(
+        frames.Publish(2, frames.AckLevel.LEADER, [list(item) for item in frame.items])
+    )
+    gc.collect()
+    assert not any(gc.is_tracked(item) for item in frame.items)
 
 
 # --- fuzz: arbitrary msgpack values never crash frame_from_wire -------------------------
