@@ -15,13 +15,21 @@ was alive at a freeze and later became garbage is never reclaimed. FutureQ's lon
 state (groups, runtimes, due-indexes) holds no cycles, so that is a few stray objects per
 freeze, and freezes happen only while the group count grows.
 
-The young generation is also collected less often (:data:`GEN0_THRESHOLD` allocations
-instead of 700): at batch 100 every PUBLISH in flight holds a few hundred fresh
-containers (decoded items, validated tuples, effects), so the default collected about
-every third request and walked what was in flight each time, ~8 % of the event loop's
-CPU at full publish rate (measured with ``gc.callbacks``); at 10,000 it is ~1-2 %. Young
-objects are freed by reference counting as before; only cyclic garbage waits longer,
-and one collection of 10,000 young objects takes about a millisecond.
+The young generation is also collected far less often (:data:`GEN0_THRESHOLD` instead
+of 700). CPython counts tracked containers allocated minus those freed and collects the
+young generation when the count passes the threshold; each collection walks every young
+object still alive, and at full publish rate that is the publishes in flight (tens of
+thousands of items at batch 100), whatever the threshold. So a low threshold does not
+make collections shorter, only more frequent: at 10,000, ``bench.gc_cost`` (one node,
+batch 100, 4 pipelined connections) saw 60-80 young and 6-7 middle collections in 5 s,
+9-10 % of the window spent collecting and ~30 pauses of 5 ms or more, the longest
+17-35 ms (15-16 % and up to 73 ms while PUBLISH items were lists, not tuples:
+``frames.Publish``). In steady load the count only follows how much is in flight, so at 100,000 it
+stays under the threshold: no collection in the window. It is passed when the live
+population grows by that much (a burst of connections or new groups; growth of the
+state is frozen as above), and the pause is then as long as one at 10,000 with the same
+load in flight. Young objects are freed by reference counting as before; only cyclic
+garbage waits longer (at most the threshold's worth of objects).
 
 Source: Python documentation, ``gc.freeze`` and ``gc.set_threshold``; DESIGN.md, "no
 request holds the event loop".
@@ -43,7 +51,7 @@ GROWTH_FRACTION = 0.05
 """Freeze again once the state grew by this fraction since the last freeze."""
 GROWTH_MIN = 200
 """... and by at least this many groups."""
-GEN0_THRESHOLD = 10_000
+GEN0_THRESHOLD = 100_000
 """Allocations (minus deallocations) of tracked objects between two collections of the
 young generation (CPython's default: 700). The older generations keep their defaults."""
 
