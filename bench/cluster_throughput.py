@@ -21,8 +21,9 @@ the load generator; the ratio cluster/single at batch 100 (target >= 0.5).
 ``--peer-auth`` picks how peers authenticate (default ``secret``, as ``make cluster``);
 with several modes each batch runs once per mode, back to back, and the ratio of each
 mode to the first is printed (the cost of the per-frame MACs: ``secret,insecure``).
-``--profile`` records the leader with py-spy at batch 100
-(``bench/results/profile_cluster_leader_batch100.txt``) and prints its top functions.
+``--profile`` records the leader and one follower with py-spy at batch 100
+(``bench/results/profile_cluster_{leader,follower}_batch100.txt``) and prints their top
+functions.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from bench._common import (
 NAME = "cluster_throughput"
 TARGET_RATIO = 0.5
 PROFILE_LABEL = "cluster_leader_batch100"
+FOLLOWER_PROFILE_LABEL = "cluster_follower_batch100"
 
 
 def run_cluster_batch(
@@ -68,18 +70,23 @@ def run_cluster_batch(
                 for n in cluster.nodes.values()
             }
         )
-        spy = (
-            start_py_spy(leader.pid, warmup_s + seconds, PROFILE_LABEL)
+        follower = next(n for n in cluster.nodes.values() if n.node_id != leader.node_id)
+        spies = (
+            [
+                start_py_spy(leader.pid, warmup_s + seconds, PROFILE_LABEL),
+                start_py_spy(follower.pid, warmup_s + seconds, FOLLOWER_PROFILE_LABEL),
+            ]
             if profile and batch == 100
-            else None
+            else []
         )
         meter.start()
         result = trio.run(
             publish_throughput._load, leader, batch, connections, warmup_s, seconds, None
         )
         result["node_cpu_percent"] = meter.stop()
-        if spy is not None:
-            spy.wait(60)
+        for spy in spies:
+            if spy is not None:
+                spy.wait(60)
         still_leader = cluster.leader(5.0)
         result["leader_changed"] = still_leader.node_id != leader.node_id
         result["leader_data_dir_mb"] = round(leader.data_bytes() / 1e6, 1)
@@ -156,9 +163,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{single['msgs_per_s']:.0f} msgs/s = {ratio:.2f} "
                 f"(target >= {TARGET_RATIO}): {'MET' if results['meets_target'] else 'NOT MET'}"
             )
-    profile_path = RESULTS_DIR / f"profile_{PROFILE_LABEL}.txt"
-    if args.profile and profile_path.exists():
-        print(profile_stacks.summarize(profile_path, 20, "_run_module_as_main"))
+    for label in (PROFILE_LABEL, FOLLOWER_PROFILE_LABEL):
+        profile_path = RESULTS_DIR / f"profile_{label}.txt"
+        if args.profile and profile_path.exists():
+            print(f"--- {label}")
+            print(profile_stacks.summarize(profile_path, 20, "_run_module_as_main"))
     finish(NAME, results, args, argv)
     return results
 
