@@ -73,6 +73,12 @@ def _wrong_values(value: Any) -> list[Any]:
             wrong += [["x"], [1]]
         elif value and type(value[0]) is list:
             wrong += [[5], [{"topic": "bf.t"}]]
+            # The inner array's first field as an array and as a map (unhashable): a
+            # PUBLISH item whose topic is one once raised TypeError in validation.
+            first = value[0]
+            wrong += [[[[first[0]], *first[1:]]], [[{"a": 1}, *first[1:]]]]
+        if value:
+            wrong += [[[value[0]]], [{"a": 1}]]  # an element as an array, as a map
         return wrong
     assert value is None, value
     return [1.5, {"a": 1}, [b"x"]]

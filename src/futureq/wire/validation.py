@@ -360,6 +360,7 @@ def validate_publish_items_in_steps(
             topic, payload, delay_ms, deliver_at_ms, ttl_ms = item
             if (
                 deliver_at_ms is None
+                and type(topic) is str  # before the set lookup: an array or map is unhashable
                 and topic in good_topics
                 and type(payload) is bytes
                 and len(payload) <= max_payload

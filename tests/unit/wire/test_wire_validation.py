@@ -107,6 +107,8 @@ BAD_ITEMS: list[tuple[str, Any, ErrorCode]] = [
     ("six-fields", ["orders", b"p", None, None, None, None], ErrorCode.INVALID_FIELD),
     ("topic-not-string", item(topic=b"orders"), ErrorCode.INVALID_FIELD),
     ("topic-nil", item(topic=None), ErrorCode.INVALID_FIELD),
+    ("topic-array", item(topic=["orders"]), ErrorCode.INVALID_FIELD),  # unhashable
+    ("topic-map", item(topic={"orders": 1}), ErrorCode.INVALID_FIELD),
     ("empty-topic", item(topic=""), ErrorCode.INVALID_TOPIC),
     ("topic-250-bytes", item(topic="t" * 250), ErrorCode.INVALID_TOPIC),
     ("topic-255-bytes", item(topic="t" * 255), ErrorCode.INVALID_TOPIC),
@@ -328,7 +330,8 @@ FIELD_VALUE = st.one_of(
 )
 ANY_ITEM = st.one_of(
     st.tuples(
-        st.sampled_from(["orders", "", "a.dlq", "x\x01", "t" * 256]) | st.text(max_size=8),
+        st.sampled_from(["orders", "", "a.dlq", "x\x01", "t" * 256, ["orders"], {"t": 1}])
+        | st.text(max_size=8),
         st.sampled_from([b"", b"p", "p", None]),
         FIELD_VALUE,
         FIELD_VALUE,
