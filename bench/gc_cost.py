@@ -10,7 +10,7 @@ time spent collecting, collections per generation, and the pauses longer than 5 
 
 Usage::
 
-    python -m bench.gc_cost [--gen0 10000,50000] [--rounds 3] [--seconds 5]
+    python -m bench.gc_cost [--gen0 10000,100000] [--rounds 3] [--seconds 5]
         [--batch 100] [--connections 4]
 
 Source: Python documentation, ``gc.callbacks`` and ``gc.set_threshold``.
@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from futureq.broker import gc_pacing
 
 OUT_ENV = "FUTUREQ_BENCH_GC_OUT"
 """In the node: the file its collections are written to (JSON) when it exits."""
@@ -59,8 +61,6 @@ def install() -> None:
     """In a node process (``bench._hooks``): time every collection; set the threshold."""
     gen0 = os.environ.get(GEN0_ENV)
     if gen0:
-        from futureq.broker import gc_pacing
-
         gc_pacing.GEN0_THRESHOLD = int(gen0)
     gc.callbacks.append(_on_gc)
     atexit.register(_write)
@@ -99,7 +99,11 @@ def _run(gen0: int | None, args: argparse.Namespace, scratch: Path) -> dict[str,
 def main(argv: list[str] | None = None) -> None:
     """Run the rounds and print one line per run, then the medians."""
     parser = argparse.ArgumentParser(prog="python -m bench.gc_cost")
-    parser.add_argument("--gen0", default="10000,50000", help="comma-separated thresholds")
+    parser.add_argument(
+        "--gen0",
+        default=f"10000,{gc_pacing.GEN0_THRESHOLD}",
+        help="comma-separated thresholds (default: 10,000 and the one the broker ships)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--batch", type=int, default=100)
