@@ -24,12 +24,14 @@ make collections shorter, only more frequent: at 10,000, ``bench.gc_cost`` (one 
 batch 100, 4 pipelined connections) saw 60-80 young and 6-7 middle collections in 5 s,
 9-10 % of the window spent collecting and ~30 pauses of 5 ms or more, the longest
 17-35 ms (15-16 % and up to 73 ms while PUBLISH items were lists, not tuples:
-``frames.Publish``). In steady load the count only follows how much is in flight, so at 100,000 it
-stays under the threshold: no collection in the window. It is passed when the live
-population grows by that much (a burst of connections or new groups; growth of the
-state is frozen as above), and the pause is then as long as one at 10,000 with the same
-load in flight. Young objects are freed by reference counting as before; only cyclic
-garbage waits longer (at most the threshold's worth of objects).
+``frames.Publish``). In steady load the count only follows how much is in flight, so at
+100,000 it stays under the threshold: no collection in the window. It is passed when
+the live population grows by that much (a burst of connections or new groups; growth
+of the state is frozen as above), and the pause is then as long as one at 10,000 with
+the same load in flight. Young objects are freed by reference counting as before; only
+cyclic garbage waits longer (at most the threshold's worth of objects: under a churn of
+connections that publish, fail requests and drop, RSS levelled off ~10 % higher than at
+10,000).
 
 Source: Python documentation, ``gc.freeze`` and ``gc.set_threshold``; DESIGN.md, "no
 request holds the event loop".
