@@ -73,9 +73,12 @@ _events: list[tuple[int, str]] = []
 def _flush() -> None:
     directory = os.environ.get(TRACE_DIR_ENV)
     if directory and _events:
+        # A worker thread may record while this writes: take what is there, and remove
+        # only that (``clear`` after the write lost what came in meanwhile).
+        taken = _events[:]
+        del _events[: len(taken)]
         with open(Path(directory) / f"{os.getpid()}.txt", "a") as out:
-            out.writelines(f"{ns} {stage}\n" for ns, stage in _events)
-        _events.clear()
+            out.writelines(f"{ns} {stage}\n" for ns, stage in taken)
 
 
 def _record(stage: str) -> None:
