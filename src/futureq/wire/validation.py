@@ -356,7 +356,7 @@ def validate_publish_items_in_steps(
     for i, item in enumerate(items):
         if i % VALIDATE_STEP_ITEMS == VALIDATE_STEP_ITEMS - 1:
             yield
-        if (type(item) is tuple or type(item) is list) and len(item) == 5:
+        if type(item) in _ARRAYS and len(item) == 5:
             topic, payload, delay_ms, deliver_at_ms, ttl_ms = item
             if (
                 deliver_at_ms is None
