@@ -40,7 +40,10 @@ What a caller gets:
 
 * :meth:`ClusterClock.now_us` never goes backwards and, apart from the bounded slew,
   never runs faster than the monotonic clock: a wall clock stepped forwards or
-  backwards by an hour changes nothing. (Before its first agreement a clustered node's
+  backwards by an hour changes nothing. (A step back of this node's clock holds it
+  until a majority answered pings sent after the step: if every clock stepped back,
+  cluster time must hold from the step, and only their answers tell. Then it runs on
+  from the monotonic clock, or, if theirs stepped too, holds as below.) (Before its first agreement a clustered node's
   cluster time is provisional, its own wall clock, and is replaced by the agreement;
   such a node may not lead, so nothing was stamped or released by it.)
 * :attr:`ClusterClock.in_bound` — this node may lead, stamp and dispatch: it is
@@ -294,6 +297,13 @@ class ClusterClock:
         """While the clocks stand stepped forward together: the latest time a majority
         of the voters' wall clocks read at least (the latest answers), as an offset from
         our monotonic clock: where the next agreement puts cluster time."""
+        self._behind_since: int | None = None
+        """Our monotonic clock at the tick that first saw this node's own wall clock more
+        than half of the bound behind the agreement (clustered), or None while it is not."""
+        self._own_behind = False
+        """Cluster time holds (:meth:`now_us`) because this node's own wall clock is that
+        far behind and not enough answers to pings sent since show whether the others'
+        clocks stepped back with it (:meth:`_hold_for_own_step`)."""
         self._unagreed_us = 0
         """The highest cluster time handed out on this node's own stepped wall clock
         (:meth:`now_us` while the clocks stood stepped forward together): no agreement
@@ -361,6 +371,7 @@ class ClusterClock:
         else:
             self._tick_clustered(elapsed_us, notices)
             self._notice_stepped_together(notices)
+            self._own_behind = self._hold_for_own_step()
         self._notice_bound(notices)
         return notices
 
@@ -369,16 +380,18 @@ class ClusterClock:
     def now_us(self, mono_us: int) -> int:
         """Cluster time (µs since the Unix epoch) at monotonic time ``mono_us``.
 
-        Never less than a value returned before, even for an older ``mono_us``. While the
-        clocks of a majority stand stepped together (:attr:`in_bound` explains): after a
-        backward step it holds still, never running ahead of the clocks a new agreement
-        will follow; after a forward step it is the latest clock a majority of the voters
-        reads at least (this node's stepped wall clock when the clocks stepped alike, one
-        machine's clock), where that agreement will put it, so what is stamped now is not
-        due early by them (nothing is released meanwhile, nor later while what it reached
-        so is ahead of the agreement: :meth:`release_refusal`).
+        Never less than a value returned before, even for an older ``mono_us``. Holds
+        still while this node's own clock stands stepped back and a majority has not
+        answered since (:meth:`_hold_for_own_step`). While the clocks of a majority stand
+        stepped together (:attr:`in_bound` explains): after a backward step it holds
+        still, never running ahead of the clocks a new agreement will follow; after a
+        forward step it is the latest clock a majority of the voters reads at least (this
+        node's stepped wall clock when the clocks stepped alike, one machine's clock),
+        where that agreement will put it, so what is stamped now is not due early by them
+        (nothing is released meanwhile, nor later while what it reached so is ahead of
+        the agreement: :meth:`release_refusal`).
         """
-        if self._stepped_together < 0:
+        if self._stepped_together < 0 or self._own_behind:
             return self._last_now_us
         base = self._base_us
         if self._stepped_together > 0:
@@ -576,6 +589,35 @@ class ClusterClock:
         if direction == 0:
             return 0, 0
         return direction, sorted(clocks, reverse=True)[quorum - 1]
+
+    def _hold_for_own_step(self) -> bool:
+        """Whether cluster time must hold because this node's own wall clock stepped back.
+
+        A step back of every clock shows here at the next tick, but in the others'
+        answers only a ping round later (:meth:`_clocks_stepped_together`). Running on
+        until then would move the point where cluster time then holds past the step,
+        and a message due in between would be released at the next agreement, early by
+        every clock. So it holds from the tick that saw this clock behind until a
+        majority of the voters (this one included) answered pings sent after that tick:
+        then either they stepped too (it goes on holding, stepped together) or this
+        clock alone did (it runs on from the monotonic clock, as if it had not held:
+        the node is out of bound meanwhile either way, so nothing was stamped or
+        released on the held time)."""
+        behind = self._anchored and (
+            self._wall_offset_us - self._target_us() < -(self.config.max_offset_us // 2)
+        )
+        if not behind:
+            self._behind_since = None
+            return False
+        if self._behind_since is None:
+            self._behind_since = self._mono_us
+        since = self._behind_since
+        answered = int(self.id in self._voters)
+        for peer in self._voters - {self.id}:
+            recent = self._latest.get(peer)
+            if recent and recent[-1].at_us - 2 * recent[-1].delay_us >= since:
+                answered += 1
+        return answered < majority(len(self._voters))
 
     def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
         stepped, self._stepped_wall_us = self._clocks_stepped_together()

@@ -136,6 +136,33 @@ def test_a_step_of_this_nodes_wall_clock_neither_moves_nor_stops_cluster_time(st
     assert not clocks.clock.in_bound
 
 
+def test_this_nodes_clock_stepping_back_holds_cluster_time_until_answers_after_it() -> None:
+    """This node's clock steps back 2 s and the peers go quiet: it cannot tell whether
+    their clocks stepped back with it (then cluster time must hold from the step), so
+    cluster time holds; an answer to a ping sent before the step does not decide it.
+    Once a majority answered pings sent after the tick that saw the step, and their
+    clocks did not step, cluster time runs on from the monotonic clock: true time."""
+    clocks = Clocks()
+    clocks.run(1.0)
+    clock = clocks.clock
+    stale_ping_us = clocks.mono_us - 1 * MS
+    before = clock.now_us(clocks.mono_us)
+    clocks.own_offset_us -= 2 * S
+    for _ in range(10):  # 0.5 s of ticks without answers
+        clocks.mono_us += 50 * MS
+        clock.tick(clocks.mono_us, clocks.wall_us())
+        assert clock.now_us(clocks.mono_us) == before
+    for peer in (2, 3):  # answered long ago, arriving only now
+        clock.learn(peer, stale_ping_us, clocks.true_us(), clocks.mono_us, True)
+    clocks.mono_us += 50 * MS
+    clock.tick(clocks.mono_us, clocks.wall_us())
+    assert clock.now_us(clocks.mono_us) == before
+    assert not clock.in_bound
+    clocks.run(0.2)  # pings sent now, answered at once
+    assert abs(clocks.error_us()) <= 2 * clocks.rtt_us
+    assert not clock.in_bound
+
+
 def test_cluster_time_never_goes_backwards_nor_runs_faster_than_the_monotonic_clock() -> None:
     clocks = Clocks()
     clocks.run(1.0)
