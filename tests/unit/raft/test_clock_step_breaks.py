@@ -261,10 +261,7 @@ def test_every_clock_stepping_while_the_leader_is_cut_off() -> None:
     serving = cluster.dispatcher()
     assert serving is not None and serving is not leader
     cluster.cut = set()
-    step(cluster, list(range(1, size + 1)), -36 * S)
-    if slow:
-        cluster.run(RECOVERY_US)
-        cluster.clock_delay_ticks = 0
+    step(cluster, [1, 2, 3], -36 * S)
     cluster.run(40 * S)
     assert all(probe.released_by is not None for probe in cluster.probes)
 
