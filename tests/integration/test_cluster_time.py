@@ -511,3 +511,51 @@ async def test_every_clock_stepping_while_answers_are_slow_keeps_a_leader(
         assert leader is not None
         log = cluster.nodes[leader].stderr_path.read_text()
         assert "stepped together" in log, log[-3000:]
+
+
+async def test_every_clock_stepping_back_delivers_nothing_early_by_them(tmp_path: Path) -> None:
+    """Every node's wall clock steps back 12 s at once, just after messages due 0.2-1 s
+    later were published, while clock answers are slow (150 ms each way). Cluster time
+    must hold from the step until the clocks catch up: by the clocks, which read 12 s
+    less from the step on, none of those messages may arrive before its due time minus
+    the bound. Before the fix cluster time held only once the others' answers showed
+    the step, a slow ping round later, and the messages due in that round arrived
+    ~10 s early by every clock once the answers were fast again: reading cluster time
+    (here an operator's status page, polled) moved where it held."""
+    step_s = -12
+    found = library()
+    clocks = {n: SteppableClock(found, tmp_path / f"clock{n}.rc") for n in (1, 2, 3)}
+    env = {n: clock.env() for n, clock in clocks.items()}
+    async with open_cluster(tmp_path / "c", 3, rng=random.Random(4), node_env=env) as cluster:
+        assert await cluster.leader(record=False) is not None
+        received = Received()
+        async with (
+            open_client(cluster.servers, request_timeout_s=60) as client,
+            trio.open_nursery() as nursery,
+        ):
+            await client.create_group("back", "g")
+            nursery.start_soon(consume, client, "back", "g", received)
+            delays = list(range(200, 1_001, 50))
+            before = now_ms()
+            ids = await client.publish_batch(
+                [PublishItem("back", b"m%d" % delay, delay_ms=delay) for delay in delays]
+            )
+            cluster.links.set_all(delay_ms=150)
+            for clock in clocks.values():
+                clock.step(step_s)
+            stepped_at = now_ms()
+            assert stepped_at - before < 200, "the step came after the first message was due"
+            with trio.move_on_after(2.0):
+                while True:  # cluster time read on every node (/api/status) as it runs
+                    await cluster.statuses()
+                    await trio.sleep(0.02)
+            cluster.links.set_all(delay_ms=0)
+
+            async def all_received() -> bool:
+                return all(received.first("g", i) for i in ids)
+
+            await wait_for(all_received, -step_s + 15, "every message, once the clocks caught up")
+            nursery.cancel_scope.cancel()
+        # Due by the clocks at before + delay; they read true time + step_s from the step.
+        intents = {i: before + delay - step_s * 1000 for i, delay in zip(ids, delays, strict=True)}
+        check_not_early(intents, received, ["g"])
