@@ -42,8 +42,10 @@ What a caller gets:
   never runs faster than the monotonic clock: a wall clock stepped forwards or
   backwards by an hour changes nothing. (A step back of this node's clock holds it
   until a majority answered pings sent after the step: if every clock stepped back,
-  cluster time must hold from the step, and only their answers tell. Then it runs on
-  from the monotonic clock, or, if theirs stepped too, holds as below.) (Before its first agreement a clustered node's
+  cluster time must hold from the step, and only their answers tell. Then it holds on
+  as below if theirs stepped too, or else resumes where the monotonic clock carried the
+  agreement meanwhile: a jump forward by the length of the hold, on a node that was
+  out of bound throughout, so nothing was stamped or released on the held time.) (Before its first agreement a clustered node's
   cluster time is provisional, its own wall clock, and is replaced by the agreement;
   such a node may not lead, so nothing was stamped or released by it.)
 * :attr:`ClusterClock.in_bound` — this node may lead, stamp and dispatch: it is
@@ -371,7 +373,9 @@ class ClusterClock:
         else:
             self._tick_clustered(elapsed_us, notices)
             self._notice_stepped_together(notices)
-            self._own_behind = self._hold_for_own_step()
+            # Standing stepped together, cluster time follows that rule (now_us), which
+            # a leader may stamp on: a hold there would stamp due early by the majority.
+            self._own_behind = self._hold_for_own_step() and self._stepped_together == 0
         self._notice_bound(notices)
         return notices
 
@@ -600,9 +604,12 @@ class ClusterClock:
         every clock. So it holds from the tick that saw this clock behind until a
         majority of the voters (this one included) answered pings sent after that tick:
         then either they stepped too (it goes on holding, stepped together) or this
-        clock alone did (it runs on from the monotonic clock, as if it had not held:
-        the node is out of bound meanwhile either way, so nothing was stamped or
-        released on the held time)."""
+        clock alone did (it resumes at the monotonic clock plus the agreement's offset,
+        where it would stand had it not held: a jump forward by the hold's length, but
+        the node was out of bound throughout, so nothing was stamped or released on the
+        held time). A node that hears from no majority (cut off) holds until it does.
+        Not while the clocks stand stepped together: that rule sets cluster time then,
+        and a leader may stamp on it."""
         behind = self._anchored and (
             self._wall_offset_us - self._target_us() < -(self.config.max_offset_us // 2)
         )

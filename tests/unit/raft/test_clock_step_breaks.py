@@ -386,3 +386,38 @@ def test_every_clock_stepping_back_releases_nothing_due_just_after_the_step_earl
         cluster.clock_delay_ticks = 0
     cluster.run(40 * S)
     assert all(probe.released_by is not None for probe in cluster.probes)
+
+
+@pytest.mark.parametrize("back_s", [1, 36])
+def test_a_leader_standing_stepped_forward_whose_own_clock_then_steps_back_stamps_nothing_early(
+    back_s: int,
+) -> None:
+    """The followers' clocks step +36 s while answers are slow: the leader stands stepped
+    together and stamps on their clocks. Then its own clock steps back (1 s or 36 s).
+    It still stands stepped together, so it may go on stamping, and on their clocks:
+    holding its cluster time because its own clock is behind (the hold from this node's
+    own step) froze what it stamped, 0.45-1.35 s behind them by the answers' delay, and
+    expiries were released early by them (found by a breaker run)."""
+    cluster = slow_started(3)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    others = [int(m.id) for m in cluster.machines.values() if m is not leader]
+    step(cluster, others, 36 * S)
+    for _ in range(RECOVERY_US // TICK_US):
+        cluster.step()
+        if "stepped together" in (leader.keeper.clock.release_refusal() or ""):
+            break
+    assert leader.core.role is Role.LEADER
+    assert "stepped together" in (leader.keeper.clock.release_refusal() or "")
+    cluster.reference_shift_us = 36 * S  # the clocks of a majority
+    step(cluster, [int(leader.id)], -back_s * S)
+    stamped = 0
+    for _ in range(60):
+        cluster.step()
+        if leader.core.role is Role.LEADER and leader.keeper.clock.refusal() is None:
+            cluster.publish(leader, 2 * S, no_step_before_release=True)
+            stamped += 1
+    assert stamped > 0
+    cluster.clock_delay_ticks = 0
+    cluster.run(40 * S)
+    assert all(probe.released_by is not None for probe in cluster.probes)
