@@ -552,28 +552,31 @@ class ClusterClock:
 
     # --- internals ----------------------------------------------------------------------
 
-    def _clocks_stepped_together(self) -> tuple[int, int]:
-        """``(direction, wall)``: direction +1 (-1) when the wall clocks of a majority of
+    def _clocks_stepped_together(self) -> tuple[int, int, int]:
+        """``(direction, wall, level)``: direction +1 (-1) when the wall clocks of a majority of
         the voters are each for certain more than half of the bound ahead of (behind)
         cluster time, from their latest answers of the last ``window_max_us`` (their
         uncertainty, half the round trip, taken off) and this node's own clock, else 0
         (only with a current agreement); wall, with a direction, the latest time a
         majority of those clocks read at least (an offset from our monotonic clock: a
         stamp below it could be due early by them, since this node's clock may have
-        stepped less than theirs), else 0.
+        stepped less than theirs), else 0; level, how many of those clocks (this node's
+        and the answers of the last ``window_max_us``) are not for certain that far
+        behind.
 
         This node's clock need not be among them: if a majority's clocks stepped and
         its own did not, the next agreement follows theirs, so it too must stamp on
         their clocks and release nothing until then (it would stamp due early by them,
         or release early by them)."""
         if self._epoch is None or not self._anchored:
-            return 0, 0
+            return 0, 0, 0
         target = self._target_us()
         half = self.config.max_offset_us // 2
         own = self._wall_offset_us - target
         voting = self.id in self._voters
         ahead = int(voting and own > half)
         behind = int(voting and own < -half)
+        level = int(voting and own >= -half)
         clocks = [self._wall_offset_us] if voting else []
         for peer in sorted(self._voters - {self.id}):
             recent = self._latest.get(peer)
@@ -588,11 +591,13 @@ class ClusterClock:
                 ahead += 1
             elif -offset - latest.delay_us > half:
                 behind += 1
+            else:
+                level += 1
         quorum = majority(len(self._voters))
         direction = 1 if ahead >= quorum else -1 if behind >= quorum else 0
         if direction == 0:
-            return 0, 0
-        return direction, sorted(clocks, reverse=True)[quorum - 1]
+            return 0, 0, level
+        return direction, sorted(clocks, reverse=True)[quorum - 1], level
 
     def _hold_for_own_step(self) -> bool:
         """Whether cluster time must hold because this node's own wall clock stepped back.
@@ -627,7 +632,16 @@ class ClusterClock:
         return answered < majority(len(self._voters))
 
     def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
-        stepped, self._stepped_wall_us = self._clocks_stepped_together()
+        stepped, wall, level = self._clocks_stepped_together()
+        if self._stepped_together < 0 and stepped == 0 and level < majority(len(self._voters)):
+            # A backward stand ends only once a majority of the clocks are seen not
+            # behind (a new agreement that followed them, or the clocks fixed). Answers
+            # that merely aged out (a node cut off) show nothing: cluster time would run
+            # on from the old agreement, past the step, and once the next agreement
+            # followed the stepped clocks, what fell due meanwhile would be released on
+            # it, early by them (a breaker's real-process run: up to 11.5 s early).
+            return
+        self._stepped_wall_us = wall
         if stepped == self._stepped_together:
             return
         self._stepped_together = stepped

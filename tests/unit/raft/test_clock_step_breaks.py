@@ -421,3 +421,29 @@ def test_a_leader_standing_stepped_forward_whose_own_clock_then_steps_back_stamp
     cluster.clock_delay_ticks = 0
     cluster.run(40 * S)
     assert all(probe.released_by is not None for probe in cluster.probes)
+
+
+@pytest.mark.parametrize("cut_s", [5, 8])
+def test_a_stepped_back_majority_stands_while_its_cut_off_leaders_answers_age(cut_s: int) -> None:
+    """The leader's and one follower's clocks (one host: a majority) step back 36 s while
+    answers are slow; the third clock is right. Every node stands stepped back together.
+    Then the leader is cut off for longer than ``window_max_us`` (answers fast again). The
+    two left see too few clocks behind in answers of the last window, yet not a majority
+    of clocks that are not: that decides nothing. Ending the stand there ran cluster time
+    on from the old agreement, and once the next agreement followed the stepped clocks a
+    message due meanwhile was released on it, ~26 s early by them (found by a breaker)."""
+    cluster = slow_started(3)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    now = leader.keeper.clock.now_us(leader.mono(cluster.true_us))
+    cluster.probes += [Probe("due", now + k * 100 * 1000) for k in range(1, 31)]
+    follower = next(m for m in cluster.machines.values() if m is not leader)
+    step(cluster, [int(leader.id), int(follower.id)], -36 * S)
+    cluster.reference_shift_us = -36 * S  # the clocks of a majority
+    cluster.run(RECOVERY_US)
+    cluster.cut = {leader.id}
+    cluster.clock_delay_ticks = 0
+    cluster.run(cut_s * S)
+    cluster.cut = set()
+    cluster.run(45 * S)
+    assert all(probe.released_by is not None for probe in cluster.probes)
