@@ -45,9 +45,10 @@ What a caller gets:
   cluster time must hold from the step, and only their answers tell. Then it holds on
   as below if theirs stepped too, or else resumes where the monotonic clock carried the
   agreement meanwhile: a jump forward by the length of the hold, on a node that was
-  out of bound throughout, so nothing was stamped or released on the held time.) (Before its first agreement a clustered node's
-  cluster time is provisional, its own wall clock, and is replaced by the agreement;
-  such a node may not lead, so nothing was stamped or released by it.)
+  out of bound throughout, so nothing was stamped or released on the held time.)
+  (Before its first agreement a clustered node's cluster time is provisional, its own
+  wall clock, and is replaced by the agreement; such a node may not lead, so nothing
+  was stamped or released by it.)
 * :attr:`ClusterClock.in_bound` — this node may lead, stamp and dispatch: it is
   synchronized, its own wall clock is within half of ``max_offset_us`` of cluster time
   (CockroachDB's rule: a node whose clock is too far off stops taking part rather than
@@ -553,16 +554,16 @@ class ClusterClock:
     # --- internals ----------------------------------------------------------------------
 
     def _clocks_stepped_together(self) -> tuple[int, int, int]:
-        """``(direction, wall, level)``: direction +1 (-1) when the wall clocks of a majority of
-        the voters are each for certain more than half of the bound ahead of (behind)
-        cluster time, from their latest answers of the last ``window_max_us`` (their
-        uncertainty, half the round trip, taken off) and this node's own clock, else 0
-        (only with a current agreement); wall, with a direction, the latest time a
-        majority of those clocks read at least (an offset from our monotonic clock: a
+        """``(direction, wall, level)``: direction +1 (-1) when the wall clocks of a
+        majority of the voters are each for certain more than half of the bound ahead of
+        (behind) cluster time, from their latest answers of the last ``window_max_us``
+        (their uncertainty, half the round trip, taken off) and this node's own clock,
+        else 0 (only with a current agreement); wall, with a direction, the latest time
+        a majority of those clocks read at least (an offset from our monotonic clock: a
         stamp below it could be due early by them, since this node's clock may have
         stepped less than theirs), else 0; level, how many of those clocks (this node's
         and the answers of the last ``window_max_us``) are not for certain that far
-        behind.
+        behind (0 without a current agreement).
 
         This node's clock need not be among them: if a majority's clocks stepped and
         its own did not, the next agreement follows theirs, so it too must stamp on
