@@ -562,7 +562,7 @@ class ClusterClock:
         a majority of those clocks read at least (an offset from our monotonic clock: a
         stamp below it could be due early by them, since this node's clock may have
         stepped less than theirs), else 0; level, how many of those clocks (this node's
-        and the answers of the last ``window_max_us``) are not for certain that far
+        and the answers of the last ``window_max_us``) are for certain not that far
         behind (0 without a current agreement).
 
         This node's clock need not be among them: if a majority's clocks stepped and
@@ -592,8 +592,8 @@ class ClusterClock:
                 ahead += 1
             elif -offset - latest.delay_us > half:
                 behind += 1
-            else:
-                level += 1
+            if -offset + latest.delay_us <= half:
+                level += 1  # for certain not that far behind: a slow answer is no proof
         quorum = majority(len(self._voters))
         direction = 1 if ahead >= quorum else -1 if behind >= quorum else 0
         if direction == 0:
@@ -635,12 +635,13 @@ class ClusterClock:
     def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
         stepped, wall, level = self._clocks_stepped_together()
         if self._stepped_together < 0 and stepped == 0 and level < majority(len(self._voters)):
-            # A backward stand ends only once a majority of the clocks are seen not
-            # behind (a new agreement that followed them, or the clocks fixed). Answers
-            # that merely aged out (a node cut off) show nothing: cluster time would run
-            # on from the old agreement, past the step, and once the next agreement
-            # followed the stepped clocks, what fell due meanwhile would be released on
-            # it, early by them (a breaker's real-process run: up to 11.5 s early).
+            # A backward stand ends only once a majority of the clocks are seen, for
+            # certain, not behind (a new agreement that followed them, or the clocks
+            # fixed). Answers that aged out (a node cut off) or came back too slowly to
+            # place a clock show nothing: cluster time would run on from the old
+            # agreement, past the step, and once the next agreement followed the
+            # stepped clocks, what fell due meanwhile would be released on it, early by
+            # them (breaker runs: up to 11.5 s early, in real processes too).
             return
         self._stepped_wall_us = wall
         if stepped == self._stepped_together:

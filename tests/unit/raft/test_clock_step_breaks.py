@@ -447,3 +447,30 @@ def test_a_stepped_back_majority_stands_while_its_cut_off_leaders_answers_age(cu
     cluster.cut = set()
     cluster.run(45 * S)
     assert all(probe.released_by is not None for probe in cluster.probes)
+
+
+@pytest.mark.parametrize(("back_ms", "delay_ticks"), [(1_200, 40), (3_000, 70)])
+def test_a_stepped_back_majority_stands_while_answers_are_too_slow_to_place_it(
+    back_ms: int, delay_ticks: int
+) -> None:
+    """The leader's and one follower's clocks step back (a majority) while answers are
+    slow: every node stands stepped back. Then the answers get slower still (2-3.5 s each
+    way): a stepped clock is no longer for certain behind, nor for certain within the
+    bound. Counting it as within ended the stand as if the clocks had been fixed:
+    cluster time ran on from the old agreement, and the node whose clock was right
+    released up to the step less half the bound early by the clocks of the majority
+    (found by a breaker)."""
+    cluster = slow_started(3)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    now = leader.keeper.clock.now_us(leader.mono(cluster.true_us))
+    cluster.probes += [Probe("due", now + k * 500 * 1000) for k in range(1, 61)]
+    follower = next(m for m in cluster.machines.values() if m is not leader)
+    step(cluster, [int(leader.id), int(follower.id)], -back_ms * 1000)
+    cluster.reference_shift_us = -back_ms * 1000  # the clocks of a majority
+    cluster.run(RECOVERY_US)
+    cluster.clock_delay_ticks = delay_ticks
+    cluster.run(30 * S)
+    cluster.clock_delay_ticks = 0
+    cluster.run(40 * S)
+    assert all(probe.released_by is not None for probe in cluster.probes)
