@@ -84,6 +84,32 @@ class Received:
         return seen[0] if seen else None
 
 
+def stepping_clocks(tmp_path: Path) -> tuple[dict[int, SteppableClock], dict[int, dict[str, str]]]:
+    """A steppable wall clock for each of three nodes, and each node's environment."""
+    found = library()
+    clocks = {n: SteppableClock(found, tmp_path / f"clock{n}.rc") for n in (1, 2, 3)}
+    return clocks, {n: clock.env() for n, clock in clocks.items()}
+
+
+async def publish_per_delay(client: Any, topic: str, delays: list[int]) -> tuple[int, list[int]]:
+    """One message to ``topic`` per delay (ms); returns the test's clock (ms) just before
+    publishing and the message ids, in the order of ``delays``."""
+    before = now_ms()
+    ids = await client.publish_batch(
+        [PublishItem(topic, b"m%d" % delay, delay_ms=delay) for delay in delays]
+    )
+    return before, ids
+
+
+async def wait_received(received: Received, group: str, ids: list[int], timeout_s: float) -> None:
+    """Wait until ``group`` received every message of ``ids``."""
+
+    async def all_received() -> bool:
+        return all(received.first(group, i) for i in ids)
+
+    await wait_for(all_received, timeout_s, f"every message to reach group {group}")
+
+
 async def consume(
     client: Any, topic: str, group: str, received: Received, ack: bool = True
 ) -> None:
@@ -204,9 +230,7 @@ async def test_a_leader_whose_clock_steps_an_hour_neither_stalls_nor_releases_ea
     """Inputs 2 and 3: the leader's wall clock steps an hour back (or forward) while it
     runs. Deliveries go on (another node takes over), visibility-timeout redeliveries go
     on, publish stamps keep rising, nothing is early, a TTL message is still delivered."""
-    found = library()
-    clocks = {n: SteppableClock(found, tmp_path / f"clock{n}.rc") for n in (1, 2, 3)}
-    env = {n: clock.env() for n, clock in clocks.items()}
+    clocks, env = stepping_clocks(tmp_path)
     async with open_cluster(tmp_path / "c", 3, rng=random.Random(2), node_env=env) as cluster:
         leader = await cluster.leader(record=False)
         assert leader is not None
@@ -483,9 +507,7 @@ async def test_every_clock_stepping_while_answers_are_slow_keeps_a_leader(
     minutes without a leader. Now the nodes see that a majority of the clocks stepped
     together and keep the agreement they hold: a leader acknowledges publishes within
     seconds (fails on main: no publish acknowledged 3-8 s after the step)."""
-    found = library()
-    clocks = {n: SteppableClock(found, tmp_path / f"clock{n}.rc") for n in (1, 2, 3)}
-    env = {n: clock.env() for n, clock in clocks.items()}
+    clocks, env = stepping_clocks(tmp_path)
     async with open_cluster(tmp_path / "c", 3, rng=random.Random(3), node_env=env) as cluster:
         assert await cluster.leader(record=False) is not None
         cluster.links.set_all(delay_ms=150)
@@ -523,9 +545,7 @@ async def test_every_clock_stepping_back_delivers_nothing_early_by_them(tmp_path
     ~10 s early by every clock once the answers were fast again: reading cluster time
     (here an operator's status page, polled) moved where it held."""
     step_s = -12
-    found = library()
-    clocks = {n: SteppableClock(found, tmp_path / f"clock{n}.rc") for n in (1, 2, 3)}
-    env = {n: clock.env() for n, clock in clocks.items()}
+    clocks, env = stepping_clocks(tmp_path)
     async with open_cluster(tmp_path / "c", 3, rng=random.Random(4), node_env=env) as cluster:
         assert await cluster.leader(record=False) is not None
         received = Received()
@@ -536,10 +556,7 @@ async def test_every_clock_stepping_back_delivers_nothing_early_by_them(tmp_path
             await client.create_group("back", "g")
             nursery.start_soon(consume, client, "back", "g", received)
             delays = list(range(200, 1_001, 50))
-            before = now_ms()
-            ids = await client.publish_batch(
-                [PublishItem("back", b"m%d" % delay, delay_ms=delay) for delay in delays]
-            )
+            before, ids = await publish_per_delay(client, "back", delays)
             cluster.links.set_all(delay_ms=150)
             for clock in clocks.values():
                 clock.step(step_s)
@@ -550,11 +567,7 @@ async def test_every_clock_stepping_back_delivers_nothing_early_by_them(tmp_path
                     await cluster.statuses()
                     await trio.sleep(0.02)
             cluster.links.set_all(delay_ms=0)
-
-            async def all_received() -> bool:
-                return all(received.first("g", i) for i in ids)
-
-            await wait_for(all_received, -step_s + 15, "every message, once the clocks caught up")
+            await wait_received(received, "g", ids, -step_s + 15)
             nursery.cancel_scope.cancel()
         # Due by the clocks at before + delay; they read true time + step_s from the step.
         intents = {i: before + delay - step_s * 1000 for i, delay in zip(ids, delays, strict=True)}
@@ -571,9 +584,7 @@ async def test_a_majority_stepped_back_with_its_leader_cut_off_past_the_answers_
     when the cut leader's answers aged out: cluster time ran on from the old agreement,
     and once the next agreement followed the stepped clocks every message due meanwhile
     was released on it, 18 of 24 up to ~11.5 s early (found by a breaker run)."""
-    found = library()
-    clocks = {n: SteppableClock(found, tmp_path / f"clock{n}.rc") for n in (1, 2, 3)}
-    env = {n: clock.env() for n, clock in clocks.items()}
+    clocks, env = stepping_clocks(tmp_path)
     async with open_cluster(tmp_path / "c", 3, rng=random.Random(9), node_env=env) as cluster:
         leader = await cluster.leader(record=False)
         assert leader is not None
@@ -586,10 +597,7 @@ async def test_a_majority_stepped_back_with_its_leader_cut_off_past_the_answers_
             await client.create_group("cut", "g")
             nursery.start_soon(consume, client, "cut", "g", received)
             delays = list(range(500, 12_001, 500))
-            before = now_ms()
-            ids = await client.publish_batch(
-                [PublishItem("cut", b"m%d" % delay, delay_ms=delay) for delay in delays]
-            )
+            before, ids = await publish_per_delay(client, "cut", delays)
             cluster.links.set_all(delay_ms=400)
             clocks[leader].step(-12)
             clocks[follower].step(-12)
@@ -597,11 +605,7 @@ async def test_a_majority_stepped_back_with_its_leader_cut_off_past_the_answers_
             cluster.links.isolate([leader], [follower, third])
             await trio.sleep(7.0)
             cluster.links.heal()
-
-            async def all_received() -> bool:
-                return all(received.first("g", i) for i in ids)
-
-            await wait_for(all_received, 40, "every message, once the clocks caught up")
+            await wait_received(received, "g", ids, 40)
             nursery.cancel_scope.cancel()
         # Due by the majority's clocks at before + delay; they read true time - 12 s.
         intents = {i: before + delay + 12_000 for i, delay in zip(ids, delays, strict=True)}
