@@ -9,14 +9,20 @@ reloads if one arrived meanwhile.
 
 A stop signal (SIGTERM/SIGINT) that repeats the first within
 :data:`REPEAT_SIGNAL_WINDOW_S` is the same request delivered twice, not a request to force
-the stop (:func:`is_repeat_signal`).
+the stop (:func:`is_repeat_signal`); that holds too when the repeat comes after the
+graceful shutdown is done, while the process exits (:func:`stand_in_for_stop_signals`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import threading
+import time
 from types import FrameType
+
+log = logging.getLogger(__name__)
 
 _received = threading.Event()
 
@@ -53,3 +59,45 @@ def is_repeat_signal(first_at: float, now: float) -> bool:
     """Whether a stop signal at ``now`` repeats the one at ``first_at`` (seconds, one
     clock) rather than asking to force the stop."""
     return now - first_at < REPEAT_SIGNAL_WINDOW_S
+
+
+_first_stop_at: float | None = None
+"""``time.monotonic()`` when this process took its first stop signal, or None."""
+
+
+def note_stop_signal() -> None:
+    """Record that the first stop signal arrived now (later calls change nothing)."""
+    global _first_stop_at
+    if _first_stop_at is None:
+        _first_stop_at = time.monotonic()
+
+
+def _stop_signal_without_receiver(signum: int, frame: FrameType | None) -> None:
+    first = _first_stop_at
+    if first is not None and is_repeat_signal(first, time.monotonic()):
+        log.info(
+            "received %s again within %g s of the first: the same request; the shutdown is "
+            "done and the process is exiting",
+            signal.Signals(signum).name,
+            REPEAT_SIGNAL_WINDOW_S,
+        )
+        return
+    if signum == signal.SIGINT:
+        signal.default_int_handler(signum, frame)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def stand_in_for_stop_signals() -> None:
+    """Handle SIGTERM and SIGINT wherever no ``trio.open_signal_receiver`` does.
+
+    Call, from the main thread, just before opening the receiver: the receiver restores
+    this handler when it closes, at the end of a graceful shutdown. A repeat of the first
+    stop signal (:func:`note_stop_signal`) within :data:`REPEAT_SIGNAL_WINDOW_S` is then
+    ignored; any other acts as Python's default (SIGTERM ends the process, SIGINT raises
+    KeyboardInterrupt). Without it a repeat that came after the shutdown finished, while
+    the process was exiting, killed it (exit -15 instead of 0): systemd's
+    ``KillMode=control-group`` and the shards' supervisor each send one.
+    """
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop_signal_without_receiver)

@@ -520,11 +520,13 @@ async def _watch_signals(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """First SIGTERM/SIGINT: graceful shutdown. A second one: stop at once, unless it
-    came within :data:`futureq.early_signals.REPEAT_SIGNAL_WINDOW_S` of the first (the same request delivered
-    twice: logged and ignored).
+    came within :data:`futureq.early_signals.REPEAT_SIGNAL_WINDOW_S` of the first (the
+    same request delivered twice: logged and ignored; also once the shutdown is done,
+    :func:`futureq.early_signals.stand_in_for_stop_signals`).
 
     Calls ``task_status.started()`` once the handlers are installed."""
     first_at: float | None = None
+    early_signals.stand_in_for_stop_signals()  # what the receiver restores when it closes
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         task_status.started()
         async for signum in signals:
@@ -532,6 +534,7 @@ async def _watch_signals(
             if not shutdown.is_set():
                 log.info("received %s: shutting down gracefully (send it again to force)", name)
                 first_at = trio.current_time()
+                early_signals.note_stop_signal()
                 shutdown.set()
             elif first_at is not None and early_signals.is_repeat_signal(
                 first_at, trio.current_time()

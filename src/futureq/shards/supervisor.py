@@ -48,7 +48,12 @@ import attrs
 import trio
 
 from futureq.config import Config, join_host_port, split_host_port
-from futureq.early_signals import REPEAT_SIGNAL_WINDOW_S, is_repeat_signal
+from futureq.early_signals import (
+    REPEAT_SIGNAL_WINDOW_S,
+    is_repeat_signal,
+    note_stop_signal,
+    stand_in_for_stop_signals,
+)
 from futureq.shards.layout import note_first_start_ready
 from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
 
@@ -174,6 +179,7 @@ class Supervisor:
     async def run(self) -> int:
         """Run until stopped; return the node's exit code (0 after SIGTERM)."""
         try:
+            stand_in_for_stop_signals()  # what the receiver restores when it closes
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
                 async with trio.open_nursery() as outer:
                     self._outer = outer
@@ -211,6 +217,7 @@ class Supervisor:
             name = signal.Signals(signum).name
             if not self.stopping:
                 first_at = trio.current_time()
+                note_stop_signal()
                 self._stop(0, f"received {name}: stopping the {len(self.shards)} shards")
             elif first_at is not None and is_repeat_signal(first_at, trio.current_time()):
                 log.info(

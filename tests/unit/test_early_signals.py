@@ -1,0 +1,81 @@
+"""A stop signal that comes after the server's signal receiver closed (the graceful
+shutdown is done, the process is exiting): a repeat of the first within
+``REPEAT_SIGNAL_WINDOW_S`` is ignored, any other acts as Python's default.
+
+Each case runs in a real Python subprocess that signals itself, so the handler under
+test is the process's own."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+from futureq.early_signals import REPEAT_SIGNAL_WINDOW_S
+
+PRELUDE = """
+import logging, os, signal, time
+from futureq import early_signals
+logging.basicConfig(level=logging.INFO)
+early_signals.stand_in_for_stop_signals()
+"""
+
+
+def _run(body: str) -> subprocess.CompletedProcess[str]:
+    code = PRELUDE + textwrap.dedent(body) + "\nprint('alive', flush=True)\n"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def test_a_repeat_within_the_window_after_the_receiver_closed_is_ignored() -> None:
+    done = _run(
+        """
+        early_signals.note_stop_signal()
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # Python runs the handler between bytecodes
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "alive\n"
+    assert done.stderr.count("again within 1 s of the first: the same request") == 2, done.stderr
+
+
+def test_a_sigterm_with_no_stop_before_ends_the_process_as_by_default() -> None:
+    done = _run(
+        """
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        """
+    )
+    assert done.returncode == -signal.SIGTERM
+    assert done.stdout == ""
+
+
+def test_a_stop_signal_past_the_window_is_not_a_repeat() -> None:
+    done = _run(
+        f"""
+        early_signals.note_stop_signal()
+        time.sleep({REPEAT_SIGNAL_WINDOW_S} + 0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        """
+    )
+    assert done.returncode == -signal.SIGTERM
+    assert done.stdout == ""
+
+
+def test_sigint_with_no_stop_before_raises_keyboard_interrupt() -> None:
+    done = _run(
+        """
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            print('interrupted', flush=True)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "interrupted\nalive\n"
