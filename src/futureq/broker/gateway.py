@@ -85,6 +85,10 @@ MAX_REQUESTS_IN_PROGRESS = 256
 HANDSHAKE_TIMEOUT_S = 10.0
 LEADERSHIP_CLOSE_GRACE_S = 2.0
 """After a leadership change, how long in-progress requests may finish before closing."""
+SHUTDOWN_DRAIN_S = 2.0
+"""Graceful shutdown: how long, at most, answers already queued may take to reach the
+clients (s); a client that does not read for this long is cut off (within
+``server.shutdown_grace_ms``)."""
 RECEIVE_BYTES = 256 * 1024
 MIN_RECEIVE_BYTES = 4 * 1024
 EVICT_AFTER_S = 1.0
@@ -557,6 +561,19 @@ class Connection:
         self._reading.cancel()
         await trio.sleep(LEADERSHIP_CLOSE_GRACE_S)
         scope.cancel()
+
+    def finish(self) -> None:
+        """Graceful shutdown: read no more requests and end once the answers are out.
+
+        Requests already read are answered; deliveries stop (the subscriptions end and
+        their unacked deliveries go back to the group, as when the client leaves); the
+        outbox drains, then the connection closes and the client sees EOF at a frame
+        boundary. The server bounds the drain (:data:`SHUTDOWN_DRAIN_S`).
+        """
+        self._reading.cancel()
+        for consumer in list(self.subscriptions.values()):
+            self.broker.unsubscribe(consumer)
+        self.subscriptions.clear()
 
     def _set_watch(self, watch: tuple[int, float] | None) -> None:
         self._watch = watch
@@ -1067,25 +1084,22 @@ connections and says nothing cannot take every slot of ``limits.max_connections`
 async def _refuse_connection(
     stream: trio.abc.Stream,
     peer: str,
+    code: ErrorCode,
     message: str,
     metrics_closed: Callable[[], None],
     ssl_context: ssl.SSLContext | None,
 ) -> None:
-    """Tell a connection over the limit why, then close it (it never holds a slot).
+    """Tell a connection the node does not serve it now, and why; then close it (it
+    never holds a slot).
 
-    The ERROR frame is written at once (after the TLS handshake, under TLS), without
-    waiting for the HELLO: the client library reads it as the answer to its HELLO and
-    retries later (a 3xx code). The whole refusal takes at most 2 x REFUSE_GRACE_S.
+    The ERROR frame (``code``: TOO_MANY_CONNECTIONS, or UNAVAILABLE from a node shutting
+    down) is written at once (after the TLS handshake, under TLS), without waiting for
+    the HELLO: the client library reads it as the answer to its HELLO and retries later
+    or elsewhere (a 3xx code). The whole refusal takes at most 2 x REFUSE_GRACE_S.
     """
     metrics_closed()
-    closed_log.log(
-        logging.WARNING,
-        "connection from %s refused: %s: %s",
-        peer,
-        ErrorCode.TOO_MANY_CONNECTIONS.name,
-        message,
-    )
-    data = codec.encode_frame(frames.Error(0, ErrorCode.TOO_MANY_CONNECTIONS, message))
+    closed_log.log(logging.WARNING, "connection from %s refused: %s: %s", peer, code.name, message)
+    data = codec.encode_frame(frames.Error(0, code, message))
     with trio.move_on_after(REFUSE_GRACE_S):
         try:
             if ssl_context is not None:
@@ -1140,11 +1154,45 @@ class ClientGateway:
         )
         self._limit = trio.CapacityLimiter(self.max_connections)
         self._refusing = trio.CapacityLimiter(MAX_REFUSING)
-        self._refused = broker.metrics.connections_closed_total.labels(
-            ErrorCode.TOO_MANY_CONNECTIONS.name.lower()
-        ).inc
+        self._closed_total = broker.metrics.connections_closed_total
         self._ungreeted: dict[str, int] = {}
         """Connections per client address that have not had their HELLO answered."""
+        self._live: set[Connection] = set()
+        """Connections being served (past admission), of every transport."""
+        self._drained = trio.Event()
+        self._drained.set()
+        self.stopping = False
+        """True once :meth:`stop_serving` ran: new connections are refused (UNAVAILABLE)."""
+
+    def stop_serving(self) -> None:
+        """Graceful shutdown: each connection reads no more requests, answers those it
+        read, drains its answers and closes (:meth:`Connection.finish`); a connection
+        arriving from now on (a WebSocket upgrade, a TLS handshake under way) is refused
+        with UNAVAILABLE. :meth:`wait_drained` waits for the end."""
+        self.stopping = True
+        for connection in list(self._live):
+            connection.finish()
+
+    @property
+    def connections_served(self) -> int:
+        """Connections being served now (past admission)."""
+        return len(self._live)
+
+    async def wait_drained(self) -> None:
+        """Block until no connection is being served (cancel to bound it)."""
+        await self._drained.wait()
+
+    def _opened(self, connection: Connection) -> None:
+        self._live.add(connection)
+        if self._drained.is_set():
+            self._drained = trio.Event()
+        if self.stopping:
+            connection.finish()
+
+    def _ended(self, connection: Connection) -> None:
+        self._live.discard(connection)
+        if not self._live:
+            self._drained.set()
 
     async def serve_tcp(
         self, listeners: list[trio.SocketListener], *, handler_nursery: trio.Nursery | None = None
@@ -1163,15 +1211,17 @@ class ClientGateway:
         peer: str,
         message: str,
         ssl_context: ssl.SSLContext | None,
+        code: ErrorCode = ErrorCode.TOO_MANY_CONNECTIONS,
     ) -> None:
+        counted = self._closed_total.labels(code.name.lower()).inc
         try:
             self._refusing.acquire_nowait()
         except trio.WouldBlock:
-            self._refused()
+            counted()
             await trio.aclose_forcefully(stream)
             return
         try:
-            await _refuse_connection(stream, peer, message, self._refused, ssl_context)
+            await _refuse_connection(stream, peer, code, message, counted, ssl_context)
         finally:
             self._refusing.release()
 
@@ -1191,6 +1241,15 @@ class ClientGateway:
             transport_token: A token the transport carried (see :class:`Connection`).
             ssl_context: Wrap ``stream`` in server-side TLS first (the TCP listener's).
         """
+        if self.stopping:
+            await self._refuse(
+                stream,
+                peer,
+                "the node is shutting down; connect to another node or retry later",
+                ssl_context,
+                ErrorCode.UNAVAILABLE,
+            )
+            return
         host = peer.rsplit(":", 1)[0]
         ungreeted = self._ungreeted
         if ungreeted.get(host, 0) >= MAX_UNGREETED_PER_ADDRESS:
@@ -1238,6 +1297,8 @@ class ClientGateway:
                 ssl_context,
                 hello_answered,
                 transport_token,
+                self._opened,
+                self._ended,
             )
         finally:
             hello_answered()
@@ -1275,6 +1336,8 @@ async def _serve_connection(
     ssl_context: ssl.SSLContext | None,
     on_hello: Callable[[], None] | None = None,
     transport_token: str | None = None,
+    on_open: Callable[[Connection], None] | None = None,
+    on_end: Callable[[Connection], None] | None = None,
 ) -> None:
     if ssl_context is not None:
         stream = trio.SSLStream(stream, ssl_context, server_side=True)
@@ -1288,10 +1351,11 @@ async def _serve_connection(
             return
     broker.metrics.connections_accepted_total.inc()
     broker.metrics.client_connections.inc()
+    connection = Connection(broker, stream, access, node_buffers, peer, on_hello, transport_token)
+    if on_open is not None:
+        on_open(connection)
     try:
-        await Connection(
-            broker, stream, access, node_buffers, peer, on_hello, transport_token
-        ).serve()
+        await connection.serve()
     except* StorageError:
         raise  # the node cannot go on without its disk
     except* Exception as group:
@@ -1305,3 +1369,5 @@ async def _serve_connection(
         )
     finally:
         broker.metrics.client_connections.dec()
+        if on_end is not None:
+            on_end(connection)

@@ -5,9 +5,10 @@ start the command log, the dispatcher, the HTTP endpoints and the client listene
 then print one line to stdout, ``READY client=HOST:PORT http=HOST:PORT node_id=N``.
 
 Shutdown on SIGTERM or SIGINT (STYLE.md §3, hypercorn's model): stop accepting
-connections, refuse new proposals, let proposals already made finish and their
-answers go out, stop the dispatcher, close RocksDB — all within
-``server.shutdown_grace_ms``, then cancel what is left.
+connections, refuse new proposals, let proposals already made finish, stop reading
+requests and let every answer already owed reach its client (at most
+``gateway.SHUTDOWN_DRAIN_S`` for one that does not read), stop the dispatcher, close
+RocksDB — all within ``server.shutdown_grace_ms``, then cancel what is left.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from .cluster_time import ClusterTime, run_standalone_clock
 from .command_log import SingleNodeLog
 from .data_dir_size import measure_data_dir
 from .dispatcher import Dispatcher
-from .gateway import ClientGateway, NodeBuffers
+from .gateway import SHUTDOWN_DRAIN_S, ClientGateway, NodeBuffers
 from .gc_pacing import pace_gc
 from .http import serve_http
 from .hub import Hub
@@ -426,9 +427,21 @@ async def serve(
                     else:
                         command_log.begin_shutdown()
                         await command_log.wait_idle()
-                    await trio.sleep(0.05)  # let the last answers reach their sockets
+                    # Every answer the clients are owed goes out before they are cut off.
+                    gateway.stop_serving()
+                    with trio.move_on_after(SHUTDOWN_DRAIN_S) as drain:
+                        await gateway.wait_drained()
+                    if drain.cancelled_caught:
+                        log.warning(
+                            "%d client connections did not take their last answers within "
+                            "%g s; closing them",
+                            gateway.connections_served,
+                            SHUTDOWN_DRAIN_S,
+                        )
                 if grace.cancelled_caught:
-                    log.warning("shutdown grace period ran out with proposals still in progress")
+                    log.warning(
+                        "shutdown grace period ran out with proposals or answers still in progress"
+                    )
                 connections.cancel_scope.cancel()
             root.cancel_scope.cancel()
     finally:

@@ -1,0 +1,129 @@
+"""Graceful shutdown hands every answer the node already owes to a client that reads it.
+
+On SIGTERM a node stops reading requests, answers those it read, and closes each
+connection only once its answers are out, at a frame boundary; a client that does not
+read is cut off after ``gateway.SHUTDOWN_DRAIN_S`` (within ``server.shutdown_grace_ms``),
+and a connection arriving meanwhile (a WebSocket upgrade: the HTTP port still serves
+health checks) is refused with UNAVAILABLE. Before, the node cancelled every connection
+50 ms after its proposals were done, so a client whose answers did not fit the socket
+buffers got a frame cut in the middle.
+
+Source: STYLE.md §3 (graceful shutdown), ``futureq.broker.server``.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import trio
+from broker_process import BrokerProcess
+from test_websocket import _closed, _receive, open_ws
+from wire_client import WireClient
+
+from futureq.broker.gateway import SHUTDOWN_DRAIN_S
+from futureq.errors import ErrorCode, RemoteProtocolError
+from futureq.wire import codec, frames
+
+Factory = Any
+PENDING = 1000
+"""Messages pending in the browsed group (BROWSE answers at most 1,000 per page)."""
+PAYLOAD = b"p" * 1024
+BROWSES = 10
+"""Pipelined BROWSEs of ~1.1 MB answers each: far more than the socket buffers hold
+while the client reads nothing, less than twice the connection's outbox limit
+(``limits.max_connection_buffer_bytes``, 8 MiB; past that the client is a slow one and
+is closed at once, SLOW_CLIENT)."""
+EXIT_S = 20.0
+
+
+def _fill(address: str) -> None:
+    client = WireClient(address)
+    for _ in range(PENDING // 100):
+        answer = client.publish([["t", PAYLOAD, 3_600_000, None, None]] * 100)
+        assert isinstance(answer, frames.PublishOk), answer
+    client.close()
+
+
+def _pipeline_browses(client: WireClient) -> list[int]:
+    ids = [client.next_id() for _ in range(BROWSES)]
+    client.send_raw(
+        b"".join(
+            codec.encode_frame(frames.Browse(rid, "t", None, None, None, None, 1000, 1024))
+            for rid in ids
+        )
+    )
+    return ids
+
+
+def _wait_exit(broker: BrokerProcess) -> int:
+    assert broker.process is not None
+    broker.process.wait(EXIT_S)
+    return broker.terminate()  # exited already: closes its pipes, returns its code
+
+
+def test_a_client_reading_late_gets_every_answer_whole_then_eof(broker_factory: Factory) -> None:
+    broker: BrokerProcess = broker_factory()
+    _fill(broker.client_address)
+    client = WireClient(broker.client_address)
+    ids = _pipeline_browses(client)
+    time.sleep(0.5)  # the node answers them all into the outbox
+    assert broker.process is not None
+    broker.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # a client busy elsewhere reads a little later
+    answered: list[int] = []
+    while True:
+        try:
+            answer = client.receive(10)
+        except RemoteProtocolError as exc:  # before the fix: TRUNCATED_FRAME
+            raise AssertionError(
+                f"the node cut its answer mid-frame after {len(answered)} whole answers: "
+                f"[{exc.code.name}] {exc}"
+            ) from None
+        if answer is codec.CLOSED:
+            break
+        assert isinstance(answer, frames.BrowseOk), answer
+        assert len(answer.messages) == PENDING
+        answered.append(answer.request_id)
+    # The requests were all read before the shutdown (one small write): every one
+    # is answered (in any order: pipelined requests run concurrently).
+    assert sorted(answered) == ids
+    assert _wait_exit(broker) == 0, broker.stderr_text()[-3000:]
+
+
+def test_a_client_that_does_not_read_is_cut_off_after_the_drain(
+    broker_factory: Factory,
+) -> None:
+    broker: BrokerProcess = broker_factory()
+    _fill(broker.client_address)
+    silent = WireClient(broker.client_address)
+    _pipeline_browses(silent)
+    time.sleep(0.5)
+    assert broker.process is not None
+    started = time.monotonic()
+    broker.process.send_signal(signal.SIGTERM)
+    assert _wait_exit(broker) == 0, broker.stderr_text()[-3000:]
+    # Held for the drain, not for the whole grace period (10 s by default).
+    assert SHUTDOWN_DRAIN_S <= time.monotonic() - started < 10.0
+    assert "did not take their last answers" in broker.stderr_text()
+
+
+async def test_a_websocket_opened_during_the_drain_is_refused_unavailable(
+    broker_factory: Factory,
+) -> None:
+    broker: BrokerProcess = broker_factory()
+    _fill(broker.client_address)
+    silent = WireClient(broker.client_address)
+    _pipeline_browses(silent)  # holds the drain open: it reads nothing
+    await trio.sleep(0.5)
+    assert broker.process is not None
+    broker.process.send_signal(signal.SIGTERM)
+    await trio.sleep(0.5)  # proposals done at once (none): the drain has begun
+    async with open_ws(broker.http_address) as ws:
+        refused = await _receive(ws)
+        assert isinstance(refused, frames.Error), refused
+        assert refused.code == ErrorCode.UNAVAILABLE, refused
+        assert "shutting down" in refused.message
+        await _closed(ws)
+    assert await trio.to_thread.run_sync(_wait_exit, broker) == 0
