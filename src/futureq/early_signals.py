@@ -101,3 +101,21 @@ def stand_in_for_stop_signals() -> None:
     """
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop_signal_without_receiver)
+
+
+def ignore_stop_signals_at_exit() -> None:
+    """After a graceful shutdown that a stop signal started, ignore SIGTERM and SIGINT
+    for the rest of the process: it only exits now.
+
+    While the interpreter finalizes it puts every Python-level handler back to the
+    default and runs no Python code, so :func:`stand_in_for_stop_signals` cannot stand in
+    there: a repeat of the first signal that arrived then (the supervisor's forwarded
+    SIGTERM, systemd's ``control-group`` one) ended the process with -15 after it had
+    said it stopped with 0. ``SIG_IGN`` is left in place by the interpreter. Nothing to
+    do if no stop signal came (another cause ended the process; the default stays).
+    Call from the main thread once the server or supervisor has returned.
+    """
+    if _first_stop_at is None:
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)

@@ -79,3 +79,33 @@ def test_sigint_with_no_stop_before_raises_keyboard_interrupt() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "interrupted\nalive\n"
+
+
+def test_repeats_while_the_interpreter_finalizes_are_ignored() -> None:
+    """The interpreter puts Python-level handlers back to the default while it exits,
+    so a repeat arriving then ended the process with -15 after it had stopped
+    gracefully (a sharded node's supervisor, 4 of 6 runs at 0.06-0.12 s between the two
+    SIGTERMs). A shell loop signals the process from before it exits until it is gone."""
+    done = _run(
+        """
+        import subprocess
+        early_signals.note_stop_signal()
+        early_signals.ignore_stop_signals_at_exit()
+        loop = f"while kill -TERM {os.getpid()} 2>/dev/null; do :; done"
+        quiet = subprocess.DEVNULL  # the test's pipes close when this process ends
+        subprocess.Popen(["sh", "-c", loop], stdin=quiet, stdout=quiet, stderr=quiet)
+        time.sleep(0.05)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "alive\n"
+
+
+def test_without_a_stop_signal_the_default_stays_at_exit() -> None:
+    done = _run(
+        """
+        early_signals.ignore_stop_signals_at_exit()
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+        """
+    )
+    assert done.returncode == 0, done.stderr

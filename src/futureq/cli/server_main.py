@@ -776,15 +776,18 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
                 "single node's existing data)",
                 config.node.shards,
             )
-    if sharded and shard is None:
-        from futureq.shards.supervisor import supervise
+    try:
+        if sharded and shard is None:
+            from futureq.shards.supervisor import supervise
 
-        command = [sys.executable, "-m", "futureq.cli.server_main", "start", *start_args]
-        return supervise(config, command)
-    if sharded:
-        assert shard is not None
-        return run_server(layout.shard_config(config, shard), layout.shard_role(config, shard))
-    return run_server(config)
+            command = [sys.executable, "-m", "futureq.cli.server_main", "start", *start_args]
+            return supervise(config, command)
+        if sharded:
+            assert shard is not None
+            return run_server(layout.shard_config(config, shard), layout.shard_role(config, shard))
+        return run_server(config)
+    finally:
+        early_signals.ignore_stop_signals_at_exit()  # the process only exits from here
 
 
 def _joined_shard_count(config: Config, shard: int | None) -> Config:
