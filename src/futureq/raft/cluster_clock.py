@@ -52,7 +52,9 @@ What a caller gets:
 * :attr:`ClusterClock.in_bound` — this node may lead, stamp and dispatch: it is
   synchronized, its own wall clock is within half of ``max_offset_us`` of cluster time
   (CockroachDB's rule: a node whose clock is too far off stops taking part rather than
-  act on a wrong time), and its cluster time tracks the agreement.
+  act on a wrong time), and its cluster time tracks the agreement. Once its clock went
+  past that, it is back only within :data:`RETURN_FRACTION` of it (hysteresis: a clock
+  that hovers at the edge does not flip in and out, moving leadership each time).
 * Each peer's offset from cluster time (:meth:`ClusterClock.offsets_us`) for metrics
   and status, and :class:`ClockNotice` values for the log (a peer whose offset grows
   past half the bound, agreement lost or regained, this node out of bound).
@@ -78,6 +80,10 @@ RECENT_SAMPLES = 8
 """Samples per peer kept for its exported offset (the shortest round trip wins)."""
 PEER_NOTICE_EVERY_US = 60_000_000
 """A peer whose offset stays past half the bound is logged again this often (µs)."""
+RETURN_FRACTION = (7, 8)
+"""A node whose own wall clock went more than half of the bound from cluster time is in
+bound again only once within this fraction (numerator, denominator) of that half: with
+``max_clock_offset_ms`` 500, out past 250 ms, back within 218.75 ms."""
 
 
 @attrs.frozen
@@ -289,6 +295,10 @@ class ClusterClock:
         self._eligible: dict[int, tuple[bool, int]] = {}
         self._peer_noticed: dict[int, int] = {}
         self._was_in_bound: bool | None = None
+        self._own_out = False
+        """This node's own wall clock went more than half of the bound from cluster time
+        and has not come back within :data:`RETURN_FRACTION` of that since (set at each
+        tick while synchronized; :attr:`in_bound`)."""
         self._step_noticed = False
         self._window_failing = False
         self._was_standalone = False
@@ -377,6 +387,7 @@ class ClusterClock:
             # Standing stepped together, cluster time follows that rule (now_us), which
             # a leader may stamp on: a hold there would stamp due early by the majority.
             self._own_behind = self._hold_for_own_step() and self._stepped_together == 0
+            self._note_own_offset()
         self._notice_bound(notices)
         return notices
 
@@ -447,9 +458,32 @@ class ClusterClock:
         if abs(self._base_us - target) > self.config.track_us:
             return False
         return (
-            abs(self._wall_offset_us - target) <= self.config.max_offset_us // 2
+            abs(self._wall_offset_us - target) <= self._own_limit_us()
             or self._stepped_together != 0
         )
+
+    def _own_limit_us(self) -> int:
+        """How far this node's wall clock may be from cluster time and the node in bound
+        (µs): half the bound, or :data:`RETURN_FRACTION` of that while it has not come
+        back since it went past (never more than half: the hysteresis only delays the
+        return)."""
+        half = self.config.max_offset_us // 2
+        if not self._own_out:
+            return half
+        numerator, denominator = RETURN_FRACTION
+        return half * numerator // denominator
+
+    def _note_own_offset(self) -> None:
+        """At a tick: whether this node's own clock went past half the bound (out until
+        within :data:`RETURN_FRACTION` of it again). Unchanged while unsynchronized."""
+        if not self.synchronized:
+            return
+        offset = abs(self._wall_offset_us - self._target_us())
+        half = self.config.max_offset_us // 2
+        if offset > half:
+            self._own_out = True
+        elif self._own_out and offset <= self._own_limit_us():
+            self._own_out = False
 
     def refusal(self) -> str | None:
         """Why this node may not lead, stamp or dispatch (a sentence), or None."""
@@ -462,10 +496,19 @@ class ClusterClock:
                 f"by more than max_clock_offset_ms={self.config.max_offset_us // US_PER_MS})"
             )
         own = self._wall_offset_us - self._base_us
+        bound_ms = self.config.max_offset_us // US_PER_MS
+        offset = abs(self._wall_offset_us - self._target_us())
+        if self._own_out and self._own_limit_us() < offset <= self.config.max_offset_us // 2:
+            numerator, denominator = RETURN_FRACTION
+            return (
+                f"node {self.id}'s wall clock is {describe_offset(own)} cluster time: it went "
+                f"more than half of max_clock_offset_ms={bound_ms} off and may lead again once "
+                f"within {self._own_limit_us() / 1000:g} ms ({numerator}/{denominator} of "
+                "that half); fix its clock (NTP)"
+            )
         return (
             f"node {self.id}'s wall clock is {describe_offset(own)} cluster time, more than half of "
-            f"max_clock_offset_ms={self.config.max_offset_us // US_PER_MS}; fix its clock "
-            "(NTP) before it may lead"
+            f"max_clock_offset_ms={bound_ms}; fix its clock (NTP) before it may lead"
         )
 
     def release_refusal(self) -> str | None:

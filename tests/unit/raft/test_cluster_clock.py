@@ -109,6 +109,39 @@ def test_a_fast_wall_clock_on_this_node_does_not_move_cluster_time_and_keeps_it_
     assert clock.own_offset_us() == pytest.approx(300 * S, abs=2 * clocks.rtt_us)
 
 
+def test_a_clock_hovering_at_half_the_bound_does_not_flip_in_and_out() -> None:
+    """An NTP-less clock drifting at the edge (half of max_clock_offset_ms, 250 ms here)
+    went in and out of bound with each sample (6 flips in 20 s in a breaker's run), and
+    a leader stepped down and up with it. Out past half the bound, a node is back only
+    within 7/8 of that half (RETURN_FRACTION): 218.75 ms."""
+    clocks = Clocks(own_offset_us=240 * MS)
+    clocks.run(1.0)
+    clock = clocks.clock
+    assert clock.in_bound  # under half the bound, never past it: in
+    changes = 0
+    was = clock.in_bound
+    for k in range(20):
+        clocks.own_offset_us = (251 if k % 2 == 0 else 249) * MS
+        clocks.run(0.5)
+        changes += clock.in_bound != was
+        was = clock.in_bound
+    assert changes == 1 and not clock.in_bound
+    refusal = clock.refusal()
+    assert refusal is not None and "may lead again once within 218.75 ms" in refusal, refusal
+    clocks.own_offset_us = 225 * MS
+    clocks.run(0.5)
+    assert not clock.in_bound
+    clocks.own_offset_us = 215 * MS
+    clocks.run(0.5)
+    assert clock.in_bound and clock.refusal() is None
+    clocks.own_offset_us = 249 * MS  # back in, under half the bound: stays in
+    clocks.run(0.5)
+    assert clock.in_bound
+    out = [text for text in clocks.notices if "will not lead" in text]
+    back = [text for text in clocks.notices if "is within the bound" in text]
+    assert len(out) == 1 and len(back) == 2, clocks.notices  # in at start, out once, in once
+
+
 def test_a_peer_with_a_wrong_clock_is_outvoted_and_reported() -> None:
     clocks = Clocks()
     clocks.peer_offsets_us[3] = -3600 * S
