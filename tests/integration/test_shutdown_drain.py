@@ -14,12 +14,17 @@ Source: STYLE.md §3 (graceful shutdown), ``futureq.broker.server``.
 from __future__ import annotations
 
 import signal
+import socket
+import ssl
 import time
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
+import trustme
 from broker_process import BrokerProcess
-from test_websocket import _closed, _receive, open_ws
+from test_websocket import _closed, _hello, _receive, open_ws
 from wire_client import WireClient
 
 from futureq.broker.gateway import SHUTDOWN_DRAIN_S
@@ -55,6 +60,24 @@ def _pipeline_browses(client: WireClient) -> list[int]:
         )
     )
     return ids
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> dict[str, Path]:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    cert.private_key_and_cert_chain_pem.write_to_path(str(paths["cert"]))
+    cert.private_key_pem.write_to_path(str(paths["key"]))
+    return paths
+
+
+def _wait_logged(broker: BrokerProcess, text: str, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while text not in broker.stderr_text():
+        assert time.monotonic() < deadline, broker.stderr_text()[-3000:]
+        time.sleep(0.05)
 
 
 def _wait_exit(broker: BrokerProcess) -> int:
@@ -127,3 +150,87 @@ async def test_a_websocket_opened_during_the_drain_is_refused_unavailable(
         assert "shutting down" in refused.message
         await _closed(ws)
     assert await trio.to_thread.run_sync(_wait_exit, broker) == 0
+
+
+def _browse_frames(first_id: int) -> list[bytes]:
+    return [
+        codec.encode_frame(frames.Browse(rid, "t", None, None, None, None, 1000, 1024))
+        for rid in range(first_id, first_id + BROWSES)
+    ]
+
+
+async def test_a_websocket_that_does_not_read_does_not_hold_the_shutdown(
+    broker_factory: Factory,
+) -> None:
+    """Hypercorn writes WebSocket messages in a shielded cancel scope: a /ws client that
+    stopped reading held its connection's writer, and the node never exited (still
+    running 30 s after SIGTERM, also with ``shutdown_grace_ms`` 1000)."""
+    broker: BrokerProcess = broker_factory()
+    _fill(broker.client_address)
+    assert broker.process is not None
+    async with open_ws(broker.http_address) as ws:
+        await _hello(ws)
+        for data in _browse_frames(10):
+            await ws.send_message(data)
+        await trio.sleep(0.5)  # the answers fill the socket buffers; nothing is read
+        started = trio.current_time()
+        broker.process.send_signal(signal.SIGTERM)
+        code = await trio.to_thread.run_sync(_wait_exit, broker)
+        assert code == 0, broker.stderr_text()[-3000:]
+        assert trio.current_time() - started < 10.0  # the drain (2 s), not for ever
+    assert "did not take their last answers" in broker.stderr_text()
+
+
+async def test_a_websocket_that_does_not_read_is_closed_after_the_send_timeout(
+    broker_factory: Factory,
+) -> None:
+    """``limits.send_timeout_ms`` (SLOW_CLIENT) could not end a WebSocket write either:
+    the connection and its buffers stayed for as long as the client did."""
+    broker: BrokerProcess = broker_factory(env={"FUTUREQ_LIMITS_SEND_TIMEOUT_MS": "500"})
+    _fill(broker.client_address)
+    async with open_ws(broker.http_address) as ws:
+        await _hello(ws)
+        for data in _browse_frames(10):
+            await ws.send_message(data)
+        await trio.to_thread.run_sync(
+            _wait_logged, broker, "SLOW_CLIENT: a write to the client blocked"
+        )
+    probe = WireClient(broker.client_address)  # the node serves on
+    answer = probe.publish([["t", b"after", 0, None, None]])
+    assert isinstance(answer, frames.PublishOk), answer
+
+
+def test_a_tls_handshake_ending_during_the_drain_is_refused_unavailable(
+    broker_factory: Factory, tls_files: dict[str, Path]
+) -> None:
+    """A TLS connection accepted before the shutdown whose handshake ends during it is
+    told why (it got EOF without a word)."""
+    broker: BrokerProcess = broker_factory(
+        extra_args=["--tls-cert", str(tls_files["cert"]), "--tls-key", str(tls_files["key"])]
+    )
+    trusted = ssl.create_default_context(cafile=str(tls_files["ca"]))
+    silent = WireClient(broker.client_address, ssl_context=trusted)
+    _fill_with(silent)
+    silent.send_raw(b"".join(_browse_frames(10)))  # holds the drain open: reads nothing
+    host, port = broker.client_address.rsplit(":", 1)
+    late = socket.create_connection((host, int(port)), timeout=10)
+    time.sleep(0.5)  # accepted; its handshake waits for the client
+    assert broker.process is not None
+    broker.process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)  # the drain has begun
+    tls = trusted.wrap_socket(late, server_hostname=host)
+    decoder = codec.FrameDecoder(1 << 20)
+    while (answer := decoder.next_frame()) is codec.NEED_DATA:
+        data = tls.recv(65536)
+        decoder.receive_data(data)
+        assert data, "closed without a word"
+    assert isinstance(answer, frames.Error), answer
+    assert answer.code == ErrorCode.UNAVAILABLE and "shutting down" in answer.message
+    tls.close()
+    assert _wait_exit(broker) == 0
+
+
+def _fill_with(client: WireClient) -> None:
+    for _ in range(PENDING // 100):
+        answer = client.publish([["t", PAYLOAD, 3_600_000, None, None]] * 100)
+        assert isinstance(answer, frames.PublishOk), answer

@@ -85,6 +85,8 @@ MAX_REQUESTS_IN_PROGRESS = 256
 HANDSHAKE_TIMEOUT_S = 10.0
 LEADERSHIP_CLOSE_GRACE_S = 2.0
 """After a leadership change, how long in-progress requests may finish before closing."""
+STOPPING = "the node is shutting down; connect to another node or retry later"
+"""The UNAVAILABLE refusal of a connection that arrives during a graceful shutdown."""
 SHUTDOWN_DRAIN_S = 2.0
 """Graceful shutdown: how long, at most, answers already queued may take to reach the
 clients (s); a client that does not read for this long is cut off (within
@@ -565,15 +567,14 @@ class Connection:
     def finish(self) -> None:
         """Graceful shutdown: read no more requests and end once the answers are out.
 
-        Requests already read are answered; deliveries stop (the subscriptions end and
-        their unacked deliveries go back to the group, as when the client leaves); the
-        outbox drains, then the connection closes and the client sees EOF at a frame
-        boundary. The server bounds the drain (:data:`SHUTDOWN_DRAIN_S`).
+        Requests already read are answered (an ACK among them settles its deliveries:
+        the subscriptions stay until then); the outbox then takes nothing more, no
+        delivery included, drains, and the connection closes: the client sees EOF at a
+        frame boundary, and the subscriptions end as when a client leaves (unacked
+        deliveries go back to the group). The server bounds the drain
+        (:data:`SHUTDOWN_DRAIN_S`).
         """
         self._reading.cancel()
-        for consumer in list(self.subscriptions.values()):
-            self.broker.unsubscribe(consumer)
-        self.subscriptions.clear()
 
     def _set_watch(self, watch: tuple[int, float] | None) -> None:
         self._watch = watch
@@ -1167,8 +1168,9 @@ class ClientGateway:
     def stop_serving(self) -> None:
         """Graceful shutdown: each connection reads no more requests, answers those it
         read, drains its answers and closes (:meth:`Connection.finish`); a connection
-        arriving from now on (a WebSocket upgrade, a TLS handshake under way) is refused
-        with UNAVAILABLE. :meth:`wait_drained` waits for the end."""
+        arriving from now on (a WebSocket upgrade; a TLS connection whose handshake ends
+        now) is refused with UNAVAILABLE. :meth:`wait_drained` waits for the end (not for
+        handshakes under way: they are cut with what is left)."""
         self.stopping = True
         for connection in list(self._live):
             connection.finish()
@@ -1182,12 +1184,14 @@ class ClientGateway:
         """Block until no connection is being served (cancel to bound it)."""
         await self._drained.wait()
 
-    def _opened(self, connection: Connection) -> None:
+    def _opened(self, connection: Connection) -> bool:
+        """Count a connection in; False (not counted) once the node is stopping."""
+        if self.stopping:
+            return False
         self._live.add(connection)
         if self._drained.is_set():
             self._drained = trio.Event()
-        if self.stopping:
-            connection.finish()
+        return True
 
     def _ended(self, connection: Connection) -> None:
         self._live.discard(connection)
@@ -1242,13 +1246,7 @@ class ClientGateway:
             ssl_context: Wrap ``stream`` in server-side TLS first (the TCP listener's).
         """
         if self.stopping:
-            await self._refuse(
-                stream,
-                peer,
-                "the node is shutting down; connect to another node or retry later",
-                ssl_context,
-                ErrorCode.UNAVAILABLE,
-            )
+            await self._refuse(stream, peer, STOPPING, ssl_context, ErrorCode.UNAVAILABLE)
             return
         host = peer.rsplit(":", 1)[0]
         ungreeted = self._ungreeted
@@ -1336,7 +1334,7 @@ async def _serve_connection(
     ssl_context: ssl.SSLContext | None,
     on_hello: Callable[[], None] | None = None,
     transport_token: str | None = None,
-    on_open: Callable[[Connection], None] | None = None,
+    on_open: Callable[[Connection], bool] | None = None,
     on_end: Callable[[Connection], None] | None = None,
 ) -> None:
     if ssl_context is not None:
@@ -1349,11 +1347,16 @@ async def _serve_connection(
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
             return
+    connection = Connection(broker, stream, access, node_buffers, peer, on_hello, transport_token)
+    if on_open is not None and not on_open(connection):
+        # The node began to stop during the TLS handshake: say so over it.
+        counted = broker.metrics.connections_closed_total.labels(
+            ErrorCode.UNAVAILABLE.name.lower()
+        ).inc
+        await _refuse_connection(stream, peer, ErrorCode.UNAVAILABLE, STOPPING, counted, None)
+        return
     broker.metrics.connections_accepted_total.inc()
     broker.metrics.client_connections.inc()
-    connection = Connection(broker, stream, access, node_buffers, peer, on_hello, transport_token)
-    if on_open is not None:
-        on_open(connection)
     try:
         await connection.serve()
     except* StorageError:

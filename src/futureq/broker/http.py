@@ -774,6 +774,7 @@ async def _serve_capped(
                 served = trio.SSLStream(
                     stream, ssl_context, server_side=True, https_compatible=True
                 )
+            websocket.TRANSPORT.set(stream)  # this task's context, inherited by hypercorn's
             await TCPServer(wrapped, config, context, ConnectionState({}), served)  # type: ignore[arg-type]
         finally:
             admitted.release()

@@ -36,6 +36,7 @@ Source: RFC 6455 (close codes, §7.4.1; Origin, §10.2); ASGI WebSocket spec;
 
 from __future__ import annotations
 
+import contextvars
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -63,6 +64,15 @@ CLOSE_UNSUPPORTED_DATA = 1003
 """RFC 6455 §7.4.1: the endpoint cannot accept this type of data (a text message)."""
 CLOSE_POLICY_VIOLATION = 1008
 """RFC 6455 §7.4.1: a message that is not exactly one frame."""
+
+TRANSPORT: contextvars.ContextVar[trio.SocketStream | None] = contextvars.ContextVar(
+    "futureq_http_transport", default=None
+)
+"""The TCP stream of the HTTP connection being served, set by the HTTP server's
+connection handler (``http._serve_capped``) for hypercorn and the application tasks it
+starts. Hypercorn writes a WebSocket's messages in a shielded cancel scope, so a client
+that stops reading held the sending task, and with it the node's shutdown, for ever:
+:class:`WebSocketStream` closes this socket when a send it waits on is cancelled."""
 
 WebSocketHandler = Callable[[trio.abc.Stream, str, str | None], Awaitable[None]]
 """Serves one accepted WebSocket as a stream of frames: ``handler(stream, peer, token)``,
@@ -159,13 +169,57 @@ class WebSocketStream(trio.abc.Stream):
         receive: ASGIReceiveCallable,
         send: ASGISendCallable,
         on_refused: Callable[[ErrorCode], None] | None = None,
+        transport: trio.SocketStream | None = None,
     ) -> None:
         self._receive = receive
         self._send = send
         self._on_refused = on_refused
+        self._transport = transport
         self._pending = b""
         self._eof = False
         self._closed = False
+
+    def abort(self) -> None:
+        """Close the connection's socket now, whatever is being sent on it (hypercorn's
+        shielded write then fails, and the connection ends)."""
+        if self._transport is not None:
+            self._transport.socket.close()
+
+    async def _send_messages(self, messages: list[dict[str, Any]]) -> None:
+        """ASGI-send ``messages`` in order; cancellable although hypercorn shields its
+        socket write: cancelled while a send waits (a client that does not read), the
+        socket is closed (:meth:`abort`), which ends the write.
+
+        Raises:
+            trio.BrokenResourceError: the WebSocket is gone.
+        """
+        if self._transport is None:  # no socket to close (a test's ASGI channel)
+            for message in messages:
+                await self._send_one(message)
+            return
+        done = False
+
+        async def abort_if_cancelled() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                if not done:
+                    self.abort()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(abort_if_cancelled)
+            try:
+                for message in messages:
+                    await self._send_one(message)
+            finally:
+                done = True
+                nursery.cancel_scope.cancel()
+
+    async def _send_one(self, message: dict[str, Any]) -> None:
+        try:
+            await self._send(message)  # type: ignore[arg-type]
+        except Exception as exc:  # hypercorn raises its own errors on a dead socket
+            raise trio.BrokenResourceError("the WebSocket is gone") from exc
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         """Bytes of the next message (whole frames), or ``b""`` once the peer closed.
@@ -212,11 +266,13 @@ class WebSocketStream(trio.abc.Stream):
         log.info("WebSocket message refused: %s", sentence)
         error = frames.Error(0, int(ErrorCode.WEBSOCKET_MESSAGE), sentence)
         try:
-            await self._send(
-                {"type": "websocket.send", "bytes": codec.encode_frame(error), "text": None}
+            await self._send_messages(
+                [
+                    {"type": "websocket.send", "bytes": codec.encode_frame(error), "text": None},
+                    {"type": "websocket.close", "code": close_code, "reason": ""},
+                ]
             )
-            await self._send({"type": "websocket.close", "code": close_code, "reason": ""})
-        except Exception:  # the socket is already gone; end-of-stream either way
+        except trio.BrokenResourceError:  # the socket is already gone; end-of-stream either way
             log.debug("could not send the refusal", exc_info=True)
         self._eof = True
 
@@ -230,19 +286,18 @@ class WebSocketStream(trio.abc.Stream):
         if self._closed:
             raise trio.ClosedResourceError("the WebSocket was closed")
         view = memoryview(data)
+        messages: list[dict[str, Any]] = []
         offset = 0
         while offset < len(view):
             length = int.from_bytes(view[offset : offset + codec.HEADER_BYTES], "big")
             end = offset + codec.HEADER_BYTES + length
             # Our own writer only ever hands over whole frames.
             assert length > 0 and end <= len(view), "send_all got a partial frame"
-            try:
-                await self._send(
-                    {"type": "websocket.send", "bytes": bytes(view[offset:end]), "text": None}
-                )
-            except Exception as exc:  # hypercorn raises its own errors on a dead socket
-                raise trio.BrokenResourceError("the WebSocket is gone") from exc
+            messages.append(
+                {"type": "websocket.send", "bytes": bytes(view[offset:end]), "text": None}
+            )
             offset = end
+        await self._send_messages(messages)
 
     async def wait_send_all_might_not_block(self) -> None:
         """Part of the stream interface; sends wait for the socket themselves."""
@@ -255,8 +310,10 @@ class WebSocketStream(trio.abc.Stream):
             return
         self._closed = True
         try:
-            await self._send({"type": "websocket.close", "code": CLOSE_NORMAL, "reason": ""})
-        except Exception:
+            await self._send_messages(
+                [{"type": "websocket.close", "code": CLOSE_NORMAL, "reason": ""}]
+            )
+        except trio.BrokenResourceError:
             log.debug("WebSocket close after the socket went away", exc_info=True)
         await trio.lowlevel.checkpoint()
 
@@ -324,7 +381,7 @@ async def serve_websocket(
             "headers": [],
         }
     )
-    stream = WebSocketStream(receive, send, on_refused)
+    stream = WebSocketStream(receive, send, on_refused, TRANSPORT.get())
     try:
         await handler(stream, peer_of(scope), token)
     finally:
