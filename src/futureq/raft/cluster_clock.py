@@ -380,6 +380,7 @@ class ClusterClock:
         self._wall_offset_us = wall_us - mono_us
         if self.standalone:
             self._stepped_together = 0
+            self._own_out = False  # its own clock is the reference: never off
             self._tick_standalone(elapsed_us, notices)
         else:
             self._tick_clustered(elapsed_us, notices)
@@ -475,8 +476,19 @@ class ClusterClock:
 
     def _note_own_offset(self) -> None:
         """At a tick: whether this node's own clock went past half the bound (out until
-        within :data:`RETURN_FRACTION` of it again). Unchanged while unsynchronized."""
-        if not self.synchronized:
+        within :data:`RETURN_FRACTION` of it again). Unchanged while unsynchronized, and
+        while the clocks stand stepped together: that far is then no fault of this clock
+        (:attr:`in_bound` excuses it), so it is not held out once the next agreement
+        follows the stepped clocks; and while the agreement is the provisional one of a
+        single node that grew into a cluster (its own old time, no quorum's), which the
+        first real one replaces."""
+        epoch = self._epoch
+        if (
+            not self.synchronized
+            or self._stepped_together != 0
+            or epoch is None
+            or epoch.sources_true < majority(len(self._voters))
+        ):
             return
         offset = abs(self._wall_offset_us - self._target_us())
         half = self.config.max_offset_us // 2

@@ -142,6 +142,37 @@ def test_a_clock_hovering_at_half_the_bound_does_not_flip_in_and_out() -> None:
     assert len(out) == 1 and len(back) == 2, clocks.notices  # in at start, out once, in once
 
 
+def test_a_clock_excused_while_the_clocks_stood_stepped_is_not_held_out_after() -> None:
+    """Every clock steps 3 s forward together (a resumed host), this one 230 ms more: far
+    off only while the clocks stand stepped, which excuses it. Once the next agreement
+    follows them it is 230 ms off, under half the bound: in bound, not held out by the
+    hysteresis (it was, for as long as the 230 ms lasted, in a breaker's run)."""
+    clocks = Clocks()
+    clocks.run(1.0)
+    clocks.own_offset_us = 3 * S + 230 * MS
+    clocks.peer_offsets_us = {2: 3 * S, 3: 3 * S}
+    clocks.run(10.0)
+    assert clocks.clock.in_bound, clocks.clock.refusal()
+
+
+def test_a_standalone_spell_clears_an_earlier_out_of_bound() -> None:
+    """Out of bound (300 ms off), then the only voter (its own clock is the reference),
+    then a cluster again whose agreement is 230 ms from its clock: in bound, as with no
+    hysteresis; a judgement from before the standalone spell does not hold it out."""
+    clocks = Clocks()
+    clocks.run(1.0)
+    clocks.own_offset_us = 300 * MS
+    clocks.run(1.0)
+    assert not clocks.clock.in_bound
+    clocks.clock.set_voters({1})
+    clocks.peer_offsets_us = {}
+    clocks.run(2.0)
+    clocks.clock.set_voters({1, 2, 3})
+    clocks.peer_offsets_us = {2: 70 * MS, 3: 70 * MS}
+    clocks.run(5.0)
+    assert clocks.clock.in_bound, clocks.clock.refusal()
+
+
 def test_a_peer_with_a_wrong_clock_is_outvoted_and_reported() -> None:
     clocks = Clocks()
     clocks.peer_offsets_us[3] = -3600 * S
