@@ -234,3 +234,68 @@ def _fill_with(client: WireClient) -> None:
     for _ in range(PENDING // 100):
         answer = client.publish([["t", PAYLOAD, 3_600_000, None, None]] * 100)
         assert isinstance(answer, frames.PublishOk), answer
+
+
+def test_the_http_port_offers_only_http_1_1_by_alpn(
+    broker_factory: Factory, tls_files: dict[str, Path]
+) -> None:
+    """Over HTTP/2 a browser opens /ws as a stream of the page's connection (RFC 8441),
+    where hypercorn buffered what the node sent without bound (a breaker's node grew
+    from 83 to 221 MB for one client) and neither the send timeout nor the shutdown
+    drain held."""
+    broker: BrokerProcess = broker_factory(
+        extra_args=[
+            "--tls-cert",
+            str(tls_files["cert"]),
+            "--tls-key",
+            str(tls_files["key"]),
+            "--http-tls",
+        ]
+    )
+    context = ssl.create_default_context(cafile=str(tls_files["ca"]))
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    host, port = broker.http_address.rsplit(":", 1)
+    with context.wrap_socket(
+        socket.create_connection((host, int(port)), timeout=10), server_hostname=host
+    ) as tls:
+        assert tls.selected_alpn_protocol() == "http/1.1"
+
+
+def test_a_websocket_over_http_2_is_refused(broker_factory: Factory) -> None:
+    """h2c with prior knowledge (plain HTTP): the extended CONNECT of RFC 8441 gets 403."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    broker: BrokerProcess = broker_factory()
+    host, port = broker.http_address.rsplit(":", 1)
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    connection.initiate_connection()
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(connection.data_to_send())
+        status = None
+        deadline = time.monotonic() + 10
+        sent = False
+        while status is None:
+            assert time.monotonic() < deadline, "no answer to the CONNECT"
+            data = raw.recv(65536)
+            assert data, "closed without an answer"
+            for event in connection.receive_data(data):
+                if isinstance(event, h2.events.RemoteSettingsChanged) and not sent:
+                    connection.send_headers(
+                        1,
+                        [
+                            (":method", "CONNECT"),
+                            (":protocol", "websocket"),
+                            (":scheme", "http"),
+                            (":path", "/ws"),
+                            (":authority", broker.http_address),
+                            ("sec-websocket-version", "13"),
+                        ],
+                    )
+                    sent = True
+                if isinstance(event, h2.events.ResponseReceived):
+                    status = dict(event.headers)[b":status"]
+            raw.sendall(connection.data_to_send())
+    assert status == b"403", status
+    assert "WebSocket over HTTP/2 from" in broker.stderr_text()

@@ -631,6 +631,10 @@ async def serve_app(
     # they are buffered whole; a small app queue keeps the reader waiting on us.
     config.websocket_max_message_size = max_frame_bytes + codec.HEADER_BYTES
     config.max_app_queue_size = 2
+    # HTTP/1.1 only by ALPN: over HTTP/2 a browser would open /ws as a stream of the
+    # page's connection (RFC 8441), where hypercorn buffers what is sent without bound
+    # and the connection's buffer limit and send timeout cannot hold (websocket.py).
+    config.alpn_protocols = ["http/1.1"]
     if tls is not None and tls.enabled:
         config.certfile = tls.cert_file
         config.keyfile = tls.key_file

@@ -27,6 +27,9 @@ Checks at the WebSocket level, before any frame is read:
   send no ``Origin`` (programs, not browsers) are not affected;
 * a message larger than a frame can be (``limits.max_frame_bytes`` + 4) is refused by
   wsproto with close code 1009;
+* over HTTP/1.1 only (RFC 6455): a WebSocket over HTTP/2 (RFC 8441) is refused (HTTP
+  403), since hypercorn would buffer what the node sends on it without limit; the TLS
+  port offers only ``http/1.1`` by ALPN, so browsers never try;
 * a text message, or a binary message that is not exactly one frame, gets an ERROR
   frame with ``WEBSOCKET_MESSAGE`` (120), then close code 1003 or 1008.
 
@@ -360,6 +363,14 @@ async def serve_websocket(
     """
     connect = await receive()
     if connect["type"] != "websocket.connect":
+        return
+    if scope.get("http_version") == "2":
+        # RFC 8441 (a WebSocket as one stream of an HTTP/2 connection, h2c prior
+        # knowledge here: TLS offers only HTTP/1.1): hypercorn buffers what it sends on
+        # such a stream without bound while the peer's window is shut, so no send
+        # waits, and neither the connection's buffer limit nor its send timeout holds.
+        log.info("WebSocket over HTTP/2 from %s refused: use HTTP/1.1", peer_of(scope))
+        await send({"type": "websocket.close", "code": CLOSE_POLICY_VIOLATION, "reason": ""})
         return
     origin = _header(scope, b"origin")
     if not origin_allowed(
