@@ -131,3 +131,23 @@ def test_sigterm_twice_at_once_to_the_supervisor_stops_gracefully(tmp_path: Path
     log = stderr_path.read_text()
     assert code == 0, log[-4000:]
     assert_every_shard_stopped_gracefully(log)
+
+
+def test_a_second_sigterm_after_the_window_forces_the_stop_with_exit_code_5(
+    tmp_path: Path,
+) -> None:
+    """One shard is stopped (SIGSTOP), so the node's graceful stop waits for it; a second
+    SIGTERM 1.3 s after the first kills it, and the node says so in its exit code (it
+    said 0, the code of a graceful stop)."""
+    process, stderr_path = start_node(tmp_path)
+    stopped = shard_pids(process.pid)[0]
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        os.kill(process.pid, signal.SIGTERM)
+        time.sleep(1.3)
+        os.kill(process.pid, signal.SIGTERM)
+    finally:
+        code = stop(process)
+    log = stderr_path.read_text()
+    assert code == 5, log[-4000:]
+    assert "is still running after a second SIGTERM: killing it" in log, log[-4000:]

@@ -299,3 +299,20 @@ def test_a_websocket_over_http_2_is_refused(broker_factory: Factory) -> None:
             raw.sendall(connection.data_to_send())
     assert status == b"403", status
     assert "WebSocket over HTTP/2 from" in broker.stderr_text()
+
+
+def test_a_second_signal_after_the_window_forces_the_stop_with_exit_code_5(
+    broker_factory: Factory,
+) -> None:
+    """A forced stop said "stopping now" and still exited 0, the code of a graceful one."""
+    broker: BrokerProcess = broker_factory()
+    _fill(broker.client_address)
+    silent = WireClient(broker.client_address)
+    _pipeline_browses(silent)  # holds the drain (2 s): it reads nothing
+    time.sleep(0.5)
+    assert broker.process is not None
+    broker.process.send_signal(signal.SIGTERM)
+    time.sleep(1.3)  # past the 1 s in which a repeat is the same request
+    broker.process.send_signal(signal.SIGTERM)
+    assert _wait_exit(broker) == 5, broker.stderr_text()[-3000:]
+    assert "received SIGTERM again: stopping now" in broker.stderr_text()

@@ -69,6 +69,10 @@ EXIT_OK = 0
 EXIT_STORAGE = 3
 EXIT_BIND = 4
 EXIT_CONFIG = 2
+EXIT_FORCED = 5
+"""A second stop signal, more than ``early_signals.REPEAT_SIGNAL_WINDOW_S`` after the
+first, cut the graceful shutdown short (nothing acknowledged is lost: an acknowledgement
+follows the synced write)."""
 
 
 def make_ssl_context(config: Config) -> ssl.SSLContext | None:
@@ -162,8 +166,10 @@ async def serve(
     handle_signals: bool = True,
     shard: ShardRole | None = None,
     task_status: trio.TaskStatus[tuple[str, str]] = trio.TASK_STATUS_IGNORED,
-) -> None:
+) -> bool:
     """Run one node until SIGTERM/SIGINT (or ``shutdown`` is set), then stop gracefully.
+
+    Returns True when a second stop signal forced the stop (:data:`EXIT_FORCED`).
 
     Args:
         config: The node's configuration.
@@ -291,6 +297,7 @@ async def serve(
         )
         if shutdown is None:
             shutdown = trio.Event()
+        forced = trio.Event()
         async with trio.open_nursery() as root:
             root.start_soon(space_alarm.run)
             raft_address = ""
@@ -379,7 +386,7 @@ async def serve(
                 # Started, not scheduled: the handlers are in place before READY, so a
                 # SIGTERM sent as soon as READY is printed shuts down gracefully instead
                 # of meeting Python's default action (exit -15 without a word).
-                await root.start(_watch_signals, shutdown, root.cancel_scope)
+                await root.start(_watch_signals, shutdown, root.cancel_scope, forced)
                 await root.start(_reload_on_sighup, access)
             async with trio.open_nursery() as connections:
                 accepting = trio.CancelScope()
@@ -447,6 +454,7 @@ async def serve(
     finally:
         db.close()
         log.info("stopped; RocksDB closed")
+    return forced.is_set()
 
 
 OPEN_RETRY_S = 1.0
@@ -529,6 +537,7 @@ async def _stop_when_orphaned(supervisor_pid: int, shutdown: trio.Event) -> None
 async def _watch_signals(
     shutdown: trio.Event,
     root: trio.CancelScope,
+    forced: trio.Event,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -560,6 +569,7 @@ async def _watch_signals(
                 )
             else:
                 log.warning("received %s again: stopping now", name)
+                forced.set()
                 root.cancel()
                 return
 
@@ -601,10 +611,11 @@ def run(config: Config, *, shard: ShardRole | None = None) -> int:
     Returns:
         0 after a graceful shutdown, 2 for a configuration the node cannot run with
         (another process already runs this node id or uses this data directory
-        included), 3 on a storage failure, 4 when a listener cannot be bound.
+        included), 3 on a storage failure, 4 when a listener cannot be bound, 5 when a
+        second stop signal cut the graceful shutdown short.
     """
     try:
-        trio.run(functools.partial(serve, config, shard=shard))
+        forced = trio.run(functools.partial(serve, config, shard=shard))
     except BaseException as error:  # sorted below; anything else propagates unchanged
         in_use = _first(error, DataDirectoryInUseError)
         if in_use is not None:
@@ -625,7 +636,7 @@ def run(config: Config, *, shard: ShardRole | None = None) -> int:
             print(f"futureq: {bind.strerror or bind}", file=sys.stderr)
             return EXIT_BIND
         raise
-    return EXIT_OK
+    return EXIT_FORCED if forced else EXIT_OK
 
 
 __all__ = ["run", "serve", "__version__"]

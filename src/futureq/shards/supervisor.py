@@ -76,6 +76,8 @@ error: another cluster's shard count at --join, a removed node...) cannot run as
 configured: the node stops with it instead of restarting the shard."""
 EXIT_BIND = 4
 """The exit code of a node that cannot bind a port (``futureq.broker.server``'s)."""
+EXIT_FORCED = 5
+"""A second stop signal cut the graceful stop short (``futureq.broker.server``'s)."""
 HTTP_BACKLOG = 100
 """Listen backlog of the node's HTTP socket (hypercorn's default)."""
 CLIENT_BACKLOG = socket.SOMAXCONN
@@ -227,6 +229,8 @@ class Supervisor:
                     REPEAT_SIGNAL_WINDOW_S,
                 )
             else:
+                if self.exit_code == 0 and any(shard.running for shard in self.shards):
+                    self.exit_code = EXIT_FORCED
                 self._kill_all(f"is still running after a second {name}")
 
     async def _announce_when_ready(self) -> None:
