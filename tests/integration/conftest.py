@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trustme
 from broker_process import BrokerProcess
 from cluster_process import Cluster
 from wire_client import OPEN_CLIENTS
@@ -59,3 +60,22 @@ def cluster3(tmp_path: Path) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> dict[str, Path]:
+    """A trustme CA and a certificate for 127.0.0.1 and localhost, as PEM files:
+    ``ca`` (the CA certificate), ``cert`` (the certificate chain), ``key``."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    paths = {
+        "ca": tmp_path / "ca.pem",
+        "cert": tmp_path / "server.pem",
+        "key": tmp_path / "server.key",
+    }
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    for extra in cert.cert_chain_pems[1:]:
+        extra.write_to_path(str(paths["cert"]), append=True)
+    cert.private_key_pem.write_to_path(str(paths["key"]))
+    return paths

@@ -43,21 +43,6 @@ def test_health_readiness_metrics_and_dashboard(broker: BrokerProcess) -> None:
     assert status == 200 and "<html" in body.lower()
 
 
-@pytest.fixture
-def tls_files(tmp_path: Path) -> dict[str, Path]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    paths = {
-        "ca": tmp_path / "ca.pem",
-        "cert": tmp_path / "server.pem",
-        "key": tmp_path / "server.key",
-    }
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
-    for extra in cert.cert_chain_pems[1:]:
-        extra.write_to_path(str(paths["cert"]), append=True)
-    cert.private_key_pem.write_to_path(str(paths["key"]))
-    return paths
 
 
 def _tls_client(address: str, context: ssl.SSLContext) -> WireClient:

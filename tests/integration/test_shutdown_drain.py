@@ -20,9 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
-import trustme
 from broker_process import BrokerProcess
 from test_websocket import _closed, _hello, _receive, open_ws
 from wire_client import WireClient
@@ -62,15 +60,6 @@ def _pipeline_browses(client: WireClient) -> list[int]:
     return ids
 
 
-@pytest.fixture
-def tls_files(tmp_path: Path) -> dict[str, Path]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    cert.private_key_and_cert_chain_pem.write_to_path(str(paths["cert"]))
-    cert.private_key_pem.write_to_path(str(paths["key"]))
-    return paths
 
 
 def _wait_logged(broker: BrokerProcess, text: str, within_s: float = 10.0) -> None:

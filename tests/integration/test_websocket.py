@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import trio
-import trustme
 from broker_process import BrokerProcess
 from trio_websocket import (
     ConnectionClosed,
@@ -259,19 +258,6 @@ async def test_websocket_connections_share_the_connection_limit(broker_factory: 
             await trio.sleep(0.05)
 
 
-@pytest.fixture
-def tls_files(tmp_path: Path) -> dict[str, Path]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    paths = {
-        "ca": tmp_path / "ca.pem",
-        "cert": tmp_path / "server.pem",
-        "key": tmp_path / "key.pem",
-    }
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    cert.private_key_and_cert_chain_pem.write_to_path(str(paths["cert"]))
-    cert.private_key_pem.write_to_path(str(paths["key"]))
-    return paths
 
 
 async def test_wss_when_the_http_port_has_tls(
