@@ -72,9 +72,15 @@ def note_stop_signal() -> None:
         _first_stop_at = time.monotonic()
 
 
-def _stop_signal_without_receiver(signum: int, frame: FrameType | None) -> None:
+def repeats_first_stop() -> bool:
+    """Whether a stop signal arriving now repeats this process's first one
+    (:func:`note_stop_signal`): within :data:`REPEAT_SIGNAL_WINDOW_S` of it."""
     first = _first_stop_at
-    if first is not None and is_repeat_signal(first, time.monotonic()):
+    return first is not None and is_repeat_signal(first, time.monotonic())
+
+
+def _stop_signal_without_receiver(signum: int, frame: FrameType | None) -> None:
+    if repeats_first_stop():
         log.info(
             "received %s again within %g s of the first: the same request; the shutdown is "
             "done and the process is exiting",

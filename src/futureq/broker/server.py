@@ -547,7 +547,6 @@ async def _watch_signals(
     :func:`futureq.early_signals.stand_in_for_stop_signals`).
 
     Calls ``task_status.started()`` once the handlers are installed."""
-    first_at: float | None = None
     early_signals.stand_in_for_stop_signals()  # what the receiver restores when it closes
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         task_status.started()
@@ -555,12 +554,9 @@ async def _watch_signals(
             name = signal.Signals(signum).name
             if not shutdown.is_set():
                 log.info("received %s: shutting down gracefully (send it again to force)", name)
-                first_at = trio.current_time()
                 early_signals.note_stop_signal()
                 shutdown.set()
-            elif first_at is not None and early_signals.is_repeat_signal(
-                first_at, trio.current_time()
-            ):
+            elif early_signals.repeats_first_stop():
                 log.info(
                     "received %s again within %g s of the first: the same request, still "
                     "shutting down gracefully (send it again later to force)",

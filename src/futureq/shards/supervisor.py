@@ -50,8 +50,8 @@ import trio
 from futureq.config import Config, join_host_port, split_host_port
 from futureq.early_signals import (
     REPEAT_SIGNAL_WINDOW_S,
-    is_repeat_signal,
     note_stop_signal,
+    repeats_first_stop,
     stand_in_for_stop_signals,
 )
 from futureq.shards.layout import note_first_start_ready
@@ -208,7 +208,6 @@ class Supervisor:
         return self.exit_code
 
     async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
-        first_at: float | None = None  # when the first SIGTERM/SIGINT came (trio clock)
         async for signum in signals:
             if signum == signal.SIGHUP:
                 for shard in self.shards:
@@ -218,10 +217,9 @@ class Supervisor:
                 continue
             name = signal.Signals(signum).name
             if not self.stopping:
-                first_at = trio.current_time()
                 note_stop_signal()
                 self._stop(0, f"received {name}: stopping the {len(self.shards)} shards")
-            elif first_at is not None and is_repeat_signal(first_at, trio.current_time()):
+            elif repeats_first_stop():
                 log.info(
                     "received %s again within %g s of the first: the same request, still "
                     "stopping the shards gracefully (send it again later to force)",
