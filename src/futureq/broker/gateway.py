@@ -41,7 +41,7 @@ import itertools
 import logging
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -1184,9 +1184,12 @@ class ClientGateway:
         """Block until no connection is being served (cancel to bound it)."""
         await self._drained.wait()
 
-    def _opened(self, connection: Connection) -> bool:
-        """Count a connection in; False (not counted) once the node is stopping."""
+    async def _opened(self, connection: Connection) -> bool:
+        """Count a connection in; once the node is stopping (it began during the TLS
+        handshake), refuse it instead, over that TLS, and return False."""
         if self.stopping:
+            stream, peer = connection.stream, connection.peer
+            await self._refuse(stream, peer, STOPPING, None, ErrorCode.UNAVAILABLE)
             return False
         self._live.add(connection)
         if self._drained.is_set():
@@ -1334,7 +1337,7 @@ async def _serve_connection(
     ssl_context: ssl.SSLContext | None,
     on_hello: Callable[[], None] | None = None,
     transport_token: str | None = None,
-    on_open: Callable[[Connection], bool] | None = None,
+    on_open: Callable[[Connection], Awaitable[bool]] | None = None,
     on_end: Callable[[Connection], None] | None = None,
 ) -> None:
     if ssl_context is not None:
@@ -1348,13 +1351,8 @@ async def _serve_connection(
                 await stream.aclose()
             return
     connection = Connection(broker, stream, access, node_buffers, peer, on_hello, transport_token)
-    if on_open is not None and not on_open(connection):
-        # The node began to stop during the TLS handshake: say so over it.
-        counted = broker.metrics.connections_closed_total.labels(
-            ErrorCode.UNAVAILABLE.name.lower()
-        ).inc
-        await _refuse_connection(stream, peer, ErrorCode.UNAVAILABLE, STOPPING, counted, None)
-        return
+    if on_open is not None and not await on_open(connection):
+        return  # refused: the node began to stop during the TLS handshake
     broker.metrics.connections_accepted_total.inc()
     broker.metrics.client_connections.inc()
     try:
