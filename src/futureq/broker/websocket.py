@@ -184,7 +184,8 @@ class WebSocketStream(trio.abc.Stream):
 
     def abort(self) -> None:
         """Close the connection's socket now, whatever is being sent on it (hypercorn's
-        shielded write then fails, and the connection ends)."""
+        shielded write then fails, and the connection ends); nothing without one (an
+        ASGI channel of a test)."""
         if self._transport is not None:
             self._transport.socket.close()
 
@@ -196,10 +197,6 @@ class WebSocketStream(trio.abc.Stream):
         Raises:
             trio.BrokenResourceError: the WebSocket is gone.
         """
-        if self._transport is None:  # no socket to close (a test's ASGI channel)
-            for message in messages:
-                await self._send_one(message)
-            return
         done = False
 
         async def abort_if_cancelled() -> None:
