@@ -79,3 +79,10 @@ def tls_files(tmp_path: Path) -> dict[str, Path]:
         extra.write_to_path(str(paths["cert"]), append=True)
     cert.private_key_pem.write_to_path(str(paths["key"]))
     return paths
+
+
+@pytest.fixture
+def tls_args(tls_files: dict[str, Path]) -> list[str]:
+    """``futureq start`` arguments for TLS on the client port with :func:`tls_files`
+    (add ``--http-tls`` for the HTTP port too)."""
+    return ["--tls-cert", str(tls_files["cert"]), "--tls-key", str(tls_files["key"])]

@@ -43,8 +43,6 @@ def test_health_readiness_metrics_and_dashboard(broker: BrokerProcess) -> None:
     assert status == 200 and "<html" in body.lower()
 
 
-
-
 def _tls_client(address: str, context: ssl.SSLContext) -> WireClient:
     client = WireClient.__new__(WireClient)
     host, port = address.rsplit(":", 1)
@@ -59,9 +57,11 @@ def _tls_client(address: str, context: ssl.SSLContext) -> WireClient:
     return client
 
 
-def test_tls_listener(broker_factory: object, tls_files: dict[str, Path]) -> None:
+def test_tls_listener(
+    broker_factory: object, tls_files: dict[str, Path], tls_args: list[str]
+) -> None:
     broker: BrokerProcess = broker_factory(  # type: ignore[operator]
-        extra_args=["--tls-cert", str(tls_files["cert"]), "--tls-key", str(tls_files["key"])]
+        extra_args=tls_args
     )
     trusted = ssl.create_default_context(cafile=str(tls_files["ca"]))
     client = _tls_client(broker.client_address, trusted)

@@ -41,25 +41,25 @@ is closed at once, SLOW_CLIENT)."""
 EXIT_S = 20.0
 
 
-def _fill(address: str) -> None:
-    client = WireClient(address)
+def _fill(client: WireClient) -> None:
+    """PENDING messages of PAYLOAD in topic "t", due in an hour."""
     for _ in range(PENDING // 100):
         answer = client.publish([["t", PAYLOAD, 3_600_000, None, None]] * 100)
         assert isinstance(answer, frames.PublishOk), answer
-    client.close()
+
+
+def _browse_frames(ids: list[int]) -> list[bytes]:
+    """One BROWSE of a whole page of "t" per request id (~1.1 MB answers)."""
+    return [
+        codec.encode_frame(frames.Browse(rid, "t", None, None, None, None, 1000, 1024))
+        for rid in ids
+    ]
 
 
 def _pipeline_browses(client: WireClient) -> list[int]:
     ids = [client.next_id() for _ in range(BROWSES)]
-    client.send_raw(
-        b"".join(
-            codec.encode_frame(frames.Browse(rid, "t", None, None, None, None, 1000, 1024))
-            for rid in ids
-        )
-    )
+    client.send_raw(b"".join(_browse_frames(ids)))
     return ids
-
-
 
 
 def _wait_logged(broker: BrokerProcess, text: str, within_s: float = 10.0) -> None:
@@ -77,8 +77,8 @@ def _wait_exit(broker: BrokerProcess) -> int:
 
 def test_a_client_reading_late_gets_every_answer_whole_then_eof(broker_factory: Factory) -> None:
     broker: BrokerProcess = broker_factory()
-    _fill(broker.client_address)
     client = WireClient(broker.client_address)
+    _fill(client)
     ids = _pipeline_browses(client)
     time.sleep(0.5)  # the node answers them all into the outbox
     assert broker.process is not None
@@ -108,8 +108,8 @@ def test_a_client_that_does_not_read_is_cut_off_after_the_drain(
     broker_factory: Factory,
 ) -> None:
     broker: BrokerProcess = broker_factory()
-    _fill(broker.client_address)
     silent = WireClient(broker.client_address)
+    _fill(silent)
     _pipeline_browses(silent)
     time.sleep(0.5)
     assert broker.process is not None
@@ -125,8 +125,8 @@ async def test_a_websocket_opened_during_the_drain_is_refused_unavailable(
     broker_factory: Factory,
 ) -> None:
     broker: BrokerProcess = broker_factory()
-    _fill(broker.client_address)
     silent = WireClient(broker.client_address)
+    _fill(silent)
     _pipeline_browses(silent)  # holds the drain open: it reads nothing
     await trio.sleep(0.5)
     assert broker.process is not None
@@ -141,13 +141,6 @@ async def test_a_websocket_opened_during_the_drain_is_refused_unavailable(
     assert await trio.to_thread.run_sync(_wait_exit, broker) == 0
 
 
-def _browse_frames(first_id: int) -> list[bytes]:
-    return [
-        codec.encode_frame(frames.Browse(rid, "t", None, None, None, None, 1000, 1024))
-        for rid in range(first_id, first_id + BROWSES)
-    ]
-
-
 async def test_a_websocket_that_does_not_read_does_not_hold_the_shutdown(
     broker_factory: Factory,
 ) -> None:
@@ -155,11 +148,11 @@ async def test_a_websocket_that_does_not_read_does_not_hold_the_shutdown(
     stopped reading held its connection's writer, and the node never exited (still
     running 30 s after SIGTERM, also with ``shutdown_grace_ms`` 1000)."""
     broker: BrokerProcess = broker_factory()
-    _fill(broker.client_address)
+    _fill(WireClient(broker.client_address))
     assert broker.process is not None
     async with open_ws(broker.http_address) as ws:
         await _hello(ws)
-        for data in _browse_frames(10):
+        for data in _browse_frames(list(range(10, 10 + BROWSES))):
             await ws.send_message(data)
         await trio.sleep(0.5)  # the answers fill the socket buffers; nothing is read
         started = trio.current_time()
@@ -176,10 +169,10 @@ async def test_a_websocket_that_does_not_read_is_closed_after_the_send_timeout(
     """``limits.send_timeout_ms`` (SLOW_CLIENT) could not end a WebSocket write either:
     the connection and its buffers stayed for as long as the client did."""
     broker: BrokerProcess = broker_factory(env={"FUTUREQ_LIMITS_SEND_TIMEOUT_MS": "500"})
-    _fill(broker.client_address)
+    _fill(WireClient(broker.client_address))
     async with open_ws(broker.http_address) as ws:
         await _hello(ws)
-        for data in _browse_frames(10):
+        for data in _browse_frames(list(range(10, 10 + BROWSES))):
             await ws.send_message(data)
         await trio.to_thread.run_sync(
             _wait_logged, broker, "SLOW_CLIENT: a write to the client blocked"
@@ -190,17 +183,15 @@ async def test_a_websocket_that_does_not_read_is_closed_after_the_send_timeout(
 
 
 def test_a_tls_handshake_ending_during_the_drain_is_refused_unavailable(
-    broker_factory: Factory, tls_files: dict[str, Path]
+    broker_factory: Factory, tls_files: dict[str, Path], tls_args: list[str]
 ) -> None:
     """A TLS connection accepted before the shutdown whose handshake ends during it is
     told why (it got EOF without a word)."""
-    broker: BrokerProcess = broker_factory(
-        extra_args=["--tls-cert", str(tls_files["cert"]), "--tls-key", str(tls_files["key"])]
-    )
+    broker: BrokerProcess = broker_factory(extra_args=tls_args)
     trusted = ssl.create_default_context(cafile=str(tls_files["ca"]))
     silent = WireClient(broker.client_address, ssl_context=trusted)
-    _fill_with(silent)
-    silent.send_raw(b"".join(_browse_frames(10)))  # holds the drain open: reads nothing
+    _fill(silent)
+    _pipeline_browses(silent)  # holds the drain open: reads nothing
     host, port = broker.client_address.rsplit(":", 1)
     late = socket.create_connection((host, int(port)), timeout=10)
     time.sleep(0.5)  # accepted; its handshake waits for the client
@@ -219,28 +210,14 @@ def test_a_tls_handshake_ending_during_the_drain_is_refused_unavailable(
     assert _wait_exit(broker) == 0
 
 
-def _fill_with(client: WireClient) -> None:
-    for _ in range(PENDING // 100):
-        answer = client.publish([["t", PAYLOAD, 3_600_000, None, None]] * 100)
-        assert isinstance(answer, frames.PublishOk), answer
-
-
 def test_the_http_port_offers_only_http_1_1_by_alpn(
-    broker_factory: Factory, tls_files: dict[str, Path]
+    broker_factory: Factory, tls_files: dict[str, Path], tls_args: list[str]
 ) -> None:
     """Over HTTP/2 a browser opens /ws as a stream of the page's connection (RFC 8441),
     where hypercorn buffered what the node sent without bound (a breaker's node grew
     from 83 to 221 MB for one client) and neither the send timeout nor the shutdown
     drain held."""
-    broker: BrokerProcess = broker_factory(
-        extra_args=[
-            "--tls-cert",
-            str(tls_files["cert"]),
-            "--tls-key",
-            str(tls_files["key"]),
-            "--http-tls",
-        ]
-    )
+    broker: BrokerProcess = broker_factory(extra_args=[*tls_args, "--http-tls"])
     context = ssl.create_default_context(cafile=str(tls_files["ca"]))
     context.set_alpn_protocols(["h2", "http/1.1"])
     host, port = broker.http_address.rsplit(":", 1)
@@ -295,8 +272,8 @@ def test_a_second_signal_after_the_window_forces_the_stop_with_exit_code_5(
 ) -> None:
     """A forced stop said "stopping now" and still exited 0, the code of a graceful one."""
     broker: BrokerProcess = broker_factory()
-    _fill(broker.client_address)
     silent = WireClient(broker.client_address)
+    _fill(silent)
     _pipeline_browses(silent)  # holds the drain (2 s): it reads nothing
     time.sleep(0.5)
     assert broker.process is not None

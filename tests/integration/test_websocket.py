@@ -258,20 +258,10 @@ async def test_websocket_connections_share_the_connection_limit(broker_factory: 
             await trio.sleep(0.05)
 
 
-
-
 async def test_wss_when_the_http_port_has_tls(
-    broker_factory: Factory, tls_files: dict[str, Path]
+    broker_factory: Factory, tls_files: dict[str, Path], tls_args: list[str]
 ) -> None:
-    broker: BrokerProcess = broker_factory(
-        extra_args=[
-            "--tls-cert",
-            str(tls_files["cert"]),
-            "--tls-key",
-            str(tls_files["key"]),
-            "--http-tls",
-        ]
-    )
+    broker: BrokerProcess = broker_factory(extra_args=[*tls_args, "--http-tls"])
     trusted = ssl.create_default_context(cafile=str(tls_files["ca"]))
     async with open_ws(broker.http_address, ssl_context=trusted) as ws:
         await _hello(ws)

@@ -423,6 +423,23 @@ def test_a_leader_standing_stepped_forward_whose_own_clock_then_steps_back_stamp
     assert all(probe.released_by is not None for probe in cluster.probes)
 
 
+def slow_majority_stepped_back(back_us: int, probes: int, every_us: int) -> tuple[Watched, Machine]:
+    """:func:`slow_started` (3 nodes), messages due every ``every_us`` after now
+    (``probes`` of them), then the clocks of the leader and one follower (a majority)
+    stepped back by ``back_us`` and every node given :data:`RECOVERY_US` to see it.
+    Returns the cluster and its leader."""
+    cluster = slow_started(3)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    now = leader.keeper.clock.now_us(leader.mono(cluster.true_us))
+    cluster.probes += [Probe("due", now + k * every_us) for k in range(1, probes + 1)]
+    follower = next(m for m in cluster.machines.values() if m is not leader)
+    step(cluster, [int(leader.id), int(follower.id)], -back_us)
+    cluster.reference_shift_us = -back_us  # the clocks of a majority
+    cluster.run(RECOVERY_US)
+    return cluster, leader
+
+
 @pytest.mark.parametrize("cut_s", [5, 8])
 def test_a_stepped_back_majority_stands_while_its_cut_off_leaders_answers_age(cut_s: int) -> None:
     """The leader's and one follower's clocks (one host: a majority) step back 36 s while
@@ -432,15 +449,7 @@ def test_a_stepped_back_majority_stands_while_its_cut_off_leaders_answers_age(cu
     of clocks that are not: that decides nothing. Ending the stand there ran cluster time
     on from the old agreement, and once the next agreement followed the stepped clocks a
     message due meanwhile was released on it, ~26 s early by them (found by a breaker)."""
-    cluster = slow_started(3)
-    leader = cluster.dispatcher()
-    assert leader is not None
-    now = leader.keeper.clock.now_us(leader.mono(cluster.true_us))
-    cluster.probes += [Probe("due", now + k * 100 * 1000) for k in range(1, 31)]
-    follower = next(m for m in cluster.machines.values() if m is not leader)
-    step(cluster, [int(leader.id), int(follower.id)], -36 * S)
-    cluster.reference_shift_us = -36 * S  # the clocks of a majority
-    cluster.run(RECOVERY_US)
+    cluster, leader = slow_majority_stepped_back(36 * S, probes=30, every_us=100 * 1000)
     cluster.cut = {leader.id}
     cluster.clock_delay_ticks = 0
     cluster.run(cut_s * S)
@@ -460,15 +469,7 @@ def test_a_stepped_back_majority_stands_while_answers_are_too_slow_to_place_it(
     cluster time ran on from the old agreement, and the node whose clock was right
     released up to the step less half the bound early by the clocks of the majority
     (found by a breaker)."""
-    cluster = slow_started(3)
-    leader = cluster.dispatcher()
-    assert leader is not None
-    now = leader.keeper.clock.now_us(leader.mono(cluster.true_us))
-    cluster.probes += [Probe("due", now + k * 500 * 1000) for k in range(1, 61)]
-    follower = next(m for m in cluster.machines.values() if m is not leader)
-    step(cluster, [int(leader.id), int(follower.id)], -back_ms * 1000)
-    cluster.reference_shift_us = -back_ms * 1000  # the clocks of a majority
-    cluster.run(RECOVERY_US)
+    cluster, _ = slow_majority_stepped_back(back_ms * 1000, probes=60, every_us=500 * 1000)
     cluster.clock_delay_ticks = delay_ticks
     cluster.run(30 * S)
     cluster.clock_delay_ticks = 0
