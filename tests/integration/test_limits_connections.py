@@ -235,7 +235,9 @@ def test_a_client_that_does_not_read_is_closed_after_the_send_timeout(
     producer = WireClient(broker.client_address)
     for _ in range(10):
         producer.publish([["stuck.t", b"p" * (64 * KIB), 0, None, None] for _ in range(10)])
-    wait_for(lambda: metric(broker, "futureq_connections_closed_total", 'reason="slow_client"') == 1)
+    wait_for(
+        lambda: metric(broker, "futureq_connections_closed_total", 'reason="slow_client"') == 1
+    )
     log = broker.stderr_text()
     assert "Traceback" not in log
     assert len(re.findall(r"closed: SLOW_CLIENT: a write to the client blocked", log)) == 1
@@ -253,7 +255,9 @@ def test_a_client_that_does_not_read_its_answers_is_closed_after_the_send_timeou
     stuck = non_reading_client(broker.client_address)
     for _ in range(4):  # each answer is ~1 MB of previews: more than the socket holds
         stuck.send(frames.Browse(stuck.next_id(), "browsed.t", None, None, None, None, 1000, 1024))
-    wait_for(lambda: metric(broker, "futureq_connections_closed_total", 'reason="slow_client"') == 1)
+    wait_for(
+        lambda: metric(broker, "futureq_connections_closed_total", 'reason="slow_client"') == 1
+    )
     still_served = WireClient(broker.client_address)  # the producer's idle link timed out
     assert isinstance(still_served.publish([["browsed.t", b"", 0, None, None]]), frames.PublishOk)
     log = broker.stderr_text()
@@ -306,3 +310,31 @@ def test_closed_connection_lines_are_rate_limited(broker: BrokerProcess) -> None
     closed = [line for line in added.splitlines() if "closed: MALFORMED_FRAME" in line]
     assert 1 <= len(closed) <= 60, len(closed)
     assert "Traceback" not in added
+
+
+def test_pipelined_subscribes_cannot_pass_the_subscription_limits_together(
+    broker_factory: object,
+) -> None:
+    """Found by a breaker: the count was checked before the group's creation was
+    awaited and grew only after it, so SUBSCRIBEs pipelined in between all passed (1,273
+    of 5,000 under a limit of 1,024; 300 on a node limited to 50)."""
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={**SMALL_BUFFERS, "FUTUREQ_LIMITS_MAX_SUBSCRIPTIONS": "12"}
+    )
+    first, second = WireClient(broker.client_address), WireClient(broker.client_address)
+    for client in (first, second):
+        requests = [
+            frames.Subscribe(client.next_id(), f"pipe.t{number}", "g", 10) for number in range(20)
+        ]
+        client.send_raw(b"".join(codec.encode_frame(frame, 2**31) for frame in requests))
+    per_client = []
+    for client in (first, second):
+        answers = [client.receive_answer() for _ in range(20)]
+        accepted = [a for a in answers if isinstance(a, frames.SubscribeOk)]
+        refused = [a for a in answers if isinstance(a, frames.Error)]
+        assert len(accepted) + len(refused) == 20, answers
+        assert all(a.code == ErrorCode.TOO_MANY_SUBSCRIPTIONS for a in refused), refused
+        assert len(accepted) <= 8, len(accepted)  # max_subscriptions_per_connection
+        per_client.append(len(accepted))
+    assert sum(per_client) == 12, per_client  # max_subscriptions: the node's limit, exactly
+    assert metric(broker, "futureq_subscriptions") == 12

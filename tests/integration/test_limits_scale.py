@@ -12,12 +12,14 @@ import re
 import threading
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 from broker_process import BrokerProcess
 from wire_client import WireClient
 
-from futureq.wire import frames
+from futureq.errors import ErrorCode
+from futureq.wire import codec, frames
 
 
 class Pinger(threading.Thread):
@@ -162,3 +164,45 @@ def test_the_number_of_groups_is_bounded(broker_factory: object) -> None:
         assert time.monotonic() < deadline, dlq.status()
         time.sleep(0.1)
     assert dlq.status()["group_count"] == 4
+
+
+def _pipelined(client: WireClient, requests: list[frames.Frame]) -> list[Any]:
+    """Send every request before reading any answer; the answers, by request id."""
+    client.send_raw(b"".join(codec.encode_frame(frame, 2**31) for frame in requests))
+    answers: dict[int, Any] = {}
+    while len(answers) < len(requests):
+        answer = client.receive_answer()
+        answers[answer.request_id] = answer
+    return [answers[frame.request_id] for frame in requests]  # type: ignore[attr-defined]
+
+
+def test_pipelined_requests_cannot_pass_the_group_limit_together(broker_factory: object) -> None:
+    """Found by a breaker: the limit was checked before the proposal and counted after
+    its commit, so every request pipelined in between saw the same count; 20 of 20
+    GROUP_CREATEs and 516 groups from single-item PUBLISHes passed a limit of 5."""
+    broker: BrokerProcess = broker_factory(env={"FUTUREQ_LIMITS_MAX_GROUPS": "5"})  # type: ignore[operator]
+    client = WireClient(broker.client_address)
+    creates = [
+        frames.GroupCreate(client.next_id(), f"race.c{number}", "g", None, None)
+        for number in range(20)
+    ]
+    answers = _pipelined(client, creates)
+    created = [answer for answer in answers if isinstance(answer, frames.Ok)]
+    refused = [answer for answer in answers if isinstance(answer, frames.Error)]
+    assert len(created) == 5 and len(refused) == 15, answers
+    assert all(answer.code == ErrorCode.TOO_MANY_GROUPS for answer in refused), refused
+    assert "limits.max_groups = 5" in refused[0].message, refused[0].message
+
+    second = WireClient(broker.client_address)
+    publishes = [
+        frames.Publish(
+            second.next_id(), frames.AckLevel.QUORUM, [[f"race.p{n}", b"x", 0, None, None]]
+        )
+        for n in range(40)
+    ]
+    answers = _pipelined(second, publishes)
+    assert all(isinstance(a, frames.Error) and a.code == ErrorCode.TOO_MANY_GROUPS for a in answers)
+    status = client.request(frames.Status(client.next_id()))
+    assert isinstance(status, frames.StatusOk)
+    groups = [group for topic in status.status["topics"] for group in topic["groups"]]
+    assert len(groups) == 5, status.status["topics"]

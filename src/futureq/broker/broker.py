@@ -47,6 +47,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+BACKGROUND_QUEUE_BYTES = 64 * 1024 * 1024
+"""Most bytes of ack-level-NONE publishes waiting to be proposed (and at most 1,024 of
+them); past either, such a publish is refused UNAVAILABLE. One command is always taken
+when none waits, whatever its size (up to ``limits.max_frame_bytes``)."""
+
+_GroupKey = tuple[str, "str | None"]
+"""A group a proposal in flight will create: ``(topic, None)`` for a topic's implicit
+group, ``(topic, group)`` for a named one."""
+_TOPIC = itemgetter(0)
+
 MAX_NACK_REASON_BYTES = 256
 """Longest NACK reason text (UTF-8 bytes): it is stored with the entry and in headers."""
 
@@ -116,7 +126,21 @@ class Broker:
         """On shard 0 of a sharded node: the other shards, whose overviews WATCH merges."""
         self.stopping = False
         self._last_stamp_ms = state.last_publish_ms
-        self._background_send, self._background_receive = trio.open_memory_channel[bytes](1024)
+        self._background_send, self._background_receive = trio.open_memory_channel[
+            tuple[bytes, list[_GroupKey]]
+        ](1024)
+        self._groups_reserved: Tally[_GroupKey] = Tally()
+        """Groups that proposals in flight will create, each counted once per proposal:
+        ``(topic, None)`` for a topic's implicit group, ``(topic, group)`` for a named
+        one. The leader checks ``limits.max_groups`` before it proposes, so without
+        these every request pipelined behind the one that reaches the limit would see
+        the same count and pass too (a breaker made 516 groups under a limit of 5)."""
+        self._background_bytes = 0
+        """Bytes of the commands waiting in the background publisher's queue."""
+        self.subscribes_in_flight = 0
+        """SUBSCRIBEs between their limit check and their consumer's registration (the
+        group's creation is awaited in between); counted against
+        ``limits.max_subscriptions`` like the subscriptions they become."""
         self._promote_send, self._promote_receive = trio.open_memory_channel[int](16)
         self.leader_epoch = 0
         self.leading = False
@@ -247,7 +271,26 @@ class Broker:
             items, self.limits, publish_ms, validated
         ):
             await trio.lowlevel.checkpoint()  # a 10,000-item batch must not hold the loop
-        self._check_new_groups(validated)
+        reserved = self._reserve_new_groups(validated)
+        try:
+            return await self._publish_validated(
+                validated, ack_level, publish_ms, started, reserved
+            )
+        finally:
+            if reserved:
+                self._release_groups(reserved)
+
+    async def _publish_validated(
+        self,
+        validated: list[validation.ValidItem],
+        ack_level: frames.AckLevel,
+        publish_ms: int,
+        started: float,
+        reserved: list[_GroupKey],
+    ) -> tuple[int | None, int, dict[int, int] | None]:
+        """The rest of :meth:`publish`, once the batch is valid and its new groups are
+        reserved (``reserved``; an ack-level-NONE batch takes them into the background
+        publisher, which releases them once it has proposed)."""
         # Only items with headers or a key have more than 4 fields: one C-speed pass
         # decides for the common batch.
         keyed = max(map(len, validated)) > 4 and any(
@@ -272,13 +315,18 @@ class Broker:
             self._count_published(validated)
             return commands.message_id(index, 0), len(validated), None
         if ack_level == frames.AckLevel.NONE:
+            queued = self._background_bytes
             try:
-                self._background_send.send_nowait(command)
+                if queued and queued + len(command) > BACKGROUND_QUEUE_BYTES:
+                    raise trio.WouldBlock
+                self._background_send.send_nowait((command, reserved[:]))
             except trio.WouldBlock:
                 raise RequestError(
                     ErrorCode.UNAVAILABLE,
                     "too many unacknowledged publishes are queued; use ack level leader or quorum, or retry",
                 ) from None
+            self._background_bytes = queued + len(command)
+            reserved.clear()  # the background publisher releases them once proposed
             self._count_published(validated)
             return None, len(validated), None
         # Idempotency keys need the apply result (which items were duplicates), so a
@@ -303,44 +351,104 @@ class Broker:
         for label, count in counts.items():
             metrics.published_messages_total.labels(label).inc(count)
 
-    def _check_new_groups(self, validated: list[validation.ValidItem]) -> None:
-        """Refuse a batch whose new topics would take the group count past ``max_groups``.
+    def _groups_coming(self) -> int:
+        """Groups the proposals in flight will create that the state does not hold yet."""
+        state = self.state
+        return sum(
+            1
+            for topic, group in self._groups_reserved
+            if (
+                not state.topic_groups_count(topic)
+                if group is None
+                else state.find_group(topic, group) is None
+            )
+        )
+
+    def _too_many_groups(self, what: str, position: int | None = None) -> RequestError:
+        held = len(self.state.groups)
+        coming = self._groups_coming()
+        in_flight = f" and requests in flight are creating {coming} more" if coming else ""
+        return RequestError(
+            ErrorCode.TOO_MANY_GROUPS,
+            f"{what}: the cluster holds {held} groups{in_flight}, and the limit is "
+            f"limits.max_groups = {self.config.limits.max_groups}; delete unused groups first",
+            position,
+        )
+
+    def _reserve_new_groups(self, validated: list[validation.ValidItem]) -> list[_GroupKey]:
+        """Reserve the implicit groups a batch's new topics create; refuse the batch if
+        they would take the group count past ``max_groups``.
+
+        Returns:
+            The keys reserved (release them with :meth:`_release_groups` once the
+            batch is proposed or refused); empty when every topic exists.
 
         Raises:
             RequestError: TOO_MANY_GROUPS with the index of the first new topic too many.
         """
-        room = self.config.limits.max_groups - len(self.state.groups)
-        if room >= len(validated):
-            return  # cannot overflow, however many topics are new
-        seen: set[str] = set()
+        state = self.state
+        first = validated[0][0]
+        if (
+            len(validated) == 1
+            or first == validated[-1][0]
+            and len(set(map(_TOPIC, validated))) == 1
+        ):
+            if state.topic_groups_count(first):
+                return []  # the common batch: one topic, known
+        reserved = self._groups_reserved
+        limit = self.config.limits.max_groups
+        new: dict[str, int] = {}
         for position, item in enumerate(validated):
             topic = item[0]
-            if topic in seen or self.state.topic_groups_count(topic):
-                continue
-            seen.add(topic)
-            if len(seen) > room:
-                raise RequestError(
-                    ErrorCode.TOO_MANY_GROUPS,
-                    f"topic {topic!r} is new and the cluster already holds "
-                    f"{len(self.state.groups)} groups, the limit (limits.max_groups = "
-                    f"{self.config.limits.max_groups}); delete unused groups first",
-                    position,
+            if topic not in new and not state.topic_groups_count(topic):
+                new[topic] = position
+        if not new:
+            return []
+        fresh = [topic for topic in new if (topic, None) not in reserved]
+        room = limit - len(state.groups) - len(reserved)
+        if len(fresh) > room:
+            room = limit - len(state.groups) - self._groups_coming()
+            if len(fresh) > room:
+                topic = fresh[max(room, 0)]
+                raise self._too_many_groups(
+                    f"this batch has {len(fresh)} new topics, each a new group (the first "
+                    f"one too many: {topic!r})",
+                    new[topic],
                 )
+        keys: list[_GroupKey] = [(topic, None) for topic in new]
+        reserved.update(keys)
+        return keys
 
-    def _check_group_room(self, topic: str, group: str) -> None:
-        """Refuse to create one more group past ``max_groups`` (TOO_MANY_GROUPS)."""
-        if self.state.find_group(topic, group) is not None:
-            return
-        groups = self.state.topic_groups(topic)
+    def _reserve_group(self, topic: str, group: str) -> list[_GroupKey]:
+        """Reserve the group ``group`` of ``topic`` if creating it makes a new group.
+
+        Returns:
+            The keys reserved (none when the group exists or adopts the topic's
+            implicit group); release them with :meth:`_release_groups`.
+
+        Raises:
+            RequestError: TOO_MANY_GROUPS.
+        """
+        state = self.state
+        if state.find_group(topic, group) is not None:
+            return []
+        groups = state.topic_groups(topic)
         if len(groups) == 1 and groups[0].implicit:
-            return  # adopts the implicit group: no new group
-        if len(self.state.groups) >= self.config.limits.max_groups:
-            raise RequestError(
-                ErrorCode.TOO_MANY_GROUPS,
-                f"the cluster already holds {len(self.state.groups)} groups, the limit "
-                f"(limits.max_groups = {self.config.limits.max_groups}); delete unused "
-                "groups first",
-            )
+            return []  # adopts the implicit group: no new group
+        key: _GroupKey = (topic, group)
+        if key not in self._groups_reserved:
+            limit = self.config.limits.max_groups
+            if len(state.groups) + self._groups_coming() >= limit:
+                raise self._too_many_groups(f"group {group!r} of topic {topic!r} is new")
+        self._groups_reserved[key] += 1
+        return [key]
+
+    def _release_groups(self, keys: list[_GroupKey]) -> None:
+        reserved = self._groups_reserved
+        for key in keys:
+            reserved[key] -= 1
+            if reserved[key] <= 0:
+                del reserved[key]
 
     # ------------------------------------------------------------ cluster
 
@@ -538,11 +646,15 @@ class Broker:
     async def run_background_publisher(self) -> None:
         """Commit ack-level-NONE publishes in the background, in arrival order."""
         async with self._background_receive:
-            async for command in self._background_receive:
+            async for command, reserved in self._background_receive:
                 try:
                     await self.log.propose(command)
                 except FutureQError as exc:
                     log.warning("an unacknowledged publish (ack level none) was lost: %s", exc)
+                finally:
+                    self._background_bytes -= len(command)
+                    if reserved:
+                        self._release_groups(reserved)
 
     # ------------------------------------------------------------ groups
 
@@ -611,7 +723,30 @@ class Broker:
                 "letters have no TTL, so none expires (one out of attempts is parked); "
                 "leave it unset",
             )
-        self._check_group_room(topic, group)
+        reserved = self._reserve_group(topic, group)
+        try:
+            return await self._create_or_update_group(
+                topic,
+                group,
+                visibility_timeout_ms,
+                max_deliveries,
+                from_backlog,
+                dead_letter_expired,
+            )
+        finally:
+            if reserved:
+                self._release_groups(reserved)
+
+    async def _create_or_update_group(
+        self,
+        topic: str,
+        group: str,
+        visibility_timeout_ms: int | None,
+        max_deliveries: int | None,
+        from_backlog: bool,
+        dead_letter_expired: bool | None,
+    ) -> GroupInfo:
+        """The proposal of :meth:`ensure_group`, once its new group (if any) is reserved."""
         info = self.state.find_group(topic, group)
         if (
             info is None
@@ -621,10 +756,7 @@ class Broker:
                 and visibility_timeout_ms != info.visibility_timeout_ms
             )
             or (max_deliveries is not None and max_deliveries != info.max_deliveries)
-            or (
-                dead_letter_expired is not None
-                and dead_letter_expired != info.dead_letter_expired
-            )
+            or (dead_letter_expired is not None and dead_letter_expired != info.dead_letter_expired)
         ):
             self._require_space()
             await self.log.propose(

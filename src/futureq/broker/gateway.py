@@ -107,6 +107,11 @@ LOG_LINES_PER_MINUTE = 60
 _connection_ids = itertools.count(1)
 
 
+def _subscriptions(held: int, coming: int) -> str:
+    """``"3 subscriptions"``, or ``"3 subscriptions and 2 being made"``."""
+    return f"{held} subscriptions" + (f" and {coming} being made" if coming else "")
+
+
 class RateLimitedLog:
     """At most ``per_minute`` lines a minute; then one line saying how many were dropped.
 
@@ -467,6 +472,8 @@ class Connection:
             full.inc,
         )
         self.subscriptions: dict[int, Consumer] = {}
+        self._subscribing = 0
+        """SUBSCRIBEs of this connection past their limit check, not yet registered."""
         self._limit = trio.Semaphore(MAX_REQUESTS_IN_PROGRESS)
         self._reading = trio.CancelScope()
         self._scope = trio.CancelScope()
@@ -691,9 +698,7 @@ class Connection:
                 leader = self.broker.log.leader_address()
                 shard = self.broker.shard
                 shards = 1 if shard is None else shard.slot_map.shard_count
-                self._queue(
-                    session.accept_hello(self.broker.node_id, leader, __version__, shards)
-                )
+                self._queue(session.accept_hello(self.broker.node_id, leader, __version__, shards))
                 if self._on_hello is not None:
                     self._on_hello()
                 if handshake:
@@ -904,25 +909,41 @@ class Connection:
                 broker.grant_credit(self.id, frame.subscription_id, frame.credit)
                 return None
             case frames.Subscribe():
+                # Counted from the check until the consumer is registered: the group's
+                # creation is awaited in between, and SUBSCRIBEs pipelined behind this
+                # one must see it (else each passes the same check).
                 limit = self.limits.max_subscriptions_per_connection
-                if len(self.subscriptions) >= limit:
+                held = len(self.subscriptions) + self._subscribing
+                if held >= limit:
                     raise RequestError(
                         ErrorCode.TOO_MANY_SUBSCRIPTIONS,
-                        f"this connection holds {len(self.subscriptions)} subscriptions, the "
-                        f"limit (limits.max_subscriptions_per_connection = {limit}); "
+                        f"this connection holds {_subscriptions(len(self.subscriptions), self._subscribing)}, "
+                        f"the limit (limits.max_subscriptions_per_connection = {limit}); "
                         "unsubscribe or open another connection",
                     )
                 node_limit = self.limits.max_subscriptions
-                if len(broker.hub.consumers) >= node_limit:
+                node_held = len(broker.hub.consumers) + broker.subscribes_in_flight
+                if node_held >= node_limit:
                     raise RequestError(
                         ErrorCode.TOO_MANY_SUBSCRIPTIONS,
-                        f"this node holds {len(broker.hub.consumers)} subscriptions, its limit "
-                        f"(limits.max_subscriptions = {node_limit}); unsubscribe unused ones "
-                        "or ask the operator to raise the limit",
+                        f"this node holds {_subscriptions(len(broker.hub.consumers), broker.subscribes_in_flight)}, "
+                        f"its limit (limits.max_subscriptions = {node_limit}); unsubscribe unused "
+                        "ones or ask the operator to raise the limit",
                     )
-                consumer = await broker.subscribe(
-                    self.id, self.outbox, frame.topic, frame.group, frame.prefetch, frame.headers
-                )
+                self._subscribing += 1
+                broker.subscribes_in_flight += 1
+                try:
+                    consumer = await broker.subscribe(
+                        self.id,
+                        self.outbox,
+                        frame.topic,
+                        frame.group,
+                        frame.prefetch,
+                        frame.headers,
+                    )
+                finally:
+                    self._subscribing -= 1
+                    broker.subscribes_in_flight -= 1
                 self.subscriptions[consumer.subscription_id] = consumer
                 # The answer must precede the first DELIVER, so queue it here, in order.
                 self._reply(
@@ -1146,9 +1167,7 @@ class ClientGateway:
     ) -> None:
         self.broker = broker
         self.access = access or AccessControl(broker.config.server.auth_token, None)
-        self.node_buffers = node_buffers or NodeBuffers(
-            broker.config.limits.max_node_buffer_bytes
-        )
+        self.node_buffers = node_buffers or NodeBuffers(broker.config.limits.max_node_buffer_bytes)
         self.ssl_context = ssl_context
         self.max_connections = (
             broker.config.limits.max_connections if max_connections is None else max_connections
