@@ -343,3 +343,29 @@ def test_sync_consume_never_holds_messages_it_does_not_return(broker: BrokerProc
         assert "once.dlq" not in topic_names(client.status())
 
 
+
+
+@pytest.mark.parametrize("stop", ["kill", "terminate"])
+def test_a_tag_from_before_a_restart_does_not_settle_the_redelivery(
+    broker_factory: Callable[..., Any], stop: str
+) -> None:
+    """Found by a breaker (4 of 4 runs): the redelivery after a restart is attempt 1
+    again (a first delivery is not in the replicated state), and its tag was the old
+    one byte for byte, so an ACK of the tag from before the restart settled it."""
+    node = broker_factory()
+    client = WireClient(node.client_address)
+    assert isinstance(client.publish([["restart.t", b"x", 0, None, None]]), frames.PublishOk)
+    client.subscribe("restart.t", "g", prefetch=1)
+    [before] = client.deliveries(1)
+    client.close()
+    getattr(node, stop)()
+    node.start()
+    client = WireClient(node.client_address)
+    client.subscribe("restart.t", "g", prefetch=1)
+    [after] = client.deliveries(1)
+    assert (after[1], after[5]) == (before[1], before[5]) == (before[1], 1)
+    assert after[0] != before[0]
+    answer = client.request(frames.Ack(client.next_id(), [before[0]]))
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.UNKNOWN_DELIVERY_TAG
+    answer = client.request(frames.Ack(client.next_id(), [after[0]]))
+    assert isinstance(answer, frames.Ok) and answer.result == 1

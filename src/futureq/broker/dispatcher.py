@@ -919,6 +919,7 @@ class Dispatcher:
             return delivered
         max_deliveries = info.max_deliveries
         released_counts = runtime.released
+        salt = self.hub.tag_salt
         staged_any = False
         # Round-robin: each round gives every consumer with credit an equal share of
         # what is due (one DELIVER frame each), so a group's consumers split the work.
@@ -961,7 +962,7 @@ class Dispatcher:
                     _topic, payload, publish_ms, _due, _open = message
                     frame_bytes += len(payload) + 64
                     item = [
-                        commands.delivery_tag(key, attempt),
+                        commands.delivery_tag(key, attempt, salt),
                         mid,
                         payload,
                         due_ms,
@@ -984,6 +985,7 @@ class Dispatcher:
                             previous,
                             released,
                             consumer,
+                            salt=salt,
                         )
                     )
                 if not deliveries:

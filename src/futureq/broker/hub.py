@@ -27,6 +27,7 @@ import collections
 import heapq
 import itertools
 import logging
+import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -137,11 +138,17 @@ class InFlight:
     deadline_ms: int = 0
     acking: bool = False
     pushed: bool = False
+    salt: int = 0
 
     @property
     def tag(self) -> bytes:
         """The delivery tag the consumer knows it by."""
-        return commands.delivery_tag(self.key, self.attempt)
+        return commands.delivery_tag(self.key, self.attempt, self.salt)
+
+    @property
+    def stamp(self) -> int:
+        """The last four bytes of :attr:`tag`, as a number."""
+        return (self.attempt + self.salt) & 0xFFFFFFFF
 
 
 @attrs.define(eq=False)
@@ -238,11 +245,18 @@ generic UNKNOWN_DELIVERY_TAG (oldest forgotten first; ~100 bytes each)."""
 class Hub:
     """Consumers, credit and in-flight deliveries of the groups this leader dispatches."""
 
-    def __init__(self) -> None:
+    def __init__(self, salts: Callable[[], int] = lambda: secrets.randbits(32)) -> None:
+        self._salts = salts
+        self.tag_salt = salts()
+        """What this leader adds to each delivery's attempt in its tag (0 to 2**32 - 1),
+        drawn again whenever the hub is cleared (leadership gained or lost), so no tag
+        of an earlier leadership, or of this node before a restart, names a delivery of
+        this one (:func:`futureq.state.commands.delivery_tag`). ``salts``: where it is
+        drawn from (tests pass their own)."""
         self.groups: dict[int, GroupRuntime] = {}
         self.in_flight: dict[bytes, InFlight] = {}
         self.cancelled: collections.OrderedDict[bytes, int] = collections.OrderedDict()
-        """Schedule key -> attempt of deliveries that were out when a CANCEL or PURGE
+        """Schedule key -> tag stamp of deliveries that were out when a CANCEL or PURGE
         removed their message (at most :data:`CANCELLED_TAGS_KEPT`; leader-local)."""
         self._deadlines: list[tuple[int, bytes]] = []
         self._subscription_ids = itertools.count(1)
@@ -371,7 +385,7 @@ class Hub:
         flight = self._drop(key)
         if flight is not None and flight.pushed:
             if cancelled:
-                self.cancelled[key] = flight.attempt
+                self.cancelled[key] = flight.stamp
                 self.cancelled.move_to_end(key)
                 while len(self.cancelled) > CANCELLED_TAGS_KEPT:
                     self.cancelled.popitem(last=False)
@@ -476,9 +490,9 @@ class Hub:
                     f"delivery tag must be {commands.DELIVERY_TAG_BYTES} bytes as received in DELIVER",
                     i,
                 )
-            key, attempt = parsed
+            key, stamp = parsed
             flight = self.in_flight.get(key)
-            if flight is None and self.cancelled.get(key) == attempt:
+            if flight is None and self.cancelled.get(key) == stamp:
                 raise RequestError(
                     ErrorCode.DELIVERY_CANCELLED,
                     "this delivery's message was cancelled (CANCEL or PURGE) while it was "
@@ -487,7 +501,7 @@ class Hub:
                 )
             if (
                 flight is None
-                or flight.attempt != attempt
+                or flight.stamp != stamp
                 or flight.acking
                 or not flight.pushed
                 or key in seen
@@ -590,7 +604,8 @@ class Hub:
                 self._drop(key)
 
     def clear(self) -> None:
-        """Forget everything (leadership lost)."""
+        """Forget everything (leadership lost, or gained), and draw a new tag salt."""
+        self.tag_salt = self._salts()
         self.groups.clear()
         self.touched.clear()
         self.in_flight.clear()

@@ -161,13 +161,23 @@ def parse_schedule_key(key: bytes) -> tuple[int, int, int]:
     return result
 
 
-def delivery_tag(key: bytes, attempt: int) -> bytes:
-    """The 24-byte delivery tag: the schedule key, then the attempt number (4 bytes)."""
-    return key + attempt.to_bytes(4, "big")
+def delivery_tag(key: bytes, attempt: int, salt: int = 0) -> bytes:
+    """The 24-byte delivery tag: the schedule key, then the delivery's stamp (4 bytes):
+    its attempt number plus the dispatching leader's ``salt``, modulo 2**32.
+
+    The leader draws a new salt each time it starts dispatching (``Hub.tag_salt``), so
+    a tag handed out before a leader change or a restart does not name the delivery
+    that follows it, even one of the same attempt: a first delivery is not in the
+    replicated state, so the next leader delivers it again as attempt 1, and its tag
+    would otherwise be byte for byte the old one (``docs/protocol.md``, DELIVER: after
+    a leader change an earlier tag is unknown).
+    """
+    return key + ((attempt + salt) & 0xFFFFFFFF).to_bytes(4, "big")
 
 
 def parse_delivery_tag(tag: bytes) -> tuple[bytes, int] | None:
-    """``(schedule_key, attempt)`` of a tag, or None when it is not a well-formed tag."""
+    """``(schedule_key, stamp)`` of a tag (the stamp: see :func:`delivery_tag`), or None
+    when it is not a well-formed tag."""
     if type(tag) is not bytes or len(tag) != DELIVERY_TAG_BYTES:
         return None
     return tag[:SCHEDULE_KEY_BYTES], int.from_bytes(tag[SCHEDULE_KEY_BYTES:], "big")

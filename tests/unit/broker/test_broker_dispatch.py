@@ -8,6 +8,7 @@ those that need the dispatcher's own proposals (EXPIRE, DEAD_LETTER) run
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -139,7 +140,9 @@ def test_nothing_is_delivered_before_it_is_due() -> None:
         published,
         1,
     )
-    assert commands.parse_delivery_tag(tag) == (commands.schedule_key(gid, due_ms, mid), 1)
+    key = commands.schedule_key(gid, due_ms, mid)
+    assert tag == commands.delivery_tag(key, 1, env.hub.tag_salt)
+    assert commands.parse_delivery_tag(tag) == (key, (1 + env.hub.tag_salt) % 2**32)
     assert consumer.credit == 9
     assert env.dispatch() == published + 500 + 30_000  # next: the visibility deadline
 
@@ -1397,3 +1400,35 @@ def test_dropping_a_group_sweeps_the_nodes_deliveries_only_for_what_it_left_behi
     # Its consumers' own deliveries are dropped with them, without a sweep.
     env.hub.drop_group(busy)
     assert CountingInFlight.sweeps == 1 and env.hub.in_flight == {}
+
+
+def test_a_tag_from_before_a_leader_change_does_not_settle_the_delivery_after_it() -> None:
+    """Found by a breaker: a first delivery is not in the replicated state, so the next
+    leader (or the node after a restart) delivers it again as attempt 1 with a tag byte
+    for byte the old one, and an ACK of the old tag was answered OK and settled the new
+    delivery (on another connection: FOREIGN_DELIVERY_TAG, "settle it there")."""
+    salts = itertools.count(7, 1_000_003)
+    env = Env()
+    env.hub = Hub(salts=lambda: next(salts))
+    env.dispatcher = Dispatcher(env.state, env.log, env.hub, env.clock, QueueSection())
+    env.state.observer = env.dispatcher
+    gid = env.group("t", "g")
+    env.dispatcher.activate()  # this node leads: a new salt
+    before = env.consumer(gid, credit=1)
+    [mid] = env.publish("t", [b"x"])
+    env.dispatch()
+    [old] = out(before).take()
+    assert (old[1], old[5]) == (mid, 1)
+
+    env.dispatcher.deactivate()  # a leader change (or a restart) and back
+    env.dispatcher.activate()
+    after = env.consumer(gid, credit=1, connection_id=2)
+    env.dispatch()
+    [new] = out(after).take()
+    assert (new[1], new[5]) == (mid, 1)  # the same message, the same attempt
+    assert new[0] != old[0]
+    for connection_id in (1, 2):
+        with pytest.raises(RequestError) as refused:
+            env.hub.claim_tags([old[0]], connection_id)
+        assert refused.value.code == ErrorCode.UNKNOWN_DELIVERY_TAG
+    assert env.ack(after, [new]) == 1
