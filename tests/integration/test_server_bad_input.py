@@ -194,3 +194,22 @@ def test_bad_subscribe_and_credit(broker: BrokerProcess) -> None:
     answer = client.receive()
     assert isinstance(answer, frames.Error) and answer.code == ErrorCode.UNKNOWN_SUBSCRIPTION
     _assert_still_serving(broker)
+
+
+def test_a_hello_with_thousands_of_versions_makes_short_answers_and_log_lines(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a breaker: the refusal's log line held the client's whole list of
+    versions (a 63 KB line per HELLO, 3.8 MB of log in 10 s without a token); the ERROR
+    frame was already cut at 1,000 characters."""
+    versions = list(range(1000, 16_000))
+    for _ in range(3):
+        client = WireClient(broker.client_address, hello=False)
+        client.send_raw(_frame([frames.FrameType.HELLO, 1, versions, "many", None]))
+        answer = _expect_error_then_close(client, ErrorCode.UNSUPPORTED_VERSION)
+        assert "(15000 versions)" in answer.message and len(answer.message) < 200, answer.message
+        client.close()
+    _assert_still_serving(broker)
+    lines = [line for line in broker.stderr_text().splitlines() if "UNSUPPORTED_VERSION" in line]
+    assert len(lines) == 3, lines
+    assert all(len(line) < 1200 for line in lines), [len(line) for line in lines]

@@ -102,6 +102,9 @@ WRITE_COALESCE_BYTES = 256 * 1024
 ROOM_AGAIN_FRACTION = 0.5
 """A full buffer counts as having room again once below this fraction of its limit."""
 LOG_LINES_PER_MINUTE = 60
+LOGGED_ARGUMENT_CHARS = 1000
+"""Longest text of one argument of a line about a closed connection (characters); a
+breaker's HELLO with a 63 KB list of versions made each such line 63 KB."""
 """Lines about closed connections logged per minute; the rest are counted and summed up."""
 
 _connection_ids = itertools.count(1)
@@ -128,7 +131,9 @@ class RateLimitedLog:
         self._dropped = 0
 
     def log(self, level: int, message: str, *args: object, exc_info: object = None) -> None:
-        """Log a line unless this minute's allowance is spent."""
+        """Log a line unless this minute's allowance is spent; each argument is shown in
+        at most :data:`LOGGED_ARGUMENT_CHARS` characters (what a client sent, such as
+        the versions of its HELLO, must not make one line as long as it likes)."""
         now = trio.current_time()
         if now - self._window_start >= 60:
             if self._dropped:
@@ -143,7 +148,18 @@ class RateLimitedLog:
             self._dropped += 1
             return
         self._lines += 1
-        self._logger.log(level, message, *args, exc_info=exc_info)  # type: ignore[arg-type]
+        shown = [_cut(arg) for arg in args]
+        self._logger.log(level, message, *shown, exc_info=exc_info)  # type: ignore[arg-type]
+
+
+def _cut(arg: object) -> object:
+    """``arg``, or its text cut to :data:`LOGGED_ARGUMENT_CHARS` characters when longer."""
+    if isinstance(arg, int | float):
+        return arg
+    text = str(arg)
+    if len(text) <= LOGGED_ARGUMENT_CHARS:
+        return arg
+    return f"{text[: LOGGED_ARGUMENT_CHARS - 3]}..."
 
 
 closed_log = RateLimitedLog(log)

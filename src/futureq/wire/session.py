@@ -111,6 +111,14 @@ MAX_ERROR_MESSAGE_CHARS: Final = 1000
 """ERROR frame sentences are cut to this length so an ERROR always fits in a frame."""
 
 
+def _versions(offered: Iterable[int]) -> str:
+    """The versions a HELLO offered, the first eight at most (a client may send many)."""
+    ordered = sorted(offered)
+    if len(ordered) <= 8:
+        return str(ordered)
+    return f"{str(ordered[:8])[:-1]}, ... ({len(ordered)} versions)]"
+
+
 class SessionState(enum.Enum):
     """Where a connection stands (``docs/protocol.md``, "Connection setup")."""
 
@@ -311,7 +319,7 @@ class ServerSession(_Session):
             if version is None:
                 raise self._fail(
                     ErrorCode.UNSUPPORTED_VERSION,
-                    f"no common protocol version: client speaks {sorted(frame.versions)}, "
+                    f"no common protocol version: client speaks {_versions(frame.versions)}, "
                     f"server speaks {sorted(self._supported_versions)}",
                 )
             if self._auth_token is not None and not _same_token(frame.token, self._auth_token):
