@@ -59,7 +59,7 @@ from futureq.errors import (
     WrongShardError,
 )
 from futureq.shards.slots import even_map, topic_slot
-from futureq.wire import codec, frames
+from futureq.wire import codec, frames, validation
 from futureq.wire.session import (
     CLOSED,
     NEED_DATA,
@@ -1099,6 +1099,13 @@ def check_shard(shard: ShardRole, frame: frames.Frame) -> None:
                 topic = frame.topic
     if topic is None:
         return
+    # A name no shard would take is refused here, as its owner would refuse it, so the
+    # answer does not depend on the shard asked: a PUBLISH takes only names of the
+    # grammar; the others also names stored before it (which may exist on the owner).
+    if item_index is not None:
+        validation.check_publish_topic(topic, item_index)
+    else:
+        validation.check_legacy_name("topic", topic)
     owner = shard.slot_map.shard_of(topic)
     address = shard.slot_map.addresses[owner]
     raise WrongShardError(

@@ -196,6 +196,23 @@ def check_consumable_topic(topic: str) -> None:
     check_name("topic", base if base != topic and base else topic)
 
 
+def check_publish_topic(topic: str, item_index: int | None = None) -> None:
+    """Check the topic of a PUBLISH item: a valid name (:func:`check_name`) that is not a
+    dead-letter topic (those take only what the broker moves there).
+
+    Raises:
+        RequestError: INVALID_TOPIC or RESERVED_TOPIC, with ``item_index``.
+    """
+    if topic.endswith(DLQ_SUFFIX):
+        raise RequestError(
+            ErrorCode.RESERVED_TOPIC,
+            f"topic {_shown(topic)} ends in {DLQ_SUFFIX!r}, which is reserved for dead "
+            "letters; pick another name",
+            item_index,
+        )
+    check_name("topic", topic, item_index)
+
+
 def _shown(value: str) -> str:
     shown = repr(value)
     return shown if len(shown) <= 80 else shown[:77] + "..."
@@ -394,14 +411,7 @@ def validate_publish_items_in_steps(
                 ErrorCode.INVALID_FIELD, f"topic must be a string, got {type(topic).__name__}", i
             )
         if topic not in good_topics:  # one check per distinct topic of the batch
-            if topic.endswith(DLQ_SUFFIX):
-                raise RequestError(
-                    ErrorCode.RESERVED_TOPIC,
-                    f"topic {_shown(topic)} ends in {DLQ_SUFFIX!r}, which is reserved for dead "
-                    "letters; pick another name",
-                    i,
-                )
-            check_name("topic", topic, i)
+            check_publish_topic(topic, i)
             good_topics.add(topic)
         if type(payload) is not bytes:
             raise RequestError(

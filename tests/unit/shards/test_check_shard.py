@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from futureq.broker.gateway import check_shard
-from futureq.errors import ErrorCode, WrongShardError
+from futureq.errors import ErrorCode, RequestError, WrongShardError
 from futureq.shards.layout import ShardRole
 from futureq.shards.slots import even_map
 from futureq.wire import frames
@@ -62,3 +62,45 @@ def test_the_foreign_topic_of_a_repeated_run_is_named_in_the_message() -> None:
     with pytest.raises(WrongShardError) as refused:
         check_shard(SHARD_0, _publish([A, A, Y, Y]))
     assert Y in refused.value.message and "shard 1" in refused.value.message
+
+
+def _foreign(names: list[str]) -> list[str]:
+    return [name for name in names if SLOT_MAP.shard_of(name) == 1]
+
+
+BAD_NAMES = [
+    n + s for n in ("a b", "_x", "café", "orders.*", "a\nb", "x" * 252) for s in ("", "1", "22")
+]
+"""Names a breaker sent to the shard that does not own them: answered WRONG_SHARD there
+and INVALID_TOPIC by the owner, so the answer depended on the shard asked."""
+
+
+@pytest.mark.parametrize("topic", _foreign(BAD_NAMES))
+def test_a_publish_to_a_name_no_shard_takes_is_refused_as_its_owner_would(topic: str) -> None:
+    with pytest.raises(RequestError) as refused:
+        check_shard(SHARD_0, _publish([A, topic]))
+    assert not isinstance(refused.value, WrongShardError)
+    assert (refused.value.code, refused.value.item_index) == (ErrorCode.INVALID_TOPIC, 1)
+
+
+def test_a_publish_to_a_foreign_dead_letter_topic_is_refused_as_reserved() -> None:
+    [dlq] = _foreign([f"{X}{i}.dlq" for i in range(40)])[:1]
+    with pytest.raises(RequestError) as refused:
+        check_shard(SHARD_0, _publish([dlq]))
+    assert refused.value.code == ErrorCode.RESERVED_TOPIC
+
+
+@pytest.mark.parametrize(
+    ("topic", "code"),
+    [
+        *((name, ErrorCode.INVALID_TOPIC) for name in _foreign(["a\nb", "a\nbc", "", "\x00x"])),
+        # Printable names outside the grammar may be stored from before it, on the owner.
+        *((name, ErrorCode.WRONG_SHARD) for name in _foreign(["a b", "a bc", "café", "cafés"])),
+    ],
+)
+def test_a_subscribe_to_a_foreign_name_goes_to_its_owner_only_if_it_may_exist(
+    topic: str, code: ErrorCode
+) -> None:
+    with pytest.raises(RequestError) as refused:
+        check_shard(SHARD_0, frames.Subscribe(1, topic, "g", 1))
+    assert refused.value.code == code
