@@ -21,6 +21,7 @@ from futureq.errors import ErrorCode, RemoteProtocolError
 from futureq.raft.basics import LogIndex as LogIndex
 from futureq.raft.basics import NodeId as NodeId
 from futureq.raft.basics import Term as Term
+from futureq.wire.codec import msgpack_fault
 
 
 class EntryKind(enum.IntEnum):
@@ -1047,7 +1048,7 @@ def _unpack(data: bytes) -> object:
         value: object = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
     except Exception as exc:  # msgpack raises many types for bad input; all mean "malformed"
         raise RemoteProtocolError(
-            ErrorCode.MALFORMED_FRAME, f"raft message is not valid msgpack: {exc}"
+            ErrorCode.MALFORMED_FRAME, f"raft message is not valid msgpack: {msgpack_fault(exc)}"
         ) from None
     return value
 

@@ -73,6 +73,25 @@ def encode_value(value: object, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) 
     return len(body).to_bytes(HEADER_BYTES, "big") + body
 
 
+def msgpack_fault(exc: BaseException) -> str:
+    """What is wrong with bytes msgpack refused to decode, in words a client can act on
+    (msgpack's own messages are empty for a reserved byte or deep nesting, and name
+    Python types and options for a bad map key)."""
+    if isinstance(exc, msgpack.StackError):
+        return "arrays or maps are nested too deeply"
+    if isinstance(exc, msgpack.FormatError):
+        return "it holds a byte that begins no msgpack value (such as 0xc1, never used)"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"a string is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x})"
+    text = str(exc)
+    if "strict_map_key" in text:
+        kind = text.split(" ", 1)[0]
+        shown = {"NoneType": "nil", "int": "an integer", "float": "a float", "bool": "a boolean",
+                 "list": "an array", "dict": "a map", "tuple": "an array"}.get(kind, kind)  # fmt: skip
+        return f"a map key is {shown}; map keys must be strings (or binary)"
+    return text or type(exc).__name__
+
+
 class FrameDecoder:
     """Incremental decoder of a byte stream into frames.
 
@@ -169,7 +188,7 @@ class FrameDecoder:
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             # ValueError covers msgpack's FormatError/StackError and bad UTF-8.
             raise RemoteProtocolError(
-                ErrorCode.MALFORMED_FRAME, f"frame body is not valid msgpack: {exc}"
+                ErrorCode.MALFORMED_FRAME, f"frame body is not valid msgpack: {msgpack_fault(exc)}"
             ) from None
         if end > 65536 and end * 2 > len(self._buffer):
             del self._buffer[:end]

@@ -290,3 +290,28 @@ def test_pure_noise_decodes_or_raises_remote_protocol_error(data: bytes) -> None
     decoder.receive_data(data)
     decoder.receive_data(b"")
     drain(decoder)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"\xc1", "begins no msgpack value"),
+        (b"\x91" * 3000 + b"\x00", "nested too deeply"),
+        (b"\x81\xc0\x01", "a map key is nil"),
+        (b"\x81\x01\x01", "a map key is an integer"),
+        (b"\x81\x91\x01\x01", "a map key is an array"),
+        (b"\xa2\xff\xfe", "not valid UTF-8 (byte 0xff)"),
+    ],
+)
+def test_a_body_msgpack_refuses_is_named_in_words(body: bytes, reason: str) -> None:
+    """Found by a breaker: a reserved byte or deep nesting gave "frame body is not valid
+    msgpack: " with nothing after the colon, and a bad map key msgpack's own sentence
+    about ``strict_map_key=True`` and Python's NoneType."""
+    decoder = codec.FrameDecoder(1 << 20)
+    decoder.receive_data(len(body).to_bytes(4, "big") + body)
+    with pytest.raises(RemoteProtocolError) as refused:
+        decoder.next_frame()
+    assert refused.value.code == ErrorCode.MALFORMED_FRAME
+    assert refused.value.message.startswith("frame body is not valid msgpack: ")
+    assert reason in refused.value.message
+    assert "strict_map_key" not in refused.value.message and "NoneType" not in refused.value.message
