@@ -103,6 +103,9 @@ def test_cancel_refuses_bad_input_with_a_code_and_a_sentence(broker: BrokerProce
         cases: list[tuple[str, list[int], str | None, ErrorCode, int | None]] = [
             ("nosuch", [first], None, ErrorCode.UNKNOWN_TOPIC, None),
             ("jobs", [first], "nosuch", ErrorCode.UNKNOWN_GROUP, None),
+            # Names no topic or group can have (a breaker: UNKNOWN_TOPIC before).
+            ("a..b", [first], None, ErrorCode.INVALID_TOPIC, None),
+            ("jobs", [first], "no group", ErrorCode.INVALID_GROUP, None),
             ("jobs", [], None, ErrorCode.EMPTY_BATCH, None),
             ("jobs", [first, -1], None, ErrorCode.INVALID_MESSAGE_ID, 1),
             ("jobs", [first] * 10_001, None, ErrorCode.BATCH_TOO_LARGE, None),
@@ -244,6 +247,11 @@ def test_browse_pages_what_is_due_without_claiming_it(broker: BrokerProcess) -> 
         urllib.request.urlopen(f"{base}?topic=later&group=g&limit=0")
     assert refused.value.code == 400
     assert json.loads(refused.value.read())["code"] == "INVALID_ARGUMENT"
+    for topic in ("a..b", "%ff%fe"):  # names no topic can have (a breaker: UNKNOWN_TOPIC)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{base}?topic={topic}")
+        assert refused.value.code == 400
+        assert json.loads(refused.value.read())["code"] == "INVALID_TOPIC"
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(f"{base}?topic=later&group=g&from_due_ms={now_ms // 1000}")
     assert refused.value.code == 400

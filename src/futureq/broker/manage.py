@@ -79,6 +79,7 @@ def target_groups(broker: Broker, request: str, topic: str, group: str | None) -
     """
     state = broker.state
     if not state.topic_groups_count(topic):
+        validation.check_consumable_topic(topic)  # a name no topic can have: INVALID_TOPIC
         raise RequestError(
             ErrorCode.UNKNOWN_TOPIC,
             f"{request}: topic {topic!r} has no consumer group, so no message of it is pending",
@@ -87,6 +88,7 @@ def target_groups(broker: Broker, request: str, topic: str, group: str | None) -
         return None
     info = state.find_group(topic, group)
     if info is None:
+        validation.check_name("group", group)
         raise RequestError(
             ErrorCode.UNKNOWN_GROUP,
             f"{request}: topic {topic!r} has no group {group!r} (leave the group out to "
@@ -131,6 +133,7 @@ def browse_group(
     state = broker.state
     groups = state.topic_groups(topic)
     if not groups:
+        validation.check_consumable_topic(topic)  # a name no topic can have: INVALID_TOPIC
         raise RequestError(
             ErrorCode.UNKNOWN_TOPIC,
             f"{request}: topic {topic!r} has no consumer group, so no message of it is pending",
@@ -145,6 +148,7 @@ def browse_group(
         return groups[0]
     info = state.find_group(topic, group)
     if info is None:
+        validation.check_name("group", group)
         raise RequestError(
             ErrorCode.UNKNOWN_GROUP, f"{request}: topic {topic!r} has no group {group!r}"
         )
