@@ -5,11 +5,14 @@ log line per failed connection."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import trio
 from broker_process import BrokerProcess
+from cluster_process import Cluster
 from wire_client import WireClient, non_reading_client
 
 from futureq.client import open_client
@@ -338,3 +341,51 @@ def test_pipelined_subscribes_cannot_pass_the_subscription_limits_together(
         per_client.append(len(accepted))
     assert sum(per_client) == 12, per_client  # max_subscriptions: the node's limit, exactly
     assert metric(broker, "futureq_subscriptions") == 12
+
+
+def test_requests_in_progress_are_bounded_in_bytes_per_connection(tmp_path: Path) -> None:
+    """Only their number was bounded (256), so a client pipelining 4 MiB frames that
+    could not be answered at once (no leader, a slow commit) made its node hold up to
+    1 GiB for it. A node without a leader holds each PUBLISH while it waits for one."""
+    cluster = Cluster(
+        tmp_path,
+        3,
+        env={
+            "FUTUREQ_LIMITS_MAX_FRAME_BYTES": str(MIB),
+            "FUTUREQ_LIMITS_MAX_PAYLOAD_BYTES": str(768 * KIB),
+            "FUTUREQ_LIMITS_MAX_CONNECTION_BUFFER_BYTES": str(MIB),
+        },
+    )
+    cluster.start()
+    try:
+        leader = cluster.leader()
+        alone = next(node for node in cluster.nodes.values() if node is not leader)
+        for node in cluster.nodes.values():
+            if node is not alone:
+                node.kill()
+        # Once it has no leader to name, each PUBLISH waits for an election to end.
+        wait_for(lambda: alone.http_json("/api/status").get("leader_id") is None)
+        client = WireClient(alone.client_address)
+        requests = b"".join(
+            codec.encode_frame(
+                frames.Publish(
+                    client.next_id(),
+                    frames.AckLevel.QUORUM,
+                    [["big", b"b" * (700 * KIB), 0, None, None]],
+                ),
+                2 * MIB,
+            )
+            for _ in range(8)
+        )
+        sender = threading.Thread(target=client.send_raw, args=(requests,), daemon=True)
+        sender.start()
+        held = []
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            held.append(metric(alone, "futureq_connection_buffer_bytes", 'direction="requests"'))
+            time.sleep(0.05)
+        assert max(held) > 0, "no PUBLISH was held waiting for a leader"
+        assert max(held) <= MIB, held  # one 700 KiB frame at a time, not all eight
+        client.close()
+    finally:
+        cluster.stop()

@@ -81,7 +81,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_REQUESTS_IN_PROGRESS = 256
-"""Requests of one connection being served at once; the reader waits beyond that."""
+"""Requests of one connection being served at once; the reader waits beyond that, and
+beyond ``limits.max_connection_buffer_bytes`` of their frames (one request is always
+served, whatever its size): a client pipelining 256 frames of 4 MiB made its node hold
+1 GiB for it."""
 HANDSHAKE_TIMEOUT_S = 10.0
 LEADERSHIP_CLOSE_GRACE_S = 2.0
 """After a leadership change, how long in-progress requests may finish before closing."""
@@ -197,6 +200,9 @@ class NodeBuffers:
         self.on_full = on_full
         self.outbound = 0
         self.inbound = 0
+        self.requests = 0
+        """Bytes of the frames of requests read and being served, on every connection
+        (each connection bounds its own by ``limits.max_connection_buffer_bytes``)."""
         self._was_full = False
         self._refused: dict[Outbox, None] = {}
         """Outboxes refused room because the node was full, told when it is not."""
@@ -491,6 +497,11 @@ class Connection:
         self._subscribing = 0
         """SUBSCRIBEs of this connection past their limit check, not yet registered."""
         self._limit = trio.Semaphore(MAX_REQUESTS_IN_PROGRESS)
+        self._request_bytes = 0
+        """Bytes of the frames of the requests being served (read, not yet answered)."""
+        self._request_bytes_limit = self.limits.max_connection_buffer_bytes
+        self._request_room: trio.Event | None = None
+        """Set when a request ends, while the reader waits for room for the next."""
         self._reading = trio.CancelScope()
         self._scope = trio.CancelScope()
         self._closing: _Closing | None = None
@@ -691,6 +702,7 @@ class Connection:
         """
         session = self.session
         while True:
+            before = session.buffered_bytes
             try:
                 event = session.next_event()
             except RemoteProtocolError as exc:
@@ -735,7 +747,12 @@ class Connection:
                 self._limit.acquire_nowait()
             except trio.WouldBlock:
                 await self._limit.acquire()
-            nursery.start_soon(self._handle, event)
+            size = before - session.buffered_bytes  # the frame's, header included
+            if self._request_bytes and self._request_bytes + size > self._request_bytes_limit:
+                await self._wait_request_room(size)
+            self._request_bytes += size
+            self.node_buffers.requests += size
+            nursery.start_soon(self._handle, event, size)
         self._count_inbound(session.buffered_bytes)
         await self._receive()
         return True
@@ -850,7 +867,14 @@ class Connection:
 
     # ------------------------------------------------------------ requests
 
-    async def _handle(self, frame: frames.Frame) -> None:
+    async def _wait_request_room(self, size: int) -> None:
+        """Wait until requests in progress hold few enough bytes to take one of ``size``
+        (one is always taken when none is in progress, whatever its size)."""
+        while self._request_bytes and self._request_bytes + size > self._request_bytes_limit:
+            room = self._request_room = trio.Event()
+            await room.wait()
+
+    async def _handle(self, frame: frames.Frame, size: int = 0) -> None:
         try:
             self.access.check(self.principal, frame)
             if self.broker.shard is not None:
@@ -876,6 +900,11 @@ class Connection:
             raise  # the node cannot go on without its disk
         finally:
             self._limit.release()
+            self._request_bytes -= size
+            self.node_buffers.requests -= size
+            if self._request_room is not None:
+                self._request_room.set()
+                self._request_room = None
 
     async def _publish_after_election(self, frame: frames.Publish) -> frames.Frame | None:
         """A PUBLISH got NOT_LEADER (nothing of it was applied): wait until a leader is

@@ -288,6 +288,9 @@ async def serve(
         )
         metrics.connection_buffer_bytes.labels("out").set_function(lambda: node_buffers.outbound)
         metrics.connection_buffer_bytes.labels("in").set_function(lambda: node_buffers.inbound)
+        metrics.connection_buffer_bytes.labels("requests").set_function(
+            lambda: node_buffers.requests
+        )
         gateway = ClientGateway(
             broker,
             access=access,
