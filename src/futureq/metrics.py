@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -46,6 +45,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from futureq import __version__
@@ -747,7 +747,10 @@ class Metrics:
         with self._render_lock:
             self._group_counts.rows = rows
             try:
-                return generate_latest(self.registry), CONTENT_TYPE_LATEST
+                # 0.0.4 said outright (prometheus-client's "latest" is 1.0.0 since 0.22):
+                # the text is that format, every Prometheus reads it, and a sharded
+                # node's merged /metrics says the same.
+                return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
             finally:
                 self._group_counts.rows = None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,11 @@ def test_status_from_a_follower_is_the_leaders_or_says_it_is_local(tmp_path: Pat
         assert logged and all(f" node={follower.node_id} " in line for line in logged[:20])
     finally:
         cluster.stop()
+
+
+def test_metrics_are_served_as_the_text_format_the_docs_name(broker: Any) -> None:
+    """docs/operations.md says text format 0.0.4 (what a sharded node's merged /metrics
+    said too); a one-shard node said version=1.0.0, prometheus-client's newest name."""
+    with urllib.request.urlopen(f"http://{broker.http_address}/metrics", timeout=5) as answer:
+        assert answer.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert b"futureq_published_messages_total" in answer.read()
