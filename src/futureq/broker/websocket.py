@@ -25,8 +25,12 @@ Checks at the WebSocket level, before any frame is read:
   in ``server.websocket_origins``: a page on another site must not drive a broker on
   the visitor's machine (cross-site WebSocket hijacking, DNS rebinding); clients that
   send no ``Origin`` (programs, not browsers) are not affected;
-* a message larger than a frame can be (``limits.max_frame_bytes`` + 4) is refused by
-  wsproto with close code 1009;
+* before HELLO is answered, a message may hold at most a HELLO's frame (64 KiB + 4
+  bytes, as the first frame over TCP): the bytes of a longer one are dropped as they
+  arrive, never assembled, and the client gets an ERROR frame with ``FRAME_TOO_LARGE``
+  (100), then close code 1009 (:class:`MessageBuffer`);
+* after HELLO, a message larger than a frame can be (``limits.max_frame_bytes`` + 4) is
+  refused by the WebSocket layer with close code 1009;
 * over HTTP/1.1 only (RFC 6455): a WebSocket over HTTP/2 (RFC 8441) is refused (HTTP
   403), since hypercorn would buffer what the node sends on it without limit; the TLS
   port offers only ``http/1.1`` by ALPN, so browsers never try;
@@ -47,13 +51,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import trio
+from hypercorn.protocol.ws_stream import WebsocketBuffer, WSStream
 
 from futureq.config import join_host_port
 from futureq.errors import ErrorCode
-from futureq.wire import codec, frames
+from futureq.wire import codec, frames, session
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, WebsocketScope
+    from wsproto.events import Message
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,12 @@ CLOSE_UNSUPPORTED_DATA = 1003
 """RFC 6455 §7.4.1: the endpoint cannot accept this type of data (a text message)."""
 CLOSE_POLICY_VIOLATION = 1008
 """RFC 6455 §7.4.1: a message that is not exactly one frame."""
+CLOSE_MESSAGE_TOO_BIG = 1009
+"""RFC 6455 §7.4.1: a message too big to process."""
+
+MAX_HELLO_MESSAGE_BYTES = session.MAX_HELLO_BYTES + codec.HEADER_BYTES
+"""Largest message read before HELLO is answered: one HELLO-sized frame with its header,
+the TCP port's first-frame limit (``docs/protocol.md``, "Limits")."""
 
 TRANSPORT: contextvars.ContextVar[trio.SocketStream | None] = contextvars.ContextVar(
     "futureq_http_transport", default=None
@@ -153,6 +165,70 @@ def peer_of(scope: WebsocketScope) -> str:
     return join_host_port(str(host), port)
 
 
+class MessageBuffer(WebsocketBuffer):
+    """Hypercorn's buffer of the WebSocket message being received, held to a HELLO's size
+    (:data:`MAX_HELLO_MESSAGE_BYTES`) until HELLO is answered.
+
+    Hypercorn assembles each message whole before the application sees any of it, so a
+    cap on what an unauthenticated client makes the node hold must sit here. Before
+    :meth:`hello_answered`, the bytes of a longer message are dropped as they arrive
+    (never assembled) and :attr:`overflowed` is set: :class:`WebSocketStream` then tells
+    the client ``FRAME_TOO_LARGE`` and closes. Afterwards the cap is the one hypercorn was
+    configured with (``limits.max_frame_bytes`` + 4), and a longer message is hypercorn's
+    own refusal (close 1009).
+
+    Args:
+        max_message_bytes: The cap after HELLO (bytes).
+    """
+
+    def __init__(self, max_message_bytes: int) -> None:
+        super().__init__(min(max_message_bytes, MAX_HELLO_MESSAGE_BYTES))
+        self._max_after_hello = max_message_bytes
+        self._greeted = False
+        self.overflowed = trio.Event()
+        """Set when a message before HELLO passed the cap (the connection is to close)."""
+        self.overflow_bytes = 0
+        """How much of that message had arrived when it passed the cap (bytes)."""
+
+    def hello_answered(self) -> None:
+        """Raise the cap to the one after HELLO."""
+        self._greeted = True
+        self.max_length = self._max_after_hello
+
+    def extend(self, event: Message[Any]) -> None:
+        """Add a piece of the message (hypercorn calls it for each one)."""
+        if self._greeted:
+            super().extend(event)  # FrameTooLargeError past the cap: hypercorn closes 1009
+            return
+        if self.overflowed.is_set():
+            return  # the connection is closing; drop the rest
+        arrived = self.length + len(event.data)
+        if arrived > self.max_length:
+            self.overflow_bytes = arrived
+            self.clear()
+            self.overflowed.set()
+            return
+        super().extend(event)
+
+    def to_message(self) -> dict[str, Any]:
+        """The ASGI event of a finished message (an empty one after an overflow)."""
+        if self.overflowed.is_set():
+            return {"type": "websocket.receive", "bytes": b"", "text": None}
+        return super().to_message()
+
+
+def install_message_buffer(send: ASGISendCallable) -> MessageBuffer | None:
+    """Put a :class:`MessageBuffer` in place of hypercorn's in the connection whose ASGI
+    ``send`` this is; call before accepting. None when ``send`` is not hypercorn's
+    WebSocket stream's (a test's channel): messages are then checked once assembled."""
+    owner = getattr(send, "__self__", None)
+    if not isinstance(owner, WSStream) or type(owner.buffer) is not WebsocketBuffer:
+        return None
+    buffer = MessageBuffer(owner.buffer.max_length)
+    owner.buffer = buffer
+    return buffer
+
+
 class WebSocketStream(trio.abc.Stream):
     """A FutureQ frame stream over one accepted ASGI WebSocket.
 
@@ -165,6 +241,11 @@ class WebSocketStream(trio.abc.Stream):
         receive: The ASGI ``receive`` callable of the connection.
         send: The ASGI ``send`` callable.
         on_refused: Called with the error code when a message is refused (for metrics).
+        transport: The connection's socket (:data:`TRANSPORT`), closed by :meth:`abort`.
+        buffer: The connection's :class:`MessageBuffer` (:func:`install_message_buffer`):
+            its cap is raised when this stream sends HELLO_OK, and an overflow before
+            that ends the stream with ``FRAME_TOO_LARGE``. None: a message longer than
+            :data:`MAX_HELLO_MESSAGE_BYTES` before HELLO_OK is refused once assembled.
     """
 
     def __init__(
@@ -173,11 +254,14 @@ class WebSocketStream(trio.abc.Stream):
         send: ASGISendCallable,
         on_refused: Callable[[ErrorCode], None] | None = None,
         transport: trio.SocketStream | None = None,
+        buffer: MessageBuffer | None = None,
     ) -> None:
         self._receive = receive
         self._send = send
         self._on_refused = on_refused
         self._transport = transport
+        self._buffer = buffer
+        self._greeted = False
         self._pending = b""
         self._eof = False
         self._closed = False
@@ -233,7 +317,10 @@ class WebSocketStream(trio.abc.Stream):
             if self._eof:
                 await trio.lowlevel.checkpoint()
                 return b""
-            message = await self._receive()
+            message = await self._receive() if self._greeted else await self._receive_first()
+            if message is None:
+                await self._refuse_before_hello(self._buffer_overflow_bytes())
+                continue
             kind = message["type"]
             if kind == "websocket.disconnect":
                 self._eof = True
@@ -248,6 +335,9 @@ class WebSocketStream(trio.abc.Stream):
                     "each holding one frame (4-byte big-endian length, then the msgpack body)",
                 )
                 continue
+            if not self._greeted and len(data) > MAX_HELLO_MESSAGE_BYTES:
+                await self._refuse_before_hello(len(data))
+                continue
             problem = _not_one_frame(bytes(data))
             if problem is not None:
                 await self._refuse(CLOSE_POLICY_VIOLATION, problem)
@@ -259,12 +349,52 @@ class WebSocketStream(trio.abc.Stream):
             chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
         return chunk
 
-    async def _refuse(self, close_code: int, sentence: str) -> None:
+    async def _receive_first(self) -> Any:
+        """The next ASGI event before HELLO is answered, or None once the message being
+        received passed the cap (:class:`MessageBuffer`): hypercorn never hands over a
+        message it did not finish, so the overflow is waited for alongside."""
+        buffer = self._buffer
+        if buffer is None:
+            return await self._receive()
+        received: list[Any] = []
+        async with trio.open_nursery() as nursery:
+
+            async def receive() -> None:
+                received.append(await self._receive())
+                nursery.cancel_scope.cancel()
+
+            async def overflow() -> None:
+                await buffer.overflowed.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(receive)
+            nursery.start_soon(overflow)
+        if buffer.overflowed.is_set():
+            return None
+        return received[0]
+
+    def _buffer_overflow_bytes(self) -> int:
+        return 0 if self._buffer is None else self._buffer.overflow_bytes
+
+    async def _refuse_before_hello(self, arrived_bytes: int) -> None:
+        """Refuse a message longer than a HELLO before HELLO is answered (as TCP does its
+        first frame: ``FRAME_TOO_LARGE``), and close with 1009."""
+        await self._refuse(
+            CLOSE_MESSAGE_TOO_BIG,
+            f"a WebSocket message of more than {MAX_HELLO_MESSAGE_BYTES} bytes "
+            f"({arrived_bytes} had arrived) before HELLO: the first message must hold one "
+            f"HELLO frame of at most {session.MAX_HELLO_BYTES} bytes",
+            ErrorCode.FRAME_TOO_LARGE,
+        )
+
+    async def _refuse(
+        self, close_code: int, sentence: str, code: ErrorCode = ErrorCode.WEBSOCKET_MESSAGE
+    ) -> None:
         """Tell the client why in an ERROR frame, close, and report end-of-stream."""
         if self._on_refused is not None:
-            self._on_refused(ErrorCode.WEBSOCKET_MESSAGE)
+            self._on_refused(code)
         log.info("WebSocket message refused: %s", sentence)
-        error = frames.Error(0, int(ErrorCode.WEBSOCKET_MESSAGE), sentence)
+        error = frames.Error(0, int(code), sentence)
         try:
             await self._send_messages(
                 [
@@ -293,9 +423,14 @@ class WebSocketStream(trio.abc.Stream):
             end = offset + codec.HEADER_BYTES + length
             # Our own writer only ever hands over whole frames.
             assert length > 0 and end <= len(view), "send_all got a partial frame"
-            messages.append(
-                {"type": "websocket.send", "bytes": bytes(view[offset:end]), "text": None}
-            )
+            frame = bytes(view[offset:end])
+            if not self._greeted and _is_hello_ok(frame):
+                # From now on the client may send max_frame_bytes; raised before the
+                # HELLO_OK leaves, so its next message already has the room.
+                self._greeted = True
+                if self._buffer is not None:
+                    self._buffer.hello_answered()
+            messages.append({"type": "websocket.send", "bytes": frame, "text": None})
             offset = end
         await self._send_messages(messages)
 
@@ -316,6 +451,14 @@ class WebSocketStream(trio.abc.Stream):
         except trio.BrokenResourceError:
             log.debug("WebSocket close after the socket went away", exc_info=True)
         await trio.lowlevel.checkpoint()
+
+
+def _is_hello_ok(frame: bytes) -> bool:
+    """Whether one whole frame of ours is HELLO_OK (only frames sent before it are
+    decoded: an ERROR or HELLO_OK, a few hundred bytes)."""
+    decoder = codec.FrameDecoder(len(frame))
+    decoder.receive_data(frame)
+    return isinstance(decoder.next_frame(), frames.HelloOk)
 
 
 def _not_one_frame(data: bytes) -> str | None:
@@ -382,6 +525,7 @@ async def serve_websocket(
         await send({"type": "websocket.close", "code": CLOSE_POLICY_VIOLATION, "reason": ""})
         return
     offered = SUBPROTOCOL in scope.get("subprotocols", [])
+    buffer = install_message_buffer(send)  # before accepting: no message is read yet
     await send(
         {
             "type": "websocket.accept",
@@ -389,7 +533,7 @@ async def serve_websocket(
             "headers": [],
         }
     )
-    stream = WebSocketStream(receive, send, on_refused, TRANSPORT.get())
+    stream = WebSocketStream(receive, send, on_refused, TRANSPORT.get(), buffer)
     try:
         await handler(stream, peer_of(scope), token)
     finally:
@@ -398,10 +542,13 @@ async def serve_websocket(
 
 
 __all__ = [
+    "MAX_HELLO_MESSAGE_BYTES",
     "PATH",
     "SUBPROTOCOL",
+    "MessageBuffer",
     "WebSocketHandler",
     "WebSocketStream",
+    "install_message_buffer",
     "origin_allowed",
     "serve_websocket",
 ]

@@ -8,8 +8,15 @@ from typing import Any
 
 import pytest
 import trio
+from hypercorn.protocol.ws_stream import FrameTooLargeError
+from wsproto.events import BytesMessage
 
-from futureq.broker.websocket import WebSocketStream, origin_allowed
+from futureq.broker.websocket import (
+    MAX_HELLO_MESSAGE_BYTES,
+    MessageBuffer,
+    WebSocketStream,
+    origin_allowed,
+)
 from futureq.errors import ErrorCode
 from futureq.wire import codec, frames
 
@@ -119,3 +126,54 @@ async def test_aclose_closes_once_and_then_refuses_use() -> None:
         await stream.send_all(codec.encode_frame(frames.Ping(1)))
     with pytest.raises(trio.ClosedResourceError):
         await stream.receive_some()
+
+
+def _decoded(data: bytes) -> Any:
+    decoder = codec.FrameDecoder(1 << 20)
+    decoder.receive_data(data)
+    return decoder.next_frame()
+
+
+HELLO_OK = codec.encode_frame(frames.HelloOk(1, 1, 1, None, 4 << 20, "test"))
+BIG = (70_000).to_bytes(4, "big") + bytes(70_000)
+"""One well-formed frame header and body, longer than a HELLO may be."""
+
+
+async def test_before_hello_ok_a_message_longer_than_a_hello_is_frame_too_large() -> None:
+    refused: list[ErrorCode] = []
+    asgi = FakeAsgi([_message(BIG)])
+    stream = WebSocketStream(asgi.receive, asgi.send, refused.append)  # type: ignore[arg-type]
+    assert await stream.receive_some() == b""
+    assert refused == [ErrorCode.FRAME_TOO_LARGE]
+    error_message, close = asgi.sent
+    error = _decoded(error_message["bytes"])
+    assert isinstance(error, frames.Error) and error.code == ErrorCode.FRAME_TOO_LARGE
+    assert "before HELLO" in error.message and str(MAX_HELLO_MESSAGE_BYTES) in error.message
+    assert close == {"type": "websocket.close", "code": 1009, "reason": ""}
+
+
+async def test_after_hello_ok_a_longer_message_is_read() -> None:
+    asgi = FakeAsgi([_message(BIG)])
+    stream = WebSocketStream(asgi.receive, asgi.send)  # type: ignore[arg-type]
+    await stream.send_all(HELLO_OK)
+    assert await stream.receive_some() == BIG
+
+
+def test_message_buffer_drops_a_long_message_before_hello_and_caps_after() -> None:
+    buffer = MessageBuffer(1 << 20)
+    buffer.extend(BytesMessage(bytes(60_000), message_finished=False))
+    assert not buffer.overflowed.is_set()
+    buffer.extend(BytesMessage(bytes(10_000), message_finished=False))
+    assert buffer.overflowed.is_set() and buffer.overflow_bytes == 70_000
+    assert buffer.length == 0 and buffer.value is None  # nothing of it is held
+    buffer.extend(BytesMessage(bytes(60_000), message_finished=True))
+    assert buffer.length == 0
+    assert buffer.to_message()["bytes"] == b""
+
+    buffer = MessageBuffer(1 << 20)
+    buffer.hello_answered()
+    buffer.extend(BytesMessage(bytes(1 << 20), message_finished=True))
+    assert buffer.to_message()["bytes"] == bytes(1 << 20)
+    buffer.clear()
+    with pytest.raises(FrameTooLargeError):  # hypercorn's refusal: close 1009
+        buffer.extend(BytesMessage(bytes((1 << 20) + 1), message_finished=True))

@@ -1,0 +1,146 @@
+"""``/ws`` against a real ``futureq start`` over raw sockets: before HELLO a WebSocket
+message is capped like TCP's first frame.
+
+Found by trying it as a hostile client would: 30 WebSockets each sending 4 MB of a first
+message that never ended made the node hold 120 MB until their HELLO timeout (hypercorn
+assembles a message whole before the application sees it), with no token.
+
+Source: docs/security.md, "What a client can cost"; docs/operations.md, "Limits".
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import struct
+import time
+
+from broker_process import BrokerProcess
+
+from futureq.errors import ErrorCode
+from futureq.wire import codec, frames
+
+DEADLINE_S = 5.0
+"""The node answers at once; the HELLO timeout (10 s) is what the old code waited for."""
+
+
+def _connect(address: str, source: str = "127.0.0.1") -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    return socket.create_connection(
+        (host, int(port)), timeout=DEADLINE_S, source_address=(source, 0)
+    )
+
+
+def _upgrade(address: str, source: str = "127.0.0.1") -> tuple[socket.socket, bytes]:
+    """Ask for ``/ws``; the socket and the whole answer head (plus what followed it)."""
+    sock = _connect(address, source)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        (
+            f"GET /ws HTTP/1.1\r\nHost: {address}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        data = sock.recv(65536)
+        if not data:
+            break
+        answer += data
+    return sock, answer
+
+
+def _client_frame(payload: bytes, announced: int | None = None) -> bytes:
+    """A masked binary WebSocket frame (RFC 6455 §5.2) carrying ``payload``; with
+    ``announced``, the header promises that many bytes (more than are sent)."""
+    length = len(payload) if announced is None else announced
+    mask = os.urandom(4)
+    if length < 126:
+        head = bytes([0x82, 0x80 | length])
+    elif length < 65536:
+        head = bytes([0x82, 0x80 | 126]) + struct.pack(">H", length)
+    else:
+        head = bytes([0x82, 0x80 | 127]) + struct.pack(">Q", length)
+    masked = bytes(byte ^ mask[index % 4] for index, byte in enumerate(payload))
+    return head + mask + masked
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (fails if it stays open)."""
+    sock.settimeout(DEADLINE_S)
+    got = b""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return got
+        if not data:
+            return got
+        got += data
+    raise AssertionError(f"the server kept the connection open; it sent {got[:200]!r}")
+
+
+def _server_frames(data: bytes) -> list[tuple[int, bytes]]:
+    """``(opcode, payload)`` of each unmasked server WebSocket frame in ``data``."""
+    found: list[tuple[int, bytes]] = []
+    while data:
+        opcode, length, offset = data[0] & 0x0F, data[1] & 0x7F, 2
+        if length == 126:
+            length, offset = struct.unpack(">H", data[2:4])[0], 4
+        elif length == 127:
+            length, offset = struct.unpack(">Q", data[2:10])[0], 10
+        found.append((opcode, data[offset : offset + length]))
+        data = data[offset + length :]
+    return found
+
+
+def _decode(message: bytes) -> frames.Frame:
+    decoder = codec.FrameDecoder(codec.DEFAULT_MAX_FRAME_BYTES)
+    decoder.receive_data(message)
+    frame = decoder.next_frame()
+    assert isinstance(frame, frames.Frame), frame
+    return frame
+
+
+def test_a_long_first_message_is_refused_as_it_arrives_like_the_first_tcp_frame(
+    broker_factory: object,
+) -> None:
+    broker: BrokerProcess = broker_factory()  # type: ignore[operator]
+    # A first message announcing 4 MiB, of which a little more than a HELLO's worth is
+    # sent and the rest never: the node must not wait for it (nor hold it).
+    sock, answer = _upgrade(broker.http_address)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    bulk = (4 * 1024 * 1024).to_bytes(4, "big") + bytes(64 * 1024 + 100)
+    sock.sendall(_client_frame(bulk, announced=4 * 1024 * 1024 + 4))
+    sent = _server_frames(_read_until_closed(sock))
+    sock.close()
+    assert [opcode for opcode, _ in sent] == [0x2, 0x8], sent
+    error = _decode(sent[0][1])
+    assert isinstance(error, frames.Error), error
+    assert error.code == ErrorCode.FRAME_TOO_LARGE, error
+    assert "before HELLO" in error.message and "65536" in error.message, error.message
+    assert struct.unpack(">H", sent[1][1][:2])[0] == 1009
+
+    # After HELLO the connection's own limit (limits.max_frame_bytes) applies: a publish
+    # of more than 64 KiB is served.
+    sock, answer = _upgrade(broker.http_address)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    sock.sendall(_client_frame(codec.encode_frame(frames.Hello(1, (1,), "ws-limit", None))))
+    publish = frames.Publish(2, frames.AckLevel.QUORUM, [["big", b"x" * 200_000, 0, None, None]])
+    sock.sendall(_client_frame(codec.encode_frame(publish)))
+    got = b""
+    answers: list[frames.Frame] = []
+    while len(answers) < 2:
+        data = sock.recv(65536)
+        assert data, f"closed after {answers}"
+        got += data
+        try:
+            answers = [_decode(payload) for _, payload in _server_frames(got)]
+        except (IndexError, struct.error):
+            continue  # a frame not yet whole
+    sock.close()
+    assert isinstance(answers[0], frames.HelloOk), answers
+    assert isinstance(answers[1], frames.PublishOk), answers
