@@ -1,9 +1,12 @@
 """``/ws`` against a real ``futureq start`` over raw sockets: before HELLO a WebSocket
-message is capped like TCP's first frame.
+message is capped like TCP's first frame, and WebSockets cannot take the HTTP slots that
+health probes need.
 
 Found by trying it as a hostile client would: 30 WebSockets each sending 4 MB of a first
 message that never ended made the node hold 120 MB until their HELLO timeout (hypercorn
-assembles a message whole before the application sees it), with no token.
+assembles a message whole before the application sees it), with no token; and 4 hosts
+holding 32 WebSockets each took all 128 HTTP slots, so ``/healthz`` answered 503 from
+everywhere else (a liveness probe would restart a healthy node).
 
 Source: docs/security.md, "What a client can cost"; docs/operations.md, "Limits".
 """
@@ -15,6 +18,8 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from broker_process import BrokerProcess
 
@@ -144,3 +149,59 @@ def test_a_long_first_message_is_refused_as_it_arrives_like_the_first_tcp_frame(
     sock.close()
     assert isinstance(answers[0], frames.HelloOk), answers
     assert isinstance(answers[1], frames.PublishOk), answers
+
+
+@contextmanager
+def _held(sockets: list[socket.socket]) -> Iterator[list[socket.socket]]:
+    try:
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _get(address: str, path: str, source: str) -> bytes:
+    sock = _connect(address, source)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    answer = _read_until_closed(sock)
+    sock.close()
+    return answer
+
+
+def test_websockets_leave_a_quarter_of_the_http_slots_to_health_probes(
+    broker_factory: object,
+) -> None:
+    # 8 HTTP connections at most, 2 per address: WebSockets may hold 6 of them.
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={"FUTUREQ_LIMITS_MAX_HTTP_CONNECTIONS": "8"}
+    )
+    with _held([]) as held:
+        statuses: list[bytes] = []
+        refusal = b""
+        for host in range(4):  # four hosts each open the 2 connections they may
+            for _ in range(2):
+                sock, answer = _upgrade(broker.http_address, f"127.0.0.{10 + host}")
+                held.append(sock)
+                statuses.append(answer.split(b"\r\n", 1)[0])
+                if not answer.startswith(b"HTTP/1.1 101"):
+                    refusal = answer + _read_until_closed(sock)
+        assert sum(status.startswith(b"HTTP/1.1 101") for status in statuses) == 6, statuses
+        assert statuses[-2:] == [b"HTTP/1.1 503 "] * 2, statuses
+        assert b"futureq-refused: websockets" in refusal, refusal
+        assert b"6 WebSockets at once" in refusal and b"/healthz" in refusal, refusal
+
+        # A fifth host's probe is served: the WebSockets left room.
+        health = _get(broker.http_address, "/healthz", "127.0.0.20")
+        assert health.startswith(b"HTTP/1.1 200"), health
+
+        # Plain connections may take the rest; a 503 for lack of room then says so, and
+        # that it is not the node's health.
+        for _ in range(2):  # kept alive after one answer, which shows they were admitted
+            sock = _connect(broker.http_address, "127.0.0.21")
+            held.append(sock)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        full = _get(broker.http_address, "/healthz", "127.0.0.22")
+        assert full.startswith(b"HTTP/1.1 503"), full
+        assert b"futureq-refused: http-connections" in full, full
+        assert b"says nothing about the node's health" in full, full

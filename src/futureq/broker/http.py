@@ -670,11 +670,14 @@ REFUSE_DRAIN_S = 0.05
 http_refused_log = RateLimitedLog(logger)
 
 
-def _refusal(why: str) -> bytes:
-    body = f"{why}; retry later\n".encode()
+def _refusal(why: str, limit: str) -> bytes:
+    """A whole 503 answer refusing a connection for lack of room; ``limit`` is the
+    :data:`websocket.REFUSED_HEADER` value (the body says it is no health answer)."""
+    body = f"{why}; retry later (this refusal says nothing about the node's health)\n".encode()
     head = (
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+        f"content-length: {len(body)}\r\nretry-after: 1\r\n"
+        f"{websocket.REFUSED_HEADER.decode()}: {limit}\r\nconnection: close\r\n\r\n"
     )
     return head.encode() + body
 
@@ -709,9 +712,12 @@ async def _serve_capped(
 
     At most ``max_connections`` connections are served at once (each holds a file
     descriptor; ``/ws`` ones included), at most a :data:`HTTP_ADDRESS_SHARE`-th of them
-    from one client address; one more is answered ``503`` with a sentence and closed at
-    once (HTTPS: closed before any TLS handshake), never left waiting with a
-    descriptor. TLS is wrapped per admitted connection, so a refused one costs no
+    from one client address; one more is answered ``503`` with a sentence and a
+    ``futureq-refused`` header (so a probe can tell it from an unhealthy ``/healthz``)
+    and closed at once (HTTPS: closed before any TLS handshake), never left waiting
+    with a descriptor. WebSockets, which live as long as their clients like, may hold
+    at most :func:`websocket.max_websockets` of the connections (:data:`websocket.SLOTS`):
+    the rest stays for short requests, so health probes find room. TLS is wrapped per admitted connection, so a refused one costs no
     handshake. Hypercorn's per-connection deadlines apply: ``keep_alive_timeout``
     closes a connection that has no complete request head that long after it opened or
     after its last answer (slowloris); ``ssl_handshake_timeout`` bounds the handshake.
@@ -737,12 +743,15 @@ async def _serve_capped(
     per_address = max(1, max_connections // HTTP_ADDRESS_SHARE)
     refusal = _refusal(
         f"this node serves {max_connections} HTTP connections at once, its limit "
-        "(limits.max_http_connections, or what the open-file limit leaves room for)"
+        "(limits.max_http_connections, or what the open-file limit leaves room for)",
+        "http-connections",
     )
     address_refusal = _refusal(
         f"this address holds {per_address} HTTP connections, the most one address may "
-        f"(1/{HTTP_ADDRESS_SHARE} of limits.max_http_connections)"
+        f"(1/{HTTP_ADDRESS_SHARE} of limits.max_http_connections)",
+        "http-address",
     )
+    websocket_slots = trio.CapacityLimiter(websocket.max_websockets(max_connections))
     by_address: dict[str, int] = {}
 
     async def refuse(stream: trio.SocketStream, answer: bytes, why: str) -> None:
@@ -779,6 +788,7 @@ async def _serve_capped(
                     stream, ssl_context, server_side=True, https_compatible=True
                 )
             websocket.TRANSPORT.set(stream)  # this task's context, inherited by hypercorn's
+            websocket.SLOTS.set(websocket_slots)
             await TCPServer(wrapped, config, context, ConnectionState({}), served)  # type: ignore[arg-type]
         finally:
             admitted.release()
@@ -791,9 +801,7 @@ async def _serve_capped(
     async with trio.open_nursery() as handlers:
         async with trio.open_nursery() as accepting:
             accepting.start_soon(
-                functools.partial(
-                    trio.serve_listeners, handle, listeners, handler_nursery=handlers
-                )
+                functools.partial(trio.serve_listeners, handle, listeners, handler_nursery=handlers)
             )
             task_status.started(binds)
             if shutdown_trigger is None:

@@ -31,6 +31,9 @@ Checks at the WebSocket level, before any frame is read:
   (100), then close code 1009 (:class:`MessageBuffer`);
 * after HELLO, a message larger than a frame can be (``limits.max_frame_bytes`` + 4) is
   refused by the WebSocket layer with close code 1009;
+* WebSockets may hold at most :func:`max_websockets` of the HTTP port's connections (a
+  quarter is kept for short requests: ``/healthz``, ``/metrics``, the API, the
+  dashboard); an upgrade past it is answered ``503`` with a sentence (:data:`SLOTS`);
 * over HTTP/1.1 only (RFC 6455): a WebSocket over HTTP/2 (RFC 8441) is refused (HTTP
   403), since hypercorn would buffer what the node sends on it without limit; the TLS
   port offers only ``http/1.1`` by ALPN, so browsers never try;
@@ -88,6 +91,26 @@ connection handler (``http._serve_capped``) for hypercorn and the application ta
 starts. Hypercorn writes a WebSocket's messages in a shielded cancel scope, so a client
 that stops reading held the sending task, and with it the node's shutdown, for ever:
 :class:`WebSocketStream` closes this socket when a send it waits on is cancelled."""
+
+HTTP_RESERVED_SHARE = 4
+"""1/HTTP_RESERVED_SHARE of the HTTP port's connections (at least one) is kept for plain
+requests: WebSockets live as long as their clients like, plain requests are cut at
+``limits.http_idle_timeout_ms``, so health probes always find a slot free soon."""
+
+SLOTS: contextvars.ContextVar[trio.CapacityLimiter | None] = contextvars.ContextVar(
+    "futureq_http_websocket_slots", default=None
+)
+"""The HTTP port's WebSocket slots (:func:`max_websockets` tokens), set by its connection
+handler (``http._serve_capped``) like :data:`TRANSPORT`; None: no cap (an ASGI server
+of a test)."""
+
+
+def max_websockets(max_http_connections: int) -> int:
+    """How many of ``max_http_connections`` WebSockets may hold at once: all but a
+    :data:`HTTP_RESERVED_SHARE`-th (at least one kept, at least one WebSocket)."""
+    reserved = max(1, max_http_connections // HTTP_RESERVED_SHARE)
+    return max(1, max_http_connections - reserved)
+
 
 WebSocketHandler = Callable[[trio.abc.Stream, str, str | None], Awaitable[None]]
 """Serves one accepted WebSocket as a stream of frames: ``handler(stream, peer, token)``,
@@ -524,31 +547,74 @@ async def serve_websocket(
         )
         await send({"type": "websocket.close", "code": CLOSE_POLICY_VIOLATION, "reason": ""})
         return
-    offered = SUBPROTOCOL in scope.get("subprotocols", [])
-    buffer = install_message_buffer(send)  # before accepting: no message is read yet
+    slots = SLOTS.get()
+    if slots is not None:
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            await _refuse_upgrade(send, scope, int(slots.total_tokens))
+            return
+    try:
+        offered = SUBPROTOCOL in scope.get("subprotocols", [])
+        buffer = install_message_buffer(send)  # before accepting: no message is read yet
+        await send(
+            {
+                "type": "websocket.accept",
+                "subprotocol": SUBPROTOCOL if offered else None,
+                "headers": [],
+            }
+        )
+        stream = WebSocketStream(receive, send, on_refused, TRANSPORT.get(), buffer)
+        try:
+            await handler(stream, peer_of(scope), token)
+        finally:
+            with trio.move_on_after(1, shield=True):
+                await stream.aclose()
+    finally:
+        if slots is not None:
+            slots.release()
+
+
+REFUSED_HEADER = b"futureq-refused"
+"""Header of a ``503`` that refuses a connection for lack of room on the HTTP port (its
+value says which limit: ``http-connections``, ``http-address``, ``websockets``), so it
+is not taken for ``/healthz`` saying the node is unhealthy."""
+
+
+async def _refuse_upgrade(send: ASGISendCallable, scope: WebsocketScope, limit: int) -> None:
+    """Answer an upgrade with no WebSocket slot left: ``503`` with a sentence."""
+    log.info("WebSocket from %s refused: %d WebSockets are open", peer_of(scope), limit)
+    body = (
+        f"this node serves {limit} WebSockets at once, the most its HTTP port gives them "
+        "(limits.max_http_connections less a quarter kept for /healthz, /metrics and the "
+        "API); retry later, or use the client port\n"
+    ).encode()
     await send(
         {
-            "type": "websocket.accept",
-            "subprotocol": SUBPROTOCOL if offered else None,
-            "headers": [],
+            "type": "websocket.http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode("ascii")),
+                (b"retry-after", b"1"),
+                (REFUSED_HEADER, b"websockets"),
+            ],
         }
     )
-    stream = WebSocketStream(receive, send, on_refused, TRANSPORT.get(), buffer)
-    try:
-        await handler(stream, peer_of(scope), token)
-    finally:
-        with trio.move_on_after(1, shield=True):
-            await stream.aclose()
+    await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
 
 
 __all__ = [
     "MAX_HELLO_MESSAGE_BYTES",
     "PATH",
+    "REFUSED_HEADER",
+    "SLOTS",
     "SUBPROTOCOL",
     "MessageBuffer",
     "WebSocketHandler",
     "WebSocketStream",
     "install_message_buffer",
+    "max_websockets",
     "origin_allowed",
     "serve_websocket",
 ]

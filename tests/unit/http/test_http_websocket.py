@@ -15,6 +15,7 @@ from futureq.broker.websocket import (
     MAX_HELLO_MESSAGE_BYTES,
     MessageBuffer,
     WebSocketStream,
+    max_websockets,
     origin_allowed,
 )
 from futureq.errors import ErrorCode
@@ -177,3 +178,8 @@ def test_message_buffer_drops_a_long_message_before_hello_and_caps_after() -> No
     buffer.clear()
     with pytest.raises(FrameTooLargeError):  # hypercorn's refusal: close 1009
         buffer.extend(BytesMessage(bytes((1 << 20) + 1), message_finished=True))
+
+
+@pytest.mark.parametrize(("http", "websockets"), [(128, 96), (8, 6), (2, 1), (1, 1)])
+def test_websockets_leave_a_quarter_of_the_http_connections(http: int, websockets: int) -> None:
+    assert max_websockets(http) == websockets
