@@ -287,3 +287,17 @@ async def test_wss_when_the_http_port_has_tls(
 def _get_status(url: str, context: ssl.SSLContext | None) -> int:
     with urllib.request.urlopen(url, context=context, timeout=10) as response:
         return int(response.status)
+
+
+def test_a_plain_get_of_ws_is_told_to_upgrade(broker: BrokerProcess) -> None:
+    """A breaker's plain GET /ws got 404 "no such page", as if there were no /ws."""
+    host, port = broker.http_address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        connection.request("GET", "/ws")
+        answer = connection.getresponse()
+        assert answer.status == 426
+        assert answer.getheader("Upgrade") == "websocket"
+        assert b"WebSocket upgrade" in answer.read()
+    finally:
+        connection.close()

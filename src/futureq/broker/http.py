@@ -247,6 +247,18 @@ class HttpApp:
             )
             return
         head = method == "HEAD"
+        if scope["path"] == websocket.PATH and self._websocket_handler is not None:
+            # RFC 9110 §15.5.22: 426 names the protocol to switch to in Upgrade.
+            await _respond(
+                send,
+                426,
+                b"/ws speaks the FutureQ protocol over WebSocket: open it with a WebSocket "
+                b"upgrade (Connection: Upgrade, Upgrade: websocket), not a plain GET\n",
+                _TEXT,
+                head=head,
+                extra=[(b"upgrade", b"websocket"), (b"connection", b"Upgrade")],
+            )
+            return
         client = scope.get("client")
         peer = str(client[0]) if client else None
         refused = await self._refuse(scope["path"], scope.get("headers", []), peer)
