@@ -471,7 +471,9 @@ def validate_publish_items_in_steps(
             if deliver_at_ms > INT64_MAX:
                 raise RequestError(
                     ErrorCode.DUE_TIME_OVERFLOW,
-                    f"deliver_at_ms {deliver_at_ms} does not fit in 64 bits",
+                    f"deliver_at_ms {deliver_at_ms} is past the largest time a message can "
+                    f"have ({INT64_MAX} ms, a signed 64-bit integer); give ms since the Unix "
+                    "epoch",
                     i,
                 )
             mistake = implausible_epoch_ms("deliver_at_ms", deliver_at_ms)
@@ -510,7 +512,9 @@ def validate_publish_items_in_steps(
                 )
             if ttl_ms > INT64_MAX - due_ms:
                 raise RequestError(
-                    ErrorCode.DUE_TIME_OVERFLOW, "due time plus ttl_ms does not fit in 64 bits", i
+                    ErrorCode.DUE_TIME_OVERFLOW,
+                    f"due time plus ttl_ms is past {INT64_MAX} ms (a signed 64-bit integer)",
+                    i,
                 )
         if len(item) == 7 and (item[5] is not None or item[6] is not None):
             out.append(

@@ -230,11 +230,20 @@ def test_due_plus_ttl_overflowing_int64() -> None:
     error = refuse([GOOD, item(delay_ms=1_000, ttl_ms=INT64_MAX - NOW_MS - 999)], limits)
     assert error.code is ErrorCode.DUE_TIME_OVERFLOW
     assert error.item_index == 1
+    assert "signed 64-bit" in error.message
     # One millisecond less fits exactly.
     ok = validate_publish_items(
         [item(delay_ms=1_000, ttl_ms=INT64_MAX - NOW_MS - 1_000)], limits, NOW_MS
     )
     assert ok[0][2] + (ok[0][3] or 0) == INT64_MAX
+
+
+def test_a_deliver_at_past_int64_says_which_64_bits() -> None:
+    """A breaker's 2**64 - 1 was told it "does not fit in 64 bits", which it does (as an
+    unsigned integer): the sentence names the signed limit and the unit."""
+    error = refuse([item(deliver_at_ms=2**64 - 1)])
+    assert error.code is ErrorCode.DUE_TIME_OVERFLOW
+    assert f"{INT64_MAX} ms" in error.message and "signed 64-bit" in error.message
 
 
 def test_limits_come_from_config() -> None:
