@@ -171,6 +171,9 @@ class Dispatcher:
         self._staged: deque[Staged] = deque()  # taken from the front: popleft, not pop(0)
         self._staged_changed = trio.Event()
         self._deleting_changed = trio.Event()
+        self._carried: dict[tuple[int, int], int] = {}
+        """(group id, message id) -> attempt of a delivery out (or timed out) when a
+        RESCHEDULE moved its entry, until the entry's new place is notified (:meth:`_carry`)."""
         self.due_counts = DueCounts(state, clock.monotonic_s)
         """Due-time histograms for BROWSE_COUNTS, fed by this observer on every node."""
         self._histograms = self.due_counts.histograms
@@ -204,6 +207,8 @@ class Dispatcher:
                 self._seek_hints[group_id] = packed
         if not self.active:
             return
+        if self._carried:
+            attempt = self._carry(group_id, due_ms, mid, attempt)
         runtime = self.hub.groups.get(group_id)
         if runtime is None:
             # No runtime: the group is idle or not loaded yet; the load finds the entry.
@@ -240,9 +245,13 @@ class Dispatcher:
         """Group -> the earliest wake-up asked for after the pass under way."""
         now: dict[int, float] = {}
         """Group -> a wake-up asked for within the pass under way (look again now)."""
+        carried = self._carried
         for entry in entries:
             group_id = entry[1]
             runtime = groups.get(group_id)
+            attempt = entry[5]
+            if carried:
+                attempt = self._carry(group_id, entry[2], entry[3], attempt)
             if runtime is None:
                 at: float = entry[2] - horizon_ms
             else:
@@ -252,7 +261,7 @@ class Dispatcher:
                     entry[2],
                     entry[3],
                     entry[4],
-                    entry[5],
+                    attempt,
                     entry[6] if len(entry) > 6 else 0,
                 )
             if at <= pass_now_ms:
@@ -263,6 +272,23 @@ class Dispatcher:
             self._wake_group_at(group_id, at)
         for group_id, at in wake.items():
             self._wake_group_at(group_id, at)
+
+    def _carry(self, group_id: int, due_ms: int, mid: int, attempt: int) -> int:
+        """The attempt to index for an entry just scheduled: at least that of a delivery
+        of it this leader knew was out when a RESCHEDULE moved it.
+
+        The RESCHEDULE command normally carries that attempt already
+        (:meth:`out_deliveries`); this covers a first delivery pushed while the command
+        was being committed. The attempt is then unknown to the log, so a DELIVERED
+        recording it is proposed as well (best effort: until it commits, this leader's
+        index keeps the count, as for a first delivery out).
+        """
+        carried = self._carried.pop((group_id, mid), 0)
+        if carried <= attempt:
+            return attempt
+        key = commands.schedule_key(group_id, due_ms, mid)
+        self._submit(commands.delivered([(key, carried)], self.clock.wall_ms()), [])
+        return carried
 
     def _index_loaded(
         self,
@@ -320,8 +346,48 @@ class Dispatcher:
         self._seek_hints[group_id] = pack(PARKED_DUE_MS, 0)
         return None
 
+    def out_deliveries(
+        self, group_ids: Sequence[int], ids: Sequence[int]
+    ) -> list[tuple[bytes, int]]:
+        """Deliveries of messages ``ids`` in groups ``group_ids`` that this leader knows
+        went out and the log may not have recorded: ``(schedule key, attempt)`` each.
+
+        A first delivery is pushed unrecorded (module docstring), and one whose
+        visibility timeout ran out goes back to the index with its attempt, still
+        unrecorded. A CANCEL or RESCHEDULE carries these in its command (``out``), so
+        apply neither forgets such a delivery nor calls its message never delivered.
+        Leader-local reads only: a group with no runtime here has nothing out or
+        indexed (no read at all); one with deliveries out costs an O(log n) lookup of
+        each id's entry.
+        """
+        found: list[tuple[bytes, int]] = []
+        if not self.active:
+            return found
+        in_flight = self.hub.in_flight
+        for gid in group_ids:
+            runtime = self.hub.groups.get(gid)
+            if runtime is None:
+                continue
+            for mid in ids:
+                indexed = runtime.index.attempted(mid)
+                if indexed is not None:
+                    found.append((commands.schedule_key(gid, indexed[0], mid), indexed[1]))
+                    continue
+                if not runtime.in_flight_count:
+                    continue
+                key = self.state.entry_key(mid, gid)
+                flight = None if key is None else in_flight.get(key)
+                if flight is not None:
+                    attempt = flight.attempt if flight.pushed else flight.previous_attempt
+                    if attempt:
+                        found.append((flight.key, attempt))
+        return found
+
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
-        """A schedule entry was removed: forget it in the index and in flight."""
+        """A schedule entry was removed: forget it in the index and in flight.
+
+        An entry a RESCHEDULE moved keeps, in this leader's index, the attempt of a
+        delivery of it that was out or timed out (:meth:`_carry`)."""
         if self._histograms:
             self.due_counts.on_unscheduled(group_id, due_ms, mid, reason)
         runtime = self.hub.groups.get(group_id)
@@ -332,10 +398,17 @@ class Dispatcher:
                 if name is not None and info is not None:
                     self._count(name, info.topic, info.name)
             return
+        indexed = runtime.index.attempted(mid) if reason == CommandKind.RESCHEDULE else None
         runtime.index.discard(due_ms, mid)
         runtime.released.pop(mid, None)
         key = commands.schedule_key(group_id, due_ms, mid)
-        self.hub.forget(key, cancelled=reason in _CANCELLING)
+        flight = self.hub.forget(key, cancelled=reason in _CANCELLING)
+        if reason == CommandKind.RESCHEDULE:
+            attempt = 0 if indexed is None else indexed[1]
+            if flight is not None:
+                attempt = max(attempt, flight.attempt if flight.pushed else flight.previous_attempt)
+            if attempt:
+                self._carried[(group_id, mid)] = attempt
         if self.metrics is not None:
             name = _REASON_COUNTERS.get(reason)
             if name is not None:
@@ -428,6 +501,7 @@ class Dispatcher:
         """
         self.active = True
         self.hub.clear()
+        self._carried.clear()
         self.hub.group_info = self.state.groups.get
         self._parked.clear()
         self._staged.clear()
@@ -443,6 +517,7 @@ class Dispatcher:
         """Stop dispatching (leadership lost): forget in-flight state and consumers."""
         self.active = False
         self.hub.clear()
+        self._carried.clear()
         self._parked.clear()
         self._staged.clear()
         self._wake_at.clear()
@@ -1005,7 +1080,9 @@ class Dispatcher:
                 if len(first) < len(flights):
                     later = [i for i, flight in enumerate(flights) if flight.attempt > 1]
                     self._staged.append(
-                        Staged(consumer, [flights[i] for i in later], [deliveries[i] for i in later])
+                        Staged(
+                            consumer, [flights[i] for i in later], [deliveries[i] for i in later]
+                        )
                     )
                     staged_any = True
             consumers = [

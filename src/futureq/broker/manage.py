@@ -97,6 +97,16 @@ def target_groups(broker: Broker, request: str, topic: str, group: str | None) -
     return info
 
 
+def _out_deliveries(
+    broker: Broker, topic: str, info: GroupInfo | None, ids: list[int]
+) -> list[tuple[bytes, int]]:
+    """Deliveries of ``ids`` (in ``info``'s group, or every group of ``topic``) that the
+    leader knows went out and the log may not have recorded, for a CANCEL or RESCHEDULE
+    command to carry (:meth:`~futureq.broker.dispatcher.Dispatcher.out_deliveries`)."""
+    groups = broker.state.topic_groups(topic) if info is None else [info]
+    return broker.dispatcher.out_deliveries([group.group_id for group in groups], ids)
+
+
 async def cancel(broker: Broker, topic: str, group: str | None, ids: list[int]) -> list[int]:
     """Cancel scheduled messages by id, in one group of ``topic`` or in all of them.
 
@@ -115,8 +125,9 @@ async def cancel(broker: Broker, topic: str, group: str | None, ids: list[int]) 
     broker.require_leader()
     check_ids(broker, "CANCEL", ids)
     info = target_groups(broker, "CANCEL", topic, group)
+    out = _out_deliveries(broker, topic, info, ids)
     result = await broker.log.propose(
-        commands.cancel(topic, None if info is None else info.group_id, ids)
+        commands.cancel(topic, None if info is None else info.group_id, ids, out)
     )
     return [int(status) for status in result]
 
@@ -489,9 +500,10 @@ async def reschedule(broker: Broker, frame: frames.Reschedule) -> list[int]:
             f"RESCHEDULE to {due_ms - now_ms} ms from now; the limit is {max_delay_ms} ms "
             "(limits.max_delay_ms)",
         )
+    out = _out_deliveries(broker, frame.topic, info, frame.ids)
     result = await broker.log.propose(
         commands.reschedule(
-            now_ms, frame.topic, None if info is None else info.group_id, frame.ids, due_ms
+            now_ms, frame.topic, None if info is None else info.group_id, frame.ids, due_ms, out
         )
     )
     return [int(status) for status in result]

@@ -24,8 +24,10 @@ Layouts (``DESIGN.md``, "Data flow"):
 * ``[DELIVERED, [[schedule_key, attempt, first_ms?], ...], now_ms]``
 * ``[PURGE_GROUP, group_id, max_entries]``
 * ``[RELEASE, [[schedule_key, attempt], ...]]``
-* ``[CANCEL, topic, group_id | None, [message_id, ...]]``
-* ``[RESCHEDULE, now_ms, topic, group_id | None, [message_id, ...], due_ms]``
+* ``[CANCEL, topic, group_id | None, [message_id, ...], out?]``
+* ``[RESCHEDULE_COUNTED, now_ms, topic, group_id | None, [message_id, ...], due_ms, out]``
+  (written since RESCHEDULE keeps attempts the log did not record; ``[RESCHEDULE, now_ms, topic, group_id |
+  None, [message_id, ...], due_ms]`` from earlier builds replays as they applied it)
 * ``[PURGE, [group_id, ...]]``
 * ``[BACKFILL_GROUP, group_id, max_entries]``
 * ``[REDRIVE, publish_ms, group_id, [schedule_key, ...], due_ms]``
@@ -33,6 +35,13 @@ Layouts (``DESIGN.md``, "Data flow"):
 Fields after the first few were added later; a command written before a field existed
 lacks it, and apply takes the field's default (None, False, :data:`BUILTIN_GROUP_SETTINGS`,
 no idempotency window), so old log entries apply as they always did.
+
+``out`` is ``[[schedule_key, attempt], ...]``: deliveries of the named messages the
+*leader* knows went out that the log may not have recorded (a first delivery is pushed
+unrecorded; one that timed out goes back to the leader's index with its attempt).
+Apply raises each entry's attempt to at least that, so a command that rewrites or
+removes an entry never forgets a delivery that is out (``DESIGN.md``, "Apply reads
+nothing node-local": the leader resolves what only it knows into the command).
 
 ``settings`` is ``[visibility_timeout_ms, max_deliveries]`` (and ``dead_letter_expired``
 when true): the group settings the *leader* resolved from its configuration
@@ -84,6 +93,11 @@ class CommandKind(enum.IntEnum):
     a log replays exactly as earlier builds applied it (no headers; an entry of a
     dead-letter topic left in place), so an old log gives the state it gave before; a
     node of an earlier build refuses kind 30 instead of applying it differently."""
+    RESCHEDULE_COUNTED = 31
+    """RESCHEDULE as builds apply it since it counts unrecorded deliveries: the command carries
+    the deliveries the leader knows are out (``out``), so attempts are kept even for a
+    first delivery the log never recorded. Kind 26 (RESCHEDULE) in a log replays exactly
+    as earlier builds applied it; a node of an earlier build refuses kind 31."""
 
 
 @attrs.frozen
@@ -202,9 +216,10 @@ def decode(data: bytes) -> list[Any]:
     return value
 
 
-PublishItem = tuple[str, bytes, int, int | None] | tuple[
-    str, bytes, int, int | None, dict[str, str] | None, str | None
-]
+PublishItem = (
+    tuple[str, bytes, int, int | None]
+    | tuple[str, bytes, int, int | None, dict[str, str] | None, str | None]
+)
 """A validated item: ``(topic, payload, due_ms, ttl_ms)``, or with ``headers`` and
 ``idempotency_key`` after them."""
 
@@ -381,18 +396,50 @@ def release(entries: list[tuple[bytes, int]]) -> bytes:
     return encode([CommandKind.RELEASE, entries])
 
 
-def cancel(topic: str, group_id: int | None, ids: list[int]) -> bytes:
+OutDeliveries = Sequence[tuple[bytes, int]] | Sequence[list[Any]]
+"""``out`` of CANCEL and RESCHEDULE_COUNTED: ``(schedule_key, attempt)`` of deliveries
+the leader knows went out (see the module docstring)."""
+
+
+def cancel(topic: str, group_id: int | None, ids: list[int], out: OutDeliveries = ()) -> bytes:
     """Encode a CANCEL: remove messages of ``topic`` by id from one group (or every
-    group, ``group_id`` None)."""
+    group, ``group_id`` None).
+
+    ``out``: deliveries of them the leader knows went out, so an entry whose only
+    delivery was never recorded is reported DELIVERED, not DONE. It changes only the
+    answer, never the state, so a node of an earlier build that ignores it stays equal.
+    """
+    if out:
+        return encode([CommandKind.CANCEL, topic, group_id, ids, [list(item) for item in out]])
     return encode([CommandKind.CANCEL, topic, group_id, ids])
 
 
 def reschedule(
-    now_ms: int, topic: str, group_id: int | None, ids: list[int], due_ms: int
+    now_ms: int,
+    topic: str,
+    group_id: int | None,
+    ids: list[int],
+    due_ms: int,
+    out: OutDeliveries = (),
 ) -> bytes:
-    """Encode a RESCHEDULE: messages of ``topic`` by id get the new due time ``due_ms``
-    (in one group, or every group), stamped at ``now_ms``."""
-    return encode([CommandKind.RESCHEDULE, now_ms, topic, group_id, ids, due_ms])
+    """Encode a RESCHEDULE (as RESCHEDULE_COUNTED, kind 31): messages of ``topic`` by id
+    get the new due time ``due_ms`` (in one group, or every group), stamped at
+    ``now_ms``.
+
+    ``out``: deliveries of them the leader knows went out; each entry's attempt is
+    raised to at least that before it moves, so the delivery still counts.
+    """
+    return encode(
+        [
+            CommandKind.RESCHEDULE_COUNTED,
+            now_ms,
+            topic,
+            group_id,
+            ids,
+            due_ms,
+            [list(item) for item in out],
+        ]
+    )
 
 
 def purge(group_ids: list[int]) -> bytes:

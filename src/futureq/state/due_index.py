@@ -55,6 +55,14 @@ class DueIndex:
             if expire_ms is not None:
                 self._expiry.add((expire_ms << _SHIFT) | mid)
 
+    def attempted(self, mid: int) -> tuple[int, int] | None:
+        """``(due_ms, attempt)`` of message ``mid``'s entry when the index holds it with
+        an attempt above 0; None otherwise. O(1)."""
+        extra = self._extra.get(mid)
+        if extra is None or not extra[2]:
+            return None
+        return extra[0], extra[2]
+
     def discard(self, due_ms: int, mid: int) -> bool:
         """Remove an entry; False when it was not in the index."""
         packed = (due_ms << _SHIFT) | mid

@@ -64,6 +64,26 @@ def _u64(value: int) -> bytes:
     return value.to_bytes(8, "big")
 
 
+def _out_attempts(out_deliveries: Any) -> dict[bytes, int]:
+    """Schedule key -> attempt of a command's ``out`` (None or malformed items: none).
+
+    Items are committed as the leader built them; the checks only keep a damaged or
+    hostile entry from stopping every replica the same way."""
+    known: dict[bytes, int] = {}
+    if type(out_deliveries) is not list:
+        return known
+    for item in out_deliveries:
+        if (
+            type(item) is list
+            and len(item) >= 2
+            and type(item[0]) is bytes
+            and type(item[1]) is int
+            and item[1] > known.get(item[0], 0)
+        ):
+            known[item[0]] = item[1]
+    return known
+
+
 def _is_id(value: Any) -> bool:
     """A committed id that fits the stored layout (anything else names nothing)."""
     return type(value) is int and 0 <= value <= _U64_MAX
@@ -245,14 +265,20 @@ class ManageOps:
         ids: list[Any],
         effects: list[tuple[Any, ...]],
         touched: set[int],
+        out_deliveries: Any = None,
     ) -> Generator[None, None, list[int]]:
         """Remove messages by id from one group or every group of ``topic``.
 
+        ``out_deliveries``: the command's ``out`` (deliveries the leader knows went
+        out; None in commands written before it existed).
+
         Returns:
-            Per id: DONE (removed, never delivered), DELIVERED (removed, but delivered
-            at least once before) or UNKNOWN (no entry of it there).
+            Per id: DONE (removed, never delivered as far as the log and the leader
+            know), DELIVERED (removed, but delivered at least once before: recorded,
+            released, or known out by the leader) or UNKNOWN (no entry of it there).
         """
         out: list[int] = []
+        known = _out_attempts(out_deliveries)
         # Once per batch, not per id: the groups to look in (a cancel changes none).
         holders = self._holding_groups(topic, group_id)
         for position, mid in enumerate(ids):
@@ -278,7 +304,7 @@ class ManageOps:
                 # The message bytes read above (read again once this apply changed them).
                 self._drop_entry(txn, key, CommandKind.CANCEL, effects, touched, value, data)
                 left -= 1
-                if entry[0] or (len(entry) > 2 and entry[2]):
+                if entry[0] or (len(entry) > 2 and entry[2]) or known.get(key, 0) > 0:
                     status = ItemStatus.DELIVERED
                 elif status == ItemStatus.UNKNOWN:
                     status = ItemStatus.DONE
@@ -294,18 +320,22 @@ class ManageOps:
         due_ms: int,
         effects: list[tuple[Any, ...]],
         touched: set[int],
+        out_deliveries: Any = None,
     ) -> Generator[None, None, list[int]]:
         """Give messages by id the due time ``due_ms`` in one group or every group.
 
-        Attempts are kept; the TTL counts from the new due time (an entry with a TTL
-        expires at ``due_ms + ttl_ms``), as it does from a published due time. A parked
-        dead letter is delivered again. In a group a PURGE is emptying, an entry the
-        purge will remove is removed now instead.
+        Attempts are kept, those of deliveries the leader knows went out included
+        (``out_deliveries``, the command's ``out``: an entry's attempt is raised to at
+        least its item's). The TTL counts from the new due time (an entry with a TTL
+        expires at ``due_ms + ttl_ms``), as it does from a published due time. In a
+        group a PURGE is emptying, an entry the purge will remove is removed now
+        instead. A parked dead letter is delivered again.
 
         Returns:
             Per id: DONE or UNKNOWN (no entry of it there).
         """
         out: list[int] = []
+        known = _out_attempts(out_deliveries)
         valid_due = type(due_ms) is int and 0 <= due_ms < PARKED_DUE_MS
         holders = self._holding_groups(topic, group_id)  # once per batch: none changes
         for position, mid in enumerate(ids):
@@ -331,6 +361,7 @@ class ManageOps:
                     self._drop_entry(txn, key, CommandKind.PURGE_GROUP, effects, touched, value)
                     continue
                 entry = EntryValue.decode(value)
+                entry.attempt = max(entry.attempt, known.get(key, 0))
                 ttl_ms = record.ttl_ms
                 if ttl_ms is None and entry.expire_ms is not None:
                     ttl_ms = max(1, entry.expire_ms - record.due_ms)  # a record without TTL
@@ -667,9 +698,7 @@ class ManageOps:
         Looks at a bounded number of keys (:data:`PRUNE_MIN_KEYS`, more for a batch
         that brought keys), oldest first.
         """
-        budget = PRUNE_MIN_KEYS + 2 * sum(
-            1 for key in txn.changes["index"] if key[:1] == KEY_TIME
-        )
+        budget = PRUNE_MIN_KEYS + 2 * sum(1 for key in txn.changes["index"] if key[:1] == KEY_TIME)
         stop = KEY_TIME + _u64(max(0, publish_ms - window_ms))
         # Every key a prune looks at is deleted (or moved to ``publish_ms``), so the
         # range's start holds the tombstones of all keys pruned since RocksDB last

@@ -534,18 +534,21 @@ class QueueState(ManageOps):
             result = self._delete_group(txn, command[1], command[2], effects, touched)
         elif kind == CommandKind.PURGE_GROUP:
             if command[1] in self.deleting:
-                result = yield from self._purge_group(
-                    txn, command[1], command[2], effects, touched
-                )
+                result = yield from self._purge_group(txn, command[1], command[2], effects, touched)
             else:
-                result = yield from self._purge_chunk(
-                    txn, command[1], command[2], effects, touched
-                )
+                result = yield from self._purge_chunk(txn, command[1], command[2], effects, touched)
         elif kind == CommandKind.NODE_ADDRESS:
             self._node_address(txn, command[1], command[2], command[3], effects)
         elif kind == CommandKind.CANCEL:
-            result = yield from self._cancel(txn, command[1], command[2], command[3], effects, touched)
+            result = yield from self._cancel(
+                txn, command[1], command[2], command[3], effects, touched, _arg(command, 4)
+            )
+        elif kind == CommandKind.RESCHEDULE_COUNTED:
+            result = yield from self._reschedule(
+                txn, command[2], command[3], command[4], command[5], effects, touched, command[6]
+            )
         elif kind == CommandKind.RESCHEDULE:
+            # As builds before RESCHEDULE_COUNTED applied it (an old log replays alike).
             result = yield from self._reschedule(
                 txn, command[2], command[3], command[4], command[5], effects, touched
             )
@@ -1263,7 +1266,9 @@ class QueueState(ManageOps):
             data = txn.get("messages", _u64(mid))
             assert data is not None, f"schedule entry without message {mid}"
             published_due = _unpack(data)[3]
-            txn.put("index", moved_key(mid, gid), None if new_due == published_due else _u64(new_due))
+            txn.put(
+                "index", moved_key(mid, gid), None if new_due == published_due else _u64(new_due)
+            )
         effects.append(("u", gid, due_ms, mid, reason))
         if entry.released:
             effects.append(("s", gid, new_due, mid, entry.expire_ms, entry.attempt, entry.released))

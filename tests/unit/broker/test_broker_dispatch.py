@@ -1125,8 +1125,10 @@ def test_a_cancelled_delivery_is_revoked_as_cancelled_and_its_ack_says_so() -> N
     env.dispatch()
     held = {d[1]: d for d in out(consumer).frames[0].deliveries}
     assert sorted(held) == mids
-    # A first delivery's attempt is not recorded (only redeliveries' are), so CANCEL
-    # says DONE; the consumer holding it is told all the same.
+    # A first delivery's attempt is not recorded (only redeliveries' are), so a CANCEL
+    # that does not name it in ``out`` says DONE (the leader names it: see
+    # test_cancel_of_a_message_whose_first_delivery_is_out_answers_delivered); the
+    # consumer holding it is told all the same.
     assert env.log.apply(commands.cancel("t", None, [mids[0]])) == [frames.ItemStatus.DONE]
     (revoke,) = out(consumer).pushes
     assert revoke == frames.Revoke(
@@ -1432,3 +1434,94 @@ def test_a_tag_from_before_a_leader_change_does_not_settle_the_delivery_after_it
             env.hub.claim_tags([old[0]], connection_id)
         assert refused.value.code == ErrorCode.UNKNOWN_DELIVERY_TAG
     assert env.ack(after, [new]) == 1
+
+
+# ---------------------------------------------------------------- rescheduled while out
+
+
+def _reschedule(env: Env, gid: int, mid: int, due_ms: int, *, out: bool = True) -> Any:
+    """A RESCHEDULE of one message as manage.reschedule builds it (``out``: with the
+    deliveries the leader knows went out)."""
+    known = env.dispatcher.out_deliveries([gid], [mid]) if out else []
+    return env.log.apply(commands.reschedule(env.now, "t", gid, [mid], due_ms, known))
+
+
+async def test_a_rescheduled_first_delivery_counts_and_the_next_one_dead_letters() -> None:
+    """RESCHEDULE keeps attempts (``docs/protocol.md``): a first delivery out, never
+    recorded, still counts, so max_deliveries=1 dead-letters the message next time."""
+    env = Env()
+    gid = env.group("t", "g", visibility_ms=30_000, max_deliveries=1)
+    consumer = env.consumer(gid, credit=10)
+    [mid] = env.publish("t", [b"x"])
+    async with running(env):
+        await settle(env)
+        [first] = out(consumer).take()
+        assert first[5] == 1
+        key = commands.schedule_key(gid, first[3], mid)
+        assert env.dispatcher.out_deliveries([gid], [mid]) == [(key, 1)]
+        assert _reschedule(env, gid, mid, env.now) == [frames.ItemStatus.DONE]
+        assert env.state.get_schedule(key) == (1, None)  # the delivery is recorded
+        await settle(env)
+        assert out(consumer).take() == []
+    assert kinds(env) == [CommandKind.DEAD_LETTER_PROVENANCE]
+    assert env.state.get_message(mid) is None
+    dlq = env.state.find_group("t.dlq", "default")
+    assert dlq is not None and dlq.pending == 1
+
+
+def test_a_given_back_first_delivery_rescheduled_keeps_its_attempt() -> None:
+    """A first delivery given back (its consumer left, or its visibility timeout ran
+    out) waits in the leader's index with attempt 1 and nowhere in the log:
+    RESCHEDULE records it."""
+    env = Env()
+    gid = env.group("t", "g")
+    leaving = env.consumer(gid, credit=10, connection_id=1)
+    [mid] = env.publish("t", [b"x"])
+    env.dispatch()
+    [first] = out(leaving).take()
+    env.hub.remove_consumer(leaving, env.now)
+    assert env.hub.in_flight == {}
+    _reschedule(env, gid, mid, env.now + 500)
+    key = commands.schedule_key(gid, env.now + 500, mid)
+    assert env.state.get_schedule(key) == (1, None)
+    staying = env.consumer(gid, credit=10, connection_id=2)
+    env.clock.advance(500)
+    env.dispatch()
+    [again] = out(staying).take()
+    assert (again[1], again[5]) == (mid, 2)
+    assert again[0] != first[0]
+
+
+def test_a_first_delivery_pushed_while_the_reschedule_commits_is_still_counted() -> None:
+    """The leader's proposal could not name a delivery pushed after it was built: the
+    leader keeps that attempt for the moved entry and proposes its DELIVERED record."""
+    env = Env()
+    gid = env.group("t", "g", max_deliveries=3)
+    consumer = env.consumer(gid, credit=10)
+    [mid] = env.publish("t", [b"x"])
+    env.dispatch()
+    assert [d[5] for d in out(consumer).take()] == [1]
+    assert _reschedule(env, gid, mid, env.now, out=False) == [frames.ItemStatus.DONE]
+    command, _ = env.dispatcher._proposals_receive.receive_nowait()
+    key = commands.schedule_key(gid, env.now, mid)
+    assert commands.decode(command)[:2] == [CommandKind.DELIVERED, [[key, 1]]]
+    env.dispatch()
+    assert [d[5] for d in out(consumer).take()] == [2]
+
+
+def test_cancel_of_a_message_whose_first_delivery_is_out_answers_delivered() -> None:
+    """``docs/protocol.md``, CANCEL: DELIVERED when a consumer may have processed it."""
+    env = Env()
+    gid = env.group("t", "g")
+    mids = env.publish("t", [b"a", b"b"])
+    consumer = env.consumer(gid, credit=1)
+    env.dispatch()
+    [held] = ids(out(consumer).take())
+    waiting = next(m for m in mids if m != held)
+    known = env.dispatcher.out_deliveries([gid], mids)
+    assert env.log.apply(commands.cancel("t", None, mids, known)) == [
+        frames.ItemStatus.DELIVERED if m == held else frames.ItemStatus.DONE for m in mids
+    ]
+    [revoke] = out(consumer).pushes
+    assert revoke.reason == frames.RevokeReason.CANCELLED
+    assert env.state.get_message(waiting) is None

@@ -294,6 +294,36 @@ def test_a_dead_letter_out_of_attempts_is_parked_and_can_be_rescheduled(kit: Sto
     assert state.get_schedule(schedule_key(dlq.group_id, 7000, dead)) == (16, None)
 
 
+def test_reschedule_records_deliveries_the_leader_knows_went_out(kit: StoreKit) -> None:
+    """A first delivery is pushed unrecorded; the leader names it in ``out`` and the
+    moved entry keeps its attempt (``docs/protocol.md``, RESCHEDULE: attempts are kept)."""
+    state, run, g1, g2, ids = _two_groups(kit)
+    k0, k1 = schedule_key(g1, 1500, ids[0]), schedule_key(g1, 1501, ids[1])
+    run(commands.delivered([(k1, 3)]))
+    out = [(k0, 1), (k1, 2), (b"short", 9), (schedule_key(g2, 1500, ids[0]) + b"x", 4)]
+    assert run(commands.reschedule(3000, "t", g1, [ids[0], ids[1]], 9000, out)) == [DONE, DONE]
+    assert state.get_schedule(schedule_key(g1, 9000, ids[0])) == (1, 9100)
+    assert state.get_schedule(schedule_key(g1, 9000, ids[1])) == (3, 9100)  # never lowered
+    assert state.get_schedule(schedule_key(g2, 1500, ids[0])) == (0, 1600)
+
+
+def test_cancel_reports_delivered_for_a_delivery_the_leader_knows_went_out(
+    kit: StoreKit,
+) -> None:
+    """``out`` changes CANCEL's answer only: the state and digest are those of a CANCEL
+    without it (so a node of an earlier build, which ignores it, stays equal)."""
+    state, run, g1, _g2, ids = _two_groups(kit)
+    twin = QueueState(MemoryStore())
+    twin_run = Runner(twin)
+    twin_run(commands.create_group("t", "g1", None, None))
+    twin_run(commands.create_group("t", "g2", None, None))
+    twin_run(commands.publish(1000, [("t", bytes([i]), 1500 + i, 100) for i in range(3)]))
+    out = [(schedule_key(g1, 1500, ids[0]), 1)]
+    assert run(commands.cancel("t", None, [ids[0], ids[1]], out)) == [DELIVERED, DONE]
+    assert twin_run(commands.cancel("t", None, [ids[0], ids[1]])) == [DONE, DONE]
+    assert state.applied_digest == twin.applied_digest
+
+
 def _old_dead_letter(publish_ms: int, entries: list[list[Any]]) -> bytes:
     """A DEAD_LETTER (kind 5) as builds before issue 14 wrote it."""
     settings = commands.BUILTIN_GROUP_SETTINGS.to_wire()
@@ -346,13 +376,19 @@ def _keyed(topic: str, payload: bytes, key: str | None) -> commands.PublishItem:
 def test_a_second_publish_with_the_same_key_returns_the_original_id(kit: StoreKit) -> None:
     state = QueueState(kit.store)
     run = Runner(state)
-    first = run(commands.publish(1000, [_keyed("t", b"a", "order-17")], idempotency_window_ms=60_000))
+    first = run(
+        commands.publish(1000, [_keyed("t", b"a", "order-17")], idempotency_window_ms=60_000)
+    )
     assert isinstance(first, int)
     pending = state.total_pending
     again = run(
         commands.publish(
             1100,
-            [_keyed("t", b"a", "order-17"), _keyed("t", b"b", "order-18"), _keyed("u", b"c", "order-17")],
+            [
+                _keyed("t", b"a", "order-17"),
+                _keyed("t", b"b", "order-18"),
+                _keyed("u", b"c", "order-17"),
+            ],
             idempotency_window_ms=60_000,
         )
     )
@@ -445,7 +481,11 @@ def test_key_pruning_from_the_floor_writes_what_a_scan_from_the_start_writes() -
             if position == 1:
                 state.key_time_floor = KEY_TIME  # as if every scan started at the start
             Runner(state)(commands.publish(stamp, items, idempotency_window_ms=150))
-            due = [k for k, _ in state.store.scan("schedule", b"") if int.from_bytes(k[4:12], "big") <= stamp]
+            due = [
+                k
+                for k, _ in state.store.scan("schedule", b"")
+                if int.from_bytes(k[4:12], "big") <= stamp
+            ]
             if due and n % 2:
                 Runner(state)(commands.ack(due[:2]))
     assert dump(stores[0]) == dump(stores[1])

@@ -1,0 +1,77 @@
+"""RESCHEDULE and CANCEL of messages whose deliveries are out, against a real broker.
+
+A first delivery goes out unrecorded (``docs/protocol.md``, "DELIVER"); RESCHEDULE
+still keeps its attempt ("Attempts are kept"), CANCEL still says it was delivered.
+Source: ``docs/protocol.md``, "RESCHEDULE", "CANCEL".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from wire_client import WireClient
+
+from futureq.wire import frames
+from futureq.wire.frames import ItemStatus
+
+
+class BrokerProcess(Protocol):
+    client_address: str
+
+
+def _items(client: WireClient, frame: frames.Frame) -> list[int]:
+    answer = client.request(frame)
+    assert isinstance(answer, frames.ItemResults), answer
+    return list(answer.results)
+
+
+def _group(client: WireClient, topic: str, group: str, max_deliveries: int) -> None:
+    answer = client.request(
+        frames.GroupCreate(client.next_id(), topic, group, 30_000, max_deliveries)
+    )
+    assert isinstance(answer, frames.Ok), answer
+
+
+def _browse(client: WireClient, topic: str) -> list[list[Any]]:
+    answer = client.request(frames.Browse(client.next_id(), topic, None, None, None, None, 10, 0))
+    assert isinstance(answer, frames.BrowseOk), answer
+    return list(answer.messages)
+
+
+def test_rescheduling_a_first_delivery_keeps_its_attempt(broker: BrokerProcess) -> None:
+    """max_deliveries=1: delivered once, rescheduled while out, then dead-lettered
+    instead of being delivered as attempt 1 again and again."""
+    admin = WireClient(broker.client_address)
+    consumer = WireClient(broker.client_address)
+    _group(admin, "ra", "g", 1)
+    mid = admin.publish([["ra", b"x", None, None, None]]).first_id
+    consumer.subscribe("ra", "g", 5)
+    [first] = consumer.deliveries(1)
+    assert (first[1], first[5]) == (mid, 1)
+    assert _items(admin, frames.Reschedule(admin.next_id(), "ra", "g", [mid], None, 0)) == [
+        ItemStatus.DONE
+    ]
+    consumer.expect_nothing(1.0)
+    assert consumer.revoked() == [first[0]]
+    dead = WireClient(broker.client_address)
+    dead.subscribe("ra.dlq", "default", 5)
+    [letter] = dead.deliveries(1)
+    assert letter[2] == b"x"
+    assert _browse(admin, "ra") == []
+
+
+def test_cancel_of_a_message_whose_first_delivery_is_out_answers_delivered(
+    broker: BrokerProcess,
+) -> None:
+    admin = WireClient(broker.client_address)
+    consumer = WireClient(broker.client_address)
+    _group(admin, "ca", "g", 5)
+    consumer.subscribe("ca", "g", 1)
+    mid = admin.publish([["ca", b"a", None, None, None]]).first_id
+    waiting = admin.publish([["ca", b"b", None, None, None]]).first_id
+    [held] = consumer.deliveries(1)
+    assert held[1] == mid
+    assert _items(admin, frames.Cancel(admin.next_id(), "ca", None, [mid, waiting])) == [
+        ItemStatus.DELIVERED,
+        ItemStatus.DONE,
+    ]
