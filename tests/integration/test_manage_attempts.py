@@ -1,8 +1,9 @@
 """RESCHEDULE and CANCEL of messages whose deliveries are out, against a real broker.
 
 A first delivery goes out unrecorded (``docs/protocol.md``, "DELIVER"); RESCHEDULE
-still keeps its attempt ("Attempts are kept"), CANCEL still says it was delivered.
-Source: ``docs/protocol.md``, "RESCHEDULE", "CANCEL".
+still keeps its attempt ("Attempts are kept"), CANCEL still says it was delivered, and
+a parked dead letter rescheduled is delivered again. Source: ``docs/protocol.md``,
+"RESCHEDULE", "CANCEL", "Dead letters".
 """
 
 from __future__ import annotations
@@ -75,3 +76,28 @@ def test_cancel_of_a_message_whose_first_delivery_is_out_answers_delivered(
         ItemStatus.DELIVERED,
         ItemStatus.DONE,
     ]
+
+
+def test_a_parked_dead_letter_rescheduled_is_delivered_again(broker: BrokerProcess) -> None:
+    admin = WireClient(broker.client_address)
+    _group(admin, "pk", "g", 1)
+    _group(admin, "pk.dlq", "default", 1)
+    consumer = WireClient(broker.client_address)
+    consumer.subscribe("pk", "g", 5)
+    admin.publish([["pk", b"a", None, None, None]])
+    [delivery] = consumer.deliveries(1)
+    answer = consumer.request(frames.Nack(consumer.next_id(), [delivery[0]], 0, "bad", True))
+    assert isinstance(answer, frames.Ok), answer
+    dead = WireClient(broker.client_address)
+    dead.subscribe("pk.dlq", "default", 5)
+    [letter] = dead.deliveries(1)
+    answer = dead.request(frames.Nack(dead.next_id(), [letter[0]], 0))
+    assert isinstance(answer, frames.Ok), answer
+    dead.expect_nothing(0.5)  # out of attempts on the dead-letter topic: parked
+    [parked] = _browse(admin, "pk.dlq")
+    assert parked[0] == letter[1] and parked[1] is None
+    assert _items(
+        admin, frames.Reschedule(admin.next_id(), "pk.dlq", None, [letter[1]], None, 200)
+    ) == [ItemStatus.DONE]
+    [again] = dead.deliveries(1, timeout_s=5.0)
+    assert (again[1], again[5]) == (letter[1], 2)

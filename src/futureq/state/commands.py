@@ -96,8 +96,10 @@ class CommandKind(enum.IntEnum):
     RESCHEDULE_COUNTED = 31
     """RESCHEDULE as builds apply it since it counts unrecorded deliveries: the command carries
     the deliveries the leader knows are out (``out``), so attempts are kept even for a
-    first delivery the log never recorded. Kind 26 (RESCHEDULE) in a log replays exactly
-    as earlier builds applied it; a node of an earlier build refuses kind 31."""
+    first delivery the log never recorded, and a *parked* dead letter rescheduled gets a
+    fresh allowance of ``max_deliveries`` (its earlier deliveries stop counting, as
+    released ones do) so it is delivered again. Kind 26 (RESCHEDULE) in a log replays
+    exactly as earlier builds applied it; a node of an earlier build refuses kind 31."""
 
 
 @attrs.frozen

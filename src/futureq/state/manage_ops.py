@@ -329,12 +329,20 @@ class ManageOps:
         least its item's). The TTL counts from the new due time (an entry with a TTL
         expires at ``due_ms + ttl_ms``), as it does from a published due time. In a
         group a PURGE is emptying, an entry the purge will remove is removed now
-        instead. A parked dead letter is delivered again.
+        instead.
+
+        A parked dead letter is delivered again: with ``out_deliveries`` given
+        (RESCHEDULE_COUNTED) its deliveries so far stop counting towards
+        ``max_deliveries`` (``released`` is raised to its attempt, as if each had been
+        released), so it gets a fresh allowance; with None (kind RESCHEDULE, earlier
+        builds) its attempts are kept as they were, and it is parked again on its next
+        look, as those builds did.
 
         Returns:
             Per id: DONE or UNKNOWN (no entry of it there).
         """
         out: list[int] = []
+        counted = out_deliveries is not None
         known = _out_attempts(out_deliveries)
         valid_due = type(due_ms) is int and 0 <= due_ms < PARKED_DUE_MS
         holders = self._holding_groups(topic, group_id)  # once per batch: none changes
@@ -367,6 +375,8 @@ class ManageOps:
                     ttl_ms = max(1, entry.expire_ms - record.due_ms)  # a record without TTL
                 entry.expire_ms = None if ttl_ms is None else due_ms + ttl_ms
                 old_due = commands.parse_schedule_key(key)[1]
+                if counted and old_due == PARKED_DUE_MS:
+                    entry.released = entry.attempt  # a fresh allowance (docstring)
                 self._move_entry(
                     txn, key, gid, old_due, mid, due_ms, entry, CommandKind.RESCHEDULE, effects
                 )

@@ -1525,3 +1525,34 @@ def test_cancel_of_a_message_whose_first_delivery_is_out_answers_delivered() -> 
     [revoke] = out(consumer).pushes
     assert revoke.reason == frames.RevokeReason.CANCELLED
     assert env.state.get_message(waiting) is None
+
+
+async def test_a_parked_dead_letter_rescheduled_is_delivered_again() -> None:
+    """``docs/protocol.md``, RESCHEDULE: a parked dead letter gets a fresh allowance of
+    max_deliveries and is delivered again; run out again, it is parked again."""
+    env = Env()
+    gid = env.group("t.dlq", "default", visibility_ms=100, max_deliveries=1)
+    consumer = env.consumer(gid, credit=10)
+    [mid] = env.publish("t.dlq", [b"poison"])
+    async with running(env):
+        await settle(env)
+        env.clock.advance(100)
+        await settle(env)
+        assert [d[5] for d in out(consumer).take()] == [1]
+        [(due_ms, _, attempt, _)] = list(env.state.scan_schedule(gid, 0, 0, 10))
+        assert (due_ms, attempt) == (PARKED_DUE_MS, 1)
+        known = env.dispatcher.out_deliveries([gid], [mid])
+        assert env.log.apply(
+            commands.reschedule(env.now, "t.dlq", gid, [mid], env.now + 500, known)
+        ) == [frames.ItemStatus.DONE]
+        env.clock.advance(499)
+        await settle(env)
+        assert out(consumer).take() == []
+        env.clock.advance(1)
+        await settle(env)
+        assert [d[5] for d in out(consumer).take()] == [2]
+        env.clock.advance(100)  # its visibility timeout: out of attempts again
+        await settle(env)
+        assert out(consumer).take() == []
+    [(due_ms, _, attempt, _)] = list(env.state.scan_schedule(gid, 0, 0, 10))
+    assert (due_ms, attempt) == (PARKED_DUE_MS, 2)

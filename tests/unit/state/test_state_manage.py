@@ -292,6 +292,33 @@ def test_a_dead_letter_out_of_attempts_is_parked_and_can_be_rescheduled(kit: Sto
     assert state.find_group("t.dlq.dlq", "default") is None
     assert run(commands.reschedule(6000, "t.dlq", None, [dead], 7000)) == [DONE]
     assert state.get_schedule(schedule_key(dlq.group_id, 7000, dead)) == (16, None)
+    # Its 16 deliveries stop counting: a fresh allowance, so it is delivered again.
+    entry = state.get_entry(schedule_key(dlq.group_id, 7000, dead))
+    assert entry is not None and (entry.attempt, entry.released) == (16, 16)
+    # Rescheduled again while not parked, nothing more is forgiven.
+    run(commands.delivered([(schedule_key(dlq.group_id, 7000, dead), 17)]))
+    assert run(commands.reschedule(6000, "t.dlq", None, [dead], 8000)) == [DONE]
+    entry = state.get_entry(schedule_key(dlq.group_id, 8000, dead))
+    assert entry is not None and (entry.attempt, entry.released) == (17, 16)
+
+
+def _old_reschedule(
+    now_ms: int, topic: str, group_id: int | None, ids: list[int], due: int
+) -> bytes:
+    """A RESCHEDULE (kind 26) as builds before RESCHEDULE_COUNTED wrote it."""
+    return commands.encode([CommandKind.RESCHEDULE, now_ms, topic, group_id, ids, due])
+
+
+def test_an_old_reschedule_replays_as_the_old_build_applied_it(kit: StoreKit) -> None:
+    """Upgrade safety: kind 26 keeps a parked dead letter's attempts counting."""
+    state, run, _gid, _mid, dead = _dead_letter_one(kit)
+    dlq = state.find_group("t.dlq", "default")
+    assert dlq is not None
+    run(commands.dead_letter(5000, [(schedule_key(dlq.group_id, 2000, dead), 16)]))
+    assert run(_old_reschedule(6000, "t.dlq", None, [dead], 7000)) == [DONE]
+    entry = state.get_entry(schedule_key(dlq.group_id, 7000, dead))
+    assert entry is not None and (entry.attempt, entry.released) == (16, 0)
+    assert commands.decode(commands.reschedule(1, "t", None, [1], 2))[0] == 31
 
 
 def test_reschedule_records_deliveries_the_leader_knows_went_out(kit: StoreKit) -> None:
