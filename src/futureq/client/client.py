@@ -619,7 +619,9 @@ class Client:
                 )
                 ok = _expect(answer, frames.PublishOk)
                 for pending, message_id in zip(
-                    batch, ids_from_publish_ok(ok.first_id, ok.count, len(batch), ok.duplicates), strict=True
+                    batch,
+                    ids_from_publish_ok(ok.first_id, ok.count, len(batch), ok.duplicates),
+                    strict=True,
                 ):
                     pending.resolve(message_id)
                 return
@@ -1062,8 +1064,9 @@ class Client:
             group: Cancel only that group's copy; None (default): every group's.
 
         Returns:
-            One status per id, in order: ``DONE`` (cancelled before any delivery),
-            ``DELIVERED`` (cancelled, but delivered at least once already) or
+            One status per id, in order: ``DONE`` (cancelled, never delivered),
+            ``DELIVERED`` (cancelled, but delivered at least once already, possibly
+            out to a consumer right now) or
             ``UNKNOWN`` (not pending there: acked, expired, cancelled, or never
             published). A retry after a lost connection may report ``UNKNOWN`` for
             what the first attempt cancelled.
