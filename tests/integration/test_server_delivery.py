@@ -169,6 +169,29 @@ def test_first_subscriber_adopts_messages_published_before_any_group(broker: Bro
     later_group.expect_nothing(0.3)  # groups get what is published after they exist
 
 
+def test_group_create_alone_adopts_the_backlog_before_any_subscriber(
+    broker: BrokerProcess,
+) -> None:
+    """``docs/protocol.md``, "Consumer groups and fan-out": the first group *created*
+    adopts the implicit ``default`` group, by GROUP_CREATE as by SUBSCRIBE."""
+    client = WireClient(broker.client_address)
+    client.publish([["adopt", b"early", 0, None, None]])
+    assert client.group_pending("adopt", "default") == 1
+    answer = client.request(frames.GroupCreate(client.next_id(), "adopt", "g1", None, None))
+    assert isinstance(answer, frames.Ok), answer
+    assert (client.group_pending("adopt", "default"), client.group_pending("adopt", "g1")) == (
+        None,
+        1,
+    )
+    second = WireClient(broker.client_address)
+    second.subscribe("adopt", "g2")
+    second.expect_nothing(0.3)  # the backlog stayed with g1
+    first = WireClient(broker.client_address)
+    first.subscribe("adopt", "g1")
+    (delivery,) = first.deliveries(1)
+    assert delivery[2] == b"early"
+
+
 def test_status_counts(broker: BrokerProcess) -> None:
     client = WireClient(broker.client_address)
     client.request(frames.GroupCreate(client.next_id(), "counts", "g", None, None))
