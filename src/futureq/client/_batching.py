@@ -12,9 +12,63 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
-from futureq.client._checks import check_headers, check_int, check_str
+from futureq.client._checks import (
+    INT64_MAX,
+    check_headers,
+    check_int,
+    check_str,
+    fits_wire_int,
+    utf8_bytes,
+)
 from futureq.errors import ErrorCode, RemoteProtocolError, RequestError
-from futureq.wire.validation import implausible_epoch_ms
+from futureq.wire.validation import implausible_duration_ms, implausible_epoch_ms
+
+PUBLISH_FRAME_OVERHEAD_BYTES = 17
+"""Bytes of a PUBLISH frame body besides its items, at most: the outer array header,
+frame type, request id (up to 9), ack level and the items array header (up to 5)."""
+
+
+def _str_bytes(length: int) -> int:
+    """msgpack size of a str of ``length`` UTF-8 bytes (header included)."""
+    return length + (1 if length < 32 else 2 if length < 0x100 else 3 if length < 0x10000 else 5)
+
+
+def _bin_bytes(length: int) -> int:
+    return length + (2 if length < 0x100 else 3 if length < 0x10000 else 5)
+
+
+def _int_bytes(value: int | None) -> int:
+    if value is None or -32 <= value < 128:
+        return 1
+    if value >= 0:
+        return 2 if value < 0x100 else 3 if value < 0x10000 else 5 if value < 2**32 else 9
+    return 2 if value >= -(2**7) else 3 if value >= -(2**15) else 5 if value >= -(2**31) else 9
+
+
+def _container_bytes(count: int) -> int:
+    """msgpack size of an array or map header of ``count`` elements."""
+    return 1 if count < 16 else 3 if count < 0x10000 else 5
+
+
+def _check_time_range(name: str, value: int | None, code_low: ErrorCode) -> None:
+    """Refuse a time field msgpack cannot carry (beyond 64 bits), with the code the
+    server gives for a value that far out (``validate_publish_items``)."""
+    if value is None or fits_wire_int(value) and value <= INT64_MAX:
+        return
+    if value < 0:
+        raise RequestError(code_low, f"{name} is {value}; it must be >= 0")
+    if name == "ttl_ms":
+        mistake = implausible_duration_ms(name, value)
+        if mistake is not None:
+            raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, mistake)
+        raise RequestError(
+            ErrorCode.INVALID_TTL, f"ttl_ms is {value}; it does not even fit in 64 bits"
+        )
+    raise RequestError(
+        ErrorCode.DUE_TIME_OVERFLOW,
+        f"{name} {value} puts the due time past the largest 64-bit millisecond time",
+    )
+
 
 T = TypeVar("T")
 W = TypeVar("W")
@@ -54,7 +108,11 @@ class PublishItem:
         TypeError: payload is not bytes-like; topic, a time, headers or
             idempotency_key of the wrong type (``headers={"n": 1}``, ``ttl_ms=1.5``).
         RequestError: INVALID_DELAY when both ``delay_ms`` and ``deliver_at_ms`` are given;
-            IMPLAUSIBLE_TIME when ``deliver_at_ms`` can only be a unit mistake (after 0
+            a value that cannot be sent at all, with the code the server gives for such a
+            value of that field: a time beyond 64 bits (INVALID_DELAY below ``-2**63``,
+            DUE_TIME_OVERFLOW above ``2**63 - 1``; for ``ttl_ms`` INVALID_TTL), text that
+            is not valid Unicode (a lone surrogate such as ``"\\ud800"``: INVALID_TOPIC,
+            INVALID_HEADERS, INVALID_IDEMPOTENCY_KEY); IMPLAUSIBLE_TIME when ``deliver_at_ms`` can only be a unit mistake (after 0
             and before 2000-01-01: seconds; past the year 5138: micro- or nanoseconds).
     """
 
@@ -65,10 +123,13 @@ class PublishItem:
     ttl_ms: int | None = None
     headers: dict[str, str] | None = None
     idempotency_key: str | None = None
+    _wire_bytes: int = attrs.field(init=False, eq=False, repr=False, default=0)
 
     def __attrs_post_init__(self) -> None:
         # A wrong type would make the whole PUBLISH frame malformed (the server closes
-        # the connection for it): refused here, alone, before anything is sent.
+        # the connection for it), and a value msgpack cannot encode (an int beyond 64
+        # bits, a lone surrogate) would fail the whole frame in the client: both are
+        # refused here, alone, before the item can join a frame shared with others.
         check_str("topic", self.topic)
         for name in ("delay_ms", "deliver_at_ms", "ttl_ms"):
             check_int(name, getattr(self, name), optional=True)
@@ -76,12 +137,41 @@ class PublishItem:
         check_str("idempotency_key", self.idempotency_key, optional=True)
         if self.delay_ms is not None and self.deliver_at_ms is not None:
             raise RequestError(ErrorCode.INVALID_DELAY, "give delay_ms or deliver_at_ms, not both")
+        _check_time_range("delay_ms", self.delay_ms, ErrorCode.INVALID_DELAY)
+        _check_time_range("deliver_at_ms", self.deliver_at_ms, ErrorCode.INVALID_DELAY)
+        _check_time_range("ttl_ms", self.ttl_ms, ErrorCode.INVALID_TTL)
+        size = _str_bytes(utf8_bytes("topic", self.topic, ErrorCode.INVALID_TOPIC))
+        size += _bin_bytes(len(self.payload))
+        size += _int_bytes(self.delay_ms) + _int_bytes(self.deliver_at_ms)
+        size += _int_bytes(self.ttl_ms)
+        if self.headers is None and self.idempotency_key is None:
+            size += _container_bytes(5)
+        else:
+            size += _container_bytes(7) + 2  # two nils, replaced below by what is set
+            if self.headers is not None:
+                size += _container_bytes(len(self.headers)) - 1
+                for name, value in self.headers.items():
+                    size += _str_bytes(utf8_bytes("a header name", name, ErrorCode.INVALID_HEADERS))
+                    size += _str_bytes(
+                        utf8_bytes(f"header {name!r}", value, ErrorCode.INVALID_HEADERS)
+                    )
+            if self.idempotency_key is not None:
+                key_bytes = utf8_bytes(
+                    "idempotency_key", self.idempotency_key, ErrorCode.INVALID_IDEMPOTENCY_KEY
+                )
+                size += _str_bytes(key_bytes) - 1
+        object.__setattr__(self, "_wire_bytes", size)
         if type(self.deliver_at_ms) is int:
             # Seconds (or microseconds) taken for milliseconds: refused before it leaves
             # (docs/protocol.md, "Units"); the server refuses it as well.
             mistake = implausible_epoch_ms("deliver_at_ms", self.deliver_at_ms)
             if mistake is not None:
                 raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, mistake)
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes this item takes in a PUBLISH frame body (its msgpack encoding)."""
+        return self._wire_bytes
 
     def to_wire(self) -> list[Any]:
         """The PUBLISH item array ``[topic, payload, delay_ms, deliver_at_ms, ttl_ms]``,
@@ -159,6 +249,29 @@ def refused_item(error: RequestError, sent: int) -> int | None:
 def without_item(error: RequestError) -> RequestError:
     """The same refusal for a single caller: code and message, no batch position."""
     return RequestError(error.code, error.message)
+
+
+def split_by_size(items: Sequence[PublishItem], start: int, max_items: int, max_bytes: int) -> int:
+    """Where the PUBLISH frame starting at ``items[start]`` ends.
+
+    Args:
+        items: The whole list.
+        start: Index of the frame's first item (< ``len(items)``).
+        max_items: Most items per frame (>= 1).
+        max_bytes: Most encoded item bytes per frame (:attr:`PublishItem.wire_bytes`).
+
+    Returns:
+        ``end`` > ``start``: the frame is ``items[start:end]``, as many items in order
+        as fit both limits, and always at least one (an item over ``max_bytes`` alone
+        is the caller's to refuse).
+    """
+    end = start + 1
+    size = items[start].wire_bytes
+    stop = min(len(items), start + max_items)
+    while end < stop and size + items[end].wire_bytes <= max_bytes:
+        size += items[end].wire_bytes
+        end += 1
+    return end
 
 
 def chunked(items: Sequence[T], size: int) -> Iterator[tuple[int, Sequence[T]]]:

@@ -6,13 +6,19 @@ connection, so deliveries held on it came again). These checks refuse such a cal
 ``TypeError`` before anything is sent, as Python does for a wrong argument type
 (``docs/client.md``, "Errors"). Values of the right type are the
 server's to check (a negative id, a delay too long, too many headers): it refuses
-them per request, with a code naming the item, and the connection stays.
+them per request, with a code naming the item, and the connection stays. The one
+exception is a value that cannot be *encoded* at all (an int beyond 64 bits, a str
+with a lone surrogate): it is refused here with the server's code for that field
+(:func:`utf8_bytes`, :func:`fits_wire_int`), so it fails its own call and never a
+PUBLISH frame shared with other callers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
+
+from futureq.errors import ErrorCode, RequestError
 
 
 def _type_name(value: Any) -> str:
@@ -74,6 +80,7 @@ def message_ids(ids: Iterable[Any]) -> list[int]:
     Raises:
         TypeError: ``ids`` is a str/bytes or not iterable, or an id is not an int
             (``"1"``, ``1.0``, ``True``); the message names its position.
+        RequestError: INVALID_MESSAGE_ID for an id beyond 64 bits (``item_index`` set).
     """
     out = _as_list("ids", ids, "a sequence of int message ids")
     for position, mid in enumerate(out):
@@ -81,6 +88,13 @@ def message_ids(ids: Iterable[Any]) -> list[int]:
             raise TypeError(
                 f"ids[{position}] must be an int message id (as publish returned it), got "
                 f"{_type_name(mid)} {mid!r:.40}"
+            )
+        if not fits_wire_int(mid):
+            # Cannot be encoded; the server refuses every id outside [0, 2**64-1] so.
+            raise RequestError(
+                ErrorCode.INVALID_MESSAGE_ID,
+                f"message id {mid} is outside [0, 2**64-1]; send the ids publish returned",
+                position,
             )
     return out
 
@@ -126,3 +140,37 @@ def check_headers(headers: Any) -> None:
                 f"header names and values must be str, got {_type_name(name)} {name!r:.40} -> "
                 f"{_type_name(value)}"
             )
+
+
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+UINT64_MAX: Final = 2**64 - 1
+
+
+def fits_wire_int(value: int) -> bool:
+    """Whether msgpack can carry ``value``: ``-2**63 <= value <= 2**64 - 1``
+    (``docs/protocol.md``, "Encoding rules")."""
+    return INT64_MIN <= value <= UINT64_MAX
+
+
+def utf8_bytes(name: str, value: str, code: ErrorCode, index: int | None = None) -> int:
+    """The UTF-8 length of ``value``, refusing text that has none.
+
+    A str holding a lone surrogate (``"\\ud800"``, from ``surrogateescape`` or a bad
+    JSON escape) cannot be sent as a msgpack str at all: it is refused here, alone,
+    with the code the server gives for a bad value of that field.
+
+    Raises:
+        RequestError: ``code``, naming the field and the position of the bad character.
+    """
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start : exc.end]
+        raise RequestError(
+            code,
+            f"{name} is not valid Unicode text: it holds the lone surrogate {bad!r} at "
+            f"character {exc.start}, which has no UTF-8 form; fix the text (decode bytes "
+            "with the right encoding) before publishing",
+            index,
+        ) from None

@@ -33,6 +33,7 @@ from futureq.errors import (
     ConnectionLostError,
     ErrorCode,
     FutureQError,
+    LocalProtocolError,
     RemoteProtocolError,
     RequestError,
     error_from_code,
@@ -58,6 +59,43 @@ log = logging.getLogger(__name__)
 
 class NotSentError(ConnectionLostError):
     """The connection was lost before the request reached the socket: safe to retry."""
+
+
+class UnencodableError(RequestError):
+    """The request holds a value msgpack cannot encode; nothing was sent.
+
+    A :class:`RequestError` with code INVALID_FIELD, the code the server gives for a
+    field it cannot take, so callers see one documented exception; the connection and
+    every other request on it are unaffected.
+    """
+
+
+class RequestTooLargeError(RequestError):
+    """The request encodes to more than the server's ``max_frame_bytes``; nothing was
+    sent. Code INVALID_ARGUMENT (the publisher splits such batches instead)."""
+
+
+def encode_request(frame: frames.Frame, max_frame_bytes: int) -> bytes:
+    """``codec.encode_frame`` with its local failures as the documented
+    :class:`RequestError` subclasses above (``docs/client.md``, "Errors").
+
+    Raises:
+        UnencodableError: a field cannot be encoded.
+        RequestTooLargeError: the frame is over ``max_frame_bytes``.
+    """
+    try:
+        return codec.encode_frame(frame, max_frame_bytes)
+    except LocalProtocolError as exc:
+        name = frame.TYPE.name
+        if exc.code is ErrorCode.FRAME_TOO_LARGE:
+            raise RequestTooLargeError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"{name} request not sent: {exc.message} (the server's max_frame_bytes); "
+                "send less per call",
+            ) from None
+        raise UnencodableError(
+            ErrorCode.INVALID_FIELD, f"{name} request not sent: {exc.message}"
+        ) from None
 
 
 class _Waiter:
@@ -324,9 +362,9 @@ class Connection:
 
         Raises:
             NotSentError: the connection is lost.
-            LocalProtocolError: a frame cannot be encoded or is too large.
+            UnencodableError, RequestTooLargeError: as :meth:`request`.
         """
-        data = b"".join(codec.encode_frame(f, self.max_frame_bytes) for f in frames_to_send)
+        data = b"".join(encode_request(f, self.max_frame_bytes) for f in frames_to_send)
         await self._queue(data)
 
     async def _queue(self, data: bytes) -> None:
@@ -364,8 +402,9 @@ class Connection:
             RequestError: the server refused it (an ERROR frame), or TIMEOUT when no
                 answer came before ``deadline`` (outcome unknown).
             RemoteProtocolError: the server refused it with a 1xx code.
-            LocalProtocolError: the frame cannot be encoded or exceeds the server's
-                ``max_frame_bytes``.
+            UnencodableError: a field cannot be encoded (a RequestError INVALID_FIELD).
+            RequestTooLargeError: the frame exceeds the server's ``max_frame_bytes``
+                (a RequestError INVALID_ARGUMENT); nothing was sent.
         """
         if self.lost_reason is not None:
             raise NotSentError(str(self.lost_reason))
@@ -375,9 +414,9 @@ class Connection:
         try:
             frame = make_frame(request_id)
             waiter.name = frame.TYPE.name
-            data = codec.encode_frame(frame, self.max_frame_bytes)
+            data = encode_request(frame, self.max_frame_bytes)
             if then_send:
-                data += b"".join(codec.encode_frame(f, self.max_frame_bytes) for f in then_send)
+                data += b"".join(encode_request(f, self.max_frame_bytes) for f in then_send)
             with anyio.CancelScope(deadline=deadline):
                 await self._queue(data)
                 queued = True

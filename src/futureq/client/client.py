@@ -44,14 +44,23 @@ import anyio.abc
 from futureq.client import _checks
 from futureq.client._backoff import Backoff
 from futureq.client._batching import (
+    PUBLISH_FRAME_OVERHEAD_BYTES,
     PublishItem,
     chunked,
     ids_from_publish_ok,
     refused_item,
+    split_by_size,
     without_item,
 )
 from futureq.client._browse import BrowsePage, DueCounts, counts_from_frame, page_from_frame
-from futureq.client._connection import Connection, NotSentError, PushFrame, connect
+from futureq.client._connection import (
+    Connection,
+    NotSentError,
+    PushFrame,
+    RequestTooLargeError,
+    UnencodableError,
+    connect,
+)
 from futureq.client.subscription import (
     LOST_REASON,
     Delivery,
@@ -64,13 +73,12 @@ from futureq.errors import (
     ConnectionLostError,
     ErrorCode,
     FutureQError,
-    LocalProtocolError,
     NotLeaderError,
     RemoteProtocolError,
     RequestError,
     SubscriptionEndedError,
 )
-from futureq.wire import frames
+from futureq.wire import codec, frames
 
 DEFAULT_SERVER: Final = "127.0.0.1:7450"
 MAX_BATCHES_IN_FLIGHT: Final = 4
@@ -119,6 +127,31 @@ class _PendingPublish:
         if not self.event.is_set():
             self.error = error
             self.event.set()
+
+
+class _Gathering:
+    """A PUBLISH batch being gathered: at most ``max_items`` calls and ``budget``
+    bytes of encoded items (always at least its first call)."""
+
+    __slots__ = ("pending", "size", "budget", "max_items", "full")
+
+    def __init__(self, first: _PendingPublish, budget: int, max_items: int) -> None:
+        self.pending = [first]
+        self.size = first.item.wire_bytes
+        self.budget = budget
+        self.max_items = max_items
+        self.full = max_items <= 1
+
+    def add(self, pending: _PendingPublish, carry: list[_PendingPublish]) -> None:
+        """Add ``pending``, or, when it does not fit, put it in ``carry`` (it starts
+        the next batch, so order is kept) and mark this one full."""
+        if self.size + pending.item.wire_bytes > self.budget:
+            carry.append(pending)
+            self.full = True
+            return
+        self.pending.append(pending)
+        self.size += pending.item.wire_bytes
+        self.full = len(self.pending) >= self.max_items
 
 
 def parse_servers(servers: str | Sequence[str]) -> list[str]:
@@ -215,6 +248,27 @@ class Client:
     def max_batch_items(self) -> int:
         """Most items put in one PUBLISH, ACK or NACK frame."""
         return self._max_batch_items
+
+    def _item_bytes_budget(self) -> int:
+        """Most bytes of items one PUBLISH frame may hold: the live connection's
+        ``max_frame_bytes`` from HELLO_OK (the documented default, 4 MiB, while there
+        is none) less the frame's own fields."""
+        conn = self._live_connection()
+        limit = conn.max_frame_bytes if conn is not None else codec.DEFAULT_MAX_FRAME_BYTES
+        return limit - PUBLISH_FRAME_OVERHEAD_BYTES
+
+    def _check_fits_a_frame(self, item: PublishItem, index: int | None = None) -> None:
+        """Refuse an item that alone is over the frame budget: no split can send it."""
+        budget = self._item_bytes_budget()
+        if item.wire_bytes > budget:
+            raise RequestError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"this message encodes to {item.wire_bytes} bytes (payload "
+                f"{len(item.payload)}), more than one frame can carry "
+                f"({budget + PUBLISH_FRAME_OVERHEAD_BYTES} bytes, the server's "
+                "max_frame_bytes); make it smaller",
+                index,
+            )
 
     def _live_epoch(self) -> int:
         conn = self._conn
@@ -488,11 +542,16 @@ class Client:
                 message in flight: it may or may not be stored.
             ClientClosedError: the client was closed.
             TypeError: payload is not bytes.
+
+        A message that cannot be sent at all (an int beyond 64 bits, text with a lone
+        surrogate, more bytes than one frame carries) raises its ``RequestError``
+        here, before it joins a PUBLISH shared with other callers.
         """
         self._check_open()
         item = PublishItem(
             topic, payload, delay_ms, deliver_at_ms, ttl_ms, headers, idempotency_key
         )
+        self._check_fits_a_frame(item)
         deadline = anyio.current_time() + self.request_timeout_s
         pending = _PendingPublish(item, deadline)
         with anyio.CancelScope(deadline=deadline) as scope:
@@ -517,11 +576,14 @@ class Client:
     async def publish_batch(
         self, items: Sequence[PublishItem], *, duplicates: list[int] | None = None
     ) -> list[int]:
-        """Publish many messages in PUBLISH frames of at most ``max_batch_items``.
+        """Publish many messages, in as few PUBLISH frames as the limits allow.
 
-        Each frame is atomic: the server stores all of its items or none. A list
-        longer than ``max_batch_items`` is sent as several frames, in order; if one is
-        refused, the frames before it are stored and the ones after it are not sent.
+        A frame holds at most ``max_batch_items`` items and at most the server's
+        ``max_frame_bytes`` (HELLO_OK) of encoded bytes, so a long list, or one of large
+        payloads, is sent as several frames, in order. Each frame is atomic: the server
+        stores all of its items or none. If one is refused, the frames before it are
+        stored and the ones after it are not sent. An item too large for any frame
+        is refused before anything is sent.
 
         Args:
             items: The messages, in order.
@@ -535,10 +597,18 @@ class Client:
         Raises:
             RequestError: a frame was refused; ``item_index`` is the index **in
                 ``items``** of the first bad item when the server named one.
+                PAYLOAD_TOO_LARGE (nothing sent) for an item that alone encodes to
+                more than one frame carries.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
+        for position, item in enumerate(items):
+            self._check_fits_a_frame(item, position)
         ids: list[int] = []
-        for offset, chunk in chunked(items, self._max_batch_items):
+        offset = 0
+        max_items = self._max_batch_items
+        while offset < len(items):
+            end = split_by_size(items, offset, max_items, self._item_bytes_budget())
+            chunk = items[offset:end]
             wire_items = [item.to_wire() for item in chunk]
             level = self._ack_level
             try:
@@ -546,7 +616,16 @@ class Client:
                     _publish_frame(level, wire_items),
                     retry_unknown=self._retry_unknown_outcome,
                 )
+            except RequestTooLargeError:
+                if len(chunk) == 1:
+                    self._check_fits_a_frame(chunk[0], offset)  # a smaller server's limit
+                    raise
+                max_items = max(1, len(chunk) // 2)  # and so for the rest of the list
+                continue
             except RequestError as exc:
+                if exc.code is ErrorCode.BATCH_TOO_LARGE and len(chunk) > 1:
+                    max_items = max(1, len(chunk) // 2)  # the server's limit is lower
+                    continue
                 index = refused_item(exc, len(chunk))
                 if index is None or isinstance(exc, NotLeaderError):
                     raise
@@ -555,37 +634,44 @@ class Client:
             ids.extend(ids_from_publish_ok(ok.first_id, ok.count, len(chunk), ok.duplicates))
             if duplicates is not None:
                 duplicates.extend(offset + position for position, _ in ok.duplicates or ())
+            offset = end
         return ids
 
     async def _run_batcher(self) -> None:
         """Coalesce :meth:`publish` calls into PUBLISH frames until the client closes.
 
-        Takes everything already queued (up to ``max_batch_items``), waits up to
-        ``linger_ms`` for more, and keeps up to ``MAX_BATCHES_IN_FLIGHT`` frames
-        outstanding; while they are in flight new calls pile up into the next batch,
-        so batches grow with load by themselves.
+        Takes everything already queued (up to ``max_batch_items`` items and a frame's
+        worth of encoded bytes), waits up to ``linger_ms`` for more, and keeps up to
+        ``MAX_BATCHES_IN_FLIGHT`` frames outstanding; while they are in flight new calls
+        pile up into the next batch, so batches grow with load by themselves. A call
+        that would overfill a batch starts the next one (order is kept).
         """
         in_flight = anyio.Semaphore(MAX_BATCHES_IN_FLIGHT)
+        carry: list[_PendingPublish] = []  # the call that did not fit the last batch
         async with anyio.create_task_group() as nursery:
-            async for first in self._publish_receive:
-                batch = [first]
-                self._take_queued(batch)
-                if self._linger_s > 0 and len(batch) < self._max_batch_items:
+            while True:
+                if carry:
+                    first = carry.pop()
+                else:
+                    try:
+                        first = await self._publish_receive.receive()
+                    except anyio.EndOfStream:
+                        break
+                batch = _Gathering(first, self._item_bytes_budget(), self._max_batch_items)
+                while not batch.full:
+                    try:
+                        batch.add(self._publish_receive.receive_nowait(), carry)
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                if self._linger_s > 0 and not batch.full:
                     with anyio.move_on_after(self._linger_s):
-                        while len(batch) < self._max_batch_items:
+                        while not batch.full:
                             try:
-                                batch.append(await self._publish_receive.receive())
+                                batch.add(await self._publish_receive.receive(), carry)
                             except anyio.EndOfStream:
                                 break
                 await in_flight.acquire()
-                nursery.start_soon(self._send_batch, batch, in_flight)
-
-    def _take_queued(self, batch: list[_PendingPublish]) -> None:
-        while len(batch) < self._max_batch_items:
-            try:
-                batch.append(self._publish_receive.receive_nowait())
-            except (anyio.WouldBlock, anyio.EndOfStream):
-                return
+                nursery.start_soon(self._send_batch, batch.pending, in_flight)
 
     async def _send_batch(self, batch: list[_PendingPublish], in_flight: anyio.Semaphore) -> None:
         try:
@@ -598,6 +684,8 @@ class Client:
 
         Other callers' messages never fail because one item of a shared batch is bad:
         the server stores nothing of a refused batch, so the rest is simply resent.
+        A batch the client cannot send whole (over a smaller server's frame limit, or
+        a value it cannot encode) is sent in halves, down to the one item at fault.
         """
         while batch:
             now = anyio.current_time()
@@ -625,6 +713,15 @@ class Client:
                 ):
                     pending.resolve(message_id)
                 return
+            except (RequestTooLargeError, UnencodableError) as exc:
+                if len(batch) > 1:
+                    await self._publish_halves(batch)
+                    return
+                error: FutureQError = (
+                    RequestError(ErrorCode.PAYLOAD_TOO_LARGE, exc.message)
+                    if isinstance(exc, RequestTooLargeError)
+                    else RequestError(exc.code, exc.message)
+                )
             except RequestError as exc:
                 index = refused_item(exc, len(batch))
                 if index is not None and not isinstance(exc, NotLeaderError):
@@ -634,16 +731,7 @@ class Client:
                 if exc.code is ErrorCode.BATCH_TOO_LARGE and len(batch) > 1:
                     await self._publish_halves(batch)
                     return
-                error: FutureQError = exc
-            except LocalProtocolError as exc:
-                if exc.code is ErrorCode.FRAME_TOO_LARGE and len(batch) > 1:
-                    await self._publish_halves(batch)
-                    return
-                error = (
-                    RequestError(ErrorCode.PAYLOAD_TOO_LARGE, exc.message)
-                    if exc.code is ErrorCode.FRAME_TOO_LARGE
-                    else exc
-                )
+                error = exc
             except FutureQError as exc:
                 error = exc
             for pending in batch:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from futureq.client._batching import (
     chunked,
     ids_from_publish_ok,
     refused_item,
+    split_by_size,
     without_item,
 )
 from futureq.errors import ErrorCode, RemoteProtocolError, RequestError
@@ -119,3 +121,56 @@ def test_parse_servers() -> None:
     assert parse_servers(["a:1"]) == ["a:1"]
     with pytest.raises(ValueError):
         parse_servers(" , ")
+
+
+@given(
+    payload=st.binary(max_size=70_000),
+    delay_ms=st.none() | st.integers(-(2**63), 2**63 - 1),
+    ttl_ms=st.none() | st.integers(1, 2**63 - 1),
+    headers=st.none() | st.dictionaries(st.text(min_size=1), st.text(), max_size=20),
+    key=st.none() | st.text(min_size=1, max_size=300),
+)
+def test_publish_item_wire_bytes_is_its_msgpack_size(
+    payload: bytes,
+    delay_ms: int | None,
+    ttl_ms: int | None,
+    headers: dict[str, str] | None,
+    key: str | None,
+) -> None:
+    headers = {n: v for n, v in (headers or {}).items() if not n.lower().startswith("futureq-")}
+    item = PublishItem("topic", payload, delay_ms, None, ttl_ms, headers or None, key)
+    assert item.wire_bytes == len(msgpack.packb(item.to_wire(), use_bin_type=True))
+
+
+def test_publish_item_refuses_what_cannot_be_encoded_with_the_servers_code() -> None:
+    cases = [
+        ({"delay_ms": 2**64}, ErrorCode.DUE_TIME_OVERFLOW),
+        ({"delay_ms": 2**63}, ErrorCode.DUE_TIME_OVERFLOW),
+        ({"delay_ms": -(2**64)}, ErrorCode.INVALID_DELAY),
+        ({"ttl_ms": 2**64}, ErrorCode.INVALID_TTL),
+        ({"ttl_ms": -(2**70)}, ErrorCode.INVALID_TTL),
+        ({"deliver_at_ms": 2**64}, ErrorCode.DUE_TIME_OVERFLOW),
+        ({"headers": {"a": "\ud800"}}, ErrorCode.INVALID_HEADERS),
+        ({"idempotency_key": "k\udfff"}, ErrorCode.INVALID_IDEMPOTENCY_KEY),
+    ]
+    for kwargs, code in cases:
+        with pytest.raises(RequestError) as info:
+            PublishItem("t", b"", **kwargs)
+        assert info.value.code is code, kwargs
+    with pytest.raises(RequestError) as topic_info:
+        PublishItem("t\ud800", b"")
+    assert topic_info.value.code is ErrorCode.INVALID_TOPIC
+    assert "surrogate" in topic_info.value.message
+
+
+def test_split_by_size_keeps_order_and_both_limits() -> None:
+    items = [PublishItem("t", b"x" * n) for n in (10, 10, 10, 100, 10, 10)]
+    sizes = [item.wire_bytes for item in items]
+    cuts = []
+    start = 0
+    while start < len(items):
+        end = split_by_size(items, start, 2, sizes[0] * 3)
+        cuts.append((start, end))
+        start = end
+    assert cuts == [(0, 2), (2, 3), (3, 4), (4, 6)]  # the 100-byte item goes alone
+    assert split_by_size(items, 0, 10, 1) == 1  # one item always, even over the limit
