@@ -20,7 +20,7 @@ from tests.backends import on_both_backends
 
 from futureq.client import Client, PublishItem, open_client
 from futureq.client.sync import SyncClient
-from futureq.errors import ConnectionLostError, ErrorCode, RequestError
+from futureq.errors import ClientClosedError, ConnectionLostError, ErrorCode, RequestError
 
 
 class BrokerProcess(Protocol):
@@ -184,7 +184,9 @@ async def test_tls_round_trip_and_an_untrusted_certificate(
         pem.write_to_path(str(cert_path), append=number > 0)
     cert.private_key_pem.write_to_path(str(key_path))
     broker = await anyio.to_thread.run_sync(
-        lambda: broker_factory(extra_args=["--tls-cert", str(cert_path), "--tls-key", str(key_path)])
+        lambda: broker_factory(
+            extra_args=["--tls-cert", str(cert_path), "--tls-key", str(key_path)]
+        )
     )
     context = ssl.create_default_context()
     ca.configure_trust(context)
@@ -205,10 +207,31 @@ async def test_tls_round_trip_and_an_untrusted_certificate(
 async def test_managing_scheduled_messages(broker: BrokerProcess) -> None:
     async with _client(broker) as client:
         await client.create_group("later", "g")
-        ids = [await client.publish("later", f"m{i}".encode(), delay_ms=3_600_000) for i in range(3)]
+        ids = [
+            await client.publish("later", f"m{i}".encode(), delay_ms=3_600_000) for i in range(3)
+        ]
         page = await client.browse("later", "g", preview_bytes=8)
         assert [m.id for m in page.messages] == ids
         assert [m.preview for m in page.messages] == [b"m0", b"m1", b"m2"]
         assert [int(s) for s in await client.cancel("later", ids[:1])] == [0]  # DONE
         page = await client.browse("later", "g")
         assert [m.id for m in page.messages] == ids[1:]
+
+
+def test_sync_client_is_usable_without_with_and_close_ends_it(broker: BrokerProcess) -> None:
+    client = SyncClient(broker.client_address, request_timeout_s=20.0)
+    try:
+        message_id = client.publish("plain", b"no with")  # connects on first use
+        got = client.consume("plain", "g", count=1, timeout_s=5.0)
+        assert [d.id for d in got] == [message_id]
+        got[0].ack()
+        client.open()  # optional, and harmless once open
+    finally:
+        client.close()
+    with pytest.raises(ClientClosedError):
+        client.ping()
+    client.close()  # idempotent
+    down = SyncClient("127.0.0.1:1", connect_timeout_s=0.5)  # made without connecting
+    with pytest.raises(ConnectionLostError):
+        down.ping()
+    down.close()

@@ -14,7 +14,8 @@ Every call blocks the calling thread until the async :class:`~futureq.client.Cli
 in the background thread has finished it (``trio.from_thread.run``), so the errors,
 units and at-least-once notes of ``docs/client.md`` apply unchanged. One
 :class:`SyncClient` may be used from several threads. Leaving the ``with`` block
-unsubscribes, closes the connection and joins the thread.
+unsubscribes, closes the connection and joins the thread; without ``with``, the
+first call connects and :meth:`SyncClient.close` ends it.
 """
 
 from __future__ import annotations
@@ -143,7 +144,11 @@ class _OpenRequest:
 
 
 class SyncClient:
-    """Blocking FutureQ client; a context manager.
+    """Blocking FutureQ client: usable as soon as it is made; ``close()`` ends it.
+
+    It connects on first use (or on :meth:`open`, or entering a ``with`` block, to
+    connect up front and see connection errors there), and runs until :meth:`close`
+    (or leaving the ``with`` block).
 
     Args:
         servers: As :func:`~futureq.client.open_client`.
@@ -151,8 +156,9 @@ class SyncClient:
             (``token``, ``ssl_context``, ``request_timeout_s``, ...).
 
     Raises:
-        ConnectionLostError, RemoteProtocolError: from ``__enter__`` when no server
-            can be reached or HELLO is refused.
+        ConnectionLostError, RemoteProtocolError: from the call that connects (the
+            first call, :meth:`open` or ``__enter__``) when no server can be reached
+            or HELLO is refused; the next call tries again.
     """
 
     def __init__(self, servers: str | Sequence[str] = DEFAULT_SERVER, **options: Any) -> None:
@@ -166,6 +172,7 @@ class SyncClient:
         self._open_send: trio.MemorySendChannel[_OpenRequest] | None = None
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         self._closed = False
+        self._open_lock = threading.Lock()
 
     def __enter__(self) -> SyncClient:
         self.open()
@@ -175,29 +182,43 @@ class SyncClient:
         self.close()
 
     def open(self) -> None:
-        """Start the background thread and connect (``__enter__`` does this).
+        """Start the background thread and connect, if that has not happened yet.
+
+        Optional: the first call does it too. Calling it again does nothing.
 
         Raises:
-            RuntimeError: already opened.
-            ConnectionLostError, RemoteProtocolError: as the class.
+            ClientClosedError: :meth:`close` was called.
+            ConnectionLostError, RemoteProtocolError: as the class; the client stays
+                unopened, and the next call tries again.
         """
-        if self._thread is not None:
-            raise RuntimeError("SyncClient is already open")
-        self._thread = threading.Thread(target=self._thread_main, name="futureq-sync", daemon=True)
-        self._thread.start()
-        wait_s = float(self._options.get("connect_timeout_s", 5.0)) + STARTUP_EXTRA_S
-        if not self._ready.wait(wait_s):
-            raise TimeoutError(f"the client thread did not start within {wait_s:g} s")
-        if self._startup_error is not None:
-            self._thread.join(JOIN_TIMEOUT_S)
-            self._closed = True
-            raise self._startup_error
+        with self._open_lock:
+            if self._closed:
+                raise ClientClosedError("the SyncClient was closed; make a new one")
+            if self._thread is not None:
+                return
+            self._ready = threading.Event()
+            self._startup_error = None
+            thread = threading.Thread(target=self._thread_main, name="futureq-sync", daemon=True)
+            self._thread = thread
+            thread.start()
+            wait_s = float(self._options.get("connect_timeout_s", 5.0)) + STARTUP_EXTRA_S
+            if not self._ready.wait(wait_s):
+                raise TimeoutError(f"the client thread did not start within {wait_s:g} s")
+            if self._startup_error is not None:
+                thread.join(JOIN_TIMEOUT_S)
+                self._thread = None  # not opened: a later call may try again
+                error, self._startup_error = self._startup_error, None
+                raise error
 
     def close(self) -> None:
-        """Unsubscribe, disconnect and join the background thread (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
+        """Unsubscribe, disconnect and join the background thread (idempotent).
+
+        Later calls raise :class:`ClientClosedError`.
+        """
+        with self._open_lock:
+            if self._closed:
+                return
+            self._closed = True
         if self._token is not None and self._open_send is not None:
             try:
                 trio.from_thread.run_sync(self._open_send.close, trio_token=self._token)
@@ -245,16 +266,22 @@ class SyncClient:
             request.done.set()
 
     def _run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        self._require_client()
         if self._closed or self._token is None:
-            raise ClientClosedError("the SyncClient is closed (or was never opened)")
+            raise ClientClosedError("the SyncClient was closed; make a new one")
         try:
             return trio.from_thread.run(fn, *args, trio_token=self._token)
         except trio.RunFinishedError:
             raise ClientClosedError("the SyncClient's background thread has stopped") from None
 
     def _require_client(self) -> Client:
+        """The async client, opening the SyncClient first if nothing has yet
+        (never called from the background thread before it is open)."""
+        if self._closed:
+            raise ClientClosedError("the SyncClient was closed; make a new one")
         if self._client is None:
-            raise ClientClosedError("the SyncClient was never opened")
+            self.open()
+        assert self._client is not None
         return self._client
 
     # -- API ---------------------------------------------------------------------------
