@@ -234,7 +234,9 @@ class Connection:
                 ConnectionLostError(f"server {self.address} sent a bad frame: {exc.message}")
             )
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._fail(ConnectionLostError(f"connection to {self.address} broke: {exc}"))
+            self._fail(
+                ConnectionLostError(f"connection to {self.address} broke: {_broken_reason(exc)}")
+            )
 
     def _dispatch(self, frame: frames.Frame) -> None:
         if isinstance(frame, _PUSHES):
@@ -316,7 +318,9 @@ class Connection:
                     ]
                     await self._stream.send(b"".join(backlog))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._fail(ConnectionLostError(f"connection to {self.address} broke: {exc}"))
+            self._fail(
+                ConnectionLostError(f"connection to {self.address} broke: {_broken_reason(exc)}")
+            )
 
     def send_control(self, frame: frames.Frame) -> None:
         """Queue a frame that needs no answer (CREDIT) without blocking; for callbacks.
@@ -453,7 +457,29 @@ def _os_reason(exc: BaseException) -> str:
         return "connection refused"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower() if exc.strerror[:1].isupper() else exc.strerror
-    return str(exc)
+    return _broken_reason(exc)
+
+
+def _broken_reason(exc: BaseException) -> str:
+    """Why a stream broke, never empty.
+
+    AnyIO's ``BrokenResourceError`` usually carries no message of its own (the OS
+    error is its cause, or nothing at all): use the first of the exception and its
+    causes that says something, else a sentence for its kind.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            text = seen.strerror
+            return text[:1].lower() + text[1:]
+        if str(seen):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    if isinstance(exc, anyio.BrokenResourceError):
+        return "the server closed the connection (reset or broken pipe)"
+    if isinstance(exc, anyio.ClosedResourceError):
+        return "the connection was closed on this side"
+    return type(exc).__name__
 
 
 def _code_name(code: int) -> str:
