@@ -235,3 +235,30 @@ def test_sync_client_is_usable_without_with_and_close_ends_it(broker: BrokerProc
     with pytest.raises(ConnectionLostError):
         down.ping()
     down.close()
+
+
+@on_both_backends
+async def test_attempt_numbers_releases_too_but_max_deliveries_does_not_count_them(
+    broker: BrokerProcess,
+) -> None:
+    # docs/client.md, "Consuming": attempt numbers every delivery; max_deliveries is
+    # compared with attempt less the releases.
+    async with _client(broker) as client:
+        await client.create_group("rel", "g", max_deliveries=2)
+        message_id = await client.publish("rel", b"x")
+        attempts = []
+        async with client.subscribe("rel", "g", prefetch=1) as sub:
+            for _ in range(3):
+                delivery = await sub.receive(timeout_s=10.0)
+                assert delivery is not None
+                attempts.append(delivery.attempt)
+                await delivery.release()
+            for _ in range(2):  # the two counted attempts max_deliveries allows
+                delivery = await sub.receive(timeout_s=10.0)
+                assert delivery is not None
+                attempts.append(delivery.attempt)
+                await delivery.nack()
+            assert await sub.receive(timeout_s=0.5) is None
+        assert attempts == [1, 2, 3, 4, 5]
+        dead = await client.browse("rel.dlq")
+        assert [m.headers.get("futureq-original-id") for m in dead.messages] == [str(message_id)]

@@ -973,7 +973,7 @@ class Client:
         group's visibility timeout from now once half of it has passed, for up to
         ``max_lease_s`` after it arrived (then the server takes it back and says so
         with a REVOKE). A pull-mode subscription's deliveries that nobody fetched are
-        released (not counted as an attempt).
+        released (not counted towards ``max_deliveries``).
         """
         while True:
             self._lease_event = anyio.Event()

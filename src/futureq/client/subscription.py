@@ -22,8 +22,8 @@ out are the application's: settle them within the visibility timeout, or call
 
 A subscription in *pull* mode (the synchronous client's ``consume``) gets no credit
 back automatically: :meth:`Subscription.fetch` asks for exactly what it still
-wants, and what arrives when nobody fetches is released at once (not counted as an
-attempt). Source: ``docs/client.md``, "Consuming".
+wants, and what arrives when nobody fetches is released at once (not counted towards
+``max_deliveries``). Source: ``docs/client.md``, "Consuming".
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ class Delivery:
         publish_ms: When the leader stored it (ms since the Unix epoch).
         attempt: 1 for the first delivery to this group, then one more for every
             delivery after it (a nack, a visibility timeout, a consumer that left, a
-            leader change); it never goes backwards.
+            leader change, a release); it never goes backwards. ``max_deliveries``
+            counts only the attempts not ended by a release (``docs/client.md``).
         delivered_ms: The server's wall clock when it pushed this delivery (ms).
         tag: Opaque delivery tag the server knows this delivery by.
         headers: The message's headers (str -> str; empty when it has none). A dead
@@ -171,7 +172,8 @@ class Delivery:
         )
 
     async def release(self) -> None:
-        """Give it back unprocessed: due again at once, the attempt not counted.
+        """Give it back unprocessed: due again at once, not counted towards
+        ``max_deliveries`` (the next delivery's ``attempt`` is still one higher).
 
         Raises:
             Same as :meth:`ack`.
@@ -427,7 +429,7 @@ class Subscription:
         Call it before settling the last deliveries when you are about to leave the
         ``subscribe`` block, so the server does not push messages you will not read.
         Deliveries already pushed still arrive (and are released unprocessed when you
-        leave, without counting as an attempt). A reconnect subscribes again with a
+        leave, not counted towards ``max_deliveries``). A reconnect subscribes again with a
         full window.
         """
         self._paused = True

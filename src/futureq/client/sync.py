@@ -115,7 +115,8 @@ class SyncDelivery:
         self._client._run(call)
 
     def release(self) -> None:
-        """Give it back unprocessed, not counted as an attempt. Raises as ``Delivery.release``."""
+        """Give it back unprocessed: not counted towards ``max_deliveries`` (the next
+        delivery's ``attempt`` is still one higher). Raises as ``Delivery.release``."""
         self._client._run(self.delivery.release)
 
     def extend(self, visibility_ms: int | None = None) -> None:
