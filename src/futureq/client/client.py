@@ -62,6 +62,7 @@ from futureq.client._connection import (
     connect,
 )
 from futureq.client.subscription import (
+    LEADER_LOST_REASON,
     LOST_REASON,
     Delivery,
     DeliveryState,
@@ -919,9 +920,9 @@ class Client:
                             group[0]._subscription._settled(conn, group)
 
                 try:
-                    await conn.request(
-                        request, deadline=anyio.current_time() + timeout_s, on_answer=on_ok
-                    )
+                    await self._settle_request(conn, request, timeout_s, on_ok)
+                except NotLeaderError as exc:
+                    return refused + self._lost_with_leadership(conn, deliveries, exc)
                 except RequestError as exc:
                     bad = _pop_refused_tag(exc, chunk)
                     if bad is None:
@@ -930,6 +931,54 @@ class Client:
                     continue
                 break
         return refused
+
+    async def _settle_request(
+        self,
+        conn: Connection,
+        make_frame: Callable[[int], frames.Frame],
+        timeout_s: float,
+        on_answer: Callable[[frames.Frame], None] | None = None,
+    ) -> frames.Frame:
+        """One ACK / NACK / RELEASE / EXTEND on ``conn`` (its tags mean nothing
+        elsewhere), sent again with backoff while the server answers UNAVAILABLE
+        (nothing applied: a leadership transfer under way, say) until ``timeout_s``, as
+        every 3xx refusal is (``docs/client.md``, "Reconnects and leader following").
+
+        Raises:
+            As :meth:`Connection.request`; UNAVAILABLE once retrying would pass the
+            deadline.
+        """
+        deadline = anyio.current_time() + timeout_s
+        backoff = Backoff(self._rng)
+        while True:
+            try:
+                return await conn.request(make_frame, deadline=deadline, on_answer=on_answer)
+            except RequestError as exc:
+                if exc.code is not ErrorCode.UNAVAILABLE:
+                    raise
+                delay = backoff.next_delay_s()
+                if anyio.current_time() + delay >= deadline:
+                    raise
+                await anyio.sleep(delay)
+
+    def _lost_with_leadership(
+        self, conn: Connection, deliveries: list[Delivery], exc: NotLeaderError
+    ) -> list[Delivery]:
+        """A settlement answered NOT_LEADER: the node that delivered them lost its
+        leadership (a SIGTERM, a transfer, an election), and with it every tag it
+        handed out; no other node knows them, so following the leader cannot settle
+        them. Void the ones still held (settling raises ConnectionLostError, as for a
+        lost connection: ``docs/client.md``, "At-least-once"), and move this client to
+        the leader, where its subscriptions subscribe again.
+
+        Returns:
+            The deliveries voided, in order.
+        """
+        lost = [d for d in deliveries if d._state is DeliveryState.HELD]
+        for delivery in lost:
+            delivery._void(LEADER_LOST_REASON, "lost")
+        self._follow_leader(conn, exc.leader_address)
+        return lost
 
     async def _extend(
         self, sub: Subscription, deliveries: list[Delivery], visibility_ms: int
@@ -953,10 +1002,9 @@ class Client:
             while chunk:
                 tags = [delivery.tag for delivery in chunk]
                 try:
-                    await conn.request(
-                        _extend_frame(tags, visibility_ms),
-                        deadline=anyio.current_time() + timeout_s,
-                    )
+                    await self._settle_request(conn, _extend_frame(tags, visibility_ms), timeout_s)
+                except NotLeaderError as exc:
+                    return refused + self._lost_with_leadership(conn, deliveries, exc)
                 except RequestError as exc:
                     bad = _pop_refused_tag(exc, chunk)
                     if bad is None:

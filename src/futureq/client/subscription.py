@@ -51,6 +51,10 @@ if TYPE_CHECKING:
     from futureq.client.client import Client
 
 LOST_REASON = "the connection it came on was lost; the broker delivers it again"
+LEADER_LOST_REASON = (
+    "the node it came from is no longer the leader (its tags died with its leadership); "
+    "the new leader delivers it again"
+)
 LEASE_REFRESH_FRACTION = 0.5
 """A buffered delivery's lease is extended once this fraction of the visibility
 timeout has passed since it arrived (or was last extended)."""
@@ -640,6 +644,8 @@ def void_error(
     more = "" if len(deliveries) <= 10 else f" and {len(deliveries) - 10} more"
     reason = first._void_reason or "it is no longer held"
     if first._void_kind == "lost":
+        if first._void_reason and first._void_reason != LOST_REASON:
+            return ConnectionLostError(f"deliveries {ids}{more}: {first._void_reason}")
         return ConnectionLostError(
             f"deliveries {ids}{more} came on a connection that has since been lost; "
             "the broker will deliver them again"

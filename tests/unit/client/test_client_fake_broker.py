@@ -21,6 +21,7 @@ import pytest
 from tests.backends import on_both_backends
 
 from futureq.client import PublishItem, open_client
+from futureq.client.subscription import DeliveryState
 from futureq.errors import (
     ConnectionLostError,
     ErrorCode,
@@ -67,6 +68,7 @@ class FakeBroker:
         self.acked: list[int] = []
         self.connections: list[FakeConnection] = []
         self.topic_groups: dict[str, list[str]] = collections.defaultdict(list)
+        self.unavailable_acks = 0  # answer this many ACKs UNAVAILABLE (a transfer)
 
     async def serve(
         self, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
@@ -154,6 +156,11 @@ class FakeBroker:
         elif isinstance(frame, frames.Credit):
             conn.subs[frame.subscription_id]["credit"] += frame.credit
             await self.dispatch()
+        elif isinstance(frame, frames.Ack) and self.unavailable_acks > 0:
+            self.unavailable_acks -= 1
+            await conn.send(
+                frames.Error(rid, ErrorCode.UNAVAILABLE, "leadership is being transferred")
+            )
         elif isinstance(frame, frames.Ack | frames.Nack):
             count = 0
             for tag in frame.tags:
@@ -389,6 +396,53 @@ async def test_a_node_that_knows_no_leader_sends_the_client_to_the_next_server()
             assert await client.publish("t", b"x") == 1
             assert client.connected_address == leader.address
         assert leader.publish_sizes == [1]
+
+
+@on_both_backends
+async def test_an_ack_refused_unavailable_is_sent_again_until_it_is_applied() -> None:
+    # A leader transferring its leadership answers UNAVAILABLE ("retry shortly"):
+    # like every 3xx refusal, retried with backoff until the deadline.
+    async with serving() as broker:
+        async with _client(broker.address) as client:
+            assert await client.publish("t", b"x") == 1
+            async with client.subscribe("t", "g", prefetch=5) as sub:
+                held = await sub.__anext__()
+                broker.unavailable_acks = 2
+                await held.ack()
+                assert held.settled
+        assert broker.acked == [1] and broker.unavailable_acks == 0
+
+
+@pytest.mark.parametrize("how", ["ack", "nack", "release", "extend"])
+@on_both_backends
+async def test_settling_on_a_node_that_lost_its_leadership_is_connection_lost(how: str) -> None:
+    # A leader being stopped (SIGTERM) steps down and answers NOT_LEADER, knowing no
+    # leader during the election, to an ACK of a delivery it handed out: its tags died
+    # with its leadership, so no node can settle it. Not NotLeaderError (that is only
+    # for following the leader failing until the deadline): ConnectionLostError, as
+    # for a lost connection, and the client moves on to where it is delivered again.
+    async with task_group() as nursery:
+        old = FakeBroker()
+        await nursery.start(old.serve)
+        new = FakeBroker()
+        await nursery.start(new.serve)
+        new.queues[("t", "g")] = collections.deque([(1, b"x", 2)])  # redelivered there
+        async with open_client([old.address, new.address], request_timeout_s=10.0) as client:
+            assert await client.publish("t", b"x") == 1
+            async with client.subscribe("t", "g", prefetch=5) as sub:
+                held = await sub.__anext__()
+                old.leaderless = True  # stepped down; an election is under way
+                with pytest.raises(ConnectionLostError, match="no longer the leader"):
+                    if how == "extend":
+                        await held.extend(10_000)  # the fake sends no SUBSCRIPTION_INFO
+                    else:
+                        await getattr(held, how)()
+                assert held.state is DeliveryState.VOID
+                again = await sub.__anext__()
+                assert (again.id, again.attempt) == (1, 2)
+                await again.ack()
+                assert client.connected_address == new.address
+        assert new.acked == [1]
 
 
 @on_both_backends
