@@ -62,11 +62,14 @@ def _check_time_range(name: str, value: int | None, code_low: ErrorCode) -> None
         if mistake is not None:
             raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, mistake)
         raise RequestError(
-            ErrorCode.INVALID_TTL, f"ttl_ms is {value}; it does not even fit in 64 bits"
+            ErrorCode.INVALID_TTL,
+            f"ttl_ms is {value}; it is past {INT64_MAX} ms (a signed 64-bit integer), and "
+            "the server's max_ttl_ms is lower still",
         )
     raise RequestError(
         ErrorCode.DUE_TIME_OVERFLOW,
-        f"{name} {value} puts the due time past the largest 64-bit millisecond time",
+        f"{name} {value} puts the due time past {INT64_MAX} ms (a signed 64-bit integer); "
+        "give a delay in ms, or a time in ms since the Unix epoch",
     )
 
 
