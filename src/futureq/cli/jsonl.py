@@ -19,6 +19,13 @@
 * Values JSON cannot carry are refused with the line and column: ``NaN``, ``Infinity``
   and numbers beyond the range of a 64-bit float (``1E400``), and a key given twice in
   one object (``{"a":1,"a":2}``: which one would a consumer see?).
+* What cannot be sent at all is refused with the line and column too, so it never
+  fails its neighbours' PUBLISH frame: a string holding a lone UTF-16 surrogate
+  (``"\\ud800"``: UTF-8 cannot carry it) where the line's text is sent (``topic``, a
+  ``text`` payload, headers, ``idempotency_key``), an integer time beyond 64 bits, and
+  a line nested more than :data:`MAX_JSON_DEPTH` arrays or objects deep.
+* The fields ``consume --json`` adds (``id``, ``group``, ``due_ms``,
+  ``delivered_ms``, ``attempt``) are accepted and ignored, so its output publishes again.
 * Errors name the line and the column (1-based, in characters) where the problem is;
   an error at the end of a line says so instead of pointing at the next line.
 
@@ -26,7 +33,9 @@
 parser: never ``NaN`` or ``Infinity``), with the payload as:
 
 * ``"json"``: the payload itself, verbatim, when it is strict JSON on one line (no
-  line breaks, no surrounding blanks, no duplicate keys, finite numbers);
+  line breaks, no surrounding blanks, no duplicate keys, finite numbers, no lone
+  surrogate escape such as ``"\\ud800"`` that strict parsers refuse, at most
+  :data:`MAX_JSON_DEPTH` levels deep);
 * ``"text"``: a JSON string holding the payload's UTF-8 text, otherwise;
 * ``"base64"``: base64 of the bytes (RFC 4648, with padding) when they are not UTF-8.
 
@@ -40,12 +49,15 @@ import base64
 import binascii
 import json
 import math
+import re
 from collections.abc import Iterable
 from typing import Any, Final, NamedTuple
 
 import attrs
+import msgpack
 
 from futureq.client import PublishItem
+from futureq.errors import RequestError
 from futureq.wire.validation import implausible_epoch_ms
 
 ENCODINGS: Final = ("json", "text", "base64")
@@ -59,7 +71,15 @@ FIELDS: Final = (
     "headers",
     "idempotency_key",
 )
+CONSUME_FIELDS: Final = ("id", "group", "due_ms", "delivered_ms", "attempt")
+"""Fields ``consume --json`` writes that a publish does not use: accepted and ignored
+(a message published again gets a new id, its own due time and its first attempt)."""
 _BLANKS: Final = " \t\r\n"
+MAX_INT64: Final = 2**63 - 1
+"""Largest millisecond value on the wire (a larger integer cannot be encoded)."""
+MAX_JSON_DEPTH: Final = 500
+"""Most arrays and objects inside each other in a payload. Deeper JSON is refused in a
+line (Python's parser, like many, gives up near 1,000) and shown as ``text``."""
 
 
 class JsonValueError(ValueError):
@@ -135,10 +155,12 @@ class LineFailure:
 
 @attrs.frozen
 class JsonlItem:
-    """A message read from a JSONL file, with its line number."""
+    """A message read from a JSONL file, with its line number and its size in a
+    PUBLISH frame (``wire_bytes``, 0: not measured)."""
 
     line_number: int
     item: PublishItem
+    wire_bytes: int = 0
 
 
 class LineError(ValueError):
@@ -174,7 +196,80 @@ def _decode_at(text: str, index: int, what: str) -> tuple[Any, int]:
         raise LineError(f"invalid JSON in {what}: {message}{phrase}", column) from None
     except JsonValueError as exc:
         raise LineError(f"{what}: {exc}", _column_of(text, index, exc)) from None
+    except RecursionError:  # only past the depth split_object checks first
+        raise LineError(f"{what} is nested too deeply", index + 1) from None
     return result
+
+
+def too_deep_at(text: str, limit: int) -> int | None:
+    """Where (0-based) ``text`` first opens more than ``limit`` arrays or objects inside
+    each other, brackets in strings not counted; None if it never does."""
+    if text.count("[") + text.count("{") <= limit:
+        return None  # the common case, at C speed
+    depth = 0
+    in_string = escaped = False
+    for index, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return index
+        elif char in "]}":
+            depth -= 1
+    return None
+
+
+_ESCAPE: Final = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+
+
+def _has_surrogate(value: str) -> bool:
+    return any("\ud800" <= char <= "\udfff" for char in value)
+
+
+def lone_surrogate_at(text: str, start: int, end: int) -> int | None:
+    """Where (0-based) the first ``\\uD800``-``\\uDFFF`` escape of ``text[start:end]``
+    that is not half of a pair is; None if there is none. ``start`` is at a JSON value
+    (escapes are only read inside its strings, so ``\\\\ud800`` is no surrogate)."""
+    high: tuple[int, int] | None = None  # (start, end) of a high half waiting for its pair
+    for match in _ESCAPE.finditer(text, start, end):
+        code = int(match[1], 16) if match[1] else None
+        if high is not None:
+            if code is not None and 0xDC00 <= code <= 0xDFFF and match.start() == high[1]:
+                high = None
+                continue
+            return high[0]
+        if code is None:
+            continue
+        if 0xD800 <= code <= 0xDBFF:
+            high = (match.start(), match.end())
+        elif 0xDC00 <= code <= 0xDFFF:
+            return match.start()
+    return high[0] if high is not None else None
+
+
+def _utf8_string(
+    what: str, value: str, text: str, start: int, end: int, hint: str = "drop it"
+) -> None:
+    """Refuse a string UTF-8 cannot carry (a lone surrogate), at the escape's column.
+
+    Raises:
+        LineError: ``value`` holds a lone surrogate.
+    """
+    if _has_surrogate(value):
+        at = lone_surrogate_at(text, start, end)
+        shown = "U+D800-U+DFFF" if at is None else text[at : at + 6]
+        raise LineError(
+            f"{what} holds a lone UTF-16 surrogate ({shown}), which UTF-8 cannot carry; {hint}",
+            None if at is None else at + 1,
+        )
 
 
 def _column_of(text: str, start: int, error: JsonValueError) -> int:
@@ -205,6 +300,13 @@ def split_object(text: str) -> dict[str, Field]:
     Raises:
         LineError: not one strict JSON object (the column says where).
     """
+    deep = too_deep_at(text, MAX_JSON_DEPTH + 1)  # + 1: the line's own object
+    if deep is not None:
+        raise LineError(
+            f"the line nests more than {MAX_JSON_DEPTH} arrays or objects inside its "
+            "payload; send such a payload as a string",
+            deep + 1,
+        )
     index = _skip(text, 0)
     if index >= len(text) or text[index] != "{":
         phrase, column = _where(text, index)
@@ -254,6 +356,11 @@ def _optional_ms(fields: dict[str, Field], key: str) -> int | None:
         raise LineError(
             f"{key} must be a non-negative integer of milliseconds, got {value!r}", start + 1
         )
+    if value > MAX_INT64:
+        raise LineError(
+            f"{key} is {value}, beyond the largest 64-bit millisecond value ({MAX_INT64})",
+            start + 1,
+        )
     return value
 
 
@@ -280,10 +387,12 @@ def _headers(fields: dict[str, Field], text: str) -> dict[str, str] | None:
                 "headers carry text (quote a number)",
                 start + entry.start + 1,
             )
+        _utf8_string(f"the header name {name!r}", name, text, start + entry.key_start, end)
+        _utf8_string(f"headers[{name!r}]", entry.value, text, start + entry.start, end)
     return {name: entry.value for name, entry in entries.items()}
 
 
-def _idempotency_key(fields: dict[str, Field]) -> str | None:
+def _idempotency_key(fields: dict[str, Field], text: str) -> str | None:
     """A line's ``idempotency_key``: a non-empty string, or None (absent or null)."""
     if "idempotency_key" not in fields or fields["idempotency_key"].value is None:
         return None
@@ -292,6 +401,7 @@ def _idempotency_key(fields: dict[str, Field]) -> str | None:
         raise LineError(
             f'"idempotency_key" must be a non-empty string, got {json.dumps(value)}', start + 1
         )
+    _utf8_string('"idempotency_key"', value, text, start, fields["idempotency_key"].end)
     return value
 
 
@@ -320,6 +430,14 @@ def payload_bytes(fields: dict[str, Field], text: str) -> bytes:
             f'with payload_encoding "{encoding}" the payload must be a string', start + 1
         )
     if encoding == "text":
+        _utf8_string(
+            'the value of "payload"',
+            value,
+            text,
+            start,
+            end,
+            'drop it, or send the bytes as base64 (payload_encoding "base64")',
+        )
         return value.encode("utf-8")
     try:
         return base64.b64decode(value, validate=True)
@@ -343,7 +461,9 @@ def parse_jsonl_line(text: str) -> PublishItem | None:
     if "topic" not in fields or not isinstance(fields["topic"].value, str):
         at = fields["topic"].start + 1 if "topic" in fields else None
         raise LineError('"topic" must be a string', at)
-    unknown = [key for key in fields if key not in FIELDS]
+    topic = fields["topic"]
+    _utf8_string('"topic"', topic.value, text, topic.start, topic.end)
+    unknown = [key for key in fields if key not in FIELDS and key not in CONSUME_FIELDS]
     if unknown:
         raise LineError(
             f"unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(FIELDS)}",
@@ -361,15 +481,35 @@ def parse_jsonl_line(text: str) -> PublishItem | None:
         mistake = implausible_epoch_ms("deliver_at_ms", deliver_at_ms)
         if mistake is not None:
             raise LineError(mistake, fields["deliver_at_ms"].start + 1)
-    return PublishItem(
-        fields["topic"].value,
-        payload,
-        delay_ms,
-        deliver_at_ms,
-        ttl_ms,
-        headers=_headers(fields, text),
-        idempotency_key=_idempotency_key(fields),
-    )
+    headers = _headers(fields, text)
+    key = _idempotency_key(fields, text)
+    try:
+        return PublishItem(
+            topic.value,
+            payload,
+            delay_ms,
+            deliver_at_ms,
+            ttl_ms,
+            headers=headers,
+            idempotency_key=key,
+        )
+    except (TypeError, RequestError) as exc:  # checked above; kept to fail this line only
+        raise LineError(str(exc)) from None
+
+
+_PACK: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def wire_bytes(item: PublishItem) -> int:
+    """How many bytes ``item`` takes in a PUBLISH frame (its msgpack array).
+
+    Raises:
+        LineError: it cannot be encoded at all (so it must not join a batch).
+    """
+    try:
+        return len(_PACK(item.to_wire()))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise LineError(f"cannot be sent: {exc}") from None
 
 
 def parse_jsonl(lines: Iterable[str]) -> tuple[list[JsonlItem], list[LineFailure]]:
@@ -386,11 +526,12 @@ def parse_jsonl(lines: Iterable[str]) -> tuple[list[JsonlItem], list[LineFailure
     for number, line in enumerate(lines, start=1):
         try:
             item = parse_jsonl_line(line)
+            size = 0 if item is None else wire_bytes(item)
         except LineError as exc:
             failures.append(LineFailure(number, exc.message, exc.column))
             continue
         if item is not None:
-            items.append(JsonlItem(number, item))
+            items.append(JsonlItem(number, item, size))
     return items, failures
 
 
@@ -405,10 +546,17 @@ def render_payload(payload: bytes) -> tuple[str, str]:
         text = payload.decode("utf-8")
     except UnicodeDecodeError:
         return json.dumps(base64.b64encode(payload).decode("ascii")), "base64"
-    if text and text == text.strip(_BLANKS) and "\n" not in text and "\r" not in text:
+    if (
+        text
+        and text == text.strip(_BLANKS)
+        and "\n" not in text
+        and "\r" not in text
+        and too_deep_at(text, MAX_JSON_DEPTH) is None
+        and lone_surrogate_at(text, 0, len(text)) is None  # strict parsers refuse "\ud800"
+    ):
         try:
             strict_loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
         else:
             return text, "json"
@@ -437,7 +585,9 @@ def _pair(key: str, value: Any) -> str:
 
 
 __all__ = [
+    "CONSUME_FIELDS",
     "ENCODINGS",
+    "MAX_JSON_DEPTH",
     "JsonValueError",
     "JsonlItem",
     "LineError",
@@ -449,4 +599,6 @@ __all__ = [
     "Field",
     "split_object",
     "strict_loads",
+    "too_deep_at",
+    "wire_bytes",
 ]

@@ -180,3 +180,87 @@ def test_consume_records_are_strict_json_and_publish_back_to_the_same_bytes(
         '{"topic": "t", ' + line[line.index('"payload":') : line.index(', "attempt"')] + "}"
     )
     assert republished is not None and republished.payload == payload
+
+
+# -- lines that cannot be sent fail alone, with their column (tester's break A) -----
+
+
+@pytest.mark.parametrize(
+    ("line", "column", "says"),
+    [
+        # An integer msgpack cannot hold made the whole PUBLISH frame unencodable.
+        (
+            '{"topic":"t","payload":"x","delay_ms":123456789012345678901234567890}',
+            39,
+            "beyond the largest 64-bit millisecond value",
+        ),
+        ('{"topic":"t","payload":"x","ttl_ms":9223372036854775808}', 37, "beyond the largest"),
+        # A lone surrogate cannot be UTF-8: the frame failed, or (payload) a traceback.
+        ('{"topic":"t","payload":"x","headers":{"a":"\\ud800"}}', 44, "lone UTF-16 surrogate"),
+        ('{"topic":"t","payload":"x","headers":{"\\udc00":"v"}}', 40, "lone UTF-16 surrogate"),
+        ('{"topic":"t","payload":"\\ud800"}', 25, "lone UTF-16 surrogate (\\ud800)"),
+        ('{"topic":"t","payload":"ok \\\\ud800 \\udbff"}', 36, "lone UTF-16 surrogate"),
+        ('{"topic":"t","payload":"\\ud800\\ud800\\udc00"}', 25, "lone UTF-16 surrogate"),
+        ('{"topic":"t\\ud800","payload":"x"}', 12, "lone UTF-16 surrogate"),
+        ('{"topic":"t","payload":"x","idempotency_key":"\\udfff"}', 47, "lone UTF-16"),
+        # 100,000 nested arrays: a RecursionError traceback before.
+        ('{"topic":"t","payload":' + "[" * 100_000 + "]" * 100_000 + "}", 524, "more than 500"),
+    ],
+)
+def test_lines_that_cannot_be_sent_are_refused_at_their_column(
+    line: str, column: int, says: str
+) -> None:
+    with pytest.raises(LineError) as refused:
+        parse_jsonl_line(line)
+    assert says in refused.value.message
+    assert refused.value.column == column, refused.value.message
+
+
+def test_a_bad_line_leaves_its_neighbours_publishable() -> None:
+    lines = [
+        '{"topic":"t","payload":"good1"}',
+        '{"topic":"t","payload":"x","delay_ms":123456789012345678901234567890}',
+        '{"topic":"t","payload":"\\ud800"}',
+        '{"topic":"t","payload":' + "[" * 5000 + "]" * 5000 + "}",
+        '{"topic":"t","payload":"good2","headers":{"a":"\\ud83d\\ude00"}}',
+    ]
+    items, failures = parse_jsonl(lines)
+    assert [(i.line_number, i.item.payload) for i in items] == [
+        (1, b"good1"),
+        (5, b"good2"),
+    ]
+    assert [f.line_number for f in failures] == [2, 3, 4]
+    assert all(item.wire_bytes > 0 for item in items)  # measured for splitting by frame bytes
+
+
+def test_deep_but_allowed_json_and_paired_surrogates_still_pass() -> None:
+    deep = "[" * 500 + "]" * 500
+    item = parse_jsonl_line(f'{{"topic":"t","payload":{deep}}}')
+    assert item is not None and item.payload == deep.encode()
+    item = parse_jsonl_line('{"topic":"t","payload":"\\ud83d\\ude00 \\\\ud800"}')
+    assert item is not None and item.payload == "\U0001f600 \\ud800".encode()
+    # As JSON text the escape is plain ASCII: sent exactly as written.
+    item = parse_jsonl_line('{"topic":"t","payload":"\\ud800","payload_encoding":"json"}')
+    assert item is not None and item.payload == b'"\\ud800"'
+
+
+def test_a_consume_json_record_publishes_again() -> None:
+    record = (
+        '{"id": 549715968, "topic": "t", "group": "g", "payload": "1E400", '
+        '"payload_encoding": "text", "due_ms": 1796567290623, "delivered_ms": '
+        '1796567294524, "attempt": 1, "headers": {"h": "v"}}'
+    )
+    assert parse_jsonl_line(record) == PublishItem("t", b"1E400", headers={"h": "v"})
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b'"\\ud800"', b'{"k":"\\udc00"}', b"[" * 600 + b"]" * 600, b"[" * 5000 + b"]" * 5000],
+)
+def test_payloads_strict_parsers_refuse_are_not_shown_as_json(payload: bytes) -> None:
+    line = record_line({"topic": "t"}, payload, {})
+    record = strict_loads(line)
+    assert record["payload_encoding"] == "text"
+    # ... and they publish again byte for byte.
+    again = parse_jsonl_line(line)
+    assert again is not None and again.payload == payload
