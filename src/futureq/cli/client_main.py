@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import binascii
+import collections
 import datetime
 import json
 import os
@@ -64,10 +65,11 @@ from futureq.errors import (
     ConnectionLostError,
     ErrorCode,
     FutureQError,
+    LocalProtocolError,
     ProtocolError,
     RequestError,
 )
-from futureq.wire import validation
+from futureq.wire import codec, validation
 from futureq.wire.validation import implausible_epoch_ms
 
 EXIT_OK: Final = 0
@@ -634,23 +636,66 @@ class PublishSummary:
     failures: list[LineFailure] = attrs.Factory(list)
 
 
+FRAME_OVERHEAD_BYTES: Final = 64
+"""Room a PUBLISH frame takes besides its items (type, request id, ack level, array
+headers): a few bytes, rounded up."""
+
+
+def server_max_frame_bytes(client: Client) -> int:
+    """The largest frame body the server accepts: what its HELLO_OK announced, else the
+    documented default (``docs/protocol.md``, "Limits")."""
+    announced = getattr(client, "max_frame_bytes", None)  # a public property, if any
+    if type(announced) is int and announced > 0:
+        return announced
+    # The client keeps HELLO_OK on its connection (shard 0's on a sharded node).
+    first = getattr(client, "shard_clients", [client])[0]
+    conn = first._live_connection()
+    return conn.max_frame_bytes if conn is not None else codec.DEFAULT_MAX_FRAME_BYTES
+
+
+def frame_batches(
+    items: Sequence[JsonlItem], batch_size: int, max_frame_bytes: int
+) -> list[list[JsonlItem]]:
+    """Consecutive batches of at most ``batch_size`` items whose PUBLISH frame stays
+    within ``max_frame_bytes`` (an item too large for any frame goes alone)."""
+    budget = max_frame_bytes - FRAME_OVERHEAD_BYTES
+    batches: list[list[JsonlItem]] = []
+    batch: list[JsonlItem] = []
+    used = 0
+    for entry in items:
+        if batch and (len(batch) >= batch_size or used + entry.wire_bytes > budget):
+            batches.append(batch)
+            batch, used = [], 0
+        batch.append(entry)
+        used += entry.wire_bytes
+    if batch:
+        batches.append(batch)
+    return batches
+
+
 async def publish_items(
     client: Client,
     items: Sequence[JsonlItem],
     batch_size: int,
     on_progress: Callable[[int], None] = lambda n: None,
+    max_frame_bytes: int | None = None,
 ) -> PublishSummary:
     """Publish JSONL items in batches; a refused item is reported and the rest resent.
 
-    The server stores nothing of a refused PUBLISH and names its first bad item, so
-    that line becomes a failure and the batch is sent again without it. Errors not
-    naming an item (connection lost, 3xx after retries) fail every line of the batch.
+    Batches hold at most ``batch_size`` items and fit one PUBLISH frame of the
+    server's ``max_frame_bytes`` (by each item's ``wire_bytes``). The server stores
+    nothing of a refused PUBLISH and names its first bad item, so that line becomes a
+    failure and the batch is sent again without it. A batch the client could not
+    encode was not sent: it is split in halves until the bad line stands alone. Errors
+    not naming an item (connection lost, 3xx after retries) fail every line of the
+    batch.
 
     Args:
         client: A connected client.
         items: The good lines, in order.
         batch_size: Messages per PUBLISH (capped at the client's ``max_batch_items``).
         on_progress: Called with the number of lines settled (published or failed).
+        max_frame_bytes: The server's frame limit (default: learned from the client).
 
     Returns:
         The counts published and already published (a duplicate idempotency key) and
@@ -658,8 +703,22 @@ async def publish_items(
     """
     summary = PublishSummary()
     size = max(1, min(batch_size, client.max_batch_items))
-    for start in range(0, len(items), size):
-        batch = list(items[start : start + size])
+    limit = server_max_frame_bytes(client) if max_frame_bytes is None else max_frame_bytes
+    pending = collections.deque(frame_batches(items, size, limit))
+    while pending:
+        batch = pending.popleft()
+        too_big = [e for e in batch if e.wire_bytes > limit - FRAME_OVERHEAD_BYTES]
+        if len(batch) == 1 and too_big:
+            summary.failures.append(
+                LineFailure(
+                    batch[0].line_number,
+                    f"[{ErrorCode.FRAME_TOO_LARGE.name}] the message takes "
+                    f"{batch[0].wire_bytes} bytes; the server takes frames of at most "
+                    f"{limit} bytes (and payloads of at most its max_payload_bytes)",
+                )
+            )
+            on_progress(1)
+            continue
         while batch:
             duplicates: list[int] = []
             try:
@@ -673,6 +732,13 @@ async def publish_items(
                     )
                     on_progress(1)
                     continue
+                reason = f"[{exc.code.name}] {exc.message}"
+            except LocalProtocolError as exc:
+                # Not sent (it could not be encoded): halve it to find the line to blame.
+                if len(batch) > 1:
+                    half = len(batch) // 2
+                    pending.extendleft([batch[half:], batch[:half]])
+                    break
                 reason = f"[{exc.code.name}] {exc.message}"
             except (ConnectionLostError, ProtocolError) as exc:
                 reason = error_line(exc, ",".join(client.servers)).removeprefix("error: ")

@@ -1,0 +1,100 @@
+"""``futureq-cli publish --file`` as a subprocess against a real node: a bad line never
+costs its neighbours (an integer beyond 64 bits, a lone surrogate, JSON nested 100,000
+deep: each fails alone, with its column, and no traceback), a file larger than one
+frame is split by bytes, and ``consume --json`` output publishes again as promised."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from broker_process import BrokerProcess
+
+from futureq.cli.jsonl import strict_loads
+
+
+def cli(address: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "futureq.cli.client_main", "--server", address, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def pending(address: str, topic: str) -> int:
+    status = json.loads(cli(address, "status", "--json").stdout)
+    return sum(
+        group["pending"]
+        for entry in status["topics"]
+        if entry["topic"] == topic
+        for group in entry["groups"]
+    )
+
+
+def test_a_bad_line_fails_alone_and_the_good_ones_are_published(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    address = broker.client_address
+    lines = [
+        '{"topic":"bad.n","payload":"good1"}',
+        '{"topic":"bad.n","payload":"x","delay_ms":123456789012345678901234567890}',
+        '{"topic":"bad.n","payload":"x","headers":{"a":"\\ud800"}}',
+        '{"topic":"bad.n","payload":"\\ud800"}',
+        '{"topic":"bad.n","payload":' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"topic":"bad.n","payload":"good2"}',
+    ]
+    batch = tmp_path / "neighbours.jsonl"
+    batch.write_text("\n".join(lines) + "\n")
+    done = cli(address, "publish", "--file", str(batch))
+    assert done.returncode == 1, done.stderr  # cli.md: 1 when a line failed
+    assert "Traceback" not in done.stderr
+    assert done.stdout.startswith("published 2 message(s)"), done.stdout
+    failed = done.stderr.splitlines()
+    assert [line.split(":")[0] for line in failed] == [
+        "line 2, column 43",
+        "line 3, column 48",
+        "line 4, column 29",
+        "line 5, column 528",
+    ], failed
+    assert "INVALID_FRAME" not in done.stderr
+    assert pending(address, "bad.n") == 2
+
+
+def test_a_file_larger_than_one_frame_is_split_by_bytes(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    address = broker.client_address
+    batch = tmp_path / "big.jsonl"
+    # 10 lines of 700 KB: 7 MB, over the 4 MiB frame limit; every line is valid.
+    batch.write_text(
+        "".join(json.dumps({"topic": "big.f", "payload": "x" * 700_000}) + "\n" for _ in range(10))
+    )
+    done = cli(address, "publish", "--file", str(batch))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("published 10 message(s)"), done.stdout
+    assert pending(address, "big.f") == 10
+
+
+def test_consume_json_output_publishes_again(broker: BrokerProcess, tmp_path: Path) -> None:
+    address = broker.client_address
+    payloads = ['"\\ud800"', '{"amount":10.50}', "plain"]
+    for payload in payloads:
+        assert cli(address, "publish", "rt.a", payload).returncode == 0
+    consumed = cli(address, "consume", "rt.a", "--group", "g", "--count", "3", "--json")
+    assert consumed.returncode == 0, consumed.stderr
+    records = [strict_loads(line) for line in consumed.stdout.splitlines()]
+    # '"\ud800"' is JSON, but no strict parser takes its lone surrogate: shown as text.
+    assert [r["payload_encoding"] for r in records] == ["text", "json", "text"]
+    again = tmp_path / "again.jsonl"
+    again.write_text(consumed.stdout.replace('"topic": "rt.a"', '"topic": "rt.b"'))
+    done = cli(address, "publish", "--file", str(again))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("published 3 message(s)")
+    second = cli(address, "consume", "rt.b", "--group", "g", "--count", "3", "--json")
+    assert [strict_loads(line)["payload"] for line in second.stdout.splitlines()] == [
+        r["payload"] for r in records
+    ]
