@@ -98,3 +98,40 @@ def test_consume_json_output_publishes_again(broker: BrokerProcess, tmp_path: Pa
     assert [strict_loads(line)["payload"] for line in second.stdout.splitlines()] == [
         r["payload"] for r in records
     ]
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (1_500_000_000, 1_500_000_000))
+
+
+def test_an_endless_payload_source_is_read_only_up_to_the_limit(broker: BrokerProcess) -> None:
+    address = broker.client_address
+    base = [sys.executable, "-m", "futureq.cli.client_main", "--server", address, "publish"]
+    from_file = subprocess.run(
+        [*base, "pz.t", "--payload-file", "/dev/zero"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limit_memory,  # the old code read until MemoryError
+        check=False,
+    )
+    assert from_file.returncode == 1, from_file.stderr
+    assert from_file.stderr.startswith(
+        "error: [PAYLOAD_TOO_LARGE] the payload from /dev/zero is more than 4194304 bytes"
+    ), from_file.stderr
+    with subprocess.Popen(["yes"], stdout=subprocess.PIPE) as yes:
+        piped = subprocess.run(
+            [*base, "pz.t", "-"],
+            stdin=yes.stdout,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=_limit_memory,
+            check=False,
+        )
+        yes.kill()
+    assert piped.returncode == 1
+    assert "[PAYLOAD_TOO_LARGE] the payload from standard input is more than" in piped.stderr
+    assert pending(address, "pz.t") == 0

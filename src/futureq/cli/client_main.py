@@ -137,8 +137,6 @@ def existing_name_arg(kind: str) -> Callable[[str], str]:
     return check
 
 
-
-
 def format_ms(ms: int) -> str:
     """``2026-01-02T03:04:05.678Z`` for a wall-clock time in ms since the Unix epoch."""
     moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
@@ -341,9 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="publish one message, or a JSONL file of messages",
         description="Publish one message (TOPIC PAYLOAD) or, with --file, many.",
     )
-    publish.add_argument(
-        "topic", nargs="?", type=publish_topic_arg, help="topic to publish to"
-    )
+    publish.add_argument("topic", nargs="?", type=publish_topic_arg, help="topic to publish to")
     publish.add_argument(
         "payload",
         nargs="?",
@@ -604,13 +600,40 @@ class Output:
         return self.stdout.isatty()
 
 
+def read_payload(handle: IO[bytes], limit: int, source: str) -> bytes:
+    """Read a payload from ``handle``, at most ``limit`` + 1 bytes (``/dev/zero`` or
+    ``yes |`` would otherwise fill the memory).
+
+    Raises:
+        RequestError: PAYLOAD_TOO_LARGE when there are more than ``limit`` bytes.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = handle.read(limit + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > limit:
+        raise RequestError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"the payload from {source} is more than {limit} bytes, the largest frame the "
+            "server accepts (its payload limit, max_payload_bytes, is 1 MiB by default); "
+            "send a smaller payload",
+        )
+    return b"".join(chunks)
+
+
 async def _publish_one(client: Client, args: argparse.Namespace, io: Output) -> int:
+    # No payload can be larger than a frame: read one byte more to know it is too large.
+    limit = server_max_frame_bytes(client)
     if args.payload_file is not None:
-        with open(args.payload_file, "rb") as handle:  # noqa: ASYNC230 - one small read
-            payload = handle.read()
+        with open(args.payload_file, "rb") as handle:  # noqa: ASYNC230 - a bounded read
+            payload = read_payload(handle, limit, args.payload_file)
     elif args.payload == STDIN_PAYLOAD:
         stdin = io.stdin if io.stdin is not None else sys.stdin.buffer
-        payload = await trio.to_thread.run_sync(stdin.read)
+        payload = await trio.to_thread.run_sync(read_payload, stdin, limit, "standard input")
     else:
         payload = args.payload.encode("utf-8")
     message_id = await client.publish(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -282,9 +283,16 @@ def test_browse_and_dlq_accept_the_edges() -> None:
 def test_the_status_table_shows_the_oldest_due_age_and_the_next_due_time() -> None:
     from futureq.cli.client_main import Output, _table, age_text, group_table_rows
 
-    assert [age_text(ms) for ms in (0, 950, 90_000, 183_600_000)] == ["0s", "950ms", "1m30s", "2d3h"]
+    assert [age_text(ms) for ms in (0, 950, 90_000, 183_600_000)] == [
+        "0s",
+        "950ms",
+        "1m30s",
+        "2d3h",
+    ]
     group = {"topic": "t", "group": "g", "pending": 3, "oldest_due_age_ms": 90_000}
-    rows = group_table_rows([{**group, "next_due_ms": 1_767_225_600_000}, {**group, "next_due_ms": None}])
+    rows = group_table_rows(
+        [{**group, "next_due_ms": 1_767_225_600_000}, {**group, "next_due_ms": None}]
+    )
     assert (rows[0]["oldest_due_age"], rows[0]["next_due"]) == ("1m30s", "2026-01-01T00:00:00.000Z")
     assert rows[1]["next_due"] is None
     out = io.StringIO()
@@ -294,3 +302,26 @@ def test_the_status_table_shows_the_oldest_due_age_and_the_next_due_time() -> No
     text = out.getvalue()
     assert "oldest due age" in text and "next due" in text
     assert "1m30s" in text and "2026-01-01T00:00:00.000Z" in text
+
+
+def test_a_payload_is_read_only_up_to_its_limit_and_one_byte_more() -> None:
+    from futureq.cli.client_main import read_payload
+
+    class Endless(io.RawIOBase):
+        """Zeros for ever, counting what was read; short reads, like a pipe."""
+
+        read_total = 0
+
+        def readinto(self, buffer: Any) -> int:
+            n = min(len(buffer), 7)
+            buffer[:n] = b"\0" * n
+            self.read_total += n
+            return n
+
+    source = Endless()
+    with pytest.raises(RequestError) as refused:
+        read_payload(source, 100, "standard input")
+    assert refused.value.code is ErrorCode.PAYLOAD_TOO_LARGE
+    assert "the payload from standard input is more than 100 bytes" in refused.value.message
+    assert source.read_total == 101
+    assert read_payload(io.BytesIO(b"x" * 100), 100, "f") == b"x" * 100
