@@ -145,11 +145,14 @@ def format_ms(ms: int) -> str:
 
 def delivery_line(delivery: Delivery) -> str:
     """The readable one-line form ``consume`` prints without ``--json``: a JSON payload
-    as it is, other UTF-8 text with line breaks shown as ``\\n``, other bytes as
-    ``base64:...``."""
+    as it is, other UTF-8 text as it is, other bytes as ``base64:...``; in the text
+    every non-printable character (a line break, ESC, U+2028) is escaped, ``\\n``,
+    ``\\u001b``, so a payload cannot forge a line or drive the terminal."""
     shown, encoding = render_payload(delivery.payload)
     if encoding == "text":
-        shown = json.loads(shown).replace("\r", "\\r").replace("\n", "\\n")
+        shown = manage_commands.escape_controls(json.loads(shown))
+    elif encoding == "json":
+        shown = manage_commands.escape_controls(shown)  # U+2028 may stand in a JSON string
     elif encoding == "base64":
         shown = f"base64:{json.loads(shown)}"
     return (

@@ -138,7 +138,9 @@ def add_parsers(
     browse.add_argument(
         "--group", type=name_arg("group"), default=None, help="the group (default: the only one)"
     )
-    browse.add_argument("--from", dest="from_ms", type=at_arg, metavar="T", help="due at or after T")
+    browse.add_argument(
+        "--from", dest="from_ms", type=at_arg, metavar="T", help="due at or after T"
+    )
     until = browse.add_mutually_exclusive_group()
     until.add_argument("--to", dest="to_ms", type=at_arg, metavar="T", help="due before T")
     until.add_argument(
@@ -257,7 +259,9 @@ async def run_cancel(client: Client, args: argparse.Namespace, io: Output) -> in
             args.topic, ids[start : start + CANCEL_CHUNK_IDS], group=args.group
         )
     if args.json:
-        rows = [{"id": mid, "status": status.name} for mid, status in zip(ids, statuses, strict=True)]
+        rows = [
+            {"id": mid, "status": status.name} for mid, status in zip(ids, statuses, strict=True)
+        ]
         io.out(json.dumps(rows))
         return EXIT_OK
     for mid, status in zip(ids, statuses, strict=True):
@@ -358,6 +362,16 @@ def quoted_text(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def escape_controls(text: str) -> str:
+    """``text`` for a human output line: every non-printable character (newline, ESC,
+    NUL, U+2028, U+202E, ...) escaped as JSON does (``\\n``, ``\\u001b``), the rest as
+    it is. A payload shown this way cannot start a line, forge one or drive the
+    terminal (``--json`` output stays exact)."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else json.dumps(char)[1:-1] for char in text)
+
+
 def pending_line(message: PendingMessage, dead_letters: bool) -> str:
     """The human line ``browse`` and ``dlq list`` print for a message (header names
     and values quoted by :func:`shown_text` when needed)."""
@@ -387,7 +401,7 @@ def pending_line(message: PendingMessage, dead_letters: bool) -> str:
     if message.preview is not None:
         value, encoding = _preview_value(message.preview)
         shown = json.dumps(value, ensure_ascii=False) if encoding == "json" else str(value)
-        text += f": {shown if encoding != 'base64' else 'base64:' + shown}"
+        text += f": {escape_controls(shown) if encoding != 'base64' else 'base64:' + shown}"
     return text
 
 
@@ -446,9 +460,7 @@ async def _run_browse_counts(client: Client, args: argparse.Namespace, io: Outpu
     io.out(f"group {counts.group!r} of {args.topic!r}, pending by due time:")
     previous = None
     counted = [i for i, count in enumerate(counts.counts) if count is not None]
-    for position, (relative_ms, count) in enumerate(
-        zip(args.buckets, counts.counts, strict=True)
-    ):
+    for position, (relative_ms, count) in enumerate(zip(args.buckets, counts.counts, strict=True)):
         label = f"within {_duration_text(relative_ms)}"
         if previous is not None:
             label += f" (after {_duration_text(previous)})"
@@ -625,7 +637,6 @@ async def run_purge(client: Client, args: argparse.Namespace, io: Output) -> int
     """``futureq-cli purge TOPIC [--group G] --yes`` (confirmed by :func:`confirm_purge`)."""
     count = await client.purge(args.topic, group=args.group)
     io.out(
-        f"purging {count} pending entries of {_purge_target(args)} "
-        "(in the background, in chunks)"
+        f"purging {count} pending entries of {_purge_target(args)} (in the background, in chunks)"
     )
     return EXIT_OK

@@ -325,3 +325,17 @@ def test_a_payload_is_read_only_up_to_its_limit_and_one_byte_more() -> None:
     assert "the payload from standard input is more than 100 bytes" in refused.value.message
     assert source.read_total == 101
     assert read_payload(io.BytesIO(b"x" * 100), 100, "f") == b"x" * 100
+
+
+def test_browse_previews_escape_what_could_forge_a_line_or_drive_the_terminal() -> None:
+    from futureq.cli.manage_commands import escape_controls, pending_line
+    from futureq.client import PendingMessage
+
+    forged = "one\n#99 due=parked attempt=0 bytes=1: forged\x1b[31mRED\r\u2028"
+    line = pending_line(PendingMessage(7, None, 0, 1, {}, forged.encode(), None), False)
+    assert line.endswith(": one\\n#99 due=parked attempt=0 bytes=1: forged\\u001b[31mRED\\r\\u2028")
+    as_json = pending_line(
+        PendingMessage(7, None, 0, 1, {}, '{"a":"\u2028"}'.encode(), None), False
+    )
+    assert as_json.endswith(': {"a": "\\u2028"}')
+    assert escape_controls("plain é text") == "plain é text"

@@ -1,0 +1,40 @@
+"""``futureq-cli`` as a subprocess against a real node: payload text cannot forge an
+output line or drive the terminal, a consume whose broker went away says so and exits
+1, and mistakes in flags or addresses are usage errors with a sentence."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from broker_process import BrokerProcess
+
+
+def cli(address: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "futureq.cli.client_main", "--server", address, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_payload_text_is_escaped_in_human_output_and_exact_in_json(
+    broker: BrokerProcess,
+) -> None:
+    address = broker.client_address
+    assert cli(address, "group", "create", "esc.t", "g").returncode == 0
+    forged = "line1\n#999 esc.t/g attempt=1 due=2026-01-01T00:00:00.000Z: forged\x1b[31mRED"
+    assert cli(address, "publish", "esc.t", forged).returncode == 0
+    browsed = cli(address, "browse", "esc.t", "--group", "g", "--preview", "100")
+    assert browsed.returncode == 0, browsed.stderr
+    assert browsed.stdout.splitlines()[1:] == ["1 pending shown"]  # one message, one line
+    assert "\x1b" not in browsed.stdout
+    assert "line1\\n#999 esc.t/g" in browsed.stdout and "forged\\u001b[31mRED" in browsed.stdout
+    consumed = cli(address, "consume", "esc.t", "--group", "g", "--count", "1", "--no-ack")
+    assert consumed.returncode == 0, consumed.stderr
+    assert len(consumed.stdout.splitlines()) == 1 and "\x1b" not in consumed.stdout
+    assert consumed.stdout.rstrip("\n").endswith("forged\\u001b[31mRED")
+    as_json = cli(address, "browse", "esc.t", "--group", "g", "--preview", "100", "--json")
+    assert '"preview": "line1\\n#999' in as_json.stdout  # JSON escapes, parsers give it back
