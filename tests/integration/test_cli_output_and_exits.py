@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 from broker_process import BrokerProcess
 
@@ -38,3 +39,32 @@ def test_payload_text_is_escaped_in_human_output_and_exact_in_json(
     assert consumed.stdout.rstrip("\n").endswith("forged\\u001b[31mRED")
     as_json = cli(address, "browse", "esc.t", "--group", "g", "--preview", "100", "--json")
     assert '"preview": "line1\\n#999' in as_json.stdout  # JSON escapes, parsers give it back
+
+
+def test_consume_says_when_its_broker_went_away_instead_of_looking_idle(
+    broker: BrokerProcess,
+) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "futureq.cli.client_main",
+        "--server",
+        broker.client_address,
+        "consume",
+        "down.t",
+        "--group",
+        "g",
+        "--idle-timeout",
+        "4s",
+    ]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as consume:
+        time.sleep(1.5)
+        broker.terminate()  # SIGTERM, and it stays down
+        out, err = consume.communicate(timeout=60)
+    assert consume.returncode == 1, (out, err)
+    assert err.startswith(
+        f"error: [CONNECTION_LOST] lost the connection to {broker.client_address} and could "
+        "not reconnect"
+    ), err

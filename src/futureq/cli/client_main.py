@@ -828,6 +828,13 @@ async def _consume(client: Client, args: argparse.Namespace, io: Output) -> int:
             else:
                 maybe = await sub.receive(args.idle_timeout_ms / 1000)
                 if maybe is None:
+                    if client.connected_address is None:
+                        # Quiet because the broker is gone, not because the topic is.
+                        raise ConnectionLostError(
+                            f"lost the connection to {','.join(client.servers)} and could "
+                            f"not reconnect; no message for --idle-timeout "
+                            f"{args.idle_timeout_ms} ms, stopped after {received} message(s)"
+                        )
                     break
                 delivery = maybe
             if args.json:
