@@ -25,7 +25,8 @@
 Durations are ``250ms``, ``5s``, ``10m``, ``2h``, ``3d``, ``1h30m`` or bare milliseconds
 (:mod:`futureq.cli.durations`); JSON lines and ``consume --json`` in
 :mod:`futureq.cli.jsonl`. Exit status: 0 success (also when ``consume`` stops
-at ``--count`` or ``--idle-timeout``), 1 any error or any failed line, 2 usage error,
+at ``--count`` or ``--idle-timeout``, unless its connection was lost), 1 any error or
+any failed line, 2 usage error,
 130 interrupted. Errors are one line on stderr: ``error: [CODE_NAME] sentence``.
 Every command and flag is described in ``docs/cli.md``.
 """
@@ -39,6 +40,7 @@ import datetime
 import json
 import os
 import re
+import socket
 import ssl
 import sys
 import time
@@ -51,7 +53,7 @@ import trio
 
 from futureq import __version__
 from futureq.cli import manage_commands
-from futureq.cli.durations import duration_ms_arg
+from futureq.cli.durations import duration_ms_arg, positive_duration_ms_arg
 from futureq.cli.jsonl import (
     JsonlItem,
     LineFailure,
@@ -60,6 +62,8 @@ from futureq.cli.jsonl import (
     render_payload,
 )
 from futureq.client import Client, Delivery, open_client
+from futureq.client.client import parse_servers
+from futureq.config import split_host_port
 from futureq.errors import (
     ClientClosedError,
     ConnectionLostError,
@@ -220,6 +224,53 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def check_servers(text: str) -> None:
+    """A ``--server`` / ``$FUTUREQ_SERVER`` value: one or more ``HOST:PORT``, commas
+    between them.
+
+    Raises:
+        ValueError: with a sentence naming the bad address.
+    """
+    for address in parse_servers(text):
+        split_host_port(address)
+
+
+_ALL_ATTEMPTS_FAILED: Final = re.compile(
+    r"could not connect to (\S+?): All connection attempts failed"
+)
+
+
+def connect_failure_reason(address: str, timeout_s: float = 2.0) -> str:
+    """What happens when connecting to ``address`` by TCP, in a few words
+    (``connection refused``, ``timed out``, ``no route to host``): the words the
+    client library's "All connection attempts failed" leaves out."""
+    try:
+        host, port = split_host_port(address)
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return "no connection at first (it accepts connections now)"
+    except ConnectionRefusedError:
+        return "connection refused"
+    except TimeoutError:
+        return f"no answer within {timeout_s:g} s"
+    except socket.gaierror as exc:
+        return f"cannot resolve the host name ({exc.strerror})"
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        return reason[:1].lower() + reason[1:]
+
+
+def explain_connect_failure(exc: ConnectionLostError) -> ConnectionLostError:
+    """``exc`` with each "could not connect to ADDRESS: All connection attempts failed"
+    saying what happened at ADDRESS (found by trying it once more)."""
+    text = str(exc)
+    if _ALL_ATTEMPTS_FAILED.search(text) is None:
+        return exc
+    explained = _ALL_ATTEMPTS_FAILED.sub(
+        lambda m: f"could not connect to {m[1]}: {connect_failure_reason(m[1])}", text
+    )
+    return ConnectionLostError(explained)
+
+
 def error_line(exc: BaseException, servers: str) -> str:
     """The one line printed on stderr for an error: ``error: [CODE_NAME] sentence``."""
     if isinstance(exc, RequestError | ProtocolError):
@@ -292,9 +343,37 @@ def deprecation_warnings(args: argparse.Namespace) -> list[str]:
     return [value for key, value in sorted(vars(args).items()) if key.startswith(DEPRECATED_PREFIX)]
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that takes ``-5s`` as a value, not as an unknown flag.
+
+    argparse reads a word starting with ``-`` as an option unless it looks like a
+    negative number, and ``-5s`` did not, so ``--delay -5s`` said "expected one
+    argument". With the test Python 3.13 uses (a ``-`` then a digit) the value reaches
+    the duration parser, which says that durations cannot be negative.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"-\.?\d")
+
+
+class _ServerFlag(argparse.Action):
+    """``--server``: its value, and that it came from the flag, not ``$FUTUREQ_SERVER``."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.server_from_flag = True
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``futureq-cli`` argument parser (exposed for tests and docs)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="futureq-cli",
         description="Publish, consume and inspect a FutureQ delayed-message queue.",
         epilog="Durations: 250ms, 5s, 10m, 2h, 3d, 1h30m, or bare milliseconds. Shell "
@@ -304,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--server",
         default=os.environ.get(SERVER_ENV) or DEFAULT_SERVER,
+        action=_ServerFlag,
         metavar="HOST:PORT[,HOST:PORT...]",
         help=f"server address(es) to try (default ${SERVER_ENV} or {DEFAULT_SERVER})",
     )
@@ -319,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--request-timeout",
         dest="request_timeout_ms",
-        type=duration_ms_arg,
+        type=positive_duration_ms_arg,
         default=30_000,
         metavar="D",
         help="deadline of each request, retries included (default 30s)",
@@ -327,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout",
         dest="request_timeout_ms",
-        type=duration_ms_arg,
+        type=positive_duration_ms_arg,
         action=DeprecatedFlag,
         replacement="--request-timeout",
         meaning="the request deadline",
@@ -413,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument(
         "--requeue-delay",
         type=duration_ms_arg,
-        default=0,
+        default=None,
         metavar="D",
         help="with --nack: deliver again after D (default 0)",
     )
@@ -847,7 +927,7 @@ async def _consume(client: Client, args: argparse.Namespace, io: Output) -> int:
             # Settle only after the line is printed and flushed (io.out flushes).
             try:
                 if args.nack:
-                    await delivery.nack(args.requeue_delay)
+                    await delivery.nack(args.requeue_delay or 0)
                 elif not args.no_ack:
                     await delivery.ack()
             except RequestError as exc:
@@ -953,9 +1033,10 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], i
     Console(file=io.stdout, width=None if io.is_terminal else 160).print(table)
 
 
-def view_line(status: dict[str, Any]) -> str:
+def view_line(status: dict[str, Any], *, local_asked: bool = False) -> str:
     """One sentence saying whose numbers a STATUS answer holds (the leader's, or one
-    node's local view and which fields that affects)."""
+    node's local view and which fields that affects). ``local_asked``: ``--local``
+    asked for this node's own view, so the leader was not asked."""
     node = f"node {status.get('node_id')}"
     if status.get("view", "cluster") != "local":
         return f"cluster view, from the leader ({node})"
@@ -965,6 +1046,8 @@ def view_line(status: dict[str, Any]) -> str:
     else:
         named = f"node {leader_id} at {leader}" if leader_id is not None else leader
         where = f"the leader is {named}, which could not be asked"
+        if local_asked:
+            where = f"--local asked for this node's own view (the leader is {named})"
     fields = ", ".join(f.replace("_", " ") for f in status.get("leader_only", []))
     return (
         f"LOCAL VIEW of {node} ({status.get('role')}): {fields or 'some numbers'} are known only "
@@ -972,8 +1055,8 @@ def view_line(status: dict[str, Any]) -> str:
     )
 
 
-def _print_node(status: dict[str, Any], io: Output) -> None:
-    io.out(view_line(status))
+def _print_node(status: dict[str, Any], io: Output, *, local_asked: bool = False) -> None:
+    io.out(view_line(status, local_asked=local_asked))
     io.out(
         f"node {status.get('node_id')} role={status.get('role')} "
         f"leader={status.get('leader_address') or '(none known)'} "
@@ -987,7 +1070,7 @@ async def _status(client: Client, args: argparse.Namespace, io: Output) -> int:
     if args.json:
         io.out(json.dumps(status, ensure_ascii=False))
         return EXIT_OK
-    _print_node(status, io)
+    _print_node(status, io, local_asked=args.local)
     rows = _groups(status)
     if rows:
         _table("consumer groups", _GROUP_COLUMNS, group_table_rows(rows), io)
@@ -1088,7 +1171,14 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
     if view.get("role") != "leader":
         io.out(
             f"LOCAL VIEW of node {view.get('node_id')}: match index and lag are known only to "
-            "the leader" + (", which could not be asked" if view.get("leader_address") else "")
+            "the leader"
+            + (
+                " (--local: not asked)"
+                if args.local
+                else ", which could not be asked"
+                if view.get("leader_address")
+                else ""
+            )
         )
     clock = view.get("clock")
     if isinstance(clock, dict):
@@ -1227,11 +1317,28 @@ def main(
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
-    if args.command == "publish":
-        try:
+    try:
+        if args.command == "publish":
             _check_publish_args(parser, args)
-        except SystemExit as exc:
-            return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+        if args.command == "consume" and args.requeue_delay is not None and not args.nack:
+            parser.error(
+                "argument --requeue-delay: only with --nack (it says when a nacked "
+                "message comes back); add --nack or drop --requeue-delay"
+            )
+        if args.command != "completion":
+            try:
+                check_servers(args.server)
+            except ValueError as exc:
+                source = (
+                    "--server"
+                    if getattr(args, "server_from_flag", False) or not os.environ.get(SERVER_ENV)
+                    else f"${SERVER_ENV}"
+                )
+                parser.error(
+                    f"{source}: {exc}; give HOST:PORT[,HOST:PORT...], e.g. {DEFAULT_SERVER}"
+                )
+    except SystemExit as exc:
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     io = Output(stdout or sys.stdout, stderr or sys.stderr, stdin)
     for warning in deprecation_warnings(args):
         io.err(warning)
@@ -1249,6 +1356,8 @@ def main(
     except BrokenPipeError:  # pragma: no cover - stdout closed early, e.g. by `| head`
         return EXIT_OK
     except (FutureQError, OSError, ssl.SSLError, binascii.Error) as exc:
+        if isinstance(exc, ConnectionLostError):
+            exc = explain_connect_failure(exc)
         io.err(error_line(exc, args.server))
         return EXIT_ERROR
 

@@ -54,6 +54,8 @@ def parse_duration_ms(text: str) -> int:
         ValueError: with a sentence naming the bad text and the accepted forms.
     """
     stripped = text.strip().lower()
+    if stripped.startswith("-"):
+        raise ValueError(f"{text!r} is negative; durations cannot be negative (0 means at once)")
     if stripped.isdigit():
         value = int(stripped)
     else:
@@ -97,3 +99,18 @@ def duration_ms_arg(text: str) -> int:
         return parse_duration_ms(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_duration_ms_arg(text: str) -> int:
+    """argparse ``type=`` for a deadline: a duration above 0 (``--request-timeout 0``
+    would leave no time for any request).
+
+    Raises:
+        argparse.ArgumentTypeError: not a duration, or 0.
+    """
+    value = duration_ms_arg(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} leaves no time for any request; give a deadline above 0 (e.g. 30s)"
+        )
+    return value

@@ -339,3 +339,83 @@ def test_browse_previews_escape_what_could_forge_a_line_or_drive_the_terminal() 
     )
     assert as_json.endswith(': {"a": "\\u2028"}')
     assert escape_controls("plain é text") == "plain é text"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "says"),
+    [
+        (["--server", "nonsense", "status"], None, "--server: 'nonsense' is not HOST:PORT"),
+        (["status"], "bad:port", "$FUTUREQ_SERVER: 'bad:port': port 'port' is not a number"),
+        (["--server", "a:1,", "--server", ",", "status"], None, "at least one server"),
+        (["--request-timeout", "0", "status"], None, "'0' leaves no time for any request"),
+        (["--timeout", "0ms", "status"], None, "leaves no time for any request"),
+        (["publish", "t", "x", "--delay", "-5s"], None, "'-5s' is negative; durations cannot"),
+        (["publish", "t", "x", "--ttl=-1h30m"], None, "durations cannot be negative"),
+        (
+            ["consume", "t", "--group", "g", "--requeue-delay", "5s"],
+            None,
+            "--requeue-delay: only with --nack",
+        ),
+        (
+            ["consume", "t", "--group", "g", "--no-ack", "--requeue-delay", "0"],
+            None,
+            "--requeue-delay: only with --nack",
+        ),
+    ],
+)
+def test_flag_mistakes_are_usage_errors_with_a_sentence(
+    argv: list[str],
+    env: str | None,
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if env is None:
+        monkeypatch.delenv("FUTUREQ_SERVER", raising=False)
+    else:
+        monkeypatch.setenv("FUTUREQ_SERVER", env)
+    assert main(argv, stdout=io.StringIO(), stderr=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert says in err, err
+    assert "expected one argument" not in err and "CONNECTION_LOST" not in err
+
+
+def test_a_bad_server_variable_does_not_stop_completion(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FUTUREQ_SERVER", "nonsense")
+    assert main(["completion", "bash"], stdout=io.StringIO(), stderr=io.StringIO()) == 0
+
+
+def test_a_refused_connection_says_so_and_names_the_address() -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    stderr = io.StringIO()
+    assert main(["--server", address, "status"], stdout=io.StringIO(), stderr=stderr) == 1
+    assert stderr.getvalue().startswith(
+        f"error: [CONNECTION_LOST] could not connect to {address}: connection refused; "
+        f"is a FutureQ server running at {address}?"
+    ), stderr.getvalue()
+    assert "All connection attempts failed" not in stderr.getvalue()
+
+
+def test_a_local_view_asked_for_does_not_say_the_leader_could_not_be_asked() -> None:
+    from futureq.cli.client_main import view_line
+
+    follower = {
+        "node_id": 2,
+        "role": "follower",
+        "view": "local",
+        "leader_id": 1,
+        "leader_address": "127.0.0.1:7450",
+        "leader_only": ["due"],
+    }
+    asked = view_line(follower, local_asked=True)
+    assert "could not be asked" not in asked
+    assert asked.endswith(
+        "--local asked for this node's own view (the leader is node 1 at 127.0.0.1:7450)"
+    )
+    assert view_line(follower).endswith(
+        "the leader is node 1 at 127.0.0.1:7450, which could not be asked"
+    )
