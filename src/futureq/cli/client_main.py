@@ -755,7 +755,8 @@ def server_max_frame_bytes(client: Client) -> int:
         return announced
     # The client keeps HELLO_OK on its connection (shard 0's on a sharded node).
     first = getattr(client, "shard_clients", [client])[0]
-    conn = first._live_connection()
+    live = getattr(first, "_live_connection", None)
+    conn = live() if live is not None else None
     return conn.max_frame_bytes if conn is not None else codec.DEFAULT_MAX_FRAME_BYTES
 
 

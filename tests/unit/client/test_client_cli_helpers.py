@@ -419,3 +419,17 @@ def test_a_local_view_asked_for_does_not_say_the_leader_could_not_be_asked() -> 
     assert view_line(follower).endswith(
         "the leader is node 1 at 127.0.0.1:7450, which could not be asked"
     )
+
+
+def test_publish_file_batches_fit_the_frame_limit() -> None:
+    from futureq.cli.client_main import frame_batches
+    from futureq.cli.jsonl import JsonlItem
+
+    def items(*sizes: int) -> list[JsonlItem]:
+        return [JsonlItem(n, PublishItem("t", b""), size) for n, size in enumerate(sizes, 1)]
+
+    four_mib = 4 * 1024 * 1024
+    assert [len(b) for b in frame_batches(items(*[700_000] * 10), 500, four_mib)] == [5, 5]
+    assert [len(b) for b in frame_batches(items(*[10] * 7), 3, four_mib)] == [3, 3, 1]
+    # One too large for any frame goes alone (and fails alone).
+    assert [len(b) for b in frame_batches(items(10, 5_000_000, 10), 500, four_mib)] == [1, 1, 1]
