@@ -40,7 +40,6 @@ import datetime
 import json
 import os
 import re
-import socket
 import ssl
 import sys
 import time
@@ -73,7 +72,7 @@ from futureq.errors import (
     ProtocolError,
     RequestError,
 )
-from futureq.wire import codec, validation
+from futureq.wire import validation
 from futureq.wire.validation import implausible_epoch_ms
 
 EXIT_OK: Final = 0
@@ -233,42 +232,6 @@ def check_servers(text: str) -> None:
     """
     for address in parse_servers(text):
         split_host_port(address)
-
-
-_ALL_ATTEMPTS_FAILED: Final = re.compile(
-    r"could not connect to (\S+?): All connection attempts failed"
-)
-
-
-def connect_failure_reason(address: str, timeout_s: float = 2.0) -> str:
-    """What happens when connecting to ``address`` by TCP, in a few words
-    (``connection refused``, ``timed out``, ``no route to host``): the words the
-    client library's "All connection attempts failed" leaves out."""
-    try:
-        host, port = split_host_port(address)
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return "no connection at first (it accepts connections now)"
-    except ConnectionRefusedError:
-        return "connection refused"
-    except TimeoutError:
-        return f"no answer within {timeout_s:g} s"
-    except socket.gaierror as exc:
-        return f"cannot resolve the host name ({exc.strerror})"
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        return reason[:1].lower() + reason[1:]
-
-
-def explain_connect_failure(exc: ConnectionLostError) -> ConnectionLostError:
-    """``exc`` with each "could not connect to ADDRESS: All connection attempts failed"
-    saying what happened at ADDRESS (found by trying it once more)."""
-    text = str(exc)
-    if _ALL_ATTEMPTS_FAILED.search(text) is None:
-        return exc
-    explained = _ALL_ATTEMPTS_FAILED.sub(
-        lambda m: f"could not connect to {m[1]}: {connect_failure_reason(m[1])}", text
-    )
-    return ConnectionLostError(explained)
 
 
 def error_line(exc: BaseException, servers: str) -> str:
@@ -710,7 +673,7 @@ def read_payload(handle: IO[bytes], limit: int, source: str) -> bytes:
 
 async def _publish_one(client: Client, args: argparse.Namespace, io: Output) -> int:
     # No payload can be larger than a frame: read one byte more to know it is too large.
-    limit = server_max_frame_bytes(client)
+    limit = client.max_frame_bytes
     if args.payload_file is not None:
         with open(args.payload_file, "rb") as handle:  # noqa: ASYNC230 - a bounded read
             payload = read_payload(handle, limit, args.payload_file)
@@ -745,19 +708,6 @@ class PublishSummary:
 FRAME_OVERHEAD_BYTES: Final = 64
 """Room a PUBLISH frame takes besides its items (type, request id, ack level, array
 headers): a few bytes, rounded up."""
-
-
-def server_max_frame_bytes(client: Client) -> int:
-    """The largest frame body the server accepts: what its HELLO_OK announced, else the
-    documented default (``docs/protocol.md``, "Limits")."""
-    announced = getattr(client, "max_frame_bytes", None)  # a public property, if any
-    if type(announced) is int and announced > 0:
-        return announced
-    # The client keeps HELLO_OK on its connection (shard 0's on a sharded node).
-    first = getattr(client, "shard_clients", [client])[0]
-    live = getattr(first, "_live_connection", None)
-    conn = live() if live is not None else None
-    return conn.max_frame_bytes if conn is not None else codec.DEFAULT_MAX_FRAME_BYTES
 
 
 def frame_batches(
@@ -810,7 +760,7 @@ async def publish_items(
     """
     summary = PublishSummary()
     size = max(1, min(batch_size, client.max_batch_items))
-    limit = server_max_frame_bytes(client) if max_frame_bytes is None else max_frame_bytes
+    limit = client.max_frame_bytes if max_frame_bytes is None else max_frame_bytes
     pending = collections.deque(frame_batches(items, size, limit))
     while pending:
         batch = pending.popleft()
@@ -1357,8 +1307,6 @@ def main(
     except BrokenPipeError:  # pragma: no cover - stdout closed early, e.g. by `| head`
         return EXIT_OK
     except (FutureQError, OSError, ssl.SSLError, binascii.Error) as exc:
-        if isinstance(exc, ConnectionLostError):
-            exc = explain_connect_failure(exc)
         io.err(error_line(exc, args.server))
         return EXIT_ERROR
 

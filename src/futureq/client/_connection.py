@@ -449,10 +449,13 @@ class Connection:
 
 
 def _os_reason(exc: BaseException) -> str:
-    """The most specific reason inside AnyIO's "all connection attempts failed" OSError."""
+    """The most specific reason inside AnyIO's "all connection attempts failed" OSError:
+    its cause is the one attempt's error (AnyIO 4.16), or a group of one."""
     cause = exc.__cause__
     if isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
         exc = cause.exceptions[0]
+    elif isinstance(cause, OSError):
+        exc = cause
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, OSError) and exc.strerror:

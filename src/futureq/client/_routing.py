@@ -144,6 +144,11 @@ class ShardedClient(Client):
         """``host:port`` of shard 0's live connection, or None while reconnecting."""
         return self.shard_clients[0].connected_address
 
+    @property
+    def max_frame_bytes(self) -> int:
+        """Shard 0's :attr:`Client.max_frame_bytes` (every shard of a node has the same)."""
+        return self.shard_clients[0].max_frame_bytes
+
     def client_for(self, topic: str) -> Client:
         """The client of the shard owning ``topic``."""
         return self.shard_clients[self.slot_map.shard_of(topic)]

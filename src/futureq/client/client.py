@@ -250,13 +250,18 @@ class Client:
         """Most items put in one PUBLISH, ACK or NACK frame."""
         return self._max_batch_items
 
-    def _item_bytes_budget(self) -> int:
-        """Most bytes of items one PUBLISH frame may hold: the live connection's
-        ``max_frame_bytes`` from HELLO_OK (the documented default, 4 MiB, while there
-        is none) less the frame's own fields."""
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame body the server takes (bytes): ``max_frame_bytes`` from the
+        live connection's HELLO_OK, or the documented default (4 MiB) while there is
+        none (``docs/protocol.md``, "Limits")."""
         conn = self._live_connection()
-        limit = conn.max_frame_bytes if conn is not None else codec.DEFAULT_MAX_FRAME_BYTES
-        return limit - PUBLISH_FRAME_OVERHEAD_BYTES
+        return conn.max_frame_bytes if conn is not None else codec.DEFAULT_MAX_FRAME_BYTES
+
+    def _item_bytes_budget(self) -> int:
+        """Most bytes of items one PUBLISH frame may hold: :attr:`max_frame_bytes` less
+        the frame's own fields."""
+        return self.max_frame_bytes - PUBLISH_FRAME_OVERHEAD_BYTES
 
     def _check_fits_a_frame(self, item: PublishItem, index: int | None = None) -> None:
         """Refuse an item that alone is over the frame budget: no split can send it."""
