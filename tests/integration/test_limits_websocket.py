@@ -37,15 +37,18 @@ def _connect(address: str, source: str = "127.0.0.1") -> socket.socket:
     )
 
 
-def _upgrade(address: str, source: str = "127.0.0.1") -> tuple[socket.socket, bytes]:
-    """Ask for ``/ws``; the socket and the whole answer head (plus what followed it)."""
+def _upgrade(
+    address: str, source: str = "127.0.0.1", extra: str = ""
+) -> tuple[socket.socket, bytes]:
+    """Ask for ``/ws`` (``extra``: more header lines, each ending in CRLF); the socket
+    and the whole answer head (plus what followed it)."""
     sock = _connect(address, source)
     key = base64.b64encode(os.urandom(16)).decode()
     sock.sendall(
         (
             f"GET /ws HTTP/1.1\r\nHost: {address}\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-            "Sec-WebSocket-Version: 13\r\n\r\n"
+            f"Sec-WebSocket-Version: 13\r\n{extra}\r\n"
         ).encode()
     )
     answer = b""
@@ -205,3 +208,16 @@ def test_websockets_leave_a_quarter_of_the_http_slots_to_health_probes(
         assert full.startswith(b"HTTP/1.1 503"), full
         assert b"futureq-refused: http-connections" in full, full
         assert b"says nothing about the node's health" in full, full
+
+
+def test_refused_upgrades_make_few_short_log_lines(broker: BrokerProcess) -> None:
+    """Found by a breaker: each upgrade refused for its 14 KB Origin logged the header
+    whole, without the rate limit of the client port's lines (122 MB of log in 8 s)."""
+    origin = "http://" + "o" * 14_000 + ".example"
+    for _ in range(100):
+        sock, answer = _upgrade(broker.http_address, extra=f"Origin: {origin}\r\n")
+        sock.close()
+        assert b" 403 " in answer.split(b"\r\n", 1)[0] or b"101" not in answer, answer[:80]
+    lines = [line for line in broker.stderr_text().splitlines() if "Origin" in line]
+    assert 1 <= len(lines) <= 60, len(lines)  # rate_limited_log.LOG_LINES_PER_MINUTE
+    assert all(len(line) < 1300 for line in lines), max(map(len, lines))

@@ -30,7 +30,8 @@ Limits (``docs/operations.md``, "Limits"; issue 10):
   one write may block for at most ``limits.send_timeout_ms`` (``SLOW_CLIENT``).
 
 A connection the server closes logs one line (peer, error code, sentence), at most
-:data:`LOG_LINES_PER_MINUTE` a minute; tracebacks are only for bugs of ours.
+:data:`~futureq.broker.rate_limited_log.LOG_LINES_PER_MINUTE` a minute, each part cut to
+1,000 characters; tracebacks are only for bugs of ours.
 
 Source: ``docs/protocol.md``.
 """
@@ -71,6 +72,7 @@ from futureq.wire.session import (
 from . import manage
 from .access import ANONYMOUS, AccessControl, Principal
 from .command_log import no_space_error
+from .rate_limited_log import RateLimitedLog
 
 if TYPE_CHECKING:
     from futureq.shards.layout import ShardRole
@@ -104,65 +106,12 @@ WRITE_COALESCE_BYTES = 256 * 1024
 """The writer joins queued frames into one ``send_all`` up to this size (bytes)."""
 ROOM_AGAIN_FRACTION = 0.5
 """A full buffer counts as having room again once below this fraction of its limit."""
-LOG_LINES_PER_MINUTE = 60
-LOGGED_ARGUMENT_CHARS = 1000
-"""Longest text of one argument of a line about a closed connection (characters); a
-breaker's HELLO with a 63 KB list of versions made each such line 63 KB."""
-"""Lines about closed connections logged per minute; the rest are counted and summed up."""
-
 _connection_ids = itertools.count(1)
 
 
 def _subscriptions(held: int, coming: int) -> str:
     """``"3 subscriptions"``, or ``"3 subscriptions and 2 being made"``."""
     return f"{held} subscriptions" + (f" and {coming} being made" if coming else "")
-
-
-class RateLimitedLog:
-    """At most ``per_minute`` lines a minute; then one line saying how many were dropped.
-
-    Args:
-        logger: Where lines go.
-        per_minute: Lines allowed per 60 s window.
-    """
-
-    def __init__(self, logger: logging.Logger, per_minute: int = LOG_LINES_PER_MINUTE) -> None:
-        self._logger = logger
-        self._per_minute = per_minute
-        self._window_start = -1e18
-        self._lines = 0
-        self._dropped = 0
-
-    def log(self, level: int, message: str, *args: object, exc_info: object = None) -> None:
-        """Log a line unless this minute's allowance is spent; each argument is shown in
-        at most :data:`LOGGED_ARGUMENT_CHARS` characters (what a client sent, such as
-        the versions of its HELLO, must not make one line as long as it likes)."""
-        now = trio.current_time()
-        if now - self._window_start >= 60:
-            if self._dropped:
-                self._logger.warning(
-                    "%d more lines about closed connections were not logged in the last minute",
-                    self._dropped,
-                )
-            self._window_start = now
-            self._lines = 0
-            self._dropped = 0
-        if self._lines >= self._per_minute:
-            self._dropped += 1
-            return
-        self._lines += 1
-        shown = [_cut(arg) for arg in args]
-        self._logger.log(level, message, *shown, exc_info=exc_info)  # type: ignore[arg-type]
-
-
-def _cut(arg: object) -> object:
-    """``arg``, or its text cut to :data:`LOGGED_ARGUMENT_CHARS` characters when longer."""
-    if isinstance(arg, int | float):
-        return arg
-    text = str(arg)
-    if len(text) <= LOGGED_ARGUMENT_CHARS:
-        return arg
-    return f"{text[: LOGGED_ARGUMENT_CHARS - 3]}..."
 
 
 closed_log = RateLimitedLog(log)

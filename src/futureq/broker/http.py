@@ -60,7 +60,7 @@ from futureq.errors import ErrorCode, RemoteProtocolError
 from futureq.wire import codec
 
 from . import websocket
-from .gateway import RateLimitedLog
+from .rate_limited_log import RateLimitedLog
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
@@ -679,7 +679,7 @@ REFUSE_GRACE_S = 1.0
 """How long a refused HTTP connection may take to receive its 503 (s)."""
 REFUSE_DRAIN_S = 0.05
 """How long a refused HTTP connection's request is read before closing (s)."""
-http_refused_log = RateLimitedLog(logger)
+http_refused_log = RateLimitedLog(logger, about="refused HTTP connections")
 
 
 def _refusal(why: str, limit: str) -> bytes:

@@ -60,11 +60,16 @@ from futureq.config import join_host_port
 from futureq.errors import ErrorCode
 from futureq.wire import codec, frames, session
 
+from .rate_limited_log import RateLimitedLog
+
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, WebsocketScope
     from wsproto.events import Message
 
 log = logging.getLogger(__name__)
+refused_log = RateLimitedLog(log, about="refused WebSockets")
+"""Lines about refused WebSockets and messages (a client chooses their count and, through
+its ``Origin`` header, their length)."""
 
 PATH = "/ws"
 """Where the endpoint listens on the HTTP port."""
@@ -416,7 +421,7 @@ class WebSocketStream(trio.abc.Stream):
         """Tell the client why in an ERROR frame, close, and report end-of-stream."""
         if self._on_refused is not None:
             self._on_refused(code)
-        log.info("WebSocket message refused: %s", sentence)
+        refused_log.log(logging.INFO, "WebSocket message refused: %s", sentence)
         error = frames.Error(0, int(code), sentence)
         try:
             await self._send_messages(
@@ -532,14 +537,17 @@ async def serve_websocket(
         # knowledge here: TLS offers only HTTP/1.1): hypercorn buffers what it sends on
         # such a stream without bound while the peer's window is shut, so no send
         # waits, and neither the connection's buffer limit nor its send timeout holds.
-        log.info("WebSocket over HTTP/2 from %s refused: use HTTP/1.1", peer_of(scope))
+        refused_log.log(
+            logging.INFO, "WebSocket over HTTP/2 from %s refused: use HTTP/1.1", peer_of(scope)
+        )
         await send({"type": "websocket.close", "code": CLOSE_POLICY_VIOLATION, "reason": ""})
         return
     origin = _header(scope, b"origin")
     if not origin_allowed(
         origin, _header(scope, b"host"), scope.get("scheme", "ws"), allowed_origins
     ):
-        log.info(
+        refused_log.log(
+            logging.INFO,
             "WebSocket from %s refused: Origin %r is neither this server's nor in "
             "server.websocket_origins",
             peer_of(scope),
@@ -583,7 +591,9 @@ is not taken for ``/healthz`` saying the node is unhealthy."""
 
 async def _refuse_upgrade(send: ASGISendCallable, scope: WebsocketScope, limit: int) -> None:
     """Answer an upgrade with no WebSocket slot left: ``503`` with a sentence."""
-    log.info("WebSocket from %s refused: %d WebSockets are open", peer_of(scope), limit)
+    refused_log.log(
+        logging.INFO, "WebSocket from %s refused: %d WebSockets are open", peer_of(scope), limit
+    )
     body = (
         f"this node serves {limit} WebSockets at once, the most its HTTP port gives them "
         "(limits.max_http_connections less a quarter kept for /healthz, /metrics and the "
