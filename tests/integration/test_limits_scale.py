@@ -206,3 +206,33 @@ def test_pipelined_requests_cannot_pass_the_group_limit_together(broker_factory:
     assert isinstance(status, frames.StatusOk)
     groups = [group for topic in status.status["topics"] for group in topic["groups"]]
     assert len(groups) == 5, status.status["topics"]
+
+
+def test_only_one_new_name_per_topic_adopts_its_implicit_group(broker_factory: object) -> None:
+    """Found by a breaker: every name in flight for a topic whose only group was implicit
+    was taken for the one that adopts it, but only the first to commit adopts; the
+    others made groups of their own (100 under a limit of 5 from pipelined SUBSCRIBEs)."""
+    broker: BrokerProcess = broker_factory(env={"FUTUREQ_LIMITS_MAX_GROUPS": "5"})  # type: ignore[operator]
+    client = WireClient(broker.client_address)
+    for number in range(5):  # five implicit groups: the limit
+        assert isinstance(
+            client.publish([[f"adopt.t{number}", b"x", 0, None, None]]), frames.PublishOk
+        )
+    creates: list[frames.Frame] = [
+        frames.GroupCreate(client.next_id(), f"adopt.t{number}", name, None, None)
+        for number in range(5)
+        for name in ("first", "second")
+    ]
+    subscribes: list[frames.Frame] = [
+        frames.Subscribe(client.next_id(), f"adopt.t{number}", f"s{k}", 1)
+        for number in range(5)
+        for k in range(4)
+    ]
+    answers = _pipelined(client, creates + subscribes)
+    made = [a for a in answers if isinstance(a, frames.Ok | frames.SubscribeOk)]
+    refused = [a for a in answers if isinstance(a, frames.Error)]
+    assert all(a.code == ErrorCode.TOO_MANY_GROUPS for a in refused), refused
+    assert len(made) == 5, answers  # one adopter per topic, nothing past the limit
+    status = client.request(frames.Status(client.next_id()))
+    groups = [group for topic in status.status["topics"] for group in topic["groups"]]
+    assert len(groups) == 5, status.status["topics"]

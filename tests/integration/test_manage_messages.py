@@ -106,6 +106,7 @@ def test_cancel_refuses_bad_input_with_a_code_and_a_sentence(broker: BrokerProce
             # Names no topic or group can have (a breaker: UNKNOWN_TOPIC before).
             ("a..b", [first], None, ErrorCode.INVALID_TOPIC, None),
             ("jobs", [first], "no group", ErrorCode.INVALID_GROUP, None),
+            ("nosuch", [first], "no group", ErrorCode.INVALID_GROUP, None),
             ("jobs", [], None, ErrorCode.EMPTY_BATCH, None),
             ("jobs", [first, -1], None, ErrorCode.INVALID_MESSAGE_ID, 1),
             ("jobs", [first] * 10_001, None, ErrorCode.BATCH_TOO_LARGE, None),

@@ -1078,12 +1078,13 @@ def check_shard(shard: ShardRole, frame: frames.Frame) -> None:
     if topic is None:
         return
     # A name no shard would take is refused here, as its owner would refuse it, so the
-    # answer does not depend on the shard asked: a PUBLISH takes only names of the
-    # grammar; the others also names stored before it (which may exist on the owner).
+    # answer does not depend on the shard asked. Names from before the grammar cannot
+    # exist on a sharded node (shards came after it), so the grammar is the whole rule:
+    # a PUBLISH takes names of it, the other requests those and their dead-letter topics.
     if item_index is not None:
         validation.check_publish_topic(topic, item_index)
     else:
-        validation.check_legacy_name("topic", topic)
+        validation.check_consumable_topic(topic)
     owner = shard.slot_map.shard_of(topic)
     address = shard.slot_map.addresses[owner]
     raise WrongShardError(

@@ -80,6 +80,8 @@ def target_groups(broker: Broker, request: str, topic: str, group: str | None) -
     state = broker.state
     if not state.topic_groups_count(topic):
         validation.check_consumable_topic(topic)  # a name no topic can have: INVALID_TOPIC
+        if group is not None:
+            validation.check_name("group", group)  # nor any group: INVALID_GROUP
         raise RequestError(
             ErrorCode.UNKNOWN_TOPIC,
             f"{request}: topic {topic!r} has no consumer group, so no message of it is pending",
@@ -145,6 +147,8 @@ def browse_group(
     groups = state.topic_groups(topic)
     if not groups:
         validation.check_consumable_topic(topic)  # a name no topic can have: INVALID_TOPIC
+        if group is not None:
+            validation.check_name("group", group)  # nor any group: INVALID_GROUP
         raise RequestError(
             ErrorCode.UNKNOWN_TOPIC,
             f"{request}: topic {topic!r} has no consumer group, so no message of it is pending",
