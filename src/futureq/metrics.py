@@ -233,8 +233,7 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         "futureq_connection_buffer_bytes",
         "gauge",
         "Bytes held in client connection buffers on this node: answers and deliveries "
-        "not yet written (direction out), incomplete frames and /ws messages received "
-        "(direction in), "
+        "not yet written (direction out), incomplete frames received (direction in), "
         "frames of requests read and being served (direction requests).",
         ("direction",),
         "bytes",

@@ -187,8 +187,6 @@ class HttpApp:
         internal_token: The node's internal read token (a shard of a sharded node):
             accepted like a token with the ``monitor`` permission on every endpoint
             but ``/ws``.
-        inbound: The node's account of incoming bytes (``gateway.NodeBuffers``): ``/ws``
-            messages count there while assembled and queued. None: not counted.
     """
 
     def __init__(
@@ -202,9 +200,7 @@ class HttpApp:
         browser: BrowseProvider | None = None,
         node_view: NodeView | None = None,
         internal_token: str | None = None,
-        inbound: websocket.InboundAccount | None = None,
     ) -> None:
-        self._inbound = inbound
         self._node_view = node_view
         self._internal_token = internal_token
         self._metrics = metrics
@@ -232,7 +228,6 @@ class HttpApp:
                     allowed_origins=self._websocket_origins,
                     on_refused=self._metrics.count_request_error,
                     token=await self._valid_token(scope.get("headers", [])),
-                    inbound=self._inbound,
                 )
             else:
                 await receive()  # websocket.connect
@@ -552,7 +547,6 @@ async def serve_http(
     listen_fd: int | None = None,
     max_connections: int = DEFAULT_MAX_HTTP_CONNECTIONS,
     idle_timeout_ms: int = DEFAULT_HTTP_IDLE_TIMEOUT_MS,
-    inbound: websocket.InboundAccount | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the HTTP endpoints on ``address`` until cancelled (or ``shutdown_trigger``).
@@ -590,7 +584,6 @@ async def serve_http(
             complete request head this long after it opened or after its last answer is
             closed (keep-alive idleness and slowloris alike); also the TLS handshake's
             deadline.
-        inbound: The node's account of incoming bytes (:class:`HttpApp`).
         task_status: Receives the bound ``"host:port"`` (``"[::1]:port"`` for IPv6)
             once the socket listens.
 
@@ -607,7 +600,6 @@ async def serve_http(
         browser=browser,
         node_view=node_view,
         internal_token=internal_token,
-        inbound=inbound,
     )
     await serve_app(
         app,

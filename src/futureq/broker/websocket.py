@@ -50,7 +50,7 @@ import contextvars
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import trio
@@ -83,8 +83,6 @@ CLOSE_POLICY_VIOLATION = 1008
 """RFC 6455 §7.4.1: a message that is not exactly one frame."""
 CLOSE_MESSAGE_TOO_BIG = 1009
 """RFC 6455 §7.4.1: a message too big to process."""
-CLOSE_TRY_AGAIN_LATER = 1013
-"""IANA WebSocket close code 1013, Try Again Later: the node has no room for the message."""
 
 MAX_HELLO_MESSAGE_BYTES = session.MAX_HELLO_BYTES + codec.HEADER_BYTES
 """Largest message read before HELLO is answered: one HELLO-sized frame with its header,
@@ -117,16 +115,6 @@ def max_websockets(max_http_connections: int) -> int:
     :data:`HTTP_RESERVED_SHARE`-th (at least one kept, at least one WebSocket)."""
     reserved = max(1, max_http_connections // HTTP_RESERVED_SHARE)
     return max(1, max_http_connections - reserved)
-
-
-class InboundAccount(Protocol):
-    """The node's account of incoming bytes (``gateway.NodeBuffers``): what /ws messages
-    being assembled or queued hold counts there, as incomplete frames over TCP do."""
-
-    inbound: int
-    limit_bytes: int
-
-    def change(self, outbound: int = 0, inbound: int = 0) -> None: ...
 
 
 WebSocketHandler = Callable[[trio.abc.Stream, str, str | None], Awaitable[None]]
@@ -207,42 +195,28 @@ def peer_of(scope: WebsocketScope) -> str:
 
 class MessageBuffer(WebsocketBuffer):
     """Hypercorn's buffer of the WebSocket message being received, held to a HELLO's size
-    (:data:`MAX_HELLO_MESSAGE_BYTES`) until HELLO is answered, and counted in the node's
-    budget for incoming bytes after it.
+    (:data:`MAX_HELLO_MESSAGE_BYTES`) until HELLO is answered.
 
     Hypercorn assembles each message whole before the application sees any of it, so a
-    cap on what a client makes the node hold must sit here. Before :meth:`hello_answered`,
-    the bytes of a longer message are dropped as they arrive (never assembled) and
-    :attr:`overflowed` is set: :class:`WebSocketStream` then tells the client
-    ``FRAME_TOO_LARGE`` and closes. Afterwards the cap is the one hypercorn was
+    cap on what an unauthenticated client makes the node hold must sit here. Before
+    :meth:`hello_answered`, the bytes of a longer message are dropped as they arrive
+    (never assembled) and :attr:`overflowed` is set: :class:`WebSocketStream` then tells
+    the client ``FRAME_TOO_LARGE`` and closes. Afterwards the cap is the one hypercorn was
     configured with (``limits.max_frame_bytes`` + 4), and a longer message is hypercorn's
-    own refusal (close 1009); and every byte of a message counts in ``account`` (the
-    node's ``limits.max_node_buffer_bytes``) from its arrival until the stream takes the
-    message (:meth:`taken`), queued ones included. A piece that would take the account
-    past its limit is dropped, with the rest of its message, and :attr:`node_full` and
-    :attr:`overflowed` are set: hypercorn reads on whatever the application does, so the
-    wait a TCP connection gets for room is not possible, and the connection is closed.
+    own refusal (close 1009).
 
     Args:
         max_message_bytes: The cap after HELLO (bytes).
-        account: The node's account of incoming bytes; None: not counted.
     """
 
-    def __init__(self, max_message_bytes: int, account: InboundAccount | None = None) -> None:
+    def __init__(self, max_message_bytes: int) -> None:
         super().__init__(min(max_message_bytes, MAX_HELLO_MESSAGE_BYTES))
         self._max_after_hello = max_message_bytes
-        self._account = account
         self._greeted = False
-        self._dropping = False
-        self._closed = False
-        self.held = 0
-        """Bytes counted in the account: being assembled, or queued for the stream."""
         self.overflowed = trio.Event()
-        """Set when a message passed a cap (the connection is to close)."""
+        """Set when a message before HELLO passed the cap (the connection is to close)."""
         self.overflow_bytes = 0
         """How much of that message had arrived when it passed the cap (bytes)."""
-        self.node_full = False
-        """The cap passed was the node's budget for incoming bytes, not a HELLO's size."""
 
     def hello_answered(self) -> None:
         """Raise the cap to the one after HELLO."""
@@ -251,73 +225,34 @@ class MessageBuffer(WebsocketBuffer):
 
     def extend(self, event: Message[Any]) -> None:
         """Add a piece of the message (hypercorn calls it for each one)."""
-        if self.overflowed.is_set() or self._dropping or self._closed:
-            return  # the connection is closing; drop the rest
-        size = len(event.data)
-        if not self._greeted:
-            arrived = self.length + size
-            if arrived > self.max_length:
-                self.overflow_bytes = arrived
-                self.clear()
-                self.overflowed.set()
-                return
-            super().extend(event)
+        if self._greeted:
+            super().extend(event)  # FrameTooLargeError past the cap: hypercorn closes 1009
             return
-        account = self._account
-        if account is not None:
-            if account.inbound + size > account.limit_bytes:
-                self.overflow_bytes = self.length + size
-                self._dropping = True
-                self.node_full = True
-                self.overflowed.set()
-                return
-            account.change(inbound=size)
-            self.held += size
-        super().extend(event)  # FrameTooLargeError past the cap: hypercorn closes 1009
-
-    def clear(self) -> None:
-        """The message went to the application's queue (or was dropped)."""
-        if self._dropping:
-            self.release(self.length)
-        self._dropping = False
-        super().clear()
+        if self.overflowed.is_set():
+            return  # the connection is closing; drop the rest
+        arrived = self.length + len(event.data)
+        if arrived > self.max_length:
+            self.overflow_bytes = arrived
+            self.clear()
+            self.overflowed.set()
+            return
+        super().extend(event)
 
     def to_message(self) -> dict[str, Any]:
         """The ASGI event of a finished message (an empty one after an overflow)."""
-        if self.overflowed.is_set() or self._dropping:
+        if self.overflowed.is_set():
             return {"type": "websocket.receive", "bytes": b"", "text": None}
         return super().to_message()
 
-    def taken(self, size: int) -> None:
-        """The stream took a message of ``size`` bytes (or characters) from the queue."""
-        self.release(size)
 
-    def close(self) -> None:
-        """The connection is done: take everything still counted out of the account, and
-        count (and keep) nothing that arrives from now on."""
-        self._closed = True
-        self.release()
-        super().clear()
-
-    def release(self, size: int | None = None) -> None:
-        """Take ``size`` bytes (None: all still counted) out of the account."""
-        size = self.held if size is None else min(size, self.held)
-        if size and self._account is not None:
-            self.held -= size
-            self._account.change(inbound=-size)
-
-
-def install_message_buffer(
-    send: ASGISendCallable, account: InboundAccount | None = None
-) -> MessageBuffer | None:
-    """Put a :class:`MessageBuffer` (counting in ``account``) in place of hypercorn's in
-    the connection whose ASGI ``send`` this is; call before accepting. None when ``send``
-    is not hypercorn's WebSocket stream's (a test's channel): messages are then checked
-    once assembled."""
+def install_message_buffer(send: ASGISendCallable) -> MessageBuffer | None:
+    """Put a :class:`MessageBuffer` in place of hypercorn's in the connection whose ASGI
+    ``send`` this is; call before accepting. None when ``send`` is not hypercorn's
+    WebSocket stream's (a test's channel): messages are then checked once assembled."""
     owner = getattr(send, "__self__", None)
     if not isinstance(owner, WSStream) or type(owner.buffer) is not WebsocketBuffer:
         return None
-    buffer = MessageBuffer(owner.buffer.max_length, account)
+    buffer = MessageBuffer(owner.buffer.max_length)
     owner.buffer = buffer
     return buffer
 
@@ -410,9 +345,9 @@ class WebSocketStream(trio.abc.Stream):
             if self._eof:
                 await trio.lowlevel.checkpoint()
                 return b""
-            message = await self._receive_or_overflow()
+            message = await self._receive() if self._greeted else await self._receive_first()
             if message is None:
-                await self._refuse_overflow()
+                await self._refuse_before_hello(self._buffer_overflow_bytes())
                 continue
             kind = message["type"]
             if kind == "websocket.disconnect":
@@ -421,8 +356,6 @@ class WebSocketStream(trio.abc.Stream):
             if kind != "websocket.receive":
                 continue
             data: Any = message.get("bytes")
-            if self._buffer is not None:
-                self._buffer.taken(len(data if data is not None else message.get("text") or ""))
             if data is None:
                 await self._refuse(
                     CLOSE_UNSUPPORTED_DATA,
@@ -444,16 +377,13 @@ class WebSocketStream(trio.abc.Stream):
             chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
         return chunk
 
-    async def _receive_or_overflow(self) -> Any:
-        """The next ASGI event, or None once the message being received passed a cap of
-        :class:`MessageBuffer` (a HELLO's size, or the node's budget): hypercorn never
-        hands over a message it did not finish, so the overflow is waited for alongside."""
+    async def _receive_first(self) -> Any:
+        """The next ASGI event before HELLO is answered, or None once the message being
+        received passed the cap (:class:`MessageBuffer`): hypercorn never hands over a
+        message it did not finish, so the overflow is waited for alongside."""
         buffer = self._buffer
         if buffer is None:
             return await self._receive()
-        if buffer.overflowed.is_set():
-            await trio.lowlevel.checkpoint()
-            return None
         received: list[Any] = []
         async with trio.open_nursery() as nursery:
 
@@ -467,24 +397,12 @@ class WebSocketStream(trio.abc.Stream):
 
             nursery.start_soon(receive)
             nursery.start_soon(overflow)
-        if received:
-            return received[0]  # a whole message came first: the overflow is the next one's
-        return None
+        if buffer.overflowed.is_set():
+            return None
+        return received[0]
 
-    async def _refuse_overflow(self) -> None:
-        """Refuse the message that passed a cap of the :class:`MessageBuffer`."""
-        buffer = self._buffer
-        assert buffer is not None
-        if not buffer.node_full:
-            await self._refuse_before_hello(buffer.overflow_bytes)
-            return
-        await self._refuse(
-            CLOSE_TRY_AGAIN_LATER,
-            "the node's buffers for incoming frames are full (limits.max_node_buffer_bytes) "
-            f"and this WebSocket message ({buffer.overflow_bytes} bytes of it received) "
-            "would have passed them: dropped, and the connection closed; retry later",
-            ErrorCode.FRAME_TIMEOUT,
-        )
+    def _buffer_overflow_bytes(self) -> int:
+        return 0 if self._buffer is None else self._buffer.overflow_bytes
 
     async def _refuse_before_hello(self, arrived_bytes: int) -> None:
         """Refuse a message longer than a HELLO before HELLO is answered (as TCP does its
@@ -597,7 +515,6 @@ async def serve_websocket(
     allowed_origins: Iterable[str] = (),
     on_refused: Callable[[ErrorCode], None] | None = None,
     token: str | None = None,
-    inbound: InboundAccount | None = None,
 ) -> None:
     """Accept (or refuse) one ``/ws`` upgrade and serve it with ``handler``.
 
@@ -611,8 +528,6 @@ async def serve_websocket(
         token: A valid token of the upgrade's ``Authorization`` header, handed to the
             gateway for a HELLO that carries none (the Origin check comes first, so
             only the node's own pages and listed origins get this).
-        inbound: The node's account of incoming bytes, where messages being assembled
-            or queued count (:class:`MessageBuffer`); None: not counted.
     """
     connect = await receive()
     if connect["type"] != "websocket.connect":
@@ -647,11 +562,9 @@ async def serve_websocket(
         except trio.WouldBlock:
             await _refuse_upgrade(send, scope, int(slots.total_tokens))
             return
-    buffer: MessageBuffer | None = None
     try:
         offered = SUBPROTOCOL in scope.get("subprotocols", [])
-        # Before accepting: no message is read yet.
-        buffer = install_message_buffer(send, inbound)
+        buffer = install_message_buffer(send)  # before accepting: no message is read yet
         await send(
             {
                 "type": "websocket.accept",
@@ -666,8 +579,6 @@ async def serve_websocket(
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
     finally:
-        if buffer is not None:
-            buffer.close()  # what a message left half-sent or unread still counted
         if slots is not None:
             slots.release()
 
