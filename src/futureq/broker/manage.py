@@ -401,6 +401,20 @@ async def scan_counts(
     return frames.BrowseCountsOk(request_id, info.name, bounds, counts, later, True)
 
 
+def check_redrive_topic(topic: str) -> None:
+    """Refuse a REDRIVE naming a dead-letter topic (it names the original topic).
+
+    Raises:
+        RequestError: RESERVED_TOPIC.
+    """
+    if topic.endswith(DLQ_SUFFIX):
+        raise RequestError(
+            ErrorCode.RESERVED_TOPIC,
+            f"REDRIVE names the original topic, not its dead-letter topic: send "
+            f"{topic.removesuffix(DLQ_SUFFIX)!r}, not {topic!r}",
+        )
+
+
 async def redrive(broker: Broker, frame: frames.Redrive) -> list[int]:
     """Move dead letters back to the topic and group they died in (by dead-letter id).
 
@@ -420,12 +434,7 @@ async def redrive(broker: Broker, frame: frames.Redrive) -> list[int]:
         NotLeaderError: this node is not the leader.
     """
     broker.require_leader()
-    if frame.topic.endswith(DLQ_SUFFIX):
-        raise RequestError(
-            ErrorCode.RESERVED_TOPIC,
-            f"REDRIVE names the original topic, not its dead-letter topic: send "
-            f"{frame.topic.removesuffix(DLQ_SUFFIX)!r}, not {frame.topic!r}",
-        )
+    check_redrive_topic(frame.topic)
     check_ids(broker, "REDRIVE", frame.ids)
     max_delay_ms = broker.limits.max_delay_ms
     if not 0 <= frame.delay_ms <= max_delay_ms:

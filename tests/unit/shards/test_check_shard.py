@@ -106,3 +106,27 @@ def test_a_subscribe_to_a_foreign_name_goes_to_its_owner_only_if_it_may_exist(
     with pytest.raises(RequestError) as refused:
         check_shard(SHARD_0, frames.Subscribe(1, topic, "g", 1))
     assert refused.value.code == code
+
+
+@pytest.mark.parametrize("group", ["bad group!", "", "g" * 300, "_g", "a..b"])
+def test_a_foreign_request_naming_an_impossible_group_is_refused_as_its_owner_would(
+    group: str,
+) -> None:
+    """Found by a breaker: the owner answered INVALID_GROUP, the other shard WRONG_SHARD
+    (162 combinations of request and name)."""
+    for frame in (
+        frames.Subscribe(1, X, group, 1),
+        frames.GroupCreate(1, X, group, None, None),
+        frames.Browse(1, X, group, None, None, None, 10, 0),
+        frames.Cancel(1, X, group, [1]),
+    ):
+        with pytest.raises(RequestError) as refused:
+            check_shard(SHARD_0, frame)
+        assert refused.value.code == ErrorCode.INVALID_GROUP, (frame, refused.value)
+
+
+def test_a_foreign_redrive_of_a_dead_letter_topic_is_refused_as_reserved() -> None:
+    [dlq] = _foreign([f"{X}{i}.dlq" for i in range(40)])[:1]
+    with pytest.raises(RequestError) as refused:
+        check_shard(SHARD_0, frames.Redrive(1, dlq, None, [1], 0))
+    assert refused.value.code == ErrorCode.RESERVED_TOPIC
