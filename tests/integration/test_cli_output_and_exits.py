@@ -9,16 +9,7 @@ import sys
 import time
 
 from broker_process import BrokerProcess
-
-
-def cli(address: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "futureq.cli.client_main", "--server", address, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+from cli_process import cli
 
 
 def test_payload_text_is_escaped_in_human_output_and_exact_in_json(

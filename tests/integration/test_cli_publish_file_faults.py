@@ -11,18 +11,9 @@ import sys
 from pathlib import Path
 
 from broker_process import BrokerProcess
+from cli_process import cli
 
 from futureq.cli.jsonl import strict_loads
-
-
-def cli(address: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "futureq.cli.client_main", "--server", address, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def pending(address: str, topic: str) -> int:
