@@ -57,6 +57,16 @@ _GroupKey = tuple[str, "str | None"]
 group, ``(topic, group)`` for a named one."""
 _TOPIC = itemgetter(0)
 
+
+def _only_topic(validated: list[validation.ValidItem]) -> str | None:
+    """The topic every item of a (non-empty) batch names, or None when it names several
+    (once per PUBLISH: the group reservation and the published count both ask)."""
+    first: str = validated[0][0]
+    if len(validated) == 1 or first == validated[-1][0] and len(set(map(_TOPIC, validated))) == 1:
+        return first
+    return None
+
+
 MAX_NACK_REASON_BYTES = 256
 """Longest NACK reason text (UTF-8 bytes): it is stored with the entry and in headers."""
 
@@ -130,14 +140,14 @@ class Broker:
             tuple[bytes, list[_GroupKey]]
         ](1024)
         self._groups_reserved: Tally[_GroupKey] = Tally()
-        self._adopting: dict[str, Tally[str]] = {}
-        """Topic -> names in flight to adopt its implicit group (one name at a time is
-        taken for the adopter; see :meth:`_reserve_group`)."""
         """Groups that proposals in flight will create, each counted once per proposal:
         ``(topic, None)`` for a topic's implicit group, ``(topic, group)`` for a named
         one. The leader checks ``limits.max_groups`` before it proposes, so without
         these every request pipelined behind the one that reaches the limit would see
         the same count and pass too (a breaker made 516 groups under a limit of 5)."""
+        self._adopting: dict[str, Tally[str]] = {}
+        """Topic -> names in flight to adopt its implicit group (one name at a time is
+        taken for the adopter; see :meth:`_reserve_group`)."""
         self._background_bytes = 0
         """Bytes of the commands waiting in the background publisher's queue."""
         self.subscribes_in_flight = 0
@@ -274,10 +284,11 @@ class Broker:
             items, self.limits, publish_ms, validated
         ):
             await trio.lowlevel.checkpoint()  # a 10,000-item batch must not hold the loop
-        reserved = self._reserve_new_groups(validated)
+        only = _only_topic(validated)
+        reserved = self._reserve_new_groups(validated, only)
         try:
             return await self._publish_validated(
-                validated, ack_level, publish_ms, started, reserved
+                validated, only, ack_level, publish_ms, started, reserved
             )
         finally:
             if reserved:
@@ -286,6 +297,7 @@ class Broker:
     async def _publish_validated(
         self,
         validated: list[validation.ValidItem],
+        only: str | None,
         ack_level: frames.AckLevel,
         publish_ms: int,
         started: float,
@@ -293,7 +305,8 @@ class Broker:
     ) -> tuple[int | None, int, dict[int, int] | None]:
         """The rest of :meth:`publish`, once the batch is valid and its new groups are
         reserved (``reserved``; an ack-level-NONE batch takes them into the background
-        publisher, which releases them once it has proposed)."""
+        publisher, which releases them once it has proposed). ``only``: the topic of
+        every item, or None (:func:`_only_topic`)."""
         # Only items with headers or a key have more than 4 fields: one C-speed pass
         # decides for the common batch.
         keyed = max(map(len, validated)) > 4 and any(
@@ -315,7 +328,7 @@ class Broker:
             else:
                 index = await self.log.propose_durable(command)
             self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
-            self._count_published(validated)
+            self._count_published(validated, only)
             return commands.message_id(index, 0), len(validated), None
         if ack_level == frames.AckLevel.NONE:
             queued = self._background_bytes
@@ -330,22 +343,22 @@ class Broker:
                 ) from None
             self._background_bytes = queued + len(command)
             reserved.clear()  # the background publisher releases them once proposed
-            self._count_published(validated)
+            self._count_published(validated, only)
             return None, len(validated), None
         # Idempotency keys need the apply result (which items were duplicates), so a
         # keyed batch at ack level LEADER waits for its commit like QUORUM.
         result = await self.log.propose(command, command_list)
         self.metrics.publish_commit_seconds.observe(trio.current_time() - started)
-        self._count_published(validated)
+        self._count_published(validated, only)
         if isinstance(result, PublishResult):
             return result.first_id, len(validated), result.duplicates
         return int(result), len(validated), None
 
-    def _count_published(self, validated: list[validation.ValidItem]) -> None:
+    def _count_published(self, validated: list[validation.ValidItem], only: str | None) -> None:
         # One label lookup per distinct topic; topics past the series budget share one.
         metrics = self.metrics
-        if len(validated) == 1 or len(set(map(itemgetter(0), validated))) == 1:
-            label = metrics.topic_label(validated[0][0])
+        if only is not None:
+            label = metrics.topic_label(only)
             metrics.published_messages_total.labels(label).inc(len(validated))
             return
         counts: Tally[str] = Tally()
@@ -378,9 +391,12 @@ class Broker:
             position,
         )
 
-    def _reserve_new_groups(self, validated: list[validation.ValidItem]) -> list[_GroupKey]:
+    def _reserve_new_groups(
+        self, validated: list[validation.ValidItem], only: str | None
+    ) -> list[_GroupKey]:
         """Reserve the implicit groups a batch's new topics create; refuse the batch if
-        they would take the group count past ``max_groups``.
+        they would take the group count past ``max_groups``. ``only``: the topic of
+        every item, or None (:func:`_only_topic`).
 
         Returns:
             The keys reserved (release them with :meth:`_release_groups` once the
@@ -390,14 +406,8 @@ class Broker:
             RequestError: TOO_MANY_GROUPS with the index of the first new topic too many.
         """
         state = self.state
-        first = validated[0][0]
-        if (
-            len(validated) == 1
-            or first == validated[-1][0]
-            and len(set(map(_TOPIC, validated))) == 1
-        ):
-            if state.topic_groups_count(first):
-                return []  # the common batch: one topic, known
+        if only is not None and state.topic_groups_count(only):
+            return []  # the common batch: one topic, known
         reserved = self._groups_reserved
         limit = self.config.limits.max_groups
         new: dict[str, int] = {}
@@ -444,12 +454,11 @@ class Broker:
         key: _GroupKey = (topic, group)
         groups = state.topic_groups(topic)
         if len(groups) == 1 and groups[0].implicit:
-            adopting = self._adopting
-            if all(
-                name == group for name, in_flight in adopting.get(topic, {}).items() if in_flight
-            ):
-                adopting.setdefault(topic, Tally())[group] += 1
-                return adopting[topic], key  # adopts the implicit group: no new group
+            names = self._adopting.setdefault(topic, Tally())
+            if not names or group in names and len(names) == 1:
+                names[group] += 1  # released names are deleted: none is at 0
+                return names, key  # adopts the implicit group: no new group
+            # Another name adopts it: this one makes a group of its own.
         if key not in self._groups_reserved:
             limit = self.config.limits.max_groups
             if len(state.groups) + self._groups_coming() >= limit:
