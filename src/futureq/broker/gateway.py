@@ -1084,12 +1084,9 @@ def check_shard(shard: ShardRole, frame: frames.Frame) -> None:
     if item_index is not None:
         validation.check_publish_topic(topic, item_index)
     else:
-        validation.check_consumable_topic(topic)
         if isinstance(frame, frames.Redrive):
-            manage.check_redrive_topic(topic)
-        group = getattr(frame, "group", None)
-        if group is not None:
-            validation.check_name("group", group)
+            manage.check_redrive_topic(topic)  # the owner's first check of a REDRIVE
+        validation.check_names_can_exist(topic, getattr(frame, "group", None))
     owner = shard.slot_map.shard_of(topic)
     address = shard.slot_map.addresses[owner]
     raise WrongShardError(

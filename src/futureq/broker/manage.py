@@ -71,6 +71,19 @@ def check_ids(broker: Broker, request: str, ids: list[int]) -> None:
             )
 
 
+def _unknown_topic(request: str, topic: str, group: str | None) -> RequestError:
+    """UNKNOWN_TOPIC for a topic this node holds no group of.
+
+    Raises:
+        RequestError: INVALID_TOPIC or INVALID_GROUP first, for names none can have.
+    """
+    validation.check_names_can_exist(topic, group)
+    return RequestError(
+        ErrorCode.UNKNOWN_TOPIC,
+        f"{request}: topic {topic!r} has no consumer group, so no message of it is pending",
+    )
+
+
 def target_groups(broker: Broker, request: str, topic: str, group: str | None) -> GroupInfo | None:
     """The group a by-id request names (None: every group of ``topic``).
 
@@ -79,13 +92,7 @@ def target_groups(broker: Broker, request: str, topic: str, group: str | None) -
     """
     state = broker.state
     if not state.topic_groups_count(topic):
-        validation.check_consumable_topic(topic)  # a name no topic can have: INVALID_TOPIC
-        if group is not None:
-            validation.check_name("group", group)  # nor any group: INVALID_GROUP
-        raise RequestError(
-            ErrorCode.UNKNOWN_TOPIC,
-            f"{request}: topic {topic!r} has no consumer group, so no message of it is pending",
-        )
+        raise _unknown_topic(request, topic, group)
     if group is None:
         return None
     info = state.find_group(topic, group)
@@ -146,13 +153,7 @@ def browse_group(
     state = broker.state
     groups = state.topic_groups(topic)
     if not groups:
-        validation.check_consumable_topic(topic)  # a name no topic can have: INVALID_TOPIC
-        if group is not None:
-            validation.check_name("group", group)  # nor any group: INVALID_GROUP
-        raise RequestError(
-            ErrorCode.UNKNOWN_TOPIC,
-            f"{request}: topic {topic!r} has no consumer group, so no message of it is pending",
-        )
+        raise _unknown_topic(request, topic, group)
     if group is None:
         if len(groups) > 1:
             names = ", ".join(repr(info.name) for info in groups[:10])

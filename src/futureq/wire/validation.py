@@ -213,6 +213,19 @@ def check_publish_topic(topic: str, item_index: int | None = None) -> None:
     check_name("topic", topic, item_index)
 
 
+def check_names_can_exist(topic: str, group: str | None = None) -> None:
+    """Refuse names no topic (a valid name, or its dead-letter topic) or group can have,
+    for a request naming ones this node does not hold: unknown is the answer only for
+    names that could exist.
+
+    Raises:
+        RequestError: INVALID_TOPIC or INVALID_GROUP.
+    """
+    check_consumable_topic(topic)
+    if group is not None:
+        check_name("group", group)
+
+
 def _shown(value: str) -> str:
     shown = repr(value)
     return shown if len(shown) <= 80 else shown[:77] + "..."
