@@ -378,7 +378,7 @@ class Dispatcher:
                 key = self.state.entry_key(mid, gid)
                 flight = None if key is None else in_flight.get(key)
                 if flight is not None:
-                    attempt = flight.attempt if flight.pushed else flight.previous_attempt
+                    attempt = flight.counted_attempt
                     if attempt:
                         found.append((flight.key, attempt))
         return found
@@ -406,7 +406,7 @@ class Dispatcher:
         if reason == CommandKind.RESCHEDULE:
             attempt = 0 if indexed is None else indexed[1]
             if flight is not None:
-                attempt = max(attempt, flight.attempt if flight.pushed else flight.previous_attempt)
+                attempt = max(attempt, flight.counted_attempt)
             if attempt:
                 self._carried[(group_id, mid)] = attempt
         if self.metrics is not None:

@@ -148,7 +148,13 @@ class InFlight:
     @property
     def stamp(self) -> int:
         """The last four bytes of :attr:`tag`, as a number."""
-        return (self.attempt + self.salt) & 0xFFFFFFFF
+        return commands.tag_stamp(self.attempt, self.salt)
+
+    @property
+    def counted_attempt(self) -> int:
+        """The attempt this delivery counts for so far: its own once pushed (it went
+        out), else the one before it."""
+        return self.attempt if self.pushed else self.previous_attempt
 
 
 @attrs.define(eq=False)
@@ -415,7 +421,7 @@ class Hub:
         runtime = self.groups.get(flight.group_id)
         if runtime is None:
             return
-        attempt = flight.attempt if flight.pushed else flight.previous_attempt
+        attempt = flight.counted_attempt
         if flight.released:
             runtime.released[flight.mid] = flight.released
         runtime.index.add(flight.due_ms, flight.mid, flight.expire_ms, attempt)

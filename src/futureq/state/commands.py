@@ -188,7 +188,12 @@ def delivery_tag(key: bytes, attempt: int, salt: int = 0) -> bytes:
     would otherwise be byte for byte the old one (``docs/protocol.md``, DELIVER: after
     a leader change an earlier tag is unknown).
     """
-    return key + ((attempt + salt) & 0xFFFFFFFF).to_bytes(4, "big")
+    return key + tag_stamp(attempt, salt).to_bytes(4, "big")
+
+
+def tag_stamp(attempt: int, salt: int) -> int:
+    """The last four bytes of a delivery tag, as a number: ``(attempt + salt) mod 2**32``."""
+    return (attempt + salt) & 0xFFFFFFFF
 
 
 def parse_delivery_tag(tag: bytes) -> tuple[bytes, int] | None:
