@@ -61,6 +61,7 @@ from futureq.cli.jsonl import (
     render_payload,
 )
 from futureq.client import Client, Delivery, open_client
+from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, split_by_size
 from futureq.client.client import parse_servers
 from futureq.config import split_host_port
 from futureq.errors import (
@@ -68,7 +69,6 @@ from futureq.errors import (
     ConnectionLostError,
     ErrorCode,
     FutureQError,
-    LocalProtocolError,
     ProtocolError,
     RequestError,
 )
@@ -705,28 +705,20 @@ class PublishSummary:
     failures: list[LineFailure] = attrs.Factory(list)
 
 
-FRAME_OVERHEAD_BYTES: Final = 64
-"""Room a PUBLISH frame takes besides its items (type, request id, ack level, array
-headers): a few bytes, rounded up."""
-
-
 def frame_batches(
     items: Sequence[JsonlItem], batch_size: int, max_frame_bytes: int
 ) -> list[list[JsonlItem]]:
     """Consecutive batches of at most ``batch_size`` items whose PUBLISH frame stays
-    within ``max_frame_bytes`` (an item too large for any frame goes alone)."""
-    budget = max_frame_bytes - FRAME_OVERHEAD_BYTES
+    within ``max_frame_bytes`` (an item too large for any frame goes alone): the
+    client's own split (:func:`~futureq.client._batching.split_by_size`), one frame per
+    batch, so a refused item's batch can be sent again without it."""
+    budget = max_frame_bytes - PUBLISH_FRAME_OVERHEAD_BYTES
     batches: list[list[JsonlItem]] = []
-    batch: list[JsonlItem] = []
-    used = 0
-    for entry in items:
-        if batch and (len(batch) >= batch_size or used + entry.wire_bytes > budget):
-            batches.append(batch)
-            batch, used = [], 0
-        batch.append(entry)
-        used += entry.wire_bytes
-    if batch:
-        batches.append(batch)
+    start = 0
+    while start < len(items):
+        end = split_by_size(items, start, batch_size, budget)
+        batches.append(list(items[start:end]))
+        start = end
     return batches
 
 
@@ -742,10 +734,9 @@ async def publish_items(
     Batches hold at most ``batch_size`` items and fit one PUBLISH frame of the
     server's ``max_frame_bytes`` (by each item's ``wire_bytes``). The server stores
     nothing of a refused PUBLISH and names its first bad item, so that line becomes a
-    failure and the batch is sent again without it. A batch the client could not
-    encode was not sent: it is split in halves until the bad line stands alone. Errors
-    not naming an item (connection lost, 3xx after retries) fail every line of the
-    batch.
+    failure and the batch is sent again without it (a line the client cannot encode
+    never gets here: :class:`PublishItem` refuses it when the line is read). Errors not
+    naming an item (connection lost, 3xx after retries) fail every line of the batch.
 
     Args:
         client: A connected client.
@@ -764,7 +755,7 @@ async def publish_items(
     pending = collections.deque(frame_batches(items, size, limit))
     while pending:
         batch = pending.popleft()
-        too_big = [e for e in batch if e.wire_bytes > limit - FRAME_OVERHEAD_BYTES]
+        too_big = [e for e in batch if e.wire_bytes > limit - PUBLISH_FRAME_OVERHEAD_BYTES]
         if len(batch) == 1 and too_big:
             summary.failures.append(
                 LineFailure(
@@ -789,13 +780,6 @@ async def publish_items(
                     )
                     on_progress(1)
                     continue
-                reason = f"[{exc.code.name}] {exc.message}"
-            except LocalProtocolError as exc:
-                # Not sent (it could not be encoded): halve it to find the line to blame.
-                if len(batch) > 1:
-                    half = len(batch) // 2
-                    pending.extendleft([batch[half:], batch[:half]])
-                    break
                 reason = f"[{exc.code.name}] {exc.message}"
             except (ConnectionLostError, ProtocolError) as exc:
                 reason = error_line(exc, ",".join(client.servers)).removeprefix("error: ")

@@ -54,7 +54,6 @@ from collections.abc import Iterable
 from typing import Any, Final, NamedTuple
 
 import attrs
-import msgpack
 
 from futureq.client import PublishItem
 from futureq.errors import RequestError
@@ -155,12 +154,15 @@ class LineFailure:
 
 @attrs.frozen
 class JsonlItem:
-    """A message read from a JSONL file, with its line number and its size in a
-    PUBLISH frame (``wire_bytes``, 0: not measured)."""
+    """A message read from a JSONL file, with its line number."""
 
     line_number: int
     item: PublishItem
-    wire_bytes: int = 0
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes the message takes in a PUBLISH frame (:attr:`PublishItem.wire_bytes`)."""
+        return self.item.wire_bytes
 
 
 class LineError(ValueError):
@@ -497,21 +499,6 @@ def parse_jsonl_line(text: str) -> PublishItem | None:
         raise LineError(str(exc)) from None
 
 
-_PACK: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack
-
-
-def wire_bytes(item: PublishItem) -> int:
-    """How many bytes ``item`` takes in a PUBLISH frame (its msgpack array).
-
-    Raises:
-        LineError: it cannot be encoded at all (so it must not join a batch).
-    """
-    try:
-        return len(_PACK(item.to_wire()))
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise LineError(f"cannot be sent: {exc}") from None
-
-
 def parse_jsonl(lines: Iterable[str]) -> tuple[list[JsonlItem], list[LineFailure]]:
     """Parse a JSONL file: the good lines as messages, the bad ones as failures.
 
@@ -526,12 +513,11 @@ def parse_jsonl(lines: Iterable[str]) -> tuple[list[JsonlItem], list[LineFailure
     for number, line in enumerate(lines, start=1):
         try:
             item = parse_jsonl_line(line)
-            size = 0 if item is None else wire_bytes(item)
         except LineError as exc:
             failures.append(LineFailure(number, exc.message, exc.column))
             continue
         if item is not None:
-            items.append(JsonlItem(number, item, size))
+            items.append(JsonlItem(number, item))
     return items, failures
 
 
@@ -600,5 +586,4 @@ __all__ = [
     "split_object",
     "strict_loads",
     "too_deep_at",
-    "wire_bytes",
 ]

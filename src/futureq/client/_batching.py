@@ -8,7 +8,7 @@ Source: ``docs/protocol.md``, "PUBLISH" (ids are ``first_id + i``) and "Requests
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
@@ -254,7 +254,15 @@ def without_item(error: RequestError) -> RequestError:
     return RequestError(error.code, error.message)
 
 
-def split_by_size(items: Sequence[PublishItem], start: int, max_items: int, max_bytes: int) -> int:
+class Measured(Protocol):
+    """Anything that knows its size in a PUBLISH frame (a :class:`PublishItem`, or a
+    line of ``publish --file`` holding one)."""
+
+    @property
+    def wire_bytes(self) -> int: ...
+
+
+def split_by_size(items: Sequence[Measured], start: int, max_items: int, max_bytes: int) -> int:
     """Where the PUBLISH frame starting at ``items[start]`` ends.
 
     Args:

@@ -426,7 +426,7 @@ def test_publish_file_batches_fit_the_frame_limit() -> None:
     from futureq.cli.jsonl import JsonlItem
 
     def items(*sizes: int) -> list[JsonlItem]:
-        return [JsonlItem(n, PublishItem("t", b""), size) for n, size in enumerate(sizes, 1)]
+        return [JsonlItem(n, PublishItem("t", bytes(size))) for n, size in enumerate(sizes, 1)]
 
     four_mib = 4 * 1024 * 1024
     assert [len(b) for b in frame_batches(items(*[700_000] * 10), 500, four_mib)] == [5, 5]
