@@ -57,7 +57,7 @@ import attrs
 
 from futureq.client import PublishItem
 from futureq.errors import RequestError
-from futureq.wire.validation import implausible_epoch_ms
+from futureq.wire.validation import INT64_MAX, implausible_epoch_ms
 
 ENCODINGS: Final = ("json", "text", "base64")
 FIELDS: Final = (
@@ -74,8 +74,6 @@ CONSUME_FIELDS: Final = ("id", "group", "due_ms", "delivered_ms", "attempt")
 """Fields ``consume --json`` writes that a publish does not use: accepted and ignored
 (a message published again gets a new id, its own due time and its first attempt)."""
 _BLANKS: Final = " \t\r\n"
-MAX_INT64: Final = 2**63 - 1
-"""Largest millisecond value on the wire (a larger integer cannot be encoded)."""
 MAX_JSON_DEPTH: Final = 500
 """Most arrays and objects inside each other in a payload. Deeper JSON is refused in a
 line (Python's parser, like many, gives up near 1,000) and shown as ``text``."""
@@ -358,9 +356,9 @@ def _optional_ms(fields: dict[str, Field], key: str) -> int | None:
         raise LineError(
             f"{key} must be a non-negative integer of milliseconds, got {value!r}", start + 1
         )
-    if value > MAX_INT64:
+    if value > INT64_MAX:
         raise LineError(
-            f"{key} is {value}, beyond the largest 64-bit millisecond value ({MAX_INT64})",
+            f"{key} is {value}, beyond the largest 64-bit millisecond value ({INT64_MAX})",
             start + 1,
         )
     return value
