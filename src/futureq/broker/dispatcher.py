@@ -870,8 +870,15 @@ class Dispatcher:
                 and info.dead_letter_expired
                 for key in expired
             ):
-                # The stamp and settings serve groups that dead-letter what expires.
-                command = commands.expire(expired, now_ms, self.group_settings)
+                # The stamp and settings serve groups that dead-letter what expires;
+                # ``out``: attempts of deliveries that went out unrecorded (a first
+                # delivery that timed out), which only this leader's index knows.
+                out = [
+                    (key, restore[4])
+                    for key, restore in zip(expired, expired_restore, strict=True)
+                    if restore[4]
+                ]
+                command = commands.expire(expired, now_ms, self.group_settings, out)
             else:
                 command = commands.expire(expired)
             self._submit(command, expired_restore)

@@ -14,6 +14,8 @@ Layouts (``DESIGN.md``, "Data flow"):
 * ``[NACK, now_ms, requeue_delay_ms, [[schedule_key, attempt, pushed_ms?], ...],
   reason | None, dead_letter, settings]``
 * ``[EXPIRE, [schedule_key, ...], publish_ms, settings]``
+* ``[EXPIRE_COUNTED, [schedule_key, ...], publish_ms, settings, out]`` (an EXPIRE that
+  dead-letters entries whose deliveries the log did not record)
 * ``[DEAD_LETTER_PROVENANCE, publish_ms, [[schedule_key, attempt, first_ms?], ...], settings]``
   (written since issue 14; ``[DEAD_LETTER, publish_ms, [[schedule_key, attempt], ...],
   settings]`` from earlier builds replays as they applied it)
@@ -100,6 +102,13 @@ class CommandKind(enum.IntEnum):
     fresh allowance of ``max_deliveries`` (its earlier deliveries stop counting, as
     released ones do) so it is delivered again. Kind 26 (RESCHEDULE) in a log replays
     exactly as earlier builds applied it; a node of an earlier build refuses kind 31."""
+    EXPIRE_COUNTED = 32
+    """EXPIRE that carries the deliveries the leader knows are out (``out``): an entry of a
+    ``dead_letter_expired`` group whose only deliveries were never recorded (a first
+    delivery that timed out, or whose consumer left) is dead-lettered with those
+    attempts in its ``futureq-attempts`` header, not 0. Written only when there is such
+    a delivery; kind 4 (EXPIRE) otherwise, so a node of an earlier build refuses kind 32
+    only where it would have written different headers."""
 
 
 @attrs.frozen
@@ -298,18 +307,36 @@ def nack(
     )
 
 
+OutDeliveries = Sequence[tuple[bytes, int]] | Sequence[list[Any]]
+"""``out`` of CANCEL, RESCHEDULE_COUNTED and EXPIRE_COUNTED: ``(schedule_key, attempt)`` of deliveries
+the leader knows went out (see the module docstring)."""
+
+
 def expire(
     keys: list[bytes],
     publish_ms: int | None = None,
     settings: GroupSettings = BUILTIN_GROUP_SETTINGS,
+    out: OutDeliveries = (),
 ) -> bytes:
     """Encode an EXPIRE of schedule keys.
 
     ``publish_ms`` (the leader's stamp) and ``settings`` serve entries of groups that
-    dead-letter what expires (``dead_letter_expired``).
+    dead-letter what expires (``dead_letter_expired``). ``out``: deliveries of these
+    entries the leader knows went out unrecorded; with any (and ``publish_ms``) the
+    command is EXPIRE_COUNTED (kind 32), whose dead letters count them.
     """
     if publish_ms is None:
         return encode([CommandKind.EXPIRE, keys])
+    if out:
+        return encode(
+            [
+                CommandKind.EXPIRE_COUNTED,
+                keys,
+                publish_ms,
+                settings.to_wire(),
+                [list(item) for item in out],
+            ]
+        )
     return encode([CommandKind.EXPIRE, keys, publish_ms, settings.to_wire()])
 
 
@@ -401,11 +428,6 @@ def release(entries: list[tuple[bytes, int]]) -> bytes:
     ``max_deliveries``.
     """
     return encode([CommandKind.RELEASE, entries])
-
-
-OutDeliveries = Sequence[tuple[bytes, int]] | Sequence[list[Any]]
-"""``out`` of CANCEL and RESCHEDULE_COUNTED: ``(schedule_key, attempt)`` of deliveries
-the leader knows went out (see the module docstring)."""
 
 
 def cancel(topic: str, group_id: int | None, ids: list[int], out: OutDeliveries = ()) -> bytes:

@@ -64,7 +64,7 @@ def _u64(value: int) -> bytes:
     return value.to_bytes(8, "big")
 
 
-def _out_attempts(out_deliveries: Any) -> dict[bytes, int]:
+def out_attempts(out_deliveries: Any) -> dict[bytes, int]:
     """Schedule key -> attempt of a command's ``out`` (None or malformed items: none).
 
     Items are committed as the leader built them; the checks only keep a damaged or
@@ -278,7 +278,7 @@ class ManageOps:
             released, or known out by the leader) or UNKNOWN (no entry of it there).
         """
         out: list[int] = []
-        known = _out_attempts(out_deliveries)
+        known = out_attempts(out_deliveries)
         # Once per batch, not per id: the groups to look in (a cancel changes none).
         holders = self._holding_groups(topic, group_id)
         for position, mid in enumerate(ids):
@@ -343,7 +343,7 @@ class ManageOps:
         """
         out: list[int] = []
         counted = out_deliveries is not None
-        known = _out_attempts(out_deliveries)
+        known = out_attempts(out_deliveries)
         valid_due = type(due_ms) is int and 0 <= due_ms < PARKED_DUE_MS
         holders = self._holding_groups(topic, group_id)  # once per batch: none changes
         for position, mid in enumerate(ids):

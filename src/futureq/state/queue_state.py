@@ -59,6 +59,7 @@ from futureq.state.manage_ops import (
     PURGING_PREFIX,
     ManageOps,
     moved_key,
+    out_attempts,
 )
 from futureq.state.model import (
     APPLY_STEP_ITEMS,
@@ -494,7 +495,7 @@ class QueueState(ManageOps):
             result = yield from self._release(txn, command[1], effects)
         elif kind == CommandKind.ACK:
             result = yield from self._remove(txn, command[1], CommandKind.ACK, effects, touched)
-        elif kind == CommandKind.EXPIRE:
+        elif kind == CommandKind.EXPIRE or kind == CommandKind.EXPIRE_COUNTED:
             result = yield from self._expire(
                 txn,
                 index,
@@ -503,6 +504,7 @@ class QueueState(ManageOps):
                 commands.GroupSettings.from_wire(_arg(command, 3)),
                 effects,
                 touched,
+                _arg(command, 4),
             )
         elif kind == CommandKind.NACK:
             result = yield from self._nack(txn, index, command, effects, touched)
@@ -1107,11 +1109,14 @@ class QueueState(ManageOps):
         settings: commands.GroupSettings,
         effects: list[tuple[Any, ...]],
         touched: set[int],
+        out_deliveries: Any = None,
     ) -> Generator[None, None, int]:
         """Remove expired entries; those of a ``dead_letter_expired`` group go to its
-        dead-letter topic (reason ``expired``), or are parked on a dead-letter topic."""
+        dead-letter topic (reason ``expired``), or are parked on a dead-letter topic,
+        their attempt raised to what ``out_deliveries`` (EXPIRE_COUNTED) says went out."""
         done = 0
         dead: list[list[Any]] = []
+        known = out_attempts(out_deliveries)
         for position, key in enumerate(keys):
             if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
                 yield
@@ -1120,11 +1125,13 @@ class QueueState(ManageOps):
                 value = txn.get("schedule", key)
                 if value is None:
                     continue
+                entry = EntryValue.decode(value)
+                entry.attempt = max(entry.attempt, known.get(key, 0))
                 if self._dead_letter_entry(
                     txn,
                     key,
                     info,
-                    EntryValue.decode(value),
+                    entry,
                     records.REASON_EXPIRED,
                     None,
                     publish_ms,

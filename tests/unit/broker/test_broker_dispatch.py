@@ -548,6 +548,51 @@ async def test_delivery_released_after_its_ttl_is_expired_not_redelivered() -> N
     assert env.state.get_message(mid) is None
 
 
+async def test_a_dead_letter_of_expiry_counts_a_first_delivery_the_log_never_recorded() -> None:
+    """A first delivery is pushed unrecorded; once it timed out (or its consumer left)
+    the leader's index alone knows it counted. An expiry that dead-letters the message
+    carries that attempt (EXPIRE_COUNTED), so the dead letter says it was delivered once,
+    not ``futureq-attempts: 0``."""
+    env = Env()
+    gid: int = env.log.apply(commands.create_group("t", "g", 100, None, dead_letter_expired=True))
+    consumer = env.consumer(gid, credit=1)
+    [mid] = env.publish("t", [b"late"], ttl_ms=500)
+    key = commands.schedule_key(gid, env.now, mid)
+    async with running(env):
+        await settle(env)
+        assert [d[5] for d in out(consumer).take()] == [1]
+        env.hub.remove_consumer(consumer, env.now)  # the delivery goes back, counted
+        env.clock.advance(500)
+        await settle(env)
+    [command] = proposed(env, CommandKind.EXPIRE_COUNTED)
+    assert command[1] == [key] and command[4] == [[key, 1]]
+    dlq = env.state.find_group("t.dlq", "default")
+    assert dlq is not None and dlq.pending == 1
+    [(_, dlq_mid, _, _)] = list(env.state.scan_schedule(dlq.group_id, 0, 0, 10))
+    record = env.state.get_record(dlq_mid)
+    assert record is not None and record.headers is not None
+    assert record.headers["futureq-reason"] == "expired"
+    assert record.headers["futureq-attempts"] == "1"
+
+
+async def test_an_expiry_with_nothing_delivered_stays_a_plain_expire() -> None:
+    """Nothing went out: the command is EXPIRE (kind 4), which every build applies."""
+    env = Env()
+    env.log.apply(commands.create_group("t", "g", 100, None, dead_letter_expired=True))
+    [mid] = env.publish("t", [b"idle"], ttl_ms=500)
+    async with running(env):
+        env.clock.advance(500)
+        await settle(env)
+    assert kinds(env) == [CommandKind.EXPIRE]
+    dlq = env.state.find_group("t.dlq", "default")
+    assert dlq is not None and dlq.pending == 1
+    [(_, dlq_mid, _, _)] = list(env.state.scan_schedule(dlq.group_id, 0, 0, 10))
+    record = env.state.get_record(dlq_mid)
+    assert record is not None and record.headers is not None
+    assert record.headers["futureq-attempts"] == "0"
+    assert env.state.get_message(mid) is None
+
+
 async def test_max_deliveries_exceeded_goes_to_dead_letter_topic() -> None:
     env = Env()
     gid = env.group("t", "g", visibility_ms=100, max_deliveries=2)
