@@ -187,11 +187,16 @@ async def test_messages_that_are_not_one_frame_are_refused(broker: BrokerProcess
         answer = await _receive(ws)
         assert isinstance(answer, frames.Error) and answer.code == ErrorCode.MALFORMED_FRAME
         await _closed(ws)
-    # A message larger than a frame can be is refused by the WebSocket layer (1009).
+    # A message larger than a frame can be is refused as TCP refuses such a frame:
+    # FRAME_TOO_LARGE with a sentence naming the limit, then close 1009.
     async with open_ws(broker.http_address) as ws:
         await _hello(ws)
         big = (4 * 1024 * 1024 + 1).to_bytes(4, "big") + bytes(4 * 1024 * 1024 + 1)
         await ws.send_message(big)
+        answer = await _receive(ws)
+        assert isinstance(answer, frames.Error), answer
+        assert answer.code == ErrorCode.FRAME_TOO_LARGE, answer
+        assert "limits.max_frame_bytes" in answer.message, answer.message
         assert await _closed(ws) == 1009
     # The server is still serving.
     async with open_ws(broker.http_address) as ws:

@@ -30,7 +30,8 @@ Checks at the WebSocket level, before any frame is read:
   arrive, never assembled, and the client gets an ERROR frame with ``FRAME_TOO_LARGE``
   (100), then close code 1009 (:class:`MessageBuffer`);
 * after HELLO, a message larger than a frame can be (``limits.max_frame_bytes`` + 4) is
-  refused by the WebSocket layer with close code 1009;
+  dropped as it arrives just the same; once it ends, the client gets an ERROR frame
+  with ``FRAME_TOO_LARGE``, then close code 1009;
 * WebSockets may hold at most :func:`max_websockets` of the HTTP port's connections (a
   quarter is kept for short requests: ``/healthz``, ``/metrics``, the API, the
   dashboard); an upgrade past it is answered ``503`` with a sentence (:data:`SLOTS`);
@@ -202,8 +203,10 @@ class MessageBuffer(WebsocketBuffer):
     :meth:`hello_answered`, the bytes of a longer message are dropped as they arrive
     (never assembled) and :attr:`overflowed` is set: :class:`WebSocketStream` then tells
     the client ``FRAME_TOO_LARGE`` and closes. Afterwards the cap is the one hypercorn was
-    configured with (``limits.max_frame_bytes`` + 4), and a longer message is hypercorn's
-    own refusal (close 1009).
+    configured with (``limits.max_frame_bytes`` + 4); a longer message is dropped as it
+    arrives too, and handed over empty once it ends, :attr:`overflowed` set, so the
+    stream answers ``FRAME_TOO_LARGE`` before it closes (hypercorn's own refusal was a
+    bare close 1009, no reason the client could read).
 
     Args:
         max_message_bytes: The cap after HELLO (bytes).
@@ -217,6 +220,10 @@ class MessageBuffer(WebsocketBuffer):
         """Set when a message before HELLO passed the cap (the connection is to close)."""
         self.overflow_bytes = 0
         """How much of that message had arrived when it passed the cap (bytes)."""
+        self.overflow_cap = 0
+        """The cap it passed (bytes): a HELLO's, or after HELLO a frame's."""
+        self.overflow_after_hello = False
+        """Whether it passed the cap after HELLO was answered (a frame's cap)."""
 
     def hello_answered(self) -> None:
         """Raise the cap to the one after HELLO."""
@@ -225,14 +232,13 @@ class MessageBuffer(WebsocketBuffer):
 
     def extend(self, event: Message[Any]) -> None:
         """Add a piece of the message (hypercorn calls it for each one)."""
-        if self._greeted:
-            super().extend(event)  # FrameTooLargeError past the cap: hypercorn closes 1009
-            return
         if self.overflowed.is_set():
             return  # the connection is closing; drop the rest
         arrived = self.length + len(event.data)
         if arrived > self.max_length:
             self.overflow_bytes = arrived
+            self.overflow_cap = self.max_length
+            self.overflow_after_hello = self._greeted
             self.clear()
             self.overflowed.set()
             return
@@ -346,8 +352,14 @@ class WebSocketStream(trio.abc.Stream):
                 await trio.lowlevel.checkpoint()
                 return b""
             message = await self._receive() if self._greeted else await self._receive_first()
-            if message is None:
-                await self._refuse_before_hello(self._buffer_overflow_bytes())
+            if message is None or (self._buffer is not None and self._buffer.overflowed.is_set()):
+                # Too long: for the cap it passed, a HELLO's (before HELLO_OK left) or a
+                # frame's (after, also when HELLO_OK left while this waited).
+                assert self._buffer is not None
+                if self._buffer.overflow_after_hello:
+                    await self._refuse_too_large(self._buffer.overflow_bytes)
+                else:
+                    await self._refuse_before_hello(self._buffer.overflow_bytes)
                 continue
             kind = message["type"]
             if kind == "websocket.disconnect":
@@ -401,9 +413,6 @@ class WebSocketStream(trio.abc.Stream):
             return None
         return received[0]
 
-    def _buffer_overflow_bytes(self) -> int:
-        return 0 if self._buffer is None else self._buffer.overflow_bytes
-
     async def _refuse_before_hello(self, arrived_bytes: int) -> None:
         """Refuse a message longer than a HELLO before HELLO is answered (as TCP does its
         first frame: ``FRAME_TOO_LARGE``), and close with 1009."""
@@ -412,6 +421,20 @@ class WebSocketStream(trio.abc.Stream):
             f"a WebSocket message of more than {MAX_HELLO_MESSAGE_BYTES} bytes "
             f"({arrived_bytes} had arrived) before HELLO: the first message must hold one "
             f"HELLO frame of at most {session.MAX_HELLO_BYTES} bytes",
+            ErrorCode.FRAME_TOO_LARGE,
+        )
+
+    async def _refuse_too_large(self, arrived_bytes: int) -> None:
+        """Refuse a message longer than a frame can be after HELLO (as TCP refuses such a
+        frame: ``FRAME_TOO_LARGE``), and close with 1009."""
+        assert self._buffer is not None
+        cap = self._buffer.overflow_cap
+        max_frame_bytes = cap - codec.HEADER_BYTES
+        await self._refuse(
+            CLOSE_MESSAGE_TOO_BIG,
+            f"a WebSocket message of more than {cap} bytes "
+            f"({arrived_bytes} had arrived): a message holds one frame, its 4-byte length "
+            f"then a body of at most {max_frame_bytes} bytes (limits.max_frame_bytes)",
             ErrorCode.FRAME_TOO_LARGE,
         )
 
