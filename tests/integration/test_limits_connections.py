@@ -343,10 +343,33 @@ def test_pipelined_subscribes_cannot_pass_the_subscription_limits_together(
     assert metric(broker, "futureq_subscriptions") == 12
 
 
-def test_requests_in_progress_are_bounded_in_bytes_per_connection(tmp_path: Path) -> None:
+def _pipeline_big_publishes(address: str, count: int) -> WireClient:
+    """A client that sends ``count`` PUBLISHes of 700 KiB at once (from a thread: the
+    node stops reading them)."""
+    client = WireClient(address)
+    requests = b"".join(
+        codec.encode_frame(
+            frames.Publish(
+                client.next_id(),
+                frames.AckLevel.QUORUM,
+                [["big", b"b" * (700 * KIB), 0, None, None]],
+            ),
+            2 * MIB,
+        )
+        for _ in range(count)
+    )
+    threading.Thread(target=client.send_raw, args=(requests,), daemon=True).start()
+    return client
+
+
+def test_requests_in_progress_are_bounded_in_bytes_per_connection_and_per_node(
+    tmp_path: Path,
+) -> None:
     """Only their number was bounded (256), so a client pipelining 4 MiB frames that
     could not be answered at once (no leader, a slow commit) made its node hold up to
-    1 GiB for it. A node without a leader holds each PUBLISH while it waits for one."""
+    1 GiB for it; then each connection was bounded, but not the node: 10,000
+    connections could hold 8 MiB each. A node without a leader holds each PUBLISH while
+    it waits for one."""
     cluster = Cluster(
         tmp_path,
         3,
@@ -354,6 +377,7 @@ def test_requests_in_progress_are_bounded_in_bytes_per_connection(tmp_path: Path
             "FUTUREQ_LIMITS_MAX_FRAME_BYTES": str(MIB),
             "FUTUREQ_LIMITS_MAX_PAYLOAD_BYTES": str(768 * KIB),
             "FUTUREQ_LIMITS_MAX_CONNECTION_BUFFER_BYTES": str(MIB),
+            "FUTUREQ_LIMITS_MAX_NODE_BUFFER_BYTES": str(2 * MIB),
         },
     )
     cluster.start()
@@ -365,27 +389,31 @@ def test_requests_in_progress_are_bounded_in_bytes_per_connection(tmp_path: Path
                 node.kill()
         # Once it has no leader to name, each PUBLISH waits for an election to end.
         wait_for(lambda: alone.http_json("/api/status").get("leader_id") is None)
-        client = WireClient(alone.client_address)
-        requests = b"".join(
-            codec.encode_frame(
-                frames.Publish(
-                    client.next_id(),
-                    frames.AckLevel.QUORUM,
-                    [["big", b"b" * (700 * KIB), 0, None, None]],
-                ),
-                2 * MIB,
-            )
-            for _ in range(8)
-        )
-        sender = threading.Thread(target=client.send_raw, args=(requests,), daemon=True)
-        sender.start()
-        held = []
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
-            held.append(metric(alone, "futureq_connection_buffer_bytes", 'direction="requests"'))
-            time.sleep(0.05)
+
+        def held_for(seconds: float) -> list[float]:
+            held = []
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                held.append(
+                    metric(alone, "futureq_connection_buffer_bytes", 'direction="requests"')
+                )
+                time.sleep(0.05)
+            return held
+
+        client = _pipeline_big_publishes(alone.client_address, 8)
+        held = held_for(1.5)
         assert max(held) > 0, "no PUBLISH was held waiting for a leader"
         assert max(held) <= MIB, held  # one 700 KiB frame at a time, not all eight
         client.close()
+        wait_for(
+            lambda: metric(alone, "futureq_connection_buffer_bytes", 'direction="requests"') == 0
+        )
+        # Five connections, each within its own bound, together past the node's.
+        clients = [_pipeline_big_publishes(alone.client_address, 2) for _ in range(5)]
+        held = held_for(2.0)
+        assert max(held) > MIB, held  # several connections' requests at once
+        assert max(held) <= 2 * MIB, held  # not all five 700 KiB frames (3.5 MB)
+        for client in clients:
+            client.close()
     finally:
         cluster.stop()

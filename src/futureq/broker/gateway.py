@@ -150,8 +150,11 @@ class NodeBuffers:
         self.outbound = 0
         self.inbound = 0
         self.requests = 0
-        """Bytes of the frames of requests read and being served, on every connection
-        (each connection bounds its own by ``limits.max_connection_buffer_bytes``)."""
+        """Bytes of the frames of requests read and being served, on every connection:
+        at most ``limit_bytes`` (:meth:`wait_request_room`), and each connection's own at
+        most ``limits.max_connection_buffer_bytes``."""
+        self._request_room = trio.Event()
+        self._request_waiting = False
         self._was_full = False
         self._refused: dict[Outbox, None] = {}
         """Outboxes refused room because the node was full, told when it is not."""
@@ -228,6 +231,31 @@ class NodeBuffers:
                 _, evict = self._incomplete.pop(victim)
                 self.evicted_count += 1
                 evict()
+
+    async def wait_request_room(self, size: int) -> None:
+        """Block until the requests in progress on every connection hold few enough
+        bytes to take one of ``size`` more (one is always taken when none is in
+        progress on the node, whatever its size).
+
+        The waiting frame is still counted in ``inbound`` (its connection counts what
+        it read only once it has served every whole frame read), so frames waiting here
+        stay within that budget, and their connections read nothing more meanwhile.
+        """
+        while self.requests and self.requests + size > self.limit_bytes:
+            self._request_waiting = True
+            await self._request_room.wait()
+
+    def request_started(self, size: int) -> None:
+        """A request of ``size`` bytes is being served (after :meth:`wait_request_room`)."""
+        self.requests += size
+
+    def request_ended(self, size: int) -> None:
+        """A request of ``size`` bytes was answered (or failed)."""
+        self.requests -= size
+        if self._request_waiting:
+            self._request_waiting = False
+            self._request_room.set()
+            self._request_room = trio.Event()
 
     def incomplete(self, key: int, frame_started: float, evict: Callable[[], None]) -> None:
         """Connection ``key`` waits for more of a frame begun at ``frame_started`` (trio
@@ -699,8 +727,11 @@ class Connection:
             size = before - session.buffered_bytes  # the frame's, header included
             if self._request_bytes and self._request_bytes + size > self._request_bytes_limit:
                 await self._wait_request_room(size)
+            node = self.node_buffers
+            if node.requests and node.requests + size > node.limit_bytes:
+                await node.wait_request_room(size)
             self._request_bytes += size
-            self.node_buffers.requests += size
+            node.request_started(size)
             nursery.start_soon(self._handle, event, size)
         self._count_inbound(session.buffered_bytes)
         await self._receive()
@@ -850,7 +881,7 @@ class Connection:
         finally:
             self._limit.release()
             self._request_bytes -= size
-            self.node_buffers.requests -= size
+            self.node_buffers.request_ended(size)
             if self._request_room is not None:
                 self._request_room.set()
                 self._request_room = None
