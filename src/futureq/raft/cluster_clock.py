@@ -310,6 +310,9 @@ class ClusterClock:
         """While the clocks stand stepped forward together: the latest time a majority
         of the voters' wall clocks read at least (the latest answers), as an offset from
         our monotonic clock: where the next agreement puts cluster time."""
+        self._own_stepped = False
+        """While the clocks stand stepped together: this node's own clock is one of the
+        clocks that stepped alike (:meth:`_clocks_stepped_together`)."""
         self._behind_since: int | None = None
         """Our monotonic clock at the tick that first saw this node's own wall clock more
         than half of the bound behind the agreement (clustered), or None while it is not."""
@@ -412,7 +415,9 @@ class ClusterClock:
             return self._last_now_us
         base = self._base_us
         if self._stepped_together > 0:
-            base = max(base, self._wall_offset_us, self._stepped_wall_us)
+            base = max(base, self._stepped_wall_us)
+            if self._own_stepped:
+                base = max(base, self._wall_offset_us)
         now = max(self._last_now_us, mono_us + base)
         self._last_now_us = now
         if self._stepped_together > 0:
@@ -441,10 +446,13 @@ class ClusterClock:
         the bound of the agreement's target, and its wall clock within half of
         ``max_offset_us`` of cluster time, unless the wall clocks of a majority of the
         voters (this one's counts when it is that far too) are all, for certain, that far
-        from cluster time in the same direction. Then the clocks stepped together (one
-        machine's clock under every node, a resumed host): that is no fault of this
-        node's clock (and if its clock did not step, the next agreement follows theirs,
-        not it, so it stands in the same state while it is in bound). It may lead
+        from cluster time in the same direction and agree with each other (within the
+        tolerance of a common point), this one's among them. Then the clocks stepped
+        together (one machine's clock under every node, a resumed host): that is no
+        fault of this node's clock (and if its clock did not step, the next agreement
+        follows theirs, not it, so it stands in the same state while it is in bound). A
+        clock far from theirs too (days fast while they stepped seconds) is excused by
+        nothing: it is a fault of its own. It may lead
         and stamp, with a cluster time that no stamp can make due early (:meth:`now_us`),
         but releases nothing (:meth:`release_refusal`) until a new agreement, which, once
         answers are fast enough to use, follows the stepped clocks. Deciding this needs
@@ -458,9 +466,8 @@ class ClusterClock:
         target = self._target_us()
         if abs(self._base_us - target) > self.config.track_us:
             return False
-        return (
-            abs(self._wall_offset_us - target) <= self._own_limit_us()
-            or self._stepped_together != 0
+        return abs(self._wall_offset_us - target) <= self._own_limit_us() or (
+            self._stepped_together != 0 and self._own_stepped
         )
 
     def _own_limit_us(self) -> int:
@@ -485,7 +492,7 @@ class ClusterClock:
         epoch = self._epoch
         if (
             not self.synchronized
-            or self._stepped_together != 0
+            or (self._stepped_together != 0 and self._own_stepped)
             or epoch is None
             or epoch.sources_true < majority(len(self._voters))
         ):
@@ -608,32 +615,37 @@ class ClusterClock:
 
     # --- internals ----------------------------------------------------------------------
 
-    def _clocks_stepped_together(self) -> tuple[int, int, int]:
-        """``(direction, wall, level)``: direction +1 (-1) when the wall clocks of a
+    def _clocks_stepped_together(self) -> tuple[int, int, int, bool]:
+        """``(direction, wall, level, own)``: direction +1 (-1) when the wall clocks of a
         majority of the voters are each for certain more than half of the bound ahead of
         (behind) cluster time, from their latest answers of the last ``window_max_us``
         (their uncertainty, half the round trip, taken off) and this node's own clock,
-        else 0 (only with a current agreement); wall, with a direction, the latest time
-        a majority of those clocks read at least (an offset from our monotonic clock: a
-        stamp below it could be due early by them, since this node's clock may have
-        stepped less than theirs), else 0; level, how many of those clocks (this node's
-        and the answers of the last ``window_max_us``) are for certain not that far
-        behind (0 without a current agreement).
+        and agree with each other as an agreement would need them to (each within the
+        tolerance, a quarter of the bound, of a common point: Marzullo's algorithm over
+        them alone), else 0 (only with a current agreement); wall, with a direction, the
+        latest time a majority of those agreeing clocks read at least (an offset from
+        our monotonic clock: a stamp below it could be due early by them, since this
+        node's clock may have stepped less than theirs), else 0; level, how many of the
+        clocks (this node's and the answers of the last ``window_max_us``) are for
+        certain not that far behind (0 without a current agreement); own, whether this
+        node's clock is one of the agreeing ones.
 
         This node's clock need not be among them: if a majority's clocks stepped and
         its own did not, the next agreement follows theirs, so it too must stamp on
         their clocks and release nothing until then (it would stamp due early by them,
-        or release early by them)."""
+        or release early by them). Clocks that are all far from cluster time the same
+        way but far from each other too (one three days fast, the leader's stepped two
+        seconds) are two faults, not one step: no agreement will follow them, and
+        taking them for one let the clock three days fast lead and stamp on itself."""
         if self._epoch is None or not self._anchored:
-            return 0, 0, 0
+            return 0, 0, 0, False
         target = self._target_us()
         half = self.config.max_offset_us // 2
         own = self._wall_offset_us - target
         voting = self.id in self._voters
-        ahead = int(voting and own > half)
-        behind = int(voting and own < -half)
         level = int(voting and own >= -half)
-        clocks = [self._wall_offset_us] if voting else []
+        # (offset from our monotonic clock, uncertainty, whether it is ours)
+        sources: list[tuple[int, int, bool]] = [(self._wall_offset_us, 0, True)] if voting else []
         for peer in sorted(self._voters - {self.id}):
             recent = self._latest.get(peer)
             if not recent:
@@ -641,19 +653,31 @@ class ClusterClock:
             latest = recent[-1]
             if self._mono_us - latest.at_us > self.config.window_max_us:
                 continue  # not heard from lately: it may have been fixed since
-            clocks.append(latest.offset_us)
-            offset = latest.offset_us - target
-            if offset - latest.delay_us > half:
-                ahead += 1
-            elif -offset - latest.delay_us > half:
-                behind += 1
-            if -offset + latest.delay_us <= half:
+            sources.append((latest.offset_us, latest.delay_us, False))
+            if -(latest.offset_us - target) + latest.delay_us <= half:
                 level += 1  # for certain not that far behind: a slow answer is no proof
         quorum = majority(len(self._voters))
-        direction = 1 if ahead >= quorum else -1 if behind >= quorum else 0
-        if direction == 0:
-            return 0, 0, level
-        return direction, sorted(clocks, reverse=True)[quorum - 1], level
+        tolerance = self.config.tolerance_max_us
+        for direction in (1, -1):
+            far = [
+                source for source in sources if direction * (source[0] - target) - source[1] > half
+            ]
+            if len(far) < quorum:
+                continue
+            bounds = [
+                (offset - delay - tolerance, offset + delay + tolerance) for offset, delay, _ in far
+            ]
+            agreed = smallest_interval(bounds)
+            if agreed.sources_true < quorum:
+                continue
+            together = [
+                source
+                for source, (lower, upper) in zip(far, bounds, strict=True)
+                if lower <= agreed.lower_us and agreed.upper_us <= upper
+            ]
+            wall = sorted((offset for offset, _, _ in together), reverse=True)[quorum - 1]
+            return direction, wall, level, any(ours for _, _, ours in together)
+        return 0, 0, level, False
 
     def _hold_for_own_step(self) -> bool:
         """Whether cluster time must hold because this node's own wall clock stepped back.
@@ -688,7 +712,7 @@ class ClusterClock:
         return answered < majority(len(self._voters))
 
     def _notice_stepped_together(self, notices: list[ClockNotice]) -> None:
-        stepped, wall, level = self._clocks_stepped_together()
+        stepped, wall, level, own_stepped = self._clocks_stepped_together()
         if self._stepped_together < 0 and stepped == 0 and level < majority(len(self._voters)):
             # A backward stand ends only once a majority of the clocks are seen, for
             # certain, not behind (a new agreement that followed them, or the clocks
@@ -699,6 +723,7 @@ class ClusterClock:
             # them (breaker runs: up to 11.5 s early, in real processes too).
             return
         self._stepped_wall_us = wall
+        self._own_stepped = own_stepped
         if stepped == self._stepped_together:
             return
         self._stepped_together = stepped

@@ -394,10 +394,12 @@ def test_a_leader_standing_stepped_forward_whose_own_clock_then_steps_back_stamp
 ) -> None:
     """The followers' clocks step +36 s while answers are slow: the leader stands stepped
     together and stamps on their clocks. Then its own clock steps back (1 s or 36 s).
-    It still stands stepped together, so it may go on stamping, and on their clocks:
-    holding its cluster time because its own clock is behind (the hold from this node's
+    Holding its cluster time because its own clock is behind (the hold from this node's
     own step) froze what it stamped, 0.45-1.35 s behind them by the answers' delay, and
-    expiries were released early by them (found by a breaker run)."""
+    expiries were released early by them (found by a breaker run). Its clock, behind
+    while theirs stand ahead, is now a fault of its own (not one of the clocks that
+    stepped alike): it leaves the bound, and a follower whose clock stepped with the
+    majority leads and stamps on them; nothing either stamped is released early."""
     cluster = slow_started(3)
     leader = cluster.dispatcher()
     assert leader is not None
@@ -414,9 +416,11 @@ def test_a_leader_standing_stepped_forward_whose_own_clock_then_steps_back_stamp
     stamped = 0
     for _ in range(60):
         cluster.step()
-        if leader.core.role is Role.LEADER and leader.keeper.clock.refusal() is None:
-            cluster.publish(leader, 2 * S, no_step_before_release=True)
-            stamped += 1
+        for machine in cluster.machines.values():
+            if machine.core.role is Role.LEADER and machine.keeper.clock.refusal() is None:
+                cluster.publish(machine, 2 * S, no_step_before_release=True)
+                stamped += 1
+    assert not leader.keeper.clock.in_bound
     assert stamped > 0
     cluster.clock_delay_ticks = 0
     cluster.run(40 * S)
@@ -475,3 +479,67 @@ def test_a_stepped_back_majority_stands_while_answers_are_too_slow_to_place_it(
     cluster.clock_delay_ticks = 0
     cluster.run(40 * S)
     assert all(probe.released_by is not None for probe in cluster.probes)
+
+
+DAYS_3_US = 3 * 24 * 3600 * S
+
+
+@pytest.mark.parametrize("leader_step_us", [2 * S, 3600 * S])
+def test_a_clock_days_off_and_the_leaders_step_are_no_common_step(leader_step_us: int) -> None:
+    """One follower's clock runs three days fast (out of bound, as documented); then the
+    leader's clock steps forward by seconds or an hour. Both are far ahead of cluster
+    time, so they were counted as a majority of the clocks stepped together, though they
+    are three days apart: the follower was in bound again, took leadership when asked,
+    and stamped every publish three days ahead on its own clock (breaker runs, 4 of 4).
+    Two clocks that disagree with each other are two faults, not one step: neither may
+    lead or stamp, and no node's cluster time moves towards the three days."""
+    cluster = Watched(3)
+    cluster.run(2 * S)
+    cluster.until_dispatcher(10 * S)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    fast = next(m for m in cluster.machines.values() if m is not leader)
+    step(cluster, [int(fast.id)], DAYS_3_US)
+    cluster.run(RECOVERY_US)
+    assert not fast.keeper.clock.in_bound
+    step(cluster, [int(leader.id)], leader_step_us)
+    for _ in range(int(RECOVERY_US // TICK_US)):
+        cluster.step()
+        current = [m for m in cluster.machines.values() if m.core.role is Role.LEADER]
+        if current and current[0] is leader and not leader.core.lead_transferee:
+            try:  # the operator's `cluster transfer-leader`: refused unless in bound
+                leader.core.transfer_leadership(fast.id)
+            except Exception:  # noqa: BLE001 - a refusal is fine here
+                pass
+        assert not fast.keeper.clock.in_bound, cluster.notices[-4:]
+        for machine in cluster.machines.values():
+            now = machine.keeper.clock.now_us(machine.mono(cluster.true_us))
+            assert now - cluster.majority_clock() < leader_step_us + BOUND_US, (
+                f"node {machine.id}'s cluster time ran {(now - cluster.majority_clock()) / S:.0f} s"
+                " ahead of the clocks of a majority"
+            )
+    assert fast.core.role is not Role.LEADER
+    assert not any("stepped together" in text for _, text in cluster.notices)
+
+
+def test_two_clocks_stepping_alike_are_a_step_though_a_third_is_days_off() -> None:
+    """Two of three clocks step +1 h alike (one machine's clock under two nodes) while
+    the third runs three days fast: the two are a majority stepped together, as before;
+    the third is not excused by their step (its clock is days from theirs), so it may
+    not lead, and its cluster time never follows its own clock."""
+    cluster = Watched(3)
+    cluster.run(2 * S)
+    cluster.until_dispatcher(10 * S)
+    leader = cluster.dispatcher()
+    assert leader is not None
+    fast, other = [m for m in cluster.machines.values() if m is not leader]
+    step(cluster, [int(fast.id)], DAYS_3_US)
+    cluster.run(RECOVERY_US)
+    step(cluster, [int(leader.id), int(other.id)], 3600 * S)
+    cluster.reference_shift_us += 3600 * S  # the clocks of the majority: the next agreement
+    cluster.run(RECOVERY_US)
+    assert any("stepped together" in text for _, text in cluster.notices)
+    assert not fast.keeper.clock.in_bound
+    now = fast.keeper.clock.now_us(fast.mono(cluster.true_us))
+    assert now - cluster.majority_clock() < BOUND_US
+    assert fast.core.role is not Role.LEADER
