@@ -86,6 +86,14 @@ BIND_RUN_ATTEMPTS = 200
 """Ports the OS chooses before giving up finding ``P + K * stride`` free for every K."""
 
 
+def fast_failures_after(fast_failures: int, lived_s: float) -> int:
+    """The count of fast failures in a row once a shard that ran ``lived_s`` seconds
+    failed: one more if it failed within :data:`FAST_FAILURE_S` of its start, else 0
+    (a shard that had run that long starts the count again; counting it as the first
+    stopped the node after four fast failures, not five)."""
+    return fast_failures + 1 if lived_s < FAST_FAILURE_S else 0
+
+
 class _Shard:
     def __init__(self, index: int) -> None:
         self.index = index
@@ -285,10 +293,9 @@ class Supervisor:
                     "above says why); stopping the node: a restart would be refused again",
                 )
                 return
-            if lived_s < FAST_FAILURE_S:
-                fast_failures += 1
-            else:
-                fast_failures, backoff_s = 1, FIRST_BACKOFF_S
+            fast_failures = fast_failures_after(fast_failures, lived_s)
+            if fast_failures == 0:
+                backoff_s = FIRST_BACKOFF_S
             if fast_failures >= MAX_FAST_FAILURES:
                 self._stop(
                     EXIT_SHARD_FAILED,
@@ -298,14 +305,14 @@ class Supervisor:
                 )
                 return
             log.warning(
-                "shard %d exited with code %s after %.1f s; restarting it in %.1f s "
-                "(failure %d of %d in a row)",
+                "shard %d exited with code %s after %.1f s; restarting it in %.1f s (%s)",
                 shard.index,
                 code,
                 lived_s,
                 backoff_s,
-                fast_failures,
-                MAX_FAST_FAILURES,
+                f"fast failure {fast_failures} of {MAX_FAST_FAILURES} in a row"
+                if fast_failures
+                else f"it had run {FAST_FAILURE_S:g} s or more: not counted as a fast failure",
             )
             await trio.sleep(backoff_s)
             backoff_s = min(MAX_BACKOFF_S, backoff_s * 2)
