@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import trio
+from broker_process import BrokerProcess
 from tests.jepsen_like.cluster import Cluster, http_get, open_cluster
 from tests.jepsen_like.faketime import SteppableClock, faketime_library, offset_env
 from wire_client import WireClient
@@ -436,7 +437,11 @@ async def test_a_paused_leader_pushes_no_recorded_redelivery_after_its_lease(
                 await trio.sleep(1.5)
                 stop.set()
         assert new, f"no other leader took over: {statuses}"
-        late = [(stamp - fault_ms, mid, a) for stamp, mid, a in pushed if stamp > fault_ms + LEASE_MS + 20]
+        late = [
+            (stamp - fault_ms, mid, a)
+            for stamp, mid, a in pushed
+            if stamp > fault_ms + LEASE_MS + 20
+        ]
         assert not late, (
             f"the paused leader pushed {len(late)} deliveries more than the lease "
             f"({LEASE_MS} ms) after the pause: (ms after, id, attempt) {late[:5]}"
@@ -494,6 +499,43 @@ def test_seconds_taken_for_milliseconds_are_refused_everywhere(broker: Any, tmp_
     assert check.returncode == 2, check
     assert "queue.visibility_timeout_ms = 30" in check.stderr
     assert "looks like seconds taken for milliseconds" in check.stderr
+
+
+async def test_a_single_node_restarted_to_adopt_a_corrected_clock_stamps_on_it(
+    tmp_path: Path,
+) -> None:
+    """A single node ran with its clock an hour fast and stamped a publish, then was
+    restarted with the clock corrected, as its step notice says to: every later publish
+    was stamped at the old high point, due an hour late, silently (breaker runs, 3 of
+    3). An earlier stamp further ahead than the bound is logged once and left behind;
+    the message stamped on the wrong clock stays due as stamped."""
+    broker = BrokerProcess(tmp_path / "data", env=offset_env(library(), 3600))
+    broker.start()
+    try:
+        async with open_client(broker.client_address) as client:
+            await client.publish("t.adopt", b"stamped fast")
+        broker.terminate()
+        broker.env = None
+        broker.start()
+        async with open_client(broker.client_address) as client:
+            before = now_ms()
+            message_id = await client.publish("t.adopt", b"after the fix", delay_ms=2000)
+            received: dict[str, Any] = {}
+            with trio.move_on_after(15):
+                async with client.subscribe("t.adopt", "g", prefetch=10) as subscription:
+                    async for delivery in subscription:
+                        received[delivery.payload.decode()] = (now_ms(), delivery)
+                        await delivery.ack()
+                        if delivery.id == message_id:
+                            break
+        assert "after the fix" in received, "not delivered within 15 s of a 2 s delay"
+        at_ms, delivery = received["after the fix"]
+        assert at_ms >= before + 2000 - BOUND_MS, "delivered early"
+        assert abs(delivery.due_ms - (before + 2000)) < 5000, delivery.due_ms - before
+        assert "stamped fast" not in received  # due an hour from its stamp
+        assert "made on a wrong clock" in broker.stderr_text()
+    finally:
+        broker.terminate()
 
 
 @pytest.mark.parametrize("step_s", [36, -36], ids=["forward", "back"])

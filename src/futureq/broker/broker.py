@@ -136,6 +136,11 @@ class Broker:
         """On shard 0 of a sharded node: the other shards, whose overviews WATCH merges."""
         self.stopping = False
         self._last_stamp_ms = state.last_publish_ms
+        self._stamp_slack_ms = config.cluster.max_clock_offset_ms
+        """How far an earlier stamp may stand ahead of cluster time and still be kept
+        as the floor of the next (ms): the bound of cluster time."""
+        self._floor_warned = 0
+        """The stamp floor last reported as too far ahead (once each)."""
         self._background_send, self._background_receive = trio.open_memory_channel[
             tuple[bytes, list[_GroupKey]]
         ](1024)
@@ -194,7 +199,16 @@ class Broker:
     # ------------------------------------------------------------ publish
 
     def _stamp(self) -> int:
-        """The publish time: cluster time, never below an earlier stamp (ms).
+        """The publish time: cluster time, never below an earlier stamp (ms), unless that
+        stamp is further ahead of cluster time than its bound (``max_clock_offset_ms``).
+
+        Nodes in bound are within the bound of each other, so a new leader's cluster
+        time can be behind its predecessor's stamps by that much, and is lifted to them.
+        A stamp further ahead was made on a wrong clock (a single node restarted to
+        adopt a corrected clock, as its step notice says; a node that stamped on its own
+        bad clock): kept as the floor, it delayed every later publish by the old error
+        for good. It is then logged once and left behind: nothing is released earlier
+        by it (a due time is the stamp plus the delay, released by cluster time).
 
         Raises:
             RequestError: CLOCK_NOT_SYNCHRONIZED when this node's clock is not in
@@ -203,7 +217,22 @@ class Broker:
         """
         if self._check_can_stamp is not None:
             self._check_can_stamp()
-        now_ms = max(self.clock.wall_ms(), self._last_stamp_ms, self.state.last_publish_ms)
+        now_ms = self.clock.wall_ms()
+        floor = max(self._last_stamp_ms, self.state.last_publish_ms)
+        if floor > now_ms:
+            if floor - now_ms <= self._stamp_slack_ms:
+                now_ms = floor
+            elif floor != self._floor_warned:
+                self._floor_warned = floor
+                log.warning(
+                    "an earlier publish stamp (%d) is %.3f s ahead of cluster time, more "
+                    "than cluster.max_clock_offset_ms=%d: it was made on a wrong clock; "
+                    "new publishes are stamped on cluster time (messages stamped then "
+                    "stay due as stamped)",
+                    floor,
+                    (floor - now_ms) / 1000,
+                    self._stamp_slack_ms,
+                )
         self._last_stamp_ms = now_ms
         return now_ms
 
