@@ -538,6 +538,27 @@ async def test_a_single_node_restarted_to_adopt_a_corrected_clock_stamps_on_it(
         broker.terminate()
 
 
+def test_browse_within_counts_from_the_leaders_time_not_the_clients(broker: Any) -> None:
+    """``browse --within 10m`` from a client whose clock is an hour slow listed nothing
+    due in the next ten minutes by the broker's time (it added ten minutes to its own
+    clock); ``--counts`` from the same client counted it."""
+    env = {**os.environ, **offset_env(library(), -3600)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "futureq.cli.client_main", "--server", broker.client_address,
+             *args],
+            capture_output=True, text=True, timeout=60, check=False, env=env,
+        )  # fmt: skip
+
+    published = cli("publish", "t.within", "five", "--delay", "5m")
+    assert published.returncode == 0, published.stderr
+    shown = cli("browse", "t.within", "--within", "10m")
+    assert shown.returncode == 0, shown.stderr
+    assert "1 pending shown" in shown.stdout, shown.stdout
+    assert "0 pending shown" in cli("browse", "t.within", "--within", "1m").stdout
+
+
 @pytest.mark.parametrize("step_s", [36, -36], ids=["forward", "back"])
 async def test_every_clock_stepping_while_answers_are_slow_keeps_a_leader(
     tmp_path: Path, step_s: int

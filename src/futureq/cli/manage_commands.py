@@ -405,13 +405,24 @@ def pending_line(message: PendingMessage, dead_letters: bool) -> str:
     return text
 
 
+async def _leader_now_ms(client: Client) -> int:
+    """The leader's cluster time (ms since the Unix epoch), which due times are on (as
+    ``--counts`` buckets count from it); this machine's clock only if the node reports
+    none. This machine's clock may be far off theirs: ``--within`` on it listed nothing
+    due in the next ten minutes from a client an hour slow."""
+    clock = (await client.status()).get("clock")
+    if isinstance(clock, dict) and type(clock.get("cluster_time_ms")) is int:
+        return int(clock["cluster_time_ms"])
+    return int(time.time() * 1000)
+
+
 async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> int:
     """``futureq-cli browse TOPIC``: pending messages in due order, none claimed."""
     if args.counts:
         return await _run_browse_counts(client, args, io)
     to_ms = args.to_ms
     if args.within is not None:
-        to_ms = int(time.time() * 1000) + args.within
+        to_ms = await _leader_now_ms(client) + args.within
     found = await _pages(client, args.topic, args.group, args, args.from_ms, to_ms)
     for group, message in found:
         if args.json:
