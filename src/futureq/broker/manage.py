@@ -227,7 +227,9 @@ async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
         raise RequestError(
             ErrorCode.INVALID_ARGUMENT,
             f"BROWSE wants 0 <= from_due_ms <= to_due_ms < 2**63-1 (ms since the Unix "
-            f"epoch), got from {frame.from_due_ms} to {frame.to_due_ms}",
+            f"epoch; either may be left out), got from "
+            f"{'(none)' if frame.from_due_ms is None else frame.from_due_ms} to "
+            f"{'(none)' if frame.to_due_ms is None else frame.to_due_ms}",
         )
     await broker.log.read_barrier()
     broker.require_leader()

@@ -172,7 +172,8 @@ _RFC3339 = re.compile(
 
 
 def parse_at_ms(text: str) -> int:
-    """``--at``: an RFC 3339 time, or integer **milliseconds** since the Unix epoch.
+    """``--at`` (and ``--from``, ``--to``): an RFC 3339 time, or integer **milliseconds**
+    since the Unix epoch.
 
     RFC 3339 / ISO 8601: ``2026-05-01T12:00:00Z``, ``2026-05-01T12:00:00.250+02:00``,
     ``2026-05-01 12:00:00z``; fractions of a second to the millisecond (more digits
@@ -186,7 +187,8 @@ def parse_at_ms(text: str) -> int:
     stripped = text.strip()
     if stripped.isdigit():
         value = int(stripped)
-        mistake = implausible_epoch_ms("--at", value)
+        # Not named "--at": --from and --to take times too (argparse names the flag).
+        mistake = implausible_epoch_ms("the time", value)
         if mistake is not None:
             raise argparse.ArgumentTypeError(mistake + ", or give an RFC 3339 time")
         return value
@@ -207,7 +209,7 @@ def parse_at_ms(text: str) -> int:
             "nor milliseconds since the Unix epoch"
         )
     value = (moment - _EPOCH) // datetime.timedelta(milliseconds=1)
-    mistake = implausible_epoch_ms("--at", value)
+    mistake = implausible_epoch_ms("the time", value)
     if mistake is not None:
         raise argparse.ArgumentTypeError(f"{text!r} is before 2000-01-01; give a time to come")
     return value

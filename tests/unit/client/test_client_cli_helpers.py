@@ -148,8 +148,11 @@ def test_parse_at_ms_accepts_rfc3339(text: str, expected: int) -> None:
     ],
 )
 def test_parse_at_ms_refuses_unit_mistakes(text: str, says: str) -> None:
-    with pytest.raises(argparse.ArgumentTypeError, match=says):
+    with pytest.raises(argparse.ArgumentTypeError, match=says) as refused:
         parse_at_ms(text)
+    # --from and --to parse times too: the sentence must not name --at (argparse puts
+    # "argument --to: " before it).
+    assert "--at" not in str(refused.value)
 
 
 def test_format_ms() -> None:
