@@ -516,7 +516,17 @@ class ClusterClock:
             )
         own = self._wall_offset_us - self._base_us
         bound_ms = self.config.max_offset_us // US_PER_MS
-        offset = abs(self._wall_offset_us - self._target_us())
+        target = self._target_us()
+        offset = abs(self._wall_offset_us - target)
+        if abs(self._base_us - target) > self.config.track_us and offset <= self._own_limit_us():
+            # Not the wall clock: this node's cluster time drifted from the agreement
+            # (a leader only slews, and a narrow agreement can move faster than that).
+            return (
+                f"node {self.id}'s cluster time is {describe_offset(self._base_us - target)} the "
+                f"agreement of the clocks, more than an eighth of max_clock_offset_ms={bound_ms} "
+                "(its wall clock is within the bound): a leader hands over and then follows "
+                "the agreement at once"
+            )
         if self._own_out and self._own_limit_us() < offset <= self.config.max_offset_us // 2:
             numerator, denominator = RETURN_FRACTION
             return (
