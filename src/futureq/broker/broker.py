@@ -413,10 +413,14 @@ class Broker:
         held = len(self.state.groups)
         coming = self._groups_coming()
         in_flight = f" and requests in flight are creating {coming} more" if coming else ""
+        # On a sharded node the limit applies to each shard (docs/sharding.md).
+        holder = "the cluster" if self.shard is None else f"shard {self.shard.index}"
+        per = "" if self.shard is None else " per shard"
         return RequestError(
             ErrorCode.TOO_MANY_GROUPS,
-            f"{what}: the cluster holds {held} groups{in_flight}, and the limit is "
-            f"limits.max_groups = {self.config.limits.max_groups}; delete unused groups first",
+            f"{what}: {holder} holds {held} groups{in_flight}, and the limit is "
+            f"limits.max_groups = {self.config.limits.max_groups}{per}; delete unused groups "
+            "first",
             position,
         )
 
