@@ -157,6 +157,46 @@ def test_a_node_restored_from_an_older_copy_loses_nothing(tmp_path: Path) -> Non
         cluster.stop()
 
 
+def test_a_directory_of_another_cluster_with_the_same_id_is_refused(tmp_path: Path) -> None:
+    """Two clusters with the default cluster id and the same secret: node N of the second
+    is restarted on node N's directory of the first, whose log has higher terms. It only
+    warned "it was wiped or replaced", finished recovery, won an election, and every node
+    of the second cluster then held the first one's data: its acknowledged messages were
+    gone (breaker runs, 2 of 2). It now stops (exit 2) before it takes part, saying why,
+    and the cluster loses nothing."""
+    cluster = Cluster(tmp_path, 3, env=ENV)
+    theirs = tmp_path / "first-cluster"
+    try:
+        cluster.start()
+        publish(cluster.leader(), "theirs", 20)
+        for _ in range(2):  # raise the first cluster's terms above the second one's
+            leader = cluster.leader()
+            leader.terminate()
+            cluster.leader(timeout_s=30, exclude={leader.node_id})
+            leader.start()
+        cluster.stop()
+        for node in cluster.nodes.values():
+            shutil.move(node.data_dir, theirs / node.data_dir.name)
+        cluster.start()  # a second cluster: fresh directories, same ids, ports and secret
+        leader = cluster.leader(timeout_s=30)
+        acked = publish(leader, "ours", 30)
+        victim = next(n for n in cluster.nodes.values() if n is not leader)
+        time.sleep(1.0)  # the leader records every member's incarnation (200 ms)
+        victim.terminate()
+        shutil.rmtree(victim.data_dir)
+        shutil.copytree(theirs / victim.data_dir.name, victim.data_dir)
+        victim.start()
+        assert victim.process is not None
+        assert victim.process.wait(30) == 2, victim.stderr_text()[-3000:]
+        log = victim.stderr_text()
+        assert "data directory is refused" in log, log[-3000:]
+        assert "another cluster's data directory" in log, log[-3000:]
+        leader = cluster.leader(timeout_s=30)
+        assert consume_all(leader, "ours", "g", acked, timeout_s=60) >= acked
+    finally:
+        cluster.stop()
+
+
 def _start_process(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "futureq.cli.server_main", "start", "--shards", "1", *args],

@@ -395,10 +395,20 @@ async def export_raft_metrics(node: RaftNode, transport: Transport, metrics: Met
 
 async def stop_when_removed(node: RaftNode, node_id: int, shutdown: trio.Event) -> None:
     """Shut this node down once it has applied its own removal from the membership, or
-    a member told it that it was removed (it missed the removal while away)."""
+    a member told it that it was removed (it missed the removal while away).
+
+    Raises:
+        ConfigError: the cluster knows this node's data directory under another
+            incarnation and this one holds a log (another cluster's directory with the
+            same cluster id, or one replaced since): the node stops (exit 2) before it
+            takes part (``docs/raft.md``, "Disk faults").
+    """
     was_member = False
     epoch = node.role_epoch
     while True:
+        foreign = node.foreign_directory()
+        if foreign is not None:
+            raise ConfigError(f"node {node_id}'s data directory is refused: {foreign}")
         removed_at = node.removed_at()
         if removed_at is not None:
             log.warning(
@@ -463,6 +473,8 @@ def was_removed(node: RaftNode, node_id: int) -> bool:
     membership is non-empty and does not list ``node_id``."""
     voters, learners = node.membership()
     return bool(voters or learners) and node_id not in voters and node_id not in learners
+
+
 async def _check_peer_credentials(
     config: Config, transport: Transport, view: dict[str, object]
 ) -> None:
@@ -561,8 +573,7 @@ async def join_cluster(
                     )
                 listed = node_id in view.get("voters", []) or node_id in view.get("learners", [])
                 ours = any(
-                    member.get("node_id") == node_id
-                    and member.get("raft_address") == raft_address
+                    member.get("node_id") == node_id and member.get("raft_address") == raft_address
                     for member in view.get("nodes", [])
                 )
                 if listed and (asked or ours):

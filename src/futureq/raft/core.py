@@ -247,6 +247,8 @@ class RecoveryStatus:
             of the voters less this node). Until this node's own log reaches it, it votes
             only for candidates at least that far and does not campaign.
         removed_at: A member said this node was removed at this index (None: no).
+        foreign: Why this node's data directory holds another cluster's log (a term no
+            voter reached; it then never ends recovery and must stop), or None.
     """
 
     recovering: bool
@@ -254,6 +256,7 @@ class RecoveryStatus:
     findings: tuple[str, ...]
     vote_floor: Position | None
     removed_at: LogIndex | None
+    foreign: str | None = None
 
 
 class _Campaign(enum.Enum):
@@ -393,7 +396,12 @@ class RaftCore:
             tuple(recovery.missing(self._recovery_required() or ())) if self.recovering else ()
         )
         return RecoveryStatus(
-            self.recovering, waiting, tuple(recovery.findings), recovery.vote_floor, self.removed_at
+            self.recovering,
+            waiting,
+            tuple(recovery.findings),
+            recovery.vote_floor,
+            self.removed_at,
+            recovery.foreign,
         )
 
     # --- inputs ------------------------------------------------------------------------
@@ -1670,12 +1678,20 @@ class RaftCore:
         )
 
     def _maybe_finish_recovery(self) -> None:
+        if self._recovery.foreign is not None and self.recovering:
+            return  # another cluster's log: never take part (docs/raft.md, "Disk faults")
         result = self._recovery.complete(
             self._recovery_configs(), new_cluster=self.config.new_cluster
         )
         if result is None:
             return
         own = (self.log.last_term(), self.log.last_index())
+        if (
+            self.recovering
+            and self._recovery_required()
+            and self._recovery.note_foreign(own, result.highest_term)
+        ):
+            return
         self._recovery.set_floor(result.floor, own)
         self._recovery_elapsed = 0
         if not self.recovering:

@@ -1335,7 +1335,9 @@ class RaftNode:
                 f"{floor[0]} index {floor[1]} until its own log gets there",
             )
         self._was_recovering = status.recovering
-        if status.removed_at is not None and not self._removal_logged:
+        if (
+            status.removed_at is not None or status.foreign is not None
+        ) and not self._removal_logged:
             self._removal_logged = True
             self._role_epoch += 1  # wake whoever waits on the role to notice the removal
             self._role_event.set()
@@ -1349,6 +1351,12 @@ class RaftNode:
         """The log index at which a member said this node was removed, or None."""
         core = self._core
         return None if core is None or core.removed_at is None else int(core.removed_at)
+
+    def foreign_directory(self) -> str | None:
+        """Why this node's data directory is not the one the cluster knows while it holds
+        a log (``RecoveryStatus.foreign``): the node must stop; None otherwise."""
+        core = self._core
+        return None if core is None else core.recovery_status().foreign
 
     def _maybe_start_compaction(self, compact_send: trio.MemorySendChannel[Any]) -> None:
         if self._compacting or self._compaction_done is not None:

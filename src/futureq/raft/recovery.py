@@ -97,6 +97,37 @@ class Recovery:
         self.answers: dict[NodeId, RecoveryResponse] = {}
         self.findings: list[str] = []
         self.vote_floor: Position | None = None
+        self.foreign: str | None = None
+        """Set by :meth:`note_foreign` when this directory's log holds a term no voter
+        of the cluster has reached: it cannot be this cluster's log (another cluster's
+        directory with the same cluster id and node id), and it would outrank every log
+        here. The node never ends recovery, and the broker stops it (exit 2)."""
+
+    def note_foreign(self, own: Position, highest_term: Term) -> bool:
+        """After a complete round: whether this is another cluster's data directory: the
+        cluster knows this node under another incarnation (a finding), and this
+        directory's log (last position ``own``) holds a term above ``highest_term``, the
+        highest term any voter answered with.
+
+        Every term in a log of this cluster was reached by the majority that elected its
+        leader, and every voter answered, so no log of it holds a term above them all,
+        short of more than one disk forgetting at once (the simulation's rollbacks and
+        wipes together: a node holding the only copy of its entries answered by two that
+        forgot their terms, hence the incarnation too). Such a log is another
+        cluster's: taking part, it won an election and overwrote every node (breaker
+        runs). A directory of another cluster whose terms are not that high is not caught
+        here (``docs/raft.md``, "Disk faults")."""
+        replaced = next((f for f in self.findings if "wiped or replaced" in f), None)
+        if own[0] <= highest_term or replaced is None:
+            return False
+        self.foreign = (
+            f"{replaced}; and its log holds term {own[0]} (index {own[1]}), while no voter of "
+            f"this cluster has reached a term above {highest_term}: it is another cluster's "
+            "data directory (same cluster id and node id). Taking part would let its log "
+            "overwrite the cluster's; start this node with an empty data directory to rejoin "
+            "and catch up, and give each cluster its own cluster id"
+        )
+        return True
 
     def begin_round(self) -> int:
         """Start a new round of requests; answers to earlier rounds are ignored.

@@ -191,6 +191,42 @@ def test_findings_name_a_replaced_directory_and_an_older_copy() -> None:
     assert intact.core.recovery_status().findings == ()
 
 
+def test_another_directory_that_holds_a_log_never_takes_part() -> None:
+    """Node 3's directory replaced by node 3's of another cluster with the same cluster
+    id: its log (term 17) outranked the cluster's (term 3), it finished recovery, won an
+    election and overwrote every node's log (breaker runs, 2 of 2). The cluster's registry
+    knows node 3 under another incarnation, and its log holds a term no voter reached,
+    which no log of this cluster can: it stays recovering (no vote, no campaign) and says
+    why, for the broker to stop it. A wiped directory (no log), and one that caught up
+    from this cluster before it restarted (its new incarnation not yet recorded: the
+    simulation's seed 379), recover as before."""
+    foreign = recovering_node(terms=(17,) * 12, term=17, incarnation=5)
+    for peer in (2, 3):
+        answer(foreign, peer, term=3, log_term=3, log_index=30, incarnation=4)
+    status = foreign.core.recovery_status()
+    assert status.recovering
+    assert status.foreign is not None and "log holds term 17 (index 12)" in status.foreign
+    assert "no voter of this cluster has reached a term above 3" in status.foreign
+    assert "it was wiped or replaced" in status.foreign
+    assert "start this node with an empty data directory" in status.foreign
+    for _ in range(50):
+        foreign.core.tick()
+    assert not sent(foreign, RequestVote)
+    foreign.core.step(vote_request(1, 2, term=18, last_term=3, last_index=30))
+    assert not [m for m in sent(foreign, RequestVoteResponse) if m.granted]
+
+    wiped = recovering_node(incarnation=5)
+    for peer in (2, 3):
+        answer(wiped, peer, term=3, log_term=3, log_index=30, incarnation=4)
+    assert wiped.core.recovery_status().foreign is None
+    assert not wiped.core.recovering
+    caught_up = recovering_node(terms=(2, 3, 3), term=3, incarnation=5)
+    for peer in (2, 3):
+        answer(caught_up, peer, term=3, log_term=3, log_index=30, incarnation=4)
+    assert caught_up.core.recovery_status().foreign is None
+    assert not caught_up.core.recovering
+
+
 def test_the_reproduction_of_issue_7_cannot_elect_a_leader_without_the_quorums_entries() -> None:
     """L and F acknowledge entries while B is down; F is wiped; L is down; B and the
     blank F must not elect B (it lacks the entries) — they wait for L."""
@@ -217,9 +253,7 @@ def test_recovering_followers_do_not_count_towards_commit_or_check_quorum() -> N
     leader = net.core(1)
     # Node 3 goes away; node 2 restarts and is recovering (its answer from 3 is missing).
     net.isolate(3)
-    restarted = make_node(
-        2, VOTERS, storage=net.nodes[NodeId(2)].storage, recovery=True, boot_id=8
-    )
+    restarted = make_node(2, VOTERS, storage=net.nodes[NodeId(2)].storage, recovery=True, boot_id=8)
     net.add(restarted)
     net.tick_all(2)
     assert restarted.core.recovering
@@ -311,9 +345,7 @@ def test_a_blank_node_under_a_removed_id_is_not_told_it_may_be_added_back() -> N
 
 def test_the_leader_records_incarnations_and_acknowledgements_in_the_log() -> None:
     voters = range(1, 4)
-    net = Network(
-        make_node(i, voters, incarnation=100 + i, member_record_ticks=3) for i in voters
-    )
+    net = Network(make_node(i, voters, incarnation=100 + i, member_record_ticks=3) for i in voters)
     net.elect(1)
     net.tick_all(1)
     leader = net.core(1)
