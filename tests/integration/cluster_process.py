@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import socket
 import time
@@ -48,8 +49,23 @@ def free_runs(runs: int, length: int) -> list[int]:
     """First ports of ``runs`` runs of ``length`` consecutive ports free a moment ago,
     below the ephemeral range (a port free when checked could otherwise become the local
     port of any outgoing connection before the node binds it: seen in CI) and none in
-    the coordinator's 7450-7482."""
+    the coordinator's 7450-7482). ``$FUTUREQ_TEST_PORTS`` (``FIRST-LAST``) confines
+    them to that range instead, for a machine whose ports are shared out."""
     found: list[int] = []
+    confined = os.environ.get("FUTUREQ_TEST_PORTS")
+    if confined:
+        # Packed from the first port up (a small range fits no random layout).
+        first, last = (int(port) for port in confined.split("-"))
+        base = first
+        while len(found) < runs:
+            if base + length - 1 > last:
+                raise RuntimeError(f"no {runs} free runs of {length} ports in {confined}")
+            if all(port_free(p) for p in range(base, base + length)):
+                found.append(base)
+                base += length
+            else:
+                base += 1
+        return found
     rng = random.Random()
     high = max(_ephemeral_low(), 12000) - length
     while len(found) < runs:
