@@ -771,19 +771,28 @@ async def publish_items(
             continue
         while batch:
             duplicates: list[int] = []
+            # What was stored even though the call raised: on a sharded node the other
+            # shards' parts of a batch one shard refused. Counted here and never resent.
+            stored: dict[int, int] = {}
             try:
-                await client.publish_batch([entry.item for entry in batch], duplicates=duplicates)
+                await client.publish_batch(
+                    [entry.item for entry in batch], duplicates=duplicates, stored=stored
+                )
             except RequestError as exc:
                 index = exc.item_index
-                if index is not None and 0 <= index < len(batch):
-                    bad = batch.pop(index)
+                named = index is not None and 0 <= index < len(batch) and index not in stored
+                bad_entry = batch[index] if named and index is not None else None
+                batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
+                if bad_entry is not None:
+                    batch = [entry for entry in batch if entry is not bad_entry]
                     summary.failures.append(
-                        LineFailure(bad.line_number, f"[{exc.code.name}] {exc.message}")
+                        LineFailure(bad_entry.line_number, f"[{exc.code.name}] {exc.message}")
                     )
                     on_progress(1)
                     continue
                 reason = f"[{exc.code.name}] {exc.message}"
             except (ConnectionLostError, ProtocolError) as exc:
+                batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
                 reason = error_line(exc, ",".join(client.servers)).removeprefix("error: ")
             else:
                 summary.published += len(batch) - len(duplicates)
@@ -795,6 +804,25 @@ async def publish_items(
             break
     summary.failures.sort(key=lambda failure: failure.line_number)
     return summary
+
+
+def _drop_stored(
+    batch: list[JsonlItem],
+    stored: dict[int, int],
+    duplicates: list[int],
+    summary: PublishSummary,
+    on_progress: Callable[[int], None],
+) -> list[JsonlItem]:
+    """Count the lines of ``batch`` a failed call stored anyway (``stored``: positions
+    in ``batch``; ``duplicates``: those of them that were already published) and return
+    the lines still to send, in order."""
+    if not stored:
+        return batch
+    repeated = set(duplicates)
+    summary.duplicates += sum(1 for position in stored if position in repeated)
+    summary.published += sum(1 for position in stored if position not in repeated)
+    on_progress(len(stored))
+    return [entry for position, entry in enumerate(batch) if position not in stored]
 
 
 async def _publish_file(client: Client, args: argparse.Namespace, io: Output) -> int:

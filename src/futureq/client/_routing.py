@@ -22,7 +22,7 @@ from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
 from futureq.client.client import Client, _expect
 from futureq.client.subscription import Subscription
-from futureq.errors import ConnectionLostError, ErrorCode, FutureQError, RequestError
+from futureq.errors import ErrorCode, FutureQError, RequestError
 from futureq.shards.layout import shift_address
 from futureq.shards.slots import SlotMap
 from futureq.wire import frames
@@ -243,54 +243,77 @@ class ShardedClient(Client):
         )
 
     async def publish_batch(
-        self, items: Sequence[PublishItem], *, duplicates: list[int] | None = None
+        self,
+        items: Sequence[PublishItem],
+        *,
+        duplicates: list[int] | None = None,
+        stored: dict[int, int] | None = None,
     ) -> list[int]:
         """As :meth:`Client.publish_batch`, split by shard (see the class doc);
         ``duplicates`` gets positions in ``items``, in order.
 
+        Args:
+            items: The messages, in order.
+            duplicates: As :meth:`Client.publish_batch`; also filled for the parts
+                stored when another part fails.
+            stored: If given, gets ``{position in items: message id}`` for every item
+                a shard stored, **also when this raises**: a caller that resends after
+                an error sends only the items missing from it, so what one shard
+                stored is never sent twice (``docs/cli.md``, ``publish --file``).
+
         Raises:
             RequestError: a shard refused its part; ``item_index``, when the server
                 named an item, is its index **in ``items``**. Parts on other shards
-                may have been stored.
+                may have been stored (see ``stored``).
             ConnectionLostError: a part's outcome is unknown (its shard could not be
                 reached, or the connection dropped before the answer).
         """
-        for attempt in range(MAX_REDIRECTS + 1):
-            found: list[int] = []
-            ids, errors = await self._publish_parts(items, found)
-            if not errors:
-                if duplicates is not None:
-                    duplicates.extend(sorted(found))
-                return ids
-            if attempt == MAX_REDIRECTS or not all(_is_wrong_shard(e) for e in errors):
-                raise next((e for e in errors if not _is_wrong_shard(e)), errors[0])
-            await self.refresh_slot_map()  # parts stored already are resent: at least once
+        ids: list[int] = [0] * len(items)
+        done: dict[int, int] = {} if stored is None else stored
+        found: list[int] = []
+        try:
+            for attempt in range(MAX_REDIRECTS + 1):
+                errors = await self._publish_parts(items, ids, done, found)
+                if not errors:
+                    return ids
+                if attempt == MAX_REDIRECTS or not all(_is_wrong_shard(e) for e in errors):
+                    raise next((e for e in errors if not _is_wrong_shard(e)), errors[0])
+                # Only the parts refused with WRONG_SHARD are sent again (to the new map's
+                # shard); the parts stored already are not.
+                await self.refresh_slot_map()
+        finally:
+            if duplicates is not None:
+                duplicates.extend(sorted(found))
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _publish_parts(
-        self, items: Sequence[PublishItem], duplicates: list[int]
-    ) -> tuple[list[int], list[FutureQError]]:
+        self,
+        items: Sequence[PublishItem],
+        ids: list[int],
+        stored: dict[int, int],
+        duplicates: list[int],
+    ) -> list[FutureQError]:
+        """Publish the items not in ``stored`` yet, one part per shard at once; each
+        part stored fills ``ids`` and ``stored`` (and ``duplicates``). Returns the
+        errors of the parts that failed."""
         positions: dict[int, list[int]] = {}
         shard_of: dict[str, int] = {}  # one hash per topic of the batch, not per item
         for position, item in enumerate(items):
+            if position in stored:
+                continue
             shard = shard_of.get(item.topic)
             if shard is None:
                 shard = shard_of[item.topic] = self.slot_map.shard_of(item.topic)
             positions.setdefault(shard, []).append(position)
-        ids: list[int] = [0] * len(items)
         errors: list[FutureQError] = []
 
         async def part(shard: int, where: list[int]) -> None:
             repeated: list[int] = []
+            part_stored: dict[int, int] = {}
             try:
-                got = await self.shard_clients[shard].publish_batch(
-                    [items[i] for i in where], duplicates=repeated
+                await self.shard_clients[shard].publish_batch(
+                    [items[i] for i in where], duplicates=repeated, stored=part_stored
                 )
-            except ConnectionLostError as exc:
-                # Outcome unknown for this part; raised as itself, never wrapped in an
-                # exception group (callers catch FutureQError, as for one shard).
-                errors.append(exc)
-                return
             except RequestError as exc:
                 index = exc.item_index
                 errors.append(
@@ -300,21 +323,27 @@ class ShardedClient(Client):
                         where[index] if index is not None and index < len(where) else None,
                     )
                 )
-                return
-            for position, message_id in zip(where, got, strict=True):
-                ids[position] = message_id
-            duplicates.extend(where[i] for i in repeated)
+            except FutureQError as exc:
+                # ConnectionLostError: outcome unknown for this part. Raised as itself,
+                # never wrapped in an exception group (callers catch FutureQError, as
+                # for one shard).
+                errors.append(exc)
+            finally:
+                for index, message_id in part_stored.items():
+                    ids[where[index]] = message_id
+                    stored[where[index]] = message_id
+                duplicates.extend(where[i] for i in repeated)
 
         if len(positions) == 1:
             # The whole batch is one shard's (one topic, say): no task group, whose set-up
             # cost ~1 us a message at batch 100 on the client's one core.
             [(shard, where)] = positions.items()
             await part(shard, where)
-            return ids, errors
+            return errors
         async with anyio.create_task_group() as group:
             for shard, where in positions.items():
                 group.start_soon(part, shard, where)
-        return ids, errors
+        return errors
 
     # -- consuming ---------------------------------------------------------------------
 

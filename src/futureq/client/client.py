@@ -580,7 +580,11 @@ class Client:
         return pending.message_id
 
     async def publish_batch(
-        self, items: Sequence[PublishItem], *, duplicates: list[int] | None = None
+        self,
+        items: Sequence[PublishItem],
+        *,
+        duplicates: list[int] | None = None,
+        stored: dict[int, int] | None = None,
     ) -> list[int]:
         """Publish many messages, in as few PUBLISH frames as the limits allow.
 
@@ -596,6 +600,11 @@ class Client:
             duplicates: If given, the positions (in ``items``) of items that stored
                 nothing because their ``idempotency_key`` named an earlier message
                 are appended to it, in order.
+            stored: If given, gets ``{position in items: message id}`` for every item
+                stored, frame by frame, so that after an error it says which items
+                were stored (those of the frames before the refused one) and a caller
+                can resend only the others. A sharded client fills it for every shard
+                that stored its part (``ShardedClient.publish_batch``).
 
         Returns:
             Their message ids, in the same order (a duplicate's: the earlier message's).
@@ -637,7 +646,10 @@ class Client:
                     raise
                 raise RequestError(exc.code, exc.message, offset + index) from None
             ok = _expect(answer, frames.PublishOk)
-            ids.extend(ids_from_publish_ok(ok.first_id, ok.count, len(chunk), ok.duplicates))
+            got = ids_from_publish_ok(ok.first_id, ok.count, len(chunk), ok.duplicates)
+            ids.extend(got)
+            if stored is not None:
+                stored.update(zip(range(offset, end), got, strict=True))
             if duplicates is not None:
                 duplicates.extend(offset + position for position, _ in ok.duplicates or ())
             offset = end
