@@ -11,12 +11,18 @@ the leader's answer. Real ``futureq start --shards 2`` and ``futureq-cli`` proce
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
-from test_shards import TOPICS, ShardedNode, cli
+from test_shards import TOPICS, ShardedNode, _sharded_cluster, cli
 
+from futureq.client import open_client
+from futureq.errors import FutureQError, RequestError
 from futureq.shards.slots import even_map
 
 pytestmark = pytest.mark.timeout(120)
@@ -75,3 +81,59 @@ def test_publish_file_never_resends_what_another_shard_stored(
     ]
     assert _pending(node, good0) == ["g0"]
     assert _pending(node, good1) == ["g1"]
+
+
+def _stopped_shard(node: ShardedNode, shard: int) -> int:
+    pid = node.pid_of_shard(shard)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_node_wide_calls_raise_a_futureq_error_not_a_group(node: ShardedNode, backend: str) -> None:
+    """docs/client.md, "Errors": every error is a FutureQError. Before, a node-wide call
+    every shard refused (transfer_leader on a node running alone) raised ExceptionGroup,
+    and so did status() with every shard stopped."""
+
+    async def main() -> None:
+        async with open_client(
+            node.client_address, connect_timeout_s=2, request_timeout_s=3
+        ) as client:
+            for call in (lambda: client.transfer_leader(9), lambda: client.remove_node(9)):
+                with pytest.raises(RequestError) as refused:
+                    await call()
+                assert "shard 0" in str(refused.value) and "shard 1" in str(refused.value)
+            pids = [_stopped_shard(node, shard) for shard in (0, 1)]
+            try:
+                with pytest.raises(FutureQError) as lost:
+                    await client.status()
+                assert "shard 1" in str(lost.value)
+            finally:
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+
+    anyio.run(main, backend=backend)
+
+
+@pytest.mark.slow
+def test_cluster_status_rows_describe_the_asked_nodes_shards(tmp_path: Path) -> None:
+    """docs/cli.md: the shards table gives each shard's address on the asked node and
+    its role. Before, the row of a shard the asked node follows held the leader's
+    answer (its node_id and role) beside the asked node's address."""
+    nodes, ports = _sharded_cluster(tmp_path)
+    try:
+        for each in nodes.values():
+            each.start()
+        for node_id, (client_port, _, _) in ports.items():
+            address = f"127.0.0.1:{client_port}"
+            done = cli(address, "cluster", "status", "--json")
+            assert done.returncode == 0, done.stderr
+            view: dict[str, Any] = json.loads(done.stdout)
+            for row in view["shards"]:
+                assert row["node_id"] == node_id, (node_id, row)
+                assert row["address"] == f"127.0.0.1:{client_port + row['shard']}", row
+    finally:
+        for each in nodes.values():
+            if each.alive():
+                each.terminate()

@@ -22,7 +22,7 @@ from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
 from futureq.client.client import Client, _expect
 from futureq.client.subscription import Subscription
-from futureq.errors import ErrorCode, FutureQError, RequestError
+from futureq.errors import ConnectionLostError, ErrorCode, FutureQError, RequestError
 from futureq.shards.layout import shift_address
 from futureq.shards.slots import SlotMap
 from futureq.wire import frames
@@ -204,16 +204,33 @@ class ShardedClient(Client):
                 await self.refresh_slot_map()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _everywhere(self, call: Callable[[Client], Awaitable[T]]) -> list[T]:
-        results: list[Any] = [None] * len(self.shard_clients)
+    async def _on_every_shard(
+        self, call: Callable[[Client], Awaitable[T]]
+    ) -> tuple[list[T | None], dict[int, FutureQError]]:
+        """``call`` on every shard's client at once: the answers by shard (None for a
+        shard that failed) and the error of each shard that failed. A shard's
+        failure never cancels the others' calls, and no exception group escapes."""
+        results: list[T | None] = [None] * len(self.shard_clients)
+        errors: dict[int, FutureQError] = {}
 
         async def one(index: int, client: Client) -> None:
-            results[index] = await call(client)
+            try:
+                results[index] = await call(client)
+            except FutureQError as exc:
+                errors[index] = exc
 
         async with anyio.create_task_group() as group:
             for index, client in enumerate(self.shard_clients):
                 group.start_soon(one, index, client)
-        return results
+        return results, errors
+
+    async def _everywhere(self, call: Callable[[Client], Awaitable[T]]) -> list[T]:
+        """``call`` on every shard; raises one :class:`FutureQError` (see
+        :func:`combine_shard_errors`) if any shard failed."""
+        results, errors = await self._on_every_shard(call)
+        if errors:
+            raise combine_shard_errors(errors, self.slot_map) from next(iter(errors.values()))
+        return [result for result in results if result is not None]
 
     # -- publishing --------------------------------------------------------------------
 
@@ -480,20 +497,57 @@ class ShardedClient(Client):
     # -- node-wide ---------------------------------------------------------------------
 
     async def status(self, *, local: bool = False) -> dict[str, Any]:
-        """Every shard's status merged: shard 0's fields, every shard's topics
-        (sorted), and ``"shards"``: ``[{"shard", "address", "role", "view",
-        "leader_address", "applied_index", "topics"}]`` (``topics``: a count)."""
-        answers = await self._everywhere(lambda client: client.status(local=local))
-        return merge_status(answers, self.slot_map)
+        """Every shard's status merged: the first answering shard's fields, every
+        answering shard's topics (sorted), and ``"shards"``: ``[{"shard", "address",
+        "role", "view", "leader_address", "applied_index", "topics"}]`` (``topics``: a
+        count). A shard that did not answer gets ``{"shard", "address", "error"}``
+        instead and is listed in ``"missing_shards"``: the other shards' answer is
+        still returned (``docs/sharding.md``: the other shards keep serving).
+
+        Raises:
+            FutureQError: no shard answered (one error naming each shard's failure).
+        """
+        answers, errors = await self._on_every_shard(lambda client: client.status(local=local))
+        if len(errors) == len(answers):
+            raise combine_shard_errors(errors, self.slot_map) from next(iter(errors.values()))
+        return merge_status(answers, self.slot_map, errors)
 
     async def cluster_status(self, *, local: bool = False) -> dict[str, Any]:
-        """Shard 0's cluster status, with ``"shards"``: every shard's own answer."""
-        answers = await self._everywhere(lambda client: client.cluster_status(local=local))
-        merged = dict(answers[0])
-        merged["shards"] = [
-            {"shard": shard, "address": self.slot_map.addresses[shard], **answer}
-            for shard, answer in enumerate(answers)
-        ]
+        """The first answering shard's cluster status (its group's leader's view unless
+        ``local``), with ``"shards"``: one row per shard describing that shard **on the
+        node its client is connected to** (the asked node): ``{"shard", "address",
+        **that node's local answer}``, or ``{"shard", "address", "error"}`` for a shard
+        that did not answer (then also listed in ``"missing_shards"``).
+
+        Raises:
+            FutureQError: no shard answered (one error naming each shard's failure).
+        """
+
+        async def both(client: Client) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+            # The row must be the asked node's own shard (role, term, ...), not the
+            # leader's answer that cluster_status() follows to (fault: shard 0's row
+            # read "leader, node 1" with node 3's address).
+            own = await client.cluster_status(local=True)
+            address = client.connected_address
+            view = own if local else await client.cluster_status()
+            return view, own, address
+
+        answers, errors = await self._on_every_shard(both)
+        if len(errors) == len(answers):
+            raise combine_shard_errors(errors, self.slot_map) from next(iter(errors.values()))
+        merged = dict(next(answer[0] for answer in answers if answer is not None))
+        rows: list[dict[str, Any]] = []
+        for shard, answer in enumerate(answers):
+            if answer is None:
+                rows.append(_missing_row(shard, self.slot_map, errors[shard]))
+                continue
+            _, own, address = answer
+            rows.append(
+                {"shard": shard, "address": address or self.slot_map.addresses[shard], **own}
+            )
+        merged["shards"] = rows
+        if errors:
+            merged["missing_shards"] = sorted(errors)
         return merged
 
     async def transfer_leader(self, node_id: int | None = None) -> None:
@@ -555,21 +609,69 @@ class ShardedClient(Client):
         return await self.shard_clients[0].ping()
 
 
-def merge_status(answers: list[dict[str, Any]], slot_map: SlotMap) -> dict[str, Any]:
-    """One STATUS-shaped map from every shard's answer (see :meth:`ShardedClient.status`)."""
-    merged = dict(answers[0])
+def _missing_row(shard: int, slot_map: SlotMap, error: FutureQError) -> dict[str, Any]:
+    return {
+        "shard": shard,
+        "address": slot_map.addresses[shard],
+        "error": f"shard {shard} did not answer: {_describe(error, shard)}",
+    }
+
+
+def _message(error: FutureQError, shard: int) -> str:
+    """The error's sentence without the ``shard K:`` a shard's client starts it with
+    (the caller names the shard)."""
+    text = error.message if isinstance(error, RequestError) else str(error)
+    return text.removeprefix(f"shard {shard}: ")
+
+
+def _describe(error: FutureQError, shard: int) -> str:
+    if isinstance(error, RequestError):
+        return f"[{error.code.name}] {_message(error, shard)}"
+    return _message(error, shard)
+
+
+def combine_shard_errors(errors: dict[int, FutureQError], slot_map: SlotMap) -> FutureQError:
+    """One :class:`FutureQError` for the failures of a node-wide call, by shard: its
+    message names each failed shard, its address and its error
+    (``docs/client.md``, "Errors": every error is a FutureQError, never a group). The
+    class is the first failed shard's: a :class:`RequestError` (with that shard's
+    code), a :class:`ConnectionLostError`, or that error itself for another kind
+    (:class:`ClientClosedError`, a protocol error)."""
+    first = errors[min(errors)]
+    text = "; ".join(
+        f"shard {shard} ({slot_map.addresses[shard]}): {_message(errors[shard], shard)}"
+        for shard in sorted(errors)
+    )
+    if isinstance(first, RequestError):
+        return RequestError(first.code, text)
+    if isinstance(first, ConnectionLostError):
+        return ConnectionLostError(text)
+    return first
+
+
+def merge_status(
+    answers: Sequence[dict[str, Any] | None],
+    slot_map: SlotMap,
+    errors: dict[int, FutureQError] | None = None,
+) -> dict[str, Any]:
+    """One STATUS-shaped map from every shard's answer (see :meth:`ShardedClient.status`);
+    an answer of None is a shard that failed with ``errors[shard]``."""
+    errors = errors or {}
+    by_shard = list(answers)
+    answered = [answer for answer in by_shard if answer is not None]
+    merged = dict(answered[0])
     topics: list[Any] = []
-    for answer in answers:
+    for answer in answered:
         topics.extend(answer.get("topics", []))
     merged["topics"] = sorted(topics, key=lambda entry: str(entry.get("topic", "")))
-    deleting = [d for answer in answers for d in answer.get("deleting_groups") or []]
+    deleting = [d for answer in answered for d in answer.get("deleting_groups") or []]
     if deleting or "deleting_groups" in merged:
         merged["deleting_groups"] = deleting
     for total in ("topic_count", "group_count"):
-        if all(total in answer for answer in answers):
-            merged[total] = sum(int(answer[total]) for answer in answers)
-    if any("truncated" in answer for answer in answers):
-        merged["truncated"] = any(bool(answer.get("truncated")) for answer in answers)
+        if all(total in answer for answer in answered):
+            merged[total] = sum(int(answer[total]) for answer in answered)
+    if any("truncated" in answer for answer in answered):
+        merged["truncated"] = any(bool(answer.get("truncated")) for answer in answered)
     merged["shards"] = [
         {
             "shard": shard,
@@ -583,6 +685,10 @@ def merge_status(answers: list[dict[str, Any]], slot_map: SlotMap) -> dict[str, 
             "applied_index": answer.get("applied_index"),
             "topics": len(answer.get("topics", [])),
         }
-        for shard, answer in enumerate(answers)
+        if answer is not None
+        else _missing_row(shard, slot_map, errors[shard])
+        for shard, answer in enumerate(by_shard)
     ]
+    if errors:
+        merged["missing_shards"] = sorted(errors)
     return merged
