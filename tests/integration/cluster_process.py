@@ -26,9 +26,12 @@ def free_ports(count: int) -> list[int]:
     return free_runs(count, 1)
 
 
-def port_free(port: int) -> bool:
-    """Whether ``port`` can be bound on 127.0.0.1 now."""
+def port_free(port: int, *, reuse: bool = False) -> bool:
+    """Whether ``port`` can be bound on 127.0.0.1 now; ``reuse``: as a node binds it
+    (SO_REUSEADDR), so the TIME-WAIT connections of a node just stopped do not count."""
     with socket.socket() as sock:
+        if reuse:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -60,7 +63,8 @@ def free_runs(runs: int, length: int) -> list[int]:
         while len(found) < runs:
             if base + length - 1 > last:
                 raise RuntimeError(f"no {runs} free runs of {length} ports in {confined}")
-            if all(port_free(p) for p in range(base, base + length)):
+            # A range of 20 ports has no room to skip those of the test before.
+            if all(port_free(p, reuse=True) for p in range(base, base + length)):
                 found.append(base)
                 base += length
             else:
