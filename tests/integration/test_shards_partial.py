@@ -22,7 +22,7 @@ import pytest
 from test_shards import TOPICS, ShardedNode, _sharded_cluster, cli
 
 from futureq.client import open_client
-from futureq.errors import FutureQError, RequestError
+from futureq.errors import ConnectionLostError, FutureQError, RequestError
 from futureq.shards.slots import even_map
 
 pytestmark = pytest.mark.timeout(120)
@@ -88,6 +88,44 @@ def _stopped_shard(node: ShardedNode, shard: int) -> int:
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     return pid
+
+
+def test_a_hung_shard_leaves_the_other_shards_serving(node: ShardedNode) -> None:
+    """docs/sharding.md: the other shards keep serving while one is down. Before, a new
+    client (and so every CLI command) failed to open with CONNECTION_LOST naming the
+    stopped shard's port, and asked whether a server ran at --server."""
+    healthy = _topic_of_shard(node, 0)
+    hung = _topic_of_shard(node, 1)
+    hung_address = node.shard_addresses[1]
+    pid = _stopped_shard(node, 1)
+    try:
+
+        async def main() -> None:
+            async with open_client(
+                node.client_address, connect_timeout_s=2, request_timeout_s=3
+            ) as client:
+                assert await client.publish(healthy, b"x") >= 0
+                status = await client.status()
+                assert status["missing_shards"] == [1]
+                assert status["shards"][0]["role"] is not None
+                assert "shard 1 did not answer" in status["shards"][1]["error"]
+                with pytest.raises(ConnectionLostError, match=f"shard 1: .*{hung_address}"):
+                    await client.publish(hung, b"y")
+
+        anyio.run(main)
+
+        published = cli(node.client_address, "--request-timeout", "3s", "publish", healthy, "z")
+        assert published.returncode == 0, published.stderr
+        status = cli(node.client_address, "--request-timeout", "3s", "status")
+        assert healthy in status.stdout
+        assert "shard 1 did not answer" in status.stderr and hung_address in status.stderr
+        assert status.returncode != 0
+        refused = cli(node.client_address, "--request-timeout", "3s", "publish", hung, "z")
+        assert refused.returncode != 0
+        assert "shard 1" in refused.stderr and hung_address in refused.stderr
+        assert "is a FutureQ server running" not in refused.stderr, refused.stderr
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])

@@ -242,7 +242,13 @@ def error_line(exc: BaseException, servers: str) -> str:
         return f"error: [{exc.code.name}] {exc.message}"
     if isinstance(exc, ConnectionLostError):
         hint = ""
-        if "could not connect" in str(exc) or "no connection to any" in str(exc):
+        text = str(exc)
+        # Ask about the --server addresses only when they are what failed: a sharded
+        # node's shard K listens elsewhere, and its failure names its own address.
+        asked = any(
+            re.search(rf"{re.escape(address)}(?!\d)", text) for address in parse_servers(servers)
+        )
+        if asked and ("could not connect" in text or "no connection to any" in text):
             hint = (
                 f"; is a FutureQ server running at {servers}? "
                 "(start one with `make run`, or pass --server / set FUTUREQ_SERVER)"
@@ -1030,11 +1036,27 @@ def _print_node(status: dict[str, Any], io: Output, *, local_asked: bool = False
     )
 
 
+def _missing_shards(status: dict[str, Any], io: Output) -> int:
+    """Say on stderr which shards of a sharded node did not answer (their topics are
+    missing from the answer); EXIT_ERROR if any did, else EXIT_OK."""
+    missing = [
+        shard
+        for shard in status.get("shards") or []
+        if isinstance(shard, dict) and shard.get("error")
+    ]
+    for shard in missing:
+        io.err(
+            f"warning: {shard['error']} (at {shard.get('address')}); "
+            "its topics and numbers are missing from this answer"
+        )
+    return EXIT_ERROR if missing else EXIT_OK
+
+
 async def _status(client: Client, args: argparse.Namespace, io: Output) -> int:
     status = await client.status(local=args.local)
     if args.json:
         io.out(json.dumps(status, ensure_ascii=False))
-        return EXIT_OK
+        return _missing_shards(status, io)
     _print_node(status, io, local_asked=args.local)
     rows = _groups(status)
     if rows:
@@ -1055,7 +1077,7 @@ async def _status(client: Client, args: argparse.Namespace, io: Output) -> int:
             f"group {deleting['group']!r} of topic {deleting['topic']!r} was deleted; "
             f"{deleting['pending']} entries left to purge"
         )
-    return EXIT_OK
+    return _missing_shards(status, io)
 
 
 async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
@@ -1083,6 +1105,7 @@ async def _group(client: Client, args: argparse.Namespace, io: Output) -> int:
             _table("consumer groups", _GROUP_COLUMNS, group_table_rows(rows), io)
         else:
             io.out("no consumer groups yet")
+        return _missing_shards(status, io)
     return EXIT_OK
 
 
@@ -1097,7 +1120,7 @@ async def _topic(client: Client, args: argparse.Namespace, io: Output) -> int:
         _table("topics", ("topic", "groups", "pending", "due", "in_flight", "consumers"), rows, io)
     else:
         io.out("no topics yet")
-    return EXIT_OK
+    return _missing_shards(status, io)
 
 
 async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
@@ -1116,14 +1139,14 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
     view = await client.cluster_status(local=args.local)
     if args.json:
         io.out(json.dumps(view, ensure_ascii=False))
-        return EXIT_OK
+        return _missing_shards(view, io)
     if view.get("mode") == "single":
         io.out(
             f"node {view.get('node_id')}: runs alone (no Raft), applied index "
             f"{view.get('applied_index')}"
         )
         _shards_table(view, io)
-        return EXIT_OK
+        return _missing_shards(view, io)
     leader = (
         f"leader node {view['leader_id']} at {view.get('leader_address') or 'an unknown address'}"
         if view.get("leader_id") is not None
@@ -1180,7 +1203,7 @@ async def _cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
             io,
         )
     _shards_table(view, io)
-    return EXIT_OK
+    return _missing_shards(view, io)
 
 
 def _shards_table(view: dict[str, Any], io: Output) -> None:

@@ -230,6 +230,9 @@ class Client:
         self._last_connect_error: ConnectionLostError | None = None
         self._leader_hint: str | None = None
         self._next_server = 0
+        self.shard: int | None = None
+        """The shard this client serves inside a ``ShardedClient``, named in its
+        connection errors; None for a plain client."""
         self._subscriptions: dict[int, Subscription] = {}  # by id(), for reconnects
         self.max_lease_s = max_lease_s
         self._lease_event = anyio.Event()
@@ -309,8 +312,10 @@ class Client:
                 await changed.wait()
                 continue
             detail = f": {self._last_connect_error}" if self._last_connect_error else ""
+            whose = "" if self.shard is None else f"shard {self.shard}: "
             raise ConnectionLostError(
-                f"no connection to any of {', '.join(self.servers)} before the deadline{detail}"
+                f"{whose}no connection to any of {', '.join(self.servers)} before the "
+                f"deadline{detail}"
             )
 
     def _on_push(self, conn: Connection, frame: PushFrame) -> None:
@@ -373,17 +378,22 @@ class Client:
         raise ConnectionLostError("; ".join(errors))
 
     async def _maintain_connection(
-        self, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        self,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+        *,
+        keep_trying: bool = False,
     ) -> None:
         """Keep one connection open: connect, run it, reconnect with backoff.
 
         Before ``task_status.started()`` (the first connection) errors are raised to
         :func:`open_client` once ``connect_timeout_s`` has passed; afterwards the loop
         retries for ever, except after a refused HELLO (AUTH_FAILED, ...), which is
-        stored and raised by every later call.
+        stored and raised by every later call. With ``keep_trying`` (a shard's client
+        of a :class:`ShardedClient`, started without waiting) the first connection is
+        retried for ever too: calls wait for it until their own deadline.
         """
         backoff = Backoff(self._rng)
-        started = False
+        started = keep_trying
         first_deadline = anyio.current_time() + self._connect_timeout_s
         while True:
             try:
@@ -1632,12 +1642,20 @@ async def open_client(
     try:
         async with anyio.create_task_group() as nursery:
 
-            async def run(one: Client) -> None:
-                try:
-                    await nursery.start(one._maintain_connection)
-                except BaseException:
-                    one._close()
-                    raise
+            async def run(one: Client, *, wait: bool = True) -> None:
+                if not wait:
+                    # A shard's client: a shard that does not answer (stopped, hung,
+                    # restarting) must not keep the client from opening, nor the other
+                    # shards from serving (docs/sharding.md); its own calls fail alone.
+                    nursery.start_soon(
+                        functools.partial(one._maintain_connection, keep_trying=True)
+                    )
+                else:
+                    try:
+                        await nursery.start(one._maintain_connection)
+                    except BaseException:
+                        one._close()
+                        raise
                 nursery.start_soon(one._run_batcher)
                 nursery.start_soon(one._keep_leases)
 
@@ -1658,12 +1676,14 @@ async def open_client(
                     async def open_shard(shard: int, address: str) -> Client:
                         others = shard_servers(slot_map, shard, seeds, stride)[1:]
                         one = new_client([address, *(a for a in others if a != address)])
+                        one.shard = shard
                         opened.append(one)
-                        await run(one)
+                        await run(one, wait=False)
                         return one
 
                     if answering >= 0:  # it fails over to the same shard elsewhere too
                         client.servers = shard_servers(slot_map, answering, seeds, stride)
+                        client.shard = answering
                     shard_clients = [
                         client if shard == answering else await open_shard(shard, address)
                         for shard, address in enumerate(slot_map.addresses)
