@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,11 @@ def test_node_wide_calls_raise_a_futureq_error_not_a_group(node: ShardedNode, ba
         async with open_client(
             node.client_address, connect_timeout_s=2, request_timeout_s=3
         ) as client:
-            for call in (lambda: client.transfer_leader(9), lambda: client.remove_node(9)):
+            calls: list[Callable[[], Awaitable[None]]] = [
+                lambda: client.transfer_leader(9),
+                lambda: client.remove_node(9),
+            ]
+            for call in calls:
                 with pytest.raises(RequestError) as refused:
                     await call()
                 assert "shard 0" in str(refused.value) and "shard 1" in str(refused.value)
