@@ -236,6 +236,56 @@ def test_a_second_process_for_a_running_node_id_is_refused(tmp_path: Path) -> No
         cluster.stop()
 
 
+def test_a_second_process_with_its_own_peers_list_does_not_move_the_nodes_address(
+    tmp_path: Path,
+) -> None:
+    """A second process started as node 2 with a ``--peers`` of its own (naming itself
+    elsewhere, so the check at start dials nobody) announced its client address in its
+    handshakes, and every node then named it for node 2, for good: after it stopped,
+    clients sent to node 2 were sent to a dead address (breaker runs, 2 of 2)."""
+    cluster = Cluster(tmp_path, 3)
+    twin: subprocess.Popen[str] | None = None
+    try:
+        cluster.start()
+        leader = cluster.leader()
+        real = cluster.nodes[2].client_address
+        client_port, raft_port, http_port = free_ports(3)
+        peers = ",".join(
+            f"{n}=127.0.0.1:{raft_port if n == 2 else cluster.ports[n][1]}" for n in cluster.ports
+        )
+        twin = subprocess.Popen(
+            [sys.executable, "-m", "futureq.cli.server_main", "start", "--shards", "1",
+             "--node-id", "2", "--data-dir", str(tmp_path / "twin"), "--peers", peers,
+             "--listen", f"127.0.0.1:{client_port}", "--http", f"127.0.0.1:{http_port}",
+             "--raft-listen", f"127.0.0.1:{raft_port}", *cluster.auth_args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        time.sleep(6)  # it connects to nodes 1 and 3 and announces itself
+
+        def node_2_address() -> str | None:
+            client = WireClient(leader.client_address)
+            view = client.request(frames.ClusterStatus(client.next_id())).status
+            client.close()
+            return next(n for n in view["nodes"] if n["node_id"] == 2).get("client_address")
+
+        assert node_2_address() == real
+        twin.terminate()
+        twin.wait(30)
+        twin = None
+        assert node_2_address() == real
+        for node in cluster.nodes.values():
+            log = node.stderr_text()
+            if node.node_id != 2 and "another process running with node 2's id" in log:
+                break
+        else:
+            raise AssertionError("no node logged the conflicting handshake")
+    finally:
+        if twin is not None:
+            twin.kill()
+            twin.wait(30)
+        cluster.stop()
+
+
 def test_a_node_that_missed_its_removal_learns_it_and_shuts_down(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, 3)
     try:

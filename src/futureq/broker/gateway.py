@@ -30,7 +30,7 @@ Limits (``docs/operations.md``, "Limits"; issue 10):
   one write may block for at most ``limits.send_timeout_ms`` (``SLOW_CLIENT``).
 
 A connection the server closes logs one line (peer, error code, sentence), at most
-:data:`~futureq.broker.rate_limited_log.LOG_LINES_PER_MINUTE` a minute, each part cut to
+:data:`~futureq.rate_limited_log.LOG_LINES_PER_MINUTE` a minute, each part cut to
 1,000 characters; tracebacks are only for bugs of ours.
 
 Source: ``docs/protocol.md``.
@@ -60,6 +60,7 @@ from futureq.errors import (
     StorageError,
     WrongShardError,
 )
+from futureq.rate_limited_log import RateLimitedLog
 from futureq.shards.slots import even_map, topic_slot
 from futureq.wire import codec, frames, validation
 from futureq.wire.session import (
@@ -73,7 +74,6 @@ from futureq.wire.session import (
 from . import manage
 from .access import ANONYMOUS, AccessControl, Principal
 from .command_log import no_space_error
-from .rate_limited_log import RateLimitedLog
 
 if TYPE_CHECKING:
     from futureq.shards.layout import ShardRole

@@ -57,10 +57,10 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.logging import Logger as HypercornLogger
 
 from futureq.errors import ErrorCode, RemoteProtocolError
+from futureq.rate_limited_log import RateLimitedLog
 from futureq.wire import codec
 
 from . import websocket
-from .rate_limited_log import RateLimitedLog
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope

@@ -59,9 +59,8 @@ from hypercorn.protocol.ws_stream import WebsocketBuffer, WSStream
 
 from futureq.config import join_host_port
 from futureq.errors import ErrorCode
+from futureq.rate_limited_log import RateLimitedLog
 from futureq.wire import codec, frames, session
-
-from .rate_limited_log import RateLimitedLog
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, WebsocketScope

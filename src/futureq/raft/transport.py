@@ -51,9 +51,12 @@ from futureq.raft.messages import (
     encode_message,
 )
 from futureq.raft.peer_auth import MAGIC, PROTOCOL_VERSION, PeerAuthError
+from futureq.rate_limited_log import RateLimitedLog
 from futureq.wire.codec import CLOSED, NEED_DATA, FrameDecoder, encode_value
 
 log = logging.getLogger(__name__)
+conflict_log = RateLimitedLog(log, per_minute=10, about="conflicting peer handshakes")
+"""Handshakes that contradict the address book: at most this many lines a minute."""
 
 DEFAULT_MAX_FRAME_BYTES: Final = 16 << 20
 """Largest raft frame accepted (bytes): an AppendEntries batch or a snapshot chunk."""
@@ -406,6 +409,44 @@ class Transport:
             log.warning("raft message to node %s not sent: %s", link.node_id, exc)
             return None
 
+    def _learn(self, handshake: Handshake) -> None:
+        """Keep the addresses a peer announced in its handshake, unless they contradict
+        the address book while an earlier handshake agreed with it.
+
+        A second process started under a running node's id with a ``--peers`` of its own
+        (so the duplicate check at start, which dials the id's address in *its* list,
+        found nobody) announced another client address, and every node then sent
+        clients to it, for good: NOT_LEADER named a dead address once it stopped
+        (breaker runs). A handshake that agrees with the book (``--peers`` or the
+        recorded addresses) is not replaced by one that does not; the conflict is
+        logged, naming both addresses.
+        """
+        node_id = handshake.node_id
+        entry = self.address_book.get(node_id)
+        booked = None if entry is None else entry[0]
+        known = self._learned.get(node_id)
+        if (
+            booked is not None
+            and handshake.raft_address != booked
+            and known is not None
+            and known.raft_address == booked
+        ):
+            conflict_log.log(
+                logging.WARNING,
+                "a peer connection says it is node %d at raft address %s, but node %d is at "
+                "%s (cluster.peers or its recorded address), where another connection of "
+                "node %d came from: is another process running with node %d's id? its "
+                "addresses are not used",
+                node_id,
+                handshake.raft_address,
+                node_id,
+                booked,
+                node_id,
+                node_id,
+            )
+            return
+        self._learned[node_id] = handshake
+
     def peer_client_address(self, node_id: int) -> str | None:
         """Client address of ``node_id``: from its handshake, else the address book."""
         learned = self._learned.get(NodeId(node_id))
@@ -748,7 +789,7 @@ class Transport:
     ) -> None:
         # Only an authenticated peer gets the full frame size, and its addresses used.
         decoder.max_frame_bytes = self._max_frame_bytes
-        self._learned[handshake.node_id] = handshake
+        self._learn(handshake)
         if self._address_of(handshake.node_id) is not None and handshake.node_id not in self._links:
             self._links_changed.set()
         while True:
