@@ -179,6 +179,7 @@ def _open(config: Config) -> Database:
         config.server.data_dir,
         write_buffer_mb=config.storage.write_buffer_mb,
         block_cache_mb=config.storage.block_cache_mb,
+        strict_wal=not config.cluster.clustered,  # as the node opens it
     )
 
 

@@ -347,9 +347,7 @@ async def serve(
             root.start_soon(compact_tombstones, db)
             root.start_soon(broker.activity.run, clock.wall_ms)
             root.start_soon(broker.due_buckets.run, broker)
-            root.start_soon(
-                measure_data_dir, config.server.data_dir, broker.record_data_dir_bytes
-            )
+            root.start_soon(measure_data_dir, config.server.data_dir, broker.record_data_dir_bytes)
             node_view: NodeView | None = None
             if shard is not None and shard.index == 0 and shard.slot_map.shard_count > 1:
                 node_view = NodeView(config, shard, node_token())
@@ -484,6 +482,7 @@ async def _open_database(config: Config, max_open_files: int) -> Database:
                 write_buffer_mb=config.storage.write_buffer_mb,
                 block_cache_mb=config.storage.block_cache_mb,
                 max_open_files=max_open_files,
+                strict_wal=not config.cluster.clustered,  # its only copy
             )
         except NoSpaceError as exc:
             if waiting_since is None:
