@@ -13,29 +13,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from test_shards import TOPICS, ShardedNode, _sharded_cluster, cli
+from test_shards import node as node  # the fixture: one sharded node
 
 from futureq.client import open_client
 from futureq.errors import ConnectionLostError, FutureQError, RequestError
 from futureq.shards.slots import even_map
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[ShardedNode]:
-    made = ShardedNode(tmp_path / "data")
-    made.start()
-    yield made
-    if made.process is not None and made.process.poll() is None:
-        made.terminate()
-    made.kill()
 
 
 def _topic_of_shard(node: ShardedNode, shard: int, prefix: str = "") -> str:

@@ -13,12 +13,12 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
 from test_shards import TOPICS, ShardedNode
+from test_shards import node as node  # the fixture: one sharded node
 
 from futureq.client import open_client
 from futureq.shards.slots import even_map
@@ -26,16 +26,6 @@ from futureq.shards.view import FETCH_DEADLINE_S
 
 HTTP_TIMEOUT_S = 15.0
 """Longest the test waits for one answer of the node's port (it must answer well before)."""
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[ShardedNode]:
-    made = ShardedNode(tmp_path / "data")
-    made.start()
-    yield made
-    if made.process is not None and made.process.poll() is None:
-        made.terminate()
-    made.kill()
 
 
 def get(node: ShardedNode, path: str) -> tuple[int, bytes, float]:
