@@ -566,13 +566,19 @@ async def test_a_dead_letter_of_expiry_counts_a_first_delivery_the_log_never_rec
         await settle(env)
     [command] = proposed(env, CommandKind.EXPIRE_COUNTED)
     assert command[1] == [key] and command[4] == [[key, 1]]
-    dlq = env.state.find_group("t.dlq", "default")
+    headers = only_dead_letter_headers(env, "t.dlq")
+    assert headers["futureq-reason"] == "expired"
+    assert headers["futureq-attempts"] == "1"
+
+
+def only_dead_letter_headers(env: Env, topic: str) -> dict[str, str]:
+    """The headers of the one message pending on dead-letter ``topic``."""
+    dlq = env.state.find_group(topic, "default")
     assert dlq is not None and dlq.pending == 1
     [(_, dlq_mid, _, _)] = list(env.state.scan_schedule(dlq.group_id, 0, 0, 10))
     record = env.state.get_record(dlq_mid)
     assert record is not None and record.headers is not None
-    assert record.headers["futureq-reason"] == "expired"
-    assert record.headers["futureq-attempts"] == "1"
+    return record.headers
 
 
 async def test_an_expiry_with_nothing_delivered_stays_a_plain_expire() -> None:
@@ -584,12 +590,7 @@ async def test_an_expiry_with_nothing_delivered_stays_a_plain_expire() -> None:
         env.clock.advance(500)
         await settle(env)
     assert kinds(env) == [CommandKind.EXPIRE]
-    dlq = env.state.find_group("t.dlq", "default")
-    assert dlq is not None and dlq.pending == 1
-    [(_, dlq_mid, _, _)] = list(env.state.scan_schedule(dlq.group_id, 0, 0, 10))
-    record = env.state.get_record(dlq_mid)
-    assert record is not None and record.headers is not None
-    assert record.headers["futureq-attempts"] == "0"
+    assert only_dead_letter_headers(env, "t.dlq")["futureq-attempts"] == "0"
     assert env.state.get_message(mid) is None
 
 
