@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -228,6 +229,59 @@ def test_a_node_restarted_on_a_full_disk_waits_for_space_instead_of_exiting(
     finally:
         process.terminate()
         process.wait(15)
+        reader.join(5)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_while_waiting_for_space_at_start_stops_gracefully(
+    broker: BrokerProcess, stop_signal: signal.Signals
+) -> None:
+    """Found by stopping a node that waited for disk space at start: the stop-signal
+    watcher starts only once the node serves, so SIGTERM ended it with 143 and no word,
+    and SIGINT with a KeyboardInterrupt traceback from ``_open_database``. Either now
+    stops it gracefully: exit 0, a log line, no traceback."""
+    producer = WireClient(broker.client_address)
+    answer = producer.publish([["disk.s", b"m", 0, None, None]])
+    assert isinstance(answer, frames.PublishOk), answer
+    producer.close()
+    broker.kill()  # the log holds a write RocksDB must recover (and so write) at open
+
+    def full_disk() -> None:
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "futureq.cli.server_main", "start", "--data-dir",
+         str(broker.data_dir), "--listen", broker.client_address, "--http",
+         broker.http_address],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=full_disk,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(
+        target=lambda: lines.extend(iter(process.stderr.readline, "")),  # type: ignore[union-attr]
+        daemon=True,
+    )
+    reader.start()
+    try:
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        while not any("NO_SPACE alarm at start" in line for line in lines):
+            assert process.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.1)
+        process.send_signal(stop_signal)
+        assert process.wait(15) == 0, "".join(lines)
+        reader.join(5)
+        text = "".join(lines)
+        assert f"received {stop_signal.name} while waiting for disk space" in text, text
+        assert "stopped gracefully" in text, text
+        assert "Traceback" not in text, text
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(15)
         reader.join(5)
         for stream in (process.stdout, process.stderr):
             if stream is not None:

@@ -13,6 +13,7 @@ RocksDB — all within ``server.shutdown_grace_ms``, then cancel what is left.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -56,6 +57,8 @@ from .hub import Hub
 from .tombstones import compact_tombstones
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from futureq.raft.node import RaftNode
     from futureq.raft.transport import Transport
 
@@ -198,7 +201,10 @@ async def serve(
     too_few = descriptors.warning()
     if too_few is not None:
         log.warning("%s", too_few)
-    db = await _open_database(config, descriptors.storage_files)
+    db = await _open_database(config, descriptors.storage_files, handle_signals=handle_signals)
+    if db is None:  # stopped while waiting for disk space: nothing was opened
+        log.info("stopped gracefully before RocksDB opened; nothing was written")
+        return False
     space_alarm = SpaceAlarm(db, metrics)
     try:
         check_data_fits_mode(db, clustered=config.cluster.clustered)
@@ -462,7 +468,9 @@ OPEN_RETRY_S = 1.0
 """How often a node that found its disk full at start tries to open RocksDB again (s)."""
 
 
-async def _open_database(config: Config, max_open_files: int) -> Database:
+async def _open_database(
+    config: Config, max_open_files: int, *, handle_signals: bool = True
+) -> Database | None:
     """Open RocksDB; on a full disk, wait for space instead of exiting.
 
     Opening may write (a memtable flush of the log being recovered, a new MANIFEST), so a
@@ -471,36 +479,62 @@ async def _open_database(config: Config, max_open_files: int) -> Database:
     restart in a loop. It now logs the NO_SPACE alarm once and tries again every
     :data:`OPEN_RETRY_S` until there is room (docs/operations.md, "Full disk").
 
+    While it waits, a SIGTERM or SIGINT (with ``handle_signals``) stops the node
+    gracefully: nothing is open yet, so there is nothing to finish.
+
+    Returns:
+        The open database, or None when a stop signal came while waiting for space.
+
     Raises:
         StorageError: any failure other than a full disk.
     """
     waiting_since: float | None = None
-    while True:
-        try:
-            db = Database(
-                config.server.data_dir,
-                write_buffer_mb=config.storage.write_buffer_mb,
-                block_cache_mb=config.storage.block_cache_mb,
-                max_open_files=max_open_files,
-                strict_wal=not config.cluster.clustered,  # its only copy
-            )
-        except NoSpaceError as exc:
-            if waiting_since is None:
-                waiting_since = trio.current_time()
-                log.error(
-                    "NO_SPACE alarm at start: %s. The node waits for space and tries again "
-                    "every %g s (free space or grow the volume; nothing is lost)",
-                    exc,
-                    OPEN_RETRY_S,
+    with contextlib.ExitStack() as stack:
+        signals: AsyncIterator[int] | None = None
+        while True:
+            try:
+                db = Database(
+                    config.server.data_dir,
+                    write_buffer_mb=config.storage.write_buffer_mb,
+                    block_cache_mb=config.storage.block_cache_mb,
+                    max_open_files=max_open_files,
+                    strict_wal=not config.cluster.clustered,  # its only copy
                 )
-            await trio.sleep(OPEN_RETRY_S)
-            continue
-        if waiting_since is not None:
-            log.warning(
-                "NO_SPACE alarm cleared: RocksDB opened after %.0f s of waiting for space",
-                trio.current_time() - waiting_since,
-            )
-        return db
+            except NoSpaceError as exc:
+                if waiting_since is None:
+                    waiting_since = trio.current_time()
+                    log.error(
+                        "NO_SPACE alarm at start: %s. The node waits for space and tries "
+                        "again every %g s (free space or grow the volume; nothing is lost)",
+                        exc,
+                        OPEN_RETRY_S,
+                    )
+                    if handle_signals:
+                        # The stop-signal watcher starts only once the node serves;
+                        # without this a SIGTERM here ended the process with -15 and no
+                        # word, and a SIGINT with a KeyboardInterrupt traceback.
+                        early_signals.stand_in_for_stop_signals()  # restored at close
+                        signals = stack.enter_context(
+                            trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT)
+                        )
+                if signals is None:
+                    await trio.sleep(OPEN_RETRY_S)
+                    continue
+                with trio.move_on_after(OPEN_RETRY_S):
+                    async for signum in signals:
+                        log.info(
+                            "received %s while waiting for disk space at start: stopping",
+                            signal.Signals(signum).name,
+                        )
+                        early_signals.note_stop_signal()
+                        return None
+                continue
+            if waiting_since is not None:
+                log.warning(
+                    "NO_SPACE alarm cleared: RocksDB opened after %.0f s of waiting for space",
+                    trio.current_time() - waiting_since,
+                )
+            return db
 
 
 async def _hand_over_leadership(config: Config, node: RaftNode) -> None:
