@@ -47,3 +47,16 @@ def test_health_without_the_data_directory_asks_the_nodes_own_port(
         assert done.stdout.count("/healthz: 200") == int(shards), done.stdout
     finally:
         node.terminate()
+
+
+def test_health_pointed_at_the_client_port_says_so_without_a_traceback(
+    tmp_path: Path, broker: BrokerProcess
+) -> None:
+    """Found by running ``futureq health --http <client port>``: the binary client port
+    does not answer HTTP, and the check printed an ``http.client.BadStatusLine``
+    traceback. It now says the address did not answer in HTTP, and exits 1."""
+    done = health(tmp_path, "--http", broker.client_address)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "not in HTTP" in done.stderr, done.stderr
+    assert "client port" in done.stderr, done.stderr

@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print a [[client]] entry for server.credentials_file (the secret stored "
         "as a salted scrypt hash) on stdout, and the client's token, shown once, on stderr. "
         "Add the permissions to the entry, then reload the server with SIGHUP. "
-        "See docs/security.md, \"Client access\".",
+        'See docs/security.md, "Client access".',
     )
     token.add_argument("--name", required=True, help="the client's name (letters, digits, . _ -)")
     token.add_argument(
@@ -695,7 +695,8 @@ def _health_of(config: Config, args: argparse.Namespace) -> int:
         host = "::1" if ":" in host else "127.0.0.1"
     path = "/readyz" if args.ready else "/healthz"
     url = f"http://{join_host_port(host, port)}{path}"
-    import urllib.error  # http.client and email: only `futureq health` needs them
+    import http.client  # http.client and email: only `futureq health` needs them
+    import urllib.error
     import urllib.request
 
     try:
@@ -706,6 +707,15 @@ def _health_of(config: Config, args: argparse.Namespace) -> int:
     except urllib.error.HTTPError as error:
         body = error.read().decode("utf-8", "replace").strip()
         print(f"{url}: {error.code} {body}", file=sys.stderr)
+    except http.client.HTTPException as error:
+        # Something listens but does not speak HTTP: most likely the binary client port
+        # (server.listen) given where the HTTP port (server.http) belongs.
+        print(
+            f"{url}: the address answered, but not in HTTP ({type(error).__name__}); is it "
+            "the client port (server.listen)? --http takes the node's HTTP port "
+            "(server.http)",
+            file=sys.stderr,
+        )
     except (OSError, ValueError) as error:
         print(f"{url}: no answer ({error})", file=sys.stderr)
     return EXIT_UNHEALTHY
