@@ -242,3 +242,24 @@ def test_a_file_that_is_not_a_good_backup_is_refused(raw: bytes, says: str) -> N
 
     with pytest.raises(ConfigError, match=says):
         read_backup(raw)
+
+
+def test_restore_refuses_a_directory_holding_anything(
+    tmp_path: Path, broker: BrokerProcess
+) -> None:
+    """Found by restoring into a directory holding only a junk file: the single-directory
+    restore looked only for RocksDB data, so it exited 0 and laid the backup next to the
+    file, though docs/operations.md says a non-empty directory is refused (exit 2) before
+    anything is written."""
+    publish(broker.client_address, "restore.junk", 5)
+    broker.terminate()
+    backup = tmp_path / "node.fqbackup"
+    done = futureq("backup", "--data-dir", str(broker.data_dir), "--out", str(backup))
+    assert done.returncode == 0, done.stderr
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "notes.txt").write_text("not FutureQ's\n")
+    done = futureq("restore", "--from", str(backup), "--data-dir", str(target), "--single-node")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "is not empty" in done.stderr and "notes.txt" in done.stderr, done.stderr
+    assert sorted(path.name for path in target.iterdir()) == ["notes.txt"], "nothing written"

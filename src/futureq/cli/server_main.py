@@ -630,6 +630,14 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
                 f"one shard's); restore it without --shards (node.shards 1), not --shards "
                 f"{wanted}: its topics hash to every shard of a node of {wanted}"
             )
+        # Any entry refuses it, as documented (docs/operations.md, "Backup and restore"):
+        # RocksDB's own check only sees its data, and a restore laid over files of
+        # unknown purpose (another program's, a half-deleted directory) mixes the two.
+        if layout.holds_data(data_dir):
+            raise ConfigError(
+                f"{data_dir} is not empty (it holds {_some_entries(data_dir)}); restore into "
+                "an empty or missing data directory"
+            )
         layout.check_shard_count(config)
         info = data_tools.restore_backup(config, raw, single_node=args.single_node)
         print(f"restored the backup at index {info.index} into {data_dir} {where}; {start}")
@@ -661,6 +669,13 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
         f"restored the backup of {wanted} shards ({', '.join(said)}) into {data_dir} {where}; "
         f"{start}"
     )
+
+
+def _some_entries(directory: str, most: int = 3) -> str:
+    """Up to ``most`` entry names of ``directory``, sorted and quoted, for a message."""
+    names = sorted(os.listdir(directory))
+    shown = ", ".join(repr(name) for name in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _health(args: argparse.Namespace) -> int:
