@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import tomllib
 import types
 import typing
@@ -639,10 +640,14 @@ def _check_tls(tls: TlsConfig) -> Iterable[_Bad]:
             getattr(tls, given),
             f"tls.{missing} must be set too (set both to turn TLS on, or neither)",
         )
+    missing = False
     for key in ("cert_file", "key_file", "ca_file"):
         value = getattr(tls, key)
         if value is not None and not os.path.isfile(value):
+            missing = True
             yield _Bad((f"tls.{key}",), value, "must be an existing PEM file")
+    if not missing:
+        yield from _check_tls_contents(tls)
     if tls.ca_file is not None and not tls.enabled:
         yield _Bad(
             ("tls.ca_file",),
@@ -661,6 +666,62 @@ def _check_tls(tls: TlsConfig) -> Iterable[_Bad]:
             True,
             "needs tls.cert_file and tls.key_file (the HTTP port uses the same certificate)",
         )
+
+
+def _check_tls_contents(tls: TlsConfig) -> Iterable[_Bad]:
+    """Load the TLS files as the client listener does, so a file that exists but is not
+    what its key says (a garbage certificate, certificate and key swapped, a key of
+    another certificate, a CA file without certificates) is a configuration problem
+    naming the key and file, not a bare OpenSSL error at bind time."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    if tls.cert_file is not None:
+        try:  # the certificate alone: any PEM certificate in the file
+            context.load_verify_locations(cafile=tls.cert_file)
+        except (ssl.SSLError, OSError) as error:
+            yield _Bad(
+                ("tls.cert_file",),
+                tls.cert_file,
+                f"holds no PEM certificate ({_ssl_reason(error)}); give this server's "
+                "certificate chain (is it the key file?)",
+            )
+            return
+        if tls.key_file is not None:
+            try:
+                context.load_cert_chain(tls.cert_file, tls.key_file)
+            except (ssl.SSLError, OSError) as error:
+                if getattr(error, "reason", None) == "KEY_VALUES_MISMATCH":
+                    rule = (
+                        f"is not the private key of tls.cert_file {tls.cert_file!r} (the key "
+                        "values do not match); give the key the certificate was issued for"
+                    )
+                else:
+                    rule = (
+                        f"holds no usable PEM private key ({_ssl_reason(error)}); give the "
+                        "unencrypted private key of tls.cert_file (is it the certificate?)"
+                    )
+                # tls.cert_file too: the peer check would report the same pair again.
+                yield _Bad(("tls.key_file", "tls.cert_file"), tls.key_file, rule)
+    if tls.ca_file is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=tls.ca_file)
+        except (ssl.SSLError, OSError) as error:
+            yield _Bad(
+                ("tls.ca_file",),
+                tls.ca_file,
+                f"holds no PEM CA certificate ({_ssl_reason(error)}); give the bundle of CA "
+                "certificates that sign client and peer certificates",
+            )
+
+
+def _ssl_reason(error: Exception) -> str:
+    """OpenSSL's words for ``error`` without the ``(_ssl.c:NNNN)`` source location."""
+    if isinstance(error, ssl.SSLError):
+        if error.reason:
+            return str(error.reason).replace("_", " ").lower()
+        return "OpenSSL cannot read it as PEM"
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    return str(error)  # pragma: no cover - only the two above are caught
 
 
 def _check_cluster(cluster: ClusterSection) -> Iterable[_Bad]:

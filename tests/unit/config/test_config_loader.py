@@ -6,6 +6,7 @@ import pathlib
 
 import attrs
 import pytest
+import trustme
 
 from futureq.config import Config
 from futureq.config_loader import SECTIONS, env_var_name, load_config, parse_duration_ms
@@ -248,8 +249,11 @@ def test_a_check_on_a_key_of_the_wrong_type_is_not_reported_twice(
 
 def test_tls_with_existing_files_is_accepted(tmp_path: pathlib.Path) -> None:
     cert, key, ca = (tmp_path / name for name in ("cert.pem", "key.pem", "ca.pem"))
-    for path in (cert, key, ca):
-        path.write_text("pem")
+    authority = trustme.CA()
+    issued = authority.issue_cert("localhost")
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    authority.cert_pem.write_to_path(str(ca))
     config = load_config(
         env={},
         overrides={
@@ -295,7 +299,9 @@ def test_the_cli_server_variable_is_not_server_config() -> None:
 
 def test_node_id_and_prefetch_have_upper_bounds() -> None:
     with pytest.raises(ConfigError) as error:
-        load_config(env={"FUTUREQ_SERVER_NODE_ID": str(2**40), "FUTUREQ_LIMITS_MAX_PREFETCH": str(10**9)})
+        load_config(
+            env={"FUTUREQ_SERVER_NODE_ID": str(2**40), "FUTUREQ_LIMITS_MAX_PREFETCH": str(10**9)}
+        )
     text = str(error.value)
     assert "server.node_id" in text and "limits.max_prefetch" in text
 
@@ -337,6 +343,8 @@ def test_combinations_start_cannot_run_are_refused_by_the_loader(
     message = str(error.value)
     for word in words:
         assert word in message, message
+
+
 # --- unit mistakes (issue 8, input 5) ------------------------------------------------
 
 
