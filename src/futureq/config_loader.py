@@ -40,6 +40,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
 from futureq.config import (
     AUTO_SHARDS,
+    WILDCARD_HOSTS,
     ClusterSection,
     Config,
     LimitsSection,
@@ -966,6 +967,49 @@ def _check_shard_ports(config: Config) -> Iterable[_Bad]:
                 f"leaves no room for {shards} shards {config.node.shard_port_stride} ports "
                 "apart below 65536; lower the port or node.shard_port_stride",
             )
+    yield from _check_shard_port_overlap(config, keys)
+
+
+_PORT_NAMES = {"server.listen": "client", "server.http": "HTTP", "cluster.raft_listen": "Raft"}
+
+
+def _check_shard_port_overlap(config: Config, keys: Mapping[str, str]) -> Iterable[_Bad]:
+    """No shard may listen on another shard's port: with a stride no larger than the
+    spread of the node's ports (``node.shard_port_stride = 1``, client 7474, HTTP 7475),
+    shard 1's client port is shard 0's HTTP port, and ``start`` failed with "Address
+    already in use" as if another program held it. Only the first overlap is reported,
+    with the smallest stride that avoids them all."""
+    shards, stride = config.node.shards, config.node.shard_port_stride
+    fixed: dict[str, tuple[str, int]] = {}
+    for key, address in keys.items():
+        try:
+            host, port = split_host_port(address)
+        except ValueError:
+            continue
+        if port != 0:  # the OS picks each shard's own
+            fixed[key] = (host.lower(), port)
+    if len(fixed) < 2 or stride < 1:
+        return
+    spread = max(port for _, port in fixed.values()) - min(port for _, port in fixed.values())
+    for key, (host, port) in fixed.items():
+        for other, (other_host, other_port) in fixed.items():
+            if other == key:
+                continue
+            same_host = host == other_host or host in WILDCARD_HOSTS or other_host in WILDCARD_HOSTS
+            gap = other_port - port  # shard K's `key` port meets shard J's `other` port
+            if not same_host or gap <= 0 or gap % stride or gap // stride >= shards:
+                continue
+            shard = gap // stride
+            yield _Bad(
+                ("node.shard_port_stride", key, other, "node.shards"),
+                stride,
+                f"puts shard {shard}'s {_PORT_NAMES[key]} port ({key} {port} + "
+                f"{shard} * {stride} = {other_port}) on shard 0's {_PORT_NAMES[other]} port "
+                f"({other} {other_port}) with node.shards = {shards}; the node's shards "
+                f"would collide with each other: use a node.shard_port_stride above "
+                f"{spread} (the spread of the node's ports) or spread the ports apart",
+            )
+            return
 
 
 def _check_announced(config: Config) -> Iterable[_Bad]:
