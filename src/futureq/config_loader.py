@@ -65,7 +65,11 @@ from futureq.peer_credentials import (
     read_secret_file,
 )
 from futureq.state import commands
-from futureq.wire.validation import MIN_VISIBILITY_TIMEOUT_MS, visibility_problem
+from futureq.wire.validation import (
+    MAX_VISIBILITY_TIMEOUT_MS,
+    MIN_VISIBILITY_TIMEOUT_MS,
+    visibility_problem,
+)
 
 ENV_PREFIX = "FUTUREQ_"
 MAX_NODE_ID = commands.MAX_NODE_ID
@@ -73,6 +77,60 @@ MIN_CLOCK_OFFSET_MS = 10
 """A smaller cluster.max_clock_offset_ms is a unit mistake: no clocks agree that well."""
 MAX_CLOCK_OFFSET_MS = 60_000
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+_HOUR_MS = 3_600_000
+_DAY_MS = 24 * _HOUR_MS
+_YEAR_MS = 366 * _DAY_MS
+_MIB = 1024 * 1024
+
+MAXIMA: dict[str, tuple[int, str]] = {
+    # The largest value of each numeric setting that has no other upper bound, and why.
+    # Values past these are unit mistakes or typos (a visibility timeout of 292 million
+    # years, a 100 TB memtable) that would otherwise be stored on groups, overflow
+    # RocksDB's options or make the node wait for ever (docs/operations.md, config table).
+    "server.shutdown_grace_ms": (_HOUR_MS, "1 h: a stop that takes longer is a hung one"),
+    "limits.max_frame_bytes": (64 * _MIB, "64 MiB: every frame is buffered whole"),
+    "limits.max_delay_ms": (100 * _YEAR_MS, "100 years"),
+    "limits.max_ttl_ms": (100 * _YEAR_MS, "100 years"),
+    "limits.max_batch_items": (1_000_000, "1,000,000 items"),
+    "limits.max_connections": (1_000_000, "1,000,000 connections"),
+    "limits.max_subscriptions_per_connection": (1_000_000, "1,000,000 subscriptions"),
+    "limits.max_subscriptions": (10_000_000, "10,000,000 subscriptions (~6 GB)"),
+    "limits.max_connection_buffer_bytes": (1024 * _MIB, "1 GiB per connection"),
+    "limits.max_node_buffer_bytes": (64 * 1024 * _MIB, "64 GiB of memory"),
+    "limits.frame_deadline_ms": (_HOUR_MS, "1 h"),
+    "limits.frame_stall_ms": (_HOUR_MS, "1 h"),
+    "limits.keepalive_interval_ms": (_HOUR_MS, "1 h"),
+    "limits.keepalive_timeout_ms": (_HOUR_MS, "1 h"),
+    "limits.send_timeout_ms": (_HOUR_MS, "1 h"),
+    "limits.max_http_connections": (100_000, "100,000 connections"),
+    "limits.http_idle_timeout_ms": (_HOUR_MS, "1 h"),
+    "limits.max_groups": (100_000_000, "100,000,000 groups"),
+    "limits.max_status_groups": (1_000_000, "1,000,000 groups"),
+    "queue.visibility_timeout_ms": (
+        MAX_VISIBILITY_TIMEOUT_MS,
+        "12 h, the protocol's longest visibility timeout, as for `group create "
+        "--visibility-timeout`",
+    ),
+    "queue.max_deliveries": (1_000_000, "1,000,000 attempts, the protocol's largest"),
+    "queue.horizon_ms": (7 * _DAY_MS, "7 days"),
+    "queue.horizon_max_items": (100_000_000, "100,000,000 items"),
+    "queue.dispatch_batch_items": (100_000, "100,000 items"),
+    "queue.idempotency_window_ms": (30 * _DAY_MS, "30 days"),
+    "storage.group_commit_max_items": (1_000_000, "1,000,000 items"),
+    "storage.write_buffer_mb": (4096, "4096 MiB per column family"),
+    "storage.block_cache_mb": (1024 * 1024, "1 TiB"),
+    "cluster.tick_ms": (10_000, "10 s"),
+    "cluster.election_timeout_ticks": (10_000, "10,000 ticks"),
+    "cluster.snapshot_chunk_bytes": (8 * _MIB, "8 MiB, half a Raft frame"),
+    "cluster.compact_every_entries": (100_000_000, "100,000,000 entries"),
+    "cluster.member_record_ms": (_HOUR_MS, "1 h"),
+    "metrics.max_topic_series": (1_000_000, "1,000,000 series"),
+    "metrics.max_group_series": (1_000_000, "1,000,000 series"),
+    "node.shard_port_stride": (65_535, "65535 ports"),
+}
+"""Upper bound of each numeric setting without one of its own, dotted key -> (largest
+allowed, the same in words with the reason)."""
 
 SECTIONS: dict[str, type[Any]] = {
     "server": ServerSection,
@@ -508,7 +566,19 @@ def _address(section: str, key: str, value: str | None, *, port_zero: bool) -> I
         yield _Bad((dotted,), value, "must name a real port in 1..65535, not 0")
 
 
+def _maxima(section: str, obj: object) -> Iterable[_Bad]:
+    """The :data:`MAXIMA` of ``section``'s keys."""
+    for dotted, (most, words) in MAXIMA.items():
+        name, _, key = dotted.partition(".")
+        if name != section:
+            continue
+        value = getattr(obj, key)
+        if value > most:
+            yield _Bad((dotted,), value, f"must be at most {most} ({words})")
+
+
 def _check_server(server: ServerSection) -> Iterable[_Bad]:
+    yield from _maxima("server", server)
     yield from _minimum("server", server, "node_id", 1, "")
     if server.node_id > MAX_NODE_ID:
         yield _Bad(("server.node_id",), server.node_id, f"must be at most {MAX_NODE_ID}")
@@ -558,6 +628,7 @@ def _check_server(server: ServerSection) -> Iterable[_Bad]:
 
 
 def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
+    yield from _maxima("limits", limits)
     yield from _minimum("limits", limits, "max_frame_bytes", 1, " bytes")
     yield from _minimum("limits", limits, "max_payload_bytes", 1, " bytes")
     yield from _minimum("limits", limits, "max_delay_ms", 0, " ms")
@@ -611,6 +682,7 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
 
 
 def _check_queue(queue: QueueSection) -> Iterable[_Bad]:
+    yield from _maxima("queue", queue)
     yield from _minimum("queue", queue, "visibility_timeout_ms", 1, " ms")
     if 1 <= queue.visibility_timeout_ms < MIN_VISIBILITY_TIMEOUT_MS:
         yield _Bad(
@@ -626,6 +698,7 @@ def _check_queue(queue: QueueSection) -> Iterable[_Bad]:
 
 
 def _check_storage(storage: StorageSection) -> Iterable[_Bad]:
+    yield from _maxima("storage", storage)
     yield from _minimum("storage", storage, "group_commit_max_items", 1, " items")
     yield from _minimum("storage", storage, "write_buffer_mb", 1, " MiB")
     yield from _minimum("storage", storage, "block_cache_mb", 1, " MiB")
@@ -641,13 +714,13 @@ def _check_tls(tls: TlsConfig) -> Iterable[_Bad]:
             getattr(tls, given),
             f"tls.{missing} must be set too (set both to turn TLS on, or neither)",
         )
-    missing = False
+    absent = False
     for key in ("cert_file", "key_file", "ca_file"):
         value = getattr(tls, key)
         if value is not None and not os.path.isfile(value):
-            missing = True
+            absent = True
             yield _Bad((f"tls.{key}",), value, "must be an existing PEM file")
-    if not missing:
+    if not absent:
         yield from _check_tls_contents(tls)
     if tls.ca_file is not None and not tls.enabled:
         yield _Bad(
@@ -726,6 +799,7 @@ def _ssl_reason(error: Exception) -> str:
 
 
 def _check_cluster(cluster: ClusterSection) -> Iterable[_Bad]:
+    yield from _maxima("cluster", cluster)
     yield from _address("cluster", "raft_listen", cluster.raft_listen, port_zero=True)
     yield from _address("cluster", "advertise_raft", cluster.advertise_raft, port_zero=False)
     yield from _address("cluster", "join", cluster.join, port_zero=False)
@@ -836,6 +910,7 @@ def _check_peer_authentication(config: Config) -> Iterable[_Bad]:
 
 
 def _check_metrics(metrics: MetricsSection) -> Iterable[_Bad]:
+    yield from _maxima("metrics", metrics)
     yield from _minimum("metrics", metrics, "max_topic_series", 0, " series")
     yield from _minimum("metrics", metrics, "max_group_series", 0, " series")
 
@@ -843,6 +918,7 @@ def _check_metrics(metrics: MetricsSection) -> Iterable[_Bad]:
 def _check_node(node: NodeSection) -> Iterable[_Bad]:
     from futureq.shards.slots import MAX_SHARDS
 
+    yield from _maxima("node", node)
     if not (node.shards == AUTO_SHARDS or 1 <= node.shards <= MAX_SHARDS):
         yield _Bad(
             ("node.shards",),

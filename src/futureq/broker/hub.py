@@ -38,13 +38,14 @@ from futureq.state import commands
 from futureq.state.due_index import DueIndex, pack
 from futureq.wire import frames
 from futureq.wire.codec import encode_frame
+from futureq.wire.validation import MAX_VISIBILITY_TIMEOUT_MS
 
 if TYPE_CHECKING:
     from futureq.state.queue_state import GroupInfo
 
 log = logging.getLogger(__name__)
 
-MAX_VISIBILITY_MS = 12 * 3600 * 1000
+MAX_VISIBILITY_MS = MAX_VISIBILITY_TIMEOUT_MS
 """Longest visibility timeout or extension (ms): 12 h, as a group's own."""
 
 
@@ -551,9 +552,7 @@ class Hub:
         if expired:
             self._revoke(expired, frames.RevokeReason.VISIBILITY_TIMEOUT)
 
-    def extend(
-        self, tags: list[bytes], connection_id: int, visibility_ms: int, now_ms: int
-    ) -> int:
+    def extend(self, tags: list[bytes], connection_id: int, visibility_ms: int, now_ms: int) -> int:
         """Push the visibility deadline of held deliveries to ``now_ms + visibility_ms``.
 
         Like SQS ChangeMessageVisibility, the new deadline counts from now and may be

@@ -42,6 +42,11 @@ MIN_VISIBILITY_TIMEOUT_MS = 100
 delivery would be handed out again before a consumer could ack it."""
 
 
+MAX_VISIBILITY_TIMEOUT_MS = 12 * 3600 * 1000
+"""The longest visibility timeout the protocol accepts (12 h): a group's own (GROUP_CREATE),
+an extension, and ``queue.visibility_timeout_ms``."""
+
+
 def _iso(ms: int) -> str:
     """``2026-05-01T12:00:00Z`` (or ``year out of range``) for an epoch time in ms."""
     try:
@@ -154,7 +159,9 @@ def check_name(kind: str, value: str, item_index: int | None = None) -> None:
     code = ErrorCode.INVALID_TOPIC if kind == "topic" else ErrorCode.INVALID_GROUP
     limit = MAX_TOPIC_BYTES if kind == "topic" else MAX_GROUP_BYTES
     if not value:
-        raise RequestError(code, f"{kind} name is empty; give a name of 1 to {limit} bytes", item_index)
+        raise RequestError(
+            code, f"{kind} name is empty; give a name of 1 to {limit} bytes", item_index
+        )
     size = len(value.encode("utf-8", "surrogatepass"))
     if size > limit:
         why = " (so that its dead-letter topic <topic>.dlq fits in 255)" if kind == "topic" else ""
@@ -241,9 +248,10 @@ letter case."""
 MAX_IDEMPOTENCY_KEY_BYTES: Final = 255
 """Longest idempotency key (UTF-8 bytes)."""
 
-ValidItem = tuple[str, bytes, int, int | None] | tuple[
-    str, bytes, int, int | None, dict[str, str] | None, str | None
-]
+ValidItem = (
+    tuple[str, bytes, int, int | None]
+    | tuple[str, bytes, int, int | None, dict[str, str] | None, str | None]
+)
 """A validated PUBLISH item: ``(topic, payload, due_ms, ttl_ms)``, then ``headers`` and
 ``idempotency_key`` when either is given."""
 
