@@ -636,7 +636,7 @@ def _restore(args: argparse.Namespace, config: Config) -> None:
         if layout.holds_data(data_dir):
             raise ConfigError(
                 f"{data_dir} is not empty (it holds {_some_entries(data_dir)}); restore into "
-                "an empty or missing data directory"
+                "an empty data directory (or one not yet made)"
             )
         layout.check_shard_count(config)
         info = data_tools.restore_backup(config, raw, single_node=args.single_node)
