@@ -266,7 +266,9 @@ def test_sigterm_stops_every_shard_process(node: ShardedNode) -> None:
 def _start_refused(
     data_dir: Path, args: list[str], env: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:
-    client, http = free_runs(2, 3)
+    # Runs as long as the most shards tried (4): with stride 1 a shorter client run
+    # would reach the HTTP run, a layout the config check now refuses first.
+    client, http = free_runs(2, 4)
     return subprocess.run(
         [
             sys.executable,
