@@ -10,6 +10,8 @@ Loading (TOML file, environment overrides, command-line flags, validation) lives
 
 from __future__ import annotations
 
+from typing import Final
+
 import attrs
 
 from futureq.state.commands import GroupSettings
@@ -205,12 +207,23 @@ class StorageSection:
         group_commit_max_items: Most commands written in one synced batch (items).
         write_buffer_mb: Memtable size per column family (MiB).
         block_cache_mb: Shared block cache (MiB).
+        wal_recovery: How a single node opens a write-ahead log damaged before its end
+            (:data:`WAL_RECOVERY_MODES`): ``strict`` refuses (a storage failure, exit 3),
+            ``point-in-time`` ends the log at the damage and drops what follows (the
+            operator's choice, once, to start after a power loss damaged its last
+            write). Cluster nodes always end the log at the damage: their peers hold
+            the rest (``docs/raft.md``, "Disk faults").
     """
 
     fsync: bool = True
     group_commit_max_items: int = 4096
     write_buffer_mb: int = 16
     block_cache_mb: int = 32
+    wal_recovery: str = "strict"
+
+
+WAL_RECOVERY_MODES: Final = ("strict", "point-in-time")
+"""Values of ``storage.wal_recovery``."""
 
 
 @attrs.frozen

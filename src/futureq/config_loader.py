@@ -40,6 +40,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
 from futureq.config import (
     AUTO_SHARDS,
+    WAL_RECOVERY_MODES,
     WILDCARD_HOSTS,
     ClusterSection,
     Config,
@@ -699,6 +700,12 @@ def _check_queue(queue: QueueSection) -> Iterable[_Bad]:
 
 def _check_storage(storage: StorageSection) -> Iterable[_Bad]:
     yield from _maxima("storage", storage)
+    if storage.wal_recovery not in WAL_RECOVERY_MODES:
+        yield _Bad(
+            ("storage.wal_recovery",),
+            storage.wal_recovery,
+            f"must be one of {', '.join(WAL_RECOVERY_MODES)}",
+        )
     yield from _minimum("storage", storage, "group_commit_max_items", 1, " items")
     yield from _minimum("storage", storage, "write_buffer_mb", 1, " MiB")
     yield from _minimum("storage", storage, "block_cache_mb", 1, " MiB")

@@ -179,7 +179,8 @@ def _open(config: Config) -> Database:
         config.server.data_dir,
         write_buffer_mb=config.storage.write_buffer_mb,
         block_cache_mb=config.storage.block_cache_mb,
-        strict_wal=not config.cluster.clustered,  # as the node opens it
+        strict_wal=not config.cluster.clustered
+        and config.storage.wal_recovery == "strict",  # as the node opens it
     )
 
 

@@ -498,7 +498,8 @@ async def _open_database(
                     write_buffer_mb=config.storage.write_buffer_mb,
                     block_cache_mb=config.storage.block_cache_mb,
                     max_open_files=max_open_files,
-                    strict_wal=not config.cluster.clustered,  # its only copy
+                    strict_wal=not config.cluster.clustered
+                    and config.storage.wal_recovery == "strict",  # its only copy
                 )
             except NoSpaceError as exc:
                 if waiting_since is None:
@@ -533,6 +534,13 @@ async def _open_database(
                 log.warning(
                     "NO_SPACE alarm cleared: RocksDB opened after %.0f s of waiting for space",
                     trio.current_time() - waiting_since,
+                )
+            if not config.cluster.clustered and config.storage.wal_recovery != "strict":
+                log.warning(
+                    'storage.wal_recovery = "%s": the write-ahead log was opened ending at '
+                    "its first damaged record, if any, and what followed it was dropped; "
+                    'set it back to "strict" once the node runs',
+                    config.storage.wal_recovery,
                 )
             return db
 

@@ -198,6 +198,15 @@ class Database:
                 column_families=families,
             )
         except Exception as exc:  # rocksdict raises plain Exception subclasses
+            if self._strict_wal and "Corruption" in str(exc):
+                raise StorageError(
+                    f"cannot open RocksDB at {self.path!r}: {exc}. If a write-ahead log "
+                    "record is damaged (after a power loss, most likely the last write, "
+                    "never acknowledged): start once with storage.wal_recovery = "
+                    '"point-in-time" (FUTUREQ_STORAGE_WAL_RECOVERY=point-in-time) to end '
+                    "the log there, dropping the damaged record and everything after it "
+                    "(acknowledged messages among them are lost); or restore a backup"
+                ) from exc
             if "LOCK" in str(exc) and "lock" in str(exc).lower():
                 raise DataDirectoryInUseError(
                     f"cannot open RocksDB at {self.path!r}: another process is using this data "

@@ -82,3 +82,11 @@ def test_check_config_and_start_exit_2_for_a_visibility_timeout_past_12_h(
         assert done.returncode == 2, (command, done.stdout + done.stderr)
         assert "queue.visibility_timeout_ms" in done.stderr and "43200000" in done.stderr
     assert not (tmp_path / "data").exists(), "nothing was created"
+
+
+def test_wal_recovery_takes_its_two_modes_only() -> None:
+    assert load_config(env={}).storage.wal_recovery == "strict"
+    chosen = load_config(env={"FUTUREQ_STORAGE_WAL_RECOVERY": "point-in-time"})
+    assert chosen.storage.wal_recovery == "point-in-time"
+    with pytest.raises(ConfigError, match="must be one of strict, point-in-time"):
+        load_config(env={"FUTUREQ_STORAGE_WAL_RECOVERY": "skip-corrupted"})
