@@ -60,6 +60,7 @@ from futureq.errors import (
     StorageError,
     WrongShardError,
 )
+from futureq.quick_thread import tasks_runnable
 from futureq.rate_limited_log import RateLimitedLog
 from futureq.shards.slots import even_map, topic_slot
 from futureq.wire import codec, frames, validation
@@ -283,10 +284,13 @@ class Outbox:
         on_full: Called each time the outbox is found full and deliveries are held back.
 
     With :attr:`direct_fd` set (a plain TCP connection), bytes sent while nothing is
-    queued and the writer is not writing go to the socket at once (non-blocking);
-    only what the socket does not take is queued for the writer task. Waking the
-    writer cost a pass of the event loop on the way to every answer of a quiet
-    connection (as the Raft transport found for AppendEntries: ``Transport._write_now``).
+    queued, the writer is not writing and no other task is ready to run go to the
+    socket at once (non-blocking); only what the socket does not take is queued for the
+    writer task. Waking the writer cost a pass of the event loop on the way to every
+    answer of a quiet connection (as the Raft transport found for AppendEntries:
+    ``Transport._write_now``). With other tasks ready (a group commit answering many
+    requests) the writer joins what they queue into one send: writing each answer at
+    once cost 5-10 % of the throughput at batch 100 (``bench.ab``).
     """
 
     def __init__(
@@ -318,7 +322,7 @@ class Outbox:
         False once the connection is closing."""
         if self.closed:
             return False
-        if self.direct_fd >= 0 and not self._writing and not self._frames:
+        if self.direct_fd >= 0 and not self._writing and not self._frames and not tasks_runnable():
             try:
                 sent = os.write(self.direct_fd, data)
             except OSError:  # full (BlockingIOError) or broken: the writer meets it
