@@ -181,19 +181,16 @@ def test_a_leader_with_a_full_disk_steps_down_and_the_cluster_goes_on(cluster3: 
     assert "Traceback" not in leader.stderr_text()
 
 
-def test_a_node_restarted_on_a_full_disk_waits_for_space_instead_of_exiting(
+def _start_waiting_for_space(
     broker: BrokerProcess,
-) -> None:
-    """Found by restarting a node whose disk was full (a crash, a rescheduled pod):
-    opening RocksDB writes (it flushes the log it recovers), so the node stopped at once
-    with "storage failure ... No space left on device" (exit 3), and a supervisor would
-    restart it in a loop. It now waits for space with one NO_SPACE line, then serves."""
-    producer = WireClient(broker.client_address)
-    for number in range(20):
-        answer = producer.publish([["disk.r", f"m{number}".encode(), 0, None, None]])
-        assert isinstance(answer, frames.PublishOk), answer
-    producer.close()
-    broker.kill()  # the log holds writes RocksDB must recover (and so write) at open
+) -> tuple[subprocess.Popen[str], list[str], threading.Thread]:
+    """Start ``broker``'s node again on its data directory with a file-size limit of 1
+    byte (a full disk, as RocksDB sees it at open) and wait for its NO_SPACE line.
+
+    Returns:
+        The process, the stderr lines read so far (a thread keeps reading them) and
+        that thread.
+    """
 
     def full_disk() -> None:
         _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -211,12 +208,32 @@ def test_a_node_restarted_on_a_full_disk_waits_for_space_instead_of_exiting(
         daemon=True,
     )
     reader.start()
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while not any("NO_SPACE alarm at start" in line for line in lines):
+        if process.poll() is not None or time.monotonic() >= deadline:
+            process.kill()
+            process.wait(15)
+            raise AssertionError("".join(lines))
+        time.sleep(0.1)
+    return process, lines, reader
+
+
+def test_a_node_restarted_on_a_full_disk_waits_for_space_instead_of_exiting(
+    broker: BrokerProcess,
+) -> None:
+    """Found by restarting a node whose disk was full (a crash, a rescheduled pod):
+    opening RocksDB writes (it flushes the log it recovers), so the node stopped at once
+    with "storage failure ... No space left on device" (exit 3), and a supervisor would
+    restart it in a loop. It now waits for space with one NO_SPACE line, then serves."""
+    producer = WireClient(broker.client_address)
+    for number in range(20):
+        answer = producer.publish([["disk.r", f"m{number}".encode(), 0, None, None]])
+        assert isinstance(answer, frames.PublishOk), answer
+    producer.close()
+    broker.kill()  # the log holds writes RocksDB must recover (and so write) at open
+
+    process, lines, reader = _start_waiting_for_space(broker)
     try:
-        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-        while not any("NO_SPACE alarm at start" in line for line in lines):
-            assert process.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.1)
         time.sleep(1.5)  # a retry or two
         assert process.poll() is None, "".join(lines)
         free_disk(process.pid)
@@ -249,28 +266,8 @@ def test_a_stop_signal_while_waiting_for_space_at_start_stops_gracefully(
     producer.close()
     broker.kill()  # the log holds a write RocksDB must recover (and so write) at open
 
-    def full_disk() -> None:
-        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))
-
-    process = subprocess.Popen(
-        [sys.executable, "-m", "futureq.cli.server_main", "start", "--data-dir",
-         str(broker.data_dir), "--listen", broker.client_address, "--http",
-         broker.http_address],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=full_disk,
-    )  # fmt: skip
-    lines: list[str] = []
-    reader = threading.Thread(
-        target=lambda: lines.extend(iter(process.stderr.readline, "")),  # type: ignore[union-attr]
-        daemon=True,
-    )
-    reader.start()
+    process, lines, reader = _start_waiting_for_space(broker)
     try:
-        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-        while not any("NO_SPACE alarm at start" in line for line in lines):
-            assert process.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.1)
         process.send_signal(stop_signal)
         assert process.wait(15) == 0, "".join(lines)
         reader.join(5)

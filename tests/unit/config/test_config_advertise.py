@@ -26,15 +26,6 @@ def _wildcard_lines(error: pytest.ExceptionInfo[ConfigError]) -> list[str]:
     return [line for line in str(error.value).splitlines() if "wildcard" in line]
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("FUTUREQ_"):
-            monkeypatch.delenv(name)
-
-
 @pytest.mark.parametrize(
     ("address", "wildcard"),
     [

@@ -14,17 +14,6 @@ from futureq.cli import server_main
 from futureq.config import AUTO_SHARDS, Config
 from futureq.config_loader import load_config
 
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No FUTUREQ_* variable of the developer's shell leaks into these tests."""
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("FUTUREQ_"):
-            monkeypatch.delenv(name)
-
-
 START_FLAGS = (
     "--config",
     "--data-dir",

@@ -21,13 +21,6 @@ from futureq.wire.validation import MAX_VISIBILITY_TIMEOUT_MS
 OPERATIONS = pathlib.Path(__file__).parents[3] / "docs" / "operations.md"
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("FUTUREQ_"):
-            monkeypatch.delenv(name)
-
-
 def env_for(dotted: str, value: int) -> dict[str, str]:
     section, _, key = dotted.partition(".")
     return {env_var_name(section, key): str(value)}

@@ -18,13 +18,6 @@ from futureq.raft.peer_auth import MIN_SECRET_BYTES
 PEERS = "1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003"
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("FUTUREQ_"):
-            monkeypatch.delenv(name)
-
-
 @pytest.fixture
 def secret_file(tmp_path: pathlib.Path) -> str:
     path = str(tmp_path / "cluster.secret")

@@ -15,13 +15,6 @@ from futureq.config_loader import load_config
 from futureq.errors import ConfigError
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("FUTUREQ_"):
-            monkeypatch.delenv(name)
-
-
 def layout(stride: int | None, shards: int, **cluster: object) -> dict[str, dict[str, object]]:
     """Client 7474, HTTP 7475, Raft 7477; ``stride`` None: not given here."""
     return {

@@ -5,7 +5,6 @@ setting and the file: ``check-config`` and ``start`` exit 2, not 0 and 4 with a 
 
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -15,13 +14,6 @@ import trustme
 
 from futureq.config_loader import load_config
 from futureq.errors import ConfigError
-
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("FUTUREQ_"):
-            monkeypatch.delenv(name)
 
 
 @pytest.fixture
