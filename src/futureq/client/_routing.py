@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import anyio.abc
@@ -224,13 +224,17 @@ class ShardedClient(Client):
                 group.start_soon(one, index, client)
         return results, errors
 
-    async def _everywhere(self, call: Callable[[Client], Awaitable[T]]) -> list[T]:
-        """``call`` on every shard; raises one :class:`FutureQError` (see
-        :func:`combine_shard_errors`) if any shard failed."""
-        results, errors = await self._on_every_shard(call)
+    async def _everywhere(self, call: Callable[[Client], Awaitable[Any]]) -> None:
+        """``call`` on every shard, for its effect; raises one :class:`FutureQError`
+        (see :func:`combine_shard_errors`) if any shard failed."""
+        _, errors = await self._on_every_shard(call)
         if errors:
-            raise combine_shard_errors(errors, self.slot_map) from next(iter(errors.values()))
-        return [result for result in results if result is not None]
+            self._raise_combined(errors)
+
+    def _raise_combined(self, errors: dict[int, FutureQError]) -> NoReturn:
+        """Raise the shards' failures as one :class:`FutureQError`, caused by the first
+        failed shard's."""
+        raise combine_shard_errors(errors, self.slot_map) from errors[min(errors)]
 
     # -- publishing --------------------------------------------------------------------
 
@@ -509,7 +513,7 @@ class ShardedClient(Client):
         """
         answers, errors = await self._on_every_shard(lambda client: client.status(local=local))
         if len(errors) == len(answers):
-            raise combine_shard_errors(errors, self.slot_map) from next(iter(errors.values()))
+            self._raise_combined(errors)
         return merge_status(answers, self.slot_map, errors)
 
     async def cluster_status(self, *, local: bool = False) -> dict[str, Any]:
@@ -534,7 +538,7 @@ class ShardedClient(Client):
 
         answers, errors = await self._on_every_shard(both)
         if len(errors) == len(answers):
-            raise combine_shard_errors(errors, self.slot_map) from next(iter(errors.values()))
+            self._raise_combined(errors)
         merged = dict(next(answer[0] for answer in answers if answer is not None))
         rows: list[dict[str, Any]] = []
         for shard, answer in enumerate(answers):
