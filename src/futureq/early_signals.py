@@ -1,4 +1,5 @@
-"""SIGHUP while the node starts: remembered, never fatal.
+"""Signals while the node starts: SIGHUP remembered, never fatal; a stop signal remembered
+and acted on gracefully (:func:`defer_stop_signals`).
 
 SIGHUP asks a running node to read its credentials file again. Its default action is to
 end the process, and a node may take a while to start (opening RocksDB, replaying the
@@ -92,6 +93,43 @@ def _stop_signal_without_receiver(signum: int, frame: FrameType | None) -> None:
         signal.default_int_handler(signum, frame)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+_deferred_stop: int | None = None
+"""The stop signal that arrived while the node was starting (:func:`defer_stop_signals`)."""
+
+
+def _defer_stop(signum: int, frame: FrameType | None) -> None:
+    global _deferred_stop
+    if _deferred_stop is None:
+        _deferred_stop = signum
+        note_stop_signal()
+        return
+    # A second one: a repeat of the first is ignored, any other forces the stop.
+    _stop_signal_without_receiver(signum, frame)
+
+
+def defer_stop_signals() -> None:
+    """Until the node can stop gracefully, SIGTERM and SIGINT are only remembered.
+
+    A node may take a while to start (opening RocksDB, loading its state, replaying its
+    log); Python's default action would end it there with -15 (or a KeyboardInterrupt
+    traceback) and no log line, and a shard of a sharded node met the supervisor's
+    forwarded SIGTERM that way. The first stop signal is remembered
+    (:func:`deferred_stop`, :func:`note_stop_signal`): the node stops at its next check
+    of it, or as soon as its own receiver is installed, gracefully. A second one within
+    :data:`REPEAT_SIGNAL_WINDOW_S` is the same request; a later one acts as the default
+    (forcing the stop). ``futureq start`` calls it once it knows it starts a node. Call
+    from the main thread (where Python runs signal handlers).
+    """
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _defer_stop)
+
+
+def deferred_stop() -> str | None:
+    """The name of the stop signal that arrived while the node was starting
+    (:func:`defer_stop_signals`), or None. Not cleared: a node that saw it never serves."""
+    return None if _deferred_stop is None else signal.Signals(_deferred_stop).name
 
 
 def stand_in_for_stop_signals() -> None:

@@ -207,6 +207,8 @@ async def serve(
         return False
     space_alarm = SpaceAlarm(db, metrics)
     try:
+        if handle_signals and _stopped_while_starting("opening RocksDB"):
+            return False
         check_data_fits_mode(db, clustered=config.cluster.clustered)
         if config.cluster.clustered:
             from . import cluster
@@ -247,6 +249,8 @@ async def serve(
                 space_alarm=space_alarm,
             )
             replayed = command_log.recover()
+        if handle_signals and _stopped_while_starting("loading the state"):
+            return False
         cluster_time: ClusterTime | None = None
         if clock is None:
             if not isinstance(command_log, SingleNodeLog):
@@ -464,6 +468,17 @@ async def serve(
     return forced.is_set()
 
 
+def _stopped_while_starting(step: str) -> bool:
+    """Whether a stop signal came while the node was starting
+    (:func:`futureq.early_signals.defer_stop_signals`); if so, logs that the node stops
+    after ``step`` without serving."""
+    name = early_signals.deferred_stop()
+    if name is None:
+        return False
+    log.info("received %s while %s: stopping before serving", name, step)
+    return True
+
+
 OPEN_RETRY_S = 1.0
 """How often a node that found its disk full at start tries to open RocksDB again (s)."""
 
@@ -511,10 +526,14 @@ async def _open_database(
                         OPEN_RETRY_S,
                     )
                     if handle_signals:
+                        if _stopped_while_starting("waiting for disk space"):
+                            return None
                         # The stop-signal watcher starts only once the node serves;
                         # without this a SIGTERM here ended the process with -15 and no
-                        # word, and a SIGINT with a KeyboardInterrupt traceback.
-                        early_signals.stand_in_for_stop_signals()  # restored at close
+                        # word, and a SIGINT with a KeyboardInterrupt traceback. What
+                        # the receiver restores when it closes: stop signals during the
+                        # rest of the start are remembered.
+                        early_signals.defer_stop_signals()
                         signals = stack.enter_context(
                             trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT)
                         )
@@ -594,6 +613,13 @@ async def _watch_signals(
     early_signals.stand_in_for_stop_signals()  # what the receiver restores when it closes
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         task_status.started()
+        # One that came after the last check of the start (:func:`_stopped_while_starting`).
+        if early_signals.deferred_stop() is not None and not shutdown.is_set():
+            log.info(
+                "received %s while starting: shutting down gracefully",
+                early_signals.deferred_stop(),
+            )
+            shutdown.set()
         async for signum in signals:
             name = signal.Signals(signum).name
             if not shutdown.is_set():

@@ -772,6 +772,9 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
             f"futureq: cannot stamp the shard count in the data directory: {error}", file=sys.stderr
         )
         return EXIT_CONFIG
+    # From here on the node may be slow to start (RocksDB, its state, the log): a stop
+    # signal is remembered and the node stops gracefully at its next check of it.
+    early_signals.defer_stop_signals()
     sharded = config.node.shards > 1
     if shard is not None and not 0 <= shard < config.node.shards:
         print(f"futureq: --shard-index {shard} is not below node.shards", file=sys.stderr)
@@ -802,6 +805,10 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
                 config.node.shards,
             )
     try:
+        stop = early_signals.deferred_stop()
+        if stop is not None:
+            logging.getLogger("futureq").info("received %s while starting: stopped", stop)
+            return EXIT_OK
         if sharded and shard is None:
             from futureq.shards.supervisor import supervise
 

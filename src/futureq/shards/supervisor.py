@@ -50,6 +50,7 @@ import trio
 from futureq.config import Config, join_host_port, split_host_port
 from futureq.early_signals import (
     REPEAT_SIGNAL_WINDOW_S,
+    deferred_stop,
     note_stop_signal,
     repeats_first_stop,
     stand_in_for_stop_signals,
@@ -193,6 +194,9 @@ class Supervisor:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
                 async with trio.open_nursery() as outer:
                     self._outer = outer
+                    stop = deferred_stop()  # one that came before the receiver
+                    if stop is not None:
+                        self._stop(0, f"received {stop} while starting: stopping the node")
                     outer.start_soon(self._watch_signals, sigs)
                     outer.start_soon(self._announce_when_ready)
                     if self.http_socket is not None:
