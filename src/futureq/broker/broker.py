@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import Counter as Tally
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -396,18 +396,36 @@ class Broker:
         for label, count in counts.items():
             metrics.published_messages_total.labels(label).inc(count)
 
-    def _groups_coming(self) -> int:
-        """Groups the proposals in flight will create that the state does not hold yet."""
+    def _groups_coming(self, extra: Iterable[_GroupKey] = ()) -> int:
+        """Most groups the proposals in flight (and ``extra``, keys about to be reserved)
+        can create that the state does not hold yet, each group counted once.
+
+        Counted per topic, as apply creates them (``QueueState._create_group``): a
+        topic with no group gets one from its publishes *or* from the first name to
+        commit, not both, so its implicit group counts only when no new name of it is in
+        flight; a topic whose only group is implicit has it adopted by the first new
+        name to commit (:attr:`_adopting` holds one such name; if none is there, one of
+        the names reserved before the implicit group existed adopts it).
+        """
         state = self.state
-        return sum(
-            1
-            for topic, group in self._groups_reserved
-            if (
-                not state.topic_groups_count(topic)
-                if group is None
-                else state.find_group(topic, group) is None
+        by_topic: dict[str, set[str | None]] = {}
+        for topic, group in itertools.chain(self._groups_reserved, extra):
+            by_topic.setdefault(topic, set()).add(group)
+        coming = 0
+        for topic, names in by_topic.items():
+            new_names = sum(
+                1 for name in names if name is not None and state.find_group(topic, name) is None
             )
-        )
+            held = state.topic_groups_count(topic)
+            if not held:
+                coming += max(new_names, 1 if None in names else 0)
+            elif (
+                held == 1 and state.topic_groups(topic)[0].implicit and topic not in self._adopting
+            ):
+                coming += max(new_names - 1, 0)
+            else:
+                coming += new_names
+        return coming
 
     def _too_many_groups(self, what: str, position: int | None = None) -> RequestError:
         held = len(self.state.groups)
@@ -451,13 +469,18 @@ class Broker:
         if not new:
             return []
         fresh = [topic for topic in new if (topic, None) not in reserved]
+        # Each reserved key is at most one group: an upper bound, exact in the common case.
         room = limit - len(state.groups) - len(reserved)
         if len(fresh) > room:
+            # A new topic that a name in flight already counts for adds no group: that
+            # name or this batch makes it, not both (:meth:`_groups_coming`).
+            coming_topics = {topic for topic, _ in reserved}
+            adding = [topic for topic in fresh if topic not in coming_topics]
             room = limit - len(state.groups) - self._groups_coming()
-            if len(fresh) > room:
-                topic = fresh[max(room, 0)]
+            if len(adding) > room:
+                topic = adding[max(room, 0)]
                 raise self._too_many_groups(
-                    f"this batch has {len(fresh)} new topics, each a new group (the first "
+                    f"this batch has {len(adding)} new topics, each a new group (the first "
                     f"one too many: {topic!r})",
                     new[topic],
                 )
@@ -494,7 +517,7 @@ class Broker:
             # Another name adopts it: this one makes a group of its own.
         if key not in self._groups_reserved:
             limit = self.config.limits.max_groups
-            if len(state.groups) + self._groups_coming() >= limit:
+            if len(state.groups) + self._groups_coming([key]) > limit:
                 raise self._too_many_groups(f"group {group!r} of topic {topic!r} is new")
         self._groups_reserved[key] += 1
         return self._groups_reserved, key
