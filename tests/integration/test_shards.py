@@ -658,19 +658,18 @@ def _agreement_node(
     )
 
 
-def _refused_start(node_id: int, root: Path, shards: int, args: list[str]) -> str:
-    """Start a node and wait for it to stop with exit code 2 (the join is refused just
-    after the node printed READY, or just before); its stderr. A port another process
-    took since it was found free (exit 4: other tests share this machine) is not what
-    is tested: the node is tried again on other ports and a new data directory."""
+def _refused_start(node_id: int, root: Path, shards: int, args: list[str]) -> tuple[str, Path]:
+    """Start a node and wait for it to stop with exit code 2 before its READY line
+    (the join is refused before anything is written); its stderr and its data
+    directory, which the refused start must leave as it was (missing). A port another
+    process took since it was found free (exit 4: other tests share this machine) is not
+    what is tested: the node is tried again on other ports and a new data directory."""
     for attempt in range(3):
         node = _agreement_node(
             node_id, root, tuple(free_runs(3, 3)), shards, args, f"node{node_id}.{attempt}"
         )
-        try:
+        with pytest.raises(RuntimeError, match="broker did not start"):
             node.start()
-        except RuntimeError as exc:
-            assert "broker did not start" in str(exc)
         assert node.process is not None
         try:
             code = node.process.wait(timeout=60)
@@ -679,7 +678,8 @@ def _refused_start(node_id: int, root: Path, shards: int, args: list[str]) -> st
         if code != 4:
             break
     assert code == 2, node.stderr_text()[-3000:]
-    return str(node.stderr_text())
+    assert not node.data_dir.exists(), sorted(node.data_dir.rglob("*"))
+    return str(node.stderr_text()), node.data_dir
 
 
 @pytest.mark.slow
@@ -700,14 +700,17 @@ def test_joining_with_another_shard_count_is_refused(tmp_path: Path) -> None:
     single.start()
     try:
         join = ["--join", member.client_address]
-        log = _refused_start(2, tmp_path, 3, join)
-        assert "runs 2 shard(s) per node and this node 3: every node of a cluster must run " in log
-        assert "shard 0 refused its configuration" in log or "shard 1 refused its" in log
-        assert "start this node with --shards 2 (node.shards)" in log
-        log = _refused_start(3, tmp_path, 1, join)
-        assert "runs 2 shard(s) per node and this node 1:" in log
-        log = _refused_start(4, tmp_path, 2, ["--join", single.client_address])
-        assert "runs 1 shard(s) per node and this node 2:" in log
+        log, refused_dir = _refused_start(2, tmp_path, 3, join)
+        assert (
+            "runs 2 shard(s) per node and this node was started with 3 (node.shards): every "
+            "node of a cluster must run the same number of shards" in log
+        )
+        assert "start it again with --shards 2, or --shards auto" in log
+        assert f"nothing was written to {refused_dir}" in log
+        log, _ = _refused_start(3, tmp_path, 1, join)
+        assert "runs 2 shard(s) per node and this node was started with 1 " in log
+        log, _ = _refused_start(4, tmp_path, 2, ["--join", single.client_address])
+        assert "runs 1 shard(s) per node and this node was started with 2 " in log
 
         async def members() -> list[dict[str, Any]]:
             async with open_client(member.client_address, request_timeout_s=30) as client:
@@ -715,8 +718,9 @@ def test_joining_with_another_shard_count_is_refused(tmp_path: Path) -> None:
 
         for view in trio.run(members):
             assert view["voters"] == [1] and view["learners"] == [], view
-        # The same count joins: node 6 becomes a voter of both groups.
-        same = _agreement_node(6, tmp_path, tuple(free_runs(3, 2)), 2, join)
+        # The same count joins, on the data directory of the refused start (nothing to
+        # delete first): node 6 becomes a voter of both groups.
+        same = _agreement_node(6, tmp_path, tuple(free_runs(3, 2)), 2, join, refused_dir.name)
         same.start()
         deadline = time.monotonic() + 120
         while not all(6 in view.get("voters", []) for view in trio.run(members)):

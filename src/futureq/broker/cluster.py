@@ -136,7 +136,7 @@ JOIN_ASK_MAX_DELAY_S = 5.0
 """Longest wait between two attempts to reach ``cluster.join`` for its shard count (s)."""
 
 
-async def cluster_shard_count(config: Config) -> int | None:
+async def cluster_shard_count(config: Config, why: str = "node.shards = auto") -> int | None:
     """The shard count of the nodes of the cluster at ``cluster.join``: what
     ``node.shards = auto`` takes for a new data directory that joins a cluster, so that
     it runs the cluster's count rather than its own machine's cores (every node of a
@@ -146,6 +146,8 @@ async def cluster_shard_count(config: Config) -> int | None:
     TLS and token, retrying while it cannot be reached (the join itself could not go on
     either: the member may still be starting), every 0.2 s doubling to
     :data:`JOIN_ASK_MAX_DELAY_S`, until the caller's deadline or cancellation.
+    ``why``: what the count is asked for, the start of each logged line (an explicit
+    count is checked against it: ``node.shards = 3``).
 
     Returns:
         The member's shard count; None when the member answered with an error (a wrong
@@ -162,18 +164,22 @@ async def cluster_shard_count(config: Config) -> int | None:
                 if isinstance(client, ShardedClient):
                     return client.slot_map.shard_count
                 return 1
-        except RequestError as exc:
+        except (
+            RequestError,
+            RemoteProtocolError,
+        ) as exc:  # an answer: asking again won't change it
             log.warning(
-                "node.shards = auto: %s refused to say its shard count (%s); choosing as "
-                "for a node without --join",
+                "%s: %s refused to say its shard count (%s); going on as for a node without --join",
+                why,
                 config.cluster.join,
                 exc,
             )
             return None
         except (OSError, FutureQError) as exc:
             log.warning(
-                "node.shards = auto: cannot reach %s to learn the cluster's shard count (%s); "
+                "%s: cannot reach %s to learn the cluster's shard count (%s); "
                 "trying again in %.1f s",
+                why,
                 config.cluster.join,
                 exc,
                 delay_s,

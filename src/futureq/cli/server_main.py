@@ -822,17 +822,32 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
         early_signals.ignore_stop_signals_at_exit()  # the process only exits from here
 
 
+JOIN_CHECK_S = 15.0
+"""Longest a node given an explicit shard count waits for the member at ``--join`` to
+say its count before it starts anyway (the join then checks again once started)."""
+
+
 def _joined_shard_count(config: Config, shard: int | None) -> Config:
-    """``config`` with ``node.shards = auto`` replaced by the cluster's count when the
-    node joins a cluster (``--join``) with a new data directory: the count every node of
-    the cluster must run, not this machine's cores. Unchanged otherwise (a shard process,
-    an explicit count, no ``--join``, or a data directory that records or holds data)."""
+    """``config`` with its shard count agreed with the cluster's when the node joins a
+    cluster (``--join``) with a new data directory, before anything is written to it.
+
+    ``node.shards = auto`` takes the cluster's count (asked until the member answers):
+    the count every node of the cluster must run, not this machine's cores. An explicit
+    count is compared with the cluster's (asked for up to :data:`JOIN_CHECK_S`) and
+    refused when it differs, so the node stops before READY and leaves its data
+    directory as it found it (the join itself compares again, once started, for a
+    member that did not answer in time). Unchanged otherwise (a shard process, no
+    ``--join``, or a data directory that records or holds data).
+
+    Raises:
+        ConfigError: the explicit count differs from the cluster's, or the wait was
+            interrupted.
+    """
     from futureq.shards import layout
 
     data_dir = config.server.data_dir
     if (
         shard is not None
-        or config.node.shards != AUTO_SHARDS
         or config.cluster.join is None
         or layout.read_stamp(data_dir) is not None
         or layout.holds_data(data_dir)
@@ -842,14 +857,33 @@ def _joined_shard_count(config: Config, shard: int | None) -> Config:
 
     from futureq.broker.cluster import cluster_shard_count
 
+    auto = config.node.shards == AUTO_SHARDS
+
+    async def ask() -> int | None:
+        if auto:
+            return await cluster_shard_count(config)
+        with trio.move_on_after(JOIN_CHECK_S):
+            return await cluster_shard_count(config, why=f"node.shards = {config.node.shards}")
+        return None
+
     try:
-        count = trio.run(cluster_shard_count, config)
+        count = trio.run(ask)
     except KeyboardInterrupt:
         raise ConfigError(
-            f"interrupted while asking {config.cluster.join} for the cluster's shard count "
-            "(node.shards = auto); nothing was written"
+            f"interrupted while asking {config.cluster.join} for the cluster's shard count; "
+            "nothing was written"
         ) from None
     if count is None:
+        return config
+    if not auto:
+        if count != config.node.shards:
+            raise ConfigError(
+                f"the cluster at {config.cluster.join} runs {count} shard(s) per node and "
+                f"this node was started with {config.node.shards} (node.shards): every node "
+                "of a cluster must run the same number of shards (shard K of every node is "
+                f"one Raft group); start it again with --shards {count}, or --shards auto "
+                f"(which takes the cluster's); nothing was written to {data_dir}"
+            )
         return config
     print(
         f"futureq: node.shards = auto: {count} shard(s), the count of the cluster at "
