@@ -52,7 +52,7 @@ import trio
 
 from futureq import __version__
 from futureq.cli import manage_commands
-from futureq.cli.durations import duration_ms_arg, positive_duration_ms_arg
+from futureq.cli.durations import delay_ms_arg, duration_ms_arg, positive_duration_ms_arg
 from futureq.cli.jsonl import (
     JsonlItem,
     LineFailure,
@@ -403,9 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--payload-file", metavar="F", help="read the payload bytes from F"
     ).complete = shtab.FILE  # type: ignore[attr-defined]
     when = publish.add_mutually_exclusive_group()
-    when.add_argument(
-        "--delay", type=duration_ms_arg, metavar="D", help="deliver D after publishing"
-    )
+    when.add_argument("--delay", type=delay_ms_arg, metavar="D", help="deliver D after publishing")
     when.add_argument(
         "--at",
         type=parse_at_ms,
@@ -413,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="deliver at TIME: ISO 8601 (UTC if no zone) or ms since the Unix epoch",
     )
     publish.add_argument(
-        "--ttl", type=duration_ms_arg, metavar="D", help="drop it if not delivered D after due"
+        "--ttl", type=delay_ms_arg, metavar="D", help="drop it if not delivered D after due"
     )
     publish.add_argument(
         "--header",
@@ -463,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     settle.add_argument("--nack", action="store_true", help="nack every message after printing")
     consume.add_argument(
         "--requeue-delay",
-        type=duration_ms_arg,
+        type=delay_ms_arg,
         default=None,
         metavar="D",
         help="with --nack: deliver again after D (default 0)",

@@ -29,6 +29,15 @@ _ORDER: Final = ("d", "h", "m", "s", "ms")
 MAX_DURATION_MS: Final = 2**63 - 1
 """Largest duration accepted (ms): the largest 64-bit millisecond value of the protocol."""
 
+MAX_DELAY_MS: Final = 100 * 366 * 86_400_000
+"""Largest delay any server takes (ms): the ceiling of ``limits.max_delay_ms`` and
+``limits.max_ttl_ms`` (100 years, ``config_loader.MAXIMA``); a server's own limit is at
+most this (10 years by default)."""
+
+MIN_PLAUSIBLE_EPOCH_MS: Final = 946_684_800_000
+"""2000-01-01 in ms since the Unix epoch: a bare number of ms this large given as a
+delay is an absolute time typed where a duration goes (``wire.validation``)."""
+
 _FORMS: Final = (
     "use a number with a unit ms, s, m, h or d, or several from the largest unit down "
     "(e.g. 250ms, 5s, 10m, 2h, 3d, 1h30m, 2m30s; a bare number is ms)"
@@ -112,5 +121,32 @@ def positive_duration_ms_arg(text: str) -> int:
     if value == 0:
         raise argparse.ArgumentTypeError(
             f"{text!r} leaves no time for any request; give a deadline above 0 (e.g. 30s)"
+        )
+    return value
+
+
+def delay_ms_arg(text: str) -> int:
+    """argparse ``type=`` for a delay the server applies (``publish --delay``, ``--ttl``,
+    ``consume --requeue-delay``): a duration no server can take is refused here, before
+    anything is sent or received (``consume --nack`` would otherwise receive and print
+    messages and then have every NACK refused).
+
+    Raises:
+        argparse.ArgumentTypeError: not a duration (as :func:`duration_ms_arg`), a bare
+            number that is an absolute time in ms (2000 or later), or longer than
+            :data:`MAX_DELAY_MS`.
+    """
+    value = duration_ms_arg(text)
+    if text.strip().isdigit() and value >= MIN_PLAUSIBLE_EPOCH_MS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is {value / 86_400_000 / 366:.0f} years: it looks like an absolute "
+            "time in ms since the Unix epoch, and this flag takes a duration (a bare number "
+            "is ms; e.g. 10m, 2h, 3d)"
+        )
+    if value > MAX_DELAY_MS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is {value} ms, longer than any server takes: limits.max_delay_ms (and max_ttl_ms) is "
+            f"at most {MAX_DELAY_MS} ms (100 years), 316224000000 ms (10 years) unless the "
+            "operator raised it"
         )
     return value
