@@ -151,7 +151,17 @@ def test_a_half_sent_frame_is_not_held_for_ever(broker_factory: object) -> None:
     wait_for(lambda: metric(broker, "futureq_connection_buffer_bytes", 'direction="in"') > 0)
     error = client.receive(timeout_s=10)
     assert isinstance(error, frames.Error) and error.code == ErrorCode.FRAME_TIMEOUT, error
-    assert "frame_deadline_ms" in error.message
+    # The facts, no blame: a loaded server or network delays a well-behaved sender's
+    # frame as much as a hostile one (found by a tester: the sentence told every
+    # client to "send each frame whole").
+    facts = re.search(
+        rf"after its first byte \(limits.frame_deadline_ms\): (\d+) of its {size + 4} bytes "
+        r"arrived in the (\d+) ms since its first byte, as this server read them",
+        error.message,
+    )
+    assert facts is not None, error.message
+    assert 0 < int(facts[1]) < size + 4 and int(facts[2]) >= 1000  # FAST_DEADLINES
+    assert "send each frame" not in error.message
     assert client.receive() is codec.CLOSED
     wait_for(lambda: metric(broker, "futureq_connection_buffer_bytes", 'direction="in"') == 0)
     assert metric(broker, "futureq_connections_closed_total", 'reason="frame_timeout"') == 1

@@ -778,6 +778,23 @@ class Connection:
         self._evicted = True
         self._waiting_scope.cancel()
 
+    def _frame_progress(self) -> str:
+        """What arrived of the incomplete frame, in how long: the facts of a FRAME_TIMEOUT.
+
+        The sentence says what was measured and no more: a sender, the network between,
+        or this node's load (reads held back while its buffers are full, a busy event
+        loop) can each keep a frame from completing, and the server cannot tell which.
+        """
+        received, size = self.session.incomplete_frame()
+        assert self._frame_started is not None
+        elapsed_ms = round((trio.current_time() - self._frame_started) * 1000)
+        of = "bytes of its 4-byte length" if size is None else f"of its {size} bytes"
+        return (
+            f"{received} {of} arrived in the {elapsed_ms} ms since its first byte, as "
+            "this server read them (a sender, the network or this server's load can each "
+            "slow a frame)"
+        )
+
     def _read_size(self) -> int:
         """Bytes to read at most now: what the node's inbound budget has room for, at
         least MIN_RECEIVE_BYTES (so the budget is overshot by at most that per
@@ -809,24 +826,24 @@ class Connection:
             if self._evicted:
                 raise _Closing(
                     ErrorCode.FRAME_TIMEOUT,
-                    "the node's buffers for incoming frames are full "
-                    "(limits.max_node_buffer_bytes) and this frame was the oldest incomplete "
-                    f"one ({session.buffered_bytes} bytes of it received): dropped to make "
-                    "room for a newer one; send each frame whole and promptly",
+                    "the node's buffers for incoming frames were full "
+                    f"(limits.max_node_buffer_bytes = {self.node_buffers.limit_bytes}, shared "
+                    f"by every connection) and this connection's frame was the oldest "
+                    f"incomplete one: {self._frame_progress()}; it was dropped to make room "
+                    f"for a frame that had waited {EVICT_AFTER_S:g} s (the node is loaded; "
+                    "send it again)",
                 )
             if frame.cancelled_caught:
                 raise _Closing(
                     ErrorCode.FRAME_TIMEOUT,
                     f"a frame was not complete {limits.frame_deadline_ms} ms after its first "
-                    f"byte ({session.buffered_bytes} bytes of it received; "
-                    "limits.frame_deadline_ms)",
+                    f"byte (limits.frame_deadline_ms): {self._frame_progress()}",
                 )
             if stall is not None and stall.cancelled_caught:
                 raise _Closing(
                     ErrorCode.FRAME_TIMEOUT,
-                    f"a frame stalled: no byte of it for {limits.frame_stall_ms} ms "
-                    f"({session.buffered_bytes} bytes of it received; limits.frame_stall_ms); "
-                    "send each frame whole",
+                    f"no byte of a frame arrived for {limits.frame_stall_ms} ms while the "
+                    f"server was reading (limits.frame_stall_ms): {self._frame_progress()}",
                 )
         else:
             self._frame_started = None

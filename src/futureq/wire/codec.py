@@ -119,6 +119,17 @@ class FrameDecoder:
         """Bytes received and not yet consumed by a returned frame."""
         return len(self._buffer) - self._offset
 
+    def incomplete_frame(self) -> tuple[int, int | None]:
+        """The frame being received: bytes of it received so far (its 4-byte length
+        included), and its whole size once that length has arrived (else None).
+        ``(0, None)`` between frames."""
+        available = len(self._buffer) - self._offset
+        if available < HEADER_BYTES:
+            return available, None
+        start = self._offset
+        length = int.from_bytes(self._buffer[start : start + HEADER_BYTES], "big")
+        return available, HEADER_BYTES + length
+
     def receive_data(self, data: bytes) -> None:
         """Add bytes from the stream; ``b""`` means the peer closed its side (EOF).
 

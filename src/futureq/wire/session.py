@@ -44,7 +44,6 @@ CLOSED: Final = codec.CLOSED
 """Returned by ``next_event`` once the peer closed the stream at a frame boundary."""
 
 
-
 @attrs.frozen
 class RefusedRequest:
     """A client request whose fields are wrong, refused alone (server side only).
@@ -214,6 +213,11 @@ class _Session:
     def buffered_bytes(self) -> int:
         """Bytes received and not yet returned as frames (an incomplete frame)."""
         return self._decoder.buffered_bytes
+
+    def incomplete_frame(self) -> tuple[int, int | None]:
+        """Bytes of the incomplete frame received, and its whole size once known
+        (:meth:`futureq.wire.codec.FrameDecoder.incomplete_frame`)."""
+        return self._decoder.incomplete_frame()
 
     def _check_incoming(self, frame: frames.Frame) -> frames.Frame:
         raise NotImplementedError

@@ -315,3 +315,18 @@ def test_a_body_msgpack_refuses_is_named_in_words(body: bytes, reason: str) -> N
     assert refused.value.message.startswith("frame body is not valid msgpack: ")
     assert reason in refused.value.message
     assert "strict_map_key" not in refused.value.message and "NoneType" not in refused.value.message
+
+
+def test_the_incomplete_frame_is_measured_for_a_frame_timeout() -> None:
+    """FRAME_TIMEOUT says how much of the frame arrived: bytes received (its length
+    included) and its whole size once its 4-byte length is in."""
+    decoder = codec.FrameDecoder()
+    assert decoder.incomplete_frame() == (0, None)
+    whole = codec.encode_frame(frames.Ping(7))
+    decoder.receive_data(whole[:2])
+    assert decoder.incomplete_frame() == (2, None)
+    decoder.receive_data(whole[2:-1])
+    assert decoder.incomplete_frame() == (len(whole) - 1, len(whole))
+    decoder.receive_data(whole[-1:])
+    assert decoder.next_frame() == frames.Ping(7)
+    assert decoder.incomplete_frame() == (0, None)
