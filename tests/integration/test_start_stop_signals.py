@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from broker_process import clean_env
 
 WAIT_S = 60.0
