@@ -106,6 +106,9 @@ class RefusalReason(enum.Enum):
     """The node we connected to refused us (its REFUSED frame says why)."""
     SHARDS = "shards"
     """The peer runs another shard count, slot map version, shard or port stride."""
+    TWIN = "twin"
+    """Another incarnation of the peer's node id is connected (two processes run as
+    that node: :mod:`futureq.raft.incarnations`)."""
 
 
 class PeerAuthError(RemoteProtocolError):
@@ -224,6 +227,29 @@ def shard_disagreement(ours: ShardLayout, theirs: ShardLayout, peer: int) -> Pee
         ErrorCode.SHARD_LAYOUT_MISMATCH,
         f"node {peer} runs {theirs.describe()} and this node {ours.describe()}: {fix}",
     )
+
+
+# --- the data-directory incarnation ------------------------------------------------------
+
+INCARNATION_KEY: Final = "incarnation"
+"""Extension key of the HELLO and the CHALLENGE: the sender's data-directory incarnation."""
+
+
+def incarnation_extension(incarnation: int) -> dict[str, object]:
+    """The extension announcing ``incarnation`` (none for 0, an unstamped directory)."""
+    return {INCARNATION_KEY: incarnation} if incarnation else {}
+
+
+def incarnation_from_extensions(extensions: Mapping[str, object]) -> int:
+    """The incarnation a peer announced; 0 when it announced none (an older build).
+
+    Raises:
+        PeerAuthError: PROTOCOL when the value is not an integer >= 0.
+    """
+    value = extensions.get(INCARNATION_KEY, 0)
+    if type(value) is not int or value < 0:
+        raise _malformed(f"handshake extension {INCARNATION_KEY!r} must be an integer >= 0")
+    return value
 
 
 # --- frames -----------------------------------------------------------------------------
@@ -890,6 +916,7 @@ __all__ = [
     "ConnectorHandshake",
     "FrameOpener",
     "FrameSealer",
+    "INCARNATION_KEY",
     "Hello",
     "PeerAuthError",
     "Proof",
@@ -899,6 +926,8 @@ __all__ = [
     "certificate_node_ids",
     "check_certificate",
     "connector_proof",
+    "incarnation_extension",
+    "incarnation_from_extensions",
     "node_dns_name",
     "node_uri",
     "parse_frame",
