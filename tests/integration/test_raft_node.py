@@ -31,8 +31,10 @@ from futureq.raft.messages import (
     Entry,
     Heartbeat,
     LogIndex,
+    Message,
     NodeId,
     Ready,
+    Sender,
     Term,
     encode_message,
 )
@@ -672,8 +674,10 @@ async def test_unauthenticated_connections_cost_bounded_memory(tmp_path: Path) -
                 for _ in range(per_host):
                     idle.append(await trio.open_tcp_stream(host, int(port), local_address=hosts[0]))
                 await cluster.wait_for(
-                    lambda: leader.transport._handshake_slots.value
-                    == DEFAULT_MAX_PENDING_HANDSHAKES - per_host,
+                    lambda: (
+                        leader.transport._handshake_slots.value
+                        == DEFAULT_MAX_PENDING_HANDSHAKES - per_host
+                    ),
                     "one address's share of the handshake slots to be taken",
                 )
                 extra = await trio.open_tcp_stream(host, int(port), local_address=hosts[0])
@@ -879,4 +883,106 @@ async def test_votes_and_clock_samples_overtake_queued_replication() -> None:
                 received.append(await receiver.receive_channel.receive())
         assert isinstance(received[0], ClockPing)
         assert [m.commit for m in received[1:]] == list(range(backlog))  # type: ignore[union-attr]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_twin_of_node_2_is_refused_both_ways_and_a_replaced_node_2_is_taken() -> None:
+    """A second process running as node 2 with its own data directory (another
+    incarnation) while node 2 runs: node 1 takes none of its messages (its votes and
+    acknowledgements would count as node 2's: two leaders in one term, or a commit no
+    majority holds), refuses it with a sentence (which the twin logs too), and does not
+    talk to it when node 2's address leads there. Once node 2 is gone for the quiet
+    time, the other incarnation (a replaced disk) is taken."""
+    quiet_s = 0.3
+    real_id, twin_id = 0xA2, 0xB2
+    books = {name: AddressBook() for name in ("node1", "real", "twin")}
+    transports = {
+        name: Transport(
+            1 if name == "node1" else 2,
+            "127.0.0.1:0",
+            books[name],
+            cluster_id="test",
+            secret=SECRET,
+            incarnation={"node1": 0x11, "real": real_id, "twin": twin_id}[name],
+            incarnation_quiet_s=quiet_s,
+            backoff_max_s=0.1,
+        )
+        for name in books
+    }
+    node1, real, twin = transports["node1"], transports["real"], transports["twin"]
+    received: list[Message] = []
+    real_scope = trio.CancelScope()
+
+    async def run_real(task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        with real_scope:
+            await real.run(task_status=task_status)
+
+    async def collect() -> None:
+        async for message in node1.receive_channel:
+            received.append(message)
+
+    def beat(sender: int, to_id: int, incarnation: int) -> Heartbeat:
+        return Heartbeat(
+            Term(1), NodeId(sender), NodeId(to_id), LogIndex(0), sender=Sender(incarnation)
+        )
+
+    async def until(
+        condition: Callable[[], bool], what: str, *sends: tuple[Transport, Heartbeat]
+    ) -> None:
+        """Send ``sends`` every 20 ms until ``condition`` holds (at most WAIT_S)."""
+        with trio.move_on_after(WAIT_S):
+            while not condition():
+                for transport, message in sends:
+                    transport.send(message)
+                await trio.sleep(0.02)
+        assert condition(), f"waited {WAIT_S} s for {what}"
+
+    async with trio.open_nursery() as nursery:
+        node1_address = await nursery.start(node1.run)
+        real_address = await nursery.start(run_real)
+        twin_address = await nursery.start(twin.run)
+        nursery.start_soon(collect)
+        books["real"].update({1: (node1_address, None)})
+        books["node1"].update({2: (real_address, None)})
+        await until(
+            lambda: any(m.sender.incarnation == real_id for m in received),
+            "node 2's heartbeat",
+            (real, beat(2, 1, real_id)),
+        )
+        books["twin"].update({1: (node1_address, None)})  # started while node 2 runs
+        # The twin dials node 1: refused, with the sentence, on both sides.
+        await until(
+            lambda: (
+                node1.stats.refusals.get("twin", 0) > 0
+                and twin.stats.refusals.get("refused", 0) > 0
+            ),
+            "the twin to be refused",
+            (twin, beat(2, 1, twin_id)),
+            (real, beat(2, 1, real_id)),
+        )
+        # Node 1 dials node 2's address and reaches the twin: refused too.
+        inbound_refusals = node1.stats.refusals["twin"]
+        books["node1"].update({2: (twin_address, None)})
+        await until(
+            lambda: (
+                node1.stats.connect_failures > 0
+                and node1.stats.refusals["twin"] > inbound_refusals + 1
+            ),
+            "node 1's link to the twin to be refused",
+            (node1, beat(1, 2, 0x11)),
+            (real, beat(2, 1, real_id)),
+        )
+        assert twin.stats.received_messages == 0
+        assert not any(m.sender.incarnation == twin_id for m in received)
+        # Node 2 stops for good (its disk is replaced): the other incarnation is taken.
+        real_scope.cancel()
+        await until(
+            lambda: (
+                any(m.sender.incarnation == twin_id for m in received)
+                and twin.stats.received_messages > 0
+            ),
+            "the replaced node 2 to be taken both ways",
+            (twin, beat(2, 1, twin_id)),
+            (node1, beat(1, 2, 0x11)),
+        )
         nursery.cancel_scope.cancel()

@@ -311,6 +311,10 @@ def build_raft_log(
         # whose quorum needs that peer steps down (CheckQuorum) while it backs off.
         backoff_max_s=max(0.05, cluster.tick_ms * cluster.election_timeout_ticks / 2000),
         shard_layout=shard_layout(shard),
+        # The node announces its data directory's incarnation once it read it; a peer
+        # unheard of for an election timeout may be replaced by another incarnation.
+        incarnation=None,
+        incarnation_quiet_s=cluster.tick_ms * cluster.election_timeout_ticks / 1000,
     )
     storage = RocksStorage(db, os.path.join(config.server.data_dir, "snapshots"))
     node = RaftNode(

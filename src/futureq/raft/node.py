@@ -844,6 +844,9 @@ class RaftNode:
     def _load(self) -> None:
         storage = self._storage
         self.incarnation, new_directory = self._check_identity()
+        # Announced in every peer handshake: a second process running as this node id
+        # (another data directory, so another incarnation) is then refused by peers.
+        self._transport.set_incarnation(self.incarnation)
         if self.config.bootstrap_voters:
             storage.bootstrap(
                 Membership(frozenset(NodeId(v) for v in self.config.bootstrap_voters))

@@ -39,6 +39,7 @@ import trio
 from futureq.config import split_host_port
 from futureq.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from futureq.raft import peer_auth
+from futureq.raft.incarnations import IncarnationGuard, Ticket, TwinRefusalError
 from futureq.raft.messages import (
     ClockPing,
     ClockPong,
@@ -161,6 +162,8 @@ class Handshake:
     node_id: NodeId
     raft_address: str
     client_address: str | None
+    incarnation: int = 0
+    """Its data directory's incarnation (0: it announced none, an older build)."""
 
 
 URGENT_MESSAGES: Final = (RequestVote, RequestVoteResponse, TimeoutNow, ClockPing, ClockPong)
@@ -205,11 +208,24 @@ class _PeerLink:
 class _Connected:
     """An outbound connection past its handshake."""
 
-    __slots__ = ("sealer", "stream")
+    __slots__ = ("sealer", "stream", "ticket")
 
-    def __init__(self, stream: trio.abc.Stream, sealer: peer_auth.FrameSealer | None) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        sealer: peer_auth.FrameSealer | None,
+        ticket: Ticket | None,
+    ) -> None:
         self.stream = stream
         self.sealer = sealer
+        self.ticket = ticket
+
+
+def _peer_host_of(stream: trio.abc.Stream) -> str:
+    """The remote host of an accepted connection, TLS or not ("?" if unknown)."""
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    return _peer_host(stream) if isinstance(stream, trio.SocketStream) else "?"
 
 
 def _peer_host(stream: trio.SocketStream) -> str:
@@ -260,6 +276,15 @@ class Transport:
         shard_layout: This process's place in a sharded node, announced in every
             handshake; a peer with another layout is refused both ways
             (``peer_auth.shard_disagreement``). Default: 1 shard.
+        incarnation: Our data directory's incarnation, announced in every handshake;
+            0: none (unstamped); None: not known yet, set later by
+            :meth:`set_incarnation` (no link connects and no handshake is answered
+            before).
+        incarnation_quiet_s: How long a peer's incarnation keeps its node id after its
+            last connection closed; meanwhile connections announcing another
+            incarnation of that id are refused both ways
+            (:class:`~futureq.raft.incarnations.IncarnationGuard`). Use the election
+            timeout.
 
     Raises:
         ValueError: only one of the TLS contexts given, a server context that does not
@@ -290,6 +315,8 @@ class Transport:
         max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES,
         nonce_source: Callable[[int], bytes] = secrets.token_bytes,
         shard_layout: peer_auth.ShardLayout | None = None,
+        incarnation: int | None = 0,
+        incarnation_quiet_s: float = 1.0,
     ) -> None:
         if (ssl_server is None) != (ssl_client is None):
             raise ValueError("give both TLS contexts (server and client) or neither")
@@ -318,6 +345,11 @@ class Transport:
         self._secret = secret
         self._nonce_source = nonce_source
         self.shard_layout = shard_layout or peer_auth.ShardLayout()
+        self.incarnation = incarnation
+        self._incarnation_known = trio.Event()
+        if incarnation is not None:
+            self._incarnation_known.set()
+        self._incarnations = IncarnationGuard(incarnation_quiet_s)
         self._handshake_slots = trio.Semaphore(max_pending_handshakes)
         self._handshakes_by_host: dict[str, int] = {}
         self._refusals_logged: dict[str, float] = {}
@@ -409,6 +441,35 @@ class Transport:
             log.warning("raft message to node %s not sent: %s", link.node_id, exc)
             return None
 
+    def set_incarnation(self, incarnation: int) -> None:
+        """Our data directory's incarnation, once the node read it (announced from now on).
+
+        Raises:
+            ValueError: ``incarnation`` < 0.
+        """
+        if incarnation < 0:
+            raise ValueError(f"incarnation must be >= 0, got {incarnation}")
+        self.incarnation = incarnation
+        self._incarnation_known.set()
+
+    def _admit(self, node_id: NodeId, incarnation: int, address: str) -> Ticket:
+        """Let a connection of ``node_id``'s ``incarnation`` in, or refuse it because
+        another incarnation of that id is connected (two processes run as the node).
+
+        Raises:
+            PeerAuthError: TWIN, with the sentence for the operator.
+        """
+        try:
+            return self._incarnations.admit(node_id, incarnation, address, trio.current_time())
+        except TwinRefusalError as exc:
+            raise PeerAuthError(
+                peer_auth.RefusalReason.TWIN, ErrorCode.AUTH_FAILED, exc.refusal.sentence()
+            ) from None
+
+    def _release(self, ticket: Ticket | None) -> None:
+        if ticket is not None:
+            self._incarnations.close(ticket, trio.current_time())
+
     def _learn(self, handshake: Handshake) -> None:
         """Keep the addresses a peer announced in its handshake, unless they contradict
         the address book while an earlier handshake agreed with it.
@@ -474,7 +535,7 @@ class Transport:
             OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError: the
                 connection or the TLS handshake failed.
         """
-        connected = await self._connect(NodeId(node_id), address)
+        connected = await self._connect(NodeId(node_id), address, guard=False)
         with trio.move_on_after(0.5, shield=True):
             await connected.stream.aclose()
 
@@ -552,6 +613,7 @@ class Transport:
     async def _run_link(self, link: _PeerLink) -> None:
         failures = 0
         with link.cancel_scope:
+            await self._incarnation_known.wait()  # announced in the handshake
             while True:
                 try:
                     connected = await self._connect(link.node_id, link.address)
@@ -573,6 +635,7 @@ class Transport:
                     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                         log.debug("raft link to node %s broke: %s", link.node_id, exc)
                     finally:
+                        self._release(connected.ticket)
                         with trio.move_on_after(0.5, shield=True):
                             await connected.stream.aclose()
                 # Whatever was queued is stale by the time we reconnect.
@@ -583,8 +646,13 @@ class Transport:
                 failures = min(failures + 1, 30)
                 await trio.sleep(delay * (0.5 + 0.5 * self._rng.random()))
 
-    async def _connect(self, peer_id: NodeId, address: str) -> _Connected:
-        """TCP (+TLS) connect and the handshake as connector, under one deadline."""
+    async def _connect(self, peer_id: NodeId, address: str, *, guard: bool = True) -> _Connected:
+        """TCP (+TLS) connect and the handshake as connector, under one deadline.
+
+        With ``guard``, the acceptor's incarnation must be admitted
+        (:meth:`_admit`): the connection is closed, and PeerAuthError (TWIN) raised,
+        when another incarnation of ``peer_id`` is connected.
+        """
         host, port = split_address(address)
         with trio.fail_after(self._connect_timeout_s):
             tcp = await trio.open_tcp_stream(host, port)
@@ -607,17 +675,23 @@ class Transport:
                     peer_certificate=certificate,
                     require_certificate=self._ssl_client is not None,
                     shards=self.shard_layout,
+                    extensions=peer_auth.incarnation_extension(self.incarnation or 0),
                 )
                 decoder = FrameDecoder(peer_auth.MAX_HANDSHAKE_FRAME_BYTES, parse=False)
                 await stream.send_all(encode_value(handshake.hello.to_wire()))
                 proof = handshake.receive_challenge(await self._handshake_value(stream, decoder))
+                assert handshake.challenge is not None
+                theirs = peer_auth.incarnation_from_extensions(handshake.challenge.extensions)
                 await stream.send_all(encode_value(proof.to_wire()))
                 handshake.receive_verdict(await self._handshake_value(stream, decoder))
+                # Only now is the acceptor proved and the link ours: we dialled node N's
+                # address and may have reached a second process running as node N.
+                ticket = self._admit(peer_id, theirs, address) if guard else None
             except BaseException:
                 with trio.move_on_after(0.5, shield=True):
                     await stream.aclose()
                 raise
-        return _Connected(stream, handshake.sealer)
+        return _Connected(stream, handshake.sealer, ticket)
 
     async def _pump(self, link: _PeerLink, connected: _Connected) -> None:
         stream = connected.stream
@@ -711,7 +785,10 @@ class Transport:
                         stream = tls
                         certificate = tls.getpeercert()
                     decoder = FrameDecoder(peer_auth.MAX_HANDSHAKE_FRAME_BYTES, parse=False)
-                    handshake, opener = await self._accept_handshake(stream, decoder, certificate)
+                    await self._incarnation_known.wait()  # announced in the challenge
+                    handshake, opener, ticket = await self._accept_handshake(
+                        stream, decoder, certificate
+                    )
             finally:
                 self._handshake_slots.release()
                 left = self._handshakes_by_host[host] - 1
@@ -721,7 +798,10 @@ class Transport:
                     del self._handshakes_by_host[host]
             if handshake is None:
                 return
-            await self._read_peer(stream, decoder, handshake, opener)
+            try:
+                await self._read_peer(stream, decoder, handshake, opener)
+            finally:
+                self._release(ticket)
         except PeerAuthError as exc:
             self.stats.inbound_protocol_errors += 1
             self._count_refusal(exc)
@@ -740,12 +820,17 @@ class Transport:
         stream: trio.abc.Stream,
         decoder: FrameDecoder,
         certificate: dict[str, object] | None,
-    ) -> tuple[Handshake | None, peer_auth.FrameOpener | None]:
+    ) -> tuple[Handshake | None, peer_auth.FrameOpener | None, Ticket | None]:
         """Run the handshake as acceptor; a refusal is sent to the peer, then raised.
 
+        A peer whose node id another incarnation holds (:meth:`_admit`) is refused
+        once it proved who it is: its REFUSED frame tells it which processes run as
+        its node id.
+
         Returns:
-            The authenticated handshake and the frame opener (None without a frame
-            MAC), or ``(None, None)`` if the peer closed before saying anything.
+            The authenticated handshake, the frame opener (None without a frame MAC)
+            and the admission to release when the connection ends, or
+            ``(None, None, None)`` if the peer closed before saying anything.
         """
         handshake = peer_auth.AcceptorHandshake(
             cluster_id=self.cluster_id,
@@ -755,16 +840,20 @@ class Transport:
             peer_certificate=certificate,
             require_certificate=self._ssl_server is not None,
             shards=self.shard_layout,
+            extensions=peer_auth.incarnation_extension(self.incarnation or 0),
         )
         try:
             first = await self._next_value(stream, decoder)
             if first is CLOSED:
-                return None, None
+                return None, None, None
             await stream.send_all(encode_value(handshake.receive_hello(first).to_wire()))
             second = await self._next_value(stream, decoder)
             if second is CLOSED:
-                return None, None  # the connector gave up (e.g. it did not trust our proof)
+                return None, None, None  # the connector gave up (e.g. it did not trust our proof)
             hello = handshake.receive_proof(second)
+            incarnation = peer_auth.incarnation_from_extensions(hello.extensions)
+            address = hello.raft_address or _peer_host_of(stream)
+            ticket = self._admit(hello.from_id, incarnation, address)
         except RemoteProtocolError as exc:
             # Tell the peer why (its log then says what to fix); it learns nothing it did
             # not send itself.
@@ -774,10 +863,21 @@ class Transport:
                 except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
             raise
-        await stream.send_all(encode_value(peer_auth.Accepted().to_wire()))
+        try:
+            await stream.send_all(encode_value(peer_auth.Accepted().to_wire()))
+        except BaseException:
+            self._release(ticket)
+            raise
         return (
-            Handshake(hello.cluster_id, hello.from_id, hello.raft_address, hello.client_address),
+            Handshake(
+                hello.cluster_id,
+                hello.from_id,
+                hello.raft_address,
+                hello.client_address,
+                incarnation,
+            ),
             handshake.opener,
+            ticket,
         )
 
     async def _read_peer(
@@ -804,6 +904,15 @@ class Transport:
                 raise RemoteProtocolError(
                     ErrorCode.INVALID_FRAME,
                     f"node {handshake.node_id} sent a message from node {message.from_id}",
+                )
+            stamped = message.sender.incarnation
+            if handshake.incarnation and stamped and stamped != handshake.incarnation:
+                # The admission was for the incarnation the handshake announced (clock
+                # samples and the driver's own answers carry no stamp: 0).
+                raise RemoteProtocolError(
+                    ErrorCode.INVALID_FRAME,
+                    f"node {handshake.node_id} announced incarnation {handshake.incarnation:x} "
+                    f"but sent a message from incarnation {stamped:x}",
                 )
             if message.to_id != self.node_id:
                 self.stats.dropped_unknown_peer += 1
@@ -852,8 +961,12 @@ class Transport:
         if len(self._refusals_logged) > 256:
             self._refusals_logged.clear()
         self._refusals_logged[line] = now
-        shards = error.code is ErrorCode.SHARD_LAYOUT_MISMATCH
-        log.log(logging.ERROR if shards else logging.WARNING, "%s", line)
+        # A link that never carries Raft traffic until the operator acts: another shard
+        # layout, or two processes running as one node id.
+        serious = error.code is ErrorCode.SHARD_LAYOUT_MISMATCH or (
+            isinstance(error, PeerAuthError) and error.reason is peer_auth.RefusalReason.TWIN
+        )
+        log.log(logging.ERROR if serious else logging.WARNING, "%s", line)
 
 
 __all__ = [
