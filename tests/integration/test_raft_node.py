@@ -986,3 +986,23 @@ async def test_a_twin_of_node_2_is_refused_both_ways_and_a_replaced_node_2_is_ta
             (node1, beat(1, 2, 0x11)),
         )
         nursery.cancel_scope.cancel()
+
+
+async def test_a_message_stamped_with_another_incarnation_than_announced_closes_the_link() -> None:
+    """The admission was for the incarnation the handshake announced: a message stamped
+    with another one is not taken (unstamped ones, such as clock samples, are)."""
+    book = AddressBook()
+    sender = Transport(2, "127.0.0.1:0", book, cluster_id="test", secret=SECRET, incarnation=0xA)
+    receiver = Transport(1, "127.0.0.1:0", book, cluster_id="test", secret=SECRET, incarnation=1)
+    async with trio.open_nursery() as nursery:
+        for n, transport in ((2, sender), (1, receiver)):
+            book.update({n: (await nursery.start(transport.run), None)})
+        sender.send(ClockPing(Term(1), NodeId(2), NodeId(1), 7))  # unstamped
+        with trio.fail_after(WAIT_S):
+            assert isinstance(await receiver.receive_channel.receive(), ClockPing)
+        sender.send(Heartbeat(Term(1), NodeId(2), NodeId(1), LogIndex(0), sender=Sender(0xC)))
+        with trio.fail_after(WAIT_S):
+            while receiver.stats.inbound_protocol_errors == 0:  # noqa: ASYNC110 - polls a counter, under a deadline
+                await trio.sleep(0.01)
+        assert receiver.receive_channel.statistics().current_buffer_used == 0
+        nursery.cancel_scope.cancel()
