@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import pytest
 from wire_client import WireClient
 
 from futureq.wire import frames
@@ -101,3 +102,53 @@ def test_a_parked_dead_letter_rescheduled_is_delivered_again(broker: BrokerProce
     ) == [ItemStatus.DONE]
     [again] = dead.deliveries(1, timeout_s=5.0)
     assert (again[1], again[5]) == (letter[1], 2)
+
+
+class RestartableBroker(Protocol):
+    client_address: str
+
+    def terminate(self) -> int: ...
+
+    def start(self) -> None: ...
+
+
+@pytest.mark.parametrize("given_back_by", ["unsubscribe", "close", "shutdown"])
+def test_a_first_delivery_given_back_counts_after_a_graceful_restart(
+    broker: RestartableBroker, given_back_by: str
+) -> None:
+    """max_deliveries=2: delivered once, then given back (UNSUBSCRIBE, the connection
+    closed, or still out when SIGTERM came); after a graceful restart it goes out as
+    attempt 2 and is then dead-lettered with ``futureq-attempts: 2``. Two deliveries,
+    not three (``docs/protocol.md``, UNSUBSCRIBE: "each counting as an attempt")."""
+    admin = WireClient(broker.client_address)
+    consumer = WireClient(broker.client_address)
+    _group(admin, "ua", "g", 2)
+    mid = admin.publish([["ua", b"x", None, None, None]]).first_id
+    subscription_id = consumer.subscribe("ua", "g", 1)
+    [first] = consumer.deliveries(1)
+    assert (first[1], first[5]) == (mid, 1)
+    assert [m[2] for m in _browse(admin, "ua")] == [1]  # out: delivered once
+    if given_back_by == "unsubscribe":
+        answer = consumer.request(frames.Unsubscribe(consumer.next_id(), subscription_id))
+        assert isinstance(answer, frames.Ok), answer
+    elif given_back_by == "close":
+        consumer.close()
+    if given_back_by != "shutdown":
+        assert [m[2] for m in _browse(admin, "ua")] == [1]  # back in the group, counted
+    admin.close()
+    assert broker.terminate() == 0
+    consumer.close()
+    broker.start()
+    admin = WireClient(broker.client_address)
+    assert [m[2] for m in _browse(admin, "ua")] == [1]
+    consumer = WireClient(broker.client_address)
+    subscription_id = consumer.subscribe("ua", "g", 1)
+    [again] = consumer.deliveries(1)
+    assert (again[1], again[5]) == (mid, 2)
+    answer = consumer.request(frames.Nack(consumer.next_id(), [again[0]], 0))
+    assert isinstance(answer, frames.Ok), answer
+    consumer.send(frames.Credit(consumer.next_id(), subscription_id, 1))
+    consumer.expect_nothing(1.0)
+    [letter] = _browse(admin, "ua.dlq")
+    assert letter[4]["futureq-attempts"] == "2"
+    assert letter[4]["futureq-original-id"] == str(mid)

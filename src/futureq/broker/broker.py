@@ -692,7 +692,26 @@ class Broker:
         self._require_leader()
         if node_id == self.node_id:
             return  # already the leader
-        await cluster.transfer_leadership(node_id)
+        await self.hold_and_record_deliveries()
+        try:
+            await cluster.transfer_leadership(node_id)
+        finally:
+            self.dispatcher.resume()  # a follower now (nothing to resume), or still leader
+
+    async def hold_and_record_deliveries(self) -> None:
+        """Before this leader hands over (shutdown, transfer): stop handing out and make
+        the attempts of first deliveries out or given back durable, so they count on the
+        next leader or after a restart (``docs/protocol.md``, UNSUBSCRIBE). Best effort:
+        a log that refuses (leadership already lost) is logged, not raised."""
+        try:
+            recorded = await self.dispatcher.hold_and_record()
+        except FutureQError as exc:
+            log.warning("could not record the first deliveries out before handing over: %s", exc)
+            return
+        if recorded:
+            log.info(
+                "recorded the attempts of %d first deliveries out before handing over", recorded
+            )
 
     async def run_promoter(self) -> None:
         """Promote learners to voters once they have caught up (thesis §4.2.1)."""

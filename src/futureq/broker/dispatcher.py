@@ -13,10 +13,13 @@ recorder task, which commits one DELIVERED command for everything handed to it
 meanwhile and only then pushes the DELIVER frames; a new leader reads every such
 attempt, so counts survive leader changes and restarts and never go backwards. A
 *first* delivery goes out at once, unrecorded: its attempt (1) follows from the entry,
-and the next delivery of it records 2. The one thing lost that way: if leadership
-changes while a message's first delivery is out and before any redelivery of it, the
-new leader delivers attempt 1 again (one delivery uncounted, at most once per leader
-change). Why: recording every delivery before pushing it doubles the log entries of a
+and the next delivery of it records 2. A first delivery that comes back without being
+settled (its consumer left, its visibility timeout passed) is recorded then, by a
+RETURN_COUNTED, and so is every first delivery out when the leader shuts down or hands
+leadership over (:meth:`Dispatcher.record_unrecorded`). The one thing lost that way:
+if leadership is lost (a crash, a partition) while a message's first delivery is out
+and before any of that, the new leader delivers attempt 1 again (one delivery
+uncounted, at most once per leader change). Why: recording every delivery before pushing it doubles the log entries of a
 consumer that acks one message at a time and halved its throughput on this machine
 (``docs/architecture.md``), while redeliveries are the rare case and the one that
 needs counting (dead-lettering a poison message). A reaper task removes the schedule
@@ -178,6 +181,10 @@ class Dispatcher:
         """Due-time histograms for BROWSE_COUNTS, fed by this observer on every node."""
         self._histograms = self.due_counts.histograms
         self.active = False
+        self.held = False
+        """Set while a leader hands over (shutdown, leadership transfer): nothing is
+        handed out, so the first deliveries :meth:`record_unrecorded` recorded are all
+        there are (:meth:`hold`)."""
         if active:
             self.activate()
 
@@ -657,7 +664,7 @@ class Dispatcher:
             assert runtime is not None
             visibility_ms = runtime.info.visibility_timeout_ms
             for flight in flights:
-                self.hub.mark_pushed(flight, now_ms + visibility_ms)
+                self.hub.mark_pushed(flight, now_ms + visibility_ms, now_ms)
             pushed += len(flights)
             self._count_pushed(runtime, flights, now_ms)
         if pushed and pass_now_ms is None:
@@ -803,6 +810,47 @@ class Dispatcher:
                 self.hub.touched.add(owner.info.group_id)
         return math.inf
 
+    def _record_returned(self, now_ms: int) -> None:
+        """Propose a RETURN_COUNTED of first deliveries given back (their consumer left,
+        their visibility timeout passed): they count, and until this commits only this
+        leader's index knows it. Left for the next pass while the log is backed up."""
+        if now_ms < self._retry_after_ms:
+            return
+        entries = self.hub.take_returned(MAX_DELIVERED_ENTRIES)
+        try:
+            self._proposals_send.send_nowait((commands.return_counted(entries), []))
+        except trio.WouldBlock:
+            for key, attempt, pushed_ms in entries:
+                self.hub.returned.setdefault(key, (attempt, pushed_ms))
+            return
+        if self.hub.returned:
+            self.kick()  # more than one command's worth: the rest on the next pass
+
+    async def hold_and_record(self) -> int:
+        """Stop handing out deliveries (until :meth:`resume`), then commit the attempts
+        of every first delivery that went out and is not in the log (given back, or
+        still out): before a leader shuts down or hands leadership over, so the node
+        that delivers next continues their count (``docs/protocol.md``, UNSUBSCRIBE).
+        Returns how many were recorded; 0 when not dispatching.
+
+        Raises:
+            FutureQError: the log refused (not leader any more, shutting down).
+        """
+        self.held = True
+        recorded = 0
+        while self.active:
+            entries = self.hub.take_unrecorded(MAX_DELIVERED_ENTRIES)
+            if not entries:
+                break
+            await self.log.propose(commands.return_counted(entries))
+            recorded += len(entries)
+        return recorded
+
+    def resume(self) -> None:
+        """Hand out deliveries again after :meth:`hold_and_record` (a transfer failed)."""
+        self.held = False
+        self.kick()
+
     # ------------------------------------------------------------ one pass
 
     def dispatch_once(self) -> float:
@@ -820,11 +868,13 @@ class Dispatcher:
         # question, and everything the pass pushes (without yielding) carries a time
         # at which the lease held (see push_staged).
         now_ms = self.clock.wall_ms()
-        if self.dispatch_allowed is not None and not self.dispatch_allowed():
+        if self.held or (self.dispatch_allowed is not None and not self.dispatch_allowed()):
             return float(now_ms + NOT_ALLOWED_RETRY_MS)
         self._pass_now_ms = now_ms
         hub = self.hub
         hub.expire_visibility(now_ms)
+        if hub.returned:
+            self._record_returned(now_ms)
         next_ms: float = self._unpark(now_ms)
         timers = self._timers
         wake_at = self._wake_at

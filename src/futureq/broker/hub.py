@@ -125,6 +125,10 @@ class InFlight:
             time it out, and do not revoke it.
         pushed: Its DELIVERED record committed and the DELIVER frame queued. Before
             that the consumer cannot know its tag.
+        pushed_ms: When it was pushed (ms since the Unix epoch); 0 until ``pushed``.
+        recorded: Its attempt is in the log. A redelivery is recorded (DELIVERED)
+            before it is pushed; a first delivery only once it is given back, or when
+            the leader hands over with it out (RETURN_COUNTED).
     """
 
     key: bytes
@@ -140,6 +144,13 @@ class InFlight:
     acking: bool = False
     pushed: bool = False
     salt: int = 0
+    pushed_ms: int = 0
+    recorded: bool = False
+
+    @property
+    def unrecorded_out(self) -> bool:
+        """It went out and the log does not know its attempt (a first delivery)."""
+        return self.pushed and not self.recorded and self.attempt == 1
 
     @property
     def tag(self) -> bytes:
@@ -272,6 +283,10 @@ class Hub:
         """Ids of groups that may have work now (new consumer, credit, a release)."""
         self.group_info: Callable[[int], GroupInfo | None] = lambda group_id: None
         """Looks up a group's replicated record; set by the dispatcher."""
+        self.returned: dict[bytes, tuple[int, int]] = {}
+        """Schedule key -> ``(attempt, pushed_ms)`` of deliveries given back that went out
+        unrecorded (a first delivery): they count, and the dispatcher records them
+        (RETURN_COUNTED) so a restart or a new leader does not deliver attempt 1 again."""
 
     def wake(self, consumer: Consumer) -> None:
         """The consumer may receive again (credit, buffer room, new): it joins its
@@ -370,9 +385,12 @@ class Hub:
         flight.consumer.in_flight.add(flight.key)
         self.groups[flight.group_id].in_flight_count += 1
 
-    def mark_pushed(self, flight: InFlight, deadline_ms: int) -> None:
-        """The delivery went out: its visibility timeout runs until ``deadline_ms``."""
+    def mark_pushed(self, flight: InFlight, deadline_ms: int, pushed_ms: int = 0) -> None:
+        """The delivery went out (at ``pushed_ms``): its visibility timeout runs until
+        ``deadline_ms``."""
         flight.pushed = True
+        flight.pushed_ms = pushed_ms
+        flight.recorded = flight.attempt > 1  # a redelivery's DELIVERED committed first
         flight.deadline_ms = deadline_ms
         heapq.heappush(self._deadlines, (deadline_ms, flight.key))
 
@@ -413,10 +431,13 @@ class Hub:
     def give_back(self, flight: InFlight) -> None:
         """Put a delivery back in its group's index.
 
-        A pushed delivery keeps its (committed) attempt: it counted. One that never
-        went out goes back with the attempt count it had.
+        A pushed delivery keeps its attempt: it counted. If the log does not know that
+        attempt (a first delivery) it is noted in :attr:`returned` for the dispatcher to
+        record. One that never went out goes back with the attempt count it had.
         """
         self._drop(flight.key)
+        if flight.unrecorded_out:
+            self.returned[flight.key] = (flight.attempt, flight.pushed_ms)
         if not flight.pushed:
             flight.consumer.credit += 1
         runtime = self.groups.get(flight.group_id)
@@ -427,6 +448,30 @@ class Hub:
             runtime.released[flight.mid] = flight.released
         runtime.index.add(flight.due_ms, flight.mid, flight.expire_ms, attempt)
         self.wake(flight.consumer)
+
+    def take_unrecorded(self, limit: int) -> list[tuple[bytes, int, int]]:
+        """Up to ``limit`` deliveries that went out unrecorded and count, as
+        ``(schedule_key, attempt, pushed_ms)`` for a RETURN_COUNTED: those given back
+        (:attr:`returned`, taken out of it) first, then those still out (marked
+        recorded, so they are taken once). Used when the log must learn them now: a
+        leader shutting down or handing leadership over."""
+        found = self.take_returned(limit)
+        for flight in self.in_flight.values():
+            if len(found) >= limit:
+                break
+            if flight.unrecorded_out:
+                flight.recorded = True
+                found.append((flight.key, flight.attempt, flight.pushed_ms))
+        return found
+
+    def take_returned(self, limit: int) -> list[tuple[bytes, int, int]]:
+        """Up to ``limit`` entries of :attr:`returned`, taken out of it."""
+        found: list[tuple[bytes, int, int]] = []
+        returned = self.returned
+        while returned and len(found) < limit:
+            key, (attempt, pushed_ms) = returned.popitem()
+            found.append((key, attempt, pushed_ms))
+        return found
 
     def _revoke(self, flights: list[InFlight], reason: frames.RevokeReason) -> None:
         """Return the credit of pushed deliveries taken back, and tell their consumers."""
@@ -612,6 +657,7 @@ class Hub:
         """Forget everything (leadership lost, or gained), and draw a new tag salt."""
         self.tag_salt = self._salts()
         self.groups.clear()
+        self.returned.clear()
         self.touched.clear()
         self.in_flight.clear()
         self._deadlines.clear()

@@ -247,6 +247,13 @@ async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
     page, next_key = broker.state.browse(
         info.group_id, from_due_ms, frame.to_due_ms, cursor, frame.limit
     )
+    # A first delivery goes out unrecorded (and one given back is recorded a moment
+    # later): the leader's own knowledge counts too, so "0" means never delivered.
+    out = dict(
+        broker.dispatcher.out_deliveries(
+            [info.group_id], [commands.parse_schedule_key(key)[2] for key, _, _ in page]
+        )
+    )
     messages: list[list[Any]] = []
     # A page ends by bytes too, well below the frame limit (as DELIVER frames do): a
     # full page of messages with large headers would not fit in one frame.
@@ -263,7 +270,7 @@ async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
             [
                 mid,
                 None if due_ms == PARKED_DUE_MS else due_ms,
-                entry.attempt,
+                max(entry.attempt, out.get(key, 0)),
                 len(record.payload),
                 record.headers,
                 preview,

@@ -440,6 +440,9 @@ async def serve(
                 accepting.cancel()
                 grace_s = config.server.shutdown_grace_ms / 1000
                 with trio.move_on_after(grace_s) as grace:
+                    # First deliveries out (or given back) count: the log learns them
+                    # before it stops taking proposals, or the next leader forgets them.
+                    await broker.hold_and_record_deliveries()
                     if not isinstance(command_log, SingleNodeLog):
                         await _hand_over_leadership(config, command_log)
                     else:

@@ -26,6 +26,8 @@ Layouts (``DESIGN.md``, "Data flow"):
 * ``[DELIVERED, [[schedule_key, attempt, first_ms?], ...], now_ms]``
 * ``[PURGE_GROUP, group_id, max_entries]``
 * ``[RELEASE, [[schedule_key, attempt], ...]]``
+* ``[RETURN_COUNTED, [[schedule_key, attempt, pushed_ms], ...]]`` (deliveries that went
+  out unrecorded and count: their consumer left, or the leader is handing over)
 * ``[CANCEL, topic, group_id | None, [message_id, ...], out?]``
 * ``[RESCHEDULE_COUNTED, now_ms, topic, group_id | None, [message_id, ...], due_ms, out]``
   (written since RESCHEDULE keeps attempts the log did not record; ``[RESCHEDULE, now_ms, topic, group_id |
@@ -109,6 +111,16 @@ class CommandKind(enum.IntEnum):
     attempts in its ``futureq-attempts`` header, not 0. Written only when there is such
     a delivery; kind 4 (EXPIRE) otherwise, so a node of an earlier build refuses kind 32
     only where it would have written different headers."""
+    RETURN_COUNTED = 40
+    """Deliveries that went out and count, whose attempt the log never recorded (a first
+    delivery is pushed unrecorded): the subscription ended (UNSUBSCRIBE, its connection
+    closed, a slow consumer evicted), the visibility timeout passed, or the leader is
+    shutting down or handing leadership over with them out. Apply raises each entry's
+    attempt to at least the one given and records ``pushed_ms`` as a delivery time, so
+    a restart or a new leader continues the count instead of delivering attempt 1
+    again (``docs/protocol.md``, UNSUBSCRIBE: "each counting as an attempt"). Unlike
+    RELEASE (kind 17), which records an attempt that does *not* count, it leaves
+    ``released`` alone and moves nothing; a node of an earlier build refuses kind 40."""
 
 
 @attrs.frozen
@@ -428,6 +440,14 @@ def release(entries: list[tuple[bytes, int]]) -> bytes:
     ``max_deliveries``.
     """
     return encode([CommandKind.RELEASE, entries])
+
+
+def return_counted(entries: Sequence[tuple[bytes, int, int]]) -> bytes:
+    """Encode a RETURN_COUNTED: ``(schedule_key, attempt, pushed_ms)`` of deliveries that
+    went out unrecorded and count (see :class:`CommandKind`). ``pushed_ms``: when the
+    leader pushed that delivery (its first and last delivery time, as far as the log
+    knows)."""
+    return encode([CommandKind.RETURN_COUNTED, [list(item) for item in entries]])
 
 
 def cancel(topic: str, group_id: int | None, ids: list[int], out: OutDeliveries = ()) -> bytes:

@@ -426,8 +426,8 @@ class QueueState(ManageOps):
         Returns:
             PUBLISH: the first message id, or a :class:`PublishResult` when items with
             idempotency keys were duplicates; DEAD_LETTER: the first message id; ACK,
-            NACK, EXPIRE, DELIVERED, RELEASE, PURGE_GROUP, BACKFILL_GROUP: how many
-            entries were handled; PURGE: how many entries the groups held;
+            NACK, EXPIRE, DELIVERED, RELEASE, RETURN_COUNTED, PURGE_GROUP,
+            BACKFILL_GROUP: how many entries were handled; PURGE: how many entries the groups held;
             CREATE_GROUP: the group id; DELETE_GROUP: True if it existed; CANCEL,
             RESCHEDULE, REDRIVE: one :class:`~futureq.state.commands.ItemStatus` per
             item; NOOP: None.
@@ -493,6 +493,8 @@ class QueueState(ManageOps):
             result = yield from self._delivered(txn, command[1], _arg(command, 2))
         elif kind == CommandKind.RELEASE:
             result = yield from self._release(txn, command[1], effects)
+        elif kind == CommandKind.RETURN_COUNTED:
+            result = yield from self._return_counted(txn, command[1])
         elif kind == CommandKind.ACK:
             result = yield from self._remove(txn, command[1], CommandKind.ACK, effects, touched)
         elif kind == CommandKind.EXPIRE or kind == CommandKind.EXPIRE_COUNTED:
@@ -1165,6 +1167,26 @@ class QueueState(ManageOps):
                 entry.attempt = attempt
                 if now_ms is not None:
                     entry.record_delivery(item[2] if len(item) > 2 else None, now_ms)
+                txn.put("schedule", key, entry.encode())
+                done += 1
+        return done
+
+    def _return_counted(self, txn: Txn, entries: list[list[Any]]) -> Generator[None, None, int]:
+        """Record deliveries that went out unrecorded and count (RETURN_COUNTED): the
+        attempt is raised, never lowered, and ``pushed_ms`` becomes a delivery time; the
+        entry stays where it is (the leader's index already has it due again)."""
+        done = 0
+        for position, item in enumerate(entries):
+            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+                yield
+            key, attempt, pushed_ms = item[0], item[1], item[2]
+            value = txn.get("schedule", key)
+            if value is None:
+                continue  # acked, expired, moved or deleted meanwhile
+            entry = EntryValue.decode(value)
+            if attempt > entry.attempt:
+                entry.attempt = attempt
+                entry.record_delivery(pushed_ms, pushed_ms)
                 txn.put("schedule", key, entry.encode())
                 done += 1
         return done

@@ -503,11 +503,12 @@ async def settle(env: Env) -> None:
 
 
 def kinds(env: Env) -> list[CommandKind]:
-    """Kinds of the dispatcher's proposals, DELIVERED records left out."""
+    """Kinds of the dispatcher's proposals, records of attempts (DELIVERED,
+    RETURN_COUNTED) left out."""
     return [
         CommandKind(commands.decode(c)[0])
         for c in env.log.proposed
-        if commands.decode(c)[0] != CommandKind.DELIVERED
+        if commands.decode(c)[0] not in (CommandKind.DELIVERED, CommandKind.RETURN_COUNTED)
     ]
 
 
@@ -1052,6 +1053,8 @@ def test_a_delivery_whose_ttl_ran_out_while_its_record_committed_is_never_pushed
     assert consumer.credit == 2
     env.dispatch()
     assert out(consumer).take() == []  # the short one goes to expiry, never out
+    returned, _restore = env.dispatcher._proposals_receive.receive_nowait()
+    assert commands.decode(returned)[0] == CommandKind.RETURN_COUNTED  # the first consumer's
     command, _restore = env.dispatcher._proposals_receive.receive_nowait()
     key = commands.schedule_key(gid, env.now - 5, short)
     assert commands.decode(command) == [CommandKind.EXPIRE, [key]]
@@ -1602,3 +1605,93 @@ async def test_a_parked_dead_letter_rescheduled_is_delivered_again() -> None:
         assert out(consumer).take() == []
     [(due_ms, _, attempt, _)] = list(env.state.scan_schedule(gid, 0, 0, 10))
     assert (due_ms, attempt) == (PARKED_DUE_MS, 2)
+
+
+# ---------------------------------------------------------------- first deliveries that count
+
+
+def test_a_first_delivery_whose_consumer_left_counts_after_a_restart() -> None:
+    """UNSUBSCRIBE (or a closed connection) gives a first delivery back *counted*
+    (``docs/protocol.md``, UNSUBSCRIBE). It went out unrecorded, so only this leader's
+    index knew; the dispatcher records it (RETURN_COUNTED), and after a restart or a
+    leader change the message goes out as attempt 2 and is then dead-lettered
+    (max_deliveries=2) with ``futureq-attempts: 2``: two deliveries, not three."""
+    env = Env()
+    gid = env.group("t", "g", max_deliveries=2)
+    first = env.consumer(gid, credit=1)
+    [mid] = env.publish("t", [b"x"])
+    key = commands.schedule_key(gid, env.now, mid)
+    pushed_ms = env.now
+    env.dispatch()
+    assert [d[5] for d in out(first).take()] == [1]
+    env.clock.advance(10)
+    env.hub.remove_consumer(first, env.now)
+    env.dispatch()
+    [(command, _restore)] = list(iter_nowait(env.dispatcher._proposals_receive))
+    assert commands.decode(command) == [CommandKind.RETURN_COUNTED, [[key, 1, pushed_ms]]]
+    env.log.apply(command)
+    assert env.state.get_schedule(key) == (1, None)
+    env.dispatcher.deactivate()  # a restart or a leader change: only the log is left
+    env.dispatcher.activate()
+    second = env.consumer(gid, credit=1, connection_id=2)
+    env.dispatch()
+    [again] = out(second).take()
+    assert again[5] == 2
+    [flight] = env.hub.claim_tags([again[0]], 2)
+    env.log.apply(commands.nack(env.now, 0, [(flight.key, flight.attempt)]))
+    env.hub.grant_credit(second.subscription_id, 2, 1, 100)
+    env.dispatch()
+    assert out(second).take() == []
+    [(command, _restore)] = list(iter_nowait(env.dispatcher._proposals_receive))
+    assert commands.decode(command)[0] == CommandKind.DEAD_LETTER_PROVENANCE
+    env.log.apply(command)
+    assert only_dead_letter_headers(env, "t.dlq")["futureq-attempts"] == "2"
+
+
+def iter_nowait(channel: trio.MemoryReceiveChannel[Any]) -> Iterator[Any]:
+    """What is queued on ``channel`` now, without waiting."""
+    while True:
+        try:
+            yield channel.receive_nowait()
+        except trio.WouldBlock:
+            return
+
+
+async def test_a_first_delivery_whose_visibility_timeout_passed_is_recorded() -> None:
+    env = Env()
+    gid = env.group("t", "g", visibility_ms=100)
+    consumer = env.consumer(gid, credit=1)
+    [mid] = env.publish("t", [b"x"])
+    key = commands.schedule_key(gid, env.now, mid)
+    async with running(env):
+        await settle(env)
+        assert [d[5] for d in out(consumer).take()] == [1]
+        env.clock.advance(100)
+        await settle(env)
+        assert [d[5] for d in out(consumer).take()] == [2]
+    assert [c[1] for c in proposed(env, CommandKind.RETURN_COUNTED)] == [[[key, 1, env.now - 100]]]
+    assert env.state.get_schedule(key) == (2, None)
+
+
+async def test_a_leader_handing_over_records_the_first_deliveries_still_out() -> None:
+    """Shutdown and leadership transfer: the first deliveries out are recorded before
+    the node stops leading, and nothing more is handed out meanwhile."""
+    env = Env()
+    gid = env.group("t", "g")
+    consumer = env.consumer(gid, credit=5)
+    mids = env.publish("t", [b"a", b"b"])
+    env.dispatch()
+    assert [d[5] for d in out(consumer).take()] == [1, 1]
+    assert await env.dispatcher.hold_and_record() == 2
+    keys = [commands.schedule_key(gid, env.now, mid) for mid in mids]
+    assert [env.state.get_schedule(key) for key in keys] == [(1, None), (1, None)]
+    env.publish("t", [b"c"])
+    env.dispatch()
+    assert out(consumer).take() == []  # held: nothing more goes out
+    env.hub.remove_consumer(consumer, env.now)
+    assert env.hub.returned == {}  # recorded already
+    assert await env.dispatcher.hold_and_record() == 0
+    env.dispatcher.resume()
+    again = env.consumer(gid, credit=5, connection_id=2)
+    env.dispatch()
+    assert sorted(d[5] for d in out(again).take()) == [1, 2, 2]

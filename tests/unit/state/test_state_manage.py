@@ -351,6 +351,30 @@ def test_cancel_reports_delivered_for_a_delivery_the_leader_knows_went_out(
     assert state.applied_digest == twin.applied_digest
 
 
+def test_return_counted_records_a_first_delivery_that_went_out(kit: StoreKit) -> None:
+    """A first delivery given back without a settlement (UNSUBSCRIBE, a closed
+    connection) counts (``docs/protocol.md``, UNSUBSCRIBE): RETURN_COUNTED records its
+    attempt and time, leaves the entry where it is and does not call it released; it
+    never lowers an attempt and passes over an entry that is gone."""
+    state, run, g1, g2, ids = _two_groups(kit)
+    recorder = Recorder(state)
+    k0, k1 = schedule_key(g1, 1500, ids[0]), schedule_key(g1, 1501, ids[1])
+    run(commands.delivered([(k1, 3)], 1700))
+    gone = schedule_key(g2, 1500, ids[0] + 100)
+    assert run(commands.return_counted([(k0, 1, 1600), (k1, 1, 1650), (gone, 1, 1600)])) == 1
+    entry = state.get_entry(k0)
+    assert entry is not None
+    assert (entry.attempt, entry.released, entry.released_attempt) == (1, 0, 0)
+    assert (entry.first_delivery_ms, entry.last_delivery_ms) == (1600, 1600)
+    later = state.get_entry(k1)
+    assert later is not None and (later.attempt, later.last_delivery_ms) == (3, 1700)
+    assert state.get_schedule(schedule_key(g2, 1500, ids[0])) == (0, 1600)  # other group
+    assert recorder.calls == [] and recorder.violations == []  # nothing moved
+    state = QueueState(kit.reopen())
+    assert state.get_schedule(k0) == (1, 1600)  # durable
+    assert commands.decode(commands.return_counted([(k0, 1, 1600)]))[0] == 40
+
+
 def _old_dead_letter(publish_ms: int, entries: list[list[Any]]) -> bytes:
     """A DEAD_LETTER (kind 5) as builds before issue 14 wrote it."""
     settings = commands.BUILTIN_GROUP_SETTINGS.to_wire()
