@@ -8,6 +8,7 @@ The decoder never buffers more than one maximal frame plus its header.
 from __future__ import annotations
 
 import enum
+import re
 from typing import Final
 
 import msgpack
@@ -84,12 +85,36 @@ def msgpack_fault(exc: BaseException) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return f"a string is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x})"
     text = str(exc)
+    claimed = _CLAIM.match(text)
+    if claimed is not None:
+        count, kind, body_bytes = claimed.groups()
+        what, unit = _CLAIMED[kind]
+        return (
+            f"{what} header says it holds {count} {unit}, more than the whole frame body "
+            f"({body_bytes} bytes) could; the length in each msgpack header must match what follows it"
+        )
+    if text == "Unpack failed: incomplete input":
+        return (
+            "the msgpack value ends early (a string, binary, array or map holds less than "
+            "its header says); the frame length must count exactly one whole msgpack value"
+        )
     if "strict_map_key" in text:
         kind = text.split(" ", 1)[0]
         shown = {"NoneType": "nil", "int": "an integer", "float": "a float", "bool": "a boolean",
                  "list": "an array", "dict": "a map", "tuple": "an array"}.get(kind, kind)  # fmt: skip
         return f"a map key is {shown}; map keys must be strings (or binary)"
-    return text or type(exc).__name__
+    return "it is not one well-formed msgpack value"
+
+
+_CLAIM: Final = re.compile(r"^(\d+) exceeds max_(str|bin|array|map|ext)_len\((\d+)\)$")
+"""msgpack's refusal of a length header beyond the body (its limit is the body size)."""
+_CLAIMED: Final = {
+    "str": ("a string", "bytes"),
+    "bin": ("a binary", "bytes"),
+    "array": ("an array", "items"),
+    "map": ("a map", "entries"),
+    "ext": ("an extension value", "bytes"),
+}
 
 
 class FrameDecoder:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import attrs
 
 from futureq.errors import ErrorCode, FrameFieldsError, RemoteProtocolError
+from futureq.wire.msgpack_names import describe
 
 PROTOCOL_VERSION = 1
 """The protocol version this code speaks (``docs/protocol.md``, "Versions")."""
@@ -128,7 +129,7 @@ def _bad(frame: str, message: str) -> RemoteProtocolError:
 def _int(frame: str, name: str, value: Any, *, minimum: int | None = None) -> int:
     # bool is an int subclass in Python; msgpack true/false are never integers here.
     if type(value) is not int:
-        raise _bad(frame, f"field {name!r} must be an integer, got {type(value).__name__}")
+        raise _bad(frame, f"field {name!r} must be an integer, got {describe(value)}")
     if minimum is not None and value < minimum:
         raise _bad(frame, f"field {name!r} must be >= {minimum}, got {value}")
     return value
@@ -140,7 +141,7 @@ def _opt_int(frame: str, name: str, value: Any, *, minimum: int | None = None) -
 
 def _str(frame: str, name: str, value: Any) -> str:
     if type(value) is not str:
-        raise _bad(frame, f"field {name!r} must be a string, got {type(value).__name__}")
+        raise _bad(frame, f"field {name!r} must be a string, got {describe(value)}")
     return value
 
 
@@ -150,7 +151,7 @@ def _opt_str(frame: str, name: str, value: Any) -> str | None:
 
 def _list(frame: str, name: str, value: Any) -> list[Any]:
     if type(value) is not list:
-        raise _bad(frame, f"field {name!r} must be an array, got {type(value).__name__}")
+        raise _bad(frame, f"field {name!r} must be an array, got {describe(value)}")
     return value
 
 
@@ -163,7 +164,7 @@ def _int_list(frame: str, name: str, value: Any) -> list[int]:
     items = _list(frame, name, value)
     for i, item in enumerate(items):
         if type(item) is not int:
-            raise _bad(frame, f"{name}[{i}] must be an integer, got {type(item).__name__}")
+            raise _bad(frame, f"{name}[{i}] must be an integer, got {describe(item)}")
     return items
 
 
@@ -171,7 +172,7 @@ def _bytes_list(frame: str, name: str, value: Any) -> list[bytes]:
     items = _list(frame, name, value)
     for i, item in enumerate(items):
         if type(item) is not bytes:
-            raise _bad(frame, f"{name}[{i}] must be binary, got {type(item).__name__}")
+            raise _bad(frame, f"{name}[{i}] must be binary, got {describe(item)}")
     return items
 
 
@@ -360,7 +361,7 @@ class Subscribe:
         if len(f) == 4:
             if type(f[3]) is not bool:
                 raise _bad(
-                    "SUBSCRIBE", f"field 'headers' must be true or false, got {type(f[3]).__name__}"
+                    "SUBSCRIBE", f"field 'headers' must be true or false, got {describe(f[3])}"
                 )
             headers = f[3]
         return cls(
@@ -492,7 +493,9 @@ class Nack:
         if len(f) == 4:
             reason = _opt_str("NACK", "reason", f[2])
             if type(f[3]) is not bool:
-                raise _bad("NACK", f"field 'dead_letter' must be true or false, got {type(f[3]).__name__}")
+                raise _bad(
+                    "NACK", f"field 'dead_letter' must be true or false, got {describe(f[3])}"
+                )
             dead_letter = f[3]
         return cls(
             rid,
@@ -704,15 +707,14 @@ class GroupCreate:
             if type(f[4]) is not bool:
                 raise _bad(
                     "GROUP_CREATE",
-                    f"field 'from_backlog' must be true or false, got {type(f[4]).__name__}",
+                    f"field 'from_backlog' must be true or false, got {describe(f[4])}",
                 )
             from_backlog = f[4]
         if len(f) == 6:
             if f[5] is not None and type(f[5]) is not bool:
                 raise _bad(
                     "GROUP_CREATE",
-                    f"field 'dead_letter_expired' must be true, false or nil, got "
-                    f"{type(f[5]).__name__}",
+                    f"field 'dead_letter_expired' must be true, false or nil, got {describe(f[5])}",
                 )
             dead_letter_expired = f[5]
         return cls(
@@ -913,9 +915,7 @@ class Extend:
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> Extend:
         _arity("EXTEND", f, 2)
-        return cls(
-            rid, _bytes_list("EXTEND", "tags", f[0]), _int("EXTEND", "visibility_ms", f[1])
-        )
+        return cls(rid, _bytes_list("EXTEND", "tags", f[0]), _int("EXTEND", "visibility_ms", f[1]))
 
 
 @attrs.frozen
@@ -1083,7 +1083,7 @@ class ItemResults:
 
 def _opt_bytes(frame: str, name: str, value: Any) -> bytes | None:
     if value is not None and type(value) is not bytes:
-        raise _bad(frame, f"field {name!r} must be binary or nil, got {type(value).__name__}")
+        raise _bad(frame, f"field {name!r} must be binary or nil, got {describe(value)}")
     return value
 
 
@@ -1170,8 +1170,11 @@ class BrowseOk:
                 or (m[5] is not None and type(m[5]) is not bytes)
                 or (m[6] is not None and type(m[6]) is not int)
             ):
-                raise _bad("BROWSE_OK", f"messages[{i}] must be [id, due_ms, attempt, "
-                           "payload_bytes, headers, preview, expire_ms]")
+                raise _bad(
+                    "BROWSE_OK",
+                    f"messages[{i}] must be [id, due_ms, attempt, "
+                    "payload_bytes, headers, preview, expire_ms]",
+                )
         return cls(
             rid,
             _str("BROWSE_OK", "group", f[0]),
@@ -1204,9 +1207,7 @@ class BrowseCounts:
     def from_wire(cls, rid: int, f: list[Any]) -> BrowseCounts:
         _arity("BROWSE_COUNTS", f, 4)
         if type(f[3]) is not bool:
-            raise _bad(
-                "BROWSE_COUNTS", f"field 'relative' must be a boolean, got {type(f[3]).__name__}"
-            )
+            raise _bad("BROWSE_COUNTS", f"field 'relative' must be a boolean, got {describe(f[3])}")
         return cls(
             rid,
             _str("BROWSE_COUNTS", "topic", f[0]),
@@ -1544,7 +1545,7 @@ def frame_from_wire(value: Any) -> Frame:
         )
     if type(rid) is not int or not 0 <= rid <= MAX_REQUEST_ID:
         # Name the type, not the value: a peer's value may be megabytes long.
-        got = str(rid) if type(rid) is int else type(rid).__name__
+        got = str(rid) if type(rid) is int else describe(rid)
         raise RemoteProtocolError(
             ErrorCode.INVALID_FRAME, f"request_id must be an integer in [0, 2**63-1], got {got}"
         )

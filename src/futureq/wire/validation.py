@@ -14,6 +14,7 @@ from typing import Any, Final
 import attrs
 
 from futureq.errors import ErrorCode, RequestError
+from futureq.wire.msgpack_names import describe
 
 MAX_NAME_BYTES = 255
 """Longest name of any kind, derived names included (bytes)."""
@@ -302,7 +303,7 @@ def check_headers(value: Any, index: int) -> dict[str, str] | None:
     if type(value) is not dict:
         raise RequestError(
             ErrorCode.INVALID_HEADERS,
-            f"headers must be a map of strings to strings or nil, got {type(value).__name__}",
+            f"headers (item position 5) must be a map of strings to strings, or nil for none, got {describe(value)}",
             index,
         )
     if len(value) > MAX_HEADERS:
@@ -313,11 +314,18 @@ def check_headers(value: Any, index: int) -> dict[str, str] | None:
         )
     size = 0
     for name, text in value.items():
-        if type(name) is not str or type(text) is not str:
+        if type(name) is not str:
             raise RequestError(
                 ErrorCode.INVALID_HEADERS,
-                f"header names and values must be strings, got {type(name).__name__} -> "
-                f"{type(text).__name__}",
+                f"a header name is {describe(name)}; header names must be msgpack strings "
+                "(str, not binary)",
+                index,
+            )
+        if type(text) is not str:
+            raise RequestError(
+                ErrorCode.INVALID_HEADERS,
+                f"header {_shown(name)} has {describe(text)} as its value; header values must "
+                "be msgpack strings (str): send text, or leave the header out",
                 index,
             )
         if not name:
@@ -350,7 +358,7 @@ def check_idempotency_key(value: Any, index: int) -> str | None:
     if value is None:
         return None
     if type(value) is not str or not 1 <= len(value.encode("utf-8")) <= MAX_IDEMPOTENCY_KEY_BYTES:
-        got = type(value).__name__ if type(value) is not str else f"{len(value.encode())} bytes"
+        got = describe(value) if type(value) is not str else f"{len(value.encode())} bytes"
         raise RequestError(
             ErrorCode.INVALID_IDEMPOTENCY_KEY,
             f"idempotency_key must be a string of 1 to {MAX_IDEMPOTENCY_KEY_BYTES} UTF-8 "
@@ -429,14 +437,17 @@ def validate_publish_items_in_steps(
         topic, payload, delay_ms, deliver_at_ms, ttl_ms = item[:5]
         if type(topic) is not str:
             raise RequestError(
-                ErrorCode.INVALID_FIELD, f"topic must be a string, got {type(topic).__name__}", i
+                ErrorCode.INVALID_FIELD, f"topic must be a string, got {describe(topic)}", i
             )
         if topic not in good_topics:  # one check per distinct topic of the batch
             check_publish_topic(topic, i)
             good_topics.add(topic)
         if type(payload) is not bytes:
             raise RequestError(
-                ErrorCode.INVALID_FIELD, f"payload must be binary, got {type(payload).__name__}", i
+                ErrorCode.INVALID_FIELD,
+                f"payload (item position 1) must be binary, got {describe(payload)}: send the "
+                "message body as msgpack bin (a string is refused too; encode text to bytes)",
+                i,
             )
         if len(payload) > max_payload:
             raise RequestError(
@@ -453,7 +464,7 @@ def validate_publish_items_in_steps(
             if type(delay) is not int:
                 raise RequestError(
                     ErrorCode.INVALID_FIELD,
-                    f"delay_ms must be an integer number of milliseconds, got {type(delay).__name__}",
+                    f"delay_ms must be an integer number of milliseconds, got {describe(delay)}",
                     i,
                 )
             if delay < 0:
@@ -482,7 +493,7 @@ def validate_publish_items_in_steps(
             if type(deliver_at_ms) is not int:
                 raise RequestError(
                     ErrorCode.INVALID_FIELD,
-                    f"deliver_at_ms must be an integer (ms since the Unix epoch), got {type(deliver_at_ms).__name__}",
+                    f"deliver_at_ms must be an integer (ms since the Unix epoch), got {describe(deliver_at_ms)}",
                     i,
                 )
             if deliver_at_ms < 0:
@@ -511,7 +522,7 @@ def validate_publish_items_in_steps(
             if type(ttl_ms) is not int:
                 raise RequestError(
                     ErrorCode.INVALID_FIELD,
-                    f"ttl_ms must be an integer, got {type(ttl_ms).__name__}",
+                    f"ttl_ms must be an integer, got {describe(ttl_ms)}",
                     i,
                 )
             if ttl_ms <= 0:

@@ -637,3 +637,19 @@ def test_any_msgpack_value_is_a_frame_or_a_remote_protocol_error(value: Any) -> 
 @given(mutated_frames())
 def test_any_mutated_frame_is_a_frame_or_a_remote_protocol_error(value: list[Any]) -> None:
     accepts_or_refuses(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ([10, 1, "7", 1], "field 'subscription_id' must be an integer, got a string"),
+        ([10, 1, 7, None], "field 'credit' must be an integer, got nil"),
+        ([28, 1, [b"t", 5]], "tags[1] must be binary, got an integer"),
+        ([15, b"1", 7], "request_id must be an integer in [0, 2**63-1], got binary"),
+    ],
+)
+def test_a_wrong_field_type_is_named_in_msgpack_terms(value: list[Any], words: str) -> None:
+    """Found by a breaker: the sentence named Python's type (``str``, ``NoneType``)."""
+    with pytest.raises(RemoteProtocolError) as refused:
+        frames.frame_from_wire(value)
+    assert words in refused.value.message

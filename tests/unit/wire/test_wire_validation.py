@@ -4,6 +4,7 @@ the index of the first bad item. Source: ``docs/protocol.md``, "PUBLISH", "Limit
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -168,7 +169,11 @@ BAD_ITEMS: list[tuple[str, Any, ErrorCode]] = [
     ("header-value-not-str", [*item(), {"a": 1}, None], ErrorCode.INVALID_HEADERS),
     ("header-name-empty", [*item(), {"": "x"}, None], ErrorCode.INVALID_HEADERS),
     ("header-reserved", [*item(), {"futureq-reason": "x"}, None], ErrorCode.INVALID_HEADERS),
-    ("header-reserved-case", [*item(), {"FutureQ-Original-Id": "1"}, None], ErrorCode.INVALID_HEADERS),
+    (
+        "header-reserved-case",
+        [*item(), {"FutureQ-Original-Id": "1"}, None],
+        ErrorCode.INVALID_HEADERS,
+    ),
     ("header-reserved-upper", [*item(), {"FUTUREQ-X": "1"}, None], ErrorCode.INVALID_HEADERS),
     (
         "headers-too-many",
@@ -270,6 +275,35 @@ def test_error_messages_name_the_value_and_the_limit() -> None:
 
 
 # --- batch size -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        (item(payload=None), "payload (item position 1) must be binary, got nil"),
+        (item(payload="text"), "must be binary, got a string"),
+        (item(topic=b"orders"), "topic must be a string, got binary"),
+        (item(delay_ms=1.5), "delay_ms must be an integer number of milliseconds, got a float"),
+        (item(ttl_ms=[1]), "ttl_ms must be an integer, got an array"),
+        ([*item(), {"a": None}, None], "header 'a' has nil as its value; header values must"),
+        ([*item(), {b"a": "x"}, None], "a header name is binary; header names must be msgpack"),
+        (
+            [*item(), ["a"], None],
+            "must be a map of strings to strings, or nil for none, got an array",
+        ),
+        (
+            [*item(), None, 7],
+            "idempotency_key must be a string of 1 to 255 UTF-8 bytes or nil, got an integer",
+        ),
+    ],
+)
+def test_a_wrong_type_is_named_in_msgpack_terms(bad: list[Any], words: str) -> None:
+    """Found by a breaker: sentences said ``got NoneType`` or ``str -> NoneType``
+    (Python's names); a client speaks msgpack (nil, string, binary, integer)."""
+    message = refuse([bad]).message
+    assert words in message, message
+    assert "NoneType" not in message and " -> " not in message
+    assert not re.search(r"got (bytes|str|int|float|list|dict|bool)\b", message), message
 
 
 def test_empty_batch() -> None:
