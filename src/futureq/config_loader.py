@@ -684,8 +684,13 @@ def _check_limits(limits: LimitsSection) -> Iterable[_Bad]:
 
 def _check_queue(queue: QueueSection) -> Iterable[_Bad]:
     yield from _maxima("queue", queue)
-    yield from _minimum("queue", queue, "visibility_timeout_ms", 1, " ms")
-    if 1 <= queue.visibility_timeout_ms < MIN_VISIBILITY_TIMEOUT_MS:
+    if queue.visibility_timeout_ms < 1:
+        yield _Bad(
+            ("queue.visibility_timeout_ms",),
+            queue.visibility_timeout_ms,
+            f"must be at least {MIN_VISIBILITY_TIMEOUT_MS} ms",
+        )
+    elif queue.visibility_timeout_ms < MIN_VISIBILITY_TIMEOUT_MS:
         yield _Bad(
             ("queue.visibility_timeout_ms",),
             queue.visibility_timeout_ms,

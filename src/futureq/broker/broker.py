@@ -814,13 +814,20 @@ class Broker:
         """
         self._require_leader()
         self._check_names(topic, group)
-        if visibility_timeout_ms is not None and not 1 <= visibility_timeout_ms <= 12 * 3600 * 1000:
-            raise RequestError(
-                ErrorCode.INVALID_ARGUMENT,
-                f"visibility_timeout_ms must be between 1 and 43200000 (12 h), got {visibility_timeout_ms}",
-            )
         if visibility_timeout_ms is not None:
+            # 1-99 first: IMPLAUSIBLE_TIME says what was probably meant (seconds).
             validation.check_visibility_timeout_ms(visibility_timeout_ms)
+            if not (
+                validation.MIN_VISIBILITY_TIMEOUT_MS
+                <= visibility_timeout_ms
+                <= validation.MAX_VISIBILITY_TIMEOUT_MS
+            ):
+                raise RequestError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"visibility_timeout_ms must be between {validation.MIN_VISIBILITY_TIMEOUT_MS}"
+                    f" and {validation.MAX_VISIBILITY_TIMEOUT_MS} ms (12 h), got "
+                    f"{visibility_timeout_ms}; send nil to keep the group's (or the default)",
+                )
         if max_deliveries is not None and not 1 <= max_deliveries <= 1_000_000:
             raise RequestError(
                 ErrorCode.INVALID_ARGUMENT,

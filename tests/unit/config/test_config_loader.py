@@ -169,7 +169,12 @@ def test_unknown_key_in_env_names_the_variable() -> None:
         ("[server]\nshutdown_grace_ms = -1", "server.shutdown_grace_ms", "-1", "at least 0"),
         ("[limits]\nmax_frame_bytes = 0", "limits.max_frame_bytes", "0", "at least 1"),
         ("[limits]\nmax_payload_bytes = 4194304", "limits.max_payload_bytes", "4194304", "smaller"),
-        ("[queue]\nvisibility_timeout_ms = 0", "queue.visibility_timeout_ms", "0", "at least 1"),
+        (
+            "[queue]\nvisibility_timeout_ms = 0",
+            "queue.visibility_timeout_ms",
+            "0",
+            "at least 100 ms",
+        ),
         ('[queue]\nhorizon_ms = "soon"', "queue.horizon_ms", "'soon'", "milliseconds"),
         ("[storage]\nwrite_buffer_mb = 0", "storage.write_buffer_mb", "0", "at least 1"),
         ('[tls]\ncert_file = "/no/such.pem"', "tls.cert_file", "'/no/such.pem'", "key_file"),
