@@ -45,3 +45,21 @@ def test_documented_defaults_match_the_code() -> None:
     assert f"{limits.max_delay_ms:,}" in DOC
     assert f"{limits.max_batch_items:,}" in DOC
     assert f"at most {session.MAX_ERROR_MESSAGE_CHARS:,} characters" in DOC
+
+
+def test_every_sentence_on_name_lengths_gives_the_code_s_limit() -> None:
+    """Found by a tester: the PUBLISH error table said a topic is refused "over 255
+    UTF-8 bytes" while Limits, Names and the code say 249 (so ``<topic>.dlq`` fits)."""
+    assert validation.MAX_TOPIC_BYTES == validation.MAX_GROUP_BYTES == 249
+    for line in DOC.splitlines():
+        if "INVALID_TOPIC" in line or "INVALID_GROUP" in line:
+            assert "255" not in line, line
+    assert f"| topic names | 1 to {validation.MAX_TOPIC_BYTES} |" in DOC
+    assert f"`topic` empty, over {validation.MAX_TOPIC_BYTES} bytes" in DOC
+
+
+def test_the_limits_table_says_dead_letters_may_pass_max_groups() -> None:
+    """Deliberate: a dead letter's ``T.dlq`` default group is created even at
+    ``max_groups`` (refusing would lose the message); the limit's row says so."""
+    [row] = [line for line in DOC.splitlines() if line.startswith("| `max_groups` |")]
+    assert "Dead-lettering is never refused" in row and "may pass `max_groups`" in row
