@@ -19,10 +19,10 @@ RETURN_COUNTED, and so is every first delivery out when the leader shuts down or
 leadership over (:meth:`Dispatcher.record_unrecorded`). The one thing lost that way:
 if leadership is lost (a crash, a partition) while a message's first delivery is out
 and before any of that, the new leader delivers attempt 1 again (one delivery
-uncounted, at most once per leader change). Why: recording every delivery before pushing it doubles the log entries of a
-consumer that acks one message at a time and halved its throughput on this machine
-(``docs/architecture.md``), while redeliveries are the rare case and the one that
-needs counting (dead-lettering a poison message). A reaper task removes the schedule
+uncounted, at most once per leader change). Why: recording every delivery before
+pushing it doubles the log entries of a consumer that acks one message at a time and
+halved its throughput on this machine (``docs/architecture.md``), while redeliveries
+are the rare case and the one that needs counting (dead-lettering a poison message). A reaper task removes the schedule
 entries of deleted groups in bounded PURGE_GROUP chunks.
 
 Source: ``DESIGN.md``, "Message semantics" (nothing early, nothing expired, fan-out
