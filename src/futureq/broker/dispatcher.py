@@ -16,14 +16,15 @@ attempt, so counts survive leader changes and restarts and never go backwards. A
 and the next delivery of it records 2. A first delivery that comes back without being
 settled (its consumer left, its visibility timeout passed) is recorded then, by a
 RETURN_COUNTED, and so is every first delivery out when the leader shuts down or hands
-leadership over (:meth:`Dispatcher.record_unrecorded`). The one thing lost that way:
+leadership over (:meth:`Dispatcher.hold_and_record`). The one thing lost that way:
 if leadership is lost (a crash, a partition) while a message's first delivery is out
 and before any of that, the new leader delivers attempt 1 again (one delivery
 uncounted, at most once per leader change). Why: recording every delivery before
 pushing it doubles the log entries of a consumer that acks one message at a time and
 halved its throughput on this machine (``docs/architecture.md``), while redeliveries
-are the rare case and the one that needs counting (dead-lettering a poison message). A reaper task removes the schedule
-entries of deleted groups in bounded PURGE_GROUP chunks.
+are the rare case and the one that needs counting (dead-lettering a poison message).
+A reaper task removes the schedule entries of deleted groups in bounded PURGE_GROUP
+chunks.
 
 Source: ``DESIGN.md``, "Message semantics" (nothing early, nothing expired, fan-out
 across groups, round-robin within a group, credit-based flow control).
