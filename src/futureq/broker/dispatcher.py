@@ -159,6 +159,10 @@ class Dispatcher:
         self.metrics = metrics
         self._wake = trio.Event()
         self._next_wake_ms: float = math.inf
+        """When the run loop sleeps until (ms), as the last pass planned."""
+        self._in_pass = False
+        """A pass is under way: it plans its own next wake-up from everything it sees."""
+        hub.look_again_by = self._look_again_by
         self._parked: list[Any] = []
         self._retry_after_ms = 0
         self._proposals_send, self._proposals_receive = trio.open_memory_channel[
@@ -553,6 +557,18 @@ class Dispatcher:
         """Wake the dispatch loop now (new credit, new consumer, earlier due time)."""
         self._wake.set()
 
+    def _look_again_by(self, at_ms: float) -> None:
+        """The hub has work for a pass no later than ``at_ms`` (ms; ``-inf``: now): credit
+        came back, or a delivery's visibility deadline or expiry came closer
+        (:attr:`Hub.look_again_by`). Wake the loop if it sleeps past that.
+
+        Within a pass nothing is needed: the pass looks at every group touched meanwhile
+        and plans its wake-up from the hub's earliest deadline when it ends (a wake-up
+        here would only cost an empty pass after it).
+        """
+        if not self._in_pass and at_ms < self._next_wake_ms:
+            self.kick()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Dispatch until cancelled.
 
@@ -668,8 +684,7 @@ class Dispatcher:
                 self.hub.mark_pushed(flight, now_ms + visibility_ms, now_ms)
             pushed += len(flights)
             self._count_pushed(runtime, flights, now_ms)
-        if pushed and pass_now_ms is None:
-            self.kick()  # the next visibility deadline may be earlier than the wake-up
+        # mark_pushed told the loop of each new deadline earlier than its wake-up.
         return pushed
 
     def drop_staged(self, batches: list[Staged]) -> None:
@@ -871,6 +886,14 @@ class Dispatcher:
         now_ms = self.clock.wall_ms()
         if self.held or (self.dispatch_allowed is not None and not self.dispatch_allowed()):
             return float(now_ms + NOT_ALLOWED_RETRY_MS)
+        self._in_pass = True
+        try:
+            return self._pass(now_ms)
+        finally:
+            self._in_pass = False
+
+    def _pass(self, now_ms: int) -> float:
+        """The body of :meth:`dispatch_once`, at ``now_ms``, dispatching allowed."""
         self._pass_now_ms = now_ms
         hub = self.hub
         hub.expire_visibility(now_ms)

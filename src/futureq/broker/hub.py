@@ -27,6 +27,7 @@ import collections
 import heapq
 import itertools
 import logging
+import math
 import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -163,6 +164,12 @@ class InFlight:
         return commands.tag_stamp(self.attempt, self.salt)
 
     @property
+    def wake_ms(self) -> float:
+        """When the delivery is taken back unless settled first (ms): its visibility
+        deadline."""
+        return self.deadline_ms
+
+    @property
     def counted_attempt(self) -> int:
         """The attempt this delivery counts for so far: its own once pushed (it went
         out), else the one before it."""
@@ -276,7 +283,10 @@ class Hub:
         self.cancelled: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         """Schedule key -> tag stamp of deliveries that were out when a CANCEL or PURGE
         removed their message (at most :data:`CANCELLED_TAGS_KEPT`; leader-local)."""
-        self._deadlines: list[tuple[int, bytes]] = []
+        self._deadlines: list[tuple[float, bytes]] = []
+        """Heap of ``(wake_ms, key)`` of pushed deliveries (:attr:`InFlight.wake_ms`); an
+        entry is live while the delivery in flight for ``key`` has that ``wake_ms`` and
+        is not being settled."""
         self._subscription_ids = itertools.count(1)
         self.consumers: dict[int, Consumer] = {}
         self.touched: set[int] = set()
@@ -287,15 +297,25 @@ class Hub:
         """Schedule key -> ``(attempt, pushed_ms)`` of deliveries given back that went out
         unrecorded (a first delivery): they count, and the dispatcher records them
         (RETURN_COUNTED) so a restart or a new leader does not deliver attempt 1 again."""
+        self.look_again_by: Callable[[float], None] = lambda at_ms: None
+        """Tells the dispatcher it must look again no later than ``at_ms`` (ms since the
+        Unix epoch; ``-inf``: now); set by the dispatcher. Called by every change that
+        gives it work sooner than it may have planned: a consumer able to receive again
+        (credit given back, :meth:`wake`) or a delivery's deadline set or moved earlier
+        (:meth:`mark_pushed`, :meth:`extend`, :meth:`unclaim`). A dispatcher asleep until
+        a later deadline would otherwise sleep on past it."""
 
     def wake(self, consumer: Consumer) -> None:
         """The consumer may receive again (credit, buffer room, new): it joins its
         group's turn (:attr:`GroupRuntime.ready`) and the dispatcher looks at the group
-        on its next pass. Every change that can let a consumer receive must call this."""
+        on its next pass, which it is told to make now. Every change that can let a
+        consumer receive must call this: credit given back by the server too (a REVOKE
+        of any reason), or the consumer may wait for some unrelated wake-up."""
         self.touched.add(consumer.group_id)
         runtime = self.groups.get(consumer.group_id)
         if runtime is not None and not consumer.closed:
             runtime.ready.setdefault(consumer)
+        self.look_again_by(-math.inf)
 
     def new_subscription_id(self) -> int:
         """A subscription id unique within this process."""
@@ -392,7 +412,12 @@ class Hub:
         flight.pushed_ms = pushed_ms
         flight.recorded = flight.attempt > 1  # a redelivery's DELIVERED committed first
         flight.deadline_ms = deadline_ms
-        heapq.heappush(self._deadlines, (deadline_ms, flight.key))
+        self._watch(flight)
+        self.look_again_by(flight.wake_ms)
+
+    def _watch(self, flight: InFlight) -> None:
+        """Put a pushed delivery's :attr:`InFlight.wake_ms` in the deadline heap."""
+        heapq.heappush(self._deadlines, (flight.wake_ms, flight.key))
 
     def is_current(self, flight: InFlight) -> bool:
         """True while ``flight`` is still the delivery in flight for its key."""
@@ -495,25 +520,30 @@ class Hub:
         released: list[InFlight] = []
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now_ms:
-            deadline, key = heapq.heappop(deadlines)
+            wake_ms, key = heapq.heappop(deadlines)
             flight = self.in_flight.get(key)
-            if flight is None or flight.deadline_ms != deadline or flight.acking:
+            if flight is None or flight.wake_ms != wake_ms or flight.acking:
                 continue
             self.give_back(flight)
             released.append(flight)
-        if released:
-            self._revoke(released, frames.RevokeReason.VISIBILITY_TIMEOUT)
+        self._revoke_taken_back(released, now_ms)
         return len(released)
 
-    def next_deadline_ms(self) -> int | None:
-        """Earliest visibility deadline still pending (may be stale), or None."""
+    def _revoke_taken_back(self, flights: list[InFlight], now_ms: int) -> None:
+        """REVOKE deliveries whose deadline passed at ``now_ms``."""
+        if flights:
+            self._revoke(flights, frames.RevokeReason.VISIBILITY_TIMEOUT)
+
+    def next_deadline_ms(self) -> float | None:
+        """Earliest time a pushed delivery is due to be taken back (its visibility
+        deadline, ms), or None."""
         while self._deadlines:
-            deadline, key = self._deadlines[0]
+            wake_ms, key = self._deadlines[0]
             flight = self.in_flight.get(key)
-            if flight is None or flight.deadline_ms != deadline or flight.acking:
+            if flight is None or flight.wake_ms != wake_ms or flight.acking:
                 heapq.heappop(self._deadlines)
                 continue
-            return deadline
+            return wake_ms
         return None
 
     def find_tags(self, tags: list[bytes], connection_id: int) -> list[InFlight]:
@@ -586,16 +616,25 @@ class Hub:
         return flights
 
     def unclaim(self, flights: list[InFlight], now_ms: int) -> None:
-        """Undo :meth:`claim_tags` after the ACK/NACK/RELEASE could not be committed."""
-        expired: list[InFlight] = []
+        """Undo :meth:`claim_tags` after the ACK/NACK/RELEASE could not be committed.
+
+        A delivery whose deadline passed meanwhile is taken back now; the others' are
+        watched again (a pass drops the heap entry of a delivery being settled, so
+        without this it would never time out).
+        """
+        taken_back: list[InFlight] = []
+        earliest = math.inf
         for flight in flights:
             if self.in_flight.get(flight.key) is flight:
                 flight.acking = False
-                if flight.consumer.closed or flight.deadline_ms <= now_ms:
+                if flight.consumer.closed or flight.wake_ms <= now_ms:
                     self.give_back(flight)
-                    expired.append(flight)
-        if expired:
-            self._revoke(expired, frames.RevokeReason.VISIBILITY_TIMEOUT)
+                    taken_back.append(flight)
+                else:
+                    self._watch(flight)
+                    earliest = min(earliest, flight.wake_ms)
+        self._revoke_taken_back(taken_back, now_ms)
+        self.look_again_by(earliest)
 
     def extend(self, tags: list[bytes], connection_id: int, visibility_ms: int, now_ms: int) -> int:
         """Push the visibility deadline of held deliveries to ``now_ms + visibility_ms``.
@@ -619,7 +658,11 @@ class Hub:
         deadline_ms = now_ms + visibility_ms
         for flight in flights:
             flight.deadline_ms = deadline_ms
-            heapq.heappush(self._deadlines, (deadline_ms, flight.key))
+            self._watch(flight)
+        if flights:
+            # A shorter visibility moves the deadline before the dispatcher's planned
+            # wake-up (docs/protocol.md, EXTEND: "it may be shorter than what was left").
+            self.look_again_by(min(flight.wake_ms for flight in flights))
         return len(flights)
 
     def horizon_contains(self, runtime: GroupRuntime, due_ms: int, mid: int) -> bool:

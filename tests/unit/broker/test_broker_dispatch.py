@@ -33,8 +33,8 @@ from futureq.wire import frames
 class Env:
     """One leader's dispatch machinery around a real QueueState."""
 
-    def __init__(self, **queue: int) -> None:
-        self.clock = FakeClock()
+    def __init__(self, clock: FakeClock | None = None, **queue: int) -> None:
+        self.clock = clock or FakeClock()
         self.state = memory_state()
         self.log = SyncLog(self.state)
         self.hub = Hub()
@@ -46,7 +46,7 @@ class Env:
 
     @property
     def now(self) -> int:
-        return self.clock.now_ms
+        return self.clock.wall_ms()
 
     def group(
         self,
@@ -1695,3 +1695,120 @@ async def test_a_leader_handing_over_records_the_first_deliveries_still_out() ->
     again = env.consumer(gid, credit=5, connection_id=2)
     env.dispatch()
     assert sorted(d[5] for d in out(again).take()) == [1, 2, 2]
+
+
+# ---------------------------------------------------------------- wake-ups (run loop)
+#
+# The dispatch loop sleeps until its next planned wake-up (a due time, a visibility
+# deadline). Every change that gives credit back or moves a deadline earlier must wake
+# it, or the consumer waits for some unrelated wake-up (a 30 s visibility timeout).
+# These run ``Dispatcher.run`` on trio's virtual clock and check the exact virtual time
+# things happen at.
+
+
+class TrioClock(FakeClock):
+    """Wall time that moves with trio's clock (virtual under ``autojump_clock``)."""
+
+    def wall_ms(self) -> int:
+        return self.now_ms + round(trio.current_time() * 1000)
+
+
+LONG_VISIBILITY_MS = 30_000
+
+
+async def _two_held_one_waiting(env: Env) -> tuple[Consumer, list[list[Any]], int]:
+    """x0..x2 due now, a prefetch-2 consumer holding x0 and x1: x2 waits for credit."""
+    gid = env.group("t", "g", visibility_ms=LONG_VISIBILITY_MS)
+    mids = env.publish("t", [b"x0", b"x1", b"x2"])
+    consumer = env.consumer(gid, credit=2)
+    await trio.sleep(0.1)
+    held = out(consumer).take()
+    assert ids(held) == mids[:2] and consumer.credit == 0
+    return consumer, held, mids[2]
+
+
+def _delivered_at(consumer: Consumer) -> list[tuple[int, int, int]]:
+    """``(id, attempt, delivered_ms)`` of each delivery pushed so far (taken)."""
+    pushed = [(d[1], d[5], f.delivered_ms) for f in out(consumer).frames for d in f.deliveries]
+    out(consumer).frames.clear()
+    return pushed
+
+
+@pytest.mark.parametrize("how", ["cancel", "reschedule"])
+async def test_credit_a_command_gives_back_is_used_at_once(
+    how: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """F1: the credit a REVOKE returns (CANCEL: reason 3; RESCHEDULE: reason 2) is used
+    at once, not when x1's visibility timeout next wakes the loop."""
+    env = Env(TrioClock())
+    async with running(env):
+        consumer, held, waiting = await _two_held_one_waiting(env)
+        taken_ms = env.now
+        if how == "cancel":
+            env.log.apply(commands.cancel("t", None, [held[0][1]]))
+        else:
+            env.log.apply(commands.reschedule(env.now, "t", None, [held[0][1]], env.now + 60_000))
+        await trio.sleep(1)
+        assert out(consumer).revoked() == [held[0][0]]
+        assert _delivered_at(consumer) == [(waiting, 1, taken_ms)]
+
+
+async def test_credit_an_unclaimed_late_ack_gives_back_is_used_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An ACK that could not be committed after the delivery's deadline passed gives
+    the delivery back (REVOKE reason 1) and its credit is used at once."""
+    env = Env(TrioClock())
+    async with running(env):
+        consumer, held, waiting = await _two_held_one_waiting(env)
+        flights = env.hub.claim_tags([held[0][0]], consumer.connection_id)
+        await trio.sleep(LONG_VISIBILITY_MS / 1000)  # x1 times out meanwhile
+        _delivered_at(consumer)
+        out(consumer).revoked()
+        failed_ms = env.now
+        env.hub.unclaim(flights, failed_ms)
+        await trio.sleep(1)
+        assert held[0][0] in out(consumer).revoked()
+        assert [d[2] for d in _delivered_at(consumer)] == [failed_ms]
+
+
+@pytest.mark.parametrize("visibility_ms", [1, 100])
+async def test_a_shorter_extend_is_honoured(
+    visibility_ms: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    """F2: EXTEND may shorten what was left; the REVOKE and the redelivery come at the
+    new deadline, not at the group's 30 s one."""
+    env = Env(TrioClock())
+    gid = env.group("t", "g", visibility_ms=LONG_VISIBILITY_MS)
+    [mid] = env.publish("t", [b"x"])
+    consumer = env.consumer(gid, credit=1)
+    async with running(env):
+        await trio.sleep(0.1)
+        [delivery] = out(consumer).take()
+        extended_ms = env.now
+        assert env.hub.extend([delivery[0]], consumer.connection_id, visibility_ms, env.now) == 1
+        await trio.sleep(1)
+        assert out(consumer).revoked() == [delivery[0]]
+        assert _delivered_at(consumer) == [(mid, 2, extended_ms + visibility_ms)]
+
+
+async def test_an_unclaimed_delivery_still_times_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A pass drops the deadline of a delivery being settled; if the settling fails the
+    delivery's deadline is watched again (it never timed out before)."""
+    env = Env(TrioClock())
+    gid = env.group("t", "g", visibility_ms=1000)
+    [mid] = env.publish("t", [b"x"])
+    consumer = env.consumer(gid, credit=1)
+    pushed_ms = env.now
+    async with running(env):
+        await trio.sleep(0.1)
+        [delivery] = out(consumer).take()
+        flights = env.hub.claim_tags([delivery[0]], consumer.connection_id)
+        env.dispatcher.kick()  # a pass while the ACK is being committed
+        await trio.sleep(0.1)
+        env.hub.unclaim(flights, env.now)  # the ACK failed
+        await trio.sleep(1)
+        assert out(consumer).revoked() == [delivery[0]]
+        assert _delivered_at(consumer) == [(mid, 2, pushed_ms + 1000)]
