@@ -122,6 +122,7 @@ class InFlight:
         released: Deliveries of the entry given back unprocessed (not counted).
         deadline_ms: When the visibility timeout runs out (ms since the Unix epoch);
             meaningless until ``pushed``.
+        expire_ms: When the message's TTL runs out (ms since the Unix epoch), or None.
         acking: The consumer's ACK, NACK or RELEASE for it is being committed; do not
             time it out, and do not revoke it.
         pushed: Its DELIVERED record committed and the DELIVER frame queued. Before
@@ -166,8 +167,10 @@ class InFlight:
     @property
     def wake_ms(self) -> float:
         """When the delivery is taken back unless settled first (ms): its visibility
-        deadline."""
-        return self.deadline_ms
+        deadline, or its message's expiry when that comes sooner."""
+        if self.expire_ms is None or self.deadline_ms <= self.expire_ms:
+            return self.deadline_ms
+        return self.expire_ms
 
     @property
     def counted_attempt(self) -> int:
@@ -407,7 +410,7 @@ class Hub:
 
     def mark_pushed(self, flight: InFlight, deadline_ms: int, pushed_ms: int = 0) -> None:
         """The delivery went out (at ``pushed_ms``): its visibility timeout runs until
-        ``deadline_ms``."""
+        ``deadline_ms`` (and it is taken back sooner if its message expires first)."""
         flight.pushed = True
         flight.pushed_ms = pushed_ms
         flight.recorded = flight.attempt > 1  # a redelivery's DELIVERED committed first
@@ -512,10 +515,13 @@ class Hub:
             consumer.send(frames.Revoke(0, consumer.subscription_id, tags, int(reason)))
 
     def expire_visibility(self, now_ms: int) -> int:
-        """Take back deliveries whose visibility timeout ran out; return how many.
+        """Take back deliveries whose visibility timeout or TTL ran out; return how many.
 
         Each goes back to its group's index (its attempt counted), its credit goes
-        back to its consumer, and the consumer gets a REVOKE naming it.
+        back to its consumer, and the consumer gets a REVOKE naming it: reason
+        VISIBILITY_TIMEOUT, or REMOVED when its message expired (TTL) — the index then
+        holds it only until the dispatcher's pass proposes its EXPIRE, and it is never
+        delivered again (``docs/protocol.md``, "Due time, TTL and expiry").
         """
         released: list[InFlight] = []
         deadlines = self._deadlines
@@ -530,13 +536,18 @@ class Hub:
         return len(released)
 
     def _revoke_taken_back(self, flights: list[InFlight], now_ms: int) -> None:
-        """REVOKE deliveries whose deadline passed at ``now_ms``."""
-        if flights:
-            self._revoke(flights, frames.RevokeReason.VISIBILITY_TIMEOUT)
+        """REVOKE deliveries taken back at ``now_ms``: as REMOVED those whose message's
+        TTL ran out, the others as VISIBILITY_TIMEOUT."""
+        expired = [f for f in flights if f.expire_ms is not None and f.expire_ms <= now_ms]
+        if expired:
+            self._revoke(expired, frames.RevokeReason.REMOVED)
+        if len(expired) < len(flights):
+            timed_out = [f for f in flights if f.expire_ms is None or f.expire_ms > now_ms]
+            self._revoke(timed_out, frames.RevokeReason.VISIBILITY_TIMEOUT)
 
     def next_deadline_ms(self) -> float | None:
         """Earliest time a pushed delivery is due to be taken back (its visibility
-        deadline, ms), or None."""
+        deadline or its message's expiry, ms), or None."""
         while self._deadlines:
             wake_ms, key = self._deadlines[0]
             flight = self.in_flight.get(key)

@@ -1812,3 +1812,32 @@ async def test_an_unclaimed_delivery_still_times_out(
         await trio.sleep(1)
         assert out(consumer).revoked() == [delivery[0]]
         assert _delivered_at(consumer) == [(mid, 2, pushed_ms + 1000)]
+
+
+async def test_a_delivery_whose_message_expires_is_revoked_at_its_expiry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """F3: a held delivery whose TTL runs out is taken back at its expiry (REVOKE reason
+    2, credit back), its message is expired (never delivered again), and the
+    consumer's credit goes to the next message at once."""
+    env = Env(TrioClock())
+    gid = env.group("t", "g", visibility_ms=LONG_VISIBILITY_MS)
+    published_ms = env.now
+    [short] = env.publish("t", [b"short-ttl"], ttl_ms=300)
+    [later] = env.publish("t", [b"next"])
+    consumer = env.consumer(gid, credit=1)
+    async with running(env):
+        await trio.sleep(0.1)
+        [delivery] = out(consumer).take()
+        assert delivery[1] == short
+        await trio.sleep(1)
+        [revoke] = out(consumer).pushes
+        assert revoke == frames.Revoke(
+            0, consumer.subscription_id, [delivery[0]], frames.RevokeReason.REMOVED
+        )
+        assert _delivered_at(consumer) == [(later, 1, published_ms + 300)]
+        with pytest.raises(RequestError) as info:
+            env.hub.claim_tags([delivery[0]], consumer.connection_id)
+        assert info.value.code is ErrorCode.UNKNOWN_DELIVERY_TAG
+    assert kinds(env) == [CommandKind.EXPIRE]
+    assert env.state.get_message(short) is None
