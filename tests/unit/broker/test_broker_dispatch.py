@@ -1753,6 +1753,35 @@ async def test_credit_a_command_gives_back_is_used_at_once(
         assert _delivered_at(consumer) == [(waiting, 1, taken_ms)]
 
 
+@pytest.mark.parametrize("how", ["nack", "release", "leave"])
+async def test_a_delivery_given_back_goes_to_a_waiting_consumer_at_once(
+    how: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A delivery given back (NACK with requeue delay 0, RELEASE, its consumer
+    leaving) goes at once to another consumer of the group that has credit, not at
+    the next visibility deadline."""
+    env = Env(TrioClock())
+    gid = env.group("t", "g", visibility_ms=LONG_VISIBILITY_MS)
+    [mid] = env.publish("t", [b"x"])
+    holder = env.consumer(gid, credit=1)
+    async with running(env):
+        await trio.sleep(0.1)
+        [delivery] = out(holder).take()
+        other = env.consumer(gid, credit=1, connection_id=2)
+        await trio.sleep(0.1)
+        given_back_ms = env.now
+        if how == "leave":
+            env.hub.remove_consumer(holder, env.now)
+        else:
+            [flight] = env.hub.claim_tags([delivery[0]], holder.connection_id)
+            entries = [(flight.key, flight.attempt)]
+            env.log.apply(
+                commands.nack(env.now, 0, entries) if how == "nack" else commands.release(entries)
+            )
+        await trio.sleep(1)
+        assert [(m, t) for m, _, t in _delivered_at(other)] == [(mid, given_back_ms)]
+
+
 async def test_credit_an_unclaimed_late_ack_gives_back_is_used_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
