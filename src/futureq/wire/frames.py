@@ -104,7 +104,8 @@ class RevokeReason(enum.IntEnum):
     VISIBILITY_TIMEOUT = 1
     """The visibility timeout passed unsettled: the message is due for the group again."""
     REMOVED = 2
-    """A command removed the message from the group (it expired, for example)."""
+    """The message expired while the delivery was out (sent at the expiry), or a
+    command removed or moved it (RESCHEDULE)."""
     CANCELLED = 3
     """A CANCEL or PURGE removed the message from the group: do not process it."""
 
