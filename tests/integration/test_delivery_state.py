@@ -351,9 +351,13 @@ def test_sync_consume_never_holds_messages_it_does_not_return(broker: BrokerProc
 def test_a_tag_from_before_a_restart_does_not_settle_the_redelivery(
     broker_factory: Callable[..., Any], stop: str
 ) -> None:
-    """Found by a breaker (4 of 4 runs): the redelivery after a restart is attempt 1
-    again (a first delivery is not in the replicated state), and its tag was the old
-    one byte for byte, so an ACK of the tag from before the restart settled it."""
+    """Found by a breaker (4 of 4 runs): the redelivery after a restart was attempt 1
+    again (a first delivery was not in the replicated state), and its tag was the old
+    one byte for byte, so an ACK of the tag from before the restart settled it.
+
+    The first delivery given back when the client left counts (RETURN_COUNTED): after
+    a graceful stop the redelivery is attempt 2; SIGKILL may come before that record
+    committed (a crash loses at most that one count, docs/protocol.md), so 1 or 2."""
     node = broker_factory()
     client = WireClient(node.client_address)
     assert isinstance(client.publish([["restart.t", b"x", 0, None, None]]), frames.PublishOk)
@@ -365,7 +369,9 @@ def test_a_tag_from_before_a_restart_does_not_settle_the_redelivery(
     client = WireClient(node.client_address)
     client.subscribe("restart.t", "g", prefetch=1)
     [after] = client.deliveries(1)
-    assert (after[1], after[5]) == (before[1], before[5]) == (before[1], 1)
+    assert after[1] == before[1]
+    assert before[5] == 1
+    assert after[5] == 2 if stop == "terminate" else after[5] in (1, 2)
     assert after[0] != before[0]
     answer = client.request(frames.Ack(client.next_id(), [before[0]]))
     assert isinstance(answer, frames.Error) and answer.code == ErrorCode.UNKNOWN_DELIVERY_TAG
