@@ -42,6 +42,9 @@ class TwinRefusal:
         claimed: The refused connection's incarnation.
         claimed_at: The refused connection's address.
         quiet_s: How long after its last connection closed the holder keeps the id.
+        gone_s: None while the holder has a connection open (two processes run as the
+            node); else how long ago (s) its last connection closed: most likely the
+            node was restarted on a replaced disk, and is taken once ``quiet_s`` passed.
     """
 
     node_id: NodeId
@@ -50,10 +53,19 @@ class TwinRefusal:
     claimed: int
     claimed_at: str
     quiet_s: float
+    gone_s: float | None = None
 
     def sentence(self) -> str:
         """What happened and what the operator must fix, in one sentence."""
-        held_at = ", ".join(self.held_at) or "no open connection now"
+        if self.gone_s is not None:
+            return (
+                f"node {self.node_id}'s incarnation {self.held:x} closed its last "
+                f"connection {self.gone_s:.1f} s ago; incarnation {self.claimed:x} (at "
+                f"{self.claimed_at}, a replaced data directory?) is taken as node "
+                f"{self.node_id} once the old one has been gone {self.quiet_s:g} s (if the "
+                "old process runs still, stop one of the two)"
+            )
+        held_at = ", ".join(self.held_at)
         return (
             f"two processes run as node {self.node_id}: incarnation {self.held:x} (at "
             f"{held_at}) and incarnation {self.claimed:x} (at {self.claimed_at}), each "
@@ -144,6 +156,7 @@ class IncarnationGuard:
                         incarnation,
                         address,
                         self.quiet_s,
+                        None if held.addresses else max(0.0, now_s - held.released_s),
                     )
                 )
             held = None  # gone for quiet_s: a replaced disk, taken from now on

@@ -109,6 +109,10 @@ class RefusalReason(enum.Enum):
     TWIN = "twin"
     """Another incarnation of the peer's node id is connected (two processes run as
     that node: :mod:`futureq.raft.incarnations`)."""
+    REPLACED = "replaced"
+    """Another incarnation of the peer's node id left moments ago (its disk was most
+    likely replaced): the new one is taken once the old one has been gone the quiet
+    period (:mod:`futureq.raft.incarnations`)."""
 
 
 class PeerAuthError(RemoteProtocolError):

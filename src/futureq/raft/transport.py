@@ -457,14 +457,18 @@ class Transport:
         another incarnation of that id is connected (two processes run as the node).
 
         Raises:
-            PeerAuthError: TWIN, with the sentence for the operator.
+            PeerAuthError: TWIN (another incarnation is connected) or REPLACED (it left
+                less than the quiet period ago), with the sentence for the operator.
         """
         try:
             return self._incarnations.admit(node_id, incarnation, address, trio.current_time())
         except TwinRefusalError as exc:
-            raise PeerAuthError(
-                peer_auth.RefusalReason.TWIN, ErrorCode.AUTH_FAILED, exc.refusal.sentence()
-            ) from None
+            reason = (
+                peer_auth.RefusalReason.TWIN
+                if exc.refusal.gone_s is None
+                else peer_auth.RefusalReason.REPLACED
+            )
+            raise PeerAuthError(reason, ErrorCode.AUTH_FAILED, exc.refusal.sentence()) from None
 
     def _release(self, ticket: Ticket | None) -> None:
         if ticket is not None:

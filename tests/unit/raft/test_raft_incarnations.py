@@ -45,8 +45,14 @@ def test_a_replaced_disk_is_taken_once_the_old_incarnation_was_gone_for_quiet_s(
     outbound = guard.admit(2, 0xA, "a", now_s=0.0)
     guard.close(inbound, now_s=5.0)
     guard.close(outbound, now_s=6.0)
-    with pytest.raises(TwinRefusalError):  # gone, but not for long: a blip, not a new disk
+    with pytest.raises(TwinRefusalError) as caught:  # gone, but not for long: a blip?
         guard.admit(2, 0xB, "a", now_s=6.0 + QUIET_S / 2)
+    # Not "two processes run as node 2": the old one is gone, most likely a new disk.
+    refusal = caught.value.refusal
+    assert refusal.gone_s == pytest.approx(QUIET_S / 2)
+    assert "two processes" not in refusal.sentence()
+    assert "node 2's incarnation a closed its last connection 0.2 s ago" in refusal.sentence()
+    assert "taken as node 2 once the old one has been gone 0.5 s" in refusal.sentence()
     guard.admit(2, 0xB, "a", now_s=6.0 + QUIET_S)
     assert guard.holder(2) == 0xB
     with pytest.raises(TwinRefusalError):  # and the old one is the stranger now
