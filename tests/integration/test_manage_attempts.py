@@ -8,6 +8,7 @@ a parked dead letter rescheduled is delivered again. Source: ``docs/protocol.md`
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import pytest
@@ -152,3 +153,39 @@ def test_a_first_delivery_given_back_counts_after_a_graceful_restart(
     [letter] = _browse(admin, "ua.dlq")
     assert letter[4]["futureq-attempts"] == "2"
     assert letter[4]["futureq-original-id"] == str(mid)
+
+
+def test_a_dead_letter_says_when_its_first_delivery_went_out(broker: BrokerProcess) -> None:
+    """Found by a breaker (2 of 2): max_deliveries=2, each delivery NACKed; the dead
+    letter's ``futureq-first-delivery-ms`` was the *second* delivery's time, because the
+    first (unrecorded) went out and was NACKed without the log learning when. The NACK
+    now carries when the leader pushed it (``docs/protocol.md``, "Dead letters")."""
+    admin = WireClient(broker.client_address)
+    consumer = WireClient(broker.client_address)
+    _group(admin, "fd", "g", 2)
+    admin.publish([["fd", b"x", None, None, None]])
+    subscription = consumer.subscribe("fd", "g", 1)
+    pushed = []
+    for attempt in (1, 2):
+        [delivery] = consumer.deliveries(1)
+        assert delivery[5] == attempt
+        pushed.append(delivery[6])
+        time.sleep(0.3)
+        answer = consumer.request(frames.Nack(consumer.next_id(), [delivery[0]], 0))
+        assert isinstance(answer, frames.Ok), answer
+        consumer.send(frames.Credit(0, subscription, 1))  # settled: its credit back
+    assert pushed[1] - pushed[0] >= 300
+    deadline = time.monotonic() + 10
+    while True:
+        answer = admin.request(
+            frames.Browse(admin.next_id(), "fd.dlq", None, None, None, None, 10, 0)
+        )
+        if isinstance(answer, frames.BrowseOk) and answer.messages:
+            break
+        assert time.monotonic() < deadline, answer  # not dead-lettered yet
+        time.sleep(0.05)
+    [letter] = answer.messages
+    headers = letter[4]
+    assert headers["futureq-attempts"] == "2"
+    assert int(headers["futureq-first-delivery-ms"]) == pushed[0]
+    assert int(headers["futureq-last-delivery-ms"]) == pushed[1]

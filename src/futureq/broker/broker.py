@@ -1055,7 +1055,9 @@ class Broker:
                 f"{MAX_NACK_REASON_BYTES}: keep it short (it travels in the dead letter's headers)",
             )
         flights = self.hub.claim_tags(tags, connection_id)
-        entries = [(flight.key, flight.attempt) for flight in flights]
+        # When each went out: a first delivery's time is known only here (a dead letter's
+        # futureq-first-delivery-ms), a redelivery's was recorded already (kept).
+        entries = [(flight.key, flight.attempt, flight.pushed_ms or None) for flight in flights]
         try:
             done = await self.log.propose(
                 commands.nack(
