@@ -63,6 +63,8 @@ class ErrorCode(enum.IntEnum):
     PERMISSION_DENIED = 235
     TOO_MANY_SUBSCRIPTIONS = 236
     TOO_MANY_GROUPS = 237
+    # 250-259: cluster membership
+    QUORUM_AT_RISK = 250
     # 260-279: managing scheduled messages (issue 14)
     INVALID_MESSAGE_ID = 260
     INVALID_CURSOR = 261

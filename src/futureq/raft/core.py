@@ -87,6 +87,7 @@ from futureq.raft.quorum import (
     apply_conf_change,
     committed_index,
     has_quorum,
+    majority,
     validate_conf_change,
     vote_result,
 )
@@ -448,7 +449,9 @@ class RaftCore:
             ProposalDroppedError: if a change is still uncommitted, the leader has not
                 committed in its term yet, or a transfer is under way.
             RequestError: ``INVALID_ARGUMENT`` if the change does not fit the
-                current membership (e.g. promoting a node that is not a learner).
+                current membership (e.g. promoting a node that is not a learner);
+                ``QUORUM_AT_RISK`` if the voters after it would not include a majority
+                this leader heard from lately (:meth:`_check_quorum_after`).
         """
         self._check_no_outstanding_ready()
         if self.role is not Role.LEADER:
@@ -464,6 +467,7 @@ class RaftCore:
         reason = validate_conf_change(self.membership, change)
         if reason is not None:
             raise RequestError(ErrorCode.INVALID_ARGUMENT, reason)
+        self._check_quorum_after(change)
         target = self.progress.get(change.node_id)
         if (
             change.op is ConfChangeOp.PROMOTE_VOTER
@@ -1275,8 +1279,41 @@ class RaftCore:
         ]
         for node_id, pr in self.progress.items():
             if node_id != self.id:
+                pr.was_active = pr.recent_active
                 pr.recent_active = False
         return has_quorum(self.membership.voters, active)
+
+    def _check_quorum_after(self, change: ConfChange) -> None:
+        """Refuse a change whose voters would not hold a quorum of members this leader
+        heard from in the last one or two election timeouts (as etcd's
+        ``--strict-reconfig-check``): removing the leader, or a live voter, while
+        another is down left the cluster without a leader until the down one came back.
+
+        Raises:
+            RequestError: QUORUM_AT_RISK, naming the voters not heard from.
+        """
+        after = apply_conf_change(self.membership, change).voters
+        if after == self.membership.voters or not after:
+            return
+        heard = {
+            node_id
+            for node_id, pr in self.progress.items()
+            if node_id == self.id
+            or ((pr.recent_active or pr.was_active) and not pr.peer_recovering)
+        }
+        if has_quorum(after, heard):
+            return
+        silent = sorted(int(n) for n in after - heard)
+        action = "removing" if change.op is ConfChangeOp.REMOVE_NODE else "promoting"
+        raise RequestError(
+            ErrorCode.QUORUM_AT_RISK,
+            f"{action} node {change.node_id} would leave voters "
+            f"{sorted(int(n) for n in after)}, of which node(s) {silent} have not answered "
+            f"this leader for an election timeout or more (down, partitioned or still "
+            f"catching up): fewer than a majority ({majority(len(after))} of {len(after)}) "
+            "would be left to elect and commit. Bring those nodes back first (or remove a "
+            "node that is down instead)",
+        )
 
     def _propose_entry(self, kind: EntryKind, data: bytes) -> LogIndex:
         if self.role is not Role.LEADER:

@@ -65,8 +65,11 @@ class Progress:
         self.snapshot: Snapshot | None = None
         self.snapshot_offset = 0
         self._snapshot_offset_at_heartbeat = -1
-        # CheckQuorum (thesis §6.2): heard from this peer in the current window.
+        # CheckQuorum (thesis §6.2): heard from this peer in the current window, and
+        # in the window before (a membership change must not leave no quorum of peers
+        # heard from: RaftCore.propose_conf_change).
         self.recent_active = False
+        self.was_active = False
         # ReadIndex (thesis §6.4): highest heartbeat round this peer answered.
         self.read_seq_acked = 0
         # Disk faults (docs/raft.md): who answers, and whether it may count yet.

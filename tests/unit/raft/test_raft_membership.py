@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from raft_helpers import ELECTION_TICKS, Network, ids, make_node
 
-from futureq.errors import RequestError
+from futureq.errors import ErrorCode, RequestError
 from futureq.raft.core import ProposalDroppedError, Role
 from futureq.raft.messages import (
     ConfChange,
@@ -189,3 +189,49 @@ def test_follower_truncating_a_config_entry_reverts_membership() -> None:
     assert leader.role is Role.FOLLOWER
     assert leader.membership == Membership(ids(1, 2, 3), ids(4))
     assert leader.membership_at(LogIndex(1)) == Membership(ids(1, 2, 3))
+
+
+def _silence(network: Network, node_id: int, leader: int = 1) -> None:
+    """Isolate ``node_id`` and run the leader's heartbeats for three election timeouts:
+    the leader has not heard from it for more than two CheckQuorum windows."""
+    network.isolate(node_id)
+    for _ in range(3 * ELECTION_TICKS // network.core(leader).config.heartbeat_interval_ticks):
+        network.heartbeat(leader)
+    assert network.role(leader) is Role.LEADER
+
+
+@pytest.mark.parametrize("removed", [1, 2])
+def test_a_removal_that_would_leave_no_quorum_heard_from_is_refused(removed: int) -> None:
+    """Found by a breaker (2 of 2, real nodes): with node 3 down, removing the leader
+    (or node 2) committed, left voters {2, 3} (or {1, 3}) with one of them down, and no
+    leader until node 3 came back. Refused now (QUORUM_AT_RISK), as etcd's
+    ``--strict-reconfig-check`` does, saying which voters are silent."""
+    network = Network.of(3)
+    network.elect(1)
+    _silence(network, 3)
+    with pytest.raises(RequestError) as refused:
+        network.core(1).propose_conf_change(_change(ConfChangeOp.REMOVE_NODE, removed))
+    assert refused.value.code is ErrorCode.QUORUM_AT_RISK
+    assert "node(s) [3] have not answered" in refused.value.message
+    assert network.core(1).membership.voters == ids(1, 2, 3)
+
+
+def test_removing_the_silent_node_itself_is_taken() -> None:
+    """The usual reason to remove a node: it died. The voters left all answer."""
+    network = Network.of(3)
+    network.elect(1)
+    _silence(network, 3)
+    network.core(1).propose_conf_change(_change(ConfChangeOp.REMOVE_NODE, 3))
+    network.stabilize()
+    assert network.core(1).membership.voters == ids(1, 2)
+
+
+def test_a_node_heard_from_in_the_window_before_still_counts() -> None:
+    """CheckQuorum clears ``recent_active`` every election timeout; a change proposed
+    just after that must not take every follower for silent."""
+    network = Network.of(3)
+    network.elect(1)
+    network.tick(1, ELECTION_TICKS)  # a CheckQuorum window ends: recent_active cleared
+    network.core(1).propose_conf_change(_change(ConfChangeOp.REMOVE_NODE, 1))
+    network.stabilize()
+    assert network.core(2).membership.voters == ids(2, 3)
