@@ -60,7 +60,7 @@ from futureq.errors import ErrorCode, RemoteProtocolError
 from futureq.rate_limited_log import RateLimitedLog
 from futureq.wire import codec
 
-from . import websocket
+from . import http_connection, websocket
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
@@ -794,21 +794,31 @@ async def _serve_capped(
             return
         by_address[host] = by_address.get(host, 0) + 1
         try:
-            served: trio.abc.Stream = stream
-            if ssl_context is not None:
-                served = trio.SSLStream(
-                    stream, ssl_context, server_side=True, https_compatible=True
-                )
-            websocket.TRANSPORT.set(stream)  # this task's context, inherited by hypercorn's
-            websocket.SLOTS.set(websocket_slots)
-            await TCPServer(wrapped, config, context, ConnectionState({}), served)  # type: ignore[arg-type]
+            # Whatever ends the connection cancels this scope (http_connection), so no
+            # task of hypercorn's holds the slot past the connection's end.
+            connection_end = http_connection.ConnectionEnd()
+            with connection_end.cancel_scope:
+                served: trio.abc.Stream = http_connection.EndingStream(stream, connection_end)
+                if ssl_context is not None:
+                    served = trio.SSLStream(
+                        served, ssl_context, server_side=True, https_compatible=True
+                    )
+                # This task's context, inherited by hypercorn's tasks and the app's.
+                websocket.TRANSPORT.set(stream)
+                websocket.SLOTS.set(websocket_slots)
+                http_connection.CURRENT.set(connection_end)
+                await TCPServer(wrapped, config, context, ConnectionState({}), served)  # type: ignore[arg-type]
         finally:
-            admitted.release()
-            left = by_address[host] - 1
-            if left:
-                by_address[host] = left
-            else:
-                del by_address[host]
+            try:
+                # Hypercorn's own close may have been cancelled half way.
+                await trio.aclose_forcefully(stream)
+            finally:
+                admitted.release()
+                left = by_address[host] - 1
+                if left:
+                    by_address[host] = left
+                else:
+                    del by_address[host]
 
     async with trio.open_nursery() as handlers:
         async with trio.open_nursery() as accepting:
