@@ -236,6 +236,21 @@ class HttpApp:
         if scope["type"] != "http":
             return
         method = scope["method"]
+        if _has_body(scope.get("headers", [])):
+            # Answered unread and closed (docs/security.md, "The HTTP port"): an unread
+            # body must not stay between this request and the next, and hypercorn would
+            # wait for ever to hand it to us once we returned.
+            await _respond(
+                send,
+                405,
+                b"only GET and HEAD without a request body are served; this connection "
+                b"is closed with the body unread\n",
+                _TEXT,
+                head=method == "HEAD",
+                extra=[(b"allow", b"GET, HEAD"), (b"connection", b"close")],
+                end_connection=True,
+            )
+            return
         if method not in ("GET", "HEAD"):
             await _respond(
                 send,
@@ -505,6 +520,15 @@ def merged_node_answer(
     return None
 
 
+def _has_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """True if a request with these (lower-case) headers has a body: a Content-Length
+    other than 0, or any Transfer-Encoding (RFC 9112 §6.3)."""
+    for name, value in headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
+
+
 async def _respond(
     send: ASGISendCallable,
     status: int,
@@ -513,7 +537,10 @@ async def _respond(
     *,
     head: bool,
     extra: list[tuple[bytes, bytes]] | None = None,
+    end_connection: bool = False,
 ) -> None:
+    """Send one whole answer; ``end_connection``: the connection ends once it is written
+    (:meth:`http_connection.ConnectionEnd.end_after_next_send`)."""
     headers = [
         (b"content-type", content_type),
         (b"content-length", str(len(body)).encode("ascii")),
@@ -521,6 +548,9 @@ async def _respond(
         *(extra or []),
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
+    connection_end = http_connection.CURRENT.get()
+    if end_connection and connection_end is not None:
+        connection_end.end_after_next_send()
     await send({"type": "http.response.body", "body": b"" if head else body, "more_body": False})
 
 

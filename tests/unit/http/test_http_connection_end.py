@@ -85,6 +85,60 @@ async def _served_soon(address: str) -> Response:
     raise AssertionError(f"{address} still refuses this address after {CLOSED_WITHIN_S} s")
 
 
+async def test_posts_with_a_body_are_answered_405_closed_and_give_their_slot_back() -> None:
+    async with trio.open_nursery() as nursery:
+        address = await _start(nursery)
+        for _ in range(PER_ADDRESS * 3):
+            # As the tester did: a 5-byte body, the client reads the answer and closes.
+            stream = await _connect(address)
+            await stream.send_all(
+                b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+            )
+            head = await stream.receive_some()
+            await stream.aclose()
+            assert head.startswith(b"HTTP/1.1 405"), head
+        # The body is refused unread, and the connection is closed by the server.
+        raw = await _exchange(
+            address, b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"
+        )
+        assert raw is not None, "the server kept a connection open waiting for its body"
+        response = Response(raw)
+        assert response.status == 405
+        assert response.headers["connection"] == "close"
+        assert response.headers["allow"] == "GET, HEAD"
+        raw = await _exchange(
+            address, b"PUT /api/status HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        assert raw is not None and Response(raw).status == 405
+        # Every slot came back: a plain GET from the same address is served.
+        response = await _served_soon(address)
+        assert (response.status, response.body) == (200, b"ok\n")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_get_with_a_body_is_answered_405_and_closed() -> None:
+    async with trio.open_nursery() as nursery:
+        address = await _start(nursery)
+        for _ in range(PER_ADDRESS + 1):
+            raw = await _exchange(
+                address,
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                b"Connection: close\r\n\r\nhello",
+            )
+            assert raw is not None, "the server kept the socket open after its answer"
+            response = Response(raw)
+            assert response.status == 405, raw
+            assert b"body" in response.body
+        # A GET with an empty body (Content-Length: 0) is an ordinary GET.
+        raw = await _exchange(
+            address,
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+        assert raw is not None and Response(raw).status == 200
+        assert (await _served_soon(address)).status == 200
+        nursery.cancel_scope.cancel()
+
+
 async def _keep_alive_get(address: str, *, reset: bool) -> None:
     """A keep-alive GET whose client closes (or resets) the connection after the answer."""
     stream = await _connect(address)
