@@ -25,6 +25,9 @@ Endpoints (all ``GET``; ``HEAD`` too):
                    (:mod:`futureq.broker.websocket`, ``docs/protocol.md``).
 =================  ===========================================================
 
+A request with a body (any method) is answered 405 and closed with its body unread; how
+a connection's end frees its slot at once is :mod:`futureq.broker.http_connection`'s.
+
 With a token configured (``server.auth_token`` or ``server.credentials_file``), every
 endpoint but ``/healthz`` and ``/readyz`` needs an ``Authorization`` header of a client
 with the ``monitor`` permission: ``Bearer <token>``, or HTTP Basic with the token as the
@@ -763,6 +766,8 @@ async def _serve_capped(
     handshake. Hypercorn's per-connection deadlines apply: ``keep_alive_timeout``
     closes a connection that has no complete request head that long after it opened or
     after its last answer (slowloris); ``ssl_handshake_timeout`` bounds the handshake.
+    A connection's slot is given back, and its socket closed, as soon as it ends, however
+    it ends (:mod:`futureq.broker.http_connection`).
     """
     from hypercorn.trio.tcp_server import TCPServer
     from hypercorn.trio.worker_context import WorkerContext
