@@ -15,6 +15,7 @@ PUBLISH frame shared with other callers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -174,3 +175,81 @@ def utf8_bytes(name: str, value: str, code: ErrorCode, index: int | None = None)
             "with the right encoding) before publishing",
             index,
         ) from None
+
+
+# -- the client's own numbers -------------------------------------------------------
+#
+# Options that never reach the server (deadlines, batch sizes, leases) and counts the
+# client sends are checked when they are given, so a bad one fails at the call with
+# its name and range, not later as a misleading timeout that blames the server
+# (``docs/client.md``, "Argument ranges").
+
+
+def _check_number(name: str, value: Any) -> float:
+    """``value`` as a float, refusing what is not an int or float (a bool, a str)."""
+    if type(value) not in (int, float):
+        raise TypeError(f"{name} must be a number, got {_type_name(value)}")
+    return float(value)
+
+
+def check_seconds(name: str, value: Any, *, allow_zero: bool = False) -> None:
+    """``value`` is a finite number of seconds, > 0 (>= 0 with ``allow_zero``).
+
+    Raises:
+        TypeError: not an int or float.
+        ValueError: NaN, infinite, or below the range; the message names both.
+    """
+    number = _check_number(name, value)
+    wanted = ">= 0" if allow_zero else "> 0"
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        raise ValueError(f"{name} must be a finite number of seconds {wanted}, got {value!r}")
+
+
+def check_milliseconds(name: str, value: Any) -> None:
+    """``value`` is a finite number of milliseconds >= 0.
+
+    Raises:
+        TypeError: not an int or float.
+        ValueError: NaN, infinite or negative.
+    """
+    number = _check_number(name, value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{name} must be a finite number of milliseconds >= 0, got {value!r}")
+
+
+def check_count(name: str, value: Any) -> None:
+    """``value`` is an int >= 1 (an item count).
+
+    Raises:
+        TypeError: not an int (``1.5``, ``True``).
+        ValueError: below 1.
+    """
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int >= 1, got {_type_name(value)}")
+    if value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value}")
+
+
+def check_client_options(
+    *,
+    connect_timeout_s: Any,
+    request_timeout_s: Any,
+    max_batch_items: Any,
+    linger_ms: Any,
+    max_lease_s: Any,
+) -> None:
+    """The numeric options of ``open_client`` (and so of ``SyncClient``).
+
+    Ranges: ``connect_timeout_s`` and ``request_timeout_s`` finite seconds > 0;
+    ``max_batch_items`` an int >= 1; ``linger_ms`` finite ms >= 0; ``max_lease_s``
+    finite seconds >= 0 (0: buffered deliveries are never extended).
+
+    Raises:
+        TypeError: an option is not a number (or not an int, for ``max_batch_items``).
+        ValueError: an option is out of its range; the message names it and the range.
+    """
+    check_seconds("connect_timeout_s", connect_timeout_s)
+    check_seconds("request_timeout_s", request_timeout_s)
+    check_count("max_batch_items", max_batch_items)
+    check_milliseconds("linger_ms", linger_ms)
+    check_seconds("max_lease_s", max_lease_s, allow_zero=True)

@@ -205,10 +205,13 @@ class Client:
         rng: random.Random,
         max_lease_s: float = DEFAULT_MAX_LEASE_S,
     ) -> None:
-        if max_batch_items < 1:
-            raise ValueError(f"max_batch_items must be >= 1, got {max_batch_items}")
-        if linger_ms < 0:
-            raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        _checks.check_client_options(
+            connect_timeout_s=connect_timeout_s,
+            request_timeout_s=request_timeout_s,
+            max_batch_items=max_batch_items,
+            linger_ms=linger_ms,
+            max_lease_s=max_lease_s,
+        )
         if ack_level not in _ACK_LEVELS:
             raise ValueError(f"ack_level must be 'leader' or 'quorum', got {ack_level!r}")
         self.servers = servers

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import anyio
 import attrs
 
+from futureq.client import _checks
 from futureq.errors import (
     ConnectionLostError,
     ErrorCode,
@@ -224,8 +225,7 @@ class Subscription:
     def __init__(
         self, client: Client, topic: str, group: str, prefetch: int, *, pull: bool = False
     ) -> None:
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        _checks.check_count("prefetch", prefetch)
         self.topic = topic
         self.group = group
         self.prefetch = prefetch
@@ -480,8 +480,10 @@ class Subscription:
         """Wait up to ``timeout_s`` seconds for the next delivery; None if none came.
 
         Raises:
+            ValueError: ``timeout_s`` is not a finite number >= 0.
             Same as iteration, and StopAsyncIteration is returned as None.
         """
+        _checks.check_seconds("timeout_s", timeout_s, allow_zero=True)
         with anyio.move_on_after(timeout_s):
             try:
                 return await self.__anext__()
@@ -497,13 +499,14 @@ class Subscription:
         after that are released at once (due again, not counted as an attempt).
 
         Raises:
-            ValueError: ``count`` < 1, or the subscription is not in pull mode.
+            ValueError: ``count`` < 1, ``timeout_s`` not a finite number >= 0, or
+                the subscription is not in pull mode.
             Same as iteration otherwise.
         """
         if not self._pull:
             raise ValueError("fetch() needs a pull-mode subscription (the sync client's)")
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
+        _checks.check_count("count", count)
+        _checks.check_seconds("timeout_s", timeout_s, allow_zero=True)
         out: list[Delivery] = []
         try:
             while len(out) < count:
