@@ -11,16 +11,23 @@ Usage::
             delivery.ack()
 
 Every call blocks the calling thread until the async :class:`~futureq.client.Client`
-in the background thread has finished it (``trio.from_thread.run``), so the errors,
-units and at-least-once notes of ``docs/client.md`` apply unchanged. One
-:class:`SyncClient` may be used from several threads. Leaving the ``with`` block
-unsubscribes, closes the connection and joins the thread; without ``with``, the
-first call connects and :meth:`SyncClient.close` ends it.
+in the background thread has finished it (handed over with ``TrioToken.run_sync_soon``
+and a ``concurrent.futures.Future``, which, unlike ``trio.from_thread.run``, also works
+from a thread running trio), so the errors, units and at-least-once notes of
+``docs/client.md`` apply unchanged. One :class:`SyncClient` may be used from several
+threads of one process (not from a child after ``os.fork()``). Leaving the ``with``
+block unsubscribes, closes the connection and joins the thread, and makes calls still
+in progress raise ``ClientClosedError``; without ``with``, the first call connects and
+:meth:`SyncClient.close` ends it.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import functools
+import inspect
+import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
@@ -28,6 +35,7 @@ from typing import Any, Final, TypeVar
 import attrs
 import trio
 
+from futureq.client import _checks
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
 from futureq.client.client import DEFAULT_SERVER, Client, open_client
@@ -144,12 +152,46 @@ class _OpenRequest:
         self.error: BaseException | None = None
 
 
+class _Call:
+    """One blocking call: the coroutine function the background loop runs for it, and
+    the future its calling thread waits on."""
+
+    def __init__(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        if self.future.done():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
+
+
+CLOSED_MESSAGE: Final = "the SyncClient was closed; make a new one"
+CLOSED_DURING_CALL_MESSAGE: Final = (
+    "the SyncClient was closed while this call was in progress (by close() in another "
+    "thread); a publish or settlement it was making may or may not have been applied"
+)
+
+
+def _default_options() -> dict[str, Any]:
+    """``open_client``'s keyword options and their defaults."""
+    parameters = inspect.signature(open_client).parameters.values()
+    return {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
 class SyncClient:
     """Blocking FutureQ client: usable as soon as it is made; ``close()`` ends it.
 
     It connects on first use (or on :meth:`open`, or entering a ``with`` block, to
     connect up front and see connection errors there), and runs until :meth:`close`
-    (or leaving the ``with`` block).
+    (or leaving the ``with`` block). It may be called from any thread, including the
+    thread of a running asyncio or trio loop (the call then blocks that loop until it
+    returns). It belongs to the process that opened it: after ``os.fork()`` the child
+    must make its own.
 
     Args:
         servers: As :func:`~futureq.client.open_client`.
@@ -157,15 +199,36 @@ class SyncClient:
             (``token``, ``ssl_context``, ``request_timeout_s``, ...).
 
     Raises:
+        TypeError: an option ``open_client`` does not take, or a number option that
+            is not a number.
+        ValueError: a number option out of its range (``docs/client.md``, "Argument
+            ranges"), at once, before anything connects.
         ConnectionLostError, RemoteProtocolError: from the call that connects (the
             first call, :meth:`open` or ``__enter__``) when no server can be reached
             or HELLO is refused; the next call tries again.
     """
 
     def __init__(self, servers: str | Sequence[str] = DEFAULT_SERVER, **options: Any) -> None:
+        defaults = _default_options()
+        unknown = sorted(set(options) - set(defaults))
+        if unknown:
+            raise TypeError(
+                f"SyncClient() got unknown option(s) {', '.join(unknown)}; it takes the "
+                f"keyword arguments of open_client: {', '.join(defaults)}"
+            )
+        merged = defaults | options
+        _checks.check_client_options(
+            connect_timeout_s=merged["connect_timeout_s"],
+            request_timeout_s=merged["request_timeout_s"],
+            max_batch_items=merged["max_batch_items"],
+            linger_ms=merged["linger_ms"],
+            max_lease_s=merged["max_lease_s"],
+        )
         self._servers = servers
         self._options = options
+        self._connect_timeout_s = float(merged["connect_timeout_s"])
         self._thread: threading.Thread | None = None
+        self._pid: int | None = None  # the process whose thread serves this client
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -174,6 +237,13 @@ class SyncClient:
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         self._closed = False
         self._open_lock = threading.Lock()
+        # Calls crossing into the background loop; guarded by _calls_lock. Each calling
+        # thread blocks on its own call, so _incoming holds at most one call per thread.
+        self._calls_lock = threading.Lock()
+        self._incoming: collections.deque[_Call] = collections.deque()
+        self._unfinished: set[_Call] = set()
+        self._loop_done = False
+        self._wakeup: trio.Event | None = None
 
     def __enter__(self) -> SyncClient:
         self.open()
@@ -182,51 +252,84 @@ class SyncClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _check_process(self) -> None:
+        """Refuse use in a process forked from the one that opened the client: the
+        child has no copy of the background thread, so a call would wait for ever."""
+        if self._pid is not None and self._pid != os.getpid():
+            raise ClientClosedError(
+                f"this SyncClient was opened in process {self._pid} and cannot be used "
+                f"in process {os.getpid()}, forked from it: its background thread and "
+                "connection stay in the parent; make a new SyncClient in the child"
+            )
+
     def open(self) -> None:
         """Start the background thread and connect, if that has not happened yet.
 
         Optional: the first call does it too. Calling it again does nothing.
 
         Raises:
-            ClientClosedError: :meth:`close` was called.
+            ClientClosedError: :meth:`close` was called, or the client was opened
+                in the parent of this forked process.
             ConnectionLostError, RemoteProtocolError: as the class; the client stays
                 unopened, and the next call tries again.
         """
+        self._check_process()
         with self._open_lock:
             if self._closed:
-                raise ClientClosedError("the SyncClient was closed; make a new one")
+                raise ClientClosedError(CLOSED_MESSAGE)
             if self._thread is not None:
                 return
             self._ready = threading.Event()
             self._startup_error = None
+            with self._calls_lock:
+                self._loop_done = False
             thread = threading.Thread(target=self._thread_main, name="futureq-sync", daemon=True)
             self._thread = thread
+            self._pid = os.getpid()
             thread.start()
-            wait_s = float(self._options.get("connect_timeout_s", 5.0)) + STARTUP_EXTRA_S
+            wait_s = self._connect_timeout_s + STARTUP_EXTRA_S
             if not self._ready.wait(wait_s):
                 raise TimeoutError(f"the client thread did not start within {wait_s:g} s")
             if self._startup_error is not None:
                 thread.join(JOIN_TIMEOUT_S)
                 self._thread = None  # not opened: a later call may try again
+                self._pid = None
                 error, self._startup_error = self._startup_error, None
                 raise error
 
     def close(self) -> None:
         """Unsubscribe, disconnect and join the background thread (idempotent).
 
-        Later calls raise :class:`ClientClosedError`.
+        Calls in progress in other threads raise :class:`ClientClosedError` at once;
+        later calls raise it too. In a child forked after the client was opened it
+        only marks this copy closed: the parent's connection is left alone.
         """
+        if self._pid is not None and self._pid != os.getpid():
+            self._closed = True  # no lock: one may have been held across the fork
+            return
         with self._open_lock:
             if self._closed:
                 return
-            self._closed = True
-        if self._token is not None and self._open_send is not None:
-            try:
-                trio.from_thread.run_sync(self._open_send.close, trio_token=self._token)
-            except trio.RunFinishedError:
-                pass
-        if self._thread is not None:
+            with self._calls_lock:
+                self._closed = True
+        self._wake_loop()
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(JOIN_TIMEOUT_S)
+
+    def _wake_loop(self) -> None:
+        """Have the background loop look at new calls and at ``_closed``."""
+        token = self._token
+        if token is None:
+            return
+        try:
+            token.run_sync_soon(self._on_wake)
+        except trio.RunFinishedError:
+            pass  # _thread_main has failed whatever was unfinished
+
+    def _on_wake(self) -> None:
+        # In the loop thread, outside any task (TrioToken.run_sync_soon).
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     def _thread_main(self) -> None:
         try:
@@ -236,21 +339,79 @@ class SyncClient:
                 raise  # a crash after start-up: let the thread report it
             self._startup_error = exc  # re-raised by open() in the caller's thread
         finally:
+            with self._calls_lock:
+                self._loop_done = True
+                unfinished = list(self._unfinished)
+                self._unfinished.clear()
+                self._incoming.clear()
+            for call in unfinished:
+                call.finish(error=ClientClosedError(CLOSED_DURING_CALL_MESSAGE))
             self._ready.set()
 
     async def _trio_main(self) -> None:
-        open_send, open_receive = trio.open_memory_channel[_OpenRequest](16)
         async with open_client(self._servers, **self._options) as client:
-            self._client = client
-            self._open_send = open_send
-            self._token = trio.lowlevel.current_trio_token()
-            async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as holders:
+                open_send, open_receive = trio.open_memory_channel[_OpenRequest](16)
+                holders.start_soon(self._hold_subscriptions, client, open_receive)
+                self._client = client
+                self._open_send = open_send
+                self._wakeup = trio.Event()
+                self._token = trio.lowlevel.current_trio_token()
                 self._ready.set()
-                async with open_receive:
-                    async for request in open_receive:
-                        nursery.start_soon(self._hold_subscription, client, request)
-                # close() closed the channel: end the held subscriptions.
-                nursery.cancel_scope.cancel()
+                # Calls end before the subscriptions they read from: a consume() in
+                # progress at close() raises ClientClosedError, it does not see its
+                # subscription end and return [] as if nothing had come.
+                await self._serve_calls()
+                holders.cancel_scope.cancel()
+
+    async def _serve_calls(self) -> None:
+        """Run each call handed over by a calling thread, until :meth:`close`; then
+        cancel those still running (their threads get ClientClosedError)."""
+        async with trio.open_nursery() as calls:
+            while True:
+                assert self._wakeup is not None
+                wakeup = self._wakeup
+                with self._calls_lock:
+                    incoming = list(self._incoming)
+                    self._incoming.clear()
+                    closed = self._closed
+                if closed:
+                    for call in incoming:
+                        self._finish(call, error=ClientClosedError(CLOSED_MESSAGE))
+                    calls.cancel_scope.cancel()
+                    return
+                for call in incoming:
+                    calls.start_soon(self._serve_call, call)
+                await wakeup.wait()
+                self._wakeup = trio.Event()
+
+    async def _serve_call(self, call: _Call) -> None:
+        try:
+            result = await call.fn(*call.args)
+        except trio.Cancelled:
+            # Only close() (or the loop ending) cancels a call.
+            self._finish(call, error=ClientClosedError(CLOSED_DURING_CALL_MESSAGE))
+            raise
+        except Exception as exc:
+            self._finish(call, error=exc)
+        except BaseException as exc:  # KeyboardInterrupt and friends: end the loop too
+            self._finish(call, error=exc)
+            raise
+        else:
+            self._finish(call, result)
+
+    def _finish(self, call: _Call, result: Any = None, error: BaseException | None = None) -> None:
+        with self._calls_lock:
+            self._unfinished.discard(call)
+        call.finish(result, error)
+
+    async def _hold_subscriptions(
+        self, client: Client, open_receive: trio.MemoryReceiveChannel[_OpenRequest]
+    ) -> None:
+        """Start a holder for each subscription consume() asks for (until cancelled)."""
+        async with trio.open_nursery() as nursery, open_receive:
+            async for request in open_receive:
+                nursery.start_soon(self._hold_subscription, client, request)
 
     async def _hold_subscription(self, client: Client, request: _OpenRequest) -> None:
         """Keep one subscription open until the client closes (so acks stay valid)."""
@@ -267,19 +428,32 @@ class SyncClient:
             request.done.set()
 
     def _run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run ``await fn(*args)`` in the background loop; block until it is done.
+
+        Works from any thread of the opening process, a thread running an asyncio or
+        trio loop included (``trio.from_thread.run`` refuses a trio thread, so the
+        call crosses with ``TrioToken.run_sync_soon`` and a ``concurrent.futures``
+        future instead).
+        """
         self._require_client()
-        if self._closed or self._token is None:
-            raise ClientClosedError("the SyncClient was closed; make a new one")
-        try:
-            return trio.from_thread.run(fn, *args, trio_token=self._token)
-        except trio.RunFinishedError:
-            raise ClientClosedError("the SyncClient's background thread has stopped") from None
+        call = _Call(fn, args)
+        with self._calls_lock:
+            if self._closed:
+                raise ClientClosedError(CLOSED_MESSAGE)
+            if self._loop_done:
+                raise ClientClosedError("the SyncClient's background thread has stopped")
+            self._unfinished.add(call)
+            self._incoming.append(call)
+        self._wake_loop()
+        result: T = call.future.result()
+        return result
 
     def _require_client(self) -> Client:
         """The async client, opening the SyncClient first if nothing has yet
         (never called from the background thread before it is open)."""
+        self._check_process()
         if self._closed:
-            raise ClientClosedError("the SyncClient was closed; make a new one")
+            raise ClientClosedError(CLOSED_MESSAGE)
         if self._client is None:
             self.open()
         assert self._client is not None
@@ -339,10 +513,11 @@ class SyncClient:
         Args:
             topic: Topic name.
             group: Consumer group name (created if new).
-            count: Most deliveries to return (>= 1).
-            timeout_s: Stop early once no delivery arrived for this long (seconds).
+            count: Most deliveries to return (an int >= 1).
+            timeout_s: Stop early once no delivery arrived for this long (finite
+                seconds >= 0; 0 returns what has already arrived).
             prefetch: Ignored (kept for compatibility): the credit is what the call
-                still wants.
+                still wants. If given, an int >= 1.
 
         Returns:
             0 to ``count`` deliveries; unsettled ones come back after the group's
@@ -350,11 +525,14 @@ class SyncClient:
             client closes.
 
         Raises:
-            ValueError: ``count`` < 1.
-            RequestError, ConnectionLostError, ClientClosedError: as ``Client.subscribe``.
+            ValueError: ``count``, ``timeout_s`` or ``prefetch`` out of range.
+            RequestError, ConnectionLostError: as ``Client.subscribe``.
+            ClientClosedError: the client was closed, before or during the call.
         """
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
+        _checks.check_count("count", count)
+        _checks.check_seconds("timeout_s", timeout_s, allow_zero=True)
+        if prefetch is not None:
+            _checks.check_count("prefetch", prefetch)
         deliveries = self._run(self._consume, topic, group, count, timeout_s, count)
         return [SyncDelivery(delivery, self) for delivery in deliveries]
 
@@ -365,18 +543,18 @@ class SyncClient:
         sub = self._subscriptions.get((topic, group))
         if sub is None or sub.closed:
             if self._open_send is None:
-                raise ClientClosedError("the SyncClient is closed")
+                raise ClientClosedError(CLOSED_MESSAGE)
             request = _OpenRequest(topic, group, prefetch)
             try:
                 await self._open_send.send(request)
             except trio.ClosedResourceError:
-                raise ClientClosedError("the SyncClient is closed") from None
+                raise ClientClosedError(CLOSED_MESSAGE) from None
             with trio.fail_after(client.request_timeout_s + STARTUP_EXTRA_S):
                 await request.done.wait()
             if request.error is not None:
                 raise request.error
             if request.subscription is None:
-                raise ClientClosedError("the SyncClient is closed")
+                raise ClientClosedError(CLOSED_MESSAGE)
             sub = self._subscriptions[(topic, group)] = request.subscription
         return await sub.fetch(count, timeout_s)
 

@@ -1,0 +1,123 @@
+"""Every number the client takes is checked at the call (docs/client.md, "Argument ranges").
+
+A zero or negative deadline used to be accepted and then fail every call with "no answer
+within -1 s; its outcome is unknown" (or "could not connect ...", blaming the server).
+None of these tests connects: the checks come before anything leaves.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from tests.backends import on_both_backends
+
+from futureq.client import open_client
+from futureq.client.subscription import Subscription
+from futureq.client.sync import SyncClient
+
+UNREACHABLE = "127.0.0.1:1"  # never reached: every call below fails before connecting
+
+BAD_OPTIONS = [
+    ("connect_timeout_s", 0, "> 0"),
+    ("connect_timeout_s", -1, "> 0"),
+    ("connect_timeout_s", math.nan, "> 0"),
+    ("connect_timeout_s", math.inf, "finite"),
+    ("request_timeout_s", 0, "> 0"),
+    ("request_timeout_s", -1.5, "> 0"),
+    ("request_timeout_s", math.nan, "> 0"),
+    ("request_timeout_s", math.inf, "finite"),
+    ("max_batch_items", 0, ">= 1"),
+    ("linger_ms", -5, ">= 0"),
+    ("linger_ms", math.nan, ">= 0"),
+    ("max_lease_s", -1, ">= 0"),
+    ("max_lease_s", math.nan, ">= 0"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "range_text"), BAD_OPTIONS)
+def test_sync_client_refuses_an_out_of_range_option_when_made(
+    name: str, value: Any, range_text: str
+) -> None:
+    with pytest.raises(ValueError, match=name) as caught:
+        SyncClient(UNREACHABLE, **{name: value})
+    assert range_text in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("request_timeout_s", "5"), ("connect_timeout_s", True), ("max_batch_items", 1.5)],
+)
+def test_a_number_option_of_another_type_is_a_type_error(name: str, value: Any) -> None:
+    with pytest.raises(TypeError, match=name):
+        SyncClient(UNREACHABLE, **{name: value})
+
+
+def test_sync_client_refuses_an_option_open_client_does_not_take() -> None:
+    with pytest.raises(TypeError, match="request_timeout_ms"):
+        SyncClient(UNREACHABLE, request_timeout_ms=5000)
+
+
+def test_zero_options_that_mean_something_are_accepted() -> None:
+    client = SyncClient(UNREACHABLE, linger_ms=0, max_lease_s=0)  # made, not connected
+    client.close()
+
+
+@pytest.mark.parametrize(("name", "value", "range_text"), BAD_OPTIONS)
+@on_both_backends
+async def test_open_client_refuses_an_out_of_range_option_before_connecting(
+    name: str, value: Any, range_text: str
+) -> None:
+    with pytest.raises(ValueError, match=name) as caught:
+        async with open_client(UNREACHABLE, **{name: value}):
+            pass  # pragma: no cover
+    assert range_text in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"count": 0}, "count"),
+        ({"count": -1}, "count"),
+        ({"timeout_s": -1}, "timeout_s"),
+        ({"timeout_s": math.nan}, "timeout_s"),
+        ({"timeout_s": math.inf}, "timeout_s"),
+        ({"prefetch": 0}, "prefetch"),
+    ],
+)
+def test_consume_refuses_an_out_of_range_argument_before_connecting(
+    kwargs: dict[str, Any], name: str
+) -> None:
+    client = SyncClient(UNREACHABLE, connect_timeout_s=0.5)
+    try:
+        with pytest.raises(ValueError, match=name):
+            client.consume("t", "g", **kwargs)
+    finally:
+        client.close()
+
+
+class _NoClient:
+    """Subscription's checks come before it touches its client."""
+
+
+@pytest.mark.parametrize("prefetch", [0, -3])
+def test_subscribe_refuses_prefetch_below_one(prefetch: int) -> None:
+    with pytest.raises(ValueError, match="prefetch must be an int >= 1"):
+        Subscription(_NoClient(), "t", "g", prefetch)  # type: ignore[arg-type]
+
+
+def test_subscribe_refuses_a_float_prefetch() -> None:
+    with pytest.raises(TypeError, match="prefetch"):
+        Subscription(_NoClient(), "t", "g", 2.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("timeout_s", [-1, math.nan, math.inf])
+async def test_receive_and_fetch_refuse_a_bad_timeout(timeout_s: float) -> None:
+    sub = Subscription(_NoClient(), "t", "g", 5, pull=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout_s"):
+        await sub.receive(timeout_s)
+    with pytest.raises(ValueError, match="timeout_s"):
+        await sub.fetch(1, timeout_s)
+    with pytest.raises(ValueError, match="count"):
+        await sub.fetch(0, 1.0)
