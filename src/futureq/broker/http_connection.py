@@ -26,7 +26,9 @@ Source: docs/operations.md, "Limits" (``limits.max_http_connections``,
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+from collections.abc import Iterator
 
 import trio
 
@@ -108,16 +110,23 @@ class EndingStream(trio.abc.HalfCloseableStream):
         """The TCP socket."""
         return self._transport.socket
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        """Read from the TCP stream; EOF (``b""``) or a reset ends the connection."""
+    @contextlib.contextmanager
+    def _ending_on_failure(self) -> Iterator[None]:
+        """A stream the peer broke ends the connection; one our side closed ends it soon
+        (our side is winding it down)."""
         try:
-            data = await self._transport.receive_some(max_bytes)
+            yield
         except trio.BrokenResourceError:
             self._end.end()
             raise
         except trio.ClosedResourceError:
-            self._end.end_soon()  # closed by our side, which is winding it down
+            self._end.end_soon()
             raise
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """Read from the TCP stream; EOF (``b""``) or a reset ends the connection."""
+        with self._ending_on_failure():
+            data = await self._transport.receive_some(max_bytes)
         if not data:
             self._end.end()
         return bytes(data)
@@ -126,13 +135,8 @@ class EndingStream(trio.abc.HalfCloseableStream):
         """Write to the TCP stream; a write the peer broke ends the connection, and so
         does the write :meth:`ConnectionEnd.end_after_next_send` waits for."""
         try:
-            await self._transport.send_all(data)
-        except trio.BrokenResourceError:
-            self._end.end()
-            raise
-        except trio.ClosedResourceError:
-            self._end.end_soon()  # closed by our side, which is winding it down
-            raise
+            with self._ending_on_failure():
+                await self._transport.send_all(data)
         finally:
             self._end._sent()
 

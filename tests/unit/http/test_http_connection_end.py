@@ -31,14 +31,14 @@ CLOSED_WITHIN_S = 5.0
 GET_HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
 
-async def _start(nursery: trio.Nursery) -> str:
+async def _start(nursery: trio.Nursery, idle_timeout_ms: int = IDLE_TIMEOUT_MS) -> str:
     address: str = await nursery.start(
         lambda task_status: serve_http(
             "127.0.0.1:0",
             Metrics(),
             FakeProvider(),
             max_connections=MAX_CONNECTIONS,
-            idle_timeout_ms=IDLE_TIMEOUT_MS,
+            idle_timeout_ms=idle_timeout_ms,
             task_status=task_status,
         )
     )
@@ -166,16 +166,7 @@ async def test_connections_their_client_closed_give_their_slot_back_at_once() ->
 
 async def test_an_idle_connection_closed_by_the_server_gives_its_slot_back() -> None:
     async with trio.open_nursery() as nursery:
-        address: str = await nursery.start(
-            lambda task_status: serve_http(
-                "127.0.0.1:0",
-                Metrics(),
-                FakeProvider(),
-                max_connections=MAX_CONNECTIONS,
-                idle_timeout_ms=200,
-                task_status=task_status,
-            )
-        )
+        address = await _start(nursery, idle_timeout_ms=200)
         idle = [await _connect(address) for _ in range(PER_ADDRESS)]
         for stream in idle:  # closed by the server after 0.2 s; the client never closes
             assert await _read_to_close(stream) == b""
