@@ -6,8 +6,11 @@ frame is split by bytes, and ``consume --json`` output publishes again as promis
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 from broker_process import BrokerProcess
@@ -126,3 +129,46 @@ def test_an_endless_payload_source_is_read_only_up_to_the_limit(broker: BrokerPr
     assert piped.returncode == 1
     assert "[PAYLOAD_TOO_LARGE] the payload from standard input is more than" in piped.stderr
     assert pending(address, "pz.t") == 0
+
+
+def _published_total(broker: BrokerProcess, topic: str) -> float:
+    with urllib.request.urlopen(f"http://{broker.http_address}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    pattern = rf'^futureq_published_messages_total\{{topic="{re.escape(topic)}"\}} ([0-9.e+]+)$'
+    found = re.search(pattern, text, flags=re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_broker_killed_mid_file_ends_the_run_within_the_request_timeout(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """cli.md: a batch that finds no server before --request-timeout fails its lines,
+    exit 1. The old CLI went on to the next batch and waited the whole deadline again,
+    once per batch: 1,200 batches of a dead broker kept it silent for 20 minutes."""
+    total = 60_000
+    batch = tmp_path / "long.jsonl"
+    batch.write_text("".join(f'{{"topic":"gone.f","payload":"p{i}"}}\n' for i in range(total)))
+    command = [sys.executable, "-m", "futureq.cli.client_main", "--server"]
+    command += [broker.client_address, "--request-timeout", "1s", "publish", "--file"]
+    command += [str(batch), "--batch-size", "50"]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            deadline = time.monotonic() + 30
+            while _published_total(broker, "gone.f") == 0:  # mid-file: some are stored
+                assert time.monotonic() < deadline, "the CLI published nothing in 30 s"
+                time.sleep(0.05)
+            broker.kill()
+            out, err = process.communicate(timeout=20)  # the old CLI: 1,200 s
+        finally:
+            process.kill()
+    assert process.returncode == 1, err
+    assert "Traceback" not in err
+    published = int(re.match(r"published (\d+) message\(s\)", out).group(1))  # type: ignore[union-attr]
+    assert 0 < published < total, out
+    assert out.rstrip().endswith(f"; {total - published} failed line(s)"), out
+    failed = err.splitlines()
+    assert "[CONNECTION_LOST]" in failed[0], failed[0]
+    assert failed[-1].startswith("stopped at line "), failed[-1]
+    assert "were not sent" in failed[-1]

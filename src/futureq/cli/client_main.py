@@ -709,6 +709,11 @@ class PublishSummary:
     duplicates: int = 0
     """Lines that stored nothing: their idempotency key named an earlier message."""
     failures: list[LineFailure] = attrs.Factory(list)
+    stopped_at_line: int | None = None
+    """The first line of the batch that found no server within --request-timeout, after
+    which nothing more was sent (None: every batch was tried)."""
+    not_sent: int = 0
+    """Lines of the batches after that one, reported as failed without being sent."""
 
 
 def frame_batches(
@@ -795,9 +800,12 @@ async def publish_items(
                     on_progress(1)
                     continue
                 reason = f"[{exc.code.name}] {exc.message}"
+                # A 3xx error reaches us only once retrying it would pass the deadline.
+                unavailable = exc.code.retryable
             except (ConnectionLostError, ProtocolError) as exc:
                 batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
                 reason = error_line(exc, ",".join(client.servers)).removeprefix("error: ")
+                unavailable = isinstance(exc, ConnectionLostError)
             else:
                 summary.published += len(batch) - len(duplicates)
                 summary.duplicates += len(duplicates)
@@ -805,9 +813,40 @@ async def publish_items(
                 break
             summary.failures.extend(LineFailure(entry.line_number, reason) for entry in batch)
             on_progress(len(batch))
+            if unavailable and batch:
+                # The client retried until --request-timeout ran out: every later batch
+                # would wait as long again (300 batches x 8 s is 40 minutes of silence).
+                # One deadline per outage, not one per batch: stop, and report the rest.
+                _fail_not_sent(pending, batch[0].line_number, reason, summary, on_progress)
             break
     summary.failures.sort(key=lambda failure: failure.line_number)
     return summary
+
+
+def _fail_not_sent(
+    pending: collections.deque[list[JsonlItem]],
+    failed_line: int,
+    reason: str,
+    summary: PublishSummary,
+    on_progress: Callable[[int], None],
+) -> None:
+    """Report every line of the batches still ``pending`` as not sent, and empty it:
+    the batch starting at ``failed_line`` found the cluster unavailable for a whole
+    ``--request-timeout`` (``reason``), so publishing stops there (``docs/cli.md``,
+    "publish --file")."""
+    code = reason.split("]", 1)[0] + "]" if reason.startswith("[") else "[CONNECTION_LOST]"
+    why = (
+        f"{code} not sent: publishing stopped when the batch from line {failed_line} "
+        "found no available server within --request-timeout"
+    )
+    count = 0
+    while pending:
+        for entry in pending.popleft():
+            summary.failures.append(LineFailure(entry.line_number, why))
+            count += 1
+    summary.stopped_at_line = failed_line
+    summary.not_sent = count
+    on_progress(count)
 
 
 def _drop_stored(
@@ -859,6 +898,12 @@ async def _publish_file(client: Client, args: argparse.Namespace, io: Output) ->
         io.err(str(failure))
     if len(summary.failures) > MAX_FAILURES_SHOWN:
         io.err(f"... and {len(summary.failures) - MAX_FAILURES_SHOWN} more failed line(s)")
+    if summary.stopped_at_line is not None:
+        io.err(
+            f"stopped at line {summary.stopped_at_line}: its batch found no available "
+            f"server within --request-timeout, so the {summary.not_sent} line(s) after "
+            "that batch were not sent"
+        )
     return EXIT_ERROR if summary.failures else EXIT_OK
 
 
