@@ -4,6 +4,7 @@ output line or drive the terminal, a consume whose broker went away says so and 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -59,3 +60,27 @@ def test_consume_says_when_its_broker_went_away_instead_of_looking_idle(
         f"error: [CONNECTION_LOST] lost the connection to {broker.client_address} and could "
         "not reconnect"
     ), err
+
+
+def test_a_payload_word_that_is_not_utf8_is_sent_as_the_bytes_the_shell_passed(
+    broker: BrokerProcess,
+) -> None:
+    """``publish t $'\\xff\\xfe'`` died with a UnicodeEncodeError traceback: argv bytes
+    that are not UTF-8 reach Python as lone surrogates. A payload is bytes."""
+    address = broker.client_address
+    published = subprocess.run(
+        [sys.executable, "-m", "futureq.cli.client_main", "--server", address]
+        + ["publish", "argv.b", b"\xff\xfe"],  # type: ignore[list-item]
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert published.returncode == 0, published.stderr
+    assert cli(address, "publish", "argv.b", "héllo").returncode == 0
+    consumed = cli(address, "consume", "argv.b", "--group", "g", "--count", "2", "--json")
+    assert consumed.returncode == 0, consumed.stderr
+    shown = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert [(r["payload"], r["payload_encoding"]) for r in shown] == [
+        ("//4=", "base64"),  # b"\xff\xfe"
+        ("héllo", "text"),
+    ]

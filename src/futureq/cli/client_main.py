@@ -52,6 +52,7 @@ import trio
 
 from futureq import __version__
 from futureq.cli import manage_commands
+from futureq.cli.argv_text import argv_bytes, not_text, text_arg
 from futureq.cli.durations import delay_ms_arg, duration_ms_arg, positive_duration_ms_arg
 from futureq.cli.jsonl import (
     JsonlItem,
@@ -233,7 +234,37 @@ def check_servers(text: str) -> None:
         ValueError: with a sentence naming the bad address.
     """
     for address in parse_servers(text):
-        split_host_port(address)
+        check_address(address)
+
+
+def check_address(address: str) -> None:
+    """One ``HOST:PORT`` the client may connect to: a port, and a host name the
+    resolver can look up (UTF-8 text; a non-ASCII name must have an IDNA form, which is
+    what the client's resolver sends).
+
+    Raises:
+        ValueError: with a sentence naming the bad address.
+    """
+    host, _ = split_host_port(address)
+    problem = not_text(address)
+    if problem is not None:
+        raise ValueError(f"the address {problem}")
+    if not host.isascii():
+        import idna  # what the client's resolver (anyio) encodes a non-ASCII host with
+
+        try:
+            idna.encode(host, uts46=True)
+        except (idna.IDNAError, UnicodeError) as exc:
+            raise ValueError(f"{address!r}: {host!r} is not a host name ({exc})") from None
+
+
+def _address_arg(text: str) -> str:
+    """argparse type: a ``HOST:PORT`` (:func:`check_address`)."""
+    try:
+        check_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def error_line(exc: BaseException, servers: str) -> str:
@@ -328,8 +359,9 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"-\.?\d")
 
 
-class _ServerFlag(argparse.Action):
-    """``--server``: its value, and that it came from the flag, not ``$FUTUREQ_SERVER``."""
+class _FromFlag(argparse.Action):
+    """``--server``, ``--token``: the value, and that it came from the flag, not from the
+    environment variable (``args.<dest>_from_flag``), so an error names the right one."""
 
     def __call__(
         self,
@@ -339,7 +371,7 @@ class _ServerFlag(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         setattr(namespace, self.dest, values)
-        namespace.server_from_flag = True
+        setattr(namespace, f"{self.dest}_from_flag", True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--server",
         default=os.environ.get(SERVER_ENV) or DEFAULT_SERVER,
-        action=_ServerFlag,
+        action=_FromFlag,
         metavar="HOST:PORT[,HOST:PORT...]",
         help=f"server address(es) to try (default ${SERVER_ENV} or {DEFAULT_SERVER})",
     )
@@ -365,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--token",
         default=os.environ.get(TOKEN_ENV),
+        action=_FromFlag,
         help=f"auth token sent in HELLO (default ${TOKEN_ENV})",
     )
     parser.add_argument(
@@ -423,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     publish.add_argument(
         "--idempotency-key",
+        type=text_arg("idempotency key"),
         metavar="KEY",
         help="publishing again with KEY returns the first id and stores nothing",
     )
@@ -564,8 +598,8 @@ def build_parser() -> argparse.ArgumentParser:
         "add-node", help="add a node (learner, promoted to voter once caught up)"
     )
     add_node.add_argument("node_id", type=_node_id, metavar="NODE_ID")
-    add_node.add_argument("raft_address", metavar="RAFT_HOST:PORT")
-    add_node.add_argument("client_address", metavar="CLIENT_HOST:PORT")
+    add_node.add_argument("raft_address", type=_address_arg, metavar="RAFT_HOST:PORT")
+    add_node.add_argument("client_address", type=_address_arg, metavar="CLIENT_HOST:PORT")
     remove_node = cluster_commands.add_parser("remove-node", help="remove a node")
     remove_node.add_argument("node_id", type=_node_id, metavar="NODE_ID")
     transfer = cluster_commands.add_parser(
@@ -623,6 +657,14 @@ def _check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error("publish needs TOPIC and PAYLOAD (or --payload-file F), or --file F")
     if (args.payload is None) == (args.payload_file is None):
         parser.error("publish needs exactly one of PAYLOAD or --payload-file F")
+    if args.payload is not None:
+        try:
+            argv_bytes(args.payload)
+        except UnicodeEncodeError as exc:
+            parser.error(
+                f"argument PAYLOAD: {exc.object[exc.start]!r} at character {exc.start + 1} "
+                "is a lone surrogate, which stands for no byte; pass the payload as bytes"
+            )
 
 
 # ---------------------------------------------------------------------------------
@@ -687,7 +729,9 @@ async def _publish_one(client: Client, args: argparse.Namespace, io: Output) -> 
         stdin = io.stdin if io.stdin is not None else sys.stdin.buffer
         payload = await trio.to_thread.run_sync(read_payload, stdin, limit, "standard input")
     else:
-        payload = args.payload.encode("utf-8")
+        # The bytes the shell passed: a payload is bytes, so $'\xff' is sent as 0xff
+        # (argv is decoded with surrogateescape; UTF-8 text stays its UTF-8).
+        payload = argv_bytes(args.payload)
     message_id = await client.publish(
         args.topic,
         payload,
@@ -1368,6 +1412,10 @@ def main(
                 parser.error(
                     f"{source}: {exc}; give HOST:PORT[,HOST:PORT...], e.g. {DEFAULT_SERVER}"
                 )
+            problem = None if args.token is None else not_text(args.token)
+            if problem is not None:
+                source = "--token" if getattr(args, "token_from_flag", False) else f"${TOKEN_ENV}"
+                parser.error(f"{source}: the token {problem}; a token is text (docs/security.md)")
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     io = Output(stdout or sys.stdout, stderr or sys.stderr, stdin)

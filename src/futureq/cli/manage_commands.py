@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
+from futureq.cli.argv_text import not_text
 from futureq.cli.jsonl import render_payload
 from futureq.wire import frames
 
@@ -66,6 +67,11 @@ def header_arg(text: str) -> tuple[str, str]:
     name, equals, value = text.partition("=")
     if not equals or not name:
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    for part, what in ((name, "name"), (value, "value")):
+        problem = not_text(part)
+        if problem is not None:
+            shown = repr(name) if what == "value" and not_text(name) is None else "a header"
+            raise argparse.ArgumentTypeError(f"the {what} of {shown} {problem}; headers are text")
     return name, value
 
 
@@ -182,7 +188,10 @@ def add_parsers(
         "--all", action="store_true", help="every dead letter (that matches the filters)"
     )
     dlq_redrive.add_argument(
-        "--from-group", metavar="GROUP", help="with --all: only those that died in GROUP"
+        "--from-group",
+        type=name_arg("group"),
+        metavar="GROUP",
+        help="with --all: only those that died in GROUP",
     )
     dlq_redrive.add_argument(
         "--reason",
