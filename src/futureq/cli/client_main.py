@@ -53,7 +53,13 @@ import trio
 from futureq import __version__
 from futureq.cli import manage_commands
 from futureq.cli.argv_text import argv_bytes, not_text, text_arg
-from futureq.cli.durations import delay_ms_arg, duration_ms_arg, positive_duration_ms_arg
+from futureq.cli.durations import (
+    BEYOND_ANY_SERVER,
+    MAX_DELAY_MS,
+    delay_ms_arg,
+    duration_ms_arg,
+    positive_duration_ms_arg,
+)
 from futureq.cli.jsonl import (
     JsonlItem,
     LineFailure,
@@ -64,6 +70,7 @@ from futureq.cli.jsonl import (
 from futureq.client import Client, Delivery, open_client
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, split_by_size
 from futureq.client.client import parse_servers
+from futureq.clock import SystemClock
 from futureq.config import split_host_port
 from futureq.errors import (
     ClientClosedError,
@@ -74,7 +81,11 @@ from futureq.errors import (
     RequestError,
 )
 from futureq.wire import validation
-from futureq.wire.validation import implausible_epoch_ms
+from futureq.wire.validation import (
+    MAX_PLAUSIBLE_EPOCH_MS,
+    MIN_PLAUSIBLE_EPOCH_MS,
+    implausible_epoch_ms,
+)
 
 EXIT_OK: Final = 0
 EXIT_ERROR: Final = 1
@@ -172,7 +183,7 @@ _RFC3339 = re.compile(
 )
 
 
-def parse_at_ms(text: str) -> int:
+def parse_at_ms(text: str, *, now_ms: int | None = None) -> int:
     """``--at`` (and ``--from``, ``--to``): an RFC 3339 time, or integer **milliseconds**
     since the Unix epoch.
 
@@ -180,18 +191,35 @@ def parse_at_ms(text: str) -> int:
     ``2026-05-01 12:00:00z``; fractions of a second to the millisecond (more digits
     are cut); no zone means UTC. A number must be milliseconds: one that can only be
     seconds (or micro- or nanoseconds) since the epoch is refused with a sentence
-    saying so (``docs/cli.md``, "Times"); 0 means "at once".
+    saying so (``docs/cli.md``, "Times"), suggesting only a value this function takes;
+    0 means "at once". A time more than :data:`~futureq.cli.durations.MAX_DELAY_MS`
+    ahead of ``now_ms`` is refused as too far ahead, like such a delay: no server takes
+    it, and no message can be due then.
+
+    Args:
+        text: The time as typed.
+        now_ms: This machine's wall clock in ms (default: read it).
 
     Raises:
-        argparse.ArgumentTypeError: not a time, or a unit mistake.
+        argparse.ArgumentTypeError: not a time, a unit mistake, or too far ahead.
     """
+    latest_ms = (SystemClock().wall_ms() if now_ms is None else now_ms) + MAX_DELAY_MS
     stripped = text.strip()
     if stripped.isdigit():
         value = int(stripped)
+        if value > latest_ms and not _unit_reading_within(value, latest_ms):
+            raise argparse.ArgumentTypeError(_too_far_ahead(text, value, latest_ms))
         # Not named "--at": --from and --to take times too (argparse names the flag).
         mistake = implausible_epoch_ms("the time", value)
         if mistake is not None:
+            if 0 < value < MIN_PLAUSIBLE_EPOCH_MS and value * 1000 > latest_ms:
+                # Seconds would be as far ahead as the milliseconds are behind.
+                mistake = mistake.split(": it looks like")[0] + (
+                    ": the time must be milliseconds since the Unix epoch"
+                )
             raise argparse.ArgumentTypeError(mistake + ", or give an RFC 3339 time")
+        if value > latest_ms:
+            raise argparse.ArgumentTypeError(_too_far_ahead(text, value, latest_ms))
         return value
     match = _RFC3339.fullmatch(stripped)
     moment: datetime.datetime | None = None
@@ -210,10 +238,28 @@ def parse_at_ms(text: str) -> int:
             "nor milliseconds since the Unix epoch"
         )
     value = (moment - _EPOCH) // datetime.timedelta(milliseconds=1)
-    mistake = implausible_epoch_ms("the time", value)
-    if mistake is not None:
+    if value > latest_ms:
+        raise argparse.ArgumentTypeError(_too_far_ahead(text, value, latest_ms))
+    if value != 0 and value < MIN_PLAUSIBLE_EPOCH_MS:  # 1970-01-01T00:00:00Z: "at once"
         raise argparse.ArgumentTypeError(f"{text!r} is before 2000-01-01; give a time to come")
     return value
+
+
+def _unit_reading_within(value: int, latest_ms: int) -> bool:
+    """Whether ``value`` read as micro- or nanoseconds is a time :func:`parse_at_ms`
+    takes (then its unit-mistake sentence suggests it)."""
+    return any(
+        MIN_PLAUSIBLE_EPOCH_MS <= value // divisor <= min(latest_ms, MAX_PLAUSIBLE_EPOCH_MS)
+        for divisor in (1000, 1_000_000)
+    )
+
+
+def _too_far_ahead(text: str, value: int, latest_ms: int) -> str:
+    ahead_ms = value - (latest_ms - MAX_DELAY_MS)
+    return (
+        f"{text!r} is {ahead_ms / 86_400_000 / 365.25:.0f} years from now ({ahead_ms} ms), "
+        f"{BEYOND_ANY_SERVER}"
+    )
 
 
 def _positive_int(text: str) -> int:

@@ -144,9 +144,13 @@ def delay_ms_arg(text: str) -> int:
             "is ms; e.g. 10m, 2h, 3d)"
         )
     if value > MAX_DELAY_MS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is {value} ms, longer than any server takes: limits.max_delay_ms (and max_ttl_ms) is "
-            f"at most {MAX_DELAY_MS} ms (100 years), 316224000000 ms (10 years) unless the "
-            "operator raised it"
-        )
+        raise argparse.ArgumentTypeError(f"{text!r} is {value} ms, {BEYOND_ANY_SERVER}")
     return value
+
+
+BEYOND_ANY_SERVER: Final = (
+    "longer than any server takes: limits.max_delay_ms (and max_ttl_ms) is "
+    f"at most {MAX_DELAY_MS} ms (100 years), 316224000000 ms (10 years) unless the "
+    "operator raised it"
+)
+"""Why a delay above :data:`MAX_DELAY_MS`, or a time further ahead, is refused."""

@@ -78,7 +78,9 @@ def implausible_epoch_ms(name: str, value: int) -> str | None:
         return f"{text}: {name} must be milliseconds since the Unix epoch"
     if value > MAX_PLAUSIBLE_EPOCH_MS:
         for unit, divisor in (("microseconds", 1000), ("nanoseconds", 1_000_000)):
-            if value // divisor <= MAX_PLAUSIBLE_EPOCH_MS:
+            # Suggest only a reading this function accepts (253402300800000 as
+            # microseconds is 1978: no suggestion, rather than one refused in turn).
+            if MIN_PLAUSIBLE_EPOCH_MS <= value // divisor <= MAX_PLAUSIBLE_EPOCH_MS:
                 return (
                     f"{name} {value} is {_iso(value)}: it looks like {unit} since the Unix "
                     f"epoch; {name} is in milliseconds (did you mean {value // divisor}, "
