@@ -680,6 +680,15 @@ def _node_id(text: str) -> int:
 
 
 def _check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    given: dict[str, str] = {}
+    for name, value in args.headers or ():
+        if name in given:
+            # A dict keeps the last: a=1 would vanish without a word.
+            parser.error(
+                f"argument --header: {name!r} is given twice ({name}={given[name]}, "
+                f"{name}={value}); a message has one value per header name"
+            )
+        given[name] = value
     if args.file is not None:
         extra = [
             flag
@@ -690,6 +699,9 @@ def _check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespac
                 ("--delay", args.delay),
                 ("--at", args.at),
                 ("--ttl", args.ttl),
+                # Each line carries its own headers and key; these were dropped unsaid.
+                ("--header", args.headers),
+                ("--idempotency-key", args.idempotency_key),
             )
             if value is not None
         ]
