@@ -99,6 +99,9 @@ SERVER_ENV: Final = "FUTUREQ_SERVER"
 TOKEN_ENV: Final = "FUTUREQ_TOKEN"
 DEFAULT_SERVER: Final = "127.0.0.1:7450"
 DEFAULT_BATCH_SIZE: Final = 500
+MAX_BATCH_SIZE: Final = 1000
+"""Most messages per PUBLISH of ``publish --file`` (``docs/cli.md``): the client's
+``max_batch_items``, which :func:`run_command` passes to ``open_client``."""
 MAX_FAILURES_SHOWN: Final = 50
 
 
@@ -269,6 +272,18 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _batch_size(text: str) -> int:
+    """argparse type of ``--batch-size``: 1 to :data:`MAX_BATCH_SIZE` (a larger value
+    was silently cut to it)."""
+    value = _positive_int(text)
+    if value > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_BATCH_SIZE} messages go in one PUBLISH, got {value}; "
+            f"give 1 to {MAX_BATCH_SIZE} (default {DEFAULT_BATCH_SIZE})"
+        )
     return value
 
 
@@ -511,10 +526,11 @@ def build_parser() -> argparse.ArgumentParser:
     ).complete = shtab.FILE  # type: ignore[attr-defined]
     publish.add_argument(
         "--batch-size",
-        type=_positive_int,
-        default=DEFAULT_BATCH_SIZE,
+        type=_batch_size,
+        default=None,
         metavar="N",
-        help=f"messages per PUBLISH with --file (default {DEFAULT_BATCH_SIZE})",
+        help=f"messages per PUBLISH with --file (default {DEFAULT_BATCH_SIZE}, "
+        f"at most {MAX_BATCH_SIZE})",
     )
 
     consume = commands.add_parser(
@@ -710,7 +726,11 @@ def _check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespac
                 f"publish --file takes topic, payload and times from each line; "
                 f"drop {', '.join(extra)}"
             )
+        if args.batch_size is None:
+            args.batch_size = DEFAULT_BATCH_SIZE
         return
+    if args.batch_size is not None:
+        parser.error("argument --batch-size: only with --file (one message is one PUBLISH)")
     if args.topic is None:
         parser.error("publish needs TOPIC and PAYLOAD (or --payload-file F), or --file F")
     if (args.payload is None) == (args.payload_file is None):
@@ -973,6 +993,7 @@ def _drop_stored(
 async def _publish_file(client: Client, args: argparse.Namespace, io: Output) -> int:
     with open(args.file, encoding="utf-8", errors="surrogateescape") as handle:  # noqa: ASYNC230
         items, failures = parse_jsonl(handle)
+    batch_size = args.batch_size or DEFAULT_BATCH_SIZE
     started = time.monotonic()
     if io.is_terminal and items:
         from rich.progress import Progress
@@ -980,10 +1001,10 @@ async def _publish_file(client: Client, args: argparse.Namespace, io: Output) ->
         with Progress(transient=True) as progress:
             task = progress.add_task("publishing", total=len(items))
             summary = await publish_items(
-                client, items, args.batch_size, lambda n: progress.advance(task, n)
+                client, items, batch_size, lambda n: progress.advance(task, n)
             )
     else:
-        summary = await publish_items(client, items, args.batch_size)
+        summary = await publish_items(client, items, batch_size)
     elapsed_s = max(time.monotonic() - started, 1e-9)
     summary.failures = sorted(failures + summary.failures, key=lambda f: f.line_number)
     rate = summary.published / elapsed_s
@@ -1421,6 +1442,7 @@ async def run_command(args: argparse.Namespace, io: Output) -> int:
         token=args.token,
         connect_timeout_s=min(5.0, timeout_s),
         request_timeout_s=timeout_s,
+        max_batch_items=MAX_BATCH_SIZE,
     ) as client:
         result: int = await handlers[args.command](client, args, io)
         return result
