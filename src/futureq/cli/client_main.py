@@ -869,7 +869,10 @@ async def publish_items(
     nothing of a refused PUBLISH and names its first bad item, so that line becomes a
     failure and the batch is sent again without it (a line the client cannot encode
     never gets here: :class:`PublishItem` refuses it when the line is read). Errors not
-    naming an item (connection lost, 3xx after retries) fail every line of the batch.
+    naming an item (connection lost, 3xx after retries) fail every line of the batch;
+    those two mean no server answered for a whole ``request_timeout_s``, so the lines
+    of the later batches are failed as not sent rather than each batch waiting as long
+    again (:attr:`PublishSummary.stopped_at_line`).
 
     Args:
         client: A connected client.
