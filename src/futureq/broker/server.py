@@ -201,12 +201,29 @@ async def serve(
     too_few = descriptors.warning()
     if too_few is not None:
         log.warning("%s", too_few)
+    if shard is not None:  # before RocksDB creates it: a missing shard directory
+        from futureq.shards.stamp import check_shard_present
+
+        check_shard_present(
+            os.path.dirname(config.server.data_dir),
+            shard.index,
+            clustered=config.cluster.clustered,
+        )
     db = await _open_database(config, descriptors.storage_files, handle_signals=handle_signals)
     if db is None:  # stopped while waiting for disk space: nothing was opened
         log.info("stopped gracefully before RocksDB opened; nothing was written")
         return False
     space_alarm = SpaceAlarm(db, metrics)
     try:
+        if shard is not None:  # before anything else is written: the right shard's data?
+            from futureq.shards.stamp import check_shard_stamp
+
+            check_shard_stamp(
+                db,
+                os.path.dirname(config.server.data_dir),
+                shard.index,
+                shard.slot_map.shard_count,
+            )
         if handle_signals and _stopped_while_starting("opening RocksDB"):
             return False
         check_data_fits_mode(db, clustered=config.cluster.clustered)
