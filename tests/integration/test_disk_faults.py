@@ -190,7 +190,7 @@ def test_a_directory_of_another_cluster_with_the_same_id_is_refused(tmp_path: Pa
         assert victim.process.wait(30) == 2, victim.stderr_text()[-3000:]
         log = victim.stderr_text()
         assert "data directory is refused" in log, log[-3000:]
-        assert "another cluster's data directory" in log, log[-3000:]
+        assert "another Raft group's data directory" in log, log[-3000:]
         leader = cluster.leader(timeout_s=30)
         assert consume_all(leader, "ours", "g", acked, timeout_s=60) >= acked
     finally:

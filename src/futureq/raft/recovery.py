@@ -122,10 +122,13 @@ class Recovery:
             return False
         self.foreign = (
             f"{replaced}; and its log holds term {own[0]} (index {own[1]}), while no voter of "
-            f"this cluster has reached a term above {highest_term}: it is another cluster's "
-            "data directory (same cluster id and node id). Taking part would let its log "
-            "overwrite the cluster's; start this node with an empty data directory to rejoin "
-            "and catch up, and give each cluster its own cluster id"
+            f"this cluster has reached a term above {highest_term}: it is another Raft "
+            "group's data directory with the same cluster id and node id (another "
+            "cluster's, or, on a node of several shards, another shard's of this node: "
+            "shard K of every node is its own group). Taking part would let its log "
+            "overwrite the group's; put a moved shard directory back where it was, else "
+            "start this node with an empty data directory to rejoin and catch up, and give "
+            "each cluster its own cluster id"
         )
         return True
 
