@@ -517,9 +517,18 @@ async def _check_peer_credentials(
 
 
 async def join_cluster(
-    config: Config, node: RaftNode, transport: Transport, client_address: str, raft_address: str
+    config: Config,
+    node: RaftNode,
+    transport: Transport,
+    client_address: str,
+    raft_address: str,
+    accepted: trio.Event | None = None,
 ) -> None:
     """Ask the member at ``cluster.join`` to add this node, retrying until it is a member.
+
+    ``accepted`` is set once the cluster took this node (the leader added it, or it
+    already was a member; or it was removed, and stops): the node prints READY only
+    then, so a join the cluster refuses exits 2 without READY (``serve``).
 
     Before asking, this node runs the Raft handshake with the leader (or the member it
     asked), so a node whose secret or certificate the cluster would refuse stops with
@@ -546,11 +555,15 @@ async def join_cluster(
             node_id,
             config.cluster.join,
         )
+        if accepted is not None:
+            accepted.set()
         return
     while True:
         voters, learners = node.membership()
         if node_id in voters or node_id in learners:
             log.info("node %d is a member of the cluster", node_id)
+            if accepted is not None:
+                accepted.set()
             return
         try:
             async with open_join_client(config, request_timeout_s=30.0) as client:
@@ -590,6 +603,8 @@ async def join_cluster(
                     # Added (by us now, or before a restart that came before our log
                     # reached the change): wait for the leader to replicate it to us.
                     log.info("the cluster lists node %d; waiting to apply it", node_id)
+                    if accepted is not None:
+                        accepted.set()
                     with trio.move_on_after(delay_s):
                         await node.wait_role_change(node.role_epoch)
                     continue
@@ -605,6 +620,8 @@ async def join_cluster(
             log.info(
                 "asked %s to add node %d (raft %s)", config.cluster.join, node_id, raft_address
             )
+            if accepted is not None:
+                accepted.set()
         except ConfigError:
             raise  # this node cannot join that cluster: stop with exit code 2
         except RemoteProtocolError as exc:

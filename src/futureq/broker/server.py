@@ -328,6 +328,7 @@ async def serve(
         if shutdown is None:
             shutdown = trio.Event()
         forced = trio.Event()
+        join_accepted: trio.Event | None = None
         async with trio.open_nursery() as root:
             root.start_soon(space_alarm.run)
             raft_address = ""
@@ -356,6 +357,7 @@ async def serve(
                 if config.cluster.join is not None:
                     # Announce the advertised raft address (never the bound wildcard).
                     announced_raft = transport.advertise_address or raft_address
+                    join_accepted = trio.Event()
                     root.start_soon(
                         cluster.join_cluster,
                         config,
@@ -363,6 +365,7 @@ async def serve(
                         transport,
                         client_address,
                         announced_raft,
+                        join_accepted,
                     )
             else:
                 await root.start(command_log.run)
@@ -424,6 +427,22 @@ async def serve(
                         await gateway.serve_tcp(listeners, handler_nursery=connections)
 
                 connections.start_soon(accept)
+                if join_accepted is not None and not join_accepted.is_set():
+                    # READY says the node is in: a join the cluster refuses (another
+                    # cluster id, a member's id, a secret it does not accept) ends the node
+                    # with exit 2 from join_cluster, without READY. (A sharded node's
+                    # supervisor still stops a shard not ready within its start deadline.)
+                    log.info(
+                        "waiting for the cluster at %s to accept node %d before READY",
+                        config.cluster.join,
+                        config.server.node_id,
+                    )
+                    await _first_of(join_accepted, shutdown)
+                    if not join_accepted.is_set():
+                        log.info("stopped before the cluster accepted this node")
+                        connections.cancel_scope.cancel()
+                        root.cancel_scope.cancel()
+                        return False
                 broker.ready = True
                 log.info(
                     "node %d serving clients on %s%s, HTTP on %s, %s, data in %s (%d log entries "
@@ -501,6 +520,18 @@ def _stopped_while_starting(step: str) -> bool:
 
 OPEN_RETRY_S = 1.0
 """How often a node that found its disk full at start tries to open RocksDB again (s)."""
+
+
+async def _first_of(first: trio.Event, second: trio.Event) -> None:
+    """Return once ``first`` or ``second`` is set."""
+    async with trio.open_nursery() as nursery:
+
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(wait, first)
+        nursery.start_soon(wait, second)
 
 
 async def _open_database(
