@@ -123,6 +123,17 @@ def test_swapped_shard_directories_of_a_cluster_node_are_refused(tmp_path: Path)
         while pending(nodes[3]) != COUNTS:  # node 3's own replicas, once caught up
             assert time.monotonic() < deadline, pending(nodes[3])
             time.sleep(0.5)
+        # A cluster node's lost shard directory is a wiped disk: recovered from its group.
+        assert nodes[3].terminate() == 0
+        shutil.rmtree(data / "shard-1")
+        nodes[3].start()
+        log = nodes[3].stderr_text()
+        assert f"{data / 'shard-1'} is missing, though this node's shards held data" in log
+        assert "recovers its data from the other members of its Raft group" in log
+        deadline = time.monotonic() + 60
+        while pending(nodes[3]) != COUNTS:
+            assert time.monotonic() < deadline, pending(nodes[3])
+            time.sleep(0.5)
     finally:
         for node in nodes.values():
             if node.alive():
