@@ -419,6 +419,18 @@ async def serve(
                 # of meeting Python's default action (exit -15 without a word).
                 await root.start(_watch_signals, shutdown, root.cancel_scope, forced)
                 await root.start(_reload_on_sighup, access)
+            if shutdown.is_set():
+                # A stop signal came while the node started (remembered, or since the
+                # watcher was installed): it never serves and never says READY.
+                log.info("stopping before serving: a stop signal came while starting")
+                with trio.move_on_after(config.server.shutdown_grace_ms / 1000):
+                    if not isinstance(command_log, SingleNodeLog):
+                        await _hand_over_leadership(config, command_log)
+                    else:
+                        command_log.begin_shutdown()
+                        await command_log.wait_idle()
+                root.cancel_scope.cancel()
+                return forced.is_set()
             async with trio.open_nursery() as connections:
                 accepting = trio.CancelScope()
 
