@@ -713,6 +713,15 @@ REFUSE_GRACE_S = 1.0
 REFUSE_DRAIN_S = 0.05
 """How long a refused HTTP connection's request is read before closing (s)."""
 http_refused_log = RateLimitedLog(logger, about="refused HTTP connections")
+http_failed_log = RateLimitedLog(logger, about="failed HTTP connections")
+"""Lines about HTTP connections whose handling raised (a client chooses how many)."""
+
+
+def _describe(failure: BaseException) -> str:
+    """``Type: message`` of each error in ``failure`` (a group's, flattened), for one line."""
+    if isinstance(failure, BaseExceptionGroup):
+        return "; ".join(_describe(error) for error in failure.exceptions)
+    return f"{type(failure).__name__}: {failure}"
 
 
 def _refusal(why: str, limit: str) -> bytes:
@@ -842,7 +851,26 @@ async def _serve_capped(
                 websocket.TRANSPORT.set(stream)
                 websocket.SLOTS.set(websocket_slots)
                 http_connection.CURRENT.set(connection_end)
-                await TCPServer(wrapped, config, context, ConnectionState({}), served)  # type: ignore[arg-type]
+                await TCPServer(
+                    wrapped,
+                    config,
+                    context,
+                    ConnectionState({}),
+                    served,  # type: ignore[arg-type]
+                )
+        except* Exception as failure:
+            # This task runs in the server's nursery: an error leaving it would cancel
+            # the server and stop the node (a WebSocket upgrade with a body did, through
+            # h11). Whatever one connection's handling raises ends that connection only;
+            # Cancelled (the server stopping) goes on. Bind errors are raised before any
+            # connection is served, so they still stop the start.
+            http_failed_log.log(
+                logging.WARNING,
+                "HTTP connection from %s failed and was closed: %s",
+                host,
+                _describe(failure),
+            )
+            logger.debug("HTTP connection from %s failed", host, exc_info=failure)
         finally:
             try:
                 # Hypercorn's own close may have been cancelled half way.
