@@ -63,7 +63,7 @@ from futureq.errors import ErrorCode, RemoteProtocolError
 from futureq.rate_limited_log import RateLimitedLog
 from futureq.wire import codec
 
-from . import http_connection, websocket
+from . import http_connection, http_protocol, websocket
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
@@ -239,7 +239,7 @@ class HttpApp:
         if scope["type"] != "http":
             return
         method = scope["method"]
-        if _has_body(scope.get("headers", [])):
+        if http_protocol.has_body(scope.get("headers", [])):
             # Answered unread and closed (docs/security.md, "The HTTP port"): an unread
             # body must not stay between this request and the next, and hypercorn would
             # wait for ever to hand it to us once we returned.
@@ -523,15 +523,6 @@ def merged_node_answer(
     return None
 
 
-def _has_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    """True if a request with these (lower-case) headers has a body: a Content-Length
-    other than 0, or any Transfer-Encoding (RFC 9112 §6.3)."""
-    for name, value in headers:
-        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
-            return True
-    return False
-
-
 async def _respond(
     send: ASGISendCallable,
     status: int,
@@ -778,7 +769,6 @@ async def _serve_capped(
     A connection's slot is given back, and its socket closed, as soon as it ends, however
     it ends (:mod:`futureq.broker.http_connection`).
     """
-    from hypercorn.trio.tcp_server import TCPServer
     from hypercorn.trio.worker_context import WorkerContext
     from hypercorn.typing import ConnectionState
     from hypercorn.utils import repr_socket_addr, wrap_app
@@ -851,7 +841,7 @@ async def _serve_capped(
                 websocket.TRANSPORT.set(stream)
                 websocket.SLOTS.set(websocket_slots)
                 http_connection.CURRENT.set(connection_end)
-                await TCPServer(
+                await http_protocol.ScreeningTCPServer(
                     wrapped,
                     config,
                     context,

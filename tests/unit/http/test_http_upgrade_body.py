@@ -16,7 +16,7 @@ import logging
 
 import pytest
 import trio
-from test_http_connection_end import _exchange, _start
+from test_http_connection_end import _connect, _exchange, _read_to_close, _start
 from test_http_endpoints import FakeProvider, Response
 
 from futureq.broker.http import serve_http
@@ -62,6 +62,44 @@ def _last_response(raw: bytes) -> Response:
     """The last answer on a connection (after a keep-alive 200, the one that matters)."""
     at = raw.rfind(b"HTTP/1.1 ")
     return Response(raw[at:])
+
+
+@pytest.mark.parametrize("request_bytes", WITH_A_BODY.values(), ids=WITH_A_BODY.keys())
+async def test_an_upgrade_with_a_body_is_answered_405_and_the_node_keeps_serving(
+    request_bytes: bytes,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        address = await _start_with_ws(nursery)
+        for _ in range(3):
+            stream = await _connect(address)
+            async with stream:
+                await stream.send_all(request_bytes)
+                raw = await _read_to_close(stream)
+            assert raw is not None, "the server kept the connection open after refusing it"
+            assert b" 101 " not in raw, raw
+            response = _last_response(raw)
+            assert response.status == 405, raw
+            assert response.headers["connection"] == "close"
+            assert response.headers["allow"] == "GET, HEAD"
+            # The server is still there: the next connection is served.
+            raw = await _exchange(address, GET_HEALTHZ)
+            assert raw is not None and Response(raw).status == 200, raw
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_body_expecting_100_continue_gets_405_without_100() -> None:
+    async with trio.open_nursery() as nursery:
+        address = await _start(nursery)
+        for request_bytes in (
+            b"POST /healthz HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 5\r\n\r\n",
+            UPGRADE + b"Expect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+        ):
+            raw = await _exchange(address, request_bytes)
+            assert raw is not None, "the server waited for the body instead of refusing it"
+            assert raw.startswith(b"HTTP/1.1 405"), raw
+            assert Response(raw).headers["connection"] == "close"
+        nursery.cancel_scope.cancel()
 
 
 async def test_an_error_serving_one_connection_stays_with_that_connection(
