@@ -25,7 +25,8 @@ Endpoints (all ``GET``; ``HEAD`` too):
                    (:mod:`futureq.broker.websocket`, ``docs/protocol.md``).
 =================  ===========================================================
 
-A request with a body (any method) is answered 405 and closed with its body unread; how
+A request with a body (any method, a WebSocket upgrade too: :mod:`futureq.broker.http_protocol`)
+is answered 405 and closed with its body unread; how
 a connection's end frees its slot at once is :mod:`futureq.broker.http_connection`'s.
 
 With a token configured (``server.auth_token`` or ``server.credentials_file``), every
