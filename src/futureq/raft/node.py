@@ -512,7 +512,7 @@ class RaftNode:
 
         A follower is ready once it applied what the leader's answer to its probe said
         was committed, and stays ready while it catches up with the commit index at
-        least once every :meth:`_caught_up_window_s`: under a steady load it is always a
+        least once every :meth:`_caught_up_window_s`, across a leader change too: under a steady load it is always a
         few entries behind between two applies, and a probe that fell there answered
         503, taking a healthy follower out of a load balancer (a breaker: 7 % of probes
         at 300 messages/s).
@@ -522,10 +522,10 @@ class RaftNode:
             return False
         if core.role is Role.LEADER:
             return self.is_leader()
-        if not self._probe_answered:
-            return False
         if self._note_caught_up():
             return True
+        # Caught up lately, under this leader or the one before (a leader change, as
+        # the shards' leadership balancing makes, leaves the followers as current).
         return (
             self._caught_up_at is not None
             and trio.current_time() - self._caught_up_at <= self._caught_up_window_s()
@@ -1326,7 +1326,6 @@ class RaftNode:
         was_leading = self._last_role[0] or bool(self._read_waiters)
         if now[1] != self._last_role[1]:
             self._probe_answered = False  # a new leader: learn its commit index again
-            self._caught_up_at = None
         self._last_role = now
         self._role_epoch += 1
         self._role_event.set()
