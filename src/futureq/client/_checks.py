@@ -15,11 +15,11 @@ PUBLISH frame shared with other callers.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any, Final
 
 from futureq.errors import ErrorCode, RequestError
+from futureq.wire.validation import MAX_VISIBILITY_TIMEOUT_MS
 
 
 def _type_name(value: Any) -> str:
@@ -185,36 +185,88 @@ def utf8_bytes(name: str, value: str, code: ErrorCode, index: int | None = None)
 # (``docs/client.md``, "Argument ranges").
 
 
-def _check_number(name: str, value: Any) -> float:
-    """``value`` as a float, refusing what is not an int or float (a bool, a str)."""
+MAX_TIMEOUT_S: Final = 86_400
+"""Largest deadline the client takes (``connect_timeout_s``, ``request_timeout_s``,
+``timeout_s``): one day. A wait longer than that is a mistake, and an unbounded one
+cannot be represented (``10**400`` is no float; ``threading`` and ``time_t`` overflow
+well below ``1e300``)."""
+
+MAX_LEASE_S: Final = 86_400
+"""Largest ``max_lease_s``: one day (Pub/Sub clients default to one hour)."""
+
+MAX_LINGER_MS: Final = 10_000
+"""Largest ``linger_ms``: a batching linger is a few milliseconds; ten seconds is
+already far beyond any useful batch, and the linger counts against the deadline."""
+
+MAX_VISIBILITY_MS: Final = MAX_VISIBILITY_TIMEOUT_MS
+"""Largest ``visibility_ms`` of EXTEND, fixed by the protocol (12 h)."""
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut short: ``10**400`` would print 401 digits."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
+def _check_number(name: str, value: Any) -> None:
+    """Refuse what is not an int or float (a bool, a str) with ``TypeError``."""
     if type(value) not in (int, float):
         raise TypeError(f"{name} must be a number, got {_type_name(value)}")
-    return float(value)
 
 
-def check_seconds(name: str, value: Any, *, allow_zero: bool = False) -> None:
-    """``value`` is a finite number of seconds, > 0 (>= 0 with ``allow_zero``).
-
-    Raises:
-        TypeError: not an int or float.
-        ValueError: NaN, infinite, or below the range; the message names both.
-    """
-    number = _check_number(name, value)
-    wanted = ">= 0" if allow_zero else "> 0"
-    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
-        raise ValueError(f"{name} must be a finite number of seconds {wanted}, got {value!r}")
+def _within(value: float, low: float, high: float, *, low_included: bool) -> bool:
+    # Compared as given, never through float(): an int too large for a float
+    # (10**400) is then simply above ``high``, not an OverflowError. NaN compares
+    # False with everything, infinity is above every bound: both are refused.
+    if low_included:
+        return low <= value <= high
+    return low < value <= high
 
 
-def check_milliseconds(name: str, value: Any) -> None:
-    """``value`` is a finite number of milliseconds >= 0.
+def check_seconds(
+    name: str, value: Any, *, allow_zero: bool = False, max_s: float = MAX_TIMEOUT_S
+) -> None:
+    """``value`` is a finite number of seconds, > 0 (>= 0 with ``allow_zero``), <= ``max_s``.
 
     Raises:
         TypeError: not an int or float.
-        ValueError: NaN, infinite or negative.
+        ValueError: NaN, infinite, or out of the range; the message names both.
     """
-    number = _check_number(name, value)
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{name} must be a finite number of milliseconds >= 0, got {value!r}")
+    _check_number(name, value)
+    if not _within(value, 0, max_s, low_included=allow_zero):
+        low = ">= 0" if allow_zero else "> 0"
+        raise ValueError(
+            f"{name} must be a finite number of seconds {low} and <= {max_s:g}, got {_shown(value)}"
+        )
+
+
+def check_milliseconds(name: str, value: Any, *, max_ms: float) -> None:
+    """``value`` is a finite number of milliseconds, 0 .. ``max_ms``.
+
+    Raises:
+        TypeError: not an int or float.
+        ValueError: NaN, infinite, negative or above ``max_ms``.
+    """
+    _check_number(name, value)
+    if not _within(value, 0, max_ms, low_included=True):
+        raise ValueError(
+            f"{name} must be a finite number of milliseconds >= 0 and <= {max_ms:g}, "
+            f"got {_shown(value)}"
+        )
+
+
+def check_int_ms(name: str, value: Any, low: int, high: int) -> None:
+    """``value`` is an int number of milliseconds in ``low .. high`` (settlement
+    arguments sent to the server: ``requeue_delay_ms``, ``visibility_ms``).
+
+    Raises:
+        TypeError: not an int (``1.5``, ``True``, ``"5"``, NaN).
+        ValueError: outside ``low .. high``; the message names the range.
+    """
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int (milliseconds), got {_type_name(value)}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be an int between {low} and {high} ms, got {_shown(value)}")
 
 
 def check_count(name: str, value: Any) -> None:
@@ -240,9 +292,11 @@ def check_client_options(
 ) -> None:
     """The numeric options of ``open_client`` (and so of ``SyncClient``).
 
-    Ranges: ``connect_timeout_s`` and ``request_timeout_s`` finite seconds > 0;
-    ``max_batch_items`` an int >= 1; ``linger_ms`` finite ms >= 0; ``max_lease_s``
-    finite seconds >= 0 (0: buffered deliveries are never extended).
+    Ranges: ``connect_timeout_s`` and ``request_timeout_s`` finite seconds > 0 and
+    <= :data:`MAX_TIMEOUT_S`; ``max_batch_items`` an int >= 1; ``linger_ms`` finite
+    ms 0 .. :data:`MAX_LINGER_MS` and below ``request_timeout_s`` (the linger counts
+    against a publish's deadline); ``max_lease_s`` finite seconds 0 ..
+    :data:`MAX_LEASE_S` (0: buffered deliveries are never extended).
 
     Raises:
         TypeError: an option is not a number (or not an int, for ``max_batch_items``).
@@ -251,5 +305,10 @@ def check_client_options(
     check_seconds("connect_timeout_s", connect_timeout_s)
     check_seconds("request_timeout_s", request_timeout_s)
     check_count("max_batch_items", max_batch_items)
-    check_milliseconds("linger_ms", linger_ms)
-    check_seconds("max_lease_s", max_lease_s, allow_zero=True)
+    check_milliseconds("linger_ms", linger_ms, max_ms=MAX_LINGER_MS)
+    if linger_ms / 1000 >= request_timeout_s:
+        raise ValueError(
+            f"linger_ms ({linger_ms:g} ms) must be below request_timeout_s "
+            f"({request_timeout_s:g} s): a publish waits the linger within its deadline"
+        )
+    check_seconds("max_lease_s", max_lease_s, allow_zero=True, max_s=MAX_LEASE_S)

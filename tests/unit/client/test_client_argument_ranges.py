@@ -33,6 +33,18 @@ BAD_OPTIONS = [
     ("linger_ms", math.nan, ">= 0"),
     ("max_lease_s", -1, ">= 0"),
     ("max_lease_s", math.nan, ">= 0"),
+    # Upper bounds: a value the platform cannot represent (10**400 is no float; 1e300
+    # overflows time_t and threading waits) or that makes no sense, refused when given.
+    ("connect_timeout_s", 1e300, "<= 86400"),
+    ("connect_timeout_s", 10**400, "<= 86400"),
+    ("connect_timeout_s", 86_401, "<= 86400"),
+    ("request_timeout_s", 1e300, "<= 86400"),
+    ("request_timeout_s", 10**400, "<= 86400"),
+    ("linger_ms", 1e300, "<= 10000"),
+    ("linger_ms", 10**400, "<= 10000"),
+    ("linger_ms", 10_001, "<= 10000"),
+    ("max_lease_s", 1e300, "<= 86400"),
+    ("max_lease_s", 10**400, "<= 86400"),
 ]
 
 
@@ -64,6 +76,24 @@ def test_zero_options_that_mean_something_are_accepted() -> None:
     client.close()
 
 
+def test_the_largest_options_are_accepted() -> None:
+    client = SyncClient(
+        UNREACHABLE,
+        connect_timeout_s=86_400,
+        request_timeout_s=86_400.0,
+        linger_ms=10_000,
+        max_lease_s=86_400,
+    )
+    client.close()
+
+
+def test_a_linger_as_long_as_the_request_timeout_is_refused() -> None:
+    # A publish waits the linger within its deadline: it would always time out, and
+    # say its outcome is unknown though nothing was sent.
+    with pytest.raises(ValueError, match="linger_ms .* must be below request_timeout_s"):
+        SyncClient(UNREACHABLE, linger_ms=2_000, request_timeout_s=2.0)
+
+
 @pytest.mark.parametrize(("name", "value", "range_text"), BAD_OPTIONS)
 @on_both_backends
 async def test_open_client_refuses_an_out_of_range_option_before_connecting(
@@ -83,6 +113,8 @@ async def test_open_client_refuses_an_out_of_range_option_before_connecting(
         ({"timeout_s": -1}, "timeout_s"),
         ({"timeout_s": math.nan}, "timeout_s"),
         ({"timeout_s": math.inf}, "timeout_s"),
+        ({"timeout_s": 1e300}, "timeout_s"),
+        ({"timeout_s": 10**400}, "timeout_s"),
         ({"prefetch": 0}, "prefetch"),
     ],
 )
@@ -112,7 +144,7 @@ def test_subscribe_refuses_a_float_prefetch() -> None:
         Subscription(_NoClient(), "t", "g", 2.5)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("timeout_s", [-1, math.nan, math.inf])
+@pytest.mark.parametrize("timeout_s", [-1, math.nan, math.inf, 1e300, 10**400, 86_401])
 async def test_receive_and_fetch_refuse_a_bad_timeout(timeout_s: float) -> None:
     sub = Subscription(_NoClient(), "t", "g", 5, pull=True)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="timeout_s"):
