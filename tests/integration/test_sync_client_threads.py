@@ -119,6 +119,21 @@ def test_sync_calls_from_a_trio_task_block_it_and_work(broker: BrokerProcess) ->
         assert [d.id for d in got] == [first, second, third]
 
 
+def test_a_bad_sync_nack_or_extend_argument_raises_at_the_call(broker: BrokerProcess) -> None:
+    # docs/client.md, "Argument ranges": it went out to the server (RequestError) or
+    # failed on ``<`` (a str); now TypeError at the call, and the delivery is kept.
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.publish("bad-args", b"x")
+        (held,) = client.consume("bad-args", "g", count=1, timeout_s=5.0)
+        for value in (True, 1.5, "5", float("nan")):
+            with pytest.raises(TypeError, match="requeue_delay_ms"):
+                held.nack(value)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="visibility_ms"):
+                held.extend(value)  # type: ignore[arg-type]
+        held.ack()
+        assert held.settled
+
+
 def test_close_from_another_thread_makes_a_blocked_consume_raise(
     broker: BrokerProcess,
 ) -> None:

@@ -170,7 +170,8 @@ class Delivery:
         instead of delivering it again.
 
         Raises:
-            Same as :meth:`ack`.
+            Same as :meth:`ack`; TypeError for a ``requeue_delay_ms`` that is not an
+            int, ValueError for a negative one.
         """
         await self._subscription.nack(
             [self], requeue_delay_ms=requeue_delay_ms, reason=reason, dead_letter=dead_letter
@@ -196,7 +197,8 @@ class Delivery:
                 group's visibility timeout.
 
         Raises:
-            Same as :meth:`ack`; ValueError for ``visibility_ms`` < 1.
+            Same as :meth:`ack`; TypeError for a ``visibility_ms`` that is not an int,
+            ValueError for one outside 1 .. 12 h.
         """
         await self._subscription.extend([self], visibility_ms)
 
@@ -577,11 +579,18 @@ class Subscription:
         :meth:`Delivery.nack` for ``reason``).
 
         Raises:
-            ValueError: ``requeue_delay_ms`` < 0.
+            TypeError: ``requeue_delay_ms`` is not an int (a bool, a float, a str),
+                ``reason`` not a str or None, or ``dead_letter`` not a bool.
+            ValueError: ``requeue_delay_ms`` < 0 or beyond 2**63-1.
             ConnectionLostError, RequestError, ClientClosedError: as :meth:`ack`.
         """
-        if requeue_delay_ms < 0:
-            raise ValueError(f"requeue_delay_ms must be >= 0, got {requeue_delay_ms}")
+        # Checked here, not left to the server: a bool or float went out as a request
+        # the server refused with a misleading RequestError, a str failed on ``<``.
+        # The server's own limit (``limits.max_delay_ms``) is its to enforce; what
+        # cannot be encoded at all (beyond int64) is refused here.
+        _checks.check_int_ms("requeue_delay_ms", requeue_delay_ms, 0, _checks.INT64_MAX)
+        _checks.check_str("reason", reason, optional=True)
+        _checks.check_bool("dead_letter", dead_letter)
         await self._client._settle(
             self, list(deliveries), "nack", requeue_delay_ms, reason, dead_letter
         )
@@ -604,16 +613,18 @@ class Subscription:
             visibility_ms: ms from now, 1 .. 12 h; None: the group's visibility timeout.
 
         Raises:
-            ValueError: ``visibility_ms`` < 1, or None before the group's settings
-                are known.
+            TypeError: ``visibility_ms`` is not an int or None (a bool, a float, a str).
+            ValueError: ``visibility_ms`` outside 1 .. 12 h, or None before the group's
+                settings are known.
             ConnectionLostError, RequestError, ClientClosedError: as :meth:`ack`.
         """
         if visibility_ms is None:
             if self.visibility_timeout_ms is None:
                 raise ValueError("give visibility_ms: the group's timeout is not known yet")
             visibility_ms = self.visibility_timeout_ms
-        if visibility_ms < 1:
-            raise ValueError(f"visibility_ms must be >= 1, got {visibility_ms}")
+        # The protocol fixes the range (12 h at most), so the whole of it is checked
+        # here, before anything is sent.
+        _checks.check_int_ms("visibility_ms", visibility_ms, 1, _checks.MAX_VISIBILITY_MS)
         await self._client._extend(self, list(deliveries), visibility_ms)
 
     def _close(self) -> None:

@@ -153,3 +153,38 @@ async def test_receive_and_fetch_refuse_a_bad_timeout(timeout_s: float) -> None:
         await sub.fetch(1, timeout_s)
     with pytest.raises(ValueError, match="count"):
         await sub.fetch(0, 1.0)
+
+
+BAD_SETTLEMENTS = [
+    # (method, argument, exception, text): a wrong type went out to the server and came
+    # back as a misleading RequestError; a str failed with "'<' not supported".
+    ("nack", True, TypeError, "requeue_delay_ms must be an int"),
+    ("nack", 1.5, TypeError, "requeue_delay_ms must be an int"),
+    ("nack", "5", TypeError, "requeue_delay_ms must be an int"),
+    ("nack", math.nan, TypeError, "requeue_delay_ms must be an int"),
+    ("nack", -1, ValueError, "requeue_delay_ms must be an int between 0 and"),
+    ("nack", 10**30, ValueError, "requeue_delay_ms must be an int between 0 and"),
+    ("extend", True, TypeError, "visibility_ms must be an int"),
+    ("extend", 1.5, TypeError, "visibility_ms must be an int"),
+    ("extend", "5", TypeError, "visibility_ms must be an int"),
+    ("extend", math.nan, TypeError, "visibility_ms must be an int"),
+    ("extend", 0, ValueError, "visibility_ms must be an int between 1 and 43200000"),
+    ("extend", 43_200_001, ValueError, "visibility_ms must be an int between 1 and"),
+    ("extend", 10**20, ValueError, "visibility_ms must be an int between 1 and"),
+]
+
+
+@pytest.mark.parametrize(("method", "value", "error", "text"), BAD_SETTLEMENTS)
+async def test_nack_and_extend_refuse_a_bad_argument_before_sending(
+    method: str, value: Any, error: type[Exception], text: str
+) -> None:
+    sub = Subscription(_NoClient(), "t", "g", 5)  # type: ignore[arg-type]
+    with pytest.raises(error, match=text):
+        await getattr(sub, method)([], value)
+
+
+@pytest.mark.parametrize(("name", "value"), [("reason", 5), ("dead_letter", 1)])
+async def test_nack_refuses_a_reason_or_dead_letter_of_another_type(name: str, value: Any) -> None:
+    sub = Subscription(_NoClient(), "t", "g", 5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=name):
+        await sub.nack([], 0, **{name: value})

@@ -9,6 +9,7 @@ The real broker is exercised in ``tests/integration/test_client_*.py``.
 from __future__ import annotations
 
 import collections
+import math
 import random
 import socket
 from collections.abc import AsyncIterator
@@ -443,6 +444,27 @@ async def test_settling_on_a_node_that_lost_its_leadership_is_connection_lost(ho
                 await again.ack()
                 assert client.connected_address == new.address
         assert new.acked == [1]
+
+
+@on_both_backends
+async def test_a_bad_nack_or_extend_argument_raises_at_the_call_and_sends_nothing() -> None:
+    # docs/client.md, "Argument ranges": a bool, float or str went out to the server
+    # (or failed on ``<``); now the call raises and the delivery is still held.
+    async with serving() as broker:
+        async with _client(broker.address) as client:
+            await client.publish("t", b"x")
+            async with client.subscribe("t", "g", prefetch=5) as sub:
+                held = await sub.__anext__()
+                for value in (True, 1.5, "5", math.nan):
+                    with pytest.raises(TypeError, match="requeue_delay_ms"):
+                        await held.nack(value)
+                    with pytest.raises(TypeError, match="visibility_ms"):
+                        await held.extend(value)
+                with pytest.raises(ValueError, match="visibility_ms"):
+                    await held.extend(10**20)
+                assert held.state is DeliveryState.HELD
+                await held.ack()
+        assert broker.acked == [1]  # not nacked (that would have delivered it again)
 
 
 @on_both_backends
