@@ -1621,7 +1621,8 @@ async def open_client(
         ConnectionLostError: no server could be reached within ``connect_timeout_s``;
             the message names every address tried and why it failed.
         RemoteProtocolError: a server refused HELLO (AUTH_FAILED, UNSUPPORTED_VERSION).
-        ValueError: a bad argument.
+        ValueError: a bad argument, or a number option out of its range (``docs/client.md``,
+            "Argument ranges": timeouts at most one day, ``linger_ms`` at most 10 s).
     """
 
     def new_client(addresses: list[str]) -> Client:

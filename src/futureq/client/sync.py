@@ -515,7 +515,7 @@ class SyncClient:
             group: Consumer group name (created if new).
             count: Most deliveries to return (an int >= 1).
             timeout_s: Stop early once no delivery arrived for this long (finite
-                seconds >= 0; 0 returns what has already arrived).
+                seconds, 0 .. 86,400; 0 returns what has already arrived).
             prefetch: Ignored (kept for compatibility): the credit is what the call
                 still wants. If given, an int >= 1.
 
