@@ -35,13 +35,20 @@ def refused(node: ShardedNode) -> str:
     return node.stderr_text()
 
 
-def test_swapped_shard_directories_are_refused_and_work_once_put_back(tmp_path: Path) -> None:
+def filled_and_stopped(tmp_path: Path) -> ShardedNode:
+    """A 2-shard single node in ``tmp_path / "data"`` that stored :func:`fill`'s
+    messages, stopped gracefully."""
     node = ShardedNode(tmp_path / "data")
     node.start()
     try:
         fill(node)
     finally:
         assert node.terminate() == 0
+    return node
+
+
+def test_swapped_shard_directories_are_refused_and_work_once_put_back(tmp_path: Path) -> None:
+    node = filled_and_stopped(tmp_path)
     data = tmp_path / "data"
     (data / "shard-0").rename(data / "swap")
     (data / "shard-1").rename(data / "shard-0")
@@ -62,12 +69,7 @@ def test_swapped_shard_directories_are_refused_and_work_once_put_back(tmp_path: 
 
 
 def test_a_missing_shard_directory_of_a_single_node_is_refused(tmp_path: Path) -> None:
-    node = ShardedNode(tmp_path / "data")
-    node.start()
-    try:
-        fill(node)
-    finally:
-        assert node.terminate() == 0
+    node = filled_and_stopped(tmp_path)
     data = tmp_path / "data"
     (data / "shard-1").rename(tmp_path / "moved-away")
     log = refused(node)
