@@ -73,11 +73,28 @@ def note_stop_signal() -> None:
         _first_stop_at = time.monotonic()
 
 
+def stop_signal_seen() -> bool:
+    """Whether this process took a stop signal already (:func:`note_stop_signal`)."""
+    return _first_stop_at is not None
+
+
 def repeats_first_stop() -> bool:
     """Whether a stop signal arriving now repeats this process's first one
     (:func:`note_stop_signal`): within :data:`REPEAT_SIGNAL_WINDOW_S` of it."""
     first = _first_stop_at
     return first is not None and is_repeat_signal(first, time.monotonic())
+
+
+_stopped = False
+"""Set once the server (or supervisor) stopped, for any reason (:func:`note_stopped`)."""
+
+
+def note_stopped() -> None:
+    """The node is stopping or stopped (a stop signal, its removal from the cluster, a
+    failure): a stop signal that reaches no receiver from now on changes nothing (the
+    process finishes its shutdown and exits)."""
+    global _stopped
+    _stopped = True
 
 
 def _stop_signal_without_receiver(signum: int, frame: FrameType | None) -> None:
@@ -87,6 +104,12 @@ def _stop_signal_without_receiver(signum: int, frame: FrameType | None) -> None:
             "done and the process is exiting",
             signal.Signals(signum).name,
             REPEAT_SIGNAL_WINDOW_S,
+        )
+        return
+    if _stopped:
+        log.info(
+            "received %s after the node stopped: the process is exiting",
+            signal.Signals(signum).name,
         )
         return
     if signum == signal.SIGINT:
@@ -155,11 +178,13 @@ def ignore_stop_signals_at_exit() -> None:
     default and runs no Python code, so :func:`stand_in_for_stop_signals` cannot stand in
     there: a repeat of the first signal that arrived then (the supervisor's forwarded
     SIGTERM, systemd's ``control-group`` one) ended the process with -15 after it had
-    said it stopped with 0. ``SIG_IGN`` is left in place by the interpreter. Nothing to
-    do if no stop signal came (another cause ended the process; the default stays).
+    said it stopped with 0. ``SIG_IGN`` is left in place by the interpreter. The same
+    once the node stopped for another cause (:func:`note_stopped`: removed from the
+    cluster, which a SIGTERM from Kubernetes then met on its way out with -15); the
+    default stays only when neither happened (a failure before the node ran).
     Call from the main thread once the server or supervisor has returned.
     """
-    if _first_stop_at is None:
+    if _first_stop_at is None and not _stopped:
         return
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)

@@ -109,3 +109,21 @@ def test_without_a_stop_signal_the_default_stays_at_exit() -> None:
         """
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_a_stop_signal_after_the_node_stopped_for_another_cause_is_ignored() -> None:
+    """Found in the Kubernetes test (2 of 9 runs): a node removed from the cluster shut
+    down by itself, and the SIGTERM of its pod's deletion, arriving while it finished,
+    ended it with -15 (no stop signal had come before, so it was not a repeat)."""
+    done = _run(
+        """
+        early_signals.note_stopped()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        early_signals.ignore_stop_signals_at_exit()
+        os.kill(os.getpid(), signal.SIGTERM)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "alive\n"
+    assert "received SIGTERM after the node stopped: the process is exiting" in done.stderr

@@ -423,6 +423,7 @@ async def serve(
                 # A stop signal came while the node started (remembered, or since the
                 # watcher was installed): it never serves and never says READY.
                 log.info("stopping before serving: a stop signal came while starting")
+                early_signals.note_stopped()
                 with trio.move_on_after(config.server.shutdown_grace_ms / 1000):
                     if not isinstance(command_log, SingleNodeLog):
                         await _hand_over_leadership(config, command_log)
@@ -483,6 +484,8 @@ async def serve(
                 )
                 task_status.started((client_address, http_address))
                 await shutdown.wait()
+                if handle_signals:
+                    early_signals.note_stopped()  # one the watcher misses: the process exits
                 log.info("shutting down: no new connections, finishing proposals in progress")
                 broker.stopping = True
                 accepting.cancel()
@@ -516,6 +519,8 @@ async def serve(
     finally:
         db.close()
         log.info("stopped; RocksDB closed")
+        if handle_signals:
+            early_signals.note_stopped()  # a stop signal from now on meets an exiting process
     return forced.is_set()
 
 
@@ -689,6 +694,15 @@ async def _watch_signals(
                 log.info("received %s: shutting down gracefully (send it again to force)", name)
                 early_signals.note_stop_signal()
                 shutdown.set()
+            elif not early_signals.stop_signal_seen():
+                # The shutdown had another cause (removed from the cluster): this is the
+                # first stop signal, not a second one asking to force it.
+                log.info(
+                    "received %s while shutting down: still shutting down gracefully (send "
+                    "it again to force)",
+                    name,
+                )
+                early_signals.note_stop_signal()
             elif early_signals.repeats_first_stop():
                 log.info(
                     "received %s again within %g s of the first: the same request, still "

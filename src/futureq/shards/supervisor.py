@@ -52,8 +52,10 @@ from futureq.early_signals import (
     REPEAT_SIGNAL_WINDOW_S,
     deferred_stop,
     note_stop_signal,
+    note_stopped,
     repeats_first_stop,
     stand_in_for_stop_signals,
+    stop_signal_seen,
 )
 from futureq.shards.layout import note_first_start_ready
 from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
@@ -163,6 +165,7 @@ class Supervisor:
         if self.stopping:
             return
         self.stopping = True
+        note_stopped()  # a stop signal its receiver misses meets an exiting process
         self.exit_code = code
         if code:
             log.error("%s", reason)
@@ -207,6 +210,7 @@ class Supervisor:
                     outer.cancel_scope.cancel()
         finally:
             self._kill_all("outlived its supervisor")  # only on a bug: never leave one behind
+            note_stopped()  # a stop signal from now on meets an exiting process
         codes = ", ".join(
             f"{'never started' if s.exit_code is None else s.exit_code} (shard {s.index})"
             for s in self.shards
@@ -231,6 +235,11 @@ class Supervisor:
             if not self.stopping:
                 note_stop_signal()
                 self._stop(0, f"received {name}: stopping the {len(self.shards)} shards")
+            elif not stop_signal_seen():
+                # Stopping for another cause (a shard failed): the first stop signal, not
+                # a second one asking to force the stop.
+                note_stop_signal()
+                log.info("received %s while stopping: still stopping the shards gracefully", name)
             elif repeats_first_stop():
                 log.info(
                     "received %s again within %g s of the first: the same request, still "
