@@ -188,8 +188,8 @@ class Dispatcher:
         self.active = False
         self.held = False
         """Set while a leader hands over (shutdown, leadership transfer): nothing is
-        handed out, so the first deliveries :meth:`record_unrecorded` recorded are all
-        there are (:meth:`hold`)."""
+        handed out, so the first deliveries :meth:`hold_and_record` recorded are all
+        there are (until :meth:`resume`)."""
         if active:
             self.activate()
 

@@ -425,11 +425,7 @@ async def serve(
                 log.info("stopping before serving: a stop signal came while starting")
                 early_signals.note_stopped()
                 with trio.move_on_after(config.server.shutdown_grace_ms / 1000):
-                    if not isinstance(command_log, SingleNodeLog):
-                        await _hand_over_leadership(config, command_log)
-                    else:
-                        command_log.begin_shutdown()
-                        await command_log.wait_idle()
+                    await _stop_proposing(config, command_log)
                 root.cancel_scope.cancel()
                 return forced.is_set()
             async with trio.open_nursery() as connections:
@@ -494,11 +490,7 @@ async def serve(
                     # First deliveries out (or given back) count: the log learns them
                     # before it stops taking proposals, or the next leader forgets them.
                     await broker.hold_and_record_deliveries()
-                    if not isinstance(command_log, SingleNodeLog):
-                        await _hand_over_leadership(config, command_log)
-                    else:
-                        command_log.begin_shutdown()
-                        await command_log.wait_idle()
+                    await _stop_proposing(config, command_log)
                     # Every answer the clients are owed goes out before they are cut off.
                     gateway.stop_serving()
                     with trio.move_on_after(SHUTDOWN_DRAIN_S) as drain:
@@ -630,6 +622,16 @@ async def _open_database(
                     config.storage.wal_recovery,
                 )
             return db
+
+
+async def _stop_proposing(config: Config, command_log: SingleNodeLog | RaftNode) -> None:
+    """The log's part of a graceful shutdown: a Raft leader hands leadership over; a
+    single node's log stops taking proposals and finishes those it holds."""
+    if not isinstance(command_log, SingleNodeLog):
+        await _hand_over_leadership(config, command_log)
+    else:
+        command_log.begin_shutdown()
+        await command_log.wait_idle()
 
 
 async def _hand_over_leadership(config: Config, node: RaftNode) -> None:
