@@ -165,6 +165,9 @@ class Dispatcher:
         hub.look_again_by = self._look_again_by
         self._parked: list[Any] = []
         self._retry_after_ms = 0
+        self._proposals_idle = trio.Event()
+        """Set when the proposer has committed (or given up on) everything queued."""
+        self._proposals_idle.set()
         self._proposals_send, self._proposals_receive = trio.open_memory_channel[
             tuple[bytes, list[Any]]
         ](64)
@@ -792,6 +795,9 @@ class Dispatcher:
                 except FutureQError as exc:
                     log.warning("could not commit a dispatcher command (retrying): %s", exc)
                     self._park(restore)
+                finally:
+                    if self._proposals_receive.statistics().current_buffer_used == 0:
+                        self._proposals_idle.set()
 
     def _submit(self, command: bytes, restore: list[Any]) -> None:
         if self.clock.wall_ms() < self._retry_after_ms:
@@ -801,6 +807,8 @@ class Dispatcher:
             self._proposals_send.send_nowait((command, restore))
         except trio.WouldBlock:
             self._park(restore)  # the log is backed up
+            return
+        self._note_queued()
 
     def _park(self, restore: list[Any]) -> None:
         """Hold entries whose EXPIRE/DEAD_LETTER could not be committed, and retry later.
@@ -839,6 +847,7 @@ class Dispatcher:
             for key, attempt, pushed_ms in entries:
                 self.hub.returned.setdefault(key, (attempt, pushed_ms))
             return
+        self._note_queued()
         if self.hub.returned:
             self.kick()  # more than one command's worth: the rest on the next pass
 
@@ -853,6 +862,9 @@ class Dispatcher:
             FutureQError: the log refused (not leader any more, shutting down).
         """
         self.held = True
+        # A RETURN_COUNTED a pass queued must commit before the log stops taking
+        # proposals (a connection closed just before the shutdown: its attempt was lost).
+        await self._proposals_idle.wait()
         recorded = 0
         while self.active:
             entries = self.hub.take_unrecorded(MAX_DELIVERED_ENTRIES)
@@ -861,6 +873,11 @@ class Dispatcher:
             await self.log.propose(commands.return_counted(entries))
             recorded += len(entries)
         return recorded
+
+    def _note_queued(self) -> None:
+        """A command went to the proposer: it is busy until the queue is empty again."""
+        if self._proposals_idle.is_set():
+            self._proposals_idle = trio.Event()
 
     def resume(self) -> None:
         """Hand out deliveries again after :meth:`hold_and_record` (a transfer failed)."""
