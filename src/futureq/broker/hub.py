@@ -538,11 +538,14 @@ class Hub:
     def _revoke_taken_back(self, flights: list[InFlight], now_ms: int) -> None:
         """REVOKE deliveries taken back at ``now_ms``: as REMOVED those whose message's
         TTL ran out, the others as VISIBILITY_TIMEOUT."""
-        expired = [f for f in flights if f.expire_ms is not None and f.expire_ms <= now_ms]
+        expired: list[InFlight] = []
+        timed_out: list[InFlight] = []
+        for flight in flights:
+            ran_out = flight.expire_ms is not None and flight.expire_ms <= now_ms
+            (expired if ran_out else timed_out).append(flight)
         if expired:
             self._revoke(expired, frames.RevokeReason.REMOVED)
-        if len(expired) < len(flights):
-            timed_out = [f for f in flights if f.expire_ms is None or f.expire_ms > now_ms]
+        if timed_out:
             self._revoke(timed_out, frames.RevokeReason.VISIBILITY_TIMEOUT)
 
     def next_deadline_ms(self) -> float | None:

@@ -1271,12 +1271,22 @@ class RaftCore:
         if self.config.member_record_ticks:
             self._tick_member_records()
 
-    def _quorum_recently_active(self) -> bool:
-        active = [
+    def _heard_from(self, *, previous_timeout_too: bool) -> set[NodeId]:
+        """This leader and the members that answered it in the current election timeout
+        (and, with ``previous_timeout_too``, in the one before), a recovering peer not
+        counted (thesis §6.2: a leader steps down without such a quorum)."""
+        return {
             node_id
             for node_id, pr in self.progress.items()
-            if node_id == self.id or (pr.recent_active and not pr.peer_recovering)
-        ]
+            if node_id == self.id
+            or (
+                (pr.recent_active or (previous_timeout_too and pr.was_active))
+                and not pr.peer_recovering
+            )
+        }
+
+    def _quorum_recently_active(self) -> bool:
+        active = self._heard_from(previous_timeout_too=False)
         for node_id, pr in self.progress.items():
             if node_id != self.id:
                 pr.was_active = pr.recent_active
@@ -1295,12 +1305,7 @@ class RaftCore:
         after = apply_conf_change(self.membership, change).voters
         if after == self.membership.voters or not after:
             return
-        heard = {
-            node_id
-            for node_id, pr in self.progress.items()
-            if node_id == self.id
-            or ((pr.recent_active or pr.was_active) and not pr.peer_recovering)
-        }
+        heard = self._heard_from(previous_timeout_too=True)
         if has_quorum(after, heard):
             return
         silent = sorted(int(n) for n in after - heard)
