@@ -16,19 +16,55 @@ Two of hypercorn's ways went wrong with such a request:
   as the head was read, before the application could answer) and then the 405: the
   client was invited to send a body that would not be read. No 100 is sent now.
 
+HTTP/1.1 is the only protocol served (docs/security.md, "The HTTP port"). Hypercorn
+switched a connection to its own HTTP/2 on an ``h2c`` upgrade (answered ``101``) or on
+the HTTP/2 preface sent with prior knowledge (found by a tester): none of the screening
+above applied there, and one connection carried up to 100 requests at once (its
+SETTINGS), past the limits the port sets per connection. ALPN offers HTTP/1.1 alone; now:
+
+- an ``Upgrade: h2c`` is ignored, as RFC 9113 §3.1 lets (and RFC 9113 deprecates
+  ``h2c``): the request is answered over HTTP/1.1 like any other (a ``GET /ws`` too: a
+  plain GET of ``/ws`` is answered ``426``);
+- the HTTP/2 preface (``PRI * HTTP/2.0``) is answered in HTTP/2, which the client reads:
+  an empty SETTINGS frame (the server's preface) and a GOAWAY with ``HTTP_1_1_REQUIRED``
+  (RFC 9113 §7) whose debug data says why; then the connection is closed.
+
 The HTTP server (``http._serve_capped``) serves each connection with
-:class:`ScreeningTCPServer`. HTTP/2 (only reachable by ``h2c`` or prior knowledge: ALPN
-offers HTTP/1.1 alone) is hypercorn's own.
+:class:`ScreeningTCPServer`.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 
 import h11
+from hypercorn.events import Closed, Event, RawData
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
+
+HTTP_1_1_REQUIRED = 0xD
+"""The HTTP/2 error code telling a client to use HTTP/1.1 instead (RFC 9113 §7)."""
+
+
+def _http2_frame(frame_type: int, payload: bytes) -> bytes:
+    """One HTTP/2 frame on stream 0 with no flags (RFC 9113 §4.1)."""
+    return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", frame_type, 0, 0) + payload
+
+
+HTTP2_REFUSAL = _http2_frame(0x4, b"") + _http2_frame(
+    0x7,
+    struct.pack(">II", 0, HTTP_1_1_REQUIRED)
+    + b"this port serves HTTP/1.1 only (health, metrics, the dashboard, /ws)",
+)
+"""What a client that opened with the HTTP/2 preface gets: the server's preface (an
+empty SETTINGS frame, RFC 9113 §3.4) and a GOAWAY refusing every stream (last stream
+0) with ``HTTP_1_1_REQUIRED`` and a sentence as its debug data."""
+
+
+class _HTTP2Refused(Exception):
+    """The connection opened with the HTTP/2 preface: refused, nothing more to read."""
 
 
 def has_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:
@@ -42,7 +78,22 @@ def has_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:
 
 class ScreenedH11Protocol(H11Protocol):
     """:class:`H11Protocol` that hands a request with a body to the application as a
-    plain HTTP request (never a WebSocket) and sends no ``100 Continue`` for it."""
+    plain HTTP request (never a WebSocket) and sends no ``100 Continue`` for it, and
+    never switches to HTTP/2 (see the module docstring)."""
+
+    async def handle(self, event: Event) -> None:
+        try:
+            await super().handle(event)
+        except _HTTP2Refused:
+            pass  # refused and closed: the rest of what the client sent is not read
+
+    async def _check_protocol(self, event: h11.Request) -> None:
+        # Hypercorn's would switch to HTTP/2 (h2c upgrade, prior knowledge); an
+        # ``Upgrade: h2c`` is ignored by not calling it (the request is served as is).
+        if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
+            await self.send(RawData(data=HTTP2_REFUSAL))
+            await self.send(Closed())
+            raise _HTTP2Refused
 
     async def _create_stream(self, request: h11.Request) -> None:
         if has_body(request.headers):
