@@ -831,7 +831,9 @@ async def _serve_capped(
         try:
             # Whatever ends the connection cancels this scope (http_connection), so no
             # task of hypercorn's holds the slot past the connection's end.
-            connection_end = http_connection.ConnectionEnd()
+            connection_end = http_connection.ConnectionEnd(
+                answer_after_eof_s=config.keep_alive_timeout
+            )
             with connection_end.cancel_scope:
                 served: trio.abc.Stream = http_connection.EndingStream(stream, connection_end)
                 if ssl_context is not None:

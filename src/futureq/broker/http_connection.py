@@ -16,9 +16,15 @@ connection; the handler then closes the socket and gives the slot back. The appl
 ends a connection after an answer with :meth:`ConnectionEnd.end_after_next_send` (a
 request with a body: answered 405 and closed with its body unread).
 
-A client that half-closes its side (``shutdown(SHUT_WR)``) after sending a request gets
-no answer: its EOF ends the connection, as the RFC allows (RFC 9112 §9.6) and as
-hypercorn itself treated it, now without the wait.
+A client that half-closes its side (``shutdown(SHUT_WR)``, ``nc -N``) after sending a
+whole request gets its answer, then the connection ends (found by a tester: the EOF
+ended it at once, cutting the answer short or leaving it unsent, as hypercorn too
+dropped it). The request's reading (``http_protocol.ScreenedH11Protocol``) tells the
+:class:`ConnectionEnd` when an answer is due and when it was written; an EOF with no
+answer due (an idle keep-alive, a half-sent request) still ends the connection at once,
+and one with an answer due ends it as soon as that answer is written, or
+``limits.http_idle_timeout_ms`` after the EOF at the latest (a client that half-closed
+and does not read cannot keep its slot). A WebSocket's EOF ends it at once.
 
 Source: docs/operations.md, "Limits" (``limits.max_http_connections``,
 ``limits.http_idle_timeout_ms``); docs/security.md, "The HTTP port".
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Iterator
 
 import trio
@@ -49,11 +56,18 @@ class ConnectionEnd:
 
     The connection handler enters :attr:`cancel_scope` around everything that serves the
     connection; :meth:`end` cancels it, so nothing of the connection outlives its end.
+
+    Args:
+        answer_after_eof_s: How long an answer due when the peer half-closed may take
+            to be written (``limits.http_idle_timeout_ms``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, answer_after_eof_s: float = math.inf) -> None:
         self.cancel_scope = trio.CancelScope()
         self._after_next_send = False
+        self._answer_after_eof_s = answer_after_eof_s
+        self._answer_due = False
+        self._peer_finished = False
 
     @property
     def ended(self) -> bool:
@@ -81,6 +95,32 @@ class ConnectionEnd:
         """
         self._after_next_send = True
 
+    def request_received(self) -> None:
+        """A whole request head was read: its answer is due, and the peer's EOF waits
+        for it (:meth:`peer_finished`)."""
+        self._answer_due = True
+
+    def answered(self) -> None:
+        """The answer due was written (or none is due any more: a WebSocket accepted,
+        a request whose handling stopped); the connection ends now if its peer
+        finished sending."""
+        self._answer_due = False
+        if self._peer_finished:
+            self.end()
+
+    async def peer_finished(self) -> None:
+        """The peer's EOF: end the connection now if no answer is due; else wait (for
+        :meth:`answered`, which ends it, or ``answer_after_eof_s``) and never return:
+        the connection's scope is cancelled either way."""
+        self._peer_finished = True
+        if not self._answer_due:
+            self.end()
+            return
+        self.cancel_scope.deadline = min(
+            self.cancel_scope.deadline, trio.current_time() + self._answer_after_eof_s
+        )
+        await trio.sleep_forever()
+
     def _sent(self) -> None:
         if self._after_next_send:
             self.end()
@@ -90,8 +130,9 @@ class EndingStream(trio.abc.HalfCloseableStream):
     """A connection's TCP stream, as hypercorn (or the TLS layer under it) uses it, that
     ends the connection (:meth:`ConnectionEnd.end`) when the stream is finished with.
 
-    The peer's EOF or reset, and :meth:`aclose`, end it at once; a socket our own code
-    closed under it (``websocket.WebSocketStream.abort``) ends it within
+    The peer's reset, and :meth:`aclose`, end it at once; its EOF too, unless an answer
+    is due, which is written first (:meth:`ConnectionEnd.peer_finished`); a socket our
+    own code closed under it (``websocket.WebSocketStream.abort``) ends it within
     :data:`CLOSE_GRACE_S`.
     ``socket`` is the TCP stream's (hypercorn reads the addresses from it). It has no
     ``do_handshake``: hypercorn tells a plain stream from a TLS one by that.
@@ -124,11 +165,13 @@ class EndingStream(trio.abc.HalfCloseableStream):
             raise
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        """Read from the TCP stream; EOF (``b""``) or a reset ends the connection."""
+        """Read from the TCP stream; a reset ends the connection, and so does EOF
+        (``b""``), once the answer due if any is written: till then this waits, so
+        hypercorn does not take the EOF for the end of the connection before it."""
         with self._ending_on_failure():
             data = await self._transport.receive_some(max_bytes)
         if not data:
-            self._end.end()
+            await self._end.peer_finished()
         return bytes(data)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:

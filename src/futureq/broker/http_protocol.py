@@ -41,8 +41,12 @@ from collections.abc import Iterable
 import h11
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.events import Event as StreamEvent
+from hypercorn.protocol.events import Response, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
+
+from . import http_connection
 
 HTTP_1_1_REQUIRED = 0xD
 """The HTTP/2 error code telling a client to use HTTP/1.1 instead (RFC 9113 §7)."""
@@ -78,8 +82,11 @@ def has_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:
 
 class ScreenedH11Protocol(H11Protocol):
     """:class:`H11Protocol` that hands a request with a body to the application as a
-    plain HTTP request (never a WebSocket) and sends no ``100 Continue`` for it, and
-    never switches to HTTP/2 (see the module docstring)."""
+    plain HTTP request (never a WebSocket) and sends no ``100 Continue`` for it, never
+    switches to HTTP/2 (see the module docstring), and tells the connection's
+    :class:`http_connection.ConnectionEnd` when an answer is due and when it was
+    written, so a client's EOF after a whole request ends the connection only after its
+    answer."""
 
     async def handle(self, event: Event) -> None:
         try:
@@ -106,7 +113,22 @@ class ScreenedH11Protocol(H11Protocol):
                 headers=[(name, value) for name, value in request.headers if name != b"upgrade"],
                 http_version=request.http_version,
             )
+        connection_end = http_connection.CURRENT.get()
+        if connection_end is not None:
+            # Before the application starts (it may answer before this returns).
+            connection_end.request_received()
         await super()._create_stream(request)
+
+    async def stream_send(self, event: StreamEvent) -> None:
+        connection_end = http_connection.CURRENT.get()
+        if isinstance(event, StreamClosed) and connection_end is not None:
+            # The answer is written (hypercorn sends its end before this); marked before
+            # hypercorn, which may let a pipelined request's stream start now.
+            connection_end.answered()
+        await super().stream_send(event)
+        if isinstance(event, Response) and event.status_code < 200 and connection_end is not None:
+            # 101: the request was answered by a switch to a WebSocket, whose EOF ends it.
+            connection_end.answered()
 
 
 class ScreeningTCPServer(TCPServer):
