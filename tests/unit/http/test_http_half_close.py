@@ -10,10 +10,13 @@ answer was being written. These tests open real sockets on 127.0.0.1 against
 from __future__ import annotations
 
 import math
+import ssl
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trustme
 from test_http_connection_end import (
     CLOSED_WITHIN_S,
     MAX_CONNECTIONS,
@@ -25,6 +28,7 @@ from test_http_connection_end import (
 from test_http_endpoints import FakeProvider, Response
 
 from futureq.broker.http import serve_http
+from futureq.config import TlsConfig
 from futureq.metrics import Metrics
 
 
@@ -42,12 +46,15 @@ class SlowBrowser:
         return await self.browse_json(query)
 
 
-async def _start(nursery: trio.Nursery, *, delay: float, idle_timeout_ms: int) -> str:
+async def _start(
+    nursery: trio.Nursery, *, delay: float, idle_timeout_ms: int, tls: TlsConfig | None = None
+) -> str:
     address: str = await nursery.start(
         lambda task_status: serve_http(
             "127.0.0.1:0",
             Metrics(),
             FakeProvider(),
+            tls=tls,
             browser=SlowBrowser(delay),
             max_connections=MAX_CONNECTIONS,
             idle_timeout_ms=idle_timeout_ms,
@@ -113,6 +120,38 @@ async def test_a_half_closed_client_gets_every_answer_it_asked_for() -> None:
             raw = await _half_closed(address, _get("/healthz") * 2 + _get("/api/browse"))
             assert raw is not None and raw.count(b"HTTP/1.1 200 ") == 3, raw
             assert raw.endswith(b'{"messages":[]}\n'), raw
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_client_half_closing_its_tcp_side_under_tls_gets_its_answer(
+    tmp_path: Path,
+) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    tls = TlsConfig(
+        cert_file=str(tmp_path / "server.pem"), key_file=str(tmp_path / "server.pem"), http=True
+    )
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            address = await _start(nursery, delay=0.2, idle_timeout_ms=60_000, tls=tls)
+            for _ in range(PER_ADDRESS * 2):
+                tcp = await _connect(address)
+                stream = trio.SSLStream(tcp, context, server_hostname="127.0.0.1")
+                async with stream:
+                    await stream.send_all(_get("/api/browse"))
+                    await tcp.send_eof()  # TCP FIN, no close_notify: the answer takes 0.2 s
+                    chunks = []
+                    with trio.fail_after(CLOSED_WITHIN_S):
+                        try:
+                            while chunk := await stream.receive_some():
+                                chunks.append(chunk)
+                        except trio.BrokenResourceError:
+                            pass
+                # More connections than an address may hold: each one freed its slot.
+                assert _whole(b"".join(chunks)).status == 200
             nursery.cancel_scope.cancel()
 
 
