@@ -22,8 +22,8 @@ the HTTP/2 preface sent with prior knowledge (found by a tester): none of the sc
 above applied there, and one connection carried up to 100 requests at once (its
 SETTINGS), past the limits the port sets per connection. ALPN offers HTTP/1.1 alone; now:
 
-- an ``Upgrade: h2c`` is ignored, as RFC 9113 §3.1 lets (and RFC 9113 deprecates
-  ``h2c``): the request is answered over HTTP/1.1 like any other (a ``GET /ws`` too: a
+- an ``Upgrade: h2c`` is ignored, as a server may (RFC 9110 §7.8; RFC 9113 §3.1
+  deprecates ``h2c``): the request is answered over HTTP/1.1 like any other (a ``GET /ws`` too: a
   plain GET of ``/ws`` is answered ``426``);
 - the HTTP/2 preface (``PRI * HTTP/2.0``) is answered in HTTP/2, which the client reads:
   an empty SETTINGS frame (the server's preface) and a GOAWAY with ``HTTP_1_1_REQUIRED``
