@@ -572,6 +572,40 @@ def test_shard_leaders_spread_over_the_nodes_and_return_after_a_restart(tmp_path
                 node.terminate()
 
 
+@pytest.mark.slow
+def test_a_balancing_transfer_counts_the_first_delivery_out(tmp_path: Path) -> None:
+    """A first delivery out when the balancer hands its group's leadership back to the
+    preferred node is redelivered by the new leader as attempt 2: the balancer records
+    the attempts before it transfers, as ``cluster transfer-leader`` does. Before, it
+    called the Raft transfer directly and the new leader delivered attempt 1 again."""
+    nodes, ports = _sharded_cluster(tmp_path)
+    topic = next(t for t in TOPICS if even_map(["a", "b"]).shard_of(t) == 1)
+    try:
+        for node in nodes.values():
+            node.start()
+        _wait_leaders(ports, {1, 2, 3}, {0: {1}, 1: {2}})  # a fresh group needs every voter
+        nodes[2].terminate()  # shard 1's group is led by node 1 or 3 meanwhile
+        leader = _wait_leaders(ports, {1, 3}, {1: {1, 3}})[1]
+        assert leader is not None
+        old = WireClient(f"127.0.0.1:{ports[leader][0] + STRIDE}")
+        old.subscribe(topic, "g", prefetch=1)
+        assert old.publish([[topic, b"m", 0, None, None]]).count == 1
+        [first] = old.deliveries(1)
+        assert first[5] == 1  # attempt 1, held (never acked) across the transfer
+        nodes[2].start()
+        _wait_leaders(ports, {1, 2, 3}, {1: {2}})
+        new = WireClient(f"127.0.0.1:{ports[2][0] + STRIDE}")
+        new.subscribe(topic, "g", prefetch=1)
+        [again] = new.deliveries(1, timeout_s=30)
+        assert again[1] == first[1] and again[5] == 2, again
+        old.close()
+        new.close()
+    finally:
+        for node in nodes.values():
+            if node.alive():
+                node.terminate()
+
+
 def test_publish_file_counts_repeated_idempotency_keys_on_every_shard(
     node: ShardedNode, tmp_path: Path
 ) -> None:

@@ -353,7 +353,9 @@ async def serve(
                 )
                 root.start_soon(broker.run_promoter)
                 if shard is not None:
-                    root.start_soon(balance_leadership, command_log, shard.index)
+                    root.start_soon(
+                        balance_leadership, command_log, shard.index, broker.transfer_leadership
+                    )
                 if config.cluster.join is not None:
                     # Announce the advertised raft address (never the bound wildcard).
                     announced_raft = transport.advertise_address or raft_address

@@ -28,6 +28,7 @@ The decisions are :class:`Balancer`'s (pure: every reading is passed in);
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
@@ -181,9 +182,15 @@ def read_view(node: RaftNode, shard: int) -> GroupView:
     )
 
 
-async def balance_leadership(node: RaftNode, shard: int) -> None:
+async def balance_leadership(
+    node: RaftNode, shard: int, transfer: Callable[[int], Awaitable[None]]
+) -> None:
     """Run for ever: move shard ``shard``'s leadership to its preferred voter (see the
-    module doc). Does nothing on a node that does not lead the group."""
+    module doc). Does nothing on a node that does not lead the group.
+
+    ``transfer(target)`` hands the leadership over: ``Broker.transfer_leadership``, which
+    first records the attempts of the first deliveries out (``docs/protocol.md``,
+    UNSUBSCRIBE), as an operator's transfer does; it raises FutureQError on failure."""
     balancer = Balancer(shard, node.id)
     while True:
         await trio.sleep(CHECK_S)
@@ -197,7 +204,7 @@ async def balance_leadership(node: RaftNode, shard: int) -> None:
             target,
         )
         try:
-            await node.transfer_leadership(target)
+            await transfer(target)
         except FutureQError as exc:
             pause = balancer.transfer_failed(trio.current_time())
             log.warning(
