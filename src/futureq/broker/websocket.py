@@ -35,9 +35,11 @@ Checks at the WebSocket level, before any frame is read:
 * WebSockets may hold at most :func:`max_websockets` of the HTTP port's connections (a
   quarter is kept for short requests: ``/healthz``, ``/metrics``, the API, the
   dashboard); an upgrade past it is answered ``503`` with a sentence (:data:`SLOTS`);
-* over HTTP/1.1 only (RFC 6455): a WebSocket over HTTP/2 (RFC 8441) is refused (HTTP
-  403), since hypercorn would buffer what the node sends on it without limit; the TLS
-  port offers only ``http/1.1`` by ALPN, so browsers never try;
+* over HTTP/1.1 only (RFC 6455): the HTTP port never switches to HTTP/2
+  (``http_protocol``: an ``h2c`` upgrade is ignored, the HTTP/2 preface gets a GOAWAY;
+  TLS offers only ``http/1.1`` by ALPN), since hypercorn would buffer what the node
+  sends on a WebSocket over HTTP/2 (RFC 8441) without limit; should one still arrive
+  here, it is refused (HTTP 403);
 * a text message, or a binary message that is not exactly one frame, gets an ERROR
   frame with ``WEBSOCKET_MESSAGE`` (120), then close code 1003 or 1008.
 
