@@ -50,7 +50,7 @@ SKIP = 50
 # ("... started" / "... finished"). A stage with {type} or {to} is named by the message
 # (the last argument, or the return value on "exit") and its destination.
 HOOKS: list[tuple[str, str, str, str]] = [
-    ("futureq.broker.gateway", "Connection._handle", "enter", "request decoded"),
+    ("futureq.broker.connection", "Connection._handle", "enter", "request decoded"),
     ("futureq.broker.command_log", "SingleNodeLog.propose", "enter", "proposed"),
     ("futureq.raft.node", "RaftNode._start_op", "enter", "proposed"),
     ("futureq.raft.transport", "Transport._write_now", "enter", "sent {type} to {to}"),
@@ -63,8 +63,8 @@ HOOKS: list[tuple[str, str, str, str]] = [
     ("futureq.broker.command_log", "SingleNodeLog._apply_batch", "enter", "apply started"),
     ("futureq.raft.node", "RaftNode._apply", "enter", "apply started"),
     ("futureq.storage.db", "Database.write", "both", "state write"),
-    ("futureq.broker.gateway", "Connection._reply", "enter", "answer queued"),
-    ("futureq.broker.gateway", "Outbox.take", "exit", "answer taken by the writer"),
+    ("futureq.broker.connection", "Connection._reply", "enter", "answer queued"),
+    ("futureq.broker.buffers", "Outbox.take", "exit", "answer taken by the writer"),
 ]
 
 _events: list[tuple[int, str]] = []

@@ -9,7 +9,7 @@ import time
 from broker_process import BrokerProcess
 from wire_client import WireClient
 
-from futureq.broker.gateway import MAX_REQUESTS_IN_PROGRESS
+from futureq.broker.connection import MAX_REQUESTS_IN_PROGRESS
 from futureq.errors import ErrorCode, RemoteProtocolError
 from futureq.wire import codec, frames
 

@@ -1,7 +1,7 @@
 """Who may do what: client tokens, their permissions, and the one check every request passes.
 
 Every transport (TCP, TLS, and the WebSocket endpoint) serves a connection through
-:class:`futureq.broker.gateway.Connection`, which calls :meth:`AccessControl.authenticate`
+:class:`futureq.broker.connection.Connection`, which calls :meth:`AccessControl.authenticate`
 with the HELLO token and :meth:`AccessControl.check` before it hands any request to the
 broker. There is no other way in, so there is no other place to forget a check.
 

@@ -46,11 +46,12 @@ from futureq.storage.space import SpaceAlarm
 
 from .access import AccessControl
 from .broker import Broker
+from .buffers import NodeBuffers
 from .cluster_time import ClusterTime, run_standalone_clock
 from .command_log import SingleNodeLog
 from .data_dir_size import measure_data_dir
 from .dispatcher import Dispatcher
-from .gateway import SHUTDOWN_DRAIN_S, ClientGateway, NodeBuffers
+from .gateway import SHUTDOWN_DRAIN_S, ClientGateway
 from .gc_pacing import pace_gc
 from .http import serve_http
 from .hub import Hub

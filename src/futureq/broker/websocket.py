@@ -5,7 +5,7 @@ TCP connection (``docs/protocol.md``, "WebSocket"): each binary WebSocket messag
 one whole frame, its 4-byte length header included, in both directions. The same HELLO,
 authentication, permissions and limits apply, because :class:`WebSocketStream` turns the
 WebSocket into a :class:`trio.abc.Stream` and the gateway serves it with the very
-:class:`~futureq.broker.gateway.Connection` code that serves TCP and TLS connections.
+:class:`~futureq.broker.connection.Connection` code that serves TCP and TLS connections.
 
 Why hypercorn's ASGI WebSocket and not a trio-websocket server: the dashboard, the JSON
 API and ``/ws`` must share one port, and only an HTTP server can tell a plain ``GET``

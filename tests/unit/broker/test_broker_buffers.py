@@ -1,12 +1,12 @@
 """Connection buffers bounded in bytes: the outbox and the node-wide account
-(``futureq.broker.gateway``; issue 10, input 3)."""
+(``futureq.broker.buffers``; issue 10, input 3)."""
 
 from __future__ import annotations
 
 import trio
 import trio.testing
 
-from futureq.broker.gateway import NodeBuffers, Outbox
+from futureq.broker.buffers import NodeBuffers, Outbox
 
 
 def test_outbox_has_room_below_its_limit_and_says_when_it_has_again() -> None:

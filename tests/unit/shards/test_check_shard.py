@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from futureq.broker.gateway import check_shard
+from futureq.broker.shard_requests import check_shard
 from futureq.errors import ErrorCode, RequestError, WrongShardError
 from futureq.shards.layout import ShardRole
 from futureq.shards.slots import even_map

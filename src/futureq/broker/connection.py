@@ -1,0 +1,790 @@
+"""One client connection: a task driving a sans-IO ``ServerSession``, and its answers.
+
+Each connection has a reader (decodes frames, starts request handlers) and a writer
+(drains an outbox bounded in bytes). Requests pipeline: each PUBLISH, SUBSCRIBE, ACK,
+NACK, STATUS or group request runs in its own task of the connection's nursery, bounded
+by ``MAX_REQUESTS_IN_PROGRESS`` per connection, and its answer echoes the request id.
+A refused request (2xx, 3xx) fails alone; a protocol error (1xx) gets an ERROR frame,
+then the connection closes. Nothing a client sends can stop the server.
+
+Every transport (TCP, TLS, WebSocket) serves its connections through :class:`Connection`,
+so the HELLO token is authenticated and every request frame is checked against the
+client's permissions in one place (:mod:`futureq.broker.access`).
+
+Limits (``docs/operations.md``, "Limits"; issue 10):
+
+* the outbox holds at most ``limits.max_connection_buffer_bytes`` before deliveries stop
+  going to that connection (they stay with the group's other consumers) and its
+  requests stop being read; twice that closes it (``SLOW_CLIENT``);
+* all connections together hold at most ``limits.max_node_buffer_bytes`` (outgoing
+  bytes plus incomplete incoming frames) before deliveries stop and incomplete frames
+  wait (:class:`~futureq.broker.buffers.NodeBuffers`);
+* a frame must be complete ``limits.frame_deadline_ms`` after its first byte, and no
+  byte of it may be ``limits.frame_stall_ms`` late while the server reads
+  (``FRAME_TIMEOUT``; a half-sent frame is dropped soon, not held); a frame that has
+  waited :data:`~futureq.broker.buffers.EVICT_AFTER_S` for inbound room drops the oldest incomplete frame begun
+  before it (trickled half-frames cannot hold the budget until their deadline); a read
+  takes at most what the node's inbound budget has room for (at least
+  ``MIN_RECEIVE_BYTES``); a client silent for ``limits.keepalive_interval_ms`` gets a PING
+  and must send something within ``limits.keepalive_timeout_ms`` (``KEEPALIVE_TIMEOUT``);
+  one write may block for at most ``limits.send_timeout_ms`` (``SLOW_CLIENT``).
+
+A connection the server closes logs one line (peer, error code, sentence), at most
+:data:`~futureq.rate_limited_log.LOG_LINES_PER_MINUTE` a minute, each part cut to
+1,000 characters; tracebacks are only for bugs of ours.
+
+Source: ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import ssl
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from futureq import __version__
+from futureq.config import join_host_port
+from futureq.errors import (
+    ErrorCode,
+    LocalProtocolError,
+    NoSpaceError,
+    NotLeaderError,
+    RemoteProtocolError,
+    RequestError,
+    StorageError,
+)
+from futureq.rate_limited_log import RateLimitedLog
+from futureq.wire import frames
+from futureq.wire.session import (
+    CLOSED,
+    NEED_DATA,
+    RefusedRequest,
+    ServerSession,
+    SessionState,
+)
+
+from . import manage
+from .access import ANONYMOUS, AccessControl, Principal
+from .buffers import EVICT_AFTER_S, NodeBuffers, Outbox
+from .command_log import no_space_error
+from .shard_requests import check_shard, slot_map_answer
+
+if TYPE_CHECKING:
+    from .broker import Broker
+    from .hub import Consumer
+
+log = logging.getLogger(__name__)
+
+MAX_REQUESTS_IN_PROGRESS = 256
+"""Requests of one connection being served at once; the reader waits beyond that, and
+beyond ``limits.max_connection_buffer_bytes`` of their frames (one request is always
+served, whatever its size): a client pipelining 256 frames of 4 MiB made its node hold
+1 GiB for it."""
+HANDSHAKE_TIMEOUT_S = 10.0
+LEADERSHIP_CLOSE_GRACE_S = 2.0
+"""After a leadership change, how long in-progress requests may finish before closing."""
+RECEIVE_BYTES = 256 * 1024
+MIN_RECEIVE_BYTES = 4 * 1024
+"""A read when the node's inbound budget is (nearly) spent takes at most this much."""
+_connection_ids = itertools.count(1)
+
+
+def _subscriptions(held: int, coming: int) -> str:
+    """``"3 subscriptions"``, or ``"3 subscriptions and 2 being made"``."""
+    return f"{held} subscriptions" + (f" and {coming} being made" if coming else "")
+
+
+closed_log = RateLimitedLog(log)
+
+
+class _Closing(Exception):
+    """The server closes this connection: ``code`` and ``message`` say why."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        tell_client: bool = True,
+        request_id: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.tell_client = tell_client
+        self.request_id = request_id
+
+
+def _first_closing(group: BaseException) -> _Closing:
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    assert isinstance(group, _Closing)
+    return group
+
+
+def peer_name(stream: trio.abc.Stream) -> str:
+    inner = stream
+    while isinstance(inner, trio.SSLStream):
+        inner = inner.transport_stream
+    sock = getattr(inner, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2] if sock is not None else ("?", 0)
+    except OSError:
+        return "?"
+    return join_host_port(str(host), port)
+
+
+class Connection:
+    """One client connection: its session, outbox, principal and subscriptions.
+
+    Args:
+        broker: The node's request API.
+        stream: The transport (TCP, TLS, or a WebSocket adapter).
+        access: Authentication and the per-frame permission check.
+        node_buffers: The node-wide buffer account.
+        peer: The client's address for log lines (found from the stream if None).
+        on_hello: Called once the client's HELLO is answered (it authenticated).
+        transport_token: A token the transport already proved (the HTTP ``Authorization``
+            of a ``/ws`` upgrade, which a browser sends for the dashboard's own origin);
+            a HELLO without a token is authenticated with it.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        stream: trio.abc.Stream,
+        access: AccessControl | None = None,
+        node_buffers: NodeBuffers | None = None,
+        peer: str | None = None,
+        on_hello: Callable[[], None] | None = None,
+        transport_token: str | None = None,
+    ) -> None:
+        self.id = next(_connection_ids)
+        self._on_hello = on_hello
+        self.broker = broker
+        self.stream = stream
+        self.peer = peer or peer_name(stream)
+        self.transport_token = transport_token
+        config = broker.config
+        limits = config.limits
+        self.limits = limits
+        self.access = access or AccessControl(config.server.auth_token, None)
+        self.principal: Principal = ANONYMOUS
+        # The token is checked here (access), not by the session.
+        self.session = ServerSession(limits.max_frame_bytes, frames.SUPPORTED_VERSIONS, None)
+        self.node_buffers = node_buffers or NodeBuffers(limits.max_node_buffer_bytes)
+        full = broker.metrics.buffer_full_total.labels("connection")
+        self.outbox = Outbox(
+            limits.max_connection_buffer_bytes,
+            self.node_buffers,
+            self._deliveries_may_resume,
+            full.inc,
+        )
+        if type(stream) is trio.SocketStream:
+            # The socket is closed only after the outbox (serve's finally), so a
+            # write at once never reaches a descriptor number reused by another.
+            self.outbox.direct_fd = stream.socket.fileno()
+        self.subscriptions: dict[int, Consumer] = {}
+        self._subscribing = 0
+        """SUBSCRIBEs of this connection past their limit check, not yet registered."""
+        self._limit = trio.Semaphore(MAX_REQUESTS_IN_PROGRESS)
+        self._request_bytes = 0
+        """Bytes of the frames of the requests being served (read, not yet answered)."""
+        self._request_bytes_limit = self.limits.max_connection_buffer_bytes
+        self._request_room: trio.Event | None = None
+        """Set when a request ends, while the reader waits for room for the next."""
+        self._reading = trio.CancelScope()
+        self._scope = trio.CancelScope()
+        self._closing: _Closing | None = None
+        self._frame_started: float | None = None
+        self._waiting_scope = trio.CancelScope()
+        self._evicted = False
+        self._last_receive = 0.0
+        self._inbound_counted = 0
+        self._watch: tuple[int, float] | None = None
+        """(request id, interval s) of the connection's WATCH, or None."""
+        self._watch_changed = trio.Event()
+
+    # ------------------------------------------------------------ lifetime
+
+    async def serve(self) -> None:
+        """Serve until the client closes, breaks the protocol, or the server stops."""
+        try:
+            with self._scope:
+                async with trio.open_nursery() as connection:
+                    connection.start_soon(self._close_on_leadership_change, connection.cancel_scope)
+                    connection.start_soon(self._watch_access)
+                    connection.start_soon(self._watcher)
+                    async with trio.open_nursery() as io:
+                        io.start_soon(self._writer)
+                        try:
+                            # Requests run in their own nursery: at EOF (a client may
+                            # half-close) every answer is queued before the outbox closes.
+                            async with trio.open_nursery() as requests:
+                                with self._reading:
+                                    await self._reader(requests)
+                        except* _Closing as group:
+                            self._close(_first_closing(group))
+                        finally:
+                            self.outbox.close()
+                    connection.cancel_scope.cancel()
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
+            pass
+        finally:
+            for consumer in list(self.subscriptions.values()):
+                self.broker.unsubscribe(consumer)
+            self.subscriptions.clear()
+            self.outbox.discard()
+            self._count_inbound(0)
+            closing = self._closing
+            if closing is not None:
+                self.broker.metrics.connections_closed_total.labels(closing.code.name.lower()).inc()
+                closed_log.log(
+                    logging.INFO,
+                    "connection %d from %s closed: %s: %s",
+                    self.id,
+                    self.peer,
+                    closing.code.name,
+                    closing.message,
+                )
+            with trio.move_on_after(1, shield=True):
+                await self.stream.aclose()
+
+    def _close(self, closing: _Closing) -> None:
+        """Record why the server closes the connection (the first reason wins); queue the
+        ERROR frame for the client."""
+        if self._closing is not None:
+            return
+        self._closing = closing
+        if closing.tell_client and not self.outbox.closed:
+            error = RemoteProtocolError(closing.code, closing.message)
+            self.outbox.send_nowait(self.session.error_bytes(error, closing.request_id))
+        self.outbox.close()
+
+    def _abort(self, closing: _Closing) -> None:
+        """Close at once, without draining (a client that does not read)."""
+        self._close(closing)
+        self._scope.cancel()
+
+    async def _close_on_leadership_change(self, scope: trio.CancelScope) -> None:
+        """Leadership moved: close, so the client reconnects and follows the new leader.
+
+        A connection to a node that *became* the leader is kept: it already is where
+        the client must go, and it holds nothing of an earlier leadership (subscriptions,
+        hence deliveries, exist only on a leader). Closing it made the client's next
+        request wait out :data:`LEADERSHIP_CLOSE_GRACE_S` unread and then reconnect to
+        the very same node (issue 11, failover as a client sees it).
+        """
+        while True:
+            was_leading = self.broker.leading
+            await self.broker.wait_leadership_change(self.broker.leader_epoch)
+            if was_leading or not self.broker.leading or self.subscriptions:
+                break
+            log.debug("connection %d: this node became the leader; kept", self.id)
+        log.info("connection %d: leadership changed; closing it", self.id)
+        # Stop reading; requests in progress (a TRANSFER_LEADER's own OK, NOT_LEADER
+        # errors) are answered and the outbox drains as at EOF. Past the grace period,
+        # close regardless.
+        self._reading.cancel()
+        await trio.sleep(LEADERSHIP_CLOSE_GRACE_S)
+        scope.cancel()
+
+    def finish(self) -> None:
+        """Graceful shutdown: read no more requests and end once the answers are out.
+
+        Requests already read are answered (an ACK among them settles its deliveries:
+        the subscriptions stay until then); the outbox then takes nothing more, no
+        delivery included, drains, and the connection closes: the client sees EOF at a
+        frame boundary, and the subscriptions end as when a client leaves (unacked
+        deliveries go back to the group). The server bounds the drain
+        (:data:`SHUTDOWN_DRAIN_S`).
+        """
+        self._reading.cancel()
+
+    def _set_watch(self, watch: tuple[int, float] | None) -> None:
+        self._watch = watch
+        self._watch_changed.set()
+        self._watch_changed = trio.Event()
+
+    async def _watcher(self) -> None:
+        """Send WATCH_UPDATE frames while the client watches (``docs/protocol.md``, "WATCH")."""
+        while True:
+            watch = self._watch
+            if watch is None:
+                await self._watch_changed.wait()
+                continue
+            request_id, interval_s = watch
+            try:
+                data = self.session.send(frames.WatchUpdate(request_id, self.broker.overview()))
+            except LocalProtocolError as exc:  # larger than a frame: say so and stop
+                self._set_watch(None)
+                data = self.session.error_bytes(
+                    RequestError(ErrorCode.INVALID_ARGUMENT, exc.message), request_id
+                )
+            self._queue(data)
+            changed = self._watch_changed
+            with trio.move_on_after(interval_s):
+                await changed.wait()
+
+    def _deliveries_may_resume(self) -> None:
+        for consumer in self.subscriptions.values():
+            self.broker.hub.wake(consumer)
+        self.broker.dispatcher.kick()
+
+    # ------------------------------------------------------------ writing
+
+    def _queue(self, data: bytes) -> None:
+        if not self.outbox.send_nowait(data):
+            return  # closing: the answer is dropped with the connection
+        if self.outbox.overflowed:
+            self._abort(
+                _Closing(
+                    ErrorCode.SLOW_CLIENT,
+                    f"{self.outbox.buffered_bytes} bytes of answers are waiting for the client "
+                    f"to read them (twice limits.max_connection_buffer_bytes = "
+                    f"{self.limits.max_connection_buffer_bytes})",
+                    tell_client=False,
+                )
+            )
+
+    async def _writer(self) -> None:
+        timeout_s = self.limits.send_timeout_ms / 1000
+        outbox = self.outbox
+        while True:
+            data = await outbox.take()
+            if data is None:
+                return
+            with trio.move_on_after(timeout_s) as write:
+                await self.stream.send_all(data)
+            if write.cancelled_caught:
+                self._abort(
+                    _Closing(
+                        ErrorCode.SLOW_CLIENT,
+                        f"a write to the client blocked for {timeout_s:g} s "
+                        "(limits.send_timeout_ms); it does not read",
+                        tell_client=False,
+                    )
+                )
+                return
+            outbox.written(len(data))
+
+    # ------------------------------------------------------------ reading
+
+    async def _reader(self, nursery: trio.Nursery) -> None:
+        session = self.session
+        with trio.move_on_after(HANDSHAKE_TIMEOUT_S) as handshake:
+            while session.state is not SessionState.READY:
+                if not await self._pump_one(nursery, handshake=True):
+                    return
+        if handshake.cancelled_caught:
+            raise _Closing(
+                ErrorCode.HELLO_REQUIRED,
+                f"no HELLO within {HANDSHAKE_TIMEOUT_S:g} s of connecting",
+                tell_client=False,
+            )
+        while await self._pump_one(nursery):
+            pass
+
+    async def _pump_one(self, nursery: trio.Nursery, *, handshake: bool = False) -> bool:
+        """Handle every complete frame, then read more; False when the connection ends.
+
+        With ``handshake``, return right after answering HELLO (without reading), so
+        the handshake deadline does not cover the rest of the connection.
+        """
+        session = self.session
+        while True:
+            before = session.buffered_bytes
+            try:
+                event = session.next_event()
+            except RemoteProtocolError as exc:
+                self.broker.metrics.count_request_error(exc.code)
+                self._close(_Closing(exc.code, exc.message))
+                return False
+            if event is NEED_DATA:
+                break
+            if event is CLOSED:
+                return False
+            if isinstance(event, frames.Hello):
+                try:
+                    token = event.token if event.token is not None else self.transport_token
+                    self.principal = await self.access.authenticate(
+                        token, self.peer.rsplit(":", 1)[0]
+                    )
+                except RemoteProtocolError as exc:
+                    self.broker.metrics.count_request_error(exc.code)
+                    self._close(_Closing(exc.code, exc.message))
+                    return False
+                leader = self.broker.log.leader_address()
+                shard = self.broker.shard
+                shards = 1 if shard is None else shard.slot_map.shard_count
+                self._queue(session.accept_hello(self.broker.node_id, leader, __version__, shards))
+                if self._on_hello is not None:
+                    self._on_hello()
+                if handshake:
+                    return True
+                continue
+            assert not isinstance(event, type(NEED_DATA))
+            if isinstance(event, RefusedRequest):
+                # Wrong fields in one request: it fails alone, the connection stays.
+                self.broker.metrics.count_request_error(event.error.code)
+                self._queue(session.error_bytes(event.error, event.request_id))
+                continue
+            if isinstance(event, frames.Pong):
+                continue  # an answer to our keepalive PING: receiving it was the point
+            await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                # No yield when a slot is free: a checkpoint here cost every request a
+                # pass of the event loop before its handler even started.
+                self._limit.acquire_nowait()
+            except trio.WouldBlock:
+                await self._limit.acquire()
+            size = before - session.buffered_bytes  # the frame's, header included
+            if self._request_bytes and self._request_bytes + size > self._request_bytes_limit:
+                await self._wait_request_room(size)
+            node = self.node_buffers
+            if node.requests and node.requests + size > node.limit_bytes:
+                await node.wait_request_room(size)
+            self._request_bytes += size
+            node.request_started(size)
+            nursery.start_soon(self._handle, event, size)
+        self._count_inbound(session.buffered_bytes)
+        await self._receive()
+        return True
+
+    def _count_inbound(self, buffered: int) -> None:
+        delta = buffered - self._inbound_counted
+        if delta:
+            self._inbound_counted = buffered
+            self.node_buffers.change(inbound=delta)
+
+    def _evict(self) -> None:
+        """Drop this connection's incomplete frame (NodeBuffers.wait_room needs room)."""
+        self._evicted = True
+        self._waiting_scope.cancel()
+
+    def _frame_progress(self) -> str:
+        """What arrived of the incomplete frame, in how long: the facts of a FRAME_TIMEOUT.
+
+        The sentence says what was measured and no more: a sender, the network between,
+        or this node's load (reads held back while its buffers are full, a busy event
+        loop) can each keep a frame from completing, and the server cannot tell which.
+        """
+        received, size = self.session.incomplete_frame()
+        assert self._frame_started is not None
+        elapsed_ms = round((trio.current_time() - self._frame_started) * 1000)
+        of = "bytes of its 4-byte length" if size is None else f"of its {size} bytes"
+        return (
+            f"{received} {of} arrived in the {elapsed_ms} ms since its first byte, as "
+            "this server read them (a sender, the network or this server's load can each "
+            "slow a frame)"
+        )
+
+    def _read_size(self) -> int:
+        """Bytes to read at most now: what the node's inbound budget has room for, at
+        least MIN_RECEIVE_BYTES (so the budget is overshot by at most that per
+        connection), at most RECEIVE_BYTES."""
+        room = self.node_buffers.limit_bytes - self.node_buffers.inbound
+        return max(MIN_RECEIVE_BYTES, min(RECEIVE_BYTES, room))
+
+    async def _receive(self) -> None:
+        """Read more bytes, under the frame deadline or the keepalive rules."""
+        session = self.session
+        limits = self.limits
+        if session.buffered_bytes:
+            if self._frame_started is None:
+                self._frame_started = self._last_receive
+            deadline = self._frame_started + limits.frame_deadline_ms / 1000
+            stall: trio.CancelScope | None = None
+            self._evicted = False
+            with trio.move_on_at(deadline) as frame, trio.CancelScope() as waiting:
+                self._waiting_scope = waiting
+                self.node_buffers.incomplete(self.id, self._frame_started, self._evict)
+                try:
+                    # Incomplete frames wait while the node's buffers are full (that wait
+                    # is the server's doing: only the frame deadline runs during it).
+                    await self.node_buffers.wait_room(self.id, self._frame_started)
+                    with trio.move_on_after(limits.frame_stall_ms / 1000) as stall:
+                        data = await self.stream.receive_some(self._read_size())
+                finally:
+                    self.node_buffers.done_waiting(self.id)
+            if self._evicted:
+                raise _Closing(
+                    ErrorCode.FRAME_TIMEOUT,
+                    "the node's buffers for incoming frames were full "
+                    f"(limits.max_node_buffer_bytes = {self.node_buffers.limit_bytes}, shared "
+                    f"by every connection) and this connection's frame was the oldest "
+                    f"incomplete one: {self._frame_progress()}; it was dropped to make room "
+                    f"for a frame that had waited {EVICT_AFTER_S:g} s (the node is loaded; "
+                    "send it again)",
+                )
+            if frame.cancelled_caught:
+                raise _Closing(
+                    ErrorCode.FRAME_TIMEOUT,
+                    f"a frame was not complete {limits.frame_deadline_ms} ms after its first "
+                    f"byte (limits.frame_deadline_ms): {self._frame_progress()}",
+                )
+            if stall is not None and stall.cancelled_caught:
+                raise _Closing(
+                    ErrorCode.FRAME_TIMEOUT,
+                    f"no byte of a frame arrived for {limits.frame_stall_ms} ms while the "
+                    f"server was reading (limits.frame_stall_ms): {self._frame_progress()}",
+                )
+        else:
+            self._frame_started = None
+            await self.outbox.wait_room()  # answers first: back-pressure on requests
+            with trio.move_on_after(limits.keepalive_interval_ms / 1000) as idle:
+                data = await self.stream.receive_some(self._read_size())
+            if idle.cancelled_caught:
+                self._queue(session.send(frames.Ping(0)))
+                with trio.move_on_after(limits.keepalive_timeout_ms / 1000) as waited:
+                    data = await self.stream.receive_some(self._read_size())
+                if waited.cancelled_caught:
+                    raise _Closing(
+                        ErrorCode.KEEPALIVE_TIMEOUT,
+                        f"the client sent nothing for {limits.keepalive_interval_ms} ms and did "
+                        f"not answer a PING within {limits.keepalive_timeout_ms} ms "
+                        "(limits.keepalive_*_ms)",
+                    )
+        self._last_receive = trio.current_time()
+        session.receive_data(data if type(data) is bytes else bytes(data))
+        self._count_inbound(session.buffered_bytes)
+
+    async def _watch_access(self) -> None:
+        """Credentials reloaded (SIGHUP): close if this client lost what it uses."""
+        access = self.access
+        generation = access.generation
+        while True:
+            await access.wait_changed(generation)
+            generation = access.generation
+            current = access.current(self.principal)
+            if current is None:
+                self._revoke(
+                    f"client {self.principal.name!r} was removed from the credentials or got "
+                    "a new secret; reconnect with a valid token"
+                )
+                return
+            self.principal = current
+            for consumer in list(self.subscriptions.values()):
+                try:
+                    access.check(current, frames.Subscribe(0, consumer.topic, consumer.group, 1))
+                except RequestError as exc:
+                    self._revoke(f"{exc.message} (credentials reloaded)")
+                    return
+
+    def _revoke(self, message: str) -> None:
+        """Close after telling the client why: stop reading, drain, end."""
+        self._close(_Closing(ErrorCode.AUTH_FAILED, message))
+        self._reading.cancel()
+
+    # ------------------------------------------------------------ requests
+
+    async def _wait_request_room(self, size: int) -> None:
+        """Wait until requests in progress hold few enough bytes to take one of ``size``
+        (one is always taken when none is in progress, whatever its size)."""
+        while self._request_bytes and self._request_bytes + size > self._request_bytes_limit:
+            room = self._request_room = trio.Event()
+            await room.wait()
+
+    async def _handle(self, frame: frames.Frame, size: int = 0) -> None:
+        try:
+            self.access.check(self.principal, frame)
+            if self.broker.shard is not None:
+                check_shard(self.broker.shard, frame)
+            try:
+                answer = await self._answer(frame)
+            except NotLeaderError:
+                if not isinstance(frame, frames.Publish):
+                    raise
+                answer = await self._publish_after_election(frame)
+            if answer is not None:
+                self._reply(answer, frame.request_id)
+        except (RequestError, RemoteProtocolError) as exc:
+            code = exc.code
+            self.broker.metrics.count_request_error(code)
+            if code.closes_connection:
+                raise _Closing(code, exc.message, request_id=frame.request_id) from None
+            self._queue(self.session.error_bytes(exc, frame.request_id))
+        except NoSpaceError:
+            self.broker.metrics.count_request_error(ErrorCode.NO_SPACE)
+            self._queue(self.session.error_bytes(no_space_error(), frame.request_id))
+        except StorageError:
+            raise  # the node cannot go on without its disk
+        finally:
+            self._limit.release()
+            self._request_bytes -= size
+            self.node_buffers.request_ended(size)
+            if self._request_room is not None:
+                self._request_room.set()
+                self._request_room = None
+
+    async def _publish_after_election(self, frame: frames.Publish) -> frames.Frame | None:
+        """A PUBLISH got NOT_LEADER (nothing of it was applied): wait until a leader is
+        known, then publish here if that is this node, else answer NOT_LEADER naming it.
+
+        During an election a follower knows no leader to name, and a new leader refuses
+        until the no-op of its term is applied: without the wait the client would
+        learn nothing and poll every node until the election ends; with it, the
+        answer comes as soon as this node hears of the winner (or wins).
+
+        Raises:
+            NotLeaderError: another node leads (named), or none is known after two
+                election timeouts (the client tries the next node).
+        """
+        log_ = self.broker.log
+        await log_.wait_for_leader()
+        if log_.is_leader():
+            return await self._answer(frame)
+        raise NotLeaderError(log_.leader_address())
+
+    def _reply(self, answer: frames.Frame, request_id: int) -> None:
+        if self.session.state is SessionState.ERROR or self.outbox.closed:
+            return  # the connection is closing after a protocol error
+        try:
+            data = self.session.send(answer)
+        except LocalProtocolError as exc:
+            data = self.session.error_bytes(
+                RequestError(ErrorCode.INVALID_ARGUMENT, exc.message), request_id
+            )
+        self._queue(data)
+
+    async def _answer(self, frame: frames.Frame) -> frames.Frame | None:
+        broker = self.broker
+        match frame:
+            case frames.Publish():
+                first_id, count, duplicates = await broker.publish(frame.items, frame.ack_level)
+                pairs = None if not duplicates else [[p, d] for p, d in sorted(duplicates.items())]
+                return frames.PublishOk(frame.request_id, first_id, count, pairs)
+            case frames.Ack():
+                return frames.Ok(frame.request_id, await broker.ack(self.id, frame.tags))
+            case frames.Nack():
+                done = await broker.nack(
+                    self.id, frame.tags, frame.requeue_delay_ms, frame.reason, frame.dead_letter
+                )
+                return frames.Ok(frame.request_id, done)
+            case frames.Credit():
+                broker.grant_credit(self.id, frame.subscription_id, frame.credit)
+                return None
+            case frames.Subscribe():
+                # Counted from the check until the consumer is registered: the group's
+                # creation is awaited in between, and SUBSCRIBEs pipelined behind this
+                # one must see it (else each passes the same check).
+                limit = self.limits.max_subscriptions_per_connection
+                held = len(self.subscriptions) + self._subscribing
+                if held >= limit:
+                    raise RequestError(
+                        ErrorCode.TOO_MANY_SUBSCRIPTIONS,
+                        f"this connection holds {_subscriptions(len(self.subscriptions), self._subscribing)}, "
+                        f"the limit (limits.max_subscriptions_per_connection = {limit}); "
+                        "unsubscribe or open another connection",
+                    )
+                node_limit = self.limits.max_subscriptions
+                node_held = len(broker.hub.consumers) + broker.subscribes_in_flight
+                if node_held >= node_limit:
+                    raise RequestError(
+                        ErrorCode.TOO_MANY_SUBSCRIPTIONS,
+                        f"this node holds {_subscriptions(len(broker.hub.consumers), broker.subscribes_in_flight)}, "
+                        f"its limit (limits.max_subscriptions = {node_limit}); unsubscribe unused "
+                        "ones or ask the operator to raise the limit",
+                    )
+                self._subscribing += 1
+                broker.subscribes_in_flight += 1
+                try:
+                    consumer = await broker.subscribe(
+                        self.id,
+                        self.outbox,
+                        frame.topic,
+                        frame.group,
+                        frame.prefetch,
+                        frame.headers,
+                    )
+                finally:
+                    self._subscribing -= 1
+                    broker.subscribes_in_flight -= 1
+                self.subscriptions[consumer.subscription_id] = consumer
+                # The answer must precede the first DELIVER, so queue it here, in order.
+                self._reply(
+                    frames.SubscribeOk(frame.request_id, consumer.subscription_id),
+                    frame.request_id,
+                )
+                broker.announce_settings(consumer)
+                return None
+            case frames.Extend():
+                return frames.Ok(
+                    frame.request_id, broker.extend(self.id, frame.tags, frame.visibility_ms)
+                )
+            case frames.Release():
+                return frames.Ok(frame.request_id, await broker.release(self.id, frame.tags))
+            case frames.Unsubscribe():
+                found = self.subscriptions.pop(frame.subscription_id, None)
+                if found is None:
+                    raise RequestError(
+                        ErrorCode.UNKNOWN_SUBSCRIPTION,
+                        f"no subscription {frame.subscription_id} on this connection",
+                    )
+                broker.unsubscribe(found)
+                return frames.Ok(frame.request_id, None)
+            case frames.Status():
+                permissions = self.principal.permissions
+                visible = None if permissions.monitor else permissions.may_see
+                return frames.StatusOk(frame.request_id, await broker.status_async(visible))
+            case frames.Ping():
+                return frames.Pong(frame.request_id)
+            case frames.SlotMap():
+                return frames.SlotMapOk(frame.request_id, slot_map_answer(broker))
+            case frames.Watch():
+                interval_ms = frame.interval_ms
+                if not frames.MIN_WATCH_INTERVAL_MS <= interval_ms <= frames.MAX_WATCH_INTERVAL_MS:
+                    raise RequestError(
+                        ErrorCode.INVALID_ARGUMENT,
+                        f"WATCH interval_ms must be {frames.MIN_WATCH_INTERVAL_MS} to "
+                        f"{frames.MAX_WATCH_INTERVAL_MS} ms, got {interval_ms}",
+                    )
+                self._set_watch((frame.request_id, interval_ms / 1000))
+                return None  # the first WATCH_UPDATE is the answer
+            case frames.Unwatch():
+                self._set_watch(None)
+                return frames.Ok(frame.request_id, None)
+            case frames.GroupCreate():
+                await broker.ensure_group(
+                    frame.topic,
+                    frame.group,
+                    frame.visibility_timeout_ms,
+                    frame.max_deliveries,
+                    frame.from_backlog,
+                    frame.dead_letter_expired,
+                )
+                return frames.Ok(frame.request_id, None)
+            case frames.GroupDelete():
+                await broker.delete_group(frame.topic, frame.group)
+                return frames.Ok(frame.request_id, None)
+            case frames.Browse():
+                return await manage.browse(broker, frame)
+            case frames.BrowseCounts():
+                return await manage.browse_counts(broker, frame)
+            case frames.Redrive():
+                results = await manage.redrive(broker, frame)
+                return frames.ItemResults(frame.request_id, results)
+            case frames.Reschedule():
+                results = await manage.reschedule(broker, frame)
+                return frames.ItemResults(frame.request_id, results)
+            case frames.Purge():
+                return frames.Ok(frame.request_id, await manage.purge(broker, frame))
+            case frames.Cancel():
+                results = await manage.cancel(broker, frame.topic, frame.group, frame.ids)
+                return frames.ItemResults(frame.request_id, results)
+            case frames.ClusterStatus():
+                return frames.ClusterStatusOk(frame.request_id, broker.cluster_status())
+            case frames.ClusterAddNode():
+                await broker.add_node(frame.node_id, frame.raft_address, frame.client_address)
+                return frames.Ok(frame.request_id, None)
+            case frames.ClusterRemoveNode():
+                await broker.remove_node(frame.node_id)
+                return frames.Ok(frame.request_id, None)
+            case frames.ClusterTransferLeader():
+                await broker.transfer_leadership(frame.node_id)
+                return frames.Ok(frame.request_id, None)
+        raise RemoteProtocolError(ErrorCode.INVALID_FRAME, f"{frame.TYPE.name} is not a request")
