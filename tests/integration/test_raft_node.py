@@ -24,7 +24,6 @@ import trustme
 
 from futureq.errors import NotLeaderError, RequestError
 from futureq.raft import peer_auth
-from futureq.raft.core import Role
 from futureq.raft.messages import (
     AppendEntries,
     ClockPing,
@@ -40,6 +39,7 @@ from futureq.raft.messages import (
 )
 from futureq.raft.node import RaftNode, RaftNodeConfig
 from futureq.raft.rocks_storage import RocksStorage
+from futureq.raft.roles import Role
 from futureq.raft.transport import (
     DEFAULT_MAX_PENDING_HANDSHAKES,
     MAX_PENDING_HANDSHAKES_PER_HOST,

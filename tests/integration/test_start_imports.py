@@ -18,6 +18,13 @@ from broker_process import BrokerProcess
 
 CLUSTER_ONLY = (
     "futureq.raft.core",
+    "futureq.raft.election",
+    "futureq.raft.follower",
+    "futureq.raft.leader",
+    "futureq.raft.read_index",
+    "futureq.raft.recovery_steps",
+    "futureq.raft.replication",
+    "futureq.raft.terms",
     "futureq.raft.messages",
     "futureq.raft.node",
     "futureq.raft.transport",

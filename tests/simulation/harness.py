@@ -41,13 +41,7 @@ import attrs
 import msgpack
 
 from futureq.raft.cluster_clock import ClockConfig
-from futureq.raft.core import (
-    ProposalDroppedError,
-    RaftConfig,
-    RaftCore,
-    RaftNotLeaderError,
-    Role,
-)
+from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError
 from futureq.raft.messages import (
     CLOCK_MESSAGES,
     ConfChange,
@@ -70,6 +64,7 @@ from futureq.raft.messages import (
     decode_message,
     encode_message,
 )
+from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
 from futureq.raft.timekeeper import TimeConfig, TimeKeeper
 

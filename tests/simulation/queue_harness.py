@@ -51,14 +51,9 @@ import attrs
 from harness import EPOCH_US, TICK_US, InvariantViolation, Scenario, SimCluster, SimNode
 
 from futureq.errors import StorageError
-from futureq.raft.core import (
-    ProposalDroppedError,
-    RaftConfig,
-    RaftCore,
-    RaftNotLeaderError,
-    Role,
-)
+from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError
 from futureq.raft.messages import Entry, EntryKind, LogIndex, Membership, NodeId, Ready
+from futureq.raft.roles import Role
 from futureq.state import commands, snapshot
 from futureq.state.commands import CommandKind, GroupSettings
 from futureq.state.queue_state import QueueState

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from harness import Scenario, SimCluster
 
-from futureq.raft.core import Role
 from futureq.raft.messages import NodeId
+from futureq.raft.roles import Role
 
 QUIET = Scenario("scripted", voters=5, fault_rate=0.0, propose_rate=0.0, max_delay_ticks=1)
 

@@ -14,13 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from futureq.raft.core import (
-        ProposalDroppedError,
-        RaftConfig,
-        RaftCore,
-        RaftNotLeaderError,
-        Role,
-    )
+    from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError
     from futureq.raft.messages import (
         ConfChange,
         ConfChangeOp,
@@ -39,6 +33,7 @@ if TYPE_CHECKING:
         decode_message,
         encode_message,
     )
+    from futureq.raft.roles import Role
     from futureq.raft.storage import MemoryStorage, Storage
 
 _SOURCES = {
@@ -46,7 +41,7 @@ _SOURCES = {
     "RaftConfig": "core",
     "RaftCore": "core",
     "RaftNotLeaderError": "core",
-    "Role": "core",
+    "Role": "roles",
     "ConfChange": "messages",
     "ConfChangeOp": "messages",
     "Entry": "messages",

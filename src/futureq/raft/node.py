@@ -54,7 +54,7 @@ from futureq.errors import (
 )
 from futureq.quick_thread import run_sync_quick
 from futureq.raft.cluster_clock import describe_offset
-from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError, Role
+from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError
 from futureq.raft.messages import (
     CLOCK_MESSAGES,
     AppendEntries,
@@ -70,6 +70,7 @@ from futureq.raft.messages import (
     Ready,
 )
 from futureq.raft.rocks_storage import StoreIdentity
+from futureq.raft.roles import Role
 from futureq.raft.storage import SnapshotOutOfDateError
 from futureq.raft.timekeeper import TimeConfig, TimeKeeper
 

@@ -29,8 +29,8 @@ import attrs
 
 from futureq.errors import ConfigError
 from futureq.raft.cluster_clock import ClockConfig, ClockNotice, ClusterClock
-from futureq.raft.core import Role
 from futureq.raft.messages import ClockPing, ClockPong, Heartbeat, Message, NodeId
+from futureq.raft.roles import Role
 
 if TYPE_CHECKING:
     from futureq.raft.core import RaftCore

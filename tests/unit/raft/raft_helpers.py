@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from futureq.raft.core import RaftConfig, RaftCore, Role
+from futureq.raft.core import RaftConfig, RaftCore
 from futureq.raft.messages import (
     Entry,
     EntryKind,
@@ -24,6 +24,7 @@ from futureq.raft.messages import (
     Ready,
     Snapshot,
 )
+from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
 from futureq.raft.timekeeper import TimeKeeper
 

@@ -30,8 +30,9 @@ from test_clock_steps import (
 )
 
 from futureq.raft.basics import majority
-from futureq.raft.core import RaftConfig, RaftCore, Role
+from futureq.raft.core import RaftConfig, RaftCore
 from futureq.raft.messages import NodeId
+from futureq.raft.roles import Role
 from futureq.raft.timekeeper import TimeKeeper
 
 BOUND_US = TIME.clock.max_offset_us

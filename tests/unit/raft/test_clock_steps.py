@@ -33,8 +33,9 @@ from collections import deque
 import pytest
 from raft_helpers import drain_timed
 
-from futureq.raft.core import RaftConfig, RaftCore, Role
+from futureq.raft.core import RaftConfig, RaftCore
 from futureq.raft.messages import CLOCK_MESSAGES, Membership, Message, NodeId
+from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
 from futureq.raft.timekeeper import TimeConfig, TimeKeeper
 

@@ -12,7 +12,7 @@ import heapq
 
 from raft_helpers import ELECTION_TICKS, Network, make_node
 
-from futureq.raft.core import MAX_CAMPAIGN_BACKOFF
+from futureq.raft.election import MAX_CAMPAIGN_BACKOFF
 from futureq.raft.messages import Message, NodeId
 
 

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from raft_helpers import Network, TestNode, ids, make_config, make_node
 
-from futureq.raft.core import RaftCore, Role
+from futureq.raft.core import RaftCore
 from futureq.raft.messages import (
     AppendEntries,
     ConfChange,
@@ -31,6 +31,7 @@ from futureq.raft.messages import (
     Term,
     decode_registry,
 )
+from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
 
 VOTERS = (1, 2, 3)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from raft_helpers import ELECTION_TICKS, Network, make_node
 
-from futureq.raft.core import Role
 from futureq.raft.messages import (
     AppendEntries,
     LogIndex,
@@ -13,6 +12,7 @@ from futureq.raft.messages import (
     RequestVoteResponse,
     Term,
 )
+from futureq.raft.roles import Role
 
 
 def test_follower_starts_election_after_randomized_timeout_in_t_to_2t() -> None:

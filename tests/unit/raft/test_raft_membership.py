@@ -6,7 +6,7 @@ import pytest
 from raft_helpers import ELECTION_TICKS, Network, ids, make_node
 
 from futureq.errors import ErrorCode, RequestError
-from futureq.raft.core import ProposalDroppedError, Role
+from futureq.raft.core import ProposalDroppedError
 from futureq.raft.messages import (
     ConfChange,
     ConfChangeOp,
@@ -17,6 +17,7 @@ from futureq.raft.messages import (
     RequestVote,
     TimeoutNow,
 )
+from futureq.raft.roles import Role
 
 
 def _change(op: ConfChangeOp, node_id: int) -> ConfChange:

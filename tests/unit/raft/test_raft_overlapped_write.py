@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from raft_helpers import Network, make_node
 
-from futureq.raft.core import Role
 from futureq.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -21,6 +20,7 @@ from futureq.raft.messages import (
     NodeId,
     RequestVote,
 )
+from futureq.raft.roles import Role
 
 
 def test_leader_replicates_before_its_own_write() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from raft_helpers import ELECTION_TICKS, Network
 
-from futureq.raft.core import Role
 from futureq.raft.messages import LogIndex, NodeId, RequestVote, RequestVoteResponse, Term
+from futureq.raft.roles import Role
 
 
 def test_prevote_does_not_increment_term_of_isolated_node() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from raft_helpers import Network, ids, make_node
 
-from futureq.raft.core import Role
 from futureq.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -17,6 +16,7 @@ from futureq.raft.messages import (
     Term,
 )
 from futureq.raft.progress import ProgressState
+from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
 
 

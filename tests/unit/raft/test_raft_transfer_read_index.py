@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from raft_helpers import ELECTION_TICKS, Network
 
-from futureq.raft.core import ProposalDroppedError, RaftNotLeaderError, Role
+from futureq.raft.core import ProposalDroppedError, RaftNotLeaderError
 from futureq.raft.messages import AppendEntries, Heartbeat, NodeId, ReadState, TimeoutNow
+from futureq.raft.roles import Role
 
 
 def test_transfer_to_up_to_date_follower_makes_it_leader() -> None:

@@ -105,7 +105,7 @@ def test_grants_and_refusals_are_logged_at_debug_with_their_reason(
 ) -> None:
     """Why a voter refused is in the debug log (a leaderless stretch under load could not
     tell a refusal from an answer that arrived after the candidate moved on)."""
-    caplog.set_level("DEBUG", logger="futureq.raft.core")
+    caplog.set_level("DEBUG", logger="futureq.raft.election")
     node = _voter_with_log([1, 1, 2], current_term=4, vote=3)
     _answer(node, RequestVote(Term(4), NodeId(2), NodeId(1), LogIndex(3), Term(2)))
     _answer(node, RequestVote(Term(5), NodeId(2), NodeId(1), LogIndex(1), Term(1)))

@@ -15,7 +15,7 @@ from raft_helpers import drain_timed
 
 from futureq.errors import ConfigError
 from futureq.raft.cluster_clock import ClockConfig
-from futureq.raft.core import RaftConfig, RaftCore, Role
+from futureq.raft.core import RaftConfig, RaftCore
 from futureq.raft.messages import (
     CLOCK_MESSAGES,
     ClockPing,
@@ -29,6 +29,7 @@ from futureq.raft.messages import (
     Term,
     TimeoutNow,
 )
+from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
 from futureq.raft.timekeeper import LeaderLease, TimeConfig, TimeKeeper
 
