@@ -400,7 +400,7 @@ class Broker:
         """Most groups the proposals in flight (and ``extra``, keys about to be reserved)
         can create that the state does not hold yet, each group counted once.
 
-        Counted per topic, as apply creates them (``QueueState._create_group``): a
+        Counted per topic, as apply creates them (``futureq.state.group_changes.create_group``): a
         topic with no group gets one from its publishes *or* from the first name to
         commit, not both, so its implicit group counts only when no new name of it is in
         flight; a topic whose only group is implicit has it adopted by the first new

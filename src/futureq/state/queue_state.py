@@ -34,32 +34,50 @@ Every apply writes its changes and the new applied index in one batch, so a rest
 replays exactly the log entries after it. The applied digest chains a CRC-32 over each
 apply's index and the exact changes it wrote, so replicas whose states diverge (not
 only their logs) show different digests.
+
+This module holds the state, its reads, the apply loop that dispatches each command,
+the write and the snapshots; the commands' rules are plain functions over the state:
+:mod:`~futureq.state.publish` (PUBLISH), :mod:`~futureq.state.deliveries` (DELIVERED,
+ACK, NACK, RELEASE, EXPIRE, DEAD_LETTER), :mod:`~futureq.state.group_changes` (group
+creation, deletion, purging) and, still as a base class, :mod:`~futureq.state.manage_ops`
+(CANCEL, RESCHEDULE, PURGE, REDRIVE, backfill). Keys and encodings they share are in
+:mod:`~futureq.state.layout`.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections import Counter
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from itertools import groupby, repeat
-from operator import add, itemgetter
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Generator, Iterator, Sequence
+from itertools import groupby
+from typing import Any, Protocol
 
 import attrs
-import msgpack
-import msgspec
 from sortedcontainers import SortedDict
 
 from futureq.errors import NoSpaceError
-from futureq.state import commands, records, snapshot
+from futureq.state import commands, deliveries, group_changes, publish, records, snapshot
 from futureq.state.commands import CommandKind
+from futureq.state.layout import (
+    _APPLIED,
+    _DELETING,
+    _DIGEST,
+    _KIND,
+    _LAST_PUBLISH,
+    _NEXT_GROUP,
+    _NODE,
+    _PENDING,
+    _arg,
+    _encode,
+    _pack,
+    _u64,
+    _unpack,
+)
 from futureq.state.manage_ops import (
     BACKFILL_PREFIX,
     KEY_TIME,
     PURGING_PREFIX,
     ManageOps,
     moved_key,
-    out_attempts,
 )
 from futureq.state.model import (
     APPLY_STEP_ITEMS,
@@ -79,54 +97,12 @@ __all__ = [
     "APPLY_STEP_ITEMS",
     "DEFAULT_GROUP",
     "DLQ_SUFFIX",
-    "NEW_TOPIC_WORK",
     "DeletingGroup",
     "GroupInfo",
     "PublishResult",
     "QueueState",
     "ScheduleObserver",
 ]
-
-NEW_TOPIC_WORK: Final = 7
-"""A topic first seen in a batch counts as this many items of work (its group lookup)."""
-
-_APPLIED: Final = b"applied_index"
-_DIGEST: Final = b"applied_digest"
-_NEXT_GROUP: Final = b"next_group_id"
-_LAST_PUBLISH: Final = b"last_publish_ms"
-_PENDING: Final = b"pending:"
-_NODE: Final = b"node:"
-_DELETING: Final = b"deleting:"
-
-_pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
-_encode: Final = msgspec.msgpack.Encoder().encode
-"""msgpack of the publish path's records and of the digested changes: the same bytes as
-``_pack`` for every type the state writes (str, bytes, int, None, lists, tuples, dicts
-with bytes or str keys; ``tests/unit/state/test_state_encoding.py``), in about half
-the time per call (msgspec's encoder; measured 0.45 against 0.94 µs per message record)."""
-_NEW_ENTRY: Final = _pack([0, None])
-"""The value of a fresh schedule entry without expiry (attempt 0), packed once."""
-
-
-_TOPIC: Final = itemgetter(0)
-_PAYLOAD: Final = itemgetter(1)
-_DUE: Final = itemgetter(2)
-_TTL: Final = itemgetter(3)
-_ID_KEY: Final = int.to_bytes
-"""``_ID_KEY(mid, 8)``: a message id's key (big-endian is ``to_bytes``' default)."""
-_SCHEDULE_KEY: Final = commands.pack_schedule_key
-
-_KIND: Final = itemgetter(0)
-"""The kind of an effect tuple: ``"s"`` scheduled, ``"u"`` unscheduled, ``"g"`` group
-changed, ``"n"`` node addresses changed."""
-
-
-def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, use_list=True)
-
-
-def _u64(value: int) -> bytes:
-    return value.to_bytes(8, "big")
 
 
 @attrs.frozen
@@ -203,11 +179,6 @@ class _Unwritten:
     effects: list[tuple[Any, ...]]
     result: Any
     digest: int
-
-
-def _arg(command: list[Any], position: int, default: Any = None) -> Any:
-    """A command's element, or ``default`` for a command written before it existed."""
-    return command[position] if len(command) > position else default
 
 
 class QueueState(ManageOps):
@@ -476,7 +447,8 @@ class QueueState(ManageOps):
         if kind == CommandKind.PUBLISH:
             settings = commands.GroupSettings.from_wire(_arg(command, 3))
             duplicates: dict[int, int] = {}
-            result = yield from self._publish(
+            result = yield from publish.publish(
+                self,
                 txn,
                 index,
                 command[1],
@@ -490,15 +462,18 @@ class QueueState(ManageOps):
             if duplicates:
                 result = PublishResult(result, duplicates)
         elif kind == CommandKind.DELIVERED:
-            result = yield from self._delivered(txn, command[1], _arg(command, 2))
+            result = yield from deliveries.delivered(self, txn, command[1], _arg(command, 2))
         elif kind == CommandKind.RELEASE:
-            result = yield from self._release(txn, command[1], effects)
+            result = yield from deliveries.release(self, txn, command[1], effects)
         elif kind == CommandKind.RETURN_COUNTED:
-            result = yield from self._return_counted(txn, command[1])
+            result = yield from deliveries.return_counted(self, txn, command[1])
         elif kind == CommandKind.ACK:
-            result = yield from self._remove(txn, command[1], CommandKind.ACK, effects, touched)
+            result = yield from deliveries.remove(
+                self, txn, command[1], CommandKind.ACK, effects, touched
+            )
         elif kind == CommandKind.EXPIRE or kind == CommandKind.EXPIRE_COUNTED:
-            result = yield from self._expire(
+            result = yield from deliveries.expire(
+                self,
                 txn,
                 index,
                 command[1],
@@ -509,20 +484,21 @@ class QueueState(ManageOps):
                 _arg(command, 4),
             )
         elif kind == CommandKind.NACK:
-            result = yield from self._nack(txn, index, command, effects, touched)
+            result = yield from deliveries.nack(self, txn, index, command, effects, touched)
         elif kind == CommandKind.DEAD_LETTER_PROVENANCE:
             settings = commands.GroupSettings.from_wire(_arg(command, 3))
-            result = yield from self._dead_letter(
-                txn, index, command[1], command[2], effects, touched, settings
+            result = yield from deliveries.dead_letter(
+                self, txn, index, command[1], command[2], effects, touched, settings
             )
         elif kind == CommandKind.DEAD_LETTER:
             settings = commands.GroupSettings.from_wire(_arg(command, 3))
-            result = yield from self._dead_letter_before_provenance(
-                txn, index, command[1], command[2], effects, touched, settings
+            result = yield from deliveries.dead_letter_before_provenance(
+                self, txn, index, command[1], command[2], effects, touched, settings
             )
         elif kind == CommandKind.CREATE_GROUP:
             settings = commands.GroupSettings.from_wire(_arg(command, 5))
-            result = self._create_group(
+            result = group_changes.create_group(
+                self,
                 txn,
                 index,
                 command[1],
@@ -535,10 +511,12 @@ class QueueState(ManageOps):
                 effects,
             )
         elif kind == CommandKind.DELETE_GROUP:
-            result = self._delete_group(txn, command[1], command[2], effects, touched)
+            result = group_changes.delete_group(self, txn, command[1], command[2], effects, touched)
         elif kind == CommandKind.PURGE_GROUP:
             if command[1] in self.deleting:
-                result = yield from self._purge_group(txn, command[1], command[2], effects, touched)
+                result = yield from group_changes.purge_group(
+                    self, txn, command[1], command[2], effects, touched
+                )
             else:
                 result = yield from self._purge_chunk(txn, command[1], command[2], effects, touched)
         elif kind == CommandKind.NODE_ADDRESS:
@@ -571,7 +549,7 @@ class QueueState(ManageOps):
             if deleting is not None and deleting.pending <= 0:
                 # Its last entries went by another command (an EXPIRE or ACK that was
                 # proposed before the delete): nothing is left to purge.
-                self._forget_deleted(txn, gid, effects)
+                group_changes.forget_deleted(self, txn, gid, effects)
                 touched.discard(gid)
         meta = txn.changes["meta"]
         for gid in sorted(touched):
@@ -729,210 +707,6 @@ class QueueState(ManageOps):
             txn.put("meta", key, _pack([raft_address, client_address]))
         effects.append(("n",))
 
-    def _publish(
-        self,
-        txn: Txn,
-        index: int,
-        publish_ms: int,
-        items: list[list[Any]],
-        effects: list[tuple[Any, ...]],
-        touched: set[int],
-        settings: commands.GroupSettings,
-        window_ms: int = 0,
-        duplicates: dict[int, int] | None = None,
-    ) -> Generator[None, None, int]:
-        """Store a batch of items (``[topic, payload, due_ms, ttl_ms, headers?, key?]``)
-        as messages ``message_id(index, position)``, each for every group of its topic.
-
-        An item whose idempotency key still names a message is not stored; its
-        position maps to that message's id in ``duplicates``.
-        """
-        assert len(items) <= commands.MAX_BATCH_POSITIONS
-        self._note_publish_ms(txn, publish_ms)
-        first_id = commands.message_id(index, 0)
-        if max(map(len, items), default=0) == 4:
-            plain = self._plain_targets(items)
-            if plain is not None:
-                yield from self._publish_plain(
-                    txn, first_id, publish_ms, items, plain, effects, touched
-                )
-                if window_ms:
-                    yield from self._prune_idempotency_keys(txn, publish_ms, window_ms)
-                return first_id
-        targets: dict[str, list[GroupInfo]] = {}
-        # Every other batch (new topics, fan-out, headers, keys, dead letters): one pass,
-        # every per-message cost inlined (the record, the entry keys, the effects),
-        # group counters added once per batch.
-        messages = txn.changes["messages"]
-        schedule = txn.changes["schedule"]
-        schedule_key = commands.pack_schedule_key
-        encode_message = records.encode_message
-        append = effects.append
-        stored: dict[int, int] = {}
-        work = 0
-        for position, item in enumerate(items):
-            work += 1
-            if work >= APPLY_STEP_ITEMS:
-                work = 0
-                yield
-            topic = item[0]
-            mid = first_id + position
-            extra = len(item) > 4
-            if extra and len(item) > 5 and item[5] is not None:
-                original = self._claim_idempotency_key(
-                    txn, topic, item[5], mid, publish_ms, window_ms
-                )
-                if original is not None:
-                    if duplicates is not None:
-                        duplicates[position] = original
-                    continue
-            groups = targets.get(topic)
-            if groups is None:
-                groups = targets[topic] = self._targets(txn, topic, settings, effects)
-                for info in groups:
-                    stored.setdefault(info.group_id, 0)
-                work += NEW_TOPIC_WORK
-            due_ms = item[2]
-            ttl_ms = item[3]
-            if ttl_ms is None:
-                expire_ms = None
-                value = _NEW_ENTRY
-            else:
-                expire_ms = due_ms + ttl_ms
-                value = _encode([0, expire_ms])
-            headers = item[4] if extra else None
-            if headers or ttl_ms is not None:
-                record = encode_message(
-                    topic, item[1], publish_ms, due_ms, len(groups), headers or None, ttl_ms
-                )
-            else:  # records.encode_message's short form, without the call
-                record = _encode([topic, item[1], publish_ms, due_ms, len(groups)])
-            messages[mid.to_bytes(8, "big")] = record
-            for info in groups:
-                gid = info.group_id
-                schedule[schedule_key(gid, due_ms, mid)] = value
-                stored[gid] += 1
-                append(("s", gid, due_ms, mid, expire_ms, 0))
-        for groups in targets.values():
-            for info in groups:
-                count = stored[info.group_id]
-                if count:
-                    info.pending += count
-                    self.total_pending += count
-                    touched.add(info.group_id)
-        if window_ms:
-            yield from self._prune_idempotency_keys(txn, publish_ms, window_ms)
-        return first_id
-
-    def _plain_targets(self, items: list[list[Any]]) -> dict[str, GroupInfo] | None:
-        """The one group of each topic of ``items``, or None when a topic has no group
-        (it is created mid-batch) or several (fan-out), or the batch has so many topics
-        that looking them all up would be more than a step's work: :meth:`_publish_plain`
-        serves only batches whose items each make one schedule entry in a known group.
-        """
-        topics = set(map(_TOPIC, items))
-        if len(topics) * NEW_TOPIC_WORK >= APPLY_STEP_ITEMS - 1:
-            return None
-        by_topic = self._by_topic
-        groups = self.groups
-        plain: dict[str, GroupInfo] = {}
-        for topic in topics:
-            names = by_topic.get(topic)
-            if names is None or len(names) != 1:
-                return None
-            for gid in names.values():
-                plain[topic] = groups[gid]
-        return plain
-
-    def _publish_plain(
-        self,
-        txn: Txn,
-        first_id: int,
-        publish_ms: int,
-        items: list[list[Any]],
-        plain: dict[str, GroupInfo],
-        effects: list[tuple[Any, ...]],
-        touched: set[int],
-    ) -> Generator[None, None, None]:
-        """:meth:`_publish` of the common batch: items ``[topic, payload, due_ms,
-        ttl_ms]`` (no headers, no idempotency key) whose topics each have one group.
-
-        The same changes, in the same order, and the same effects as the item loop of
-        :meth:`_publish` (so the same stored bytes and digest), but built a step's worth
-        of items at a time by ``map`` and ``zip`` over C functions, without a Python
-        statement per message (the loop was most of the apply's own time: bench.apply_cost).
-        msgspec encodes the tuples ``zip`` makes as the lists the loop encodes. Steps
-        end where the loop's would when every topic shows up in its first step (the
-        loop counts :data:`NEW_TOPIC_WORK` for each topic's lookup, done here first).
-        """
-        messages = txn.changes["messages"]
-        schedule = txn.changes["schedule"]
-        gid_of = {topic: info.group_id for topic, info in plain.items()}
-        only = next(iter(plain)) if len(plain) == 1 else None
-        count = len(items)
-        start = 0
-        stop = max(1, APPLY_STEP_ITEMS - 1 - NEW_TOPIC_WORK * len(plain))
-        while True:
-            chunk = items[start:stop]
-            topics: Iterable[str]
-            gids: Iterable[int]
-            if only is None:
-                topics = list(map(_TOPIC, chunk))
-                gids = list(map(gid_of.__getitem__, topics))
-            else:  # one topic: no column of it to build (zip and map stop at the others')
-                topics = repeat(only)
-                gids = repeat(gid_of[only])
-            dues = list(map(_DUE, chunk))
-            ttls = list(map(_TTL, chunk))
-            ids = range(first_id + start, first_id + start + len(chunk))
-            payloads = map(_PAYLOAD, chunk)
-            records: Iterable[tuple[Any, ...]]
-            values: Iterable[bytes]
-            expires: Iterable[int | None]
-            without_ttl = ttls.count(None)
-            if without_ttl == len(chunk):
-                records = zip(topics, payloads, repeat(publish_ms), dues, repeat(1), strict=False)
-                values = repeat(_NEW_ENTRY)
-                expires = repeat(None)
-            elif without_ttl == 0:  # records.encode_message's layout with a TTL
-                records = zip(
-                    topics,
-                    payloads,
-                    repeat(publish_ms),
-                    dues,
-                    repeat(1),
-                    repeat(None),
-                    ttls,
-                    strict=False,
-                )
-                expires = list(map(add, dues, ttls))
-                values = map(_encode, zip(repeat(0), expires, strict=False))
-            else:  # some items with a TTL: per item, as the loop does
-                expires = [
-                    None if ttl is None else due + ttl for due, ttl in zip(dues, ttls, strict=True)
-                ]
-                records = [
-                    (topic, payload, publish_ms, due, 1)
-                    if ttl is None
-                    else (topic, payload, publish_ms, due, 1, None, ttl)
-                    for topic, payload, due, ttl in zip(topics, payloads, dues, ttls, strict=False)
-                ]
-                values = [_NEW_ENTRY if at is None else _encode([0, at]) for at in expires]
-            messages.update(zip(map(_ID_KEY, ids, repeat(8)), map(_encode, records), strict=False))
-            schedule.update(zip(map(_SCHEDULE_KEY, gids, dues, ids), values, strict=False))
-            effects.extend(zip(repeat("s"), gids, dues, ids, expires, repeat(0), strict=False))
-            if stop >= count:
-                break
-            yield
-            start = stop
-            stop += APPLY_STEP_ITEMS
-        counts = dict.fromkeys(plain, count) if len(plain) == 1 else Counter(map(_TOPIC, items))
-        for topic, stored in counts.items():
-            info = plain[topic]
-            info.pending += stored
-            self.total_pending += stored
-            touched.add(info.group_id)
-
     def _note_publish_ms(self, txn: Txn, publish_ms: int) -> None:
         """Remember the largest publish stamp committed (a new leader never stamps below)."""
         if publish_ms > self.last_publish_ms:
@@ -968,73 +742,6 @@ class QueueState(ManageOps):
             touched.add(gid)
             effects.append(("s", gid, due_ms, mid, expire_ms, 0))
 
-    def _targets(
-        self,
-        txn: Txn,
-        topic: str,
-        settings: commands.GroupSettings,
-        effects: list[tuple[Any, ...]],
-    ) -> list[GroupInfo]:
-        groups = self.topic_groups(topic)
-        if not groups:
-            groups = [
-                self._new_group(
-                    txn,
-                    topic,
-                    DEFAULT_GROUP,
-                    settings.visibility_timeout_ms,
-                    settings.max_deliveries,
-                    True,
-                    effects,
-                    settings.dead_letter_expired,
-                )
-            ]
-        return groups
-
-    def _new_group(
-        self,
-        txn: Txn,
-        topic: str,
-        name: str,
-        visibility_timeout_ms: int,
-        max_deliveries: int,
-        implicit: bool,
-        effects: list[tuple[Any, ...]],
-        dead_letter_expired: bool = False,
-    ) -> GroupInfo:
-        gid = self._next_group_id
-        self._next_group_id += 1
-        txn.put("meta", _NEXT_GROUP, self._next_group_id.to_bytes(8, "big"))
-        info = GroupInfo(
-            gid,
-            topic,
-            name,
-            visibility_timeout_ms,
-            max_deliveries,
-            implicit,
-            dead_letter_expired=dead_letter_expired,
-        )
-        self._store_group(txn, info)
-        self.groups[gid] = info
-        self._by_topic.setdefault(topic, {})[name] = gid
-        effects.append(("g", gid))
-        return info
-
-    @staticmethod
-    def _group_key(topic: str, name: str) -> bytes:
-        return f"{topic}\x00{name}".encode()
-
-    def _store_group(self, txn: Txn, info: GroupInfo) -> None:
-        value: list[Any] = [
-            info.group_id,
-            info.visibility_timeout_ms,
-            info.max_deliveries,
-            info.implicit,
-        ]
-        if info.dead_letter_expired:
-            value.append(True)
-        txn.put("groups", self._group_key(info.topic, info.name), _pack(value))
-
     def _drop_entry(
         self,
         txn: Txn,
@@ -1066,213 +773,9 @@ class QueueState(ManageOps):
         elif gid in self.deleting:
             self.deleting[gid].pending -= 1
             touched.add(gid)
-        self._release_message(txn, mid, gid, due_ms, message)
+        deliveries.release_message(self, txn, mid, gid, due_ms, message)
         effects.append(("u", gid, due_ms, mid, reason))
         return gid, mid, attempt, expire_ms
-
-    def _release_message(
-        self, txn: Txn, mid: int, gid: int, due_ms: int, data: bytes | None = None
-    ) -> None:
-        """One entry of ``mid`` (in group ``gid``, due at ``due_ms``) is gone: count it
-        out, forget where it moved, and delete the message with its last entry.
-        ``data``: the message's stored bytes if the caller just read them."""
-        mkey = _u64(mid)
-        if data is None or mkey in txn.changes["messages"]:
-            data = txn.get("messages", mkey)
-        assert data is not None, f"schedule entry without message {mid}"
-        record = _unpack(data)
-        record[4] -= 1
-        if due_ms != record[3]:
-            txn.put("index", moved_key(mid, gid), None)
-        txn.put("messages", mkey, None if record[4] <= 0 else _pack(record))
-
-    def _remove(
-        self,
-        txn: Txn,
-        keys: list[bytes],
-        reason: CommandKind,
-        effects: list[tuple[Any, ...]],
-        touched: set[int],
-    ) -> Generator[None, None, int]:
-        done = 0
-        for position, key in enumerate(keys):
-            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
-                yield
-            if self._drop_entry(txn, key, reason, effects, touched) is not None:
-                done += 1
-        return done
-
-    def _expire(
-        self,
-        txn: Txn,
-        index: int,
-        keys: list[bytes],
-        publish_ms: int | None,
-        settings: commands.GroupSettings,
-        effects: list[tuple[Any, ...]],
-        touched: set[int],
-        out_deliveries: Any = None,
-    ) -> Generator[None, None, int]:
-        """Remove expired entries; those of a ``dead_letter_expired`` group go to its
-        dead-letter topic (reason ``expired``), or are parked on a dead-letter topic,
-        their attempt raised to what ``out_deliveries`` (EXPIRE_COUNTED) says went out."""
-        done = 0
-        dead: list[list[Any]] = []
-        known = out_attempts(out_deliveries)
-        for position, key in enumerate(keys):
-            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
-                yield
-            info = self.groups.get(commands.parse_schedule_key(key)[0])
-            if publish_ms is not None and info is not None and info.dead_letter_expired:
-                value = txn.get("schedule", key)
-                if value is None:
-                    continue
-                entry = EntryValue.decode(value)
-                entry.attempt = max(entry.attempt, known.get(key, 0))
-                if self._dead_letter_entry(
-                    txn,
-                    key,
-                    info,
-                    entry,
-                    records.REASON_EXPIRED,
-                    None,
-                    publish_ms,
-                    dead,
-                    effects,
-                    touched,
-                ):
-                    done += 1
-            elif self._drop_entry(txn, key, CommandKind.EXPIRE, effects, touched) is not None:
-                done += 1
-        if dead:
-            assert publish_ms is not None
-            yield from self._publish(txn, index, publish_ms, dead, effects, touched, settings)
-        return done
-
-    def _delivered(
-        self, txn: Txn, entries: list[list[Any]], now_ms: int | None
-    ) -> Generator[None, None, int]:
-        """Record the attempt number (and time) of redeliveries about to be pushed; an
-        attempt is never lowered."""
-        done = 0
-        for position, item in enumerate(entries):
-            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
-                yield
-            key, attempt = item[0], item[1]
-            value = txn.get("schedule", key)
-            if value is None:
-                continue  # acked, expired or deleted meanwhile
-            entry = EntryValue.decode(value)
-            if attempt > entry.attempt:
-                entry.attempt = attempt
-                if now_ms is not None:
-                    entry.record_delivery(item[2] if len(item) > 2 else None, now_ms)
-                txn.put("schedule", key, entry.encode())
-                done += 1
-        return done
-
-    def _return_counted(self, txn: Txn, entries: list[list[Any]]) -> Generator[None, None, int]:
-        """Record deliveries that went out unrecorded and count (RETURN_COUNTED): the
-        attempt is raised, never lowered, and ``pushed_ms`` becomes a delivery time; the
-        entry stays where it is (the leader's index already has it due again)."""
-        done = 0
-        for position, item in enumerate(entries):
-            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
-                yield
-            key, attempt, pushed_ms = item[0], item[1], item[2]
-            value = txn.get("schedule", key)
-            if value is None:
-                continue  # acked, expired, moved or deleted meanwhile
-            entry = EntryValue.decode(value)
-            if attempt > entry.attempt:
-                entry.attempt = attempt
-                entry.record_delivery(pushed_ms, pushed_ms)
-                txn.put("schedule", key, entry.encode())
-                done += 1
-        return done
-
-    def _release(
-        self, txn: Txn, entries: list[list[Any]], effects: list[tuple[Any, ...]]
-    ) -> Generator[None, None, int]:
-        """Give deliveries back unprocessed: due again at once, the attempt not counted.
-
-        The release records the attempt (a first delivery is not recorded before it
-        goes out); an attempt older than the one recorded, or released already, names
-        a delivery that is no longer out and changes nothing.
-        """
-        done = 0
-        for position, (key, attempt) in enumerate(entries):
-            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
-                yield
-            value = txn.get("schedule", key)
-            if value is None:
-                continue
-            entry = EntryValue.decode(value)
-            if attempt < max(entry.attempt, 1) or entry.released_attempt == attempt:
-                continue
-            gid, due_ms, mid = commands.parse_schedule_key(key)
-            entry.attempt = attempt
-            entry.released += 1
-            entry.released_attempt = attempt
-            txn.put("schedule", key, entry.encode())
-            effects.append(("u", gid, due_ms, mid, CommandKind.RELEASE))
-            effects.append(("s", gid, due_ms, mid, entry.expire_ms, attempt, entry.released))
-            done += 1
-        return done
-
-    def _nack(
-        self,
-        txn: Txn,
-        index: int,
-        command: list[Any],
-        effects: list[tuple[Any, ...]],
-        touched: set[int],
-    ) -> Generator[None, None, int]:
-        """Refused deliveries: due again after the delay, or dead-lettered at once
-        (``dead_letter``: reason ``rejected``), the consumer's reason text kept."""
-        now_ms, requeue_delay_ms, entries = command[1], command[2], command[3]
-        reason: str | None = _arg(command, 4)
-        to_dead_letter = bool(_arg(command, 5, False))
-        settings = commands.GroupSettings.from_wire(_arg(command, 6))
-        done = 0
-        dead: list[list[Any]] = []
-        for position, item in enumerate(entries):
-            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
-                yield
-            key, attempt = item[0], item[1]
-            pushed_ms = item[2] if len(item) > 2 else None
-            value = txn.get("schedule", key)
-            if value is None:
-                continue
-            gid, due_ms, mid = commands.parse_schedule_key(key)
-            entry = EntryValue.decode(value)
-            entry.attempt = max(attempt, entry.attempt)
-            if pushed_ms is not None:
-                entry.record_delivery(pushed_ms, pushed_ms)
-            if reason is not None:
-                entry.reason = reason
-            info = self.groups.get(gid)
-            if to_dead_letter and info is not None:
-                if self._dead_letter_entry(
-                    txn,
-                    key,
-                    info,
-                    entry,
-                    records.REASON_REJECTED,
-                    reason,
-                    now_ms,
-                    dead,
-                    effects,
-                    touched,
-                ):
-                    done += 1
-                continue
-            new_due = max(now_ms + requeue_delay_ms, due_ms)
-            self._move_entry(txn, key, gid, due_ms, mid, new_due, entry, CommandKind.NACK, effects)
-            done += 1
-        if dead:
-            yield from self._publish(txn, index, now_ms, dead, effects, touched, settings)
-        return done
 
     def _move_entry(
         self,
@@ -1303,218 +806,3 @@ class QueueState(ManageOps):
             effects.append(("s", gid, new_due, mid, entry.expire_ms, entry.attempt, entry.released))
         else:
             effects.append(("s", gid, new_due, mid, entry.expire_ms, entry.attempt))
-
-    def _dead_letter(
-        self,
-        txn: Txn,
-        index: int,
-        publish_ms: int,
-        entries: list[list[Any]],
-        effects: list[tuple[Any, ...]],
-        touched: set[int],
-        settings: commands.GroupSettings,
-    ) -> Generator[None, None, int]:
-        """Entries out of attempts go to their dead-letter topic with their provenance
-        in headers (reason ``max-deliveries``); those of a dead-letter topic are parked."""
-        items: list[list[Any]] = []
-        for position, item in enumerate(entries):
-            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
-                yield
-            key, attempt = item[0], item[1]
-            first_ms = item[2] if len(item) > 2 else None
-            info = self.groups.get(commands.parse_schedule_key(key)[0])
-            value = txn.get("schedule", key)
-            if info is None or value is None:
-                continue
-            entry = EntryValue.decode(value)
-            entry.attempt = max(attempt, entry.attempt)
-            entry.record_delivery(first_ms, first_ms if entry.last_delivery_ms is None else None)
-            self._dead_letter_entry(
-                txn,
-                key,
-                info,
-                entry,
-                records.REASON_MAX_DELIVERIES,
-                None,
-                publish_ms,
-                items,
-                effects,
-                touched,
-            )
-        if not items:
-            return commands.message_id(index, 0)
-        return (yield from self._publish(txn, index, publish_ms, items, effects, touched, settings))
-
-    def _dead_letter_before_provenance(
-        self,
-        txn: Txn,
-        index: int,
-        publish_ms: int,
-        entries: list[list[Any]],
-        effects: list[tuple[Any, ...]],
-        touched: set[int],
-        settings: commands.GroupSettings,
-    ) -> Generator[None, None, int]:
-        """DEAD_LETTER (kind 5) exactly as builds before issue 14 applied it, so their
-        logs replay to the same state: each entry goes to its dead-letter topic as a
-        plain message (no headers, attempts not recorded); an entry of a group without
-        a dead-letter topic (one of a dead-letter topic) is left as it is."""
-        items: list[list[Any]] = []
-        for position, item in enumerate(entries):
-            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
-                yield
-            key = item[0]
-            gid, _, mid = commands.parse_schedule_key(key)
-            record = self._record(txn, mid)
-            info = self.groups.get(gid)
-            if record is None or info is None or info.dead_letter_topic is None:
-                continue
-            if self._drop_entry(txn, key, CommandKind.DEAD_LETTER, effects, touched) is None:
-                continue
-            items.append([info.dead_letter_topic, record.payload, publish_ms, None])
-        if not items:
-            return commands.message_id(index, 0)
-        return (yield from self._publish(txn, index, publish_ms, items, effects, touched, settings))
-
-    def _create_group(
-        self,
-        txn: Txn,
-        index: int,
-        topic: str,
-        name: str,
-        visibility_timeout_ms: int | None,
-        max_deliveries: int | None,
-        settings: commands.GroupSettings,
-        dead_letter_expired: bool | None,
-        from_backlog: bool,
-        effects: list[tuple[Any, ...]],
-    ) -> int:
-        """Create, adopt or update a group.
-
-        A None field keeps the value of an existing (or adopted implicit) group; a
-        new group takes it from ``settings``, the defaults the leader resolved. A new
-        group ``from_backlog`` starts a backfill job (:meth:`_start_backfill`).
-        """
-        existing = self.find_group(topic, name)
-        if existing is None:
-            groups = self.topic_groups(topic)
-            if len(groups) == 1 and groups[0].implicit:
-                # Adopt the implicit group: it holds what was published before any
-                # consumer existed (DESIGN.md, "a message published before any
-                # consumer ever connected is not lost").
-                existing = groups[0]
-                txn.put("groups", self._group_key(topic, existing.name), None)
-                del self._by_topic[topic][existing.name]
-                existing.name = name
-                self._by_topic[topic][name] = existing.group_id
-            else:
-                info = self._new_group(
-                    txn,
-                    topic,
-                    name,
-                    settings.visibility_timeout_ms
-                    if visibility_timeout_ms is None
-                    else visibility_timeout_ms,
-                    settings.max_deliveries if max_deliveries is None else max_deliveries,
-                    False,
-                    effects,
-                    settings.dead_letter_expired
-                    if dead_letter_expired is None
-                    else dead_letter_expired,
-                )
-                if from_backlog and groups:
-                    self._start_backfill(txn, index, info, groups)
-                return info.group_id
-        existing.implicit = False
-        if visibility_timeout_ms is not None:
-            existing.visibility_timeout_ms = visibility_timeout_ms
-        if max_deliveries is not None:
-            existing.max_deliveries = max_deliveries
-        if dead_letter_expired is not None:
-            existing.dead_letter_expired = dead_letter_expired
-        self._store_group(txn, existing)
-        effects.append(("g", existing.group_id))
-        return existing.group_id
-
-    def _delete_group(
-        self, txn: Txn, topic: str, name: str, effects: list[tuple[Any, ...]], touched: set[int]
-    ) -> bool:
-        """Delete a group at once; its schedule entries go later, by PURGE_GROUP chunks.
-
-        The group disappears from :attr:`groups` (no delivery, no new entries, its name
-        free for a new group); it waits in :attr:`deleting` until purged, so one
-        command never has to remove an unbounded number of entries. A purge or
-        backfill of it in progress ends.
-        """
-        info = self.find_group(topic, name)
-        if info is None:
-            return False
-        gid = info.group_id
-        txn.put("groups", self._group_key(topic, name), None)
-        del self.groups[gid]
-        del self._by_topic[topic][name]
-        if not self._by_topic[topic]:
-            del self._by_topic[topic]
-        self.total_pending -= info.pending
-        self._end_jobs(txn, gid)
-        if info.pending > 0:
-            self.deleting[gid] = DeletingGroup(gid, topic, name, info.pending)
-            txn.put("meta", _DELETING + gid.to_bytes(4, "big"), _pack([topic, name, None]))
-        else:
-            txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
-            touched.discard(gid)
-        effects.append(("g", gid))
-        return True
-
-    def _purge_group(
-        self,
-        txn: Txn,
-        gid: int,
-        max_entries: int,
-        effects: list[tuple[Any, ...]],
-        touched: set[int],
-    ) -> Generator[None, None, int]:
-        """Remove up to ``max_entries`` (capped) schedule entries of a deleted group.
-
-        The entries are the group's first in key order after the replicated cursor,
-        the same on every replica (a deleted group's entries only ever move later: a
-        NACK applied after the delete reschedules at or after the entry's due time).
-        Once none is left the group is forgotten.
-        """
-        deleting = self.deleting.get(gid)
-        if deleting is None:
-            return 0
-        limit = max(1, min(max_entries, commands.MAX_PURGE_ENTRIES))
-        cursor = deleting.cursor
-        start = gid.to_bytes(4, "big") if cursor is None else cursor + b"\x00"
-        stop = (gid + 1).to_bytes(4, "big")
-        done = 0
-        last: bytes | None = None
-        for position, (key, value) in enumerate(self.store.scan("schedule", start, stop)):
-            if done >= limit:
-                break
-            if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
-                yield
-            dropped = self._drop_entry(txn, key, CommandKind.PURGE_GROUP, effects, touched, value)
-            if dropped is not None:
-                done += 1
-                last = key
-        if last is not None and deleting.pending > 0:
-            deleting.cursor = last
-            txn.put(
-                "meta",
-                _DELETING + gid.to_bytes(4, "big"),
-                _pack([deleting.topic, deleting.name, last]),
-            )
-        if done < limit and deleting.pending > 0:
-            # Nothing on disk, whatever the count says: the group is gone for good.
-            deleting.pending = 0
-            touched.add(gid)
-        return done
-
-    def _forget_deleted(self, txn: Txn, gid: int, effects: list[tuple[Any, ...]]) -> None:
-        """A deleted group has no entry left: forget it for good."""
-        del self.deleting[gid]
-        txn.put("meta", _DELETING + gid.to_bytes(4, "big"), None)
-        txn.put("meta", _PENDING + gid.to_bytes(4, "big"), None)
-        effects.append(("g", gid))

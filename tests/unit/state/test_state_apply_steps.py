@@ -10,7 +10,7 @@ import pytest
 from state_helpers import Recorder, StoreKit, dump, group_snapshot
 
 from futureq.errors import NoSpaceError
-from futureq.state import commands
+from futureq.state import commands, publish
 from futureq.state.queue_state import APPLY_STEP_ITEMS, QueueState
 from futureq.state.store import Changes, MemoryStore
 
@@ -148,7 +148,7 @@ def test_the_plain_publish_path_leaves_what_the_item_loop_leaves(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Batches of known one-group topics without headers or keys take
-    ``QueueState._publish_plain``: the stored bytes, the digests, the results, the
+    ``publish.publish_plain``: the stored bytes, the digests, the results, the
     observer's calls and the number of steps are those of the item loop, which every
     other batch takes (TTLs all, none or some; several steps; several topics; a
     dead-letter batch; fan-out and new topics fall back to the loop)."""
@@ -187,7 +187,7 @@ def _plain_then_loop(
     runs = []
     for plain in (True, False):
         if not plain:
-            monkeypatch.setattr(QueueState, "_plain_targets", lambda self, items: None)
+            monkeypatch.setattr(publish, "plain_targets", lambda state, items: None)
         state = QueueState(MemoryStore())
         recorder = Recorder(state)
         results = [run_steps(state, index, data) for index, data in enumerate(history, 1)]
@@ -200,7 +200,7 @@ def _plain_then_loop(
 def test_the_plain_publish_path_matches_the_item_loop_on_edge_batches(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Batches tried while trying to break ``_publish_plain``: sizes around a step
+    """Batches tried while trying to break ``publish_plain``: sizes around a step
     (1, 127, 128, 129, 10,000), TTL 0 beside none, non-ASCII and repeated topics, empty
     and 1 MiB payloads, a topic whose only group was deleted, a dead-letter topic, a new
     topic beside known ones. Same bytes, digest, results and observer calls."""
@@ -220,13 +220,13 @@ def test_the_plain_publish_path_matches_the_item_loop_on_edge_batches(
         commands.publish(909, [("a.dlq", b"", 10, None)] * 200),
     ]
     plain_batches: list[int] = []
-    original = QueueState._publish_plain
+    original = publish.publish_plain
 
     def counted(self: QueueState, *args: Any) -> Any:
         plain_batches.append(len(args[3]))
         return original(self, *args)
 
-    monkeypatch.setattr(QueueState, "_publish_plain", counted)
+    monkeypatch.setattr(publish, "publish_plain", counted)
     # Steps may differ here: a topic first seen late in a batch ends the loop's step
     # sooner than the plain path's (they only decide when the event loop gets a turn).
     runs = _plain_then_loop(monkeypatch, history, steps=False)

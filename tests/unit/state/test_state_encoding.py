@@ -16,7 +16,7 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from futureq.state import commands, queue_state
+from futureq.state import commands, layout
 
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
@@ -49,7 +49,7 @@ _values = st.recursive(
 @settings(max_examples=200, deadline=None)
 @given(_values)
 def test_msgspec_encodes_every_state_type_as_msgpack_does(value: Any) -> None:
-    assert queue_state._encode(value) == _pack(value)
+    assert layout._encode(value) == _pack(value)
 
 
 @settings(max_examples=100, deadline=None)
@@ -60,19 +60,19 @@ def test_msgspec_encodes_every_state_type_as_msgpack_does(value: Any) -> None:
     )
 )
 def test_the_digested_changes_are_encoded_as_msgpack_does(changes: Any) -> None:
-    assert queue_state._encode(changes) == _pack(changes)
+    assert layout._encode(changes) == _pack(changes)
 
 
 def test_lengths_at_the_bounds_of_each_msgpack_length_encoding() -> None:
     for size in (0, 15, 16, 31, 32, 255, 256, 65535, 65536):
         text, raw = "t" * size, b"b" * size
-        assert queue_state._encode(text) == _pack(text)
-        assert queue_state._encode(raw) == _pack(raw)
+        assert layout._encode(text) == _pack(text)
+        assert layout._encode(raw) == _pack(raw)
         if size <= 65536:
             items = list(range(size % 70_000))
-            assert queue_state._encode(items) == _pack(items)
+            assert layout._encode(items) == _pack(items)
             mapping = {i.to_bytes(4, "big"): None for i in range(size)}
-            assert queue_state._encode(mapping) == _pack(mapping)
+            assert layout._encode(mapping) == _pack(mapping)
 
 
 def test_the_applied_digest_and_the_records_are_msgpack_of_what_was_written() -> None:
