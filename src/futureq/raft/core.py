@@ -440,7 +440,7 @@ class RaftCore:
             RequestError: ``INVALID_ARGUMENT`` if the change does not fit the
                 current membership (e.g. promoting a node that is not a learner);
                 ``QUORUM_AT_RISK`` if the voters after it would not include a majority
-                this leader heard from lately (:meth:`_check_quorum_after`).
+                this leader heard from lately (:func:`leader.check_quorum_after`).
         """
         self._check_no_outstanding_ready()
         if self.role is not Role.LEADER:

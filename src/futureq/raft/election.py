@@ -203,7 +203,7 @@ def yields_to(core: RaftCore, message: RequestVote) -> bool:
 
 
 def vote_refusal(core: RaftCore, message: RequestVote, up_to_date: bool) -> str:
-    """Why :meth:`_handle_request_vote` refuses ``message`` (for the debug log)."""
+    """Why :func:`handle_request_vote` refuses ``message`` (for the debug log)."""
     if core.recovering:
         return "this node is recovering after its start"
     if core.removed_at is not None:

@@ -141,7 +141,7 @@ def publish(
 def plain_targets(state: QueueState, items: list[list[Any]]) -> dict[str, GroupInfo] | None:
     """The one group of each topic of ``items``, or None when a topic has no group
     (it is created mid-batch) or several (fan-out), or the batch has so many topics
-    that looking them all up would be more than a step's work: :meth:`_publish_plain`
+    that looking them all up would be more than a step's work: :func:`publish_plain`
     serves only batches whose items each make one schedule entry in a known group.
     """
     topics = set(map(_TOPIC, items))
@@ -169,11 +169,11 @@ def publish_plain(
     effects: list[tuple[Any, ...]],
     touched: set[int],
 ) -> Generator[None, None, None]:
-    """:meth:`_publish` of the common batch: items ``[topic, payload, due_ms,
+    """:func:`publish` of the common batch: items ``[topic, payload, due_ms,
     ttl_ms]`` (no headers, no idempotency key) whose topics each have one group.
 
     The same changes, in the same order, and the same effects as the item loop of
-    :meth:`_publish` (so the same stored bytes and digest), but built a step's worth
+    :func:`publish` (so the same stored bytes and digest), but built a step's worth
     of items at a time by ``map`` and ``zip`` over C functions, without a Python
     statement per message (the loop was most of the apply's own time: bench.apply_cost).
     msgspec encodes the tuples ``zip`` makes as the lists the loop encodes. Steps
