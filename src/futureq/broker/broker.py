@@ -73,6 +73,11 @@ MAX_NACK_REASON_BYTES = 256
 STATUS_STEP_TOPICS = 500
 """Topics a status looks at between two yields to the event loop."""
 PROMOTE_TIMEOUT_S = 600
+RECORD_BEFORE_HANDOVER_S = 5.0
+"""Longest a leader handing over (shutdown, transfer, balancing) waits to record the
+attempts of its first deliveries out (s): a log that cannot commit (no quorum) fails
+its proposals within an election timeout or two (check-quorum), so this bounds only
+what should not happen; past it the handover goes on without them."""
 PROMOTE_LAG_ENTRIES = 64
 """A learner this close to the commit index is promoted to voter (entries)."""
 
@@ -702,11 +707,24 @@ class Broker:
         """Before this leader hands over (shutdown, transfer): stop handing out and make
         the attempts of first deliveries out or given back durable, so they count on the
         next leader or after a restart (``docs/protocol.md``, UNSUBSCRIBE). Best effort:
-        a log that refuses (leadership already lost) is logged, not raised."""
-        try:
-            recorded = await self.dispatcher.hold_and_record()
-        except FutureQError as exc:
-            log.warning("could not record the first deliveries out before handing over: %s", exc)
+        a log that refuses (leadership already lost) is logged, not raised, and so is one
+        that has not committed them within :data:`RECORD_BEFORE_HANDOVER_S`."""
+        recorded = 0
+        with trio.move_on_after(RECORD_BEFORE_HANDOVER_S) as waited:
+            try:
+                recorded = await self.dispatcher.hold_and_record()
+            except FutureQError as exc:
+                log.warning(
+                    "could not record the first deliveries out before handing over: %s", exc
+                )
+                return
+        if waited.cancelled_caught:
+            log.warning(
+                "the first deliveries out were not recorded within %g s (the log did not "
+                "commit); handing over without them: their next delivery may repeat an "
+                "attempt number",
+                RECORD_BEFORE_HANDOVER_S,
+            )
             return
         if recorded:
             log.info(
