@@ -50,6 +50,7 @@ import functools
 import hmac
 import json
 import logging
+import math
 import pathlib
 import ssl
 import urllib.parse
@@ -81,6 +82,8 @@ DEFAULT_MAX_HTTP_CONNECTIONS = 128
 """``limits.max_http_connections``'s default (see :func:`serve_http`)."""
 DEFAULT_HTTP_IDLE_TIMEOUT_MS = 5_000
 """``limits.http_idle_timeout_ms``'s default (hypercorn's own keep-alive default)."""
+DEFAULT_SEND_TIMEOUT_MS = 30_000
+"""``limits.send_timeout_ms``'s default (see :func:`serve_http`)."""
 
 #: How long a graceful HTTP shutdown (``shutdown_trigger``) waits for open requests (s).
 GRACEFUL_TIMEOUT_S = 1.0
@@ -572,6 +575,7 @@ async def serve_http(
     listen_fd: int | None = None,
     max_connections: int = DEFAULT_MAX_HTTP_CONNECTIONS,
     idle_timeout_ms: int = DEFAULT_HTTP_IDLE_TIMEOUT_MS,
+    send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the HTTP endpoints on ``address`` until cancelled (or ``shutdown_trigger``).
@@ -609,6 +613,8 @@ async def serve_http(
             complete request head this long after it opened or after its last answer is
             closed (keep-alive idleness and slowloris alike); also the TLS handshake's
             deadline.
+        send_timeout_ms: ``limits.send_timeout_ms``: a write to a client blocked this
+            long (it does not read its answer) closes the connection.
         task_status: Receives the bound ``"host:port"`` (``"[::1]:port"`` for IPv6)
             once the socket listens.
 
@@ -635,6 +641,7 @@ async def serve_http(
         listen_fd=listen_fd,
         max_connections=max_connections,
         idle_timeout_ms=idle_timeout_ms,
+        send_timeout_ms=send_timeout_ms,
         task_status=task_status,
     )
 
@@ -649,6 +656,7 @@ async def serve_app(
     listen_fd: int | None = None,
     max_connections: int = DEFAULT_MAX_HTTP_CONNECTIONS,
     idle_timeout_ms: int = DEFAULT_HTTP_IDLE_TIMEOUT_MS,
+    send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS,
     announce: bool = True,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -681,7 +689,12 @@ async def serve_app(
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
             functools.partial(
-                _serve_capped, app, config, max_connections, shutdown_trigger=shutdown_trigger
+                _serve_capped,
+                app,
+                config,
+                max_connections,
+                send_timeout_s=send_timeout_ms / 1000,
+                shutdown_trigger=shutdown_trigger,
             )
         )
         bound = _host_port(binds[0])
@@ -751,6 +764,7 @@ async def _serve_capped(
     config: HypercornConfig,
     max_connections: int,
     *,
+    send_timeout_s: float = math.inf,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -835,22 +849,26 @@ async def _serve_capped(
                 answer_after_eof_s=config.keep_alive_timeout
             )
             with connection_end.cancel_scope:
-                served: trio.abc.Stream = http_connection.EndingStream(stream, connection_end)
-                if ssl_context is not None:
-                    served = trio.SSLStream(
-                        served, ssl_context, server_side=True, https_compatible=True
+                # A write hypercorn shields from cancellation ends with the connection.
+                async with http_connection.writes_end_with_the_connection(stream):
+                    served: trio.abc.Stream = http_connection.EndingStream(
+                        stream, connection_end, send_timeout_s
                     )
-                # This task's context, inherited by hypercorn's tasks and the app's.
-                websocket.TRANSPORT.set(stream)
-                websocket.SLOTS.set(websocket_slots)
-                http_connection.CURRENT.set(connection_end)
-                await http_protocol.ScreeningTCPServer(
-                    wrapped,
-                    config,
-                    context,
-                    ConnectionState({}),
-                    served,  # type: ignore[arg-type]
-                )
+                    if ssl_context is not None:
+                        served = trio.SSLStream(
+                            served, ssl_context, server_side=True, https_compatible=True
+                        )
+                    # This task's context, inherited by hypercorn's tasks and the app's.
+                    websocket.TRANSPORT.set(stream)
+                    websocket.SLOTS.set(websocket_slots)
+                    http_connection.CURRENT.set(connection_end)
+                    await http_protocol.ScreeningTCPServer(
+                        wrapped,
+                        config,
+                        context,
+                        ConnectionState({}),
+                        served,  # type: ignore[arg-type]
+                    )
         except* Exception as failure:
             # This task runs in the server's nursery: an error leaving it would cancel
             # the server and stop the node (a WebSocket upgrade with a body did, through

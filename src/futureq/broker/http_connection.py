@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import trio
 
@@ -126,6 +126,29 @@ class ConnectionEnd:
             self.end()
 
 
+@contextlib.asynccontextmanager
+async def writes_end_with_the_connection(transport: trio.SocketStream) -> AsyncIterator[None]:
+    """Close ``transport``'s socket as soon as the block inside is cancelled (the
+    connection's end, the server stopping), and when it is done.
+
+    Hypercorn shields every write from cancellation (``TCPServer.protocol_send``), so a
+    write blocked on a client that does not read held its task, and with it the
+    connection's slot and the stop of the whole HTTP server (a node's graceful shutdown
+    waited for it until forced; found by a tester). Closing the socket under it makes
+    that write fail at once (``trio.ClosedResourceError``)."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_close_when_cancelled, transport)
+        yield
+        nursery.cancel_scope.cancel()
+
+
+async def _close_when_cancelled(transport: trio.SocketStream) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        transport.socket.close()  # wakes a task blocked on it (trio's notify_closing)
+
+
 class EndingStream(trio.abc.HalfCloseableStream):
     """A connection's TCP stream, as hypercorn (or the TLS layer under it) uses it, that
     ends the connection (:meth:`ConnectionEnd.end`) when the stream is finished with.
@@ -137,14 +160,25 @@ class EndingStream(trio.abc.HalfCloseableStream):
     ``socket`` is the TCP stream's (hypercorn reads the addresses from it). It has no
     ``do_handshake``: hypercorn tells a plain stream from a TLS one by that.
 
+    A write that blocks longer than ``send_timeout_s`` (the client does not read what it
+    asked for: a large ``/metrics`` to a peer whose window stays shut) ends the connection
+    too: before, it held its connection slot for as long (found by a tester).
+
     Args:
         transport: The accepted TCP stream.
         connection_end: The connection's end.
+        send_timeout_s: ``limits.send_timeout_ms``: longest one write may block (s).
     """
 
-    def __init__(self, transport: trio.SocketStream, connection_end: ConnectionEnd) -> None:
+    def __init__(
+        self,
+        transport: trio.SocketStream,
+        connection_end: ConnectionEnd,
+        send_timeout_s: float = math.inf,
+    ) -> None:
         self._transport = transport
         self._end = connection_end
+        self._send_timeout_s = send_timeout_s
 
     @property
     def socket(self) -> trio.socket.SocketType:
@@ -176,10 +210,23 @@ class EndingStream(trio.abc.HalfCloseableStream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Write to the TCP stream; a write the peer broke ends the connection, and so
-        does the write :meth:`ConnectionEnd.end_after_next_send` waits for."""
+        do the write :meth:`ConnectionEnd.end_after_next_send` waits for and one that
+        blocked for ``send_timeout_s``.
+
+        Raises:
+            trio.BrokenResourceError: the peer broke the connection, or did not read
+                for ``send_timeout_s``.
+        """
         try:
-            with self._ending_on_failure():
-                await self._transport.send_all(data)
+            with trio.move_on_after(self._send_timeout_s) as sending:
+                with self._ending_on_failure():
+                    await self._transport.send_all(data)
+            if sending.cancelled_caught:
+                self._end.end()
+                raise trio.BrokenResourceError(
+                    f"a write to the client blocked for {self._send_timeout_s:g} s "
+                    "(limits.send_timeout_ms); it does not read"
+                )
         finally:
             self._end._sent()
 

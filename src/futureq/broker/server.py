@@ -405,6 +405,7 @@ async def serve(
                         listen_fd=inherited_http_fd() if shard is not None else None,
                         max_connections=descriptors.http_connections,
                         idle_timeout_ms=config.limits.http_idle_timeout_ms,
+                        send_timeout_ms=config.limits.send_timeout_ms,
                     )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group

@@ -400,6 +400,7 @@ class Supervisor:
                 listen_fd=os.dup(http_socket.fileno()),
                 max_connections=config.limits.max_http_connections,
                 idle_timeout_ms=config.limits.http_idle_timeout_ms,
+                send_timeout_ms=config.limits.send_timeout_ms,
                 announce=False,  # the line above says it; shard 0 announced the port
             )
 
