@@ -67,7 +67,7 @@ from futureq.cli.jsonl import (
     record_line,
     render_payload,
 )
-from futureq.client import Client, Delivery, open_client
+from futureq.client import Client, Delivery, _checks, open_client
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, split_by_size
 from futureq.client.client import parse_servers
 from futureq.clock import SystemClock
@@ -273,6 +273,25 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+MAX_DELIVERIES: Final = 1_000_000
+"""Largest ``--max-deliveries`` (GROUP_CREATE ``max_deliveries``: 1 to 1,000,000 attempts,
+``docs/protocol.md``)."""
+
+
+def _bounded_int(what: str, high: int) -> Callable[[str], int]:
+    """argparse type: a whole number from 1 to ``high`` (``--prefetch``,
+    ``--max-deliveries``); a larger one is a usage error naming the range, not a request
+    the server refuses or one that cannot even be encoded (``10**30``)."""
+
+    def parse(text: str) -> int:
+        value = _positive_int(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{what} is 1 to {high:,}, got {text.strip()}")
+        return value
+
+    return parse
 
 
 def _batch_size(text: str) -> int:
@@ -564,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     consume.add_argument(
         "--prefetch",
-        type=_positive_int,
+        type=_bounded_int("the window", _checks.MAX_CREDIT),
         default=100,
         metavar="N",
         help="most unacked deliveries in flight (default 100)",
@@ -617,7 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument(
         "--max-deliveries",
-        type=_positive_int,
+        type=_bounded_int("the number of attempts", MAX_DELIVERIES),
         metavar="N",
         help="attempts before a message goes to TOPIC.dlq (default: the server's)",
     )
@@ -1039,7 +1058,8 @@ async def _consume(client: Client, args: argparse.Namespace, io: Output) -> int:
         # Never take more than we will print: a delivery received but not printed
         # would go back to the group with its attempt count raised. With --no-ack the
         # unacked deliveries hold their credit, so the window must fit all of them.
-        prefetch = args.count if args.no_ack else min(prefetch, args.count)
+        # (At most what any server grants: a larger --count is no window at all.)
+        prefetch = min(args.count, _checks.MAX_CREDIT) if args.no_ack else min(prefetch, args.count)
     received = 0
     async with client.subscribe(args.topic, args.group, prefetch) as sub:
         while args.count is None or received < args.count:

@@ -8,9 +8,11 @@ connection, so deliveries held on it came again). These checks refuse such a cal
 server's to check (a negative id, a delay too long, too many headers): it refuses
 them per request, with a code naming the item, and the connection stays. The one
 exception is a value that cannot be *encoded* at all (an int beyond 64 bits, a str
-with a lone surrogate): it is refused here with the server's code for that field
+with a lone surrogate): an item of a list (a message id, a PUBLISH item's field) is
+refused here with the server's code for that field and its position
 (:func:`utf8_bytes`, :func:`fits_wire_int`), so it fails its own call and never a
-PUBLISH frame shared with other callers.
+PUBLISH frame shared with other callers; a single argument (``due_ms``, ``limit``, a
+node id) with ``ValueError`` naming it and the range (:func:`check_wire_int`).
 """
 
 from __future__ import annotations
@@ -118,10 +120,11 @@ def bounds_list(bounds_ms: Iterable[Any]) -> list[int]:
 
     Raises:
         TypeError: not a sequence, or a bound that is not an int.
+        ValueError: a bound beyond 64 bits (:func:`check_wire_int`).
     """
     out = _as_list("bounds_ms", bounds_ms, "a sequence of ints (ms)")
     for position, bound in enumerate(out):
-        check_int(f"bounds_ms[{position}]", bound)
+        check_wire_int(f"bounds_ms[{position}]", bound, unit="ms")
     return out
 
 
@@ -152,6 +155,29 @@ def fits_wire_int(value: int) -> bool:
     """Whether msgpack can carry ``value``: ``-2**63 <= value <= 2**64 - 1``
     (``docs/protocol.md``, "Encoding rules")."""
     return INT64_MIN <= value <= UINT64_MAX
+
+
+def check_wire_int(name: str, value: Any, *, unit: str, optional: bool = False) -> None:
+    """``value`` is an int the protocol can carry (or None when ``optional``): a
+    request argument sent as it is, whose range past that is the server's to check.
+
+    An int beyond 64 bits cannot be encoded at all; sent, it would fail deep in the
+    encoder with a message naming no argument. It is refused here, at the call.
+
+    Args:
+        name: The argument, for the message (``due_ms``, ``bounds_ms[2]``).
+        unit: What the number counts (``"ms since the Unix epoch"``, ``"a node id"``).
+
+    Raises:
+        TypeError: not an int (as :func:`check_int`).
+        ValueError: outside ``-2**63 .. 2**64-1``; the message names ``name`` and the range.
+    """
+    check_int(name, value, optional=optional)
+    if value is not None and not fits_wire_int(value):
+        raise ValueError(
+            f"{name} must be an int from -2**63 to 2**64-1 ({unit}; the protocol's integers "
+            f"are 64-bit), got {_shown(value)}"
+        )
 
 
 def utf8_bytes(name: str, value: str, code: ErrorCode, index: int | None = None) -> int:
@@ -200,6 +226,12 @@ already far beyond any useful batch, and the linger counts against the deadline.
 
 MAX_VISIBILITY_MS: Final = MAX_VISIBILITY_TIMEOUT_MS
 """Largest ``visibility_ms`` of EXTEND, fixed by the protocol (12 h)."""
+
+MAX_CREDIT: Final = 1_000_000
+"""Largest ``prefetch`` (SUBSCRIBE) and ``count`` (``fetch``, ``consume``): the most
+credit any server lets one subscription hold (``limits.max_prefetch`` is at most
+1,000,000; 10,000 by default). A larger value is no window any server grants, and
+credits summed from it would soon pass what the protocol's integers carry."""
 
 
 def _shown(value: Any) -> str:
@@ -269,17 +301,20 @@ def check_int_ms(name: str, value: Any, low: int, high: int) -> None:
         raise ValueError(f"{name} must be an int between {low} and {high} ms, got {_shown(value)}")
 
 
-def check_count(name: str, value: Any) -> None:
-    """``value`` is an int >= 1 (an item count).
+def check_count(name: str, value: Any, *, max_count: int | None = None) -> None:
+    """``value`` is an int >= 1 (an item count), and <= ``max_count`` when given.
 
     Raises:
         TypeError: not an int (``1.5``, ``True``).
-        ValueError: below 1.
+        ValueError: below 1, or above ``max_count``; the message names the range.
     """
     if type(value) is not int:
         raise TypeError(f"{name} must be an int >= 1, got {_type_name(value)}")
-    if value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value}")
+    if max_count is None:
+        if value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {_shown(value)}")
+    elif not 1 <= value <= max_count:
+        raise ValueError(f"{name} must be an int >= 1 and <= {max_count:,}, got {_shown(value)}")
 
 
 def check_client_options(

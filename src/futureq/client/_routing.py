@@ -18,9 +18,10 @@ from typing import Any, NoReturn, TypeVar
 import anyio
 import anyio.abc
 
+from futureq.client import _checks
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
-from futureq.client.client import Client, _expect
+from futureq.client.client import _NODE_ID, Client, _expect
 from futureq.client.subscription import Subscription
 from futureq.errors import ConnectionLostError, ErrorCode, FutureQError, RequestError
 from futureq.shards.layout import shift_address
@@ -556,6 +557,7 @@ class ShardedClient(Client):
 
     async def transfer_leader(self, node_id: int | None = None) -> None:
         """As :meth:`Client.transfer_leader`, for every shard's Raft group."""
+        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID, optional=True)
         await self._everywhere(lambda client: client.transfer_leader(node_id))
 
     async def add_node(self, node_id: int, raft_address: str, client_address: str) -> None:
@@ -571,7 +573,9 @@ class ShardedClient(Client):
                 an address cannot be shifted, or a group refuses (id in use elsewhere,
                 ...; the message names the shard and what was added before it).
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError, ValueError: as :meth:`Client.add_node`; nothing was sent.
         """
+        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID)
         stride = self.port_stride
         if stride is None:
             raise RequestError(
@@ -606,6 +610,7 @@ class ShardedClient(Client):
 
     async def remove_node(self, node_id: int) -> None:
         """As :meth:`Client.remove_node`, from every shard's Raft group."""
+        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID)
         await self._everywhere(lambda client: client.remove_node(node_id))
 
     async def ping(self) -> float:

@@ -105,6 +105,8 @@ F = TypeVar("F", bound=frames.Frame)
 MAX_RETRIES_AT_ONCE: Final = 3
 """Attempts in a row a request makes without a backoff pause after a NOT_LEADER that
 names another node or a lost connection; then it backs off like after any refusal."""
+_EPOCH_MS: Final = "ms since the Unix epoch"
+_NODE_ID: Final = "a node id"
 
 
 class _PendingPublish:
@@ -1190,7 +1192,20 @@ class Client:
 
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError: an argument of the wrong type (a str ``max_deliveries``, say);
+                nothing was sent.
+            ValueError: ``visibility_timeout_ms`` or ``max_deliveries`` beyond 64 bits
+                (:func:`~futureq.client._checks.check_wire_int`); nothing was sent.
         """
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group)
+        _checks.check_wire_int(
+            "visibility_timeout_ms", visibility_timeout_ms, unit="ms", optional=True
+        )
+        _checks.check_wire_int("max_deliveries", max_deliveries, unit="attempts", optional=True)
+        _checks.check_bool("from_backlog", from_backlog)
+        if dead_letter_expired is not None:
+            _checks.check_bool("dead_letter_expired", dead_letter_expired)
         answer = await self._call(
             lambda rid: frames.GroupCreate(
                 rid,
@@ -1285,7 +1300,7 @@ class Client:
         """
         _checks.check_str("topic", topic)
         _checks.check_str("group", group, optional=True)
-        _checks.check_int("delay_ms", delay_ms)
+        _checks.check_wire_int("delay_ms", delay_ms, unit="ms")
         id_list = _checks.message_ids(ids)
         answer = await self._call(
             lambda rid: frames.Redrive(rid, topic, group, id_list, delay_ms), retry_unknown=True
@@ -1322,8 +1337,8 @@ class Client:
         """
         _checks.check_str("topic", topic)
         _checks.check_str("group", group, optional=True)
-        _checks.check_int("due_ms", due_ms, optional=True)
-        _checks.check_int("delay_ms", delay_ms, optional=True)
+        _checks.check_wire_int("due_ms", due_ms, unit=_EPOCH_MS, optional=True)
+        _checks.check_wire_int("delay_ms", delay_ms, unit="ms", optional=True)
         id_list = _checks.message_ids(ids)
         answer = await self._call(
             lambda rid: frames.Reschedule(rid, topic, group, id_list, due_ms, delay_ms),
@@ -1387,11 +1402,11 @@ class Client:
         """
         _checks.check_str("topic", topic)
         _checks.check_str("group", group, optional=True)
-        _checks.check_int("from_due_ms", from_due_ms, optional=True)
-        _checks.check_int("to_due_ms", to_due_ms, optional=True)
+        _checks.check_wire_int("from_due_ms", from_due_ms, unit=_EPOCH_MS, optional=True)
+        _checks.check_wire_int("to_due_ms", to_due_ms, unit=_EPOCH_MS, optional=True)
         _checks.check_cursor(cursor)
-        _checks.check_int("limit", limit)
-        _checks.check_int("preview_bytes", preview_bytes)
+        _checks.check_wire_int("limit", limit, unit="messages")
+        _checks.check_wire_int("preview_bytes", preview_bytes, unit="bytes")
         answer = await self._call(
             lambda rid: frames.Browse(
                 rid, topic, group, from_due_ms, to_due_ms, cursor, limit, preview_bytes
@@ -1470,7 +1485,10 @@ class Client:
         Raises:
             RequestError: INVALID_ARGUMENT (id in use, single-node server, bad address).
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError, ValueError: ``node_id`` is not an int, or one beyond 64 bits
+                (:func:`~futureq.client._checks.check_wire_int`); nothing was sent.
         """
+        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID)
         answer = await self._call(
             lambda rid: frames.ClusterAddNode(rid, node_id, raft_address, client_address),
             retry_unknown=True,
@@ -1483,7 +1501,9 @@ class Client:
         Raises:
             RequestError: INVALID_ARGUMENT (not a member, single-node server).
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError, ValueError: as :meth:`add_node`.
         """
+        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID)
         answer = await self._call(
             lambda rid: frames.ClusterRemoveNode(rid, node_id), retry_unknown=True
         )
@@ -1495,7 +1515,9 @@ class Client:
         Raises:
             RequestError: INVALID_ARGUMENT, TIMEOUT.
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            TypeError, ValueError: as :meth:`add_node` (None is allowed).
         """
+        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID, optional=True)
         answer = await self._call(
             lambda rid: frames.ClusterTransferLeader(rid, node_id), retry_unknown=False
         )

@@ -227,7 +227,7 @@ class Subscription:
     def __init__(
         self, client: Client, topic: str, group: str, prefetch: int, *, pull: bool = False
     ) -> None:
-        _checks.check_count("prefetch", prefetch)
+        _checks.check_count("prefetch", prefetch, max_count=_checks.MAX_CREDIT)
         self.topic = topic
         self.group = group
         self.prefetch = prefetch
@@ -507,7 +507,7 @@ class Subscription:
         """
         if not self._pull:
             raise ValueError("fetch() needs a pull-mode subscription (the sync client's)")
-        _checks.check_count("count", count)
+        _checks.check_count("count", count, max_count=_checks.MAX_CREDIT)
         _checks.check_seconds("timeout_s", timeout_s, allow_zero=True)
         out: list[Delivery] = []
         try:

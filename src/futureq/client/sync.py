@@ -529,10 +529,10 @@ class SyncClient:
             RequestError, ConnectionLostError: as ``Client.subscribe``.
             ClientClosedError: the client was closed, before or during the call.
         """
-        _checks.check_count("count", count)
+        _checks.check_count("count", count, max_count=_checks.MAX_CREDIT)
         _checks.check_seconds("timeout_s", timeout_s, allow_zero=True)
         if prefetch is not None:
-            _checks.check_count("prefetch", prefetch)
+            _checks.check_count("prefetch", prefetch, max_count=_checks.MAX_CREDIT)
         deliveries = self._run(self._consume, topic, group, count, timeout_s, count)
         return [SyncDelivery(delivery, self) for delivery in deliveries]
 

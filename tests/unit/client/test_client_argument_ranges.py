@@ -116,6 +116,10 @@ async def test_open_client_refuses_an_out_of_range_option_before_connecting(
         ({"timeout_s": 1e300}, "timeout_s"),
         ({"timeout_s": 10**400}, "timeout_s"),
         ({"prefetch": 0}, "prefetch"),
+        # More than any server grants, and than the protocol's integers carry.
+        ({"count": 1_000_001}, "count"),
+        ({"count": 2**70}, "count"),
+        ({"prefetch": 2**70}, "prefetch"),
     ],
 )
 def test_consume_refuses_an_out_of_range_argument_before_connecting(
@@ -136,6 +140,12 @@ class _NoClient:
 @pytest.mark.parametrize("prefetch", [0, -3])
 def test_subscribe_refuses_prefetch_below_one(prefetch: int) -> None:
     with pytest.raises(ValueError, match="prefetch must be an int >= 1"):
+        Subscription(_NoClient(), "t", "g", prefetch)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("prefetch", [1_000_001, 2**70])
+def test_subscribe_refuses_prefetch_above_what_any_server_grants(prefetch: int) -> None:
+    with pytest.raises(ValueError, match="prefetch must be an int >= 1 and <= 1,000,000"):
         Subscription(_NoClient(), "t", "g", prefetch)  # type: ignore[arg-type]
 
 
