@@ -90,13 +90,30 @@ def implausible_epoch_ms(name: str, value: int) -> str | None:
     return None
 
 
-def implausible_duration_ms(name: str, value: int) -> str | None:
-    """Why a duration in ms can only be a unit mistake, or None.
+def _days(ms: int) -> str:
+    """``3,660 days`` for a duration in ms (whole days, rounded down; the unit of
+    ``--delay 3660d`` and of the default limit, ten years of 366 days)."""
+    return f"{ms // 86_400_000:,} days"
 
-    A duration that falls in the range of absolute times (on or after 2000-01-01 as ms
-    since the epoch: more than 30 years) was meant as an absolute time.
+
+def implausible_duration_ms(name: str, value: int, latest_ms: int) -> str | None:
+    """Why a duration in ms over its limit can only be a unit mistake, or None.
+
+    A duration that, read as ms since the epoch, is an absolute time the server would
+    take in its place (on or after 2000-01-01, so more than 30 years as a duration,
+    and no later than ``latest_ms``) was meant as that absolute time: the answer says
+    to send it as one. Any other duration over the limit is just too long, and gets the
+    limit's own code: a delay of 100 years (``--delay 36599d``) is no epoch time anyone
+    would send (it reads as 2070), and telling its sender to send it as an absolute
+    time would only get the limit's code in turn.
+
+    Args:
+        name: The field, for the sentence.
+        value: The duration given (ms), over its limit.
+        latest_ms: The latest absolute time the server takes in its place: now plus
+            ``max_delay_ms`` for a delay, the due time plus ``max_ttl_ms`` for a TTL.
     """
-    if MIN_PLAUSIBLE_EPOCH_MS <= value <= MAX_PLAUSIBLE_EPOCH_MS:
+    if MIN_PLAUSIBLE_EPOCH_MS <= value <= min(latest_ms, MAX_PLAUSIBLE_EPOCH_MS):
         return (
             f"{name} {value} is {value / 86_400_000 / 365.25:.0f} years: it looks like an "
             f"absolute time ({_iso(value)}) in ms since the Unix epoch; {name} is a duration "
@@ -480,14 +497,19 @@ def validate_publish_items_in_steps(
                     i,
                 )
             if delay > max_delay:
-                mistake = implausible_duration_ms("delay_ms", delay)
+                mistake = implausible_duration_ms("delay_ms", delay, now_ms + max_delay)
                 if mistake is not None:
                     raise RequestError(
-                        ErrorCode.IMPLAUSIBLE_TIME, f"{mistake}; send it as deliver_at_ms", i
+                        ErrorCode.IMPLAUSIBLE_TIME,
+                        f"{mistake}; send it as deliver_at_ms (as a delay it is over the "
+                        f"limit, {max_delay} ms)",
+                        i,
                     )
                 raise RequestError(
                     ErrorCode.DELAY_TOO_LARGE,
-                    f"delay_ms is {delay}; the limit is {max_delay} ms",
+                    f"delay_ms is {delay} ({_days(delay)}); the limit is {max_delay} ms "
+                    f"({_days(max_delay)}, limits.max_delay_ms): deliver sooner, or have "
+                    "the operator raise the limit",
                     i,
                 )
             due_ms = now_ms + delay
@@ -532,7 +554,7 @@ def validate_publish_items_in_steps(
                     ErrorCode.INVALID_TTL, f"ttl_ms is {ttl_ms}; it must be > 0 (or absent)", i
                 )
             if ttl_ms > limits.max_ttl_ms:
-                mistake = implausible_duration_ms("ttl_ms", ttl_ms)
+                mistake = implausible_duration_ms("ttl_ms", ttl_ms, due_ms + limits.max_ttl_ms)
                 if mistake is not None:
                     raise RequestError(
                         ErrorCode.IMPLAUSIBLE_TIME,

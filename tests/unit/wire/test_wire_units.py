@@ -80,3 +80,22 @@ def test_the_client_library_refuses_epoch_seconds_before_sending() -> None:
     assert info.value.code is ErrorCode.IMPLAUSIBLE_TIME
     assert "seconds since the Unix epoch" in info.value.message
     assert PublishItem("t", b"x", deliver_at_ms=int(time.time() * 1000)).deliver_at_ms
+
+
+def test_a_delay_or_ttl_no_epoch_time_would_fix_is_just_too_large() -> None:
+    """``--delay 36599d``: read as an epoch time it is 2070, which the server would not
+    take either, so the answer is the limit's code, with the limit, not "send it as
+    deliver_at_ms"."""
+    limits = Limits()
+    latest = NOW_MS + limits.max_delay_ms
+    assert refuse(["t", b"", latest, None, None]).code is ErrorCode.IMPLAUSIBLE_TIME
+    too_far = refuse(["t", b"", latest + 1, None, None])
+    assert too_far.code is ErrorCode.DELAY_TOO_LARGE
+    assert "limits.max_delay_ms" in too_far.message
+    hundred_years = refuse(["t", b"", 36_599 * 86_400_000, None, None])
+    assert hundred_years.code is ErrorCode.DELAY_TOO_LARGE
+    assert "(36,599 days)" in hundred_years.message
+    # A TTL reads as an expiry time: the latest taken is the due time plus max_ttl_ms.
+    ttl_latest = NOW_MS + limits.max_ttl_ms
+    assert refuse(["t", b"", None, None, ttl_latest]).code is ErrorCode.IMPLAUSIBLE_TIME
+    assert refuse(["t", b"", None, None, ttl_latest + 1]).code is ErrorCode.INVALID_TTL

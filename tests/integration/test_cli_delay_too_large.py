@@ -1,0 +1,43 @@
+"""A delay over the server's limit gets DELAY_TOO_LARGE, not IMPLAUSIBLE_TIME, unless
+it really reads as an epoch time the server would take in its place
+(``docs/protocol.md``, "Units").
+
+Found by a tester: ``futureq-cli publish --delay 36599d`` (100 years: under the CLI's
+bound, over the default 10-year ``limits.max_delay_ms``) was refused as "looks like an
+absolute time (2070-03-16)"; sending that as ``--at`` would only be refused for its
+own distance. A real node, the real CLI.
+"""
+
+from __future__ import annotations
+
+import time
+
+from broker_process import BrokerProcess
+from cli_process import cli
+
+from futureq.client.sync import SyncClient
+from futureq.errors import ErrorCode, RequestError
+
+
+def test_a_delay_over_the_limit_is_delay_too_large(broker: BrokerProcess) -> None:
+    # 100 years (2070 as an epoch time), just over 10 years, and 73 years (2043).
+    for flag in ("36599d", "3661d", "27000d"):
+        published = cli(broker.client_address, "publish", "--delay", flag, "far.t", "x")
+        assert published.returncode == 1, published
+        assert "[DELAY_TOO_LARGE]" in published.stderr, (flag, published.stderr)
+        assert "limits.max_delay_ms" in published.stderr
+    ttl = cli(broker.client_address, "publish", "--ttl", "36599d", "far.t", "x")
+    assert ttl.returncode == 1 and "[INVALID_TTL]" in ttl.stderr, ttl.stderr
+
+
+def test_an_epoch_time_given_as_a_delay_is_still_implausible(broker: BrokerProcess) -> None:
+    now_ms = int(time.time() * 1000)
+    with SyncClient(broker.client_address) as client:
+        for kwargs in ({"delay_ms": now_ms + 60_000}, {"ttl_ms": now_ms + 60_000}):
+            try:
+                client.publish("far.t", b"x", **kwargs)
+            except RequestError as exc:
+                assert exc.code is ErrorCode.IMPLAUSIBLE_TIME, (kwargs, exc)
+                assert "looks like an absolute time" in exc.message
+            else:
+                raise AssertionError(f"{kwargs} was published")
