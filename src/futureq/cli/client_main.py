@@ -313,7 +313,10 @@ def check_servers(text: str) -> None:
     Raises:
         ValueError: with a sentence naming the bad address.
     """
-    for address in parse_servers(text):
+    addresses = [part.strip() for part in text.split(",") if part.strip()]
+    if not addresses:
+        raise ValueError("give at least one server address HOST:PORT")
+    for address in addresses:
         check_address(address)
 
 
@@ -325,17 +328,11 @@ def check_address(address: str) -> None:
     Raises:
         ValueError: with a sentence naming the bad address.
     """
-    host, _ = split_host_port(address)
+    split_host_port(address)
     problem = not_text(address)
     if problem is not None:
         raise ValueError(f"the address {problem}")
-    if not host.isascii():
-        import idna  # what the client's resolver (anyio) encodes a non-ASCII host with
-
-        try:
-            idna.encode(host, uts46=True)
-        except (idna.IDNAError, UnicodeError) as exc:
-            raise ValueError(f"{address!r}: {host!r} is not a host name ({exc})") from None
+    _checks.check_server_address(address)  # the client library's own rule
 
 
 def _address_arg(text: str) -> str:

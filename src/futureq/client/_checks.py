@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Final
 
+from futureq.config import split_host_port
 from futureq.errors import ErrorCode, RequestError
 from futureq.wire.validation import MAX_VISIBILITY_TIMEOUT_MS
 
@@ -347,3 +348,48 @@ def check_client_options(
             f"({request_timeout_s:g} s): a publish waits the linger within its deadline"
         )
     check_seconds("max_lease_s", max_lease_s, allow_zero=True, max_s=MAX_LEASE_S)
+
+
+# -- server addresses ---------------------------------------------------------------
+
+_NOT_IN_A_HOST: Final = frozenset("/@?#[]\\")
+"""Characters no host name or IP address holds: what is left of a URL
+(``http://h:1/``), user info (``u@h``) or an unbalanced IPv6 bracket (``[::1``)."""
+
+
+def check_server_address(address: Any) -> None:
+    """``address`` is a ``HOST:PORT`` a client can connect to (``[v6]:PORT`` for IPv6).
+
+    Checked when the client is made, so a typo fails at once with its reason instead of
+    being retried until ``connect_timeout_s`` as an unreachable server.
+
+    Raises:
+        TypeError: not a str.
+        ValueError: no port, a port not in 1..65535, an empty host, a scheme
+            (``http://``), a host holding spaces, control characters or URL punctuation,
+            text that is not valid Unicode, or a non-ASCII host with no IDNA form (what
+            the resolver sends); the message names the address.
+    """
+    if type(address) is not str:
+        raise TypeError(f"a server address must be a str HOST:PORT, got {_type_name(address)}")
+    if "://" in address:
+        raise ValueError(f"{address!r} has a scheme; a server address is HOST:PORT, without one")
+    try:
+        host, port = split_host_port(address)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+    if port == 0:
+        raise ValueError(f"{address!r}: port 0 is no server's; give the port it listens on")
+    try:
+        host.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{address!r} is not valid Unicode text") from None
+    if not host or any(c.isspace() or not c.isprintable() or c in _NOT_IN_A_HOST for c in host):
+        raise ValueError(f"{address!r}: {host!r} is not a host name")
+    if not host.isascii():
+        import idna  # what the client's resolver (anyio) encodes a non-ASCII host with
+
+        try:
+            idna.encode(host, uts46=True)
+        except (idna.IDNAError, UnicodeError) as exc:
+            raise ValueError(f"{address!r}: {host!r} is not a host name ({exc})") from None

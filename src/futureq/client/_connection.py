@@ -18,6 +18,7 @@ Source: ``docs/protocol.md``, "Connection lifecycle" and "Requests".
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
@@ -59,6 +60,22 @@ log = logging.getLogger(__name__)
 
 class NotSentError(ConnectionLostError):
     """The connection was lost before the request reached the socket: safe to retry."""
+
+
+class UnknownHostError(ConnectionLostError):
+    """The resolver answered that the server's host name does not exist (not a
+    timeout, not a temporary failure): trying again within the same second will not
+    help, so the first connection of :func:`~futureq.client.open_client` gives up at
+    once when every server failed so."""
+
+
+_NO_SUCH_NAME: Final = frozenset(
+    getattr(socket, name)
+    for name in ("EAI_NONAME", "EAI_NODATA", "EAI_SERVICE", "EAI_ADDRFAMILY")
+    if hasattr(socket, name)
+)
+"""``getaddrinfo`` errors that are the resolver's answer "no such name", as opposed to
+EAI_AGAIN (temporary) or EAI_FAIL (the resolver failed)."""
 
 
 class UnencodableError(RequestError):
@@ -518,7 +535,8 @@ async def connect(
 
     Raises:
         ConnectionLostError: the address is unreachable, refused, timed out or
-            closed during the handshake (the message names the address).
+            closed during the handshake (the message names the address);
+            :class:`UnknownHostError` when its host name does not resolve.
         RemoteProtocolError: the server refused HELLO (AUTH_FAILED,
             UNSUPPORTED_VERSION, ...): retrying will not help.
     """
@@ -546,6 +564,10 @@ async def connect(
         raise ConnectionLostError(
             f"could not connect to {address}: no answer within {timeout_s:g} s"
         ) from None
+    except socket.gaierror as exc:
+        await _abort(stream)
+        kind = UnknownHostError if exc.errno in _NO_SUCH_NAME else ConnectionLostError
+        raise kind(f"could not connect to {address}: {_os_reason(exc)}") from None
     except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
         await _abort(stream)
         raise ConnectionLostError(f"could not connect to {address}: {_os_reason(exc)}") from None

@@ -59,6 +59,7 @@ from futureq.client._connection import (
     PushFrame,
     RequestTooLargeError,
     UnencodableError,
+    UnknownHostError,
     connect,
 )
 from futureq.client.subscription import (
@@ -158,15 +159,29 @@ class _Gathering:
 
 
 def parse_servers(servers: str | Sequence[str]) -> list[str]:
-    """Normalise a server list: ``"a:1,b:2"`` or ``["a:1", "b:2"]`` to ``["a:1", "b:2"]``.
+    """Normalise a server list: ``"a:1,b:2"`` or ``["a:1", "b:2"]`` to ``["a:1", "b:2"]``,
+    each address checked (:func:`~futureq.client._checks.check_server_address`).
 
     Raises:
-        ValueError: the list is empty.
+        TypeError: an address is not a str.
+        ValueError: the list is empty, or an address is not a ``HOST:PORT`` a client
+            can connect to (no port, port 0, a scheme, ...); the message names it.
     """
-    parts = servers.split(",") if isinstance(servers, str) else list(servers)
+    if isinstance(servers, str):
+        parts = servers.split(",")
+    else:
+        parts = list(servers)
+        for part in parts:
+            if type(part) is not str:
+                _checks.check_server_address(part)  # raises its TypeError
     result = [part.strip() for part in parts if part.strip()]
     if not result:
         raise ValueError("give at least one server address HOST:PORT")
+    for address in result:
+        try:
+            _checks.check_server_address(address)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; give HOST:PORT, e.g. {DEFAULT_SERVER}") from None
     return result
 
 
@@ -358,7 +373,14 @@ class Client:
         return order
 
     async def _connect_any(self) -> Connection:
+        """Try each server once, in :meth:`_connect_order`.
+
+        Raises:
+            ConnectionLostError: every one failed; the message names each and why.
+                :class:`UnknownHostError` when no server's host name resolves.
+        """
         errors: list[str] = []
+        every_name_unknown = True
         for address in self._connect_order():
             try:
                 conn = await connect(
@@ -372,6 +394,7 @@ class Client:
                 )
             except ConnectionLostError as exc:
                 errors.append(str(exc))
+                every_name_unknown &= isinstance(exc, UnknownHostError)
                 if address == self._leader_hint:
                     self._leader_hint = None
                 continue
@@ -380,7 +403,7 @@ class Client:
             self._leader_hint = None
             self._epoch += 1
             return conn
-        raise ConnectionLostError("; ".join(errors))
+        raise (UnknownHostError if every_name_unknown else ConnectionLostError)("; ".join(errors))
 
     async def _maintain_connection(
         self,
@@ -391,7 +414,8 @@ class Client:
         """Keep one connection open: connect, run it, reconnect with backoff.
 
         Before ``task_status.started()`` (the first connection) errors are raised to
-        :func:`open_client` once ``connect_timeout_s`` has passed; afterwards the loop
+        :func:`open_client` once ``connect_timeout_s`` has passed (at once when no
+        server's host name resolves: :class:`UnknownHostError`); afterwards the loop
         retries for ever, except after a refused HELLO (AUTH_FAILED, ...), which is
         stored and raised by every later call. With ``keep_trying`` (a shard's client
         of a :class:`ShardedClient`, started without waiting) the first connection is
@@ -412,7 +436,11 @@ class Client:
             except ConnectionLostError as exc:
                 self._last_connect_error = exc
                 delay = backoff.next_delay_s()
-                if not started and anyio.current_time() + delay > first_deadline:
+                if not started and (
+                    # No name resolves: a typo or a wrong network, not a server starting.
+                    isinstance(exc, UnknownHostError)
+                    or anyio.current_time() + delay > first_deadline
+                ):
                     raise
                 await anyio.sleep(delay)
                 continue
@@ -1640,11 +1668,14 @@ async def open_client(
         sends each request to the shard owning its topic (``docs/sharding.md``).
 
     Raises:
-        ConnectionLostError: no server could be reached within ``connect_timeout_s``;
-            the message names every address tried and why it failed.
+        ConnectionLostError: no server could be reached within ``connect_timeout_s``
+            (at once when the resolver says no server's host name exists); the
+            message names every address tried and why it failed.
         RemoteProtocolError: a server refused HELLO (AUTH_FAILED, UNSUPPORTED_VERSION).
-        ValueError: a bad argument, or a number option out of its range (``docs/client.md``,
-            "Argument ranges": timeouts at most one day, ``linger_ms`` at most 10 s).
+        ValueError: a bad argument, a server address that is not ``HOST:PORT`` (no
+            port, port 0, a scheme, a space in the host), or a number option out of its
+            range (``docs/client.md``, "Argument ranges": timeouts at most one day,
+            ``linger_ms`` at most 10 s); raised before anything connects.
     """
 
     def new_client(addresses: list[str]) -> Client:

@@ -38,7 +38,7 @@ import trio
 from futureq.client import _checks
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
-from futureq.client.client import DEFAULT_SERVER, Client, open_client
+from futureq.client.client import DEFAULT_SERVER, Client, open_client, parse_servers
 from futureq.client.subscription import Delivery, Subscription
 from futureq.errors import ClientClosedError, FutureQError
 from futureq.wire import frames
@@ -202,9 +202,11 @@ class SyncClient:
         TypeError: an option ``open_client`` does not take, or a number option that
             is not a number.
         ValueError: a number option out of its range (``docs/client.md``, "Argument
-            ranges"), at once, before anything connects.
+            ranges"), or a server address that is not ``HOST:PORT`` (``"nonsense"``,
+            port 0, ``http://...``), at once, before anything connects.
         ConnectionLostError, RemoteProtocolError: from the call that connects (the
             first call, :meth:`open` or ``__enter__``) when no server can be reached
+            within ``connect_timeout_s`` (at once when no server's host name resolves)
             or HELLO is refused; the next call tries again.
     """
 
@@ -224,7 +226,7 @@ class SyncClient:
             linger_ms=merged["linger_ms"],
             max_lease_s=merged["max_lease_s"],
         )
-        self._servers = servers
+        self._servers = parse_servers(servers)  # a bad address fails here, not in 5 s
         self._options = options
         self._connect_timeout_s = float(merged["connect_timeout_s"])
         self._thread: threading.Thread | None = None
