@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import random
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -201,6 +202,9 @@ class Client:
     connection, and concurrent :meth:`publish` calls are coalesced into PUBLISH
     batches.
 
+    It belongs to the process that opened it: in a child forked after that, every
+    call raises :class:`ClientClosedError` at once (open a new client in the child).
+
     Attributes:
         servers: The addresses tried, in order, when (re)connecting.
         request_timeout_s: Deadline of each call, retries included (seconds).
@@ -242,6 +246,7 @@ class Client:
         self._ack_level = _ACK_LEVELS[ack_level]
         self._retry_unknown_outcome = retry_unknown_outcome
         self._rng = rng
+        self._pid = os.getpid()  # the process whose tasks serve this client
         self._conn: Connection | None = None
         self._epoch = 0
         self._conn_changed = anyio.Event()
@@ -315,7 +320,23 @@ class Client:
         self._conn_changed.set()
         self._conn_changed = anyio.Event()
 
+    def _check_process(self) -> None:
+        """Refuse use in a process forked from the one that opened the client: the
+        child has a copy of the connection's socket but none of the tasks serving it,
+        so a call would wait for ever, or write into the parent's connection.
+
+        Raises:
+            ClientClosedError: this is a forked child (the message says what to do).
+        """
+        if self._pid != os.getpid():
+            raise ClientClosedError(
+                f"this Client was opened in process {self._pid} and cannot be used in "
+                f"process {os.getpid()}, forked from it: its tasks and connection stay in "
+                "the parent; open a new client with open_client() in the child"
+            )
+
     def _check_open(self) -> None:
+        self._check_process()
         if self._closed:
             raise ClientClosedError("the client was closed; open a new one with open_client()")
         if self._fatal is not None:
@@ -847,6 +868,8 @@ class Client:
             unread = [d for d in (*sub._buffer, *sub.to_release) if d._state is DeliveryState.HELD]
             sub._close()
             conn = self._conn
+            if self._pid != os.getpid():
+                conn = None  # a forked child: the connection is the parent's to use
             if subscription_id is not None and conn is not None and conn.epoch == epoch:
                 with anyio.move_on_after(UNSUBSCRIBE_GRACE_S, shield=True):
                     try:

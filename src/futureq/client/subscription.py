@@ -461,7 +461,10 @@ class Subscription:
             SubscriptionEndedError: the server ended it (its group was deleted).
             ClientClosedError: the client was closed.
             RequestError: re-subscribing after a reconnect was refused.
+            ClientClosedError: also in a process forked from the one that opened the
+                client (its deliveries are the parent's).
         """
+        self._client._check_process()
         while True:
             if self._closed:
                 raise StopAsyncIteration
@@ -509,6 +512,7 @@ class Subscription:
             raise ValueError("fetch() needs a pull-mode subscription (the sync client's)")
         _checks.check_count("count", count, max_count=_checks.MAX_CREDIT)
         _checks.check_seconds("timeout_s", timeout_s, allow_zero=True)
+        self._client._check_process()
         out: list[Delivery] = []
         try:
             while len(out) < count:

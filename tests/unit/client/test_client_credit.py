@@ -46,6 +46,9 @@ class FakeClient:
     def _lease_changed(self) -> None:
         self.lease_wakes += 1
 
+    def _check_process(self) -> None:
+        """Never a forked child here."""
+
 
 def _deliver(sub_id: int, tags: list[bytes]) -> frames.Deliver:
     return frames.Deliver(
