@@ -19,7 +19,9 @@ import trio
 import trio.testing
 from broker_helpers import FakeClock, RecordingOutbox, SyncLog, memory_state
 
-from futureq.broker.dispatcher import NOT_ALLOWED_RETRY_MS, PURGE_CHUNK_ENTRIES, Dispatcher
+from futureq.broker.dispatch_pass import NOT_ALLOWED_RETRY_MS
+from futureq.broker.dispatch_tasks import PURGE_CHUNK_ENTRIES
+from futureq.broker.dispatcher import Dispatcher
 from futureq.broker.hub import Consumer, Hub
 from futureq.config import QueueSection
 from futureq.errors import ErrorCode, RequestError
@@ -1113,7 +1115,7 @@ def test_idle_groups_keep_no_runtime_and_are_not_looked_at() -> None:
 
 
 def test_one_pass_looks_at_a_bounded_number_of_groups() -> None:
-    from futureq.broker.dispatcher import GROUPS_PER_PASS
+    from futureq.broker.dispatch_pass import GROUPS_PER_PASS
 
     env = Env()
     for number in range(3 * GROUPS_PER_PASS):
