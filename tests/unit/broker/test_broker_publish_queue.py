@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from futureq.broker import broker as broker_module
+from futureq.broker import publishing
 from futureq.broker.broker import Broker
 from futureq.broker.command_log import SingleNodeLog
 from futureq.broker.dispatcher import Dispatcher
@@ -56,7 +56,7 @@ async def _pending_reaches(state: QueueState, count: int) -> None:
 async def test_unacknowledged_publishes_wait_bounded_in_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(broker_module, "BACKGROUND_QUEUE_BYTES", 16 * MIB)
+    monkeypatch.setattr(publishing, "BACKGROUND_QUEUE_BYTES", 16 * MIB)
     db = Database(str(tmp_path / "db"))
     try:
         config = Config()

@@ -17,7 +17,7 @@ import pytest
 import trio
 from broker_helpers import RecordingOutbox
 
-from futureq.broker import broker as broker_module
+from futureq.broker import membership
 from futureq.broker.broker import Broker
 from futureq.broker.command_log import SingleNodeLog
 from futureq.broker.dispatcher import Dispatcher
@@ -42,7 +42,7 @@ class WallClock:
 async def test_a_handover_goes_on_when_its_records_do_not_commit_in_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(broker_module, "RECORD_BEFORE_HANDOVER_S", 0.3)
+    monkeypatch.setattr(membership, "RECORD_BEFORE_HANDOVER_S", 0.3)
     db = Database(str(tmp_path / "db"))
     try:
         config = Config()

@@ -1,0 +1,169 @@
+"""Consumer requests: SUBSCRIBE, and ACK, NACK, RELEASE and EXTEND of delivery tags.
+
+Plain functions over a :class:`~futureq.broker.broker.Broker`. Settling a delivery
+claims its tag in the hub, proposes the command and answers once it is durable; a
+proposal that fails gives the claimed deliveries back.
+
+Source: ``DESIGN.md``, "Message semantics"; ``docs/protocol.md``, "SUBSCRIBE", "ACK",
+"NACK", "RELEASE", "EXTEND".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from futureq.errors import ErrorCode, RequestError
+from futureq.state import commands
+from futureq.wire import validation
+
+from . import publishing
+from .hub import Consumer, Outbox
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+MAX_NACK_REASON_BYTES = 256
+"""Longest NACK reason text (UTF-8 bytes): it is stored with the entry and in headers."""
+
+
+async def subscribe(
+    broker: Broker,
+    connection_id: int,
+    outbox: Outbox,
+    topic: str,
+    group: str,
+    prefetch: int,
+    headers: bool = False,
+) -> Consumer:
+    """Join ``group`` of ``topic`` (creating the group if new) with ``prefetch`` credit.
+
+    ``headers``: its DELIVER items carry each message's headers.
+
+    Raises:
+        RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT (prefetch).
+    """
+    max_prefetch = broker.config.limits.max_prefetch
+    if not 1 <= prefetch <= max_prefetch:
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"prefetch must be between 1 and {max_prefetch}, got {prefetch}",
+        )
+    info = await broker.ensure_group(topic, group)
+    broker._require_leader()
+    if broker.state.groups.get(info.group_id) is not info:
+        # Deleted while we waited for the group's creation to commit.
+        raise RequestError(
+            ErrorCode.UNAVAILABLE, f"group {group!r} of topic {topic!r} is changing; retry"
+        )
+    consumer = Consumer(
+        broker.hub.new_subscription_id(),
+        info.group_id,
+        topic,
+        group,
+        connection_id,
+        outbox,
+        prefetch,
+        prefetch=prefetch,
+        headers=headers,
+    )
+    broker.hub.add_consumer(consumer)
+    broker.dispatcher.kick()
+    return consumer
+
+
+async def release(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
+    """Give deliveries back unprocessed: due again at once, their attempt not counted
+    towards ``max_deliveries``. Durable on return.
+
+    Raises:
+        RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index).
+    """
+    broker._require_leader()
+    validation.check_tags(tags, broker.limits)
+    flights = broker.hub.claim_tags(tags, connection_id)
+    entries = [(flight.key, flight.attempt) for flight in flights]
+    try:
+        done = await broker.log.propose(commands.release(entries))
+    except BaseException:
+        broker.hub.unclaim(flights, broker.clock.wall_ms())
+        raise
+    return int(done)
+
+
+def extend(broker: Broker, connection_id: int, tags: list[bytes], visibility_ms: int) -> int:
+    """Keep deliveries: each is visible again ``visibility_ms`` after now (leader-local).
+
+    Raises:
+        RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index),
+            INVALID_ARGUMENT (``visibility_ms`` outside 1 .. 12 h).
+    """
+    broker._require_leader()
+    validation.check_tags(tags, broker.limits)
+    return broker.hub.extend(tags, connection_id, visibility_ms, broker.clock.wall_ms())
+
+
+async def ack(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
+    """Acknowledge deliveries; returns how many were removed. Durable on return.
+
+    Raises:
+        RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index).
+    """
+    broker._require_leader()
+    validation.check_tags(tags, broker.limits)
+    flights = broker.hub.claim_tags(tags, connection_id)
+    try:
+        done = await broker.log.propose(commands.ack([flight.key for flight in flights]))
+    except BaseException:
+        broker.hub.unclaim(flights, broker.clock.wall_ms())
+        raise
+    return int(done)
+
+
+async def nack(
+    broker: Broker,
+    connection_id: int,
+    tags: list[bytes],
+    requeue_delay_ms: int,
+    reason: str | None = None,
+    dead_letter: bool = False,
+) -> int:
+    """Refuse deliveries; each is due again after ``requeue_delay_ms`` (>= 0), or goes
+    to its dead-letter topic now with ``dead_letter`` (reason ``rejected``).
+    ``reason`` is kept with each entry (its dead letter's ``futureq-reason-text``).
+
+    Raises:
+        RequestError: INVALID_DELAY, UNKNOWN_DELIVERY_TAG, FOREIGN_DELIVERY_TAG,
+            INVALID_ARGUMENT (a reason over :data:`MAX_NACK_REASON_BYTES`).
+    """
+    broker._require_leader()
+    validation.check_tags(tags, broker.limits)
+    if not 0 <= requeue_delay_ms <= broker.limits.max_delay_ms:
+        raise RequestError(
+            ErrorCode.INVALID_DELAY,
+            f"requeue_delay_ms must be between 0 and {broker.limits.max_delay_ms}, got {requeue_delay_ms}",
+        )
+    if reason is not None and len(reason.encode("utf-8")) > MAX_NACK_REASON_BYTES:
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"a NACK reason holds {len(reason.encode('utf-8'))} bytes; the limit is "
+            f"{MAX_NACK_REASON_BYTES}: keep it short (it travels in the dead letter's headers)",
+        )
+    flights = broker.hub.claim_tags(tags, connection_id)
+    # When each went out: a first delivery's time is known only here (a dead letter's
+    # futureq-first-delivery-ms), a redelivery's was recorded already (kept).
+    entries = [(flight.key, flight.attempt, flight.pushed_ms or None) for flight in flights]
+    try:
+        done = await broker.log.propose(
+            commands.nack(
+                publishing.stamp(broker),
+                requeue_delay_ms,
+                entries,
+                reason,
+                dead_letter,
+                broker.group_settings,
+            )
+        )
+    except BaseException:
+        broker.hub.unclaim(flights, broker.clock.wall_ms())
+        raise
+    return int(done)

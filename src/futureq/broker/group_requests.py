@@ -1,0 +1,164 @@
+"""Consumer group requests: name checks, creating, adopting, updating and deleting groups.
+
+Plain functions over a :class:`~futureq.broker.broker.Broker`. A new group gets this
+node's configured defaults, resolved by the leader into the command (``DESIGN.md``,
+"Apply reads nothing node-local"); its creation is reserved against ``max_groups``
+first (:mod:`futureq.broker.group_reservations`).
+
+Source: ``docs/protocol.md``, "CREATE_GROUP" and "DELETE_GROUP".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from futureq.errors import ErrorCode, RequestError
+from futureq.state import commands
+from futureq.wire import validation
+
+from . import group_reservations
+
+if TYPE_CHECKING:
+    from futureq.state.queue_state import GroupInfo
+
+    from .broker import Broker
+
+
+def check_names(broker: Broker, topic: str, group: str) -> None:
+    """Names a client consumes from or manages: the grammar for anything new; names
+    stored before the grammar existed stay usable where they exist.
+
+    Raises:
+        RequestError: INVALID_TOPIC, INVALID_GROUP.
+    """
+    state = broker.state
+    if state.find_group(topic, group) is not None:
+        validation.check_legacy_name("topic", topic)
+        validation.check_legacy_name("group", group)
+        return
+    if state.topic_groups_count(topic) or state.topic_groups_count(
+        topic.removesuffix(validation.DLQ_SUFFIX)
+    ):
+        validation.check_legacy_name("topic", topic)  # an existing (or its dlq) topic
+    else:
+        validation.check_consumable_topic(topic)
+    validation.check_name("group", group)
+
+
+async def ensure_group(
+    broker: Broker,
+    topic: str,
+    group: str,
+    visibility_timeout_ms: int | None = None,
+    max_deliveries: int | None = None,
+    from_backlog: bool = False,
+    dead_letter_expired: bool | None = None,
+) -> GroupInfo:
+    """Create (or adopt, or update) a consumer group through the log.
+
+    A None setting keeps an existing group's value; a new group gets this node's
+    configured default (``[queue]``), resolved here, by the leader, into the
+    command (``DESIGN.md``, "Apply reads nothing node-local"). ``from_backlog``: a
+    group this creates also gets every message of the topic still pending in its
+    other groups, copied by BACKFILL_GROUP chunks in the background (an existing
+    group is left as it is). ``dead_letter_expired``: an expired message goes to the
+    dead-letter topic (reason ``expired``; on a dead-letter topic it is parked)
+    instead of being dropped; None keeps the group's setting (new: off).
+
+    Raises:
+        RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT (a setting out
+            of range; ``dead_letter_expired`` on a dead-letter topic).
+    """
+    broker._require_leader()
+    check_names(broker, topic, group)
+    if visibility_timeout_ms is not None:
+        # 1-99 first: IMPLAUSIBLE_TIME says what was probably meant (seconds).
+        validation.check_visibility_timeout_ms(visibility_timeout_ms)
+        if not (
+            validation.MIN_VISIBILITY_TIMEOUT_MS
+            <= visibility_timeout_ms
+            <= validation.MAX_VISIBILITY_TIMEOUT_MS
+        ):
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"visibility_timeout_ms must be between {validation.MIN_VISIBILITY_TIMEOUT_MS}"
+                f" and {validation.MAX_VISIBILITY_TIMEOUT_MS} ms (12 h), got "
+                f"{visibility_timeout_ms}; send nil to keep the group's (or the default)",
+            )
+    if max_deliveries is not None and not 1 <= max_deliveries <= 1_000_000:
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"max_deliveries must be between 1 and 1000000, got {max_deliveries}",
+        )
+    if dead_letter_expired and topic.endswith(validation.DLQ_SUFFIX):
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"dead_letter_expired does nothing on the dead-letter topic {topic!r}: dead "
+            "letters have no TTL, so none expires (one out of attempts is parked); "
+            "leave it unset",
+        )
+    reserved = group_reservations.reserve_group(broker, topic, group)
+    try:
+        return await create_or_update_group(
+            broker,
+            topic,
+            group,
+            visibility_timeout_ms,
+            max_deliveries,
+            from_backlog,
+            dead_letter_expired,
+        )
+    finally:
+        if reserved is not None:
+            group_reservations.release_group(broker, reserved)
+
+
+async def create_or_update_group(
+    broker: Broker,
+    topic: str,
+    group: str,
+    visibility_timeout_ms: int | None,
+    max_deliveries: int | None,
+    from_backlog: bool,
+    dead_letter_expired: bool | None,
+) -> GroupInfo:
+    """The proposal of :func:`ensure_group`, once its new group (if any) is reserved."""
+    info = broker.state.find_group(topic, group)
+    if (
+        info is None
+        or info.implicit
+        or (
+            visibility_timeout_ms is not None
+            and visibility_timeout_ms != info.visibility_timeout_ms
+        )
+        or (max_deliveries is not None and max_deliveries != info.max_deliveries)
+        or (dead_letter_expired is not None and dead_letter_expired != info.dead_letter_expired)
+    ):
+        broker._require_space()
+        await broker.log.propose(
+            commands.create_group(
+                topic,
+                group,
+                visibility_timeout_ms,
+                max_deliveries,
+                broker.group_settings,
+                dead_letter_expired=dead_letter_expired,
+                from_backlog=from_backlog and info is None,
+            )
+        )
+        info = broker.state.find_group(topic, group)
+    assert info is not None
+    return info
+
+
+async def delete_group(broker: Broker, topic: str, group: str) -> None:
+    """Delete a group and its pending entries.
+
+    Raises:
+        RequestError: UNKNOWN_GROUP.
+    """
+    broker._require_leader()
+    check_names(broker, topic, group)
+    if broker.state.find_group(topic, group) is None:
+        raise RequestError(ErrorCode.UNKNOWN_GROUP, f"topic {topic!r} has no group {group!r}")
+    await broker.log.propose(commands.delete_group(topic, group))

@@ -1,0 +1,261 @@
+"""Cluster membership requests: status, adding and removing nodes, leadership transfer.
+
+Plain functions over a :class:`~futureq.broker.broker.Broker` whose command log is a Raft
+node (a single node refuses with INVALID_ARGUMENT): the CLUSTER_STATUS_OK view, ADD_NODE
+(addresses recorded, a learner added, promoted by the promoter task once caught up,
+thesis §4.2.1), REMOVE_NODE, and leadership transfer, before which the first deliveries
+out are recorded (:func:`hold_and_record_deliveries`).
+
+Source: ``docs/protocol.md``, the cluster requests; ``docs/raft.md``, "Membership".
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from futureq.config import WILDCARD_HOSTS, split_host_port
+from futureq.errors import ErrorCode, FutureQError, NotLeaderError, RequestError
+from futureq.state import commands
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger(__name__)
+
+PROMOTE_TIMEOUT_S = 600
+RECORD_BEFORE_HANDOVER_S = 5.0
+"""Longest a leader handing over (shutdown, transfer, balancing) waits to record the
+attempts of its first deliveries out (s): a log that cannot commit (no quorum) fails
+its proposals within an election timeout or two (check-quorum), so this bounds only
+what should not happen; past it the handover goes on without them."""
+PROMOTE_LAG_ENTRIES = 64
+"""A learner this close to the commit index is promoted to voter (entries)."""
+
+
+def cluster_log(broker: Broker) -> Any:
+    if not hasattr(broker.log, "add_learner"):
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            "this node runs alone (no --peers or --join); start nodes as a cluster to change membership",
+        )
+    return broker.log
+
+
+def cluster_status(broker: Broker) -> dict[str, Any]:
+    """The CLUSTER_STATUS_OK map: this node's view of membership, term and progress."""
+    node = broker.log
+    if not hasattr(node, "membership"):
+        view: dict[str, Any] = dict(node.cluster_status())  # type: ignore[attr-defined]
+    else:
+        voters, learners = node.membership()
+        progress = node.progress()  # type: ignore[attr-defined]  # leader only
+        commit_index = int(node.commit_index)  # type: ignore[attr-defined]
+        role = node.role.value  # type: ignore[attr-defined]
+        if broker.node_id in learners:
+            role = "learner"
+        members = []
+        for member in sorted(voters | learners):
+            raft_address, client_address = node.member_addresses(member)  # type: ignore[attr-defined]
+            entry: dict[str, Any] = {
+                "node_id": member,
+                "role": "learner" if member in learners else "voter",
+            }
+            if raft_address:
+                entry["raft_address"] = raft_address
+            if client_address:
+                entry["client_address"] = client_address
+            if member in progress:
+                entry["match_index"] = progress[member]["match"]
+                entry["lag"] = max(0, commit_index - progress[member]["match"])
+                entry["last_heard_ms"] = progress[member].get("last_heard_ms")
+                entry["recovering"] = progress[member]["recovering"]
+            members.append(entry)
+        view = {
+            "role": role,
+            "term": int(node.term),  # type: ignore[attr-defined]
+            "leader_id": node.leader_id(),  # type: ignore[attr-defined]
+            "leader_address": node.leader_address(),
+            "commit_index": commit_index,
+            "applied_index": node.applied_index,
+            "voters": sorted(voters),
+            "learners": sorted(learners),
+            "nodes": members,
+            "recovering": node.recovering(),  # type: ignore[attr-defined]
+        }
+    view["node_id"] = broker.node_id
+    view["cluster_id"] = broker.config.cluster.cluster_id
+    clock = broker.clock_status()
+    if clock is not None:
+        view["clock"] = clock
+        offsets = clock["offsets_ms"]
+        for member in view.get("nodes", []):
+            offset = offsets.get(str(member["node_id"]))
+            if offset is not None:
+                member["clock_offset_ms"] = offset
+    addresses = broker.state.node_addresses
+    for node in view.get("nodes", []):
+        known = addresses.get(node["node_id"])
+        if known is not None:
+            node.setdefault("raft_address", known[0])
+            node.setdefault("client_address", known[1])
+    return view
+
+
+async def add_node(broker: Broker, node_id: int, raft_address: str, client_address: str) -> None:
+    """Record the node's addresses, add it as a learner, promote it once caught up.
+
+    Raises:
+        RequestError: INVALID_ARGUMENT (single node, bad address, id in use).
+        NotLeaderError: this node is not the leader.
+    """
+    cluster = cluster_log(broker)
+    broker._require_leader()
+    if not 1 <= node_id <= commands.MAX_NODE_ID:
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"node_id must be between 1 and {commands.MAX_NODE_ID}, got {node_id}",
+        )
+    for name, address in (("raft_address", raft_address), ("client_address", client_address)):
+        try:
+            host, port = split_host_port(address)
+        except ValueError as exc:
+            raise RequestError(ErrorCode.INVALID_ARGUMENT, f"{name}: {exc}") from None
+        if host in WILDCARD_HOSTS:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"{name} {address!r} is a wildcard address that peers and clients cannot "
+                "reach; give the node's own HOST:PORT (its --advertise-raft or "
+                "--advertise-client)",
+            )
+        if port == 0:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT, f"{name} {address!r} must name a real port, not 0"
+            )
+    voters, learners = cluster.membership()
+    for member in sorted(voters | learners):
+        if member == node_id:
+            continue
+        known = cluster.member_addresses(member)
+        if raft_address in known or client_address in known:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"node {member} already uses {raft_address if raft_address in known else client_address}; "
+                "give the new node its own addresses",
+            )
+    if node_id in voters:
+        raise RequestError(ErrorCode.INVALID_ARGUMENT, f"node {node_id} is already a voter")
+    await broker.log.propose(commands.node_address(node_id, raft_address, client_address))
+    if node_id not in learners:
+        await cluster.add_learner(node_id)
+    try:
+        broker._promote_send.send_nowait(node_id)
+    except trio.WouldBlock:
+        raise RequestError(
+            ErrorCode.UNAVAILABLE, "too many nodes waiting for promotion; retry"
+        ) from None
+
+
+async def remove_node(broker: Broker, node_id: int) -> None:
+    """Remove a node (the leader steps down after the change commits).
+
+    Raises:
+        RequestError: INVALID_ARGUMENT (single node, unknown node).
+        NotLeaderError: this node is not the leader.
+    """
+    cluster = cluster_log(broker)
+    broker._require_leader()
+    voters, learners = cluster.membership()
+    if node_id not in voters and node_id not in learners:
+        raise RequestError(ErrorCode.INVALID_ARGUMENT, f"node {node_id} is not a member")
+    await cluster.remove_node(node_id)
+    try:
+        await broker.log.propose(commands.node_address(node_id, None, None))
+    except NotLeaderError:
+        pass  # we removed ourselves; the next leader keeps the stale address harmlessly
+
+
+async def transfer_leadership(broker: Broker, node_id: int | None) -> None:
+    """Hand leadership to ``node_id`` (None: the most up-to-date voter).
+
+    Raises:
+        RequestError: INVALID_ARGUMENT, TIMEOUT.
+        NotLeaderError: this node is not the leader.
+    """
+    cluster = cluster_log(broker)
+    broker._require_leader()
+    if node_id == broker.node_id:
+        return  # already the leader
+    await broker.hold_and_record_deliveries()
+    try:
+        await cluster.transfer_leadership(node_id)
+    finally:
+        broker.dispatcher.resume()  # a follower now (nothing to resume), or still leader
+
+
+async def hold_and_record_deliveries(broker: Broker) -> None:
+    """Before this leader hands over (shutdown, transfer): stop handing out and make
+    the attempts of first deliveries out or given back durable, so they count on the
+    next leader or after a restart (``docs/protocol.md``, UNSUBSCRIBE). Best effort:
+    a log that refuses (leadership already lost) is logged, not raised, and so is one
+    that has not committed them within :data:`RECORD_BEFORE_HANDOVER_S`."""
+    recorded = 0
+    with trio.move_on_after(RECORD_BEFORE_HANDOVER_S) as waited:
+        try:
+            recorded = await broker.dispatcher.hold_and_record()
+        except FutureQError as exc:
+            log.warning("could not record the first deliveries out before handing over: %s", exc)
+            return
+    if waited.cancelled_caught:
+        log.warning(
+            "the first deliveries out were not recorded within %g s (the log did not "
+            "commit); handing over without them: their next delivery may repeat an "
+            "attempt number",
+            RECORD_BEFORE_HANDOVER_S,
+        )
+        return
+    if recorded:
+        log.info("recorded the attempts of %d first deliveries out before handing over", recorded)
+
+
+async def run_promoter(broker: Broker) -> None:
+    """Promote learners to voters once they have caught up (thesis §4.2.1)."""
+    async with broker._promote_receive:
+        async for node_id in broker._promote_receive:
+            cluster = broker.log
+            with trio.move_on_after(PROMOTE_TIMEOUT_S) as waited:
+                while True:
+                    if not broker.log.is_leader():
+                        break
+                    voters, learners = cluster.membership()  # type: ignore[attr-defined]
+                    if node_id not in learners:
+                        break
+                    progress = cluster.progress().get(node_id)  # type: ignore[attr-defined]
+                    commit = cluster.commit_index  # type: ignore[attr-defined]
+                    if (
+                        progress is not None
+                        # Not before it answered: a learner never heard from has
+                        # match 0, which a young log's commit index is within
+                        # PROMOTE_LAG_ENTRIES of, and may still be recovering; as a
+                        # voter it would leave a two-node cluster without a quorum.
+                        and progress.get("answered", True)
+                        and not progress.get("recovering", False)
+                        and progress["match"] + PROMOTE_LAG_ENTRIES >= commit
+                    ):
+                        try:
+                            await cluster.promote(node_id)  # type: ignore[attr-defined]
+                            log.info("node %d caught up and is now a voter", node_id)
+                        except FutureQError as exc:
+                            log.warning("could not promote node %d: %s", node_id, exc)
+                            await trio.sleep(0.5)
+                            continue
+                        break
+                    await trio.sleep(0.1)
+            if waited.cancelled_caught:
+                log.warning(
+                    "node %d did not catch up within %d s; it stays a learner",
+                    node_id,
+                    PROMOTE_TIMEOUT_S,
+                )
