@@ -37,7 +37,8 @@ from futureq.raft.messages import (
     Term,
     encode_message,
 )
-from futureq.raft.node import RaftNode, RaftNodeConfig
+from futureq.raft.node import RaftNode
+from futureq.raft.node_config import RaftNodeConfig
 from futureq.raft.rocks_storage import RocksStorage
 from futureq.raft.roles import Role
 from futureq.raft.transport import (

@@ -26,7 +26,8 @@ from futureq.peer_credentials import (
     raft_tls_contexts,
     read_secret_file,
 )
-from futureq.raft.node import RaftNode, RaftNodeConfig
+from futureq.raft.node import RaftNode
+from futureq.raft.node_config import RaftNodeConfig
 from futureq.raft.peer_auth import PeerAuthError, ShardLayout
 from futureq.raft.rocks_storage import RocksStorage
 from futureq.raft.transport import AddressBook, Transport
