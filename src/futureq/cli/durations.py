@@ -31,7 +31,7 @@ MAX_DURATION_MS: Final = 2**63 - 1
 
 MAX_DELAY_MS: Final = 100 * 366 * 86_400_000
 """Largest delay any server takes (ms): the ceiling of ``limits.max_delay_ms`` and
-``limits.max_ttl_ms`` (100 years, ``config_loader.MAXIMA``); a server's own limit is at
+``limits.max_ttl_ms`` (100 years, ``config_checks.MAXIMA``); a server's own limit is at
 most this (10 years by default)."""
 
 MIN_PLAUSIBLE_EPOCH_MS: Final = 946_684_800_000

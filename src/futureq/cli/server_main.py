@@ -35,7 +35,9 @@ import attrs
 
 from futureq import __version__, early_signals, fd_budget
 from futureq.config import AUTO_SHARDS, WILDCARD_HOSTS, Config, join_host_port, split_host_port
-from futureq.config_loader import LOG_LEVELS, config_warnings, env_var_name, load_config
+from futureq.config_checks import LOG_LEVELS
+from futureq.config_cross_checks import config_warnings
+from futureq.config_loader import env_var_name, load_config
 from futureq.errors import ConfigError
 from futureq.logging_setup import LOG_FORMATS, setup_logging
 from futureq.peer_credentials import generate_secret_file

@@ -148,7 +148,7 @@ def resolve_shard_count(config: Config) -> Config:
         ConfigError: the stamp is unreadable, or the chosen count needs fixed ports
             that the configuration leaves to the OS (port 0 in a cluster).
     """
-    from futureq.config_loader import shard_port_problems
+    from futureq.config_cross_checks import shard_port_problems
 
     if config.node.shards != AUTO_SHARDS:
         return config

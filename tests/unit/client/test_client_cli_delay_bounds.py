@@ -14,7 +14,7 @@ import pytest
 
 from futureq.cli import client_main
 from futureq.cli.durations import MAX_DELAY_MS, MIN_PLAUSIBLE_EPOCH_MS, delay_ms_arg
-from futureq.config_loader import MAXIMA
+from futureq.config_checks import MAXIMA
 from futureq.wire import validation
 
 NOWHERE = ["--server", "127.0.0.1:1", "--request-timeout", "1s"]

@@ -13,7 +13,8 @@ from futureq.config import (
     announced_raft_address,
     is_wildcard,
 )
-from futureq.config_loader import config_warnings, load_config
+from futureq.config_cross_checks import config_warnings
+from futureq.config_loader import load_config
 from futureq.errors import ConfigError
 
 # These tests are about addresses: where peer authentication (issue 7) is in, they opt

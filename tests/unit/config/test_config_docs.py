@@ -9,7 +9,8 @@ import tomllib
 import attrs
 
 from futureq.config import AUTO_SHARDS, Config
-from futureq.config_loader import SECTIONS, env_var_name, load_config
+from futureq.config_conversion import SECTIONS
+from futureq.config_loader import env_var_name, load_config
 
 ROOT = pathlib.Path(__file__).parents[3]
 EXAMPLE = ROOT / "futureq.example.toml"

@@ -9,7 +9,8 @@ import pytest
 import trustme
 
 from futureq.config import Config
-from futureq.config_loader import SECTIONS, env_var_name, load_config, parse_duration_ms
+from futureq.config_conversion import SECTIONS, parse_duration_ms
+from futureq.config_loader import env_var_name, load_config
 from futureq.errors import ConfigError
 
 

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from futureq.config_loader import MAXIMA, env_var_name, load_config
+from futureq.config_checks import MAXIMA
+from futureq.config_loader import env_var_name, load_config
 from futureq.errors import ConfigError
 from futureq.wire.validation import MAX_VISIBILITY_TIMEOUT_MS
 

@@ -8,7 +8,8 @@ import attrs
 import pytest
 
 from futureq.config import AUTO_SHARDS, Config
-from futureq.config_loader import load_config, shard_port_problems
+from futureq.config_cross_checks import shard_port_problems
+from futureq.config_loader import load_config
 from futureq.errors import ConfigError
 from futureq.shards.layout import (
     check_shard_count,

@@ -22,6 +22,10 @@ FORBIDDEN = {
     "os",
     "futureq.config",
     "futureq.config_loader",
+    "futureq.config_conversion",
+    "futureq.config_checks",
+    "futureq.config_security_checks",
+    "futureq.config_cross_checks",
     "futureq.clock",
     "futureq.broker",
 }
