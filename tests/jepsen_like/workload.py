@@ -43,7 +43,7 @@ import trio
 from tests.jepsen_like.history import History
 
 from futureq.client import PublishItem, open_client
-from futureq.client.client import _publish_frame
+from futureq.client._publishing import _publish_frame
 from futureq.errors import ErrorCode, FutureQError, RequestError, SubscriptionEndedError
 from futureq.wire import frames
 

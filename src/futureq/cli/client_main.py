@@ -68,8 +68,8 @@ from futureq.cli.jsonl import (
     render_payload,
 )
 from futureq.client import Client, Delivery, _checks, open_client
+from futureq.client._base import parse_servers
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, split_by_size
-from futureq.client.client import parse_servers
 from futureq.clock import SystemClock
 from futureq.config import split_host_port
 from futureq.errors import (

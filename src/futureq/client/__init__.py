@@ -7,9 +7,10 @@ and a small sync wrapper.
 
 from __future__ import annotations
 
+from futureq.client._base import parse_servers
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts, PendingMessage
-from futureq.client.client import Client, open_client, parse_servers
+from futureq.client.client import Client, open_client
 from futureq.client.subscription import Delivery, Subscription
 
 __all__ = [

@@ -19,9 +19,11 @@ import anyio
 import anyio.abc
 
 from futureq.client import _checks
+from futureq.client._admin import _NODE_ID
+from futureq.client._base import _expect
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
-from futureq.client.client import _NODE_ID, Client, _expect
+from futureq.client.client import Client
 from futureq.client.subscription import Subscription
 from futureq.errors import ConnectionLostError, ErrorCode, FutureQError, RequestError
 from futureq.shards.layout import shift_address

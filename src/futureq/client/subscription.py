@@ -49,7 +49,7 @@ from futureq.wire import frames
 
 if TYPE_CHECKING:
     from futureq.client._connection import Connection
-    from futureq.client.client import Client
+    from futureq.client._consuming import ConsumingClient
 
 LOST_REASON = "the connection it came on was lost; the broker delivers it again"
 LEADER_LOST_REASON = (
@@ -225,7 +225,7 @@ class Subscription:
     """
 
     def __init__(
-        self, client: Client, topic: str, group: str, prefetch: int, *, pull: bool = False
+        self, client: ConsumingClient, topic: str, group: str, prefetch: int, *, pull: bool = False
     ) -> None:
         _checks.check_count("prefetch", prefetch, max_count=_checks.MAX_CREDIT)
         self.topic = topic

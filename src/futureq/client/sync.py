@@ -36,9 +36,10 @@ import attrs
 import trio
 
 from futureq.client import _checks
+from futureq.client._base import DEFAULT_SERVER, parse_servers
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
-from futureq.client.client import DEFAULT_SERVER, Client, open_client, parse_servers
+from futureq.client.client import Client, open_client
 from futureq.client.subscription import Delivery, Subscription
 from futureq.errors import ClientClosedError, FutureQError
 from futureq.wire import frames

@@ -1,0 +1,474 @@
+"""The base of the async client: its options, the one live connection and the request loop.
+
+:class:`ClientBase` holds what every call goes through: the connection manager
+(connect to the first server that answers, reconnect with backoff, follow NOT_LEADER
+redirects) and :meth:`ClientBase._call`, which sends one request and retries it until
+its deadline (``docs/client.md``, "Reconnects and leader following"). Server pushes
+are routed here to their :class:`~futureq.client.subscription.Subscription`.
+
+The calls are built on it in :mod:`futureq.client._publishing`,
+:mod:`futureq.client._consuming` and :mod:`futureq.client._admin`;
+:class:`futureq.client.client.Client` puts them together.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+import ssl
+from collections.abc import Callable, Sequence
+from typing import Final, Literal, TypeVar
+
+import anyio
+import anyio.abc
+
+from futureq.client import _checks
+from futureq.client._backoff import Backoff
+from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, PublishItem
+from futureq.client._connection import (
+    Connection,
+    NotSentError,
+    PushFrame,
+    UnknownHostError,
+    connect,
+)
+from futureq.client._pending import _PendingPublish
+from futureq.client.subscription import Subscription
+from futureq.errors import (
+    ClientClosedError,
+    ConnectionLostError,
+    ErrorCode,
+    FutureQError,
+    NotLeaderError,
+    RemoteProtocolError,
+    RequestError,
+    SubscriptionEndedError,
+)
+from futureq.wire import codec, frames
+
+DEFAULT_SERVER: Final = "127.0.0.1:7450"
+MAX_BATCHES_IN_FLIGHT: Final = 4
+"""PUBLISH frames the batcher keeps outstanding at once."""
+DEFAULT_MAX_LEASE_S: Final = 3600.0
+"""How long the lease keeper keeps a buffered delivery (seconds): 1 h, as the Pub/Sub
+client libraries' ``max_lease_duration``."""
+
+log = logging.getLogger(__name__)
+
+AckLevelName = Literal["leader", "quorum"]
+_ACK_LEVELS: Final[dict[str, frames.AckLevel]] = {
+    "leader": frames.AckLevel.LEADER,
+    "quorum": frames.AckLevel.QUORUM,
+}
+
+F = TypeVar("F", bound=frames.Frame)
+
+MAX_RETRIES_AT_ONCE: Final = 3
+"""Attempts in a row a request makes without a backoff pause after a NOT_LEADER that
+names another node or a lost connection; then it backs off like after any refusal."""
+
+
+def parse_servers(servers: str | Sequence[str]) -> list[str]:
+    """Normalise a server list: ``"a:1,b:2"`` or ``["a:1", "b:2"]`` to ``["a:1", "b:2"]``,
+    each address checked (:func:`~futureq.client._checks.check_server_address`).
+
+    Raises:
+        TypeError: an address is not a str.
+        ValueError: the list is empty, or an address is not a ``HOST:PORT`` a client
+            can connect to (no port, port 0, a scheme, ...); the message names it.
+    """
+    if isinstance(servers, str):
+        parts = servers.split(",")
+    else:
+        parts = list(servers)
+        for part in parts:
+            if type(part) is not str:
+                _checks.check_server_address(part)  # raises its TypeError
+    result = [part.strip() for part in parts if part.strip()]
+    if not result:
+        raise ValueError("give at least one server address HOST:PORT")
+    for address in result:
+        try:
+            _checks.check_server_address(address)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; give HOST:PORT, e.g. {DEFAULT_SERVER}") from None
+    return result
+
+
+def _expect(frame: frames.Frame, kind: type[F]) -> F:
+    if not isinstance(frame, kind):
+        raise RemoteProtocolError(
+            ErrorCode.INVALID_FRAME,
+            f"expected {kind.__name__} but the server answered {type(frame).__name__}",
+        )
+    return frame
+
+
+class ClientBase:
+    """The connection and request machinery of :class:`~futureq.client.client.Client`
+    (see there for the attributes); the calls are in its other base classes."""
+
+    def __init__(
+        self,
+        servers: list[str],
+        *,
+        ssl_context: ssl.SSLContext | None,
+        server_hostname: str | None,
+        token: str | None,
+        connect_timeout_s: float,
+        request_timeout_s: float,
+        max_batch_items: int,
+        linger_ms: float,
+        ack_level: AckLevelName,
+        retry_unknown_outcome: bool,
+        rng: random.Random,
+        max_lease_s: float = DEFAULT_MAX_LEASE_S,
+    ) -> None:
+        _checks.check_client_options(
+            connect_timeout_s=connect_timeout_s,
+            request_timeout_s=request_timeout_s,
+            max_batch_items=max_batch_items,
+            linger_ms=linger_ms,
+            max_lease_s=max_lease_s,
+        )
+        if ack_level not in _ACK_LEVELS:
+            raise ValueError(f"ack_level must be 'leader' or 'quorum', got {ack_level!r}")
+        self.servers = servers
+        self.request_timeout_s = request_timeout_s
+        self._ssl_context = ssl_context
+        self._server_hostname = server_hostname
+        self._token = token
+        self._connect_timeout_s = connect_timeout_s
+        self._max_batch_items = max_batch_items
+        self._linger_s = linger_ms / 1000
+        self._ack_level = _ACK_LEVELS[ack_level]
+        self._retry_unknown_outcome = retry_unknown_outcome
+        self._rng = rng
+        self._pid = os.getpid()  # the process whose tasks serve this client
+        self._conn: Connection | None = None
+        self._epoch = 0
+        self._conn_changed = anyio.Event()
+        self._closed = False
+        self._fatal: FutureQError | None = None
+        self._last_connect_error: ConnectionLostError | None = None
+        self._leader_hint: str | None = None
+        self._next_server = 0
+        self.shard: int | None = None
+        """The shard this client serves inside a ``ShardedClient``, named in its
+        connection errors; None for a plain client."""
+        self._subscriptions: dict[int, Subscription] = {}  # by id(), for reconnects
+        self.max_lease_s = max_lease_s
+        self._lease_event = anyio.Event()
+        self._publish_send, self._publish_receive = anyio.create_memory_object_stream[
+            _PendingPublish
+        ](max_batch_items * MAX_BATCHES_IN_FLIGHT)
+
+    # -- connection state ------------------------------------------------------------
+
+    @property
+    def connected_address(self) -> str | None:
+        """``host:port`` of the live connection, or None while reconnecting."""
+        conn = self._conn
+        return conn.address if conn is not None and not conn.is_lost else None
+
+    @property
+    def max_batch_items(self) -> int:
+        """Most items put in one PUBLISH, ACK or NACK frame."""
+        return self._max_batch_items
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame body the server takes (bytes): ``max_frame_bytes`` from the
+        live connection's HELLO_OK, or the documented default (4 MiB) while there is
+        none (``docs/protocol.md``, "Limits")."""
+        conn = self._live_connection()
+        return conn.max_frame_bytes if conn is not None else codec.DEFAULT_MAX_FRAME_BYTES
+
+    def _item_bytes_budget(self) -> int:
+        """Most bytes of items one PUBLISH frame may hold: :attr:`max_frame_bytes` less
+        the frame's own fields."""
+        return self.max_frame_bytes - PUBLISH_FRAME_OVERHEAD_BYTES
+
+    def _check_fits_a_frame(self, item: PublishItem, index: int | None = None) -> None:
+        """Refuse an item that alone is over the frame budget: no split can send it."""
+        budget = self._item_bytes_budget()
+        if item.wire_bytes > budget:
+            raise RequestError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"this message encodes to {item.wire_bytes} bytes (payload "
+                f"{len(item.payload)}), more than one frame can carry "
+                f"({budget + PUBLISH_FRAME_OVERHEAD_BYTES} bytes, the server's "
+                "max_frame_bytes); make it smaller",
+                index,
+            )
+
+    def _live_epoch(self) -> int:
+        conn = self._conn
+        return conn.epoch if conn is not None and not conn.is_lost else -1
+
+    def _live_connection(self) -> Connection | None:
+        conn = self._conn
+        return conn if conn is not None and not conn.is_lost else None
+
+    def _lease_changed(self) -> None:
+        """Wake the lease keeper (new deliveries, new settings, something to release)."""
+        self._lease_event.set()
+
+    def _signal_change(self) -> None:
+        self._conn_changed.set()
+        self._conn_changed = anyio.Event()
+
+    def _check_process(self) -> None:
+        """Refuse use in a process forked from the one that opened the client: the
+        child has a copy of the connection's socket but none of the tasks serving it,
+        so a call would wait for ever, or write into the parent's connection.
+
+        Raises:
+            ClientClosedError: this is a forked child (the message says what to do).
+        """
+        if self._pid != os.getpid():
+            raise ClientClosedError(
+                f"this Client was opened in process {self._pid} and cannot be used in "
+                f"process {os.getpid()}, forked from it: its tasks and connection stay in "
+                "the parent; open a new client with open_client() in the child"
+            )
+
+    def _check_open(self) -> None:
+        self._check_process()
+        if self._closed:
+            raise ClientClosedError("the client was closed; open a new one with open_client()")
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def _wait_connection(self, deadline: float) -> Connection:
+        while True:
+            self._check_open()
+            conn = self._conn
+            if conn is not None and not conn.is_lost:
+                return conn
+            changed = self._conn_changed
+            with anyio.CancelScope(deadline=deadline):
+                await changed.wait()
+                continue
+            detail = f": {self._last_connect_error}" if self._last_connect_error else ""
+            whose = "" if self.shard is None else f"shard {self.shard}: "
+            raise ConnectionLostError(
+                f"{whose}no connection to any of {', '.join(self.servers)} before the "
+                f"deadline{detail}"
+            )
+
+    def _on_push(self, conn: Connection, frame: PushFrame) -> None:
+        """A server push (reader task): route it to its subscription."""
+        for sub in self._subscriptions.values():
+            if sub.epoch == conn.epoch and sub.subscription_id == frame.subscription_id:
+                if isinstance(frame, frames.Deliver):
+                    try:
+                        sub._receive(conn.epoch, frame)
+                    except RemoteProtocolError as exc:
+                        conn.close(f"server {conn.address} broke flow control: {exc.message}")
+                elif isinstance(frame, frames.Revoke):
+                    sub._revoke(conn.epoch, frame.tags, frame.reason)
+                elif isinstance(frame, frames.SubscriptionInfo):
+                    sub._info(conn.epoch, frame.visibility_timeout_ms, frame.max_deliveries)
+                else:
+                    try:
+                        code = ErrorCode(frame.code)
+                    except ValueError:
+                        code = ErrorCode.INTERNAL_ERROR
+                    sub._ended(conn.epoch, SubscriptionEndedError(code, frame.message))
+                return
+        # For a subscription we just left (or never bound): the server takes its
+        # deliveries back when the UNSUBSCRIBE lands or their visibility passes.
+        log.debug(
+            "push %s for unknown subscription %d dropped", frame.TYPE.name, frame.subscription_id
+        )
+
+    def _connect_order(self) -> list[str]:
+        count = len(self.servers)
+        order = [self.servers[(self._next_server + i) % count] for i in range(count)]
+        if self._leader_hint is not None:
+            hint = self._leader_hint
+            order = [hint] + [address for address in order if address != hint]
+        return order
+
+    async def _connect_any(self) -> Connection:
+        """Try each server once, in :meth:`_connect_order`.
+
+        Raises:
+            ConnectionLostError: every one failed; the message names each and why.
+                :class:`UnknownHostError` when no server's host name resolves.
+        """
+        errors: list[str] = []
+        every_name_unknown = True
+        for address in self._connect_order():
+            try:
+                conn = await connect(
+                    address,
+                    epoch=self._epoch + 1,
+                    on_push=self._on_push,
+                    ssl_context=self._ssl_context,
+                    server_hostname=self._server_hostname,
+                    token=self._token,
+                    timeout_s=self._connect_timeout_s,
+                )
+            except ConnectionLostError as exc:
+                errors.append(str(exc))
+                every_name_unknown &= isinstance(exc, UnknownHostError)
+                if address == self._leader_hint:
+                    self._leader_hint = None
+                continue
+            if address in self.servers:
+                self._next_server = self.servers.index(address)
+            self._leader_hint = None
+            self._epoch += 1
+            return conn
+        raise (UnknownHostError if every_name_unknown else ConnectionLostError)("; ".join(errors))
+
+    async def _maintain_connection(
+        self,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+        *,
+        keep_trying: bool = False,
+    ) -> None:
+        """Keep one connection open: connect, run it, reconnect with backoff.
+
+        Before ``task_status.started()`` (the first connection) errors are raised to
+        :func:`open_client` once ``connect_timeout_s`` has passed (at once when no
+        server's host name resolves: :class:`UnknownHostError`); afterwards the loop
+        retries for ever, except after a refused HELLO (AUTH_FAILED, ...), which is
+        stored and raised by every later call. With ``keep_trying`` (a shard's client
+        of a :class:`ShardedClient`, started without waiting) the first connection is
+        retried for ever too: calls wait for it until their own deadline.
+        """
+        backoff = Backoff(self._rng)
+        started = keep_trying
+        first_deadline = anyio.current_time() + self._connect_timeout_s
+        while True:
+            try:
+                conn = await self._connect_any()
+            except RemoteProtocolError as exc:
+                if not started:
+                    raise
+                self._fatal = exc
+                self._signal_change()
+                return
+            except ConnectionLostError as exc:
+                self._last_connect_error = exc
+                delay = backoff.next_delay_s()
+                if not started and (
+                    # No name resolves: a typo or a wrong network, not a server starting.
+                    isinstance(exc, UnknownHostError)
+                    or anyio.current_time() + delay > first_deadline
+                ):
+                    raise
+                await anyio.sleep(delay)
+                continue
+            backoff.reset()
+            self._conn = conn
+            self._signal_change()
+            if not started:
+                started = True
+                task_status.started()
+            await conn.run()
+            self._conn = None
+            for sub in self._subscriptions.values():
+                sub._connection_lost(conn.epoch)
+            self._signal_change()
+
+    def _close(self) -> None:
+        self._closed = True
+        conn = self._conn
+        if conn is not None:
+            conn.close("the client was closed")
+        for sub in self._subscriptions.values():
+            sub._close()
+        self._publish_send.close()
+        self._signal_change()
+
+    # -- requests ----------------------------------------------------------------------
+
+    async def _call(
+        self,
+        make_frame: Callable[[int], frames.Frame],
+        *,
+        retry_unknown: bool,
+        deadline: float | None = None,
+        on_answer: Callable[[Connection, frames.Frame], None] | None = None,
+    ) -> frames.Frame:
+        """Send a request, following NOT_LEADER and retrying 3xx errors with backoff.
+
+        Args:
+            make_frame: Builds the request from a request id.
+            retry_unknown: Resend after a connection broke with the request in flight
+                (only for idempotent requests or at-least-once publishing).
+            deadline: ``anyio.current_time()`` value ending all attempts; default now
+                plus ``request_timeout_s``.
+            on_answer: Called by the reader with the connection and the answer.
+
+        Raises:
+            RequestError: a 2xx refusal, or the last 3xx / TIMEOUT error at the deadline.
+            ConnectionLostError: no connection before the deadline, or lost with the
+                request in flight and ``retry_unknown`` False.
+            ClientClosedError: the client was closed.
+        """
+        if deadline is None:
+            deadline = anyio.current_time() + self.request_timeout_s
+        backoff = Backoff(self._rng)
+        at_once = 0
+        while True:
+            conn = await self._wait_connection(deadline)
+            answer_hook = None if on_answer is None else functools.partial(on_answer, conn)
+            # A redirect to a named leader, or a connection to replace, is no failure
+            # to back off from: the next attempt goes out as soon as there is a
+            # connection (issue 11: the client adds at most one round trip to an
+            # election). A few in a row at most, so two nodes that name each other (a
+            # stale view) cannot make it spin.
+            immediate = False
+            try:
+                return await conn.request(make_frame, deadline=deadline, on_answer=answer_hook)
+            except NotLeaderError as exc:
+                last_error: FutureQError = exc
+                self._follow_leader(conn, exc.leader_address)
+                immediate = exc.leader_address not in (None, conn.address)
+            except NotSentError as exc:
+                last_error = exc
+                immediate = True
+            except ConnectionLostError as exc:
+                if not retry_unknown:
+                    raise
+                last_error = exc
+                immediate = True
+            except RequestError as exc:
+                if not exc.code.retryable or anyio.current_time() >= deadline:
+                    raise
+                last_error = exc
+            self._check_open()
+            if immediate and at_once < MAX_RETRIES_AT_ONCE:
+                at_once += 1
+                continue
+            at_once = 0
+            delay = backoff.next_delay_s()
+            if anyio.current_time() + delay >= deadline:
+                raise last_error
+            await anyio.sleep(delay)
+
+    def _follow_leader(self, conn: Connection, leader_address: str | None) -> None:
+        """Reconnect to ``leader_address`` (NOT_LEADER redirect).
+
+        With no leader named (the node is cut off, or an election is running), move on
+        to the next server of the list: a node on the minority side of a partition
+        cannot learn the new leader, and waiting on it would stall until the partition
+        heals.
+        """
+        if leader_address is None:
+            if len(self.servers) > 1:
+                if conn.address in self.servers:
+                    self._next_server = (self.servers.index(conn.address) + 1) % len(self.servers)
+                conn.close(f"{conn.address} knows no leader; trying the next server")
+            return
+        if leader_address == conn.address:
+            return
+        self._leader_hint = leader_address
+        conn.close(f"{conn.address} is not the leader; reconnecting to {leader_address}")

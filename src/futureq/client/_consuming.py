@@ -1,0 +1,442 @@
+"""Consuming: :meth:`~ConsumingClient.subscribe`, settling deliveries (ACK, NACK,
+RELEASE, EXTEND) and the lease keeper.
+
+A delivery tag means something only on the connection (and to the leader) that
+handed it out: settlements go to that connection or not at all, and a NOT_LEADER
+answer voids what is still held (``docs/client.md``, "At-least-once"). The
+:class:`~futureq.client.subscription.Subscription` objects call in here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Final
+
+import anyio
+
+from futureq.client._backoff import Backoff
+from futureq.client._base import ClientBase, _expect
+from futureq.client._batching import chunked
+from futureq.client._connection import Connection
+from futureq.client.subscription import (
+    LEADER_LOST_REASON,
+    LOST_REASON,
+    Delivery,
+    DeliveryState,
+    Subscription,
+    void_error,
+)
+from futureq.errors import (
+    ConnectionLostError,
+    ErrorCode,
+    FutureQError,
+    NotLeaderError,
+    RequestError,
+)
+from futureq.wire import frames
+
+UNSUBSCRIBE_GRACE_S: Final = 2.0
+"""Longest leaving a ``subscribe`` block waits for RELEASE and UNSUBSCRIBE (seconds)."""
+LEASE_RETRY_S: Final = 1.0
+"""Wait before the lease keeper tries again after a failed EXTEND or RELEASE (s)."""
+
+log = logging.getLogger(__name__)
+
+
+class ConsumingClient(ClientBase):
+    """The consuming calls of :class:`~futureq.client.client.Client` (and the ones its
+    subscriptions and deliveries make)."""
+
+    # -- consuming ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(
+        self, topic: str, group: str, prefetch: int = 100, *, pull: bool = False
+    ) -> AsyncIterator[Subscription]:
+        """Join consumer group ``group`` of ``topic`` (created if new) and receive.
+
+        Args:
+            topic: Topic name.
+            group: Consumer group name. Every group gets its own copy of each message;
+                within a group each message goes to one consumer.
+            prefetch: Most unsettled deliveries the server may push to this
+                subscription (items, >= 1).
+            pull: Pull mode: no credit is granted back on settling; take deliveries
+                with :meth:`Subscription.fetch`, which asks for exactly what it still
+                wants (``prefetch`` is then the first fetch's credit).
+
+        Yields:
+            The :class:`Subscription`; iterate it for :class:`Delivery` objects.
+
+        Raises:
+            RequestError: SUBSCRIBE refused (INVALID_TOPIC, INVALID_GROUP, ...).
+            ConnectionLostError: no server reachable within ``request_timeout_s``.
+            ClientClosedError: the client was closed.
+
+        Leaving the block releases the deliveries still buffered (never handed to
+        you: they are due again at once and their attempt does not count), then
+        unsubscribes; deliveries handed to you and not settled go back to the group
+        and are delivered again (their attempt counted).
+        """
+        self._check_open()
+        sub = Subscription(self, topic, group, prefetch, pull=pull)
+        self._subscriptions[id(sub)] = sub
+        try:
+            await self._subscribe_on_live(sub, anyio.current_time() + self.request_timeout_s)
+            yield sub
+        finally:
+            del self._subscriptions[id(sub)]
+            subscription_id, epoch = sub.subscription_id, sub.epoch
+            unread = [d for d in (*sub._buffer, *sub.to_release) if d._state is DeliveryState.HELD]
+            sub._close()
+            conn = self._conn
+            if self._pid != os.getpid():
+                conn = None  # a forked child: the connection is the parent's to use
+            if subscription_id is not None and conn is not None and conn.epoch == epoch:
+                with anyio.move_on_after(UNSUBSCRIBE_GRACE_S, shield=True):
+                    try:
+                        if unread:
+                            await self._settle_on(
+                                conn, sub, unread, "release", 0, UNSUBSCRIBE_GRACE_S
+                            )
+                    except FutureQError:
+                        pass  # they come back when the UNSUBSCRIBE lands, counted
+                    try:
+                        await conn.request(
+                            lambda rid: frames.Unsubscribe(rid, subscription_id),
+                            deadline=anyio.current_time() + UNSUBSCRIBE_GRACE_S,
+                        )
+                    except FutureQError:
+                        pass  # the connection is going away; the server requeues anyway
+
+    async def _subscribe_on_live(
+        self, sub: Subscription, deadline: float | None, prefetch: int | None = None
+    ) -> None:
+        async with sub._lock:
+            if sub.epoch == self._live_epoch() and sub.subscription_id is not None:
+                return
+            credit = prefetch if prefetch is not None else sub.prefetch
+
+            def bind(conn: Connection, frame: frames.Frame) -> None:
+                # Runs in the reader, even when the caller gave up: a subscription
+                # nobody will use is ended at once, so it holds nothing on the server.
+                if not isinstance(frame, frames.SubscribeOk):
+                    return
+                live = sub.epoch == conn.epoch and sub.subscription_id is not None
+                if sub.closed or live or conn.is_lost:
+                    orphan = frame.subscription_id
+                    log.debug(
+                        "SUBSCRIBE_OK %d for a subscription given up; unsubscribing it", orphan
+                    )
+                    conn.request_nowait(lambda rid: frames.Unsubscribe(rid, orphan))
+                    return
+                sub._bind(conn.epoch, frame.subscription_id, credit)
+
+            answer = await self._call(
+                lambda rid: frames.Subscribe(rid, sub.topic, sub.group, credit, headers=True),
+                retry_unknown=True,
+                deadline=deadline,
+                on_answer=bind,
+            )
+            _expect(answer, frames.SubscribeOk)
+
+    async def _resubscribe(self, sub: Subscription, prefetch: int | None = None) -> None:
+        """Subscribe ``sub`` on the live connection, waiting as long as reconnecting takes.
+
+        Raises:
+            RequestError: a 2xx refusal (retrying would not help).
+            ClientClosedError: the client was closed.
+        """
+        while True:
+            try:
+                await self._subscribe_on_live(sub, None, prefetch)
+                return
+            except ConnectionLostError:
+                continue  # _call already backed off; keep waiting for a server
+            except RequestError as exc:
+                if not exc.code.retryable:
+                    raise
+
+    async def _settle(
+        self,
+        sub: Subscription,
+        deliveries: list[Delivery],
+        how: str,
+        requeue_delay_ms: int = 0,
+        reason: str | None = None,
+        dead_letter: bool = False,
+    ) -> None:
+        """ACK, NACK or RELEASE deliveries; credit goes back once the server confirmed.
+
+        Void deliveries (taken back, lost connection, ended subscription) are not sent;
+        a tag the server refuses is left out and the rest sent again; then an error
+        names the ones left out. Deliveries already settled are skipped.
+        """
+        self._check_open()
+        conn = self._live_connection()
+        to_send, left_out = _sort_out(deliveries, conn)
+        if to_send and conn is not None:
+            left_out += await self._settle_on(
+                conn,
+                sub,
+                to_send,
+                how,
+                requeue_delay_ms,
+                self.request_timeout_s,
+                reason=reason,
+                dead_letter=dead_letter,
+            )
+        error = void_error(left_out, {id(d): i for i, d in enumerate(deliveries)})
+        if error is not None:
+            raise error
+
+    async def _settle_on(
+        self,
+        conn: Connection,
+        sub: Subscription,
+        deliveries: list[Delivery],
+        how: str,
+        requeue_delay_ms: int,
+        timeout_s: float,
+        *,
+        reason: str | None = None,
+        dead_letter: bool = False,
+    ) -> list[Delivery]:
+        """Settle on ``conn`` in frames of ``max_batch_items``; return the ones refused."""
+        refused: list[Delivery] = []
+        for _, chunk_view in chunked(deliveries, self._max_batch_items):
+            chunk = [d for d in chunk_view if d._state is DeliveryState.HELD]
+            while chunk:
+                tags = [delivery.tag for delivery in chunk]
+                if how == "ack":
+                    request = _ack_frame(tags)
+                elif how == "nack":
+                    request = _nack_frame(tags, requeue_delay_ms, reason, dead_letter)
+                else:
+                    request = _release_frame(tags)
+                confirmed = list(chunk)
+
+                def on_ok(frame: frames.Frame, confirmed: list[Delivery] = confirmed) -> None:
+                    if isinstance(frame, frames.Ok):
+                        by_sub: dict[int, list[Delivery]] = {}
+                        for delivery in confirmed:
+                            by_sub.setdefault(id(delivery._subscription), []).append(delivery)
+                        for group in by_sub.values():
+                            group[0]._subscription._settled(conn, group)
+
+                try:
+                    await self._settle_request(conn, request, timeout_s, on_ok)
+                except NotLeaderError as exc:
+                    return refused + self._lost_with_leadership(conn, deliveries, exc)
+                except RequestError as exc:
+                    bad = _pop_refused_tag(exc, chunk)
+                    if bad is None:
+                        raise
+                    refused.append(bad)
+                    continue
+                break
+        return refused
+
+    async def _settle_request(
+        self,
+        conn: Connection,
+        make_frame: Callable[[int], frames.Frame],
+        timeout_s: float,
+        on_answer: Callable[[frames.Frame], None] | None = None,
+    ) -> frames.Frame:
+        """One ACK / NACK / RELEASE / EXTEND on ``conn`` (its tags mean nothing
+        elsewhere), sent again with backoff while the server answers UNAVAILABLE
+        (nothing applied: a leadership transfer under way, say) until ``timeout_s``, as
+        every 3xx refusal is (``docs/client.md``, "Reconnects and leader following").
+
+        Raises:
+            As :meth:`Connection.request`; UNAVAILABLE once retrying would pass the
+            deadline.
+        """
+        deadline = anyio.current_time() + timeout_s
+        backoff = Backoff(self._rng)
+        while True:
+            try:
+                return await conn.request(make_frame, deadline=deadline, on_answer=on_answer)
+            except RequestError as exc:
+                if exc.code is not ErrorCode.UNAVAILABLE:
+                    raise
+                delay = backoff.next_delay_s()
+                if anyio.current_time() + delay >= deadline:
+                    raise
+                await anyio.sleep(delay)
+
+    def _lost_with_leadership(
+        self, conn: Connection, deliveries: list[Delivery], exc: NotLeaderError
+    ) -> list[Delivery]:
+        """A settlement answered NOT_LEADER: the node that delivered them lost its
+        leadership (a SIGTERM, a transfer, an election), and with it every tag it
+        handed out; no other node knows them, so following the leader cannot settle
+        them. Void the ones still held (settling raises ConnectionLostError, as for a
+        lost connection: ``docs/client.md``, "At-least-once"), and move this client to
+        the leader, where its subscriptions subscribe again.
+
+        Returns:
+            The deliveries voided, in order.
+        """
+        lost = [d for d in deliveries if d._state is DeliveryState.HELD]
+        for delivery in lost:
+            delivery._void(LEADER_LOST_REASON, "lost")
+        self._follow_leader(conn, exc.leader_address)
+        return lost
+
+    async def _extend(
+        self, sub: Subscription, deliveries: list[Delivery], visibility_ms: int
+    ) -> None:
+        """EXTEND deliveries (leader-local, immediate); a refused tag is left out."""
+        self._check_open()
+        conn = self._live_connection()
+        to_send, left_out = _sort_out(deliveries, conn)
+        if to_send and conn is not None:
+            left_out += await self._extend_on(conn, to_send, visibility_ms, self.request_timeout_s)
+        error = void_error(left_out, {id(d): i for i, d in enumerate(deliveries)})
+        if error is not None:
+            raise error
+
+    async def _extend_on(
+        self, conn: Connection, deliveries: list[Delivery], visibility_ms: int, timeout_s: float
+    ) -> list[Delivery]:
+        refused: list[Delivery] = []
+        for _, chunk_view in chunked(deliveries, self._max_batch_items):
+            chunk = list(chunk_view)
+            while chunk:
+                tags = [delivery.tag for delivery in chunk]
+                try:
+                    await self._settle_request(conn, _extend_frame(tags, visibility_ms), timeout_s)
+                except NotLeaderError as exc:
+                    return refused + self._lost_with_leadership(conn, deliveries, exc)
+                except RequestError as exc:
+                    bad = _pop_refused_tag(exc, chunk)
+                    if bad is None:
+                        raise
+                    refused.append(bad)
+                    continue
+                break
+        return refused
+
+    async def _keep_leases(self) -> None:
+        """The lease keeper: extend buffered deliveries, release unwanted ones.
+
+        A delivery received and not yet handed to the application is extended to the
+        group's visibility timeout from now once half of it has passed, for up to
+        ``max_lease_s`` after it arrived (then the server takes it back and says so
+        with a REVOKE). A pull-mode subscription's deliveries that nobody fetched are
+        released (not counted towards ``max_deliveries``).
+        """
+        while True:
+            self._lease_event = anyio.Event()
+            now = anyio.current_time()
+            next_s = float("inf")
+            work: list[tuple[Subscription, Connection, list[Delivery], list[Delivery]]] = []
+            conn = self._live_connection()
+            for sub in list(self._subscriptions.values()):
+                if conn is None or sub.epoch != conn.epoch or sub.subscription_id is None:
+                    continue
+                unwanted = [d for d in sub.to_release if d._state is DeliveryState.HELD]
+                sub.to_release = []
+                due: list[Delivery] = []
+                if sub.visibility_timeout_ms is not None:
+                    for delivery in sub._buffer:
+                        if delivery._state is not DeliveryState.HELD:
+                            continue
+                        if now - delivery._received_s >= self.max_lease_s:
+                            continue  # held long enough: the server takes it back
+                        if delivery._refresh_s <= now:
+                            due.append(delivery)
+                        else:
+                            next_s = min(next_s, delivery._refresh_s)
+                if unwanted or due:
+                    work.append((sub, conn, unwanted, due))
+            failed = False
+            for sub, live_conn, unwanted, due in work:
+                try:
+                    if unwanted:
+                        await self._settle_on(
+                            live_conn, sub, unwanted, "release", 0, self.request_timeout_s
+                        )
+                    if due and sub.visibility_timeout_ms is not None:
+                        await self._extend_on(
+                            live_conn, due, sub.visibility_timeout_ms, self.request_timeout_s
+                        )
+                        renewed = anyio.current_time() + sub._refresh_after_s()
+                        for delivery in due:
+                            delivery._refresh_s = renewed
+                except FutureQError as exc:
+                    log.debug("lease keeper: %s; trying again shortly", exc)
+                    sub.to_release.extend(d for d in unwanted if d._state is DeliveryState.HELD)
+                    next_s = min(next_s, anyio.current_time() + LEASE_RETRY_S)
+                    failed = True
+            if work and not failed:
+                continue  # look again at once: time passed while we worked
+            with anyio.CancelScope(deadline=next_s):
+                await self._lease_event.wait()
+
+
+def _ack_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Ack(rid, tags)
+
+
+def _nack_frame(
+    tags: list[bytes], requeue_delay_ms: int, reason: str | None, dead_letter: bool
+) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Nack(rid, tags, requeue_delay_ms, reason, dead_letter)
+
+
+def _release_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Release(rid, tags)
+
+
+def _extend_frame(tags: list[bytes], visibility_ms: int) -> Callable[[int], frames.Frame]:
+    return lambda rid: frames.Extend(rid, tags, visibility_ms)
+
+
+def _sort_out(
+    deliveries: list[Delivery], conn: Connection | None
+) -> tuple[list[Delivery], list[Delivery]]:
+    """``(to send, void)``: held deliveries of the live connection, and the void ones.
+
+    Settled ones are in neither; held ones from a lost connection become void.
+    """
+    to_send: list[Delivery] = []
+    void: list[Delivery] = []
+    for delivery in deliveries:
+        state = delivery._state
+        if state is DeliveryState.SETTLED:
+            continue
+        if state is DeliveryState.HELD and (conn is None or delivery._epoch != conn.epoch):
+            delivery._void(LOST_REASON, "lost")
+        if delivery._state is DeliveryState.VOID:
+            void.append(delivery)
+        else:
+            to_send.append(delivery)
+    return to_send, void
+
+
+def _pop_refused_tag(exc: RequestError, chunk: list[Delivery]) -> Delivery | None:
+    """The delivery of ``chunk`` whose tag the server refused in ``exc`` (removed from
+    ``chunk`` and voided with the server's sentence), or None when ``exc`` is another
+    error (UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG / DELIVERY_CANCELLED with an item
+    index in range)."""
+    index = exc.item_index
+    if (
+        exc.code
+        not in (
+            ErrorCode.UNKNOWN_DELIVERY_TAG,
+            ErrorCode.FOREIGN_DELIVERY_TAG,
+            ErrorCode.DELIVERY_CANCELLED,
+        )
+        or index is None
+        or not 0 <= index < len(chunk)
+    ):
+        return None
+    bad = chunk.pop(index)
+    bad._void(exc.message, code=exc.code)
+    return bad
