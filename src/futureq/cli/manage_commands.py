@@ -17,10 +17,11 @@ from typing import IO, TYPE_CHECKING, Any, Final
 
 from futureq.cli.argv_text import not_text
 from futureq.cli.jsonl import render_payload
+from futureq.cli.output import format_ms
 from futureq.wire import frames
 
 if TYPE_CHECKING:
-    from futureq.cli.client_main import Output
+    from futureq.cli.output import Output
     from futureq.client import BrowsePage, Client, DueCounts, PendingMessage
 
 EXIT_OK: Final = 0
@@ -384,8 +385,6 @@ def escape_controls(text: str) -> str:
 def pending_line(message: PendingMessage, dead_letters: bool) -> str:
     """The human line ``browse`` and ``dlq list`` print for a message (header names
     and values quoted by :func:`shown_text` when needed)."""
-    from futureq.cli.client_main import format_ms
-
     due = "parked" if message.due_ms is None else format_ms(message.due_ms)
     text = f"#{message.id} due={due} attempt={message.attempt} bytes={message.payload_bytes}"
     headers = message.headers

@@ -11,8 +11,8 @@ import io
 
 import pytest
 
-from futureq.cli import client_main
-from futureq.cli.client_main import build_parser
+from futureq.cli import client_arguments, client_main
+from futureq.cli.client_parser import build_parser
 
 NOWHERE = ["--server", "127.0.0.1:1", "--request-timeout", "1s"]
 
@@ -34,7 +34,10 @@ def test_a_batch_size_out_of_bounds_is_a_usage_error_with_the_bound(
 
 
 def test_the_bounds_and_the_default_are_accepted(capsys: pytest.CaptureFixture[str]) -> None:
-    assert (client_main.MAX_BATCH_SIZE, client_main.DEFAULT_BATCH_SIZE) == (1000, 500)  # cli.md
+    assert (client_arguments.MAX_BATCH_SIZE, client_arguments.DEFAULT_BATCH_SIZE) == (
+        1000,
+        500,
+    )  # cli.md
     for size in ("1", "1000"):
         args = build_parser().parse_args(["publish", "--file", "f", "--batch-size", size])
         assert args.batch_size == int(size)

@@ -17,7 +17,7 @@ import re
 import pytest
 
 from futureq.cli import client_main
-from futureq.cli.client_main import parse_at_ms
+from futureq.cli.client_arguments import parse_at_ms
 from futureq.cli.durations import MAX_DELAY_MS
 from futureq.wire.validation import MIN_PLAUSIBLE_EPOCH_MS, implausible_epoch_ms
 

@@ -11,14 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from futureq.cli.client_main import (
-    build_parser,
-    deprecation_warnings,
-    error_line,
-    format_ms,
-    main,
-    parse_at_ms,
-)
+from futureq.cli.client_arguments import parse_at_ms
+from futureq.cli.client_main import main
+from futureq.cli.client_parser import build_parser, deprecation_warnings
 from futureq.cli.jsonl import (
     LineError,
     LineFailure,
@@ -27,6 +22,7 @@ from futureq.cli.jsonl import (
     render_payload,
     strict_loads,
 )
+from futureq.cli.output import error_line, format_ms
 from futureq.client import PublishItem
 from futureq.errors import ConnectionLostError, ErrorCode, RemoteProtocolError, RequestError
 
@@ -284,7 +280,8 @@ def test_browse_and_dlq_accept_the_edges() -> None:
 
 
 def test_the_status_table_shows_the_oldest_due_age_and_the_next_due_time() -> None:
-    from futureq.cli.client_main import Output, _table, age_text, group_table_rows
+    from futureq.cli.admin_commands import _table, age_text, group_table_rows
+    from futureq.cli.output import Output
 
     assert [age_text(ms) for ms in (0, 950, 90_000, 183_600_000)] == [
         "0s",
@@ -299,7 +296,7 @@ def test_the_status_table_shows_the_oldest_due_age_and_the_next_due_time() -> No
     assert (rows[0]["oldest_due_age"], rows[0]["next_due"]) == ("1m30s", "2026-01-01T00:00:00.000Z")
     assert rows[1]["next_due"] is None
     out = io.StringIO()
-    from futureq.cli.client_main import _GROUP_COLUMNS
+    from futureq.cli.admin_commands import _GROUP_COLUMNS
 
     _table("consumer groups", _GROUP_COLUMNS, rows, Output(out, io.StringIO()))
     text = out.getvalue()
@@ -308,7 +305,7 @@ def test_the_status_table_shows_the_oldest_due_age_and_the_next_due_time() -> No
 
 
 def test_a_payload_is_read_only_up_to_its_limit_and_one_byte_more() -> None:
-    from futureq.cli.client_main import read_payload
+    from futureq.cli.publish_commands import read_payload
 
     class Endless(io.RawIOBase):
         """Zeros for ever, counting what was read; short reads, like a pipe."""
@@ -404,7 +401,7 @@ def test_a_refused_connection_says_so_and_names_the_address() -> None:
 
 
 def test_a_local_view_asked_for_does_not_say_the_leader_could_not_be_asked() -> None:
-    from futureq.cli.client_main import view_line
+    from futureq.cli.admin_commands import view_line
 
     follower = {
         "node_id": 2,
@@ -425,8 +422,8 @@ def test_a_local_view_asked_for_does_not_say_the_leader_could_not_be_asked() -> 
 
 
 def test_publish_file_batches_fit_the_frame_limit() -> None:
-    from futureq.cli.client_main import frame_batches
     from futureq.cli.jsonl import JsonlItem
+    from futureq.cli.publish_commands import frame_batches
 
     def items(*sizes: int) -> list[JsonlItem]:
         return [JsonlItem(n, PublishItem("t", bytes(size))) for n, size in enumerate(sizes, 1)]

@@ -532,7 +532,8 @@ async def test_errors_in_the_body_are_not_wrapped() -> None:
 @on_both_backends
 async def test_publish_items_reports_refused_lines_and_keeps_good_ones() -> None:
     async with serving() as broker:
-        from futureq.cli.client_main import parse_jsonl, publish_items
+        from futureq.cli.jsonl import parse_jsonl
+        from futureq.cli.publish_commands import publish_items
 
         lines = [
             '{"topic": "t", "payload": 1}',

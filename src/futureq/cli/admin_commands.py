@@ -1,0 +1,343 @@
+"""``futureq-cli`` status and administration: ``status``, ``group``, ``topic`` and
+``cluster``, and the tables they print.
+
+A follower's answer is its local view: the commands say so on stderr
+(:func:`view_line`); a sharded node's answer that misses a shard says which, and the
+command exits 1 (``docs/sharding.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any, Final
+
+from futureq.cli.output import EXIT_ERROR, EXIT_OK, Output, format_ms
+from futureq.client import Client
+
+
+def _groups(status: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for topic in status.get("topics", []):
+        for group in topic.get("groups", []):
+            rows.append({"topic": topic.get("topic"), **group})
+    return rows
+
+
+def _topics(status: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for topic in status.get("topics", []):
+        groups = topic.get("groups", [])
+        rows.append(
+            {
+                "topic": topic.get("topic"),
+                "groups": len(groups),
+                "pending": sum(g.get("pending", 0) for g in groups),
+                "due": sum(g.get("due", 0) for g in groups),
+                "in_flight": sum(g.get("in_flight", 0) for g in groups),
+                "consumers": sum(g.get("consumers", 0) for g in groups),
+            }
+        )
+    return rows
+
+
+_NODE_KEYS: Final = (
+    "node_id",
+    "role",
+    "leader_address",
+    "server_version",
+    "applied_index",
+    "uptime_s",
+)
+_GROUP_COLUMNS: Final = (
+    "topic",
+    "group",
+    "pending",
+    "due",
+    "in_flight",
+    "consumers",
+    "oldest_due_age",
+    "next_due",
+    "visibility_timeout_ms",
+    "max_deliveries",
+)
+
+
+def age_text(ms: int) -> str:
+    """``0s``, ``950ms``, ``1m30s``, ``2d3h``: a duration as a person reads it (the two
+    largest units)."""
+    if ms < 1000:
+        return f"{ms}ms" if ms > 0 else "0s"
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size:
+            parts.append(f"{ms // size}{unit}")
+            ms %= size
+    return "".join(parts[:2])
+
+
+def group_table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of the ``consumer groups`` table: each STATUS group with its
+    ``oldest_due_age`` (how long the earliest due message has waited, from
+    ``oldest_due_age_ms``) and ``next_due`` (when its earliest waiting entry falls due,
+    from ``next_due_ms``, UTC; blank: none)."""
+    shown = []
+    for row in rows:
+        age, due = row.get("oldest_due_age_ms"), row.get("next_due_ms")
+        shown.append(
+            {
+                **row,
+                "oldest_due_age": None if age is None else age_text(int(age)),
+                "next_due": None if due is None else format_ms(int(due)),
+            }
+        )
+    return shown
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], io: Output) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        numeric = column not in ("topic", "group")
+        table.add_column(column.replace("_", " "), justify="right" if numeric else "left")
+    for row in rows:
+        table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
+    Console(file=io.stdout, width=None if io.is_terminal else 160).print(table)
+
+
+def view_line(status: dict[str, Any], *, local_asked: bool = False) -> str:
+    """One sentence saying whose numbers a STATUS answer holds (the leader's, or one
+    node's local view and which fields that affects). ``local_asked``: ``--local``
+    asked for this node's own view, so the leader was not asked."""
+    node = f"node {status.get('node_id')}"
+    if status.get("view", "cluster") != "local":
+        return f"cluster view, from the leader ({node})"
+    leader_id, leader = status.get("leader_id"), status.get("leader_address")
+    if leader is None:
+        where = "no leader is known right now"
+    else:
+        named = f"node {leader_id} at {leader}" if leader_id is not None else leader
+        where = f"the leader is {named}, which could not be asked"
+        if local_asked:
+            where = f"--local asked for this node's own view (the leader is {named})"
+    fields = ", ".join(f.replace("_", " ") for f in status.get("leader_only", []))
+    return (
+        f"LOCAL VIEW of {node} ({status.get('role')}): {fields or 'some numbers'} are known only "
+        f"to the leader and show this node's own values; {where}"
+    )
+
+
+def _print_node(status: dict[str, Any], io: Output, *, local_asked: bool = False) -> None:
+    io.out(view_line(status, local_asked=local_asked))
+    io.out(
+        f"node {status.get('node_id')} role={status.get('role')} "
+        f"leader={status.get('leader_address') or '(none known)'} "
+        f"version={status.get('server_version')} applied_index={status.get('applied_index')} "
+        f"uptime={status.get('uptime_s')}s"
+    )
+
+
+def _missing_shards(status: dict[str, Any], io: Output) -> int:
+    """Say on stderr which shards of a sharded node did not answer (their topics are
+    missing from the answer); EXIT_ERROR if any did, else EXIT_OK."""
+    missing = [
+        shard
+        for shard in status.get("shards") or []
+        if isinstance(shard, dict) and shard.get("error")
+    ]
+    for shard in missing:
+        io.err(
+            f"warning: {shard['error']} (at {shard.get('address')}); "
+            "its topics and numbers are missing from this answer"
+        )
+    return EXIT_ERROR if missing else EXIT_OK
+
+
+async def run_status(client: Client, args: argparse.Namespace, io: Output) -> int:
+    status = await client.status(local=args.local)
+    if args.json:
+        io.out(json.dumps(status, ensure_ascii=False))
+        return _missing_shards(status, io)
+    _print_node(status, io, local_asked=args.local)
+    rows = _groups(status)
+    if rows:
+        _table("consumer groups", _GROUP_COLUMNS, group_table_rows(rows), io)
+    else:
+        io.out("no topics yet")
+    subscriptions = [
+        {"topic": row["topic"], "group": row["group"], **sub}
+        for row in rows
+        for sub in row.get("subscriptions", [])
+    ]
+    if subscriptions:
+        # Credit 0 with in_flight = prefetch is a consumer that holds its whole window.
+        columns = ("topic", "group", "subscription_id", "prefetch", "credit", "in_flight")
+        _table("subscriptions (credit and deliveries held)", columns, subscriptions, io)
+    for deleting in status.get("deleting_groups", []):
+        io.out(
+            f"group {deleting['group']!r} of topic {deleting['topic']!r} was deleted; "
+            f"{deleting['pending']} entries left to purge"
+        )
+    return _missing_shards(status, io)
+
+
+async def run_group(client: Client, args: argparse.Namespace, io: Output) -> int:
+    if args.group_command == "create":
+        await client.create_group(
+            args.topic,
+            args.group,
+            visibility_timeout_ms=args.visibility_timeout,
+            max_deliveries=args.max_deliveries,
+            from_backlog=args.from_backlog,
+            dead_letter_expired=args.dead_letter_expired,
+        )
+        io.out(f"group {args.group!r} of topic {args.topic!r} exists")
+    elif args.group_command == "delete":
+        await client.delete_group(args.topic, args.group)
+        io.out(f"group {args.group!r} of topic {args.topic!r} deleted")
+    else:
+        status = await client.status()
+        if status.get("view") == "local":
+            io.err(view_line(status))
+        rows = _groups(status)
+        if args.json:
+            io.out(json.dumps(rows, ensure_ascii=False))
+        elif rows:
+            _table("consumer groups", _GROUP_COLUMNS, group_table_rows(rows), io)
+        else:
+            io.out("no consumer groups yet")
+        return _missing_shards(status, io)
+    return EXIT_OK
+
+
+async def run_topic(client: Client, args: argparse.Namespace, io: Output) -> int:
+    status = await client.status()
+    if status.get("view") == "local":
+        io.err(view_line(status))
+    rows = _topics(status)
+    if args.json:
+        io.out(json.dumps(rows, ensure_ascii=False))
+    elif rows:
+        _table("topics", ("topic", "groups", "pending", "due", "in_flight", "consumers"), rows, io)
+    else:
+        io.out("no topics yet")
+    return _missing_shards(status, io)
+
+
+async def run_cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
+    if args.cluster_command == "add-node":
+        await client.add_node(args.node_id, args.raft_address, args.client_address)
+        io.out(f"node {args.node_id} added as a learner; it becomes a voter once caught up")
+        return EXIT_OK
+    if args.cluster_command == "remove-node":
+        await client.remove_node(args.node_id)
+        io.out(f"node {args.node_id} removed")
+        return EXIT_OK
+    if args.cluster_command == "transfer-leader":
+        await client.transfer_leader(args.node_id)
+        io.out("leadership transferred")
+        return EXIT_OK
+    view = await client.cluster_status(local=args.local)
+    if args.json:
+        io.out(json.dumps(view, ensure_ascii=False))
+        return _missing_shards(view, io)
+    if view.get("mode") == "single":
+        io.out(
+            f"node {view.get('node_id')}: runs alone (no Raft), applied index "
+            f"{view.get('applied_index')}"
+        )
+        _shards_table(view, io)
+        return _missing_shards(view, io)
+    leader = (
+        f"leader node {view['leader_id']} at {view.get('leader_address') or 'an unknown address'}"
+        if view.get("leader_id") is not None
+        else "no leader known"
+    )
+    io.out(
+        f"node {view.get('node_id')}: {view.get('role')}, term {view.get('term')}, {leader}, "
+        f"commit index {view.get('commit_index')}, applied index {view.get('applied_index')}"
+    )
+    if view.get("role") != "leader":
+        io.out(
+            f"LOCAL VIEW of node {view.get('node_id')}: match index and lag are known only to "
+            "the leader"
+            + (
+                " (--local: not asked)"
+                if args.local
+                else ", which could not be asked"
+                if view.get("leader_address")
+                else ""
+            )
+        )
+    clock = view.get("clock")
+    if isinstance(clock, dict):
+        state = "in bound" if clock.get("in_bound") else "OUT OF BOUND: it will not lead"
+        io.out(
+            f"cluster time: {'synchronized' if clock.get('synchronized') else 'NOT synchronized'}"
+            f", {state} (max_clock_offset_ms {clock.get('max_clock_offset_ms')})"
+        )
+    nodes = [
+        {
+            "node": node.get("node_id"),
+            "role": node.get("role", ""),
+            "raft_address": node.get("raft_address", ""),
+            "client_address": node.get("client_address", ""),
+            "match_index": node.get("match_index", ""),
+            "lag": node.get("lag", ""),
+            "clock_offset_ms": node.get("clock_offset_ms", ""),
+        }
+        for node in view.get("nodes", [])
+    ]
+    if nodes:
+        _table(
+            "members",
+            (
+                "node",
+                "role",
+                "raft_address",
+                "client_address",
+                "match_index",
+                "lag",
+                "clock_offset_ms",
+            ),
+            nodes,
+            io,
+        )
+    _shards_table(view, io)
+    return _missing_shards(view, io)
+
+
+def _shards_table(view: dict[str, Any], io: Output) -> None:
+    """A sharded node's ``cluster_status`` is shard 0's group with every shard's own
+    answer under ``shards``: one row per shard, so each group's leader shows (shard 1
+    is led by another node than shard 0 once leaders are balanced, docs/sharding.md)."""
+    shards = view.get("shards")
+    if not isinstance(shards, list) or len(shards) < 2:
+        return
+    rows = []
+    for shard in shards:
+        if not isinstance(shard, dict):
+            continue
+        leader_id = shard.get("leader_id")
+        leader = shard.get("leader_address") or ""
+        if leader_id is not None:
+            leader = f"node {leader_id} at {leader or 'an unknown address'}"
+        rows.append(
+            {
+                "shard": shard.get("shard", ""),
+                "address": shard.get("address", ""),
+                "role": shard.get("role", "") if "error" not in shard else "",
+                "term": shard.get("term", ""),
+                "leader": leader,
+                "commit_index": shard.get("commit_index", ""),
+                "applied_index": shard.get("applied_index", ""),
+                "error": shard.get("error", ""),
+            }
+        )
+    columns = ["shard", "address", "role", "term", "leader", "commit_index", "applied_index"]
+    if any(row["error"] for row in rows):
+        columns.append("error")
+    _table("shards", tuple(columns), rows, io)

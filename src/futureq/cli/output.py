@@ -1,0 +1,77 @@
+"""Where a ``futureq-cli`` command writes, and what it returns: :class:`Output`, the
+exit statuses, the one-line error form and the time format every command prints.
+
+Exit status: 0 success, 1 any error, 2 usage error, 130 interrupted; an error is one
+line on stderr, ``error: [CODE_NAME] sentence`` (``docs/cli.md``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from typing import IO, Final
+
+import attrs
+
+from futureq.client._base import parse_servers
+from futureq.errors import ClientClosedError, ConnectionLostError, ProtocolError, RequestError
+
+EXIT_OK: Final = 0
+EXIT_ERROR: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_INTERRUPTED: Final = 130
+
+
+def format_ms(ms: int) -> str:
+    """``2026-01-02T03:04:05.678Z`` for a wall-clock time in ms since the Unix epoch."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def error_line(exc: BaseException, servers: str) -> str:
+    """The one line printed on stderr for an error: ``error: [CODE_NAME] sentence``."""
+    if isinstance(exc, RequestError | ProtocolError):
+        return f"error: [{exc.code.name}] {exc.message}"
+    if isinstance(exc, ConnectionLostError):
+        hint = ""
+        text = str(exc)
+        # Ask about the --server addresses only when they are what failed: a sharded
+        # node's shard K listens elsewhere, and its failure names its own address.
+        asked = any(
+            re.search(rf"{re.escape(address)}(?!\d)", text) for address in parse_servers(servers)
+        )
+        if asked and ("could not connect" in text or "no connection to any" in text):
+            hint = (
+                f"; is a FutureQ server running at {servers}? "
+                "(start one with `make run`, or pass --server / set FUTUREQ_SERVER)"
+            )
+        return f"error: [CONNECTION_LOST] {exc}{hint}"
+    if isinstance(exc, ClientClosedError):
+        return f"error: [CLIENT_CLOSED] {exc}"
+    if isinstance(exc, OSError):
+        return f"error: [OS_ERROR] {exc.strerror or exc}" + (
+            f": {exc.filename}" if exc.filename else ""
+        )
+    return f"error: [{type(exc).__name__}] {exc}"
+
+
+@attrs.define
+class Output:
+    """Where a command writes: ``stdout`` for results, ``stderr`` for errors; ``stdin``
+    is where ``publish TOPIC -`` reads its payload."""
+
+    stdout: IO[str]
+    stderr: IO[str]
+    stdin: IO[bytes] | None = None
+
+    def out(self, text: str) -> None:
+        self.stdout.write(text + "\n")
+        self.stdout.flush()
+
+    def err(self, text: str) -> None:
+        self.stderr.write(text + "\n")
+        self.stderr.flush()
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.stdout.isatty()

@@ -1,0 +1,293 @@
+"""``futureq-cli publish``: one message (``PAYLOAD``, ``-`` for stdin, ``--payload-file``)
+or a JSON-lines file (``--file``) in batches, with a summary.
+
+``publish --file`` sends batches of whole PUBLISH frames; a refused line is reported
+and its batch sent again without it, and when no server answers for a whole
+``--request-timeout`` the remaining lines are reported as not sent
+(``docs/cli.md``, "publish --file"). The JSON-lines format is in :mod:`futureq.cli.jsonl`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import IO, Final
+
+import attrs
+import trio
+
+from futureq.cli.argv_text import argv_bytes
+from futureq.cli.client_arguments import DEFAULT_BATCH_SIZE
+from futureq.cli.jsonl import JsonlItem, LineFailure, parse_jsonl
+from futureq.cli.output import EXIT_ERROR, EXIT_OK, Output, error_line
+from futureq.client import Client
+from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, split_by_size
+from futureq.errors import ConnectionLostError, ErrorCode, ProtocolError, RequestError
+
+STDIN_PAYLOAD: Final = "-"
+"""``publish TOPIC -`` reads the payload bytes from standard input."""
+MAX_FAILURES_SHOWN: Final = 50
+
+
+def read_payload(handle: IO[bytes], limit: int, source: str) -> bytes:
+    """Read a payload from ``handle``, at most ``limit`` + 1 bytes (``/dev/zero`` or
+    ``yes |`` would otherwise fill the memory).
+
+    Raises:
+        RequestError: PAYLOAD_TOO_LARGE when there are more than ``limit`` bytes.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = handle.read(limit + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > limit:
+        raise RequestError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"the payload from {source} is more than {limit} bytes, the largest frame the "
+            "server accepts (its payload limit, max_payload_bytes, is 1 MiB by default); "
+            "send a smaller payload",
+        )
+    return b"".join(chunks)
+
+
+async def run_publish_one(client: Client, args: argparse.Namespace, io: Output) -> int:
+    # No payload can be larger than a frame: read one byte more to know it is too large.
+    limit = client.max_frame_bytes
+    if args.payload_file is not None:
+        with open(args.payload_file, "rb") as handle:  # noqa: ASYNC230 - a bounded read
+            payload = read_payload(handle, limit, args.payload_file)
+    elif args.payload == STDIN_PAYLOAD:
+        stdin = io.stdin if io.stdin is not None else sys.stdin.buffer
+        payload = await trio.to_thread.run_sync(read_payload, stdin, limit, "standard input")
+    else:
+        # The bytes the shell passed: a payload is bytes, so $'\xff' is sent as 0xff
+        # (argv is decoded with surrogateescape; UTF-8 text stays its UTF-8).
+        payload = argv_bytes(args.payload)
+    message_id = await client.publish(
+        args.topic,
+        payload,
+        delay_ms=args.delay,
+        deliver_at_ms=args.at,
+        ttl_ms=args.ttl,
+        headers=dict(args.headers) if args.headers else None,
+        idempotency_key=args.idempotency_key,
+    )
+    io.out(str(message_id))
+    return EXIT_OK
+
+
+@attrs.define
+class PublishSummary:
+    """Outcome of ``publish --file``."""
+
+    published: int = 0
+    duplicates: int = 0
+    """Lines that stored nothing: their idempotency key named an earlier message."""
+    failures: list[LineFailure] = attrs.Factory(list)
+    stopped_at_line: int | None = None
+    """The first line of the batch that found no server within --request-timeout, after
+    which nothing more was sent (None: every batch was tried)."""
+    not_sent: int = 0
+    """Lines of the batches after that one, reported as failed without being sent."""
+
+
+def frame_batches(
+    items: Sequence[JsonlItem], batch_size: int, max_frame_bytes: int
+) -> list[list[JsonlItem]]:
+    """Consecutive batches of at most ``batch_size`` items whose PUBLISH frame stays
+    within ``max_frame_bytes`` (an item too large for any frame goes alone): the
+    client's own split (:func:`~futureq.client._batching.split_by_size`), one frame per
+    batch, so a refused item's batch can be sent again without it."""
+    budget = max_frame_bytes - PUBLISH_FRAME_OVERHEAD_BYTES
+    batches: list[list[JsonlItem]] = []
+    start = 0
+    while start < len(items):
+        end = split_by_size(items, start, batch_size, budget)
+        batches.append(list(items[start:end]))
+        start = end
+    return batches
+
+
+async def publish_items(
+    client: Client,
+    items: Sequence[JsonlItem],
+    batch_size: int,
+    on_progress: Callable[[int], None] = lambda n: None,
+    max_frame_bytes: int | None = None,
+) -> PublishSummary:
+    """Publish JSONL items in batches; a refused item is reported and the rest resent.
+
+    Batches hold at most ``batch_size`` items and fit one PUBLISH frame of the
+    server's ``max_frame_bytes`` (by each item's ``wire_bytes``). The server stores
+    nothing of a refused PUBLISH and names its first bad item, so that line becomes a
+    failure and the batch is sent again without it (a line the client cannot encode
+    never gets here: :class:`PublishItem` refuses it when the line is read). Errors not
+    naming an item (connection lost, 3xx after retries) fail every line of the batch;
+    those two mean no server answered for a whole ``request_timeout_s``, so the lines
+    of the later batches are failed as not sent rather than each batch waiting as long
+    again (:attr:`PublishSummary.stopped_at_line`).
+
+    Args:
+        client: A connected client.
+        items: The good lines, in order.
+        batch_size: Messages per PUBLISH (capped at the client's ``max_batch_items``).
+        on_progress: Called with the number of lines settled (published or failed).
+        max_frame_bytes: The server's frame limit (default: learned from the client).
+
+    Returns:
+        The counts published and already published (a duplicate idempotency key) and
+        the failed lines, in line order.
+    """
+    summary = PublishSummary()
+    size = max(1, min(batch_size, client.max_batch_items))
+    limit = client.max_frame_bytes if max_frame_bytes is None else max_frame_bytes
+    pending = collections.deque(frame_batches(items, size, limit))
+    while pending:
+        batch = pending.popleft()
+        too_big = [e for e in batch if e.wire_bytes > limit - PUBLISH_FRAME_OVERHEAD_BYTES]
+        if len(batch) == 1 and too_big:
+            summary.failures.append(
+                LineFailure(
+                    batch[0].line_number,
+                    f"[{ErrorCode.FRAME_TOO_LARGE.name}] the message takes "
+                    f"{batch[0].wire_bytes} bytes; the server takes frames of at most "
+                    f"{limit} bytes (and payloads of at most its max_payload_bytes)",
+                )
+            )
+            on_progress(1)
+            continue
+        while batch:
+            duplicates: list[int] = []
+            # What was stored even though the call raised: on a sharded node the other
+            # shards' parts of a batch one shard refused. Counted here and never resent.
+            stored: dict[int, int] = {}
+            try:
+                await client.publish_batch(
+                    [entry.item for entry in batch], duplicates=duplicates, stored=stored
+                )
+            except RequestError as exc:
+                index = exc.item_index
+                named = index is not None and 0 <= index < len(batch) and index not in stored
+                bad_entry = batch[index] if named and index is not None else None
+                batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
+                if bad_entry is not None:
+                    batch = [entry for entry in batch if entry is not bad_entry]
+                    summary.failures.append(
+                        LineFailure(bad_entry.line_number, f"[{exc.code.name}] {exc.message}")
+                    )
+                    on_progress(1)
+                    continue
+                reason = f"[{exc.code.name}] {exc.message}"
+                # A 3xx error reaches us only once retrying it would pass the deadline.
+                unavailable = exc.code.retryable
+            except (ConnectionLostError, ProtocolError) as exc:
+                batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
+                reason = error_line(exc, ",".join(client.servers)).removeprefix("error: ")
+                unavailable = isinstance(exc, ConnectionLostError)
+            else:
+                summary.published += len(batch) - len(duplicates)
+                summary.duplicates += len(duplicates)
+                on_progress(len(batch))
+                break
+            summary.failures.extend(LineFailure(entry.line_number, reason) for entry in batch)
+            on_progress(len(batch))
+            if unavailable and batch:
+                # The client retried until --request-timeout ran out: every later batch
+                # would wait as long again (300 batches x 8 s is 40 minutes of silence).
+                # One deadline per outage, not one per batch: stop, and report the rest.
+                _fail_not_sent(pending, batch[0].line_number, reason, summary, on_progress)
+            break
+    summary.failures.sort(key=lambda failure: failure.line_number)
+    return summary
+
+
+def _fail_not_sent(
+    pending: collections.deque[list[JsonlItem]],
+    failed_line: int,
+    reason: str,
+    summary: PublishSummary,
+    on_progress: Callable[[int], None],
+) -> None:
+    """Report every line of the batches still ``pending`` as not sent, and empty it:
+    the batch starting at ``failed_line`` found the cluster unavailable for a whole
+    ``--request-timeout`` (``reason``), so publishing stops there (``docs/cli.md``,
+    "publish --file")."""
+    code = reason.split("]", 1)[0] + "]" if reason.startswith("[") else "[CONNECTION_LOST]"
+    why = (
+        f"{code} not sent: publishing stopped when the batch from line {failed_line} "
+        "found no available server within --request-timeout"
+    )
+    count = 0
+    while pending:
+        for entry in pending.popleft():
+            summary.failures.append(LineFailure(entry.line_number, why))
+            count += 1
+    summary.stopped_at_line = failed_line
+    summary.not_sent = count
+    on_progress(count)
+
+
+def _drop_stored(
+    batch: list[JsonlItem],
+    stored: dict[int, int],
+    duplicates: list[int],
+    summary: PublishSummary,
+    on_progress: Callable[[int], None],
+) -> list[JsonlItem]:
+    """Count the lines of ``batch`` a failed call stored anyway (``stored``: positions
+    in ``batch``; ``duplicates``: those of them that were already published) and return
+    the lines still to send, in order."""
+    if not stored:
+        return batch
+    repeated = set(duplicates)
+    summary.duplicates += sum(1 for position in stored if position in repeated)
+    summary.published += sum(1 for position in stored if position not in repeated)
+    on_progress(len(stored))
+    return [entry for position, entry in enumerate(batch) if position not in stored]
+
+
+async def run_publish_file(client: Client, args: argparse.Namespace, io: Output) -> int:
+    with open(args.file, encoding="utf-8", errors="surrogateescape") as handle:  # noqa: ASYNC230
+        items, failures = parse_jsonl(handle)
+    batch_size = args.batch_size or DEFAULT_BATCH_SIZE
+    started = time.monotonic()
+    if io.is_terminal and items:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as progress:
+            task = progress.add_task("publishing", total=len(items))
+            summary = await publish_items(
+                client, items, batch_size, lambda n: progress.advance(task, n)
+            )
+    else:
+        summary = await publish_items(client, items, batch_size)
+    elapsed_s = max(time.monotonic() - started, 1e-9)
+    summary.failures = sorted(failures + summary.failures, key=lambda f: f.line_number)
+    rate = summary.published / elapsed_s
+    already = (
+        f", {summary.duplicates} already published (same idempotency key)"
+        if summary.duplicates
+        else ""
+    )
+    io.out(
+        f"published {summary.published} message(s){already} in {elapsed_s:.2f} s "
+        f"({rate:.0f} msgs/s); {len(summary.failures)} failed line(s)"
+    )
+    for failure in summary.failures[:MAX_FAILURES_SHOWN]:
+        io.err(str(failure))
+    if len(summary.failures) > MAX_FAILURES_SHOWN:
+        io.err(f"... and {len(summary.failures) - MAX_FAILURES_SHOWN} more failed line(s)")
+    if summary.stopped_at_line is not None:
+        io.err(
+            f"stopped at line {summary.stopped_at_line}: its batch found no available "
+            f"server within --request-timeout, so the {summary.not_sent} line(s) after "
+            "that batch were not sent"
+        )
+    return EXIT_ERROR if summary.failures else EXIT_OK
