@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     total = args.messages if args.messages is not None else (200_000 if args.quick else 1_000_000)
     base_ms = int(now_ms()) + 60_000
     results: dict[str, Any] = {"messages": total}
-    compileall.compile_dir(str(Path(frames.__file__).parents[1]), quiet=1)
+    compileall.compile_dir(str(Path(frames.__file__).parents[2]), quiet=1)
     with Server() as first:
         # The first Server owns the temporary directory; later ones reuse its data_dir.
         data_dir: Path = first.data_dir

@@ -1,0 +1,109 @@
+"""The protocol's numbers: its version, the frame types, and the enums frames carry
+(item statuses, revoke reasons, ack levels).
+
+Numbers are stable protocol constants: each is documented in ``docs/protocol.md`` and
+never changes meaning.
+"""
+
+from __future__ import annotations
+
+import enum
+
+PROTOCOL_VERSION = 1
+"""The protocol version this code speaks (``docs/protocol.md``, "Versions")."""
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1})
+
+
+class FrameType(enum.IntEnum):
+    """The first element of every frame. Numbers are stable protocol constants."""
+
+    HELLO = 1
+    HELLO_OK = 2
+    PUBLISH = 3
+    PUBLISH_OK = 4
+    SUBSCRIBE = 5
+    SUBSCRIBE_OK = 6
+    DELIVER = 7
+    ACK = 8
+    NACK = 9
+    CREDIT = 10
+    STATUS = 11
+    STATUS_OK = 12
+    ERROR = 13
+    OK = 14
+    UNSUBSCRIBE = 15
+    PING = 16
+    PONG = 17
+    GROUP_CREATE = 18
+    GROUP_DELETE = 19
+    CLUSTER_STATUS = 20
+    CLUSTER_STATUS_OK = 21
+    CLUSTER_ADD_NODE = 22
+    CLUSTER_REMOVE_NODE = 23
+    CLUSTER_TRANSFER_LEADER = 24
+    REVOKE = 25
+    SUBSCRIPTION_END = 26
+    EXTEND = 27
+    RELEASE = 28
+    SUBSCRIPTION_INFO = 29
+    # 35-39: issue 13 (live overview for dashboards)
+    WATCH = 35
+    WATCH_UPDATE = 36
+    UNWATCH = 37
+    # 40-59: managing scheduled messages (issue 14).
+    CANCEL = 40
+    ITEM_RESULTS = 41
+    BROWSE = 42
+    BROWSE_OK = 43
+    REDRIVE = 44
+    RESCHEDULE = 45
+    PURGE = 46
+    BROWSE_COUNTS = 47
+    BROWSE_COUNTS_OK = 48
+    # 60-69: issue 15, shards
+    SLOT_MAP = 60
+    SLOT_MAP_OK = 61
+
+
+class ItemStatus(enum.IntEnum):
+    """Per-item outcome of CANCEL (and the other by-id management requests) in
+    ITEM_RESULTS (``docs/protocol.md``, "ITEM_RESULTS")."""
+
+    DONE = 0
+    """Cancelled (never delivered), rescheduled or redriven."""
+    DELIVERED = 1
+    """CANCEL: removed, but it had been delivered already (at least once)."""
+    UNKNOWN = 2
+    """Not pending there: never published, or already acked, expired, dead-lettered,
+    cancelled or purged (or, with a group, not in that group)."""
+    NO_TARGET = 3
+    """REDRIVE: its original group no longer exists; it stays a dead letter."""
+
+
+MAX_MESSAGE_ID = 2**64 - 1
+"""Largest message id (``docs/protocol.md``, "Message ids")."""
+
+
+class RevokeReason(enum.IntEnum):
+    """Why a REVOKE took deliveries back (``docs/protocol.md``, "REVOKE")."""
+
+    VISIBILITY_TIMEOUT = 1
+    """The visibility timeout passed unsettled: the message is due for the group again."""
+    REMOVED = 2
+    """The message expired while the delivery was out (sent at the expiry), or a
+    command removed or moved it (RESCHEDULE)."""
+    CANCELLED = 3
+    """A CANCEL or PURGE removed the message from the group: do not process it."""
+
+
+class AckLevel(enum.IntEnum):
+    """When the server answers a PUBLISH (``docs/protocol.md``, "PUBLISH").
+
+    NONE: right after validation, before the batch is durable (ids unknown).
+    LEADER: once the batch is durable on the leader.
+    QUORUM: once the batch is committed by a quorum (single node: same as LEADER).
+    """
+
+    NONE = 0
+    LEADER = 1
+    QUORUM = 2
