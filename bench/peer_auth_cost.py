@@ -24,18 +24,9 @@ from typing import Any
 
 from bench._common import add_common_args, finish
 from futureq.raft import peer_auth
-from futureq.raft.messages import (
-    AppendEntries,
-    Entry,
-    Heartbeat,
-    InstallSnapshot,
-    LogIndex,
-    Membership,
-    NodeId,
-    Term,
-    decode_message,
-    encode_message,
-)
+from futureq.raft.message_codec import decode_message, encode_message
+from futureq.raft.messages import AppendEntries, Heartbeat, InstallSnapshot, LogIndex, NodeId, Term
+from futureq.raft.values import Entry, Membership
 from futureq.wire.codec import FrameDecoder, encode_value
 
 NAME = "peer_auth_cost"

@@ -112,8 +112,8 @@ def data_kind(db: Database) -> DataKind:
     has_raft = any(db.get(STATE_FAMILY, key) is not None for key in _RAFT_KEYS)
     applied = _applied_index(db)
     if has_raft:
-        from futureq.raft.messages import HardState
         from futureq.raft.rocks_storage import RocksStorage
+        from futureq.raft.values import HardState
 
         storage = RocksStorage(db, snapshot_dir(db.path))
         meta = storage.snapshot_metadata()
@@ -160,8 +160,8 @@ def _lay_out_cluster_node(db: Database, node_id: int, data: bytes, index: int) -
     new cluster: a Raft snapshot at ``index``, term :data:`FIRST_TERM`, membership
     ``{node_id}``, the log empty after it. The one place that lays out a cluster node's
     Raft state from a queue state (data-directory stamps belong here too)."""
-    from futureq.raft.messages import HardState, Membership, Snapshot, SnapshotMetadata
     from futureq.raft.rocks_storage import RocksStorage
+    from futureq.raft.values import HardState, Membership, Snapshot, SnapshotMetadata
 
     db.delete_range(LOG_FAMILY, b"", _MAX_KEY)  # every entry is applied: none is needed
     storage = RocksStorage(db, snapshot_dir(db.path))

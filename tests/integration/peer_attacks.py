@@ -19,15 +19,9 @@ from typing import Any
 from cluster_process import Cluster, ClusterNode
 
 from futureq.raft import peer_auth
-from futureq.raft.messages import (
-    AppendEntries,
-    Entry,
-    EntryKind,
-    LogIndex,
-    NodeId,
-    Term,
-    encode_message,
-)
+from futureq.raft.message_codec import encode_message
+from futureq.raft.messages import AppendEntries, LogIndex, NodeId, Term
+from futureq.raft.values import Entry, EntryKind
 from futureq.state import commands
 from futureq.wire.codec import CLOSED, NEED_DATA, FrameDecoder, encode_value
 

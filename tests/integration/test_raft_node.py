@@ -24,10 +24,10 @@ import trustme
 
 from futureq.errors import NotLeaderError, RequestError
 from futureq.raft import peer_auth
+from futureq.raft.message_codec import encode_message
 from futureq.raft.messages import (
     AppendEntries,
     ClockPing,
-    Entry,
     Heartbeat,
     LogIndex,
     Message,
@@ -35,7 +35,6 @@ from futureq.raft.messages import (
     Ready,
     Sender,
     Term,
-    encode_message,
 )
 from futureq.raft.node import RaftNode
 from futureq.raft.node_config import RaftNodeConfig
@@ -47,6 +46,7 @@ from futureq.raft.transport import (
     AddressBook,
     Transport,
 )
+from futureq.raft.values import Entry
 from futureq.storage.db import Database
 from futureq.wire.codec import NEED_DATA, FrameDecoder, encode_value
 

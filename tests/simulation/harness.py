@@ -42,15 +42,10 @@ import msgpack
 
 from futureq.raft.cluster_clock import ClockConfig
 from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError
+from futureq.raft.message_codec import decode_message, encode_message
 from futureq.raft.messages import (
     CLOCK_MESSAGES,
-    ConfChange,
-    ConfChangeOp,
-    Entry,
-    EntryKind,
-    HardState,
     LogIndex,
-    Membership,
     Message,
     NodeId,
     NotMember,
@@ -59,14 +54,20 @@ from futureq.raft.messages import (
     RecoveryResponse,
     RequestVote,
     RequestVoteResponse,
-    Snapshot,
     Term,
-    decode_message,
-    encode_message,
 )
 from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
 from futureq.raft.timekeeper import TimeConfig, TimeKeeper
+from futureq.raft.values import (
+    ConfChange,
+    ConfChangeOp,
+    Entry,
+    EntryKind,
+    HardState,
+    Membership,
+    Snapshot,
+)
 
 TICK_US = 10_000
 """Simulated time per tick (µs): 10 ms, so the default election timeout is 100 ms."""

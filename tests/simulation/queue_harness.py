@@ -52,8 +52,9 @@ from harness import EPOCH_US, TICK_US, InvariantViolation, Scenario, SimCluster,
 
 from futureq.errors import StorageError
 from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError
-from futureq.raft.messages import Entry, EntryKind, LogIndex, Membership, NodeId, Ready
+from futureq.raft.messages import LogIndex, NodeId, Ready
 from futureq.raft.roles import Role
+from futureq.raft.values import Entry, EntryKind, Membership
 from futureq.state import commands, snapshot
 from futureq.state.commands import CommandKind, GroupSettings
 from futureq.state.queue_state import QueueState

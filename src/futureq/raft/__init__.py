@@ -15,26 +15,21 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from futureq.raft.core import ProposalDroppedError, RaftConfig, RaftCore, RaftNotLeaderError
-    from futureq.raft.messages import (
+    from futureq.raft.message_codec import decode_message, encode_message
+    from futureq.raft.messages import LogIndex, Message, NodeId, Ready, Term
+    from futureq.raft.roles import Role
+    from futureq.raft.storage import MemoryStorage, Storage
+    from futureq.raft.values import (
         ConfChange,
         ConfChangeOp,
         Entry,
         EntryKind,
         HardState,
-        LogIndex,
         Membership,
-        Message,
-        NodeId,
         ReadState,
-        Ready,
         Snapshot,
         SnapshotMetadata,
-        Term,
-        decode_message,
-        encode_message,
     )
-    from futureq.raft.roles import Role
-    from futureq.raft.storage import MemoryStorage, Storage
 
 _SOURCES = {
     "ProposalDroppedError": "core",
@@ -42,22 +37,22 @@ _SOURCES = {
     "RaftCore": "core",
     "RaftNotLeaderError": "core",
     "Role": "roles",
-    "ConfChange": "messages",
-    "ConfChangeOp": "messages",
-    "Entry": "messages",
-    "EntryKind": "messages",
-    "HardState": "messages",
+    "ConfChange": "values",
+    "ConfChangeOp": "values",
+    "Entry": "values",
+    "EntryKind": "values",
+    "HardState": "values",
     "LogIndex": "messages",
-    "Membership": "messages",
+    "Membership": "values",
     "Message": "messages",
     "NodeId": "messages",
-    "ReadState": "messages",
+    "ReadState": "values",
     "Ready": "messages",
-    "Snapshot": "messages",
-    "SnapshotMetadata": "messages",
+    "Snapshot": "values",
+    "SnapshotMetadata": "values",
     "Term": "messages",
-    "decode_message": "messages",
-    "encode_message": "messages",
+    "decode_message": "message_codec",
+    "encode_message": "message_codec",
     "MemoryStorage": "storage",
     "Storage": "storage",
 }

@@ -1,8 +1,9 @@
 """The smallest Raft vocabulary: id and index types and the majority rule.
 
-Kept apart from :mod:`futureq.raft.messages` (about thirty attrs classes) so that a
-single node, which uses the cluster clock and peer-credential checks but runs no
-Raft, loads no more than this (``docs/architecture.md``, "Start-up").
+Kept apart from :mod:`futureq.raft.values` and :mod:`futureq.raft.messages` (about
+thirty attrs classes) so that a single node, which uses the cluster clock and
+peer-credential checks but runs no Raft, loads no more than this
+(``docs/architecture.md``, "Start-up").
 """
 
 from __future__ import annotations

@@ -62,33 +62,23 @@ from futureq.raft.log import RaftLog
 from futureq.raft.messages import (
     CLOCK_MESSAGES,
     AppendEntries,
-    ConfChange,
-    ConfChangeOp,
-    Entry,
-    EntryKind,
-    HardState,
     Heartbeat,
     InstallSnapshot,
     LogIndex,
-    Membership,
     Message,
     NodeId,
     NotMember,
     ReadIndex,
-    ReadState,
     Ready,
     RecoveryRequest,
     RecoveryResponse,
-    Registry,
     RequestVote,
     RequestVoteResponse,
     Sender,
-    Snapshot,
-    SnapshotMetadata,
     Term,
     TimeoutNow,
-    encode_config_change,
 )
+from futureq.raft.payload_codec import encode_config_change
 from futureq.raft.progress import Progress, SnapshotReceiver
 from futureq.raft.quorum import (
     MembershipHistory,
@@ -100,6 +90,18 @@ from futureq.raft.quorum import (
 from futureq.raft.recovery import Position, Recovery
 from futureq.raft.registry import RegistryHistory
 from futureq.raft.roles import Role
+from futureq.raft.values import (
+    ConfChange,
+    ConfChangeOp,
+    Entry,
+    EntryKind,
+    HardState,
+    Membership,
+    ReadState,
+    Registry,
+    Snapshot,
+    SnapshotMetadata,
+)
 
 if TYPE_CHECKING:
     import random

@@ -17,7 +17,6 @@ from futureq.raft import election
 from futureq.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
-    EntryKind,
     Heartbeat,
     HeartbeatResponse,
     InstallSnapshot,
@@ -25,12 +24,11 @@ from futureq.raft.messages import (
     LogIndex,
     Message,
     ReadIndexResponse,
-    ReadState,
-    Snapshot,
     TimeoutNow,
-    decode_config_change,
 )
+from futureq.raft.payload_codec import decode_config_change
 from futureq.raft.roles import Campaign
+from futureq.raft.values import EntryKind, ReadState, Snapshot
 
 if TYPE_CHECKING:
     from futureq.raft.core import RaftCore

@@ -21,10 +21,6 @@ from futureq.raft import read_index, recovery_steps, replication
 from futureq.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
-    ConfChange,
-    ConfChangeOp,
-    Entry,
-    EntryKind,
     Heartbeat,
     HeartbeatResponse,
     InstallSnapshot,
@@ -43,6 +39,7 @@ from futureq.raft.quorum import (
     majority,
 )
 from futureq.raft.roles import Role
+from futureq.raft.values import ConfChange, ConfChangeOp, Entry, EntryKind
 
 if TYPE_CHECKING:
     from futureq.raft.core import RaftCore

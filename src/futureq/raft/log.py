@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from futureq.raft.messages import Entry, LogIndex, Snapshot, Term
+from futureq.raft.messages import LogIndex, Term
 from futureq.raft.storage import CompactedError, UnavailableError
+from futureq.raft.values import Entry, Snapshot
 
 if TYPE_CHECKING:
     from futureq.raft.storage import Storage

@@ -58,10 +58,6 @@ from futureq.raft import node_driver, node_ready
 from futureq.raft.cluster_clock import describe_offset
 from futureq.raft.core import RaftCore
 from futureq.raft.messages import (
-    ConfChange,
-    ConfChangeOp,
-    Entry,
-    Membership,
     Message,
     NodeId,
 )
@@ -69,6 +65,7 @@ from futureq.raft.node_config import RaftNodeConfig, SnapshotSource, StateMachin
 from futureq.raft.node_ops import Op, Waiter, outcome_unknown
 from futureq.raft.roles import Role
 from futureq.raft.timekeeper import TimeKeeper
+from futureq.raft.values import ConfChange, ConfChangeOp, Entry, Membership
 
 if TYPE_CHECKING:
     from futureq.clock import MicroClock

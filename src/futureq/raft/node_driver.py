@@ -29,7 +29,6 @@ from futureq.raft.messages import (
     AppendEntries,
     Heartbeat,
     LogIndex,
-    Membership,
     Message,
     NodeId,
 )
@@ -37,6 +36,7 @@ from futureq.raft.node_ops import PROBE_PREFIX, Op, Waiter, outcome_unknown
 from futureq.raft.rocks_storage import StoreIdentity
 from futureq.raft.roles import Role
 from futureq.raft.storage import SnapshotOutOfDateError
+from futureq.raft.values import Membership
 
 if TYPE_CHECKING:
     from futureq.raft.node import RaftNode

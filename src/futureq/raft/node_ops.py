@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from futureq.errors import ErrorCode, RequestError
-from futureq.raft.messages import ConfChange
+from futureq.raft.values import ConfChange
 
 
 class Waiter:

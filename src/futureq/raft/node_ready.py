@@ -20,9 +20,10 @@ import trio
 
 from futureq.errors import NoSpaceError, RequestError
 from futureq.quick_thread import run_sync_quick
-from futureq.raft.messages import Entry, EntryKind, Ready
+from futureq.raft.messages import Ready
 from futureq.raft.node_ops import PROBE_PREFIX, outcome_unknown
 from futureq.raft.roles import Role
+from futureq.raft.values import Entry, EntryKind
 
 if TYPE_CHECKING:
     from futureq.raft.node import RaftNode

@@ -21,16 +21,8 @@ from collections import deque
 
 import attrs
 
-from futureq.raft.messages import (
-    EMPTY_REGISTRY,
-    LogIndex,
-    Membership,
-    Registry,
-    Sender,
-    Snapshot,
-    SnapshotMetadata,
-    Term,
-)
+from futureq.raft.messages import LogIndex, Sender, Term
+from futureq.raft.values import EMPTY_REGISTRY, Membership, Registry, Snapshot, SnapshotMetadata
 
 
 class ProgressState(enum.Enum):

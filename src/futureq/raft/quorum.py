@@ -24,16 +24,9 @@ from typing import TYPE_CHECKING
 import attrs
 
 from futureq.raft.basics import majority as majority
-from futureq.raft.messages import (
-    ConfChange,
-    ConfChangeOp,
-    Entry,
-    EntryKind,
-    LogIndex,
-    Membership,
-    NodeId,
-    decode_config_change,
-)
+from futureq.raft.messages import LogIndex, NodeId
+from futureq.raft.payload_codec import decode_config_change
+from futureq.raft.values import ConfChange, ConfChangeOp, Entry, EntryKind, Membership
 
 if TYPE_CHECKING:
     from futureq.raft.storage import Storage

@@ -10,11 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from futureq.raft import leader, replication
-from futureq.raft.messages import (
-    NodeId,
-    ReadIndexResponse,
-    ReadState,
-)
+from futureq.raft.messages import NodeId, ReadIndexResponse
+from futureq.raft.values import ReadState
 
 if TYPE_CHECKING:
     from futureq.raft.core import RaftCore

@@ -17,19 +17,18 @@ from typing import TYPE_CHECKING
 
 from futureq.raft import leader, replication
 from futureq.raft.messages import (
-    EntryKind,
     LogIndex,
-    MemberRecord,
     NodeId,
     NotMember,
     RecoveryRequest,
     RecoveryResponse,
     Sender,
     Term,
-    encode_registry,
 )
+from futureq.raft.payload_codec import encode_registry
 from futureq.raft.recovery import Configurations
 from futureq.raft.roles import Role
+from futureq.raft.values import EntryKind, MemberRecord
 
 if TYPE_CHECKING:
     from futureq.raft.core import RaftCore

@@ -21,15 +21,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from futureq.raft.messages import (
-    ConfChangeOp,
-    Entry,
-    EntryKind,
-    LogIndex,
-    Registry,
-    decode_config_change,
-    decode_registry,
-)
+from futureq.raft.messages import LogIndex
+from futureq.raft.payload_codec import decode_config_change, decode_registry
+from futureq.raft.values import ConfChangeOp, Entry, EntryKind, Registry
 
 
 class RegistryHistory:

@@ -7,7 +7,7 @@ Layout (``DESIGN.md``, "Storage layout"):
   also writes);
 * family ``raft_state``: ``hard_state`` = msgpack ``[term, vote or nil, commit]``;
   ``snapshot`` = msgpack ``[index, term, voters, learners, file name, registry]`` (the
-  member registry as :func:`~futureq.raft.messages.encode_registry` bytes; absent in
+  member registry as :func:`~futureq.raft.payload_codec.encode_registry` bytes; absent in
   data written before it existed); ``identity`` = msgpack ``[cluster id, node id,
   incarnation]``, the stamp a data directory gets when it is created (``docs/raft.md``,
   "Disk faults");
@@ -38,26 +38,22 @@ import attrs
 import msgpack
 
 from futureq.errors import RemoteProtocolError, StorageError
-from futureq.raft.messages import (
-    EMPTY_REGISTRY,
-    Entry,
-    EntryKind,
-    HardState,
-    LogIndex,
-    Membership,
-    NodeId,
-    Ready,
-    Snapshot,
-    SnapshotMetadata,
-    Term,
-    decode_registry,
-    encode_registry,
-)
+from futureq.raft.messages import LogIndex, NodeId, Ready, Term
+from futureq.raft.payload_codec import decode_registry, encode_registry
 from futureq.raft.storage import (
     CompactedError,
     SnapshotOutOfDateError,
     UnavailableError,
     check_appendable,
+)
+from futureq.raft.values import (
+    EMPTY_REGISTRY,
+    Entry,
+    EntryKind,
+    HardState,
+    Membership,
+    Snapshot,
+    SnapshotMetadata,
 )
 from futureq.storage.db import LOG_FAMILY as LOG_FAMILY
 from futureq.storage.db import STATE_FAMILY as STATE_FAMILY

@@ -18,15 +18,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from futureq.errors import FutureQError
-from futureq.raft.messages import (
-    Entry,
-    HardState,
-    LogIndex,
-    Membership,
-    Snapshot,
-    SnapshotMetadata,
-    Term,
-)
+from futureq.raft.messages import LogIndex, Term
+from futureq.raft.values import Entry, HardState, Membership, Snapshot, SnapshotMetadata
 
 
 class CompactedError(FutureQError):

@@ -40,6 +40,7 @@ from futureq.config import split_host_port
 from futureq.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from futureq.raft import peer_auth
 from futureq.raft.incarnations import IncarnationGuard, Ticket, TwinRefusalError
+from futureq.raft.message_codec import decode_message, encode_message
 from futureq.raft.messages import (
     ClockPing,
     ClockPong,
@@ -48,8 +49,6 @@ from futureq.raft.messages import (
     RequestVote,
     RequestVoteResponse,
     TimeoutNow,
-    decode_message,
-    encode_message,
 )
 from futureq.raft.peer_auth import MAGIC, PROTOCOL_VERSION, PeerAuthError
 from futureq.rate_limited_log import RateLimitedLog

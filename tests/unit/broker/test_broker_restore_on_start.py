@@ -11,8 +11,9 @@ import pytest
 from futureq.broker.cluster import finish_interrupted_restore
 from futureq.config import ClusterSection, Config, ServerSection
 from futureq.errors import StorageError
-from futureq.raft.messages import LogIndex, Membership, NodeId, Snapshot, SnapshotMetadata, Term
+from futureq.raft.messages import LogIndex, NodeId, Term
 from futureq.raft.rocks_storage import RocksStorage
+from futureq.raft.values import Membership, Snapshot, SnapshotMetadata
 from futureq.state import commands, snapshot
 from futureq.state.queue_state import QueueState
 from futureq.state.store import MemoryStore

@@ -13,20 +13,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from futureq.raft.core import RaftConfig, RaftCore
-from futureq.raft.messages import (
-    Entry,
-    EntryKind,
-    LogIndex,
-    Membership,
-    Message,
-    NodeId,
-    ReadState,
-    Ready,
-    Snapshot,
-)
+from futureq.raft.messages import LogIndex, Message, NodeId, Ready
 from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
 from futureq.raft.timekeeper import TimeKeeper
+from futureq.raft.values import Entry, EntryKind, Membership, ReadState, Snapshot
 
 ELECTION_TICKS = 10
 

@@ -34,10 +34,11 @@ import pytest
 from raft_helpers import drain_timed
 
 from futureq.raft.core import RaftConfig, RaftCore
-from futureq.raft.messages import CLOCK_MESSAGES, Membership, Message, NodeId
+from futureq.raft.messages import CLOCK_MESSAGES, Message, NodeId
 from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
 from futureq.raft.timekeeper import TimeConfig, TimeKeeper
+from futureq.raft.values import Membership
 
 MS = 1000
 S = 1_000_000

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 from raft_helpers import Network, ids, make_node
 
-from futureq.raft.messages import (
-    AppendEntries,
-    Entry,
-    HardState,
-    LogIndex,
-    Membership,
-    NodeId,
-    Term,
-)
+from futureq.raft.messages import AppendEntries, LogIndex, NodeId, Term
 from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
+from futureq.raft.values import Entry, HardState, Membership
 
 
 def _node(node_id: int, terms: list[int], current_term: int):  # type: ignore[no-untyped-def]

@@ -11,28 +11,30 @@ from raft_helpers import Network, TestNode, ids, make_config, make_node
 from futureq.raft.core import RaftCore
 from futureq.raft.messages import (
     AppendEntries,
+    Heartbeat,
+    LogIndex,
+    NodeId,
+    NotMember,
+    RecoveryRequest,
+    RecoveryResponse,
+    RequestVote,
+    RequestVoteResponse,
+    Sender,
+    Term,
+)
+from futureq.raft.payload_codec import decode_registry
+from futureq.raft.roles import Role
+from futureq.raft.storage import MemoryStorage
+from futureq.raft.values import (
     ConfChange,
     ConfChangeOp,
     Entry,
     EntryKind,
     HardState,
-    Heartbeat,
-    LogIndex,
     MemberRecord,
     Membership,
-    NodeId,
-    NotMember,
-    RecoveryRequest,
-    RecoveryResponse,
     Registry,
-    RequestVote,
-    RequestVoteResponse,
-    Sender,
-    Term,
-    decode_registry,
 )
-from futureq.raft.roles import Role
-from futureq.raft.storage import MemoryStorage
 
 VOTERS = (1, 2, 3)
 T = TypeVar("T")
@@ -390,7 +392,7 @@ def test_messages_carry_the_senders_stamp() -> None:
 
 
 def test_registry_history_follows_removals_and_readds() -> None:
-    from futureq.raft.messages import encode_config_change
+    from futureq.raft.payload_codec import encode_config_change
     from futureq.raft.registry import RegistryHistory
 
     history = RegistryHistory(LogIndex(0), Registry())

@@ -7,17 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from futureq.raft.log import RaftLog
-from futureq.raft.messages import (
-    ConfChange,
-    ConfChangeOp,
-    Entry,
-    LogIndex,
-    Membership,
-    NodeId,
-    Snapshot,
-    SnapshotMetadata,
-    Term,
-)
+from futureq.raft.messages import LogIndex, NodeId, Term
 from futureq.raft.quorum import (
     MembershipHistory,
     VoteResult,
@@ -28,6 +18,14 @@ from futureq.raft.quorum import (
     vote_result,
 )
 from futureq.raft.storage import CompactedError, MemoryStorage
+from futureq.raft.values import (
+    ConfChange,
+    ConfChangeOp,
+    Entry,
+    Membership,
+    Snapshot,
+    SnapshotMetadata,
+)
 
 
 def _log(stable: list[int], unstable: list[int] = ()) -> RaftLog:  # type: ignore[assignment]

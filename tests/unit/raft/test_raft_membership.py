@@ -7,17 +7,9 @@ from raft_helpers import ELECTION_TICKS, Network, ids, make_node
 
 from futureq.errors import ErrorCode, RequestError
 from futureq.raft.core import ProposalDroppedError
-from futureq.raft.messages import (
-    ConfChange,
-    ConfChangeOp,
-    EntryKind,
-    LogIndex,
-    Membership,
-    NodeId,
-    RequestVote,
-    TimeoutNow,
-)
+from futureq.raft.messages import LogIndex, NodeId, RequestVote, TimeoutNow
 from futureq.raft.roles import Role
+from futureq.raft.values import ConfChange, ConfChangeOp, EntryKind, Membership
 
 
 def _change(op: ConfChangeOp, node_id: int) -> ConfChange:

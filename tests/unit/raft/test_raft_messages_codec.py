@@ -9,20 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from futureq.errors import ErrorCode, RemoteProtocolError
+from futureq.raft.message_codec import decode_message, encode_message
 from futureq.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
-    ConfChange,
-    ConfChangeOp,
-    Entry,
-    EntryKind,
     Heartbeat,
     HeartbeatResponse,
     InstallSnapshot,
     InstallSnapshotResponse,
     LogIndex,
-    MemberRecord,
-    Membership,
     Message,
     NodeId,
     NotMember,
@@ -30,18 +25,26 @@ from futureq.raft.messages import (
     ReadIndexResponse,
     RecoveryRequest,
     RecoveryResponse,
-    Registry,
     RequestVote,
     RequestVoteResponse,
     Sender,
     Term,
     TimeoutNow,
+)
+from futureq.raft.payload_codec import (
     decode_config_change,
-    decode_message,
     decode_registry,
     encode_config_change,
-    encode_message,
     encode_registry,
+)
+from futureq.raft.values import (
+    ConfChange,
+    ConfChangeOp,
+    Entry,
+    EntryKind,
+    MemberRecord,
+    Membership,
+    Registry,
 )
 
 counts = st.integers(min_value=0, max_value=2**63 - 1)

@@ -15,12 +15,12 @@ from raft_helpers import Network, make_node
 from futureq.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
-    EntryKind,
     LogIndex,
     NodeId,
     RequestVote,
 )
 from futureq.raft.roles import Role
+from futureq.raft.values import EntryKind
 
 
 def test_leader_replicates_before_its_own_write() -> None:

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 from raft_helpers import Network, ids, make_node
 
-from futureq.raft.messages import (
-    AppendEntries,
-    AppendEntriesResponse,
-    Entry,
-    EntryKind,
-    HardState,
-    LogIndex,
-    Membership,
-    NodeId,
-    Term,
-)
+from futureq.raft.messages import AppendEntries, AppendEntriesResponse, LogIndex, NodeId, Term
 from futureq.raft.progress import ProgressState
 from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
+from futureq.raft.values import Entry, EntryKind, HardState, Membership
 
 
 def _storage_with_log(voters: list[int], terms: list[int], current_term: int) -> MemoryStorage:

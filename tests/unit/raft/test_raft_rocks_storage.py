@@ -19,22 +19,19 @@ from pathlib import Path
 import pytest
 
 from futureq.errors import StorageError
-from futureq.raft.messages import (
+from futureq.raft.messages import LogIndex, NodeId, Ready, Term
+from futureq.raft.rocks_storage import RocksStorage, StoreIdentity
+from futureq.raft.storage import CompactedError, MemoryStorage
+from futureq.raft.values import (
     Entry,
     EntryKind,
     HardState,
-    LogIndex,
     MemberRecord,
     Membership,
-    NodeId,
-    Ready,
     Registry,
     Snapshot,
     SnapshotMetadata,
-    Term,
 )
-from futureq.raft.rocks_storage import RocksStorage, StoreIdentity
-from futureq.raft.storage import CompactedError, MemoryStorage
 from futureq.storage.db import Database
 
 MEMBERSHIP = Membership(frozenset({NodeId(1), NodeId(2), NodeId(3)}))

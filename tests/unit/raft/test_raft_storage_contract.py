@@ -14,23 +14,14 @@ from typing import Any
 import pytest
 from test_raft_rocks_storage import rocks_storage_factory
 
-from futureq.raft.messages import (
-    Entry,
-    EntryKind,
-    HardState,
-    LogIndex,
-    Membership,
-    NodeId,
-    Snapshot,
-    SnapshotMetadata,
-    Term,
-)
+from futureq.raft.messages import LogIndex, NodeId, Term
 from futureq.raft.storage import (
     CompactedError,
     MemoryStorage,
     SnapshotOutOfDateError,
     UnavailableError,
 )
+from futureq.raft.values import Entry, EntryKind, HardState, Membership, Snapshot, SnapshotMetadata
 
 MEMBERSHIP = Membership(frozenset({NodeId(1), NodeId(2), NodeId(3)}))
 

@@ -6,8 +6,9 @@ import pytest
 from raft_helpers import ELECTION_TICKS, Network
 
 from futureq.raft.core import ProposalDroppedError, RaftNotLeaderError
-from futureq.raft.messages import AppendEntries, Heartbeat, NodeId, ReadState, TimeoutNow
+from futureq.raft.messages import AppendEntries, Heartbeat, NodeId, TimeoutNow
 from futureq.raft.roles import Role
+from futureq.raft.values import ReadState
 
 
 def test_transfer_to_up_to_date_follower_makes_it_leader() -> None:

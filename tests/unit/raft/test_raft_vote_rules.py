@@ -5,17 +5,9 @@ from __future__ import annotations
 import pytest
 from raft_helpers import ids, make_node
 
-from futureq.raft.messages import (
-    Entry,
-    HardState,
-    LogIndex,
-    Membership,
-    NodeId,
-    RequestVote,
-    RequestVoteResponse,
-    Term,
-)
+from futureq.raft.messages import LogIndex, NodeId, RequestVote, RequestVoteResponse, Term
 from futureq.raft.storage import MemoryStorage
+from futureq.raft.values import Entry, HardState, Membership
 
 
 def _voter_with_log(terms: list[int], current_term: int, vote: int | None = None):  # type: ignore[no-untyped-def]

@@ -19,10 +19,8 @@ from futureq.raft.core import RaftConfig, RaftCore
 from futureq.raft.messages import (
     CLOCK_MESSAGES,
     ClockPing,
-    HardState,
     Heartbeat,
     LogIndex,
-    Membership,
     Message,
     NodeId,
     RequestVote,
@@ -32,6 +30,7 @@ from futureq.raft.messages import (
 from futureq.raft.roles import Role
 from futureq.raft.storage import MemoryStorage
 from futureq.raft.timekeeper import LeaderLease, TimeConfig, TimeKeeper
+from futureq.raft.values import HardState, Membership
 
 MS = 1000
 TICK_US = 10 * MS
