@@ -170,5 +170,56 @@ def test_a_broker_killed_mid_file_ends_the_run_within_the_request_timeout(
     assert out.rstrip().endswith(f"; {total - published} failed line(s)"), out
     failed = err.splitlines()
     assert "[CONNECTION_LOST]" in failed[0], failed[0]
-    assert failed[-1].startswith("stopped at line "), failed[-1]
-    assert "were not sent" in failed[-1]
+    assert failed[-2].startswith("stopped at line "), failed[-2]
+    assert "were not sent" in failed[-2]
+    # Not "send it again from line N" (part of what came before may be missing, and
+    # part of that batch stored): the lines not stored, and how to get exactly them.
+    assert failed[-1].startswith(f"{total - published} line(s) were not stored"), failed[-1]
+    assert "do not send the whole file again" in failed[-1]
+
+
+def test_the_lines_not_stored_go_to_failed_out_and_send_again_exactly_once(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Found by a tester: after an outage the CLI said "send the file again from line
+    N", which stored lines twice (a sharded node had stored part of what followed N)
+    and would lose none only by luck. ``--failed-out F`` writes every line not stored,
+    as it was; with idempotency keys, sending F after the node is back stores each line
+    of the file exactly once, the batch whose outcome the kill left unknown included."""
+    total = 20_000
+    source = tmp_path / "keyed.jsonl"
+    source.write_text(
+        "".join(
+            f'{{"topic":"again.f","payload":"p{i}","idempotency_key":"k{i}"}}\n'
+            for i in range(total)
+        )
+        + "not json\n"  # a line no server takes: it is "not stored" too
+    )
+    failed_out = tmp_path / "failed.jsonl"
+    command = [sys.executable, "-m", "futureq.cli.client_main", "--server"]
+    command += [broker.client_address, "--request-timeout", "1s", "publish", "--file"]
+    command += [str(source), "--batch-size", "50", "--failed-out", str(failed_out)]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            deadline = time.monotonic() + 30
+            while _published_total(broker, "again.f") == 0:
+                assert time.monotonic() < deadline, "the CLI published nothing in 30 s"
+                time.sleep(0.05)
+            broker.kill()
+            _, err = process.communicate(timeout=20)
+        finally:
+            process.kill()
+    assert process.returncode == 1, err
+    assert err.rstrip().endswith(
+        f"are in {failed_out}; send them again with publish --file {failed_out} "
+        "(a delay_ms counts from when it is sent)"
+    ), err
+    lines = failed_out.read_text().splitlines()
+    assert lines[-1] == "not json"
+    assert 0 < len(lines) - 1 < total
+    broker.start()
+    again = cli(broker.client_address, "publish", "--file", str(failed_out))
+    assert again.returncode == 1  # the line that is not JSON fails again, alone
+    assert pending(broker.client_address, "again.f") == total

@@ -213,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"messages per PUBLISH with --file (default {DEFAULT_BATCH_SIZE}, "
         f"at most {MAX_BATCH_SIZE})",
     )
+    publish.add_argument(
+        "--failed-out",
+        metavar="F",
+        help="with --file: write every line that was not stored (refused, failed or not "
+        "sent) to F as it was, so that `publish --file F` sends exactly those again",
+    ).complete = shtab.FILE  # type: ignore[attr-defined]
 
     consume = commands.add_parser(
         "consume",
@@ -401,6 +407,8 @@ def check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         return
     if args.batch_size is not None:
         parser.error("argument --batch-size: only with --file (one message is one PUBLISH)")
+    if args.failed_out is not None:
+        parser.error("argument --failed-out: only with --file (one message is one PUBLISH)")
     if args.topic is None:
         parser.error("publish needs TOPIC and PAYLOAD (or --payload-file F), or --file F")
     if (args.payload is None) == (args.payload_file is None):
