@@ -225,6 +225,10 @@ async def serve(
                 shard.index,
                 shard.slot_map.shard_count,
             )
+        else:  # a node of one process: not a shard's directory (DATA_DIR/shard-K)?
+            from futureq.shards.stamp import check_not_a_shard
+
+            check_not_a_shard(db)
         if handle_signals and _stopped_while_starting("opening RocksDB"):
             return False
         check_data_fits_mode(db, clustered=config.cluster.clustered)

@@ -38,7 +38,7 @@ from futureq.config import AUTO_SHARDS, WILDCARD_HOSTS, Config, join_host_port, 
 from futureq.config_checks import LOG_LEVELS
 from futureq.config_cross_checks import config_warnings
 from futureq.config_loader import env_var_name, load_config
-from futureq.errors import ConfigError
+from futureq.errors import ConfigError, StorageError
 from futureq.logging_setup import LOG_FORMATS, setup_logging
 from futureq.peer_credentials import generate_secret_file
 
@@ -478,7 +478,6 @@ EXIT_STORAGE = 3
 def _data_command(args: argparse.Namespace) -> int:
     """convert-to-cluster, backup, restore (:mod:`futureq.data_tools`)."""
     from futureq import data_tools  # RocksDB tooling: not needed by --help
-    from futureq.errors import StorageError
     from futureq.shards import layout
 
     try:
@@ -767,6 +766,9 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
         if shard is None:
             layout.check_shard_count(config)
     except ConfigError as error:
+        print(f"futureq: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except StorageError as error:  # a shard directory's stamp could not be read
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
     except OSError as error:

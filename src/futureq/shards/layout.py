@@ -23,6 +23,7 @@ Source: ``docs/sharding.md``, "Ports and data".
 from __future__ import annotations
 
 import os
+import re
 
 import attrs
 
@@ -80,7 +81,9 @@ def shard_config(config: Config, shard: int) -> Config:
         cluster,
         raft_listen=shift_address(cluster.raft_listen, offset),
         advertise_raft=(
-            None if cluster.advertise_raft is None else shift_address(cluster.advertise_raft, offset)
+            None
+            if cluster.advertise_raft is None
+            else shift_address(cluster.advertise_raft, offset)
         ),
         peers=peers,
         join=None if cluster.join is None else shift_address(cluster.join, offset),
@@ -228,6 +231,80 @@ def holds_data(data_dir: str) -> bool:
         return False
 
 
+def holds_rocksdb(directory: str) -> bool:
+    """True when ``directory`` holds a RocksDB: its ``CURRENT`` file, which RocksDB
+    writes when it creates a database and which names the live manifest. Other entries
+    prove nothing (a newly formatted volume mounted there holds ``lost+found``)."""
+    return os.path.isfile(os.path.join(directory, "CURRENT"))
+
+
+SHARD_DIR_PATTERN = re.compile(r"shard-(\d+)")
+"""Name of a shard's directory in a node's data directory (:func:`shard_data_dir`)."""
+
+
+def shard_dirs(data_dir: str) -> dict[int, str]:
+    """The ``shard-K`` directories in ``data_dir``: ``{K: path}``."""
+    found: dict[int, str] = {}
+    try:
+        with os.scandir(data_dir) as entries:
+            for entry in entries:
+                match = SHARD_DIR_PATTERN.fullmatch(entry.name)
+                if match and entry.is_dir():
+                    found[int(match.group(1))] = entry.path
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return dict(sorted(found.items()))
+
+
+def _check_stamp_file_missing(data_dir: str) -> None:
+    """Refuse a data directory holding ``shard-K`` directories but no ``SHARDS`` file
+    (deleted, or left behind by a copy): before, ``auto`` took it for a single node's
+    data and created a new, empty RocksDB beside the shards, and ``--shards N`` was told
+    it held a node of 1 shard. The count is what the directories' stamps say.
+
+    Raises:
+        ConfigError: shard directories without ``SHARDS``, with what to write in it.
+        StorageError: a shard's RocksDB cannot be read.
+    """
+    # Empty ones hold nothing to protect (mount points made ahead, a restore's targets).
+    found = {k: path for k, path in shard_dirs(data_dir).items() if holds_data(path)}
+    if not found:
+        return
+    from futureq.shards.stamp import read_directory_stamp
+
+    counts = set()
+    for path in found.values():
+        stamp = read_directory_stamp(path)
+        if stamp is not None:
+            counts.add(stamp[1])
+    names = ", ".join(os.path.basename(path) for path in found.values())
+    stamp_path = os.path.join(data_dir, STAMP_FILE)
+    if len(counts) == 1:
+        (count,) = counts
+        said = f"their stamps say the node has {count} shards"
+        remedy = (
+            f"restore it with that count (echo {count} > {stamp_path}) and start again "
+            f"(--shards {count} or the default auto)"
+        )
+    else:
+        said = (
+            "their stamps disagree on the shard count "
+            f"({', '.join(str(c) for c in sorted(counts))})"
+            if counts
+            else "they carry no stamp that says the count"
+        )
+        remedy = (
+            f"restore it (the count the node was created with, one line: echo N > "
+            f"{stamp_path}; the shard directories were {names}) and start again"
+        )
+    raise ConfigError(
+        f"{stamp_path} is missing, but {data_dir} holds shard directories ({names}), the "
+        f"data of a sharded node; {said}. The file recording the node's shard count was "
+        f"deleted or not copied; {remedy}. Nothing was changed (no store is created "
+        "beside the shards)"
+    )
+
+
 def check_shard_count(config: Config, *, starting: bool = True) -> None:
     """Refuse a data directory made for another shard count; stamp a new sharded one.
 
@@ -235,19 +312,25 @@ def check_shard_count(config: Config, *, starting: bool = True) -> None:
     With ``N > 1``: a directory without a stamp must be empty (or missing); it is
     stamped ``N``, and, when ``starting`` (not a restore, which fills it with data),
     marked as a first start until every shard is ready (:data:`FIRST_START_FILE`).
-    A stamp naming another count is refused.
+    A stamp naming another count is refused, and so are ``shard-K`` directories
+    without a stamp (``SHARDS`` deleted) and a shard's own directory.
 
     Raises:
         ConfigError: with a sentence saying what the directory holds and what to do.
+        StorageError: a shard directory's RocksDB cannot be read for its stamp.
         OSError: the stamp cannot be written.
     """
     data_dir = config.server.data_dir
     wanted = config.node.shards
     stamped = read_stamp(data_dir)
     if stamped is None:
+        _check_stamp_file_missing(data_dir)
         if wanted == 1:
-            return
+            return  # a shard's directory is refused once RocksDB is open (stamp.py)
         if holds_data(data_dir):
+            from futureq.shards.stamp import check_directory_not_a_shard
+
+            check_directory_not_a_shard(data_dir)  # --shards N on DATA_DIR/shard-K
             raise ConfigError(
                 f"{data_dir} holds the data of a node with 1 shard; start it without "
                 f"--shards (or --shards 1), or give --shards {wanted} an empty data "
