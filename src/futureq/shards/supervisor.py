@@ -35,13 +35,16 @@ Source: ``docs/sharding.md``, "Supervision".
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import secrets
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import attrs
@@ -57,7 +60,7 @@ from futureq.early_signals import (
     stand_in_for_stop_signals,
     stop_signal_seen,
 )
-from futureq.shards.layout import note_first_start_ready
+from futureq.shards.layout import note_first_start_ready, shard_data_dir
 from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,11 @@ EXIT_BIND = 4
 """The exit code of a node that cannot bind a port (``futureq.broker.server``'s)."""
 EXIT_FORCED = 5
 """A second stop signal cut the graceful stop short (``futureq.broker.server``'s)."""
+PREVIOUS_RUN_MARGIN_S = 3.0
+"""Added to ``server.shutdown_grace_ms`` + :data:`EXTRA_STOP_S` for the longest wait
+for the previous run's shards to stop (:func:`wait_for_previous_shards`): they notice
+their supervisor is gone within ``futureq.broker.server.ORPHAN_CHECK_S`` (s)."""
+PREVIOUS_RUN_POLL_S = 0.1
 HTTP_BACKLOG = 100
 """Listen backlog of the node's HTTP socket (hypercorn's default)."""
 CLIENT_BACKLOG = socket.SOMAXCONN
@@ -523,9 +531,111 @@ def fix_os_chosen_ports(
     return attrs.evolve(config, server=server), command, {k: v for k, v in sockets.items() if v}
 
 
+_FLOCK = "hhqqi"
+"""``struct flock`` (Linux, 64-bit ``off_t``): type, whence, start, len, pid."""
+
+
+def lock_holder(path: str) -> int | None:
+    """The PID of the process holding the POSIX lock RocksDB takes on its ``LOCK`` file
+    at ``path`` (``fcntl(F_GETLK)``: asks without taking it), or None when no process
+    holds it or it cannot be asked (no such file)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        query += bytes(32 - len(query))  # the C struct's tail padding
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    kind, _, _, _, pid = struct.unpack_from(_FLOCK, answer)
+    return pid if kind != fcntl.F_UNLCK and pid > 0 else None
+
+
+def _exited(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # reparented to an init that is slow to reap: exited all the same
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def previous_shards(config: Config) -> dict[int, int]:
+    """``{K: pid}`` of the processes still holding shard ``K``'s RocksDB of this data
+    directory: the previous run's shards (its supervisor killed, they stop themselves,
+    holding the node's ports until they exit), or another node on this directory."""
+    holders: dict[int, int] = {}
+    for shard in range(config.node.shards):
+        path = os.path.join(shard_data_dir(config.server.data_dir, shard), "LOCK")
+        pid = lock_holder(path)
+        if pid is not None and pid != os.getpid():
+            holders[shard] = pid
+    return holders
+
+
+def wait_for_previous_shards(config: Config) -> str | None:
+    """Wait while the previous run's shards of this data directory still run.
+
+    A supervisor that was SIGKILLed leaves its shards to notice and stop gracefully;
+    until they exit, shard 0 holds the node's HTTP socket and every shard its ports and
+    RocksDB, so a start right after (a process manager with a short restart delay)
+    failed with "Address already in use". The sign is precise: a shard's RocksDB
+    ``LOCK`` is held (:func:`lock_holder`); a port held by any other process is no
+    reason to wait. The wait is bounded by their stop (``server.shutdown_grace_ms`` +
+    :data:`EXTRA_STOP_S` + :data:`PREVIOUS_RUN_MARGIN_S`).
+
+    Returns:
+        None once none runs (at once, usually); else the sentence to stop with.
+    """
+    holders = previous_shards(config)
+    if not holders:
+        return None
+    limit_s = config.server.shutdown_grace_ms / 1000 + EXTRA_STOP_S + PREVIOUS_RUN_MARGIN_S
+    named = ", ".join(f"shard {k} pid {pid}" for k, pid in holders.items())
+    log.warning(
+        "the previous run's shard processes of %s are still running (%s: they hold the "
+        "shards' RocksDB; stopping after their supervisor was killed, most likely): "
+        "waiting up to %g s for them to exit before starting",
+        config.server.data_dir,
+        named,
+        limit_s,
+    )
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(PREVIOUS_RUN_POLL_S)
+        if deferred_stop() is not None:
+            return None  # asked to stop meanwhile: the supervisor stops at once
+        if all(_exited(pid) for pid in holders.values()) and not previous_shards(config):
+            log.info("the previous run's shard processes exited: starting")
+            return None
+    still = previous_shards(config)
+    if not still:
+        return None
+    named = ", ".join(f"shard {k} pid {pid}" for k, pid in still.items())
+    return (
+        f"the shards of {config.server.data_dir} are still held by other processes "
+        f"({named}) after {limit_s:g} s: another node is running on this data directory; "
+        "stop it (or wait for it to stop), then start again"
+    )
+
+
 def supervise(config: Config, shard_command: Sequence[str]) -> int:
     """Run a sharded node's supervisor until it stops; return its exit code
-    (:data:`EXIT_BIND` when the node's ports cannot be bound)."""
+    (:data:`EXIT_BIND` when the node's ports cannot be bound, :data:`EXIT_SHARD_FAILED`
+    when another node still runs on its data directory)."""
+    busy = wait_for_previous_shards(config)
+    if busy is not None:
+        print(f"futureq: {busy}", file=sys.stderr)
+        return EXIT_SHARD_FAILED
     try:
         config, shard_command, shard_sockets = fix_os_chosen_ports(config, shard_command)
     except OSError as exc:
