@@ -91,3 +91,27 @@ def test_a_port_held_by_another_process_still_fails_at_once(tmp_path: Path) -> N
     finally:
         holder.close()
         node.kill()
+
+
+def test_a_second_node_on_a_running_nodes_data_fails_at_once(tmp_path: Path) -> None:
+    """The shards holding the data still have their supervisor: another node, not a
+    previous run stopping, so no wait (the first version of the wait above waited its
+    whole bound, ~13 s, before saying so)."""
+    node = ShardedNode(tmp_path / "data")
+    node.start()
+    second = ShardedNode(tmp_path / "data")  # its own free ports
+    try:
+        began = time.monotonic()
+        with pytest.raises(RuntimeError):
+            second.start()
+        assert second.process is not None
+        assert second.process.wait(30) == 1
+        assert time.monotonic() - began < 8
+        log = second.stderr_text()
+        assert f"another node is running on {tmp_path / 'data'}" in log, log[-2000:]
+        assert "waiting up to" not in log
+        assert node.process is not None and node.process.poll() is None  # untouched
+    finally:
+        second.kill()
+        node.terminate()
+        node.kill()

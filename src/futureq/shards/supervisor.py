@@ -569,6 +569,21 @@ def _exited(pid: int) -> bool:
         return True
 
 
+def _orphaned(pid: int) -> bool:
+    """True unless ``pid``'s parent is a running futureq process: a shard whose
+    supervisor was killed is reparented (to init, or a subreaper), while a running
+    node's shards keep their supervisor. Without ``/proc`` it cannot be told: True."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        if parent <= 1:
+            return True
+        with open(f"/proc/{parent}/cmdline", "rb") as cmdline:
+            return b"futureq" not in cmdline.read()
+    except (OSError, IndexError, ValueError):
+        return True
+
+
 def previous_shards(config: Config) -> dict[int, int]:
     """``{K: pid}`` of the processes still holding shard ``K``'s RocksDB of this data
     directory: the previous run's shards (its supervisor killed, they stop themselves,
@@ -589,8 +604,9 @@ def wait_for_previous_shards(config: Config) -> str | None:
     until they exit, shard 0 holds the node's HTTP socket and every shard its ports and
     RocksDB, so a start right after (a process manager with a short restart delay)
     failed with "Address already in use". The sign is precise: a shard's RocksDB
-    ``LOCK`` is held (:func:`lock_holder`); a port held by any other process is no
-    reason to wait. The wait is bounded by their stop (``server.shutdown_grace_ms`` +
+    ``LOCK`` is held (:func:`lock_holder`) by a process whose supervisor is gone
+    (:func:`_orphaned`); shards whose supervisor runs are another node, refused at once,
+    and a port held by any other process is no reason to wait. The wait is bounded by their stop (``server.shutdown_grace_ms`` +
     :data:`EXTRA_STOP_S` + :data:`PREVIOUS_RUN_MARGIN_S`).
 
     Returns:
@@ -599,6 +615,14 @@ def wait_for_previous_shards(config: Config) -> str | None:
     holders = previous_shards(config)
     if not holders:
         return None
+    running = {k: pid for k, pid in holders.items() if not _orphaned(pid)}
+    if running:
+        named = ", ".join(f"shard {k} pid {pid}" for k, pid in running.items())
+        return (
+            f"another node is running on {config.server.data_dir} (its shards {named} "
+            "hold the data, their supervisor alive); stop it first, or give this node "
+            "its own --data-dir"
+        )
     limit_s = config.server.shutdown_grace_ms / 1000 + EXTRA_STOP_S + PREVIOUS_RUN_MARGIN_S
     named = ", ".join(f"shard {k} pid {pid}" for k, pid in holders.items())
     log.warning(
