@@ -35,13 +35,7 @@ async def subscribe(
     prefetch: int,
     headers: bool = False,
 ) -> Consumer:
-    """Join ``group`` of ``topic`` (creating the group if new) with ``prefetch`` credit.
-
-    ``headers``: its DELIVER items carry each message's headers.
-
-    Raises:
-        RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT (prefetch).
-    """
+    """The work of :meth:`Broker.subscribe` (its docstring: arguments, result, errors)."""
     max_prefetch = broker.config.limits.max_prefetch
     if not 1 <= prefetch <= max_prefetch:
         raise RequestError(
@@ -72,12 +66,7 @@ async def subscribe(
 
 
 async def release(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
-    """Give deliveries back unprocessed: due again at once, their attempt not counted
-    towards ``max_deliveries``. Durable on return.
-
-    Raises:
-        RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index).
-    """
+    """The work of :meth:`Broker.release` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
     flights = broker.hub.claim_tags(tags, connection_id)
@@ -91,23 +80,14 @@ async def release(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
 
 
 def extend(broker: Broker, connection_id: int, tags: list[bytes], visibility_ms: int) -> int:
-    """Keep deliveries: each is visible again ``visibility_ms`` after now (leader-local).
-
-    Raises:
-        RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index),
-            INVALID_ARGUMENT (``visibility_ms`` outside 1 .. 12 h).
-    """
+    """The work of :meth:`Broker.extend` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
     return broker.hub.extend(tags, connection_id, visibility_ms, broker.clock.wall_ms())
 
 
 async def ack(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
-    """Acknowledge deliveries; returns how many were removed. Durable on return.
-
-    Raises:
-        RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index).
-    """
+    """The work of :meth:`Broker.ack` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
     flights = broker.hub.claim_tags(tags, connection_id)
@@ -127,14 +107,7 @@ async def nack(
     reason: str | None = None,
     dead_letter: bool = False,
 ) -> int:
-    """Refuse deliveries; each is due again after ``requeue_delay_ms`` (>= 0), or goes
-    to its dead-letter topic now with ``dead_letter`` (reason ``rejected``).
-    ``reason`` is kept with each entry (its dead letter's ``futureq-reason-text``).
-
-    Raises:
-        RequestError: INVALID_DELAY, UNKNOWN_DELIVERY_TAG, FOREIGN_DELIVERY_TAG,
-            INVALID_ARGUMENT (a reason over :data:`MAX_NACK_REASON_BYTES`).
-    """
+    """The work of :meth:`Broker.nack` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
     if not 0 <= requeue_delay_ms <= broker.limits.max_delay_ms:

@@ -52,14 +52,7 @@ class Staged:
 
 
 def take_staged(dispatcher: Dispatcher) -> tuple[bytes | None, list[Staged]]:
-    """Everything staged since the last call, and the DELIVERED that records it.
-
-    Returns:
-        ``(command, batches)``; the command is None when nothing is left to record
-        (every staged delivery was settled elsewhere meanwhile). Pass the batches
-        to :func:`push_staged` once the command is committed, or to
-        :func:`drop_staged` if it could not be.
-    """
+    """The work of :meth:`Dispatcher.take_staged` (its docstring: arguments, result, errors)."""
     batches: list[Staged] = []
     entries: list[tuple[bytes, int]] = []
     while dispatcher._staged and len(entries) < MAX_DELIVERED_ENTRIES:
@@ -80,28 +73,7 @@ def take_staged(dispatcher: Dispatcher) -> tuple[bytes | None, list[Staged]]:
 def push_staged(
     dispatcher: Dispatcher, batches: list[Staged], *, pass_now_ms: int | None = None
 ) -> int:
-    """Push deliveries whose DELIVERED committed, or first deliveries straight from a
-    pass (``pass_now_ms``: the pass's time, so what the pass found unexpired is not
-    expired here, and the pass computes its own next wake-up); return how many went
-    out.
-
-    A delivery removed meanwhile (acked elsewhere, expired, its group deleted) is
-    left out and its credit returned; one whose TTL ran out while its record
-    committed goes back to the index, where the next pass expires it (nothing is
-    ever delivered after its expiry); a consumer that left gets nothing and its
-    deliveries go back to the group with their previous attempt count.
-
-    Recorded deliveries are pushed only while dispatching is allowed *now*
-    (``dispatch_allowed``: the leader lease): their record may have committed
-    long after they were staged, for instance when a leader paused with SIGSTOP
-    resumes and the answers queued for it commit the record, after another leader
-    took over and delivered the same entries with a higher attempt. Refused, they
-    go back unpushed with their old attempt. The time stamped on the frame is read
-    before the question, so every push carries a time at which this node held the
-    lease (a pause after the question only delays the frame, like the network).
-    A pass's first deliveries need no question here: :func:`~futureq.broker.dispatch_pass.dispatch_once` asks
-    after reading the pass's time and pushes without yielding.
-    """
+    """The work of :meth:`Dispatcher.push_staged` (its docstring: arguments, result, errors)."""
     if pass_now_ms is None:
         now_ms = dispatcher.clock.wall_ms()
         allowed = dispatcher.dispatch_allowed

@@ -44,14 +44,7 @@ this long (ms)."""
 
 
 def dispatch_once(dispatcher: Dispatcher) -> float:
-    """Do what is due now; return the next wake-up time (ms, or inf).
-
-    Only groups with something to do are looked at: those touched since the last
-    pass (new consumer, credit, a release) and those whose own wake-up time came.
-    At most :data:`GROUPS_PER_PASS` groups and about :data:`DELIVERIES_PER_PASS`
-    deliveries per pass; when more is left the answer is "now" (after a yield).
-    Idle groups cost nothing here, however many exist.
-    """
+    """The work of :meth:`Dispatcher.dispatch_once` (its docstring: arguments, result, errors)."""
     if not dispatcher.active:
         return math.inf
     # The pass's time first, then the lease: a pause between the two fails the

@@ -54,21 +54,7 @@ async def ensure_group(
     from_backlog: bool = False,
     dead_letter_expired: bool | None = None,
 ) -> GroupInfo:
-    """Create (or adopt, or update) a consumer group through the log.
-
-    A None setting keeps an existing group's value; a new group gets this node's
-    configured default (``[queue]``), resolved here, by the leader, into the
-    command (``DESIGN.md``, "Apply reads nothing node-local"). ``from_backlog``: a
-    group this creates also gets every message of the topic still pending in its
-    other groups, copied by BACKFILL_GROUP chunks in the background (an existing
-    group is left as it is). ``dead_letter_expired``: an expired message goes to the
-    dead-letter topic (reason ``expired``; on a dead-letter topic it is parked)
-    instead of being dropped; None keeps the group's setting (new: off).
-
-    Raises:
-        RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT (a setting out
-            of range; ``dead_letter_expired`` on a dead-letter topic).
-    """
+    """The work of :meth:`Broker.ensure_group` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     check_names(broker, topic, group)
     if visibility_timeout_ms is not None:
@@ -152,11 +138,7 @@ async def create_or_update_group(
 
 
 async def delete_group(broker: Broker, topic: str, group: str) -> None:
-    """Delete a group and its pending entries.
-
-    Raises:
-        RequestError: UNKNOWN_GROUP.
-    """
+    """The work of :meth:`Broker.delete_group` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     check_names(broker, topic, group)
     if broker.state.find_group(topic, group) is None:

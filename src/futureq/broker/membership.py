@@ -105,12 +105,7 @@ def cluster_status(broker: Broker) -> dict[str, Any]:
 
 
 async def add_node(broker: Broker, node_id: int, raft_address: str, client_address: str) -> None:
-    """Record the node's addresses, add it as a learner, promote it once caught up.
-
-    Raises:
-        RequestError: INVALID_ARGUMENT (single node, bad address, id in use).
-        NotLeaderError: this node is not the leader.
-    """
+    """The work of :meth:`Broker.add_node` (its docstring: arguments, result, errors)."""
     cluster = cluster_log(broker)
     broker._require_leader()
     if not 1 <= node_id <= commands.MAX_NODE_ID:
@@ -159,12 +154,7 @@ async def add_node(broker: Broker, node_id: int, raft_address: str, client_addre
 
 
 async def remove_node(broker: Broker, node_id: int) -> None:
-    """Remove a node (the leader steps down after the change commits).
-
-    Raises:
-        RequestError: INVALID_ARGUMENT (single node, unknown node).
-        NotLeaderError: this node is not the leader.
-    """
+    """The work of :meth:`Broker.remove_node` (its docstring: arguments, result, errors)."""
     cluster = cluster_log(broker)
     broker._require_leader()
     voters, learners = cluster.membership()
@@ -178,12 +168,7 @@ async def remove_node(broker: Broker, node_id: int) -> None:
 
 
 async def transfer_leadership(broker: Broker, node_id: int | None) -> None:
-    """Hand leadership to ``node_id`` (None: the most up-to-date voter).
-
-    Raises:
-        RequestError: INVALID_ARGUMENT, TIMEOUT.
-        NotLeaderError: this node is not the leader.
-    """
+    """The work of :meth:`Broker.transfer_leadership` (its docstring: arguments, result, errors)."""
     cluster = cluster_log(broker)
     broker._require_leader()
     if node_id == broker.node_id:
@@ -196,11 +181,7 @@ async def transfer_leadership(broker: Broker, node_id: int | None) -> None:
 
 
 async def hold_and_record_deliveries(broker: Broker) -> None:
-    """Before this leader hands over (shutdown, transfer): stop handing out and make
-    the attempts of first deliveries out or given back durable, so they count on the
-    next leader or after a restart (``docs/protocol.md``, UNSUBSCRIBE). Best effort:
-    a log that refuses (leadership already lost) is logged, not raised, and so is one
-    that has not committed them within :data:`RECORD_BEFORE_HANDOVER_S`."""
+    """The work of :meth:`Broker.hold_and_record_deliveries` (its docstring: arguments, result, errors)."""
     recorded = 0
     with trio.move_on_after(RECORD_BEFORE_HANDOVER_S) as waited:
         try:

@@ -33,15 +33,7 @@ STATUS_LEADER_ONLY = ("due", "in_flight", "consumers")
 
 
 def clock_status(broker: Broker) -> dict[str, Any] | None:
-    """This node's view of cluster time (``docs/operations.md``, "Status"), or None
-    when it runs on a plain clock (tests).
-
-    Shape: ``cluster_time_ms``; ``synchronized`` and ``in_bound`` (may lead and
-    dispatch); ``max_clock_offset_ms``; ``accuracy_ms`` (width of the agreement, or
-    None); ``offsets_ms``: node id (str) -> that node's wall clock minus our cluster
-    time (ms, this node included); ``dispatching`` and ``lease_remaining_ms`` on a
-    Raft node.
-    """
+    """The work of :meth:`Broker.clock_status` (its docstring: arguments, result, errors)."""
     clock = broker.clock
     if not isinstance(clock, ClusterTime):
         return None
@@ -63,13 +55,7 @@ def clock_status(broker: Broker) -> dict[str, Any] | None:
 
 
 def group_counts(broker: Broker) -> list[GroupCounts]:
-    """Per-group pending / due / in-flight / consumers, for the state gauges.
-
-    Bounded work: one row per group with labels of its own (at most
-    ``metrics.max_group_series``), plus one ``_other`` row for all the rest computed
-    from running totals (its ``due`` is left out). Cost does not grow with the
-    number of groups once the series budget is full.
-    """
+    """The work of :meth:`Broker.group_counts` (its docstring: arguments, result, errors)."""
     metrics = broker.metrics
     budget = metrics.series
     state = broker.state
@@ -129,18 +115,7 @@ def group_row(broker: Broker, info: GroupInfo, now_ms: int) -> GroupCounts:
 
 
 def status(broker: Broker, visible: Callable[[str], bool] | None = None) -> dict[str, Any]:
-    """The STATUS_OK map (``docs/protocol.md``, "STATUS").
-
-    Lists topics in name order with their groups, at most
-    ``limits.max_status_groups`` groups (bounded work and size); ``topic_count``
-    and ``group_count`` give the totals and ``truncated`` says whether some were
-    left out.
-
-    Args:
-        visible: Lists only topics for which this returns True (a client without
-            the ``monitor`` permission sees the topics its patterns name); the
-            totals then count only those listed. None: every topic.
-    """
+    """The work of :meth:`Broker.status` (its docstring: arguments, result, errors)."""
     steps = broker.status_steps(visible)
     while True:
         try:

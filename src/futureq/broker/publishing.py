@@ -92,22 +92,7 @@ def stamp(broker: Broker) -> int:
 async def publish(
     broker: Broker, items: list[Any], ack_level: frames.AckLevel
 ) -> tuple[int | None, int, dict[int, int] | None]:
-    """Validate and publish a batch.
-
-    Args:
-        items: Raw PUBLISH items (see :func:`futureq.wire.validation.validate_publish_items`).
-        ack_level: When to answer (NONE: after validation; LEADER/QUORUM: after commit).
-
-    Returns:
-        ``(first_id, count, duplicates)``; ``first_id`` is None for ack level NONE;
-        ``duplicates`` maps the position of each item whose idempotency key still
-        named a message to that message's id (nothing was stored for it), or is
-        None.
-
-    Raises:
-        RequestError: a bad item (with its index) or UNAVAILABLE; nothing is written.
-        NotLeaderError: this node is not the leader.
-    """
+    """The work of :meth:`Broker.publish` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     broker._require_space()
     started = trio.current_time()

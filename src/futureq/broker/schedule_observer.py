@@ -48,12 +48,7 @@ def on_scheduled(
     attempt: int,
     released: int = 0,
 ) -> None:
-    """A schedule entry was committed: index it if it falls inside the horizon.
-
-    O(log n): an entry beyond the group's loaded horizon stays on disk and only
-    moves the group's next look (so it is loaded before it falls due). On every
-    node it lowers the group's seek hint (:func:`next_due_ms`) if it lies below.
-    """
+    """The work of :meth:`Dispatcher.on_scheduled` (its docstring: arguments, result, errors)."""
     if dispatcher._histograms:  # BROWSE_COUNTS histograms (none: no cost but this test)
         dispatcher.due_counts.on_scheduled(group_id, due_ms, mid)
     hint = dispatcher._seek_hints.get(group_id)
@@ -75,13 +70,7 @@ def on_scheduled(
 
 
 def on_scheduled_batch(dispatcher: Dispatcher, entries: Sequence[tuple[Any, ...]]) -> None:
-    """Schedule entries were committed (``ScheduleObserver.on_scheduled_batch``).
-
-    Leaves the dispatcher as :func:`on_scheduled` for each entry in turn would, with
-    at most two wake-ups per group: waking a group at several later times in a row
-    is waking it at the earliest of them, and a group due in the pass under way is
-    looked at again however often it is asked for.
-    """
+    """The work of :meth:`Dispatcher.on_scheduled_batch` (its docstring: arguments, result, errors)."""
     if dispatcher._histograms:
         dispatcher.due_counts.on_scheduled_batch(entries)
     hints = dispatcher._seek_hints
@@ -184,17 +173,7 @@ def index_loaded(
 
 
 def next_due_ms(dispatcher: Dispatcher, group_id: int) -> int | None:
-    """When the group's earliest deliverable entry falls due (ms), or None (parked
-    dead letters do not count); any node, from disk.
-
-    The seek starts at the group's seek hint: a packed ``(due_ms, id)`` no live
-    entry of the group lies below (the first entry the previous call found; every
-    entry scheduled since lowers it, :func:`on_scheduled`; a snapshot clears it).
-    So a status polled while a PURGE or many CANCELs delete from the start of the
-    group's due order does not step over their tombstones again each time (it did:
-    a quarter of the event loop during a purge of 100,000, py-spy). O(log n) plus
-    what was deleted since the previous call.
-    """
+    """The work of :meth:`Dispatcher.next_due_ms` (its docstring: arguments, result, errors)."""
     hint = dispatcher._seek_hints.get(group_id)
     start = (
         group_id.to_bytes(4, "big")
@@ -213,17 +192,7 @@ def next_due_ms(dispatcher: Dispatcher, group_id: int) -> int | None:
 def out_deliveries(
     dispatcher: Dispatcher, group_ids: Sequence[int], ids: Sequence[int]
 ) -> list[tuple[bytes, int]]:
-    """Deliveries of messages ``ids`` in groups ``group_ids`` that this leader knows
-    went out and the log may not have recorded: ``(schedule key, attempt)`` each.
-
-    A first delivery is pushed unrecorded (module docstring), and one whose
-    visibility timeout ran out goes back to the index with its attempt, still
-    unrecorded. A CANCEL or RESCHEDULE carries these in its command (``out``), so
-    apply neither forgets such a delivery nor calls its message never delivered.
-    Leader-local reads only: a group with no runtime here has nothing out or
-    indexed (no read at all); one with deliveries out costs an O(log n) lookup of
-    each id's entry.
-    """
+    """The work of :meth:`Dispatcher.out_deliveries` (its docstring: arguments, result, errors)."""
     found: list[tuple[bytes, int]] = []
     if not dispatcher.active:
         return found
@@ -251,10 +220,7 @@ def out_deliveries(
 def on_unscheduled(
     dispatcher: Dispatcher, group_id: int, due_ms: int, mid: int, reason: CommandKind
 ) -> None:
-    """A schedule entry was removed: forget it in the index and in flight.
-
-    An entry a RESCHEDULE moved keeps, in this leader's index, the attempt of a
-    delivery of it that was out or timed out (:func:`carry`)."""
+    """The work of :meth:`Dispatcher.on_unscheduled` (its docstring: arguments, result, errors)."""
     if dispatcher._histograms:
         dispatcher.due_counts.on_unscheduled(group_id, due_ms, mid, reason)
     runtime = dispatcher.hub.groups.get(group_id)
@@ -283,12 +249,7 @@ def on_unscheduled(
 
 
 def on_group_changed(dispatcher: Dispatcher, group_id: int) -> None:
-    """One group was created, adopted, updated or deleted: O(1) whatever the count.
-
-    A new group needs no look of its own: it has no consumer yet, and every entry
-    it holds was scheduled by the same command (:func:`on_scheduled` takes care of
-    those). A changed group's runtime, if it has one, takes the new settings.
-    """
+    """The work of :meth:`Dispatcher.on_group_changed` (its docstring: arguments, result, errors)."""
     state = dispatcher.state
     if group_id not in state.groups:
         dispatcher._seek_hints.pop(group_id, None)
