@@ -1,12 +1,24 @@
-"""Test doubles for the broker unit tests: a fake clock, a synchronous log, an outbox."""
+"""Test doubles for the broker unit tests: a fake clock, a synchronous log, an outbox;
+and a real broker on a real RocksDB and SingleNodeLog (:func:`open_real_broker`)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-from futureq.config import QueueSection
+import trio
+
+from futureq.broker.broker import Broker
+from futureq.broker.command_log import SingleNodeLog
+from futureq.broker.dispatcher import Dispatcher
+from futureq.broker.hub import Hub
+from futureq.config import Config, QueueSection
+from futureq.metrics import Metrics
 from futureq.state.queue_state import QueueState
 from futureq.state.store import MemoryStore
+from futureq.storage.db import Database
 from futureq.wire import frames
 from futureq.wire.codec import NEED_DATA, FrameDecoder
 
@@ -82,7 +94,9 @@ class RecordingOutbox:
         if isinstance(frame, frames.Deliver):
             self.frames.append(frame)
         else:
-            assert isinstance(frame, frames.Revoke | frames.SubscriptionEnd | frames.SubscriptionInfo)
+            assert isinstance(
+                frame, frames.Revoke | frames.SubscriptionEnd | frames.SubscriptionInfo
+            )
             self.pushes.append(frame)
         return True
 
@@ -108,3 +122,39 @@ def queue_section(**overrides: int) -> QueueSection:
 
 def memory_state() -> QueueState:
     return QueueState(MemoryStore())
+
+
+REAL_NOW_MS = 1_700_000_000_000
+"""The wall time of :class:`FixedWallClock` (ms since the Unix epoch)."""
+
+
+class FixedWallClock:
+    """Wall time that stands still; monotonic time is trio's."""
+
+    def wall_ms(self) -> int:
+        return REAL_NOW_MS
+
+    def monotonic_s(self) -> float:
+        return trio.current_time()
+
+
+@asynccontextmanager
+async def open_real_broker(
+    tmp_path: Path, config: Config | None = None
+) -> AsyncIterator[tuple[Broker, SingleNodeLog]]:
+    """A Broker over a real RocksDB in ``tmp_path`` and a real SingleNodeLog, recovered
+    but not running: start ``log.run`` in a nursery for proposals to commit."""
+    db = Database(str(tmp_path / "db"))
+    try:
+        config = config or Config()
+        state = QueueState(db)
+        log = SingleNodeLog(db, state, address="127.0.0.1:1")
+        log.recover()
+        hub = Hub()
+        metrics = Metrics()
+        clock = FixedWallClock()
+        dispatcher = Dispatcher(state, log, hub, clock, config.queue, metrics)
+        state.observer = dispatcher
+        yield Broker(config, state, log, hub, dispatcher, clock, metrics), log
+    finally:
+        db.close()

@@ -18,45 +18,23 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from broker_helpers import open_real_broker
 
 from futureq.broker.broker import Broker
 from futureq.broker.command_log import SingleNodeLog
-from futureq.broker.dispatcher import Dispatcher
-from futureq.broker.hub import Hub
 from futureq.config import Config
 from futureq.errors import ErrorCode, RequestError
-from futureq.metrics import Metrics
-from futureq.state.queue_state import QueueState
-from futureq.storage.db import Database
 from futureq.wire import frames
-
-
-class WallClock:
-    def wall_ms(self) -> int:
-        return 1_700_000_000_000
-
-    def monotonic_s(self) -> float:
-        return trio.current_time()
 
 
 @asynccontextmanager
 async def open_broker(
     tmp_path: Path, max_groups: int
 ) -> AsyncIterator[tuple[Broker, SingleNodeLog]]:
-    db = Database(str(tmp_path / "db"))
-    try:
-        base = Config()
-        config = attrs.evolve(base, limits=attrs.evolve(base.limits, max_groups=max_groups))
-        state = QueueState(db)
-        log = SingleNodeLog(db, state, address="127.0.0.1:1")
-        log.recover()
-        hub = Hub()
-        metrics = Metrics()
-        dispatcher = Dispatcher(state, log, hub, WallClock(), config.queue, metrics)
-        state.observer = dispatcher
-        yield Broker(config, state, log, hub, dispatcher, WallClock(), metrics), log
-    finally:
-        db.close()
+    base = Config()
+    config = attrs.evolve(base, limits=attrs.evolve(base.limits, max_groups=max_groups))
+    async with open_real_broker(tmp_path, config) as opened:
+        yield opened
 
 
 async def _until(condition: Callable[[], bool]) -> None:

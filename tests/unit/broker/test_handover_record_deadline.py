@@ -15,49 +15,23 @@ from pathlib import Path
 
 import pytest
 import trio
-from broker_helpers import RecordingOutbox
+from broker_helpers import REAL_NOW_MS, RecordingOutbox, open_real_broker
 
 from futureq.broker import membership
-from futureq.broker.broker import Broker
-from futureq.broker.command_log import SingleNodeLog
-from futureq.broker.dispatcher import Dispatcher
-from futureq.broker.hub import Consumer, Hub
-from futureq.config import Config
-from futureq.metrics import Metrics
+from futureq.broker.hub import Consumer
 from futureq.state import commands
-from futureq.state.queue_state import QueueState
-from futureq.storage.db import Database
-
-NOW_MS = 1_700_000_000_000
-
-
-class WallClock:
-    def wall_ms(self) -> int:
-        return NOW_MS
-
-    def monotonic_s(self) -> float:
-        return trio.current_time()
 
 
 async def test_a_handover_goes_on_when_its_records_do_not_commit_in_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(membership, "RECORD_BEFORE_HANDOVER_S", 0.3)
-    db = Database(str(tmp_path / "db"))
-    try:
-        config = Config()
-        state = QueueState(db)
-        log = SingleNodeLog(db, state, address="127.0.0.1:1")
-        log.recover()
-        hub = Hub()
-        metrics = Metrics()
-        dispatcher = Dispatcher(state, log, hub, WallClock(), config.queue, metrics)
-        state.observer = dispatcher
-        broker = Broker(config, state, log, hub, dispatcher, WallClock(), metrics)
+    async with open_real_broker(tmp_path) as (broker, log):
+        hub, dispatcher = broker.hub, broker.dispatcher
         async with trio.open_nursery() as running:
             await running.start(log.run)
             gid = await log.propose(commands.create_group("t", "g", None, None))
-            await log.propose(commands.publish(NOW_MS, [("t", b"m", NOW_MS, None)]))
+            await log.propose(commands.publish(REAL_NOW_MS, [("t", b"m", REAL_NOW_MS, None)]))
             outbox = RecordingOutbox()
             hub.add_consumer(Consumer(hub.new_subscription_id(), gid, "t", "g", 1, outbox, 1))
             dispatcher.dispatch_once()  # a first delivery goes out from the pass itself
@@ -68,5 +42,3 @@ async def test_a_handover_goes_on_when_its_records_do_not_commit_in_time(
         assert dispatcher.held  # nothing more goes out while handing over
         assert "not recorded within 0.3 s" in caplog.text
         assert any(r.levelno == logging.WARNING for r in caplog.records)
-    finally:
-        db.close()
