@@ -223,3 +223,46 @@ def test_the_lines_not_stored_go_to_failed_out_and_send_again_exactly_once(
     again = cli(broker.client_address, "publish", "--file", str(failed_out))
     assert again.returncode == 1  # the line that is not JSON fails again, alone
     assert pending(broker.client_address, "again.f") == total
+
+
+def test_a_lone_cr_is_no_line_break_and_failed_out_keeps_each_line_byte_for_byte(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Found by a tester: the file was read with universal newlines, so a CR inside a
+    line (JSON whitespace) split it in two, every later line was numbered one too high,
+    and --failed-out wrote CRLF and CR as LF (sending it again failed the same way)."""
+    source = tmp_path / "cr.jsonl"
+    bad = b'{"topic":"cr.t","payload":"\xff' + b'"}\r\n'  # not UTF-8: refused, kept as is
+    source.write_bytes(
+        b'{"topic":"cr.t",\r"payload":"a"}\r\n' + bad + b'{"topic":"cr.t","payload":"b"}\n'
+    )
+    failed_out = tmp_path / "failed.jsonl"
+    done = cli(
+        broker.client_address, "publish", "--file", str(source), "--failed-out", str(failed_out)
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.startswith("published 2 message(s)"), done.stdout
+    assert done.stderr.splitlines()[0].startswith("line 2, column "), done.stderr
+    assert failed_out.read_bytes() == bad
+    assert pending(broker.client_address, "cr.t") == 2
+
+
+def test_failed_out_is_checked_before_anything_is_sent(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Found by a tester: a --failed-out that could not be written failed only after
+    every line was sent (its list of lines not stored lost), and the input file given
+    as --failed-out was overwritten with the failures."""
+    source = tmp_path / "in.jsonl"
+    text = "".join(f'{{"topic":"chk.t","payload":"p{i}"}}\n' for i in range(10))
+    source.write_text(text)
+    same = cli(broker.client_address, "publish", "--file", str(source), "--failed-out", str(source))
+    assert same.returncode == 2, same.stderr
+    assert "is the input file" in same.stderr
+    assert source.read_text() == text
+    folder = cli(
+        broker.client_address, "publish", "--file", str(source), "--failed-out", str(tmp_path)
+    )
+    assert folder.returncode == 1, folder.stderr
+    assert "Is a directory" in folder.stderr
+    assert _published_total(broker, "chk.t") == 0  # nothing was sent either time

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ import trio
 from futureq.cli.argv_text import argv_bytes
 from futureq.cli.client_arguments import DEFAULT_BATCH_SIZE
 from futureq.cli.jsonl import JsonlItem, LineFailure, parse_jsonl
-from futureq.cli.output import EXIT_ERROR, EXIT_OK, Output, error_line
+from futureq.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Output, error_line
 from futureq.client import Client
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, split_by_size
 from futureq.errors import ConnectionLostError, ErrorCode, ProtocolError, RequestError
@@ -253,9 +254,64 @@ def _drop_stored(
     return [entry for position, entry in enumerate(batch) if position not in stored]
 
 
+def read_lines(path: str) -> list[str]:
+    """The file's lines, each with its ending as it is in the file, split at ``\\n``
+    only: a lone CR is JSON whitespace inside a line, not a line break (Python's
+    universal newlines split there, numbering every later line one too high, found by a
+    tester). Bytes that are not UTF-8 are kept as surrogates (``surrogateescape``), so
+    a line written back is the same bytes.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as handle:
+        text = handle.read().decode("utf-8", errors="surrogateescape")
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def _open_failed_out(args: argparse.Namespace) -> IO[bytes] | None:
+    """``--failed-out``'s file, opened (truncated) before anything is sent, so a path
+    that cannot be written stops the run before it publishes, not after.
+
+    Raises:
+        ValueError: it is the input file (it would be overwritten with the failures).
+        OSError: it cannot be written (a directory, no permission, no such folder).
+    """
+    if args.failed_out is None:
+        return None
+    if os.path.exists(args.failed_out) and os.path.samefile(args.failed_out, args.file):
+        raise ValueError(
+            f"--failed-out {args.failed_out} is the input file; give another path (it "
+            "would be overwritten with the lines not stored)"
+        )
+    return open(args.failed_out, "wb")  # noqa: SIM115 - closed by the caller
+
+
 async def run_publish_file(client: Client, args: argparse.Namespace, io: Output) -> int:
-    with open(args.file, encoding="utf-8", errors="surrogateescape") as handle:  # noqa: ASYNC230
-        lines = handle.readlines()
+    lines = read_lines(args.file)
+    try:
+        failed_out = _open_failed_out(args)
+    except ValueError as exc:
+        io.err(f"error: {exc}")
+        return EXIT_USAGE
+    try:
+        return await _publish_lines(client, args, io, lines, failed_out)
+    finally:
+        if failed_out is not None:
+            failed_out.close()
+
+
+async def _publish_lines(
+    client: Client,
+    args: argparse.Namespace,
+    io: Output,
+    lines: list[str],
+    failed_out: IO[bytes] | None,
+) -> int:
     items, failures = parse_jsonl(lines)
     batch_size = args.batch_size or DEFAULT_BATCH_SIZE
     started = time.monotonic()
@@ -294,26 +350,33 @@ async def run_publish_file(client: Client, args: argparse.Namespace, io: Output)
             f"server within --request-timeout, so the {summary.not_sent} line(s) after "
             "that batch were not sent"
         )
-    if summary.failures and (args.failed_out is not None or summary.stopped_at_line is not None):
-        io.err(_resend_advice(args, lines, summary.failures))
+    if summary.failures and (failed_out is not None or summary.stopped_at_line is not None):
+        io.err(_resend_advice(args, lines, summary.failures, failed_out))
     return EXIT_ERROR if summary.failures else EXIT_OK
 
 
-def _resend_advice(args: argparse.Namespace, lines: list[str], failures: list[LineFailure]) -> str:
-    """Write the lines not stored to ``--failed-out`` (if given); say how to send them
-    again, and nothing else: the other lines are stored (or already were)."""
+def _resend_advice(
+    args: argparse.Namespace,
+    lines: list[str],
+    failures: list[LineFailure],
+    failed_out: IO[bytes] | None,
+) -> str:
+    """Write the lines not stored to ``--failed-out`` (if given), byte for byte as they
+    were; say how to send them again, and nothing else: the other lines are stored (or
+    already were)."""
     count = len(failures)
-    if args.failed_out is None:
+    if failed_out is None:
         shown = "" if count <= MAX_FAILURES_SHOWN else f" (the first {MAX_FAILURES_SHOWN} shown)"
         return (
             f"{count} line(s) were not stored, each listed by number{shown}; the others are "
             "stored, so do not send the whole file again: --failed-out F writes the lines "
             "not stored to F, to send with publish --file F"
         )
-    with open(args.failed_out, "w", encoding="utf-8", errors="surrogateescape") as out:  # noqa: ASYNC230
-        for failure in failures:
-            text = lines[failure.line_number - 1]
-            out.write(text if text.endswith("\n") else text + "\n")
+    for failure in failures:
+        text = lines[failure.line_number - 1]
+        text = text if text.endswith("\n") else text + "\n"
+        failed_out.write(text.encode("utf-8", errors="surrogateescape"))
+    failed_out.flush()
     return (
         f"the {count} line(s) not stored are in {args.failed_out}; send them again with "
         f"publish --file {args.failed_out} (a delay_ms counts from when it is sent)"
