@@ -4,7 +4,9 @@ Found by a tester (``/tmp/shardbreak``): a ``shard-K`` directory replaced by a n
 volume (only ``lost+found``) started that shard empty without a word; ``--data-dir
 DATA_DIR/shard-1`` started as a node of its own acknowledged publishes that were
 stranded once the node ran again; a deleted ``SHARDS`` file made ``auto`` create a new,
-empty store beside the shards. Real ``futureq start``
+empty store beside the shards. A second tester (``/tmp/brk2/shards1.sh``): ``SHARDS``
+edited to 1 did the same, and edited to 3 advised ``shard-2.start-empty``, which was
+then refused as another node's copy. Real ``futureq start``
 processes, real RocksDB in tmp dirs.
 """
 
@@ -99,6 +101,63 @@ def test_shard_directories_without_the_shards_file_are_refused(tmp_path: Path) -
         assert f"echo 2 > {data / 'SHARDS'}" in log
         assert "holds the data of a node with 1 shard" not in log
         assert sorted(os.listdir(data)) == entries  # no store created beside the shards
+    (data / "SHARDS").write_text("2\n")
+    node.start()
+    try:
+        assert pending(node) == COUNTS
+    finally:
+        node.terminate()
+
+
+@pytest.mark.parametrize("shards", [None, "1", "2"])
+def test_a_shards_file_edited_to_one_is_refused_and_creates_no_store(
+    tmp_path: Path, shards: str | None
+) -> None:
+    node = filled_and_stopped(tmp_path)
+    data = tmp_path / "data"
+    (data / "SHARDS").write_text("1\n")
+    entries = sorted(os.listdir(data))
+    log = refused(_alone(data, node.client_address, node.http_address, shards))  # type: ignore[arg-type]
+    assert f"{data / 'SHARDS'} says the node has 1 shard, but the stamps of its shard " in log, log[
+        -3000:
+    ]
+    assert "directories (shard-0, shard-1) say it has 2 shards" in log
+    assert f"restore it to that count (echo 2 > {data / 'SHARDS'})" in log
+    assert "READY" not in log
+    assert "was created with" not in log  # not "start it with --shards 1"
+    assert sorted(os.listdir(data)) == entries  # no RocksDB created beside the shards
+    assert not (data / "CURRENT").exists()
+    (data / "SHARDS").write_text("2\n")
+    node.start()
+    try:
+        assert pending(node) == COUNTS
+    finally:
+        node.terminate()
+
+
+def test_a_shards_file_edited_to_more_is_refused_before_any_start_empty_advice(
+    tmp_path: Path,
+) -> None:
+    node = filled_and_stopped(tmp_path)
+    data = tmp_path / "data"
+    (data / "SHARDS").write_text("3\n")
+    entries = sorted(os.listdir(data))
+    for shards in (None, "3", "2"):
+        log = refused(_alone(data, node.client_address, node.http_address, shards))  # type: ignore[arg-type]
+        assert f"{data / 'SHARDS'} says the node has 3 shards, but the stamps of its " in log, log[
+            -3000:
+        ]
+        assert "(shard-0, shard-1) say it has 2 shards" in log
+        assert f"echo 2 > {data / 'SHARDS'}" in log
+        assert "start-empty" not in log
+        assert "copied or moved here" not in log
+        assert sorted(os.listdir(data)) == entries  # no shard-2 created
+    # Even with the advice the old code gave followed, nothing is created.
+    (data / "shard-2.start-empty").touch()
+    log = refused(_alone(data, node.client_address, node.http_address, None))  # type: ignore[arg-type]
+    assert "say it has 2 shards" in log, log[-3000:]
+    assert not (data / "shard-2").exists()
+    (data / "shard-2.start-empty").unlink()
     (data / "SHARDS").write_text("2\n")
     node.start()
     try:

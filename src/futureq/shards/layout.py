@@ -11,7 +11,8 @@ Shard ``K`` of a node started with ``node.shards = N > 1``:
 
 ``DATA_DIR/SHARDS`` holds the shard count, written when the node's data is created;
 starting the same data directory with another count is refused (moving topics between
-shards is not done yet). With ``N = 1`` nothing changes: no stamp, no subdirectory.
+shards is not done yet), and so is a ``SHARDS`` the shard directories' stamps contradict
+(edited by hand: :func:`check_shard_count`). With ``N = 1`` nothing changes: no stamp, no subdirectory.
 
 ``node.shards = auto`` (the default) is resolved by :func:`resolve_shard_count`: the
 stamp, else 1 for a directory that already holds data (a single node's, or one made by
@@ -305,6 +306,92 @@ def _check_stamp_file_missing(data_dir: str) -> None:
     )
 
 
+def _check_stamp_matches_dirs(data_dir: str, stamped: int) -> None:
+    """Refuse a ``SHARDS`` file that disagrees with the data beside it: the stamps of
+    the ``shard-K`` directories holding a RocksDB, ``shard-K`` directories beyond the
+    count, or a RocksDB in ``data_dir`` itself (a node of 1 shard) under a count of more.
+
+    Before, ``SHARDS`` edited to 1 on a node of 2 shards started a new, empty single
+    node whose RocksDB was created beside the shards (its acknowledged messages were
+    ignored once ``SHARDS`` said 2 again), and edited to 3 it was told to start a third
+    shard empty, which then refused itself as another node's copy. Directories that are
+    empty or hold no RocksDB (mount points made ahead, a wiped or lost shard, whose own
+    checks run when it starts) say nothing about the count.
+
+    Raises:
+        ConfigError: what ``SHARDS`` says, what the directories say, and what to do.
+        StorageError: a shard's RocksDB cannot be read.
+    """
+    from futureq.shards.stamp import read_directory_stamp
+
+    stamp_path = os.path.join(data_dir, STAMP_FILE)
+    held = {k: path for k, path in shard_dirs(data_dir).items() if holds_rocksdb(path)}
+    stamps = {k: read_directory_stamp(path) for k, path in held.items()}
+    counts: dict[int, list[str]] = {}
+    for k, stamp in stamps.items():
+        if stamp is not None:
+            counts.setdefault(stamp[1], []).append(f"shard-{k}")
+    says = f"{stamp_path} says the node has {stamped} shard{'s' if stamped != 1 else ''}"
+    nothing = "Nothing was changed (no store or shard directory is created)"
+    if counts and stamped not in counts:
+        if len(counts) == 1:
+            ((count, names),) = counts.items()
+            said = (
+                f"the stamps of its shard directories ({', '.join(names)}) say it has "
+                f"{count} shards"
+            )
+            remedy = (
+                f"restore it to that count (echo {count} > {stamp_path}) and start again "
+                f"(--shards {count} or the default auto)"
+            )
+        else:
+            said = (
+                "the stamps of its shard directories disagree on the count ("
+                + "; ".join(
+                    f"{', '.join(names)}: {count} shards" for count, names in sorted(counts.items())
+                )
+                + ")"
+            )
+            remedy = (
+                f"restore it to the count the node was created with (one line: echo N > "
+                f"{stamp_path}), and put back any shard directory copied from another node"
+            )
+        raise ConfigError(
+            f"{says}, but {said}: the file recording the node's shard count was edited or "
+            f"replaced, and {data_dir} is not a node of {stamped}; {remedy}. {nothing}"
+        )
+    if stamped > 1 and holds_rocksdb(data_dir):
+        if not held:
+            raise ConfigError(
+                f"{says}, but {data_dir} holds a RocksDB of its own and no shard-K directory "
+                "holding one: the data of a node of 1 shard (a node of more keeps its data "
+                f"in shard-0 to shard-{stamped - 1}); the file recording the shard count was "
+                f"edited or copied in; restore it (echo 1 > {stamp_path}, or remove it: a "
+                f"node of 1 shard needs none) and start again (--shards 1 or the default "
+                f"auto). {nothing}"
+            )
+        raise ConfigError(
+            f"{says}, and so do its shard directories, but {data_dir} also holds a RocksDB "
+            "of its own (its CURRENT file), the data of a node of 1 shard, which a node of "
+            f"{stamped} shards never writes: it was made by a start while {stamp_path} said "
+            f"1, or copied in, and its messages belong to no shard; move that RocksDB's "
+            f"files out of {data_dir} (start them elsewhere as a node of 1 shard to deliver "
+            f"what they hold) and start again. {nothing}"
+        )
+    beyond = [k for k in held if stamped == 1 or k >= stamped]
+    if beyond:
+        listed = ", ".join(f"shard-{k}" for k in beyond)
+        raise ConfigError(
+            f"{says}, but {data_dir} holds shard directories with data beyond that count "
+            f"({listed}; a node of {stamped} shard{'s' if stamped != 1 else ''} has "
+            + ("none" if stamped == 1 else f"shard-0 to shard-{stamped - 1}")
+            + f"): the file recording the shard count was edited or replaced, or a shard "
+            f"directory was copied in; restore it to the count the node was created with "
+            f"(echo N > {stamp_path}: the number of its shard-K directories) and start "
+            f"again. {nothing}"
+        )
+
+
 def check_shard_count(config: Config, *, starting: bool = True) -> None:
     """Refuse a data directory made for another shard count; stamp a new sharded one.
 
@@ -313,7 +400,9 @@ def check_shard_count(config: Config, *, starting: bool = True) -> None:
     stamped ``N``, and, when ``starting`` (not a restore, which fills it with data),
     marked as a first start until every shard is ready (:data:`FIRST_START_FILE`).
     A stamp naming another count is refused, and so are ``shard-K`` directories
-    without a stamp (``SHARDS`` deleted) and a shard's own directory.
+    without a stamp (``SHARDS`` deleted), a stamp the data beside it contradicts
+    (``SHARDS`` edited: :func:`_check_stamp_matches_dirs`, checked first, so the
+    advice names the edited file) and a shard's own directory.
 
     Raises:
         ConfigError: with a sentence saying what the directory holds and what to do.
@@ -343,6 +432,7 @@ def check_shard_count(config: Config, *, starting: bool = True) -> None:
         _write_synced(temp, f"{wanted}\n")
         os.replace(temp, os.path.join(data_dir, STAMP_FILE))
         return
+    _check_stamp_matches_dirs(data_dir, stamped)
     if stamped != wanted:
         if os.path.exists(os.path.join(data_dir, FIRST_START_FILE)):
             raise ConfigError(
