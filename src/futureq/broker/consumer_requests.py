@@ -110,10 +110,20 @@ async def nack(
     """The work of :meth:`Broker.nack` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
-    if not 0 <= requeue_delay_ms <= broker.limits.max_delay_ms:
+    if requeue_delay_ms < 0:
+        raise RequestError(
+            ErrorCode.INVALID_DELAY, f"requeue_delay_ms is {requeue_delay_ms}; it must be >= 0"
+        )
+    if requeue_delay_ms > broker.limits.max_delay_ms:
         raise RequestError(
             ErrorCode.INVALID_DELAY,
-            f"requeue_delay_ms must be between 0 and {broker.limits.max_delay_ms}, got {requeue_delay_ms}",
+            validation.over_limit(
+                "requeue_delay_ms",
+                requeue_delay_ms,
+                broker.limits.max_delay_ms,
+                validation.MAX_DELAY_SETTING,
+                "requeue sooner",
+            ),
         )
     if reason is not None and len(reason.encode("utf-8")) > MAX_NACK_REASON_BYTES:
         raise RequestError(

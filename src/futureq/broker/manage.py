@@ -447,10 +447,20 @@ async def redrive(broker: Broker, frame: frames.Redrive) -> list[int]:
     check_redrive_topic(frame.topic)
     check_ids(broker, "REDRIVE", frame.ids)
     max_delay_ms = broker.limits.max_delay_ms
-    if not 0 <= frame.delay_ms <= max_delay_ms:
+    if frame.delay_ms < 0:
+        raise RequestError(
+            ErrorCode.INVALID_DELAY, f"REDRIVE delay_ms is {frame.delay_ms}; it must be >= 0"
+        )
+    if frame.delay_ms > max_delay_ms:
         raise RequestError(
             ErrorCode.INVALID_DELAY,
-            f"REDRIVE delay_ms must be between 0 and {max_delay_ms} ms, got {frame.delay_ms}",
+            validation.over_limit(
+                "REDRIVE delay_ms",
+                frame.delay_ms,
+                max_delay_ms,
+                validation.MAX_DELAY_SETTING,
+                "redrive sooner",
+            ),
         )
     info = browse_group(broker, frame.topic + DLQ_SUFFIX, frame.group, "REDRIVE")
     state = broker.state
@@ -520,8 +530,14 @@ async def reschedule(broker: Broker, frame: frames.Reschedule) -> list[int]:
     if due_ms - now_ms > max_delay_ms:
         raise RequestError(
             ErrorCode.DELAY_TOO_LARGE,
-            f"RESCHEDULE to {due_ms - now_ms} ms from now; the limit is {max_delay_ms} ms "
-            "(limits.max_delay_ms)",
+            validation.over_limit(
+                "the due time RESCHEDULE gives",
+                due_ms - now_ms,
+                max_delay_ms,
+                validation.MAX_DELAY_SETTING,
+                "reschedule to an earlier time",
+                from_now=True,
+            ),
         )
     out = _out_deliveries(broker, frame.topic, info, frame.ids)
     result = await broker.log.propose(

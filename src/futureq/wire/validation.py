@@ -31,6 +31,11 @@ separated by single dots; the first character a letter or digit."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*\Z")
 INT64_MAX = 2**63 - 1
 DLQ_SUFFIX = ".dlq"
+MAX_DELAY_SETTING: Final = "limits.max_delay_ms"
+"""The setting of the largest delay (and distance of a due time from now)."""
+MAX_TTL_SETTING: Final = "limits.max_ttl_ms"
+"""The setting of the largest time-to-live."""
+
 MIN_PLAUSIBLE_EPOCH_MS = 946_684_800_000
 """2000-01-01T00:00:00Z in ms. An absolute time before it can only be a unit mistake
 (epoch *seconds* of any date before the year 31,969 are below it); ``docs/protocol.md``,
@@ -90,10 +95,50 @@ def implausible_epoch_ms(name: str, value: int) -> str | None:
     return None
 
 
-def _days(ms: int) -> str:
-    """``3,660 days`` for a duration in ms (whole days, rounded down; the unit of
-    ``--delay 3660d`` and of the default limit, ten years of 366 days)."""
-    return f"{ms // 86_400_000:,} days"
+_READABLE_UNITS: Final = (
+    ("day", 86_400_000),
+    ("hour", 3_600_000),
+    ("minute", 60_000),
+    ("second", 1000),
+)
+
+
+def readable_ms(ms: int) -> str:
+    """A duration in ms in the largest whole unit it holds: ``3,660 days`` (the unit of
+    ``--delay 3660d`` and of the default limits, ten years of 366 days), ``over 4,773
+    days`` when it is not a whole number of them (rounded down), ``2 hours``, ``500 ms``.
+    """
+    for unit, size in _READABLE_UNITS:
+        if ms >= size:
+            count = ms // size
+            text = f"{count:,} {unit}" + ("" if count == 1 else "s")
+            return text if ms % size == 0 else f"over {text}"
+    return f"{ms:,} ms"
+
+
+def over_limit(
+    what: str, value_ms: int, limit_ms: int, setting: str, fix: str, *, from_now: bool = False
+) -> str:
+    """The sentence for a delay, a time or a TTL over its server limit: every one is
+    built here, so they name the value and the limit the same way (ms, then a readable
+    unit), the setting to raise, and what to do.
+
+    Args:
+        what: The value's name and how it counts, e.g. ``"delay_ms"`` or
+            ``"deliver_at_ms (2040-01-01T00:00:00Z)"``; ``is N ms`` follows.
+        value_ms: The delay, distance from now or TTL given (ms).
+        limit_ms: The limit it is over (ms).
+        setting: The setting of that limit: ``limits.max_delay_ms`` or
+            ``limits.max_ttl_ms``.
+        fix: What the sender can do (``"deliver sooner"``); ``, or have the operator
+            raise`` the setting follows.
+        from_now: ``value_ms`` is the distance of a time from now (``is N ms from now``).
+    """
+    distance = " from now" if from_now else ""
+    return (
+        f"{what} is {value_ms} ms{distance} ({readable_ms(value_ms)}); the limit is {limit_ms} ms "
+        f"({readable_ms(limit_ms)}, {setting}): {fix}, or have the operator raise {setting}"
+    )
 
 
 def implausible_duration_ms(name: str, value: int, latest_ms: int) -> str | None:
@@ -502,14 +547,12 @@ def validate_publish_items_in_steps(
                     raise RequestError(
                         ErrorCode.IMPLAUSIBLE_TIME,
                         f"{mistake}; send it as deliver_at_ms (as a delay it is over the "
-                        f"limit, {max_delay} ms)",
+                        f"limit, {max_delay} ms, {readable_ms(max_delay)}, limits.max_delay_ms)",
                         i,
                     )
                 raise RequestError(
                     ErrorCode.DELAY_TOO_LARGE,
-                    f"delay_ms is {delay} ({_days(delay)}); the limit is {max_delay} ms "
-                    f"({_days(max_delay)}, limits.max_delay_ms): deliver sooner, or have "
-                    "the operator raise the limit",
+                    over_limit("delay_ms", delay, max_delay, MAX_DELAY_SETTING, "deliver sooner"),
                     i,
                 )
             due_ms = now_ms + delay
@@ -538,7 +581,14 @@ def validate_publish_items_in_steps(
             if deliver_at_ms - now_ms > max_delay:
                 raise RequestError(
                     ErrorCode.DELAY_TOO_LARGE,
-                    f"deliver_at_ms is {deliver_at_ms - now_ms} ms from now; the limit is {max_delay} ms",
+                    over_limit(
+                        f"deliver_at_ms {deliver_at_ms} ({_iso(deliver_at_ms)})",
+                        deliver_at_ms - now_ms,
+                        max_delay,
+                        MAX_DELAY_SETTING,
+                        "give an earlier time",
+                        from_now=True,
+                    ),
                     i,
                 )
             due_ms = max(deliver_at_ms, now_ms)
@@ -563,7 +613,9 @@ def validate_publish_items_in_steps(
                     )
                 raise RequestError(
                     ErrorCode.INVALID_TTL,
-                    f"ttl_ms is {ttl_ms}; the limit is {limits.max_ttl_ms} ms",
+                    over_limit(
+                        "ttl_ms", ttl_ms, limits.max_ttl_ms, MAX_TTL_SETTING, "give a shorter TTL"
+                    ),
                     i,
                 )
             if ttl_ms > INT64_MAX - due_ms:

@@ -99,3 +99,52 @@ def test_a_delay_or_ttl_no_epoch_time_would_fix_is_just_too_large() -> None:
     ttl_latest = NOW_MS + limits.max_ttl_ms
     assert refuse(["t", b"", None, None, ttl_latest]).code is ErrorCode.IMPLAUSIBLE_TIME
     assert refuse(["t", b"", None, None, ttl_latest + 1]).code is ErrorCode.INVALID_TTL
+
+
+@pytest.mark.parametrize(
+    ("item", "code", "says"),
+    [
+        # --at 2040-01-01T00:00:00Z (or deliver_at_ms in a JSONL line / a client publish).
+        (
+            ["t", b"", None, 2_208_988_800_000, None],
+            ErrorCode.DELAY_TOO_LARGE,
+            "deliver_at_ms 2208988800000 (2040-01-01T00:00:00Z) is 441763200000 ms from now "
+            "(5,113 days); the limit is 316224000000 ms (3,660 days, limits.max_delay_ms): "
+            "give an earlier time, or have the operator raise limits.max_delay_ms",
+        ),
+        # --ttl 3661d.
+        (
+            ["t", b"", None, None, 3661 * 86_400_000],
+            ErrorCode.INVALID_TTL,
+            "ttl_ms is 316310400000 ms (3,661 days); the limit is 316224000000 ms "
+            "(3,660 days, limits.max_ttl_ms): give a shorter TTL, or have the operator "
+            "raise limits.max_ttl_ms",
+        ),
+        # --delay 36599d: the sentence b1e0fe4 gave, now from the same helper.
+        (
+            ["t", b"", 36_599 * 86_400_000, None, None],
+            ErrorCode.DELAY_TOO_LARGE,
+            "delay_ms is 3162153600000 ms (36,599 days); the limit is 316224000000 ms "
+            "(3,660 days, limits.max_delay_ms): deliver sooner, or have the operator raise "
+            "limits.max_delay_ms",
+        ),
+    ],
+)
+def test_every_over_limit_sentence_gives_days_the_setting_and_what_to_do(
+    item: list[Any], code: ErrorCode, says: str
+) -> None:
+    """Found by a tester: after b1e0fe4 only ``--delay`` said the limit in days and what
+    to do; ``--at`` and ``--ttl`` over their limits still gave bare ms."""
+    refused = refuse(item)
+    assert refused.code is code
+    assert refused.message == says
+
+
+def test_readable_ms_names_the_largest_whole_unit() -> None:
+    assert validation.readable_ms(316_224_000_000) == "3,660 days"
+    assert validation.readable_ms(316_224_000_001) == "over 3,660 days"
+    assert validation.readable_ms(86_400_000) == "1 day"
+    assert validation.readable_ms(7_200_000) == "2 hours"
+    assert validation.readable_ms(90_000) == "over 1 minute"
+    assert validation.readable_ms(1000) == "1 second"
+    assert validation.readable_ms(500) == "500 ms"
