@@ -210,6 +210,7 @@ def check_address(address: str) -> None:
     Raises:
         ValueError: with a sentence naming the bad address.
     """
+    _checks.check_ipv6_brackets(address)  # before split_host_port reads "[::1]" as port "1]"
     split_host_port(address)
     problem = not_text(address)
     if problem is not None:

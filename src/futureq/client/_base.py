@@ -18,7 +18,7 @@ import logging
 import os
 import random
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Literal, TypeVar
 
 import anyio
@@ -81,6 +81,10 @@ def parse_servers(servers: str | Sequence[str]) -> list[str]:
     """
     if isinstance(servers, str):
         parts = servers.split(",")
+    elif isinstance(servers, (bytes, bytearray, memoryview)) or not isinstance(servers, Iterable):
+        # Not a list of addresses: bytes would iterate as ints ("got int").
+        _checks.check_server_address(servers)  # raises its TypeError, naming the type
+        raise AssertionError("unreachable")
     else:
         parts = list(servers)
         for part in parts:

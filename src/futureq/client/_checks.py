@@ -357,6 +357,34 @@ _NOT_IN_A_HOST: Final = frozenset("/@?#[]\\")
 (``http://h:1/``), user info (``u@h``) or an unbalanced IPv6 bracket (``[::1``)."""
 
 
+def check_ipv6_brackets(address: str) -> None:
+    """An IPv6 host in ``address`` is bracketed, with the port after: ``[::1]:7450``.
+
+    Without brackets, an address with more than one ``:`` cannot be split at all
+    (``::1`` would be host ``:`` and port 1; ``::1:7450`` could be ``[::1]:7450`` or
+    ``[::1:7450]`` with no port): refused, as is an unclosed bracket or a bracketed host
+    with no port after it.
+
+    Raises:
+        ValueError: the message names the address and what to give instead.
+    """
+    if address.startswith("["):
+        bracketed, close, rest = address.partition("]")
+        if not close:
+            raise ValueError(f"{address!r} has no ']' closing its IPv6 address: give [V6]:PORT")
+        if not rest or rest == ":":
+            raise ValueError(
+                f"{address!r} has no port: give {bracketed}]:PORT, the port the server listens on"
+            )
+        if not rest.startswith(":"):
+            raise ValueError(f"{address!r}: after {bracketed}] comes ':PORT', not {rest!r}")
+    elif address.count(":") > 1:
+        raise ValueError(
+            f"{address!r} holds more than one ':': an IPv6 address must be in brackets, "
+            "with the port after them ([V6]:PORT, e.g. [::1]:7450)"
+        )
+
+
 def check_server_address(address: Any) -> None:
     """``address`` is a ``HOST:PORT`` a client can connect to (``[v6]:PORT`` for IPv6).
 
@@ -364,8 +392,10 @@ def check_server_address(address: Any) -> None:
     being retried until ``connect_timeout_s`` as an unreachable server.
 
     Raises:
-        TypeError: not a str.
-        ValueError: no port, a port not in 1..65535, an empty host, a scheme
+        TypeError: not a str (the message names the type given).
+        ValueError: no port (also after a bracketed ``[V6]``), a port not in 1..65535,
+            an IPv6 address without brackets (``::1``, ``::1:7450``: more than one ``:``
+            outside brackets), an empty host, a scheme
             (``http://``), a host holding spaces, control characters or URL punctuation,
             text that is not valid Unicode, or a non-ASCII host with no IDNA form (what
             the resolver sends); the message names the address.
@@ -374,6 +404,7 @@ def check_server_address(address: Any) -> None:
         raise TypeError(f"a server address must be a str HOST:PORT, got {_type_name(address)}")
     if "://" in address:
         raise ValueError(f"{address!r} has a scheme; a server address is HOST:PORT, without one")
+    check_ipv6_brackets(address)
     try:
         host, port = split_host_port(address)
     except ValueError as exc:

@@ -433,3 +433,20 @@ def test_publish_file_batches_fit_the_frame_limit() -> None:
     assert [len(b) for b in frame_batches(items(*[10] * 7), 3, four_mib)] == [3, 3, 1]
     # One too large for any frame goes alone (and fails alone).
     assert [len(b) for b in frame_batches(items(10, 5_000_000, 10), 500, four_mib)] == [1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("server", "says"),
+    [
+        ("::1", "'::1' holds more than one ':': an IPv6 address must be in brackets"),
+        ("::1:7450", "'::1:7450' holds more than one ':': an IPv6 address must be in brackets"),
+        ("[::1]", "'[::1]' has no port: give [::1]:PORT"),
+    ],
+)
+def test_an_unbracketed_or_portless_ipv6_server_is_a_usage_error(
+    server: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a tester: ``--server '[::1]'`` said "port '1]' is not a number", and
+    ``::1:7450`` was read as ``[::1]:7450``."""
+    assert main(["--server", server, "status"], stdout=io.StringIO(), stderr=io.StringIO()) == 2
+    assert f"--server: {says}" in capsys.readouterr().err

@@ -27,7 +27,15 @@ BAD = [
     ("127.0.0.1:99999", "outside 0..65535"),
     ("127.0.0.1:0", "port 0"),
     ("http://127.0.0.1:7450", "has a scheme"),
-    ("[::1", "is not a host name"),
+    ("[::1", r"has no '\]' closing its IPv6 address"),
+    # Found by a tester: "::1" was read as host ':' port 1, "::1:27450" as [::1]:27450,
+    # and "[::1]" said "port '1]' is not a number".
+    ("::1", r"more than one ':': an IPv6 address must be in brackets"),
+    ("::1:27450", r"more than one ':': an IPv6 address must be in brackets"),
+    ("fe80::1%eth0:7450", r"more than one ':': an IPv6 address must be in brackets"),
+    ("[::1]", r"'\[::1\]' has no port: give \[::1\]:PORT"),
+    ("[::1]:", r"has no port"),
+    ("[::1]7450", r"after \[::1\] comes ':PORT'"),
     ("a b:7450", "is not a host name"),
     ("h\x00:7450", "is not a host name"),
     ("\ud800:7450", "not valid Unicode"),
@@ -68,10 +76,28 @@ async def test_open_client_refuses_a_bad_address_before_connecting(
 
 
 def test_good_addresses_are_kept() -> None:
-    good = ["127.0.0.1:7450", "[::1]:7450", "::1:7450", "broker_1:7450", "b\u00fccher.example:1"]
+    good = [
+        "127.0.0.1:7450",
+        "[::1]:7450",
+        "[fe80::1%eth0]:7450",
+        "broker_1:7450",
+        "b\u00fccher.example:1",
+    ]
     assert parse_servers(",".join(good)) == good
     with pytest.raises(TypeError, match="must be a str"):
         parse_servers([7450])  # type: ignore[list-item]
+
+
+def test_an_address_given_as_bytes_is_told_bytes() -> None:
+    """Found by a tester: ``SyncClient(b"127.0.0.1:27450")`` said "got int" (the bytes
+    were taken for a list of addresses, and its first item is an int)."""
+    for given in (b"127.0.0.1:27450", bytearray(b"127.0.0.1:27450")):
+        with pytest.raises(
+            TypeError, match=rf"must be a str HOST:PORT, got {type(given).__name__}$"
+        ):
+            SyncClient(given)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=rf"got {type(given).__name__}$"):
+            parse_servers(given)  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(not _resolver_says_no_such_name(), reason="this resolver does not answer")
