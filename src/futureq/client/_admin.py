@@ -18,7 +18,6 @@ from futureq.errors import ConnectionLostError, RequestError
 from futureq.wire import frames
 
 _EPOCH_MS: Final = "ms since the Unix epoch"
-_NODE_ID: Final = "a node id"
 
 
 class AdminClient(ClientBase):
@@ -409,7 +408,7 @@ class AdminClient(ClientBase):
             TypeError, ValueError: ``node_id`` is not an int, or one beyond 64 bits
                 (:func:`~futureq.client._checks.check_wire_int`); nothing was sent.
         """
-        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID)
+        _checks.check_node_id(node_id)
         answer = await self._call(
             lambda rid: frames.ClusterAddNode(rid, node_id, raft_address, client_address),
             retry_unknown=True,
@@ -424,7 +423,7 @@ class AdminClient(ClientBase):
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
             TypeError, ValueError: as :meth:`add_node`.
         """
-        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID)
+        _checks.check_node_id(node_id)
         answer = await self._call(
             lambda rid: frames.ClusterRemoveNode(rid, node_id), retry_unknown=True
         )
@@ -438,7 +437,7 @@ class AdminClient(ClientBase):
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
             TypeError, ValueError: as :meth:`add_node` (None is allowed).
         """
-        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID, optional=True)
+        _checks.check_node_id(node_id, optional=True)
         answer = await self._call(
             lambda rid: frames.ClusterTransferLeader(rid, node_id), retry_unknown=False
         )

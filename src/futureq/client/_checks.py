@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from futureq.config import split_host_port
 from futureq.errors import ErrorCode, RequestError
+from futureq.state.commands import MAX_NODE_ID
 from futureq.wire.validation import MAX_VISIBILITY_TIMEOUT_MS
 
 
@@ -42,8 +43,13 @@ def check_str(name: str, value: Any, *, optional: bool = False) -> None:
         raise TypeError(f"{name} must be {wanted}, got {_type_name(value)}")
 
 
-def check_int(name: str, value: Any, *, optional: bool = False) -> None:
+def check_int(
+    name: str, value: Any, *, optional: bool = False, unit: str = "milliseconds or a count"
+) -> None:
     """``value`` is an ``int`` (not a bool or float), or None when ``optional``.
+
+    Args:
+        unit: What the int counts, for the message.
 
     Raises:
         TypeError: not an int (``1.5``, ``True``, ``"5"``).
@@ -52,9 +58,7 @@ def check_int(name: str, value: Any, *, optional: bool = False) -> None:
         return
     if type(value) is not int:
         wanted = "an int or None" if optional else "an int"
-        raise TypeError(
-            f"{name} must be {wanted} (milliseconds or a count), got {_type_name(value)}"
-        )
+        raise TypeError(f"{name} must be {wanted} ({unit}), got {_type_name(value)}")
 
 
 def check_bool(name: str, value: Any) -> None:
@@ -173,12 +177,33 @@ def check_wire_int(name: str, value: Any, *, unit: str, optional: bool = False) 
         TypeError: not an int (as :func:`check_int`).
         ValueError: outside ``-2**63 .. 2**64-1``; the message names ``name`` and the range.
     """
-    check_int(name, value, optional=optional)
+    check_int(name, value, optional=optional, unit=unit)
     if value is not None and not fits_wire_int(value):
         raise ValueError(
             f"{name} must be an int from -2**63 to 2**64-1 ({unit}; the protocol's integers "
             f"are 64-bit), got {_shown(value)}"
         )
+
+
+def check_node_id(value: Any, *, optional: bool = False) -> None:
+    """``value`` is a node id, an int 1 .. :data:`~futureq.state.commands.MAX_NODE_ID`
+    (or None when ``optional``): the argument of ``add_node``, ``remove_node`` and
+    ``transfer_leader``. Only its type is checked here (and that it fits the wire, as
+    :func:`check_wire_int`); the range is the server's to check, and named here so a
+    float or bool (``1.0``, ``True``) is told what to give.
+
+    Raises:
+        TypeError: not an int; the message says a node id is an int and its range.
+        ValueError: as :func:`check_wire_int`.
+    """
+    if value is None and optional:
+        return
+    if type(value) is not int:
+        wanted = f"a node id (an int from 1 to {MAX_NODE_ID})"
+        raise TypeError(
+            f"node_id must be {wanted}{' or None' if optional else ''}, got {_type_name(value)}"
+        )
+    check_wire_int("node_id", value, unit="a node id")
 
 
 def utf8_bytes(name: str, value: str, code: ErrorCode, index: int | None = None) -> int:

@@ -19,7 +19,6 @@ import anyio
 import anyio.abc
 
 from futureq.client import _checks
-from futureq.client._admin import _NODE_ID
 from futureq.client._base import _expect
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
@@ -559,7 +558,7 @@ class ShardedClient(Client):
 
     async def transfer_leader(self, node_id: int | None = None) -> None:
         """As :meth:`Client.transfer_leader`, for every shard's Raft group."""
-        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID, optional=True)
+        _checks.check_node_id(node_id, optional=True)
         await self._everywhere(lambda client: client.transfer_leader(node_id))
 
     async def add_node(self, node_id: int, raft_address: str, client_address: str) -> None:
@@ -577,7 +576,7 @@ class ShardedClient(Client):
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
             TypeError, ValueError: as :meth:`Client.add_node`; nothing was sent.
         """
-        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID)
+        _checks.check_node_id(node_id)
         stride = self.port_stride
         if stride is None:
             raise RequestError(
@@ -612,7 +611,7 @@ class ShardedClient(Client):
 
     async def remove_node(self, node_id: int) -> None:
         """As :meth:`Client.remove_node`, from every shard's Raft group."""
-        _checks.check_wire_int("node_id", node_id, unit=_NODE_ID)
+        _checks.check_node_id(node_id)
         await self._everywhere(lambda client: client.remove_node(node_id))
 
     async def ping(self) -> float:
