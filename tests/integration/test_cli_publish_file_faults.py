@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -266,3 +267,46 @@ def test_failed_out_is_checked_before_anything_is_sent(
     assert folder.returncode == 1, folder.stderr
     assert "Is a directory" in folder.stderr
     assert _published_total(broker, "chk.t") == 0  # nothing was sent either time
+
+
+def test_ctrl_c_mid_file_says_what_was_stored_and_failed_out_has_the_rest(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Found by a tester: Ctrl-C mid-file printed no summary and wrote no --failed-out,
+    so which lines were stored was unknown. Now the run says it, exits 130, and F holds
+    the lines not stored (the batch in flight too: with idempotency keys, sending F
+    stores every line of the file exactly once)."""
+    total = 20_000
+    source = tmp_path / "keyed.jsonl"
+    source.write_text(
+        "".join(
+            f'{{"topic":"intr.f","payload":"p{i}","idempotency_key":"k{i}"}}\n'
+            for i in range(total)
+        )
+    )
+    failed_out = tmp_path / "failed.jsonl"
+    command = [sys.executable, "-m", "futureq.cli.client_main", "--server"]
+    command += [broker.client_address, "publish", "--file", str(source), "--batch-size", "20"]
+    command += ["--failed-out", str(failed_out)]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            deadline = time.monotonic() + 30
+            while _published_total(broker, "intr.f") == 0:
+                assert time.monotonic() < deadline, "the CLI published nothing in 30 s"
+                time.sleep(0.05)
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=20)
+        finally:
+            process.kill()
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    published = int(re.match(r"published (\d+) message\(s\)", out).group(1))  # type: ignore[union-attr]
+    assert 0 < published < total, out
+    assert "interrupted: the " in err
+    lines = failed_out.read_text().splitlines()
+    assert len(lines) == total - published
+    again = cli(broker.client_address, "publish", "--file", str(failed_out))
+    assert again.returncode == 0, again.stderr
+    assert pending(broker.client_address, "intr.f") == total

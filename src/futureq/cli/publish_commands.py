@@ -23,7 +23,14 @@ import trio
 from futureq.cli.argv_text import argv_bytes
 from futureq.cli.client_arguments import DEFAULT_BATCH_SIZE
 from futureq.cli.jsonl import JsonlItem, LineFailure, parse_jsonl
-from futureq.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Output, error_line
+from futureq.cli.output import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Output,
+    error_line,
+)
 from futureq.client import Client
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, split_by_size
 from futureq.errors import ConnectionLostError, ErrorCode, ProtocolError, RequestError
@@ -97,6 +104,9 @@ class PublishSummary:
     which nothing more was sent (None: every batch was tried)."""
     not_sent: int = 0
     """Lines of the batches after that one, reported as failed without being sent."""
+    interrupted: bool = False
+    """Ctrl-C stopped the run: the batch being sent is of unknown outcome and every
+    later one was not sent (all reported as failed)."""
 
 
 def frame_batches(
@@ -116,6 +126,7 @@ def frame_batches(
     return batches
 
 
+@trio.lowlevel.enable_ki_protection  # Ctrl-C comes at an await, never mid-count
 async def publish_items(
     client: Client,
     items: Sequence[JsonlItem],
@@ -173,6 +184,16 @@ async def publish_items(
                 await client.publish_batch(
                     [entry.item for entry in batch], duplicates=duplicates, stored=stored
                 )
+            except KeyboardInterrupt:
+                # Ctrl-C: say what was stored and what was not, rather than nothing.
+                batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
+                summary.failures.extend(
+                    LineFailure(entry.line_number, INTERRUPTED_IN_FLIGHT) for entry in batch
+                )
+                _fail_not_sent(pending, batch[0].line_number if batch else 0, "", summary,
+                               on_progress, interrupted=True)  # fmt: skip
+                summary.failures.sort(key=lambda failure: failure.line_number)
+                return summary
             except RequestError as exc:
                 index = exc.item_index
                 named = index is not None and 0 <= index < len(batch) and index not in stored
@@ -209,20 +230,31 @@ async def publish_items(
     return summary
 
 
+INTERRUPTED_IN_FLIGHT: Final = (
+    "[INTERRUPTED] outcome unknown: Ctrl-C came while this line's batch was being sent "
+    "(it may be stored)"
+)
+INTERRUPTED_NOT_SENT: Final = "[INTERRUPTED] not sent: publishing stopped at Ctrl-C"
+
+
 def _fail_not_sent(
     pending: collections.deque[list[JsonlItem]],
     failed_line: int,
     reason: str,
     summary: PublishSummary,
     on_progress: Callable[[int], None],
+    *,
+    interrupted: bool = False,
 ) -> None:
     """Report every line of the batches still ``pending`` as not sent, and empty it:
     the batch starting at ``failed_line`` found the cluster unavailable for a whole
     ``--request-timeout`` (``reason``), so publishing stops there (``docs/cli.md``,
-    "publish --file")."""
+    "publish --file"); or, with ``interrupted``, Ctrl-C stopped it."""
     code = reason.split("]", 1)[0] + "]" if reason.startswith("[") else "[CONNECTION_LOST]"
     why = (
-        f"{code} not sent: publishing stopped when the batch from line {failed_line} "
+        INTERRUPTED_NOT_SENT
+        if interrupted
+        else f"{code} not sent: publishing stopped when the batch from line {failed_line} "
         "found no available server within --request-timeout"
     )
     count = 0
@@ -230,7 +262,10 @@ def _fail_not_sent(
         for entry in pending.popleft():
             summary.failures.append(LineFailure(entry.line_number, why))
             count += 1
-    summary.stopped_at_line = failed_line
+    if interrupted:
+        summary.interrupted = True
+    else:
+        summary.stopped_at_line = failed_line
     summary.not_sent = count
     on_progress(count)
 
@@ -350,8 +385,16 @@ async def _publish_lines(
             f"server within --request-timeout, so the {summary.not_sent} line(s) after "
             "that batch were not sent"
         )
-    if summary.failures and (failed_out is not None or summary.stopped_at_line is not None):
+    if summary.interrupted:
+        io.err(
+            f"interrupted: the {summary.not_sent} line(s) after the batch being sent were "
+            "not sent, and that batch's outcome is unknown"
+        )
+    stopped = summary.stopped_at_line is not None or summary.interrupted
+    if summary.failures and (failed_out is not None or stopped):
         io.err(_resend_advice(args, lines, summary.failures, failed_out))
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
     return EXIT_ERROR if summary.failures else EXIT_OK
 
 
