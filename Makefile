@@ -46,6 +46,7 @@ test: $(STAMP_TEST)
 
 lint: $(STAMP_TEST)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
 bench: $(STAMP_BENCH)

@@ -84,9 +84,7 @@ class FdBudget:
         )
 
 
-def budget(
-    max_connections: int, open_files: int, max_http_connections: int = 128
-) -> FdBudget:
+def budget(max_connections: int, open_files: int, max_http_connections: int = 128) -> FdBudget:
     """Share ``open_files`` descriptors between RocksDB, the rest, HTTP and client
     connections.
 
@@ -99,9 +97,7 @@ def budget(
     other = min(OTHER_FILES, max(32, open_files // 8))
     http = max(1, min(max_http_connections, max(MIN_HTTP_CONNECTIONS, open_files // 16)))
     room = max(MIN_CLIENT_CONNECTIONS, open_files - storage - other - http)
-    return FdBudget(
-        open_files, storage, other, min(max_connections, room), max_connections, http
-    )
+    return FdBudget(open_files, storage, other, min(max_connections, room), max_connections, http)
 
 
 def open_file_limit(*, hard: bool = False) -> int:

@@ -158,8 +158,6 @@ def connection_buffer_bytes(http_address: str, direction: str) -> float:
     read from its /metrics."""
     with urllib.request.urlopen(f"http://{http_address}/metrics", timeout=5) as answer:
         text = answer.read().decode()
-    found = re.search(
-        rf'futureq_connection_buffer_bytes\{{direction="{direction}"\}} (\S+)', text
-    )
+    found = re.search(rf'futureq_connection_buffer_bytes\{{direction="{direction}"\}} (\S+)', text)
     assert found, f"no {direction}bound buffer gauge"
     return float(found.group(1))

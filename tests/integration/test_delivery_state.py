@@ -183,10 +183,16 @@ async def test_cancelled_calls_never_break_the_shared_connection(
             again = attrs.evolve(held[0], state=DeliveryState.HELD)
             await _cancel_until_late_answer(monkeypatch, caplog, client, lambda: sub.ack([again]))
             await _cancel_until_late_answer(
-                monkeypatch, caplog, client, lambda: client.publish_batch([PublishItem("bad.dlq", b"x")])
+                monkeypatch,
+                caplog,
+                client,
+                lambda: client.publish_batch([PublishItem("bad.dlq", b"x")]),
             )
             await _cancel_until_late_answer(
-                monkeypatch, caplog, client, lambda: client.create_group("held", "other", max_deliveries=0)
+                monkeypatch,
+                caplog,
+                client,
+                lambda: client.create_group("held", "other", max_deliveries=0),
             )
             # A refused CREDIT (ERROR with request id 0) is not fatal either. Answers may
             # arrive in any order (docs/protocol.md, "Requests"): the PING's may come
@@ -239,9 +245,10 @@ async def _slow_and_fast_consumers(
     done = trio.Event()
 
     async def consumer(prefetch: int, delay_s: float, ready: trio.Event) -> None:
-        async with open_client(address) as client, client.subscribe(
-            "storm", "g", prefetch=prefetch
-        ) as sub:
+        async with (
+            open_client(address) as client,
+            client.subscribe("storm", "g", prefetch=prefetch) as sub,
+        ):
             ready.set()
             while not done.is_set():
                 delivery = await sub.receive(0.2)
@@ -343,8 +350,6 @@ def test_sync_consume_never_holds_messages_it_does_not_return(broker: BrokerProc
         for delivery in late:
             delivery.ack()
         assert "once.dlq" not in topic_names(client.status())
-
-
 
 
 @pytest.mark.parametrize("stop", ["kill", "terminate"])

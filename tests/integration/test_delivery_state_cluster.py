@@ -268,7 +268,9 @@ async def test_deleting_a_group_ends_its_subscriptions_with_a_reason(cluster3: C
             nursery.start_soon(consume, name)
         with trio.fail_after(30):
             await all_held.wait()
-        done = await trio.to_thread.run_sync(cli, ",".join(servers), "group", "delete", "t.del", "g")
+        done = await trio.to_thread.run_sync(
+            cli, ",".join(servers), "group", "delete", "t.del", "g"
+        )
         assert done.returncode == 0, done.stderr
     assert [len(held[name]) for name in held] == [50, 50]
     for name in held:

@@ -138,7 +138,7 @@ def test_secrets_are_stored_hashed(node: Node) -> None:
     text = node.credentials.read_text()
     for token in node.tokens.values():
         assert token.split(":", 1)[1] not in text
-    assert text.count("secret_hash = \"scrypt$") == len(CLIENTS)
+    assert text.count('secret_hash = "scrypt$') == len(CLIENTS)
 
 
 # --- one test per frame type ----------------------------------------------------------
@@ -202,7 +202,9 @@ def test_group_management(node: Node, kind: str) -> None:
 
     mgr = node.client("mgr")
     if kind == "GROUP_DELETE":
-        assert isinstance(mgr.request(frames.GroupCreate(mgr.next_id(), "orders.m", "managed")), frames.Ok)
+        assert isinstance(
+            mgr.request(frames.GroupCreate(mgr.next_id(), "orders.m", "managed")), frames.Ok
+        )
     assert isinstance(mgr.request(frame(mgr, "orders.m")), frames.Ok)
     denied(mgr.request(frame(mgr, "billing.x")), "billing.x")
     con = node.client("con")
@@ -258,7 +260,9 @@ def test_ping_and_pong_need_nothing(node: Node) -> None:
 def test_cluster_status(node: Node) -> None:
     for name in ("mon", "ops", "admin"):
         client = node.client(name)
-        assert isinstance(client.request(frames.ClusterStatus(client.next_id())), frames.ClusterStatusOk)
+        assert isinstance(
+            client.request(frames.ClusterStatus(client.next_id())), frames.ClusterStatusOk
+        )
     con = node.client("con")
     denied(con.request(frames.ClusterStatus(con.next_id())), "CLUSTER_STATUS")
 
@@ -302,9 +306,7 @@ def test_token_checks_are_shared_fairly_and_a_wrong_token_does_not_cost_the_cpu_
     sprayers: list[socket.socket] = []
     for number in range(20):
         sprayer = socket.create_connection((host, int(port)), source_address=("127.0.0.2", 0))
-        sprayer.sendall(
-            codec.encode_frame(frames.Hello(1, (1,), "spray", f"pub:wrong-{number}"))
-        )
+        sprayer.sendall(codec.encode_frame(frames.Hello(1, (1,), "spray", f"pub:wrong-{number}")))
         sprayers.append(sprayer)
     # Meanwhile another address's new token is checked as usual.
     assert isinstance(connect(node.broker.client_address, node.tokens["mon"]), WireClient)

@@ -94,8 +94,7 @@ def test_one_address_cannot_hold_every_slot_with_connections_that_never_say_hell
     limits.max_connections for 10 s, renewable at will, so one host could keep every
     other client out. One address may now hold 64 of them."""
     silent = [
-        WireClient(broker.client_address, hello=False, source_host="127.0.0.2")
-        for _ in range(64)
+        WireClient(broker.client_address, hello=False, source_host="127.0.0.2") for _ in range(64)
     ]
     extra = WireClient(broker.client_address, hello=False, source_host="127.0.0.2")
     answer = extra.receive(timeout_s=5)  # sent at once, before any HELLO

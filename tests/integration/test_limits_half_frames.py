@@ -145,7 +145,9 @@ def test_a_frame_that_keeps_coming_is_not_stalled(broker_factory: object) -> Non
         env={"FUTUREQ_LIMITS_FRAME_STALL_MS": "1000"}
     )
     client = WireClient(broker.client_address)
-    data = codec.encode_frame(frames.Publish(7, frames.AckLevel.QUORUM, [["steady", b"s", 0, None, None]]))
+    data = codec.encode_frame(
+        frames.Publish(7, frames.AckLevel.QUORUM, [["steady", b"s", 0, None, None]])
+    )
     for i in range(len(data)):  # one byte every 0.1 s: 2+ s in all, no gap of 1 s
         client.send_raw(data[i : i + 1])
         time.sleep(0.1)

@@ -65,7 +65,14 @@ def test_cancel_from_the_cli_and_the_client_on_one_node(broker: BrokerProcess) -
         )
         # One group's copy, from the CLI; an id nobody published is reported, not refused.
         cancelled = cli(
-            address, "cancel", "reminders", str(ids[0]), str(ids[3] + 7), "--group", "mail", "--json"
+            address,
+            "cancel",
+            "reminders",
+            str(ids[0]),
+            str(ids[3] + 7),
+            "--group",
+            "mail",
+            "--json",
         )
         assert cancelled.returncode == 0, cancelled.stderr
         assert json.loads(cancelled.stdout) == [
@@ -152,7 +159,9 @@ def test_a_cancel_and_a_purge_survive_a_leader_change_on_three_nodes(cluster3: C
     with SyncClient(addresses, request_timeout_s=30.0) as client:
         client.create_group("t", "g")
         client.create_group("t", "bulk")
-        ids = client.publish_batch([PublishItem("t", b"%d" % n, delay_ms=3_600_000) for n in range(300)])
+        ids = client.publish_batch(
+            [PublishItem("t", b"%d" % n, delay_ms=3_600_000) for n in range(300)]
+        )
         for start in range(0, 3000, 1000):
             client.publish_batch(
                 [PublishItem("t", b"x", delay_ms=3_600_000) for _ in range(start, start + 1000)]
@@ -166,7 +175,13 @@ def test_a_cancel_and_a_purge_survive_a_leader_change_on_three_nodes(cluster3: C
         assert new_leader.node_id != leader.node_id
         # The new leader knows what was cancelled, and finds the rest by id.
         again = cli(
-            addresses.split(",")[0], "cancel", "t", *map(str, ids[195:205]), "--group", "g", "--json"
+            addresses.split(",")[0],
+            "cancel",
+            "t",
+            *map(str, ids[195:205]),
+            "--group",
+            "g",
+            "--json",
         )
         assert again.returncode == 0, again.stderr
         assert [row["status"] for row in json.loads(again.stdout)] == ["UNKNOWN"] * 5 + ["DONE"] * 5
@@ -185,7 +200,10 @@ def test_browse_pages_what_is_due_without_claiming_it(broker: BrokerProcess) -> 
         client.create_group("later", "g")
         now_ms = int(time.time() * 1000)
         ids = client.publish_batch(
-            [PublishItem("later", b"m%d" % n, deliver_at_ms=now_ms + 600_000 + n) for n in range(25)]
+            [
+                PublishItem("later", b"m%d" % n, deliver_at_ms=now_ms + 600_000 + n)
+                for n in range(25)
+            ]
         )
         seen: list[int] = []
         cursor = None
@@ -387,7 +405,9 @@ def test_purge_asks_first_and_keeps_what_comes_after(broker: BrokerProcess) -> N
         client.create_group("bulk", "a")
         client.create_group("bulk", "b")
         for _ in range(2):
-            client.publish_batch([PublishItem("bulk", b"x", delay_ms=3_600_000) for _ in range(1000)])
+            client.publish_batch(
+                [PublishItem("bulk", b"x", delay_ms=3_600_000) for _ in range(1000)]
+            )
         refused = cli(address, "purge", "bulk", "--group", "a")
         assert refused.returncode == 2 and "--yes" in refused.stderr
         purged = cli(address, "purge", "bulk", "--group", "a", "--yes")
@@ -438,7 +458,10 @@ def test_headers_and_idempotent_publish(broker: BrokerProcess) -> None:
         assert other.id == batch[0] and other.headers == {}
 
         for item, code in [
-            (PublishItem("orders", b"x", headers={"futureq-reason": "x"}), ErrorCode.INVALID_HEADERS),
+            (
+                PublishItem("orders", b"x", headers={"futureq-reason": "x"}),
+                ErrorCode.INVALID_HEADERS,
+            ),
             (PublishItem("orders", b"x", headers={"h": "v" * 5000}), ErrorCode.INVALID_HEADERS),
             (PublishItem("orders", b"x", idempotency_key=""), ErrorCode.INVALID_IDEMPOTENCY_KEY),
         ]:
@@ -546,7 +569,9 @@ def test_a_group_may_dead_letter_what_expires(broker: BrokerProcess) -> None:
         assert dead[0].headers["futureq-reason"] == "expired"
         assert dead[0].headers["futureq-original-id"] == str(original)
         assert dead[0].headers["k"] == "v"
-        (row,) = [g for t in client.status()["topics"] if t["topic"] == "short" for g in t["groups"]]
+        (row,) = [
+            g for t in client.status()["topics"] if t["topic"] == "short" for g in t["groups"]
+        ]
         assert row["dead_letter_expired"] is True
 
 
@@ -558,7 +583,9 @@ def test_counts_by_due_bucket_from_the_client_the_cli_and_http(broker: BrokerPro
         client.publish_batch([PublishItem("dash", b"soon", delay_ms=20_000) for _ in range(3)])
         client.publish_batch([PublishItem("dash", b"hour", delay_ms=600_000) for _ in range(4)])
         client.publish_batch([PublishItem("dash", b"week", delay_ms=7 * 86_400_000)])
-        counts = client.browse_counts("dash", bounds_ms=[60_000, 3_600_000, 86_400_000], relative=True)
+        counts = client.browse_counts(
+            "dash", bounds_ms=[60_000, 3_600_000, 86_400_000], relative=True
+        )
         assert counts.group == "g" and counts.complete
         assert counts.counts == [5, 4, 0] and counts.later == 1
         start = counts.bounds_ms[0] - 60_000
@@ -586,7 +613,12 @@ def test_counts_by_due_bucket_from_the_client_the_cli_and_http(broker: BrokerPro
     base = f"http://{broker.http_address}/api/browse/counts?topic=dash"
     with urllib.request.urlopen(f"{base}&bounds_ms=60000,3600000&relative=true") as answer:
         body = json.loads(answer.read())
-    assert (body["group"], body["counts"], body["later"], body["complete"]) == ("g", [5, 4], 1, True)
+    assert (body["group"], body["counts"], body["later"], body["complete"]) == (
+        "g",
+        [5, 4],
+        1,
+        True,
+    )
     with pytest.raises(urllib.error.HTTPError) as bad:
         urllib.request.urlopen(f"{base}&bounds_ms=soon")
     assert bad.value.code == 400

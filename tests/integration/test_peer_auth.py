@@ -383,9 +383,7 @@ def test_mtls_certificate_of_the_same_node_id_in_another_cluster_is_refused(
     cluster, _, ca, _ = tls_cluster
     with unchanged(cluster):
         leader, target, message = _forge(cluster)
-        staging = ca.issue_cert(
-            "127.0.0.1", peer_auth.node_dns_name("staging", leader.node_id)
-        )
+        staging = ca.issue_cert("127.0.0.1", peer_auth.node_dns_name("staging", leader.node_id))
         for claimed_cluster, sentence in (
             ("staging", "peer belongs to cluster 'staging'"),
             ("futureq", f"claims node {leader.node_id} but its certificate names no node"),

@@ -85,7 +85,7 @@ def assert_every_shard_stopped_gracefully(log: str) -> None:
     assert "node 1 stopped with exit code 0; its shards exited with 0 (shard 0), 0 (shard 1)" in (
         last
     ), log[-4000:]
-    stopping = log[log.index("received SIGTERM"):]
+    stopping = log[log.index("received SIGTERM") :]
     assert "HTTP listening" not in stopping, stopping[-4000:]
     for shard in (0, 1):
         assert f"shard={shard} futureq.broker.server: stopped; RocksDB closed" in log, log[-4000:]

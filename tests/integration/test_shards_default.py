@@ -299,7 +299,10 @@ def test_a_node_joining_with_the_default_takes_the_clusters_count(tmp_path: Path
         cluster.nodes[2] = joiner
         joiner.start()
         log = joiner.stderr_text()
-        assert f"node.shards = auto: 1 shard(s), the count of the cluster at {member.client_address}" in log
+        assert (
+            f"node.shards = auto: 1 shard(s), the count of the cluster at {member.client_address}"
+            in log
+        )
         assert not (joiner.data_dir / "SHARDS").exists()
         deadline = time.monotonic() + 30
         while True:

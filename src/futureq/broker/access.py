@@ -377,9 +377,7 @@ def _denied(message: str, item_index: int | None = None) -> RequestError:
     return RequestError(ErrorCode.PERMISSION_DENIED, message, item_index)
 
 
-def _topic_check(
-    principal: Principal, patterns: tuple[str, ...], topic: str, verb: str
-) -> None:
+def _topic_check(principal: Principal, patterns: tuple[str, ...], topic: str, verb: str) -> None:
     if not _any_match(patterns, topic):
         raise _denied(f"client {principal.name!r} may not {verb} topic {topic!r}")
 
@@ -394,9 +392,7 @@ def _check_publish(principal: Principal, frame: frames.Publish) -> None:
         if topic is None or topic in seen:
             continue  # the item's shape is checked (and refused) by validation
         if not _any_match(allowed, topic):
-            raise _denied(
-                f"client {principal.name!r} may not publish to topic {topic!r}", position
-            )
+            raise _denied(f"client {principal.name!r} may not publish to topic {topic!r}", position)
         seen.add(topic)
 
 
@@ -582,7 +578,8 @@ class AccessControl:
             if not ok:
                 self._verified[digest] = _FAILED + secret_hash
         raise RemoteProtocolError(
-            ErrorCode.AUTH_FAILED, "HELLO carries a missing or wrong auth token; check the client's token"
+            ErrorCode.AUTH_FAILED,
+            "HELLO carries a missing or wrong auth token; check the client's token",
         )
 
     async def _verify(self, secret: str, secret_hash: str, peer: str | None) -> bool:
@@ -699,4 +696,3 @@ def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(
         given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
     )
-

@@ -115,7 +115,9 @@ class SpaceAlarm:
             NoSpaceError: the alarm is raised.
         """
         if self.raised:
-            raise NoSpaceError("the disk is full (NO_SPACE alarm); writes resume when space returns")
+            raise NoSpaceError(
+                "the disk is full (NO_SPACE alarm); writes resume when space returns"
+            )
 
     async def wait_cleared(self) -> None:
         """Block until the alarm is not raised."""

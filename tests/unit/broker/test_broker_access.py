@@ -129,7 +129,10 @@ secret_hash = "{stored}"
         ("[[client]]\nname = 'a'\nsecret_hash = '{h}'\nconsume = ['a..b']\n", ["consume"]),
         ("[[client]]\nname = 'a'\nsecret_hash = '{h}'\nmonitor = 1\n", ["monitor"]),
         ("[[client]]\nname = 'a'\nsecret_hash = '{h}'\nadmin = true\n", ["unknown key"]),
-        ("[[client]]\nname = 'a'\nsecret_hash = '{h}'\n[[client]]\nname = 'a'\nsecret_hash = '{h}'\n", ["twice"]),
+        (
+            "[[client]]\nname = 'a'\nsecret_hash = '{h}'\n[[client]]\nname = 'a'\nsecret_hash = '{h}'\n",
+            ["twice"],
+        ),
         ("[users]\n", ["unknown table"]),
         ("not toml =", ["not valid TOML"]),
     ],
@@ -147,7 +150,9 @@ def test_a_bad_credentials_file_is_refused_with_a_sentence(
 
 # A request of every client frame type, for the rule table.
 REQUESTS: dict[frames.FrameType, frames.Frame] = {
-    frames.FrameType.PUBLISH: frames.Publish(1, frames.AckLevel.QUORUM, [["t", b"", 0, None, None]]),
+    frames.FrameType.PUBLISH: frames.Publish(
+        1, frames.AckLevel.QUORUM, [["t", b"", 0, None, None]]
+    ),
     frames.FrameType.SUBSCRIBE: frames.Subscribe(1, "t", "g", 1),
     frames.FrameType.ACK: frames.Ack(1, [b"x"]),
     frames.FrameType.NACK: frames.Nack(1, [b"x"], 0),
@@ -196,7 +201,9 @@ def test_watch_needs_monitor() -> None:
     watcher = Principal("ops", Permissions(monitor=True))
     check_frame(watcher, frames.Watch(1, 1000))
     with pytest.raises(RequestError, match="needs monitor"):
-        check_frame(Principal("billing", Permissions((">",), (">",), (">",))), frames.Watch(1, 1000))
+        check_frame(
+            Principal("billing", Permissions((">",), (">",), (">",))), frames.Watch(1, 1000)
+        )
 
 
 @pytest.mark.parametrize("frame_type", sorted(REQUESTS), ids=lambda t: t.name)
@@ -259,7 +266,9 @@ async def test_without_tokens_everyone_may_do_everything() -> None:
 async def test_a_wrong_token_is_checked_once_and_one_address_checks_one_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = write(tmp_path / "c.toml", f'[[client]]\nname = "a"\nsecret_hash = "{hash_secret("s")}"\n')
+    path = write(
+        tmp_path / "c.toml", f'[[client]]\nname = "a"\nsecret_hash = "{hash_secret("s")}"\n'
+    )
     control = AccessControl(None, path)
     checks: list[str] = []
     real_verify = access.verify_secret
@@ -294,7 +303,9 @@ async def test_an_unknown_client_name_costs_the_same_check_as_a_wrong_secret(
 ) -> None:
     """A name that is not in the credentials file must not be refused faster than a
     known name with a wrong secret: the timing would tell which client names exist."""
-    path = write(tmp_path / "c.toml", f'[[client]]\nname = "a"\nsecret_hash = "{hash_secret("s")}"\n')
+    path = write(
+        tmp_path / "c.toml", f'[[client]]\nname = "a"\nsecret_hash = "{hash_secret("s")}"\n'
+    )
     control = AccessControl(None, path)
     checks: list[tuple[str, str]] = []
     real_verify = access.verify_secret

@@ -53,7 +53,9 @@ def test_make_run_and_cluster_install_no_extras(tmp_path: pathlib.Path) -> None:
             text=True,
             check=True,
         ).stdout
-        installs = [line for line in planned.splitlines() if "pip install" in line and " -e " in line]
+        installs = [
+            line for line in planned.splitlines() if "pip install" in line and " -e " in line
+        ]
         assert installs, planned
         if extras is None:
             assert installs == [installs[0]] and installs[0].rstrip().endswith("-e ."), planned

@@ -46,7 +46,9 @@ def test_accept_errors_are_logged_once_per_interval_without_traceback() -> None:
 
         exc_info = sys.exc_info()
     records = [
-        logging.LogRecord("trio.serve_listeners", logging.ERROR, "", 0, "accept failed", (), exc_info)
+        logging.LogRecord(
+            "trio.serve_listeners", logging.ERROR, "", 0, "accept failed", (), exc_info
+        )
         for _ in range(5)
     ]
     passed = [record for record in records if accept_filter.filter(record)]

@@ -161,6 +161,8 @@ def test_process_build_info_topic_lateness_and_oldest_due_age() -> None:
     )
     # Per topic: the longest wait among its groups; topics with nothing due are absent.
     assert samples["futureq_topic_oldest_due_age_seconds"] == {(("topic", "orders"),): 12.5}
+
+
 def test_series_are_bounded_and_the_rest_is_other() -> None:
     from futureq.metrics import OTHER, SeriesBudget
 

@@ -146,8 +146,14 @@ def test_mutated_fields_decode_or_raise_remote_protocol_error(
         (msgpack.packb([9, 1, 1]), ErrorCode.INVALID_FRAME),  # too few fields
         (msgpack.packb([9, 1, 0, 1]), ErrorCode.INVALID_FRAME),  # node id 0
         (msgpack.packb([9, -1, 1, 1]), ErrorCode.INVALID_FRAME),  # negative term
-        (msgpack.packb([2, 1, 1, 2, 0, 0, False, 1, False]), ErrorCode.INVALID_FRAME),  # int as bool
-        (msgpack.packb([10, 1, 1, 2, 0, 0, False, "ctx"]), ErrorCode.INVALID_FRAME),  # str, not bytes
+        (
+            msgpack.packb([2, 1, 1, 2, 0, 0, False, 1, False]),
+            ErrorCode.INVALID_FRAME,
+        ),  # int as bool
+        (
+            msgpack.packb([10, 1, 1, 2, 0, 0, False, "ctx"]),
+            ErrorCode.INVALID_FRAME,
+        ),  # str, not bytes
         (msgpack.packb([9, 1, 1, 2, 0, 0, 1]), ErrorCode.INVALID_FRAME),  # recovering not a bool
         (msgpack.packb([9, 1, 1, 2, -1, 0, False]), ErrorCode.INVALID_FRAME),  # bad incarnation
     ],

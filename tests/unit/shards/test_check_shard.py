@@ -23,9 +23,7 @@ SHARD_0 = ShardRole(0, SLOT_MAP)
 
 
 def _publish(topics: list[Any]) -> frames.Publish:
-    items: list[Any] = [
-        [t, b"p", None, None, None] if isinstance(t, str) else t for t in topics
-    ]
+    items: list[Any] = [[t, b"p", None, None, None] if isinstance(t, str) else t for t in topics]
     return frames.Publish(1, frames.AckLevel.QUORUM, items)
 
 

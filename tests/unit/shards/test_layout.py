@@ -134,7 +134,9 @@ def test_auto_with_os_chosen_ports_runs_shards_alone_and_says_what_to_fix_in_a_c
             "node": {"shards": AUTO_SHARDS},
         },
     )  # fmt: skip
-    with pytest.raises(ConfigError, match=r"chose \d+ shards .*fixed port in a cluster.* --shards 1"):
+    with pytest.raises(
+        ConfigError, match=r"chose \d+ shards .*fixed port in a cluster.* --shards 1"
+    ):
         resolve_shard_count(clustered)
     # Ports too high for every shard: the sentence says what to lower, and nothing of
     # the OS choosing ports (before, its remedy was port 0's whatever the problem).

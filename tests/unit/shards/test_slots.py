@@ -59,8 +59,7 @@ def test_names_differing_in_one_character_spread_over_the_shards(pattern: str) -
 def test_slots_are_the_same_in_another_process() -> None:
     """Python's str hash is salted per process; the slot rule must not be."""
     code = (
-        "from futureq.shards.slots import topic_slot\n"
-        f"print([topic_slot(t) for t in {TOPICS!r}])"
+        f"from futureq.shards.slots import topic_slot\nprint([topic_slot(t) for t in {TOPICS!r}])"
     )
     for seed in ("1", "2"):
         out = subprocess.run(

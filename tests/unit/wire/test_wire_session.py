@@ -305,8 +305,14 @@ def test_codec_errors_put_the_session_in_error() -> None:
         (msgpack.packb([int(frames.FrameType.DELIVER), 7, 1, 2, "x"]), ErrorCode.INVALID_FRAME),
         (msgpack.packb([int(frames.FrameType.HELLO), 7, [1], 5, None]), ErrorCode.INVALID_FRAME),
     ],
-    ids=["malformed", "unknown-type", "trailing-bytes", "str-request-id", "bad-server-only",
-         "bad-second-hello"],
+    ids=[
+        "malformed",
+        "unknown-type",
+        "trailing-bytes",
+        "str-request-id",
+        "bad-server-only",
+        "bad-second-hello",
+    ],
 )
 def test_bad_frames_after_the_handshake(body: bytes, code: ErrorCode) -> None:
     s, _ = handshake()
@@ -331,8 +337,16 @@ def _raw(value: Any) -> bytes:
         [int(frames.FrameType.BROWSE), 7, "t", None, None, None, "cursor", 10, 0],
         [int(frames.FrameType.SUBSCRIBE), 7, "t"],
     ],
-    ids=["float-credit", "str-ids", "float-ids", "str-tags", "map-items", "ack-level-9",
-         "str-cursor", "missing-fields"],
+    ids=[
+        "float-credit",
+        "str-ids",
+        "float-ids",
+        "str-tags",
+        "map-items",
+        "ack-level-9",
+        "str-cursor",
+        "missing-fields",
+    ],
 )
 def test_a_request_with_wrong_fields_is_refused_alone(value: list[Any]) -> None:
     s, _ = handshake()
