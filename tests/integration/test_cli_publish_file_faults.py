@@ -289,7 +289,13 @@ def test_ctrl_c_mid_file_says_what_was_stored_and_failed_out_has_the_rest(
     command += [broker.client_address, "publish", "--file", str(source), "--batch-size", "20"]
     command += ["--failed-out", str(failed_out)]
     with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # SIGINT as a terminal gives it: a CI that runs the tests in the background
+        # (a non-interactive shell's `&`) has it ignored, and children inherit that.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     ) as process:
         try:
             deadline = time.monotonic() + 30

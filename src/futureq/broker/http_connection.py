@@ -68,6 +68,10 @@ class ConnectionEnd:
         self._answer_after_eof_s = answer_after_eof_s
         self._answer_due = False
         self._peer_finished = False
+        self.upgraded = False
+        """The connection became a WebSocket (101): its writes are bounded by the
+        client protocol's own ``limits.send_timeout_ms`` (``Connection``), which says
+        SLOW_CLIENT, not by :class:`EndingStream`'s."""
 
     @property
     def ended(self) -> bool:
@@ -217,8 +221,9 @@ class EndingStream(trio.abc.HalfCloseableStream):
             trio.BrokenResourceError: the peer broke the connection, or did not read
                 for ``send_timeout_s``.
         """
+        timeout_s = math.inf if self._end.upgraded else self._send_timeout_s
         try:
-            with trio.move_on_after(self._send_timeout_s) as sending:
+            with trio.move_on_after(timeout_s) as sending:
                 with self._ending_on_failure():
                     await self._transport.send_all(data)
             if sending.cancelled_caught:

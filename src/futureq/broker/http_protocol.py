@@ -128,6 +128,7 @@ class ScreenedH11Protocol(H11Protocol):
         await super().stream_send(event)
         if isinstance(event, Response) and event.status_code < 200 and connection_end is not None:
             # 101: the request was answered by a switch to a WebSocket, whose EOF ends it.
+            connection_end.upgraded = True
             connection_end.answered()
 
 
