@@ -375,8 +375,15 @@ def _sharded_cluster(root: Path) -> tuple[dict[int, Any], dict[int, tuple[int, i
 
 
 @pytest.mark.slow
-def test_three_nodes_of_two_shards_route_and_survive_a_stopped_node(tmp_path: Path) -> None:
-    """Shard K of every node forms one Raft group; the client follows each group's leader."""
+@pytest.mark.parametrize("seeds", ["every node", "node 1 only"])
+def test_three_nodes_of_two_shards_route_and_survive_a_stopped_node(
+    tmp_path: Path, seeds: str
+) -> None:
+    """Shard K of every node forms one Raft group; the client follows each group's leader.
+
+    Given node 1 alone, each shard's client still fails over when node 1 stops: the
+    HELLO_OK of its shard named that shard's address on every node (protocol version 2).
+    """
     nodes, ports = _sharded_cluster(tmp_path)
     try:
         for node in nodes.values():
@@ -401,6 +408,8 @@ def test_three_nodes_of_two_shards_route_and_survive_a_stopped_node(tmp_path: Pa
             # Seeds: every node's public port, node 1 first; the client learns the map
             # from node 1 and knows the same shard on nodes 2 and 3 too.
             servers = [f"127.0.0.1:{ports[n][0]}" for n in (1, 2, 3)]
+            if seeds == "node 1 only":
+                servers = servers[:1]
             async with open_client(servers, request_timeout_s=60) as client:
                 await publish_and_consume(client, "first")
                 # Node 1 leads every shard's group, so each shard's client is connected

@@ -71,6 +71,7 @@ from . import manage
 from .access import ANONYMOUS, AccessControl, Principal
 from .buffers import EVICT_AFTER_S, NodeBuffers, Outbox
 from .command_log import no_space_error
+from .membership import member_client_addresses
 from .shard_requests import check_shard, slot_map_answer
 
 if TYPE_CHECKING:
@@ -421,7 +422,10 @@ class Connection:
                 leader = self.broker.log.leader_address()
                 shard = self.broker.shard
                 shards = 1 if shard is None else shard.slot_map.shard_count
-                self._queue(session.accept_hello(self.broker.node_id, leader, __version__, shards))
+                members = member_client_addresses(self.broker)
+                self._queue(
+                    session.accept_hello(self.broker.node_id, leader, __version__, shards, members)
+                )
                 if self._on_hello is not None:
                     self._on_hello()
                 if handshake:

@@ -104,6 +104,37 @@ def cluster_status(broker: Broker) -> dict[str, Any]:
     return view
 
 
+def member_client_addresses(broker: Broker) -> list[str]:
+    """Client addresses (``host:port``) of the voters of this node's Raft group, by
+    node id, this node's included, for HELLO_OK's ``members`` (protocol version 2): a
+    client keeps them as servers to try when those it was given fail. A voter whose
+    client address this node does not know yet, or knows only as a wildcard or port 0,
+    is left out; a single node lists itself."""
+    node = broker.log
+    if not hasattr(node, "membership"):
+        candidates = [node.leader_address()]
+    else:
+        voters, _ = node.membership()
+        known = broker.state.node_addresses
+        candidates = []
+        for member in sorted(voters):
+            client_address = node.member_addresses(member)[1]  # type: ignore[attr-defined]
+            if client_address is None and member in known:
+                client_address = known[member][1]
+            candidates.append(client_address)
+    members: list[str] = []
+    for address in candidates:
+        if address is None or address in members:
+            continue
+        try:
+            host, port = split_host_port(address)
+        except ValueError:
+            continue
+        if host not in WILDCARD_HOSTS and port != 0:
+            members.append(address)
+    return members
+
+
 async def add_node(broker: Broker, node_id: int, raft_address: str, client_address: str) -> None:
     """The work of :meth:`Broker.add_node` (its docstring: arguments, result, errors)."""
     cluster = cluster_log(broker)

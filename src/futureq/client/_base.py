@@ -158,6 +158,7 @@ class ClientBase:
         self._fatal: FutureQError | None = None
         self._last_connect_error: ConnectionLostError | None = None
         self._leader_hint: str | None = None
+        self._learned: list[str] = []
         self._next_server = 0
         self.shard: int | None = None
         """The shard this client serves inside a ``ShardedClient``, named in its
@@ -259,7 +260,7 @@ class ClientBase:
             detail = f": {self._last_connect_error}" if self._last_connect_error else ""
             whose = "" if self.shard is None else f"shard {self.shard}: "
             raise ConnectionLostError(
-                f"{whose}no connection to any of {', '.join(self.servers)} before the "
+                f"{whose}no connection to any of {', '.join(self._known_servers())} before the "
                 f"deadline{detail}"
             )
 
@@ -289,9 +290,33 @@ class ClientBase:
             "push %s for unknown subscription %d dropped", frame.TYPE.name, frame.subscription_id
         )
 
+    def _known_servers(self) -> list[str]:
+        """The servers given, then the members the last HELLO_OK named that were not
+        given (protocol version 2): a client given one node of a cluster still reaches
+        the others when that node stops."""
+        return [*self.servers, *(a for a in self._learned if a not in self.servers)]
+
+    def _learn_members(self, conn: Connection) -> None:
+        """Keep the members ``conn``'s HELLO_OK named (those a client can connect to);
+        a server that named none (version 1, or no member address known yet) leaves
+        the list as it was."""
+        learned = []
+        for address in conn.members:
+            try:
+                _checks.check_server_address(address)
+            except (TypeError, ValueError) as exc:
+                log.debug("member address %r from %s ignored: %s", address, conn.address, exc)
+                continue
+            if address not in learned:
+                learned.append(address)
+        if learned and learned != self._learned:
+            log.debug("%s names the members %s", conn.address, ", ".join(learned))
+            self._learned = learned
+
     def _connect_order(self) -> list[str]:
-        count = len(self.servers)
-        order = [self.servers[(self._next_server + i) % count] for i in range(count)]
+        known = self._known_servers()
+        count = len(known)
+        order = [known[(self._next_server + i) % count] for i in range(count)]
         if self._leader_hint is not None:
             hint = self._leader_hint
             order = [hint] + [address for address in order if address != hint]
@@ -323,9 +348,11 @@ class ClientBase:
                 if address == self._leader_hint:
                     self._leader_hint = None
                 continue
-            if address in self.servers:
-                self._next_server = self.servers.index(address)
+            known = self._known_servers()
+            if address in known:
+                self._next_server = known.index(address)
             self._leader_hint = None
+            self._learn_members(conn)
             self._epoch += 1
             return conn
         raise (UnknownHostError if every_name_unknown else ConnectionLostError)("; ".join(errors))
@@ -467,9 +494,10 @@ class ClientBase:
         heals.
         """
         if leader_address is None:
-            if len(self.servers) > 1:
-                if conn.address in self.servers:
-                    self._next_server = (self.servers.index(conn.address) + 1) % len(self.servers)
+            known = self._known_servers()
+            if len(known) > 1:
+                if conn.address in known:
+                    self._next_server = (known.index(conn.address) + 1) % len(known)
                 conn.close(f"{conn.address} knows no leader; trying the next server")
             return
         if leader_address == conn.address:

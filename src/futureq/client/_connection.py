@@ -163,6 +163,8 @@ class Connection:
         max_frame_bytes: Largest frame body the server accepts (bytes).
         server_version: The server's software version.
         shards: How many shards the server's node runs (HELLO_OK; 1 when unsharded).
+        members: Client addresses of the voters of the server's Raft group (HELLO_OK,
+            protocol version 2); empty from a server speaking version 1.
     """
 
     def __init__(
@@ -183,6 +185,7 @@ class Connection:
         self.leader_address = hello.leader_address
         self.max_frame_bytes = hello.max_frame_bytes
         self.server_version = hello.server_version
+        self.members: tuple[str, ...] = hello.members or ()
         self._on_push = on_push
         self._requests: RequestTable[_Waiter] = RequestTable()
         self._write_send, self._write_receive = anyio.create_memory_object_stream[bytes](

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final, TypeAlias, cast
 
 import attrs
@@ -368,7 +368,12 @@ class ServerSession(_Session):
         )
 
     def accept_hello(
-        self, node_id: int, leader_address: str | None, server_version: str, shards: int = 1
+        self,
+        node_id: int,
+        leader_address: str | None,
+        server_version: str,
+        shards: int = 1,
+        members: Sequence[str] = (),
     ) -> bytes:
         """Answer the HELLO that :meth:`next_event` returned; the session becomes READY.
 
@@ -378,6 +383,9 @@ class ServerSession(_Session):
                 while no leader is known.
             server_version: The server's software version (e.g. ``"0.1.0"``).
             shards: How many shards the node runs (``docs/sharding.md``).
+            members: Client addresses of the voters of this node's Raft group, this
+                node's included; sent when the negotiated version is 2 or more (at most
+                :data:`~futureq.wire.frames.MAX_MEMBERS`, the first ones kept).
 
         Returns:
             The HELLO_OK frame to write, echoing the HELLO's request id and carrying
@@ -398,6 +406,7 @@ class ServerSession(_Session):
             self.max_frame_bytes,
             server_version,
             shards,
+            tuple(members[: frames.MAX_MEMBERS]) if self._version >= 2 else None,
         )
         data = codec.encode_frame(answer, self.max_frame_bytes)
         self._pending_hello = None

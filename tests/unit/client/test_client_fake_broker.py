@@ -54,9 +54,11 @@ class FakeBroker:
         token: str | None = None,
         max_batch: int = 10_000,
         leaderless: bool = False,
+        members: tuple[str, ...] | None = None,
     ) -> None:
         self.redirect_to = redirect_to
         self.leaderless = leaderless
+        self.members = members  # None: answer HELLO as a protocol version 1 server
         self.token = token
         self.limits = Limits(max_batch_items=max_batch)
         self.address = ""
@@ -116,7 +118,12 @@ class FakeBroker:
                 await conn.send(frames.Error(rid, ErrorCode.AUTH_FAILED, "bad token"))
                 await conn.stream.aclose()
                 return
-            await conn.send(frames.HelloOk(rid, 1, 1, self.redirect_to, 4 * 1024 * 1024, "fake"))
+            version = 1 if self.members is None else 2
+            await conn.send(
+                frames.HelloOk(
+                    rid, version, 1, self.redirect_to, 4 * 1024 * 1024, "fake", 1, self.members
+                )
+            )
             return
         if (self.redirect_to is not None or self.leaderless) and not isinstance(frame, frames.Ping):
             await conn.send(
@@ -465,6 +472,25 @@ async def test_a_bad_nack_or_extend_argument_raises_at_the_call_and_sends_nothin
                 assert held.state is DeliveryState.HELD
                 await held.ack()
         assert broker.acked == [1]  # not nacked (that would have delivered it again)
+
+
+@on_both_backends
+async def test_a_client_given_one_node_tries_the_members_its_hello_ok_named() -> None:
+    """A node cut off from its leader, given alone: the client moves on to the members
+    HELLO_OK named (protocol version 2), skipping an address it cannot use."""
+    async with task_group() as nursery:
+        leader = FakeBroker()
+        await nursery.start(leader.serve)
+        cut_off = FakeBroker(leaderless=True)
+        cut_off.members = ("nonsense", "[::1", leader.address)
+        await nursery.start(cut_off.serve)
+        async with open_client(cut_off.address, request_timeout_s=10.0) as client:
+            assert client.connected_address == cut_off.address
+            assert client._known_servers() == [cut_off.address, leader.address]
+            assert await client.publish("t", b"x") == 1
+            assert client.connected_address == leader.address
+            assert client.servers == [cut_off.address]  # what was given stays as given
+        assert leader.publish_sizes == [1]
 
 
 @on_both_backends

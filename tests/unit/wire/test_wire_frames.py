@@ -421,6 +421,16 @@ def test_hello_ok_names_the_shard_count_only_above_one() -> None:
     assert_code([*wire(sharded), 0], ErrorCode.INVALID_FRAME)
 
 
+def test_hello_ok_of_version_2_names_the_shards_and_the_members() -> None:
+    with_members = frames.HelloOk(1, 2, 3, "h:1", 1024, "0.1.0", 1, ("h:1", "h:2"))
+    assert wire(with_members)[-2:] == [1, ["h:1", "h:2"]]
+    assert frames.frame_from_wire(wire(with_members)) == with_members
+    none_known = frames.HelloOk(1, 2, 3, None, 1024, "0.1.0", 2, ())
+    assert wire(none_known)[-2:] == [2, []]
+    assert frames.frame_from_wire(wire(none_known)) == none_known
+    assert_code([*wire(with_members), 0], ErrorCode.INVALID_FRAME)
+
+
 def test_publish_ok_carries_duplicates_only_when_there_are_some() -> None:
     # An optional trailing field: a version-1 client that never sends idempotency keys
     # never sees it (so it is not in EXAMPLES, whose last field is always required).
@@ -507,6 +517,10 @@ WRONG_FIELDS: list[tuple[frames.Frame, int, Any]] = [
     (frames.Purge(23, "t", None), 3, 1),
     (frames.HelloOk(1, 1, 3, None, 1024, "0.1.0", 2), 7, 0),
     (frames.HelloOk(1, 1, 3, None, 1024, "0.1.0", 2), 7, "2"),
+    (frames.HelloOk(1, 2, 3, None, 1024, "0.1.0", 1, ()), 8, "h:1"),
+    (frames.HelloOk(1, 2, 3, None, 1024, "0.1.0", 1, ()), 8, [7450]),
+    (frames.HelloOk(1, 2, 3, None, 1024, "0.1.0", 1, ()), 8, [b"h:1"]),
+    (frames.HelloOk(1, 2, 3, None, 1024, "0.1.0", 1, ()), 8, ["h:1"] * 65),
     (frames.SlotMapOk(24, {}), 2, [[0, 1024, 0]]),
     (frames.BrowseOk(20, "g", [], None), 3, [[1, 2, 3, 4, "h", None, None]]),
     (frames.ClusterAddNode(14, 4, "h:1", "h:2"), 2, 0),

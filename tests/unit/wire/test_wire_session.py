@@ -29,7 +29,9 @@ TOKEN = "s3cret"
 TAG = bytes(range(24))
 
 
-def server(versions: frozenset[int] = frozenset({1}), token: str | None = None) -> ServerSession:
+def server(
+    versions: frozenset[int] = frames.SUPPORTED_VERSIONS, token: str | None = None
+) -> ServerSession:
     return ServerSession(MAX_FRAME_BYTES, versions, token)
 
 
@@ -88,16 +90,43 @@ def test_handshake_back_to_back() -> None:
     s.receive_data(c.hello())
     assert state(c) is SessionState.AWAIT_HELLO_OK
     hello = next_frame(s)
-    assert hello == frames.Hello(1, (1,), "unit", TOKEN)
-    assert s.version == 1 and state(s) is SessionState.AWAIT_HELLO
-    hello_ok = s.accept_hello(3, "10.0.0.3:7450", "0.1.0")
+    assert hello == frames.Hello(1, (2, 1), "unit", TOKEN)
+    assert s.version == 2 and state(s) is SessionState.AWAIT_HELLO
+    hello_ok = s.accept_hello(3, "10.0.0.3:7450", "0.1.0", members=["10.0.0.3:7450", "h:1"])
     assert decode_one(hello_ok) == frames.HelloOk(
-        1, 1, 3, "10.0.0.3:7450", MAX_FRAME_BYTES, "0.1.0"
+        1, 2, 3, "10.0.0.3:7450", MAX_FRAME_BYTES, "0.1.0", 1, ("10.0.0.3:7450", "h:1")
     )
     c.receive_data(hello_ok)
     assert next_frame(c) == c.hello_ok
-    assert c.version == 1 and state(c) is SessionState.READY
+    assert c.version == 2 and state(c) is SessionState.READY
     assert state(s) is SessionState.READY
+
+
+def test_a_version_1_client_gets_the_version_1_hello_ok() -> None:
+    """The dashboard and clients built before version 2 offer only 1: their HELLO_OK
+    keeps its version 1 shape (no members, no shards on a node of one shard)."""
+    s, c = server(), ClientSession(versions=(1,))
+    s.receive_data(c.hello())
+    assert next_frame(s) == frames.Hello(1, (1,), "", None)
+    hello_ok = s.accept_hello(3, None, "0.1.0", members=["10.0.0.3:7450"])
+    assert msgpack.unpackb(hello_ok[codec.HEADER_BYTES :]) == [
+        2, 1, 1, 3, None, MAX_FRAME_BYTES, "0.1.0"
+    ]  # fmt: skip
+    c.receive_data(hello_ok)
+    assert next_frame(c) == frames.HelloOk(1, 1, 3, None, MAX_FRAME_BYTES, "0.1.0")
+
+
+def test_version_2_hello_ok_names_the_members_and_always_the_shards() -> None:
+    s, c = server(), ClientSession()
+    s.receive_data(c.hello())
+    next_frame(s)
+    members = [f"10.0.0.{n}:7450" for n in range(frames.MAX_MEMBERS + 5)]
+    hello_ok = s.accept_hello(3, None, "0.1.0", members=members)
+    wire = msgpack.unpackb(hello_ok[codec.HEADER_BYTES :])
+    assert wire[:7] == [2, 1, 2, 3, None, MAX_FRAME_BYTES, "0.1.0"]
+    assert wire[7] == 1 and wire[8] == members[: frames.MAX_MEMBERS]
+    c.receive_data(hello_ok)
+    assert next_frame(c).members == tuple(members[: frames.MAX_MEMBERS])
 
 
 @pytest.mark.parametrize(
@@ -122,12 +151,12 @@ def test_client_offers_its_versions_highest_first() -> None:
     assert hello.versions == (3, 2, 1)
 
 
-@pytest.mark.parametrize("theirs", [(2,), (0, 2, 3), ()], ids=["newer", "disjoint", "none"])
+@pytest.mark.parametrize("theirs", [(3,), (0, 3, 4), ()], ids=["newer", "disjoint", "none"])
 def test_unsupported_version(theirs: tuple[int, ...]) -> None:
     s = server()
     send_raw(s, frames.Hello(5, theirs))
     error = refused(s, ErrorCode.UNSUPPORTED_VERSION)
-    assert "[1]" in error.message
+    assert "[1, 2]" in error.message
     answer = decode_one(s.error_bytes(error))
     assert answer == frames.Error(5, int(ErrorCode.UNSUPPORTED_VERSION), error.message)
 

@@ -45,6 +45,7 @@ from futureq.wire.frames.admin import (
 )
 from futureq.wire.frames.connection import Error, Hello, HelloOk, Ok, Ping, Pong
 from futureq.wire.frames.constants import (
+    MAX_MEMBERS,
     MAX_MESSAGE_ID,
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
@@ -114,6 +115,7 @@ __all__ = [
     "MIN_WATCH_INTERVAL_MS",
     "Nack",
     "Ok",
+    "MAX_MEMBERS",
     "PROTOCOL_VERSION",
     "Ping",
     "Pong",

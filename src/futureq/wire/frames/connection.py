@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 
 import attrs
 
-from futureq.wire.frames.constants import FrameType
-from futureq.wire.frames.fields import _arity, _int, _list, _opt_int, _opt_str, _str
+from futureq.wire.frames.constants import MAX_MEMBERS, FrameType
+from futureq.wire.frames.fields import _arity, _bad, _int, _list, _opt_int, _opt_str, _str
 
 
 @attrs.frozen
@@ -45,8 +45,12 @@ class Hello:
 class HelloOk:
     """Server's answer to HELLO: the chosen version, node id and leader's client address.
 
-    ``shards``: how many shards the node runs (an optional trailing field, sent only
-    when above 1); a client then asks SLOT_MAP and routes by topic (``docs/sharding.md``).
+    ``shards``: how many shards the node runs (an optional trailing field in version 1,
+    sent only when above 1); a client then asks SLOT_MAP and routes by topic
+    (``docs/sharding.md``). ``members``: version 2 only (None in version 1): the client
+    addresses (``host:port``) of the voters of the answering node's Raft group, this
+    node's included, as far as it knows them; a client keeps them as servers to try
+    when the ones it was given fail (``docs/protocol.md``, "HELLO_OK").
     """
 
     TYPE: ClassVar[FrameType] = FrameType.HELLO_OK
@@ -57,9 +61,10 @@ class HelloOk:
     max_frame_bytes: int
     server_version: str
     shards: int = 1
+    members: tuple[str, ...] | None = None
 
     def to_wire(self) -> list[Any]:
-        wire = [
+        wire: list[Any] = [
             self.TYPE,
             self.request_id,
             self.version,
@@ -68,14 +73,26 @@ class HelloOk:
             self.max_frame_bytes,
             self.server_version,
         ]
-        if self.shards != 1:
+        if self.members is not None:
+            wire.append(self.shards)
+            wire.append(list(self.members))
+        elif self.shards != 1:
             wire.append(self.shards)
         return wire
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> HelloOk:
-        if len(f) != 6:
-            _arity("HELLO_OK", f, 5)
+        if not 5 <= len(f) <= 7:
+            _arity("HELLO_OK", f, 7 if len(f) > 7 else 5)
+        members: tuple[str, ...] | None = None
+        if len(f) == 7:
+            listed = _list("HELLO_OK", "members", f[6])
+            if len(listed) > MAX_MEMBERS:
+                raise _bad(
+                    "HELLO_OK",
+                    f"field 'members' holds {len(listed)} addresses, at most {MAX_MEMBERS}",
+                )
+            members = tuple(_str("HELLO_OK", "members[]", address) for address in listed)
         return cls(
             rid,
             _int("HELLO_OK", "version", f[0]),
@@ -83,7 +100,8 @@ class HelloOk:
             _opt_str("HELLO_OK", "leader_address", f[2]),
             _int("HELLO_OK", "max_frame_bytes", f[3], minimum=1),
             _str("HELLO_OK", "server_version", f[4]),
-            _int("HELLO_OK", "shards", f[5], minimum=1) if len(f) == 6 else 1,
+            _int("HELLO_OK", "shards", f[5], minimum=1) if len(f) >= 6 else 1,
+            members,
         )
 
 
