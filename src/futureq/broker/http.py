@@ -851,12 +851,15 @@ async def _serve_capped(
             with connection_end.cancel_scope:
                 # A write hypercorn shields from cancellation ends with the connection.
                 async with http_connection.writes_end_with_the_connection(stream):
-                    served: trio.abc.Stream = http_connection.EndingStream(
-                        stream, connection_end, send_timeout_s
-                    )
+                    ending = http_connection.EndingStream(stream, connection_end, send_timeout_s)
+                    served: trio.abc.Stream = ending
                     if ssl_context is not None:
-                        served = trio.SSLStream(
-                            served, ssl_context, server_side=True, https_compatible=True
+                        # Its close_notify is the peer's EOF too (http_connection).
+                        served = http_connection.EndingTLSStream(
+                            trio.SSLStream(
+                                ending, ssl_context, server_side=True, https_compatible=True
+                            ),
+                            connection_end,
                         )
                     # This task's context, inherited by hypercorn's tasks and the app's.
                     websocket.TRANSPORT.set(stream)

@@ -26,6 +26,13 @@ and one with an answer due ends it as soon as that answer is written, or
 ``limits.http_idle_timeout_ms`` after the EOF at the latest (a client that half-closed
 and does not read cannot keep its slot). A WebSocket's EOF ends it at once.
 
+Over TLS the peer's EOF is its ``close_notify``, which the TCP stream never sees (the TLS
+layer stops reading there), so the TLS stream hypercorn reads is an
+:class:`EndingTLSStream` that takes it for the same EOF (found by a tester: ``curl``, which
+sends ``close_notify`` after reading its answer, held its connection slot for
+``limits.http_idle_timeout_ms``, so 32 quick ``curl https://.../healthz`` from one host
+had the next ones refused for 5 s).
+
 Source: docs/operations.md, "Limits" (``limits.max_http_connections``,
 ``limits.http_idle_timeout_ms``); docs/security.md, "The HTTP port".
 """
@@ -249,3 +256,55 @@ class EndingStream(trio.abc.HalfCloseableStream):
             await self._transport.aclose()
         finally:
             self._end.end()
+
+
+class EndingTLSStream(trio.abc.Stream):
+    """A connection's TLS stream, as hypercorn uses it, whose peer's ``close_notify`` ends
+    the connection as :class:`EndingStream` does the TCP stream's EOF: at once, or once
+    the answer due is written (:meth:`ConnectionEnd.peer_finished`).
+
+    It has what hypercorn's trio server asks of a TLS stream (``do_handshake``,
+    ``selected_alpn_protocol``, ``transport_stream``) and no ``send_eof``, as
+    ``trio.SSLStream``, which is final, so it wraps one.
+
+    Args:
+        tls: The server side TLS stream over the connection's :class:`EndingStream`.
+        connection_end: The connection's end.
+    """
+
+    def __init__(self, tls: trio.SSLStream[EndingStream], connection_end: ConnectionEnd) -> None:
+        self._tls = tls
+        self._end = connection_end
+
+    @property
+    def transport_stream(self) -> EndingStream:
+        """The TCP stream under the TLS layer."""
+        return self._tls.transport_stream
+
+    async def do_handshake(self) -> None:
+        """As ``trio.SSLStream.do_handshake``."""
+        await self._tls.do_handshake()
+
+    def selected_alpn_protocol(self) -> str | None:
+        """As ``trio.SSLStream.selected_alpn_protocol``."""
+        alpn: str | None = self._tls.selected_alpn_protocol()
+        return alpn
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """Read decrypted bytes; the peer's ``close_notify`` (``b""``) is its EOF."""
+        data = await self._tls.receive_some(max_bytes)
+        if not data:
+            await self._end.peer_finished()
+        return bytes(data)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """As ``trio.SSLStream.send_all``."""
+        await self._tls.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        """As ``trio.SSLStream.wait_send_all_might_not_block``."""
+        await self._tls.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        """As ``trio.SSLStream.aclose``."""
+        await self._tls.aclose()

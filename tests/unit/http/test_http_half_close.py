@@ -195,3 +195,45 @@ async def test_an_eof_with_no_whole_request_ends_the_connection_at_once() -> Non
                         assert await _read_to_close(stream) == b""
             assert (await _served_soon(address)).status == 200
             nursery.cancel_scope.cancel()
+
+
+async def test_a_tls_client_that_sends_close_notify_after_its_answer_gives_its_slot_back(
+    tmp_path: Path,
+) -> None:
+    # Found by a tester: curl sends close_notify once it has read its answer; the server
+    # took no notice (the TCP stream sees no EOF under TLS), so each such connection held
+    # its slot for the idle timeout and the 33rd curl from one host was refused.
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    tls = TlsConfig(
+        cert_file=str(tmp_path / "server.pem"), key_file=str(tmp_path / "server.pem"), http=True
+    )
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            address = await _start(nursery, delay=0.0, idle_timeout_ms=60_000, tls=tls)
+            for _ in range(PER_ADDRESS * 2):
+                tcp = await _connect(address)
+                stream = trio.SSLStream(tcp, context, server_hostname="127.0.0.1")
+                async with tcp:
+                    await stream.send_all(_get("/healthz"))
+                    raw = b""
+                    while b"ok\n" not in raw:
+                        chunk = await stream.receive_some()
+                        assert chunk, (
+                            f"refused: the slots of the connections before are held: {raw!r}"
+                        )
+                        raw += chunk
+                    # Idle after the answer (at once, the server ended the connection
+                    # before the fix too), then close_notify, and wait for the server
+                    # to end the connection (before the fix: the idle timeout, 60 s).
+                    await trio.sleep(0.3)
+                    with trio.fail_after(CLOSED_WITHIN_S):
+                        try:
+                            await stream.unwrap()
+                        except trio.BrokenResourceError:
+                            pass
+            # More connections than an address may hold were served: each freed its slot.
+            nursery.cancel_scope.cancel()
