@@ -43,6 +43,14 @@ NOT_ALLOWED_RETRY_MS = 50
 this long (ms)."""
 
 
+def purged_below(dispatcher: Dispatcher, group_id: int) -> int:
+    """Message ids below this one are a PURGE's, in group ``group_id``: its PURGE_GROUP
+    chunks remove their entries from disk bit by bit, and none may be handed out (or
+    expired or dead-lettered) meanwhile; 0 when no purge runs."""
+    job = dispatcher.state.purging.get(group_id)
+    return 0 if job is None else job.bound_id
+
+
 def dispatch_once(dispatcher: Dispatcher) -> float:
     """The work of :meth:`Dispatcher.dispatch_once` (its docstring: arguments, result, errors)."""
     if not dispatcher.active:
@@ -157,7 +165,10 @@ def dispatch_group(
     """One group's share of a pass; returns when the group next needs a look (ms)."""
     next_ms = refill(dispatcher, runtime, now_ms)
     gid = runtime.info.group_id
+    purged = purged_below(dispatcher, gid)
     for due_ms, mid, expire_ms, attempt in runtime.index.pop_expired(now_ms, EXPIRE_BATCH_ITEMS):
+        if mid < purged:
+            continue  # the purge's (a dead_letter_expired group must not keep it)
         expired.append(commands.schedule_key(gid, due_ms, mid))
         expired_restore.append((runtime, due_ms, mid, expire_ms, attempt))
     taken = deliver(
@@ -202,6 +213,7 @@ def refill(dispatcher: Dispatcher, runtime: GroupRuntime, now_ms: int) -> float:
     count = 0
     last = runtime.loaded_until
     in_flight = dispatcher.hub.in_flight
+    purged = purged_below(dispatcher, gid)
     for due_ms, mid, attempt, expire_ms, released in dispatcher.state.scan_schedule_entries(
         gid, start_due, start_mid, limit
     ):
@@ -212,6 +224,8 @@ def refill(dispatcher: Dispatcher, runtime: GroupRuntime, now_ms: int) -> float:
             return float(max(now_ms + half_window, due_ms - half_window))
         count += 1
         last = packed
+        if mid < purged:
+            continue  # a PURGE's: its chunks remove it
         if commands.schedule_key(gid, due_ms, mid) not in in_flight and packed not in index:
             if released:
                 runtime.released[mid] = released
@@ -247,6 +261,7 @@ def deliver(
     if not runtime.consumers or next_due is None or next_due > now_ms:
         return delivered
     max_deliveries = info.max_deliveries
+    purged = purged_below(dispatcher, gid)
     released_counts = runtime.released
     salt = dispatcher.hub.tag_salt
     staged_any = False
@@ -254,7 +269,8 @@ def deliver(
     # what is due (one DELIVER frame each), so a group's consumers split the work.
     # No more consumers than entries due: each gets at least one.
     consumers = runtime.consumers_with_credit(index.count_due(now_ms))
-    while consumers and delivered < budget:
+    skipped = 0  # entries of a purge dropped: they cost the pass's budget too
+    while consumers and delivered + skipped < budget:
         due_now = index.count_due(now_ms)
         if due_now == 0:
             break
@@ -272,6 +288,11 @@ def deliver(
                     for due_later, mid_later, expire_later, attempt_later in entries[position:]:
                         index.add(due_later, mid_later, expire_later, attempt_later)
                     break
+                if mid < purged:
+                    # Loaded before the PURGE applied: the purge's, not a consumer's
+                    # (else the credit its REVOKE gave back went to the next of them).
+                    skipped += 1
+                    continue
                 key = commands.schedule_key(gid, due_ms, mid)
                 if expire_ms is not None and expire_ms <= now_ms:
                     expired.append(key)
