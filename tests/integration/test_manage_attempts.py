@@ -211,3 +211,38 @@ def test_a_purge_hands_out_none_of_what_it_removes(broker: BrokerProcess) -> Non
     while client.group_pending("pq", "g") != 0:  # the chunks finish the purge
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def test_a_redrive_after_a_purge_of_the_dead_letters_brings_none_back(
+    broker: BrokerProcess,
+) -> None:
+    """PURGE of a dead-letter topic's group, answered, then REDRIVE of some of the dead
+    letters it removes: UNKNOWN, nothing comes back. Found by a tester: the purge's
+    chunks had not reached them yet, so the REDRIVE answered DONE and resurrected them
+    as new messages of the original topic."""
+    client = WireClient(broker.client_address)
+    _group(client, "rp", "g", 5)
+    for _ in range(3):
+        client.publish([["rp", b"x", None, None, None]] * 1000)
+    subscription = client.subscribe("rp", "g", 1000)
+    for _ in range(3):
+        tags = [d[0] for d in client.deliveries(1000)]
+        answer = client.request(frames.Nack(client.next_id(), tags, 0, "bad", True))
+        assert isinstance(answer, frames.Ok), answer
+        client.send(frames.Credit(0, subscription, 1000))
+    client.request(frames.Unsubscribe(client.next_id(), subscription))
+    letters: list[int] = []
+    cursor = None
+    while len(letters) < 3000:
+        page = client.request(
+            frames.Browse(client.next_id(), "rp.dlq", None, None, None, cursor, 1000, 0)
+        )
+        assert isinstance(page, frames.BrowseOk), page
+        letters += [m[0] for m in page.messages]
+        cursor = page.next_cursor
+    answer = client.request(frames.Purge(client.next_id(), "rp.dlq", None))
+    assert isinstance(answer, frames.Ok) and answer.result == 3000, answer
+    # The last ones in due order: the purge's last chunk removes them.
+    redriven = _items(client, frames.Redrive(client.next_id(), "rp", None, letters[-10:], 0))
+    assert redriven == [ItemStatus.UNKNOWN] * 10
+    assert client.group_pending("rp", "g") == 0
