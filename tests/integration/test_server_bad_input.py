@@ -175,6 +175,14 @@ def test_ack_of_unknown_and_foreign_tags(broker: BrokerProcess) -> None:
     answer = owner.request(frames.Ack(owner.next_id(), [b"short"]))
     assert isinstance(answer, frames.Error) and answer.code == ErrorCode.UNKNOWN_DELIVERY_TAG
 
+    # The same tag twice: the sentence says so (it said "already settled ... or never
+    # delivered", which sent a careless client looking for the wrong fault).
+    for request in (frames.Ack, frames.Release, lambda rid, tags: frames.Nack(rid, tags, 0)):
+        answer = owner.request(request(owner.next_id(), [tag, tag]))
+        assert isinstance(answer, frames.Error) and answer.code == ErrorCode.UNKNOWN_DELIVERY_TAG
+        assert answer.item_index == 1
+        assert "same delivery as tag 0" in answer.message, answer.message
+
     # The good tag was not consumed by the refused batches: it still acks.
     answer = owner.request(frames.Ack(owner.next_id(), [tag]))
     assert isinstance(answer, frames.Ok) and answer.result == 1

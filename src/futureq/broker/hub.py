@@ -577,7 +577,7 @@ class Hub:
                 of the first bad tag.
         """
         flights: list[InFlight] = []
-        seen: set[bytes] = set()
+        seen: dict[bytes, int] = {}
         for i, tag in enumerate(tags):
             parsed = commands.parse_delivery_tag(tag)
             if parsed is None:
@@ -587,6 +587,13 @@ class Hub:
                     i,
                 )
             key, stamp = parsed
+            if key in seen:
+                raise RequestError(
+                    ErrorCode.UNKNOWN_DELIVERY_TAG,
+                    f"delivery tag {i} of this request names the same delivery as tag "
+                    f"{seen[key]}; send each tag once",
+                    i,
+                )
             flight = self.in_flight.get(key)
             if flight is None and self.cancelled.get(key) == stamp:
                 raise RequestError(
@@ -595,13 +602,7 @@ class Hub:
                     "out; there is nothing to settle: do not process it",
                     i,
                 )
-            if (
-                flight is None
-                or flight.stamp != stamp
-                or flight.acking
-                or not flight.pushed
-                or key in seen
-            ):
+            if flight is None or flight.stamp != stamp or flight.acking or not flight.pushed:
                 raise RequestError(
                     ErrorCode.UNKNOWN_DELIVERY_TAG,
                     "unknown delivery tag: already settled, taken back after its "
@@ -614,7 +615,7 @@ class Hub:
                     "this delivery tag was delivered on another connection; settle it there",
                     i,
                 )
-            seen.add(key)
+            seen[key] = i
             flights.append(flight)
         return flights
 
