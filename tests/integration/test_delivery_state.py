@@ -382,3 +382,34 @@ def test_a_tag_from_before_a_restart_does_not_settle_the_redelivery(
     assert isinstance(answer, frames.Error) and answer.code == ErrorCode.UNKNOWN_DELIVERY_TAG
     answer = client.request(frames.Ack(client.next_id(), [after[0]]))
     assert isinstance(answer, frames.Ok) and answer.result == 1
+
+
+async def test_a_delivery_named_twice_in_one_settle_is_settled_once(broker: BrokerProcess) -> None:
+    """``sub.ack([d, d])``: d is acked, SETTLED, and its credit comes back once. Found
+    by a tester: the server refused the second tag, the client voided d with that
+    error and sent the first again, so d was acked on the server while the call
+    raised UNKNOWN_DELIVERY_TAG and said d was VOID (to be delivered again)."""
+    async with open_client(broker.client_address) as client:
+        await client.create_group("twice", "g", visibility_timeout_ms=30_000)
+        await client.publish_batch([PublishItem("twice", b"%d" % n) for n in range(4)])
+        async with client.subscribe("twice", "g", prefetch=4) as sub:
+            held = [await sub.__anext__() for _ in range(4)]
+            await sub.ack([held[0], held[0]])
+            await sub.nack([held[1], held[1]], requeue_delay_ms=60_000)
+            await sub.release([held[2], held[2]])
+            await sub.extend([held[3], held[3]])
+            assert [d.state for d in held] == [DeliveryState.SETTLED] * 3 + [DeliveryState.HELD]
+            await held[3].ack()
+            again = await sub.__anext__()  # the released one, once
+            assert again.id == held[2].id
+            await again.ack()
+            with trio.fail_after(10):
+                while True:  # the credit goes back just after each OK
+                    status = await client.status()
+                    [subscription] = subscriptions(status, "twice", "g")
+                    granted = subscription["credit"] + subscription["in_flight"]
+                    assert granted <= 4, subscription  # never one credit per name
+                    if granted == 4:
+                        break
+                    await trio.sleep(0.05)
+        assert group_status(status, "twice", "g")["pending"] == 1  # the nacked one

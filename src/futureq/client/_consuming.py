@@ -403,11 +403,17 @@ def _sort_out(
 ) -> tuple[list[Delivery], list[Delivery]]:
     """``(to send, void)``: held deliveries of the live connection, and the void ones.
 
-    Settled ones are in neither; held ones from a lost connection become void.
+    Settled ones are in neither; held ones from a lost connection become void. A
+    delivery named twice is sent once (the server refuses a tag repeated in one
+    request, and the client then voided a delivery it went on to settle).
     """
     to_send: list[Delivery] = []
     void: list[Delivery] = []
+    seen: set[int] = set()
     for delivery in deliveries:
+        if id(delivery) in seen:
+            continue
+        seen.add(id(delivery))
         state = delivery._state
         if state is DeliveryState.SETTLED:
             continue
