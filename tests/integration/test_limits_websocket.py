@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 from broker_process import BrokerProcess
 
 from futureq.errors import ErrorCode
@@ -221,3 +222,71 @@ def test_refused_upgrades_make_few_short_log_lines(broker: BrokerProcess) -> Non
     lines = [line for line in broker.stderr_text().splitlines() if "Origin" in line]
     assert 1 <= len(lines) <= 60, len(lines)  # rate_limited_log.LOG_LINES_PER_MINUTE
     assert all(len(line) < 1300 for line in lines), max(map(len, lines))
+
+
+def _greeted(address: str) -> socket.socket:
+    """A WebSocket on ``/ws`` whose HELLO was answered."""
+    sock, answer = _upgrade(address)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    sock.sendall(_client_frame(codec.encode_frame(frames.Hello(1, (1,), "ws-trickle", None))))
+    got = b""
+    while True:
+        data = sock.recv(65536)
+        assert data, "closed before HELLO_OK"
+        got += data
+        try:
+            hello_ok = _decode(_server_frames(got)[0][1])
+        except (IndexError, struct.error):
+            continue
+        assert isinstance(hello_ok, frames.HelloOk), hello_ok
+        return sock
+
+
+@pytest.mark.parametrize("announced", [100_000, 64 * 1024 * 1024], ids=["frame", "oversized"])
+def test_a_message_trickled_past_the_frame_deadline_is_refused_with_frame_timeout(
+    broker_factory: object, announced: int
+) -> None:
+    """As a frame over TCP: ``limits.frame_deadline_ms`` after its first byte a message
+    still not complete ends its WebSocket with FRAME_TIMEOUT. The old code waited for the
+    keepalive (60 s by default here: 1 s interval, and the client kept sending) and then
+    said the client "sent nothing", though it sent a byte every 100 ms."""
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={
+            "FUTUREQ_LIMITS_FRAME_DEADLINE_MS": "1500",
+            "FUTUREQ_LIMITS_KEEPALIVE_INTERVAL_MS": "30000",
+            "FUTUREQ_LIMITS_KEEPALIVE_TIMEOUT_MS": "30000",
+        }
+    )
+    sock = _greeted(broker.http_address)
+    mask = os.urandom(4)
+    head = bytes([0x82, 0x80 | 127]) + struct.pack(">Q", announced) + mask
+    sock.sendall(head + bytes(b ^ mask[i % 4] for i, b in enumerate(b"\x00\x01\x86\xa0")))
+    sock.setblocking(False)
+    started = time.monotonic()
+    got = b""
+    closed = False
+    while not closed and time.monotonic() - started < 10:
+        try:
+            sock.send(b"\x00")  # one more (masked) byte of the message
+        except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+            pass
+        time.sleep(0.1)
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            continue
+        except ConnectionResetError:
+            break
+        closed = not data
+        got += data
+    elapsed = time.monotonic() - started
+    sock.close()
+    sent = _server_frames(got)
+    assert [opcode for opcode, _ in sent] == [0x2, 0x8], (sent, elapsed)
+    error = _decode(sent[0][1])
+    assert isinstance(error, frames.Error), error
+    assert error.code == ErrorCode.FRAME_TIMEOUT, error
+    assert "not complete 1500 ms after its first byte" in error.message, error.message
+    assert "limits.frame_deadline_ms" in error.message
+    assert struct.unpack(">H", sent[1][1][:2])[0] == 1008
+    assert 1.4 < elapsed < 8, elapsed

@@ -194,6 +194,9 @@ class HttpApp:
         internal_token: The node's internal read token (a shard of a sharded node):
             accepted like a token with the ``monitor`` permission on every endpoint
             but ``/ws``.
+        frame_deadline_ms: ``limits.frame_deadline_ms``: a ``/ws`` message not complete
+            this long after its first byte closes its WebSocket with ``FRAME_TIMEOUT``
+            (:class:`~futureq.broker.websocket.WebSocketStream`); None: no deadline.
     """
 
     def __init__(
@@ -207,9 +210,11 @@ class HttpApp:
         browser: BrowseProvider | None = None,
         node_view: NodeView | None = None,
         internal_token: str | None = None,
+        frame_deadline_ms: int | None = None,
     ) -> None:
         self._node_view = node_view
         self._internal_token = internal_token
+        self._frame_deadline_ms = frame_deadline_ms
         self._metrics = metrics
         self._provider = provider
         self._access = access
@@ -235,6 +240,7 @@ class HttpApp:
                     allowed_origins=self._websocket_origins,
                     on_refused=self._metrics.count_request_error,
                     token=await self._valid_token(scope.get("headers", [])),
+                    frame_deadline_ms=self._frame_deadline_ms,
                 )
             else:
                 await receive()  # websocket.connect
@@ -576,6 +582,7 @@ async def serve_http(
     max_connections: int = DEFAULT_MAX_HTTP_CONNECTIONS,
     idle_timeout_ms: int = DEFAULT_HTTP_IDLE_TIMEOUT_MS,
     send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS,
+    frame_deadline_ms: int | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the HTTP endpoints on ``address`` until cancelled (or ``shutdown_trigger``).
@@ -615,6 +622,8 @@ async def serve_http(
             deadline.
         send_timeout_ms: ``limits.send_timeout_ms``: a write to a client blocked this
             long (it does not read its answer) closes the connection.
+        frame_deadline_ms: ``limits.frame_deadline_ms``, for ``/ws`` messages
+            (:class:`HttpApp`).
         task_status: Receives the bound ``"host:port"`` (``"[::1]:port"`` for IPv6)
             once the socket listens.
 
@@ -631,6 +640,7 @@ async def serve_http(
         browser=browser,
         node_view=node_view,
         internal_token=internal_token,
+        frame_deadline_ms=frame_deadline_ms,
     )
     await serve_app(
         app,

@@ -410,6 +410,7 @@ async def serve(
                         max_connections=descriptors.http_connections,
                         idle_timeout_ms=config.limits.http_idle_timeout_ms,
                         send_timeout_ms=config.limits.send_timeout_ms,
+                        frame_deadline_ms=config.limits.frame_deadline_ms,
                     )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group

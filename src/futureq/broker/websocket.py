@@ -41,7 +41,11 @@ Checks at the WebSocket level, before any frame is read:
   sends on a WebSocket over HTTP/2 (RFC 8441) without limit; should one still arrive
   here, it is refused (HTTP 403);
 * a text message, or a binary message that is not exactly one frame, gets an ERROR
-  frame with ``WEBSOCKET_MESSAGE`` (120), then close code 1003 or 1008.
+  frame with ``WEBSOCKET_MESSAGE`` (120), then close code 1003 or 1008;
+* after HELLO, a message not complete ``limits.frame_deadline_ms`` after its first byte
+  gets an ERROR frame with ``FRAME_TIMEOUT`` (110), then close code 1008, as a frame
+  over TCP (hypercorn hands over only finished messages, so a client trickling one
+  that never ends was otherwise closed only by the keepalive, told it sent nothing).
 
 Source: RFC 6455 (close codes, §7.4.1; Origin, §10.2); ASGI WebSocket spec;
 ``docs/protocol.md``, "WebSocket".
@@ -72,6 +76,9 @@ log = logging.getLogger(__name__)
 refused_log = RateLimitedLog(log, about="refused WebSockets")
 """Lines about refused WebSockets and messages (a client chooses their count and, through
 its ``Origin`` header, their length)."""
+
+_LATE = object()
+"""What :meth:`WebSocketStream._receive_next` returns for a message past its deadline."""
 
 PATH = "/ws"
 """Where the endpoint listens on the HTTP port."""
@@ -225,6 +232,13 @@ class MessageBuffer(WebsocketBuffer):
         """The cap it passed (bytes): a HELLO's, or after HELLO a frame's."""
         self.overflow_after_hello = False
         """Whether it passed the cap after HELLO was answered (a frame's cap)."""
+        self.message_started: float | None = None
+        """``trio.current_time()`` when the first piece of the message being received
+        arrived; None between messages."""
+        self.message_bytes = 0
+        """Bytes of that message arrived so far, those dropped after an overflow too."""
+        self.message_began = trio.Event()
+        """Set when a message's first piece arrives (a fresh one for each message)."""
 
     def hello_answered(self) -> None:
         """Raise the cap to the one after HELLO."""
@@ -233,6 +247,11 @@ class MessageBuffer(WebsocketBuffer):
 
     def extend(self, event: Message[Any]) -> None:
         """Add a piece of the message (hypercorn calls it for each one)."""
+        if self.message_started is None:
+            self.message_started = trio.current_time()
+            self.message_bytes = 0
+            self.message_began.set()
+        self.message_bytes += len(event.data)
         if self.overflowed.is_set():
             return  # the connection is closing; drop the rest
         arrived = self.length + len(event.data)
@@ -240,10 +259,17 @@ class MessageBuffer(WebsocketBuffer):
             self.overflow_bytes = arrived
             self.overflow_cap = self.max_length
             self.overflow_after_hello = self._greeted
-            self.clear()
+            super().clear()  # the message goes on arriving (dropped): its start stays
             self.overflowed.set()
             return
         super().extend(event)
+
+    def clear(self) -> None:
+        """Forget the message hypercorn handed over (it calls this after each one)."""
+        super().clear()
+        self.message_started = None
+        self.message_bytes = 0
+        self.message_began = trio.Event()
 
     def to_message(self) -> dict[str, Any]:
         """The ASGI event of a finished message (an empty one after an overflow)."""
@@ -281,6 +307,10 @@ class WebSocketStream(trio.abc.Stream):
             its cap is raised when this stream sends HELLO_OK, and an overflow before
             that ends the stream with ``FRAME_TOO_LARGE``. None: a message longer than
             :data:`MAX_HELLO_MESSAGE_BYTES` before HELLO_OK is refused once assembled.
+        frame_deadline_ms: ``limits.frame_deadline_ms``: after HELLO, a message not
+            complete this long after its first piece arrived ends the stream with
+            ``FRAME_TIMEOUT``, as a frame over TCP does (needs ``buffer``). None: no
+            deadline but the connection's keepalive.
     """
 
     def __init__(
@@ -290,12 +320,14 @@ class WebSocketStream(trio.abc.Stream):
         on_refused: Callable[[ErrorCode], None] | None = None,
         transport: trio.SocketStream | None = None,
         buffer: MessageBuffer | None = None,
+        frame_deadline_ms: int | None = None,
     ) -> None:
         self._receive = receive
         self._send = send
         self._on_refused = on_refused
         self._transport = transport
         self._buffer = buffer
+        self._frame_deadline_ms = frame_deadline_ms
         self._greeted = False
         self._pending = b""
         self._eof = False
@@ -352,7 +384,10 @@ class WebSocketStream(trio.abc.Stream):
             if self._eof:
                 await trio.lowlevel.checkpoint()
                 return b""
-            message = await self._receive() if self._greeted else await self._receive_first()
+            message = await self._receive_next()
+            if message is _LATE:
+                await self._refuse_late()
+                continue
             if message is None or (self._buffer is not None and self._buffer.overflowed.is_set()):
                 # Too long: for the cap it passed, a HELLO's (before HELLO_OK left) or a
                 # frame's (after, also when HELLO_OK left while this waited).
@@ -390,13 +425,19 @@ class WebSocketStream(trio.abc.Stream):
             chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
         return chunk
 
-    async def _receive_first(self) -> Any:
-        """The next ASGI event before HELLO is answered, or None once the message being
-        received passed the cap (:class:`MessageBuffer`): hypercorn never hands over a
-        message it did not finish, so the overflow is waited for alongside."""
+    async def _receive_next(self) -> Any:
+        """The next ASGI event; None once a message before HELLO passed the cap
+        (:class:`MessageBuffer`); :data:`_LATE` once the message being received is still
+        not complete ``frame_deadline_ms`` after its first piece. Hypercorn hands over
+        only finished messages, so both are watched alongside: a message that never
+        finishes (a client trickling a huge one) was otherwise waited for until the
+        keepalive said, wrongly, that the client sent nothing. A call made before HELLO
+        was answered keeps watching for the overflow (HELLO_OK may leave meanwhile)."""
         buffer = self._buffer
         if buffer is None:
             return await self._receive()
+        deadline_ms = self._frame_deadline_ms
+        watch_overflow = not self._greeted
         received: list[Any] = []
         async with trio.open_nursery() as nursery:
 
@@ -408,11 +449,43 @@ class WebSocketStream(trio.abc.Stream):
                 await buffer.overflowed.wait()
                 nursery.cancel_scope.cancel()
 
+            async def deadline(deadline_s: float) -> None:
+                while True:
+                    began = buffer.message_began
+                    started = buffer.message_started
+                    if started is None:
+                        await began.wait()
+                        continue
+                    await trio.sleep_until(started + deadline_s)
+                    if buffer.message_started == started:
+                        nursery.cancel_scope.cancel()
+                        return
+                    # That message was handed over meanwhile; watch the next one.
+
             nursery.start_soon(receive)
-            nursery.start_soon(overflow)
-        if buffer.overflowed.is_set():
+            if watch_overflow:
+                nursery.start_soon(overflow)
+            if deadline_ms is not None:
+                nursery.start_soon(deadline, deadline_ms / 1000)
+        if received:
+            return received[0]
+        if watch_overflow and buffer.overflowed.is_set():
             return None
-        return received[0]
+        return _LATE
+
+    async def _refuse_late(self) -> None:
+        """Refuse a message not complete in time (as TCP does a frame: ``FRAME_TIMEOUT``),
+        and close with 1008."""
+        assert self._buffer is not None and self._buffer.message_started is not None
+        elapsed_ms = round((trio.current_time() - self._buffer.message_started) * 1000)
+        await self._refuse(
+            CLOSE_POLICY_VIOLATION,
+            f"a WebSocket message was not complete {self._frame_deadline_ms} ms after its "
+            f"first byte (limits.frame_deadline_ms): {self._buffer.message_bytes} bytes "
+            f"arrived in the {elapsed_ms} ms since, as this server read them (a sender, "
+            "the network or this server's load can each slow a message)",
+            ErrorCode.FRAME_TIMEOUT,
+        )
 
     async def _refuse_before_hello(self, arrived_bytes: int) -> None:
         """Refuse a message longer than a HELLO before HELLO is answered (as TCP does its
@@ -539,6 +612,7 @@ async def serve_websocket(
     allowed_origins: Iterable[str] = (),
     on_refused: Callable[[ErrorCode], None] | None = None,
     token: str | None = None,
+    frame_deadline_ms: int | None = None,
 ) -> None:
     """Accept (or refuse) one ``/ws`` upgrade and serve it with ``handler``.
 
@@ -552,6 +626,7 @@ async def serve_websocket(
         token: A valid token of the upgrade's ``Authorization`` header, handed to the
             gateway for a HELLO that carries none (the Origin check comes first, so
             only the node's own pages and listed origins get this).
+        frame_deadline_ms: ``limits.frame_deadline_ms`` (:class:`WebSocketStream`).
     """
     connect = await receive()
     if connect["type"] != "websocket.connect":
@@ -596,7 +671,9 @@ async def serve_websocket(
                 "headers": [],
             }
         )
-        stream = WebSocketStream(receive, send, on_refused, TRANSPORT.get(), buffer)
+        stream = WebSocketStream(
+            receive, send, on_refused, TRANSPORT.get(), buffer, frame_deadline_ms
+        )
         try:
             await handler(stream, peer_of(scope), token)
         finally:

@@ -159,7 +159,7 @@ async def test_after_hello_ok_a_longer_message_is_read() -> None:
     assert await stream.receive_some() == BIG
 
 
-def test_message_buffer_drops_a_long_message_before_hello_and_caps_after() -> None:
+async def test_message_buffer_drops_a_long_message_before_hello_and_caps_after() -> None:
     buffer = MessageBuffer(1 << 20)
     buffer.extend(BytesMessage(bytes(60_000), message_finished=False))
     assert not buffer.overflowed.is_set()
@@ -183,6 +183,28 @@ def test_message_buffer_drops_a_long_message_before_hello_and_caps_after() -> No
     assert buffer.overflow_bytes == (1 << 20) + 1 and buffer.overflow_cap == 1 << 20
     buffer.extend(BytesMessage(bytes(1 << 20), message_finished=True))
     assert buffer.length == 0 and buffer.to_message()["bytes"] == b""
+
+
+async def test_message_buffer_times_each_message_from_its_first_piece() -> None:
+    """What the frame deadline of a WebSocket message is measured from: the first piece's
+    arrival, kept through an overflow (the message goes on arriving), reset when
+    hypercorn hands the message over (``clear``)."""
+    buffer = MessageBuffer(100)
+    buffer.hello_answered()
+    assert buffer.message_started is None and not buffer.message_began.is_set()
+    before = trio.current_time()
+    buffer.extend(BytesMessage(bytes(60), message_finished=False))
+    started = buffer.message_started
+    assert started is not None and before <= started <= trio.current_time()
+    assert buffer.message_began.is_set()
+    await trio.sleep(0.01)
+    buffer.extend(BytesMessage(bytes(60), message_finished=False))  # past the cap
+    assert buffer.overflowed.is_set()
+    buffer.extend(BytesMessage(bytes(5), message_finished=False))
+    assert buffer.message_started == started and buffer.message_bytes == 125
+    buffer.clear()
+    assert buffer.message_started is None and buffer.message_bytes == 0
+    assert not buffer.message_began.is_set()
 
 
 @pytest.mark.parametrize(("http", "websockets"), [(128, 96), (8, 6), (2, 1), (1, 1)])
