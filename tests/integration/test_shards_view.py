@@ -21,6 +21,7 @@ from test_shards import TOPICS, ShardedNode
 from test_shards import node as node  # the fixture: one sharded node
 
 from futureq.client import open_client
+from futureq.shards.heartbeat import SILENT_AFTER_S
 from futureq.shards.slots import even_map
 from futureq.shards.view import FETCH_DEADLINE_S
 
@@ -330,6 +331,37 @@ def test_the_nodes_port_answers_while_shard_0_is_down_and_recovers(node: Sharded
     assert node.pid_of_shard(0) not in (None, killed)
     status, body, _ = get(node, "/")
     assert status == 200 and b"<html" in body.lower()
+
+
+def test_the_nodes_port_answers_while_shard_0_is_stopped_and_recovers(node: ShardedNode) -> None:
+    """Shard 0 alive but stopped (SIGSTOP) holds the node's HTTP port without answering:
+    its supervisor notices the silence of its heartbeats within SILENT_AFTER_S and
+    answers on the port, naming shard 0 and its pid; once shard 0 runs again it serves
+    the port again. Before, every request waited in vain (a probe timed out)."""
+    wait_status(node, "/readyz", 200)
+    stopped = shard_pid(node, 0)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        status, body, took_s = get(node, "/healthz")
+        assert status == 503, body
+        assert body.startswith(b"unhealthy: shard 0 (") and b"is not answering" in body, body
+        assert f"pid {stopped}".encode() in body, body
+        assert b"shard 1" not in body  # shard 1 is healthy
+        assert took_s < SILENT_AFTER_S + FETCH_DEADLINE_S + 3, took_s
+        status, body, _ = get(node, "/readyz")
+        answer = json.loads(body)
+        assert status == 503 and [s["ready"] for s in answer["shards"]] == [False, True]
+        assert "shard 0 is not ready: is not answering" in answer["reason"], answer
+        status, body, _ = get(node, "/api/status")
+        assert status == 503 and json.loads(body)["missing_shards"] == [0], body
+        status, body, _ = get(node, "/metrics")
+        assert status == 200 and b'futureq_node_view_shard_up{shard="0"} 0' in body
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    wait_status(node, "/readyz", 200)
+    assert node.pid_of_shard(0) == stopped  # not restarted: it was alive all along
+    status, body, _ = get(node, "/")
+    assert status == 200 and b"<html" in body.lower()  # shard 0 serves the port again
 
 
 def test_the_nodes_http_port_taken_stops_the_node_with_a_sentence(tmp_path: Path) -> None:

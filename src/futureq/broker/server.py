@@ -38,6 +38,7 @@ from futureq.errors import (
 )
 from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
+from futureq.shards.heartbeat import heartbeat_fd, send_heartbeats
 from futureq.shards.layout import ShardRole
 from futureq.shards.view import NodeView, inherited_client_fd, inherited_http_fd, node_token
 from futureq.state.queue_state import QueueState
@@ -422,6 +423,9 @@ async def serve(
                 raise
             if shard is not None:
                 root.start_soon(_stop_when_orphaned, os.getppid(), shutdown)
+                beat_fd = heartbeat_fd()
+                if beat_fd is not None:  # the supervisor tells a hung shard by its silence
+                    root.start_soon(send_heartbeats, beat_fd)
             if handle_signals:
                 # Started, not scheduled: the handlers are in place before READY, so a
                 # SIGTERM sent as soon as READY is printed shuts down gracefully instead

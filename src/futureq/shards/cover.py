@@ -4,8 +4,9 @@ The supervisor of a sharded node binds the node's HTTP port (``server.http``) on
 start, and hands the listening socket to every incarnation of shard 0 (inherited file
 descriptor, :data:`futureq.shards.view.HTTP_FD_ENV`), which serves the whole node's view
 on it (:mod:`futureq.shards.view`). While shard 0 serves, only shard 0 accepts on the
-socket. While shard 0 is starting, has died, is being restarted or has stopped with
-the node, the supervisor accepts on the same socket and answers with what it knows,
+socket. While shard 0 is starting, has died, is being restarted, has stopped with
+the node, or is alive but silent (stopped or hung: :mod:`futureq.shards.heartbeat`),
+the supervisor accepts on the same socket and answers with what it knows,
 so the port never refuses connections while the node process runs:
 
 * ``/healthz``: 503 ``unhealthy: shard 0 (ADDRESS): is restarting: it exited with

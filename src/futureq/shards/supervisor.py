@@ -7,7 +7,8 @@ derived by :mod:`futureq.shards.layout`), and
 * binds the node's HTTP port (``server.http``) before any shard starts and keeps the
   listening socket for its whole life: shard 0 inherits it and serves the node's view
   on it, and the supervisor answers on it whenever shard 0 is not serving (starting,
-  dead, restarting, stopped; :mod:`futureq.shards.cover`), so the port never refuses;
+  dead, restarting, stopped, or alive but silent: :mod:`futureq.shards.heartbeat`;
+  :mod:`futureq.shards.cover`), so the port never refuses or hangs;
 * with ``server.listen`` or ``server.http`` on port 0 (a node without peers), binds
   every shard's port of that kind first (:func:`fix_os_chosen_ports`: ``P + K * stride``,
   the OS choosing ``P``), runs the shards with those ports fixed and hands each its
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 import secrets
 import signal
@@ -60,6 +62,7 @@ from futureq.early_signals import (
     stand_in_for_stop_signals,
     stop_signal_seen,
 )
+from futureq.shards.heartbeat import HEARTBEAT_FD_ENV, SILENT_AFTER_S
 from futureq.shards.layout import note_first_start_ready, shard_data_dir
 from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
 
@@ -117,8 +120,26 @@ class _Shard:
         self.serving = False
         """True from a READY line of the shard's current process until that process exits."""
         self.state = "is starting"
-        """What the shard is doing, after "shard K": "is restarting: it exited ..."."""
+        """What the shard is doing, after "shard K": "is restarting: it exited ..."
+        (:meth:`describe` adds silence)."""
+        self.ready_pid: int | None = None
+        """The pid of the process that printed the last READY line."""
+        self.silent_since: float | None = None
+        """Trio time of the current process's last heartbeat while it is silent
+        (stopped or hung: :mod:`futureq.shards.heartbeat`), else None."""
         self._changed = trio.Event()
+
+    def describe(self) -> str:
+        """What the shard is doing, after "shard K" (:attr:`state`, or that its
+        process gives no sign of life)."""
+        if self.silent_since is None or not self.running:
+            return self.state
+        assert self.process is not None
+        silent_s = trio.current_time() - self.silent_since
+        return (
+            f"is not answering: its process (pid {self.process.pid}) has given no sign of "
+            f"life for {silent_s:.1f} s (stopped, or its event loop is blocked)"
+        )
 
     def set_state(self, serving: bool, state: str) -> None:
         self.serving, self.state = serving, state
@@ -348,15 +369,24 @@ class Supervisor:
             if kind in handed:
                 env[name] = str(handed[kind].fileno())
         pass_fds = tuple(sock.fileno() for sock in handed.values())
-        process = await trio.lowlevel.open_process(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            process_group=0,
-            env=env,
-            pass_fds=pass_fds,
-        )
+        beat_read, beat_write = os.pipe()
+        env[HEARTBEAT_FD_ENV] = str(beat_write)
+        try:
+            process = await trio.lowlevel.open_process(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                process_group=0,
+                env=env,
+                pass_fds=(*pass_fds, beat_write),
+            )
+        except BaseException:
+            os.close(beat_read)
+            raise
+        finally:
+            os.close(beat_write)
         shard.process = process
+        shard.silent_since = None
         started = trio.current_time()
         shard.set_state(False, f"is starting (pid {process.pid})")
         log.info("shard %d started (pid %d)", shard.index, process.pid)
@@ -364,7 +394,11 @@ class Supervisor:
             process.send_signal(signal.SIGTERM)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_stdout, shard, process)
+            watching = trio.CancelScope()
+            nursery.start_soon(self._watch_heartbeats, shard, process, beat_read, watching)
             code = await process.wait()
+            watching.cancel()
+        shard.silent_since = None
         shard.exit_code = code
         lived_s = trio.current_time() - started
         shard.set_state(
@@ -389,7 +423,7 @@ class Supervisor:
         shard0 = self.shards[0]
         app = ShardZeroDownApp(
             view,
-            lambda: shard0.state,
+            shard0.describe,
             AccessControl(config.server.auth_token, config.server.credentials_file),
             config.metrics.require_auth,
             token,
@@ -397,7 +431,9 @@ class Supervisor:
         tls = config.tls if config.tls.http else None
         while True:
             await shard0.wait_serving(False)
-            log.info("shard 0 %s: the supervisor answers on the node's HTTP port", shard0.state)
+            log.info(
+                "shard 0 %s: the supervisor answers on the node's HTTP port", shard0.describe()
+            )
             # hypercorn owns (and closes) the socket object it serves: give it a copy.
             await serve_app(
                 app,
@@ -411,6 +447,59 @@ class Supervisor:
                 send_timeout_ms=config.limits.send_timeout_ms,
                 announce=False,  # the line above says it; shard 0 announced the port
             )
+
+    async def _watch_heartbeats(
+        self, shard: _Shard, process: trio.Process, fd: int, scope: trio.CancelScope
+    ) -> None:
+        """Tell when the shard's process stops giving signs of life and when it gives
+        them again (:mod:`futureq.shards.heartbeat`): logged; shard 0 silent is not
+        serving, so the supervisor answers on the node's HTTP port meanwhile."""
+        with scope:
+            async with trio.lowlevel.FdStream(fd) as stream:
+                heard_at: float | None = None  # nothing before the shard's first byte
+                while True:
+                    wait_s = (
+                        math.inf
+                        if heard_at is None
+                        else heard_at + SILENT_AFTER_S - trio.current_time()
+                    )
+                    with trio.move_on_after(max(wait_s, 0.0)):
+                        if not await stream.receive_some(4096):
+                            return  # the process closed it: it is exiting
+                        heard_at = trio.current_time()
+                        if shard.silent_since is not None:
+                            self._note_alive(shard, process)
+                        continue
+                    if shard.silent_since is None and not self.stopping:
+                        self._note_silent(shard, process, heard_at)
+                    heard_at = math.inf  # wait for the next byte, however long
+
+    def _note_silent(self, shard: _Shard, process: trio.Process, last_s: float | None) -> None:
+        shard.silent_since = last_s
+        log.warning(
+            "shard %d (pid %d) has given no sign of life for %g s: it is stopped (SIGSTOP) "
+            "or its event loop is blocked; it is not restarted while its process lives%s",
+            shard.index,
+            process.pid,
+            SILENT_AFTER_S,
+            "; the supervisor answers on the node's HTTP port meanwhile"
+            if shard.index == 0 and self.http_socket is not None
+            else "",
+        )
+        if shard.serving:
+            shard.set_state(False, shard.state)
+
+    def _note_alive(self, shard: _Shard, process: trio.Process) -> None:
+        assert shard.silent_since is not None
+        log.warning(
+            "shard %d (pid %d) gives signs of life again after %.1f s of silence",
+            shard.index,
+            process.pid,
+            trio.current_time() - shard.silent_since,
+        )
+        shard.silent_since = None
+        if shard.ready_pid == process.pid and not shard.serving:
+            shard.set_state(True, f"is serving (pid {process.pid})")
 
     async def _read_stdout(self, shard: _Shard, process: trio.Process) -> None:
         """Catch the shard's READY line; pass every other line on to our stdout."""
@@ -430,6 +519,7 @@ class Supervisor:
                         if shard.ready.is_set():
                             log.info("shard %d is serving again (pid %d)", shard.index, process.pid)
                         shard.ready_fields = fields
+                        shard.ready_pid = process.pid
                         shard.ready.set()
                         shard.set_state(True, f"is serving (pid {process.pid})")
                     else:
