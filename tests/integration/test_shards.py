@@ -252,6 +252,39 @@ def test_a_killed_shard_is_restarted_and_loses_nothing_acknowledged(node: Sharde
     assert "shard 1 exited with code -9" in log and "restarting it" in log
 
 
+def test_status_names_a_stopped_shard_without_waiting_the_request_timeout(
+    node: ShardedNode,
+) -> None:
+    """A shard process stopped (SIGSTOP) accepts TCP connections and answers nothing:
+    ``status`` and ``cluster_status`` return the other shard's part, naming the stopped
+    one, ``connect_timeout_s`` after the first answer. Before, they waited the whole
+    request timeout (``futureq-cli status``: 30 s) for it."""
+    stopped = node.pid_of_shard(1)
+    assert stopped is not None
+
+    async def ask() -> tuple[dict[str, Any], dict[str, Any], float]:
+        async with open_client(
+            node.client_address, connect_timeout_s=2.0, request_timeout_s=40.0
+        ) as client:
+            await client.create_group(TOPICS[0], "g")  # the clients of both shards connect
+            os.kill(stopped, signal.SIGSTOP)
+            started = trio.current_time()
+            status = await client.status()
+            cluster = await client.cluster_status()
+            return status, cluster, trio.current_time() - started
+
+    try:
+        status, cluster, took_s = trio.run(ask)
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    assert took_s < 30, took_s  # 2 s each, not the 40 s request timeout
+    for answer in (status, cluster):
+        assert answer["missing_shards"] == [1], answer
+        row = answer["shards"][1]
+        assert "shard 1 did not answer: [TIMEOUT]" in row["error"], row
+        assert answer["shards"][0].get("role") == "leader", answer
+
+
 def test_sigterm_stops_every_shard_process(node: ShardedNode) -> None:
     children = node.shard_pids()
     assert len(children) == 2

@@ -207,23 +207,44 @@ class ShardedClient(Client):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _on_every_shard(
-        self, call: Callable[[Client], Awaitable[T]]
+        self, call: Callable[[Client], Awaitable[T]], *, straggler_s: float | None = None
     ) -> tuple[list[T | None], dict[int, FutureQError]]:
         """``call`` on every shard's client at once: the answers by shard (None for a
         shard that failed) and the error of each shard that failed. A shard's
-        failure never cancels the others' calls, and no exception group escapes."""
+        failure never cancels the others' calls, and no exception group escapes.
+
+        Args:
+            straggler_s: For a read that is worth answering without a shard: once one
+                shard answered, the others have this long more (s), then each still
+                out fails with TIMEOUT naming the wait. None: each call has its own
+                request deadline (a stopped shard process keeps the whole answer
+                waiting that long).
+        """
         results: list[T | None] = [None] * len(self.shard_clients)
         errors: dict[int, FutureQError] = {}
+        done: set[int] = set()
 
         async def one(index: int, client: Client) -> None:
             try:
                 results[index] = await call(client)
             except FutureQError as exc:
                 errors[index] = exc
+            else:
+                if straggler_s is not None:
+                    scope.deadline = min(scope.deadline, anyio.current_time() + straggler_s)
+            done.add(index)
 
-        async with anyio.create_task_group() as group:
-            for index, client in enumerate(self.shard_clients):
-                group.start_soon(one, index, client)
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as group:
+                for index, client in enumerate(self.shard_clients):
+                    group.start_soon(one, index, client)
+        for index in range(len(self.shard_clients)):
+            if index not in done:
+                errors[index] = RequestError(
+                    ErrorCode.TIMEOUT,
+                    f"no answer within {straggler_s:g} s of the other shards' answers "
+                    "(its process may be stopped or hung)",
+                )
         return results, errors
 
     async def _everywhere(self, call: Callable[[Client], Awaitable[Any]]) -> None:
@@ -508,12 +529,17 @@ class ShardedClient(Client):
         "role", "view", "leader_address", "applied_index", "topics"}]`` (``topics``: a
         count). A shard that did not answer gets ``{"shard", "address", "error"}``
         instead and is listed in ``"missing_shards"``: the other shards' answer is
-        still returned (``docs/sharding.md``: the other shards keep serving).
+        still returned (``docs/sharding.md``: the other shards keep serving). A shard
+        that has not answered ``connect_timeout_s`` after the first shard's answer is
+        such a shard (a stopped or hung shard process kept the answer waiting for the
+        whole request timeout).
 
         Raises:
             FutureQError: no shard answered (one error naming each shard's failure).
         """
-        answers, errors = await self._on_every_shard(lambda client: client.status(local=local))
+        answers, errors = await self._on_every_shard(
+            lambda client: client.status(local=local), straggler_s=self._connect_timeout_s
+        )
         if len(errors) == len(answers):
             self._raise_combined(errors)
         return merge_status(answers, self.slot_map, errors)
@@ -523,7 +549,8 @@ class ShardedClient(Client):
         ``local``), with ``"shards"``: one row per shard describing that shard **on the
         node its client is connected to** (the asked node): ``{"shard", "address",
         **that node's local answer}``, or ``{"shard", "address", "error"}`` for a shard
-        that did not answer (then also listed in ``"missing_shards"``).
+        that did not answer (then also listed in ``"missing_shards"``), as in
+        :meth:`status` (``connect_timeout_s`` after the first answer at most).
 
         Raises:
             FutureQError: no shard answered (one error naming each shard's failure).
@@ -538,7 +565,7 @@ class ShardedClient(Client):
             view = own if local else await client.cluster_status()
             return view, own, address
 
-        answers, errors = await self._on_every_shard(both)
+        answers, errors = await self._on_every_shard(both, straggler_s=self._connect_timeout_s)
         if len(errors) == len(answers):
             self._raise_combined(errors)
         merged = dict(next(answer[0] for answer in answers if answer is not None))
