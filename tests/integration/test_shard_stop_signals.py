@@ -23,12 +23,15 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from broker_process import clean_env
 
 START_TIMEOUT_S = 60.0
 
 
-def start_node(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+def start_node(
+    tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], Path]:
     """``futureq start --shards 2`` on OS-chosen ports, once it printed READY."""
     stderr_path = tmp_path / "node.stderr.log"
     command = [
@@ -38,7 +41,11 @@ def start_node(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     ]  # fmt: skip
     with open(stderr_path, "w") as stderr:
         process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=clean_env()
+            command,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**clean_env(), **(env or {})},
         )
     line: list[str] = []
     reader = threading.Thread(
@@ -151,3 +158,21 @@ def test_a_second_sigterm_after_the_window_forces_the_stop_with_exit_code_5(
     log = stderr_path.read_text()
     assert code == 5, log[-4000:]
     assert "is still running after a second SIGTERM: killing it" in log, log[-4000:]
+
+
+@pytest.mark.slow
+def test_a_shard_killed_after_the_grace_period_makes_exit_code_5(tmp_path: Path) -> None:
+    """One shard is stopped (SIGSTOP), so it cannot stop gracefully; after
+    ``server.shutdown_grace_ms`` + 5 s the supervisor kills it, and the node's exit code
+    says the stop was not graceful. Before, it exited 0, the code of a graceful stop."""
+    process, stderr_path = start_node(tmp_path, {"FUTUREQ_SERVER_SHUTDOWN_GRACE_MS": "200"})
+    stopped = shard_pids(process.pid)[0]
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        os.kill(process.pid, signal.SIGTERM)
+    finally:
+        code = stop(process)
+    log = stderr_path.read_text()
+    assert code == 5, log[-4000:]
+    assert f"(pid {stopped}) did not stop within the shutdown grace period: killing it" in log
+    assert "node 1 stopped with exit code 5" in log, log[-4000:]

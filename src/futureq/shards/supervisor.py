@@ -86,7 +86,8 @@ configured: the node stops with it instead of restarting the shard."""
 EXIT_BIND = 4
 """The exit code of a node that cannot bind a port (``futureq.broker.server``'s)."""
 EXIT_FORCED = 5
-"""A second stop signal cut the graceful stop short (``futureq.broker.server``'s)."""
+"""A second stop signal cut the graceful stop short (``futureq.broker.server``'s), or a
+shard did not stop within the grace period and was killed."""
 PREVIOUS_RUN_MARGIN_S = 3.0
 """Added to ``server.shutdown_grace_ms`` + :data:`EXTRA_STOP_S` for the longest wait
 for the previous run's shards to stop (:func:`wait_for_previous_shards`): they notice
@@ -210,6 +211,9 @@ class Supervisor:
 
     async def _kill_after_grace(self) -> None:
         await trio.sleep(self.config.server.shutdown_grace_ms / 1000 + EXTRA_STOP_S)
+        if self.exit_code == 0 and any(shard.running for shard in self.shards):
+            # Not a graceful stop: said as a second signal's is (it said 0 before).
+            self.exit_code = EXIT_FORCED
         self._kill_all("did not stop within the shutdown grace period")
 
     def _kill_all(self, why: str) -> None:
