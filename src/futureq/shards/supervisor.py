@@ -62,6 +62,7 @@ from futureq.early_signals import (
     stand_in_for_stop_signals,
     stop_signal_seen,
 )
+from futureq.rate_limited_log import RateLimitedLog
 from futureq.shards.heartbeat import HEARTBEAT_FD_ENV, SILENT_AFTER_S
 from futureq.shards.layout import note_first_start_ready, shard_data_dir
 from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
@@ -88,6 +89,8 @@ EXIT_BIND = 4
 EXIT_FORCED = 5
 """A second stop signal cut the graceful stop short (``futureq.broker.server``'s), or a
 shard did not stop within the grace period and was killed."""
+HEARTBEAT_LINES_PER_MINUTE = 12
+"""Lines a minute about shards falling silent and giving signs of life again."""
 PREVIOUS_RUN_MARGIN_S = 3.0
 """Added to ``server.shutdown_grace_ms`` + :data:`EXTRA_STOP_S` for the longest wait
 for the previous run's shards to stop (:func:`wait_for_previous_shards`): they notice
@@ -187,6 +190,9 @@ class Supervisor:
         self.stopping = False
         self.exit_code = 0
         self._outer: trio.Nursery | None = None
+        # A shard stalling over and over (starved of CPU, long pauses) would log two
+        # lines a stall: bounded, the rest summed up.
+        self._life_log = RateLimitedLog(log, HEARTBEAT_LINES_PER_MINUTE, "shards' signs of life")
         # The node's internal read token: shard 0 reads the other shards' HTTP
         # endpoints with it (docs/sharding.md, "One operator view"). New every start.
         self.env = {**os.environ, TOKEN_ENV: secrets.token_urlsafe(32)}
@@ -480,7 +486,8 @@ class Supervisor:
 
     def _note_silent(self, shard: _Shard, process: trio.Process, last_s: float | None) -> None:
         shard.silent_since = last_s
-        log.warning(
+        self._life_log.log(
+            logging.WARNING,
             "shard %d (pid %d) has given no sign of life for %g s: it is stopped (SIGSTOP) "
             "or its event loop is blocked; it is not restarted while its process lives%s",
             shard.index,
@@ -495,7 +502,8 @@ class Supervisor:
 
     def _note_alive(self, shard: _Shard, process: trio.Process) -> None:
         assert shard.silent_since is not None
-        log.warning(
+        self._life_log.log(
+            logging.WARNING,
             "shard %d (pid %d) gives signs of life again after %.1f s of silence",
             shard.index,
             process.pid,
