@@ -466,16 +466,20 @@ class Supervisor:
         serving, so the supervisor answers on the node's HTTP port meanwhile."""
         with scope:
             async with trio.lowlevel.FdStream(fd) as stream:
-                heard_at: float | None = None  # nothing before the shard's first byte
+                heard_at = math.inf  # nothing is awaited before the shard's first byte
                 while True:
-                    wait_s = (
-                        math.inf
-                        if heard_at is None
-                        else heard_at + SILENT_AFTER_S - trio.current_time()
-                    )
-                    with trio.move_on_after(max(wait_s, 0.0)):
-                        if not await stream.receive_some(4096):
-                            return  # the process closed it: it is exiting
+                    data: bytes | None = None
+                    with trio.move_on_after(
+                        max(heard_at + SILENT_AFTER_S - trio.current_time(), 0)
+                    ):
+                        data = await stream.receive_some(4096)
+                    if data is None:
+                        # Timed out; a byte may still be waiting (this loop, not the shard,
+                        # may have been late): only an empty pipe is silence.
+                        data = _read_waiting(stream.fileno())
+                    if data == b"":
+                        return  # the process closed it: it is exiting
+                    if data is not None:
                         heard_at = trio.current_time()
                         if shard.silent_since is not None:
                             self._note_alive(shard, process)
@@ -484,7 +488,7 @@ class Supervisor:
                         self._note_silent(shard, process, heard_at)
                     heard_at = math.inf  # wait for the next byte, however long
 
-    def _note_silent(self, shard: _Shard, process: trio.Process, last_s: float | None) -> None:
+    def _note_silent(self, shard: _Shard, process: trio.Process, last_s: float) -> None:
         shard.silent_since = last_s
         self._life_log.log(
             logging.WARNING,
@@ -536,6 +540,14 @@ class Supervisor:
                         shard.set_state(True, f"is serving (pid {process.pid})")
                     else:
                         print(line, flush=True)
+
+
+def _read_waiting(fd: int) -> bytes | None:
+    """What a non-blocking pipe holds now: bytes, ``b""`` at its end, None if empty."""
+    try:
+        return os.read(fd, 4096)
+    except BlockingIOError:
+        return None
 
 
 def bind_http(address: str, backlog: int = HTTP_BACKLOG) -> socket.socket:
