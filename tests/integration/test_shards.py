@@ -285,6 +285,34 @@ def test_status_names_a_stopped_shard_without_waiting_the_request_timeout(
         assert answer["shards"][0].get("role") == "leader", answer
 
 
+def test_publish_file_names_a_stopped_shard_without_asking_for_a_server(
+    node: ShardedNode, tmp_path: Path
+) -> None:
+    """``publish --file`` with a line for a stopped shard's topic: the failed line names
+    that shard, and the hint for a server that is not running (``start one with make
+    run``) is not given, as it is not for one ``publish``: the node answered. Before,
+    the hint asked whether a server ran at every shard's address."""
+    slot_map = even_map(node.shard_addresses)
+    topic = next(t for t in TOPICS if slot_map.shard_of(t) == 1)
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text(json.dumps({"topic": topic, "payload": "x"}) + "\n")
+    stopped = node.pid_of_shard(1)
+    assert stopped is not None
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FUTUREQ_")}
+        done = subprocess.run(
+            [sys.executable, "-m", "futureq.cli.client_main", "--server", node.client_address,
+             "--request-timeout", "3s", "publish", "--file", str(lines)],
+            capture_output=True, text=True, timeout=60, check=False, env=env,
+        )  # fmt: skip
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    assert done.returncode == 1, done.stderr
+    assert "line 1: [CONNECTION_LOST] shard 1: " in done.stderr, done.stderr
+    assert "is a FutureQ server running" not in done.stderr, done.stderr
+
+
 def test_sigterm_stops_every_shard_process(node: ShardedNode) -> None:
     children = node.shard_pids()
     assert len(children) == 2

@@ -133,6 +133,7 @@ async def publish_items(
     batch_size: int,
     on_progress: Callable[[int], None] = lambda n: None,
     max_frame_bytes: int | None = None,
+    servers: str | None = None,
 ) -> PublishSummary:
     """Publish JSONL items in batches; a refused item is reported and the rest resent.
 
@@ -152,6 +153,10 @@ async def publish_items(
         batch_size: Messages per PUBLISH (capped at the client's ``max_batch_items``).
         on_progress: Called with the number of lines settled (published or failed).
         max_frame_bytes: The server's frame limit (default: learned from the client).
+        servers: The ``--server`` value, named in a failure's hint when those are the
+            addresses that failed (default: the client's servers; a sharded node's
+            client lists every shard's address there, and a stopped shard is not a
+            server to start).
 
     Returns:
         The counts published and already published (a duplicate idempotency key) and
@@ -211,7 +216,9 @@ async def publish_items(
                 unavailable = exc.code.retryable
             except (ConnectionLostError, ProtocolError) as exc:
                 batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
-                reason = error_line(exc, ",".join(client.servers)).removeprefix("error: ")
+                reason = error_line(exc, servers or ",".join(client.servers)).removeprefix(
+                    "error: "
+                )
                 unavailable = isinstance(exc, ConnectionLostError)
             else:
                 summary.published += len(batch) - len(duplicates)
@@ -356,10 +363,14 @@ async def _publish_lines(
         with Progress(transient=True) as progress:
             task = progress.add_task("publishing", total=len(items))
             summary = await publish_items(
-                client, items, batch_size, lambda n: progress.advance(task, n)
+                client,
+                items,
+                batch_size,
+                lambda n: progress.advance(task, n),
+                servers=args.server,
             )
     else:
-        summary = await publish_items(client, items, batch_size)
+        summary = await publish_items(client, items, batch_size, servers=args.server)
     elapsed_s = max(time.monotonic() - started, 1e-9)
     summary.failures = sorted(failures + summary.failures, key=lambda f: f.line_number)
     rate = summary.published / elapsed_s
