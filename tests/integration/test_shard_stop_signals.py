@@ -15,12 +15,14 @@ without peers).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,31 @@ def shard_pids(supervisor: int) -> list[int]:
         except FileNotFoundError:
             continue
     return pids
+
+
+@contextlib.contextmanager
+def kept_stopped(pid: int) -> Iterator[None]:
+    """Keep ``pid`` stopped: SIGSTOP now and again every millisecond, so the SIGCONT
+    the supervisor sends with its SIGTERM gives it no time to stop gracefully (a hung
+    shard)."""
+    done = threading.Event()
+
+    def again() -> None:
+        while not done.is_set():
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                return
+            time.sleep(0.001)
+
+    os.kill(pid, signal.SIGSTOP)
+    thread = threading.Thread(target=again, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(10)
 
 
 def stop(process: subprocess.Popen[str]) -> int:
@@ -143,18 +170,18 @@ def test_sigterm_twice_at_once_to_the_supervisor_stops_gracefully(tmp_path: Path
 def test_a_second_sigterm_after_the_window_forces_the_stop_with_exit_code_5(
     tmp_path: Path,
 ) -> None:
-    """One shard is stopped (SIGSTOP), so the node's graceful stop waits for it; a second
+    """One shard is kept stopped (hung), so the node's graceful stop waits for it; a second
     SIGTERM 1.3 s after the first kills it, and the node says so in its exit code (it
     said 0, the code of a graceful stop)."""
     process, stderr_path = start_node(tmp_path)
     stopped = shard_pids(process.pid)[0]
-    try:
-        os.kill(stopped, signal.SIGSTOP)
-        os.kill(process.pid, signal.SIGTERM)
-        time.sleep(1.3)
-        os.kill(process.pid, signal.SIGTERM)
-    finally:
-        code = stop(process)
+    with kept_stopped(stopped):
+        try:
+            os.kill(process.pid, signal.SIGTERM)
+            time.sleep(1.3)
+            os.kill(process.pid, signal.SIGTERM)
+        finally:
+            code = stop(process)
     log = stderr_path.read_text()
     assert code == 5, log[-4000:]
     assert "is still running after a second SIGTERM: killing it" in log, log[-4000:]
@@ -162,17 +189,35 @@ def test_a_second_sigterm_after_the_window_forces_the_stop_with_exit_code_5(
 
 @pytest.mark.slow
 def test_a_shard_killed_after_the_grace_period_makes_exit_code_5(tmp_path: Path) -> None:
-    """One shard is stopped (SIGSTOP), so it cannot stop gracefully; after
+    """One shard is kept stopped (hung), so it cannot stop gracefully; after
     ``server.shutdown_grace_ms`` + 5 s the supervisor kills it, and the node's exit code
     says the stop was not graceful. Before, it exited 0, the code of a graceful stop."""
     process, stderr_path = start_node(tmp_path, {"FUTUREQ_SERVER_SHUTDOWN_GRACE_MS": "200"})
     stopped = shard_pids(process.pid)[0]
-    try:
-        os.kill(stopped, signal.SIGSTOP)
-        os.kill(process.pid, signal.SIGTERM)
-    finally:
-        code = stop(process)
+    with kept_stopped(stopped):
+        try:
+            os.kill(process.pid, signal.SIGTERM)
+        finally:
+            code = stop(process)
     log = stderr_path.read_text()
     assert code == 5, log[-4000:]
     assert f"(pid {stopped}) did not stop within the shutdown grace period: killing it" in log
     assert "node 1 stopped with exit code 5" in log, log[-4000:]
+
+
+def test_sigterm_with_a_shard_stopped_stops_it_gracefully(tmp_path: Path) -> None:
+    """A shard stopped with SIGSTOP (an operator's pause) when the node gets SIGTERM is
+    continued with it and stops gracefully, as systemd continues the processes it stops.
+    Before, the stopped shard never saw the SIGTERM and was SIGKILLed after
+    ``server.shutdown_grace_ms`` + 5 s."""
+    process, stderr_path = start_node(tmp_path)
+    stopped = shard_pids(process.pid)[1]
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        time.sleep(0.2)  # the stop has landed
+        os.kill(process.pid, signal.SIGTERM)
+    finally:
+        code = stop(process)
+    log = stderr_path.read_text()
+    assert code == 0, log[-4000:]
+    assert_every_shard_stopped_gracefully(log)

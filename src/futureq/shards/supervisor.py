@@ -212,6 +212,9 @@ class Supervisor:
             if shard.running:
                 assert shard.process is not None
                 shard.process.send_signal(signal.SIGTERM)
+                # A stopped (SIGSTOP) shard acts on the SIGTERM only once continued (as
+                # systemd does); before, it was SIGKILLed after the grace period.
+                shard.process.send_signal(signal.SIGCONT)
         assert self._outer is not None
         self._outer.start_soon(self._kill_after_grace)
 
