@@ -221,3 +221,28 @@ def test_sigterm_with_a_shard_stopped_stops_it_gracefully(tmp_path: Path) -> Non
     log = stderr_path.read_text()
     assert code == 0, log[-4000:]
     assert_every_shard_stopped_gracefully(log)
+
+
+def test_sigterm_with_shard_0_stopped_keeps_the_supervisor_answering(tmp_path: Path) -> None:
+    """Shard 0 stopped (SIGSTOP) is silent, so the supervisor answers on the node's HTTP
+    port; SIGTERM continues it to stop gracefully, and its heartbeats come again while
+    it shuts down: the supervisor keeps answering (shard 0 "is stopping"), rather than
+    handing the port back to a shard that is closing it and taking it again once that
+    shard exited."""
+    process, stderr_path = start_node(tmp_path)
+    stopped = next(
+        pid
+        for pid in shard_pids(process.pid)
+        if b"--shard-index\x000\x00" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    )
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        wait_for_lines(stderr_path, f"shard 0 (pid {stopped}) has given no sign of life", 1)
+        os.kill(process.pid, signal.SIGTERM)
+    finally:
+        code = stop(process)
+    log = stderr_path.read_text()
+    assert code == 0, log[-4000:]
+    assert_every_shard_stopped_gracefully(log)
+    stopping = log[log.index("received SIGTERM") :]
+    assert "the supervisor answers on the node's HTTP port" not in stopping, stopping

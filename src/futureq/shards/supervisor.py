@@ -517,7 +517,9 @@ class Supervisor:
             trio.current_time() - shard.silent_since,
         )
         shard.silent_since = None
-        if shard.ready_pid == process.pid and not shard.serving:
+        if self.stopping:  # continued by the stop (SIGTERM + SIGCONT): not serving again
+            shard.set_state(False, "is stopping: the node is shutting down")
+        elif shard.ready_pid == process.pid and not shard.serving:
             shard.set_state(True, f"is serving (pid {process.pid})")
 
     async def _read_stdout(self, shard: _Shard, process: trio.Process) -> None:
