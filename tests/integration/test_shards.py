@@ -590,6 +590,43 @@ def test_health_asks_every_shard(node: ShardedNode) -> None:
     assert f"127.0.0.1:{http_port + STRIDE}/readyz: no answer" in sick.stderr
 
 
+@pytest.mark.slow
+def test_health_of_stopped_shards_takes_one_timeout_not_one_per_shard(tmp_path: Path) -> None:
+    """``futureq health --timeout T`` on a node of 3 shards, shards 1 and 2 stopped
+    (SIGSTOP): every port is asked at once, so the check ends after about T, each
+    stopped shard named. Before, the ports were asked one after another: 1 s for the
+    node's port (its view's fetch deadline) and T for each stopped shard."""
+    node = ShardedNode(tmp_path / "data", shards=3)
+    node.start()
+    stopped: list[int] = []
+    try:
+        http_port = int(node.http_address.rsplit(":", 1)[1])
+        args = [
+            sys.executable, "-m", "futureq.cli.server_main", "health", "--timeout", "4",
+            "--shards", "3", "--http", node.http_address, "--listen", node.client_address,
+        ]  # fmt: skip
+        env = {**os.environ, "FUTUREQ_NODE_SHARD_PORT_STRIDE": str(STRIDE)}
+        for shard in (1, 2):
+            pid = node.pid_of_shard(shard)
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        started = time.monotonic()
+        sick = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+        took_s = time.monotonic() - started
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        node.terminate()
+    assert sick.returncode == 1, sick.stderr
+    lines = sick.stderr.splitlines()
+    assert lines[0].startswith(f"http://{node.http_address}/healthz: 503 "), sick.stderr
+    for shard in (1, 2):
+        address = f"127.0.0.1:{http_port + shard * STRIDE}"
+        assert lines[shard] == f"http://{address}/healthz: no answer (timed out)", sick.stderr
+    assert took_s < 7.5, took_s  # one 4 s timeout and the start-up, not 1 + 4 + 4 s
+
+
 def _leaders(ports: dict[int, tuple[int, int, int]], alive: set[int]) -> dict[int, int | None]:
     """Shard -> the node id leading its group, as the first live node that answers sees it."""
     found: dict[int, int | None] = {}

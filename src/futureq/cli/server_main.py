@@ -696,16 +696,25 @@ def _health(args: argparse.Namespace) -> int:
         print(f"futureq: {error}", file=sys.stderr)
         return EXIT_CONFIG
     if config.node.shards > 1:  # healthy only when every shard is (docs/sharding.md)
+        from concurrent.futures import ThreadPoolExecutor
+
         from futureq.shards.layout import shard_config
 
-        worst = EXIT_OK
-        for shard in range(config.node.shards):
-            worst = max(worst, _health_of(shard_config(config, shard), args))
-        return worst
-    return _health_of(config, args)
+        # Every shard at once, so --timeout bounds the whole check: one after another, a
+        # node whose shards are stopped took --timeout per shard.
+        configs = [shard_config(config, shard) for shard in range(config.node.shards)]
+        with ThreadPoolExecutor(len(configs)) as pool:
+            answers = list(pool.map(lambda one: _health_answer(one, args), configs))
+        for code, line in answers:  # in shard order
+            print(line, file=sys.stdout if code == EXIT_OK else sys.stderr)
+        return max(code for code, _ in answers)
+    code, line = _health_answer(config, args)
+    print(line, file=sys.stdout if code == EXIT_OK else sys.stderr)
+    return code
 
 
-def _health_of(config: Config, args: argparse.Namespace) -> int:
+def _health_answer(config: Config, args: argparse.Namespace) -> tuple[int, str]:
+    """Ask one HTTP port; ``(exit code, the line to print)``: stdout's when healthy."""
     host, port = split_host_port(config.server.http)
     if host in WILDCARD_HOSTS:  # listening everywhere: ask over loopback
         host = "::1" if ":" in host else "127.0.0.1"
@@ -718,23 +727,20 @@ def _health_of(config: Config, args: argparse.Namespace) -> int:
     try:
         with urllib.request.urlopen(url, timeout=args.timeout) as response:
             body = response.read().decode("utf-8", "replace").strip()
-            print(f"{url}: {response.status} {body}")
-            return EXIT_OK
+            return EXIT_OK, f"{url}: {response.status} {body}"
     except urllib.error.HTTPError as error:
         body = error.read().decode("utf-8", "replace").strip()
-        print(f"{url}: {error.code} {body}", file=sys.stderr)
+        return EXIT_UNHEALTHY, f"{url}: {error.code} {body}"
     except http.client.HTTPException as error:
         # Something listens but does not speak HTTP: most likely the binary client port
         # (server.listen) given where the HTTP port (server.http) belongs.
-        print(
+        return EXIT_UNHEALTHY, (
             f"{url}: the address answered, but not in HTTP ({type(error).__name__}); is it "
             "the client port (server.listen)? --http takes the node's HTTP port "
-            "(server.http)",
-            file=sys.stderr,
+            "(server.http)"
         )
     except (OSError, ValueError) as error:
-        print(f"{url}: no answer ({error})", file=sys.stderr)
-    return EXIT_UNHEALTHY
+        return EXIT_UNHEALTHY, f"{url}: no answer ({error})"
 
 
 def _generate_secret(path: str) -> int:
