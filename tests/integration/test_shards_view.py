@@ -364,6 +364,27 @@ def test_the_nodes_port_answers_while_shard_0_is_stopped_and_recovers(node: Shar
     assert status == 200 and b"<html" in body.lower()  # shard 0 serves the port again
 
 
+def test_a_whole_node_paused_is_not_taken_for_a_silent_shard(node: ShardedNode) -> None:
+    """The supervisor and its shards stopped together (a whole node paused, as the fault
+    harness's ``pause`` does) and continued, the supervisor first: its heartbeat deadline
+    passed while it was stopped itself, so it gives the shards a new window instead of
+    reporting them silent (and covering shard 0's port) for the moment it ran before
+    them."""
+    wait_status(node, "/readyz", 200)
+    shards = [shard_pid(node, 0), shard_pid(node, 1)]
+    for pid in [node.pid, *shards]:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(SILENT_AFTER_S + 1)
+    os.kill(node.pid, signal.SIGCONT)
+    time.sleep(0.3)  # the supervisor runs alone, its deadlines long past
+    for pid in shards:
+        os.kill(pid, signal.SIGCONT)
+    wait_status(node, "/readyz", 200)
+    time.sleep(SILENT_AFTER_S + 0.5)  # a silence reported late would be logged by now
+    node.terminate()
+    assert "no sign of life" not in node.stderr_text()
+
+
 def test_the_nodes_http_port_taken_stops_the_node_with_a_sentence(tmp_path: Path) -> None:
     import socket
 

@@ -63,7 +63,7 @@ from futureq.early_signals import (
     stop_signal_seen,
 )
 from futureq.rate_limited_log import RateLimitedLog
-from futureq.shards.heartbeat import HEARTBEAT_FD_ENV, SILENT_AFTER_S
+from futureq.shards.heartbeat import HEARTBEAT_FD_ENV, HEARTBEAT_S, SILENT_AFTER_S
 from futureq.shards.layout import note_first_start_ready, shard_data_dir
 from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
 
@@ -486,6 +486,12 @@ class Supervisor:
                         heard_at = trio.current_time()
                         if shard.silent_since is not None:
                             self._note_alive(shard, process)
+                        continue
+                    if trio.current_time() - (heard_at + SILENT_AFTER_S) > HEARTBEAT_S:
+                        # This loop woke well after its deadline: the supervisor itself
+                        # was stopped or starved (a whole node paused), not only the shard,
+                        # which gets a whole window from now.
+                        heard_at = trio.current_time()
                         continue
                     if shard.silent_since is None and not self.stopping:
                         self._note_silent(shard, process, heard_at)
