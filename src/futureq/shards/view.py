@@ -422,6 +422,10 @@ def merge_status(replies: Sequence[Reply], addresses: Sequence[str]) -> tuple[in
     merged["topic_count"] = sum(int(s.get("topic_count") or 0) for s in shards)
     merged["group_count"] = sum(int(s.get("group_count") or 0) for s in shards)
     merged["truncated"] = any(bool(s.get("truncated")) for s in shards)
+    if missing and "SHARD_UNAVAILABLE" not in alarms:
+        # As the dashboard raises it: a monitor reading only ``alarms`` sees that some
+        # topics and counts are missing from this answer.
+        alarms.append("SHARD_UNAVAILABLE")
     merged["alarms"] = alarms
     merged["shards"] = shards
     merged["missing_shards"] = missing

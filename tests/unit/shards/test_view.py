@@ -118,6 +118,9 @@ def test_status_merges_topics_and_counts_and_names_a_missing_shard() -> None:
     assert [s.get("applied_index") for s in merged["shards"]] == [5, 7, None]
     assert merged["shards"][2]["error"] == "cannot be reached"
     assert merged["missing_shards"] == [2]
+    assert merged["alarms"] == ["SHARD_UNAVAILABLE"]  # not [] as if all were well
+    _, whole = merge_status([shard(["b"], 5), shard(["a"], 7)], ["x", "y"])
+    assert whole["alarms"] == [] and whole["missing_shards"] == []
 
 
 def test_metrics_of_shards_merge_into_one_family_each_with_a_shard_label() -> None:
