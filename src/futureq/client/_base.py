@@ -65,6 +65,10 @@ _ACK_LEVELS: Final[dict[str, frames.AckLevel]] = {
 
 F = TypeVar("F", bound=frames.Frame)
 
+CONNECT_STAGGER_S: Final = 1.0
+"""How long a connection attempt runs alone before the next server is tried too (s),
+unless it fails sooner (:meth:`ClientBase._connect_any`): long enough that a server
+answering HELLO in the usual milliseconds is the one connected to, in the given order."""
 MAX_RETRIES_AT_ONCE: Final = 3
 """Attempts in a row a request makes without a backoff pause after a NOT_LEADER that
 names another node or a lost connection; then it backs off like after any refusal."""
@@ -323,15 +327,28 @@ class ClientBase:
         return order
 
     async def _connect_any(self) -> Connection:
-        """Try each server once, in :meth:`_connect_order`.
+        """Connect to the first server of :meth:`_connect_order` that answers HELLO.
+
+        The attempts are staggered, not one after another (as RFC 8305's "Happy
+        Eyeballs" staggers addresses): the next server is tried once the one before
+        failed, or :data:`CONNECT_STAGGER_S` after it was tried, whichever comes first,
+        so a server that accepts but never answers (stopped, hung, cut off by a
+        partition) costs that much, not the whole ``connect_timeout_s``. The first to
+        answer wins; the others are cancelled or closed.
 
         Raises:
             ConnectionLostError: every one failed; the message names each and why.
                 :class:`UnknownHostError` when no server's host name resolves.
+            RemoteProtocolError: a server refused the HELLO (AUTH_FAILED, ...).
         """
-        errors: list[str] = []
-        every_name_unknown = True
-        for address in self._connect_order():
+        order = self._connect_order()
+        errors: dict[int, str] = {}
+        unknown_hosts = 0
+        won: list[tuple[str, Connection]] = []
+        refused: list[RemoteProtocolError] = []
+
+        async def attempt(index: int, address: str, failed: anyio.Event) -> None:
+            nonlocal unknown_hosts
             try:
                 conn = await connect(
                     address,
@@ -343,11 +360,34 @@ class ClientBase:
                     timeout_s=self._connect_timeout_s,
                 )
             except ConnectionLostError as exc:
-                errors.append(str(exc))
-                every_name_unknown &= isinstance(exc, UnknownHostError)
+                errors[index] = str(exc)
+                unknown_hosts += isinstance(exc, UnknownHostError)
                 if address == self._leader_hint:
                     self._leader_hint = None
-                continue
+                failed.set()
+                return
+            except RemoteProtocolError as exc:
+                refused.append(exc)
+                group.cancel_scope.cancel()
+                return
+            if won or refused:
+                await conn.discard()  # another server answered first
+                return
+            won.append((address, conn))
+            group.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as group:
+            for index, address in enumerate(order):
+                failed = anyio.Event()
+                group.start_soon(attempt, index, address, failed)
+                with anyio.move_on_after(CONNECT_STAGGER_S):
+                    await failed.wait()
+        if refused:
+            for _, conn in won:
+                await conn.discard()
+            raise refused[0]
+        if won:
+            address, conn = won[0]
             known = self._known_servers()
             if address in known:
                 self._next_server = known.index(address)
@@ -355,7 +395,8 @@ class ClientBase:
             self._learn_members(conn)
             self._epoch += 1
             return conn
-        raise (UnknownHostError if every_name_unknown else ConnectionLostError)("; ".join(errors))
+        kind = UnknownHostError if unknown_hosts == len(order) else ConnectionLostError
+        raise kind("; ".join(errors[index] for index in sorted(errors)))
 
     async def _maintain_connection(
         self,

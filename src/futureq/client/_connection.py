@@ -210,6 +210,11 @@ class Connection:
         """Close the connection (idempotent); waiting requests fail with ``reason``."""
         self._fail(ConnectionLostError(reason))
 
+    async def discard(self) -> None:
+        """Close a connection that was never run (another server answered first)."""
+        self._fail(ConnectionLostError("another server answered first"))
+        await _abort(self._stream)
+
     def _fail(self, reason: ConnectionLostError) -> None:
         if self.lost_reason is None:
             self.lost_reason = reason

@@ -22,6 +22,7 @@ import pytest
 from tests.backends import on_both_backends
 
 from futureq.client import PublishItem, open_client
+from futureq.client._base import CONNECT_STAGGER_S
 from futureq.client.subscription import DeliveryState
 from futureq.errors import (
     ConnectionLostError,
@@ -491,6 +492,32 @@ async def test_a_client_given_one_node_tries_the_members_its_hello_ok_named() ->
             assert client.connected_address == leader.address
             assert client.servers == [cut_off.address]  # what was given stays as given
         assert leader.publish_sizes == [1]
+
+
+@on_both_backends
+async def test_a_server_that_never_answers_hello_costs_the_stagger_not_the_timeout() -> None:
+    """A listening socket nobody accepts on (a stopped or hung node: the kernel still
+    completes TCP handshakes) given first: the client tries the next server
+    CONNECT_STAGGER_S later instead of waiting connect_timeout_s (before: 5 s every
+    time the client connected, for every CLI command)."""
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)
+    hung_address = f"127.0.0.1:{hung.getsockname()[1]}"
+    try:
+        async with task_group() as nursery:
+            leader = FakeBroker()
+            await nursery.start(leader.serve)
+            started = anyio.current_time()
+            async with open_client(
+                [hung_address, leader.address], connect_timeout_s=5.0, request_timeout_s=10.0
+            ) as client:
+                took = anyio.current_time() - started
+                assert client.connected_address == leader.address
+                assert await client.publish("t", b"x") == 1
+            assert CONNECT_STAGGER_S <= took < CONNECT_STAGGER_S + 2.0, took
+    finally:
+        hung.close()
 
 
 @on_both_backends
