@@ -208,6 +208,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         "events",
     ),
     MetricSpec(
+        "futureq_deliveries_held_back_total",
+        "counter",
+        "Dispatch passes that handed nothing out because the node had "
+        "limits.max_deliveries_out deliveries out (handed to consumers, not yet settled).",
+        (),
+        "passes",
+    ),
+    MetricSpec(
         "futureq_no_space_errors_total",
         "counter",
         "Writes that failed for lack of disk space (the node raised its NO_SPACE alarm).",
@@ -228,6 +236,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
         "Consumer subscriptions open now on this node.",
         (),
         "subscriptions",
+    ),
+    MetricSpec(
+        "futureq_deliveries_out",
+        "gauge",
+        "Deliveries handed to consumers and not yet settled or taken back, on this node "
+        "(leader only); at limits.max_deliveries_out nothing more is handed out.",
+        (),
+        "deliveries",
     ),
     MetricSpec(
         "futureq_connection_buffer_bytes",
@@ -658,6 +674,8 @@ class Metrics:
         self.connections_closed_total: Counter = _as(made["connections_closed_total"], Counter)
         self.buffer_full_total: Counter = _as(made["buffer_full_total"], Counter)
         self.no_space_errors_total: Counter = _as(made["no_space_errors_total"], Counter)
+        self.deliveries_held_back_total: Counter = _as(made["deliveries_held_back_total"], Counter)
+        self.deliveries_out: Gauge = _as(made["deliveries_out"], Gauge)
         self.connection_buffer_bytes: Gauge = _as(made["connection_buffer_bytes"], Gauge)
         self.storage_alarm: Gauge = _as(made["storage_alarm"], Gauge)
         self.client_connections: Gauge = _as(made["client_connections"], Gauge)

@@ -145,6 +145,7 @@ class Broker:
         # Counted where subscriptions live, so one the server ends (group deleted,
         # leadership lost) never leaves the gauge behind.
         metrics.subscriptions.set_function(lambda: len(hub.consumers))
+        metrics.deliveries_out.set_function(lambda: len(hub.in_flight))
         self.activity = ActivityHistory(metrics)
         """Per-second activity for the overview; sampled by ``activity.run``."""
         self.due_buckets = DueBuckets()

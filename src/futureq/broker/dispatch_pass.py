@@ -15,6 +15,7 @@ within a group, credit-based flow control).
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
     from .hub import GroupRuntime
 
+log = logging.getLogger(__name__)
+
 REFILL_CHUNK_ITEMS = 10_000
 """Most schedule entries read from disk in one refill step (keeps the loop responsive)."""
 EXPIRE_BATCH_ITEMS = 1000
@@ -38,6 +41,8 @@ PASS_BUDGET_S = 0.005
 """A pass stops looking at more groups once it has taken this long (s)."""
 DELIVERIES_PER_PASS = 8192
 """Most deliveries pushed in one dispatch pass, so one pass holds the loop briefly."""
+HELD_BACK_LOG_INTERVAL_S = 60.0
+"""Least time between two warnings that the node's deliveries out are at their limit (s)."""
 NOT_ALLOWED_RETRY_MS = 50
 """While dispatching is not allowed (no lease yet, clock out of bound), look again after
 this long (ms)."""
@@ -90,9 +95,17 @@ def run_pass(dispatcher: Dispatcher, now_ms: int) -> float:
     expired_restore: list[Any] = []
     dead: list[tuple[bytes, int]] = []
     dead_restore: list[Any] = []
-    budget = [DELIVERIES_PER_PASS]
+    # The node's bound on deliveries out (limits.max_deliveries_out): one length check
+    # a pass. At it, no group is looked at (the touched ones stay touched) and the pass
+    # plans no early wake-up: the first delivery settled or taken back wakes it
+    # (Hub.held_back), and its visibility deadlines are still watched below.
+    budget = [int(min(DELIVERIES_PER_PASS, hub.room_out()))]
     stop_s = dispatcher.clock.monotonic_s() + PASS_BUDGET_S
-    for looked in range(min(len(touched), GROUPS_PER_PASS)):
+    looks = min(len(touched), GROUPS_PER_PASS)
+    if looks and budget[0] < 1:
+        hold_back(dispatcher)
+        looks = 0
+    for looked in range(looks):
         if looked and dispatcher.clock.monotonic_s() >= stop_s:
             break  # a slow disk read or a full batch: the rest after a yield
         gid = touched.pop()
@@ -138,7 +151,7 @@ def run_pass(dispatcher: Dispatcher, now_ms: int) -> float:
         dispatch_tasks.submit(
             dispatcher, commands.dead_letter(now_ms, dead, dispatcher.group_settings), dead_restore
         )
-    if touched:
+    if touched and not hub.held_back:
         return now_ms
     while timers and wake_at.get(timers[0][1]) != timers[0][0]:
         heapq.heappop(timers)  # stale
@@ -150,6 +163,30 @@ def run_pass(dispatcher: Dispatcher, now_ms: int) -> float:
     if next_ms <= now_ms:
         next_ms = now_ms
     return next_ms
+
+
+def hold_back(dispatcher: Dispatcher) -> None:
+    """The node has ``limits.max_deliveries_out`` deliveries out: this pass hands out
+    nothing. Counted (``futureq_deliveries_held_back_total``) and said in a warning at
+    most once per :data:`HELD_BACK_LOG_INTERVAL_S`; back-pressure, not an error."""
+    hub = dispatcher.hub
+    hub.held_back = True
+    dispatcher.held_back_passes += 1
+    if dispatcher.metrics is not None:
+        dispatcher.metrics.deliveries_held_back_total.inc()
+    now_s = dispatcher.clock.monotonic_s()
+    if now_s - dispatcher.held_back_logged_s >= HELD_BACK_LOG_INTERVAL_S:
+        log.warning(
+            "%d deliveries are out (handed to consumers, not settled), the node's limit "
+            "(limits.max_deliveries_out = %d): nothing more is handed out until consumers "
+            "settle some or their visibility timeouts pass (%d dispatch passes held back "
+            "since the last such line); raise the limit if memory allows (~180 bytes each)",
+            len(hub.in_flight),
+            hub.max_deliveries_out,
+            dispatcher.held_back_passes,
+        )
+        dispatcher.held_back_logged_s = now_s
+        dispatcher.held_back_passes = 0
 
 
 def dispatch_group(
@@ -276,7 +313,11 @@ def deliver(
             break
         share = max(1, min(dispatcher.batch_items, -(-due_now // len(consumers))))
         for consumer in consumers:
-            entries = index.pop_due(now_ms, min(consumer.credit, share))
+            # Never past the budget: it carries the node's room for deliveries out.
+            wanted = min(consumer.credit, share, budget - delivered - skipped)
+            if wanted < 1:
+                break
+            entries = index.pop_due(now_ms, wanted)
             if not entries:
                 break
             deliveries: list[list[Any]] = []

@@ -88,6 +88,9 @@ class Dispatcher:
         dispatch_allowed: Asked before every pass; while it says no, nothing is handed
             out, released or expired (a Raft leader without its lease or with a clock
             out of bound: ``RaftNode.can_dispatch``). None: always allowed.
+        max_deliveries_out: Most deliveries out on the node at once
+            (``limits.max_deliveries_out``); at it a pass hands out nothing more
+            until settlements or timeouts free room. None: no bound.
     """
 
     def __init__(
@@ -101,8 +104,14 @@ class Dispatcher:
         max_deliver_bytes: int = 1024 * 1024,
         active: bool = True,
         dispatch_allowed: Callable[[], bool] | None = None,
+        max_deliveries_out: int | None = None,
     ) -> None:
         self.state = state
+        hub.max_deliveries_out = math.inf if max_deliveries_out is None else max_deliveries_out
+        self.held_back_passes = 0
+        """Passes held back since the last warning logged about it."""
+        self.held_back_logged_s = -math.inf
+        """When that warning was last logged (monotonic s)."""
         self.dispatch_allowed = dispatch_allowed
         self.max_deliver_bytes = max_deliver_bytes
         self.log = log

@@ -300,6 +300,14 @@ class Hub:
         """Schedule key -> ``(attempt, pushed_ms)`` of deliveries given back that went out
         unrecorded (a first delivery): they count, and the dispatcher records them
         (RETURN_COUNTED) so a restart or a new leader does not deliver attempt 1 again."""
+        self.max_deliveries_out: float = math.inf
+        """Most deliveries :attr:`in_flight` may hold (``limits.max_deliveries_out``; set
+        by the dispatcher): at it a dispatch pass hands out nothing more."""
+        self.held_back = False
+        """A pass found :attr:`in_flight` at :attr:`max_deliveries_out` and handed out
+        nothing: the first delivery dropped below it wakes the dispatcher (else a
+        consumer that settles without granting credit would leave the others waiting
+        for an unrelated wake-up)."""
         self.look_again_by: Callable[[float], None] = lambda at_ms: None
         """Tells the dispatcher it must look again no later than ``at_ms`` (ms since the
         Unix epoch; ``-inf``: now); set by the dispatcher. Called by every change that
@@ -454,7 +462,14 @@ class Hub:
             runtime = self.groups.get(flight.group_id)
             if runtime is not None:
                 runtime.in_flight_count -= 1
+            if self.held_back:
+                self.held_back = False
+                self.look_again_by(-math.inf)
         return flight
+
+    def room_out(self) -> float:
+        """How many more deliveries may go out before :attr:`max_deliveries_out` (>= 0)."""
+        return max(0, self.max_deliveries_out - len(self.in_flight))
 
     def give_back(self, flight: InFlight) -> None:
         """Put a delivery back in its group's index.
@@ -718,6 +733,7 @@ class Hub:
         self.returned.clear()
         self.touched.clear()
         self.in_flight.clear()
+        self.held_back = False
         self._deadlines.clear()
         for consumer in self.consumers.values():
             consumer.closed = True

@@ -295,6 +295,7 @@ async def serve(
             dispatch_allowed=(
                 None if isinstance(command_log, SingleNodeLog) else command_log.can_dispatch
             ),
+            max_deliveries_out=config.limits.max_deliveries_out,
         )
         state.observer = dispatcher
         broker = Broker(

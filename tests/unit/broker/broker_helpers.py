@@ -153,7 +153,15 @@ async def open_real_broker(
         hub = Hub()
         metrics = Metrics()
         clock = FixedWallClock()
-        dispatcher = Dispatcher(state, log, hub, clock, config.queue, metrics)
+        dispatcher = Dispatcher(
+            state,
+            log,
+            hub,
+            clock,
+            config.queue,
+            metrics,
+            max_deliveries_out=config.limits.max_deliveries_out,
+        )
         state.observer = dispatcher
         yield Broker(config, state, log, hub, dispatcher, clock, metrics), log
     finally:

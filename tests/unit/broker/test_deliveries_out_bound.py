@@ -1,0 +1,58 @@
+"""The node's bound on deliveries out (``limits.max_deliveries_out``) on a real broker.
+
+A real RocksDB in ``tmp_path`` and a real SingleNodeLog; passes are driven one at a
+time. Before, every consumer got what its credit allowed, whatever the node held out:
+memory for deliveries out had no bound (~180 bytes each).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import attrs
+import trio
+from broker_helpers import REAL_NOW_MS, RecordingOutbox, open_real_broker
+
+from futureq.broker.hub import Consumer
+from futureq.config import Config
+from futureq.state import commands
+
+
+async def test_at_the_bound_nothing_more_goes_out_until_a_settlement_wakes_the_dispatcher(
+    tmp_path: Path,
+) -> None:
+    config = Config()
+    config = attrs.evolve(config, limits=attrs.evolve(config.limits, max_deliveries_out=5))
+    async with open_real_broker(tmp_path, config) as (broker, log):
+        hub, dispatcher = broker.hub, broker.dispatcher
+        async with trio.open_nursery() as running:
+            await running.start(log.run)
+            gid = await log.propose(commands.create_group("t", "g", None, None))
+            items = [("t", f"m{n}".encode(), REAL_NOW_MS, None) for n in range(20)]
+            await log.propose(commands.publish(REAL_NOW_MS, items))
+            outboxes = [RecordingOutbox(), RecordingOutbox()]
+            for connection_id, outbox in enumerate(outboxes, 1):
+                hub.add_consumer(
+                    Consumer(hub.new_subscription_id(), gid, "t", "g", connection_id, outbox, 10)
+                )
+            for _ in range(3):
+                next_ms = dispatcher.dispatch_once()
+            got = [outbox.take() for outbox in outboxes]
+            assert sum(map(len, got)) == 5, [len(g) for g in got]  # before: 20
+            assert len(hub.in_flight) == 5 and hub.held_back
+            # Held back, the pass plans no early look (no busy loop): the next visibility
+            # deadline, not now.
+            assert math.isinf(next_ms) or next_ms > REAL_NOW_MS
+            assert broker.metrics.deliveries_held_back_total._value.get() >= 1
+
+            # An ACK (no CREDIT follows here) frees room and wakes the dispatcher.
+            dispatcher._wake = trio.Event()
+            owner = 1 if got[0] else 2
+            tags = [delivery[0] for delivery in got[owner - 1][:2]]
+            assert await broker.ack(owner, tags) == 2
+            assert dispatcher._wake.is_set() and not hub.held_back
+            dispatcher.dispatch_once()
+            assert sum(len(outbox.take()) for outbox in outboxes) == 2
+            assert len(hub.in_flight) == 5
+            running.cancel_scope.cancel()
