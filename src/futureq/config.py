@@ -105,6 +105,9 @@ class LimitsSection:
         max_subscriptions_per_connection: Most subscriptions one connection may hold.
         max_subscriptions: Most subscriptions all connections of the node hold together
             (each costs ~600 bytes; without it 10,000 connections of 1,024 would be ~6 GiB).
+        max_prefetch_per_connection: Most prefetch (items) the subscriptions of one
+            connection may ask for together; a SUBSCRIBE past it is refused, so one
+            connection cannot claim the node's whole :attr:`max_deliveries_out`.
         max_deliveries_out: Most deliveries handed to consumers and not yet settled on
             the node (items, ~180 bytes of leader memory each); at it the dispatcher
             hands out nothing more until settlements or timeouts free room.
@@ -141,6 +144,7 @@ class LimitsSection:
     max_connections: int = 10_000
     max_subscriptions_per_connection: int = 1024
     max_subscriptions: int = 100_000
+    max_prefetch_per_connection: int = 100_000
     max_deliveries_out: int = 1_000_000
     max_connection_buffer_bytes: int = 8 * 1024 * 1024
     max_node_buffer_bytes: int = 256 * 1024 * 1024

@@ -67,6 +67,7 @@ MAXIMA: dict[str, tuple[int, str]] = {
     "limits.max_connections": (1_000_000, "1,000,000 connections"),
     "limits.max_subscriptions_per_connection": (1_000_000, "1,000,000 subscriptions"),
     "limits.max_subscriptions": (10_000_000, "10,000,000 subscriptions (~6 GB)"),
+    "limits.max_prefetch_per_connection": (100_000_000, "100,000,000 deliveries (~18 GB)"),
     "limits.max_deliveries_out": (100_000_000, "100,000,000 deliveries (~18 GB of memory)"),
     "limits.max_connection_buffer_bytes": (1024 * _MIB, "1 GiB per connection"),
     "limits.max_node_buffer_bytes": (64 * 1024 * _MIB, "64 GiB of memory"),
@@ -211,7 +212,15 @@ def check_limits(limits: LimitsSection) -> Iterable[Bad]:
     yield from minimum("limits", limits, "max_connections", 1, " connections")
     yield from minimum("limits", limits, "max_subscriptions_per_connection", 1, " subscriptions")
     yield from minimum("limits", limits, "max_subscriptions", 1, " subscriptions")
+    yield from minimum("limits", limits, "max_prefetch_per_connection", 1, " items")
     yield from minimum("limits", limits, "max_deliveries_out", 1, " items")
+    if limits.max_prefetch_per_connection < limits.max_prefetch:
+        yield Bad(
+            ("limits.max_prefetch_per_connection", "limits.max_prefetch"),
+            limits.max_prefetch_per_connection,
+            f"must be at least limits.max_prefetch ({limits.max_prefetch}), "
+            "else a SUBSCRIBE with the largest prefetch allowed is refused",
+        )
     yield from minimum("limits", limits, "max_node_buffer_bytes", 1, " bytes")
     for key in (
         "frame_deadline_ms",

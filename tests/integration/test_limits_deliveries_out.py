@@ -17,7 +17,8 @@ import urllib.request
 from broker_process import BrokerProcess
 from wire_client import WireClient
 
-from futureq.wire import frames
+from futureq.errors import ErrorCode
+from futureq.wire import codec, frames
 
 
 def metric(broker: BrokerProcess, name: str) -> float:
@@ -72,3 +73,39 @@ def test_the_node_hands_out_no_more_than_max_deliveries_out(broker_factory: obje
     ids = [delivery[1] for got in held + more for delivery in got]
     assert len(set(ids)) == len(ids) == 30 + settled
     assert producer.group_pending("out.t", "g") == 100 - settled
+
+
+def test_a_subscribe_past_the_connections_prefetch_total_is_refused(
+    broker_factory: object,
+) -> None:
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={
+            "FUTUREQ_LIMITS_MAX_PREFETCH": "100",
+            "FUTUREQ_LIMITS_MAX_PREFETCH_PER_CONNECTION": "150",
+        }
+    )
+    client = WireClient(broker.client_address)
+    kept = client.subscribe("per.t", "g", prefetch=100)
+    refused = client.request(frames.Subscribe(client.next_id(), "per.t", "g", 60))
+    assert isinstance(refused, frames.Error), refused  # before: SUBSCRIBE_OK
+    assert refused.code == ErrorCode.INVALID_ARGUMENT
+    assert "limits.max_prefetch_per_connection = 150" in refused.message, refused.message
+    assert "they hold 100" in refused.message and "at most 50" in refused.message
+    # The connection stays usable; what is left of the limit may still be asked for.
+    assert isinstance(client.request(frames.Ping(client.next_id())), frames.Pong)
+    client.subscribe("per.t", "g", prefetch=50)
+    answer = client.request(frames.Unsubscribe(client.next_id(), kept))
+    assert isinstance(answer, frames.Ok), answer
+    client.subscribe("per.t", "other", prefetch=100)  # unsubscribing gave its share back
+    # Another connection has its own share.
+    WireClient(broker.client_address).subscribe("per.t", "g", prefetch=100)
+    # SUBSCRIBEs pipelined together (new groups: each awaits its creation) see each other.
+    pipelined = WireClient(broker.client_address)
+    requests = [frames.Subscribe(pipelined.next_id(), "per.t", f"p{n}", 60) for n in range(3)]
+    pipelined.send_raw(b"".join(codec.encode_frame(frame, 2**31) for frame in requests))
+    answers = [pipelined.receive_answer() for _ in requests]
+    assert sorted(type(answer).__name__ for answer in answers) == [
+        "Error",
+        "SubscribeOk",
+        "SubscribeOk",
+    ], answers

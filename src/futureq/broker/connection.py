@@ -191,6 +191,8 @@ class Connection:
             self.outbox.direct_fd = stream.socket.fileno()
         self.subscriptions: dict[int, Consumer] = {}
         self._subscribing = 0
+        self._subscribing_prefetch = 0
+        """Prefetch of the SUBSCRIBEs of this connection under way (counted as held)."""
         """SUBSCRIBEs of this connection past their limit check, not yet registered."""
         self._limit = trio.Semaphore(MAX_REQUESTS_IN_PROGRESS)
         self._request_bytes = 0
@@ -644,6 +646,31 @@ class Connection:
             return await self._answer(frame)
         raise NotLeaderError(log_.leader_address())
 
+    def _check_prefetch_total(self, prefetch: int) -> None:
+        """Refuse a SUBSCRIBE whose ``prefetch`` would take this connection's
+        subscriptions past ``limits.max_prefetch_per_connection`` together (those being
+        made count: SUBSCRIBEs pipelined behind one must see it), so one connection
+        cannot claim the node's whole ``limits.max_deliveries_out``.
+
+        Raises:
+            RequestError: INVALID_ARGUMENT, naming the limit, the total and what to do.
+        """
+        if not 1 <= prefetch <= self.limits.max_prefetch:
+            return  # its range check (broker.subscribe) answers that
+        limit = self.limits.max_prefetch_per_connection
+        held = self._subscribing_prefetch + sum(
+            consumer.prefetch for consumer in self.subscriptions.values() if not consumer.closed
+        )
+        if held + prefetch > limit:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"prefetch {prefetch} would take this connection's subscriptions to "
+                f"{held + prefetch} prefetch together (they hold {held}), past the limit "
+                f"(limits.max_prefetch_per_connection = {limit}); subscribe with a prefetch "
+                f"of at most {max(0, limit - held)}, unsubscribe others, or open another "
+                "connection",
+            )
+
     def _reply(self, answer: frames.Frame, request_id: int) -> None:
         if self.session.state is SessionState.ERROR or self.outbox.closed:
             return  # the connection is closing after a protocol error
@@ -694,7 +721,9 @@ class Connection:
                         f"its limit (limits.max_subscriptions = {node_limit}); unsubscribe unused "
                         "ones or ask the operator to raise the limit",
                     )
+                self._check_prefetch_total(frame.prefetch)
                 self._subscribing += 1
+                self._subscribing_prefetch += frame.prefetch
                 broker.subscribes_in_flight += 1
                 try:
                     consumer = await broker.subscribe(
@@ -707,6 +736,7 @@ class Connection:
                     )
                 finally:
                     self._subscribing -= 1
+                    self._subscribing_prefetch -= frame.prefetch
                     broker.subscribes_in_flight -= 1
                 self.subscriptions[consumer.subscription_id] = consumer
                 # The answer must precede the first DELIVER, so queue it here, in order.
