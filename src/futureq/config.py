@@ -109,7 +109,7 @@ class LimitsSection:
             connection may ask for together; a SUBSCRIBE past it is refused, so one
             connection cannot claim the node's whole :attr:`max_deliveries_out`.
         max_deliveries_out: Most deliveries handed to consumers and not yet settled on
-            the node (items, ~180 bytes of leader memory each); at it the dispatcher
+            the node (items, ~500 bytes of leader memory each); at it the dispatcher
             hands out nothing more until settlements or timeouts free room.
         max_connection_buffer_bytes: Bytes queued for one connection beyond which no
             more deliveries are pushed to it and the server stops reading its requests;
@@ -145,7 +145,7 @@ class LimitsSection:
     max_subscriptions_per_connection: int = 1024
     max_subscriptions: int = 100_000
     max_prefetch_per_connection: int = 100_000
-    max_deliveries_out: int = 1_000_000
+    max_deliveries_out: int = 500_000
     max_connection_buffer_bytes: int = 8 * 1024 * 1024
     max_node_buffer_bytes: int = 256 * 1024 * 1024
     frame_deadline_ms: int = 30_000

@@ -1,7 +1,7 @@
 """Deliveries out (handed to consumers, not yet settled) are bounded, per node and per
 connection, against a real ``futureq start`` process.
 
-Found by a tester: the leader's memory for deliveries out had no bound (~180 bytes
+Found by a tester: the leader's memory for deliveries out had no bound (~500 bytes
 each; 10 SUBSCRIBEs of prefetch 10,000 on one connection that acks nothing held 100k,
 and 1,024 subscriptions would hold 10 M). Now ``limits.max_deliveries_out`` holds the
 dispatcher back (nothing lost, nothing early: the rest goes out as deliveries are

@@ -2,7 +2,7 @@
 
 A real RocksDB in ``tmp_path`` and a real SingleNodeLog; passes are driven one at a
 time. Before, every consumer got what its credit allowed, whatever the node held out:
-memory for deliveries out had no bound (~180 bytes each).
+memory for deliveries out had no bound (~500 bytes each).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from futureq.errors import ConfigError
 
 def test_the_defaults_bound_memory_for_deliveries_out() -> None:
     limits = Config().limits
-    assert limits.max_deliveries_out == 1_000_000  # ~180 MB at ~180 bytes each
+    assert limits.max_deliveries_out == 500_000  # ~250 MB at ~500 bytes each
     assert limits.max_prefetch_per_connection == 100_000
     assert limits.max_prefetch_per_connection >= limits.max_prefetch
 
