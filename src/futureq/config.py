@@ -106,7 +106,8 @@ class LimitsSection:
         max_subscriptions: Most subscriptions all connections of the node hold together
             (each costs ~600 bytes; without it 10,000 connections of 1,024 would be ~6 GiB).
         max_prefetch_per_connection: Most prefetch (items) the subscriptions of one
-            connection may ask for together; a SUBSCRIBE past it is refused, so one
+            connection may ask for together; a SUBSCRIBE past it is refused. Also the
+            most deliveries out on one connection, whatever CREDIT it sent. So one
             connection cannot claim the node's whole :attr:`max_deliveries_out`.
         max_deliveries_out: Most deliveries handed to consumers and not yet settled on
             the node (items, ~500 bytes of leader memory each); at it the dispatcher

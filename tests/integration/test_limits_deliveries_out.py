@@ -109,3 +109,28 @@ def test_a_subscribe_past_the_connections_prefetch_total_is_refused(
         "SubscribeOk",
         "SubscribeOk",
     ], answers
+
+
+def test_credit_without_acks_does_not_take_a_connection_past_its_limit(
+    broker_factory: object,
+) -> None:
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={
+            "FUTUREQ_LIMITS_MAX_PREFETCH": "10",
+            "FUTUREQ_LIMITS_MAX_PREFETCH_PER_CONNECTION": "10",
+        }
+    )
+    producer = WireClient(broker.client_address)
+    items = [["credit.t", f"m{n}".encode(), 0, None, None] for n in range(50)]
+    assert isinstance(producer.publish(items), frames.PublishOk)
+    client = WireClient(broker.client_address)
+    subscription = client.subscribe("credit.t", "g", prefetch=10)
+    held = client.deliveries(10)
+    for _ in range(3):  # credit granted, nothing settled
+        client.send(frames.Credit(client.next_id(), subscription, 10))
+    client.expect_nothing(0.5)  # before: 30 more
+    assert metric(broker, "futureq_deliveries_out") == 10
+    answer = client.request(frames.Ack(client.next_id(), [d[0] for d in held[:4]]))
+    assert isinstance(answer, frames.Ok), answer
+    assert len(client.deliveries(4)) == 4  # the credit granted is kept, used as room frees
+    client.expect_nothing(0.5)

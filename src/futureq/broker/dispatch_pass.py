@@ -300,7 +300,8 @@ def deliver(
     max_deliveries = info.max_deliveries
     purged = purged_below(dispatcher, gid)
     released_counts = runtime.released
-    salt = dispatcher.hub.tag_salt
+    hub = dispatcher.hub
+    salt = hub.tag_salt
     staged_any = False
     # Round-robin: each round gives every consumer with credit an equal share of
     # what is due (one DELIVER frame each), so a group's consumers split the work.
@@ -314,9 +315,14 @@ def deliver(
         share = max(1, min(dispatcher.batch_items, -(-due_now // len(consumers))))
         for consumer in consumers:
             # Never past the budget: it carries the node's room for deliveries out.
-            wanted = min(consumer.credit, share, budget - delivered - skipped)
-            if wanted < 1:
+            left = budget - delivered - skipped
+            if left < 1:
                 break
+            # Nor past the connection's room (limits.max_prefetch_per_connection).
+            wanted = int(min(consumer.credit, share, left, hub.room_for(consumer)))
+            if wanted < 1:
+                hub.skip_capped(consumer, runtime)
+                continue
             entries = index.pop_due(now_ms, wanted)
             if not entries:
                 break
@@ -399,7 +405,11 @@ def deliver(
                     Staged(consumer, [flights[i] for i in later], [deliveries[i] for i in later])
                 )
                 staged_any = True
-        consumers = [c for c in consumers if c.credit > 0 and not c.closed and c.outbox.has_room()]
+        consumers = [
+            c
+            for c in consumers
+            if c.credit > 0 and not c.closed and c.outbox.has_room() and hub.room_for(c) > 0
+        ]
     if staged_any:
         dispatcher._staged_changed.set()
     return delivered

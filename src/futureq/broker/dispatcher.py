@@ -91,6 +91,9 @@ class Dispatcher:
         max_deliveries_out: Most deliveries out on the node at once
             (``limits.max_deliveries_out``); at it a pass hands out nothing more
             until settlements or timeouts free room. None: no bound.
+        max_out_per_connection: Most deliveries out on one connection
+            (``limits.max_prefetch_per_connection``); its consumers get nothing more
+            until one of them is settled or taken back. None: no bound.
     """
 
     def __init__(
@@ -105,9 +108,13 @@ class Dispatcher:
         active: bool = True,
         dispatch_allowed: Callable[[], bool] | None = None,
         max_deliveries_out: int | None = None,
+        max_out_per_connection: int | None = None,
     ) -> None:
         self.state = state
         hub.max_deliveries_out = math.inf if max_deliveries_out is None else max_deliveries_out
+        hub.max_out_per_connection = (
+            math.inf if max_out_per_connection is None else max_out_per_connection
+        )
         self.held_back_passes = 0
         """Passes held back since the last warning logged about it."""
         self.held_back_logged_s = -math.inf

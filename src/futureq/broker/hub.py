@@ -303,6 +303,16 @@ class Hub:
         self.max_deliveries_out: float = math.inf
         """Most deliveries :attr:`in_flight` may hold (``limits.max_deliveries_out``; set
         by the dispatcher): at it a dispatch pass hands out nothing more."""
+        self.max_out_per_connection: float = math.inf
+        """Most deliveries one connection may have out (``limits.max_prefetch_per_connection``;
+        set by the dispatcher), whatever CREDIT its subscriptions were granted: CREDIT
+        adds credit whether or not deliveries were settled (a pull-mode client that
+        fetches without settling does so too), so prefetch alone does not bound it."""
+        self.out_by_connection: dict[int, int] = {}
+        """Connection id -> its deliveries in :attr:`in_flight` (only those with some)."""
+        self.capped: dict[int, list[Consumer]] = {}
+        """Connection id -> its consumers a pass skipped because the connection had
+        :attr:`max_out_per_connection` out; woken when one of its deliveries drops."""
         self.held_back = False
         """A pass found :attr:`in_flight` at :attr:`max_deliveries_out` and handed out
         nothing: the first delivery dropped below it wakes the dispatcher (else a
@@ -414,6 +424,9 @@ class Hub:
         """Record a delivery handed to its consumer (its DELIVERED not yet committed)."""
         self.in_flight[flight.key] = flight
         flight.consumer.in_flight.add(flight.key)
+        out = self.out_by_connection
+        connection_id = flight.consumer.connection_id
+        out[connection_id] = out.get(connection_id, 0) + 1
         self.groups[flight.group_id].in_flight_count += 1
 
     def mark_pushed(self, flight: InFlight, deadline_ms: int, pushed_ms: int = 0) -> None:
@@ -462,10 +475,32 @@ class Hub:
             runtime = self.groups.get(flight.group_id)
             if runtime is not None:
                 runtime.in_flight_count -= 1
+            connection_id = flight.consumer.connection_id
+            out = self.out_by_connection
+            left = out.pop(connection_id, 1) - 1
+            if left:
+                out[connection_id] = left
+            if self.capped:
+                skipped = self.capped.pop(connection_id, None)
+                for consumer in skipped or ():
+                    self.wake(consumer)
             if self.held_back:
                 self.held_back = False
                 self.look_again_by(-math.inf)
         return flight
+
+    def room_for(self, consumer: Consumer) -> float:
+        """How many more deliveries ``consumer``'s connection may have out (>= 0)."""
+        return max(
+            0, self.max_out_per_connection - self.out_by_connection.get(consumer.connection_id, 0)
+        )
+
+    def skip_capped(self, consumer: Consumer, runtime: GroupRuntime) -> None:
+        """``consumer``'s connection has :attr:`max_out_per_connection` out: it leaves
+        its group's turn (so the group does not look able to receive, and no pass spins
+        on it) until one of the connection's deliveries drops (:meth:`_drop` wakes it)."""
+        runtime.ready.pop(consumer, None)
+        self.capped.setdefault(consumer.connection_id, []).append(consumer)
 
     def room_out(self) -> float:
         """How many more deliveries may go out before :attr:`max_deliveries_out` (>= 0)."""
@@ -733,6 +768,8 @@ class Hub:
         self.returned.clear()
         self.touched.clear()
         self.in_flight.clear()
+        self.out_by_connection.clear()
+        self.capped.clear()
         self.held_back = False
         self._deadlines.clear()
         for consumer in self.consumers.values():

@@ -296,6 +296,7 @@ async def serve(
                 None if isinstance(command_log, SingleNodeLog) else command_log.can_dispatch
             ),
             max_deliveries_out=config.limits.max_deliveries_out,
+            max_out_per_connection=config.limits.max_prefetch_per_connection,
         )
         state.observer = dispatcher
         broker = Broker(

@@ -161,6 +161,7 @@ async def open_real_broker(
             config.queue,
             metrics,
             max_deliveries_out=config.limits.max_deliveries_out,
+            max_out_per_connection=config.limits.max_prefetch_per_connection,
         )
         state.observer = dispatcher
         yield Broker(config, state, log, hub, dispatcher, clock, metrics), log

@@ -56,3 +56,49 @@ async def test_at_the_bound_nothing_more_goes_out_until_a_settlement_wakes_the_d
             assert sum(len(outbox.take()) for outbox in outboxes) == 2
             assert len(hub.in_flight) == 5
             running.cancel_scope.cancel()
+
+
+async def test_credit_without_settling_does_not_take_a_connection_past_its_limit(
+    tmp_path: Path,
+) -> None:
+    """CREDIT adds credit whether or not anything was settled (so does a pull-mode
+    client that fetches without settling): before, one connection could so take every
+    delivery the node may have out, whatever its prefetch."""
+    config = Config()
+    limits = attrs.evolve(config.limits, max_prefetch=10, max_prefetch_per_connection=10)
+    config = attrs.evolve(config, limits=limits)
+    async with open_real_broker(tmp_path, config) as (broker, log):
+        hub, dispatcher = broker.hub, broker.dispatcher
+        async with trio.open_nursery() as running:
+            await running.start(log.run)
+            gid = await log.propose(commands.create_group("t", "g", None, None))
+            items = [("t", f"m{n}".encode(), REAL_NOW_MS, None) for n in range(40)]
+            await log.propose(commands.publish(REAL_NOW_MS, items))
+            mine, other = RecordingOutbox(), RecordingOutbox()
+            subscriptions = []
+            for connection_id, outbox, credit in ((1, mine, 10), (1, mine, 10), (2, other, 5)):
+                consumer = Consumer(
+                    hub.new_subscription_id(), gid, "t", "g", connection_id, outbox, credit
+                )
+                hub.add_consumer(consumer)
+                subscriptions.append(consumer.subscription_id)
+
+            def passes() -> None:
+                for _ in range(4):
+                    dispatcher.dispatch_once()
+
+            passes()
+            held = mine.take()
+            assert len(held) == 10 and len(other.take()) == 5
+            hub.grant_credit(subscriptions[0], 1, 10, 10)  # no settlement
+            passes()
+            assert mine.take() == []  # before: 10 more
+            assert hub.out_by_connection == {1: 10, 2: 5}
+
+            dispatcher._wake = trio.Event()
+            assert await broker.ack(1, [delivery[0] for delivery in held[:3]]) == 3
+            assert dispatcher._wake.is_set()  # the connection's consumers were woken
+            passes()
+            assert len(mine.take()) == 3
+            assert hub.out_by_connection == {1: 10, 2: 5}
+            running.cancel_scope.cancel()
