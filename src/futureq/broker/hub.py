@@ -310,9 +310,10 @@ class Hub:
         fetches without settling does so too), so prefetch alone does not bound it."""
         self.out_by_connection: dict[int, int] = {}
         """Connection id -> its deliveries in :attr:`in_flight` (only those with some)."""
-        self.capped: dict[int, list[Consumer]] = {}
+        self.capped: dict[int, dict[Consumer, None]] = {}
         """Connection id -> its consumers a pass skipped because the connection had
-        :attr:`max_out_per_connection` out; woken when one of its deliveries drops."""
+        :attr:`max_out_per_connection` out (an ordered set: a CREDIT meanwhile makes a
+        pass skip the same consumer again); woken when one of its deliveries drops."""
         self.held_back = False
         """A pass found :attr:`in_flight` at :attr:`max_deliveries_out` and handed out
         nothing: the first delivery dropped below it wakes the dispatcher (else a
@@ -500,7 +501,7 @@ class Hub:
         its group's turn (so the group does not look able to receive, and no pass spins
         on it) until one of the connection's deliveries drops (:meth:`_drop` wakes it)."""
         runtime.ready.pop(consumer, None)
-        self.capped.setdefault(consumer.connection_id, []).append(consumer)
+        self.capped.setdefault(consumer.connection_id, {})[consumer] = None
 
     def room_out(self) -> float:
         """How many more deliveries may go out before :attr:`max_deliveries_out` (>= 0)."""

@@ -94,6 +94,10 @@ async def test_credit_without_settling_does_not_take_a_connection_past_its_limit
             passes()
             assert mine.take() == []  # before: 10 more
             assert hub.out_by_connection == {1: 10, 2: 5}
+            for _ in range(3):  # CREDIT while capped: the consumer is remembered once
+                hub.grant_credit(subscriptions[1], 1, 1, 10)
+                passes()
+            assert [len(skipped) for skipped in hub.capped.values()] == [2]
 
             dispatcher._wake = trio.Event()
             assert await broker.ack(1, [delivery[0] for delivery in held[:3]]) == 3
