@@ -57,6 +57,12 @@ def test_the_node_hands_out_no_more_than_max_deliveries_out(broker_factory: obje
     assert sum(map(len, held)) == 30, [len(got) for got in held]  # before: all 100
     assert metric(broker, "futureq_deliveries_out") == 30
     assert metric(broker, "futureq_deliveries_held_back_total") >= 1
+    warnings = [
+        line
+        for line in broker.stderr_path.read_text().splitlines()
+        if "limits.max_deliveries_out = 30" in line
+    ]
+    assert len(warnings) == 1, warnings  # said once a minute, not per pass
 
     # Settling frees room: as many go out again, with no CREDIT sent (back-pressure,
     # not loss), and nothing is handed out twice.

@@ -179,8 +179,8 @@ def hold_back(dispatcher: Dispatcher) -> None:
         log.warning(
             "%d deliveries are out (handed to consumers, not settled), the node's limit "
             "(limits.max_deliveries_out = %d): nothing more is handed out until consumers "
-            "settle some or their visibility timeouts pass (%d dispatch passes held back "
-            "since the last such line); raise the limit if memory allows (~500 bytes each)",
+            "settle some or their visibility timeouts pass; raise the limit if memory allows "
+            "(~500 bytes each). Dispatch passes held back since the previous such line: %d",
             len(hub.in_flight),
             hub.max_deliveries_out,
             dispatcher.held_back_passes,
