@@ -44,6 +44,23 @@ COUNT_BUILD_WAIT_S: Final = 10.0
 past it, it answers from a bounded scan instead (the build goes on with the next)."""
 
 
+MAX_BROWSE_SKIPPED: Final = 20_000
+"""Most entries of a running PURGE one BROWSE page looks past (keys only); past it the
+page ends early, with a ``next_cursor``."""
+
+
+def purged_below(broker: Broker, group_id: int) -> int:
+    """Message ids below this one are gone from group ``group_id``: a PURGE answered
+    before removes their entries by PURGE_GROUP chunks, and every read and manage
+    request treats those its chunks have not reached yet as removed already (as the
+    dispatcher does); 0 when no purge of the group runs.
+
+    Leader-side only: how commands apply is unchanged, so nodes of every build apply
+    the log alike (``DESIGN.md``, "Apply reads nothing node-local")."""
+    job = broker.state.purging.get(group_id)
+    return 0 if job is None else job.bound_id
+
+
 def check_ids(broker: Broker, request: str, ids: list[int]) -> None:
     """Refuse an empty or oversized batch of message ids, or one that is not an id.
 
@@ -134,11 +151,40 @@ async def cancel(broker: Broker, topic: str, group: str | None, ids: list[int]) 
     broker.require_leader()
     check_ids(broker, "CANCEL", ids)
     info = target_groups(broker, "CANCEL", topic, group)
-    out = _out_deliveries(broker, topic, info, ids)
-    result = await broker.log.propose(
-        commands.cancel(topic, None if info is None else info.group_id, ids, out)
-    )
-    return [int(status) for status in result]
+    groups = broker.state.topic_groups(topic) if info is None else [info]
+    bounds = {group.group_id: purged_below(broker, group.group_id) for group in groups}
+    if not any(bounds.values()):
+        out = _out_deliveries(broker, topic, info, ids)
+        result = await broker.log.propose(
+            commands.cancel(topic, None if info is None else info.group_id, ids, out)
+        )
+        return [int(status) for status in result]
+    # A PURGE answered before removes some of these groups' entries by chunks: what
+    # its chunks have not reached yet is gone all the same (UNKNOWN, as a REDRIVE
+    # answers), not cancelled (found by a tester: CANCEL answered DONE for messages
+    # already purged). So each group gets a command naming only the ids it still
+    # holds, and the answers merge as one command's would: DELIVERED from any group,
+    # else DONE from any, else UNKNOWN.
+    merged = [int(frames.ItemStatus.UNKNOWN)] * len(ids)
+    for group_info in groups:
+        bound = bounds[group_info.group_id]
+        positions = [position for position, mid in enumerate(ids) if mid >= bound]
+        if not positions:
+            continue
+        kept = [ids[position] for position in positions]
+        out = _out_deliveries(broker, topic, group_info, kept)
+        result = await broker.log.propose(commands.cancel(topic, group_info.group_id, kept, out))
+        for position, status in zip(positions, result, strict=True):
+            merged[position] = _merge_status(merged[position], int(status))
+    return merged
+
+
+def _merge_status(first: int, second: int) -> int:
+    """One id's CANCEL answer from two groups: DELIVERED, else DONE, else UNKNOWN."""
+    for status in (frames.ItemStatus.DELIVERED, frames.ItemStatus.DONE):
+        if status in (first, second):
+            return int(status)
+    return int(frames.ItemStatus.UNKNOWN)
 
 
 def browse_group(
@@ -244,8 +290,16 @@ async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
             f"BROWSE cursor is not one this group's BROWSE_OK gave ({len(cursor)} bytes); "
             "send the next_cursor of the previous page unchanged, or nil to start over",
         )
+    # A PURGE answered before: what its chunks have not removed yet is gone all the
+    # same (found by a tester: BROWSE still listed purged messages).
     page, next_key = broker.state.browse(
-        info.group_id, from_due_ms, frame.to_due_ms, cursor, frame.limit
+        info.group_id,
+        from_due_ms,
+        frame.to_due_ms,
+        cursor,
+        frame.limit,
+        purged_below(broker, info.group_id),
+        MAX_BROWSE_SKIPPED,
     )
     # A first delivery goes out unrecorded (and one given back is recorded a moment
     # later): the leader's own knowledge counts too, so "0" means never delivered.
@@ -344,12 +398,16 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
         )
     due_counts = broker.due_counts
     group_id = info.group_id
+    if purged_below(broker, group_id):
+        # The histogram counts what a running PURGE's chunks have not removed yet;
+        # the scan leaves those out (found by a tester: counts included them).
+        return await scan_counts(broker, frame.request_id, info, bounds)
     histogram = None
     with trio.move_on_after(COUNT_BUILD_WAIT_S):
         histogram = await due_counts.histogram(group_id)
     broker.require_leader()
     info = browse_group(broker, frame.topic, frame.group)
-    if histogram is None or info.group_id != group_id:
+    if histogram is None or info.group_id != group_id or purged_below(broker, group_id):
         return await scan_counts(broker, frame.request_id, info, bounds)
     counts: list[int | None] = []
     previous = 0
@@ -378,36 +436,47 @@ async def scan_counts(
 
     In chunks of :data:`COUNT_CHUNK_ENTRIES` that yield to the event loop in between,
     at most :data:`MAX_COUNTED_ENTRIES` keys in all: cost O(entries counted), bounded;
-    past the limit the answer is incomplete (the last count a lower bound).
+    past the limit the answer is incomplete (the last count a lower bound). While a
+    PURGE of the group runs, the entries its chunks have not removed yet are read but
+    not counted, and ``later`` is counted by scanning on to the group's end (the
+    group's pending count still holds them).
     """
     group_id = info.group_id
+    below_id = purged_below(broker, group_id)
     counts: list[int | None] = []
     budget = MAX_COUNTED_ENTRIES
     start: bytes | None = commands.schedule_key(group_id, 0, 0)
-    for bound in bounds:
+    buckets: list[int | None] = list(bounds)
+    if below_id:
+        buckets.append(None)  # ``later`` too: the pending count holds the purge's
+    for bound in buckets:
         count = 0
         while start is not None and budget > 0:
-            chunk, resume = broker.state.count_entries(
-                group_id, start, bound, min(COUNT_CHUNK_ENTRIES, budget)
+            chunk, read, resume = broker.state.count_entries(
+                group_id, start, bound, min(COUNT_CHUNK_ENTRIES, budget), below_id
             )
             count += chunk
-            budget -= chunk
+            budget -= read
             if resume is None:
                 # This bucket is done; the next one starts at this bound.
-                start = commands.schedule_key(group_id, bound, 0)
+                start = None if bound is None else commands.schedule_key(group_id, bound, 0)
                 break
             start = resume
             await trio.lowlevel.checkpoint()
             broker.require_leader()
         else:
             counts.append(count)
+            counts = counts[: len(bounds)]
             counts += [None] * (len(bounds) - len(counts))
             return frames.BrowseCountsOk(request_id, info.name, bounds, counts, None, False)
         counts.append(count)
-    # Within a chunk nothing is applied; a count that took several chunks sees each
-    # bucket as it was when read (a command applied in between may move an entry).
-    counted = sum(c for c in counts if c is not None)
-    later = max(0, info.pending - counted)
+    if below_id:
+        later = counts.pop()
+    else:
+        # Within a chunk nothing is applied; a count that took several chunks sees each
+        # bucket as it was when read (a command applied in between may move an entry).
+        counted = sum(c for c in counts if c is not None)
+        later = max(0, info.pending - counted)
     return frames.BrowseCountsOk(request_id, info.name, bounds, counts, later, True)
 
 
@@ -467,12 +536,11 @@ async def redrive(broker: Broker, frame: frames.Redrive) -> list[int]:
     # A PURGE answered before removes its dead letters in chunks: those its chunks have
     # not reached yet are gone all the same (UNKNOWN), never redriven (found by a tester:
     # they came back as new messages of the topic).
-    purge = state.purging.get(info.group_id)
-    purged_below = 0 if purge is None else purge.bound_id
+    bound = purged_below(broker, info.group_id)
     keys: list[bytes] = []
     positions: list[int] = []
     for position, mid in enumerate(frame.ids):
-        key = None if mid < purged_below else state.entry_key(mid, info.group_id)
+        key = None if mid < bound else state.entry_key(mid, info.group_id)
         if key is not None:
             keys.append(key)
             positions.append(position)

@@ -182,6 +182,8 @@ class ManageOps:
         to_due_ms: int | None,
         after_key: bytes | None,
         limit: int,
+        below_id: int = 0,
+        max_skipped: int = 0,
     ) -> tuple[list[tuple[bytes, EntryValue, MessageRecord]], bytes | None]:
         """A page of one group's pending entries in due order, without claiming any.
 
@@ -189,7 +191,11 @@ class ManageOps:
         family from ``max(from_due_ms, after_key)`` and one point read of each
         entry's message. Parked dead letters (due at
         :data:`~futureq.state.records.PARKED_DUE_MS`) come last, and only when
-        ``to_due_ms`` is None.
+        ``to_due_ms`` is None. Entries of messages with an id below ``below_id`` (a
+        running PURGE's, which its chunks have not removed yet) are left out without
+        reading their message; past ``max_skipped`` of them the page ends early, with
+        the last key looked at as its cursor (a read, so leader-local: apply never
+        calls it).
 
         Args:
             group_id: The group (its schedule keys start with it).
@@ -198,6 +204,9 @@ class ManageOps:
             after_key: The cursor: the last schedule key of the previous page (the
                 page starts after it); None: from ``from_due_ms``.
             limit: Most entries (>= 1).
+            below_id: Leave out entries of messages with a smaller id (0: none).
+            max_skipped: Most entries left out before the page ends (at least one
+                is looked past, so a page always moves the cursor on).
 
         Returns:
             ``([(schedule key, entry, message), ...], next cursor or None)``: the
@@ -211,17 +220,27 @@ class ManageOps:
         else:
             stop = commands.schedule_key(group_id, to_due_ms, 0)
         page: list[tuple[bytes, EntryValue, MessageRecord]] = []
+        skipped = 0
+        last_key = None
         for key, value in self.store.scan("schedule", start, stop):
             if len(page) >= limit:
                 return page, page[-1][0]
-            data = self.store.get("messages", _u64(commands.parse_schedule_key(key)[2]))
+            mid = commands.parse_schedule_key(key)[2]
+            if mid < below_id:
+                if skipped >= max_skipped and last_key is not None:
+                    return page, last_key
+                skipped += 1
+                last_key = key
+                continue
+            last_key = key
+            data = self.store.get("messages", _u64(mid))
             assert data is not None, f"schedule entry {key.hex()} without its message"
             page.append((key, EntryValue.decode(value), MessageRecord.decode(data)))
         return page, None
 
     def count_entries(
-        self, group_id: int, start: bytes, to_due_ms: int, limit: int
-    ) -> tuple[int, bytes | None]:
+        self, group_id: int, start: bytes, to_due_ms: int | None, limit: int, below_id: int = 0
+    ) -> tuple[int, int, bytes | None]:
         """Count one group's schedule entries from key ``start`` (inclusive) to those
         due at ``to_due_ms`` (exclusive), reading at most ``limit`` keys (keys only).
 
@@ -231,20 +250,29 @@ class ManageOps:
             group_id: The group (its schedule keys start with it).
             start: The first schedule key to count from (``schedule_key(group_id,
                 from_due_ms, 0)``, or the resume key of the previous chunk).
-            to_due_ms: Count entries due before this (ms).
+            to_due_ms: Count entries due before this (ms); None: to the group's end,
+                parked dead letters included.
             limit: Most keys to read (>= 1).
+            below_id: Entries of messages with a smaller id are read but not counted
+                (a running PURGE's, which its chunks have not removed yet); 0: none.
 
         Returns:
-            ``(count, resume key or None)``: the resume key is where the next chunk
-            starts; None when the range holds nothing more.
+            ``(count, keys read, resume key or None)``: the resume key is where the
+            next chunk starts; None when the range holds nothing more.
         """
-        stop = commands.schedule_key(group_id, to_due_ms, 0)
-        count = 0
+        if to_due_ms is None:
+            stop = (group_id + 1).to_bytes(4, "big")
+        else:
+            stop = commands.schedule_key(group_id, to_due_ms, 0)
+        count = read = 0
         for key in self.store.scan_keys("schedule", start, stop):
-            if count >= limit:
-                return count, key
+            if read >= limit:
+                return count, read, key
+            read += 1
+            if below_id and commands.parse_schedule_key(key)[2] < below_id:
+                continue
             count += 1
-        return count, None
+        return count, read, None
 
     def next_due_ms(self, group_id: int) -> int | None:
         """When the group's earliest entry falls due (ms), or None when it holds none

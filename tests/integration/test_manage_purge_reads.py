@@ -1,0 +1,101 @@
+"""What a running PURGE removes is gone for every request, not only for the dispatcher.
+
+A PURGE is answered at once; the leader then removes the group's entries by PURGE_GROUP
+chunks. Requests served meanwhile treat the entries its chunks have not reached yet as
+removed already. Source: ``docs/protocol.md``, "PURGE".
+
+To keep the chunks away from the purged group while the requests run, the reaper is
+first given a deleted group of another topic to empty (deleted groups go first).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any, Protocol
+
+from wire_client import WireClient
+
+from futureq.wire import frames
+from futureq.wire.frames import ItemStatus
+
+
+class BrokerProcess(Protocol):
+    client_address: str
+    http_address: str
+
+
+def _ok(client: WireClient, frame: frames.Frame) -> Any:
+    answer = client.request(frame)
+    assert isinstance(answer, frames.Ok), answer
+    return answer.result
+
+
+def _items(client: WireClient, frame: frames.Frame) -> list[int]:
+    answer = client.request(frame)
+    assert isinstance(answer, frames.ItemResults), answer
+    return list(answer.results)
+
+
+def _purge_behind_a_deletion(client: WireClient, topic: str) -> list[int]:
+    """Groups ``a`` and ``b`` of ``topic`` hold 2,000 messages; a group of another topic
+    holding 20,000 is deleted, then ``topic`` purged (answered at once). Returns the
+    purged ids."""
+    for group in ("a", "b"):
+        _ok(client, frames.GroupCreate(client.next_id(), topic, group, 30_000, 5))
+    _ok(client, frames.GroupCreate(client.next_id(), "ballast", "g", 30_000, 5))
+    for _ in range(20):
+        client.publish([["ballast", b"x", 60_000, None, None]] * 1000)
+    ids: list[int] = []
+    for _ in range(2):
+        first = client.publish([[topic, b"x", 60_000, None, None]] * 1000).first_id
+        ids += range(first, first + 1000)
+    _ok(client, frames.GroupDelete(client.next_id(), "ballast", "g"))
+    assert _ok(client, frames.Purge(client.next_id(), topic, None)) == 4000
+    return ids
+
+
+def test_browse_cancel_reschedule_and_counts_see_no_purged_message(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a tester: BROWSE (and /api/browse, and counts) still listed messages a
+    PURGE had removed, and CANCEL answered DONE for them instead of UNKNOWN."""
+    client = WireClient(broker.client_address)
+    purged = _purge_behind_a_deletion(client, "pr")
+    kept = client.publish([["pr", b"y", 60_000, None, None]]).first_id
+
+    page = client.request(frames.Browse(client.next_id(), "pr", "b", None, None, None, 10, 0))
+    assert isinstance(page, frames.BrowseOk), page
+    assert [m[0] for m in page.messages] == [kept]
+    url = f"http://{broker.http_address}/api/browse?topic=pr&group=a&limit=10"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body = json.load(response)
+    assert [m["id"] for m in body["messages"]] == [kept]
+
+    counts = client.request(
+        frames.BrowseCounts(client.next_id(), "pr", "b", [30_000, 3_600_000], True)
+    )
+    assert isinstance(counts, frames.BrowseCountsOk), counts
+    assert (counts.counts, counts.later, counts.complete) == ([0, 1], 0, True)
+
+    # Every group of the topic, and one group: the purged ids are UNKNOWN.
+    assert _items(client, frames.Cancel(client.next_id(), "pr", None, purged[-5:])) == (
+        [ItemStatus.UNKNOWN] * 5
+    )
+    assert _items(client, frames.Cancel(client.next_id(), "pr", "b", purged[:5])) == (
+        [ItemStatus.UNKNOWN] * 5
+    )
+    assert (
+        _items(client, frames.Reschedule(client.next_id(), "pr", None, purged[5:10], None, 0))
+        == [ItemStatus.UNKNOWN] * 5
+    )
+    # What the purge does not remove is still cancelled, from every group.
+    assert _items(client, frames.Cancel(client.next_id(), "pr", None, [purged[10], kept])) == [
+        ItemStatus.UNKNOWN,
+        ItemStatus.DONE,
+    ]
+    page = client.request(frames.Browse(client.next_id(), "pr", "a", None, None, None, 10, 0))
+    assert isinstance(page, frames.BrowseOk) and page.messages == [], page
+    # The purge's chunks had not reached the group yet: the requests above saw its
+    # entries still on disk.
+    assert (client.group_pending("pr", "b") or 0) > 1000
