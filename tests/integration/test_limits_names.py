@@ -3,15 +3,21 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import pytest
 from broker_process import BrokerProcess
+from cli_process import cli
 from wire_client import WireClient
 
-from futureq.errors import ErrorCode
+from futureq.client.sync import SyncClient
+from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
 from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
@@ -109,3 +115,52 @@ def test_names_stored_by_earlier_versions_stay_usable(tmp_path: Path) -> None:
         assert isinstance(answer, frames.Ok), answer
     finally:
         broker.terminate()
+
+
+def test_the_dead_letter_topic_of_a_dead_letter_topic_is_refused_everywhere(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a tester: SUBSCRIBE and GROUP_CREATE took ``T.dlq.dlq``, a group that can
+    never receive anything (a dead letter out of attempts is parked in ``T.dlq``). Refused
+    with INVALID_TOPIC and a sentence naming ``T.dlq`` instead: by the server (whether or
+    not ``T.dlq`` has a group), over HTTP, by the client library and by the CLI."""
+    client = WireClient(broker.client_address)
+
+    def check(message: str) -> None:
+        assert "'names.d.dlq.dlq'" in message and "use 'names.d.dlq'" in message, message
+
+    for _ in range(2):  # first with no group of names.d.dlq, then with one
+        for frame in (
+            frames.Subscribe(client.next_id(), "names.d.dlq.dlq", "g", 10),
+            frames.GroupCreate(client.next_id(), "names.d.dlq.dlq", "g", None, None),
+        ):
+            check(refused(client.request(frame), ErrorCode.INVALID_TOPIC).message)
+        client.subscribe("names.d.dlq", "g")
+    browsed = client.request(
+        frames.Browse(client.next_id(), "names.d.dlq.dlq.dlq", None, None, None, None, 10, 0)
+    )
+    assert "use 'names.d.dlq'" in refused(browsed, ErrorCode.INVALID_TOPIC).message
+    url = f"http://{broker.http_address}/api/browse?topic=names.d.dlq.dlq"
+    with pytest.raises(urllib.error.HTTPError) as http_error:
+        urllib.request.urlopen(url, timeout=10)
+    assert http_error.value.code == 400
+    body = json.load(http_error.value)
+    assert body["code"] == "INVALID_TOPIC"
+    check(body["message"])
+    with SyncClient(broker.client_address) as library:
+        with pytest.raises(RequestError) as raised:
+            library.create_group("names.d.dlq.dlq", "g")
+        assert raised.value.code == ErrorCode.INVALID_TOPIC
+        check(raised.value.message)
+        with pytest.raises(RequestError) as raised:
+            library.consume("names.d.dlq.dlq", "g", count=1, timeout_s=1)
+        check(raised.value.message)
+    for args in (
+        ("consume", "names.d.dlq.dlq", "--group", "g"),
+        ("group", "create", "names.d.dlq.dlq", "g"),
+    ):
+        run = cli(broker.client_address, *args)
+        assert run.returncode == 2, run
+        check(run.stderr)
+    groups = [g["group"] for t in client.status()["topics"] for g in t["groups"]]
+    assert groups == ["g"]  # of names.d.dlq only

@@ -56,6 +56,9 @@ async def ensure_group(
 ) -> GroupInfo:
     """The work of :meth:`Broker.ensure_group` (its docstring: arguments, result, errors)."""
     broker._require_leader()
+    # Even where a group of it exists (an earlier build created one): it can never
+    # receive anything. GROUP_DELETE still takes it, so such a group can go.
+    validation.check_not_dead_letters_of_dead_letters(topic)
     check_names(broker, topic, group)
     if visibility_timeout_ms is not None:
         # 1-99 first: IMPLAUSIBLE_TIME says what was probably meant (seconds).

@@ -47,12 +47,17 @@ def publish_topic_arg(text: str) -> str:
     return text
 
 
-def existing_name_arg(kind: str) -> Callable[[str], str]:
+def existing_name_arg(kind: str, *, consume: bool = False) -> Callable[[str], str]:
     """An argparse type for a topic or group to consume from or manage: the name grammar,
-    or a name stored by an earlier version (the server decides which exist)."""
+    or a name stored by an earlier version (the server decides which exist).
+
+    ``consume``: a topic to consume from or create a group of, so not ``T.dlq.dlq``
+    (:func:`~futureq.wire.validation.check_not_dead_letters_of_dead_letters`)."""
 
     def check(text: str) -> str:
         try:
+            if consume:
+                validation.check_not_dead_letters_of_dead_letters(text)
             validation.check_legacy_name(kind, text)
         except RequestError as exc:
             raise argparse.ArgumentTypeError(exc.message) from None

@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="receive messages as a member of a consumer group",
         description="Print each delivered message, then ack it (unless --no-ack/--nack).",
     )
-    consume.add_argument("topic", type=existing_name_arg("topic"))
+    consume.add_argument("topic", type=existing_name_arg("topic", consume=True))
     consume.add_argument(
         "--group",
         required=True,
@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     group = commands.add_parser("group", help="create, delete and list consumer groups")
     group_commands = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
     create = group_commands.add_parser("create", help="create a consumer group (idempotent)")
-    create.add_argument("topic", type=existing_name_arg("topic"))
+    create.add_argument("topic", type=existing_name_arg("topic", consume=True))
     create.add_argument("group", type=existing_name_arg("group"))
     create.add_argument(
         "--visibility-timeout",

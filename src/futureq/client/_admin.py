@@ -15,7 +15,7 @@ from futureq.client._base import ClientBase, _expect
 from futureq.client._browse import BrowsePage, DueCounts, counts_from_frame, page_from_frame
 from futureq.client._connection import Connection
 from futureq.errors import ConnectionLostError, RequestError
-from futureq.wire import frames
+from futureq.wire import frames, validation
 
 _EPOCH_MS: Final = "ms since the Unix epoch"
 
@@ -111,7 +111,9 @@ class AdminClient(ClientBase):
                 None keeps the group's setting (a new group: False).
 
         Raises:
-            RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`;
+                INVALID_TOPIC for ``T.dlq.dlq``, which never receives anything (raised
+                before sending, with the server's sentence).
             TypeError: an argument of the wrong type (a str ``max_deliveries``, say);
                 nothing was sent.
             ValueError: ``visibility_timeout_ms`` or ``max_deliveries`` beyond 64 bits
@@ -119,6 +121,7 @@ class AdminClient(ClientBase):
         """
         _checks.check_str("topic", topic)
         _checks.check_str("group", group)
+        validation.check_not_dead_letters_of_dead_letters(topic)  # the server's sentence
         _checks.check_wire_int(
             "visibility_timeout_ms", visibility_timeout_ms, unit="ms", optional=True
         )

@@ -36,7 +36,7 @@ from futureq.errors import (
     NotLeaderError,
     RequestError,
 )
-from futureq.wire import frames
+from futureq.wire import frames, validation
 
 UNSUBSCRIBE_GRACE_S: Final = 2.0
 """Longest leaving a ``subscribe`` block waits for RELEASE and UNSUBSCRIBE (seconds)."""
@@ -72,7 +72,9 @@ class ConsumingClient(ClientBase):
             The :class:`Subscription`; iterate it for :class:`Delivery` objects.
 
         Raises:
-            RequestError: SUBSCRIBE refused (INVALID_TOPIC, INVALID_GROUP, ...).
+            RequestError: SUBSCRIBE refused (INVALID_TOPIC, INVALID_GROUP, ...);
+                INVALID_TOPIC for ``T.dlq.dlq``, which never receives anything, is
+                raised before sending (with the server's sentence).
             ConnectionLostError: no server reachable within ``request_timeout_s``.
             ClientClosedError: the client was closed.
 
@@ -82,6 +84,8 @@ class ConsumingClient(ClientBase):
         and are delivered again (their attempt counted).
         """
         self._check_open()
+        if type(topic) is str:  # anything else: the server's INVALID_FIELD, as before
+            validation.check_not_dead_letters_of_dead_letters(topic)
         sub = Subscription(self, topic, group, prefetch, pull=pull)
         self._subscriptions[id(sub)] = sub
         try:

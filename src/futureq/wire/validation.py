@@ -257,13 +257,41 @@ def check_legacy_name(kind: str, value: str) -> None:
         check_name(kind, value)  # raises with the grammar's sentence
 
 
+def check_not_dead_letters_of_dead_letters(topic: str) -> None:
+    """Refuse ``T.dlq.dlq`` (and longer): the dead-letter topic of a dead-letter topic.
+
+    Nothing ever arrives there: a message of ``T.dlq`` that runs out of attempts is
+    parked in ``T.dlq``, not moved on (``docs/protocol.md``, "Dead letters"), so a group
+    of it would wait for ever. Checked wherever a topic to consume from or count enters
+    (SUBSCRIBE, GROUP_CREATE, BROWSE of an unknown topic, the CLI, the client library).
+
+    Raises:
+        RequestError: INVALID_TOPIC, naming the dead-letter topic to use instead.
+    """
+    base = topic.removesuffix(DLQ_SUFFIX)
+    if base == topic or not base.endswith(DLQ_SUFFIX):
+        return
+    root = base
+    while root.endswith(DLQ_SUFFIX):
+        root = root.removesuffix(DLQ_SUFFIX)
+    raise RequestError(
+        ErrorCode.INVALID_TOPIC,
+        f"topic {_shown(topic)} would be the dead-letter topic of the dead-letter topic "
+        f"{_shown(base)}, and nothing ever arrives there (a dead letter that runs out of "
+        f"attempts is parked where it is, not moved on): use {_shown(root + DLQ_SUFFIX)}, "
+        f"the dead letters of {_shown(root)}",
+    )
+
+
 def check_consumable_topic(topic: str) -> None:
     """Check a topic a client wants to consume from (SUBSCRIBE, GROUP_CREATE) that does
-    not exist yet: a valid name, or the dead-letter topic ``<valid name>.dlq``.
+    not exist yet: a valid name, or the dead-letter topic ``<valid name>.dlq`` (not
+    ``<name>.dlq.dlq``: :func:`check_not_dead_letters_of_dead_letters`).
 
     Raises:
         RequestError: INVALID_TOPIC.
     """
+    check_not_dead_letters_of_dead_letters(topic)
     base = topic.removesuffix(DLQ_SUFFIX)
     check_name("topic", base if base != topic and base else topic)
 
