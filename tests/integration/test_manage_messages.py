@@ -625,6 +625,35 @@ def test_counts_by_due_bucket_from_the_client_the_cli_and_http(broker: BrokerPro
     assert json.loads(bad.value.read())["code"] == "INVALID_ARGUMENT"
 
 
+def test_browse_counts_over_http_quotes_what_was_sent(broker: BrokerProcess) -> None:
+    """Found by a tester: ``bounds_ms=`` (empty) was "got None", and a relative bound too
+    far away was reported with "now" added to it. Each refusal quotes the value sent and
+    says what to send."""
+    with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+        client.create_group("quoted", "g")
+    base = f"http://{broker.http_address}/api/browse/counts?topic=quoted"
+
+    def refusal(query: str) -> str:
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            urllib.request.urlopen(f"{base}&{query}")
+        assert bad.value.code == 400
+        body = json.loads(bad.value.read())
+        assert body["code"] == "INVALID_ARGUMENT", body
+        message: str = body["message"]
+        return message
+
+    empty = refusal("bounds_ms=")
+    assert "bounds_ms is empty" in empty and "None" not in empty
+    assert "comma-separated integers" in empty
+    assert "is required" in refusal("relative=true")
+    assert "item 1 ('')" in refusal("bounds_ms=1,,2")
+    far = 9_223_372_036_854_775_000
+    message = refusal(f"bounds_ms=60000,{far}&relative=true")
+    assert f"bounds_ms[1] = {far} ms from now" in message and "send at most" in message
+    assert "bounds_ms[0] = -5:" in refusal("bounds_ms=-5,7&relative=true")
+    assert "bounds_ms[0] = -5 is not a time" in refusal("bounds_ms=-5,7")
+
+
 def test_publish_file_carries_headers_and_idempotency_keys(
     broker: BrokerProcess, tmp_path: Path
 ) -> None:

@@ -296,7 +296,9 @@ class HttpApp:
             return
         query_string = scope.get("query_string", b"").decode("latin-1")
         try:
-            query = dict(urllib.parse.parse_qsl(query_string))
+            # Blank values kept: ``bounds_ms=`` is an empty value the answer quotes,
+            # not a parameter left out.
+            query = dict(urllib.parse.parse_qsl(query_string, keep_blank_values=True))
             status, body, content_type = await self._answer(scope["path"], query, query_string)
         except Exception:
             logger.exception("HTTP %s %s failed", method, scope["path"])

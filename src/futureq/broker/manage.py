@@ -382,20 +382,36 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
     await broker.log.read_barrier()
     broker.require_leader()
     info = browse_group(broker, frame.topic, frame.group, "BROWSE_COUNTS")
+    # Each sentence quotes a bound as it was sent (found by a tester: a relative bound
+    # was reported with "now" already added to it).
+    last = len(bounds) - 1
     if frame.relative:
         now_ms = broker.stamp()
         if bounds[0] < 0:
             raise RequestError(
                 ErrorCode.INVALID_ARGUMENT,
-                f"BROWSE_COUNTS relative bounds are ms from now, >= 0; got {bounds[0]}",
+                f"BROWSE_COUNTS bounds_ms[0] = {bounds[0]}: relative bounds are ms from now, "
+                "so >= 0; send 0 or more",
+            )
+        latest = PARKED_DUE_MS - 1 - now_ms
+        if bounds[last] > latest:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"BROWSE_COUNTS bounds_ms[{last}] = {bounds[last]} ms from now "
+                f"({validation.readable_ms(bounds[last])}) ends after the last time a "
+                f"message can be due (2**63-2 ms since the Unix epoch); send at most "
+                f"{latest} ms (a bound past every due time counts what `later` counts)",
             )
         bounds = [now_ms + b for b in bounds]
-    if not 0 <= bounds[0] or not bounds[-1] < PARKED_DUE_MS:
-        raise RequestError(
-            ErrorCode.INVALID_ARGUMENT,
-            f"BROWSE_COUNTS bounds must lie in [0, 2**63-1) ms since the Unix epoch, got "
-            f"{bounds[0]} .. {bounds[-1]}",
-        )
+    else:
+        for position in (0, last):
+            if not 0 <= bounds[position] < PARKED_DUE_MS:
+                raise RequestError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"BROWSE_COUNTS bounds_ms[{position}] = {bounds[position]} is not a time "
+                    "in [0, 2**63-1) ms since the Unix epoch; send one, or ms from now "
+                    "with relative",
+                )
     due_counts = broker.due_counts
     group_id = info.group_id
     if purged_below(broker, group_id):
@@ -668,7 +684,8 @@ async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[
     if unknown:
         return bad(f"unknown parameters {unknown}; known: {sorted(_BROWSE_PARAMETERS)}")
     if not query.get("topic"):
-        return bad("the topic parameter is required: /api/browse?topic=NAME")
+        sent = "is empty" if "topic" in query else "is required"
+        return bad(f"the topic parameter {sent}: /api/browse?topic=NAME")
     numbers: dict[str, int | None] = {}
     for name, default in (
         ("from_due_ms", None),
@@ -757,13 +774,31 @@ async def browse_counts_json(broker: Broker, query: dict[str, str]) -> tuple[int
     if unknown:
         return bad(f"unknown parameters {unknown}; known: {sorted(_COUNTS_PARAMETERS)}")
     if not query.get("topic"):
-        return bad("the topic parameter is required: /api/browse/counts?topic=NAME&bounds_ms=...")
-    try:
-        bounds = [int(text) for text in query.get("bounds_ms", "").split(",")]
-    except ValueError:
+        sent = "is empty" if "topic" in query else "is required"
+        return bad(f"the topic parameter {sent}: /api/browse/counts?topic=NAME&bounds_ms=...")
+    # Each sentence quotes what was sent (found by a tester: an empty bounds_ms= was
+    # "got None").
+    bounds_text = query.get("bounds_ms")
+    example = "e.g. bounds_ms=60000,3600000&relative=true for the next minute and hour"
+    if bounds_text is None:
         return bad(
-            f"bounds_ms must be comma-separated integers (ms), got {query.get('bounds_ms')!r}"
+            f"the bounds_ms parameter is required: 1 to {MAX_COUNT_BOUNDS} "
+            f"comma-separated integers (ms), {example}"
         )
+    if not bounds_text.strip():
+        return bad(
+            f"bounds_ms is empty (bounds_ms={bounds_text}); give 1 to "
+            f"{MAX_COUNT_BOUNDS} comma-separated integers (ms), {example}"
+        )
+    bounds: list[int] = []
+    for position, text in enumerate(bounds_text.split(",")):
+        try:
+            bounds.append(int(text))
+        except ValueError:
+            return bad(
+                f"bounds_ms={bounds_text!r}: item {position} ({text.strip()!r}) is not an "
+                f"integer; give comma-separated integers (ms), {example}"
+            )
     relative_text = query.get("relative", "false").lower()
     if relative_text not in ("true", "false", "1", "0"):
         return bad(f"relative must be true or false, got {query['relative']!r}")
