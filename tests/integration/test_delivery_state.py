@@ -413,3 +413,50 @@ async def test_a_delivery_named_twice_in_one_settle_is_settled_once(broker: Brok
                         break
                     await trio.sleep(0.05)
         assert group_status(status, "twice", "g")["pending"] == 1  # the nacked one
+
+
+async def test_settling_a_settled_delivery_again_says_so(broker: BrokerProcess) -> None:
+    """Found by a tester: ``nack()``, ``release()`` or ``extend()`` of a delivery already
+    acked returned None, as if it had worked. Each now raises UNKNOWN_DELIVERY_TAG naming
+    the delivery and how it was settled, sends nothing for it, and settles the others of
+    the call; only an ack of an acked delivery is a no-op (an ack may be retried)."""
+    async with open_client(broker.client_address) as client:
+        await client.create_group("again", "g", visibility_timeout_ms=30_000)
+        await client.publish_batch([PublishItem("again", b"%d" % n) for n in range(3)])
+        async with client.subscribe("again", "g", prefetch=3) as sub:
+            acked, nacked, other = [await sub.__anext__() for _ in range(3)]
+            await acked.ack()
+            await nacked.nack(60_000)
+            await acked.ack()  # done already: nothing to say
+            calls: list[Callable[[], Any]] = [
+                lambda: acked.nack(),
+                lambda: acked.release(),
+                lambda: acked.extend(10_000),
+                lambda: nacked.ack(),
+                lambda: sub.nack([acked]),
+            ]
+            for call in calls:
+                with pytest.raises(RequestError) as raised:
+                    await call()
+                assert raised.value.code is ErrorCode.UNKNOWN_DELIVERY_TAG
+                message = raised.value.message
+                assert f"message {acked.id} " in message or f"message {nacked.id} " in message
+                assert "already SETTLED (" in message, message
+            with pytest.raises(RequestError) as raised:
+                await nacked.release()
+            assert "already SETTLED (nacked," in raised.value.message
+            # In a batch: the held one is settled, the settled one named at its position.
+            with pytest.raises(RequestError) as raised:
+                await sub.release([other, acked])
+            assert raised.value.item_index == 1 and "(acked," in raised.value.message
+            assert [d.state for d in (acked, nacked, other)] == [DeliveryState.SETTLED] * 3
+            again = await sub.__anext__()  # the released one comes back
+            assert again.id == other.id
+            await again.ack()
+    with SyncClient(broker.client_address) as sync_client:
+        sync_client.publish("again", b"s")  # (the nacked one is due in a minute)
+        [delivery] = sync_client.consume("again", "g", 1, timeout_s=10)
+        delivery.ack()
+        with pytest.raises(RequestError) as raised:
+            delivery.nack()
+        assert f"cannot nack delivery of message {delivery.id} " in raised.value.message

@@ -27,6 +27,7 @@ from futureq.client.subscription import (
     Delivery,
     DeliveryState,
     Subscription,
+    settled_error,
     void_error,
 )
 from futureq.errors import (
@@ -177,11 +178,13 @@ class ConsumingClient(ClientBase):
 
         Void deliveries (taken back, lost connection, ended subscription) are not sent;
         a tag the server refuses is left out and the rest sent again; then an error
-        names the ones left out. Deliveries already settled are skipped.
+        names the ones left out. Deliveries already settled are not sent either: an
+        ack of one acked is done already, any other settles nothing and is named by
+        the error (:func:`~futureq.client.subscription.settled_error`).
         """
         self._check_open()
         conn = self._live_connection()
-        to_send, left_out = _sort_out(deliveries, conn)
+        to_send, left_out, settled = _sort_out(deliveries, conn, how)
         if to_send and conn is not None:
             left_out += await self._settle_on(
                 conn,
@@ -193,9 +196,7 @@ class ConsumingClient(ClientBase):
                 reason=reason,
                 dead_letter=dead_letter,
             )
-        error = void_error(left_out, {id(d): i for i, d in enumerate(deliveries)})
-        if error is not None:
-            raise error
+        _raise_left_out(deliveries, left_out, settled, how)
 
     async def _settle_on(
         self,
@@ -229,7 +230,7 @@ class ConsumingClient(ClientBase):
                         for delivery in confirmed:
                             by_sub.setdefault(id(delivery._subscription), []).append(delivery)
                         for group in by_sub.values():
-                            group[0]._subscription._settled(conn, group)
+                            group[0]._subscription._settled(conn, group, how)
 
                 try:
                     await self._settle_request(conn, request, timeout_s, on_ok)
@@ -298,12 +299,10 @@ class ConsumingClient(ClientBase):
         """EXTEND deliveries (leader-local, immediate); a refused tag is left out."""
         self._check_open()
         conn = self._live_connection()
-        to_send, left_out = _sort_out(deliveries, conn)
+        to_send, left_out, settled = _sort_out(deliveries, conn, "extend")
         if to_send and conn is not None:
             left_out += await self._extend_on(conn, to_send, visibility_ms, self.request_timeout_s)
-        error = void_error(left_out, {id(d): i for i, d in enumerate(deliveries)})
-        if error is not None:
-            raise error
+        _raise_left_out(deliveries, left_out, settled, "extend")
 
     async def _extend_on(
         self, conn: Connection, deliveries: list[Delivery], visibility_ms: int, timeout_s: float
@@ -403,16 +402,20 @@ def _extend_frame(tags: list[bytes], visibility_ms: int) -> Callable[[int], fram
 
 
 def _sort_out(
-    deliveries: list[Delivery], conn: Connection | None
-) -> tuple[list[Delivery], list[Delivery]]:
-    """``(to send, void)``: held deliveries of the live connection, and the void ones.
+    deliveries: list[Delivery], conn: Connection | None, how: str
+) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
+    """``(to send, void, settled)`` for a settle call ``how`` (``ack``, ``nack``,
+    ``release``, ``extend``): held deliveries of the live connection, the void ones, and
+    the settled ones it cannot apply to.
 
-    Settled ones are in neither; held ones from a lost connection become void. A
-    delivery named twice is sent once (the server refuses a tag repeated in one
-    request, and the client then voided a delivery it went on to settle).
+    An ack of a delivery acked already is in none (done: an ack may be retried); held
+    ones from a lost connection become void. A delivery named twice is sent once (the
+    server refuses a tag repeated in one request, and the client then voided a
+    delivery it went on to settle).
     """
     to_send: list[Delivery] = []
     void: list[Delivery] = []
+    settled: list[Delivery] = []
     seen: set[int] = set()
     for delivery in deliveries:
         if id(delivery) in seen:
@@ -420,6 +423,8 @@ def _sort_out(
         seen.add(id(delivery))
         state = delivery._state
         if state is DeliveryState.SETTLED:
+            if not (how == "ack" and delivery._settled_as == "ack"):
+                settled.append(delivery)
             continue
         if state is DeliveryState.HELD and (conn is None or delivery._epoch != conn.epoch):
             delivery._void(LOST_REASON, "lost")
@@ -427,7 +432,26 @@ def _sort_out(
             void.append(delivery)
         else:
             to_send.append(delivery)
-    return to_send, void
+    return to_send, void, settled
+
+
+def _raise_left_out(
+    deliveries: list[Delivery], void: list[Delivery], settled: list[Delivery], how: str
+) -> None:
+    """Raise the error naming what a settle call left out (the others were sent): the
+    void ones' (:func:`void_error`) or the settled ones' (:func:`settled_error`),
+    whichever names the earlier position in ``deliveries``."""
+    positions = {id(d): i for i, d in enumerate(deliveries)}
+    errors = [
+        (positions.get(id(group[0]), 0), error)
+        for group, error in (
+            (void, void_error(void, positions)),
+            (settled, settled_error(settled, how, positions)),
+        )
+        if error is not None
+    ]
+    if errors:
+        raise min(errors, key=lambda pair: pair[0])[1]
 
 
 def _pop_refused_tag(exc: RequestError, chunk: list[Delivery]) -> Delivery | None:

@@ -111,6 +111,8 @@ class Delivery:
     _void_reason: str = ""
     _void_kind: str = ""
     _void_code: ErrorCode = ErrorCode.UNKNOWN_DELIVERY_TAG
+    _settled_as: str = ""
+    """How it was settled once SETTLED: ``ack``, ``nack`` or ``release``."""
     headers: dict[str, str] = attrs.Factory(dict)
 
     def __repr__(self) -> str:
@@ -147,6 +149,9 @@ class Delivery:
     async def ack(self) -> None:
         """Acknowledge: the message is done for this group (durable when this returns).
 
+        Acking a delivery again once the server confirmed its ack does nothing (so an
+        ack may be retried); every other settle call on a settled delivery raises.
+
         Raises:
             ConnectionLostError: the delivery came on a connection that has since been
                 lost (the broker will deliver it again), or the connection broke before
@@ -154,7 +159,11 @@ class Delivery:
             RequestError: UNKNOWN_DELIVERY_TAG: the server took it back (its visibility
                 timeout passed; see :meth:`extend`) and delivers it again;
                 DELIVERY_CANCELLED: its message was cancelled (CANCEL or PURGE) while
-                it was out: do not process it, it is not delivered again.
+                it was out: do not process it, it is not delivered again;
+                UNKNOWN_DELIVERY_TAG also, before anything is sent, when it is already
+                SETTLED: an ack of a nacked or released delivery, and (for the other
+                calls) a nack, release or extend of any settled one; the sentence
+                names the delivery and how it was settled.
             SubscriptionEndedError: its subscription was ended by the server.
         """
         await self._subscription.ack([self])
@@ -403,8 +412,9 @@ class Subscription:
             return float("inf")
         return self.visibility_timeout_ms * LEASE_REFRESH_FRACTION / 1000
 
-    def _settled(self, conn: Connection, deliveries: list[Delivery]) -> None:
-        """The server confirmed a settlement: give the credit back (window mode).
+    def _settled(self, conn: Connection, deliveries: list[Delivery], how: str) -> None:
+        """The server confirmed a settlement (``how``: ``ack``, ``nack`` or
+        ``release``): give the credit back (window mode).
 
         Runs from the reader (``on_answer``), so it happens even when the caller of
         ack/nack/release was cancelled meanwhile.
@@ -412,6 +422,7 @@ class Subscription:
         fresh = [d for d in deliveries if d._state is DeliveryState.HELD]
         for delivery in fresh:
             delivery._state = DeliveryState.SETTLED
+            delivery._settled_as = how
             self._handed.pop(delivery.tag, None)
         if not fresh or conn.epoch != self.epoch or self.subscription_id is None:
             return
@@ -635,6 +646,38 @@ class Subscription:
         self._closed = True
         self._buffer.clear()
         self._wake()
+
+
+_SETTLED_AS: dict[str, str] = {"ack": "acked", "nack": "nacked", "release": "released"}
+
+
+def settled_error(
+    deliveries: list[Delivery], how: str, positions: dict[int, int] | None = None
+) -> RequestError | None:
+    """The error naming deliveries a settle call (``how``: ``ack``, ``nack``,
+    ``release`` or ``extend``) left out because they were settled already, or None.
+
+    Found by a tester: a nack after an ack returned None, as if it had worked. The
+    server would refuse the tag the same way (UNKNOWN_DELIVERY_TAG: "already settled"),
+    so nothing is sent; ``item_index`` is the first one's position.
+    """
+    if not deliveries:
+        return None
+    first = deliveries[0]
+    named = (
+        f"delivery of message {first.id} (topic {first.topic!r}, group {first.group!r}, "
+        f"attempt {first.attempt})"
+    )
+    more = "" if len(deliveries) == 1 else f" and {len(deliveries) - 1} more"
+    done = _SETTLED_AS.get(first._settled_as, "settled")
+    index = None if positions is None else positions.get(id(first))
+    return RequestError(
+        ErrorCode.UNKNOWN_DELIVERY_TAG,
+        f"cannot {how} {named}{more}: it is already SETTLED ({done}, confirmed by the "
+        f"server), so nothing was sent for it; a delivery is settled once: {how} only "
+        "deliveries whose state is HELD",
+        index,
+    )
 
 
 def void_error(

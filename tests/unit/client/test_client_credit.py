@@ -82,11 +82,11 @@ async def test_credit_comes_back_for_confirmed_settlements_and_revokes() -> None
     assert [d.state for d in handed[:2]] == [DeliveryState.VOID] * 2
     assert sub._credit == 2 and conn.credits() == []
     # A confirmed ack of three gives three back, in one CREDIT.
-    sub._settled(conn, handed[2:])  # type: ignore[arg-type]
+    sub._settled(conn, handed[2:], "ack")  # type: ignore[arg-type]
     assert conn.credits() == [3] and sub._credit == 5
     assert all(d.settled for d in handed[2:])
     # A settlement confirmed twice counts once.
-    sub._settled(conn, handed[2:])  # type: ignore[arg-type]
+    sub._settled(conn, handed[2:], "ack")  # type: ignore[arg-type]
     assert conn.credits() == [] and sub._credit == 5
 
 
@@ -108,7 +108,7 @@ async def test_an_ended_subscription_voids_its_deliveries_and_ends_iteration() -
     assert held.state is DeliveryState.VOID and sub.end is end
     with pytest.raises(SubscriptionEndedError):
         await sub.__anext__()
-    sub._settled(conn, [held])  # type: ignore[arg-type]
+    sub._settled(conn, [held], "ack")  # type: ignore[arg-type]
     assert conn.credits() == []
 
 
@@ -130,7 +130,7 @@ async def test_pull_fetch_asks_for_what_it_still_wants_and_gives_back_the_rest()
     sub._receive(1, _deliver(7, [_tag(3)]))
     assert [d.tag for d in sub.to_release] == [_tag(3)] and sub.buffered == 0
     # Settling in pull mode gives no credit back; the next fetch asks for its own.
-    sub._settled(conn, got)  # type: ignore[arg-type]
+    sub._settled(conn, got, "ack")  # type: ignore[arg-type]
     assert conn.credits() == []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sub.fetch, 4, 0.05)
