@@ -99,3 +99,34 @@ def test_browse_cancel_reschedule_and_counts_see_no_purged_message(
     # The purge's chunks had not reached the group yet: the requests above saw its
     # entries still on disk.
     assert (client.group_pending("pr", "b") or 0) > 1000
+
+
+def test_status_counts_nothing_a_running_purge_removes_as_due(broker: BrokerProcess) -> None:
+    """Found with the faults above: right after a PURGE, STATUS still said its messages
+    were due (``due``, ``next_due_ms``, ``oldest_due_age_ms``), from the leader's
+    in-memory due order (group ``a``: a consumer had it loaded) and from disk (``b``)."""
+    client = WireClient(broker.client_address)
+    consumer = WireClient(broker.client_address)
+    for group in ("a", "b"):
+        _ok(client, frames.GroupCreate(client.next_id(), "ps", group, 30_000, 5))
+    _ok(client, frames.GroupCreate(client.next_id(), "ballast", "g", 30_000, 5))
+    for _ in range(20):
+        client.publish([["ballast", b"x", 60_000, None, None]] * 1000)
+    for _ in range(2):
+        client.publish([["ps", b"x", None, None, None]] * 1000)
+    consumer.subscribe("ps", "a", 1)
+    consumer.deliveries(1)
+
+    def groups() -> dict[str, dict[str, Any]]:
+        [topic] = [t for t in client.status()["topics"] if t["topic"] == "ps"]
+        return {g["group"]: g for g in topic["groups"]}
+
+    assert all(g["due"] > 0 for g in groups().values())
+    _ok(client, frames.GroupDelete(client.next_id(), "ballast", "g"))
+    assert _ok(client, frames.Purge(client.next_id(), "ps", None)) == 4000
+    for name, group in groups().items():
+        assert group["background"] == "purging" and group["pending"] > 1000, (name, group)
+        assert (group["due"], group["next_due_ms"], group["oldest_due_age_ms"]) == (0, None, 0), (
+            name,
+            group,
+        )

@@ -392,8 +392,11 @@ class Dispatcher:
                 return count
             start = commands.schedule_key(group_id, *unpack(runtime.loaded_until))
         stop = commands.schedule_key(group_id, now_ms + 1, 0)
-        for read, _ in enumerate(self.state.store.scan_keys("schedule", start, stop), 1):
-            count += 1
+        # A running PURGE's entries are gone, though its chunks have not removed them.
+        purged = dispatch_pass.purged_below(self, group_id)
+        for read, key in enumerate(self.state.store.scan_keys("schedule", start, stop), 1):
+            if not purged or commands.parse_schedule_key(key)[2] >= purged:
+                count += 1
             if read >= limit:
                 break
         return count
@@ -418,8 +421,13 @@ class Dispatcher:
                 return None
             start = commands.schedule_key(group_id, *unpack(runtime.loaded_until))
         stop = commands.schedule_key(group_id, now_ms + 1, 0)
-        for key in self.state.store.scan_keys("schedule", start, stop):
-            return commands.parse_schedule_key(key)[1]
+        purged = dispatch_pass.purged_below(self, group_id)  # gone (see due_count)
+        for read, key in enumerate(self.state.store.scan_keys("schedule", start, stop), 1):
+            _, due_ms, mid = commands.parse_schedule_key(key)
+            if mid >= purged:
+                return due_ms
+            if read >= DUE_COUNT_SCAN_ITEMS:
+                break
         return None
 
 

@@ -22,7 +22,7 @@ from futureq.state.commands import CommandKind
 from futureq.state.due_index import pack, unpack
 from futureq.state.records import PARKED_DUE_MS
 
-from . import dispatch_counters, dispatch_tasks
+from . import dispatch_counters, dispatch_pass, dispatch_tasks
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
@@ -181,8 +181,15 @@ def next_due_ms(dispatcher: Dispatcher, group_id: int) -> int | None:
         else commands.schedule_key(group_id, *unpack(hint))
     )
     stop = commands.schedule_key(group_id, PARKED_DUE_MS, 0)
-    for key in dispatcher.state.store.scan_keys("schedule", start, stop):
+    # A running PURGE's entries are gone, though its chunks have not removed them yet:
+    # looked past (at most MAX_PURGED_LOOKED_PAST), and the hint goes past them too.
+    purged = dispatch_pass.purged_below(dispatcher, group_id)
+    for read, key in enumerate(dispatcher.state.store.scan_keys("schedule", start, stop), 1):
         _, due_ms, mid = commands.parse_schedule_key(key)
+        if mid < purged:
+            if read >= MAX_PURGED_LOOKED_PAST:
+                return None  # many: the purge's chunks will have cleared them soon
+            continue
         dispatcher._seek_hints[group_id] = pack(due_ms, mid)
         return due_ms
     dispatcher._seek_hints[group_id] = pack(PARKED_DUE_MS, 0)
@@ -248,6 +255,11 @@ def on_unscheduled(
             dispatch_counters.counter(dispatcher, runtime, name).inc()
 
 
+MAX_PURGED_LOOKED_PAST: Final = 10_000
+"""Most entries of a running PURGE :func:`next_due_ms` looks past (keys only) before it
+answers None."""
+
+
 def on_group_changed(dispatcher: Dispatcher, group_id: int) -> None:
     """The work of :meth:`Dispatcher.on_group_changed` (its docstring: arguments, result, errors)."""
     state = dispatcher.state
@@ -275,6 +287,13 @@ def on_group_changed(dispatcher: Dispatcher, group_id: int) -> None:
         return
     if runtime is not None:
         runtime.info = info
+        purged = dispatch_pass.purged_below(dispatcher, group_id)
+        if purged:
+            # A PURGE started: its entries loaded before it are gone at once (not
+            # delivered, not counted due in STATUS), though its chunks remove them
+            # from disk bit by bit.
+            for mid in runtime.index.discard_ids_below(purged):
+                runtime.released.pop(mid, None)
         for consumer in runtime.consumers:
             dispatcher.hub.send_settings(consumer, info)  # SUBSCRIPTION_INFO, if they changed
         dispatcher.hub.touched.add(group_id)  # settings changed: look again

@@ -165,6 +165,19 @@ class DueIndex:
         self._forget_extra(mid)
         return packed >> _SHIFT, mid
 
+    def discard_ids_below(self, bound_id: int) -> list[int]:
+        """Remove every entry of a message whose id is below ``bound_id`` (a PURGE's);
+        O(n). Returns their ids."""
+        kept: list[int] = []
+        gone: list[int] = []
+        for packed in self._due:
+            (gone if packed & _MASK < bound_id else kept).append(packed)
+        if gone:
+            self._due = SortedList(kept)
+            for packed in gone:
+                self._forget_extra(packed & _MASK)
+        return [packed & _MASK for packed in gone]
+
     def clear(self) -> None:
         """Remove every entry."""
         self._due.clear()

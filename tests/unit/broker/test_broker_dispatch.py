@@ -1235,9 +1235,24 @@ def test_a_purge_revokes_held_deliveries_as_cancelled() -> None:
     assert (info.value.code, info.value.item_index) == (ErrorCode.DELIVERY_CANCELLED, 0)
 
 
+def _next_due_by_full_seek(env: Env, gid: int) -> int | None:
+    """The group's earliest deliverable due time by a seek from its start, leaving out a
+    running purge's entries (gone, though its chunks have not removed them yet)."""
+    job = env.state.purging.get(gid)
+    bound = 0 if job is None else job.bound_id
+    start = gid.to_bytes(4, "big")
+    stop = commands.schedule_key(gid, PARKED_DUE_MS, 0)
+    for key in env.state.store.scan_keys("schedule", start, stop):
+        _, due_ms, mid = commands.parse_schedule_key(key)
+        if mid >= bound:
+            return due_ms
+    return None
+
+
 def test_next_due_from_the_seek_hint_always_matches_a_full_seek() -> None:
     """The hinted seek (status during a purge) agrees with a seek from the group's
-    start after every kind of change: removals, earlier publishes, moves, backfill."""
+    start after every kind of change: removals, earlier publishes, moves, backfill; a
+    running purge's entries count in neither."""
     import random
 
     env = Env()
@@ -1262,11 +1277,11 @@ def test_next_due_from_the_seek_hint_always_matches_a_full_seek() -> None:
             env.log.apply(commands.purge_group(gid, rng.randrange(1, 10)))
             mids = [m for m in mids if env.state.entry_key(m, gid) is not None]
         if step % 3 == 0 or action == 4:
-            assert env.dispatcher.next_due_ms(gid) == env.state.next_due_ms(gid), step
+            assert env.dispatcher.next_due_ms(gid) == _next_due_by_full_seek(env, gid), step
             checks += 1
     assert checks > 50
     env.dispatcher.on_groups_changed()  # a snapshot: the hint is forgotten
-    assert env.dispatcher.next_due_ms(gid) == env.state.next_due_ms(gid)
+    assert env.dispatcher.next_due_ms(gid) == _next_due_by_full_seek(env, gid)
 
 
 # ---------------------------------------------------------------- batched notifications
