@@ -569,13 +569,18 @@ class Subscription:
 
         Deliveries that are void (taken back by the server, or from a lost connection)
         are not sent; the others are acked, then an error names the void ones. A
-        delivery the server refuses is left out and the rest sent again.
+        delivery the server refuses is left out and the rest sent again. One already
+        SETTLED is not sent either: done if it was acked, else named by the error
+        (the same for :meth:`nack`, :meth:`release` and :meth:`extend`, where any
+        settled one is named).
 
         Raises:
             ConnectionLostError: a delivery came on a lost connection, or the
                 connection broke before the answer (outcome unknown).
             RequestError: UNKNOWN_DELIVERY_TAG naming the first delivery the server
-                took back (its ``item_index`` is its position in ``deliveries``).
+                took back, or the first one already settled (nacked or released; the
+                sentence says which), its ``item_index`` its position in
+                ``deliveries``.
             SubscriptionEndedError: the subscription was ended by the server.
             ClientClosedError: the client was closed.
         """
