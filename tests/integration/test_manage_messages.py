@@ -652,6 +652,12 @@ def test_browse_counts_over_http_quotes_what_was_sent(broker: BrokerProcess) -> 
     assert f"bounds_ms[1] = {far} ms from now" in message and "send at most" in message
     assert "bounds_ms[0] = -5:" in refusal("bounds_ms=-5,7&relative=true")
     assert "bounds_ms[0] = -5 is not a time" in refusal("bounds_ms=-5,7")
+    # /api/browse the same way.
+    browse = f"http://{broker.http_address}/api/browse?topic=quoted"
+    for query, quoted in (("cursor=zz", "cursor='zz' is not hex"), ("limit=", "limit=''")):
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            urllib.request.urlopen(f"{browse}&{query}")
+        assert quoted in json.loads(bad.value.read())["message"]
 
 
 def test_publish_file_carries_headers_and_idempotency_keys(

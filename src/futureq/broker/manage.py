@@ -697,7 +697,8 @@ async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[
         try:
             numbers[name] = default if text is None else int(text)
         except ValueError:
-            return bad(f"{name} must be an integer, got {text!r}")
+            fix = "" if default is None else f" (or leave it out for {default})"
+            return bad(f"{name} must be an integer, got {name}={text[:80]!r}{fix}")
     cursor = None
     if query.get("cursor"):
         try:
@@ -705,7 +706,8 @@ async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[
         except ValueError:
             return 400, {
                 "code": ErrorCode.INVALID_CURSOR.name,
-                "message": "cursor must be the hex next_cursor of the previous page",
+                "message": f"cursor={query['cursor'][:80]!r} is not hex: send the next_cursor "
+                "of the previous page unchanged, or leave cursor out to start over",
             }
     frame = frames.Browse(
         0,
