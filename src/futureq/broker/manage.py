@@ -694,8 +694,11 @@ async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[
         ("preview_bytes", 0),
     ):
         text = query.get(name)
+        if text is None:
+            numbers[name] = default
+            continue
         try:
-            numbers[name] = default if text is None else int(text)
+            numbers[name] = int(text)
         except ValueError:
             fix = "" if default is None else f" (or leave it out for {default})"
             return bad(f"{name} must be an integer, got {name}={text[:80]!r}{fix}")
