@@ -94,6 +94,19 @@ REQUESTS = {
 }
 
 
+def _tls(tmp_path: Path) -> tuple[TlsConfig, ssl.SSLContext]:
+    """HTTPS for 127.0.0.1 with a trustme CA: the server's settings, a client context."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    tls = TlsConfig(
+        cert_file=str(tmp_path / "server.pem"), key_file=str(tmp_path / "server.pem"), http=True
+    )
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    return tls, context
+
+
 @pytest.mark.parametrize("request_bytes, status", REQUESTS.values(), ids=REQUESTS.keys())
 async def test_a_half_closed_client_gets_its_whole_answer_and_its_slot_back(
     request_bytes: bytes, status: int
@@ -126,14 +139,7 @@ async def test_a_half_closed_client_gets_every_answer_it_asked_for() -> None:
 async def test_a_client_half_closing_its_tcp_side_under_tls_gets_its_answer(
     tmp_path: Path,
 ) -> None:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
-    tls = TlsConfig(
-        cert_file=str(tmp_path / "server.pem"), key_file=str(tmp_path / "server.pem"), http=True
-    )
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
+    tls, context = _tls(tmp_path)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             address = await _start(nursery, delay=0.2, idle_timeout_ms=60_000, tls=tls)
@@ -203,14 +209,7 @@ async def test_a_tls_client_that_sends_close_notify_after_its_answer_gives_its_s
     # Found by a tester: curl sends close_notify once it has read its answer; the server
     # took no notice (the TCP stream sees no EOF under TLS), so each such connection held
     # its slot for the idle timeout and the 33rd curl from one host was refused.
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
-    tls = TlsConfig(
-        cert_file=str(tmp_path / "server.pem"), key_file=str(tmp_path / "server.pem"), http=True
-    )
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
+    tls, context = _tls(tmp_path)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             address = await _start(nursery, delay=0.0, idle_timeout_ms=60_000, tls=tls)
