@@ -339,7 +339,9 @@ class ClientBase:
         Raises:
             ConnectionLostError: every one failed; the message names each and why.
                 :class:`UnknownHostError` when no server's host name resolves.
-            RemoteProtocolError: a server refused the HELLO (AUTH_FAILED, ...).
+            RemoteProtocolError: a server given (:attr:`servers`) refused the HELLO
+                (AUTH_FAILED, ...); a learned member's refusal is only its attempt's
+                failure.
         """
         order = self._connect_order()
         errors: dict[int, str] = {}
@@ -367,6 +369,16 @@ class ClientBase:
                 failed.set()
                 return
             except RemoteProtocolError as exc:
+                if address not in self.servers:
+                    # A member a server named, not one given: its refusal (another
+                    # token, a node configured apart) is that address's failure, not
+                    # the client's; fatal, it would end the client for ever though
+                    # the servers given accept it.
+                    errors[index] = f"{address} refused the connection: {exc}"
+                    if address == self._leader_hint:
+                        self._leader_hint = None
+                    failed.set()
+                    return
                 refused.append(exc)
                 group.cancel_scope.cancel()
                 return
@@ -409,8 +421,8 @@ class ClientBase:
         Before ``task_status.started()`` (the first connection) errors are raised to
         :func:`open_client` once ``connect_timeout_s`` has passed (at once when no
         server's host name resolves: :class:`UnknownHostError`); afterwards the loop
-        retries for ever, except after a refused HELLO (AUTH_FAILED, ...), which is
-        stored and raised by every later call. With ``keep_trying`` (a shard's client
+        retries for ever, except after a server given refused the HELLO (AUTH_FAILED,
+        ...), which is stored and raised by every later call. With ``keep_trying`` (a shard's client
         of a :class:`ShardedClient`, started without waiting) the first connection is
         retried for ever too: calls wait for it until their own deadline.
         """
