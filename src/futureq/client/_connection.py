@@ -185,7 +185,8 @@ class Connection:
         self.leader_address = hello.leader_address
         self.max_frame_bytes = hello.max_frame_bytes
         self.server_version = hello.server_version
-        self.members: tuple[str, ...] = hello.members or ()
+        # Members are a version 2 field: a version 1 answer carrying them is ignored.
+        self.members: tuple[str, ...] = (hello.members or ()) if hello.version >= 2 else ()
         self._on_push = on_push
         self._requests: RequestTable[_Waiter] = RequestTable()
         self._write_send, self._write_receive = anyio.create_memory_object_stream[bytes](
@@ -546,7 +547,8 @@ async def connect(
             closed during the handshake (the message names the address);
             :class:`UnknownHostError` when its host name does not resolve.
         RemoteProtocolError: the server refused HELLO (AUTH_FAILED,
-            UNSUPPORTED_VERSION, ...): retrying will not help.
+            UNSUPPORTED_VERSION, ...), or its HELLO_OK named a version not offered
+            (UNSUPPORTED_VERSION): retrying will not help.
     """
     try:
         host, port = split_host_port(address)
@@ -592,6 +594,15 @@ async def connect(
         await _abort(stream)
         raise ConnectionLostError(
             f"{address} answered HELLO with {type(answer).__name__}; is it a FutureQ server?"
+        )
+    if answer.version not in hello.versions:
+        # docs/protocol.md, "Connection setup": the frames of a version this client
+        # did not offer may mean something else; reading on would guess.
+        await _abort(stream)
+        raise RemoteProtocolError(
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"{address} answered HELLO with protocol version {answer.version}, which this "
+            f"client did not offer (it speaks {', '.join(map(str, hello.versions))})",
         )
     decoder.max_frame_bytes = max(decoder.max_frame_bytes, answer.max_frame_bytes)
     return Connection(stream, decoder, address, epoch, answer, on_push)

@@ -73,6 +73,7 @@ class FakeBroker:
         self.connections: list[FakeConnection] = []
         self.topic_groups: dict[str, list[str]] = collections.defaultdict(list)
         self.unavailable_acks = 0  # answer this many ACKs UNAVAILABLE (a transfer)
+        self.hello_version: int | None = None  # HELLO_OK's version, if not the usual
 
     async def serve(
         self, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
@@ -120,6 +121,8 @@ class FakeBroker:
                 await conn.stream.aclose()
                 return
             version = 1 if self.members is None else 2
+            if self.hello_version is not None:
+                version = self.hello_version
             await conn.send(
                 frames.HelloOk(
                     rid, version, 1, self.redirect_to, 4 * 1024 * 1024, "fake", 1, self.members
@@ -571,6 +574,29 @@ async def test_auth_failure_is_not_retried() -> None:
                 pass  # pragma: no cover
         assert info.value.code is ErrorCode.AUTH_FAILED
         async with _client(fake.address, token="secret") as client:
+            assert await client.publish("t", b"x") == 1
+
+
+@on_both_backends
+async def test_a_hello_ok_naming_a_version_not_offered_is_refused() -> None:
+    """HELLO_OK must name a version the client offered (docs/protocol.md, "Connection
+    setup"); before, the client took version 3 and read on as if it were 1 or 2."""
+    async with serving(members=()) as fake:
+        fake.hello_version = 3
+        with pytest.raises(RemoteProtocolError) as info:
+            async with _client(fake.address):
+                pass  # pragma: no cover
+        assert info.value.code is ErrorCode.UNSUPPORTED_VERSION
+        assert "version 3" in info.value.message
+
+
+@on_both_backends
+async def test_members_in_a_version_1_hello_ok_are_not_learned() -> None:
+    """``members`` is a version 2 field: a version 1 answer carrying it is not used."""
+    async with serving(members=("127.0.0.1:1",)) as fake:
+        fake.hello_version = 1
+        async with _client(fake.address) as client:
+            assert client._known_servers() == [fake.address]
             assert await client.publish("t", b"x") == 1
 
 
