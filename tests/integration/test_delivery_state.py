@@ -460,3 +460,50 @@ async def test_settling_a_settled_delivery_again_says_so(broker: BrokerProcess) 
         with pytest.raises(RequestError) as raised:
             delivery.nack()
         assert f"cannot nack delivery of message {delivery.id} " in raised.value.message
+
+
+async def test_two_tasks_settling_one_delivery_at_once_keep_the_window(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a tester: two tasks acking one delivery at once both sent its tag; the
+    server refused the second (already settled), that refusal voided the delivery
+    before the first ack's confirmation came, and the confirmation then gave no credit
+    back. With prefetch 1 the subscription received nothing more, ever, and the ack
+    that worked left the delivery VOID. Now the second call waits for the first and
+    sees its outcome: a second ack does nothing, a nack raises naming the ack."""
+    async with open_client(broker.client_address) as client:
+        await client.create_group("racing", "g", visibility_timeout_ms=30_000)
+        await client.publish_batch([PublishItem("racing", b"%d" % n) for n in range(3)])
+        async with client.subscribe("racing", "g", prefetch=1) as sub:
+            first = await sub.__anext__()
+            outcomes: list[str] = []
+
+            async def settle(call: Callable[[], Any]) -> None:
+                try:
+                    await call()
+                    outcomes.append("done")
+                except RequestError as exc:
+                    outcomes.append(exc.message)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(settle, first.ack)
+                nursery.start_soon(settle, first.ack)
+            assert outcomes == ["done", "done"]
+            assert first.state is DeliveryState.SETTLED
+            with trio.fail_after(10):
+                second = await sub.__anext__()  # before: never came
+            outcomes.clear()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(settle, second.ack)
+                nursery.start_soon(settle, lambda: second.nack(60_000))
+            # Either may go first (trio orders a batch of tasks at random): one is
+            # done, the other raises naming it.
+            assert outcomes[0] == "done", outcomes
+            assert "already SETTLED (" in outcomes[1], outcomes
+            assert second.state is DeliveryState.SETTLED
+            with trio.fail_after(10):
+                third = await sub.__anext__()
+            await third.ack()
+        status = await client.status()
+        nack_won = "(nacked," in outcomes[1]  # then it is due again in a minute
+        assert group_status(status, "racing", "g")["pending"] == (1 if nack_won else 0)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Final
 
 import anyio
@@ -183,19 +183,21 @@ class ConsumingClient(ClientBase):
         the error (:func:`~futureq.client.subscription.settled_error`).
         """
         self._check_open()
+        await _after_calls_under_way(deliveries)
         conn = self._live_connection()
         to_send, left_out, settled = _sort_out(deliveries, conn, how)
         if to_send and conn is not None:
-            left_out += await self._settle_on(
-                conn,
-                sub,
-                to_send,
-                how,
-                requeue_delay_ms,
-                self.request_timeout_s,
-                reason=reason,
-                dead_letter=dead_letter,
-            )
+            with _under_way(to_send):
+                left_out += await self._settle_on(
+                    conn,
+                    sub,
+                    to_send,
+                    how,
+                    requeue_delay_ms,
+                    self.request_timeout_s,
+                    reason=reason,
+                    dead_letter=dead_letter,
+                )
         _raise_left_out(deliveries, left_out, settled, how)
 
     async def _settle_on(
@@ -298,10 +300,14 @@ class ConsumingClient(ClientBase):
     ) -> None:
         """EXTEND deliveries (leader-local, immediate); a refused tag is left out."""
         self._check_open()
+        await _after_calls_under_way(deliveries)
         conn = self._live_connection()
         to_send, left_out, settled = _sort_out(deliveries, conn, "extend")
         if to_send and conn is not None:
-            left_out += await self._extend_on(conn, to_send, visibility_ms, self.request_timeout_s)
+            with _under_way(to_send):
+                left_out += await self._extend_on(
+                    conn, to_send, visibility_ms, self.request_timeout_s
+                )
         _raise_left_out(deliveries, left_out, settled, "extend")
 
     async def _extend_on(
@@ -399,6 +405,34 @@ def _release_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:
 
 def _extend_frame(tags: list[bytes], visibility_ms: int) -> Callable[[int], frames.Frame]:
     return lambda rid: frames.Extend(rid, tags, visibility_ms)
+
+
+async def _after_calls_under_way(deliveries: list[Delivery]) -> None:
+    """Wait until no other settle or extend call has any of ``deliveries`` on the
+    wire. Two tasks settling one delivery at once sent its tag twice: the server
+    refused the second (already settled), the refusal voided the delivery before the
+    first call's confirmation came, and that confirmation then gave no credit back,
+    so each such race shrank the subscription's window for good. Now the second call
+    sees the first one's outcome (an ack of an acked delivery does nothing; anything
+    else raises, naming how it was settled)."""
+    for delivery in deliveries:
+        while delivery._under_way is not None:
+            await delivery._under_way.wait()
+
+
+@contextmanager
+def _under_way(deliveries: list[Delivery]) -> Iterator[None]:
+    """Mark ``deliveries`` as on the wire for the block (:func:`_after_calls_under_way`)."""
+    done = anyio.Event()
+    for delivery in deliveries:
+        delivery._under_way = done
+    try:
+        yield
+    finally:
+        for delivery in deliveries:
+            if delivery._under_way is done:
+                delivery._under_way = None
+        done.set()
 
 
 def _sort_out(

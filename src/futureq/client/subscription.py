@@ -114,6 +114,10 @@ class Delivery:
     _settled_as: str = ""
     """How it was settled once SETTLED: ``ack``, ``nack`` or ``release``."""
     headers: dict[str, str] = attrs.Factory(dict)
+    _under_way: anyio.Event | None = attrs.field(default=None, init=False)
+    """Set while a settle or extend call has it on the wire; another call waits for
+    it (``futureq.client._consuming``), else the server refuses the tag the second
+    time and the refusal voided a delivery the first call settled."""
 
     def __repr__(self) -> str:
         return (
