@@ -52,6 +52,16 @@ WRITE_COALESCE_BYTES: Final = 256 * 1024
 """The writer joins queued frames into one ``send_all`` up to this size (bytes)."""
 CLOSE_GRACE_S: Final = 1.0
 """Longest a closing connection waits for its socket to close (seconds)."""
+SILENT_SERVER_S: Final = 5.0
+"""A request that times out after at least this long (seconds) with not one byte
+heard on its connection since it was sent makes the client PING the server; no
+answer within :data:`PING_PROBE_S` closes the connection: the server is stopped or
+hung (its TCP connection stays open), so the next call reconnects, perhaps to a new
+leader, instead of waiting on it again. A server that is only slow answers the PING
+(requests run in their own tasks there) and keeps the connection. Shorter deadlines
+say nothing about the server and probe nothing."""
+PING_PROBE_S: Final = 2.0
+"""How long the PING of a silent connection may take (seconds), see above."""
 
 CLIENT_NAME: Final = f"futureq-client/{__version__}"
 
@@ -197,6 +207,11 @@ class Connection:
         self._cancel_scope = anyio.CancelScope()
         self._lost = anyio.Event()
         self.lost_reason: ConnectionLostError | None = None
+        self._last_heard = anyio.current_time()
+        """When bytes last came from the server (``anyio.current_time()``)."""
+        self._probe = anyio.Event()
+        """Set when a request timed out on a silent connection: :meth:`_probe_loop`
+        PINGs the server and closes the connection if nothing comes."""
 
     @property
     def is_lost(self) -> bool:
@@ -232,6 +247,7 @@ class Connection:
                 async with anyio.create_task_group() as nursery:
                     nursery.start_soon(self._read_loop)
                     nursery.start_soon(self._write_loop)
+                    nursery.start_soon(self._probe_loop)
         finally:
             if self.lost_reason is None:
                 self.lost_reason = ConnectionLostError(f"connection to {self.address} closed")
@@ -250,6 +266,7 @@ class Connection:
                 frame = decoder.next_frame()
                 if frame is codec.NEED_DATA:
                     decoder.receive_data(await _receive(self._stream))
+                    self._last_heard = anyio.current_time()
                     continue
                 if frame is codec.CLOSED:
                     self._fail(ConnectionLostError(f"server {self.address} closed the connection"))
@@ -263,6 +280,25 @@ class Connection:
             self._fail(
                 ConnectionLostError(f"connection to {self.address} broke: {_broken_reason(exc)}")
             )
+
+    async def _probe_loop(self) -> None:
+        """PING a server that let a request time out without sending a byte; close
+        the connection if nothing comes within :data:`PING_PROBE_S` either."""
+        while True:
+            await self._probe.wait()
+            asked = anyio.current_time()
+            self.request_nowait(lambda request_id: frames.Ping(request_id))
+            await anyio.sleep(PING_PROBE_S)
+            if self._last_heard < asked:
+                self._fail(
+                    ConnectionLostError(
+                        f"{self.address} answered nothing, not even a PING, for "
+                        f"{anyio.current_time() - asked:.1f} s after a request timed out "
+                        "(stopped or hung); reconnecting"
+                    )
+                )
+                return
+            self._probe = anyio.Event()
 
     def _dispatch(self, frame: frames.Frame) -> None:
         if isinstance(frame, _PUSHES):
@@ -454,6 +490,7 @@ class Connection:
                 raise NotSentError(
                     f"no room to send to {self.address} before the deadline; nothing was sent"
                 )
+            sent_at = anyio.current_time()
             with anyio.CancelScope(deadline=deadline):
                 await waiter.event.wait()
         finally:
@@ -466,6 +503,8 @@ class Connection:
         if waiter.error is not None:
             raise waiter.error
         if waiter.frame is None:
+            if self._last_heard < sent_at and anyio.current_time() - sent_at >= SILENT_SERVER_S:
+                self._probe.set()  # not a byte since it was sent: is the server there?
             raise RequestError(
                 ErrorCode.TIMEOUT,
                 f"no answer from {self.address} to {type(frame).__name__.upper()} "

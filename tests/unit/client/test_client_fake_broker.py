@@ -21,7 +21,7 @@ import anyio.abc
 import pytest
 from tests.backends import on_both_backends
 
-from futureq.client import PublishItem, open_client
+from futureq.client import PublishItem, _connection, open_client
 from futureq.client._base import CONNECT_STAGGER_S
 from futureq.client.subscription import DeliveryState
 from futureq.errors import (
@@ -74,6 +74,7 @@ class FakeBroker:
         self.topic_groups: dict[str, list[str]] = collections.defaultdict(list)
         self.unavailable_acks = 0  # answer this many ACKs UNAVAILABLE (a transfer)
         self.hello_version: int | None = None  # HELLO_OK's version, if not the usual
+        self.silent: set[type[frames.Frame]] = set()  # frame types it never answers
 
     async def serve(
         self, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
@@ -128,6 +129,8 @@ class FakeBroker:
                     rid, version, 1, self.redirect_to, 4 * 1024 * 1024, "fake", 1, self.members
                 )
             )
+            return
+        if type(frame) in self.silent:
             return
         if (self.redirect_to is not None or self.leaderless) and not isinstance(frame, frames.Ping):
             await conn.send(
@@ -598,6 +601,31 @@ async def test_members_in_a_version_1_hello_ok_are_not_learned() -> None:
         async with _client(fake.address) as client:
             assert client._known_servers() == [fake.address]
             assert await client.publish("t", b"x") == 1
+
+
+@pytest.mark.parametrize("pings", [True, False], ids=["slow", "hung"])
+@on_both_backends
+async def test_a_request_timing_out_on_a_silent_connection_pings_the_server(
+    pings: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that times out with not a byte heard since it was sent makes the
+    client PING: a server that answers (only slow) keeps the connection; one that
+    answers nothing (stopped, hung) loses it, so the next call reconnects."""
+    monkeypatch.setattr(_connection, "SILENT_SERVER_S", 0.2)
+    monkeypatch.setattr(_connection, "PING_PROBE_S", 0.3)
+    async with serving() as fake:
+        fake.silent = {frames.Publish} if pings else {frames.Publish, frames.Ping}
+        async with _client(fake.address, request_timeout_s=0.5) as client:
+            conn = client._conn
+            with pytest.raises(RequestError) as timed_out:
+                await client.publish("t", b"x")
+            assert timed_out.value.code is ErrorCode.TIMEOUT
+            await anyio.sleep(0.6)
+            assert conn is not None
+            if pings:
+                assert not conn.is_lost
+            else:
+                assert conn.is_lost and "not even a PING" in str(conn.lost_reason)
 
 
 @on_both_backends
