@@ -388,12 +388,19 @@ class ClientBase:
             won.append((address, conn))
             group.cancel_scope.cancel()
 
-        async with anyio.create_task_group() as group:
-            for index, address in enumerate(order):
-                failed = anyio.Event()
-                group.start_soon(attempt, index, address, failed)
-                with anyio.move_on_after(CONNECT_STAGGER_S):
-                    await failed.wait()
+        try:
+            async with anyio.create_task_group() as group:
+                for index, address in enumerate(order):
+                    failed = anyio.Event()
+                    group.start_soon(attempt, index, address, failed)
+                    with anyio.move_on_after(CONNECT_STAGGER_S):
+                        await failed.wait()
+        except BaseException:
+            # Cancelled from outside (the client closing) after a server answered: that
+            # connection will never run; close it rather than leave its socket open.
+            for _, conn in won:
+                await conn.discard("the client stopped connecting")
+            raise
         if refused:
             for _, conn in won:
                 await conn.discard()

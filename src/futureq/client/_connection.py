@@ -226,9 +226,13 @@ class Connection:
         """Close the connection (idempotent); waiting requests fail with ``reason``."""
         self._fail(ConnectionLostError(reason))
 
-    async def discard(self) -> None:
-        """Close a connection that was never run (another server answered first)."""
-        self._fail(ConnectionLostError("another server answered first"))
+    async def discard(self, reason: str = "another server answered first") -> None:
+        """Close a connection that was never run (another server answered first, or
+        the client stopped connecting): its socket and its write queue."""
+        self._fail(ConnectionLostError(reason))
+        self._write_send.close()
+        self._write_receive.close()
+        self._lost.set()
         await _abort(self._stream)
 
     def _fail(self, reason: ConnectionLostError) -> None:

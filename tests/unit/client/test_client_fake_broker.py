@@ -527,6 +527,32 @@ async def test_a_server_that_never_answers_hello_costs_the_stagger_not_the_timeo
 
 
 @on_both_backends
+async def test_a_connection_discarded_unrun_leaves_nothing_open() -> None:
+    """The loser of a staggered connect, or a winner the client stopped connecting for,
+    is never run: discarding it closes its socket and its write queue (found by the CI
+    fault-injection run: an unclosed socket and memory streams when a client closed
+    while a server had just answered)."""
+    async with serving() as broker:
+        conn = await _connection.connect(
+            broker.address,
+            epoch=1,
+            on_push=lambda conn, frame: None,
+            ssl_context=None,
+            server_hostname=None,
+            token=None,
+            timeout_s=5.0,
+        )
+        await conn.discard("the client stopped connecting")
+        assert conn.is_lost and "stopped connecting" in str(conn.lost_reason)
+        with pytest.raises(anyio.ClosedResourceError):
+            conn._write_send.send_nowait(b"x")
+        with pytest.raises(anyio.ClosedResourceError):
+            conn._write_receive.receive_nowait()
+        with pytest.raises((anyio.ClosedResourceError, OSError)):
+            await conn._stream.send(b"x")
+
+
+@on_both_backends
 async def test_reconnect_resubscribes_and_voids_old_deliveries() -> None:
     async with serving() as broker:
         async with _client(broker.address) as client:
