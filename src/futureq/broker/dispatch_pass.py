@@ -48,14 +48,6 @@ NOT_ALLOWED_RETRY_MS = 50
 this long (ms)."""
 
 
-def purged_below(dispatcher: Dispatcher, group_id: int) -> int:
-    """Message ids below this one are a PURGE's, in group ``group_id``: its PURGE_GROUP
-    chunks remove their entries from disk bit by bit, and none may be handed out (or
-    expired or dead-lettered) meanwhile; 0 when no purge runs."""
-    job = dispatcher.state.purging.get(group_id)
-    return 0 if job is None else job.bound_id
-
-
 def dispatch_once(dispatcher: Dispatcher) -> float:
     """The work of :meth:`Dispatcher.dispatch_once` (its docstring: arguments, result, errors)."""
     if not dispatcher.active:
@@ -202,7 +194,7 @@ def dispatch_group(
     """One group's share of a pass; returns when the group next needs a look (ms)."""
     next_ms = refill(dispatcher, runtime, now_ms)
     gid = runtime.info.group_id
-    purged = purged_below(dispatcher, gid)
+    purged = dispatcher.state.purged_below(gid)
     for due_ms, mid, expire_ms, attempt in runtime.index.pop_expired(now_ms, EXPIRE_BATCH_ITEMS):
         if mid < purged:
             continue  # the purge's (a dead_letter_expired group must not keep it)
@@ -250,7 +242,7 @@ def refill(dispatcher: Dispatcher, runtime: GroupRuntime, now_ms: int) -> float:
     count = 0
     last = runtime.loaded_until
     in_flight = dispatcher.hub.in_flight
-    purged = purged_below(dispatcher, gid)
+    purged = dispatcher.state.purged_below(gid)
     for due_ms, mid, attempt, expire_ms, released in dispatcher.state.scan_schedule_entries(
         gid, start_due, start_mid, limit
     ):
@@ -298,7 +290,7 @@ def deliver(
     if not runtime.consumers or next_due is None or next_due > now_ms:
         return delivered
     max_deliveries = info.max_deliveries
-    purged = purged_below(dispatcher, gid)
+    purged = dispatcher.state.purged_below(gid)
     released_counts = runtime.released
     hub = dispatcher.hub
     salt = hub.tag_salt

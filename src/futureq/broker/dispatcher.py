@@ -393,7 +393,7 @@ class Dispatcher:
             start = commands.schedule_key(group_id, *unpack(runtime.loaded_until))
         stop = commands.schedule_key(group_id, now_ms + 1, 0)
         # A running PURGE's entries are gone, though its chunks have not removed them.
-        purged = dispatch_pass.purged_below(self, group_id)
+        purged = self.state.purged_below(group_id)
         for read, key in enumerate(self.state.store.scan_keys("schedule", start, stop), 1):
             if not purged or commands.parse_schedule_key(key)[2] >= purged:
                 count += 1
@@ -421,7 +421,7 @@ class Dispatcher:
                 return None
             start = commands.schedule_key(group_id, *unpack(runtime.loaded_until))
         stop = commands.schedule_key(group_id, now_ms + 1, 0)
-        purged = dispatch_pass.purged_below(self, group_id)  # gone (see due_count)
+        purged = self.state.purged_below(group_id)  # gone (see due_count)
         for read, key in enumerate(self.state.store.scan_keys("schedule", start, stop), 1):
             _, due_ms, mid = commands.parse_schedule_key(key)
             if mid >= purged:

@@ -49,18 +49,6 @@ MAX_BROWSE_SKIPPED: Final = 20_000
 page ends early, with a ``next_cursor``."""
 
 
-def purged_below(broker: Broker, group_id: int) -> int:
-    """Message ids below this one are gone from group ``group_id``: a PURGE answered
-    before removes their entries by PURGE_GROUP chunks, and every read and manage
-    request treats those its chunks have not reached yet as removed already (as the
-    dispatcher does); 0 when no purge of the group runs.
-
-    Leader-side only: how commands apply is unchanged, so nodes of every build apply
-    the log alike (``DESIGN.md``, "Apply reads nothing node-local")."""
-    job = broker.state.purging.get(group_id)
-    return 0 if job is None else job.bound_id
-
-
 def check_ids(broker: Broker, request: str, ids: list[int]) -> None:
     """Refuse an empty or oversized batch of message ids, or one that is not an id.
 
@@ -152,7 +140,7 @@ async def cancel(broker: Broker, topic: str, group: str | None, ids: list[int]) 
     check_ids(broker, "CANCEL", ids)
     info = target_groups(broker, "CANCEL", topic, group)
     groups = broker.state.topic_groups(topic) if info is None else [info]
-    bounds = {group.group_id: purged_below(broker, group.group_id) for group in groups}
+    bounds = {group.group_id: broker.state.purged_below(group.group_id) for group in groups}
     if not any(bounds.values()):
         out = _out_deliveries(broker, topic, info, ids)
         result = await broker.log.propose(
@@ -298,7 +286,7 @@ async def browse(broker: Broker, frame: frames.Browse) -> frames.BrowseOk:
         frame.to_due_ms,
         cursor,
         frame.limit,
-        purged_below(broker, info.group_id),
+        broker.state.purged_below(info.group_id),
         MAX_BROWSE_SKIPPED,
     )
     # A first delivery goes out unrecorded (and one given back is recorded a moment
@@ -414,7 +402,7 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
                 )
     due_counts = broker.due_counts
     group_id = info.group_id
-    if purged_below(broker, group_id):
+    if broker.state.purged_below(group_id):
         # The histogram counts what a running PURGE's chunks have not removed yet;
         # the scan leaves those out (found by a tester: counts included them).
         return await scan_counts(broker, frame.request_id, info, bounds)
@@ -423,7 +411,7 @@ async def browse_counts(broker: Broker, frame: frames.BrowseCounts) -> frames.Br
         histogram = await due_counts.histogram(group_id)
     broker.require_leader()
     info = browse_group(broker, frame.topic, frame.group)
-    if histogram is None or info.group_id != group_id or purged_below(broker, group_id):
+    if histogram is None or info.group_id != group_id or broker.state.purged_below(group_id):
         return await scan_counts(broker, frame.request_id, info, bounds)
     counts: list[int | None] = []
     previous = 0
@@ -458,7 +446,7 @@ async def scan_counts(
     group's pending count still holds them).
     """
     group_id = info.group_id
-    below_id = purged_below(broker, group_id)
+    below_id = broker.state.purged_below(group_id)
     counts: list[int | None] = []
     budget = MAX_COUNTED_ENTRIES
     start: bytes | None = commands.schedule_key(group_id, 0, 0)
@@ -552,7 +540,7 @@ async def redrive(broker: Broker, frame: frames.Redrive) -> list[int]:
     # A PURGE answered before removes its dead letters in chunks: those its chunks have
     # not reached yet are gone all the same (UNKNOWN), never redriven (found by a tester:
     # they came back as new messages of the topic).
-    bound = purged_below(broker, info.group_id)
+    bound = broker.state.purged_below(info.group_id)
     keys: list[bytes] = []
     positions: list[int] = []
     for position, mid in enumerate(frame.ids):

@@ -22,7 +22,7 @@ from futureq.state.commands import CommandKind
 from futureq.state.due_index import pack, unpack
 from futureq.state.records import PARKED_DUE_MS
 
-from . import dispatch_counters, dispatch_pass, dispatch_tasks
+from . import dispatch_counters, dispatch_tasks
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
@@ -183,7 +183,7 @@ def next_due_ms(dispatcher: Dispatcher, group_id: int) -> int | None:
     stop = commands.schedule_key(group_id, PARKED_DUE_MS, 0)
     # A running PURGE's entries are gone, though its chunks have not removed them yet:
     # looked past (at most MAX_PURGED_LOOKED_PAST), and the hint goes past them too.
-    purged = dispatch_pass.purged_below(dispatcher, group_id)
+    purged = dispatcher.state.purged_below(group_id)
     for read, key in enumerate(dispatcher.state.store.scan_keys("schedule", start, stop), 1):
         _, due_ms, mid = commands.parse_schedule_key(key)
         if mid < purged:
@@ -287,7 +287,7 @@ def on_group_changed(dispatcher: Dispatcher, group_id: int) -> None:
         return
     if runtime is not None:
         runtime.info = info
-        purged = dispatch_pass.purged_below(dispatcher, group_id)
+        purged = dispatcher.state.purged_below(group_id)
         if purged:
             # A PURGE started: its entries loaded before it are gone at once (not
             # delivered, not counted due in STATUS), though its chunks remove them

@@ -342,6 +342,15 @@ class QueueState(ManageOps):
         data = self.store.get("schedule", key)
         return None if data is None else EntryValue.decode(data)
 
+    def purged_below(self, group_id: int) -> int:
+        """Message ids below this one are gone from group ``group_id``: a PURGE that
+        applied removes their entries by PURGE_GROUP chunks, and leader-side readers
+        (the dispatcher, BROWSE, CANCEL, REDRIVE, counts, STATUS) treat those its
+        chunks have not reached yet as removed already; 0 when no purge of the group
+        runs. Applying commands never asks this (old and new builds apply alike)."""
+        job = self.purging.get(group_id)
+        return 0 if job is None else job.bound_id
+
     def entry_key(self, mid: int, group_id: int) -> bytes | None:
         """The schedule key of message ``mid`` in group ``group_id``, or None when the
         group does not hold it. O(log n): two or three point reads."""
