@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Final
 
@@ -182,22 +182,39 @@ class ConsumingClient(ClientBase):
         ack of one acked is done already, any other settles nothing and is named by
         the error (:func:`~futureq.client.subscription.settled_error`).
         """
+        await self._send_settling(
+            deliveries,
+            how,
+            lambda conn, to_send: self._settle_on(
+                conn,
+                sub,
+                to_send,
+                how,
+                requeue_delay_ms,
+                self.request_timeout_s,
+                reason=reason,
+                dead_letter=dead_letter,
+            ),
+        )
+
+    async def _send_settling(
+        self,
+        deliveries: list[Delivery],
+        how: str,
+        send: Callable[[Connection, list[Delivery]], Awaitable[list[Delivery]]],
+    ) -> None:
+        """The part :meth:`_settle` and :meth:`_extend` share: wait for calls already
+        sending any of ``deliveries`` (:func:`_after_calls_under_way`), sort them out
+        (:func:`_sort_out`), ``send`` those to send on the live connection (it returns
+        the ones the server refused), then raise what was left out
+        (:func:`_raise_left_out`)."""
         self._check_open()
         await _after_calls_under_way(deliveries)
         conn = self._live_connection()
         to_send, left_out, settled = _sort_out(deliveries, conn, how)
         if to_send and conn is not None:
             with _under_way(to_send):
-                left_out += await self._settle_on(
-                    conn,
-                    sub,
-                    to_send,
-                    how,
-                    requeue_delay_ms,
-                    self.request_timeout_s,
-                    reason=reason,
-                    dead_letter=dead_letter,
-                )
+                left_out += await send(conn, to_send)
         _raise_left_out(deliveries, left_out, settled, how)
 
     async def _settle_on(
@@ -299,16 +316,13 @@ class ConsumingClient(ClientBase):
         self, sub: Subscription, deliveries: list[Delivery], visibility_ms: int
     ) -> None:
         """EXTEND deliveries (leader-local, immediate); a refused tag is left out."""
-        self._check_open()
-        await _after_calls_under_way(deliveries)
-        conn = self._live_connection()
-        to_send, left_out, settled = _sort_out(deliveries, conn, "extend")
-        if to_send and conn is not None:
-            with _under_way(to_send):
-                left_out += await self._extend_on(
-                    conn, to_send, visibility_ms, self.request_timeout_s
-                )
-        _raise_left_out(deliveries, left_out, settled, "extend")
+        await self._send_settling(
+            deliveries,
+            "extend",
+            lambda conn, to_send: self._extend_on(
+                conn, to_send, visibility_ms, self.request_timeout_s
+            ),
+        )
 
     async def _extend_on(
         self, conn: Connection, deliveries: list[Delivery], visibility_ms: int, timeout_s: float
