@@ -39,7 +39,8 @@ import struct
 from collections.abc import Iterable
 
 import h11
-from hypercorn.events import Closed, Event, RawData
+import trio
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import Response, StreamClosed
@@ -138,7 +139,35 @@ class ScreeningTCPServer(TCPServer):
     Hypercorn builds the connection's :class:`ProtocolWrapper` (and the HTTP/1.1
     protocol in it) inside ``run``; it is swapped for a screened one as it is stored,
     before it has read anything.
+
+    When the server stops (its shutdown trigger), hypercorn closes every connection
+    with no request under way at once, a connection accepted a moment before whose
+    first request is still on its way included: that client got no answer at all
+    (``RemoteDisconnected``; a sharded node's supervisor stops answering on shard 0's
+    port the moment shard 0 is back, found by a CI run). Such a connection keeps its
+    chance: its first request is read and answered (``connection: close``) within the
+    server's grace period (``http.GRACEFUL_TIMEOUT_S``) and its idle deadline. A
+    connection already answered and idle is closed at once, as before; a client
+    expects that of a kept-alive connection (RFC 9112 §9.8).
     """
+
+    _request_begun = False
+    """True once a request has come on this connection."""
+
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, Updated) and not event.idle:
+            self._request_begun = True
+        await super().protocol_send(event)
+
+    async def _idle_timeout(self) -> None:
+        # Hypercorn's, but for a connection that has not sent its first request yet.
+        with trio.move_on_after(self.config.keep_alive_timeout):
+            await self.context.terminated.wait()
+            if not self._request_begun:
+                # Bounded by the grace period's cancel; a request stops this task.
+                await trio.sleep_forever()
+        with trio.CancelScope(shield=True):
+            await self._initiate_server_close()
 
     @property
     def protocol(self) -> ProtocolWrapper:

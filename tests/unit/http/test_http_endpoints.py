@@ -230,3 +230,41 @@ async def test_shutdown_trigger_stops_the_listener() -> None:
     else:  # pragma: no cover - the port was closed
         await stream.aclose()
         raise AssertionError("the listener still accepts connections after shutdown")
+
+
+async def test_a_connection_accepted_before_shutdown_gets_its_first_answer() -> None:
+    """A connection accepted just before the shutdown trigger, its request not yet read,
+    is answered, then closed (a sharded node's supervisor stops covering the
+    port the moment shard 0 returns: the probe it had accepted got no answer at all,
+    ``RemoteDisconnected``); a keep-alive connection that was answered and is idle is
+    still closed at once."""
+    stop = trio.Event()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(
+                lambda task_status: serve_http(
+                    "127.0.0.1:0",
+                    Metrics(),
+                    FakeProvider(),
+                    shutdown_trigger=stop.wait,
+                    task_status=task_status,
+                )
+            )
+            host, _, port = address.rpartition(":")
+            answered = await trio.open_tcp_stream(host, int(port))
+            fresh = await trio.open_tcp_stream(host, int(port))
+            async with answered, fresh:
+                await answered.send_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+                first = b""
+                while not first.endswith(b"ok\n"):
+                    first += await answered.receive_some(65536)
+                assert first.startswith(b"HTTP/1.1 200"), first
+                await trio.sleep(0.2)  # accepted by the server, nothing sent yet
+                stop.set()
+                await trio.sleep(0.05)  # the server has begun stopping
+                await fresh.send_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+                reply = b""
+                while chunk := await fresh.receive_some(65536):
+                    reply += chunk
+                assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"ok\n"), reply
+                assert await answered.receive_some(65536) == b""  # idle: closed at once
