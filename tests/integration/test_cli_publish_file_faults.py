@@ -5,6 +5,7 @@ frame is split by bytes, and ``consume --json`` output publishes again as promis
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import signal
@@ -14,10 +15,15 @@ import time
 import urllib.request
 from pathlib import Path
 
+import trio
 from broker_process import BrokerProcess
 from cli_process import cli
 
+from futureq.cli.client_parser import build_parser
 from futureq.cli.jsonl import strict_loads
+from futureq.cli.output import Output
+from futureq.cli.publish_commands import run_publish_file
+from futureq.client import open_client
 
 
 def pending(address: str, topic: str) -> int:
@@ -308,7 +314,9 @@ def test_ctrl_c_mid_file_says_what_was_stored_and_failed_out_has_the_rest(
             process.kill()
     assert process.returncode == 130, err
     assert "Traceback" not in err
-    published = int(re.match(r"published (\d+) message\(s\)", out).group(1))  # type: ignore[union-attr]
+    summary = re.match(r"published (\d+) message\(s\)", out)
+    assert summary is not None, (out, err)
+    published = int(summary.group(1))
     assert 0 < published < total, out
     assert "interrupted: the " in err
     lines = failed_out.read_text().splitlines()
@@ -316,3 +324,52 @@ def test_ctrl_c_mid_file_says_what_was_stored_and_failed_out_has_the_rest(
     again = cli(broker.client_address, "publish", "--file", str(failed_out))
     assert again.returncode == 0, again.stderr
     assert pending(broker.client_address, "intr.f") == total
+
+
+def test_ctrl_c_landing_in_another_task_still_ends_with_the_summary(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Trio raises Ctrl-C's KeyboardInterrupt in whichever task runs when the signal
+    comes; landing in the client's reader task (a CI run, under load), it ended the
+    run with exit 130, no summary and no --failed-out. Here it lands in another task
+    than the publishing one, every time: the run still says what was stored."""
+    total = 5_000
+    source = tmp_path / "keyed.jsonl"
+    source.write_text(
+        "".join(
+            f'{{"topic":"intr.g","payload":"p{i}","idempotency_key":"k{i}"}}\n'
+            for i in range(total)
+        )
+    )
+    failed_out = tmp_path / "failed.jsonl"
+    address = broker.client_address
+    args = build_parser().parse_args(
+        ["--server", address, "publish", "--file", str(source), "--batch-size", "5"]
+        + ["--failed-out", str(failed_out)]
+    )
+    out, err = io.StringIO(), io.StringIO()
+
+    async def main() -> int:
+        with trio.fail_after(60):
+            async with open_client(address) as client, trio.open_nursery() as nursery:
+                nursery.start_soon(ctrl_c_elsewhere)
+                return await run_publish_file(client, args, Output(out, err))
+
+    async def ctrl_c_elsewhere() -> None:
+        for _ in range(3000):  # polls the broker's /metrics for at most ~30 s
+            if await trio.to_thread.run_sync(_published_total, broker, "intr.g"):
+                break
+            await trio.sleep(0.01)
+        signal.raise_signal(signal.SIGINT)  # handled while this task runs
+
+    code = trio.run(main)
+    assert code == 130, (out.getvalue(), err.getvalue())
+    summary = re.match(r"published (\d+) message\(s\)", out.getvalue())
+    assert summary is not None, (out.getvalue(), err.getvalue())
+    published = int(summary.group(1))
+    assert 0 < published < total, out.getvalue()
+    assert "interrupted: the " in err.getvalue()
+    assert len(failed_out.read_text().splitlines()) == total - published
+    again = cli(address, "publish", "--file", str(failed_out))
+    assert again.returncode == 0, again.stderr
+    assert pending(address, "intr.g") == total

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import IO, Final
 
 import attrs
@@ -126,7 +129,39 @@ def frame_batches(
     return batches
 
 
-@trio.lowlevel.enable_ki_protection  # Ctrl-C comes at an await, never mid-count
+class Interrupt:
+    """Ctrl-C during ``publish --file``, turned into the cancellation of the batch in
+    flight, so the run always ends with its summary and ``--failed-out``.
+
+    Trio raises Ctrl-C's :exc:`KeyboardInterrupt` in whatever task runs when the signal
+    comes: in the client's reader task it ended the client, and the run exited 130
+    with no summary (a CI run, under load). :func:`run_publish_file` takes SIGINT from
+    trio's signal receiver instead and calls :meth:`request`.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._in_flight: trio.CancelScope | None = None
+
+    def request(self) -> None:
+        """Stop publishing: cancel the batch in flight, send no other."""
+        self.requested = True
+        if self._in_flight is not None:
+            self._in_flight.cancel()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[trio.CancelScope]:
+        """The scope of one batch's call, cancelled by :meth:`request`."""
+        with trio.CancelScope() as scope:
+            if self.requested:
+                scope.cancel()
+            self._in_flight = scope
+            try:
+                yield scope
+            finally:
+                self._in_flight = None
+
+
 async def publish_items(
     client: Client,
     items: Sequence[JsonlItem],
@@ -134,6 +169,7 @@ async def publish_items(
     on_progress: Callable[[int], None] = lambda n: None,
     max_frame_bytes: int | None = None,
     servers: str | None = None,
+    interrupt: Interrupt | None = None,
 ) -> PublishSummary:
     """Publish JSONL items in batches; a refused item is reported and the rest resent.
 
@@ -157,6 +193,9 @@ async def publish_items(
             addresses that failed (default: the client's servers; a sharded node's
             client lists every shard's address there, and a stopped shard is not a
             server to start).
+        interrupt: Ctrl-C's: once requested, the batch in flight is cancelled (its
+            lines' outcome unknown, those a sharded call stored counted) and the
+            later lines are failed as not sent (:attr:`PublishSummary.interrupted`).
 
     Returns:
         The counts published and already published (a duplicate idempotency key) and
@@ -186,19 +225,18 @@ async def publish_items(
             # shards' parts of a batch one shard refused. Counted here and never resent.
             stored: dict[int, int] = {}
             try:
-                await client.publish_batch(
-                    [entry.item for entry in batch], duplicates=duplicates, stored=stored
-                )
-            except KeyboardInterrupt:
-                # Ctrl-C: say what was stored and what was not, rather than nothing.
-                batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
-                summary.failures.extend(
-                    LineFailure(entry.line_number, INTERRUPTED_IN_FLIGHT) for entry in batch
-                )
-                _fail_not_sent(pending, batch[0].line_number if batch else 0, "", summary,
-                               on_progress, interrupted=True)  # fmt: skip
-                summary.failures.sort(key=lambda failure: failure.line_number)
-                return summary
+                with interrupt.batch() if interrupt is not None else trio.CancelScope() as call:
+                    await client.publish_batch(
+                        [entry.item for entry in batch], duplicates=duplicates, stored=stored
+                    )
+                if call.cancelled_caught:
+                    # Ctrl-C: say what was stored and what was not, rather than nothing.
+                    batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
+                    summary.failures.extend(
+                        LineFailure(entry.line_number, INTERRUPTED_IN_FLIGHT) for entry in batch
+                    )
+                    _fail_not_sent(pending, 0, "", summary, on_progress, interrupted=True)
+                    break
             except RequestError as exc:
                 index = exc.item_index
                 named = index is not None and 0 <= index < len(batch) and index not in stored
@@ -224,6 +262,9 @@ async def publish_items(
                 summary.published += len(batch) - len(duplicates)
                 summary.duplicates += len(duplicates)
                 on_progress(len(batch))
+                if interrupt is not None and interrupt.requested:
+                    # Ctrl-C came as this batch was answered: stored, the rest not sent.
+                    _fail_not_sent(pending, 0, "", summary, on_progress, interrupted=True)
                 break
             summary.failures.extend(LineFailure(entry.line_number, reason) for entry in batch)
             on_progress(len(batch))
@@ -347,6 +388,34 @@ async def run_publish_file(client: Client, args: argparse.Namespace, io: Output)
             failed_out.close()
 
 
+@contextlib.asynccontextmanager
+async def _ctrl_c_requests(interrupt: Interrupt) -> AsyncIterator[None]:
+    """While the block runs, SIGINT calls ``interrupt.request()`` instead of raising
+    :exc:`KeyboardInterrupt` where it lands (:class:`Interrupt`); a second one raises
+    it, for a user who does not want to wait. Outside the main thread (where signals
+    cannot be received) the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    count = 0
+                    async for _ in signals:
+                        count += 1
+                        if count > 1:
+                            raise KeyboardInterrupt
+                        interrupt.request()
+
+                nursery.start_soon(watch)
+                yield
+                nursery.cancel_scope.cancel()
+        except* KeyboardInterrupt:
+            raise KeyboardInterrupt from None  # as a Ctrl-C anywhere else: exit 130
+
+
 async def _publish_lines(
     client: Client,
     args: argparse.Namespace,
@@ -357,20 +426,25 @@ async def _publish_lines(
     items, failures = parse_jsonl(lines)
     batch_size = args.batch_size or DEFAULT_BATCH_SIZE
     started = time.monotonic()
-    if io.is_terminal and items:
-        from rich.progress import Progress
+    interrupt = Interrupt()
+    async with _ctrl_c_requests(interrupt):
+        if io.is_terminal and items:
+            from rich.progress import Progress
 
-        with Progress(transient=True) as progress:
-            task = progress.add_task("publishing", total=len(items))
+            with Progress(transient=True) as progress:
+                task = progress.add_task("publishing", total=len(items))
+                summary = await publish_items(
+                    client,
+                    items,
+                    batch_size,
+                    lambda n: progress.advance(task, n),
+                    servers=args.server,
+                    interrupt=interrupt,
+                )
+        else:
             summary = await publish_items(
-                client,
-                items,
-                batch_size,
-                lambda n: progress.advance(task, n),
-                servers=args.server,
+                client, items, batch_size, servers=args.server, interrupt=interrupt
             )
-    else:
-        summary = await publish_items(client, items, batch_size, servers=args.server)
     elapsed_s = max(time.monotonic() - started, 1e-9)
     summary.failures = sorted(failures + summary.failures, key=lambda f: f.line_number)
     rate = summary.published / elapsed_s
@@ -397,9 +471,13 @@ async def _publish_lines(
             "that batch were not sent"
         )
     if summary.interrupted:
+        unknown = sum(f.reason == INTERRUPTED_IN_FLIGHT for f in summary.failures)
         io.err(
             f"interrupted: the {summary.not_sent} line(s) after the batch being sent were "
-            "not sent, and that batch's outcome is unknown"
+            f"not sent, and that batch's {unknown} line(s) have an unknown outcome"
+            if unknown
+            else f"interrupted: the {summary.not_sent} line(s) after the last batch "
+            "stored were not sent"
         )
     stopped = summary.stopped_at_line is not None or summary.interrupted
     if summary.failures and (failed_out is not None or stopped):
