@@ -275,6 +275,17 @@ def test_failed_out_is_checked_before_anything_is_sent(
     assert _published_total(broker, "chk.t") == 0  # nothing was sent either time
 
 
+def _keyed_file(path: Path, topic: str, total: int) -> Path:
+    """``total`` JSON lines for ``topic``, each with its own idempotency key."""
+    path.write_text(
+        "".join(
+            f'{{"topic":"{topic}","payload":"p{i}","idempotency_key":"k{i}"}}\n'
+            for i in range(total)
+        )
+    )
+    return path
+
+
 def test_ctrl_c_mid_file_says_what_was_stored_and_failed_out_has_the_rest(
     broker: BrokerProcess, tmp_path: Path
 ) -> None:
@@ -283,13 +294,7 @@ def test_ctrl_c_mid_file_says_what_was_stored_and_failed_out_has_the_rest(
     the lines not stored (the batch in flight too: with idempotency keys, sending F
     stores every line of the file exactly once)."""
     total = 20_000
-    source = tmp_path / "keyed.jsonl"
-    source.write_text(
-        "".join(
-            f'{{"topic":"intr.f","payload":"p{i}","idempotency_key":"k{i}"}}\n'
-            for i in range(total)
-        )
-    )
+    source = _keyed_file(tmp_path / "keyed.jsonl", "intr.f", total)
     failed_out = tmp_path / "failed.jsonl"
     command = [sys.executable, "-m", "futureq.cli.client_main", "--server"]
     command += [broker.client_address, "publish", "--file", str(source), "--batch-size", "20"]
@@ -334,13 +339,7 @@ def test_ctrl_c_landing_in_another_task_still_ends_with_the_summary(
     run with exit 130, no summary and no --failed-out. Here it lands in another task
     than the publishing one, every time: the run still says what was stored."""
     total = 5_000
-    source = tmp_path / "keyed.jsonl"
-    source.write_text(
-        "".join(
-            f'{{"topic":"intr.g","payload":"p{i}","idempotency_key":"k{i}"}}\n'
-            for i in range(total)
-        )
-    )
+    source = _keyed_file(tmp_path / "keyed.jsonl", "intr.g", total)
     failed_out = tmp_path / "failed.jsonl"
     address = broker.client_address
     args = build_parser().parse_args(

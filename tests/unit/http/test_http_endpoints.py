@@ -206,19 +206,22 @@ async def test_two_listeners_on_port_zero_get_different_ports() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def _serve_until(stop: trio.Event, task_status: trio.TaskStatus[str]) -> None:
+    """``serve_http`` on port 0 with ``stop`` as its shutdown trigger."""
+    await serve_http(
+        "127.0.0.1:0",
+        Metrics(),
+        FakeProvider(),
+        shutdown_trigger=stop.wait,
+        task_status=task_status,
+    )
+
+
 async def test_shutdown_trigger_stops_the_listener() -> None:
     stop = trio.Event()
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            address = await nursery.start(
-                lambda task_status: serve_http(
-                    "127.0.0.1:0",
-                    Metrics(),
-                    FakeProvider(),
-                    shutdown_trigger=stop.wait,
-                    task_status=task_status,
-                )
-            )
+            address = await nursery.start(_serve_until, stop)
             assert (await request(address, "/healthz")).status == 200
             stop.set()
         # serve_http returned by itself: the nursery closed without a cancel.
@@ -241,15 +244,7 @@ async def test_a_connection_accepted_before_shutdown_gets_its_first_answer() -> 
     stop = trio.Event()
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            address = await nursery.start(
-                lambda task_status: serve_http(
-                    "127.0.0.1:0",
-                    Metrics(),
-                    FakeProvider(),
-                    shutdown_trigger=stop.wait,
-                    task_status=task_status,
-                )
-            )
+            address = await nursery.start(_serve_until, stop)
             host, _, port = address.rpartition(":")
             answered = await trio.open_tcp_stream(host, int(port))
             fresh = await trio.open_tcp_stream(host, int(port))
