@@ -338,6 +338,17 @@ def _alarms(
         alarms.append(
             {"name": "NO_LEADER", "text": "no leader is known: publishes and deliveries wait"}
         )
+    hub = broker.hub
+    if hub.held_back and hub.room_out() < 1:
+        # Back-pressure, not a fault (no /readyz effect): said where operators look.
+        alarms.append(
+            {
+                "name": "DELIVERIES_HELD_BACK",
+                "text": f"{len(hub.in_flight)} deliveries are out, the node's limit "
+                "(limits.max_deliveries_out): nothing more is handed out until consumers "
+                "settle some or their visibility timeouts pass",
+            }
+        )
     for member in members:
         if member["reachable"] is False:
             heard = member["last_heard_ms"]

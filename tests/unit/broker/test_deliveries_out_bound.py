@@ -15,6 +15,7 @@ import trio
 from broker_helpers import REAL_NOW_MS, RecordingOutbox, open_real_broker
 
 from futureq.broker.hub import Consumer
+from futureq.broker.overview import ActivityHistory, build_overview
 from futureq.config import Config
 from futureq.state import commands
 
@@ -45,6 +46,11 @@ async def test_at_the_bound_nothing_more_goes_out_until_a_settlement_wakes_the_d
             # deadline, not now.
             assert math.isinf(next_ms) or next_ms > REAL_NOW_MS
             assert broker.metrics.deliveries_held_back_total._value.get() >= 1
+            # The dashboard says so (before, only /metrics and a log line did).
+            history = ActivityHistory(broker.metrics)
+            alarms = build_overview(broker, history)["alarms"]
+            assert [a["name"] for a in alarms] == ["DELIVERIES_HELD_BACK"], alarms
+            assert alarms[0]["text"].startswith("5 deliveries are out"), alarms
 
             # An ACK (no CREDIT follows here) frees room and wakes the dispatcher.
             dispatcher._wake = trio.Event()
@@ -52,6 +58,7 @@ async def test_at_the_bound_nothing_more_goes_out_until_a_settlement_wakes_the_d
             tags = [delivery[0] for delivery in got[owner - 1][:2]]
             assert await broker.ack(owner, tags) == 2
             assert dispatcher._wake.is_set() and not hub.held_back
+            assert build_overview(broker, history)["alarms"] == []
             dispatcher.dispatch_once()
             assert sum(len(outbox.take()) for outbox in outboxes) == 2
             assert len(hub.in_flight) == 5
