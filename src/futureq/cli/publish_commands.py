@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import IO, Final
 
+import anyio
 import attrs
 import trio
 
@@ -141,7 +142,7 @@ class Interrupt:
 
     def __init__(self) -> None:
         self.requested = False
-        self._in_flight: trio.CancelScope | None = None
+        self._in_flight: anyio.CancelScope | None = None
 
     def request(self) -> None:
         """Stop publishing: cancel the batch in flight, send no other."""
@@ -150,9 +151,9 @@ class Interrupt:
             self._in_flight.cancel()
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator[trio.CancelScope]:
+    def batch(self) -> Iterator[anyio.CancelScope]:
         """The scope of one batch's call, cancelled by :meth:`request`."""
-        with trio.CancelScope() as scope:
+        with anyio.CancelScope() as scope:
             if self.requested:
                 scope.cancel()
             self._in_flight = scope
@@ -225,7 +226,7 @@ async def publish_items(
             # shards' parts of a batch one shard refused. Counted here and never resent.
             stored: dict[int, int] = {}
             try:
-                with interrupt.batch() if interrupt is not None else trio.CancelScope() as call:
+                with interrupt.batch() if interrupt is not None else anyio.CancelScope() as call:
                     await client.publish_batch(
                         [entry.item for entry in batch], duplicates=duplicates, stored=stored
                     )
