@@ -14,6 +14,8 @@ from pathlib import Path
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 15.0
+ANY_PORTS = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"]
+"""The listeners' ports unless ``$FUTUREQ_TEST_PORTS`` confines them (``FIRST-LAST``)."""
 
 
 def clean_env() -> dict[str, str]:
@@ -55,7 +57,7 @@ class BrokerProcess:
         self.http_address = ""
         self.process: subprocess.Popen[str] | None = None
         self.stderr_path = data_dir.parent / f"{data_dir.name}.stderr.log"
-        self._port_args: list[str] = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"]
+        self._port_args: list[str] = list(ANY_PORTS)
 
     def start(self) -> None:
         """Start the node and wait for its READY line.
@@ -73,6 +75,18 @@ class BrokerProcess:
         ]
         if self.shards_arg is not None:
             args += ["--shards", self.shards_arg]
+        if self._port_args == ANY_PORTS and os.environ.get("FUTUREQ_TEST_PORTS"):
+            # A machine whose ports are shared out: the listeners take ports of the
+            # test run's range too, not any port the OS picks (cluster_process.free_runs).
+            from cluster_process import free_ports  # noqa: PLC0415 - it imports this module
+
+            client_port, http_port = free_ports(2)
+            self._port_args = [
+                "--listen",
+                f"127.0.0.1:{client_port}",
+                "--http",
+                f"127.0.0.1:{http_port}",
+            ]
         args += self._port_args + self.extra_args
         env = dict(os.environ)
         env.update(self.env or {})
