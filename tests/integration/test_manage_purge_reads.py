@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from wire_client import WireClient
 
+from futureq.errors import ErrorCode
 from futureq.wire import frames
 from futureq.wire.frames import ItemStatus
 
@@ -130,3 +131,40 @@ def test_status_counts_nothing_a_running_purge_removes_as_due(broker: BrokerProc
             name,
             group,
         )
+
+
+def test_deliveries_out_when_a_purge_is_answered_are_cancelled_at_once(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a tester: deliveries out when a PURGE was answered stayed out until its
+    chunks reached their group: a NACK with ``dead_letter`` sent a purged message to the
+    dead-letter topic, an ACK settled one as if nothing had happened, and no REVOKE came.
+    Now the PURGE takes them back as it applies (REVOKE reason CANCELLED) and settling
+    one answers DELIVERY_CANCELLED."""
+    client = WireClient(broker.client_address)
+    consumer = WireClient(broker.client_address)
+    _ok(client, frames.GroupCreate(client.next_id(), "pd", "g", 30_000, 5))
+    _ok(client, frames.GroupCreate(client.next_id(), "ballast", "g", 30_000, 5))
+    for _ in range(20):
+        client.publish([["ballast", b"x", 60_000, None, None]] * 1000)
+    client.publish([["pd", b"x", None, None, None]] * 3)
+    consumer.subscribe("pd", "g", 3)
+    tags = [delivery[0] for delivery in consumer.deliveries(3)]
+    _ok(client, frames.GroupDelete(client.next_id(), "ballast", "g"))  # its chunks go first
+    assert _ok(client, frames.Purge(client.next_id(), "pd", None)) == 3
+
+    # Settled at once, while the chunks are still busy with the deleted group.
+    for settle in (
+        frames.Nack(consumer.next_id(), [tags[0]], 0, "poison", True),
+        frames.Ack(consumer.next_id(), [tags[1]]),
+        frames.Release(consumer.next_id(), [tags[2]]),
+    ):
+        answer = consumer.request(settle)
+        assert isinstance(answer, frames.Error), answer  # before: OK
+        assert answer.code == ErrorCode.DELIVERY_CANCELLED, answer
+    revokes = [notice for notice in consumer.notices if isinstance(notice, frames.Revoke)]
+    assert {revoke.reason for revoke in revokes} == {frames.RevokeReason.CANCELLED}
+    assert sorted(consumer.revoked()) == sorted(tags)
+    topics = {entry["topic"] for entry in client.status()["topics"]}
+    assert "pd.dlq" not in topics, topics
+    consumer.expect_nothing(0.3)

@@ -294,10 +294,35 @@ def on_group_changed(dispatcher: Dispatcher, group_id: int) -> None:
             # from disk bit by bit.
             for mid in runtime.index.discard_ids_below(purged):
                 runtime.released.pop(mid, None)
+            cancel_purged_out(dispatcher, runtime, purged)
         for consumer in runtime.consumers:
             dispatcher.hub.send_settings(consumer, info)  # SUBSCRIPTION_INFO, if they changed
         dispatcher.hub.touched.add(group_id)  # settings changed: look again
         dispatcher.kick()
+
+
+def cancel_purged_out(dispatcher: Dispatcher, runtime: GroupRuntime, purged: int) -> None:
+    """Take back, as cancelled, the group's deliveries out whose message a PURGE that
+    just applied removes (ids below ``purged``): REVOKE reason CANCELLED, their credit
+    returned, and a later ACK, NACK, RELEASE or EXTEND of one answered
+    DELIVERY_CANCELLED (``docs/protocol.md``, "PURGE").
+
+    Found by a tester: until the purge's chunks reached their entries (after every
+    chunk of the groups purged before this one), such deliveries stayed out as if
+    nothing had happened: an ACK settled one, a NACK with ``dead_letter`` sent the
+    purged message to the dead-letter topic, and a visibility timeout's REVOKE said it
+    would be delivered again. A delivery whose settlement is being committed is left
+    to that command (taken back here, a settlement that then failed could give its
+    credit back to nobody).
+    """
+    hub = dispatcher.hub
+    if not runtime.in_flight_count:
+        return
+    for consumer in list(runtime.consumers):
+        for key in list(consumer.in_flight):
+            flight = hub.in_flight.get(key)
+            if flight is not None and flight.mid < purged and not flight.acking:
+                hub.forget(key, cancelled=True)
 
 
 def on_groups_changed(dispatcher: Dispatcher) -> None:

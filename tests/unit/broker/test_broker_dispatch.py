@@ -1235,6 +1235,41 @@ def test_a_purge_revokes_held_deliveries_as_cancelled() -> None:
     assert (info.value.code, info.value.item_index) == (ErrorCode.DELIVERY_CANCELLED, 0)
 
 
+def test_a_purge_takes_back_held_deliveries_as_soon_as_it_applies() -> None:
+    """Found by a tester: deliveries out when a PURGE applied stayed out until its
+    chunks reached their entries (after every chunk of the groups purged before it):
+    an ACK settled one, a NACK with ``dead_letter`` sent the purged message to the
+    dead-letter topic, and no REVOKE said it was gone. Now they are taken back as the
+    PURGE applies, before any chunk; a delivery whose ACK is being committed is left
+    to its ACK."""
+    env = Env()
+    gid = env.group("t", "g")
+    env.publish("t", [b"a", b"b", b"c"])
+    consumer = env.consumer(gid, credit=3)
+    env.dispatch()
+    tags = [d[0] for d in out(consumer).take()]
+    acking = env.hub.claim_tags([tags[2]], consumer.connection_id)
+
+    env.log.apply(commands.purge([gid]))  # no PURGE_GROUP chunk applied yet
+
+    assert gid in env.state.purging
+    revokes = [p for p in out(consumer).pushes if isinstance(p, frames.Revoke)]
+    assert {p.reason for p in revokes} == {frames.RevokeReason.CANCELLED}
+    assert sorted(tag for p in revokes for tag in p.tags) == sorted(tags[:2])
+    assert consumer.credit == 2 and len(consumer.in_flight) == 1
+    for tag in tags[:2]:
+        with pytest.raises(RequestError) as info:
+            env.hub.claim_tags([tag], consumer.connection_id)
+        assert info.value.code is ErrorCode.DELIVERY_CANCELLED
+    # The ACK under way applies as sent.
+    assert env.log.apply(commands.ack([f.key for f in acking])) == 1
+    assert env.hub.in_flight == {} and env.hub.runtime(gid).in_flight_count == 0
+    # What is published after the purge goes out at once on the credit given back.
+    kept = env.publish("t", [b"d"])
+    env.dispatch()
+    assert ids(out(consumer).take()) == kept
+
+
 def _next_due_by_full_seek(env: Env, gid: int) -> int | None:
     """The group's earliest deliverable due time by a seek from its start, leaving out a
     running purge's entries (gone, though its chunks have not removed them yet)."""
