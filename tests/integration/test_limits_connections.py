@@ -116,6 +116,31 @@ def test_subscriptions_per_connection_are_bounded(broker_factory: object) -> Non
     assert isinstance(client.request(frames.Ping(client.next_id())), frames.Pong)
 
 
+def test_subscriptions_the_server_ended_leave_room_on_their_connection(
+    broker_factory: object,
+) -> None:
+    """Found by a tester: a subscription ended by the server (its group deleted:
+    SUBSCRIPTION_END) still counted against ``max_subscriptions_per_connection`` for the
+    connection's life, so a consumer that subscribed again after each deletion of its
+    group (as SUBSCRIPTION_END says to) was refused for good while holding none."""
+    broker: BrokerProcess = broker_factory(env=SMALL_BUFFERS)  # type: ignore[operator]
+    client = WireClient(broker.client_address)
+    for _ in range(3):  # 3 x 8 subscriptions, each ended by the server
+        subscriptions = [client.subscribe("subs.ended", f"g{number}") for number in range(8)]
+        for number in range(8):
+            answer = client.request(
+                frames.GroupDelete(client.next_id(), "subs.ended", f"g{number}")
+            )
+            assert isinstance(answer, frames.Ok), answer
+        ended = [client.wait_notice(frames.SubscriptionEnd) for _ in subscriptions]
+        assert sorted(end.subscription_id for end in ended) == sorted(subscriptions)
+        assert all(end.code == ErrorCode.GROUP_DELETED for end in ended)
+    # Their ids are unknown from then on (docs/protocol.md, SUBSCRIPTION_END).
+    answer = client.request(frames.Unsubscribe(client.next_id(), subscriptions[0]))
+    assert isinstance(answer, frames.Error), answer
+    assert answer.code == ErrorCode.UNKNOWN_SUBSCRIPTION
+
+
 def test_subscriptions_of_the_whole_node_are_bounded(broker_factory: object) -> None:
     """Found by counting what subscriptions cost: ~600 bytes each, and only the count per
     connection was bounded, so 10,000 connections of 1,024 could take ~6 GiB."""

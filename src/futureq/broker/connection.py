@@ -671,6 +671,26 @@ class Connection:
                 "connection",
             )
 
+    def _forget_ended_subscriptions(self) -> None:
+        """Drop the subscriptions the server ended (their group was deleted: the client
+        got SUBSCRIPTION_END, and their ids are unknown from then on).
+
+        Found by a tester: they stayed in :attr:`subscriptions`, so each counted
+        against ``limits.max_subscriptions_per_connection`` for the connection's life: a
+        consumer that subscribed again after each deletion of its group was refused
+        TOO_MANY_SUBSCRIPTIONS for good while holding none. A subscription closed only
+        because its connection stopped taking frames is still the hub's (it ends with
+        the connection) and is kept.
+        """
+        consumers = self.broker.hub.consumers
+        ended = [
+            subscription_id
+            for subscription_id, consumer in self.subscriptions.items()
+            if consumer.closed and consumers.get(subscription_id) is not consumer
+        ]
+        for subscription_id in ended:
+            del self.subscriptions[subscription_id]
+
     def _reply(self, answer: frames.Frame, request_id: int) -> None:
         if self.session.state is SessionState.ERROR or self.outbox.closed:
             return  # the connection is closing after a protocol error
@@ -703,6 +723,7 @@ class Connection:
                 # Counted from the check until the consumer is registered: the group's
                 # creation is awaited in between, and SUBSCRIBEs pipelined behind this
                 # one must see it (else each passes the same check).
+                self._forget_ended_subscriptions()
                 limit = self.limits.max_subscriptions_per_connection
                 held = len(self.subscriptions) + self._subscribing
                 if held >= limit:
@@ -753,6 +774,7 @@ class Connection:
             case frames.Release():
                 return frames.Ok(frame.request_id, await broker.release(self.id, frame.tags))
             case frames.Unsubscribe():
+                self._forget_ended_subscriptions()
                 found = self.subscriptions.pop(frame.subscription_id, None)
                 if found is None:
                     raise RequestError(
