@@ -264,6 +264,10 @@ class GroupRuntime:
         )
 
 
+DEADLINE_HEAP_SLACK: Final = 4096
+"""Stale entries the deadline heap may hold beyond twice the deliveries out before it
+is rebuilt (:meth:`Hub._watch`)."""
+
 CANCELLED_TAGS_KEPT: Final = 65_536
 """Deliveries out when a CANCEL or PURGE removed their message that the leader remembers,
 so a later ACK/NACK/RELEASE/EXTEND of one gets DELIVERY_CANCELLED rather than the
@@ -441,8 +445,24 @@ class Hub:
         self.look_again_by(flight.wake_ms)
 
     def _watch(self, flight: InFlight) -> None:
-        """Put a pushed delivery's :attr:`InFlight.wake_ms` in the deadline heap."""
-        heapq.heappush(self._deadlines, (flight.wake_ms, flight.key))
+        """Put a pushed delivery's :attr:`InFlight.wake_ms` in the deadline heap.
+
+        Entries a later deadline made stale are dropped only once they reach the top,
+        so every EXTEND left one behind: found by a tester, a client sending EXTENDs of
+        the deliveries it held (10,000 tags a frame, each shorter than the last, so none
+        ever reached the top) grew the leader's heap without bound. Past
+        :data:`DEADLINE_HEAP_SLACK` more entries than twice the deliveries out, the heap
+        is rebuilt from the live ones (amortized O(1) per push).
+        """
+        deadlines = self._deadlines
+        heapq.heappush(deadlines, (flight.wake_ms, flight.key))
+        if len(deadlines) > 2 * len(self.in_flight) + DEADLINE_HEAP_SLACK:
+            deadlines[:] = [
+                (live.wake_ms, key)
+                for key, live in self.in_flight.items()
+                if live.pushed and not live.acking
+            ]
+            heapq.heapify(deadlines)
 
     def is_current(self, flight: InFlight) -> bool:
         """True while ``flight`` is still the delivery in flight for its key."""

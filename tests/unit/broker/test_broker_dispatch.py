@@ -22,7 +22,7 @@ from broker_helpers import FakeClock, RecordingOutbox, SyncLog, memory_state
 from futureq.broker.dispatch_pass import NOT_ALLOWED_RETRY_MS
 from futureq.broker.dispatch_tasks import PURGE_CHUNK_ENTRIES
 from futureq.broker.dispatcher import Dispatcher
-from futureq.broker.hub import Consumer, Hub
+from futureq.broker.hub import DEADLINE_HEAP_SLACK, Consumer, Hub
 from futureq.config import QueueSection
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
@@ -974,6 +974,32 @@ def test_extend_moves_the_visibility_deadline() -> None:
         with pytest.raises(RequestError) as info:
             env.hub.extend([delivery[0]], consumer.connection_id, bad, env.now)
         assert info.value.code is code
+
+
+def test_extending_again_and_again_keeps_the_deadline_heap_bounded() -> None:
+    """Found by a tester: each EXTEND left its delivery's previous deadline in the
+    leader's heap until it reached the top; a client extending what it held, each time
+    to a shorter visibility (so no stale entry ever reached the top), grew the heap
+    without bound (one entry per tag per EXTEND; 10,000 tags a frame)."""
+    env = Env()
+    gid = env.group("t", "g", visibility_ms=60_000)
+    consumer = env.consumer(gid, credit=20)
+    env.publish("t", [b"%d" % n for n in range(20)])
+    env.dispatch()
+    tags = [d[0] for d in out(consumer).take()]
+    visibility_ms = 3_600_000
+    for _ in range(2_000):
+        visibility_ms -= 1
+        assert env.hub.extend(tags, consumer.connection_id, visibility_ms, env.now) == 20
+    heap = len(env.hub._deadlines)
+    assert heap <= 2 * len(env.hub.in_flight) + DEADLINE_HEAP_SLACK, heap  # before: 40,020
+    # Every delivery is still taken back at its last deadline, not before.
+    env.clock.advance(visibility_ms - 1)
+    env.dispatch()
+    assert out(consumer).revoked() == []
+    env.clock.advance(1)
+    env.dispatch()
+    assert sorted(out(consumer).revoked()) == sorted(tags)
 
 
 def test_released_deliveries_come_back_at_once_and_do_not_count() -> None:
