@@ -204,8 +204,11 @@ async def transfer_leadership(broker: Broker, node_id: int | None) -> None:
     broker._require_leader()
     if node_id == broker.node_id:
         return  # already the leader
-    await broker.hold_and_record_deliveries()
     try:
+        # Inside the try: a request cancelled while the records commit (its connection
+        # went away) left the dispatcher held, and a node that stayed leader handed
+        # nothing out for good (found by a tester).
+        await broker.hold_and_record_deliveries()
         await cluster.transfer_leadership(node_id)
     finally:
         broker.dispatcher.resume()  # a follower now (nothing to resume), or still leader
