@@ -385,10 +385,12 @@ class ConsumingClient(ClientBase):
                         await self._settle_on(
                             live_conn, sub, unwanted, "release", 0, self.request_timeout_s
                         )
+                    due = _still_buffered(sub, due)
                     if due and sub.visibility_timeout_ms is not None:
-                        await self._extend_on(
-                            live_conn, due, sub.visibility_timeout_ms, self.request_timeout_s
-                        )
+                        with _under_way(due):
+                            await self._extend_on(
+                                live_conn, due, sub.visibility_timeout_ms, self.request_timeout_s
+                            )
                         renewed = anyio.current_time() + sub._refresh_after_s()
                         for delivery in due:
                             delivery._refresh_s = renewed
@@ -401,6 +403,29 @@ class ConsumingClient(ClientBase):
                 continue  # look again at once: time passed while we worked
             with anyio.CancelScope(deadline=next_s):
                 await self._lease_event.wait()
+
+
+def _still_buffered(sub: Subscription, deliveries: list[Delivery]) -> list[Delivery]:
+    """Those of ``deliveries`` still in ``sub``'s buffer, held and not on the wire: what
+    the lease keeper may extend now.
+
+    Found by a tester: the lease keeper chose what to extend before it awaited earlier
+    work (another subscription's EXTEND, a RELEASE), so the application could meanwhile
+    take one of them and ack it; the EXTEND then reached the server while that ACK was
+    being committed, was refused (UNKNOWN_DELIVERY_TAG), and the refusal voided the
+    delivery, so the ACK's confirmation gave no credit back: each such race shrank the
+    subscription's window for good. Chosen here, right before sending (no await in
+    between), and marked under way while sent, so a settle call waits for the EXTEND
+    (:func:`_after_calls_under_way`).
+    """
+    buffered = {id(delivery) for delivery in sub._buffer}
+    return [
+        delivery
+        for delivery in deliveries
+        if id(delivery) in buffered
+        and delivery._state is DeliveryState.HELD
+        and delivery._under_way is None
+    ]
 
 
 def _ack_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:

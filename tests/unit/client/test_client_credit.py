@@ -136,3 +136,73 @@ async def test_pull_fetch_asks_for_what_it_still_wants_and_gives_back_the_rest()
         nursery.start_soon(sub.fetch, 4, 0.05)
         await trio.testing.wait_all_tasks_blocked()
         assert conn.credits() == [4]
+
+
+class LeaseHost:
+    """What the lease keeper (``ConsumingClient._keep_leases``) uses of its client: the
+    subscriptions and their connection, and an EXTEND that records what it is asked and
+    waits for the test to let it answer."""
+
+    max_lease_s = 3600.0
+    request_timeout_s = 5.0
+
+    def __init__(self, conn: FakeConnection, subs: list[Subscription]) -> None:
+        self._conn = conn
+        self._lease_event = trio.Event()
+        self._subscriptions = {id(sub): sub for sub in subs}
+        self.extended: list[list[Any]] = []
+        self.on_the_wire: list[bool] = []
+        self.answer = [trio.Event(), trio.Event()]
+
+    def _live_connection(self) -> FakeConnection:
+        return self._conn
+
+    async def _extend_on(
+        self, conn: FakeConnection, deliveries: list[Any], visibility_ms: int, timeout_s: float
+    ) -> list[Any]:
+        call = len(self.extended)
+        self.extended.append(list(deliveries))
+        self.on_the_wire.append(all(d._under_way is not None for d in deliveries))
+        if call < len(self.answer):
+            await self.answer[call].wait()
+        return []
+
+
+async def test_the_lease_keeper_never_extends_a_delivery_the_application_took() -> None:
+    """Found by a tester: the lease keeper chose what to extend before it awaited the
+    EXTEND of another subscription; the application meanwhile took one of those
+    deliveries and acked it, and the EXTEND that followed reached the server while the
+    ACK was being committed: refused, it voided the delivery, so the ACK's confirmation
+    gave no credit back and the window shrank for good. Now it extends only what is
+    still buffered, and marks it on the wire (a settle call waits for it)."""
+    from futureq.client._consuming import ConsumingClient
+
+    conn = FakeConnection()
+    subs = []
+    for prefetch in (1, 2):
+        sub = Subscription(FakeClient(conn), "t", "g", prefetch)  # type: ignore[arg-type]
+        sub._bind(1, prefetch, prefetch)
+        sub._info(1, 1000, 5)
+        subs.append(sub)
+    first, second = subs
+    first._receive(1, _deliver(1, [_tag(1)]))
+    second._receive(1, _deliver(2, [_tag(2), _tag(3)]))
+    for sub in subs:
+        for delivery in sub._buffer:
+            delivery._refresh_s = 0.0  # half its visibility has passed: extend it
+    host = LeaseHost(conn, subs)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ConsumingClient._keep_leases, host)  # type: ignore[arg-type]
+        await trio.testing.wait_all_tasks_blocked()
+        assert [[d.tag for d in call] for call in host.extended] == [[_tag(1)]]
+        # While the first subscription's EXTEND is out, the application takes a
+        # delivery of the second (to ack it).
+        taken = await second.__anext__()
+        assert taken.tag == _tag(2)
+        host.answer[0].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert [d.tag for d in host.extended[1]] == [_tag(3)]  # before: [2, 3]
+        assert host.on_the_wire[1] and taken._under_way is None
+        host.answer[1].set()
+        nursery.cancel_scope.cancel()
+    assert taken.state is DeliveryState.HELD
