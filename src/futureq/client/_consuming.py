@@ -453,10 +453,16 @@ async def _after_calls_under_way(deliveries: list[Delivery]) -> None:
     first call's confirmation came, and that confirmation then gave no credit back,
     so each such race shrank the subscription's window for good. Now the second call
     sees the first one's outcome (an ack of an acked delivery does nothing; anything
-    else raises, naming how it was settled)."""
-    for delivery in deliveries:
-        while delivery._under_way is not None:
-            await delivery._under_way.wait()
+    else raises, naming how it was settled).
+
+    All are looked at again after each wait: while this call waited for one, another
+    call may have put one already looked at on the wire, and sending it then raced
+    that call as above (found by a tester)."""
+    while True:
+        busy = next((d._under_way for d in deliveries if d._under_way is not None), None)
+        if busy is None:
+            return
+        await busy.wait()
 
 
 @contextmanager

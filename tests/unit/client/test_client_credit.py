@@ -206,3 +206,34 @@ async def test_the_lease_keeper_never_extends_a_delivery_the_application_took() 
         host.answer[1].set()
         nursery.cancel_scope.cancel()
     assert taken.state is DeliveryState.HELD
+
+
+async def test_a_settle_call_waits_until_none_of_its_deliveries_is_on_the_wire() -> None:
+    """Found by a tester: a settle call waited for the calls under way one delivery at
+    a time and never looked back, so a delivery another call put on the wire while it
+    waited for a later one was sent twice at once: the server refused one, the refusal
+    voided it, and the other's confirmation then gave no credit back."""
+    from futureq.client._consuming import _after_calls_under_way, _under_way
+
+    sub, _conn = _bound()
+    sub._receive(1, _deliver(7, [_tag(1), _tag(2)]))
+    first, second = [await sub.__anext__() for _ in range(2)]
+    done = trio.Event()
+
+    async def settle_both() -> None:
+        await _after_calls_under_way([first, second])
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        call_c = _under_way([second])  # call C sends the second
+        call_c.__enter__()
+        nursery.start_soon(settle_both)
+        await trio.testing.wait_all_tasks_blocked()  # it waits for C
+        call_d = _under_way([first])  # call D sends the first meanwhile
+        call_d.__enter__()
+        call_c.__exit__(None, None, None)  # C ends
+        await trio.testing.wait_all_tasks_blocked()
+        assert not done.is_set()  # before: it went on while D had the first on the wire
+        call_d.__exit__(None, None, None)
+        await trio.testing.wait_all_tasks_blocked()
+        assert done.is_set()
