@@ -551,5 +551,5 @@ def _pop_refused_tag(exc: RequestError, chunk: list[Delivery]) -> Delivery | Non
     ):
         return None
     bad = chunk.pop(index)
-    bad._void(exc.message, code=exc.code)
+    bad._void(exc.message, "refused", exc.code)
     return bad

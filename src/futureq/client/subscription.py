@@ -142,7 +142,8 @@ class Delivery:
         kind: str = "revoked",
         code: ErrorCode = ErrorCode.UNKNOWN_DELIVERY_TAG,
     ) -> None:
-        """Mark it void; ``kind``: ``revoked``, ``lost`` (connection) or ``ended``;
+        """Mark it void; ``kind``: ``revoked``, ``lost`` (connection), ``ended``, or
+        ``refused`` (the server refused its tag in a settle or extend call of ours);
         ``code``: what settling it raises (DELIVERY_CANCELLED for a cancelled one)."""
         if self._state is DeliveryState.HELD:
             self._state = DeliveryState.VOID
@@ -423,7 +424,18 @@ class Subscription:
         Runs from the reader (``on_answer``), so it happens even when the caller of
         ack/nack/release was cancelled meanwhile.
         """
-        fresh = [d for d in deliveries if d._state is DeliveryState.HELD]
+        # A delivery voided because the server refused its tag in a call of ours counts
+        # too: the refusal came while an earlier call of ours was settling it (one that
+        # timed out, whose ACK was then sent again), and this is that call's late
+        # confirmation. The server settled it and returned no credit for it (nothing
+        # being settled is revoked), so it is ours to give back: before, the window
+        # shrank by one for good (found by a tester).
+        fresh = [
+            d
+            for d in deliveries
+            if d._state is DeliveryState.HELD
+            or (d._state is DeliveryState.VOID and d._void_kind == "refused")
+        ]
         for delivery in fresh:
             delivery._state = DeliveryState.SETTLED
             delivery._settled_as = how

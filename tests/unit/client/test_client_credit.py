@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from futureq.client.subscription import DeliveryState, Subscription
-from futureq.errors import ErrorCode, RemoteProtocolError, SubscriptionEndedError
+from futureq.errors import ErrorCode, RemoteProtocolError, RequestError, SubscriptionEndedError
 from futureq.wire import frames
 
 
@@ -237,3 +237,25 @@ async def test_a_settle_call_waits_until_none_of_its_deliveries_is_on_the_wire()
         call_d.__exit__(None, None, None)
         await trio.testing.wait_all_tasks_blocked()
         assert done.is_set()
+
+
+async def test_a_late_confirmation_after_a_refused_retry_gives_the_credit_back() -> None:
+    """Found by a tester: an ACK that timed out (a slow commit) and was sent again got
+    UNKNOWN_DELIVERY_TAG (the first was still being committed), which voided the
+    delivery; the first ACK's late OK then gave no credit back, though the server had
+    settled the delivery and returned none itself: the window shrank for good."""
+    from futureq.client._consuming import _pop_refused_tag
+
+    sub, conn = _bound(prefetch=2)
+    sub._receive(1, _deliver(7, [_tag(1), _tag(2)]))
+    first, second = [await sub.__anext__() for _ in range(2)]
+    refusal = RequestError(ErrorCode.UNKNOWN_DELIVERY_TAG, "already settled", 0)
+    assert _pop_refused_tag(refusal, [first]) is first  # the retry's answer
+    assert first.state is DeliveryState.VOID
+    sub._settled(conn, [first], "ack")  # type: ignore[arg-type]  # the first ACK's late OK
+    assert conn.credits() == [1]  # before: none, ever
+    assert first.settled and sub._credit == 1 and sub._outstanding == 1
+    # A delivery the server took back (REVOKE) got its credit from the server: a
+    # confirmation never follows, and it is not counted twice.
+    sub._revoke(1, [second.tag])
+    assert sub._credit == 2 and conn.credits() == []
