@@ -255,6 +255,10 @@ def on_unscheduled(
             dispatch_counters.counter(dispatcher, runtime, name).inc()
 
 
+TIMER_HEAP_SLACK: Final = 4096
+"""Stale entries the dispatcher's wake-up heap may hold beyond twice the groups waiting
+for a wake-up before it is rebuilt (:func:`wake_group_at`)."""
+
 MAX_PURGED_LOOKED_PAST: Final = 10_000
 """Most entries of a running PURGE :func:`next_due_ms` looks past (keys only) before it
 answers None."""
@@ -345,7 +349,16 @@ def wake_group_at(dispatcher: Dispatcher, group_id: int, at_ms: float) -> None:
         return
     current = dispatcher._wake_at.get(group_id, math.inf)
     if at_ms < current:
-        dispatcher._wake_at[group_id] = at_ms
-        heapq.heappush(dispatcher._timers, (at_ms, group_id))
+        wake_at = dispatcher._wake_at
+        wake_at[group_id] = at_ms
+        timers = dispatcher._timers
+        heapq.heappush(timers, (at_ms, group_id))
+        if len(timers) > 2 * len(wake_at) + TIMER_HEAP_SLACK:
+            # The wake-ups an earlier one replaced stay in the heap until their time
+            # comes: found by a tester, publishes one at a time, each due before the
+            # last (a backfill newest first), left one entry per message for as long as
+            # the messages waited. Rebuilt from the live ones (amortized O(1)).
+            timers[:] = [(at, gid) for gid, at in wake_at.items()]
+            heapq.heapify(timers)
         if at_ms < dispatcher._next_wake_ms:
             dispatcher.kick()

@@ -23,6 +23,7 @@ from futureq.broker.dispatch_pass import NOT_ALLOWED_RETRY_MS
 from futureq.broker.dispatch_tasks import PURGE_CHUNK_ENTRIES
 from futureq.broker.dispatcher import Dispatcher
 from futureq.broker.hub import DEADLINE_HEAP_SLACK, Consumer, Hub
+from futureq.broker.schedule_observer import TIMER_HEAP_SLACK
 from futureq.config import QueueSection
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
@@ -147,6 +148,28 @@ def test_nothing_is_delivered_before_it_is_due() -> None:
     assert commands.parse_delivery_tag(tag) == (key, (1 + env.hub.tag_salt) % 2**32)
     assert consumer.credit == 9
     assert env.dispatch() == published + 500 + 30_000  # next: the visibility deadline
+
+
+def test_publishes_each_due_before_the_last_keep_the_wake_up_heap_bounded() -> None:
+    """Found by a tester: a wake-up an earlier one replaced stayed in the dispatcher's
+    heap until its time came, so publishes one at a time, each due before the last (a
+    backfill newest first), left one heap entry per message for as long as the messages
+    waited: memory grew with the backlog, not with the groups."""
+    env = Env()
+    gid = env.group("t", "g")
+    count = 2 * TIMER_HEAP_SLACK
+    for n in range(count):
+        env.publish("t", [b"%d" % n], delay_ms=3_600_000 + 60_000 * (count - n))
+    timers = len(env.dispatcher._timers)
+    assert timers <= 2 * len(env.dispatcher._wake_at) + TIMER_HEAP_SLACK, timers  # before: 8192
+    # The earliest is still delivered when it falls due, not before.
+    consumer = env.consumer(gid, credit=1)
+    env.clock.advance(3_600_000 + 60_000 - 1)
+    env.dispatch()
+    assert out(consumer).take() == []
+    env.clock.advance(1)
+    env.dispatch()
+    assert [d[2] for d in out(consumer).take()] == [b"%d" % (count - 1)]
 
 
 def test_due_entries_go_out_in_due_order_then_publish_order() -> None:
