@@ -259,3 +259,42 @@ async def test_a_late_confirmation_after_a_refused_retry_gives_the_credit_back()
     # confirmation never follows, and it is not counted twice.
     sub._revoke(1, [second.tag])
     assert sub._credit == 2 and conn.credits() == []
+
+
+async def test_a_pull_fetch_never_keeps_more_credit_out_than_a_server_holds() -> None:
+    """Found by a tester: a fetch of more than the server's ``limits.max_prefetch``
+    (10,000 by default) counted all of its credit as out, though the server drops what
+    passes its limit; once the server's credit was spent, the client believed the rest
+    was still owed, and every later fetch of up to that many asked for nothing and
+    received nothing while messages were due. Now a fetch keeps at most that much out
+    and receives a larger count in rounds."""
+    sub, conn = _bound(pull=True, prefetch=2)
+    sub._receive(1, _deliver(7, [_tag(1), _tag(2)]))
+    assert len(await sub.fetch(2, timeout_s=0)) == 2
+    got: list[Any] = []
+    async with trio.open_nursery() as nursery:
+
+        async def fetch() -> None:
+            got.extend(await sub.fetch(15_000, timeout_s=0.2))
+
+        nursery.start_soon(fetch)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.credits() == [10_000]  # before: [15000], 5,000 of it dropped
+        # The server's credit is spent: the next round asks for the rest.
+        sub._receive(1, _deliver(7, [_tag(10 + n) for n in range(10_000)]))
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.credits() == [5_000]
+    assert len(got) == 10_000  # the rest never came: the round timed out
+    later: list[Any] = []
+    async with trio.open_nursery() as nursery:
+
+        async def fetch_three() -> None:
+            later.extend(await sub.fetch(3, timeout_s=5))
+
+        nursery.start_soon(fetch_three)
+        await trio.testing.wait_all_tasks_blocked()
+        # 5,000 credits are out (the server holds them): nothing more is asked, and
+        # what they bring is received.
+        assert conn.credits() == []
+        sub._receive(1, _deliver(7, [_tag(20_000 + n) for n in range(3)]))
+    assert len(later) == 3
