@@ -36,7 +36,7 @@ import attrs
 import trio
 
 from futureq.client import _checks
-from futureq.client._base import DEFAULT_SERVER, parse_servers
+from futureq.client._base import CONNECT_STAGGER_S, DEFAULT_SERVER, parse_servers
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
 from futureq.client.client import Client, open_client
@@ -47,7 +47,7 @@ from futureq.wire import frames
 T = TypeVar("T")
 
 STARTUP_EXTRA_S: Final = 5.0
-"""Slack on top of ``connect_timeout_s`` when waiting for the thread to connect (s)."""
+"""Slack on top of the time opening may take when waiting for the thread to connect (s)."""
 JOIN_TIMEOUT_S: Final = 10.0
 """Longest :meth:`SyncClient.close` waits for the background thread to end (s)."""
 
@@ -230,6 +230,20 @@ class SyncClient:
         self._servers = parse_servers(servers)  # a bad address fails here, not in 5 s
         self._options = options
         self._connect_timeout_s = float(merged["connect_timeout_s"])
+        # How long opening may take before open_client has given up by itself: rounds
+        # of staggered attempts until connect_timeout_s has passed (the last round
+        # started just before, lasting connect_timeout_s more, its servers tried
+        # CONNECT_STAGGER_S apart), then a sharded node's slot map (one request).
+        # A fixed connect_timeout_s + 5 s was shorter than that with many servers
+        # that accept and never answer: open() raised TimeoutError, and the thread,
+        # still running, left the client answering every later call with an
+        # AssertionError (found by a tester).
+        self._startup_bound_s = (
+            2 * self._connect_timeout_s
+            + CONNECT_STAGGER_S * len(self._servers)
+            + float(merged["request_timeout_s"])
+            + STARTUP_EXTRA_S
+        )
         self._thread: threading.Thread | None = None
         self._pid: int | None = None  # the process whose thread serves this client
         self._ready = threading.Event()
@@ -290,7 +304,7 @@ class SyncClient:
             self._thread = thread
             self._pid = os.getpid()
             thread.start()
-            wait_s = self._connect_timeout_s + STARTUP_EXTRA_S
+            wait_s = self._startup_bound_s
             if not self._ready.wait(wait_s):
                 raise TimeoutError(f"the client thread did not start within {wait_s:g} s")
             if self._startup_error is not None:
