@@ -167,11 +167,13 @@ def main(
     if args.command == "completion":
         io.stdout.write(shtab.complete(parser, shell=args.shell))
         return EXIT_OK
-    if args.command == "purge":
-        refused = manage_commands.confirm_purge(args, sys.stdin, io)
-        if refused is not None:
-            return refused
     try:
+        if args.command == "purge":
+            # Its prompt waits on the terminal: a Ctrl-C there is an answer too (it
+            # printed a KeyboardInterrupt traceback, found by a tester).
+            refused = manage_commands.confirm_purge(args, sys.stdin, io)
+            if refused is not None:
+                return refused
         return trio.run(run_command, args, io)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

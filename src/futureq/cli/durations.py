@@ -15,6 +15,8 @@ import re
 from fractions import Fraction
 from typing import Final
 
+from futureq.client import _checks
+
 _UNIT_MS: Final[dict[str, int]] = {
     "ms": 1,
     "s": 1_000,
@@ -110,17 +112,30 @@ def duration_ms_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+MAX_DEADLINE_MS: Final = _checks.MAX_TIMEOUT_S * 1000
+"""Longest ``--request-timeout`` and longest wait of one ``consume`` receive (ms): one
+day, the most the client library takes for a deadline (``docs/client.md``, "Argument
+ranges")."""
+
+
 def positive_duration_ms_arg(text: str) -> int:
     """argparse ``type=`` for a deadline: a duration above 0 (``--request-timeout 0``
-    would leave no time for any request).
+    would leave no time for any request) and at most :data:`MAX_DEADLINE_MS`.
 
     Raises:
-        argparse.ArgumentTypeError: not a duration, or 0.
+        argparse.ArgumentTypeError: not a duration, 0, or more than a day.
     """
     value = duration_ms_arg(text)
     if value == 0:
         raise argparse.ArgumentTypeError(
             f"{text!r} leaves no time for any request; give a deadline above 0 (e.g. 30s)"
+        )
+    if value > MAX_DEADLINE_MS:
+        # The client library takes deadlines of at most a day (docs/client.md,
+        # "Argument ranges"): `--request-timeout 2d` passed here and then died in
+        # open_client with a ValueError traceback (found by a tester).
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is {value} ms; a request deadline is at most 1d ({MAX_DEADLINE_MS} ms)"
         )
     return value
 

@@ -633,7 +633,7 @@ def _purge_target(args: argparse.Namespace) -> str:
     return f"every group of topic {args.topic!r}"
 
 
-def confirm_purge(args: argparse.Namespace, stdin: IO[str], io: Output) -> int | None:
+def confirm_purge(args: argparse.Namespace, stdin: IO[str] | None, io: Output) -> int | None:
     """Ask before a ``purge`` (before connecting, so no connection idles meanwhile).
 
     Returns:
@@ -642,7 +642,7 @@ def confirm_purge(args: argparse.Namespace, stdin: IO[str], io: Output) -> int |
     if args.yes:
         return None
     what = _purge_target(args)
-    if not stdin.isatty():
+    if stdin is None or not stdin.isatty():  # None: started with stdin closed (`<&-`)
         io.err(f"error: purge removes every message pending in {what}; add --yes to confirm")
         return EXIT_USAGE
     io.err(f"Remove every message pending now in {what}? Type 'yes': ")
