@@ -8,13 +8,19 @@ taken than ``--count`` will print (``docs/cli.md``, "consume").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from typing import Final
+
+import trio
 
 from futureq.cli import manage_commands
+from futureq.cli.durations import MAX_DEADLINE_MS
+from futureq.cli.interrupts import Interrupt, ctrl_c_requests
 from futureq.cli.jsonl import record_line, render_payload
 from futureq.cli.output import EXIT_OK, Output, format_ms
-from futureq.client import Client, Delivery, _checks
-from futureq.errors import ConnectionLostError, ErrorCode, RequestError
+from futureq.client import Client, Delivery, Subscription, _checks
+from futureq.errors import ConnectionLostError, ErrorCode, FutureQError, RequestError
 
 
 def delivery_json(delivery: Delivery) -> str:
@@ -53,7 +59,42 @@ def delivery_line(delivery: Delivery) -> str:
     )
 
 
+async def _receive_within(sub: Subscription, idle_ms: int) -> Delivery | None:
+    """The next delivery, or None once none came for ``idle_ms``: waited in parts of at
+    most a day, the longest :meth:`Subscription.receive` takes (``--idle-timeout 2d``
+    subscribed, then died with a ValueError traceback; found by a tester)."""
+    left_ms = idle_ms
+    while True:
+        part_ms = min(left_ms, MAX_DEADLINE_MS)
+        delivery = await sub.receive(part_ms / 1000)
+        left_ms -= part_ms
+        if delivery is not None or left_ms <= 0:
+            return delivery
+
+
+RELEASE_GRACE_S: Final = 5.0
+"""Longest wait to give back a delivery whose line could not be printed (s)."""
+
+
 async def run_consume(client: Client, args: argparse.Namespace, io: Output) -> int:
+    """``futureq-cli consume``: print and settle deliveries until ``--count``,
+    ``--idle-timeout`` or Ctrl-C.
+
+    Ctrl-C (the first) stops the wait for the next delivery, not the settling of one
+    already printed: the deliveries received and not printed are given back
+    unprocessed as the subscription ends, and the exit status is 130 (143 for
+    SIGTERM, taken the same way; :mod:`futureq.cli.interrupts`). A second one stops at
+    once.
+    """
+    interrupt = Interrupt()
+    async with ctrl_c_requests(interrupt):
+        await _consume(client, args, io, interrupt)
+    return interrupt.exit_status if interrupt.requested else EXIT_OK
+
+
+async def _consume(
+    client: Client, args: argparse.Namespace, io: Output, interrupt: Interrupt
+) -> None:
     prefetch = args.prefetch
     if args.count is not None:
         # Never take more than we will print: a delivery received but not printed
@@ -62,26 +103,36 @@ async def run_consume(client: Client, args: argparse.Namespace, io: Output) -> i
         # (At most what any server grants: a larger --count is no window at all.)
         prefetch = min(args.count, _checks.MAX_CREDIT) if args.no_ack else min(prefetch, args.count)
     received = 0
-    async with client.subscribe(args.topic, args.group, prefetch) as sub:
+    async with contextlib.AsyncExitStack() as stack:
+        with interrupt.batch():
+            sub = await stack.enter_async_context(
+                client.subscribe(args.topic, args.group, prefetch)
+            )
+        if interrupt.requested:
+            return
         while args.count is None or received < args.count:
-            if args.idle_timeout_ms is None:
-                delivery = await sub.__anext__()
-            else:
-                maybe = await sub.receive(args.idle_timeout_ms / 1000)
-                if maybe is None:
-                    if client.connected_address is None:
-                        # Quiet because the broker is gone, not because the topic is.
-                        raise ConnectionLostError(
-                            f"lost the connection to {','.join(client.servers)} and could "
-                            f"not reconnect; no message for --idle-timeout "
-                            f"{args.idle_timeout_ms} ms, stopped after {received} message(s)"
-                        )
-                    break
-                delivery = maybe
-            if args.json:
-                io.out(delivery_json(delivery))
-            else:
-                io.out(delivery_line(delivery))
+            delivery: Delivery | None = None
+            with interrupt.batch():
+                # A checkpoint each time, so a Ctrl-C is heard though deliveries are
+                # buffered (taking a buffered one does not wait).
+                await trio.lowlevel.checkpoint()
+                if args.idle_timeout_ms is None:
+                    delivery = await sub.__anext__()
+                else:
+                    delivery = await _receive_within(sub, args.idle_timeout_ms)
+                    if delivery is None:
+                        if client.connected_address is None:
+                            # Quiet because the broker is gone, not because the topic is.
+                            raise ConnectionLostError(
+                                f"lost the connection to {','.join(client.servers)} and "
+                                f"could not reconnect; no message for --idle-timeout "
+                                f"{args.idle_timeout_ms} ms, stopped after {received} "
+                                "message(s)"
+                            )
+                        return
+            if delivery is None:
+                return  # Ctrl-C while waiting: what is buffered is released on leaving
+            await _print(delivery, args, io)
             received += 1
             if received == args.count:
                 sub.pause()  # the last one: settling it must not invite another push
@@ -100,4 +151,25 @@ async def run_consume(client: Client, args: argparse.Namespace, io: Output) -> i
                     f"warning: message {delivery.id} was not settled in time (visibility "
                     "timeout); it will be delivered again"
                 )
-    return EXIT_OK
+            if interrupt.requested:
+                return
+
+
+async def _print(delivery: Delivery, args: argparse.Namespace, io: Output) -> None:
+    """Print the delivery's line; if that fails (stdout closed: ``consume | head``),
+    give the delivery back unprocessed before raising.
+
+    Found by a tester: with ``| head -1`` the second delivery, taken but never printed,
+    went back to the group counted as an attempt (with ``max_deliveries`` 1, straight
+    to the dead-letter topic) though ``docs/cli.md`` says a message received and not
+    printed is given back uncounted.
+    """
+    try:
+        io.out(delivery_json(delivery) if args.json else delivery_line(delivery))
+    except BaseException:
+        with trio.move_on_after(RELEASE_GRACE_S, shield=True):
+            try:
+                await delivery.release()
+            except FutureQError:
+                pass  # it comes back when the subscription ends, counted
+        raise

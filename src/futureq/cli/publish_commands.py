@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
+import errno
+import io as io_module
 import os
-import signal
 import sys
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Final
 
 import anyio
@@ -26,10 +25,10 @@ import trio
 
 from futureq.cli.argv_text import argv_bytes
 from futureq.cli.client_arguments import DEFAULT_BATCH_SIZE
+from futureq.cli.interrupts import Interrupt, ctrl_c_requests
 from futureq.cli.jsonl import JsonlItem, LineFailure, parse_jsonl
 from futureq.cli.output import (
     EXIT_ERROR,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     Output,
@@ -69,6 +68,29 @@ def read_payload(handle: IO[bytes], limit: int, source: str) -> bytes:
     return b"".join(chunks)
 
 
+async def _read_stdin_payload(io: Output, limit: int) -> bytes:
+    """``publish TOPIC -``: the payload from standard input (:func:`read_payload`).
+
+    The process's own stdin is read unbuffered from its file descriptor in a thread
+    that a Ctrl-C abandons: the read used to hold off Ctrl-C until the end of the
+    input (a user who forgot the pipe could not stop it, and after Ctrl-D the payload
+    typed so far was published anyway; found by a tester). A raw read holds no lock
+    of ``sys.stdin``, so an abandoned thread cannot hang the interpreter's exit.
+
+    Raises:
+        RequestError: PAYLOAD_TOO_LARGE (:func:`read_payload`).
+        OSError: standard input is closed (``<&-``) or cannot be read.
+    """
+    if io.stdin is not None:
+        return await trio.to_thread.run_sync(read_payload, io.stdin, limit, "standard input")
+    if sys.stdin is None:  # started with stdin closed: it was an AttributeError traceback
+        raise OSError(errno.EBADF, "standard input is closed; pipe the payload in")
+    raw = io_module.FileIO(sys.stdin.fileno(), "rb", closefd=False)
+    return await trio.to_thread.run_sync(
+        read_payload, raw, limit, "standard input", abandon_on_cancel=True
+    )
+
+
 async def run_publish_one(client: Client, args: argparse.Namespace, io: Output) -> int:
     # No payload can be larger than a frame: read one byte more to know it is too large.
     limit = client.max_frame_bytes
@@ -76,8 +98,7 @@ async def run_publish_one(client: Client, args: argparse.Namespace, io: Output) 
         with open(args.payload_file, "rb") as handle:  # noqa: ASYNC230 - a bounded read
             payload = read_payload(handle, limit, args.payload_file)
     elif args.payload == STDIN_PAYLOAD:
-        stdin = io.stdin if io.stdin is not None else sys.stdin.buffer
-        payload = await trio.to_thread.run_sync(read_payload, stdin, limit, "standard input")
+        payload = await _read_stdin_payload(io, limit)
     else:
         # The bytes the shell passed: a payload is bytes, so $'\xff' is sent as 0xff
         # (argv is decoded with surrogateescape; UTF-8 text stays its UTF-8).
@@ -130,39 +151,6 @@ def frame_batches(
     return batches
 
 
-class Interrupt:
-    """Ctrl-C during ``publish --file``, turned into the cancellation of the batch in
-    flight, so the run always ends with its summary and ``--failed-out``.
-
-    Trio raises Ctrl-C's :exc:`KeyboardInterrupt` in whatever task runs when the signal
-    comes: in the client's reader task it ended the client, and the run exited 130
-    with no summary (a CI run, under load). :func:`run_publish_file` takes SIGINT from
-    trio's signal receiver instead and calls :meth:`request`.
-    """
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._in_flight: anyio.CancelScope | None = None
-
-    def request(self) -> None:
-        """Stop publishing: cancel the batch in flight, send no other."""
-        self.requested = True
-        if self._in_flight is not None:
-            self._in_flight.cancel()
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[anyio.CancelScope]:
-        """The scope of one batch's call, cancelled by :meth:`request`."""
-        with anyio.CancelScope() as scope:
-            if self.requested:
-                scope.cancel()
-            self._in_flight = scope
-            try:
-                yield scope
-            finally:
-                self._in_flight = None
-
-
 async def publish_items(
     client: Client,
     items: Sequence[JsonlItem],
@@ -207,6 +195,10 @@ async def publish_items(
     limit = client.max_frame_bytes if max_frame_bytes is None else max_frame_bytes
     pending = collections.deque(frame_batches(items, size, limit))
     while pending:
+        if interrupt is not None and interrupt.requested:
+            # Ctrl-C before this batch was sent (while the file was parsed): not sent.
+            _fail_not_sent(pending, 0, "", summary, on_progress, interrupted=True)
+            break
         batch = pending.popleft()
         too_big = [e for e in batch if e.wire_bytes > limit - PUBLISH_FRAME_OVERHEAD_BYTES]
         if len(batch) == 1 and too_big:
@@ -389,34 +381,6 @@ async def run_publish_file(client: Client, args: argparse.Namespace, io: Output)
             failed_out.close()
 
 
-@contextlib.asynccontextmanager
-async def _ctrl_c_requests(interrupt: Interrupt) -> AsyncIterator[None]:
-    """While the block runs, SIGINT calls ``interrupt.request()`` instead of raising
-    :exc:`KeyboardInterrupt` where it lands (:class:`Interrupt`); a second one raises
-    it, for a user who does not want to wait. Outside the main thread (where signals
-    cannot be received) the block runs as is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        try:
-            async with trio.open_nursery() as nursery:
-
-                async def watch() -> None:
-                    count = 0
-                    async for _ in signals:
-                        count += 1
-                        if count > 1:
-                            raise KeyboardInterrupt
-                        interrupt.request()
-
-                nursery.start_soon(watch)
-                yield
-                nursery.cancel_scope.cancel()
-        except* KeyboardInterrupt:
-            raise KeyboardInterrupt from None  # as a Ctrl-C anywhere else: exit 130
-
-
 async def _publish_lines(
     client: Client,
     args: argparse.Namespace,
@@ -424,11 +388,16 @@ async def _publish_lines(
     lines: list[str],
     failed_out: IO[bytes] | None,
 ) -> int:
-    items, failures = parse_jsonl(lines)
-    batch_size = args.batch_size or DEFAULT_BATCH_SIZE
     started = time.monotonic()
     interrupt = Interrupt()
-    async with _ctrl_c_requests(interrupt):
+    async with ctrl_c_requests(interrupt):
+        # Parsed under Ctrl-C's receiver too, and in a thread so that a second Ctrl-C
+        # is heard at once: a Ctrl-C while a large file was parsed (seconds for a
+        # million lines) ended the run with no summary and an empty --failed-out,
+        # whose publishing then stored nothing (found by a tester). Now every line
+        # is reported not sent, and --failed-out gets the whole file.
+        items, failures = await trio.to_thread.run_sync(parse_jsonl, lines, abandon_on_cancel=True)
+        batch_size = args.batch_size or DEFAULT_BATCH_SIZE
         if io.is_terminal and items:
             from rich.progress import Progress
 
@@ -446,6 +415,7 @@ async def _publish_lines(
             summary = await publish_items(
                 client, items, batch_size, servers=args.server, interrupt=interrupt
             )
+    summary.interrupted = summary.interrupted or interrupt.requested  # exit 130
     elapsed_s = max(time.monotonic() - started, 1e-9)
     summary.failures = sorted(failures + summary.failures, key=lambda f: f.line_number)
     rate = summary.published / elapsed_s
@@ -484,7 +454,7 @@ async def _publish_lines(
     if summary.failures and (failed_out is not None or stopped):
         io.err(_resend_advice(args, lines, summary.failures, failed_out))
     if summary.interrupted:
-        return EXIT_INTERRUPTED
+        return interrupt.exit_status
     return EXIT_ERROR if summary.failures else EXIT_OK
 
 
