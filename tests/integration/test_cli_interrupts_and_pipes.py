@@ -279,3 +279,23 @@ def test_consume_waits_an_idle_timeout_longer_than_a_day(broker: BrokerProcess) 
     done = cli(address, "consume", "idle.t", "--group", "g", "--count", "1", "--idle-timeout", "2d")
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip("\n").endswith(": hello"), done.stdout
+
+
+def test_a_no_ack_count_over_the_servers_window_names_the_count(broker: BrokerProcess) -> None:
+    """``--no-ack --count 20000`` needs a window of 20000 (every printed message stays
+    out): the server's refusal named only a ``--prefetch`` the user never gave."""
+    done = cli(
+        broker.client_address,
+        "consume",
+        "win.t",
+        "--group",
+        "g",
+        "--no-ack",
+        "--count",
+        "20000",
+        "--idle-timeout",
+        "1s",
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: [INVALID_ARGUMENT] prefetch must be"), done.stderr
+    assert "--count 20000 needs a window of 20000" in done.stderr, done.stderr

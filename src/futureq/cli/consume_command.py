@@ -105,9 +105,12 @@ async def _consume(
     received = 0
     async with contextlib.AsyncExitStack() as stack:
         with interrupt.batch():
-            sub = await stack.enter_async_context(
-                client.subscribe(args.topic, args.group, prefetch)
-            )
+            try:
+                sub = await stack.enter_async_context(
+                    client.subscribe(args.topic, args.group, prefetch)
+                )
+            except RequestError as exc:
+                raise _window_error(exc, args, prefetch) from None
         if interrupt.requested:
             return
         while args.count is None or received < args.count:
@@ -153,6 +156,22 @@ async def _consume(
                 )
             if interrupt.requested:
                 return
+
+
+def _window_error(exc: RequestError, args: argparse.Namespace, prefetch: int) -> RequestError:
+    """SUBSCRIBE's refusal, saying why the window was that large when the user did not
+    ask for it: ``--no-ack --count N`` needs a window of N (every printed message stays
+    out), and ``consume --no-ack --count 20000`` said only ``prefetch must be between 1
+    and 10000, got 20000`` of a ``--prefetch`` never given (found by a tester)."""
+    if exc.code is not ErrorCode.INVALID_ARGUMENT or not args.no_ack or prefetch == args.prefetch:
+        return exc
+    return RequestError(
+        exc.code,
+        f"{exc.message}: with --no-ack every message printed stays out until the end, so "
+        f"--count {args.count} needs a window of {prefetch}; give a --count the server's "
+        "limit takes, or drop --no-ack",
+        exc.item_index,
+    )
 
 
 async def _print(delivery: Delivery, args: argparse.Namespace, io: Output) -> None:
