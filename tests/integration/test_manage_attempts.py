@@ -225,11 +225,15 @@ def test_a_redrive_after_a_purge_of_the_dead_letters_brings_none_back(
     for _ in range(3):
         client.publish([["rp", b"x", None, None, None]] * 1000)
     subscription = client.subscribe("rp", "g", 1000)
-    for _ in range(3):
+    for round_ in range(3):
         tags = [d[0] for d in client.deliveries(1000)]
         answer = client.request(frames.Nack(client.next_id(), tags, 0, "bad", True))
         assert isinstance(answer, frames.Ok), answer
-        client.send(frames.Credit(0, subscription, 1000))
+        if round_ < 2:
+            # Not after the last round: the server may take a CREDIT sent right before
+            # UNSUBSCRIBE after it, and refuse it (request id 0) where this client
+            # waits for the next answer (a CI run).
+            client.send(frames.Credit(0, subscription, 1000))
     client.request(frames.Unsubscribe(client.next_id(), subscription))
     letters: list[int] = []
     cursor = None
