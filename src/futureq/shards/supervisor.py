@@ -23,7 +23,10 @@ derived by :mod:`futureq.shards.layout`), and
   :data:`FAST_FAILURE_S` of its start, takes the node down (exit 1) with a sentence;
 * forwards SIGTERM/SIGINT as one SIGTERM to every shard and waits for them for
   ``server.shutdown_grace_ms`` plus :data:`EXTRA_STOP_S`, then SIGKILLs what is left;
-  forwards SIGHUP (credentials reload). A second SIGTERM/SIGINT SIGKILLs the shards.
+  forwards SIGHUP (credentials reload) to every shard that is ready, and to a shard
+  still starting once it is (:meth:`Supervisor._forward_sighup`), and reloads the
+  credentials it checks on the node's HTTP port itself. A second SIGTERM/SIGINT
+  SIGKILLs the shards.
 
 Shards run in their own process group (a terminal's Ctrl-C reaches the supervisor
 only, which sends one SIGTERM); a shard whose supervisor dies notices that it was
@@ -48,6 +51,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -66,6 +70,9 @@ from futureq.rate_limited_log import RateLimitedLog
 from futureq.shards.heartbeat import HEARTBEAT_FD_ENV, HEARTBEAT_S, SILENT_AFTER_S
 from futureq.shards.layout import note_first_start_ready, shard_data_dir
 from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
+
+if TYPE_CHECKING:
+    from futureq.broker.access import AccessControl
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +138,9 @@ class _Shard:
         self.silent_since: float | None = None
         """Trio time of the current process's last heartbeat while it is silent
         (stopped or hung: :mod:`futureq.shards.heartbeat`), else None."""
+        self.reload_due = False
+        """A SIGHUP came while the current process was starting: it is sent one once it
+        prints READY (:meth:`Supervisor._forward_sighup`)."""
         self._changed = trio.Event()
 
     def describe(self) -> str:
@@ -190,6 +200,9 @@ class Supervisor:
         self.stopping = False
         self.exit_code = 0
         self._outer: trio.Nursery | None = None
+        self._cover_access: AccessControl | None = None
+        """The token checks of the supervisor's answers on the node's HTTP port
+        (:meth:`_cover_http`), reloaded on SIGHUP as the shards reload theirs."""
         # A shard stalling over and over (starved of CPU, long pauses) would log two
         # lines a stall: bounded, the rest summed up.
         self._life_log = RateLimitedLog(log, HEARTBEAT_LINES_PER_MINUTE, "shards' signs of life")
@@ -268,10 +281,7 @@ class Supervisor:
     async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
         async for signum in signals:
             if signum == signal.SIGHUP:
-                for shard in self.shards:
-                    if shard.running:
-                        assert shard.process is not None
-                        shard.process.send_signal(signal.SIGHUP)
+                self._forward_sighup()
                 continue
             name = signal.Signals(signum).name
             if not self.stopping:
@@ -293,6 +303,30 @@ class Supervisor:
                 if self.exit_code == 0 and any(shard.running for shard in self.shards):
                     self.exit_code = EXIT_FORCED
                 self._kill_all(f"is still running after a second {name}")
+
+    def _forward_sighup(self) -> None:
+        """SIGHUP (credentials reload): reload the credentials the supervisor checks on
+        the node's HTTP port while shard 0 does not serve, and send SIGHUP to every shard.
+
+        A shard process that has not printed READY yet gets it once it has: until
+        ``futureq start`` has installed its SIGHUP handling, first thing once Python has
+        loaded it, the signal's default action ends the process. Before, a reload sent
+        while a shard started (``systemctl reload`` right after ``start``) killed it:
+        before its first READY that stopped the node, later it cost a restart. (Its READY
+        comes after it read the credentials file, so the SIGHUP sent then reloads what
+        may have changed since.) The supervisor kept the file it read at start: a client
+        added since got 401 from it, and one removed still read the node's status.
+        """
+        if self._cover_access is not None:
+            self._cover_access.reload()
+        for shard in self.shards:
+            if not shard.running:
+                continue  # the next process reads the file when it starts
+            assert shard.process is not None
+            if shard.ready_pid == shard.process.pid:
+                shard.process.send_signal(signal.SIGHUP)
+            else:
+                shard.reload_due = True
 
     async def _announce_when_ready(self) -> None:
         with trio.move_on_after(START_DEADLINE_S) as waiting:
@@ -400,6 +434,7 @@ class Supervisor:
             os.close(beat_write)
         shard.process = process
         shard.silent_since = None
+        shard.reload_due = False  # this process reads the credentials file as it starts
         started = trio.current_time()
         shard.set_state(False, f"is starting (pid {process.pid})")
         log.info("shard %d started (pid %d)", shard.index, process.pid)
@@ -434,12 +469,9 @@ class Supervisor:
         token = self.env[TOKEN_ENV]
         view = NodeView(config, shard_role(self.config, 0), token)
         shard0 = self.shards[0]
+        self._cover_access = AccessControl(config.server.auth_token, config.server.credentials_file)
         app = ShardZeroDownApp(
-            view,
-            shard0.describe,
-            AccessControl(config.server.auth_token, config.server.credentials_file),
-            config.metrics.require_auth,
-            token,
+            view, shard0.describe, self._cover_access, config.metrics.require_auth, token
         )
         tls = config.tls if config.tls.http else None
         while True:
@@ -549,6 +581,9 @@ class Supervisor:
                         shard.ready_pid = process.pid
                         shard.ready.set()
                         shard.set_state(True, f"is serving (pid {process.pid})")
+                        if shard.reload_due:  # its SIGHUP handling is in place now
+                            shard.reload_due = False
+                            process.send_signal(signal.SIGHUP)
                     else:
                         print(line, flush=True)
 
