@@ -364,6 +364,48 @@ def test_the_nodes_port_answers_while_shard_0_is_stopped_and_recovers(node: Shar
     assert status == 200 and b"<html" in body.lower()  # shard 0 serves the port again
 
 
+def test_a_request_the_supervisor_took_as_shard_0_returned_is_answered(
+    node: ShardedNode,
+) -> None:
+    """A connection the supervisor accepted while shard 0 was stopped, whose request
+    comes just after shard 0 gives signs of life again, is answered by the supervisor
+    even when its answer waits FETCH_DEADLINE_S for a stopped shard 1. Before, the
+    supervisor gave its requests 1 s once shard 0 was back, no more than such an answer
+    takes: the probe's connection was closed without an answer."""
+    import socket
+
+    wait_status(node, "/readyz", 200)
+    zero, one = shard_pid(node, 0), shard_pid(node, 1)
+    os.kill(one, signal.SIGSTOP)  # every /healthz now waits FETCH_DEADLINE_S for shard 1
+    try:
+        os.kill(zero, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 60
+            while b"is not answering" not in get(node, "/healthz")[1]:
+                assert time.monotonic() < deadline, "the supervisor never answered for shard 0"
+            host, port = node.http_address.rsplit(":", 1)
+            probe = socket.create_connection((host, int(port)), timeout=HTTP_TIMEOUT_S)
+            time.sleep(0.3)  # accepted by the supervisor: shard 0 is stopped
+            alive = f"shard 0 (pid {zero}) gives signs of life again"
+            seen = node.stderr_text().count(alive)
+        finally:
+            os.kill(zero, signal.SIGCONT)
+        with probe:
+            deadline = time.monotonic() + 30
+            while node.stderr_text().count(alive) == seen:  # the supervisor stops accepting
+                assert time.monotonic() < deadline, node.stderr_text()[-4000:]
+                time.sleep(0.005)
+            probe.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            answer = b""
+            while chunk := probe.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"shard 1 (" in answer and b"did not answer within" in answer, answer
+    finally:
+        os.kill(one, signal.SIGCONT)
+    wait_status(node, "/readyz", 200)
+
+
 def test_a_whole_node_paused_is_not_taken_for_a_silent_shard(node: ShardedNode) -> None:
     """The supervisor and its shards stopped together (a whole node paused, as the fault
     harness's ``pause`` does) and continued, the supervisor first: its heartbeat deadline

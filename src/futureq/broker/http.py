@@ -670,17 +670,21 @@ async def serve_app(
     idle_timeout_ms: int = DEFAULT_HTTP_IDLE_TIMEOUT_MS,
     send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS,
     announce: bool = True,
+    graceful_timeout_s: float = GRACEFUL_TIMEOUT_S,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` with hypercorn on ``address`` (or ``listen_fd``); the arguments are
-    :func:`serve_http`'s, and ``announce`` False leaves out the "HTTP listening" line
-    (a sharded node's supervisor, answering on a port shard 0 announced, logs its own)."""
+    :func:`serve_http`'s, ``announce`` False leaves out the "HTTP listening" line
+    (a sharded node's supervisor, answering on a port shard 0 announced, logs its own),
+    and ``graceful_timeout_s`` is how long requests under way may take to be answered
+    once ``shutdown_trigger`` returned (an app whose answers may wait longer for
+    something than :data:`GRACEFUL_TIMEOUT_S` gives more)."""
     config = HypercornConfig()
     config.bind = [address if listen_fd is None else f"fd://{listen_fd}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("futureq.broker.http.server")
     config.logger_class = _QuietHypercornLogger
-    config.graceful_timeout = GRACEFUL_TIMEOUT_S
+    config.graceful_timeout = graceful_timeout_s
     config.include_server_header = False
     config.keep_alive_timeout = idle_timeout_ms / 1000
     config.ssl_handshake_timeout = idle_timeout_ms / 1000

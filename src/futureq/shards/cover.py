@@ -33,7 +33,12 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from futureq.broker.http import HttpApp, merged_node_answer, merged_node_metrics
+from futureq.broker.http import (
+    GRACEFUL_TIMEOUT_S,
+    HttpApp,
+    merged_node_answer,
+    merged_node_metrics,
+)
 from futureq.shards import view as node_view
 
 if TYPE_CHECKING:
@@ -45,6 +50,13 @@ _TEXT = b"text/plain; charset=utf-8"
 _JSON = b"application/json"
 _MERGED = ("/healthz", "/readyz", "/api/status", "/metrics")
 """Paths the supervisor still answers for the node, from the other shards."""
+GRACE_S = node_view.FETCH_DEADLINE_S + GRACEFUL_TIMEOUT_S
+"""How long the requests the supervisor is answering when shard 0 serves again may take
+to be answered (s). Its answers ask the other shards, each within
+:data:`futureq.shards.view.FETCH_DEADLINE_S`: with a shard stopped or hung, one takes
+that long. With the HTTP server's usual 1 s, a probe that came just before shard 0 did
+(or on a connection the supervisor had accepted, its request just after) was cut off
+without an answer."""
 
 
 def _json(value: object) -> bytes:
@@ -116,4 +128,4 @@ class ShardZeroDownApp(HttpApp):
         return 503, text.encode(), _TEXT
 
 
-__all__ = ["ShardZeroDownApp"]
+__all__ = ["GRACE_S", "ShardZeroDownApp"]

@@ -40,6 +40,7 @@ Source: ``docs/sharding.md``, "Supervision".
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import math
 import os
@@ -461,6 +462,7 @@ class Supervisor:
         """Serve the node's HTTP port whenever shard 0 does not (module doc)."""
         from futureq.broker.access import AccessControl
         from futureq.broker.http import serve_app
+        from futureq.shards.cover import GRACE_S as COVER_GRACE_S
         from futureq.shards.cover import ShardZeroDownApp
         from futureq.shards.layout import shard_config, shard_role
         from futureq.shards.view import NodeView
@@ -474,24 +476,32 @@ class Supervisor:
             view, shard0.describe, self._cover_access, config.metrics.require_auth, token
         )
         tls = config.tls if config.tls.http else None
-        while True:
-            await shard0.wait_serving(False)
-            log.info(
-                "shard 0 %s: the supervisor answers on the node's HTTP port", shard0.describe()
-            )
-            # hypercorn owns (and closes) the socket object it serves: give it a copy.
-            await serve_app(
-                app,
-                config.server.http,
-                max_frame_bytes=config.limits.max_frame_bytes,
-                tls=tls,
-                shutdown_trigger=shard0.wait_serving,
-                listen_fd=os.dup(http_socket.fileno()),
-                max_connections=config.limits.max_http_connections,
-                idle_timeout_ms=config.limits.http_idle_timeout_ms,
-                send_timeout_ms=config.limits.send_timeout_ms,
-                announce=False,  # the line above says it; shard 0 announced the port
-            )
+        serve = functools.partial(
+            serve_app,
+            app,
+            config.server.http,
+            max_frame_bytes=config.limits.max_frame_bytes,
+            tls=tls,
+            shutdown_trigger=shard0.wait_serving,
+            max_connections=config.limits.max_http_connections,
+            idle_timeout_ms=config.limits.http_idle_timeout_ms,
+            send_timeout_ms=config.limits.send_timeout_ms,
+            announce=False,  # the line below says it; shard 0 announced the port
+            graceful_timeout_s=COVER_GRACE_S,
+        )
+        async with trio.open_nursery() as covers:
+            while True:
+                await shard0.wait_serving(False)
+                log.info(
+                    "shard 0 %s: the supervisor answers on the node's HTTP port",
+                    shard0.describe(),
+                )
+                # hypercorn owns (and closes) the socket object it serves: give it a copy.
+                # Each time its own server: the one before may still be answering the
+                # requests it took (for up to COVER_GRACE_S) while this one accepts, so
+                # a shard 0 silent again at once never leaves the port unserved.
+                covers.start_soon(functools.partial(serve, listen_fd=os.dup(http_socket.fileno())))
+                await shard0.wait_serving(True)
 
     async def _watch_heartbeats(
         self, shard: _Shard, process: trio.Process, fd: int, scope: trio.CancelScope
