@@ -78,6 +78,15 @@ ROUTED = ("/api/browse", "/api/browse/counts")
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
 
+@attrs.define
+class _SharedFetch:
+    """One fetch under way, whose reply every request asking the same waits for."""
+
+    done: trio.Event = attrs.Factory(trio.Event)
+    reply: Reply | None = None
+    """None once done: the fetch was cancelled (its own request ended)."""
+
+
 @attrs.frozen
 class Answer:
     """One shard's HTTP answer: status, body, ``Content-Type``."""
@@ -245,6 +254,15 @@ class NodeView:
             for shard in range(role.slot_map.shard_count)
         ]
         self.ssl_context = client_ssl_context(config)
+        from futureq.broker.http import HTTP_ADDRESS_SHARE
+
+        share = max(1, config.limits.max_http_connections // HTTP_ADDRESS_SHARE)
+        self._connections = [
+            trio.CapacityLimiter(max(1, share // 2)) for _ in range(role.slot_map.shard_count)
+        ]
+        """Connections to shard ``K`` open at once: half of what one address may hold
+        there (the rest stays for ``futureq health --shards``, other local clients)."""
+        self._under_way: dict[tuple[int, str], _SharedFetch] = {}
         self.overviews: dict[int, tuple[float, Reply]] = {}
         """The other shards' last ``/api/overview`` replies and when they came (trio
         time, s); WATCH merges those younger than :data:`OVERVIEW_FRESH_S`."""
@@ -260,13 +278,7 @@ class NodeView:
         replies: dict[int, Reply] = {}
 
         async def one(shard: int) -> None:
-            replies[shard] = await http_get(
-                self.addresses[shard],
-                target,
-                token=self.token,
-                ssl_context=self.ssl_context,
-                deadline_s=self.deadline_s,
-            )
+            replies[shard] = await self.fetch_one(shard, target)
 
         async with trio.open_nursery() as nursery:
             for shard in range(1, self.shard_count):
@@ -278,14 +290,40 @@ class NodeView:
         return self.role.slot_map.shard_of(topic)
 
     async def fetch_one(self, shard: int, target: str) -> Reply:
-        """``GET target`` from shard ``shard`` within the deadline."""
-        return await http_get(
-            self.addresses[shard],
-            target,
-            token=self.token,
-            ssl_context=self.ssl_context,
-            deadline_s=self.deadline_s,
-        )
+        """``GET target`` from shard ``shard`` within the deadline.
+
+        Requests asking the same of the same shard at once share one fetch, and at most
+        half of what one address may hold on that shard's port (its
+        ``limits.max_http_connections`` / ``HTTP_ADDRESS_SHARE``) is open at once. Every
+        fetch comes from this node's own address: before, each probe of the node's
+        port opened its own connection to every other shard, so 33 probes at once
+        (from several hosts, each within its own share) took more than the node's
+        address may hold on shard 1's port, and the node answered ``unhealthy: shard 1
+        ...: answered 503 this address holds 32 HTTP connections`` about itself.
+        """
+        key = (shard, target)
+        while (shared := self._under_way.get(key)) is not None:
+            await shared.done.wait()
+            if shared.reply is not None:
+                return shared.reply
+        shared = self._under_way[key] = _SharedFetch()
+        try:
+            reply: Reply = NoAnswer(f"did not answer within {self.deadline_s:g} s")
+            deadline = trio.current_time() + self.deadline_s
+            with trio.move_on_at(deadline):
+                async with self._connections[shard]:
+                    reply = await http_get(
+                        self.addresses[shard],
+                        target,
+                        token=self.token,
+                        ssl_context=self.ssl_context,
+                        deadline_s=self.deadline_s,  # the scope above ends it in time
+                    )
+            shared.reply = reply
+            return reply
+        finally:
+            del self._under_way[key]
+            shared.done.set()
 
     # --- the dashboard's overview (WATCH_UPDATE is built synchronously) --------------
 

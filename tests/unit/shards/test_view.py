@@ -142,3 +142,65 @@ def test_metrics_of_shards_merge_into_one_family_each_with_a_shard_label() -> No
     assert applied == {"0": 4.0, "1": 9.0}
     published = families["futureq_published_messages"].samples
     assert {(s.labels["shard"], s.labels["topic"]) for s in published} == {("0", "t"), ("1", "t")}
+
+
+async def test_probes_at_once_share_their_fetches_and_stay_within_one_address_share() -> None:
+    """60 probes of the node's port at once, each asking shard 1 the same: before, each
+    opened its own connection to shard 1, all from the node's own address, and past
+    the 32 connections one address may hold there (limits.max_http_connections 128 / 4)
+    shard 1 refused them, so the node called itself unhealthy. Now one fetch serves
+    the probes asking the same at once, and different fetches to one shard open at most
+    half of that share at once."""
+    import attrs
+
+    from futureq.config import Config
+    from futureq.shards.layout import shard_role
+    from futureq.shards.view import NodeView
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    open_now = [0]
+    most = [0]
+
+    async def answer(stream: trio.abc.Stream) -> None:
+        open_now[0] += 1
+        most[0] = max(most[0], open_now[0])
+        try:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += await stream.receive_some(4096)
+            await trio.sleep(0.05)  # a shard busy for a moment
+            await stream.send_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 3\r\n\r\nok\n"
+            )
+        finally:
+            open_now[0] -= 1
+            await stream.aclose()
+
+    config = Config()
+    config = attrs.evolve(
+        config,
+        server=attrs.evolve(config.server, http=f"127.0.0.1:{port - 1}"),
+        node=attrs.evolve(config.node, shards=2, shard_port_stride=1),
+    )
+    view = NodeView(config, shard_role(config, 0), token=None)
+    replies: list[Answer | NoAnswer] = []
+
+    async def probe(target: str) -> None:
+        replies.append((await view.fetch_others(target))[1])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, answer, listeners)
+        async with trio.open_nursery() as probes:
+            for _ in range(60):
+                probes.start_soon(probe, "/healthz")
+        assert most[0] == 1, most
+        most[0] = 0
+        async with trio.open_nursery() as probes:
+            for n in range(60):
+                probes.start_soon(probe, f"/healthz?n={n}")
+        assert most[0] <= 16, most
+        nursery.cancel_scope.cancel()
+    for listener in listeners:
+        await listener.aclose()
+    assert replies == [Answer(200, b"ok\n", "text/plain")] * 120
