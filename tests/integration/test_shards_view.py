@@ -406,6 +406,49 @@ def test_a_request_the_supervisor_took_as_shard_0_returned_is_answered(
     wait_status(node, "/readyz", 200)
 
 
+def test_a_request_shard_0_is_answering_when_it_is_stopped_gracefully_is_answered(
+    node: ShardedNode,
+) -> None:
+    """SIGTERM to shard 0 alone (it stops gracefully and the supervisor restarts it) while
+    it answers a probe that waits FETCH_DEADLINE_S for a stopped shard 1: the probe gets
+    its answer. Before, shard 0's graceful stop ended with its HTTP server cut off, and
+    the probe's connection was closed without an answer."""
+    import socket
+    import threading
+
+    wait_status(node, "/readyz", 200)
+    zero, one = shard_pid(node, 0), shard_pid(node, 1)
+    host, port = node.http_address.rsplit(":", 1)
+    os.kill(one, signal.SIGSTOP)  # every /healthz now waits FETCH_DEADLINE_S for shard 1
+    try:
+        probe = socket.create_connection((host, int(port)), timeout=HTTP_TIMEOUT_S)
+        with probe:
+            probe.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            answer: list[bytes] = []
+
+            def read() -> None:
+                data = b""
+                try:
+                    while chunk := probe.recv(65536):
+                        data += chunk
+                except OSError as error:
+                    data += repr(error).encode()
+                answer.append(data)
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            time.sleep(0.3)  # shard 0 took the request and waits for shard 1
+            assert not answer, answer
+            os.kill(zero, signal.SIGTERM)
+            reader.join(HTTP_TIMEOUT_S)
+        assert answer and answer[0].startswith(b"HTTP/1.1 503"), answer
+        assert b"shard 1 (" in answer[0], answer
+    finally:
+        os.kill(one, signal.SIGCONT)
+    wait_status(node, "/readyz", 200)
+    assert node.pid_of_shard(0) != zero  # restarted
+
+
 def test_a_whole_node_paused_is_not_taken_for_a_silent_shard(node: ShardedNode) -> None:
     """The supervisor and its shards stopped together (a whole node paused, as the fault
     harness's ``pause`` does) and continued, the supervisor first: its heartbeat deadline

@@ -585,6 +585,7 @@ async def serve_http(
     idle_timeout_ms: int = DEFAULT_HTTP_IDLE_TIMEOUT_MS,
     send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS,
     frame_deadline_ms: int | None = None,
+    graceful_timeout_s: float = GRACEFUL_TIMEOUT_S,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the HTTP endpoints on ``address`` until cancelled (or ``shutdown_trigger``).
@@ -626,6 +627,8 @@ async def serve_http(
             long (it does not read its answer) closes the connection.
         frame_deadline_ms: ``limits.frame_deadline_ms``, for ``/ws`` messages
             (:class:`HttpApp`).
+        graceful_timeout_s: How long open requests may take once ``shutdown_trigger``
+            returned (s).
         task_status: Receives the bound ``"host:port"`` (``"[::1]:port"`` for IPv6)
             once the socket listens.
 
@@ -654,6 +657,7 @@ async def serve_http(
         max_connections=max_connections,
         idle_timeout_ms=idle_timeout_ms,
         send_timeout_ms=send_timeout_ms,
+        graceful_timeout_s=graceful_timeout_s,
         task_status=task_status,
     )
 

@@ -21,7 +21,7 @@ import signal
 import socket
 import ssl
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -40,7 +40,13 @@ from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
 from futureq.shards.heartbeat import heartbeat_fd, send_heartbeats
 from futureq.shards.layout import ShardRole
-from futureq.shards.view import NodeView, inherited_client_fd, inherited_http_fd, node_token
+from futureq.shards.view import (
+    FETCH_DEADLINE_S,
+    NodeView,
+    inherited_client_fd,
+    inherited_http_fd,
+    node_token,
+)
 from futureq.state.queue_state import QueueState
 from futureq.storage.db import Database
 from futureq.storage.space import SpaceAlarm
@@ -54,7 +60,7 @@ from .data_dir_size import measure_data_dir
 from .dispatcher import Dispatcher
 from .gateway import SHUTDOWN_DRAIN_S, ClientGateway
 from .gc_pacing import pace_gc
-from .http import serve_http
+from .http import GRACEFUL_TIMEOUT_S, serve_http
 from .hub import Hub
 from .tombstones import compact_tombstones
 
@@ -393,10 +399,20 @@ async def serve(
                 node_view = NodeView(config, shard, node_token())
                 broker.node_view = node_view
                 root.start_soon(node_view.run)
+            # A shard stops its HTTP server gracefully at the end of its stop (below).
+            http_stop = trio.Event()
+            http_stopped = trio.Event()
+
+            async def serve_http_until_stopped(*args: Any, **kwargs: Any) -> None:
+                try:
+                    await serve_http(*args, **kwargs)
+                finally:
+                    http_stopped.set()
+
             try:
                 http_address: str = await root.start(
                     functools.partial(
-                        serve_http,
+                        serve_http_until_stopped,
                         config.server.http,
                         metrics,
                         broker,
@@ -414,6 +430,10 @@ async def serve(
                         idle_timeout_ms=config.limits.http_idle_timeout_ms,
                         send_timeout_ms=config.limits.send_timeout_ms,
                         frame_deadline_ms=config.limits.frame_deadline_ms,
+                        shutdown_trigger=http_stop.wait if shard is not None else None,
+                        # Shard 0's answers may wait that long for another shard.
+                        graceful_timeout_s=GRACEFUL_TIMEOUT_S
+                        + (FETCH_DEADLINE_S if node_view is not None else 0.0),
                     )
                 )
             except BaseException as exc:  # hypercorn reports a bind error inside a group
@@ -423,11 +443,17 @@ async def serve(
                         "HTTP", config.server.http, "--http", found, shard
                     ) from exc
                 raise
+            heartbeats = trio.CancelScope()
             if shard is not None:
                 root.start_soon(_stop_when_orphaned, os.getppid(), shutdown)
                 beat_fd = heartbeat_fd()
                 if beat_fd is not None:  # the supervisor tells a hung shard by its silence
-                    root.start_soon(send_heartbeats, beat_fd)
+
+                    async def beat(fd: int) -> None:
+                        with heartbeats:
+                            await send_heartbeats(fd)
+
+                    root.start_soon(beat, beat_fd)
             if handle_signals:
                 # Started, not scheduled: the handlers are in place before READY, so a
                 # SIGTERM sent as soon as READY is printed shuts down gracefully instead
@@ -522,6 +548,8 @@ async def serve(
                         "shutdown grace period ran out with proposals or answers still in progress"
                     )
                 connections.cancel_scope.cancel()
+            if shard is not None:
+                await _stop_http(heartbeats, http_stop, http_stopped)
             root.cancel_scope.cancel()
     finally:
         db.close()
@@ -529,6 +557,25 @@ async def serve(
         if handle_signals:
             early_signals.note_stopped()  # a stop signal from now on meets an exiting process
     return forced.is_set()
+
+
+async def _stop_http(
+    heartbeats: trio.CancelScope, http_stop: trio.Event, http_stopped: trio.Event
+) -> None:
+    """The end of a shard's stop, for its HTTP port: the requests under way are answered.
+
+    Before, the shard's HTTP server was cancelled with the rest of the process, so a
+    probe it was answering (shard 0's answers wait up to ``FETCH_DEADLINE_S`` for the
+    other shards) was closed without an answer whenever shard 0 stopped on its own
+    (SIGTERM to its process; the supervisor restarts it) or with the node. Now the
+    heartbeats end first (the pipe's end tells the supervisor this shard no longer
+    serves, so it answers on the node's HTTP port from now on: shard 0's socket is its
+    too), then the server stops accepting and answers what it took, within its grace.
+    """
+    heartbeats.cancel()
+    http_stop.set()
+    with trio.move_on_after(GRACEFUL_TIMEOUT_S + FETCH_DEADLINE_S + 1):  # its grace, bounded
+        await http_stopped.wait()
 
 
 def _stopped_while_starting(step: str) -> bool:

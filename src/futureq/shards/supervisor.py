@@ -97,6 +97,9 @@ EXIT_BIND = 4
 EXIT_FORCED = 5
 """A second stop signal cut the graceful stop short (``futureq.broker.server``'s), or a
 shard did not stop within the grace period and was killed."""
+EXIT_AFTER_EOF_S = 0.2
+"""How long the end of a shard's heartbeat pipe is taken for its death (it was killed)
+before it is taken for a shard stopping gracefully, which closes it first (s)."""
 HEARTBEAT_LINES_PER_MINUTE = 12
 """Lines a minute about shards falling silent and giving signs of life again."""
 PREVIOUS_RUN_MARGIN_S = 3.0
@@ -523,7 +526,20 @@ class Supervisor:
                         # may have been late): only an empty pipe is silence.
                         data = _read_waiting(stream.fileno())
                     if data == b"":
-                        return  # the process closed it: it is exiting
+                        # The process closed it: it is exiting, its HTTP server stopping
+                        # (futureq.broker.server._stop_http). Shard 0's port is answered
+                        # here from now on rather than once the process has exited: new
+                        # connections would wait for it meanwhile.
+                        # A killed process closes it as it dies: then its exit, seen
+                        # at once, says what happened.
+                        with trio.move_on_after(EXIT_AFTER_EOF_S):
+                            await process.wait()
+                        if shard.serving and shard.running:
+                            shard.set_state(
+                                False,
+                                f"is stopping: its process (pid {process.pid}) is shutting down",
+                            )
+                        return
                     if data is not None:
                         heard_at = trio.current_time()
                         if shard.silent_since is not None:
