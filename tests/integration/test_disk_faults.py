@@ -308,3 +308,64 @@ def test_a_node_that_missed_its_removal_learns_it_and_shuts_down(tmp_path: Path)
         assert victim.node_id not in view["voters"] and len(view["voters"]) == 2
     finally:
         cluster.stop()
+
+
+def _futureq(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "futureq.cli.server_main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def test_a_backup_restored_into_a_members_directory_is_refused(tmp_path: Path) -> None:
+    """The operator replaced node N's disk, restored last night's backup into the new one
+    (``futureq restore --node-id N``) and started node N as before, with the cluster's
+    ``--peers`` (or ``--join``). A restored directory is the one voter of a new cluster:
+    the node followed the leader (its snapshot matched the leader's log) but still
+    counted itself the only voter, and when the leader was killed it elected itself
+    alone and acknowledged a publish no other node had, while the other two could no
+    longer elect anyone (breaker run). It now refuses to start (exit 2), naming the fix,
+    and started blank instead it catches up and loses nothing."""
+    cluster = Cluster(tmp_path, 3, env=ENV)
+    backup = tmp_path / "nightly.backup"
+    try:
+        cluster.start()
+        leader = cluster.leader()
+        acked = publish(leader, "restored", 20)
+        victim = next(n for n in cluster.nodes.values() if n is not leader)
+        wait_converged(cluster)
+        made = _futureq("backup", "--data-dir", str(victim.data_dir), "--out", str(backup))
+        assert made.returncode == 0, made.stderr
+        acked |= publish(leader, "restored", 20)
+        victim.kill()
+        shutil.rmtree(victim.data_dir)
+        done = _futureq(
+            "restore", "--from", str(backup), "--data-dir", str(victim.data_dir),
+            "--node-id", str(victim.node_id),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        start = ["start", "--shards", "1", "--data-dir", str(victim.data_dir)]
+        as_before = [*start, *victim._port_args, *victim.extra_args]
+        joining = [
+            *start, *victim._port_args, "--node-id", str(victim.node_id),
+            "--join", leader.client_address, *cluster.auth_args,
+        ]  # fmt: skip
+        for args in (as_before, joining):
+            try:
+                refused = _futureq(*args, timeout_s=30)
+            except subprocess.TimeoutExpired as ran:
+                raise AssertionError(f"the restored node started: {args}") from ran
+            assert refused.returncode == 2, refused.stderr[-3000:]
+            assert "restored or converted" in refused.stderr, refused.stderr[-3000:]
+            assert "start it with an empty data directory" in refused.stderr
+        shutil.rmtree(victim.data_dir)  # what the sentence says
+        victim.start()
+        wait_recovered(victim)
+        wait_converged(cluster)
+        leader.kill()
+        leader = cluster.leader(timeout_s=30, exclude={leader.node_id})
+        assert consume_all(leader, "restored", "g", acked, timeout_s=60) >= acked
+    finally:
+        cluster.stop()

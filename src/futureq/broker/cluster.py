@@ -255,6 +255,52 @@ def load_peer_credentials(
     return secret, contexts
 
 
+def check_new_cluster_directory(config: Config, storage: RocksStorage) -> None:
+    """Refuse a directory laid out by ``futureq restore`` or ``convert-to-cluster`` (the
+    one voter of a new cluster, never started) when the node is started into a cluster
+    of others (``cluster.peers`` naming other nodes, or ``cluster.join``).
+
+    Such a directory's membership is this node alone. An operator who replaced a member's
+    disk and restored a backup into it started the node with the cluster's ``--peers``:
+    it followed the leader (its snapshot matched the leader's log, so nothing replaced
+    its membership), still counted itself the only voter, and once the leader was gone
+    elected itself alone and acknowledged publishes no other node had, while the others
+    could not elect (breaker run). Nothing in the Raft exchange can tell this apart from
+    a real one-voter cluster, so it is refused here, before the node takes part: the
+    restored node must start as what it is (``--peers`` naming only itself, the others
+    joining it), or blank, to rejoin its cluster and catch up.
+
+    Only a directory never started (no identity stamp yet) whose Raft state is exactly
+    that layout (a snapshot or bootstrap of ``{node_id}``, no log after it) is refused;
+    one started since is a running cluster's data (``docs/operations.md``, "Backup and
+    restore").
+
+    Raises:
+        ConfigError: such a directory, started with other peers or ``--join``.
+    """
+    cluster = config.cluster
+    node_id = config.server.node_id
+    others = sorted(set(cluster.peer_map()) - {node_id})
+    if not others and cluster.join is None:
+        return
+    if storage.identity() is not None or storage.is_pristine():
+        return
+    _, membership = storage.initial_state()
+    if membership.voters != {node_id} or membership.learners:
+        return
+    if storage.last_index() != storage.snapshot_metadata().index:
+        return
+    how = f"with --peers naming nodes {others}" if others else f"with --join {cluster.join}"
+    raise ConfigError(
+        f"{config.server.data_dir} was restored or converted (futureq restore / "
+        f"convert-to-cluster) as node {node_id}, the only voter of a new cluster, and is "
+        f"started {how}: it would count itself the only voter and could acknowledge "
+        "writes alone. To put this node back into its running cluster, start it with an "
+        "empty data directory (it catches up from the others); to start the new cluster, "
+        f"start it with --peers {node_id}=<its raft HOST:PORT> and let the others --join"
+    )
+
+
 def build_raft_log(
     config: Config,
     db: Database,
@@ -318,6 +364,7 @@ def build_raft_log(
         incarnation_quiet_s=cluster.tick_ms * cluster.election_timeout_ticks / 1000,
     )
     storage = RocksStorage(db, os.path.join(config.server.data_dir, "snapshots"))
+    check_new_cluster_directory(config, storage)
     node = RaftNode(
         RaftNodeConfig(
             node_id=node_id,
