@@ -673,3 +673,47 @@ async def test_a_majority_stepped_back_with_its_leader_cut_off_past_the_answers_
         # Due by the majority's clocks at before + delay; they read true time - 12 s.
         intents = {i: before + delay + 12_000 for i, delay in zip(ids, delays, strict=True)}
         check_not_early(intents, received, ["g"])
+
+
+def test_a_joiner_with_a_wrong_clock_stays_a_learner_and_the_cluster_keeps_its_leader(
+    tmp_path: Path,
+) -> None:
+    """A single node grows into a cluster (``docs/operations.md``) and its first joiner's
+    wall clock is 5 minutes fast. It was promoted once caught up: the two voters' clocks
+    could never agree, and once the last agreement ran out (250 s at the default bound;
+    20 s at the 40 ms bound here) the leader stepped down and nothing could lead or
+    publish until the joiner's clock was fixed (breaker run). It now stays a learner,
+    the leader says why, and keeps leading."""
+    from cluster_process import Cluster as ProcessCluster
+    from cluster_process import ClusterNode, free_ports
+
+    env = {"FUTUREQ_CLUSTER_MAX_CLOCK_OFFSET_MS": "40"}
+    cluster = ProcessCluster(tmp_path, 1, env=env)
+    joiner: ClusterNode | None = None
+    try:
+        cluster.start()
+        leader = cluster.leader()
+        client_port, raft_port, http_port = free_ports(3)
+        joiner = ClusterNode(
+            2,
+            tmp_path / "node2",
+            (client_port, raft_port, http_port),
+            ["--join", leader.client_address, *cluster.auth_args],
+            {**env, **offset_env(library(), 300.0)},
+        )
+        joiner.start()  # READY: the leader took it as a learner
+        time.sleep(30)  # past the end of the agreement the single node carried forward
+        status = leader.http_json("/api/status")
+        assert status["role"] == "leader", (status, leader.stderr_text()[-3000:])
+        wire = WireClient(leader.client_address)
+        view = wire.request(frames.ClusterStatus(wire.next_id())).status
+        assert view["voters"] == [1] and view["learners"] == [2], view
+        answer = wire.publish([["wrong-clock", b"x", 0, None, None]])
+        assert isinstance(answer, frames.PublishOk), answer
+        wire.close()
+        log = leader.stderr_text()
+        assert "it stays a learner until its clock is fixed" in log, log[-3000:]
+    finally:
+        if joiner is not None and joiner.alive():
+            joiner.kill()
+        cluster.stop()

@@ -18,12 +18,16 @@ import trio
 
 from futureq.config import WILDCARD_HOSTS, split_host_port
 from futureq.errors import ErrorCode, FutureQError, NotLeaderError, RequestError
+from futureq.raft.cluster_clock import describe_offset
+from futureq.rate_limited_log import RateLimitedLog
 from futureq.state import commands
 
 if TYPE_CHECKING:
     from .broker import Broker
 
 log = logging.getLogger(__name__)
+clock_log = RateLimitedLog(log, per_minute=2, about="learners kept back by their clocks")
+"""A learner kept back by its clock is checked ten times a second: logged twice a minute."""
 
 PROMOTE_TIMEOUT_S = 600
 RECORD_BEFORE_HANDOVER_S = 5.0
@@ -235,6 +239,46 @@ async def hold_and_record_deliveries(broker: Broker) -> None:
         log.info("recorded the attempts of %d first deliveries out before handing over", recorded)
 
 
+def learner_clock_refusal(cluster: Any, node_id: int) -> str | None:
+    """Why learner ``node_id`` may not become a voter because of its clock (a sentence),
+    or None if its clock is within the bound, or not sampled yet (:func:`_clock_holds_promotion`
+    waits for a sample).
+
+    A voter's clock is one of the clocks a majority must agree on (``docs/architecture.md``,
+    "Time"). A single node grown into a cluster (``docs/operations.md``) promoted its
+    first joiner although that node's wall clock was 5 minutes fast: the two voters'
+    clocks never agreed, and once the last agreement ran out (250 s with the default
+    bound) the leader stepped down and no node could lead again until the joiner's
+    clock was fixed, so the third node could not join either (breaker run). A learner
+    whose clock is further than half the bound from cluster time (less the uncertainty of
+    the sample) stays a learner, as it may not lead either.
+    """
+    known = cluster.timekeeper.clock.peer_offset_range_us(node_id)
+    if known is None:
+        return None
+    offset_us, uncertainty_us = known
+    max_offset_us = cluster.timekeeper.clock.config.max_offset_us
+    if abs(offset_us) - uncertainty_us <= max_offset_us // 2:
+        return None
+    return (
+        f"node {node_id} caught up, but its wall clock is {describe_offset(offset_us)} "
+        f"cluster time, more than half of max_clock_offset_ms={max_offset_us // 1000}: it "
+        "stays a learner until its clock is fixed (NTP), as a voter's clock counts in the "
+        "agreement on cluster time"
+    )
+
+
+def _clock_holds_promotion(cluster: Any, node_id: int) -> bool:
+    """Whether the promoter waits: the learner's clock was not sampled yet (the leader
+    pings learners every four ticks), or is out of bound (logged)."""
+    if cluster.timekeeper.clock.peer_offset_range_us(node_id) is None:
+        return True
+    refusal = learner_clock_refusal(cluster, node_id)
+    if refusal is not None:
+        clock_log.log(logging.WARNING, "%s", refusal)
+    return refusal is not None
+
+
 async def run_promoter(broker: Broker) -> None:
     """Promote learners to voters once they have caught up (thesis §4.2.1)."""
     async with broker._promote_receive:
@@ -258,6 +302,7 @@ async def run_promoter(broker: Broker) -> None:
                         and progress.get("answered", True)
                         and not progress.get("recovering", False)
                         and progress["match"] + PROMOTE_LAG_ENTRIES >= commit
+                        and not _clock_holds_promotion(cluster, node_id)
                     ):
                         try:
                             await cluster.promote(node_id)  # type: ignore[attr-defined]
