@@ -717,3 +717,42 @@ def test_a_joiner_with_a_wrong_clock_stays_a_learner_and_the_cluster_keeps_its_l
         if joiner is not None and joiner.alive():
             joiner.kill()
         cluster.stop()
+
+
+def test_removing_a_voter_that_leaves_no_majority_of_good_clocks_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Three voters, node 3's wall clock 5 minutes fast (the cluster runs on: two clocks
+    of three agree). Removing node 2, a healthy voter, left voters 1 and 3, whose clocks
+    could never agree: once the last agreement ran out (20 s at the 40 ms bound here,
+    250 s at the default) the leader stepped down and nothing could lead or publish until
+    node 3's clock was fixed (breaker run). The removal is now refused with
+    QUORUM_AT_RISK naming the clock, and the cluster keeps its leader."""
+    from cluster_process import Cluster as ProcessCluster
+
+    env = {"FUTUREQ_CLUSTER_MAX_CLOCK_OFFSET_MS": "40"}
+    cluster = ProcessCluster(tmp_path, 3, env=env)
+    cluster.nodes[3].env = {**env, **offset_env(library(), 300.0)}
+    try:
+        cluster.start()
+        leader = cluster.leader(exclude={3})
+        healthy = next(n for n in (1, 2) if n != leader.node_id)
+        time.sleep(2.0)  # every clock sampled: node 3 reports itself out of bound
+        wire = WireClient(leader.client_address)
+        answer = wire.request(frames.ClusterRemoveNode(wire.next_id(), healthy))
+        assert isinstance(answer, frames.Error), answer
+        assert answer.code == ErrorCode.QUORUM_AT_RISK, answer
+        assert "clock" in answer.message, answer
+        wire.close()
+        time.sleep(25)  # past the end of an agreement the removal would have left
+        status = leader.http_json("/api/status")
+        assert status["role"] == "leader", (status, leader.stderr_text()[-3000:])
+        wire = WireClient(leader.client_address)
+        published = wire.publish([["wrong-clock", b"x", 0, None, None]])
+        assert isinstance(published, frames.PublishOk), published
+        # Removing node 3, the wrong clock, leaves two that agree: allowed.
+        answer = wire.request(frames.ClusterRemoveNode(wire.next_id(), 3))
+        assert isinstance(answer, frames.Ok), answer
+        wire.close()
+    finally:
+        cluster.stop()

@@ -270,13 +270,18 @@ def learner_clock_refusal(cluster: Any, node_id: int) -> str | None:
 
 def _clock_holds_promotion(cluster: Any, node_id: int) -> bool:
     """Whether the promoter waits: the learner's clock was not sampled yet (the leader
-    pings learners every four ticks), or is out of bound (logged)."""
-    if cluster.timekeeper.clock.peer_offset_range_us(node_id) is None:
+    pings learners every four ticks), is out of bound (logged), or the learner does not
+    say yet that it is in bound (it synchronizes within an election timeout of joining;
+    ``RaftNode.promote`` refuses a promotion that leaves no majority of clocks in bound).
+    """
+    clock = cluster.timekeeper.clock
+    if clock.peer_offset_range_us(node_id) is None:
         return True
     refusal = learner_clock_refusal(cluster, node_id)
     if refusal is not None:
         clock_log.log(logging.WARNING, "%s", refusal)
-    return refusal is not None
+        return True
+    return clock.peer_in_bound(node_id) is not True
 
 
 async def run_promoter(broker: Broker) -> None:

@@ -55,6 +55,7 @@ from futureq.errors import (
     RequestError,
 )
 from futureq.raft import node_driver, node_ready
+from futureq.raft.basics import majority
 from futureq.raft.cluster_clock import describe_offset
 from futureq.raft.core import RaftCore
 from futureq.raft.messages import (
@@ -63,6 +64,7 @@ from futureq.raft.messages import (
 )
 from futureq.raft.node_config import RaftNodeConfig, SnapshotSource, StateMachine
 from futureq.raft.node_ops import Op, Waiter, outcome_unknown
+from futureq.raft.quorum import apply_conf_change
 from futureq.raft.roles import Role
 from futureq.raft.timekeeper import TimeKeeper
 from futureq.raft.values import ConfChange, ConfChangeOp, Entry, Membership
@@ -482,9 +484,46 @@ class RaftNode:
             raise RequestError(ErrorCode.INVALID_ARGUMENT, f"node id {node_id} must be >= 1")
         async with self._conf_lock:
             self._check_can_lead()
+            self._check_clocks_after(ConfChange(op, NodeId(node_id)))
             waiter = Waiter()
             self._enqueue(Op("conf", waiter, change=ConfChange(op, NodeId(node_id))))
             await waiter.wait()
+
+    def _check_clocks_after(self, change: ConfChange) -> None:
+        """Refuse a change whose voters would not hold a majority of clocks in bound.
+
+        A majority of the voters' clocks must agree for any node to lead (``docs/
+        architecture.md``, "Time"). With node 3's wall clock 5 minutes fast, removing node
+        2, a healthy voter, left voters 1 and 3, whose clocks never agreed: once the last
+        agreement ran out (250 s at the default bound) the leader stepped down and nothing
+        could lead until node 3's clock was fixed (breaker run). Like ``QUORUM_AT_RISK``
+        for voters not heard from (``raft/leader.py``), counted here because the clock
+        samples are the driver's, not the core's. A voter counts when it says its clock
+        is in bound (this leader: its own clock).
+
+        Raises:
+            RequestError: QUORUM_AT_RISK, naming the voters whose clocks are not in bound.
+        """
+        voters = self.core.membership.voters
+        after = apply_conf_change(self.core.membership, change).voters
+        if after == voters or not after:
+            return
+        clock = self.timekeeper.clock
+        good = {self.id} if clock.in_bound else set()
+        good |= {n for n in after if n != self.id and clock.peer_in_bound(n) is True}
+        if len(good & after) >= majority(len(after)):
+            return
+        off = sorted(int(n) for n in after - good)
+        action = "removing" if change.op is ConfChangeOp.REMOVE_NODE else "promoting"
+        raise RequestError(
+            ErrorCode.QUORUM_AT_RISK,
+            f"{action} node {change.node_id} would leave voters {sorted(int(n) for n in after)}, "
+            f"of which node(s) {off} do not report a clock in bound (within half of "
+            f"max_clock_offset_ms={self.config.max_clock_offset_ms} of cluster time): fewer "
+            f"than a majority ({majority(len(after))} of {len(after)}) of clocks would be "
+            "left to agree on cluster time, and no node could lead once the last agreement "
+            "ran out. Fix those clocks (NTP) first",
+        )
 
     async def transfer_leadership(
         self, target: int | None = None, timeout_s: float | None = None
