@@ -498,31 +498,37 @@ class RaftNode:
         agreement ran out (250 s at the default bound) the leader stepped down and nothing
         could lead until node 3's clock was fixed (breaker run). Like ``QUORUM_AT_RISK``
         for voters not heard from (``raft/leader.py``), counted here because the clock
-        samples are the driver's, not the core's. A voter counts when it says its clock
-        is in bound (this leader: its own clock).
+        samples are the driver's, not the core's. Only evidence refuses: a voter whose
+        wall clock this leader measured further than half the bound from cluster time
+        (less the sample's uncertainty). One not measured yet, or not yet saying it is in
+        bound (a node promoted a moment ago synchronizes within an election timeout),
+        counts as good: refusing on its silence stopped ordinary membership changes.
 
         Raises:
-            RequestError: QUORUM_AT_RISK, naming the voters whose clocks are not in bound.
+            RequestError: QUORUM_AT_RISK, naming the voters whose clocks are off.
         """
         voters = self.core.membership.voters
         after = apply_conf_change(self.core.membership, change).voters
         if after == voters or not after:
             return
         clock = self.timekeeper.clock
-        good = {self.id} if clock.in_bound else set()
-        good |= {n for n in after if n != self.id and clock.peer_in_bound(n) is True}
-        if len(good & after) >= majority(len(after)):
+        half_bound_us = clock.config.max_offset_us // 2
+        off: set[NodeId] = set()
+        for voter in after:
+            known = None if voter == self.id else clock.peer_offset_range_us(voter)
+            if known is not None and abs(known[0]) - known[1] > half_bound_us:
+                off.add(voter)
+        if len(after - off) >= majority(len(after)):
             return
-        off = sorted(int(n) for n in after - good)
         action = "removing" if change.op is ConfChangeOp.REMOVE_NODE else "promoting"
         raise RequestError(
             ErrorCode.QUORUM_AT_RISK,
             f"{action} node {change.node_id} would leave voters {sorted(int(n) for n in after)}, "
-            f"of which node(s) {off} do not report a clock in bound (within half of "
-            f"max_clock_offset_ms={self.config.max_clock_offset_ms} of cluster time): fewer "
-            f"than a majority ({majority(len(after))} of {len(after)}) of clocks would be "
-            "left to agree on cluster time, and no node could lead once the last agreement "
-            "ran out. Fix those clocks (NTP) first",
+            f"of which node(s) {sorted(int(n) for n in off)} have wall clocks further than "
+            f"half of max_clock_offset_ms={self.config.max_clock_offset_ms} from cluster "
+            f"time: fewer than a majority ({majority(len(after))} of {len(after)}) of clocks "
+            "would be left to agree on cluster time, and no node could lead once the last "
+            "agreement ran out. Fix those clocks (NTP) first",
         )
 
     async def transfer_leadership(
