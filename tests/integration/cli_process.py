@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -14,4 +15,15 @@ def cli(address: str, *args: str, timeout: float = 60) -> subprocess.CompletedPr
         text=True,
         timeout=timeout,
         check=False,
+    )
+
+
+def pending(address: str, topic: str) -> int:
+    """Messages pending in every group of ``topic``, from ``futureq-cli status --json``."""
+    status = json.loads(cli(address, "status", "--json").stdout)
+    return sum(
+        group["pending"]
+        for entry in status["topics"]
+        if entry["topic"] == topic
+        for group in entry["groups"]
     )

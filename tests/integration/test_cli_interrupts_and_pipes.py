@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import trio
 from broker_process import BrokerProcess
-from cli_process import cli
+from cli_process import cli, pending
 
 from futureq.cli import publish_commands
 from futureq.cli.client_parser import build_parser
@@ -43,16 +43,6 @@ from futureq.client.sync import SyncClient
 
 def _command(address: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "futureq.cli.client_main", "--server", address, *args]
-
-
-def pending(address: str, topic: str) -> int:
-    status = json.loads(cli(address, "status", "--json").stdout)
-    return sum(
-        group["pending"]
-        for entry in status["topics"]
-        if entry["topic"] == topic
-        for group in entry["groups"]
-    )
 
 
 def _sigint_as_a_terminal_gives_it() -> None:

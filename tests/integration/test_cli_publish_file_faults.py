@@ -17,23 +17,13 @@ from pathlib import Path
 
 import trio
 from broker_process import BrokerProcess
-from cli_process import cli
+from cli_process import cli, pending
 
 from futureq.cli.client_parser import build_parser
 from futureq.cli.jsonl import strict_loads
 from futureq.cli.output import Output
 from futureq.cli.publish_commands import run_publish_file
 from futureq.client import open_client
-
-
-def pending(address: str, topic: str) -> int:
-    status = json.loads(cli(address, "status", "--json").stdout)
-    return sum(
-        group["pending"]
-        for entry in status["topics"]
-        if entry["topic"] == topic
-        for group in entry["groups"]
-    )
 
 
 def test_a_bad_line_fails_alone_and_the_good_ones_are_published(
