@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Final
 
-import anyio
 import attrs
 import trio
 
@@ -194,9 +193,12 @@ async def publish_items(
     size = max(1, min(batch_size, client.max_batch_items))
     limit = client.max_frame_bytes if max_frame_bytes is None else max_frame_bytes
     pending = collections.deque(frame_batches(items, size, limit))
+    if interrupt is None:
+        interrupt = Interrupt()  # nobody requests it
     while pending:
-        if interrupt is not None and interrupt.requested:
-            # Ctrl-C before this batch was sent (while the file was parsed): not sent.
+        if interrupt.requested:
+            # Ctrl-C before this batch was sent (while the file was parsed, or during
+            # or as the batch before was answered): the rest is not sent.
             _fail_not_sent(pending, 0, "", summary, on_progress, interrupted=True)
             break
         batch = pending.popleft()
@@ -218,17 +220,17 @@ async def publish_items(
             # shards' parts of a batch one shard refused. Counted here and never resent.
             stored: dict[int, int] = {}
             try:
-                with interrupt.batch() if interrupt is not None else anyio.CancelScope() as call:
+                with interrupt.batch() as call:
                     await client.publish_batch(
                         [entry.item for entry in batch], duplicates=duplicates, stored=stored
                     )
                 if call.cancelled_caught:
-                    # Ctrl-C: say what was stored and what was not, rather than nothing.
+                    # Ctrl-C: say what was stored and what was not, rather than nothing
+                    # (the batches after it: at the top of the loop).
                     batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
                     summary.failures.extend(
                         LineFailure(entry.line_number, INTERRUPTED_IN_FLIGHT) for entry in batch
                     )
-                    _fail_not_sent(pending, 0, "", summary, on_progress, interrupted=True)
                     break
             except RequestError as exc:
                 index = exc.item_index
@@ -255,9 +257,6 @@ async def publish_items(
                 summary.published += len(batch) - len(duplicates)
                 summary.duplicates += len(duplicates)
                 on_progress(len(batch))
-                if interrupt is not None and interrupt.requested:
-                    # Ctrl-C came as this batch was answered: stored, the rest not sent.
-                    _fail_not_sent(pending, 0, "", summary, on_progress, interrupted=True)
                 break
             summary.failures.extend(LineFailure(entry.line_number, reason) for entry in batch)
             on_progress(len(batch))
@@ -267,6 +266,7 @@ async def publish_items(
                 # One deadline per outage, not one per batch: stop, and report the rest.
                 _fail_not_sent(pending, batch[0].line_number, reason, summary, on_progress)
             break
+    summary.interrupted = summary.interrupted or interrupt.requested  # as the last answer came
     summary.failures.sort(key=lambda failure: failure.line_number)
     return summary
 
@@ -415,7 +415,6 @@ async def _publish_lines(
             summary = await publish_items(
                 client, items, batch_size, servers=args.server, interrupt=interrupt
             )
-    summary.interrupted = summary.interrupted or interrupt.requested  # exit 130
     elapsed_s = max(time.monotonic() - started, 1e-9)
     summary.failures = sorted(failures + summary.failures, key=lambda f: f.line_number)
     rate = summary.published / elapsed_s
