@@ -253,13 +253,11 @@ def learner_clock_refusal(cluster: Any, node_id: int) -> str | None:
     whose clock is further than half the bound from cluster time (less the uncertainty of
     the sample) stays a learner, as it may not lead either.
     """
-    known = cluster.timekeeper.clock.peer_offset_range_us(node_id)
-    if known is None:
+    clock = cluster.timekeeper.clock
+    if not clock.peer_clock_off(node_id):
         return None
-    offset_us, uncertainty_us = known
-    max_offset_us = cluster.timekeeper.clock.config.max_offset_us
-    if abs(offset_us) - uncertainty_us <= max_offset_us // 2:
-        return None
+    offset_us = clock.peer_offset_us(node_id)
+    max_offset_us = clock.config.max_offset_us
     return (
         f"node {node_id} caught up, but its wall clock is {describe_offset(offset_us)} "
         f"cluster time, more than half of max_clock_offset_ms={max_offset_us // 1000}: it "

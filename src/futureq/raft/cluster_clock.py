@@ -579,6 +579,16 @@ class ClusterClock:
             if (offset := self.peer_offset_us(peer)) is not None
         }
 
+    def peer_clock_off(self, peer: int) -> bool:
+        """True when a sample puts ``peer``'s wall clock further than half of
+        ``max_offset_us`` from cluster time, beyond the sample's uncertainty (the bound a
+        node's own clock must keep to lead: :attr:`in_bound`); False without a sample."""
+        known = self.peer_offset_range_us(peer)
+        if known is None:
+            return False
+        offset_us, uncertainty_us = known
+        return abs(offset_us) - uncertainty_us > self.config.max_offset_us // 2
+
     def peer_in_bound(self, peer: int) -> bool | None:
         """What ``peer`` last said of itself (may it lead?), or None when it has not
         answered a ping within ``epoch_max_us``."""

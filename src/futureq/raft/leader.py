@@ -88,6 +88,13 @@ def quorum_recently_active(core: RaftCore) -> bool:
     return has_quorum(core.membership.voters, active)
 
 
+def voters_after(core: RaftCore, change: ConfChange) -> frozenset[NodeId] | None:
+    """The voters ``change`` would leave, or None when it leaves them as they are (a
+    learner added or removed) or leaves none: the changes a quorum check looks at."""
+    after = apply_conf_change(core.membership, change).voters
+    return None if after == core.membership.voters or not after else after
+
+
 def check_quorum_after(core: RaftCore, change: ConfChange) -> None:
     """Refuse a change whose voters would not hold a quorum of members this leader
     heard from in the last one or two election timeouts (as etcd's
@@ -97,8 +104,8 @@ def check_quorum_after(core: RaftCore, change: ConfChange) -> None:
     Raises:
         RequestError: QUORUM_AT_RISK, naming the voters not heard from.
     """
-    after = apply_conf_change(core.membership, change).voters
-    if after == core.membership.voters or not after:
+    after = voters_after(core, change)
+    if after is None:
         return
     heard = heard_from(core, previous_timeout_too=True)
     if has_quorum(after, heard):

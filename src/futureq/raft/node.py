@@ -58,13 +58,14 @@ from futureq.raft import node_driver, node_ready
 from futureq.raft.basics import majority
 from futureq.raft.cluster_clock import describe_offset
 from futureq.raft.core import RaftCore
+from futureq.raft.leader import voters_after
 from futureq.raft.messages import (
     Message,
     NodeId,
 )
 from futureq.raft.node_config import RaftNodeConfig, SnapshotSource, StateMachine
 from futureq.raft.node_ops import Op, Waiter, outcome_unknown
-from futureq.raft.quorum import apply_conf_change
+from futureq.raft.quorum import has_quorum
 from futureq.raft.roles import Role
 from futureq.raft.timekeeper import TimeKeeper
 from futureq.raft.values import ConfChange, ConfChangeOp, Entry, Membership
@@ -507,18 +508,12 @@ class RaftNode:
         Raises:
             RequestError: QUORUM_AT_RISK, naming the voters whose clocks are off.
         """
-        voters = self.core.membership.voters
-        after = apply_conf_change(self.core.membership, change).voters
-        if after == voters or not after:
+        after = voters_after(self.core, change)
+        if after is None:
             return
         clock = self.timekeeper.clock
-        half_bound_us = clock.config.max_offset_us // 2
-        off: set[NodeId] = set()
-        for voter in after:
-            known = None if voter == self.id else clock.peer_offset_range_us(voter)
-            if known is not None and abs(known[0]) - known[1] > half_bound_us:
-                off.add(voter)
-        if len(after - off) >= majority(len(after)):
+        off = {voter for voter in after if voter != self.id and clock.peer_clock_off(voter)}
+        if has_quorum(after, after - off):
             return
         action = "removing" if change.op is ConfChangeOp.REMOVE_NODE else "promoting"
         raise RequestError(
