@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 
 def cli(address: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -27,3 +29,21 @@ def pending(address: str, topic: str) -> int:
         if entry["topic"] == topic
         for group in entry["groups"]
     )
+
+
+def keyed_jsonl(path: Path, topic: str, total: int) -> Path:
+    """``total`` JSON lines for ``topic`` (payloads ``p0``...), each with its own
+    idempotency key (``k0``...), written to ``path``."""
+    path.write_text(
+        "".join(
+            f'{{"topic":"{topic}","payload":"p{i}","idempotency_key":"k{i}"}}\n'
+            for i in range(total)
+        )
+    )
+    return path
+
+
+def sigint_as_a_terminal_gives_it() -> None:
+    """A child's ``preexec_fn``: SIGINT's default action, as from a terminal (a CI that
+    runs the tests in the background has SIGINT ignored, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

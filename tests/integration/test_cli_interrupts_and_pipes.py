@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import trio
 from broker_process import BrokerProcess
-from cli_process import cli, pending
+from cli_process import cli, keyed_jsonl, pending, sigint_as_a_terminal_gives_it
 
 from futureq.cli import publish_commands
 from futureq.cli.client_parser import build_parser
@@ -43,11 +43,6 @@ from futureq.client.sync import SyncClient
 
 def _command(address: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "futureq.cli.client_main", "--server", address, *args]
-
-
-def _sigint_as_a_terminal_gives_it() -> None:
-    # A CI that runs the tests in the background has SIGINT ignored; children inherit it.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_consume_into_a_closed_pipe_gives_back_what_it_could_not_print(
@@ -180,7 +175,7 @@ def test_ctrl_c_while_publish_waits_for_stdin_stops_it_and_publishes_nothing(
         stdin=subprocess.PIPE,  # a terminal the user types nothing into
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        preexec_fn=_sigint_as_a_terminal_gives_it,
+        preexec_fn=sigint_as_a_terminal_gives_it,
     ) as publish:
         try:
             time.sleep(2)  # connected by now, reading its stdin
@@ -221,13 +216,7 @@ def test_ctrl_c_while_the_file_is_parsed_ends_with_the_summary_and_failed_out(
 ) -> None:
     address = broker.client_address
     total = 2000
-    source = tmp_path / "keyed.jsonl"
-    source.write_text(
-        "".join(
-            f'{{"topic":"intr.p","payload":"p{i}","idempotency_key":"k{i}"}}\n'
-            for i in range(total)
-        )
-    )
+    source = keyed_jsonl(tmp_path / "keyed.jsonl", "intr.p", total)
     failed_out = tmp_path / "failed.jsonl"
     real_parse = publish_commands.parse_jsonl
 

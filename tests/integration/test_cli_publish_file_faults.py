@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 from broker_process import BrokerProcess
-from cli_process import cli, pending
+from cli_process import cli, keyed_jsonl, pending, sigint_as_a_terminal_gives_it
 
 from futureq.cli.client_parser import build_parser
 from futureq.cli.jsonl import strict_loads
@@ -265,17 +265,6 @@ def test_failed_out_is_checked_before_anything_is_sent(
     assert _published_total(broker, "chk.t") == 0  # nothing was sent either time
 
 
-def _keyed_file(path: Path, topic: str, total: int) -> Path:
-    """``total`` JSON lines for ``topic``, each with its own idempotency key."""
-    path.write_text(
-        "".join(
-            f'{{"topic":"{topic}","payload":"p{i}","idempotency_key":"k{i}"}}\n'
-            for i in range(total)
-        )
-    )
-    return path
-
-
 def test_ctrl_c_mid_file_says_what_was_stored_and_failed_out_has_the_rest(
     broker: BrokerProcess, tmp_path: Path
 ) -> None:
@@ -284,7 +273,7 @@ def test_ctrl_c_mid_file_says_what_was_stored_and_failed_out_has_the_rest(
     the lines not stored (the batch in flight too: with idempotency keys, sending F
     stores every line of the file exactly once)."""
     total = 20_000
-    source = _keyed_file(tmp_path / "keyed.jsonl", "intr.f", total)
+    source = keyed_jsonl(tmp_path / "keyed.jsonl", "intr.f", total)
     failed_out = tmp_path / "failed.jsonl"
     command = [sys.executable, "-m", "futureq.cli.client_main", "--server"]
     command += [broker.client_address, "publish", "--file", str(source), "--batch-size", "20"]
@@ -294,9 +283,7 @@ def test_ctrl_c_mid_file_says_what_was_stored_and_failed_out_has_the_rest(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # SIGINT as a terminal gives it: a CI that runs the tests in the background
-        # (a non-interactive shell's `&`) has it ignored, and children inherit that.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=sigint_as_a_terminal_gives_it,
     ) as process:
         try:
             deadline = time.monotonic() + 30
@@ -329,7 +316,7 @@ def test_ctrl_c_landing_in_another_task_still_ends_with_the_summary(
     run with exit 130, no summary and no --failed-out. Here it lands in another task
     than the publishing one, every time: the run still says what was stored."""
     total = 5_000
-    source = _keyed_file(tmp_path / "keyed.jsonl", "intr.g", total)
+    source = keyed_jsonl(tmp_path / "keyed.jsonl", "intr.g", total)
     failed_out = tmp_path / "failed.jsonl"
     address = broker.client_address
     args = build_parser().parse_args(
