@@ -390,6 +390,20 @@ class Broker:
         self.hub.remove_consumer(consumer, self.clock.wall_ms())
         self.dispatcher.kick()
 
+    async def unsubscribe_handed(self, consumer: Consumer, handed: list[bytes] | None) -> None:
+        """Leave as UNSUBSCRIBE with ``handed`` does (protocol version 3): only the
+        deliveries named in ``handed`` (tags the application received and has not
+        settled) count as an attempt; the subscription's other unsettled deliveries
+        are released (due again at once, uncounted; durable on return). Tags it does
+        not hold are ignored. None: all count, as :meth:`unsubscribe`.
+
+        Never raises for the release: if it cannot be committed (leadership lost),
+        they go back counted and that is logged; the subscription has ended either way.
+
+        See :func:`~futureq.broker.consumer_requests.unsubscribe`.
+        """
+        await consumer_requests.unsubscribe(self, consumer, handed)
+
     def wake_all_consumers(self) -> None:
         """Buffers have room again: let the dispatcher look at every group with consumers."""
         for consumer in self.hub.consumers.values():

@@ -781,7 +781,7 @@ class Connection:
                         ErrorCode.UNKNOWN_SUBSCRIPTION,
                         f"no subscription {frame.subscription_id} on this connection",
                     )
-                broker.unsubscribe(found)
+                await broker.unsubscribe_handed(found, frame.handed)
                 return frames.Ok(frame.request_id, None)
             case frames.Status():
                 permissions = self.principal.permissions

@@ -10,6 +10,7 @@ Source: ``DESIGN.md``, "Message semantics"; ``docs/protocol.md``, "SUBSCRIBE", "
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from futureq.errors import ErrorCode, RequestError
@@ -17,10 +18,12 @@ from futureq.state import commands
 from futureq.wire import validation
 
 from . import publishing
-from .hub import Consumer, Outbox
+from .hub import Consumer, InFlight, Outbox
 
 if TYPE_CHECKING:
     from .broker import Broker
+
+log = logging.getLogger(__name__)
 
 MAX_NACK_REASON_BYTES = 256
 """Longest NACK reason text (UTF-8 bytes): it is stored with the entry and in headers."""
@@ -63,6 +66,47 @@ async def subscribe(
     broker.hub.add_consumer(consumer)
     broker.dispatcher.kick()
     return consumer
+
+
+async def unsubscribe(broker: Broker, consumer: Consumer, handed: list[bytes] | None) -> None:
+    """The work of :meth:`Broker.unsubscribe_handed` (its docstring: arguments, errors).
+
+    The deliveries to release are claimed before the subscription closes and released
+    after it closed, so none of them can be pushed to it again in between (the race a
+    client's RELEASE before its UNSUBSCRIBE could not avoid: the server pushed a
+    released message straight back with credit it still held, and the UNSUBSCRIBE
+    counted it).
+    """
+    hub = broker.hub
+    unread: list[InFlight] = []
+    if handed is not None and broker.log.is_leader():
+        seen = set(handed)
+        for key in consumer.in_flight:
+            flight = hub.in_flight.get(key)
+            # One never pushed goes back uncounted anyway (remove_consumer).
+            if (
+                flight is not None
+                and flight.pushed
+                and not flight.acking
+                and flight.tag not in seen
+            ):
+                flight.acking = True
+                unread.append(flight)
+    broker.unsubscribe(consumer)
+    if not unread:
+        return
+    try:
+        await broker.log.propose(commands.release([(f.key, f.attempt) for f in unread]))
+    except BaseException as exc:
+        # The subscription has ended either way: they go back counted, as before.
+        hub.unclaim(unread, broker.clock.wall_ms())
+        if not isinstance(exc, Exception):
+            raise
+        log.info(
+            "UNSUBSCRIBE: %d unread deliveries went back counted: their release failed (%s)",
+            len(unread),
+            exc,
+        )
 
 
 async def release(broker: Broker, connection_id: int, tags: list[bytes]) -> int:

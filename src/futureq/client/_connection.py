@@ -175,6 +175,7 @@ class Connection:
         shards: How many shards the server's node runs (HELLO_OK; 1 when unsharded).
         members: Client addresses of the voters of the server's Raft group (HELLO_OK,
             protocol version 2); empty from a server speaking version 1.
+        protocol_version: The protocol version the server chose (HELLO_OK).
     """
 
     def __init__(
@@ -195,6 +196,7 @@ class Connection:
         self.leader_address = hello.leader_address
         self.max_frame_bytes = hello.max_frame_bytes
         self.server_version = hello.server_version
+        self.protocol_version = hello.version
         # Members are a version 2 field: a version 1 answer carrying them is ignored.
         self.members: tuple[str, ...] = (hello.members or ()) if hello.version >= 2 else ()
         self._on_push = on_push

@@ -96,26 +96,53 @@ class ConsumingClient(ClientBase):
             del self._subscriptions[id(sub)]
             subscription_id, epoch = sub.subscription_id, sub.epoch
             unread = [d for d in (*sub._buffer, *sub.to_release) if d._state is DeliveryState.HELD]
+            # Handed to the application and not settled (a settle under way included:
+            # if the UNSUBSCRIBE lands first, the application did see it).
+            handed = list(sub._handed)
             sub._close()
             conn = self._conn
             if self._pid != os.getpid():
                 conn = None  # a forked child: the connection is the parent's to use
             if subscription_id is not None and conn is not None and conn.epoch == epoch:
                 with anyio.move_on_after(UNSUBSCRIBE_GRACE_S, shield=True):
-                    try:
-                        if unread:
-                            await self._settle_on(
-                                conn, sub, unread, "release", 0, UNSUBSCRIBE_GRACE_S
-                            )
-                    except FutureQError:
-                        pass  # they come back when the UNSUBSCRIBE lands, counted
-                    try:
-                        await conn.request(
-                            lambda rid: frames.Unsubscribe(rid, subscription_id),
-                            deadline=anyio.current_time() + UNSUBSCRIBE_GRACE_S,
-                        )
-                    except FutureQError:
-                        pass  # the connection is going away; the server requeues anyway
+                    await self._unsubscribe_on(conn, sub, subscription_id, handed, unread)
+
+    async def _unsubscribe_on(
+        self,
+        conn: Connection,
+        sub: Subscription,
+        subscription_id: int,
+        handed: list[bytes],
+        unread: list[Delivery],
+    ) -> None:
+        """End a subscription on the server: only the deliveries in ``handed`` count
+        as an attempt (``docs/client.md``, "Leaving a subscription"); errors are
+        swallowed (the server ends it when the connection goes, counting them all).
+
+        Protocol version 3 says so in the UNSUBSCRIBE itself. Before it, the unread
+        deliveries are released first, which races: the server may push a released
+        message straight back with credit it still holds, and the UNSUBSCRIBE counts
+        that one (found by a tester: with ``max_deliveries`` 1, to the dead-letter
+        topic unread).
+        """
+        # A tag is at most 255 bytes: msgpack adds 2 to each, and the frame's head fits
+        # in 64 (a frame too large for the server would be refused whole).
+        size = 64 + sum(len(tag) + 2 for tag in handed)
+        says_handed = conn.protocol_version >= 3 and size <= conn.max_frame_bytes
+        if not says_handed and unread:
+            try:
+                await self._settle_on(conn, sub, unread, "release", 0, UNSUBSCRIBE_GRACE_S)
+            except FutureQError:
+                pass  # they come back when the UNSUBSCRIBE lands, counted
+        try:
+            await conn.request(
+                lambda rid: frames.Unsubscribe(
+                    rid, subscription_id, handed if says_handed else None
+                ),
+                deadline=anyio.current_time() + UNSUBSCRIBE_GRACE_S,
+            )
+        except FutureQError:
+            pass  # the connection is going away; the server requeues anyway
 
     async def _subscribe_on_live(
         self, sub: Subscription, deadline: float | None, prefetch: int | None = None
@@ -136,7 +163,9 @@ class ConsumingClient(ClientBase):
                     log.debug(
                         "SUBSCRIBE_OK %d for a subscription given up; unsubscribing it", orphan
                     )
-                    conn.request_nowait(lambda rid: frames.Unsubscribe(rid, orphan))
+                    # Nothing of it reached the application: none of it counts.
+                    handed: list[bytes] | None = [] if conn.protocol_version >= 3 else None
+                    conn.request_nowait(lambda rid: frames.Unsubscribe(rid, orphan, handed))
                     return
                 sub._bind(conn.epoch, frame.subscription_id, credit)
 

@@ -75,6 +75,7 @@ class FakeBroker:
         self.unavailable_acks = 0  # answer this many ACKs UNAVAILABLE (a transfer)
         self.hello_version: int | None = None  # HELLO_OK's version, if not the usual
         self.silent: set[type[frames.Frame]] = set()  # frame types it never answers
+        self.settling: list[frames.Frame] = []  # RELEASE and UNSUBSCRIBE frames, in order
 
     async def serve(
         self, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
@@ -197,8 +198,12 @@ class FakeBroker:
             await conn.send(frames.Ok(rid, count))
             await self.dispatch()
         elif isinstance(frame, frames.Unsubscribe):
+            self.settling.append(frame)
             conn.subs.pop(frame.subscription_id, None)
             await conn.send(frames.Ok(rid, None))
+        elif isinstance(frame, frames.Release):
+            self.settling.append(frame)
+            await conn.send(frames.Ok(rid, len(frame.tags)))
         elif isinstance(frame, frames.Status):
             await conn.send(frames.StatusOk(rid, {"node_id": 1, "role": "leader", "topics": []}))
         elif isinstance(frame, frames.Ping):
@@ -611,12 +616,38 @@ async def test_a_hello_ok_naming_a_version_not_offered_is_refused() -> None:
     """HELLO_OK must name a version the client offered (docs/protocol.md, "Connection
     setup"); before, the client took version 3 and read on as if it were 1 or 2."""
     async with serving(members=()) as fake:
-        fake.hello_version = 3
+        fake.hello_version = max(frames.SUPPORTED_VERSIONS) + 1
         with pytest.raises(RemoteProtocolError) as info:
             async with _client(fake.address):
                 pass  # pragma: no cover
         assert info.value.code is ErrorCode.UNSUPPORTED_VERSION
-        assert "version 3" in info.value.message
+        assert f"version {fake.hello_version}" in info.value.message
+
+
+@pytest.mark.parametrize("version", [2, 3])
+@on_both_backends
+async def test_leaving_a_subscription_says_what_the_application_was_handed(version: int) -> None:
+    """Protocol version 3: the UNSUBSCRIBE names the deliveries handed to the
+    application (only they count); to an older server the client releases the
+    buffered ones first and sends a plain UNSUBSCRIBE (``docs/client.md``)."""
+    async with serving(members=()) as fake:
+        fake.hello_version = version
+        async with _client(fake.address) as client:
+            await client.publish_batch([PublishItem("t", b"%d" % i) for i in range(3)])
+            async with client.subscribe("t", "g", prefetch=3) as sub:
+                handed = await sub.__anext__()
+                with anyio.fail_after(5):
+                    while sub.buffered < 2:  # noqa: ASYNC110 - no event says "buffered", under a deadline
+                        await anyio.sleep(0.005)
+                buffered = [d.tag for d in sub._buffer]
+            [*releases, unsubscribe] = fake.settling
+            assert isinstance(unsubscribe, frames.Unsubscribe)
+            if version == 3:
+                assert releases == []
+                assert unsubscribe.handed == [handed.tag]
+            else:
+                assert [r.tags for r in releases] == [buffered]  # type: ignore[attr-defined]
+                assert unsubscribe.handed is None
 
 
 @on_both_backends

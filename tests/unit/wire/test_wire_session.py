@@ -90,15 +90,15 @@ def test_handshake_back_to_back() -> None:
     s.receive_data(c.hello())
     assert state(c) is SessionState.AWAIT_HELLO_OK
     hello = next_frame(s)
-    assert hello == frames.Hello(1, (2, 1), "unit", TOKEN)
-    assert s.version == 2 and state(s) is SessionState.AWAIT_HELLO
+    assert hello == frames.Hello(1, (3, 2, 1), "unit", TOKEN)
+    assert s.version == 3 and state(s) is SessionState.AWAIT_HELLO
     hello_ok = s.accept_hello(3, "10.0.0.3:7450", "0.1.0", members=["10.0.0.3:7450", "h:1"])
     assert decode_one(hello_ok) == frames.HelloOk(
-        1, 2, 3, "10.0.0.3:7450", MAX_FRAME_BYTES, "0.1.0", 1, ("10.0.0.3:7450", "h:1")
+        1, 3, 3, "10.0.0.3:7450", MAX_FRAME_BYTES, "0.1.0", 1, ("10.0.0.3:7450", "h:1")
     )
     c.receive_data(hello_ok)
     assert next_frame(c) == c.hello_ok
-    assert c.version == 2 and state(c) is SessionState.READY
+    assert c.version == 3 and state(c) is SessionState.READY
     assert state(s) is SessionState.READY
 
 
@@ -116,14 +116,15 @@ def test_a_version_1_client_gets_the_version_1_hello_ok() -> None:
     assert next_frame(c) == frames.HelloOk(1, 1, 3, None, MAX_FRAME_BYTES, "0.1.0")
 
 
-def test_version_2_hello_ok_names_the_members_and_always_the_shards() -> None:
-    s, c = server(), ClientSession()
+@pytest.mark.parametrize("version", [2, 3])
+def test_version_2_hello_ok_names_the_members_and_always_the_shards(version: int) -> None:
+    s, c = server(), ClientSession(versions={1, version})
     s.receive_data(c.hello())
     next_frame(s)
     members = [f"10.0.0.{n}:7450" for n in range(frames.MAX_MEMBERS + 5)]
     hello_ok = s.accept_hello(3, None, "0.1.0", members=members)
     wire = msgpack.unpackb(hello_ok[codec.HEADER_BYTES :])
-    assert wire[:7] == [2, 1, 2, 3, None, MAX_FRAME_BYTES, "0.1.0"]
+    assert wire[:7] == [2, 1, version, 3, None, MAX_FRAME_BYTES, "0.1.0"]
     assert wire[7] == 1 and wire[8] == members[: frames.MAX_MEMBERS]
     c.receive_data(hello_ok)
     assert next_frame(c).members == tuple(members[: frames.MAX_MEMBERS])
@@ -151,12 +152,12 @@ def test_client_offers_its_versions_highest_first() -> None:
     assert hello.versions == (3, 2, 1)
 
 
-@pytest.mark.parametrize("theirs", [(3,), (0, 3, 4), ()], ids=["newer", "disjoint", "none"])
+@pytest.mark.parametrize("theirs", [(4,), (0, 4, 5), ()], ids=["newer", "disjoint", "none"])
 def test_unsupported_version(theirs: tuple[int, ...]) -> None:
     s = server()
     send_raw(s, frames.Hello(5, theirs))
     error = refused(s, ErrorCode.UNSUPPORTED_VERSION)
-    assert "[1, 2]" in error.message
+    assert "[1, 2, 3]" in error.message
     answer = decode_one(s.error_bytes(error))
     assert answer == frames.Error(5, int(ErrorCode.UNSUPPORTED_VERSION), error.message)
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import enum
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """The highest protocol version this code speaks (``docs/protocol.md``, "Versions")."""
-SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2})
-"""Every version this code speaks: 2 adds the cluster's member addresses to HELLO_OK;
-1 is still spoken to clients that offer nothing newer (the dashboard, older clients)."""
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2, 3})
+"""Every version this code speaks: 3 adds UNSUBSCRIBE's ``handed`` (only the deliveries
+the application saw count); 2 adds the cluster's member addresses to HELLO_OK; 1 is
+still spoken to clients that offer nothing newer (the dashboard, older clients)."""
 MAX_MEMBERS = 64
 """Most member addresses a HELLO_OK may carry (a cluster has 1 to 7 voters)."""
 

@@ -304,19 +304,31 @@ class Credit:
 
 @attrs.frozen
 class Unsubscribe:
-    """End a subscription; its unacked deliveries go back to the group."""
+    """End a subscription; its unsettled deliveries go back to the group.
+
+    ``handed`` (protocol version 3, an optional trailing field): the delivery tags the
+    application received and has not settled; only those count as an attempt, every
+    other unsettled delivery of the subscription (buffered in the client, in flight,
+    never seen) goes back uncounted, as a RELEASE would. None (versions 1 and 2): all
+    count (``docs/protocol.md``, UNSUBSCRIBE).
+    """
 
     TYPE: ClassVar[FrameType] = FrameType.UNSUBSCRIBE
     request_id: int
     subscription_id: int
+    handed: list[bytes] | None = None
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.request_id, self.subscription_id]
+        if self.handed is None:
+            return [self.TYPE, self.request_id, self.subscription_id]
+        return [self.TYPE, self.request_id, self.subscription_id, self.handed]
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> Unsubscribe:
-        _arity("UNSUBSCRIBE", f, 1)
-        return cls(rid, _int("UNSUBSCRIBE", "subscription_id", f[0]))
+        if len(f) != 2:
+            _arity("UNSUBSCRIBE", f, 1)
+        handed = _bytes_list("UNSUBSCRIBE", "handed", f[1]) if len(f) == 2 else None
+        return cls(rid, _int("UNSUBSCRIBE", "subscription_id", f[0]), handed)
 
 
 @attrs.frozen

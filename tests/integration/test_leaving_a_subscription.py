@@ -1,0 +1,115 @@
+"""Leaving a subscription gives back what the application never saw uncounted
+(``docs/client.md``; ``docs/protocol.md``, UNSUBSCRIBE, version 3), against a real
+``futureq start``.
+
+Found by a tester: leaving a ``subscribe`` block released what it buffered, then
+unsubscribed. The server still held credit (prefetch above what was due, or returned
+by an ack) and pushed a released message straight back; the client dropped it as
+closed, and the UNSUBSCRIBE counted it: with ``max_deliveries`` 1 it went to the
+dead-letter topic unread.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import trio
+from wire_client import WireClient
+
+from futureq.client import PublishItem, open_client
+from futureq.errors import ErrorCode
+from futureq.wire import frames
+
+
+class BrokerProcess(Protocol):
+    """What these tests use of the ``broker`` fixture (tests/integration/conftest.py)."""
+
+    client_address: str
+
+
+def _topics(status: dict[str, Any]) -> set[str]:
+    return {entry["topic"] for entry in status["topics"]}
+
+
+def _groups(status: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(entry["topic"], g["group"]): g for entry in status["topics"] for g in entry["groups"]}
+
+
+async def _take(client: Any, topic: str, within_s: float = 3.0) -> list[bytes]:
+    """Subscribe to ``topic`` (group g) and take, ack and return the payloads of what
+    is delivered until nothing came for ``within_s``."""
+    got: list[bytes] = []
+    async with client.subscribe(topic, "g", prefetch=10) as sub:
+        while (delivery := await sub.receive(within_s)) is not None:
+            got.append(delivery.payload)
+            await delivery.ack()
+    return sorted(got)
+
+
+async def test_buffered_deliveries_go_back_uncounted_though_the_server_held_credit(
+    broker: BrokerProcess,
+) -> None:
+    # Each round: 5 due, prefetch 8 (3 credits left on the server), one handed and
+    # acked (its credit returned too), 4 buffered when the block is left. Before, a
+    # released one pushed straight back was counted most rounds, and the next
+    # subscriber saw it go to the dead-letter topic (max_deliveries 1) instead.
+    async with open_client(broker.client_address) as client:
+        for round_ in range(8):
+            topic = f"leave{round_}"
+            await client.create_group(topic, "g", max_deliveries=1)
+            await client.publish_batch([PublishItem(topic, b"%d" % i) for i in range(5)])
+            async with client.subscribe(topic, "g", prefetch=8) as sub:
+                first = await sub.__anext__()
+                await first.ack()
+                with trio.fail_after(10):
+                    while sub.buffered < 4:  # noqa: ASYNC110 - no event says "buffered", under a deadline
+                        await trio.sleep(0.005)
+            left = {b"0", b"1", b"2", b"3", b"4"} - {first.payload}
+            assert await _take(client, topic, 0.5) == sorted(left), round_
+            assert f"{topic}.dlq" not in _topics(await client.status()), round_
+
+
+async def test_what_the_application_was_handed_and_did_not_settle_counts(
+    broker: BrokerProcess,
+) -> None:
+    async with open_client(broker.client_address) as client:
+        await client.create_group("held", "g", max_deliveries=1)
+        await client.publish_batch([PublishItem("held", b"%d" % i) for i in range(6)])
+        async with client.subscribe("held", "g", prefetch=6) as sub:
+            handed = [await sub.__anext__() for _ in range(2)]  # crashed working on them
+            acked = await sub.__anext__()
+            await acked.ack()
+            with trio.fail_after(10):
+                while sub.buffered < 3:  # noqa: ASYNC110 - no event says "buffered", under a deadline
+                    await trio.sleep(0.005)
+        # The three buffered come again; the two handed had their one attempt
+        # (max_deliveries 1) and go to the dead-letter topic.
+        seen = {d.payload for d in (*handed, acked)}
+        assert await _take(client, "held") == sorted({b"%d" % i for i in range(6)} - seen)
+        assert await _take(client, "held.dlq") == sorted(d.payload for d in handed)
+
+
+def test_unsubscribe_with_handed_on_the_wire(broker: BrokerProcess) -> None:
+    client = WireClient(broker.client_address)
+    answer = client.request(frames.GroupCreate(client.next_id(), "wire", "g", None, 1))
+    assert isinstance(answer, frames.Ok)
+    client.publish([["wire", b"%d" % i, 0, None, None] for i in range(3)])
+    sid = client.subscribe("wire", "g", prefetch=3)
+    delivered = client.deliveries(3)
+    tags = [d[0] for d in delivered]
+    # Not a list of binaries: refused alone, the subscription and connection stay.
+    answer = client.request(frames.Unsubscribe(client.next_id(), sid, ["x"]))  # type: ignore[list-item]
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.INVALID_FIELD
+    assert "handed[0] must be binary" in answer.message
+    # One handed, one tag it never held (ignored); the other two go back uncounted.
+    answer = client.request(frames.Unsubscribe(client.next_id(), sid, [tags[1], b"\0" * 12]))
+    assert isinstance(answer, frames.Ok)
+    assert client.group_pending("wire", "g") == 3
+    # A new subscriber gets the two uncounted; the handed one, counted, is dead-lettered.
+    client.subscribe("wire", "g", prefetch=3)
+    again = client.deliveries(2)
+    assert sorted(d[1] for d in again) == sorted(d[1] for i, d in enumerate(delivered) if i != 1)
+    client.expect_nothing(0.3)
+    assert client.group_pending("wire.dlq", "default") == 1
+    answer = client.request(frames.Unsubscribe(client.next_id(), sid, []))
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.UNKNOWN_SUBSCRIPTION
