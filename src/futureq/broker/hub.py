@@ -706,9 +706,12 @@ class Hub:
 
         A delivery whose deadline passed meanwhile is taken back now; the others' are
         watched again (a pass drops the heap entry of a delivery being settled, so
-        without this it would never time out).
+        without this it would never time out). One a command removed meanwhile (CANCEL,
+        PURGE, RESCHEDULE, expiry) is revoked now, its credit returned.
         """
         taken_back: list[InFlight] = []
+        cancelled: list[InFlight] = []
+        removed: list[InFlight] = []
         earliest = math.inf
         for flight in flights:
             if self.in_flight.get(flight.key) is flight:
@@ -719,7 +722,18 @@ class Hub:
                 else:
                     self._watch(flight)
                     earliest = min(earliest, flight.wake_ms)
+            elif flight.pushed:
+                # A command removed it while it was being settled (:meth:`forget`
+                # revokes nothing being settled: the settlement's OK was to give the
+                # credit back). The settlement failed, so the REVOKE is due now; before,
+                # the subscription's window shrank by one for good.
+                was_cancelled = self.cancelled.get(flight.key) == flight.stamp
+                (cancelled if was_cancelled else removed).append(flight)
         self._revoke_taken_back(taken_back, now_ms)
+        if cancelled:
+            self._revoke(cancelled, frames.RevokeReason.CANCELLED)
+        if removed:
+            self._revoke(removed, frames.RevokeReason.REMOVED)
         self.look_again_by(earliest)
 
     def extend(self, tags: list[bytes], connection_id: int, visibility_ms: int, now_ms: int) -> int:

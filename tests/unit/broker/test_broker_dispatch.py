@@ -1250,6 +1250,36 @@ def test_a_cancelled_delivery_is_revoked_as_cancelled_and_its_ack_says_so() -> N
     assert env.log.apply(commands.ack([f.key for f in flights])) == 1
 
 
+@pytest.mark.parametrize("removal", ["cancel", "reschedule"])
+def test_a_settlement_that_fails_after_a_command_removed_its_delivery_returns_the_credit(
+    removal: str,
+) -> None:
+    """Found by a tester: a delivery being settled is not revoked when a command
+    removes it (the settlement's OK gives the credit back); if that settlement then
+    failed (its commit refused), nothing gave the credit back and the subscription's
+    window shrank by one for good."""
+    env = Env()
+    gid = env.group("t", "g")
+    (mid,) = env.publish("t", [b"a"])
+    consumer = env.consumer(gid, credit=1)
+    env.dispatch()
+    (delivery,) = out(consumer).frames[0].deliveries
+    assert consumer.credit == 0
+    flights = env.hub.claim_tags([delivery[0]], consumer.connection_id)  # an ACK under way
+    if removal == "cancel":
+        env.log.apply(commands.cancel("t", None, [mid]))
+        reason = frames.RevokeReason.CANCELLED
+    else:
+        env.log.apply(commands.reschedule(env.now, "t", None, [mid], env.now + 60_000))
+        reason = frames.RevokeReason.REMOVED
+    assert out(consumer).pushes == [] and consumer.credit == 0  # the ACK may still land
+    env.hub.unclaim(flights, env.now)  # it did not: its commit failed
+    assert out(consumer).pushes == [
+        frames.Revoke(0, consumer.subscription_id, [delivery[0]], reason)
+    ]
+    assert consumer.credit == 1
+
+
 def test_a_delivery_removed_otherwise_is_revoked_as_removed() -> None:
     env = Env()
     gid = env.group("t", "g")
