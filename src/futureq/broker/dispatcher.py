@@ -146,6 +146,11 @@ class Dispatcher:
         self._timers: list[tuple[float, int]] = []
         """Heap of ``(wake_ms, group_id)``; an entry is live while ``_wake_at`` agrees."""
         self._wake_at: dict[int, float] = {}
+        self._held_back_scan: list[int] = []
+        """Groups still to look at for expiry in this round while the node is held
+        back (``dispatch_pass.expire_held_back``)."""
+        self._held_back_scan_min = math.inf
+        """The earliest expiry seen in that round so far (ms)."""
         self._seek_hints: dict[int, int] = {}
         """Group id -> a packed ``(due_ms, id)`` no live entry of the group lies below
         (node-local; see :meth:`next_due_ms`)."""
@@ -246,6 +251,7 @@ class Dispatcher:
         self._staged.clear()
         self._wake_at.clear()
         self._timers.clear()
+        self._held_back_scan.clear()
         self._deleting_changed.set()
         # Only groups holding entries have anything to load; the others wait for a
         # consumer or an entry (either touches them).
@@ -261,6 +267,7 @@ class Dispatcher:
         self._staged.clear()
         self._wake_at.clear()
         self._timers.clear()
+        self._held_back_scan.clear()
         self.kick()
 
     # ------------------------------------------------------------ control

@@ -14,6 +14,7 @@ import attrs
 import trio
 from broker_helpers import REAL_NOW_MS, RecordingOutbox, open_real_broker
 
+from futureq.broker import dispatch_tasks
 from futureq.broker.hub import Consumer
 from futureq.broker.overview import ActivityHistory, build_overview
 from futureq.config import Config
@@ -112,4 +113,62 @@ async def test_credit_without_settling_does_not_take_a_connection_past_its_limit
             passes()
             assert len(mine.take()) == 3
             assert hub.out_by_connection == {1: 10, 2: 5}
+            running.cancel_scope.cancel()
+
+
+@attrs.define
+class _MovingClock:
+    """Wall time the test moves; monotonic time is trio's."""
+
+    now_ms: int = REAL_NOW_MS
+
+    def wall_ms(self) -> int:
+        return self.now_ms
+
+    def monotonic_s(self) -> float:
+        return trio.current_time()
+
+
+async def test_what_expires_while_the_node_is_held_back_is_removed(tmp_path: Path) -> None:
+    """Found by a tester: at ``limits.max_deliveries_out`` a pass looked at no group, so
+    messages whose TTL ran out stayed pending (and in a ``dead_letter_expired`` group
+    reached the dead-letter topic late) until consumers settled something."""
+    config = Config()
+    config = attrs.evolve(config, limits=attrs.evolve(config.limits, max_deliveries_out=2))
+    async with open_real_broker(tmp_path, config) as (broker, log):
+        hub, dispatcher = broker.hub, broker.dispatcher
+        clock = _MovingClock()
+        dispatcher.clock = clock
+        async with trio.open_nursery() as running:
+            await running.start(log.run)
+            running.start_soon(dispatch_tasks.proposer, dispatcher)  # commits EXPIRE
+            gid = await log.propose(commands.create_group("t", "g", None, None))
+            other = await log.propose(commands.create_group("u", "g", None, None))
+            held = [("t", b"held%d" % n, REAL_NOW_MS, None) for n in range(2)]
+            await log.propose(commands.publish(REAL_NOW_MS, held))
+            outbox = RecordingOutbox()
+            for group, topic in ((gid, "t"), (other, "u")):
+                hub.add_consumer(
+                    Consumer(hub.new_subscription_id(), group, topic, "g", 1, outbox, 10)
+                )
+            for _ in range(3):
+                dispatcher.dispatch_once()
+            assert len(outbox.take()) == 2 and hub.held_back
+            # Due now, expiring in 1 s and 2 s, in both groups; then held back.
+            expiring = [("t", b"a", REAL_NOW_MS, 1000), ("t", b"b", REAL_NOW_MS, 2000)]
+            await log.propose(commands.publish(REAL_NOW_MS, expiring))
+            await log.propose(commands.publish(REAL_NOW_MS, [("u", b"c", REAL_NOW_MS, 1000)]))
+            next_ms = dispatcher.dispatch_once()
+            assert hub.held_back and next_ms == REAL_NOW_MS + 1000  # no busy loop
+            clock.now_ms = REAL_NOW_MS + 1000
+            assert dispatcher.dispatch_once() == REAL_NOW_MS + 2000
+            with trio.fail_after(5):
+                await dispatcher._proposals_idle.wait()  # the EXPIRE committed
+            assert (broker.state.groups[gid].pending, broker.state.groups[other].pending) == (3, 0)
+            clock.now_ms = REAL_NOW_MS + 2000
+            dispatcher.dispatch_once()
+            with trio.fail_after(5):
+                await dispatcher._proposals_idle.wait()
+            assert broker.state.groups[gid].pending == 2
+            assert outbox.take() == [] and hub.held_back  # the two held are still out
             running.cancel_scope.cancel()
