@@ -1,8 +1,8 @@
 """Status reads of one node: STATUS_OK, the per-group gauges, the cluster clock's view.
 
 Plain functions over a :class:`~futureq.broker.broker.Broker`. Bounded work however
-many topics and groups exist: STATUS lists at most ``limits.max_status_groups`` groups
-and yields every :data:`STATUS_STEP_TOPICS` topics looked at; the gauges keep one row
+many topics and groups exist: STATUS lists at most ``limits.max_status_groups`` groups,
+in at most half of ``limits.max_frame_bytes`` (:func:`status_budget_bytes`), and yields every :data:`STATUS_STEP_TOPICS` topics looked at; the gauges keep one row
 per group within the series budget plus one ``_other`` row.
 
 Source: ``docs/protocol.md``, "STATUS"; ``docs/operations.md``, "Status".
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+import msgpack
 import trio
 
 from futureq import __version__
@@ -25,11 +26,37 @@ if TYPE_CHECKING:
     from futureq.state.queue_state import GroupInfo
 
     from .broker import Broker
+    from .hub import GroupRuntime
 
 STATUS_STEP_TOPICS = 500
 """Topics a status looks at between two yields to the event loop."""
 STATUS_LEADER_ONLY = ("due", "in_flight", "consumers")
 """STATUS group fields only the leader knows (``docs/protocol.md``, "STATUS_OK")."""
+STATUS_MAX_SUBSCRIPTIONS_PER_GROUP: Final = 1000
+"""Most subscriptions one group lists in a status; its ``consumers`` counts them all."""
+_LARGEST_INT: Final = 2**64 - 1
+SUBSCRIPTION_ROW_BYTES: Final = len(
+    msgpack.packb(
+        {
+            "subscription_id": _LARGEST_INT,
+            "prefetch": _LARGEST_INT,
+            "credit": _LARGEST_INT,
+            "in_flight": _LARGEST_INT,
+        }
+    )
+)
+"""The most bytes one subscription row of a status takes in msgpack."""
+
+
+def status_budget_bytes(max_frame_bytes: int) -> int:
+    """Bytes of msgpack the listed topics and deleted groups of a STATUS_OK may take
+    together: half the frame limit (as BROWSE_OK's messages), so the answer with its
+    other fields always fits in one frame (``docs/protocol.md``, "STATUS_OK")."""
+    return max_frame_bytes // 2
+
+
+def _packed_bytes(value: object) -> int:
+    return len(msgpack.packb(value, use_bin_type=True))
 
 
 def clock_status(broker: Broker) -> dict[str, Any] | None:
@@ -168,10 +195,17 @@ def status_steps(
 ) -> Generator[None, None, dict[str, Any]]:
     """:func:`status` as a generator that yields every few hundred topics looked at."""
     limit = broker.config.limits.max_status_groups
+    # Without a byte budget a status of many subscriptions (or of long names with a
+    # small frame limit) outgrew the frame and every STATUS was refused with a bare
+    # "frame of N bytes exceeds the limit": the operator could see nothing.
+    budget_bytes = status_budget_bytes(broker.config.limits.max_frame_bytes)
     listed = 0
     looked = 0
     truncated = False
     topics: list[dict[str, Any]] = []
+    # The listed groups with subscriptions, whose rows are filled once every group is
+    # listed: the groups come before the subscriptions of any one of them.
+    with_consumers: list[tuple[list[dict[str, Any]], GroupRuntime]] = []
     after: str | None = None
     while not truncated:
         now_ms = broker.clock.wall_ms()
@@ -187,48 +221,70 @@ def status_steps(
                 truncated = True
                 break
             groups = []
+            budget_bytes -= _packed_bytes({"topic": topic, "groups": []})
             for info in broker.state.topic_groups(topic):
                 c = group_row(broker, info, now_ms)
-                listed += 1
                 runtime = broker.hub.groups.get(info.group_id)
-                groups.append(
-                    {
-                        "group": info.name,
-                        "pending": c.pending,
-                        "due": c.due,
-                        "in_flight": c.in_flight,
-                        "consumers": c.consumers,
-                        "visibility_timeout_ms": info.visibility_timeout_ms,
-                        "max_deliveries": info.max_deliveries,
-                        "dead_letter_expired": info.dead_letter_expired,
-                        # An operator sees a stuck group at a glance: its oldest
-                        # due message has waited this long (issue 14).
-                        **due_fields(broker, info.group_id, now_ms),
-                        # Each consumer's flow control: a stall shows as credit 0
-                        # with in_flight at the prefetch.
-                        "subscriptions": [
-                            {
-                                "subscription_id": consumer.subscription_id,
-                                "prefetch": consumer.prefetch,
-                                "credit": consumer.credit,
-                                "in_flight": len(consumer.in_flight),
-                            }
-                            for consumer in (runtime.consumers if runtime else [])
-                        ],
-                    }
-                )
-            topics.append({"topic": topic, "groups": groups})
+                row: dict[str, Any] = {
+                    "group": info.name,
+                    "pending": c.pending,
+                    "due": c.due,
+                    "in_flight": c.in_flight,
+                    "consumers": c.consumers,
+                    "visibility_timeout_ms": info.visibility_timeout_ms,
+                    "max_deliveries": info.max_deliveries,
+                    "dead_letter_expired": info.dead_letter_expired,
+                    # An operator sees a stuck group at a glance: its oldest
+                    # due message has waited this long (issue 14).
+                    **due_fields(broker, info.group_id, now_ms),
+                    "subscriptions": [],
+                }
+                row_bytes = _packed_bytes(row)
+                if row_bytes > budget_bytes:
+                    truncated = True
+                    break
+                budget_bytes -= row_bytes
+                listed += 1
+                if runtime is not None and runtime.consumers:
+                    with_consumers.append((row["subscriptions"], runtime))
+                groups.append(row)
+            if groups or not truncated:
+                topics.append({"topic": topic, "groups": groups})
+            if truncated:
+                break
         if not truncated:
             yield
-    deleting = [
-        {"topic": d.topic, "group": d.name, "pending": d.pending}
-        for _, d in sorted(broker.state.deleting.items())
-        if visible is None or visible(d.topic)
-    ]
+    deleting: list[dict[str, Any]] = []
+    deleting_truncated = False
+    for _, d in sorted(broker.state.deleting.items()):
+        if visible is not None and not visible(d.topic):
+            continue
+        entry = {"topic": d.topic, "group": d.name, "pending": d.pending}
+        entry_bytes = _packed_bytes(entry)
+        if len(deleting) >= limit or entry_bytes > budget_bytes:
+            deleting_truncated = True
+            break
+        budget_bytes -= entry_bytes
+        deleting.append(entry)
+    for subscriptions, runtime in with_consumers:
+        # Each consumer's flow control (a stall shows as credit 0 with in_flight at the
+        # prefetch), as many as the budget leaves room for; ``consumers`` counts all.
+        room = min(STATUS_MAX_SUBSCRIPTIONS_PER_GROUP, budget_bytes // SUBSCRIPTION_ROW_BYTES)
+        subscriptions.extend(
+            {
+                "subscription_id": consumer.subscription_id,
+                "prefetch": consumer.prefetch,
+                "credit": consumer.credit,
+                "in_flight": len(consumer.in_flight),
+            }
+            for consumer in itertools.islice(runtime.consumers, room)
+        )
+        budget_bytes -= SUBSCRIPTION_ROW_BYTES * len(subscriptions)
     cluster = broker.cluster_status()
     role = cluster["role"]
     return {
         "deleting_groups": deleting,
+        "deleting_truncated": deleting_truncated,
         "node_id": broker.node_id,
         "role": role,
         # On a follower the leader-only numbers are its own, mostly zero: say so.

@@ -176,6 +176,15 @@ async def run_status(client: Client, args: argparse.Namespace, io: Output) -> in
         # Credit 0 with in_flight = prefetch is a consumer that holds its whole window.
         columns = ("topic", "group", "subscription_id", "prefetch", "credit", "in_flight")
         _table("subscriptions (credit and deliveries held)", columns, subscriptions, io)
+    unlisted = sum(int(row.get("consumers") or 0) for row in rows) - len(subscriptions)
+    if subscriptions and unlisted > 0:
+        io.out(f"{unlisted} more subscriptions not listed (one answer lists what fits in a frame)")
+    if status.get("truncated"):
+        io.out(
+            f"{len(rows)} of {status.get('group_count', '?')} groups listed: a status lists "
+            "at most limits.max_status_groups groups, and only what fits in half of "
+            "limits.max_frame_bytes (the operator may raise either)"
+        )
     for deleting in status.get("deleting_groups", []):
         io.out(
             f"group {deleting['group']!r} of topic {deleting['topic']!r} was deleted; "

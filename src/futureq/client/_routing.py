@@ -707,8 +707,9 @@ def merge_status(
     for total in ("topic_count", "group_count"):
         if all(total in answer for answer in answered):
             merged[total] = sum(int(answer[total]) for answer in answered)
-    if any("truncated" in answer for answer in answered):
-        merged["truncated"] = any(bool(answer.get("truncated")) for answer in answered)
+    for flag in ("truncated", "deleting_truncated"):
+        if any(flag in answer for answer in answered):
+            merged[flag] = any(bool(answer.get(flag)) for answer in answered)
     merged["shards"] = [
         {
             "shard": shard,

@@ -436,6 +436,7 @@ def merge_status(replies: Sequence[Reply], addresses: Sequence[str]) -> tuple[in
     )
     topics: list[Any] = []
     deleting: list[Any] = []
+    deleting_truncated = False
     shards: list[dict[str, Any]] = []
     missing: list[int] = []
     alarms: list[str] = []
@@ -447,6 +448,7 @@ def merge_status(replies: Sequence[Reply], addresses: Sequence[str]) -> tuple[in
         else:
             topics.extend(answer.get("topics") or [])
             deleting.extend(answer.get("deleting_groups") or [])
+            deleting_truncated = deleting_truncated or bool(answer.get("deleting_truncated"))
             for alarm in answer.get("alarms") or []:
                 if alarm not in alarms:
                     alarms.append(alarm)
@@ -457,6 +459,7 @@ def merge_status(replies: Sequence[Reply], addresses: Sequence[str]) -> tuple[in
         shards.append(entry)
     merged["topics"] = sorted(topics, key=lambda entry: str(entry.get("topic", "")))
     merged["deleting_groups"] = deleting
+    merged["deleting_truncated"] = deleting_truncated
     merged["topic_count"] = sum(int(s.get("topic_count") or 0) for s in shards)
     merged["group_count"] = sum(int(s.get("group_count") or 0) for s in shards)
     merged["truncated"] = any(bool(s.get("truncated")) for s in shards)
