@@ -38,7 +38,9 @@ from futureq.peer_credentials import (
 )
 from futureq.state import commands
 from futureq.wire.validation import (
+    DELIVERY_ROOM_BYTES,
     MAX_VISIBILITY_TIMEOUT_MS,
+    MIN_FRAME_BYTES,
     MIN_VISIBILITY_TIMEOUT_MS,
     visibility_problem,
 )
@@ -201,7 +203,15 @@ def check_server(server: ServerSection) -> Iterable[Bad]:
 
 def check_limits(limits: LimitsSection) -> Iterable[Bad]:
     yield from maxima("limits", limits)
-    yield from minimum("limits", limits, "max_frame_bytes", 1, " bytes")
+    # A frame limit of a few bytes was taken, and then every HELLO ended in a logged
+    # traceback ("handler failed (a bug)"): HELLO_OK did not fit.
+    yield from minimum(
+        "limits",
+        limits,
+        "max_frame_bytes",
+        MIN_FRAME_BYTES,
+        " bytes (64 KiB: HELLO_OK, ERROR and STATUS_OK answers need room)",
+    )
     yield from minimum("limits", limits, "max_payload_bytes", 1, " bytes")
     yield from minimum("limits", limits, "max_delay_ms", 0, " ms")
     yield from minimum("limits", limits, "max_ttl_ms", 0, " ms")
@@ -253,12 +263,17 @@ def check_limits(limits: LimitsSection) -> Iterable[Bad]:
             f"({limits.max_frame_bytes}): the node's buffers hold at least one connection's, "
             "else no large frame could ever be read whole",
         )
-    if limits.max_payload_bytes >= limits.max_frame_bytes:
+    # A payload just under the frame limit was taken, and its DELIVER (payload, headers,
+    # tag) was larger than a frame: a client that holds the server to its limit could
+    # never receive that message.
+    largest_payload = limits.max_frame_bytes - DELIVERY_ROOM_BYTES
+    if limits.max_payload_bytes > largest_payload:
         yield Bad(
             ("limits.max_payload_bytes", "limits.max_frame_bytes"),
             limits.max_payload_bytes,
-            f"must be smaller than limits.max_frame_bytes ({limits.max_frame_bytes}) "
-            "so a payload fits in a frame",
+            f"must be at least {DELIVERY_ROOM_BYTES} bytes smaller than limits.max_frame_bytes "
+            f"({limits.max_frame_bytes}), so at most {largest_payload}: a delivery carries "
+            "the payload with its headers, tag and times in one frame",
         )
 
 

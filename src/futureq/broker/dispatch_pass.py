@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from futureq.state import commands
 from futureq.state.due_index import pack, unpack
+from futureq.wire.validation import MAX_HEADER_BYTES, MAX_HEADERS
 
 from . import delivery_records, dispatch_tasks
 from .delivery_records import Staged
@@ -48,6 +49,13 @@ DELIVERIES_PER_PASS = 8192
 """Most deliveries pushed in one dispatch pass, so one pass holds the loop briefly."""
 HELD_BACK_LOG_INTERVAL_S = 60.0
 """Least time between two warnings that the node's deliveries out are at their limit (s)."""
+DELIVERY_FIELD_BYTES = 72
+"""The most msgpack bytes of one DELIVER item beside its payload's and headers' own
+bytes: tag (26), id, due and publish times and attempt (9 each), the payload's prefix
+(5), the item's array and a nil headers field."""
+DELIVERY_HEADER_BYTES = MAX_HEADER_BYTES + 6 * MAX_HEADERS + 3
+"""The most msgpack bytes of one message's headers (names and values with their
+prefixes, and the map's)."""
 NOT_ALLOWED_RETRY_MS = 50
 """While dispatching is not allowed (no lease yet, clock out of bound), look again after
 this long (ms)."""
@@ -407,7 +415,17 @@ def deliver(
                 if message is None:  # removed by a command applied meanwhile
                     continue
                 _topic, payload, publish_ms, _due, _open = message
-                frame_bytes += len(payload) + 64
+                record = dispatcher.state.get_record(mid) if consumer.headers else None
+                item_bytes = len(payload) + DELIVERY_FIELD_BYTES
+                if record is not None and record.headers:
+                    item_bytes += DELIVERY_HEADER_BYTES
+                if deliveries and frame_bytes + item_bytes > dispatcher.max_deliver_bytes:
+                    # Checked before adding it: the frame's last delivery once took a
+                    # DELIVER past max_frame_bytes (its payload near the limit).
+                    for due_later, mid_later, expire_later, attempt_later in entries[position:]:
+                        index.add(due_later, mid_later, expire_later, attempt_later)
+                    break
+                frame_bytes += item_bytes
                 item = [
                     commands.delivery_tag(key, attempt, salt),
                     mid,
@@ -417,9 +435,7 @@ def deliver(
                     attempt,
                 ]
                 if consumer.headers:  # asked for in SUBSCRIBE (issue 14)
-                    record = dispatcher.state.get_record(mid)
                     item.append(None if record is None else record.headers)
-                    frame_bytes += 0 if record is None or not record.headers else 4096
                 deliveries.append(item)
                 flights.append(
                     InFlight(

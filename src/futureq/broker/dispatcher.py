@@ -52,6 +52,7 @@ import trio
 from futureq.state import commands
 from futureq.state.commands import CommandKind
 from futureq.state.due_index import unpack
+from futureq.wire.validation import DELIVERY_ROOM_BYTES
 
 from . import delivery_records, dispatch_pass, dispatch_tasks, schedule_observer
 from .delivery_records import Staged
@@ -65,6 +66,19 @@ if TYPE_CHECKING:
     from futureq.state.queue_state import QueueState
 
     from .command_log import CommandLog
+
+DELIVER_BATCH_BYTES = 64 * 1024
+"""Bytes of deliveries a DELIVER frame may always hold, however small half a frame is."""
+
+
+def deliver_bytes(max_frame_bytes: int) -> int:
+    """The dispatcher's ``max_deliver_bytes`` for a frame limit (bytes): half a frame
+    (at least :data:`DELIVER_BATCH_BYTES`), and never past the frame less
+    :data:`~futureq.wire.validation.DELIVERY_ROOM_BYTES`, so a DELIVER frame stays
+    within ``limits.max_frame_bytes`` (``docs/protocol.md``, "Limits")."""
+    half = max(DELIVER_BATCH_BYTES, max_frame_bytes // 2)
+    return max(1, min(half, max_frame_bytes - DELIVERY_ROOM_BYTES))
+
 
 DUE_COUNT_SCAN_ITEMS = 10_000
 """Most schedule entries read from disk to count one group's due backlog (a status or a
@@ -81,8 +95,10 @@ class Dispatcher:
         clock: Wall clock for due times; the only clock this module reads.
         queue: Horizon size, batch sizes.
         metrics: Counters and the lateness histogram, or None.
-        max_deliver_bytes: Payload bytes after which a DELIVER frame is closed (the
-            rest goes in the next frame), so frames stay under the client's limit.
+        max_deliver_bytes: Most bytes of deliveries (payloads, headers, about 64 bytes
+            of fields each) one DELIVER frame holds: the next delivery that would pass
+            it goes in the next frame (a frame's first is always sent), so frames stay
+            under the client's limit (:func:`deliver_bytes`).
         active: Dispatch from the start (a single node); a Raft node starts inactive
             and is activated when it becomes leader.
         dispatch_allowed: Asked before every pass; while it says no, nothing is handed

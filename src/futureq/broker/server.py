@@ -57,7 +57,7 @@ from .buffers import NodeBuffers
 from .cluster_time import ClusterTime, run_standalone_clock
 from .command_log import SingleNodeLog
 from .data_dir_size import measure_data_dir
-from .dispatcher import Dispatcher
+from .dispatcher import Dispatcher, deliver_bytes
 from .gateway import SHUTDOWN_DRAIN_S, ClientGateway
 from .gc_pacing import pace_gc
 from .http import GRACEFUL_TIMEOUT_S, serve_http
@@ -296,7 +296,7 @@ async def serve(
             clock,
             config.queue,
             metrics,
-            max_deliver_bytes=max(64 * 1024, config.limits.max_frame_bytes // 2),
+            max_deliver_bytes=deliver_bytes(config.limits.max_frame_bytes),
             active=not clustered,
             dispatch_allowed=(
                 None if isinstance(command_log, SingleNodeLog) else command_log.can_dispatch

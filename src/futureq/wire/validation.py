@@ -335,6 +335,16 @@ MAX_HEADERS: Final = 32
 """Most headers one message may carry (``docs/protocol.md``, "Headers")."""
 MAX_HEADER_BYTES: Final = 4096
 """Most UTF-8 bytes of one message's header names and values together."""
+DELIVERY_ROOM_BYTES: Final = 8192
+"""Bytes a frame keeps beside the largest payload: a DELIVER of that one message also
+carries its headers (:data:`MAX_HEADER_BYTES` and their msgpack prefixes), its tag, id,
+times and attempt, under 4.5 KiB together. ``limits.max_payload_bytes`` is at most
+``limits.max_frame_bytes`` less this, so every message can be delivered in a frame."""
+MIN_FRAME_BYTES: Final = 65536
+"""Smallest ``limits.max_frame_bytes`` (bytes): room for the answers of fixed shape
+(HELLO_OK with its members, ERROR sentences) and the largest frame a connection may send
+before HELLO (``docs/protocol.md``, "Limits")."""
+
 RESERVED_HEADER_PREFIX: Final = "futureq-"
 """Header names the broker sets (dead-letter provenance); a publish may not, in any
 letter case."""

@@ -168,8 +168,15 @@ def test_unknown_key_in_env_names_the_variable() -> None:
         ('[server]\nlog_level = "loud"', "server.log_level", "'loud'", "debug, info"),
         ('[server]\nauth_token = ""', "server.auth_token", "''", "non-empty"),
         ("[server]\nshutdown_grace_ms = -1", "server.shutdown_grace_ms", "-1", "at least 0"),
-        ("[limits]\nmax_frame_bytes = 0", "limits.max_frame_bytes", "0", "at least 1"),
+        ("[limits]\nmax_frame_bytes = 0", "limits.max_frame_bytes", "0", "at least 65536"),
+        ("[limits]\nmax_frame_bytes = 4096", "limits.max_frame_bytes", "4096", "at least 65536"),
         ("[limits]\nmax_payload_bytes = 4194304", "limits.max_payload_bytes", "4194304", "smaller"),
+        (
+            "[limits]\nmax_payload_bytes = 4194303",
+            "limits.max_payload_bytes",
+            "4194303",
+            "at least 8192 bytes smaller than limits.max_frame_bytes (4194304), so at most 4186112",
+        ),
         (
             "[queue]\nvisibility_timeout_ms = 0",
             "queue.visibility_timeout_ms",

@@ -1,4 +1,4 @@
-"""A STATUS answer always fits in one frame, against a real ``futureq start`` process.
+"""Answers and pushes fit in one frame, against a real ``futureq start`` process.
 
 Before, STATUS_OK listed every subscription of every listed group and every group up to
 ``limits.max_status_groups`` whatever their names' length: two connections of 1,024
@@ -95,3 +95,33 @@ def test_a_status_of_long_names_past_a_small_frame_is_cut_and_says_so(
     said = re.search(r"(\d+) of 300 groups listed", shown.stdout)
     assert said is not None and 0 < int(said[1]) < 300, shown.stdout
     assert "limits.max_frame_bytes" in shown.stdout
+
+
+def test_deliveries_of_payloads_near_the_limit_come_in_frames_within_the_limit(
+    broker_factory: Any,
+) -> None:
+    # Before, a DELIVER was closed only once it already held half a frame: a delivery
+    # of 120 KiB then one of 200 KiB made a 320 KiB frame under a 256 KiB limit, which
+    # a client holding the server to HELLO_OK's max_frame_bytes refused (FRAME_TOO_LARGE)
+    # again at every redelivery.
+    frame_bytes = 256 * 1024
+    broker: BrokerProcess = broker_factory(
+        env={
+            "FUTUREQ_LIMITS_MAX_FRAME_BYTES": str(frame_bytes),
+            "FUTUREQ_LIMITS_MAX_PAYLOAD_BYTES": str(frame_bytes - 8192),
+        }
+    )
+    client = WireClient(broker.client_address)
+    headers = {f"h{i:02d}": "v" * 120 for i in range(32)}
+    payloads = [b"a" * (120 * 1024), b"b" * (frame_bytes - 8192), b"c" * 10]
+    items = [["near.limit", payload, None, None, None, headers, None] for payload in payloads]
+    for item in items:  # one PUBLISH each: together they would pass the frame limit
+        assert isinstance(client.publish([item]), frames.PublishOk)
+    client.decoder = codec.FrameDecoder(frame_bytes)  # as strict as HELLO_OK allows
+    answer = client.request(frames.Subscribe(client.next_id(), "near.limit", "g", 10, True))
+    assert isinstance(answer, frames.SubscribeOk), answer
+
+    got = client.deliveries(3)
+
+    assert [delivery[2] for delivery in got] == payloads
+    assert all(delivery[6] == headers for delivery in got)
