@@ -268,6 +268,9 @@ DEADLINE_HEAP_SLACK: Final = 4096
 """Stale entries the deadline heap may hold beyond twice the deliveries out before it
 is rebuilt (:meth:`Hub._watch`)."""
 
+REVOKE_TAGS_PER_FRAME: Final = 2048
+"""Most tags one REVOKE carries (26 bytes each in msgpack: 53 KiB, within the smallest
+``limits.max_frame_bytes``); more go in several REVOKE frames, in order."""
 CANCELLED_TAGS_KEPT: Final = 65_536
 """Deliveries out when a CANCEL or PURGE removed their message that the leader remembers,
 so a later ACK/NACK/RELEASE/EXTEND of one gets DELIVERY_CANCELLED rather than the
@@ -583,7 +586,11 @@ class Hub:
             self.wake(consumer)
             by_consumer.setdefault(id(consumer), (consumer, []))[1].append(flight.tag)
         for consumer, tags in by_consumer.values():
-            consumer.send(frames.Revoke(0, consumer.subscription_id, tags, int(reason)))
+            # One frame for all of them once went past max_frame_bytes (a visibility
+            # timeout of 10,000 deliveries out is 260 KB of tags).
+            for start in range(0, len(tags), REVOKE_TAGS_PER_FRAME):
+                chunk = tags[start : start + REVOKE_TAGS_PER_FRAME]
+                consumer.send(frames.Revoke(0, consumer.subscription_id, chunk, int(reason)))
 
     def expire_visibility(self, now_ms: int) -> int:
         """Take back deliveries whose visibility timeout or TTL ran out; return how many.
