@@ -58,7 +58,7 @@ from futureq.errors import (
     StorageError,
 )
 from futureq.rate_limited_log import RateLimitedLog
-from futureq.wire import frames
+from futureq.wire import codec, frames
 from futureq.wire.session import (
     CLOSED,
     NEED_DATA,
@@ -176,7 +176,12 @@ class Connection:
         self.access = access or AccessControl(config.server.auth_token, None)
         self.principal: Principal = ANONYMOUS
         # The token is checked here (access), not by the session.
-        self.session = ServerSession(limits.max_frame_bytes, frames.SUPPORTED_VERSIONS, None)
+        self.session = ServerSession(
+            limits.max_frame_bytes,
+            frames.SUPPORTED_VERSIONS,
+            None,
+            max_containers=codec.request_containers(limits.max_batch_items),
+        )
         self.node_buffers = node_buffers or NodeBuffers(limits.max_node_buffer_bytes)
         full = broker.metrics.buffer_full_total.labels("connection")
         self.outbox = Outbox(

@@ -147,8 +147,10 @@ def negotiate_version(our_versions: Iterable[int], their_versions: Iterable[int]
 class _Session:
     """What both ends share: the decoder, the state, the ERROR transition."""
 
-    def __init__(self, max_frame_bytes: int, state: SessionState) -> None:
-        self._decoder = codec.FrameDecoder(max_frame_bytes)
+    def __init__(
+        self, max_frame_bytes: int, state: SessionState, max_containers: int | None = None
+    ) -> None:
+        self._decoder = codec.FrameDecoder(max_frame_bytes, max_containers=max_containers)
         self._max_frame_bytes = max_frame_bytes
         self._state = state
         self._version: int | None = None
@@ -246,6 +248,8 @@ class ServerSession(_Session):
         max_hello_bytes: Largest frame body accepted before HELLO is answered (bytes;
             :data:`MAX_HELLO_BYTES`): a client that has not said who it is may not make
             the server hold ``max_frame_bytes`` for it.
+        max_containers: Most arrays and maps one client frame may hold
+            (:func:`~futureq.wire.codec.request_containers`); None: no bound.
 
     Typical use by the gateway::
 
@@ -266,8 +270,9 @@ class ServerSession(_Session):
         supported_versions: Iterable[int],
         auth_token: str | None,
         max_hello_bytes: int | None = None,
+        max_containers: int | None = None,
     ) -> None:
-        super().__init__(max_frame_bytes, SessionState.AWAIT_HELLO)
+        super().__init__(max_frame_bytes, SessionState.AWAIT_HELLO, max_containers)
         hello_limit = MAX_HELLO_BYTES if max_hello_bytes is None else max_hello_bytes
         self._decoder.max_frame_bytes = min(max_frame_bytes, hello_limit)
         self._supported_versions = frozenset(supported_versions)
