@@ -267,7 +267,7 @@ def check_limits(limits: LimitsSection) -> Iterable[Bad]:
     # tag) was larger than a frame: a client that holds the server to its limit could
     # never receive that message.
     largest_payload = limits.max_frame_bytes - DELIVERY_ROOM_BYTES
-    if limits.max_payload_bytes > largest_payload:
+    if limits.max_frame_bytes >= MIN_FRAME_BYTES and limits.max_payload_bytes > largest_payload:
         yield Bad(
             ("limits.max_payload_bytes", "limits.max_frame_bytes"),
             limits.max_payload_bytes,
