@@ -27,7 +27,8 @@ drops them all (:meth:`DueCounts.on_groups_changed`). Parked dead letters (due a
 
 Memory: three ``SortedDict`` rows per distinct minute (and hour, day) that holds an
 entry of an asked-about group, about 105 bytes per distinct minute (tracemalloc); a group not asked
-about for :data:`IDLE_DROP_S` loses its histogram (:meth:`DueCounts.sweep`).
+about for :data:`IDLE_DROP_S` loses its histogram (:meth:`DueCounts.sweep`), and all of
+them together hold at most :data:`MAX_MINUTES_HELD` minutes (the largest goes first).
 
 Source: ``docs/protocol.md``, "BROWSE_COUNTS"; ``docs/architecture.md``, "Counts by
 due time".
@@ -63,9 +64,24 @@ EDGE_SCAN_KEYS: Final = 100_000
 minute holding more than this on both sides of it gives an incomplete answer)."""
 IDLE_DROP_S: Final = 600.0
 """A histogram not asked about for this long is dropped, freeing its memory (s)."""
+MAX_MINUTES_HELD: Final = 500_000
+"""Most distinct minutes the histograms of a node hold together (about 52 MB). Past it
+the largest histogram is dropped, and its group is counted by a bounded key scan
+instead (``complete`` false past 200,000 keys) for :data:`IDLE_DROP_S`: a producer
+spreading messages over millions of minutes (ten years hold 5.3 million) cannot make
+the leader hold hundreds of megabytes for a dashboard's counts."""
 SWEEP_INTERVAL_S: Final = 60.0
 """How often :meth:`DueCounts.run` looks for idle histograms (s)."""
 _FIRST: Final = (0, 0)
+
+
+class _Held:
+    """Distinct minutes held by the histograms of one :class:`DueCounts` together."""
+
+    __slots__ = ("minutes",)
+
+    def __init__(self) -> None:
+        self.minutes = 0
 
 
 class DueHistogram:
@@ -78,11 +94,13 @@ class DueHistogram:
             not counted yet; None once built.
         last_used_s: Monotonic time of the last request that used it (s).
         lock: Held by the one task driving the build.
+        held: The node's count of distinct minutes held, which :meth:`bump` keeps.
     """
 
-    __slots__ = ("cursor", "days", "hours", "last_used_s", "lock", "minutes")
+    __slots__ = ("cursor", "days", "held", "hours", "last_used_s", "lock", "minutes")
 
-    def __init__(self, now_s: float) -> None:
+    def __init__(self, now_s: float, held: _Held | None = None) -> None:
+        self.held = _Held() if held is None else held
         self.minutes: SortedDict = SortedDict()
         self.hours: SortedDict = SortedDict()
         self.days: SortedDict = SortedDict()
@@ -100,8 +118,17 @@ class DueHistogram:
 
     def bump(self, minute: int, delta: int) -> None:
         """Add ``delta`` entries to ``minute`` (and its hour and day)."""
+        minutes = self.minutes
+        before = minutes.get(minute, 0)
+        count = before + delta
+        if count:
+            minutes[minute] = count
+            if not before:
+                self.held.minutes += 1
+        else:
+            del minutes[minute]
+            self.held.minutes -= 1
         for row, key in (
-            (self.minutes, minute),
             (self.hours, minute // _MINUTES_PER_HOUR),
             (self.days, minute // _MINUTES_PER_DAY),
         ):
@@ -147,10 +174,34 @@ class DueCounts:
         monotonic_s: Monotonic clock (s), for dropping idle histograms.
     """
 
-    def __init__(self, state: QueueState, monotonic_s: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        state: QueueState,
+        monotonic_s: Callable[[], float],
+        max_minutes: int = MAX_MINUTES_HELD,
+    ) -> None:
         self.state = state
         self.monotonic_s = monotonic_s
         self.histograms: dict[int, DueHistogram] = {}
+        self.max_minutes = max_minutes
+        """Most distinct minutes held over every histogram (:data:`MAX_MINUTES_HELD`)."""
+        self.held = _Held()
+        self.refused: dict[int, float] = {}
+        """Group id -> when its histogram was dropped for holding the most minutes past
+        :attr:`max_minutes` (monotonic s): none is built for it for :data:`IDLE_DROP_S`."""
+
+    def _drop(self, group_id: int) -> None:
+        histogram = self.histograms.pop(group_id, None)
+        if histogram is not None:
+            self.held.minutes -= len(histogram.minutes)
+
+    def _keep_within_budget(self) -> None:
+        """Past :attr:`max_minutes`, drop the largest histograms (and refuse their
+        groups one for a while) until the rest fit. Rare: once per overflow."""
+        while self.held.minutes > self.max_minutes and self.histograms:
+            largest = max(self.histograms, key=lambda gid: len(self.histograms[gid].minutes))
+            self._drop(largest)
+            self.refused[largest] = self.monotonic_s()
 
     # ------------------------------------------------------------ observer
 
@@ -167,6 +218,8 @@ class DueCounts:
         histogram = self.histograms.get(group_id)
         if histogram is not None:
             histogram.add(due_ms, mid, 1)
+            if self.held.minutes > self.max_minutes:
+                self._keep_within_budget()
 
     def on_scheduled_batch(self, entries: Sequence[tuple[Any, ...]]) -> None:
         """Schedule entries were added (``ScheduleObserver.on_scheduled_batch``)."""
@@ -177,6 +230,8 @@ class DueCounts:
             histogram = histograms.get(entry[1])
             if histogram is not None:
                 histogram.add(entry[2], entry[3], 1)
+        if self.held.minutes > self.max_minutes:
+            self._keep_within_budget()
 
     def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
         """A schedule entry was removed: count it out."""
@@ -187,11 +242,14 @@ class DueCounts:
     def on_group_changed(self, group_id: int) -> None:
         """A deleted group's histogram goes (its id is never reused)."""
         if group_id not in self.state.groups:
-            self.histograms.pop(group_id, None)
+            self._drop(group_id)
+            self.refused.pop(group_id, None)
 
     def on_groups_changed(self) -> None:
         """A snapshot replaced the state: every histogram goes (rebuilt when asked)."""
         self.histograms.clear()
+        self.held.minutes = 0
+        self.refused.clear()
 
     # ------------------------------------------------------------ building
 
@@ -205,13 +263,21 @@ class DueCounts:
 
         Call it under a deadline: the build is resumable, so a request cancelled
         mid-way leaves the part counted so far for the next one. Returns None if the
-        group was deleted (or a snapshot installed) meanwhile. On return the store and
-        the callbacks agree (the caller may read both without yielding).
+        group was deleted (or a snapshot installed) meanwhile, or if its histogram would
+        hold too many minutes (:attr:`max_minutes`; then none is built for the group for
+        :data:`IDLE_DROP_S`: count it by a scan). On return the store and the callbacks
+        agree (the caller may read both without yielding).
         """
+        now_s = self.monotonic_s()
+        refused_s = self.refused.get(group_id)
+        if refused_s is not None:
+            if now_s - refused_s < IDLE_DROP_S:
+                return None
+            del self.refused[group_id]
         histogram = self.histograms.get(group_id)
         if histogram is None:
-            histogram = self.histograms[group_id] = DueHistogram(self.monotonic_s())
-        histogram.last_used_s = self.monotonic_s()
+            histogram = self.histograms[group_id] = DueHistogram(now_s, self.held)
+        histogram.last_used_s = now_s
         if histogram.cursor is not None:
             async with histogram.lock:
                 while histogram.cursor is not None:
@@ -219,6 +285,10 @@ class DueCounts:
                     if self.histograms.get(group_id) is not histogram:
                         return None
                     self._build_chunk(group_id, histogram)
+                    if self.held.minutes > self.max_minutes:
+                        self._keep_within_budget()
+                        if self.histograms.get(group_id) is not histogram:
+                            return None
                     if histogram.cursor is not None:
                         await trio.lowlevel.checkpoint()
         await self.quiet()
@@ -309,7 +379,10 @@ class DueCounts:
             if now_s - histogram.last_used_s >= IDLE_DROP_S and not histogram.lock.locked()
         ]
         for gid in idle:
-            del self.histograms[gid]
+            self._drop(gid)
+        for gid, refused_s in list(self.refused.items()):
+            if now_s - refused_s >= IDLE_DROP_S:
+                del self.refused[gid]
         return len(idle)
 
     async def run(self) -> None:

@@ -179,7 +179,7 @@ class World:
             data, index = self.snapshot
             state.restore(data, index)
         elif op == "drop":
-            self.due_counts.histograms.clear()  # as the idle sweep does
+            self.due_counts.on_groups_changed()  # every histogram goes, as a sweep may
 
     def check(self, gid: int, histogram: DueHistogram) -> None:
         """Called with no yield since ``histogram()`` returned: store and callbacks agree."""
@@ -191,6 +191,8 @@ class World:
             hours[minute // 60] += count
         assert dict(histogram.hours) == dict(hours)
         assert histogram.total() == sum(expected.values())
+        # The node's count of minutes held, which bounds their memory, is exact.
+        assert self.due_counts.held.minutes == self.due_counts.minutes_held()
         self.checks += 1
 
 
@@ -257,6 +259,37 @@ def test_a_histogram_not_asked_about_is_dropped() -> None:
     world.clock.advance(1)
     assert world.due_counts.sweep() == 1
     assert world.due_counts.histograms == {}
+
+
+def test_histograms_past_the_minutes_budget_are_dropped_and_counted_by_a_scan() -> None:
+    # Before, a histogram held every distinct minute of its group's due times (about
+    # 105 bytes each): a producer spreading messages over ten years of minutes made
+    # the leader hold 550 MB per group a dashboard showed.
+    world = World(MemoryStore(), 1)
+    counts = world.due_counts
+    counts.max_minutes = 100
+    spread = [("wide", b"x", BASE_MS + m * MINUTE_MS, None) for m in range(150)]
+    world.state.apply(1, commands.publish(BASE_MS, spread))
+    narrow = [("narrow", b"x", BASE_MS + m * MINUTE_MS, None) for m in range(10)]
+    world.state.apply(2, commands.publish(BASE_MS, narrow))
+    wide, small = world.gid("wide", "default"), world.gid("narrow", "default")
+    assert wide is not None and small is not None
+    # A build that would pass the budget stops, and the group is refused for a while.
+    assert trio.run(counts.histogram, wide) is None
+    assert wide in counts.refused and counts.held.minutes <= 100
+    assert trio.run(counts.histogram, wide) is None
+    built = trio.run(counts.histogram, small)
+    assert built is not None and counts.held.minutes == 10
+    # Growth past the budget from applied commands drops the largest histogram.
+    more = [("narrow", b"x", BASE_MS + (1000 + m) * MINUTE_MS, None) for m in range(95)]
+    world.state.apply(3, commands.publish(BASE_MS, more))
+    assert counts.histograms == {} and small in counts.refused
+    assert counts.held.minutes == 0
+    # A refused group gets a histogram again after IDLE_DROP_S, if it fits by then.
+    world.clock.advance(int(due_counts_module.IDLE_DROP_S * 1000))
+    counts.max_minutes = 1000
+    rebuilt = trio.run(counts.histogram, small)
+    assert rebuilt is not None and counts.held.minutes == 105 == counts.minutes_held()
 
 
 class BarrierLog(SyncLog):
