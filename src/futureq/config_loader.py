@@ -69,6 +69,16 @@ from futureq.errors import ConfigError
 ENV_PREFIX = "FUTUREQ_"
 
 
+def not_utf8(error: UnicodeDecodeError) -> str:
+    """Why a TOML file's bytes are refused, in words: TOML is UTF-8 text (a file saved
+    in another encoding, or not a text file, once ended the start with a traceback)."""
+    line = error.object[: error.start].count(b"\n") + 1
+    return (
+        f"byte 0x{error.object[error.start]:02x} on line {line} is not UTF-8; TOML files "
+        "are UTF-8 text (save it as UTF-8)"
+    )
+
+
 def env_var_name(section: str, key: str) -> str:
     """The environment variable that sets ``section.key``: ``FUTUREQ_SECTION_KEY``."""
     return f"{ENV_PREFIX}{section}_{key}".upper()
@@ -131,6 +141,10 @@ class _Loader:
             raise ConfigError(f"config file {path!r} cannot be read: {error.strerror}") from None
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"config file {path!r} is not valid TOML: {error}") from None
+        except UnicodeDecodeError as error:  # tomllib decodes the whole file first
+            raise ConfigError(
+                f"config file {path!r} is not valid TOML: {not_utf8(error)}"
+            ) from None
         for section, table in document.items():
             if not isinstance(table, dict):
                 self.problems.append(

@@ -369,6 +369,29 @@ def test_credentials_are_reloaded_on_sighup(tmp_path: Path) -> None:
         started.broker.terminate()
 
 
+def test_a_credentials_file_that_is_not_utf8_keeps_the_old_ones_on_sighup(
+    tmp_path: Path,
+) -> None:
+    """Found by saving the file in Latin-1: the SIGHUP that followed stopped the node
+    with a UnicodeDecodeError traceback (tomllib decodes before it parses), where a
+    file that is not valid TOML keeps the old credentials and logs why."""
+    started = start(tmp_path)
+    try:
+        started.credentials.write_bytes(b'[[client]]\nname = "caf\xe9"\n')
+        os.kill(started.broker.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while "credentials not reloaded" not in started.broker.stderr_text():
+            assert started.broker.process is not None
+            assert started.broker.process.poll() is None, started.broker.stderr_text()
+            assert time.monotonic() < deadline, started.broker.stderr_text()
+            time.sleep(0.05)
+        assert "byte 0xe9 on line 2 is not UTF-8" in started.broker.stderr_text()
+        published = started.client("pub").publish([["orders.eu", b"x", 0, None, None]])
+        assert isinstance(published, frames.PublishOk), published
+    finally:
+        started.broker.terminate()
+
+
 def _catches(pid: int, signum: int) -> bool:
     """True once the process has a handler for ``signum`` (Linux: /proc/PID/status)."""
     with open(f"/proc/{pid}/status") as status:

@@ -50,6 +50,7 @@ from typing import Any, Final
 import attrs
 import trio
 
+from futureq.config_loader import not_utf8
 from futureq.errors import ConfigError, ErrorCode, RemoteProtocolError, RequestError
 from futureq.wire import frames
 
@@ -298,6 +299,9 @@ def load_credentials(path: str) -> dict[str, ClientEntry]:
         raise ConfigError(f"credentials file {path!r} cannot be read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"credentials file {path!r} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the whole file first
+        # Not a ConfigError before: a SIGHUP after such a file was saved stopped the node.
+        raise ConfigError(f"credentials file {path!r} is not valid TOML: {not_utf8(exc)}") from None
     extra = set(document) - {"client"}
     if extra:
         raise ConfigError(

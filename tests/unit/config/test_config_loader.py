@@ -384,3 +384,12 @@ def test_an_election_timeout_spread_wider_than_the_timeout_is_refused() -> None:
         load_config(env={"FUTUREQ_CLUSTER_ELECTION_TIMEOUT_SPREAD_TICKS": "11"})
     spread = load_config(env={"FUTUREQ_CLUSTER_ELECTION_TIMEOUT_SPREAD_TICKS": "10"})
     assert spread.cluster.election_timeout_spread_ticks == 10
+
+
+def test_a_config_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path: pathlib.Path) -> None:
+    # Found by giving a binary file: tomllib's UnicodeDecodeError ended the start.
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'[server]\ndata_dir = "caf\xe9"\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(str(path), env={})
+    assert "is not valid TOML: byte 0xe9 on line 2 is not UTF-8" in str(error.value)
