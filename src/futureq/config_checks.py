@@ -42,6 +42,7 @@ from futureq.wire.validation import (
     MAX_VISIBILITY_TIMEOUT_MS,
     MIN_FRAME_BYTES,
     MIN_VISIBILITY_TIMEOUT_MS,
+    PUBLISH_OK_DUPLICATE_BYTES,
     visibility_problem,
 )
 
@@ -262,6 +263,19 @@ def check_limits(limits: LimitsSection) -> Iterable[Bad]:
             f"({limits.max_connection_buffer_bytes}) and more than limits.max_frame_bytes "
             f"({limits.max_frame_bytes}): the node's buffers hold at least one connection's, "
             "else no large frame could ever be read whole",
+        )
+    # A PUBLISH_OK names each duplicate item ([position, id], at most 16 bytes): a frame
+    # limit that could not hold max_batch_items of them answered a batch it had stored
+    # with INVALID_ARGUMENT ("frame of N bytes exceeds the limit").
+    largest_batch = (limits.max_frame_bytes - 64) // PUBLISH_OK_DUPLICATE_BYTES
+    if limits.max_frame_bytes >= MIN_FRAME_BYTES and limits.max_batch_items > largest_batch:
+        yield Bad(
+            ("limits.max_batch_items", "limits.max_frame_bytes"),
+            limits.max_batch_items,
+            f"must be at most {largest_batch} with limits.max_frame_bytes "
+            f"{limits.max_frame_bytes}: a PUBLISH_OK names every duplicate item of a batch "
+            f"in up to {PUBLISH_OK_DUPLICATE_BYTES} bytes and must fit in a frame "
+            "(lower max_batch_items or raise max_frame_bytes)",
         )
     # A payload just under the frame limit was taken, and its DELIVER (payload, headers,
     # tag) was larger than a frame: a client that holds the server to its limit could

@@ -340,6 +340,9 @@ DELIVERY_ROOM_BYTES: Final = 8192
 carries its headers (:data:`MAX_HEADER_BYTES` and their msgpack prefixes), its tag, id,
 times and attempt, under 4.5 KiB together. ``limits.max_payload_bytes`` is at most
 ``limits.max_frame_bytes`` less this, so every message can be delivered in a frame."""
+PUBLISH_OK_DUPLICATE_BYTES: Final = 16
+"""Most msgpack bytes of one ``[position, id]`` pair of PUBLISH_OK's ``duplicates``, so
+``limits.max_batch_items`` of them fit in ``limits.max_frame_bytes``."""
 MIN_FRAME_BYTES: Final = 65536
 """Smallest ``limits.max_frame_bytes`` (bytes): room for the answers of fixed shape
 (HELLO_OK with its members, ERROR sentences) and the largest frame a connection may send

@@ -172,6 +172,12 @@ def test_unknown_key_in_env_names_the_variable() -> None:
         ("[limits]\nmax_frame_bytes = 4096", "limits.max_frame_bytes", "4096", "at least 65536"),
         ("[limits]\nmax_payload_bytes = 4194304", "limits.max_payload_bytes", "4194304", "smaller"),
         (
+            "[limits]\nmax_frame_bytes = 65536\nmax_payload_bytes = 1000\nmax_batch_items = 5000",
+            "limits.max_batch_items",
+            "5000",
+            "must be at most 4092 with limits.max_frame_bytes 65536: a PUBLISH_OK names",
+        ),
+        (
             "[limits]\nmax_payload_bytes = 4194303",
             "limits.max_payload_bytes",
             "4194303",
