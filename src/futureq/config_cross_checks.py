@@ -222,10 +222,20 @@ def config_warnings(config: Config) -> list[str]:
     except ValueError:
         client_wildcard = False
     if not config.cluster.clustered and client_wildcard:
-        warnings.append(
-            f"server.listen = {config.server.listen!r} is a wildcard address and "
-            "server.advertise is unset: clients are told this node is at "
-            f"{announced_client_address(config)!r} (in HELLO answers); set server.advertise "
-            "(--advertise-client) to the HOST:PORT clients reach it at"
-        )
+        if config.server.advertise is not None:
+            # Once said of a --advertise-client 0.0.0.0:7450 with --listen 127.0.0.1:7450
+            # that the listen address was the wildcard and advertise unset.
+            warnings.append(
+                f"server.advertise = {config.server.advertise!r} is a wildcard address: "
+                "clients are told this node is at it (in HELLO answers) and cannot reach "
+                "it there; set server.advertise (--advertise-client) to the HOST:PORT "
+                "clients reach it at"
+            )
+        else:
+            warnings.append(
+                f"server.listen = {config.server.listen!r} is a wildcard address and "
+                "server.advertise is unset: clients are told this node is at "
+                f"{announced_client_address(config)!r} (in HELLO answers); set "
+                "server.advertise (--advertise-client) to the HOST:PORT clients reach it at"
+            )
     return warnings

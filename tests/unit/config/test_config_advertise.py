@@ -142,3 +142,15 @@ def test_peers_naming_a_wildcard_are_refused() -> None:
         ConfigError, match=r"cluster.peers = .*wildcard addresses \(2=0.0.0.0:7451\)"
     ):
         load_config(env={}, overrides={"cluster": {"peers": "1=n1:7451,2=0.0.0.0:7451"}})
+
+
+def test_a_single_node_advertising_a_wildcard_is_warned_about_its_advertise() -> None:
+    # The warning once blamed server.listen (127.0.0.1, no wildcard) and said
+    # server.advertise was unset when it was the wildcard.
+    config = load_config(
+        env={},
+        overrides={"server": {"listen": "127.0.0.1:7450", "advertise": "0.0.0.0:7450"}},
+    )
+    (warning,) = config_warnings(config)
+    assert warning.startswith("server.advertise = '0.0.0.0:7450' is a wildcard address")
+    assert "unset" not in warning and "server.listen" not in warning
