@@ -150,3 +150,23 @@ def test_slow_and_idle_http_connections_are_closed_after_the_idle_timeout(
     # A prompt request on a fresh connection is still served.
     with urllib.request.urlopen(f"http://{broker.http_address}/healthz", timeout=5) as ok:
         assert ok.status == 200
+
+
+def test_bytes_that_are_not_an_http_request_get_a_sentence(broker: BrokerProcess) -> None:
+    # Hypercorn's 400 and 431 had empty bodies: a client saw a bare status code.
+    for raw, status, words in (
+        (b"GARBAGE\r\n\r\n", b"400", b"not valid HTTP/1.1"),
+        (b"GET /healthz HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"400", b"not valid HTTP/1.1"),
+        (b"GET /healthz HTTP/1.1\r\nX: " + b"a" * 100_000 + b"\r\n\r\n", b"431", b"too large"),
+    ):
+        sock = _connect(broker.http_address)
+        try:
+            sock.sendall(raw)
+            answer = _read_all(sock, 10)
+        finally:
+            sock.close()
+        assert answer is not None and answer.startswith(b"HTTP/1.1 " + status), answer
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert words in body and b"text/plain" in head, answer
+    with urllib.request.urlopen(f"http://{broker.http_address}/healthz", timeout=10) as response:
+        assert response.status == 200

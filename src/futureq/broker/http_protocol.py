@@ -68,6 +68,15 @@ empty SETTINGS frame, RFC 9113 §3.4) and a GOAWAY refusing every stream (last s
 0) with ``HTTP_1_1_REQUIRED`` and a sentence as its debug data."""
 
 
+ERROR_SENTENCES = {
+    400: "this request is not valid HTTP/1.1 (its request line or a header is malformed); "
+    "this port serves GET and HEAD of /healthz, /readyz, /metrics, /api/..., / and /ws\n",
+    431: "the request line and headers are too large; send a shorter URL and fewer or "
+    "smaller headers\n",
+}
+"""The body of the answer to bytes that are not an HTTP/1.1 request, by status."""
+
+
 class _HTTP2Refused(Exception):
     """The connection opened with the HTTP/2 preface: refused, nothing more to read."""
 
@@ -94,6 +103,24 @@ class ScreenedH11Protocol(H11Protocol):
             await super().handle(event)
         except _HTTP2Refused:
             pass  # refused and closed: the rest of what the client sent is not read
+
+    async def _send_error_response(self, status_code: int) -> None:
+        # Hypercorn's answer to bytes h11 refuses has an empty body: a client saw a bare
+        # "400" or "431" and nothing saying what to fix.
+        body = ERROR_SENTENCES.get(status_code, ERROR_SENTENCES[400]).encode()
+        await self._send_h11_event(
+            h11.Response(
+                status_code=status_code,
+                headers=[
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                    *self.config.response_headers("h11"),
+                ],
+            )
+        )
+        await self._send_h11_event(h11.Data(data=body))
+        await self._send_h11_event(h11.EndOfMessage())
 
     async def _check_protocol(self, event: h11.Request) -> None:
         # Hypercorn's would switch to HTTP/2 (h2c upgrade, prior knowledge); an
