@@ -47,6 +47,9 @@ from futureq.wire.validation import (
 )
 
 MAX_NODE_ID = commands.MAX_NODE_ID
+MAX_CLUSTER_ID_BYTES = 255
+"""Longest ``cluster.cluster_id`` (UTF-8 bytes): it travels in the peer handshake,
+whose frames are at most 8 KiB before the peer is authenticated."""
 MIN_CLOCK_OFFSET_MS = 10
 """A smaller cluster.max_clock_offset_ms is a unit mistake: no clocks agree that well."""
 MAX_CLOCK_OFFSET_MS = 60_000
@@ -353,6 +356,26 @@ def check_cluster(cluster: ClusterSection) -> Iterable[Bad]:
         )
     if not cluster.cluster_id:
         yield Bad(("cluster.cluster_id",), cluster.cluster_id, "must be a non-empty name")
+    elif (id_bytes := len(cluster.cluster_id.encode())) > MAX_CLUSTER_ID_BYTES or (
+        not cluster.cluster_id.isprintable() or any(c.isspace() for c in cluster.cluster_id)
+    ):
+        # A 9,000-character id was taken, and the cluster never formed: every peer
+        # refused the handshake that carries it ("frame of 9114 bytes exceeds the limit
+        # of 8192 bytes; send smaller batches or payloads").
+        shown = cluster.cluster_id if len(cluster.cluster_id) <= 40 else cluster.cluster_id[:37]
+        yield Bad(
+            ("cluster.cluster_id",),
+            shown if shown == cluster.cluster_id else shown + "...",
+            f"must be a name of 1 to {MAX_CLUSTER_ID_BYTES} bytes without spaces or control "
+            "characters ("
+            + (
+                f"it is {id_bytes} bytes"
+                if id_bytes > MAX_CLUSTER_ID_BYTES
+                else "it holds a space or control character"
+            )
+            + "): every peer handshake carries it, and certificates name nodes "
+            "node-N.<cluster_id>.futureq",
+        )
     yield from minimum("cluster", cluster, "tick_ms", 1, " ms")
     yield from minimum("cluster", cluster, "election_timeout_ticks", 2, " ticks")
     yield from minimum("cluster", cluster, "heartbeat_ticks", 1, " ticks")

@@ -399,3 +399,19 @@ def test_a_config_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path: pathl
     with pytest.raises(ConfigError) as error:
         load_config(str(path), env={})
     assert "is not valid TOML: byte 0xe9 on line 2 is not UTF-8" in str(error.value)
+
+
+@pytest.mark.parametrize("cluster_id", ["c" * 256, "a b", "tab\there", "é" * 128])
+def test_a_cluster_id_that_no_handshake_carries_is_refused(cluster_id: str) -> None:
+    # A 9,000-character id was taken and the cluster never formed: every peer refused
+    # the handshake carrying it as a frame over 8 KiB.
+    with pytest.raises(ConfigError) as error:
+        load_config(env={}, overrides={"cluster": {"cluster_id": cluster_id}})
+    [problem] = problems_of(error)
+    assert problem.startswith("cluster.cluster_id = ")
+    assert "must be a name of 1 to 255 bytes without spaces or control characters" in problem
+
+
+def test_a_cluster_id_of_255_bytes_is_taken() -> None:
+    config = load_config(env={}, overrides={"cluster": {"cluster_id": "prod.eu-1." + "c" * 245}})
+    assert len(config.cluster.cluster_id) == 255
