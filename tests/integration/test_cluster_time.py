@@ -224,6 +224,40 @@ async def test_a_node_with_a_fast_clock_never_leads_and_releases_nothing_early(
         check_not_early(intents, received, groups)
 
 
+async def test_a_node_judging_its_clock_by_a_larger_bound_is_never_made_leader(
+    tmp_path: Path,
+) -> None:
+    """Node 3 runs 20 s fast with ``cluster.max_clock_offset_ms = 60000`` (the others
+    500): by its own bound it may lead. ``transfer-leader 3`` handed it leadership, and
+    once node 1 stopped, its clock and node 2's agreed on a cluster time 15 s ahead and
+    messages were released up to 15 s early (breaker run). The other nodes judge it by
+    their own measure: no handover, no vote, and their log names the setting."""
+    env = {3: {**offset_env(library(), 20.0), "FUTUREQ_CLUSTER_MAX_CLOCK_OFFSET_MS": "60000"}}
+    async with open_cluster(tmp_path, 3, rng=random.Random(4), node_env=env) as cluster:
+
+        async def node_3_says_it_may_lead() -> bool:
+            code, status = await http_get(cluster.nodes[3].http_port, "/api/status")
+            return code == 200 and status.get("clock", {}).get("in_bound") is True
+
+        await wait_for(node_3_says_it_may_lead, 15, "node 3 in bound by its own bound")
+        leader = await cluster.leader(record=False)
+        assert leader is not None and leader != 3
+        async with open_client(cluster.servers, request_timeout_s=10) as admin:
+            with pytest.raises(RequestError) as refused:
+                await admin.transfer_leader(3)
+        assert refused.value.code is ErrorCode.NODE_CLOCK_OUT_OF_BOUND
+        assert "20.0 s ahead of cluster time" in refused.value.message
+        leader_log = cluster.nodes[leader].stderr_path.read_text()
+        assert "node 3 says it may lead, but its clock is 20.0 s ahead" in leader_log
+        assert "cluster.max_clock_offset_ms must be larger" in leader_log
+
+        cluster.kill(leader)  # one node of the bound of 500 is left, and node 3
+        leaders: set[int] = set()
+        with trio.move_on_after(4):
+            await watch_leaders(cluster, leaders)
+        assert leaders - {leader} and 3 not in leaders, leaders
+
+
 @pytest.mark.parametrize("step_s", [-3600, 3600], ids=["back", "forward"])
 async def test_a_leader_whose_clock_steps_an_hour_neither_stalls_nor_releases_early(
     tmp_path: Path, step_s: int

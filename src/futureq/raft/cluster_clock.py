@@ -294,6 +294,8 @@ class ClusterClock:
         self._latest: dict[int, deque[_Sample]] = {}
         self._eligible: dict[int, tuple[bool, int]] = {}
         self._peer_noticed: dict[int, int] = {}
+        self._peer_contradicting: set[int] = set()
+        """Peers that say they may lead while this node measures them too far off (logged once)."""
         self._was_in_bound: bool | None = None
         self._own_out = False
         """This node's own wall clock went more than half of the bound from cluster time
@@ -588,6 +590,37 @@ class ClusterClock:
             return False
         offset_us, uncertainty_us = known
         return abs(offset_us) - uncertainty_us > self.config.max_offset_us // 2
+
+    def peer_clock_refused(self, peer: int, limit_us: int | None = None) -> bool:
+        """True when this node, its own clock standing in the agreement (in bound, no
+        step of a majority's clocks standing), measures ``peer``'s wall clock, beyond the
+        sample's uncertainty, further than ``limit_us`` (default: half of
+        ``max_offset_us``) from cluster time.
+
+        Such a peer must not lead, whatever it says of itself: it judges its clock by
+        another bound (its ``cluster.max_clock_offset_ms`` is larger than this node's),
+        and once an agreement of two clocks follows its own it stamps and releases on it.
+        A node 20 s fast under a bound of 60,000 ms said it was in bound, was handed
+        leadership by a leader whose bound was 500 ms, and released messages 15 s early
+        once a third node stopped (breaker run). The measure counts while this node's own
+        wall clock is within half the bound of its cluster time, agreement or not (two
+        voters of three whose clocks cannot agree elect neither): when this node's clock
+        is the one that is off, or the clocks stand stepped together, its measure proves
+        nothing (the peer may be right), so nothing is refused then.
+        """
+        if (
+            self.standalone
+            or not self._anchored
+            or self._stepped_together != 0
+            or abs(self.own_offset_us()) > self.config.max_offset_us // 2
+        ):
+            return False
+        known = self.peer_offset_range_us(peer)
+        if known is None:
+            return False
+        offset_us, uncertainty_us = known
+        limit = self.config.max_offset_us // 2 if limit_us is None else limit_us
+        return abs(offset_us) - uncertainty_us > limit
 
     def peer_in_bound(self, peer: int) -> bool | None:
         """What ``peer`` last said of itself (may it lead?), or None when it has not
@@ -958,6 +991,25 @@ class ClusterClock:
                         f"node {peer}'s clock is {describe_offset(offset)} cluster time "
                         f"(±{uncertainty / 1000:.1f} ms), more than half of "
                         f"max_clock_offset_ms={self.config.max_offset_us // US_PER_MS}",
+                    )
+                )
+        for peer in sorted(self._latest):
+            # A peer this far off that says it may lead judges itself by a larger
+            # bound: a configuration fault, said once (again after it ended).
+            if not (self.peer_in_bound(peer) is True and self.peer_clock_refused(peer)):
+                self._peer_contradicting.discard(peer)
+            elif peer not in self._peer_contradicting:
+                self._peer_contradicting.add(peer)
+                notices.append(
+                    ClockNotice(
+                        "error",
+                        f"node {peer} says it may lead, but its clock is "
+                        f"{describe_offset(self.peer_offset_us(peer) or 0)} cluster time by "
+                        "this node's measure, more than half of this node's "
+                        f"max_clock_offset_ms={self.config.max_offset_us // US_PER_MS}: its "
+                        "cluster.max_clock_offset_ms must be larger; give every node the same "
+                        "bound (this node does not hand it leadership, nor votes for it while "
+                        "its clock is further off than the bound)",
                     )
                 )
 

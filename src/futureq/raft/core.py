@@ -328,6 +328,10 @@ class RaftCore:
         """Set by the driver: False while this node may not lead (its clock is not
         synchronized or outside the bound, ``docs/architecture.md``, "Time"). It then
         neither campaigns nor answers TimeoutNow; it still votes."""
+        self.votes_refused: frozenset[NodeId] = frozenset()
+        """Set by the driver: voters this node votes for in no election or PreVote,
+        as their clocks, by its own measure, are too far from cluster time for them to
+        lead (:meth:`~futureq.raft.cluster_clock.ClusterClock.peer_clock_refused`)."""
         # How far this term's AppendEntries showed our log to match the leader's.
         self._leader_match = LogIndex(0)
         # Disk faults (docs/raft.md): the recovery exchange after a start.

@@ -6,7 +6,9 @@ Plain functions over a :class:`~futureq.raft.core.RaftCore` (its state stays the
   that arrived too late (:data:`MAX_CAMPAIGN_BACKOFF`);
 * PreVote, a round that changes neither term nor vote (thesis §9.6);
 * the vote rules: one vote per term, the up-to-date check (paper §5.4.1), the vote
-  floor of a node recovering after a start (``docs/raft.md``, "Disk faults");
+  floor of a node recovering after a start (``docs/raft.md``, "Disk faults"), no vote
+  for a candidate whose clock this node measures too far off to lead
+  (``docs/architecture.md``, "Time");
 * counting votes as a candidate or pre-candidate (:mod:`futureq.raft.quorum`).
 """
 
@@ -146,6 +148,9 @@ def handle_request_vote(core: RaftCore, message: RequestVote) -> None:
         not core.recovering
         and core.removed_at is None
         and not below_vote_floor(core, message.last_log_term, message.last_log_index)
+        # docs/architecture.md, "Time": not for a candidate whose clock this node
+        # measures too far off to lead, whatever the candidate says of it.
+        and message.from_id not in core.votes_refused
     )
     # Paper §5.4.1: only for a candidate whose log is at least as up-to-date.
     up_to_date = core.log.is_up_to_date(message.last_log_index, message.last_log_term)
@@ -210,6 +215,8 @@ def vote_refusal(core: RaftCore, message: RequestVote, up_to_date: bool) -> str:
         return f"this node was removed at index {core.removed_at}"
     if below_vote_floor(core, message.last_log_term, message.last_log_index):
         return "its log is below this node's vote floor"
+    if message.from_id in core.votes_refused:
+        return "its wall clock, by this node's measure, is too far from cluster time to lead"
     if not (message.pre_vote and message.term > core.term):
         if core.vote is not None and core.vote != message.from_id:
             return f"already voted for node {core.vote} in term {core.term}"

@@ -538,7 +538,8 @@ class RaftNode:
             NotLeaderError: not the leader.
             RequestError: INVALID_ARGUMENT if there is no such voter;
                 NODE_CLOCK_OUT_OF_BOUND if the target's clock does not report itself
-                synchronized and in bound within ``timeout_s`` (for None:
+                synchronized and in bound within ``timeout_s``, or this node measures it
+                past half its own bound (``ClusterClock.peer_clock_refused``; for None:
                 CLOCK_NOT_SYNCHRONIZED when no other voter's does); TIMEOUT if no other
                 node became leader within ``timeout_s`` (default: two election
                 timeouts; the core aborts the transfer after one, and this node then
@@ -589,7 +590,9 @@ class RaftNode:
                 elif (
                     target == self.id
                     or target not in self.core.membership.voters  # the core refuses it
-                    or clock.peer_in_bound(target) is True
+                    or (
+                        clock.peer_in_bound(target) is True and not clock.peer_clock_refused(target)
+                    )
                 ):
                     return target
                 await trio.sleep(poll_s)

@@ -204,6 +204,11 @@ class TimeKeeper:
         clock.leading = core.role is Role.LEADER
         notices = clock.tick(mono_us, wall_us)
         core.campaign_allowed = clock.in_bound
+        core.votes_refused = frozenset(
+            peer
+            for peer in membership.voters
+            if peer != self.id and clock.peer_clock_refused(peer, clock.config.max_offset_us)
+        )
         self._enforce(core, notices)
         self._ticks += 1
         messages: list[Message] = []
@@ -274,7 +279,9 @@ class TimeKeeper:
         for node_id, pr in sorted(core.progress.items()):
             if node_id == self.id or node_id not in core.membership.voters or pr.peer_recovering:
                 continue
-            if self.clock.peer_in_bound(node_id) is not True:
+            if self.clock.peer_in_bound(node_id) is not True or self.clock.peer_clock_refused(
+                node_id
+            ):
                 continue
             candidate = (int(pr.match), -int(node_id))
             if best is None or candidate > best:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
+import attrs
 import pytest
 from raft_helpers import drain_timed
 
@@ -169,6 +170,32 @@ def test_a_node_with_a_wrong_clock_never_leads() -> None:
     fast.core.step(TimeoutNow(leader.core.term, leader.id, fast.id))
     assert fast.core.role is Role.FOLLOWER
     assert any("node 3's clock is 300.0 s ahead of" in text for text in cluster.notices)
+
+
+def test_a_node_judging_its_clock_by_a_larger_bound_gets_no_vote_and_no_handover() -> None:
+    """Node 3 runs 20 s fast with a bound of 60 s (``cluster.max_clock_offset_ms``
+    60000; the others 400 ms): by its own bound it may lead. The leader handed it
+    leadership on request and the other voter elected it; once a third node stopped,
+    its clock and one other agreed on a cluster time 15 s ahead and it released
+    messages 15 s early (breaker run). The others now judge it by their own measure:
+    no vote, no handover, and the log says which setting differs."""
+    cluster = Cluster()
+    lenient = attrs.evolve(CONFIG, clock=attrs.evolve(CONFIG.clock, max_offset_us=60_000 * MS))
+    fast = cluster.nodes[NodeId(3)]
+    fast.keeper = TimeKeeper(3, lenient, mono_us=0, wall_us=EPOCH_US)
+    fast.offset_us = 20 * 1_000_000
+    cluster.run(600)
+    leader = cluster.leader()
+    assert leader.id != 3
+    assert fast.core.campaign_allowed and leader.keeper.clock.peer_in_bound(3) is True
+    assert leader.keeper.clock.peer_clock_refused(3)
+    assert leader.keeper.best_transfer_target(leader.core) not in (None, 3)
+    assert any("node 3 says it may lead, but its clock is 20.0 s ahead" in text
+               for text in cluster.notices)  # fmt: skip
+    cluster.isolate(leader.id)  # node 3 and one other are left
+    for _ in range(300):
+        cluster.step()
+        assert fast.core.role is not Role.LEADER
 
 
 @pytest.mark.parametrize("step_s", [3600, -3600])
