@@ -314,6 +314,34 @@ async def test_extend_keeps_a_delivery_the_application_works_on(broker: BrokerPr
             assert await sub.receive(0.8) is None  # never delivered again
 
 
+async def test_extend_by_seconds_taken_for_milliseconds_is_refused(broker: BrokerProcess) -> None:
+    """``extend(30)`` meant as 30 s was taken as 30 ms: the delivery was taken back and
+    handed out again at once (GROUP_CREATE and the configuration refuse a visibility
+    timeout of 1-99 ms as this unit mistake). It is refused and the delivery stays held;
+    100 ms, the smallest visibility a group takes, is accepted."""
+    async with open_client(broker.client_address) as client:
+        await client.create_group("units", "g", visibility_timeout_ms=5_000)
+        await client.publish("units", b"work")
+        async with client.subscribe("units", "g", prefetch=1) as sub:
+            delivery = await sub.__anext__()
+            for mistake in (1, 30, 99):
+                with pytest.raises(RequestError) as refused:
+                    await delivery.extend(mistake)
+                assert refused.value.code is ErrorCode.IMPLAUSIBLE_TIME
+                assert f"did you mean {mistake * 1000}" in refused.value.message
+            wire = WireClient(broker.client_address)
+            try:
+                answer = wire.request(frames.Extend(wire.next_id(), [b"\0" * 24], 30))
+                assert isinstance(answer, frames.Error)
+                assert answer.code == ErrorCode.IMPLAUSIBLE_TIME
+            finally:
+                wire.close()
+            await trio.sleep(0.2)  # longer than any of the refused visibilities
+            assert delivery.state is DeliveryState.HELD
+            await delivery.extend(100)
+            await delivery.ack()
+
+
 # ---------------------------------------------------------------- input 7
 
 

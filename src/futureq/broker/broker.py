@@ -437,7 +437,8 @@ class Broker:
 
         Raises:
             RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index),
-                INVALID_ARGUMENT (``visibility_ms`` outside 1 .. 12 h).
+                INVALID_ARGUMENT (``visibility_ms`` outside 1 .. 12 h), IMPLAUSIBLE_TIME
+                (1 .. 99 ms: seconds taken for milliseconds).
 
         See :func:`~futureq.broker.consumer_requests.extend`.
         """

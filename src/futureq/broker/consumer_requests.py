@@ -127,6 +127,9 @@ def extend(broker: Broker, connection_id: int, tags: list[bytes], visibility_ms:
     """The work of :meth:`Broker.extend` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
+    # `extend(30)` meant as 30 s took the deliveries back 30 ms later: the unit mistake
+    # GROUP_CREATE and the configuration already refuse (docs/protocol.md, "Units").
+    validation.check_visibility_timeout_ms(visibility_ms, field="visibility_ms")
     return broker.hub.extend(tags, connection_id, visibility_ms, broker.clock.wall_ms())
 
 

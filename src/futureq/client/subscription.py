@@ -207,7 +207,8 @@ class Delivery:
         before that passes if the work takes longer still.
 
         Args:
-            visibility_ms: New visibility from now (ms, 1 .. 12 h); None: the
+            visibility_ms: New visibility from now (ms, 1 .. 12 h; the server refuses
+                1 .. 99 as seconds taken for milliseconds, IMPLAUSIBLE_TIME); None: the
                 group's visibility timeout.
 
         Raises:
