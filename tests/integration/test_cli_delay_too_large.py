@@ -30,6 +30,24 @@ def test_a_delay_over_the_limit_is_delay_too_large(broker: BrokerProcess) -> Non
     assert ttl.returncode == 1 and "[INVALID_TTL]" in ttl.stderr, ttl.stderr
 
 
+def test_a_duration_in_days_that_reads_as_an_epoch_time_names_the_limit_first(
+    broker: BrokerProcess,
+) -> None:
+    """``--delay 20000d`` (55 years, 2024 as an epoch time) was told it "looks like an
+    absolute time (2024-10-04T00:00:00Z)" and to send it as ``deliver_at_ms``, the limit
+    only at the end; ``--ttl 20000d`` never heard the limit at all. It stays
+    IMPLAUSIBLE_TIME (the server cannot know it was typed in days) and now says the
+    limit first, the other reading after it."""
+    for flag, setting in (("--delay", "limits.max_delay_ms"), ("--ttl", "limits.max_ttl_ms")):
+        published = cli(broker.client_address, "publish", flag, "20000d", "far.t", "x")
+        assert published.returncode == 1, published
+        assert published.stderr.startswith(
+            f"error: [IMPLAUSIBLE_TIME] {flag[2:]}_ms is 1728000000000 ms (20,000 days); "
+            f"the limit is 316224000000 ms (3,660 days, {setting})"
+        ), published.stderr
+        assert "looks like an absolute time (2024-10-04T00:00:00Z)" in published.stderr
+
+
 def test_an_epoch_time_given_as_a_delay_is_still_implausible(broker: BrokerProcess) -> None:
     now_ms = int(time.time() * 1000)
     with SyncClient(broker.client_address) as client:

@@ -167,6 +167,32 @@ def implausible_duration_ms(name: str, value: int, latest_ms: int) -> str | None
     return None
 
 
+def implausible_over_limit(over: str, name: str, value: int) -> str:
+    """The IMPLAUSIBLE_TIME sentence of a duration over its limit that also reads as an
+    epoch time (:func:`implausible_duration_ms`): the limit first, as for any duration
+    over it, then the other reading.
+
+    ``futureq-cli publish --delay 20000d`` was told only that 1728000000000 "looks like
+    an absolute time (2024-10-04T00:00:00Z)" and to send it as ``deliver_at_ms``, though
+    it was typed in days: the largest delay allowed came last, and a TTL's not at all.
+
+    Args:
+        over: The :func:`over_limit` sentence of the value.
+        name: The field (``delay_ms``, ``ttl_ms``).
+        value: The duration given (ms).
+    """
+    meant = (
+        "if that time was meant, send it as deliver_at_ms"
+        if name == "delay_ms"
+        else "a TTL counts from the due time: give how long after it the message may "
+        "still be delivered"
+    )
+    return (
+        f"{over}. It also looks like an absolute time ({_iso(value)}) in ms since the Unix "
+        f"epoch: {meant}"
+    )
+
+
 def check_visibility_timeout_ms(value: int, *, field: str = "visibility_timeout_ms") -> None:
     """Refuse a visibility timeout that can only be a unit mistake (below 100 ms).
 
@@ -584,18 +610,14 @@ def validate_publish_items_in_steps(
                 )
             if delay > max_delay:
                 mistake = implausible_duration_ms("delay_ms", delay, now_ms + max_delay)
+                over = over_limit("delay_ms", delay, max_delay, MAX_DELAY_SETTING, "deliver sooner")
                 if mistake is not None:
                     raise RequestError(
                         ErrorCode.IMPLAUSIBLE_TIME,
-                        f"{mistake}; send it as deliver_at_ms (as a delay it is over the "
-                        f"limit, {max_delay} ms, {readable_ms(max_delay)}, limits.max_delay_ms)",
+                        implausible_over_limit(over, "delay_ms", delay),
                         i,
                     )
-                raise RequestError(
-                    ErrorCode.DELAY_TOO_LARGE,
-                    over_limit("delay_ms", delay, max_delay, MAX_DELAY_SETTING, "deliver sooner"),
-                    i,
-                )
+                raise RequestError(ErrorCode.DELAY_TOO_LARGE, over, i)
             due_ms = now_ms + delay
         else:
             if type(deliver_at_ms) is not int:
@@ -646,19 +668,16 @@ def validate_publish_items_in_steps(
                 )
             if ttl_ms > limits.max_ttl_ms:
                 mistake = implausible_duration_ms("ttl_ms", ttl_ms, due_ms + limits.max_ttl_ms)
+                over = over_limit(
+                    "ttl_ms", ttl_ms, limits.max_ttl_ms, MAX_TTL_SETTING, "give a shorter TTL"
+                )
                 if mistake is not None:
                     raise RequestError(
                         ErrorCode.IMPLAUSIBLE_TIME,
-                        f"{mistake} (the TTL counts from the due time)",
+                        implausible_over_limit(over, "ttl_ms", ttl_ms),
                         i,
                     )
-                raise RequestError(
-                    ErrorCode.INVALID_TTL,
-                    over_limit(
-                        "ttl_ms", ttl_ms, limits.max_ttl_ms, MAX_TTL_SETTING, "give a shorter TTL"
-                    ),
-                    i,
-                )
+                raise RequestError(ErrorCode.INVALID_TTL, over, i)
             if ttl_ms > INT64_MAX - due_ms:
                 raise RequestError(
                     ErrorCode.DUE_TIME_OVERFLOW,
