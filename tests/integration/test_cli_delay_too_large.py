@@ -59,3 +59,28 @@ def test_an_epoch_time_given_as_a_delay_is_still_implausible(broker: BrokerProce
                 assert "looks like an absolute time" in exc.message
             else:
                 raise AssertionError(f"{kwargs} was published")
+
+
+def test_consume_nack_with_a_requeue_delay_over_the_limit_gives_the_message_back(
+    broker: BrokerProcess,
+) -> None:
+    """``consume --nack --requeue-delay 3661d`` printed the message, the NACK was refused
+    (over the server's 10-year ``limits.max_delay_ms``, which only the server knows) and
+    the message left counted as the run ended: in a group of ``--max-deliveries 1`` it
+    went to the dead-letter topic at its next delivery, never requeued. It is now given
+    back uncounted, and the error says so."""
+    address = broker.client_address
+    assert cli(address, "group", "create", "nack.far", "g", "--max-deliveries", "1").returncode == 0
+    with SyncClient(address) as client:
+        message_id = client.publish("nack.far", b"keep me")
+    refused = cli(
+        address, "consume", "nack.far", "--group", "g", "--nack", "--requeue-delay", "3661d",
+        "--count", "1",
+    )  # fmt: skip
+    again = cli(address, "consume", "nack.far", "--group", "g", "--count", "1",
+                "--idle-timeout", "5s", "--json")  # fmt: skip
+    assert again.returncode == 0, again
+    assert f'"id": {message_id}' in again.stdout or f'"id":{message_id}' in again.stdout, again
+    assert refused.returncode == 1, refused
+    assert "[INVALID_DELAY] requeue_delay_ms is 316310400000 ms" in refused.stderr
+    assert f"message {message_id} was given back uncounted" in refused.stderr

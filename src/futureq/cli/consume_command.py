@@ -148,6 +148,17 @@ async def _consume(
                 elif not args.no_ack:
                     await delivery.ack()
             except RequestError as exc:
+                if args.nack and exc.code is ErrorCode.INVALID_DELAY:
+                    # --requeue-delay over the server's limit (only it knows the
+                    # limit): the message left counted as the run ended, and with
+                    # max_deliveries 1 went to the dead-letter topic though the NACK
+                    # that would have requeued it was refused (found by a tester).
+                    await _give_back(sub, delivery)
+                    raise RequestError(
+                        exc.code,
+                        f"{exc.message}; message {delivery.id} was given back uncounted",
+                        exc.item_index,
+                    ) from None
                 if exc.code is not ErrorCode.UNKNOWN_DELIVERY_TAG:
                     raise
                 # The visibility timeout passed before we settled it: the broker has
@@ -193,10 +204,17 @@ async def _print(
     try:
         io.out(delivery_json(delivery) if args.json else delivery_line(delivery))
     except BaseException:
-        sub.pause()
-        with trio.move_on_after(RELEASE_GRACE_S, shield=True):
-            try:
-                await delivery.release()
-            except FutureQError:
-                pass  # it comes back when the subscription ends, counted
+        await _give_back(sub, delivery)
         raise
+
+
+async def _give_back(sub: Subscription, delivery: Delivery) -> None:
+    """Release ``delivery`` uncounted, the subscription paused first (see :func:`_print`),
+    within :data:`RELEASE_GRACE_S`; if that fails it comes back as the subscription
+    ends, counted."""
+    sub.pause()
+    with trio.move_on_after(RELEASE_GRACE_S, shield=True):
+        try:
+            await delivery.release()
+        except FutureQError:
+            pass
