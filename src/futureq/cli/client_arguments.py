@@ -69,7 +69,8 @@ def existing_name_arg(kind: str, *, consume: bool = False) -> Callable[[str], st
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _RFC3339 = re.compile(
     r"(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<time>\d{2}:\d{2}(?::\d{2})?)"
-    r"(?:\.(?P<fraction>\d+))?(?P<zone>[Zz]|[+-]\d{2}:\d{2})?"
+    r"(?:\.(?P<fraction>\d+))?(?P<zone>[Zz]|[+-]\d{2}:\d{2})?",
+    re.ASCII,
 )
 
 
@@ -79,7 +80,8 @@ def parse_at_ms(text: str, *, now_ms: int | None = None) -> int:
 
     RFC 3339 / ISO 8601: ``2026-05-01T12:00:00Z``, ``2026-05-01T12:00:00.250+02:00``,
     ``2026-05-01 12:00:00z``; fractions of a second to the millisecond (more digits
-    are cut); no zone means UTC. A number must be milliseconds: one that can only be
+    are cut); no zone means UTC; a leap second (``23:59:60``) is the second after
+    ``:59``, as in POSIX time. ASCII digits only. A number must be milliseconds: one that can only be
     seconds (or micro- or nanoseconds) since the epoch is refused with a sentence
     saying so (``docs/cli.md``, "Times"), suggesting only a value this function takes;
     0 means "at once". A time more than :data:`~futureq.cli.durations.MAX_DELAY_MS`
@@ -95,7 +97,7 @@ def parse_at_ms(text: str, *, now_ms: int | None = None) -> int:
     """
     latest_ms = (SystemClock().wall_ms() if now_ms is None else now_ms) + MAX_DELAY_MS
     stripped = text.strip()
-    if stripped.isdigit():
+    if stripped.isascii() and stripped.isdigit():  # not ``²`` nor other scripts' digits
         value = int(stripped)
         if value > latest_ms and not _unit_reading_within(value, latest_ms):
             raise argparse.ArgumentTypeError(_too_far_ahead(text, value, latest_ms))
@@ -117,11 +119,18 @@ def parse_at_ms(text: str, *, now_ms: int | None = None) -> int:
         fraction = (match["fraction"] or "")[:6]
         zone = (match["zone"] or "+00:00").upper().replace("Z", "+00:00")
         clock = match["time"] if match["time"].count(":") == 2 else match["time"] + ":00"
+        # RFC 3339 writes a leap second as :60; in ms since the epoch (POSIX time, no
+        # leap seconds) it is the second after :59. Python's datetime has no :60.
+        leap = clock.endswith(":60")
+        if leap:
+            clock = clock[:-2] + "59"
         iso = f"{match['date']}T{clock}{'.' + fraction.ljust(6, '0') if fraction else ''}{zone}"
         try:
             moment = datetime.datetime.fromisoformat(iso)
         except ValueError:
             moment = None
+        if moment is not None and leap:
+            moment += datetime.timedelta(seconds=1)
     if moment is None:
         raise argparse.ArgumentTypeError(
             f"{text!r} is neither an RFC 3339 / ISO 8601 time (e.g. 2026-05-01T12:00:00Z) "

@@ -25,7 +25,7 @@ _UNIT_MS: Final[dict[str, int]] = {
     "d": 86_400_000,
 }
 
-_PART = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)\s*")
+_PART = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>ms|s|m|h|d)\s*")
 _ORDER: Final = ("d", "h", "m", "s", "ms")
 
 MAX_DURATION_MS: Final = 2**63 - 1
@@ -44,6 +44,12 @@ _FORMS: Final = (
     "use a number with a unit ms, s, m, h or d, or several from the largest unit down "
     "(e.g. 250ms, 5s, 10m, 2h, 3d, 1h30m, 2m30s; a bare number is ms)"
 )
+
+
+def _is_decimal(text: str) -> bool:
+    """Whether ``text`` is ASCII digits only: ``str.isdigit`` also takes ``²`` (then
+    ``int`` fails with Python's own sentence) and other scripts' digits (``١٢``)."""
+    return text.isascii() and text.isdigit()
 
 
 def parse_duration_ms(text: str) -> int:
@@ -67,7 +73,7 @@ def parse_duration_ms(text: str) -> int:
     stripped = text.strip().lower()
     if stripped.startswith("-"):
         raise ValueError(f"{text!r} is negative; durations cannot be negative (0 means at once)")
-    if stripped.isdigit():
+    if _is_decimal(stripped):
         value = int(stripped)
     else:
         total = Fraction(0)
@@ -152,7 +158,7 @@ def delay_ms_arg(text: str) -> int:
             :data:`MAX_DELAY_MS`.
     """
     value = duration_ms_arg(text)
-    if text.strip().isdigit() and value >= MIN_PLAUSIBLE_EPOCH_MS:
+    if _is_decimal(text.strip()) and value >= MIN_PLAUSIBLE_EPOCH_MS:
         raise argparse.ArgumentTypeError(
             f"{text!r} is {value / 86_400_000 / 366:.0f} years: it looks like an absolute "
             "time in ms since the Unix epoch, and this flag takes a duration (a bare number "

@@ -81,3 +81,11 @@ def test_argparse_adapter_reports_usage_error() -> None:
 def test_round_trips_whole_numbers(number: int, unit: str) -> None:
     factor = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}[unit]
     assert parse_duration_ms(f"{number}{unit}") == number * factor
+
+
+@pytest.mark.parametrize("text", ["²", "5²", "١٢", "١h", "１s", "1.５s"])
+def test_digits_other_than_ascii_are_not_a_duration(text: str) -> None:
+    """``--delay ²`` said Python's "invalid literal for int() with base 10"; ``--delay
+    ١٢`` (Arabic-Indic digits) was taken as 12 ms. Both get the sentence of the forms."""
+    with pytest.raises(ValueError, match="is not a duration; use a number with a unit"):
+        parse_duration_ms(text)

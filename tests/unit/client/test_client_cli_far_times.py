@@ -98,3 +98,17 @@ def test_every_time_flag_says_too_far_ahead_before_connecting(
     err = capsys.readouterr().err
     assert code == 2, err
     assert TOO_FAR in err and "before 2000" not in err, err
+
+
+def test_a_leap_second_is_the_second_after_59_and_other_digits_are_refused() -> None:
+    """RFC 3339 writes a leap second as ``23:59:60``: it was refused as "neither an RFC
+    3339 / ISO 8601 time"; in ms since the epoch it is the second after ``:59``.
+    Digits of other scripts (``١٧٩...``, full-width ``２０２６``) were read as numbers
+    (or, for ``²``, failed with argparse's bare "invalid parse_at_ms value")."""
+    now_ms = 1_800_000_000_000
+    before = parse_at_ms("2026-12-31T23:59:59Z", now_ms=now_ms)
+    assert parse_at_ms("2026-12-31T23:59:60Z", now_ms=now_ms) == before + 1000
+    assert parse_at_ms("2026-12-31T23:59:60.500Z", now_ms=now_ms) == before + 1500
+    for text in ("²", "١٧٩٦٦٣٣٢٧٧٦٩٣", "２０２６-12-07T10:00:00Z", "2026-12-07T１0:00:00Z"):
+        with pytest.raises(argparse.ArgumentTypeError, match="neither an RFC 3339"):
+            parse_at_ms(text, now_ms=now_ms)
