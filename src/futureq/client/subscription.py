@@ -88,7 +88,8 @@ class Delivery:
             delivery after it (a nack, a visibility timeout, a consumer that left, a
             leader change, a release); it never goes backwards. ``max_deliveries``
             counts only the attempts not ended by a release (``docs/client.md``).
-        delivered_ms: The server's wall clock when it pushed this delivery (ms).
+        delivered_ms: The leader's cluster time when it pushed this delivery (ms since
+            the Unix epoch), the clock of ``due_ms`` and ``publish_ms``.
         tag: Opaque delivery tag the server knows this delivery by.
         headers: The message's headers (str -> str; empty when it has none). A dead
             letter's provenance is here (``futureq-original-id``, ``futureq-reason``, ...).

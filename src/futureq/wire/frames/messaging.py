@@ -174,8 +174,8 @@ class Deliver:
 
     ``deliveries`` holds ``[tag: bytes, id: int, payload: bytes, due_ms: int,
     publish_ms: int, attempt: int]`` lists, with ``headers`` (map or nil) as a seventh
-    element for a subscription that asked for them; ``delivered_ms`` is the server's
-    wall clock when it sent the frame (ms since the Unix epoch).
+    element for a subscription that asked for them; ``delivered_ms`` is the leader's
+    cluster time when it sent the frame (ms since the Unix epoch), as are the stamps.
     """
 
     TYPE: ClassVar[FrameType] = FrameType.DELIVER
