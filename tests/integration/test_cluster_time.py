@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -568,6 +569,34 @@ async def test_a_single_node_restarted_to_adopt_a_corrected_clock_stamps_on_it(
         assert abs(delivery.due_ms - (before + 2000)) < 5000, delivery.due_ms - before
         assert "stamped fast" not in received  # due an hour from its stamp
         assert "made on a wrong clock" in broker.stderr_text()
+    finally:
+        broker.terminate()
+
+
+async def test_a_single_node_restarted_hours_behind_its_stamps_says_so_on_the_dashboard(
+    tmp_path: Path,
+) -> None:
+    """A single node restarted with its clock 3 hours behind holds every message
+    pending from before (one due and delivered once included) for 3 hours, as it
+    cannot know which clock was right; only a log line said so, once, and the dashboard
+    showed its clock in bound with no offset. The stored stamps are its one second
+    opinion: CLOCK_OFFSET says how far ahead they stand, until cluster time reaches
+    them."""
+    broker = BrokerProcess(tmp_path / "data")
+    broker.start()
+    try:
+        async with open_client(broker.client_address) as client:
+            await client.publish("t.behind", b"before", delay_ms=1_000)
+        broker.terminate()
+        broker.env = offset_env(library(), -3 * 3600)
+        broker.start()
+        port = int(broker.http_address.rsplit(":", 1)[1])
+        code, overview = await http_get(port, "/api/overview")
+        assert code == 200, overview
+        alarms = [a["text"] for a in overview["alarms"] if a["name"] == "CLOCK_OFFSET"]
+        assert len(alarms) == 1, overview["alarms"]
+        assert re.match(r"the latest publish stamp is 10(79\d|80\d)\.\d s ahead", alarms[0]), alarms
+        assert "or this node's clock is now that far behind" in alarms[0]
     finally:
         broker.terminate()
 

@@ -29,6 +29,8 @@ import trio
 from futureq import __version__
 from futureq.metrics import LATENCY_BUCKETS_S
 
+from . import publishing
+
 if TYPE_CHECKING:
     from prometheus_client import Counter, Histogram
 
@@ -379,7 +381,33 @@ def _alarms(
                             f"(bound ±{bound} ms)",
                         }
                     )
+    behind = _stamps_ahead_alarm(broker)
+    if behind is not None:
+        alarms.append(behind)
     return alarms
+
+
+def _stamps_ahead_alarm(broker: Broker) -> dict[str, str] | None:
+    """CLOCK_OFFSET while the latest publish stamp stored stands further ahead of
+    cluster time than the bound (:func:`~futureq.broker.publishing.stamps_ahead_ms`).
+
+    A single node restarted with its clock three hours behind (or a cluster whose every
+    clock went back, a restored VM) stamps new publishes on that clock and leaves the
+    earlier stamps behind: every message pending from before, even one due and
+    delivered once, is held until the clock reaches its due time, three hours on. Only
+    a log line said so, once, and the dashboard showed the clock in bound with no
+    offset (a single node's only clock is its own; the stamps are its one second
+    opinion)."""
+    ahead_ms = publishing.stamps_ahead_ms(broker)
+    if ahead_ms is None:
+        return None
+    return {
+        "name": "CLOCK_OFFSET",
+        "text": f"the latest publish stamp is {ahead_ms / 1000:.1f} s ahead of cluster time "
+        f"(more than max_clock_offset_ms={broker._stamp_slack_ms}): either it was made on a "
+        "clock that was ahead, or this node's clock is now that far behind; messages "
+        "published before are due by their stamps, up to that much later than by this clock",
+    }
 
 
 def build_overview(

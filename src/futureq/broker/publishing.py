@@ -89,6 +89,15 @@ def stamp(broker: Broker) -> int:
     return now_ms
 
 
+def stamps_ahead_ms(broker: Broker) -> int | None:
+    """How far the latest publish stamp stored stands ahead of cluster time (ms), when
+    further than the bound (``max_clock_offset_ms``: the stamps :func:`stamp` leaves
+    behind); else None. Until cluster time reaches it, messages published before are
+    held that much longer than this node's clock says (the dashboard's CLOCK_OFFSET)."""
+    ahead_ms = broker.state.last_publish_ms - broker.clock.wall_ms()
+    return ahead_ms if ahead_ms > broker._stamp_slack_ms else None
+
+
 async def publish(
     broker: Broker, items: list[Any], ack_level: frames.AckLevel
 ) -> tuple[int | None, int, dict[int, int] | None]:
