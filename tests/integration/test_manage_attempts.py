@@ -14,7 +14,8 @@ from typing import Any, Protocol
 import pytest
 from wire_client import WireClient
 
-from futureq.wire import frames
+from futureq.errors import ErrorCode
+from futureq.wire import codec, frames
 from futureq.wire.frames import ItemStatus
 
 
@@ -250,3 +251,42 @@ def test_a_redrive_after_a_purge_of_the_dead_letters_brings_none_back(
     redriven = _items(client, frames.Redrive(client.next_id(), "rp", None, letters[-10:], 0))
     assert redriven == [ItemStatus.UNKNOWN] * 10
     assert client.group_pending("rp", "g") == 0
+
+
+def test_an_ack_sent_with_a_reschedule_of_its_message_is_not_undone(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a tester: an ACK taken by the leader while a RESCHEDULE of its message
+    was being committed was answered OK and then the message came again at its new time
+    (3,000 acks under a rescheduling loop: 4,417 deliveries after an OK). The two are
+    sent in one write, so the RESCHEDULE is proposed first and the ACK taken before it
+    commits; the ACK acknowledges the entry where the RESCHEDULE moved it."""
+    admin = WireClient(broker.client_address)
+    consumer = WireClient(broker.client_address)
+    _group(admin, "rk", "g", 5)
+    rounds = 5
+    mids = [admin.publish([["rk", b"x", None, None, None]]).first_id for _ in range(rounds)]
+    subscription = consumer.subscribe("rk", "g", rounds)
+    held = {d[1]: d for d in consumer.deliveries(rounds)}
+    acked = []
+    for mid in mids:
+        reschedule_id, ack_id = consumer.next_id(), consumer.next_id()
+        consumer.send_raw(
+            codec.encode_frame(frames.Reschedule(reschedule_id, "rk", "g", [mid], None, 300), 2**31)
+            + codec.encode_frame(frames.Ack(ack_id, [held[mid][0]]), 2**31)
+        )
+        answers = {}
+        while len(answers) < 2:
+            answer = consumer.receive_answer()
+            answers[answer.request_id] = answer
+        assert isinstance(answers[reschedule_id], frames.ItemResults), answers
+        if isinstance(answers[ack_id], frames.Ok):
+            acked.append(mid)
+        else:  # the RESCHEDULE committed before the ACK was taken: the tag was void
+            assert answers[ack_id].code == ErrorCode.UNKNOWN_DELIVERY_TAG, answers
+    assert acked  # the ACK is read with the RESCHEDULE: taken before that commits
+    consumer.send(frames.Credit(consumer.next_id(), subscription, rounds))  # room for a redelivery
+    time.sleep(0.6)  # past the new due time (300 ms): what would come again is out now
+    again = [d[1] for d in consumer.poll_deliveries(0.5)]
+    assert not set(again) & set(acked)
+    assert {m[0] for m in _browse(admin, "rk")} == set(mids) - set(acked)

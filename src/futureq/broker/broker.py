@@ -136,6 +136,10 @@ class Broker:
         """SUBSCRIBEs between their limit check and their consumer's registration (the
         group's creation is awaited in between); counted against
         ``limits.max_subscriptions`` like the subscriptions they become."""
+        self.reschedules_in_flight = 0
+        """RESCHEDULEs proposed and not yet answered. While there are some, an ACK is
+        proposed as ACK_FOLLOWING (:func:`futureq.state.commands.ack`): one of them may
+        move an entry the ACK names before the ACK commits."""
         self._promote_send, self._promote_receive = trio.open_memory_channel[int](16)
         self.leader_epoch = 0
         self.leading = False

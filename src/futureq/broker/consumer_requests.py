@@ -138,8 +138,12 @@ async def ack(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
     flights = broker.hub.claim_tags(tags, connection_id)
+    # A RESCHEDULE being committed may move one of these entries before this ACK commits:
+    # the ACK then acknowledges the entry where it went (else the consumer is told OK and
+    # the message comes again at its new time).
+    following = broker.reschedules_in_flight > 0
     try:
-        done = await broker.log.propose(commands.ack([flight.key for flight in flights]))
+        done = await broker.log.propose(commands.ack([flight.key for flight in flights], following))
     except BaseException:
         broker.hub.unclaim(flights, broker.clock.wall_ms())
         raise

@@ -617,11 +617,15 @@ async def reschedule(broker: Broker, frame: frames.Reschedule) -> list[int]:
             ),
         )
     out = _out_deliveries(broker, frame.topic, info, frame.ids)
-    result = await broker.log.propose(
-        commands.reschedule(
-            now_ms, frame.topic, None if info is None else info.group_id, frame.ids, due_ms, out
-        )
+    command = commands.reschedule(
+        now_ms, frame.topic, None if info is None else info.group_id, frame.ids, due_ms, out
     )
+    # An ACK taken meanwhile may name an entry this moves: it follows the move (ACK_FOLLOWING).
+    broker.reschedules_in_flight += 1
+    try:
+        result = await broker.log.propose(command)
+    finally:
+        broker.reschedules_in_flight -= 1
     return [int(status) for status in result]
 
 

@@ -10,7 +10,8 @@ Layouts (``DESIGN.md``, "Data flow"):
 * ``[PUBLISH, publish_ms, [item, ...], settings, idempotency_window_ms]``, an item
   ``[topic, payload, due_ms, ttl_ms | None]`` or ``[..., headers | None,
   idempotency_key | None]``
-* ``[ACK, [schedule_key, ...]]``
+* ``[ACK, [schedule_key, ...]]``; ``[ACK_FOLLOWING, [schedule_key, ...]]`` (an ACK that
+  follows an entry a RESCHEDULE moved while the ACK was being committed)
 * ``[NACK, now_ms, requeue_delay_ms, [[schedule_key, attempt, pushed_ms?], ...],
   reason | None, dead_letter, settings]``
 * ``[EXPIRE, [schedule_key, ...], publish_ms, settings]``
@@ -111,6 +112,15 @@ class CommandKind(enum.IntEnum):
     attempts in its ``futureq-attempts`` header, not 0. Written only when there is such
     a delivery; kind 4 (EXPIRE) otherwise, so a node of an earlier build refuses kind 32
     only where it would have written different headers."""
+    ACK_FOLLOWING = 33
+    """ACK that also acknowledges an entry a RESCHEDULE moved after the leader took the
+    ACK: a key not found is looked up by its message and group where the entry is now
+    (the ``index`` family's moved key), and that entry is removed. Found by a tester: a
+    RESCHEDULE committed between an ACK's claim and its commit moved the entry away
+    from the key the ACK named, so the ACK removed nothing, the consumer was told OK,
+    and the message was delivered again at its new time. Written only while a
+    RESCHEDULE is being committed on the leader (kind 2 otherwise), so a node of an
+    earlier build refuses kind 33 only where it would have applied it differently."""
     RETURN_COUNTED = 40
     """Deliveries that went out and count, whose attempt the log never recorded (a first
     delivery is pushed unrecorded): the subscription ended (UNSUBSCRIBE, its connection
@@ -284,9 +294,10 @@ def publish_command(
     return [CommandKind.PUBLISH, publish_ms, items, settings.to_wire()]
 
 
-def ack(keys: list[bytes]) -> bytes:
-    """Encode an ACK of schedule keys."""
-    return encode([CommandKind.ACK, keys])
+def ack(keys: list[bytes], following: bool = False) -> bytes:
+    """Encode an ACK of schedule keys; with ``following``, an ACK_FOLLOWING (it also
+    acknowledges an entry a RESCHEDULE moved from one of the keys meanwhile)."""
+    return encode([CommandKind.ACK_FOLLOWING if following else CommandKind.ACK, keys])
 
 
 def nack(

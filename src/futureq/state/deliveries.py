@@ -60,14 +60,39 @@ def remove(
     reason: CommandKind,
     effects: list[tuple[Any, ...]],
     touched: set[int],
+    *,
+    following: bool = False,
 ) -> Generator[None, None, int]:
+    """Remove schedule entries by key (ACK, ACK_FOLLOWING); return how many were there.
+
+    With ``following`` (ACK_FOLLOWING), a key with no entry whose message's entry in
+    the key's group now sits at another due time (a RESCHEDULE moved it after the
+    leader took the ACK) removes that entry instead: the delivery the consumer acked
+    was of that message, and it must not be delivered again.
+    """
     done = 0
     for position, key in enumerate(keys):
         if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
             yield
         if state._drop_entry(txn, key, reason, effects, touched) is not None:
             done += 1
+        elif following:
+            moved = _moved_entry(state, txn, key)
+            if moved is not None and state._drop_entry(txn, moved, reason, effects, touched):
+                done += 1
     return done
+
+
+def _moved_entry(state: QueueState, txn: Txn, key: bytes) -> bytes | None:
+    """The schedule key where the entry ``key`` named is now, if it moved (else None)."""
+    if not isinstance(key, bytes) or len(key) != commands.SCHEDULE_KEY_BYTES:
+        return None
+    gid, _, mid = commands.parse_schedule_key(key)
+    record = state._record(txn, mid)
+    if record is None:
+        return None
+    found = state._find_entry(txn, mid, gid, record.due_ms)
+    return None if found is None or found[0] == key else found[0]
 
 
 def expire(

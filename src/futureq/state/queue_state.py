@@ -406,7 +406,7 @@ class QueueState(ManageOps):
         Returns:
             PUBLISH: the first message id, or a :class:`PublishResult` when items with
             idempotency keys were duplicates; DEAD_LETTER: the first message id; ACK,
-            NACK, EXPIRE, DELIVERED, RELEASE, RETURN_COUNTED, PURGE_GROUP,
+            ACK_FOLLOWING, NACK, EXPIRE, DELIVERED, RELEASE, RETURN_COUNTED, PURGE_GROUP,
             BACKFILL_GROUP: how many entries were handled; PURGE: how many entries the groups held;
             CREATE_GROUP: the group id; DELETE_GROUP: True if it existed; CANCEL,
             RESCHEDULE, REDRIVE: one :class:`~futureq.state.commands.ItemStatus` per
@@ -476,9 +476,15 @@ class QueueState(ManageOps):
             result = yield from deliveries.release(self, txn, command[1], effects)
         elif kind == CommandKind.RETURN_COUNTED:
             result = yield from deliveries.return_counted(self, txn, command[1])
-        elif kind == CommandKind.ACK:
+        elif kind == CommandKind.ACK or kind == CommandKind.ACK_FOLLOWING:
             result = yield from deliveries.remove(
-                self, txn, command[1], CommandKind.ACK, effects, touched
+                self,
+                txn,
+                command[1],
+                CommandKind.ACK,
+                effects,
+                touched,
+                following=kind == CommandKind.ACK_FOLLOWING,
             )
         elif kind == CommandKind.EXPIRE or kind == CommandKind.EXPIRE_COUNTED:
             result = yield from deliveries.expire(

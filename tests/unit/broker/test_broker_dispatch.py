@@ -1672,6 +1672,50 @@ def test_a_given_back_first_delivery_rescheduled_keeps_its_attempt() -> None:
     assert again[0] != first[0]
 
 
+@pytest.mark.parametrize("due_in_ms", [0, 5_000])
+def test_an_ack_being_committed_when_a_reschedule_moves_its_entry_still_acknowledges_it(
+    due_in_ms: int,
+) -> None:
+    """Found by a tester: an ACK the leader took (the delivery claimed, its command on
+    the way to the log) when a RESCHEDULE of the message committed named the entry's
+    old key; it removed nothing, the consumer was told OK, and the message was delivered
+    again at its new time. ACK_FOLLOWING removes the entry where the RESCHEDULE put it."""
+    env = Env()
+    gid = env.group("t", "g", visibility_ms=30_000)
+    consumer = env.consumer(gid, credit=10)
+    [mid, other] = env.publish("t", [b"x", b"y"])
+    env.dispatch()
+    deliveries = out(consumer).take()
+    [flight] = env.hub.claim_tags([deliveries[0][0]], consumer.connection_id)
+    ack = commands.ack([flight.key], following=True)
+    assert _reschedule(env, gid, mid, env.now + due_in_ms) == [frames.ItemStatus.DONE]
+    assert out(consumer).revoked() == []  # a delivery being settled is never revoked
+    assert env.log.apply(ack) == 1
+    assert env.state.get_message(mid) is None
+    assert env.state.find_group("t", "g").pending == 1  # the other message's entry
+    env.clock.advance(due_in_ms + 1_000)  # past the new due time, within the visibility
+    env.dispatch()
+    assert ids(out(consumer).take()) == []
+    assert env.ack(consumer, deliveries[1:]) == 1
+    assert env.state.get_message(other) is None
+
+
+def test_a_plain_ack_of_a_moved_entry_replays_as_earlier_builds_applied_it() -> None:
+    """Kind 2 (ACK) in a log leaves an entry a RESCHEDULE moved (as earlier builds did),
+    so a log replays to the state it gave; only ACK_FOLLOWING follows the move."""
+    env = Env()
+    gid = env.group("t", "g", visibility_ms=30_000)
+    consumer = env.consumer(gid, credit=10)
+    [mid] = env.publish("t", [b"x"])
+    env.dispatch()
+    [delivery] = out(consumer).take()
+    [flight] = env.hub.claim_tags([delivery[0]], consumer.connection_id)
+    assert commands.decode(commands.ack([flight.key]))[0] == CommandKind.ACK
+    _reschedule(env, gid, mid, env.now + 10)
+    assert env.log.apply(commands.ack([flight.key])) == 0
+    assert env.state.get_message(mid) is not None
+
+
 def test_a_first_delivery_pushed_while_the_reschedule_commits_is_still_counted() -> None:
     """The leader's proposal could not name a delivery pushed after it was built: the
     leader keeps that attempt for the moved entry and proposes its DELIVERED record."""
