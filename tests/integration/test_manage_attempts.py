@@ -253,40 +253,69 @@ def test_a_redrive_after_a_purge_of_the_dead_letters_brings_none_back(
     assert client.group_pending("rp", "g") == 0
 
 
-def test_an_ack_sent_with_a_reschedule_of_its_message_is_not_undone(
-    broker: BrokerProcess,
+def _all_deliveries(client: WireClient) -> list[list[Any]]:
+    """Every delivery that arrives until none came for half a second."""
+    found: list[list[Any]] = []
+    while more := client.poll_deliveries(0.5):
+        found.extend(more)
+    return found
+
+
+@pytest.mark.parametrize("settle", ["ack", "release"])
+def test_a_settlement_sent_with_a_reschedule_of_its_message_is_not_undone(
+    broker: BrokerProcess, settle: str
 ) -> None:
-    """Found by a tester: an ACK taken by the leader while a RESCHEDULE of its message
-    was being committed was answered OK and then the message came again at its new time
-    (3,000 acks under a rescheduling loop: 4,417 deliveries after an OK). The two are
-    sent in one write, so the RESCHEDULE is proposed first and the ACK taken before it
-    commits; the ACK acknowledges the entry where the RESCHEDULE moved it."""
+    """Found by a tester: an ACK or RELEASE taken by the leader while a RESCHEDULE of
+    its message was being committed was answered OK and applied to nothing: an acked
+    message came again at its new time (3,000 acks under a rescheduling loop: 4,417
+    deliveries after an OK), and a released one counted, so with ``max_deliveries`` 1
+    it went to the dead-letter topic unprocessed. The two are sent in one write, so the
+    RESCHEDULE is proposed first and the settlement taken before it commits; the
+    settlement now applies to the entry where the RESCHEDULE moved it."""
+    topic = f"rk{settle}"
     admin = WireClient(broker.client_address)
     consumer = WireClient(broker.client_address)
-    _group(admin, "rk", "g", 5)
+    _group(admin, topic, "g", 1)
     rounds = 5
-    mids = [admin.publish([["rk", b"x", None, None, None]]).first_id for _ in range(rounds)]
-    subscription = consumer.subscribe("rk", "g", rounds)
+    mids = [admin.publish([[topic, b"x", None, None, None]]).first_id for _ in range(rounds)]
+    subscription = consumer.subscribe(topic, "g", rounds)
     held = {d[1]: d for d in consumer.deliveries(rounds)}
-    acked = []
+    settled = []
     for mid in mids:
-        reschedule_id, ack_id = consumer.next_id(), consumer.next_id()
+        reschedule_id, settle_id = consumer.next_id(), consumer.next_id()
+        tags = [held[mid][0]]
+        request: frames.Frame = (
+            frames.Ack(settle_id, tags) if settle == "ack" else frames.Release(settle_id, tags)
+        )
         consumer.send_raw(
-            codec.encode_frame(frames.Reschedule(reschedule_id, "rk", "g", [mid], None, 300), 2**31)
-            + codec.encode_frame(frames.Ack(ack_id, [held[mid][0]]), 2**31)
+            codec.encode_frame(
+                frames.Reschedule(reschedule_id, topic, "g", [mid], None, 300), 2**31
+            )
+            + codec.encode_frame(request, 2**31)
         )
         answers = {}
         while len(answers) < 2:
             answer = consumer.receive_answer()
+            if isinstance(answer, frames.Deliver):
+                consumer.pushed.append(answer)  # a redelivery already: kept for below
+                continue
             answers[answer.request_id] = answer
         assert isinstance(answers[reschedule_id], frames.ItemResults), answers
-        if isinstance(answers[ack_id], frames.Ok):
-            acked.append(mid)
-        else:  # the RESCHEDULE committed before the ACK was taken: the tag was void
-            assert answers[ack_id].code == ErrorCode.UNKNOWN_DELIVERY_TAG, answers
-    assert acked  # the ACK is read with the RESCHEDULE: taken before that commits
-    consumer.send(frames.Credit(consumer.next_id(), subscription, rounds))  # room for a redelivery
-    time.sleep(0.6)  # past the new due time (300 ms): what would come again is out now
-    again = [d[1] for d in consumer.poll_deliveries(0.5)]
-    assert not set(again) & set(acked)
-    assert {m[0] for m in _browse(admin, "rk")} == set(mids) - set(acked)
+        if isinstance(answers[settle_id], frames.Ok):
+            settled.append(mid)
+        else:  # the RESCHEDULE committed before the settlement was taken: the tag was void
+            assert answers[settle_id].code == ErrorCode.UNKNOWN_DELIVERY_TAG, answers
+    assert settled  # read with the RESCHEDULE, the settlement is taken before that commits
+    consumer.send(frames.Credit(consumer.next_id(), subscription, rounds))  # room to redeliver
+    time.sleep(0.6)  # past the new due time (300 ms): what comes again is out by now
+    again = {d[1]: d[5] for d in _all_deliveries(consumer)}
+    dead = WireClient(broker.client_address)
+    dead.subscribe(f"{topic}.dlq", "default", rounds)
+    letters = _all_deliveries(dead)
+    # Those whose settlement was refused counted their one attempt: dead letters.
+    assert len(letters) == rounds - len(settled)
+    if settle == "ack":  # acknowledged: neither delivered again nor dead-lettered
+        assert again == {}
+        assert _browse(admin, topic) == []
+    else:  # released: not counted, so delivered again (attempt 2) rather than dead-lettered
+        assert again == {mid: 2 for mid in settled}

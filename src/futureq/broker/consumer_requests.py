@@ -115,8 +115,10 @@ async def release(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
     validation.check_tags(tags, broker.limits)
     flights = broker.hub.claim_tags(tags, connection_id)
     entries = [(flight.key, flight.attempt) for flight in flights]
+    # As in ack(): a RESCHEDULE being committed may move one of these entries first.
+    following = broker.reschedules_in_flight > 0
     try:
-        done = await broker.log.propose(commands.release(entries))
+        done = await broker.log.propose(commands.release(entries, following))
     except BaseException:
         broker.hub.unclaim(flights, broker.clock.wall_ms())
         raise
@@ -186,6 +188,7 @@ async def nack(
     # When each went out: a first delivery's time is known only here (a dead letter's
     # futureq-first-delivery-ms), a redelivery's was recorded already (kept).
     entries = [(flight.key, flight.attempt, flight.pushed_ms or None) for flight in flights]
+    following = broker.reschedules_in_flight > 0  # as in ack()
     try:
         done = await broker.log.propose(
             commands.nack(
@@ -195,6 +198,7 @@ async def nack(
                 reason,
                 dead_letter,
                 broker.group_settings,
+                following,
             )
         )
     except BaseException:

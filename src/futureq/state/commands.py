@@ -11,7 +11,8 @@ Layouts (``DESIGN.md``, "Data flow"):
   ``[topic, payload, due_ms, ttl_ms | None]`` or ``[..., headers | None,
   idempotency_key | None]``
 * ``[ACK, [schedule_key, ...]]``; ``[ACK_FOLLOWING, [schedule_key, ...]]`` (an ACK that
-  follows an entry a RESCHEDULE moved while the ACK was being committed)
+  follows an entry a RESCHEDULE moved while the ACK was being committed;
+  RELEASE_FOLLOWING and NACK_FOLLOWING likewise, laid out as RELEASE and NACK)
 * ``[NACK, now_ms, requeue_delay_ms, [[schedule_key, attempt, pushed_ms?], ...],
   reason | None, dead_letter, settings]``
 * ``[EXPIRE, [schedule_key, ...], publish_ms, settings]``
@@ -121,6 +122,19 @@ class CommandKind(enum.IntEnum):
     and the message was delivered again at its new time. Written only while a
     RESCHEDULE is being committed on the leader (kind 2 otherwise), so a node of an
     earlier build refuses kind 33 only where it would have applied it differently."""
+    RELEASE_FOLLOWING = 34
+    """RELEASE (kind 17) that follows an entry a RESCHEDULE moved meanwhile, as
+    ACK_FOLLOWING does: the release is applied to the entry where it is now (its
+    attempt not counted; due at once). Before, the release applied to nothing, was
+    answered OK, and the delivery counted (with ``max_deliveries`` 1 the message went
+    to the dead-letter topic unprocessed). Written only while a RESCHEDULE is being
+    committed on the leader."""
+    NACK_FOLLOWING = 35
+    """NACK (kind 3, same layout) that follows an entry a RESCHEDULE moved meanwhile, as
+    ACK_FOLLOWING does: the entry where it is now is due after the NACK's delay, or
+    dead-lettered when the NACK says so (before, a NACK with ``dead_letter`` was
+    answered OK and the message was delivered again at its new time). Written only
+    while a RESCHEDULE is being committed on the leader."""
     RETURN_COUNTED = 40
     """Deliveries that went out and count, whose attempt the log never recorded (a first
     delivery is pushed unrecorded): the subscription ended (UNSUBSCRIBE, its connection
@@ -307,19 +321,22 @@ def nack(
     reason: str | None = None,
     dead_letter: bool = False,
     settings: GroupSettings = BUILTIN_GROUP_SETTINGS,
+    following: bool = False,
 ) -> bytes:
     """Encode a NACK of ``(schedule_key, attempt[, pushed_ms])`` entries.
 
     Each is due again at now + delay; with ``dead_letter`` each goes to its dead-letter
     topic at once instead (reason ``rejected``). ``reason``: the consumer's text, kept
     with the entry and in the dead letter's headers. ``pushed_ms``: when the leader
-    pushed that delivery (recorded as its delivery time).
+    pushed that delivery (recorded as its delivery time). ``following``: a
+    NACK_FOLLOWING (it also applies to an entry a RESCHEDULE moved meanwhile).
     """
+    kind = CommandKind.NACK_FOLLOWING if following else CommandKind.NACK
     if reason is None and not dead_letter:
-        return encode([CommandKind.NACK, now_ms, requeue_delay_ms, entries])
+        return encode([kind, now_ms, requeue_delay_ms, entries])
     return encode(
         [
-            CommandKind.NACK,
+            kind,
             now_ms,
             requeue_delay_ms,
             entries,
@@ -444,13 +461,15 @@ def purge_group(group_id: int, max_entries: int) -> bytes:
     return encode([CommandKind.PURGE_GROUP, group_id, max_entries])
 
 
-def release(entries: list[tuple[bytes, int]]) -> bytes:
+def release(entries: list[tuple[bytes, int]], following: bool = False) -> bytes:
     """Encode a RELEASE: ``(schedule_key, attempt)`` deliveries given back unprocessed.
 
     Each is due again at once and its attempt does not count towards
-    ``max_deliveries``.
+    ``max_deliveries``. ``following``: a RELEASE_FOLLOWING (it also applies to an entry
+    a RESCHEDULE moved meanwhile).
     """
-    return encode([CommandKind.RELEASE, entries])
+    kind = CommandKind.RELEASE_FOLLOWING if following else CommandKind.RELEASE
+    return encode([kind, entries])
 
 
 def return_counted(entries: Sequence[tuple[bytes, int, int]]) -> bytes:

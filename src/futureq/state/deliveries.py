@@ -83,6 +83,17 @@ def remove(
     return done
 
 
+def _entry(state: QueueState, txn: Txn, key: bytes, following: bool) -> tuple[bytes, bytes | None]:
+    """``(key, stored value)`` of the entry ``key`` names (value None: none); with
+    ``following``, one not there is looked up where a RESCHEDULE moved it."""
+    value = txn.get("schedule", key)
+    if value is None and following:
+        moved = _moved_entry(state, txn, key)
+        if moved is not None:
+            return moved, txn.get("schedule", moved)
+    return key, value
+
+
 def _moved_entry(state: QueueState, txn: Txn, key: bytes) -> bytes | None:
     """The schedule key where the entry ``key`` named is now, if it moved (else None)."""
     if not isinstance(key, bytes) or len(key) != commands.SCHEDULE_KEY_BYTES:
@@ -190,19 +201,25 @@ def return_counted(
 
 
 def release(
-    state: QueueState, txn: Txn, entries: list[list[Any]], effects: list[tuple[Any, ...]]
+    state: QueueState,
+    txn: Txn,
+    entries: list[list[Any]],
+    effects: list[tuple[Any, ...]],
+    *,
+    following: bool = False,
 ) -> Generator[None, None, int]:
     """Give deliveries back unprocessed: due again at once, the attempt not counted.
 
     The release records the attempt (a first delivery is not recorded before it
     goes out); an attempt older than the one recorded, or released already, names
-    a delivery that is no longer out and changes nothing.
+    a delivery that is no longer out and changes nothing. ``following``
+    (RELEASE_FOLLOWING): a key with no entry is looked up where a RESCHEDULE moved it.
     """
     done = 0
-    for position, (key, attempt) in enumerate(entries):
+    for position, (named, attempt) in enumerate(entries):
         if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
             yield
-        value = txn.get("schedule", key)
+        key, value = _entry(state, txn, named, following)
         if value is None:
             continue
         entry = EntryValue.decode(value)
@@ -233,14 +250,15 @@ def nack(
     reason: str | None = _arg(command, 4)
     to_dead_letter = bool(_arg(command, 5, False))
     settings = commands.GroupSettings.from_wire(_arg(command, 6))
+    following = command[0] == CommandKind.NACK_FOLLOWING
     done = 0
     dead: list[list[Any]] = []
     for position, item in enumerate(entries):
         if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
             yield
-        key, attempt = item[0], item[1]
+        attempt = item[1]
         pushed_ms = item[2] if len(item) > 2 else None
-        value = txn.get("schedule", key)
+        key, value = _entry(state, txn, item[0], following)
         if value is None:
             continue
         gid, due_ms, mid = commands.parse_schedule_key(key)
@@ -266,7 +284,9 @@ def nack(
             ):
                 done += 1
             continue
-        new_due = max(now_ms + requeue_delay_ms, due_ms)
+        # An entry a RESCHEDULE moved meanwhile keeps the due time it gave (the NACK
+        # came first, then the RESCHEDULE, as far as anyone could tell).
+        new_due = due_ms if key != item[0] else max(now_ms + requeue_delay_ms, due_ms)
         state._move_entry(txn, key, gid, due_ms, mid, new_due, entry, CommandKind.NACK, effects)
         done += 1
     if dead:

@@ -406,7 +406,8 @@ class QueueState(ManageOps):
         Returns:
             PUBLISH: the first message id, or a :class:`PublishResult` when items with
             idempotency keys were duplicates; DEAD_LETTER: the first message id; ACK,
-            ACK_FOLLOWING, NACK, EXPIRE, DELIVERED, RELEASE, RETURN_COUNTED, PURGE_GROUP,
+            ACK_FOLLOWING, NACK, NACK_FOLLOWING, EXPIRE, DELIVERED, RELEASE,
+            RELEASE_FOLLOWING, RETURN_COUNTED, PURGE_GROUP,
             BACKFILL_GROUP: how many entries were handled; PURGE: how many entries the groups held;
             CREATE_GROUP: the group id; DELETE_GROUP: True if it existed; CANCEL,
             RESCHEDULE, REDRIVE: one :class:`~futureq.state.commands.ItemStatus` per
@@ -472,8 +473,10 @@ class QueueState(ManageOps):
                 result = PublishResult(result, duplicates)
         elif kind == CommandKind.DELIVERED:
             result = yield from deliveries.delivered(self, txn, command[1], _arg(command, 2))
-        elif kind == CommandKind.RELEASE:
-            result = yield from deliveries.release(self, txn, command[1], effects)
+        elif kind == CommandKind.RELEASE or kind == CommandKind.RELEASE_FOLLOWING:
+            result = yield from deliveries.release(
+                self, txn, command[1], effects, following=kind == CommandKind.RELEASE_FOLLOWING
+            )
         elif kind == CommandKind.RETURN_COUNTED:
             result = yield from deliveries.return_counted(self, txn, command[1])
         elif kind == CommandKind.ACK or kind == CommandKind.ACK_FOLLOWING:
@@ -498,7 +501,7 @@ class QueueState(ManageOps):
                 touched,
                 _arg(command, 4),
             )
-        elif kind == CommandKind.NACK:
+        elif kind == CommandKind.NACK or kind == CommandKind.NACK_FOLLOWING:
             result = yield from deliveries.nack(self, txn, index, command, effects, touched)
         elif kind == CommandKind.DEAD_LETTER_PROVENANCE:
             settings = commands.GroupSettings.from_wire(_arg(command, 3))

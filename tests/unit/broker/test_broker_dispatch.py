@@ -8,6 +8,7 @@ those that need the dispatcher's own proposals (EXPIRE, DEAD_LETTER) run
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import AsyncIterator, Iterator
@@ -1698,6 +1699,55 @@ def test_an_ack_being_committed_when_a_reschedule_moves_its_entry_still_acknowle
     assert ids(out(consumer).take()) == []
     assert env.ack(consumer, deliveries[1:]) == 1
     assert env.state.get_message(other) is None
+
+
+@pytest.mark.parametrize("dead_letter", [False, True])
+def test_a_release_or_nack_being_committed_when_a_reschedule_moves_its_entry_applies(
+    dead_letter: bool,
+) -> None:
+    """The same for RELEASE and NACK. Before, with ``max_deliveries`` 1, a RELEASE
+    answered OK applied to nothing and the delivery counted: the message went to the
+    dead-letter topic at its new time unprocessed; a NACK with ``dead_letter`` was
+    answered OK and the message came again. RELEASE_FOLLOWING and NACK_FOLLOWING apply
+    to the moved entry (which keeps the due time the RESCHEDULE gave)."""
+    env = Env()
+    gid = env.group("t", "g", visibility_ms=30_000, max_deliveries=1)
+    consumer = env.consumer(gid, credit=10)
+    [released, nacked] = env.publish("t", [b"x", b"y"])
+    env.dispatch()
+    deliveries = out(consumer).take()
+    flights = env.hub.claim_tags([d[0] for d in deliveries], consumer.connection_id)
+    release = commands.release([(flights[0].key, 1)], following=True)
+    nack = commands.nack(
+        env.now, 0, [(flights[1].key, 1)], "bad input", dead_letter, following=True
+    )
+    due = env.now + 5_000
+    assert (
+        env.log.apply(commands.reschedule(env.now, "t", gid, [released, nacked], due, []))
+        == [frames.ItemStatus.DONE] * 2
+    )
+    assert env.log.apply(release) == 1
+    assert env.log.apply(nack) == 1
+    env.clock.advance(1_000)
+    env.dispatch()
+    assert out(consumer).take() == []  # nothing before the new due time
+    env.clock.advance(4_000)
+    env.dispatch()
+    again = out(consumer).take()
+    # The released one again (its attempt not counted); the nacked one counted: out of
+    # attempts (dead-lettered on the pass's proposal), or dead-lettered by the NACK.
+    assert [(d[1], d[5]) for d in again] == [(released, 2)]
+    dlq = env.state.find_group("t.dlq", "default")
+    if dead_letter:
+        assert env.state.get_message(nacked) is None
+        assert dlq is not None and dlq.pending == 1
+    else:
+        proposed_kinds = []
+        with contextlib.suppress(trio.WouldBlock):
+            while True:
+                command, _ = env.dispatcher._proposals_receive.receive_nowait()
+                proposed_kinds.append(commands.decode(command)[0])
+        assert dlq is None and CommandKind.DEAD_LETTER_PROVENANCE in proposed_kinds
 
 
 def test_a_plain_ack_of_a_moved_entry_replays_as_earlier_builds_applied_it() -> None:
