@@ -113,3 +113,27 @@ def test_unsubscribe_with_handed_on_the_wire(broker: BrokerProcess) -> None:
     assert client.group_pending("wire.dlq", "default") == 1
     answer = client.request(frames.Unsubscribe(client.next_id(), sid, []))
     assert isinstance(answer, frames.Error) and answer.code == ErrorCode.UNKNOWN_SUBSCRIPTION
+
+
+async def test_a_buffered_delivery_past_max_lease_s_goes_back_uncounted(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a tester: past ``max_lease_s`` the client left a buffered delivery to
+    time out, which counted it; with ``max_deliveries`` 1 it went to the dead-letter
+    topic without the application ever seeing it. It is released now."""
+    async with open_client(broker.client_address, max_lease_s=0.3) as client:
+        await client.create_group("lease", "g", visibility_timeout_ms=600, max_deliveries=1)
+        await client.publish_batch([PublishItem("lease", b"%d" % i) for i in range(2)])
+        async with client.subscribe("lease", "g", prefetch=2) as sub:
+            first = await sub.__anext__()  # the application works on it for 1.5 s
+            for _ in range(5):
+                await trio.sleep(0.3)
+                await first.extend(600)
+            await first.ack()
+            # The other sat in the buffer past the lease and past its visibility
+            # timeout: released at 0.3 s and pushed again (attempt 2, uncounted).
+            second = await sub.receive(5)
+            assert second is not None and second.payload != first.payload
+            assert second.attempt >= 2
+            await second.ack()
+        assert "lease.dlq" not in _topics(await client.status())

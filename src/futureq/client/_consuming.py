@@ -9,6 +9,7 @@ answer voids what is still held (``docs/client.md``, "At-least-once"). The
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -379,9 +380,14 @@ class ConsumingClient(ClientBase):
 
         A delivery received and not yet handed to the application is extended to the
         group's visibility timeout from now once half of it has passed, for up to
-        ``max_lease_s`` after it arrived (then the server takes it back and says so
-        with a REVOKE). A pull-mode subscription's deliveries that nobody fetched are
-        released (not counted towards ``max_deliveries``).
+        ``max_lease_s`` after it arrived; then it is released (due again at once, its
+        attempt not counted: it was never handed out). A pull-mode subscription's
+        deliveries that nobody fetched are released too.
+
+        Found by a tester: past ``max_lease_s`` a buffered delivery was left to time
+        out, which counts as an attempt; with ``max_deliveries`` 1 it went to the
+        dead-letter topic unread. With ``max_lease_s`` 0 (never extended) it is still
+        left to time out: releasing at once would hand it straight back.
         """
         while True:
             self._lease_event = anyio.Event()
@@ -396,15 +402,26 @@ class ConsumingClient(ClientBase):
                 sub.to_release = []
                 due: list[Delivery] = []
                 if sub.visibility_timeout_ms is not None:
+                    leased_out: list[Delivery] = []
                     for delivery in sub._buffer:
                         if delivery._state is not DeliveryState.HELD:
                             continue
                         if now - delivery._received_s >= self.max_lease_s:
-                            continue  # held long enough: the server takes it back
+                            if self.max_lease_s > 0 and delivery._under_way is None:
+                                leased_out.append(delivery)  # held long enough: give it back
+                            continue
+                        lease_ends = delivery._received_s + self.max_lease_s
                         if delivery._refresh_s <= now:
                             due.append(delivery)
+                            next_s = min(next_s, lease_ends)
                         else:
-                            next_s = min(next_s, delivery._refresh_s)
+                            next_s = min(next_s, delivery._refresh_s, lease_ends)
+                    if leased_out:
+                        # Out of the buffer now (no await since it was read), so the
+                        # application cannot take one while its RELEASE is on the wire.
+                        gone = {id(delivery) for delivery in leased_out}
+                        sub._buffer = collections.deque(d for d in sub._buffer if id(d) not in gone)
+                        unwanted.extend(leased_out)
                 if unwanted or due:
                     work.append((sub, conn, unwanted, due))
             failed = False

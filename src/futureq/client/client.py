@@ -114,7 +114,7 @@ async def open_client(
         rng: Source of backoff jitter (seed it in tests).
         max_lease_s: How long the client keeps extending the visibility of a
             delivery it received and has not handed to you yet (seconds; default
-            1 h). See ``docs/client.md``, "Leases".
+            1 h); then it releases it (uncounted). See ``docs/client.md``, "Leases".
 
     Yields:
         The connected client. Leaving the block closes it and cancels its tasks. When

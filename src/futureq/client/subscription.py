@@ -16,7 +16,8 @@ subscription, and a consumer whose deliveries time out does not stall.
 
 Leases: deliveries buffered here and not yet handed to the application have their
 visibility extended (EXTEND) by the client's lease keeper, at half the group's
-visibility timeout, for up to ``max_lease_s`` after they arrived. Deliveries handed
+visibility timeout, for up to ``max_lease_s`` after they arrived, then released (not
+counted towards ``max_deliveries``). Deliveries handed
 out are the application's: settle them within the visibility timeout, or call
 :meth:`Delivery.extend`.
 
