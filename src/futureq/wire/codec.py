@@ -275,7 +275,10 @@ class FrameDecoder:
             # Decoded in place (no copy of the body); the views are released before the
             # buffer is compacted below, which a live view would forbid.
             with memoryview(self._buffer) as whole, whole[start + HEADER_BYTES : end] as body:
-                if self.max_containers is None:
+                if self.max_containers is None or length <= self.max_containers:
+                    # Every array or map takes at least one byte: a body no longer than
+                    # the bound cannot hold more (and the count's callback, once per
+                    # array, cost 25-50 % more per decoded PUBLISH of 100 items).
                     value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
                 else:
                     value = _unpack_bounded(body, self.max_containers)
