@@ -294,6 +294,27 @@ async def serve_clients(
     await gateway.serve_tcp(listeners, handler_nursery=handler_nursery)
 
 
+def _handshake_failure(exc: BaseException) -> str:
+    """Why a client's TLS handshake failed, never empty: trio's ``BrokenResourceError``
+    and ``TooSlowError`` carry no text (the log line ended in a bare colon), the
+    ``ssl.SSLError`` that says why is their cause."""
+    if isinstance(exc, trio.TooSlowError):
+        return f"no handshake within {HANDSHAKE_TIMEOUT_S:g} s"
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) and seen.reason in {
+            "WRONG_VERSION_NUMBER",
+            "HTTP_REQUEST",
+            "RECORD_LAYER_FAILURE",
+            "PACKET_LENGTH_TOO_LONG",
+        }:
+            return f"the client did not start TLS ({seen.reason}): a plaintext client?"
+        if str(seen):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return "the client closed the connection during the handshake"
+
+
 async def _serve_connection(
     broker: Broker,
     stream: trio.abc.Stream,
@@ -312,7 +333,9 @@ async def _serve_connection(
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                 await stream.do_handshake()
         except (trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
-            closed_log.log(logging.INFO, "TLS handshake with %s failed: %s", peer, exc)
+            closed_log.log(
+                logging.INFO, "TLS handshake with %s failed: %s", peer, _handshake_failure(exc)
+            )
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
             return

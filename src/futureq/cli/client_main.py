@@ -69,8 +69,26 @@ from futureq.errors import FutureQError
 
 
 def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS context of ``--tls-ca`` / ``--tls``, or None for plaintext.
+
+    Raises:
+        ValueError: the ``--tls-ca`` file cannot be read or holds no PEM certificate;
+            the message names the flag, the file and what to give instead.
+    """
     if args.tls_ca is not None:
-        return ssl.create_default_context(cafile=args.tls_ca)
+        try:
+            return ssl.create_default_context(cafile=args.tls_ca)
+        except ssl.SSLError as exc:
+            raise ValueError(
+                f"--tls-ca {args.tls_ca!r}: holds no CA certificate OpenSSL can read "
+                f"({exc.reason or exc}); give a PEM file of CA certificates "
+                "(-----BEGIN CERTIFICATE-----)"
+            ) from None
+        except OSError as exc:
+            raise ValueError(
+                f"--tls-ca {args.tls_ca!r}: cannot be read: "
+                f"{(exc.strerror or str(exc)).lower()}; give a PEM file of CA certificates"
+            ) from None
     if args.tls:
         return ssl.create_default_context()
     return None
@@ -101,7 +119,7 @@ async def run_command(args: argparse.Namespace, io: Output) -> int:
     timeout_s = args.request_timeout_ms / 1000
     async with open_client(
         args.server,
-        ssl_context=_ssl_context(args),
+        ssl_context=args.ssl_context,
         token=args.token,
         connect_timeout_s=min(5.0, timeout_s),
         request_timeout_s=timeout_s,
@@ -155,6 +173,10 @@ def main(
                 parser.error(
                     f"{source}: {exc}; give HOST:PORT[,HOST:PORT...], e.g. {DEFAULT_SERVER}"
                 )
+            try:
+                args.ssl_context = _ssl_context(args)
+            except ValueError as exc:
+                parser.error(str(exc))
             problem = None if args.token is None else not_text(args.token)
             if problem is not None:
                 source = "--token" if getattr(args, "token_from_flag", False) else f"${TOKEN_ENV}"

@@ -14,6 +14,7 @@ from typing import IO, Final
 import attrs
 
 from futureq.client._base import parse_servers
+from futureq.client._connection import HopelessConnectError, UnknownHostError
 from futureq.errors import ClientClosedError, ConnectionLostError, ProtocolError, RequestError
 
 EXIT_OK: Final = 0
@@ -40,7 +41,14 @@ def error_line(exc: BaseException, servers: str) -> str:
         asked = any(
             re.search(rf"{re.escape(address)}(?!\d)", text) for address in parse_servers(servers)
         )
-        if asked and ("could not connect" in text or "no connection to any" in text):
+        # A TLS mismatch or a port that is not a client port already says what to fix;
+        # asking whether a server runs there would mislead (one does).
+        hopeless = isinstance(exc, HopelessConnectError) and not isinstance(exc, UnknownHostError)
+        if (
+            asked
+            and not hopeless
+            and ("could not connect" in text or "no connection to any" in text)
+        ):
             hint = (
                 f"; is a FutureQ server running at {servers}? "
                 "(start one with `make run`, or pass --server / set FUTUREQ_SERVER)"

@@ -29,6 +29,7 @@ from futureq.client._backoff import Backoff
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, PublishItem
 from futureq.client._connection import (
     Connection,
+    HopelessConnectError,
     NotSentError,
     PushFrame,
     UnknownHostError,
@@ -338,7 +339,9 @@ class ClientBase:
 
         Raises:
             ConnectionLostError: every one failed; the message names each and why.
-                :class:`UnknownHostError` when no server's host name resolves.
+                :class:`UnknownHostError` when no server's host name resolves,
+                :class:`HopelessConnectError` when every server failed in a way a
+                retry will not mend (an unknown host, a TLS mismatch, not FutureQ).
             RemoteProtocolError: a server given (:attr:`servers`) refused the HELLO
                 (AUTH_FAILED, ...); a learned member's refusal is only its attempt's
                 failure.
@@ -346,11 +349,12 @@ class ClientBase:
         order = self._connect_order()
         errors: dict[int, str] = {}
         unknown_hosts = 0
+        hopeless = 0
         won: list[tuple[str, Connection]] = []
         refused: list[RemoteProtocolError] = []
 
         async def attempt(index: int, address: str, failed: anyio.Event) -> None:
-            nonlocal unknown_hosts
+            nonlocal unknown_hosts, hopeless
             try:
                 conn = await connect(
                     address,
@@ -364,6 +368,7 @@ class ClientBase:
             except ConnectionLostError as exc:
                 errors[index] = str(exc)
                 unknown_hosts += isinstance(exc, UnknownHostError)
+                hopeless += isinstance(exc, HopelessConnectError)
                 if address == self._leader_hint:
                     self._leader_hint = None
                 failed.set()
@@ -414,7 +419,11 @@ class ClientBase:
             self._learn_members(conn)
             self._epoch += 1
             return conn
-        kind = UnknownHostError if unknown_hosts == len(order) else ConnectionLostError
+        kind: type[ConnectionLostError] = ConnectionLostError
+        if unknown_hosts == len(order):
+            kind = UnknownHostError
+        elif hopeless == len(order):
+            kind = HopelessConnectError
         raise kind("; ".join(errors[index] for index in sorted(errors)))
 
     async def _maintain_connection(
@@ -427,7 +436,8 @@ class ClientBase:
 
         Before ``task_status.started()`` (the first connection) errors are raised to
         :func:`open_client` once ``connect_timeout_s`` has passed (at once when no
-        server's host name resolves: :class:`UnknownHostError`); afterwards the loop
+        server failed in a way no retry mends: :class:`HopelessConnectError`, such as an
+        unknown host name or a TLS mismatch); afterwards the loop
         retries for ever, except after a server given refused the HELLO (AUTH_FAILED,
         ...), which is stored and raised by every later call. With ``keep_trying`` (a shard's client
         of a :class:`ShardedClient`, started without waiting) the first connection is
@@ -449,8 +459,9 @@ class ClientBase:
                 self._last_connect_error = exc
                 delay = backoff.next_delay_s()
                 if not started and (
-                    # No name resolves: a typo or a wrong network, not a server starting.
-                    isinstance(exc, UnknownHostError)
+                    # No name resolves, TLS on one side only, not a FutureQ port: a
+                    # typo or a wrong setting, not a server starting.
+                    isinstance(exc, HopelessConnectError)
                     or anyio.current_time() + delay > first_deadline
                 ):
                     raise

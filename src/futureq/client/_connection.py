@@ -72,11 +72,58 @@ class NotSentError(ConnectionLostError):
     """The connection was lost before the request reached the socket: safe to retry."""
 
 
-class UnknownHostError(ConnectionLostError):
+class HopelessConnectError(ConnectionLostError):
+    """A connection attempt failed in a way trying again within the same second will
+    not mend (a configuration mismatch, not a server starting or stopping): the first
+    connection of :func:`~futureq.client.open_client` gives up at once when every
+    server failed so, instead of retrying for ``connect_timeout_s``."""
+
+
+class UnknownHostError(HopelessConnectError):
     """The resolver answered that the server's host name does not exist (not a
-    timeout, not a temporary failure): trying again within the same second will not
-    help, so the first connection of :func:`~futureq.client.open_client` gives up at
-    once when every server failed so."""
+    timeout, not a temporary failure)."""
+
+
+class TLSMismatchError(HopelessConnectError):
+    """TLS could not be set up: the server's certificate is not trusted or names
+    another host, the server does not speak TLS on that port, or the address is an
+    HTTP port."""
+
+
+_NOT_TLS_REASONS: Final = frozenset(
+    {"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST"}
+)
+"""OpenSSL's reasons (``ssl.SSLError.reason``; 3.0 and 3.2+ spell them differently) for
+a handshake answered by bytes that are not TLS: the port speaks plaintext."""
+
+
+def _tls_failure(exc: BaseException, address: str) -> TLSMismatchError | None:
+    """A sentence for a TLS handshake that failed, when ``exc`` (or one of its causes)
+    is an :class:`ssl.SSLError` saying why; None otherwise (a reset or a timeout is
+    not a mismatch)."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, ssl.SSLError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    if isinstance(seen, ssl.SSLCertVerificationError):
+        why = (seen.verify_message or seen.reason or "certificate verify failed").rstrip(".")
+        return TLSMismatchError(
+            f"could not connect to {address}: its TLS certificate was refused: {why}; "
+            "trust the CA that signed it (--tls-ca FILE, or an ssl_context loading it) "
+            "and connect by a name the certificate holds"
+        )
+    if seen.reason in _NOT_TLS_REASONS:
+        return TLSMismatchError(
+            f"could not connect to {address}: it does not speak TLS on that port (its "
+            f"answer to the TLS handshake was not TLS: {seen.reason}); connect without "
+            "TLS (drop --tls / --tls-ca, or ssl_context), or use the port where the "
+            "server serves TLS clients"
+        )
+    return TLSMismatchError(
+        f"could not connect to {address}: the TLS handshake failed: "
+        f"{seen.reason or seen.strerror or seen}"
+    )
 
 
 _NO_SUCH_NAME: Final = frozenset(
@@ -590,7 +637,10 @@ async def connect(
     Raises:
         ConnectionLostError: the address is unreachable, refused, timed out or
             closed during the handshake (the message names the address);
-            :class:`UnknownHostError` when its host name does not resolve.
+            :class:`UnknownHostError` when its host name does not resolve,
+            :class:`TLSMismatchError` when TLS cannot be set up (an untrusted
+            certificate, a plaintext or HTTP port), :class:`HopelessConnectError`
+            when the answer is not FutureQ's.
         RemoteProtocolError: the server refused HELLO (AUTH_FAILED,
             UNSUPPORTED_VERSION, ...), or its HELLO_OK named a version not offered
             (UNSUPPORTED_VERSION): retrying will not help.
@@ -625,7 +675,21 @@ async def connect(
         raise kind(f"could not connect to {address}: {_os_reason(exc)}") from None
     except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
         await _abort(stream)
+        tls_failure = _tls_failure(exc, address) if ssl_context is not None else None
+        if tls_failure is not None:
+            raise tls_failure from None
         raise ConnectionLostError(f"could not connect to {address}: {_os_reason(exc)}") from None
+    except ConnectionLostError as exc:
+        await _abort(stream)
+        if ssl_context is None and "closed the connection during HELLO" in str(exc):
+            # A TLS server reads a plaintext HELLO as a broken ClientHello and hangs up
+            # without a word; say so rather than leave the user guessing.
+            raise ConnectionLostError(
+                f"{exc} without answering; a server that wants TLS on this port does "
+                "that to a plaintext client: connect with TLS (--tls-ca FILE or --tls, "
+                "or an ssl_context)"
+            ) from None
+        raise
     except BaseException:
         await _abort(stream)
         raise
@@ -656,19 +720,29 @@ async def connect(
 async def _read_one(
     stream: anyio.abc.ByteStream, decoder: codec.FrameDecoder, address: str
 ) -> frames.Frame:
+    first = b""
     while True:
         try:
             frame = decoder.next_frame()
         except RemoteProtocolError as exc:
-            raise ConnectionLostError(
-                f"{address} answered HELLO with a bad frame ({exc.message}); "
-                "is it a FutureQ server?"
+            if first.startswith(b"HTTP/"):
+                raise TLSMismatchError(
+                    f"could not connect to {address}: it answered in HTTP, so it is an "
+                    "HTTP port (a FutureQ node's serves /metrics, the dashboard and /ws), "
+                    "not a client port; give the client port (7450 by default)"
+                ) from None
+            raise HopelessConnectError(
+                f"could not connect to {address}: it answered HELLO with a bad frame "
+                f"({exc.message}); is it a FutureQ server's client port?"
             ) from None
         if frame is codec.CLOSED:
             raise ConnectionLostError(f"{address} closed the connection during HELLO")
         if frame is not codec.NEED_DATA:
             return frame  # type: ignore[return-value]
-        decoder.receive_data(await _receive(stream))
+        data = await _receive(stream)
+        if len(first) < 5:
+            first += data[:5]
+        decoder.receive_data(data)
 
 
 async def _receive(stream: anyio.abc.ByteStream) -> bytes:
@@ -686,4 +760,11 @@ async def _abort(stream: anyio.abc.ByteStream | None) -> None:
             await anyio.aclose_forcefully(stream)
 
 
-__all__ = ["Connection", "NotSentError", "connect"]
+__all__ = [
+    "Connection",
+    "HopelessConnectError",
+    "NotSentError",
+    "TLSMismatchError",
+    "UnknownHostError",
+    "connect",
+]
