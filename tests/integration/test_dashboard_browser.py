@@ -29,6 +29,8 @@ from playwright.sync_api import BrowserContext, Page, Playwright, expect, sync_p
 from test_limits_access import write_credentials
 from wire_client import WireClient
 
+from futureq.client import PublishItem
+from futureq.client.sync import SyncClient
 from futureq.wire import frames
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -221,6 +223,42 @@ def test_dashboard_cluster_view_and_members_going_away(
         follower_page.close()
     finally:
         cluster.stop()
+
+
+def test_dashboard_due_counts_cover_every_shard(browser: BrowserContext, tmp_path: Path) -> None:
+    """Found by a tester: on a node of two shards the "due <= 1 min / 1 h / 1 d" columns
+    showed "-" for every group of shard 1: the page sent BROWSE_COUNTS over its one
+    WebSocket, which reaches shard 0 only, and the WRONG_SHARD refusal read as
+    "unknown". Those groups are counted through /api/browse/counts, routed by shard 0."""
+    broker = BrokerProcess(tmp_path / "data", shards="2")
+    broker.start()
+    try:
+        topics = [f"sharded.t{i}" for i in range(8)]
+        with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
+            for number, topic in enumerate(topics, start=1):
+                client.publish_batch([PublishItem(topic, b"x")] * number)
+                client.publish(topic, b"later", delay_ms=7_200_000)  # within the day only
+        shards = {
+            group["topic"]: group["shard"] for group in api_overview(broker.http_address)["groups"]
+        }
+        assert set(shards.values()) == {0, 1}, shards
+        page, errors = open_dashboard(browser, broker.http_address)
+        for number, topic in enumerate(topics, start=1):
+            for field, value in (("due_1m", number), ("due_1h", number), ("due_1d", number + 1)):
+                expect(group_cell(page, topic, "default", field)).to_have_attribute(
+                    "data-value", str(value), timeout=WAIT_MS
+                )
+        screenshot(page, "dashboard-sharded-node.png")
+        assert errors == []
+        page.close()
+    finally:
+        broker.terminate()
+
+
+def api_overview(http_address: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{http_address}/api/overview", timeout=10) as response:
+        result: dict[str, Any] = json.loads(response.read())
+        return result
 
 
 def test_dashboard_behind_tokens(playwright: Playwright, tmp_path: Path) -> None:

@@ -41,18 +41,53 @@ const page = {
 const groupKey = (topic, group) => `${topic}\u0000${group}`;
 
 // Ask the leader for the due counts of the groups shown first (at most every COUNTS_EVERY_MS).
+// On a sharded node (o.shards) this WebSocket reaches shard 0 only: a group of another
+// shard (g.shard) is asked through /api/browse/counts, which shard 0 routes to its shard
+// (sent here, BROWSE_COUNTS was refused WRONG_SHARD and the row showed "–").
 function requestCounts(ws, o) {
-  if (o.node.role !== "leader") {
-    page.counts.clear();
-    return;
+  const roles = new Map((o.shards || []).map((s) => [s.shard, s.error ? "" : s.role]));
+  const roleOf = (g) => (g.shard ? roles.get(g.shard) : o.node.role);
+  for (const g of o.groups) {
+    if (roleOf(g) !== "leader") page.counts.delete(groupKey(g.topic, g.group));
   }
   if (Date.now() - page.countsAt < COUNTS_EVERY_MS) return;
   page.countsAt = Date.now();
   for (const g of o.groups.slice(0, COUNTS_GROUPS)) {
+    if (roleOf(g) !== "leader") continue;
+    const key = groupKey(g.topic, g.group);
+    if (g.shard) {
+      fetchCounts(g.topic, g.group, key);
+      continue;
+    }
     const id = page.nextRequestId++;
-    page.countsRequests.set(id, groupKey(g.topic, g.group));
+    page.countsRequests.set(id, key);
     ws.send(frameBytes([FRAME.BROWSE_COUNTS, id, g.topic, g.group, COUNTS_BOUNDS_MS, true]));
   }
+}
+
+async function fetchCounts(topic, group, key) {
+  const query = new URLSearchParams({
+    topic, group, bounds_ms: COUNTS_BOUNDS_MS.join(","), relative: "true",
+  });
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  try {
+    const answer = await fetch(`/api/browse/counts?${query}`, {
+      cache: "no-store",
+      headers: token ? { Authorization: `Bearer ${token}` } : {},
+    });
+    if (!answer.ok) throw new Error(`HTTP ${answer.status}`);
+    setCounts(key, (await answer.json()).counts);
+  } catch (error) {
+    page.counts.delete(key);  // not answering, not the leader, no permission: unknown
+    if (page.overview) renderGroups(page.overview);
+  }
+}
+
+// Cumulative: due within 1 min, 1 h, 1 d (a nil count: not known, "at least" before).
+function setCounts(key, counts) {
+  let sum = 0;
+  page.counts.set(key, counts.map((c) => (c === null ? null : (sum += c))));
+  if (page.overview) renderGroups(page.overview);
 }
 
 // ------------------------------------------------------------------ formatting
@@ -188,11 +223,7 @@ function onFrame(ws, [type, requestId, ...fields]) {
       const key = page.countsRequests.get(requestId);
       page.countsRequests.delete(requestId);
       if (key === undefined) break;
-      // Cumulative: due within 1 min, 1 h, 1 d (a nil count: not known, "at least" before).
-      const [, , counts] = fields;
-      let sum = 0;
-      page.counts.set(key, counts.map((c) => (c === null ? null : (sum += c))));
-      if (page.overview) renderGroups(page.overview);
+      setCounts(key, fields[2]);
       break;
     }
     case FRAME.PING:
