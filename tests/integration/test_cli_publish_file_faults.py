@@ -349,3 +349,18 @@ def test_ctrl_c_landing_in_another_task_still_ends_with_the_summary(
     again = cli(address, "publish", "--file", str(failed_out))
     assert again.returncode == 0, again.stderr
     assert pending(address, "intr.g") == total
+
+
+def test_a_file_saved_with_a_byte_order_mark_is_told_so(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    # Found by a tester: Notepad's "UTF-8" adds EF BB BF, and line 1 failed with
+    # "expected a JSON object (a line starting with {)" though it showed one.
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"topic":"bom.t","payload":1}\n{"topic":"bom.t","payload":2}\n')
+    done = cli(broker.client_address, "publish", "--file", str(path))
+    assert done.returncode == 1, done
+    assert "published 1 message(s)" in done.stdout, done.stdout
+    assert done.stderr.startswith("line 1, column 1: the line starts with a byte order mark"), (
+        done.stderr
+    )

@@ -308,6 +308,15 @@ def split_object(text: str) -> dict[str, Field]:
             deep + 1,
         )
     index = _skip(text, 0)
+    if index < len(text) and text[index] == "\ufeff":
+        # An editor's byte order mark is invisible: "expected a line starting with {"
+        # about a line that shows one (found by a tester) sends the user hunting.
+        raise LineError(
+            "the line starts with a byte order mark (U+FEFF, the bytes EF BB BF that "
+            "some Windows editors put first): JSON lines are UTF-8 without one; save "
+            "the file as UTF-8 without BOM",
+            index + 1,
+        )
     if index >= len(text) or text[index] != "{":
         phrase, column = _where(text, index)
         raise LineError(f"expected a JSON object (a line starting with {{){phrase}", column)

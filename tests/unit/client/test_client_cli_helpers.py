@@ -56,6 +56,10 @@ def test_jsonl_good_line_shapes() -> None:
         ),
         ('{"topic": "t", "payload": 1, "delay_ms": 1.5}', "non-negative integer"),
         ('{"topic": "t", "payload": 1, "delay_ms": 1, "deliver_at_ms": 2}', "not both"),
+        (  # a Windows editor's UTF-8 BOM: invisible, the line shows a '{'
+            '\ufeff{"topic": "t", "payload": 1}',
+            "starts with a byte order mark .* save the file as UTF-8 without BOM",
+        ),
     ],
 )
 def test_jsonl_bad_lines_say_why(line: str, reason: str) -> None:
