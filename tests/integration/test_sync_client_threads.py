@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Protocol
@@ -198,3 +199,37 @@ def test_an_ack_after_close_from_another_thread_raises_client_closed(
     closer.join(JOIN_S)
     with pytest.raises(ClientClosedError):
         delivery.ack()
+
+
+@pytest.mark.parametrize("first_call", ["open", "publish"])
+def test_close_from_another_thread_cuts_a_slow_connect_short(first_call: str) -> None:
+    """Found by a tester: a SyncClient whose first call was still connecting (a server
+    that accepts and never answers) ignored close() from another thread: close()
+    waited the whole connect_timeout_s (29 s of 30), and the call then raised
+    ConnectionLostError, not ClientClosedError."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        client = SyncClient(address, connect_timeout_s=60.0, request_timeout_s=60.0)
+        outcome: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                client.open() if first_call == "open" else client.publish("t", b"x")
+            except BaseException as exc:  # noqa: BLE001 - what the call raised, asserted below
+                outcome.append(exc)
+
+        worker = threading.Thread(target=call)
+        worker.start()
+        silent.settimeout(JOIN_S)
+        accepted, _ = silent.accept()  # the client connected and waits for HELLO_OK
+        started = time.monotonic()
+        client.close()
+        worker.join(JOIN_S)
+        assert not worker.is_alive(), "the call ignored close()"
+        assert time.monotonic() - started < 5.0
+        assert len(outcome) == 1 and isinstance(outcome[0], ClientClosedError), outcome
+        assert "while this call was connecting" in str(outcome[0])
+        with pytest.raises(ClientClosedError):
+            client.ping()
+        accepted.close()
+    assert not [t for t in threading.enumerate() if t.name == "futureq-sync"]

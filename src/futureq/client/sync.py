@@ -176,6 +176,10 @@ CLOSED_DURING_CALL_MESSAGE: Final = (
     "the SyncClient was closed while this call was in progress (by close() in another "
     "thread); a publish or settlement it was making may or may not have been applied"
 )
+CLOSED_DURING_CONNECT_MESSAGE: Final = (
+    "the SyncClient was closed (by close() in another thread) while this call was "
+    "connecting; nothing was sent; make a new one"
+)
 
 
 def _default_options() -> dict[str, Any]:
@@ -261,6 +265,9 @@ class SyncClient:
         self._unfinished: set[_Call] = set()
         self._loop_done = False
         self._wakeup: trio.Event | None = None
+        # While the background loop connects: cancelled by close() from another thread,
+        # so a close during a slow connect does not wait connect_timeout_s for it.
+        self._startup_scope: trio.CancelScope | None = None
 
     def __enter__(self) -> SyncClient:
         self.open()
@@ -290,6 +297,9 @@ class SyncClient:
             ConnectionLostError, RemoteProtocolError: as the class; the client stays
                 unopened, and the next call tries again.
         """
+        # close() from another thread does not take _open_lock: it cancels a connect in
+        # progress instead (it used to wait here for up to connect_timeout_s, and the
+        # call then raised ConnectionLostError, not ClientClosedError).
         self._check_process()
         with self._open_lock:
             if self._closed:
@@ -307,6 +317,10 @@ class SyncClient:
             wait_s = self._startup_bound_s
             if not self._ready.wait(wait_s):
                 raise TimeoutError(f"the client thread did not start within {wait_s:g} s")
+            if self._client is None and self._closed:  # close() cancelled the connect
+                thread.join(JOIN_TIMEOUT_S)
+                self._startup_error = None
+                raise ClientClosedError(CLOSED_DURING_CONNECT_MESSAGE)
             if self._startup_error is not None:
                 thread.join(JOIN_TIMEOUT_S)
                 self._thread = None  # not opened: a later call may try again
@@ -324,14 +338,15 @@ class SyncClient:
         if self._pid is not None and self._pid != os.getpid():
             self._closed = True  # no lock: one may have been held across the fork
             return
-        with self._open_lock:
+        # Not _open_lock: open() holds it while connecting, for up to connect_timeout_s.
+        with self._calls_lock:
             if self._closed:
                 return
-            with self._calls_lock:
-                self._closed = True
-        self._wake_loop()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(JOIN_TIMEOUT_S)
+            self._closed = True
+        self._wake_loop()  # also cancels a connect in progress
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(JOIN_TIMEOUT_S)
 
     def _wake_loop(self) -> None:
         """Have the background loop look at new calls and at ``_closed``."""
@@ -345,6 +360,8 @@ class SyncClient:
 
     def _on_wake(self) -> None:
         # In the loop thread, outside any task (TrioToken.run_sync_soon).
+        if self._closed and self._startup_scope is not None:
+            self._startup_scope.cancel()
         if self._wakeup is not None:
             self._wakeup.set()
 
@@ -366,20 +383,31 @@ class SyncClient:
             self._ready.set()
 
     async def _trio_main(self) -> None:
-        async with open_client(self._servers, **self._options) as client:
-            async with trio.open_nursery() as holders:
-                open_send, open_receive = trio.open_memory_channel[_OpenRequest](16)
-                holders.start_soon(self._hold_subscriptions, client, open_receive)
-                self._client = client
-                self._open_send = open_send
-                self._wakeup = trio.Event()
-                self._token = trio.lowlevel.current_trio_token()
-                self._ready.set()
-                # Calls end before the subscriptions they read from: a consume() in
-                # progress at close() raises ClientClosedError, it does not see its
-                # subscription end and return [] as if nothing had come.
-                await self._serve_calls()
-                holders.cancel_scope.cancel()
+        # The token first, then _closed: close() sets _closed, then reads the token,
+        # so either it wakes this loop (cancelling the connect) or the loop sees it.
+        self._token = trio.lowlevel.current_trio_token()
+        with trio.CancelScope() as startup:
+            self._startup_scope = startup
+            if self._closed:
+                return  # open() raises ClientClosedError
+            async with open_client(self._servers, **self._options) as client:
+                self._startup_scope = None  # from here close() ends _serve_calls
+                await self._serve(client)
+
+    async def _serve(self, client: Client) -> None:
+        """Serve calls until :meth:`close`, then end the subscriptions."""
+        async with trio.open_nursery() as holders:
+            open_send, open_receive = trio.open_memory_channel[_OpenRequest](16)
+            holders.start_soon(self._hold_subscriptions, client, open_receive)
+            self._client = client
+            self._open_send = open_send
+            self._wakeup = trio.Event()
+            self._ready.set()
+            # Calls end before the subscriptions they read from: a consume() in
+            # progress at close() raises ClientClosedError, it does not see its
+            # subscription end and return [] as if nothing had come.
+            await self._serve_calls()
+            holders.cancel_scope.cancel()
 
     async def _serve_calls(self) -> None:
         """Run each call handed over by a calling thread, until :meth:`close`; then
