@@ -364,3 +364,20 @@ def test_a_file_saved_with_a_byte_order_mark_is_told_so(
     assert done.stderr.startswith("line 1, column 1: the line starts with a byte order mark"), (
         done.stderr
     )
+
+
+def test_file_dash_reads_the_lines_from_standard_input(broker: BrokerProcess) -> None:
+    # Found by a tester: `publish TOPIC -` reads stdin, but `publish --file -` said
+    # "[OS_ERROR] No such file or directory: -".
+    lines = b'{"topic":"stdin.t","payload":1}\n{"topic":"stdin.t","payload":"two"}\n'
+    done = subprocess.run(
+        [sys.executable, "-m", "futureq.cli.client_main", "--server", broker.client_address]
+        + ["publish", "--file", "-"],
+        input=lines,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done
+    assert done.stdout.startswith(b"published 2 message(s)"), done.stdout
+    assert pending(broker.client_address, "stdin.t") == 2

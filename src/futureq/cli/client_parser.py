@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="publishing again with KEY returns the first id and stores nothing",
     )
     publish.add_argument(
-        "--file", metavar="F", help="publish every line of a JSONL file"
+        "--file", metavar="F", help="publish every line of a JSONL file (-: standard input)"
     ).complete = shtab.FILE  # type: ignore[attr-defined]
     publish.add_argument(
         "--batch-size",

@@ -341,7 +341,12 @@ def read_lines(path: str) -> list[str]:
         OSError: the file cannot be read.
     """
     with open(path, "rb") as handle:
-        text = handle.read().decode("utf-8", errors="surrogateescape")
+        return split_lines(handle.read())
+
+
+def split_lines(data: bytes) -> list[str]:
+    """The lines of ``data`` as :func:`read_lines` gives a file's."""
+    text = data.decode("utf-8", errors="surrogateescape")
     parts = text.split("\n")
     lines = [part + "\n" for part in parts[:-1]]
     if parts[-1]:
@@ -359,7 +364,11 @@ def _open_failed_out(args: argparse.Namespace) -> IO[bytes] | None:
     """
     if args.failed_out is None:
         return None
-    if os.path.exists(args.failed_out) and os.path.samefile(args.failed_out, args.file):
+    if (
+        args.file != STDIN_PAYLOAD
+        and os.path.exists(args.failed_out)
+        and os.path.samefile(args.failed_out, args.file)
+    ):
         raise ValueError(
             f"--failed-out {args.failed_out} is the input file; give another path (it "
             "would be overwritten with the lines not stored)"
@@ -367,8 +376,21 @@ def _open_failed_out(args: argparse.Namespace) -> IO[bytes] | None:
     return open(args.failed_out, "wb")  # noqa: SIM115 - closed by the caller
 
 
+async def _read_stdin_lines(io: Output) -> list[str]:
+    """``publish --file -``: every line of standard input, read to its end in a thread
+    that a Ctrl-C abandons (as :func:`_read_stdin_payload`)."""
+    if io.stdin is not None:
+        return split_lines(await trio.to_thread.run_sync(io.stdin.read))
+    if sys.stdin is None:
+        raise OSError(errno.EBADF, "standard input is closed; pipe the JSON lines in")
+    raw = io_module.FileIO(sys.stdin.fileno(), "rb", closefd=False)
+    return split_lines(await trio.to_thread.run_sync(raw.readall, abandon_on_cancel=True))
+
+
 async def run_publish_file(client: Client, args: argparse.Namespace, io: Output) -> int:
-    lines = read_lines(args.file)
+    # "-" is standard input, as for `publish TOPIC -` (it was "No such file or
+    # directory: -", found by a tester).
+    lines = await _read_stdin_lines(io) if args.file == STDIN_PAYLOAD else read_lines(args.file)
     try:
         failed_out = _open_failed_out(args)
     except ValueError as exc:
