@@ -131,3 +131,30 @@ def test_cli_unusable_tls_ca_is_a_usage_error(
 def _written(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_cli_presents_a_client_certificate(
+    broker_factory: Callable[..., BrokerProcess], tls_args: list[str], tls_files: dict[str, Path]
+) -> None:
+    """Found by a tester: futureq-cli had no way to give a client certificate, so a
+    node with tls.require_client_cert could not be reached from it at all, and the
+    refusal read only "closed the connection during HELLO"."""
+    secured = broker_factory(
+        extra_args=[*tls_args, "--tls-ca", str(tls_files["ca"])],
+        env={"FUTUREQ_TLS_REQUIRE_CLIENT_CERT": "true"},
+    )
+    ca = str(tls_files["ca"])
+    done = cli(secured.client_address, "--tls-ca", ca, "status")
+    assert done.returncode == 1, done
+    assert "requires client certificates (tls.require_client_cert)" in done.stderr, done.stderr
+    done = cli(
+        secured.client_address,
+        *["--tls-ca", ca, "--tls-cert", str(tls_files["cert"]), "--tls-key"],
+        *[str(tls_files["key"]), "status"],
+    )
+    assert done.returncode == 0, done
+    done = cli(secured.client_address, "--tls-cert", str(tls_files["cert"]), "status")
+    assert done.returncode == 2 and "add --tls-ca FILE (or --tls)" in done.stderr, done
+    done = cli(secured.client_address, "--tls-ca", ca, "--tls-cert", ca, "status")
+    assert done.returncode == 2, done
+    assert "not a PEM certificate and its matching private key" in done.stderr, done.stderr

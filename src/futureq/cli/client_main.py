@@ -75,6 +75,36 @@ def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
         ValueError: the ``--tls-ca`` file cannot be read or holds no PEM certificate;
             the message names the flag, the file and what to give instead.
     """
+    if (args.tls_cert is not None or args.tls_key is not None) and not (
+        args.tls or args.tls_ca is not None
+    ):
+        raise ValueError(
+            "--tls-cert/--tls-key present a client certificate over TLS; add --tls-ca FILE "
+            "(or --tls) to use TLS"
+        )
+    if args.tls_key is not None and args.tls_cert is None:
+        raise ValueError("--tls-key is the key of --tls-cert; give --tls-cert FILE too")
+    context = _trusting_context(args)
+    if context is not None and args.tls_cert is not None:
+        try:
+            context.load_cert_chain(args.tls_cert, args.tls_key)
+        except ssl.SSLError as exc:
+            raise ValueError(
+                f"--tls-cert {args.tls_cert!r}"
+                + (f" / --tls-key {args.tls_key!r}" if args.tls_key else "")
+                + ": not a PEM certificate and its matching private key"
+                + (f" ({exc.reason})" if exc.reason else "")
+                + "; give the certificate (and its key, in the file or with --tls-key)"
+            ) from None
+        except OSError as exc:
+            raise ValueError(
+                f"--tls-cert/--tls-key: {exc.filename or args.tls_cert!r} cannot be read: "
+                f"{(exc.strerror or str(exc)).lower()}"
+            ) from None
+    return context
+
+
+def _trusting_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     if args.tls_ca is not None:
         try:
             return ssl.create_default_context(cafile=args.tls_ca)

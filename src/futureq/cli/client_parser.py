@@ -137,6 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
     ).complete = shtab.FILE  # type: ignore[attr-defined]
     parser.add_argument("--tls", action="store_true", help="use TLS with the system's trusted CAs")
     parser.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="with --tls or --tls-ca: present this client certificate (PEM, its key too "
+        "unless --tls-key), for a server with tls.require_client_cert",
+    ).complete = shtab.FILE  # type: ignore[attr-defined]
+    parser.add_argument(
+        "--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)"
+    ).complete = shtab.FILE  # type: ignore[attr-defined]
+    parser.add_argument(
         "--token",
         default=os.environ.get(TOKEN_ENV),
         action=_FromFlag,

@@ -97,10 +97,10 @@ _NOT_TLS_REASONS: Final = frozenset(
 a handshake answered by bytes that are not TLS: the port speaks plaintext."""
 
 
-def _tls_failure(exc: BaseException, address: str) -> TLSMismatchError | None:
+def _tls_failure(exc: BaseException, address: str) -> ConnectionLostError | None:
     """A sentence for a TLS handshake that failed, when ``exc`` (or one of its causes)
     is an :class:`ssl.SSLError` saying why; None otherwise (a reset or a timeout is
-    not a mismatch)."""
+    not a mismatch). A :class:`TLSMismatchError` when no retry can mend it."""
     seen: BaseException | None = exc
     while seen is not None and not isinstance(seen, ssl.SSLError):
         seen = seen.__cause__ or seen.__context__
@@ -120,7 +120,16 @@ def _tls_failure(exc: BaseException, address: str) -> TLSMismatchError | None:
             "TLS (drop --tls / --tls-ca, or ssl_context), or use the port where the "
             "server serves TLS clients"
         )
-    return TLSMismatchError(
+    if seen.reason is not None and "CERTIFICATE" in seen.reason and "ALERT" in seen.reason:
+        # The server's alert about this client's certificate (none, or one it does not
+        # trust): a server checking client certificates (tls.ca_file).
+        return TLSMismatchError(
+            f"could not connect to {address}: the server refused this client's TLS "
+            f"certificate, or its lack of one ({seen.reason}); give the ssl_context a "
+            "client certificate the server trusts (load_cert_chain)"
+        )
+    # Anything else (the connection cut during the handshake, ...) may pass: retried.
+    return ConnectionLostError(
         f"could not connect to {address}: the TLS handshake failed: "
         f"{seen.reason or seen.strerror or seen}"
     )
@@ -681,15 +690,23 @@ async def connect(
         raise ConnectionLostError(f"could not connect to {address}: {_os_reason(exc)}") from None
     except ConnectionLostError as exc:
         await _abort(stream)
-        if ssl_context is None and "closed the connection during HELLO" in str(exc):
-            # A TLS server reads a plaintext HELLO as a broken ClientHello and hangs up
-            # without a word; say so rather than leave the user guessing.
-            raise ConnectionLostError(
-                f"{exc} without answering; a server that wants TLS on this port does "
-                "that to a plaintext client: connect with TLS (--tls-ca FILE or --tls, "
-                "or an ssl_context)"
-            ) from None
-        raise
+        if "closed the connection during HELLO" not in str(exc):
+            raise
+        # A TLS server reads a plaintext HELLO as a broken ClientHello and hangs up
+        # without a word, and under TLS 1.3 one that requires client certificates
+        # hangs up after the handshake; say so rather than leave the user guessing.
+        if ssl_context is None:
+            hint = (
+                "a server that wants TLS on this port does that to a plaintext client: "
+                "connect with TLS (--tls-ca FILE or --tls, or an ssl_context)"
+            )
+        else:
+            hint = (
+                "a server that requires client certificates (tls.require_client_cert) "
+                "does that to a client without one it trusts: give one (--tls-cert FILE "
+                "[--tls-key FILE], or the ssl_context's load_cert_chain)"
+            )
+        raise ConnectionLostError(f"{exc} without answering; {hint}") from None
     except BaseException:
         await _abort(stream)
         raise
