@@ -137,3 +137,32 @@ async def test_a_buffered_delivery_past_max_lease_s_goes_back_uncounted(
             assert second.attempt >= 2
             await second.ack()
         assert "lease.dlq" not in _topics(await client.status())
+
+
+async def test_leaving_with_more_handed_than_a_server_frame_holds_keeps_the_connection(
+    broker_factory: Any,
+) -> None:
+    """Found by a tester: the UNSUBSCRIBE named every delivery handed and not settled;
+    1,500 tags on a server of ``max_batch_items`` 100 (an array of at most 1,424
+    decoded) closed the connection (MALFORMED_FRAME), ending its other subscriptions,
+    and every delivery of the connection went back counted: with ``max_deliveries`` 1
+    the ones never handed went to the dead-letter topic unread."""
+    broker = broker_factory(env={"FUTUREQ_LIMITS_MAX_BATCH_ITEMS": "100"})
+    async with open_client(broker.client_address) as client:
+        await client.create_group("big", "g", max_deliveries=1)
+        for start in range(0, 1600, 100):
+            items = [PublishItem("big", b"%d" % i) for i in range(start, start + 100)]
+            await client.publish_batch(items)
+        async with client.subscribe("side", "g", prefetch=5) as side:
+            async with client.subscribe("big", "g", prefetch=1600) as sub:
+                with trio.fail_after(10):
+                    handed = {(await sub.__anext__()).payload for _ in range(1500)}
+                    while sub.buffered < 100:  # noqa: ASYNC110 - no event says "buffered", under a deadline
+                        await trio.sleep(0.005)
+            await client.publish("side", b"s")
+            with trio.fail_after(10):
+                assert (await side.__anext__()).payload == b"s"
+        unread = sorted({b"%d" % i for i in range(1600)} - handed)
+        assert await _take(client, "big", 0.5) == unread
+        assert _groups(await client.status())[("big.dlq", "default")]["pending"] == 1500
+    assert "MALFORMED_FRAME" not in broker.stderr_text()
