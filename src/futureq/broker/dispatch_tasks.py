@@ -114,6 +114,7 @@ def unpark(dispatcher: Dispatcher, now_ms: int) -> float:
         if current is not None and current is owner:
             current.index.add(due_ms, mid, expire_ms, attempt)
             dispatcher.hub.touched.add(owner.info.group_id)
+            dispatcher.note_expiry(expire_ms)
     return math.inf
 
 

@@ -292,6 +292,17 @@ class Dispatcher:
         """Wake the dispatch loop now (new credit, new consumer, earlier due time)."""
         self._wake.set()
 
+    def note_expiry(self, expire_ms: int | None) -> None:
+        """An entry expiring at ``expire_ms`` (ms; None: never) entered a group's index
+        outside a pass (a publish, an EXPIRE retried). While a held-back round of expiry
+        looks is under way (``dispatch_pass.expire_held_back``) its end plans the next
+        pass no later than that: found by a tester, a message with a TTL published to a
+        group the round had already looked at, to a group with consumers (so no timer
+        of its own), stayed pending past its expiry until something else woke the
+        dispatcher (30 s later: the visibility timeout of what was out)."""
+        if expire_ms is not None and self._held_back_scan:
+            self._held_back_scan_min = min(self._held_back_scan_min, expire_ms)
+
     def _look_again_by(self, at_ms: float) -> None:
         """The hub has work for a pass no later than ``at_ms`` (ms; ``-inf``: now): credit
         came back, or a delivery's visibility deadline or expiry came closer

@@ -163,6 +163,7 @@ def index_loaded(
     if released:
         runtime.released[mid] = released
     runtime.index.add(due_ms, mid, expire_ms, attempt)
+    dispatcher.note_expiry(expire_ms)
     if len(runtime.index) > dispatcher.horizon_max_items:
         last_due, last_mid = runtime.index.pop_last()
         runtime.loaded_until = pack(last_due, last_mid)

@@ -14,7 +14,7 @@ import attrs
 import trio
 from broker_helpers import REAL_NOW_MS, RecordingOutbox, open_real_broker
 
-from futureq.broker import dispatch_tasks
+from futureq.broker import dispatch_pass, dispatch_tasks
 from futureq.broker.hub import Consumer
 from futureq.broker.overview import ActivityHistory, build_overview
 from futureq.config import Config
@@ -171,4 +171,57 @@ async def test_what_expires_while_the_node_is_held_back_is_removed(tmp_path: Pat
                 await dispatcher._proposals_idle.wait()
             assert broker.state.groups[gid].pending == 2
             assert outbox.take() == [] and hub.held_back  # the two held are still out
+            running.cancel_scope.cancel()
+
+
+async def test_what_is_published_during_a_held_back_round_still_expires_on_time(
+    tmp_path: Path,
+) -> None:
+    """Found by a tester: a held-back node looks at its groups for expiry in rounds of
+    several passes (256 groups a pass). A message with a TTL published during a round
+    to a group with consumers the round had already looked at was not counted in the
+    round's earliest expiry, and nothing else planned a pass for it: it stayed pending
+    past its expiry until something else woke the dispatcher."""
+    config = Config()
+    config = attrs.evolve(config, limits=attrs.evolve(config.limits, max_deliveries_out=2))
+    async with open_real_broker(tmp_path, config) as (broker, log):
+        hub, dispatcher = broker.hub, broker.dispatcher
+        clock = _MovingClock()
+        dispatcher.clock = clock
+        async with trio.open_nursery() as running:
+            await running.start(log.run)
+            running.start_soon(dispatch_tasks.proposer, dispatcher)  # commits EXPIRE
+            gid = await log.propose(commands.create_group("t", "g", None, None))
+            held = [("t", b"held%d" % n, REAL_NOW_MS, None) for n in range(3)]
+            await log.propose(commands.publish(REAL_NOW_MS, held))
+            outbox = RecordingOutbox()
+            hub.add_consumer(Consumer(hub.new_subscription_id(), gid, "t", "g", 3, outbox, 10))
+            for _ in range(3):
+                dispatcher.dispatch_once()
+            assert len(outbox.take()) == 2 and hub.held_back
+            # 300 groups with consumers and a message each: more than one pass's looks.
+            topic_of: dict[int, str] = {}
+            for n in range(300):
+                group = await log.propose(commands.create_group(f"w{n}", "g", None, None))
+                topic_of[group] = f"w{n}"
+                hub.add_consumer(
+                    Consumer(hub.new_subscription_id(), group, f"w{n}", "g", 1, outbox, 10)
+                )
+            waiting = [(topic, b"w", REAL_NOW_MS, None) for topic in topic_of.values()]
+            await log.propose(commands.publish(REAL_NOW_MS, waiting))
+            assert dispatcher.dispatch_once() == REAL_NOW_MS + dispatch_pass.HELD_BACK_SCAN_MS
+            looked = [group for group in topic_of if group not in dispatcher._held_back_scan]
+            assert looked  # the round's first pass looked at these
+            expiring = [(topic_of[group], b"x", REAL_NOW_MS, 1000) for group in looked]
+            await log.propose(commands.publish(REAL_NOW_MS, expiring))
+            while dispatcher._held_back_scan:
+                next_ms = dispatcher.dispatch_once()
+            assert hub.held_back and next_ms == REAL_NOW_MS + 1000
+            clock.now_ms = REAL_NOW_MS + 1000
+            while dispatcher.dispatch_once() <= clock.now_ms or dispatcher._held_back_scan:
+                pass
+            with trio.fail_after(5):
+                await dispatcher._proposals_idle.wait()  # the EXPIRE committed
+            assert [broker.state.groups[group].pending for group in looked] == [1] * len(looked)
+            assert outbox.take() == [] and hub.held_back
             running.cancel_scope.cancel()
