@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import pytest
 import trio
 from wire_client import WireClient
 
 from futureq.client import PublishItem, open_client
 from futureq.errors import ErrorCode
-from futureq.wire import frames
+from futureq.wire import codec, frames
 
 
 class BrokerProcess(Protocol):
@@ -90,7 +91,7 @@ async def test_what_the_application_was_handed_and_did_not_settle_counts(
 
 
 def test_unsubscribe_with_handed_on_the_wire(broker: BrokerProcess) -> None:
-    client = WireClient(broker.client_address)
+    client = WireClient(broker.client_address, versions=(3,))
     answer = client.request(frames.GroupCreate(client.next_id(), "wire", "g", None, 1))
     assert isinstance(answer, frames.Ok)
     client.publish([["wire", b"%d" % i, 0, None, None] for i in range(3)])
@@ -166,3 +167,28 @@ async def test_leaving_with_more_handed_than_a_server_frame_holds_keeps_the_conn
         assert await _take(client, "big", 0.5) == unread
         assert _groups(await client.status())[("big.dlq", "default")]["pending"] == 1500
     assert "MALFORMED_FRAME" not in broker.stderr_text()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_handed_on_a_connection_of_an_older_version_is_refused_as_before(
+    broker: BrokerProcess, version: int
+) -> None:
+    """Found by a tester: a connection that chose version 1 or 2 had its UNSUBSCRIBE
+    with handed obeyed, though such a connection is answered exactly as before
+    (``docs/protocol.md``, "Versions"): a client built that way worked here and lost
+    its connection on an older server. Its deliveries all go back counted, as when a
+    connection ends."""
+    client = WireClient(broker.client_address, versions=(version,))
+    answer = client.request(frames.GroupCreate(client.next_id(), "old", "g", None, 1))
+    assert isinstance(answer, frames.Ok)
+    client.publish([["old", b"a", 0, None, None]])
+    sid = client.subscribe("old", "g", prefetch=1)
+    client.deliveries(1)
+    answer = client.request(frames.Unsubscribe(client.next_id(), sid, []))
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.INVALID_FRAME
+    assert "protocol version 3" in answer.message and f"version {version}" in answer.message
+    assert client.receive() is codec.CLOSED
+    other = WireClient(broker.client_address)
+    other.subscribe("old", "g", prefetch=1)
+    other.expect_nothing(0.3)  # counted: max_deliveries 1, so dead-lettered
+    assert other.group_pending("old.dlq", "default") == 1

@@ -26,6 +26,7 @@ class WireClient:
         ssl_context: ssl.SSLContext | None = None,
         token: str | None = None,
         source_host: str | None = None,
+        versions: tuple[int, ...] = (1,),
     ) -> None:
         host, port = address.rsplit(":", 1)
         self.sock = socket.create_connection(
@@ -42,7 +43,7 @@ class WireClient:
         """Pushes other than DELIVER (SUBSCRIPTION_INFO, REVOKE, SUBSCRIPTION_END), in order."""
         self._next_id = 100
         if hello:
-            self.send(frames.Hello(1, (1,), "test", token))
+            self.send(frames.Hello(1, versions, "test", token))
             answer = self.receive()
             if answer is codec.CLOSED:
                 # A node shutting down (or refusing one connection too many) may close

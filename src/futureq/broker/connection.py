@@ -779,6 +779,18 @@ class Connection:
             case frames.Release():
                 return frames.Ok(frame.request_id, await broker.release(self.id, frame.tags))
             case frames.Unsubscribe():
+                version = self.session.version or 1
+                if frame.handed is not None and version < 3:
+                    # A connection of version 1 or 2 is answered exactly as before
+                    # (docs/protocol.md, "Versions"): a client that sent handed here
+                    # would lose its connection on an older server, so it must learn
+                    # it on this one too.
+                    raise RemoteProtocolError(
+                        ErrorCode.INVALID_FRAME,
+                        "UNSUBSCRIBE frame: expected 1 fields after the request id, got 2 "
+                        f"(handed is a field of protocol version 3; this connection speaks "
+                        f"version {version}: offer 3 in HELLO, or send no handed)",
+                    )
                 self._forget_ended_subscriptions()
                 found = self.subscriptions.pop(frame.subscription_id, None)
                 if found is None:
