@@ -225,3 +225,53 @@ async def test_what_is_published_during_a_held_back_round_still_expires_on_time(
             assert [broker.state.groups[group].pending for group in looked] == [1] * len(looked)
             assert outbox.take() == [] and hub.held_back
             running.cancel_scope.cancel()
+
+
+@attrs.define
+class _SlowDiskClock(_MovingClock):
+    """Each look at the monotonic clock finds a second passed: every group a pass
+    loads looks like a slow disk read."""
+
+    monotonic_now_s: float = 0.0
+
+    def monotonic_s(self) -> float:
+        self.monotonic_now_s += 1.0
+        return self.monotonic_now_s
+
+
+async def test_a_held_back_pass_stops_looking_at_groups_once_its_time_is_spent(
+    tmp_path: Path,
+) -> None:
+    """Found by a tester: a node held back just after it took leadership looked at 256
+    groups for expiry in one pass, loading each one's entries from disk: with 2,000
+    entries in each of 300 groups the pass held the event loop 1.4 s, past a
+    cluster's election timeout (0.5 s). A held-back pass now keeps to the pass's time
+    budget, as a pass that hands out does, and the round goes on after a yield."""
+    config = Config()
+    config = attrs.evolve(config, limits=attrs.evolve(config.limits, max_deliveries_out=2))
+    async with open_real_broker(tmp_path, config) as (broker, log):
+        hub, dispatcher = broker.hub, broker.dispatcher
+        dispatcher.clock = _MovingClock()
+        async with trio.open_nursery() as running:
+            await running.start(log.run)
+            gid = await log.propose(commands.create_group("t", "g", None, None))
+            held = [("t", b"held%d" % n, REAL_NOW_MS, None) for n in range(3)]
+            await log.propose(commands.publish(REAL_NOW_MS, held))
+            outbox = RecordingOutbox()
+            hub.add_consumer(Consumer(hub.new_subscription_id(), gid, "t", "g", 3, outbox, 10))
+            for _ in range(3):
+                dispatcher.dispatch_once()
+            assert len(outbox.take()) == 2 and hub.held_back
+            for n in range(20):
+                await log.propose(commands.create_group(f"w{n}", "g", None, None))
+            waiting = [(f"w{n}", b"w", REAL_NOW_MS, 1000) for n in range(20)]
+            await log.propose(commands.publish(REAL_NOW_MS, waiting))
+            dispatcher.clock = _SlowDiskClock()
+            assert dispatcher.dispatch_once() == REAL_NOW_MS + dispatch_pass.HELD_BACK_SCAN_MS
+            assert len(dispatcher._held_back_scan) >= 19  # one look, then the budget ran out
+            passes = 1
+            while dispatcher._held_back_scan:
+                next_ms = dispatcher.dispatch_once()
+                passes += 1
+            assert passes >= 20 and next_ms == REAL_NOW_MS + 1000 and hub.held_back
+            running.cancel_scope.cancel()
