@@ -192,3 +192,29 @@ def test_handed_on_a_connection_of_an_older_version_is_refused_as_before(
     other.subscribe("old", "g", prefetch=1)
     other.expect_nothing(0.3)  # counted: max_deliveries 1, so dead-lettered
     assert other.group_pending("old.dlq", "default") == 1
+
+
+async def test_a_cancelled_fetch_gives_back_what_it_had_taken_uncounted(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a tester: a pull-mode ``fetch`` cancelled while waiting for more kept
+    the deliveries it had already taken as handed to the application, which never got
+    them; leaving the block counted them (``max_deliveries`` 1: to the dead-letter
+    topic unread)."""
+    async with open_client(broker.client_address) as client:
+        await client.create_group("pulled", "g", max_deliveries=1)
+        await client.publish_batch([PublishItem("pulled", b"%d" % i) for i in range(10)])
+        async with client.subscribe("pulled", "g", prefetch=5, pull=True) as sub:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sub.fetch, 20, 30.0)  # takes the 10, waits for more
+                with trio.fail_after(10):
+                    while len(sub._handed) < 10:  # noqa: ASYNC110 - no event says "taken", under a deadline
+                        await trio.sleep(0.005)
+                nursery.cancel_scope.cancel()
+            again = await sub.fetch(3, 5.0)  # given back at once: fetched again
+            assert len(again) == 3
+            for delivery in again:
+                await delivery.ack()
+        rest = await _take(client, "pulled")
+        assert sorted([*rest, *(d.payload for d in again)]) == sorted(b"%d" % i for i in range(10))
+        assert "pulled.dlq" not in _topics(await client.status())

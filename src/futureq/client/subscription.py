@@ -585,6 +585,16 @@ class Subscription:
                     await wakeup.wait()
                 if idle.cancelled_caught and not self._buffer:
                     break
+        except BaseException:
+            # Cancelled (or failed) after taking some: the application never gets
+            # them, so they are given back uncounted with what is buffered. Found by a
+            # tester: a fetch cancelled while waiting for more left those it had taken
+            # as handed, and leaving the block counted them (max_deliveries 1: to the
+            # dead-letter topic unread).
+            for delivery in reversed(out):
+                if self._handed.pop(delivery.tag, None) is not None:
+                    self._buffer.appendleft(delivery)
+            raise
         finally:
             self._fetching = 0
             if self._buffer:
