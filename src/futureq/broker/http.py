@@ -451,7 +451,12 @@ class HttpApp:
         if path.startswith("/static/") and path[len("/static/") :] in STATIC_FILES:
             name = path[len("/static/") :]
             return 200, static_file(name), STATIC_FILES[name]
-        return 404, f"no such page: {path}; try /metrics, /healthz, /readyz, /\n".encode(), _TEXT
+        return (
+            404,
+            f"no such page: {path}; try /metrics, /healthz, /readyz, /api/status, "
+            "/api/overview, /api/browse, / (the dashboard)\n".encode(),
+            _TEXT,
+        )
 
     def _not_ready_reason(self) -> str:
         if not self._provider.is_healthy():

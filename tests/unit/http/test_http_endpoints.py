@@ -175,7 +175,18 @@ async def test_readyz_and_healthz_report_503_when_the_provider_says_so() -> None
 async def test_unknown_path_method_and_head() -> None:
     async with trio.open_nursery() as nursery:
         address = await nursery.start(serve_http, "127.0.0.1:0", Metrics(), FakeProvider())
-        assert (await request(address, "/nope")).status == 404
+        missing = await request(address, "/nope")
+        assert missing.status == 404
+        # It names every page there is (before: not the /api/ ones).
+        for page in (
+            "/metrics",
+            "/healthz",
+            "/readyz",
+            "/api/status",
+            "/api/overview",
+            "/api/browse",
+        ):
+            assert page in missing.body.decode(), page
         response = await request(address, "/healthz", method="POST")
         assert response.status == 405
         assert response.headers["allow"] == "GET, HEAD"
