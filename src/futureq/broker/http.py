@@ -466,8 +466,42 @@ class HttpApp:
         except Exception:
             return "the node is starting"
         if status.get("leader_address") is None:
-            return f"no leader is known yet (this node is {status.get('role', 'starting')})"
+            reason = f"no leader is known yet (this node is {status.get('role', 'starting')})"
+            overview = self._overview()
+            waiting = overview.get("node", {}).get("recovery_waiting_for")
+            if waiting:
+                # Waiting for a member that is down or refused, not for a leader that is
+                # late (found by a tester).
+                reason += (
+                    "; it is recovering after its start: it neither votes nor counts "
+                    f"towards a quorum until node(s) {', '.join(map(str, waiting))} answer it"
+                )
+            refused = self._refused_links(overview)
+            if refused:
+                # Peers that answer but refuse this node (another cluster id, secret or
+                # shard count) are what to fix, not a leader that is late.
+                reason += "; the Raft links to its peers are refused: " + "; ".join(refused)
+            return reason
         return f"the node is not serving yet (role {status.get('role')})"
+
+    def _overview(self) -> dict[str, Any]:
+        """The provider's overview, or {} when it cannot build one (still starting)."""
+        try:
+            overview = self._provider.overview()
+        except Exception:
+            return {}
+        return overview if isinstance(overview, dict) else {}
+
+    @staticmethod
+    def _refused_links(overview: dict[str, Any]) -> list[str]:
+        """``node N: sentence`` for each member whose Raft link is refused (the
+        overview's ``members[].refused``)."""
+        members = overview.get("members") or []
+        return [
+            f"node {member.get('node_id')}: {member['refused']}"
+            for member in members
+            if isinstance(member, dict) and member.get("refused")
+        ]
 
     @staticmethod
     async def _lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:

@@ -60,6 +60,7 @@ def cluster_status(broker: Broker) -> dict[str, Any]:
         role = node.role.value  # type: ignore[attr-defined]
         if broker.node_id in learners:
             role = "learner"
+        refusals = node.link_refusals()  # type: ignore[attr-defined]
         members = []
         for member in sorted(voters | learners):
             raft_address, client_address = node.member_addresses(member)  # type: ignore[attr-defined]
@@ -76,6 +77,10 @@ def cluster_status(broker: Broker) -> dict[str, Any]:
                 entry["lag"] = max(0, commit_index - progress[member]["match"])
                 entry["last_heard_ms"] = progress[member].get("last_heard_ms")
                 entry["recovering"] = progress[member]["recovering"]
+            if member in refusals:
+                # A node that answers but is refused (another cluster id, secret, shard
+                # layout) looked merely down or silent (found by a tester).
+                entry["refused"] = refusals[member]
             members.append(entry)
         view = {
             "role": role,
@@ -88,6 +93,7 @@ def cluster_status(broker: Broker) -> dict[str, Any]:
             "learners": sorted(learners),
             "nodes": members,
             "recovering": node.recovering(),  # type: ignore[attr-defined]
+            "recovery_waiting_for": node.recovery_waiting_for(),  # type: ignore[attr-defined]
         }
     view["node_id"] = broker.node_id
     view["cluster_id"] = broker.config.cluster.cluster_id

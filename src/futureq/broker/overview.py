@@ -316,9 +316,19 @@ def _members(cluster: dict[str, Any]) -> list[dict[str, Any]]:
             else (heard is not None and heard < UNREACHABLE_AFTER_MS),
             "clock_offset_ms": node.get("clock_offset_ms"),
             "recovering": node.get("recovering"),
+            "refused": node.get("refused"),
         }
         members.append(member)
     return members
+
+
+def _recovery_sentence(node_id: int, waiting_for: Iterable[int]) -> str:
+    """Why a node that just started does not vote yet (``docs/raft.md``, "Disk faults")."""
+    nodes = ", ".join(str(n) for n in waiting_for)
+    return (
+        f"node {node_id} is recovering after its start: it neither votes nor counts "
+        f"towards a quorum until node(s) {nodes} answer it"
+    )
 
 
 def _alarms(
@@ -337,9 +347,11 @@ def _alarms(
         )
         alarms.append({"name": str(name), "text": text})
     if node["leader_address"] is None:
-        alarms.append(
-            {"name": "NO_LEADER", "text": "no leader is known: publishes and deliveries wait"}
-        )
+        text = "no leader is known: publishes and deliveries wait"
+        waiting = node.get("recovery_waiting_for")
+        if waiting:
+            text += f"; {_recovery_sentence(node['node_id'], waiting)}"
+        alarms.append({"name": "NO_LEADER", "text": text})
     hub = broker.hub
     if hub.held_back and hub.room_out() < 1:
         # Back-pressure, not a fault (no /readyz effect): said where operators look.
@@ -355,12 +367,11 @@ def _alarms(
         if member["reachable"] is False:
             heard = member["last_heard_ms"]
             since = "never answered" if heard is None else f"silent for {heard / 1000:.1f} s"
-            alarms.append(
-                {
-                    "name": "MEMBER_UNREACHABLE",
-                    "text": f"node {member['node_id']} does not answer the leader ({since})",
-                }
-            )
+            refused = member.get("refused")
+            text = f"node {member['node_id']} does not answer the leader ({since})"
+            if refused:
+                text += f"; its Raft link is refused: {refused}"
+            alarms.append({"name": "MEMBER_UNREACHABLE", "text": text})
     if clock is not None:
         bound = clock.get("max_clock_offset_ms")
         if clock.get("in_bound") is False or clock.get("synchronized") is False:
@@ -447,6 +458,7 @@ def build_overview(
         "server_version": __version__,
         "uptime_s": round(broker.clock.monotonic_s() - broker.started_s, 3),
         "data_dir_bytes": data_dir_bytes,
+        "recovery_waiting_for": cluster.get("recovery_waiting_for") or [],
     }
     members = _members(cluster) if clustered else []
     clock = cluster.get("clock")

@@ -315,6 +315,15 @@ async def run_cluster(client: Client, args: argparse.Namespace, io: Output) -> i
             nodes,
             io,
         )
+    waiting = view.get("recovery_waiting_for")
+    if view.get("recovering") and waiting:
+        io.out(
+            f"node {view.get('node_id')} is RECOVERING after its start: it neither votes nor "
+            f"counts towards a quorum until node(s) {', '.join(map(str, waiting))} answer it"
+        )
+    for node in view.get("nodes", []):
+        if node.get("refused"):
+            io.out(f"node {node.get('node_id')}: Raft link REFUSED: {node['refused']}")
     _shards_table(view, io)
     return _missing_shards(view, io)
 

@@ -239,6 +239,11 @@ class RaftNode:
         entry = self._transport.address_book.get(node_id)
         return (None if entry is None else entry[0]), self._transport.peer_client_address(node_id)
 
+    def link_refusals(self) -> dict[int, str]:
+        """Why this node's Raft link to each peer is refused now, by node id (a
+        sentence; :meth:`~futureq.raft.transport.Transport.link_refusals`)."""
+        return self._transport.link_refusals()
+
     @property
     def applied_index(self) -> int:
         """Index of the last entry applied to the state machine."""
@@ -715,6 +720,14 @@ class RaftNode:
     def recovering(self) -> bool:
         """Whether this node is still recovering after its start (no votes, not counted)."""
         return self._core is not None and self._core.recovering
+
+    def recovery_waiting_for(self) -> list[int]:
+        """The voters this node still waits to hear from before it votes and counts
+        (ascending node ids); empty once it finished recovery."""
+        core = self._core
+        if core is None or not core.recovering:
+            return []
+        return sorted(int(n) for n in core.recovery_status().waiting_for)
 
     def removed_at(self) -> int | None:
         """The log index at which a member said this node was removed, or None."""

@@ -352,6 +352,7 @@ class Transport:
         self._handshake_slots = trio.Semaphore(max_pending_handshakes)
         self._handshakes_by_host: dict[str, int] = {}
         self._refusals_logged: dict[str, float] = {}
+        self._link_refusals: dict[NodeId, str] = {}
         self._links: dict[NodeId, _PeerLink] = {}
         self._learned: dict[NodeId, Handshake] = {}
         self._links_changed = trio.Event()
@@ -519,6 +520,15 @@ class Transport:
         entry = self.address_book.get(node_id)
         return None if entry is None else entry[1]
 
+    def link_refusals(self) -> dict[int, str]:
+        """Why this node's Raft link to each peer is refused now, by node id: the
+        sentence of the last handshake that failed on it (another cluster id, cluster
+        secret, shard layout, or a twin of the node id), until a handshake succeeds again.
+        A peer that is down, or not yet dialled, is not listed: only a peer that answers
+        and refuses (or that this node refuses), which a process that merely waits for
+        a leader could not tell from one that is down (``/readyz``, the dashboard)."""
+        return {int(node_id): sentence for node_id, sentence in self._link_refusals.items()}
+
     def statistics(self) -> TransportStatistics:
         """A copy of the counters."""
         return attrs.evolve(self.stats, refusals=dict(self.stats.refusals))
@@ -602,6 +612,7 @@ class Transport:
             link = self._links.get(node_id)
             if link is None or link.address != address:
                 new = _PeerLink(node_id, address)
+                self._link_refusals.pop(node_id, None)  # said of the old address
                 if link is not None:
                     new.queue = link.queue
                     new.urgent = link.urgent
@@ -610,6 +621,7 @@ class Transport:
         for node_id in list(self._links):
             if node_id not in book and self._address_of(node_id) is None:
                 del self._links[node_id]
+                self._link_refusals.pop(node_id, None)
 
     # --- outbound -------------------------------------------------------------------------
 
@@ -624,15 +636,18 @@ class Transport:
                     self.stats.connect_failures += 1
                     self._count_refusal(exc)
                     self._log_refusal(f"raft link to node {link.node_id} at {link.address}", exc)
+                    self._link_refusals[link.node_id] = exc.message
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                     self.stats.connect_failures += 1
                     log.debug("raft link to node %s at %s: %s", link.node_id, link.address, exc)
                 except RemoteProtocolError as exc:  # the peer's handshake frames were garbage
                     self.stats.connect_failures += 1
                     self._log_refusal(f"raft link to node {link.node_id} at {link.address}", exc)
+                    self._link_refusals[link.node_id] = exc.message
                 else:
                     self.stats.connects += 1
                     failures = 0
+                    self._link_refusals.pop(link.node_id, None)
                     try:
                         await self._pump(link, connected)
                     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:

@@ -1,0 +1,140 @@
+"""A member whose peers refuse it (here: another cluster secret) is named as refused.
+
+Found by restarting node 3 of a 3-node cluster with another ``--cluster-secret-file``:
+every node logged the refusal, but ``/readyz`` on node 3 said only ``no leader is known
+yet (this node is follower)``, the leader's dashboard alarm said ``node 3 does not answer
+the leader``, and ``futureq-cli cluster status`` showed an empty row, as for a node that
+is down. After a restart of nodes 1 and 2 too, they waited for node 3 to answer before
+voting (``docs/raft.md``, "Disk faults") with the same bare ``/readyz`` reason. Each
+place now names the refusal (and the recovery wait): what the operator must fix.
+Real ``futureq start`` processes on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_process import cli
+from cluster_process import Cluster, ClusterNode
+
+from futureq.peer_credentials import generate_secret_file
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET_SENTENCE = "could not prove it holds our cluster secret"
+
+
+def _readyz(node: ClusterNode) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://{node.http_address}/readyz", timeout=5) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        with refused:
+            return refused.code, json.loads(refused.read())
+
+
+def _until(what: str, check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
+
+
+def _not_ready_saying(node: ClusterNode, *parts: str) -> Callable[[], Any]:
+    """A check: node's /readyz answer once its reason holds every part, else None."""
+
+    def check() -> Any:
+        code, answer = _readyz(node)
+        reason = answer.get("reason", "")
+        return (code, answer) if all(part in reason for part in parts) else None
+
+    return check
+
+
+def _restart_with(node: ClusterNode, secret: Path) -> None:
+    node.terminate()
+    args = node.extra_args
+    position = len(args) - 1 - args[::-1].index("--cluster-secret-file")
+    node.extra_args = [*args[: position + 1], str(secret), *args[position + 2 :]]
+    node.start()
+
+
+def test_a_member_refused_by_its_peers_is_named_as_refused(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path / "c", 3)
+    cluster.start()
+    try:
+        node1, node2, node3 = (cluster.nodes[n] for n in (1, 2, 3))
+        leader = cluster.leader(exclude={3})
+        assert cluster.secret_file is not None
+        wrong = tmp_path / "wrong.secret"
+        generate_secret_file(str(wrong))
+
+        _restart_with(node3, wrong)
+        # The leader: its alarm and cluster status say node 3 is refused, not just silent.
+        alarm = _until(
+            "the leader's MEMBER_UNREACHABLE alarm names the refusal",
+            lambda: [
+                a["text"]
+                for a in leader.http_json("/api/overview")["alarms"]
+                if a["name"] == "MEMBER_UNREACHABLE" and SECRET_SENTENCE in a["text"]
+            ],
+        )
+        assert alarm[0].startswith("node 3 does not answer the leader"), alarm
+        members = {m["node_id"]: m for m in leader.http_json("/api/overview")["members"]}
+        assert SECRET_SENTENCE in members[3]["refused"]
+        assert members[1]["refused"] is None
+        shown = cli(leader.client_address, "cluster", "status")
+        assert shown.returncode == 0, shown.stderr
+        assert "node 3: Raft link REFUSED" in shown.stdout and SECRET_SENTENCE in shown.stdout
+        # The leader itself still serves.
+        assert _readyz(leader)[0] == 200
+        # Node 3: not ready, and /readyz says why (its peers refuse it, it waits for them).
+        code, answer = _until(
+            "node 3's /readyz names the refusal", _not_ready_saying(node3, "refused")
+        )
+        assert code == 503
+        assert "node 1: " in answer["reason"] and SECRET_SENTENCE in answer["reason"]
+        assert "until node(s) 1, 2 answer it" in answer["reason"], answer
+        view = json.loads(cli(node3.client_address, "cluster", "status", "--json").stdout)
+        assert view["recovering"] is True and view["recovery_waiting_for"] == [1, 2]
+
+        # Nodes 1 and 2 restarted meanwhile wait for node 3: /readyz and the NO_LEADER
+        # alarm say so, naming node 3 and its refusal.
+        node1.terminate()
+        node2.terminate()
+        node1.start()
+        node2.start()
+        # (Until node 2 answers node 1, node 1 waits for both.)
+        code, answer = _until(
+            "node 1's /readyz names the recovery wait for node 3 and its refusal",
+            _not_ready_saying(node1, "refused", "until node(s) 3 answer it"),
+        )
+        assert code == 503
+        assert "recovering after its start" in answer["reason"], answer
+        alarms = node1.http_json("/api/overview")["alarms"]
+        assert any(
+            a["name"] == "NO_LEADER" and "until node(s) 3 answer it" in a["text"] for a in alarms
+        ), alarms
+
+        # Node 3 with the cluster's secret again: everything clears and the cluster serves.
+        _restart_with(node3, cluster.secret_file)
+        leader = cluster.leader(timeout_s=30)
+        for node in (node1, node2, node3):
+            _until(f"node {node.node_id} ready", lambda node=node: _readyz(node)[0] == 200)
+        members = leader.http_json("/api/overview")["members"]
+        assert all(m["refused"] is None for m in members), members
+        shown = cli(leader.client_address, "cluster", "status")
+        assert "REFUSED" not in shown.stdout and "RECOVERING" not in shown.stdout, shown.stdout
+    finally:
+        cluster.stop()
