@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from cli_process import cli
-from cluster_process import Cluster, ClusterNode
+from cluster_process import Cluster, ClusterNode, free_ports
 
 from futureq.peer_credentials import generate_secret_file
 
@@ -96,7 +96,7 @@ def test_a_member_refused_by_its_peers_is_named_as_refused(tmp_path: Path) -> No
         assert members[1]["refused"] is None
         shown = cli(leader.client_address, "cluster", "status")
         assert shown.returncode == 0, shown.stderr
-        assert "node 3: Raft link REFUSED" in shown.stdout and SECRET_SENTENCE in shown.stdout
+        assert "node 3: Raft link FAILING" in shown.stdout and SECRET_SENTENCE in shown.stdout
         # The leader itself still serves.
         assert _readyz(leader)[0] == 200
         # Node 3: not ready, and /readyz says why (its peers refuse it, it waits for them).
@@ -135,6 +135,54 @@ def test_a_member_refused_by_its_peers_is_named_as_refused(tmp_path: Path) -> No
         members = leader.http_json("/api/overview")["members"]
         assert all(m["refused"] is None for m in members), members
         shown = cli(leader.client_address, "cluster", "status")
-        assert "REFUSED" not in shown.stdout and "RECOVERING" not in shown.stdout, shown.stdout
+        assert "FAILING" not in shown.stdout and "RECOVERING" not in shown.stdout, shown.stdout
+    finally:
+        cluster.stop()
+
+
+def test_a_mistyped_peers_entry_is_named_with_the_address_the_peer_gives(
+    tmp_path: Path,
+) -> None:
+    """Found by starting node 1 with node 2's port mistyped in ``--peers``: node 1 got
+    node 2's messages but its answers went nowhere, so the nodes waited for each other
+    (recovery) and no leader was elected, while node 1 logged nothing above DEBUG and
+    ``/readyz`` said only ``no leader is known yet``. Node 1 now names the wrong
+    address, the one node 2 gives, and the flag to correct; corrected, the cluster
+    serves."""
+    (wrong_port,) = free_ports(1)
+    cluster = Cluster(tmp_path / "c", 3, peer_addresses={1: {2: f"127.0.0.1:{wrong_port}"}})
+    cluster.start()
+    try:
+        node1 = cluster.nodes[1]
+        node2 = cluster.nodes[2]
+        fix = f"yet node 2 connects to this node and gives its Raft address as {node2.raft_address}"
+        code, answer = _until(
+            "node 1's /readyz names the mistyped address",
+            _not_ready_saying(node1, f"cannot connect to node 2 at 127.0.0.1:{wrong_port}", fix),
+        )
+        assert code == 503
+        assert "correct node 2's address in this node's --peers" in answer["reason"]
+        shown = cli(node1.client_address, "cluster", "status", "--local")
+        assert f"node 2: Raft link FAILING: cannot connect to node 2 at 127.0.0.1:{wrong_port}" in (
+            shown.stdout
+        ), shown.stdout
+        _until(
+            "node 1 logs it as a warning",
+            lambda: "WARNING" in node1.stderr_text() and fix in node1.stderr_text(),
+        )
+
+        node1.terminate()
+        args = node1.extra_args
+        position = args.index("--peers")
+        node1.extra_args = [
+            *args[: position + 1],
+            args[position + 1].replace(f"127.0.0.1:{wrong_port}", node2.raft_address),
+            *args[position + 2 :],
+        ]
+        node1.start()
+        cluster.leader(timeout_s=30)
+        for node in cluster.nodes.values():
+            _until(f"node {node.node_id} ready", lambda node=node: _readyz(node)[0] == 200)
+        assert all(m["refused"] is None for m in node1.http_json("/api/overview")["members"])
     finally:
         cluster.stop()

@@ -467,22 +467,23 @@ class HttpApp:
             return "the node is starting"
         if status.get("leader_address") is None:
             reason = f"no leader is known yet (this node is {status.get('role', 'starting')})"
-            overview = self._overview()
-            waiting = overview.get("node", {}).get("recovery_waiting_for")
-            if waiting:
-                # Waiting for a member that is down or refused, not for a leader that is
-                # late (found by a tester).
-                reason += (
-                    "; it is recovering after its start: it neither votes nor counts "
-                    f"towards a quorum until node(s) {', '.join(map(str, waiting))} answer it"
-                )
-            refused = self._refused_links(overview)
-            if refused:
-                # Peers that answer but refuse this node (another cluster id, secret or
-                # shard count) are what to fix, not a leader that is late.
-                reason += "; the Raft links to its peers are refused: " + "; ".join(refused)
-            return reason
-        return f"the node is not serving yet (role {status.get('role')})"
+        else:
+            reason = f"the node is not serving yet (role {status.get('role')})"
+        overview = self._overview()
+        waiting = overview.get("node", {}).get("recovery_waiting_for")
+        if waiting:
+            # Waiting for a member that is down or refused, not for a leader that is
+            # late (found by a tester).
+            reason += (
+                "; it is recovering after its start: it neither votes nor counts "
+                f"towards a quorum until node(s) {', '.join(map(str, waiting))} answer it"
+            )
+        refused = self._refused_links(overview)
+        if refused:
+            # Peers that answer but refuse this node (another cluster id, secret or
+            # shard count) are what to fix, not a leader that is late.
+            reason += "; Raft links to peers are refused or misaddressed: " + "; ".join(refused)
+        return reason
 
     def _overview(self) -> dict[str, Any]:
         """The provider's overview, or {} when it cannot build one (still starting)."""

@@ -323,7 +323,7 @@ async def run_cluster(client: Client, args: argparse.Namespace, io: Output) -> i
         )
     for node in view.get("nodes", []):
         if node.get("refused"):
-            io.out(f"node {node.get('node_id')}: Raft link REFUSED: {node['refused']}")
+            io.out(f"node {node.get('node_id')}: Raft link FAILING: {node['refused']}")
     _shards_table(view, io)
     return _missing_shards(view, io)
 

@@ -523,10 +523,12 @@ class Transport:
     def link_refusals(self) -> dict[int, str]:
         """Why this node's Raft link to each peer is refused now, by node id: the
         sentence of the last handshake that failed on it (another cluster id, cluster
-        secret, shard layout, or a twin of the node id), until a handshake succeeds again.
-        A peer that is down, or not yet dialled, is not listed: only a peer that answers
-        and refuses (or that this node refuses), which a process that merely waits for
-        a leader could not tell from one that is down (``/readyz``, the dashboard)."""
+        secret, shard layout, or a twin of the node id), or that it dials an address
+        where the peer is not while the peer connects to us from another (a wrong
+        ``--peers`` entry); until a handshake succeeds again. A peer that is merely
+        down, or not yet dialled, is not listed: these are what an operator must fix,
+        which a node that waits for a leader could not tell from a peer that is down
+        (``/readyz``, the dashboard, ``cluster status``)."""
         return {int(node_id): sentence for node_id, sentence in self._link_refusals.items()}
 
     def statistics(self) -> TransportStatistics:
@@ -640,6 +642,7 @@ class Transport:
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                     self.stats.connect_failures += 1
                     log.debug("raft link to node %s at %s: %s", link.node_id, link.address, exc)
+                    self._note_wrong_address(link, exc)
                 except RemoteProtocolError as exc:  # the peer's handshake frames were garbage
                     self.stats.connect_failures += 1
                     self._log_refusal(f"raft link to node {link.node_id} at {link.address}", exc)
@@ -966,11 +969,38 @@ class Transport:
         reason = error.reason.value
         self.stats.refusals[reason] = self.stats.refusals.get(reason, 0) + 1
 
+    def _note_wrong_address(self, link: _PeerLink, error: BaseException) -> None:
+        """A link that cannot connect while its peer connects to us, announcing another
+        Raft address, is dialling a wrong address (a typo in ``--peers``): say so, in the
+        log and in :meth:`link_refusals`. Found by starting node 1 with node 2's entry
+        in ``--peers`` mistyped: node 1 got the leader's entries but its answers went
+        nowhere, so it never became ready, and no line above DEBUG said why."""
+        learned = self._learned.get(link.node_id)
+        if learned is None or not learned.raft_address or learned.raft_address == link.address:
+            return
+        sentence = (
+            f"cannot connect to node {link.node_id} at {link.address} (its address in "
+            f"cluster.peers, --peers, or recorded by the cluster): "
+            f"{str(error) or type(error).__name__}; yet node {link.node_id} connects to "
+            f"this node and gives its Raft address as {learned.raft_address}: correct "
+            f"node {link.node_id}'s address in this node's --peers"
+        )
+        self._link_refusals[link.node_id] = sentence
+        self._log_line(f"raft link to node {link.node_id}: {sentence}", logging.WARNING)
+
     def _log_refusal(self, what: str, error: RemoteProtocolError) -> None:
         """Warn once per REFUSAL_LOG_INTERVAL_S per distinct sentence (a misconfigured
         peer retries several times a second); the repeats go to the debug log. A shard
         layout that differs is logged as an error: the link never carries Raft traffic."""
-        line = f"{what}: {error.message}"
+        # A link that never carries Raft traffic until the operator acts: another shard
+        # layout, or two processes running as one node id.
+        serious = error.code is ErrorCode.SHARD_LAYOUT_MISMATCH or (
+            isinstance(error, PeerAuthError) and error.reason is peer_auth.RefusalReason.TWIN
+        )
+        self._log_line(f"{what}: {error.message}", logging.ERROR if serious else logging.WARNING)
+
+    def _log_line(self, line: str, level: int) -> None:
+        """Log ``line`` at ``level`` once per REFUSAL_LOG_INTERVAL_S; repeats at debug."""
         now = trio.current_time()
         last = self._refusals_logged.get(line)
         if last is not None and now - last < REFUSAL_LOG_INTERVAL_S:
@@ -979,12 +1009,7 @@ class Transport:
         if len(self._refusals_logged) > 256:
             self._refusals_logged.clear()
         self._refusals_logged[line] = now
-        # A link that never carries Raft traffic until the operator acts: another shard
-        # layout, or two processes running as one node id.
-        serious = error.code is ErrorCode.SHARD_LAYOUT_MISMATCH or (
-            isinstance(error, PeerAuthError) and error.reason is peer_auth.RefusalReason.TWIN
-        )
-        log.log(logging.ERROR if serious else logging.WARNING, "%s", line)
+        log.log(level, "%s", line)
 
 
 __all__ = [
