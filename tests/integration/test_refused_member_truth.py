@@ -13,6 +13,8 @@ Real ``futureq start`` processes on 127.0.0.1.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -184,5 +186,38 @@ def test_a_mistyped_peers_entry_is_named_with_the_address_the_peer_gives(
         for node in cluster.nodes.values():
             _until(f"node {node.node_id} ready", lambda node=node: _readyz(node)[0] == 200)
         assert all(m["refused"] is None for m in node1.http_json("/api/overview")["members"])
+    finally:
+        cluster.stop()
+
+
+def test_a_peers_list_naming_another_node_at_this_nodes_address_says_so(
+    tmp_path: Path,
+) -> None:
+    """Node 3 restarted with the entries of nodes 2 and 3 swapped in ``--peers`` was
+    refused with only ``another process runs node 3`` (node 2 answered at the address
+    listed for node 3): the sentence now also names the list as the possible mistake
+    and the address this process announces."""
+    cluster = Cluster(tmp_path / "c", 3)
+    cluster.start()
+    try:
+        cluster.leader()
+        node3 = cluster.nodes[3]
+        node3.terminate()
+        raft = {n: f"127.0.0.1:{cluster.ports[n][1]}" for n in cluster.ports}
+        swapped = f"1={raft[1]},2={raft[3]},3={raft[2]}"
+        client, _, http = cluster.ports[3]
+        done = subprocess.run(
+            [sys.executable, "-m", "futureq.cli.server_main", "start", "--shards", "1",
+             "--node-id", "3", "--data-dir", str(node3.data_dir),
+             "--listen", f"127.0.0.1:{client}", "--http", f"127.0.0.1:{http}",
+             "--raft-listen", raft[3], "--peers", swapped, *cluster.auth_args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert f"node 3's Raft address {raft[2]} (from --peers) already accepts" in done.stderr
+        assert (
+            "if --peers gives node 3 a wrong address, correct it: this process announces "
+            f"its Raft address as {raft[3]}"
+        ) in done.stderr, done.stderr[-2000:]
     finally:
         cluster.stop()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from futureq.config import split_host_port
+from futureq.config import announced_raft_address, split_host_port
 from futureq.errors import ConfigError, ErrorCode, FutureQError, RemoteProtocolError, RequestError
 from futureq.peer_credentials import (
     CredentialError,
@@ -76,10 +76,20 @@ async def refuse_if_node_already_runs(config: Config) -> None:
         except OSError:
             return  # nobody there: the address is ours to take
         await stream.aclose()
+        announced = announced_raft_address(config)
+        # Said only "another process runs node 3" of a --peers that gave node 3 node
+        # 2's address (the entries swapped): the fix was the list (found by a tester).
+        mistyped = (
+            ""
+            if announced == address
+            else f"; or, if --peers gives node {node_id} a wrong address, correct it: this "
+            f"process announces its Raft address as {announced} (--advertise-raft, else "
+            "--raft-listen), and whatever answers at the listed address is not this node"
+        )
         raise ConfigError(
             f"node {node_id}'s Raft address {address} (from --peers) already accepts "
             f"connections: another process runs node {node_id}; stop it, or give this "
-            "process its own --node-id"
+            f"process its own --node-id{mistyped}"
         )
 
 
