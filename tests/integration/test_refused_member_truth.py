@@ -221,3 +221,21 @@ def test_a_peers_list_naming_another_node_at_this_nodes_address_says_so(
         ) in done.stderr, done.stderr[-2000:]
     finally:
         cluster.stop()
+
+
+def test_add_node_with_one_address_for_both_ports_is_refused(tmp_path: Path) -> None:
+    """``cluster add-node 4 H:P H:P`` was accepted: node 4 became a learner booked with
+    one address for its Raft and client ports, which no node can serve."""
+    cluster = Cluster(tmp_path / "c", 1)
+    cluster.start()
+    try:
+        leader = cluster.leader()
+        (port,) = free_ports(1)
+        address = f"127.0.0.1:{port}"
+        done = cli(leader.client_address, "cluster", "add-node", "4", address, address)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "[INVALID_ARGUMENT] raft_address and client_address are both" in done.stderr
+        view = json.loads(cli(leader.client_address, "cluster", "status", "--json").stdout)
+        assert view["learners"] == [] and view["voters"] == [1]
+    finally:
+        cluster.stop()

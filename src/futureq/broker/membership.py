@@ -170,6 +170,15 @@ async def add_node(broker: Broker, node_id: int, raft_address: str, client_addre
             raise RequestError(
                 ErrorCode.INVALID_ARGUMENT, f"{name} {address!r} must name a real port, not 0"
             )
+    if raft_address == client_address:
+        # Accepted before, and the node was added with an address it cannot serve on
+        # both ports (found by a tester).
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"raft_address and client_address are both {raft_address!r}; give the node's "
+            "Raft address (its --advertise-raft or --raft-listen) and its client address "
+            "(--advertise-client or --listen), which are two ports",
+        )
     voters, learners = cluster.membership()
     for member in sorted(voters | learners):
         if member == node_id:
