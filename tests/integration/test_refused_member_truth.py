@@ -13,6 +13,8 @@ Real ``futureq start`` processes on 127.0.0.1.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -237,5 +239,36 @@ def test_add_node_with_one_address_for_both_ports_is_refused(tmp_path: Path) -> 
         assert "[INVALID_ARGUMENT] raft_address and client_address are both" in done.stderr
         view = json.loads(cli(leader.client_address, "cluster", "status", "--json").stdout)
         assert view["learners"] == [] and view["voters"] == [1]
+    finally:
+        cluster.stop()
+
+
+def test_transfer_leader_to_a_node_that_does_not_take_over_says_so(tmp_path: Path) -> None:
+    """``cluster transfer-leader 3`` with node 3 stopped (SIGSTOP) printed ``leadership
+    transferred`` and exited 0 while another node was elected instead; it now names the
+    node that leads and exits 1. A transfer that works names the new leader."""
+    cluster = Cluster(tmp_path / "c", 3)
+    cluster.start()
+    try:
+        leader = cluster.leader()
+        others = [n for n in cluster.nodes.values() if n is not leader]
+        stopped, running = others
+        done = cli(leader.client_address, "cluster", "transfer-leader", str(running.node_id))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"node {running.node_id} leads now"
+        leader = cluster.leader()
+        assert leader is running
+        os.kill(stopped.pid, signal.SIGSTOP)
+        try:
+            done = cli(leader.client_address, "cluster", "transfer-leader", str(stopped.node_id))
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert f"not to node {stopped.node_id}: node {stopped.node_id} did not take over" in (
+                done.stderr
+            ), done.stderr
+            assert "leadership moved to node" in done.stderr
+            # The cluster serves meanwhile, led by one of the running nodes.
+            assert cluster.leader(exclude={stopped.node_id}).node_id != stopped.node_id
+        finally:
+            os.kill(stopped.pid, signal.SIGCONT)
     finally:
         cluster.stop()

@@ -247,7 +247,19 @@ async def run_cluster(client: Client, args: argparse.Namespace, io: Output) -> i
         return EXIT_OK
     if args.cluster_command == "transfer-leader":
         await client.transfer_leader(args.node_id)
-        io.out("leadership transferred")
+        # The server answers OK once any other node leads: a named node that did not
+        # take over (stopped, partitioned) left another leader, and this printed
+        # "leadership transferred" all the same (found by a tester). The node asked
+        # learned the new leader before it answered.
+        leader = (await client.cluster_status(local=True)).get("leader_id")
+        if args.node_id is not None and leader is not None and leader != args.node_id:
+            io.err(
+                f"error: leadership moved to node {leader}, not to node {args.node_id}: node "
+                f"{args.node_id} did not take over in time (is it running and caught up? "
+                "see futureq-cli cluster status)"
+            )
+            return EXIT_ERROR
+        io.out("leadership transferred" if leader is None else f"node {leader} leads now")
         return EXIT_OK
     view = await client.cluster_status(local=args.local)
     if args.json:
