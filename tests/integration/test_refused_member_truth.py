@@ -133,6 +133,15 @@ def test_a_member_refused_by_its_peers_is_named_as_refused(tmp_path: Path) -> No
             a["name"] == "NO_LEADER" and "until node(s) 3 answer it" in a["text"] for a in alarms
         ), alarms
 
+        # Node 3 stopped: it is down, no longer said to be refused.
+        node3.terminate()
+        _until(
+            "node 1 no longer calls node 3 refused once it is down",
+            lambda: (
+                {m["node_id"]: m for m in node1.http_json("/api/overview")["members"]}[3]["refused"]
+                is None
+            ),
+        )
         # Node 3 with the cluster's secret again: everything clears and the cluster serves.
         _restart_with(node3, cluster.secret_file)
         leader = cluster.leader(timeout_s=30)

@@ -528,7 +528,8 @@ class Transport:
         sentence of the last handshake that failed on it (another cluster id, cluster
         secret, shard layout, or a twin of the node id), or that it dials an address
         where the peer is not while the peer connects to us from another (a wrong
-        ``--peers`` entry); until a handshake succeeds again. A peer that is merely
+        ``--peers`` entry); until a handshake succeeds again, or the peer stops
+        answering at all. A peer that is merely
         down, or not yet dialled, is not listed: these are what an operator must fix,
         which a node that waits for a leader could not tell from a peer that is down
         (``/readyz``, the dashboard, ``cluster status``)."""
@@ -645,6 +646,8 @@ class Transport:
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                     self.stats.connect_failures += 1
                     log.debug("raft link to node %s at %s: %s", link.node_id, link.address, exc)
+                    # Nothing answers now: a refusal heard before no longer says why.
+                    self._link_refusals.pop(link.node_id, None)
                     self._note_wrong_address(link, exc)
                 except RemoteProtocolError as exc:  # the peer's handshake frames were garbage
                     self.stats.connect_failures += 1
