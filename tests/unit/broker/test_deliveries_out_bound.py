@@ -8,6 +8,8 @@ memory for deliveries out had no bound (~500 bytes each).
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
@@ -15,6 +17,8 @@ import trio
 from broker_helpers import REAL_NOW_MS, RecordingOutbox, open_real_broker
 
 from futureq.broker import dispatch_pass, dispatch_tasks
+from futureq.broker.broker import Broker
+from futureq.broker.command_log import SingleNodeLog
 from futureq.broker.hub import Consumer
 from futureq.broker.overview import ActivityHistory, build_overview
 from futureq.config import Config
@@ -129,10 +133,23 @@ class _MovingClock:
         return trio.current_time()
 
 
-async def test_what_expires_while_the_node_is_held_back_is_removed(tmp_path: Path) -> None:
-    """Found by a tester: at ``limits.max_deliveries_out`` a pass looked at no group, so
-    messages whose TTL ran out stayed pending (and in a ``dead_letter_expired`` group
-    reached the dead-letter topic late) until consumers settled something."""
+@attrs.define
+class _HeldBack:
+    """A real broker held back at ``max_deliveries_out`` 2 (:func:`_held_back_node`)."""
+
+    broker: Broker
+    log: SingleNodeLog
+    clock: _MovingClock
+    gid: int
+    outbox: RecordingOutbox
+
+
+@asynccontextmanager
+async def _held_back_node(tmp_path: Path) -> AsyncIterator[_HeldBack]:
+    """A broker with ``limits.max_deliveries_out`` 2, its log and the proposer running
+    (it commits EXPIRE) and its clock in the test's hands; group g of topic t has 3
+    messages due and a consumer (connection 3, credit 10) holding 2 of them, so the node
+    is held back."""
     config = Config()
     config = attrs.evolve(config, limits=attrs.evolve(config.limits, max_deliveries_out=2))
     async with open_real_broker(tmp_path, config) as (broker, log):
@@ -141,37 +158,45 @@ async def test_what_expires_while_the_node_is_held_back_is_removed(tmp_path: Pat
         dispatcher.clock = clock
         async with trio.open_nursery() as running:
             await running.start(log.run)
-            running.start_soon(dispatch_tasks.proposer, dispatcher)  # commits EXPIRE
+            running.start_soon(dispatch_tasks.proposer, dispatcher)
             gid = await log.propose(commands.create_group("t", "g", None, None))
-            other = await log.propose(commands.create_group("u", "g", None, None))
-            held = [("t", b"held%d" % n, REAL_NOW_MS, None) for n in range(2)]
+            held = [("t", b"held%d" % n, REAL_NOW_MS, None) for n in range(3)]
             await log.propose(commands.publish(REAL_NOW_MS, held))
             outbox = RecordingOutbox()
-            for group, topic in ((gid, "t"), (other, "u")):
-                hub.add_consumer(
-                    Consumer(hub.new_subscription_id(), group, topic, "g", 1, outbox, 10)
-                )
+            hub.add_consumer(Consumer(hub.new_subscription_id(), gid, "t", "g", 3, outbox, 10))
             for _ in range(3):
                 dispatcher.dispatch_once()
             assert len(outbox.take()) == 2 and hub.held_back
-            # Due now, expiring in 1 s and 2 s, in both groups; then held back.
-            expiring = [("t", b"a", REAL_NOW_MS, 1000), ("t", b"b", REAL_NOW_MS, 2000)]
-            await log.propose(commands.publish(REAL_NOW_MS, expiring))
-            await log.propose(commands.publish(REAL_NOW_MS, [("u", b"c", REAL_NOW_MS, 1000)]))
-            next_ms = dispatcher.dispatch_once()
-            assert hub.held_back and next_ms == REAL_NOW_MS + 1000  # no busy loop
-            clock.now_ms = REAL_NOW_MS + 1000
-            assert dispatcher.dispatch_once() == REAL_NOW_MS + 2000
-            with trio.fail_after(5):
-                await dispatcher._proposals_idle.wait()  # the EXPIRE committed
-            assert (broker.state.groups[gid].pending, broker.state.groups[other].pending) == (3, 0)
-            clock.now_ms = REAL_NOW_MS + 2000
-            dispatcher.dispatch_once()
-            with trio.fail_after(5):
-                await dispatcher._proposals_idle.wait()
-            assert broker.state.groups[gid].pending == 2
-            assert outbox.take() == [] and hub.held_back  # the two held are still out
+            yield _HeldBack(broker, log, clock, gid, outbox)
             running.cancel_scope.cancel()
+
+
+async def test_what_expires_while_the_node_is_held_back_is_removed(tmp_path: Path) -> None:
+    """Found by a tester: at ``limits.max_deliveries_out`` a pass looked at no group, so
+    messages whose TTL ran out stayed pending (and in a ``dead_letter_expired`` group
+    reached the dead-letter topic late) until consumers settled something."""
+    async with _held_back_node(tmp_path) as node:
+        broker, log, clock, gid = node.broker, node.log, node.clock, node.gid
+        hub, dispatcher = broker.hub, broker.dispatcher
+        other = await log.propose(commands.create_group("u", "g", None, None))
+        hub.add_consumer(Consumer(hub.new_subscription_id(), other, "u", "g", 3, node.outbox, 10))
+        # Due now, expiring in 1 s and 2 s, in both groups; then held back.
+        expiring = [("t", b"a", REAL_NOW_MS, 1000), ("t", b"b", REAL_NOW_MS, 2000)]
+        await log.propose(commands.publish(REAL_NOW_MS, expiring))
+        await log.propose(commands.publish(REAL_NOW_MS, [("u", b"c", REAL_NOW_MS, 1000)]))
+        next_ms = dispatcher.dispatch_once()
+        assert hub.held_back and next_ms == REAL_NOW_MS + 1000  # no busy loop
+        clock.now_ms = REAL_NOW_MS + 1000
+        assert dispatcher.dispatch_once() == REAL_NOW_MS + 2000
+        with trio.fail_after(5):
+            await dispatcher._proposals_idle.wait()  # the EXPIRE committed
+        assert (broker.state.groups[gid].pending, broker.state.groups[other].pending) == (4, 0)
+        clock.now_ms = REAL_NOW_MS + 2000
+        dispatcher.dispatch_once()
+        with trio.fail_after(5):
+            await dispatcher._proposals_idle.wait()
+        assert broker.state.groups[gid].pending == 3
+        assert node.outbox.take() == [] and hub.held_back  # the two held are still out
 
 
 async def test_what_is_published_during_a_held_back_round_still_expires_on_time(
@@ -182,49 +207,33 @@ async def test_what_is_published_during_a_held_back_round_still_expires_on_time(
     to a group with consumers the round had already looked at was not counted in the
     round's earliest expiry, and nothing else planned a pass for it: it stayed pending
     past its expiry until something else woke the dispatcher."""
-    config = Config()
-    config = attrs.evolve(config, limits=attrs.evolve(config.limits, max_deliveries_out=2))
-    async with open_real_broker(tmp_path, config) as (broker, log):
+    async with _held_back_node(tmp_path) as node:
+        broker, log, clock, outbox = node.broker, node.log, node.clock, node.outbox
         hub, dispatcher = broker.hub, broker.dispatcher
-        clock = _MovingClock()
-        dispatcher.clock = clock
-        async with trio.open_nursery() as running:
-            await running.start(log.run)
-            running.start_soon(dispatch_tasks.proposer, dispatcher)  # commits EXPIRE
-            gid = await log.propose(commands.create_group("t", "g", None, None))
-            held = [("t", b"held%d" % n, REAL_NOW_MS, None) for n in range(3)]
-            await log.propose(commands.publish(REAL_NOW_MS, held))
-            outbox = RecordingOutbox()
-            hub.add_consumer(Consumer(hub.new_subscription_id(), gid, "t", "g", 3, outbox, 10))
-            for _ in range(3):
-                dispatcher.dispatch_once()
-            assert len(outbox.take()) == 2 and hub.held_back
-            # 300 groups with consumers and a message each: more than one pass's looks.
-            topic_of: dict[int, str] = {}
-            for n in range(300):
-                group = await log.propose(commands.create_group(f"w{n}", "g", None, None))
-                topic_of[group] = f"w{n}"
-                hub.add_consumer(
-                    Consumer(hub.new_subscription_id(), group, f"w{n}", "g", 1, outbox, 10)
-                )
-            waiting = [(topic, b"w", REAL_NOW_MS, None) for topic in topic_of.values()]
-            await log.propose(commands.publish(REAL_NOW_MS, waiting))
-            assert dispatcher.dispatch_once() == REAL_NOW_MS + dispatch_pass.HELD_BACK_SCAN_MS
-            looked = [group for group in topic_of if group not in dispatcher._held_back_scan]
-            assert looked  # the round's first pass looked at these
-            expiring = [(topic_of[group], b"x", REAL_NOW_MS, 1000) for group in looked]
-            await log.propose(commands.publish(REAL_NOW_MS, expiring))
-            while dispatcher._held_back_scan:
-                next_ms = dispatcher.dispatch_once()
-            assert hub.held_back and next_ms == REAL_NOW_MS + 1000
-            clock.now_ms = REAL_NOW_MS + 1000
-            while dispatcher.dispatch_once() <= clock.now_ms or dispatcher._held_back_scan:
-                pass
-            with trio.fail_after(5):
-                await dispatcher._proposals_idle.wait()  # the EXPIRE committed
-            assert [broker.state.groups[group].pending for group in looked] == [1] * len(looked)
-            assert outbox.take() == [] and hub.held_back
-            running.cancel_scope.cancel()
+        topic_of: dict[int, str] = {}
+        for n in range(300):
+            group = await log.propose(commands.create_group(f"w{n}", "g", None, None))
+            topic_of[group] = f"w{n}"
+            hub.add_consumer(
+                Consumer(hub.new_subscription_id(), group, f"w{n}", "g", 1, outbox, 10)
+            )
+        waiting = [(topic, b"w", REAL_NOW_MS, None) for topic in topic_of.values()]
+        await log.propose(commands.publish(REAL_NOW_MS, waiting))
+        assert dispatcher.dispatch_once() == REAL_NOW_MS + dispatch_pass.HELD_BACK_SCAN_MS
+        looked = [group for group in topic_of if group not in dispatcher._held_back_scan]
+        assert looked  # the round's first pass looked at these
+        expiring = [(topic_of[group], b"x", REAL_NOW_MS, 1000) for group in looked]
+        await log.propose(commands.publish(REAL_NOW_MS, expiring))
+        while dispatcher._held_back_scan:
+            next_ms = dispatcher.dispatch_once()
+        assert hub.held_back and next_ms == REAL_NOW_MS + 1000
+        clock.now_ms = REAL_NOW_MS + 1000
+        while dispatcher.dispatch_once() <= clock.now_ms or dispatcher._held_back_scan:
+            pass
+        with trio.fail_after(5):
+            await dispatcher._proposals_idle.wait()  # the EXPIRE committed
+        assert [broker.state.groups[group].pending for group in looked] == [1] * len(looked)
+        assert outbox.take() == [] and hub.held_back
 
 
 @attrs.define
@@ -247,31 +256,17 @@ async def test_a_held_back_pass_stops_looking_at_groups_once_its_time_is_spent(
     entries in each of 300 groups the pass held the event loop 1.4 s, past a
     cluster's election timeout (0.5 s). A held-back pass now keeps to the pass's time
     budget, as a pass that hands out does, and the round goes on after a yield."""
-    config = Config()
-    config = attrs.evolve(config, limits=attrs.evolve(config.limits, max_deliveries_out=2))
-    async with open_real_broker(tmp_path, config) as (broker, log):
-        hub, dispatcher = broker.hub, broker.dispatcher
-        dispatcher.clock = _MovingClock()
-        async with trio.open_nursery() as running:
-            await running.start(log.run)
-            gid = await log.propose(commands.create_group("t", "g", None, None))
-            held = [("t", b"held%d" % n, REAL_NOW_MS, None) for n in range(3)]
-            await log.propose(commands.publish(REAL_NOW_MS, held))
-            outbox = RecordingOutbox()
-            hub.add_consumer(Consumer(hub.new_subscription_id(), gid, "t", "g", 3, outbox, 10))
-            for _ in range(3):
-                dispatcher.dispatch_once()
-            assert len(outbox.take()) == 2 and hub.held_back
-            for n in range(20):
-                await log.propose(commands.create_group(f"w{n}", "g", None, None))
-            waiting = [(f"w{n}", b"w", REAL_NOW_MS, 1000) for n in range(20)]
-            await log.propose(commands.publish(REAL_NOW_MS, waiting))
-            dispatcher.clock = _SlowDiskClock()
-            assert dispatcher.dispatch_once() == REAL_NOW_MS + dispatch_pass.HELD_BACK_SCAN_MS
-            assert len(dispatcher._held_back_scan) >= 19  # one look, then the budget ran out
-            passes = 1
-            while dispatcher._held_back_scan:
-                next_ms = dispatcher.dispatch_once()
-                passes += 1
-            assert passes >= 20 and next_ms == REAL_NOW_MS + 1000 and hub.held_back
-            running.cancel_scope.cancel()
+    async with _held_back_node(tmp_path) as node:
+        log, hub, dispatcher = node.log, node.broker.hub, node.broker.dispatcher
+        for n in range(20):
+            await log.propose(commands.create_group(f"w{n}", "g", None, None))
+        waiting = [(f"w{n}", b"w", REAL_NOW_MS, 1000) for n in range(20)]
+        await log.propose(commands.publish(REAL_NOW_MS, waiting))
+        dispatcher.clock = _SlowDiskClock()
+        assert dispatcher.dispatch_once() == REAL_NOW_MS + dispatch_pass.HELD_BACK_SCAN_MS
+        assert len(dispatcher._held_back_scan) >= 19  # one look, then the budget ran out
+        passes = 1
+        while dispatcher._held_back_scan:
+            next_ms = dispatcher.dispatch_once()
+            passes += 1
+        assert passes >= 20 and next_ms == REAL_NOW_MS + 1000 and hub.held_back
