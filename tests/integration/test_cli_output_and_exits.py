@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from broker_process import BrokerProcess
 from cli_process import cli
@@ -84,3 +85,46 @@ def test_a_payload_word_that_is_not_utf8_is_sent_as_the_bytes_the_shell_passed(
         ("//4=", "base64"),  # b"\xff\xfe"
         ("héllo", "text"),
     ]
+
+
+def test_browse_from_after_to_is_a_usage_error(broker: BrokerProcess) -> None:
+    """Found by a tester: ``--from`` later than ``--to`` went to the server and came back
+    INVALID_ARGUMENT (exit 1) naming the protocol's fields, not the flags."""
+    address = broker.client_address
+    assert cli(address, "group", "create", "range.t", "g").returncode == 0
+    done = cli(
+        address,
+        "browse",
+        "range.t",
+        "--from",
+        "2030-01-01T00:00:00Z",
+        "--to",
+        "2020-01-01T00:00:00Z",
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--from (2030-01-01T00:00:00.000Z) is not before --to (2020-01-01T00:00:00.000Z)" in (
+        done.stderr
+    )
+    within = cli(address, "browse", "range.t", "--from", "2100-01-01T00:00:00Z", "--within", "1h")
+    assert within.returncode == 2 and "is not before the end of --within" in within.stderr
+
+
+def test_a_file_flag_naming_no_readable_file_is_a_usage_error_before_connecting(
+    tmp_path: Path,
+) -> None:
+    """Found by a tester: ``publish --file /tmp`` printed ``[OS_ERROR] Is a directory``
+    (exit 1) naming no flag, and only after connecting: with no server, the user saw
+    CONNECTION_LOST instead. Checked first now (no server runs at this address)."""
+    nowhere = "127.0.0.1:9"
+    for flags, said in (
+        (["--file", str(tmp_path)], "argument --file: " + str(tmp_path) + " is a directory"),
+        (["--file", "/nonexistent/x.jsonl"], "argument --file: /nonexistent/x.jsonl: no such file"),
+        (
+            ["t", "--payload-file", "/nonexistent/p"],
+            "argument --payload-file: /nonexistent/p: no such file",
+        ),
+    ):
+        done = cli(nowhere, "publish", *flags)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert said in done.stderr, done.stderr
+        assert "CONNECTION_LOST" not in done.stderr

@@ -390,6 +390,9 @@ def check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespace
                 f"{name}={value}); a message has one value per header name"
             )
         given[name] = value
+    for flag, path in (("--file", args.file), ("--payload-file", args.payload_file)):
+        if path is not None and path != "-":
+            _check_readable_file(parser, flag, path)
     if args.file is not None:
         extra = [
             flag
@@ -430,3 +433,16 @@ def check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespace
                 f"argument PAYLOAD: {exc.object[exc.start]!r} at character {exc.start + 1} "
                 "is a lone surrogate, which stands for no byte; pass the payload as bytes"
             )
+
+
+def _check_readable_file(parser: argparse.ArgumentParser, flag: str, path: str) -> None:
+    """Refuse (usage error, exit 2) a ``flag`` path that is no readable file, before
+    anything connects. Found by a tester: ``--file /tmp`` printed ``[OS_ERROR] Is a
+    directory: /tmp`` (exit 1) naming no flag, and only after connecting, so with the
+    server down the user saw CONNECTION_LOST instead."""
+    if not os.path.exists(path):
+        parser.error(f"argument {flag}: {path}: no such file")
+    if os.path.isdir(path):
+        parser.error(f"argument {flag}: {path} is a directory; give a file")
+    if not os.access(path, os.R_OK):
+        parser.error(f"argument {flag}: {path} cannot be read (permission denied)")

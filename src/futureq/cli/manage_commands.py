@@ -431,6 +431,14 @@ async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> in
     to_ms = args.to_ms
     if args.within is not None:
         to_ms = await _leader_now_ms(client) + args.within
+    if args.from_ms is not None and to_ms is not None and args.from_ms >= to_ms:
+        # Found by a tester: the server's INVALID_ARGUMENT (exit 1) named its own fields.
+        end = "--to" if args.within is None else "the end of --within"
+        io.err(
+            f"error: --from ({format_ms(args.from_ms)}) is not before {end} "
+            f"({format_ms(to_ms)}): no message is due in that range; swap them or widen it"
+        )
+        return EXIT_USAGE
     found = await _pages(client, args.topic, args.group, args, args.from_ms, to_ms)
     for group, message in found:
         if args.json:
