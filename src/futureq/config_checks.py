@@ -187,12 +187,22 @@ def check_server(server: ServerSection) -> Iterable[Bad]:
         )
     for origin in server.websocket_origins.split(","):
         origin = origin.strip()
-        if origin and origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+        if not origin or origin == "*":
+            continue
+        parts = re.fullmatch(r"https?://(\[[0-9A-Fa-f:.]+\]|[^/\s:\[\]@]+)(?::([0-9]+))?", origin)
+        if parts is None:
             yield Bad(
                 ("server.websocket_origins",),
                 server.websocket_origins,
                 f"{origin!r} is not an origin: give scheme://host[:port] entries like "
                 "https://app.example.com, separated by commas, or *",
+            )
+        elif parts[2] is not None and not 1 <= int(parts[2]) <= 65535:
+            # Found by a tester: http://a.b:99999 was taken, an origin no browser sends.
+            yield Bad(
+                ("server.websocket_origins",),
+                server.websocket_origins,
+                f"{origin!r} has port {parts[2]}; a port is 1 to 65535",
             )
     yield from minimum("server", server, "shutdown_grace_ms", 0, " ms")
     if server.log_level not in LOG_LEVELS:

@@ -161,11 +161,21 @@ def _too_far_ahead(text: str, value: int, latest_ms: int) -> str:
     )
 
 
+_WHOLE_NUMBER: Final = re.compile(r"\s*[+-]?[0-9]+\s*")
+"""ASCII digits only: ``int()`` also takes ``١٠`` (Arabic-Indic digits) and ``1_000``,
+which the time flags refuse (found by a tester)."""
+
+
+def _whole_number(text: str) -> int | None:
+    """``text`` as an int if it is ASCII digits (a sign and spaces around allowed)."""
+    return int(text) if _WHOLE_NUMBER.fullmatch(text) else None
+
+
 def positive_int_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    """argparse type: a whole number >= 1 (``--count``, ``--prefetch``...)."""
+    value = _whole_number(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (digits 0-9)")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
@@ -243,12 +253,9 @@ def address_arg(text: str) -> str:
 
 def node_id_arg(text: str) -> int:
     """argparse type: a node id, an integer in 1..2**31-1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a node id (a whole number >= 1)"
-        ) from None
+    value = _whole_number(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node id (a whole number >= 1)")
     if not 1 <= value <= 2**31 - 1:
         raise argparse.ArgumentTypeError(f"node ids are 1 to 2147483647, got {value}")
     return value

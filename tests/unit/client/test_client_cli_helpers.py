@@ -365,6 +365,10 @@ def test_browse_previews_escape_what_could_forge_a_line_or_drive_the_terminal() 
             None,
             "--requeue-delay: only with --nack",
         ),
+        # Digits other than 0-9 (int() takes them; the time flags do not).
+        (["consume", "t", "--count", "\u0661\u0660"], None, "is not an integer (digits 0-9)"),
+        (["consume", "t", "--prefetch", "1_000"], None, "is not an integer (digits 0-9)"),
+        (["cluster", "remove-node", "\u0663"], None, "is not a node id"),
     ],
 )
 def test_flag_mistakes_are_usage_errors_with_a_sentence(

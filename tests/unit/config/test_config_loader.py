@@ -201,6 +201,12 @@ def test_unknown_key_in_env_names_the_variable() -> None:
             "'app.example.com'",
             "scheme://host",
         ),
+        (
+            '[server]\nwebsocket_origins = "https://ok.example, http://a.b:99999"',
+            "server.websocket_origins",
+            "'https://ok.example, http://a.b:99999'",
+            "'http://a.b:99999' has port 99999; a port is 1 to 65535",
+        ),
     ],
 )
 def test_bad_value_names_key_value_and_what_is_allowed(
@@ -415,3 +421,9 @@ def test_a_cluster_id_that_no_handshake_carries_is_refused(cluster_id: str) -> N
 def test_a_cluster_id_of_255_bytes_is_taken() -> None:
     config = load_config(env={}, overrides={"cluster": {"cluster_id": "prod.eu-1." + "c" * 245}})
     assert len(config.cluster.cluster_id) == 255
+
+
+def test_websocket_origins_with_ports_and_ipv6_hosts_are_taken(tmp_path: pathlib.Path) -> None:
+    origins = "http://localhost:8080, https://[::1]:443, https://app.example.com, *"
+    path = write(tmp_path, f'[server]\nwebsocket_origins = "{origins}"\n')
+    assert load_config(path, env={}).server.websocket_origins == origins
