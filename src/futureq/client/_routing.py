@@ -667,17 +667,29 @@ def _describe(error: FutureQError, shard: int) -> str:
     return _message(error, shard)
 
 
+def _shard_names(shards: list[int]) -> str:
+    """``shard 0``, ``shard 0 and shard 1``, ``shard 0, shard 1 and shard 2``."""
+    names = [f"shard {shard}" for shard in shards]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def combine_shard_errors(errors: dict[int, FutureQError], slot_map: SlotMap) -> FutureQError:
     """One :class:`FutureQError` for the failures of a node-wide call, by shard: its
-    message names each failed shard, its address and its error
+    message names each failed shard, its address and its error (shards that failed
+    with the same sentence together)
     (``docs/client.md``, "Errors": every error is a FutureQError, never a group). The
     class is the first failed shard's: a :class:`RequestError` (with that shard's
     code), a :class:`ConnectionLostError`, or that error itself for another kind
     (:class:`ClientClosedError`, a protocol error)."""
     first = errors[min(errors)]
+    # Shards that failed alike are named together: a membership command refused by
+    # every shard of a node said the same sentence once per shard (found by a tester).
+    alike: dict[str, list[int]] = {}
+    for shard in sorted(errors):
+        alike.setdefault(_message(errors[shard], shard), []).append(shard)
     text = "; ".join(
-        f"shard {shard} ({slot_map.addresses[shard]}): {_message(errors[shard], shard)}"
-        for shard in sorted(errors)
+        f"{_shard_names(shards)} ({', '.join(slot_map.addresses[s] for s in shards)}): {message}"
+        for message, shards in alike.items()
     )
     if isinstance(first, RequestError):
         return RequestError(first.code, text)
