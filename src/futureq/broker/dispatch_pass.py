@@ -173,6 +173,27 @@ def run_pass(dispatcher: Dispatcher, now_ms: int) -> float:
     return next_ms
 
 
+def collect_expired(
+    dispatcher: Dispatcher,
+    runtime: GroupRuntime,
+    now_ms: int,
+    expired: list[bytes],
+    expired_restore: list[Any],
+) -> None:
+    """Take up to :data:`EXPIRE_BATCH_ITEMS` entries of ``runtime``'s index whose TTL
+    ran out by ``now_ms`` into ``expired`` (schedule keys, for the EXPIRE) and
+    ``expired_restore`` (what to put back if it cannot be committed). A running
+    PURGE's entries are left out: its chunks remove them (a ``dead_letter_expired``
+    group must not keep them)."""
+    gid = runtime.info.group_id
+    purged = dispatcher.state.purged_below(gid)
+    for due_ms, mid, expire_ms, attempt in runtime.index.pop_expired(now_ms, EXPIRE_BATCH_ITEMS):
+        if mid < purged:
+            continue
+        expired.append(commands.schedule_key(gid, due_ms, mid))
+        expired_restore.append((runtime, due_ms, mid, expire_ms, attempt))
+
+
 def expire_held_back(
     dispatcher: Dispatcher,
     now_ms: int,
@@ -217,12 +238,7 @@ def expire_held_back(
         if next_expire is None:
             continue
         if next_expire <= now_ms:
-            purged = dispatcher.state.purged_below(gid)
-            for due_ms, mid, expire_ms, attempt in index.pop_expired(now_ms, EXPIRE_BATCH_ITEMS):
-                if mid < purged:
-                    continue  # the purge's
-                expired.append(commands.schedule_key(gid, due_ms, mid))
-                expired_restore.append((runtime, due_ms, mid, expire_ms, attempt))
+            collect_expired(dispatcher, runtime, now_ms, expired, expired_restore)
             next_expire = index.next_expire_ms()
             if next_expire is None:
                 continue
@@ -269,13 +285,7 @@ def dispatch_group(
 ) -> float:
     """One group's share of a pass; returns when the group next needs a look (ms)."""
     next_ms = refill(dispatcher, runtime, now_ms)
-    gid = runtime.info.group_id
-    purged = dispatcher.state.purged_below(gid)
-    for due_ms, mid, expire_ms, attempt in runtime.index.pop_expired(now_ms, EXPIRE_BATCH_ITEMS):
-        if mid < purged:
-            continue  # the purge's (a dead_letter_expired group must not keep it)
-        expired.append(commands.schedule_key(gid, due_ms, mid))
-        expired_restore.append((runtime, due_ms, mid, expire_ms, attempt))
+    collect_expired(dispatcher, runtime, now_ms, expired, expired_restore)
     taken = deliver(
         dispatcher, runtime, now_ms, expired, expired_restore, dead, dead_restore, budget[0]
     )
