@@ -581,15 +581,17 @@ class ClusterClock:
             if (offset := self.peer_offset_us(peer)) is not None
         }
 
-    def peer_clock_off(self, peer: int) -> bool:
-        """True when a sample puts ``peer``'s wall clock further than half of
-        ``max_offset_us`` from cluster time, beyond the sample's uncertainty (the bound a
-        node's own clock must keep to lead: :attr:`in_bound`); False without a sample."""
+    def peer_clock_off(self, peer: int, limit_us: int | None = None) -> bool:
+        """True when a sample puts ``peer``'s wall clock further than ``limit_us``
+        (default: half of ``max_offset_us``, the bound a node's own clock must keep to
+        lead: :attr:`in_bound`) from cluster time, beyond the sample's uncertainty;
+        False without a sample."""
         known = self.peer_offset_range_us(peer)
         if known is None:
             return False
         offset_us, uncertainty_us = known
-        return abs(offset_us) - uncertainty_us > self.config.max_offset_us // 2
+        limit = self.config.max_offset_us // 2 if limit_us is None else limit_us
+        return abs(offset_us) - uncertainty_us > limit
 
     def peer_clock_refused(self, peer: int, limit_us: int | None = None) -> bool:
         """True when this node, its own clock standing in the agreement (in bound, no
@@ -615,12 +617,7 @@ class ClusterClock:
             or abs(self.own_offset_us()) > self.config.max_offset_us // 2
         ):
             return False
-        known = self.peer_offset_range_us(peer)
-        if known is None:
-            return False
-        offset_us, uncertainty_us = known
-        limit = self.config.max_offset_us // 2 if limit_us is None else limit_us
-        return abs(offset_us) - uncertainty_us > limit
+        return self.peer_clock_off(peer, limit_us)
 
     def peer_in_bound(self, peer: int) -> bool | None:
         """What ``peer`` last said of itself (may it lead?), or None when it has not
