@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Final
 
 from futureq.cli.argv_text import not_text
-from futureq.cli.durations import BEYOND_ANY_SERVER, MAX_DELAY_MS
+from futureq.cli.durations import BEYOND_ANY_SERVER, MAX_DELAY_MS, is_decimal
 from futureq.client import _checks
 from futureq.clock import SystemClock
 from futureq.config import split_host_port
@@ -97,7 +97,7 @@ def parse_at_ms(text: str, *, now_ms: int | None = None) -> int:
     """
     latest_ms = (SystemClock().wall_ms() if now_ms is None else now_ms) + MAX_DELAY_MS
     stripped = text.strip()
-    if stripped.isascii() and stripped.isdigit():  # not ``²`` nor other scripts' digits
+    if is_decimal(stripped):  # not ``²`` nor other scripts' digits
         value = int(stripped)
         if value > latest_ms and not _unit_reading_within(value, latest_ms):
             raise argparse.ArgumentTypeError(_too_far_ahead(text, value, latest_ms))
@@ -161,14 +161,13 @@ def _too_far_ahead(text: str, value: int, latest_ms: int) -> str:
     )
 
 
-_WHOLE_NUMBER: Final = re.compile(r"\s*[+-]?[0-9]+\s*")
-"""ASCII digits only: ``int()`` also takes ``١٠`` (Arabic-Indic digits) and ``1_000``,
-which the time flags refuse (found by a tester)."""
-
-
 def _whole_number(text: str) -> int | None:
-    """``text`` as an int if it is ASCII digits (a sign and spaces around allowed)."""
-    return int(text) if _WHOLE_NUMBER.fullmatch(text) else None
+    """``text`` as an int if it is ASCII digits (a sign and spaces around allowed), as
+    the time flags take them (:func:`~futureq.cli.durations.is_decimal`): ``int()`` also
+    takes ``١٠`` (Arabic-Indic digits) and ``1_000`` (found by a tester)."""
+    stripped = text.strip()
+    digits = stripped[1:] if stripped[:1] in ("+", "-") else stripped
+    return int(stripped) if is_decimal(digits) else None
 
 
 def positive_int_arg(text: str) -> int:

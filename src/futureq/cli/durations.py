@@ -46,7 +46,7 @@ _FORMS: Final = (
 )
 
 
-def _is_decimal(text: str) -> bool:
+def is_decimal(text: str) -> bool:
     """Whether ``text`` is ASCII digits only: ``str.isdigit`` also takes ``²`` (then
     ``int`` fails with Python's own sentence) and other scripts' digits (``١٢``)."""
     return text.isascii() and text.isdigit()
@@ -73,7 +73,7 @@ def parse_duration_ms(text: str) -> int:
     stripped = text.strip().lower()
     if stripped.startswith("-"):
         raise ValueError(f"{text!r} is negative; durations cannot be negative (0 means at once)")
-    if _is_decimal(stripped):
+    if is_decimal(stripped):
         value = int(stripped)
     else:
         total = Fraction(0)
@@ -158,7 +158,7 @@ def delay_ms_arg(text: str) -> int:
             :data:`MAX_DELAY_MS`.
     """
     value = duration_ms_arg(text)
-    if _is_decimal(text.strip()) and value >= MIN_PLAUSIBLE_EPOCH_MS:
+    if is_decimal(text.strip()) and value >= MIN_PLAUSIBLE_EPOCH_MS:
         raise argparse.ArgumentTypeError(
             f"{text!r} is {value / 86_400_000 / 366:.0f} years: it looks like an absolute "
             "time in ms since the Unix epoch, and this flag takes a duration (a bare number "
