@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import IO, Final
+from typing import IO, Final, TypeVar
 
 import attrs
 import trio
@@ -36,6 +36,8 @@ from futureq.cli.output import (
 from futureq.client import Client
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, split_by_size
 from futureq.errors import ConnectionLostError, ErrorCode, ProtocolError, RequestError
+
+T = TypeVar("T")
 
 STDIN_PAYLOAD: Final = "-"
 """``publish TOPIC -`` reads the payload bytes from standard input."""
@@ -67,8 +69,8 @@ def read_payload(handle: IO[bytes], limit: int, source: str) -> bytes:
     return b"".join(chunks)
 
 
-async def _read_stdin_payload(io: Output, limit: int) -> bytes:
-    """``publish TOPIC -``: the payload from standard input (:func:`read_payload`).
+async def _read_stdin(io: Output, read: Callable[[IO[bytes]], T], what: str) -> T:
+    """``read`` over standard input (``io.stdin`` in tests), in a worker thread.
 
     The process's own stdin is read unbuffered from its file descriptor in a thread
     that a Ctrl-C abandons: the read used to hold off Ctrl-C until the end of the
@@ -77,16 +79,26 @@ async def _read_stdin_payload(io: Output, limit: int) -> bytes:
     of ``sys.stdin``, so an abandoned thread cannot hang the interpreter's exit.
 
     Raises:
-        RequestError: PAYLOAD_TOO_LARGE (:func:`read_payload`).
-        OSError: standard input is closed (``<&-``) or cannot be read.
+        OSError: standard input is closed (``<&-``; the sentence says to pipe ``what``
+            in) or cannot be read; as ``read`` otherwise.
     """
     if io.stdin is not None:
-        return await trio.to_thread.run_sync(read_payload, io.stdin, limit, "standard input")
+        return await trio.to_thread.run_sync(read, io.stdin)
     if sys.stdin is None:  # started with stdin closed: it was an AttributeError traceback
-        raise OSError(errno.EBADF, "standard input is closed; pipe the payload in")
+        raise OSError(errno.EBADF, f"standard input is closed; pipe {what} in")
     raw = io_module.FileIO(sys.stdin.fileno(), "rb", closefd=False)
-    return await trio.to_thread.run_sync(
-        read_payload, raw, limit, "standard input", abandon_on_cancel=True
+    return await trio.to_thread.run_sync(read, raw, abandon_on_cancel=True)
+
+
+async def _read_stdin_payload(io: Output, limit: int) -> bytes:
+    """``publish TOPIC -``: the payload from standard input (:func:`read_payload`).
+
+    Raises:
+        RequestError: PAYLOAD_TOO_LARGE (:func:`read_payload`).
+        OSError: standard input is closed or cannot be read (:func:`_read_stdin`).
+    """
+    return await _read_stdin(
+        io, lambda stream: read_payload(stream, limit, "standard input"), "the payload"
     )
 
 
@@ -377,14 +389,9 @@ def _open_failed_out(args: argparse.Namespace) -> IO[bytes] | None:
 
 
 async def _read_stdin_lines(io: Output) -> list[str]:
-    """``publish --file -``: every line of standard input, read to its end in a thread
-    that a Ctrl-C abandons (as :func:`_read_stdin_payload`)."""
-    if io.stdin is not None:
-        return split_lines(await trio.to_thread.run_sync(io.stdin.read))
-    if sys.stdin is None:
-        raise OSError(errno.EBADF, "standard input is closed; pipe the JSON lines in")
-    raw = io_module.FileIO(sys.stdin.fileno(), "rb", closefd=False)
-    return split_lines(await trio.to_thread.run_sync(raw.readall, abandon_on_cancel=True))
+    """``publish --file -``: every line of standard input, read to its end
+    (:func:`_read_stdin`)."""
+    return split_lines(await _read_stdin(io, lambda stream: stream.read(), "the JSON lines"))
 
 
 async def run_publish_file(client: Client, args: argparse.Namespace, io: Output) -> int:
