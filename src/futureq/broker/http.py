@@ -66,6 +66,7 @@ from futureq.rate_limited_log import RateLimitedLog
 from futureq.wire import codec
 
 from . import http_connection, http_protocol, websocket
+from .overview import recovery_sentence
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
@@ -474,10 +475,7 @@ class HttpApp:
         if waiting:
             # Waiting for a member that is down or refused, not for a leader that is
             # late (found by a tester).
-            reason += (
-                "; it is recovering after its start: it neither votes nor counts "
-                f"towards a quorum until node(s) {', '.join(map(str, waiting))} answer it"
-            )
+            reason += f"; {recovery_sentence('it', waiting)}"
         refused = self._refused_links(overview)
         if refused:
             # Peers that answer but refuse this node (another cluster id, secret or

@@ -322,11 +322,13 @@ def _members(cluster: dict[str, Any]) -> list[dict[str, Any]]:
     return members
 
 
-def _recovery_sentence(node_id: int, waiting_for: Iterable[int]) -> str:
-    """Why a node that just started does not vote yet (``docs/raft.md``, "Disk faults")."""
+def recovery_sentence(subject: str, waiting_for: Iterable[int]) -> str:
+    """Why a node that just started does not vote yet (``docs/raft.md``, "Disk faults"):
+    ``subject`` (``node 3``, ``it``) is recovering until the nodes ``waiting_for``
+    answer it. Said by the NO_LEADER alarm and by ``/readyz``."""
     nodes = ", ".join(str(n) for n in waiting_for)
     return (
-        f"node {node_id} is recovering after its start: it neither votes nor counts "
+        f"{subject} is recovering after its start: it neither votes nor counts "
         f"towards a quorum until node(s) {nodes} answer it"
     )
 
@@ -350,7 +352,7 @@ def _alarms(
         text = "no leader is known: publishes and deliveries wait"
         waiting = node.get("recovery_waiting_for")
         if waiting:
-            text += f"; {_recovery_sentence(node['node_id'], waiting)}"
+            text += "; " + recovery_sentence(f"node {node['node_id']}", waiting)
         alarms.append({"name": "NO_LEADER", "text": text})
     hub = broker.hub
     if hub.held_back and hub.room_out() < 1:
