@@ -25,6 +25,7 @@ from futureq.errors import (
     ErrorCode,
     StorageError,
 )
+from futureq.tls_handshake import NOT_TLS_REASONS
 from futureq.wire import codec, frames
 
 from .access import AccessControl
@@ -302,12 +303,7 @@ def _handshake_failure(exc: BaseException) -> str:
         return f"no handshake within {HANDSHAKE_TIMEOUT_S:g} s"
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, ssl.SSLError) and seen.reason in {
-            "WRONG_VERSION_NUMBER",
-            "HTTP_REQUEST",
-            "RECORD_LAYER_FAILURE",
-            "PACKET_LENGTH_TOO_LONG",
-        }:
+        if isinstance(seen, ssl.SSLError) and seen.reason in NOT_TLS_REASONS:
             return f"the client did not start TLS ({seen.reason}): a plaintext client?"
         if str(seen):
             return str(seen)

@@ -39,6 +39,7 @@ from futureq.errors import (
     RequestError,
     error_from_code,
 )
+from futureq.tls_handshake import NOT_TLS_REASONS
 from futureq.wire import codec, frames
 
 if TYPE_CHECKING:
@@ -90,13 +91,6 @@ class TLSMismatchError(HopelessConnectError):
     HTTP port."""
 
 
-_NOT_TLS_REASONS: Final = frozenset(
-    {"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST"}
-)
-"""OpenSSL's reasons (``ssl.SSLError.reason``; 3.0 and 3.2+ spell them differently) for
-a handshake answered by bytes that are not TLS: the port speaks plaintext."""
-
-
 def _tls_failure(exc: BaseException, address: str) -> ConnectionLostError | None:
     """A sentence for a TLS handshake that failed, when ``exc`` (or one of its causes)
     is an :class:`ssl.SSLError` saying why; None otherwise (a reset or a timeout is
@@ -113,7 +107,7 @@ def _tls_failure(exc: BaseException, address: str) -> ConnectionLostError | None
             "trust the CA that signed it (--tls-ca FILE, or an ssl_context loading it) "
             "and connect by a name the certificate holds"
         )
-    if seen.reason in _NOT_TLS_REASONS:
+    if seen.reason in NOT_TLS_REASONS:
         return TLSMismatchError(
             f"could not connect to {address}: it does not speak TLS on that port (its "
             f"answer to the TLS handshake was not TLS: {seen.reason}); connect without "
