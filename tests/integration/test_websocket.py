@@ -213,14 +213,24 @@ async def test_browser_origins(broker_factory: Factory) -> None:
             await _hello(ws)
     for origin in ("http://evil.example", f"https://{broker.http_address}", "null"):
         assert await _rejected(broker.http_address, "/ws", origin) == 403, origin
+        # The refusal says why and what to change (its body was empty).
+        _, body = await _rejection(broker.http_address, "/ws", origin)
+        assert "server.websocket_origins" in body, (origin, body)
     # Other paths are not WebSocket endpoints.
     assert await _rejected(broker.http_address, "/other", None) == 403
+    assert "open one on /ws" in (await _rejection(broker.http_address, "/other", None))[1]
 
 
 async def _rejected(address: str, path: str, origin: str | None) -> int:
     """The HTTP status of a refused upgrade (fails if the upgrade is accepted)."""
+    return (await _rejection(address, path, origin))[0]
+
+
+async def _rejection(address: str, path: str, origin: str | None) -> tuple[int, str]:
+    """The HTTP status and body of a refused upgrade (fails if it is accepted)."""
     headers = [("Origin", origin)] if origin is not None else []
     statuses: list[int] = []
+    bodies: list[str] = []
     try:
         async with open_ws(address, path, extra_headers=headers):
             pass
@@ -228,8 +238,9 @@ async def _rejected(address: str, path: str, origin: str | None) -> int:
         _, rest = group.split(ConnectionRejected)
         assert rest is None
         statuses.extend(int(e.status_code) for e in _leaves(group))
+        bodies.extend((e.body or b"").decode() for e in _leaves(group))
     assert statuses, f"the upgrade on {path} with Origin {origin!r} was accepted"
-    return statuses[0]
+    return statuses[0], bodies[0]
 
 
 def _leaves(error: BaseException) -> list[Any]:

@@ -245,7 +245,16 @@ class HttpApp:
                 )
             else:
                 await receive()  # websocket.connect
-                await send({"type": "websocket.close", "code": 1008, "reason": ""})
+                await websocket.refuse_upgrade(
+                    send,
+                    403,
+                    f"no WebSocket is served on {websocket.printable(scope['path'])}"
+                    + (
+                        f": open one on {websocket.PATH}\n"
+                        if self._websocket_handler is not None
+                        else " (this node serves no WebSocket)\n"
+                    ),
+                )
             return
         if scope["type"] != "http":
             return

@@ -29,6 +29,12 @@ SETTINGS), past the limits the port sets per connection. ALPN offers HTTP/1.1 al
   an empty SETTINGS frame (the server's preface) and a GOAWAY with ``HTTP_1_1_REQUIRED``
   (RFC 9113 §7) whose debug data says why; then the connection is closed.
 
+A WebSocket upgrade with a broken handshake (no ``Sec-WebSocket-Key``, a
+``Sec-WebSocket-Version`` other than 13, HTTP/1.0) got hypercorn's ``400`` with an empty
+body, and the connection then stayed open until its idle deadline though the answer
+said ``connection: close``; it is now answered here with a sentence saying what to fix
+(:func:`bad_upgrade_answer`), and closed.
+
 The HTTP server (``http._serve_capped``) serves each connection with
 :class:`ScreeningTCPServer`.
 """
@@ -77,8 +83,81 @@ ERROR_SENTENCES = {
 """The body of the answer to bytes that are not an HTTP/1.1 request, by status."""
 
 
-class _HTTP2Refused(Exception):
-    """The connection opened with the HTTP/2 preface: refused, nothing more to read."""
+WEBSOCKET_VERSION = b"13"
+"""The only ``Sec-WebSocket-Version`` served (RFC 6455 §4.1)."""
+MAX_QUOTED_HEADER_BYTES = 100
+"""A client's header value quoted in a refusal is cut to this many bytes."""
+
+
+class _Refused(Exception):
+    """The connection was refused and answered: nothing more to read (the HTTP/2
+    preface; a WebSocket upgrade that is not one)."""
+
+
+def _is_websocket_upgrade(request: h11.Request) -> bool:
+    """True if hypercorn would open a WebSocket stream for this request (its rule:
+    ``GET``, ``Connection`` listing ``upgrade``, ``Upgrade: websocket``)."""
+    connection = upgrade = b""
+    for name, value in request.headers:
+        if name == b"connection":
+            connection = value
+        elif name == b"upgrade":
+            upgrade = value
+    tokens = [token.strip() for token in connection.lower().split(b",")]
+    return (
+        request.method.upper() == b"GET"
+        and b"upgrade" in tokens
+        and upgrade.strip().lower() == b"websocket"
+    )
+
+
+def bad_upgrade_answer(request: h11.Request) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:
+    """Why a WebSocket upgrade request cannot be accepted, or None if it can (or is no
+    upgrade).
+
+    Hypercorn answered these with a ``400`` of an empty body and then kept the
+    connection open, though it said ``connection: close``, until its idle deadline: a
+    client (trio-websocket, a browser) reported a bare "400" and nothing about what to
+    fix.
+
+    Returns:
+        (HTTP status, a sentence saying what to fix, extra response headers): ``400``
+        for an HTTP/1.0 request or one without ``Sec-WebSocket-Key``; ``426`` with
+        ``Sec-WebSocket-Version: 13`` for another WebSocket version (RFC 6455 §4.4).
+    """
+    if not _is_websocket_upgrade(request):
+        return None
+    if request.http_version != b"1.1":
+        return (
+            400,
+            f"a WebSocket upgrade is an HTTP/1.1 request; this one is HTTP/"
+            f"{request.http_version.decode('ascii', 'replace')}: send it as HTTP/1.1\n",
+            [],
+        )
+    key = version = None
+    for name, value in request.headers:
+        if name == b"sec-websocket-key":
+            key = value
+        elif name == b"sec-websocket-version":
+            version = value
+    if key is None:
+        return (
+            400,
+            "the WebSocket upgrade has no Sec-WebSocket-Key header; a WebSocket client "
+            "sends one (RFC 6455 §4.1): use a WebSocket client library, or add the header\n",
+            [],
+        )
+    if version != WEBSOCKET_VERSION:
+        offered = (
+            "none" if version is None else repr(version[:MAX_QUOTED_HEADER_BYTES].decode("latin-1"))
+        )
+        return (
+            426,
+            f"this node speaks WebSocket version 13 (RFC 6455) only; the upgrade offered "
+            f"Sec-WebSocket-Version {offered}: send Sec-WebSocket-Version: 13\n",
+            [(b"sec-websocket-version", WEBSOCKET_VERSION)],
+        )
+    return None
 
 
 def has_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:
@@ -101,13 +180,20 @@ class ScreenedH11Protocol(H11Protocol):
     async def handle(self, event: Event) -> None:
         try:
             await super().handle(event)
-        except _HTTP2Refused:
+        except _Refused:
             pass  # refused and closed: the rest of what the client sent is not read
 
     async def _send_error_response(self, status_code: int) -> None:
         # Hypercorn's answer to bytes h11 refuses has an empty body: a client saw a bare
         # "400" or "431" and nothing saying what to fix.
-        body = ERROR_SENTENCES.get(status_code, ERROR_SENTENCES[400]).encode()
+        body = ERROR_SENTENCES.get(status_code, ERROR_SENTENCES[400])
+        await self._send_closing_answer(status_code, body)
+
+    async def _send_closing_answer(
+        self, status_code: int, sentence: str, extra: Iterable[tuple[bytes, bytes]] = ()
+    ) -> None:
+        """Send a plain-text answer that ends the connection (``connection: close``)."""
+        body = sentence.encode()
         await self._send_h11_event(
             h11.Response(
                 status_code=status_code,
@@ -115,6 +201,7 @@ class ScreenedH11Protocol(H11Protocol):
                     (b"content-type", b"text/plain; charset=utf-8"),
                     (b"content-length", str(len(body)).encode()),
                     (b"connection", b"close"),
+                    *extra,
                     *self.config.response_headers("h11"),
                 ],
             )
@@ -128,9 +215,17 @@ class ScreenedH11Protocol(H11Protocol):
         if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
             await self.send(RawData(data=HTTP2_REFUSAL))
             await self.send(Closed())
-            raise _HTTP2Refused
+            raise _Refused
 
     async def _create_stream(self, request: h11.Request) -> None:
+        refusal = None if has_body(request.headers) else bad_upgrade_answer(request)
+        if refusal is not None:
+            # Answered here: hypercorn's own answer had no body and left the connection
+            # open (its WebSocket stream never ended).
+            status_code, sentence, extra = refusal
+            await self._send_closing_answer(status_code, sentence, extra)
+            await self.send(Closed())
+            raise _Refused
         if has_body(request.headers):
             if isinstance(self.connection, h11.Connection):
                 # Cleared before hypercorn's loop looks at it again (right after this).

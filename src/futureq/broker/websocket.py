@@ -639,7 +639,9 @@ async def serve_websocket(
         refused_log.log(
             logging.INFO, "WebSocket over HTTP/2 from %s refused: use HTTP/1.1", peer_of(scope)
         )
-        await send({"type": "websocket.close", "code": CLOSE_POLICY_VIOLATION, "reason": ""})
+        await refuse_upgrade(
+            send, 403, "a WebSocket on /ws is opened over HTTP/1.1 only; retry with HTTP/1.1\n"
+        )
         return
     origin = _header(scope, b"origin")
     if not origin_allowed(
@@ -652,7 +654,13 @@ async def serve_websocket(
             peer_of(scope),
             origin,
         )
-        await send({"type": "websocket.close", "code": CLOSE_POLICY_VIOLATION, "reason": ""})
+        await refuse_upgrade(
+            send,
+            403,
+            f"a page from {printable(str(origin))} may not open a WebSocket on this node: "
+            "only pages of the node's own address may, and the origins listed in "
+            "server.websocket_origins; add that origin there to allow it\n",
+        )
         return
     slots = SLOTS.get()
     if slots is not None:
@@ -690,29 +698,66 @@ value says which limit: ``http-connections``, ``http-address``, ``websockets``),
 is not taken for ``/healthz`` saying the node is unhealthy."""
 
 
+MAX_QUOTED_CHARS = 200
+"""A client-given text (an ``Origin``, a path) quoted in a refusal is cut to this many
+characters."""
+
+
+def printable(text: str) -> str:
+    """``text`` quoted for a sentence: non-printable characters escaped, cut to
+    :data:`MAX_QUOTED_CHARS`."""
+    quoted = repr(text)
+    if len(quoted) > MAX_QUOTED_CHARS:
+        quoted = quoted[: MAX_QUOTED_CHARS - 3] + "..."
+    return quoted
+
+
+async def refuse_upgrade(
+    send: ASGISendCallable,
+    status: int,
+    sentence: str,
+    extra: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    """Answer a WebSocket upgrade with an HTTP error whose body says what to fix.
+
+    A bare ASGI ``websocket.close`` during the handshake became hypercorn's ``403``
+    with an empty body: a browser or a program was told "forbidden" and nothing more.
+
+    Args:
+        send: The ASGI send callable of the ``websocket`` scope (before accepting).
+        status: The HTTP status (403, 404, 503, ...).
+        sentence: The body (plain text, UTF-8), ending in a newline.
+        extra: More response headers.
+    """
+    body = sentence.encode()
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode("ascii")),
+                (b"cache-control", b"no-store"),
+                *extra,
+            ],
+        }
+    )
+    await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
+
+
 async def _refuse_upgrade(send: ASGISendCallable, scope: WebsocketScope, limit: int) -> None:
     """Answer an upgrade with no WebSocket slot left: ``503`` with a sentence."""
     refused_log.log(
         logging.INFO, "WebSocket from %s refused: %d WebSockets are open", peer_of(scope), limit
     )
-    body = (
+    await refuse_upgrade(
+        send,
+        503,
         f"this node serves {limit} WebSockets at once, the most its HTTP port gives them "
         "(limits.max_http_connections less a quarter kept for /healthz, /metrics and the "
-        "API); retry later, or use the client port\n"
-    ).encode()
-    await send(
-        {
-            "type": "websocket.http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", str(len(body)).encode("ascii")),
-                (b"retry-after", b"1"),
-                (REFUSED_HEADER, b"websockets"),
-            ],
-        }
+        "API); retry later, or use the client port\n",
+        [(b"retry-after", b"1"), (REFUSED_HEADER, b"websockets")],
     )
-    await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
 
 
 __all__ = [
@@ -727,5 +772,7 @@ __all__ = [
     "install_message_buffer",
     "max_websockets",
     "origin_allowed",
+    "printable",
+    "refuse_upgrade",
     "serve_websocket",
 ]
