@@ -11,6 +11,7 @@ import pytest
 from broker_process import BrokerProcess
 from wire_client import WireClient
 
+from futureq.broker.connection import HANDSHAKE_TIMEOUT_S
 from futureq.errors import ErrorCode
 from futureq.wire import codec, frames
 
@@ -80,6 +81,19 @@ def test_hello_must_come_first(broker: BrokerProcess) -> None:
     client = WireClient(broker.client_address, hello=False)
     client.send(frames.Status(3))
     _expect_error_then_close(client, ErrorCode.HELLO_REQUIRED)
+
+
+def test_no_hello_in_time_is_told_before_the_close(broker: BrokerProcess) -> None:
+    # The server closed such a connection without a word: the client could not tell it
+    # from a crash. Now it gets HELLO_REQUIRED and a sentence, and only it is closed.
+    client = WireClient(broker.client_address, hello=False)
+    answer = client.receive(timeout_s=HANDSHAKE_TIMEOUT_S + 10)
+    assert isinstance(answer, frames.Error), answer
+    assert answer.code == ErrorCode.HELLO_REQUIRED, answer
+    assert answer.request_id == 0
+    assert "no HELLO within" in answer.message and "send HELLO" in answer.message
+    assert client.receive() is codec.CLOSED
+    _assert_still_serving(broker)
 
 
 def test_hello_with_unsupported_version(broker: BrokerProcess) -> None:

@@ -389,10 +389,12 @@ class Connection:
                 if not await self._pump_one(nursery, handshake=True):
                     return
         if handshake.cancelled_caught:
+            # Said to the client too: closed without a word, it could not tell this
+            # from a crash or a network fault.
             raise _Closing(
                 ErrorCode.HELLO_REQUIRED,
-                f"no HELLO within {HANDSHAKE_TIMEOUT_S:g} s of connecting",
-                tell_client=False,
+                f"no HELLO within {HANDSHAKE_TIMEOUT_S:g} s of connecting: send HELLO as "
+                "the first frame as soon as the connection is open",
             )
         while await self._pump_one(nursery):
             pass
