@@ -84,3 +84,41 @@ def test_consume_nack_with_a_requeue_delay_over_the_limit_gives_the_message_back
     assert refused.returncode == 1, refused
     assert "[INVALID_DELAY] requeue_delay_ms is 316310400000 ms" in refused.stderr
     assert f"message {message_id} was given back uncounted" in refused.stderr
+
+
+def test_every_delay_flag_refuses_an_epoch_time_before_sending(broker: BrokerProcess) -> None:
+    """``reschedule --delay 1765000000000`` and ``dlq redrive --delay`` (an epoch time in
+    ms typed where a duration goes) were sent and refused by the server (exit 1,
+    DELAY_TOO_LARGE), while ``publish --delay`` refuses the same number locally (exit 2,
+    "looks like an absolute time"). Every delay the server applies is now checked the
+    same way, before anything is sent."""
+    with SyncClient(broker.client_address) as client:
+        message_id = client.publish("epoch.delay", b"x", delay_ms=3_600_000)
+    epoch_ms = str(int(time.time() * 1000) + 60_000)
+    for command in (
+        ["publish", "epoch.delay", "x", "--delay", epoch_ms],
+        ["reschedule", "epoch.delay", str(message_id), "--delay", epoch_ms],
+        ["dlq", "redrive", "epoch.delay", "--all", "--delay", epoch_ms],
+        ["consume", "epoch.delay", "--nack", "--requeue-delay", epoch_ms],
+    ):
+        refused = cli(broker.client_address, *command)
+        assert refused.returncode == 2, (command, refused)
+        assert "it looks like an absolute time in ms since the Unix epoch" in refused.stderr, (
+            command,
+            refused.stderr,
+        )
+        assert "--delay" in refused.stderr or "--requeue-delay" in refused.stderr
+    # Over any server's limit (100 years) is refused locally too, as publish does.
+    for command in (
+        ["publish", "epoch.delay", "x", "--delay", "40000d"],
+        ["reschedule", "epoch.delay", str(message_id), "--delay", "40000d"],
+    ):
+        refused = cli(broker.client_address, *command)
+        assert refused.returncode == 2, (command, refused)
+        assert "longer than any server takes" in refused.stderr, refused.stderr
+    # The message was not moved: a duration still reschedules it.
+    moved = cli(
+        broker.client_address, "reschedule", "epoch.delay", str(message_id), "--delay", "2h"
+    )
+    assert moved.returncode == 0, moved
+    assert "rescheduled 1 of 1" in moved.stdout, moved.stdout

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from futureq.cli.argv_text import not_text
+from futureq.cli.durations import delay_ms_arg
 from futureq.cli.jsonl import render_payload
 from futureq.cli.output import format_ms
 from futureq.wire import frames
@@ -120,7 +121,9 @@ def add_parsers(
     reschedule.add_argument("ids", type=message_id_arg, nargs="+", metavar="ID")
     when = reschedule.add_mutually_exclusive_group(required=True)
     when.add_argument("--at", type=at_arg, metavar="T", help="due at T")
-    when.add_argument("--delay", type=duration_arg, metavar="D", help="due D from now")
+    # A delay the server applies: refused here as publish --delay refuses it (an
+    # epoch-ms number, beyond any server), not sent to be refused by the server.
+    when.add_argument("--delay", type=delay_ms_arg, metavar="D", help="due D from now")
     reschedule.add_argument(
         "--group", type=name_arg("group"), default=None, help="only this group's copy"
     )
@@ -201,7 +204,7 @@ def add_parsers(
         help="with --all: only those that died for REASON (%(choices)s)",
     )
     dlq_redrive.add_argument(
-        "--delay", type=duration_arg, default=0, metavar="D", help="due D after now (default 0)"
+        "--delay", type=delay_ms_arg, default=0, metavar="D", help="due D after now (default 0)"
     )
 
 
