@@ -87,3 +87,32 @@ def test_watch_interval_out_of_range_fails_alone(broker: BrokerProcess) -> None:
         assert isinstance(answer, frames.Error), answer
         assert answer.code == ErrorCode.INVALID_ARGUMENT and "250" in answer.message
     assert isinstance(client.request(frames.Ping(client.next_id())), frames.Pong)
+
+
+def test_an_overview_larger_than_a_frame_lists_fewer_groups(broker_factory: Any) -> None:
+    """With ``limits.max_frame_bytes`` at its 64 KiB minimum, 100 groups of long names
+    made the overview larger than a frame and the watch ended with INVALID_ARGUMENT (the
+    dashboard stopped updating). It now lists the largest groups that fit, and
+    ``groups_total`` still counts them all."""
+    small = {"MAX_FRAME_BYTES": "65536", "MAX_BATCH_ITEMS": "1000", "MAX_PAYLOAD_BYTES": "32768"}
+    broker: BrokerProcess = broker_factory(
+        env={f"FUTUREQ_LIMITS_{key}": value for key, value in small.items()}
+    )
+    client = WireClient(broker.client_address)
+    topic = "t" * 249
+    made = 100
+    for i in range(made):
+        group = f"{i:03d}" + "g" * 246
+        answer = client.request(frames.GroupCreate(client.next_id(), topic, group))
+        assert isinstance(answer, frames.Ok), answer
+    # One group with a pending message: the largest, listed first whatever is cut.
+    client.publish([["busy", b"x", 600_000, None, None]])
+    client.send(frames.Watch(70, 250))
+    for _ in range(3):
+        update = next_update(client)
+        assert update.request_id == 70
+        overview = update.overview
+        assert overview["groups_total"] == made + 1
+        assert 0 < len(overview["groups"]) < made + 1
+        assert overview["groups"][0]["topic"] == "busy"
+    assert isinstance(client.request(frames.Ping(client.next_id())), frames.Pong)

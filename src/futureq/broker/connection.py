@@ -42,7 +42,7 @@ import itertools
 import logging
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -327,7 +327,7 @@ class Connection:
                 continue
             request_id, interval_s = watch
             try:
-                data = self.session.send(frames.WatchUpdate(request_id, self.broker.overview()))
+                data = self._watch_update(request_id, self.broker.overview())
             except LocalProtocolError as exc:  # larger than a frame: say so and stop
                 self._set_watch(None)
                 data = self.session.error_bytes(
@@ -337,6 +337,30 @@ class Connection:
             changed = self._watch_changed
             with trio.move_on_after(interval_s):
                 await changed.wait()
+
+    def _watch_update(self, request_id: int, overview: dict[str, Any]) -> bytes:
+        """The WATCH_UPDATE frame of ``overview``, with fewer of its groups if it does not
+        fit in ``max_frame_bytes``.
+
+        With ``limits.max_frame_bytes`` near its 64 KiB minimum, 100 groups of long
+        names made the overview larger than a frame, and the watch ended (found by a
+        tester: the dashboard stopped updating). The groups are listed largest pending
+        first and ``groups_total`` counts them all, so the list is cut from its end,
+        halving it until the frame fits.
+
+        Raises:
+            LocalProtocolError: FRAME_TOO_LARGE if even no group leaves it too large.
+        """
+        groups = overview.get("groups") or []
+        shown = len(groups)
+        while True:
+            view = overview if shown == len(groups) else {**overview, "groups": groups[:shown]}
+            try:
+                return self.session.send(frames.WatchUpdate(request_id, view))
+            except LocalProtocolError as exc:
+                if exc.code is not ErrorCode.FRAME_TOO_LARGE or shown == 0:
+                    raise
+                shown //= 2
 
     def _deliveries_may_resume(self) -> None:
         for consumer in self.subscriptions.values():
