@@ -99,6 +99,26 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"-\.?\d")
+        self._intermixing = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """Parse, taking positionals also after options in a command without
+        subcommands: ``publish orders --delay 5s hello`` failed with "unrecognized
+        arguments: hello" (argparse gave the optional PAYLOAD its empty match before
+        ``--delay``, then had no place for ``hello``), while ``publish orders hello
+        --delay 5s`` worked (found by a tester)."""
+        if self._intermixing or any(
+            isinstance(action, argparse._SubParsersAction) for action in self._actions
+        ):
+            return super().parse_known_args(args, namespace)
+        # parse_known_intermixed_args calls parse_known_args itself (twice).
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
 
 
 class _FromFlag(argparse.Action):
