@@ -134,7 +134,8 @@ class FrameFieldsError(RemoteProtocolError):
     A field missing, extra, of the wrong type (a str, float or bool where an int
     belongs, a map where an array belongs) or outside its enumeration. The frame's bytes
     were consumed whole, so the stream is still in step: a server answers that request
-    alone with ``INVALID_FIELD`` (200) and keeps the connection; a client reading such a
+    alone with ``INVALID_FIELD`` (200), or ``BATCH_TOO_LARGE`` (208) for more arrays and
+    maps than any request needs (``code``), and keeps the connection; a client reading such a
     frame from a server treats it as the protocol error it is (``code`` INVALID_FRAME).
 
     Attributes:

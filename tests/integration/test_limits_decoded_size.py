@@ -16,7 +16,8 @@ from pathlib import Path
 from broker_process import BrokerProcess
 from wire_client import WireClient
 
-from futureq.errors import ErrorCode
+from futureq.client.sync import SyncClient
+from futureq.errors import ErrorCode, RequestError
 from futureq.wire import codec, frames
 
 MIB = 1024 * 1024
@@ -45,11 +46,41 @@ def test_a_frame_of_millions_of_empty_arrays_is_refused_as_it_decodes(
     answer = client.receive()
 
     assert isinstance(answer, frames.Error), answer
-    assert answer.code == ErrorCode.MALFORMED_FRAME
+    # Refused alone, on its request id: the frame was consumed whole.
+    assert (answer.code, answer.request_id) == (ErrorCode.BATCH_TOO_LARGE, 5), answer
     assert "more than 41024 arrays and maps" in answer.message, answer.message
-    assert client.receive() is codec.CLOSED
+    assert isinstance(client.request(frames.Ping(client.next_id())), frames.Pong)
     assert peak_memory_bytes(broker.process.pid) - before < 100 * MIB
     assert isinstance(other.request(frames.Ping(other.next_id())), frames.Pong)
+    # Without a frame type and request id first, there is no request to refuse alone.
+    headless = bytes([0x91, 0xDD]) + count.to_bytes(4, "big") + b"\x90" * count
+    client.send_raw(len(headless).to_bytes(4, "big") + headless)
+    answer = client.receive()
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.MALFORMED_FRAME, answer
+    assert client.receive() is codec.CLOSED
+    assert isinstance(other.request(frames.Ping(other.next_id())), frames.Pong)
+
+
+def test_a_cancel_of_too_many_ids_fails_alone(broker: BrokerProcess) -> None:
+    """``client.cancel(topic, list(range(100_000)))`` (documented: BATCH_TOO_LARGE past
+    ``limits.max_batch_items``) closed the client's connection with MALFORMED_FRAME, its
+    subscriptions and other requests with it. It now fails alone."""
+    with SyncClient(broker.client_address) as client:
+        message_id = client.publish("decoded.cancel", b"x", delay_ms=3_600_000)
+        for ids in (list(range(100_000)), list(range(20_000))):
+            try:
+                client.cancel("decoded.cancel", ids)
+            except RequestError as exc:
+                assert exc.code is ErrorCode.BATCH_TOO_LARGE, exc
+                assert "split" in exc.message, exc.message
+            else:
+                raise AssertionError(f"a CANCEL of {len(ids)} ids was taken")
+        assert client.cancel("decoded.cancel", [message_id]) == [frames.ItemStatus.DONE]
+    # The very connection stays: its next request is answered.
+    wire = WireClient(broker.client_address)
+    answer = wire.request(frames.Cancel(wire.next_id(), "decoded.cancel", None, list(range(10**5))))
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.BATCH_TOO_LARGE, answer
+    assert isinstance(wire.request(frames.Ping(wire.next_id())), frames.Pong)
 
 
 def test_the_largest_publish_with_headers_is_taken(broker: BrokerProcess) -> None:

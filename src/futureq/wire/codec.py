@@ -125,6 +125,28 @@ def _unpack_bounded(body: memoryview, max_containers: int) -> object:
         raise
 
 
+def _frame_head(buffer: bytearray, start: int, end: int) -> tuple[int, int] | None:
+    """The (frame type, request id) a frame body begins with, read without decoding
+    the rest: None unless the body is an array whose first two items are ints, the
+    first a known frame type (``docs/protocol.md``, "Frames")."""
+    unpacker = msgpack.Unpacker(max_array_len=0, max_map_len=0, max_str_len=0, max_bin_len=0)
+    unpacker.feed(bytes(buffer[start : min(end, start + 32)]))
+    try:
+        if unpacker.read_array_header() < 2:
+            return None
+        frame_type = unpacker.unpack()
+        request_id = unpacker.unpack()
+    except (ValueError, TypeError, msgpack.UnpackException, msgpack.OutOfData):
+        return None
+    if type(frame_type) is not int or type(request_id) is not int:
+        return None
+    try:
+        frames.FrameType(frame_type)
+    except ValueError:
+        return None
+    return frame_type, request_id
+
+
 def msgpack_fault(exc: BaseException) -> str:
     """What is wrong with bytes msgpack refused to decode, in words a client can act on
     (msgpack's own messages are empty for a reserved byte or deep nesting, and name
@@ -283,12 +305,21 @@ class FrameDecoder:
                 else:
                     value = _unpack_bounded(body, self.max_containers)
         except _TooManyContainers:
-            raise RemoteProtocolError(
-                ErrorCode.MALFORMED_FRAME,
+            message = (
                 f"frame body holds more than {self.max_containers} arrays and maps, or one "
                 f"of more than {self.max_containers} items, more than any request needs "
-                "(a PUBLISH item takes 2): split the request",
-            ) from None
+                "(a PUBLISH item takes 2): split the request"
+            )
+            head = _frame_head(self._buffer, start + HEADER_BYTES, end)
+            if head is not None:
+                # The frame was consumed whole and its request id is known: the request
+                # fails alone (a CANCEL of 100,000 ids closed the client's connection,
+                # its subscriptions and other requests with it; found by a tester).
+                frame_type, request_id = head
+                raise FrameFieldsError(
+                    ErrorCode.BATCH_TOO_LARGE, message, request_id, frame_type
+                ) from None
+            raise RemoteProtocolError(ErrorCode.MALFORMED_FRAME, message) from None
         except msgpack.ExtraData:
             raise RemoteProtocolError(
                 ErrorCode.MALFORMED_FRAME, "frame body holds more than one msgpack value"

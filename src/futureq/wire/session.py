@@ -362,15 +362,16 @@ class ServerSession(_Session):
         ):
             return None  # no handshake yet, a second HELLO, or a server-only frame
         message = exc.message.removeprefix(f"{frame_type.name} frame: ")
-        return RefusedRequest(
-            exc.request_id,
-            frame_type,
-            RequestError(
+        if exc.code is ErrorCode.BATCH_TOO_LARGE:
+            # More arrays or items than any request needs (the decoder stopped early).
+            error = RequestError(exc.code, f"{frame_type.name} request refused: {message}")
+        else:
+            error = RequestError(
                 ErrorCode.INVALID_FIELD,
                 f"{frame_type.name} request refused: {message}; fix the request "
                 "(docs/protocol.md, Frames)",
-            ),
-        )
+            )
+        return RefusedRequest(exc.request_id, frame_type, error)
 
     def accept_hello(
         self,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from futureq.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from futureq.errors import ErrorCode, FrameFieldsError, LocalProtocolError, RemoteProtocolError
 from futureq.wire import codec, frames
 
 FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=500)
@@ -300,20 +300,37 @@ def bounded(body: bytes, max_containers: int) -> codec.FrameDecoder:
     return decoder
 
 
-def test_a_frame_of_more_arrays_and_maps_than_allowed_is_malformed() -> None:
+def test_a_frame_of_more_arrays_and_maps_than_allowed_is_refused() -> None:
     # A 4 MiB frame of empty arrays once took a server from 60 MB to 390 MB as it was
-    # decoded (one byte on the wire, some 60 bytes each in memory).
+    # decoded (one byte on the wire, some 60 bytes each in memory). A frame whose type
+    # and request id come first is refused alone (BATCH_TOO_LARGE, its request id: the
+    # stream is still in step); one without them is malformed.
     publish = [int(frames.FrameType.PUBLISH), 1, 2]
     within = msgpack.packb([*publish, [[]] * 8])  # the frame's own array and 9 more
     assert isinstance(bounded(within, 10).next_frame(), frames.Publish)
     too_many = msgpack.packb([*publish, [[]] * 9])
-    error = raises_code(bounded(too_many, 10), ErrorCode.MALFORMED_FRAME)
+    error = raises_code(bounded(too_many, 10), ErrorCode.BATCH_TOO_LARGE)
     assert "more than 10 arrays and maps" in error.message
+    assert isinstance(error, FrameFieldsError) and error.request_id == 1
+    assert error.frame_type == frames.FrameType.PUBLISH
     maps = msgpack.packb([*publish, [{}] * 9])
-    raises_code(bounded(maps, 10), ErrorCode.MALFORMED_FRAME)
+    raises_code(bounded(maps, 10), ErrorCode.BATCH_TOO_LARGE)
     # One array longer than the bound is refused from its header, before its items.
     long_array = msgpack.packb([*publish, list(range(11))])
-    raises_code(bounded(long_array, 10), ErrorCode.MALFORMED_FRAME)
+    raises_code(bounded(long_array, 10), ErrorCode.BATCH_TOO_LARGE)
+    # The decoder goes on with the next frame.
+    decoder = bounded(long_array, 10)
+    decoder.receive_data(framed(within))
+    raises_code(decoder, ErrorCode.BATCH_TOO_LARGE)
+    assert isinstance(decoder.next_frame(), frames.Publish)
+    # No frame type and request id to answer to: malformed, as before.
+    for headless in (
+        msgpack.packb([[[]] * 11]),
+        msgpack.packb(["x", 1, [[]] * 11]),
+        msgpack.packb([999, 1, [[]] * 11]),
+        msgpack.packb([list(range(11))]),
+    ):
+        raises_code(bounded(headless, 10), ErrorCode.MALFORMED_FRAME)
     # Without a bound (a client's decoder, raft links) only the frame size counts.
     unbounded = codec.FrameDecoder(1 << 20)
     unbounded.receive_data(framed(too_many) + framed(long_array))
