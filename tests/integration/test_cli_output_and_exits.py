@@ -128,3 +128,19 @@ def test_a_file_flag_naming_no_readable_file_is_a_usage_error_before_connecting(
         assert done.returncode == 2, done.stdout + done.stderr
         assert said in done.stderr, done.stderr
         assert "CONNECTION_LOST" not in done.stderr
+
+
+def test_the_shortest_request_timeout_is_an_error_not_a_traceback(broker: BrokerProcess) -> None:
+    """``--request-timeout 1ms`` (a deadline the parser takes) ended in a ValueError
+    traceback from the client library: its default linger (1 ms) must be below the
+    deadline. Now it runs, and a request that cannot be answered in time is an error
+    line with exit status 1; a longer deadline works as ever."""
+    for args in (["status"], ["publish", "short.deadline", "x"]):
+        done = cli(broker.client_address, "--request-timeout", "1ms", *args)
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.returncode in (0, 1), done
+        if done.returncode == 1:
+            assert done.stderr.startswith("error: ["), done.stderr
+    published = cli(broker.client_address, "--request-timeout", "3ms", "publish", "short.t", "x")
+    assert "Traceback" not in published.stderr, published.stderr
+    assert cli(broker.client_address, "--request-timeout", "10s", "status").returncode == 0

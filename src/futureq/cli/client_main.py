@@ -154,9 +154,18 @@ async def run_command(args: argparse.Namespace, io: Output) -> int:
         connect_timeout_s=min(5.0, timeout_s),
         request_timeout_s=timeout_s,
         max_batch_items=MAX_BATCH_SIZE,
+        # Below the deadline, which the client requires: `--request-timeout 1ms` (a
+        # deadline the parser takes) ended in a ValueError traceback, the library's
+        # default linger being 1 ms too.
+        linger_ms=min(LINGER_MS, args.request_timeout_ms / 2),
     ) as client:
         result: int = await handlers[args.command](client, args, io)
         return result
+
+
+LINGER_MS = 1.0
+"""How long a publish waits for more to send with it (ms; the client's default), or half
+the request deadline if that is shorter."""
 
 
 def main(
