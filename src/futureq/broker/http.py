@@ -463,7 +463,10 @@ class HttpApp:
             return 200, static_file(name), STATIC_FILES[name]
         return (
             404,
-            f"no such page: {path}; try /metrics, /healthz, /readyz, /api/status, "
+            # Quoted and cut: the path is the client's, and a raw one put its control
+            # characters (terminal escapes) and up to 64 KiB into the answer.
+            f"no such page: {websocket.printable(path)}; try /metrics, /healthz, /readyz, "
+            "/api/status, "
             "/api/overview, /api/browse, / (the dashboard)\n".encode(),
             _TEXT,
         )

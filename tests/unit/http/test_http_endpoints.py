@@ -196,6 +196,21 @@ async def test_unknown_path_method_and_head() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_a_404_quotes_the_path_without_its_control_characters() -> None:
+    # The path was echoed raw: an ESC sequence in it reached the terminal of whoever
+    # read the answer with curl, and a 60 KiB path came back whole.
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(serve_http, "127.0.0.1:0", Metrics(), FakeProvider())
+        missing = await request(address, "/%1b%5b2J%00x")
+        assert missing.status == 404
+        sentence = missing.body.decode()
+        assert "no such page: '/\\x1b[2J\\x00x'" in sentence, sentence
+        assert all(char.isprintable() for char in sentence.rstrip("\n")), sentence
+        long = await request(address, "/" + "a" * 30_000)
+        assert long.status == 404 and len(long.body) < 1_000, len(long.body)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_failing_provider_gives_500_not_a_crash() -> None:
     class Broken(FakeProvider):
         def status(self) -> dict[str, Any]:
