@@ -34,6 +34,53 @@ ROOM_AGAIN_FRACTION = 0.5
 """A full buffer counts as having room again once below this fraction of its limit."""
 
 
+HELD_FRAME_BYTES = 256
+"""Memory of one decoded request frame beyond its wire bytes (its object, list, ints)."""
+HELD_ITEM_BYTES = 160
+"""Memory of one decoded PUBLISH item beyond its wire bytes (its tuple, and str, bytes
+and int objects of 28 to 60 bytes each for 1 to 9 on the wire): measured 80 bytes for
+``["t", b"", nil, nil, nil]``, 240 for one with a long topic, a TTL and a key."""
+HELD_HEADER_MAP_BYTES = 232
+"""Memory of the headers map of one decoded PUBLISH item (an empty dict's size)."""
+HELD_HEADER_BYTES = 40
+"""Memory of one more header in that map (its slots; msgpack shares equal keys)."""
+HELD_ELEMENT_BYTES = 48
+"""Memory of one decoded tag or message id beyond its wire bytes (a bytes or int object
+and its list slot)."""
+
+
+def held_bytes(frame: object, wire_bytes: int) -> int:
+    """What a request frame holds in memory once decoded, estimated (bytes).
+
+    A request being served was counted by its wire bytes alone, against
+    ``limits.max_connection_buffer_bytes`` and ``limits.max_node_buffer_bytes``; decoded,
+    a PUBLISH of 10,000 small items takes 11 to 20 times its wire bytes (one byte of
+    msgpack becomes a Python object of 28 to 60), so a connection within its 8 MiB could
+    hold over 100 MB. The estimate counts each item, headers map, tag and id, within a
+    factor of two of what was measured; a frame of large payloads stays close to its
+    wire bytes.
+
+    Args:
+        frame: A decoded request frame (``futureq.wire.frames``).
+        wire_bytes: Its size on the wire, header included.
+
+    Returns:
+        ``wire_bytes`` plus the estimated memory of its decoded objects.
+    """
+    held = wire_bytes + HELD_FRAME_BYTES
+    items = getattr(frame, "items", None)
+    if isinstance(items, list | tuple):
+        held += HELD_ITEM_BYTES * len(items)
+        for item in items:
+            if len(item) > 5 and isinstance(item[5], dict):
+                held += HELD_HEADER_MAP_BYTES + HELD_HEADER_BYTES * len(item[5])
+    for name in ("tags", "ids", "handed"):
+        elements = getattr(frame, name, None)
+        if isinstance(elements, list | tuple):
+            held += HELD_ELEMENT_BYTES * len(elements)
+    return held
+
+
 class NodeBuffers:
     """Bytes held in every client connection's buffers on this node, both directions.
 

@@ -27,7 +27,9 @@ Limits (``docs/operations.md``, "Limits"; issue 10):
   takes at most what the node's inbound budget has room for (at least
   ``MIN_RECEIVE_BYTES``); a client silent for ``limits.keepalive_interval_ms`` gets a PING
   and must send something within ``limits.keepalive_timeout_ms`` (``KEEPALIVE_TIMEOUT``);
-  one write may block for at most ``limits.send_timeout_ms`` (``SLOW_CLIENT``).
+  one write may block for at most ``limits.send_timeout_ms`` (``SLOW_CLIENT``);
+* requests being served count against both buffer limits with their decoded size
+  (:func:`~futureq.broker.buffers.held_bytes`), not their wire bytes alone.
 
 A connection the server closes logs one line (peer, error code, sentence), at most
 :data:`~futureq.rate_limited_log.LOG_LINES_PER_MINUTE` a minute, each part cut to
@@ -69,7 +71,7 @@ from futureq.wire.session import (
 
 from . import manage
 from .access import ANONYMOUS, AccessControl, Principal
-from .buffers import EVICT_AFTER_S, NodeBuffers, Outbox
+from .buffers import EVICT_AFTER_S, NodeBuffers, Outbox, held_bytes
 from .command_log import no_space_error
 from .membership import member_client_addresses
 from .shard_requests import check_shard, slot_map_answer
@@ -479,7 +481,9 @@ class Connection:
                 self._limit.acquire_nowait()
             except trio.WouldBlock:
                 await self._limit.acquire()
-            size = before - session.buffered_bytes  # the frame's, header included
+            # What the request holds while served: its wire bytes (header included) and
+            # its decoded objects, many times those for a batch of small items.
+            size = held_bytes(event, before - session.buffered_bytes)
             if self._request_bytes and self._request_bytes + size > self._request_bytes_limit:
                 await self._wait_request_room(size)
             node = self.node_buffers
