@@ -198,6 +198,10 @@ class _Session:
             refused = self._refuse_alone(exc)
             if refused is None:
                 self._state = SessionState.ERROR
+                if exc.code is ErrorCode.BATCH_TOO_LARGE:
+                    # Not a request to refuse alone (before HELLO, say): the frame is
+                    # malformed, a protocol error with a protocol error's code.
+                    raise RemoteProtocolError(ErrorCode.MALFORMED_FRAME, exc.message) from None
                 raise
             return refused
         except RemoteProtocolError:

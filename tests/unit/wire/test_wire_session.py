@@ -653,3 +653,33 @@ def test_any_bytes_through_a_session(
     if eof:
         s.receive_data(b"")
         drain(s)
+
+
+def _framed(value: object) -> bytes:
+    body = msgpack.packb(value)
+    return len(body).to_bytes(4, "big") + body
+
+
+TOO_MANY_ARRAYS = [int(frames.FrameType.PUBLISH), 7, 2, [[]] * 11]
+"""A PUBLISH of more arrays than a session bounded at 10 takes."""
+
+
+def test_a_request_of_too_many_arrays_is_refused_alone() -> None:
+    # A CANCEL of 100,000 ids closed the client's connection with MALFORMED_FRAME; the
+    # frame was consumed whole, so only that request fails.
+    s, _ = handshake(
+        ServerSession(MAX_FRAME_BYTES, frames.SUPPORTED_VERSIONS, None, max_containers=10)
+    )
+    s.receive_data(_framed(TOO_MANY_ARRAYS) + codec.encode_frame(frames.Ping(8)))
+    event = s.next_event()
+    assert isinstance(event, session.RefusedRequest), event
+    assert event.request_id == 7 and event.error.code is ErrorCode.BATCH_TOO_LARGE
+    assert "split the request" in event.error.message
+    assert s.state is SessionState.READY
+    assert isinstance(next_frame(s), frames.Ping)
+
+
+def test_too_many_arrays_before_hello_is_a_protocol_error() -> None:
+    s = ServerSession(MAX_FRAME_BYTES, frames.SUPPORTED_VERSIONS, None, max_containers=10)
+    s.receive_data(_framed(TOO_MANY_ARRAYS))
+    refused(s, ErrorCode.MALFORMED_FRAME)
