@@ -72,7 +72,8 @@ def held_bytes(frame: object, wire_bytes: int) -> int:
     if isinstance(items, list | tuple):
         held += HELD_ITEM_BYTES * len(items)
         for item in items:
-            if len(item) > 5 and isinstance(item[5], dict):
+            # Raw wire items, not validated yet: any shape (validation refuses it later).
+            if isinstance(item, list | tuple) and len(item) > 5 and isinstance(item[5], dict):
                 held += HELD_HEADER_MAP_BYTES + HELD_HEADER_BYTES * len(item[5])
     for name in ("tags", "ids", "handed"):
         elements = getattr(frame, name, None)
