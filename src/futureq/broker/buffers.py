@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -71,14 +71,28 @@ def held_bytes(frame: object, wire_bytes: int) -> int:
     items = getattr(frame, "items", None)
     if isinstance(items, list | tuple):
         held += HELD_ITEM_BYTES * len(items)
-        for item in items:
-            # Raw wire items, not validated yet: any shape (validation refuses it later).
-            if isinstance(item, list | tuple) and len(item) > 5 and isinstance(item[5], dict):
-                held += HELD_HEADER_MAP_BYTES + HELD_HEADER_BYTES * len(item[5])
+        try:
+            # Items without headers have 5 fields: one C-level pass tells whether any
+            # has more (a loop over every item cost about as much as validating it).
+            plain = not items or max(map(len, items)) <= 5
+        except TypeError:
+            plain = False  # an item without a length: validation refuses it later
+        if not plain:
+            held += _headers_held(items)
     for name in ("tags", "ids", "handed"):
         elements = getattr(frame, name, None)
         if isinstance(elements, list | tuple):
             held += HELD_ELEMENT_BYTES * len(elements)
+    return held
+
+
+def _headers_held(items: list[Any] | tuple[Any, ...]) -> int:
+    """The estimated memory (bytes) of the headers maps of raw PUBLISH items."""
+    held = 0
+    for item in items:
+        # Raw wire items, not validated yet: any shape (validation refuses it later).
+        if isinstance(item, list | tuple) and len(item) > 5 and isinstance(item[5], dict):
+            held += HELD_HEADER_MAP_BYTES + HELD_HEADER_BYTES * len(item[5])
     return held
 
 
