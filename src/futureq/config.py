@@ -10,6 +10,7 @@ Loading (TOML file, environment overrides, command-line flags, validation) lives
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Final
 
 import attrs
@@ -431,6 +432,48 @@ def join_host_port(host: str, port: int) -> str:
     """``HOST:PORT``, an IPv6 host in brackets (``[v6]:PORT``): the inverse of
     :func:`split_host_port`."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+"""Host names that mean this machine's loopback addresses without asking DNS."""
+
+
+def host_keys(host: str) -> frozenset[str]:
+    """The forms under which ``host`` (as :func:`split_host_port` gives it) names a
+    machine, for telling whether two addresses are one: an IP address in its one
+    canonical text (``127.000.0.1`` -> ``127.0.0.1``, ``::ffff:127.0.0.1`` ->
+    ``127.0.0.1``, ``0:0::1`` -> ``::1``), a name lower-cased without its trailing dot,
+    and ``localhost`` also as ``127.0.0.1`` and ``::1``. No DNS is asked (see
+    :func:`futureq.broker.membership.add_node`, which adds what names resolve to).
+
+    Source: ``cluster add-node`` compared address text, so ``localhost:P`` was taken
+    for another node than a member at ``127.0.0.1:P`` (found by a tester).
+    """
+    text = host.strip().rstrip(".").lower()
+    try:
+        ip = ipaddress.ip_address(text.partition("%")[0])
+    except ValueError:
+        if text in LOOPBACK_NAMES or text.endswith(".localhost"):
+            return frozenset({text, "127.0.0.1", "::1"})
+        return frozenset({text})
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return frozenset({str(ip)})
+
+
+def same_address(first: str, second: str) -> bool:
+    """Whether ``HOST:PORT`` addresses ``first`` and ``second`` name one port of one
+    machine as far as their text tells (:func:`host_keys`): same port, and a host form
+    in common. An address that is not ``HOST:PORT`` is compared as text.
+    """
+    try:
+        first_host, first_port = split_host_port(first)
+        second_host, second_port = split_host_port(second)
+    except ValueError:
+        return first == second
+    return first_port == second_port and not host_keys(first_host).isdisjoint(
+        host_keys(second_host)
+    )
 
 
 def parse_peers(text: str) -> dict[int, str]:

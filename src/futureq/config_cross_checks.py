@@ -20,6 +20,7 @@ from futureq.config import (
     announced_raft_address,
     is_wildcard,
     parse_peers,
+    same_address,
     split_host_port,
 )
 from futureq.config_checks import Bad
@@ -48,20 +49,30 @@ def _check_membership(config: Config) -> Iterable[Bad]:
             "lists all initial voters, itself included (a node joining a cluster uses "
             "cluster.join instead)",
         )
-    by_address: dict[tuple[str, int], list[int]] = {}
-    for peer, address in peers.items():
+    # Compared by host_keys, not text: 1=localhost:P,2=127.0.0.1:P passed (found by a tester).
+    groups: list[list[int]] = []
+    for peer, address in sorted(peers.items()):
         try:
-            host, port = split_host_port(address)
+            split_host_port(address)
         except ValueError:
             continue
-        by_address.setdefault((host.lower(), port), []).append(peer)
-    for (host, port), ids in by_address.items():
+        for ids in groups:
+            if same_address(peers[ids[0]], address):
+                ids.append(peer)
+                break
+        else:
+            groups.append([peer])
+    for ids in groups:
         if len(ids) > 1:
+            host, port = split_host_port(peers[ids[0]])
+            spellings = {peers[peer] for peer in ids}
+            named = ", ".join(f"{peer}={peers[peer]}" for peer in ids)
             yield Bad(
                 ("cluster.peers",),
                 config.cluster.peers,
-                f"gives nodes {sorted(ids)} the same address {host}:{port}; each node needs "
-                "its own Raft address",
+                f"gives nodes {ids} the same address {host.lower()}:{port}"
+                + (f" ({named})" if len(spellings) > 1 else "")
+                + "; each node needs its own Raft address",
             )
 
 

@@ -258,6 +258,41 @@ def test_add_node_with_one_address_for_both_ports_is_refused(tmp_path: Path) -> 
         cluster.stop()
 
 
+def test_add_node_at_a_members_address_spelled_otherwise_is_refused(tmp_path: Path) -> None:
+    """``cluster add-node 4 localhost:P ...`` with node 1 at ``127.0.0.1:P`` was accepted
+    (addresses were compared as text): node 4 became a learner whose Raft address was
+    node 1's own port. The same for a client address, and for one address given for
+    both ports in two spellings."""
+    cluster = Cluster(tmp_path / "c", 1)
+    cluster.start()
+    try:
+        leader = cluster.leader()
+        raft_port = leader.raft_address.rpartition(":")[2]
+        client_port = leader.client_address.rpartition(":")[2]
+        (free,) = free_ports(1)
+        attempts = [
+            (
+                f"localhost:{raft_port}",
+                f"127.0.0.1:{free}",
+                f"node 1 already uses {leader.raft_address}, which localhost:{raft_port} also names",
+            ),
+            (
+                f"127.0.0.1:{free}",
+                f"[::ffff:127.0.0.1]:{client_port}",
+                f"node 1 already uses {leader.client_address}",
+            ),
+            (f"localhost:{free}", f"127.0.0.1:{free}", "raft_address and client_address are both"),
+        ]
+        for raft, client, sentence in attempts:
+            done = cli(leader.client_address, "cluster", "add-node", "4", raft, client)
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert f"[INVALID_ARGUMENT] {sentence}" in done.stderr, done.stderr
+        view = json.loads(cli(leader.client_address, "cluster", "status", "--json").stdout)
+        assert view["learners"] == [] and view["voters"] == [1]
+    finally:
+        cluster.stop()
+
+
 def test_transfer_leader_to_a_node_that_does_not_take_over_says_so(tmp_path: Path) -> None:
     """``cluster transfer-leader 3`` with node 3 stopped (SIGSTOP) printed ``leadership
     transferred`` and exited 0 while another node was elected instead; it now names the

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from futureq.config import WILDCARD_HOSTS, split_host_port
+from futureq.config import WILDCARD_HOSTS, host_keys, same_address, split_host_port
 from futureq.errors import ErrorCode, FutureQError, NotLeaderError, RequestError
 from futureq.raft.cluster_clock import describe_offset
 from futureq.rate_limited_log import RateLimitedLog
@@ -170,7 +170,7 @@ async def add_node(broker: Broker, node_id: int, raft_address: str, client_addre
             raise RequestError(
                 ErrorCode.INVALID_ARGUMENT, f"{name} {address!r} must name a real port, not 0"
             )
-    if raft_address == client_address:
+    if same_address(raft_address, client_address):
         # Accepted before, and the node was added with an address it cannot serve on
         # both ports (found by a tester).
         raise RequestError(
@@ -180,16 +180,24 @@ async def add_node(broker: Broker, node_id: int, raft_address: str, client_addre
             "(--advertise-client or --listen), which are two ports",
         )
     voters, learners = cluster.membership()
+    # By the machine each address names, not its text: `localhost:P` was taken for
+    # another node than a member at `127.0.0.1:P`, and the "new" node was that member
+    # (found by a tester).
+    resolved = _AddressResolver()
     for member in sorted(voters | learners):
         if member == node_id:
             continue
-        known = cluster.member_addresses(member)
-        if raft_address in known or client_address in known:
-            raise RequestError(
-                ErrorCode.INVALID_ARGUMENT,
-                f"node {member} already uses {raft_address if raft_address in known else client_address}; "
-                "give the new node its own addresses",
-            )
+        for theirs in cluster.member_addresses(member):
+            if theirs is None:
+                continue
+            for ours in (raft_address, client_address):
+                if await resolved.same(ours, theirs):
+                    raise RequestError(
+                        ErrorCode.INVALID_ARGUMENT,
+                        f"node {member} already uses {theirs}"
+                        + ("" if ours == theirs else f", which {ours} also names")
+                        + "; give the new node its own addresses",
+                    )
     if node_id in voters:
         raise RequestError(ErrorCode.INVALID_ARGUMENT, f"node {node_id} is already a voter")
     await broker.log.propose(commands.node_address(node_id, raft_address, client_address))
@@ -201,6 +209,50 @@ async def add_node(broker: Broker, node_id: int, raft_address: str, client_addre
         raise RequestError(
             ErrorCode.UNAVAILABLE, "too many nodes waiting for promotion; retry"
         ) from None
+
+
+RESOLVE_TIMEOUT_S = 2.0
+"""Longest ``add_node`` waits for DNS to say what one host name resolves to (s); a name
+not resolved by then is compared by its text alone."""
+
+
+class _AddressResolver:
+    """Tells whether two ``HOST:PORT`` addresses name one port of one machine: by
+    :func:`~futureq.config.host_keys`, and by what their host names resolve to (each
+    name asked once, within :data:`RESOLVE_TIMEOUT_S`; a name that does not resolve
+    keeps only its text)."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, frozenset[str]] = {}
+
+    async def same(self, first: str, second: str) -> bool:
+        """Whether ``first`` and ``second`` share their port and a host form."""
+        if same_address(first, second):
+            return True
+        try:
+            first_host, first_port = split_host_port(first)
+            second_host, second_port = split_host_port(second)
+        except ValueError:
+            return False
+        if first_port != second_port:
+            return False
+        return not (await self._host_keys(first_host)).isdisjoint(
+            await self._host_keys(second_host)
+        )
+
+    async def _host_keys(self, host: str) -> frozenset[str]:
+        keys = self._keys.get(host)
+        if keys is None:
+            keys = host_keys(host)
+            with trio.move_on_after(RESOLVE_TIMEOUT_S):
+                try:
+                    found = await trio.socket.getaddrinfo(host, None, type=trio.socket.SOCK_STREAM)
+                except OSError:
+                    found = []
+                for entry in found:
+                    keys |= host_keys(str(entry[4][0]))
+            self._keys[host] = keys
+        return keys
 
 
 async def remove_node(broker: Broker, node_id: int) -> None:

@@ -12,6 +12,7 @@ from futureq.config import (
     announced_client_address,
     announced_raft_address,
     is_wildcard,
+    same_address,
 )
 from futureq.config_cross_checks import config_warnings
 from futureq.config_loader import load_config
@@ -154,3 +155,25 @@ def test_a_single_node_advertising_a_wildcard_is_warned_about_its_advertise() ->
     (warning,) = config_warnings(config)
     assert warning.startswith("server.advertise = '0.0.0.0:7450' is a wildcard address")
     assert "unset" not in warning and "server.listen" not in warning
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        ("localhost:7451", "127.0.0.1:7451", True),
+        ("LOCALHOST.:7451", "[::1]:7451", True),
+        ("[::ffff:127.0.0.1]:7451", "127.0.0.1:7451", True),
+        ("[0:0::1]:7451", "[::1]:7451", True),
+        ("N1.example.:7451", "n1.example:7451", True),
+        ("127.0.0.1:7451", "127.0.0.2:7451", False),
+        ("localhost:7451", "127.0.0.1:7452", False),
+        ("n1:7451", "n2:7451", False),
+    ],
+)
+def test_same_address_compares_the_machine_and_port_not_the_text(
+    first: str, second: str, same: bool
+) -> None:
+    """``add-node`` and ``cluster.peers`` compared address text: ``localhost:P`` and
+    ``127.0.0.1:P`` passed as two nodes (found by a tester)."""
+    assert same_address(first, second) is same
+    assert same_address(second, first) is same

@@ -346,6 +346,10 @@ def test_node_id_and_prefetch_have_upper_bounds() -> None:
             ["gives nodes [1, 2] the same address h1:7451"],
         ),
         (
+            {"cluster": {"peers": "1=localhost:7451,2=h2:7451,3=[::ffff:127.0.0.1]:7451"}},
+            ["gives nodes [1, 3] the same address localhost:7451 (1=localhost:7451, 3="],
+        ),
+        (
             {
                 "server": {"listen": "127.0.0.1:7450"},
                 "cluster": {"peers": "1=h1:7451,2=h2:7451", "raft_listen": "127.0.0.1:7450"},
