@@ -240,6 +240,38 @@ def test_a_peers_list_naming_another_node_at_this_nodes_address_says_so(
         cluster.stop()
 
 
+def test_a_node_that_may_lead_but_gets_no_votes_names_the_voters_it_waits_for(
+    tmp_path: Path,
+) -> None:
+    """With nodes 1 and 2 of a 3-node cluster stopped, node 3 (recovered, in bound) said
+    only ``no leader is known yet (this node is pre_candidate)`` on ``/readyz``, in the
+    NO_LEADER alarm and in ``cluster status``: now each names the voters that do not
+    answer its campaign."""
+    cluster = Cluster(tmp_path / "c", 3)
+    cluster.start()
+    try:
+        cluster.leader()
+        node3 = cluster.nodes[3]
+        cluster.nodes[1].terminate()
+        cluster.nodes[2].terminate()
+        code, answer = _until(
+            "node 3's /readyz names the silent voters",
+            _not_ready_saying(node3, "node(s) 1, 2 do not answer"),
+        )
+        assert code == 503
+        assert "asks for votes" in answer["reason"] and "of the 2 it needs" in answer["reason"]
+        alarms = node3.http_json("/api/overview")["alarms"]
+        (text,) = [a["text"] for a in alarms if a["name"] == "NO_LEADER"]
+        assert "node 3 asks for votes" in text and "node(s) 1, 2 do not answer" in text, text
+        view = json.loads(cli(node3.client_address, "cluster", "status", "--json").stdout)
+        assert view["last_campaign"]["silent"] == [1, 2], view
+        assert view["last_campaign"]["granted"] == [3] and view["last_campaign"]["needed"] == 2
+        shown = cli(node3.client_address, "cluster", "status")
+        assert "NOT ANSWERING: 1, 2; REFUSING: none" in shown.stdout, shown.stdout
+    finally:
+        cluster.stop()
+
+
 def test_add_node_with_one_address_for_both_ports_is_refused(tmp_path: Path) -> None:
     """``cluster add-node 4 H:P H:P`` was accepted: node 4 became a learner booked with
     one address for its Raft and client ports, which no node can serve."""

@@ -66,7 +66,7 @@ from futureq.rate_limited_log import RateLimitedLog
 from futureq.wire import codec
 
 from . import http_connection, http_protocol, websocket
-from .overview import recovery_sentence
+from .overview import campaign_sentence, recovery_sentence
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
@@ -488,6 +488,9 @@ class HttpApp:
             # Waiting for a member that is down or refused, not for a leader that is
             # late (found by a tester).
             reason += f"; {recovery_sentence('it', waiting)}"
+        campaign = overview.get("node", {}).get("last_campaign")
+        if campaign:
+            reason += f"; {campaign_sentence('it', campaign)}"
         refused = self._refused_links(overview)
         if refused:
             # Peers that answer but refuse this node (another cluster id, secret or

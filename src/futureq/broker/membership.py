@@ -94,6 +94,7 @@ def cluster_status(broker: Broker) -> dict[str, Any]:
             "nodes": members,
             "recovering": node.recovering(),  # type: ignore[attr-defined]
             "recovery_waiting_for": node.recovery_waiting_for(),  # type: ignore[attr-defined]
+            "last_campaign": node.last_campaign(),  # type: ignore[attr-defined]
         }
     view["node_id"] = broker.node_id
     view["cluster_id"] = broker.config.cluster.cluster_id

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -333,6 +333,39 @@ def recovery_sentence(subject: str, waiting_for: Iterable[int]) -> str:
     )
 
 
+def campaign_sentence(subject: str, campaign: Mapping[str, Any]) -> str:
+    """Why ``subject`` (``node 3``, ``it``), which may lead, has no leader: what its last
+    campaign (``last_campaign`` of CLUSTER_STATUS_OK) got, naming the voters that did not
+    answer and those that refused. Said by the NO_LEADER alarm and by ``/readyz``,
+    which said only "no leader is known yet" (found by a tester)."""
+    granted = list(campaign.get("granted") or [])
+    kind = "pre-vote" if campaign.get("pre_vote") else "election"
+    text = (
+        f"{subject} asks for votes ({kind} for term {campaign.get('term')}) and has "
+        f"{len(granted)} of the {campaign.get('needed')} it needs"
+    )
+    if granted:
+        text += f" (node(s) {_ids(granted)})"
+    silent = list(campaign.get("silent") or [])
+    if silent:
+        text += (
+            f"; node(s) {_ids(silent)} do not answer: they are down, not reachable at "
+            "their Raft addresses, or still hear a leader this node does not"
+        )
+    refused = list(campaign.get("refused") or [])
+    if refused:
+        text += (
+            f"; node(s) {_ids(refused)} refuse: they hold a longer log, still hear a "
+            "leader, are recovering, or measure this node's clock too far off (their "
+            "debug log names which)"
+        )
+    return text
+
+
+def _ids(nodes: Iterable[Any]) -> str:
+    return ", ".join(str(n) for n in nodes)
+
+
 def _alarms(
     broker: Broker,
     node: dict[str, Any],
@@ -353,6 +386,9 @@ def _alarms(
         waiting = node.get("recovery_waiting_for")
         if waiting:
             text += "; " + recovery_sentence(f"node {node['node_id']}", waiting)
+        campaign = node.get("last_campaign")
+        if campaign:
+            text += "; " + campaign_sentence(f"node {node['node_id']}", campaign)
         alarms.append({"name": "NO_LEADER", "text": text})
     hub = broker.hub
     if hub.held_back and hub.room_out() < 1:
@@ -461,6 +497,7 @@ def build_overview(
         "uptime_s": round(broker.clock.monotonic_s() - broker.started_s, 3),
         "data_dir_bytes": data_dir_bytes,
         "recovery_waiting_for": cluster.get("recovery_waiting_for") or [],
+        "last_campaign": cluster.get("last_campaign"),
     }
     members = _members(cluster) if clustered else []
     clock = cluster.get("clock")

@@ -337,6 +337,17 @@ async def run_cluster(client: Client, args: argparse.Namespace, io: Output) -> i
             f"node {view.get('node_id')} is RECOVERING after its start: it neither votes nor "
             f"counts towards a quorum until node(s) {', '.join(map(str, waiting))} answer it"
         )
+    campaign = view.get("last_campaign")
+    if campaign and view.get("leader_id") is None:
+        # No leader: which voters this node's campaign waits for, which refuse it.
+        silent = ", ".join(map(str, campaign.get("silent") or [])) or "none"
+        refused = ", ".join(map(str, campaign.get("refused") or [])) or "none"
+        io.out(
+            f"node {view.get('node_id')} asks for votes "
+            f"({'pre-vote' if campaign.get('pre_vote') else 'election'} for term "
+            f"{campaign.get('term')}): {len(campaign.get('granted') or [])} of the "
+            f"{campaign.get('needed')} it needs; NOT ANSWERING: {silent}; REFUSING: {refused}"
+        )
     for node in view.get("nodes", []):
         if node.get("refused"):
             io.out(f"node {node.get('node_id')}: Raft link FAILING: {node['refused']}")

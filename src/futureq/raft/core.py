@@ -306,6 +306,10 @@ class RaftCore:
         self.leader_id: NodeId | None = None
         self.progress: dict[NodeId, Progress] = {}
         self._votes: dict[NodeId, bool] = {}
+        self._last_campaign: tuple[bool, Term, frozenset[NodeId], dict[NodeId, bool]] | None = None
+        """This node's last campaign since it last heard a leader: pre-vote or not, the
+        term it asked votes for, the voters, and the votes (the ``_votes`` dict of that
+        campaign, which a new campaign replaces): :func:`~futureq.raft.election.campaign_status`."""
         self._outbox: list[Message] = []
         self._read_states: list[ReadState] = []
         self._election_elapsed = 0
@@ -786,6 +790,8 @@ class RaftCore:
         self._reset(term)
         self.role = Role.FOLLOWER
         self.leader_id = leader_id
+        if leader_id is not None:
+            self._last_campaign = None
 
     def _become_pre_candidate(self) -> None:
         # Thesis §9.6: a pre-candidate changes neither its term nor its vote.
@@ -805,6 +811,7 @@ class RaftCore:
     def _become_leader(self) -> None:
         assert self.role is Role.CANDIDATE
         self._failed_campaigns = 0
+        self._last_campaign = None
         self._reset(self.term)
         self.role = Role.LEADER
         self.leader_id = self.id

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import attrs
+
 from futureq.raft import follower
 from futureq.raft.messages import (
     AppendEntries,
@@ -24,12 +26,14 @@ from futureq.raft.messages import (
     InstallSnapshot,
     LogIndex,
     Message,
+    NodeId,
     RequestVote,
     RequestVoteResponse,
     Term,
 )
 from futureq.raft.quorum import (
     VoteResult,
+    majority,
     vote_result,
 )
 from futureq.raft.roles import Campaign, Role
@@ -103,6 +107,12 @@ def campaign(core: RaftCore, kind: Campaign) -> None:
         core._become_candidate()
         vote_term = core.term
     core._votes[core.id] = True
+    core._last_campaign = (
+        kind is Campaign.PRE_VOTE,
+        vote_term,
+        frozenset(core.membership.voters),
+        core._votes,
+    )
     if poll(core) is VoteResult.WON:  # a single-voter cluster
         if kind is Campaign.PRE_VOTE:
             campaign(core, Campaign.ELECTION)
@@ -129,6 +139,46 @@ def campaign(core: RaftCore, kind: Campaign) -> None:
                     sender=core._sender,
                 )
             )
+
+
+@attrs.frozen
+class CampaignStatus:
+    """What this node's last campaign got, since it last heard a leader.
+
+    Attributes:
+        pre_vote: True for a PreVote round (thesis §9.6), False for a real election.
+        term: The term it asked votes for.
+        needed: Votes that win it (a majority of the voters, its own included).
+        granted: Voters that granted their vote, this node included (ascending ids).
+        refused: Voters that refused it (ascending ids).
+        silent: Voters that did not answer (ascending ids): down, unreachable, or
+            answering after the campaign ended.
+    """
+
+    pre_vote: bool
+    term: Term
+    needed: int
+    granted: tuple[NodeId, ...]
+    refused: tuple[NodeId, ...]
+    silent: tuple[NodeId, ...]
+
+
+def campaign_status(core: RaftCore) -> CampaignStatus | None:
+    """What :func:`campaign` last got: None when this node has not campaigned since it
+    last heard a leader (or led). Says why a node that may lead gets no leader: which
+    voters do not answer, which refuse (a node said only "no leader is known yet",
+    found by a tester)."""
+    if core._last_campaign is None:
+        return None
+    pre_vote, term, voters, votes = core._last_campaign
+    return CampaignStatus(
+        pre_vote,
+        term,
+        majority(len(voters)),
+        tuple(sorted(v for v in voters if votes.get(v) is True)),
+        tuple(sorted(v for v in voters if votes.get(v) is False)),
+        tuple(sorted(v for v in voters if v not in votes)),
+    )
 
 
 def poll(core: RaftCore) -> VoteResult:

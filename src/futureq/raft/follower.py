@@ -39,6 +39,7 @@ def step_follower(core: RaftCore, message: Message) -> None:
         core._election_elapsed = 0
         core.leader_id = message.from_id
         core._failed_campaigns = 0  # a leader is heard: campaign_backoff is over
+        core._last_campaign = None  # and what its campaigns got is no news
         if isinstance(message, AppendEntries):
             handle_append_entries(core, message)
         elif isinstance(message, Heartbeat):

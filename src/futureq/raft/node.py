@@ -54,7 +54,7 @@ from futureq.errors import (
     NotLeaderError,
     RequestError,
 )
-from futureq.raft import node_driver, node_ready
+from futureq.raft import election, node_driver, node_ready
 from futureq.raft.basics import majority
 from futureq.raft.cluster_clock import describe_offset
 from futureq.raft.core import RaftCore
@@ -728,6 +728,26 @@ class RaftNode:
         if core is None or not core.recovering:
             return []
         return sorted(int(n) for n in core.recovery_status().waiting_for)
+
+    def last_campaign(self) -> dict[str, Any] | None:
+        """While no leader is known, what this node's last campaign got (a map:
+        ``pre_vote`` bool, ``term``, ``needed`` votes, and ``granted``, ``refused`` and
+        ``silent`` voter ids, ascending; :class:`~futureq.raft.election.CampaignStatus`);
+        None once a leader is known, or if it has not campaigned since it last heard one."""
+        core = self._core
+        if core is None or core.leader_id is not None:
+            return None
+        status = election.campaign_status(core)
+        if status is None:
+            return None
+        return {
+            "pre_vote": status.pre_vote,
+            "term": int(status.term),
+            "needed": status.needed,
+            "granted": [int(n) for n in status.granted],
+            "refused": [int(n) for n in status.refused],
+            "silent": [int(n) for n in status.silent],
+        }
 
     def removed_at(self) -> int | None:
         """The log index at which a member said this node was removed, or None."""

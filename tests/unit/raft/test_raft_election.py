@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from raft_helpers import ELECTION_TICKS, Network, make_node
 
+from futureq.raft.election import CampaignStatus, campaign_status
 from futureq.raft.messages import (
     AppendEntries,
     LogIndex,
@@ -142,3 +143,35 @@ def test_leader_sends_heartbeats_to_prevent_elections() -> None:
     term = network.core(1).term
     network.tick_all(10 * ELECTION_TICKS)
     assert network.leaders() == [NodeId(1)] and network.core(1).term == term
+
+
+def test_campaign_status_names_the_voters_that_do_not_answer_and_those_that_refuse() -> None:
+    """A node that may lead but gets no leader said only "no leader is known yet" (found
+    by a tester): :func:`campaign_status` keeps what its last campaign got, which voters
+    granted, refused or did not answer, until it hears a leader again."""
+    network = Network.of(3)
+    network.elect(1)
+    assert campaign_status(network.core(2)) is None  # never campaigned
+    network.isolate(3)
+    network.propose(1, b"x")  # node 3's log is now behind node 2's
+    network.campaign(3)
+    status = campaign_status(network.core(3))
+    assert status == CampaignStatus(
+        True, Term(network.core(1).term + 1), 2, (NodeId(3),), (), (NodeId(1), NodeId(2))
+    )
+    network.heal()
+    network.isolate(1)  # the leader is gone; node 2 refuses node 3's shorter log
+    network.core(2).campaign_allowed = False  # (its own campaign would win)
+    network.tick(2, 2 * ELECTION_TICKS)  # past leader stickiness, which answers nothing
+    network.campaign(3)
+    status = campaign_status(network.core(3))
+    assert status is not None
+    assert (status.granted, status.refused, status.silent) == (
+        (NodeId(3),),
+        (NodeId(2),),
+        (NodeId(1),),
+    )
+    network.heal()
+    network.heartbeat(1)
+    assert network.core(3).leader_id == 1
+    assert campaign_status(network.core(3)) is None  # a leader is heard: no news
