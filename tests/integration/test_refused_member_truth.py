@@ -168,7 +168,9 @@ def test_a_mistyped_peers_entry_is_named_with_the_address_the_peer_gives(
     ``/readyz`` said only ``no leader is known yet``. Node 1 now names the wrong
     address, the one node 2 gives, and the flag to correct; corrected, the cluster
     serves."""
-    (wrong_port,) = free_ports(1)
+    # Past the 9 ports the cluster takes: with $FUTUREQ_TEST_PORTS free ports are packed
+    # from the first, and free_ports(1) was node 1's own client port.
+    wrong_port = free_ports(10)[-1]
     cluster = Cluster(tmp_path / "c", 3, peer_addresses={1: {2: f"127.0.0.1:{wrong_port}"}})
     cluster.start()
     try:
@@ -268,6 +270,54 @@ def test_a_node_that_may_lead_but_gets_no_votes_names_the_voters_it_waits_for(
         assert view["last_campaign"]["granted"] == [3] and view["last_campaign"]["needed"] == 2
         shown = cli(node3.client_address, "cluster", "status")
         assert "NOT ANSWERING: 1, 2; REFUSING: none" in shown.stdout, shown.stdout
+    finally:
+        cluster.stop()
+
+
+def test_a_node_moved_to_another_raft_address_is_named_by_the_leader(tmp_path: Path) -> None:
+    """A follower restarted on another Raft port (its own ``--peers`` entry corrected,
+    the others' not yet) connected to the leader, which kept its old address, as for a
+    twin: the leader logged only "is another process running with node N's id?", its
+    cluster status showed the node as a voter with match index 0 and no failing link,
+    and it raised no alarm. Now the link, the alarm and the log name the address the
+    node gives and what to correct."""
+    cluster = Cluster(tmp_path / "c", 3)
+    cluster.start()
+    try:
+        leader = cluster.leader()
+        moved = next(n for n in cluster.nodes.values() if n is not leader)
+        (port,) = free_ports(1)
+        old, new = moved.raft_address, f"127.0.0.1:{port}"
+        moved.terminate()
+        moved.raft_address = new
+        moved._port_args = [new if arg == old else arg for arg in moved._port_args]
+        entry = f"{moved.node_id}={old}"
+        moved.extra_args = [
+            arg.replace(entry, f"{moved.node_id}={new}") for arg in moved.extra_args
+        ]
+        moved.start()
+        sentence = (
+            f"cannot connect to node {moved.node_id} at {old} (its address in cluster.peers, "
+            "--peers, or recorded by the cluster)"
+        )
+        gives = f"gives its Raft address as {new}: correct node {moved.node_id}'s address"
+        (text,) = _until(
+            "the leader's MEMBER_UNREACHABLE alarm names the moved node",
+            lambda: [
+                a["text"]
+                for a in leader.http_json("/api/overview")["alarms"]
+                if a["name"] == "MEMBER_UNREACHABLE" and gives in a["text"]
+            ],
+        )
+        assert text.startswith(
+            f"node {moved.node_id} does not answer the leader (it connects, but the leader "
+            "cannot reach it); its Raft link is refused: "
+        ), text
+        assert sentence in text, text
+        shown = cli(leader.client_address, "cluster", "status")
+        assert f"node {moved.node_id}: Raft link FAILING: {sentence}" in shown.stdout, shown.stdout
+        logged = leader.stderr_path.read_text()
+        assert f"if node {moved.node_id} moved to {new}, correct its entry" in logged
     finally:
         cluster.stop()
 

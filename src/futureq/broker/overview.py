@@ -402,14 +402,26 @@ def _alarms(
             }
         )
     for member in members:
+        refused = member.get("refused")
         if member["reachable"] is False:
             heard = member["last_heard_ms"]
             since = "never answered" if heard is None else f"silent for {heard / 1000:.1f} s"
-            refused = member.get("refused")
             text = f"node {member['node_id']} does not answer the leader ({since})"
             if refused:
                 text += f"; its Raft link is refused: {refused}"
             alarms.append({"name": "MEMBER_UNREACHABLE", "text": text})
+        elif refused and member["reachable"] is not None:
+            # Heard from (it connects to the leader) but not reached: a node moved to
+            # another Raft address raised no alarm while it never caught up (found by a
+            # tester).
+            alarms.append(
+                {
+                    "name": "MEMBER_UNREACHABLE",
+                    "text": f"node {member['node_id']} does not answer the leader (it "
+                    f"connects, but the leader cannot reach it); its Raft link is "
+                    f"refused: {refused}",
+                }
+            )
     if clock is not None:
         bound = clock.get("max_clock_offset_ms")
         if clock.get("in_bound") is False or clock.get("synchronized") is False:

@@ -358,6 +358,9 @@ class Transport:
         self._link_refusals: dict[NodeId, str] = {}
         self._links: dict[NodeId, _PeerLink] = {}
         self._learned: dict[NodeId, Handshake] = {}
+        self._announced_elsewhere: dict[NodeId, str] = {}
+        """The Raft address a peer's last handshake gave where :meth:`_learn` kept the
+        booked one (a twin, or the peer moved): :meth:`_note_wrong_address` names it."""
         self._links_changed = trio.Event()
         self._inbound_send, self.receive_channel = trio.open_memory_channel[Message](inbound_buffer)
         """Messages from peers, decoded and checked (sender matches the handshake)."""
@@ -504,15 +507,20 @@ class Transport:
                 "a peer connection says it is node %d at raft address %s, but node %d is at "
                 "%s (cluster.peers or its recorded address), where another connection of "
                 "node %d came from: is another process running with node %d's id? its "
-                "addresses are not used",
+                "addresses are not used (if node %d moved to %s, correct its entry in this "
+                "node's --peers and restart this node)",
                 node_id,
                 handshake.raft_address,
                 node_id,
                 booked,
                 node_id,
                 node_id,
+                node_id,
+                handshake.raft_address,
             )
+            self._announced_elsewhere[node_id] = handshake.raft_address
             return
+        self._announced_elsewhere.pop(node_id, None)
         self._learned[node_id] = handshake
 
     def peer_client_address(self, node_id: int) -> str | None:
@@ -982,13 +990,20 @@ class Transport:
         in ``--peers`` mistyped: node 1 got the leader's entries but its answers went
         nowhere, so it never became ready, and no line above DEBUG said why."""
         learned = self._learned.get(link.node_id)
-        if learned is None or not learned.raft_address or learned.raft_address == link.address:
+        announced = self._announced_elsewhere.get(link.node_id)
+        if announced is None and learned is not None:
+            announced = learned.raft_address
+        if not announced or announced == link.address:
             return
+        # A node moved to another address (its own --peers corrected, ours not) was kept
+        # at its old address, where nothing answers, as a possible twin: its leader
+        # logged only "is another process running with node N's id?" and cluster status
+        # showed it as a healthy voter whose match index stayed 0 (found by a tester).
         sentence = (
             f"cannot connect to node {link.node_id} at {link.address} (its address in "
             f"cluster.peers, --peers, or recorded by the cluster): "
             f"{str(error) or type(error).__name__}; yet node {link.node_id} connects to "
-            f"this node and gives its Raft address as {learned.raft_address}: correct "
+            f"this node and gives its Raft address as {announced}: correct "
             f"node {link.node_id}'s address in this node's --peers"
         )
         self._link_refusals[link.node_id] = sentence
