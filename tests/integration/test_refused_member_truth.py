@@ -279,8 +279,9 @@ def test_a_node_moved_to_another_raft_address_is_named_by_the_leader(tmp_path: P
     the others' not yet) connected to the leader, which kept its old address, as for a
     twin: the leader logged only "is another process running with node N's id?", its
     cluster status showed the node as a voter with match index 0 and no failing link,
-    and it raised no alarm. Now the link, the alarm and the log name the address the
-    node gives and what to correct."""
+    and it raised no alarm; the moved node's /readyz said only that it waited for its
+    peers. Now the link, the alarm and the log name the address the node gives and what
+    to correct, and the moved node names the peers that never connect back."""
     cluster = Cluster(tmp_path / "c", 3)
     cluster.start()
     try:
@@ -318,6 +319,19 @@ def test_a_node_moved_to_another_raft_address_is_named_by_the_leader(tmp_path: P
         assert f"node {moved.node_id}: Raft link FAILING: {sentence}" in shown.stdout, shown.stdout
         logged = leader.stderr_path.read_text()
         assert f"if node {moved.node_id} moved to {new}, correct its entry" in logged
+        # The moved node: its peers take its connections but never connect back.
+        code, answer = _until(
+            "the moved node's /readyz says its peers do not connect back",
+            _not_ready_saying(
+                moved,
+                f"node {leader.node_id}: node {leader.node_id} takes this node's Raft "
+                "connection but has not connected back",
+            ),
+        )
+        assert (
+            f"this node's Raft address is {new}: correct this node's entry in node "
+            f"{leader.node_id}'s --peers"
+        ) in answer["reason"], answer
     finally:
         cluster.stop()
 

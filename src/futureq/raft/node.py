@@ -241,8 +241,29 @@ class RaftNode:
 
     def link_refusals(self) -> dict[int, str]:
         """Why this node's Raft link to each peer is refused now, by node id (a
-        sentence; :meth:`~futureq.raft.transport.Transport.link_refusals`)."""
-        return self._transport.link_refusals()
+        sentence; :meth:`~futureq.raft.transport.Transport.link_refusals`), and, while
+        this node is a member, each member that took its connection but opens none back
+        (:meth:`~futureq.raft.transport.Transport.one_way_links`)."""
+        refusals = self._transport.link_refusals()
+        core = self._core
+        if core is None:
+            return refusals
+        members = core.membership.members()
+        if self.id not in members:
+            return refusals  # a joiner: members do not talk to it yet
+        for peer, connected_s in self._transport.one_way_links().items():
+            if peer in members:
+                # A node moved to another Raft address reached its peers, which still
+                # dialled its old one: it said only that it waited for them to answer
+                # (found by a tester).
+                refusals[peer] = (
+                    f"node {peer} takes this node's Raft connection but has not connected "
+                    f"back in {connected_s:.0f} s, as every member does to ping: it dials "
+                    "another address for this node, or cannot reach it; this node's Raft "
+                    f"address is {self._transport.advertise_address}: correct this node's "
+                    f"entry in node {peer}'s --peers"
+                )
+        return refusals
 
     @property
     def applied_index(self) -> int:

@@ -183,6 +183,7 @@ class _PeerLink:
         "queue",
         "ready",
         "sealer",
+        "connected_s",
         "unsent",
         "urgent",
         "writing",
@@ -205,6 +206,14 @@ class _PeerLink:
         """The pump is inside a write: nothing else may write to the socket."""
         self.unsent = b""
         """The rest of a frame a direct write did not finish; the pump sends it first."""
+        self.connected_s: float | None = None
+        """When (trio time, s) the connection the pump runs on was made; None while none."""
+
+
+ONE_WAY_AFTER_S = 5.0
+"""A peer that takes this node's Raft connection but opens none back for this long (s)
+is named in :meth:`Transport.link_refusals`: every node pings every member several
+times a second, so a peer that can reach this node has connected long before."""
 
 
 class _Connected:
@@ -358,6 +367,8 @@ class Transport:
         self._link_refusals: dict[NodeId, str] = {}
         self._links: dict[NodeId, _PeerLink] = {}
         self._learned: dict[NodeId, Handshake] = {}
+        self._inbound_open: dict[NodeId, int] = {}
+        """Authenticated inbound connections open now, by peer."""
         self._announced_elsewhere: dict[NodeId, str] = {}
         """The Raft address a peer's last handshake gave where :meth:`_learn` kept the
         booked one (a twin, or the peer moved): :meth:`_note_wrong_address` names it."""
@@ -543,6 +554,22 @@ class Transport:
         (``/readyz``, the dashboard, ``cluster status``)."""
         return {int(node_id): sentence for node_id, sentence in self._link_refusals.items()}
 
+    def one_way_links(self) -> dict[int, float]:
+        """Peers that took this node's Raft connection at least :data:`ONE_WAY_AFTER_S`
+        ago and have no connection of theirs open to this node, by node id: how long
+        (s) this node's connection has stood. Such a peer dials another address for this
+        node, or cannot reach it. Peers with a refusal in :meth:`link_refusals` are not
+        listed."""
+        now = trio.current_time()
+        return {
+            int(node_id): now - link.connected_s
+            for node_id, link in self._links.items()
+            if link.connected_s is not None
+            and now - link.connected_s >= ONE_WAY_AFTER_S
+            and node_id not in self._inbound_open
+            and node_id not in self._link_refusals
+        }
+
     def statistics(self) -> TransportStatistics:
         """A copy of the counters."""
         return attrs.evolve(self.stats, refusals=dict(self.stats.refusals))
@@ -665,11 +692,13 @@ class Transport:
                     self.stats.connects += 1
                     failures = 0
                     self._link_refusals.pop(link.node_id, None)
+                    link.connected_s = trio.current_time()
                     try:
                         await self._pump(link, connected)
                     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                         log.debug("raft link to node %s broke: %s", link.node_id, exc)
                     finally:
+                        link.connected_s = None
                         self._release(connected.ticket)
                         with trio.move_on_after(0.5, shield=True):
                             await connected.stream.aclose()
@@ -833,9 +862,16 @@ class Transport:
                     del self._handshakes_by_host[host]
             if handshake is None:
                 return
+            peer = handshake.node_id
+            self._inbound_open[peer] = self._inbound_open.get(peer, 0) + 1
             try:
                 await self._read_peer(stream, decoder, handshake, opener)
             finally:
+                left = self._inbound_open[peer] - 1
+                if left:
+                    self._inbound_open[peer] = left
+                else:
+                    del self._inbound_open[peer]
                 self._release(ticket)
         except PeerAuthError as exc:
             self.stats.inbound_protocol_errors += 1
