@@ -336,6 +336,66 @@ def test_a_node_moved_to_another_raft_address_is_named_by_the_leader(tmp_path: P
         cluster.stop()
 
 
+def test_a_joined_node_restarted_on_another_raft_address_is_recorded_there(
+    tmp_path: Path,
+) -> None:
+    """Node 4, joined with ``--join``, restarted on another Raft port: its peers dialled
+    the address the cluster recorded, it knew theirs only from their connections, so
+    nobody reached anybody; it waited for good, and ``cluster add-node 4 NEW ...`` was
+    refused (``node 4 is already a voter``). The node now asks the cluster to record its
+    new addresses, and ``add-node`` records a voter's new addresses."""
+    cluster = Cluster(tmp_path / "c", 3)
+    cluster.start()
+    try:
+        leader = cluster.leader()
+        client_port, raft_port, http_port = free_ports(3)
+        joiner = ClusterNode(
+            4,
+            tmp_path / "node4",
+            (client_port, raft_port, http_port),
+            ["--join", leader.client_address, *cluster.auth_args],
+        )
+        cluster.nodes[4] = joiner
+        joiner.start()
+
+        def status() -> dict[str, Any]:
+            shown = cli(leader.client_address, "cluster", "status", "--json")
+            return json.loads(shown.stdout) if shown.returncode == 0 else {}
+
+        def member_4() -> dict[str, Any]:
+            return next((m for m in status().get("nodes", []) if m["node_id"] == 4), {})
+
+        _until("node 4 is a voter", lambda: 4 in status().get("voters", []))
+        (port,) = free_ports(1)
+        old, new = joiner.raft_address, f"127.0.0.1:{port}"
+        joiner.terminate()
+        joiner.raft_address = new
+        joiner._port_args = [new if arg == old else arg for arg in joiner._port_args]
+        joiner.start()
+        _until(
+            "the leader reaches node 4 at its new address",
+            lambda: member_4().get("raft_address") == new and member_4().get("lag") == 0,
+        )
+        assert "the cluster now records raft " + new in joiner.stderr_path.read_text()
+        assert _until("node 4 is ready", lambda: _readyz(joiner)[0] == 200)
+
+        # The operator's way: add-node on a voter records its new addresses.
+        done = cli(leader.client_address, "cluster", "add-node", "4", old, joiner.client_address)
+        assert done.returncode == 0, done.stderr
+        _until(
+            "node 4 is recorded at the address given", lambda: member_4().get("raft_address") == old
+        )
+        done = cli(leader.client_address, "cluster", "add-node", "4", old, joiner.client_address)
+        assert "[INVALID_ARGUMENT] node 4 is already a voter" in done.stderr, done.stderr
+        # A voter of --peers: its address is corrected there.
+        raft_2, client_2 = (f"127.0.0.1:{p}" for p in free_ports(30)[-2:])  # none of the above
+        done = cli(leader.client_address, "cluster", "add-node", "2", raft_2, client_2)
+        assert done.returncode == 1
+        assert "its Raft address comes from cluster.peers (--peers)" in done.stderr, done.stderr
+    finally:
+        cluster.stop()
+
+
 def test_add_node_with_one_address_for_both_ports_is_refused(tmp_path: Path) -> None:
     """``cluster add-node 4 H:P H:P`` was accepted: node 4 became a learner booked with
     one address for its Raft and client ports, which no node can serve."""

@@ -262,7 +262,8 @@ class Broker:
         return membership.cluster_status(self)
 
     async def add_node(self, node_id: int, raft_address: str, client_address: str) -> None:
-        """Record the node's addresses, add it as a learner, promote it once caught up.
+        """Record the node's addresses, add it as a learner, promote it once caught up;
+        for a voter whose addresses the cluster recorded, record the new ones only.
 
         Raises:
             RequestError: INVALID_ARGUMENT (single node, bad address, id in use).

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from futureq.config import announced_raft_address, split_host_port
+from futureq.config import announced_raft_address, same_address, split_host_port
 from futureq.errors import ConfigError, ErrorCode, FutureQError, RemoteProtocolError, RequestError
 from futureq.peer_credentials import (
     CredentialError,
@@ -574,6 +574,71 @@ async def _check_peer_credentials(
         raise OSError(f"Raft handshake with node {member} at {address} failed: {exc}") from exc
 
 
+MOVED_ADDRESS_TIMEOUT_S = 300.0
+"""Longest a member restarted on other addresses keeps asking the cluster to record
+them (s); past it, the log says what to run."""
+
+
+async def _record_moved_addresses(
+    config: Config, transport: Transport, raft_address: str, client_address: str
+) -> None:
+    """A member restarted with ``cluster.join`` on other addresses than the cluster
+    recorded for it asks the cluster (``CLUSTER_ADD_NODE``, which records a voter's new
+    addresses) to record the new ones, retrying until it did or the cluster has them.
+
+    A joined node moved to another Raft address reached nobody (its peers dialled the
+    old one, and it knows theirs only from their connections): it waited for them for
+    good, saying only that it was recovering (found by a tester).
+    """
+    node_id = config.server.node_id
+    delay_s = 0.2
+    while True:
+        try:
+            async with open_join_client(config, request_timeout_s=30.0) as client:
+                from futureq.client._routing import ShardedClient
+
+                group = (
+                    client
+                    if not isinstance(client, ShardedClient)
+                    else client.shard_clients[transport.shard_layout.shard]
+                )
+                view = await group.cluster_status()
+                recorded = next(
+                    (m for m in view.get("nodes", []) if m.get("node_id") == node_id), None
+                )
+                known_raft = None if recorded is None else recorded.get("raft_address")
+                known_client = None if recorded is None else recorded.get("client_address")
+                if (
+                    not isinstance(known_raft, str)
+                    or not isinstance(known_client, str)
+                    or (
+                        same_address(known_raft, raft_address)
+                        and same_address(known_client, client_address)
+                    )
+                ):
+                    return  # the cluster has our addresses (or records none to correct)
+                await group.add_node(node_id, raft_address, client_address)
+                log.warning(
+                    "node %d was recorded at raft %s, client %s; the cluster now records "
+                    "raft %s, client %s",
+                    node_id, known_raft, known_client, raft_address, client_address,
+                )  # fmt: skip
+                return
+        except RequestError as exc:
+            if exc.code is ErrorCode.INVALID_ARGUMENT:
+                log.warning(
+                    "node %d's addresses changed, and the cluster at %s does not record "
+                    "them: %s",
+                    node_id, config.cluster.join, exc.message,
+                )  # fmt: skip
+                return
+            log.debug("recording node %d's addresses failed: %s; retrying", node_id, exc)
+        except (FutureQError, OSError) as exc:
+            log.debug("recording node %d's addresses failed: %s; retrying", node_id, exc)
+        await trio.sleep(delay_s)
+        delay_s = min(delay_s * 2, JOIN_RETRY_MAX_S)
+
+
 async def join_cluster(
     config: Config,
     node: RaftNode,
@@ -622,6 +687,8 @@ async def join_cluster(
             log.info("node %d is a member of the cluster", node_id)
             if accepted is not None:
                 accepted.set()
+            with trio.move_on_after(MOVED_ADDRESS_TIMEOUT_S):
+                await _record_moved_addresses(config, transport, raft_address, client_address)
             return
         try:
             async with open_join_client(config, request_timeout_s=30.0) as client:

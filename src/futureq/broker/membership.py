@@ -200,7 +200,24 @@ async def add_node(broker: Broker, node_id: int, raft_address: str, client_addre
                         + "; give the new node its own addresses",
                     )
     if node_id in voters:
-        raise RequestError(ErrorCode.INVALID_ARGUMENT, f"node {node_id} is already a voter")
+        recorded = broker.state.node_addresses.get(node_id)
+        if recorded is None:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"node {node_id} is already a voter; its Raft address comes from "
+                "cluster.peers (--peers): to move it, correct its entry there on every node",
+            )
+        if same_address(raft_address, recorded[0]) and same_address(client_address, recorded[1]):
+            raise RequestError(ErrorCode.INVALID_ARGUMENT, f"node {node_id} is already a voter")
+        # A voter the cluster recorded (it joined) moved to other addresses: nothing
+        # could tell the cluster, and its peers dialled the old one for good (found by
+        # a tester). Its new addresses are recorded; its links follow them.
+        await broker.log.propose(commands.node_address(node_id, raft_address, client_address))
+        log.info(
+            "node %d's addresses are now raft %s, client %s (were %s, %s)",
+            node_id, raft_address, client_address, recorded[0], recorded[1],
+        )  # fmt: skip
+        return
     await broker.log.propose(commands.node_address(node_id, raft_address, client_address))
     if node_id not in learners:
         await cluster.add_learner(node_id)

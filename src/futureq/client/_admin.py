@@ -399,9 +399,11 @@ class AdminClient(ClientBase):
 
     async def add_node(self, node_id: int, raft_address: str, client_address: str) -> None:
         """Add a node: a learner first, promoted to voter by the leader once caught up.
+        On a voter whose addresses the cluster recorded (it joined), record other
+        addresses instead (the node moved).
 
         Args:
-            node_id: The new node's id (>= 1, not in use).
+            node_id: The new node's id (>= 1, not in use), or such a voter's.
             raft_address: ``HOST:PORT`` where it listens for Raft traffic.
             client_address: ``HOST:PORT`` of its client listener.
 

@@ -1040,7 +1040,9 @@ class Transport:
             f"cluster.peers, --peers, or recorded by the cluster): "
             f"{str(error) or type(error).__name__}; yet node {link.node_id} connects to "
             f"this node and gives its Raft address as {announced}: correct "
-            f"node {link.node_id}'s address in this node's --peers"
+            f"node {link.node_id}'s address in this node's --peers (if it joined with "
+            f"--join, `futureq-cli cluster add-node {link.node_id} {announced} "
+            "CLIENT_HOST:PORT` records its new addresses)"
         )
         self._link_refusals[link.node_id] = sentence
         self._log_line(f"raft link to node {link.node_id}: {sentence}", logging.WARNING)
