@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from cli_process import cli
 from cluster_process import Cluster, ClusterNode, free_ports
@@ -506,5 +507,42 @@ def test_garbage_on_the_raft_port_cannot_flood_the_log(tmp_path: Path) -> None:
         ]
         assert 1 <= len(lines) <= 2, lines[:5]  # 2: a very slow run crossed the 10 s
         assert "exceeds the limit" in lines[0]
+    finally:
+        cluster.stop()
+
+
+def test_tls_http_and_clients_on_the_raft_port_are_named(tmp_path: Path) -> None:
+    """A TLS handshake (a peer with peer mutual TLS dialling a node without it), an HTTP
+    request and an SSH client on the Raft port got ``frame of 369295618 bytes exceeds
+    the limit of 8192 bytes; send smaller batches or payloads``, and a futureq client's
+    HELLO ``the first raft frames must be the futureq-raft handshake``: the refusal and
+    the log now say what connected and what to fix."""
+    cluster = Cluster(tmp_path / "c", 1)
+    cluster.start()
+    try:
+        (node,) = cluster.nodes.values()
+        cluster.leader()
+        host, port = node.raft_address.split(":")
+        hello = msgpack.packb([1, 1, 3, None])
+        probes = {
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64): (
+                "a TLS handshake arrived on this node's Raft port, which runs without TLS"
+            ),
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n": "point HTTP probes and browsers at server.http",
+            b"SSH-2.0-OpenSSH_9.6\r\n": "an SSH client connected to the Raft port",
+            len(hello).to_bytes(4, "big") + hello: (
+                "a futureq client's frame arrived on the Raft port (cluster.raft_listen): "
+                "clients connect to the client port (server.listen)"
+            ),
+        }
+        for data, sentence in probes.items():
+            with socket.create_connection((host, int(port)), timeout=5) as sock:
+                sock.sendall(data)
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            refused = msgpack.unpackb(answer[4:])
+            assert refused[2] == "refused" and sentence in refused[4], refused
+            _until(f"the log says {sentence!r}", lambda s=sentence: s in node.stderr_text())
     finally:
         cluster.stop()

@@ -382,9 +382,14 @@ def parse_frame(value: object) -> HandshakeFrame:
             authentication), ``INVALID_FRAME`` for a wrong field. Nothing else escapes.
     """
     if not isinstance(value, list) or len(value) < 2 or value[0] != MAGIC:
+        client = isinstance(value, list) and value and type(value[0]) is int
         raise _refuse(
             RefusalReason.PROTOCOL,
-            "the first raft frames must be the futureq-raft handshake (docs/raft.md)",
+            # A client given the Raft port heard only the first sentence (found by a tester).
+            "a futureq client's frame arrived on the Raft port (cluster.raft_listen): "
+            "clients connect to the client port (server.listen)"
+            if client
+            else "the first raft frames must be the futureq-raft handshake (docs/raft.md)",
             ErrorCode.HELLO_REQUIRED,
         )
     version = value[1]

@@ -216,6 +216,34 @@ is named in :meth:`Transport.link_refusals`: every node pings every member sever
 times a second, so a peer that can reach this node has connected long before."""
 
 
+_HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN", b"PRI ")
+
+
+def foreign_protocol(start: bytes) -> str | None:
+    """What the first bytes of an inbound Raft connection say about who connected, when
+    they are no futureq frame (a sentence naming what to fix), else None.
+
+    A TLS handshake, an HTTP request or an SSH client on the Raft port got only
+    ``frame of 369295618 bytes exceeds the limit of 8192 bytes; send smaller batches or
+    payloads`` (found by a tester): the first is a peer with peer mutual TLS dialling a
+    node without it.
+    """
+    if start[:1] == b"\x16" and start[1:2] == b"\x03":
+        return (
+            "a TLS handshake arrived on this node's Raft port, which runs without TLS: the "
+            "connecting node uses peer mutual TLS (tls.ca_file) and this node does not; "
+            "give every node the same [tls] settings"
+        )
+    if start[:4] in _HTTP_METHODS:
+        return (
+            "an HTTP request arrived on the Raft port (cluster.raft_listen), which only "
+            "cluster nodes use: point HTTP probes and browsers at server.http"
+        )
+    if start.startswith(b"SSH-"):
+        return "an SSH client connected to the Raft port (cluster.raft_listen), which only cluster nodes use"
+    return None
+
+
 class _Connected:
     """An outbound connection past its handshake."""
 
@@ -914,7 +942,13 @@ class Transport:
             extensions=peer_auth.incarnation_extension(self.incarnation or 0),
         )
         try:
-            first = await self._next_value(stream, decoder)
+            try:
+                first = await self._next_value(stream, decoder)
+            except RemoteProtocolError as exc:
+                spoken = foreign_protocol(decoder.pending(8))
+                if spoken is None:
+                    raise
+                raise RemoteProtocolError(exc.code, spoken) from None
             if first is CLOSED:
                 return None, None, None
             await stream.send_all(encode_value(handshake.receive_hello(first).to_wire()))

@@ -253,6 +253,11 @@ class FrameDecoder:
             return
         self._buffer += data
 
+    def pending(self, limit: int) -> bytes:
+        """Up to ``limit`` received bytes not decoded yet (the start of the frame that
+        failed, after an error): for naming what the other side speaks."""
+        return bytes(self._buffer[self._offset : self._offset + limit])
+
     def next_frame(self) -> frames.Frame | object:
         """Return the next complete frame, :data:`NEED_DATA` or :data:`CLOSED`.
 
