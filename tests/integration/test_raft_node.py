@@ -1007,3 +1007,39 @@ async def test_a_message_stamped_with_another_incarnation_than_announced_closes_
                 await trio.sleep(0.01)
         assert receiver.receive_channel.statistics().current_buffer_used == 0
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.timeout(30)
+async def test_a_peer_with_mutual_tls_and_one_without_name_the_mismatch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Node 1 with peer mutual TLS, node 2 without (a secret only): node 1's link to
+    node 2 failed at the TLS handshake, logged at DEBUG only, so node 2 looked merely
+    down; node 1's listener dropped node 2's plaintext connections at DEBUG too, and
+    node 2 logged "frame of 369295618 bytes exceeds the limit". Each side now names
+    the mismatch (found by a tester)."""
+    ca = trustme.CA()
+    server, client = _node_tls(ca, {1: peer_auth.node_dns_name("test", 1)})(1)
+    book = AddressBook()
+    tls_node = Transport(
+        1, "127.0.0.1:0", book, cluster_id="test", ssl_server=server, ssl_client=client
+    )
+    plain_node = Transport(2, "127.0.0.1:0", book, cluster_id="test", secret=SECRET)
+    async with trio.open_nursery() as nursery:
+        for n, transport in ((1, tls_node), (2, plain_node)):
+            book.update({n: (await nursery.start(transport.run), None)})
+        tls_node.send(Heartbeat(Term(1), NodeId(1), NodeId(2), LogIndex(0)))
+        plain_node.send(Heartbeat(Term(1), NodeId(2), NodeId(1), LogIndex(0)))
+        with trio.fail_after(WAIT_S):
+            while 2 not in tls_node.link_refusals() or not any(  # noqa: ASYNC110 - polls a log and a link, under a deadline
+                "a connection without TLS arrived" in r.getMessage() for r in caplog.records
+            ):
+                await trio.sleep(0.05)
+        refusal = tls_node.link_refusals()[2]
+        assert "node 2's Raft port at " in refusal and "answers without TLS" in refusal, refusal
+        assert "give every node the same [tls] settings" in refusal
+        assert any(
+            "a TLS handshake arrived on this node's Raft port" in r.getMessage()
+            for r in caplog.records
+        )
+        nursery.cancel_scope.cancel()

@@ -53,6 +53,7 @@ from futureq.raft.messages import (
 )
 from futureq.raft.peer_auth import MAGIC, PROTOCOL_VERSION, PeerAuthError
 from futureq.rate_limited_log import RateLimitedLog
+from futureq.tls_handshake import NOT_TLS_REASONS
 from futureq.wire.codec import CLOSED, NEED_DATA, FrameDecoder, encode_value
 
 log = logging.getLogger(__name__)
@@ -214,6 +215,13 @@ ONE_WAY_AFTER_S = 5.0
 """A peer that takes this node's Raft connection but opens none back for this long (s)
 is named in :meth:`Transport.link_refusals`: every node pings every member several
 times a second, so a peer that can reach this node has connected long before."""
+
+
+def _not_tls(error: BaseException) -> bool:
+    """Whether a failed TLS handshake (trio's ``BrokenResourceError`` from an
+    ``ssl.SSLError``) met bytes that are not TLS: the other side speaks plaintext."""
+    cause = error.__cause__
+    return isinstance(cause, ssl.SSLError) and cause.reason in NOT_TLS_REASONS
 
 
 _HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN", b"PRI ")
@@ -753,7 +761,19 @@ class Transport:
                 certificate = None
                 if self._ssl_client is not None:
                     tls = trio.SSLStream(tcp, self._ssl_client, server_hostname=host)
-                    await tls.do_handshake()
+                    try:
+                        await tls.do_handshake()
+                    except trio.BrokenResourceError as exc:
+                        if not _not_tls(exc):
+                            raise
+                        # Logged at DEBUG only: the peer looked merely down (found by a
+                        # tester).
+                        raise RemoteProtocolError(
+                            ErrorCode.AUTH_FAILED,
+                            f"node {peer_id}'s Raft port at {address} answers without TLS: "
+                            "this node uses peer mutual TLS (tls.ca_file) and that node "
+                            "does not; give every node the same [tls] settings",
+                        ) from None
                     stream = tls
                     certificate = tls.getpeercert()
                 handshake = peer_auth.ConnectorHandshake(
@@ -873,7 +893,18 @@ class Transport:
                     certificate = None
                     if self._ssl_server is not None:
                         tls = trio.SSLStream(tcp, self._ssl_server, server_side=True)
-                        await tls.do_handshake()
+                        try:
+                            await tls.do_handshake()
+                        except trio.BrokenResourceError as exc:
+                            if not _not_tls(exc):
+                                raise
+                            raise RemoteProtocolError(
+                                ErrorCode.AUTH_FAILED,
+                                "a connection without TLS arrived on this node's Raft "
+                                "port, which requires peer mutual TLS (tls.ca_file): a "
+                                "node without it, or a client or HTTP probe given the Raft "
+                                "port; give every node the same [tls] settings",
+                            ) from None
                         stream = tls
                         certificate = tls.getpeercert()
                     decoder = FrameDecoder(peer_auth.MAX_HANDSHAKE_FRAME_BYTES, parse=False)
