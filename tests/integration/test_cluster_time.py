@@ -20,6 +20,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -817,5 +819,47 @@ def test_removing_a_voter_that_leaves_no_majority_of_good_clocks_is_refused(
         answer = wire.request(frames.ClusterRemoveNode(wire.next_id(), 3))
         assert isinstance(answer, frames.Ok), answer
         wire.close()
+    finally:
+        cluster.stop()
+
+
+def test_a_follower_that_may_not_lead_forgets_a_leader_it_no_longer_hears(
+    tmp_path: Path,
+) -> None:
+    """Node 3's wall clock is 10 s fast, so it may not lead. With the leader and the
+    other voter stopped, node 3 kept the dead leader for good: /readyz answered 200,
+    ``cluster status`` named the leader and clients were sent to it. It now forgets a
+    leader it has not heard for two election timeouts, and /readyz says why it does not
+    stand for election itself."""
+    from cluster_process import Cluster as ProcessCluster
+
+    cluster = ProcessCluster(tmp_path, 3)
+    cluster.nodes[3].env = offset_env(library(), 10.0)
+    try:
+        cluster.start()
+        cluster.leader(exclude={3})
+        node3 = cluster.nodes[3]
+        cluster.nodes[1].terminate()
+        cluster.nodes[2].terminate()
+        deadline = time.monotonic() + 20
+        answer: Any = None
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{node3.http_address}/readyz", timeout=5):
+                    pass
+            except urllib.error.HTTPError as refused:
+                with refused:
+                    answer = json.loads(refused.read())
+                if answer["reason"].startswith("no leader is known yet"):
+                    break
+            time.sleep(0.1)
+        assert answer is not None and answer["ready"] is False, answer
+        assert answer["reason"].startswith("no leader is known yet"), answer
+        assert (
+            "this node may not lead: its wall clock is not within the cluster's bound"
+            in (answer["reason"])
+        )
+        status = node3.http_json("/api/status")
+        assert status.get("leader_id") is None, status
     finally:
         cluster.stop()

@@ -491,6 +491,14 @@ class HttpApp:
         campaign = overview.get("node", {}).get("last_campaign")
         if campaign:
             reason += f"; {campaign_sentence('it', campaign)}"
+        clock = overview.get("clock") or {}
+        if status.get("leader_address") is None and clock.get("in_bound") is False:
+            # Why it does not stand for election itself (it said nothing of it).
+            reason += (
+                "; this node may not lead: its wall clock is not within the cluster's "
+                f"bound (max_clock_offset_ms {clock.get('max_clock_offset_ms')}): fix its "
+                "time (NTP)"
+            )
         refused = self._refused_links(overview)
         if refused:
             # Peers that answer but refuse this node (another cluster id, secret or

@@ -215,12 +215,26 @@ class RaftNode:
         return max(0.0, (expiry - self._clock.monotonic_us()) / 1e6)
 
     def leader_id(self) -> int | None:
-        """The leader of the current term as far as this node knows, or None."""
+        """The leader of the current term as far as this node knows, or None: None too
+        on a follower that has not heard from it for two election timeouts.
+
+        A follower that may not campaign (its clock out of the bound, a learner, a node
+        recovering) kept the leader it last heard for good: with that leader and the
+        other voters stopped, its /readyz answered 200, cluster status named the dead
+        leader and clients were sent to it (found by a tester). One that may campaign
+        has campaigned by then (its timeout is drawn below two election timeouts), which
+        forgets the leader in the core as well.
+        """
         core = self._core
         if core is None or self._stopped:
             return None
         if self._disk_full and core.leader_id == self.id:
             return None  # we cannot write: not a leader to send clients to
+        if (
+            core.role is not Role.LEADER
+            and core._election_elapsed >= 2 * self.config.election_timeout_ticks
+        ):
+            return None
         return core.leader_id
 
     def leader_address(self) -> str | None:
@@ -332,7 +346,7 @@ class RaftNode:
         at 300 messages/s).
         """
         core = self._core
-        if core is None or self._stopped or core.leader_id is None or core.recovering:
+        if core is None or self._stopped or self.leader_id() is None or core.recovering:
             return False
         if core.role is Role.LEADER:
             return self.is_leader()
