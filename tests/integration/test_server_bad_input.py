@@ -69,6 +69,27 @@ def test_protocol_error_closes_only_that_connection(
     _assert_still_serving(broker)
 
 
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "server.http", id="http"),
+        pytest.param(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", "without TLS", id="tls"),
+        pytest.param(b"SSH-2.0-OpenSSH_9.6\r\n", "SSH client", id="ssh"),
+    ],
+)
+def test_another_protocol_on_the_client_port_is_named(
+    broker: BrokerProcess, data: bytes, named: str
+) -> None:
+    # Each was told "frame of 1195725856 bytes exceeds the limit ... the first frame must
+    # be a HELLO": a length read from the letters of "GET ", a TLS record or "SSH-".
+    client = WireClient(broker.client_address, hello=False)
+    client.send_raw(data)
+    error = _expect_error_then_close(client, ErrorCode.FRAME_TOO_LARGE)
+    assert named in error.message, error.message
+    assert "bytes exceeds" not in error.message, error.message
+    _assert_still_serving(broker)
+
+
 def test_truncated_frame_then_eof(broker: BrokerProcess) -> None:
     client = WireClient(broker.client_address)
     client.send_raw(b"\x00\x00\x00\x10\x93\x01")

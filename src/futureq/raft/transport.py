@@ -54,6 +54,7 @@ from futureq.raft.messages import (
 from futureq.raft.peer_auth import MAGIC, PROTOCOL_VERSION, PeerAuthError
 from futureq.rate_limited_log import RateLimitedLog
 from futureq.tls_handshake import NOT_TLS_REASONS
+from futureq.wire import foreign
 from futureq.wire.codec import CLOSED, NEED_DATA, FrameDecoder, encode_value
 
 log = logging.getLogger(__name__)
@@ -224,9 +225,6 @@ def _not_tls(error: BaseException) -> bool:
     return isinstance(cause, ssl.SSLError) and cause.reason in NOT_TLS_REASONS
 
 
-_HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN", b"PRI ")
-
-
 def foreign_protocol(start: bytes) -> str | None:
     """What the first bytes of an inbound Raft connection say about who connected, when
     they are no futureq frame (a sentence naming what to fix), else None.
@@ -236,18 +234,19 @@ def foreign_protocol(start: bytes) -> str | None:
     payloads`` (found by a tester): the first is a peer with peer mutual TLS dialling a
     node without it.
     """
-    if start[:1] == b"\x16" and start[1:2] == b"\x03":
+    spoken = foreign.protocol_of(start)
+    if spoken == "TLS":
         return (
             "a TLS handshake arrived on this node's Raft port, which runs without TLS: the "
             "connecting node uses peer mutual TLS (tls.ca_file) and this node does not; "
             "give every node the same [tls] settings"
         )
-    if start[:4] in _HTTP_METHODS:
+    if spoken == "HTTP":
         return (
             "an HTTP request arrived on the Raft port (cluster.raft_listen), which only "
             "cluster nodes use: point HTTP probes and browsers at server.http"
         )
-    if start.startswith(b"SSH-"):
+    if spoken == "SSH":
         return "an SSH client connected to the Raft port (cluster.raft_listen), which only cluster nodes use"
     return None
 
@@ -976,7 +975,7 @@ class Transport:
             try:
                 first = await self._next_value(stream, decoder)
             except RemoteProtocolError as exc:
-                spoken = foreign_protocol(decoder.pending(8))
+                spoken = foreign_protocol(decoder.pending(foreign.START_BYTES))
                 if spoken is None:
                     raise
                 raise RemoteProtocolError(exc.code, spoken) from None

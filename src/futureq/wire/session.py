@@ -36,7 +36,7 @@ from futureq.errors import (
     RequestError,
     WrongShardError,
 )
-from futureq.wire import codec, frames
+from futureq.wire import codec, foreign, frames
 
 NEED_DATA: Final = codec.NEED_DATA
 """Returned by ``next_event`` when more bytes are needed (re-exported from the codec)."""
@@ -241,6 +241,22 @@ class _Session:
             raise RuntimeError("session had a protocol error; the connection must be closed")
 
 
+_FOREIGN_ON_CLIENT_PORT: dict[foreign.Protocol | None, str] = {
+    "TLS": (
+        "a TLS handshake arrived on this client port, which runs without TLS: connect "
+        "without TLS, or give the node tls.cert_file and tls.key_file"
+    ),
+    "HTTP": (
+        "an HTTP request arrived on the client port (server.listen), which speaks "
+        "futureq frames: point browsers, probes and WebSocket clients at server.http"
+    ),
+    "SSH": "an SSH client connected to the client port (server.listen), which speaks futureq frames",
+}
+"""What to tell a peer whose first bytes on the client port are another protocol
+(:func:`futureq.wire.foreign.protocol_of`); before, ``GET /`` was told ``frame of
+1195725856 bytes exceeds the limit``, a length read from the letters ``GET``."""
+
+
 class ServerSession(_Session):
     """Protocol state of one client connection, server side.
 
@@ -311,6 +327,12 @@ class ServerSession(_Session):
         try:
             return super().next_event()
         except RemoteProtocolError as exc:
+            if not self._handshake_done:
+                spoken = _FOREIGN_ON_CLIENT_PORT.get(
+                    foreign.protocol_of(self._decoder.pending(foreign.START_BYTES))
+                )
+                if spoken is not None:
+                    raise RemoteProtocolError(exc.code, spoken) from None
             if exc.code is ErrorCode.FRAME_TOO_LARGE and not self._handshake_done:
                 raise RemoteProtocolError(
                     ErrorCode.FRAME_TOO_LARGE,
