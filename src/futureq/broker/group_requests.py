@@ -72,7 +72,7 @@ async def ensure_group(
                 ErrorCode.INVALID_ARGUMENT,
                 f"visibility_timeout_ms must be between {validation.MIN_VISIBILITY_TIMEOUT_MS}"
                 f" and {validation.MAX_VISIBILITY_TIMEOUT_MS} ms (12 h), got "
-                f"{visibility_timeout_ms}; send nil to keep the group's (or the default)",
+                f"{visibility_timeout_ms}; leave it unset to keep the group's (or the server's default)",
             )
     if max_deliveries is not None and not 1 <= max_deliveries <= 1_000_000:
         raise RequestError(

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Final
 
 from futureq.cli.argv_text import not_text
-from futureq.cli.durations import BEYOND_ANY_SERVER, MAX_DELAY_MS, is_decimal
+from futureq.cli.durations import BEYOND_ANY_SERVER, MAX_DELAY_MS, duration_ms_arg, is_decimal
 from futureq.client import _checks
 from futureq.clock import SystemClock
 from futureq.config import split_host_port
@@ -197,6 +197,25 @@ def bounded_int_arg(what: str, high: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def visibility_timeout_arg(text: str) -> int:
+    """argparse type of ``group create --visibility-timeout``: a duration (ms) from
+    ``MIN_VISIBILITY_TIMEOUT_MS`` (100 ms) to ``MAX_VISIBILITY_TIMEOUT_MS`` (12 h), the
+    range the server takes (``docs/protocol.md``, GROUP_CREATE). Outside it was refused
+    by the server after connecting, with advice in wire terms ("send nil").
+
+    Raises:
+        argparse.ArgumentTypeError: not a duration, or outside the range.
+    """
+    value = duration_ms_arg(text)
+    if not validation.MIN_VISIBILITY_TIMEOUT_MS <= value <= validation.MAX_VISIBILITY_TIMEOUT_MS:
+        raise argparse.ArgumentTypeError(
+            f"a visibility timeout is {validation.MIN_VISIBILITY_TIMEOUT_MS}ms to 12h, got "
+            f"{text.strip()!r}; leave --visibility-timeout out to keep the group's (or the "
+            "server's default)"
+        )
+    return value
 
 
 def batch_size_arg(text: str) -> int:

@@ -31,6 +31,7 @@ from futureq.cli.client_arguments import (
     parse_at_ms,
     positive_int_arg,
     publish_topic_arg,
+    visibility_timeout_arg,
 )
 from futureq.cli.durations import delay_ms_arg, duration_ms_arg, positive_duration_ms_arg
 from futureq.client import _checks
@@ -329,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("group", type=existing_name_arg("group"))
     create.add_argument(
         "--visibility-timeout",
-        type=duration_ms_arg,
+        type=visibility_timeout_arg,
         metavar="D",
         help="redeliver a delivery not acked within D (default: the server's)",
     )

@@ -6,6 +6,8 @@
 * Ctrl-C at ``purge``'s confirmation prompt printed a ``KeyboardInterrupt`` traceback:
   now exit 130, nothing purged; a ``purge`` started with stdin closed is refused like
   one without a terminal, not an ``AttributeError`` traceback.
+* ``group create --visibility-timeout 0`` went to the server, refused there with advice
+  in wire terms: now a usage error naming the range.
 """
 
 from __future__ import annotations
@@ -44,6 +46,25 @@ def test_a_request_timeout_over_a_day_is_a_usage_error(
 def test_a_request_timeout_of_a_day_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
     # Parsed and used: no broker at 127.0.0.1:1, so the connection error (not a usage one).
     code, err = _run(["--request-timeout", "1d", "status"], capsys)
+    assert code == 1 and "CONNECTION_LOST" in err, err
+
+
+@pytest.mark.parametrize("timeout", ["0", "50ms", "13h"])
+def test_a_group_visibility_timeout_out_of_range_is_a_usage_error(
+    timeout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It went to the server, which refused it with advice in wire terms ("send nil").
+    code, err = _run(["group", "create", "t", "g", "--visibility-timeout", timeout], capsys)
+    assert code == 2, err
+    assert "argument --visibility-timeout" in err and "100ms to 12h" in err, err
+    assert "leave --visibility-timeout out" in err and "nil" not in err, err
+
+
+@pytest.mark.parametrize("timeout", ["100ms", "12h"])
+def test_a_group_visibility_timeout_at_its_bounds_is_taken(
+    timeout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _run(["group", "create", "t", "g", "--visibility-timeout", timeout], capsys)
     assert code == 1 and "CONNECTION_LOST" in err, err
 
 
