@@ -28,7 +28,7 @@ import trio
 
 from futureq.errors import NotLeaderError
 from futureq.metrics import GroupCounts
-from futureq.wire import frames
+from futureq.wire import frames, validation
 
 from . import (
     consumer_requests,
@@ -418,12 +418,15 @@ class Broker:
     def grant_credit(self, connection_id: int, subscription_id: int, credit: int) -> None:
         """Add credit to a subscription and wake the dispatcher.
 
+        The credit is kept whole, past ``limits.max_prefetch`` too (which bounds the
+        SUBSCRIBE window), up to :data:`~futureq.wire.validation.MAX_CREDIT` held: what a
+        subscription has out is bounded per connection and per node instead.
+
         Raises:
-            RequestError: UNKNOWN_SUBSCRIPTION or INVALID_ARGUMENT.
+            RequestError: UNKNOWN_SUBSCRIPTION or INVALID_ARGUMENT (credit < 1, or
+                past :data:`~futureq.wire.validation.MAX_CREDIT` held).
         """
-        self.hub.grant_credit(
-            subscription_id, connection_id, credit, self.config.limits.max_prefetch
-        )
+        self.hub.grant_credit(subscription_id, connection_id, credit, validation.MAX_CREDIT)
         self.dispatcher.kick()
 
     async def release(self, connection_id: int, tags: list[bytes]) -> int:

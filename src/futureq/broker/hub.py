@@ -409,10 +409,21 @@ class Hub:
     def grant_credit(
         self, subscription_id: int, connection_id: int, credit: int, max_credit: int
     ) -> Consumer:
-        """Add ``credit`` deliveries to a subscription (capped at ``max_credit``).
+        """Add ``credit`` deliveries to a subscription, all of it or none.
+
+        The credit is never cut: found by a tester, a server with ``limits.max_prefetch``
+        100 cut a pull fetch's CREDIT of 500 to 100 without a word, the client went on
+        counting 400 credits out, asked for no more, and received nothing again. What
+        a subscription may have out is bounded elsewhere (per connection and per node).
+
+        Args:
+            credit: Deliveries to add (items, >= 1).
+            max_credit: Most credit the subscription may hold with it (items).
 
         Raises:
-            RequestError: UNKNOWN_SUBSCRIPTION, or INVALID_ARGUMENT for credit < 1.
+            RequestError: UNKNOWN_SUBSCRIPTION; INVALID_ARGUMENT for credit < 1, or
+                when the subscription would hold more than ``max_credit`` (nothing is
+                added then).
         """
         consumer = self.consumers.get(subscription_id)
         if consumer is None or consumer.connection_id != connection_id:
@@ -422,7 +433,14 @@ class Hub:
             )
         if credit < 1:
             raise RequestError(ErrorCode.INVALID_ARGUMENT, f"credit must be >= 1, got {credit}")
-        consumer.credit = min(consumer.credit + credit, max_credit)
+        if consumer.credit + credit > max_credit:
+            raise RequestError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"credit {credit} would give subscription {subscription_id} "
+                f"{consumer.credit + credit} credit, past the most one may hold "
+                f"({max_credit}); grant credit as deliveries are settled",
+            )
+        consumer.credit += credit
         self.wake(consumer)
         return consumer
 

@@ -52,6 +52,12 @@ MAX_VISIBILITY_TIMEOUT_MS = 12 * 3600 * 1000
 """The longest visibility timeout the protocol accepts (12 h): a group's own (GROUP_CREATE),
 an extension, and ``queue.visibility_timeout_ms``."""
 
+MAX_CREDIT = 1_000_000
+"""The most credit one subscription may hold (items): SUBSCRIBE's ``prefetch`` plus
+CREDIT granted, less deliveries pushed (``docs/protocol.md``, "Flow control"). A CREDIT
+that would pass it is refused (INVALID_ARGUMENT), never cut: credits summed past it
+would soon pass what the protocol's integers carry, and no consumer needs as many."""
+
 
 def _iso(ms: int) -> str:
     """``2026-05-01T12:00:00Z`` (or ``year out of range``) for an epoch time in ms."""

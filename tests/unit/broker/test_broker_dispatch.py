@@ -353,7 +353,14 @@ def test_credit_bounds_deliveries_outstanding() -> None:
     env.dispatch()
     second = out(consumer).take()
     assert len(second) == 2 and len(env.hub.in_flight) == 5
-    env.hub.grant_credit(consumer.subscription_id, consumer.connection_id, 500, max_credit=100)
+    # Credit past the most a subscription may hold is refused whole, never cut (a cut
+    # left the client counting credit the server had dropped: found by a tester).
+    with pytest.raises(RequestError) as past:
+        env.hub.grant_credit(consumer.subscription_id, consumer.connection_id, 500, max_credit=100)
+    assert past.value.code is ErrorCode.INVALID_ARGUMENT
+    assert "500" in str(past.value) and "100" in str(past.value)
+    assert consumer.credit == 0
+    env.hub.grant_credit(consumer.subscription_id, consumer.connection_id, 100, max_credit=100)
     assert consumer.credit == 100
     env.dispatch()
     assert ids(first + second + out(consumer).take()) == sorted(ids(first + second)) + [

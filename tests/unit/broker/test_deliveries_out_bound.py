@@ -23,6 +23,7 @@ from futureq.broker.hub import Consumer
 from futureq.broker.overview import ActivityHistory, build_overview
 from futureq.config import Config
 from futureq.state import commands
+from futureq.wire.validation import MAX_CREDIT
 
 
 async def test_at_the_bound_nothing_more_goes_out_until_a_settlement_wakes_the_dispatcher(
@@ -102,12 +103,12 @@ async def test_credit_without_settling_does_not_take_a_connection_past_its_limit
             passes()
             held = mine.take()
             assert len(held) == 10 and len(other.take()) == 5
-            hub.grant_credit(subscriptions[0], 1, 10, 10)  # no settlement
+            hub.grant_credit(subscriptions[0], 1, 10, MAX_CREDIT)  # no settlement
             passes()
             assert mine.take() == []  # before: 10 more
             assert hub.out_by_connection == {1: 10, 2: 5}
             for _ in range(3):  # CREDIT while capped: the consumer is remembered once
-                hub.grant_credit(subscriptions[1], 1, 1, 10)
+                hub.grant_credit(subscriptions[1], 1, 1, MAX_CREDIT)
                 passes()
             assert [len(skipped) for skipped in hub.capped.values()] == [2]
 
