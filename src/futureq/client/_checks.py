@@ -23,6 +23,7 @@ from typing import Any, Final
 from futureq.config import split_host_port
 from futureq.errors import ErrorCode, RequestError
 from futureq.state.commands import MAX_NODE_ID
+from futureq.wire.validation import MAX_CREDIT as PROTOCOL_MAX_CREDIT
 from futureq.wire.validation import MAX_VISIBILITY_TIMEOUT_MS
 
 
@@ -253,7 +254,7 @@ already far beyond any useful batch, and the linger counts against the deadline.
 MAX_VISIBILITY_MS: Final = MAX_VISIBILITY_TIMEOUT_MS
 """Largest ``visibility_ms`` of EXTEND, fixed by the protocol (12 h)."""
 
-MAX_CREDIT: Final = 1_000_000
+MAX_CREDIT: Final = PROTOCOL_MAX_CREDIT
 """Largest ``prefetch`` (SUBSCRIBE) and ``count`` (``fetch``, ``consume``): the most
 credit any server lets one subscription hold (``limits.max_prefetch`` is at most
 1,000,000; 10,000 by default). A larger value is no window any server grants, and
@@ -261,8 +262,9 @@ credits summed from it would soon pass what the protocol's integers carry."""
 
 
 SERVER_MAX_PREFETCH: Final = 10_000
-"""A server's ``limits.max_prefetch`` by default: the credit one subscription may hold
-there, credit beyond it being dropped (``docs/protocol.md``, "Flow control"). A pull
+"""A server's ``limits.max_prefetch`` by default. Older servers cut the credit one
+subscription held to it, dropping the rest (servers now keep every credit, up to
+``MAX_CREDIT`` held; ``docs/protocol.md``, "Flow control"). So a pull
 fetch keeps at most this much credit out (or its subscription's ``prefetch``, which the
 server accepted): asking for more, it believed credit out that the server had dropped,
 and waited for it for good."""

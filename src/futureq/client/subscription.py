@@ -532,10 +532,11 @@ class Subscription:
         Grants the server exactly the credit still wanted, returns once ``count``
         arrived or none arrived for ``timeout_s`` seconds; deliveries that arrive
         after that are released at once (due again, not counted as an attempt). At
-        most the larger of the subscription's ``prefetch`` and 10,000 (a server's
-        default ``limits.max_prefetch``) credits are out at once; a larger ``count``
-        is received in rounds. On a server with a lower ``limits.max_prefetch``, ask
-        for at most that many.
+        most the larger of the subscription's ``prefetch`` and 10,000 credits are out
+        at once (older servers cut credit held past their ``limits.max_prefetch``,
+        10,000 by default); a larger ``count`` is received in rounds. A server keeps
+        every credit granted; what it has out to one connection is bounded by its
+        ``limits.max_prefetch_per_connection``.
 
         Raises:
             ValueError: ``count`` < 1, ``timeout_s`` not a finite number >= 0, or
@@ -557,7 +558,9 @@ class Subscription:
                 live_epoch = self._client._live_epoch()
                 if self.epoch != live_epoch or self.subscription_id is None:
                     self._fetching = count - len(out)
-                    await self._client._resubscribe(self, count - len(out))
+                    # No larger window than the one the server took: the rest comes
+                    # as CREDIT (a server refuses a SUBSCRIBE past its max_prefetch).
+                    await self._client._resubscribe(self, min(count - len(out), self.prefetch))
                     continue
                 while self._buffer and len(out) < count:
                     delivery = self._buffer.popleft()

@@ -50,6 +50,9 @@ STARTUP_EXTRA_S: Final = 5.0
 """Slack on top of the time opening may take when waiting for the thread to connect (s)."""
 JOIN_TIMEOUT_S: Final = 10.0
 """Longest :meth:`SyncClient.close` waits for the background thread to end (s)."""
+PULL_SUBSCRIBE_PREFETCH: Final = 1
+"""The window (items) of a ``consume`` subscription's SUBSCRIBE: every server takes it
+(``limits.max_prefetch`` is at least 1); each fetch grants what it wants with CREDIT."""
 
 
 @attrs.frozen(repr=False)
@@ -578,18 +581,22 @@ class SyncClient:
         _checks.check_seconds("timeout_s", timeout_s, allow_zero=True)
         if prefetch is not None:
             _checks.check_count("prefetch", prefetch, max_count=_checks.MAX_CREDIT)
-        deliveries = self._run(self._consume, topic, group, count, timeout_s, count)
+        deliveries = self._run(self._consume, topic, group, count, timeout_s)
         return [SyncDelivery(delivery, self) for delivery in deliveries]
 
     async def _consume(
-        self, topic: str, group: str, count: int, timeout_s: float, prefetch: int
+        self, topic: str, group: str, count: int, timeout_s: float
     ) -> list[Delivery]:
         client = self._require_client()
         sub = self._subscriptions.get((topic, group))
         if sub is None or sub.closed:
             if self._open_send is None:
                 raise ClientClosedError(CLOSED_MESSAGE)
-            request = _OpenRequest(topic, group, prefetch)
+            # The SUBSCRIBE's window is 1, which every server takes (``limits.max_prefetch``
+            # is >= 1); the fetch grants the rest with CREDIT. Found by a tester: a
+            # first consume(count=500) on a server with max_prefetch 100 was refused
+            # with "prefetch must be between 1 and 100, got 500", a prefetch never given.
+            request = _OpenRequest(topic, group, PULL_SUBSCRIBE_PREFETCH)
             try:
                 await self._open_send.send(request)
             except trio.ClosedResourceError:
