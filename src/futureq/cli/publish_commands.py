@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import errno
 import io as io_module
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Final, TypeVar
 
 import attrs
@@ -140,6 +141,8 @@ class PublishSummary:
     which nothing more was sent (None: every batch was tried)."""
     not_sent: int = 0
     """Lines of the batches after that one, reported as failed without being sent."""
+    stop_reason: str = ""
+    """Why lines were not sent after :attr:`stopped_at_line` (the failure's reason)."""
     interrupted: bool = False
     """Ctrl-C stopped the run: the batch being sent is of unknown outcome and every
     later one was not sent (all reported as failed)."""
@@ -319,6 +322,7 @@ def _fail_not_sent(
         summary.interrupted = True
     else:
         summary.stopped_at_line = failed_line
+        summary.stop_reason = reason
     summary.not_sent = count
     on_progress(count)
 
@@ -342,28 +346,92 @@ def _drop_stored(
     return [entry for position, entry in enumerate(batch) if position not in stored]
 
 
-def read_lines(path: str) -> list[str]:
-    """The file's lines, each with its ending as it is in the file, split at ``\\n``
-    only: a lone CR is JSON whitespace inside a line, not a line break (Python's
-    universal newlines split there, numbering every later line one too high, found by a
+LINE_BYTES_PER_FRAME_BYTE: Final = 6
+"""The most bytes of a JSONL line one byte of its PUBLISH frame can take: a payload
+byte written as ``\\u00XX``. A line longer than this many times the server's
+``max_frame_bytes`` (plus :data:`LINE_SLACK_BYTES`) fits no frame however it is spelled."""
+LINE_SLACK_BYTES: Final = 65_536
+"""Room for a line's blanks, field names and ending beyond its frame share (bytes)."""
+CHUNK_BYTES: Final = 16 * 1024 * 1024
+"""``publish --file`` reads, parses and publishes the input this many bytes at a time
+(at least one line): its memory is bounded by the chunk, not the file."""
+CHUNK_LINES_PER_BATCH: Final = 8
+"""A chunk holds at most this many batches' worth of lines."""
+
+
+def max_line_bytes(max_frame_bytes: int) -> int:
+    """The longest JSONL line (bytes, ending included) whose message can fit a frame of
+    ``max_frame_bytes`` bytes (:data:`LINE_BYTES_PER_FRAME_BYTE`)."""
+    return max_frame_bytes * LINE_BYTES_PER_FRAME_BYTE + LINE_SLACK_BYTES
+
+
+@attrs.define
+class LineChunk:
+    """Consecutive lines of a JSONL input, as :func:`read_chunk` read them."""
+
+    first_number: int
+    """The number of the first line (from 1)."""
+    lines: list[str]
+    """The lines, with their endings; an over-long line is ``""`` here (its bytes were
+    skipped, not kept) and named in :attr:`too_long`."""
+    too_long: dict[int, int] = attrs.Factory(dict)
+    """Line number -> bytes of each line longer than the limit given to
+    :func:`read_chunk`."""
+    size_bytes: int = 0
+    """Bytes read for these lines."""
+
+
+def read_chunk(
+    handle: IO[bytes], first_number: int, max_lines: int, max_bytes: int, line_limit: int
+) -> LineChunk | None:
+    """Read the next lines of ``handle``: at most ``max_lines`` lines and about
+    ``max_bytes`` bytes (at least one line); None at the end of the input.
+
+    Lines split at ``\\n`` only, each kept with its ending as it is in the input: a
+    lone CR is JSON whitespace inside a line, not a line break (Python's universal
+    newlines split there, numbering every later line one too high, found by a
     tester). Bytes that are not UTF-8 are kept as surrogates (``surrogateescape``), so
-    a line written back is the same bytes.
+    a line written back to ``--failed-out`` is the same bytes. A line longer
+    than ``line_limit`` bytes is refused as soon as it passes that length: the rest of
+    it is read and dropped (at most ``line_limit`` bytes held), so a 600 MB line costs
+    no more memory than a short one (found by a tester: a single 600 MB line took
+    1.8 GB and 46 s before being refused as FRAME_TOO_LARGE).
 
     Raises:
-        OSError: the file cannot be read.
+        OSError: the input cannot be read.
     """
-    with open(path, "rb") as handle:
-        return split_lines(handle.read())
+    chunk = LineChunk(first_number, [])
+    while len(chunk.lines) < max_lines and chunk.size_bytes < max_bytes:
+        data = handle.readline(line_limit + 1)
+        if not data:
+            break
+        number = first_number + len(chunk.lines)
+        size = len(data)
+        if size > line_limit and not data.endswith(b"\n"):
+            del data
+            while True:  # drop the rest of the line, a bounded piece at a time
+                rest = handle.readline(LINE_SLACK_BYTES)
+                size += len(rest)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            chunk.size_bytes += size
+            chunk.too_long[number] = size
+            chunk.lines.append("")
+            continue
+        chunk.size_bytes += size
+        chunk.lines.append(data.decode("utf-8", errors="surrogateescape"))
+    return chunk if chunk.lines else None
 
 
-def split_lines(data: bytes) -> list[str]:
-    """The lines of ``data`` as :func:`read_lines` gives a file's."""
-    text = data.decode("utf-8", errors="surrogateescape")
-    parts = text.split("\n")
-    lines = [part + "\n" for part in parts[:-1]]
-    if parts[-1]:
-        lines.append(parts[-1])
-    return lines
+def too_long_failure(number: int, size: int, line_limit: int, max_frame_bytes: int) -> LineFailure:
+    """The failure of line ``number``, ``size`` bytes long, past ``line_limit``."""
+    return LineFailure(
+        number,
+        f"[{ErrorCode.FRAME_TOO_LARGE.name}] the line is {size} bytes, more than "
+        f"{line_limit}: no message spelled in it fits the server's frames of at most "
+        f"{max_frame_bytes} bytes (and payloads of at most its max_payload_bytes); "
+        "split its payload into smaller messages",
+    )
 
 
 def _open_failed_out(args: argparse.Namespace) -> IO[bytes] | None:
@@ -388,64 +456,173 @@ def _open_failed_out(args: argparse.Namespace) -> IO[bytes] | None:
     return open(args.failed_out, "wb")  # noqa: SIM115 - closed by the caller
 
 
-async def _read_stdin_lines(io: Output) -> list[str]:
-    """``publish --file -``: every line of standard input, read to its end
-    (:func:`_read_stdin`)."""
-    return split_lines(await _read_stdin(io, lambda stream: stream.read(), "the JSON lines"))
+class _LineSource:
+    """``--file``'s input, read a chunk at a time in a worker thread (:func:`read_chunk`).
+
+    The process's own standard input is read unbuffered by the OS file and in a thread
+    a Ctrl-C abandons, as :func:`_read_stdin` does; a file is opened before anything
+    is sent, so one that cannot be read stops the run first."""
+
+    def __init__(self, path: str, io: Output) -> None:
+        self._abandon = False
+        self._owned: IO[bytes] | None = None
+        self.handle: IO[bytes]
+        if path != STDIN_PAYLOAD:
+            self._owned = self.handle = open(path, "rb")  # noqa: SIM115 - closed in close()
+        elif io.stdin is not None:
+            self.handle = io.stdin
+        elif sys.stdin is None:  # started with stdin closed
+            raise OSError(errno.EBADF, "standard input is closed; pipe the JSON lines in")
+        else:
+            raw = io_module.FileIO(sys.stdin.fileno(), "rb", closefd=False)
+            self._owned = self.handle = io_module.BufferedReader(raw)
+            self._abandon = True
+
+    async def next_chunk(
+        self, first_number: int, max_lines: int, line_limit: int
+    ) -> LineChunk | None:
+        """The next lines (:func:`read_chunk`); None at the end.
+
+        Raises:
+            OSError: the input cannot be read.
+        """
+        return await trio.to_thread.run_sync(
+            read_chunk,
+            self.handle,
+            first_number,
+            max_lines,
+            CHUNK_BYTES,
+            line_limit,
+            abandon_on_cancel=self._abandon,
+        )
+
+    def close(self) -> None:
+        """Close what this source opened (not the caller's stream)."""
+        if self._owned is not None and not self._abandon:
+            self._owned.close()
 
 
 async def run_publish_file(client: Client, args: argparse.Namespace, io: Output) -> int:
     # "-" is standard input, as for `publish TOPIC -` (it was "No such file or
     # directory: -", found by a tester).
-    lines = await _read_stdin_lines(io) if args.file == STDIN_PAYLOAD else read_lines(args.file)
+    source = _LineSource(args.file, io)
     try:
-        failed_out = _open_failed_out(args)
-    except ValueError as exc:
-        io.err(f"error: {exc}")
-        return EXIT_USAGE
-    try:
-        return await _publish_lines(client, args, io, lines, failed_out)
+        try:
+            failed_out = _open_failed_out(args)
+        except ValueError as exc:
+            io.err(f"error: {exc}")
+            return EXIT_USAGE
+        try:
+            return await _publish_lines(client, args, io, source, failed_out)
+        finally:
+            if failed_out is not None:
+                failed_out.close()
     finally:
-        if failed_out is not None:
-            failed_out.close()
+        source.close()
+
+
+@contextlib.contextmanager
+def _progress(io: Output) -> Iterator[Callable[[int], None]]:
+    """A progress display of lines settled on a terminal (its total is not known
+    before the input's end: it is read a chunk at a time); elsewhere nothing."""
+    if not io.is_terminal:
+        yield lambda n: None
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True) as progress:
+        task = progress.add_task("publishing", total=None)
+        yield lambda n: progress.advance(task, n)
+
+
+async def _publish_chunk(
+    client: Client,
+    args: argparse.Namespace,
+    chunk: LineChunk,
+    line_limit: int,
+    summary: PublishSummary,
+    advance: Callable[[int], None],
+    interrupt: Interrupt,
+) -> list[LineFailure]:
+    """Parse and publish one chunk's lines; add its counts to ``summary`` and return
+    its failures, in line order. Once a chunk stopped (no server within
+    --request-timeout), later chunks are failed as not sent without being sent."""
+    # Parsed under Ctrl-C's receiver, and in a thread so that a second Ctrl-C is
+    # heard at once: a Ctrl-C while a large file was parsed ended the run with no
+    # summary and an empty --failed-out (found by a tester). Now every line is
+    # reported not sent, and --failed-out gets it.
+    items, failures = await trio.to_thread.run_sync(
+        parse_jsonl, chunk.lines, abandon_on_cancel=True
+    )
+    offset = chunk.first_number - 1
+    if offset:
+        items = [attrs.evolve(item, line_number=item.line_number + offset) for item in items]
+        failures = [
+            attrs.evolve(failure, line_number=failure.line_number + offset) for failure in failures
+        ]
+    limit = client.max_frame_bytes
+    failures.extend(
+        too_long_failure(number, size, line_limit, limit) for number, size in chunk.too_long.items()
+    )
+    part = PublishSummary()
+    if summary.stopped_at_line is not None:
+        _fail_not_sent(
+            collections.deque([items]),
+            summary.stopped_at_line,
+            summary.stop_reason,
+            part,
+            advance,
+        )
+    else:
+        part = await publish_items(
+            client,
+            items,
+            args.batch_size or DEFAULT_BATCH_SIZE,
+            advance,
+            servers=args.server,
+            interrupt=interrupt,
+        )
+    advance(len(failures))
+    summary.published += part.published
+    summary.duplicates += part.duplicates
+    summary.not_sent += part.not_sent
+    summary.interrupted = summary.interrupted or part.interrupted
+    if summary.stopped_at_line is None and part.stopped_at_line is not None:
+        summary.stopped_at_line = part.stopped_at_line
+        summary.stop_reason = part.stop_reason
+    return sorted(failures + part.failures, key=lambda failure: failure.line_number)
 
 
 async def _publish_lines(
     client: Client,
     args: argparse.Namespace,
     io: Output,
-    lines: list[str],
+    source: _LineSource,
     failed_out: IO[bytes] | None,
 ) -> int:
     started = time.monotonic()
     interrupt = Interrupt()
+    line_limit = max_line_bytes(client.max_frame_bytes)
+    max_lines = max(1, args.batch_size or DEFAULT_BATCH_SIZE) * CHUNK_LINES_PER_BATCH
+    summary = PublishSummary()
+    unwritten: list[int] = []  # failed lines too long to keep for --failed-out
     async with ctrl_c_requests(interrupt):
-        # Parsed under Ctrl-C's receiver too, and in a thread so that a second Ctrl-C
-        # is heard at once: a Ctrl-C while a large file was parsed (seconds for a
-        # million lines) ended the run with no summary and an empty --failed-out,
-        # whose publishing then stored nothing (found by a tester). Now every line
-        # is reported not sent, and --failed-out gets the whole file.
-        items, failures = await trio.to_thread.run_sync(parse_jsonl, lines, abandon_on_cancel=True)
-        batch_size = args.batch_size or DEFAULT_BATCH_SIZE
-        if io.is_terminal and items:
-            from rich.progress import Progress
-
-            with Progress(transient=True) as progress:
-                task = progress.add_task("publishing", total=len(items))
-                summary = await publish_items(
-                    client,
-                    items,
-                    batch_size,
-                    lambda n: progress.advance(task, n),
-                    servers=args.server,
-                    interrupt=interrupt,
+        with _progress(io) as advance:
+            number = 1
+            while True:
+                chunk = await source.next_chunk(number, max_lines, line_limit)
+                if chunk is None:
+                    break
+                number += len(chunk.lines)
+                failures = await _publish_chunk(
+                    client, args, chunk, line_limit, summary, advance, interrupt
                 )
-        else:
-            summary = await publish_items(
-                client, items, batch_size, servers=args.server, interrupt=interrupt
-            )
+                summary.failures.extend(failures)
+                if failed_out is not None:
+                    unwritten.extend(_write_failed(failed_out, chunk, failures))
+                del chunk
+    summary.interrupted = summary.interrupted or interrupt.requested
     elapsed_s = max(time.monotonic() - started, 1e-9)
-    summary.failures = sorted(failures + summary.failures, key=lambda f: f.line_number)
     rate = summary.published / elapsed_s
     already = (
         f", {summary.duplicates} already published (same idempotency key)"
@@ -480,21 +657,39 @@ async def _publish_lines(
         )
     stopped = summary.stopped_at_line is not None or summary.interrupted
     if summary.failures and (failed_out is not None or stopped):
-        io.err(_resend_advice(args, lines, summary.failures, failed_out))
+        io.err(_resend_advice(args, summary.failures, failed_out, unwritten))
     if summary.interrupted:
         return interrupt.exit_status
     return EXIT_ERROR if summary.failures else EXIT_OK
 
 
+def _write_failed(
+    failed_out: IO[bytes], chunk: LineChunk, failures: list[LineFailure]
+) -> list[int]:
+    """Write the lines of ``chunk`` not stored (``failures``, in line order) to
+    ``--failed-out``, byte for byte as they were; return the numbers of those too long
+    to have been kept (:attr:`LineChunk.too_long`), which are not written."""
+    skipped: list[int] = []
+    for failure in failures:
+        if failure.line_number in chunk.too_long:
+            skipped.append(failure.line_number)
+            continue
+        text = chunk.lines[failure.line_number - chunk.first_number]
+        text = text if text.endswith("\n") else text + "\n"
+        failed_out.write(text.encode("utf-8", errors="surrogateescape"))
+    failed_out.flush()
+    return skipped
+
+
 def _resend_advice(
     args: argparse.Namespace,
-    lines: list[str],
     failures: list[LineFailure],
     failed_out: IO[bytes] | None,
+    unwritten: list[int],
 ) -> str:
-    """Write the lines not stored to ``--failed-out`` (if given), byte for byte as they
-    were; say how to send them again, and nothing else: the other lines are stored (or
-    already were)."""
+    """Say how to send the lines not stored again (they are in ``--failed-out``, if
+    given, but for ``unwritten``: lines too long for any frame), and nothing else: the
+    other lines are stored (or already were)."""
     count = len(failures)
     if failed_out is None:
         shown = "" if count <= MAX_FAILURES_SHOWN else f" (the first {MAX_FAILURES_SHOWN} shown)"
@@ -503,12 +698,19 @@ def _resend_advice(
             "stored, so do not send the whole file again: --failed-out F writes the lines "
             "not stored to F, to send with publish --file F"
         )
-    for failure in failures:
-        text = lines[failure.line_number - 1]
-        text = text if text.endswith("\n") else text + "\n"
-        failed_out.write(text.encode("utf-8", errors="surrogateescape"))
-    failed_out.flush()
+    left_out = ""
+    if unwritten:
+        named = ", ".join(str(number) for number in unwritten[:MAX_FAILURES_SHOWN])
+        more = "..." if len(unwritten) > MAX_FAILURES_SHOWN else ""
+        left_out = (
+            f"{len(unwritten)} line(s) not stored, too long for any frame, are not in "
+            f"{args.failed_out} (line(s) {named}{more}): split those into smaller messages"
+        )
+        if count == len(unwritten):
+            return left_out
+        left_out = "; " + left_out
     return (
-        f"the {count} line(s) not stored are in {args.failed_out}; send them again with "
-        f"publish --file {args.failed_out} (a delay_ms counts from when it is sent)"
+        f"the {count - len(unwritten)} line(s) not stored are in {args.failed_out}; send "
+        f"them again with publish --file {args.failed_out} (a delay_ms counts from when it "
+        f"is sent){left_out}"
     )
