@@ -13,6 +13,7 @@ and per node) and a pull subscription subscribes with the least window a server 
 from __future__ import annotations
 
 from broker_process import BrokerProcess
+from cli_process import cli
 from wire_client import WireClient
 
 from futureq.client import PublishItem
@@ -77,3 +78,33 @@ def test_credit_is_kept_and_refused_only_past_the_protocol_bound(broker_factory:
     assert "1000001" in error.message.replace(",", ""), error.message
     ids = [delivery[1] for delivery in [*got, *rest]]
     assert len(set(ids)) == 300
+
+
+def test_cli_consume_names_its_default_window_when_the_server_refuses_it(
+    broker_factory: object,
+) -> None:
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={"FUTUREQ_LIMITS_MAX_PREFETCH": "50"}
+    )
+    done = cli(broker.client_address, "consume", "pf5", "--group", "g", "--idle-timeout", "1s")
+    assert done.returncode == 1, done.stderr
+    # Before: only "prefetch must be between 1 and 50, got 100", of a --prefetch never given.
+    assert "this server's limits.max_prefetch is 50" in done.stderr, done.stderr
+    assert "--prefetch is 100 by default; give a --prefetch the server's limit takes" in (
+        done.stderr
+    ), done.stderr
+    given = cli(broker.client_address, "consume", "pf5", "--group", "g", "--prefetch", "200")
+    assert given.returncode == 1 and "by default" not in given.stderr, given.stderr
+    assert "got 200 (this server's limits.max_prefetch is 50)" in given.stderr, given.stderr
+    quiet = cli(
+        broker.client_address,
+        "consume",
+        "pf5",
+        "--group",
+        "g",
+        "--prefetch",
+        "50",
+        "--idle-timeout",
+        "1s",
+    )
+    assert quiet.returncode == 0, quiet.stderr

@@ -43,7 +43,9 @@ async def subscribe(
     if not 1 <= prefetch <= max_prefetch:
         raise RequestError(
             ErrorCode.INVALID_ARGUMENT,
-            f"prefetch must be between 1 and {max_prefetch}, got {prefetch}",
+            f"prefetch must be between 1 and {max_prefetch}, got {prefetch} (this server's "
+            f"limits.max_prefetch is {max_prefetch}); subscribe with a smaller window and "
+            "grant more with CREDIT as deliveries are settled",
         )
     info = await broker.ensure_group(topic, group)
     broker._require_leader()

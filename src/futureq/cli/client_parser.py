@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument(
         "--prefetch",
         type=bounded_int_arg("the window", _checks.MAX_CREDIT),
-        default=100,
+        default=None,
         metavar="N",
         help="most unacked deliveries in flight (default 100)",
     )

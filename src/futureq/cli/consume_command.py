@@ -72,6 +72,8 @@ async def _receive_within(sub: Subscription, idle_ms: int) -> Delivery | None:
             return delivery
 
 
+DEFAULT_PREFETCH: Final = 100
+"""``consume``'s window when ``--prefetch`` is not given (deliveries)."""
 RELEASE_GRACE_S: Final = 5.0
 """Longest wait to give back a delivery whose line could not be printed (s)."""
 
@@ -95,7 +97,7 @@ async def run_consume(client: Client, args: argparse.Namespace, io: Output) -> i
 async def _consume(
     client: Client, args: argparse.Namespace, io: Output, interrupt: Interrupt
 ) -> None:
-    prefetch = args.prefetch
+    prefetch = DEFAULT_PREFETCH if args.prefetch is None else args.prefetch
     if args.count is not None:
         # Never take more than we will print: a delivery received but not printed
         # would go back to the group with its attempt count raised. With --no-ack the
@@ -175,8 +177,19 @@ def _window_error(exc: RequestError, args: argparse.Namespace, prefetch: int) ->
     """SUBSCRIBE's refusal, saying why the window was that large when the user did not
     ask for it: ``--no-ack --count N`` needs a window of N (every printed message stays
     out), and ``consume --no-ack --count 20000`` said only ``prefetch must be between 1
-    and 10000, got 20000`` of a ``--prefetch`` never given (found by a tester)."""
-    if exc.code is not ErrorCode.INVALID_ARGUMENT or not args.no_ack or prefetch == args.prefetch:
+    and 10000, got 20000`` of a ``--prefetch`` never given (found by a tester). Likewise
+    the default window (:data:`DEFAULT_PREFETCH`) on a server whose
+    ``limits.max_prefetch`` is lower."""
+    if exc.code is not ErrorCode.INVALID_ARGUMENT:
+        return exc
+    if args.prefetch is None and prefetch == DEFAULT_PREFETCH:
+        return RequestError(
+            exc.code,
+            f"{exc.message}: --prefetch is {DEFAULT_PREFETCH} by default; give a --prefetch "
+            "the server's limit takes",
+            exc.item_index,
+        )
+    if not args.no_ack or prefetch == args.prefetch:
         return exc
     return RequestError(
         exc.code,

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from futureq.cli.client_arguments import parse_at_ms
 from futureq.cli.client_main import main
 from futureq.cli.client_parser import build_parser, deprecation_warnings
+from futureq.cli.consume_command import DEFAULT_PREFETCH
 from futureq.cli.jsonl import (
     LineError,
     LineFailure,
@@ -186,7 +187,8 @@ def test_parser_defaults_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert args.token == "tok"
     assert args.request_timeout_ms == 2_000
     assert args.idle_timeout_ms == 500
-    assert args.prefetch == 100 and args.count is None
+    # Not given: consume uses its default window, and can say so when a server refuses it.
+    assert args.prefetch is None and DEFAULT_PREFETCH == 100 and args.count is None
     assert deprecation_warnings(args) == []
     assert build_parser().parse_args(["status"]).request_timeout_ms == 30_000
 
