@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from .command_log import CommandLog
     from .dispatcher import Dispatcher
     from .due_counts import DueCounts
+    from .handover_handed import HandedAsk
 
 OVERVIEW_CACHE_S = 0.25
 """Watchers and ``/api/overview`` within this long share one overview (s): building it
@@ -136,6 +137,9 @@ class Broker:
         """SUBSCRIBEs between their limit check and their consumer's registration (the
         group's creation is awaited in between); counted against
         ``limits.max_subscriptions`` like the subscriptions they become."""
+        self.handed_ask: HandedAsk | None = None
+        """The subscriptions this leader, handing over, asked what was handed (HANDOVER)
+        and still waits for; None otherwise (:mod:`~futureq.broker.handover_handed`)."""
         self.reschedules_in_flight = 0
         """RESCHEDULEs proposed and not yet answered. While there are some, an ACK is
         proposed as ACK_FOLLOWING (:func:`futureq.state.commands.ack`): one of them may

@@ -794,6 +794,8 @@ class Connection:
                     self._subscribing -= 1
                     self._subscribing_prefetch -= frame.prefetch
                     broker.subscribes_in_flight -= 1
+                # Version 4 answers HANDOVER (docs/protocol.md, "Versions").
+                consumer.asks_handed = (self.session.version or 1) >= 4
                 self.subscriptions[consumer.subscription_id] = consumer
                 # The answer must precede the first DELIVER, so queue it here, in order.
                 self._reply(

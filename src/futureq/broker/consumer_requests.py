@@ -79,6 +79,15 @@ async def unsubscribe(broker: Broker, consumer: Consumer, handed: list[bytes] | 
     released message straight back with credit it still held, and the UNSUBSCRIBE
     counted it).
     """
+    try:
+        await _unsubscribe(broker, consumer, handed)
+    finally:
+        ask = broker.handed_ask
+        if ask is not None:
+            ask.left(consumer)  # a leader handing over waits for this (HANDOVER)
+
+
+async def _unsubscribe(broker: Broker, consumer: Consumer, handed: list[bytes] | None) -> None:
     hub = broker.hub
     unread: list[InFlight] = []
     if handed is not None and broker.log.is_leader():

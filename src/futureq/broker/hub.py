@@ -78,6 +78,8 @@ class Consumer:
         settings: ``(visibility_timeout_ms, max_deliveries)`` last sent to it in
             SUBSCRIPTION_INFO.
         headers: Its DELIVER items carry each message's headers (SUBSCRIBE asked).
+        asks_handed: Its connection speaks protocol version 4: a leader handing over
+            gracefully asks it which deliveries were handed (HANDOVER).
     """
 
     subscription_id: int
@@ -92,6 +94,7 @@ class Consumer:
     prefetch: int = 0
     settings: tuple[int, int] | None = None
     headers: bool = False
+    asks_handed: bool = False
 
     def send(self, frame: frames.Frame) -> bool:
         """Queue a frame for the consumer; a connection that cannot take it is closed.

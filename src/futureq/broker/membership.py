@@ -22,6 +22,8 @@ from futureq.raft.cluster_clock import describe_offset
 from futureq.rate_limited_log import RateLimitedLog
 from futureq.state import commands
 
+from . import handover_handed
+
 if TYPE_CHECKING:
     from .broker import Broker
 
@@ -307,6 +309,9 @@ async def hold_and_record_deliveries(broker: Broker) -> None:
     """The work of :meth:`Broker.hold_and_record_deliveries` (its docstring: arguments, result, errors)."""
     recorded = 0
     with trio.move_on_after(RECORD_BEFORE_HANDOVER_S) as waited:
+        # First the subscriptions say what their applications were handed: the rest
+        # goes back uncounted (docs/protocol.md, HANDOVER), bounded by HANDED_WAIT_S.
+        await handover_handed.ask_handed(broker)
         try:
             recorded = await broker.dispatcher.hold_and_record()
         except FutureQError as exc:

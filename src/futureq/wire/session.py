@@ -83,6 +83,7 @@ SERVER_ONLY_FRAME_TYPES: Final = frozenset(
         frames.FrameType.REVOKE,
         frames.FrameType.SUBSCRIPTION_END,
         frames.FrameType.SUBSCRIPTION_INFO,
+        frames.FrameType.HANDOVER,
         frames.FrameType.WATCH_UPDATE,
         frames.FrameType.ITEM_RESULTS,
         frames.FrameType.BROWSE_OK,

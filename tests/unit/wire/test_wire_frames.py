@@ -211,6 +211,7 @@ EXAMPLES: list[frames.Frame] = [
     frames.ClusterTransferLeader(16, None),
     frames.Revoke(0, 7, [TAG_A, TAG_B], int(frames.RevokeReason.VISIBILITY_TIMEOUT)),
     frames.SubscriptionEnd(0, 7, int(ErrorCode.GROUP_DELETED), "group billing was deleted"),
+    frames.Handover(0, 7),
     frames.Extend(17, [TAG_A], 60_000),
     frames.Release(18, [TAG_A, TAG_B]),
     frames.SubscriptionInfo(0, 7, 30_000, 16),

@@ -90,15 +90,15 @@ def test_handshake_back_to_back() -> None:
     s.receive_data(c.hello())
     assert state(c) is SessionState.AWAIT_HELLO_OK
     hello = next_frame(s)
-    assert hello == frames.Hello(1, (3, 2, 1), "unit", TOKEN)
-    assert s.version == 3 and state(s) is SessionState.AWAIT_HELLO
+    assert hello == frames.Hello(1, (4, 3, 2, 1), "unit", TOKEN)
+    assert s.version == 4 and state(s) is SessionState.AWAIT_HELLO
     hello_ok = s.accept_hello(3, "10.0.0.3:7450", "0.1.0", members=["10.0.0.3:7450", "h:1"])
     assert decode_one(hello_ok) == frames.HelloOk(
-        1, 3, 3, "10.0.0.3:7450", MAX_FRAME_BYTES, "0.1.0", 1, ("10.0.0.3:7450", "h:1")
+        1, 4, 3, "10.0.0.3:7450", MAX_FRAME_BYTES, "0.1.0", 1, ("10.0.0.3:7450", "h:1")
     )
     c.receive_data(hello_ok)
     assert next_frame(c) == c.hello_ok
-    assert c.version == 3 and state(c) is SessionState.READY
+    assert c.version == 4 and state(c) is SessionState.READY
     assert state(s) is SessionState.READY
 
 
@@ -152,12 +152,12 @@ def test_client_offers_its_versions_highest_first() -> None:
     assert hello.versions == (3, 2, 1)
 
 
-@pytest.mark.parametrize("theirs", [(4,), (0, 4, 5), ()], ids=["newer", "disjoint", "none"])
+@pytest.mark.parametrize("theirs", [(5,), (0, 5, 6), ()], ids=["newer", "disjoint", "none"])
 def test_unsupported_version(theirs: tuple[int, ...]) -> None:
     s = server()
     send_raw(s, frames.Hello(5, theirs))
     error = refused(s, ErrorCode.UNSUPPORTED_VERSION)
-    assert "[1, 2, 3]" in error.message
+    assert "[1, 2, 3, 4]" in error.message
     answer = decode_one(s.error_bytes(error))
     assert answer == frames.Error(5, int(ErrorCode.UNSUPPORTED_VERSION), error.message)
 
@@ -234,6 +234,7 @@ SERVER_ONLY: list[frames.Frame] = [
     frames.Revoke(0, 1, [], 1),
     frames.SubscriptionEnd(0, 1, 225, "deleted"),
     frames.SubscriptionInfo(0, 1, 1000, 3),
+    frames.Handover(0, 1),
     frames.WatchUpdate(2, {}),
     frames.ItemResults(2, [0]),
     frames.BrowseOk(2, "g", [], None),

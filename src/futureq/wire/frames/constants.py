@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import enum
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """The highest protocol version this code speaks (``docs/protocol.md``, "Versions")."""
-SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2, 3})
-"""Every version this code speaks: 3 adds UNSUBSCRIBE's ``handed`` (only the deliveries
-the application saw count); 2 adds the cluster's member addresses to HELLO_OK; 1 is
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2, 3, 4})
+"""Every version this code speaks: 4 adds HANDOVER (a leader handing over gracefully asks
+each subscription which deliveries its application was handed; only those count); 3 adds
+UNSUBSCRIBE's ``handed`` (only the deliveries the application saw count); 2 adds the cluster's member addresses to HELLO_OK; 1 is
 still spoken to clients that offer nothing newer (the dashboard, older clients)."""
 MAX_MEMBERS = 64
 """Most member addresses a HELLO_OK may carry (a cluster has 1 to 7 voters)."""
@@ -65,6 +66,8 @@ class FrameType(enum.IntEnum):
     PURGE = 46
     BROWSE_COUNTS = 47
     BROWSE_COUNTS_OK = 48
+    # 49-50: graceful leader handover (protocol version 4)
+    HANDOVER = 49
     # 60-69: issue 15, shards
     SLOT_MAP = 60
     SLOT_MAP_OK = 61

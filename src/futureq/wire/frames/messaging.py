@@ -389,6 +389,34 @@ class SubscriptionEnd:
 
 
 @attrs.frozen
+class Handover:
+    """Server push (request id 0, protocol version 4): the leader is about to hand
+    leadership over gracefully (a SIGTERM, a TRANSFER_LEADER) and this subscription
+    ends here.
+
+    The client answers with an UNSUBSCRIBE of the subscription whose ``handed`` names
+    the delivery tags its application received and has not settled: only those count
+    as an attempt; the others pushed before this frame (buffered, never handed) go
+    back uncounted, as for any UNSUBSCRIBE with ``handed``. It then subscribes again
+    (on the new leader once this connection closes). The leader waits for the answers
+    at most ``HANDED_WAIT_S`` (0.5 s); a subscription not answered in time keeps the
+    count of every delivery out, as before version 4 (``docs/protocol.md``, HANDOVER).
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.HANDOVER
+    request_id: int
+    subscription_id: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.request_id, self.subscription_id]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> Handover:
+        _arity("HANDOVER", f, 1)
+        return cls(rid, _int("HANDOVER", "subscription_id", f[0]))
+
+
+@attrs.frozen
 class Extend:
     """Keep deliveries: each becomes visible again ``visibility_ms`` after now (ms, >= 1).
 

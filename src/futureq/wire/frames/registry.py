@@ -45,6 +45,7 @@ from futureq.wire.frames.messaging import (
     Credit,
     Deliver,
     Extend,
+    Handover,
     Nack,
     Publish,
     PublishOk,
@@ -89,6 +90,7 @@ Frame = (
     | Extend
     | Release
     | SubscriptionInfo
+    | Handover
     | Watch
     | WatchUpdate
     | Unwatch
@@ -136,6 +138,7 @@ FRAME_CLASSES: dict[int, Any] = {
         Extend,
         Release,
         SubscriptionInfo,
+        Handover,
         Watch,
         WatchUpdate,
         Unwatch,
