@@ -222,6 +222,11 @@ class ClientBase:
         conn = self._conn
         return conn if conn is not None and not conn.is_lost else None
 
+    def _answer_handover(self, conn: Connection, sub: Subscription) -> None:
+        """HANDOVER for ``sub`` on ``conn`` (reader task): the consuming client answers
+        it (:meth:`ConsumingClient._answer_handover`); a client that does not consume
+        has no subscription to be asked about."""
+
     def _lease_changed(self) -> None:
         """Wake the lease keeper (new deliveries, new settings, something to release)."""
         self._lease_event.set()
@@ -282,6 +287,8 @@ class ClientBase:
                     sub._revoke(conn.epoch, frame.tags, frame.reason)
                 elif isinstance(frame, frames.SubscriptionInfo):
                     sub._info(conn.epoch, frame.visibility_timeout_ms, frame.max_deliveries)
+                elif isinstance(frame, frames.Handover):
+                    self._answer_handover(conn, sub)
                 else:
                     try:
                         code = ErrorCode(frame.code)

@@ -201,9 +201,21 @@ class _Waiter:
         self.event.set()
 
 
-PushFrame = frames.Deliver | frames.Revoke | frames.SubscriptionInfo | frames.SubscriptionEnd
+PushFrame = (
+    frames.Deliver
+    | frames.Revoke
+    | frames.SubscriptionInfo
+    | frames.SubscriptionEnd
+    | frames.Handover
+)
 PushCallback = Callable[["Connection", PushFrame], None]
-_PUSHES: Final = (frames.Deliver, frames.Revoke, frames.SubscriptionInfo, frames.SubscriptionEnd)
+_PUSHES: Final = (
+    frames.Deliver,
+    frames.Revoke,
+    frames.SubscriptionInfo,
+    frames.SubscriptionEnd,
+    frames.Handover,
+)
 
 
 class Connection:

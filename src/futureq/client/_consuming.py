@@ -159,6 +159,37 @@ class ConsumingClient(ClientBase):
         except FutureQError:
             pass  # the connection is going away; the server requeues anyway
 
+    def _answer_handover(self, conn: Connection, sub: Subscription) -> None:
+        """Answer HANDOVER (protocol version 4; the reader task, so at once): the
+        leader hands over gracefully and ``sub`` ends on it. Send UNSUBSCRIBE naming in
+        ``handed`` the deliveries the application holds unsettled (only those count as
+        an attempt); void the buffered ones, which the application will never be handed
+        (they go back uncounted and come again from the next leader); then the next
+        iteration subscribes again, following the leader as after any lost
+        subscription (``docs/protocol.md``, HANDOVER).
+
+        Handed deliveries stay the application's to settle; once the leadership moved,
+        settling them raises as for any delivery of a lost leader. Too many handed tags
+        for one frame (:data:`MAX_HANDED_TAGS`, the server's ``max_frame_bytes``): the
+        UNSUBSCRIBE names none, and every delivery out counts, as before version 4.
+        """
+        subscription_id = sub.subscription_id
+        if subscription_id is None or sub.epoch != conn.epoch:
+            return
+        handed = list(sub._handed)
+        size = 64 + sum(len(tag) + 2 for tag in handed)
+        says_handed = len(handed) <= MAX_HANDED_TAGS and size <= conn.max_frame_bytes
+        sub._handed_over(conn.epoch)
+        log.debug(
+            "HANDOVER: subscription %d leaves %s (%d handed)",
+            subscription_id,
+            conn.address,
+            len(handed),
+        )
+        conn.request_nowait(
+            lambda rid: frames.Unsubscribe(rid, subscription_id, handed if says_handed else None)
+        )
+
     async def _subscribe_on_live(
         self, sub: Subscription, deadline: float | None, prefetch: int | None = None
     ) -> None:

@@ -395,6 +395,26 @@ class Subscription:
         self.subscription_id = None
         self._wake()
 
+    def _handed_over(self, epoch: int) -> None:
+        """The leader handing over ended the subscription (HANDOVER, answered by the
+        client with UNSUBSCRIBE): the deliveries not handed to the application are
+        void (they come again, uncounted); the handed ones stay the application's; the
+        next iteration subscribes again."""
+        if epoch != self.epoch:
+            return
+        reason = (
+            "the leader handed leadership over before it was handed to you; it is "
+            "delivered again, its attempt not counted"
+        )
+        for delivery in (*self._buffer, *self.to_release):
+            delivery._void(reason, "ended")
+        self._buffer.clear()
+        self.to_release = []
+        self.subscription_id = None
+        self._credit = 0
+        self._outstanding = 0
+        self._wake()
+
     def _connection_lost(self, epoch: int) -> None:
         """Connection ``epoch`` died: its deliveries are void."""
         if epoch == self.epoch:

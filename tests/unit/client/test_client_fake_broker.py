@@ -761,3 +761,50 @@ async def test_a_redirect_to_a_named_leader_is_followed_without_a_backoff_pause(
             assert client.connected_address == leader.address
         assert rng.delays == 0
         assert leader.publish_sizes == [1]
+
+
+@on_both_backends
+async def test_a_leader_handing_over_is_told_what_the_application_was_handed() -> None:
+    """Protocol version 4: HANDOVER is answered at once with an UNSUBSCRIBE naming
+    the deliveries handed to the application (only they count); the buffered ones
+    are never handed out (the server releases them, uncounted, and they come again),
+    and the subscription subscribes again (``docs/protocol.md``, HANDOVER)."""
+    async with serving(members=()) as fake:
+        fake.hello_version = 4
+        async with _client(fake.address) as client:
+            await client.publish_batch([PublishItem("t", b"%d" % i) for i in range(3)])
+            async with client.subscribe("t", "g", prefetch=3) as sub:
+                handed = await sub.__anext__()
+                with anyio.fail_after(5):
+                    while sub.buffered < 2:  # noqa: ASYNC110 - no event says "buffered", under a deadline
+                        await anyio.sleep(0.005)
+                buffered = list(sub._buffer)
+                asked = sub.subscription_id
+                assert asked is not None
+                [conn] = fake.connections
+                await conn.send(frames.Handover(0, asked))
+                with anyio.fail_after(5):
+                    while not fake.settling:  # noqa: ASYNC110 - the fake records frames, under a deadline
+                        await anyio.sleep(0.005)
+                [unsubscribe] = fake.settling
+                assert unsubscribe == frames.Unsubscribe(
+                    unsubscribe.request_id, asked, [handed.tag]
+                )
+                assert [d.state for d in buffered] == [DeliveryState.VOID] * 2
+                assert handed.state is DeliveryState.HELD
+                assert sub.buffered == 0
+                # The server released the unread ones: they come again, on a new
+                # subscription of the same connection.
+                for delivery in buffered:
+                    fake.in_flight.pop(delivery.tag)
+                    fake.queues["t", "g"].append((delivery.id, delivery.payload, 2))
+                with anyio.fail_after(5):
+                    again = [await sub.__anext__() for _ in range(2)]
+                assert sorted(d.payload for d in again) == sorted(d.payload for d in buffered)
+                assert sub.subscription_id not in (None, asked)
+                fake.settling.clear()
+            # Leaving names what the application still holds, the delivery of before the
+            # handover included (a server ignores tags the subscription does not hold).
+            [unsubscribe] = fake.settling
+            assert unsubscribe.handed is not None
+            assert set(unsubscribe.handed) == {handed.tag, *(d.tag for d in again)}
