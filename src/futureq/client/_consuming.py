@@ -186,8 +186,14 @@ class ConsumingClient(ClientBase):
             conn.address,
             len(handed),
         )
+        # Subscribing again on this connection waits for the answer: sent at once, the
+        # SUBSCRIBE could be served first and find the old subscription still counted
+        # against the connection's limits (max_prefetch_per_connection).
+        answered = anyio.Event()
+        sub._leaving = (conn.epoch, answered)
         conn.request_nowait(
-            lambda rid: frames.Unsubscribe(rid, subscription_id, handed if says_handed else None)
+            lambda rid: frames.Unsubscribe(rid, subscription_id, handed if says_handed else None),
+            on_answer=lambda _frame: answered.set(),
         )
 
     async def _subscribe_on_live(
@@ -197,6 +203,11 @@ class ConsumingClient(ClientBase):
             if sub.epoch == self._live_epoch() and sub.subscription_id is not None:
                 return
             credit = prefetch if prefetch is not None else sub.prefetch
+            leaving = sub._leaving
+            if leaving is not None and leaving[0] == self._live_epoch():
+                with anyio.move_on_after(UNSUBSCRIBE_GRACE_S):
+                    await leaving[1].wait()  # an error answer is waited out: bounded
+            sub._leaving = None
 
             def bind(conn: Connection, frame: frames.Frame) -> None:
                 # Runs in the reader, even when the caller gave up: a subscription

@@ -267,6 +267,9 @@ class Subscription:
         self._fetching = 0  # pull mode: deliveries a fetch() still wants
         self.to_release: list[Delivery] = []
         """Pull mode: arrived while nobody fetched; the lease keeper releases them."""
+        self._leaving: tuple[int, anyio.Event] | None = None
+        """(connection epoch, set once answered) of the UNSUBSCRIBE that answered a
+        HANDOVER: subscribing again on that connection waits for it."""
 
     def __repr__(self) -> str:
         return (
