@@ -392,11 +392,13 @@ class Broker:
         if info is not None:
             self.hub.send_settings(consumer, info)
 
-    def unsubscribe(self, consumer: Consumer) -> None:
-        """Leave; unacked deliveries go back to the group (each counts as an attempt)."""
+    def unsubscribe(self, consumer: Consumer, keep: frozenset[bytes] = frozenset()) -> None:
+        """Leave; unacked deliveries go back to the group (each counts as an attempt),
+        but those whose tag is in ``keep``, which stay out (still settleable on their
+        connection) until settled or timed out (see :meth:`Hub.remove_consumer`)."""
         if consumer.closed and consumer.subscription_id not in self.hub.consumers:
             return
-        self.hub.remove_consumer(consumer, self.clock.wall_ms())
+        self.hub.remove_consumer(consumer, self.clock.wall_ms(), keep=keep)
         self.dispatcher.kick()
 
     async def unsubscribe_handed(self, consumer: Consumer, handed: list[bytes] | None) -> None:

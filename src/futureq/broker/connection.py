@@ -197,6 +197,10 @@ class Connection:
             # write at once never reaches a descriptor number reused by another.
             self.outbox.direct_fd = stream.socket.fileno()
         self.subscriptions: dict[int, Consumer] = {}
+        self._left_holding: list[Consumer] = []
+        """Subscriptions that left answering a HANDOVER and kept what the application
+        holds out (:func:`~futureq.broker.consumer_requests.unsubscribe`): given back
+        when the connection ends, as its subscriptions' are."""
         self._subscribing = 0
         self._subscribing_prefetch = 0
         """Prefetch of the SUBSCRIBEs of this connection under way (counted as held)."""
@@ -248,6 +252,10 @@ class Connection:
             for consumer in list(self.subscriptions.values()):
                 self.broker.unsubscribe(consumer)
             self.subscriptions.clear()
+            for consumer in self._left_holding:
+                if consumer.in_flight:
+                    self.broker.hub.remove_consumer(consumer, self.broker.clock.wall_ms())
+            self._left_holding.clear()
             self.outbox.discard()
             self._count_inbound(0)
             closing = self._closing
@@ -831,6 +839,8 @@ class Connection:
                         f"no subscription {frame.subscription_id} on this connection",
                     )
                 await broker.unsubscribe_handed(found, frame.handed)
+                if found.in_flight:
+                    self._left_holding.append(found)
                 return frames.Ok(frame.request_id, None)
             case frames.Status():
                 permissions = self.principal.permissions

@@ -90,8 +90,15 @@ async def unsubscribe(broker: Broker, consumer: Consumer, handed: list[bytes] | 
 async def _unsubscribe(broker: Broker, consumer: Consumer, handed: list[bytes] | None) -> None:
     hub = broker.hub
     unread: list[InFlight] = []
+    keep: frozenset[bytes] = frozenset()
     if handed is not None and broker.log.is_leader():
         seen = set(handed)
+        ask = broker.handed_ask
+        if ask is not None and consumer.subscription_id in ask.waiting:
+            # The answer to a HANDOVER: the application holds these, and may still
+            # settle them on this node until the leadership moves (before version 4
+            # it could too; they are recorded as counted attempts all the same).
+            keep = frozenset(seen)
         for key in consumer.in_flight:
             flight = hub.in_flight.get(key)
             # One never pushed goes back uncounted anyway (remove_consumer).
@@ -103,7 +110,7 @@ async def _unsubscribe(broker: Broker, consumer: Consumer, handed: list[bytes] |
             ):
                 flight.acking = True
                 unread.append(flight)
-    broker.unsubscribe(consumer)
+    broker.unsubscribe(consumer, keep)
     if not unread:
         return
     try:

@@ -387,13 +387,21 @@ class Hub:
         consumer.send(frames.SubscriptionInfo(0, consumer.subscription_id, *settings))
 
     def remove_consumer(
-        self, consumer: Consumer, now_ms: int, end: tuple[ErrorCode, str] | None = None
+        self,
+        consumer: Consumer,
+        now_ms: int,
+        end: tuple[ErrorCode, str] | None = None,
+        *,
+        keep: frozenset[bytes] = frozenset(),
     ) -> None:
         """Detach a subscription; its unsettled deliveries go back to the group.
 
         Each pushed one counts as an attempt (the consumer may have crashed processing
         it). With ``end`` (a code and a sentence) the consumer is first told, in a
-        SUBSCRIPTION_END frame, that the server ended the subscription.
+        SUBSCRIPTION_END frame, that the server ended the subscription. Deliveries
+        whose tag is in ``keep`` stay out instead, settleable on the consumer's
+        connection until settled, timed out, or the leadership ends (a leader handing
+        over: the application holds them, ``docs/protocol.md``, HANDOVER).
         """
         if end is not None:
             consumer.send(frames.SubscriptionEnd(0, consumer.subscription_id, int(end[0]), end[1]))
@@ -406,7 +414,7 @@ class Hub:
         self.touched.add(consumer.group_id)
         for key in list(consumer.in_flight):
             flight = self.in_flight.get(key)
-            if flight is not None and not flight.acking:
+            if flight is not None and not flight.acking and flight.tag not in keep:
                 self.give_back(flight)
 
     def grant_credit(

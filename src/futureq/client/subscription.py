@@ -267,6 +267,9 @@ class Subscription:
         self._fetching = 0  # pull mode: deliveries a fetch() still wants
         self.to_release: list[Delivery] = []
         """Pull mode: arrived while nobody fetched; the lease keeper releases them."""
+        self._orphaned: set[bytes] = set()
+        """Tags handed to the application under a subscription a HANDOVER ended: still
+        settleable, but their settling gives no credit to the next subscription."""
         self._leaving: tuple[int, anyio.Event] | None = None
         """(connection epoch, set once answered) of the UNSUBSCRIBE that answered a
         HANDOVER: subscribing again on that connection waits for it."""
@@ -413,6 +416,7 @@ class Subscription:
             delivery._void(reason, "ended")
         self._buffer.clear()
         self.to_release = []
+        self._orphaned.update(self._handed)
         self.subscription_id = None
         self._credit = 0
         self._outstanding = 0
@@ -431,6 +435,7 @@ class Subscription:
             delivery._void(reason, kind)
         self._buffer.clear()
         self._handed.clear()
+        self._orphaned.clear()
         self.to_release = []
         self._outstanding = 0
 
@@ -466,6 +471,12 @@ class Subscription:
             delivery._state = DeliveryState.SETTLED
             delivery._settled_as = how
             self._handed.pop(delivery.tag, None)
+        if self._orphaned:
+            # Settled deliveries of a subscription a HANDOVER ended: their credit was
+            # that subscription's, not the one bound now.
+            orphans = {d.tag for d in fresh} & self._orphaned
+            self._orphaned -= orphans
+            fresh = [d for d in fresh if d.tag not in orphans]
         if not fresh or conn.epoch != self.epoch or self.subscription_id is None:
             return
         self._outstanding -= len(fresh)
