@@ -397,8 +397,9 @@ class Handover:
     The client answers with an UNSUBSCRIBE of the subscription whose ``handed`` names
     the delivery tags its application received and has not settled: only those count
     as an attempt; the others pushed before this frame (buffered, never handed) go
-    back uncounted, as for any UNSUBSCRIBE with ``handed``. It then subscribes again
-    (on the new leader once this connection closes). The leader waits for the answers
+    back uncounted, as for any UNSUBSCRIBE with ``handed``, while the named ones stay
+    out, settleable on the connection until the leadership moves. It then subscribes
+    again (on the new leader once this connection closes). The leader waits for the answers
     at most ``HANDED_WAIT_S`` (0.5 s); a subscription not answered in time keeps the
     count of every delivery out, as before version 4 (``docs/protocol.md``, HANDOVER).
     """
