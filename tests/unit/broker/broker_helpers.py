@@ -95,7 +95,8 @@ class RecordingOutbox:
             self.frames.append(frame)
         else:
             assert isinstance(
-                frame, frames.Revoke | frames.SubscriptionEnd | frames.SubscriptionInfo
+                frame,
+                frames.Revoke | frames.SubscriptionEnd | frames.SubscriptionInfo | frames.Handover,
             )
             self.pushes.append(frame)
         return True
