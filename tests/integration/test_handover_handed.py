@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 from cluster_process import Cluster
 from wire_client import WireClient
 
 from futureq.client import PublishItem, open_client
-from futureq.errors import FutureQError
+from futureq.errors import ErrorCode, FutureQError, RequestError
 from futureq.wire import codec, frames
 
 HANDED = 2
@@ -122,3 +123,19 @@ def test_a_version_3_connection_is_not_asked_and_one_that_does_not_answer_counts
         reader.subscribe(f"{topic}.dlq", "inspect", prefetch=10)
         dead = reader.deliveries(4)
         assert sorted(d[2] for d in dead) == sorted(d[2] for d in got[topic]), topic
+
+
+async def test_a_transfer_to_a_node_that_is_not_a_voter_disturbs_no_subscription(
+    cluster3: Cluster,
+) -> None:
+    # Refused before any HANDOVER: the subscription keeps what it buffered.
+    async with open_client(cluster3.servers, request_timeout_s=30) as client:
+        await client.publish_batch([PublishItem("kept", b"%d" % i) for i in range(4)])
+        async with client.subscribe("kept", "g", prefetch=10) as sub:
+            await _buffered(sub, 4)
+            subscription_id = sub.subscription_id
+            with pytest.raises(RequestError) as refused:
+                await client.transfer_leader(9)
+            assert refused.value.code is ErrorCode.INVALID_ARGUMENT
+            assert "node 9 is not a voter" in refused.value.message
+            assert (sub.buffered, sub.subscription_id) == (4, subscription_id)

@@ -295,6 +295,13 @@ async def transfer_leadership(broker: Broker, node_id: int | None) -> None:
     broker._require_leader()
     if node_id == broker.node_id:
         return  # already the leader
+    voters, _learners = cluster.membership()
+    if node_id is not None and node_id not in voters:
+        # Refused before the handover starts: it asks every subscription what was
+        # handed (HANDOVER), and they all leave and subscribe again for nothing.
+        raise RequestError(
+            ErrorCode.INVALID_ARGUMENT, f"node {node_id} is not a voter; cannot transfer to it"
+        )
     try:
         # Inside the try: a request cancelled while the records commit (its connection
         # went away) left the dispatcher held, and a node that stayed leader handed

@@ -55,6 +55,10 @@ class _TransferringLog:
     async def transfer_leadership(self, node_id: int | None) -> None:
         self.transfers.append(node_id)
 
+    def membership(self) -> tuple[set[int], set[int]]:
+        """Voters and learners: a target that is not a voter is refused first."""
+        return {1, 2}, set()
+
 
 async def test_a_transfer_cancelled_while_recording_leaves_the_leader_dispatching(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
