@@ -144,6 +144,12 @@ class Broker:
         """RESCHEDULEs proposed and not yet answered. While there are some, an ACK is
         proposed as ACK_FOLLOWING (:func:`futureq.state.commands.ack`): one of them may
         move an entry the ACK names before the ACK commits."""
+        self._reschedules_unanswered = 0
+        """RESCHEDULEs that ended without an answer (their client left, the proposal
+        failed): each may still be in the log and commit later, so settlements follow
+        until one proposed after it has applied (:meth:`settlements_follow`)."""
+        self._reschedules_passed = 0
+        """How many of ``_reschedules_unanswered`` an applied settlement has passed."""
         self._promote_send, self._promote_receive = trio.open_memory_channel[int](16)
         self.leader_epoch = 0
         self.leading = False
@@ -176,6 +182,33 @@ class Broker:
         self.leader_epoch += 1
         self._epoch_changed.set()
         self._epoch_changed = trio.Event()
+
+    def reschedule_unanswered(self) -> None:
+        """A RESCHEDULE ended without its answer (cancelled with its connection, or its
+        proposal failed): it may be in the log all the same, so settlements follow
+        until one proposed after it has applied (:meth:`settlements_follow`)."""
+        self._reschedules_unanswered += 1
+
+    def settlements_follow(self) -> tuple[bool, int]:
+        """Whether a settlement proposed now must be a *_FOLLOWING command, and a mark
+        to hand to :meth:`settlement_applied` once it has applied.
+
+        True while a RESCHEDULE is being committed, or one ended unanswered and no
+        settlement proposed after it has applied yet: such a RESCHEDULE may commit
+        between the settlement's claim and its commit and move the entry it names.
+        Found by a tester: a client that sent a RESCHEDULE and closed its connection
+        (the request cancelled, its proposal still queued) left the ACKs taken next
+        plain; the RESCHEDULE committed first, the ACK removed nothing, was answered
+        OK, and the message was delivered again at its new time.
+        """
+        mark = self._reschedules_unanswered
+        return self.reschedules_in_flight > 0 or mark > self._reschedules_passed, mark
+
+    def settlement_applied(self, mark: int) -> None:
+        """A settlement proposed with ``mark`` (:meth:`settlements_follow`) has applied:
+        every entry proposed before it has applied too (proposals apply in the order
+        they were made), so the RESCHEDULEs unanswered by then are settled."""
+        self._reschedules_passed = max(self._reschedules_passed, mark)
 
     async def wait_leadership_change(self, epoch: int) -> None:
         """Return once leadership changed after ``epoch`` (a ``leader_epoch`` value)."""

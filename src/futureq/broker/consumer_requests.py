@@ -113,8 +113,12 @@ async def _unsubscribe(broker: Broker, consumer: Consumer, handed: list[bytes] |
     broker.unsubscribe(consumer, keep)
     if not unread:
         return
+    # As in release(): a RESCHEDULE being committed may move one of these entries first
+    # (before, the release applied to nothing and the unread delivery counted).
+    following, mark = broker.settlements_follow()
     try:
-        await broker.log.propose(commands.release([(f.key, f.attempt) for f in unread]))
+        await broker.log.propose(commands.release([(f.key, f.attempt) for f in unread], following))
+        broker.settlement_applied(mark)
     except BaseException as exc:
         # The subscription has ended either way: they go back counted, as before.
         hub.unclaim(unread, broker.clock.wall_ms())
@@ -134,12 +138,13 @@ async def release(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
     flights = broker.hub.claim_tags(tags, connection_id)
     entries = [(flight.key, flight.attempt) for flight in flights]
     # As in ack(): a RESCHEDULE being committed may move one of these entries first.
-    following = broker.reschedules_in_flight > 0
+    following, mark = broker.settlements_follow()
     try:
         done = await broker.log.propose(commands.release(entries, following))
     except BaseException:
         broker.hub.unclaim(flights, broker.clock.wall_ms())
         raise
+    broker.settlement_applied(mark)
     return int(done)
 
 
@@ -161,12 +166,13 @@ async def ack(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
     # A RESCHEDULE being committed may move one of these entries before this ACK commits:
     # the ACK then acknowledges the entry where it went (else the consumer is told OK and
     # the message comes again at its new time).
-    following = broker.reschedules_in_flight > 0
+    following, mark = broker.settlements_follow()
     try:
         done = await broker.log.propose(commands.ack([flight.key for flight in flights], following))
     except BaseException:
         broker.hub.unclaim(flights, broker.clock.wall_ms())
         raise
+    broker.settlement_applied(mark)
     return int(done)
 
 
@@ -206,7 +212,7 @@ async def nack(
     # When each went out: a first delivery's time is known only here (a dead letter's
     # futureq-first-delivery-ms), a redelivery's was recorded already (kept).
     entries = [(flight.key, flight.attempt, flight.pushed_ms or None) for flight in flights]
-    following = broker.reschedules_in_flight > 0  # as in ack()
+    following, mark = broker.settlements_follow()  # as in ack()
     try:
         done = await broker.log.propose(
             commands.nack(
@@ -222,4 +228,5 @@ async def nack(
     except BaseException:
         broker.hub.unclaim(flights, broker.clock.wall_ms())
         raise
+    broker.settlement_applied(mark)
     return int(done)

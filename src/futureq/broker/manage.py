@@ -624,6 +624,11 @@ async def reschedule(broker: Broker, frame: frames.Reschedule) -> list[int]:
     broker.reschedules_in_flight += 1
     try:
         result = await broker.log.propose(command)
+    except BaseException:
+        # Cancelled with its connection, or failed with its outcome unknown: it may
+        # still commit, so the settlements taken next follow it too.
+        broker.reschedule_unanswered()
+        raise
     finally:
         broker.reschedules_in_flight -= 1
     return [int(status) for status in result]
