@@ -150,6 +150,13 @@ class Broker:
         until one proposed after it has applied (:meth:`settlements_follow`)."""
         self._reschedules_passed = 0
         """How many of ``_reschedules_unanswered`` an applied settlement has passed."""
+        self.redriving: dict[bytes, trio.Event] = {}
+        """Schedule keys (of dead letters) a REDRIVE being committed names -> set once it
+        is answered. An ACK of one of them waits for it (:func:`~futureq.broker.
+        consumer_requests.ack`)."""
+        self.redrives_unanswered: set[bytes] = set()
+        """Keys of REDRIVEs that ended unanswered (cancelled with their connection, or
+        failed): each may still be in the log and commit later."""
         self._promote_send, self._promote_receive = trio.open_memory_channel[int](16)
         self.leader_epoch = 0
         self.leading = False
@@ -178,6 +185,8 @@ class Broker:
         else:
             self.dispatcher.deactivate()
         self.metrics.is_leader.set(1 if is_leader else 0)
+        # Deliveries of the earlier leadership are void, so no ACK can name these.
+        self.redrives_unanswered.clear()
         self.leading = is_leader
         self.leader_epoch += 1
         self._epoch_changed.set()

@@ -135,6 +135,7 @@ async def release(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
     """The work of :meth:`Broker.release` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
+    await _after_redrives(broker, tags, connection_id)
     flights = broker.hub.claim_tags(tags, connection_id)
     entries = [(flight.key, flight.attempt) for flight in flights]
     # As in ack(): a RESCHEDULE being committed may move one of these entries first.
@@ -158,10 +159,41 @@ def extend(broker: Broker, connection_id: int, tags: list[bytes], visibility_ms:
     return broker.hub.extend(tags, connection_id, visibility_ms, broker.clock.wall_ms())
 
 
+async def _after_redrives(broker: Broker, tags: list[bytes], connection_id: int) -> None:
+    """Return once no REDRIVE that may still commit names an entry ``tags`` deliver
+    (before an ACK, NACK or RELEASE claims them).
+
+    Found by a tester: an ACK of a dead letter taken while a REDRIVE of it was being
+    committed was answered OK, though the REDRIVE committed first: the dead letter was
+    replayed to its topic, and the ACK acknowledged nothing. Now the settlement waits
+    for the REDRIVE; a dead letter it took is then revoked (REVOKE reason 2), so the
+    settlement is refused with UNKNOWN_DELIVERY_TAG like any after a REVOKE. A REDRIVE
+    that ended unanswered may still be in the log: a NOOP proposed after it is
+    waited for.
+
+    Raises:
+        RequestError: as :meth:`Hub.find_tags`.
+    """
+    while broker.redriving or broker.redrives_unanswered:
+        keys = [flight.key for flight in broker.hub.find_tags(tags, connection_id)]
+        pending = [broker.redriving[key] for key in keys if key in broker.redriving]
+        if pending:
+            for answered in pending:
+                await answered.wait()
+            continue
+        unanswered = broker.redrives_unanswered.intersection(keys)
+        if not unanswered:
+            return
+        passed = set(broker.redrives_unanswered)
+        await broker.log.propose(commands.NOOP)  # applied: every entry before it too
+        broker.redrives_unanswered.difference_update(passed)
+
+
 async def ack(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
     """The work of :meth:`Broker.ack` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
+    await _after_redrives(broker, tags, connection_id)
     flights = broker.hub.claim_tags(tags, connection_id)
     # A RESCHEDULE being committed may move one of these entries before this ACK commits:
     # the ACK then acknowledges the entry where it went (else the consumer is told OK and
@@ -208,6 +240,7 @@ async def nack(
             f"a NACK reason holds {len(reason.encode('utf-8'))} bytes; the limit is "
             f"{MAX_NACK_REASON_BYTES}: keep it short (it travels in the dead letter's headers)",
         )
+    await _after_redrives(broker, tags, connection_id)
     flights = broker.hub.claim_tags(tags, connection_id)
     # When each went out: a first delivery's time is known only here (a dead letter's
     # futureq-first-delivery-ms), a redelivery's was recorded already (kept).

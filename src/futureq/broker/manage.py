@@ -551,9 +551,25 @@ async def redrive(broker: Broker, frame: frames.Redrive) -> list[int]:
     results = [int(frames.ItemStatus.UNKNOWN)] * len(frame.ids)
     if keys:
         publish_ms = broker.stamp()
-        applied = await broker.log.propose(
-            commands.redrive(publish_ms, info.group_id, keys, publish_ms + frame.delay_ms)
-        )
+        # An ACK of one of these taken before the REDRIVE commits waits for it (it is
+        # proposed after it); one proposed before applies first (UNKNOWN here).
+        answered = trio.Event()
+        for key in keys:
+            broker.redriving[key] = answered
+        try:
+            applied = await broker.log.propose(
+                commands.redrive(publish_ms, info.group_id, keys, publish_ms + frame.delay_ms)
+            )
+        except BaseException:
+            # Cancelled with its connection, or failed with its outcome unknown: it may
+            # still commit, so an ACK of these waits for a NOOP behind it.
+            broker.redrives_unanswered.update(keys)
+            raise
+        finally:
+            for key in keys:
+                if broker.redriving.get(key) is answered:
+                    del broker.redriving[key]
+            answered.set()
         for position, status in zip(positions, applied, strict=True):
             results[position] = int(status)
     return results

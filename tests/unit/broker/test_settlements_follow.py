@@ -1,9 +1,10 @@
-"""Settlements taken while a RESCHEDULE may still commit follow the entry it moves.
+"""Settlements taken while a RESCHEDULE or a REDRIVE of their message may still commit.
 
-A real broker on a real RocksDB and SingleNodeLog; the log's writer is stopped while
+A settlement taken while a RESCHEDULE may commit first follows the entry it moves; one
+taken while a REDRIVE of its dead letter may commit first waits for it. A real broker on a real RocksDB and SingleNodeLog; the log's writer is stopped while
 requests are taken, so what commits, and in which order, is decided by the test, not
 by timing. Source: ``docs/protocol.md``, "RESCHEDULE" (a settlement being committed
-when the RESCHEDULE commits applies to the message where it was moved).
+when the RESCHEDULE commits applies to the message where it was moved), "REDRIVE".
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from broker_helpers import REAL_NOW_MS, RecordingOutbox, open_real_broker
@@ -19,6 +21,7 @@ from futureq.broker import manage
 from futureq.broker.broker import Broker
 from futureq.broker.command_log import SingleNodeLog
 from futureq.broker.hub import Consumer
+from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
 from futureq.wire import frames
 
@@ -122,3 +125,110 @@ async def test_an_unsubscribe_release_after_the_rescheduling_client_left_does_no
         # Released: its one attempt does not count, so it is delivered again rather than
         # dead-lettered at its new time (before: released 0, out of attempts).
         assert entry is not None and (entry.attempt, entry.released) == (1, 1)
+
+
+async def _held_dead_letter(broker: Broker, log: SingleNodeLog) -> tuple[int, list[Any]]:
+    """A dead letter of t (NACKed with ``dead_letter``) in t.dlq's default group,
+    delivered to a consumer there (connection 2). Returns ``(its id, delivery)``."""
+    _mid, _consumer, delivery = await _held_delivery(broker, log)
+    assert await broker.nack(1, [delivery[0]], 0, "bad", dead_letter=True) == 1
+    dlq = broker.state.find_group("t.dlq", "default")
+    assert dlq is not None and dlq.pending == 1
+    outbox = RecordingOutbox()
+    broker.hub.add_consumer(
+        Consumer(broker.hub.new_subscription_id(), dlq.group_id, "t.dlq", "default", 2, outbox, 10)
+    )
+    broker.dispatcher.dispatch_once()
+    [letter] = outbox.take()
+    return letter[1], letter
+
+
+@pytest.mark.parametrize("settle", ["ack", "nack", "release"])
+@pytest.mark.parametrize("unanswered", [False, True])
+async def test_a_settlement_of_a_dead_letter_taken_while_it_is_redriven_is_refused(
+    tmp_path: Path, settle: str, unanswered: bool
+) -> None:
+    """Found by a tester: an ACK of a dead letter taken while a REDRIVE of it was being
+    committed was proposed after it and answered OK, though it acknowledged nothing:
+    the dead letter was replayed to its topic all the same. The settlement now waits
+    for the REDRIVE (for a REDRIVE whose client left, for a NOOP behind it) and is
+    refused UNKNOWN_DELIVERY_TAG, as any settlement of a delivery taken back."""
+    async with open_real_broker(tmp_path) as (broker, log):
+        async with trio.open_nursery() as running:
+            await running.start(log.run)
+            letter_id, letter = await _held_dead_letter(broker, log)
+            running.cancel_scope.cancel()  # proposals wait in the writer's queue
+        redriven: list[list[int]] = []
+        refused: list[RequestError] = []
+        async with trio.open_nursery() as running:
+
+            async def redrive() -> None:
+                frame = frames.Redrive(1, "t", None, [letter_id], 0)
+                redriven.append(await manage.redrive(broker, frame))
+
+            async def settle_it() -> None:
+                tags = [letter[0]]
+                with pytest.raises(RequestError) as caught:
+                    if settle == "ack":
+                        await broker.ack(2, tags)
+                    elif settle == "nack":
+                        await broker.nack(2, tags, 0)
+                    else:
+                        await broker.release(2, tags)
+                refused.append(caught.value)
+
+            if unanswered:
+                with trio.CancelScope() as request:
+                    async with trio.open_nursery() as requests:
+                        requests.start_soon(redrive)
+                        await trio.testing.wait_all_tasks_blocked()  # queued, not written
+                        request.cancel()  # its connection broke
+                assert broker.redrives_unanswered
+            else:
+                running.start_soon(redrive)
+                await trio.testing.wait_all_tasks_blocked()  # queued, not written
+            running.start_soon(settle_it)
+            await trio.testing.wait_all_tasks_blocked()
+            await running.start(log.run)
+            while not refused:
+                await trio.testing.wait_all_tasks_blocked()
+            running.cancel_scope.cancel()
+        # Before: the settlement was answered OK (result 0) and the message replayed.
+        assert [error.code for error in refused] == [ErrorCode.UNKNOWN_DELIVERY_TAG]
+        assert redriven == ([] if unanswered else [[frames.ItemStatus.DONE]])
+        group = broker.state.find_group("t", "g")
+        assert group is not None and group.pending == 1  # redriven: due in t again
+        dlq = broker.state.find_group("t.dlq", "default")
+        assert dlq is not None and dlq.pending == 0
+        assert not broker.redriving and not broker.redrives_unanswered
+
+
+async def test_an_ack_taken_before_a_redrive_of_its_dead_letter_wins(tmp_path: Path) -> None:
+    """The other order: an ACK proposed first applies first; the REDRIVE answers
+    UNKNOWN and nothing is replayed."""
+    async with open_real_broker(tmp_path) as (broker, log):
+        async with trio.open_nursery() as running:
+            await running.start(log.run)
+            letter_id, letter = await _held_dead_letter(broker, log)
+            running.cancel_scope.cancel()
+        answers: dict[str, Any] = {}
+        async with trio.open_nursery() as running:
+
+            async def ack() -> None:
+                answers["ack"] = await broker.ack(2, [letter[0]])
+
+            async def redrive() -> None:
+                frame = frames.Redrive(1, "t", None, [letter_id], 0)
+                answers["redrive"] = await manage.redrive(broker, frame)
+
+            running.start_soon(ack)
+            await trio.testing.wait_all_tasks_blocked()
+            running.start_soon(redrive)
+            await trio.testing.wait_all_tasks_blocked()
+            await running.start(log.run)
+            while len(answers) < 2:
+                await trio.testing.wait_all_tasks_blocked()
+            running.cancel_scope.cancel()
+        assert answers == {"ack": 1, "redrive": [frames.ItemStatus.UNKNOWN]}
+        group = broker.state.find_group("t", "g")
+        assert group is not None and group.pending == 0
