@@ -633,8 +633,19 @@ async def reschedule(broker: Broker, frame: frames.Reschedule) -> list[int]:
             ),
         )
     out = _out_deliveries(broker, frame.topic, info, frame.ids)
+    state = broker.state
+    backfilling = any(
+        (group := state.groups.get(gid)) is not None and group.topic == frame.topic
+        for gid in state.backfilling
+    )
     command = commands.reschedule(
-        now_ms, frame.topic, None if info is None else info.group_id, frame.ids, due_ms, out
+        now_ms,
+        frame.topic,
+        None if info is None else info.group_id,
+        frame.ids,
+        due_ms,
+        out,
+        backfilling,
     )
     # An ACK taken meanwhile may name an entry this moves: it follows the move (ACK_FOLLOWING).
     broker.reschedules_in_flight += 1

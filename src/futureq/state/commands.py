@@ -31,7 +31,9 @@ Layouts (``DESIGN.md``, "Data flow"):
 * ``[RETURN_COUNTED, [[schedule_key, attempt, pushed_ms], ...]]`` (deliveries that went
   out unrecorded and count: their consumer left, or the leader is handing over)
 * ``[CANCEL, topic, group_id | None, [message_id, ...], out?]``
-* ``[RESCHEDULE_COUNTED, now_ms, topic, group_id | None, [message_id, ...], due_ms, out]``
+* ``[RESCHEDULE_COUNTED, now_ms, topic, group_id | None, [message_id, ...], due_ms, out]``;
+  ``[RESCHEDULE_BACKFILLING, ...]`` likewise (while a group of the topic is being filled
+  from the backlog)
   (written since RESCHEDULE keeps attempts the log did not record; ``[RESCHEDULE, now_ms, topic, group_id |
   None, [message_id, ...], due_ms]`` from earlier builds replays as they applied it)
 * ``[PURGE, [group_id, ...]]``
@@ -135,6 +137,16 @@ class CommandKind(enum.IntEnum):
     dead-lettered when the NACK says so (before, a NACK with ``dead_letter`` was
     answered OK and the message was delivered again at its new time). Written only
     while a RESCHEDULE is being committed on the leader."""
+    RESCHEDULE_BACKFILLING = 36
+    """RESCHEDULE_COUNTED (kind 31, same layout) written while a group of the topic is
+    being filled from the backlog (CREATE_GROUP ``from_backlog``): before moving a
+    message, apply first copies it to each such group that should get it and has not
+    yet (as the backfill would), so the move can neither carry it behind the
+    backfill's cursor, where it was never copied (found by a tester: the new group
+    never got it), nor leave the new group a copy at the old time (a RESCHEDULE of
+    every group, then the backfill copied it at its published due time: delivered
+    before the time the RESCHEDULE gave). Written only while such a backfill runs, so
+    a node of an earlier build refuses kind 36 only where it would apply it differently."""
     RETURN_COUNTED = 40
     """Deliveries that went out and count, whose attempt the log never recorded (a first
     delivery is pushed unrecorded): the subscription ended (UNSUBSCRIBE, its connection
@@ -500,6 +512,7 @@ def reschedule(
     ids: list[int],
     due_ms: int,
     out: OutDeliveries = (),
+    backfilling: bool = False,
 ) -> bytes:
     """Encode a RESCHEDULE (as RESCHEDULE_COUNTED, kind 31): messages of ``topic`` by id
     get the new due time ``due_ms`` (in one group, or every group), stamped at
@@ -507,10 +520,12 @@ def reschedule(
 
     ``out``: deliveries of them the leader knows went out; each entry's attempt is
     raised to at least that before it moves, so the delivery still counts.
+    ``backfilling``: a group of ``topic`` is being filled from the backlog: written as
+    RESCHEDULE_BACKFILLING (kind 36), which copies the messages there first.
     """
     return encode(
         [
-            CommandKind.RESCHEDULE_COUNTED,
+            CommandKind.RESCHEDULE_BACKFILLING if backfilling else CommandKind.RESCHEDULE_COUNTED,
             now_ms,
             topic,
             group_id,

@@ -349,8 +349,15 @@ class ManageOps:
         effects: list[tuple[Any, ...]],
         touched: set[int],
         out_deliveries: Any = None,
+        *,
+        backfill_first: bool = False,
     ) -> Generator[None, None, list[int]]:
         """Give messages by id the due time ``due_ms`` in one group or every group.
+
+        With ``backfill_first`` (RESCHEDULE_BACKFILLING), each message is first copied
+        to every group being filled from the backlog that should get it and has not
+        yet (:meth:`_backfill_one`), so the move neither hides it from the backfill nor
+        leaves that group a copy at the old time.
 
         Attempts are kept, those of deliveries the leader knows went out included
         (``out_deliveries``, the command's ``out``: an entry's attempt is raised to at
@@ -381,6 +388,10 @@ class ManageOps:
             if record is None or record.topic != topic:
                 out.append(ItemStatus.UNKNOWN)
                 continue
+            if backfill_first and self.backfilling:
+                if self._backfill_one(txn, mid, record, effects, touched):
+                    record = self._record(txn, mid)
+                    assert record is not None
             status = ItemStatus.UNKNOWN
             left = record.open
             for info in holders:
@@ -552,19 +563,7 @@ class ManageOps:
                 record = self._record(txn, mid)
                 if record is None or self._find_entry(txn, mid, gid, record.due_ms) is not None:
                     continue
-                ttl_ms = record.ttl_ms
-                if ttl_ms is None:  # no TTL, or a record from before TTLs were stored
-                    expire_ms = EntryValue.decode(value).expire_ms
-                else:
-                    expire_ms = record.due_ms + ttl_ms
-                new_key = commands.schedule_key(gid, record.due_ms, mid)
-                txn.put("schedule", new_key, records.pack([0, expire_ms]))
-                record.open += 1
-                txn.put("messages", _u64(mid), record.encode())
-                info.pending += 1
-                self.total_pending += 1
-                touched.add(gid)
-                effects.append(("s", gid, record.due_ms, mid, expire_ms, 0))
+                self._copy_backlog_entry(txn, info, mid, record, value, effects, touched)
                 copied += 1
             if exhausted:
                 job.source += 1
@@ -575,6 +574,70 @@ class ManageOps:
             effects.append(("g", gid))
         else:
             self._store_backfill(txn, job)
+        return copied
+
+    def _copy_backlog_entry(
+        self,
+        txn: Txn,
+        info: GroupInfo,
+        mid: int,
+        record: MessageRecord,
+        source_value: bytes,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> None:
+        """Give group ``info`` (being filled from the backlog) an entry of message
+        ``mid``: due at its published due time, never delivered, expiring as published
+        (``source_value``: the stored value of a source group's entry, whose expiry
+        a record from before TTLs were stored falls back on)."""
+        ttl_ms = record.ttl_ms
+        if ttl_ms is None:  # no TTL, or a record from before TTLs were stored
+            expire_ms = EntryValue.decode(source_value).expire_ms
+        else:
+            expire_ms = record.due_ms + ttl_ms
+        gid = info.group_id
+        txn.put(
+            "schedule", commands.schedule_key(gid, record.due_ms, mid), records.pack([0, expire_ms])
+        )
+        record.open += 1
+        txn.put("messages", _u64(mid), record.encode())
+        info.pending += 1
+        self.total_pending += 1
+        touched.add(gid)
+        effects.append(("s", gid, record.due_ms, mid, expire_ms, 0))
+
+    def _backfill_one(
+        self,
+        txn: Txn,
+        mid: int,
+        record: MessageRecord,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> bool:
+        """Copy message ``mid`` now to every group being filled from the backlog that
+        the backfill would give it and that has no entry of it yet (it is older than
+        the group and pending in one of the group's source groups). True if any was.
+
+        Before a RESCHEDULE moves it: the backfill's cursor walks the source groups in
+        due order, so an entry moved behind it was never copied (the new group never
+        got the message), and one copied later came at its published due time, not at
+        the time a RESCHEDULE of every group gave it.
+        """
+        copied = False
+        for job in self.backfilling.values():
+            info = self.groups.get(job.group_id)
+            if info is None or info.topic != record.topic or mid >= job.bound_id:
+                continue
+            if self._find_entry(txn, mid, info.group_id, record.due_ms) is not None:
+                continue
+            for source in job.sources:
+                if source not in self.groups:
+                    continue
+                found = self._find_entry(txn, mid, source, record.due_ms)
+                if found is not None:
+                    self._copy_backlog_entry(txn, info, mid, record, found[1], effects, touched)
+                    copied = True
+                    break
         return copied
 
     # ------------------------------------------------------------ REDRIVE

@@ -543,9 +543,17 @@ class QueueState(ManageOps):
             result = yield from self._cancel(
                 txn, command[1], command[2], command[3], effects, touched, _arg(command, 4)
             )
-        elif kind == CommandKind.RESCHEDULE_COUNTED:
+        elif kind == CommandKind.RESCHEDULE_COUNTED or kind == CommandKind.RESCHEDULE_BACKFILLING:
             result = yield from self._reschedule(
-                txn, command[2], command[3], command[4], command[5], effects, touched, command[6]
+                txn,
+                command[2],
+                command[3],
+                command[4],
+                command[5],
+                effects,
+                touched,
+                command[6],
+                backfill_first=kind == CommandKind.RESCHEDULE_BACKFILLING,
             )
         elif kind == CommandKind.RESCHEDULE:
             # As builds before RESCHEDULE_COUNTED applied it (an old log replays alike).

@@ -605,3 +605,66 @@ def test_browse_shows_parked_dead_letters_last(kit: StoreKit) -> None:
     assert page[-1][2].headers[records.HEADER_ORIGINAL_TOPIC] == "t"
     bounded, _ = state.browse(dlq.group_id, 0, 10**12, None, 10)
     assert all(commands.parse_schedule_key(key)[1] != PARKED_DUE_MS for key, _, _ in bounded)
+
+
+def _backfill_under_way(kit: StoreKit) -> tuple[QueueState, Runner, int, int, list[int]]:
+    """Group g1 of t holds 6 messages (due 1500..1505); group ``late`` is created from
+    the backlog and its first chunk copied the first 3 (the cursor is at 1502)."""
+    state = QueueState(kit.store)
+    run = Runner(state)
+    g1 = run(commands.create_group("t", "g1", None, None))
+    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, None) for i in range(6)]))
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    assert run(commands.backfill_group(late, 3)) == 3
+    return state, run, g1, late, [first + i for i in range(6)]
+
+
+def _held_by(state: QueueState, gid: int) -> list[tuple[int, int]]:
+    return sorted((mid, due) for due, mid, _a, _e in state.scan_schedule(gid, 0, 0, 100))
+
+
+def test_a_message_rescheduled_behind_the_backfill_cursor_still_reaches_the_new_group(
+    kit: StoreKit,
+) -> None:
+    """Found by a tester: a RESCHEDULE in a source group moved a message the backfill
+    had not reached to before its cursor; the backfill never saw it, and the group
+    created from the backlog never got it. RESCHEDULE_BACKFILLING copies it first."""
+    state, run, g1, late, ids = _backfill_under_way(kit)
+    command = commands.reschedule(1000, "t", g1, [ids[5]], 1400, [], backfilling=True)
+    assert commands.decode(command)[0] == CommandKind.RESCHEDULE_BACKFILLING
+    assert run(command) == [DONE]
+    while late in state.backfilling:
+        run(commands.backfill_group(late, 3))
+    # The new group has it at its published due time (only g1's copy moved).
+    assert _held_by(state, late) == [(mid, 1500 + i) for i, mid in enumerate(ids)]
+    assert (ids[5], 1400) in _held_by(state, g1)
+    assert state.groups[late].pending == 6
+    assert state.get_message(ids[5]) == ("t", bytes([5]), 1000, 1505, 2)
+
+
+def test_a_reschedule_of_every_group_during_a_backfill_moves_the_new_groups_copy_too(
+    kit: StoreKit,
+) -> None:
+    """Before, a RESCHEDULE of every group left the group being filled out (it had no
+    entry yet); the backfill then copied the message at its published due time, and it
+    was delivered there long before the time the RESCHEDULE gave."""
+    state, run, _g1, late, ids = _backfill_under_way(kit)
+    assert run(commands.reschedule(1000, "t", None, [ids[5]], 90_000, [], True)) == [DONE]
+    # Only the new group: a message the backfill has not reached yet is found there too.
+    assert run(commands.reschedule(1000, "t", late, [ids[4]], 80_000, [], True)) == [DONE]
+    while late in state.backfilling:
+        run(commands.backfill_group(late, 3))
+    assert _held_by(state, late)[4:] == [(ids[4], 80_000), (ids[5], 90_000)]
+    assert state.groups[late].pending == 6
+
+
+def test_a_reschedule_counted_during_a_backfill_replays_as_earlier_builds_applied_it(
+    kit: StoreKit,
+) -> None:
+    """Kind 31 in a log copies nothing first (as earlier builds applied it), so an old
+    log replays to the state it gave; only kind 36 does."""
+    state, run, g1, late, ids = _backfill_under_way(kit)
+    assert run(commands.reschedule(1000, "t", g1, [ids[5]], 1400, [])) == [DONE]
+    while late in state.backfilling:
+        run(commands.backfill_group(late, 3))
+    assert [mid for mid, _due in _held_by(state, late)] == ids[:5]
