@@ -516,7 +516,11 @@ class ManageOps:
         txn.put(
             "meta",
             BACKFILL_PREFIX + job.group_id.to_bytes(4, "big"),
-            records.pack([job.bound_id, job.sources, job.source, job.cursor]),
+            records.pack(
+                [job.bound_id, job.sources, job.source, job.cursor, sorted(job.copied)]
+                if job.copied
+                else [job.bound_id, job.sources, job.source, job.cursor]
+            ),
         )
 
     def _backfill_chunk(
@@ -558,7 +562,7 @@ class ManageOps:
                     yield
                 job.cursor = key
                 mid = commands.parse_schedule_key(key)[2]
-                if mid >= job.bound_id:
+                if mid >= job.bound_id or mid in job.copied:
                     continue
                 record = self._record(txn, mid)
                 if record is None or self._find_entry(txn, mid, gid, record.due_ms) is not None:
@@ -628,6 +632,8 @@ class ManageOps:
             info = self.groups.get(job.group_id)
             if info is None or info.topic != record.topic or mid >= job.bound_id:
                 continue
+            if mid in job.copied:
+                continue
             if self._find_entry(txn, mid, info.group_id, record.due_ms) is not None:
                 continue
             for source in job.sources:
@@ -636,6 +642,8 @@ class ManageOps:
                 found = self._find_entry(txn, mid, source, record.due_ms)
                 if found is not None:
                     self._copy_backlog_entry(txn, info, mid, record, found[1], effects, touched)
+                    job.copied.add(mid)
+                    self._store_backfill(txn, job)
                     copied = True
                     break
         return copied

@@ -103,6 +103,9 @@ class BackfillJob:
         sources: The topic's other groups when it was created, in id order.
         source: Index in ``sources`` of the group being read.
         cursor: The last schedule key read in that group (None: from its start).
+        copied: Messages copied ahead of the chunks (by a RESCHEDULE_BACKFILLING); the
+            chunks skip them, so one the group acknowledged meanwhile is not copied
+            again.
     """
 
     group_id: int
@@ -110,6 +113,7 @@ class BackfillJob:
     sources: list[int]
     source: int = 0
     cursor: bytes | None = None
+    copied: set[int] = attrs.field(factory=set)
 
 
 class Txn:

@@ -274,8 +274,10 @@ class QueueState(ManageOps):
             self.purging[gid] = PurgeJob(gid, bound_id, cursor)
         for key, value in store.scan("meta", BACKFILL_PREFIX, BACKFILL_PREFIX + b"\xff"):
             gid = int.from_bytes(key[len(BACKFILL_PREFIX) :], "big")
-            bound_id, sources, source, cursor = _unpack(value)
-            self.backfilling[gid] = BackfillJob(gid, bound_id, sources, source, cursor)
+            bound_id, sources, source, cursor, *copied = _unpack(value)
+            self.backfilling[gid] = BackfillJob(
+                gid, bound_id, sources, source, cursor, set(copied[0]) if copied else set()
+            )
 
     # ------------------------------------------------------------------ reads
 

@@ -668,3 +668,23 @@ def test_a_reschedule_counted_during_a_backfill_replays_as_earlier_builds_applie
     while late in state.backfilling:
         run(commands.backfill_group(late, 3))
     assert [mid for mid, _due in _held_by(state, late)] == ids[:5]
+
+
+def test_a_message_copied_ahead_of_the_backfill_and_acked_is_not_copied_again(
+    kit: StoreKit,
+) -> None:
+    """A message a RESCHEDULE_BACKFILLING copied ahead of the chunks, then delivered and
+    acknowledged in the new group, is not copied again when the chunks reach its entry
+    in the source group (an acknowledged message is never delivered again to a group),
+    across a restart too (the job is stored with what it copied)."""
+    state, run, g1, late, ids = _backfill_under_way(kit)
+    assert run(commands.reschedule(1000, "t", late, [ids[4]], 1600, [], True)) == [DONE]
+    assert run(commands.ack([schedule_key(late, 1600, ids[4])])) == 1
+    state = QueueState(kit.store)  # a restart: the job is loaded from the store
+    run = Runner(state)
+    assert state.backfilling[late].copied == {ids[4]}
+    while late in state.backfilling:
+        run(commands.backfill_group(late, 3))
+    assert [mid for mid, _due in _held_by(state, late)] == [*ids[:4], ids[5]]
+    assert state.get_message(ids[4]) == ("t", bytes([4]), 1000, 1504, 1)  # g1's copy
+    assert (ids[4], 1504) in _held_by(state, g1)
