@@ -31,11 +31,11 @@ Layouts (``DESIGN.md``, "Data flow"):
 * ``[RETURN_COUNTED, [[schedule_key, attempt, pushed_ms], ...]]`` (deliveries that went
   out unrecorded and count: their consumer left, or the leader is handing over)
 * ``[CANCEL, topic, group_id | None, [message_id, ...], out?]``
-* ``[RESCHEDULE_COUNTED, now_ms, topic, group_id | None, [message_id, ...], due_ms, out]``;
-  ``[RESCHEDULE_BACKFILLING, ...]`` likewise (while a group of the topic is being filled
-  from the backlog)
+* ``[RESCHEDULE_COUNTED, now_ms, topic, group_id | None, [message_id, ...], due_ms, out]``
   (written since RESCHEDULE keeps attempts the log did not record; ``[RESCHEDULE, now_ms, topic, group_id |
-  None, [message_id, ...], due_ms]`` from earlier builds replays as they applied it)
+  None, [message_id, ...], due_ms]`` from earlier builds replays as they applied it);
+  ``[RESCHEDULE_BACKFILLING, ...]`` laid out alike (written while a group of the topic
+  is being filled from the backlog)
 * ``[PURGE, [group_id, ...]]``
 * ``[BACKFILL_GROUP, group_id, max_entries]``
 * ``[REDRIVE, publish_ms, group_id, [schedule_key, ...], due_ms]``
