@@ -22,7 +22,9 @@ Layouts (``DESIGN.md``, "Data flow"):
   (written since issue 14; ``[DEAD_LETTER, publish_ms, [[schedule_key, attempt], ...],
   settings]`` from earlier builds replays as they applied it)
 * ``[CREATE_GROUP, topic, group, visibility_timeout_ms | None, max_deliveries | None,
-  settings, dead_letter_expired | None, from_backlog]``
+  settings, dead_letter_expired | None, from_backlog]``; ``[CREATE_GROUP_FROM_BACKLOG, topic,
+  group, visibility_timeout_ms | None, max_deliveries | None, settings, dead_letter_expired
+  | None]`` (written for ``from_backlog`` since the backfill is the set pending at creation)
 * ``[DELETE_GROUP, topic, group]``
 * ``[NODE_ADDRESS, node_id, raft_address | None, client_address | None]`` (None: forget)
 * ``[DELIVERED, [[schedule_key, attempt, first_ms?], ...], now_ms]``
@@ -147,6 +149,19 @@ class CommandKind(enum.IntEnum):
     every group, then the backfill copied it at its published due time: delivered
     before the time the RESCHEDULE gave). Written only while such a backfill runs, so
     a node of an earlier build refuses kind 36 only where it would apply it differently."""
+    CREATE_GROUP_FROM_BACKLOG = 37
+    """CREATE_GROUP (kind 6) with ``from_backlog``, same layout without the flag, whose
+    backfill gives the new group exactly the set of messages pending in the topic when
+    it was created, each once: the chunks walk the messages by id, and a message the
+    chunks have not reached yet is copied ahead (and marked, so the chunks skip it)
+    when a source group lets go of its entry (ACK, CANCEL, EXPIRE, dead-lettering,
+    PURGE, a deleted group's purge) and before a CANCEL or RESCHEDULE names it. Found
+    by a tester: under kind 6 a message acked or cancelled in the only source group
+    before the chunks reached it never reached the new group, and one the new group
+    had acked was copied again from a second source group (or from the same one after
+    a NACK moved it ahead of the cursor) and delivered again. Kind 6 with
+    ``from_backlog`` in a log replays as it applied; a node of an earlier build
+    refuses kind 37."""
     RETURN_COUNTED = 40
     """Deliveries that went out and count, whose attempt the log never recorded (a first
     delivery is pushed unrecorded): the subscription ended (UNSUBSCRIBE, its connection
@@ -420,9 +435,22 @@ def create_group(
 
     A None field keeps an existing group's value; a new group takes it from
     ``settings`` (the leader's configured defaults). ``from_backlog``: a group this
-    command creates gets every message of the topic still pending in another group
-    (copied by BACKFILL_GROUP chunks).
+    command creates gets every message of the topic pending in its other groups when
+    it is created, once each (copied by BACKFILL_GROUP chunks); written as
+    CREATE_GROUP_FROM_BACKLOG (kind 37).
     """
+    if from_backlog:
+        return encode(
+            [
+                CommandKind.CREATE_GROUP_FROM_BACKLOG,
+                topic,
+                group,
+                visibility_timeout_ms,
+                max_deliveries,
+                settings.to_wire(),
+                dead_letter_expired,
+            ]
+        )
     command: list[Any] = [
         CommandKind.CREATE_GROUP,
         topic,
@@ -431,8 +459,8 @@ def create_group(
         max_deliveries,
         settings.to_wire(),
     ]
-    if dead_letter_expired is not None or from_backlog:
-        command += [dead_letter_expired, from_backlog]
+    if dead_letter_expired is not None:
+        command += [dead_letter_expired, False]
     return encode(command)
 
 

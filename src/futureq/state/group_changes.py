@@ -90,12 +90,16 @@ def create_group(
     dead_letter_expired: bool | None,
     from_backlog: bool,
     effects: list[tuple[Any, ...]],
+    *,
+    exact_backfill: bool = False,
 ) -> int:
     """Create, adopt or update a group.
 
     A None field keeps the value of an existing (or adopted implicit) group; a
     new group takes it from ``settings``, the defaults the leader resolved. A new
-    group ``from_backlog`` starts a backfill job (:meth:`_start_backfill`).
+    group ``from_backlog`` starts a backfill job (:meth:`_start_backfill`; with
+    ``exact_backfill``, CREATE_GROUP_FROM_BACKLOG, one for exactly the messages
+    pending at creation).
     """
     existing = state.find_group(topic, name)
     if existing is None:
@@ -126,7 +130,7 @@ def create_group(
                 else dead_letter_expired,
             )
             if from_backlog and groups:
-                state._start_backfill(txn, index, info, groups)
+                state._start_backfill(txn, index, info, groups, exact=exact_backfill)
             return info.group_id
     existing.implicit = False
     if visibility_timeout_ms is not None:

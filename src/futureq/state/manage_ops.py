@@ -44,6 +44,7 @@ BACKFILL_PREFIX: Final = b"backfill:"
 MOVED: Final = b"d"
 KEY: Final = b"k"
 KEY_TIME: Final = b"t"
+BACKFILLED: Final = b"b"
 PRUNE_MIN_KEYS: Final = 16
 """Idempotency keys older than the window one PUBLISH looks at, at least; more when
 the batch itself brings keys, so forgetting keeps pace with remembering."""
@@ -53,6 +54,12 @@ _U64_MAX: Final = 2**64 - 1
 def moved_key(mid: int, group_id: int) -> bytes:
     """``index`` key of where group ``group_id``'s entry of message ``mid`` moved."""
     return MOVED + mid.to_bytes(8, "big") + group_id.to_bytes(4, "big")
+
+
+def backfilled_key(group_id: int, mid: int) -> bytes:
+    """``index`` key marking message ``mid`` copied ahead to group ``group_id``, whose
+    exact backfill has not reached it yet (:class:`~futureq.state.model.BackfillJob`)."""
+    return BACKFILLED + group_id.to_bytes(4, "big") + mid.to_bytes(8, "big")
 
 
 def idempotency_index_key(topic: str, key: str) -> bytes:
@@ -319,6 +326,13 @@ class ManageOps:
             if fields is None or fields[0] != topic:
                 out.append(ItemStatus.UNKNOWN)
                 continue
+            if data is not None and self.backfilling:
+                # A group being filled from the backlog gets its copy first, which the
+                # command then removes (or keeps) as it does the other groups'.
+                if self._backfill_ahead(txn, mid, MessageRecord.decode(data), effects, touched):
+                    data = txn.get("messages", _u64(mid))
+                    assert data is not None
+                    fields = records.unpack(data)
             status = ItemStatus.UNKNOWN
             published_due, left = fields[3], fields[4]
             for info in holders:
@@ -388,10 +402,12 @@ class ManageOps:
             if record is None or record.topic != topic:
                 out.append(ItemStatus.UNKNOWN)
                 continue
-            if backfill_first and self.backfilling:
-                if self._backfill_one(txn, mid, record, effects, touched):
-                    record = self._record(txn, mid)
-                    assert record is not None
+            if self.backfilling and (
+                self._backfill_ahead(txn, mid, record, effects, touched)
+                | (backfill_first and self._backfill_one(txn, mid, record, effects, touched))
+            ):
+                record = self._record(txn, mid)
+                assert record is not None
             status = ItemStatus.UNKNOWN
             left = record.open
             for info in holders:
@@ -458,8 +474,17 @@ class ManageOps:
         """Forget any purge or backfill of group ``gid`` (deleted, or purged anew)."""
         if self.purging.pop(gid, None) is not None:
             txn.put("meta", PURGING_PREFIX + gid.to_bytes(4, "big"), None)
-        if self.backfilling.pop(gid, None) is not None:
+        job = self.backfilling.pop(gid, None)
+        if job is not None:
             txn.put("meta", BACKFILL_PREFIX + gid.to_bytes(4, "big"), None)
+            if job.exact:
+                # Marks of messages copied ahead that the chunks never reached: as
+                # many as copies ahead were made, each by an earlier command.
+                prefix = BACKFILLED + gid.to_bytes(4, "big")
+                for key, _ in self.store.scan("index", prefix, prefix + b"\xff" * 8):
+                    txn.put("index", key, None)
+                for key in [k for k in txn.changes["index"] if k.startswith(prefix)]:
+                    txn.put("index", key, None)
 
     def _purge_chunk(
         self,
@@ -504,24 +529,29 @@ class ManageOps:
     # ------------------------------------------------------------ BACKFILL
 
     def _start_backfill(
-        self, txn: Txn, index: int, info: GroupInfo, others: list[GroupInfo]
+        self,
+        txn: Txn,
+        index: int,
+        info: GroupInfo,
+        others: list[GroupInfo],
+        *,
+        exact: bool = False,
     ) -> None:
-        """A new group gets the topic's backlog: what its other groups still hold."""
+        """A new group gets the topic's backlog: what its other groups still hold
+        (``exact``: exactly what they hold now, see :class:`BackfillJob`)."""
         sources = sorted(other.group_id for other in others)
-        job = BackfillJob(info.group_id, commands.message_id(index, 0), sources)
+        job = BackfillJob(info.group_id, commands.message_id(index, 0), sources, exact=exact)
         self.backfilling[info.group_id] = job
         self._store_backfill(txn, job)
 
     def _store_backfill(self, txn: Txn, job: BackfillJob) -> None:
-        txn.put(
-            "meta",
-            BACKFILL_PREFIX + job.group_id.to_bytes(4, "big"),
-            records.pack(
-                [job.bound_id, job.sources, job.source, job.cursor, sorted(job.copied)]
-                if job.copied
-                else [job.bound_id, job.sources, job.source, job.cursor]
-            ),
-        )
+        if job.exact:
+            value = [job.bound_id, job.sources, 0, job.cursor, [], True]
+        elif job.copied:
+            value = [job.bound_id, job.sources, job.source, job.cursor, sorted(job.copied)]
+        else:
+            value = [job.bound_id, job.sources, job.source, job.cursor]
+        txn.put("meta", BACKFILL_PREFIX + job.group_id.to_bytes(4, "big"), records.pack(value))
 
     def _backfill_chunk(
         self,
@@ -543,6 +573,8 @@ class ManageOps:
         if job is None or info is None:
             return 0
         limit = max(1, min(max_entries, commands.MAX_PURGE_ENTRIES))
+        if job.exact:
+            return (yield from self._backfill_chunk_exact(txn, job, info, limit, effects, touched))
         looked = copied = 0
         while job.source < len(job.sources) and looked < limit:
             source = job.sources[job.source]
@@ -579,6 +611,133 @@ class ManageOps:
         else:
             self._store_backfill(txn, job)
         return copied
+
+    def _backfill_chunk_exact(
+        self,
+        txn: Txn,
+        job: BackfillJob,
+        info: GroupInfo,
+        limit: int,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> Generator[None, None, int]:
+        """A chunk of an exact backfill: look at up to ``limit`` stored messages after
+        the cursor, in id order below the bound, and copy each of the topic that a
+        source group (live or being deleted) still holds, unless it was copied ahead.
+
+        A message's id never changes, so what the cursor passed is never seen again
+        (an entry moving in its group cannot bring it back, unlike a cursor on
+        schedule keys), and what it has not reached was copied ahead if its source
+        entry went (:meth:`_backfill_ahead`): each message pending at creation is
+        copied once. The job ends when a chunk finds fewer messages than it may look at.
+        """
+        gid = info.group_id
+        first_mid = 0 if job.cursor is None else int.from_bytes(job.cursor, "big") + 1
+        looked = copied = 0
+        for key, data in self.store.scan("messages", _u64(first_mid), _u64(job.bound_id)):
+            if looked >= limit:
+                break
+            looked += 1
+            if looked % APPLY_STEP_ITEMS == 0:
+                yield
+            job.cursor = key
+            mid = int.from_bytes(key, "big")
+            if txn.get("index", backfilled_key(gid, mid)) is not None:
+                continue  # copied ahead
+            if records.unpack(data)[0] != info.topic:
+                continue
+            record = self._record(txn, mid)
+            if record is None or self._find_entry(txn, mid, gid, record.due_ms) is not None:
+                continue
+            for source in job.sources:
+                found = self._find_entry(txn, mid, source, record.due_ms)
+                if found is not None:
+                    self._copy_backlog_entry(txn, info, mid, record, found[1], effects, touched)
+                    copied += 1
+                    break
+        ended = looked < limit
+        # The marks of what the cursor passed (or all, at the end) are not needed any
+        # more: the cursor never comes back; a marked message deleted meanwhile (the
+        # new group acked it, the sources too) left its mark for this to remove.
+        last_mid = job.bound_id if ended else int.from_bytes(job.cursor or _u64(0), "big") + 1
+        if last_mid > first_mid:
+            stop = backfilled_key(gid, last_mid)
+            for mark, _ in self.store.scan("index", backfilled_key(gid, first_mid), stop):
+                txn.put("index", mark, None)
+        if ended:
+            del self.backfilling[gid]
+            txn.put("meta", BACKFILL_PREFIX + gid.to_bytes(4, "big"), None)
+            effects.append(("g", gid))
+        else:
+            self._store_backfill(txn, job)
+        return copied
+
+    def _backfill_ahead(
+        self,
+        txn: Txn,
+        mid: int,
+        record: MessageRecord,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+        leaving: int | None = None,
+    ) -> bool:
+        """Copy message ``mid`` ahead to each group an exact backfill fills whose
+        chunks have not reached it, and mark it there so they skip it. True if any.
+
+        ``leaving``: a group whose entry of ``mid`` is about to go (only the backfills
+        reading that group copy, and without looking for it); None: before a CANCEL or
+        RESCHEDULE names the message, each backfill copies it if a source group holds
+        it (so the command then treats the new group's copy as it treats the others).
+        """
+        copied = False
+        for job in self.backfilling.values():
+            if not job.exact or mid >= job.bound_id:
+                continue
+            if job.cursor is not None and mid <= int.from_bytes(job.cursor, "big"):
+                continue
+            if leaving is not None and leaving not in job.sources:
+                continue
+            info = self.groups.get(job.group_id)
+            if info is None or info.topic != record.topic:
+                continue
+            mark = backfilled_key(info.group_id, mid)
+            if txn.get("index", mark) is not None:
+                continue
+            if self._find_entry(txn, mid, info.group_id, record.due_ms) is not None:
+                continue
+            found = None
+            for source in job.sources if leaving is None else [leaving]:
+                found = self._find_entry(txn, mid, source, record.due_ms)
+                if found is not None:
+                    break
+            if found is None:
+                continue
+            self._copy_backlog_entry(txn, info, mid, record, found[1], effects, touched)
+            txn.put("index", mark, b"")
+            copied = True
+        return copied
+
+    def _backfill_leaving(
+        self,
+        txn: Txn,
+        gid: int,
+        mid: int,
+        message: bytes | None,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> None:
+        """Group ``gid``'s entry of ``mid`` is about to go (ACK, CANCEL, EXPIRE,
+        dead-lettering, PURGE, a deleted group's purge): each exact backfill reading
+        ``gid`` that has not reached ``mid`` copies it ahead (:meth:`_backfill_ahead`).
+        ``message``: its stored bytes if the caller just read them."""
+        if not any(job.exact and gid in job.sources for job in self.backfilling.values()):
+            return
+        mkey = _u64(mid)
+        if message is None or mkey in txn.changes["messages"]:
+            message = txn.get("messages", mkey)
+        if message is not None:
+            record = MessageRecord.decode(message)
+            self._backfill_ahead(txn, mid, record, effects, touched, leaving=gid)
 
     def _copy_backlog_entry(
         self,
@@ -630,7 +789,7 @@ class ManageOps:
         copied = False
         for job in self.backfilling.values():
             info = self.groups.get(job.group_id)
-            if info is None or info.topic != record.topic or mid >= job.bound_id:
+            if job.exact or info is None or info.topic != record.topic or mid >= job.bound_id:
                 continue
             if mid in job.copied:
                 continue

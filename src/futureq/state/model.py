@@ -101,11 +101,16 @@ class BackfillJob:
         bound_id: Messages with a smaller id (published before the group existed) are
             copied; newer ones reached it when they were published.
         sources: The topic's other groups when it was created, in id order.
-        source: Index in ``sources`` of the group being read.
-        cursor: The last schedule key read in that group (None: from its start).
+        source: Index in ``sources`` of the group being read (unused when ``exact``).
+        cursor: The last schedule key read in that group (None: from its start); when
+            ``exact``, the last ``messages`` key (message id, 8 bytes) read.
         copied: Messages copied ahead of the chunks (by a RESCHEDULE_BACKFILLING); the
             chunks skip them, so one the group acknowledged meanwhile is not copied
-            again.
+            again. Unused when ``exact`` (marked in the ``index`` family instead).
+        exact: Created by CREATE_GROUP_FROM_BACKLOG: the chunks walk messages by id
+            and a message ahead of them is copied ahead when a source group lets go of
+            it, so the group gets exactly the messages pending at creation, once each
+            (:mod:`futureq.state.manage_ops`, "BACKFILL").
     """
 
     group_id: int
@@ -114,6 +119,7 @@ class BackfillJob:
     source: int = 0
     cursor: bytes | None = None
     copied: set[int] = attrs.field(factory=set)
+    exact: bool = False
 
 
 class Txn:

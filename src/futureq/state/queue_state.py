@@ -274,9 +274,15 @@ class QueueState(ManageOps):
             self.purging[gid] = PurgeJob(gid, bound_id, cursor)
         for key, value in store.scan("meta", BACKFILL_PREFIX, BACKFILL_PREFIX + b"\xff"):
             gid = int.from_bytes(key[len(BACKFILL_PREFIX) :], "big")
-            bound_id, sources, source, cursor, *copied = _unpack(value)
+            bound_id, sources, source, cursor, *rest = _unpack(value)
             self.backfilling[gid] = BackfillJob(
-                gid, bound_id, sources, source, cursor, set(copied[0]) if copied else set()
+                gid,
+                bound_id,
+                sources,
+                source,
+                cursor,
+                set(rest[0]) if rest else set(),
+                len(rest) > 1 and rest[1] is True,
             )
 
     # ------------------------------------------------------------------ reads
@@ -515,8 +521,9 @@ class QueueState(ManageOps):
             result = yield from deliveries.dead_letter_before_provenance(
                 self, txn, index, command[1], command[2], effects, touched, settings
             )
-        elif kind == CommandKind.CREATE_GROUP:
+        elif kind == CommandKind.CREATE_GROUP or kind == CommandKind.CREATE_GROUP_FROM_BACKLOG:
             settings = commands.GroupSettings.from_wire(_arg(command, 5))
+            exact = kind == CommandKind.CREATE_GROUP_FROM_BACKLOG
             result = group_changes.create_group(
                 self,
                 txn,
@@ -527,8 +534,9 @@ class QueueState(ManageOps):
                 command[4],
                 settings,
                 _arg(command, 6),
-                bool(_arg(command, 7, False)),
+                exact or bool(_arg(command, 7, False)),
                 effects,
+                exact_backfill=exact,
             )
         elif kind == CommandKind.DELETE_GROUP:
             result = group_changes.delete_group(self, txn, command[1], command[2], effects, touched)
@@ -792,6 +800,10 @@ class QueueState(ManageOps):
         gid, due_ms, mid = commands.parse_schedule_key(key)
         entry = _unpack(value)
         attempt, expire_ms = entry[0], entry[1]
+        if self.backfilling:
+            # Before the entry goes: a backfill that has not reached the message yet
+            # copies it now (the message may go with this entry).
+            self._backfill_leaving(txn, gid, mid, message, effects, touched)
         txn.put("schedule", key, None)
         info = self.groups.get(gid)
         if info is not None:

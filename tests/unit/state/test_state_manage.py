@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from state_helpers import Recorder, StoreKit, dump, group_snapshot
 
 from futureq.state import commands, records
 from futureq.state.commands import CommandKind, schedule_key
-from futureq.state.manage_ops import KEY_TIME
+from futureq.state.manage_ops import KEY_TIME, backfilled_key
 from futureq.state.queue_state import PublishResult, QueueState
 from futureq.state.records import PARKED_DUE_MS
 from futureq.state.store import MemoryStore
@@ -607,14 +608,28 @@ def test_browse_shows_parked_dead_letters_last(kit: StoreKit) -> None:
     assert all(commands.parse_schedule_key(key)[1] != PARKED_DUE_MS for key, _, _ in bounded)
 
 
-def _backfill_under_way(kit: StoreKit) -> tuple[QueueState, Runner, int, int, list[int]]:
+def _legacy_create_from_backlog(topic: str, group: str) -> bytes:
+    """A CREATE_GROUP ``from_backlog`` as builds before kind 37 wrote it (kind 6)."""
+    settings = commands.BUILTIN_GROUP_SETTINGS.to_wire()
+    return commands.encode(
+        [CommandKind.CREATE_GROUP, topic, group, None, None, settings, None, True]
+    )
+
+
+def _backfill_under_way(
+    kit: StoreKit, *, legacy: bool = False
+) -> tuple[QueueState, Runner, int, int, list[int]]:
     """Group g1 of t holds 6 messages (due 1500..1505); group ``late`` is created from
-    the backlog and its first chunk copied the first 3 (the cursor is at 1502)."""
+    the backlog and its first chunk copied the first 3 (the cursor is at 1502).
+    ``legacy``: created by a kind 6 CREATE_GROUP from an earlier build's log."""
     state = QueueState(kit.store)
     run = Runner(state)
     g1 = run(commands.create_group("t", "g1", None, None))
     first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, None) for i in range(6)]))
-    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    if legacy:
+        late = run(_legacy_create_from_backlog("t", "late"))
+    else:
+        late = run(commands.create_group("t", "late", None, None, from_backlog=True))
     assert run(commands.backfill_group(late, 3)) == 3
     return state, run, g1, late, [first + i for i in range(6)]
 
@@ -663,26 +678,31 @@ def test_a_reschedule_counted_during_a_backfill_replays_as_earlier_builds_applie
 ) -> None:
     """Kind 31 in a log copies nothing first (as earlier builds applied it), so an old
     log replays to the state it gave; only kind 36 does."""
-    state, run, g1, late, ids = _backfill_under_way(kit)
+    state, run, g1, late, ids = _backfill_under_way(kit, legacy=True)
     assert run(commands.reschedule(1000, "t", g1, [ids[5]], 1400, [])) == [DONE]
     while late in state.backfilling:
         run(commands.backfill_group(late, 3))
     assert [mid for mid, _due in _held_by(state, late)] == ids[:5]
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["exact", "legacy"])
 def test_a_message_copied_ahead_of_the_backfill_and_acked_is_not_copied_again(
-    kit: StoreKit,
+    kit: StoreKit, legacy: bool
 ) -> None:
     """A message a RESCHEDULE_BACKFILLING copied ahead of the chunks, then delivered and
     acknowledged in the new group, is not copied again when the chunks reach its entry
     in the source group (an acknowledged message is never delivered again to a group),
     across a restart too (the job is stored with what it copied)."""
-    state, run, g1, late, ids = _backfill_under_way(kit)
+    state, run, g1, late, ids = _backfill_under_way(kit, legacy=legacy)
     assert run(commands.reschedule(1000, "t", late, [ids[4]], 1600, [], True)) == [DONE]
     assert run(commands.ack([schedule_key(late, 1600, ids[4])])) == 1
     state = QueueState(kit.store)  # a restart: the job is loaded from the store
     run = Runner(state)
-    assert state.backfilling[late].copied == {ids[4]}
+    if legacy:
+        assert state.backfilling[late].copied == {ids[4]}
+    else:  # marked in the index family until the chunks pass it
+        assert state.backfilling[late].exact
+        assert kit.store.get("index", backfilled_key(late, ids[4])) is not None
     while late in state.backfilling:
         run(commands.backfill_group(late, 3))
     assert [mid for mid, _due in _held_by(state, late)] == [*ids[:4], ids[5]]

@@ -1,0 +1,248 @@
+"""QueueState: a group created ``from_backlog`` gets exactly the backlog (kind 37).
+
+The backfill of a group created from the backlog is the set of messages pending in
+the topic's other groups when it was created: each reaches the new group once, at its
+published due time, whatever the source groups do while the BACKFILL_GROUP chunks run
+(ACK, CANCEL, EXPIRE, dead-lettering, PURGE, deletion, NACK). Found by a tester: a
+message a source group let go of before the chunks reached it never reached the new
+group, and one the new group had acknowledged was copied again from a second source
+group (or from the same one after a NACK moved it ahead of the cursor) and delivered
+again. Each command is applied to a real RocksDB store and to a MemoryStore (``kit``).
+Source: ``docs/protocol.md``, "CREATE_GROUP" (``from_backlog``).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from state_helpers import StoreKit
+
+from futureq.state import commands
+from futureq.state.commands import CommandKind, schedule_key
+from futureq.state.queue_state import QueueState
+from futureq.wire.frames import ItemStatus
+
+DONE, UNKNOWN = ItemStatus.DONE, ItemStatus.UNKNOWN
+
+
+class Runner:
+    """Applies encoded commands at consecutive log indexes."""
+
+    def __init__(self, state: QueueState) -> None:
+        self.state = state
+
+    def __call__(self, data: bytes) -> Any:
+        return self.state.apply(self.state.applied_index + 1, data)
+
+
+def _under_way(
+    kit: StoreKit, sources: int = 1, chunk: int = 3
+) -> tuple[QueueState, Runner, list[int], int, list[int]]:
+    """``sources`` groups of t hold 6 messages (due 1500..1505, TTL 100); group
+    ``late`` is created from the backlog and a first chunk of ``chunk`` entries ran."""
+    state = QueueState(kit.store)
+    run = Runner(state)
+    gids = [run(commands.create_group("t", f"g{n}", None, None)) for n in range(sources)]
+    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, 100) for i in range(6)]))
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    run(commands.backfill_group(late, chunk))
+    return state, run, gids, late, [first + i for i in range(6)]
+
+
+def _finish(state: QueueState, run: Runner, late: int) -> None:
+    for _ in range(100):
+        if late not in state.backfilling:
+            return
+        run(commands.backfill_group(late, 3))
+    raise AssertionError("the backfill never ended")
+
+
+def _held_by(state: QueueState, gid: int) -> list[tuple[int, int]]:
+    return sorted((mid, due) for due, mid, _a, _e in state.scan_schedule(gid, 0, 0, 100))
+
+
+def _marks(state: QueueState) -> list[bytes]:
+    """``index`` keys other than moved entries and idempotency keys (the backfill's)."""
+    return [key for key, _ in state.store.scan("index", b"") if key[:1] not in (b"d", b"k", b"t")]
+
+
+def _let_go(how: str, state: QueueState, run: Runner, g0: int, mid: int) -> None:
+    """Group ``g0`` (named "g0") lets go of its entry of ``mid`` the way ``how`` says."""
+    key = state.entry_key(mid, g0)
+    assert key is not None
+    if how == "ack":
+        assert run(commands.ack([key])) == 1
+    elif how == "cancel":
+        assert run(commands.cancel("t", g0, [mid])) == [DONE]
+    elif how == "expire":
+        assert run(commands.expire([key])) == 1
+    elif how == "dead_letter":
+        run(commands.dead_letter(1600, [(key, 1)]))
+        assert state.entry_key(mid, g0) is None
+    elif how == "nack_dead_letter":
+        assert run(commands.nack(1600, 0, [(key, 1)], "bad", dead_letter=True)) == 1
+    elif how == "purge":
+        assert run(commands.purge([g0])) == 6
+        while g0 in state.purging:
+            run(commands.purge_group(g0, 2))  # PURGE's chunks are BACKFILL's sibling
+    elif how == "delete":
+        assert run(commands.delete_group("t", "g0")) is True
+        while g0 in state.deleting:
+            run(commands.purge_group(g0, 2))
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize(
+    "how", ["ack", "cancel", "expire", "dead_letter", "nack_dead_letter", "purge", "delete"]
+)
+def test_a_message_its_source_group_lets_go_of_before_the_backfill_reaches_it_still_arrives(
+    kit: StoreKit, how: str
+) -> None:
+    """Before, the chunks only found what the source groups still held when they got
+    there: g1's ACK (or CANCEL, EXPIRE, ...) of message 4 before the chunks reached it
+    deleted the message, and ``late`` never got it. Now g1 letting go of it copies it
+    ahead to ``late``, due at its published time with its published expiry."""
+    state, run, (g1,), late, ids = _under_way(kit)
+    _let_go(how, state, run, g1, ids[4])
+    _finish(state, run, late)
+    assert _held_by(state, late) == [(mid, 1500 + i) for i, mid in enumerate(ids)]
+    assert state.get_schedule(schedule_key(late, 1504, ids[4])) == (0, 1604)
+    assert state.groups[late].pending == 6
+    assert _marks(state) == []  # the chunks passed it and dropped its mark
+    if how in ("purge", "delete"):
+        assert state.get_message(ids[4]) == ("t", b"\x04", 1000, 1504, 1)
+
+
+def test_a_message_the_new_group_acked_is_not_copied_again_from_another_source_group(
+    kit: StoreKit,
+) -> None:
+    """Before, the chunks walked g0, then g1: message 5 was copied from g0, acked in
+    ``late``, then copied again from g1 and delivered again after its ACK."""
+    state, run, (g0, g1), late, ids = _under_way(kit, sources=2, chunk=7)
+    assert (ids[5], 1505) in _held_by(state, late)
+    assert run(commands.ack([schedule_key(late, 1505, ids[5])])) == 1
+    _finish(state, run, late)
+    assert _held_by(state, late) == [(mid, 1500 + i) for i, mid in enumerate(ids[:5])]
+    assert state.groups[late].pending == 5
+    assert state.get_message(ids[5]) == ("t", b"\x05", 1000, 1505, 2)  # g0's and g1's
+
+
+def test_a_message_a_nack_moves_ahead_of_the_backfill_is_not_copied_again(
+    kit: StoreKit,
+) -> None:
+    """Before, a NACK in g0 moved message 1 (already copied and acked in ``late``) to
+    due 1600, ahead of the chunks' cursor in g0's due order; they copied it again."""
+    state, run, (g0,), late, ids = _under_way(kit)
+    assert run(commands.ack([schedule_key(late, 1501, ids[1])])) == 1
+    assert run(commands.nack(1550, 50, [(schedule_key(g0, 1501, ids[1]), 1)])) == 1
+    assert state.entry_key(ids[1], g0) == schedule_key(g0, 1600, ids[1])
+    _finish(state, run, late)
+    assert [mid for mid, _due in _held_by(state, late)] == [ids[0], *ids[2:]]
+
+
+def test_a_cancel_during_a_backfill_treats_the_new_groups_copy_as_the_others(
+    kit: StoreKit,
+) -> None:
+    """A CANCEL of every group, or of ``late`` only, names a message the chunks have
+    not reached: ``late`` never gets it (before, a CANCEL of ``late`` only answered
+    UNKNOWN and the chunks then copied it: a cancelled message was delivered)."""
+    state, run, (g0,), late, ids = _under_way(kit)
+    assert run(commands.cancel("t", None, [ids[4]])) == [DONE]
+    assert state.get_message(ids[4]) is None
+    assert run(commands.cancel("t", late, [ids[5]])) == [DONE]
+    assert run(commands.cancel("t", late, [ids[5]])) == [UNKNOWN]  # a retry
+    assert state.entry_key(ids[5], g0) == schedule_key(g0, 1505, ids[5])
+    _finish(state, run, late)
+    assert [mid for mid, _due in _held_by(state, late)] == ids[:4]
+    assert state.groups[late].pending == 4
+    assert _marks(state) == []
+
+
+def test_an_exact_backfill_survives_a_restart_and_its_group_deleted_leaves_no_marks(
+    kit: StoreKit,
+) -> None:
+    """The job (cursor, messages copied ahead) is stored: a restart continues it; a
+    delete of the group being filled ends it and removes what it marked."""
+    state, run, (g0,), late, ids = _under_way(kit)
+    _let_go("ack", state, run, g0, ids[5])
+    assert len(_marks(state)) == 1
+    state = QueueState(kit.reopen())
+    run = Runner(state)
+    assert state.backfilling[late].exact
+    _finish(state, run, late)
+    assert [mid for mid, _due in _held_by(state, late)] == ids
+    assert _marks(state) == []
+
+    again = run(commands.create_group("t", "again", None, None, from_backlog=True))
+    run(commands.backfill_group(again, 1))
+    _let_go("ack", state, run, g0, ids[4])
+    assert len(_marks(state)) == 1
+    assert run(commands.delete_group("t", "again")) is True
+    assert again not in state.backfilling
+    assert _marks(state) == []
+
+
+def test_a_create_group_from_backlog_of_an_earlier_build_replays_as_it_applied(
+    kit: StoreKit,
+) -> None:
+    """Kind 6 with ``from_backlog`` in a log keeps the rules it was applied with: the
+    chunks walk the source groups' schedules and a message acked there first is not
+    copied (the new rules come only with kind 37)."""
+    assert commands.decode(commands.create_group("t", "x", None, None, from_backlog=True))[0] == (
+        CommandKind.CREATE_GROUP_FROM_BACKLOG
+    )
+    state = QueueState(kit.store)
+    run = Runner(state)
+    g0 = run(commands.create_group("t", "g0", None, None))
+    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, None) for i in range(6)]))
+    settings = commands.BUILTIN_GROUP_SETTINGS.to_wire()
+    legacy = [CommandKind.CREATE_GROUP, "t", "late", None, None, settings, None, True]
+    late = run(commands.encode(legacy))
+    run(commands.backfill_group(late, 3))
+    assert not state.backfilling[late].exact
+    assert run(commands.ack([schedule_key(g0, 1504, first + 4)])) == 1
+    _finish(state, run, late)
+    assert [mid for mid, _due in _held_by(state, late)] == [first + i for i in (0, 1, 2, 3, 5)]
+    assert _marks(state) == []
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_new_group_gets_the_backlog_once_whatever_the_sources_do(
+    kit: StoreKit, seed: int
+) -> None:
+    """Random ACKs, NACKs, CANCELs and RESCHEDULEs in two source groups and in the new
+    group between chunks of random size: at the end the new group holds exactly the
+    messages pending at its creation that no CANCEL naming it or ACK of its own removed."""
+    rng = random.Random(seed)
+    state, run, sources, late, ids = _under_way(kit, sources=2, chunk=rng.randint(1, 4))
+    gone_for_late: set[int] = set()
+    now_ms = 1510
+    while late in state.backfilling:
+        for _ in range(rng.randint(0, 3)):
+            mid = rng.choice(ids)
+            gid = rng.choice([*sources, late])
+            key = state.entry_key(mid, gid)
+            op = rng.choice(["ack", "nack", "cancel", "cancel_all", "reschedule"])
+            now_ms += 10
+            if op == "ack" and key is not None:
+                run(commands.ack([key]))
+                if gid == late:
+                    gone_for_late.add(mid)
+            elif op == "nack" and key is not None:
+                run(commands.nack(now_ms, rng.randint(0, 200), [(key, 1)]))
+            elif op == "cancel":
+                if run(commands.cancel("t", gid, [mid])) != [UNKNOWN] and gid == late:
+                    gone_for_late.add(mid)
+            elif op == "cancel_all":
+                if run(commands.cancel("t", None, [mid])) != [UNKNOWN]:
+                    gone_for_late.add(mid)
+            elif op == "reschedule":
+                run(commands.reschedule(now_ms, "t", gid, [mid], now_ms + 300, []))
+        run(commands.backfill_group(late, rng.randint(1, 3)))
+    held = [mid for mid, _due in _held_by(state, late)]
+    assert held == [mid for mid in ids if mid not in gone_for_late]
+    assert state.groups[late].pending == len(held)
+    assert _marks(state) == []
