@@ -650,7 +650,7 @@ class ManageOps:
             if record is None or self._find_entry(txn, mid, gid, record.due_ms) is not None:
                 continue
             for source in job.sources:
-                found = self._find_entry(txn, mid, source, record.due_ms)
+                found = self._backlog_entry(txn, job, source, mid, record.due_ms)
                 if found is not None:
                     self._copy_backlog_entry(txn, info, mid, record, found[1], effects, touched)
                     copied += 1
@@ -707,7 +707,7 @@ class ManageOps:
                 continue
             found = None
             for source in job.sources if leaving is None else [leaving]:
-                found = self._find_entry(txn, mid, source, record.due_ms)
+                found = self._backlog_entry(txn, job, source, mid, record.due_ms)
                 if found is not None:
                     break
             if found is None:
@@ -716,6 +716,18 @@ class ManageOps:
             txn.put("index", mark, b"")
             copied = True
         return copied
+
+    def _backlog_entry(
+        self, txn: Txn, job: BackfillJob, source: int, mid: int, published_due_ms: int
+    ) -> tuple[bytes, bytes] | None:
+        """Source group ``source``'s entry of ``mid`` if it was pending there when the
+        group of exact backfill ``job`` was created: not one a PURGE started before
+        then has yet to remove (those count as removed already, as the dispatcher
+        and BROWSE treat them)."""
+        purge = self.purging.get(source)
+        if purge is not None and mid < purge.bound_id < job.bound_id:
+            return None
+        return self._find_entry(txn, mid, source, published_due_ms)
 
     def _backfill_leaving(
         self,
@@ -730,7 +742,10 @@ class ManageOps:
         dead-lettering, PURGE, a deleted group's purge): each exact backfill reading
         ``gid`` that has not reached ``mid`` copies it ahead (:meth:`_backfill_ahead`).
         ``message``: its stored bytes if the caller just read them."""
-        if not any(job.exact and gid in job.sources for job in self.backfilling.values()):
+        if not any(
+            job.exact and mid < job.bound_id and gid in job.sources
+            for job in self.backfilling.values()
+        ):
             return
         mkey = _u64(mid)
         if message is None or mkey in txn.changes["messages"]:

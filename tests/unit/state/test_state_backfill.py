@@ -116,6 +116,31 @@ def test_a_message_its_source_group_lets_go_of_before_the_backfill_reaches_it_st
         assert state.get_message(ids[4]) == ("t", b"\x04", 1000, 1504, 1)
 
 
+def test_what_a_purge_started_before_the_group_removes_is_not_its_backlog(
+    kit: StoreKit,
+) -> None:
+    """A PURGE of g0 started before ``late`` was created: what its chunks have yet to
+    remove was removed already (the dispatcher and BROWSE treat it so), not pending.
+    Before, the backfill copied what the purge had not reached yet, and ``late`` got
+    purged messages; now it gets only what g1 still holds."""
+    state = QueueState(kit.store)
+    run = Runner(state)
+    g0 = run(commands.create_group("t", "g0", None, None))
+    g1 = run(commands.create_group("t", "g1", None, None))
+    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, None) for i in range(4)]))
+    ids = [first + i for i in range(4)]
+    assert run(commands.cancel("t", g1, ids[2:])) == [DONE, DONE]
+    assert run(commands.purge([g0])) == 4
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    assert run(commands.backfill_group(late, 3)) == 2  # ids[2] is only in g0
+    while g0 in state.purging:
+        run(commands.purge_group(g0, 1))
+    _finish(state, run, late)
+    assert [mid for mid, _due in _held_by(state, late)] == ids[:2]
+    assert state.get_message(ids[3]) is None
+    assert _marks(state) == []
+
+
 def test_a_message_the_new_group_acked_is_not_copied_again_from_another_source_group(
     kit: StoreKit,
 ) -> None:
