@@ -15,10 +15,27 @@ It owns the ``index`` family (secondary indexes, one-byte prefixes):
 * ``k | topic | 0x00 | idempotency key`` -> ``[message id, publish_ms]``: the message a
   key names;
 * ``t | publish_ms (8) | message id (8)`` -> the ``k`` key: keys in publish order, so
-  each PUBLISH forgets a bounded number of keys older than the window.
+  each PUBLISH forgets a bounded number of keys older than the window;
+* ``b | group id (4) | message id (8)`` -> empty: a message copied ahead to a group an
+  exact backfill (CREATE_GROUP_FROM_BACKLOG) fills, which its chunks skip; removed
+  when they pass it, or with the job.
 
 and these ``meta`` keys: ``purging:<group id>`` -> ``[bound_id, cursor]``,
-``backfill:<group id>`` -> ``[bound_id, sources, source, cursor]``.
+``backfill:<group id>`` -> ``[bound_id, sources, source, cursor]`` (then the messages
+copied ahead, for a job of CREATE_GROUP kind 6), or ``[bound_id, sources, 0, message
+cursor, [], true]`` for an exact backfill (kind 37).
+
+BACKFILL (a group created ``from_backlog``, kind 37): the group gets exactly the
+messages of its topic pending in the topic's other groups (its sources) when it was
+created, each once, at its published due time. BACKFILL_GROUP chunks walk the
+``messages`` family in id order below the group's first id (an id never moves, so
+what the cursor passed never comes back, however a NACK or RESCHEDULE moves an entry)
+and copy each message a source group holds. A message the cursor has not reached is
+copied ahead, and marked, when a source group lets go of its entry (ACK, CANCEL,
+EXPIRE, dead-lettering, PURGE, a deleted group's purge: the last one may delete it)
+and before a CANCEL or RESCHEDULE names it (which then treats the new group's copy as
+the others'). Kind 6 with ``from_backlog`` (earlier builds) keeps its job, which walks
+the source groups' schedules, and replays as it applied.
 
 Source: ``docs/protocol.md`` (CANCEL, RESCHEDULE, PURGE, REDRIVE, idempotency keys,
 dead letters); issue 14.

@@ -28,7 +28,7 @@ Families written (``DESIGN.md``, "Storage layout"):
   ``purging:<group id>`` and ``backfill:<group id>`` for the background jobs of
   PURGE and CREATE_GROUP ``from_backlog`` (:mod:`futureq.state.manage_ops`);
 * ``index``: secondary indexes of :mod:`futureq.state.manage_ops` (where an entry
-  moved, idempotency keys).
+  moved, idempotency keys, messages copied ahead by a backfill).
 
 Every apply writes its changes and the new applied index in one batch, so a restart
 replays exactly the log entries after it. The applied digest chains a CRC-32 over each
