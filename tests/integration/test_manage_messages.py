@@ -508,6 +508,37 @@ def test_a_group_created_from_the_backlog_gets_what_is_pending(broker: BrokerPro
         assert sorted(d.id for d in got) == [*ids[100:], newer]
 
 
+def test_a_group_from_the_backlog_keeps_what_the_other_group_cancels_meanwhile(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a tester: right after GROUP_CREATE ``from_backlog``, a CANCEL in the
+    only other group of what the background copy had not reached yet (the newest
+    messages) deleted them for good, and the new group ended with 6,000 of 10,000. Now
+    it gets every message pending when it was created, whenever the CANCEL lands."""
+    with SyncClient(broker.client_address, request_timeout_s=30.0) as client:
+        client.create_group("backlog", "first")
+        ids: list[int] = []
+        for _ in range(2):
+            batch = [PublishItem("backlog", b"x", delay_ms=3_600_000) for _ in range(5000)]
+            ids += client.publish_batch(batch)
+        client.create_group("backlog", "late", from_backlog=True)
+        client.cancel("backlog", ids[-4000:], group="first")
+        deadline = time.monotonic() + 30
+        while True:
+            groups = {
+                g["group"]: (g["pending"], g["background"])
+                for t in client.status()["topics"]
+                if t["topic"] == "backlog"
+                for g in t["groups"]
+            }
+            if groups["late"][1] is None:
+                break
+            assert time.monotonic() < deadline, groups
+            time.sleep(0.1)
+        assert groups == {"first": (6000, None), "late": (10_000, None)}
+        assert client.cancel("backlog", ids[-1:], group="late") == [ItemStatus.DONE]
+
+
 def test_a_nack_can_reject_to_the_dead_letter_topic_with_a_reason(broker: BrokerProcess) -> None:
     with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
         client.create_group("parse", "workers")
