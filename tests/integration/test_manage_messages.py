@@ -539,6 +539,38 @@ def test_a_group_from_the_backlog_keeps_what_the_other_group_cancels_meanwhile(
         assert client.cancel("backlog", ids[-1:], group="late") == [ItemStatus.DONE]
 
 
+def test_a_group_from_the_backlog_of_two_groups_gets_each_message_once(
+    broker: BrokerProcess,
+) -> None:
+    """Found by a tester: a group created ``from_backlog`` while two groups held the same
+    3,000 messages, consumed and acked as they arrived, was delivered some of them again
+    after their ACK (the background copy found them in the second group and copied them
+    again). Each now arrives once (the visibility timeout is far longer than the test)."""
+    with SyncClient(broker.client_address, request_timeout_s=30.0) as client:
+        client.create_group("twice", "g1")
+        client.create_group("twice", "g2")
+        ids = client.publish_batch([PublishItem("twice", b"x") for _ in range(3000)])
+        client.create_group("twice", "late", visibility_timeout_ms=600_000, from_backlog=True)
+        seen: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < len(ids):
+            assert time.monotonic() < deadline, len(seen)
+            for delivery in client.consume("twice", "late", 500, timeout_s=1.0):
+                seen.append(delivery.id)
+                delivery.ack()
+        # Anything copied again would be due at once: wait until the copy has ended.
+        while any(
+            g["background"] is not None
+            for t in client.status()["topics"]
+            if t["topic"] == "twice"
+            for g in t["groups"]
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        seen += [d.id for d in client.consume("twice", "late", 500, timeout_s=0.5)]
+        assert sorted(seen) == ids
+
+
 def test_a_nack_can_reject_to_the_dead_letter_topic_with_a_reason(broker: BrokerProcess) -> None:
     with SyncClient(broker.client_address, request_timeout_s=20.0) as client:
         client.create_group("parse", "workers")
