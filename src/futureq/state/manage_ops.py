@@ -343,7 +343,7 @@ class ManageOps:
             if fields is None or fields[0] != topic:
                 out.append(ItemStatus.UNKNOWN)
                 continue
-            if data is not None and self.backfilling:
+            if data is not None and self._exact_backfill_below(mid):
                 # A group being filled from the backlog gets its copy first, which the
                 # command then removes (or keeps) as it does the other groups'.
                 if self._backfill_ahead(txn, mid, MessageRecord.decode(data), effects, touched):
@@ -420,7 +420,10 @@ class ManageOps:
                 out.append(ItemStatus.UNKNOWN)
                 continue
             if self.backfilling and (
-                self._backfill_ahead(txn, mid, record, effects, touched)
+                (
+                    self._exact_backfill_below(mid)
+                    and self._backfill_ahead(txn, mid, record, effects, touched)
+                )
                 | (backfill_first and self._backfill_one(txn, mid, record, effects, touched))
             ):
                 record = self._record(txn, mid)
@@ -733,6 +736,11 @@ class ManageOps:
             txn.put("index", mark, b"")
             copied = True
         return copied
+
+    def _exact_backfill_below(self, mid: int) -> bool:
+        """True if an exact backfill (CREATE_GROUP_FROM_BACKLOG) may owe ``mid`` to its
+        group (it is older than the group): a cheap test before reading its record."""
+        return any(job.exact and mid < job.bound_id for job in self.backfilling.values())
 
     def _backlog_entry(
         self, txn: Txn, job: BackfillJob, source: int, mid: int, published_due_ms: int
