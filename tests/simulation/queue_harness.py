@@ -246,6 +246,7 @@ class Oracle:
         """Settings of every group seen, to show the nodes' local defaults all took part."""
         self.purges = 0
         self.managed = 0
+        self.backfilled = 0
         """Entries a CANCEL or RESCHEDULE found (issue 14)."""
 
     def feed(self, entry: Entry) -> None:
@@ -294,11 +295,14 @@ class Oracle:
             CommandKind.DEAD_LETTER,
             CommandKind.DEAD_LETTER_PROVENANCE,
             CommandKind.CREATE_GROUP,
+            CommandKind.CREATE_GROUP_FROM_BACKLOG,
         ):
             for info in self.state.groups.values():
                 self.settings_seen.add((info.visibility_timeout_ms, info.max_deliveries))
         if kind == CommandKind.PURGE_GROUP and result:
             self.purges += 1
+        if kind == CommandKind.BACKFILL_GROUP and result:
+            self.backfilled += result
         if kind in (CommandKind.CANCEL, CommandKind.RESCHEDULE):
             self.managed += sum(status != ItemStatus.UNKNOWN for status in result)
         first = commands.message_id(index, 0)
@@ -574,6 +578,9 @@ class Workload:
         if state.purging and roll < 0.41:
             gid = self.rng.choice(sorted(state.purging))
             return commands.purge_group(gid, self.rng.choice((1, 2, 5, 100)))
+        if state.backfilling and roll < 0.44:
+            gid = self.rng.choice(sorted(state.backfilling))
+            return commands.backfill_group(gid, self.rng.choice((1, 2, 5, 100)))
         if roll < 0.44:
             picked = self._pick(entries)
             return commands.delivered([(k, a + self.rng.randint(0, 2)) for k, a, _ in picked])
@@ -604,6 +611,7 @@ class Workload:
                 self.rng.choice((None, None, 1000, 5000)),
                 self.rng.choice((None, None, 2, 3)),
                 settings,
+                from_backlog=roll >= 0.87,
             )
         if roll < 0.95:
             topic = self.rng.choice(TOPICS + ("orders.dlq",))
@@ -845,6 +853,7 @@ class QueueSimCluster(SimCluster):
             "group_settings_seen": len(self.oracle.settings_seen),
             "purges": self.oracle.purges,
             "managed": self.oracle.managed,
+            "backfilled": self.oracle.backfilled,
         }
 
 
