@@ -238,8 +238,8 @@ def test_a_create_group_from_backlog_of_an_earlier_build_replays_as_it_applied(
 def test_the_new_group_gets_the_backlog_once_whatever_the_sources_do(
     kit: StoreKit, seed: int
 ) -> None:
-    """Random ACKs, NACKs, CANCELs and RESCHEDULEs in two source groups and in the new
-    group between chunks of random size: at the end the new group holds exactly the
+    """Random ACKs, EXPIREs, dead-letterings, NACKs, CANCELs, RESCHEDULEs and PURGE
+    chunks in two source groups and in the new group between chunks of random size: at the end the new group holds exactly the
     messages pending at its creation that no CANCEL naming it or ACK of its own removed."""
     rng = random.Random(seed)
     state, run, sources, late, ids = _under_way(kit, sources=2, chunk=rng.randint(1, 4))
@@ -250,12 +250,21 @@ def test_the_new_group_gets_the_backlog_once_whatever_the_sources_do(
             mid = rng.choice(ids)
             gid = rng.choice([*sources, late])
             key = state.entry_key(mid, gid)
-            op = rng.choice(["ack", "nack", "cancel", "cancel_all", "reschedule"])
+            op = rng.choice(["ack", "expire", "dead_letter", "nack", "cancel", "cancel_all"])
+            op = rng.choice([op, "reschedule", "purge"]) if gid != late else op
             now_ms += 10
-            if op == "ack" and key is not None:
-                run(commands.ack([key]))
+            if op in ("ack", "expire", "dead_letter") and key is not None:
+                if op == "ack":
+                    run(commands.ack([key]))
+                elif op == "expire":
+                    run(commands.expire([key]))
+                else:
+                    run(commands.dead_letter(now_ms, [(key, 1)]))
                 if gid == late:
                     gone_for_late.add(mid)
+            elif op == "purge" and gid not in state.purging:
+                run(commands.purge([gid]))
+                run(commands.purge_group(gid, rng.randint(1, 3)))
             elif op == "nack" and key is not None:
                 run(commands.nack(now_ms, rng.randint(0, 200), [(key, 1)]))
             elif op == "cancel":
