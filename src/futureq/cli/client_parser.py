@@ -349,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--from-backlog",
         action="store_true",
-        help="a new group also gets every message of TOPIC still pending (not only later ones)",
+        help="a new group also gets every message of TOPIC pending when it is created, once each "
+        "(not only later ones)",
     )
     delete = group_commands.add_parser("delete", help="delete a group and its pending deliveries")
     delete.add_argument("topic", type=existing_name_arg("topic"))

@@ -104,7 +104,8 @@ class AdminClient(ClientBase):
                 delivered again (ms, >= 1).
             max_deliveries: Attempts before a message goes to ``<topic>.dlq`` (>= 1).
             from_backlog: A group this creates also gets every message of the topic
-                still pending in its other groups (copied in the background), not only
+                pending in its other groups when it is created, once each (copied in
+                the background, whatever those groups acknowledge meanwhile), not only
                 those published after it exists. No effect on an existing group.
             dead_letter_expired: True: a message whose TTL runs out goes to
                 ``<topic>.dlq`` (``futureq-reason: expired``) instead of being dropped.
