@@ -62,6 +62,9 @@ MOVED: Final = b"d"
 KEY: Final = b"k"
 KEY_TIME: Final = b"t"
 BACKFILLED: Final = b"b"
+MAX_BACKFILL_READ_BYTES: Final = 4 * 1024 * 1024
+"""Most stored message bytes one chunk of an exact backfill reads (the one record that
+passes it is read whole): at the 1 MiB payload limit, a few records, not hundreds."""
 PRUNE_MIN_KEYS: Final = 16
 """Idempotency keys older than the window one PUBLISH looks at, at least; more when
 the batch itself brings keys, so forgetting keeps pace with remembering."""
@@ -641,31 +644,42 @@ class ManageOps:
         effects: list[tuple[Any, ...]],
         touched: set[int],
     ) -> Generator[None, None, int]:
-        """A chunk of an exact backfill: look at up to ``limit`` stored messages after
-        the cursor, in id order below the bound, and copy each of the topic that a
-        source group (live or being deleted) still holds, unless it was copied ahead.
+        """A chunk of an exact backfill: read the stored messages after the cursor, in
+        id order below the bound, and copy each of the topic that a source group
+        (live or being deleted) still holds, unless it was copied ahead. It stops
+        after ``limit`` messages of the topic, :data:`~futureq.state.commands.MAX_PURGE_ENTRIES`
+        messages of any topic or :data:`MAX_BACKFILL_READ_BYTES` of them (the messages
+        of other topics below the bound are read too, so those two bound the work).
 
         A message's id never changes, so what the cursor passed is never seen again
         (an entry moving in its group cannot bring it back, unlike a cursor on
         schedule keys), and what it has not reached was copied ahead if its source
         entry went (:meth:`_backfill_ahead`): each message pending at creation is
-        copied once. The job ends when a chunk finds fewer messages than it may look at.
+        copied once. The job ends with the chunk that reads up to the bound.
         """
         gid = info.group_id
         first_mid = 0 if job.cursor is None else int.from_bytes(job.cursor, "big") + 1
-        looked = copied = 0
+        looked = read = read_bytes = copied = 0
+        ended = True
         for key, data in self.store.scan("messages", _u64(first_mid), _u64(job.bound_id)):
-            if looked >= limit:
+            if (
+                looked >= limit
+                or read >= commands.MAX_PURGE_ENTRIES
+                or read_bytes >= MAX_BACKFILL_READ_BYTES
+            ):
+                ended = False
                 break
-            looked += 1
-            if looked % APPLY_STEP_ITEMS == 0:
+            read += 1
+            read_bytes += len(data)
+            if read % APPLY_STEP_ITEMS == 0:
                 yield
             job.cursor = key
             mid = int.from_bytes(key, "big")
-            if txn.get("index", backfilled_key(gid, mid)) is not None:
-                continue  # copied ahead
             if records.unpack(data)[0] != info.topic:
                 continue
+            looked += 1
+            if txn.get("index", backfilled_key(gid, mid)) is not None:
+                continue  # copied ahead
             record = self._record(txn, mid)
             if record is None or self._find_entry(txn, mid, gid, record.due_ms) is not None:
                 continue
@@ -675,7 +689,6 @@ class ManageOps:
                     self._copy_backlog_entry(txn, info, mid, record, found[1], effects, touched)
                     copied += 1
                     break
-        ended = looked < limit
         # The marks of what the cursor passed (or all, at the end) are not needed any
         # more: the cursor never comes back; a marked message deleted meanwhile (the
         # new group acked it, the sources too) left its mark for this to remove.

@@ -280,3 +280,27 @@ def test_the_new_group_gets_the_backlog_once_whatever_the_sources_do(
     assert held == [mid for mid in ids if mid not in gone_for_late]
     assert state.groups[late].pending == len(held)
     assert _marks(state) == []
+
+
+def test_an_exact_backfill_chunk_counts_the_topics_messages_and_bounds_what_it_reads(
+    kit: StoreKit,
+) -> None:
+    """The chunks read every topic's messages below the bound: ``max_entries`` counts
+    those of the group's topic, so a small topic behind a large other one is not copied
+    a few entries per command; what one chunk reads stays bounded in bytes."""
+    state = QueueState(kit.store)
+    run = Runner(state)
+    run(commands.create_group("t", "g0", None, None))
+    run(commands.create_group("u", "g0", None, None))
+    run(commands.publish(1000, [("u", b"", 1500, None) for _ in range(300)]))
+    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, None) for i in range(3)]))
+    big = b"x" * (1024 * 1024 - 100)
+    run(commands.publish(1000, [("u", big, 1500, None) for _ in range(6)]))
+    last = run(commands.publish(1000, [("t", b"last", 1500, None)]))
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    assert run(commands.backfill_group(late, 3)) == 3  # past 300 of topic u
+    assert late in state.backfilling  # three of t looked at: the chunk stops there
+    assert run(commands.backfill_group(late, 3)) == 0  # 4 MiB of u, then it stops
+    assert late in state.backfilling
+    _finish(state, run, late)
+    assert [mid for mid, _due in _held_by(state, late)] == [first, first + 1, first + 2, last]
