@@ -23,7 +23,8 @@ It owns the ``index`` family (secondary indexes, one-byte prefixes):
 and these ``meta`` keys: ``purging:<group id>`` -> ``[bound_id, cursor]``,
 ``backfill:<group id>`` -> ``[bound_id, sources, source, cursor]`` (then the messages
 copied ahead, for a job of CREATE_GROUP kind 6), or ``[bound_id, sources, 0, message
-cursor, [], true]`` for an exact backfill (kind 37).
+cursor, purged, true]`` for an exact backfill (kind 37), ``purged`` a list of ``[source
+group id, purge bound id]`` of the sources a PURGE was emptying at creation.
 
 BACKFILL (a group created ``from_backlog``, kind 37): the group gets exactly the
 messages of its topic pending in the topic's other groups (its sources) when it was
@@ -564,12 +565,21 @@ class ManageOps:
         (``exact``: exactly what they hold now, see :class:`BackfillJob`)."""
         sources = sorted(other.group_id for other in others)
         job = BackfillJob(info.group_id, commands.message_id(index, 0), sources, exact=exact)
+        if exact:
+            # What these purges were removing is not pending now; a later PURGE or a
+            # deletion of the source takes their place, so their bounds are kept.
+            job.purged = {
+                source: self.purging[source].bound_id
+                for source in sources
+                if source in self.purging
+            }
         self.backfilling[info.group_id] = job
         self._store_backfill(txn, job)
 
     def _store_backfill(self, txn: Txn, job: BackfillJob) -> None:
         if job.exact:
-            value = [job.bound_id, job.sources, 0, job.cursor, [], True]
+            purged = [[source, bound] for source, bound in sorted(job.purged.items())]
+            value = [job.bound_id, job.sources, 0, job.cursor, purged, True]
         elif job.copied:
             value = [job.bound_id, job.sources, job.source, job.cursor, sorted(job.copied)]
         else:
@@ -761,7 +771,10 @@ class ManageOps:
         """Source group ``source``'s entry of ``mid`` if it was pending there when the
         group of exact backfill ``job`` was created: not one a PURGE started before
         then has yet to remove (those count as removed already, as the dispatcher
-        and BROWSE treat them)."""
+        and BROWSE treat them), even once a later PURGE or the source's deletion took
+        that purge's place (``job.purged``)."""
+        if mid < job.purged.get(source, 0):
+            return None
         purge = self.purging.get(source)
         if purge is not None and mid < purge.bound_id < job.bound_id:
             return None

@@ -111,6 +111,10 @@ class BackfillJob:
             and a message ahead of them is copied ahead when a source group lets go of
             it, so the group gets exactly the messages pending at creation, once each
             (:mod:`futureq.state.manage_ops`, "BACKFILL").
+        purged: When ``exact``: source group id -> bound id of the PURGE that was
+            emptying it when the group was created. Its messages below that bound were
+            not pending then, even once a later PURGE or the group's deletion takes
+            that purge's place.
     """
 
     group_id: int
@@ -120,6 +124,7 @@ class BackfillJob:
     cursor: bytes | None = None
     copied: set[int] = attrs.field(factory=set)
     exact: bool = False
+    purged: dict[int, int] = attrs.field(factory=dict)
 
 
 class Txn:

@@ -275,14 +275,17 @@ class QueueState(ManageOps):
         for key, value in store.scan("meta", BACKFILL_PREFIX, BACKFILL_PREFIX + b"\xff"):
             gid = int.from_bytes(key[len(BACKFILL_PREFIX) :], "big")
             bound_id, sources, source, cursor, *rest = _unpack(value)
+            exact = len(rest) > 1 and rest[1] is True
+            listed = rest[0] if rest else []
             self.backfilling[gid] = BackfillJob(
                 gid,
                 bound_id,
                 sources,
                 source,
                 cursor,
-                set(rest[0]) if rest else set(),
-                len(rest) > 1 and rest[1] is True,
+                set() if exact else set(listed),
+                exact,
+                {pair[0]: pair[1] for pair in listed} if exact else {},
             )
 
     # ------------------------------------------------------------------ reads

@@ -141,6 +141,40 @@ def test_what_a_purge_started_before_the_group_removes_is_not_its_backlog(
     assert _marks(state) == []
 
 
+@pytest.mark.parametrize("then", ["purge", "delete"])
+def test_what_a_purge_started_before_the_group_removes_stays_out_after_the_source_changes(
+    kit: StoreKit, then: str
+) -> None:
+    """A PURGE of g0 was under way when ``late`` was created; then g0 is purged again
+    (or deleted) before the backfill ends, and the node restarts. Before, the new
+    purge (or the deletion) took the first one's place and the backfill copied what it
+    had been removing: ``late`` got messages purged before it existed. Now the
+    creation keeps the first purge's bound, and ``late`` gets only what g1 holds."""
+    state = QueueState(kit.store)
+    run = Runner(state)
+    g0 = run(commands.create_group("t", "g0", None, None))
+    g1 = run(commands.create_group("t", "g1", None, None))
+    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, None) for i in range(4)]))
+    ids = [first + i for i in range(4)]
+    assert run(commands.cancel("t", g1, ids[2:])) == [DONE, DONE]
+    assert run(commands.purge([g0])) == 4
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    state = QueueState(kit.reopen())
+    run = Runner(state)
+    if then == "purge":
+        assert run(commands.purge([g0])) == 4
+    else:
+        assert run(commands.delete_group("t", "g0")) is True
+    for _ in range(20):
+        for gid in [*state.purging, *state.deleting]:
+            run(commands.purge_group(gid, 1))
+    assert not state.purging and not state.deleting
+    _finish(state, run, late)
+    assert [mid for mid, _due in _held_by(state, late)] == ids[:2]
+    assert [mid for mid, _due in _held_by(state, g1)] == ids[:2]
+    assert _marks(state) == []
+
+
 def test_a_message_the_new_group_acked_is_not_copied_again_from_another_source_group(
     kit: StoreKit,
 ) -> None:
