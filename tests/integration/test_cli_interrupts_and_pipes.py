@@ -280,3 +280,51 @@ def test_a_no_ack_count_over_the_servers_window_names_the_count(broker: BrokerPr
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("error: [INVALID_ARGUMENT] prefetch must be"), done.stderr
     assert "--count 20000 needs a window of 20000" in done.stderr, done.stderr
+
+
+def test_ctrl_c_stops_publish_file_from_a_stdin_that_does_not_end(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    # Found by a tester: `producer | futureq-cli publish --file -` took Ctrl-C (or
+    # SIGTERM from `timeout`) as a request and went on waiting for the next chunk of a
+    # pipe that did not end; only a second Ctrl-C stopped it, with a traceback and no
+    # summary.
+    address = broker.client_address
+    failed_out = tmp_path / "failed.jsonl"
+    lines = b"".join(b'{"topic":"stdin.f","payload":"m%d"}\n' % i for i in range(8))
+    with subprocess.Popen(
+        # --batch-size 1: a chunk is 8 lines, published before the next is read.
+        _command(
+            address, "publish", "--file", "-", "--batch-size", "1", "--failed-out", str(failed_out)
+        ),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=sigint_as_a_terminal_gives_it,
+    ) as publish:
+        assert publish.stdin is not None
+        try:
+            publish.stdin.write(lines)
+            publish.stdin.flush()
+            deadline = time.monotonic() + 30
+            while pending(address, "stdin.f") < 8:  # the first chunk is published
+                assert time.monotonic() < deadline, "the first 8 lines were not published"
+            publish.send_signal(signal.SIGINT)  # the pipe stays open: a producer idle
+            try:
+                publish.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+            stopped = publish.poll() is not None
+            publish.stdin.close()  # the old CLI: still reading; end the input
+            assert publish.stdout is not None and publish.stderr is not None
+            out, err = publish.stdout.read(), publish.stderr.read()
+            publish.wait(timeout=30)
+        finally:
+            publish.kill()
+    assert stopped, "Ctrl-C did not stop publish --file - while its input stayed open"
+    assert publish.returncode == 130, err
+    assert b"Traceback" not in err
+    assert out.startswith(b"published 8 message(s)"), out
+    assert b"the input after line 8 was not read" in err, err
+    assert failed_out.read_bytes() == b""
+    assert pending(address, "stdin.f") == 8

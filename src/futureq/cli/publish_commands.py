@@ -465,6 +465,9 @@ class _LineSource:
 
     def __init__(self, path: str, io: Output) -> None:
         self._abandon = False
+        self.endless = path == STDIN_PAYLOAD
+        """Whether the input may never end (standard input: a pipe or a terminal), so
+        that a Ctrl-C stops reading it rather than waiting for its end."""
         self._owned: IO[bytes] | None = None
         self.handle: IO[bytes]
         if path != STDIN_PAYLOAD:
@@ -606,11 +609,24 @@ async def _publish_lines(
     max_lines = max(1, args.batch_size or DEFAULT_BATCH_SIZE) * CHUNK_LINES_PER_BATCH
     summary = PublishSummary()
     unwritten: list[int] = []  # failed lines too long to keep for --failed-out
+    unread_after: int | None = None  # Ctrl-C stopped reading stdin after this line
     async with ctrl_c_requests(interrupt):
         with _progress(io) as advance:
             number = 1
             while True:
-                chunk = await source.next_chunk(number, max_lines, line_limit)
+                if interrupt.requested and source.endless:
+                    unread_after = number - 1
+                    break
+                # A pipe may never end (`producer | futureq-cli publish --file -`):
+                # Ctrl-C or SIGTERM while waiting for its next chunk stops the read,
+                # where it used to wait on for the input's end and take only a second
+                # Ctrl-C, with a traceback and no summary (found by a tester). A file's
+                # read ends by itself, so its later lines are still reported not sent.
+                with interrupt.batch() if source.endless else contextlib.nullcontext():
+                    chunk = await source.next_chunk(number, max_lines, line_limit)
+                if interrupt.requested and source.endless:
+                    unread_after = number - 1
+                    break
                 if chunk is None:
                     break
                 number += len(chunk.lines)
@@ -655,6 +671,11 @@ async def _publish_lines(
             else f"interrupted: the {summary.not_sent} line(s) after the last batch "
             "stored were not sent"
         )
+        if unread_after is not None:
+            io.err(
+                f"interrupted: the input after line {unread_after} was not read (nor sent, "
+                "nor written to --failed-out)"
+            )
     stopped = summary.stopped_at_line is not None or summary.interrupted
     if summary.failures and (failed_out is not None or stopped):
         io.err(_resend_advice(args, summary.failures, failed_out, unwritten))
