@@ -139,3 +139,38 @@ async def test_a_transfer_to_a_node_that_is_not_a_voter_disturbs_no_subscription
             assert refused.value.code is ErrorCode.INVALID_ARGUMENT
             assert "node 9 is not a voter" in refused.value.message
             assert (sub.buffered, sub.subscription_id) == (4, subscription_id)
+
+
+async def test_a_fetch_waiting_for_more_at_a_handover_returns_only_what_it_can_settle(
+    cluster3: Cluster,
+) -> None:
+    # Found by a tester: SyncClient.consume(count=20) waiting for more while the leader
+    # handed over had already taken 5 deliveries; the client named them handed (they
+    # counted), the call then returned them, their acks failed (the leadership had
+    # moved), and with max_deliveries 1 all 5 went to the dead-letter topic. What a
+    # fetch in progress took is not handed until it returns: it goes back uncounted and
+    # the same fetch receives it again from the new leader.
+    topic = "fetching"
+    async with open_client(cluster3.servers, request_timeout_s=30) as client:
+        await client.create_group(topic, "g", max_deliveries=1)
+        await client.publish_batch([PublishItem(topic, b"%d" % i) for i in range(5)])
+        async with client.subscribe(topic, "g", 1, pull=True) as sub:
+            fetched: list[Any] = []
+
+            async def fetch() -> None:
+                fetched.extend(await sub.fetch(20, 5))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fetch)
+                with trio.fail_after(15):
+                    # All 5 pushed and taken by the fetch out of the buffer.
+                    while sub._outstanding < 5 or sub.buffered:  # noqa: ASYNC110 - no event says "taken", under a deadline
+                        await trio.sleep(0.005)
+                leader = cluster3.leader(30)
+                target = next(n for n in cluster3.nodes if n != leader.node_id)
+                await client.transfer_leader(target)
+            assert sorted(d.payload for d in fetched) == [b"%d" % i for i in range(5)]
+            await sub.ack(fetched)  # before: void, "came on a connection since lost"
+    async with open_client(cluster3.servers, request_timeout_s=30) as client:
+        async with client.subscribe(f"{topic}.dlq", "inspect", prefetch=10) as dead:
+            assert await dead.receive(1) is None

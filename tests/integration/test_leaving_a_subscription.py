@@ -208,7 +208,9 @@ async def test_a_cancelled_fetch_gives_back_what_it_had_taken_uncounted(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sub.fetch, 20, 30.0)  # takes the 10, waits for more
                 with trio.fail_after(10):
-                    while len(sub._handed) < 10:  # noqa: ASYNC110 - no event says "taken", under a deadline
+                    # All 10 pushed and taken out of the buffer by the fetch (which
+                    # hands them to the application only as it returns).
+                    while sub._outstanding < 10 or sub.buffered:  # noqa: ASYNC110 - no event says "taken", under a deadline
                         await trio.sleep(0.005)
                 nursery.cancel_scope.cancel()
             again = await sub.fetch(3, 5.0)  # given back at once: fetched again

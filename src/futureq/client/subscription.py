@@ -255,6 +255,10 @@ class Subscription:
         self._pull = pull
         self._buffer: collections.deque[Delivery] = collections.deque()
         self._handed: dict[bytes, Delivery] = {}
+        self._fetched: list[Delivery] = []
+        """Pull mode: taken by the fetch in progress and not yet returned to the
+        application, so not handed: a HANDOVER, a lost connection or a revoke voids
+        them and the fetch leaves them out."""
         self._wakeup = anyio.Event()
         self._lock = anyio.Lock()
         # Epoch of the connection the server-side subscription lives on; 0 = none.
@@ -377,6 +381,9 @@ class Subscription:
             handed = self._handed.pop(tag, None)
             if handed is not None:
                 handed._void(why, code=code)
+        for delivery in self._fetched:
+            if delivery.tag in taken:
+                delivery._void(f"the server took it back: {why}", code=code)
         self.to_release = [d for d in self.to_release if d.tag not in taken]
         self._outstanding -= len(taken)
 
@@ -412,7 +419,11 @@ class Subscription:
             "the leader handed leadership over before it was handed to you; it is "
             "delivered again, its attempt not counted"
         )
-        for delivery in (*self._buffer, *self.to_release):
+        # A fetch in progress has not returned what it took: not handed either (found
+        # by a tester: SyncClient.consume waiting for more during a rolling restart
+        # returned deliveries it had named as handed, whose acks then failed, and with
+        # max_deliveries 1 all went to the dead-letter topic).
+        for delivery in (*self._buffer, *self.to_release, *self._fetched):
             delivery._void(reason, "ended")
         self._buffer.clear()
         self.to_release = []
@@ -431,7 +442,12 @@ class Subscription:
         self._wake()
 
     def _void_all(self, reason: str, kind: str) -> None:
-        for delivery in (*self._buffer, *self._handed.values(), *self.to_release):
+        for delivery in (
+            *self._buffer,
+            *self._handed.values(),
+            *self.to_release,
+            *self._fetched,
+        ):
             delivery._void(reason, kind)
         self._buffer.clear()
         self._handed.clear()
@@ -582,9 +598,14 @@ class Subscription:
         _checks.check_count("count", count, max_count=_checks.MAX_CREDIT)
         _checks.check_seconds("timeout_s", timeout_s, allow_zero=True)
         self._client._check_process()
-        out: list[Delivery] = []
+        # Taken, not handed until returned (:attr:`_fetched`): what a HANDOVER, a lost
+        # connection or a revoke voided meanwhile is left out; it comes again.
+        out = self._fetched = []
         try:
-            while len(out) < count:
+            while True:
+                out[:] = [d for d in out if d._state is DeliveryState.HELD]
+                if len(out) >= count:
+                    break
                 if self._closed:
                     break
                 if self.end is not None:
@@ -599,7 +620,7 @@ class Subscription:
                 while self._buffer and len(out) < count:
                     delivery = self._buffer.popleft()
                     if delivery._epoch == live_epoch and delivery._state is DeliveryState.HELD:
-                        out.append(self._hand_out(delivery))
+                        out.append(delivery)
                 want = count - len(out)
                 if want == 0:
                     break
@@ -629,16 +650,17 @@ class Subscription:
             # as handed, and leaving the block counted them (max_deliveries 1: to the
             # dead-letter topic unread).
             for delivery in reversed(out):
-                if self._handed.pop(delivery.tag, None) is not None:
+                if delivery._state is DeliveryState.HELD:
                     self._buffer.appendleft(delivery)
             raise
         finally:
+            self._fetched = []
             self._fetching = 0
             if self._buffer:
                 self.to_release.extend(self._buffer)
                 self._buffer.clear()
                 self._client._lease_changed()
-        return out
+        return [self._hand_out(d) for d in out if d._state is DeliveryState.HELD]
 
     async def ack(self, deliveries: Iterable[Delivery]) -> None:
         """Acknowledge many deliveries in as few ACK frames as possible.
