@@ -328,3 +328,58 @@ def test_ctrl_c_stops_publish_file_from_a_stdin_that_does_not_end(
     assert b"the input after line 8 was not read" in err, err
     assert failed_out.read_bytes() == b""
     assert pending(address, "stdin.f") == 8
+
+
+def test_ctrl_c_in_a_long_file_fails_the_rest_without_parsing_it(
+    broker: BrokerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a tester: with the input read a chunk at a time, a Ctrl-C (or SIGTERM)
+    # early in a file of millions of lines went on parsing every later chunk (17 us a
+    # line: half a minute for 2 million) only to report its lines as not sent; the old
+    # CLI, which had parsed the whole file first, stopped at once. The lines after a
+    # Ctrl-C are now failed as not sent as they are read, unparsed, and written to
+    # --failed-out byte for byte.
+    address = broker.client_address
+    total = 100
+    source = keyed_jsonl(tmp_path / "keyed.jsonl", "intr.long", total)
+    with open(source, "ab") as handle:
+        handle.write(b"\n   \nnot json\n")  # blank lines stay out; a bad one is not sent
+    failed_out = tmp_path / "failed.jsonl"
+    real_parse = publish_commands.parse_jsonl
+    parsed: list[int] = []
+
+    def parse_interrupted(lines: list[str]) -> Any:
+        parsed.append(len(lines))
+        if len(parsed) == 2:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C while the second chunk is parsed
+        return real_parse(lines)
+
+    monkeypatch.setattr(publish_commands, "parse_jsonl", parse_interrupted)
+    args = build_parser().parse_args(
+        ["--server", address, "publish", "--file", str(source), "--batch-size", "1"]
+        + ["--failed-out", str(failed_out)]
+    )
+    out, err = io.StringIO(), io.StringIO()
+
+    async def main() -> int:
+        with trio.fail_after(60):
+            async with open_client(address) as client:
+                return await publish_commands.run_publish_file(client, args, Output(out, err))
+
+    try:
+        code = trio.run(main)
+    finally:
+        monkeypatch.undo()
+    assert code == 130, (out.getvalue(), err.getvalue())
+    assert parsed == [8, 8], parsed  # chunks of 8 lines (--batch-size 1); no third
+    summary = re.match(r"published (\d+) message\(s\)", out.getvalue())
+    assert summary is not None, (out.getvalue(), err.getvalue())
+    published = int(summary.group(1))
+    assert published == 8, out.getvalue()  # the first chunk; the second, Ctrl-C'd
+    written = failed_out.read_text().splitlines()
+    assert len(written) == total + 1 - published, written  # "not json" included
+    assert written[-1] == "not json"
+    assert "line 101: [INTERRUPTED] not sent" in err.getvalue() or "more failed" in err.getvalue()
+    again = cli(address, "publish", "--file", str(failed_out))
+    assert again.returncode == 1, again.stderr  # only "not json" fails
+    assert pending(address, "intr.long") == total
