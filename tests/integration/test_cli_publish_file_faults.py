@@ -381,3 +381,30 @@ def test_file_dash_reads_the_lines_from_standard_input(broker: BrokerProcess) ->
     assert done.returncode == 0, done
     assert done.stdout.startswith(b"published 2 message(s)"), done.stdout
     assert pending(broker.client_address, "stdin.t") == 2
+
+
+def test_failed_out_that_is_the_file_on_stdin_is_refused_before_anything_is_sent(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    # Found by a tester: `publish --file - --failed-out retry.jsonl < retry.jsonl`, a
+    # retry loop, truncated its own input once the input was streamed: the lines past
+    # the first chunk were neither published nor written anywhere, and the run said
+    # it published the rest with 0 failed lines. A --failed-out that is the file on
+    # standard input is refused, as one that is the --file path is.
+    address = broker.client_address
+    total = 9000  # past the first chunk (4,000 lines at the default --batch-size 500)
+    source = keyed_jsonl(tmp_path / "retry.jsonl", "same.stdin", total)
+    with open(source, "rb") as stdin:
+        done = subprocess.run(
+            [sys.executable, "-m", "futureq.cli.client_main", "--server", address]
+            + ["publish", "--file", "-", "--failed-out", str(source)],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith(f"error: --failed-out {source} is the input file"), done.stderr
+    assert len(source.read_text().splitlines()) == total  # not truncated
+    assert pending(address, "same.stdin") == 0

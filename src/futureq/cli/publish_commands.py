@@ -434,7 +434,18 @@ def too_long_failure(number: int, size: int, line_limit: int, max_frame_bytes: i
     )
 
 
-def _open_failed_out(args: argparse.Namespace) -> IO[bytes] | None:
+def _is_stdin_file(path: str, io: Output) -> bool:
+    """Whether standard input (``io.stdin`` or the process's) is the file ``path``."""
+    handle = io.stdin if io.stdin is not None else sys.stdin
+    try:
+        there = os.fstat(handle.fileno())
+        here = os.stat(path)
+    except (AttributeError, OSError, ValueError):  # no such file, or no real stdin
+        return False
+    return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
+
+
+def _open_failed_out(args: argparse.Namespace, io: Output) -> IO[bytes] | None:
     """``--failed-out``'s file, opened (truncated) before anything is sent, so a path
     that cannot be written stops the run before it publishes, not after.
 
@@ -444,10 +455,13 @@ def _open_failed_out(args: argparse.Namespace) -> IO[bytes] | None:
     """
     if args.failed_out is None:
         return None
+    # Standard input too: `publish --file - --failed-out F < F` truncated its own input
+    # once it was read a chunk at a time, and the lines past the first chunk were
+    # neither sent nor written anywhere (found by a tester).
     if (
-        args.file != STDIN_PAYLOAD
-        and os.path.exists(args.failed_out)
-        and os.path.samefile(args.failed_out, args.file)
+        _is_stdin_file(args.failed_out, io)
+        if args.file == STDIN_PAYLOAD
+        else os.path.exists(args.failed_out) and os.path.samefile(args.failed_out, args.file)
     ):
         raise ValueError(
             f"--failed-out {args.failed_out} is the input file; give another path (it "
@@ -511,7 +525,7 @@ async def run_publish_file(client: Client, args: argparse.Namespace, io: Output)
     source = _LineSource(args.file, io)
     try:
         try:
-            failed_out = _open_failed_out(args)
+            failed_out = _open_failed_out(args, io)
         except ValueError as exc:
             io.err(f"error: {exc}")
             return EXIT_USAGE
