@@ -443,6 +443,14 @@ class Broker:
         self.hub.remove_consumer(consumer, self.clock.wall_ms(), keep=keep)
         self.dispatcher.kick()
 
+    def subscription_lost(self, consumer: Consumer) -> None:
+        """The connection of ``consumer`` closed: leave as :meth:`unsubscribe` does (its
+        deliveries out count), and a leader handing over stops waiting for its answer
+        to HANDOVER (it waited the whole ``HANDED_WAIT_S`` for a client that had gone)."""
+        self.unsubscribe(consumer)
+        if self.handed_ask is not None:
+            self.handed_ask.left(consumer)
+
     async def unsubscribe_handed(self, consumer: Consumer, handed: list[bytes] | None) -> None:
         """Leave as UNSUBSCRIBE with ``handed`` does (protocol version 3): only the
         deliveries named in ``handed`` (tags the application received and has not

@@ -250,7 +250,7 @@ class Connection:
             pass
         finally:
             for consumer in list(self.subscriptions.values()):
-                self.broker.unsubscribe(consumer)
+                self.broker.subscription_lost(consumer)
             self.subscriptions.clear()
             for consumer in self._left_holding:
                 if consumer.in_flight:

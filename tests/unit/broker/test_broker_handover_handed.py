@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 from broker_helpers import REAL_NOW_MS, RecordingOutbox, open_real_broker
@@ -81,4 +82,38 @@ async def test_a_subscription_that_does_not_answer_is_waited_for_a_bounded_time(
             # Not answered: it counts, as before version 4.
             assert broker.state.get_schedule_entry(key) == (1, None, 0)
             assert hub.in_flight[key].recorded
+            running.cancel_scope.cancel()
+
+
+async def test_a_subscription_whose_connection_closes_is_not_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The leader waited the whole bound for a client that had gone (found by a tester):
+    # with the bound at 60 s, the handover must still end at once.
+    monkeypatch.setattr(handover_handed, "HANDED_WAIT_S", 60.0)
+    async with open_real_broker(tmp_path) as (broker, log):
+        hub, dispatcher = broker.hub, broker.dispatcher
+        async with trio.open_nursery() as running:
+            await running.start(log.run)
+            gid = await log.propose(commands.create_group("t", "g", None, 1))
+            await log.propose(commands.publish(REAL_NOW_MS, [("t", b"m", REAL_NOW_MS, None)]))
+            outbox = RecordingOutbox()
+            asked = Consumer(hub.new_subscription_id(), gid, "t", "g", 1, outbox, 1)
+            asked.asks_handed = True
+            hub.add_consumer(asked)
+            dispatcher.dispatch_once()
+            [[tag, *_]] = outbox.frames[0].deliveries
+            key = hub.find_tags([tag], 1)[0].key
+
+            async def connection_closes() -> None:
+                await trio.testing.wait_all_tasks_blocked()
+                assert outbox.pushes[-1] == frames.Handover(0, asked.subscription_id)
+                broker.subscription_lost(asked)
+
+            with trio.fail_after(10):
+                async with trio.open_nursery() as handing_over:
+                    handing_over.start_soon(connection_closes)
+                    await broker.hold_and_record_deliveries()
+            # Gone without an answer: it counts, as before version 4.
+            assert broker.state.get_schedule_entry(key) == (1, None, 0)
             running.cancel_scope.cancel()
