@@ -637,12 +637,7 @@ class ManageOps:
             if exhausted:
                 job.source += 1
                 job.cursor = None
-        if job.source >= len(job.sources):
-            del self.backfilling[gid]
-            txn.put("meta", BACKFILL_PREFIX + gid.to_bytes(4, "big"), None)
-            effects.append(("g", gid))
-        else:
-            self._store_backfill(txn, job)
+        self._end_or_store_backfill(txn, gid, job, job.source >= len(job.sources), effects)
         return copied
 
     def _backfill_chunk_exact(
@@ -707,13 +702,20 @@ class ManageOps:
             stop = backfilled_key(gid, last_mid)
             for mark, _ in self.store.scan("index", backfilled_key(gid, first_mid), stop):
                 txn.put("index", mark, None)
+        self._end_or_store_backfill(txn, gid, job, ended, effects)
+        return copied
+
+    def _end_or_store_backfill(
+        self, txn: Txn, gid: int, job: BackfillJob, ended: bool, effects: list[tuple[Any, ...]]
+    ) -> None:
+        """After a BACKFILL_GROUP chunk: forget the job of group ``gid`` once ``ended``
+        (its stored key deleted, the group noted as changed), else store its cursor."""
         if ended:
             del self.backfilling[gid]
             txn.put("meta", BACKFILL_PREFIX + gid.to_bytes(4, "big"), None)
             effects.append(("g", gid))
         else:
             self._store_backfill(txn, job)
-        return copied
 
     def _backfill_ahead(
         self,
