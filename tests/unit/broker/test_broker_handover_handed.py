@@ -13,6 +13,8 @@ import trio.testing
 from broker_helpers import REAL_NOW_MS, RecordingOutbox, open_real_broker
 
 from futureq.broker import handover_handed
+from futureq.broker.broker import Broker
+from futureq.broker.command_log import SingleNodeLog
 from futureq.broker.hub import Consumer
 from futureq.state import commands
 from futureq.wire import frames
@@ -58,22 +60,31 @@ async def test_only_the_handed_deliveries_count_and_stay_settleable(tmp_path: Pa
             running.cancel_scope.cancel()
 
 
+async def _one_delivery_out_to_a_v4_subscription(
+    broker: Broker, log: SingleNodeLog
+) -> tuple[Consumer, RecordingOutbox, bytes]:
+    """Publish one message to ``t`` and push it to a new subscription of group ``g``
+    whose connection speaks version 4: the subscription, its outbox and the
+    delivery's schedule key."""
+    hub = broker.hub
+    gid = await log.propose(commands.create_group("t", "g", None, 1))
+    await log.propose(commands.publish(REAL_NOW_MS, [("t", b"m", REAL_NOW_MS, None)]))
+    outbox = RecordingOutbox()
+    asked = Consumer(hub.new_subscription_id(), gid, "t", "g", 1, outbox, 1)
+    asked.asks_handed = True
+    hub.add_consumer(asked)
+    broker.dispatcher.dispatch_once()
+    [[tag, *_]] = outbox.frames[0].deliveries
+    return asked, outbox, hub.find_tags([tag], 1)[0].key
+
+
 async def test_a_subscription_that_does_not_answer_is_waited_for_a_bounded_time(
     tmp_path: Path,
 ) -> None:
     async with open_real_broker(tmp_path) as (broker, log):
-        hub, dispatcher = broker.hub, broker.dispatcher
         async with trio.open_nursery() as running:
             await running.start(log.run)
-            gid = await log.propose(commands.create_group("t", "g", None, 1))
-            await log.propose(commands.publish(REAL_NOW_MS, [("t", b"m", REAL_NOW_MS, None)]))
-            outbox = RecordingOutbox()
-            asked = Consumer(hub.new_subscription_id(), gid, "t", "g", 1, outbox, 1)
-            asked.asks_handed = True
-            hub.add_consumer(asked)
-            dispatcher.dispatch_once()
-            [[tag, *_]] = outbox.frames[0].deliveries
-            key = hub.find_tags([tag], 1)[0].key
+            asked, outbox, key = await _one_delivery_out_to_a_v4_subscription(broker, log)
             started = trio.current_time()
             with trio.fail_after(5):
                 await broker.hold_and_record_deliveries()
@@ -81,7 +92,7 @@ async def test_a_subscription_that_does_not_answer_is_waited_for_a_bounded_time(
             assert waited >= handover_handed.HANDED_WAIT_S  # then it went on
             # Not answered: it counts, as before version 4.
             assert broker.state.get_schedule_entry(key) == (1, None, 0)
-            assert hub.in_flight[key].recorded
+            assert broker.hub.in_flight[key].recorded
             running.cancel_scope.cancel()
 
 
@@ -92,18 +103,9 @@ async def test_a_subscription_whose_connection_closes_is_not_waited_for(
     # with the bound at 60 s, the handover must still end at once.
     monkeypatch.setattr(handover_handed, "HANDED_WAIT_S", 60.0)
     async with open_real_broker(tmp_path) as (broker, log):
-        hub, dispatcher = broker.hub, broker.dispatcher
         async with trio.open_nursery() as running:
             await running.start(log.run)
-            gid = await log.propose(commands.create_group("t", "g", None, 1))
-            await log.propose(commands.publish(REAL_NOW_MS, [("t", b"m", REAL_NOW_MS, None)]))
-            outbox = RecordingOutbox()
-            asked = Consumer(hub.new_subscription_id(), gid, "t", "g", 1, outbox, 1)
-            asked.asks_handed = True
-            hub.add_consumer(asked)
-            dispatcher.dispatch_once()
-            [[tag, *_]] = outbox.frames[0].deliveries
-            key = hub.find_tags([tag], 1)[0].key
+            asked, outbox, key = await _one_delivery_out_to_a_v4_subscription(broker, log)
 
             async def connection_closes() -> None:
                 await trio.testing.wait_all_tasks_blocked()
