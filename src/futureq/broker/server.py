@@ -38,6 +38,7 @@ from futureq.errors import (
 )
 from futureq.metrics import Metrics
 from futureq.peer_credentials import peer_mode
+from futureq.shards import lifeline
 from futureq.shards.heartbeat import heartbeat_fd, send_heartbeats
 from futureq.shards.layout import ShardRole
 from futureq.shards.view import (
@@ -445,7 +446,9 @@ async def serve(
                 raise
             heartbeats = trio.CancelScope()
             if shard is not None:
-                root.start_soon(_stop_when_orphaned, os.getppid(), shutdown)
+                # Its supervisor gone (SIGKILLed): stop as on SIGTERM (shards.lifeline).
+                token, stop_event = trio.lowlevel.current_trio_token(), shutdown
+                lifeline.on_supervisor_gone(lambda: token.run_sync_soon(stop_event.set))
                 beat_fd = heartbeat_fd()
                 if beat_fd is not None:  # the supervisor tells a hung shard by its silence
 
@@ -514,11 +517,11 @@ async def serve(
                 raft_field = f" raft={raft_address}" if clustered else ""
                 if shard is not None:
                     raft_field += f" shard={shard.index}"
-                print(
+                if not _say_ready(
                     f"READY client={client_address} http={http_address}{raft_field} "
-                    f"node_id={config.server.node_id}",
-                    flush=True,
-                )
+                    f"node_id={config.server.node_id}"
+                ):
+                    shutdown.set()  # nobody reads it: a shard whose supervisor is gone
                 task_status.started((client_address, http_address))
                 await shutdown.wait()
                 if handle_signals:
@@ -552,6 +555,8 @@ async def serve(
                 await _stop_http(heartbeats, http_stop, http_stopped)
             root.cancel_scope.cancel()
     finally:
+        if shard is not None:
+            lifeline.on_supervisor_gone(None)
         db.close()
         log.info("stopped; RocksDB closed")
         if handle_signals:
@@ -576,6 +581,22 @@ async def _stop_http(
     http_stop.set()
     with trio.move_on_after(GRACEFUL_TIMEOUT_S + FETCH_DEADLINE_S + 1):  # its grace, bounded
         await http_stopped.wait()
+
+
+def _say_ready(line: str) -> bool:
+    """Print the READY line; False when standard output is a pipe whose reader is gone
+    (a shard's supervisor, killed while the shard started: ``shards.lifeline`` stops
+    it). Before, that ended the shard with ``ERROR Broken pipe``, not gracefully."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        log.warning("cannot say READY: standard output is closed (its reader is gone); stopping")
+        # Python flushes stdout again at exit: point it at /dev/null, quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return False
+    return True
 
 
 def _stopped_while_starting(step: str) -> bool:
@@ -711,22 +732,6 @@ async def _hand_over_leadership(config: Config, node: RaftNode) -> None:
         log.info("leadership handed to node %s before shutting down", new_leader)
     except FutureQError as exc:
         log.warning("could not hand over leadership before shutting down: %s", exc)
-
-
-ORPHAN_CHECK_S = 0.5
-"""How often a shard process checks that its supervisor still runs (s)."""
-
-
-async def _stop_when_orphaned(supervisor_pid: int, shutdown: trio.Event) -> None:
-    """A shard whose supervisor died (it was reparented) shuts down gracefully."""
-    while not shutdown.is_set():
-        await trio.sleep(ORPHAN_CHECK_S)
-        if os.getppid() != supervisor_pid:
-            log.warning(
-                "the supervisor (pid %d) of this shard is gone: shutting down", supervisor_pid
-            )
-            shutdown.set()
-            return
 
 
 async def _watch_signals(

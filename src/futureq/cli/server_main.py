@@ -785,6 +785,10 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
     # From here on the node may be slow to start (RocksDB, its state, the log): a stop
     # signal is remembered and the node stops gracefully at its next check of it.
     early_signals.defer_stop_signals()
+    if shard is not None:  # its supervisor killed: stop, however far the start is
+        from futureq.shards.lifeline import watch_supervisor
+
+        watch_supervisor()
     sharded = config.node.shards > 1
     if shard is not None and not 0 <= shard < config.node.shards:
         print(f"futureq: --shard-index {shard} is not below node.shards", file=sys.stderr)

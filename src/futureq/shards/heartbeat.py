@@ -48,7 +48,7 @@ async def send_heartbeats(fd: int) -> None:
                 os.write(fd, b".")
             except BlockingIOError:
                 pass
-            except OSError:  # EPIPE: the supervisor is gone; _stop_when_orphaned acts
+            except OSError:  # EPIPE: the supervisor is gone; shards.lifeline acts
                 return
             await trio.sleep(HEARTBEAT_S)
     finally:

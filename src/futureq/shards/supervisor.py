@@ -30,9 +30,8 @@ derived by :mod:`futureq.shards.layout`), and
 
 Shards run in their own process group (a terminal's Ctrl-C reaches the supervisor
 only, which sends one SIGTERM); a shard whose supervisor dies notices that it was
-reparented and shuts down gracefully (``futureq.broker.server``), so shards are never
-left running alone. (``PR_SET_PDEATHSIG`` does not do: it fires when the parent
-*thread* ends, and trio spawns processes from worker threads that idle out.)
+reparented and shuts down gracefully (:mod:`futureq.shards.lifeline`), so shards are never
+left running alone, also when it dies while they start.
 
 Source: ``docs/sharding.md``, "Supervision".
 """
@@ -70,6 +69,7 @@ from futureq.early_signals import (
 from futureq.rate_limited_log import RateLimitedLog
 from futureq.shards.heartbeat import HEARTBEAT_FD_ENV, HEARTBEAT_S, SILENT_AFTER_S
 from futureq.shards.layout import note_first_start_ready, shard_data_dir
+from futureq.shards.lifeline import SUPERVISOR_PID_ENV
 from futureq.shards.view import CLIENT_FD_ENV, HTTP_FD_ENV, TOKEN_ENV
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ HEARTBEAT_LINES_PER_MINUTE = 12
 PREVIOUS_RUN_MARGIN_S = 3.0
 """Added to ``server.shutdown_grace_ms`` + :data:`EXTRA_STOP_S` for the longest wait
 for the previous run's shards to stop (:func:`wait_for_previous_shards`): they notice
-their supervisor is gone within ``futureq.broker.server.ORPHAN_CHECK_S`` (s)."""
+their supervisor is gone within ``futureq.shards.lifeline.CHECK_S`` (s)."""
 PREVIOUS_RUN_POLL_S = 0.1
 HTTP_BACKLOG = 100
 """Listen backlog of the node's HTTP socket (hypercorn's default)."""
@@ -212,7 +212,12 @@ class Supervisor:
         self._life_log = RateLimitedLog(log, HEARTBEAT_LINES_PER_MINUTE, "shards' signs of life")
         # The node's internal read token: shard 0 reads the other shards' HTTP
         # endpoints with it (docs/sharding.md, "One operator view"). New every start.
-        self.env = {**os.environ, TOKEN_ENV: secrets.token_urlsafe(32)}
+        # Each shard stops once this pid is no longer its parent (shards.lifeline).
+        self.env = {
+            **os.environ,
+            TOKEN_ENV: secrets.token_urlsafe(32),
+            SUPERVISOR_PID_ENV: str(os.getpid()),
+        }
 
     def _stop(self, code: int, reason: str) -> None:
         if self.stopping:
