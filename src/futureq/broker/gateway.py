@@ -14,8 +14,12 @@ Source: ``docs/protocol.md``; ``docs/operations.md``, "Limits".
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import logging
+import socket
 import ssl
+import struct
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -35,6 +39,8 @@ from .connection import HANDSHAKE_TIMEOUT_S, Connection, closed_log, peer_name
 if TYPE_CHECKING:
     from .broker import Broker
 
+log = logging.getLogger(__name__)
+
 STOPPING = "the node is shutting down; connect to another node or retry later"
 """The UNAVAILABLE refusal of a connection that arrives during a graceful shutdown."""
 SHUTDOWN_DRAIN_S = 2.0
@@ -45,6 +51,19 @@ REFUSE_GRACE_S = 1.0
 """How long a refused connection may take to receive its TOO_MANY_CONNECTIONS (s)."""
 MAX_REFUSING = 64
 """Refused connections being told why at once; beyond, they are closed without a word."""
+BACKLOG_POLL_S = 0.02
+"""Closing a listener gracefully: the backlog is taken as empty once no connection has
+come from it for this long (s)."""
+MAX_BACKLOG_DRAIN_S = 1.0
+"""Closing a listener gracefully: longest the queued connections are taken and refused
+before it closes (s); a client that connects without end cannot hold a stop."""
+MAX_DISCARD_BYTES = 64 * 1024
+"""A refused connection: what the client sent (its HELLO) is read and dropped, up to
+this many bytes, until it closes (s. :func:`_refuse_connection`)."""
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+"""``accept`` errors of a node out of descriptors or memory: waited out, never fatal
+(as ``trio.serve_listeners`` does)."""
+ACCEPT_RETRY_S = 0.1
 MAX_UNGREETED_PER_ADDRESS = 64
 """Connections from one address that may be open without having sent HELLO (and so
 without having authenticated); one more is refused at once. A host that opens
@@ -65,7 +84,11 @@ async def _refuse_connection(
     The ERROR frame (``code``: TOO_MANY_CONNECTIONS, or UNAVAILABLE from a node shutting
     down) is written at once (after the TLS handshake, under TLS), without waiting for
     the HELLO: the client library reads it as the answer to its HELLO and retries later
-    or elsewhere (a 3xx code). The whole refusal takes at most 2 x REFUSE_GRACE_S.
+    or elsewhere (a 3xx code). Over plain TCP the connection is then half-closed and what
+    the client sent is read and dropped until it closes (at most
+    :data:`MAX_DISCARD_BYTES`): a socket closed with unread bytes sends a reset, not a
+    close, which may reach the client before it read the ERROR. The whole refusal takes
+    at most 2 x REFUSE_GRACE_S.
     """
     metrics_closed()
     closed_log.log(logging.WARNING, "connection from %s refused: %s: %s", peer, code.name, message)
@@ -75,10 +98,81 @@ async def _refuse_connection(
             if ssl_context is not None:
                 stream = trio.SSLStream(stream, ssl_context, server_side=True)
             await stream.send_all(data)
+            if isinstance(stream, trio.abc.HalfCloseableStream):
+                await stream.send_eof()
+                dropped = 0
+                while dropped < MAX_DISCARD_BYTES:
+                    chunk = await stream.receive_some(MAX_DISCARD_BYTES)
+                    if not chunk:
+                        break
+                    dropped += len(chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
             pass
     with trio.move_on_after(REFUSE_GRACE_S, shield=True):
         await trio.aclose_forcefully(stream)
+
+
+async def refuse_stopping(stream: trio.SocketStream, ssl_context: ssl.SSLContext | None) -> None:
+    """Tell a client connection the node is shutting down (UNAVAILABLE, :data:`STOPPING`)
+    and close it cleanly: for a process that holds a node's client socket without
+    serving it (a sharded node's supervisor, once its shards stopped)."""
+    await _refuse_connection(
+        stream, peer_name(stream), ErrorCode.UNAVAILABLE, STOPPING, lambda: None, ssl_context
+    )
+
+
+_SO_ATTACH_FILTER = 26
+"""Linux ``SO_ATTACH_FILTER`` (``asm-generic/socket.h``)."""
+_DROP_EVERY_PACKET = struct.pack("HBBI", 0x06, 0, 0, 0)
+"""One classic BPF instruction, ``BPF_RET | BPF_K`` with 0: keep no byte (drop)."""
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+def stop_handshakes(sock: trio.socket.SocketType) -> bool:
+    """Make a listening socket that is about to close drop every packet it receives from
+    now on (Linux: a socket filter): no new connection is queued on it, so its backlog
+    can be emptied (:func:`take_backlog`) before it closes, even while clients keep
+    connecting (a client's SYN is dropped, sent again and then refused once the socket
+    is closed, a clean ``connection refused``). Call only on a socket no other process
+    listens on. Returns False where it cannot be done (another OS): the backlog is then
+    taken as it comes."""
+    program = ctypes.create_string_buffer(_DROP_EVERY_PACKET, len(_DROP_EVERY_PACKET))
+    fprog = _SockFprog(1, ctypes.addressof(program))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, bytes(fprog))
+    except OSError:
+        return False
+    return True
+
+
+async def take_backlog(
+    listener: trio.SocketListener, handle: Callable[[trio.SocketStream], Awaitable[None]]
+) -> int:
+    """Accept the connections queued on ``listener`` and start ``handle`` on each
+    (detached: the caller's nursery runs them), until none came for
+    :data:`BACKLOG_POLL_S` or for at most :data:`MAX_BACKLOG_DRAIN_S`. Call just before
+    closing a listener: a connection still queued when it closes gets a reset, which a
+    client reports as an error, instead of the answer ``handle`` gives. Returns how many
+    were taken."""
+    taken = 0
+    with trio.move_on_after(MAX_BACKLOG_DRAIN_S):
+        while True:
+            stream: trio.SocketStream | None = None
+            with trio.move_on_after(BACKLOG_POLL_S):
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    return taken  # out of descriptors: what is left cannot be answered
+            if stream is None:
+                return taken
+            taken += 1
+            await handle(stream)
+    return taken
 
 
 class ClientGateway:
@@ -130,7 +224,14 @@ class ClientGateway:
         self._drained = trio.Event()
         self._drained.set()
         self.stopping = False
-        """True once :meth:`stop_serving` ran: new connections are refused (UNAVAILABLE)."""
+        """True once :meth:`refuse_new` or :meth:`stop_serving` ran: new connections are
+        refused (UNAVAILABLE)."""
+        self._accepting: set[trio.CancelScope] = set()
+        self._closing = False
+        self._listeners_closed = trio.Event()
+        self._no_refusals = trio.Event()
+        """Set while no refusal is being written (:meth:`close_listeners` waits)."""
+        self._no_refusals.set()
 
     def stop_serving(self) -> None:
         """Graceful shutdown: each connection reads no more requests, answers those it
@@ -169,15 +270,79 @@ class ClientGateway:
             self._drained.set()
 
     async def serve_tcp(
-        self, listeners: list[trio.SocketListener], *, handler_nursery: trio.Nursery | None = None
+        self,
+        listeners: list[trio.SocketListener],
+        *,
+        handler_nursery: trio.Nursery | None = None,
+        shared: bool = False,
     ) -> None:
-        """Accept connections on ``listeners`` until cancelled; one task per connection."""
-        await trio.serve_listeners(
-            self._serve_tcp_stream, listeners, handler_nursery=handler_nursery
-        )
+        """Accept connections on ``listeners`` until :meth:`close_listeners` (then return
+        once they are closed) or cancelled (they close at once); one task per connection,
+        in ``handler_nursery`` (default: one of its own, waited for). Takes ownership of
+        the listeners. ``shared``: another process listens on the same sockets (a shard's
+        supervisor, which holds them for the next incarnation): closing them, this one
+        does not stop their handshakes (:func:`stop_handshakes`)."""
+        try:
+            async with trio.open_nursery() as own:
+                handlers = handler_nursery or own
+                for listener in listeners:
+                    own.start_soon(self._accept, listener, handlers, shared)
+        finally:
+            self._listeners_closed.set()
+
+    def refuse_new(self) -> None:
+        """Graceful shutdown, first step: connections accepted from now on are refused
+        with UNAVAILABLE (the client library retries elsewhere or later); the listeners
+        stay open until :meth:`close_listeners`, so a client connecting meanwhile reads
+        why rather than meeting a reset."""
+        self.stopping = True
+
+    async def close_listeners(self) -> None:
+        """Graceful shutdown, last step: refuse what the listeners' backlogs hold
+        (:func:`take_backlog`), close them, and wait (bounded) for the refusals to be
+        written. Before, the listeners were closed at the start of the stop and the
+        connections queued on them got a reset, which clients reported as an error."""
+        self.stopping = True
+        self._closing = True
+        for scope in list(self._accepting):
+            scope.cancel()
+        with trio.move_on_after(MAX_BACKLOG_DRAIN_S + BACKLOG_POLL_S):
+            await self._listeners_closed.wait()
+        with trio.move_on_after(2 * REFUSE_GRACE_S):
+            await self._no_refusals.wait()
+
+    async def _accept(
+        self, listener: trio.SocketListener, handlers: trio.Nursery, shared: bool
+    ) -> None:
+        async def hand_over(stream: trio.SocketStream) -> None:
+            handlers.start_soon(self._serve_tcp_stream, stream)
+
+        async with listener:
+            with trio.CancelScope() as accepting:
+                self._accepting.add(accepting)
+                try:
+                    while True:
+                        try:
+                            stream = await listener.accept()
+                        except OSError as exc:
+                            if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                                raise
+                            log.error("accept failed: %s; retrying in %g s", exc, ACCEPT_RETRY_S)
+                            await trio.sleep(ACCEPT_RETRY_S)
+                            continue
+                        await hand_over(stream)
+                finally:
+                    self._accepting.discard(accepting)
+            if self._closing:
+                if not shared:
+                    stop_handshakes(listener.socket)
+                await take_backlog(listener, hand_over)
 
     async def _serve_tcp_stream(self, stream: trio.abc.Stream) -> None:
-        await self.serve_stream(stream, peer_name(stream), ssl_context=self.ssl_context)
+        try:
+            await self.serve_stream(stream, peer_name(stream), ssl_context=self.ssl_context)
+        finally:
+            await trio.aclose_forcefully(stream)
 
     async def _refuse(
         self,
@@ -194,10 +359,14 @@ class ClientGateway:
             counted()
             await trio.aclose_forcefully(stream)
             return
+        if self._no_refusals.is_set():
+            self._no_refusals = trio.Event()
         try:
             await _refuse_connection(stream, peer, code, message, counted, ssl_context)
         finally:
             self._refusing.release()
+            if not self._refusing.borrowed_tokens:
+                self._no_refusals.set()
 
     async def serve_stream(
         self,

@@ -4,8 +4,9 @@ Start-up: open RocksDB, load the state, replay log entries written but not appli
 start the command log, the dispatcher, the HTTP endpoints and the client listener,
 then print one line to stdout, ``READY client=HOST:PORT http=HOST:PORT node_id=N``.
 
-Shutdown on SIGTERM or SIGINT (STYLE.md §3, hypercorn's model): stop accepting
-connections, refuse new proposals, let proposals already made finish, stop reading
+Shutdown on SIGTERM or SIGINT (STYLE.md §3, hypercorn's model): refuse new
+connections with UNAVAILABLE (the listeners stay open until the end, then what they
+still queue is refused too, never reset), refuse new proposals, let proposals already made finish, stop reading
 requests and let every answer already owed reach its client (at most
 ``gateway.SHUTDOWN_DRAIN_S`` for one that does not read), stop the dispatcher, close
 RocksDB — all within ``server.shutdown_grace_ms``, then cancel what is left.
@@ -473,13 +474,14 @@ async def serve(
                 root.cancel_scope.cancel()
                 return forced.is_set()
             async with trio.open_nursery() as connections:
-                accepting = trio.CancelScope()
-
-                async def accept() -> None:
-                    with accepting:
-                        await gateway.serve_tcp(listeners, handler_nursery=connections)
-
-                connections.start_soon(accept)
+                connections.start_soon(
+                    functools.partial(
+                        gateway.serve_tcp,
+                        listeners,
+                        handler_nursery=connections,
+                        shared=inherited is not None,  # the supervisor keeps it too
+                    )
+                )
                 if join_accepted is not None and not join_accepted.is_set():
                     # READY says the node is in: a join the cluster refuses (another
                     # cluster id, a member's id, a secret it does not accept) ends the node
@@ -528,7 +530,9 @@ async def serve(
                     early_signals.note_stopped()  # one the watcher misses: the process exits
                 log.info("shutting down: no new connections, finishing proposals in progress")
                 broker.stopping = True
-                accepting.cancel()
+                # Connections that arrive now are told so (UNAVAILABLE: retry elsewhere
+                # or later); the listeners close once the rest is done.
+                gateway.refuse_new()
                 grace_s = config.server.shutdown_grace_ms / 1000
                 with trio.move_on_after(grace_s) as grace:
                     # First deliveries out (or given back) count: the log learns them
@@ -550,6 +554,8 @@ async def serve(
                     log.warning(
                         "shutdown grace period ran out with proposals or answers still in progress"
                     )
+                # What is still queued on the listeners is refused, not reset.
+                await gateway.close_listeners()
                 connections.cancel_scope.cancel()
             if shard is not None:
                 await _stop_http(heartbeats, http_stop, http_stopped)

@@ -46,6 +46,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -271,6 +272,7 @@ class Supervisor:
                     async with trio.open_nursery() as shards:
                         for shard in self.shards:
                             shards.start_soon(self._keep, shard)
+                    await self._refuse_queued()
                     outer.cancel_scope.cancel()
         finally:
             self._kill_all("outlived its supervisor")  # only on a bug: never leave one behind
@@ -286,6 +288,49 @@ class Supervisor:
             codes,
         )
         return self.exit_code
+
+    async def _refuse_queued(self) -> None:
+        """Once every shard exited: tell each connection queued on a client socket the
+        supervisor holds (port 0) that the node is shutting down, then close it. Before,
+        they waited on the socket while the node stopped and got a reset at its exit,
+        which clients reported as an error instead of retrying elsewhere."""
+        held = [kinds["client"] for kinds in self.shard_sockets.values() if "client" in kinds]
+        if not held:
+            return
+        from futureq.broker.gateway import (
+            MAX_BACKLOG_DRAIN_S,
+            REFUSE_GRACE_S,
+            refuse_stopping,
+            stop_handshakes,
+            take_backlog,
+        )
+        from futureq.broker.server import make_ssl_context
+
+        try:
+            ssl_context = make_ssl_context(self.config)
+        except (OSError, ssl.SSLError) as exc:  # its files changed since the start
+            log.warning("cannot refuse the queued client connections over TLS: %s", exc)
+            return
+        with trio.move_on_after(MAX_BACKLOG_DRAIN_S + 2 * REFUSE_GRACE_S):
+            async with trio.open_nursery() as refusals:
+
+                async def refuse(stream: trio.SocketStream) -> None:
+                    refusals.start_soon(refuse_stopping, stream, ssl_context)
+
+                for sock in held:
+                    # A copy: the original is closed with the others when supervise() ends.
+                    listener = trio.SocketListener(
+                        trio.socket.from_stdlib_socket(socket.socket(fileno=os.dup(sock.fileno())))
+                    )
+                    async with listener:
+                        stop_handshakes(listener.socket)
+                        taken = await take_backlog(listener, refuse)
+                    if taken:
+                        log.info(
+                            "told %d connections queued on %s that the node is shutting down",
+                            taken,
+                            join_host_port(*sock.getsockname()[:2]),
+                        )
 
     async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
         async for signum in signals:

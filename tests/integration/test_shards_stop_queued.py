@@ -1,0 +1,130 @@
+"""A sharded node's final stop answers the client connections that arrive meanwhile.
+
+Issue 15, fault 1: on SIGTERM a shard closed its client listener at once. With ports
+chosen by the OS (``--listen 127.0.0.1:0``) the supervisor holds every shard's client
+socket for the node's life, so connections kept being queued on it while the shards
+stopped, unanswered, and got a TCP reset when the supervisor exited: an error for the
+application instead of a "shutting down, retry elsewhere" it retries on. Real
+``futureq start --shards 2`` processes on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from pathlib import Path
+
+from broker_process import BrokerProcess
+
+from futureq.errors import ErrorCode
+from futureq.wire import codec, frames
+
+CLIENTS = 8
+
+
+def _hello(address: str) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=15)
+    sock.sendall(codec.encode_frame(frames.Hello(1, (1,), "test", None), 2**31))
+    return sock
+
+
+def _answer(sock: socket.socket) -> object:
+    """The first frame on ``sock`` (or ``codec.CLOSED``), read on to the connection's
+    end. Raises ConnectionResetError when it ends with a reset, not a clean close."""
+    decoder = codec.FrameDecoder(1 << 20)
+    frame: object = codec.NEED_DATA
+    while frame is codec.NEED_DATA:
+        data = sock.recv(65536)
+        decoder.receive_data(data)
+        frame = decoder.next_frame()
+    while sock.recv(65536):
+        pass
+    return frame
+
+
+def _stall(address: str) -> socket.socket:
+    """A served connection that asks without reading until neither side's buffers take
+    more: the node's graceful stop waits for it (``gateway.SHUTDOWN_DRAIN_S``)."""
+    sock = _hello(address)
+    decoder = codec.FrameDecoder(1 << 20)
+    while (frame := decoder.next_frame()) is codec.NEED_DATA:
+        decoder.receive_data(sock.recv(65536))
+    assert isinstance(frame, frames.HelloOk), frame
+    sock.setblocking(False)
+    request = codec.encode_frame(frames.SlotMap(7), 2**31)
+    stalled_at = time.monotonic() + 1.0
+    while time.monotonic() < stalled_at:
+        try:
+            sock.send(request * 64)
+            stalled_at = time.monotonic() + 1.0  # it still took some: not full yet
+        except BlockingIOError:
+            time.sleep(0.01)
+    return sock
+
+
+def test_connections_arriving_while_a_sharded_node_stops_are_told_not_reset(
+    tmp_path: Path,
+) -> None:
+    """Before: each of these connections got a reset once the supervisor exited
+    (ConnectionResetError here); now each is answered UNAVAILABLE and closed cleanly."""
+    node = BrokerProcess(
+        tmp_path / "data",
+        ["--shards", "2"],
+        {"FUTUREQ_NODE_SHARD_PORT_STRIDE": "1"},
+        shards=None,
+    )
+    # Ports chosen by the OS, so the supervisor holds the shards' client sockets (not
+    # ANY_PORTS itself, which $FUTUREQ_TEST_PORTS would turn into fixed ports).
+    node._port_args = ["--http", "127.0.0.1:0", "--listen", "127.0.0.1:0"]
+    node.start()
+    stalled = _stall(node.client_address)
+    try:
+        assert node.process is not None
+        node.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while "shard=0 futureq.broker.server: shutting down" not in node.stderr_text():
+            assert time.monotonic() < deadline, node.stderr_text()[-3000:]
+            time.sleep(0.02)
+        late = [_hello(node.client_address) for _ in range(CLIENTS)]
+        for sock in late:
+            with sock:
+                frame = _answer(sock)  # a reset raises ConnectionResetError
+            assert isinstance(frame, frames.Error), frame
+            assert frame.code == ErrorCode.UNAVAILABLE
+            assert "shutting down" in frame.message
+        assert node.process.wait(30) == 0
+    finally:
+        stalled.close()
+        node.kill()
+
+
+def test_connections_queued_on_a_stopping_nodes_listener_are_answered_not_reset(
+    tmp_path: Path,
+) -> None:
+    """A node whose process is paused (SIGSTOP) while clients connect: the connections
+    wait in its listener's backlog, then it is stopped (SIGTERM, SIGCONT, as systemd
+    does). Each is served (HELLO_OK, then closed cleanly by the stop) or told
+    UNAVAILABLE; before, those still queued when the listener closed at the start of the
+    stop got a reset. The same code serves a shard with its own ports."""
+    node = BrokerProcess(tmp_path / "data")
+    node.start()
+    assert node.process is not None
+    queued: list[socket.socket] = []
+    try:
+        node.process.send_signal(signal.SIGSTOP)
+        queued = [_hello(node.client_address) for _ in range(CLIENTS * 8)]
+        node.process.send_signal(signal.SIGTERM)
+        node.process.send_signal(signal.SIGCONT)
+        answers = [_answer(sock) for sock in queued]  # a reset raises ConnectionResetError
+        for frame in answers:
+            if isinstance(frame, frames.Error):
+                assert frame.code == ErrorCode.UNAVAILABLE, frame
+            else:
+                assert isinstance(frame, frames.HelloOk), frame
+        assert node.process.wait(30) == 0
+    finally:
+        for sock in queued:
+            sock.close()
+        node.kill()
