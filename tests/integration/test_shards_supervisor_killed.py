@@ -126,3 +126,58 @@ def test_a_stopped_shard_whose_supervisor_is_killed_stops_gracefully(tmp_path: P
                 os.kill(pid, signal.SIGCONT)
                 os.kill(pid, signal.SIGKILL)
         node.kill()
+
+
+def _processes_on(data_dir: Path) -> list[int]:
+    """PIDs of live processes whose command line names ``data_dir``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(data_dir).encode() in cmdline and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_shard_process_that_cannot_be_started_stops_the_node_with_a_sentence(
+    tmp_path: Path,
+) -> None:
+    """The supervisor runs out of descriptors starting its shards (a low ``ulimit -n``).
+    Before: a traceback (an exception group from ``subprocess``), exit 1, and the shard
+    it had started SIGKILLed as having "outlived its supervisor". Now: one sentence, the
+    started shard stopped with SIGTERM, nothing left running. The limit at which the
+    spawn (not RocksDB, not a socket) is what fails depends on the platform: a few are
+    tried."""
+    for limit in (18, 19, 17, 20, 16):
+        data = tmp_path / f"data-{limit}"
+        node = ShardedNode(data)
+        node.open_files = limit
+        try:
+            try:
+                node.start()
+            except RuntimeError:
+                pass
+            else:
+                raise AssertionError(f"the node started with an open-file limit of {limit}")
+            assert node.process is not None
+            log = node.stderr_text()
+            if "cannot start a process for shard" not in log and "os.pipe()" not in log:
+                continue  # something else ran out first at this limit
+            assert node.process.returncode == 1, log[-3000:]
+            assert "Traceback" not in log, log[-3000:]
+            assert "outlived its supervisor" not in log
+            assert "check the open-file and process limits); stopping the node" in log
+            deadline = time.monotonic() + EXIT_DEADLINE_S
+            while _processes_on(data) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _processes_on(data)
+            return
+        finally:
+            for pid in _processes_on(data):
+                os.kill(pid, signal.SIGKILL)
+            node.kill()
+    raise AssertionError("no open-file limit tried made the start of a shard process fail")

@@ -418,7 +418,22 @@ class Supervisor:
         while not self.stopping:
             started = trio.current_time()
             was_ready = shard.ready.is_set()
-            code = await self._run_once(shard)
+            code: int | None
+            try:
+                code = await self._run_once(shard)
+            except OSError as exc:
+                # No process to start (out of descriptors or processes, the interpreter
+                # gone): a clear sentence, and the other shards stop gracefully. Before,
+                # it ended the supervisor with a traceback, SIGKILLing the others.
+                reason = (
+                    f"cannot start a process for shard {shard.index}: {exc.strerror or exc} "
+                    f"({sys.executable}; check the open-file and process limits)"
+                )
+                if not shard.ready.is_set():
+                    self._stop(EXIT_SHARD_FAILED, f"{reason}; stopping the node")
+                    return
+                code = None
+                log.error("%s", reason)
             if self.stopping:
                 return
             lived_s = trio.current_time() - started
