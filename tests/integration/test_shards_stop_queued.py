@@ -44,20 +44,21 @@ def _answer(sock: socket.socket) -> object:
     return frame
 
 
-def _stall(address: str) -> socket.socket:
+def _stall(address: str, request: frames.Frame | None = None) -> socket.socket:
     """A served connection that asks without reading until neither side's buffers take
-    more: the node's graceful stop waits for it (``gateway.SHUTDOWN_DRAIN_S``)."""
+    more: the node's graceful stop waits for it (``gateway.SHUTDOWN_DRAIN_S``), and its
+    requests not read yet wait in the node's socket buffer."""
     sock = _hello(address)
     decoder = codec.FrameDecoder(1 << 20)
     while (frame := decoder.next_frame()) is codec.NEED_DATA:
         decoder.receive_data(sock.recv(65536))
     assert isinstance(frame, frames.HelloOk), frame
     sock.setblocking(False)
-    request = codec.encode_frame(frames.SlotMap(7), 2**31)
+    data = codec.encode_frame(request or frames.SlotMap(7), 2**31) * 64
     stalled_at = time.monotonic() + 1.0
     while time.monotonic() < stalled_at:
         try:
-            sock.send(request * 64)
+            sock.send(data)
             stalled_at = time.monotonic() + 1.0  # it still took some: not full yet
         except BlockingIOError:
             time.sleep(0.01)
@@ -127,4 +128,35 @@ def test_connections_queued_on_a_stopping_nodes_listener_are_answered_not_reset(
     finally:
         for sock in queued:
             sock.close()
+        node.kill()
+
+
+def test_a_connection_the_stop_finishes_ends_with_a_clean_close(tmp_path: Path) -> None:
+    """A client that sent requests the node no longer reads once it stops (the node had
+    stopped reading them: its answers were not read). It reads every answer, then the
+    end of the connection: a clean close. Before, the node closed its socket with those
+    requests unread, which sends a reset: ConnectionResetError after the last answer."""
+    node = BrokerProcess(tmp_path / "data")
+    node.start()
+    assert node.process is not None
+    stalled = _stall(node.client_address, frames.Ping(7))
+    try:
+        node.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while "shutting down: no new connections" not in node.stderr_text():
+            assert time.monotonic() < deadline, node.stderr_text()[-3000:]
+            time.sleep(0.02)
+        stalled.setblocking(True)
+        stalled.settimeout(15)
+        decoder = codec.FrameDecoder(1 << 20)
+        pongs = 0
+        while data := stalled.recv(1 << 20):  # a reset raises ConnectionResetError
+            decoder.receive_data(data)
+            while (frame := decoder.next_frame()) is not codec.NEED_DATA:
+                assert isinstance(frame, frames.Pong), frame
+                pongs += 1
+        assert pongs > 0
+        assert node.process.wait(30) == 0
+    finally:
+        stalled.close()
         node.kill()

@@ -91,6 +91,11 @@ HANDSHAKE_TIMEOUT_S = 10.0
 LEADERSHIP_CLOSE_GRACE_S = 2.0
 """After a leadership change, how long in-progress requests may finish before closing."""
 RECEIVE_BYTES = 256 * 1024
+LINGER_S = 0.5
+"""A connection ended by a graceful shutdown: how long, at most, what the client still
+sends is read and dropped after the server's half-close, until the client closes (s)."""
+LINGER_BYTES = 16 * 1024 * 1024
+"""... and how many bytes at most (the client's unread requests in the socket buffers)."""
 MIN_RECEIVE_BYTES = 4 * 1024
 """A read when the node's inbound budget is (nearly) spent takes at most this much."""
 _connection_ids = itertools.count(1)
@@ -270,6 +275,8 @@ class Connection:
                     closing.message,
                 )
             with trio.move_on_after(1, shield=True):
+                if self._reading.cancel_called and not self._scope.cancel_called:
+                    await _linger(self.stream)
                 await self.stream.aclose()
 
     def _close(self, closing: _Closing) -> None:
@@ -903,3 +910,26 @@ class Connection:
                 await broker.transfer_leadership(frame.node_id)
                 return frames.Ok(frame.request_id, None)
         raise RemoteProtocolError(ErrorCode.INVALID_FRAME, f"{frame.TYPE.name} is not a request")
+
+
+async def _linger(stream: trio.abc.Stream) -> None:
+    """End a connection the server finished (graceful shutdown) with a clean close:
+    half-close it, then read and drop what the client still sends until it closes
+    (at most :data:`LINGER_S`, :data:`LINGER_BYTES`). A socket closed with unread
+    bytes (requests sent after the server stopped reading, or a HELLO not read yet)
+    sends a reset instead of a close: the client saw ECONNRESET after its last answer
+    (or instead of any), an error, where the end of the connection was meant. Nothing
+    for a stream that cannot half-close (TLS, WebSocket)."""
+    if not isinstance(stream, trio.abc.HalfCloseableStream):
+        return
+    with trio.move_on_after(LINGER_S):
+        try:
+            await stream.send_eof()
+            dropped = 0
+            while dropped < LINGER_BYTES:
+                chunk = await stream.receive_some(RECEIVE_BYTES)
+                if not chunk:
+                    return
+                dropped += len(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            return
