@@ -59,7 +59,7 @@ MAX_BACKLOG_DRAIN_S = 1.0
 before it closes (s); a client that connects without end cannot hold a stop."""
 MAX_DISCARD_BYTES = 64 * 1024
 """A refused connection: what the client sent (its HELLO) is read and dropped, up to
-this many bytes, until it closes (s. :func:`_refuse_connection`)."""
+this many bytes, until it closes (see :func:`_refuse_connection`)."""
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 """``accept`` errors of a node out of descriptors or memory: waited out, never fatal
 (as ``trio.serve_listeners`` does)."""
