@@ -110,6 +110,12 @@ def test_a_stopped_shard_whose_supervisor_is_killed_stops_gracefully(tmp_path: P
     assert len(pids) == 2
     try:
         os.kill(pids[1], signal.SIGSTOP)
+        # Stopped for good before its supervisor dies: the kernel continues a stopped
+        # process of a group its parent's death orphans only if it is stopped by then.
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pids[1]}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         node.kill()
         deadline = time.monotonic() + EXIT_DEADLINE_S
         while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
