@@ -407,6 +407,7 @@ class ServerSession(_Session):
         server_version: str,
         shards: int = 1,
         members: Sequence[str] = (),
+        max_prefetch: int | None = None,
     ) -> bytes:
         """Answer the HELLO that :meth:`next_event` returned; the session becomes READY.
 
@@ -419,6 +420,8 @@ class ServerSession(_Session):
             members: Client addresses of the voters of this node's Raft group, this
                 node's included; sent when the negotiated version is 2 or more (at most
                 :data:`~futureq.wire.frames.MAX_MEMBERS`, the first ones kept).
+            max_prefetch: The server's ``limits.max_prefetch`` (deliveries); sent when
+                the negotiated version is 5 or more (None: not sent).
 
         Returns:
             The HELLO_OK frame to write, echoing the HELLO's request id and carrying
@@ -440,6 +443,7 @@ class ServerSession(_Session):
             server_version,
             shards,
             tuple(members[: frames.MAX_MEMBERS]) if self._version >= 2 else None,
+            max_prefetch if self._version >= 5 else None,
         )
         data = codec.encode_frame(answer, self.max_frame_bytes)
         self._pending_hello = None

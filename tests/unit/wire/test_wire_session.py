@@ -90,16 +90,36 @@ def test_handshake_back_to_back() -> None:
     s.receive_data(c.hello())
     assert state(c) is SessionState.AWAIT_HELLO_OK
     hello = next_frame(s)
-    assert hello == frames.Hello(1, (4, 3, 2, 1), "unit", TOKEN)
-    assert s.version == 4 and state(s) is SessionState.AWAIT_HELLO
-    hello_ok = s.accept_hello(3, "10.0.0.3:7450", "0.1.0", members=["10.0.0.3:7450", "h:1"])
+    assert hello == frames.Hello(1, (5, 4, 3, 2, 1), "unit", TOKEN)
+    assert s.version == 5 and state(s) is SessionState.AWAIT_HELLO
+    hello_ok = s.accept_hello(
+        3, "10.0.0.3:7450", "0.1.0", members=["10.0.0.3:7450", "h:1"], max_prefetch=100
+    )
     assert decode_one(hello_ok) == frames.HelloOk(
-        1, 4, 3, "10.0.0.3:7450", MAX_FRAME_BYTES, "0.1.0", 1, ("10.0.0.3:7450", "h:1")
+        1, 5, 3, "10.0.0.3:7450", MAX_FRAME_BYTES, "0.1.0", 1, ("10.0.0.3:7450", "h:1"), 100
     )
     c.receive_data(hello_ok)
     assert next_frame(c) == c.hello_ok
-    assert c.version == 4 and state(c) is SessionState.READY
+    assert c.version == 5 and state(c) is SessionState.READY
     assert state(s) is SessionState.READY
+
+
+def test_max_prefetch_goes_only_to_a_version_5_client() -> None:
+    """HELLO_OK names ``limits.max_prefetch`` from version 5 on; a client of version 4
+    decodes no more than 7 fields after the request id, so it gets exactly those."""
+    for versions, wire in (
+        ((1, 2, 3, 4), [2, 1, 4, 3, None, MAX_FRAME_BYTES, "0.1.0", 1, ["h:1"]]),
+        ((1, 2, 3, 4, 5), [2, 1, 5, 3, None, MAX_FRAME_BYTES, "0.1.0", 1, ["h:1"], 100]),
+    ):
+        s, c = server(), ClientSession(versions=versions)
+        s.receive_data(c.hello())
+        next_frame(s)
+        hello_ok = s.accept_hello(3, None, "0.1.0", members=["h:1"], max_prefetch=100)
+        assert msgpack.unpackb(hello_ok[codec.HEADER_BYTES :]) == wire
+        c.receive_data(hello_ok)
+        answer = next_frame(c)
+        assert isinstance(answer, frames.HelloOk)
+        assert answer.max_prefetch == (100 if max(versions) == 5 else None)
 
 
 def test_a_version_1_client_gets_the_version_1_hello_ok() -> None:
@@ -152,12 +172,12 @@ def test_client_offers_its_versions_highest_first() -> None:
     assert hello.versions == (3, 2, 1)
 
 
-@pytest.mark.parametrize("theirs", [(5,), (0, 5, 6), ()], ids=["newer", "disjoint", "none"])
+@pytest.mark.parametrize("theirs", [(6,), (0, 6, 7), ()], ids=["newer", "disjoint", "none"])
 def test_unsupported_version(theirs: tuple[int, ...]) -> None:
     s = server()
     send_raw(s, frames.Hello(5, theirs))
     error = refused(s, ErrorCode.UNSUPPORTED_VERSION)
-    assert "[1, 2, 3, 4]" in error.message
+    assert "[1, 2, 3, 4, 5]" in error.message
     answer = decode_one(s.error_bytes(error))
     assert answer == frames.Error(5, int(ErrorCode.UNSUPPORTED_VERSION), error.message)
 

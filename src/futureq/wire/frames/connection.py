@@ -50,7 +50,10 @@ class HelloOk:
     (``docs/sharding.md``). ``members``: version 2 only (None in version 1): the client
     addresses (``host:port``) of the voters of the answering node's Raft group, this
     node's included, as far as it knows them; a client keeps them as servers to try
-    when the ones it was given fail (``docs/protocol.md``, "HELLO_OK").
+    when the ones it was given fail (``docs/protocol.md``, "HELLO_OK"). ``max_prefetch``:
+    version 5 only (None before): the server's ``limits.max_prefetch`` (deliveries), the
+    most one subscription has out at once and the largest SUBSCRIBE window it takes; a
+    client keeps its credit within it.
     """
 
     TYPE: ClassVar[FrameType] = FrameType.HELLO_OK
@@ -62,6 +65,7 @@ class HelloOk:
     server_version: str
     shards: int = 1
     members: tuple[str, ...] | None = None
+    max_prefetch: int | None = None
 
     def to_wire(self) -> list[Any]:
         wire: list[Any] = [
@@ -73,7 +77,11 @@ class HelloOk:
             self.max_frame_bytes,
             self.server_version,
         ]
-        if self.members is not None:
+        if self.max_prefetch is not None:
+            wire.append(self.shards)
+            wire.append(list(self.members or ()))
+            wire.append(self.max_prefetch)
+        elif self.members is not None:
             wire.append(self.shards)
             wire.append(list(self.members))
         elif self.shards != 1:
@@ -82,10 +90,10 @@ class HelloOk:
 
     @classmethod
     def from_wire(cls, rid: int, f: list[Any]) -> HelloOk:
-        if not 5 <= len(f) <= 7:
-            _arity("HELLO_OK", f, 7 if len(f) > 7 else 5)
+        if not 5 <= len(f) <= 8:
+            _arity("HELLO_OK", f, 8 if len(f) > 8 else 5)
         members: tuple[str, ...] | None = None
-        if len(f) == 7:
+        if len(f) >= 7:
             listed = _list("HELLO_OK", "members", f[6])
             if len(listed) > MAX_MEMBERS:
                 raise _bad(
@@ -102,6 +110,7 @@ class HelloOk:
             _str("HELLO_OK", "server_version", f[4]),
             _int("HELLO_OK", "shards", f[5], minimum=1) if len(f) >= 6 else 1,
             members,
+            _int("HELLO_OK", "max_prefetch", f[7], minimum=1) if len(f) == 8 else None,
         )
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import enum
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """The highest protocol version this code speaks (``docs/protocol.md``, "Versions")."""
-SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2, 3, 4})
-"""Every version this code speaks: 4 adds HANDOVER (a leader handing over gracefully asks
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2, 3, 4, 5})
+"""Every version this code speaks: 5 adds HELLO_OK's ``max_prefetch`` (the server's
+``limits.max_prefetch``: the most deliveries one subscription has out, and the largest
+SUBSCRIBE window it takes); 4 adds HANDOVER (a leader handing over gracefully asks
 each subscription which deliveries its application was handed; only those count); 3 adds
 UNSUBSCRIBE's ``handed`` (only the deliveries the application saw count); 2 adds the cluster's member addresses to HELLO_OK; 1 is
 still spoken to clients that offer nothing newer (the dashboard, older clients)."""
