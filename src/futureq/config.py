@@ -101,8 +101,11 @@ class LimitsSection:
         max_delay_ms: Largest delay or distance of ``deliver_at_ms`` from now (ms); 10 years.
         max_ttl_ms: Largest time-to-live (ms).
         max_batch_items: Most items in one PUBLISH, ACK or NACK.
-        max_prefetch: Largest ``prefetch`` (window, items) of one SUBSCRIBE. CREDIT
-            granted later is kept whole, up to the protocol's 1,000,000 held.
+        max_prefetch: Most deliveries one subscription has out at once (items),
+            whatever credit it holds, and the largest ``prefetch`` (window) of one
+            SUBSCRIBE of protocol version 5 (HELLO_OK names it; an older client's larger
+            window is taken as credit). CREDIT is kept whole, up to the protocol's
+            1,000,000 held.
         max_connections: Most concurrent client connections.
         max_subscriptions_per_connection: Most subscriptions one connection may hold.
         max_subscriptions: Most subscriptions all connections of the node hold together

@@ -415,8 +415,15 @@ class Broker:
         group: str,
         prefetch: int,
         headers: bool = False,
+        *,
+        protocol_version: int = frames.PROTOCOL_VERSION,
     ) -> Consumer:
         """Join ``group`` of ``topic`` (creating the group if new) with ``prefetch`` credit.
+
+        At most ``limits.max_prefetch`` of its deliveries are out at once, whatever
+        credit it holds. ``protocol_version``: the connection's; below 5 (whose
+        HELLO_OK does not name the limit) a window past ``limits.max_prefetch`` is taken
+        as credit (:func:`~futureq.broker.consumer_requests.most_window`).
 
         Raises:
             RequestError: INVALID_TOPIC, INVALID_GROUP, INVALID_ARGUMENT (prefetch).
@@ -424,7 +431,7 @@ class Broker:
         See :func:`~futureq.broker.consumer_requests.subscribe`.
         """
         return await consumer_requests.subscribe(
-            self, connection_id, outbox, topic, group, prefetch, headers
+            self, connection_id, outbox, topic, group, prefetch, headers, protocol_version
         )
 
     def announce_settings(self, consumer: Consumer) -> None:
@@ -474,9 +481,11 @@ class Broker:
     def grant_credit(self, connection_id: int, subscription_id: int, credit: int) -> None:
         """Add credit to a subscription and wake the dispatcher.
 
-        The credit is kept whole, past ``limits.max_prefetch`` too (which bounds the
-        SUBSCRIBE window), up to :data:`~futureq.wire.validation.MAX_CREDIT` held: what a
-        subscription has out is bounded per connection and per node instead.
+        The credit is kept whole, past ``limits.max_prefetch`` too, up to
+        :data:`~futureq.wire.validation.MAX_CREDIT` held: ``limits.max_prefetch`` bounds
+        the deliveries the subscription has out at once (credit past it is used as
+        settlements free room), as ``max_prefetch_per_connection`` and
+        ``max_deliveries_out`` bound them per connection and per node.
 
         Raises:
             RequestError: UNKNOWN_SUBSCRIPTION or INVALID_ARGUMENT (credit < 1, or

@@ -69,7 +69,7 @@ from futureq.wire.session import (
     SessionState,
 )
 
-from . import manage
+from . import consumer_requests, manage
 from .access import ANONYMOUS, AccessControl, Principal
 from .buffers import EVICT_AFTER_S, NodeBuffers, Outbox, held_bytes
 from .command_log import no_space_error
@@ -474,7 +474,14 @@ class Connection:
                 shards = 1 if shard is None else shard.slot_map.shard_count
                 members = member_client_addresses(self.broker)
                 self._queue(
-                    session.accept_hello(self.broker.node_id, leader, __version__, shards, members)
+                    session.accept_hello(
+                        self.broker.node_id,
+                        leader,
+                        __version__,
+                        shards,
+                        members,
+                        self.limits.max_prefetch,
+                    )
                 )
                 if self._on_hello is not None:
                     self._on_hello()
@@ -696,6 +703,10 @@ class Connection:
             return await self._answer(frame)
         raise NotLeaderError(log_.leader_address())
 
+    def _version(self) -> int:
+        """The protocol version this connection negotiated (1 before HELLO_OK)."""
+        return self.session.version or 1
+
     def _check_prefetch_total(self, prefetch: int) -> None:
         """Refuse a SUBSCRIBE whose ``prefetch`` would take this connection's
         subscriptions past ``limits.max_prefetch_per_connection`` together (those being
@@ -705,8 +716,11 @@ class Connection:
         Raises:
             RequestError: INVALID_ARGUMENT, naming the limit, the total and what to do.
         """
-        if not 1 <= prefetch <= self.limits.max_prefetch:
+        if not 1 <= prefetch <= consumer_requests.most_window(self.limits, self._version()):
             return  # its range check (broker.subscribe) answers that
+        # What the subscription may have out (an older client's window past
+        # limits.max_prefetch is taken, but no more than that goes out).
+        prefetch = min(prefetch, self.limits.max_prefetch)
         limit = self.limits.max_prefetch_per_connection
         held = self._subscribing_prefetch + sum(
             consumer.prefetch for consumer in self.subscriptions.values() if not consumer.closed
@@ -793,8 +807,9 @@ class Connection:
                         "ones or ask the operator to raise the limit",
                     )
                 self._check_prefetch_total(frame.prefetch)
+                counted = min(frame.prefetch, self.limits.max_prefetch)
                 self._subscribing += 1
-                self._subscribing_prefetch += frame.prefetch
+                self._subscribing_prefetch += counted
                 broker.subscribes_in_flight += 1
                 try:
                     consumer = await broker.subscribe(
@@ -804,10 +819,11 @@ class Connection:
                         frame.group,
                         frame.prefetch,
                         frame.headers,
+                        protocol_version=self._version(),
                     )
                 finally:
                     self._subscribing -= 1
-                    self._subscribing_prefetch -= frame.prefetch
+                    self._subscribing_prefetch -= counted
                     broker.subscribes_in_flight -= 1
                 # Version 4 answers HANDOVER (docs/protocol.md, "Versions").
                 consumer.asks_handed = (self.session.version or 1) >= 4

@@ -15,18 +15,38 @@ from typing import TYPE_CHECKING
 
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
-from futureq.wire import validation
+from futureq.wire import frames, validation
 
 from . import publishing
 from .hub import Consumer, InFlight, Outbox
 
 if TYPE_CHECKING:
+    from futureq.config import LimitsSection
+
     from .broker import Broker
 
 log = logging.getLogger(__name__)
 
 MAX_NACK_REASON_BYTES = 256
 """Longest NACK reason text (UTF-8 bytes): it is stored with the entry and in headers."""
+
+
+FIRST_VERSION_TOLD_MAX_PREFETCH = 5
+"""The protocol version whose HELLO_OK carries ``max_prefetch``: its clients know the
+limit, so a SUBSCRIBE window past it is refused. An older client cannot know it (and
+the reference client of version 3 subscribed a pull fetch with its whole count as the
+window): its window past the limit is taken as credit, and no more than the limit goes
+out (``docs/protocol.md``, SUBSCRIBE)."""
+
+
+def most_window(limits: LimitsSection, protocol_version: int) -> int:
+    """The largest SUBSCRIBE ``prefetch`` a connection of ``protocol_version`` may ask
+    for (items): ``limits.max_prefetch`` from version 5 on, else the protocol's
+    :data:`~futureq.wire.validation.MAX_CREDIT` (the window is then credit, and what
+    goes out stays within ``limits.max_prefetch``)."""
+    if protocol_version >= FIRST_VERSION_TOLD_MAX_PREFETCH:
+        return limits.max_prefetch
+    return validation.MAX_CREDIT
 
 
 async def subscribe(
@@ -37,15 +57,22 @@ async def subscribe(
     group: str,
     prefetch: int,
     headers: bool = False,
+    protocol_version: int = frames.PROTOCOL_VERSION,
 ) -> Consumer:
     """The work of :meth:`Broker.subscribe` (its docstring: arguments, result, errors)."""
     max_prefetch = broker.config.limits.max_prefetch
-    if not 1 <= prefetch <= max_prefetch:
+    most = most_window(broker.config.limits, protocol_version)
+    if not 1 <= prefetch <= most:
+        if most == max_prefetch:
+            why = (
+                f"(this server's limits.max_prefetch is {max_prefetch}); subscribe with a "
+                "smaller window and grant more with CREDIT as deliveries are settled"
+            )
+        else:
+            why = f"(the most credit one subscription may hold is {most})"
         raise RequestError(
             ErrorCode.INVALID_ARGUMENT,
-            f"prefetch must be between 1 and {max_prefetch}, got {prefetch} (this server's "
-            f"limits.max_prefetch is {max_prefetch}); subscribe with a smaller window and "
-            "grant more with CREDIT as deliveries are settled",
+            f"prefetch must be between 1 and {most}, got {prefetch} {why}",
         )
     info = await broker.ensure_group(topic, group)
     broker._require_leader()
@@ -62,8 +89,9 @@ async def subscribe(
         connection_id,
         outbox,
         prefetch,
-        prefetch=prefetch,
+        prefetch=min(prefetch, max_prefetch),
         headers=headers,
+        max_out=max_prefetch,
     )
     broker.hub.add_consumer(consumer)
     broker.dispatcher.kick()

@@ -396,8 +396,13 @@ def deliver(
             left = budget - delivered - skipped
             if left < 1:
                 break
-            # Nor past the connection's room (limits.max_prefetch_per_connection).
-            wanted = int(min(consumer.credit, share, left, hub.room_for(consumer)))
+            # Nor past its own room (credit, and limits.max_prefetch out at once), nor
+            # past the connection's (limits.max_prefetch_per_connection).
+            own = consumer.room()
+            if own < 1:
+                runtime.ready.pop(consumer, None)  # back once one of its own drops
+                continue
+            wanted = int(min(own, share, left, hub.room_for(consumer)))
             if wanted < 1:
                 hub.skip_capped(consumer, runtime)
                 continue
@@ -491,11 +496,7 @@ def deliver(
                     Staged(consumer, [flights[i] for i in later], [deliveries[i] for i in later])
                 )
                 staged_any = True
-        consumers = [
-            c
-            for c in consumers
-            if c.credit > 0 and not c.closed and c.outbox.has_room() and hub.room_for(c) > 0
-        ]
+        consumers = [c for c in consumers if c.may_receive() and hub.room_for(c) > 0]
     if staged_any:
         dispatcher._staged_changed.set()
     return delivered

@@ -80,6 +80,8 @@ class Consumer:
         headers: Its DELIVER items carry each message's headers (SUBSCRIBE asked).
         asks_handed: Its connection speaks protocol version 4: a leader handing over
             gracefully asks it which deliveries were handed (HANDOVER).
+        max_out: Most of its deliveries out at once (``limits.max_prefetch``), whatever
+            credit it holds: credit past it waits until settlements free room.
     """
 
     subscription_id: int
@@ -95,6 +97,22 @@ class Consumer:
     settings: tuple[int, int] | None = None
     headers: bool = False
     asks_handed: bool = False
+    max_out: float = math.inf
+
+    def may_receive(self) -> bool:
+        """True when it may be pushed a delivery now: credit, room under
+        :attr:`max_out`, and room in its connection's buffer."""
+        return (
+            self.credit > 0
+            and len(self.in_flight) < self.max_out
+            and not self.closed
+            and self.outbox.has_room()
+        )
+
+    def room(self) -> float:
+        """How many deliveries it may be pushed now, as far as its credit and
+        :attr:`max_out` go (>= 0; the connection's and node's bounds come on top)."""
+        return max(0, min(self.credit, self.max_out - len(self.in_flight)))
 
     def send(self, frame: frames.Frame) -> bool:
         """Queue a frame for the consumer; a connection that cannot take it is closed.
@@ -223,7 +241,7 @@ class GroupRuntime:
         ready = self.ready
         while ready:
             c = next(iter(ready))
-            if c.credit > 0 and not c.closed and c.outbox.has_room():
+            if c.may_receive():
                 return True
             del ready[c]
         return False
@@ -244,7 +262,7 @@ class GroupRuntime:
         found: list[Consumer] = []
         unable: list[Consumer] = []
         for c in ready:
-            if c.credit > 0 and not c.closed and c.outbox.has_room():
+            if c.may_receive():
                 found.append(c)
                 if len(found) >= limit:
                     break
@@ -524,7 +542,12 @@ class Hub:
     def _drop(self, key: bytes) -> InFlight | None:
         flight = self.in_flight.pop(key, None)
         if flight is not None:
-            flight.consumer.in_flight.discard(key)
+            consumer = flight.consumer
+            consumer.in_flight.discard(key)
+            if len(consumer.in_flight) + 1 == consumer.max_out and consumer.credit > 0:
+                # It was at limits.max_prefetch out, so it left its group's turn with
+                # credit in hand: room again (a pull fetch's credit past the limit).
+                self.wake(consumer)
             runtime = self.groups.get(flight.group_id)
             if runtime is not None:
                 runtime.in_flight_count -= 1
