@@ -113,6 +113,17 @@ async def _consume(
                 )
             except RequestError as exc:
                 raise _window_error(exc, args, prefetch) from None
+            if args.no_ack and args.count is not None and sub.window < prefetch:
+                # The server took a smaller window (its limits.max_prefetch): no more
+                # than that is ever out, and with --no-ack nothing printed is settled,
+                # so the rest would never come (the consume would end idle, short).
+                raise RequestError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"this server's limits.max_prefetch is {sub.window}: no more deliveries "
+                    "than that are out at once, and with --no-ack every message printed "
+                    f"stays out until the end, so --count {args.count} cannot be printed; "
+                    f"give a --count of at most {sub.window}, or drop --no-ack",
+                )
         if interrupt.requested:
             return
         while args.count is None or received < args.count:

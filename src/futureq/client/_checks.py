@@ -261,15 +261,6 @@ credit any server lets one subscription hold (``limits.max_prefetch`` is at most
 credits summed from it would soon pass what the protocol's integers carry."""
 
 
-SERVER_MAX_PREFETCH: Final = 10_000
-"""A server's ``limits.max_prefetch`` by default. Older servers cut the credit one
-subscription held to it, dropping the rest (servers now keep every credit, up to
-``MAX_CREDIT`` held; ``docs/protocol.md``, "Flow control"). So a pull
-fetch keeps at most this much credit out (or its subscription's ``prefetch``, which the
-server accepted): asking for more, it believed credit out that the server had dropped,
-and waited for it for good."""
-
-
 def _shown(value: Any) -> str:
     """``repr(value)``, cut short: ``10**400`` would print 401 digits."""
     text = repr(value)

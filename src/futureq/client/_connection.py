@@ -238,6 +238,9 @@ class Connection:
         members: Client addresses of the voters of the server's Raft group (HELLO_OK,
             protocol version 2); empty from a server speaking version 1.
         protocol_version: The protocol version the server chose (HELLO_OK).
+        max_prefetch: The server's ``limits.max_prefetch`` (HELLO_OK, protocol version
+            5; items): the most deliveries one subscription has out and the largest
+            SUBSCRIBE window it takes. None from an older server, which does not say.
     """
 
     def __init__(
@@ -261,6 +264,7 @@ class Connection:
         self.protocol_version = hello.version
         # Members are a version 2 field: a version 1 answer carrying them is ignored.
         self.members: tuple[str, ...] = (hello.members or ()) if hello.version >= 2 else ()
+        self.max_prefetch: int | None = hello.max_prefetch if hello.version >= 5 else None
         self._on_push = on_push
         self._requests: RequestTable[_Waiter] = RequestTable()
         self._write_send, self._write_receive = anyio.create_memory_object_stream[bytes](

@@ -202,7 +202,22 @@ class ConsumingClient(ClientBase):
         async with sub._lock:
             if sub.epoch == self._live_epoch() and sub.subscription_id is not None:
                 return
-            credit = prefetch if prefetch is not None else sub.prefetch
+            wanted = prefetch if prefetch is not None else sub.prefetch
+            windows: dict[int, int] = {}
+            unnamed: list[bool] = []  # per attempt: the server did not name its limit
+
+            def make_frame(rid: int) -> frames.Subscribe:
+                # A server that names its limit (version 5) takes no window past it,
+                # and has no more than it out to one subscription anyway: ask for what
+                # it gives (before, subscribe(prefetch=500) on a node with
+                # limits.max_prefetch 100 was refused). One that does not name it
+                # refuses a window past it, as it always did.
+                conn = self._live_connection()
+                limit = None if conn is None else conn.max_prefetch
+                unnamed.append(limit is None)
+                window = windows[rid] = wanted if limit is None else min(wanted, limit)
+                return frames.Subscribe(rid, sub.topic, sub.group, window, headers=True)
+
             leaving = sub._leaving
             if leaving is not None and leaving[0] == self._live_epoch():
                 with anyio.move_on_after(UNSUBSCRIBE_GRACE_S):
@@ -224,14 +239,29 @@ class ConsumingClient(ClientBase):
                     handed: list[bytes] | None = [] if conn.protocol_version >= 3 else None
                     conn.request_nowait(lambda rid: frames.Unsubscribe(rid, orphan, handed))
                     return
-                sub._bind(conn.epoch, frame.subscription_id, credit)
+                sub._bind(conn.epoch, frame.subscription_id, windows[frame.request_id])
 
-            answer = await self._call(
-                lambda rid: frames.Subscribe(rid, sub.topic, sub.group, credit, headers=True),
-                retry_unknown=True,
-                deadline=deadline,
-                on_answer=bind,
-            )
+            try:
+                answer = await self._call(
+                    make_frame, retry_unknown=True, deadline=deadline, on_answer=bind
+                )
+            except RequestError as exc:
+                if not (
+                    sub._pull
+                    and exc.code is ErrorCode.INVALID_ARGUMENT
+                    and wanted > 1
+                    and unnamed
+                    and unnamed[-1]
+                ):
+                    raise
+                # A server older than protocol version 5 refuses a window past its
+                # limits.max_prefetch and does not say the limit: a pull subscription
+                # then takes the window every server takes (1), and its fetches keep
+                # no more than that out (Subscription.fetch), receiving in rounds.
+                wanted = 1
+                answer = await self._call(
+                    make_frame, retry_unknown=True, deadline=deadline, on_answer=bind
+                )
             _expect(answer, frames.SubscribeOk)
 
     async def _resubscribe(self, sub: Subscription, prefetch: int | None = None) -> None:

@@ -265,6 +265,10 @@ class Subscription:
         self.epoch = 0
         self.subscription_id: int | None = None
         self._credit = 0  # the server's credit for us, as far as we can tell
+        self._window = 0
+        """The window (SUBSCRIBE ``prefetch``) the server took for the bound
+        subscription: credit within it is never cut, even by a server older than
+        protocol version 5 (which cut credit held past its ``limits.max_prefetch``)."""
         self._outstanding = 0  # pushed to us and not settled, revoked or voided
         self._closed = False
         self._paused = False
@@ -291,6 +295,7 @@ class Subscription:
         self.epoch = epoch
         self.subscription_id = subscription_id
         self._credit = credit
+        self._window = credit
         self._outstanding = 0
         if self._pull:
             # The SUBSCRIBE's credit is what the (first) fetch wants: what it brings
@@ -503,6 +508,21 @@ class Subscription:
         self._credit += len(fresh)
         conn.send_control(frames.Credit(0, self.subscription_id, len(fresh)))
 
+    def _most_credit(self, conn: Connection | None) -> int:
+        """The most credit a pull fetch may hold on ``conn`` (items; may be <= 0).
+
+        A server naming its ``limits.max_prefetch`` (protocol version 5) has at most
+        that many deliveries out to the subscription, so credit past the limit less
+        those unsettled would only bring deliveries after the fetch returned. One that
+        does not name it cut credit held past it without a word (found by a tester:
+        a fetch of 500 on a node with ``max_prefetch`` 100 believed 400 credits out
+        that the server had dropped, and every later fetch received nothing): only the
+        window it took for the subscription is sure to be kept.
+        """
+        if conn is not None and conn.max_prefetch is not None:
+            return conn.max_prefetch - self._outstanding
+        return self._window
+
     def _hand_out(self, delivery: Delivery) -> Delivery:
         self._handed[delivery.tag] = delivery
         return delivery
@@ -524,6 +544,14 @@ class Subscription:
     def closed(self) -> bool:
         """True once the ``subscribe`` block was left."""
         return self._closed
+
+    @property
+    def window(self) -> int:
+        """The window (items) the server took for the subscription when it last
+        subscribed: :attr:`prefetch`, or less where the server's ``limits.max_prefetch``
+        is lower (a server of protocol version 5 names it, and has no more than it out
+        to one subscription); 0 before the first SUBSCRIBE was answered."""
+        return self._window
 
     @property
     def buffered(self) -> int:
@@ -579,13 +607,20 @@ class Subscription:
     async def fetch(self, count: int, timeout_s: float) -> list[Delivery]:
         """Pull mode: receive up to ``count`` deliveries, holding nothing beyond them.
 
-        Grants the server exactly the credit still wanted, returns once ``count``
-        arrived or none arrived for ``timeout_s`` seconds; deliveries that arrive
-        after that are released at once (due again, not counted as an attempt). At
-        most the larger of the subscription's ``prefetch`` and 10,000 credits are out
-        at once (older servers cut credit held past their ``limits.max_prefetch``,
-        10,000 by default); a larger ``count`` is received in rounds. A server keeps
-        every credit granted; what it has out to one connection is bounded by its
+        Grants the server the credit still wanted and returns once ``count`` arrived,
+        once the subscription holds the server's ``limits.max_prefetch`` deliveries
+        unsettled (none comes until some are settled: a ``count`` above the limit
+        returns at most the limit, without waiting for ``timeout_s``), or once none
+        arrived for ``timeout_s`` seconds; deliveries that arrive after that are
+        released at once (due again, not counted as an attempt).
+
+        Credit out never passes what the server keeps: the server's
+        ``limits.max_prefetch`` less the deliveries unsettled (protocol version 5
+        names it in HELLO_OK). A server older than that does not name it and cut
+        credit held past it without a word, so against one a fetch keeps at most the
+        window the server took for the subscription out (1 for ``SyncClient.consume``):
+        slower, one round trip per window, but never waiting for credit the server
+        dropped. What one connection has out is bounded too, by the server's
         ``limits.max_prefetch_per_connection``.
 
         Raises:
@@ -625,14 +660,11 @@ class Subscription:
                 if want == 0:
                     break
                 self._fetching = want
-                # Never more credit out than the server may hold (it drops the rest):
-                # a fetch of 15,000 on a default server believed 5,000 credits out that
-                # the server had dropped, and every later fetch of up to 5,000 asked
-                # for nothing and received nothing (found by a tester). More than that
-                # comes in rounds.
-                most = max(self.prefetch, _checks.SERVER_MAX_PREFETCH)
-                need = min(want, most) - self._credit
                 conn = self._client._live_connection()
+                most = self._most_credit(conn)
+                if out and most <= 0 and conn is not None and conn.max_prefetch is not None:
+                    break  # the server's limit is out: nothing comes until some settle
+                need = min(want, most) - self._credit
                 if need > 0 and conn is not None and self.subscription_id is not None:
                     from futureq.wire import frames  # noqa: PLC0415
 

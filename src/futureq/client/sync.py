@@ -50,9 +50,6 @@ STARTUP_EXTRA_S: Final = 5.0
 """Slack on top of the time opening may take when waiting for the thread to connect (s)."""
 JOIN_TIMEOUT_S: Final = 10.0
 """Longest :meth:`SyncClient.close` waits for the background thread to end (s)."""
-PULL_SUBSCRIBE_PREFETCH: Final = 1
-"""The window (items) of a ``consume`` subscription's SUBSCRIBE: every server takes it
-(``limits.max_prefetch`` is at least 1); each fetch grants what it wants with CREDIT."""
 
 
 @attrs.frozen(repr=False)
@@ -592,11 +589,13 @@ class SyncClient:
         if sub is None or sub.closed:
             if self._open_send is None:
                 raise ClientClosedError(CLOSED_MESSAGE)
-            # The SUBSCRIBE's window is 1, which every server takes (``limits.max_prefetch``
-            # is >= 1); the fetch grants the rest with CREDIT. Found by a tester: a
-            # first consume(count=500) on a server with max_prefetch 100 was refused
-            # with "prefetch must be between 1 and 100, got 500", a prefetch never given.
-            request = _OpenRequest(topic, group, PULL_SUBSCRIBE_PREFETCH)
+            # The SUBSCRIBE's window is the count, cut to the server's limits.max_prefetch
+            # where the server names it (protocol version 5); an older server that
+            # refuses it gets a window of 1, which every server takes
+            # (ConsumingClient._subscribe_on_live). Found by a tester: a first
+            # consume(count=500) on a server with max_prefetch 100 was refused with
+            # "prefetch must be between 1 and 100, got 500", a prefetch never given.
+            request = _OpenRequest(topic, group, count)
             try:
                 await self._open_send.send(request)
             except trio.ClosedResourceError:

@@ -17,8 +17,9 @@ from futureq.wire import frames
 class FakeConnection:
     """Records the control frames the subscription sends."""
 
-    def __init__(self, epoch: int = 1) -> None:
+    def __init__(self, epoch: int = 1, max_prefetch: int | None = None) -> None:
         self.epoch = epoch
+        self.max_prefetch = max_prefetch  # HELLO_OK's (version 5); None: an older server
         self.sent: list[frames.Frame] = []
 
     def send_control(self, frame: frames.Frame) -> None:
@@ -60,8 +61,10 @@ def _tag(n: int) -> bytes:
     return n.to_bytes(24, "big")
 
 
-def _bound(pull: bool = False, prefetch: int = 5) -> tuple[Subscription, FakeConnection]:
-    conn = FakeConnection()
+def _bound(
+    pull: bool = False, prefetch: int = 5, max_prefetch: int | None = None
+) -> tuple[Subscription, FakeConnection]:
+    conn = FakeConnection(max_prefetch=max_prefetch)
     sub = Subscription(FakeClient(conn), "t", "g", prefetch, pull=pull)  # type: ignore[arg-type]
     sub._bind(1, 7, prefetch)
     return sub, conn
@@ -113,7 +116,7 @@ async def test_an_ended_subscription_voids_its_deliveries_and_ends_iteration() -
 
 
 async def test_pull_fetch_asks_for_what_it_still_wants_and_gives_back_the_rest() -> None:
-    sub, conn = _bound(pull=True, prefetch=3)
+    sub, conn = _bound(pull=True, prefetch=3, max_prefetch=10)
     sub._receive(1, _deliver(7, [_tag(1)]))
     async with trio.open_nursery() as nursery:
         got: list[Any] = []
@@ -261,40 +264,62 @@ async def test_a_late_confirmation_after_a_refused_retry_gives_the_credit_back()
     assert sub._credit == 2 and conn.credits() == []
 
 
-async def test_a_pull_fetch_never_keeps_more_credit_out_than_a_server_holds() -> None:
+async def test_a_pull_fetch_keeps_no_credit_out_past_the_server_s_max_prefetch() -> None:
     """Found by a tester: a fetch of more than the server's ``limits.max_prefetch``
-    (10,000 by default) counted all of its credit as out, though the server drops what
-    passes its limit; once the server's credit was spent, the client believed the rest
-    was still owed, and every later fetch of up to that many asked for nothing and
-    received nothing while messages were due. Now a fetch keeps at most that much out
-    and receives a larger count in rounds."""
-    sub, conn = _bound(pull=True, prefetch=2)
-    sub._receive(1, _deliver(7, [_tag(1), _tag(2)]))
-    assert len(await sub.fetch(2, timeout_s=0)) == 2
+    counted all of its credit as out, though an older server drops what passes its
+    limit; once the server's credit was spent, the client believed the rest was still
+    owed, and every later fetch asked for nothing and received nothing while messages
+    were due. A server of protocol version 5 names its limit (HELLO_OK): credit out
+    stays within it, less the deliveries unsettled, and once the subscription holds
+    the limit unsettled the fetch returns what it has (nothing more can come)."""
+    sub, conn = _bound(pull=True, prefetch=1, max_prefetch=100)
     got: list[Any] = []
     async with trio.open_nursery() as nursery:
 
         async def fetch() -> None:
-            got.extend(await sub.fetch(15_000, timeout_s=0.2))
+            got.extend(await sub.fetch(500, timeout_s=5))
 
         nursery.start_soon(fetch)
         await trio.testing.wait_all_tasks_blocked()
-        assert conn.credits() == [10_000]  # before: [15000], 5,000 of it dropped
-        # The server's credit is spent: the next round asks for the rest.
-        sub._receive(1, _deliver(7, [_tag(10 + n) for n in range(10_000)]))
+        assert conn.credits() == [99]  # 1 held from SUBSCRIBE; before: [499]
+        sub._receive(1, _deliver(7, [_tag(n) for n in range(100)]))
         await trio.testing.wait_all_tasks_blocked()
-        assert conn.credits() == [5_000]
-    assert len(got) == 10_000  # the rest never came: the round timed out
+        assert len(got) == 100  # at the limit: returned at once, not after 5 s
     later: list[Any] = []
     async with trio.open_nursery() as nursery:
 
-        async def fetch_three() -> None:
-            later.extend(await sub.fetch(3, timeout_s=5))
+        async def fetch_more() -> None:
+            later.extend(await sub.fetch(500, timeout_s=5))
 
-        nursery.start_soon(fetch_three)
+        nursery.start_soon(fetch_more)
         await trio.testing.wait_all_tasks_blocked()
-        # 5,000 credits are out (the server holds them): nothing more is asked, and
-        # what they bring is received.
-        assert conn.credits() == []
-        sub._receive(1, _deliver(7, [_tag(20_000 + n) for n in range(3)]))
-    assert len(later) == 3
+        assert conn.credits() == []  # 100 unsettled: no room, nothing asked
+        sub._settled(conn, got[:30], "ack")  # type: ignore[arg-type]
+        sub._wake()
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.credits() == [30]  # room for 30 again
+        sub._receive(1, _deliver(7, [_tag(1_000 + n) for n in range(30)]))
+    assert len(later) == 30
+
+
+async def test_a_pull_fetch_on_an_older_server_keeps_only_its_window_out() -> None:
+    """A server older than protocol version 5 does not name its ``limits.max_prefetch``
+    and cut credit held past it without a word: only the window it took in SUBSCRIBE is
+    sure to be kept, so a fetch keeps no more than that out and receives the rest in
+    rounds (before: 10,000 out, and a server whose limit was 100 dropped 9,900 of it,
+    the fetches after that receiving nothing)."""
+    sub, conn = _bound(pull=True, prefetch=2)
+    got: list[Any] = []
+    async with trio.open_nursery() as nursery:
+
+        async def fetch() -> None:
+            got.extend(await sub.fetch(500, timeout_s=0.2))
+
+        nursery.start_soon(fetch)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.credits() == []  # the window's 2 are out already
+        for round_ in range(3):
+            sub._receive(1, _deliver(7, [_tag(2 * round_), _tag(2 * round_ + 1)]))
+            await trio.testing.wait_all_tasks_blocked()
+            assert conn.credits() == [2]  # the next round, never more than the window
+    assert len(got) == 6

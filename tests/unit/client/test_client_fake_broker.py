@@ -56,8 +56,13 @@ class FakeBroker:
         max_batch: int = 10_000,
         leaderless: bool = False,
         members: tuple[str, ...] | None = None,
+        cut_credit_at: int | None = None,
     ) -> None:
         self.redirect_to = redirect_to
+        self.cut_credit_at = cut_credit_at
+        """As a server older than protocol version 5 with this ``limits.max_prefetch``:
+        it refuses a SUBSCRIBE window past it, and cuts credit held to it without a
+        word (it does not name it in HELLO_OK)."""
         self.leaderless = leaderless
         self.members = members  # None: answer HELLO as a protocol version 1 server
         self.token = token
@@ -156,6 +161,10 @@ class FakeBroker:
             await conn.send(frames.PublishOk(rid, first, len(valid)))
             await self.dispatch()
         elif isinstance(frame, frames.Subscribe):
+            if self.cut_credit_at is not None and frame.prefetch > self.cut_credit_at:
+                message = f"prefetch must be between 1 and {self.cut_credit_at}"
+                await conn.send(frames.Error(rid, ErrorCode.INVALID_ARGUMENT, message))
+                return
             sub_id = self.next_sub
             self.next_sub += 1
             if frame.group not in self.topic_groups[frame.topic]:
@@ -170,7 +179,10 @@ class FakeBroker:
             await conn.send(frames.SubscribeOk(rid, sub_id))
             await self.dispatch()
         elif isinstance(frame, frames.Credit):
-            conn.subs[frame.subscription_id]["credit"] += frame.credit
+            sub = conn.subs[frame.subscription_id]
+            sub["credit"] += frame.credit
+            if self.cut_credit_at is not None:
+                sub["credit"] = min(sub["credit"], self.cut_credit_at)
             await self.dispatch()
         elif isinstance(frame, frames.Ack) and self.unavailable_acks > 0:
             self.unavailable_acks -= 1
@@ -813,3 +825,27 @@ async def test_a_leader_handing_over_is_told_what_the_application_was_handed() -
             [unsubscribe] = fake.settling
             assert unsubscribe.handed is not None
             assert set(unsubscribe.handed) == {d.tag for d in again}
+
+
+@on_both_backends
+async def test_pull_fetches_on_an_older_server_with_a_low_limit_never_stall() -> None:
+    """A server older than protocol version 5 does not name its ``limits.max_prefetch``,
+    refuses a SUBSCRIBE window past it and cuts credit held past it without a word.
+    Before: the client subscribed with 1, granted 499 for ``fetch(500)``, the server
+    kept 99 of it, and the client, believing 400 credits out, asked for nothing more:
+    every later fetch of up to 400 returned nothing while messages waited. Now a
+    refused window falls back to 1 and a fetch keeps no more than the window out."""
+    async with serving(members=("fake:1",), cut_credit_at=100) as broker:
+        broker.hello_version = 4
+        async with _client(broker.address) as client:
+            await client.publish_batch([PublishItem("t", f"m{n}".encode()) for n in range(300)])
+            # Before: the window of 500 was refused (RequestError INVALID_ARGUMENT).
+            async with client.subscribe("t", "g", prefetch=500, pull=True) as sub:
+                assert sub.window == 1
+                seen = []
+                for count in (150, 50, 100):
+                    got = await sub.fetch(count, timeout_s=5)
+                    assert len(got) == count, (count, len(got))
+                    await sub.ack(got)
+                    seen.extend(d.id for d in got)
+            assert len(set(seen)) == 300
