@@ -193,3 +193,19 @@ def test_cli_consume_past_max_prefetch_reads_with_the_server_s_window(
     assert "limits.max_prefetch is 50" in held.stderr and "--count of at most 50" in (
         held.stderr
     ), held.stderr
+
+
+def test_an_old_client_s_window_counts_up_to_max_prefetch_per_connection(
+    broker_factory: object,
+) -> None:
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={**LIMIT_ENV, "FUTUREQ_LIMITS_MAX_PREFETCH_PER_CONNECTION": "150"}
+    )
+    wire = WireClient(broker.client_address, versions=(1, 2, 3))
+    # Before: refused, "prefetch must be between 1 and 100, got 500".
+    wire.subscribe("pb7", "g1", prefetch=500)  # counted as 100: what may be out
+    answer = wire.request(frames.Subscribe(wire.next_id(), "pb7", "g2", 500))
+    assert isinstance(answer, frames.Error) and answer.code == ErrorCode.INVALID_ARGUMENT
+    assert "prefetch 500 (counted as 100) would take" in answer.message, answer.message
+    assert "to 200 prefetch together (they hold 100)" in answer.message, answer.message
+    wire.subscribe("pb7", "g3", prefetch=50)

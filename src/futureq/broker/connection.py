@@ -720,16 +720,17 @@ class Connection:
             return  # its range check (broker.subscribe) answers that
         # What the subscription may have out (an older client's window past
         # limits.max_prefetch is taken, but no more than that goes out).
-        prefetch = min(prefetch, self.limits.max_prefetch)
+        counted = min(prefetch, self.limits.max_prefetch)
+        shown = f"{prefetch}" if counted == prefetch else f"{prefetch} (counted as {counted})"
         limit = self.limits.max_prefetch_per_connection
         held = self._subscribing_prefetch + sum(
             consumer.prefetch for consumer in self.subscriptions.values() if not consumer.closed
         )
-        if held + prefetch > limit:
+        if held + counted > limit:
             raise RequestError(
                 ErrorCode.INVALID_ARGUMENT,
-                f"prefetch {prefetch} would take this connection's subscriptions to "
-                f"{held + prefetch} prefetch together (they hold {held}), past the limit "
+                f"prefetch {shown} would take this connection's subscriptions to "
+                f"{held + counted} prefetch together (they hold {held}), past the limit "
                 f"(limits.max_prefetch_per_connection = {limit}); subscribe with a prefetch "
                 f"of at most {max(0, limit - held)}, unsubscribe others, or open another "
                 "connection",
