@@ -618,9 +618,9 @@ class Subscription:
         ``limits.max_prefetch`` less the deliveries unsettled (protocol version 5
         names it in HELLO_OK). A server older than that does not name it and cut
         credit held past it without a word, so against one a fetch keeps at most the
-        window the server took for the subscription out (1 for ``SyncClient.consume``):
-        slower, one round trip per window, but never waiting for credit the server
-        dropped. What one connection has out is bounded too, by the server's
+        window the server took for the subscription out (``SyncClient.consume``'s
+        first count, or 1 where that server refused it): slower, one round trip per
+        window, but never waiting for credit the server dropped. What one connection has out is bounded too, by the server's
         ``limits.max_prefetch_per_connection``.
 
         Raises:

@@ -565,9 +565,12 @@ class SyncClient:
                 still wants. If given, an int >= 1.
 
         Returns:
-            0 to ``count`` deliveries; unsettled ones come back after the group's
-            visibility timeout (settle or ``extend()`` them before), or when the
-            client closes.
+            0 to ``count`` deliveries, and no more than the server's
+            ``limits.max_prefetch`` less those of the subscription still unsettled
+            (the server has no more out to one subscription: reaching that, the call
+            returns at once; settle some and call again for more). Unsettled ones
+            come back after the group's visibility timeout (settle or ``extend()``
+            them before), or when the client closes.
 
         Raises:
             ValueError: ``count``, ``timeout_s`` or ``prefetch`` out of range.
