@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import trio
+import anyio
+import pytest
 from broker_process import BrokerProcess
 from cli_process import cli
 from wire_client import WireClient
@@ -127,8 +128,9 @@ def test_sync_consume_past_max_prefetch_gets_the_limit_then_more_as_it_acks(
     assert len(ids) == 200
 
 
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_push_subscribe_past_max_prefetch_gets_the_server_s_window(
-    broker_factory: object,
+    broker_factory: object, backend: str
 ) -> None:
     broker: BrokerProcess = broker_factory(env=LIMIT_ENV)  # type: ignore[operator]
     publish(broker, "pb5", 150)
@@ -138,7 +140,8 @@ def test_push_subscribe_past_max_prefetch_gets_the_server_s_window(
             # Before: RequestError INVALID_ARGUMENT "prefetch must be between 1 and 100".
             async with client.subscribe("pb5", "g", prefetch=500) as sub:
                 held = [await sub.__anext__() for _ in range(LIMIT)]
-                with trio.move_on_after(QUIET_S):
+                assert sub.window == LIMIT and sub.prefetch == 500
+                with anyio.move_on_after(QUIET_S):
                     await sub.__anext__()
                     raise AssertionError("more than limits.max_prefetch out")
                 for delivery in held:
@@ -148,7 +151,7 @@ def test_push_subscribe_past_max_prefetch_gets_the_server_s_window(
                     await delivery.ack()
                 return len(held), len({d.id for d in [*held, *rest]})
 
-    assert trio.run(main) == (LIMIT, 150)
+    assert anyio.run(main, backend=backend) == (LIMIT, 150)
 
 
 def test_cli_consume_past_max_prefetch_reads_with_the_server_s_window(
@@ -209,3 +212,23 @@ def test_an_old_client_s_window_counts_up_to_max_prefetch_per_connection(
     assert "prefetch 500 (counted as 100) would take" in answer.message, answer.message
     assert "to 200 prefetch together (they hold 100)" in answer.message, answer.message
     wire.subscribe("pb7", "g3", prefetch=50)
+
+
+def test_a_subscription_at_its_limit_leaves_the_rest_to_the_group_s_others(
+    broker_factory: object,
+) -> None:
+    broker: BrokerProcess = broker_factory(env=LIMIT_ENV)  # type: ignore[operator]
+    first = WireClient(broker.client_address, versions=(1, 2, 3))
+    first.subscribe("pb8", "g", prefetch=500)  # credit 500, at most 100 out
+    second = WireClient(broker.client_address, versions=(5,))
+    second.subscribe("pb8", "g", prefetch=LIMIT)
+    publish(broker, "pb8", 250)
+    held_first = first.deliveries(LIMIT)
+    held_second = second.deliveries(LIMIT)
+    assert len(held_first) == len(held_second) == LIMIT  # before: first took 250
+    first.expect_nothing(QUIET_S)
+    second.expect_nothing(0)
+    ack(first, held_first)
+    rest = first.deliveries(50)  # its kept credit takes the rest
+    ids = {d[1] for d in [*held_first, *held_second, *rest]}
+    assert len(ids) == 250

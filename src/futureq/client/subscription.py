@@ -234,7 +234,8 @@ class Subscription:
         topic: Topic name.
         group: Consumer group name.
         prefetch: Most deliveries the server may have outstanding to this
-            subscription without a settlement (items).
+            subscription without a settlement (items), as asked; :attr:`window` is
+            what the server took (less where its ``limits.max_prefetch`` is lower).
         visibility_timeout_ms: The group's visibility timeout (ms), once the server
             told it (SUBSCRIPTION_INFO); None before.
         max_deliveries: The group's counted attempts before dead-lettering, or None.
