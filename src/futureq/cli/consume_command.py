@@ -121,8 +121,9 @@ async def _consume(
                     ErrorCode.INVALID_ARGUMENT,
                     f"this server's limits.max_prefetch is {sub.window}: no more deliveries "
                     "than that are out at once, and with --no-ack every message printed "
-                    f"stays out until the end, so --count {args.count} cannot be printed; "
-                    f"give a --count of at most {sub.window}, or drop --no-ack",
+                    f"stays out until the end, so --count {args.count} needs a window of "
+                    f"{prefetch}, which it does not give; give a --count of at most "
+                    f"{sub.window}, or drop --no-ack",
                 )
         if interrupt.requested:
             return
