@@ -215,7 +215,8 @@ def _window_error(exc: RequestError, args: argparse.Namespace, prefetch: int) ->
 async def _print(
     sub: Subscription, delivery: Delivery, args: argparse.Namespace, io: Output
 ) -> None:
-    """Print the delivery's line; if that fails (stdout closed: ``consume | head``),
+    """Print the delivery's line (in a worker thread, so that a reader that pauses
+    does not hold the event loop); if that fails (stdout closed: ``consume | head``),
     give the delivery back unprocessed before raising.
 
     Found by a tester: with ``| head -1`` the second delivery, taken but never printed,
@@ -226,8 +227,15 @@ async def _print(
     released message again at once, to be dropped as the subscription ended and
     counted by its UNSUBSCRIBE (the test of it failed one run in four).
     """
+    line = delivery_json(delivery) if args.json else delivery_line(delivery)
     try:
-        io.out(delivery_json(delivery) if args.json else delivery_line(delivery))
+        # In a worker thread: a reader that stops reading for a while (`consume |
+        # slow-script`, `| less`) blocks the write once the pipe is full, and blocking
+        # the event loop left the server's keepalive PING unanswered, so the broker
+        # closed the connection (KEEPALIVE_TIMEOUT after 60 s by default) and the run
+        # ended with [CONNECTION_LOST], the deliveries it held counted (found by a
+        # tester). A second Ctrl-C abandons a write that never ends.
+        await trio.to_thread.run_sync(io.out, line, abandon_on_cancel=True)
     except BaseException:
         await _give_back(sub, delivery)
         raise
