@@ -162,17 +162,30 @@ def test_a_broker_killed_mid_file_ends_the_run_within_the_request_timeout(
             process.kill()
     assert process.returncode == 1, err
     assert "Traceback" not in err
-    published = int(re.match(r"published (\d+) message\(s\)", out).group(1))  # type: ignore[union-attr]
+    # Nothing is read after the stop (the later chunks were read and parsed only to be
+    # reported not sent): the final line says where the input not read starts.
+    summary = re.fullmatch(
+        r"published (\d+) message\(s\) in .*; (\d+) failed line\(s\); "
+        r"the input after line (\d+) not read",
+        out.rstrip(),
+    )
+    assert summary is not None, out
+    published, failed_count, read = (int(group) for group in summary.groups())
     assert 0 < published < total, out
-    assert out.rstrip().endswith(f"; {total - published} failed line(s)"), out
+    assert published + failed_count == read < total, out
     failed = err.splitlines()
     assert "[CONNECTION_LOST]" in failed[0], failed[0]
-    assert failed[-2].startswith("stopped at line "), failed[-2]
-    assert "were not sent" in failed[-2]
+    assert failed[-3].startswith("stopped at line "), failed[-3]
+    assert "were not sent" in failed[-3]
+    assert failed[-2].startswith(f"not read: the input after line {read} was not read"), failed
+    assert (
+        f"tail -c +{len(''.join(batch.read_text().splitlines(keepends=True)[:read])) + 1} "
+        in (failed[-2])
+    )
     # Not "send it again from line N" (part of what came before may be missing, and
     # part of that batch stored): the lines not stored, and how to get exactly them.
-    assert failed[-1].startswith(f"{total - published} line(s) were not stored"), failed[-1]
-    assert "do not send the whole file again" in failed[-1]
+    assert failed[-1].startswith(f"{failed_count} line(s) read were not stored"), failed[-1]
+    assert "do not send the whole input again" in failed[-1]
 
 
 def test_the_lines_not_stored_go_to_failed_out_and_send_again_exactly_once(

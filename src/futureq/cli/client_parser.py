@@ -33,7 +33,14 @@ from futureq.cli.client_arguments import (
     publish_topic_arg,
     visibility_timeout_arg,
 )
-from futureq.cli.durations import delay_ms_arg, duration_ms_arg, positive_duration_ms_arg
+from futureq.cli.durations import (
+    DEFAULT_LINGER_MS,
+    MAX_LINGER_MS,
+    delay_ms_arg,
+    duration_ms_arg,
+    linger_ms_arg,
+    positive_duration_ms_arg,
+)
 from futureq.client import _checks
 
 COMPLETION_SHELLS: Final = ("bash", "zsh", "tcsh")
@@ -249,6 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --file: write every line that was not stored (refused, failed or not "
         "sent) to F as it was, so that `publish --file F` sends exactly those again",
     ).complete = shtab.FILE  # type: ignore[attr-defined]
+    publish.add_argument(
+        "--linger",
+        type=linger_ms_arg,
+        default=None,
+        metavar="D",
+        help="with --file from a pipe or terminal: publish the lines read at most D after "
+        f"the first of them arrived, without waiting for a full batch (default "
+        f"{DEFAULT_LINGER_MS}ms; 0: what has arrived, at once; at most {MAX_LINGER_MS // 1000}s)",
+    )
 
     consume = commands.add_parser(
         "consume",
@@ -438,9 +454,13 @@ def check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespace
             )
         if args.batch_size is None:
             args.batch_size = DEFAULT_BATCH_SIZE
+        if args.linger is None:
+            args.linger = DEFAULT_LINGER_MS
         return
     if args.batch_size is not None:
         parser.error("argument --batch-size: only with --file (one message is one PUBLISH)")
+    if args.linger is not None:
+        parser.error("argument --linger: only with --file (one message is sent at once)")
     if args.failed_out is not None:
         parser.error("argument --failed-out: only with --file (one message is one PUBLISH)")
     if args.topic is None:

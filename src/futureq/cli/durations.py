@@ -175,3 +175,27 @@ BEYOND_ANY_SERVER: Final = (
     "operator raised it"
 )
 """Why a delay above :data:`MAX_DELAY_MS`, or a time further ahead, is refused."""
+
+
+DEFAULT_LINGER_MS: Final = 100
+"""``publish --file``'s ``--linger`` when not given (ms): a line from a pipe or a
+terminal is published at most this long after it arrived, though its batch is not full
+(``docs/cli.md``, "publish --file")."""
+MAX_LINGER_MS: Final = 60_000
+"""The longest ``--linger`` (ms): past a minute a line would look lost, not lingering."""
+
+
+def linger_ms_arg(text: str) -> int:
+    """argparse ``type=`` for ``publish --linger``: a duration from 0 (publish what has
+    arrived at once) to :data:`MAX_LINGER_MS`.
+
+    Raises:
+        argparse.ArgumentTypeError: not a duration, or longer than a minute.
+    """
+    value = duration_ms_arg(text)
+    if value > MAX_LINGER_MS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is {value} ms; --linger is at most 1m ({MAX_LINGER_MS} ms): a line "
+            "waiting longer for its batch to fill would look lost"
+        )
+    return value

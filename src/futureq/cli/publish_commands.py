@@ -15,6 +15,9 @@ import contextlib
 import errno
 import io as io_module
 import os
+import select
+import shlex
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +28,7 @@ import trio
 
 from futureq.cli.argv_text import argv_bytes
 from futureq.cli.client_arguments import DEFAULT_BATCH_SIZE
+from futureq.cli.durations import DEFAULT_LINGER_MS
 from futureq.cli.interrupts import Interrupt, ctrl_c_requests
 from futureq.cli.jsonl import JsonlItem, LineFailure, parse_jsonl
 from futureq.cli.output import (
@@ -423,6 +427,143 @@ def read_chunk(
     return chunk if chunk.lines else None
 
 
+COPY_BYTES: Final = 1024 * 1024
+"""After a stop, the rest of a file goes to ``--failed-out`` this many bytes at a time."""
+STREAM_READ_BYTES: Final = 1024 * 1024
+"""A pipe or terminal is read at most this many bytes at a time (:class:`StreamLines`)."""
+STOP_POLL_S: Final = 0.1
+"""How often a wait for input from a pipe looks whether it was told to stop (s)."""
+
+
+class StreamLines:
+    """Lines of a pipe, socket or terminal (``producer | futureq-cli publish --file -``),
+    each available as soon as its ``\n`` arrives.
+
+    :func:`read_chunk` over a buffered file waits for a whole chunk (8 batches or
+    16 MiB): a producer writing a line a second (``tail -f app.log |``) had nothing
+    published for hours, or ever. Here a chunk ends at ``max_lines`` / ``max_bytes``,
+    at the input's end, or once ``linger_s`` passed since its first line arrived and no
+    whole line is waiting: what arrived is published then. A fast producer still fills
+    whole chunks (its lines are waiting). Lines are split, numbered and limited as
+    :func:`read_chunk` does.
+
+    It reads the file descriptor itself (unbuffered, by ``poll`` and ``os.read``, never
+    setting it non-blocking: a terminal is shared with the shell), in a worker thread;
+    :meth:`stop` ends a read left waiting (within :data:`STOP_POLL_S`).
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._poller = select.poll()
+        self._poller.register(fd, select.POLLIN)
+        self._buffer = bytearray()
+        self._start = 0
+        """Where the unread bytes of :attr:`_buffer` start."""
+        self._eof = False
+        self._stopped = False
+        self._stop_asked: Callable[[], bool] = lambda: False
+
+    def stop(self) -> None:
+        """End a read waiting for input (it returns what it has), and every later one."""
+        self._stopped = True
+
+    @property
+    def at_end(self) -> bool:
+        """Whether the input's end was reached and every line of it given out."""
+        return self._eof and self._start >= len(self._buffer)
+
+    def _fill(self, deadline: float | None) -> bool:
+        """Read what the input has (waiting until ``deadline``, a monotonic time, or
+        for ever; once it passed, only what is there already); False if nothing came by
+        then, or once :meth:`stop` was called or ``self._stop_asked()`` is true.
+
+        Raises:
+            OSError: the input cannot be read.
+        """
+        while not (self._stopped or self._stop_asked()):
+            wait_s, last = STOP_POLL_S, False
+            if deadline is not None and (left_s := deadline - time.monotonic()) <= wait_s:
+                # Past the deadline, what is already waiting is still taken (a fast
+                # producer fills whole chunks, --linger 0 too), without waiting.
+                wait_s, last = max(0.0, left_s), True
+            if not self._poller.poll(wait_s * 1000):
+                if last:
+                    return False
+                continue
+            try:
+                data = os.read(self._fd, STREAM_READ_BYTES)
+            except BlockingIOError:  # another process set the pipe non-blocking
+                continue
+            if self._start:
+                del self._buffer[: self._start]
+                self._start = 0
+            if not data:
+                self._eof = True
+            self._buffer += data
+            return True
+        return False
+
+    def read_chunk(
+        self,
+        first_number: int,
+        max_lines: int,
+        max_bytes: int,
+        line_limit: int,
+        linger_s: float,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> LineChunk | None:
+        """The next lines, as :func:`read_chunk` gives them, ended early once
+        ``linger_s`` passed since the first of them was read, or once ``stop()`` is
+        true (looked at every :data:`STOP_POLL_S` while waiting: Ctrl-C); None at the
+        input's end (or when stopped with nothing read).
+
+        Raises:
+            OSError: the input cannot be read.
+        """
+        self._stop_asked = stop
+        chunk = LineChunk(first_number, [])
+        deadline: float | None = None
+        while len(chunk.lines) < max_lines and chunk.size_bytes < max_bytes:
+            buffer = self._buffer
+            end = buffer.find(b"\n", self._start, self._start + line_limit + 1)
+            if end < 0 and len(buffer) - self._start > line_limit:
+                self._skip_long_line(chunk, line_limit)
+            elif end >= 0 or (self._eof and len(buffer) > self._start):
+                cut = end + 1 if end >= 0 else len(buffer)
+                chunk.lines.append(
+                    buffer[self._start : cut].decode("utf-8", errors="surrogateescape")
+                )
+                chunk.size_bytes += cut - self._start
+                self._start = cut
+            elif self._eof:
+                break
+            else:
+                if chunk.lines and deadline is None:
+                    deadline = time.monotonic() + linger_s
+                if not self._fill(deadline):
+                    break
+                continue
+            if deadline is None:
+                deadline = time.monotonic() + linger_s
+        return chunk if chunk.lines else None
+
+    def _skip_long_line(self, chunk: LineChunk, line_limit: int) -> None:
+        """Drop a line already past ``line_limit`` bytes, through its end (waiting for
+        it, for the line's number belongs to this chunk), and name it in ``chunk``."""
+        number = chunk.first_number + len(chunk.lines)
+        size = 0
+        while True:
+            end = self._buffer.find(b"\n", self._start)
+            stop = end + 1 if end >= 0 else len(self._buffer)
+            size += stop - self._start
+            self._start = stop
+            if end >= 0 or self._eof or not self._fill(None):
+                break
+        chunk.size_bytes += size
+        chunk.too_long[number] = size
+        chunk.lines.append("")
+
+
 def too_long_failure(number: int, size: int, line_limit: int, max_frame_bytes: int) -> LineFailure:
     """The failure of line ``number``, ``size`` bytes long, past ``line_limit``."""
     return LineFailure(
@@ -471,17 +612,18 @@ def _open_failed_out(args: argparse.Namespace, io: Output) -> IO[bytes] | None:
 
 
 class _LineSource:
-    """``--file``'s input, read a chunk at a time in a worker thread (:func:`read_chunk`).
+    """``--file``'s input, read a chunk at a time in a worker thread.
 
-    The process's own standard input is read unbuffered by the OS file and in a thread
-    a Ctrl-C abandons, as :func:`_read_stdin` does; a file is opened before anything
-    is sent, so one that cannot be read stops the run first."""
+    A regular file (or standard input redirected from one) is read by
+    :func:`read_chunk`, whole chunks; anything else (a pipe, a terminal, a socket,
+    ``--file <(producer)``) by :class:`StreamLines`, so that a slow producer's lines
+    are published within ``--linger`` of arriving. Such an input may never end, so it
+    is read in a thread a Ctrl-C abandons (told to stop, it ends within
+    :data:`STOP_POLL_S`). A file is opened before anything is sent, so one that cannot
+    be read stops the run first."""
 
     def __init__(self, path: str, io: Output) -> None:
-        self._abandon = False
-        self.endless = path == STDIN_PAYLOAD
-        """Whether the input may never end (standard input: a pipe or a terminal), so
-        that a Ctrl-C stops reading it rather than waiting for its end."""
+        self.path = path
         self._owned: IO[bytes] | None = None
         self.handle: IO[bytes]
         if path != STDIN_PAYLOAD:
@@ -493,29 +635,97 @@ class _LineSource:
         else:
             raw = io_module.FileIO(sys.stdin.fileno(), "rb", closefd=False)
             self._owned = self.handle = io_module.BufferedReader(raw)
-            self._abandon = True
+        self.size_bytes: int | None = None
+        """The size of a regular file (the progress bar's total); None for a stream."""
+        self.bytes_read = 0
+        """Bytes of the input read so far (where the unread part starts)."""
+        self._stream: StreamLines | None = None
+        try:
+            status = os.fstat(self.handle.fileno())
+        except (AttributeError, OSError, ValueError, io_module.UnsupportedOperation):
+            return  # an in-memory stream (a caller's): read as a file
+        if stat.S_ISREG(status.st_mode):
+            self.size_bytes = max(0, status.st_size - self.handle.tell())
+        else:
+            self._stream = StreamLines(self.handle.fileno())
+
+    @property
+    def endless(self) -> bool:
+        """Whether the input may never end (a pipe or a terminal), so that a Ctrl-C
+        stops reading it rather than waiting for its end."""
+        return self._stream is not None
 
     async def next_chunk(
-        self, first_number: int, max_lines: int, line_limit: int
+        self,
+        first_number: int,
+        max_lines: int,
+        line_limit: int,
+        linger_s: float,
+        stop: Callable[[], bool],
     ) -> LineChunk | None:
-        """The next lines (:func:`read_chunk`); None at the end.
+        """The next lines (:func:`read_chunk`; from a stream, those that arrived
+        within ``linger_s`` of the first, or before ``stop()`` turned true); None at
+        the end.
 
         Raises:
             OSError: the input cannot be read.
         """
-        return await trio.to_thread.run_sync(
-            read_chunk,
-            self.handle,
-            first_number,
-            max_lines,
-            CHUNK_BYTES,
-            line_limit,
-            abandon_on_cancel=self._abandon,
-        )
+        if self._stream is None:
+            chunk = await trio.to_thread.run_sync(
+                read_chunk, self.handle, first_number, max_lines, CHUNK_BYTES, line_limit
+            )
+        else:
+            chunk = await trio.to_thread.run_sync(
+                self._stream.read_chunk,
+                first_number,
+                max_lines,
+                CHUNK_BYTES,
+                line_limit,
+                linger_s,
+                stop,
+                abandon_on_cancel=True,
+            )
+        if chunk is not None:
+            self.bytes_read += chunk.size_bytes
+        return chunk
+
+    @property
+    def at_end(self) -> bool:
+        """Whether the whole input was read (as far as is known: a stream's end is
+        known once it was reached)."""
+        if self._stream is not None:
+            return self._stream.at_end
+        if self.size_bytes is not None:
+            return self.bytes_read >= self.size_bytes
+        return not self.handle.read(1)  # an in-memory stream (a caller's); stopped anyway
+
+    def copy_rest(self, out: IO[bytes]) -> int:
+        """Copy the rest of a regular file to ``out`` byte for byte, unparsed and
+        unsplit (a missing last line ending added); return the lines copied (blank
+        ones too). :attr:`bytes_read` counts the bytes copied.
+
+        Raises:
+            OSError: the input cannot be read, or ``out`` written.
+        """
+        lines = 0
+        ended = True  # the bytes copied so far end a line
+        while piece := self.handle.read(COPY_BYTES):
+            out.write(piece)
+            self.bytes_read += len(piece)
+            lines += piece.count(b"\n")
+            ended = piece.endswith(b"\n")
+        if not ended:
+            out.write(b"\n")
+            lines += 1
+        out.flush()
+        return lines
 
     def close(self) -> None:
-        """Close what this source opened (not the caller's stream)."""
-        if self._owned is not None and not self._abandon:
+        """Stop a read left waiting, and close what this source opened (not the
+        caller's stream; not one a thread may still be reading)."""
+        if self._stream is not None:
+            self._stream.stop()
+        elif self._owned is not None:
             self._owned.close()
 
 
@@ -538,18 +748,76 @@ async def run_publish_file(client: Client, args: argparse.Namespace, io: Output)
         source.close()
 
 
-@contextlib.contextmanager
-def _progress(io: Output) -> Iterator[Callable[[int], None]]:
-    """A progress display of lines settled on a terminal (its total is not known
-    before the input's end: it is read a chunk at a time); elsewhere nothing."""
-    if not io.is_terminal:
-        yield lambda n: None
-        return
-    from rich.progress import Progress
+class _Progress:
+    """What the progress bar shows: lines settled (published or failed) and, for a
+    regular file, the bytes of the file they take of its size."""
 
-    with Progress(transient=True) as progress:
-        task = progress.add_task("publishing", total=None)
-        yield lambda n: progress.advance(task, n)
+    def __init__(self, update: Callable[[float, int], None] | None) -> None:
+        self._update = update
+        self.lines = 0
+        self._chunk_start_bytes = 0
+        self._chunk_bytes = 0
+        self._chunk_lines = 0
+        self._chunk_settled = 0
+
+    def start_chunk(self, start_bytes: int, chunk: LineChunk) -> None:
+        """``chunk``, whose first byte is at ``start_bytes`` of the input, is next."""
+        self._chunk_start_bytes = start_bytes
+        self._chunk_bytes = chunk.size_bytes
+        self._chunk_lines = max(1, len(chunk.lines))
+        self._chunk_settled = 0
+
+    def advance(self, lines: int) -> None:
+        """``lines`` more lines of the chunk were settled."""
+        self.lines += lines
+        self._chunk_settled = min(self._chunk_lines, self._chunk_settled + lines)
+        if self._update is not None:
+            share = self._chunk_bytes * self._chunk_settled / self._chunk_lines
+            self._update(self._chunk_start_bytes + share, self.lines)
+
+
+@contextlib.contextmanager
+def _progress(io: Output, total_bytes: int | None) -> Iterator[_Progress]:
+    """A progress display on a terminal (elsewhere nothing): of a regular file, the
+    bytes settled of its ``total_bytes``, with the lines; of a pipe or terminal, whose
+    size is not known, the lines settled. It used to show lines without a total for a
+    file too: no way to tell how far a long run was."""
+    if not io.is_terminal:
+        yield _Progress(None)
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        ProgressColumn,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    lines = TextColumn("{task.fields[lines]} line(s)")
+    columns: tuple[ProgressColumn, ...]
+    if total_bytes is None:
+        columns = (SpinnerColumn(), TextColumn("publishing"), lines, TimeElapsedColumn())
+    else:
+        columns = (
+            TextColumn("publishing"),
+            BarColumn(),
+            DownloadColumn(),
+            lines,
+            TimeRemainingColumn(),
+        )
+    with Progress(*columns, transient=True) as progress:
+        task = progress.add_task("publishing", total=total_bytes, lines=0)
+
+        def update(done_bytes: float, settled: int) -> None:
+            if total_bytes is None:
+                progress.update(task, lines=settled)
+            else:
+                progress.update(task, completed=done_bytes, lines=settled)
+
+        yield _Progress(update)
 
 
 async def _publish_chunk(
@@ -562,10 +830,8 @@ async def _publish_chunk(
     interrupt: Interrupt,
 ) -> list[LineFailure]:
     """Parse and publish one chunk's lines; add its counts to ``summary`` and return
-    its failures, in line order. Once a chunk stopped (no server within
-    --request-timeout), later chunks are failed as not sent without being sent."""
-    if interrupt.requested:
-        return _fail_chunk_interrupted(chunk, line_limit, client.max_frame_bytes, summary, advance)
+    its failures, in line order. (After a stop, Ctrl-C or no server within
+    --request-timeout, no later chunk is read: :func:`_publish_lines`.)"""
     # Parsed under Ctrl-C's receiver, and in a thread so that a second Ctrl-C is
     # heard at once: a Ctrl-C while a large file was parsed ended the run with no
     # summary and an empty --failed-out (found by a tester). Now every line is
@@ -583,24 +849,14 @@ async def _publish_chunk(
     failures.extend(
         too_long_failure(number, size, line_limit, limit) for number, size in chunk.too_long.items()
     )
-    part = PublishSummary()
-    if summary.stopped_at_line is not None:
-        _fail_not_sent(
-            collections.deque([items]),
-            summary.stopped_at_line,
-            summary.stop_reason,
-            part,
-            advance,
-        )
-    else:
-        part = await publish_items(
-            client,
-            items,
-            args.batch_size or DEFAULT_BATCH_SIZE,
-            advance,
-            servers=args.server,
-            interrupt=interrupt,
-        )
+    part = await publish_items(
+        client,
+        items,
+        args.batch_size or DEFAULT_BATCH_SIZE,
+        advance,
+        servers=args.server,
+        interrupt=interrupt,
+    )
     advance(len(failures))
     summary.published += part.published
     summary.duplicates += part.duplicates
@@ -619,10 +875,8 @@ def _fail_chunk_interrupted(
     summary: PublishSummary,
     advance: Callable[[int], None],
 ) -> list[LineFailure]:
-    """The failures of a chunk read after Ctrl-C: every line but the blank ones is not
-    sent, unparsed (a bad line goes to ``--failed-out`` with the rest). Parsing them
-    only to fail them kept a Ctrl-C early in a file of millions of lines waiting half a
-    minute (17 us a line; found by a tester)."""
+    """The failures of the chunk being read as Ctrl-C came: every line but the blank
+    ones is not sent, unparsed (a bad line goes to ``--failed-out`` with the rest)."""
     failures = [
         LineFailure(number, INTERRUPTED_NOT_SENT)
         for number, line in enumerate(chunk.lines, start=chunk.first_number)
@@ -649,48 +903,54 @@ async def _publish_lines(
     interrupt = Interrupt()
     line_limit = max_line_bytes(client.max_frame_bytes)
     max_lines = max(1, args.batch_size or DEFAULT_BATCH_SIZE) * CHUNK_LINES_PER_BATCH
+    linger_s = (DEFAULT_LINGER_MS if args.linger is None else args.linger) / 1000
     summary = PublishSummary()
     unwritten: list[int] = []  # failed lines too long to keep for --failed-out
-    unread_after: int | None = None  # Ctrl-C stopped reading stdin after this line
+    read_lines = 0
     async with ctrl_c_requests(interrupt):
-        with _progress(io) as advance:
-            number = 1
-            while True:
-                if interrupt.requested and source.endless:
-                    unread_after = number - 1
-                    break
-                # A pipe may never end (`producer | futureq-cli publish --file -`):
-                # Ctrl-C or SIGTERM while waiting for its next chunk stops the read,
-                # where it used to wait on for the input's end and take only a second
-                # Ctrl-C, with a traceback and no summary (found by a tester). A file's
-                # read ends by itself, so its later lines are still reported not sent.
-                with interrupt.batch() if source.endless else contextlib.nullcontext():
-                    chunk = await source.next_chunk(number, max_lines, line_limit)
-                if interrupt.requested and source.endless:
-                    unread_after = number - 1
-                    break
+        with _progress(io, source.size_bytes) as progress:
+            while not (interrupt.requested or summary.stopped_at_line is not None):
+                # After a stop (Ctrl-C, SIGTERM, or no server within --request-timeout)
+                # nothing more is read: the later chunks of a file of millions of lines
+                # were read and parsed only to be reported not sent (found by a
+                # tester); the final line says where the input not read starts.
+                # A pipe may never end (`producer | futureq-cli publish --file -`): its
+                # read gives back what it has as soon as Ctrl-C comes (and those lines
+                # are reported not sent), where it used to wait on for the input's end.
+                start_bytes = source.bytes_read
+                chunk = await source.next_chunk(
+                    read_lines + 1, max_lines, line_limit, linger_s, lambda: interrupt.requested
+                )
                 if chunk is None:
                     break
-                number += len(chunk.lines)
-                failures = await _publish_chunk(
-                    client, args, chunk, line_limit, summary, advance, interrupt
-                )
+                read_lines += len(chunk.lines)
+                progress.start_chunk(start_bytes, chunk)
+                if interrupt.requested:
+                    failures = _fail_chunk_interrupted(
+                        chunk, line_limit, client.max_frame_bytes, summary, progress.advance
+                    )
+                else:
+                    failures = await _publish_chunk(
+                        client, args, chunk, line_limit, summary, progress.advance, interrupt
+                    )
                 summary.failures.extend(failures)
                 if failed_out is not None:
                     unwritten.extend(_write_failed(failed_out, chunk, failures))
                 del chunk
-    summary.interrupted = summary.interrupted or interrupt.requested
+        summary.interrupted = summary.interrupted or interrupt.requested
+        stopped = summary.stopped_at_line is not None or summary.interrupted
+        unread = stopped and not source.at_end
+        copied = 0
+        if unread and failed_out is not None and source.size_bytes is not None:
+            # --failed-out F keeps its promise (every line not stored, so that
+            # `publish --file F` finishes the job): the rest of a file is copied to F
+            # as it is, not parsed (a second Ctrl-C stops that too, at once).
+            copied = await trio.to_thread.run_sync(
+                source.copy_rest, failed_out, abandon_on_cancel=True
+            )
+            unread = False
     elapsed_s = max(time.monotonic() - started, 1e-9)
     rate = summary.published / elapsed_s
-    already = (
-        f", {summary.duplicates} already published (same idempotency key)"
-        if summary.duplicates
-        else ""
-    )
-    io.out(
-        f"published {summary.published} message(s){already} in {elapsed_s:.2f} s "
-        f"({rate:.0f} msgs/s); {len(summary.failures)} failed line(s)"
-    )
     for failure in summary.failures[:MAX_FAILURES_SHOWN]:
         io.err(str(failure))
     if len(summary.failures) > MAX_FAILURES_SHOWN:
@@ -713,17 +973,57 @@ async def _publish_lines(
             else f"interrupted: the {summary.not_sent} line(s) after the last batch "
             "stored were not sent"
         )
-        if unread_after is not None:
-            io.err(
-                f"interrupted: the input after line {unread_after} was not read (nor sent, "
-                "nor written to --failed-out)"
+    if unread:
+        io.err(_unread_advice(args, source, read_lines))
+    if copied:
+        io.err(
+            f"not sent: the {copied} line(s) after line {read_lines} were copied unread to "
+            f"{args.failed_out}, as they are"
+        )
+    if (summary.failures or copied) and (failed_out is not None or stopped):
+        io.err(
+            _resend_advice(
+                args,
+                summary.failures,
+                failed_out,
+                unwritten,
+                copied,
+                read_lines if unread else None,
             )
-    stopped = summary.stopped_at_line is not None or summary.interrupted
-    if summary.failures and (failed_out is not None or stopped):
-        io.err(_resend_advice(args, summary.failures, failed_out, unwritten))
+        )
+    # The summary last, so that it is the final line a user sees.
+    already = (
+        f", {summary.duplicates} already published (same idempotency key)"
+        if summary.duplicates
+        else ""
+    )
+    not_read = f"; the input after line {read_lines} not read" if unread else ""
+    if copied:
+        not_read = f"; {copied} line(s) after line {read_lines} not sent, in {args.failed_out}"
+    io.out(
+        f"published {summary.published} message(s){already} in {elapsed_s:.2f} s "
+        f"({rate:.0f} msgs/s); {len(summary.failures)} failed line(s){not_read}"
+    )
     if summary.interrupted:
         return interrupt.exit_status
     return EXIT_ERROR if summary.failures else EXIT_OK
+
+
+def _unread_advice(args: argparse.Namespace, source: _LineSource, read_lines: int) -> str:
+    """Where the input not read after a stop starts, and, for a file, how to send
+    exactly that part (by byte: the lines read end at a line's end)."""
+    where = (
+        f"the input after line {read_lines} was not read (nor sent, nor written to --failed-out)"
+    )
+    if source.size_bytes is None:
+        return f"not read: {where}"
+    offset = source.bytes_read
+    if args.file == STDIN_PAYLOAD:
+        return f"not read: {where}; it starts at byte {offset + 1} of the input"
+    return (
+        f"not read: {where}; it starts at byte {offset + 1}: send it with "
+        f"tail -c +{offset + 1} {shlex.quote(args.file)} | futureq-cli publish --file -"
+    )
 
 
 def _write_failed(
@@ -749,13 +1049,24 @@ def _resend_advice(
     failures: list[LineFailure],
     failed_out: IO[bytes] | None,
     unwritten: list[int],
+    copied: int = 0,
+    unread_after: int | None = None,
 ) -> str:
     """Say how to send the lines not stored again (they are in ``--failed-out``, if
-    given, but for ``unwritten``: lines too long for any frame), and nothing else: the
-    other lines are stored (or already were)."""
+    given, but for ``unwritten``: lines too long for any frame; ``copied`` more were
+    copied there unread after a stop), and nothing else: the other lines are stored (or
+    already were). ``unread_after``: the input after that line was not read."""
     count = len(failures)
     if failed_out is None:
         shown = "" if count <= MAX_FAILURES_SHOWN else f" (the first {MAX_FAILURES_SHOWN} shown)"
+        if unread_after is not None:
+            return (
+                f"{count} line(s) read were not stored, each listed by number{shown}; the "
+                f"other lines read are stored and the input after line {unread_after} was "
+                "not read, so do not send the whole input again: --failed-out F writes the "
+                "lines not stored (of a file, with the rest not read) to F, to send with "
+                "publish --file F"
+            )
         return (
             f"{count} line(s) were not stored, each listed by number{shown}; the others are "
             "stored, so do not send the whole file again: --failed-out F writes the lines "
@@ -769,11 +1080,11 @@ def _resend_advice(
             f"{len(unwritten)} line(s) not stored, too long for any frame, are not in "
             f"{args.failed_out} (line(s) {named}{more}): split those into smaller messages"
         )
-        if count == len(unwritten):
+        if count == len(unwritten) and not copied:
             return left_out
         left_out = "; " + left_out
     return (
-        f"the {count - len(unwritten)} line(s) not stored are in {args.failed_out}; send "
+        f"the {count - len(unwritten) + copied} line(s) not stored are in {args.failed_out}; send "
         f"them again with publish --file {args.failed_out} (a delay_ms counts from when it "
         f"is sent){left_out}"
     )
