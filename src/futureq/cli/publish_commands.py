@@ -525,8 +525,11 @@ class StreamLines:
         deadline: float | None = None
         while len(chunk.lines) < max_lines and chunk.size_bytes < max_bytes:
             buffer = self._buffer
-            end = buffer.find(b"\n", self._start, self._start + line_limit + 1)
-            if end < 0 and len(buffer) - self._start > line_limit:
+            if self._take_whole_lines(chunk, max_lines, line_limit):
+                pass
+            elif (end := buffer.find(b"\n", self._start, self._start + line_limit + 1)) < 0 and (
+                len(buffer) - self._start > line_limit
+            ):
                 self._skip_long_line(chunk, line_limit)
             elif end >= 0 or (self._eof and len(buffer) > self._start):
                 cut = end + 1 if end >= 0 else len(buffer)
@@ -546,6 +549,29 @@ class StreamLines:
             if deadline is None:
                 deadline = time.monotonic() + linger_s
         return chunk if chunk.lines else None
+
+    def _take_whole_lines(self, chunk: LineChunk, max_lines: int, line_limit: int) -> bool:
+        """Move every whole line waiting in the buffer (at most what ``chunk`` has room
+        for) into ``chunk`` at once, when none of them can be longer than
+        ``line_limit``: a line at a time cost a third of the read's speed. False if
+        there is no such line (the caller takes lines one by one)."""
+        last = self._buffer.rfind(b"\n", self._start)
+        if last < 0 or last + 1 - self._start > line_limit:
+            return False
+        text = self._buffer[self._start : last + 1].decode("utf-8", errors="surrogateescape")
+        lines = text.split("\n")
+        lines.pop()  # after the last line ending
+        room = max_lines - len(chunk.lines)
+        taken = len(lines) if len(lines) <= room else room
+        if taken < len(lines):
+            del lines[taken:]
+            size = len("\n".join(lines).encode("utf-8", errors="surrogateescape")) + 1
+        else:
+            size = last + 1 - self._start
+        chunk.lines.extend([line + "\n" for line in lines])
+        chunk.size_bytes += size
+        self._start += size
+        return True
 
     def _skip_long_line(self, chunk: LineChunk, line_limit: int) -> None:
         """Drop a line already past ``line_limit`` bytes, through its end (waiting for
