@@ -447,15 +447,13 @@ class StreamLines:
     whole chunks (its lines are waiting). Lines are split, numbered and limited as
     :func:`read_chunk` does.
 
-    It reads the file descriptor itself (unbuffered, by ``poll`` and ``os.read``, never
+    It reads the file descriptor itself (unbuffered, by ``select`` and ``os.read``, never
     setting it non-blocking: a terminal is shared with the shell), in a worker thread;
     :meth:`stop` ends a read left waiting (within :data:`STOP_POLL_S`).
     """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._poller = select.poll()
-        self._poller.register(fd, select.POLLIN)
         self._buffer = bytearray()
         self._start = 0
         """Where the unread bytes of :attr:`_buffer` start."""
@@ -486,7 +484,8 @@ class StreamLines:
                 # Past the deadline, what is already waiting is still taken (a fast
                 # producer fills whole chunks, --linger 0 too), without waiting.
                 wait_s, last = max(0.0, left_s), True
-            if not self._poller.poll(wait_s * 1000):
+            # select, not poll: macOS's poll refuses terminals (POLLNVAL).
+            if not select.select([self._fd], [], [], wait_s)[0]:
                 if last:
                     return False
                 continue
