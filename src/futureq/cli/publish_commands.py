@@ -3,8 +3,10 @@ or a JSON-lines file (``--file``) in batches, with a summary.
 
 ``publish --file`` sends batches of whole PUBLISH frames; a refused line is reported
 and its batch sent again without it, and when no server answers for a whole
-``--request-timeout`` the remaining lines are reported as not sent
-(``docs/cli.md``, "publish --file"). The JSON-lines format is in :mod:`futureq.cli.jsonl`.
+``--request-timeout`` (or at Ctrl-C) the lines read are reported as not sent and
+nothing more is read. From a pipe or terminal, the lines read are published within
+``--linger`` of the first of them arriving (``docs/cli.md``, "publish --file"). The
+JSON-lines format is in :mod:`futureq.cli.jsonl`.
 """
 
 from __future__ import annotations
