@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from futureq import request_order
 from futureq.errors import NotLeaderError
 from futureq.metrics import GroupCounts
 from futureq.wire import frames, validation
@@ -119,7 +120,7 @@ class Broker:
         self._floor_warned = 0
         """The stamp floor last reported as too far ahead (once each)."""
         self._background_send, self._background_receive = trio.open_memory_channel[
-            tuple[bytes, list[GroupKey]]
+            tuple[bytes, list[GroupKey], request_order.Turn]
         ](1024)
         self._groups_reserved: Tally[GroupKey] = Tally()
         """Groups that proposals in flight will create, each counted once per proposal:

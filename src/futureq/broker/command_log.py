@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import msgpack
 import trio
 
+from futureq import request_order
 from futureq.errors import ErrorCode, NoSpaceError, RequestError, StorageError
 from futureq.quick_thread import run_sync_quick
 
@@ -286,6 +287,7 @@ class SingleNodeLog:
                 self._send.send_nowait(proposal)  # no extra yield while the queue has room
             except trio.WouldBlock:
                 await self._send.send(proposal)
+            request_order.proposal_queued()  # its place is taken: the writer takes them in order
             await proposal.done.wait()
         finally:
             self._in_progress -= 1

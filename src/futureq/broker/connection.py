@@ -4,6 +4,9 @@ Each connection has a reader (decodes frames, starts request handlers) and a wri
 (drains an outbox bounded in bytes). Requests pipeline: each PUBLISH, SUBSCRIBE, ACK,
 NACK, STATUS or group request runs in its own task of the connection's nursery, bounded
 by ``MAX_REQUESTS_IN_PROGRESS`` per connection, and its answer echoes the request id.
+Requests that change something take effect in the order they were read, each after
+the one before has its place (:mod:`futureq.request_order`); reads (:data:`READS`)
+are served beside them.
 A refused request (2xx, 3xx) fails alone; a protocol error (1xx) gets an ERROR frame,
 then the connection closes. Nothing a client sends can stop the server.
 
@@ -48,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from futureq import __version__
+from futureq import __version__, request_order
 from futureq.config import join_host_port
 from futureq.errors import (
     ErrorCode,
@@ -87,6 +90,19 @@ MAX_REQUESTS_IN_PROGRESS = 256
 beyond ``limits.max_connection_buffer_bytes`` of their frames (one request is always
 served, whatever its size): a client pipelining 256 frames of 4 MiB made its node hold
 1 GiB for it."""
+READS: frozenset[type[frames.Frame]] = frozenset(
+    {
+        frames.Status,
+        frames.Ping,
+        frames.SlotMap,
+        frames.Browse,
+        frames.BrowseCounts,
+        frames.ClusterStatus,
+    }
+)
+"""Requests that change nothing: served as they come, beside the others. Every other
+request takes effect after those its client sent before it (``futureq.request_order``;
+``docs/protocol.md``, "Requests")."""
 HANDSHAKE_TIMEOUT_S = 10.0
 LEADERSHIP_CLOSE_GRACE_S = 2.0
 """After a leadership change, how long in-progress requests may finish before closing."""
@@ -227,6 +243,8 @@ class Connection:
         self._watch: tuple[int, float] | None = None
         """(request id, interval s) of the connection's WATCH, or None."""
         self._watch_changed = trio.Event()
+        self._last_turn: request_order.Turn | None = None
+        """The place of the last state-changing request read (``futureq.request_order``)."""
 
     # ------------------------------------------------------------ lifetime
 
@@ -513,7 +531,10 @@ class Connection:
                 await node.wait_request_room(size)
             self._request_bytes += size
             node.request_started(size)
-            nursery.start_soon(self._handle, event, size)
+            turn = None
+            if type(event) not in READS:
+                turn = self._last_turn = request_order.Turn(self._last_turn)
+            nursery.start_soon(self._handle, event, size, turn)
         self._count_inbound(session.buffered_bytes)
         await self._receive()
         return True
@@ -652,17 +673,34 @@ class Connection:
             room = self._request_room = trio.Event()
             await room.wait()
 
-    async def _handle(self, frame: frames.Frame, size: int = 0) -> None:
+    async def _handle(
+        self, frame: frames.Frame, size: int = 0, turn: request_order.Turn | None = None
+    ) -> None:
+        """Serve one request; ``turn``: its place in the connection's order (None: a
+        read, which may overlap others)."""
         try:
+            if turn is not None:
+                # An ack-level-NONE PUBLISH joins the background publisher's queue
+                # behind the earlier ones: it need not wait for them to reach the log.
+                background = isinstance(frame, frames.Publish) and (
+                    frame.ack_level == frames.AckLevel.NONE
+                )
+                await turn.wait(behind_background=not background)
+                if isinstance(frame, frames.ClusterTransferLeader):
+                    # It waits for this node's subscriptions to say what they were
+                    # handed (UNSUBSCRIBE), maybe this connection's own: later
+                    # requests are not held for it.
+                    turn.pass_on()
             self.access.check(self.principal, frame)
             if self.broker.shard is not None:
                 check_shard(self.broker.shard, frame)
-            try:
-                answer = await self._answer(frame)
-            except NotLeaderError:
-                if not isinstance(frame, frames.Publish):
-                    raise
-                answer = await self._publish_after_election(frame)
+            with request_order.serving(turn):
+                try:
+                    answer = await self._answer(frame)
+                except NotLeaderError:
+                    if not isinstance(frame, frames.Publish):
+                        raise
+                    answer = await self._publish_after_election(frame)
             if answer is not None:
                 self._reply(answer, frame.request_id)
         except (RequestError, RemoteProtocolError) as exc:
@@ -677,6 +715,8 @@ class Connection:
         except StorageError:
             raise  # the node cannot go on without its disk
         finally:
+            if turn is not None:
+                turn.pass_on()  # its answer is queued (or it failed): effects are done
             self._limit.release()
             self._request_bytes -= size
             self.node_buffers.request_ended(size)

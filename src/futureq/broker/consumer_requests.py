@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from futureq import request_order
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
 from futureq.wire import frames, validation
@@ -169,7 +170,8 @@ async def release(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
     # As in ack(): a RESCHEDULE being committed may move one of these entries first.
     following, mark = broker.settlements_follow()
     try:
-        done = await broker.log.propose(commands.release(entries, following))
+        with request_order.effect():
+            done = await broker.log.propose(commands.release(entries, following))
     except BaseException:
         broker.hub.unclaim(flights, broker.clock.wall_ms())
         raise
@@ -228,7 +230,10 @@ async def ack(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
     # the message comes again at its new time).
     following, mark = broker.settlements_follow()
     try:
-        done = await broker.log.propose(commands.ack([flight.key for flight in flights], following))
+        with request_order.effect():
+            done = await broker.log.propose(
+                commands.ack([flight.key for flight in flights], following)
+            )
     except BaseException:
         broker.hub.unclaim(flights, broker.clock.wall_ms())
         raise
@@ -275,17 +280,18 @@ async def nack(
     entries = [(flight.key, flight.attempt, flight.pushed_ms or None) for flight in flights]
     following, mark = broker.settlements_follow()  # as in ack()
     try:
-        done = await broker.log.propose(
-            commands.nack(
-                publishing.stamp(broker),
-                requeue_delay_ms,
-                entries,
-                reason,
-                dead_letter,
-                broker.group_settings,
-                following,
+        with request_order.effect():
+            done = await broker.log.propose(
+                commands.nack(
+                    publishing.stamp(broker),
+                    requeue_delay_ms,
+                    entries,
+                    reason,
+                    dead_letter,
+                    broker.group_settings,
+                    following,
+                )
             )
-        )
     except BaseException:
         broker.hub.unclaim(flights, broker.clock.wall_ms())
         raise

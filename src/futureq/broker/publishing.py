@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from futureq import request_order
 from futureq.errors import ErrorCode, FutureQError, RequestError
 from futureq.state import commands
 from futureq.state.queue_state import PublishResult
@@ -151,10 +152,11 @@ async def publish_validated(
     # Raft followers decode the bytes.
     single = broker.log if isinstance(broker.log, SingleNodeLog) else None
     if ack_level == frames.AckLevel.LEADER and not keyed:
-        if single is not None:
-            index = await single.propose_durable(command, command_list)
-        else:
-            index = await broker.log.propose_durable(command)
+        with request_order.effect():
+            if single is not None:
+                index = await single.propose_durable(command, command_list)
+            else:
+                index = await broker.log.propose_durable(command)
         broker.metrics.publish_commit_seconds.observe(trio.current_time() - started)
         count_published(broker, validated, only)
         return commands.message_id(index, 0), len(validated), None
@@ -163,7 +165,8 @@ async def publish_validated(
         try:
             if queued and queued + len(command) > BACKGROUND_QUEUE_BYTES:
                 raise trio.WouldBlock
-            broker._background_send.send_nowait((command, reserved[:]))
+            place = request_order.Turn(None)
+            broker._background_send.send_nowait((command, reserved[:], place))
         except trio.WouldBlock:
             raise RequestError(
                 ErrorCode.UNAVAILABLE,
@@ -171,11 +174,13 @@ async def publish_validated(
             ) from None
         broker._background_bytes = queued + len(command)
         reserved.clear()  # the background publisher releases them once proposed
+        request_order.queued_in_background(place)
         count_published(broker, validated, only)
         return None, len(validated), None
     # Idempotency keys need the apply result (which items were duplicates), so a
     # keyed batch at ack level LEADER waits for its commit like QUORUM.
-    result = await broker.log.propose(command, command_list)
+    with request_order.effect():
+        result = await broker.log.propose(command, command_list)
     broker.metrics.publish_commit_seconds.observe(trio.current_time() - started)
     count_published(broker, validated, only)
     if isinstance(result, PublishResult):
@@ -200,14 +205,29 @@ def count_published(
 
 
 async def run_background_publisher(broker: Broker) -> None:
-    """Commit ack-level-NONE publishes in the background, in arrival order."""
-    async with broker._background_receive:
-        async for command, reserved in broker._background_receive:
+    """Commit ack-level-NONE publishes in the background, in arrival order.
+
+    Each publish's place (:func:`futureq.request_order.queued_in_background`) is passed
+    on once it is queued in the log, or given up (so no later request of its
+    connection waits for it for good, even when this task ends with some queued)."""
+    receive = broker._background_receive
+    try:
+        async for command, reserved, place in receive:
             try:
-                await broker.log.propose(command)
+                with request_order.serving(place), request_order.effect():
+                    await broker.log.propose(command)
             except FutureQError as exc:
                 log.warning("an unacknowledged publish (ack level none) was lost: %s", exc)
             finally:
+                place.pass_on()
                 broker._background_bytes -= len(command)
                 if reserved:
                     group_reservations.release_groups(broker, reserved)
+    finally:
+        while True:
+            try:
+                _command, _reserved, place = receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            place.pass_on()
+        receive.close()

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from futureq import request_order
 from futureq.clock import SystemClock
 from futureq.errors import (
     ErrorCode,
@@ -457,6 +458,7 @@ class RaftNode:
         self._check_can_lead()
         waiter = Waiter(decoded)
         self._enqueue(Op("propose", waiter, data=command))
+        request_order.proposal_queued()  # its place is taken: the ops run in order
         return await waiter.wait()
 
     async def propose_durable(self, command: bytes) -> int:
@@ -470,6 +472,7 @@ class RaftNode:
         self._check_can_lead()
         waiter = Waiter()
         self._enqueue(Op("durable", waiter, data=command))
+        request_order.proposal_queued()
         index: int = await waiter.wait()
         return index
 
