@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+from futureq import early_signals
 from futureq.early_signals import REPEAT_SIGNAL_WINDOW_S
 
 PRELUDE = """
@@ -127,3 +128,29 @@ def test_a_stop_signal_after_the_node_stopped_for_another_cause_is_ignored() -> 
     assert done.returncode == 0, done.stderr
     assert done.stdout == "alive\n"
     assert "received SIGTERM after the node stopped: the process is exiting" in done.stderr
+
+
+def test_only_futureq_start_remembers_signals_from_its_first_line() -> None:
+    starts = early_signals.starts_a_node
+    assert starts(True, ["/x/server_main.py", "start", "--shards", "1"])  # python -m
+    assert starts(False, ["/opt/futureq/bin/futureq", "start"])  # the console script
+    assert not starts(True, ["/x/server_main.py", "check-config"])
+    assert not starts(False, ["/opt/futureq/bin/futureq", "health"])
+    assert not starts(False, ["/usr/bin/pytest", "start"])  # imported by another program
+    assert not starts(True, ["/x/server_main.py"])
+
+
+def test_a_stop_signal_blocked_at_exec_waits_for_the_handler() -> None:
+    """A process started with the stop signals blocked (a sharded node's shards) keeps
+    one sent before its handler exists, and takes it once deferred."""
+    done = _run(
+        """
+        early_signals.block_start_signals_in_child()
+        os.kill(os.getpid(), signal.SIGTERM)  # pending: blocked
+        early_signals.defer_from_the_start()
+        time.sleep(0.05)
+        print(early_signals.deferred_stop())
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "SIGTERM\nalive\n", done.stdout

@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from futureq import early_signals
 from futureq.peer_credentials import generate_secret_file
 
 BASE_PORT = 7440
@@ -119,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             subprocess.Popen(
                 node_command(node_id, args.nodes, args.data_dir, args.host, base, args.shards),
                 process_group=0,  # the terminal's Ctrl-C is for us; we forward one SIGTERM
+                # One forwarded while a node's Python still loads waits for its handler.
+                preexec_fn=early_signals.block_start_signals_in_child,
             )
         )
     servers = ",".join(f"{args.host}:{ports(n, base)[0]}" for n in range(1, args.nodes + 1))

@@ -22,18 +22,24 @@ Source: DESIGN.md, "Processes and ports"; docs/operations.md, "Configuration".
 
 from __future__ import annotations
 
+import sys
+
+from futureq import early_signals  # stdlib only: first, before the slower imports
+
+if early_signals.starts_a_node(__name__ == "__main__", sys.argv):
+    early_signals.defer_from_the_start()
+
 import argparse
 import importlib
 import json
 import logging
 import os
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from futureq import __version__, early_signals, fd_budget
+from futureq import __version__, fd_budget
 from futureq.config import AUTO_SHARDS, WILDCARD_HOSTS, Config, join_host_port, split_host_port
 from futureq.config_checks import LOG_LEVELS
 from futureq.config_cross_checks import config_warnings

@@ -60,6 +60,7 @@ import trio
 from futureq.config import Config, join_host_port, split_host_port
 from futureq.early_signals import (
     REPEAT_SIGNAL_WINDOW_S,
+    block_start_signals_in_child,
     deferred_stop,
     note_stop_signal,
     note_stopped,
@@ -495,6 +496,11 @@ class Supervisor:
                 process_group=0,
                 env=env,
                 pass_fds=(*pass_fds, beat_write),
+                # A SIGTERM forwarded while its interpreter starts waits, pending, for
+                # its handler (early_signals.defer_from_the_start): before, a stop
+                # right after the start found the shards there and they died of it
+                # (-15).
+                preexec_fn=block_start_signals_in_child,
             )
         except BaseException:
             os.close(beat_read)
