@@ -225,6 +225,16 @@ def _not_tls(error: BaseException) -> bool:
     return isinstance(cause, ssl.SSLError) and cause.reason in NOT_TLS_REASONS
 
 
+def tls_mismatch(seen: str, with_tls: str, without_tls: str) -> str:
+    """The refusal of a Raft link whose two ends disagree about peer TLS: ``seen`` (what
+    this node met), then which end uses it and which does not, and the one fix. Each
+    direction (this node dialling, accepting, or without TLS itself) says it one way."""
+    return (
+        f"{seen}: {with_tls} uses peer mutual TLS (tls.ca_file) and {without_tls} does "
+        "not; give every node the same [tls] settings"
+    )
+
+
 def foreign_protocol(start: bytes) -> str | None:
     """What the first bytes of an inbound Raft connection say about who connected, when
     they are no futureq frame (a sentence naming what to fix), else None.
@@ -236,10 +246,10 @@ def foreign_protocol(start: bytes) -> str | None:
     """
     spoken = foreign.protocol_of(start)
     if spoken == "TLS":
-        return (
-            "a TLS handshake arrived on this node's Raft port, which runs without TLS: the "
-            "connecting node uses peer mutual TLS (tls.ca_file) and this node does not; "
-            "give every node the same [tls] settings"
+        return tls_mismatch(
+            "a TLS handshake arrived on this node's Raft port, which runs without TLS",
+            "the connecting node",
+            "this node",
         )
     if spoken == "HTTP":
         return (
@@ -769,9 +779,11 @@ class Transport:
                         # tester).
                         raise RemoteProtocolError(
                             ErrorCode.AUTH_FAILED,
-                            f"node {peer_id}'s Raft port at {address} answers without TLS: "
-                            "this node uses peer mutual TLS (tls.ca_file) and that node "
-                            "does not; give every node the same [tls] settings",
+                            tls_mismatch(
+                                f"node {peer_id}'s Raft port at {address} answers without TLS",
+                                "this node",
+                                "that node",
+                            ),
                         ) from None
                     stream = tls
                     certificate = tls.getpeercert()
@@ -899,10 +911,12 @@ class Transport:
                                 raise
                             raise RemoteProtocolError(
                                 ErrorCode.AUTH_FAILED,
-                                "a connection without TLS arrived on this node's Raft "
-                                "port, which requires peer mutual TLS (tls.ca_file): a "
-                                "node without it, or a client or HTTP probe given the Raft "
-                                "port; give every node the same [tls] settings",
+                                tls_mismatch(
+                                    "a connection without TLS arrived on this node's Raft port",
+                                    "this node",
+                                    "the connecting side (a node without it, or a client "
+                                    "or HTTP probe given the Raft port)",
+                                ),
                             ) from None
                         stream = tls
                         certificate = tls.getpeercert()
