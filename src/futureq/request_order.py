@@ -9,7 +9,8 @@ lookup) lets later ones pass. Each state-changing request therefore holds a
 once its effect has its place, so the next one cannot take effect first:
 
 * at once, for a request whose effect is one log proposal (PUBLISH, ACK, NACK,
-  RELEASE): when that proposal is queued in the log (:func:`proposal_queued`, called
+  RELEASE, RESCHEDULE: a settlement taken while a RESCHEDULE commits follows the
+  entries it moves): when that proposal is queued in the log (:func:`proposal_queued`, called
   by the command logs inside :func:`effect`), so pipelined requests still share
   group commits; an ack-level-NONE PUBLISH passes it once queued for the background
   publisher, and a later request that is not one waits until the background

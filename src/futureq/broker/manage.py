@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio.lowlevel
 
+from futureq import request_order
 from futureq.errors import ErrorCode, NotLeaderError, RequestError
 from futureq.state import commands
 from futureq.state.model import DLQ_SUFFIX
@@ -650,7 +651,10 @@ async def reschedule(broker: Broker, frame: frames.Reschedule) -> list[int]:
     # An ACK taken meanwhile may name an entry this moves: it follows the move (ACK_FOLLOWING).
     broker.reschedules_in_flight += 1
     try:
-        result = await broker.log.propose(command)
+        # Its one proposal is its effect: a settlement sent behind it on the connection
+        # is taken once it is queued, and follows the move like any other.
+        with request_order.effect():
+            result = await broker.log.propose(command)
     except BaseException:
         # Cancelled with its connection, or failed with its outcome unknown: it may
         # still commit, so the settlements taken next follow it too.
