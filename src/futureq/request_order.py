@@ -10,26 +10,28 @@ once its effect has its place, so the next one cannot take effect first:
 
 * at once, for a request whose effect is one log proposal (PUBLISH, ACK, NACK,
   RELEASE, RESCHEDULE: a settlement taken while a RESCHEDULE commits follows the
-  entries it moves): when that proposal is queued in the log (:func:`proposal_queued`, called
-  by the command logs inside :func:`effect`), so pipelined requests still share
-  group commits; an ack-level-NONE PUBLISH passes it once queued for the background
+  entries it moves): when that proposal is queued in the log (:func:`in_turn`, called
+  by the command logs; the request marks its proposal with :func:`effect`), so
+  pipelined requests still share group commits, and a PUBLISH waits for its turn only
+  there: the request ahead queues its proposal for it when it passes, so a pipeline of
+  them is queued in one pass of the event loop; an ack-level-NONE PUBLISH passes it once queued for the background
   publisher, and a later request that is not one waits until the background
   publisher has queued it (:meth:`Turn.background`);
 * else when the request ends (its effects applied, its answer queued).
 
-Plain trio and a context variable: the command logs call :func:`proposal_queued`
-without knowing of connections (a proposal made outside a request does nothing).
+Plain trio and a context variable: the command logs call :func:`in_turn` without
+knowing of connections (a proposal made outside a request does nothing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
 import trio
 
-__all__ = ["Turn", "current", "effect", "proposal_queued", "queued_in_background", "serving"]
+__all__ = ["Turn", "current", "effect", "in_turn", "queued_in_background", "serving"]
 
 
 class Turn:
@@ -39,11 +41,21 @@ class Turn:
         before: The turn of the connection's previous state-changing request, or None.
     """
 
-    __slots__ = ("_before", "_done", "background")
+    __slots__ = ("_before", "_done", "_error", "_next", "_parked", "_wants_pass", "background")
 
     def __init__(self, before: Turn | None) -> None:
         self._before = before
+        if before is not None:
+            before._next = self
+        self._next: Turn | None = None
         self._done = trio.Event()
+        self._parked: _Parked | None = None
+        """The proposal this request waits to queue (:func:`in_turn`): the request
+        before it queues it on its behalf when it passes, in the same pass of the event
+        loop (else a long pipeline took one pass per request)."""
+        self._wants_pass = False
+        """It ended (or has no effect) before the request ahead of it passed."""
+        self._error: BaseException | None = None
         self.background: Turn | None = None
         """The place of the last ack-level-NONE PUBLISH of this connection up to this
         request in the background publisher's queue, passed on once the background
@@ -53,6 +65,21 @@ class Turn:
     @property
     def passed(self) -> bool:
         return self._done.is_set()
+
+    def _ready(self, behind_background: bool) -> bool:
+        """Whether it may take effect now, without a wait."""
+        before = self._before
+        if before is not None:
+            if not before._done.is_set():
+                return False
+            self.background = before.background
+            self._before = None
+        background = self.background
+        if behind_background and background is not None:
+            if not background._done.is_set():
+                return False
+            self.background = None
+        return True
 
     async def wait(self, *, behind_background: bool = True) -> None:
         """Return once the previous request passed its turn on (and, with
@@ -71,8 +98,56 @@ class Turn:
             self.background = None
 
     def pass_on(self) -> None:
-        """Let the next request go on (again: nothing)."""
+        """Let the next request go on (again: nothing). A request that has not had its
+        turn yet (one that does not wait for it before its effect) passes once the one
+        ahead of it does. Queues the proposals of the requests behind it that wait to
+        queue one, in order, as far as they may go now."""
+        if self._done.is_set():
+            return
+        before = self._before
+        if before is not None and not before._done.is_set():
+            self._wants_pass = True
+            return
         self._done.set()
+        passed, turn = self, self._next
+        while turn is not None and (turn._wants_pass or turn._parked is not None):
+            if turn._wants_pass:  # it took no effect: what was before it stays so
+                turn._before = None
+                turn.background = passed.background
+                turn._done.set()
+                passed, turn = turn, turn._next
+                continue
+            parked = turn._parked
+            assert parked is not None
+            if not turn._ready(parked.behind_background):
+                return  # it waits for the background publisher: it goes on itself
+            try:
+                parked.now()
+            except trio.WouldBlock:
+                if parked.later is not None:
+                    return  # its log's queue is full: it waits for room itself
+                turn._error = parked.full
+            except BaseException as exc:  # noqa: BLE001 - the request's own error
+                turn._error = exc
+            turn._parked = None
+            turn._done.set()
+            passed, turn = turn, turn._next
+
+
+class _Parked:
+    __slots__ = ("behind_background", "full", "later", "now")
+
+    def __init__(
+        self,
+        now: Callable[[], None],
+        later: Callable[[], Awaitable[None]] | None,
+        full: BaseException | None,
+        behind_background: bool,
+    ) -> None:
+        self.now = now
+        self.later = later
+        self.full = full
+        self.behind_background = behind_background
 
 
 _current: ContextVar[Turn | None] = ContextVar("futureq_request_turn", default=None)
@@ -97,7 +172,7 @@ def serving(turn: Turn | None) -> Iterator[None]:
 @contextmanager
 def effect() -> Iterator[None]:
     """The proposal made inside is the request's effect: once it is queued in the log,
-    the next request of the connection may go on (:func:`proposal_queued`)."""
+    the next request of the connection may go on (:func:`in_turn`)."""
     token = _in_effect.set(True)
     try:
         yield
@@ -105,24 +180,71 @@ def effect() -> Iterator[None]:
         _in_effect.reset(token)
 
 
-def proposal_queued() -> None:
-    """A command log queued a proposal of this task: if it is the effect of a request
-    (inside :func:`effect`), that request passes its turn on.
+async def in_turn(
+    now: Callable[[], None],
+    later: Callable[[], Awaitable[None]] | None = None,
+    *,
+    full: BaseException | None = None,
+    behind_background: bool = True,
+) -> None:
+    """Queue a proposal (``now``: puts it in a log's queue, or raises ``trio.WouldBlock``
+    when that is full; ``later``: waits for room and puts it, None: ``full`` is raised
+    instead) in the turn of the request this task serves, when the proposal is that
+    request's effect (inside :func:`effect`); then pass the turn on. Elsewhere the
+    proposal is queued at once.
 
-    Called by the command logs right after a proposal takes its place, before it is
-    written or replicated."""
-    if _in_effect.get():
-        turn = _current.get()
-        if turn is not None:
-            turn.pass_on()
+    A request whose turn has not come parks its proposal: the request ahead of it
+    queues it when it passes (in the same pass of the event loop), else it is woken to
+    queue it itself. ``behind_background``: it waits for the connection's earlier
+    ack-level-NONE publishes to be queued in the log too.
 
-
-def queued_in_background(place: Turn) -> None:
-    """The request this task serves queued its effect for the background publisher at
-    ``place`` (passed on once that publisher queued it in the log): a later request
-    of the connection that is not queued there too waits for it; this one passes its
-    turn on now."""
+    Raises:
+        What ``now`` or ``later`` raises, or ``full``.
+    """
     turn = _current.get()
+    if turn is None or not _in_effect.get() or turn.passed:
+        await _queue(now, later, full)
+        return
+    if not turn._ready(behind_background):
+        parked = turn._parked = _Parked(now, later, full, behind_background)
+        before = turn._before
+        try:
+            if before is not None and not before._done.is_set():
+                await before._done.wait()
+            if turn._parked is None:  # queued by the request ahead of it
+                error, turn._error = turn._error, None
+                if error is not None:
+                    raise error
+                return
+            await turn.wait(behind_background=behind_background)
+        finally:
+            if turn._parked is parked:
+                turn._parked = None  # queued below, or given up (cancelled)
+    try:
+        await _queue(now, later, full)
+    finally:
+        turn.pass_on()
+
+
+async def _queue(
+    now: Callable[[], None],
+    later: Callable[[], Awaitable[None]] | None,
+    full: BaseException | None,
+) -> None:
+    try:
+        now()
+    except trio.WouldBlock:
+        if later is None:
+            assert full is not None
+            raise full from None
+        await later()
+
+
+def queued_in_background(turn: Turn | None, place: Turn) -> None:
+    """The request of ``turn`` (None: none) queued its effect for the background
+    publisher at ``place`` (passed on once that publisher queued it in the log): a
+    later request of the connection that is not queued there too waits for it. Call
+    from the ``now`` of :func:`in_turn` (which the request ahead may run: ``turn`` is
+    the request's own, taken before)."""
     if turn is not None:
         turn.background = place
-        turn.pass_on()

@@ -283,11 +283,11 @@ class SingleNodeLog:
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         try:
             await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller writes nothing
-            try:
-                self._send.send_nowait(proposal)  # no extra yield while the queue has room
-            except trio.WouldBlock:
-                await self._send.send(proposal)
-            request_order.proposal_queued()  # its place is taken: the writer takes them in order
+            # No extra yield while the queue has room; in the turn of its request (the
+            # writer takes them in order).
+            await request_order.in_turn(
+                lambda: self._send.send_nowait(proposal), lambda: self._send.send(proposal)
+            )
             await proposal.done.wait()
         finally:
             self._in_progress -= 1

@@ -679,13 +679,11 @@ class Connection:
         """Serve one request; ``turn``: its place in the connection's order (None: a
         read, which may overlap others)."""
         try:
-            if turn is not None:
-                # An ack-level-NONE PUBLISH joins the background publisher's queue
-                # behind the earlier ones: it need not wait for them to reach the log.
-                background = isinstance(frame, frames.Publish) and (
-                    frame.ack_level == frames.AckLevel.NONE
-                )
-                await turn.wait(behind_background=not background)
+            if turn is not None and not isinstance(frame, frames.Publish):
+                # A PUBLISH waits for its turn only to queue its proposal (nothing of
+                # it takes effect before): the request ahead queues it for it, so a
+                # pipeline of them costs no pass of the event loop each.
+                await turn.wait()
                 if isinstance(frame, frames.ClusterTransferLeader):
                     # It waits for this node's subscriptions to say what they were
                     # handed (UNSUBSCRIBE), maybe this connection's own: later

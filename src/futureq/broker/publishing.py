@@ -161,20 +161,30 @@ async def publish_validated(
         count_published(broker, validated, only)
         return commands.message_id(index, 0), len(validated), None
     if ack_level == frames.AckLevel.NONE:
-        queued = broker._background_bytes
-        try:
+        turn = request_order.current()
+
+        def queue() -> None:
+            queued = broker._background_bytes
             if queued and queued + len(command) > BACKGROUND_QUEUE_BYTES:
                 raise trio.WouldBlock
             place = request_order.Turn(None)
             broker._background_send.send_nowait((command, reserved[:], place))
-        except trio.WouldBlock:
-            raise RequestError(
-                ErrorCode.UNAVAILABLE,
-                "too many unacknowledged publishes are queued; use ack level leader or quorum, or retry",
-            ) from None
-        broker._background_bytes = queued + len(command)
-        reserved.clear()  # the background publisher releases them once proposed
-        request_order.queued_in_background(place)
+            broker._background_bytes = queued + len(command)
+            reserved.clear()  # the background publisher releases them once proposed
+            request_order.queued_in_background(turn, place)
+
+        with request_order.effect():
+            # In its connection's order, not behind the earlier ack-level-NONE ones:
+            # the background publisher takes them in order.
+            await request_order.in_turn(
+                queue,
+                full=RequestError(
+                    ErrorCode.UNAVAILABLE,
+                    "too many unacknowledged publishes are queued; use ack level leader or "
+                    "quorum, or retry",
+                ),
+                behind_background=False,
+            )
         count_published(broker, validated, only)
         return None, len(validated), None
     # Idempotency keys need the apply result (which items were duplicates), so a

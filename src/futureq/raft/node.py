@@ -457,8 +457,8 @@ class RaftNode:
         """
         self._check_can_lead()
         waiter = Waiter(decoded)
-        self._enqueue(Op("propose", waiter, data=command))
-        request_order.proposal_queued()  # its place is taken: the ops run in order
+        op = Op("propose", waiter, data=command)
+        await request_order.in_turn(lambda: self._enqueue(op))  # the ops run in order
         return await waiter.wait()
 
     async def propose_durable(self, command: bytes) -> int:
@@ -471,8 +471,8 @@ class RaftNode:
         """
         self._check_can_lead()
         waiter = Waiter()
-        self._enqueue(Op("durable", waiter, data=command))
-        request_order.proposal_queued()
+        op = Op("durable", waiter, data=command)
+        await request_order.in_turn(lambda: self._enqueue(op))
         index: int = await waiter.wait()
         return index
 
