@@ -62,7 +62,9 @@ def background_chunk(dispatcher: Dispatcher) -> bytes | None:
     if state.purging:
         return commands.purge_group(min(state.purging), PURGE_CHUNK_ENTRIES)
     if state.backfilling:
-        return commands.backfill_group(min(state.backfilling), PURGE_CHUNK_ENTRIES)
+        return commands.backfill_group(
+            min(state.backfilling), PURGE_CHUNK_ENTRIES, dispatcher.clock.wall_ms()
+        )
     return None
 
 

@@ -39,7 +39,8 @@ Layouts (``DESIGN.md``, "Data flow"):
   ``[RESCHEDULE_BACKFILLING, ...]`` laid out alike (written while a group of the topic
   is being filled from the backlog)
 * ``[PURGE, [group_id, ...]]``
-* ``[BACKFILL_GROUP, group_id, max_entries]``
+* ``[BACKFILL_GROUP, group_id, max_entries, now_ms?]`` (``now_ms``: the leader's cluster
+  time, so an exact backfill leaves out what expired)
 * ``[REDRIVE, publish_ms, group_id, [schedule_key, ...], due_ms]``
 
 Fields after the first few were added later; a command written before a field existed
@@ -569,10 +570,16 @@ def purge(group_ids: list[int]) -> bytes:
     return encode([CommandKind.PURGE, group_ids])
 
 
-def backfill_group(group_id: int, max_entries: int) -> bytes:
+def backfill_group(group_id: int, max_entries: int, now_ms: int | None = None) -> bytes:
     """Encode a BACKFILL_GROUP: copy the next chunk of the topic's backlog to a group
-    created ``from_backlog``."""
-    return encode([CommandKind.BACKFILL_GROUP, group_id, max_entries])
+    created ``from_backlog``.
+
+    ``now_ms``: the leader's cluster time (ms); an exact backfill (kind 37) does not
+    copy a message whose entries expired by then. None (commands of earlier builds, or
+    a legacy job): only what apply already knows expired (the latest publish stamp)."""
+    if now_ms is None:
+        return encode([CommandKind.BACKFILL_GROUP, group_id, max_entries])
+    return encode([CommandKind.BACKFILL_GROUP, group_id, max_entries, now_ms])
 
 
 def redrive(publish_ms: int, group_id: int, keys: list[bytes], due_ms: int) -> bytes:

@@ -287,7 +287,9 @@ def nack(
         # An entry a RESCHEDULE moved meanwhile keeps the due time it gave (the NACK
         # came first, then the RESCHEDULE, as far as anyone could tell).
         new_due = due_ms if key != item[0] else max(now_ms + requeue_delay_ms, due_ms)
-        state._move_entry(txn, key, gid, due_ms, mid, new_due, entry, CommandKind.NACK, effects)
+        state._move_entry(
+            txn, key, gid, due_ms, mid, new_due, entry, CommandKind.NACK, effects, touched
+        )
         done += 1
     if dead:
         yield from publish.publish(state, txn, index, now_ms, dead, effects, touched, settings)

@@ -10,7 +10,7 @@ It owns the ``index`` family (secondary indexes, one-byte prefixes):
 
 * ``d | message id (8) | group id (4)`` -> due_ms (8): where a group's entry of a
   message is due when that differs from the due time the message was published with
-  (after a NACK, a RESCHEDULE or parking). With the message record it finds any
+  (after a NACK, a RESCHEDULE, parking, or a backfill copy). With the message record it finds any
   entry by id in O(log n), without an index entry per message;
 * ``k | topic | 0x00 | idempotency key`` -> ``[message id, publish_ms]``: the message a
   key names;
@@ -28,12 +28,15 @@ group id, purge bound id]`` of the sources a PURGE was emptying at creation.
 
 BACKFILL (a group created ``from_backlog``, kind 37): the group gets exactly the
 messages of its topic pending in the topic's other groups (its sources) when it was
-created, each once, at its published due time. BACKFILL_GROUP chunks walk the
+created, each once, due as the sources held it then (the earliest live source entry's
+due time and expiry, :meth:`ManageOps._backlog_copy`); what expired is not copied.
+BACKFILL_GROUP chunks walk the
 ``messages`` family in id order below the group's first id (an id never moves, so
 what the cursor passed never comes back, however a NACK or RESCHEDULE moves an entry)
 and copy each message a source group holds. A message the cursor has not reached is
 copied ahead, and marked, when a source group lets go of its entry (ACK, CANCEL,
 EXPIRE, dead-lettering, PURGE, a deleted group's purge: the last one may delete it)
+or moves it (NACK, RESCHEDULE, parking: so the copy keeps the due time of creation),
 and before a CANCEL or RESCHEDULE names it (which then treats the new group's copy as
 the others'). Kind 6 with ``from_backlog`` (earlier builds) keeps its job, which walks
 the source groups' schedules, and replays as it applied.
@@ -112,6 +115,44 @@ def out_attempts(out_deliveries: Any) -> dict[bytes, int]:
     return known
 
 
+_STAMP_POSITION: Final = {
+    CommandKind.PUBLISH: 1,
+    CommandKind.NACK: 1,
+    CommandKind.NACK_FOLLOWING: 1,
+    CommandKind.EXPIRE: 2,
+    CommandKind.EXPIRE_COUNTED: 2,
+    CommandKind.DEAD_LETTER: 1,
+    CommandKind.DEAD_LETTER_PROVENANCE: 1,
+    CommandKind.DELIVERED: 2,
+    CommandKind.RESCHEDULE: 1,
+    CommandKind.RESCHEDULE_COUNTED: 1,
+    CommandKind.RESCHEDULE_BACKFILLING: 1,
+    CommandKind.REDRIVE: 1,
+    CommandKind.BACKFILL_GROUP: 3,
+}
+
+
+def command_stamp(command: list[Any]) -> int:
+    """The cluster time (ms) the leader stamped into ``command``, or 0 for a kind
+    without one (or a command of an earlier build that lacks it)."""
+    position = _STAMP_POSITION.get(command[0])
+    if position is None or len(command) <= position:
+        return 0
+    stamp = command[position]
+    return stamp if type(stamp) is int and stamp > 0 else 0
+
+
+def _published_copy(record: MessageRecord, source_value: bytes) -> tuple[int, int | None]:
+    """``(due_ms, expire_ms)`` of a copy as a legacy backfill (CREATE_GROUP kind 6 with
+    ``from_backlog``) makes it: at the published due time, expiring as published
+    (``source_value``: a source entry's stored value, whose expiry a record from
+    before TTLs were stored falls back on)."""
+    ttl_ms = record.ttl_ms
+    if ttl_ms is None:  # no TTL, or a record from before TTLs were stored
+        return record.due_ms, EntryValue.decode(source_value).expire_ms
+    return record.due_ms, record.due_ms + ttl_ms
+
+
 def _is_id(value: Any) -> bool:
     """A committed id that fits the stored layout (anything else names nothing)."""
     return type(value) is int and 0 <= value <= _U64_MAX
@@ -126,6 +167,12 @@ class ManageOps:
     purging: dict[int, PurgeJob]
     backfilling: dict[int, BackfillJob]
     total_pending: int
+    last_publish_ms: int
+    backfill_now_ms: int = 0
+    """Cluster time (ms) the command being applied shows has passed: the latest
+    publish stamp committed, or the command's own stamp if later (:func:`command_stamp`).
+    An exact backfill copies no entry that expired by then. Derived from replicated
+    state and the command only; set by ``apply_steps`` while a backfill runs."""
     key_time_floor: bytes = KEY_TIME
     """No ``t`` key of the store lies below this one (node-local, derived from the store;
     :meth:`_prune_idempotency_keys` starts its scan here). Raised past the keys a prune
@@ -161,6 +208,7 @@ class ManageOps:
             entry: EntryValue,
             reason: CommandKind,
             effects: list[tuple[Any, ...]],
+            touched: set[int],
         ) -> None: ...
 
         def _insert_message(
@@ -457,7 +505,16 @@ class ManageOps:
                 if counted and old_due == PARKED_DUE_MS:
                     entry.released = entry.attempt  # a fresh allowance (docstring)
                 self._move_entry(
-                    txn, key, gid, old_due, mid, due_ms, entry, CommandKind.RESCHEDULE, effects
+                    txn,
+                    key,
+                    gid,
+                    old_due,
+                    mid,
+                    due_ms,
+                    entry,
+                    CommandKind.RESCHEDULE,
+                    effects,
+                    touched,
                 )
                 status = ItemStatus.DONE
             out.append(status)
@@ -632,7 +689,10 @@ class ManageOps:
                 record = self._record(txn, mid)
                 if record is None or self._find_entry(txn, mid, gid, record.due_ms) is not None:
                     continue
-                self._copy_backlog_entry(txn, info, mid, record, value, effects, touched)
+                due_ms, expire_ms = _published_copy(record, value)
+                self._copy_backlog_entry(
+                    txn, info, mid, record, due_ms, expire_ms, effects, touched
+                )
                 copied += 1
             if exhausted:
                 job.source += 1
@@ -688,12 +748,10 @@ class ManageOps:
             record = self._record(txn, mid)
             if record is None or self._find_entry(txn, mid, gid, record.due_ms) is not None:
                 continue
-            for source in job.sources:
-                found = self._backlog_entry(txn, job, source, mid, record.due_ms)
-                if found is not None:
-                    self._copy_backlog_entry(txn, info, mid, record, found[1], effects, touched)
-                    copied += 1
-                    break
+            copy = self._backlog_copy(txn, job, mid, record)
+            if copy is not None:
+                self._copy_backlog_entry(txn, info, mid, record, *copy, effects, touched)
+                copied += 1
         # The marks of what the cursor passed (or all, at the end) are not needed any
         # more: the cursor never comes back; a marked message deleted meanwhile (the
         # new group acked it, the sources too) left its mark for this to remove.
@@ -725,14 +783,19 @@ class ManageOps:
         effects: list[tuple[Any, ...]],
         touched: set[int],
         leaving: int | None = None,
+        *,
+        expiring: bool = False,
     ) -> bool:
         """Copy message ``mid`` ahead to each group an exact backfill fills whose
         chunks have not reached it, and mark it there so they skip it. True if any.
 
-        ``leaving``: a group whose entry of ``mid`` is about to go (only the backfills
-        reading that group copy, and without looking for it); None: before a CANCEL or
-        RESCHEDULE names the message, each backfill copies it if a source group holds
-        it (so the command then treats the new group's copy as it treats the others).
+        ``leaving``: a group whose entry of ``mid`` is about to go or move (only the
+        backfills reading that group copy); None: before a CANCEL or RESCHEDULE names
+        the message, each backfill copies it if a source group holds it (so the
+        command then treats the new group's copy as it treats the others). The copy
+        is due as :meth:`_backlog_copy` says, with the source entries as they are
+        before the change. ``expiring``: ``leaving``'s entry goes because it expired,
+        so it is not a source of the copy.
         """
         copied = False
         for job in self.backfilling.values():
@@ -750,14 +813,10 @@ class ManageOps:
                 continue
             if self._find_entry(txn, mid, info.group_id, record.due_ms) is not None:
                 continue
-            found = None
-            for source in job.sources if leaving is None else [leaving]:
-                found = self._backlog_entry(txn, job, source, mid, record.due_ms)
-                if found is not None:
-                    break
-            if found is None:
+            copy = self._backlog_copy(txn, job, mid, record, leaving if expiring else None)
+            if copy is None:
                 continue
-            self._copy_backlog_entry(txn, info, mid, record, found[1], effects, touched)
+            self._copy_backlog_entry(txn, info, mid, record, *copy, effects, touched)
             txn.put("index", mark, b"")
             copied = True
         return copied
@@ -782,6 +841,52 @@ class ManageOps:
             return None
         return self._find_entry(txn, mid, source, published_due_ms)
 
+    def _backlog_copy(
+        self,
+        txn: Txn,
+        job: BackfillJob,
+        mid: int,
+        record: MessageRecord,
+        skip: int | None = None,
+    ) -> tuple[int, int | None] | None:
+        """``(due_ms, expire_ms)`` the group of exact backfill ``job`` gets message
+        ``mid`` with, or None when no source entry of it is pending and live.
+
+        The message as the source groups hold it: the earliest due time among their
+        entries of it (:meth:`_backlog_entry`), with that entry's expiry (ties: the
+        source with the lowest id). So a RESCHEDULE, a NACK's retry delay or a REDRIVE
+        delay a source entry got before the group existed carries over (never the
+        published due time instead); with several sources, the one that would deliver
+        it first counts. An entry that expired by :attr:`backfill_now_ms`, or expires
+        before it falls due (a NACK moved it past its TTL), is not pending; nor is
+        ``skip``'s (an entry being expired). A parked dead letter counts as held but
+        sets no time: held only parked, the message comes at its published due time
+        (the new group has never tried it), with its published expiry.
+        """
+        now_ms = self.backfill_now_ms
+        best: tuple[int, int | None] | None = None
+        parked = False
+        for source in job.sources:
+            if source == skip:
+                continue
+            found = self._backlog_entry(txn, job, source, mid, record.due_ms)
+            if found is None:
+                continue
+            due_ms = commands.parse_schedule_key(found[0])[1]
+            expire_ms = records.unpack(found[1])[1]
+            if due_ms == PARKED_DUE_MS:
+                parked = True
+            elif expire_ms is not None and expire_ms <= max(due_ms, now_ms):
+                continue
+            elif best is None or due_ms < best[0]:
+                best = (due_ms, expire_ms)
+        if best is None and parked:
+            ttl_ms = record.ttl_ms
+            expire_ms = None if ttl_ms is None else record.due_ms + ttl_ms
+            if expire_ms is None or expire_ms > max(record.due_ms, now_ms):
+                best = (record.due_ms, expire_ms)
+        return best
+
     def _backfill_leaving(
         self,
         txn: Txn,
@@ -790,10 +895,13 @@ class ManageOps:
         message: bytes | None,
         effects: list[tuple[Any, ...]],
         touched: set[int],
+        *,
+        expiring: bool = False,
     ) -> None:
         """Group ``gid``'s entry of ``mid`` is about to go (ACK, CANCEL, EXPIRE,
-        dead-lettering, PURGE, a deleted group's purge): each exact backfill reading
-        ``gid`` that has not reached ``mid`` copies it ahead (:meth:`_backfill_ahead`).
+        dead-lettering, PURGE, a deleted group's purge) or move (NACK, RESCHEDULE,
+        parking): each exact backfill reading ``gid`` that has not reached ``mid``
+        copies it ahead (:meth:`_backfill_ahead`; ``expiring``: an EXPIRE).
         ``message``: its stored bytes if the caller just read them."""
         if not any(
             job.exact and mid < job.bound_id and gid in job.sources
@@ -805,7 +913,7 @@ class ManageOps:
             message = txn.get("messages", mkey)
         if message is not None:
             record = MessageRecord.decode(message)
-            self._backfill_ahead(txn, mid, record, effects, touched, leaving=gid)
+            self._backfill_ahead(txn, mid, record, effects, touched, leaving=gid, expiring=expiring)
 
     def _copy_backlog_entry(
         self,
@@ -813,29 +921,25 @@ class ManageOps:
         info: GroupInfo,
         mid: int,
         record: MessageRecord,
-        source_value: bytes,
+        due_ms: int,
+        expire_ms: int | None,
         effects: list[tuple[Any, ...]],
         touched: set[int],
     ) -> None:
         """Give group ``info`` (being filled from the backlog) an entry of message
-        ``mid``: due at its published due time, never delivered, expiring as published
-        (``source_value``: the stored value of a source group's entry, whose expiry
-        a record from before TTLs were stored falls back on)."""
-        ttl_ms = record.ttl_ms
-        if ttl_ms is None:  # no TTL, or a record from before TTLs were stored
-            expire_ms = EntryValue.decode(source_value).expire_ms
-        else:
-            expire_ms = record.due_ms + ttl_ms
+        ``mid``, due at ``due_ms`` and expiring at ``expire_ms`` (ms; None: never),
+        never delivered; where it is due is remembered when that is not the message's
+        published due time (so it is found by id, as a moved entry is)."""
         gid = info.group_id
-        txn.put(
-            "schedule", commands.schedule_key(gid, record.due_ms, mid), records.pack([0, expire_ms])
-        )
+        txn.put("schedule", commands.schedule_key(gid, due_ms, mid), records.pack([0, expire_ms]))
+        if due_ms != record.due_ms:
+            txn.put("index", moved_key(mid, gid), _u64(due_ms))
         record.open += 1
         txn.put("messages", _u64(mid), record.encode())
         info.pending += 1
         self.total_pending += 1
         touched.add(gid)
-        effects.append(("s", gid, record.due_ms, mid, expire_ms, 0))
+        effects.append(("s", gid, due_ms, mid, expire_ms, 0))
 
     def _backfill_one(
         self,
@@ -868,7 +972,10 @@ class ManageOps:
                     continue
                 found = self._find_entry(txn, mid, source, record.due_ms)
                 if found is not None:
-                    self._copy_backlog_entry(txn, info, mid, record, found[1], effects, touched)
+                    due_ms, expire_ms = _published_copy(record, found[1])
+                    self._copy_backlog_entry(
+                        txn, info, mid, record, due_ms, expire_ms, effects, touched
+                    )
                     job.copied.add(mid)
                     self._store_backfill(txn, job)
                     copied = True
@@ -962,7 +1069,7 @@ class ManageOps:
             return False
         dead_letter_topic = info.dead_letter_topic
         if dead_letter_topic is None:
-            self._park(txn, key, info.group_id, due_ms, mid, entry, effects)
+            self._park(txn, key, info.group_id, due_ms, mid, entry, effects, touched)
             return True
         if self._drop_entry(txn, key, CommandKind.DEAD_LETTER, effects, touched) is None:
             return False
@@ -981,6 +1088,7 @@ class ManageOps:
         mid: int,
         entry: EntryValue,
         effects: list[tuple[Any, ...]],
+        touched: set[int],
     ) -> None:
         """Keep an entry of a dead-letter topic but never deliver it again (due at
         :data:`~futureq.state.records.PARKED_DUE_MS`, no expiry) until it is redriven,
@@ -990,7 +1098,16 @@ class ManageOps:
             txn.put("schedule", key, entry.encode())
             return
         self._move_entry(
-            txn, key, gid, due_ms, mid, PARKED_DUE_MS, entry, CommandKind.DEAD_LETTER, effects
+            txn,
+            key,
+            gid,
+            due_ms,
+            mid,
+            PARKED_DUE_MS,
+            entry,
+            CommandKind.DEAD_LETTER,
+            effects,
+            touched,
         )
 
     # ------------------------------------------------------------ idempotency keys

@@ -77,6 +77,7 @@ from futureq.state.manage_ops import (
     KEY_TIME,
     PURGING_PREFIX,
     ManageOps,
+    command_stamp,
     moved_key,
 )
 from futureq.state.model import (
@@ -465,6 +466,8 @@ class QueueState(ManageOps):
         effects: list[tuple[Any, ...]] = []
         touched: set[int] = set()
         result: Any = None
+        if self.backfilling:
+            self.backfill_now_ms = max(self.last_publish_ms, command_stamp(command))
         if kind == CommandKind.PUBLISH:
             settings = commands.GroupSettings.from_wire(_arg(command, 3))
             duplicates: dict[int, int] = {}
@@ -806,7 +809,9 @@ class QueueState(ManageOps):
         if self.backfilling:
             # Before the entry goes: a backfill that has not reached the message yet
             # copies it now (the message may go with this entry).
-            self._backfill_leaving(txn, gid, mid, message, effects, touched)
+            self._backfill_leaving(
+                txn, gid, mid, message, effects, touched, expiring=reason == CommandKind.EXPIRE
+            )
         txn.put("schedule", key, None)
         info = self.groups.get(gid)
         if info is not None:
@@ -831,9 +836,14 @@ class QueueState(ManageOps):
         entry: EntryValue,
         reason: CommandKind,
         effects: list[tuple[Any, ...]],
+        touched: set[int],
     ) -> None:
         """Write ``entry`` as the group's entry of ``mid``, due at ``new_due`` (it was due
         at ``due_ms`` under ``key``), and remember where it moved."""
+        if self.backfilling and new_due != due_ms:
+            # Before the entry moves: a backfill that has not reached the message yet
+            # copies it now, due as it was (the group gets the time due at creation).
+            self._backfill_leaving(txn, gid, mid, None, effects, touched)
         new_key = commands.schedule_key(gid, new_due, mid)
         txn.put("schedule", key, None)
         txn.put("schedule", new_key, entry.encode())

@@ -22,6 +22,7 @@ from state_helpers import StoreKit
 from futureq.state import commands
 from futureq.state.commands import CommandKind, schedule_key
 from futureq.state.queue_state import QueueState
+from futureq.state.records import PARKED_DUE_MS
 from futureq.wire.frames import ItemStatus
 
 DONE, UNKNOWN = ItemStatus.DONE, ItemStatus.UNKNOWN
@@ -41,13 +42,15 @@ def _under_way(
     kit: StoreKit, sources: int = 1, chunk: int = 3
 ) -> tuple[QueueState, Runner, list[int], int, list[int]]:
     """``sources`` groups of t hold 6 messages (due 1500..1505, TTL 100); group
-    ``late`` is created from the backlog and a first chunk of ``chunk`` entries ran."""
+    ``late`` is created from the backlog and a first chunk of ``chunk`` entries ran
+    (0: none)."""
     state = QueueState(kit.store)
     run = Runner(state)
     gids = [run(commands.create_group("t", f"g{n}", None, None)) for n in range(sources)]
     first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, 100) for i in range(6)]))
     late = run(commands.create_group("t", "late", None, None, from_backlog=True))
-    run(commands.backfill_group(late, chunk))
+    if chunk:
+        run(commands.backfill_group(late, chunk))
     return state, run, gids, late, [first + i for i in range(6)]
 
 
@@ -96,13 +99,13 @@ def _let_go(how: str, state: QueueState, run: Runner, g0: int, mid: int) -> None
 
 
 @pytest.mark.parametrize(
-    "how", ["ack", "cancel", "expire", "dead_letter", "nack_dead_letter", "purge", "delete"]
+    "how", ["ack", "cancel", "dead_letter", "nack_dead_letter", "purge", "delete"]
 )
 def test_a_message_its_source_group_lets_go_of_before_the_backfill_reaches_it_still_arrives(
     kit: StoreKit, how: str
 ) -> None:
     """Before, the chunks only found what the source groups still held when they got
-    there: g1's ACK (or CANCEL, EXPIRE, ...) of message 4 before the chunks reached it
+    there: g1's ACK (or CANCEL, dead-lettering, ...) of message 4 before the chunks reached it
     deleted the message, and ``late`` never got it. Now g1 letting go of it copies it
     ahead to ``late``, due at its published time with its published expiry."""
     state, run, (g1,), late, ids = _under_way(kit)
@@ -338,3 +341,121 @@ def test_an_exact_backfill_chunk_counts_the_topics_messages_and_bounds_what_it_r
     assert late in state.backfilling
     _finish(state, run, late)
     assert [mid for mid, _due in _held_by(state, late)] == [first, first + 1, first + 2, last]
+
+
+def _two_sources(kit: StoreKit) -> tuple[QueueState, Runner, int, int, list[int]]:
+    """Groups g0 and g1 of t hold 6 messages (due 1500..1505, TTL 100)."""
+    state = QueueState(kit.store)
+    run = Runner(state)
+    g0 = run(commands.create_group("t", "g0", None, None))
+    g1 = run(commands.create_group("t", "g1", None, None))
+    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, 100) for i in range(6)]))
+    return state, run, g0, g1, [first + i for i in range(6)]
+
+
+def test_a_reschedule_of_every_group_before_the_group_existed_carries_over(
+    kit: StoreKit,
+) -> None:
+    """A RESCHEDULE of every group moved message 2 to 3000 before ``late`` existed.
+    Before, the backfill copied it at its published due time (1502, expiring 1602):
+    delivered 1.5 s earlier than the operator set. Now ``late`` gets it due 3000,
+    expiring 3100 as the source entries do, found by id like any moved entry."""
+    state, run, g0, g1, ids = _two_sources(kit)
+    assert run(commands.reschedule(1200, "t", None, [ids[2]], 3000)) == [DONE]
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    _finish(state, run, late)
+    assert state.get_schedule(schedule_key(late, 3000, ids[2])) == (0, 3100)
+    assert state.entry_key(ids[2], late) == schedule_key(late, 3000, ids[2])
+    assert (ids[0], 1500) in _held_by(state, late)
+    assert run(commands.cancel("t", late, [ids[2]])) == [DONE]  # found where it is due
+    assert state.entry_key(ids[2], g0) == schedule_key(g0, 3000, ids[2])
+    assert _marks(state) == []
+
+
+def test_with_several_sources_the_earliest_live_source_entry_sets_the_time(
+    kit: StoreKit,
+) -> None:
+    """Before ``late`` existed, g0's entry of message 2 was rescheduled to 3000 and
+    g1's NACKed to 1560 (its expiry stays 1602); message 3 was rescheduled in g0 to
+    2000 and NACKed in g1 past its expiry (due 1700, expiring 1603: it can only
+    expire there). ``late`` gets message 2 at 1560 expiring 1602 (g1's, the earliest)
+    and message 3 at 2000 expiring 2100 (g0's; g1's is not live). Before, both came
+    at their published due times."""
+    state, run, g0, g1, ids = _two_sources(kit)
+    assert run(commands.reschedule(1200, "t", g0, [ids[2]], 3000)) == [DONE]
+    assert run(commands.reschedule(1200, "t", g0, [ids[3]], 2000)) == [DONE]
+    assert run(commands.nack(1510, 50, [(schedule_key(g1, 1502, ids[2]), 1)])) == 1
+    assert run(commands.nack(1510, 190, [(schedule_key(g1, 1503, ids[3]), 1)])) == 1
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    _finish(state, run, late)
+    assert state.get_schedule(schedule_key(late, 1560, ids[2])) == (0, 1602)
+    assert state.get_schedule(schedule_key(late, 2000, ids[3])) == (0, 2100)
+    assert state.groups[late].pending == 6
+
+
+def test_a_source_entry_that_moves_after_creation_leaves_the_time_due_at_creation(
+    kit: StoreKit,
+) -> None:
+    """Message 4 was rescheduled in g0 to 2000 before ``late`` existed; after, before
+    the chunks reach it, a NACK moves g0's entry to 2500 and a RESCHEDULE of g0 only
+    moves message 5 to 4000. ``late`` gets each as it was due when it was created
+    (2000, expiring 12000; 1505): the move copies it ahead first. Before, message 4
+    came at its published due time (1504)."""
+    state = QueueState(kit.store)
+    run = Runner(state)
+    g0 = run(commands.create_group("t", "g0", None, None))
+    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, 10_000) for i in range(6)]))
+    ids = [first + i for i in range(6)]
+    assert run(commands.reschedule(1200, "t", g0, [ids[4]], 2000)) == [DONE]
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    run(commands.backfill_group(late, 3))
+    assert run(commands.nack(2000, 500, [(schedule_key(g0, 2000, ids[4]), 1)])) == 1
+    assert run(commands.reschedule(2000, "t", g0, [ids[5]], 4000)) == [DONE]
+    _finish(state, run, late)
+    assert state.get_schedule(schedule_key(late, 2000, ids[4])) == (0, 12000)
+    assert state.get_schedule(schedule_key(late, 1505, ids[5])) == (0, 11505)
+    assert state.entry_key(ids[4], g0) == schedule_key(g0, 2500, ids[4])
+    assert state.groups[late].pending == 6
+    assert _marks(state) == []
+
+
+def test_a_message_whose_expiry_passed_is_not_copied(kit: StoreKit) -> None:
+    """The chunk carries the leader's time (1602.5 s: messages 0..2 expired, their
+    source entries not removed yet); an EXPIRE of g0's entry of message 4 before the
+    chunks reach it copies nothing. Before, ``late`` got all six: three expired
+    messages it could only expire (or dead-letter), and message 4 its EXPIRE had
+    just removed from g0."""
+    state, run, (g0,), late, ids = _under_way(kit, chunk=0)
+    assert run(commands.expire([schedule_key(g0, 1504, ids[4])], 1604)) == 1
+    assert run(commands.backfill_group(late, 10, 1602)) == 2
+    _finish(state, run, late)
+    assert _held_by(state, late) == [(ids[3], 1503), (ids[5], 1505)]
+    assert state.groups[late].pending == 2
+    assert _marks(state) == []
+
+
+def test_what_a_later_publish_stamp_shows_expired_is_not_copied(kit: StoreKit) -> None:
+    """A chunk without the leader's time (an earlier build's) still knows what the
+    latest publish stamp shows: a PUBLISH stamped 1601 means messages 0 and 1 expired."""
+    state, run, _gids, late, ids = _under_way(kit, chunk=0)
+    run(commands.publish(1601, [("u", b"", 1601, None)]))
+    _finish(state, run, late)
+    assert [mid for mid, _due in _held_by(state, late)] == ids[2:]
+
+
+def test_a_dead_letter_parked_in_every_source_comes_at_its_published_time(
+    kit: StoreKit,
+) -> None:
+    """On a dead-letter topic, g0 parked message 0 (out of attempts) and message 1 was
+    rescheduled: ``late`` gets message 0 at its published due time (it never tried
+    it; a parked entry's time is not a schedule) and message 1 at its new time."""
+    state = QueueState(kit.store)
+    run = Runner(state)
+    g0 = run(commands.create_group("t.dlq", "g0", None, None))
+    first = run(commands.publish(1000, [("t.dlq", bytes([i]), 1500 + i, None) for i in range(2)]))
+    run(commands.dead_letter(1600, [(schedule_key(g0, 1500, first), 1)]))
+    assert state.entry_key(first, g0) == schedule_key(g0, PARKED_DUE_MS, first)
+    assert run(commands.reschedule(1600, "t.dlq", None, [first + 1], 5000)) == [DONE]
+    late = run(commands.create_group("t.dlq", "late", None, None, from_backlog=True))
+    _finish(state, run, late)
+    assert _held_by(state, late) == [(first, 1500), (first + 1, 5000)]
