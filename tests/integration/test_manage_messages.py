@@ -23,7 +23,7 @@ from cluster_process import Cluster
 from futureq.client import PendingMessage, PublishItem
 from futureq.client.sync import SyncClient
 from futureq.errors import ErrorCode, RequestError
-from futureq.wire.frames import ItemStatus
+from futureq.wire.frames import GroupCreated, ItemStatus
 
 CLI_TIMEOUT_S = 60.0
 
@@ -506,6 +506,40 @@ def test_a_group_created_from_the_backlog_gets_what_is_pending(broker: BrokerPro
             time.sleep(0.1)
         got = client.consume("events", "late", 501, timeout_s=20)
         assert sorted(d.id for d in got) == [*ids[100:], newer]
+
+
+def test_group_create_says_whether_it_created_copied_or_found_the_group(
+    broker: BrokerProcess,
+) -> None:
+    """Before, ``group create`` printed "group ... exists" whatever happened: run again
+    with --from-backlog on a group that existed, it looked as if the backlog had been
+    copied. Now the server answers what it did and the CLI says it."""
+    address = broker.client_address
+    with SyncClient(address, request_timeout_s=20.0) as client:
+        client.publish("said", b"before any group")  # the implicit default group
+        lines = []
+        for args in (
+            ["first"],
+            ["late", "--from-backlog"],
+            ["late", "--from-backlog"],
+            ["late", "--max-deliveries", "3"],
+        ):
+            done = cli(address, "group", "create", "said", *args)
+            assert done.returncode == 0, done.stderr
+            lines.append(done.stdout.strip())
+        assert lines == [
+            "group 'first' of topic 'said' created from the topic's implicit default group,"
+            " with its backlog",
+            "group 'late' of topic 'said' created; the topic's pending messages are being"
+            " copied to it in the background (status shows background: backfilling until"
+            " done)",
+            "group 'late' of topic 'said' already exists with these settings: unchanged;"
+            " --from-backlog copies only into a group it creates: nothing was copied",
+            "group 'late' of topic 'said' already exists: its settings were updated",
+        ]
+        assert client.create_group("alone", "g", from_backlog=True) == GroupCreated.CREATED
+        assert client.create_group("alone", "g") == GroupCreated.UNCHANGED
+        assert client.consume("said", "late", 1, timeout_s=10)[0].payload == b"before any group"
 
 
 def test_a_group_from_the_backlog_keeps_what_the_other_group_cancels_meanwhile(

@@ -386,6 +386,25 @@ class Broker:
 
         See :func:`~futureq.broker.group_requests.ensure_group`.
         """
+        info, _ = await self.create_group(
+            topic, group, visibility_timeout_ms, max_deliveries, from_backlog, dead_letter_expired
+        )
+        return info
+
+    async def create_group(
+        self,
+        topic: str,
+        group: str,
+        visibility_timeout_ms: int | None = None,
+        max_deliveries: int | None = None,
+        from_backlog: bool = False,
+        dead_letter_expired: bool | None = None,
+    ) -> tuple[GroupInfo, frames.GroupCreated]:
+        """:meth:`ensure_group` for GROUP_CREATE: also what it did (created, adopted,
+        updated, unchanged; from the backlog or not), the answer's ``result``.
+
+        Raises: as :meth:`ensure_group`.
+        """
         return await group_requests.ensure_group(
             self,
             topic,

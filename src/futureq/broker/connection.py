@@ -926,7 +926,7 @@ class Connection:
                 self._set_watch(None)
                 return frames.Ok(frame.request_id, None)
             case frames.GroupCreate():
-                await broker.ensure_group(
+                _, created = await broker.create_group(
                     frame.topic,
                     frame.group,
                     frame.visibility_timeout_ms,
@@ -934,7 +934,7 @@ class Connection:
                     frame.from_backlog,
                     frame.dead_letter_expired,
                 )
-                return frames.Ok(frame.request_id, None)
+                return frames.Ok(frame.request_id, int(created))
             case frames.GroupDelete():
                 await broker.delete_group(frame.topic, frame.group)
                 return frames.Ok(frame.request_id, None)

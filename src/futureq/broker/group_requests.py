@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
 from futureq.wire import validation
+from futureq.wire.frames import GroupCreated
 
 from . import group_reservations
 
@@ -53,8 +54,9 @@ async def ensure_group(
     max_deliveries: int | None = None,
     from_backlog: bool = False,
     dead_letter_expired: bool | None = None,
-) -> GroupInfo:
-    """The work of :meth:`Broker.ensure_group` (its docstring: arguments, result, errors)."""
+) -> tuple[GroupInfo, GroupCreated]:
+    """The work of :meth:`Broker.ensure_group` (its docstring: arguments, result,
+    errors), and what it did (the answer of a GROUP_CREATE)."""
     broker._require_leader()
     # Even where a group of it exists (an earlier build created one): it can never
     # receive anything. GROUP_DELETE still takes it, so such a group can go.
@@ -110,9 +112,18 @@ async def create_or_update_group(
     max_deliveries: int | None,
     from_backlog: bool,
     dead_letter_expired: bool | None,
-) -> GroupInfo:
-    """The proposal of :func:`ensure_group`, once its new group (if any) is reserved."""
-    info = broker.state.find_group(topic, group)
+) -> tuple[GroupInfo, GroupCreated]:
+    """The proposal of :func:`ensure_group`, once its new group (if any) is reserved,
+    and what it did.
+
+    Group ids are never reused, so the group the command left is new if its id is
+    none of those the topic had before; it fills from the backlog if it is being
+    backfilled or older groups of the topic exist (a backfill may end before this
+    coroutine runs again).
+    """
+    state = broker.state
+    info = state.find_group(topic, group)
+    before = {other.group_id for other in state.topic_groups(topic)}
     if (
         info is None
         or info.implicit
@@ -135,9 +146,20 @@ async def create_or_update_group(
                 from_backlog=from_backlog and info is None,
             )
         )
-        info = broker.state.find_group(topic, group)
-    assert info is not None
-    return info
+        changed = state.find_group(topic, group)
+        assert changed is not None
+        if info is not None:
+            return changed, GroupCreated.UPDATED
+        gid = changed.group_id
+        if gid in before:
+            return changed, GroupCreated.ADOPTED
+        if from_backlog and (
+            gid in state.backfilling
+            or any(other.group_id < gid for other in state.topic_groups(topic))
+        ):
+            return changed, GroupCreated.CREATED_FROM_BACKLOG
+        return changed, GroupCreated.CREATED
+    return info, GroupCreated.UNCHANGED
 
 
 async def delete_group(broker: Broker, topic: str, group: str) -> None:

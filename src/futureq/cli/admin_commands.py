@@ -16,6 +16,7 @@ from typing import Any, Final
 from futureq.cli.output import EXIT_ERROR, EXIT_OK, Output, format_ms
 from futureq.client import Client
 from futureq.errors import FutureQError
+from futureq.wire.frames import GroupCreated
 
 
 def _groups(status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -194,9 +195,38 @@ async def run_status(client: Client, args: argparse.Namespace, io: Output) -> in
     return _missing_shards(status, io)
 
 
+def group_created_line(
+    topic: str, group: str, created: GroupCreated | None, from_backlog: bool
+) -> str:
+    """What ``group create`` tells the user the server did (``created``: the answer;
+    None from a server of an earlier build, which does not say)."""
+    name = f"group {group!r} of topic {topic!r}"
+    not_copied = (
+        "; --from-backlog copies only into a group it creates: nothing was copied"
+        if from_backlog
+        else ""
+    )
+    if created == GroupCreated.UNCHANGED:
+        return f"{name} already exists with these settings: unchanged{not_copied}"
+    if created == GroupCreated.UPDATED:
+        return f"{name} already exists: its settings were updated{not_copied}"
+    if created == GroupCreated.ADOPTED:
+        return f"{name} created from the topic's implicit default group, with its backlog"
+    if created == GroupCreated.CREATED_FROM_BACKLOG:
+        return (
+            f"{name} created; the topic's pending messages are being copied to it in the"
+            " background (status shows background: backfilling until done)"
+        )
+    if created == GroupCreated.CREATED:
+        if from_backlog:
+            return f"{name} created; the topic had no other group: no backlog to copy"
+        return f"{name} created"
+    return f"{name} exists"
+
+
 async def run_group(client: Client, args: argparse.Namespace, io: Output) -> int:
     if args.group_command == "create":
-        await client.create_group(
+        created = await client.create_group(
             args.topic,
             args.group,
             visibility_timeout_ms=args.visibility_timeout,
@@ -204,7 +234,7 @@ async def run_group(client: Client, args: argparse.Namespace, io: Output) -> int
             from_backlog=args.from_backlog,
             dead_letter_expired=args.dead_letter_expired,
         )
-        io.out(f"group {args.group!r} of topic {args.topic!r} exists")
+        io.out(group_created_line(args.topic, args.group, created, args.from_backlog))
     elif args.group_command == "delete":
         await client.delete_group(args.topic, args.group)
         io.out(f"group {args.group!r} of topic {args.topic!r} deleted")

@@ -94,7 +94,7 @@ class AdminClient(ClientBase):
         max_deliveries: int | None = None,
         from_backlog: bool = False,
         dead_letter_expired: bool | None = None,
-    ) -> None:
+    ) -> frames.GroupCreated | None:
         """Create a consumer group (idempotent). None takes the server's default.
 
         Args:
@@ -110,6 +110,14 @@ class AdminClient(ClientBase):
             dead_letter_expired: True: a message whose TTL runs out goes to
                 ``<topic>.dlq`` (``futureq-reason: expired``) instead of being dropped.
                 None keeps the group's setting (a new group: False).
+
+        Returns:
+            What the server did (:class:`~futureq.wire.frames.GroupCreated`): created
+            (from the backlog or not), adopted the topic's implicit group, updated an
+            existing group's settings, or nothing (it existed as asked: then
+            ``from_backlog`` copied nothing). None from a server of an earlier build.
+            A retry after a lost connection may find the group its first attempt
+            created, and say UNCHANGED.
 
         Raises:
             RequestError, ConnectionLostError, ClientClosedError: as :meth:`publish`;
@@ -142,7 +150,10 @@ class AdminClient(ClientBase):
             ),
             retry_unknown=True,
         )
-        _expect(answer, frames.Ok)
+        result = _expect(answer, frames.Ok).result
+        if result is None or result not in frames.GroupCreated._value2member_map_:
+            return None
+        return frames.GroupCreated(result)
 
     async def delete_group(self, topic: str, group: str) -> None:
         """Delete a consumer group and every delivery it still holds.

@@ -422,9 +422,9 @@ class ShardedClient(Client):
         max_deliveries: int | None = None,
         from_backlog: bool = False,
         dead_letter_expired: bool | None = None,
-    ) -> None:
+    ) -> frames.GroupCreated | None:
         """As :meth:`Client.create_group`, on the shard owning ``topic``."""
-        await self._routed(
+        return await self._routed(
             topic,
             lambda client: client.create_group(
                 topic,

@@ -626,12 +626,12 @@ class SyncClient:
         max_deliveries: int | None = None,
         from_backlog: bool = False,
         dead_letter_expired: bool | None = None,
-    ) -> None:
-        """Create a consumer group (see ``Client.create_group``)."""
+    ) -> frames.GroupCreated | None:
+        """Create a consumer group; what the server did (see ``Client.create_group``)."""
         client = self._require_client()
 
-        async def call() -> None:
-            await client.create_group(
+        async def call() -> frames.GroupCreated | None:
+            return await client.create_group(
                 topic,
                 group,
                 visibility_timeout_ms=visibility_timeout_ms,
@@ -640,7 +640,7 @@ class SyncClient:
                 dead_letter_expired=dead_letter_expired,
             )
 
-        self._run(call)
+        return self._run(call)
 
     def delete_group(self, topic: str, group: str) -> None:
         """Delete a consumer group (see ``Client.delete_group``)."""

@@ -51,6 +51,7 @@ from futureq.wire.frames.constants import (
     SUPPORTED_VERSIONS,
     AckLevel,
     FrameType,
+    GroupCreated,
     ItemStatus,
     RevokeReason,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "Hello",
     "HelloOk",
     "ItemResults",
+    "GroupCreated",
     "ItemStatus",
     "MAX_MESSAGE_ID",
     "MAX_REQUEST_ID",

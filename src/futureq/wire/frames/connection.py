@@ -151,7 +151,9 @@ class Error:
 class Ok:
     """Success answer to ACK, NACK, UNSUBSCRIBE, GROUP_CREATE and GROUP_DELETE.
 
-    ``result`` is request specific: the number of tags acked or nacked, else None.
+    ``result`` is request specific: the number of tags acked or nacked; for
+    GROUP_CREATE what it did (:class:`~futureq.wire.frames.constants.GroupCreated`);
+    else None.
     """
 
     TYPE: ClassVar[FrameType] = FrameType.OK

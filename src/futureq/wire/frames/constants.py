@@ -90,6 +90,24 @@ class ItemStatus(enum.IntEnum):
     """REDRIVE: its original group no longer exists; it stays a dead letter."""
 
 
+class GroupCreated(enum.IntEnum):
+    """What a GROUP_CREATE did: the ``result`` of its OK (``docs/protocol.md``,
+    "GROUP_CREATE"). A server of an earlier build answers None."""
+
+    UNCHANGED = 0
+    """The group existed with these settings: nothing changed, nothing was copied."""
+    UPDATED = 1
+    """The group existed: its settings changed; nothing was copied (``from_backlog``
+    copies only into a group the request creates)."""
+    CREATED = 2
+    """A new group, empty (no ``from_backlog``, or the topic had no other group)."""
+    CREATED_FROM_BACKLOG = 3
+    """A new group ``from_backlog``: the topic's backlog is being copied to it in the
+    background (STATUS: ``background`` ``backfilling`` until done)."""
+    ADOPTED = 4
+    """The topic's implicit ``default`` group became this group, with its backlog."""
+
+
 MAX_MESSAGE_ID = 2**64 - 1
 """Largest message id (``docs/protocol.md``, "Message ids")."""
 
