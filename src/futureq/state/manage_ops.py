@@ -599,12 +599,7 @@ class ManageOps:
             if commands.parse_schedule_key(key)[2] < job.bound_id:
                 if self._drop_entry(txn, key, CommandKind.PURGE_GROUP, effects, touched, value):
                     done += 1
-        if looked < limit:
-            del self.purging[gid]
-            txn.put("meta", PURGING_PREFIX + gid.to_bytes(4, "big"), None)
-            effects.append(("g", gid))
-        else:
-            self._store_purge(txn, job)
+        self._end_or_store_job(txn, job, looked < limit, effects)
         return done
 
     # ------------------------------------------------------------ BACKFILL
@@ -697,7 +692,7 @@ class ManageOps:
             if exhausted:
                 job.source += 1
                 job.cursor = None
-        self._end_or_store_backfill(txn, gid, job, job.source >= len(job.sources), effects)
+        self._end_or_store_job(txn, job, job.source >= len(job.sources), effects)
         return copied
 
     def _backfill_chunk_exact(
@@ -760,18 +755,31 @@ class ManageOps:
             stop = backfilled_key(gid, last_mid)
             for mark, _ in self.store.scan("index", backfilled_key(gid, first_mid), stop):
                 txn.put("index", mark, None)
-        self._end_or_store_backfill(txn, gid, job, ended, effects)
+        self._end_or_store_job(txn, job, ended, effects)
         return copied
 
-    def _end_or_store_backfill(
-        self, txn: Txn, gid: int, job: BackfillJob, ended: bool, effects: list[tuple[Any, ...]]
+    def _end_or_store_job(
+        self,
+        txn: Txn,
+        job: PurgeJob | BackfillJob,
+        ended: bool,
+        effects: list[tuple[Any, ...]],
     ) -> None:
-        """After a BACKFILL_GROUP chunk: forget the job of group ``gid`` once ``ended``
-        (its stored key deleted, the group noted as changed), else store its cursor."""
+        """After a PURGE_GROUP (of a live group) or BACKFILL_GROUP chunk: forget ``job``
+        once ``ended`` (its stored key deleted, the group noted as changed), else
+        store its cursor."""
+        gid = job.group_id
+        jobs: dict[int, Any]
+        if isinstance(job, PurgeJob):
+            jobs, prefix = self.purging, PURGING_PREFIX
+        else:
+            jobs, prefix = self.backfilling, BACKFILL_PREFIX
         if ended:
-            del self.backfilling[gid]
-            txn.put("meta", BACKFILL_PREFIX + gid.to_bytes(4, "big"), None)
+            del jobs[gid]
+            txn.put("meta", prefix + gid.to_bytes(4, "big"), None)
             effects.append(("g", gid))
+        elif isinstance(job, PurgeJob):
+            self._store_purge(txn, job)
         else:
             self._store_backfill(txn, job)
 
