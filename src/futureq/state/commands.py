@@ -153,10 +153,11 @@ class CommandKind(enum.IntEnum):
     CREATE_GROUP_FROM_BACKLOG = 37
     """CREATE_GROUP (kind 6) with ``from_backlog``, same layout without the flag, whose
     backfill gives the new group exactly the set of messages pending in the topic when
-    it was created, each once: the chunks walk the messages by id, and a message the
-    chunks have not reached yet is copied ahead (and marked, so the chunks skip it)
-    when a source group lets go of its entry (ACK, CANCEL, EXPIRE, dead-lettering,
-    PURGE, a deleted group's purge) and before a CANCEL or RESCHEDULE names it. Found
+    it was created, each once, due as the source groups held it then: the chunks walk
+    the source groups' schedules, and a message they have not handled yet is copied
+    ahead (and marked while they must skip it) when a source group lets go of or
+    moves its entry (ACK, CANCEL, EXPIRE, dead-lettering, PURGE, a deleted group's
+    purge, NACK, RESCHEDULE, parking) and before a CANCEL or RESCHEDULE names it. Found
     by a tester: under kind 6 a message acked or cancelled in the only source group
     before the chunks reached it never reached the new group, and one the new group
     had acked was copied again from a second source group (or from the same one after

@@ -16,30 +16,34 @@ It owns the ``index`` family (secondary indexes, one-byte prefixes):
   key names;
 * ``t | publish_ms (8) | message id (8)`` -> the ``k`` key: keys in publish order, so
   each PUBLISH forgets a bounded number of keys older than the window;
-* ``b | group id (4) | message id (8)`` -> empty: a message copied ahead to a group an
-  exact backfill (CREATE_GROUP_FROM_BACKLOG) fills, which its chunks skip; removed
-  when they pass it, or with the job.
+* ``b | group id (4) | message id (8)`` -> empty: a message an exact backfill
+  (CREATE_GROUP_FROM_BACKLOG) of the group handled ahead of its chunks (copied ahead,
+  or its entry moved from behind the cursor to ahead of it) while every source entry
+  of it lies ahead of the cursor, so the chunks skip it; removed when they pass such
+  an entry, when no such entry is left, or with the job.
 
 and these ``meta`` keys: ``purging:<group id>`` -> ``[bound_id, cursor]``,
 ``backfill:<group id>`` -> ``[bound_id, sources, source, cursor]`` (then the messages
-copied ahead, for a job of CREATE_GROUP kind 6), or ``[bound_id, sources, 0, message
+copied ahead, for a job of CREATE_GROUP kind 6), or ``[bound_id, sources, source,
 cursor, purged, true]`` for an exact backfill (kind 37), ``purged`` a list of ``[source
 group id, purge bound id]`` of the sources a PURGE was emptying at creation.
 
 BACKFILL (a group created ``from_backlog``, kind 37): the group gets exactly the
 messages of its topic pending in the topic's other groups (its sources) when it was
 created, each once, due as the sources held it then (the earliest live source entry's
-due time and expiry, :meth:`ManageOps._backlog_copy`); what expired is not copied.
-BACKFILL_GROUP chunks walk the
-``messages`` family in id order below the group's first id (an id never moves, so
-what the cursor passed never comes back, however a NACK or RESCHEDULE moves an entry)
-and copy each message a source group holds. A message the cursor has not reached is
-copied ahead, and marked, when a source group lets go of its entry (ACK, CANCEL,
-EXPIRE, dead-lettering, PURGE, a deleted group's purge: the last one may delete it)
-or moves it (NACK, RESCHEDULE, parking: so the copy keeps the due time of creation),
-and before a CANCEL or RESCHEDULE names it (which then treats the new group's copy as
-the others'). Kind 6 with ``from_backlog`` (earlier builds) keeps its job, which walks
-the source groups' schedules, and replays as it applied.
+due time and expiry, :meth:`ManageOps._copy_time`); what expired is not copied.
+BACKFILL_GROUP chunks walk the source groups' schedules in turn (so they read only the
+topic's entries, whatever other topics hold) and copy each message older than the
+group that is not handled yet. A message is handled once copied or looked at; one the
+chunks have not handled is copied ahead when a source group lets go of its entry (ACK,
+CANCEL, EXPIRE, dead-lettering, PURGE, a deleted group's purge: the last one may
+delete it) or moves it (NACK, RESCHEDULE, parking: so the copy keeps the due time of
+creation), and before a CANCEL or RESCHEDULE names it (which then treats the new
+group's copy as the others'). Whether the chunks must skip an entry they reach is
+read from the sources (one the cursor passed holds the message) or, while no such
+source does, from a ``b`` mark: so each message is handled once, however its entries
+move. Kind 6 with ``from_backlog`` (earlier builds) keeps its job, which walks the
+source groups' schedules without those rules, and replays as it applied.
 
 Source: ``docs/protocol.md`` (CANCEL, RESCHEDULE, PURGE, REDRIVE, idempotency keys,
 dead letters); issue 14.
@@ -631,7 +635,7 @@ class ManageOps:
     def _store_backfill(self, txn: Txn, job: BackfillJob) -> None:
         if job.exact:
             purged = [[source, bound] for source, bound in sorted(job.purged.items())]
-            value = [job.bound_id, job.sources, 0, job.cursor, purged, True]
+            value = [job.bound_id, job.sources, job.source, job.cursor, purged, True]
         elif job.copied:
             value = [job.bound_id, job.sources, job.source, job.cursor, sorted(job.copied)]
         else:
@@ -704,59 +708,89 @@ class ManageOps:
         effects: list[tuple[Any, ...]],
         touched: set[int],
     ) -> Generator[None, None, int]:
-        """A chunk of an exact backfill: read the stored messages after the cursor, in
-        id order below the bound, and copy each of the topic that a source group
-        (live or being deleted) still holds, unless it was copied ahead. It stops
-        after ``limit`` messages of the topic, :data:`~futureq.state.commands.MAX_PURGE_ENTRIES`
-        messages of any topic or :data:`MAX_BACKFILL_READ_BYTES` of them (the messages
-        of other topics below the bound are read too, so those two bound the work).
+        """A chunk of an exact backfill: read the source groups' schedules in turn
+        (live or being deleted), after the cursor, and copy each message older than
+        the group that the backfill has not handled yet (:meth:`_backfill_visit`). It
+        stops after ``limit`` entries or :data:`MAX_BACKFILL_READ_BYTES` of messages
+        read, so it reads only its topic's entries, whatever other topics hold.
 
-        A message's id never changes, so what the cursor passed is never seen again
-        (an entry moving in its group cannot bring it back, unlike a cursor on
-        schedule keys), and what it has not reached was copied ahead if its source
-        entry went (:meth:`_backfill_ahead`): each message pending at creation is
-        copied once. The job ends with the chunk that reads up to the bound.
+        An entry that moves or goes before the cursor reaches it copies its message
+        ahead first (:meth:`_backfill_ahead`), and one that moves from behind the
+        cursor to ahead of it leaves a mark, so each message pending at creation is
+        handled once. The job ends with the chunk that reads the last source's end.
         """
         gid = info.group_id
-        first_mid = 0 if job.cursor is None else int.from_bytes(job.cursor, "big") + 1
-        looked = read = read_bytes = copied = 0
-        ended = True
-        for key, data in self.store.scan("messages", _u64(first_mid), _u64(job.bound_id)):
-            if (
-                looked >= limit
-                or read >= commands.MAX_PURGE_ENTRIES
-                or read_bytes >= MAX_BACKFILL_READ_BYTES
-            ):
-                ended = False
+        looked = read_bytes = copied = 0
+        while job.source < len(job.sources) and looked < limit:
+            source = job.sources[job.source]
+            start = source.to_bytes(4, "big") if job.cursor is None else job.cursor + b"\x00"
+            stop = (source + 1).to_bytes(4, "big")
+            exhausted = True
+            for key, _ in self.store.scan("schedule", start, stop):
+                if looked >= limit or read_bytes >= MAX_BACKFILL_READ_BYTES:
+                    exhausted = False
+                    break
+                looked += 1
+                if looked % APPLY_STEP_ITEMS == 0:
+                    yield
+                mid = commands.parse_schedule_key(key)[2]
+                if mid < job.bound_id:
+                    done, size = self._backfill_visit(txn, job, info, key, mid, effects, touched)
+                    copied += done
+                    read_bytes += size
+                job.cursor = key
+            if not exhausted:
                 break
-            read += 1
-            read_bytes += len(data)
-            if read % APPLY_STEP_ITEMS == 0:
-                yield
-            job.cursor = key
-            mid = int.from_bytes(key, "big")
-            if records.unpack(data)[0] != info.topic:
-                continue
-            looked += 1
-            if txn.get("index", backfilled_key(gid, mid)) is not None:
-                continue  # copied ahead
-            record = self._record(txn, mid)
-            if record is None or self._find_entry(txn, mid, gid, record.due_ms) is not None:
-                continue
-            copy = self._backlog_copy(txn, job, mid, record)
-            if copy is not None:
-                self._copy_backlog_entry(txn, info, mid, record, *copy, effects, touched)
-                copied += 1
-        # The marks of what the cursor passed (or all, at the end) are not needed any
-        # more: the cursor never comes back; a marked message deleted meanwhile (the
-        # new group acked it, the sources too) left its mark for this to remove.
-        last_mid = job.bound_id if ended else int.from_bytes(job.cursor or _u64(0), "big") + 1
-        if last_mid > first_mid:
-            stop = backfilled_key(gid, last_mid)
-            for mark, _ in self.store.scan("index", backfilled_key(gid, first_mid), stop):
+            job.source += 1
+            job.cursor = None
+        ended = job.source >= len(job.sources)
+        if ended:
+            # Every entry is behind the cursor now, so no mark is needed; none should
+            # be left (each is removed when the cursor passes the entry it covers).
+            prefix = BACKFILLED + gid.to_bytes(4, "big")
+            for mark, _ in self.store.scan("index", prefix, prefix + b"\xff" * 8):
                 txn.put("index", mark, None)
         self._end_or_store_job(txn, job, ended, effects)
         return copied
+
+    def _backfill_visit(
+        self,
+        txn: Txn,
+        job: BackfillJob,
+        info: GroupInfo,
+        key: bytes,
+        mid: int,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> tuple[int, int]:
+        """The cursor of exact backfill ``job`` reaches schedule key ``key`` of its
+        current source, an entry of message ``mid``: copy the message unless it is
+        handled already (marked, or held by a source the cursor passed); the entry is
+        behind the cursor from now on, so its mark goes. Returns (copied: 0 or 1,
+        message bytes read)."""
+        data = txn.get("messages", _u64(mid))
+        if data is None:
+            return 0, 0
+        record = MessageRecord.decode(data)
+        entries = self._source_entries(txn, job, mid, record.due_ms)
+        if not any(position == job.source and found == key for position, found, _ in entries):
+            return 0, len(data)  # not pending at creation (a purge started before it)
+        mark = backfilled_key(info.group_id, mid)
+        marked = txn.get("index", mark) is not None
+        copied = 0
+        if not marked and not any(
+            self._reached(job, position, found) for position, found, _ in entries
+        ):
+            copy = self._copy_time(entries, record)
+            if (
+                copy is not None
+                and self._find_entry(txn, mid, info.group_id, record.due_ms) is None
+            ):
+                self._copy_backlog_entry(txn, info, mid, record, *copy, effects, touched)
+                copied = 1
+        if marked:
+            txn.put("index", mark, None)
+        return copied, len(data)
 
     def _end_or_store_job(
         self,
@@ -793,41 +827,80 @@ class ManageOps:
         leaving: int | None = None,
         *,
         expiring: bool = False,
+        new_due: int | None = None,
     ) -> bool:
-        """Copy message ``mid`` ahead to each group an exact backfill fills whose
-        chunks have not reached it, and mark it there so they skip it. True if any.
+        """Before a change of message ``mid``'s source entries, copy it ahead to each
+        group an exact backfill fills that has not handled it yet, and keep a mark
+        where the chunks must skip it. True if any copy was made.
 
-        ``leaving``: a group whose entry of ``mid`` is about to go or move (only the
-        backfills reading that group copy); None: before a CANCEL or RESCHEDULE names
-        the message, each backfill copies it if a source group holds it (so the
-        command then treats the new group's copy as it treats the others). The copy
-        is due as :meth:`_backlog_copy` says, with the source entries as they are
-        before the change. ``expiring``: ``leaving``'s entry goes because it expired,
-        so it is not a source of the copy.
+        ``leaving``: a source group whose entry of ``mid`` is about to go (``new_due``
+        None) or move to ``new_due`` (only the backfills reading that group look);
+        None: before a CANCEL or RESCHEDULE names the message, each backfill copies it
+        if a source group holds it (so the command then treats the new group's copy
+        as it treats the others). The copy is due as :meth:`_copy_time` says, with
+        the source entries as they are before the change. ``expiring``:
+        ``leaving``'s entry goes because it expired, so it is not a source of the copy.
+
+        A message is *handled* once copied or looked at by the chunks: it is then
+        marked (``b`` key) exactly while every source entry of it that the backfill
+        counts lies ahead of the cursor, so the chunks skip it when they get there;
+        otherwise a source the cursor passed holds it, which tells them the same.
         """
         copied = False
         for job in self.backfilling.values():
             if not job.exact or mid >= job.bound_id:
-                continue
-            if job.cursor is not None and mid <= int.from_bytes(job.cursor, "big"):
                 continue
             if leaving is not None and leaving not in job.sources:
                 continue
             info = self.groups.get(job.group_id)
             if info is None or info.topic != record.topic:
                 continue
+            entries = self._source_entries(txn, job, mid, record.due_ms)
+            after = [(position, found) for position, found, _ in entries]
+            skip = None
+            if leaving is not None:
+                moving = job.sources.index(leaving)
+                after = [item for item in after if item[0] != moving]
+                if new_due is not None and any(item[0] == moving for item in entries):
+                    after.append((moving, commands.schedule_key(leaving, new_due, mid)))
+                if expiring:
+                    skip = moving
             mark = backfilled_key(info.group_id, mid)
-            if txn.get("index", mark) is not None:
-                continue
-            if self._find_entry(txn, mid, info.group_id, record.due_ms) is not None:
-                continue
-            copy = self._backlog_copy(txn, job, mid, record, leaving if expiring else None)
-            if copy is None:
-                continue
-            self._copy_backlog_entry(txn, info, mid, record, *copy, effects, touched)
-            txn.put("index", mark, b"")
-            copied = True
+            marked = txn.get("index", mark) is not None
+            handled = marked or any(self._reached(job, p, found) for p, found, _ in entries)
+            if not handled and entries:
+                copy = self._copy_time(entries, record, skip)
+                if (
+                    copy is not None
+                    and self._find_entry(txn, mid, info.group_id, record.due_ms) is None
+                ):
+                    self._copy_backlog_entry(txn, info, mid, record, *copy, effects, touched)
+                    copied = True
+                handled = True
+            needed = handled and bool(after) and not any(self._reached(job, p, k) for p, k in after)
+            if needed != marked:
+                txn.put("index", mark, b"" if needed else None)
         return copied
+
+    @staticmethod
+    def _reached(job: BackfillJob, position: int, key: bytes) -> bool:
+        """True if the chunks of exact backfill ``job`` have read schedule key ``key``
+        of its source at ``position`` in ``job.sources``."""
+        if position != job.source:
+            return position < job.source
+        return job.cursor is not None and key <= job.cursor
+
+    def _source_entries(
+        self, txn: Txn, job: BackfillJob, mid: int, published_due_ms: int
+    ) -> list[tuple[int, bytes, bytes]]:
+        """``(position in job.sources, schedule key, value)`` of each source entry of
+        ``mid`` that exact backfill ``job`` counts (:meth:`_backlog_entry`)."""
+        out = []
+        for position, source in enumerate(job.sources):
+            found = self._backlog_entry(txn, job, source, mid, published_due_ms)
+            if found is not None:
+                out.append((position, found[0], found[1]))
+        return out
 
     def _exact_backfill_below(self, mid: int) -> bool:
         """True if an exact backfill (CREATE_GROUP_FROM_BACKLOG) may owe ``mid`` to its
@@ -849,39 +922,33 @@ class ManageOps:
             return None
         return self._find_entry(txn, mid, source, published_due_ms)
 
-    def _backlog_copy(
+    def _copy_time(
         self,
-        txn: Txn,
-        job: BackfillJob,
-        mid: int,
+        entries: list[tuple[int, bytes, bytes]],
         record: MessageRecord,
         skip: int | None = None,
     ) -> tuple[int, int | None] | None:
-        """``(due_ms, expire_ms)`` the group of exact backfill ``job`` gets message
-        ``mid`` with, or None when no source entry of it is pending and live.
+        """``(due_ms, expire_ms)`` an exact backfill's group gets a message with, from
+        its source ``entries`` (:meth:`_source_entries`), or None when none is live.
 
         The message as the source groups hold it: the earliest due time among their
-        entries of it (:meth:`_backlog_entry`), with that entry's expiry (ties: the
-        source with the lowest id). So a RESCHEDULE, a NACK's retry delay or a REDRIVE
+        entries of it, with that entry's expiry (ties: the source with the lowest id). So a RESCHEDULE, a NACK's retry delay or a REDRIVE
         delay a source entry got before the group existed carries over (never the
         published due time instead); with several sources, the one that would deliver
         it first counts. An entry that expired by :attr:`backfill_now_ms`, or expires
         before it falls due (a NACK moved it past its TTL), is not pending; nor is
-        ``skip``'s (an entry being expired). A parked dead letter counts as held but
+        the one at position ``skip`` (an entry being expired). A parked dead letter counts as held but
         sets no time: held only parked, the message comes at its published due time
         (the new group has never tried it), with its published expiry.
         """
         now_ms = self.backfill_now_ms
         best: tuple[int, int | None] | None = None
         parked = False
-        for source in job.sources:
-            if source == skip:
+        for position, key, value in entries:
+            if position == skip:
                 continue
-            found = self._backlog_entry(txn, job, source, mid, record.due_ms)
-            if found is None:
-                continue
-            due_ms = commands.parse_schedule_key(found[0])[1]
-            expire_ms = records.unpack(found[1])[1]
+            due_ms = commands.parse_schedule_key(key)[1]
+            expire_ms = records.unpack(value)[1]
             if due_ms == PARKED_DUE_MS:
                 parked = True
             elif expire_ms is not None and expire_ms <= max(due_ms, now_ms):
@@ -905,11 +972,12 @@ class ManageOps:
         touched: set[int],
         *,
         expiring: bool = False,
+        new_due: int | None = None,
     ) -> None:
         """Group ``gid``'s entry of ``mid`` is about to go (ACK, CANCEL, EXPIRE,
-        dead-lettering, PURGE, a deleted group's purge) or move (NACK, RESCHEDULE,
-        parking): each exact backfill reading ``gid`` that has not reached ``mid``
-        copies it ahead (:meth:`_backfill_ahead`; ``expiring``: an EXPIRE).
+        dead-lettering, PURGE, a deleted group's purge) or move to ``new_due`` (NACK,
+        RESCHEDULE, parking): each exact backfill reading ``gid`` that has not handled
+        ``mid`` copies it ahead (:meth:`_backfill_ahead`; ``expiring``: an EXPIRE).
         ``message``: its stored bytes if the caller just read them."""
         if not any(
             job.exact and mid < job.bound_id and gid in job.sources
@@ -921,7 +989,16 @@ class ManageOps:
             message = txn.get("messages", mkey)
         if message is not None:
             record = MessageRecord.decode(message)
-            self._backfill_ahead(txn, mid, record, effects, touched, leaving=gid, expiring=expiring)
+            self._backfill_ahead(
+                txn,
+                mid,
+                record,
+                effects,
+                touched,
+                leaving=gid,
+                expiring=expiring,
+                new_due=new_due,
+            )
 
     def _copy_backlog_entry(
         self,

@@ -101,15 +101,15 @@ class BackfillJob:
         bound_id: Messages with a smaller id (published before the group existed) are
             copied; newer ones reached it when they were published.
         sources: The topic's other groups when it was created, in id order.
-        source: Index in ``sources`` of the group being read (unused when ``exact``).
-        cursor: The last schedule key read in that group (None: from its start); when
-            ``exact``, the last ``messages`` key (message id, 8 bytes) read.
+        source: Index in ``sources`` of the group being read.
+        cursor: The last schedule key read in that group (None: from its start).
         copied: Messages copied ahead of the chunks (by a RESCHEDULE_BACKFILLING); the
             chunks skip them, so one the group acknowledged meanwhile is not copied
             again. Unused when ``exact`` (marked in the ``index`` family instead).
-        exact: Created by CREATE_GROUP_FROM_BACKLOG: the chunks walk messages by id
-            and a message ahead of them is copied ahead when a source group lets go of
-            it, so the group gets exactly the messages pending at creation, once each
+        exact: Created by CREATE_GROUP_FROM_BACKLOG: a message the chunks have not
+            handled is copied ahead when a source group lets go of or moves its entry,
+            and marked while the chunks must skip it, so the group gets exactly the
+            messages pending at creation, once each, due as they were then
             (:mod:`futureq.state.manage_ops`, "BACKFILL").
         purged: When ``exact``: source group id -> bound id of the PURGE that was
             emptying it when the group was created. Its messages below that bound were

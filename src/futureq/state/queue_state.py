@@ -843,7 +843,7 @@ class QueueState(ManageOps):
         if self.backfilling and new_due != due_ms:
             # Before the entry moves: a backfill that has not reached the message yet
             # copies it now, due as it was (the group gets the time due at creation).
-            self._backfill_leaving(txn, gid, mid, None, effects, touched)
+            self._backfill_leaving(txn, gid, mid, None, effects, touched, new_due=new_due)
         new_key = commands.schedule_key(gid, new_due, mid)
         txn.put("schedule", key, None)
         txn.put("schedule", new_key, entry.encode())

@@ -135,7 +135,7 @@ def test_what_a_purge_started_before_the_group_removes_is_not_its_backlog(
     assert run(commands.cancel("t", g1, ids[2:])) == [DONE, DONE]
     assert run(commands.purge([g0])) == 4
     late = run(commands.create_group("t", "late", None, None, from_backlog=True))
-    assert run(commands.backfill_group(late, 3)) == 2  # ids[2] is only in g0
+    run(commands.backfill_group(late, 3))
     while g0 in state.purging:
         run(commands.purge_group(g0, 1))
     _finish(state, run, late)
@@ -226,21 +226,23 @@ def test_a_cancel_during_a_backfill_treats_the_new_groups_copy_as_the_others(
 def test_an_exact_backfill_survives_a_restart_and_its_group_deleted_leaves_no_marks(
     kit: StoreKit,
 ) -> None:
-    """The job (cursor, messages copied ahead) is stored: a restart continues it; a
-    delete of the group being filled ends it and removes what it marked."""
+    """The job (cursor, messages handled ahead of it) is stored: a restart continues
+    it; a delete of the group being filled ends it and removes what it marked. (A
+    CANCEL of ``late`` alone handles message 5 ahead of the chunks, which g0 still
+    holds ahead of the cursor: that is marked.)"""
     state, run, (g0,), late, ids = _under_way(kit)
-    _let_go("ack", state, run, g0, ids[5])
+    assert run(commands.cancel("t", late, [ids[5]])) == [DONE]
     assert len(_marks(state)) == 1
     state = QueueState(kit.reopen())
     run = Runner(state)
     assert state.backfilling[late].exact
     _finish(state, run, late)
-    assert [mid for mid, _due in _held_by(state, late)] == ids
+    assert [mid for mid, _due in _held_by(state, late)] == ids[:5]
     assert _marks(state) == []
 
     again = run(commands.create_group("t", "again", None, None, from_backlog=True))
     run(commands.backfill_group(again, 1))
-    _let_go("ack", state, run, g0, ids[4])
+    assert run(commands.cancel("t", again, [ids[4]])) == [DONE]
     assert len(_marks(state)) == 1
     assert run(commands.delete_group("t", "again")) is True
     assert again not in state.backfilling
@@ -319,28 +321,39 @@ def test_the_new_group_gets_the_backlog_once_whatever_the_sources_do(
     assert _marks(state) == []
 
 
-def test_an_exact_backfill_chunk_counts_the_topics_messages_and_bounds_what_it_reads(
-    kit: StoreKit,
-) -> None:
-    """The chunks read every topic's messages below the bound: ``max_entries`` counts
-    those of the group's topic, so a small topic behind a large other one is not copied
-    a few entries per command; what one chunk reads stays bounded in bytes."""
+def test_an_exact_backfill_reads_only_its_topic(kit: StoreKit) -> None:
+    """Before, the chunks walked every stored message below the group's first id, at
+    most 10,000 per chunk: 4 messages of t behind 20,000 of topic u took 3 chunks
+    (and the time to read 20,000 messages). Now they walk the source groups'
+    schedules: one chunk copies the 4 and ends."""
     state = QueueState(kit.store)
     run = Runner(state)
     run(commands.create_group("t", "g0", None, None))
     run(commands.create_group("u", "g0", None, None))
-    run(commands.publish(1000, [("u", b"", 1500, None) for _ in range(300)]))
-    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, None) for i in range(3)]))
-    big = b"x" * (1024 * 1024 - 100)
-    run(commands.publish(1000, [("u", big, 1500, None) for _ in range(6)]))
-    last = run(commands.publish(1000, [("t", b"last", 1500, None)]))
+    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, None) for i in range(2)]))
+    for _ in range(2):
+        run(commands.publish(1000, [("u", b"", 1500, None) for _ in range(10_000)]))
+    last = run(commands.publish(1000, [("t", bytes([i]), 1600 + i, None) for i in range(2)]))
     late = run(commands.create_group("t", "late", None, None, from_backlog=True))
-    assert run(commands.backfill_group(late, 3)) == 3  # past 300 of topic u
-    assert late in state.backfilling  # three of t looked at: the chunk stops there
-    assert run(commands.backfill_group(late, 3)) == 0  # 4 MiB of u, then it stops
+    assert run(commands.backfill_group(late, 10)) == 4
+    assert late not in state.backfilling
+    assert [mid for mid, _due in _held_by(state, late)] == [first, first + 1, last, last + 1]
+
+
+def test_an_exact_backfill_chunk_bounds_the_message_bytes_it_reads(kit: StoreKit) -> None:
+    """A chunk stops once it has read 4 MiB of messages (the one record that passes it
+    read whole), whatever ``max_entries`` allows; the next chunk goes on."""
+    state = QueueState(kit.store)
+    run = Runner(state)
+    run(commands.create_group("t", "g0", None, None))
+    big = b"x" * (1024 * 1024 - 100)
+    first = run(commands.publish(1000, [("t", big, 1500 + i, None) for i in range(7)]))
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    assert run(commands.backfill_group(late, 10)) == 5
     assert late in state.backfilling
-    _finish(state, run, late)
-    assert [mid for mid, _due in _held_by(state, late)] == [first, first + 1, first + 2, last]
+    assert run(commands.backfill_group(late, 10)) == 2
+    assert late not in state.backfilling
+    assert [mid for mid, _due in _held_by(state, late)] == [first + i for i in range(7)]
 
 
 def _two_sources(kit: StoreKit) -> tuple[QueueState, Runner, int, int, list[int]]:
@@ -459,3 +472,75 @@ def test_a_dead_letter_parked_in_every_source_comes_at_its_published_time(
     late = run(commands.create_group("t.dlq", "late", None, None, from_backlog=True))
     _finish(state, run, late)
     assert _held_by(state, late) == [(first, 1500), (first + 1, 5000)]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_new_group_gets_each_message_due_as_at_creation_whatever_the_sources_do(
+    kit: StoreKit, seed: int
+) -> None:
+    """One to three source groups; RESCHEDULEs before creation (of one group or all)
+    move entries anywhere; after creation ACKs, dead-lettering, NACKs, CANCELs,
+    RESCHEDULEs (moving entries behind and ahead of the chunks' cursor in their source
+    schedules) and PURGEs run between chunks of random size, among messages of
+    another topic. At the end the new group holds each message pending at creation
+    that no CANCEL naming it or ACK of its own removed, due at the earliest time a
+    source held it at creation, found by id; no mark is left."""
+    rng = random.Random(seed)
+    state = QueueState(kit.store)
+    run = Runner(state)
+    sources = [run(commands.create_group("t", f"g{i}", None, None)) for i in range(1 + seed % 3)]
+    run(commands.create_group("u", "x", None, None))
+    ids = []
+    for i in range(10):
+        if rng.random() < 0.5:
+            run(commands.publish(1000, [("u", b"", 1500, None)]))
+        due = 1500 + rng.randint(0, 50)
+        ids.append(run(commands.publish(1000, [("t", bytes([i]), due, None)])))
+    for _ in range(rng.randint(0, 6)):
+        group = rng.choice([rng.choice(sources), None])
+        run(commands.reschedule(1100, "t", group, [rng.choice(ids)], rng.randint(1000, 3000)))
+    due_at_creation = {}
+    for mid in ids:
+        keys = [state.entry_key(mid, gid) for gid in sources]
+        dues = [commands.parse_schedule_key(key)[1] for key in keys if key is not None]
+        if dues:
+            due_at_creation[mid] = min(dues)
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    gone_for_late: set[int] = set()
+    now_ms = 1510
+    while late in state.backfilling:
+        for _ in range(rng.randint(0, 4)):
+            mid = rng.choice(ids)
+            gid = rng.choice([*sources, late])
+            key = state.entry_key(mid, gid)
+            op = rng.choice(["ack", "dead_letter", "nack", "cancel", "cancel_all"])
+            op = rng.choice([op, "reschedule", "purge"]) if gid != late else op
+            now_ms += 10
+            if op in ("ack", "dead_letter") and key is not None:
+                if op == "ack":
+                    run(commands.ack([key]))
+                else:
+                    run(commands.dead_letter(now_ms, [(key, 1)]))
+                if gid == late:
+                    gone_for_late.add(mid)
+            elif op == "nack" and key is not None and gid != late:
+                run(commands.nack(now_ms, rng.randint(0, 2000), [(key, 1)]))
+            elif op == "cancel":
+                if run(commands.cancel("t", gid, [mid])) != [UNKNOWN] and gid == late:
+                    gone_for_late.add(mid)
+            elif op == "cancel_all":
+                if run(commands.cancel("t", None, [mid])) != [UNKNOWN]:
+                    gone_for_late.add(mid)
+            elif op == "reschedule":
+                run(commands.reschedule(now_ms, "t", gid, [mid], rng.randint(1000, 4000)))
+            elif op == "purge" and gid not in state.purging:
+                run(commands.purge([gid]))
+        for gid in list(state.purging):
+            run(commands.purge_group(gid, rng.randint(1, 3)))
+        run(commands.backfill_group(late, rng.randint(1, 4)))
+    held = {mid: due for due, mid, _a, _e in state.scan_schedule(late, 0, 0, 100)}
+    assert held == {mid: due for mid, due in due_at_creation.items() if mid not in gone_for_late}
+    for mid, due in held.items():
+        assert state.entry_key(mid, late) == schedule_key(late, due, mid)
+    assert state.groups[late].pending == len(held)
+    assert _marks(state) == []
