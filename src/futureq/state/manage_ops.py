@@ -711,8 +711,12 @@ class ManageOps:
         """A chunk of an exact backfill: read the source groups' schedules in turn
         (live or being deleted), after the cursor, and copy each message older than
         the group that the backfill has not handled yet (:meth:`_backfill_visit`). It
-        stops after ``limit`` entries or :data:`MAX_BACKFILL_READ_BYTES` of messages
-        read, so it reads only its topic's entries, whatever other topics hold.
+        stops after ``limit`` units of work or :data:`MAX_BACKFILL_READ_BYTES` of
+        messages read, so it reads only its topic's entries, whatever other topics
+        hold. An entry of a message older than the group costs one unit per source
+        group (each is looked up in every source, for its due time), any other one
+        unit: a topic of many groups gets fewer entries per chunk, never an unbounded
+        chunk (one entry at least, so each chunk moves on).
 
         An entry that moves or goes before the cursor reaches it copies its message
         ahead first (:meth:`_backfill_ahead`), and one that moves from behind the
@@ -720,7 +724,8 @@ class ManageOps:
         handled once. The job ends with the chunk that reads the last source's end.
         """
         gid = info.group_id
-        looked = read_bytes = copied = 0
+        looked = read_bytes = copied = stepped = 0
+        cost = len(job.sources)
         while job.source < len(job.sources) and looked < limit:
             source = job.sources[job.source]
             start = source.to_bytes(4, "big") if job.cursor is None else job.cursor + b"\x00"
@@ -730,14 +735,17 @@ class ManageOps:
                 if looked >= limit or read_bytes >= MAX_BACKFILL_READ_BYTES:
                     exhausted = False
                     break
-                looked += 1
-                if looked % APPLY_STEP_ITEMS == 0:
+                if looked - stepped >= APPLY_STEP_ITEMS:
+                    stepped = looked
                     yield
                 mid = commands.parse_schedule_key(key)[2]
                 if mid < job.bound_id:
+                    looked += cost
                     done, size = self._backfill_visit(txn, job, info, key, mid, effects, touched)
                     copied += done
                     read_bytes += size
+                else:
+                    looked += 1
                 job.cursor = key
             if not exhausted:
                 break

@@ -183,7 +183,7 @@ def test_a_message_the_new_group_acked_is_not_copied_again_from_another_source_g
 ) -> None:
     """Before, the chunks walked g0, then g1: message 5 was copied from g0, acked in
     ``late``, then copied again from g1 and delivered again after its ACK."""
-    state, run, (g0, g1), late, ids = _under_way(kit, sources=2, chunk=7)
+    state, run, (g0, g1), late, ids = _under_way(kit, sources=2, chunk=12)
     assert (ids[5], 1505) in _held_by(state, late)
     assert run(commands.ack([schedule_key(late, 1505, ids[5])])) == 1
     _finish(state, run, late)
@@ -354,6 +354,25 @@ def test_an_exact_backfill_chunk_bounds_the_message_bytes_it_reads(kit: StoreKit
     assert run(commands.backfill_group(late, 10)) == 2
     assert late not in state.backfilling
     assert [mid for mid, _due in _held_by(state, late)] == [first + i for i in range(7)]
+
+
+def test_an_exact_backfill_chunk_costs_one_unit_per_source_group_a_message_has(
+    kit: StoreKit,
+) -> None:
+    """Each message older than the group is looked up in every source group (for its
+    due time): with five sources a chunk of 10 units copies two messages, so a topic
+    of many groups never makes a chunk long; a chunk smaller than one message's cost
+    still copies one."""
+    state = QueueState(kit.store)
+    run = Runner(state)
+    for n in range(5):
+        run(commands.create_group("t", f"g{n}", None, None))
+    first = run(commands.publish(1000, [("t", bytes([i]), 1500 + i, None) for i in range(4)]))
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    assert run(commands.backfill_group(late, 10)) == 2
+    assert run(commands.backfill_group(late, 1)) == 1
+    _finish(state, run, late)
+    assert [mid for mid, _due in _held_by(state, late)] == [first + i for i in range(4)]
 
 
 def _two_sources(kit: StoreKit) -> tuple[QueueState, Runner, int, int, list[int]]:
