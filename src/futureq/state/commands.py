@@ -22,9 +22,11 @@ Layouts (``DESIGN.md``, "Data flow"):
   (written since issue 14; ``[DEAD_LETTER, publish_ms, [[schedule_key, attempt], ...],
   settings]`` from earlier builds replays as they applied it)
 * ``[CREATE_GROUP, topic, group, visibility_timeout_ms | None, max_deliveries | None,
-  settings, dead_letter_expired | None, from_backlog]``; ``[CREATE_GROUP_FROM_BACKLOG, topic,
-  group, visibility_timeout_ms | None, max_deliveries | None, settings, dead_letter_expired
-  | None]`` (written for ``from_backlog`` since the backfill is the set pending at creation)
+  settings, dead_letter_expired | None, from_backlog]``; ``[CREATE_GROUP_FROM_BACKLOG_AS_HELD,
+  topic, group, visibility_timeout_ms | None, max_deliveries | None, settings,
+  dead_letter_expired | None]`` (written for ``from_backlog`` since the backfill is the set
+  pending at creation, due as the source groups held it; ``[CREATE_GROUP_FROM_BACKLOG,
+  ...]`` laid out alike, from the build before, replays as it applied)
 * ``[DELETE_GROUP, topic, group]``
 * ``[NODE_ADDRESS, node_id, raft_address | None, client_address | None]`` (None: forget)
 * ``[DELIVERED, [[schedule_key, attempt, first_ms?], ...], now_ms]``
@@ -40,7 +42,8 @@ Layouts (``DESIGN.md``, "Data flow"):
   is being filled from the backlog)
 * ``[PURGE, [group_id, ...]]``
 * ``[BACKFILL_GROUP, group_id, max_entries, now_ms?]`` (``now_ms``: the leader's cluster
-  time, so an exact backfill leaves out what expired)
+  time, so a backfill of kind 38 leaves out what expired; earlier builds wrote none, and
+  a job of kind 6 or 37 never reads it)
 * ``[REDRIVE, publish_ms, group_id, [schedule_key, ...], due_ms]``
 
 Fields after the first few were added later; a command written before a field existed
@@ -153,17 +156,34 @@ class CommandKind(enum.IntEnum):
     CREATE_GROUP_FROM_BACKLOG = 37
     """CREATE_GROUP (kind 6) with ``from_backlog``, same layout without the flag, whose
     backfill gives the new group exactly the set of messages pending in the topic when
-    it was created, each once, due as the source groups held it then: the chunks walk
-    the source groups' schedules, and a message they have not handled yet is copied
-    ahead (and marked while they must skip it) when a source group lets go of or
-    moves its entry (ACK, CANCEL, EXPIRE, dead-lettering, PURGE, a deleted group's
-    purge, NACK, RESCHEDULE, parking) and before a CANCEL or RESCHEDULE names it. Found
-    by a tester: under kind 6 a message acked or cancelled in the only source group
-    before the chunks reached it never reached the new group, and one the new group
-    had acked was copied again from a second source group (or from the same one after
-    a NACK moved it ahead of the cursor) and delivered again. Kind 6 with
-    ``from_backlog`` in a log replays as it applied; a node of an earlier build
+    it was created, each once, at its published due time: the chunks walk the messages
+    by id, and a message the chunks have not reached yet is copied ahead (and marked,
+    so the chunks skip it) when a source group lets go of its entry (ACK, CANCEL,
+    EXPIRE, dead-lettering, PURGE, a deleted group's purge) and before a CANCEL or
+    RESCHEDULE names it. Found by a tester: under kind 6 a message acked or cancelled
+    in the only source group before the chunks reached it never reached the new group,
+    and one the new group had acked was copied again from a second source group (or
+    from the same one after a NACK moved it ahead of the cursor) and delivered again.
+    Written by the builds between kind 6 and kind 38 (main up to 53ca863); builds since
+    write CREATE_GROUP_FROM_BACKLOG_AS_HELD (38) and replay kind 37, and the job it
+    stored, as those builds applied them
+    (:meth:`~futureq.state.manage_ops.ManageOps._legacy_backfill_chunk_by_id`). Kind 6
+    with ``from_backlog`` in a log replays as it applied; a node of an earlier build
     refuses kind 37."""
+    CREATE_GROUP_FROM_BACKLOG_AS_HELD = 38
+    """CREATE_GROUP_FROM_BACKLOG (kind 37, same layout) whose backfill gives each message
+    due as the source groups held it at creation, and reads only its topic: the chunks
+    walk the source groups' schedules (kind 37's walk the messages by id, every topic's)
+    and copy each message at the earliest due time among its live source entries, with
+    that entry's expiry (kind 37: at its published due time, so a RESCHEDULE or NACK
+    delay made before the group existed was lost), leaving out what expired by the
+    cluster time its BACKFILL_GROUP carries. A message they have not handled yet is
+    copied ahead (and marked while they must skip it) when a source group lets go of or
+    moves its entry (ACK, CANCEL, EXPIRE, dead-lettering, PURGE, a deleted group's
+    purge, NACK, RESCHEDULE, parking) and before a CANCEL or RESCHEDULE names it. Its
+    job is stored with its kind (:mod:`futureq.state.manage_ops`), so a restart resumes
+    it with these rules and a kind 37 job with its own. A node of an earlier build
+    refuses kind 38."""
     RETURN_COUNTED = 40
     """Deliveries that went out and count, whose attempt the log never recorded (a first
     delivery is pushed unrecorded): the subscription ended (UNSUBSCRIBE, its connection
@@ -438,13 +458,13 @@ def create_group(
     A None field keeps an existing group's value; a new group takes it from
     ``settings`` (the leader's configured defaults). ``from_backlog``: a group this
     command creates gets every message of the topic pending in its other groups when
-    it is created, once each (copied by BACKFILL_GROUP chunks); written as
-    CREATE_GROUP_FROM_BACKLOG (kind 37).
+    it is created, once each, due as those groups held it (copied by BACKFILL_GROUP
+    chunks); written as CREATE_GROUP_FROM_BACKLOG_AS_HELD (kind 38).
     """
     if from_backlog:
         return encode(
             [
-                CommandKind.CREATE_GROUP_FROM_BACKLOG,
+                CommandKind.CREATE_GROUP_FROM_BACKLOG_AS_HELD,
                 topic,
                 group,
                 visibility_timeout_ms,
@@ -575,9 +595,10 @@ def backfill_group(group_id: int, max_entries: int, now_ms: int | None = None) -
     """Encode a BACKFILL_GROUP: copy the next chunk of the topic's backlog to a group
     created ``from_backlog``.
 
-    ``now_ms``: the leader's cluster time (ms); an exact backfill (kind 37) does not
-    copy a message whose entries expired by then. None (commands of earlier builds, or
-    a legacy job): only what apply already knows expired (the latest publish stamp)."""
+    ``now_ms``: the leader's cluster time (ms); a backfill of kind 38 does not copy a
+    message whose entries expired by then (None: only what apply already knows expired,
+    from the latest publish stamp). Earlier builds wrote no ``now_ms``; a job of kind 6
+    or 37 applies its chunks as those builds did, whether it is given or not."""
     if now_ms is None:
         return encode([CommandKind.BACKFILL_GROUP, group_id, max_entries])
     return encode([CommandKind.BACKFILL_GROUP, group_id, max_entries, now_ms])

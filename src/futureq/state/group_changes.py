@@ -92,14 +92,16 @@ def create_group(
     effects: list[tuple[Any, ...]],
     *,
     exact_backfill: bool = False,
+    legacy_by_id: bool = False,
 ) -> int:
     """Create, adopt or update a group.
 
     A None field keeps the value of an existing (or adopted implicit) group; a
     new group takes it from ``settings``, the defaults the leader resolved. A new
     group ``from_backlog`` starts a backfill job (:meth:`_start_backfill`; with
-    ``exact_backfill``, CREATE_GROUP_FROM_BACKLOG, one for exactly the messages
-    pending at creation).
+    ``exact_backfill``, CREATE_GROUP_FROM_BACKLOG_AS_HELD, one for exactly the
+    messages pending at creation; with ``legacy_by_id`` too, kind 37's job, as the
+    build that wrote it applied it).
     """
     existing = state.find_group(topic, name)
     if existing is None:
@@ -130,7 +132,9 @@ def create_group(
                 else dead_letter_expired,
             )
             if from_backlog and groups:
-                state._start_backfill(txn, index, info, groups, exact=exact_backfill)
+                state._start_backfill(
+                    txn, index, info, groups, exact=exact_backfill, legacy_by_id=legacy_by_id
+                )
             return info.group_id
     existing.implicit = False
     if visibility_timeout_ms is not None:

@@ -17,18 +17,21 @@ It owns the ``index`` family (secondary indexes, one-byte prefixes):
 * ``t | publish_ms (8) | message id (8)`` -> the ``k`` key: keys in publish order, so
   each PUBLISH forgets a bounded number of keys older than the window;
 * ``b | group id (4) | message id (8)`` -> empty: a message an exact backfill
-  (CREATE_GROUP_FROM_BACKLOG) of the group handled ahead of its chunks (copied ahead,
-  or its entry moved from behind the cursor to ahead of it) while every source entry
-  of it lies ahead of the cursor, so the chunks skip it; removed when they pass such
-  an entry, when no such entry is left, or with the job.
+  (CREATE_GROUP_FROM_BACKLOG_AS_HELD) of the group handled ahead of its chunks (copied
+  ahead, or its entry moved from behind the cursor to ahead of it) while every source
+  entry of it lies ahead of the cursor, so the chunks skip it; removed when they pass
+  such an entry, when no such entry is left, or with the job. For a job of kind 37: a
+  message copied ahead that the chunks skip, removed when they pass its id;
 
 and these ``meta`` keys: ``purging:<group id>`` -> ``[bound_id, cursor]``,
 ``backfill:<group id>`` -> ``[bound_id, sources, source, cursor]`` (then the messages
-copied ahead, for a job of CREATE_GROUP kind 6), or ``[bound_id, sources, source,
-cursor, purged, true]`` for an exact backfill (kind 37), ``purged`` a list of ``[source
-group id, purge bound id]`` of the sources a PURGE was emptying at creation.
+copied ahead, for a job of CREATE_GROUP kind 6), ``[bound_id, sources, source, cursor,
+purged, true, 38]`` for an exact backfill (kind 38), or ``[bound_id, sources, 0, message
+cursor, purged, true]`` for one of kind 37 (stored so by the build that wrote kind 37:
+no kind), ``purged`` a list of ``[source group id, purge bound id]`` of the sources a
+PURGE was emptying at creation.
 
-BACKFILL (a group created ``from_backlog``, kind 37): the group gets exactly the
+BACKFILL (a group created ``from_backlog``, kind 38): the group gets exactly the
 messages of its topic pending in the topic's other groups (its sources) when it was
 created, each once, due as the sources held it then (the earliest live source entry's
 due time and expiry, :meth:`ManageOps._copy_time`); what expired is not copied.
@@ -44,6 +47,14 @@ read from the sources (one the cursor passed holds the message) or, while no suc
 source does, from a ``b`` mark: so each message is handled once, however its entries
 move. Kind 6 with ``from_backlog`` (earlier builds) keeps its job, which walks the
 source groups' schedules without those rules, and replays as it applied.
+
+Kind 37 (CREATE_GROUP_FROM_BACKLOG, written by the build before kind 38) keeps its
+rules too, in the ``_legacy_..._by_id`` methods: its chunks walk the ``messages``
+family in id order below the group's first id and copy each message of the topic a
+source group holds, at its published due time; a message the cursor has not reached is
+copied ahead, and marked, when a source entry of it goes (not when one moves) and
+before a CANCEL or RESCHEDULE names it. So a log or a stored job of that build gives
+the state it gave there, whatever the BACKFILL_GROUP command carries.
 
 Source: ``docs/protocol.md`` (CANCEL, RESCHEDULE, PURGE, REDRIVE, idempotency keys,
 dead letters); issue 14.
@@ -147,10 +158,10 @@ def command_stamp(command: list[Any]) -> int:
 
 
 def _published_copy(record: MessageRecord, source_value: bytes) -> tuple[int, int | None]:
-    """``(due_ms, expire_ms)`` of a copy as a legacy backfill (CREATE_GROUP kind 6 with
-    ``from_backlog``) makes it: at the published due time, expiring as published
-    (``source_value``: a source entry's stored value, whose expiry a record from
-    before TTLs were stored falls back on)."""
+    """``(due_ms, expire_ms)`` of a copy as the backfills of earlier builds (CREATE_GROUP
+    kind 6 with ``from_backlog``, CREATE_GROUP_FROM_BACKLOG kind 37) make it: at the
+    published due time, expiring as published (``source_value``: a source entry's
+    stored value, whose expiry a record from before TTLs were stored falls back on)."""
     ttl_ms = record.ttl_ms
     if ttl_ms is None:  # no TTL, or a record from before TTLs were stored
         return record.due_ms, EntryValue.decode(source_value).expire_ms
@@ -616,11 +627,19 @@ class ManageOps:
         others: list[GroupInfo],
         *,
         exact: bool = False,
+        legacy_by_id: bool = False,
     ) -> None:
         """A new group gets the topic's backlog: what its other groups still hold
-        (``exact``: exactly what they hold now, see :class:`BackfillJob`)."""
+        (``exact``: exactly what they hold now; ``legacy_by_id``: as kind 37 did, see
+        :class:`BackfillJob`)."""
         sources = sorted(other.group_id for other in others)
-        job = BackfillJob(info.group_id, commands.message_id(index, 0), sources, exact=exact)
+        job = BackfillJob(
+            info.group_id,
+            commands.message_id(index, 0),
+            sources,
+            exact=exact,
+            legacy_by_id=exact and legacy_by_id,
+        )
         if exact:
             # What these purges were removing is not pending now; a later PURGE or a
             # deletion of the source takes their place, so their bounds are kept.
@@ -633,9 +652,23 @@ class ManageOps:
         self._store_backfill(txn, job)
 
     def _store_backfill(self, txn: Txn, job: BackfillJob) -> None:
-        if job.exact:
+        """Store ``job`` in ``meta`` (module docstring): a job of kind 37 exactly as the
+        build that wrote kind 37 stored it (without a kind), one of kind 38 with its kind,
+        so a restart tells them apart."""
+        if job.legacy_by_id:
             purged = [[source, bound] for source, bound in sorted(job.purged.items())]
-            value = [job.bound_id, job.sources, job.source, job.cursor, purged, True]
+            value = [job.bound_id, job.sources, 0, job.cursor, purged, True]
+        elif job.exact:
+            purged = [[source, bound] for source, bound in sorted(job.purged.items())]
+            value = [
+                job.bound_id,
+                job.sources,
+                job.source,
+                job.cursor,
+                purged,
+                True,
+                CommandKind.CREATE_GROUP_FROM_BACKLOG_AS_HELD,
+            ]
         elif job.copied:
             value = [job.bound_id, job.sources, job.source, job.cursor, sorted(job.copied)]
         else:
@@ -662,6 +695,12 @@ class ManageOps:
         if job is None or info is None:
             return 0
         limit = max(1, min(max_entries, commands.MAX_PURGE_ENTRIES))
+        if job.legacy_by_id:
+            return (
+                yield from self._legacy_backfill_chunk_by_id(
+                    txn, job, info, limit, effects, touched
+                )
+            )
         if job.exact:
             return (yield from self._backfill_chunk_exact(txn, job, info, limit, effects, touched))
         looked = copied = 0
@@ -761,6 +800,73 @@ class ManageOps:
         self._end_or_store_job(txn, job, ended, effects)
         return copied
 
+    def _legacy_backfill_chunk_by_id(
+        self,
+        txn: Txn,
+        job: BackfillJob,
+        info: GroupInfo,
+        limit: int,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+    ) -> Generator[None, None, int]:
+        """A chunk of a kind 37 backfill (CREATE_GROUP_FROM_BACKLOG, written by the build
+        before kind 38, main up to 53ca863), applied exactly as that build applied it, so
+        its log and its stored job (``job.cursor``: a message id) give the state they
+        gave there: read the stored messages after the cursor, in id order below the
+        bound, and copy each of the topic that a source group (live or being deleted)
+        still holds, at its published due time, unless it was copied ahead. It stops
+        after ``limit`` messages of the topic,
+        :data:`~futureq.state.commands.MAX_PURGE_ENTRIES` messages of any topic or
+        :data:`MAX_BACKFILL_READ_BYTES` of them (the messages of other topics below the
+        bound are read too). The job ends with the chunk that reads up to the bound.
+        Any ``now_ms`` of the BACKFILL_GROUP is not read (that build wrote none).
+        """
+        gid = info.group_id
+        first_mid = 0 if job.cursor is None else int.from_bytes(job.cursor, "big") + 1
+        looked = read = read_bytes = copied = 0
+        ended = True
+        for key, data in self.store.scan("messages", _u64(first_mid), _u64(job.bound_id)):
+            if (
+                looked >= limit
+                or read >= commands.MAX_PURGE_ENTRIES
+                or read_bytes >= MAX_BACKFILL_READ_BYTES
+            ):
+                ended = False
+                break
+            read += 1
+            read_bytes += len(data)
+            if read % APPLY_STEP_ITEMS == 0:
+                yield
+            job.cursor = key
+            mid = int.from_bytes(key, "big")
+            if records.unpack(data)[0] != info.topic:
+                continue
+            looked += 1
+            if txn.get("index", backfilled_key(gid, mid)) is not None:
+                continue  # copied ahead
+            record = self._record(txn, mid)
+            if record is None or self._find_entry(txn, mid, gid, record.due_ms) is not None:
+                continue
+            for source in job.sources:
+                found = self._backlog_entry(txn, job, source, mid, record.due_ms)
+                if found is not None:
+                    due_ms, expire_ms = _published_copy(record, found[1])
+                    self._copy_backlog_entry(
+                        txn, info, mid, record, due_ms, expire_ms, effects, touched
+                    )
+                    copied += 1
+                    break
+        # The marks of what the cursor passed (or all, at the end) are not needed any
+        # more: the cursor never comes back; a marked message deleted meanwhile (the
+        # new group acked it, the sources too) left its mark for this to remove.
+        last_mid = job.bound_id if ended else int.from_bytes(job.cursor or _u64(0), "big") + 1
+        if last_mid > first_mid:
+            stop = backfilled_key(gid, last_mid)
+            for mark, _ in self.store.scan("index", backfilled_key(gid, first_mid), stop):
+                txn.put("index", mark, None)
+        self._end_or_store_job(txn, job, ended, effects)
+        return copied
+
     def _backfill_visit(
         self,
         txn: Txn,
@@ -853,12 +959,21 @@ class ManageOps:
         marked (``b`` key) exactly while every source entry of it that the backfill
         counts lies ahead of the cursor, so the chunks skip it when they get there;
         otherwise a source the cursor passed holds it, which tells them the same.
+
+        A job of kind 37 follows its own rules
+        (:meth:`_legacy_backfill_ahead_by_id`), in the same order of jobs.
         """
         copied = False
         for job in self.backfilling.values():
             if not job.exact or mid >= job.bound_id:
                 continue
             if leaving is not None and leaving not in job.sources:
+                continue
+            if job.legacy_by_id:
+                if new_due is None and self._legacy_backfill_ahead_by_id(
+                    txn, job, mid, record, effects, touched, leaving
+                ):
+                    copied = True
                 continue
             info = self.groups.get(job.group_id)
             if info is None or info.topic != record.topic:
@@ -890,6 +1005,45 @@ class ManageOps:
                 txn.put("index", mark, b"" if needed else None)
         return copied
 
+    def _legacy_backfill_ahead_by_id(
+        self,
+        txn: Txn,
+        job: BackfillJob,
+        mid: int,
+        record: MessageRecord,
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+        leaving: int | None,
+    ) -> bool:
+        """:meth:`_backfill_ahead` for one job of kind 37 (``job.legacy_by_id``), exactly
+        as the build that wrote kind 37 (main up to 53ca863) applied it: unless its
+        cursor (a message id) passed ``mid``, the message is marked or the group holds
+        it, copy it at its published due time from the first source that holds it
+        (``leaving``: only from that group, whose entry is about to go), and mark it.
+        That build looked only before an entry went, never before one moved: the
+        caller does not call this for a move. True if it copied."""
+        if job.cursor is not None and mid <= int.from_bytes(job.cursor, "big"):
+            return False
+        info = self.groups.get(job.group_id)
+        if info is None or info.topic != record.topic:
+            return False
+        mark = backfilled_key(info.group_id, mid)
+        if txn.get("index", mark) is not None:
+            return False
+        if self._find_entry(txn, mid, info.group_id, record.due_ms) is not None:
+            return False
+        found = None
+        for source in job.sources if leaving is None else [leaving]:
+            found = self._backlog_entry(txn, job, source, mid, record.due_ms)
+            if found is not None:
+                break
+        if found is None:
+            return False
+        due_ms, expire_ms = _published_copy(record, found[1])
+        self._copy_backlog_entry(txn, info, mid, record, due_ms, expire_ms, effects, touched)
+        txn.put("index", mark, b"")
+        return True
+
     @staticmethod
     def _reached(job: BackfillJob, position: int, key: bytes) -> bool:
         """True if the chunks of exact backfill ``job`` have read schedule key ``key``
@@ -911,7 +1065,7 @@ class ManageOps:
         return out
 
     def _exact_backfill_below(self, mid: int) -> bool:
-        """True if an exact backfill (CREATE_GROUP_FROM_BACKLOG) may owe ``mid`` to its
+        """True if an exact backfill (kind 37 or 38) may owe ``mid`` to its
         group (it is older than the group): a cheap test before reading its record."""
         return any(job.exact and mid < job.bound_id for job in self.backfilling.values())
 
@@ -985,10 +1139,14 @@ class ManageOps:
         """Group ``gid``'s entry of ``mid`` is about to go (ACK, CANCEL, EXPIRE,
         dead-lettering, PURGE, a deleted group's purge) or move to ``new_due`` (NACK,
         RESCHEDULE, parking): each exact backfill reading ``gid`` that has not handled
-        ``mid`` copies it ahead (:meth:`_backfill_ahead`; ``expiring``: an EXPIRE).
+        ``mid`` copies it ahead (:meth:`_backfill_ahead`; ``expiring``: an EXPIRE). A
+        job of kind 37 looks only when the entry goes (as its build did).
         ``message``: its stored bytes if the caller just read them."""
         if not any(
-            job.exact and mid < job.bound_id and gid in job.sources
+            job.exact
+            and mid < job.bound_id
+            and gid in job.sources
+            and (new_due is None or not job.legacy_by_id)
             for job in self.backfilling.values()
         ):
             return

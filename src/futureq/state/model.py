@@ -101,16 +101,25 @@ class BackfillJob:
         bound_id: Messages with a smaller id (published before the group existed) are
             copied; newer ones reached it when they were published.
         sources: The topic's other groups when it was created, in id order.
-        source: Index in ``sources`` of the group being read.
-        cursor: The last schedule key read in that group (None: from its start).
+        source: Index in ``sources`` of the group being read (unused when
+            ``legacy_by_id``).
+        cursor: The last schedule key read in that group (None: from its start); when
+            ``legacy_by_id``, the last ``messages`` key (message id, 8 bytes) read.
         copied: Messages copied ahead of the chunks (by a RESCHEDULE_BACKFILLING); the
             chunks skip them, so one the group acknowledged meanwhile is not copied
             again. Unused when ``exact`` (marked in the ``index`` family instead).
-        exact: Created by CREATE_GROUP_FROM_BACKLOG: a message the chunks have not
-            handled is copied ahead when a source group lets go of or moves its entry,
-            and marked while the chunks must skip it, so the group gets exactly the
-            messages pending at creation, once each, due as they were then
-            (:mod:`futureq.state.manage_ops`, "BACKFILL").
+        exact: Created by CREATE_GROUP_FROM_BACKLOG_AS_HELD (kind 38) or, with
+            ``legacy_by_id``, CREATE_GROUP_FROM_BACKLOG (kind 37): the group gets
+            exactly the messages pending at creation, once each. Kind 38: a message
+            the chunks have not handled is copied ahead when a source group lets go of
+            or moves its entry, and marked while the chunks must skip it, each due as
+            the sources held it then (:mod:`futureq.state.manage_ops`, "BACKFILL").
+        legacy_by_id: With ``exact``: a job of kind 37, as the build that wrote it
+            (main up to 53ca863) stored and applied it: its chunks walk the stored
+            messages by id (``cursor`` is a message id), copy each at its published
+            due time, and a message is copied ahead only when a source entry of it
+            goes (not when one moves). Stored without a kind, as that build stored it
+            (:mod:`futureq.state.manage_ops`, "Kind 37").
         purged: When ``exact``: source group id -> bound id of the PURGE that was
             emptying it when the group was created. Its messages below that bound were
             not pending then, even once a later PURGE or the group's deletion takes
@@ -125,6 +134,7 @@ class BackfillJob:
     copied: set[int] = attrs.field(factory=set)
     exact: bool = False
     purged: dict[int, int] = attrs.field(factory=dict)
+    legacy_by_id: bool = False
 
 
 class Txn:

@@ -54,7 +54,7 @@ from typing import Any, Protocol
 import attrs
 from sortedcontainers import SortedDict
 
-from futureq.errors import NoSpaceError
+from futureq.errors import NoSpaceError, StorageError
 from futureq.state import commands, deliveries, group_changes, publish, records, snapshot
 from futureq.state.commands import CommandKind
 from futureq.state.layout import (
@@ -278,6 +278,15 @@ class QueueState(ManageOps):
             bound_id, sources, source, cursor, *rest = _unpack(value)
             exact = len(rest) > 1 and rest[1] is True
             listed = rest[0] if rest else []
+            # An exact job stored without its kind is kind 37's, as the build that
+            # wrote kind 37 stored it (message-id cursor); kind 38 stores its kind.
+            job_kind = rest[2] if exact and len(rest) > 2 else None
+            if job_kind not in (None, CommandKind.CREATE_GROUP_FROM_BACKLOG_AS_HELD):
+                raise StorageError(
+                    f"the backfill job of group {gid} was stored by command kind "
+                    f"{job_kind!r}, which this build does not know: run a build that "
+                    "wrote it"
+                )
             self.backfilling[gid] = BackfillJob(
                 gid,
                 bound_id,
@@ -287,6 +296,7 @@ class QueueState(ManageOps):
                 set() if exact else set(listed),
                 exact,
                 {pair[0]: pair[1] for pair in listed} if exact else {},
+                legacy_by_id=exact and job_kind is None,
             )
 
     # ------------------------------------------------------------------ reads
@@ -527,9 +537,13 @@ class QueueState(ManageOps):
             result = yield from deliveries.dead_letter_before_provenance(
                 self, txn, index, command[1], command[2], effects, touched, settings
             )
-        elif kind == CommandKind.CREATE_GROUP or kind == CommandKind.CREATE_GROUP_FROM_BACKLOG:
+        elif kind in (
+            CommandKind.CREATE_GROUP,
+            CommandKind.CREATE_GROUP_FROM_BACKLOG,
+            CommandKind.CREATE_GROUP_FROM_BACKLOG_AS_HELD,
+        ):
             settings = commands.GroupSettings.from_wire(_arg(command, 5))
-            exact = kind == CommandKind.CREATE_GROUP_FROM_BACKLOG
+            exact = kind != CommandKind.CREATE_GROUP
             result = group_changes.create_group(
                 self,
                 txn,
@@ -543,6 +557,7 @@ class QueueState(ManageOps):
                 exact or bool(_arg(command, 7, False)),
                 effects,
                 exact_backfill=exact,
+                legacy_by_id=kind == CommandKind.CREATE_GROUP_FROM_BACKLOG,
             )
         elif kind == CommandKind.DELETE_GROUP:
             result = group_changes.delete_group(self, txn, command[1], command[2], effects, touched)
