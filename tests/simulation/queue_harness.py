@@ -248,6 +248,8 @@ class Oracle:
         self.managed = 0
         self.backfilled = 0
         """Entries a CANCEL or RESCHEDULE found (issue 14)."""
+        self.chunks_by_id = 0
+        """BACKFILL_GROUP chunks applied to a group of kind 37 (the message-id walk)."""
 
     def feed(self, entry: Entry) -> None:
         """Apply ``entry`` if it is the next index; entries already applied are skipped."""
@@ -289,6 +291,8 @@ class Oracle:
                 commands.parse_schedule_key(key)[2]
                 for key in self.store.scan_keys("schedule", start, stop)
             }
+        job = self.state.backfilling.get(command[1]) if kind == CommandKind.BACKFILL_GROUP else None
+        by_id = job is not None and job.legacy_by_id
         result = self.state.apply(index, entry.data)
         if kind in (
             CommandKind.PUBLISH,
@@ -296,6 +300,7 @@ class Oracle:
             CommandKind.DEAD_LETTER_PROVENANCE,
             CommandKind.CREATE_GROUP,
             CommandKind.CREATE_GROUP_FROM_BACKLOG,
+            CommandKind.CREATE_GROUP_FROM_BACKLOG_AS_HELD,
         ):
             for info in self.state.groups.values():
                 self.settings_seen.add((info.visibility_timeout_ms, info.max_deliveries))
@@ -303,6 +308,7 @@ class Oracle:
             self.purges += 1
         if kind == CommandKind.BACKFILL_GROUP and result:
             self.backfilled += result
+        self.chunks_by_id += by_id
         if kind in (CommandKind.CANCEL, CommandKind.RESCHEDULE):
             self.managed += sum(status != ItemStatus.UNKNOWN for status in result)
         first = commands.message_id(index, 0)
@@ -580,7 +586,7 @@ class Workload:
             return commands.purge_group(gid, self.rng.choice((1, 2, 5, 100)))
         if state.backfilling and roll < 0.44:
             gid = self.rng.choice(sorted(state.backfilling))
-            return commands.backfill_group(gid, self.rng.choice((1, 2, 5, 100)))
+            return commands.backfill_group(gid, self.rng.choice((1, 2, 5, 100)), stamp)
         if roll < 0.44:
             picked = self._pick(entries)
             return commands.delivered([(k, a + self.rng.randint(0, 2)) for k, a, _ in picked])
@@ -605,7 +611,7 @@ class Workload:
             picked = self._pick(entries)
             return commands.dead_letter(stamp, [(k, a + 1) for k, a, _ in picked], settings)
         if roll < 0.90:
-            return commands.create_group(
+            created = commands.create_group(
                 self.rng.choice(TOPICS),
                 self.rng.choice(GROUP_NAMES),
                 self.rng.choice((None, None, 1000, 5000)),
@@ -613,6 +619,14 @@ class Workload:
                 settings,
                 from_backlog=roll >= 0.87,
             )
+            if state.applied_index % 2:
+                return created
+            # Kind 37, as a leader of the build before kind 38 wrote it (same layout):
+            # its backfill walks the messages by id; replicas must agree on it too.
+            fields = commands.decode(created)
+            if fields[0] == CommandKind.CREATE_GROUP_FROM_BACKLOG_AS_HELD:
+                fields[0] = CommandKind.CREATE_GROUP_FROM_BACKLOG
+            return commands.encode(fields)
         if roll < 0.95:
             topic = self.rng.choice(TOPICS + ("orders.dlq",))
             groups = state.topic_groups(topic)
@@ -854,6 +868,7 @@ class QueueSimCluster(SimCluster):
             "purges": self.oracle.purges,
             "managed": self.oracle.managed,
             "backfilled": self.oracle.backfilled,
+            "backfill_chunks_by_id": self.oracle.chunks_by_id,
         }
 
 

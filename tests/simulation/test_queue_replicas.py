@@ -82,5 +82,6 @@ def test_the_fixed_seeds_exercise_every_fault() -> None:
     assert totals["purges"] > 0
     # Messages were cancelled and rescheduled by id (issue 14), replicas agreeing.
     assert totals["managed"] > 5
-    # Groups created from the backlog were filled by BACKFILL_GROUP chunks (kind 37).
+    # Groups created from the backlog were filled by BACKFILL_GROUP chunks (kinds 37, 38).
     assert totals["backfilled"] > 0, totals
+    assert totals["backfill_chunks_by_id"] > 0, totals  # kind 37's too
