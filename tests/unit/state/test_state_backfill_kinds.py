@@ -16,8 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+from msgpack import packb
 from state_helpers import StoreKit
 
+from futureq.errors import StorageError
 from futureq.state import commands
 from futureq.state.commands import CommandKind, schedule_key
 from futureq.state.manage_ops import BACKFILL_PREFIX
@@ -237,3 +240,18 @@ def test_a_kind_37_job_and_a_kind_38_job_run_side_by_side_each_by_its_rules(
     assert held(old) == [(1500, ids[0]), (1501, ids[1]), (1502, ids[2])]
     assert held(new) == [(1500, ids[0]), (1502, ids[2]), (3000, ids[1])]
     assert [key for key, _ in state.store.scan("index", b"b", b"c")] == []  # no mark left
+
+
+def test_a_backfill_job_stored_with_a_kind_this_build_does_not_know_stops_the_load(
+    kit: StoreKit,
+) -> None:
+    """A job a later build stored (its kind unknown here) is not resumed by guesswork:
+    loading the state fails with a StorageError naming the group and the kind."""
+    state, run, _ids = _rescheduled_before_creation(kit)
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    key = BACKFILL_PREFIX + late.to_bytes(4, "big")
+    stored = kit.store.get("meta", key)
+    assert stored is not None
+    kit.store.write({"meta": {key: packb([*unpack(stored)[:6], 99])}})
+    with pytest.raises(StorageError, match=f"backfill job of group {late} .* kind 99"):
+        QueueState(kit.reopen())
