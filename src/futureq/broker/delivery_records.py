@@ -174,11 +174,14 @@ async def record(
 
 
 async def hold_and_record(dispatcher: Dispatcher) -> int:
-    """Stop handing out deliveries (until :meth:`Dispatcher.resume`), then commit the attempts
-    of every first delivery that went out and is not in the log (given back, or
-    still out): before a leader shuts down or hands leadership over, so the node
-    that delivers next continues their count (``docs/protocol.md``, UNSUBSCRIBE).
-    Returns how many were recorded; 0 when not dispatching.
+    """Stop handing out deliveries (until :meth:`Dispatcher.resume`), then commit the
+    attempts of every first delivery given back unrecorded (RETURN_COUNTED) and of
+    every delivery still out (HANDED_OUT, with its tag's stamp and its visibility
+    deadline): before a leader shuts down or hands leadership over, so the node that
+    delivers next continues their count (``docs/protocol.md``, UNSUBSCRIBE) and keeps
+    each delivery still out invisible and settleable by its tag until its deadline
+    (``docs/protocol.md``, "Delivery tags across leaders"). Returns how many were
+    recorded; 0 when not dispatching.
 
     Raises:
         FutureQError: the log refused (not leader any more, shutting down).
@@ -188,12 +191,32 @@ async def hold_and_record(dispatcher: Dispatcher) -> int:
     # proposals (a connection closed just before the shutdown: its attempt was lost).
     await dispatcher._proposals_idle.wait()
     recorded = 0
+    hub = dispatcher.hub
     while dispatcher.active:
-        entries = dispatcher.hub.take_unrecorded(MAX_DELIVERED_ENTRIES)
+        entries = hub.take_returned(MAX_DELIVERED_ENTRIES)
         if not entries:
             break
         await dispatcher.log.propose(commands.return_counted(entries))
         recorded += len(entries)
+    # Nothing new goes out while held; a delivery settled, taken back or removed
+    # meanwhile is left out of the next chunk (and a hold on it applies to nothing
+    # still out: the entry was acked, moved, or its attempt superseded).
+    out = [f for f in hub.in_flight.values() if f.pushed and not f.acking]
+    for start in range(0, len(out), MAX_DELIVERED_ENTRIES):
+        if not dispatcher.active:
+            break
+        chunk = [f for f in out[start : start + MAX_DELIVERED_ENTRIES] if hub.is_current(f)]
+        chunk = [f for f in chunk if f.pushed and not f.acking]
+        if not chunk:
+            continue
+        for flight in chunk:
+            flight.recorded = True
+        await dispatcher.log.propose(
+            commands.handed_out(
+                [(f.key, f.attempt, f.stamp, f.pushed_ms, f.deadline_ms) for f in chunk]
+            )
+        )
+        recorded += len(chunk)
     return recorded
 
 

@@ -329,7 +329,8 @@ def refill(dispatcher: Dispatcher, runtime: GroupRuntime, now_ms: int) -> float:
     last = runtime.loaded_until
     in_flight = dispatcher.hub.in_flight
     purged = dispatcher.state.purged_below(gid)
-    for due_ms, mid, attempt, expire_ms, released in dispatcher.state.scan_schedule_entries(
+    hub = dispatcher.hub
+    for due_ms, mid, attempt, expire_ms, released, held in dispatcher.state.scan_schedule_entries(
         gid, start_due, start_mid, limit
     ):
         packed = pack(due_ms, mid)
@@ -341,7 +342,14 @@ def refill(dispatcher: Dispatcher, runtime: GroupRuntime, now_ms: int) -> float:
         last = packed
         if mid < purged:
             continue  # a PURGE's: its chunks remove it
-        if commands.schedule_key(gid, due_ms, mid) not in in_flight and packed not in index:
+        key = commands.schedule_key(gid, due_ms, mid)
+        if key not in in_flight and packed not in index:
+            if held is not None and held[1] > now_ms:
+                # Out when the leader before handed over: still out until its deadline,
+                # and its tag still settles it (docs/protocol.md, "Delivery tags across
+                # leaders").
+                hub.hold(key, due_ms, mid, expire_ms, attempt, released, held)
+                continue
             if released:
                 runtime.released[mid] = released
             index.add(due_ms, mid, expire_ms, attempt)

@@ -132,6 +132,24 @@ class Consumer:
         return True
 
 
+class _NoOutbox:
+    """The outbox of :attr:`Hub.orphans`: nobody to send to."""
+
+    def send_nowait(self, data: bytes) -> bool:
+        return False
+
+    def has_room(self) -> bool:
+        return False
+
+
+ORPHAN_CONNECTION_ID: Final = -1
+"""The connection id of :attr:`Hub.orphans` (no real connection has it)."""
+
+
+def _orphans() -> Consumer:
+    return Consumer(0, -1, "", "", ORPHAN_CONNECTION_ID, _NoOutbox(), 0, closed=True)
+
+
 @attrs.define(eq=False)
 class InFlight:
     """A delivery handed to a consumer and not yet settled.
@@ -311,6 +329,11 @@ class Hub:
         drawn from (tests pass their own)."""
         self.groups: dict[int, GroupRuntime] = {}
         self.in_flight: dict[bytes, InFlight] = {}
+        self.orphans: Consumer = _orphans()
+        """Holder of the deliveries an earlier leader handed out and left out when it
+        handed over (HANDED_OUT, :meth:`hold`): no subscription of this node has them;
+        any connection may settle one by its tag until its deadline
+        (``docs/protocol.md``, "Delivery tags across leaders")."""
         self.cancelled: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         """Schedule key -> tag stamp of deliveries that were out when a CANCEL or PURGE
         removed their message (at most :data:`CANCELLED_TAGS_KEPT`; leader-local)."""
@@ -484,6 +507,49 @@ class Hub:
         out[connection_id] = out.get(connection_id, 0) + 1
         self.groups[flight.group_id].in_flight_count += 1
 
+    def hold(
+        self,
+        key: bytes,
+        due_ms: int,
+        mid: int,
+        expire_ms: int | None,
+        attempt: int,
+        released: int,
+        held: tuple[int, int],
+    ) -> InFlight:
+        """Keep out a delivery an earlier leader left out when it handed over
+        (HANDED_OUT): it stays invisible to the group until its deadline, then comes
+        back counted like any timed out delivery; until then an ACK, NACK, RELEASE or
+        EXTEND naming its tag is honoured from any connection (:attr:`orphans`).
+
+        Args:
+            key: Its schedule key (the group must have a runtime).
+            due_ms, mid, expire_ms, attempt, released: The entry as stored.
+            held: ``(stamp, until_ms)`` from :meth:`EntryValue.held`: the tag's stamp
+                and the visibility deadline (ms since the Unix epoch).
+        """
+        stamp, until_ms = held
+        gid = commands.parse_schedule_key(key)[0]
+        flight = InFlight(
+            key,
+            gid,
+            due_ms,
+            mid,
+            expire_ms,
+            attempt,
+            attempt,
+            released,
+            self.orphans,
+            salt=(stamp - attempt) & 0xFFFFFFFF,  # so that its stamp is the tag's
+        )
+        self.track(flight)
+        flight.pushed = True
+        flight.recorded = True  # HANDED_OUT recorded its attempt
+        flight.deadline_ms = until_ms
+        self._watch(flight)
+        self.look_again_by(flight.wake_ms)
+        return flight
+
     def mark_pushed(self, flight: InFlight, deadline_ms: int, pushed_ms: int = 0) -> None:
         """The delivery went out (at ``pushed_ms``): its visibility timeout runs until
         ``deadline_ms`` (and it is taken back sooner if its message expires first)."""
@@ -601,7 +667,11 @@ class Hub:
         if flight.released:
             runtime.released[flight.mid] = flight.released
         runtime.index.add(flight.due_ms, flight.mid, flight.expire_ms, attempt)
-        self.wake(flight.consumer)
+        if flight.consumer is self.orphans:
+            self.touched.add(flight.group_id)
+            self.look_again_by(-math.inf)
+        else:
+            self.wake(flight.consumer)
 
     def take_unrecorded(self, limit: int) -> list[tuple[bytes, int, int]]:
         """Up to ``limit`` deliveries that went out unrecorded and count, as
@@ -739,7 +809,10 @@ class Hub:
                     "visibility timeout (see REVOKE), or never delivered",
                     i,
                 )
-            if flight.consumer.connection_id != connection_id:
+            if (
+                flight.consumer.connection_id != connection_id
+                and flight.consumer is not self.orphans
+            ):
                 raise RequestError(
                     ErrorCode.FOREIGN_DELIVERY_TAG,
                     "this delivery tag was delivered on another connection; settle it there",
@@ -775,7 +848,8 @@ class Hub:
         for flight in flights:
             if self.in_flight.get(flight.key) is flight:
                 flight.acking = False
-                if flight.consumer.closed or flight.wake_ms <= now_ms:
+                gone = flight.consumer.closed and flight.consumer is not self.orphans
+                if gone or flight.wake_ms <= now_ms:
                     self.give_back(flight)
                     taken_back.append(flight)
                 else:
@@ -858,6 +932,7 @@ class Hub:
     def clear(self) -> None:
         """Forget everything (leadership lost, or gained), and draw a new tag salt."""
         self.tag_salt = self._salts()
+        self.orphans = _orphans()
         self.groups.clear()
         self.returned.clear()
         self.touched.clear()

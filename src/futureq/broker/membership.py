@@ -333,7 +333,11 @@ async def hold_and_record_deliveries(broker: Broker) -> None:
         )
         return
     if recorded:
-        log.info("recorded the attempts of %d first deliveries out before handing over", recorded)
+        log.info(
+            "recorded %d deliveries given back or still out before handing over (those "
+            "out stay out, settleable by their tags, until their visibility deadlines)",
+            recorded,
+        )
 
 
 def learner_clock_refusal(cluster: Any, node_id: int) -> str | None:

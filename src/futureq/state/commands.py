@@ -34,6 +34,9 @@ Layouts (``DESIGN.md``, "Data flow"):
 * ``[RELEASE, [[schedule_key, attempt], ...]]``
 * ``[RETURN_COUNTED, [[schedule_key, attempt, pushed_ms], ...]]`` (deliveries that went
   out unrecorded and count: their consumer left, or the leader is handing over)
+* ``[HANDED_OUT, [[schedule_key, attempt, stamp, pushed_ms, deadline_ms], ...]]``
+  (deliveries out when the leader hands over: they count, and stay out, settleable by
+  their tag, until ``deadline_ms`` whoever leads)
 * ``[CANCEL, topic, group_id | None, [message_id, ...], out?]``
 * ``[RESCHEDULE_COUNTED, now_ms, topic, group_id | None, [message_id, ...], due_ms, out]``
   (written since RESCHEDULE keeps attempts the log did not record; ``[RESCHEDULE, now_ms, topic, group_id |
@@ -194,6 +197,17 @@ class CommandKind(enum.IntEnum):
     again (``docs/protocol.md``, UNSUBSCRIBE: "each counting as an attempt"). Unlike
     RELEASE (kind 17), which records an attempt that does *not* count, it leaves
     ``released`` alone and moves nothing; a node of an earlier build refuses kind 40."""
+    HANDED_OUT = 41
+    """Deliveries out when the leader hands leadership over (a SIGTERM, TRANSFER_LEADER),
+    each with its tag stamp and visibility deadline: apply records the attempt as
+    RETURN_COUNTED does and *holds* the entry for that delivery (``EntryValue.held_*``),
+    so the next leader keeps it out, invisible to the group, until the deadline, and
+    honours an ACK, NACK, RELEASE or EXTEND carrying that tag from any connection
+    meanwhile. Found by a tester: an application handed a delivery by the old leader
+    that acked it on the new one was refused (the tag was known only to the old
+    leader's memory), the message was delivered again at once, and with
+    ``max_deliveries`` 1 the processed message went to the dead-letter topic. A node
+    of an earlier build refuses kind 41."""
 
 
 @attrs.frozen
@@ -540,6 +554,15 @@ def return_counted(entries: Sequence[tuple[bytes, int, int]]) -> bytes:
     leader pushed that delivery (its first and last delivery time, as far as the log
     knows)."""
     return encode([CommandKind.RETURN_COUNTED, [list(item) for item in entries]])
+
+
+def handed_out(entries: Sequence[tuple[bytes, int, int, int, int]]) -> bytes:
+    """Encode a HANDED_OUT: ``(schedule_key, attempt, stamp, pushed_ms, deadline_ms)`` of
+    deliveries out when the leader hands over (see :class:`CommandKind`). ``stamp``: the
+    last four bytes of the delivery's tag as a number (:func:`tag_stamp`);
+    ``pushed_ms``: when it went out; ``deadline_ms``: when its visibility timeout runs
+    out (ms since the Unix epoch, the leader's clock, EXTENDs included)."""
+    return encode([CommandKind.HANDED_OUT, [list(item) for item in entries]])
 
 
 def cancel(topic: str, group_id: int | None, ids: list[int], out: OutDeliveries = ()) -> bytes:

@@ -200,6 +200,35 @@ def return_counted(
     return done
 
 
+def handed_out(state: QueueState, txn: Txn, entries: list[list[Any]]) -> Generator[None, None, int]:
+    """Deliveries out when the leader hands over (HANDED_OUT): each counts (its attempt
+    raised as by RETURN_COUNTED, never lowered) and its entry is *held* for it: the
+    next leader keeps the delivery out until ``deadline_ms`` and honours its tag
+    (``docs/protocol.md``, "Delivery tags across leaders"). An item naming an attempt
+    older than the one recorded, or one released, holds nothing (that delivery is no
+    longer out); the entry stays where it is."""
+    done = 0
+    for position, item in enumerate(entries):
+        if position % APPLY_STEP_ITEMS == APPLY_STEP_ITEMS - 1:
+            yield
+        key, attempt, stamp, pushed_ms, deadline_ms = item[0], item[1], item[2], item[3], item[4]
+        value = txn.get("schedule", key)
+        if value is None:
+            continue  # acked, expired, moved or deleted meanwhile
+        entry = EntryValue.decode(value)
+        if attempt < entry.attempt or entry.released_attempt == attempt:
+            continue
+        entry.attempt = attempt
+        if pushed_ms:
+            entry.record_delivery(pushed_ms, pushed_ms)
+        entry.held_attempt = attempt
+        entry.held_stamp = stamp
+        entry.held_until_ms = deadline_ms
+        txn.put("schedule", key, entry.encode())
+        done += 1
+    return done
+
+
 def release(
     state: QueueState,
     txn: Txn,
@@ -229,6 +258,7 @@ def release(
         entry.attempt = attempt
         entry.released += 1
         entry.released_attempt = attempt
+        entry.unhold()
         txn.put("schedule", key, entry.encode())
         effects.append(("u", gid, due_ms, mid, CommandKind.RELEASE))
         effects.append(("s", gid, due_ms, mid, entry.expire_ms, attempt, entry.released))
@@ -266,6 +296,7 @@ def nack(
         entry.attempt = max(attempt, entry.attempt)
         if pushed_ms is not None:
             entry.record_delivery(pushed_ms, pushed_ms)
+        entry.unhold()  # settled: the delivery a leader left out is no longer out
         if reason is not None:
             entry.reason = reason
         info = state.groups.get(gid)

@@ -392,18 +392,20 @@ class QueueState(ManageOps):
         Yields:
             ``(due_ms, message_id, attempt, expire_ms)`` in due order.
         """
-        for due_ms, mid, attempt, expire_ms, _ in self.scan_schedule_entries(
+        for due_ms, mid, attempt, expire_ms, _, _ in self.scan_schedule_entries(
             group_id, start_due_ms, start_mid, limit
         ):
             yield due_ms, mid, attempt, expire_ms
 
     def scan_schedule_entries(
         self, group_id: int, start_due_ms: int, start_mid: int, limit: int
-    ) -> Iterator[tuple[int, int, int, int | None, int]]:
-        """As :meth:`scan_schedule`, with each entry's ``released`` count last.
+    ) -> Iterator[tuple[int, int, int, int | None, int, tuple[int, int] | None]]:
+        """As :meth:`scan_schedule`, with each entry's ``released`` count and hold.
 
         Yields:
-            ``(due_ms, message_id, attempt, expire_ms, released)`` in due order.
+            ``(due_ms, message_id, attempt, expire_ms, released, held)`` in due order;
+            ``held``: ``(stamp, until_ms)`` of the delivery a leader handing over left
+            out (HANDED_OUT, :meth:`EntryValue.held`), else None.
         """
         start = commands.schedule_key(group_id, start_due_ms, start_mid)
         stop = (group_id + 1).to_bytes(4, "big")
@@ -412,7 +414,8 @@ class QueueState(ManageOps):
                 return
             _, due_ms, mid = commands.parse_schedule_key(key)
             entry = _unpack(value)
-            yield due_ms, mid, entry[0], entry[1], entry[2] if len(entry) > 2 else 0
+            held = EntryValue(*entry).held() if len(entry) > 7 else None
+            yield due_ms, mid, entry[0], entry[1], entry[2] if len(entry) > 2 else 0, held
 
     # ------------------------------------------------------------------ apply
 
@@ -429,7 +432,7 @@ class QueueState(ManageOps):
             PUBLISH: the first message id, or a :class:`PublishResult` when items with
             idempotency keys were duplicates; DEAD_LETTER: the first message id; ACK,
             ACK_FOLLOWING, NACK, NACK_FOLLOWING, EXPIRE, DELIVERED, RELEASE,
-            RELEASE_FOLLOWING, RETURN_COUNTED, PURGE_GROUP,
+            RELEASE_FOLLOWING, RETURN_COUNTED, HANDED_OUT, PURGE_GROUP,
             BACKFILL_GROUP: how many entries were handled; PURGE: how many entries the groups held;
             CREATE_GROUP: the group id; DELETE_GROUP: True if it existed; CANCEL,
             RESCHEDULE, REDRIVE: one :class:`~futureq.state.commands.ItemStatus` per
@@ -503,6 +506,8 @@ class QueueState(ManageOps):
             )
         elif kind == CommandKind.RETURN_COUNTED:
             result = yield from deliveries.return_counted(self, txn, command[1])
+        elif kind == CommandKind.HANDED_OUT:
+            result = yield from deliveries.handed_out(self, txn, command[1])
         elif kind == CommandKind.ACK or kind == CommandKind.ACK_FOLLOWING:
             result = yield from deliveries.remove(
                 self,
@@ -860,6 +865,7 @@ class QueueState(ManageOps):
             # copies it now, due as it was (the group gets the time due at creation).
             self._backfill_leaving(txn, gid, mid, None, effects, touched, new_due=new_due)
         new_key = commands.schedule_key(gid, new_due, mid)
+        entry.unhold()  # a moved entry is due at its new time, not held for an old tag
         txn.put("schedule", key, None)
         txn.put("schedule", new_key, entry.encode())
         if new_due != due_ms:

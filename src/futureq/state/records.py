@@ -9,7 +9,8 @@ Two records live in families :class:`~futureq.state.queue_state.QueueState` owns
   with; ``open`` counts the group entries still scheduled;
 * a **schedule entry** (``schedule`` family, key = group id | due_ms | message id):
   ``[attempt, expire_ms]``, then, only when set, ``released, released_attempt,
-  first_delivery_ms, last_delivery_ms, reason``.
+  first_delivery_ms, last_delivery_ms, reason, held_attempt, held_stamp,
+  held_until_ms``.
 
 Layouts only ever grow at the end, and a reader takes a missing trailing field as its
 default, so records written by earlier builds read unchanged. Most records keep the
@@ -123,6 +124,11 @@ class EntryValue:
         first_delivery_ms: When it was first delivered, as far as the log knows (ms).
         last_delivery_ms: When it was last delivered, as far as the log knows (ms).
         reason: The reason text of its last NACK, or None.
+        held_attempt: The attempt of the delivery a leader handing over left out
+            (HANDED_OUT), 0: none. The hold is live only while it is still the
+            entry's last attempt (:meth:`held`).
+        held_stamp: That delivery's tag stamp (the last four bytes of its tag).
+        held_until_ms: That delivery's visibility deadline (ms since the Unix epoch).
     """
 
     attempt: int = 0
@@ -132,6 +138,9 @@ class EntryValue:
     first_delivery_ms: int | None = None
     last_delivery_ms: int | None = None
     reason: str | None = None
+    held_attempt: int = 0
+    held_stamp: int = 0
+    held_until_ms: int = 0
 
     @classmethod
     def decode(cls, data: bytes) -> EntryValue:
@@ -149,11 +158,31 @@ class EntryValue:
             self.first_delivery_ms,
             self.last_delivery_ms,
             self.reason,
+            self.held_attempt,
+            self.held_stamp,
+            self.held_until_ms,
         ]
-        defaults = (0, None, 0, 0, None, None, None)
+        defaults = (0, None, 0, 0, None, None, None, 0, 0, 0)
         while len(value) > 2 and value[-1] == defaults[len(value) - 1]:
             value.pop()
         return pack(value)
+
+    def held(self) -> tuple[int, int] | None:
+        """``(stamp, until_ms)`` of the delivery a leader handing over left out, while
+        that delivery is still the entry's last (no later attempt recorded, not released,
+        not settled), else None. Leader-side: whether ``until_ms`` has passed is the
+        reader's question (apply compares no clock)."""
+        if (
+            self.held_attempt == 0
+            or self.held_attempt != self.attempt
+            or self.released_attempt == self.held_attempt
+        ):
+            return None
+        return self.held_stamp, self.held_until_ms
+
+    def unhold(self) -> None:
+        """Forget the hold (its delivery was settled, moved or superseded)."""
+        self.held_attempt = self.held_stamp = self.held_until_ms = 0
 
     def record_delivery(self, first_ms: int | None, last_ms: int | None) -> None:
         """Merge what the leader knows of delivery times: the first is kept once set,

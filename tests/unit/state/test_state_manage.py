@@ -376,6 +376,42 @@ def test_return_counted_records_a_first_delivery_that_went_out(kit: StoreKit) ->
     assert commands.decode(commands.return_counted([(k0, 1, 1600)]))[0] == 40
 
 
+def test_handed_out_holds_an_entry_for_the_delivery_out_and_no_other(kit: StoreKit) -> None:
+    """HANDED_OUT (a leader handing over with deliveries out): each counts as
+    RETURN_COUNTED would, and its entry is held for that delivery's tag until its
+    deadline (``docs/protocol.md``, "Delivery tags across leaders"). An item of an
+    attempt older than the one recorded holds nothing; a NACK, a RELEASE or a later
+    delivery ends the hold; the hold survives a reopen (it is replicated state)."""
+    state, run, g1, g2, ids = _two_groups(kit)
+    recorder = Recorder(state)
+    k0, k1, k2 = (schedule_key(g1, 1500 + i, ids[i]) for i in range(3))
+    run(commands.delivered([(k1, 3)], 1700))
+    assert run(commands.handed_out([(k0, 1, 77, 1600, 31_600), (k1, 2, 5, 1650, 31_650)])) == 1
+    entry = state.get_entry(k0)
+    assert entry is not None and entry.held() == (77, 31_600)
+    assert (entry.attempt, entry.first_delivery_ms, entry.last_delivery_ms) == (1, 1600, 1600)
+    stale = state.get_entry(k1)
+    assert stale is not None and stale.held() is None and stale.attempt == 3
+    assert recorder.calls == [] and recorder.violations == []  # nothing moved
+    state = QueueState(kit.reopen())
+    run = Runner(state)
+    held = state.get_entry(k0)
+    assert held is not None and held.held() == (77, 31_600)  # durable
+    # A later delivery supersedes it; a RELEASE or a NACK ends it.
+    run(commands.handed_out([(k2, 1, 9, 1600, 31_600)]))
+    run(commands.delivered([(k0, 2)], 1800))
+    later = state.get_entry(k0)
+    assert later is not None and later.held() is None
+    run(commands.handed_out([(k0, 2, 8, 1800, 31_800)]))
+    run(commands.release([(k0, 2)]))
+    released = state.get_entry(k0)
+    assert released is not None and released.held() is None
+    run(commands.nack(1900, 0, [(k2, 1)]))
+    moved = state.get_entry(schedule_key(g1, 1900, ids[2]))
+    assert moved is not None and moved.held() is None and moved.attempt == 1
+    assert commands.decode(commands.handed_out([(k0, 1, 0, 0, 0)]))[0] == 41
+
+
 def _old_dead_letter(publish_ms: int, entries: list[list[Any]]) -> bytes:
     """A DEAD_LETTER (kind 5) as builds before issue 14 wrote it."""
     settings = commands.BUILTIN_GROUP_SETTINGS.to_wire()

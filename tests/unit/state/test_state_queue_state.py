@@ -538,7 +538,7 @@ def test_release_gives_the_latest_attempt_back_uncounted(kit: StoreKit) -> None:
         ("s", g1, 1500, mid, 1600, 2, 1),
     ]
     assert run(commands.release([(key, 2)])) == 0  # released already
-    assert list(state.scan_schedule_entries(g1, 0, 0, 9)) == [(1500, mid, 2, 1600, 1)]
+    assert list(state.scan_schedule_entries(g1, 0, 0, 9)) == [(1500, mid, 2, 1600, 1, None)]
     run(commands.delivered([(key, 3)]))
     assert state.get_schedule_entry(key) == (3, 1600, 1)
     assert run(commands.nack(2000, 0, [(key, 3)])) == 1
