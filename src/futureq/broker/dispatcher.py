@@ -57,7 +57,7 @@ from futureq.wire.validation import DELIVERY_ROOM_BYTES
 from . import delivery_records, dispatch_pass, dispatch_tasks, schedule_observer
 from .delivery_records import Staged
 from .due_counts import DueCounts
-from .hub import Consumer, Hub
+from .hub import Consumer, HeldEntry, Hub
 
 if TYPE_CHECKING:
     from futureq.clock import Clock
@@ -263,6 +263,7 @@ class Dispatcher:
         self.hub.clear()
         self._carried.clear()
         self.hub.group_info = self.state.groups.get
+        self.hub.held_entry = self._held_entry
         self._parked.clear()
         self._staged.clear()
         self._wake_at.clear()
@@ -273,6 +274,20 @@ class Dispatcher:
         # consumer or an entry (either touches them).
         self.hub.touched.update(gid for gid, info in self.state.groups.items() if info.pending)
         self.kick()
+
+    def _held_entry(self, key: bytes) -> HeldEntry | None:
+        """The entry ``key`` names while it is held for a delivery an earlier leader
+        left out and that delivery's deadline has not passed (:attr:`Hub.held_entry`)."""
+        if not self.active:
+            return None
+        entry = self.state.get_entry(key)
+        held = None if entry is None else entry.held()
+        if entry is None or held is None or held[1] <= self.clock.wall_ms():
+            return None
+        gid, due_ms, mid = commands.parse_schedule_key(key)
+        if mid < self.state.purged_below(gid):
+            return None
+        return due_ms, mid, entry.expire_ms, entry.attempt, entry.released, held
 
     def deactivate(self) -> None:
         """Stop dispatching (leadership lost): forget in-flight state and consumers."""

@@ -132,6 +132,11 @@ class Consumer:
         return True
 
 
+HeldEntry = tuple[int, int, "int | None", int, int, tuple[int, int]]
+"""``(due_ms, message_id, expire_ms, attempt, released, (stamp, until_ms))`` of an
+entry held for a delivery an earlier leader left out (:attr:`Hub.held_entry`)."""
+
+
 class _NoOutbox:
     """The outbox of :attr:`Hub.orphans`: nobody to send to."""
 
@@ -347,6 +352,11 @@ class Hub:
         """Ids of groups that may have work now (new consumer, credit, a release)."""
         self.group_info: Callable[[int], GroupInfo | None] = lambda group_id: None
         """Looks up a group's replicated record; set by the dispatcher."""
+        self.held_entry: Callable[[bytes], HeldEntry | None] = lambda key: None
+        """Looks up a schedule entry an earlier leader handed over with its delivery
+        out, while that delivery's deadline has not passed (from the replicated state,
+        the dispatcher's clock); set by the dispatcher. So a settlement that comes
+        before a dispatch pass loaded the entry's group finds the delivery too."""
         self.returned: dict[bytes, tuple[int, int]] = {}
         """Schedule key -> ``(attempt, pushed_ms)`` of deliveries given back that went out
         unrecorded (a first delivery): they count, and the dispatcher records them
@@ -549,6 +559,18 @@ class Hub:
         self._watch(flight)
         self.look_again_by(flight.wake_ms)
         return flight
+
+    def _hold_found(self, key: bytes) -> InFlight | None:
+        """:meth:`hold` the delivery an earlier leader left out under ``key`` if
+        :attr:`held_entry` finds one and no pass has loaded the entry yet."""
+        found = self.held_entry(key)
+        if found is None:
+            return None
+        due_ms, mid, expire_ms, attempt, released, held = found
+        runtime = self.runtime(commands.parse_schedule_key(key)[0])
+        if runtime is None or pack(due_ms, mid) in runtime.index:
+            return None
+        return self.hold(key, due_ms, mid, expire_ms, attempt, released, held)
 
     def mark_pushed(self, flight: InFlight, deadline_ms: int, pushed_ms: int = 0) -> None:
         """The delivery went out (at ``pushed_ms``): its visibility timeout runs until
@@ -795,6 +817,8 @@ class Hub:
                     i,
                 )
             flight = self.in_flight.get(key)
+            if flight is None:
+                flight = self._hold_found(key)
             if flight is None and self.cancelled.get(key) == stamp:
                 raise RequestError(
                     ErrorCode.DELIVERY_CANCELLED,

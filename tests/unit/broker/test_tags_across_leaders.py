@@ -123,6 +123,23 @@ async def test_an_ack_on_the_next_leader_within_the_visibility_timeout_is_honour
         assert _dead_letters(broker) == 0
 
 
+async def test_an_ack_before_any_dispatch_pass_of_the_next_leader_is_honoured(
+    tmp_path: Path,
+) -> None:
+    """A new leader loads its groups over its first passes; an ACK that comes first
+    (the client reconnected at once) finds the delivery in the replicated state."""
+    async with open_real_broker(tmp_path) as (broker, log):
+        async with trio.open_nursery() as running:
+            await running.start(log.run)
+            _gid, _consumer, [delivery] = await _deliver(broker, log, [b"x"], max_deliveries=1)
+            await broker.hold_and_record_deliveries()
+            _next_leadership(broker)
+            assert await broker.ack(2, [delivery[0]]) == 1
+            running.cancel_scope.cancel()
+        assert broker.state.get_message(delivery[1]) is None
+        assert _dead_letters(broker) == 0
+
+
 async def test_a_settled_or_superseded_tag_is_refused_on_the_next_leader(
     tmp_path: Path,
 ) -> None:
