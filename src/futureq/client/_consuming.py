@@ -326,12 +326,67 @@ class ConsumingClient(ClientBase):
         (:func:`_raise_left_out`)."""
         self._check_open()
         await _after_calls_under_way(deliveries)
+        deadline = anyio.current_time() + self.request_timeout_s
         conn = self._live_connection()
+        if conn is None and any(_follows_leader(d) for d in deliveries):
+            conn = await self._wait_connection(deadline)
         to_send, left_out, settled = _sort_out(deliveries, conn, how)
         if to_send and conn is not None:
             with _under_way(to_send):
-                left_out += await send(conn, to_send)
+                left_out += await self._send_following(conn, to_send, send, deadline)
         _raise_left_out(deliveries, left_out, settled, how)
+
+    async def _send_following(
+        self,
+        conn: Connection,
+        to_send: list[Delivery],
+        send: Callable[[Connection, list[Delivery]], Awaitable[list[Delivery]]],
+        deadline: float,
+    ) -> list[Delivery]:
+        """``send`` ``to_send`` on ``conn``; return what it left out.
+
+        Deliveries the application held when their leader handed over follow the
+        leadership (``docs/protocol.md``, "Delivery tags across leaders"): when a node
+        that leads no more answered NOT_LEADER, or the connection broke under the
+        request, they are sent again on the connection to the node that leads now,
+        until ``deadline`` (then they are void, as for a lost leadership). The others
+        are void as before (lost connection, lost leadership).
+
+        Raises:
+            ConnectionLostError: the connection broke and none of them follows the
+                leader; no connection before ``deadline``.
+        """
+        left_out: list[Delivery] = []
+        backoff = Backoff(self._rng)
+        sending = to_send
+        while True:
+            try:
+                left_out += await send(conn, sending)
+            except ConnectionLostError:
+                if not any(_follows_leader(d) for d in sending):
+                    raise
+                for delivery in sending:
+                    if _follows_leader(delivery):
+                        delivery._follow_leader = True
+                    elif delivery._state is DeliveryState.HELD:
+                        delivery._void(LOST_REASON, "lost")
+                        left_out.append(delivery)
+            sending = [d for d in to_send if d._follow_leader]
+            for delivery in sending:
+                delivery._follow_leader = False
+            sending = [d for d in sending if _follows_leader(d)]
+            if not sending:
+                return left_out
+            if anyio.current_time() >= deadline:
+                for delivery in sending:
+                    delivery._void(LEADER_LOST_REASON, "lost")
+                return left_out + sending
+            moved_to = await self._wait_connection(deadline)
+            if moved_to is conn:
+                # Not moved yet (the node named itself, or no leader is known).
+                delay = backoff.next_delay_s()
+                await anyio.sleep(min(delay, max(0.0, deadline - anyio.current_time())))
+            conn = moved_to
 
     async def _settle_on(
         self,
@@ -422,9 +477,14 @@ class ConsumingClient(ClientBase):
         Returns:
             The deliveries voided, in order.
         """
-        lost = [d for d in deliveries if d._state is DeliveryState.HELD]
+        lost = [d for d in deliveries if d._state is DeliveryState.HELD and not d._handed_over]
         for delivery in lost:
             delivery._void(LEADER_LOST_REASON, "lost")
+        for delivery in deliveries:
+            # Held when their leader handed over: sent again to the node that leads
+            # (:meth:`_send_following`), which keeps them out until their deadline.
+            if _follows_leader(delivery):
+                delivery._follow_leader = True
         self._follow_leader(conn, exc.leader_address)
         return lost
 
@@ -560,6 +620,12 @@ def _still_buffered(sub: Subscription, deliveries: list[Delivery]) -> list[Deliv
     ]
 
 
+def _follows_leader(delivery: Delivery) -> bool:
+    """Held, and held by the application when its leader handed over: a settlement of
+    it goes to whichever node leads (:attr:`Delivery._handed_over`)."""
+    return delivery._state is DeliveryState.HELD and delivery._handed_over
+
+
 def _ack_frame(tags: list[bytes]) -> Callable[[int], frames.Frame]:
     return lambda rid: frames.Ack(rid, tags)
 
@@ -637,7 +703,11 @@ def _sort_out(
             if not (how == "ack" and delivery._settled_as == "ack"):
                 settled.append(delivery)
             continue
-        if state is DeliveryState.HELD and (conn is None or delivery._epoch != conn.epoch):
+        if (
+            state is DeliveryState.HELD
+            and (conn is None or delivery._epoch != conn.epoch)
+            and not delivery._handed_over
+        ):
             delivery._void(LOST_REASON, "lost")
         if delivery._state is DeliveryState.VOID:
             void.append(delivery)

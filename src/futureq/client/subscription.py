@@ -115,6 +115,14 @@ class Delivery:
     _void_code: ErrorCode = ErrorCode.UNKNOWN_DELIVERY_TAG
     _settled_as: str = ""
     """How it was settled once SETTLED: ``ack``, ``nack`` or ``release``."""
+    _handed_over: bool = attrs.field(default=False, init=False)
+    """Held by the application when its leader handed over (HANDOVER): the leader
+    named it handed, and every later leader keeps it out and settles it by its tag
+    until its visibility deadline. So it outlives its connection: a settlement goes to
+    whichever node leads (``docs/protocol.md``, "Delivery tags across leaders")."""
+    _follow_leader: bool = attrs.field(default=False, init=False)
+    """A settle or extend call of it was answered NOT_LEADER: the call sends it again
+    to the node that leads now."""
     headers: dict[str, str] = attrs.Factory(dict)
     _under_way: anyio.Event | None = attrs.field(default=None, init=False)
     """Set while a settle or extend call has it on the wire; another call waits for
@@ -433,6 +441,8 @@ class Subscription:
             delivery._void(reason, "ended")
         self._buffer.clear()
         self.to_release = []
+        for handed in self._handed.values():
+            handed._handed_over = True
         self._orphaned.update(self._handed)
         self.subscription_id = None
         self._credit = 0
@@ -440,24 +450,32 @@ class Subscription:
         self._wake()
 
     def _connection_lost(self, epoch: int) -> None:
-        """Connection ``epoch`` died: its deliveries are void."""
+        """Connection ``epoch`` died: its deliveries are void, but those the
+        application held when the leader handed over (still settleable by their tags on
+        the next leader)."""
         if epoch == self.epoch:
-            self._void_all(LOST_REASON, "lost")
+            self._void_all(LOST_REASON, "lost", keep_handed_over=True)
             self.subscription_id = None
             self._credit = 0
         self._wake()
 
-    def _void_all(self, reason: str, kind: str) -> None:
+    def _void_all(self, reason: str, kind: str, *, keep_handed_over: bool = False) -> None:
+        kept = (
+            {tag: d for tag, d in self._handed.items() if d._handed_over}
+            if keep_handed_over
+            else {}
+        )
         for delivery in (
             *self._buffer,
             *self._handed.values(),
             *self.to_release,
             *self._fetched,
         ):
-            delivery._void(reason, kind)
+            if delivery.tag not in kept:
+                delivery._void(reason, kind)
         self._buffer.clear()
-        self._handed.clear()
-        self._orphaned.clear()
+        self._handed = kept
+        self._orphaned.intersection_update(kept)
         self.to_release = []
         self._outstanding = 0
 
