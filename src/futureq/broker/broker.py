@@ -40,7 +40,7 @@ from . import (
 )
 from .command_log import no_space_error
 from .group_reservations import GroupKey
-from .hub import Consumer, Hub, Outbox
+from .hub import Consumer, Hub, Outbox, SettleCheck
 from .overview import ActivityHistory, DueBuckets, build_overview
 
 if TYPE_CHECKING:
@@ -514,19 +514,32 @@ class Broker:
         self.hub.grant_credit(subscription_id, connection_id, credit, validation.MAX_CREDIT)
         self.dispatcher.kick()
 
-    async def release(self, connection_id: int, tags: list[bytes]) -> int:
+    async def release(
+        self, connection_id: int, tags: list[bytes], may_settle: SettleCheck | None = None
+    ) -> int:
         """Give deliveries back unprocessed: due again at once, their attempt not counted
-        towards ``max_deliveries``. Durable on return.
+        towards ``max_deliveries``. Durable on return. ``may_settle``: asked before a delivery an earlier leader handed over is settled
+        (any connection may settle it by its tag; the check refuses one that may not
+        consume from its topic: PERMISSION_DENIED); None: no check.
 
         Raises:
             RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index).
 
         See :func:`~futureq.broker.consumer_requests.release`.
         """
-        return await consumer_requests.release(self, connection_id, tags)
+        return await consumer_requests.release(self, connection_id, tags, may_settle)
 
-    def extend(self, connection_id: int, tags: list[bytes], visibility_ms: int) -> int:
+    def extend(
+        self,
+        connection_id: int,
+        tags: list[bytes],
+        visibility_ms: int,
+        may_settle: SettleCheck | None = None,
+    ) -> int:
         """Keep deliveries: each is visible again ``visibility_ms`` after now (leader-local).
+        ``may_settle``: asked before a delivery an earlier leader handed over is settled
+        (any connection may settle it by its tag; the check refuses one that may not
+        consume from its topic: PERMISSION_DENIED); None: no check.
 
         Raises:
             RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index),
@@ -535,17 +548,22 @@ class Broker:
 
         See :func:`~futureq.broker.consumer_requests.extend`.
         """
-        return consumer_requests.extend(self, connection_id, tags, visibility_ms)
+        return consumer_requests.extend(self, connection_id, tags, visibility_ms, may_settle)
 
-    async def ack(self, connection_id: int, tags: list[bytes]) -> int:
+    async def ack(
+        self, connection_id: int, tags: list[bytes], may_settle: SettleCheck | None = None
+    ) -> int:
         """Acknowledge deliveries; returns how many were removed. Durable on return.
+        ``may_settle``: asked before a delivery an earlier leader handed over is settled
+        (any connection may settle it by its tag; the check refuses one that may not
+        consume from its topic: PERMISSION_DENIED); None: no check.
 
         Raises:
             RequestError: UNKNOWN_DELIVERY_TAG / FOREIGN_DELIVERY_TAG (first bad index).
 
         See :func:`~futureq.broker.consumer_requests.ack`.
         """
-        return await consumer_requests.ack(self, connection_id, tags)
+        return await consumer_requests.ack(self, connection_id, tags, may_settle)
 
     async def nack(
         self,
@@ -554,10 +572,14 @@ class Broker:
         requeue_delay_ms: int,
         reason: str | None = None,
         dead_letter: bool = False,
+        may_settle: SettleCheck | None = None,
     ) -> int:
         """Refuse deliveries; each is due again after ``requeue_delay_ms`` (>= 0), or goes
         to its dead-letter topic now with ``dead_letter`` (reason ``rejected``).
         ``reason`` is kept with each entry (its dead letter's ``futureq-reason-text``).
+        ``may_settle``: asked before a delivery an earlier leader handed over is settled
+        (any connection may settle it by its tag; the check refuses one that may not
+        consume from its topic: PERMISSION_DENIED); None: no check.
 
         Raises:
             RequestError: INVALID_DELAY, UNKNOWN_DELIVERY_TAG, FOREIGN_DELIVERY_TAG,
@@ -567,7 +589,7 @@ class Broker:
         See :func:`~futureq.broker.consumer_requests.nack`.
         """
         return await consumer_requests.nack(
-            self, connection_id, tags, requeue_delay_ms, reason, dead_letter
+            self, connection_id, tags, requeue_delay_ms, reason, dead_letter, may_settle
         )
 
     # ------------------------------------------------------------ status

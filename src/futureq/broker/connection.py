@@ -659,6 +659,12 @@ class Connection:
                     self._revoke(f"{exc.message} (credentials reloaded)")
                     return
 
+    def _may_settle(self, topic: str, group: str) -> None:
+        """Refuse (PERMISSION_DENIED) unless this client may consume from ``topic``: asked
+        before it settles a delivery an earlier leader handed over, which any connection
+        may settle by its tag (``docs/protocol.md``, "Delivery tags across leaders")."""
+        self.access.check(self.principal, frames.Subscribe(0, topic, group, 1))
+
     def _revoke(self, message: str) -> None:
         """Close after telling the client why: stop reading, drain, end."""
         self._close(_Closing(ErrorCode.AUTH_FAILED, message))
@@ -813,10 +819,17 @@ class Connection:
                 pairs = None if not duplicates else [[p, d] for p, d in sorted(duplicates.items())]
                 return frames.PublishOk(frame.request_id, first_id, count, pairs)
             case frames.Ack():
-                return frames.Ok(frame.request_id, await broker.ack(self.id, frame.tags))
+                return frames.Ok(
+                    frame.request_id, await broker.ack(self.id, frame.tags, self._may_settle)
+                )
             case frames.Nack():
                 done = await broker.nack(
-                    self.id, frame.tags, frame.requeue_delay_ms, frame.reason, frame.dead_letter
+                    self.id,
+                    frame.tags,
+                    frame.requeue_delay_ms,
+                    frame.reason,
+                    frame.dead_letter,
+                    self._may_settle,
                 )
                 return frames.Ok(frame.request_id, done)
             case frames.Credit():
@@ -876,10 +889,13 @@ class Connection:
                 return None
             case frames.Extend():
                 return frames.Ok(
-                    frame.request_id, broker.extend(self.id, frame.tags, frame.visibility_ms)
+                    frame.request_id,
+                    broker.extend(self.id, frame.tags, frame.visibility_ms, self._may_settle),
                 )
             case frames.Release():
-                return frames.Ok(frame.request_id, await broker.release(self.id, frame.tags))
+                return frames.Ok(
+                    frame.request_id, await broker.release(self.id, frame.tags, self._may_settle)
+                )
             case frames.Unsubscribe():
                 version = self.session.version or 1
                 if frame.handed is not None and version < 3:

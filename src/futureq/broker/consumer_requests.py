@@ -19,7 +19,7 @@ from futureq.state import commands
 from futureq.wire import frames, validation
 
 from . import publishing
-from .hub import Consumer, InFlight, Outbox
+from .hub import Consumer, InFlight, Outbox, SettleCheck
 
 if TYPE_CHECKING:
     from futureq.config import LimitsSection
@@ -160,12 +160,14 @@ async def _unsubscribe(broker: Broker, consumer: Consumer, handed: list[bytes] |
         )
 
 
-async def release(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
+async def release(
+    broker: Broker, connection_id: int, tags: list[bytes], may_settle: SettleCheck | None = None
+) -> int:
     """The work of :meth:`Broker.release` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
-    await _after_redrives(broker, tags, connection_id)
-    flights = broker.hub.claim_tags(tags, connection_id)
+    await _after_redrives(broker, tags, connection_id, may_settle)
+    flights = broker.hub.claim_tags(tags, connection_id, may_settle)
     entries = [(flight.key, flight.attempt) for flight in flights]
     # As in ack(): a RESCHEDULE being committed may move one of these entries first.
     following, mark = broker.settlements_follow()
@@ -179,17 +181,25 @@ async def release(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
     return int(done)
 
 
-def extend(broker: Broker, connection_id: int, tags: list[bytes], visibility_ms: int) -> int:
+def extend(
+    broker: Broker,
+    connection_id: int,
+    tags: list[bytes],
+    visibility_ms: int,
+    may_settle: SettleCheck | None = None,
+) -> int:
     """The work of :meth:`Broker.extend` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
     # `extend(30)` meant as 30 s took the deliveries back 30 ms later: the unit mistake
     # GROUP_CREATE and the configuration already refuse (docs/protocol.md, "Units").
     validation.check_visibility_timeout_ms(visibility_ms, field="visibility_ms")
-    return broker.hub.extend(tags, connection_id, visibility_ms, broker.clock.wall_ms())
+    return broker.hub.extend(tags, connection_id, visibility_ms, broker.clock.wall_ms(), may_settle)
 
 
-async def _after_redrives(broker: Broker, tags: list[bytes], connection_id: int) -> None:
+async def _after_redrives(
+    broker: Broker, tags: list[bytes], connection_id: int, may_settle: SettleCheck | None
+) -> None:
     """Return once no REDRIVE that may still commit names an entry ``tags`` deliver
     (before an ACK, NACK or RELEASE claims them).
 
@@ -205,7 +215,7 @@ async def _after_redrives(broker: Broker, tags: list[bytes], connection_id: int)
         RequestError: as :meth:`Hub.find_tags`.
     """
     while broker.redriving or broker.redrives_unanswered:
-        keys = [flight.key for flight in broker.hub.find_tags(tags, connection_id)]
+        keys = [flight.key for flight in broker.hub.find_tags(tags, connection_id, may_settle)]
         pending = [broker.redriving[key] for key in keys if key in broker.redriving]
         if pending:
             for answered in pending:
@@ -219,12 +229,14 @@ async def _after_redrives(broker: Broker, tags: list[bytes], connection_id: int)
         broker.redrives_unanswered.difference_update(passed)
 
 
-async def ack(broker: Broker, connection_id: int, tags: list[bytes]) -> int:
+async def ack(
+    broker: Broker, connection_id: int, tags: list[bytes], may_settle: SettleCheck | None = None
+) -> int:
     """The work of :meth:`Broker.ack` (its docstring: arguments, result, errors)."""
     broker._require_leader()
     validation.check_tags(tags, broker.limits)
-    await _after_redrives(broker, tags, connection_id)
-    flights = broker.hub.claim_tags(tags, connection_id)
+    await _after_redrives(broker, tags, connection_id, may_settle)
+    flights = broker.hub.claim_tags(tags, connection_id, may_settle)
     # A RESCHEDULE being committed may move one of these entries before this ACK commits:
     # the ACK then acknowledges the entry where it went (else the consumer is told OK and
     # the message comes again at its new time).
@@ -248,6 +260,7 @@ async def nack(
     requeue_delay_ms: int,
     reason: str | None = None,
     dead_letter: bool = False,
+    may_settle: SettleCheck | None = None,
 ) -> int:
     """The work of :meth:`Broker.nack` (its docstring: arguments, result, errors)."""
     broker._require_leader()
@@ -273,8 +286,8 @@ async def nack(
             f"a NACK reason holds {len(reason.encode('utf-8'))} bytes; the limit is "
             f"{MAX_NACK_REASON_BYTES}: keep it short (it travels in the dead letter's headers)",
         )
-    await _after_redrives(broker, tags, connection_id)
-    flights = broker.hub.claim_tags(tags, connection_id)
+    await _after_redrives(broker, tags, connection_id, may_settle)
+    flights = broker.hub.claim_tags(tags, connection_id, may_settle)
     # When each went out: a first delivery's time is known only here (a dead letter's
     # futureq-first-delivery-ms), a redelivery's was recorded already (kept).
     entries = [(flight.key, flight.attempt, flight.pushed_ms or None) for flight in flights]

@@ -132,6 +132,9 @@ class Consumer:
         return True
 
 
+SettleCheck = Callable[[str, str], None]
+"""Raises RequestError (PERMISSION_DENIED) unless a connection may consume from
+``(topic, group)``: asked before it settles a delivery an earlier leader handed over."""
 HeldEntry = tuple[int, int, "int | None", int, int, tuple[int, int]]
 """``(due_ms, message_id, expire_ms, attempt, released, (stamp, until_ms))`` of an
 entry held for a delivery an earlier leader left out (:attr:`Hub.held_entry`)."""
@@ -782,12 +785,18 @@ class Hub:
             return wake_ms
         return None
 
-    def find_tags(self, tags: list[bytes], connection_id: int) -> list[InFlight]:
-        """The in-flight deliveries ``tags`` name, all held by this connection.
+    def find_tags(
+        self, tags: list[bytes], connection_id: int, may_settle: SettleCheck | None = None
+    ) -> list[InFlight]:
+        """The in-flight deliveries ``tags`` name, all held by this connection (or kept
+        out for their tags after an earlier leader handed over, :meth:`hold`).
 
         Args:
             tags: Delivery tags from an ACK, NACK, RELEASE or EXTEND.
             connection_id: The connection that sent them.
+            may_settle: For a delivery an earlier leader handed over (any connection
+                may settle it by its tag): raises PERMISSION_DENIED unless the
+                connection may consume from ``(topic, group)``; None: no check.
 
         Returns:
             The deliveries, in tag order.
@@ -833,6 +842,13 @@ class Hub:
                     "visibility timeout (see REVOKE), or never delivered",
                     i,
                 )
+            if flight.consumer is self.orphans and may_settle is not None:
+                runtime = self.groups.get(flight.group_id)
+                if runtime is not None:
+                    try:
+                        may_settle(runtime.info.topic, runtime.info.name)
+                    except RequestError as exc:
+                        raise RequestError(exc.code, exc.message, i) from None
             if (
                 flight.consumer.connection_id != connection_id
                 and flight.consumer is not self.orphans
@@ -846,13 +862,15 @@ class Hub:
             flights.append(flight)
         return flights
 
-    def claim_tags(self, tags: list[bytes], connection_id: int) -> list[InFlight]:
+    def claim_tags(
+        self, tags: list[bytes], connection_id: int, may_settle: SettleCheck | None = None
+    ) -> list[InFlight]:
         """:meth:`find_tags`, then mark the deliveries ``acking`` (all or none).
 
         Raises:
             RequestError: as :meth:`find_tags`; nothing is claimed then.
         """
-        flights = self.find_tags(tags, connection_id)
+        flights = self.find_tags(tags, connection_id, may_settle)
         for flight in flights:
             flight.acking = True
         return flights
@@ -893,7 +911,14 @@ class Hub:
             self._revoke(removed, frames.RevokeReason.REMOVED)
         self.look_again_by(earliest)
 
-    def extend(self, tags: list[bytes], connection_id: int, visibility_ms: int, now_ms: int) -> int:
+    def extend(
+        self,
+        tags: list[bytes],
+        connection_id: int,
+        visibility_ms: int,
+        now_ms: int,
+        may_settle: SettleCheck | None = None,
+    ) -> int:
         """Push the visibility deadline of held deliveries to ``now_ms + visibility_ms``.
 
         Like SQS ChangeMessageVisibility, the new deadline counts from now and may be
@@ -911,7 +936,7 @@ class Hub:
                 ErrorCode.INVALID_ARGUMENT,
                 f"visibility_ms must be between 1 and {MAX_VISIBILITY_MS} (12 h), got {visibility_ms}",
             )
-        flights = self.find_tags(tags, connection_id)
+        flights = self.find_tags(tags, connection_id, may_settle)
         deadline_ms = now_ms + visibility_ms
         for flight in flights:
             flight.deadline_ms = deadline_ms

@@ -222,3 +222,44 @@ async def test_a_hold_is_kept_across_a_second_handover(tmp_path: Path) -> None:
             running.cancel_scope.cancel()
         assert broker.state.get_message(delivery[1]) is None
         assert _dead_letters(broker) == 0
+
+
+async def test_a_held_delivery_is_settled_only_by_a_client_that_may_consume_its_topic(
+    tmp_path: Path,
+) -> None:
+    """Any connection may settle a delivery an earlier leader handed over (the client
+    reconnected), so the tag alone must not let a client settle a topic it may not
+    consume from: the connection's check refuses it, naming the tag."""
+    async with open_real_broker(tmp_path) as (broker, log):
+        async with trio.open_nursery() as running:
+            await running.start(log.run)
+            _gid, _consumer, [delivery] = await _deliver(broker, log, [b"x"], max_deliveries=1)
+            await broker.hold_and_record_deliveries()
+            _next_leadership(broker)
+            asked: list[tuple[str, str]] = []
+
+            def deny(topic: str, group: str) -> None:
+                asked.append((topic, group))
+                raise RequestError(ErrorCode.PERMISSION_DENIED, f"may not consume from {topic}")
+
+            for settle in (
+                broker.ack(2, [delivery[0]], deny),
+                broker.nack(2, [delivery[0]], 0, may_settle=deny),
+                broker.release(2, [delivery[0]], deny),
+            ):
+                with pytest.raises(RequestError) as refused:
+                    await settle
+                assert (refused.value.code, refused.value.item_index) == (
+                    ErrorCode.PERMISSION_DENIED,
+                    0,
+                )
+            with pytest.raises(RequestError) as refused:
+                broker.extend(2, [delivery[0]], 60_000, deny)
+            assert refused.value.code is ErrorCode.PERMISSION_DENIED
+            assert asked == [("t", "g")] * 4
+
+            def allow(topic: str, group: str) -> None:
+                pass
+
+            assert await broker.ack(2, [delivery[0]], allow) == 1
+            running.cancel_scope.cancel()
