@@ -217,6 +217,9 @@ async def hold_and_record(dispatcher: Dispatcher) -> int:
             )
         )
         recorded += len(chunk)
+        for flight in chunk:
+            if hub.is_current(flight):
+                hub.adopt(flight)
     return recorded
 
 

@@ -563,6 +563,24 @@ class Hub:
         self.look_again_by(flight.wake_ms)
         return flight
 
+    def adopt(self, flight: InFlight) -> None:
+        """Make a delivery whose subscription ended (its application holds it, named in
+        the answer to HANDOVER) settleable from any connection, as :meth:`hold` does on
+        the next leader: the handover recorded it (HANDED_OUT), and if this node goes on
+        leading (the transfer failed) the client settles it on whatever connection it
+        has now, not only on the one it came on."""
+        if flight.consumer is self.orphans or not flight.consumer.closed:
+            return
+        flight.consumer.in_flight.discard(flight.key)
+        out = self.out_by_connection
+        connection_id = flight.consumer.connection_id
+        left = out.pop(connection_id, 1) - 1
+        if left:
+            out[connection_id] = left
+        flight.consumer = self.orphans
+        self.orphans.in_flight.add(flight.key)
+        out[ORPHAN_CONNECTION_ID] = out.get(ORPHAN_CONNECTION_ID, 0) + 1
+
     def _hold_found(self, key: bytes) -> InFlight | None:
         """:meth:`hold` the delivery an earlier leader left out under ``key`` if
         :attr:`held_entry` finds one and no pass has loaded the entry yet."""

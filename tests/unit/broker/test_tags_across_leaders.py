@@ -23,6 +23,7 @@ from broker_helpers import REAL_NOW_MS, RecordingOutbox, open_real_broker
 
 from futureq.broker.broker import Broker
 from futureq.broker.command_log import SingleNodeLog
+from futureq.broker.handover_handed import HandedAsk
 from futureq.broker.hub import Consumer
 from futureq.errors import ErrorCode, RequestError
 from futureq.state import commands
@@ -263,3 +264,25 @@ async def test_a_held_delivery_is_settled_only_by_a_client_that_may_consume_its_
 
             assert await broker.ack(2, [delivery[0]], allow) == 1
             running.cancel_scope.cancel()
+
+
+async def test_a_handed_delivery_stays_settleable_when_the_transfer_fails(
+    tmp_path: Path,
+) -> None:
+    """The handover recorded the delivery the application held (its subscription ended
+    with the HANDOVER answer), then the transfer failed and this node leads on: the
+    client, reconnected, settles it from its new connection (before: FOREIGN_DELIVERY_TAG,
+    and with max_deliveries 1 it went to the dead-letter topic at its deadline)."""
+    async with open_real_broker(tmp_path) as (broker, log):
+        async with trio.open_nursery() as running:
+            await running.start(log.run)
+            _gid, consumer, [delivery] = await _deliver(broker, log, [b"x"], max_deliveries=1)
+            # The answer to HANDOVER: the application holds it.
+            broker.handed_ask = HandedAsk({consumer.subscription_id})
+            await broker.unsubscribe_handed(consumer, [delivery[0]])
+            broker.handed_ask = None
+            await broker.hold_and_record_deliveries()
+            broker.dispatcher.resume()  # the transfer failed: still the leader
+            assert await broker.ack(2, [delivery[0]]) == 1
+            running.cancel_scope.cancel()
+        assert broker.state.get_message(delivery[1]) is None
