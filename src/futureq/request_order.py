@@ -105,9 +105,17 @@ class Turn:
         if self._done.is_set():
             return
         before = self._before
-        if before is not None and not before._done.is_set():
-            self._wants_pass = True
-            return
+        if before is not None:
+            if not before._done.is_set():
+                self._wants_pass = True
+                return
+            # It never waited (a PUBLISH refused before its proposal): what the
+            # requests before it wait for stays so for the next one (the background
+            # publisher's place), and it holds no earlier turn (a long run of such
+            # requests kept a chain of all of them for the connection's lifetime).
+            if self.background is None:
+                self.background = before.background
+            self._before = None
         self._done.set()
         passed, turn = self, self._next
         while turn is not None and (turn._wants_pass or turn._parked is not None):

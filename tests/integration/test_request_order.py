@@ -161,3 +161,51 @@ def test_pipelined_requests_to_a_cluster_leader_take_effect_in_order(cluster3: C
         settle.append(frames.Nack(client.next_id(), [delivery[0]], 0))
     answers = _pipeline(client, settle)
     assert all(isinstance(a, frames.Ok) and a.result == 1 for a in answers[0::2]), answers[:6]
+
+
+def test_a_refused_publish_between_two_keeps_the_order_of_the_others(
+    broker: BrokerProcess,
+) -> None:
+    """An ack-level-NONE publish, then one refused (a bad field) once the first is
+    queued for the background publisher, then one of another level: the third must
+    still be logged after the first. Before, the refused one passed its turn without
+    saying the first was still with the background publisher, so the third overtook it
+    whenever that publisher was busy."""
+    client = WireClient(broker.client_address)
+    # An ack-level-NONE batch ahead keeps the background publisher busy, so that the
+    # publish after it waits there while the requests after it are served.
+    backlog = [["backlog", b"x" * 100, None, None, None]] * 5_000
+    refused_ids: list[int] = []
+    answers: dict[int, Any] = {}
+    rounds = 10
+    for n in range(rounds):
+        first = [
+            *[frames.Publish(client.next_id(), frames.AckLevel.NONE, backlog) for _ in range(8)],
+            frames.Publish(
+                client.next_id(),
+                frames.AckLevel.NONE,
+                [["refused", b"%d" % (2 * n), None, None, None]],
+            ),
+        ]
+        client.send_raw(b"".join(codec.encode_frame(request, 2**31) for request in first))
+        # Answered once queued for the background publisher, which has the batches
+        # ahead of it to log first.
+        answers.update(_answers(client, [request.request_id for request in first]))
+        refused = frames.Publish(
+            client.next_id(), frames.AckLevel.LEADER, [["refused", b"bad", -5, None, None]]
+        )
+        third = frames.Publish(
+            client.next_id(),
+            frames.AckLevel.LEADER,
+            [["refused", b"%d" % (2 * n + 1), None, None, None]],
+        )
+        client.send_raw(
+            b"".join(codec.encode_frame(request, 2**31) for request in (refused, third))
+        )
+        answers.update(_answers(client, [refused.request_id, third.request_id]))
+        refused_ids.append(refused.request_id)
+    for request_id in answers:
+        expected = frames.Error if request_id in refused_ids else frames.PublishOk
+        assert isinstance(answers[request_id], expected), answers[request_id]
+    sequences = _logged_in_order(client, "refused", 2 * rounds)
+    assert sequences == list(range(2 * rounds)), sequences

@@ -5,6 +5,8 @@ in the same pass of the event loop."""
 
 from __future__ import annotations
 
+import gc
+
 import trio
 import trio.testing
 
@@ -75,3 +77,41 @@ async def test_a_request_behind_a_background_publish_waits_for_its_place() -> No
 async def _request_named(turn: request_order.Turn, log: list[str]) -> None:
     with request_order.serving(turn), request_order.effect():
         await request_order.in_turn(lambda: log.append("quorum"))
+
+
+async def test_a_request_that_never_waited_keeps_the_background_place_for_the_next() -> None:
+    """A PUBLISH refused before its proposal (a bad field, no permission) passes its
+    turn without waiting for it: the request after it must still wait for an earlier
+    ack-level-NONE publish of the connection. Before, it was logged ahead of it."""
+    log: list[str] = []
+    none_turn = request_order.Turn(None)
+    refused = request_order.Turn(none_turn)
+    quorum_turn = request_order.Turn(refused)
+    place = request_order.Turn(None)
+    with request_order.serving(none_turn), request_order.effect():
+        await request_order.in_turn(
+            lambda: request_order.queued_in_background(none_turn, place),
+            behind_background=False,
+        )
+    refused.pass_on()  # its turn came after the one before it passed
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_request_named, quorum_turn, log)
+        await trio.testing.wait_all_tasks_blocked()
+        assert log == []  # before: ["quorum"], ahead of the background publish
+        place.pass_on()
+    assert log == ["quorum"]
+
+
+def test_requests_that_pass_without_waiting_keep_no_chain_of_turns() -> None:
+    """A connection whose every PUBLISH is refused before its proposal: each turn passes
+    once the one before it passed. Before, each kept the one before it, so the
+    connection held every turn it ever made (~250 bytes per refused request)."""
+    gc.collect()
+    before = sum(1 for thing in gc.get_objects() if type(thing) is request_order.Turn)
+    last: request_order.Turn | None = None
+    for _ in range(1_000):
+        last = request_order.Turn(last)
+        last.pass_on()
+    gc.collect()
+    alive = sum(1 for thing in gc.get_objects() if type(thing) is request_order.Turn) - before
+    assert alive <= 2, alive  # before: 1000
