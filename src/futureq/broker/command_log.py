@@ -136,7 +136,7 @@ class _Proposal:
         self.index = 0
         self.result: Any = None
         self.error: BaseException | None = None
-        self.done = trio.Event()
+        self.done = request_order.Done()
 
 
 def log_key(index: int) -> bytes:
@@ -286,9 +286,12 @@ class SingleNodeLog:
             # No extra yield while the queue has room; in the turn of its request (the
             # writer takes them in order).
             await request_order.in_turn(
-                lambda: self._send.send_nowait(proposal), lambda: self._send.send(proposal)
+                lambda: self._send.send_nowait(proposal),
+                lambda: self._send.send(proposal),
+                done=proposal.done,
             )
-            await proposal.done.wait()
+            if not proposal.done.is_set():  # set: in_turn waited for it (one wake-up)
+                await proposal.done.wait()
         finally:
             self._in_progress -= 1
             if self._in_progress == 0:

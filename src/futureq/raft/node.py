@@ -458,8 +458,11 @@ class RaftNode:
         self._check_can_lead()
         waiter = Waiter(decoded)
         op = Op("propose", waiter, data=command)
-        await request_order.in_turn(lambda: self._enqueue(op))  # the ops run in order
-        return await waiter.wait()
+        # The ops run in order; a waiter queued by the request ahead is woken once, here.
+        await request_order.in_turn(lambda: self._enqueue(op), done=waiter.done)
+        if not waiter.done.is_set():  # set: in_turn waited for it (one wake-up)
+            await waiter.done.wait()
+        return waiter.outcome()
 
     async def propose_durable(self, command: bytes) -> int:
         """Append ``command`` and return its log index once persisted on this leader.
@@ -472,8 +475,10 @@ class RaftNode:
         self._check_can_lead()
         waiter = Waiter()
         op = Op("durable", waiter, data=command)
-        await request_order.in_turn(lambda: self._enqueue(op))
-        index: int = await waiter.wait()
+        await request_order.in_turn(lambda: self._enqueue(op), done=waiter.done)
+        if not waiter.done.is_set():
+            await waiter.done.wait()
+        index: int = waiter.outcome()
         return index
 
     async def read_barrier(self, timeout_s: float | None = None) -> None:

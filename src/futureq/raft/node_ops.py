@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-import trio
 
+from futureq import request_order
 from futureq.errors import ErrorCode, RequestError
 from futureq.raft.values import ConfChange
 
@@ -22,7 +22,7 @@ class Waiter:
     __slots__ = ("decoded", "done", "error", "index", "result", "term")
 
     def __init__(self, decoded: Any = None) -> None:
-        self.done = trio.Event()
+        self.done = request_order.Done()
         self.result: Any = None
         self.error: BaseException | None = None
         self.index = 0
@@ -42,6 +42,10 @@ class Waiter:
 
     async def wait(self) -> Any:
         await self.done.wait()
+        return self.outcome()
+
+    def outcome(self) -> Any:
+        """The result once done (raises its error)."""
         if self.error is not None:
             raise self.error
         return self.result

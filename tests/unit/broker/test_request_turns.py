@@ -1,11 +1,13 @@
 """The turns of one connection's requests (futureq.request_order): effects are queued in
 the order of the turns whatever order trio runs the tasks in, a request that failed
 lets the next go on, and a pipeline of parked proposals is queued by the request ahead
-in the same pass of the event loop."""
+in the same pass of the event loop, and a parked request whose proposal it queued is
+woken once, when that proposal ends."""
 
 from __future__ import annotations
 
 import gc
+from collections import Counter
 
 import trio
 import trio.testing
@@ -115,3 +117,104 @@ def test_requests_that_pass_without_waiting_keep_no_chain_of_turns() -> None:
     gc.collect()
     alive = sum(1 for thing in gc.get_objects() if type(thing) is request_order.Turn) - before
     assert alive <= 2, alive  # before: 1000
+
+
+class _Steps(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.steps: Counter[str] = Counter()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.startswith("request "):
+            self.steps[task.name] += 1
+
+
+async def _request_until_done(
+    turn: request_order.Turn, n: int, log: list[int], done: request_order.Done
+) -> None:
+    try:
+        with request_order.serving(turn), request_order.effect():
+            await request_order.in_turn(lambda: log.append(n), done=done)
+            if not done.is_set():
+                await done.wait()
+        log.append(100 + n)
+    finally:
+        turn.pass_on()
+
+
+async def test_a_parked_request_queued_by_the_one_ahead_is_woken_once_at_its_end() -> None:
+    # Before, it was woken when the request ahead queued its proposal, then slept
+    # again until the proposal ended: one more task step per parked request, the cost
+    # of order on a pipeline of PUBLISHes.
+    log: list[int] = []
+    turns = [request_order.Turn(None)]
+    for _ in range(20):
+        turns.append(request_order.Turn(turns[-1]))
+    dones = [request_order.Done() for _ in range(21)]
+    instrument = _Steps()
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        async with trio.open_nursery() as nursery:
+            for n in range(20, 0, -1):  # all park behind the first
+                nursery.start_soon(
+                    _request_until_done, turns[n], n, log, dones[n], name=f"request {n}"
+                )
+            await trio.testing.wait_all_tasks_blocked()
+            with request_order.serving(turns[0]), request_order.effect():
+                await request_order.in_turn(lambda: log.append(0), done=dones[0])
+            assert log == list(range(21))
+            await trio.testing.wait_all_tasks_blocked()
+            assert set(instrument.steps.values()) == {1}  # none woken by being queued
+            for n in range(20, 0, -1):  # the ends come in any order
+                dones[n].set()
+        assert sorted(log[21:]) == [100 + n for n in range(1, 21)]
+        assert instrument.steps == Counter({f"request {n}": 2 for n in range(1, 21)})
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+
+
+async def test_a_parked_request_whose_proposal_fails_or_finds_no_room_is_woken() -> None:
+    # The request ahead queues what it can; one whose proposal raises learns it at once,
+    # and one whose log is full is woken to wait for room itself (the ones behind it too).
+    log: list[str] = []
+    room = trio.Event()
+    turns = [request_order.Turn(None)]
+    for _ in range(3):
+        turns.append(request_order.Turn(turns[-1]))
+    dones = [request_order.Done() for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def refuse() -> None:
+        raise ValueError("refused")
+
+    def full() -> None:
+        raise trio.WouldBlock
+
+    async def wait_for_room() -> None:
+        await room.wait()
+        log.append("later")
+
+    async def request(n: int, now: object, later: object = None) -> None:
+        try:
+            with request_order.serving(turns[n]), request_order.effect():
+                await request_order.in_turn(now, later, done=dones[n])  # type: ignore[arg-type]
+            log.append(f"returned {n}")
+        except ValueError as exc:
+            errors.append(exc)
+        finally:
+            turns[n].pass_on()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(request, 3, lambda: log.append("3"))
+        nursery.start_soon(request, 2, full, wait_for_room)
+        nursery.start_soon(request, 1, refuse)
+        await trio.testing.wait_all_tasks_blocked()
+        with request_order.serving(turns[0]), request_order.effect():
+            await request_order.in_turn(lambda: log.append("0"), done=dones[0])
+        await trio.testing.wait_all_tasks_blocked()
+        assert [str(e) for e in errors] == ["refused"]
+        assert log == ["0"]  # 2 waits for room, 3 behind it
+        room.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert log == ["0", "later", "3", "returned 2"]  # 2 queued 3 as it passed
+        dones[3].set()
+    assert log[-1] == "returned 3"
