@@ -218,3 +218,30 @@ async def test_a_parked_request_whose_proposal_fails_or_finds_no_room_is_woken()
         assert log == ["0", "later", "3", "returned 2"]  # 2 queued 3 as it passed
         dones[3].set()
     assert log[-1] == "returned 3"
+
+
+async def test_a_parked_request_cancelled_takes_no_effect_and_holds_none_back() -> None:
+    log: list[int] = []
+    turns = [request_order.Turn(None)]
+    for _ in range(3):
+        turns.append(request_order.Turn(turns[-1]))
+    dones = [request_order.Done() for _ in range(4)]
+    scopes = [trio.CancelScope() for _ in range(4)]
+
+    async def request(n: int) -> None:
+        with scopes[n]:
+            await _request_until_done(turns[n], n, log, dones[n])
+
+    async with trio.open_nursery() as nursery:
+        for n in (3, 2, 1):
+            nursery.start_soon(request, n)
+        await trio.testing.wait_all_tasks_blocked()
+        scopes[2].cancel()  # its connection closed, say
+        await trio.testing.wait_all_tasks_blocked()
+        with request_order.serving(turns[0]), request_order.effect():
+            await request_order.in_turn(lambda: log.append(0), done=dones[0])
+        assert log == [0, 1, 3]
+        assert turns[3].passed
+        dones[1].set()
+        dones[3].set()
+    assert sorted(log[3:]) == [101, 103]
