@@ -396,3 +396,81 @@ def test_ctrl_c_in_a_long_file_fails_the_rest_without_parsing_it(
     again = cli(address, "publish", "--file", str(failed_out))
     assert again.returncode == 1, again.stderr  # only "not json" fails
     assert pending(address, "intr.long") == total
+
+
+def _publish_file_interrupted_in_call(
+    address: str, source: Path, failed_out: Path, call_number: int
+) -> tuple[int, str, str]:
+    """``publish --file SOURCE --batch-size 10 --failed-out FAILED_OUT`` in this process,
+    with Ctrl-C coming as PUBLISH call ``call_number`` is made (the real call, to the
+    real broker, goes on): its exit status, stdout and stderr."""
+    args = build_parser().parse_args(
+        ["--server", address, "publish", "--file", str(source), "--batch-size", "10"]
+        + ["--failed-out", str(failed_out)]
+    )
+    out, err = io.StringIO(), io.StringIO()
+
+    async def main() -> int:
+        with trio.fail_after(60):
+            async with open_client(address) as client:
+                real_publish_batch = client.publish_batch
+                calls: list[int] = []
+
+                async def publish_batch(items: Any, **kwargs: Any) -> Any:
+                    calls.append(len(items))
+                    if len(calls) == call_number:
+                        signal.raise_signal(signal.SIGINT)  # as this batch is sent
+                    return await real_publish_batch(items, **kwargs)
+
+                client.publish_batch = publish_batch  # type: ignore[method-assign]
+                return await publish_commands.run_publish_file(client, args, Output(out, err))
+
+    code = trio.run(main)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_ctrl_c_lets_the_batch_being_sent_be_answered_so_a_resend_stores_each_line_once(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    # Found by a tester: Ctrl-C in `publish --file F --failed-out G` cancelled the batch
+    # already sent, so its lines were reported `[INTERRUPTED] outcome unknown` and
+    # written to G, though the server stored them: `publish --file G`, as the last line
+    # advised ("the N line(s) not stored are in G"), stored that batch twice (500
+    # duplicates in a 100,000-line file without keys). The batch in flight now gets a
+    # short grace for its answer, so its lines are counted stored and not in G.
+    address = broker.client_address
+    total = 40
+    source = tmp_path / "plain.jsonl"
+    source.write_text("".join(f'{{"topic":"intr.grace","payload":"p{i}"}}\n' for i in range(total)))
+    failed_out = tmp_path / "failed.jsonl"
+    code, out, err = _publish_file_interrupted_in_call(address, source, failed_out, 2)
+    assert code == 130, (out, err)
+    assert "outcome unknown" not in err, err
+    assert out.startswith("published 20 message(s)"), (out, err)  # the second batch too
+    assert failed_out.read_bytes() == b"".join(source.read_bytes().splitlines(True)[20:])
+    again = cli(address, "publish", "--file", str(failed_out))
+    assert again.returncode == 0, again.stderr
+    assert pending(address, "intr.grace") == total  # each line stored once
+
+
+def test_ctrl_c_as_a_line_is_refused_fails_the_rest_of_its_batch_as_not_sent(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    # The rest of a batch whose line the server refused is sent again without it; a
+    # Ctrl-C before that resend left those lines never sent, yet they were reported
+    # `[INTERRUPTED] outcome unknown ... (it may be stored)`.
+    address = broker.client_address
+    lines = [f'{{"topic":"intr.refused","payload":"p{i}"}}\n' for i in range(30)]
+    lines[14] = '{"topic":"intr.refused","payload":"%s"}\n' % ("x" * 1_100_000)
+    source = tmp_path / "refused.jsonl"
+    source.write_text("".join(lines))
+    failed_out = tmp_path / "failed.jsonl"
+    code, out, err = _publish_file_interrupted_in_call(address, source, failed_out, 2)
+    assert code == 130, (out, err)
+    assert "outcome unknown" not in err, err
+    assert "line 15: [PAYLOAD_TOO_LARGE]" in err, err
+    assert "line 11: [INTERRUPTED] not sent" in err, err
+    assert out.startswith("published 10 message(s)"), (out, err)
+    assert failed_out.read_text() == "".join(lines[10:])
+    assert pending(address, "intr.refused") == 10
+

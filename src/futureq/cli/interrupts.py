@@ -31,6 +31,7 @@ class Interrupt:
         self.signal_number = signal.SIGINT
         """The signal that asked (SIGINT or SIGTERM), for the exit status."""
         self._in_flight: anyio.CancelScope | None = None
+        self._grace_s = 0.0
 
     @property
     def exit_status(self) -> int:
@@ -39,25 +40,35 @@ class Interrupt:
         return 128 + int(self.signal_number)
 
     def request(self, signal_number: int = signal.SIGINT) -> None:
-        """Stop: cancel the wait in flight (:meth:`batch`), start no other."""
+        """Stop: cancel the wait in flight (:meth:`batch`; one given a grace, once that
+        has passed), start no other. Call from a task of the event loop."""
         if not self.requested:
             self.signal_number = signal.Signals(signal_number)
         self.requested = True
         if self._in_flight is not None:
-            self._in_flight.cancel()
+            if self._grace_s > 0:
+                deadline = anyio.current_time() + self._grace_s
+                self._in_flight.deadline = min(self._in_flight.deadline, deadline)
+            else:
+                self._in_flight.cancel()
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator[anyio.CancelScope]:
+    def batch(self, grace_s: float = 0.0) -> Iterator[anyio.CancelScope]:
         """The scope of one wait (a batch's call, a wait for the next delivery),
-        cancelled by :meth:`request` (at once if it came already)."""
+        cancelled by :meth:`request` (at once if it came already, before anything was
+        sent). ``grace_s`` (s): a request while it runs lets it go on for that long
+        (a PUBLISH already sent is then answered, so its lines' outcome is known, not
+        unknown), and cancels it only then; 0: cancelled at once."""
         with anyio.CancelScope() as scope:
             if self.requested:
                 scope.cancel()
             self._in_flight = scope
+            self._grace_s = grace_s
             try:
                 yield scope
             finally:
                 self._in_flight = None
+                self._grace_s = 0.0
 
 
 @contextlib.asynccontextmanager

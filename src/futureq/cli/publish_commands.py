@@ -202,8 +202,9 @@ async def publish_items(
             addresses that failed (default: the client's servers; a sharded node's
             client lists every shard's address there, and a stopped shard is not a
             server to start).
-        interrupt: Ctrl-C's: once requested, the batch in flight is cancelled (its
-            lines' outcome unknown, those a sharded call stored counted) and the
+        interrupt: Ctrl-C's: once requested, the batch in flight is given
+            :data:`INTERRUPT_GRACE_S` for its answer, then cancelled (its lines'
+            outcome unknown, those a sharded call stored counted), and the
             later lines are failed as not sent (:attr:`PublishSummary.interrupted`).
 
     Returns:
@@ -236,12 +237,20 @@ async def publish_items(
             on_progress(1)
             continue
         while batch:
+            if interrupt.requested:
+                # Ctrl-C came as the batch before this resend of its rest was answered
+                # (a line refused): the rest was never sent again, so it is not stored.
+                summary.failures.extend(
+                    LineFailure(entry.line_number, INTERRUPTED_NOT_SENT) for entry in batch
+                )
+                on_progress(len(batch))
+                break
             duplicates: list[int] = []
             # What was stored even though the call raised: on a sharded node the other
             # shards' parts of a batch one shard refused. Counted here and never resent.
             stored: dict[int, int] = {}
             try:
-                with interrupt.batch() as call:
+                with interrupt.batch(grace_s=INTERRUPT_GRACE_S) as call:
                     await client.publish_batch(
                         [entry.item for entry in batch], duplicates=duplicates, stored=stored
                     )
@@ -291,6 +300,12 @@ async def publish_items(
     summary.failures.sort(key=lambda failure: failure.line_number)
     return summary
 
+
+INTERRUPT_GRACE_S: Final = 2.0
+"""How long (s) the batch in flight when Ctrl-C (or SIGTERM) comes is given for its
+answer: a healthy server answers in milliseconds, and a batch answered is counted
+stored, so sending the lines not stored again stores none twice. A batch not answered
+within it is reported ``[INTERRUPTED] outcome unknown``; a second Ctrl-C stops at once."""
 
 INTERRUPTED_IN_FLIGHT: Final = (
     "[INTERRUPTED] outcome unknown: Ctrl-C came while this line's batch was being sent "
