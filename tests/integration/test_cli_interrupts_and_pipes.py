@@ -474,3 +474,40 @@ def test_ctrl_c_as_a_line_is_refused_fails_the_rest_of_its_batch_as_not_sent(
     assert failed_out.read_text() == "".join(lines[10:])
     assert pending(address, "intr.refused") == 10
 
+
+def test_a_reader_paused_past_the_visibility_timeout_gets_each_line_once(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    # Found by a tester: `consume | slow-script` with the reader paused longer than the
+    # group's visibility timeout: the line being written waited on the full pipe, the
+    # server took its delivery back meanwhile, so its ack failed ("not settled in time")
+    # and the message was printed again (a consume of 5,000 paused 40 s printed one
+    # twice). The delivery being printed is now kept (EXTEND) until its line is written.
+    address = broker.client_address
+    assert (
+        cli(address, "group", "create", "pause.t", "g", "--visibility-timeout", "1s").returncode
+        == 0
+    )
+    payload = tmp_path / "big.txt"
+    payload.write_text("x" * 100_000)  # one line fills a 64 KiB pipe: its write waits
+    for _ in range(2):
+        sent = cli(address, "publish", "pause.t", "--payload-file", str(payload))
+        assert sent.returncode == 0, sent.stderr
+    with subprocess.Popen(
+        _command(address, "consume", "pause.t", "--group", "g", "--count", "2", "--json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as consume:
+        try:
+            assert consume.stdout is not None and consume.stderr is not None
+            time.sleep(3.5)  # the reader pauses past the 1 s visibility timeout, 3 times
+            out = consume.stdout.read()
+            err = consume.stderr.read()
+            consume.wait(timeout=30)
+        finally:
+            consume.kill()
+    assert consume.returncode == 0, err
+    assert b"not settled in time" not in err, err
+    ids = [json.loads(line)["id"] for line in out.splitlines()]
+    assert len(ids) == 2 and len(set(ids)) == 2, ids
+    assert pending(address, "pause.t") == 0

@@ -235,10 +235,38 @@ async def _print(
         # closed the connection (KEEPALIVE_TIMEOUT after 60 s by default) and the run
         # ended with [CONNECTION_LOST], the deliveries it held counted (found by a
         # tester). A second Ctrl-C abandons a write that never ends.
-        await trio.to_thread.run_sync(io.out, line, abandon_on_cancel=True)
+        # The delivery is kept meanwhile (EXTEND at half the group's visibility timeout):
+        # a reader paused longer than that timeout made the ack of a message whose line
+        # it then read fail, and the message was delivered and printed again (found by a
+        # tester).
+        failure: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_keep_while_printing, sub, delivery)
+            try:
+                await trio.to_thread.run_sync(io.out, line, abandon_on_cancel=True)
+            except BaseException as exc:  # raised below, not wrapped in a group
+                failure = exc
+            nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
     except BaseException:
         await _give_back(sub, delivery)
         raise
+
+
+async def _keep_while_printing(sub: Subscription, delivery: Delivery) -> None:
+    """Extend ``delivery`` by the group's visibility timeout at half of it, until
+    cancelled (its line written). A refused or failed EXTEND ends the keeping: the
+    settlement after the line then says what happened."""
+    timeout_ms = sub.visibility_timeout_ms
+    if timeout_ms is None:
+        return
+    while True:
+        await trio.sleep(timeout_ms / 2000)
+        try:
+            await delivery.extend()
+        except (FutureQError, ValueError):
+            return
 
 
 async def _give_back(sub: Subscription, delivery: Delivery) -> None:
