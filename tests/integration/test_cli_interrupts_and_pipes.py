@@ -380,18 +380,24 @@ def test_ctrl_c_in_a_long_file_fails_the_rest_without_parsing_it(
     summary = re.match(r"published (\d+) message\(s\)", out.getvalue())
     assert summary is not None, (out.getvalue(), err.getvalue())
     published = int(summary.group(1))
-    assert published == 8, out.getvalue()  # the first chunk; the second, Ctrl-C'd
+    # The first chunk; the second, Ctrl-C'd. Its first line's batch may have been sent
+    # as the Ctrl-C came (the parse ends in a worker thread): it is then answered within
+    # publish_commands.INTERRUPT_GRACE_S and counted, not reported outcome unknown.
+    assert published in (8, 9), out.getvalue()
+    assert "outcome unknown" not in err.getvalue(), err.getvalue()
     written = failed_out.read_text().splitlines()
     assert len([line for line in written if line.strip()]) == total + 1 - published, written
     assert written[-1] == "not json"
     content = source.read_bytes()
-    after_first_chunk = content.index(b"\n", content.index(b'"k7"}')) + 1
-    assert failed_out.read_bytes() == content[after_first_chunk:]
+    after_published = content.index(b"\n", content.index(b'"k%d"}' % (published - 1))) + 1
+    assert failed_out.read_bytes() == content[after_published:]
     assert "line 16: [INTERRUPTED] not sent" in err.getvalue(), err.getvalue()
     assert (
         out.getvalue()
         .rstrip()
-        .endswith(f"; 8 failed line(s); 87 line(s) after line 16 not sent, in {failed_out}")
+        .endswith(
+            f"; {16 - published} failed line(s); 87 line(s) after line 16 not sent, in {failed_out}"
+        )
     ), out.getvalue()
     again = cli(address, "publish", "--file", str(failed_out))
     assert again.returncode == 1, again.stderr  # only "not json" fails
