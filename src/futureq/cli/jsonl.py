@@ -137,11 +137,15 @@ def strict_loads(text: str) -> Any:
 
 @attrs.frozen
 class LineFailure:
-    """A line that was not published, and why: ``line N[, column C]: reason``."""
+    """A line that was not published, and why: ``line N[, column C]: reason``.
+
+    ``may_be_stored``: its outcome is unknown (its batch was sent and not answered: a
+    lost connection, a Ctrl-C), so it may be stored though reported failed."""
 
     line_number: int
     reason: str
     column: int | None = None
+    may_be_stored: bool = False
 
     def __str__(self) -> str:
         where = f"line {self.line_number}"

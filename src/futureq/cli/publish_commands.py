@@ -259,7 +259,8 @@ async def publish_items(
                     # (the batches after it: at the top of the loop).
                     batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
                     summary.failures.extend(
-                        LineFailure(entry.line_number, INTERRUPTED_IN_FLIGHT) for entry in batch
+                        LineFailure(entry.line_number, INTERRUPTED_IN_FLIGHT, may_be_stored=True)
+                        for entry in batch
                     )
                     break
             except RequestError as exc:
@@ -277,18 +278,22 @@ async def publish_items(
                 reason = f"[{exc.code.name}] {exc.message}"
                 # A 3xx error reaches us only once retrying it would pass the deadline.
                 unavailable = exc.code.retryable
+                unanswered = False
             except (ConnectionLostError, ProtocolError) as exc:
                 batch = _drop_stored(batch, stored, duplicates, summary, on_progress)
                 reason = error_line(exc, servers or ",".join(client.servers)).removeprefix(
                     "error: "
                 )
                 unavailable = isinstance(exc, ConnectionLostError)
+                unanswered = True  # sent, perhaps stored, and no answer came
             else:
                 summary.published += len(batch) - len(duplicates)
                 summary.duplicates += len(duplicates)
                 on_progress(len(batch))
                 break
-            summary.failures.extend(LineFailure(entry.line_number, reason) for entry in batch)
+            summary.failures.extend(
+                LineFailure(entry.line_number, reason, may_be_stored=unanswered) for entry in batch
+            )
             on_progress(len(batch))
             if unavailable and batch:
                 # The client retried until --request-timeout ran out: every later batch
@@ -1097,8 +1102,18 @@ def _resend_advice(
     """Say how to send the lines not stored again (they are in ``--failed-out``, if
     given, but for ``unwritten``: lines too long for any frame; ``copied`` more were
     copied there unread after a stop), and nothing else: the other lines are stored (or
-    already were). ``unread_after``: the input after that line was not read."""
+    already were). ``unread_after``: the input after that line was not read. Failures
+    whose outcome is unknown (:attr:`LineFailure.may_be_stored`) are counted apart: sent
+    again, they may be stored twice."""
     count = len(failures)
+    unknown = sum(1 for failure in failures if failure.may_be_stored)
+    maybe = (
+        f"; {unknown} of them have an unknown outcome (their batch was sent and not "
+        "answered) and may be stored already: sent again, those without an idempotency_key "
+        "are stored twice"
+        if unknown
+        else ""
+    )
     if failed_out is None:
         shown = "" if count <= MAX_FAILURES_SHOWN else f" (the first {MAX_FAILURES_SHOWN} shown)"
         if unread_after is not None:
@@ -1107,12 +1122,12 @@ def _resend_advice(
                 f"other lines read are stored and the input after line {unread_after} was "
                 "not read, so do not send the whole input again: --failed-out F writes the "
                 "lines not stored (of a file, with the rest not read) to F, to send with "
-                "publish --file F"
+                f"publish --file F{maybe}"
             )
         return (
             f"{count} line(s) were not stored, each listed by number{shown}; the others are "
             "stored, so do not send the whole file again: --failed-out F writes the lines "
-            "not stored to F, to send with publish --file F"
+            f"not stored to F, to send with publish --file F{maybe}"
         )
     left_out = ""
     if unwritten:
@@ -1128,5 +1143,5 @@ def _resend_advice(
     return (
         f"the {count - len(unwritten) + copied} line(s) not stored are in {args.failed_out}; send "
         f"them again with publish --file {args.failed_out} (a delay_ms counts from when it "
-        f"is sent){left_out}"
+        f"is sent){maybe}{left_out}"
     )
