@@ -10,8 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from broker_process import BrokerProcess
-from cli_process import cli
+from cli_process import cli, pending
 
 
 def test_payload_text_is_escaped_in_human_output_and_exact_in_json(
@@ -144,3 +145,23 @@ def test_the_shortest_request_timeout_is_an_error_not_a_traceback(broker: Broker
     published = cli(broker.client_address, "--request-timeout", "3ms", "publish", "short.t", "x")
     assert "Traceback" not in published.stderr, published.stderr
     assert cli(broker.client_address, "--request-timeout", "10s", "status").returncode == 0
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_results_that_cannot_be_written_name_standard_output(broker: BrokerProcess) -> None:
+    # Found by a tester: `consume ... > /dev/full` (a full disk) ended with `error:
+    # [OS_ERROR] No space left on device`, naming nothing: which file, the broker's?
+    address = broker.client_address
+    assert cli(address, "publish", "full.t", "m1").returncode == 0
+    command = [sys.executable, "-m", "futureq.cli.client_main", "--server", address]
+    command += ["consume", "full.t", "--group", "g", "--count", "1", "--idle-timeout", "10s"]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            command, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, check=False
+        )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == (
+        "error: [OS_ERROR] No space left on device: writing to standard output"
+    ), done.stderr
+    assert pending(address, "full.t") == 1  # not printed, so not acked

@@ -73,8 +73,18 @@ class Output:
     stdin: IO[bytes] | None = None
 
     def out(self, text: str) -> None:
-        self.stdout.write(text + "\n")
-        self.stdout.flush()
+        """Write one line of results; an error writing it (a full disk, ``> /dev/full``)
+        names standard output, as it said only ``No space left on device`` (found by a
+        tester). A closed pipe stays :exc:`BrokenPipeError` (``| head``: a quiet end)."""
+        try:
+            self.stdout.write(text + "\n")
+            self.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            if exc.filename is not None or exc.errno is None:
+                raise
+            raise OSError(exc.errno, exc.strerror, "writing to standard output") from exc
 
     def err(self, text: str) -> None:
         self.stderr.write(text + "\n")
