@@ -231,12 +231,19 @@ class Dispatcher:
         """
         return schedule_observer.out_deliveries(self, group_ids, ids)
 
-    def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
+    def on_unscheduled(
+        self,
+        group_id: int,
+        due_ms: int,
+        mid: int,
+        reason: CommandKind,
+        held: tuple[int, int] | None = None,
+    ) -> None:
         """A schedule entry was removed: forget it in the index and in flight.
 
         See :func:`~futureq.broker.schedule_observer.on_unscheduled`.
         """
-        schedule_observer.on_unscheduled(self, group_id, due_ms, mid, reason)
+        schedule_observer.on_unscheduled(self, group_id, due_ms, mid, reason, held)
 
     def on_group_changed(self, group_id: int) -> None:
         """One group was created, adopted, updated or deleted: O(1) whatever the count.
@@ -286,6 +293,10 @@ class Dispatcher:
             return None
         gid, due_ms, mid = commands.parse_schedule_key(key)
         if mid < self.state.purged_below(gid):
+            # A PURGE removes it (its chunks have not reached it yet): the delivery
+            # was out when the purge applied, so it was cancelled, as one loaded in
+            # the hub is (schedule_observer.cancel_purged_out).
+            self.hub.note_cancelled(key, held[0])
             return None
         return due_ms, mid, entry.expire_ms, entry.attempt, entry.released, held
 

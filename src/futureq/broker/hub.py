@@ -639,14 +639,20 @@ class Hub:
         flight = self._drop(key)
         if flight is not None and flight.pushed:
             if cancelled:
-                self.cancelled[key] = flight.stamp
-                self.cancelled.move_to_end(key)
-                while len(self.cancelled) > CANCELLED_TAGS_KEPT:
-                    self.cancelled.popitem(last=False)
+                self.note_cancelled(key, flight.stamp)
             if not flight.acking:
                 reason = frames.RevokeReason.CANCELLED if cancelled else frames.RevokeReason.REMOVED
                 self._revoke([flight], reason)
         return flight
+
+    def note_cancelled(self, key: bytes, stamp: int) -> None:
+        """Remember that the delivery ``key`` with tag stamp ``stamp`` was out when a
+        CANCEL or PURGE removed its message: an ACK, NACK, RELEASE or EXTEND of its tag
+        is answered DELIVERY_CANCELLED (the last :data:`CANCELLED_TAGS_KEPT`)."""
+        self.cancelled[key] = stamp
+        self.cancelled.move_to_end(key)
+        while len(self.cancelled) > CANCELLED_TAGS_KEPT:
+            self.cancelled.popitem(last=False)
 
     def _drop(self, key: bytes) -> InFlight | None:
         flight = self.in_flight.pop(key, None)

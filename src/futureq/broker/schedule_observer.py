@@ -226,11 +226,36 @@ def out_deliveries(
 
 
 def on_unscheduled(
-    dispatcher: Dispatcher, group_id: int, due_ms: int, mid: int, reason: CommandKind
+    dispatcher: Dispatcher,
+    group_id: int,
+    due_ms: int,
+    mid: int,
+    reason: CommandKind,
+    held: tuple[int, int] | None = None,
 ) -> None:
-    """The work of :meth:`Dispatcher.on_unscheduled` (its docstring: arguments, result, errors)."""
+    """The work of :meth:`Dispatcher.on_unscheduled` (its docstring: arguments, result, errors).
+
+    A CANCEL or PURGE that removes an entry held for a delivery an earlier leader
+    left out (``held``, its deadline not passed) cancels that delivery whether or not
+    a pass loaded it into the hub: its tag then answers DELIVERY_CANCELLED, as for a
+    delivery this leader handed out (``docs/protocol.md``, "A delivery whose message
+    was cancelled"). Found by a tester: a CANCEL on the leader after a transfer, then
+    an ACK of the held tag got UNKNOWN_DELIVERY_TAG ("delivered again"), though the
+    message never is. A deleted group's chunks (also PURGE_GROUP) cancel nothing: its
+    deliveries are void, their tags unknown, as for one out on this leader.
+    """
     if dispatcher._histograms:
         dispatcher.due_counts.on_unscheduled(group_id, due_ms, mid, reason)
+    if (
+        held is not None
+        and reason in _CANCELLING
+        and dispatcher.active
+        and group_id in dispatcher.state.groups
+        and held[1] > dispatcher.clock.wall_ms()
+    ):
+        key = commands.schedule_key(group_id, due_ms, mid)
+        if key not in dispatcher.hub.in_flight:  # loaded: forget() below notes it
+            dispatcher.hub.note_cancelled(key, held[0])
     runtime = dispatcher.hub.groups.get(group_id)
     if runtime is None:
         if dispatcher.metrics is not None and dispatcher.active:
@@ -323,10 +348,20 @@ def cancel_purged_out(dispatcher: Dispatcher, runtime: GroupRuntime, purged: int
     hub = dispatcher.hub
     if not runtime.in_flight_count:
         return
-    for consumer in list(runtime.consumers):
+    # Those an earlier leader handed over and a pass loaded are out to no consumer of
+    # the group (Hub.orphans); found by a tester, an ACK of one was honoured after the
+    # purge. Those not loaded are found by Dispatcher._held_entry.
+    group_id = runtime.info.group_id
+    holders = [*runtime.consumers, hub.orphans]
+    for consumer in holders:
         for key in list(consumer.in_flight):
             flight = hub.in_flight.get(key)
-            if flight is not None and flight.mid < purged and not flight.acking:
+            if (
+                flight is not None
+                and flight.group_id == group_id
+                and flight.mid < purged
+                and not flight.acking
+            ):
                 hub.forget(key, cancelled=True)
 
 

@@ -149,10 +149,20 @@ class ScheduleObserver(Protocol):
         each entry in turn would (a PUBLISH of 100 items makes one call, not 100)."""
         ...
 
-    def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
+    def on_unscheduled(
+        self,
+        group_id: int,
+        due_ms: int,
+        mid: int,
+        reason: CommandKind,
+        held: tuple[int, int] | None = None,
+    ) -> None:
         """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER, RELEASE,
         PURGE_GROUP, CANCEL, RESCHEDULE or REDRIVE (NACK, RELEASE and RESCHEDULE
-        schedule it again at once)."""
+        schedule it again at once). ``held``: ``(stamp, until_ms)`` when a removed
+        entry (not a moved one) was held for a delivery a leader handing over left
+        out (:meth:`EntryValue.held <futureq.state.records.EntryValue.held>`; whether
+        ``until_ms`` has passed is the observer's question), else None."""
         ...
 
     def on_group_changed(self, group_id: int) -> None:
@@ -842,7 +852,14 @@ class QueueState(ManageOps):
             self.deleting[gid].pending -= 1
             touched.add(gid)
         deliveries.release_message(self, txn, mid, gid, due_ms, message)
-        effects.append(("u", gid, due_ms, mid, reason))
+        # A delivery an earlier leader handed over and left out (HANDED_OUT): the
+        # leader must know its tag to answer a settlement of it after a CANCEL or
+        # PURGE as for any delivery out (effects are not in the applied digest).
+        held = EntryValue(*entry).held() if len(entry) > 7 else None
+        if held is None:
+            effects.append(("u", gid, due_ms, mid, reason))
+        else:
+            effects.append(("u", gid, due_ms, mid, reason, held))
         return gid, mid, attempt, expire_ms
 
     def _move_entry(

@@ -110,9 +110,17 @@ class Recorder:
             assert len(entry) == 6 or entry[6] > 0, "released appended only when above zero"
             self.on_scheduled(*entry[1:])
 
-    def on_unscheduled(self, group_id: int, due_ms: int, mid: int, reason: CommandKind) -> None:
+    def on_unscheduled(
+        self,
+        group_id: int,
+        due_ms: int,
+        mid: int,
+        reason: CommandKind,
+        held: tuple[int, int] | None = None,
+    ) -> None:
         self._check_written("on_unscheduled")
-        self.calls.append(("u", group_id, due_ms, mid, CommandKind(reason)))
+        call = ("u", group_id, due_ms, mid, CommandKind(reason))
+        self.calls.append(call if held is None else call + (held,))
 
     def on_group_changed(self, group_id: int) -> None:
         self._check_written("on_group_changed")
