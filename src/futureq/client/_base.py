@@ -28,6 +28,7 @@ from futureq.client import _checks
 from futureq.client._backoff import Backoff
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, PublishItem
 from futureq.client._connection import (
+    DRAIN_GRACE_S,
     Connection,
     HopelessConnectError,
     NotSentError,
@@ -157,6 +158,9 @@ class ClientBase:
         self._rng = rng
         self._pid = os.getpid()  # the process whose tasks serve this client
         self._conn: Connection | None = None
+        self._running: set[Connection] = set()
+        """Connections whose :meth:`Connection.run` is running: the live one and those
+        draining after a NOT_LEADER redirect."""
         self._epoch = 0
         self._conn_changed = anyio.Event()
         self._closed = False
@@ -181,7 +185,7 @@ class ClientBase:
     def connected_address(self) -> str | None:
         """``host:port`` of the live connection, or None while reconnecting."""
         conn = self._conn
-        return conn.address if conn is not None and not conn.is_lost else None
+        return conn.address if conn is not None and not conn.is_leaving else None
 
     @property
     def max_batch_items(self) -> int:
@@ -216,11 +220,11 @@ class ClientBase:
 
     def _live_epoch(self) -> int:
         conn = self._conn
-        return conn.epoch if conn is not None and not conn.is_lost else -1
+        return conn.epoch if conn is not None and not conn.is_leaving else -1
 
     def _live_connection(self) -> Connection | None:
         conn = self._conn
-        return conn if conn is not None and not conn.is_lost else None
+        return conn if conn is not None and not conn.is_leaving else None
 
     def _answer_handover(self, conn: Connection, sub: Subscription) -> None:
         """HANDOVER for ``sub`` on ``conn`` (reader task): the consuming client answers
@@ -261,7 +265,7 @@ class ClientBase:
         while True:
             self._check_open()
             conn = self._conn
-            if conn is not None and not conn.is_lost:
+            if conn is not None and not conn.is_leaving:
                 return conn
             changed = self._conn_changed
             with anyio.CancelScope(deadline=deadline):
@@ -450,6 +454,18 @@ class ClientBase:
         of a :class:`ShardedClient`, started without waiting) the first connection is
         retried for ever too: calls wait for it until their own deadline.
         """
+        # A connection the client leaves on a NOT_LEADER redirect runs on in this
+        # group while it drains (:meth:`_follow_leader`), next to its successor.
+        async with anyio.create_task_group() as conns:
+            await self._maintain_loop(conns, task_status, keep_trying=keep_trying)
+
+    async def _maintain_loop(
+        self,
+        conns: anyio.abc.TaskGroup,
+        task_status: anyio.abc.TaskStatus[None],
+        *,
+        keep_trying: bool,
+    ) -> None:
         backoff = Backoff(self._rng)
         started = keep_trying
         first_deadline = anyio.current_time() + self._connect_timeout_s
@@ -480,16 +496,23 @@ class ClientBase:
             if not started:
                 started = True
                 task_status.started()
-            await conn.run()
+            self._running.add(conn)
+            conns.start_soon(self._run_connection, conn)
+            await conn.wait_leaving()  # lost, or draining: connect anew at once
             self._conn = None
             for sub in self._subscriptions.values():
                 sub._connection_lost(conn.epoch)
             self._signal_change()
 
+    async def _run_connection(self, conn: Connection) -> None:
+        try:
+            await conn.run()
+        finally:
+            self._running.discard(conn)
+
     def _close(self) -> None:
         self._closed = True
-        conn = self._conn
-        if conn is not None:
+        for conn in [*self._running, *([self._conn] if self._conn is not None else [])]:
             conn.close("the client was closed")
         for sub in self._subscriptions.values():
             sub._close()
@@ -570,15 +593,33 @@ class ClientBase:
         to the next server of the list: a node on the minority side of a partition
         cannot learn the new leader, and waiting on it would stall until the partition
         heals.
+
+        The connection left is drained, not closed (:meth:`Connection.drain`): new
+        requests go to the next connection, while the answers owed to requests
+        already sent on it (publishes, settlements, a TRANSFER_LEADER) still arrive
+        for up to :meth:`_drain_grace_s`; only those still unanswered then fail as on a
+        lost connection (retried or reported as before).
         """
         if leader_address is None:
             known = self._known_servers()
             if len(known) > 1:
                 if conn.address in known:
                     self._next_server = (known.index(conn.address) + 1) % len(known)
-                conn.close(f"{conn.address} knows no leader; trying the next server")
+                conn.drain(
+                    f"{conn.address} knows no leader; trying the next server",
+                    self._drain_grace_s(),
+                )
             return
         if leader_address == conn.address:
             return
         self._leader_hint = leader_address
-        conn.close(f"{conn.address} is not the leader; reconnecting to {leader_address}")
+        conn.drain(
+            f"{conn.address} is not the leader; reconnecting to {leader_address}",
+            self._drain_grace_s(),
+        )
+
+    def _drain_grace_s(self) -> float:
+        """How long a connection left on a redirect waits for the answers owed on it
+        (seconds): :data:`~futureq.client._connection.DRAIN_GRACE_S`, at most
+        ``request_timeout_s``."""
+        return min(self.request_timeout_s, DRAIN_GRACE_S)

@@ -63,6 +63,10 @@ leader, instead of waiting on it again. A server that is only slow answers the P
 say nothing about the server and probe nothing."""
 PING_PROBE_S: Final = 2.0
 """How long the PING of a silent connection may take (seconds), see above."""
+DRAIN_GRACE_S: Final = 2.0
+"""Longest a connection the client leaves (its server answered NOT_LEADER) stays open
+for the answers still owed on it (seconds), capped by the client's
+``request_timeout_s`` (:meth:`Connection.drain`)."""
 
 CLIENT_NAME: Final = f"futureq-client/{__version__}"
 
@@ -280,11 +284,26 @@ class Connection:
         self._probe = anyio.Event()
         """Set when a request timed out on a silent connection: :meth:`_probe_loop`
         PINGs the server and closes the connection if nothing comes."""
+        self.draining: str | None = None
+        """Why the client leaves this connection (:meth:`drain`): it takes no new
+        request, and closes once the requests in flight are answered."""
+        self._drain_grace_s = 0.0
+        self._leaving = anyio.Event()
+        """Set once the connection drains or is lost: the client connects anew."""
+        self._drain_started = anyio.Event()
+        self._idle = anyio.Event()
+        """Set when the last request in flight was answered while draining."""
 
     @property
     def is_lost(self) -> bool:
         """True once the connection failed or was closed; it never comes back."""
         return self.lost_reason is not None
+
+    @property
+    def is_leaving(self) -> bool:
+        """True once the connection drains (:meth:`drain`) or is lost: no new request
+        goes on it."""
+        return self._leaving.is_set()
 
     async def wait_lost(self) -> None:
         """Block until the connection is lost."""
@@ -293,6 +312,34 @@ class Connection:
     def close(self, reason: str) -> None:
         """Close the connection (idempotent); waiting requests fail with ``reason``."""
         self._fail(ConnectionLostError(reason))
+
+    def drain(self, reason: str, grace_s: float) -> None:
+        """Leave the connection gracefully (idempotent): take no new request (
+        :meth:`request` raises :class:`NotSentError`, so the caller sends it on the
+        next connection), let the answers owed to the requests already sent arrive,
+        then close once none is owed or ``grace_s`` seconds have passed; requests
+        still unanswered then fail with :class:`ConnectionLostError` (``reason``), as
+        on any lost connection. Pushes keep being read meanwhile.
+
+        Args:
+            reason: Why the client leaves (the NOT_LEADER redirect), for errors and logs.
+            grace_s: Longest wait for the answers owed (seconds).
+        """
+        if self.lost_reason is not None or self.draining is not None:
+            return
+        self.draining = reason
+        self._drain_grace_s = grace_s
+        self._leaving.set()
+        self._drain_started.set()
+        self._check_idle()
+
+    async def wait_leaving(self) -> None:
+        """Block until the connection drains (:meth:`drain`) or is lost."""
+        await self._leaving.wait()
+
+    def _check_idle(self) -> None:
+        if self.draining is not None and not len(self._requests):
+            self._idle.set()
 
     async def discard(self, reason: str = "another server answered first") -> None:
         """Close a connection that was never run (another server answered first, or
@@ -306,7 +353,19 @@ class Connection:
     def _fail(self, reason: ConnectionLostError) -> None:
         if self.lost_reason is None:
             self.lost_reason = reason
+        self._leaving.set()
         self._cancel_scope.cancel()
+
+    async def _drain_loop(self) -> None:
+        """Once draining: close when no answer is owed or the grace time passed."""
+        await self._drain_started.wait()
+        with anyio.move_on_after(self._drain_grace_s):
+            await self._idle.wait()
+        owed = len(self._requests)
+        log.debug(
+            "%s drained (%s); %d answer(s) still owed dropped", self.address, self.draining, owed
+        )
+        self._fail(ConnectionLostError(f"{self.draining or 'connection closed'}"))
 
     async def run(self) -> None:
         """Read and write until the connection breaks or :meth:`close` is called.
@@ -320,6 +379,7 @@ class Connection:
                     nursery.start_soon(self._read_loop)
                     nursery.start_soon(self._write_loop)
                     nursery.start_soon(self._probe_loop)
+                    nursery.start_soon(self._drain_loop)
         finally:
             if self.lost_reason is None:
                 self.lost_reason = ConnectionLostError(f"connection to {self.address} closed")
@@ -327,6 +387,7 @@ class Connection:
                 waiter.set_error(self.lost_reason)
             self._write_send.close()
             self._write_receive.close()
+            self._leaving.set()
             self._lost.set()
             with anyio.move_on_after(CLOSE_GRACE_S, shield=True):
                 await self._stream.aclose()
@@ -344,6 +405,7 @@ class Connection:
                     self._fail(ConnectionLostError(f"server {self.address} closed the connection"))
                     return
                 self._dispatch(frame)  # type: ignore[arg-type]
+                self._check_idle()
         except RemoteProtocolError as exc:
             self._fail(
                 ConnectionLostError(f"server {self.address} sent a bad frame: {exc.message}")
@@ -535,7 +597,8 @@ class Connection:
             The answer frame (never an ERROR frame).
 
         Raises:
-            NotSentError: lost before the request was queued (nothing reached the server).
+            NotSentError: lost or draining (:meth:`drain`) before the request was
+                queued (nothing reached the server).
             ConnectionLostError: lost after it was queued: the outcome is unknown.
             RequestError: the server refused it (an ERROR frame), or TIMEOUT when no
                 answer came before ``deadline`` (outcome unknown).
@@ -546,6 +609,8 @@ class Connection:
         """
         if self.lost_reason is not None:
             raise NotSentError(str(self.lost_reason))
+        if self.draining is not None:
+            raise NotSentError(f"{self.draining}; nothing was sent on {self.address}")
         waiter = _Waiter(on_answer, "request")
         request_id = self._requests.add(waiter)
         queued = False
@@ -572,6 +637,7 @@ class Connection:
                 waiter.abandoned = True
             else:
                 self._requests.pop(request_id)
+                self._check_idle()
         if waiter.error is not None:
             raise waiter.error
         if waiter.frame is None:

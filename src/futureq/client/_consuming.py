@@ -230,7 +230,7 @@ class ConsumingClient(ClientBase):
                 if not isinstance(frame, frames.SubscribeOk):
                     return
                 live = sub.epoch == conn.epoch and sub.subscription_id is not None
-                if sub.closed or live or conn.is_lost:
+                if sub.closed or live or conn.is_leaving:
                     orphan = frame.subscription_id
                     log.debug(
                         "SUBSCRIBE_OK %d for a subscription given up; unsubscribing it", orphan

@@ -81,6 +81,12 @@ class FakeBroker:
         self.hello_version: int | None = None  # HELLO_OK's version, if not the usual
         self.silent: set[type[frames.Frame]] = set()  # frame types it never answers
         self.settling: list[frames.Frame] = []  # RELEASE and UNSUBSCRIBE frames, in order
+        self.stepping_down_to: str | None = None
+        """A leader losing its leadership to this address: PUBLISH frames are taken
+        but their answers owed (:attr:`owed`, sent by :meth:`answer_owed`); any other
+        request is answered NOT_LEADER naming it."""
+        self.owed: list[tuple[FakeConnection, frames.Publish]] = []
+        self.owing = anyio.Event()  # set when the first answer is owed
 
     async def serve(
         self, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
@@ -137,6 +143,17 @@ class FakeBroker:
             )
             return
         if type(frame) in self.silent:
+            return
+        if self.stepping_down_to is not None and not isinstance(frame, frames.Ping):
+            if isinstance(frame, frames.Publish):
+                self.owed.append((conn, frame))
+                self.owing.set()
+            else:
+                await conn.send(
+                    frames.Error(
+                        rid, ErrorCode.NOT_LEADER, "not leader", None, self.stepping_down_to
+                    )
+                )
             return
         if (self.redirect_to is not None or self.leaderless) and not isinstance(frame, frames.Ping):
             await conn.send(
@@ -222,6 +239,19 @@ class FakeBroker:
             await conn.send(frames.Pong(rid))
         elif isinstance(frame, frames.GroupCreate | frames.GroupDelete):
             await conn.send(frames.Ok(rid, None))
+
+    async def answer_owed(self) -> None:
+        """Answer the PUBLISH frames held while stepping down (they were applied),
+        on the connections they came on, if still open."""
+        owed, self.owed = self.owed, []
+        for conn, frame in owed:
+            self.publish_sizes.append(len(frame.items))
+            first = self.next_id
+            self.next_id += len(frame.items)
+            try:
+                await conn.send(frames.PublishOk(frame.request_id, first, len(frame.items)))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
 
     async def dispatch(self) -> None:
         for conn in list(self.connections):
@@ -414,6 +444,46 @@ async def test_not_leader_redirect_is_followed() -> None:
             assert client.connected_address == leader.address
         assert leader.publish_sizes == [1]
         assert follower.publish_sizes == []
+
+
+@on_both_backends
+async def test_answers_owed_on_a_connection_left_on_not_leader_still_arrive() -> None:
+    """A leader stepping down answers one request NOT_LEADER while the answers of
+    others sent on the same connection are still on the way: the client sends new
+    requests to the new leader but keeps the old connection open for those answers
+    (it drains), so an at-most-once publish learns its outcome instead of
+    ConnectionLostError."""
+    async with task_group() as nursery:
+        old = FakeBroker()
+        await nursery.start(old.serve)
+        new = FakeBroker()
+        await nursery.start(new.serve)
+        async with _client(old.address, retry_unknown_outcome=False, linger_ms=0) as client:
+            assert client.connected_address == old.address
+            old.stepping_down_to = new.address
+            results: list[object] = []
+
+            async def publish() -> None:
+                try:
+                    results.append(await client.publish("t", b"owed"))
+                except ConnectionLostError as exc:
+                    results.append(exc)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(publish)
+                with anyio.fail_after(5):
+                    await old.owing.wait()
+                # Answered NOT_LEADER by the old leader, sent again to the new one.
+                await client.create_group("t", "g")
+                assert client.connected_address == new.address
+                # Only now does the old leader answer the publish it applied.
+                await old.answer_owed()
+            assert results == [1], results
+            assert old.publish_sizes == [1]
+            assert new.publish_sizes == []
+            # New requests go to the new leader.
+            assert await client.publish("t", b"next") == 1
+            assert new.publish_sizes == [1]
 
 
 @on_both_backends
