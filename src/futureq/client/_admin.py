@@ -5,6 +5,7 @@ reschedule, purge, browse) and cluster membership, each one request through
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -18,6 +19,8 @@ from futureq.errors import ConnectionLostError, RequestError
 from futureq.wire import frames, validation
 
 _EPOCH_MS: Final = "ms since the Unix epoch"
+
+log = logging.getLogger(__name__)
 
 
 class AdminClient(ClientBase):
@@ -449,11 +452,12 @@ class AdminClient(ClientBase):
     async def transfer_leader(self, node_id: int | None = None) -> None:
         """Hand leadership to ``node_id`` (None: the most up-to-date voter).
 
-        Returns once it moved. When the connection breaks before the answer (the
-        node hands over first, and this client follows the new leader as soon as
-        another of its requests is answered NOT_LEADER), the cluster is asked where
-        the leadership is: it returns if that is ``node_id`` (None: any node but the
-        one asked), within ``request_timeout_s``.
+        Returns once it moved: the node's answer, which arrives even when another
+        request of this client was answered NOT_LEADER meanwhile (the connection
+        drains: :meth:`~futureq.client._base.ClientBase._follow_leader`). When the
+        connection breaks before the answer, the cluster is asked where the
+        leadership is (logged at INFO): it returns if that is ``node_id`` (None: any
+        node but the one asked), within ``request_timeout_s``.
 
         Raises:
             RequestError: INVALID_ARGUMENT, TIMEOUT.
@@ -473,12 +477,16 @@ class AdminClient(ClientBase):
 
         try:
             answer = await self._call(make_frame, retry_unknown=False)
-        except ConnectionLostError:
-            # The node hands over before it answers: another request of this client
-            # answered NOT_LEADER meanwhile closes the connection (the client follows
-            # the new leader), and the answer is lost. Found by a tester: a client
-            # that consumed while it moved the leadership was told the connection
-            # broke after every transfer that succeeded.
+        except ConnectionLostError as exc:
+            # The answer never came: the connection broke, or it drained (another
+            # request answered NOT_LEADER) and its grace time passed first. Found by
+            # a tester: a client that consumed while it moved the leadership was told
+            # the connection broke after every transfer that succeeded.
+            log.info(
+                "the answer to TRANSFER_LEADER was lost (%s); asking the cluster where "
+                "the leadership went",
+                exc,
+            )
             if not await self._leadership_moved(node_id, asked[-1] if asked else None):
                 raise
             return
