@@ -995,12 +995,27 @@ async def _linger(stream: trio.abc.Stream) -> None:
         return
     with trio.move_on_after(LINGER_S):
         try:
-            await stream.send_eof()
-            dropped = 0
-            while dropped < LINGER_BYTES:
-                chunk = await stream.receive_some(RECEIVE_BYTES)
-                if not chunk:
-                    return
-                dropped += len(chunk)
+            await half_close_and_drain(stream, LINGER_BYTES, RECEIVE_BYTES)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             return
+
+
+async def half_close_and_drain(
+    stream: trio.abc.HalfCloseableStream, max_bytes: int, chunk_bytes: int
+) -> None:
+    """Half-close ``stream``, then read and drop what the peer still sends until it
+    closes or ``max_bytes`` (bytes) were dropped, reading at most ``chunk_bytes`` at a
+    time: so that closing the socket afterwards sends a close, not a reset (a socket
+    closed with unread bytes resets). No deadline of its own: the caller sets one.
+
+    Raises:
+        trio.BrokenResourceError, trio.ClosedResourceError, OSError: as the stream's
+            ``send_eof`` and ``receive_some``.
+    """
+    await stream.send_eof()
+    dropped = 0
+    while dropped < max_bytes:
+        chunk = await stream.receive_some(chunk_bytes)
+        if not chunk:
+            return
+        dropped += len(chunk)

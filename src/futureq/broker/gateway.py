@@ -34,7 +34,13 @@ from futureq.wire import codec, frames
 
 from .access import AccessControl
 from .buffers import NodeBuffers
-from .connection import HANDSHAKE_TIMEOUT_S, Connection, closed_log, peer_name
+from .connection import (
+    HANDSHAKE_TIMEOUT_S,
+    Connection,
+    closed_log,
+    half_close_and_drain,
+    peer_name,
+)
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -99,13 +105,7 @@ async def _refuse_connection(
                 stream = trio.SSLStream(stream, ssl_context, server_side=True)
             await stream.send_all(data)
             if isinstance(stream, trio.abc.HalfCloseableStream):
-                await stream.send_eof()
-                dropped = 0
-                while dropped < MAX_DISCARD_BYTES:
-                    chunk = await stream.receive_some(MAX_DISCARD_BYTES)
-                    if not chunk:
-                        break
-                    dropped += len(chunk)
+                await half_close_and_drain(stream, MAX_DISCARD_BYTES, MAX_DISCARD_BYTES)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
             pass
     with trio.move_on_after(REFUSE_GRACE_S, shield=True):
