@@ -722,21 +722,6 @@ class Hub:
         else:
             self.wake(flight.consumer)
 
-    def take_unrecorded(self, limit: int) -> list[tuple[bytes, int, int]]:
-        """Up to ``limit`` deliveries that went out unrecorded and count, as
-        ``(schedule_key, attempt, pushed_ms)`` for a RETURN_COUNTED: those given back
-        (:attr:`returned`, taken out of it) first, then those still out (marked
-        recorded, so they are taken once). Used when the log must learn them now: a
-        leader shutting down or handing leadership over."""
-        found = self.take_returned(limit)
-        for flight in self.in_flight.values():
-            if len(found) >= limit:
-                break
-            if flight.unrecorded_out:
-                flight.recorded = True
-                found.append((flight.key, flight.attempt, flight.pushed_ms))
-        return found
-
     def take_returned(self, limit: int) -> list[tuple[bytes, int, int]]:
         """Up to ``limit`` entries of :attr:`returned`, taken out of it."""
         found: list[tuple[bytes, int, int]] = []
