@@ -878,7 +878,7 @@ class Connection:
                     self._subscribing_prefetch -= counted
                     broker.subscribes_in_flight -= 1
                 # Version 4 answers HANDOVER (docs/protocol.md, "Versions").
-                consumer.asks_handed = (self.session.version or 1) >= 4
+                consumer.asks_handed = self._version() >= 4
                 self.subscriptions[consumer.subscription_id] = consumer
                 # The answer must precede the first DELIVER, so queue it here, in order.
                 self._reply(
@@ -897,7 +897,7 @@ class Connection:
                     frame.request_id, await broker.release(self.id, frame.tags, self._may_settle)
                 )
             case frames.Unsubscribe():
-                version = self.session.version or 1
+                version = self._version()
                 if frame.handed is not None and version < 3:
                     # A connection of version 1 or 2 is answered exactly as before
                     # (docs/protocol.md, "Versions"): a client that sent handed here
