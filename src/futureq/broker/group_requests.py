@@ -123,7 +123,6 @@ async def create_or_update_group(
     """
     state = broker.state
     info = state.find_group(topic, group)
-    before = {other.group_id for other in state.topic_groups(topic)}
     if (
         info is None
         or info.implicit
@@ -135,6 +134,7 @@ async def create_or_update_group(
         or (dead_letter_expired is not None and dead_letter_expired != info.dead_letter_expired)
     ):
         broker._require_space()
+        before = {other.group_id for other in state.topic_groups(topic)}
         await broker.log.propose(
             commands.create_group(
                 topic,
