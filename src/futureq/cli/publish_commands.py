@@ -562,8 +562,6 @@ class StreamLines:
             elif self._eof:
                 break
             else:
-                if chunk.lines and deadline is None:
-                    deadline = time.monotonic() + linger_s
                 if not self._fill(deadline):
                     break
                 continue
@@ -670,7 +668,6 @@ class _LineSource:
     be read stops the run first."""
 
     def __init__(self, path: str, io: Output) -> None:
-        self.path = path
         self._owned: IO[bytes] | None = None
         self.handle: IO[bytes]
         if path != STDIN_PAYLOAD:
@@ -695,12 +692,6 @@ class _LineSource:
             self.size_bytes = max(0, status.st_size - self.handle.tell())
         else:
             self._stream = StreamLines(self.handle.fileno())
-
-    @property
-    def endless(self) -> bool:
-        """Whether the input may never end (a pipe or a terminal), so that a Ctrl-C
-        stops reading it rather than waiting for its end."""
-        return self._stream is not None
 
     async def next_chunk(
         self,
