@@ -61,11 +61,6 @@ def supervisor_pid() -> int | None:
     return pid if pid > 1 else None
 
 
-def supervisor_gone() -> bool:
-    """Whether :func:`watch_supervisor` found this shard's supervisor gone."""
-    return _gone
-
-
 def on_supervisor_gone(stop: Callable[[], None] | None) -> None:
     """Register how a serving shard stops when its supervisor is gone (thread-safe and
     non-blocking: called from the watching thread, e.g. ``TrioToken.run_sync_soon``), or
@@ -115,7 +110,6 @@ __all__ = [
     "CHECK_S",
     "SUPERVISOR_PID_ENV",
     "on_supervisor_gone",
-    "supervisor_gone",
     "supervisor_pid",
     "watch_supervisor",
 ]
