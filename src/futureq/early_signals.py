@@ -17,11 +17,13 @@ graceful shutdown is done, while the process exits (:func:`stand_in_for_stop_sig
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from types import FrameType
 
 log = logging.getLogger(__name__)
@@ -159,8 +161,8 @@ def deferred_stop() -> str | None:
 def stand_in_for_stop_signals() -> None:
     """Handle SIGTERM and SIGINT wherever no ``trio.open_signal_receiver`` does.
 
-    Call, from the main thread, just before opening the receiver: the receiver restores
-    this handler when it closes, at the end of a graceful shutdown. A repeat of the first
+    :func:`stop_signal_receiver` calls it once its receiver closed, at the end of a
+    graceful shutdown. A repeat of the first
     stop signal (:func:`note_stop_signal`) within :data:`REPEAT_SIGNAL_WINDOW_S` is then
     ignored; any other acts as Python's default (SIGTERM ends the process, SIGINT raises
     KeyboardInterrupt). Without it a repeat that came after the shutdown finished, while
@@ -169,6 +171,27 @@ def stand_in_for_stop_signals() -> None:
     """
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop_signal_without_receiver)
+
+
+@contextlib.contextmanager
+def stop_signal_receiver(*more: int) -> Iterator[AsyncIterator[int]]:
+    """``trio.open_signal_receiver`` for SIGTERM, SIGINT and ``more`` (signal numbers);
+    once it closes, :func:`stand_in_for_stop_signals`. Call from trio's main thread.
+
+    While the receiver opens, the handler in place before it (that of
+    :func:`defer_stop_signals`) takes a stop signal and remembers it: check
+    :func:`deferred_stop` once the receiver is open. Before, the stand-in was installed
+    just before the receiver was opened, so a first stop signal landing in between met
+    it: a SIGINT raised KeyboardInterrupt out of the receiver's own installation (a
+    traceback instead of a graceful stop) and a SIGTERM ended the process with -15.
+    """
+    import trio  # noqa: PLC0415 - ``futureq start`` imports this module before anything
+
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, *more) as signals:
+            yield signals
+    finally:
+        stand_in_for_stop_signals()
 
 
 def ignore_stop_signals_at_exit() -> None:

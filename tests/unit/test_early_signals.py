@@ -154,3 +154,51 @@ def test_a_stop_signal_blocked_at_exec_waits_for_the_handler() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "SIGTERM\nalive\n", done.stdout
+
+
+WATCH_WHILE_A_SIGNAL_LANDS = """
+import logging, os, signal, sys
+import trio
+from futureq import early_signals
+from futureq.broker import server
+from futureq.shards import supervisor  # noqa: F401 - the same receiver serves a supervisor
+logging.basicConfig(level=logging.INFO)
+early_signals.defer_from_the_start()
+opens = trio.open_signal_receiver
+
+def open_as_a_signal_lands(*signals):
+    # The signal lands as the receiver is about to be installed (CI: a SIGINT sent as
+    # the node logs its first line met the stand-in there and raised KeyboardInterrupt).
+    os.kill(os.getpid(), signal.SIG{name})
+    return opens(*signals)
+
+trio.open_signal_receiver = open_as_a_signal_lands
+
+async def main():
+    shutdown, forced = trio.Event(), trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server._watch_signals, shutdown, nursery.cancel_scope, forced)
+        with trio.fail_after(5):
+            await shutdown.wait()
+        nursery.cancel_scope.cancel()
+    print("graceful", forced.is_set(), flush=True)
+
+trio.run(main)
+"""
+
+
+def test_a_stop_signal_landing_as_the_receiver_opens_stops_gracefully() -> None:
+    """Before: the stand-in was installed just before the receiver, so a first SIGINT
+    landing in between raised KeyboardInterrupt (and a SIGTERM ended the process with
+    -15). Now the deferring handler takes it and the watcher starts the graceful stop."""
+    for name in ("INT", "TERM"):
+        done = subprocess.run(
+            [sys.executable, "-c", WATCH_WHILE_A_SIGNAL_LANDS.replace("{name}", name)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, (name, done.returncode, done.stderr)
+        assert done.stdout == "graceful False\n", (name, done.stderr)
+        assert f"received SIG{name} while starting: shutting down gracefully" in done.stderr

@@ -753,8 +753,7 @@ async def _watch_signals(
     :func:`futureq.early_signals.stand_in_for_stop_signals`).
 
     Calls ``task_status.started()`` once the handlers are installed."""
-    early_signals.stand_in_for_stop_signals()  # what the receiver restores when it closes
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with early_signals.stop_signal_receiver() as signals:
         task_status.started()
         # One that came after the last check of the start (:func:`_stopped_while_starting`).
         if early_signals.deferred_stop() is not None and not shutdown.is_set():

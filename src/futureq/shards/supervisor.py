@@ -65,7 +65,7 @@ from futureq.early_signals import (
     note_stop_signal,
     note_stopped,
     repeats_first_stop,
-    stand_in_for_stop_signals,
+    stop_signal_receiver,
     stop_signal_seen,
 )
 from futureq.rate_limited_log import RateLimitedLog
@@ -259,8 +259,7 @@ class Supervisor:
     async def run(self) -> int:
         """Run until stopped; return the node's exit code (0 after SIGTERM)."""
         try:
-            stand_in_for_stop_signals()  # what the receiver restores when it closes
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            with stop_signal_receiver(signal.SIGHUP) as sigs:
                 async with trio.open_nursery() as outer:
                     self._outer = outer
                     stop = deferred_stop()  # one that came before the receiver
