@@ -452,3 +452,51 @@ def test_requests_in_progress_are_bounded_in_bytes_per_connection_and_per_node(
             client.close()
     finally:
         cluster.stop()
+
+
+# --- pipelined requests whose answers outweigh them ---------------------------------------
+
+
+def test_a_client_pipelining_small_requests_with_large_answers_gets_every_answer(
+    broker_factory: object,
+) -> None:
+    """A client sends BROWSE requests (~230 bytes; ~2 KB answers) without reading until
+    neither side's socket buffers take more, then reads. The node stops reading at
+    ``limits.max_connection_buffer_bytes`` (1 MiB), request by request, and every answer
+    arrives. Before, each read took up to 256 KiB of requests and served them all
+    (~2.5 MB of answers), past twice the limit: the connection of a client that only
+    pipelined was closed SLOW_CLIENT (a reset here; CI met it with SLOT_MAP requests)."""
+    broker: BrokerProcess = broker_factory(env=SMALL_BUFFERS)  # type: ignore[operator]
+    topic = "browsed." + "t" * 200
+    WireClient(broker.client_address).publish(
+        [[topic, b"b" * 1024, 60_000, None, None] for _ in range(2)]
+    )
+    request = codec.encode_frame(frames.Browse(7, topic, None, None, None, None, 2, 1024), 2**31)
+    sock = WireClient(broker.client_address).sock
+    sock.setblocking(False)
+    burst = request * 256
+    unsent = memoryview(b"")
+    sent = 0
+    stalled_at = time.monotonic() + 1.0
+    while time.monotonic() < stalled_at:
+        unsent = unsent or memoryview(burst)  # a send may take part: the rest goes next
+        try:
+            taken = sock.send(unsent)
+        except BlockingIOError:
+            time.sleep(0.01)
+            continue
+        unsent, sent = unsent[taken:], sent + taken
+        stalled_at = time.monotonic() + 1.0  # still taking: not full yet
+    sock.settimeout(10)
+    complete = sent // len(request)  # one cut short is never answered
+    decoder = codec.FrameDecoder(4 * MIB)
+    answers = 0
+    while answers < complete:
+        data = sock.recv(1 << 20)  # a reset raises ConnectionResetError
+        assert data, f"closed after {answers} of {complete} answers"
+        decoder.receive_data(data)
+        while (frame := decoder.next_frame()) is not codec.NEED_DATA:
+            assert isinstance(frame, frames.BrowseOk), frame
+            answers += 1
+    assert metric(broker, "futureq_connections_closed_total", 'reason="slow_client"') == 0
+    assert "SLOW_CLIENT" not in broker.stderr_text()

@@ -54,11 +54,16 @@ def _stall(address: str, request: frames.Frame | None = None) -> socket.socket:
         decoder.receive_data(sock.recv(65536))
     assert isinstance(frame, frames.HelloOk), frame
     sock.setblocking(False)
-    data = codec.encode_frame(request or frames.SlotMap(7), 2**31) * 64
+    requests = codec.encode_frame(request or frames.SlotMap(7), 2**31) * 64
+    unsent = memoryview(b"")
     stalled_at = time.monotonic() + 1.0
     while time.monotonic() < stalled_at:
+        # A send may take part of the bytes: the rest goes next, or the node would read
+        # a frame cut short followed by the start of another (a malformed stream, which
+        # it answers with an error and closes).
+        unsent = unsent or memoryview(requests)
         try:
-            sock.send(data)
+            unsent = unsent[sock.send(unsent) :]
             stalled_at = time.monotonic() + 1.0  # it still took some: not full yet
         except BlockingIOError:
             time.sleep(0.01)
@@ -79,9 +84,10 @@ def test_connections_arriving_while_a_sharded_node_stops_are_told_not_reset(
     # Ports chosen by the OS, so the supervisor holds the shards' client sockets (not
     # ANY_PORTS itself, which $FUTUREQ_TEST_PORTS would turn into fixed ports).
     node._port_args = ["--http", "127.0.0.1:0", "--listen", "127.0.0.1:0"]
-    node.start()
-    stalled = _stall(node.client_address)
+    stalled: socket.socket | None = None
     try:
+        node.start()
+        stalled = _stall(node.client_address)
         assert node.process is not None
         node.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
@@ -97,7 +103,8 @@ def test_connections_arriving_while_a_sharded_node_stops_are_told_not_reset(
             assert "shutting down" in frame.message
         assert node.process.wait(30) == 0
     finally:
-        stalled.close()
+        if stalled is not None:
+            stalled.close()
         node.kill()
 
 
@@ -137,10 +144,11 @@ def test_a_connection_the_stop_finishes_ends_with_a_clean_close(tmp_path: Path) 
     end of the connection: a clean close. Before, the node closed its socket with those
     requests unread, which sends a reset: ConnectionResetError after the last answer."""
     node = BrokerProcess(tmp_path / "data")
-    node.start()
-    assert node.process is not None
-    stalled = _stall(node.client_address, frames.Ping(7))
+    stalled: socket.socket | None = None
     try:
+        node.start()
+        assert node.process is not None
+        stalled = _stall(node.client_address, frames.Ping(7))
         node.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         while "shutting down: no new connections" not in node.stderr_text():
@@ -158,5 +166,6 @@ def test_a_connection_the_stop_finishes_ends_with_a_clean_close(tmp_path: Path) 
         assert pongs > 0
         assert node.process.wait(30) == 0
     finally:
-        stalled.close()
+        if stalled is not None:
+            stalled.close()
         node.kill()

@@ -465,7 +465,14 @@ class Connection:
         the handshake deadline does not cover the rest of the connection.
         """
         session = self.session
+        outbox = self.outbox
         while True:
+            if outbox.buffered_bytes >= outbox.limit_bytes:
+                # Answers first, request by request: one read holds up to RECEIVE_BYTES
+                # of requests, and small ones with large answers (SLOT_MAP, STATUS,
+                # errors to bad frames) overflowed twice the limit from a single read,
+                # closing a client that only pipelined (SLOW_CLIENT).
+                await outbox.wait_room()
             before = session.buffered_bytes
             try:
                 event = session.next_event()
