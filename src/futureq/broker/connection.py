@@ -105,7 +105,12 @@ request takes effect after those its client sent before it (``futureq.request_or
 ``docs/protocol.md``, "Requests")."""
 HANDSHAKE_TIMEOUT_S = 10.0
 LEADERSHIP_CLOSE_GRACE_S = 2.0
-"""After a leadership change, how long in-progress requests may finish before closing."""
+"""After this node lost the leadership, how long (s) a connection is still read and
+answered (NOT_LEADER naming the new leader, for what only a leader does) before it is
+closed; then at most :data:`LEADERSHIP_CLOSE_DRAIN_S` for the answers owed."""
+LEADERSHIP_CLOSE_DRAIN_S = 1.0
+"""After the grace, how long (s) requests in progress may finish and their answers be
+written before the connection is closed regardless."""
 RECEIVE_BYTES = 256 * 1024
 LINGER_S = 0.5
 """A connection ended by a graceful shutdown: how long, at most, what the client still
@@ -318,9 +323,8 @@ class Connection:
 
         A connection to a node that *became* the leader is kept: it already is where
         the client must go, and it holds nothing of an earlier leadership (subscriptions,
-        hence deliveries, exist only on a leader). Closing it made the client's next
-        request wait out :data:`LEADERSHIP_CLOSE_GRACE_S` unread and then reconnect to
-        the very same node (issue 11, failover as a client sees it).
+        hence deliveries, exist only on a leader). Closing it made the client reconnect
+        to the very same node (issue 11, failover as a client sees it).
         """
         while True:
             was_leading = self.broker.leading
@@ -329,11 +333,15 @@ class Connection:
                 break
             log.debug("connection %d: this node became the leader; kept", self.id)
         log.info("connection %d: leadership changed; closing it", self.id)
-        # Stop reading; requests in progress (a TRANSFER_LEADER's own OK, NOT_LEADER
-        # errors) are answered and the outbox drains as at EOF. Past the grace period,
-        # close regardless.
-        self._reading.cancel()
+        # Still read during the grace: what arrives is answered (NOT_LEADER naming the
+        # new leader), so the client follows at once. Stopping reading at once left
+        # those requests unanswered until the close, and the client had to report an
+        # at-most-once publish's outcome as unknown. A client that got its NOT_LEADER
+        # closes the connection itself; for one that does not, stop reading, let the
+        # requests in progress answer and the outbox drain as at EOF, then close.
         await trio.sleep(LEADERSHIP_CLOSE_GRACE_S)
+        self._reading.cancel()
+        await trio.sleep(LEADERSHIP_CLOSE_DRAIN_S)
         scope.cancel()
 
     def finish(self) -> None:
