@@ -108,6 +108,14 @@ LEADERSHIP_CLOSE_GRACE_S = 2.0
 """After this node lost the leadership, how long (s) a connection is still read and
 answered (NOT_LEADER naming the new leader, for what only a leader does) before it is
 closed; then at most :data:`LEADERSHIP_CLOSE_DRAIN_S` for the answers owed."""
+LEADER_KNOWN_WAIT_S = 1.0
+"""After this node lost the leadership, how long (s) a version 6 connection waits for
+the next leader to be known, to name it in its GOAWAY (read and answered meanwhile)."""
+GOAWAY_VERSION = 6
+"""The protocol version that adds GOAWAY (``docs/protocol.md``, "Versions")."""
+STOPPING = "the node is shutting down; connect to another node or retry later"
+"""Why a node shutting down serves no more (UNAVAILABLE): a connection that arrives
+then is refused with it, one being served is told so in its GOAWAY."""
 LEADERSHIP_CLOSE_DRAIN_S = 1.0
 """After the grace, how long (s) requests in progress may finish and their answers be
 written before the connection is closed regardless."""
@@ -238,6 +246,8 @@ class Connection:
         self._request_room: trio.Event | None = None
         """Set when a request ends, while the reader waits for room for the next."""
         self._reading = trio.CancelScope()
+        self._last_served_id = 0
+        """The largest request id served (answered, or handed to a task): a GOAWAY's."""
         self._scope = trio.CancelScope()
         self._closing: _Closing | None = None
         self._frame_started: float | None = None
@@ -333,19 +343,53 @@ class Connection:
                 break
             log.debug("connection %d: this node became the leader; kept", self.id)
         log.info("connection %d: leadership changed; closing it", self.id)
-        # Still read during the grace: what arrives is answered (NOT_LEADER naming the
-        # new leader), so the client follows at once. Stopping reading at once left
-        # those requests unanswered until the close, and the client had to report an
-        # at-most-once publish's outcome as unknown. A client that got its NOT_LEADER
-        # closes the connection itself; for one that does not, stop reading, let the
-        # requests in progress answer and the outbox drain as at EOF, then close.
-        await trio.sleep(LEADERSHIP_CLOSE_GRACE_S)
-        self._reading.cancel()
+        # Still read meanwhile: what arrives is answered (NOT_LEADER naming the new
+        # leader), so the client follows at once. Stopping reading at once left those
+        # requests unanswered until the close, and the client had to report an
+        # at-most-once publish's outcome as unknown.
+        if self._version() >= GOAWAY_VERSION:
+            # A GOAWAY names the new leader: wait a moment for it to be known.
+            with trio.move_on_after(LEADER_KNOWN_WAIT_S):
+                await self.broker.log.wait_for_leader()
+            leader = self.broker.log.leader_address()
+            self.go_away(
+                ErrorCode.NOT_LEADER,
+                "the leadership moved"
+                + ("" if leader is None else f" to {leader}")
+                + "; send requests to the leader",
+                leader,
+            )
+        else:
+            # A client that got its NOT_LEADER closes the connection itself; for one
+            # that does not, stop reading, let the requests in progress answer and the
+            # outbox drain as at EOF, then close.
+            await trio.sleep(LEADERSHIP_CLOSE_GRACE_S)
+            self._reading.cancel()
         await trio.sleep(LEADERSHIP_CLOSE_DRAIN_S)
         scope.cancel()
 
+    def go_away(self, code: ErrorCode, message: str, leader_address: str | None) -> None:
+        """Serve no more requests: read no more, answer those read, end once the
+        answers are out (the outbox drains as at EOF).
+
+        A connection of protocol version 6 or later is first sent GOAWAY naming the
+        largest request id served: the client knows every later request took no effect
+        and sends it elsewhere at once (``docs/protocol.md``, GOAWAY). An older client
+        learns only from the end of the connection that an unanswered request was
+        never read (it reports an at-most-once publish's outcome as unknown).
+        Idempotent: the first call names the reason.
+        """
+        if self._reading.cancel_called:
+            return
+        if self._version() >= GOAWAY_VERSION:
+            goaway = frames.GoAway(0, self._last_served_id, code, message, leader_address)
+            self._queue(self.session.send(goaway))
+        self._reading.cancel()
+
     def finish(self) -> None:
-        """Graceful shutdown: read no more requests and end once the answers are out.
+        """Graceful shutdown: read no more requests and end once the answers are out
+        (:meth:`go_away`: NOT_LEADER naming the next leader once this one handed over;
+        else UNAVAILABLE, :data:`STOPPING`).
 
         Requests already read are answered (an ACK among them settles its deliveries:
         the subscriptions stay until then); the outbox then takes nothing more, no
@@ -354,7 +398,16 @@ class Connection:
         deliveries go back to the group). The server bounds the drain
         (:data:`SHUTDOWN_DRAIN_S`).
         """
-        self._reading.cancel()
+        log_ = self.broker.log
+        leader = None if log_.is_leader() else log_.leader_address()
+        if leader is None:
+            self.go_away(ErrorCode.UNAVAILABLE, STOPPING, None)
+        else:
+            self.go_away(
+                ErrorCode.NOT_LEADER,
+                f"this node is shutting down and handed the leadership to {leader}",
+                leader,
+            )
 
     def _set_watch(self, watch: tuple[int, float] | None) -> None:
         self._watch = watch
@@ -524,6 +577,8 @@ class Connection:
             assert not isinstance(event, type(NEED_DATA))
             if isinstance(event, RefusedRequest):
                 # Wrong fields in one request: it fails alone, the connection stays.
+                if event.request_id > self._last_served_id:
+                    self._last_served_id = event.request_id
                 self.broker.metrics.count_request_error(event.error.code)
                 self._queue(session.error_bytes(event.error, event.request_id))
                 continue
@@ -549,6 +604,8 @@ class Connection:
             turn = None
             if type(event) not in READS:
                 turn = self._last_turn = request_order.Turn(self._last_turn)
+            if event.request_id > self._last_served_id:
+                self._last_served_id = event.request_id
             nursery.start_soon(self._handle, event, size, turn)
         self._count_inbound(session.buffered_bytes)
         await self._receive()

@@ -36,6 +36,7 @@ from .access import AccessControl
 from .buffers import NodeBuffers
 from .connection import (
     HANDSHAKE_TIMEOUT_S,
+    STOPPING,
     Connection,
     closed_log,
     half_close_and_drain,
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STOPPING = "the node is shutting down; connect to another node or retry later"
-"""The UNAVAILABLE refusal of a connection that arrives during a graceful shutdown."""
 SHUTDOWN_DRAIN_S = 2.0
 """Graceful shutdown: how long, at most, answers already queued may take to reach the
 clients (s); a client that does not read for this long is cut off (within

@@ -279,7 +279,16 @@ class ClientBase:
             )
 
     def _on_push(self, conn: Connection, frame: PushFrame) -> None:
-        """A server push (reader task): route it to its subscription."""
+        """A server push (reader task): route it to its subscription; on GOAWAY leave
+        the connection (for the leader it names, if any)."""
+        if isinstance(frame, frames.GoAway):
+            leader = frame.leader_address if frame.code == ErrorCode.NOT_LEADER else None
+            self._follow_leader(conn, leader)
+            conn.drain(
+                f"{conn.address} serves no more requests on this connection: {frame.message}",
+                self._drain_grace_s(),
+            )
+            return
         for sub in self._subscriptions.values():
             if sub.epoch == conn.epoch and sub.subscription_id == frame.subscription_id:
                 if isinstance(frame, frames.Deliver):

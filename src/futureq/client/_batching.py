@@ -324,6 +324,12 @@ class RequestTable(Generic[W]):
         """Remove and return the waiter of ``request_id``; None if unknown or gone."""
         return self._waiters.pop(request_id, None)
 
+    def take_above(self, request_id: int) -> list[W]:
+        """Remove and return the waiters of requests with a larger id than
+        ``request_id`` (a GOAWAY's ``last_request_id``: the server served none of them)."""
+        above = [rid for rid in self._waiters if rid > request_id]
+        return [self._waiters.pop(rid) for rid in above]
+
     def drain(self) -> list[W]:
         """Remove and return every outstanding waiter (the connection is gone)."""
         waiters = list(self._waiters.values())

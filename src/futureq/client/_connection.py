@@ -211,6 +211,7 @@ PushFrame = (
     | frames.SubscriptionInfo
     | frames.SubscriptionEnd
     | frames.Handover
+    | frames.GoAway
 )
 PushCallback = Callable[["Connection", PushFrame], None]
 _PUSHES: Final = (
@@ -219,6 +220,7 @@ _PUSHES: Final = (
     frames.SubscriptionInfo,
     frames.SubscriptionEnd,
     frames.Handover,
+    frames.GoAway,
 )
 
 
@@ -436,6 +438,8 @@ class Connection:
 
     def _dispatch(self, frame: frames.Frame) -> None:
         if isinstance(frame, _PUSHES):
+            if isinstance(frame, frames.GoAway):
+                self._went_away(frame)
             self._on_push(self, frame)
             return
         if isinstance(frame, frames.Ping):
@@ -491,6 +495,21 @@ class Connection:
             log.debug("%s: late answer to an abandoned %s dropped", self.address, waiter.name)
             return
         waiter.set_frame(frame)
+
+    def _went_away(self, frame: frames.GoAway) -> None:
+        """GOAWAY (protocol version 6): the server served no request with a larger id
+        than ``last_request_id`` and never will on this connection. Each of those fails
+        with :class:`NotSentError` (it took no effect: the caller sends it again on the
+        next connection, whatever it was, an at-most-once publish included); the
+        answers to the others still come. The client's push callback then leaves the
+        connection (:meth:`drain`)."""
+        for waiter in self._requests.take_above(frame.last_request_id):
+            waiter.set_error(
+                NotSentError(
+                    f"{self.address} serves no more requests on this connection "
+                    f"([{_code_name(frame.code)}] {frame.message}); this one took no effect"
+                )
+            )
 
     async def _write_loop(self) -> None:
         try:

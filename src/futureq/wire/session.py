@@ -84,6 +84,7 @@ SERVER_ONLY_FRAME_TYPES: Final = frozenset(
         frames.FrameType.SUBSCRIPTION_END,
         frames.FrameType.SUBSCRIPTION_INFO,
         frames.FrameType.HANDOVER,
+        frames.FrameType.GOAWAY,
         frames.FrameType.WATCH_UPDATE,
         frames.FrameType.ITEM_RESULTS,
         frames.FrameType.BROWSE_OK,

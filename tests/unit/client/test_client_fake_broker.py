@@ -87,6 +87,7 @@ class FakeBroker:
         request is answered NOT_LEADER naming it."""
         self.owed: list[tuple[FakeConnection, frames.Publish]] = []
         self.owing = anyio.Event()  # set when the first answer is owed
+        self._owed_more = anyio.Event()  # set (and replaced) each time one more is owed
 
     async def serve(
         self, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
@@ -148,6 +149,8 @@ class FakeBroker:
             if isinstance(frame, frames.Publish):
                 self.owed.append((conn, frame))
                 self.owing.set()
+                self._owed_more.set()
+                self._owed_more = anyio.Event()
             else:
                 await conn.send(
                     frames.Error(
@@ -252,6 +255,27 @@ class FakeBroker:
                 await conn.send(frames.PublishOk(frame.request_id, first, len(frame.items)))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
+
+    async def wait_owed(self, count: int) -> None:
+        """Block until ``count`` PUBLISH answers are owed (:attr:`stepping_down_to`)."""
+        while len(self.owed) < count:
+            await self._owed_more.wait()
+
+    async def go_away(self, last_request_id: int) -> None:
+        """Stepping down (protocol version 6): send GOAWAY naming ``last_request_id``,
+        answer the owed PUBLISH frames up to it (applied), serve none after it, and
+        close each connection."""
+        owed, self.owed = self.owed, []
+        for conn in list(self.connections):
+            goaway = frames.GoAway(
+                0, last_request_id, ErrorCode.NOT_LEADER, "moved", self.stepping_down_to
+            )
+            await conn.send(goaway)
+            for owed_conn, frame in owed:
+                if owed_conn is conn and frame.request_id <= last_request_id:
+                    self.owed.append((conn, frame))
+            await self.answer_owed()
+            await conn.stream.aclose()
 
     async def dispatch(self) -> None:
         for conn in list(self.connections):
@@ -484,6 +508,41 @@ async def test_answers_owed_on_a_connection_left_on_not_leader_still_arrive() ->
             # New requests go to the new leader.
             assert await client.publish("t", b"next") == 1
             assert new.publish_sizes == [1]
+
+
+@on_both_backends
+async def test_requests_a_goaway_says_were_not_served_go_to_the_new_leader() -> None:
+    """GOAWAY (protocol version 6) names the last request the old leader served: the
+    at-most-once publish sent after it took no effect and is sent to the new leader at
+    once, the one before it gets its answer from the old leader. Before, the client
+    knew no GOAWAY: the connection was lost with both in flight (outcome unknown)."""
+    async with task_group() as nursery:
+        old = FakeBroker()
+        await nursery.start(old.serve)
+        new = FakeBroker()
+        await nursery.start(new.serve)
+        async with _client(old.address, retry_unknown_outcome=False, linger_ms=0) as client:
+            old.stepping_down_to = new.address
+            results: dict[bytes, object] = {}
+
+            async def publish(payload: bytes) -> None:
+                try:
+                    results[payload] = await client.publish("t", payload)
+                except ConnectionLostError as exc:
+                    results[payload] = exc
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(publish, b"served")
+                with anyio.fail_after(5):
+                    await old.wait_owed(1)
+                group.start_soon(publish, b"not served")
+                with anyio.fail_after(5):
+                    await old.wait_owed(2)
+                await old.go_away(old.owed[0][1].request_id)
+            assert results == {b"served": 1, b"not served": 1}, results
+            assert old.publish_sizes == [1]
+            assert new.publish_sizes == [1]
+            assert client.connected_address == new.address
 
 
 @on_both_backends

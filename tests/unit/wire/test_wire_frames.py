@@ -212,6 +212,8 @@ EXAMPLES: list[frames.Frame] = [
     frames.Revoke(0, 7, [TAG_A, TAG_B], int(frames.RevokeReason.VISIBILITY_TIMEOUT)),
     frames.SubscriptionEnd(0, 7, int(ErrorCode.GROUP_DELETED), "group billing was deleted"),
     frames.Handover(0, 7),
+    frames.GoAway(0, 41, 300, "the leadership moved to 127.0.0.1:7002", "127.0.0.1:7002"),
+    frames.GoAway(0, 0, 301, "the node is shutting down", None),
     frames.Extend(17, [TAG_A], 60_000),
     frames.Release(18, [TAG_A, TAG_B]),
     frames.SubscriptionInfo(0, 7, 30_000, 16),

@@ -90,17 +90,17 @@ def test_handshake_back_to_back() -> None:
     s.receive_data(c.hello())
     assert state(c) is SessionState.AWAIT_HELLO_OK
     hello = next_frame(s)
-    assert hello == frames.Hello(1, (5, 4, 3, 2, 1), "unit", TOKEN)
-    assert s.version == 5 and state(s) is SessionState.AWAIT_HELLO
+    assert hello == frames.Hello(1, (6, 5, 4, 3, 2, 1), "unit", TOKEN)
+    assert s.version == 6 and state(s) is SessionState.AWAIT_HELLO
     hello_ok = s.accept_hello(
         3, "10.0.0.3:7450", "0.1.0", members=["10.0.0.3:7450", "h:1"], max_prefetch=100
     )
     assert decode_one(hello_ok) == frames.HelloOk(
-        1, 5, 3, "10.0.0.3:7450", MAX_FRAME_BYTES, "0.1.0", 1, ("10.0.0.3:7450", "h:1"), 100
+        1, 6, 3, "10.0.0.3:7450", MAX_FRAME_BYTES, "0.1.0", 1, ("10.0.0.3:7450", "h:1"), 100
     )
     c.receive_data(hello_ok)
     assert next_frame(c) == c.hello_ok
-    assert c.version == 5 and state(c) is SessionState.READY
+    assert c.version == 6 and state(c) is SessionState.READY
     assert state(s) is SessionState.READY
 
 
@@ -172,12 +172,12 @@ def test_client_offers_its_versions_highest_first() -> None:
     assert hello.versions == (3, 2, 1)
 
 
-@pytest.mark.parametrize("theirs", [(6,), (0, 6, 7), ()], ids=["newer", "disjoint", "none"])
+@pytest.mark.parametrize("theirs", [(7,), (0, 7, 8), ()], ids=["newer", "disjoint", "none"])
 def test_unsupported_version(theirs: tuple[int, ...]) -> None:
     s = server()
     send_raw(s, frames.Hello(5, theirs))
     error = refused(s, ErrorCode.UNSUPPORTED_VERSION)
-    assert "[1, 2, 3, 4, 5]" in error.message
+    assert "[1, 2, 3, 4, 5, 6]" in error.message
     answer = decode_one(s.error_bytes(error))
     assert answer == frames.Error(5, int(ErrorCode.UNSUPPORTED_VERSION), error.message)
 
@@ -255,6 +255,7 @@ SERVER_ONLY: list[frames.Frame] = [
     frames.SubscriptionEnd(0, 1, 225, "deleted"),
     frames.SubscriptionInfo(0, 1, 1000, 3),
     frames.Handover(0, 1),
+    frames.GoAway(0, 3, 301, "shutting down", None),
     frames.WatchUpdate(2, {}),
     frames.ItemResults(2, [0]),
     frames.BrowseOk(2, "g", [], None),

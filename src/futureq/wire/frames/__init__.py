@@ -43,7 +43,7 @@ from futureq.wire.frames.admin import (
     Watch,
     WatchUpdate,
 )
-from futureq.wire.frames.connection import Error, Hello, HelloOk, Ok, Ping, Pong
+from futureq.wire.frames.connection import Error, GoAway, Hello, HelloOk, Ok, Ping, Pong
 from futureq.wire.frames.constants import (
     MAX_MEMBERS,
     MAX_MESSAGE_ID,
@@ -102,6 +102,7 @@ __all__ = [
     "Deliver",
     "Error",
     "Extend",
+    "GoAway",
     "Handover",
     "FRAME_CLASSES",
     "Frame",

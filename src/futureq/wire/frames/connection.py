@@ -1,5 +1,5 @@
 """Connection frames and the generic answers: HELLO and HELLO_OK (the handshake),
-ERROR, OK, PING and PONG.
+ERROR, OK, PING, PONG and GOAWAY.
 
 Source: ``docs/protocol.md``, "Connection setup" and "Frames".
 """
@@ -199,3 +199,45 @@ class Pong:
     def from_wire(cls, rid: int, f: list[Any]) -> Pong:
         _arity("PONG", f, 0)
         return cls(rid)
+
+
+@attrs.frozen
+class GoAway:
+    """Server push (request id 0; protocol version 6): the server reads no more of this
+    connection's requests and closes it once the answers owed are written.
+
+    It served every request it read with an id up to ``last_request_id`` (the largest
+    id it read; 0: none) and serves none it reads from now on: a request with a larger
+    id took no effect, whatever it was, and may be sent again elsewhere. ``code``
+    says why (NOT_LEADER: the leadership moved, to ``leader_address`` when known;
+    UNAVAILABLE: the node is shutting down), ``message`` in a sentence
+    (``docs/protocol.md``, GOAWAY; HTTP/2's GOAWAY, RFC 9113 section 6.8, is the model).
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.GOAWAY
+    request_id: int
+    last_request_id: int
+    code: int
+    message: str
+    leader_address: str | None = None
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.request_id,
+            self.last_request_id,
+            self.code,
+            self.message,
+            self.leader_address,
+        ]
+
+    @classmethod
+    def from_wire(cls, rid: int, f: list[Any]) -> GoAway:
+        _arity("GOAWAY", f, 4)
+        return cls(
+            rid,
+            _int("GOAWAY", "last_request_id", f[0], minimum=0),
+            _int("GOAWAY", "code", f[1]),
+            _str("GOAWAY", "message", f[2]),
+            _opt_str("GOAWAY", "leader_address", f[3]),
+        )

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import enum
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """The highest protocol version this code speaks (``docs/protocol.md``, "Versions")."""
-SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2, 3, 4, 5})
-"""Every version this code speaks: 5 adds HELLO_OK's ``max_prefetch`` (the server's
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, 2, 3, 4, 5, 6})
+"""Every version this code speaks: 6 adds GOAWAY (a node that stops serving a connection
+names the last request it read: later ones took no effect and may go elsewhere); 5 adds HELLO_OK's ``max_prefetch`` (the server's
 ``limits.max_prefetch``: the most deliveries one subscription has out, and the largest
 SUBSCRIBE window it takes); 4 adds HANDOVER (a leader handing over gracefully asks
 each subscription which deliveries its application was handed; only those count); 3 adds
@@ -68,8 +69,9 @@ class FrameType(enum.IntEnum):
     PURGE = 46
     BROWSE_COUNTS = 47
     BROWSE_COUNTS_OK = 48
-    # 49-50: graceful leader handover (protocol version 4)
+    # 49-50: graceful leader handover (protocol version 4), leaving a connection (6)
     HANDOVER = 49
+    GOAWAY = 50
     # 60-69: issue 15, shards
     SLOT_MAP = 60
     SLOT_MAP_OK = 61

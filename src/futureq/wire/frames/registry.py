@@ -28,7 +28,7 @@ from futureq.wire.frames.admin import (
     Watch,
     WatchUpdate,
 )
-from futureq.wire.frames.connection import Error, Hello, HelloOk, Ok, Ping, Pong
+from futureq.wire.frames.connection import Error, GoAway, Hello, HelloOk, Ok, Ping, Pong
 from futureq.wire.frames.manage import (
     Browse,
     BrowseCounts,
@@ -91,6 +91,7 @@ Frame = (
     | Release
     | SubscriptionInfo
     | Handover
+    | GoAway
     | Watch
     | WatchUpdate
     | Unwatch
@@ -139,6 +140,7 @@ FRAME_CLASSES: dict[int, Any] = {
         Release,
         SubscriptionInfo,
         Handover,
+        GoAway,
         Watch,
         WatchUpdate,
         Unwatch,
