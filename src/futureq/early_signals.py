@@ -121,6 +121,27 @@ def _stop_signal_without_receiver(signum: int, frame: FrameType | None) -> None:
     os.kill(os.getpid(), signum)
 
 
+_ignored_at_start: frozenset[int] | None = None
+"""SIGINT when the process began with it ignored (:func:`stop_signals`); set once."""
+
+
+def stop_signals() -> tuple[int, ...]:
+    """The signals that stop the node: SIGTERM, and SIGINT unless the process began with
+    it ignored.
+
+    A shell starts a background job (``futureq start &`` in a script) with SIGINT
+    ignored, so that the Ctrl-C meant for the script does not reach it; POSIX asks a
+    program to leave such a signal ignored, as Python itself does. The node used to
+    install its own SIGINT handler anyway, and stopped on that Ctrl-C. The first call
+    (from :func:`defer_stop_signals`, before any handler is installed) looks.
+    """
+    global _ignored_at_start
+    if _ignored_at_start is None:
+        ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        _ignored_at_start = frozenset({signal.SIGINT} if ignored else ())
+    return tuple(s for s in (signal.SIGTERM, signal.SIGINT) if s not in _ignored_at_start)
+
+
 _deferred_stop: int | None = None
 """The stop signal that arrived while the node was starting (:func:`defer_stop_signals`)."""
 
@@ -148,7 +169,7 @@ def defer_stop_signals() -> None:
     (forcing the stop). ``futureq start`` calls it once it knows it starts a node. Call
     from the main thread (where Python runs signal handlers).
     """
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in stop_signals():
         signal.signal(signum, _defer_stop)
 
 
@@ -169,14 +190,15 @@ def stand_in_for_stop_signals() -> None:
     the process was exiting, killed it (exit -15 instead of 0): systemd's
     ``KillMode=control-group`` and the shards' supervisor each send one.
     """
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in stop_signals():
         signal.signal(signum, _stop_signal_without_receiver)
 
 
 @contextlib.contextmanager
 def stop_signal_receiver(*more: int) -> Iterator[AsyncIterator[int]]:
-    """``trio.open_signal_receiver`` for SIGTERM, SIGINT and ``more`` (signal numbers);
-    once it closes, :func:`stand_in_for_stop_signals`. Call from trio's main thread.
+    """``trio.open_signal_receiver`` for the stop signals (:func:`stop_signals`) and
+    ``more`` (signal numbers); once it closes, :func:`stand_in_for_stop_signals`. Call
+    from trio's main thread.
 
     While the receiver opens, the handler in place before it (that of
     :func:`defer_stop_signals`) takes a stop signal and remembers it: check
@@ -188,7 +210,7 @@ def stop_signal_receiver(*more: int) -> Iterator[AsyncIterator[int]]:
     import trio  # noqa: PLC0415 - ``futureq start`` imports this module before anything
 
     try:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, *more) as signals:
+        with trio.open_signal_receiver(*stop_signals(), *more) as signals:
             yield signals
     finally:
         stand_in_for_stop_signals()
@@ -210,7 +232,7 @@ def ignore_stop_signals_at_exit() -> None:
     """
     if _first_stop_at is None and not _stopped:
         return
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in stop_signals():
         signal.signal(signum, signal.SIG_IGN)
 
 

@@ -684,7 +684,7 @@ async def _open_database(
                         # rest of the start are remembered.
                         early_signals.defer_stop_signals()
                         signals = stack.enter_context(
-                            trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT)
+                            trio.open_signal_receiver(*early_signals.stop_signals())
                         )
                 if signals is None:
                     await trio.sleep(OPEN_RETRY_S)
