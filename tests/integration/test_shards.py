@@ -848,9 +848,9 @@ def test_joining_with_another_shard_count_is_refused(tmp_path: Path) -> None:
     runs = [tuple(starts[i : i + 3]) for i in range(0, 6, 3)]
     member = _agreement_node(1, tmp_path, runs[0], 2, ["--peers", f"1=127.0.0.1:{runs[0][1]}"])
     single = _agreement_node(5, tmp_path, runs[1], 1, ["--peers", f"5=127.0.0.1:{runs[1][1]}"])
-    member.start()
-    single.start()
     try:
+        member.start()
+        single.start()
         join = ["--join", member.client_address]
         log, refused_dir = _refused_start(2, tmp_path, 3, join)
         assert (
@@ -883,8 +883,9 @@ def test_joining_with_another_shard_count_is_refused(tmp_path: Path) -> None:
             entry = next(n for n in view["nodes"] if n["node_id"] == 6)
             assert entry["raft_address"] == f"127.0.0.1:{raft6 + shard * STRIDE}", view
     finally:
-        member.terminate()
-        single.terminate()
+        for started in (member, single):
+            if started.process is not None:
+                started.terminate()
         if "same" in locals() and same.alive():
             same.terminate()
 

@@ -104,11 +104,12 @@ def test_a_stopped_shard_whose_supervisor_is_killed_stops_gracefully(tmp_path: P
     the kernel continues it (its process group is orphaned, with SIGHUP, a credentials
     reload to it) and it stops gracefully; the node then starts again."""
     node = ShardedNode(tmp_path / "data")
-    node.start()
-    shards = [node.pid_of_shard(k) for k in range(2)]
-    pids = [pid for pid in shards if pid is not None]
-    assert len(pids) == 2
+    pids: list[int] = []
     try:
+        node.start()
+        shards = [node.pid_of_shard(k) for k in range(2)]
+        pids = [pid for pid in shards if pid is not None]
+        assert len(pids) == 2
         os.kill(pids[1], signal.SIGSTOP)
         # Stopped for good before its supervisor dies: the kernel continues a stopped
         # process of a group its parent's death orphans only if it is stopped by then.
