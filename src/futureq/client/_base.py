@@ -135,6 +135,7 @@ class ClientBase:
         retry_unknown_outcome: bool,
         rng: random.Random,
         max_lease_s: float = DEFAULT_MAX_LEASE_S,
+        hostname_servers: Iterable[str] | None = None,
     ) -> None:
         _checks.check_client_options(
             connect_timeout_s=connect_timeout_s,
@@ -149,6 +150,13 @@ class ClientBase:
         self.request_timeout_s = request_timeout_s
         self._ssl_context = ssl_context
         self._server_hostname = server_hostname
+        self._hostname_servers = frozenset(
+            servers if hostname_servers is None else hostname_servers
+        )
+        """The addresses ``server_hostname`` names (the servers the user gave, and on a
+        sharded node their shards' ports): every other address, one a server named
+        (HELLO_OK members, a NOT_LEADER leader, the slot map), is another machine,
+        checked against its own host (:meth:`_server_hostname_for`)."""
         self._token = token
         self._connect_timeout_s = connect_timeout_s
         self._max_batch_items = max_batch_items
@@ -338,6 +346,14 @@ class ClientBase:
             log.debug("%s names the members %s", conn.address, ", ".join(learned))
             self._learned = learned
 
+    def _server_hostname_for(self, address: str) -> str | None:
+        """The name ``address``'s TLS certificate must carry: ``server_hostname`` for
+        the servers given (:attr:`_hostname_servers`), None (its own host) for one a
+        server named. Before, a learned member was checked against the name given for
+        the seed: a cluster with a certificate per node was refused as soon as the
+        client left the seed (``docs/client.md``, "Servers it learns")."""
+        return self._server_hostname if address in self._hostname_servers else None
+
     def _connect_order(self) -> list[str]:
         known = self._known_servers()
         count = len(known)
@@ -381,7 +397,7 @@ class ClientBase:
                     epoch=self._epoch + 1,
                     on_push=self._on_push,
                     ssl_context=self._ssl_context,
-                    server_hostname=self._server_hostname,
+                    server_hostname=self._server_hostname_for(address),
                     token=self._token,
                     timeout_s=self._connect_timeout_s,
                 )

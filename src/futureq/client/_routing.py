@@ -71,16 +71,25 @@ def shard_servers(
     node listens ``K * stride`` above it), so a shard's client can fail over to the
     same shard of another node when the node it knew stops."""
     servers = [slot_map.addresses[shard]]
-    if stride is None:
-        return servers
-    for seed in seeds:
-        try:
-            shifted = shift_address(seed, shard * stride)
-        except ValueError:
-            continue
+    for shifted in seed_shards(seeds, shard, stride):
         if shifted not in servers:
             servers.append(shifted)
     return servers
+
+
+def seed_shards(seeds: Sequence[str], shard: int, stride: int | None) -> list[str]:
+    """Shard ``shard``'s address on every seed server (``K * stride`` above the seed's
+    port); none when the stride is unknown. The same machines as the seeds, so the
+    ``server_hostname`` given for the seeds names them too."""
+    if stride is None:
+        return []
+    found = []
+    for seed in seeds:
+        try:
+            found.append(shift_address(seed, shard * stride))
+        except ValueError:
+            continue
+    return found
 
 
 def _is_wrong_shard(exc: BaseException) -> bool:
@@ -130,6 +139,7 @@ class ShardedClient(Client):
             retry_unknown_outcome=template._retry_unknown_outcome,
             rng=template._rng,
             max_lease_s=template.max_lease_s,
+            hostname_servers=template._hostname_servers,
         )
         self._publish_send.close()  # requests go to the shard clients, never here
         self._publish_receive.close()

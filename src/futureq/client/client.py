@@ -98,7 +98,10 @@ async def open_client(
             in order, and NOT_LEADER redirects are followed beyond this list.
         ssl_context: Use TLS with this context (e.g. ``ssl.create_default_context(
             cafile="ca.pem")``).
-        server_hostname: Name the server certificate must carry (default: the host).
+        server_hostname: Name the certificates of the servers given (``servers``, and
+            on a sharded node their shards' ports) must carry (default: each one's
+            host). A member a server names (HELLO_OK, NOT_LEADER, the slot map) is
+            always checked against its own host.
         token: Auth token sent in HELLO.
         connect_timeout_s: Deadline of one connection attempt, and of the first
             connection overall (seconds).
@@ -133,7 +136,11 @@ async def open_client(
             ``linger_ms`` at most 10 s); raised before anything connects.
     """
 
-    def new_client(addresses: list[str]) -> Client:
+    given = parse_servers(servers)
+
+    def new_client(addresses: list[str], named: Sequence[str] = ()) -> Client:
+        # server_hostname names the servers given (and their shards), not the
+        # members they name: those are checked against their own host.
         return Client(
             addresses,
             ssl_context=ssl_context,
@@ -147,9 +154,10 @@ async def open_client(
             retry_unknown_outcome=retry_unknown_outcome,
             rng=rng if rng is not None else random.Random(),
             max_lease_s=max_lease_s,
+            hostname_servers=[*given, *named],
         )
 
-    client = new_client(parse_servers(servers))
+    client = new_client(given)
     opened: list[Client] = [client]
     try:
         async with anyio.create_task_group() as nursery:
@@ -179,6 +187,7 @@ async def open_client(
                     from futureq.client._routing import (
                         ShardedClient,
                         ask_slot_map,
+                        seed_shards,
                         shard_servers,
                     )
 
@@ -187,7 +196,10 @@ async def open_client(
 
                     async def open_shard(shard: int, address: str) -> Client:
                         others = shard_servers(slot_map, shard, seeds, stride)[1:]
-                        one = new_client([address, *(a for a in others if a != address)])
+                        one = new_client(
+                            [address, *(a for a in others if a != address)],
+                            seed_shards(seeds, shard, stride),
+                        )
                         one.shard = shard
                         opened.append(one)
                         await run(one, wait=False)
@@ -195,6 +207,7 @@ async def open_client(
 
                     if answering >= 0:  # it fails over to the same shard elsewhere too
                         client.servers = shard_servers(slot_map, answering, seeds, stride)
+                        client._hostname_servers |= frozenset(seed_shards(seeds, answering, stride))
                         client.shard = answering
                     shard_clients = [
                         client if shard == answering else await open_shard(shard, address)
