@@ -71,6 +71,11 @@ CONNECT_STAGGER_S: Final = 1.0
 """How long a connection attempt runs alone before the next server is tried too (s),
 unless it fails sooner (:meth:`ClientBase._connect_any`): long enough that a server
 answering HELLO in the usual milliseconds is the one connected to, in the given order."""
+SILENT_AVOID_S: Final = 10.0
+"""How long a server whose connection was closed for silence (it answered nothing, not
+even a PING: stopped or hung) is tried last when connecting (seconds): its port still
+accepts connections, so trying it first would cost :data:`CONNECT_STAGGER_S` per
+reconnect, and a follower that has not noticed yet may still name it leader."""
 MAX_RETRIES_AT_ONCE: Final = 3
 """Attempts in a row a request makes without a backoff pause after a NOT_LEADER that
 names another node or a lost connection; then it backs off like after any refusal."""
@@ -177,6 +182,9 @@ class ClientBase:
         self._leader_hint: str | None = None
         self._learned: list[str] = []
         self._next_server = 0
+        self._silent: dict[str, float] = {}
+        """Servers left for silence, with the ``anyio.current_time()`` until which
+        they are tried last (:data:`SILENT_AVOID_S`)."""
         self.shard: int | None = None
         """The shard this client serves inside a ``ShardedClient``, named in its
         connection errors; None for a plain client."""
@@ -361,6 +369,18 @@ class ClientBase:
         if self._leader_hint is not None:
             hint = self._leader_hint
             order = [hint] + [address for address in order if address != hint]
+        now = anyio.current_time()
+        self._silent = {a: until for a, until in self._silent.items() if until > now}
+        if self._silent:
+            # A stopped server's port still accepts connections: try it last, unless
+            # a server named it leader since (it was only slow, or it is back).
+            first = order[:1] if self._leader_hint is not None else []
+            rest = order[len(first) :]
+            order = [
+                *first,
+                *(a for a in rest if a not in self._silent),
+                *(a for a in rest if a in self._silent),
+            ]
         return order
 
     async def _connect_any(self) -> Connection:
@@ -524,6 +544,10 @@ class ClientBase:
             self._running.add(conn)
             conns.start_soon(self._run_connection, conn)
             await conn.wait_leaving()  # lost, or draining: connect anew at once
+            if conn.silent:
+                self._silent[conn.address] = anyio.current_time() + SILENT_AVOID_S
+                if self._leader_hint == conn.address:
+                    self._leader_hint = None
             self._conn = None
             for sub in self._subscriptions.values():
                 sub._connection_lost(conn.epoch)

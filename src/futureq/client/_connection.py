@@ -53,16 +53,28 @@ WRITE_COALESCE_BYTES: Final = 256 * 1024
 """The writer joins queued frames into one ``send_all`` up to this size (bytes)."""
 CLOSE_GRACE_S: Final = 1.0
 """Longest a closing connection waits for its socket to close (seconds)."""
-SILENT_SERVER_S: Final = 5.0
-"""A request that times out after at least this long (seconds) with not one byte
-heard on its connection since it was sent makes the client PING the server; no
-answer within :data:`PING_PROBE_S` closes the connection: the server is stopped or
-hung (its TCP connection stays open), so the next call reconnects, perhaps to a new
-leader, instead of waiting on it again. A server that is only slow answers the PING
-(requests run in their own tasks there) and keeps the connection. Shorter deadlines
-say nothing about the server and probe nothing."""
-PING_PROBE_S: Final = 2.0
-"""How long the PING of a silent connection may take (seconds), see above."""
+SILENT_SERVER_S: Final = 0.5
+"""How long a connection may stay silent (seconds) while an answer is owed on it
+before the client PINGs the server: no byte since the first request still owed was
+sent, the last write ended, or the last byte was heard, whichever is latest. No byte
+within :data:`PING_PROBE_S` of the PING leaving closes the connection: the server is
+stopped or hung (its TCP connection stays open), so the requests in flight fail as on
+any lost connection (and are resent, within their deadline, on the next, perhaps to a
+new leader). A server that is only slow answers the PING (requests run in their own
+tasks there; PING is answered by the connection's reader) and keeps the connection;
+one that sends anything at all meanwhile is not silent. Its followers depose a leader
+silent to them for a node's election timeout (500 ms by default), so a leader silent
+to its client for :data:`SILENT_SERVER_S` + :data:`PING_PROBE_S` is being replaced
+already; a healthy one answers a PING in a round trip."""
+PING_PROBE_S: Final = 0.75
+"""How long the PING of a silent connection may go unanswered (seconds), counted from
+when the writer had sent everything queued before it; see above. A healthy node's
+PING round trip under a load that saturates it was seen up to 0.72 s (2 cores, 18
+batch publishers): the whole silence allowed, 1.25 s, leaves room for that."""
+WRITE_STALL_S: Final = 10.0
+"""A write still under way (a large frame on a slow link) keeps the connection from
+being called silent for up to this long (seconds); a write blocked longer with not a
+byte heard (a stopped server whose socket buffers filled) is silence too."""
 DRAIN_GRACE_S: Final = 2.0
 """Longest a connection the client leaves (its server answered NOT_LEADER) stays open
 for the answers still owed on it (seconds), capped by the client's
@@ -283,9 +295,19 @@ class Connection:
         self.lost_reason: ConnectionLostError | None = None
         self._last_heard = anyio.current_time()
         """When bytes last came from the server (``anyio.current_time()``)."""
-        self._probe = anyio.Event()
-        """Set when a request timed out on a silent connection: :meth:`_probe_loop`
-        PINGs the server and closes the connection if nothing comes."""
+        self._owed_since = self._last_heard
+        """When the oldest answer still owed was asked for (the request table went from
+        empty to not empty): silence is counted from it or :attr:`_last_heard`."""
+        self._owing = anyio.Event()
+        """Set when a request is added to an empty table: wakes :meth:`_probe_loop`."""
+        self._write_started: float | None = None
+        """When the write under way began (None: the writer is idle)."""
+        self._last_written = self._last_heard
+        """When the last write ended."""
+        self.silent = False
+        """True once the connection was closed because the server answered nothing,
+        not even a PING (:data:`SILENT_SERVER_S`): the client tries it last for a
+        while."""
         self.draining: str | None = None
         """Why the client leaves this connection (:meth:`drain`): it takes no new
         request, and closes once the requests in flight are answered."""
@@ -417,24 +439,54 @@ class Connection:
                 ConnectionLostError(f"connection to {self.address} broke: {_broken_reason(exc)}")
             )
 
+    def _writing(self, now: float) -> bool:
+        """Whether a write is under way and not stalled past :data:`WRITE_STALL_S`:
+        what it carries (a request, the PING) has not left yet, so the server's
+        silence says nothing."""
+        started = self._write_started
+        return started is not None and now - started < WRITE_STALL_S
+
     async def _probe_loop(self) -> None:
-        """PING a server that let a request time out without sending a byte; close
-        the connection if nothing comes within :data:`PING_PROBE_S` either."""
+        """PING a server that stays silent for :data:`SILENT_SERVER_S` while an answer
+        is owed; close the connection if nothing comes within :data:`PING_PROBE_S`.
+        An idle connection (nothing owed) is never probed: the server's keepalive
+        PINGs keep it checked."""
+        tick = min(0.05, PING_PROBE_S / 4)
         while True:
-            await self._probe.wait()
-            asked = anyio.current_time()
-            self.request_nowait(lambda request_id: frames.Ping(request_id))
-            await anyio.sleep(PING_PROBE_S)
-            if self._last_heard < asked:
-                self._fail(
-                    ConnectionLostError(
-                        f"{self.address} answered nothing, not even a PING, for "
-                        f"{anyio.current_time() - asked:.1f} s after a request timed out "
-                        "(stopped or hung); reconnecting"
-                    )
+            if not len(self._requests):
+                self._owing = anyio.Event()
+                await self._owing.wait()
+                continue
+            now = anyio.current_time()
+            quiet_since = max(self._last_heard, self._owed_since, self._last_written)
+            if self._writing(now) or now - quiet_since < SILENT_SERVER_S:
+                await anyio.sleep(
+                    tick if self._writing(now) else quiet_since + SILENT_SERVER_S - now
                 )
-                return
-            self._probe = anyio.Event()
+                continue
+            asked = now
+            self.request_nowait(lambda request_id: frames.Ping(request_id))
+            woke_late = False
+            while self._last_heard < asked:
+                now = anyio.current_time()
+                if (
+                    not woke_late
+                    and not self._writing(now)
+                    and now - max(asked, self._last_written) >= PING_PROBE_S
+                ):
+                    self.silent = True
+                    self._fail(
+                        ConnectionLostError(
+                            f"{self.address} answered nothing, not even a PING, for "
+                            f"{now - quiet_since:.1f} s with an answer owed (stopped or "
+                            "hung); reconnecting"
+                        )
+                    )
+                    return
+                # This task woke late: this process's own loop was busy, and the reader
+                # may not have run yet for bytes already there; decide a tick later.
+                await anyio.sleep(tick)
+                woke_late = anyio.current_time() - now > 2 * tick
 
     def _dispatch(self, frame: frames.Frame) -> None:
         if isinstance(frame, _PUSHES):
@@ -523,7 +575,10 @@ class Connection:
                         break
                     chunks.append(more)
                     size += len(more)
+                self._write_started = anyio.current_time()
                 await self._stream.send(b"".join(chunks) if len(chunks) > 1 else data)
+                self._last_written = anyio.current_time()
+                self._write_started = None
                 if self._control_backlog or self._credit_backlog:
                     backlog, self._control_backlog = self._control_backlog, []
                     credits, self._credit_backlog = self._credit_backlog, {}
@@ -531,7 +586,10 @@ class Connection:
                         codec.encode_frame(frames.Credit(0, sid, n), self.max_frame_bytes)
                         for sid, n in credits.items()
                     ]
+                    self._write_started = anyio.current_time()
                     await self._stream.send(b"".join(backlog))
+                    self._last_written = anyio.current_time()
+                    self._write_started = None
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._fail(
                 ConnectionLostError(f"connection to {self.address} broke: {_broken_reason(exc)}")
@@ -571,10 +629,17 @@ class Connection:
             return
         waiter = _Waiter(on_answer, "request")
         waiter.abandoned = True
-        request_id = self._requests.add(waiter)
+        request_id = self._add_request(waiter)
         frame = make_frame(request_id)
         waiter.name = frame.TYPE.name
         self.send_control(frame)
+
+    def _add_request(self, waiter: _Waiter) -> int:
+        """Register ``waiter``; the first answer owed starts the silence count."""
+        if not len(self._requests):
+            self._owed_since = anyio.current_time()
+            self._owing.set()
+        return self._requests.add(waiter)
 
     async def send(self, *frames_to_send: frames.Frame) -> None:
         """Queue frames that have no answer (CREDIT).
@@ -631,7 +696,7 @@ class Connection:
         if self.draining is not None:
             raise NotSentError(f"{self.draining}; nothing was sent on {self.address}")
         waiter = _Waiter(on_answer, "request")
-        request_id = self._requests.add(waiter)
+        request_id = self._add_request(waiter)
         queued = False
         try:
             frame = make_frame(request_id)
@@ -646,7 +711,6 @@ class Connection:
                 raise NotSentError(
                     f"no room to send to {self.address} before the deadline; nothing was sent"
                 )
-            sent_at = anyio.current_time()
             with anyio.CancelScope(deadline=deadline):
                 await waiter.event.wait()
         finally:
@@ -660,8 +724,6 @@ class Connection:
         if waiter.error is not None:
             raise waiter.error
         if waiter.frame is None:
-            if self._last_heard < sent_at and anyio.current_time() - sent_at >= SILENT_SERVER_S:
-                self._probe.set()  # not a byte since it was sent: is the server there?
             raise RequestError(
                 ErrorCode.TIMEOUT,
                 f"no answer from {self.address} to {type(frame).__name__.upper()} "
