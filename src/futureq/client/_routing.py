@@ -176,22 +176,22 @@ class ShardedClient(Client):
         super()._close()
 
     async def refresh_slot_map(self) -> None:
-        """Ask a shard for the slot map again; open clients for shards that moved."""
+        """Ask the shards for the slot map again; open clients for shards that moved.
+
+        Every shard's client is asked at once; the first well-formed answer wins and
+        the other questions are cancelled, so a stopped or hung shard process costs
+        nothing while another shard answers. Before, the shards were asked one after
+        another, and a stopped one held every refresh for its whole request timeout.
+
+        Raises:
+            RequestError: UNAVAILABLE when no shard answered within
+                ``request_timeout_s`` (the message says why each failed).
+        """
         version = self.slot_map.version
         async with self._refreshing:
             if self.slot_map.version != version:
                 return  # another task refreshed it meanwhile
-            errors: list[BaseException] = []
-            for client in self.shard_clients:
-                try:
-                    slot_map, _, _ = await ask_slot_map(client)
-                    break
-                except (RequestError, OSError, anyio.BrokenResourceError) as exc:
-                    errors.append(exc)
-            else:
-                raise RequestError(
-                    ErrorCode.UNAVAILABLE, f"no shard answered SLOT_MAP: {errors[-1]}"
-                )
+            slot_map = await self._ask_any_shard()
             clients = list(self.shard_clients)
             for shard, address in enumerate(slot_map.addresses):
                 old = self.slot_map.addresses[shard] if shard < len(clients) else None
@@ -204,6 +204,35 @@ class ShardedClient(Client):
                         clients.append(new)
             self.shard_clients = clients[: slot_map.shard_count]
             self.slot_map = slot_map
+
+    async def _ask_any_shard(self) -> SlotMap:
+        """The slot map from the first shard to answer SLOT_MAP (see
+        :meth:`refresh_slot_map`), within ``request_timeout_s``."""
+        answers: list[SlotMap] = []
+        errors: dict[int, BaseException] = {}
+
+        async def ask(shard: int, client: Client) -> None:
+            try:
+                slot_map, _, _ = await ask_slot_map(client)
+            except (FutureQError, OSError, anyio.BrokenResourceError) as exc:
+                errors[shard] = exc
+                return
+            answers.append(slot_map)
+            group.cancel_scope.cancel()  # the first answer wins
+
+        with anyio.move_on_after(self.request_timeout_s):
+            async with anyio.create_task_group() as group:
+                for shard, client in enumerate(self.shard_clients):
+                    group.start_soon(ask, shard, client)
+        if answers:
+            return answers[0]
+        self._check_open()  # closed meanwhile: ClientClosedError, not UNAVAILABLE
+        why = "; ".join(f"shard {shard}: {errors[shard]}" for shard in sorted(errors))
+        raise RequestError(
+            ErrorCode.UNAVAILABLE,
+            f"no shard answered SLOT_MAP within {self.request_timeout_s:g} s"
+            + (f": {why}" if why else " (their processes may be stopped or hung)"),
+        )
 
     async def _routed(self, topic: str, call: Callable[[Client], Awaitable[T]]) -> T:
         for attempt in range(MAX_REDIRECTS + 1):
