@@ -331,6 +331,14 @@ class ClientBase:
             "push %s for unknown subscription %d dropped", frame.TYPE.name, frame.subscription_id
         )
 
+    def _subscribed_on(self, conn: Connection) -> bool:
+        """Whether a subscription is bound on ``conn`` (its silence probe then watches
+        it when idle too: :data:`~futureq.client._connection.IDLE_PING_S`)."""
+        return any(
+            sub.epoch == conn.epoch and sub.subscription_id is not None
+            for sub in self._subscriptions.values()
+        )
+
     def _known_servers(self) -> list[str]:
         """The servers given, then the members the last HELLO_OK named that were not
         given (protocol version 2): a client given one node of a cluster still reaches
@@ -474,6 +482,7 @@ class ClientBase:
             self._leader_hint = None
             self._learn_members(conn)
             self._epoch += 1
+            conn.watched = functools.partial(self._subscribed_on, conn)
             return conn
         kind: type[ConnectionLostError] = ConnectionLostError
         if unknown_hosts == len(order):

@@ -71,6 +71,12 @@ PING_PROBE_S: Final = 0.75
 when the writer had sent everything queued before it; see above. A healthy node's
 PING round trip under a load that saturates it was seen up to 0.72 s (2 cores, 18
 batch publishers): the whole silence allowed, 1.25 s, leaves room for that."""
+IDLE_PING_S: Final = 1.0
+"""A connection that owes nothing but carries a subscription (a consumer waiting for
+deliveries) PINGs the server after this long with nothing heard (seconds); from then
+on it is a connection owed an answer, see :data:`SILENT_SERVER_S`. A stopped leader
+sends no delivery and no keepalive, so without this its consumers waited on it for
+as long as it stayed stopped."""
 WRITE_STALL_S: Final = 10.0
 """A write still under way (a large frame on a slow link) keeps the connection from
 being called silent for up to this long (seconds); a write blocked longer with not a
@@ -304,6 +310,9 @@ class Connection:
         """When the write under way began (None: the writer is idle)."""
         self._last_written = self._last_heard
         """When the last write ended."""
+        self.watched: Callable[[], bool] = lambda: False
+        """Whether the connection carries a subscription (set by the client): it is
+        then PINGed when idle and silent for :data:`IDLE_PING_S`."""
         self.silent = False
         """True once the connection was closed because the server answered nothing,
         not even a PING (:data:`SILENT_SERVER_S`): the client tries it last for a
@@ -449,13 +458,24 @@ class Connection:
     async def _probe_loop(self) -> None:
         """PING a server that stays silent for :data:`SILENT_SERVER_S` while an answer
         is owed; close the connection if nothing comes within :data:`PING_PROBE_S`.
-        An idle connection (nothing owed) is never probed: the server's keepalive
-        PINGs keep it checked."""
+        An idle connection (nothing owed) is PINGed only when it carries a
+        subscription (:attr:`watched`), after :data:`IDLE_PING_S` of silence; another
+        is left to the server's keepalive."""
         tick = min(0.05, PING_PROBE_S / 4)
         while True:
             if not len(self._requests):
                 self._owing = anyio.Event()
-                await self._owing.wait()
+                now = anyio.current_time()
+                quiet_since = max(self._last_heard, self._last_written)
+                if not self.watched():
+                    with anyio.move_on_after(IDLE_PING_S):  # a subscription may come
+                        await self._owing.wait()
+                elif now - quiet_since < IDLE_PING_S:
+                    with anyio.move_on_after(quiet_since + IDLE_PING_S - now):
+                        await self._owing.wait()
+                else:
+                    # A consumer's idle connection: is the server still there?
+                    self.request_nowait(lambda request_id: frames.Ping(request_id))
                 continue
             now = anyio.current_time()
             quiet_since = max(self._last_heard, self._owed_since, self._last_written)
