@@ -66,12 +66,13 @@ one that sends anything at all meanwhile is not silent. Its followers depose a l
 silent to them for a node's election timeout (500 ms by default), so a leader silent
 to its client for :data:`SILENT_SERVER_S` + :data:`PING_PROBE_S` is being replaced
 already; a healthy one answers a PING in a round trip."""
-PING_PROBE_S: Final = 0.75
+PING_PROBE_S: Final = 1.5
 """How long the PING of a silent connection may go unanswered (seconds), counted from
 when the writer had sent everything queued before it; see above. A healthy node's
 PING round trip under a load that saturates it was seen up to 0.72 s (2 cores, 18
-batch publishers): the whole silence allowed, 1.25 s, leaves room for that."""
-IDLE_PING_S: Final = 1.0
+batch publishers): the whole silence allowed, 2 s, leaves nearly three times that
+(a false verdict costs a reconnect, and an at-most-once publish's outcome)."""
+IDLE_PING_S: Final = 2.0
 """A connection that owes nothing but carries a subscription (a consumer waiting for
 deliveries) PINGs the server after this long with nothing heard (seconds); from then
 on it is a connection owed an answer, see :data:`SILENT_SERVER_S`. A stopped leader
