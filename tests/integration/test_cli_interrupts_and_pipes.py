@@ -476,6 +476,9 @@ def test_ctrl_c_as_a_line_is_refused_fails_the_rest_of_its_batch_as_not_sent(
     assert "outcome unknown" not in err, err
     assert "line 15: [PAYLOAD_TOO_LARGE]" in err, err
     assert "line 11: [INTERRUPTED] not sent" in err, err
+    # Counted with the third batch's: it said "the 10 line(s)", leaving out the 9 of
+    # the second batch never sent again.
+    assert "interrupted: the 19 line(s) after the last batch stored were not sent" in err, err
     assert out.startswith("published 10 message(s)"), (out, err)
     assert failed_out.read_text() == "".join(lines[10:])
     assert pending(address, "intr.refused") == 10

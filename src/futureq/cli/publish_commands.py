@@ -240,10 +240,10 @@ async def publish_items(
             if interrupt.requested:
                 # Ctrl-C came as the batch before this resend of its rest was answered
                 # (a line refused): the rest was never sent again, so it is not stored.
-                summary.failures.extend(
-                    LineFailure(entry.line_number, INTERRUPTED_NOT_SENT) for entry in batch
-                )
-                on_progress(len(batch))
+                # Put back for the check at the loop's top, which fails it with the later
+                # batches and counts it in summary.not_sent (failed here, it was left out
+                # of "interrupted: the N line(s) ... were not sent").
+                pending.appendleft(batch)
                 break
             duplicates: list[int] = []
             # What was stored even though the call raised: on a sharded node the other
