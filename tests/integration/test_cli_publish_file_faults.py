@@ -15,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 import trio
 from broker_process import BrokerProcess
 from cli_process import cli, keyed_jsonl, pending, sigint_as_a_terminal_gives_it
@@ -435,3 +436,38 @@ def test_failed_out_that_is_the_file_on_stdin_is_refused_before_anything_is_sent
     assert done.stderr.startswith(f"error: --failed-out {source} is the input file"), done.stderr
     assert len(source.read_text().splitlines()) == total  # not truncated
     assert pending(address, "same.stdin") == 0
+
+
+@pytest.mark.parametrize("append", [True, False], ids=["appended", "truncated"])
+def test_failed_out_into_redirected_stdout_keeps_what_it_holds_and_the_summary(
+    broker: BrokerProcess, tmp_path: Path, append: bool
+) -> None:
+    # `publish --file F --failed-out /dev/stdout >> log` truncated the log (the path was
+    # opened again, "wb"); with `> out` the summary, written at standard output's own
+    # offset, overwrote the failed lines written through the other one.
+    address = broker.client_address
+    lines = [
+        '{"topic":"stdout.t","payload":"good"}\n',
+        "not json\n",
+        '{"topic":"stdout.t","payload":"good"}\n',
+        "still not json\n",
+    ]
+    source = tmp_path / "some.jsonl"
+    source.write_text("".join(lines))
+    out = tmp_path / "out.txt"
+    out.write_text("earlier line\n" if append else "")
+    with out.open("ab" if append else "wb") as stdout:
+        done = subprocess.run(
+            [sys.executable, "-m", "futureq.cli.client_main", "--server", address]
+            + ["publish", "--file", str(source), "--failed-out", "/dev/stdout"],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    text = out.read_text().splitlines(True)
+    earlier = ["earlier line\n"] if append else []
+    assert text[:-1] == earlier + [lines[1], lines[3]], text
+    assert text[-1].startswith("published 2 message(s)"), text

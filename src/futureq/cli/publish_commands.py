@@ -633,7 +633,9 @@ def _is_stdin_file(path: str, io: Output) -> bool:
 
 def _open_failed_out(args: argparse.Namespace, io: Output) -> IO[bytes] | None:
     """``--failed-out``'s file, opened (truncated) before anything is sent, so a path
-    that cannot be written stops the run before it publishes, not after.
+    that cannot be written stops the run before it publishes, not after. A path naming
+    this process's standard output or error (``/dev/stdout``, or the file it is
+    redirected to) is written through that descriptor, not truncated.
 
     Raises:
         ValueError: it is the input file (it would be overwritten with the failures).
@@ -653,7 +655,42 @@ def _open_failed_out(args: argparse.Namespace, io: Output) -> IO[bytes] | None:
             f"--failed-out {args.failed_out} is the input file; give another path (it "
             "would be overwritten with the lines not stored)"
         )
+    descriptor = _open_descriptor(args.failed_out)
+    if descriptor is not None:
+        # One of this process's own outputs (`--failed-out /dev/stdout > out.txt`):
+        # written through a copy of its descriptor, never opened again with truncation.
+        # Opened anew, `>> log` lost what the log held, and `> out.txt` had the summary
+        # written over the failed lines (a second file offset, both starting at 0).
+        return os.fdopen(os.dup(descriptor), "wb")
     return open(args.failed_out, "wb")  # noqa: SIM115 - closed by the caller
+
+
+_DESCRIPTOR_PATHS: Final = {"/dev/stdout": 1, "/dev/stderr": 2}
+_DESCRIPTOR_FOLDERS: Final = ("/dev/fd/", "/proc/self/fd/")
+
+
+def _open_descriptor(path: str) -> int | None:
+    """The file descriptor of this process that ``path`` names (``/dev/stdout``,
+    ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``) or that is the same file as
+    (standard output or error redirected to ``path``); None for any other path, or one
+    naming a descriptor that is not open."""
+    descriptor = _DESCRIPTOR_PATHS.get(path)
+    for folder in _DESCRIPTOR_FOLDERS:
+        if descriptor is None and path.startswith(folder) and path[len(folder) :].isdigit():
+            descriptor = int(path[len(folder) :])
+    candidates = (1, 2) if descriptor is None else (descriptor,)
+    try:
+        here = os.stat(path)
+    except OSError:
+        return None  # not there yet: a new file
+    for candidate in candidates:
+        try:
+            there = os.fstat(candidate)
+        except OSError:
+            continue
+        if (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino):
+            return candidate
+    return None
 
 
 class _LineSource:
