@@ -28,6 +28,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from broker_process import BrokerProcess
 from cli_process import cli, keyed_jsonl, pending, sigint_as_a_terminal_gives_it
 
@@ -387,3 +388,77 @@ def test_consume_into_a_pipe_whose_reader_pauses_keeps_its_connection(
     got = [json.loads(line)["payload"].split(":")[0] for line in out.splitlines()]
     assert sorted(got, key=int) == [str(i) for i in range(100)], got  # each once
     assert pending(address, "pause.t") == 0
+
+
+@pytest.mark.parametrize("command", ["browse", "dlq list"])
+def test_browse_into_a_pipe_whose_reader_pauses_keeps_its_connection(
+    broker_factory: Callable[..., BrokerProcess], command: str
+) -> None:
+    # As consume's above: `browse --all | less` (or `dlq list`) wrote each line on the
+    # event loop, so a reader pausing on a full pipe left the server's keepalive PING
+    # unanswered, and the broker closed the connection.
+    broker = broker_factory(
+        env={
+            "FUTUREQ_LIMITS_KEEPALIVE_INTERVAL_MS": "500",
+            "FUTUREQ_LIMITS_KEEPALIVE_TIMEOUT_MS": "500",
+        }
+    )
+    address = broker.client_address
+    topic = "pause.b"
+    made = cli(address, "group", "create", topic, "g", "--max-deliveries", "1")
+    assert made.returncode == 0, made.stderr
+    total = 1200  # two pages of BROWSE; a line each of ~1.2 kB: 20 pipes full
+    filler = "x" * 1000
+    lines = b"".join(
+        b'{"topic":"%s","payload":"%d:%s"}\n' % (topic.encode(), i, filler.encode())
+        for i in range(total)
+    )
+    done = subprocess.run(
+        _command(address, "publish", "--file", "-"),
+        input=lines,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    args = [topic, "--group", "g"]
+    if command == "dlq list":
+        # Every message nacked once, with max_deliveries 1: all dead letters.
+        nacked = cli(address, "consume", topic, "--group", "g", "--count", str(total), "--nack")
+        assert nacked.returncode == 0, nacked.stderr
+        args = ["dlq", "list", topic]
+    else:
+        args = ["browse", *args]
+    args += ["--all", "--preview", "1024", "--json"]
+    with subprocess.Popen(
+        _command(address, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as browse:
+        try:
+            assert browse.stdout is not None
+            deadline = time.monotonic() + 30
+            held, steady = 0, 0
+            while steady < 10:  # the pipe is full: what it holds stops growing
+                assert time.monotonic() < deadline, f"{command} did not fill the pipe"
+                time.sleep(0.05)
+                now = _buffered(browse.stdout.fileno())
+                steady = steady + 1 if now == held and now > 0 else 0
+                held = now
+            time.sleep(3)  # the reader is busy: six keepalive rounds
+            out, err = browse.communicate(timeout=30)
+        finally:
+            browse.kill()
+    assert browse.returncode == 0, err
+    assert b"Traceback" not in err, err
+    got = [json.loads(line)["preview"].split(":")[0] for line in out.splitlines()]
+    assert sorted(got, key=int) == [str(i) for i in range(total)], len(got)
+    # The pages came on one connection, and the server never had to close it: before,
+    # the pause cost it (here after all had been read; with more pages, the run).
+    assert _metric(broker, "futureq_connections_closed_total", 'reason="keepalive_timeout"') == 0
+
+
+def _metric(broker: BrokerProcess, name: str, labels: str) -> float:
+    """A sample of the broker's ``/metrics`` (0 when it has none yet)."""
+    with urllib.request.urlopen(f"http://{broker.http_address}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = re.search(re.escape(f"{name}{{{labels}}}") + r" ([0-9.e+]+)$", text, flags=re.MULTILINE)
+    return float(found.group(1)) if found else 0.0

@@ -18,7 +18,7 @@ from futureq.cli import manage_commands
 from futureq.cli.durations import MAX_DEADLINE_MS
 from futureq.cli.interrupts import Interrupt, ctrl_c_requests
 from futureq.cli.jsonl import record_line, render_payload
-from futureq.cli.output import EXIT_OK, Output, format_ms
+from futureq.cli.output import EXIT_OK, Output, format_ms, write_lines
 from futureq.client import Client, Delivery, Subscription, _checks
 from futureq.errors import ConnectionLostError, ErrorCode, FutureQError, RequestError
 
@@ -229,12 +229,10 @@ async def _print(
     """
     line = delivery_json(delivery) if args.json else delivery_line(delivery)
     try:
-        # In a worker thread: a reader that stops reading for a while (`consume |
-        # slow-script`, `| less`) blocks the write once the pipe is full, and blocking
-        # the event loop left the server's keepalive PING unanswered, so the broker
-        # closed the connection (KEEPALIVE_TIMEOUT after 60 s by default) and the run
-        # ended with [CONNECTION_LOST], the deliveries it held counted (found by a
-        # tester). A second Ctrl-C abandons a write that never ends.
+        # In a worker thread (write_lines): blocking the event loop on a full pipe
+        # left the server's keepalive PING unanswered, so the broker closed the
+        # connection and the run ended with [CONNECTION_LOST], the deliveries it held
+        # counted (found by a tester).
         # The delivery is kept meanwhile (EXTEND at half the group's visibility timeout):
         # a reader paused longer than that timeout made the ack of a message whose line
         # it then read fail, and the message was delivered and printed again (found by a
@@ -243,7 +241,7 @@ async def _print(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_keep_while_printing, sub, delivery)
             try:
-                await trio.to_thread.run_sync(io.out, line, abandon_on_cancel=True)
+                await write_lines(io, [line])
             except BaseException as exc:  # raised below, not wrapped in a group
                 failure = exc
             nursery.cancel_scope.cancel()

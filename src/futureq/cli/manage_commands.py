@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, Final
 from futureq.cli.argv_text import not_text
 from futureq.cli.durations import delay_ms_arg
 from futureq.cli.jsonl import render_payload
-from futureq.cli.output import format_ms
+from futureq.cli.output import format_ms, write_lines
 from futureq.wire import frames
 
 if TYPE_CHECKING:
@@ -289,20 +289,31 @@ BROWSE_PAGE: Final = 1000
 """Messages per BROWSE request the CLI sends (the server's most)."""
 
 
-async def _pages(
+async def _print_pages(
     client: Client,
     topic: str,
     group: str | None,
     args: argparse.Namespace,
     from_ms: int | None,
     to_ms: int | None,
-) -> list[tuple[str, PendingMessage]]:
-    """Every message ``--limit`` / ``--all`` asks for, following cursors."""
+    io: Output,
+    *,
+    dead_letters: bool,
+) -> int:
+    """Print every message ``--limit`` / ``--all`` asks for, a page at a time as it
+    comes (following cursors; so ``--all`` holds one page, not the topic); return how
+    many were printed.
+
+    A page's lines are written from a worker thread (:func:`write_lines`): a reader
+    that pauses (``browse --all | less``) blocks the write once the pipe is full, and
+    blocking the event loop left the server's keepalive PING unanswered, so the broker
+    closed the connection (as ``consume``'s did: :mod:`futureq.cli.consume_command`).
+    """
     wanted = None if args.all else max(0, args.limit)
-    out: list[tuple[str, PendingMessage]] = []
+    shown = 0
     cursor: bytes | None = None
-    while wanted is None or len(out) < wanted:
-        size = BROWSE_PAGE if wanted is None else min(BROWSE_PAGE, wanted - len(out))
+    while wanted is None or shown < wanted:
+        size = BROWSE_PAGE if wanted is None else min(BROWSE_PAGE, wanted - shown)
         page: BrowsePage = await client.browse(
             topic,
             group,
@@ -312,11 +323,20 @@ async def _pages(
             limit=max(1, size),
             preview_bytes=args.preview,
         )
-        out += [(page.group, message) for message in page.messages]
+        await write_lines(
+            io,
+            [
+                json.dumps(pending_record(topic, page.group, message), ensure_ascii=False)
+                if args.json
+                else pending_line(message, dead_letters=dead_letters)
+                for message in page.messages
+            ],
+        )
+        shown += len(page.messages)
         cursor = page.next_cursor
         if cursor is None:
             break
-    return out
+    return shown
 
 
 def _preview_value(payload: bytes) -> tuple[Any, str]:
@@ -442,14 +462,11 @@ async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> in
             f"({format_ms(to_ms)}): no message is due in that range; swap them or widen it"
         )
         return EXIT_USAGE
-    found = await _pages(client, args.topic, args.group, args, args.from_ms, to_ms)
-    for group, message in found:
-        if args.json:
-            io.out(json.dumps(pending_record(args.topic, group, message), ensure_ascii=False))
-        else:
-            io.out(pending_line(message, dead_letters=False))
+    shown = await _print_pages(
+        client, args.topic, args.group, args, args.from_ms, to_ms, io, dead_letters=False
+    )
     if not args.json:
-        io.out(f"{len(found)} pending shown")
+        io.out(f"{shown} pending shown")
     return EXIT_OK
 
 
@@ -568,14 +585,9 @@ async def run_dlq(client: Client, args: argparse.Namespace, io: Output) -> int:
             return EXIT_OK
     if args.dlq_command == "redrive":
         return await _run_dlq_redrive(client, args, io, group)
-    found = await _pages(client, topic, group, args, None, None)
-    for group, message in found:
-        if args.json:
-            io.out(json.dumps(pending_record(topic, group, message), ensure_ascii=False))
-        else:
-            io.out(pending_line(message, dead_letters=True))
+    shown = await _print_pages(client, topic, group, args, None, None, io, dead_letters=True)
     if not args.json:
-        io.out(f"{len(found)} dead letters shown")
+        io.out(f"{shown} dead letters shown")
     return EXIT_OK
 
 

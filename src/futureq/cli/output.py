@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Sequence
 from typing import IO, Final
 
 import attrs
+import trio
 
 from futureq.client._base import parse_servers
 from futureq.client._connection import HopelessConnectError, UnknownHostError
@@ -93,3 +95,18 @@ class Output:
     @property
     def is_terminal(self) -> bool:
         return self.stdout.isatty()
+
+
+async def write_lines(io: Output, lines: Sequence[str]) -> None:
+    """Write ``lines`` of results (:meth:`Output.out`, each a line, no endings) in one
+    worker thread, so that a reader that stops reading for a while (``| less``,
+    ``| slow-script``) blocks the write, not the event loop: a blocked loop leaves the
+    server's keepalive PING unanswered, and the broker closes the connection
+    (KEEPALIVE_TIMEOUT after 60 s by default; found by a tester). A cancel (a second
+    Ctrl-C) abandons a write that never ends.
+
+    Raises:
+        OSError: as :meth:`Output.out` (BrokenPipeError when the reader went away).
+    """
+    if lines:
+        await trio.to_thread.run_sync(io.out, "\n".join(lines), abandon_on_cancel=True)
