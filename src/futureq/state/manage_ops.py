@@ -895,16 +895,30 @@ class ManageOps:
         if not marked and not any(
             self._reached(job, position, found) for position, found, _ in entries
         ):
-            copy = self._copy_time(entries, record)
-            if (
-                copy is not None
-                and self._find_entry(txn, mid, info.group_id, record.due_ms) is None
-            ):
-                self._copy_backlog_entry(txn, info, mid, record, *copy, effects, touched)
-                copied = 1
+            copied = int(self._copy_held(txn, info, mid, record, entries, effects, touched))
         if marked:
             txn.put("index", mark, None)
         return copied, len(data)
+
+    def _copy_held(
+        self,
+        txn: Txn,
+        info: GroupInfo,
+        mid: int,
+        record: MessageRecord,
+        entries: list[tuple[int, bytes, bytes]],
+        effects: list[tuple[Any, ...]],
+        touched: set[int],
+        skip: int | None = None,
+    ) -> bool:
+        """Copy message ``mid`` to group ``info`` of an exact backfill as its source
+        ``entries`` hold it (:meth:`_copy_time`; ``skip``: as there), unless none is
+        live or the group has an entry of it already. True if it copied."""
+        copy = self._copy_time(entries, record, skip)
+        if copy is None or self._find_entry(txn, mid, info.group_id, record.due_ms) is not None:
+            return False
+        self._copy_backlog_entry(txn, info, mid, record, *copy, effects, touched)
+        return True
 
     def _end_or_store_job(
         self,
@@ -992,12 +1006,7 @@ class ManageOps:
             marked = txn.get("index", mark) is not None
             handled = marked or any(self._reached(job, p, found) for p, found, _ in entries)
             if not handled and entries:
-                copy = self._copy_time(entries, record, skip)
-                if (
-                    copy is not None
-                    and self._find_entry(txn, mid, info.group_id, record.due_ms) is None
-                ):
-                    self._copy_backlog_entry(txn, info, mid, record, *copy, effects, touched)
+                if self._copy_held(txn, info, mid, record, entries, effects, touched, skip):
                     copied = True
                 handled = True
             needed = handled and bool(after) and not any(self._reached(job, p, k) for p, k in after)
