@@ -576,11 +576,16 @@ class ManageOps:
             if job.exact:
                 # Marks of messages copied ahead that the chunks never reached: as
                 # many as copies ahead were made, each by an earlier command.
-                prefix = BACKFILLED + gid.to_bytes(4, "big")
-                for key, _ in self.store.scan("index", prefix, prefix + b"\xff" * 8):
-                    txn.put("index", key, None)
-                for key in [k for k in txn.changes["index"] if k.startswith(prefix)]:
-                    txn.put("index", key, None)
+                self._drop_marks(txn, gid)
+
+    def _drop_marks(self, txn: Txn, gid: int) -> None:
+        """Delete every mark (``b`` key) of group ``gid``'s exact backfill: those stored
+        and those this apply wrote."""
+        prefix = BACKFILLED + gid.to_bytes(4, "big")
+        for key, _ in self.store.scan("index", prefix, prefix + b"\xff" * 8):
+            txn.put("index", key, None)
+        for key in [k for k in txn.changes["index"] if k.startswith(prefix)]:
+            txn.put("index", key, None)
 
     def _purge_chunk(
         self,
@@ -794,9 +799,8 @@ class ManageOps:
         if ended:
             # Every entry is behind the cursor now, so no mark is needed; none should
             # be left (each is removed when the cursor passes the entry it covers).
-            prefix = BACKFILLED + gid.to_bytes(4, "big")
-            for mark, _ in self.store.scan("index", prefix, prefix + b"\xff" * 8):
-                txn.put("index", mark, None)
+            # (This apply wrote none: the chunk's visits only delete marks.)
+            self._drop_marks(txn, gid)
         self._end_or_store_job(txn, job, ended, effects)
         return copied
 
