@@ -157,15 +157,20 @@ def command_stamp(command: list[Any]) -> int:
     return stamp if type(stamp) is int and stamp > 0 else 0
 
 
-def _published_copy(record: MessageRecord, source_value: bytes) -> tuple[int, int | None]:
+def _published_copy(record: MessageRecord, source_value: bytes | None) -> tuple[int, int | None]:
     """``(due_ms, expire_ms)`` of a copy as the backfills of earlier builds (CREATE_GROUP
     kind 6 with ``from_backlog``, CREATE_GROUP_FROM_BACKLOG kind 37) make it: at the
     published due time, expiring as published (``source_value``: a source entry's
-    stored value, whose expiry a record from before TTLs were stored falls back on)."""
+    stored value, whose expiry a record from before TTLs were stored falls back on;
+    None: no fallback, such a record's copy never expires, as an exact backfill makes
+    the copy of a message held only parked)."""
     ttl_ms = record.ttl_ms
-    if ttl_ms is None:  # no TTL, or a record from before TTLs were stored
-        return record.due_ms, EntryValue.decode(source_value).expire_ms
-    return record.due_ms, record.due_ms + ttl_ms
+    if ttl_ms is not None:
+        return record.due_ms, record.due_ms + ttl_ms
+    if source_value is None:  # no TTL (or one not stored), and no fallback
+        return record.due_ms, None
+    # No TTL, or a record from before TTLs were stored.
+    return record.due_ms, EntryValue.decode(source_value).expire_ms
 
 
 def _is_id(value: Any) -> bool:
@@ -1131,10 +1136,9 @@ class ManageOps:
             elif best is None or due_ms < best[0]:
                 best = (due_ms, expire_ms)
         if best is None and parked:
-            ttl_ms = record.ttl_ms
-            expire_ms = None if ttl_ms is None else record.due_ms + ttl_ms
-            if expire_ms is None or expire_ms > max(record.due_ms, now_ms):
-                best = (record.due_ms, expire_ms)
+            due_ms, expire_ms = _published_copy(record, None)
+            if expire_ms is None or expire_ms > max(due_ms, now_ms):
+                best = (due_ms, expire_ms)
         return best
 
     def _backfill_leaving(
