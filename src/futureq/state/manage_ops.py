@@ -663,22 +663,15 @@ class ManageOps:
 
     def _store_backfill(self, txn: Txn, job: BackfillJob) -> None:
         """Store ``job`` in ``meta`` (module docstring): a job of kind 37 exactly as the
-        build that wrote kind 37 stored it (without a kind), one of kind 38 with its kind,
-        so a restart tells them apart."""
-        if job.legacy_by_id:
+        build that wrote kind 37 stored it (source 0, without a kind), one of kind 38
+        with its kind, so a restart tells them apart."""
+        value: list[Any]
+        if job.exact:
             purged = [[source, bound] for source, bound in sorted(job.purged.items())]
-            value = [job.bound_id, job.sources, 0, job.cursor, purged, True]
-        elif job.exact:
-            purged = [[source, bound] for source, bound in sorted(job.purged.items())]
-            value = [
-                job.bound_id,
-                job.sources,
-                job.source,
-                job.cursor,
-                purged,
-                True,
-                CommandKind.CREATE_GROUP_FROM_BACKLOG_AS_HELD,
-            ]
+            source = 0 if job.legacy_by_id else job.source
+            value = [job.bound_id, job.sources, source, job.cursor, purged, True]
+            if not job.legacy_by_id:
+                value.append(CommandKind.CREATE_GROUP_FROM_BACKLOG_AS_HELD)
         elif job.copied:
             value = [job.bound_id, job.sources, job.source, job.cursor, sorted(job.copied)]
         else:
