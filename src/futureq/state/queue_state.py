@@ -424,7 +424,7 @@ class QueueState(ManageOps):
                 return
             _, due_ms, mid = commands.parse_schedule_key(key)
             entry = _unpack(value)
-            held = EntryValue(*entry).held() if len(entry) > 7 else None
+            held = EntryValue.held_in(entry)
             yield due_ms, mid, entry[0], entry[1], entry[2] if len(entry) > 2 else 0, held
 
     # ------------------------------------------------------------------ apply
@@ -855,7 +855,7 @@ class QueueState(ManageOps):
         # A delivery an earlier leader handed over and left out (HANDED_OUT): the
         # leader must know its tag to answer a settlement of it after a CANCEL or
         # PURGE as for any delivery out (effects are not in the applied digest).
-        held = EntryValue(*entry).held() if len(entry) > 7 else None
+        held = EntryValue.held_in(entry)
         if held is None:
             effects.append(("u", gid, due_ms, mid, reason))
         else:

@@ -180,6 +180,12 @@ class EntryValue:
             return None
         return self.held_stamp, self.held_until_ms
 
+    @classmethod
+    def held_in(cls, fields: list[Any]) -> tuple[int, int] | None:
+        """:meth:`held` of a stored value already unpacked (``fields``); None at once
+        for a value without a hold (fewer than eight fields: none was ever recorded)."""
+        return cls(*fields).held() if len(fields) > 7 else None
+
     def unhold(self) -> None:
         """Forget the hold (its delivery was settled, moved or superseded)."""
         self.held_attempt = self.held_stamp = self.held_until_ms = 0
