@@ -201,12 +201,16 @@ async def hold_and_record(dispatcher: Dispatcher) -> int:
     # Nothing new goes out while held; a delivery settled, taken back or removed
     # meanwhile is left out of the next chunk (and a hold on it applies to nothing
     # still out: the entry was acked, moved, or its attempt superseded).
-    out = [f for f in hub.in_flight.values() if f.pushed and not f.acking]
+    out = [f for f in hub.in_flight.values() if f.still_out]
     for start in range(0, len(out), MAX_DELIVERED_ENTRIES):
         if not dispatcher.active:
             break
-        chunk = [f for f in out[start : start + MAX_DELIVERED_ENTRIES] if hub.is_current(f)]
-        chunk = [f for f in chunk if f.pushed and not f.acking]
+        # Looked at again: each propose let acks and timeouts run.
+        chunk = [
+            f
+            for f in out[start : start + MAX_DELIVERED_ENTRIES]
+            if hub.is_current(f) and f.still_out
+        ]
         if not chunk:
             continue
         for flight in chunk:

@@ -84,7 +84,7 @@ async def ask_handed(broker: Broker) -> int:
         if consumer.closed or not consumer.asks_handed:
             continue
         out = any(
-            flight is not None and flight.pushed and not flight.acking
+            flight is not None and flight.still_out
             for flight in (hub.in_flight.get(key) for key in consumer.in_flight)
         )
         if out and consumer.send(frames.Handover(0, consumer.subscription_id)):

@@ -197,6 +197,13 @@ class InFlight:
     recorded: bool = False
 
     @property
+    def still_out(self) -> bool:
+        """It went out and is not being settled: pushed, and no ACK, NACK or RELEASE
+        of it is being committed (one the visibility timeout may take back, a leader
+        handing over must record)."""
+        return self.pushed and not self.acking
+
+    @property
     def unrecorded_out(self) -> bool:
         """It went out and the log does not know its attempt (a first delivery)."""
         return self.pushed and not self.recorded and self.attempt == 1
@@ -617,9 +624,7 @@ class Hub:
         heapq.heappush(deadlines, (flight.wake_ms, flight.key))
         if len(deadlines) > 2 * len(self.in_flight) + DEADLINE_HEAP_SLACK:
             deadlines[:] = [
-                (live.wake_ms, key)
-                for key, live in self.in_flight.items()
-                if live.pushed and not live.acking
+                (live.wake_ms, key) for key, live in self.in_flight.items() if live.still_out
             ]
             heapq.heapify(deadlines)
 
