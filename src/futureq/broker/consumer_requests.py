@@ -50,6 +50,14 @@ def most_window(limits: LimitsSection, protocol_version: int) -> int:
     return validation.MAX_CREDIT
 
 
+def counted_prefetch(limits: LimitsSection, prefetch: int) -> int:
+    """How many deliveries a subscription of SUBSCRIBE window ``prefetch`` may have out
+    at once (items): the window, at most ``limits.max_prefetch`` (an older client's
+    window past it is taken as credit, but no more than that goes out:
+    :data:`FIRST_VERSION_TOLD_MAX_PREFETCH`)."""
+    return min(prefetch, limits.max_prefetch)
+
+
 async def subscribe(
     broker: Broker,
     connection_id: int,
@@ -90,7 +98,7 @@ async def subscribe(
         connection_id,
         outbox,
         prefetch,
-        prefetch=min(prefetch, max_prefetch),
+        prefetch=counted_prefetch(broker.config.limits, prefetch),
         headers=headers,
         max_out=max_prefetch,
     )
