@@ -324,7 +324,6 @@ class Connection:
         self._drain_grace_s = 0.0
         self._leaving = anyio.Event()
         """Set once the connection drains or is lost: the client connects anew."""
-        self._drain_started = anyio.Event()
         self._idle = anyio.Event()
         """Set when the last request in flight was answered while draining."""
 
@@ -364,7 +363,6 @@ class Connection:
         self.draining = reason
         self._drain_grace_s = grace_s
         self._leaving.set()
-        self._drain_started.set()
         self._check_idle()
 
     async def wait_leaving(self) -> None:
@@ -392,7 +390,9 @@ class Connection:
 
     async def _drain_loop(self) -> None:
         """Once draining: close when no answer is owed or the grace time passed."""
-        await self._drain_started.wait()
+        await self._leaving.wait()
+        if self.draining is None:
+            return  # lost, not drained: run() is cancelled already
         with anyio.move_on_after(self._drain_grace_s):
             await self._idle.wait()
         owed = len(self._requests)
