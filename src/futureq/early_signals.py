@@ -249,6 +249,18 @@ def starts_a_node(main_module: bool, argv: list[str]) -> bool:
     return command and len(argv) > 1 and argv[1] == "start"
 
 
+_deferred_from_the_start = False
+"""Whether :func:`defer_from_the_start` ran in this process."""
+
+
+def deferred_from_the_start() -> bool:
+    """Whether this process remembers SIGTERM, SIGINT and SIGHUP from the first line of
+    ``futureq start``'s own code (:func:`defer_from_the_start` ran): its command then
+    installs neither handler again. False when ``main()`` was called otherwise (by
+    another program: :func:`starts_a_node`)."""
+    return _deferred_from_the_start
+
+
 def defer_from_the_start() -> None:
     """Remember SIGTERM, SIGINT and SIGHUP from the first line of ``futureq start``'s own
     code on (:func:`defer_sighup`, :func:`defer_stop_signals`), then take those the
@@ -262,8 +274,10 @@ def defer_from_the_start() -> None:
     sharded node's supervisor starts its shards with these signals blocked, so a
     forwarded SIGTERM waits for this function.
     """
+    global _deferred_from_the_start
     defer_stop_signals()
     defer_sighup()  # after: a process that catches SIGHUP catches the stop signals
+    _deferred_from_the_start = True
     signal.pthread_sigmask(signal.SIG_UNBLOCK, START_SIGNALS)
 
 

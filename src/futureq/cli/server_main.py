@@ -763,7 +763,11 @@ def _generate_secret(path: str) -> int:
 
 
 def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
-    early_signals.defer_sighup()  # a reload sent while starting must not kill the node
+    # `futureq start` (the console script, `python -m`) took the stop signals and
+    # SIGHUP on its first line; a caller of main() in-process takes them here.
+    from_the_start = early_signals.deferred_from_the_start()
+    if not from_the_start:
+        early_signals.defer_sighup()  # a reload sent while starting must not kill the node
     from futureq.shards import layout  # stdlib only
 
     shard: int | None = args.shard_index
@@ -790,7 +794,8 @@ def _start(args: argparse.Namespace, start_args: Sequence[str]) -> int:
         return EXIT_CONFIG
     # From here on the node may be slow to start (RocksDB, its state, the log): a stop
     # signal is remembered and the node stops gracefully at its next check of it.
-    early_signals.defer_stop_signals()
+    if not from_the_start:
+        early_signals.defer_stop_signals()
     if shard is not None:  # its supervisor killed: stop, however far the start is
         from futureq.shards.lifeline import watch_supervisor
 
