@@ -20,6 +20,7 @@ from futureq.cli.interrupts import Interrupt, ctrl_c_requests
 from futureq.cli.jsonl import record_line, render_payload
 from futureq.cli.output import EXIT_OK, Output, format_ms, write_lines
 from futureq.client import Client, Delivery, Subscription, _checks
+from futureq.client.subscription import LEASE_REFRESH_FRACTION
 from futureq.errors import ConnectionLostError, ErrorCode, FutureQError, RequestError
 
 
@@ -233,7 +234,8 @@ async def _print(
         # left the server's keepalive PING unanswered, so the broker closed the
         # connection and the run ended with [CONNECTION_LOST], the deliveries it held
         # counted (found by a tester).
-        # The delivery is kept meanwhile (EXTEND at half the group's visibility timeout):
+        # The delivery is kept meanwhile (EXTEND as the client's buffer does, at
+        # LEASE_REFRESH_FRACTION of the group's visibility timeout):
         # a reader paused longer than that timeout made the ack of a message whose line
         # it then read fail, and the message was delivered and printed again (found by a
         # tester).
@@ -253,14 +255,15 @@ async def _print(
 
 
 async def _keep_while_printing(sub: Subscription, delivery: Delivery) -> None:
-    """Extend ``delivery`` by the group's visibility timeout at half of it, until
-    cancelled (its line written). A refused or failed EXTEND ends the keeping: the
+    """Extend ``delivery`` by the group's visibility timeout each time
+    :data:`~futureq.client.subscription.LEASE_REFRESH_FRACTION` of it passed (half), as
+    the client does for the deliveries it buffers, until cancelled (its line written). A refused or failed EXTEND ends the keeping: the
     settlement after the line then says what happened."""
     timeout_ms = sub.visibility_timeout_ms
     if timeout_ms is None:
         return
     while True:
-        await trio.sleep(timeout_ms / 2000)
+        await trio.sleep(timeout_ms * LEASE_REFRESH_FRACTION / 1000)
         try:
             await delivery.extend()
         except (FutureQError, ValueError):
