@@ -452,11 +452,7 @@ def check_publish_args(parser: argparse.ArgumentParser, args: argparse.Namespace
                 f"publish --file takes topic, payload and times from each line; "
                 f"drop {', '.join(extra)}"
             )
-        if args.batch_size is None:
-            args.batch_size = DEFAULT_BATCH_SIZE
-        if args.linger is None:
-            args.linger = DEFAULT_LINGER_MS
-        return
+        return  # --batch-size and --linger not given: publish --file's defaults
     if args.batch_size is not None:
         parser.error("argument --batch-size: only with --file (one message is one PUBLISH)")
     if args.linger is not None:

@@ -899,12 +899,13 @@ async def _publish_chunk(
     client: Client,
     args: argparse.Namespace,
     chunk: LineChunk,
+    batch_size: int,
     line_limit: int,
     summary: PublishSummary,
     advance: Callable[[int], None],
     interrupt: Interrupt,
 ) -> list[LineFailure]:
-    """Parse and publish one chunk's lines; add its counts to ``summary`` and return
+    """Parse and publish one chunk's lines, ``batch_size`` a PUBLISH; add its counts to ``summary`` and return
     its failures, in line order. (After a stop, Ctrl-C or no server within
     --request-timeout, no later chunk is read: :func:`_publish_lines`.)"""
     # Parsed under Ctrl-C's receiver, and in a thread so that a second Ctrl-C is
@@ -927,7 +928,7 @@ async def _publish_chunk(
     part = await publish_items(
         client,
         items,
-        args.batch_size or DEFAULT_BATCH_SIZE,
+        batch_size,
         advance,
         servers=args.server,
         interrupt=interrupt,
@@ -977,7 +978,9 @@ async def _publish_lines(
     started = time.monotonic()
     interrupt = Interrupt()
     line_limit = max_line_bytes(client.max_frame_bytes)
-    max_lines = max(1, args.batch_size or DEFAULT_BATCH_SIZE) * CHUNK_LINES_PER_BATCH
+    # The defaults of --batch-size and --linger (None: not given; the parser leaves them).
+    batch_size = args.batch_size or DEFAULT_BATCH_SIZE
+    max_lines = max(1, batch_size) * CHUNK_LINES_PER_BATCH
     linger_s = (DEFAULT_LINGER_MS if args.linger is None else args.linger) / 1000
     summary = PublishSummary()
     unwritten: list[int] = []  # failed lines too long to keep for --failed-out
@@ -1006,7 +1009,14 @@ async def _publish_lines(
                     )
                 else:
                     failures = await _publish_chunk(
-                        client, args, chunk, line_limit, summary, progress.advance, interrupt
+                        client,
+                        args,
+                        chunk,
+                        batch_size,
+                        line_limit,
+                        summary,
+                        progress.advance,
+                        interrupt,
                     )
                 summary.failures.extend(failures)
                 if failed_out is not None:
