@@ -337,23 +337,23 @@ def test_linger_is_checked_before_connecting() -> None:
     assert "argument --linger: only with --file" in done.stderr, done.stderr
 
 
-def test_consume_into_a_pipe_whose_reader_pauses_keeps_its_connection(
-    broker_factory: Callable[..., BrokerProcess],
-) -> None:
-    # Found by a tester: `consume | slow-script` blocked its event loop on the full
-    # pipe, the server's keepalive PING went unanswered and the broker closed the
-    # connection: [CONNECTION_LOST], exit 1. (Keepalive cut to 0.5 s + 0.5 s here
-    # from 30 s + 30 s: the reader pauses 3 s.)
-    broker = broker_factory(
+def _keepalive_broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
+    """A node whose keepalive is cut to 0.5 s + 0.5 s from 30 s + 30 s: a client that
+    leaves its PING unanswered for a second loses its connection."""
+    return broker_factory(
         env={
             "FUTUREQ_LIMITS_KEEPALIVE_INTERVAL_MS": "500",
             "FUTUREQ_LIMITS_KEEPALIVE_TIMEOUT_MS": "500",
         }
     )
-    address = broker.client_address
-    filler = "x" * 2000
+
+
+def _publish_numbered(address: str, topic: str, total: int, filler_bytes: int) -> None:
+    """Publish ``total`` messages to ``topic``, payloads ``N:xxx...`` (``filler_bytes``
+    of x), through ``publish --file -``."""
+    filler = b"x" * filler_bytes
     lines = b"".join(
-        b'{"topic":"pause.t","payload":"%d:%s"}\n' % (i, filler.encode()) for i in range(100)
+        b'{"topic":"%s","payload":"%d:%s"}\n' % (topic.encode(), i, filler) for i in range(total)
     )
     done = subprocess.run(
         _command(address, "publish", "--file", "-"),
@@ -363,28 +363,46 @@ def test_consume_into_a_pipe_whose_reader_pauses_keeps_its_connection(
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def _read_after_a_pause(address: str, *args: str) -> tuple[int, bytes, bytes, int]:
+    """Run ``futureq-cli ARGS`` into a pipe read only once full (what it holds stopped
+    growing for half a second) and 3 s more: its exit status, stdout and stderr, and the
+    bytes the full pipe held."""
     with subprocess.Popen(
-        _command(address, "consume", "pause.t", "--group", "g", "--count", "100", "--json"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    ) as consume:
+        _command(address, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as command:
         try:
-            assert consume.stdout is not None
+            assert command.stdout is not None
             deadline = time.monotonic() + 30
-            # The pipe is full: what it holds stops growing (for half a second).
             held, steady = 0, 0
             while steady < 10:
-                assert time.monotonic() < deadline, "consume did not fill the pipe"
+                assert time.monotonic() < deadline, f"{args[0]} did not fill the pipe"
                 time.sleep(0.05)
-                now = _buffered(consume.stdout.fileno())
+                now = _buffered(command.stdout.fileno())
                 steady = steady + 1 if now == held and now > 0 else 0
                 held = now
-            assert held < len(lines), held  # not all printed: consume waits on the pipe
             time.sleep(3)  # the reader is busy: six keepalive rounds
-            out, err = consume.communicate(timeout=30)
+            out, err = command.communicate(timeout=30)
         finally:
-            consume.kill()
-    assert consume.returncode == 0, err
+            command.kill()
+    return command.returncode, out, err, held
+
+
+def test_consume_into_a_pipe_whose_reader_pauses_keeps_its_connection(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    # Found by a tester: `consume | slow-script` blocked its event loop on the full
+    # pipe, the server's keepalive PING went unanswered and the broker closed the
+    # connection: [CONNECTION_LOST], exit 1.
+    broker = _keepalive_broker(broker_factory)
+    address = broker.client_address
+    _publish_numbered(address, "pause.t", 100, 2000)
+    code, out, err, held = _read_after_a_pause(
+        address, "consume", "pause.t", "--group", "g", "--count", "100", "--json"
+    )
+    assert held < len(out), held  # not all printed: consume waited on the pipe
+    assert code == 0, err
     got = [json.loads(line)["payload"].split(":")[0] for line in out.splitlines()]
     assert sorted(got, key=int) == [str(i) for i in range(100)], got  # each once
     assert pending(address, "pause.t") == 0
@@ -397,30 +415,13 @@ def test_browse_into_a_pipe_whose_reader_pauses_keeps_its_connection(
     # As consume's above: `browse --all | less` (or `dlq list`) wrote each line on the
     # event loop, so a reader pausing on a full pipe left the server's keepalive PING
     # unanswered, and the broker closed the connection.
-    broker = broker_factory(
-        env={
-            "FUTUREQ_LIMITS_KEEPALIVE_INTERVAL_MS": "500",
-            "FUTUREQ_LIMITS_KEEPALIVE_TIMEOUT_MS": "500",
-        }
-    )
+    broker = _keepalive_broker(broker_factory)
     address = broker.client_address
     topic = "pause.b"
     made = cli(address, "group", "create", topic, "g", "--max-deliveries", "1")
     assert made.returncode == 0, made.stderr
     total = 1200  # two pages of BROWSE; a line each of ~1.2 kB: 20 pipes full
-    filler = "x" * 1000
-    lines = b"".join(
-        b'{"topic":"%s","payload":"%d:%s"}\n' % (topic.encode(), i, filler.encode())
-        for i in range(total)
-    )
-    done = subprocess.run(
-        _command(address, "publish", "--file", "-"),
-        input=lines,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    _publish_numbered(address, topic, total, 1000)
     args = [topic, "--group", "g"]
     if command == "dlq list":
         # Every message nacked once, with max_deliveries 1: all dead letters.
@@ -429,25 +430,11 @@ def test_browse_into_a_pipe_whose_reader_pauses_keeps_its_connection(
         args = ["dlq", "list", topic]
     else:
         args = ["browse", *args]
-    args += ["--all", "--preview", "1024", "--json"]
-    with subprocess.Popen(
-        _command(address, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    ) as browse:
-        try:
-            assert browse.stdout is not None
-            deadline = time.monotonic() + 30
-            held, steady = 0, 0
-            while steady < 10:  # the pipe is full: what it holds stops growing
-                assert time.monotonic() < deadline, f"{command} did not fill the pipe"
-                time.sleep(0.05)
-                now = _buffered(browse.stdout.fileno())
-                steady = steady + 1 if now == held and now > 0 else 0
-                held = now
-            time.sleep(3)  # the reader is busy: six keepalive rounds
-            out, err = browse.communicate(timeout=30)
-        finally:
-            browse.kill()
-    assert browse.returncode == 0, err
+    code, out, err, held = _read_after_a_pause(
+        address, *args, "--all", "--preview", "1024", "--json"
+    )
+    assert held < len(out), held  # not all printed: it waited on the pipe
+    assert code == 0, err
     assert b"Traceback" not in err, err
     got = [json.loads(line)["preview"].split(":")[0] for line in out.splitlines()]
     assert sorted(got, key=int) == [str(i) for i in range(total)], len(got)
