@@ -213,6 +213,29 @@ def test_publish_from_a_closed_stdin_is_one_error_line(broker: BrokerProcess) ->
     assert done.stderr.startswith("error: [OS_ERROR] standard input is closed"), done.stderr
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["publish", "stdout.c", "m"], ["status"], ["browse", "stdout.c"]],
+    ids=["publish", "status", "browse"],
+)
+def test_a_command_with_a_closed_stdout_is_one_error_line_and_does_nothing(
+    broker: BrokerProcess, args: list[str]
+) -> None:
+    # `futureq-cli publish t m >&-` published, then died of an AttributeError
+    # traceback where it printed the id (status, browse: the same traceback).
+    done = subprocess.run(
+        _command(broker.client_address, *args),
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: [OS_ERROR] standard output is closed"), done.stderr
+    assert pending(broker.client_address, "stdout.c") == 0
+
+
 def test_ctrl_c_while_the_file_is_parsed_ends_with_the_summary_and_failed_out(
     broker: BrokerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -222,7 +222,15 @@ def main(
                 parser.error(f"{source}: the token {problem}; a token is text (docs/security.md)")
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
-    io = Output(stdout or sys.stdout, stderr or sys.stderr, stdin)
+    out = stdout or sys.stdout
+    if out is None:  # started with stdout closed (`>&-`): an AttributeError traceback
+        if sys.stderr is not None:
+            sys.stderr.write(
+                "error: [OS_ERROR] standard output is closed: results would be lost; "
+                "redirect it (> /dev/null drops them)\n"
+            )
+        return EXIT_ERROR
+    io = Output(out, stderr or sys.stderr, stdin)
     for warning in deprecation_warnings(args):
         io.err(warning)
     if args.command == "completion":
