@@ -836,7 +836,7 @@ class Connection:
             return  # its range check (broker.subscribe) answers that
         # What the subscription may have out (an older client's window past
         # limits.max_prefetch is taken, but no more than that goes out).
-        counted = min(prefetch, self.limits.max_prefetch)
+        counted = consumer_requests.counted_prefetch(self.limits, prefetch)
         shown = f"{prefetch}" if counted == prefetch else f"{prefetch} (counted as {counted})"
         limit = self.limits.max_prefetch_per_connection
         held = self._subscribing_prefetch + sum(
@@ -931,7 +931,7 @@ class Connection:
                         "ones or ask the operator to raise the limit",
                     )
                 self._check_prefetch_total(frame.prefetch)
-                counted = min(frame.prefetch, self.limits.max_prefetch)
+                counted = consumer_requests.counted_prefetch(self.limits, frame.prefetch)
                 self._subscribing += 1
                 self._subscribing_prefetch += counted
                 broker.subscribes_in_flight += 1
