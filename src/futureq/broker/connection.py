@@ -577,6 +577,7 @@ class Connection:
             assert not isinstance(event, type(NEED_DATA))
             if isinstance(event, RefusedRequest):
                 # Wrong fields in one request: it fails alone, the connection stays.
+                await trio.lowlevel.checkpoint_if_cancelled()  # not after a GOAWAY
                 if event.request_id > self._last_served_id:
                     self._last_served_id = event.request_id
                 self.broker.metrics.count_request_error(event.error.code)
@@ -599,6 +600,14 @@ class Connection:
             node = self.node_buffers
             if node.requests and node.requests + size > node.limit_bytes:
                 await node.wait_request_room(size)
+            if self._reading.cancel_called:
+                # Reading stopped (a GOAWAY, naming the requests served until then, may
+                # have gone out) while this request waited for its slot or for room: a
+                # wait that had already ended is not interrupted, so without this the
+                # request was served after the GOAWAY told the client it took no effect
+                # (and the client sends it again elsewhere).
+                self._limit.release()
+                await trio.lowlevel.checkpoint_if_cancelled()
             self._request_bytes += size
             node.request_started(size)
             turn = None
