@@ -83,3 +83,53 @@ def test_ctrl_c_stops_every_node_gracefully_once(tmp_path: Path) -> None:
     assert "again: stopping now" not in text, text
     assert text.count("shutting down gracefully") == NODES * SHARDS, text
     assert text.count("stopped; RocksDB closed") == NODES * SHARDS, text
+
+
+def test_signals_begun_ignored_stay_ignored_and_sigterm_stops(tmp_path: Path) -> None:
+    """``make cluster &`` in a script starts the launcher with SIGINT ignored, ``nohup``
+    with SIGHUP ignored: neither stops it; SIGTERM stops every node gracefully."""
+    base = free_runs(1, max(ports(NODES, 0)) + 1)[0]
+    log = tmp_path / "cluster.log"
+    with open(log, "w") as output:
+        launcher = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "futureq.cli.local_cluster",
+                "--data-dir",
+                str(tmp_path / "data-cluster"),
+                "--base-port",
+                str(base),
+                "--shards",
+                "1",
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # What the shell does for a background job of a script, and nohup.
+            preexec_fn=lambda: [
+                signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGHUP)
+            ],
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while log.read_text().count("READY ") < NODES:
+            assert launcher.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGINT)
+        launcher.send_signal(signal.SIGHUP)
+        try:
+            launcher.wait(2)
+        except subprocess.TimeoutExpired:
+            pass  # still running, as it should
+        assert launcher.poll() is None, log.read_text()
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(60) == 0, log.read_text()
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait(10)
+    text = log.read_text()
+    assert "again: stopping now" not in text, text
+    assert text.count("stopped; RocksDB closed") == NODES, text

@@ -13,7 +13,8 @@ the first run, mode 0600).
 Ctrl-C (or SIGTERM, or SIGHUP when the terminal closes) stops every node gracefully; a second one kills them. The nodes run
 in a process group of their own, so the terminal's Ctrl-C reaches only this launcher,
 which sends each node one SIGTERM (a node that got SIGINT from the terminal as well
-would take the second signal for "stop now").
+would take the second signal for "stop now"). SIGINT or SIGHUP ignored when the
+launcher starts (``make cluster &`` in a script, ``nohup``) stays ignored: SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -143,9 +144,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if process.poll() is None:
                 process.send_signal(how)
 
-    signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)  # the terminal went away: do not leave nodes behind
+    # SIGHUP: the terminal went away, do not leave nodes behind. But a signal the
+    # launcher began with ignored stays ignored, as POSIX asks and ``futureq start``
+    # does (early_signals.stop_signals): a shell starts ``make cluster &`` in a script
+    # with SIGINT ignored (the script's Ctrl-C is not for it), ``nohup`` with SIGHUP
+    # ignored. The nodes inherit the ignored signal and are stopped with SIGTERM.
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, stop)
     reported: set[int] = set()
     while any(process.poll() is None for process in processes):
         time.sleep(0.2)
