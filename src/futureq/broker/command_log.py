@@ -300,6 +300,38 @@ class SingleNodeLog:
             raise proposal.error
         return proposal
 
+    def has_room(self) -> bool:
+        """Whether :meth:`propose_nowait` would find room in the writer's queue now."""
+        stats = self._send.statistics()
+        return stats.current_buffer_used < stats.max_buffer_size
+
+    def propose_nowait(self, command: bytes, decoded: list[Any] | None = None) -> _Proposal:
+        """Queue ``command`` for the writer at once, as :meth:`propose` does but without
+        waiting for it: the caller waits on the proposal's ``done`` (set once it is
+        applied, or failed: then ``error`` holds why; else ``index`` and ``result`` are
+        known), then calls :meth:`answered` (also when it gives up waiting).
+
+        Raises:
+            RequestError: UNAVAILABLE once shutdown has begun (nothing queued).
+            trio.WouldBlock: the writer's queue is full (:meth:`has_room`; nothing queued).
+        """
+        if self._closing:
+            raise RequestError(
+                ErrorCode.UNAVAILABLE, "the server is shutting down; retry on another node or later"
+            )
+        proposal = _Proposal(command, decoded)
+        self._send.send_nowait(proposal)
+        self._in_progress += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        return proposal
+
+    def answered(self) -> None:
+        """A proposal of :meth:`propose_nowait` was answered or given up on
+        (:meth:`wait_idle` counts it until then)."""
+        self._in_progress -= 1
+        if self._in_progress == 0:
+            self._idle.set()
+
     def begin_shutdown(self) -> None:
         """Refuse new proposals; those already queued are still written and applied."""
         self._closing = True

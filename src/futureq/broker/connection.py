@@ -3,7 +3,9 @@
 Each connection has a reader (decodes frames, starts request handlers) and a writer
 (drains an outbox bounded in bytes). Requests pipeline: each PUBLISH, SUBSCRIBE, ACK,
 NACK, STATUS or group request runs in its own task of the connection's nursery, bounded
-by ``MAX_REQUESTS_IN_PROGRESS`` per connection, and its answer echoes the request id.
+by ``MAX_REQUESTS_IN_PROGRESS`` per connection, and its answer echoes the request id;
+a small PUBLISH to a single node is served up to its proposal by the reader itself
+and answered by one answer task per connection (:data:`INLINE_PUBLISH_ITEMS`).
 Requests that change something take effect in the order they were read, each after
 the one before has its place (:mod:`futureq.request_order`); reads (:data:`READS`)
 are served beside them.
@@ -46,6 +48,7 @@ from __future__ import annotations
 import itertools
 import logging
 import ssl
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -60,10 +63,11 @@ from futureq.errors import (
     NotLeaderError,
     RemoteProtocolError,
     RequestError,
-    StorageError,
 )
 from futureq.rate_limited_log import RateLimitedLog
-from futureq.wire import codec, frames
+from futureq.state import commands
+from futureq.state.queue_state import PublishResult
+from futureq.wire import codec, frames, validation
 from futureq.wire.session import (
     CLOSED,
     NEED_DATA,
@@ -72,10 +76,10 @@ from futureq.wire.session import (
     SessionState,
 )
 
-from . import consumer_requests, manage
+from . import consumer_requests, group_reservations, manage, publishing
 from .access import ANONYMOUS, AccessControl, Principal
 from .buffers import EVICT_AFTER_S, NodeBuffers, Outbox, held_bytes
-from .command_log import no_space_error
+from .command_log import SingleNodeLog, no_space_error
 from .membership import member_client_addresses
 from .shard_requests import check_shard, slot_map_answer
 
@@ -103,6 +107,14 @@ READS: frozenset[type[frames.Frame]] = frozenset(
 """Requests that change nothing: served as they come, beside the others. Every other
 request takes effect after those its client sent before it (``futureq.request_order``;
 ``docs/protocol.md``, "Requests")."""
+INLINE_PUBLISH_ITEMS = validation.VALIDATE_STEP_ITEMS
+"""A PUBLISH of at most this many items, at ack level leader or quorum, to a single node
+whose log has room, that nothing read before it on its connection still waits to take
+effect ahead of, is served by the reader itself up to its proposal (checks, stamp,
+validation, group reservation, queued in the log), not in a task of its own; its answer
+is queued by the connection's answer task (:meth:`Connection._answer_inline`) once the
+proposal is applied. The reader yields after about this many such items in a row, as a
+large batch's validation does (``validate_publish_items_in_steps``)."""
 HANDSHAKE_TIMEOUT_S = 10.0
 LEADERSHIP_CLOSE_GRACE_S = 2.0
 """After this node lost the leadership, how long (s) a connection is still read and
@@ -260,6 +272,11 @@ class Connection:
         self._watch_changed = trio.Event()
         self._last_turn: request_order.Turn | None = None
         """The place of the last state-changing request read (``futureq.request_order``)."""
+        self._inline: deque[_InlinePublish] = deque()
+        """PUBLISHes the reader proposed itself (:data:`INLINE_PUBLISH_ITEMS`), in the
+        order proposed (which is their log order), not answered yet."""
+        self._answering = False
+        """The answer task of :attr:`_inline` runs."""
 
     # ------------------------------------------------------------ lifetime
 
@@ -527,6 +544,7 @@ class Connection:
         """
         session = self.session
         outbox = self.outbox
+        inline_items = 0
         while True:
             if outbox.buffered_bytes >= outbox.limit_bytes:
                 # Answers first, request by request: one read holds up to RECEIVE_BYTES
@@ -610,6 +628,13 @@ class Connection:
                 await trio.lowlevel.checkpoint_if_cancelled()
             self._request_bytes += size
             node.request_started(size)
+            if type(event) is frames.Publish and self._may_publish_inline(event):
+                self._publish_inline(event, size, nursery)
+                inline_items += len(event.items)
+                if inline_items >= INLINE_PUBLISH_ITEMS:
+                    inline_items = 0
+                    await trio.lowlevel.checkpoint()  # a long pipeline must not hold the loop
+                continue
             turn = None
             if type(event) not in READS:
                 turn = self._last_turn = request_order.Turn(self._last_turn)
@@ -788,26 +813,169 @@ class Connection:
                     answer = await self._publish_after_election(frame)
             if answer is not None:
                 self._reply(answer, frame.request_id)
-        except (RequestError, RemoteProtocolError) as exc:
-            code = exc.code
-            self.broker.metrics.count_request_error(code)
-            if code.closes_connection:
-                raise _Closing(code, exc.message, request_id=frame.request_id) from None
-            self._queue(self.session.error_bytes(exc, frame.request_id))
-        except NoSpaceError:
-            self.broker.metrics.count_request_error(ErrorCode.NO_SPACE)
-            self._queue(self.session.error_bytes(no_space_error(), frame.request_id))
-        except StorageError:
-            raise  # the node cannot go on without its disk
+        except (RequestError, RemoteProtocolError, NoSpaceError) as exc:
+            self._refused(exc, frame.request_id)
         finally:
             if turn is not None:
                 turn.pass_on()  # its answer is queued (or it failed): effects are done
-            self._limit.release()
-            self._request_bytes -= size
-            self.node_buffers.request_ended(size)
-            if self._request_room is not None:
-                self._request_room.set()
-                self._request_room = None
+            self._request_ended(size)
+
+    def _request_ended(self, size: int) -> None:
+        """A request of ``size`` held bytes was answered (or given up): its slot and bytes
+        are free for the next."""
+        self._limit.release()
+        self._request_bytes -= size
+        self.node_buffers.request_ended(size)
+        if self._request_room is not None:
+            self._request_room.set()
+            self._request_room = None
+
+    def _refused(self, exc: BaseException, request_id: int) -> None:
+        """Answer a request that failed with ``exc`` as :meth:`_handle` does: a request
+        error (or NO_SPACE) is its answer; one whose code closes the connection closes it.
+
+        Raises:
+            _Closing: the code closes the connection.
+            BaseException: ``exc`` itself when it is none of those (StorageError: the
+                node cannot go on without its disk).
+        """
+        if isinstance(exc, NoSpaceError):  # a StorageError the node goes on after
+            self.broker.metrics.count_request_error(ErrorCode.NO_SPACE)
+            self._queue(self.session.error_bytes(no_space_error(), request_id))
+            return
+        if not isinstance(exc, (RequestError, RemoteProtocolError)):
+            raise exc
+        code = exc.code
+        self.broker.metrics.count_request_error(code)
+        if code.closes_connection:
+            raise _Closing(code, exc.message, request_id=request_id) from None
+        self._queue(self.session.error_bytes(exc, request_id))
+
+    # ------------------------------------------------------------ PUBLISH in the reader
+
+    def _may_publish_inline(self, frame: frames.Publish) -> bool:
+        """Whether the reader serves ``frame`` itself (:data:`INLINE_PUBLISH_ITEMS`)."""
+        if frame.ack_level == frames.AckLevel.NONE or len(frame.items) > INLINE_PUBLISH_ITEMS:
+            return False
+        log_ = self.broker.log
+        if type(log_) is not SingleNodeLog:
+            return False  # a Raft leader's NOT_LEADER answers wait for an election
+        last = self._last_turn
+        if last is not None:
+            # Its effect would go before the earlier request's (or before an earlier
+            # ack-level-NONE publish the background publisher has not queued yet).
+            if not last.passed:
+                return False
+            background = last.background
+            if background is not None and not background.passed:
+                return False
+        return log_.has_room()
+
+    def _publish_inline(self, frame: frames.Publish, size: int, nursery: trio.Nursery) -> None:
+        """Serve a PUBLISH up to its proposal, without a wait (:data:`INLINE_PUBLISH_ITEMS`):
+        the same steps as :meth:`_handle` and :func:`~futureq.broker.publishing.publish`,
+        in the same order. A refusal is answered at once; a queued proposal is answered
+        by :meth:`_answer_inline`.
+
+        Raises:
+            _Closing: the refusal's code closes the connection.
+        """
+        broker = self.broker
+        log_ = broker.log
+        assert type(log_) is SingleNodeLog
+        started = trio.current_time()
+        reserved: list[group_reservations.GroupKey] = []
+        try:
+            self.access.check(self.principal, frame)
+            if broker.shard is not None:
+                check_shard(broker.shard, frame)
+            broker._require_space()
+            publish_ms = publishing.stamp(broker)
+            validated: list[validation.ValidItem] = []
+            for _ in validation.validate_publish_items_in_steps(
+                frame.items, broker.limits, publish_ms, validated
+            ):
+                pass  # at most INLINE_PUBLISH_ITEMS: no step to yield between
+            only = publishing.only_topic(validated)
+            reserved = group_reservations.reserve_new_groups(broker, validated, only)
+            command_list, command, keyed = publishing.publish_command(broker, validated, publish_ms)
+            proposal = log_.propose_nowait(command, command_list)
+        except BaseException as exc:
+            if reserved:
+                group_reservations.release_groups(broker, reserved)
+            self._request_ended(size)
+            if not isinstance(exc, (RequestError, RemoteProtocolError, NoSpaceError)):
+                raise
+            self._refused(exc, frame.request_id)
+            return
+        wants_result = keyed or frame.ack_level == frames.AckLevel.QUORUM
+        self._inline.append(
+            _InlinePublish(
+                proposal,
+                log_,
+                frame.request_id,
+                size,
+                started,
+                validated,
+                only,
+                reserved,
+                wants_result,
+            )
+        )
+        if not self._answering:
+            self._answering = True
+            nursery.start_soon(self._answer_inline)
+
+    async def _answer_inline(self) -> None:
+        """Answer the PUBLISHes the reader proposed (:attr:`_inline`) as their proposals
+        end, in their order, until none waits: one wake-up per group commit, not one per
+        request. Cancelled (the connection closes), it gives up on those left: their
+        proposals go on, unanswered, as a request task's would."""
+        pending = self._inline
+        try:
+            while pending:
+                done = pending[0].proposal.done
+                if not done.is_set():
+                    await done.wait()
+                while pending and pending[0].proposal.done.is_set():
+                    self._answer_one_inline(pending.popleft())
+        finally:
+            self._answering = False
+            while pending:
+                self._inline_ended(pending.popleft())
+
+    def _answer_one_inline(self, publish: _InlinePublish) -> None:
+        try:
+            proposal = publish.proposal
+            request_id = publish.request_id
+            error = proposal.error
+            if error is not None:
+                self._refused(error, request_id)
+                return
+            broker = self.broker
+            broker.metrics.publish_commit_seconds.observe(trio.current_time() - publish.started)
+            publishing.count_published(broker, publish.validated, publish.only)
+            duplicates = None
+            if publish.wants_result:
+                result = proposal.result
+                if isinstance(result, PublishResult):
+                    first_id, duplicates = result.first_id, result.duplicates
+                else:
+                    first_id = int(result)
+            else:
+                first_id = commands.message_id(proposal.index, 0)
+            pairs = None if not duplicates else [[p, d] for p, d in sorted(duplicates.items())]
+            self._reply(
+                frames.PublishOk(request_id, first_id, len(publish.validated), pairs), request_id
+            )
+        finally:
+            self._inline_ended(publish)
+
+    def _inline_ended(self, publish: _InlinePublish) -> None:
+        if publish.reserved:
+            group_reservations.release_groups(self.broker, publish.reserved)
+        publish.log.answered()
+        self._request_ended(publish.size)
 
     async def _publish_after_election(self, frame: frames.Publish) -> frames.Frame | None:
         """A PUBLISH got NOT_LEADER (nothing of it was applied): wait until a leader is
@@ -1062,6 +1230,45 @@ class Connection:
                 await broker.transfer_leadership(frame.node_id)
                 return frames.Ok(frame.request_id, None)
         raise RemoteProtocolError(ErrorCode.INVALID_FRAME, f"{frame.TYPE.name} is not a request")
+
+
+class _InlinePublish:
+    """A PUBLISH the reader proposed (:meth:`Connection._publish_inline`), until answered."""
+
+    __slots__ = (
+        "log",
+        "only",
+        "proposal",
+        "request_id",
+        "reserved",
+        "size",
+        "started",
+        "validated",
+        "wants_result",
+    )
+
+    def __init__(
+        self,
+        proposal: Any,
+        log: SingleNodeLog,
+        request_id: int,
+        size: int,
+        started: float,
+        validated: list[validation.ValidItem],
+        only: str | None,
+        reserved: list[group_reservations.GroupKey],
+        wants_result: bool,
+    ) -> None:
+        self.proposal = proposal
+        self.log = log
+        self.request_id = request_id
+        self.size = size
+        self.started = started
+        self.validated = validated
+        self.only = only
+        self.reserved = reserved
+        self.wants_result = wants_result
+        """Keyed or ack level QUORUM: answered from the apply result, not the index."""
 
 
 async def _linger(stream: trio.abc.Stream) -> None:

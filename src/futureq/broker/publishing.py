@@ -123,6 +123,25 @@ async def publish(
             group_reservations.release_groups(broker, reserved)
 
 
+def publish_command(
+    broker: Broker, validated: list[validation.ValidItem], publish_ms: int
+) -> tuple[list[Any], bytes, bool]:
+    """The PUBLISH command of a valid batch: ``(command list, its bytes, keyed)``;
+    ``keyed``: some item has an idempotency key (its answer needs the apply result)."""
+    # Only items with headers or a key have more than 4 fields: one C-speed pass
+    # decides for the common batch.
+    keyed = max(map(len, validated)) > 4 and any(
+        len(item) > 5 and item[5] is not None for item in validated
+    )
+    command_list = commands.publish_command(
+        publish_ms,
+        validated,
+        broker.group_settings,
+        broker.config.queue.idempotency_window_ms if keyed else 0,
+    )
+    return command_list, commands.encode(command_list), keyed
+
+
 async def publish_validated(
     broker: Broker,
     validated: list[validation.ValidItem],
@@ -136,18 +155,7 @@ async def publish_validated(
     reserved (``reserved``; an ack-level-NONE batch takes them into the background
     publisher, which releases them once it has proposed). ``only``: the topic of
     every item, or None (:func:`only_topic`)."""
-    # Only items with headers or a key have more than 4 fields: one C-speed pass
-    # decides for the common batch.
-    keyed = max(map(len, validated)) > 4 and any(
-        len(item) > 5 and item[5] is not None for item in validated
-    )
-    command_list = commands.publish_command(
-        publish_ms,
-        validated,
-        broker.group_settings,
-        broker.config.queue.idempotency_window_ms if keyed else 0,
-    )
-    command = commands.encode(command_list)
+    command_list, command, keyed = publish_command(broker, validated, publish_ms)
     # This node applies the list it was given (no decode of what was just encoded);
     # Raft followers decode the bytes.
     single = broker.log if isinstance(broker.log, SingleNodeLog) else None
