@@ -57,6 +57,14 @@ class Done:
             self._flag = True
             self._lot.unpark_all()
 
+    def wake_on_set(self, lot: trio.lowlevel.ParkingLot) -> None:
+        """Move the tasks sleeping in ``lot`` to sleep until this is set (woken at once
+        if it is set already): they do not run in between."""
+        if self._flag:
+            lot.unpark_all()
+        else:
+            lot.repark_all(self._lot)
+
     async def wait(self) -> None:
         """Return once it is set (a checkpoint either way)."""
         if self._flag:

@@ -276,7 +276,13 @@ class Connection:
         """PUBLISHes the reader proposed itself (:data:`INLINE_PUBLISH_ITEMS`), in the
         order proposed (which is their log order), not answered yet."""
         self._answering = False
-        """The answer task of :attr:`_inline` runs."""
+        """The answer task of :attr:`_inline` was started (it runs until the reader ends)."""
+        self._answer_idle = trio.lowlevel.ParkingLot()
+        """Where the answer task sleeps while nothing is pending: the reader moves it to
+        sleep on the next proposal's end instead of waking it (a task made runnable
+        while the log's writer starts its synced write costs that write its quick path,
+        ``quick_thread``: one pass of the loop more per request with one in flight)."""
+        self._reader_ended = False
 
     # ------------------------------------------------------------ lifetime
 
@@ -294,8 +300,12 @@ class Connection:
                             # Requests run in their own nursery: at EOF (a client may
                             # half-close) every answer is queued before the outbox closes.
                             async with trio.open_nursery() as requests:
-                                with self._reading:
-                                    await self._reader(requests)
+                                try:
+                                    with self._reading:
+                                        await self._reader(requests)
+                                finally:
+                                    self._reader_ended = True
+                                    self._answer_idle.unpark_all()  # its last answers
                         except* _Closing as group:
                             self._close(_first_closing(group))
                         finally:
@@ -925,22 +935,27 @@ class Connection:
         if not self._answering:
             self._answering = True
             nursery.start_soon(self._answer_inline)
+        elif len(self._inline) == 1:
+            proposal.done.wake_on_set(self._answer_idle)  # if it sleeps there, not woken now
 
     async def _answer_inline(self) -> None:
         """Answer the PUBLISHes the reader proposed (:attr:`_inline`) as their proposals
-        end, in their order, until none waits: one wake-up per group commit, not one per
-        request. Cancelled (the connection closes), it gives up on those left: their
+        end, in their order: one wake-up per group commit, not one per request. Runs from
+        the connection's first such PUBLISH until the reader has ended and every one is
+        answered. Cancelled (the connection closes), it gives up on those left: their
         proposals go on, unanswered, as a request task's would."""
         pending = self._inline
         try:
-            while pending:
-                done = pending[0].proposal.done
-                if not done.is_set():
-                    await done.wait()
+            while True:
                 while pending and pending[0].proposal.done.is_set():
                     self._answer_one_inline(pending.popleft())
+                if pending:
+                    await pending[0].proposal.done.wait()
+                elif self._reader_ended:
+                    return
+                else:
+                    await self._answer_idle.park()  # moved to the next proposal's end
         finally:
-            self._answering = False
             while pending:
                 self._inline_ended(pending.popleft())
 

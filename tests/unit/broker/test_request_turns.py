@@ -245,3 +245,29 @@ async def test_a_parked_request_cancelled_takes_no_effect_and_holds_none_back() 
         dones[1].set()
         dones[3].set()
     assert sorted(log[3:]) == [101, 103]
+
+
+async def test_tasks_moved_to_a_done_sleep_until_it_is_set() -> None:
+    lot = trio.lowlevel.ParkingLot()
+    woken: list[str] = []
+
+    async def sleeper(name: str) -> None:
+        await lot.park()
+        woken.append(name)
+
+    done = request_order.Done()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sleeper, "a")
+        await trio.testing.wait_all_tasks_blocked()
+        done.wake_on_set(lot)  # moved, not woken
+        await trio.testing.wait_all_tasks_blocked()
+        assert woken == []
+        assert not lot
+        done.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert woken == ["a"]
+        nursery.start_soon(sleeper, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        done.wake_on_set(lot)  # set already: woken at once
+        await trio.testing.wait_all_tasks_blocked()
+        assert woken == ["a", "b"]
