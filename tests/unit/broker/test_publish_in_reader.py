@@ -107,3 +107,36 @@ async def test_a_long_pipeline_of_small_publishes_lets_other_tasks_run_while_rea
     assert taken, "the reader took every request of a read in one pass"
     most = 2 * (INLINE_PUBLISH_ITEMS // batch + 1) * max(map(len, publishes))
     assert max(taken) <= most, (max(taken), most)
+
+
+async def test_pipelined_keyed_publishes_are_answered_with_their_duplicates(
+    tmp_path: Path,
+) -> None:
+    # A keyed batch is answered from its apply result, not its log index, at either level.
+    keyed = ["k", b"x", 60_000, None, None, None, "key-1"]
+    requests = [
+        frames.Publish(2, frames.AckLevel.LEADER, [keyed]),
+        frames.Publish(3, frames.AckLevel.LEADER, [["k", b"y", 60_000, None, None], keyed]),
+        frames.Publish(4, frames.AckLevel.QUORUM, [keyed]),
+    ]
+    async with open_real_broker(tmp_path) as (broker, log):
+        client, server = trio.testing.memory_stream_pair()
+        connection = Connection(broker, server, peer="test")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(log.run)
+            nursery.start_soon(connection.serve)
+            await client.send_all(HELLO + b"".join(map(codec.encode_frame, requests)))
+            decoder = codec.FrameDecoder(1 << 24)
+            answers: dict[int, frames.Frame] = {}
+            with trio.fail_after(10):
+                while len(answers) < 4:
+                    decoder.receive_data(await client.receive_some(1 << 16))
+                    while (frame := decoder.next_frame()) is not codec.NEED_DATA:
+                        answers[frame.request_id] = frame  # type: ignore[attr-defined]
+            nursery.cancel_scope.cancel()
+    first = answers[2]
+    assert isinstance(first, frames.PublishOk) and first.duplicates is None, first
+    for request_id, count, position in ((3, 2, 1), (4, 1, 0)):
+        answer = answers[request_id]
+        assert isinstance(answer, frames.PublishOk), answer
+        assert (answer.count, answer.duplicates) == (count, [[position, first.first_id]])
