@@ -21,6 +21,11 @@ once its effect has its place, so the next one cannot take effect first:
   publisher has queued it (:meth:`Turn.background`);
 * else when the request ends (its effects applied, its answer queued).
 
+A small PUBLISH on a single node whose connection's last turn has passed (and the
+background publisher's place it carries) is queued by the connection's reader at once,
+with no turn of its own (``broker.connection.INLINE_PUBLISH_ITEMS``): nothing read
+before it still waits to take effect, so the order holds.
+
 Plain trio and a context variable: the command logs call :func:`in_turn` without
 knowing of connections (a proposal made outside a request does nothing).
 """
