@@ -638,6 +638,8 @@ class Connection:
                 await trio.lowlevel.checkpoint_if_cancelled()
             self._request_bytes += size
             node.request_started(size)
+            if event.request_id > self._last_served_id:
+                self._last_served_id = event.request_id  # what a GOAWAY names
             if type(event) is frames.Publish and self._may_publish_inline(event):
                 self._publish_inline(event, size, nursery)
                 inline_items += len(event.items)
@@ -648,8 +650,6 @@ class Connection:
             turn = None
             if type(event) not in READS:
                 turn = self._last_turn = request_order.Turn(self._last_turn)
-            if event.request_id > self._last_served_id:
-                self._last_served_id = event.request_id
             nursery.start_soon(self._handle, event, size, turn)
         self._count_inbound(session.buffered_bytes)
         await self._receive()
