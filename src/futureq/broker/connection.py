@@ -137,6 +137,9 @@ LINGER_S = 0.5
 sends is read and dropped after the server's half-close, until the client closes (s)."""
 LINGER_BYTES = 16 * 1024 * 1024
 """... and how many bytes at most (the client's unread requests in the socket buffers)."""
+TLS_IDLE_S = 0.02
+"""Closing a TLS connection cleanly: its client's application data is read until none
+came for this long (s), before the ``close_notify`` (:func:`close_tls_cleanly`)."""
 MIN_RECEIVE_BYTES = 4 * 1024
 """A read when the node's inbound budget is (nearly) spent takes at most this much."""
 _connection_ids = itertools.count(1)
@@ -1286,15 +1289,115 @@ class _InlinePublish:
         """Keyed or ack level QUORUM: answered from the apply result, not the index."""
 
 
+class LingeringTransport(trio.abc.HalfCloseableStream):
+    """The TCP stream under a server-side TLS stream, whose close can linger.
+
+    ``trio.SSLStream.aclose`` sends the TLS ``close_notify`` and then closes its
+    transport at once: with bytes of the client unread in the socket (requests sent
+    after the server stopped reading, a HELLO not read yet) that close is a TCP reset,
+    which may also throw away the ``close_notify`` and the last answers still unsent.
+    With :attr:`linger` set, closing this transport first half-closes it and reads and
+    drops what the client still sends until it closes (at most :data:`LINGER_S`,
+    :data:`LINGER_BYTES`): the client reads its answers, the ``close_notify``, then a
+    clean end of the connection.
+
+    ``socket`` is the TCP stream's (:func:`peer_name` reads the address from it).
+
+    Args:
+        transport: The accepted TCP stream.
+    """
+
+    def __init__(self, transport: trio.SocketStream) -> None:
+        self.transport = transport
+        self.linger = False
+        """Whether :meth:`aclose` half-closes and drains first (the server ends the
+        connection on purpose: a graceful shutdown, a refusal)."""
+
+    @property
+    def socket(self) -> trio.socket.SocketType:
+        """The TCP socket."""
+        return self.transport.socket
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """As ``trio.SocketStream.send_all``."""
+        await self.transport.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        """As ``trio.SocketStream.wait_send_all_might_not_block``."""
+        await self.transport.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        """As ``trio.SocketStream.send_eof``."""
+        await self.transport.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """As ``trio.SocketStream.receive_some``."""
+        return await self.transport.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        """Close the TCP stream; with :attr:`linger`, half-close and drain it first
+        (bounded: :data:`LINGER_S`; not at all when cancelled, as by
+        ``trio.aclose_forcefully``)."""
+        try:
+            if self.linger:
+                with trio.move_on_after(LINGER_S):
+                    try:
+                        await half_close_and_drain(self.transport, LINGER_BYTES, RECEIVE_BYTES)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        pass
+        finally:
+            await self.transport.aclose()
+
+
+async def close_tls_cleanly(stream: trio.abc.Stream) -> bool:
+    """Close a server-side TLS stream over a :class:`LingeringTransport` cleanly: read
+    and drop the client's application data already there (OpenSSL refuses to send
+    ``close_notify`` with some unread: the TLS layer's close then failed, and the client
+    saw a bare TCP close, ``SSLEOFError``), send ``close_notify``, half-close and
+    drain the TCP stream, close it (at most about 2 x :data:`LINGER_S`). False, with
+    nothing done, for any other stream.
+
+    Raises:
+        trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError: as
+            the stream's ``receive_some`` (it is closed all the same).
+    """
+    if not (
+        isinstance(stream, trio.SSLStream)
+        and isinstance(stream.transport_stream, LingeringTransport)
+    ):
+        return False
+    stream.transport_stream.linger = True
+    try:
+        dropped = 0
+        with trio.move_on_after(LINGER_S):
+            while dropped < LINGER_BYTES:
+                # What has come is read at once; the first read that waits ends it.
+                with trio.move_on_after(TLS_IDLE_S) as idle:
+                    chunk = await stream.receive_some(RECEIVE_BYTES)
+                if idle.cancelled_caught or not chunk:
+                    break
+                dropped += len(chunk)
+    finally:
+        await stream.aclose()
+    return True
+
+
 async def _linger(stream: trio.abc.Stream) -> None:
     """End a connection the server finished (graceful shutdown) with a clean close:
     half-close it, then read and drop what the client still sends until it closes
     (at most :data:`LINGER_S`, :data:`LINGER_BYTES`). A socket closed with unread
     bytes (requests sent after the server stopped reading, or a HELLO not read yet)
     sends a reset instead of a close: the client saw ECONNRESET after its last answer
-    (or instead of any), an error, where the end of the connection was meant. Nothing
-    for a stream that cannot half-close (TLS, WebSocket)."""
+    (or instead of any), an error, where the end of the connection was meant. Over TLS
+    the close that follows sends ``close_notify`` first, then lingers the same way
+    (:class:`LingeringTransport`); nothing for a WebSocket (its HTTP connection ends
+    as the HTTP server ends it)."""
     if not isinstance(stream, trio.abc.HalfCloseableStream):
+        with trio.move_on_after(2 * LINGER_S):
+            try:
+                await close_tls_cleanly(stream)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
+                return
         return
     with trio.move_on_after(LINGER_S):
         try:

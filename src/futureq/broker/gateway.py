@@ -38,6 +38,8 @@ from .connection import (
     HANDSHAKE_TIMEOUT_S,
     STOPPING,
     Connection,
+    LingeringTransport,
+    close_tls_cleanly,
     closed_log,
     half_close_and_drain,
     peer_name,
@@ -89,11 +91,11 @@ async def _refuse_connection(
     The ERROR frame (``code``: TOO_MANY_CONNECTIONS, or UNAVAILABLE from a node shutting
     down) is written at once (after the TLS handshake, under TLS), without waiting for
     the HELLO: the client library reads it as the answer to its HELLO and retries later
-    or elsewhere (a 3xx code). Over plain TCP the connection is then half-closed and what
-    the client sent is read and dropped until it closes (at most
-    :data:`MAX_DISCARD_BYTES`): a socket closed with unread bytes sends a reset, not a
-    close, which may reach the client before it read the ERROR. The whole refusal takes
-    at most 2 x REFUSE_GRACE_S.
+    or elsewhere (a 3xx code). The connection is then half-closed (under TLS after its
+    ``close_notify``) and what the client sent is read and dropped until it closes (at
+    most :data:`MAX_DISCARD_BYTES` over TCP, ``connection.LINGER_BYTES`` under TLS): a
+    socket closed with unread bytes sends a reset, not a close, which may reach the
+    client before it read the ERROR. The whole refusal takes at most 2 x REFUSE_GRACE_S.
     """
     metrics_closed()
     closed_log.log(logging.WARNING, "connection from %s refused: %s: %s", peer, code.name, message)
@@ -101,14 +103,24 @@ async def _refuse_connection(
     with trio.move_on_after(REFUSE_GRACE_S):
         try:
             if ssl_context is not None:
-                stream = trio.SSLStream(stream, ssl_context, server_side=True)
+                stream = trio.SSLStream(_lingering(stream), ssl_context, server_side=True)
             await stream.send_all(data)
             if isinstance(stream, trio.abc.HalfCloseableStream):
                 await half_close_and_drain(stream, MAX_DISCARD_BYTES, MAX_DISCARD_BYTES)
+            else:
+                # TLS: the HELLO is read, close_notify sent, the transport drained.
+                await close_tls_cleanly(stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
             pass
     with trio.move_on_after(REFUSE_GRACE_S, shield=True):
         await trio.aclose_forcefully(stream)
+
+
+def _lingering(stream: trio.abc.Stream) -> trio.abc.Stream:
+    """``stream`` to wrap in server-side TLS: a TCP stream as a
+    :class:`~futureq.broker.connection.LingeringTransport` (its close after the TLS
+    ``close_notify`` can be clean), anything else as it is."""
+    return LingeringTransport(stream) if isinstance(stream, trio.SocketStream) else stream
 
 
 async def refuse_stopping(stream: trio.SocketStream, ssl_context: ssl.SSLContext | None) -> None:
@@ -492,7 +504,7 @@ async def _serve_connection(
     on_end: Callable[[Connection], None] | None = None,
 ) -> None:
     if ssl_context is not None:
-        stream = trio.SSLStream(stream, ssl_context, server_side=True)
+        stream = trio.SSLStream(_lingering(stream), ssl_context, server_side=True)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                 await stream.do_handshake()
