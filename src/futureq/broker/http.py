@@ -66,6 +66,8 @@ from futureq.rate_limited_log import RateLimitedLog
 from futureq.wire import codec
 
 from . import http_connection, http_protocol, websocket
+from .connection import LINGER_BYTES, LingeringTransport, close_tls_cleanly, half_close_and_drain
+from .gateway import ACCEPT_CAPACITY_ERRNOS, ACCEPT_RETRY_S, stop_handshakes, take_backlog
 from .overview import campaign_sentence, recovery_sentence
 
 if TYPE_CHECKING:
@@ -761,12 +763,7 @@ async def serve_app(
     # page's connection (RFC 8441), where hypercorn buffers what is sent without bound
     # and the connection's buffer limit and send timeout cannot hold (websocket.py).
     config.alpn_protocols = ["http/1.1"]
-    if tls is not None and tls.enabled:
-        config.certfile = tls.cert_file
-        config.keyfile = tls.key_file
-        if tls.ca_file is not None:
-            config.ca_certs = tls.ca_file
-            config.verify_mode = ssl.CERT_REQUIRED if tls.require_client_cert else ssl.CERT_OPTIONAL
+    _configure_tls(config, tls)
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
             functools.partial(
@@ -776,6 +773,7 @@ async def serve_app(
                 max_connections,
                 send_timeout_s=send_timeout_ms / 1000,
                 shutdown_trigger=shutdown_trigger,
+                shared=listen_fd is not None,
             )
         )
         bound = _host_port(binds[0])
@@ -787,6 +785,62 @@ async def serve_app(
                 max_connections,
             )
         task_status.started(bound)
+
+
+def _configure_tls(config: HypercornConfig, tls: TlsConfig | None) -> None:
+    if tls is not None and tls.enabled:
+        config.certfile = tls.cert_file
+        config.keyfile = tls.key_file
+        if tls.ca_file is not None:
+            config.ca_certs = tls.ca_file
+            config.verify_mode = ssl.CERT_REQUIRED if tls.require_client_cert else ssl.CERT_OPTIONAL
+
+
+def http_ssl_context(tls: TlsConfig | None) -> ssl.SSLContext | None:
+    """The server-side TLS context of the HTTP port (as :func:`serve_app` makes it), or
+    None for plain HTTP (``tls`` None or disabled).
+
+    Raises:
+        OSError, ssl.SSLError: the certificate or key cannot be read.
+    """
+    config = HypercornConfig()
+    config.alpn_protocols = ["http/1.1"]
+    _configure_tls(config, tls)
+    return config.create_ssl_context()
+
+
+STOPPING_ANSWER_BODY = b"the node is shutting down; retry later or on another node\n"
+STOPPING_ANSWER = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n\r\n%s"
+    % (len(STOPPING_ANSWER_BODY), STOPPING_ANSWER_BODY)
+)
+"""The answer of an HTTP connection still queued on the port when the server stops."""
+MAX_STOPPING_DRAIN_BYTES = 64 * 1024
+"""A connection answered :data:`STOPPING_ANSWER`: what its client sent is read and
+dropped, up to this many bytes, until it closes (a close with bytes unread resets)."""
+
+
+async def refuse_stopping_http(
+    stream: trio.SocketStream, ssl_context: ssl.SSLContext | None
+) -> None:
+    """Answer a connection queued on the HTTP port when the server stops with
+    :data:`STOPPING_ANSWER` (503, ``connection: close``; over TLS after the handshake,
+    then ``close_notify``), half-close it, read what the client sent until it closes,
+    and close it: a clean answer and end, never a reset. At most :data:`REFUSE_GRACE_S`
+    (then closed forcefully)."""
+    with trio.move_on_after(REFUSE_GRACE_S):
+        try:
+            if ssl_context is None:
+                await stream.send_all(STOPPING_ANSWER)
+                await half_close_and_drain(stream, MAX_STOPPING_DRAIN_BYTES, 65536)
+            else:
+                tls = trio.SSLStream(LingeringTransport(stream), ssl_context, server_side=True)
+                await tls.send_all(STOPPING_ANSWER)
+                await close_tls_cleanly(tls)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
+            pass
+    await trio.aclose_forcefully(stream)
 
 
 HTTP_ADDRESS_SHARE = 4
@@ -847,9 +901,17 @@ async def _serve_capped(
     *,
     send_timeout_s: float = math.inf,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    shared: bool = False,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Hypercorn's trio worker (``hypercorn.trio.run.worker_serve``) with admission.
+
+    Once ``shutdown_trigger`` returns, the server stops gracefully and ends every
+    connection cleanly, never with a reset: the connections still queued on the socket
+    are answered :data:`STOPPING_ANSWER` (unless ``shared``: another process holds the
+    socket and answers them, a sharded node's supervisor), idle ones are half-closed,
+    requests under way are answered within ``config.graceful_timeout``, and each socket
+    is drained before it closes (:attr:`http_connection.ConnectionEnd.lingers`).
 
     At most ``max_connections`` connections are served at once (each holds a file
     descriptor; ``/ws`` ones included), at most a :data:`HTTP_ADDRESS_SHARE`-th of them
@@ -927,11 +989,11 @@ async def _serve_capped(
             # Whatever ends the connection cancels this scope (http_connection), so no
             # task of hypercorn's holds the slot past the connection's end.
             connection_end = http_connection.ConnectionEnd(
-                answer_after_eof_s=config.keep_alive_timeout
+                answer_after_eof_s=config.keep_alive_timeout, server_stopping=stopping
             )
             with connection_end.cancel_scope:
                 # A write hypercorn shields from cancellation ends with the connection.
-                async with http_connection.writes_end_with_the_connection(stream):
+                async with http_connection.writes_end_with_the_connection(stream, connection_end):
                     ending = http_connection.EndingStream(stream, connection_end, send_timeout_s)
                     served: trio.abc.Stream = ending
                     if ssl_context is not None:
@@ -968,6 +1030,15 @@ async def _serve_capped(
             logger.debug("HTTP connection from %s failed", host, exc_info=failure)
         finally:
             try:
+                if stopping.is_set() and stream.socket.fileno() != -1:
+                    # Half-closed, not closed (http_connection.ConnectionEnd.lingers):
+                    # what the client still sends is read before the close, so the
+                    # close is not a reset that could throw the last answer away.
+                    with trio.move_on_after(http_connection.CLOSE_GRACE_S, shield=True):
+                        try:
+                            await half_close_and_drain(stream, LINGER_BYTES, 65536)
+                        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                            pass
                 # Hypercorn's own close may have been cancelled half way.
                 await trio.aclose_forcefully(stream)
             finally:
@@ -978,16 +1049,46 @@ async def _serve_capped(
                 else:
                     del by_address[host]
 
+    async def accept(listener: trio.SocketListener, handlers: trio.Nursery) -> None:
+        async def refuse_queued(stream: trio.SocketStream) -> None:
+            handlers.start_soon(refuse_stopping_http, stream, ssl_context)
+
+        async with listener:
+            with trio.CancelScope() as accepting:
+                scopes.append(accepting)
+                while True:
+                    try:
+                        stream = await listener.accept()
+                    except OSError as exc:
+                        if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                            raise
+                        logger.error(
+                            "HTTP accept failed: %s; retrying in %g s", exc, ACCEPT_RETRY_S
+                        )
+                        await trio.sleep(ACCEPT_RETRY_S)
+                        continue
+                    handlers.start_soon(handle, stream)
+            if stopping.is_set() and not shared:
+                # Connections still queued get a 503 "shutting down", not a reset when
+                # the socket closes. A shared socket (a shard's: the supervisor holds
+                # it) stays open: its other holder answers what is queued.
+                stop_handshakes(listener.socket)
+                await take_backlog(listener, refuse_queued)
+
+    scopes: list[trio.CancelScope] = []
+    stopping = trio.Event()
     async with trio.open_nursery() as handlers:
         async with trio.open_nursery() as accepting:
-            accepting.start_soon(
-                functools.partial(trio.serve_listeners, handle, listeners, handler_nursery=handlers)
-            )
+            for listener in listeners:
+                accepting.start_soon(accept, listener, handlers)
             task_status.started(binds)
             if shutdown_trigger is None:
                 await trio.sleep_forever()
             await shutdown_trigger()
-            accepting.cancel_scope.cancel()
+            # From now on a connection's end half-closes and drains before closing.
+            stopping.set()
+            for scope in scopes:
+                scope.cancel()
         # As hypercorn: idle connections close now, open requests get the grace period.
         await context.terminated.set()
         handlers.cancel_scope.deadline = trio.current_time() + config.graceful_timeout

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import socket
 from collections.abc import AsyncIterator, Iterator
 
 import trio
@@ -67,10 +68,16 @@ class ConnectionEnd:
     Args:
         answer_after_eof_s: How long an answer due when the peer half-closed may take
             to be written (``limits.http_idle_timeout_ms``).
+        server_stopping: Set once the HTTP server stops (graceful shutdown): from then
+            on the connection's end half-closes its socket instead of closing it
+            (:attr:`lingers`), and the server's handler drains and closes it.
     """
 
-    def __init__(self, answer_after_eof_s: float = math.inf) -> None:
+    def __init__(
+        self, answer_after_eof_s: float = math.inf, server_stopping: trio.Event | None = None
+    ) -> None:
         self.cancel_scope = trio.CancelScope()
+        self._server_stopping = server_stopping
         self._after_next_send = False
         self._answer_after_eof_s = answer_after_eof_s
         self._answer_due = False
@@ -79,6 +86,13 @@ class ConnectionEnd:
         """The connection became a WebSocket (101): its writes are bounded by the
         client protocol's own ``limits.send_timeout_ms`` (``Connection``), which says
         SLOW_CLIENT, not by :class:`EndingStream`'s."""
+
+    @property
+    def lingers(self) -> bool:
+        """True once the server stops: the socket is half-closed at the connection's
+        end, not closed; whoever holds it drains it and closes it (a socket closed with
+        the client's bytes unread sends a reset, which may throw away the last answer)."""
+        return self._server_stopping is not None and self._server_stopping.is_set()
 
     @property
     def ended(self) -> bool:
@@ -138,26 +152,44 @@ class ConnectionEnd:
 
 
 @contextlib.asynccontextmanager
-async def writes_end_with_the_connection(transport: trio.SocketStream) -> AsyncIterator[None]:
+async def writes_end_with_the_connection(
+    transport: trio.SocketStream, connection_end: ConnectionEnd | None = None
+) -> AsyncIterator[None]:
     """Close ``transport``'s socket as soon as the block inside is cancelled (the
-    connection's end, the server stopping), and when it is done.
+    connection's end, the server stopping), and when it is done; half-close it instead
+    once the server stops (``connection_end.lingers``: the caller drains and closes it).
 
     Hypercorn shields every write from cancellation (``TCPServer.protocol_send``), so a
     write blocked on a client that does not read held its task, and with it the
     connection's slot and the stop of the whole HTTP server (a node's graceful shutdown
     waited for it until forced; found by a tester). Closing the socket under it makes
-    that write fail at once (``trio.ClosedResourceError``)."""
+    that write fail at once (``trio.ClosedResourceError``); half-closing it makes it
+    fail too (``trio.BrokenResourceError``, EPIPE), the bytes already queued still
+    reaching the client before the end of the connection."""
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_close_when_cancelled, transport)
+        nursery.start_soon(_close_when_cancelled, transport, connection_end)
         yield
         nursery.cancel_scope.cancel()
 
 
-async def _close_when_cancelled(transport: trio.SocketStream) -> None:
+async def _close_when_cancelled(
+    transport: trio.SocketStream, connection_end: ConnectionEnd | None
+) -> None:
     try:
         await trio.sleep_forever()
     finally:
-        transport.socket.close()  # wakes a task blocked on it (trio's notify_closing)
+        if connection_end is not None and connection_end.lingers:
+            half_close_now(transport)
+        else:
+            transport.socket.close()  # wakes a task blocked on it (trio's notify_closing)
+
+
+def half_close_now(transport: trio.SocketStream) -> None:
+    """Half-close ``transport``'s socket at once (``shutdown(SHUT_WR)``: the client gets
+    what is queued, then EOF), without waiting; a write blocked on it fails (EPIPE)."""
+    with contextlib.suppress(OSError):
+        if transport.socket.fileno() != -1:
+            transport.socket.shutdown(socket.SHUT_WR)
 
 
 class EndingStream(trio.abc.HalfCloseableStream):
@@ -251,9 +283,15 @@ class EndingStream(trio.abc.HalfCloseableStream):
         await self._transport.send_eof()
 
     async def aclose(self) -> None:
-        """Close the TCP stream and end the connection."""
+        """Close the TCP stream and end the connection; once the server stops
+        (:attr:`ConnectionEnd.lingers`), half-close it instead: the server's handler
+        drains and closes it."""
         try:
-            await self._transport.aclose()
+            if self._end.lingers:
+                half_close_now(self._transport)
+                await trio.lowlevel.checkpoint()
+            else:
+                await self._transport.aclose()
         finally:
             self._end.end()
 

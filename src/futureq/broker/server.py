@@ -401,7 +401,7 @@ async def serve(
                 node_view = NodeView(config, shard, node_token())
                 broker.node_view = node_view
                 root.start_soon(node_view.run)
-            # A shard stops its HTTP server gracefully at the end of its stop (below).
+            # The HTTP server stops gracefully at the end of the node's stop (below).
             http_stop = trio.Event()
             http_stopped = trio.Event()
 
@@ -432,7 +432,7 @@ async def serve(
                         idle_timeout_ms=config.limits.http_idle_timeout_ms,
                         send_timeout_ms=config.limits.send_timeout_ms,
                         frame_deadline_ms=config.limits.frame_deadline_ms,
-                        shutdown_trigger=http_stop.wait if shard is not None else None,
+                        shutdown_trigger=http_stop.wait,
                         # Shard 0's answers may wait that long for another shard.
                         graceful_timeout_s=GRACEFUL_TIMEOUT_S
                         + (FETCH_DEADLINE_S if node_view is not None else 0.0),
@@ -557,8 +557,7 @@ async def serve(
                 # What is still queued on the listeners is refused, not reset.
                 await gateway.close_listeners()
                 connections.cancel_scope.cancel()
-            if shard is not None:
-                await _stop_http(heartbeats, http_stop, http_stopped)
+            await _stop_http(heartbeats, http_stop, http_stopped)
             root.cancel_scope.cancel()
     finally:
         if shard is not None:
@@ -573,15 +572,17 @@ async def serve(
 async def _stop_http(
     heartbeats: trio.CancelScope, http_stop: trio.Event, http_stopped: trio.Event
 ) -> None:
-    """The end of a shard's stop, for its HTTP port: the requests under way are answered.
+    """The end of a node's (or a shard's) stop, for its HTTP port: the requests under
+    way are answered, and every connection ends cleanly, never with a reset
+    (``http._serve_capped``: queued ones get a 503 "shutting down").
 
-    Before, the shard's HTTP server was cancelled with the rest of the process, so a
-    probe it was answering (shard 0's answers wait up to ``FETCH_DEADLINE_S`` for the
-    other shards) was closed without an answer whenever shard 0 stopped on its own
-    (SIGTERM to its process; the supervisor restarts it) or with the node. Now the
-    heartbeats end first (the pipe's end tells the supervisor this shard no longer
-    serves, so it answers on the node's HTTP port from now on: shard 0's socket is its
-    too), then the server stops accepting and answers what it took, within its grace.
+    Before, the HTTP server was cancelled with the rest of the process, so a probe it
+    was answering (shard 0's answers wait up to ``FETCH_DEADLINE_S`` for the other
+    shards) was closed without an answer, and a connection closed with a request unread
+    or still queued on the socket got a reset. A shard's heartbeats end first (the
+    pipe's end tells the supervisor this shard no longer serves, so it answers on the
+    node's HTTP port from now on: shard 0's socket is its too), then the server stops
+    accepting and answers what it took, within its grace.
     """
     heartbeats.cancel()
     http_stop.set()

@@ -51,7 +51,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -113,6 +113,9 @@ HTTP_BACKLOG = 100
 """Listen backlog of the node's HTTP socket (hypercorn's default)."""
 CLIENT_BACKLOG = socket.SOMAXCONN
 """Listen backlog of a client socket the supervisor binds for a shard (port 0)."""
+COVER_STOP_S = 4.0
+"""At the node's end, longest the supervisor's answers on the HTTP port may take to end
+(their grace, ``futureq.shards.cover.GRACE_S``, and each connection's clean close) (s)."""
 BIND_RUN_ATTEMPTS = 200
 """Ports the OS chooses before giving up finding ``P + K * stride`` free for every K."""
 
@@ -204,6 +207,10 @@ class Supervisor:
         self.command = list(shard_command)
         self.shards = [_Shard(k) for k in range(config.node.shards)]
         self.stopping = False
+        self._final = trio.Event()
+        """Set once every shard exited: the supervisor's answers on the HTTP port end."""
+        self._covers_done = trio.Event()
+        self._covers_done.set()  # no answers on the HTTP port yet
         self.exit_code = 0
         self._outer: trio.Nursery | None = None
         self._cover_access: AccessControl | None = None
@@ -272,7 +279,12 @@ class Supervisor:
                     async with trio.open_nursery() as shards:
                         for shard in self.shards:
                             shards.start_soon(self._keep, shard)
+                    # The node's HTTP port: the supervisor's answers there end
+                    # gracefully while what is queued is answered "shutting down".
+                    self._final.set()
                     await self._refuse_queued()
+                    with trio.move_on_after(COVER_STOP_S):
+                        await self._covers_done.wait()
                     outer.cancel_scope.cancel()
         finally:
             self._kill_all("outlived its supervisor")  # only on a bug: never leave one behind
@@ -290,47 +302,67 @@ class Supervisor:
         return self.exit_code
 
     async def _refuse_queued(self) -> None:
-        """Once every shard exited: tell each connection queued on a client socket the
-        supervisor holds (port 0) that the node is shutting down, then close it. Before,
-        they waited on the socket while the node stopped and got a reset at its exit,
-        which clients reported as an error instead of retrying elsewhere."""
-        held = [kinds["client"] for kinds in self.shard_sockets.values() if "client" in kinds]
-        if not held:
-            return
+        """Once every shard exited: tell each connection queued on a socket the
+        supervisor holds that the node is shutting down, then close it cleanly: a client
+        socket (port 0) answers UNAVAILABLE, an HTTP one (the node's port, and the
+        shards' with port 0) 503 "shutting down". Before, they waited on the socket
+        while the node stopped and got a reset at its exit, which clients (and scrapers,
+        load balancers) reported as an error instead of retrying elsewhere."""
         from futureq.broker.gateway import (
             MAX_BACKLOG_DRAIN_S,
             REFUSE_GRACE_S,
-            refuse_stopping,
-            stop_handshakes,
-            take_backlog,
         )
+        from futureq.broker.http import http_ssl_context
         from futureq.broker.server import make_ssl_context
 
+        held: list[tuple[socket.socket, str]] = [
+            (sock, kind)
+            for kinds in self.shard_sockets.values()
+            for kind, sock in kinds.items()
+            if kind in ("client", "http")
+        ]
+        if self.http_socket is not None:
+            held.append((self.http_socket, "http"))
+        if not held:
+            return
+        contexts: dict[str, ssl.SSLContext | None] = {}
         try:
-            ssl_context = make_ssl_context(self.config)
+            contexts["client"] = make_ssl_context(self.config)
+            contexts["http"] = http_ssl_context(self.config.tls if self.config.tls.http else None)
         except (OSError, ssl.SSLError) as exc:  # its files changed since the start
-            log.warning("cannot refuse the queued client connections over TLS: %s", exc)
+            log.warning("cannot answer the queued connections over TLS: %s", exc)
             return
         with trio.move_on_after(MAX_BACKLOG_DRAIN_S + 2 * REFUSE_GRACE_S):
             async with trio.open_nursery() as refusals:
+                for sock, kind in held:
+                    refusals.start_soon(self._refuse_backlog, sock, kind, contexts[kind])
 
-                async def refuse(stream: trio.SocketStream) -> None:
-                    refusals.start_soon(refuse_stopping, stream, ssl_context)
+    async def _refuse_backlog(
+        self, sock: socket.socket, kind: str, ssl_context: ssl.SSLContext | None
+    ) -> None:
+        from futureq.broker.gateway import refuse_stopping, stop_handshakes, take_backlog
+        from futureq.broker.http import refuse_stopping_http
 
-                for sock in held:
-                    # A copy: the original is closed with the others when supervise() ends.
-                    listener = trio.SocketListener(
-                        trio.socket.from_stdlib_socket(socket.socket(fileno=os.dup(sock.fileno())))
-                    )
-                    async with listener:
-                        stop_handshakes(listener.socket)
-                        taken = await take_backlog(listener, refuse)
-                    if taken:
-                        log.info(
-                            "told %d connections queued on %s that the node is shutting down",
-                            taken,
-                            join_host_port(*sock.getsockname()[:2]),
-                        )
+        answer = refuse_stopping if kind == "client" else refuse_stopping_http
+        async with trio.open_nursery() as refusals:
+
+            async def refuse(stream: trio.SocketStream) -> None:
+                refusals.start_soon(answer, stream, ssl_context)
+
+            # A copy: the original is closed with the others when supervise() ends.
+            listener = trio.SocketListener(
+                trio.socket.from_stdlib_socket(socket.socket(fileno=os.dup(sock.fileno())))
+            )
+            async with listener:
+                stop_handshakes(listener.socket)
+                taken = await take_backlog(listener, refuse)
+            if taken:
+                log.info(
+                    "told %d %s connections queued on %s that the node is shutting down",
+                    taken,
+                    "client" if kind == "client" else "HTTP",
+                    join_host_port(*sock.getsockname()[:2]),
+                )
 
     async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
         async for signum in signals:
@@ -555,26 +587,41 @@ class Supervisor:
             config.server.http,
             max_frame_bytes=config.limits.max_frame_bytes,
             tls=tls,
-            shutdown_trigger=shard0.wait_serving,
             max_connections=config.limits.max_http_connections,
             idle_timeout_ms=config.limits.http_idle_timeout_ms,
             send_timeout_ms=config.limits.send_timeout_ms,
             announce=False,  # the line below says it; shard 0 announced the port
             graceful_timeout_s=COVER_GRACE_S,
         )
-        async with trio.open_nursery() as covers:
-            while True:
-                await shard0.wait_serving(False)
-                log.info(
-                    "shard 0 %s: the supervisor answers on the node's HTTP port",
-                    shard0.describe(),
-                )
-                # hypercorn owns (and closes) the socket object it serves: give it a copy.
-                # Each time its own server: the one before may still be answering the
-                # requests it took (for up to COVER_GRACE_S) while this one accepts, so
-                # a shard 0 silent again at once never leaves the port unserved.
-                covers.start_soon(functools.partial(serve, listen_fd=os.dup(http_socket.fileno())))
-                await shard0.wait_serving(True)
+        final = self._final
+
+        async def until_served_or_final() -> None:
+            await _first_of(functools.partial(shard0.wait_serving, True), final.wait)
+
+        serve = functools.partial(serve, shutdown_trigger=until_served_or_final)
+        self._covers_done = trio.Event()
+        try:
+            async with trio.open_nursery() as covers:
+                while not final.is_set():
+                    await _first_of(functools.partial(shard0.wait_serving, False), final.wait)
+                    if final.is_set():
+                        break
+                    log.info(
+                        "shard 0 %s: the supervisor answers on the node's HTTP port",
+                        shard0.describe(),
+                    )
+                    # hypercorn owns (and closes) the socket object it serves: give it a
+                    # copy. Each time its own server: the one before may still be
+                    # answering the requests it took (for up to COVER_GRACE_S) while this
+                    # one accepts, so a shard 0 silent again at once never leaves the
+                    # port unserved. At the node's end it stops gracefully too (its
+                    # connections end cleanly, _refuse_queued answers what is queued).
+                    covers.start_soon(
+                        functools.partial(serve, listen_fd=os.dup(http_socket.fileno()))
+                    )
+                    await until_served_or_final()
+        finally:
+            self._covers_done.set()
 
     async def _watch_heartbeats(
         self, shard: _Shard, process: trio.Process, fd: int, scope: trio.CancelScope
@@ -682,6 +729,18 @@ class Supervisor:
                             process.send_signal(signal.SIGHUP)
                     else:
                         print(line, flush=True)
+
+
+async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Return once the first of ``waits`` returned (the others are cancelled)."""
+    async with trio.open_nursery() as racing:
+        for wait in waits:
+
+            async def run(wait: Callable[[], Awaitable[object]] = wait) -> None:
+                await wait()
+                racing.cancel_scope.cancel()
+
+            racing.start_soon(run)
 
 
 def _read_waiting(fd: int) -> bytes | None:
