@@ -616,9 +616,12 @@ class Supervisor:
                     # one accepts, so a shard 0 silent again at once never leaves the
                     # port unserved. At the node's end it stops gracefully too (its
                     # connections end cleanly, _refuse_queued answers what is queued).
-                    covers.start_soon(
-                        functools.partial(serve, listen_fd=os.dup(http_socket.fileno()))
-                    )
+                    try:
+                        copy = os.dup(http_socket.fileno())
+                    except OSError as exc:  # out of descriptors: the queue waits
+                        log.error("cannot answer on the node's HTTP port: %s", exc)
+                    else:
+                        covers.start_soon(functools.partial(serve, listen_fd=copy))
                     await until_served_or_final()
         finally:
             self._covers_done.set()
