@@ -61,9 +61,12 @@ MAX_REFUSING = 64
 BACKLOG_POLL_S = 0.02
 """Closing a listener gracefully: the backlog is taken as empty once no connection has
 come from it for this long (s)."""
-MAX_BACKLOG_DRAIN_S = 1.0
+MAX_BACKLOG_DRAIN_S = 0.5
 """Closing a listener gracefully: longest the queued connections are taken and refused
-before it closes (s); a client that connects without end cannot hold a stop."""
+before it closes (s); a client that connects without end cannot hold a stop. With the
+refusals' own :data:`REFUSE_GRACE_S` it bounds what a connection storm adds to a stop
+(:meth:`ClientGateway.close_listeners`): before, 1 s of taking and 2 s of waiting for
+refusals came on top of the grace period, near a sharded node's kill deadline."""
 MAX_DISCARD_BYTES = 64 * 1024
 """A refused connection: what the client sent (its HELLO) is read and dropped, up to
 this many bytes, until it closes (see :func:`_refuse_connection`)."""
@@ -312,14 +315,18 @@ class ClientGateway:
         """Graceful shutdown, last step: refuse what the listeners' backlogs hold
         (:func:`take_backlog`), close them, and wait (bounded) for the refusals to be
         written. Before, the listeners were closed at the start of the stop and the
-        connections queued on them got a reset, which clients reported as an error."""
+        connections queued on them got a reset, which clients reported as an error.
+        Takes at most :data:`MAX_BACKLOG_DRAIN_S` + :data:`BACKLOG_POLL_S` +
+        :data:`REFUSE_GRACE_S`, however many clients connect meanwhile."""
         self.stopping = True
         self._closing = True
         for scope in list(self._accepting):
             scope.cancel()
         with trio.move_on_after(MAX_BACKLOG_DRAIN_S + BACKLOG_POLL_S):
             await self._listeners_closed.wait()
-        with trio.move_on_after(2 * REFUSE_GRACE_S):
+        # A refusal's answer is written within REFUSE_GRACE_S; the rest of its time is
+        # the client's own close, which a storm of clients that never close would hold.
+        with trio.move_on_after(REFUSE_GRACE_S):
             await self._no_refusals.wait()
 
     async def _accept(

@@ -66,7 +66,13 @@ from futureq.rate_limited_log import RateLimitedLog
 from futureq.wire import codec
 
 from . import http_connection, http_protocol, websocket
-from .connection import LINGER_BYTES, LingeringTransport, close_tls_cleanly, half_close_and_drain
+from .connection import (
+    LINGER_BYTES,
+    LINGER_S,
+    LingeringTransport,
+    close_tls_cleanly,
+    half_close_and_drain,
+)
 from .gateway import ACCEPT_CAPACITY_ERRNOS, ACCEPT_RETRY_S, stop_handshakes, take_backlog
 from .overview import campaign_sentence, recovery_sentence
 
@@ -1034,7 +1040,7 @@ async def _serve_capped(
                     # Half-closed, not closed (http_connection.ConnectionEnd.lingers):
                     # what the client still sends is read before the close, so the
                     # close is not a reset that could throw the last answer away.
-                    with trio.move_on_after(http_connection.CLOSE_GRACE_S, shield=True):
+                    with trio.move_on_after(LINGER_S, shield=True):
                         try:
                             await half_close_and_drain(stream, LINGER_BYTES, 65536)
                         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -1050,10 +1056,12 @@ async def _serve_capped(
                     del by_address[host]
 
     async def accept(listener: trio.SocketListener, handlers: trio.Nursery) -> None:
-        async def refuse_queued(stream: trio.SocketStream) -> None:
-            handlers.start_soon(refuse_stopping_http, stream, ssl_context)
+        async with trio.open_nursery() as refusals, listener:
+            # The refusals' own nursery: the handlers' grace period does not cut them.
 
-        async with listener:
+            async def refuse_queued(stream: trio.SocketStream) -> None:
+                refusals.start_soon(refuse_stopping_http, stream, ssl_context)
+
             with trio.CancelScope() as accepting:
                 scopes.append(accepting)
                 while True:
@@ -1089,6 +1097,8 @@ async def _serve_capped(
             stopping.set()
             for scope in scopes:
                 scope.cancel()
-        # As hypercorn: idle connections close now, open requests get the grace period.
-        await context.terminated.set()
-        handlers.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+            # As hypercorn: idle connections close now, open requests get the grace
+            # period; meanwhile the queued ones are answered (at most
+            # MAX_BACKLOG_DRAIN_S + REFUSE_GRACE_S).
+            await context.terminated.set()
+            handlers.cancel_scope.deadline = trio.current_time() + config.graceful_timeout

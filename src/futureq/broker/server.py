@@ -554,10 +554,13 @@ async def serve(
                     log.warning(
                         "shutdown grace period ran out with proposals or answers still in progress"
                     )
-                # What is still queued on the listeners is refused, not reset.
-                await gateway.close_listeners()
+                # What is still queued on the listeners is refused, not reset; the HTTP
+                # port ends meanwhile (one after the other took too long under a
+                # connection storm: a sharded node's supervisor nearly killed shards).
+                async with trio.open_nursery() as closing:
+                    closing.start_soon(_stop_http, heartbeats, http_stop, http_stopped)
+                    await gateway.close_listeners()
                 connections.cancel_scope.cancel()
-            await _stop_http(heartbeats, http_stop, http_stopped)
             root.cancel_scope.cancel()
     finally:
         if shard is not None:
