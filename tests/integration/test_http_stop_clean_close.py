@@ -133,3 +133,37 @@ def test_http_connections_queued_while_a_sharded_node_stops_get_503_not_a_reset(
         if node.process is not None and node.process.poll() is None:
             node.process.send_signal(signal.SIGCONT)
         node.kill()
+
+
+def test_http_connections_queued_while_a_node_stops_are_answered_not_reset(
+    tmp_path: Path,
+) -> None:
+    """A single node paused (SIGSTOP) while probes connect: they wait in the HTTP
+    port's backlog, then it is stopped (SIGTERM, SIGCONT, as systemd does). Each ends
+    cleanly: an answer (``/readyz``, or 503 "shutting down" for one still queued when
+    the port closes), or, for one the server took but had not read yet when it closed
+    its idle connections, a clean end. Before: the HTTP server was cancelled with the
+    process, and the connections still queued or unread got a reset."""
+    node = BrokerProcess(tmp_path / "data")
+    queued: list[socket.socket] = []
+    try:
+        node.start()
+        assert node.process is not None
+        host, port = node.http_address.rsplit(":", 1)
+        node.process.send_signal(signal.SIGSTOP)
+        for _ in range(HTTP_CLIENTS * 2):
+            sock = socket.create_connection((host, int(port)), timeout=15)
+            queued.append(sock)
+            sock.sendall(_http_request("/readyz"))
+        node.process.send_signal(signal.SIGTERM)
+        node.process.send_signal(signal.SIGCONT)
+        for sock in queued:
+            answer = _read_to_the_end(sock)  # a reset raises ConnectionResetError
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 "), answer[:200]
+        assert node.process.wait(30) == 0
+    finally:
+        for sock in queued:
+            sock.close()
+        if node.process is not None and node.process.poll() is None:
+            node.process.send_signal(signal.SIGCONT)
+        node.kill()
