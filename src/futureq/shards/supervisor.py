@@ -604,7 +604,11 @@ class Supervisor:
             async with trio.open_nursery() as covers:
                 while not final.is_set():
                     await _first_of(functools.partial(shard0.wait_serving, False), final.wait)
-                    if final.is_set():
+                    if final.is_set() or self.stopping:
+                        # Stopping, shard 0 gone: what queues on the port now is answered
+                        # 503 "shutting down" once every shard exited (_refuse_queued). A
+                        # cover started now took queued connections and closed them
+                        # unread at the node's end (a clean end, no answer).
                         break
                     log.info(
                         "shard 0 %s: the supervisor answers on the node's HTTP port",
