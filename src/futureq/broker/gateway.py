@@ -162,6 +162,27 @@ def stop_handshakes(sock: trio.socket.SocketType) -> bool:
     return True
 
 
+async def accept_retrying(
+    listener: trio.SocketListener, logger: logging.Logger, failed: str
+) -> trio.SocketStream:
+    """The next connection on ``listener``. An accept that fails for lack of descriptors
+    or memory (:data:`ACCEPT_CAPACITY_ERRNOS`) is logged on ``logger`` as ``failed``
+    ("accept failed") and tried again after :data:`ACCEPT_RETRY_S`: a node out of file
+    descriptors keeps serving the connections it has and takes new ones once some close.
+
+    Raises:
+        OSError: any other accept failure.
+    """
+    while True:
+        try:
+            return await listener.accept()
+        except OSError as exc:
+            if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                raise
+            logger.error("%s: %s; retrying in %g s", failed, exc, ACCEPT_RETRY_S)
+            await trio.sleep(ACCEPT_RETRY_S)
+
+
 async def take_backlog(
     listener: trio.SocketListener, handle: Callable[[trio.SocketStream], Awaitable[None]]
 ) -> int:
@@ -340,15 +361,7 @@ class ClientGateway:
                 self._accepting.add(accepting)
                 try:
                     while True:
-                        try:
-                            stream = await listener.accept()
-                        except OSError as exc:
-                            if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
-                                raise
-                            log.error("accept failed: %s; retrying in %g s", exc, ACCEPT_RETRY_S)
-                            await trio.sleep(ACCEPT_RETRY_S)
-                            continue
-                        await hand_over(stream)
+                        await hand_over(await accept_retrying(listener, log, "accept failed"))
                 finally:
                     self._accepting.discard(accepting)
             if self._closing:

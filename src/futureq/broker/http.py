@@ -73,7 +73,7 @@ from .connection import (
     close_tls_cleanly,
     half_close_and_drain,
 )
-from .gateway import ACCEPT_CAPACITY_ERRNOS, ACCEPT_RETRY_S, stop_handshakes, take_backlog
+from .gateway import accept_retrying, stop_handshakes, take_backlog
 from .overview import campaign_sentence, recovery_sentence
 
 if TYPE_CHECKING:
@@ -1065,16 +1065,7 @@ async def _serve_capped(
             with trio.CancelScope() as accepting:
                 scopes.append(accepting)
                 while True:
-                    try:
-                        stream = await listener.accept()
-                    except OSError as exc:
-                        if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
-                            raise
-                        logger.error(
-                            "HTTP accept failed: %s; retrying in %g s", exc, ACCEPT_RETRY_S
-                        )
-                        await trio.sleep(ACCEPT_RETRY_S)
-                        continue
+                    stream = await accept_retrying(listener, logger, "HTTP accept failed")
                     handlers.start_soon(handle, stream)
             if stopping.is_set() and not shared:
                 # Connections still queued get a 503 "shutting down", not a reset when
