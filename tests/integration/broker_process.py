@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -165,6 +166,14 @@ class BrokerProcess:
     def stderr_text(self) -> str:
         """Everything the node logged so far."""
         return self.stderr_path.read_text()
+
+    def wait_logged(self, text: str, within_s: float = 10.0) -> None:
+        """Block until the node has logged ``text``; fail the test (with the log's end)
+        if it has not within ``within_s`` seconds."""
+        deadline = time.monotonic() + within_s
+        while text not in self.stderr_text():
+            assert time.monotonic() < deadline, self.stderr_text()[-3000:]
+            time.sleep(0.02)
 
 
 def connection_buffer_bytes(http_address: str, direction: str) -> float:

@@ -20,13 +20,6 @@ from broker_process import BrokerProcess
 HTTP_CLIENTS = 32
 
 
-def _wait_for(node: BrokerProcess, text: str) -> None:
-    deadline = time.monotonic() + 10
-    while text not in node.stderr_text():
-        assert time.monotonic() < deadline, node.stderr_text()[-3000:]
-        time.sleep(0.02)
-
-
 def _http_request(path: str, pad_bytes: int = 0) -> bytes:
     pad = f"x-pad: {'p' * pad_bytes}\r\n" if pad_bytes else ""
     return f"GET {path} HTTP/1.1\r\nhost: futureq\r\n{pad}\r\n".encode()
@@ -65,7 +58,7 @@ def test_an_http_connection_the_stop_finishes_ends_with_a_clean_close(tmp_path: 
                 time.sleep(0.01)
         assert node.process is not None
         node.process.send_signal(signal.SIGTERM)
-        _wait_for(node, "shutting down: no new connections")
+        node.wait_logged("shutting down: no new connections")
         sock.setblocking(True)
         sock.settimeout(15)
         received = _read_to_the_end(sock)  # a reset raises ConnectionResetError
@@ -111,7 +104,7 @@ def test_http_connections_queued_while_a_sharded_node_stops_get_503_not_a_reset(
         shards = _shard_pids(node)
         assert len(shards) == 2, node.stderr_text()[-3000:]
         node.process.send_signal(signal.SIGTERM)
-        _wait_for(node, "shard=0 futureq.broker.server: shutting down")
+        node.wait_logged("shard=0 futureq.broker.server: shutting down")
         node.process.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 15
         while not all(_exited(pid) for pid in shards):

@@ -62,13 +62,6 @@ def _pipeline_browses(client: WireClient) -> list[int]:
     return ids
 
 
-def _wait_logged(broker: BrokerProcess, text: str, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while text not in broker.stderr_text():
-        assert time.monotonic() < deadline, broker.stderr_text()[-3000:]
-        time.sleep(0.05)
-
-
 def _wait_exit(broker: BrokerProcess) -> int:
     assert broker.process is not None
     broker.process.wait(EXIT_S)
@@ -175,7 +168,7 @@ async def test_a_websocket_that_does_not_read_is_closed_after_the_send_timeout(
         for data in _browse_frames(list(range(10, 10 + BROWSES))):
             await ws.send_message(data)
         await trio.to_thread.run_sync(
-            _wait_logged, broker, "SLOW_CLIENT: a write to the client blocked"
+            broker.wait_logged, "SLOW_CLIENT: a write to the client blocked"
         )
     probe = WireClient(broker.client_address)  # the node serves on
     answer = probe.publish([["t", b"after", 0, None, None]])

@@ -23,13 +23,6 @@ from futureq.wire import codec, frames
 CLIENTS = 8
 
 
-def _wait_for(node: BrokerProcess, text: str) -> None:
-    deadline = time.monotonic() + 10
-    while text not in node.stderr_text():
-        assert time.monotonic() < deadline, node.stderr_text()[-3000:]
-        time.sleep(0.02)
-
-
 def _tls_hello(address: str, ca: Path, receive_buffer_bytes: int = 0) -> ssl.SSLSocket:
     """A TLS client connection that sent HELLO (with a receive buffer this small, if
     given: the node's answers fill it soon). Its end must be the server's
@@ -96,7 +89,7 @@ def test_a_tls_connection_the_stop_finishes_ends_with_close_notify(
         assert node.process is not None
         stalled = _stall_tls(node.client_address, tls_files["ca"])
         node.process.send_signal(signal.SIGTERM)
-        _wait_for(node, "shutting down: no new connections")
+        node.wait_logged("shutting down: no new connections")
         stalled.setblocking(True)
         stalled.settimeout(15)
         answers = _frames_to_the_end(stalled)  # a reset raises, a bare close too
@@ -127,7 +120,7 @@ def test_tls_connections_arriving_while_a_sharded_node_stops_are_told_then_close
         stalled = _stall_tls(node.client_address, tls_files["ca"])
         assert node.process is not None
         node.process.send_signal(signal.SIGTERM)
-        _wait_for(node, "shard=0 futureq.broker.server: shutting down")
+        node.wait_logged("shard=0 futureq.broker.server: shutting down")
         late = [_tls_hello(node.client_address, tls_files["ca"]) for _ in range(CLIENTS)]
         for sock in late:
             with sock:
