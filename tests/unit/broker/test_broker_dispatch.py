@@ -1437,17 +1437,19 @@ def _observer_view(env: Env) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("one_group", [False, True])
+@pytest.mark.parametrize("one_group", [False, True, "past"])
 @pytest.mark.parametrize("seed", range(40))
 def test_one_batched_notification_leaves_the_dispatcher_as_one_call_per_entry(
-    seed: int, one_group: bool
+    seed: int, one_group: bool | str
 ) -> None:
     """``on_scheduled_batch`` (one call per apply) against ``on_scheduled`` per entry, on
     twin dispatchers in random states: idle and loaded groups, consumers or none, a
     small horizon that overflows, entries below and above ``loaded_until``, entries
     already indexed or in flight, TTLs, attempts, released counts, seek hints and
     due-count histograms, passes in progress; ``one_group``: every entry of one group,
-    as a PUBLISH to one topic makes."""
+    as a PUBLISH to one topic makes; ``"past"``: and every one new and due 200 s or
+    more ahead, around and past the loaded horizon, as a delayed PUBLISH makes
+    (``schedule_observer``'s shortcut)."""
     import random
 
     rng = random.Random(seed)
@@ -1458,6 +1460,8 @@ def test_one_batched_notification_leaves_the_dispatcher_as_one_call_per_entry(
         (rng.randrange(plan_groups), rng.randint(1, 12), rng.choice([0, 0, 50, 400_000]))
         for _ in range(rng.randint(1, 6))
     ]
+    if one_group == "past":  # the groups' wake-ups later than the batch's
+        publishes = [(g, count, rng.choice([400_000, 2_500_000])) for g, count, _ in publishes]
     with_consumer = {g for g in range(plan_groups) if rng.random() < 0.6}
     hinted = {g for g in range(plan_groups) if rng.random() < 0.5}
     counted = {g for g in range(plan_groups) if rng.random() < 0.4}
@@ -1488,6 +1492,9 @@ def test_one_batched_notification_leaves_the_dispatcher_as_one_call_per_entry(
         gids = [rng.choice(gids)]
         known = [entry for entry in known if entry[0] == gids[0]]
         offsets = rng.choice([offsets, offsets[:4], [400_000, 900_000, 2_000_000]])
+        if one_group == "past":
+            known = []
+            offsets = rng.choice([[350_000, 900_000, 2_000_000], [200_000, 250_000, 900_000]])
     entries: list[tuple[Any, ...]] = []
     next_mid = 1 << 40
     for _ in range(rng.randint(1, 60)):
