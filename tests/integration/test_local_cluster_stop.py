@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cluster_process import free_runs
 
@@ -34,8 +36,11 @@ def free_base_port() -> int:
     return free_runs(1, max(ports(NODES, 0)) + (SHARDS - 1) * STRIDE + 1)[0]
 
 
-def test_ctrl_c_stops_every_node_gracefully_once(tmp_path: Path) -> None:
-    base = free_base_port()
+def start_launcher(
+    tmp_path: Path, base: int, *args: str, preexec_fn: Callable[[], Any] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start ``futureq.cli.local_cluster`` on ``base`` in its own process group, as a
+    shell job is; its output in the returned log file."""
     log = tmp_path / "cluster.log"
     with open(log, "w") as output:
         launcher = subprocess.Popen(
@@ -47,17 +52,37 @@ def test_ctrl_c_stops_every_node_gracefully_once(tmp_path: Path) -> None:
                 str(tmp_path / "data-cluster"),
                 "--base-port",
                 str(base),
+                *args,
             ],
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, like a shell job
+            preexec_fn=preexec_fn,
         )
+    return launcher, log
+
+
+def wait_ready(launcher: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait (60 s at most) until every node has logged READY."""
+    deadline = time.monotonic() + 60
+    while log.read_text().count("READY ") < NODES:
+        assert launcher.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+
+
+def kill_left(launcher: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the launcher's process group if a failed test left it running."""
+    if launcher.poll() is None:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
+
+
+def test_ctrl_c_stops_every_node_gracefully_once(tmp_path: Path) -> None:
+    base = free_base_port()
+    launcher, log = start_launcher(tmp_path, base)
     try:
-        deadline = time.monotonic() + 60
-        while log.read_text().count("READY ") < NODES:
-            assert launcher.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        wait_ready(launcher, log)
         ready = [line for line in log.read_text().splitlines() if line.startswith("READY ")]
         if SHARDS > 1:
             assert all(line.endswith(f"shards={SHARDS}") for line in ready), ready
@@ -76,9 +101,7 @@ def test_ctrl_c_stops_every_node_gracefully_once(tmp_path: Path) -> None:
         os.killpg(launcher.pid, signal.SIGINT)
         assert launcher.wait(60) == 0, log.read_text()
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait(10)
+        kill_left(launcher)
     text = log.read_text()
     assert "again: stopping now" not in text, text
     assert text.count("shutting down gracefully") == NODES * SHARDS, text
@@ -89,34 +112,18 @@ def test_signals_begun_ignored_stay_ignored_and_sigterm_stops(tmp_path: Path) ->
     """``make cluster &`` in a script starts the launcher with SIGINT ignored, ``nohup``
     with SIGHUP ignored: neither stops it; SIGTERM stops every node gracefully."""
     base = free_runs(1, max(ports(NODES, 0)) + 1)[0]
-    log = tmp_path / "cluster.log"
-    with open(log, "w") as output:
-        launcher = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "futureq.cli.local_cluster",
-                "--data-dir",
-                str(tmp_path / "data-cluster"),
-                "--base-port",
-                str(base),
-                "--shards",
-                "1",
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            # What the shell does for a background job of a script, and nohup.
-            preexec_fn=lambda: [
-                signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGHUP)
-            ],
-        )
+    launcher, log = start_launcher(
+        tmp_path,
+        base,
+        "--shards",
+        "1",
+        # What the shell does for a background job of a script, and nohup.
+        preexec_fn=lambda: [
+            signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGHUP)
+        ],
+    )
     try:
-        deadline = time.monotonic() + 60
-        while log.read_text().count("READY ") < NODES:
-            assert launcher.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        wait_ready(launcher, log)
         launcher.send_signal(signal.SIGINT)
         launcher.send_signal(signal.SIGHUP)
         try:
@@ -127,9 +134,7 @@ def test_signals_begun_ignored_stay_ignored_and_sigterm_stops(tmp_path: Path) ->
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(60) == 0, log.read_text()
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait(10)
+        kill_left(launcher)
     text = log.read_text()
     assert "again: stopping now" not in text, text
     assert text.count("stopped; RocksDB closed") == NODES, text
