@@ -8,6 +8,7 @@ Source: docs/protocol.md, "WebSocket"."""
 from __future__ import annotations
 
 import http.client
+import signal
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
@@ -317,3 +318,29 @@ def test_a_plain_get_of_ws_is_told_to_upgrade(broker: BrokerProcess) -> None:
         assert b"WebSocket upgrade" in answer.read()
     finally:
         connection.close()
+
+
+async def test_a_stopping_node_closes_its_websockets_as_going_away(broker: BrokerProcess) -> None:
+    """SIGTERM: a WebSocket client gets the answers to what it sent, GOAWAY, then close
+    code 1001 (going away, RFC 6455 §7.4.1) with a reason, so a browser can tell "the
+    server restarts, reconnect" from "done". Before: close code 1000 (normal), no
+    reason."""
+    async with open_ws(broker.http_address) as ws:
+        hello = await _request(ws, frames.Hello(1, frames.SUPPORTED_VERSIONS, "ws-test", None))
+        assert isinstance(hello, frames.HelloOk), hello
+        await ws.send_message(codec.encode_frame(frames.Ping(2)))
+        assert isinstance(await _receive(ws), frames.Pong)
+        assert broker.process is not None
+        broker.process.send_signal(signal.SIGTERM)
+        received: list[Any] = []
+        with trio.fail_after(DEADLINE_S):
+            try:
+                while True:
+                    received.append(_decode(await ws.get_message()))
+            except ConnectionClosed as closed:
+                reason = closed.reason
+        assert [type(frame) for frame in received] == [frames.GoAway], received
+        assert received[0].code == ErrorCode.UNAVAILABLE
+        assert reason.code == 1001, reason
+        assert reason.reason and "shutting down" in reason.reason, reason
+    assert broker.terminate() == 0

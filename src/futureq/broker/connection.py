@@ -50,7 +50,7 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import trio
 
@@ -176,6 +176,23 @@ def _first_closing(group: BaseException) -> _Closing:
         group = group.exceptions[0]
     assert isinstance(group, _Closing)
     return group
+
+
+@runtime_checkable
+class StopAnnouncing(Protocol):
+    """A transport that can tell its peer, in its own close, that the server is going
+    away (a WebSocket: close code 1001, :class:`~futureq.broker.websocket.WebSocketStream`)."""
+
+    def going_away(self, reason: str) -> None:
+        """Make the coming close say the server is going away, with ``reason``."""
+
+
+def announce_stop(stream: trio.abc.Stream, reason: str) -> None:
+    """Make the close of ``stream`` say the node is shutting down, where the transport
+    can say it (:class:`StopAnnouncing`); nothing for TCP and TLS (their clients learn
+    it from GOAWAY or the UNAVAILABLE ERROR frame)."""
+    if isinstance(stream, StopAnnouncing):
+        stream.going_away(reason)
 
 
 def peer_name(stream: trio.abc.Stream) -> str:
@@ -432,12 +449,11 @@ class Connection:
         leader = None if log_.is_leader() else log_.leader_address()
         if leader is None:
             self.go_away(ErrorCode.UNAVAILABLE, STOPPING, None)
+            announce_stop(self.stream, STOPPING)
         else:
-            self.go_away(
-                ErrorCode.NOT_LEADER,
-                f"this node is shutting down and handed the leadership to {leader}",
-                leader,
-            )
+            message = f"this node is shutting down and handed the leadership to {leader}"
+            self.go_away(ErrorCode.NOT_LEADER, message, leader)
+            announce_stop(self.stream, message)
 
     def _set_watch(self, watch: tuple[int, float] | None) -> None:
         self._watch = watch

@@ -39,6 +39,7 @@ from .connection import (
     STOPPING,
     Connection,
     LingeringTransport,
+    announce_stop,
     close_tls_cleanly,
     closed_log,
     half_close_and_drain,
@@ -102,6 +103,8 @@ async def _refuse_connection(
     """
     metrics_closed()
     closed_log.log(logging.WARNING, "connection from %s refused: %s: %s", peer, code.name, message)
+    if code == ErrorCode.UNAVAILABLE:
+        announce_stop(stream, message)  # a WebSocket's close says 1001, going away
     data = codec.encode_frame(frames.Error(0, code, message))
     with trio.move_on_after(REFUSE_GRACE_S):
         try:
@@ -112,7 +115,10 @@ async def _refuse_connection(
                 await half_close_and_drain(stream, MAX_DISCARD_BYTES, MAX_DISCARD_BYTES)
             else:
                 # TLS: the HELLO is read, close_notify sent, the transport drained.
-                await close_tls_cleanly(stream)
+                # A WebSocket: its own close (1001 at a stop); a forced close below
+                # would close its socket at once instead.
+                if not await close_tls_cleanly(stream):
+                    await stream.aclose()
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
             pass
     with trio.move_on_after(REFUSE_GRACE_S, shield=True):

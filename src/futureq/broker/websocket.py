@@ -86,6 +86,11 @@ SUBPROTOCOL = "futureq.v1"
 """Accepted when a client offers it (``Sec-WebSocket-Protocol``); optional."""
 
 CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+"""RFC 6455 §7.4.1: the server is going away (a node shutting down): reconnect, here
+later or to another node (:meth:`WebSocketStream.going_away`)."""
+MAX_CLOSE_REASON_BYTES = 123
+"""RFC 6455 §5.5: a close frame's body is at most 125 bytes, 2 of them the code."""
 CLOSE_UNSUPPORTED_DATA = 1003
 """RFC 6455 §7.4.1: the endpoint cannot accept this type of data (a text message)."""
 CLOSE_POLICY_VIOLATION = 1008
@@ -332,6 +337,19 @@ class WebSocketStream(trio.abc.Stream):
         self._pending = b""
         self._eof = False
         self._closed = False
+        self._close_code = CLOSE_NORMAL
+        self._close_reason = ""
+
+    def going_away(self, reason: str) -> None:
+        """Close with code 1001 (going away, RFC 6455 §7.4.1) and ``reason`` (cut to
+        :data:`MAX_CLOSE_REASON_BYTES` of UTF-8) rather than 1000 when :meth:`aclose`
+        comes: the node is shutting down. What is sent before is not affected, so the
+        client still gets the answers and the GOAWAY it is owed first. Before, a
+        stopping node closed with 1000 (normal), which a browser client cannot tell
+        from "done"."""
+        encoded = reason.encode()[:MAX_CLOSE_REASON_BYTES]
+        self._close_code = CLOSE_GOING_AWAY
+        self._close_reason = encoded.decode(errors="ignore")
 
     def abort(self) -> None:
         """Close the connection's socket now, whatever is being sent on it (hypercorn's
@@ -564,14 +582,21 @@ class WebSocketStream(trio.abc.Stream):
         await trio.lowlevel.checkpoint()
 
     async def aclose(self) -> None:
-        """Close the WebSocket normally (code 1000) unless it is closed already."""
+        """Close the WebSocket, normally (code 1000) or as :meth:`going_away` said,
+        unless it is closed already."""
         if self._closed:
             await trio.lowlevel.checkpoint()
             return
         self._closed = True
         try:
             await self._send_messages(
-                [{"type": "websocket.close", "code": CLOSE_NORMAL, "reason": ""}]
+                [
+                    {
+                        "type": "websocket.close",
+                        "code": self._close_code,
+                        "reason": self._close_reason,
+                    }
+                ]
             )
         except trio.BrokenResourceError:
             log.debug("WebSocket close after the socket went away", exc_info=True)
