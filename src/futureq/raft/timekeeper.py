@@ -274,8 +274,14 @@ class TimeKeeper:
 
     def best_transfer_target(self, core: RaftCore) -> NodeId | None:
         """The most up-to-date voter that says it may lead (and is not recovering after a
-        restart, ``docs/raft.md``, "Disk faults"), or None (leader only)."""
-        best: tuple[int, int] | None = None
+        restart, ``docs/raft.md``, "Disk faults"), or None (leader only).
+
+        Voters that answered this leader within the last two election timeouts (the
+        CheckQuorum marks, thesis §6.2) come first: a voter that stopped keeps the match
+        index it had, and one down was chosen on a tie (the lowest id), so a leader's
+        graceful stop waited out the transfer and left the cluster to an election.
+        """
+        best: tuple[bool, int, int] | None = None
         for node_id, pr in sorted(core.progress.items()):
             if node_id == self.id or node_id not in core.membership.voters or pr.peer_recovering:
                 continue
@@ -283,10 +289,11 @@ class TimeKeeper:
                 node_id
             ):
                 continue
-            candidate = (int(pr.match), -int(node_id))
+            answering = pr.recent_active or pr.was_active
+            candidate = (answering, int(pr.match), -int(node_id))
             if best is None or candidate > best:
                 best = candidate
-        return None if best is None else NodeId(-best[1])
+        return None if best is None else NodeId(-best[2])
 
     def _enforce(self, core: RaftCore, notices: list[ClockNotice]) -> None:
         if core.role is not Role.LEADER:

@@ -311,3 +311,21 @@ def test_a_restarted_voter_refuses_vote_requests_for_one_election_timeout() -> N
     )
     fresh.step(RequestVote(Term(1), NodeId(3), NodeId(2), LogIndex(0), Term(0)))
     assert fresh.vote == 3
+
+
+def test_a_leadership_handover_skips_a_voter_the_leader_no_longer_hears() -> None:
+    """A leader stopping gracefully hands over to a voter that answers it: one that
+    stopped (or is cut off) has the same match index, the ties went to the lowest id, and
+    a 3-node cluster with its node 1 down handed to node 1; the transfer ran out (1 s)
+    and the leader stepped down into an election (found stopping a follower, then the
+    leader)."""
+    cluster = Cluster()
+    cluster.run(600)
+    leader = cluster.leader()
+    down, up = sorted(n for n in cluster.nodes if n != leader.id)
+    assert leader.keeper.best_transfer_target(leader.core) == down  # the tie goes to it
+    cluster.isolate(down)
+    cluster.run(300)  # three election timeouts: its answers are that old
+    assert cluster.leader() is leader
+    assert leader.core.progress[down].match == leader.core.progress[up].match
+    assert leader.keeper.best_transfer_target(leader.core) == up
