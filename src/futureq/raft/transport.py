@@ -70,6 +70,14 @@ MAX_PENDING_HANDSHAKES_PER_HOST: Final = 8
 from one host cannot take the slots the real peers (other hosts) need to reconnect."""
 REFUSAL_LOG_INTERVAL_S: Final = 10.0
 """The same refusal is logged as a warning at most once per this interval."""
+PEER_CLOSE_S: Final = 0.5
+"""Closing an inbound peer connection (plain TCP): longest the node waits, after its
+half-close, for the peer to close its side, reading and dropping what still comes (s).
+A socket closed with unread bytes sends a reset, which the peer saw as its link broken
+(``Broken pipe``) on a planned stop or restart."""
+MAX_PEER_CLOSE_BYTES: Final = 4 << 20
+"""What an inbound peer connection may still send while it is closed (bytes) before it
+is closed all the same."""
 _VARIABLE_PARTS = re.compile(r"'[^']*'|\"[^\"]*\"|\d+")
 """Numbers and quoted text in a refusal sentence: left out of its log rate key."""
 
@@ -153,6 +161,8 @@ class TransportStatistics:
     inbound_connections: int = 0
     inbound_protocol_errors: int = 0
     inbound_refused_busy: int = 0
+    closed_by_peer: int = 0
+    """Outbound links the peer closed cleanly (it stopped or restarted)."""
     refusals: dict[str, int] = attrs.field(factory=dict)
     """Handshakes and frames refused (ours of peers, and peers' of ours), by
     :class:`~futureq.raft.peer_auth.RefusalReason` value."""
@@ -168,6 +178,29 @@ class Handshake:
     client_address: str | None
     incarnation: int = 0
     """Its data directory's incarnation (0: it announced none, an older build)."""
+
+
+class _PeerClosedLink(Exception):
+    """The peer closed an outbound link cleanly (:meth:`Transport._watch_closed`)."""
+
+
+async def _close_cleanly(tcp: trio.SocketStream) -> None:
+    """Half-close an inbound peer connection, then read and drop what the peer still
+    sends until it closes its side (a peer reads its link for this end and closes at
+    once), at most :data:`PEER_CLOSE_S` and :data:`MAX_PEER_CLOSE_BYTES`: the close
+    that follows is then a clean one, not the reset of a socket closed with unread
+    bytes. Errors (the peer already gone) end it quietly."""
+    dropped = 0
+    with trio.move_on_after(PEER_CLOSE_S):
+        try:
+            await tcp.send_eof()
+            while dropped < MAX_PEER_CLOSE_BYTES:
+                chunk = await tcp.receive_some(65536)
+                if not chunk:
+                    return
+                dropped += len(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            return
 
 
 URGENT_MESSAGES: Final = (RequestVote, RequestVoteResponse, TimeoutNow, ClockPing, ClockPong)
@@ -740,8 +773,24 @@ class Transport:
                     link.connected_s = trio.current_time()
                     try:
                         await self._pump(link, connected)
-                    except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                        log.debug("raft link to node %s broke: %s", link.node_id, exc)
+                    except* _PeerClosedLink:
+                        # A planned stop or restart of the peer (or its host closing its
+                        # sockets): not a fault, it reconnects as soon as the peer is back.
+                        self.stats.closed_by_peer += 1
+                        log.info(
+                            "raft link to node %s at %s: that node closed it (stopping or "
+                            "restarting); reconnecting",
+                            link.node_id,
+                            link.address,
+                        )
+                    except* (OSError, trio.TooSlowError, trio.BrokenResourceError) as group:
+                        log.debug(
+                            "raft link to node %s broke: %s", link.node_id, group.exceptions[0]
+                        )
+                    except* RemoteProtocolError as group:
+                        error = group.exceptions[0]
+                        assert isinstance(error, RemoteProtocolError)
+                        self._log_refusal(f"raft link to node {link.node_id}", error)
                     finally:
                         link.connected_s = None
                         self._release(connected.ticket)
@@ -822,11 +871,29 @@ class Transport:
         if isinstance(stream, trio.SocketStream):
             link.direct_fd = stream.socket.fileno()
         try:
-            await self._pump_queued(link, stream)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_closed, stream)
+                await self._pump_queued(link, stream)
         finally:
             link.direct_fd = -1
             link.unsent = b""
             link.writing = False
+
+    @staticmethod
+    async def _watch_closed(stream: trio.abc.Stream) -> None:
+        """Read an outbound link, which the acceptor never writes to after the
+        handshake, for its end: the peer closed it (a planned stop, :data:`PEER_CLOSE_S`).
+
+        Raises:
+            _PeerClosedLink: the peer closed its side (EOF, or TLS ``close_notify``).
+            RemoteProtocolError: the peer sent bytes on it.
+        """
+        data = await stream.receive_some(4096)
+        if not data:
+            raise _PeerClosedLink
+        raise RemoteProtocolError(
+            ErrorCode.INVALID_FRAME, "the peer wrote to a raft link it should only read"
+        )
 
     async def _pump_queued(self, link: _PeerLink, stream: trio.abc.Stream) -> None:
         while True:
@@ -955,7 +1022,9 @@ class Transport:
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
             log.debug("raft peer connection ended: %s", exc)
         finally:
-            with trio.move_on_after(0.5, shield=True):
+            with trio.move_on_after(PEER_CLOSE_S + 0.5, shield=True):
+                if stream is tcp:
+                    await _close_cleanly(tcp)
                 await stream.aclose()
 
     async def _accept_handshake(
