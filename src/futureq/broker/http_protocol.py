@@ -275,10 +275,14 @@ class ScreeningTCPServer(TCPServer):
 
     _request_begun = False
     """True once a request has come on this connection."""
+    _busy = False
+    """True while a request is being served (hypercorn's last ``Updated`` said not idle)."""
 
     async def protocol_send(self, event: Event) -> None:
-        if isinstance(event, Updated) and not event.idle:
-            self._request_begun = True
+        if isinstance(event, Updated):
+            self._busy = not event.idle
+            if not event.idle:
+                self._request_begun = True
         await super().protocol_send(event)
 
     async def _idle_timeout(self) -> None:
@@ -288,6 +292,12 @@ class ScreeningTCPServer(TCPServer):
             if not self._request_begun:
                 # Bounded by the grace period's cancel; a request stops this task.
                 await trio.sleep_forever()
+        if self._busy:
+            # A request began as the stop woke this task: hypercorn's stop of this
+            # task came too late to cancel it, and the close below is shielded, so the
+            # request was cut with its answer unsent (the client saw an end, no answer).
+            # Its answer ends the connection (hypercorn recycles none once stopping).
+            return
         with trio.CancelScope(shield=True):
             await self._initiate_server_close()
 
