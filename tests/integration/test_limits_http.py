@@ -11,6 +11,7 @@ complete request head is closed after ``limits.http_idle_timeout_ms``.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 import urllib.error
@@ -20,6 +21,7 @@ from pathlib import Path
 from broker_process import BrokerProcess
 from wire_client import WireClient
 
+from futureq.broker import http
 from futureq.wire import frames
 
 OPEN_FILES = 256
@@ -71,7 +73,7 @@ def test_http_connections_past_the_budget_get_503_and_the_node_keeps_its_disk(
         refused = [a for a in answers if a is not None]
         # The first 4 (a quarter of 16 from one address) are served (waiting for the rest
         # of their head); every other one
-        # was told why (or, past 16 refusals at once, closed without a word) and closed,
+        # was told why and closed,
         # without waiting for its request.
         assert len(refused) >= len(held) - 16, (len(refused), len(held))
         told = [a for a in refused if a]
@@ -170,3 +172,34 @@ def test_bytes_that_are_not_an_http_request_get_a_sentence(broker: BrokerProcess
         assert words in body and b"text/plain" in head, answer
     with urllib.request.urlopen(f"http://{broker.http_address}/healthz", timeout=10) as response:
         assert response.status == 200
+
+
+def test_more_http_connections_refused_at_once_than_told_at_once_are_all_answered(
+    tmp_path: Path,
+) -> None:
+    """Connections queued while the node is paused (SIGSTOP), three times
+    ``http.MAX_HTTP_REFUSING`` past ``limits.max_http_connections``: each ends cleanly
+    with an answer (``/healthz``'s, or 503 saying which limit), none with a reset.
+    Before: past 16 refusals at once, closed with the request unread, a reset each."""
+    broker = BrokerProcess(tmp_path / "data", env={"FUTUREQ_LIMITS_MAX_HTTP_CONNECTIONS": "4"})
+    broker.start()
+    assert broker.process is not None
+    held: list[socket.socket] = []
+    try:
+        broker.process.send_signal(signal.SIGSTOP)
+        for _ in range(4 + 3 * http.MAX_HTTP_REFUSING):
+            sock = _connect(broker.http_address)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            held.append(sock)
+        broker.process.send_signal(signal.SIGCONT)
+        for sock in held:
+            answer = b""
+            while data := sock.recv(65536):  # a reset raises ConnectionResetError
+                answer += data
+            assert answer.startswith((b"HTTP/1.1 200", b"HTTP/1.1 503")), answer[:200]
+    finally:
+        for sock in held:
+            sock.close()
+        if broker.process.poll() is None:
+            broker.process.send_signal(signal.SIGCONT)
+        broker.kill()

@@ -14,9 +14,11 @@ Source: ``docs/protocol.md``; ``docs/operations.md``, "Limits".
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
+import os
 import socket
 import ssl
 import struct
@@ -58,7 +60,9 @@ clients (s); a client that does not read for this long is cut off (within
 REFUSE_GRACE_S = 1.0
 """How long a refused connection may take to receive its TOO_MANY_CONNECTIONS (s)."""
 MAX_REFUSING = 64
-"""Refused connections being told why at once; beyond, they are closed without a word."""
+"""Refused connections being told why at once, each by a task that waits for the client's
+close; beyond, a plain TCP one is told at once without waiting
+(:func:`refuse_without_waiting`), a TLS one closed without a word."""
 BACKLOG_POLL_S = 0.02
 """Closing a listener gracefully: the backlog is taken as empty once no connection has
 come from it for this long (s)."""
@@ -123,6 +127,31 @@ async def _refuse_connection(
             pass
     with trio.move_on_after(REFUSE_GRACE_S, shield=True):
         await trio.aclose_forcefully(stream)
+
+
+def refuse_without_waiting(stream: trio.SocketStream, data: bytes) -> None:
+    """Refuse a plain TCP connection beyond :data:`MAX_REFUSING` (the HTTP port's:
+    ``http.MAX_HTTP_REFUSING``) with no task and no wait: write ``data`` (the ERROR
+    frame, or a 503: a fresh socket's send buffer takes it whole),
+    read and drop what the client already sent (its HELLO, at most
+    :data:`MAX_DISCARD_BYTES`), half-close, close. The close is then clean unless the
+    client sends more after it (a client waits for the answer to its HELLO, so it does
+    not). Before, these were closed with their HELLO unread: a reset, which could throw
+    the refusal away, for every connection past 64 refused at once (a connection storm
+    during a stop)."""
+    sock = stream.socket
+    with contextlib.suppress(OSError):
+        fd = sock.fileno()
+        if fd == -1:
+            return
+        os.write(fd, data)
+        dropped = 0
+        while dropped < MAX_DISCARD_BYTES:
+            chunk = os.read(fd, 65536)  # the socket is non-blocking: BlockingIOError ends it
+            if not chunk:
+                break
+            dropped += len(chunk)
+        sock.shutdown(socket.SHUT_WR)
 
 
 def _lingering(stream: trio.abc.Stream) -> trio.abc.Stream:
@@ -394,6 +423,8 @@ class ClientGateway:
             self._refusing.acquire_nowait()
         except trio.WouldBlock:
             counted()
+            if ssl_context is None and isinstance(stream, trio.SocketStream):
+                refuse_without_waiting(stream, codec.encode_frame(frames.Error(0, code, message)))
             await trio.aclose_forcefully(stream)
             return
         if self._no_refusals.is_set():

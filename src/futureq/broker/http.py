@@ -73,7 +73,7 @@ from .connection import (
     close_tls_cleanly,
     half_close_and_drain,
 )
-from .gateway import accept_retrying, stop_handshakes, take_backlog
+from .gateway import accept_retrying, refuse_without_waiting, stop_handshakes, take_backlog
 from .overview import campaign_sentence, recovery_sentence
 
 if TYPE_CHECKING:
@@ -853,7 +853,9 @@ HTTP_ADDRESS_SHARE = 4
 """One client address may hold at most 1/HTTP_ADDRESS_SHARE of the HTTP connections, so a
 host filling the port cannot shut out the health probes and dashboards of the others."""
 MAX_HTTP_REFUSING = 16
-"""HTTP connections over the cap being told why at once; beyond, closed without a word."""
+"""HTTP connections over the cap being told why at once; beyond, plain HTTP ones are
+told without waiting (``gateway.refuse_without_waiting``), HTTPS ones closed without a
+word."""
 REFUSE_GRACE_S = 1.0
 """How long a refused HTTP connection may take to receive its 503 (s)."""
 REFUSE_DRAIN_S = 0.05
@@ -969,6 +971,8 @@ async def _serve_capped(
         try:
             refusing.acquire_nowait()
         except trio.WouldBlock:
+            if ssl_context is None:
+                refuse_without_waiting(stream, answer)  # told, not reset
             await trio.aclose_forcefully(stream)
             return
         try:
