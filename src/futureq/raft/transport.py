@@ -965,6 +965,7 @@ class Transport:
                 await tcp.aclose()
             return
         self._handshakes_by_host[host] = from_host + 1
+        peer: NodeId | None = None
         try:
             try:
                 with trio.fail_after(self._connect_timeout_s):
@@ -1023,7 +1024,9 @@ class Transport:
             log.debug("raft peer connection ended: %s", exc)
         finally:
             with trio.move_on_after(PEER_CLOSE_S + 0.5, shield=True):
-                if stream is tcp:
+                # Only a proved peer's connection is worth the wait: what an unknown
+                # host opens is closed at once.
+                if stream is tcp and peer is not None:
                     await _close_cleanly(tcp)
                 await stream.aclose()
 
