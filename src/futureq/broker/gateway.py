@@ -146,11 +146,12 @@ def refuse_without_waiting(stream: trio.SocketStream, data: bytes) -> None:
             return
         os.write(fd, data)
         dropped = 0
-        while dropped < MAX_DISCARD_BYTES:
-            chunk = os.read(fd, 65536)  # the socket is non-blocking: BlockingIOError ends it
-            if not chunk:
-                break
-            dropped += len(chunk)
+        with contextlib.suppress(BlockingIOError):  # the socket is non-blocking
+            while dropped < MAX_DISCARD_BYTES:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                dropped += len(chunk)
         sock.shutdown(socket.SHUT_WR)
 
 
