@@ -329,6 +329,41 @@ CANCELLED_TAGS_KEPT: Final = 65_536
 """Deliveries out when a CANCEL or PURGE removed their message that the leader remembers,
 so a later ACK/NACK/RELEASE/EXTEND of one gets DELIVERY_CANCELLED rather than the
 generic UNKNOWN_DELIVERY_TAG (oldest forgotten first; ~100 bytes each)."""
+ENDED_TAGS_KEPT: Final = 65_536
+"""Deliveries taken back from their consumer (visibility timeout, TTL, subscription
+ended, message removed, group deleted) that the leader remembers with the reason, so a
+later ACK/NACK/RELEASE/EXTEND of one is told why its tag is dead (oldest forgotten
+first; ~150 bytes each). Settled ones are not kept (the hot path stays as it was)."""
+STALE_SALT_ATTEMPTS: Final = 1 << 24
+"""A tag whose stamp, less this leadership's salt, names an attempt at or past this was
+not handed out by this leadership (an earlier leader's salt: 1 chance in 256 of a tag
+of an earlier leader landing below it, which then gets the generic sentence)."""
+
+TIMED_OUT: Final = (
+    "this delivery was taken back after its visibility timeout (REVOKE), counted as an "
+    "attempt: it comes again with a new tag (or goes to the dead-letter topic once out "
+    "of attempts); EXTEND before the deadline keeps a delivery you are still working on"
+)
+TTL_RAN_OUT: Final = (
+    "this delivery's message expired (its ttl_ms ran out) while it was out: it is "
+    "never delivered again (removed, or sent to the dead-letter topic by a group with "
+    "dead_letter_expired); there is nothing to settle"
+)
+SUBSCRIPTION_ENDED: Final = (
+    "this delivery was taken back when its subscription ended (UNSUBSCRIBE, or its "
+    "connection closed): it counted as an attempt and is due again for the group with "
+    "a new tag; settle deliveries before leaving a subscription"
+)
+GROUP_DELETED: Final = (
+    "this delivery's consumer group was deleted while it was out; its deliveries are "
+    "void: there is nothing to settle (a group created again with the same name is a "
+    "new group, with new tags)"
+)
+EARLIER_LEADERSHIP: Final = (
+    "this delivery tag was handed out by an earlier leader (or by this node before a "
+    "restart) that did not hand it over (a crash, or leadership lost): the delivery is "
+    "due again and comes with a new tag (at-least-once); settle that one"
+)
 
 
 class Hub:
@@ -352,6 +387,11 @@ class Hub:
         self.cancelled: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         """Schedule key -> tag stamp of deliveries that were out when a CANCEL or PURGE
         removed their message (at most :data:`CANCELLED_TAGS_KEPT`; leader-local)."""
+        self.ended: collections.OrderedDict[bytes, tuple[int, str]] = collections.OrderedDict()
+        """Schedule key -> ``(tag stamp, sentence)`` of deliveries taken back from their
+        consumer for another reason than a settlement or a cancellation, the sentence
+        saying why (at most :data:`ENDED_TAGS_KEPT`; leader-local): what a later
+        ACK/NACK/RELEASE/EXTEND of the tag is told (UNKNOWN_DELIVERY_TAG)."""
         self._deadlines: list[tuple[float, bytes]] = []
         """Heap of ``(wake_ms, key)`` of pushed deliveries (:attr:`InFlight.wake_ms`); an
         entry is live while the delivery in flight for ``key`` has that ``wake_ms`` and
@@ -477,6 +517,8 @@ class Hub:
             flight = self.in_flight.get(key)
             if flight is not None and not flight.acking and flight.tag not in keep:
                 self.give_back(flight)
+                if flight.pushed:
+                    self.note_ended(key, flight.stamp, SUBSCRIPTION_ENDED)
 
     def grant_credit(
         self, subscription_id: int, connection_id: int, credit: int, max_credit: int
@@ -632,19 +674,24 @@ class Hub:
         """True while ``flight`` is still the delivery in flight for its key."""
         return self.in_flight.get(flight.key) is flight
 
-    def forget(self, key: bytes, cancelled: bool = False) -> InFlight | None:
+    def forget(
+        self, key: bytes, cancelled: bool = False, why: str | None = None
+    ) -> InFlight | None:
         """Drop an in-flight delivery a command removed or rescheduled.
 
         A pushed delivery its consumer was not settling is taken back from the
         consumer: its credit is returned and the consumer gets a REVOKE (reason
         CANCELLED when ``cancelled``: a CANCEL or PURGE removed it; else REMOVED).
         A cancelled delivery that was out is remembered, so settling it later is
-        answered DELIVERY_CANCELLED.
+        answered DELIVERY_CANCELLED; one taken back for a reason ``why`` (a sentence)
+        is remembered with it, so settling it later is told why (:meth:`find_tags`).
         """
         flight = self._drop(key)
         if flight is not None and flight.pushed:
             if cancelled:
                 self.note_cancelled(key, flight.stamp)
+            elif why is not None and not flight.acking:
+                self.note_ended(key, flight.stamp, why)
             if not flight.acking:
                 reason = frames.RevokeReason.CANCELLED if cancelled else frames.RevokeReason.REMOVED
                 self._revoke([flight], reason)
@@ -658,6 +705,15 @@ class Hub:
         self.cancelled.move_to_end(key)
         while len(self.cancelled) > CANCELLED_TAGS_KEPT:
             self.cancelled.popitem(last=False)
+
+    def note_ended(self, key: bytes, stamp: int, why: str) -> None:
+        """Remember that the delivery ``key`` with tag stamp ``stamp`` was taken back
+        from its consumer, and ``why`` (a sentence): an ACK, NACK, RELEASE or EXTEND of
+        its tag is told so (the last :data:`ENDED_TAGS_KEPT`)."""
+        self.ended[key] = (stamp, why)
+        self.ended.move_to_end(key)
+        while len(self.ended) > ENDED_TAGS_KEPT:
+            self.ended.popitem(last=False)
 
     def _drop(self, key: bytes) -> InFlight | None:
         flight = self.in_flight.pop(key, None)
@@ -782,6 +838,7 @@ class Hub:
         for flight in flights:
             ran_out = flight.expire_ms is not None and flight.expire_ms <= now_ms
             (expired if ran_out else timed_out).append(flight)
+            self.note_ended(flight.key, flight.stamp, TTL_RAN_OUT if ran_out else TIMED_OUT)
         if expired:
             self._revoke(expired, frames.RevokeReason.REMOVED)
         if timed_out:
@@ -851,10 +908,7 @@ class Hub:
                 )
             if flight is None or flight.stamp != stamp or flight.acking or not flight.pushed:
                 raise RequestError(
-                    ErrorCode.UNKNOWN_DELIVERY_TAG,
-                    "unknown delivery tag: already settled, taken back after its "
-                    "visibility timeout (see REVOKE), or never delivered",
-                    i,
+                    ErrorCode.UNKNOWN_DELIVERY_TAG, self._why_unknown(key, stamp, flight), i
                 )
             if flight.consumer is self.orphans and may_settle is not None:
                 runtime = self.groups.get(flight.group_id)
@@ -875,6 +929,28 @@ class Hub:
             seen[key] = i
             flights.append(flight)
         return flights
+
+    def _why_unknown(self, key: bytes, stamp: int, flight: InFlight | None) -> str:
+        """The sentence an ACK, NACK, RELEASE or EXTEND of an unknown tag (schedule key
+        ``key``, stamp ``stamp``) is answered with: why it is dead, as far as this
+        leader knows (``flight``: the delivery of ``key`` in flight now, if any)."""
+        ended = self.ended.get(key)
+        if ended is not None and ended[0] == stamp:
+            return ended[1]
+        if flight is not None and flight.stamp != stamp:
+            named = (stamp - flight.salt) & 0xFFFFFFFF
+            if named < flight.attempt:
+                return (
+                    f"this delivery tag names attempt {named} of a message that was taken "
+                    f"back and delivered again (attempt {flight.attempt} is out now): "
+                    "only the tag of the latest delivery settles it"
+                )
+        if (stamp - self.tag_salt) & 0xFFFFFFFF >= STALE_SALT_ATTEMPTS:
+            return EARLIER_LEADERSHIP
+        return (
+            "unknown delivery tag: already settled, taken back after its visibility "
+            "timeout (see REVOKE), or never delivered"
+        )
 
     def claim_tags(
         self, tags: list[bytes], connection_id: int, may_settle: SettleCheck | None = None
@@ -983,14 +1059,19 @@ class Hub:
             consumer.closed = True
             self.consumers.pop(consumer.subscription_id, None)
             for key in list(consumer.in_flight):
-                if self._drop(key) is not None:
+                flight = self._drop(key)
+                if flight is not None:
                     runtime.in_flight_count -= 1  # _drop no longer finds the runtime
+                    if flight.pushed and not flight.acking:
+                        self.note_ended(key, flight.stamp, GROUP_DELETED)
         runtime.consumers.clear()
         if runtime.in_flight_count:
             # Deliveries of consumers that left while their ACK was being committed:
             # rare, so the sweep of every delivery in flight on the node runs only then.
             for key in [k for k, f in self.in_flight.items() if f.group_id == group_id]:
-                self._drop(key)
+                flight = self._drop(key)
+                if flight is not None and flight.pushed and not flight.acking:
+                    self.note_ended(key, flight.stamp, GROUP_DELETED)
 
     def clear(self) -> None:
         """Forget everything (leadership lost, or gained), and draw a new tag salt."""

@@ -24,6 +24,7 @@ from futureq.state.due_index import pack, unpack
 from futureq.state.records import PARKED_DUE_MS
 
 from . import dispatch_counters, dispatch_tasks
+from .hub import TTL_RAN_OUT
 
 _GROUP: Final = itemgetter(1)
 _DUE: Final = itemgetter(2)
@@ -43,6 +44,21 @@ _REASON_COUNTERS: dict[CommandKind, str] = {
 _CANCELLING: Final = frozenset({CommandKind.CANCEL, CommandKind.PURGE_GROUP})
 """Removals a consumer holding the delivery is told are cancellations (REVOKE reason
 CANCELLED, then DELIVERY_CANCELLED for its ACK)."""
+
+_REMOVED_BECAUSE: Final[dict[CommandKind, str]] = {
+    CommandKind.EXPIRE: TTL_RAN_OUT,
+    CommandKind.DEAD_LETTER: (
+        "this delivery's message was dead-lettered while it was out (out of attempts "
+        "after its group's max_deliveries changed, or a NACK to the dead-letter topic): "
+        "there is nothing to settle here; it is in the dead-letter topic"
+    ),
+    CommandKind.RESCHEDULE: (
+        "this delivery's message was rescheduled (RESCHEDULE) while it was out: it is "
+        "due again at its new time and comes with a new tag; there is nothing to settle"
+    ),
+}
+"""Why a delivery out was taken back, by the kind of the command that removed or moved
+its entry (told to a later ACK/NACK/RELEASE/EXTEND of its tag, :meth:`Hub.forget`)."""
 
 
 def on_scheduled(
@@ -311,7 +327,9 @@ def on_unscheduled(
     runtime.index.discard(due_ms, mid)
     runtime.released.pop(mid, None)
     key = commands.schedule_key(group_id, due_ms, mid)
-    flight = dispatcher.hub.forget(key, cancelled=reason in _CANCELLING)
+    flight = dispatcher.hub.forget(
+        key, cancelled=reason in _CANCELLING, why=_REMOVED_BECAUSE.get(reason)
+    )
     if reason == CommandKind.RESCHEDULE:
         attempt = 0 if indexed is None else indexed[1]
         if flight is not None:
