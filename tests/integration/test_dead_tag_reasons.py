@@ -13,9 +13,11 @@ The code stays UNKNOWN_DELIVERY_TAG; the sentence now names the cause.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from cluster_process import Cluster
 from wire_client import WireClient
 
 from futureq.errors import ErrorCode
@@ -118,6 +120,32 @@ def test_a_tag_from_before_a_crash_is_told_so(broker_factory: Callable[..., Any]
     [after] = client.deliveries(1)
     assert after[1] == before[1] and after[0] != before[0]
     message = refused(client, frames.Ack(client.next_id(), [before[0]]))
-    assert "handed out by an earlier leader (or by this node before a restart)" in message
+    assert (
+        "not handed out by this leader: an earlier leader (or this node before a restart)"
+        in message
+    )
     answer = client.request(frames.Ack(client.next_id(), [after[0]]))
     assert isinstance(answer, frames.Ok) and answer.result == 1, answer
+
+
+def test_a_held_tag_settled_on_the_next_leader_says_so_the_second_time(cluster3: Cluster) -> None:
+    """A delivery out when its leader hands over (CLUSTER_TRANSFER_LEADER) is settled by
+    its tag on the next leader, once; the second ACK of it is told it was settled
+    already (before: the generic sentence, which named a visibility timeout)."""
+    leader = cluster3.leader(30)
+    client = WireClient(leader.client_address)
+    create(client, "why.held", 60_000)
+    tag = one_delivery(client, "why.held")[0]
+    target = next(n for n in cluster3.nodes if n != leader.node_id)
+    answer = client.request(frames.ClusterTransferLeader(client.next_id(), target), 30)
+    assert isinstance(answer, frames.Ok), answer
+    client.close()
+    deadline = time.monotonic() + 30
+    while (leader := cluster3.leader(30)).node_id != target:
+        assert time.monotonic() < deadline, "the transfer did not happen"
+        time.sleep(0.05)
+    other = WireClient(leader.client_address)
+    answer = other.request(frames.Ack(other.next_id(), [tag]))
+    assert isinstance(answer, frames.Ok) and answer.result == 1, answer
+    message = refused(other, frames.Ack(other.next_id(), [tag]))
+    assert "was already settled by its tag" in message, message

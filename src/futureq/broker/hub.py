@@ -360,9 +360,14 @@ GROUP_DELETED: Final = (
     "new group, with new tags)"
 )
 EARLIER_LEADERSHIP: Final = (
-    "this delivery tag was handed out by an earlier leader (or by this node before a "
-    "restart) that did not hand it over (a crash, or leadership lost): the delivery is "
-    "due again and comes with a new tag (at-least-once); settle that one"
+    "this delivery tag was not handed out by this leader: an earlier leader (or this "
+    "node before a restart) handed it out, and did not hand it over (a crash, or "
+    "leadership lost), or it was settled, taken back or removed since; there is nothing "
+    "to settle with it: a delivery not settled comes again with a new tag"
+)
+SETTLED_HELD: Final = (
+    "this delivery (handed out by an earlier leader that handed it over) was already "
+    "settled by its tag: there is nothing more to settle"
 )
 
 
@@ -692,6 +697,9 @@ class Hub:
                 self.note_cancelled(key, flight.stamp)
             elif why is not None and not flight.acking:
                 self.note_ended(key, flight.stamp, why)
+            elif flight.acking and flight.consumer is self.orphans:
+                # Settled by its tag after a handover (rare: no cost on the hot path).
+                self.note_ended(key, flight.stamp, SETTLED_HELD)
             if not flight.acking:
                 reason = frames.RevokeReason.CANCELLED if cancelled else frames.RevokeReason.REMOVED
                 self._revoke([flight], reason)
