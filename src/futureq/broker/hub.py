@@ -696,11 +696,12 @@ class Hub:
         if flight is not None and flight.pushed:
             if cancelled:
                 self.note_cancelled(key, flight.stamp)
-            elif why is not None and not flight.acking:
+            elif flight.acking:
+                if why is None and flight.consumer is self.orphans:
+                    # Settled by its tag after a handover (rare: no hot-path cost).
+                    self.note_ended(key, flight.stamp, SETTLED_HELD)
+            elif why is not None:
                 self.note_ended(key, flight.stamp, why)
-            elif flight.acking and flight.consumer is self.orphans:
-                # Settled by its tag after a handover (rare: no cost on the hot path).
-                self.note_ended(key, flight.stamp, SETTLED_HELD)
             if not flight.acking:
                 reason = frames.RevokeReason.CANCELLED if cancelled else frames.RevokeReason.REMOVED
                 self._revoke([flight], reason)
