@@ -189,9 +189,10 @@ class ManageOps:
     total_pending: int
     last_publish_ms: int
     backfill_now_ms: int = 0
-    """Cluster time (ms) the command being applied shows has passed: the latest
-    publish stamp committed, or the command's own stamp if later (:func:`command_stamp`).
-    An exact backfill copies no entry that expired by then. Derived from replicated
+    """Cluster time (ms) the command being applied shows has passed: the command's own
+    stamp (:func:`command_stamp`), even below the latest publish stamp (one far ahead
+    was made on a wrong clock and left behind); for a kind without a stamp, the latest
+    publish stamp committed. An exact backfill copies no entry that expired by then. Derived from replicated
     state and the command only; set by ``apply_steps`` while a backfill runs."""
     key_time_floor: bytes = KEY_TIME
     """No ``t`` key of the store lies below this one (node-local, derived from the store;

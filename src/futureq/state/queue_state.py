@@ -490,7 +490,12 @@ class QueueState(ManageOps):
         touched: set[int] = set()
         result: Any = None
         if self.backfilling:
-            self.backfill_now_ms = max(self.last_publish_ms, command_stamp(command))
+            # The leader's stamp when the command carries one, even below an earlier
+            # publish stamp: one far ahead was made on a wrong clock and left behind
+            # (broker.publishing.stamp), and taken as "now" it expired a live backlog.
+            # A stamp at most the bound behind copies a message that may just have
+            # expired, which the dispatcher then expires: never a loss.
+            self.backfill_now_ms = command_stamp(command) or self.last_publish_ms
         if kind == CommandKind.PUBLISH:
             settings = commands.GroupSettings.from_wire(_arg(command, 3))
             duplicates: dict[int, int] = {}

@@ -564,3 +564,25 @@ def test_the_new_group_gets_each_message_due_as_at_creation_whatever_the_sources
         assert state.entry_key(mid, late) == schedule_key(late, due, mid)
     assert state.groups[late].pending == len(held)
     assert _marks(state) == []
+
+
+def test_a_publish_stamp_left_ahead_by_a_wrong_clock_does_not_expire_the_backlog(
+    kit: StoreKit,
+) -> None:
+    """A single node ran a day fast, stamped a publish, and was restarted on its
+    corrected clock: its leader leaves that stamp behind (``broker.publishing.stamp``)
+    and stamps on cluster time again. Messages due at 1500..1505 with a TTL of 100
+    are live at the chunk's stamp (1450). Before, the backfill took the day-ahead
+    stamp as "now", found every one of them expired, and ``late`` got none of them
+    (a lost backlog); the source groups still delivered them, live, by cluster time."""
+    day_ms = 86_400_000
+    state = QueueState(kit.store)
+    run = Runner(state)
+    (g0,) = [run(commands.create_group("t", "g0", None, None))]
+    run(commands.publish(1000 + day_ms, [("u", b"", 1000 + day_ms, None)]))
+    first = run(commands.publish(1400, [("t", bytes([i]), 1500 + i, 100) for i in range(6)]))
+    late = run(commands.create_group("t", "late", None, None, from_backlog=True))
+    assert run(commands.backfill_group(late, 10, 1450)) == 6
+    _finish(state, run, late)
+    assert _held_by(state, late) == [(first + i, 1500 + i) for i in range(6)]
+    assert _held_by(state, g0) == _held_by(state, late)
