@@ -863,3 +863,54 @@ def test_a_follower_that_may_not_lead_forgets_a_leader_it_no_longer_hears(
         assert status.get("leader_id") is None, status
     finally:
         cluster.stop()
+
+
+@pytest.mark.parametrize("step_s", [-3600, 3600], ids=["back", "forward"])
+async def test_a_delivery_held_across_the_leaders_clock_step_stays_out_until_its_deadline(
+    tmp_path: Path, step_s: int
+) -> None:
+    """A consumer holds a delivery (visibility timeout 6 s) while the leader's wall
+    clock steps an hour. Before, the leader handed leadership over at once with
+    nothing recorded, and the next leader pushed the message again about 0.1 s later,
+    as attempt 1 (breaker run: every first delivery out, in both directions). Now it
+    records the deliveries out first (HANDED_OUT), as a transfer or a stop does: the
+    next leader keeps the delivery out until its deadline, then delivers it again."""
+    clocks, env = stepping_clocks(tmp_path)
+    async with open_cluster(tmp_path / "c", 3, rng=random.Random(4), node_env=env) as cluster:
+        leader = await cluster.leader(record=False)
+        assert leader is not None
+        seen: list[tuple[int, int]] = []
+
+        async def delivered() -> bool:
+            return bool(seen)
+
+        async def redelivered() -> bool:
+            return len(seen) > 1
+
+        async def hold() -> None:
+            async with client.subscribe("held", "v", prefetch=10) as subscription:
+                async for delivery in subscription:
+                    seen.append((now_ms(), delivery.attempt))
+
+        async with (
+            open_client(cluster.servers, request_timeout_s=30) as client,
+            trio.open_nursery() as nursery,
+        ):
+            await client.create_group("held", "v", visibility_timeout_ms=6_000)
+            nursery.start_soon(hold)
+            await client.publish("held", b"kept")
+            await wait_for(delivered, 10, "the first delivery")
+            clocks[leader].step(step_s)
+
+            async def another_leader() -> bool:
+                statuses = await cluster.statuses()
+                return any(s.get("role") == "leader" and n != leader for n, s in statuses.items())
+
+            await wait_for(another_leader, 10, "another leader")
+            await trio.sleep(1.5)  # the next leader's first dispatch passes are done
+            assert len(seen) == 1, f"pushed again before its visibility deadline: {seen}"
+            await wait_for(redelivered, 10, "the delivery after its visibility timeout")
+            nursery.cancel_scope.cancel()
+        (first_ms, first_attempt), (again_ms, again_attempt) = seen[:2]
+        assert (first_attempt, again_attempt) == (1, 2), seen
+        assert again_ms - first_ms >= 6_000 - BOUND_MS, seen

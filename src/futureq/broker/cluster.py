@@ -424,6 +424,44 @@ async def follow_leadership(node: RaftNode, broker: Broker) -> None:
         epoch = await node.wait_role_change(epoch)
 
 
+CLOCK_HANDOVER_GRACE_S = 2.0
+"""How long a leader whose clock left the bound waits for the deliveries out to be
+recorded before it gives up leadership anyway (s); the recording normally takes a
+commit, and at most ``HANDED_WAIT_S`` to ask version 4 clients what they were handed."""
+
+
+async def record_before_clock_handover(node: RaftNode, broker: Broker) -> None:
+    """Record the deliveries out before a leader whose clock left the bound gives up
+    leadership, as a leadership transfer or a stop does. Never returns.
+
+    A consumer holding a delivery while the leader's wall clock stepped an hour got it
+    again from the next leader about 0.1 s later, with the same attempt number, long
+    before its visibility timeout (breaker run): the timekeeper handed leadership over
+    at once, with nothing recorded. Now it waits (``TimeKeeper.handover_wanted``, up to
+    :data:`CLOCK_HANDOVER_GRACE_S`, dispatching nothing) while this task records them
+    (HANDED_OUT: the next leader keeps each out until its deadline and honours its tag).
+    """
+    timekeeper = node.timekeeper
+    timekeeper.handover_grace_us = int(CLOCK_HANDOVER_GRACE_S * 1_000_000)
+    tick_s = node.config.tick_ms / 1000
+    while True:
+        term = timekeeper.handover_wanted
+        if term is None or not node.is_leader():
+            await trio.sleep(tick_s)
+            continue
+        epoch = node.role_epoch
+        try:
+            await broker.hold_and_record_deliveries()
+        finally:
+            timekeeper.handover_recorded(term)
+        # The next tick hands over (or steps down); a transfer that does not complete
+        # ends in a step-down after an election timeout. If the clock came back in
+        # bound meanwhile, this node stays leader and hands out again.
+        with trio.move_on_after(4 * node.config.election_timeout_ticks * tick_s):
+            await node.wait_role_change(epoch)
+        broker.dispatcher.resume()
+
+
 RAFT_METRICS_INTERVAL_S = 1.0
 
 

@@ -363,6 +363,7 @@ async def serve(
                     ) from exc
                 await root.start(command_log.run)
                 root.start_soon(cluster.follow_leadership, command_log, broker)
+                root.start_soon(cluster.record_before_clock_handover, command_log, broker)
                 root.start_soon(cluster.export_raft_metrics, command_log, transport, metrics)
                 root.start_soon(
                     cluster.stop_when_removed, command_log, config.server.node_id, shutdown

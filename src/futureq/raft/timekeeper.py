@@ -188,6 +188,17 @@ class TimeKeeper:
         self.lease = LeaderLease(config.lease_us)
         self._ticks = 0
         self._transfer_term: int | None = None
+        self.handover_grace_us = 0
+        """How long a leader whose clock left the bound waits, before it hands leadership
+        over or steps down, for its owner to record the deliveries out
+        (:meth:`handover_recorded`); 0: it does not wait (nobody records them). Set by
+        the owner that watches :attr:`handover_wanted`."""
+        self.handover_wanted: int | None = None
+        """The term in which this leader's clock left the bound and it waits to give up
+        leadership once the deliveries out are recorded (:attr:`handover_grace_us`), or
+        None. It dispatches nothing meanwhile (its clock is out of bound)."""
+        self._handover_deadline_us = 0
+        self._handover_recorded_term: int | None = None
 
     def on_tick(
         self, core: RaftCore, mono_us: int, wall_us: int
@@ -209,7 +220,7 @@ class TimeKeeper:
             for peer in membership.voters
             if peer != self.id and clock.peer_clock_refused(peer, clock.config.max_offset_us)
         )
-        self._enforce(core, notices)
+        self._enforce(core, notices, mono_us)
         self._ticks += 1
         messages: list[Message] = []
         if self._ticks % self.config.ping_every_ticks == 0:
@@ -295,7 +306,15 @@ class TimeKeeper:
                 best = candidate
         return None if best is None else NodeId(-best[2])
 
-    def _enforce(self, core: RaftCore, notices: list[ClockNotice]) -> None:
+    def handover_recorded(self, term: int) -> None:
+        """The owner recorded the deliveries out in ``term`` (or gave up trying): a
+        leader waiting in :attr:`handover_wanted` hands over at its next tick."""
+        if self.handover_wanted == term:
+            self._handover_recorded_term = term
+
+    def _enforce(self, core: RaftCore, notices: list[ClockNotice], mono_us: int) -> None:
+        if core.role is not Role.LEADER or self.handover_wanted not in (None, int(core.term)):
+            self.handover_wanted = None
         if core.role is not Role.LEADER:
             return
         if core.lead_transferee is not None:
@@ -312,9 +331,29 @@ class TimeKeeper:
             core.step_down()
             return
         if self.clock.in_bound:
+            self.handover_wanted = None
+            self._handover_recorded_term = None  # what goes out from now is not recorded
             return
-        target = self.best_transfer_target(core)
         reason = self.clock.refusal()
+        if self.handover_grace_us > 0 and self._handover_recorded_term != core.term:
+            # A consumer holding a delivery across the step kept it until its
+            # visibility deadline only when the leader recorded it (HANDED_OUT), as a
+            # transfer or a stop does; handed over at once, the next leader pushed it
+            # again at once, with the same attempt number (breaker run).
+            if self.handover_wanted is None:
+                self.handover_wanted = int(core.term)
+                self._handover_deadline_us = mono_us + self.handover_grace_us
+                notices.append(
+                    ClockNotice(
+                        "error",
+                        f"{reason}; recording the deliveries out before giving up leadership",
+                    )
+                )
+                return
+            if mono_us < self._handover_deadline_us:
+                return
+        self.handover_wanted = None
+        target = self.best_transfer_target(core)
         if target is not None:
             notices.append(ClockNotice("error", f"{reason}; handing leadership to node {target}"))
             core.transfer_leadership(target)

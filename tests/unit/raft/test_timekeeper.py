@@ -215,6 +215,41 @@ def test_a_leader_whose_clock_steps_hands_leadership_over(step_s: int) -> None:
     assert any("handing leadership to node" in text for text in cluster.notices)
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "grace_ran_out"])
+def test_a_leader_whose_clock_steps_waits_for_its_deliveries_to_be_recorded(
+    recorded: bool,
+) -> None:
+    """With an owner that records the deliveries out (``handover_grace_us``), the
+    leader whose clock stepped keeps leadership, dispatching nothing, until the owner
+    says they are recorded, and then hands it over; without that word, once the grace
+    ran out. (Handed over at once, the next leader pushed every delivery out again.)"""
+    cluster = Cluster()
+    cluster.run(600)
+    old = cluster.leader()
+    old.keeper.handover_grace_us = 200_000
+    old.offset_us += 3600 * 1_000_000
+    cluster.step()
+    term = int(old.core.term)
+    assert old.keeper.handover_wanted == term
+    assert cluster.dispatchers() == []
+    cluster.run(100)
+    assert old.core.role is Role.LEADER and old.core.lead_transferee is None
+    assert cluster.dispatchers() == []
+    if recorded:
+        old.keeper.handover_recorded(term)
+        cluster.step()
+    else:
+        cluster.run(80)
+        assert old.core.role is Role.LEADER  # 190 ms: still within the grace
+        cluster.run(20)
+    assert old.keeper.handover_wanted is None
+    cluster.run(300)
+    new = cluster.leader()
+    assert new.id != old.id
+    assert cluster.dispatchers() == [new.id]
+    assert any("recording the deliveries out" in text for text in cluster.notices)
+
+
 def test_a_leader_cut_off_stops_dispatching_before_another_can_be_elected() -> None:
     """Input 4: a leader that lost its quorum stops within its lease, and at no moment
     do two nodes dispatch."""
