@@ -250,6 +250,30 @@ def test_a_leader_whose_clock_steps_waits_for_its_deliveries_to_be_recorded(
     assert any("recording the deliveries out" in text for text in cluster.notices)
 
 
+def test_a_leader_whose_clock_comes_back_while_waiting_keeps_leading() -> None:
+    """The step is undone before the deliveries are recorded: the leader keeps
+    leadership and dispatches again; a recording reported late does not count for a
+    later step in the same term (what went out since is not recorded)."""
+    cluster = Cluster()
+    cluster.run(600)
+    old = cluster.leader()
+    old.keeper.handover_grace_us = 200_000
+    old.offset_us += 3600 * 1_000_000
+    cluster.step()
+    term = int(old.core.term)
+    assert old.keeper.handover_wanted == term
+    old.offset_us -= 3600 * 1_000_000
+    cluster.run(100)
+    assert old.keeper.handover_wanted is None
+    old.keeper.handover_recorded(term)  # late: ignored
+    cluster.run(300)
+    assert cluster.leader() is old and cluster.dispatchers() == [old.id]
+    old.offset_us += 3600 * 1_000_000
+    cluster.step()
+    assert old.keeper.handover_wanted == int(old.core.term) == term
+    assert old.core.lead_transferee is None  # waits for a new recording
+
+
 def test_a_leader_cut_off_stops_dispatching_before_another_can_be_elected() -> None:
     """Input 4: a leader that lost its quorum stops within its lease, and at no moment
     do two nodes dispatch."""
