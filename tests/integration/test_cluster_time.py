@@ -914,3 +914,35 @@ async def test_a_delivery_held_across_the_leaders_clock_step_stays_out_until_its
         (first_ms, first_attempt), (again_ms, again_attempt) = seen[:2]
         assert (first_attempt, again_attempt) == (1, 2), seen
         assert again_ms - first_ms >= 6_000 - BOUND_MS, seen
+
+
+def test_an_at_time_passed_by_the_clusters_clock_is_warned_of(broker: Any) -> None:
+    """``publish --at`` ten minutes ahead by a client whose clock is an hour slow named
+    a time fifty minutes past by the cluster's: the message was due at once and the
+    CLI said nothing. Now it warns, with both clocks; ``reschedule --at`` too. A time
+    ahead by both clocks, and one meant as past, are not warned of."""
+    env = {**os.environ, **offset_env(library(), -3600)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "futureq.cli.client_main", "--server", broker.client_address,
+             *args],
+            capture_output=True, text=True, timeout=60, check=False, env=env,
+        )  # fmt: skip
+
+    slow_now_ms = now_ms() - 3600 * 1000
+    published = cli("publish", "t.at", "x", "--at", str(slow_now_ms + 600_000))
+    assert published.returncode == 0, published.stderr
+    assert re.search(
+        r"warning: --at \S+ is 30\d\d\.\d s before the cluster's time \(\S+\): the message "
+        r"is due at once\. This machine's clock is 360\d\.\d s behind the cluster's",
+        published.stderr,
+    ), published.stderr
+    message_id = published.stdout.strip()
+    moved = cli("reschedule", "t.at", message_id, "--at", str(slow_now_ms + 900_000))
+    assert moved.returncode == 0, moved.stderr
+    assert "before the cluster's time" in moved.stderr, moved.stderr
+    ahead = cli("publish", "t.at", "y", "--at", str(slow_now_ms + 7_200_000))
+    past = cli("publish", "t.at", "z", "--at", str(slow_now_ms - 1_000))
+    assert ahead.returncode == past.returncode == 0, (ahead.stderr, past.stderr)
+    assert ahead.stderr == past.stderr == ""

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from futureq.cli.argv_text import not_text
 from futureq.cli.durations import delay_ms_arg
 from futureq.cli.jsonl import render_payload
+from futureq.cli.leader_time import leader_now_ms, warn_if_passed
 from futureq.cli.output import format_ms, write_lines
 from futureq.wire import frames
 
@@ -436,24 +436,13 @@ def pending_line(message: PendingMessage, dead_letters: bool) -> str:
     return text
 
 
-async def _leader_now_ms(client: Client) -> int:
-    """The leader's cluster time (ms since the Unix epoch), which due times are on (as
-    ``--counts`` buckets count from it); this machine's clock only if the node reports
-    none. This machine's clock may be far off theirs: ``--within`` on it listed nothing
-    due in the next ten minutes from a client an hour slow."""
-    clock = (await client.status()).get("clock")
-    if isinstance(clock, dict) and type(clock.get("cluster_time_ms")) is int:
-        return int(clock["cluster_time_ms"])
-    return int(time.time() * 1000)
-
-
 async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> int:
     """``futureq-cli browse TOPIC``: pending messages in due order, none claimed."""
     if args.counts:
         return await _run_browse_counts(client, args, io)
     to_ms = args.to_ms
     if args.within is not None:
-        to_ms = await _leader_now_ms(client) + args.within
+        to_ms = await leader_now_ms(client) + args.within
     if args.from_ms is not None and to_ms is not None and args.from_ms >= to_ms:
         # Found by a tester: the server's INVALID_ARGUMENT (exit 1) named its own fields.
         end = "--to" if args.within is None else "the end of --within"
@@ -639,6 +628,8 @@ async def run_reschedule(client: Client, args: argparse.Namespace, io: Output) -
             delay_ms=args.delay,
             group=args.group,
         )
+    if frames.ItemStatus.DONE in statuses:
+        await warn_if_passed(client, args.at, "--at", io)
     if args.json:
         rows = [{"id": mid, "status": s.name} for mid, s in zip(ids, statuses, strict=True)]
         io.out(json.dumps(rows))

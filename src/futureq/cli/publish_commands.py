@@ -33,6 +33,7 @@ from futureq.cli.client_arguments import DEFAULT_BATCH_SIZE
 from futureq.cli.durations import DEFAULT_LINGER_MS
 from futureq.cli.interrupts import Interrupt, ctrl_c_requests
 from futureq.cli.jsonl import JsonlItem, LineFailure, parse_jsonl
+from futureq.cli.leader_time import warn_if_passed
 from futureq.cli.output import (
     EXIT_ERROR,
     EXIT_OK,
@@ -131,6 +132,7 @@ async def run_publish_one(client: Client, args: argparse.Namespace, io: Output) 
         idempotency_key=args.idempotency_key,
     )
     io.out(str(message_id))
+    await warn_if_passed(client, args.at, "--at", io)
     return EXIT_OK
 
 
