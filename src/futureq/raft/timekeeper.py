@@ -10,7 +10,8 @@ trio driver (:mod:`futureq.raft.node`) and the simulation drive the same code.
 * **Who may lead.** ``core.campaign_allowed`` follows the clock's ``in_bound``: a node
   whose clock is unsynchronized or outside the bound neither campaigns nor answers
   TimeoutNow. A leader that leaves the bound hands leadership to a peer that says it is
-  in bound, or steps down when there is none.
+  in bound, or steps down when there is none; with an owner that records the
+  deliveries out (``TimeKeeper.handover_grace_us``) it first waits for that, briefly.
 * **The leader lease** (Raft thesis §6.4.1). The leader dispatches only while it holds
   a lease: a majority of voters answered a heartbeat round sent less than
   :attr:`TimeConfig.lease_us` ago (measured on the leader's monotonic clock from when
