@@ -3,7 +3,8 @@
 
 A follower's answer is its local view: the commands say so on stderr
 (:func:`view_line`); a sharded node's answer that misses a shard says which, and the
-command exits 1 (``docs/sharding.md``).
+command exits 1 (``docs/sharding.md``). Each command collects its lines in a
+:class:`~futureq.cli.output.Report`, written from a worker thread once it has them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final
 
-from futureq.cli.output import EXIT_ERROR, EXIT_OK, Output, format_ms
+from futureq.cli.output import EXIT_ERROR, EXIT_OK, Output, Report, format_ms, reported
 from futureq.client import Client
 from futureq.errors import FutureQError
 from futureq.wire.frames import GroupCreated
@@ -97,7 +98,11 @@ def group_table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return shown
 
 
-def _table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], io: Output) -> None:
+def _table(
+    title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], io: Output | Report
+) -> None:
+    """Print a table of ``rows`` (as :meth:`Output.out` does: rendered first, so that a
+    :class:`Report` writes it from its worker thread with the rest)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -107,7 +112,10 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], i
         table.add_column(column.replace("_", " "), justify="right" if numeric else "left")
     for row in rows:
         table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
-    Console(file=io.stdout, width=None if io.is_terminal else 160).print(table)
+    console = Console(file=io.stdout, width=None if io.is_terminal else 160)
+    with console.capture() as capture:
+        console.print(table)
+    io.out(capture.get().removesuffix("\n"))
 
 
 def view_line(status: dict[str, Any], *, local_asked: bool = False) -> str:
@@ -132,7 +140,7 @@ def view_line(status: dict[str, Any], *, local_asked: bool = False) -> str:
     )
 
 
-def _print_node(status: dict[str, Any], io: Output, *, local_asked: bool = False) -> None:
+def _print_node(status: dict[str, Any], io: Report, *, local_asked: bool = False) -> None:
     io.out(view_line(status, local_asked=local_asked))
     io.out(
         f"node {status.get('node_id')} role={status.get('role')} "
@@ -142,7 +150,7 @@ def _print_node(status: dict[str, Any], io: Output, *, local_asked: bool = False
     )
 
 
-def _missing_shards(status: dict[str, Any], io: Output) -> int:
+def _missing_shards(status: dict[str, Any], io: Report) -> int:
     """Say on stderr which shards of a sharded node did not answer (their topics are
     missing from the answer); EXIT_ERROR if any did, else EXIT_OK."""
     missing = [
@@ -158,7 +166,8 @@ def _missing_shards(status: dict[str, Any], io: Output) -> int:
     return EXIT_ERROR if missing else EXIT_OK
 
 
-async def run_status(client: Client, args: argparse.Namespace, io: Output) -> int:
+@reported
+async def run_status(client: Client, args: argparse.Namespace, io: Report) -> int:
     status = await client.status(local=args.local)
     if args.json:
         io.out(json.dumps(status, ensure_ascii=False))
@@ -224,7 +233,8 @@ def group_created_line(
     return f"{name} exists"
 
 
-async def run_group(client: Client, args: argparse.Namespace, io: Output) -> int:
+@reported
+async def run_group(client: Client, args: argparse.Namespace, io: Report) -> int:
     if args.group_command == "create":
         created = await client.create_group(
             args.topic,
@@ -253,7 +263,8 @@ async def run_group(client: Client, args: argparse.Namespace, io: Output) -> int
     return EXIT_OK
 
 
-async def run_topic(client: Client, args: argparse.Namespace, io: Output) -> int:
+@reported
+async def run_topic(client: Client, args: argparse.Namespace, io: Report) -> int:
     status = await client.status()
     if status.get("view") == "local":
         io.err(view_line(status))
@@ -267,7 +278,8 @@ async def run_topic(client: Client, args: argparse.Namespace, io: Output) -> int
     return _missing_shards(status, io)
 
 
-async def run_cluster(client: Client, args: argparse.Namespace, io: Output) -> int:
+@reported
+async def run_cluster(client: Client, args: argparse.Namespace, io: Report) -> int:
     if args.cluster_command == "add-node":
         await client.add_node(args.node_id, args.raft_address, args.client_address)
         io.out(f"node {args.node_id} added as a learner; it becomes a voter once caught up")
@@ -385,7 +397,7 @@ async def run_cluster(client: Client, args: argparse.Namespace, io: Output) -> i
     return _missing_shards(view, io)
 
 
-def _shards_table(view: dict[str, Any], io: Output) -> None:
+def _shards_table(view: dict[str, Any], io: Report) -> None:
     """A sharded node's ``cluster_status`` is shard 0's group with every shard's own
     answer under ``shards``: one row per shard, so each group's leader shows (shard 1
     is led by another node than shard 0 once leaders are balanced, docs/sharding.md)."""

@@ -187,6 +187,12 @@ def main(
         The exit status (also used by ``sys.exit`` when run as a script): 0 ok,
         1 error, 2 usage error, 130 interrupted.
     """
+    if sys.stderr is None:
+        # Started with stderr closed (`2>&-`): what goes there is dropped, and the exit
+        # status still tells. Without a stream argparse printed its usage on stdout,
+        # among the results; and descriptor 2, free, could be taken by the broker's
+        # socket, where a stray write to "stderr" would land. /dev/null takes it.
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the process's stderr till exit
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -233,10 +239,10 @@ def main(
     io = Output(out, stderr or sys.stderr, stdin)
     for warning in deprecation_warnings(args):
         io.err(warning)
-    if args.command == "completion":
-        io.stdout.write(shtab.complete(parser, shell=args.shell))
-        return EXIT_OK
     try:
+        if args.command == "completion":
+            io.out(shtab.complete(parser, shell=args.shell).removesuffix("\n"))
+            return EXIT_OK
         if args.command == "purge":
             # Its prompt waits on the terminal: a Ctrl-C there is an answer too (it
             # printed a KeyboardInterrupt traceback, found by a tester).
@@ -246,11 +252,30 @@ def main(
         return trio.run(run_command, args, io)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except BrokenPipeError:  # pragma: no cover - stdout closed early, e.g. by `| head`
+    except BrokenPipeError:
+        # The reader went away (`| head -1`): a quiet end, as docs/cli.md says. What
+        # the stream still buffers can never be written: without this, Python's own
+        # flush at exit printed "Exception ignored ... BrokenPipeError".
+        _drop_unwritten(io.stdout)
         return EXIT_OK
     except (FutureQError, OSError, ssl.SSLError, binascii.Error) as exc:
         io.err(error_line(exc, args.server))
         return EXIT_ERROR
+
+
+def _drop_unwritten(stream: IO[str]) -> None:
+    """Point ``stream``'s descriptor at /dev/null, so that the text it still buffers
+    goes nowhere at exit instead of failing to write (only the process's own stdout:
+    a stream without a descriptor, a test's, is left alone)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from futureq.cli import manage_commands
 from futureq.cli.durations import MAX_DEADLINE_MS
 from futureq.cli.interrupts import Interrupt, ctrl_c_requests
 from futureq.cli.jsonl import record_line, render_payload
-from futureq.cli.output import EXIT_OK, Output, format_ms, write_lines
+from futureq.cli.output import EXIT_OK, Output, format_ms, write_errors, write_lines
 from futureq.client import Client, Delivery, Subscription, _checks
 from futureq.client.subscription import LEASE_REFRESH_FRACTION
 from futureq.errors import ConnectionLostError, ErrorCode, FutureQError, RequestError
@@ -178,9 +178,12 @@ async def _consume(
                     raise
                 # The visibility timeout passed before we settled it: the broker has
                 # already handed it out again (at-least-once). Not fatal for the run.
-                io.err(
-                    f"warning: message {delivery.id} was not settled in time (visibility "
-                    "timeout); it will be delivered again"
+                await write_errors(
+                    io,
+                    [
+                        f"warning: message {delivery.id} was not settled in time "
+                        "(visibility timeout); it will be delivered again"
+                    ],
                 )
             if interrupt.requested:
                 return

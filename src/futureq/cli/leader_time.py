@@ -16,7 +16,6 @@ from futureq.errors import FutureQError
 from futureq.raft.cluster_clock import describe_offset
 
 if TYPE_CHECKING:
-    from futureq.cli.output import Output
     from futureq.client import Client
 
 PASSED_WARN_MS = 1_000
@@ -36,30 +35,31 @@ async def leader_now_ms(client: Client) -> int:
     return int(time.time() * 1000)
 
 
-async def warn_if_passed(client: Client, at_ms: int | None, flag: str, io: Output) -> None:
-    """Warn on standard error when ``at_ms``, ahead by this machine's clock, has passed
-    by the leader's: the message is due at once, not when this machine said.
+async def passed_warning(client: Client, at_ms: int | None, flag: str) -> str | None:
+    """The warning for standard error when ``at_ms``, ahead by this machine's clock,
+    has passed by the leader's (the message is due at once, not when this machine
+    said), or None.
 
     Args:
         client: Connected to the cluster (one STATUS request is made, only when
             ``at_ms`` is ahead of this machine's clock).
         at_ms: The time given (ms since the Unix epoch), or None (none given).
         flag: The option, for the sentence (``--at``).
-        io: Where the warning goes.
 
-    A status that cannot be had says nothing (the publish itself succeeded).
+    A status that cannot be had says nothing (the publish itself succeeded). The
+    caller writes the line (off the event loop: ``futureq.cli.output``).
     """
     local_ms = time.time_ns() // 1_000_000
     if at_ms is None or at_ms <= local_ms:
-        return  # none given, or meant as "at once" / past here too
+        return None  # none given, or meant as "at once" / past here too
     try:
         leader_ms = await leader_now_ms(client)
     except FutureQError:
-        return
+        return None
     behind_ms = leader_ms - at_ms
     if behind_ms <= PASSED_WARN_MS:
-        return
-    io.err(
+        return None
+    return (
         f"warning: {flag} {format_ms(at_ms)} is {behind_ms / 1000:.1f} s before the "
         f"cluster's time ({format_ms(leader_ms)}): the message is due at once. This "
         f"machine's clock is {describe_offset((local_ms - leader_ms) * 1000)} the "
@@ -67,4 +67,4 @@ async def warn_if_passed(client: Client, at_ms: int | None, flag: str, io: Outpu
     )
 
 
-__all__ = ["PASSED_WARN_MS", "leader_now_ms", "warn_if_passed"]
+__all__ = ["PASSED_WARN_MS", "leader_now_ms", "passed_warning"]

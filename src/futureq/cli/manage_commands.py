@@ -17,8 +17,8 @@ from typing import IO, TYPE_CHECKING, Any, Final
 from futureq.cli.argv_text import not_text
 from futureq.cli.durations import delay_ms_arg
 from futureq.cli.jsonl import render_payload
-from futureq.cli.leader_time import leader_now_ms, warn_if_passed
-from futureq.cli.output import format_ms, write_lines
+from futureq.cli.leader_time import leader_now_ms, passed_warning
+from futureq.cli.output import Report, format_ms, reported, write_errors, write_lines
 from futureq.wire import frames
 
 if TYPE_CHECKING:
@@ -263,7 +263,8 @@ def _paging_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
-async def run_cancel(client: Client, args: argparse.Namespace, io: Output) -> int:
+@reported
+async def run_cancel(client: Client, args: argparse.Namespace, io: Report) -> int:
     """``futureq-cli cancel TOPIC ID... [--group G]``: one line per id, then a count."""
     ids: list[int] = args.ids
     statuses: list[frames.ItemStatus] = []
@@ -446,16 +447,19 @@ async def run_browse(client: Client, args: argparse.Namespace, io: Output) -> in
     if args.from_ms is not None and to_ms is not None and args.from_ms >= to_ms:
         # Found by a tester: the server's INVALID_ARGUMENT (exit 1) named its own fields.
         end = "--to" if args.within is None else "the end of --within"
-        io.err(
-            f"error: --from ({format_ms(args.from_ms)}) is not before {end} "
-            f"({format_ms(to_ms)}): no message is due in that range; swap them or widen it"
+        await write_errors(
+            io,
+            [
+                f"error: --from ({format_ms(args.from_ms)}) is not before {end} "
+                f"({format_ms(to_ms)}): no message is due in that range; swap them or widen it"
+            ],
         )
         return EXIT_USAGE
     shown = await _print_pages(
         client, args.topic, args.group, args, args.from_ms, to_ms, io, dead_letters=False
     )
     if not args.json:
-        io.out(f"{shown} pending shown")
+        await write_lines(io, [f"{shown} pending shown"])
     return EXIT_OK
 
 
@@ -471,7 +475,8 @@ def _duration_text(ms: int) -> str:
     return "".join(parts)
 
 
-async def _run_browse_counts(client: Client, args: argparse.Namespace, io: Output) -> int:
+@reported
+async def _run_browse_counts(client: Client, args: argparse.Namespace, io: Report) -> int:
     """``futureq-cli browse TOPIC --counts``: pending messages counted by due bucket."""
     if args.from_ms is not None or args.to_ms is not None or args.within is not None:
         io.err("error: --counts counts the whole group; use --buckets, not --from/--to/--within")
@@ -567,16 +572,19 @@ async def run_dlq(client: Client, args: argparse.Namespace, io: Output) -> int:
         group = None
         if args.dlq_command == "list":
             if not args.json:
-                io.out(f"0 dead letters: {topic!r} has none yet")
+                await write_lines(io, [f"0 dead letters: {topic!r} has none yet"])
             return EXIT_OK
         if args.all:
-            io.out(f"redriven 0 of 0 to {args.topic.removesuffix('.dlq')!r}: {topic!r} has none")
+            await write_lines(
+                io,
+                [f"redriven 0 of 0 to {args.topic.removesuffix('.dlq')!r}: {topic!r} has none"],
+            )
             return EXIT_OK
     if args.dlq_command == "redrive":
         return await _run_dlq_redrive(client, args, io, group)
     shown = await _print_pages(client, topic, group, args, None, None, io, dead_letters=True)
     if not args.json:
-        io.out(f"{shown} dead letters shown")
+        await write_lines(io, [f"{shown} dead letters shown"])
     return EXIT_OK
 
 
@@ -600,23 +608,29 @@ async def _run_dlq_redrive(
             if cursor is None:
                 break
     elif not ids:
-        io.err("error: name dead-letter ids (futureq-cli dlq list TOPIC), or give --all")
+        await write_errors(
+            io, ["error: name dead-letter ids (futureq-cli dlq list TOPIC), or give --all"]
+        )
         return EXIT_USAGE
     counts = dict.fromkeys(frames.ItemStatus, 0)
     for start in range(0, len(ids), CANCEL_CHUNK_IDS):
         chunk = ids[start : start + CANCEL_CHUNK_IDS]
         for status in await client.redrive(topic, chunk, delay_ms=args.delay, group=group):
             counts[status] += 1
-        io.err(f"redrive: {min(start + len(chunk), len(ids))}/{len(ids)}")
-    io.out(
-        f"redriven {counts[frames.ItemStatus.DONE]} of {len(ids)} to {topic!r}; "
-        f"{counts[frames.ItemStatus.NO_TARGET]} kept (their group is gone), "
-        f"{counts[frames.ItemStatus.UNKNOWN]} unknown"
+        await write_errors(io, [f"redrive: {min(start + len(chunk), len(ids))}/{len(ids)}"])
+    await write_lines(
+        io,
+        [
+            f"redriven {counts[frames.ItemStatus.DONE]} of {len(ids)} to {topic!r}; "
+            f"{counts[frames.ItemStatus.NO_TARGET]} kept (their group is gone), "
+            f"{counts[frames.ItemStatus.UNKNOWN]} unknown"
+        ],
     )
     return EXIT_OK
 
 
-async def run_reschedule(client: Client, args: argparse.Namespace, io: Output) -> int:
+@reported
+async def run_reschedule(client: Client, args: argparse.Namespace, io: Report) -> int:
     """``futureq-cli reschedule TOPIC ID... --at T | --delay D [--group G]``."""
     ids: list[int] = args.ids
     statuses: list[frames.ItemStatus] = []
@@ -629,7 +643,9 @@ async def run_reschedule(client: Client, args: argparse.Namespace, io: Output) -
             group=args.group,
         )
     if frames.ItemStatus.DONE in statuses:
-        await warn_if_passed(client, args.at, "--at", io)
+        warning = await passed_warning(client, args.at, "--at")
+        if warning is not None:
+            io.err(warning)
     if args.json:
         rows = [{"id": mid, "status": s.name} for mid, s in zip(ids, statuses, strict=True)]
         io.out(json.dumps(rows))
@@ -666,7 +682,8 @@ def confirm_purge(args: argparse.Namespace, stdin: IO[str] | None, io: Output) -
     return None
 
 
-async def run_purge(client: Client, args: argparse.Namespace, io: Output) -> int:
+@reported
+async def run_purge(client: Client, args: argparse.Namespace, io: Report) -> int:
     """``futureq-cli purge TOPIC [--group G] --yes`` (confirmed by :func:`confirm_purge`)."""
     count = await client.purge(args.topic, group=args.group)
     io.out(

@@ -33,13 +33,16 @@ from futureq.cli.client_arguments import DEFAULT_BATCH_SIZE
 from futureq.cli.durations import DEFAULT_LINGER_MS
 from futureq.cli.interrupts import Interrupt, ctrl_c_requests
 from futureq.cli.jsonl import JsonlItem, LineFailure, parse_jsonl
-from futureq.cli.leader_time import warn_if_passed
+from futureq.cli.leader_time import passed_warning
 from futureq.cli.output import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
     Output,
+    Report,
     error_line,
+    write_errors,
+    write_lines,
 )
 from futureq.client import Client
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, split_by_size
@@ -131,8 +134,10 @@ async def run_publish_one(client: Client, args: argparse.Namespace, io: Output) 
         headers=dict(args.headers) if args.headers else None,
         idempotency_key=args.idempotency_key,
     )
-    io.out(str(message_id))
-    await warn_if_passed(client, args.at, "--at", io)
+    await write_lines(io, [str(message_id)])
+    warning = await passed_warning(client, args.at, "--at")
+    if warning is not None:
+        await write_errors(io, [warning])
     return EXIT_OK
 
 
@@ -814,7 +819,7 @@ async def run_publish_file(client: Client, args: argparse.Namespace, io: Output)
         try:
             failed_out = _open_failed_out(args, io)
         except ValueError as exc:
-            io.err(f"error: {exc}")
+            await write_errors(io, [f"error: {exc}"])
             return EXIT_USAGE
         try:
             return await _publish_lines(client, args, io, source, failed_out)
@@ -1037,23 +1042,25 @@ async def _publish_lines(
             )
             unread = False
     elapsed_s = max(time.monotonic() - started, 1e-9)
+    # Written from a worker thread (Report): a paused reader must not hold the loop.
+    report = Report(io)
     rate = summary.published / elapsed_s
     for failure in summary.failures[:MAX_FAILURES_SHOWN]:
-        io.err(str(failure))
+        report.err(str(failure))
     if len(summary.failures) > MAX_FAILURES_SHOWN:
-        io.err(f"... and {len(summary.failures) - MAX_FAILURES_SHOWN} more failed line(s)")
+        report.err(f"... and {len(summary.failures) - MAX_FAILURES_SHOWN} more failed line(s)")
     if summary.stopped_at_line is not None:
         # Not "send it again from line N": on a sharded node part of that batch and of
         # the lines before it may be stored (found by a tester: following that advice
         # stored five lines twice). The lines not stored are exactly the failures.
-        io.err(
+        report.err(
             f"stopped at line {summary.stopped_at_line}: its batch found no available "
             f"server within --request-timeout, so the {summary.not_sent} line(s) after "
             "that batch were not sent"
         )
     if summary.interrupted:
         unknown = sum(f.reason == INTERRUPTED_IN_FLIGHT for f in summary.failures)
-        io.err(
+        report.err(
             f"interrupted: the {summary.not_sent} line(s) after the batch being sent were "
             f"not sent, and that batch's {unknown} line(s) have an unknown outcome"
             if unknown
@@ -1061,14 +1068,14 @@ async def _publish_lines(
             "stored were not sent"
         )
     if unread:
-        io.err(_unread_advice(args, source, read_lines))
+        report.err(_unread_advice(args, source, read_lines))
     if copied:
-        io.err(
+        report.err(
             f"not sent: the {copied} line(s) after line {read_lines} were copied unread to "
             f"{args.failed_out}, as they are"
         )
     if (summary.failures or copied) and (failed_out is not None or stopped):
-        io.err(
+        report.err(
             _resend_advice(
                 args,
                 summary.failures,
@@ -1087,10 +1094,11 @@ async def _publish_lines(
     not_read = f"; the input after line {read_lines} not read" if unread else ""
     if copied:
         not_read = f"; {copied} line(s) after line {read_lines} not sent, in {args.failed_out}"
-    io.out(
+    report.out(
         f"published {summary.published} message(s){already} in {elapsed_s:.2f} s "
         f"({rate:.0f} msgs/s); {len(summary.failures)} failed line(s){not_read}"
     )
+    await report.write()
     if summary.interrupted:
         return interrupt.exit_status
     return EXIT_ERROR if summary.failures else EXIT_OK
