@@ -19,6 +19,7 @@ fixed before; these are the rest of the commands):
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import re
 import subprocess
@@ -29,8 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import trio
 from broker_process import BrokerProcess
 from cli_process import cli, pending
+
+from futureq.cli import client_main
 
 KEEPALIVE_MS = 300
 """The brokers' keepalive interval and timeout here: silent for both, a client is closed."""
@@ -260,3 +264,58 @@ def test_a_reader_gone_before_the_results_is_a_quiet_end(
     finally:
         os.close(write_fd)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+class _LoopWatch(io.StringIO):
+    """A stream that notes each write made on a Trio event loop's thread (where a write
+    that waits on its reader holds the loop), with the text written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_loop: list[str] = []
+
+    def write(self, text: str) -> int:
+        if trio.lowlevel.in_trio_run():
+            self.on_loop.append(text)
+        return super().write(text)
+
+
+# Every futureq-cli command that connects, each with output on stdout and (where it
+# has any) stderr; the topic w.t has group g, one message and a dead letter.
+EVERY_COMMAND = [
+    ["status"],
+    ["status", "--json"],
+    ["cluster", "status"],
+    ["group", "list"],
+    ["group", "create", "w.t", "g2"],
+    ["group", "delete", "w.t", "g2"],
+    ["topic", "list"],
+    ["publish", "w.t", "m"],
+    ["publish", "--file", "{lines}"],
+    ["consume", "w.t", "--group", "g", "--count", "1", "--no-ack"],
+    ["browse", "w.t", "--group", "g"],
+    ["browse", "w.t", "--group", "g", "--counts"],
+    ["cancel", "w.t", "1"],
+    ["reschedule", "w.t", "1", "--delay", "1m"],
+    ["dlq", "list", "w.t"],
+    ["dlq", "redrive", "w.t", "--all"],
+    ["purge", "w.t", "--yes"],
+    ["cluster", "transfer-leader"],  # a single node: an error line
+]
+
+
+def test_no_command_writes_on_its_event_loop(broker: BrokerProcess, tmp_path: Path) -> None:
+    address = broker.client_address
+    _dead_letters(address, "w.t", 1)
+    assert cli(address, "publish", "w.t", "m").returncode == 0
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text('{"topic":"w.t","payload":"a"}\nnot json\n')
+    written_on_loop = {}
+    for words in EVERY_COMMAND:
+        words = [str(lines) if word == "{lines}" else word for word in words]
+        out, err = _LoopWatch(), _LoopWatch()
+        client_main.main(["--server", address, *words], stdout=out, stderr=err)
+        assert out.getvalue() or err.getvalue(), f"{words}: no output to watch"
+        if out.on_loop or err.on_loop:
+            written_on_loop[" ".join(words)] = out.on_loop + err.on_loop
+    assert written_on_loop == {}

@@ -10,6 +10,7 @@ command exits 1 (``docs/sharding.md``). Each command collects its lines in a
 from __future__ import annotations
 
 import argparse
+import io as io_module
 import json
 from collections.abc import Sequence
 from typing import Any, Final
@@ -112,10 +113,19 @@ def _table(
         table.add_column(column.replace("_", " "), justify="right" if numeric else "left")
     for row in rows:
         table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
-    console = Console(file=io.stdout, width=None if io.is_terminal else 160)
-    with console.capture() as capture:
-        console.print(table)
-    io.out(capture.get().removesuffix("\n"))
+    # Rendered into a buffer as it would be onto io.stdout (its width, whether it is a
+    # terminal and its colours read from a console on it that writes nothing): rich
+    # wrote to the stream itself, on the event loop.
+    shape = Console(file=io.stdout, width=None if io.is_terminal else 160)
+    buffer = io_module.StringIO()
+    Console(
+        file=buffer,
+        width=shape.width,
+        force_terminal=shape.is_terminal,
+        color_system=shape.color_system,  # type: ignore[arg-type]
+        no_color=shape.no_color,
+    ).print(table)
+    io.out(buffer.getvalue().removesuffix("\n"))
 
 
 def view_line(status: dict[str, Any], *, local_asked: bool = False) -> str:
