@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import io
 import os
+import pty
 import re
 import subprocess
 import sys
@@ -319,3 +320,26 @@ def test_no_command_writes_on_its_event_loop(broker: BrokerProcess, tmp_path: Pa
         if out.on_loop or err.on_loop:
             written_on_loop[" ".join(words)] = out.on_loop + err.on_loop
     assert written_on_loop == {}
+
+
+def test_with_stderr_closed_purge_does_not_ask_where_nobody_sees(broker: BrokerProcess) -> None:
+    # At a terminal with stderr closed, its question died of an AttributeError; shown
+    # nowhere it would wait for an answer to nothing. It refuses, as off a terminal.
+    address = broker.client_address
+    assert cli(address, "publish", "q.t", "m").returncode == 0
+    primary, secondary = pty.openpty()  # stdin a terminal, as at a shell
+    try:
+        done = subprocess.run(
+            _command(address, "purge", "q.t"),
+            stdin=secondary,
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+            preexec_fn=lambda: os.close(2),
+        )
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert pending(address, "q.t") == 1

@@ -187,6 +187,7 @@ def main(
         The exit status (also used by ``sys.exit`` when run as a script): 0 ok,
         1 error, 2 usage error, 130 interrupted.
     """
+    stderr_closed = stderr is None and sys.stderr is None
     if sys.stderr is None:
         # Started with stderr closed (`2>&-`): what goes there is dropped, and the exit
         # status still tells. Without a stream argparse printed its usage on stdout,
@@ -236,7 +237,7 @@ def main(
                 "redirect it (> /dev/null drops them)\n"
             )
         return EXIT_ERROR
-    io = Output(out, stderr or sys.stderr, stdin)
+    io = Output(out, None if stderr_closed else stderr or sys.stderr, stdin)
     for warning in deprecation_warnings(args):
         io.err(warning)
     try:

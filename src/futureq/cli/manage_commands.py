@@ -672,7 +672,9 @@ def confirm_purge(args: argparse.Namespace, stdin: IO[str] | None, io: Output) -
     if args.yes:
         return None
     what = _purge_target(args)
-    if stdin is None or not stdin.isatty():  # None: started with stdin closed (`<&-`)
+    # stdin None: started with it closed (`<&-`); stderr None: closed (`2>&-`), so
+    # the question could not be seen (it waited for an answer to nothing).
+    if stdin is None or not stdin.isatty() or io.stderr is None:
         io.err(f"error: purge removes every message pending in {what}; add --yes to confirm")
         return EXIT_USAGE
     io.err(f"Remove every message pending now in {what}? Type 'yes': ")
