@@ -202,7 +202,22 @@ class WrongShardError(RequestError):
 
 
 class ConnectionLostError(FutureQError):
-    """The other side or the network broke the connection."""
+    """The other side or the network broke the connection, or no server could be
+    reached: raised as itself, the outcome of the request is **unknown** (it was sent
+    and its answer never came, so it may or may not have taken effect)."""
+
+
+class NotSentError(ConnectionLostError):
+    """The request took no effect, and sending it again is safe.
+
+    Raised (by the client library) when every attempt at the request is known not to
+    have taken effect: it never reached a server (no connection before its deadline,
+    a connection lost before it was written), the server's GOAWAY said it was not
+    served, or the server refused it in a way that says nothing was applied
+    (``NOT_LEADER``, ...). A subclass of :class:`ConnectionLostError`, so code that
+    catches that still catches it; catch it first to tell "not sent" from "outcome
+    unknown" (``docs/client.md``, "Errors").
+    """
 
 
 class SubscriptionEndedError(FutureQError):

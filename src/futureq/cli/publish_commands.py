@@ -46,7 +46,13 @@ from futureq.cli.output import (
 )
 from futureq.client import Client
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, split_by_size
-from futureq.errors import ConnectionLostError, ErrorCode, ProtocolError, RequestError
+from futureq.errors import (
+    ConnectionLostError,
+    ErrorCode,
+    NotSentError,
+    ProtocolError,
+    RequestError,
+)
 
 T = TypeVar("T")
 
@@ -292,7 +298,11 @@ async def publish_items(
                     "error: "
                 )
                 unavailable = isinstance(exc, ConnectionLostError)
-                unanswered = True  # sent, perhaps stored, and no answer came
+                # Sent, perhaps stored, and no answer came; unless the client knows
+                # every attempt took no effect (NotSentError: no server reached, or
+                # a GOAWAY said it was not served). Before, those lines too were
+                # counted "unknown outcome ... may be stored already".
+                unanswered = not isinstance(exc, NotSentError)
             else:
                 summary.published += len(batch) - len(duplicates)
                 summary.duplicates += len(duplicates)

@@ -25,13 +25,13 @@ import anyio
 import anyio.abc
 
 from futureq.client import _checks
+from futureq.client._attempts import Attempts
 from futureq.client._backoff import Backoff
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, PublishItem
 from futureq.client._connection import (
     DRAIN_GRACE_S,
     Connection,
     HopelessConnectError,
-    NotSentError,
     PushFrame,
     UnknownHostError,
     connect,
@@ -44,6 +44,7 @@ from futureq.errors import (
     ErrorCode,
     FutureQError,
     NotLeaderError,
+    NotSentError,
     RemoteProtocolError,
     RequestError,
     SubscriptionEndedError,
@@ -278,6 +279,14 @@ class ClientBase:
             raise self._fatal
 
     async def _wait_connection(self, deadline: float) -> Connection:
+        """The live connection, once there is one.
+
+        Raises:
+            NotSentError: none before ``deadline`` (``anyio.current_time()`` value):
+                the request waiting for it was not sent; the message names the
+                servers tried and the last connection error.
+            ClientClosedError, RemoteProtocolError: as :meth:`_check_open`.
+        """
         while True:
             self._check_open()
             conn = self._conn
@@ -289,9 +298,9 @@ class ClientBase:
                 continue
             detail = f": {self._last_connect_error}" if self._last_connect_error else ""
             whose = "" if self.shard is None else f"shard {self.shard}: "
-            raise ConnectionLostError(
+            raise NotSentError(
                 f"{whose}no connection to any of {', '.join(self._known_servers())} before the "
-                f"deadline{detail}"
+                f"deadline{detail}; the request was not sent"
             )
 
     def _on_push(self, conn: Connection, frame: PushFrame) -> None:
@@ -586,6 +595,7 @@ class ClientBase:
         retry_unknown: bool,
         deadline: float | None = None,
         on_answer: Callable[[Connection, frames.Frame], None] | None = None,
+        attempts: Attempts | None = None,
     ) -> frames.Frame:
         """Send a request, following NOT_LEADER and retrying 3xx errors with backoff.
 
@@ -596,19 +606,32 @@ class ClientBase:
             deadline: ``anyio.current_time()`` value ending all attempts; default now
                 plus ``request_timeout_s``.
             on_answer: Called by the reader with the connection and the answer.
+            attempts: The record of earlier attempts at the same items, when the
+                caller sends them again in a new call (a publish batch resent without
+                a refused item); it is updated. Default: a new one.
 
         Raises:
             RequestError: a 2xx refusal, or the last 3xx / TIMEOUT error at the deadline.
-            ConnectionLostError: no connection before the deadline, or lost with the
-                request in flight and ``retry_unknown`` False.
+            NotSentError: the request took no effect and may be sent again: no
+                connection before the deadline, or the last attempt was not sent,
+                and every attempt before it took no effect either
+                (:func:`~futureq.client._attempts.took_no_effect`).
+            ConnectionLostError: the outcome is unknown: lost with the request in
+                flight and ``retry_unknown`` False, or an attempt may have taken
+                effect before the last one was not sent.
             ClientClosedError: the client was closed.
         """
         if deadline is None:
             deadline = anyio.current_time() + self.request_timeout_s
+        if attempts is None:
+            attempts = Attempts()
         backoff = Backoff(self._rng)
         at_once = 0
         while True:
-            conn = await self._wait_connection(deadline)
+            try:
+                conn = await self._wait_connection(deadline)
+            except NotSentError as exc:
+                raise attempts.final(exc) from None
             answer_hook = None if on_answer is None else functools.partial(on_answer, conn)
             # A redirect to a named leader, or a connection to replace, is no failure
             # to back off from: the next attempt goes out as soon as there is a
@@ -619,18 +642,22 @@ class ClientBase:
             try:
                 return await conn.request(make_frame, deadline=deadline, on_answer=answer_hook)
             except NotLeaderError as exc:
+                attempts.note(exc)
                 last_error: FutureQError = exc
                 self._follow_leader(conn, exc.leader_address)
                 immediate = exc.leader_address not in (None, conn.address)
             except NotSentError as exc:
+                attempts.note(exc)
                 last_error = exc
                 immediate = True
             except ConnectionLostError as exc:
+                attempts.note(exc)  # sent, and its answer lost: the outcome is unknown
                 if not retry_unknown:
                     raise
                 last_error = exc
                 immediate = True
             except RequestError as exc:
+                attempts.note(exc)
                 if not exc.code.retryable or anyio.current_time() >= deadline:
                     raise
                 last_error = exc
@@ -641,7 +668,7 @@ class ClientBase:
             at_once = 0
             delay = backoff.next_delay_s()
             if anyio.current_time() + delay >= deadline:
-                raise last_error
+                raise attempts.final(last_error)
             await anyio.sleep(delay)
 
     def _follow_leader(self, conn: Connection, leader_address: str | None) -> None:

@@ -35,6 +35,7 @@ from futureq.errors import (
     ErrorCode,
     FutureQError,
     LocalProtocolError,
+    NotSentError,
     RemoteProtocolError,
     RequestError,
     error_from_code,
@@ -90,10 +91,6 @@ for the answers still owed on it (seconds), capped by the client's
 CLIENT_NAME: Final = f"futureq-client/{__version__}"
 
 log = logging.getLogger(__name__)
-
-
-class NotSentError(ConnectionLostError):
-    """The connection was lost before the request reached the socket: safe to retry."""
 
 
 class HopelessConnectError(ConnectionLostError):

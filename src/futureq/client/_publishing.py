@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 
+from futureq.client._attempts import Attempts
 from futureq.client._base import MAX_BATCHES_IN_FLIGHT, ClientBase, _expect
 from futureq.client._batching import (
     PublishItem,
@@ -24,7 +25,14 @@ from futureq.client._batching import (
 )
 from futureq.client._connection import RequestTooLargeError, UnencodableError
 from futureq.client._pending import _Gathering, _PendingPublish
-from futureq.errors import ClientClosedError, ErrorCode, FutureQError, NotLeaderError, RequestError
+from futureq.errors import (
+    ClientClosedError,
+    ErrorCode,
+    FutureQError,
+    NotLeaderError,
+    NotSentError,
+    RequestError,
+)
 from futureq.wire import frames
 
 
@@ -65,9 +73,14 @@ class PublishingClient(ClientBase):
         Raises:
             RequestError: the server refused this message (its code says why), or
                 a 3xx error / TIMEOUT persisted until ``request_timeout_s``.
-            ConnectionLostError: no server reachable before the deadline, or (with
-                ``retry_unknown_outcome=False``) the connection broke with the
-                message in flight: it may or may not be stored.
+            NotSentError: the message was not stored and may be sent again: no
+                server was reachable before the deadline, or every attempt took no
+                effect (not sent, above a GOAWAY's last request served, refused
+                NOT_LEADER, ...); a :class:`ConnectionLostError`.
+            ConnectionLostError: (not a :class:`NotSentError`) the outcome is
+                unknown: the connection broke with the message in flight (raised at
+                once with ``retry_unknown_outcome=False``), and it may or may not be
+                stored.
             ClientClosedError: the client was closed.
             TypeError: payload is not bytes.
 
@@ -82,15 +95,25 @@ class PublishingClient(ClientBase):
         self._check_fits_a_frame(item)
         deadline = anyio.current_time() + self.request_timeout_s
         pending = _PendingPublish(item, deadline)
+        queued = False
         with anyio.CancelScope(deadline=deadline) as scope:
             try:
                 await self._publish_send.send(pending)
             except anyio.ClosedResourceError:
                 raise ClientClosedError("the client was closed") from None
+            queued = True
             # The batcher resolves every item by its deadline; the extra second only
             # guards against a bug leaving a caller waiting for ever.
             scope.deadline = deadline + 1.0
             await pending.event.wait()
+        if not queued:
+            # The batcher's queue stayed full (earlier publishes waiting for a server)
+            # until the deadline: this one never left the caller.
+            raise NotSentError(
+                f"publish to {topic!r} waited {self.request_timeout_s:g} s "
+                "(request_timeout_s) for room in the client's publish queue, full of "
+                "earlier publishes; it was not sent"
+            )
         if pending.error is not None:
             raise pending.error
         if pending.message_id is None:
@@ -136,13 +159,16 @@ class PublishingClient(ClientBase):
                 ``items``** of the first bad item when the server named one.
                 PAYLOAD_TOO_LARGE (nothing sent) for an item that alone encodes to
                 more than one frame carries.
-            ConnectionLostError, ClientClosedError: as :meth:`publish`.
+            NotSentError, ConnectionLostError, ClientClosedError: as :meth:`publish`,
+                for the frame that failed (those before it are stored, those after
+                it not sent).
         """
         for position, item in enumerate(items):
             self._check_fits_a_frame(item, position)
         ids: list[int] = []
         offset = 0
         max_items = self._max_batch_items
+        attempts = Attempts()  # of the items from ``offset`` on, across re-splits
         while offset < len(items):
             end = split_by_size(items, offset, max_items, self._item_bytes_budget())
             chunk = items[offset:end]
@@ -152,6 +178,7 @@ class PublishingClient(ClientBase):
                 answer = await self._call(
                     _publish_frame(level, wire_items),
                     retry_unknown=self._retry_unknown_outcome,
+                    attempts=attempts,
                 )
             except RequestTooLargeError:
                 if len(chunk) == 1:
@@ -175,6 +202,7 @@ class PublishingClient(ClientBase):
             if duplicates is not None:
                 duplicates.extend(offset + position for position, _ in ok.duplicates or ())
             offset = end
+            attempts = Attempts()
         return ids
 
     async def _run_batcher(self) -> None:
@@ -215,17 +243,19 @@ class PublishingClient(ClientBase):
 
     async def _send_batch(self, batch: list[_PendingPublish], in_flight: anyio.Semaphore) -> None:
         try:
-            await self._publish_pending(batch)
+            await self._publish_pending(batch, Attempts())
         finally:
             in_flight.release()
 
-    async def _publish_pending(self, batch: list[_PendingPublish]) -> None:
+    async def _publish_pending(self, batch: list[_PendingPublish], attempts: Attempts) -> None:
         """Send ``batch``; on a refusal naming an item, fail it and resend the rest.
 
         Other callers' messages never fail because one item of a shared batch is bad:
         the server stores nothing of a refused batch, so the rest is simply resent.
         A batch the client cannot send whole (over a smaller server's frame limit, or
         a value it cannot encode) is sent in halves, down to the one item at fault.
+        ``attempts`` records the batch's attempts so far, so that an item is failed
+        with :class:`NotSentError` only when none of them may have stored it.
         """
         while batch:
             now = anyio.current_time()
@@ -233,6 +263,12 @@ class PublishingClient(ClientBase):
                 if pending.deadline <= now:
                     pending.fail(
                         RequestError(ErrorCode.TIMEOUT, "publish was not answered in time")
+                        if attempts.unknown is not None
+                        else NotSentError(
+                            f"publish to {pending.item.topic!r} was not sent: its "
+                            f"request_timeout_s ({self.request_timeout_s:g} s) passed while "
+                            "it waited for earlier publishes to be answered"
+                        )
                     )
             batch = [pending for pending in batch if not pending.event.is_set()]
             if not batch:
@@ -244,6 +280,7 @@ class PublishingClient(ClientBase):
                     _publish_frame(level, wire_items),
                     retry_unknown=self._retry_unknown_outcome,
                     deadline=min(pending.deadline for pending in batch),
+                    attempts=attempts,
                 )
                 ok = _expect(answer, frames.PublishOk)
                 for pending, message_id in zip(
@@ -255,7 +292,7 @@ class PublishingClient(ClientBase):
                 return
             except (RequestTooLargeError, UnencodableError) as exc:
                 if len(batch) > 1:
-                    await self._publish_halves(batch)
+                    await self._publish_halves(batch, attempts)
                     return
                 error: FutureQError = (
                     RequestError(ErrorCode.PAYLOAD_TOO_LARGE, exc.message)
@@ -269,7 +306,7 @@ class PublishingClient(ClientBase):
                     batch = batch[:index] + batch[index + 1 :]
                     continue
                 if exc.code is ErrorCode.BATCH_TOO_LARGE and len(batch) > 1:
-                    await self._publish_halves(batch)
+                    await self._publish_halves(batch, attempts)
                     return
                 error = exc
             except FutureQError as exc:
@@ -278,10 +315,10 @@ class PublishingClient(ClientBase):
                 pending.fail(error)
             return
 
-    async def _publish_halves(self, batch: list[_PendingPublish]) -> None:
+    async def _publish_halves(self, batch: list[_PendingPublish], attempts: Attempts) -> None:
         middle = len(batch) // 2
-        await self._publish_pending(batch[:middle])
-        await self._publish_pending(batch[middle:])
+        await self._publish_pending(batch[:middle], attempts.copy())
+        await self._publish_pending(batch[middle:], attempts.copy())
 
 
 def _publish_frame(level: frames.AckLevel, wire_items: list[Any]) -> Callable[[int], frames.Frame]:

@@ -19,12 +19,19 @@ import anyio
 import anyio.abc
 
 from futureq.client import _checks
+from futureq.client._attempts import took_no_effect
 from futureq.client._base import _expect
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
 from futureq.client.client import Client
 from futureq.client.subscription import Subscription
-from futureq.errors import ConnectionLostError, ErrorCode, FutureQError, RequestError
+from futureq.errors import (
+    ConnectionLostError,
+    ErrorCode,
+    FutureQError,
+    NotSentError,
+    RequestError,
+)
 from futureq.shards.layout import shift_address
 from futureq.shards.slots import SlotMap
 from futureq.wire import frames
@@ -718,8 +725,9 @@ def combine_shard_errors(errors: dict[int, FutureQError], slot_map: SlotMap) -> 
     with the same sentence together)
     (``docs/client.md``, "Errors": every error is a FutureQError, never a group). The
     class is the first failed shard's: a :class:`RequestError` (with that shard's
-    code), a :class:`ConnectionLostError`, or that error itself for another kind
-    (:class:`ClientClosedError`, a protocol error)."""
+    code), a :class:`ConnectionLostError` (a :class:`NotSentError` when every failed
+    shard's error says its part took no effect: :func:`took_no_effect`), or that error
+    itself for another kind (:class:`ClientClosedError`, a protocol error)."""
     first = errors[min(errors)]
     # Shards that failed alike are named together: a membership command refused by
     # every shard of a node said the same sentence once per shard (found by a tester).
@@ -733,6 +741,8 @@ def combine_shard_errors(errors: dict[int, FutureQError], slot_map: SlotMap) -> 
     if isinstance(first, RequestError):
         return RequestError(first.code, text)
     if isinstance(first, ConnectionLostError):
+        if all(took_no_effect(error) for error in errors.values()):
+            return NotSentError(text)
         return ConnectionLostError(text)
     return first
 

@@ -41,7 +41,7 @@ from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
 from futureq.client.client import Client, open_client
 from futureq.client.subscription import Delivery, Subscription
-from futureq.errors import ClientClosedError, FutureQError
+from futureq.errors import ClientClosedError, ConnectionLostError, FutureQError, NotSentError
 from futureq.wire import frames
 
 T = TypeVar("T")
@@ -495,12 +495,25 @@ class SyncClient:
 
     def _require_client(self) -> Client:
         """The async client, opening the SyncClient first if nothing has yet
-        (never called from the background thread before it is open)."""
+        (never called from the background thread before it is open).
+
+        Raises:
+            NotSentError: it was not open and no server could be reached (the
+                :meth:`open` error, its ``__cause__``): the call that wanted it was
+                not sent. Before, a publish of a client whose server was down from
+                the start raised a plain ConnectionLostError ("outcome unknown").
+            ClientClosedError, RemoteProtocolError: as :meth:`open`.
+        """
         self._check_process()
         if self._closed:
             raise ClientClosedError(CLOSED_MESSAGE)
         if self._client is None:
-            self.open()
+            try:
+                self.open()
+            except NotSentError:
+                raise
+            except ConnectionLostError as exc:
+                raise NotSentError(f"{exc}; the call was not sent") from exc
         assert self._client is not None
         return self._client
 

@@ -1,0 +1,102 @@
+"""Whether a request may have taken effect: the verdict over all its attempts.
+
+A call (:meth:`~futureq.client._base.ClientBase._call`) may send one request several
+times: after a NOT_LEADER redirect, a GOAWAY, a lost connection (when it may be resent)
+or a 3xx refusal. When it finally fails, the error it raises says which of two things
+the user is told (``docs/client.md``, "Errors"):
+
+* :class:`~futureq.errors.NotSentError` ("not sent, safe to send again"): **every**
+  attempt is known to have taken no effect (:func:`took_no_effect`);
+* a plain :class:`~futureq.errors.ConnectionLostError` ("outcome unknown"): at least
+  one attempt was sent on a connection that broke before its answer came, or was
+  answered with a refusal that does not say nothing was applied.
+
+Before, a call whose attempts all took no effect still ended with a plain
+``ConnectionLostError`` once no server answered until its deadline (a single node
+stopped with SIGTERM: its GOAWAY said the publish was not served, and no node came
+back), so an at-most-once publisher was told "outcome unknown" for a message that was
+never stored.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from futureq.errors import (
+    ConnectionLostError,
+    ErrorCode,
+    FutureQError,
+    NotSentError,
+    RequestError,
+)
+
+NO_EFFECT_CODES: Final = frozenset(
+    {
+        ErrorCode.NOT_LEADER,
+        ErrorCode.CLOCK_NOT_SYNCHRONIZED,
+        ErrorCode.NO_SPACE,
+        ErrorCode.TOO_MANY_CONNECTIONS,
+    }
+)
+"""The 3xx refusals that say the request was not applied (``docs/protocol.md``, "Error
+codes"): a node that does not lead, will not stamp a publish, or has no disk space
+refuses before anything is proposed. Not ``UNAVAILABLE``: a node that lost the
+leadership with the request proposed answers it ("outcome unknown"), as it does most
+refusals of a request that was not proposed, so that code alone does not tell; nor
+``TIMEOUT``, ``STORAGE_FAILURE`` or ``INTERNAL_ERROR``."""
+
+
+def took_no_effect(error: FutureQError) -> bool:
+    """True when the failed attempt ``error`` is known to have changed nothing: it
+    was not sent (:class:`NotSentError`: no connection, lost before it was written, or
+    above a GOAWAY's ``last_request_id``), or the server refused it, with a 2xx code
+    (it stores nothing of a refused request) or one of :data:`NO_EFFECT_CODES`.
+
+    False for a connection lost with the request sent (its answer never came), a
+    protocol error, and the other 3xx codes (``TIMEOUT`` says "outcome unknown")."""
+    if isinstance(error, NotSentError):
+        return True
+    if isinstance(error, RequestError):
+        return not error.code.retryable or error.code in NO_EFFECT_CODES
+    return False
+
+
+class Attempts:
+    """The attempts at one request so far: whether any may have taken effect.
+
+    One per request (per set of items, for a publish batch): a call that sends the
+    same items again in a new request (the rest of a batch after a refused item, its
+    halves) passes it on, so an earlier attempt that may have stored them is not
+    forgotten.
+    """
+
+    __slots__ = ("unknown",)
+
+    def __init__(self) -> None:
+        self.unknown: FutureQError | None = None
+        """The first attempt that may have taken effect (its error), or None."""
+
+    def note(self, error: FutureQError) -> None:
+        """Count one failed attempt (its error)."""
+        if self.unknown is None and not took_no_effect(error):
+            self.unknown = error
+
+    def copy(self) -> Attempts:
+        """The same record, for a part of the items (a half of a batch)."""
+        other = Attempts()
+        other.unknown = self.unknown
+        return other
+
+    def final(self, error: FutureQError) -> FutureQError:
+        """The error to raise when the request fails with ``error``, its last attempt.
+
+        A :class:`NotSentError` stays one only while no attempt may have taken effect;
+        otherwise it becomes a plain :class:`ConnectionLostError` saying which attempt
+        made the outcome unknown. Any other error is returned as it is.
+        """
+        if self.unknown is None or not isinstance(error, NotSentError):
+            return error
+        return ConnectionLostError(
+            f"{error}; but an earlier attempt was sent and its answer lost "
+            f"({self.unknown}), so the outcome is unknown"
+        )

@@ -1,0 +1,206 @@
+"""The client's verdict on a failed request: NotSentError ("not sent, safe to send
+again") when every attempt is known to have taken no effect, a plain
+ConnectionLostError ("outcome unknown") when one may have. Real sockets on 127.0.0.1:
+a one-connection fake server (the real wire codec), and closed ports.
+
+Before, a request whose every attempt took no effect still ended with a plain
+ConnectionLostError once no server answered until its deadline: a publish the server's
+GOAWAY said it had not served, and one of a client whose server was down from the
+start.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+from tests.backends import on_both_backends
+
+from futureq.client import PublishItem, open_client
+from futureq.client._attempts import Attempts, took_no_effect
+from futureq.client.sync import SyncClient
+from futureq.errors import (
+    ConnectionLostError,
+    ErrorCode,
+    NotLeaderError,
+    NotSentError,
+    RequestError,
+)
+from futureq.wire import codec, frames
+
+
+def _closed_port() -> str:
+    """``127.0.0.1:PORT`` of a port nothing listens on (bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+class OneConnectionServer:
+    """Answers one client's HELLO (protocol version 6), then meets its first PUBLISH
+    with ``on_publish`` and stops: connection and listener closed, nothing answered,
+    nothing stored. Each later connection attempt is refused."""
+
+    def __init__(self, on_publish: str) -> None:
+        self.on_publish = on_publish  # "goaway": GOAWAY naming none served; "drop": close
+        self.address = ""
+        self.publishes = 0
+        self._done = anyio.Event()
+
+    async def serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.address = f"127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}"
+        task_status.started()
+        async with listener, anyio.create_task_group() as group:
+            group.start_soon(listener.serve, self._handle)
+            await self._done.wait()
+            group.cancel_scope.cancel()  # stop listening: the node is gone
+
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        decoder = codec.FrameDecoder()
+        async with stream:
+            while True:
+                frame = decoder.next_frame()
+                if frame is codec.NEED_DATA:
+                    try:
+                        decoder.receive_data(bytes(await stream.receive(65536)))
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        return
+                    continue
+                if frame is codec.CLOSED:
+                    return
+                if isinstance(frame, frames.Hello):
+                    answer = frames.HelloOk(
+                        frame.request_id, 6, 1, None, 4 << 20, "fake", 1, (self.address,), 100
+                    )
+                    await stream.send(codec.encode_frame(answer))
+                elif isinstance(frame, frames.Publish):
+                    self.publishes += 1
+                    if self.on_publish == "goaway":
+                        goaway = frames.GoAway(0, 0, ErrorCode.UNAVAILABLE, "shutting down")
+                        await stream.send(codec.encode_frame(goaway))
+                    self._done.set()
+                    return
+
+
+async def _outcome(
+    on_publish: str, retry_unknown_outcome: bool, call: str
+) -> tuple[BaseException, int]:
+    """What a publish (``call``: "publish" or "publish_batch") raises against a
+    :class:`OneConnectionServer`, and how many PUBLISH frames it got."""
+    server = OneConnectionServer(on_publish)
+    async with anyio.create_task_group() as group:
+        await group.start(server.serve)
+        async with open_client(
+            server.address,
+            request_timeout_s=1.0,
+            retry_unknown_outcome=retry_unknown_outcome,
+            linger_ms=0,
+            rng=random.Random(3),
+        ) as client:
+            publish: Callable[[], Awaitable[Any]] = (
+                (lambda: client.publish("t", b"x"))
+                if call == "publish"
+                else (
+                    lambda: client.publish_batch([PublishItem("t", b"x"), PublishItem("t", b"y")])
+                )
+            )
+            with pytest.raises(ConnectionLostError) as raised:
+                with anyio.fail_after(10):
+                    await publish()
+        group.cancel_scope.cancel()
+    return raised.value, server.publishes
+
+
+@pytest.mark.parametrize("call", ["publish", "publish_batch"])
+@pytest.mark.parametrize("retry_unknown_outcome", [False, True])
+@on_both_backends
+async def test_a_publish_a_goaway_said_was_not_served_is_not_sent_when_no_node_comes_back(
+    call: str, retry_unknown_outcome: bool
+) -> None:
+    # The single node stopping (SIGTERM): GOAWAY names no request served, the client
+    # sends the publish again, and no node answers until the deadline.
+    error, publishes = await _outcome("goaway", retry_unknown_outcome, call)
+    assert publishes == 1
+    assert isinstance(error, NotSentError), repr(error)
+    assert "not sent" in str(error) and "no connection to any of" in str(error), str(error)
+
+
+@pytest.mark.parametrize("call", ["publish", "publish_batch"])
+@pytest.mark.parametrize("retry_unknown_outcome", [False, True])
+@on_both_backends
+async def test_a_publish_whose_connection_broke_under_it_stays_outcome_unknown(
+    call: str, retry_unknown_outcome: bool
+) -> None:
+    # No GOAWAY: the server may have stored it before the connection broke. Raised at
+    # once (at-most-once), or after the retry found no server: never NotSentError.
+    error, publishes = await _outcome("drop", retry_unknown_outcome, call)
+    assert publishes == 1
+    assert type(error) is ConnectionLostError, repr(error)
+    if retry_unknown_outcome:
+        assert "outcome is unknown" in str(error), str(error)
+
+
+@pytest.mark.parametrize("retry_unknown_outcome", [False, True])
+def test_a_sync_client_whose_server_is_down_from_the_start_raises_not_sent(
+    retry_unknown_outcome: bool,
+) -> None:
+    address = _closed_port()
+    client = SyncClient(
+        address,
+        connect_timeout_s=0.3,
+        request_timeout_s=0.5,
+        retry_unknown_outcome=retry_unknown_outcome,
+    )
+    try:
+        with pytest.raises(NotSentError, match="not sent") as raised:
+            client.publish("t", b"x")
+        assert address in str(raised.value)
+        with pytest.raises(NotSentError):  # and again: the next call tries anew
+            client.publish_batch([PublishItem("t", b"y")])
+    finally:
+        client.close()
+
+
+@on_both_backends
+async def test_open_client_on_a_closed_port_is_connection_lost_naming_it() -> None:
+    # Opening sends no request: a plain connection error, as before.
+    address = _closed_port()
+    with pytest.raises(ConnectionLostError, match=address):
+        async with open_client(address, connect_timeout_s=0.3):
+            pass
+
+
+def test_attempts_keep_the_first_that_may_have_taken_effect() -> None:
+    attempts = Attempts()
+    not_sent = NotSentError("goaway: this one took no effect")
+    for error in [
+        not_sent,
+        NotLeaderError("127.0.0.1:1"),
+        RequestError(ErrorCode.NO_SPACE, "disk full"),
+        RequestError(ErrorCode.INVALID_TOPIC, "bad topic"),
+    ]:
+        assert took_no_effect(error)
+        attempts.note(error)
+    assert attempts.final(not_sent) is not_sent
+    lost = ConnectionLostError("server closed the connection")
+    for error in [
+        lost,
+        RequestError(ErrorCode.TIMEOUT, "no answer"),
+        RequestError(ErrorCode.UNAVAILABLE, "outcome unknown: leadership was lost"),
+    ]:
+        assert not took_no_effect(error)
+    attempts.note(lost)
+    attempts.note(RequestError(ErrorCode.TIMEOUT, "no answer"))
+    assert attempts.unknown is lost
+    final = attempts.final(not_sent)
+    assert type(final) is ConnectionLostError
+    assert "server closed the connection" in str(final) and "outcome is unknown" in str(final)
+    other = RequestError(ErrorCode.UNAVAILABLE, "no quorum")
+    assert attempts.final(other) is other
+    assert attempts.copy().unknown is lost
