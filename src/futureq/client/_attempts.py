@@ -97,6 +97,6 @@ class Attempts:
         if self.unknown is None or not isinstance(error, NotSentError):
             return error
         return ConnectionLostError(
-            f"{error}; but an earlier attempt was sent and its answer lost "
-            f"({self.unknown}), so the outcome is unknown"
+            f"the outcome is unknown: an earlier attempt was sent and its answer lost "
+            f"({self.unknown}); the last one was not sent ({error})"
         )

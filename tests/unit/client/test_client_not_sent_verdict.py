@@ -21,6 +21,8 @@ import anyio.abc
 import pytest
 from tests.backends import on_both_backends
 
+from futureq.cli.jsonl import JsonlItem
+from futureq.cli.publish_commands import publish_items
 from futureq.client import PublishItem, open_client
 from futureq.client._attempts import Attempts, took_no_effect
 from futureq.client.sync import SyncClient
@@ -204,3 +206,29 @@ def test_attempts_keep_the_first_that_may_have_taken_effect() -> None:
     other = RequestError(ErrorCode.UNAVAILABLE, "no quorum")
     assert attempts.final(other) is other
     assert attempts.copy().unknown is lost
+
+
+@pytest.mark.parametrize("on_publish", ["goaway", "drop"])
+@on_both_backends
+async def test_publish_file_counts_a_batch_not_sent_apart_from_one_of_unknown_outcome(
+    on_publish: str,
+) -> None:
+    # `futureq-cli publish --file` (retry_unknown_outcome on): the batch a GOAWAY said
+    # was not served, with no node coming back, is not "unknown outcome ... may be
+    # stored already" (before, it was); one whose connection broke under it is.
+    server = OneConnectionServer(on_publish)
+    items = [JsonlItem(n, PublishItem("t", b"%d" % n)) for n in range(1, 7)]
+    async with anyio.create_task_group() as group:
+        await group.start(server.serve)
+        async with open_client(server.address, request_timeout_s=1.0, linger_ms=0) as client:
+            with anyio.fail_after(10):
+                summary = await publish_items(client, items, batch_size=3)
+        group.cancel_scope.cancel()
+    assert summary.published == 0
+    assert [failure.line_number for failure in summary.failures] == [1, 2, 3, 4, 5, 6]
+    assert summary.stopped_at_line == 1 and summary.not_sent == 3
+    first_batch = summary.failures[:3]
+    assert all(failure.may_be_stored == (on_publish == "drop") for failure in first_batch), [
+        str(failure) for failure in first_batch
+    ]
+    assert not any(failure.may_be_stored for failure in summary.failures[3:])
