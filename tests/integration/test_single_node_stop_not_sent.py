@@ -13,6 +13,7 @@ unknown) too.
 from __future__ import annotations
 
 import anyio
+import pytest
 from broker_process import BrokerProcess
 
 from backends import on_both_backends
@@ -94,3 +95,36 @@ async def test_a_stopped_single_node_leaves_no_publish_outcome_unknown(
         sorted(set(stored) & set(not_sent))[:5],
         sorted(set(acked) - set(stored))[:5],
     )
+
+
+@pytest.mark.parametrize("stop", ["terminate", "kill"])
+@on_both_backends
+async def test_settling_a_delivery_of_a_stopped_single_node_is_not_sent(
+    broker: BrokerProcess, stop: str
+) -> None:
+    # SIGTERM: the node hands its deliveries over and stops; their settlement waits
+    # for a node to lead until the deadline, and none comes. SIGKILL: the connection
+    # they came on is lost, and their tags with it. Either way an ack or nack sends
+    # nothing and takes no effect (the message comes again). Before: a plain
+    # ConnectionLostError, "outcome unknown".
+    async with open_client(broker.client_address, request_timeout_s=2.0) as client:
+        await client.publish_batch([PublishItem("settle", b"a"), PublishItem("settle", b"b")])
+        async with client.subscribe("settle", "g", prefetch=2) as sub:
+            with anyio.fail_after(10):
+                held = [await sub.__anext__(), await sub.__anext__()]
+            if stop == "terminate":
+                assert await anyio.to_thread.run_sync(broker.terminate) == 0
+            else:
+                await anyio.to_thread.run_sync(broker.kill)
+                with anyio.fail_after(10):
+                    while client.connected_address is not None:  # noqa: ASYNC110 - no public event, under a deadline
+                        await anyio.sleep(0.01)  # the client saw the connection end
+            with pytest.raises(NotSentError, match="not sent"):
+                await held[0].ack()
+            with pytest.raises(NotSentError):
+                await held[1].nack()
+
+    await anyio.to_thread.run_sync(broker.start)
+    async with open_client(broker.client_address, request_timeout_s=10.0) as client:
+        page = await client.browse("settle", "g", preview_bytes=8)
+        assert sorted(message.preview for message in page.messages) == [b"a", b"b"]

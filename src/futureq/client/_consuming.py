@@ -18,6 +18,7 @@ from typing import Final
 
 import anyio
 
+from futureq.client._attempts import Attempts, took_no_effect
 from futureq.client._backoff import Backoff
 from futureq.client._base import ClientBase, _expect
 from futureq.client._batching import chunked
@@ -36,6 +37,7 @@ from futureq.errors import (
     ErrorCode,
     FutureQError,
     NotLeaderError,
+    NotSentError,
     RequestError,
 )
 from futureq.wire import frames, validation
@@ -353,18 +355,29 @@ class ConsumingClient(ClientBase):
         are void as before (lost connection, lost leadership).
 
         Raises:
-            ConnectionLostError: the connection broke and none of them follows the
-                leader; no connection before ``deadline``.
+            NotSentError: the settlement took no effect (not sent, above a GOAWAY's
+                last request served, no connection before ``deadline``), nor did any
+                attempt before it (:class:`~futureq.client._attempts.Attempts`).
+            ConnectionLostError: the connection broke with it sent and none of them
+                follows the leader, or an earlier attempt was so lost before the
+                last one was not sent: the outcome is unknown.
         """
         left_out: list[Delivery] = []
         backoff = Backoff(self._rng)
+        attempts = Attempts()
         sending = to_send
         while True:
             try:
                 left_out += await send(conn, sending)
-            except ConnectionLostError:
-                if not any(_follows_leader(d) for d in sending):
+            except FutureQError as exc:
+                attempts.note(exc)
+                if not took_no_effect(exc):
+                    for delivery in sending:
+                        delivery._settle_unknown = True  # sent; its answer never came
+                if not isinstance(exc, ConnectionLostError):
                     raise
+                if not any(_follows_leader(d) for d in sending):
+                    raise attempts.final(exc) from None
                 for delivery in sending:
                     if _follows_leader(delivery):
                         delivery._follow_leader = True
@@ -381,7 +394,10 @@ class ConsumingClient(ClientBase):
                 for delivery in sending:
                     delivery._void(LEADER_LOST_REASON, "lost")
                 return left_out + sending
-            moved_to = await self._wait_connection(deadline)
+            try:
+                moved_to = await self._wait_connection(deadline)
+            except NotSentError as exc:
+                raise attempts.final(exc) from None
             if moved_to is conn:
                 # Not moved yet (the node named itself, or no leader is known).
                 delay = backoff.next_delay_s()

@@ -42,6 +42,7 @@ from futureq.errors import (
     ConnectionLostError,
     ErrorCode,
     FutureQError,
+    NotSentError,
     RemoteProtocolError,
     RequestError,
     SubscriptionEndedError,
@@ -120,6 +121,10 @@ class Delivery:
     named it handed, and every later leader keeps it out and settles it by its tag
     until its visibility deadline. So it outlives its connection: a settlement goes to
     whichever node leads (``docs/protocol.md``, "Delivery tags across leaders")."""
+    _settle_unknown: bool = attrs.field(default=False, init=False)
+    """A settle or extend call of it was sent and may have taken effect without its
+    answer coming (a lost connection, TIMEOUT): settling it once it is void then
+    raises a plain ConnectionLostError (outcome unknown), not NotSentError."""
     _follow_leader: bool = attrs.field(default=False, init=False)
     """A settle or extend call of it was answered NOT_LEADER: the call sends it again
     to the node that leads now."""
@@ -845,7 +850,10 @@ def void_error(
 
     Returns:
         :class:`SubscriptionEndedError` if their subscription ended;
-        :class:`ConnectionLostError` if they came on a lost connection; else a
+        :class:`ConnectionLostError` if they came on a lost connection: a
+        :class:`NotSentError` (nothing was sent, and no earlier settle call of them may
+        have taken effect either) unless one of them was in a settle call whose
+        answer never came (``_settle_unknown``); else a
         :class:`RequestError` UNKNOWN_DELIVERY_TAG (taken back or refused by the
         server) whose ``item_index`` is the first one's position.
     """
@@ -859,11 +867,20 @@ def void_error(
     more = "" if len(deliveries) <= 10 else f" and {len(deliveries) - 10} more"
     reason = first._void_reason or "it is no longer held"
     if first._void_kind == "lost":
+        # Not sent by this call; and unless an earlier one was sent and its answer
+        # lost, nothing of it took effect: "not sent", as for any request.
+        unknown = any(delivery._settle_unknown for delivery in deliveries)
+        kind = ConnectionLostError if unknown else NotSentError
+        tail = (
+            "; an earlier call settling them got no answer: its outcome is unknown"
+            if unknown
+            else "; the call was not sent"
+        )
         if first._void_reason and first._void_reason != LOST_REASON:
-            return ConnectionLostError(f"deliveries {ids}{more}: {first._void_reason}")
-        return ConnectionLostError(
+            return kind(f"deliveries {ids}{more}: {first._void_reason}{tail}")
+        return kind(
             f"deliveries {ids}{more} came on a connection that has since been lost; "
-            "the broker will deliver them again"
+            f"the broker will deliver them again{tail}"
         )
     index = None if positions is None else positions.get(id(first))
     return RequestError(first._void_code, f"deliveries {ids}{more}: {reason}", index)
