@@ -40,23 +40,37 @@ NO_EFFECT_CODES: Final = frozenset(
 )
 """The 3xx refusals that say the request was not applied (``docs/protocol.md``, "Error
 codes"): a node that does not lead, will not stamp a publish, or has no disk space
-refuses before anything is proposed. Not ``UNAVAILABLE``: a node that lost the
-leadership with the request proposed answers it ("outcome unknown"), as it does most
-refusals of a request that was not proposed, so that code alone does not tell; nor
-``TIMEOUT``, ``STORAGE_FAILURE`` or ``INTERNAL_ERROR``."""
+refuses before anything is proposed. ``UNAVAILABLE`` too, but for the refusals that
+say "outcome unknown" (:func:`says_outcome_unknown`). Not ``TIMEOUT`` (it means
+"outcome unknown"), ``STORAGE_FAILURE`` or ``INTERNAL_ERROR``."""
+
+
+def says_outcome_unknown(error: RequestError) -> bool:
+    """True for an ``UNAVAILABLE`` refusal of a request the node had proposed: it lost
+    the leadership, a snapshot replaced the entry, or it stopped, before the entry was
+    known to be committed (``docs/raft.md``, "The trio driver and transport"). The
+    code is the one of "shutting down", "no quorum", "too many proposals queued",
+    which refuse before anything is proposed; only the server's sentence tells them
+    apart: it says "outcome unknown" (or "the outcome of this request is unknown")."""
+    text = error.message.lower()
+    return "outcome" in text and "unknown" in text
 
 
 def took_no_effect(error: FutureQError) -> bool:
     """True when the failed attempt ``error`` is known to have changed nothing: it
     was not sent (:class:`NotSentError`: no connection, lost before it was written, or
     above a GOAWAY's ``last_request_id``), or the server refused it, with a 2xx code
-    (it stores nothing of a refused request) or one of :data:`NO_EFFECT_CODES`.
+    (it stores nothing of a refused request), one of :data:`NO_EFFECT_CODES`, or
+    ``UNAVAILABLE`` not saying "outcome unknown".
 
     False for a connection lost with the request sent (its answer never came), a
-    protocol error, and the other 3xx codes (``TIMEOUT`` says "outcome unknown")."""
+    protocol error, ``UNAVAILABLE`` "outcome unknown", and the other 3xx codes
+    (``TIMEOUT`` says "outcome unknown")."""
     if isinstance(error, NotSentError):
         return True
     if isinstance(error, RequestError):
+        if error.code is ErrorCode.UNAVAILABLE:
+            return not says_outcome_unknown(error)
         return not error.code.retryable or error.code in NO_EFFECT_CODES
     return False
 
@@ -97,6 +111,6 @@ class Attempts:
         if self.unknown is None or not isinstance(error, NotSentError):
             return error
         return ConnectionLostError(
-            f"the outcome is unknown: an earlier attempt was sent and its answer lost "
+            f"the outcome is unknown: an earlier attempt may have taken effect "
             f"({self.unknown}); the last one was not sent ({error})"
         )

@@ -25,7 +25,7 @@ import anyio
 import anyio.abc
 
 from futureq.client import _checks
-from futureq.client._attempts import Attempts
+from futureq.client._attempts import Attempts, took_no_effect
 from futureq.client._backoff import Backoff
 from futureq.client._batching import PUBLISH_FRAME_OVERHEAD_BYTES, PublishItem
 from futureq.client._connection import (
@@ -601,8 +601,11 @@ class ClientBase:
 
         Args:
             make_frame: Builds the request from a request id.
-            retry_unknown: Resend after a connection broke with the request in flight
-                (only for idempotent requests or at-least-once publishing).
+            retry_unknown: Resend after a connection broke with the request in flight,
+                or after a 3xx refusal that does not say nothing was applied
+                (``TIMEOUT``, ``UNAVAILABLE`` "outcome unknown": :func:`~futureq.
+                client._attempts.took_no_effect`); only for idempotent requests or
+                at-least-once publishing.
             deadline: ``anyio.current_time()`` value ending all attempts; default now
                 plus ``request_timeout_s``.
             on_answer: Called by the reader with the connection and the answer.
@@ -611,7 +614,9 @@ class ClientBase:
                 a refused item); it is updated. Default: a new one.
 
         Raises:
-            RequestError: a 2xx refusal, or the last 3xx / TIMEOUT error at the deadline.
+            RequestError: a 2xx refusal, or the last 3xx / TIMEOUT error at the
+                deadline; with ``retry_unknown`` False, at once a 3xx refusal that may
+                have been applied.
             NotSentError: the request took no effect and may be sent again: no
                 connection before the deadline, or the last attempt was not sent,
                 and every attempt before it took no effect either
@@ -659,6 +664,10 @@ class ClientBase:
             except RequestError as exc:
                 attempts.note(exc)
                 if not exc.code.retryable or anyio.current_time() >= deadline:
+                    raise
+                if not retry_unknown and not took_no_effect(exc):
+                    # TIMEOUT, UNAVAILABLE "outcome unknown", ...: it may be applied;
+                    # sent again, an at-most-once publish could be stored twice.
                     raise
                 last_error = exc
             self._check_open()

@@ -43,13 +43,23 @@ def _closed_port() -> str:
         return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
+REFUSALS = {
+    # The server's own sentences (broker/command_log.py, raft/node_ops.py).
+    "stopping": "the server is shutting down; retry on another node or later",
+    "unknown": "outcome unknown: leadership was lost before log entry 7 was known to be "
+    "committed; it may or may not have been applied",
+}
+
+
 class OneConnectionServer:
     """Answers one client's HELLO (protocol version 6), then meets its first PUBLISH
     with ``on_publish`` and stops: connection and listener closed, nothing answered,
     nothing stored. Each later connection attempt is refused."""
 
     def __init__(self, on_publish: str) -> None:
-        self.on_publish = on_publish  # "goaway": GOAWAY naming none served; "drop": close
+        self.on_publish = on_publish
+        """"goaway": GOAWAY naming none served; "drop": close; a :data:`REFUSALS` key:
+        answer UNAVAILABLE with its sentence."""
         self.address = ""
         self.publishes = 0
         self._done = anyio.Event()
@@ -86,6 +96,11 @@ class OneConnectionServer:
                     if self.on_publish == "goaway":
                         goaway = frames.GoAway(0, 0, ErrorCode.UNAVAILABLE, "shutting down")
                         await stream.send(codec.encode_frame(goaway))
+                    elif self.on_publish in REFUSALS:
+                        refusal = frames.Error(
+                            frame.request_id, ErrorCode.UNAVAILABLE, REFUSALS[self.on_publish]
+                        )
+                        await stream.send(codec.encode_frame(refusal))
                     self._done.set()
                     return
 
@@ -149,6 +164,45 @@ async def test_a_publish_whose_connection_broke_under_it_stays_outcome_unknown(
 
 
 @pytest.mark.parametrize("retry_unknown_outcome", [False, True])
+@on_both_backends
+async def test_a_publish_refused_unavailable_stopping_is_not_sent_when_no_node_comes_back(
+    retry_unknown_outcome: bool,
+) -> None:
+    # UNAVAILABLE "shutting down" refuses before anything is proposed: resent, and
+    # then no node answers. Before: a plain ConnectionLostError.
+    error, publishes = await _outcome("stopping", retry_unknown_outcome, "publish")
+    assert publishes == 1
+    assert isinstance(error, NotSentError), repr(error)
+
+
+@on_both_backends
+async def test_an_at_most_once_publish_refused_outcome_unknown_is_not_sent_again() -> None:
+    # UNAVAILABLE "outcome unknown" (a leader that lost the leadership with it
+    # proposed): it may be stored, so an at-most-once publish is not sent again (it
+    # could be stored twice) and says so. Before: resent.
+    server = OneConnectionServer("unknown")
+    async with anyio.create_task_group() as group:
+        await group.start(server.serve)
+        async with open_client(
+            server.address, request_timeout_s=1.0, retry_unknown_outcome=False, linger_ms=0
+        ) as client:
+            with pytest.raises(RequestError, match="outcome unknown") as raised:
+                with anyio.fail_after(10):
+                    await client.publish_batch([PublishItem("t", b"x")])
+        group.cancel_scope.cancel()
+    assert raised.value.code is ErrorCode.UNAVAILABLE
+    assert server.publishes == 1
+
+
+@on_both_backends
+async def test_a_publish_resent_after_an_outcome_unknown_refusal_stays_outcome_unknown() -> None:
+    error, publishes = await _outcome("unknown", True, "publish")
+    assert publishes == 1
+    assert type(error) is ConnectionLostError, repr(error)
+    assert "outcome is unknown" in str(error) and "leadership was lost" in str(error)
+
+
+@pytest.mark.parametrize("retry_unknown_outcome", [False, True])
 def test_a_sync_client_whose_server_is_down_from_the_start_raises_not_sent(
     retry_unknown_outcome: bool,
 ) -> None:
@@ -191,6 +245,8 @@ def test_attempts_keep_the_first_that_may_have_taken_effect() -> None:
         attempts.note(error)
     assert attempts.final(not_sent) is not_sent
     lost = ConnectionLostError("server closed the connection")
+    assert took_no_effect(RequestError(ErrorCode.UNAVAILABLE, REFUSALS["stopping"]))
+    assert not took_no_effect(RequestError(ErrorCode.UNAVAILABLE, REFUSALS["unknown"]))
     for error in [
         lost,
         RequestError(ErrorCode.TIMEOUT, "no answer"),
