@@ -44,7 +44,13 @@ from tests.jepsen_like.history import History
 
 from futureq.client import PublishItem, open_client
 from futureq.client._publishing import _publish_frame
-from futureq.errors import ErrorCode, FutureQError, RequestError, SubscriptionEndedError
+from futureq.errors import (
+    ErrorCode,
+    FutureQError,
+    NotSentError,
+    RequestError,
+    SubscriptionEndedError,
+)
 from futureq.wire import frames
 
 #: topic -> groups (created up front); the visibility timeout of each group (ms).
@@ -136,7 +142,12 @@ def key_of(payload: bytes) -> str | None:
 
 
 def outcome_of(error: FutureQError) -> str:
-    """``fail`` when the server definitely refused (a 2xx code), else ``info`` (unknown)."""
+    """``fail`` when the server definitely refused (a 2xx code) or the client knows
+    the request took no effect (:class:`NotSentError`), else ``info`` (unknown). So the
+    checker holds the client to its "not sent": a delivery of such a message is
+    ``unexpected``."""
+    if isinstance(error, NotSentError):
+        return "fail"
     if isinstance(error, RequestError) and 200 <= int(error.code) < 300:
         return "fail"
     return "info"

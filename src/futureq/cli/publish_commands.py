@@ -302,7 +302,11 @@ async def publish_items(
                 # every attempt took no effect (NotSentError: no server reached, or
                 # a GOAWAY said it was not served). Before, those lines too were
                 # counted "unknown outcome ... may be stored already".
-                unanswered = not isinstance(exc, NotSentError)
+                # (A NotSentError as the cause: the lines of this batch not stored
+                # were not sent, and other shards stored the rest, _drop_stored.)
+                unanswered = not isinstance(exc, NotSentError) and not isinstance(
+                    exc.__cause__, NotSentError
+                )
             else:
                 summary.published += len(batch) - len(duplicates)
                 summary.duplicates += len(duplicates)

@@ -114,3 +114,20 @@ class Attempts:
             f"the outcome is unknown: an earlier attempt may have taken effect "
             f"({self.unknown}); the last one was not sent ({error})"
         )
+
+
+def partly_stored(error: FutureQError, stored_count: int, total: int) -> FutureQError:
+    """The error of a publish call of ``total`` items that stored ``stored_count`` of
+    them (earlier frames of a ``publish_batch``, other shards' parts) before failing
+    with ``error``: a :class:`NotSentError` says the whole call took no effect, so it
+    becomes a plain :class:`ConnectionLostError` naming what was stored (sent again
+    whole, those would be stored twice), with ``error`` as its ``__cause__`` (the
+    messages not stored were not sent). Any other error, or none stored: as it is."""
+    if stored_count == 0 or not isinstance(error, NotSentError):
+        return error
+    partly = ConnectionLostError(
+        f"{error}; but {stored_count} of the {total} messages were stored before it (their "
+        "positions and ids are in publish_batch's stored=): send only the others again"
+    )
+    partly.__cause__ = error
+    return partly

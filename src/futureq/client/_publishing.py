@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from futureq.client._attempts import Attempts
+from futureq.client._attempts import Attempts, partly_stored
 from futureq.client._base import MAX_BATCHES_IN_FLIGHT, ClientBase, _expect
 from futureq.client._batching import (
     PublishItem,
@@ -159,9 +159,11 @@ class PublishingClient(ClientBase):
                 ``items``** of the first bad item when the server named one.
                 PAYLOAD_TOO_LARGE (nothing sent) for an item that alone encodes to
                 more than one frame carries.
-            NotSentError, ConnectionLostError, ClientClosedError: as :meth:`publish`,
-                for the frame that failed (those before it are stored, those after
-                it not sent).
+            NotSentError: nothing of the list was stored (as :meth:`publish`).
+            ConnectionLostError: as :meth:`publish`, for the frame that failed; also
+                when that frame was not sent but frames before it were stored (the
+                message says how many; ``stored`` says which).
+            ClientClosedError: as :meth:`publish`.
         """
         for position, item in enumerate(items):
             self._check_fits_a_frame(item, position)
@@ -186,6 +188,9 @@ class PublishingClient(ClientBase):
                     raise
                 max_items = max(1, len(chunk) // 2)  # and so for the rest of the list
                 continue
+            except NotSentError as exc:
+                # Not sent, but the frames before it were stored: not the whole call.
+                raise partly_stored(exc, offset, len(items))  # noqa: B904 - its own cause
             except RequestError as exc:
                 if exc.code is ErrorCode.BATCH_TOO_LARGE and len(chunk) > 1:
                     max_items = max(1, len(chunk) // 2)  # the server's limit is lower

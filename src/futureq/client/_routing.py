@@ -19,7 +19,7 @@ import anyio
 import anyio.abc
 
 from futureq.client import _checks
-from futureq.client._attempts import took_no_effect
+from futureq.client._attempts import partly_stored, took_no_effect
 from futureq.client._base import _expect
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts
@@ -355,11 +355,15 @@ class ShardedClient(Client):
             RequestError: a shard refused its part; ``item_index``, when the server
                 named an item, is its index **in ``items``**. Parts on other shards
                 may have been stored (see ``stored``).
-            ConnectionLostError: a part's outcome is unknown (its shard could not be
-                reached, or the connection dropped before the answer).
+            NotSentError: a part was not sent (its shard could not be reached, ...)
+                and no other part was stored.
+            ConnectionLostError: a part's outcome is unknown (the connection dropped
+                before the answer), or it was not sent and other parts were stored
+                (see ``stored``).
         """
         ids: list[int] = [0] * len(items)
         done: dict[int, int] = {} if stored is None else stored
+        stored_before = len(done)
         found: list[int] = []
         try:
             for attempt in range(MAX_REDIRECTS + 1):
@@ -367,7 +371,9 @@ class ShardedClient(Client):
                 if not errors:
                     return ids
                 if attempt == MAX_REDIRECTS or not all(_is_wrong_shard(e) for e in errors):
-                    raise next((e for e in errors if not _is_wrong_shard(e)), errors[0])
+                    error = next((e for e in errors if not _is_wrong_shard(e)), errors[0])
+                    # A part not sent, others stored: not "not sent" for the call.
+                    raise partly_stored(error, len(done) - stored_before, len(items))
                 # Only the parts refused with WRONG_SHARD are sent again (to the new map's
                 # shard); the parts stored already are not.
                 await self.refresh_slot_map()

@@ -58,8 +58,9 @@ class OneConnectionServer:
 
     def __init__(self, on_publish: str) -> None:
         self.on_publish = on_publish
-        """"goaway": GOAWAY naming none served; "drop": close; a :data:`REFUSALS` key:
-        answer UNAVAILABLE with its sentence."""
+        """"goaway": GOAWAY naming none served; "store-first": store the first PUBLISH,
+        then as "goaway"; "drop": close; a :data:`REFUSALS` key: answer UNAVAILABLE
+        with its sentence."""
         self.address = ""
         self.publishes = 0
         self._done = anyio.Event()
@@ -93,7 +94,11 @@ class OneConnectionServer:
                     await stream.send(codec.encode_frame(answer))
                 elif isinstance(frame, frames.Publish):
                     self.publishes += 1
-                    if self.on_publish == "goaway":
+                    if self.on_publish == "store-first" and self.publishes == 1:
+                        ok = frames.PublishOk(frame.request_id, 1, len(frame.items))
+                        await stream.send(codec.encode_frame(ok))
+                        continue
+                    if self.on_publish in ("goaway", "store-first"):
                         goaway = frames.GoAway(0, 0, ErrorCode.UNAVAILABLE, "shutting down")
                         await stream.send(codec.encode_frame(goaway))
                     elif self.on_publish in REFUSALS:
@@ -200,6 +205,31 @@ async def test_a_publish_resent_after_an_outcome_unknown_refusal_stays_outcome_u
     assert publishes == 1
     assert type(error) is ConnectionLostError, repr(error)
     assert "outcome is unknown" in str(error) and "leadership was lost" in str(error)
+
+
+@on_both_backends
+async def test_a_publish_batch_whose_first_frame_was_stored_is_not_called_not_sent() -> None:
+    # Two frames: the first stored, the second not sent (GOAWAY, then no server).
+    # NotSentError would say the whole call took no effect: sent again whole, the
+    # first message would be stored twice. A plain ConnectionLostError that says
+    # what was stored, caused by the NotSentError of the rest.
+    server = OneConnectionServer("store-first")
+    stored: dict[int, int] = {}
+    async with anyio.create_task_group() as group:
+        await group.start(server.serve)
+        async with open_client(
+            server.address, request_timeout_s=1.0, max_batch_items=1, linger_ms=0
+        ) as client:
+            with pytest.raises(ConnectionLostError) as raised:
+                with anyio.fail_after(10):
+                    await client.publish_batch(
+                        [PublishItem("t", b"x"), PublishItem("t", b"y")], stored=stored
+                    )
+        group.cancel_scope.cancel()
+    assert type(raised.value) is ConnectionLostError, repr(raised.value)
+    assert isinstance(raised.value.__cause__, NotSentError)
+    assert "1 of the 2 messages were stored" in str(raised.value)
+    assert stored == {0: 1} and server.publishes == 2
 
 
 @pytest.mark.parametrize("retry_unknown_outcome", [False, True])
