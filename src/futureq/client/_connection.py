@@ -202,7 +202,7 @@ class _Waiter:
     still runs ``on_answer`` (a success) and is then dropped.
     """
 
-    __slots__ = ("event", "frame", "error", "on_answer", "abandoned", "name")
+    __slots__ = ("event", "frame", "error", "on_answer", "abandoned", "name", "written")
 
     def __init__(self, on_answer: Callable[[frames.Frame], None] | None, name: str) -> None:
         self.event = anyio.Event()
@@ -211,6 +211,9 @@ class _Waiter:
         self.on_answer = on_answer
         self.abandoned = False
         self.name = name
+        self.written = False
+        """The writer took the request to write it to the socket: from then on, a
+        lost connection leaves its outcome unknown (before, it was never sent)."""
 
     def set_frame(self, frame: frames.Frame) -> None:
         self.frame = frame
@@ -289,9 +292,11 @@ class Connection:
         self.max_prefetch: int | None = hello.max_prefetch if hello.version >= 5 else None
         self._on_push = on_push
         self._requests: RequestTable[_Waiter] = RequestTable()
-        self._write_send, self._write_receive = anyio.create_memory_object_stream[bytes](
-            WRITE_QUEUE_FRAMES
-        )
+        # Each item: a frame's bytes and, for a request, its waiter (marked written
+        # when the writer takes it: a request lost before that took no effect).
+        self._write_send, self._write_receive = anyio.create_memory_object_stream[
+            tuple[bytes, _Waiter | None]
+        ](WRITE_QUEUE_FRAMES)
         self._control_backlog: list[bytes] = []
         self._credit_backlog: dict[int, int] = {}
         self._cancel_scope = anyio.CancelScope()
@@ -415,7 +420,14 @@ class Connection:
             if self.lost_reason is None:
                 self.lost_reason = ConnectionLostError(f"connection to {self.address} closed")
             for waiter in self._requests.drain():
-                waiter.set_error(self.lost_reason)
+                waiter.set_error(
+                    self.lost_reason
+                    if waiter.written
+                    else NotSentError(
+                        f"{self.lost_reason}; the request was still queued in the client, "
+                        "never written to the connection: it was not sent"
+                    )
+                )
             self._write_send.close()
             self._write_receive.close()
             self._leaving.set()
@@ -515,7 +527,9 @@ class Connection:
         if isinstance(frame, frames.Ping):
             # The server's keepalive: answer, or it closes an idle connection.
             try:
-                self._write_send.send_nowait(codec.encode_frame(frames.Pong(frame.request_id)))
+                self._write_send.send_nowait(
+                    (codec.encode_frame(frames.Pong(frame.request_id)), None)
+                )
             except anyio.WouldBlock:
                 pass  # the writer is busy, so the connection is not idle anyway
             return
@@ -583,14 +597,18 @@ class Connection:
 
     async def _write_loop(self) -> None:
         try:
-            async for data in self._write_receive:
+            async for data, waiter in self._write_receive:
+                if waiter is not None:
+                    waiter.written = True
                 chunks = [data]
                 size = len(data)
                 while size < WRITE_COALESCE_BYTES:
                     try:
-                        more = self._write_receive.receive_nowait()
+                        more, more_waiter = self._write_receive.receive_nowait()
                     except anyio.WouldBlock:
                         break
+                    if more_waiter is not None:
+                        more_waiter.written = True
                     chunks.append(more)
                     size += len(more)
                 self._write_started = anyio.current_time()
@@ -625,7 +643,7 @@ class Connection:
             return
         data = codec.encode_frame(frame, self.max_frame_bytes)
         try:
-            self._write_send.send_nowait(data)
+            self._write_send.send_nowait((data, None))
         except anyio.WouldBlock:
             if isinstance(frame, frames.Credit):
                 owed = self._credit_backlog.get(frame.subscription_id, 0)
@@ -669,11 +687,11 @@ class Connection:
         data = b"".join(encode_request(f, self.max_frame_bytes) for f in frames_to_send)
         await self._queue(data)
 
-    async def _queue(self, data: bytes) -> None:
+    async def _queue(self, data: bytes, waiter: _Waiter | None = None) -> None:
         if self.lost_reason is not None:
             raise NotSentError(str(self.lost_reason))
         try:
-            await self._write_send.send(data)
+            await self._write_send.send((data, waiter))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise NotSentError(str(self.lost_reason or "connection closed")) from None
 
@@ -700,8 +718,10 @@ class Connection:
 
         Raises:
             NotSentError: lost or draining (:meth:`drain`) before the request was
-                queued (nothing reached the server).
-            ConnectionLostError: lost after it was queued: the outcome is unknown.
+                queued, or lost while it was queued, before the writer took it
+                (nothing reached the server), or above a GOAWAY's last request served.
+            ConnectionLostError: lost after the writer took it to write it: the
+                outcome is unknown.
             RequestError: the server refused it (an ERROR frame), or TIMEOUT when no
                 answer came before ``deadline`` (outcome unknown).
             RemoteProtocolError: the server refused it with a 1xx code.
@@ -723,7 +743,7 @@ class Connection:
             if then_send:
                 data += b"".join(encode_request(f, self.max_frame_bytes) for f in then_send)
             with anyio.CancelScope(deadline=deadline):
-                await self._queue(data)
+                await self._queue(data, waiter)
                 queued = True
             if not queued:
                 raise NotSentError(

@@ -232,6 +232,57 @@ async def test_a_publish_batch_whose_first_frame_was_stored_is_not_called_not_se
     assert stored == {0: 1} and server.publishes == 2
 
 
+async def _serve_without_reading(task_status: anyio.abc.TaskStatus[str]) -> None:
+    """Answer one client's HELLO, then read nothing (its writes fill the socket
+    buffers and block) and close the connection after 1 s; refuse every later one."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    address = f"127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}"
+    task_status.started(address)
+    async with listener:
+        stream = await listener.listeners[0].accept()
+    decoder = codec.FrameDecoder()
+    async with stream:
+        while (hello := decoder.next_frame()) is codec.NEED_DATA:
+            decoder.receive_data(bytes(await stream.receive(65536)))
+        assert isinstance(hello, frames.Hello)
+        answer = frames.HelloOk(hello.request_id, 6, 1, None, 4 << 20, "fake", 1, (), 100)
+        await stream.send(codec.encode_frame(answer))
+        await anyio.sleep(1.0)
+
+
+@on_both_backends
+async def test_publishes_still_queued_in_the_client_when_the_connection_broke_are_not_sent() -> (
+    None
+):
+    # 16 publishes of 3 MB each, at most once, to a server that reads none of them:
+    # the first few fill the socket buffers (written, or being written: outcome
+    # unknown when the connection breaks), the others wait in the client's write
+    # queue and never reach the socket: not sent. Before, all were "outcome unknown".
+    outcomes: list[BaseException] = []
+    async with anyio.create_task_group() as group:
+        address = await group.start(_serve_without_reading)
+        async with open_client(
+            address, request_timeout_s=3.0, retry_unknown_outcome=False, linger_ms=0
+        ) as client:
+
+            async def publish(n: int) -> None:
+                try:
+                    await client.publish_batch([PublishItem("t", bytes([n]) * (3 << 20))])
+                except ConnectionLostError as exc:
+                    outcomes.append(exc)
+
+            with anyio.fail_after(15):
+                async with anyio.create_task_group() as publishers:
+                    for n in range(16):
+                        publishers.start_soon(publish, n)
+        group.cancel_scope.cancel()
+    assert len(outcomes) == 16
+    not_sent = [exc for exc in outcomes if isinstance(exc, NotSentError)]
+    unknown = [exc for exc in outcomes if not isinstance(exc, NotSentError)]
+    assert unknown, "no publish was written before the connection broke"
+    assert len(not_sent) >= 8, [str(exc) for exc in outcomes]
+
+
 @pytest.mark.parametrize("retry_unknown_outcome", [False, True])
 def test_a_sync_client_whose_server_is_down_from_the_start_raises_not_sent(
     retry_unknown_outcome: bool,
