@@ -112,8 +112,13 @@ async def open_client(
         ack_level: ``"quorum"`` (committed by a majority) or ``"leader"`` (durable on
             the leader) before a publish returns.
         retry_unknown_outcome: Resend a publish whose connection broke after it was
-            sent (default; at-least-once, may store it twice). False raises
-            :class:`ConnectionLostError` instead and leaves the choice to you.
+            sent, or that a node refused with an outcome unknown (``TIMEOUT``,
+            ``UNAVAILABLE`` "outcome unknown") (default; at-least-once, may store it
+            twice). False raises :class:`ConnectionLostError` (or that refusal)
+            instead and leaves the choice to you. Either way a publish known to have
+            taken no effect is sent again, and raises
+            :class:`~futureq.errors.NotSentError` if no server takes it in time
+            (``docs/client.md``, "Not sent, or outcome unknown").
         rng: Source of backoff jitter (seed it in tests).
         max_lease_s: How long the client keeps extending the visibility of a
             delivery it received and has not handed to you yet (seconds; default
