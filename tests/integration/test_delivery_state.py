@@ -144,8 +144,8 @@ async def _cancel_once_sent(
     queue = conn._queue
     with trio.CancelScope() as scope, monkeypatch.context() as patch:
 
-        async def queue_then_cancel(data: bytes) -> None:
-            await queue(data)
+        async def queue_then_cancel(data: bytes, *waiter: Any) -> None:
+            await queue(data, *waiter)
             scope.cancel()
 
         patch.setattr(conn, "_queue", queue_then_cancel)

@@ -43,6 +43,7 @@ import trio
 from tests.jepsen_like.history import History
 
 from futureq.client import PublishItem, open_client
+from futureq.client._attempts import partly_stored
 from futureq.client._publishing import _publish_frame
 from futureq.errors import (
     ErrorCode,
@@ -320,9 +321,15 @@ class Workload:
         for item in items:  # a sharded client: each shard's part to that shard
             target = client.client_for(item.topic) if hasattr(client, "client_for") else client
             parts.setdefault(id(target), (target, []))[1].append(item)
+        done = 0
         for target, part in parts.values():
             frame = _publish_frame(frames.AckLevel.NONE, [item.to_wire() for item in part])
-            answer = await target._call(frame, retry_unknown=False)
+            try:
+                answer = await target._call(frame, retry_unknown=False)
+            except NotSentError as exc:
+                # Not "not sent" for the whole batch when earlier parts were stored.
+                raise partly_stored(exc, done, len(items))  # noqa: B904 - its own cause
+            done += len(part)
             if not isinstance(answer, frames.PublishOk):
                 raise RequestError(ErrorCode.INTERNAL_ERROR, f"unexpected answer {answer!r}")
         return [None] * len(items)
