@@ -206,6 +206,7 @@ class ConsumingClient(ClientBase):
                 return
             wanted = prefetch if prefetch is not None else sub.prefetch
             windows: dict[int, int] = {}
+            withheld: dict[int, int] = {}
             unnamed: list[bool] = []  # per attempt: the server did not name its limit
 
             def make_frame(rid: int) -> frames.Subscribe:
@@ -217,7 +218,16 @@ class ConsumingClient(ClientBase):
                 conn = self._live_connection()
                 limit = None if conn is None else conn.max_prefetch
                 unnamed.append(limit is None)
-                window = windows[rid] = wanted if limit is None else min(wanted, limit)
+                # Handed-over deliveries the application still holds take room: in
+                # window mode out of ``prefetch``, in pull mode out of the server's
+                # limit (the next subscription is not charged for them there).
+                live = withheld[rid] = len(sub._live_orphans())
+                window = wanted if sub._pull else wanted - live
+                if limit is not None:
+                    window = min(window, limit - live if sub._pull else limit)
+                # >= 1 (the protocol's least): the caller waited for room
+                # (:meth:`_resubscribe`), and room only grows while unsubscribed.
+                window = windows[rid] = max(1, window)
                 return frames.Subscribe(rid, sub.topic, sub.group, window, headers=True)
 
             leaving = sub._leaving
@@ -241,7 +251,8 @@ class ConsumingClient(ClientBase):
                     handed: list[bytes] | None = [] if conn.protocol_version >= 3 else None
                     conn.request_nowait(lambda rid: frames.Unsubscribe(rid, orphan, handed))
                     return
-                sub._bind(conn.epoch, frame.subscription_id, windows[frame.request_id])
+                rid = frame.request_id
+                sub._bind(conn.epoch, frame.subscription_id, windows[rid], withheld[rid], conn)
 
             try:
                 answer = await self._call(
@@ -274,6 +285,13 @@ class ConsumingClient(ClientBase):
             ClientClosedError: the client was closed.
         """
         while True:
+            conn = self._live_connection()
+            # Every delivery it may hold is held already (handed over and unsettled):
+            # subscribe once one is settled, void or past its deadline (SUBSCRIBE
+            # takes no window below 1).
+            await sub._wait_for_room(None if conn is None else conn.max_prefetch)
+            if sub.closed or sub.end is not None:
+                return
             try:
                 await self._subscribe_on_live(sub, None, prefetch)
                 return
@@ -534,6 +552,13 @@ class ConsumingClient(ClientBase):
                         raise
                     refused.append(bad)
                     continue
+                # The server's new deadline is its now (before this answer came) plus
+                # visibility_ms: counted from here, the client's is never earlier.
+                deadline_s = anyio.current_time() + visibility_ms / 1000
+                for delivery in chunk:
+                    delivery._deadline_s = deadline_s
+                if any(delivery._handed_over for delivery in chunk):
+                    self._lease_changed()  # a handed-over one's deadline moved
                 break
         return refused
 
@@ -558,6 +583,10 @@ class ConsumingClient(ClientBase):
             work: list[tuple[Subscription, Connection, list[Delivery], list[Delivery]]] = []
             conn = self._live_connection()
             for sub in list(self._subscriptions.values()):
+                if sub._orphaned:
+                    # Handed-over deliveries past their deadline give their room back.
+                    sub._orphans_changed()
+                    next_s = min(next_s, sub._next_orphan_deadline_s())
                 if conn is None or sub.epoch != conn.epoch or sub.subscription_id is None:
                     continue
                 unwanted = [d for d in sub.to_release if d._state is DeliveryState.HELD]

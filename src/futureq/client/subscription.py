@@ -125,6 +125,12 @@ class Delivery:
     """A settle or extend call of it was sent and may have taken effect without its
     answer coming (a lost connection, TIMEOUT): settling it once it is void then
     raises a plain ConnectionLostError (outcome unknown), not NotSentError."""
+    _deadline_s: float | None = attrs.field(default=None, init=False)
+    """When the server's visibility deadline has passed for sure (anyio time, s), as
+    the client tracks it for a handed-over delivery: set by an EXTEND the server
+    confirmed (its answer's arrival plus the ``visibility_ms`` asked), else at the
+    HANDOVER to its arrival plus the group's visibility timeout. Never earlier than
+    the server's: the server stamps its deadline before the client sees either."""
     _follow_leader: bool = attrs.field(default=False, init=False)
     """A settle or extend call of it was answered NOT_LEADER: the call sends it again
     to the node that leads now."""
@@ -165,6 +171,9 @@ class Delivery:
             self._void_reason = reason
             self._void_kind = kind
             self._void_code = code
+            if self._handed_over:
+                # No longer held by the application: its room in the window is free.
+                self._subscription._orphans_changed()
 
     async def ack(self) -> None:
         """Acknowledge: the message is done for this group (durable when this returns).
@@ -290,8 +299,15 @@ class Subscription:
         self.to_release: list[Delivery] = []
         """Pull mode: arrived while nobody fetched; the lease keeper releases them."""
         self._orphaned: set[bytes] = set()
-        """Tags handed to the application under a subscription a HANDOVER ended: still
-        settleable, but their settling gives no credit to the next subscription."""
+        """Tags handed to the application under a subscription a HANDOVER ended and
+        still counted against the window: held (settleable by their tags on whichever
+        node leads) and not past their deadline (:attr:`Delivery._deadline_s`). The
+        application holds them, so the next subscription's window leaves room for them
+        and each one that stops being live gives its room back (:meth:`_orphans_changed`;
+        ``docs/client.md``, "Leader handover")."""
+        self._withheld = 0
+        """Of the live handed-over deliveries, how many the bound subscription's window
+        left room for and has not had back as CREDIT yet."""
         self._leaving: tuple[int, anyio.Event] | None = None
         """(connection epoch, set once answered) of the UNSUBSCRIBE that answered a
         HANDOVER: subscribing again on that connection waits for it."""
@@ -304,13 +320,25 @@ class Subscription:
 
     # -- called by the client (synchronously, from the reader task) ----------------
 
-    def _bind(self, epoch: int, subscription_id: int, credit: int) -> None:
-        """The server accepted SUBSCRIBE on connection ``epoch`` with ``credit``."""
+    def _bind(
+        self,
+        epoch: int,
+        subscription_id: int,
+        credit: int,
+        withheld: int = 0,
+        conn: Connection | None = None,
+    ) -> None:
+        """The server accepted SUBSCRIBE on connection ``epoch`` (``conn``) with
+        ``credit``, a window that left room for ``withheld`` handed-over deliveries
+        (those no longer live since it was asked for give their room back now, as
+        CREDIT)."""
         self.epoch = epoch
         self.subscription_id = subscription_id
         self._credit = credit
         self._window = credit
         self._outstanding = 0
+        self._withheld = withheld
+        self._orphans_changed(conn)
         if self._pull:
             # The SUBSCRIBE's credit is what the (first) fetch wants: what it brings
             # before that fetch starts waiting is kept for it, not released.
@@ -446,12 +474,30 @@ class Subscription:
             delivery._void(reason, "ended")
         self._buffer.clear()
         self.to_release = []
+        # The application still holds the handed ones (and those of an earlier
+        # handover it has not settled): the next subscription's window leaves room for
+        # each until it is settled, void or past its deadline. Before, it subscribed
+        # with the whole window, and the application held up to twice ``prefetch``
+        # unsettled (found by a tester).
+        now = anyio.current_time()
         for handed in self._handed.values():
+            if handed._state is not DeliveryState.HELD:
+                continue
+            if handed._deadline_s is None:
+                handed._deadline_s = (
+                    handed._received_s + self.visibility_timeout_ms / 1000
+                    if self.visibility_timeout_ms is not None
+                    else float("inf")
+                )
+            if not handed._handed_over and handed._deadline_s > now:
+                self._orphaned.add(handed.tag)
             handed._handed_over = True
-        self._orphaned.update(self._handed)
         self.subscription_id = None
         self._credit = 0
         self._outstanding = 0
+        self._withheld = 0
+        self._orphans_changed()
+        self._client._lease_changed()
         self._wake()
 
     def _connection_lost(self, epoch: int) -> None:
@@ -516,12 +562,12 @@ class Subscription:
             delivery._state = DeliveryState.SETTLED
             delivery._settled_as = how
             self._handed.pop(delivery.tag, None)
-        if self._orphaned:
-            # Settled deliveries of a subscription a HANDOVER ended: their credit was
-            # that subscription's, not the one bound now.
-            orphans = {d.tag for d in fresh} & self._orphaned
-            self._orphaned -= orphans
-            fresh = [d for d in fresh if d.tag not in orphans]
+        if any(d._handed_over for d in fresh):
+            # Settled deliveries of a subscription a HANDOVER ended are not the bound
+            # subscription's outstanding ones: the room its window left for them comes
+            # back (once per delivery, there).
+            fresh = [d for d in fresh if not d._handed_over]
+            self._orphans_changed()
         if not fresh or conn.epoch != self.epoch or self.subscription_id is None:
             return
         self._outstanding -= len(fresh)
@@ -544,8 +590,96 @@ class Subscription:
         window it took for the subscription is sure to be kept.
         """
         if conn is not None and conn.max_prefetch is not None:
-            return conn.max_prefetch - self._outstanding
+            # Handed-over deliveries the application still holds count too: the server
+            # counts them no more against this subscription.
+            return conn.max_prefetch - self._outstanding - len(self._live_orphans())
         return self._window
+
+    def _live_orphans(self) -> list[Delivery]:
+        """The handed-over deliveries still counted against the window: held, and not
+        past the deadline the client tracks for them (:attr:`_orphaned`)."""
+        now = anyio.current_time()
+        live: list[Delivery] = []
+        for tag in self._orphaned:
+            delivery = self._handed.get(tag)
+            if (
+                delivery is not None
+                and delivery._state is DeliveryState.HELD
+                and (delivery._deadline_s is None or delivery._deadline_s > now)
+            ):
+                live.append(delivery)
+        return live
+
+    def _next_orphan_deadline_s(self) -> float:
+        """The earliest deadline of a live handed-over delivery (anyio time, s), or
+        infinity when there is none."""
+        return min(
+            (d._deadline_s for d in self._live_orphans() if d._deadline_s is not None),
+            default=float("inf"),
+        )
+
+    def _orphans_changed(self, conn: Connection | None = None) -> None:
+        """Forget the handed-over deliveries no longer live (settled, void, past their
+        deadline) and give their room back to the bound subscription: one credit each
+        (CREDIT on ``conn``, else the live connection), exactly once, since a tag
+        leaves :attr:`_orphaned` for good. Wakes whoever waits for room to subscribe.
+
+        Called when one is settled or voided, by the lease keeper at a deadline, and
+        when a subscription is bound (those that went while it was being asked for).
+        """
+        now = anyio.current_time()
+        for tag in list(self._orphaned):
+            delivery = self._handed.get(tag)
+            if (
+                delivery is not None
+                and delivery._state is DeliveryState.HELD
+                and delivery._deadline_s is not None
+                and delivery._deadline_s <= now
+            ):
+                # Its deadline passed on the server too (it was stamped no later):
+                # taken back there and due again, as a REVOKE says for any other.
+                self._orphaned.discard(tag)
+                delivery._void(
+                    "its visibility timeout passed before it was settled (it was held "
+                    "across a leader handover); the broker delivers it again",
+                )
+        live = {d.tag for d in self._live_orphans()}
+        if live != self._orphaned:
+            self._orphaned = live
+            self._wake()
+        back = self._withheld - len(live)
+        if back <= 0:
+            return
+        if conn is None:
+            conn = self._client._live_connection()
+        if conn is None or conn.epoch != self.epoch or self.subscription_id is None:
+            return  # not bound: the next SUBSCRIBE's window counts what is live then
+        self._withheld = len(live)
+        if self._pull or self._paused or self._closed:
+            return  # pull: a fetch asks for what it wants (:meth:`_most_credit`)
+        from futureq.wire import frames  # noqa: PLC0415
+
+        self._credit += back
+        conn.send_control(frames.Credit(0, self.subscription_id, back))
+
+    def _room(self, limit: int | None) -> int:
+        """How many deliveries a new SUBSCRIBE may ask for (items; <= 0: none yet):
+        window mode, :attr:`prefetch` less the handed-over deliveries still live; pull
+        mode, the server's ``limits.max_prefetch`` (``limit``, None when not named)
+        less them."""
+        if self._pull:
+            return 1 if limit is None else limit - len(self._live_orphans())
+        return self.prefetch - len(self._live_orphans())
+
+    async def _wait_for_room(self, limit: int | None) -> None:
+        """Wait until :meth:`_room` is >= 1, the subscription is closed or ended: a
+        handed-over delivery settled, voided or past its deadline makes room."""
+        self._orphans_changed()
+        while self._room(limit) <= 0 and not self._closed and self.end is None:
+            wakeup = self._wakeup
+            with anyio.move_on_at(self._next_orphan_deadline_s()):
+                await wakeup.wait()
+            self._orphans_changed()
 
     def _hand_out(self, delivery: Delivery) -> Delivery:
         self._handed[delivery.tag] = delivery
@@ -671,6 +805,29 @@ class Subscription:
                     raise self.end
                 live_epoch = self._client._live_epoch()
                 if self.epoch != live_epoch or self.subscription_id is None:
+                    conn = self._client._live_connection()
+                    limit = None if conn is None else conn.max_prefetch
+                    self._orphans_changed()
+                    if self._room(limit) <= 0:
+                        # The application holds the server's limit in handed-over
+                        # deliveries: nothing may come until one of them is settled,
+                        # void or past its deadline (as when it holds it unsettled).
+                        if out:
+                            break
+                        end_s = anyio.current_time() + timeout_s
+                        while (
+                            self._room(limit) <= 0
+                            and anyio.current_time() < end_s
+                            and not self._closed
+                            and self.end is None
+                        ):
+                            wakeup = self._wakeup
+                            with anyio.move_on_at(min(end_s, self._next_orphan_deadline_s())):
+                                await wakeup.wait()
+                            self._orphans_changed()
+                        if self._room(limit) <= 0:
+                            break
+                        continue
                     self._fetching = count - len(out)
                     # No larger window than the one the server took: the rest comes
                     # as CREDIT (a server refuses a SUBSCRIBE past its max_prefetch).

@@ -323,3 +323,52 @@ async def test_a_pull_fetch_on_an_older_server_keeps_only_its_window_out() -> No
             await trio.testing.wait_all_tasks_blocked()
             assert conn.credits() == [2]  # the next round, never more than the window
     assert len(got) == 6
+
+
+async def test_handed_over_deliveries_keep_their_room_until_settled_once() -> None:
+    # After a HANDOVER the application still holds what it was handed: the next
+    # subscription's window leaves room for it, and each one settled gives exactly one
+    # credit back, even when it was settled while that SUBSCRIBE was on its way.
+    sub, _old = _bound(prefetch=3)
+    sub._receive(1, _deliver(7, [_tag(i) for i in range(3)]))
+    first, second = await sub.__anext__(), await sub.__anext__()
+    sub._handed_over(1)
+    assert sub._room(None) == 1 and sub.subscription_id is None
+    withheld = len(sub._live_orphans())  # what the next SUBSCRIBE is asked with
+    assert withheld == 2
+    new = FakeConnection(epoch=2)
+    sub._client.conn = new  # type: ignore[attr-defined]
+    sub._settled(new, [first], "ack")  # type: ignore[arg-type]
+    assert new.credits() == []  # nothing bound yet to give it to
+    sub._bind(2, 8, 3 - withheld, withheld, new)  # type: ignore[arg-type]
+    assert new.credits() == [1] and sub._credit == 2
+    sub._settled(new, [second], "ack")  # type: ignore[arg-type]
+    sub._settled(new, [second], "ack")  # type: ignore[arg-type]
+    assert new.credits() == [1] and sub._credit == 3 == sub.prefetch
+    assert not sub._orphaned
+
+
+async def test_a_handed_over_delivery_past_its_deadline_is_void_and_gives_its_room_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sub, _old = _bound(prefetch=2)
+    sub._info(1, 2_000, 0)
+    sub._receive(1, _deliver(7, [_tag(1), _tag(2)]))
+    held = [await sub.__anext__(), await sub.__anext__()]
+    await trio.sleep(1.0)
+    held[1]._deadline_s = trio.current_time() + 5.0  # an EXTEND of 5 s confirmed now
+    sub._handed_over(1)
+    assert sub._room(None) == 0  # both held: no SUBSCRIBE yet
+    with trio.fail_after(10):
+        await sub._wait_for_room(None)  # held[0] lapses 2 s after it arrived
+    assert trio.current_time() == pytest.approx(2.0)
+    assert held[0].state is DeliveryState.VOID and held[1].state is DeliveryState.HELD
+    assert sub._room(None) == 1
+    new = FakeConnection(epoch=2)
+    sub._client.conn = new  # type: ignore[attr-defined]
+    sub._bind(2, 8, 1, 1, new)  # type: ignore[arg-type]
+    assert new.credits() == []
+    await trio.sleep(4.5)  # past held[1]'s extended deadline (6 s)
+    sub._orphans_changed()  # the lease keeper's call at that deadline
+    assert [d.state for d in held] == [DeliveryState.VOID] * 2
+    assert new.credits() == [1] and sub._credit == 2 == sub.prefetch

@@ -943,12 +943,14 @@ async def test_a_leader_handing_over_is_told_what_the_application_was_handed() -
                     again = [await sub.__anext__() for _ in range(2)]
                 assert sorted(d.payload for d in again) == sorted(d.payload for d in buffered)
                 assert sub.subscription_id not in (None, asked)
-                # The handed one is still the application's to settle; its credit was
-                # the ended subscription's, so the new one's window does not grow.
+                # The handed one is still the application's to settle, and it holds
+                # it: the new subscription's window leaves room for it (prefetch 3
+                # less 1), and settling it gives that room back as one credit.
+                assert sub.window == 2
                 credit = sub._credit
                 await handed.ack()
                 assert handed.state is DeliveryState.SETTLED
-                assert sub._credit == credit
+                assert sub._credit == credit + 1
                 fake.settling.clear()
             # Leaving names what the application still holds.
             [unsubscribe] = fake.settling
