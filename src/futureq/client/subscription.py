@@ -14,6 +14,12 @@ A :class:`Subscription` is an async iterator of :class:`Delivery` objects. Flow 
 So the server never has more than ``prefetch`` deliveries outstanding to a
 subscription, and a consumer whose deliveries time out does not stall.
 
+Deliveries the application holds when the leader hands over (HANDOVER) are out by
+their tags on no subscription, so the client counts them: the next SUBSCRIBE's window
+leaves room for those still live, and each gives one credit back once settled, void or
+past the deadline the client keeps for it (:meth:`Subscription._orphans_changed`). The
+application never holds more than ``prefetch`` unsettled deliveries of a subscription.
+
 Leases: deliveries buffered here and not yet handed to the application have their
 visibility extended (EXTEND) by the client's lease keeper, at half the group's
 visibility timeout, for up to ``max_lease_s`` after they arrived, then released (not
