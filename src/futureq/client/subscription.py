@@ -490,11 +490,10 @@ class Subscription:
             if handed._state is not DeliveryState.HELD:
                 continue
             if handed._deadline_s is None:
-                handed._deadline_s = (
-                    handed._received_s + self.visibility_timeout_ms / 1000
-                    if self.visibility_timeout_ms is not None
-                    else float("inf")
-                )
+                # Not told the group's timeout (SUBSCRIPTION_INFO comes right after
+                # SUBSCRIBE_OK, so hardly ever): the longest any group or EXTEND has.
+                visibility_ms = self.visibility_timeout_ms or _checks.MAX_VISIBILITY_MS
+                handed._deadline_s = handed._received_s + visibility_ms / 1000
             if not handed._handed_over and handed._deadline_s > now:
                 self._orphaned.add(handed.tag)
             handed._handed_over = True
