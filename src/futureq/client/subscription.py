@@ -713,7 +713,10 @@ class Subscription:
         """The window (items) the server took for the subscription when it last
         subscribed: :attr:`prefetch`, or less where the server's ``limits.max_prefetch``
         is lower (a server of protocol version 5 names it, and has no more than it out
-        to one subscription); 0 before the first SUBSCRIBE was answered."""
+        to one subscription); 0 before the first SUBSCRIBE was answered. After a leader
+        handover it is less by the handed-over deliveries the application still held
+        then; each of them gives its room back as CREDIT once settled, void or past its
+        deadline, so the credit comes back to the whole window."""
         return self._window
 
     @property
