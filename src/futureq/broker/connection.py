@@ -45,6 +45,7 @@ Source: ``docs/protocol.md``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import ssl
@@ -107,6 +108,13 @@ READS: frozenset[type[frames.Frame]] = frozenset(
 """Requests that change nothing: served as they come, beside the others. Every other
 request takes effect after those its client sent before it (``futureq.request_order``;
 ``docs/protocol.md``, "Requests")."""
+ROOMY_READS: frozenset[type[frames.Frame]] = READS - {frames.Ping}
+"""Reads whose answer may be large (a BROWSE page is up to ~1 MiB): a connection serves
+them one at a time, each once its outbox has room, so pipelined reads keep the outbox
+within its limit plus one answer. Served 256 at once, 17 pipelined BROWSEs of 1,000
+messages overflowed twice the limit at once and closed a client that read as fast as it
+could (SLOW_CLIENT), and their answers were all held in memory together. PING's answer
+is tiny and is the client's liveness probe: it never waits."""
 INLINE_PUBLISH_ITEMS = validation.VALIDATE_STEP_ITEMS
 """A PUBLISH of at most this many items, at ack level leader or quorum, to a single node
 whose log has room, that nothing read before it on its connection still waits to take
@@ -277,6 +285,9 @@ class Connection:
         self._request_bytes_limit = self.limits.max_connection_buffer_bytes
         self._request_room: trio.Event | None = None
         """Set when a request ends, while the reader waits for room for the next."""
+        self._read_room = trio.Lock()
+        """Held by the :data:`ROOMY_READS` request being served (waiting for outbox
+        room, then answering)."""
         self._reading = trio.CancelScope()
         self._last_served_id = 0
         """The largest request id served (answered, or handed to a task): a GOAWAY's."""
@@ -830,18 +841,22 @@ class Connection:
                     # handed (UNSUBSCRIBE), maybe this connection's own: later
                     # requests are not held for it.
                     turn.pass_on()
-            self.access.check(self.principal, frame)
-            if self.broker.shard is not None:
-                check_shard(self.broker.shard, frame)
-            with request_order.serving(turn):
-                try:
-                    answer = await self._answer(frame)
-                except NotLeaderError:
-                    if not isinstance(frame, frames.Publish):
-                        raise
-                    answer = await self._publish_after_election(frame)
-            if answer is not None:
-                self._reply(answer, frame.request_id)
+            roomy = type(frame) in ROOMY_READS
+            async with self._read_room if roomy else contextlib.nullcontext():
+                if roomy:
+                    await self.outbox.wait_room()  # answers first, one large one at a time
+                self.access.check(self.principal, frame)
+                if self.broker.shard is not None:
+                    check_shard(self.broker.shard, frame)
+                with request_order.serving(turn):
+                    try:
+                        answer = await self._answer(frame)
+                    except NotLeaderError:
+                        if not isinstance(frame, frames.Publish):
+                            raise
+                        answer = await self._publish_after_election(frame)
+                if answer is not None:
+                    self._reply(answer, frame.request_id)
         except (RequestError, RemoteProtocolError, NoSpaceError) as exc:
             self._refused(exc, frame.request_id)
         finally:
