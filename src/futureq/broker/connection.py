@@ -725,8 +725,15 @@ class Connection:
         session = self.session
         limits = self.limits
         if session.buffered_bytes:
+            now = trio.current_time()
             if self._frame_started is None:
                 self._frame_started = self._last_receive
+            # The frame's clock runs while this server reads, not while it serves the
+            # requests read before it or waits for room for them (answers the client
+            # has not read yet, its 256 requests in progress): a client that pipelined
+            # a long run of requests and read its answers steadily was closed
+            # FRAME_TIMEOUT for a frame whose rest had waited in the socket all along.
+            self._frame_started += now - self._last_receive
             deadline = self._frame_started + limits.frame_deadline_ms / 1000
             stall: trio.CancelScope | None = None
             self._evicted = False
