@@ -381,6 +381,13 @@ class ServerSession(_Session):
     def _refuse_alone(self, exc: FrameFieldsError) -> RefusedRequest | None:
         self._error_request_id = exc.request_id
         frame_type = frames.FrameType(exc.frame_type)
+        if self._handshake_done and frame_type in SERVER_ONLY_FRAME_TYPES:
+            # What to fix is sending it at all, not its fields: a GOAWAY or DELIVER with
+            # the wrong fields was told which field to change.
+            raise self._fail(
+                ErrorCode.INVALID_FRAME,
+                f"{frame_type.name} is a server-only frame type; clients may not send it",
+            )
         if (
             not self._handshake_done
             or self._pending_hello is not None

@@ -290,6 +290,26 @@ def test_client_may_not_send_server_only_frames(frame: frames.Frame) -> None:
     assert frame.TYPE.name in error.message
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        [int(frames.FrameType.GOAWAY), 0, -1, "a", 1, 2],
+        [int(frames.FrameType.GOAWAY), 0, 5],
+        [int(frames.FrameType.DELIVER), 0, 1, 1, b"", 1],
+        [int(frames.FrameType.PUBLISH_OK), 3, "x", 1],
+    ],
+    ids=["goaway-bad-fields", "goaway-too-few", "deliver-too-many", "publish-ok-bad-field"],
+)
+def test_a_server_only_frame_with_wrong_fields_is_told_it_is_server_only(value: Any) -> None:
+    """Before: the client was told which field to fix (``GOAWAY frame: field
+    'last_request_id' must be >= 0``), when what to fix is sending the frame at all."""
+    s, _ = handshake()
+    s.receive_data(_raw(value))
+    error = refused(s, ErrorCode.INVALID_FRAME)
+    name = frames.FrameType(value[0]).name
+    assert error.message == f"{name} is a server-only frame type; clients may not send it"
+
+
 # --- requests after the handshake -----------------------------------------------------
 
 
