@@ -476,7 +476,13 @@ class AdminClient(ClientBase):
             return frames.ClusterTransferLeader(rid, node_id)
 
         try:
-            answer = await self._call(make_frame, retry_unknown=False)
+            # A TIMEOUT (the node asked saw no transfer complete in time) is asked
+            # again, as before at-most-once calls stopped at such refusals: named, the
+            # node then answers where the leadership went (OK once another node leads,
+            # which the CLI checks); unnamed, asking again would move it once more.
+            answer = await self._call(
+                make_frame, retry_unknown=False, retry_refusals=node_id is not None
+            )
         except ConnectionLostError as exc:
             # The answer never came: the connection broke, or it drained (another
             # request answered NOT_LEADER) and its grace time passed first. Found by

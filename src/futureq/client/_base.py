@@ -593,6 +593,7 @@ class ClientBase:
         make_frame: Callable[[int], frames.Frame],
         *,
         retry_unknown: bool,
+        retry_refusals: bool = False,
         deadline: float | None = None,
         on_answer: Callable[[Connection, frames.Frame], None] | None = None,
         attempts: Attempts | None = None,
@@ -606,6 +607,10 @@ class ClientBase:
                 (``TIMEOUT``, ``UNAVAILABLE`` "outcome unknown": :func:`~futureq.
                 client._attempts.took_no_effect`); only for idempotent requests or
                 at-least-once publishing.
+            retry_refusals: With ``retry_unknown`` False, still resend after such a
+                3xx refusal (not after a broken connection): for a request whose
+                repetition asks for the same end state (TRANSFER_LEADER to a named
+                node: the next attempt, at the new leader, finds where it went).
             deadline: ``anyio.current_time()`` value ending all attempts; default now
                 plus ``request_timeout_s``.
             on_answer: Called by the reader with the connection and the answer.
@@ -665,7 +670,7 @@ class ClientBase:
                 attempts.note(exc)
                 if not exc.code.retryable or anyio.current_time() >= deadline:
                     raise
-                if not retry_unknown and not took_no_effect(exc):
+                if not (retry_unknown or retry_refusals) and not took_no_effect(exc):
                     # TIMEOUT, UNAVAILABLE "outcome unknown", ...: it may be applied;
                     # sent again, an at-most-once publish could be stored twice.
                     raise
