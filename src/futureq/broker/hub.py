@@ -350,6 +350,15 @@ TTL_RAN_OUT: Final = (
     "never delivered again (removed, or sent to the dead-letter topic by a group with "
     "dead_letter_expired); there is nothing to settle"
 )
+DEAD_LETTERED: Final = (
+    "this delivery's message was dead-lettered while it was out (out of attempts "
+    "after its group's max_deliveries changed, or a NACK to the dead-letter topic): "
+    "there is nothing to settle here; it is in the dead-letter topic"
+)
+RESCHEDULED: Final = (
+    "this delivery's message was rescheduled (RESCHEDULE) while it was out: it is "
+    "due again at its new time and comes with a new tag; there is nothing to settle"
+)
 SUBSCRIPTION_ENDED: Final = (
     "this delivery was taken back when its subscription ended (UNSUBSCRIBE, or its "
     "connection closed): it counted as an attempt and is due again for the group with "

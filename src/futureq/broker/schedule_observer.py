@@ -24,7 +24,7 @@ from futureq.state.due_index import pack, unpack
 from futureq.state.records import PARKED_DUE_MS
 
 from . import dispatch_counters, dispatch_tasks
-from .hub import TTL_RAN_OUT
+from .hub import DEAD_LETTERED, RESCHEDULED, TTL_RAN_OUT
 
 _GROUP: Final = itemgetter(1)
 _DUE: Final = itemgetter(2)
@@ -47,15 +47,8 @@ CANCELLED, then DELIVERY_CANCELLED for its ACK)."""
 
 _REMOVED_BECAUSE: Final[dict[CommandKind, str]] = {
     CommandKind.EXPIRE: TTL_RAN_OUT,
-    CommandKind.DEAD_LETTER: (
-        "this delivery's message was dead-lettered while it was out (out of attempts "
-        "after its group's max_deliveries changed, or a NACK to the dead-letter topic): "
-        "there is nothing to settle here; it is in the dead-letter topic"
-    ),
-    CommandKind.RESCHEDULE: (
-        "this delivery's message was rescheduled (RESCHEDULE) while it was out: it is "
-        "due again at its new time and comes with a new tag; there is nothing to settle"
-    ),
+    CommandKind.DEAD_LETTER: DEAD_LETTERED,
+    CommandKind.RESCHEDULE: RESCHEDULED,
 }
 """Why a delivery out was taken back, by the kind of the command that removed or moved
 its entry (told to a later ACK/NACK/RELEASE/EXTEND of its tag, :meth:`Hub.forget`)."""
