@@ -215,6 +215,20 @@ def test_a_leader_whose_clock_steps_hands_leadership_over(step_s: int) -> None:
     assert any("handing leadership to node" in text for text in cluster.notices)
 
 
+def _leader_clock_stepped(cluster: Cluster) -> tuple[Node, int]:
+    """Elect a leader with an owner that records deliveries (a 200 ms grace), step its
+    clock an hour ahead and tick once: it waits in ``handover_wanted``. Returns
+    ``(leader, term)``."""
+    cluster.run(600)
+    old = cluster.leader()
+    old.keeper.handover_grace_us = 200_000
+    old.offset_us += 3600 * 1_000_000
+    cluster.step()
+    term = int(old.core.term)
+    assert old.keeper.handover_wanted == term
+    return old, term
+
+
 @pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "grace_ran_out"])
 def test_a_leader_whose_clock_steps_waits_for_its_deliveries_to_be_recorded(
     recorded: bool,
@@ -224,13 +238,7 @@ def test_a_leader_whose_clock_steps_waits_for_its_deliveries_to_be_recorded(
     says they are recorded, and then hands it over; without that word, once the grace
     ran out. (Handed over at once, the next leader pushed every delivery out again.)"""
     cluster = Cluster()
-    cluster.run(600)
-    old = cluster.leader()
-    old.keeper.handover_grace_us = 200_000
-    old.offset_us += 3600 * 1_000_000
-    cluster.step()
-    term = int(old.core.term)
-    assert old.keeper.handover_wanted == term
+    old, term = _leader_clock_stepped(cluster)
     assert cluster.dispatchers() == []
     cluster.run(100)
     assert old.core.role is Role.LEADER and old.core.lead_transferee is None
@@ -255,13 +263,7 @@ def test_a_leader_whose_clock_comes_back_while_waiting_keeps_leading() -> None:
     leadership and dispatches again; a recording reported late does not count for a
     later step in the same term (what went out since is not recorded)."""
     cluster = Cluster()
-    cluster.run(600)
-    old = cluster.leader()
-    old.keeper.handover_grace_us = 200_000
-    old.offset_us += 3600 * 1_000_000
-    cluster.step()
-    term = int(old.core.term)
-    assert old.keeper.handover_wanted == term
+    old, term = _leader_clock_stepped(cluster)
     old.offset_us -= 3600 * 1_000_000
     cluster.run(100)
     assert old.keeper.handover_wanted is None
