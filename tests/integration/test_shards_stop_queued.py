@@ -114,26 +114,12 @@ def test_connections_queued_on_a_stopping_nodes_listener_are_answered_not_reset(
     does). Each is served (HELLO_OK, then closed cleanly by the stop) or told
     UNAVAILABLE; before, those still queued when the listener closed at the start of the
     stop got a reset. The same code serves a shard with its own ports."""
-    node = BrokerProcess(tmp_path / "data")
-    node.start()
-    assert node.process is not None
-    queued: list[socket.socket] = []
-    try:
-        node.process.send_signal(signal.SIGSTOP)
-        queued = [_hello(node.client_address) for _ in range(CLIENTS * 8)]
-        node.process.send_signal(signal.SIGTERM)
-        node.process.send_signal(signal.SIGCONT)
-        answers = [_answer(sock) for sock in queued]  # a reset raises ConnectionResetError
-        for frame in answers:
-            if isinstance(frame, frames.Error):
-                assert frame.code == ErrorCode.UNAVAILABLE, frame
-            else:
-                assert isinstance(frame, frames.HelloOk), frame
-        assert node.process.wait(30) == 0
-    finally:
-        for sock in queued:
-            sock.close()
-        node.kill()
+    answers = _stop_with_queued(tmp_path, CLIENTS * 8)
+    for frame in answers:
+        if isinstance(frame, frames.Error):
+            assert frame.code == ErrorCode.UNAVAILABLE, frame
+        else:
+            assert isinstance(frame, frames.HelloOk), frame
 
 
 def test_more_connections_queued_than_refused_at_once_are_all_told_not_reset(
@@ -143,22 +129,30 @@ def test_more_connections_queued_than_refused_at_once_are_all_told_not_reset(
     refused beyond the ones being refused at once are told UNAVAILABLE too, then closed
     cleanly. Before: closed with their HELLO unread, a reset each (136 of 200 in a
     first run)."""
+    answers = _stop_with_queued(tmp_path, 3 * gateway.MAX_REFUSING)
+    refused = [frame for frame in answers if isinstance(frame, frames.Error)]
+    assert all(frame.code == ErrorCode.UNAVAILABLE for frame in refused), refused
+    assert len(refused) > gateway.MAX_REFUSING
+    served = [frame for frame in answers if not isinstance(frame, frames.Error)]
+    assert all(isinstance(frame, frames.HelloOk) for frame in served), served
+
+
+def _stop_with_queued(tmp_path: Path, count: int) -> list[object]:
+    """Pause a node (SIGSTOP), queue ``count`` connections that each sent HELLO, stop
+    it as systemd does (SIGTERM, SIGCONT) and return each connection's answer; checks
+    the node exited 0. A reset raises ConnectionResetError."""
     node = BrokerProcess(tmp_path / "data")
     node.start()
     assert node.process is not None
     queued: list[socket.socket] = []
     try:
         node.process.send_signal(signal.SIGSTOP)
-        queued = [_hello(node.client_address) for _ in range(3 * gateway.MAX_REFUSING)]
+        queued = [_hello(node.client_address) for _ in range(count)]
         node.process.send_signal(signal.SIGTERM)
         node.process.send_signal(signal.SIGCONT)
-        answers = [_answer(sock) for sock in queued]  # a reset raises ConnectionResetError
-        refused = [frame for frame in answers if isinstance(frame, frames.Error)]
-        assert all(frame.code == ErrorCode.UNAVAILABLE for frame in refused), refused
-        assert len(refused) > gateway.MAX_REFUSING
-        served = [frame for frame in answers if not isinstance(frame, frames.Error)]
-        assert all(isinstance(frame, frames.HelloOk) for frame in served), served
+        answers = [_answer(sock) for sock in queued]
         assert node.process.wait(30) == 0
+        return answers
     finally:
         for sock in queued:
             sock.close()
