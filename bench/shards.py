@@ -92,8 +92,11 @@ def _children(pid: int) -> list[int]:
     """Direct children of ``pid`` (every thread's): a node's shard processes."""
     children: list[int] = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as found:
-            children += [int(c) for c in found.read().split()]
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as found:
+                children += [int(c) for c in found.read().split()]
+        except OSError:
+            continue  # that thread ended meanwhile
     return children
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from broker_process import clean_env
+from proc_table import children, shard_index
 
 START_TIMEOUT_S = 60.0
 
@@ -61,17 +62,6 @@ def start_node(
         process.wait(30)
         raise RuntimeError(f"did not start; stderr:\n{stderr_path.read_text()[-4000:]}")
     return process, stderr_path
-
-
-def shard_pids(supervisor: int) -> list[int]:
-    """PIDs of the supervisor's children (its shard processes)."""
-    pids: list[int] = []
-    for task in Path(f"/proc/{supervisor}/task").iterdir():
-        try:
-            pids += [int(child) for child in (task / "children").read_text().split()]
-        except FileNotFoundError:
-            continue
-    return pids
 
 
 @contextlib.contextmanager
@@ -140,7 +130,7 @@ def test_sigterm_to_the_supervisor_and_every_shard_stops_gracefully(tmp_path: Pa
     sent once each shard has taken the supervisor's: the order in which they are two."""
     process, stderr_path = start_node(tmp_path)
     try:
-        shards = shard_pids(process.pid)
+        shards = children(process.pid)
         assert len(shards) == 2, shards
         os.kill(process.pid, signal.SIGTERM)
         wait_for_lines(stderr_path, "received SIGTERM: shutting down gracefully", 2)
@@ -174,7 +164,7 @@ def test_a_second_sigterm_after_the_window_forces_the_stop_with_exit_code_5(
     SIGTERM 1.3 s after the first kills it, and the node says so in its exit code (it
     said 0, the code of a graceful stop)."""
     process, stderr_path = start_node(tmp_path)
-    stopped = shard_pids(process.pid)[0]
+    stopped = children(process.pid)[0]
     with kept_stopped(stopped):
         try:
             os.kill(process.pid, signal.SIGTERM)
@@ -193,7 +183,7 @@ def test_a_shard_killed_after_the_grace_period_makes_exit_code_5(tmp_path: Path)
     ``server.shutdown_grace_ms`` + 5 s the supervisor kills it, and the node's exit code
     says the stop was not graceful. Before, it exited 0, the code of a graceful stop."""
     process, stderr_path = start_node(tmp_path, {"FUTUREQ_SERVER_SHUTDOWN_GRACE_MS": "200"})
-    stopped = shard_pids(process.pid)[0]
+    stopped = children(process.pid)[0]
     with kept_stopped(stopped):
         try:
             os.kill(process.pid, signal.SIGTERM)
@@ -211,7 +201,7 @@ def test_sigterm_with_a_shard_stopped_stops_it_gracefully(tmp_path: Path) -> Non
     Before, the stopped shard never saw the SIGTERM and was SIGKILLed after
     ``server.shutdown_grace_ms`` + 5 s."""
     process, stderr_path = start_node(tmp_path)
-    stopped = shard_pids(process.pid)[1]
+    stopped = children(process.pid)[1]
     try:
         os.kill(stopped, signal.SIGSTOP)
         time.sleep(0.2)  # the stop has landed
@@ -230,11 +220,7 @@ def test_sigterm_with_shard_0_stopped_keeps_the_supervisor_answering(tmp_path: P
     handing the port back to a shard that is closing it and taking it again once that
     shard exited."""
     process, stderr_path = start_node(tmp_path)
-    stopped = next(
-        pid
-        for pid in shard_pids(process.pid)
-        if b"--shard-index\x000\x00" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    )
+    stopped = next(pid for pid in children(process.pid) if shard_index(pid) == 0)
     try:
         os.kill(stopped, signal.SIGSTOP)
         wait_for_lines(stderr_path, f"shard 0 (pid {stopped}) has given no sign of life", 1)

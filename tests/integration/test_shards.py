@@ -21,6 +21,7 @@ import pytest
 import trio
 from broker_process import BrokerProcess
 from cluster_process import free_runs
+from proc_table import alive, children, shard_index
 from wire_client import WireClient
 
 from futureq.client import Client, open_client
@@ -51,26 +52,11 @@ class ShardedNode(BrokerProcess):
 
     def pid_of_shard(self, shard: int) -> int | None:
         """PID of shard ``shard``'s process once it runs ``futureq start``, else None."""
-        for pid in self.shard_pids():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except FileNotFoundError:
-                continue
-            if b"--shard-index" not in cmdline:
-                continue  # forked, not yet exec'd
-            if cmdline[cmdline.index(b"--shard-index") + 1] == str(shard).encode():
-                return pid
-        return None
+        return next((pid for pid in self.shard_pids() if shard_index(pid) == shard), None)
 
     def shard_pids(self) -> list[int]:
         """PIDs of the supervisor's children (the shard processes), any order."""
-        pids: list[int] = []
-        for task in Path(f"/proc/{self.pid}/task").iterdir():
-            try:
-                pids += [int(pid) for pid in (task / "children").read_text().split()]
-            except FileNotFoundError:
-                continue  # the thread ended meanwhile
-        return pids
+        return children(self.pid)
 
 
 @pytest.fixture
@@ -81,17 +67,6 @@ def node(tmp_path: Path) -> Iterator[ShardedNode]:
     if made.process is not None and made.process.poll() is None:
         made.terminate()
     made.kill()  # reaps it and closes its stdout pipe whether or not it still ran
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -318,9 +293,9 @@ def test_sigterm_stops_every_shard_process(node: ShardedNode) -> None:
     assert len(children) == 2
     assert node.terminate() == 0
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(_alive(pid) for pid in children)
+    assert not any(alive(pid) for pid in children)
     assert "stopped; RocksDB closed" in node.stderr_text()
 
 
@@ -393,11 +368,7 @@ def test_one_shard_is_the_node_as_before(tmp_path: Path) -> None:
     single = BrokerProcess(tmp_path / "data", ["--shards", "1"])
     single.start()
     try:
-        assert not [
-            pid
-            for task in Path(f"/proc/{single.pid}/task").iterdir()
-            for pid in (task / "children").read_text().split()
-        ]
+        assert not children(single.pid)
         wire = WireClient(single.client_address)
         answer = wire.request(frames.SlotMap(wire.next_id()))
         assert isinstance(answer, frames.SlotMapOk)
@@ -514,9 +485,9 @@ def test_shards_outliving_a_killed_supervisor_stop_themselves(node: ShardedNode)
     assert len(children) == 2
     node.kill()  # SIGKILL: the supervisor cannot forward anything
     deadline = time.monotonic() + 20
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(_alive(pid) for pid in children)
+    assert not any(alive(pid) for pid in children)
     assert node.stderr_text().count("of this shard is gone: shutting down") == 2
 
 

@@ -23,6 +23,7 @@ import pytest
 import trio
 from broker_process import BrokerProcess, clean_env
 from cluster_process import Cluster, ClusterNode, free_ports, free_runs
+from proc_table import children, shard_index
 from wire_client import WireClient
 
 from futureq.client import open_client
@@ -90,19 +91,7 @@ class ReadmeNode:
 
 def shard_pid(supervisor: int, shard: int) -> int | None:
     """PID of the supervisor's child running ``--shard-index shard``, else None."""
-    for task in Path(f"/proc/{supervisor}/task").iterdir():
-        try:
-            children = (task / "children").read_text().split()
-        except FileNotFoundError:
-            continue
-        for child in children:
-            try:
-                argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-            except FileNotFoundError:
-                continue
-            if b"--shard-index" in argv and argv[argv.index(b"--shard-index") + 1] == b"%d" % shard:
-                return int(child)
-    return None
+    return next((pid for pid in children(supervisor) if shard_index(pid) == shard), None)
 
 
 def cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_shards import ShardedNode, _alive
+from proc_table import alive
+from test_shards import ShardedNode
 
 
 def test_a_start_right_after_a_killed_supervisor_waits_for_its_stopping_shards(
@@ -59,10 +60,10 @@ def test_a_start_right_after_a_killed_supervisor_waits_for_its_stopping_shards(
         assert "the previous run's shard processes of" in log, log[-3000:]
         assert "waiting up to" in log
         assert "Address already in use" not in log
-        assert not any(_alive(pid) for pid in pids)
+        assert not any(alive(pid) for pid in pids)
     finally:
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGCONT)
                 os.kill(pid, signal.SIGKILL)
         if again.process is not None:

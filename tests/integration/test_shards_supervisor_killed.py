@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from test_shards import ShardedNode, _alive
+from proc_table import alive, children, shard_index
+from test_shards import ShardedNode
 
 EXIT_DEADLINE_S = 20.0
 
@@ -28,19 +29,7 @@ def _exec_shards(supervisor: int, count: int, within_s: float = 20.0) -> list[in
     --shard-index K`` (exec'd, not only forked), polled closely."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        pids: list[int] = []
-        for task in Path(f"/proc/{supervisor}/task").iterdir():
-            try:
-                pids += [int(pid) for pid in (task / "children").read_text().split()]
-            except FileNotFoundError:
-                continue
-        shards = []
-        for pid in pids:
-            try:
-                if b"--shard-index" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                    shards.append(pid)
-            except FileNotFoundError:
-                continue
+        shards = [pid for pid in children(supervisor) if shard_index(pid) is not None]
         if len(shards) == count:
             return shards
         time.sleep(0.005)
@@ -78,9 +67,9 @@ def test_a_supervisor_killed_while_its_shards_start_leaves_none_running(
         assert supervisor.stdout is not None
         assert supervisor.stdout.read() == ""  # it never said READY
         deadline = time.monotonic() + EXIT_DEADLINE_S
-        while any(_alive(pid) for pid in shards) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in shards) and time.monotonic() < deadline:
             time.sleep(0.05)
-        still = [pid for pid in shards if _alive(pid)]
+        still = [pid for pid in shards if alive(pid)]
         assert not still, f"shards {still} outlived their killed supervisor"
         log = node.stderr_text()
         assert log.count("of this shard is gone: shutting down") == 2, log[-4000:]
@@ -90,10 +79,11 @@ def test_a_supervisor_killed_while_its_shards_start_leaves_none_running(
         assert node.terminate() == 0
     finally:
         for pid in shards:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         if supervisor.poll() is None:
             supervisor.kill()
+            supervisor.wait(10)
         if supervisor.stdout is not None:
             supervisor.stdout.close()
         node.kill()
@@ -119,9 +109,9 @@ def test_a_stopped_shard_whose_supervisor_is_killed_stops_gracefully(tmp_path: P
             time.sleep(0.01)
         node.kill()
         deadline = time.monotonic() + EXIT_DEADLINE_S
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(pid) for pid in pids)
+        assert not any(alive(pid) for pid in pids)
         log = node.stderr_text()
         assert log.count("of this shard is gone: shutting down") == 2, log[-4000:]
         assert log.count("stopped; RocksDB closed") == 2
@@ -129,7 +119,7 @@ def test_a_stopped_shard_whose_supervisor_is_killed_stops_gracefully(tmp_path: P
         assert node.terminate() == 0
     finally:
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGCONT)
                 os.kill(pid, signal.SIGKILL)
         node.kill()
@@ -145,7 +135,7 @@ def _processes_on(data_dir: Path) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if str(data_dir).encode() in cmdline and _alive(int(entry.name)):
+        if str(data_dir).encode() in cmdline and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
