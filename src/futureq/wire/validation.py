@@ -536,173 +536,179 @@ def validate_publish_items_in_steps(
     fast_max_delay = min(max_delay, INT64_MAX - now_ms)
     good_topics: set[str] = set()
     append = out.append
-    for i, item in enumerate(items):
-        if i % VALIDATE_STEP_ITEMS == VALIDATE_STEP_ITEMS - 1:
+    # A step at a time, each a slice: no per-item test of whether to yield.
+    for start in range(0, len(items), VALIDATE_STEP_ITEMS):
+        if start:
             yield
-        if type(item) in _ARRAYS and len(item) == 5:
-            topic, payload, delay_ms, deliver_at_ms, ttl_ms = item
-            if (
-                deliver_at_ms is None
-                and type(topic) is str  # before the set lookup: an array or map is unhashable
-                and topic in good_topics
-                and type(payload) is bytes
-                and len(payload) <= max_payload
-            ):
-                if delay_ms is None:
-                    due_ms = now_ms
-                elif type(delay_ms) is int and 0 <= delay_ms <= fast_max_delay:
-                    due_ms = now_ms + delay_ms
-                else:
-                    due_ms = -1
-                if due_ms >= 0 and (
-                    ttl_ms is None
-                    or (
-                        type(ttl_ms) is int
-                        and 0 < ttl_ms <= max_ttl
-                        and ttl_ms <= INT64_MAX - due_ms
-                    )
+        for i, item in enumerate(items[start : start + VALIDATE_STEP_ITEMS], start):
+            if type(item) in _ARRAYS and len(item) == 5:
+                topic, payload, delay_ms, deliver_at_ms, ttl_ms = item
+                if (
+                    deliver_at_ms is None
+                    and type(topic) is str  # before the set lookup: an array or map is unhashable
+                    and topic in good_topics
+                    and type(payload) is bytes
+                    and len(payload) <= max_payload
                 ):
-                    append((topic, payload, due_ms, ttl_ms))
-                    continue
-        if type(item) not in _ARRAYS or len(item) not in (5, 7):
-            raise RequestError(
-                ErrorCode.INVALID_FIELD,
-                "each item must be an array [topic, payload, delay_ms, deliver_at_ms, ttl_ms] "
-                "or [topic, payload, delay_ms, deliver_at_ms, ttl_ms, headers, idempotency_key]",
-                i,
-            )
-        topic, payload, delay_ms, deliver_at_ms, ttl_ms = item[:5]
-        if type(topic) is not str:
-            raise RequestError(
-                ErrorCode.INVALID_FIELD, f"topic must be a string, got {describe(topic)}", i
-            )
-        if topic not in good_topics:  # one check per distinct topic of the batch
-            check_publish_topic(topic, i)
-            good_topics.add(topic)
-        if type(payload) is not bytes:
-            raise RequestError(
-                ErrorCode.INVALID_FIELD,
-                f"payload (item position 1) must be binary, got {describe(payload)}: send the "
-                "message body as msgpack bin (a string is refused too; encode text to bytes)",
-                i,
-            )
-        if len(payload) > max_payload:
-            raise RequestError(
-                ErrorCode.PAYLOAD_TOO_LARGE,
-                f"payload is {len(payload)} bytes; the limit is {max_payload} bytes",
-                i,
-            )
-        if delay_ms is not None and deliver_at_ms is not None:
-            raise RequestError(
-                ErrorCode.INVALID_DELAY, "give delay_ms or deliver_at_ms, not both", i
-            )
-        if deliver_at_ms is None:
-            delay = 0 if delay_ms is None else delay_ms
-            if type(delay) is not int:
+                    if delay_ms is None:
+                        due_ms = now_ms
+                    elif type(delay_ms) is int and 0 <= delay_ms <= fast_max_delay:
+                        due_ms = now_ms + delay_ms
+                    else:
+                        due_ms = -1
+                    if due_ms >= 0 and (
+                        ttl_ms is None
+                        or (
+                            type(ttl_ms) is int
+                            and 0 < ttl_ms <= max_ttl
+                            and ttl_ms <= INT64_MAX - due_ms
+                        )
+                    ):
+                        append((topic, payload, due_ms, ttl_ms))
+                        continue
+            if type(item) not in _ARRAYS or len(item) not in (5, 7):
                 raise RequestError(
                     ErrorCode.INVALID_FIELD,
-                    f"delay_ms must be an integer number of milliseconds, got {describe(delay)}",
+                    "each item must be an array [topic, payload, delay_ms, deliver_at_ms, ttl_ms] "
+                    "or [topic, payload, delay_ms, deliver_at_ms, ttl_ms, headers, idempotency_key]",
                     i,
                 )
-            if delay < 0:
+            topic, payload, delay_ms, deliver_at_ms, ttl_ms = item[:5]
+            if type(topic) is not str:
                 raise RequestError(
-                    ErrorCode.INVALID_DELAY, f"delay_ms is {delay}; it must be >= 0", i
+                    ErrorCode.INVALID_FIELD, f"topic must be a string, got {describe(topic)}", i
                 )
-            if delay > INT64_MAX - now_ms:
+            if topic not in good_topics:  # one check per distinct topic of the batch
+                check_publish_topic(topic, i)
+                good_topics.add(topic)
+            if type(payload) is not bytes:
                 raise RequestError(
-                    ErrorCode.DUE_TIME_OVERFLOW,
-                    f"delay_ms {delay} puts the due time past the largest 64-bit millisecond time",
+                    ErrorCode.INVALID_FIELD,
+                    f"payload (item position 1) must be binary, got {describe(payload)}: send the "
+                    "message body as msgpack bin (a string is refused too; encode text to bytes)",
                     i,
                 )
-            if delay > max_delay:
-                mistake = implausible_duration_ms("delay_ms", delay, now_ms + max_delay)
-                over = over_limit("delay_ms", delay, max_delay, MAX_DELAY_SETTING, "deliver sooner")
-                if mistake is not None:
+            if len(payload) > max_payload:
+                raise RequestError(
+                    ErrorCode.PAYLOAD_TOO_LARGE,
+                    f"payload is {len(payload)} bytes; the limit is {max_payload} bytes",
+                    i,
+                )
+            if delay_ms is not None and deliver_at_ms is not None:
+                raise RequestError(
+                    ErrorCode.INVALID_DELAY, "give delay_ms or deliver_at_ms, not both", i
+                )
+            if deliver_at_ms is None:
+                delay = 0 if delay_ms is None else delay_ms
+                if type(delay) is not int:
                     raise RequestError(
-                        ErrorCode.IMPLAUSIBLE_TIME,
-                        implausible_over_limit(over, "delay_ms", delay),
+                        ErrorCode.INVALID_FIELD,
+                        f"delay_ms must be an integer number of milliseconds, got {describe(delay)}",
                         i,
                     )
-                raise RequestError(ErrorCode.DELAY_TOO_LARGE, over, i)
-            due_ms = now_ms + delay
-        else:
-            if type(deliver_at_ms) is not int:
-                raise RequestError(
-                    ErrorCode.INVALID_FIELD,
-                    f"deliver_at_ms must be an integer (ms since the Unix epoch), got {describe(deliver_at_ms)}",
-                    i,
-                )
-            if deliver_at_ms < 0:
-                raise RequestError(
-                    ErrorCode.INVALID_DELAY, f"deliver_at_ms is {deliver_at_ms}; it must be >= 0", i
-                )
-            if deliver_at_ms > INT64_MAX:
-                raise RequestError(
-                    ErrorCode.DUE_TIME_OVERFLOW,
-                    f"deliver_at_ms {deliver_at_ms} is past the largest time a message can "
-                    f"have ({INT64_MAX} ms, a signed 64-bit integer); give ms since the Unix "
-                    "epoch",
-                    i,
-                )
-            mistake = implausible_epoch_ms("deliver_at_ms", deliver_at_ms)
-            if mistake is not None:
-                raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, mistake, i)
-            if deliver_at_ms - now_ms > max_delay:
-                raise RequestError(
-                    ErrorCode.DELAY_TOO_LARGE,
-                    over_limit(
-                        f"deliver_at_ms {deliver_at_ms} ({_iso(deliver_at_ms)})",
-                        deliver_at_ms - now_ms,
-                        max_delay,
-                        MAX_DELAY_SETTING,
-                        "give an earlier time",
-                        from_now=True,
-                    ),
-                    i,
-                )
-            due_ms = max(deliver_at_ms, now_ms)
-        if ttl_ms is not None:
-            if type(ttl_ms) is not int:
-                raise RequestError(
-                    ErrorCode.INVALID_FIELD,
-                    f"ttl_ms must be an integer, got {describe(ttl_ms)}",
-                    i,
-                )
-            if ttl_ms <= 0:
-                raise RequestError(
-                    ErrorCode.INVALID_TTL, f"ttl_ms is {ttl_ms}; it must be > 0 (or absent)", i
-                )
-            if ttl_ms > limits.max_ttl_ms:
-                mistake = implausible_duration_ms("ttl_ms", ttl_ms, due_ms + limits.max_ttl_ms)
-                over = over_limit(
-                    "ttl_ms", ttl_ms, limits.max_ttl_ms, MAX_TTL_SETTING, "give a shorter TTL"
-                )
-                if mistake is not None:
+                if delay < 0:
                     raise RequestError(
-                        ErrorCode.IMPLAUSIBLE_TIME,
-                        implausible_over_limit(over, "ttl_ms", ttl_ms),
+                        ErrorCode.INVALID_DELAY, f"delay_ms is {delay}; it must be >= 0", i
+                    )
+                if delay > INT64_MAX - now_ms:
+                    raise RequestError(
+                        ErrorCode.DUE_TIME_OVERFLOW,
+                        f"delay_ms {delay} puts the due time past the largest 64-bit millisecond time",
                         i,
                     )
-                raise RequestError(ErrorCode.INVALID_TTL, over, i)
-            if ttl_ms > INT64_MAX - due_ms:
-                raise RequestError(
-                    ErrorCode.DUE_TIME_OVERFLOW,
-                    f"due time plus ttl_ms is past {INT64_MAX} ms (a signed 64-bit integer)",
-                    i,
+                if delay > max_delay:
+                    mistake = implausible_duration_ms("delay_ms", delay, now_ms + max_delay)
+                    over = over_limit(
+                        "delay_ms", delay, max_delay, MAX_DELAY_SETTING, "deliver sooner"
+                    )
+                    if mistake is not None:
+                        raise RequestError(
+                            ErrorCode.IMPLAUSIBLE_TIME,
+                            implausible_over_limit(over, "delay_ms", delay),
+                            i,
+                        )
+                    raise RequestError(ErrorCode.DELAY_TOO_LARGE, over, i)
+                due_ms = now_ms + delay
+            else:
+                if type(deliver_at_ms) is not int:
+                    raise RequestError(
+                        ErrorCode.INVALID_FIELD,
+                        f"deliver_at_ms must be an integer (ms since the Unix epoch), got {describe(deliver_at_ms)}",
+                        i,
+                    )
+                if deliver_at_ms < 0:
+                    raise RequestError(
+                        ErrorCode.INVALID_DELAY,
+                        f"deliver_at_ms is {deliver_at_ms}; it must be >= 0",
+                        i,
+                    )
+                if deliver_at_ms > INT64_MAX:
+                    raise RequestError(
+                        ErrorCode.DUE_TIME_OVERFLOW,
+                        f"deliver_at_ms {deliver_at_ms} is past the largest time a message can "
+                        f"have ({INT64_MAX} ms, a signed 64-bit integer); give ms since the Unix "
+                        "epoch",
+                        i,
+                    )
+                mistake = implausible_epoch_ms("deliver_at_ms", deliver_at_ms)
+                if mistake is not None:
+                    raise RequestError(ErrorCode.IMPLAUSIBLE_TIME, mistake, i)
+                if deliver_at_ms - now_ms > max_delay:
+                    raise RequestError(
+                        ErrorCode.DELAY_TOO_LARGE,
+                        over_limit(
+                            f"deliver_at_ms {deliver_at_ms} ({_iso(deliver_at_ms)})",
+                            deliver_at_ms - now_ms,
+                            max_delay,
+                            MAX_DELAY_SETTING,
+                            "give an earlier time",
+                            from_now=True,
+                        ),
+                        i,
+                    )
+                due_ms = max(deliver_at_ms, now_ms)
+            if ttl_ms is not None:
+                if type(ttl_ms) is not int:
+                    raise RequestError(
+                        ErrorCode.INVALID_FIELD,
+                        f"ttl_ms must be an integer, got {describe(ttl_ms)}",
+                        i,
+                    )
+                if ttl_ms <= 0:
+                    raise RequestError(
+                        ErrorCode.INVALID_TTL, f"ttl_ms is {ttl_ms}; it must be > 0 (or absent)", i
+                    )
+                if ttl_ms > limits.max_ttl_ms:
+                    mistake = implausible_duration_ms("ttl_ms", ttl_ms, due_ms + limits.max_ttl_ms)
+                    over = over_limit(
+                        "ttl_ms", ttl_ms, limits.max_ttl_ms, MAX_TTL_SETTING, "give a shorter TTL"
+                    )
+                    if mistake is not None:
+                        raise RequestError(
+                            ErrorCode.IMPLAUSIBLE_TIME,
+                            implausible_over_limit(over, "ttl_ms", ttl_ms),
+                            i,
+                        )
+                    raise RequestError(ErrorCode.INVALID_TTL, over, i)
+                if ttl_ms > INT64_MAX - due_ms:
+                    raise RequestError(
+                        ErrorCode.DUE_TIME_OVERFLOW,
+                        f"due time plus ttl_ms is past {INT64_MAX} ms (a signed 64-bit integer)",
+                        i,
+                    )
+            if len(item) == 7 and (item[5] is not None or item[6] is not None):
+                out.append(
+                    (
+                        topic,
+                        payload,
+                        due_ms,
+                        ttl_ms,
+                        check_headers(item[5], i),
+                        check_idempotency_key(item[6], i),
+                    )
                 )
-        if len(item) == 7 and (item[5] is not None or item[6] is not None):
-            out.append(
-                (
-                    topic,
-                    payload,
-                    due_ms,
-                    ttl_ms,
-                    check_headers(item[5], i),
-                    check_idempotency_key(item[6], i),
-                )
-            )
-        else:
-            out.append((topic, payload, due_ms, ttl_ms))
+            else:
+                out.append((topic, payload, due_ms, ttl_ms))
 
 
 def check_tags(tags: list[bytes], limits: Limits) -> None:

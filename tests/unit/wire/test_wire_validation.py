@@ -412,3 +412,25 @@ def test_reported_item_is_the_first_that_fails_alone(items: list[Any]) -> None:
         for _topic, _payload, due_ms, ttl_ms in resolved:
             assert NOW_MS <= due_ms <= NOW_MS + limits.max_delay_ms
             assert ttl_ms is None or 0 < ttl_ms <= limits.max_ttl_ms
+
+
+def test_a_large_batch_is_checked_a_step_at_a_time_and_names_items_by_their_batch_index() -> None:
+    """``validate_publish_items_in_steps`` yields between steps of VALIDATE_STEP_ITEMS
+    items (so the reader's event loop runs between them), gives what the one-call check
+    gives, and a bad item in a later step is named by its index in the whole batch."""
+    step = validation.VALIDATE_STEP_ITEMS
+    items = [item(topic=f"orders.{i % 3}", delay_ms=i) for i in range(2 * step + 3)]
+    out: list[Any] = []
+    yields = sum(1 for _ in validation.validate_publish_items_in_steps(items, LIMITS, NOW_MS, out))
+    assert yields == 2
+    assert out == validate_publish_items(items, LIMITS, NOW_MS)
+    assert [due for _, _, due, _ in out] == [NOW_MS + i for i in range(2 * step + 3)]
+
+    bad_at = step + 7
+    items[bad_at] = item(payload="text")
+    steps = validation.validate_publish_items_in_steps(items, LIMITS, NOW_MS, [])
+    next(steps)  # the first step passes
+    with pytest.raises(RequestError) as info:
+        next(steps)
+    assert info.value.code is ErrorCode.INVALID_FIELD
+    assert info.value.item_index == bad_at
