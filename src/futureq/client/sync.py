@@ -546,9 +546,36 @@ class SyncClient:
 
         return self._run(call)
 
-    def publish_batch(self, items: Sequence[PublishItem]) -> list[int]:
-        """Publish many messages; ids in order (see ``Client.publish_batch``)."""
-        return self._run(self._require_client().publish_batch, items)
+    def publish_batch(
+        self,
+        items: Sequence[PublishItem],
+        *,
+        duplicates: list[int] | None = None,
+        stored: dict[int, int] | None = None,
+    ) -> list[int]:
+        """Publish many messages; ids in order (see ``Client.publish_batch``).
+
+        Args:
+            items: The messages, in order.
+            duplicates: If given, gets the positions (in ``items``) of items whose
+                ``idempotency_key`` named an earlier message, in order.
+            stored: If given, gets ``{position in items: message id}`` for every item
+                stored, **also when this raises**: a batch of several frames, or one
+                spanning the shards of a sharded node, may be stored in part (one
+                shard stores its part while another refuses or cannot be reached),
+                and the caller resends only the items missing from it. Before, a
+                ``SyncClient`` could not pass it, so after such an error it could not
+                tell which items were stored.
+
+        Raises:
+            As ``Client.publish_batch``.
+        """
+        client = self._require_client()
+
+        async def call() -> list[int]:
+            return await client.publish_batch(items, duplicates=duplicates, stored=stored)
+
+        return self._run(call)
 
     def consume(
         self,
