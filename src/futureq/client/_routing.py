@@ -84,6 +84,40 @@ def shard_servers(
     return servers
 
 
+def member_shards(
+    members: Sequence[str], answering: int, shard: int, stride: int | None
+) -> list[str]:
+    """Shard ``shard``'s address on every member the answering shard's HELLO_OK named.
+
+    The members a shard names are its own group's client addresses, shard
+    ``answering``'s on each node (``answering * stride`` above the node's public port),
+    so shard ``shard`` of the same node listens ``(shard - answering) * stride`` from
+    there. A shard's client that knows only the seeds has nowhere else to go when the
+    seed node's process for that shard is stopped or down, though its group has a
+    leader on another node: before, every call for its topics failed until that process
+    came back (``futureq-cli --server NODE3`` with node 3's shard 1 stopped). None when
+    the stride or the answering shard is unknown; ports out of range are skipped.
+
+    Args:
+        members: ``HOST:PORT`` client addresses (``Client._learned``).
+        answering: The shard those addresses belong to (-1: unknown).
+        shard: The shard whose addresses are wanted.
+        stride: The node's ``shard_port_stride`` (None: unknown).
+    """
+    if stride is None or answering < 0:
+        return []
+    found = []
+    for member in members:
+        try:
+            shifted = shift_address(member, (shard - answering) * stride)
+        except ValueError:
+            continue
+        port = int(shifted.rsplit(":", 1)[1])
+        if 0 < port < 65536 and shifted not in found:
+            found.append(shifted)
+    return found
+
+
 def seed_shards(seeds: Sequence[str], shard: int, stride: int | None) -> list[str]:
     """Shard ``shard``'s address on every seed server (``K * stride`` above the seed's
     port); none when the stride is unknown. The same machines as the seeds, so the

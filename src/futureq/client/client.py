@@ -192,17 +192,26 @@ async def open_client(
                     from futureq.client._routing import (
                         ShardedClient,
                         ask_slot_map,
+                        member_shards,
                         seed_shards,
                         shard_servers,
                     )
 
                     slot_map, answering, stride = await ask_slot_map(client)
                     seeds = client.servers
+                    learned = list(client._learned)
 
                     async def open_shard(shard: int, address: str) -> Client:
-                        others = shard_servers(slot_map, shard, seeds, stride)[1:]
+                        # The map's address, the shard on every seed, then on every
+                        # member the answering shard's HELLO_OK named (learned, so
+                        # checked against their own host): a shard whose process on
+                        # the seed node is down still reaches its group elsewhere.
+                        others = [
+                            *shard_servers(slot_map, shard, seeds, stride)[1:],
+                            *member_shards(learned, answering, shard, stride),
+                        ]
                         one = new_client(
-                            [address, *(a for a in others if a != address)],
+                            list(dict.fromkeys([address, *others])),
                             seed_shards(seeds, shard, stride),
                         )
                         one.shard = shard
