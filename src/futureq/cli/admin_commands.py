@@ -304,17 +304,27 @@ async def run_cluster(client: Client, args: argparse.Namespace, io: Report) -> i
         # take over (stopped, partitioned) left another leader, and this printed
         # "leadership transferred" all the same (found by a tester). The node asked
         # learned the new leader before it answered.
+        # On a sharded node every shard's group was asked to move: each shard's row
+        # says who leads its group (before, only shard 0's was checked, and "node 3
+        # leads now" was printed while shard 1's group had elected node 2 because
+        # node 3's shard 1 process was stopped).
         try:
-            leader = (await client.cluster_status(local=True)).get("leader_id")
+            view = await client.cluster_status(local=True)
         except FutureQError:
-            leader = None  # the transfer was answered; only the check could not run
-        if args.node_id is not None and leader is not None and leader != args.node_id:
-            io.err(
-                f"error: leadership moved to node {leader}, not to node {args.node_id}: node "
-                f"{args.node_id} did not take over in time (is it running and caught up? "
-                "see futureq-cli cluster status)"
-            )
-            return EXIT_ERROR
+            view = {}  # the transfer was answered; only the check could not run
+        leader = view.get("leader_id")
+        leaders = [(None, leader)] + [
+            (row.get("shard"), row.get("leader_id")) for row in view.get("shards", [])
+        ]
+        for shard, led in leaders:
+            if args.node_id is not None and led is not None and led != args.node_id:
+                whose = "leadership" if shard is None else f"shard {shard}'s leadership"
+                io.err(
+                    f"error: {whose} moved to node {led}, not to node {args.node_id}: "
+                    f"node {args.node_id} did not take over in time (is it running and "
+                    "caught up? see futureq-cli cluster status)"
+                )
+                return EXIT_ERROR
         io.out("leadership transferred" if leader is None else f"node {leader} leads now")
         return EXIT_OK
     view = await client.cluster_status(local=args.local)
