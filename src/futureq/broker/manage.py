@@ -750,6 +750,9 @@ async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[
         numbers["limit"] or 0,
         numbers["preview_bytes"] or 0,
     )
+    misdirected = _other_shards_topic(broker, frame)
+    if misdirected is not None:
+        return misdirected
     try:
         page = await browse(broker, frame)
     except RequestError as error:
@@ -770,6 +773,47 @@ async def browse_json(broker: Broker, query: dict[str, str]) -> tuple[int, dict[
         ],
         "next_cursor": None if page.next_cursor is None else page.next_cursor.hex(),
     }
+
+
+def _other_shards_topic(
+    broker: Broker, frame: frames.Browse | frames.BrowseCounts
+) -> tuple[int, dict[str, Any]] | None:
+    """On a shard's own HTTP port, a topic another shard of the node owns: 421
+    (Misdirected Request) with ``{"code": "WRONG_SHARD", "message", "shard"}``, the
+    message naming the owner and where to ask (the node's HTTP port routes
+    ``/api/browse`` to the topic's shard). A name no shard takes: 400, as its owner
+    would answer. None: this shard's topic, or a node of one shard.
+
+    Before, shard 1's port answered a topic of shard 0 as its own: ``400
+    UNKNOWN_TOPIC ... has no consumer group, so no message of it is pending`` about a
+    topic whose messages were pending on shard 0 (over the wire, BROWSE is refused
+    with WRONG_SHARD).
+    """
+    shard = broker.shard
+    if shard is None:
+        return None
+    from futureq.errors import WrongShardError
+    from futureq.shards.layout import shift_address
+
+    from .shard_requests import check_shard
+
+    try:
+        check_shard(shard, frame)
+    except WrongShardError:
+        owner = shard.slot_map.shard_of(frame.topic)
+        here = broker.config.server.http
+        there = shift_address(here, (owner - shard.index) * shard.port_stride)
+        node = shift_address(here, -shard.index * shard.port_stride)
+        return 421, {
+            "code": ErrorCode.WRONG_SHARD.name,
+            "message": f"topic {frame.topic!r} belongs to shard {owner} of this node, and "
+            f"this port ({here}) is shard {shard.index}'s own: ask the node's HTTP port "
+            f"({node}), which answers for every shard, or shard {owner}'s ({there})",
+            "shard": owner,
+        }
+    except RequestError as error:
+        return _refusal_json(error)
+    return None
 
 
 def _refusal_json(error: RequestError) -> tuple[int, dict[str, Any]]:
@@ -838,6 +882,9 @@ async def browse_counts_json(broker: Broker, query: dict[str, str]) -> tuple[int
     frame = frames.BrowseCounts(
         0, query["topic"], query.get("group"), bounds, relative_text in ("true", "1")
     )
+    misdirected = _other_shards_topic(broker, frame)
+    if misdirected is not None:
+        return misdirected
     try:
         answer = await browse_counts(broker, frame)
     except RequestError as error:
