@@ -5,8 +5,9 @@ another refuses or cannot be reached. The async client says which items were sto
 (``publish_batch(..., stored={})``); before, ``SyncClient.publish_batch`` took no such
 argument, so a synchronous caller told "6 of the 12 messages were stored ... (their
 positions and ids are in publish_batch's stored=)" had no way to learn which, and could
-only resend the whole batch (storing one shard's part twice) or drop the other's. Real
-``futureq start --shards 2`` on 127.0.0.1, no mocks.
+only resend the whole batch (storing one shard's part twice) or drop the other's. And
+the error of a part whose outcome is unknown did not say that other parts were stored.
+Real ``futureq start --shards 2`` on 127.0.0.1, no mocks.
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ def test_sync_batch_says_what_was_stored_when_a_shard_is_stopped(node: ShardedNo
             assert sorted(stored) == [1, 2]
             assert all(stored[i] > 0 for i in (1, 2))
             assert "shard 1" in str(lost.value)
+            # The message says shard 0's part was stored, so "outcome unknown" is not
+            # read as the whole batch's (resent whole, that part is stored twice).
+            assert "2 of the 3 messages were stored all the same" in str(lost.value)
+            assert "never send those again" in str(lost.value)
         finally:
             os.kill(pid, signal.SIGCONT)
         assert _payloads(client, zero) == [b"z0", b"z1"]

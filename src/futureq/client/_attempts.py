@@ -122,12 +122,27 @@ def partly_stored(error: FutureQError, stored_count: int, total: int) -> FutureQ
     with ``error``: a :class:`NotSentError` says the whole call took no effect, so it
     becomes a plain :class:`ConnectionLostError` naming what was stored (sent again
     whole, those would be stored twice), with ``error`` as its ``__cause__`` (the
-    messages not stored were not sent). Any other error, or none stored: as it is."""
-    if stored_count == 0 or not isinstance(error, NotSentError):
+    messages not stored were not sent). A plain :class:`ConnectionLostError` (the
+    outcome of the failed part is unknown) gets the same count, so that "outcome
+    unknown" is not read as being about the whole call: before, a batch over two shards
+    whose shard 1 stopped answering said only that shard 1's outcome was unknown,
+    though shard 0 had stored its part, and resending the batch stored that part
+    twice. Any other error, or none stored: as it is."""
+    if stored_count == 0:
         return error
-    partly = ConnectionLostError(
-        f"{error}; but {stored_count} of the {total} messages were stored before it (their "
-        "positions and ids are in publish_batch's stored=): send only the others again"
-    )
+    if isinstance(error, NotSentError):
+        partly = ConnectionLostError(
+            f"{error}; but {stored_count} of the {total} messages were stored before it "
+            "(their positions and ids are in publish_batch's stored=): send only the others "
+            "again"
+        )
+    elif type(error) is ConnectionLostError:
+        partly = ConnectionLostError(
+            f"{error}; {stored_count} of the {total} messages were stored all the same "
+            "(their positions and ids are in publish_batch's stored=): never send those "
+            "again"
+        )
+    else:
+        return error
     partly.__cause__ = error
     return partly

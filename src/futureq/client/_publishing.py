@@ -27,6 +27,7 @@ from futureq.client._connection import RequestTooLargeError, UnencodableError
 from futureq.client._pending import _Gathering, _PendingPublish
 from futureq.errors import (
     ClientClosedError,
+    ConnectionLostError,
     ErrorCode,
     FutureQError,
     NotLeaderError,
@@ -188,8 +189,9 @@ class PublishingClient(ClientBase):
                     raise
                 max_items = max(1, len(chunk) // 2)  # and so for the rest of the list
                 continue
-            except NotSentError as exc:
-                # Not sent, but the frames before it were stored: not the whole call.
+            except ConnectionLostError as exc:
+                # Not sent (or outcome unknown), but the frames before it were stored:
+                # the message says so, not only about this frame.
                 raise partly_stored(exc, offset, len(items))  # noqa: B904 - its own cause
             except RequestError as exc:
                 if exc.code is ErrorCode.BATCH_TOO_LARGE and len(chunk) > 1:
