@@ -170,3 +170,23 @@ def test_cluster_status_rows_describe_the_asked_nodes_shards(tmp_path: Path) -> 
         for each in nodes.values():
             if each.alive():
                 each.terminate()
+
+
+def test_seeds_with_a_shards_own_port_name_the_stopped_shard_0(node: ShardedNode) -> None:
+    """Given the node's port and shard 1's (``--server N:P0,N:P1``), a client reaches
+    shard 1 while shard 0 is stopped, and a call for shard 0's topics says shard 0 did
+    not answer. Before, shard 1's port was shifted as if it were public, so shard 0's
+    client tried shard 1 and answered ``WRONG_SHARD ... this is shard 1``."""
+    zero = _topic_of_shard(node, 0)
+    one = _topic_of_shard(node, 1)
+    both = ",".join(node.shard_addresses)
+    stopped = _stopped_shard(node, 0)
+    try:
+        done = cli(both, "--request-timeout", "4s", "publish", one, "fine")
+        assert done.returncode == 0, done.stderr
+        done = cli(both, "--request-timeout", "4s", "publish", zero, "waits")
+        assert done.returncode == 1
+        assert "[CONNECTION_LOST] shard 0: no connection to any of" in done.stderr, done.stderr
+        assert "WRONG_SHARD" not in done.stderr
+    finally:
+        os.kill(stopped, signal.SIGCONT)

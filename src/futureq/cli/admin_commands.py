@@ -313,18 +313,21 @@ async def run_cluster(client: Client, args: argparse.Namespace, io: Report) -> i
         except FutureQError:
             view = {}  # the transfer was answered; only the check could not run
         leader = view.get("leader_id")
-        leaders = [(None, leader)] + [
-            (row.get("shard"), row.get("leader_id")) for row in view.get("shards", [])
+        rows = view.get("shards") or []
+        leaders = [(row.get("shard"), row.get("leader_id")) for row in rows] or [(None, leader)]
+        wrong = [
+            ("leadership" if shard is None else f"shard {shard}'s leadership", led)
+            for shard, led in leaders
+            if args.node_id is not None and led is not None and led != args.node_id
         ]
-        for shard, led in leaders:
-            if args.node_id is not None and led is not None and led != args.node_id:
-                whose = "leadership" if shard is None else f"shard {shard}'s leadership"
-                io.err(
-                    f"error: {whose} moved to node {led}, not to node {args.node_id}: "
-                    f"node {args.node_id} did not take over in time (is it running and "
-                    "caught up? see futureq-cli cluster status)"
-                )
-                return EXIT_ERROR
+        if wrong:
+            moved = ", ".join(f"{whose} moved to node {led}" for whose, led in wrong)
+            io.err(
+                f"error: {moved}, not to node {args.node_id}: node {args.node_id} did not "
+                "take over in time (is it running and caught up? see futureq-cli cluster "
+                "status)"
+            )
+            return EXIT_ERROR
         io.out("leadership transferred" if leader is None else f"node {leader} leads now")
         return EXIT_OK
     view = await client.cluster_status(local=args.local)

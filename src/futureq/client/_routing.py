@@ -84,6 +84,29 @@ def shard_servers(
     return servers
 
 
+def public_seeds(seeds: Sequence[str], slot_map: SlotMap, stride: int | None) -> list[str]:
+    """``seeds`` with each one that is another shard's port in ``slot_map`` (shard ``J``
+    > 0 of the node that answered) replaced by that node's public port (``J * stride``
+    below), in order, without repeats.
+
+    The port rule shifts seeds from public ports; a user who also gave a shard's own
+    port (``--server node:7450,node:7550``, so that a stopped shard 0 does not keep the
+    client from the node) had it shifted as if it were public: shard 0's client tried
+    shard 1's port, and a call for shard 0's topics failed with ``WRONG_SHARD ...
+    belongs to shard 0 ... this is shard 1`` instead of naming shard 0's failure.
+    Unchanged when the stride is unknown.
+    """
+    if stride is None:
+        return list(seeds)
+    found: list[str] = []
+    for seed in seeds:
+        shard = next((k for k, a in enumerate(slot_map.addresses) if k > 0 and a == seed), 0)
+        public = shift_address(seed, -shard * stride) if shard else seed
+        if public not in found:
+            found.append(public)
+    return found
+
+
 def member_shards(
     members: Sequence[str], answering: int, shard: int, stride: int | None
 ) -> list[str]:

@@ -193,12 +193,13 @@ async def open_client(
                         ShardedClient,
                         ask_slot_map,
                         member_shards,
+                        public_seeds,
                         seed_shards,
                         shard_servers,
                     )
 
                     slot_map, answering, stride = await ask_slot_map(client)
-                    seeds = client.servers
+                    seeds = public_seeds(client.servers, slot_map, stride)
                     learned = list(client._learned)
 
                     async def open_shard(shard: int, address: str) -> Client:
