@@ -804,11 +804,12 @@ def _other_shards_topic(
         here = broker.config.server.http
         there = shift_address(here, (owner - shard.index) * shard.port_stride)
         node = shift_address(here, -shard.index * shard.port_stride)
+        also = "" if owner == 0 else f", or shard {owner}'s ({there})"
         return 421, {
             "code": ErrorCode.WRONG_SHARD.name,
             "message": f"topic {frame.topic!r} belongs to shard {owner} of this node, and "
             f"this port ({here}) is shard {shard.index}'s own: ask the node's HTTP port "
-            f"({node}), which answers for every shard, or shard {owner}'s ({there})",
+            f"({node}), which answers for every shard{also}",
             "shard": owner,
         }
     except RequestError as error:
