@@ -62,3 +62,20 @@ def test_a_shards_own_port_refuses_another_shards_topic(node: ShardedNode, path:
         status, body = _get(address, f"{path}?topic={topic}{extra}")
         assert status == 200, (address, topic, body)
         assert body["group"] == "g"
+
+
+def test_local_true_on_the_node_port_gives_shard_0s_own_browse(node: ShardedNode) -> None:
+    """``?local=true`` gives shard 0's own answer on every endpoint (docs/sharding.md).
+    Before, ``/api/browse?local=true`` was refused ``400`` as an unknown parameter."""
+    slot_map = even_map(node.shard_addresses)
+    zero = next(t for t in TOPICS if slot_map.shard_of(t) == 0)
+    one = next(t for t in TOPICS if slot_map.shard_of(t) == 1)
+    for topic in (zero, one):
+        assert cli(node.client_address, "group", "create", topic, "g").returncode == 0
+        assert cli(node.client_address, "publish", topic, "pending").returncode == 0
+    status, body = _get(node.http_address, f"/api/browse?topic={zero}&local=true")
+    assert status == 200, body
+    assert body["group"] == "g"
+    assert len(body["messages"]) == 1
+    status, body = _get(node.http_address, f"/api/browse?topic={one}&local=true")
+    assert (status, body["code"], body["shard"]) == (421, "WRONG_SHARD", 1), body

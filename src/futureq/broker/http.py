@@ -328,9 +328,14 @@ class HttpApp:
     ) -> tuple[int, bytes, bytes]:
         """``(status, body, content type)`` of an authorised ``GET path``."""
         view = self._node_view
-        if view is not None and query.get("local") != "true":
-            return await self._node_answer(view, path, query, query_string)
-        return await self._local_answer(path, query)
+        if query.get("local") != "true":
+            if view is not None:
+                return await self._node_answer(view, path, query, query_string)
+            return await self._local_answer(path, query)
+        # ``?local=true``: this process's own answer, the parameter itself no query
+        # field (``/api/browse`` refused it as unknown, though docs/sharding.md says it
+        # works on every endpoint).
+        return await self._local_answer(path, {k: v for k, v in query.items() if k != "local"})
 
     async def _local_answer(self, path: str, query: dict[str, str]) -> tuple[int, bytes, bytes]:
         """This process's answer to ``GET path`` (the endpoints of the module doc)."""
