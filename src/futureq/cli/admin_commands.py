@@ -151,7 +151,13 @@ def view_line(status: dict[str, Any], *, local_asked: bool = False) -> str:
 
 
 def _print_node(status: dict[str, Any], io: Report, *, local_asked: bool = False) -> None:
-    io.out(view_line(status, local_asked=local_asked))
+    line = view_line(status, local_asked=local_asked)
+    shards = status.get("shards")
+    if isinstance(shards, list) and len(shards) > 1:
+        # Each shard is its own Raft group with its own leader (docs/sharding.md): the
+        # header is shard 0's alone; the shards table gives every group's.
+        line += "; shard 0's Raft group (every shard's in the shards table)"
+    io.out(line)
     io.out(
         f"node {status.get('node_id')} role={status.get('role')} "
         f"leader={status.get('leader_address') or '(none known)'} "
@@ -183,6 +189,7 @@ async def run_status(client: Client, args: argparse.Namespace, io: Report) -> in
         io.out(json.dumps(status, ensure_ascii=False))
         return _missing_shards(status, io)
     _print_node(status, io, local_asked=args.local)
+    _shards_table(status, io)
     rows = _groups(status)
     if rows:
         _table("consumer groups", _GROUP_COLUMNS, group_table_rows(rows), io)
@@ -421,9 +428,10 @@ async def run_cluster(client: Client, args: argparse.Namespace, io: Report) -> i
 
 
 def _shards_table(view: dict[str, Any], io: Report) -> None:
-    """A sharded node's ``cluster_status`` is shard 0's group with every shard's own
-    answer under ``shards``: one row per shard, so each group's leader shows (shard 1
-    is led by another node than shard 0 once leaders are balanced, docs/sharding.md)."""
+    """A sharded node's ``status`` and ``cluster_status`` are shard 0's group with every
+    shard's own answer under ``shards``: one row per shard, so each group's leader shows
+    (shard 1 is led by another node than shard 0 once leaders are balanced,
+    docs/sharding.md), with its topic count when the answer has one (``status``)."""
     shards = view.get("shards")
     if not isinstance(shards, list) or len(shards) < 2:
         return
@@ -444,10 +452,13 @@ def _shards_table(view: dict[str, Any], io: Report) -> None:
                 "leader": leader,
                 "commit_index": shard.get("commit_index", ""),
                 "applied_index": shard.get("applied_index", ""),
+                "topics": shard.get("topics", ""),
                 "error": shard.get("error", ""),
             }
         )
     columns = ["shard", "address", "role", "term", "leader", "commit_index", "applied_index"]
+    if any("topics" in shard for shard in shards if isinstance(shard, dict)):
+        columns.append("topics")
     if any(row["error"] for row in rows):
         columns.append("error")
     _table("shards", tuple(columns), rows, io)
