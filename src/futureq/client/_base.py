@@ -180,6 +180,10 @@ class ClientBase:
         self._closed = False
         self._fatal: FutureQError | None = None
         self._last_connect_error: ConnectionLostError | None = None
+        self._no_leader_at: str | None = None
+        """The server whose connection was last left because it knew no leader (a node
+        of a cluster with no quorum answers HELLO), unless a connection attempt failed
+        since: what a request that found no connection is told (:meth:`_wait_connection`)."""
         self._leader_hint: str | None = None
         self._learned: list[str] = []
         self._next_server = 0
@@ -298,6 +302,17 @@ class ClientBase:
                 continue
             detail = f": {self._last_connect_error}" if self._last_connect_error else ""
             whose = "" if self.shard is None else f"shard {self.shard}: "
+            if self._no_leader_at is not None:
+                # The servers answer, so "no connection" would send the user looking
+                # for a stopped server (the CLI asked "is a FutureQ server running?").
+                raise NotSentError(
+                    f"{whose}no leader to send it to before the deadline: "
+                    f"{self._no_leader_at} answered but knows no leader (an election is "
+                    "under way, or fewer than a majority of the cluster's nodes are up "
+                    "and reach each other; `futureq-cli --server NODE cluster status "
+                    "--local` shows a node's view), servers tried: "
+                    f"{', '.join(self._known_servers())}; the request was not sent"
+                )
             raise NotSentError(
                 f"{whose}no connection to any of {', '.join(self._known_servers())} before the "
                 f"deadline{detail}; the request was not sent"
@@ -543,6 +558,7 @@ class ClientBase:
                 return
             except ConnectionLostError as exc:
                 self._last_connect_error = exc
+                self._no_leader_at = None
                 delay = backoff.next_delay_s()
                 if not started and (
                     # No name resolves, TLS on one side only, not a FutureQ port: a
@@ -704,6 +720,7 @@ class ClientBase:
             if len(known) > 1:
                 if conn.address in known:
                     self._next_server = (known.index(conn.address) + 1) % len(known)
+                self._no_leader_at = conn.address
                 conn.drain(
                     f"{conn.address} knows no leader; trying the next server",
                     self._drain_grace_s(),
