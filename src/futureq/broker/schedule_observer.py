@@ -295,19 +295,28 @@ def on_unscheduled(
     an ACK of the held tag got UNKNOWN_DELIVERY_TAG ("delivered again"), though the
     message never is. A deleted group's chunks (also PURGE_GROUP) cancel nothing: its
     deliveries are void, their tags unknown, as for one out on this leader.
+
+    Likewise a RESCHEDULE, EXPIRE or DEAD_LETTER that moves or removes such an entry
+    ends that delivery for its reason: its tag's UNKNOWN_DELIVERY_TAG says why (found
+    by a tester: after a transfer, the ACK of a held tag whose message a RESCHEDULE
+    moved was told the earlier leader "did not hand it over").
     """
     if dispatcher._histograms:
         dispatcher.due_counts.on_unscheduled(group_id, due_ms, mid, reason)
+    why = _REMOVED_BECAUSE.get(reason)
     if (
         held is not None
-        and reason in _CANCELLING
+        and (reason in _CANCELLING or why is not None)
         and dispatcher.active
         and group_id in dispatcher.state.groups
         and held[1] > dispatcher.clock.wall_ms()
     ):
         key = commands.schedule_key(group_id, due_ms, mid)
         if key not in dispatcher.hub.in_flight:  # loaded: forget() below notes it
-            dispatcher.hub.note_cancelled(key, held[0])
+            if why is None:
+                dispatcher.hub.note_cancelled(key, held[0])
+            else:
+                dispatcher.hub.note_ended(key, held[0], why)
     runtime = dispatcher.hub.groups.get(group_id)
     if runtime is None:
         if dispatcher.metrics is not None and dispatcher.active:
@@ -320,9 +329,7 @@ def on_unscheduled(
     runtime.index.discard(due_ms, mid)
     runtime.released.pop(mid, None)
     key = commands.schedule_key(group_id, due_ms, mid)
-    flight = dispatcher.hub.forget(
-        key, cancelled=reason in _CANCELLING, why=_REMOVED_BECAUSE.get(reason)
-    )
+    flight = dispatcher.hub.forget(key, cancelled=reason in _CANCELLING, why=why)
     if reason == CommandKind.RESCHEDULE:
         attempt = 0 if indexed is None else indexed[1]
         if flight is not None:

@@ -159,9 +159,8 @@ class ScheduleObserver(Protocol):
     ) -> None:
         """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER, RELEASE,
         PURGE_GROUP, CANCEL, RESCHEDULE or REDRIVE (NACK, RELEASE and RESCHEDULE
-        schedule it again at once). ``held``: ``(stamp, until_ms)`` when a removed
-        entry (not a moved one) was held for a delivery a leader handing over left
-        out (:meth:`EntryValue.held <futureq.state.records.EntryValue.held>`; whether
+        schedule it again at once). ``held``: ``(stamp, until_ms)`` when the removed
+        or moved entry was held for a delivery a leader handing over left out (:meth:`EntryValue.held <futureq.state.records.EntryValue.held>`; whether
         ``until_ms`` has passed is the observer's question), else None."""
         ...
 
@@ -887,6 +886,7 @@ class QueueState(ManageOps):
             # copies it now, due as it was (the group gets the time due at creation).
             self._backfill_leaving(txn, gid, mid, None, effects, touched, new_due=new_due)
         new_key = commands.schedule_key(gid, new_due, mid)
+        held = entry.held()  # the leader must know the old tag moved (as for a removal)
         entry.unhold()  # a moved entry is due at its new time, not held for an old tag
         txn.put("schedule", key, None)
         txn.put("schedule", new_key, entry.encode())
@@ -897,7 +897,10 @@ class QueueState(ManageOps):
             txn.put(
                 "index", moved_key(mid, gid), None if new_due == published_due else _u64(new_due)
             )
-        effects.append(("u", gid, due_ms, mid, reason))
+        if held is None:
+            effects.append(("u", gid, due_ms, mid, reason))
+        else:
+            effects.append(("u", gid, due_ms, mid, reason, held))
         if entry.released:
             effects.append(("s", gid, new_due, mid, entry.expire_ms, entry.attempt, entry.released))
         else:
