@@ -268,22 +268,51 @@ async def run_cancel(client: Client, args: argparse.Namespace, io: Report) -> in
     """``futureq-cli cancel TOPIC ID... [--group G]``: one line per id, then a count."""
     ids: list[int] = args.ids
     statuses: list[frames.ItemStatus] = []
+    maybe: list[bool] = []
+    """Per id: UNKNOWN in the answer to a request an earlier attempt of which may have
+    cancelled it (its answer lost: ``ItemStatuses.earlier_attempt``)."""
+    earlier: str | None = None
     for start in range(0, len(ids), CANCEL_CHUNK_IDS):
-        statuses += await client.cancel(
+        chunk = await client.cancel(
             args.topic, ids[start : start + CANCEL_CHUNK_IDS], group=args.group
         )
+        statuses += chunk
+        maybe += [
+            chunk.earlier_attempt is not None and status == frames.ItemStatus.UNKNOWN
+            for status in chunk
+        ]
+        earlier = earlier or chunk.earlier_attempt
+    if earlier is not None and any(maybe):
+        io.err(_earlier_attempt_warning("cancelled", sum(maybe), earlier))
     if args.json:
         rows = [
             {"id": mid, "status": status.name} for mid, status in zip(ids, statuses, strict=True)
         ]
         io.out(json.dumps(rows))
         return EXIT_OK
-    for mid, status in zip(ids, statuses, strict=True):
-        io.out(f"{mid}: {_STATUS_WORDS.get(status, status.name)}")
+    for mid, status, unsure in zip(ids, statuses, maybe, strict=True):
+        io.out(f"{mid}: {_MAYBE_CANCELLED if unsure else _STATUS_WORDS.get(status, status.name)}")
     done = sum(status != frames.ItemStatus.UNKNOWN for status in statuses)
     where = f"group {args.group!r} of topic" if args.group else "topic"
-    io.out(f"cancelled {done} of {len(ids)} in {where} {args.topic!r}")
+    unsure_text = f" ({sum(maybe)} more may have been: outcome unknown)" if any(maybe) else ""
+    io.out(f"cancelled {done} of {len(ids)}{unsure_text} in {where} {args.topic!r}")
     return EXIT_OK
+
+
+_MAYBE_CANCELLED: Final = (
+    "outcome unknown (not pending now; the request was sent again after its answer was "
+    "lost, and its first attempt may have cancelled it)"
+)
+
+
+def _earlier_attempt_warning(done: str, count: int, why: str) -> str:
+    """The stderr line saying ``count`` ids answered UNKNOWN may have been ``done``
+    (``cancelled``, ``redriven``) by an earlier attempt whose outcome is unknown (``why``)."""
+    return (
+        f"warning: outcome unknown for {count} id(s) reported unknown: an earlier attempt "
+        f"of the request may have {done} them ({why}); the request was sent again, and "
+        "they are not pending now either way"
+    )
 
 
 BROWSE_PAGE: Final = 1000
@@ -613,17 +642,31 @@ async def _run_dlq_redrive(
         )
         return EXIT_USAGE
     counts = dict.fromkeys(frames.ItemStatus, 0)
+    maybe = 0
+    """UNKNOWN in answers to requests an earlier attempt of which may have redriven
+    them (its answer lost: ``ItemStatuses.earlier_attempt``)."""
     for start in range(0, len(ids), CANCEL_CHUNK_IDS):
         chunk = ids[start : start + CANCEL_CHUNK_IDS]
-        for status in await client.redrive(topic, chunk, delay_ms=args.delay, group=group):
+        statuses = await client.redrive(topic, chunk, delay_ms=args.delay, group=group)
+        for status in statuses:
             counts[status] += 1
-        await write_errors(io, [f"redrive: {min(start + len(chunk), len(ids))}/{len(ids)}"])
+        progress = f"redrive: {min(start + len(chunk), len(ids))}/{len(ids)}"
+        unknown = statuses.count(frames.ItemStatus.UNKNOWN)
+        if statuses.earlier_attempt is not None and unknown:
+            maybe += unknown
+            await write_errors(
+                io, [_earlier_attempt_warning("redriven", unknown, statuses.earlier_attempt)]
+            )
+        await write_errors(io, [progress])
+    unknown_text = f"{counts[frames.ItemStatus.UNKNOWN]} unknown"
+    if maybe:
+        unknown_text += f" ({maybe} of them outcome unknown: maybe redriven by a first attempt)"
     await write_lines(
         io,
         [
             f"redriven {counts[frames.ItemStatus.DONE]} of {len(ids)} to {topic!r}; "
             f"{counts[frames.ItemStatus.NO_TARGET]} kept (their group is gone), "
-            f"{counts[frames.ItemStatus.UNKNOWN]} unknown"
+            f"{unknown_text}"
         ],
     )
     return EXIT_OK

@@ -7,6 +7,7 @@ and a small sync wrapper.
 
 from __future__ import annotations
 
+from futureq.client._admin import ItemStatuses
 from futureq.client._base import parse_servers
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts, PendingMessage
@@ -18,6 +19,7 @@ __all__ = [
     "DueCounts",
     "Client",
     "Delivery",
+    "ItemStatuses",
     "PendingMessage",
     "PublishItem",
     "Subscription",

@@ -12,6 +12,7 @@ from typing import Any, Final
 import anyio
 
 from futureq.client import _checks
+from futureq.client._attempts import Attempts
 from futureq.client._base import ClientBase, _expect
 from futureq.client._browse import BrowsePage, DueCounts, counts_from_frame, page_from_frame
 from futureq.client._connection import Connection
@@ -19,6 +20,23 @@ from futureq.errors import ConnectionLostError, RequestError
 from futureq.wire import frames, validation
 
 _EPOCH_MS: Final = "ms since the Unix epoch"
+
+
+class ItemStatuses(list[frames.ItemStatus]):
+    """The statuses :meth:`AdminClient.cancel`, :meth:`~AdminClient.redrive` and
+    :meth:`~AdminClient.reschedule` return: a list, one per id, plus what was sent.
+
+    Attributes:
+        earlier_attempt: None when the answer is that of the only attempt that may
+            have taken effect. Else why an earlier attempt of the same request may
+            have taken effect (its connection broke with it in flight, or a refusal
+            said "outcome unknown"), as a sentence: the request was sent again, so an
+            ``UNKNOWN`` may be an id that earlier attempt cancelled or redrove (it
+            is not pending now either way).
+    """
+
+    earlier_attempt: str | None = None
+
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +191,7 @@ class AdminClient(ClientBase):
 
     async def cancel(
         self, topic: str, ids: Sequence[int], *, group: str | None = None
-    ) -> list[frames.ItemStatus]:
+    ) -> ItemStatuses:
         """Cancel scheduled messages by id (``docs/protocol.md``, "CANCEL").
 
         Args:
@@ -188,7 +206,8 @@ class AdminClient(ClientBase):
             out to a consumer right now) or
             ``UNKNOWN`` (not pending there: acked, expired, cancelled, or never
             published). A retry after a lost connection may report ``UNKNOWN`` for
-            what the first attempt cancelled.
+            what the first attempt cancelled: the list's ``earlier_attempt`` then says
+            why that attempt's outcome is unknown (:class:`ItemStatuses`).
 
         Raises:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, EMPTY_BATCH, BATCH_TOO_LARGE,
@@ -200,10 +219,13 @@ class AdminClient(ClientBase):
         _checks.check_str("topic", topic)
         _checks.check_str("group", group, optional=True)
         id_list = _checks.message_ids(ids)
+        attempts = Attempts()
         answer = await self._call(
-            lambda rid: frames.Cancel(rid, topic, group, id_list), retry_unknown=True
+            lambda rid: frames.Cancel(rid, topic, group, id_list),
+            retry_unknown=True,
+            attempts=attempts,
         )
-        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+        return _statuses(answer, attempts)
 
     async def redrive(
         self,
@@ -212,7 +234,7 @@ class AdminClient(ClientBase):
         *,
         delay_ms: int = 0,
         group: str | None = None,
-    ) -> list[frames.ItemStatus]:
+    ) -> ItemStatuses:
         """Move dead letters of ``topic`` back to the topic and group they died in
         (``docs/protocol.md``, "REDRIVE").
 
@@ -227,7 +249,9 @@ class AdminClient(ClientBase):
             One status per id: ``DONE`` (a new message of ``topic`` for the group it
             died in, with its provenance headers plus ``futureq-redriven-from``),
             ``UNKNOWN`` (not a pending dead letter there) or ``NO_TARGET`` (its group
-            no longer exists; it stays a dead letter).
+            no longer exists; it stays a dead letter). As :meth:`cancel`, an
+            ``UNKNOWN`` may be what an earlier attempt redrove when the list's
+            ``earlier_attempt`` is set.
 
         Raises:
             RequestError: RESERVED_TOPIC (``topic`` ends in ``.dlq``), UNKNOWN_TOPIC,
@@ -240,10 +264,13 @@ class AdminClient(ClientBase):
         _checks.check_str("group", group, optional=True)
         _checks.check_wire_int("delay_ms", delay_ms, unit="ms")
         id_list = _checks.message_ids(ids)
+        attempts = Attempts()
         answer = await self._call(
-            lambda rid: frames.Redrive(rid, topic, group, id_list, delay_ms), retry_unknown=True
+            lambda rid: frames.Redrive(rid, topic, group, id_list, delay_ms),
+            retry_unknown=True,
+            attempts=attempts,
         )
-        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+        return _statuses(answer, attempts)
 
     async def reschedule(
         self,
@@ -253,7 +280,7 @@ class AdminClient(ClientBase):
         due_ms: int | None = None,
         delay_ms: int | None = None,
         group: str | None = None,
-    ) -> list[frames.ItemStatus]:
+    ) -> ItemStatuses:
         """Give pending messages a new due time by id (``docs/protocol.md``, "RESCHEDULE").
 
         Args:
@@ -278,11 +305,13 @@ class AdminClient(ClientBase):
         _checks.check_wire_int("due_ms", due_ms, unit=_EPOCH_MS, optional=True)
         _checks.check_wire_int("delay_ms", delay_ms, unit="ms", optional=True)
         id_list = _checks.message_ids(ids)
+        attempts = Attempts()
         answer = await self._call(
             lambda rid: frames.Reschedule(rid, topic, group, id_list, due_ms, delay_ms),
             retry_unknown=True,
+            attempts=attempts,
         )
-        return [frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results]
+        return _statuses(answer, attempts)
 
     async def purge(self, topic: str, *, group: str | None = None) -> int:
         """Remove every message pending now in one group of ``topic``, or in all of
@@ -529,3 +558,18 @@ class AdminClient(ClientBase):
         answer = await self._call(lambda rid: frames.Ping(rid), retry_unknown=True)
         _expect(answer, frames.Pong)
         return anyio.current_time() - started
+
+
+def _statuses(answer: frames.Frame, attempts: Attempts) -> ItemStatuses:
+    """The ITEM_RESULTS ``answer`` as :class:`ItemStatuses`, saying whether an earlier
+    attempt (``attempts``) may have taken effect.
+
+    Raises:
+        RequestError: ``answer`` is not ITEM_RESULTS (as :func:`_expect`).
+    """
+    statuses = ItemStatuses(
+        frames.ItemStatus(code) for code in _expect(answer, frames.ItemResults).results
+    )
+    if attempts.unknown is not None:
+        statuses.earlier_attempt = str(attempts.unknown)
+    return statuses

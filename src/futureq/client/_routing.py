@@ -19,6 +19,7 @@ import anyio
 import anyio.abc
 
 from futureq.client import _checks
+from futureq.client._admin import ItemStatuses
 from futureq.client._attempts import partly_stored, took_no_effect
 from futureq.client._base import _expect
 from futureq.client._batching import PublishItem
@@ -551,7 +552,7 @@ class ShardedClient(Client):
 
     async def cancel(
         self, topic: str, ids: Sequence[int], *, group: str | None = None
-    ) -> list[frames.ItemStatus]:
+    ) -> ItemStatuses:
         """As :meth:`Client.cancel`, on the shard owning ``topic``."""
         return await self._routed(topic, lambda client: client.cancel(topic, ids, group=group))
 
@@ -562,7 +563,7 @@ class ShardedClient(Client):
         *,
         delay_ms: int = 0,
         group: str | None = None,
-    ) -> list[frames.ItemStatus]:
+    ) -> ItemStatuses:
         """As :meth:`Client.redrive`, on the shard owning ``topic`` (and ``topic.dlq``)."""
         return await self._routed(
             topic, lambda client: client.redrive(topic, ids, delay_ms=delay_ms, group=group)
@@ -576,7 +577,7 @@ class ShardedClient(Client):
         due_ms: int | None = None,
         delay_ms: int | None = None,
         group: str | None = None,
-    ) -> list[frames.ItemStatus]:
+    ) -> ItemStatuses:
         """As :meth:`Client.reschedule`, on the shard owning ``topic``."""
         return await self._routed(
             topic,
