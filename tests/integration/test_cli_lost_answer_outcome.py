@@ -1,4 +1,4 @@
-"""`futureq-cli cancel` and `dlq redrive` say "outcome unknown" for the ids their
+"""`futureq-cli cancel`, `dlq redrive` and `purge` say "outcome unknown" for the ids their
 first attempt may have handled when that attempt's answer was lost.
 
 Found by a tester: the leader of a 3-node cluster SIGKILLed during `dlq redrive TOPIC
@@ -7,7 +7,9 @@ unknown`, exit 0, though all 20,000 were redriven, each once: the request whose 
 was lost had applied, the client sent it again, and the new leader answered UNKNOWN
 for each id (no longer a pending dead letter). The same for `cancel`, whose lines said
 `unknown (not pending ...)` for messages it had cancelled itself. The client knew an
-earlier attempt's outcome was unknown and did not say so.
+earlier attempt's outcome was unknown and did not say so. A `purge` whose answer was
+lost printed `purging 3750 pending entries` for 5,000 purged: the count of the request
+sent again, without what the first attempt had removed by then.
 
 Here a relay between the CLI and a real node forwards the request, lets the node apply
 it, and closes the connection before the answer comes back: a lost answer, on demand.
@@ -25,7 +27,7 @@ import msgpack
 import trio
 from broker_process import BrokerProcess
 
-from futureq.client import open_client
+from futureq.client import PublishItem, open_client
 from futureq.wire import frames
 
 
@@ -147,3 +149,21 @@ async def test_redrive_whose_answer_was_lost_says_outcome_unknown(broker: Broker
         assert "1 unknown (1 of them outcome unknown" in done.stdout, done.stdout
         assert "warning: outcome unknown for 1 id(s)" in done.stderr, done.stderr
         assert len((await client.browse("lostd", "g")).messages) == 1  # redriven, once
+
+
+async def test_purge_whose_answer_was_lost_says_outcome_unknown(broker: BrokerProcess) -> None:
+    async with open_client(broker.client_address) as client:
+        await client.create_group("lostp", "g")
+        await client.publish_batch([PublishItem("lostp", b"x", 3_600_000) for _ in range(50)])
+        relay = LosingRelay(broker.client_address, frames.FrameType.PURGE)
+        try:
+            done = await trio.to_thread.run_sync(_cli, relay.address, "purge", "lostp", "--yes")
+        finally:
+            relay.close()
+        assert relay.lost.is_set()
+        assert done.returncode == 0, done
+        assert "a first attempt's answer was lost (outcome unknown)" in done.stdout, done.stdout
+        assert "warning: outcome unknown for the first attempt of the purge" in done.stderr, (
+            done.stderr
+        )
+        assert (await client.browse("lostp", "g")).messages == []

@@ -731,6 +731,21 @@ def confirm_purge(args: argparse.Namespace, stdin: IO[str] | None, io: Output) -
 async def run_purge(client: Client, args: argparse.Namespace, io: Report) -> int:
     """``futureq-cli purge TOPIC [--group G] --yes`` (confirmed by :func:`confirm_purge`)."""
     count = await client.purge(args.topic, group=args.group)
+    if count.earlier_attempt is not None:
+        # The purge was sent again after its answer was lost: this count is the later
+        # attempt's, without what the first one had removed by then.
+        io.err(
+            "warning: outcome unknown for the first attempt of the purge (its answer was "
+            f"lost: {count.earlier_attempt}); it was sent again, so the count printed "
+            "leaves out what the first attempt had already removed, and messages "
+            "published in between are purged too"
+        )
+        io.out(
+            f"purging the pending entries of {_purge_target(args)} (in the background, in "
+            f"chunks): a first attempt's answer was lost (outcome unknown); sent again, it "
+            f"found {count} entries still held"
+        )
+        return EXIT_OK
     io.out(
         f"purging {count} pending entries of {_purge_target(args)} (in the background, in chunks)"
     )

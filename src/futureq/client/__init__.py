@@ -7,7 +7,7 @@ and a small sync wrapper.
 
 from __future__ import annotations
 
-from futureq.client._admin import ItemStatuses
+from futureq.client._admin import ItemStatuses, PurgeCount
 from futureq.client._base import parse_servers
 from futureq.client._batching import PublishItem
 from futureq.client._browse import BrowsePage, DueCounts, PendingMessage
@@ -22,6 +22,7 @@ __all__ = [
     "ItemStatuses",
     "PendingMessage",
     "PublishItem",
+    "PurgeCount",
     "Subscription",
     "open_client",
     "parse_servers",

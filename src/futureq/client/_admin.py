@@ -38,6 +38,21 @@ class ItemStatuses(list[frames.ItemStatus]):
     earlier_attempt: str | None = None
 
 
+class PurgeCount(int):
+    """What :meth:`AdminClient.purge` returns: an int, how many entries the groups held
+    when the purge started.
+
+    Attributes:
+        earlier_attempt: None, or why an earlier attempt of the same PURGE may have
+            taken effect (its answer was lost) as a sentence: the request was sent
+            again, and the count is the later attempt's, without what the earlier one
+            had removed by then (and the later one also removes what was published
+            in between).
+    """
+
+    earlier_attempt: str | None = None
+
+
 log = logging.getLogger(__name__)
 
 
@@ -313,7 +328,7 @@ class AdminClient(ClientBase):
         )
         return _statuses(answer, attempts)
 
-    async def purge(self, topic: str, *, group: str | None = None) -> int:
+    async def purge(self, topic: str, *, group: str | None = None) -> PurgeCount:
         """Remove every message pending now in one group of ``topic``, or in all of
         them (``docs/protocol.md``, "PURGE").
 
@@ -322,7 +337,8 @@ class AdminClient(ClientBase):
         afterwards stay.
 
         Returns:
-            How many entries the groups held when it started.
+            How many entries the groups held when it started (a :class:`PurgeCount`,
+            whose ``earlier_attempt`` says when that is a resent request's count).
 
         Raises:
             RequestError: UNKNOWN_TOPIC, UNKNOWN_GROUP, PERMISSION_DENIED.
@@ -331,8 +347,14 @@ class AdminClient(ClientBase):
         """
         _checks.check_str("topic", topic)
         _checks.check_str("group", group, optional=True)
-        answer = await self._call(lambda rid: frames.Purge(rid, topic, group), retry_unknown=True)
-        return int(_expect(answer, frames.Ok).result or 0)
+        attempts = Attempts()
+        answer = await self._call(
+            lambda rid: frames.Purge(rid, topic, group), retry_unknown=True, attempts=attempts
+        )
+        count = PurgeCount(_expect(answer, frames.Ok).result or 0)
+        if attempts.unknown is not None:
+            count.earlier_attempt = str(attempts.unknown)
+        return count
 
     async def browse(
         self,

@@ -19,7 +19,7 @@ import anyio
 import anyio.abc
 
 from futureq.client import _checks
-from futureq.client._admin import ItemStatuses
+from futureq.client._admin import ItemStatuses, PurgeCount
 from futureq.client._attempts import partly_stored, took_no_effect
 from futureq.client._base import _expect
 from futureq.client._batching import PublishItem
@@ -586,7 +586,7 @@ class ShardedClient(Client):
             ),
         )
 
-    async def purge(self, topic: str, *, group: str | None = None) -> int:
+    async def purge(self, topic: str, *, group: str | None = None) -> PurgeCount:
         """As :meth:`Client.purge`, on the shard owning ``topic``."""
         return await self._routed(topic, lambda client: client.purge(topic, group=group))
 
