@@ -666,7 +666,9 @@ class ClientBase:
             # stale view) cannot make it spin.
             immediate = False
             try:
-                return await conn.request(make_frame, deadline=deadline, on_answer=answer_hook)
+                answer = await conn.request(make_frame, deadline=deadline, on_answer=answer_hook)
+                self._no_leader_at = None  # answered: what a node lacked then is no news now
+                return answer
             except NotLeaderError as exc:
                 attempts.note(exc)
                 last_error: FutureQError = exc
