@@ -282,8 +282,9 @@ async def run_cancel(client: Client, args: argparse.Namespace, io: Report) -> in
             for status in chunk
         ]
         earlier = earlier or chunk.earlier_attempt
-    if earlier is not None and any(maybe):
-        io.err(_earlier_attempt_warning("cancelled", sum(maybe), earlier))
+    unsure_ids = len({mid for mid, unsure in zip(ids, maybe, strict=True) if unsure})
+    if earlier is not None and unsure_ids:
+        io.err(_earlier_attempt_warning("cancelled", unsure_ids, earlier))
     if args.json:
         rows = [
             {"id": mid, "status": status.name} for mid, status in zip(ids, statuses, strict=True)
@@ -294,7 +295,7 @@ async def run_cancel(client: Client, args: argparse.Namespace, io: Report) -> in
         io.out(f"{mid}: {_MAYBE_CANCELLED if unsure else _STATUS_WORDS.get(status, status.name)}")
     done = sum(status != frames.ItemStatus.UNKNOWN for status in statuses)
     where = f"group {args.group!r} of topic" if args.group else "topic"
-    unsure_text = f" ({sum(maybe)} more may have been: outcome unknown)" if any(maybe) else ""
+    unsure_text = f" ({unsure_ids} more may have been: outcome unknown)" if unsure_ids else ""
     io.out(f"cancelled {done} of {len(ids)}{unsure_text} in {where} {args.topic!r}")
     return EXIT_OK
 
