@@ -37,8 +37,13 @@ class LosingRelay:
     (applied) the connection is closed with nothing more sent back: the answer is lost.
     Later connections are relayed whole."""
 
-    def __init__(self, upstream: str, lose: frames.FrameType) -> None:
+    def __init__(
+        self, upstream: str, lose: frames.FrameType, resume: threading.Event | None = None
+    ) -> None:
         host, port = upstream.rsplit(":", 1)
+        self.resume = resume
+        """When given: connections made after the loss wait for it before being relayed
+        (so a test acts between the lost attempt and the one sent again)."""
         self.upstream = (host, int(port))
         self.lose = int(lose)
         self.lost = threading.Event()
@@ -53,6 +58,8 @@ class LosingRelay:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            if self.resume is not None and self.lost.is_set():
+                self.resume.wait(30)
             server = socket.create_connection(self.upstream, timeout=10)
             muted = threading.Event()
             threading.Thread(target=self._down, args=(server, client, muted), daemon=True).start()
@@ -167,3 +174,44 @@ async def test_purge_whose_answer_was_lost_says_outcome_unknown(broker: BrokerPr
             done.stderr
         )
         assert (await client.browse("lostp", "g")).messages == []
+
+
+async def test_reschedule_whose_answer_was_lost_says_outcome_unknown(
+    broker: BrokerProcess,
+) -> None:
+    """The first attempt made the message due now; it was delivered and acked before
+    the attempt sent again arrived, which finds it no longer pending: UNKNOWN, which
+    the CLI must not call plain "unknown" (before: `unknown (not pending ...)`)."""
+    async with open_client(broker.client_address) as client:
+        await client.create_group("lostr", "g")
+        mid = await client.publish("lostr", b"x", delay_ms=3_600_000)
+        resume = threading.Event()
+        relay = LosingRelay(broker.client_address, frames.FrameType.RESCHEDULE, resume)
+        try:
+            async with trio.open_nursery() as nursery:
+                done: list[subprocess.CompletedProcess[str]] = []
+
+                async def run() -> None:
+                    done.append(
+                        await trio.to_thread.run_sync(
+                            _cli, relay.address, "reschedule", "lostr", str(mid), "--delay", "0"
+                        )
+                    )
+
+                nursery.start_soon(run)
+                await trio.to_thread.run_sync(relay.lost.wait, 30)
+                async with client.subscribe("lostr", "g") as sub:
+                    delivery = await sub.receive(10)
+                    assert delivery is not None and delivery.id == mid
+                    await delivery.ack()
+                resume.set()
+        finally:
+            resume.set()
+            relay.close()
+        (answer,) = done
+        assert answer.returncode == 0, answer
+        assert f"{mid}: outcome unknown" in answer.stdout, answer.stdout
+        assert "rescheduled 0 of 1 (1 more may have been: outcome unknown)" in answer.stdout, (
+            answer.stdout
+        )
+        assert "warning: outcome unknown for 1 id(s)" in answer.stderr, answer.stderr

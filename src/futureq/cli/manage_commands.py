@@ -678,14 +678,27 @@ async def run_reschedule(client: Client, args: argparse.Namespace, io: Report) -
     """``futureq-cli reschedule TOPIC ID... --at T | --delay D [--group G]``."""
     ids: list[int] = args.ids
     statuses: list[frames.ItemStatus] = []
+    maybe: list[bool] = []
+    """Per id: UNKNOWN in the answer to a request an earlier attempt of which may have
+    rescheduled it (its answer lost), as :func:`run_cancel` marks them."""
+    earlier: str | None = None
     for start in range(0, len(ids), CANCEL_CHUNK_IDS):
-        statuses += await client.reschedule(
+        chunk = await client.reschedule(
             args.topic,
             ids[start : start + CANCEL_CHUNK_IDS],
             due_ms=args.at,
             delay_ms=args.delay,
             group=args.group,
         )
+        statuses += chunk
+        maybe += [
+            chunk.earlier_attempt is not None and status == frames.ItemStatus.UNKNOWN
+            for status in chunk
+        ]
+        earlier = earlier or chunk.earlier_attempt
+    unsure_ids = len({mid for mid, unsure in zip(ids, maybe, strict=True) if unsure})
+    if earlier is not None and unsure_ids:
+        io.err(_earlier_attempt_warning("rescheduled", unsure_ids, earlier))
     if frames.ItemStatus.DONE in statuses:
         warning = await passed_warning(client, args.at, "--at")
         if warning is not None:
@@ -694,11 +707,20 @@ async def run_reschedule(client: Client, args: argparse.Namespace, io: Report) -
         rows = [{"id": mid, "status": s.name} for mid, s in zip(ids, statuses, strict=True)]
         io.out(json.dumps(rows))
         return EXIT_OK
-    for mid, status in zip(ids, statuses, strict=True):
-        io.out(f"{mid}: {_RESCHEDULE_WORDS.get(status, status.name)}")
+    for mid, status, unsure in zip(ids, statuses, maybe, strict=True):
+        words = _MAYBE_RESCHEDULED if unsure else _RESCHEDULE_WORDS.get(status, status.name)
+        io.out(f"{mid}: {words}")
     done = sum(status == frames.ItemStatus.DONE for status in statuses)
-    io.out(f"rescheduled {done} of {len(ids)} in topic {args.topic!r}")
+    unsure_text = f" ({unsure_ids} more may have been: outcome unknown)" if unsure_ids else ""
+    io.out(f"rescheduled {done} of {len(ids)}{unsure_text} in topic {args.topic!r}")
     return EXIT_OK
+
+
+_MAYBE_RESCHEDULED: Final = (
+    "outcome unknown (not pending now; the request was sent again after its answer was "
+    "lost, and its first attempt may have rescheduled it before it was delivered, "
+    "acked or expired)"
+)
 
 
 def _purge_target(args: argparse.Namespace) -> str:
