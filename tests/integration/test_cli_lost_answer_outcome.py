@@ -20,12 +20,12 @@ from __future__ import annotations
 import socket
 import struct
 import subprocess
-import sys
 import threading
 
 import msgpack
 import trio
 from broker_process import BrokerProcess
+from cli_process import cli as _cli
 
 from futureq.client import PublishItem, open_client
 from futureq.wire import frames
@@ -104,16 +104,6 @@ class LosingRelay:
 
     def close(self) -> None:
         self.listener.close()
-
-
-def _cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "futureq.cli.client_main", "--server", address, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 async def test_cancel_whose_answer_was_lost_says_outcome_unknown(broker: BrokerProcess) -> None:

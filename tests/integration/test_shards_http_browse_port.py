@@ -34,14 +34,21 @@ def _get(address: str, target: str) -> tuple[int, dict[str, Any]]:
             return refused.code, json.loads(refused.read())
 
 
-@pytest.mark.parametrize("path", ["/api/browse", "/api/browse/counts"])
-def test_a_shards_own_port_refuses_another_shards_topic(node: ShardedNode, path: str) -> None:
+def _one_pending_on_each_shard(node: ShardedNode) -> tuple[str, str]:
+    """A topic of shard 0 and one of shard 1, each with group ``g`` and one message
+    pending."""
     slot_map = even_map(node.shard_addresses)
     zero = next(t for t in TOPICS if slot_map.shard_of(t) == 0)
     one = next(t for t in TOPICS if slot_map.shard_of(t) == 1)
     for topic in (zero, one):
         assert cli(node.client_address, "group", "create", topic, "g").returncode == 0
         assert cli(node.client_address, "publish", topic, "pending").returncode == 0
+    return zero, one
+
+
+@pytest.mark.parametrize("path", ["/api/browse", "/api/browse/counts"])
+def test_a_shards_own_port_refuses_another_shards_topic(node: ShardedNode, path: str) -> None:
+    zero, one = _one_pending_on_each_shard(node)
     extra = "&bounds_ms=60000&relative=true" if path.endswith("counts") else ""
     shard1_http = shift_address(node.http_address, STRIDE)
 
@@ -67,12 +74,7 @@ def test_a_shards_own_port_refuses_another_shards_topic(node: ShardedNode, path:
 def test_local_true_on_the_node_port_gives_shard_0s_own_browse(node: ShardedNode) -> None:
     """``?local=true`` gives shard 0's own answer on every endpoint (docs/sharding.md).
     Before, ``/api/browse?local=true`` was refused ``400`` as an unknown parameter."""
-    slot_map = even_map(node.shard_addresses)
-    zero = next(t for t in TOPICS if slot_map.shard_of(t) == 0)
-    one = next(t for t in TOPICS if slot_map.shard_of(t) == 1)
-    for topic in (zero, one):
-        assert cli(node.client_address, "group", "create", topic, "g").returncode == 0
-        assert cli(node.client_address, "publish", topic, "pending").returncode == 0
+    zero, one = _one_pending_on_each_shard(node)
     status, body = _get(node.http_address, f"/api/browse?topic={zero}&local=true")
     assert status == 200, body
     assert body["group"] == "g"

@@ -23,7 +23,7 @@ from futureq.wire import frames
 
 if TYPE_CHECKING:
     from futureq.cli.output import Output
-    from futureq.client import BrowsePage, Client, DueCounts, PendingMessage
+    from futureq.client import BrowsePage, Client, DueCounts, ItemStatuses, PendingMessage
 
 EXIT_OK: Final = 0
 EXIT_USAGE: Final = 2
@@ -267,24 +267,13 @@ def _paging_args(parser: argparse.ArgumentParser) -> None:
 async def run_cancel(client: Client, args: argparse.Namespace, io: Report) -> int:
     """``futureq-cli cancel TOPIC ID... [--group G]``: one line per id, then a count."""
     ids: list[int] = args.ids
-    statuses: list[frames.ItemStatus] = []
-    maybe: list[bool] = []
-    """Per id: UNKNOWN in the answer to a request an earlier attempt of which may have
-    cancelled it (its answer lost: ``ItemStatuses.earlier_attempt``)."""
-    earlier: str | None = None
+    outcomes = _Outcomes()
     for start in range(0, len(ids), CANCEL_CHUNK_IDS):
-        chunk = await client.cancel(
-            args.topic, ids[start : start + CANCEL_CHUNK_IDS], group=args.group
+        outcomes.add(
+            await client.cancel(args.topic, ids[start : start + CANCEL_CHUNK_IDS], group=args.group)
         )
-        statuses += chunk
-        maybe += [
-            chunk.earlier_attempt is not None and status == frames.ItemStatus.UNKNOWN
-            for status in chunk
-        ]
-        earlier = earlier or chunk.earlier_attempt
-    unsure_ids = len({mid for mid, unsure in zip(ids, maybe, strict=True) if unsure})
-    if earlier is not None and unsure_ids:
-        io.err(_earlier_attempt_warning("cancelled", unsure_ids, earlier))
+    statuses, maybe = outcomes.statuses, outcomes.maybe
+    unsure_ids = outcomes.warn_unsure(ids, "cancelled", io)
     if args.json:
         rows = [
             {"id": mid, "status": status.name} for mid, status in zip(ids, statuses, strict=True)
@@ -304,6 +293,35 @@ _MAYBE_CANCELLED: Final = (
     "outcome unknown (not pending now; the request was sent again after its answer was "
     "lost, and its first attempt may have cancelled it)"
 )
+
+
+class _Outcomes:
+    """The per-id statuses of a CANCEL or RESCHEDULE sent in chunks of ids, and which
+    UNKNOWNs an earlier attempt of their request may have handled (its answer lost:
+    ``ItemStatuses.earlier_attempt``)."""
+
+    def __init__(self) -> None:
+        self.statuses: list[frames.ItemStatus] = []
+        self.maybe: list[bool] = []
+        """Per id: UNKNOWN in the answer to a request sent again after a lost answer."""
+        self.earlier: str | None = None
+
+    def add(self, chunk: ItemStatuses) -> None:
+        """Take one chunk's answer (its ids follow the previous chunk's)."""
+        self.statuses += chunk
+        self.maybe += [
+            chunk.earlier_attempt is not None and status == frames.ItemStatus.UNKNOWN
+            for status in chunk
+        ]
+        self.earlier = self.earlier or chunk.earlier_attempt
+
+    def warn_unsure(self, ids: list[int], done: str, io: Report) -> int:
+        """Say on stderr how many distinct ids may have been ``done`` by a lost attempt;
+        return that count (an id given twice counts once)."""
+        unsure = len({mid for mid, maybe in zip(ids, self.maybe, strict=True) if maybe})
+        if self.earlier is not None and unsure:
+            io.err(_earlier_attempt_warning(done, unsure, self.earlier))
+        return unsure
 
 
 def _earlier_attempt_warning(done: str, count: int, why: str) -> str:
@@ -677,28 +695,19 @@ async def _run_dlq_redrive(
 async def run_reschedule(client: Client, args: argparse.Namespace, io: Report) -> int:
     """``futureq-cli reschedule TOPIC ID... --at T | --delay D [--group G]``."""
     ids: list[int] = args.ids
-    statuses: list[frames.ItemStatus] = []
-    maybe: list[bool] = []
-    """Per id: UNKNOWN in the answer to a request an earlier attempt of which may have
-    rescheduled it (its answer lost), as :func:`run_cancel` marks them."""
-    earlier: str | None = None
+    outcomes = _Outcomes()
     for start in range(0, len(ids), CANCEL_CHUNK_IDS):
-        chunk = await client.reschedule(
-            args.topic,
-            ids[start : start + CANCEL_CHUNK_IDS],
-            due_ms=args.at,
-            delay_ms=args.delay,
-            group=args.group,
+        outcomes.add(
+            await client.reschedule(
+                args.topic,
+                ids[start : start + CANCEL_CHUNK_IDS],
+                due_ms=args.at,
+                delay_ms=args.delay,
+                group=args.group,
+            )
         )
-        statuses += chunk
-        maybe += [
-            chunk.earlier_attempt is not None and status == frames.ItemStatus.UNKNOWN
-            for status in chunk
-        ]
-        earlier = earlier or chunk.earlier_attempt
-    unsure_ids = len({mid for mid, unsure in zip(ids, maybe, strict=True) if unsure})
-    if earlier is not None and unsure_ids:
-        io.err(_earlier_attempt_warning("rescheduled", unsure_ids, earlier))
+    statuses, maybe = outcomes.statuses, outcomes.maybe
+    unsure_ids = outcomes.warn_unsure(ids, "rescheduled", io)
     if frames.ItemStatus.DONE in statuses:
         warning = await passed_warning(client, args.at, "--at")
         if warning is not None:
