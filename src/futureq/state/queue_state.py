@@ -160,7 +160,8 @@ class ScheduleObserver(Protocol):
         """A schedule entry was removed by ACK, NACK, EXPIRE, DEAD_LETTER, RELEASE,
         PURGE_GROUP, CANCEL, RESCHEDULE or REDRIVE (NACK, RELEASE and RESCHEDULE
         schedule it again at once). ``held``: ``(stamp, until_ms)`` when the removed
-        or moved entry was held for a delivery a leader handing over left out (:meth:`EntryValue.held <futureq.state.records.EntryValue.held>`; whether
+        or moved entry was held for a delivery a leader handing over left out
+        (:meth:`EntryValue.held <futureq.state.records.EntryValue.held>`; whether
         ``until_ms`` has passed is the observer's question), else None."""
         ...
 
