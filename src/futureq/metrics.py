@@ -510,8 +510,10 @@ class SeriesBudget:
         max_topics: Distinct ``topic`` values (``metrics.max_topic_series``); 0: none.
         max_groups: Distinct ``(topic, group)`` pairs (``metrics.max_group_series``).
 
-    A topic or group keeps its label until :meth:`forget_group` (a deleted group); then
-    its slot goes to the next newcomer. Lookups are O(1).
+    A group keeps its label until :meth:`forget_group` (a deleted group), a topic until
+    :meth:`forget_topic` (its last group deleted); then the slot goes to the next
+    newcomer, so topics and groups created and deleted in a loop never use up the budget.
+    Lookups are O(1).
     """
 
     def __init__(self, max_topics: int = 1000, max_groups: int = 1000) -> None:
@@ -554,6 +556,17 @@ class SeriesBudget:
         key = (topic, group)
         if key in self._groups:
             self._groups.discard(key)
+            return True
+        return False
+
+    def tracked_topics(self) -> list[str]:
+        """The topics that have a label of their own."""
+        return list(self._topics)
+
+    def forget_topic(self, topic: str) -> bool:
+        """Free the slot of a topic that has no group left; True when it had one."""
+        if topic in self._topics:
+            self._topics.discard(topic)
             return True
         return False
 
@@ -738,6 +751,18 @@ class Metrics:
                 metric = getattr(self, spec.attribute)
                 try:
                     metric.remove(topic, group)
+                except KeyError:
+                    pass  # never counted
+
+    def forget_topic(self, topic: str) -> None:
+        """A topic's last group was deleted: drop its series and free its label slot."""
+        if not self.series.forget_topic(topic):
+            return
+        for spec in METRIC_SPECS:
+            if spec.labels == ("topic",) and spec.name not in _SCRAPE_TIME_GAUGES:
+                metric = getattr(self, spec.attribute)
+                try:
+                    metric.remove(topic)
                 except KeyError:
                     pass  # never counted
 

@@ -236,3 +236,40 @@ def test_only_one_new_name_per_topic_adopts_its_implicit_group(broker_factory: o
     status = client.request(frames.Status(client.next_id()))
     groups = [group for topic in status.status["topics"] for group in topic["groups"]]
     assert len(groups) == 5, status.status["topics"]
+
+
+def test_a_deleted_topic_frees_its_series_for_the_next_one(broker_factory: object) -> None:
+    # The reported input: with room for 2 topic series, topics a and b were created,
+    # published to and deleted; the only live topic d was then counted as "_other" while
+    # a and b kept their series until a restart (topics created and deleted in a loop
+    # used up the budget for good).
+    broker: BrokerProcess = broker_factory(  # type: ignore[operator]
+        env={"FUTUREQ_METRICS_MAX_TOPIC_SERIES": "2", "FUTUREQ_METRICS_MAX_GROUP_SERIES": "2"}
+    )
+    client = WireClient(broker.client_address)
+    for topic in ("a", "b"):
+        assert isinstance(
+            client.request(frames.GroupCreate(client.next_id(), topic, "g", None, None)), frames.Ok
+        )
+        assert isinstance(client.publish([[topic, b"x", 0, None, None]]), frames.PublishOk)
+        answer = client.request(frames.GroupDelete(client.next_id(), topic, "g"))
+        assert isinstance(answer, frames.Ok), answer
+    assert client.status()["topic_count"] == 0
+    for topic in ("d", "e"):
+        assert isinstance(
+            client.request(frames.GroupCreate(client.next_id(), topic, "g", None, None)), frames.Ok
+        )
+        assert isinstance(client.publish([[topic, b"x", 0, None, None]]), frames.PublishOk)
+    published = {
+        re.sub(r" .*", "", line): value(line)
+        for line in series(broker, "futureq_published_messages_total")
+    }
+    assert published == {
+        'futureq_published_messages_total{topic="d"}': 1.0,
+        'futureq_published_messages_total{topic="e"}': 1.0,
+    }
+    pending = [re.sub(r" .*", "", line) for line in series(broker, "futureq_pending_messages")]
+    assert sorted(pending) == [
+        'futureq_pending_messages{group="g",topic="d"}',
+        'futureq_pending_messages{group="g",topic="e"}',
+    ]

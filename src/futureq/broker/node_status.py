@@ -105,6 +105,9 @@ def group_counts(broker: Broker) -> list[GroupCounts]:
         in_flight += row.in_flight
         consumers += row.consumers
         out.append(row)
+    for topic in budget.tracked_topics():
+        if not state.topic_groups_count(topic):
+            metrics.forget_topic(topic)  # its last group was deleted: free its series
     if len(state.groups) > len(out):
         out.append(
             GroupCounts(

@@ -366,6 +366,8 @@ def on_group_changed(dispatcher: Dispatcher, group_id: int) -> None:
     if info is None:
         if runtime is not None and dispatcher.metrics is not None:
             dispatcher.metrics.forget_group(runtime.info.topic, runtime.info.name)
+            if not state.topic_groups_count(runtime.info.topic):
+                dispatcher.metrics.forget_topic(runtime.info.topic)
         reason = None
         if runtime is not None:
             reason = (
