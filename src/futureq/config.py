@@ -187,6 +187,11 @@ class QueueSection:
             (resolved the same way).
         horizon_ms: How far ahead of now the in-memory due-index reaches (ms).
         horizon_max_items: Most schedule entries one group keeps in memory (items).
+        horizon_max_node_items: Most schedule entries all groups of the node keep in
+            memory together (items, ~40 bytes each): each group keeps at most this
+            divided by the groups holding entries (at least 1), and at most
+            ``horizon_max_items``. Without it, 1,000 groups of one topic with 100,000
+            messages due soon would hold 100,000,000 entries (~4 GiB).
         dispatch_batch_items: Most deliveries put in one DELIVER frame (items).
         idempotency_window_ms: How long after its publish an idempotency key still
             names its message once the message is gone (acked, expired, ...): a
@@ -199,6 +204,7 @@ class QueueSection:
     max_deliveries: int = 16
     horizon_ms: int = 300_000
     horizon_max_items: int = 100_000
+    horizon_max_node_items: int = 5_000_000
     dispatch_batch_items: int = 256
     idempotency_window_ms: int = 300_000
 

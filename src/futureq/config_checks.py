@@ -94,6 +94,7 @@ MAXIMA: dict[str, tuple[int, str]] = {
     "queue.max_deliveries": (1_000_000, "1,000,000 attempts, the protocol's largest"),
     "queue.horizon_ms": (7 * _DAY_MS, "7 days"),
     "queue.horizon_max_items": (100_000_000, "100,000,000 items"),
+    "queue.horizon_max_node_items": (1_000_000_000, "1,000,000,000 items"),
     "queue.dispatch_batch_items": (100_000, "100,000 items"),
     "queue.idempotency_window_ms": (30 * _DAY_MS, "30 days"),
     "storage.group_commit_max_items": (1_000_000, "1,000,000 items"),
@@ -321,6 +322,7 @@ def check_queue(queue: QueueSection) -> Iterable[Bad]:
     yield from minimum("queue", queue, "max_deliveries", 1, " attempts")
     yield from minimum("queue", queue, "horizon_ms", 1, " ms")
     yield from minimum("queue", queue, "horizon_max_items", 1, " items")
+    yield from minimum("queue", queue, "horizon_max_node_items", 1, " items")
     yield from minimum("queue", queue, "dispatch_batch_items", 1, " items")
     yield from minimum("queue", queue, "idempotency_window_ms", 0, " ms")
 

@@ -315,7 +315,13 @@ def refill(dispatcher: Dispatcher, runtime: GroupRuntime, now_ms: int) -> float:
     """
     half_window = dispatcher.horizon_ms // 2
     index = runtime.index
-    half_full = max(1, (dispatcher.horizon_max_items + 1) // 2)
+    max_items = dispatcher.group_horizon_items()
+    # A group loaded while fewer groups shared the node's horizon gives back what is
+    # past its share now (in chunks: the entries stay on disk, a refill reads them).
+    for _ in range(min(REFILL_CHUNK_ITEMS, len(index) - max_items)):
+        last_due, last_mid = index.pop_last()
+        runtime.loaded_until = pack(last_due, last_mid)
+    half_full = max(1, (max_items + 1) // 2)
     if len(index) >= half_full:
         return math.inf  # deliveries shrink the index; a later pass refills
     due_bound, _ = unpack(runtime.loaded_until)
@@ -324,7 +330,7 @@ def refill(dispatcher: Dispatcher, runtime: GroupRuntime, now_ms: int) -> float:
     horizon_end = pack(now_ms + dispatcher.horizon_ms, 0)
     gid = runtime.info.group_id
     start_due, start_mid = unpack(runtime.loaded_until)
-    limit = min(REFILL_CHUNK_ITEMS, dispatcher.horizon_max_items - len(index))
+    limit = min(REFILL_CHUNK_ITEMS, max_items - len(index))
     count = 0
     last = runtime.loaded_until
     in_flight = dispatcher.hub.in_flight

@@ -142,6 +142,7 @@ class Dispatcher:
         self.clock = clock
         self.horizon_ms = queue.horizon_ms
         self.horizon_max_items = queue.horizon_max_items
+        self.horizon_max_node_items = queue.horizon_max_node_items
         self.batch_items = queue.dispatch_batch_items
         self.group_settings = queue.group_settings()
         self.metrics = metrics
@@ -212,6 +213,16 @@ class Dispatcher:
         See :func:`~futureq.broker.schedule_observer.on_scheduled_batch`.
         """
         schedule_observer.on_scheduled_batch(self, entries)
+
+    def group_horizon_items(self) -> int:
+        """Most schedule entries one group may keep in memory now (items, >= 1).
+
+        ``queue.horizon_max_items``, or the node's ``queue.horizon_max_node_items``
+        shared by the groups that have a runtime, whichever is smaller: so the node's
+        due-index stays about that size however many groups hold entries due soon.
+        """
+        share = self.horizon_max_node_items // max(1, len(self.hub.groups))
+        return max(1, min(self.horizon_max_items, share))
 
     def next_due_ms(self, group_id: int) -> int | None:
         """When the group's earliest deliverable entry falls due (ms), or None (parked

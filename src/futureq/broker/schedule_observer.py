@@ -216,7 +216,7 @@ def index_loaded(
         runtime.released[mid] = released
     runtime.index.add(due_ms, mid, expire_ms, attempt)
     dispatcher.note_expiry(expire_ms)
-    if len(runtime.index) > dispatcher.horizon_max_items:
+    if len(runtime.index) > dispatcher.group_horizon_items():
         last_due, last_mid = runtime.index.pop_last()
         runtime.loaded_until = pack(last_due, last_mid)
     wake = due_ms if runtime.consumers else math.inf

@@ -729,6 +729,28 @@ def test_publish_into_a_full_horizon_keeps_the_limit_and_the_order() -> None:
     assert ids(out(consumer).deliveries()) == earlier + later
 
 
+def test_the_node_wide_horizon_limit_is_shared_by_the_groups_and_all_are_delivered() -> None:
+    # The reported input, scaled down: many groups of one topic, each with many messages
+    # due soon, kept horizon_max_items entries EACH in memory (50 groups x 100,000
+    # messages: ~400 MiB of leader memory; 1,000 groups would be ~4 GiB).
+    env = Env(horizon_max_items=100, horizon_max_node_items=120)
+    gids = [env.group("t", f"g{number}") for number in range(6)]
+    mids = env.publish("t", [f"m{i}".encode() for i in range(100)], delay_ms=10)
+    env.dispatch()  # makes the groups' runtimes one by one, each loading its share...
+    env.dispatch()  # ...and those loaded before the others came give back the excess
+    runtimes = [env.hub.runtime(gid) for gid in gids]
+    assert sum(len(runtime.index) for runtime in runtimes) <= 120  # type: ignore[union-attr]
+    consumers = [env.consumer(gid, credit=1000, connection_id=gid) for gid in gids]
+    env.clock.advance(10)
+    for _ in range(100):
+        env.dispatch()
+        assert sum(len(runtime.index) for runtime in runtimes) <= 120  # type: ignore[union-attr]
+        if all(len(out(consumer).deliveries()) == 100 for consumer in consumers):
+            break
+    for consumer in consumers:
+        assert ids(out(consumer).deliveries()) == mids  # every one, in due order
+
+
 def test_entries_beyond_horizon_ms_load_as_time_advances() -> None:
     env = Env(horizon_ms=1000)
     gid = env.group("t", "g")
