@@ -189,7 +189,8 @@ class QueueSection:
         horizon_max_items: Most schedule entries one group keeps in memory (items).
         horizon_max_node_items: Most schedule entries all groups of the node keep in
             memory together (items, ~40 bytes each): each group keeps at most this
-            divided by the groups holding entries (at least 1), and at most
+            divided by the groups the leader holds in memory (published to or consumed
+            since it leads), but never less than ``dispatch_batch_items``, and at most
             ``horizon_max_items``. Without it, 1,000 groups of one topic with 100,000
             messages due soon would hold 100,000,000 entries (~4 GiB).
         dispatch_batch_items: Most deliveries put in one DELIVER frame (items).

@@ -218,11 +218,14 @@ class Dispatcher:
         """Most schedule entries one group may keep in memory now (items, >= 1).
 
         ``queue.horizon_max_items``, or the node's ``queue.horizon_max_node_items``
-        shared by the groups that have a runtime, whichever is smaller: so the node's
-        due-index stays about that size however many groups hold entries due soon.
+        shared by the groups this leader holds in memory (each published to or
+        consumed since it leads), whichever is smaller; never below
+        ``queue.dispatch_batch_items`` (one full DELIVER frame a pass, however many
+        idle groups there are). So the due-index stays about the node's limit however
+        many groups hold entries due soon.
         """
         share = self.horizon_max_node_items // max(1, len(self.hub.groups))
-        return max(1, min(self.horizon_max_items, share))
+        return max(1, min(self.horizon_max_items, max(self.batch_items, share)))
 
     def next_due_ms(self, group_id: int) -> int | None:
         """When the group's earliest deliverable entry falls due (ms), or None (parked

@@ -733,7 +733,7 @@ def test_the_node_wide_horizon_limit_is_shared_by_the_groups_and_all_are_deliver
     # The reported input, scaled down: many groups of one topic, each with many messages
     # due soon, kept horizon_max_items entries EACH in memory (50 groups x 100,000
     # messages: ~400 MiB of leader memory; 1,000 groups would be ~4 GiB).
-    env = Env(horizon_max_items=100, horizon_max_node_items=120)
+    env = Env(horizon_max_items=100, horizon_max_node_items=120, dispatch_batch_items=10)
     gids = [env.group("t", f"g{number}") for number in range(6)]
     mids = env.publish("t", [f"m{i}".encode() for i in range(100)], delay_ms=10)
     env.dispatch()  # makes the groups' runtimes one by one, each loading its share...
