@@ -19,6 +19,7 @@ them by the probes the manifest declares. It checks what an operator relies on:
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import ssl
@@ -35,6 +36,7 @@ import trustme
 from k8s_render import PodProcess, StatefulSetRenderer, expand, load_manifests, wait_until
 from wire_client import WireClient
 
+from futureq.config_loader import load_config
 from futureq.errors import ErrorCode
 from futureq.wire import codec, frames
 
@@ -530,3 +532,43 @@ def test_the_manifests_pin_the_shard_count_and_open_every_shards_ports() -> None
         assert {client, raft, http} <= headless, f"shard {shard}: futureq-headless ports"
         assert {client, http} <= clients, f"shard {shard}: futureq service ports"
         assert {client, raft, http} <= policy, f"shard {shard}: NetworkPolicy ports"
+
+
+_MIB = 1024 * 1024
+_COST_BYTES = {
+    # What one unit of each bound costs in memory, as measured (docs/operations.md):
+    "max_connections": 50 * 1024,  # an idle TLS connection: 48.5 KiB
+    "max_deliveries_out": 500,  # limits.max_deliveries_out's row
+    "max_subscriptions": 600,  # limits.max_subscriptions's docstring
+    "max_groups": 1024,  # 10,000 groups created: +10 MiB
+}
+_BASE_BYTES = 256 * _MIB
+"""Interpreter, RocksDB memtables and caches, and everything not bounded above."""
+
+
+def test_the_configured_limits_fit_the_pods_memory(tmp_path: Path) -> None:
+    """The limits the ConfigMap sets (or the defaults it leaves) allow no more memory,
+    at the measured cost of each, than the pod's memory request: with the defaults
+    (10,000 connections, 3 x 256 MiB of node buffers, 500,000 deliveries out, 1,000,000
+    groups, a 5,000,000-entry due-index) a node could be driven to ~2.7 GiB and
+    OOM-killed at its 2Gi limit, then reload the same state and crash-loop. The file is
+    also a configuration the broker accepts."""
+    manifests = load_manifests()
+    text = manifests[("ConfigMap", "futureq-config")]["data"]["futureq.toml"]
+    assert "[tls]" in text
+    # Its files are the Secret's, mounted only in a pod: the rest is checked as is.
+    without_tls = re.sub(r"\[tls\][^\[]*", "", text)
+    (tmp_path / "futureq.toml").write_text(without_tls)
+    config = load_config(str(tmp_path / "futureq.toml"), env={})
+    limits = config.limits
+    allowed = _BASE_BYTES + 3 * limits.max_node_buffer_bytes  # out, in, being served
+    allowed += sum(getattr(limits, name) * cost for name, cost in _COST_BYTES.items())
+    allowed += 40 * config.queue.horizon_max_node_items  # the leader's due-index
+    (container,) = manifests[("StatefulSet", "futureq")]["spec"]["template"]["spec"]["containers"]
+    request = container["resources"]["requests"]["memory"]
+    assert request.endswith("Gi"), request
+    request_bytes = int(request.removesuffix("Gi")) * 1024 * _MIB
+    assert allowed <= request_bytes, (
+        f"the ConfigMap's limits allow ~{allowed / _MIB:,.0f} MiB, more than the pod's "
+        f"memory request {request}: lower them (configmap.yaml) or raise the request"
+    )
