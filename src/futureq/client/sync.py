@@ -161,6 +161,10 @@ class _Call:
         self.fn = fn
         self.args = args
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        # Set by the calling thread when it stops waiting (KeyboardInterrupt): the loop
+        # then cancels the call (``scope``, set when it starts) or never starts it.
+        self.abandoned = False
+        self.scope: trio.CancelScope | None = None
 
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
         if self.future.done():
@@ -176,6 +180,7 @@ CLOSED_DURING_CALL_MESSAGE: Final = (
     "the SyncClient was closed while this call was in progress (by close() in another "
     "thread); a publish or settlement it was making may or may not have been applied"
 )
+ABANDONED_MESSAGE: Final = "the calling thread stopped waiting for this call; it was cancelled"
 CLOSED_DURING_CONNECT_MESSAGE: Final = (
     "the SyncClient was closed (by close() in another thread) while this call was "
     "connecting; nothing was sent; make a new one"
@@ -431,8 +436,25 @@ class SyncClient:
                 self._wakeup = trio.Event()
 
     async def _serve_call(self, call: _Call) -> None:
+        with self._calls_lock:
+            if call.abandoned:
+                return  # its thread stopped waiting before it started: nothing sent
+            call.scope = trio.CancelScope()
         try:
-            result = await call.fn(*call.args)
+            with call.scope:
+                result = await call.fn(*call.args)
+            if call.scope.cancelled_caught:  # abandoned by its thread (_abandon)
+                self._finish(call, error=ClientClosedError(ABANDONED_MESSAGE))
+                return
+            with self._calls_lock:  # atomic with _abandon's look at the future
+                abandoned = call.abandoned
+                if not abandoned:
+                    self._unfinished.discard(call)
+                    call.finish(result)
+            if abandoned:
+                # Finished as its thread stopped waiting: nobody will see the result.
+                await self._give_back(result)
+                self._finish(call, result)
         except trio.Cancelled:
             # Only close() (or the loop ending) cancels a call.
             self._finish(call, error=ClientClosedError(CLOSED_DURING_CALL_MESSAGE))
@@ -442,8 +464,58 @@ class SyncClient:
         except BaseException as exc:  # KeyboardInterrupt and friends: end the loop too
             self._finish(call, error=exc)
             raise
-        else:
-            self._finish(call, result)
+
+    def _abandon(self, call: _Call) -> None:
+        """The calling thread stopped waiting for ``call`` (KeyboardInterrupt, or any
+        exception raised in it while it waited): cancel the call, or give back what
+        it returned, so nothing goes on in the background that the application no
+        longer expects. Deliveries a consume() had taken are released (due again, not
+        counted as an attempt), never left held until their visibility timeout.
+
+        Before, the call ran on: a consume() interrupted by Ctrl-C went on taking
+        deliveries nobody would see, so the next consume() found none and they came
+        back only after the visibility timeout, counted as an attempt; a
+        publish_batch() interrupted went on publishing (found by a tester).
+        """
+        with self._calls_lock:
+            call.abandoned = True
+            if call in self._incoming:  # not started: drop it, nothing was sent
+                self._incoming.remove(call)
+                self._unfinished.discard(call)
+                return
+            if call.future.done():
+                if call.future.exception() is not None:
+                    return
+                result = call.future.result()
+                give_back = _Call(self._give_back, (result,))
+                self._unfinished.add(give_back)
+                self._incoming.append(give_back)
+        token = self._token
+        if token is None:
+            return
+        try:
+            token.run_sync_soon(self._cancel_call, call)
+        except trio.RunFinishedError:
+            pass  # the loop has ended: nothing runs on
+
+    def _cancel_call(self, call: _Call) -> None:
+        # In the loop thread, outside any task (TrioToken.run_sync_soon).
+        if call.scope is not None:
+            call.scope.cancel()
+        if self._wakeup is not None:
+            self._wakeup.set()  # starts a give-back _abandon queued
+
+    @staticmethod
+    async def _give_back(result: Any) -> None:
+        """Release the deliveries in ``result`` (a consume()'s list) nobody will see."""
+        if not isinstance(result, list):
+            return
+        for delivery in result:
+            if isinstance(delivery, Delivery) and not delivery.settled:
+                try:
+                    await delivery.release()
+                except FutureQError:
+                    pass  # void or connection lost: it comes again after its deadline
 
     def _finish(self, call: _Call, result: Any = None, error: BaseException | None = None) -> None:
         with self._calls_lock:
@@ -490,7 +562,11 @@ class SyncClient:
             self._unfinished.add(call)
             self._incoming.append(call)
         self._wake_loop()
-        result: T = call.future.result()
+        try:
+            result: T = call.future.result()
+        except BaseException:
+            self._abandon(call)
+            raise
         return result
 
     def _require_client(self) -> Client:
