@@ -199,6 +199,8 @@ class AdminClient(ClientBase):
                 a retry after a lost connection finds it already deleted).
             ConnectionLostError, ClientClosedError: as :meth:`publish`.
         """
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group)
         answer = await self._call(
             lambda rid: frames.GroupDelete(rid, topic, group), retry_unknown=True
         )

@@ -335,3 +335,24 @@ class RequestTable(Generic[W]):
         waiters = list(self._waiters.values())
         self._waiters.clear()
         return waiters
+
+
+def check_publish_items(items: Any) -> None:
+    """``items`` is a list (or other sequence) of :class:`PublishItem`.
+
+    Raises:
+        TypeError: ``items`` is not a sequence (or is a str or bytes), or an item is
+            not a PublishItem (a tuple, a dict), naming its position. Before, a
+            sharded client raised ``AttributeError: 'tuple' object has no attribute
+            'topic'`` (found by a tester).
+    """
+    if isinstance(items, str | bytes | bytearray) or not isinstance(items, Sequence):
+        raise TypeError(
+            f"items must be a list of PublishItem(topic, payload, ...), got {type(items).__name__}"
+        )
+    for position, item in enumerate(items):
+        if not isinstance(item, PublishItem):
+            raise TypeError(
+                f"items[{position}] must be a PublishItem(topic, payload, ...) "
+                f"(from futureq.client), got {type(item).__name__}"
+            )

@@ -18,6 +18,7 @@ from futureq.client._attempts import Attempts, partly_stored
 from futureq.client._base import MAX_BATCHES_IN_FLIGHT, ClientBase, _expect
 from futureq.client._batching import (
     PublishItem,
+    check_publish_items,
     ids_from_publish_ok,
     refused_item,
     split_by_size,
@@ -166,6 +167,7 @@ class PublishingClient(ClientBase):
                 message says how many; ``stored`` says which).
             ClientClosedError: as :meth:`publish`.
         """
+        check_publish_items(items)
         for position, item in enumerate(items):
             self._check_fits_a_frame(item, position)
         ids: list[int] = []

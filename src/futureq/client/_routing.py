@@ -22,7 +22,7 @@ from futureq.client import _checks
 from futureq.client._admin import ItemStatuses, PurgeCount
 from futureq.client._attempts import partly_stored, took_no_effect
 from futureq.client._base import _expect
-from futureq.client._batching import PublishItem
+from futureq.client._batching import PublishItem, check_publish_items
 from futureq.client._browse import BrowsePage, DueCounts
 from futureq.client.client import Client
 from futureq.client.subscription import Subscription
@@ -228,6 +228,9 @@ class ShardedClient(Client):
 
     def client_for(self, topic: str) -> Client:
         """The client of the shard owning ``topic``."""
+        # Checked here: the slot of a name that is not a str raised AttributeError
+        # ('int' object has no attribute 'endswith') on a sharded node.
+        _checks.check_str("topic", topic)
         return self.shard_clients[self.slot_map.shard_of(topic)]
 
     def _check_open(self) -> None:
@@ -419,6 +422,7 @@ class ShardedClient(Client):
                 before the answer), or it was not sent and other parts were stored
                 (see ``stored``).
         """
+        check_publish_items(items)
         ids: list[int] = [0] * len(items)
         done: dict[int, int] = {} if stored is None else stored
         stored_before = len(done)
