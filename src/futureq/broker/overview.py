@@ -488,7 +488,8 @@ def build_overview(
 
     Returns:
         A msgpack- and JSON-able map: ``time_ms``, ``node``, ``members``, ``clock``,
-        ``groups``, ``groups_total``, ``due_buckets``, ``activity``, ``alarms``.
+        ``groups``, ``groups_total``, ``pending_total``, ``in_flight_total``,
+        ``due_buckets``, ``activity``, ``alarms``.
     """
     now_ms = broker.clock.wall_ms()
     cluster = broker.cluster_status()
@@ -521,6 +522,11 @@ def build_overview(
         "clock": clock,
         "groups": groups,
         "groups_total": groups_total,
+        # Over every group, not only those listed: the dashboard's PENDING and IN
+        # FLIGHT cards summed the listed 100, so with more groups they showed a
+        # fraction of the node's backlog (found by a tester: 1,102 of 6,000 pending).
+        "pending_total": broker.state.total_pending,
+        "in_flight_total": len(broker.hub.in_flight),
         "due_buckets": broker.due_buckets.latest if role == "leader" else None,
         "activity": history.view(),
         "alarms": _alarms(broker, node, members, clock),

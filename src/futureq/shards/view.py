@@ -513,6 +513,7 @@ def merge_overviews(
     overviews += [_json_of(reply) for reply in replies[1:]]
     groups: list[dict[str, Any]] = []
     groups_total = 0
+    totals = {"pending_total": 0, "in_flight_total": 0}
     due: dict[str, int] | None = None
     activity = dict(local.get("activity") or {})
     alarms: list[dict[str, str]] = []
@@ -536,6 +537,8 @@ def merge_overviews(
         for group in overview.get("groups") or []:
             groups.append({**group, "shard": shard})
         groups_total += int(overview.get("groups_total") or 0)
+        for name in totals:
+            totals[name] += int(overview.get(name) or 0)
         for bucket in overview.get("due_buckets") or []:
             due = {} if due is None else due
             due[bucket["label"]] = due.get(bucket["label"], 0) + int(bucket["count"])
@@ -567,6 +570,7 @@ def merge_overviews(
     )
     merged["groups"] = groups[:MAX_GROUPS]
     merged["groups_total"] = groups_total
+    merged.update(totals)  # of the shards shown (one not answering raises an alarm)
     if due is not None:
         merged["due_buckets"] = [{"label": label, "count": count} for label, count in due.items()]
     merged["activity"] = activity

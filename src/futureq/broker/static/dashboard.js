@@ -305,8 +305,10 @@ function render(o) {
   $("card-applied").textContent = integer(node.applied_index);
   $("card-disk").textContent = bytes(node.data_dir_bytes);
   $("card-uptime").textContent = duration(node.uptime_s * 1000);
-  const pending = o.groups.reduce((sum, g) => sum + g.pending, 0);
-  const inFlight = o.groups.reduce((sum, g) => sum + g.in_flight, 0);
+  // The node's totals, not the sum of the groups listed (at most 100 of them); a
+  // server before pending_total sends none, and the listed ones are all it has.
+  const pending = o.pending_total ?? o.groups.reduce((sum, g) => sum + g.pending, 0);
+  const inFlight = o.in_flight_total ?? o.groups.reduce((sum, g) => sum + g.in_flight, 0);
   $("card-pending").textContent = integer(pending);
   $("card-in-flight").textContent = integer(inFlight);
 
