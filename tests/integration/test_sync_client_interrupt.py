@@ -11,6 +11,7 @@ unread once their visibility timeout passed.
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 from typing import Protocol
@@ -19,6 +20,7 @@ import pytest
 
 from futureq.client import PublishItem
 from futureq.client.sync import SyncClient
+from futureq.errors import NotSentError
 
 WAIT_S = 15.0
 """Longest the helper thread waits for the consume to hold the messages (s)."""
@@ -63,3 +65,35 @@ def test_ctrl_c_in_consume_releases_what_it_had_taken(broker: BrokerProcess) -> 
         for delivery in again:
             delivery.ack()
         assert client.publish(topic, b"still serving") > 0
+
+
+def test_ctrl_c_while_connecting_leaves_the_client_usable() -> None:
+    """Before, Ctrl-C during the first call's connect left the background thread
+    connecting, and every later call raised a bare AssertionError."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        host, port = listener.getsockname()
+        address = f"{host}:{port}"
+        accepted: list[socket.socket] = []
+
+        def accept_then_interrupt() -> None:
+            # The client's connection is accepted and never answered (no HELLO_OK):
+            # interrupting now lands while open() waits for the connect.
+            accepted.append(listener.accept()[0])
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+        helper = threading.Thread(target=accept_then_interrupt, daemon=True)
+        helper.start()
+        client = SyncClient(address, connect_timeout_s=1.0, request_timeout_s=2.0)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                client.publish("t", b"x")
+            helper.join(WAIT_S)
+            with pytest.raises(NotSentError) as caught:
+                client.publish("t", b"x")  # connects afresh, to the same silent server
+            assert "could not connect" in str(caught.value)
+        finally:
+            client.close()
+            for connection in accepted:
+                connection.close()

@@ -273,6 +273,8 @@ class SyncClient:
         # While the background loop connects: cancelled by close() from another thread,
         # so a close during a slow connect does not wait connect_timeout_s for it.
         self._startup_scope: trio.CancelScope | None = None
+        # Set by open() when its caller stopped waiting (Ctrl-C) while it connected.
+        self._startup_cancelled = False
 
     def __enter__(self) -> SyncClient:
         self.open()
@@ -320,7 +322,15 @@ class SyncClient:
             self._pid = os.getpid()
             thread.start()
             wait_s = self._startup_bound_s
-            if not self._ready.wait(wait_s):
+            try:
+                ready = self._ready.wait(wait_s)
+            except BaseException:
+                # Ctrl-C while connecting: stop the connect, so the next call starts
+                # afresh. Before, the thread was left connecting and every later call
+                # raised AssertionError (found by a tester).
+                self._abandon_startup(thread)
+                raise
+            if not ready:
                 raise TimeoutError(f"the client thread did not start within {wait_s:g} s")
             if self._client is None and self._closed:  # close() cancelled the connect
                 thread.join(JOIN_TIMEOUT_S)
@@ -332,6 +342,29 @@ class SyncClient:
                 self._pid = None
                 error, self._startup_error = self._startup_error, None
                 raise error
+
+    def _abandon_startup(self, thread: threading.Thread) -> None:
+        """Cancel a connect whose caller stopped waiting (KeyboardInterrupt in open()).
+
+        If it had connected meanwhile, the client stays open; otherwise it is left
+        unopened, so the next call connects again. Called with ``_open_lock`` held.
+        """
+        self._startup_cancelled = True  # before reading the token, as close() does
+        token = self._token
+        if token is not None:
+            try:
+                token.run_sync_soon(self._on_wake)
+            except trio.RunFinishedError:
+                pass
+        self._ready.wait(JOIN_TIMEOUT_S)
+        self._startup_cancelled = False
+        if self._client is not None:
+            return  # connected before the cancel arrived: serving, keep it
+        thread.join(JOIN_TIMEOUT_S)
+        self._thread = None
+        self._pid = None
+        self._token = None
+        self._startup_error = None
 
     def close(self) -> None:
         """Unsubscribe, disconnect and join the background thread (idempotent).
@@ -365,7 +398,7 @@ class SyncClient:
 
     def _on_wake(self) -> None:
         # In the loop thread, outside any task (TrioToken.run_sync_soon).
-        if self._closed and self._startup_scope is not None:
+        if (self._closed or self._startup_cancelled) and self._startup_scope is not None:
             self._startup_scope.cancel()
         if self._wakeup is not None:
             self._wakeup.set()
@@ -393,8 +426,8 @@ class SyncClient:
         self._token = trio.lowlevel.current_trio_token()
         with trio.CancelScope() as startup:
             self._startup_scope = startup
-            if self._closed:
-                return  # open() raises ClientClosedError
+            if self._closed or self._startup_cancelled:
+                return  # open() raises ClientClosedError, or was interrupted
             async with open_client(self._servers, **self._options) as client:
                 self._startup_scope = None  # from here close() ends _serve_calls
                 await self._serve(client)
