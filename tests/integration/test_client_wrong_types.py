@@ -22,6 +22,11 @@ class BrokerProcess(Protocol):
     client_address: str
 
 
+async def _subscribe(client: Client, topic: Any, group: Any) -> None:
+    async with client.subscribe(topic, group):
+        pass
+
+
 CALLS: list[tuple[str, Callable[[Client], Awaitable[Any]], str]] = [
     ("publish topic int", lambda c: c.publish(5, b"x"), "topic must be a str, got int"),  # type: ignore[arg-type]
     ("delete_group topic None", lambda c: c.delete_group(None, "g"), "topic must be a str"),  # type: ignore[arg-type]
@@ -31,6 +36,8 @@ CALLS: list[tuple[str, Callable[[Client], Awaitable[Any]], str]] = [
         lambda c: c.publish_batch("abc"),
         "items must be a list of PublishItem",
     ),  # type: ignore[arg-type]
+    ("subscribe topic int", lambda c: _subscribe(c, 5, "g"), "topic must be a str, got int"),
+    ("subscribe group int", lambda c: _subscribe(c, "t", 5), "group must be a str, got int"),
     (
         "publish_batch of tuples",
         lambda c: c.publish_batch([("wrong", b"x")]),  # type: ignore[list-item]

@@ -18,6 +18,7 @@ from typing import Final
 
 import anyio
 
+from futureq.client import _checks
 from futureq.client._attempts import Attempts, took_no_effect
 from futureq.client._backoff import Backoff
 from futureq.client._base import ClientBase, _expect
@@ -82,6 +83,7 @@ class ConsumingClient(ClientBase):
             The :class:`Subscription`; iterate it for :class:`Delivery` objects.
 
         Raises:
+            TypeError: ``topic`` or ``group`` is not a str (nothing sent).
             RequestError: SUBSCRIBE refused (INVALID_TOPIC, INVALID_GROUP, ...);
                 INVALID_TOPIC for ``T.dlq.dlq``, which never receives anything, is
                 raised before sending (with the server's sentence).
@@ -94,8 +96,11 @@ class ConsumingClient(ClientBase):
         (``docs/client.md``).
         """
         self._check_open()
-        if type(topic) is str:  # anything else: the server's INVALID_FIELD, as before
-            validation.check_not_dead_letters_of_dead_letters(topic)
+        # Checked before sending, as every other call does (a sharded client's already
+        # raised TypeError for a topic, this one sent it to be refused).
+        _checks.check_str("topic", topic)
+        _checks.check_str("group", group)
+        validation.check_not_dead_letters_of_dead_letters(topic)
         sub = Subscription(self, topic, group, prefetch, pull=pull)
         self._subscriptions[id(sub)] = sub
         try:
