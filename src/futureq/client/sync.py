@@ -318,11 +318,13 @@ class SyncClient:
             with self._calls_lock:
                 self._loop_done = False
             thread = threading.Thread(target=self._thread_main, name="futureq-sync", daemon=True)
-            self._thread = thread
-            self._pid = os.getpid()
-            thread.start()
             wait_s = self._startup_bound_s
             try:
+                self._thread = thread
+                self._pid = os.getpid()
+                # Inside the try: a Ctrl-C can land while start() waits for the thread
+                # to run, by which time it may be connecting already.
+                thread.start()
                 ready = self._ready.wait(wait_s)
             except BaseException:
                 # Ctrl-C while connecting: stop the connect, so the next call starts
@@ -349,6 +351,10 @@ class SyncClient:
         If it had connected meanwhile, the client stays open; otherwise it is left
         unopened, so the next call connects again. Called with ``_open_lock`` held.
         """
+        if thread.ident is None:  # interrupted before it started: nothing runs
+            self._thread = None
+            self._pid = None
+            return
         self._startup_cancelled = True  # before reading the token, as close() does
         token = self._token
         if token is not None:
