@@ -744,25 +744,22 @@ class Metrics:
 
     def forget_group(self, topic: str, group: str) -> None:
         """A group was deleted: drop its counter series and free its label slot."""
-        if not self.series.forget_group(topic, group):
-            return
-        for spec in METRIC_SPECS:
-            if spec.labels == _TG and spec.name not in _GROUP_COUNT_GAUGES.values():
-                metric = getattr(self, spec.attribute)
-                try:
-                    metric.remove(topic, group)
-                except KeyError:
-                    pass  # never counted
+        if self.series.forget_group(topic, group):
+            self._drop_series(_TG, _GROUP_COUNT_GAUGES.values(), topic, group)
 
     def forget_topic(self, topic: str) -> None:
         """A topic's last group was deleted: drop its series and free its label slot."""
-        if not self.series.forget_topic(topic):
-            return
+        if self.series.forget_topic(topic):
+            self._drop_series(("topic",), _SCRAPE_TIME_GAUGES, topic)
+
+    def _drop_series(self, labels: tuple[str, ...], kept: Iterable[str], *values: str) -> None:
+        """Remove the series ``values`` of every metric labelled ``labels``, but those
+        named in ``kept`` (set at scrape time, not counted)."""
+        kept = set(kept)
         for spec in METRIC_SPECS:
-            if spec.labels == ("topic",) and spec.name not in _SCRAPE_TIME_GAUGES:
-                metric = getattr(self, spec.attribute)
+            if spec.labels == labels and spec.name not in kept:
                 try:
-                    metric.remove(topic)
+                    getattr(self, spec.attribute).remove(*values)
                 except KeyError:
                     pass  # never counted
 

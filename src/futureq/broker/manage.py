@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio.lowlevel
 
 from futureq import request_order
-from futureq.errors import ErrorCode, NotLeaderError, RequestError
+from futureq.errors import ErrorCode, NotLeaderError, RequestError, WrongShardError
 from futureq.state import commands
 from futureq.state.model import DLQ_SUFFIX
 from futureq.state.records import PARKED_DUE_MS
@@ -792,7 +792,6 @@ def _other_shards_topic(
     shard = broker.shard
     if shard is None:
         return None
-    from futureq.errors import WrongShardError
     from futureq.shards.layout import shift_address
 
     from .shard_requests import check_shard
